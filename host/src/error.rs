@@ -1,0 +1,83 @@
+//! The library's error type. Every variant names the problem and, where there is one, the fix.
+
+use std::path::PathBuf;
+
+/// Errors from the halo library.
+#[derive(Debug, thiserror::Error)]
+pub enum HaloError {
+    /// No usable CUDA driver or GPU.
+    #[error("no GPU available: {0}")]
+    NoGpu(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA error during {what}: {source}")]
+    Cuda {
+        /// What halo was doing.
+        what: String,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// The compiled kernels were not found.
+    #[error(
+        "no compiled kernels in {dir}: {missing} is missing. Build them with `cargo xtask build-ptx`, \
+         or point HALO_PTX_DIR at a folder holding halo_kernels.<arch>.ptx"
+    )]
+    MissingPtx {
+        /// Where halo looked.
+        dir: PathBuf,
+        /// The file that is not there.
+        missing: String,
+    },
+    /// The compiled kernels do not match this build of halo.
+    #[error("stale kernels in {path}: {detail}. Rebuild them with `cargo xtask build-ptx`")]
+    StalePtx {
+        /// The module file.
+        path: PathBuf,
+        /// What does not match.
+        detail: String,
+    },
+    /// The kernels were built for a different GPU.
+    #[error(
+        "the kernels in {path} were built for {built}, but GPU {ordinal} is {device}: \
+         rebuild with `cargo xtask build-ptx --arch {device}`"
+    )]
+    WrongArch {
+        /// The module file.
+        path: PathBuf,
+        /// The architecture the PTX targets.
+        built: String,
+        /// The GPU's architecture.
+        device: String,
+        /// Which GPU.
+        ordinal: usize,
+    },
+    /// An argument a user or caller passed is invalid.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Reading a file failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What halo was reading.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `Result` with [`HaloError`].
+pub type Result<T, E = HaloError> = std::result::Result<T, E>;
+
+/// Attaches "what halo was doing" to a driver error.
+pub trait CudaContextExt<T> {
+    /// Maps a driver error into [`HaloError::Cuda`].
+    fn during(self, what: impl Into<String>) -> Result<T>;
+}
+
+impl<T> CudaContextExt<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn during(self, what: impl Into<String>) -> Result<T> {
+        self.map_err(|source| HaloError::Cuda { what: what.into(), source })
+    }
+}

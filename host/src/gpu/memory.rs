@@ -1,0 +1,149 @@
+//! Typed device memory. Any `bytemuck::Pod` type can live on the device, including the ABI types
+//! of `kernels-gpu` (which cudarc's `DeviceRepr` cannot be implemented for from here).
+
+use crate::error::{CudaContextExt, HaloError, Result};
+use bytemuck::Pod;
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Copies between host and any device allocation of `T`s: plain buffers here, NVSHMEM symmetric
+/// buffers elsewhere. Synchronous copies are for set-up and checks, never for a timestep.
+pub trait DeviceMemory<T: Pod> {
+    /// The device address (`CUdeviceptr`) of element 0.
+    fn device_ptr(&self) -> u64;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// The context that owns the memory.
+    fn context(&self) -> &Arc<CudaContext>;
+
+    /// True when the buffer holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The address of element `i` (no bounds check: for kernel arguments).
+    fn device_ptr_at(&self, i: usize) -> u64 {
+        self.device_ptr() + (i * size_of::<T>()) as u64
+    }
+
+    /// Copies `data` into elements `0..data.len()`, synchronously.
+    fn copy_from_host(&self, data: &[T]) -> Result<()> {
+        if data.len() > self.len() {
+            return Err(HaloError::InvalidInput(format!("copy of {} elements into a buffer of {}", data.len(), self.len())));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: the range is inside the allocation (checked above).
+        unsafe { result::memcpy_htod_sync(self.device_ptr(), bytemuck::cast_slice::<T, u8>(data)) }.during("copying to the GPU")
+    }
+
+    /// Copies the whole buffer back, synchronously.
+    fn to_host(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len()];
+        if out.is_empty() {
+            return Ok(out);
+        }
+        self.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: `out` has exactly the buffer's size.
+        unsafe { result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<T, u8>(&mut out), self.device_ptr()) }
+            .during("copying from the GPU")?;
+        Ok(out)
+    }
+
+    /// Sets every byte to `byte`, synchronously (0xFF poisons floats to NaN, `u64`s to `u64::MAX`).
+    fn fill_bytes(&self, byte: u8) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        self.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: the whole allocation.
+        unsafe { result::memset_d8_sync(self.device_ptr(), byte, self.len() * size_of::<T>()) }.during("filling device memory")
+    }
+
+    /// Sets every byte to `byte` on `stream`, in stream order.
+    fn fill_bytes_async(&self, byte: u8, stream: &CudaStream) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the whole allocation; the buffer outlives the queued operation by the caller's
+        // stream discipline (buffers are dropped only after their streams are synchronised).
+        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), stream.cu_stream()) }
+            .during("filling device memory")
+    }
+}
+
+/// An ordinary device allocation of `len` elements of `T` (`cuMemAlloc`), freed on drop.
+pub struct DeviceBuffer<T: Pod> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+    _marker: PhantomData<T>,
+}
+
+// SAFETY: the buffer is a plain device address owned by this value; access goes through the
+// driver, which is thread-safe.
+unsafe impl<T: Pod> Send for DeviceBuffer<T> {}
+// SAFETY: as above; `&DeviceBuffer` only hands out the address and synchronous copies.
+unsafe impl<T: Pod> Sync for DeviceBuffer<T> {}
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// Allocates `len` elements, contents undefined (at least one byte is allocated, so the
+    /// address is valid even for `len == 0`).
+    pub fn uninit(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        ctx.bind_to_thread().during("binding the context")?;
+        let bytes = (len * size_of::<T>()).max(1);
+        // SAFETY: a fresh allocation.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|source| {
+            if source.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                let free = ctx.mem_get_info().map(|(free, _)| free).unwrap_or(0);
+                HaloError::InvalidInput(format!(
+                    "GPU {} is out of memory: asked for {} MiB, {} MiB free; use fewer atoms or ranks per GPU",
+                    ctx.ordinal(),
+                    bytes >> 20,
+                    free >> 20
+                ))
+            } else {
+                HaloError::Cuda { what: format!("allocating {bytes} bytes"), source }
+            }
+        })?;
+        Ok(Self { ptr, len, ctx: ctx.clone(), _marker: PhantomData })
+    }
+
+    /// Allocates and zeroes `len` elements.
+    pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        let b = Self::uninit(ctx, len)?;
+        b.fill_bytes(0)?;
+        Ok(b)
+    }
+
+    /// Allocates a copy of `data`.
+    pub fn from_host(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self> {
+        let b = Self::uninit(ctx, data.len())?;
+        b.copy_from_host(data)?;
+        Ok(b)
+    }
+}
+
+impl<T: Pod> DeviceMemory<T> for DeviceBuffer<T> {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // Errors cannot propagate from drop; cudarc records them on the context instead.
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: allocated by malloc_sync and freed once.
+        self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+    }
+}

@@ -1,0 +1,173 @@
+//! The loaded kernel module: the cubin when it was built for this GPU, the PTX (JIT-compiled by
+//! the driver) for a newer GPU, and a clear error for an older one or a stale build.
+
+use crate::artifacts::KernelArtifacts;
+use crate::error::{CudaContextExt, HaloError, Result};
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+use kernels_gpu::abi;
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// Blocks along x and y.
+    pub grid: (u32, u32),
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchShape {
+    /// A 1-D grid-stride launch for `n` items: enough blocks of [`abi::BLOCK_SIZE`] threads to cover
+    /// `n` (at least one block), capped at `max_blocks`.
+    pub fn for_items(n: usize, max_blocks: u32) -> Self {
+        let blocks = n.div_ceil(abi::BLOCK_SIZE as usize).clamp(1, max_blocks as usize) as u32;
+        Self { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 }
+    }
+}
+
+/// A loaded halo module and its kernel handles.
+pub struct KernelModule {
+    module: sys::CUmodule,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    ctx: Arc<CudaContext>,
+    path: PathBuf,
+    nvshmem_registered: bool,
+}
+
+// SAFETY: module and function handles are plain driver handles usable from any thread once the
+// context is bound; the driver API is thread-safe.
+unsafe impl Send for KernelModule {}
+// SAFETY: as above; launches only read the handles.
+unsafe impl Sync for KernelModule {}
+
+impl KernelModule {
+    /// Loads the module for `ctx`'s GPU from `artifacts`, and checks its ABI version global.
+    pub fn load(ctx: &Arc<CudaContext>, artifacts: &KernelArtifacts) -> Result<Self> {
+        let device_arch = super::arch_of(ctx)?;
+        let built = &artifacts.manifest.arch;
+        let (device_sm, built_sm) = (sm_number(&device_arch), sm_number(built));
+        if device_sm < built_sm {
+            return Err(HaloError::WrongArch {
+                path: artifacts.ptx_path(),
+                built: built.clone(),
+                device: device_arch,
+                ordinal: ctx.ordinal(),
+            });
+        }
+        // Exact match: the cubin (no JIT). Newer GPU: the driver JIT-compiles the PTX.
+        let path = if device_sm == built_sm { artifacts.cubin_path() } else { artifacts.ptx_path() };
+        let mut image = std::fs::read(&path).map_err(|source| HaloError::Io { what: "reading kernel module", path: path.clone(), source })?;
+        if path.extension().is_some_and(|e| e == "ptx") {
+            image.push(0); // the driver reads PTX as a C string
+        }
+        ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: `image` is a complete cubin or NUL-terminated PTX and outlives the call.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .during(format!("loading {}", path.display()))?;
+        let mut this = Self { module, functions: HashMap::new(), ctx: ctx.clone(), path, nvshmem_registered: false };
+        this.check_abi_version()?;
+        for &name in abi::KERNEL_ENTRIES {
+            let c_name = CString::new(name).expect("entry names have no NUL");
+            // SAFETY: the module is loaded; the name is a C string.
+            let f = unsafe { result::module::get_function(module, c_name) }.map_err(|_| HaloError::StalePtx {
+                path: this.path.clone(),
+                detail: format!("kernel {name} is missing"),
+            })?;
+            this.functions.insert(name, f);
+        }
+        Ok(this)
+    }
+
+    fn check_abi_version(&self) -> Result<()> {
+        let name = CString::new(abi::ABI_VERSION_SYMBOL).expect("no NUL");
+        // SAFETY: module loaded; the global is a u32.
+        let found = unsafe { result::module::get_global(self.module, name) }
+            .ok()
+            .map(|(ptr, _)| {
+                let mut v = [0u32; 1];
+                // SAFETY: `ptr` is the 4-byte global.
+                unsafe { result::memcpy_dtoh_sync(&mut v, ptr) }.map(|_| v[0])
+            })
+            .transpose()
+            .during("reading the module's ABI version")?;
+        match found {
+            Some(v) if v == abi::ABI_VERSION => Ok(()),
+            Some(v) => Err(HaloError::StalePtx { path: self.path.clone(), detail: format!("module ABI {v}, halo ABI {}", abi::ABI_VERSION) }),
+            None => Err(HaloError::StalePtx { path: self.path.clone(), detail: format!("no {} global", abi::ABI_VERSION_SYMBOL) }),
+        }
+    }
+
+    /// The file the module was loaded from.
+    pub fn path(&self) -> &PathBuf {
+        &self.path
+    }
+
+    /// The context the module lives in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The raw module handle (for `nvshmemx_cumodule_init`).
+    pub fn raw(&self) -> sys::CUmodule {
+        self.module
+    }
+
+    /// Records whether the module is registered with NVSHMEM (set by the NVSHMEM runtime).
+    pub fn set_nvshmem_registered(&mut self, registered: bool) {
+        self.nvshmem_registered = registered;
+    }
+
+    /// Whether the module was registered with NVSHMEM (its NVSHMEM device calls are usable).
+    pub fn nvshmem_registered(&self) -> bool {
+        self.nvshmem_registered
+    }
+
+    /// The handle of kernel `name`, one of [`abi::KERNEL_ENTRIES`].
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        self.functions.get(name).copied().ok_or_else(|| HaloError::InvalidInput(format!("no kernel named {name}")))
+    }
+
+    /// Launches kernel `name` on `stream`.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and type (each a pointer to the
+    /// value), and every device pointer among them must be valid for what the kernel does with it
+    /// until the launch completes.
+    pub unsafe fn launch(&self, name: &str, shape: LaunchShape, stream: &CudaStream, args: &mut [*mut c_void]) -> Result<()> {
+        let f = self.function(name)?;
+        // SAFETY: forwarded to the caller's contract.
+        unsafe {
+            result::launch_kernel(f, (shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1), shape.shared_bytes, stream.cu_stream(), args)
+        }
+        .during(format!("launching {name} {shape:?}"))
+    }
+
+    /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory of kernel
+    /// `name` fit on one multiprocessor at once.
+    pub fn max_blocks_per_sm(&self, name: &str, block: u32, shared_bytes: u32) -> Result<u32> {
+        let f = self.function(name)?;
+        // SAFETY: a valid function handle.
+        let n = unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, shared_bytes as usize) }
+            .during("querying occupancy")?;
+        Ok(n as u32)
+    }
+}
+
+impl Drop for KernelModule {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        // SAFETY: loaded once, unloaded once; NVSHMEM finalizes its registration before this
+        // (see `nvshmem::Nvshmem::unregister_module`).
+        self.ctx.record_err(unsafe { result::module::unload(self.module) });
+    }
+}
+
+/// `sm_90` -> 90 (0 when unparsable, which makes any device "newer").
+fn sm_number(arch: &str) -> u32 {
+    arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap_or(0)
+}

@@ -1,0 +1,47 @@
+//! Support for GPU tests: find a GPU or say loudly why the test cannot run.
+//!
+//! Without a GPU a test prints `SKIPPED (no GPU): <reason>` and passes, so CI machines without
+//! GPUs stay green; with `HALO_REQUIRE_GPU=1` (set by the bundle's `run-gpu-tests.sh`) the same
+//! situation fails the test instead, so a GPU run can never report a skipped check as a pass.
+
+use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
+use crate::gpu::{self, CudaContext, KernelModule};
+use std::sync::Arc;
+
+/// A GPU, its context and the loaded halo module.
+pub struct GpuFixture {
+    /// GPU 0's context.
+    pub ctx: Arc<CudaContext>,
+    /// The kernels.
+    pub module: KernelModule,
+}
+
+/// Whether a missing GPU must fail the test (`HALO_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var("HALO_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The number of GPUs, or `None` (after printing why, or panicking under `HALO_REQUIRE_GPU=1`)
+/// when there are fewer than `min`.
+pub fn gpus_or_skip(test: &str, min: usize) -> Option<usize> {
+    let reason = match gpu::gpu_unavailable_reason() {
+        Some(r) => r,
+        None if gpu::device_count() >= min => return Some(gpu::device_count()),
+        None => format!("{min} GPUs needed, {} present", gpu::device_count()),
+    };
+    if gpu_required() {
+        panic!("{test}: HALO_REQUIRE_GPU=1 but {reason}");
+    }
+    eprintln!("SKIPPED (no GPU) {test}: {reason}");
+    None
+}
+
+/// GPU 0 with the kernels loaded, or `None` as [`gpus_or_skip`]. Panics if a GPU is present but
+/// the kernels cannot be loaded: that is a failure, not a reason to skip.
+pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
+    gpus_or_skip(test, 1)?;
+    let ctx = gpu::open_device(0).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let artifacts = KernelArtifacts::locate(DEFAULT_ARCH).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let module = KernelModule::load(&ctx, &artifacts).unwrap_or_else(|e| panic!("{test}: {e}"));
+    Some(GpuFixture { ctx, module })
+}

@@ -1,0 +1,236 @@
+//! The binary interface between host and device: every type that crosses the launch boundary is
+//! defined here once, `#[repr(C)]`, with its size and alignment asserted at compile time.
+//!
+//! On the host these types are `bytemuck::Pod`, so they can be copied to device memory as bytes.
+//! Device pointers inside them are `u64` (a `CUdeviceptr`), which keeps the types `Pod` and makes
+//! the 64-bit width explicit on both sides.
+
+/// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
+/// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
+/// PTX fails loudly at load time instead of corrupting memory at launch time.
+pub const ABI_VERSION: u32 = 1;
+
+/// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
+pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
+
+/// Every kernel entry point the PTX must export, in one list that the build (to keep them
+/// public), the host (to load them) and the tests (to find them in the PTX) all read.
+pub const KERNEL_ENTRIES: &[&str] = &[
+    PACK_COORDS,
+    UNPACK_STORE,
+    UNPACK_ACCUMULATE,
+    PACK_SUBSET,
+    PULSE_PACK_STORE_SIGNAL,
+    PULSE_PACK_PUT_SIGNAL,
+    FUSED_COORDS,
+    FUSED_COORDS_TMA,
+    FUSED_FORCES,
+];
+
+/// `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`: `out[i] = x[map[i]] (+ shift)`.
+pub const PACK_COORDS: &str = "pack_coords";
+/// `unpack_store(buf, map, n, dst)`: `dst[map[i]] = buf[i]`.
+pub const UNPACK_STORE: &str = "unpack_store";
+/// `unpack_accumulate(buf, map, n, dst)`: `dst[map[i]] += buf[i]` (atomic: repeated targets are fine).
+pub const UNPACK_ACCUMULATE: &str = "unpack_accumulate";
+/// `pack_subset(x, map, n, out, sx, sy, sz, use_shift, mode, threshold, deferred)`: pack the
+/// entries selected by [`PackMode`], count the others into `*deferred`.
+pub const PACK_SUBSET: &str = "pack_subset";
+/// Per-pulse coordinate kernel, direct-store variant (peer reachable by loads and stores).
+pub const PULSE_PACK_STORE_SIGNAL: &str = "pulse_pack_store_signal";
+/// Per-pulse coordinate kernel, NVSHMEM `put_signal_nbi_block` variant.
+pub const PULSE_PACK_PUT_SIGNAL: &str = "pulse_pack_put_signal";
+/// All coordinate pulses in one launch (grid.y = pulse), dependency-aware, last-block signalling.
+pub const FUSED_COORDS: &str = "fused_coords";
+/// All coordinate pulses in one launch, per-warp bulk copies (`cp.async.bulk`) to the peer.
+pub const FUSED_COORDS_TMA: &str = "fused_coords_tma";
+/// All force pulses in one launch, last pulse first, accumulating into the force array.
+pub const FUSED_FORCES: &str = "fused_forces";
+
+/// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
+/// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.
+pub const BLOCK_SIZE: u32 = 512;
+/// Atoms one thread packs per launch in the fused kernels (GROMACS uses 4).
+pub const ATOMS_PER_THREAD: u32 = 4;
+/// Atoms one warp moves with one bulk copy in the TMA kernel: 32 atoms of 12 bytes = 384 bytes,
+/// a multiple of the 16 bytes `cp.async.bulk` requires.
+pub const TMA_CHUNK_ATOMS: u32 = 32;
+
+/// The value every signal slot holds before its first use: no step counter ever equals it.
+pub const SIGNAL_UNSET: u64 = u64::MAX;
+
+/// NVSHMEM's `NVSHMEM_SIGNAL_SET`. Passing 0 instead compiles and silently hangs the waiter.
+pub const NVSHMEM_SIGNAL_SET: i32 = 9;
+
+/// A coordinate or force: three `f32`, 12 bytes, no padding (GROMACS's `float3`/`rvec`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Float3 {
+    /// x component
+    pub x: f32,
+    /// y component
+    pub y: f32,
+    /// z component
+    pub z: f32,
+}
+
+impl Float3 {
+    /// A vector from its components.
+    pub const fn new(x: f32, y: f32, z: f32) -> Self {
+        Self { x, y, z }
+    }
+}
+
+impl core::ops::Add for Float3 {
+    type Output = Self;
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        Self::new(self.x + o.x, self.y + o.y, self.z + o.z)
+    }
+}
+
+/// Which entries of an index map [`PACK_SUBSET`] packs, relative to a threshold (the number of
+/// home atoms: entries below it are independent of earlier pulses, the rest were received in them).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackMode {
+    /// Every entry.
+    All = 0,
+    /// Entries whose atom index is below the threshold (independent atoms).
+    BelowThreshold = 1,
+    /// Entries whose atom index is at or above the threshold (dependent atoms).
+    AtOrAboveThreshold = 2,
+}
+
+impl PackMode {
+    /// The mode for a raw kernel argument; unknown values pack nothing.
+    #[inline(always)]
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::All),
+            1 => Some(Self::BelowThreshold),
+            2 => Some(Self::AtOrAboveThreshold),
+            _ => None,
+        }
+    }
+
+    /// Whether an atom index is packed in this mode.
+    #[inline(always)]
+    pub const fn selects(self, atom: u32, threshold: u32) -> bool {
+        match self {
+            Self::All => true,
+            Self::BelowThreshold => atom < threshold,
+            Self::AtOrAboveThreshold => atom >= threshold,
+        }
+    }
+}
+
+/// One pulse of the halo, as the fused and per-pulse kernels read it (GROMACS's
+/// `HaloExchangeData`). Built by the host from the halo plan; one array per rank, dim-major order.
+///
+/// Coordinates of pulse `p` go to `send_pe` and come from `recv_pe`; forces travel the other way.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct PulseMeta {
+    /// `*const u32`: `send_size` local atom indices to send.
+    pub index_map: u64,
+    /// `*mut Float3`: this pulse's slot in the local staging buffer (put path). Symmetric: the
+    /// same offset on every PE.
+    pub send_buf: u64,
+    /// `*mut Float3`: this pulse's slot in the local force receive buffer (put path). Symmetric.
+    pub recv_buf: u64,
+    /// `*mut Float3`: `send_pe`'s coordinate array at its `atom_offset` for this pulse, when it is
+    /// reachable by stores; 0 selects the put path.
+    pub remote_x: u64,
+    /// `*mut u64`: `send_pe`'s receive-X signal slot for this pulse (direct path only).
+    pub remote_x_signal: u64,
+    /// `*const Float3`: `send_pe`'s force array at its `atom_offset` for this pulse, when it is
+    /// reachable by loads; 0 selects the put path for forces.
+    pub remote_f_get: u64,
+    /// `*mut u64`: `recv_pe`'s receive-F signal slot for this pulse (direct path only).
+    pub remote_f_signal: u64,
+    /// Periodic shift added to packed coordinates when `use_shift` is set (a box row).
+    pub shift: Float3,
+    /// Atoms sent (coordinates) and received back (forces).
+    pub send_size: u32,
+    /// Atoms received (coordinates) and sent back (forces).
+    pub recv_size: u32,
+    /// Where this pulse's received atoms start in the local arrays.
+    pub atom_offset: u32,
+    /// `send_pe`'s `atom_offset` for this pulse: where the sent atoms land there.
+    pub peer_atom_offset: u32,
+    /// PE that receives this pulse's coordinates.
+    pub send_pe: i32,
+    /// PE that sends this pulse's coordinates.
+    pub recv_pe: i32,
+    /// Nonzero: add `shift` when packing (the pulse crosses the periodic boundary).
+    pub use_shift: u32,
+    /// Nonzero: received forces are added (atomically); zero: stored.
+    pub accumulate: u32,
+    /// Keeps the size a multiple of 8 explicitly.
+    pub reserved: u32,
+}
+
+/// What a kernel writes when a bounded spin-wait expires, so the host can name the missing
+/// signal instead of hanging. The first waiter to time out fills it (`timed_out` goes 0 -> 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct WaitStatus {
+    /// 0 while nothing timed out, 1 once a wait expired.
+    pub timed_out: u32,
+    /// Flat pulse index of the wait that expired.
+    pub pulse: u32,
+    /// What was awaited, a [`WaitKind`] value.
+    pub kind: u32,
+    /// The PE whose signal never came (-1 for a wait on local blocks).
+    pub peer: i32,
+    /// The value the wait needed.
+    pub expected: u64,
+    /// The value it last read.
+    pub seen: u64,
+    /// How long it waited, in nanoseconds of `%globaltimer`.
+    pub waited_ns: u64,
+}
+
+/// What a timed-out spin-wait was waiting for.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitKind {
+    /// Coordinates of a pulse from `recv_pe`.
+    CoordSignal = 0,
+    /// Forces of a pulse from `send_pe`.
+    ForceSignal = 1,
+    /// Other blocks of the same launch (a device-wide barrier or a later pulse's unpack).
+    LocalBlocks = 2,
+}
+
+impl WaitKind {
+    /// The kind for a raw [`WaitStatus::kind`].
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Self::CoordSignal),
+            1 => Some(Self::ForceSignal),
+            2 => Some(Self::LocalBlocks),
+            _ => None,
+        }
+    }
+}
+
+// Host and device must agree on these layouts byte for byte.
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<Float3>() == 12 && align_of::<Float3>() == 4);
+    assert!(size_of::<PulseMeta>() == 104 && align_of::<PulseMeta>() == 8);
+    assert!(offset_of!(PulseMeta, remote_f_signal) == 48);
+    assert!(offset_of!(PulseMeta, shift) == 56);
+    assert!(offset_of!(PulseMeta, send_size) == 68);
+    assert!(offset_of!(PulseMeta, send_pe) == 84);
+    assert!(offset_of!(PulseMeta, reserved) == 100);
+    assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
+    assert!(offset_of!(WaitStatus, expected) == 16);
+    assert!(TMA_CHUNK_ATOMS * 12 % 16 == 0);
+    assert!(BLOCK_SIZE % 32 == 0);
+};

@@ -1,0 +1,361 @@
+//! Every GPU intrinsic and inline-PTX wrapper the kernels use, and nothing else.
+//!
+//! Names follow Rust-CUDA's `cuda_std` (`thread::thread_idx_x`, `sync_threads`, `warp::lane_id`,
+//! ...) so that moving to another device backend is a change in this one module. Each wrapper
+//! states its contract: who may call it, at which scope it orders memory, and what it lowers to.
+//! The PTX tests (`host/tests/ptx_instructions.rs`) check that each one still lowers to the
+//! instruction named here, so a silent change of memory ordering fails the build.
+//!
+//! Memory-ordering vocabulary (PTX ISA, "Memory Consistency Model"): `relaxed` orders nothing
+//! but is a strong (non-torn, eventually visible) access; `release` makes this thread's earlier
+//! writes (and those it has observed) visible before the store; `acquire` makes later reads see
+//! what the matching release published. Scope `gpu` covers this device, `sys` covers peer GPUs
+//! and the host.
+
+use core::arch::asm;
+
+/// Thread, block and grid indices (`%tid`, `%ctaid`, `%ntid`, `%nctaid`).
+pub mod thread {
+    use core::arch::nvptx;
+
+    /// `threadIdx.x`. Any thread.
+    #[inline(always)]
+    pub fn thread_idx_x() -> u32 {
+        // SAFETY: reads a special register; no memory effects.
+        unsafe { nvptx::_thread_idx_x() }
+    }
+    /// `blockIdx.x`. Any thread.
+    #[inline(always)]
+    pub fn block_idx_x() -> u32 {
+        // SAFETY: reads a special register.
+        unsafe { nvptx::_block_idx_x() }
+    }
+    /// `blockIdx.y`. Any thread.
+    #[inline(always)]
+    pub fn block_idx_y() -> u32 {
+        // SAFETY: reads a special register.
+        unsafe { nvptx::_block_idx_y() }
+    }
+    /// `blockDim.x`. Any thread.
+    #[inline(always)]
+    pub fn block_dim_x() -> u32 {
+        // SAFETY: reads a special register.
+        unsafe { nvptx::_block_dim_x() }
+    }
+    /// `gridDim.x`. Any thread.
+    #[inline(always)]
+    pub fn grid_dim_x() -> u32 {
+        // SAFETY: reads a special register.
+        unsafe { nvptx::_grid_dim_x() }
+    }
+    /// `blockIdx.x * blockDim.x + threadIdx.x`: this thread's index along x of the grid.
+    #[inline(always)]
+    pub fn index_1d() -> u32 {
+        block_idx_x() * block_dim_x() + thread_idx_x()
+    }
+    /// Threads along x of the whole grid: the stride of a grid-stride loop.
+    #[inline(always)]
+    pub fn grid_stride_x() -> u32 {
+        grid_dim_x() * block_dim_x()
+    }
+}
+
+/// Block-wide barrier (`bar.sync 0`, via LLVM's convergent intrinsic, never raw asm: a raw-asm
+/// barrier is not marked convergent and may be duplicated into divergent paths).
+///
+/// # Safety
+/// Every thread of the block must reach the same call (no divergent call sites), or the block hangs.
+#[inline(always)]
+pub unsafe fn sync_threads() {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { core::arch::nvptx::_syncthreads() }
+}
+
+unsafe extern "C" {
+    #[link_name = "llvm.nvvm.barrier0.or"]
+    fn barrier0_or(predicate: i32) -> i32;
+    #[link_name = "llvm.nvvm.vote.any.sync"]
+    fn vote_any_sync(mask: u32, predicate: bool) -> bool;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn bar_warp_sync(mask: u32);
+}
+
+/// Block-wide barrier that also returns whether any thread's `predicate` was true
+/// (`bar.red.or.pred`, CUDA's `__syncthreads_or`).
+///
+/// # Safety
+/// Same as [`sync_threads`]: every thread of the block must make the same call.
+#[inline(always)]
+pub unsafe fn sync_threads_or(predicate: bool) -> bool {
+    // SAFETY: forwarded to the caller's contract; the intrinsic is convergent.
+    unsafe { barrier0_or(predicate as i32) != 0 }
+}
+
+/// Warp-level functions. All lanes named in `mask` must call them together (convergent).
+pub mod warp {
+    /// Lanes per warp on every NVIDIA GPU so far.
+    pub const WARP_SIZE: u32 = 32;
+    /// All 32 lanes.
+    pub const FULL_MASK: u32 = u32::MAX;
+
+    /// This thread's lane in its warp (`%laneid`). Any thread.
+    #[inline(always)]
+    pub fn lane_id() -> u32 {
+        let lane: u32;
+        // SAFETY: reads a special register; no memory effects.
+        unsafe { core::arch::asm!("mov.u32 {l}, %laneid;", l = out(reg32) lane, options(pure, nomem, nostack)) };
+        lane
+    }
+
+    /// This thread's warp within its block.
+    #[inline(always)]
+    pub fn warp_id() -> u32 {
+        super::thread::thread_idx_x() / WARP_SIZE
+    }
+
+    /// True if any lane in `mask` passes a true `predicate` (`vote.sync.any.pred`).
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn warp_vote_any(mask: u32, predicate: bool) -> bool {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::vote_any_sync(mask, predicate) }
+    }
+
+    /// Reconverge the lanes in `mask` and order their memory accesses (`bar.warp.sync`):
+    /// shared-memory writes before it are visible to the mask's lanes after it.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn sync_warp(mask: u32) {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::bar_warp_sync(mask) }
+    }
+}
+
+/// `%globaltimer`: nanoseconds, the same clock on every SM (updated about every microsecond).
+/// Used for the deadlines of bounded spin-waits. Any thread.
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    // SAFETY: reads a special register; not `pure`, since consecutive reads must not be merged.
+    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nomem, nostack)) };
+    t
+}
+
+/// `ld.relaxed.sys.global.u64`: a strong load that sees stores from any GPU or the host
+/// eventually, ordering nothing. The spin of a wait whose data is ordered by a later fence/acquire.
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn load_relaxed_sys_u64(ptr: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: the caller guarantees `ptr`; no `nomem`: the compiler must not move accesses across.
+    unsafe { asm!("ld.relaxed.sys.global.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `ld.acquire.gpu.global.u32`: pairs with a release at GPU scope by another block of this device.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn load_acquire_gpu_u32(ptr: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `st.release.sys.global.u64`: publishes this thread's earlier writes, and those it observed
+/// (cumulativity), to any GPU that acquires the value. The signal of a GPU-initiated exchange.
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn store_release_sys_u64(ptr: *mut u64, value: u64) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("st.release.sys.global.u64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
+}
+
+/// `atom.acq_rel.gpu.global.inc.u32`: returns the old value and stores
+/// `old >= limit ? 0 : old + 1`, so with `limit = n - 1` the counter wraps to 0 by itself after
+/// `n` calls. Acquire-release at GPU scope: the caller that sees `old == limit` (the last block)
+/// also sees every write the other callers made before their increment.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_inc_acq_rel_gpu(ptr: *mut u32, limit: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.inc.u32 {o}, [{p}], {l};", o = out(reg32) old, p = in(reg64) ptr, l = in(reg32) limit, options(nostack))
+    };
+    old
+}
+
+/// `atom.acq_rel.gpu.global.add.u32`: arrive on a device-wide counter, publishing this thread's
+/// (and its block's, after a block barrier) earlier writes, and seeing those of earlier arrivals.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack))
+    };
+    old
+}
+
+/// `fence.acq_rel.sys`: turns a preceding relaxed load that saw a peer's release into an acquire
+/// (the fence-based acquire pattern), so the data behind a signal is read only after it.
+#[inline(always)]
+pub fn fence_acq_rel_sys() {
+    // SAFETY: a fence; no operands.
+    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
+}
+
+/// `atom.relaxed.gpu.global.cas.b32`: compare-and-swap, returns the old value. Used to claim a
+/// one-time slot (the first timeout report).
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_cas_relaxed_gpu_u32(ptr: *mut u32, compare: u32, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe {
+        asm!("atom.relaxed.gpu.global.cas.b32 {o}, [{p}], {c}, {v};", o = out(reg32) old, p = in(reg64) ptr, c = in(reg32) compare, v = in(reg32) value, options(nostack))
+    };
+    old
+}
+
+/// `red.relaxed.gpu.global.add.f32`: `*ptr += value` atomically, no return value, no ordering.
+/// Accumulates forces when several pulses (or repeated map entries) hit one atom.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_gpu_f32(ptr: *mut f32, value: f32) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("red.relaxed.gpu.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
+}
+
+/// `red.relaxed.gpu.global.add.u32`: `*ptr += value` atomically, no return value, no ordering.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("red.relaxed.gpu.global.add.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
+}
+
+/// Dynamic shared memory, aligned to 16 bytes (what `cp.async.bulk` needs).
+pub mod shared {
+    /// A 16-byte unit of shared memory; its alignment is what the launch-sized region promises.
+    #[repr(C, align(16))]
+    pub struct Align16(pub [u8; 16]);
+
+    /// Base of this block's dynamic shared memory (size chosen at launch). All threads of the block
+    /// get the same pointer.
+    ///
+    /// # Safety
+    /// Only the first `shared_mem_bytes` (the launch parameter) bytes may be accessed, and accesses
+    /// from different threads must be ordered by [`super::sync_threads`] or
+    /// [`super::warp::sync_warp`] like any shared memory.
+    #[inline(always)]
+    pub unsafe fn dynamic_shared_mem() -> *mut Align16 {
+        core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align16>()
+    }
+
+    /// The shared-window address (`cvta.to.shared.u64`) of a generic pointer into shared memory,
+    /// as `cp.async.bulk` wants its shared operand.
+    ///
+    /// # Safety
+    /// `ptr` must point into this block's shared memory.
+    #[inline(always)]
+    pub unsafe fn to_shared_window(ptr: *const u8) -> u64 {
+        let s: u64;
+        // SAFETY: address arithmetic only; the caller guarantees `ptr` is a shared address.
+        unsafe { core::arch::asm!("cvta.to.shared.u64 {s}, {p};", s = out(reg64) s, p = in(reg64) ptr, options(pure, nomem, nostack)) };
+        s
+    }
+}
+
+/// Bulk asynchronous copies (Hopper's copy engine, `cp.async.bulk`), shared -> global.
+pub mod bulk {
+    use core::arch::asm;
+
+    /// `fence.proxy.async.shared::cta`: make this thread's generic-proxy writes to shared memory
+    /// visible to the async proxy. Every thread that wrote a bulk copy's source calls it before the
+    /// warp barrier that precedes the copy.
+    #[inline(always)]
+    pub fn fence_proxy_async_shared_cta() {
+        // SAFETY: a fence; no operands.
+        unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+    }
+
+    /// `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], bytes`: copy `bytes` from this
+    /// block's shared memory to global memory (local or a peer's) without using registers.
+    ///
+    /// # Safety
+    /// `dst` and `src_shared` (a shared-window address) 16-byte aligned, `bytes` a nonzero
+    /// multiple of 16, both ranges valid; the source must not be written until
+    /// [`wait_group_read_all`] returns. One thread issues it.
+    #[inline(always)]
+    pub unsafe fn copy_shared_to_global(dst: *mut u8, src_shared: u64, bytes: u32) {
+        // SAFETY: the caller guarantees the operands.
+        unsafe {
+            asm!("cp.async.bulk.global.shared::cta.bulk_group [{d}], [{s}], {n};", d = in(reg64) dst, s = in(reg64) src_shared, n = in(reg32) bytes, options(nostack))
+        };
+    }
+
+    /// `cp.async.bulk.commit_group`: close the bulk copies this thread issued into one group.
+    #[inline(always)]
+    pub fn commit_group() {
+        // SAFETY: no operands.
+        unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
+    }
+
+    /// `cp.async.bulk.wait_group 0`: wait until every committed group of this thread has completed,
+    /// its writes performed, so a following release can publish them.
+    #[inline(always)]
+    pub fn wait_group_all() {
+        // SAFETY: no operands.
+        unsafe { asm!("cp.async.bulk.wait_group 0;", options(nostack)) };
+    }
+
+    /// `cp.async.bulk.wait_group.read 0`: wait only until the sources have been read, so shared
+    /// memory can be reused.
+    #[inline(always)]
+    pub fn wait_group_read_all() {
+        // SAFETY: no operands.
+        unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) };
+    }
+}
+
+/// NVSHMEM device functions, resolved when the PTX build links `libnvshmem_device.bc`.
+/// Callable only from a module registered with `nvshmemx_cumodule_init` on an initialised PE.
+pub mod nvshmem {
+    unsafe extern "C" {
+        /// Every thread of the block calls it with the same arguments: copy `nelems` floats from
+        /// local `src` to `dest` on `pe`, then apply `op(signal)` to `sig_addr` on `pe` after the data.
+        /// Non-blocking: returns before completion; the receiver's signal wait provides ordering.
+        pub fn nvshmemx_float_put_signal_nbi_block(
+            dest: *mut f32,
+            src: *const f32,
+            nelems: usize,
+            sig_addr: *mut u64,
+            signal: u64,
+            sig_op: i32,
+            pe: i32,
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! Gather/scatter kernels against their CPU references on a real GPU.
+//! Outputs are poisoned (all bits set: NaN) before every launch, so an unwritten element fails.
+//! Without a GPU each test says it skipped; `HALO_REQUIRE_GPU=1` turns that into a failure.
+
+use approx::assert_relative_eq;
+use halo::abi::{Float3, PackMode};
+use halo::gpu::{DeviceBuffer, DeviceMemory};
+use halo::kernels::{self, IndexMap};
+use halo::reference;
+use halo::testing::{GpuFixture, gpu_or_skip};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const POISON: u8 = 0xFF;
+
+fn random_coords(rng: &mut ChaCha8Rng, n: usize) -> Vec<Float3> {
+    (0..n).map(|_| Float3::new(rng.random_range(-50.0..50.0), rng.random_range(-50.0..50.0), rng.random_range(-50.0..50.0))).collect()
+}
+
+fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
+    v.iter().map(|f| [f.x.to_bits(), f.y.to_bits(), f.z.to_bits()]).collect()
+}
+
+/// `n` distinct indices below `range`, sorted or shuffled.
+fn distinct_map(rng: &mut ChaCha8Rng, n: usize, range: usize, sorted: bool) -> Vec<u32> {
+    let mut all: Vec<u32> = rand::seq::index::sample(rng, range, n).into_iter().map(|i| i as u32).collect();
+    if sorted {
+        all.sort_unstable();
+    } else {
+        all.shuffle(rng);
+    }
+    all
+}
+
+fn run_pack(g: &GpuFixture, x: &[Float3], map: &[u32], shift: Option<Float3>) -> Vec<Float3> {
+    let stream = g.ctx.default_stream();
+    let xd = DeviceBuffer::from_host(&g.ctx, x).unwrap();
+    let md = IndexMap::new(&g.ctx, map).unwrap();
+    let out = DeviceBuffer::<Float3>::uninit(&g.ctx, map.len()).unwrap();
+    out.fill_bytes(POISON).unwrap();
+    kernels::pack_coords(&g.module, &stream, &xd, &md, &out, shift).unwrap();
+    stream.synchronize().unwrap();
+    out.to_host().unwrap()
+}
+
+#[test]
+fn pack_matches_reference_for_edge_and_large_sizes() {
+    let Some(g) = gpu_or_skip("pack_matches_reference_for_edge_and_large_sizes") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for &n in &[0usize, 1, 3, 4, 5, 1000, 1_000_000] {
+        let x = random_coords(&mut rng, (4 * n).max(1));
+        for sorted in [true, false] {
+            let map = distinct_map(&mut rng, n, x.len(), sorted);
+            let got = run_pack(&g, &x, &map, None);
+            assert_eq!(bits(&got), bits(&reference::pack(&x, &map, None)), "n = {n}, sorted = {sorted}");
+        }
+    }
+}
+
+#[test]
+fn pack_adds_the_periodic_shift() {
+    let Some(g) = gpu_or_skip("pack_adds_the_periodic_shift") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let x = random_coords(&mut rng, 5000);
+    let map: Vec<u32> = (0..3001).map(|_| rng.random_range(0..5000)).collect(); // repeats are fine for a gather
+    let shift = Some(Float3::new(7.7, 0.0, -3.25));
+    assert_eq!(bits(&run_pack(&g, &x, &map, shift)), bits(&reference::pack(&x, &map, shift)));
+}
+
+#[test]
+fn unpack_store_scatters_through_the_map() {
+    let Some(g) = gpu_or_skip("unpack_store_scatters_through_the_map") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for &n in &[0usize, 1, 5, 777, 1_000_000] {
+        let dst_len = 2 * n + 3;
+        let buf = random_coords(&mut rng, n);
+        let map = distinct_map(&mut rng, n, dst_len, false);
+        let mut expected = random_coords(&mut rng, dst_len);
+        let dst = DeviceBuffer::from_host(&g.ctx, &expected).unwrap();
+        reference::unpack_store(&buf, &map, &mut expected);
+        let bd = DeviceBuffer::from_host(&g.ctx, &buf).unwrap();
+        kernels::unpack(&g.module, &stream, &bd, &IndexMap::new(&g.ctx, &map).unwrap(), &dst, false).unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(bits(&dst.to_host().unwrap()), bits(&expected), "n = {n}");
+    }
+}
+
+#[test]
+fn unpack_accumulate_adds_repeated_targets() {
+    let Some(g) = gpu_or_skip("unpack_accumulate_adds_repeated_targets") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    for &(n, dst_len) in &[(0usize, 1usize), (1, 1), (5, 2), (10_000, 64), (1_000_000, 4_000_000)] {
+        let buf = random_coords(&mut rng, n);
+        let map: Vec<u32> = (0..n).map(|_| rng.random_range(0..dst_len as u32)).collect();
+        let mut expected = random_coords(&mut rng, dst_len);
+        let dst = DeviceBuffer::from_host(&g.ctx, &expected).unwrap();
+        reference::unpack_accumulate(&buf, &map, &mut expected);
+        let bd = DeviceBuffer::from_host(&g.ctx, &buf).unwrap();
+        kernels::unpack(&g.module, &stream, &bd, &IndexMap::new(&g.ctx, &map).unwrap(), &dst, true).unwrap();
+        stream.synchronize().unwrap();
+        for (got, want) in dst.to_host().unwrap().iter().zip(&expected) {
+            // Atomic accumulation order differs from the CPU's; the scale is the summed magnitude.
+            for (a, b) in [(got.x, want.x), (got.y, want.y), (got.z, want.z)] {
+                assert_relative_eq!(a, b, epsilon = 1e-3, max_relative = 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn pack_subset_packs_the_selected_entries_and_counts_the_rest() {
+    let Some(g) = gpu_or_skip("pack_subset_packs_the_selected_entries_and_counts_the_rest") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let x = random_coords(&mut rng, 20_000);
+    let threshold = 10_000;
+    let cases: [(&str, Vec<u32>); 5] = [
+        ("empty", vec![]),
+        ("one independent", vec![3]),
+        ("one dependent", vec![15_000]),
+        ("independent only", (0..5000).map(|_| rng.random_range(0..threshold)).collect()),
+        ("mixed", (0..12_345).map(|_| rng.random_range(0..20_000)).collect()),
+    ];
+    for (name, map) in &cases {
+        for mode in [PackMode::All, PackMode::BelowThreshold, PackMode::AtOrAboveThreshold] {
+            let xd = DeviceBuffer::from_host(&g.ctx, &x).unwrap();
+            let out = DeviceBuffer::<Float3>::uninit(&g.ctx, map.len()).unwrap();
+            out.fill_bytes(POISON).unwrap();
+            let deferred = kernels::counter(&g.ctx).unwrap();
+            let md = IndexMap::new(&g.ctx, map).unwrap();
+            kernels::pack_subset(&g.module, &stream, &xd, &md, &out, None, mode, threshold, &deferred).unwrap();
+            stream.synchronize().unwrap();
+            let mut expected = out.to_host().unwrap(); // poison where nothing is packed
+            expected.iter_mut().for_each(|v| *v = Float3::new(f32::from_bits(!0), f32::from_bits(!0), f32::from_bits(!0)));
+            let want_deferred = reference::pack_subset(&x, map, &mut expected, None, mode, threshold);
+            assert_eq!(bits(&out.to_host().unwrap()), bits(&expected), "{name} {mode:?}");
+            assert_eq!(deferred.to_host().unwrap()[0], want_deferred, "{name} {mode:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_maps_are_rejected_before_launch() {
+    let Some(g) = gpu_or_skip("bad_maps_are_rejected_before_launch") else { return };
+    let stream = g.ctx.default_stream();
+    let x = DeviceBuffer::<Float3>::zeroed(&g.ctx, 10).unwrap();
+    let out = DeviceBuffer::<Float3>::zeroed(&g.ctx, 2).unwrap();
+    let err = kernels::pack_coords(&g.module, &stream, &x, &IndexMap::new(&g.ctx, &[1, 10]).unwrap(), &out, None).unwrap_err();
+    assert!(err.to_string().contains("entry 10 is out of range"), "{err}");
+    let err = kernels::pack_coords(&g.module, &stream, &x, &IndexMap::new(&g.ctx, &[1, 2, 3]).unwrap(), &out, None).unwrap_err();
+    assert!(err.to_string().contains("3 needed"), "{err}");
+}

@@ -1,0 +1,155 @@
+//! The PTX must contain every kernel, and each device wrapper must still lower to the instruction
+//! its contract names: a silent change of memory ordering or scope fails here, without a GPU.
+//! Needs the PTX (`cargo xtask build-ptx`; `cargo xtask test` builds it first).
+
+use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
+use halo::abi;
+use std::collections::HashMap;
+
+fn artifacts() -> KernelArtifacts {
+    KernelArtifacts::locate(DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Entry name -> its PTX body (up to the next entry or function).
+fn entries(ptx: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in ptx.lines() {
+        let starts_entry = line.contains(".entry ");
+        let starts_func = line.contains(".func ");
+        if starts_entry || starts_func {
+            if let Some((name, body)) = current.take() {
+                out.insert(name, body);
+            }
+            if starts_entry {
+                let name = line.split(".entry ").nth(1).unwrap_or("").trim().trim_end_matches('(').to_string();
+                current = Some((name, String::new()));
+            }
+            continue;
+        }
+        if let Some((_, body)) = current.as_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    if let Some((name, body)) = current {
+        out.insert(name, body);
+    }
+    out
+}
+
+fn ptx_text() -> String {
+    let a = artifacts();
+    std::fs::read_to_string(a.ptx_path()).expect("reading the PTX")
+}
+
+#[track_caller]
+fn assert_lowers(bodies: &HashMap<String, String>, kernel: &str, instructions: &[&str]) {
+    let body = bodies.get(kernel).unwrap_or_else(|| panic!("kernel {kernel} missing from the PTX"));
+    for ins in instructions {
+        assert!(body.contains(ins), "{kernel} no longer contains `{ins}`");
+    }
+}
+
+#[test]
+fn every_kernel_entry_exists_and_nothing_else() {
+    let bodies = entries(&ptx_text());
+    let mut found: Vec<_> = bodies.keys().cloned().collect();
+    found.sort();
+    let mut listed: Vec<_> = abi::KERNEL_ENTRIES.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(found, listed);
+}
+
+#[test]
+fn module_targets_hopper_and_keeps_its_globals() {
+    let ptx = ptx_text();
+    assert!(ptx.contains(".target sm_90"), "PTX not built for sm_90");
+    assert!(ptx.contains(".version 8.0"), "PTX ISA is not 8.0");
+    for global in ["HALO_ABI_VERSION", "nvshmemi_device_state_d", "nvshmemi_device_lib_version_d"] {
+        assert!(ptx.lines().any(|l| l.starts_with(".visible") && l.contains(global)), "{global} not exported");
+    }
+}
+
+#[test]
+fn signalling_wrappers_keep_their_memory_order() {
+    let b = entries(&ptx_text());
+    // Last-block election, release signal to the peer, relaxed spin + acquire fence, bounded by %globaltimer.
+    for k in [abi::FUSED_COORDS, abi::PULSE_PACK_STORE_SIGNAL] {
+        assert_lowers(&b, k, &[
+            "atom.acq_rel.gpu.global.inc.u32",
+            "st.release.sys.global.u64",
+            "ld.relaxed.sys.global.u64",
+            "fence.acq_rel.sys;",
+            "%globaltimer",
+            "atom.relaxed.gpu.global.cas.b32",
+            "bar.sync",
+        ]);
+    }
+    // Dependency pass: block-wide vote with a barrier.
+    assert_lowers(&b, abi::FUSED_COORDS, &["bar.red.or.pred"]);
+    // Reverse chain: per-pulse completion counters and atomic force accumulation.
+    assert_lowers(&b, abi::FUSED_FORCES, &[
+        "atom.acq_rel.gpu.global.add.u32",
+        "ld.acquire.gpu.global.u32",
+        "red.relaxed.gpu.global.add.f32",
+        "st.release.sys.global.u64",
+    ]);
+    assert_lowers(&b, abi::UNPACK_ACCUMULATE, &["red.relaxed.gpu.global.add.f32"]);
+    assert_lowers(&b, abi::PACK_SUBSET, &["red.relaxed.gpu.global.add.u32"]);
+}
+
+#[test]
+fn bulk_copy_wrappers_lower_to_hopper_instructions() {
+    let b = entries(&ptx_text());
+    assert_lowers(&b, abi::FUSED_COORDS_TMA, &[
+        "fence.proxy.async.shared::cta;",
+        "cp.async.bulk.global.shared::cta.bulk_group",
+        "cp.async.bulk.commit_group;",
+        "cp.async.bulk.wait_group.read 0;",
+        "cp.async.bulk.wait_group 0;",
+        "cvta.to.shared.u64",
+        "vote.sync.any.pred",
+        "bar.warp.sync",
+        "%laneid",
+        "atom.acq_rel.gpu.global.inc.u32",
+        "st.release.sys.global.u64",
+    ]);
+}
+
+#[test]
+fn put_variants_call_nvshmem() {
+    let ptx = ptx_text();
+    let b = entries(&ptx);
+    // NVSHMEM's block-scoped put+signal is reached from the put-path kernels (inlined or called).
+    for k in [abi::PULSE_PACK_PUT_SIGNAL, abi::FUSED_COORDS, abi::FUSED_FORCES] {
+        let body = &b[k];
+        assert!(
+            body.contains("nvshmemi_transfer_put_signal") || body.contains("nvshmemi_device_state_d"),
+            "{k} does not reach NVSHMEM's put_signal"
+        );
+    }
+    // And the direct-store-only kernels do not.
+    for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::PACK_COORDS] {
+        assert!(!b[k].contains("nvshmemi_device_state_d"), "{k} unexpectedly uses NVSHMEM");
+    }
+}
+
+#[test]
+fn ptxas_reports_no_spills() {
+    let a = artifacts();
+    let report = std::fs::read_to_string(a.ptxas_report_path()).expect("reading the ptxas report");
+    // Each entry's "Function properties" block is followed by its stack/spill line.
+    let mut checked = 0;
+    let mut lines = report.lines();
+    while let Some(line) = lines.next() {
+        if let Some(name) = line.split("Function properties for ").nth(1) {
+            let props = lines.next().unwrap_or_default();
+            if abi::KERNEL_ENTRIES.contains(&name.trim()) {
+                assert!(props.contains("0 bytes spill stores, 0 bytes spill loads"), "{name} spills: {props}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, abi::KERNEL_ENTRIES.len(), "ptxas report lacks some kernels:\n{report}");
+}
