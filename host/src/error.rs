@@ -51,6 +51,9 @@ pub enum HaloError {
         /// Which GPU.
         ordinal: usize,
     },
+    /// A device spin-wait expired: a peer never signalled (see the message for which one).
+    #[error("halo exchange timed out: {0}")]
+    WaitTimeout(crate::exchange::WaitTimeout),
     /// An argument a user or caller passed is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -22,3 +22,4 @@ pub mod reference;
 pub use error::{HaloError, Result};
 pub use kernels_gpu::abi;
 pub mod testing;
+pub mod exchange;

@@ -1,0 +1,190 @@
+//! Several ranks in one process: each rank has its own buffers and stream, peers are plain device
+//! pointers (same GPU, or another GPU with peer access), and the kernels are the same as with
+//! NVSHMEM. This is how a 2x2x2 decomposition runs on one GPU.
+//!
+//! The spinning kernels of all ranks on a GPU must be resident at once, or a waiting block can
+//! starve the block it waits for: [`LocalRanks::new`] sizes the grids to fit and refuses a
+//! configuration that cannot.
+
+use super::memory::MemoryKind;
+use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
+use super::spec::{RankHalo, validate};
+use super::Transport;
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
+use std::sync::Arc;
+
+/// All ranks of a decomposition, in this process.
+pub struct LocalRanks {
+    ranks: Vec<RankExchange>,
+    streams: Vec<Arc<CudaStream>>,
+    host_syncs: u64,
+}
+
+impl LocalRanks {
+    /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU).
+    pub fn new(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
+        validate(&halos)?;
+        if modules.is_empty() {
+            return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
+        }
+        for a in modules {
+            for b in modules {
+                if !enable_peer_access(a.context(), b.context())? {
+                    return Err(HaloError::InvalidInput(format!(
+                        "GPU {} cannot access GPU {} (no peer access): run one rank per GPU with `halo launch`, or use one GPU",
+                        a.context().ordinal(),
+                        b.context().ordinal()
+                    )));
+                }
+            }
+        }
+        let sizes = SharedSizes::of(&halos);
+        let mut ranks = Vec::with_capacity(halos.len());
+        let mut streams = Vec::with_capacity(halos.len());
+        for (r, halo) in halos.into_iter().enumerate() {
+            let module = modules[r % modules.len()].clone();
+            let ctx: Arc<CudaContext> = module.context().clone();
+            streams.push(ctx.new_stream().during("creating a rank stream")?);
+            ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
+        }
+        let views: Vec<PeerView> = ranks.iter().map(RankExchange::local_view).collect();
+        for rank in &mut ranks {
+            rank.install(&|peer| Some(views[peer]))?;
+        }
+        let mut this = Self { ranks, streams, host_syncs: 0 };
+        this.fit_residency(modules.len())?;
+        Ok(this)
+    }
+
+    /// Caps the blocks per pulse so every rank's spinning blocks fit on its GPU together.
+    fn fit_residency(&mut self, gpus: usize) -> Result<()> {
+        let Some(first) = self.ranks.first() else { return Ok(()) };
+        let (sms, per_sm) = first.residency()?;
+        let capacity = sms * per_sm;
+        let ranks_per_gpu = self.ranks.len().div_ceil(gpus) as u32;
+        let pulses = first.halo().pulses.len().max(1) as u32;
+        let per_pulse = capacity / (ranks_per_gpu * pulses);
+        if per_pulse == 0 {
+            return Err(HaloError::InvalidInput(format!(
+                "{ranks_per_gpu} ranks x {pulses} pulses of spinning blocks cannot all be resident on one GPU \
+                 ({sms} SMs x {per_sm} blocks): this could deadlock. Use fewer ranks per GPU or more GPUs"
+            )));
+        }
+        for r in &mut self.ranks {
+            r.cap_grids(per_pulse);
+        }
+        Ok(())
+    }
+
+    /// The ranks.
+    pub fn ranks(&self) -> &[RankExchange] {
+        &self.ranks
+    }
+
+    /// Mutable access to the ranks.
+    pub fn ranks_mut(&mut self) -> &mut [RankExchange] {
+        &mut self.ranks
+    }
+
+    /// Rank `r`'s stream.
+    pub fn stream(&self, r: usize) -> &Arc<CudaStream> {
+        &self.streams[r]
+    }
+
+    /// Host synchronisations performed so far (the staged path's cost, zero on GPU-initiated paths).
+    pub fn host_syncs(&self) -> u64 {
+        self.host_syncs
+    }
+
+    /// Launches one step's coordinate halo on every rank (GPU-initiated transports) without waiting.
+    pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
+        if transport == Transport::Staged {
+            return self.staged_coordinates();
+        }
+        if transport.needs_nvshmem() {
+            return Err(HaloError::InvalidInput(format!(
+                "the {} transport needs NVSHMEM (one process per GPU under `halo launch`); in one process use per-pulse-direct",
+                transport.name()
+            )));
+        }
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            rank.launch_coordinates(transport, &self.streams[r])?;
+        }
+        Ok(())
+    }
+
+    /// Launches one step's force halo on every rank without waiting (staged: runs it).
+    pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
+        if transport == Transport::Staged {
+            return self.staged_forces();
+        }
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            rank.launch_forces(&self.streams[r])?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank's stream and turns a device wait timeout into an error.
+    pub fn finish(&mut self) -> Result<()> {
+        self.sync_all()?;
+        for r in &self.ranks {
+            r.check_status()?;
+        }
+        Ok(())
+    }
+
+    fn sync_all(&mut self) -> Result<()> {
+        for s in &self.streams {
+            s.synchronize().during("waiting for a rank's stream")?;
+        }
+        self.host_syncs += 1;
+        Ok(())
+    }
+
+    /// GROMACS's MPI path, pulse by pulse: pack on every rank, host sync, copy into the receiver,
+    /// host sync.
+    fn staged_coordinates(&mut self) -> Result<()> {
+        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
+        for p in 0..pulses {
+            for (r, rank) in self.ranks.iter().enumerate() {
+                rank.stage_pack(p, &self.streams[r])?;
+            }
+            self.sync_all()?;
+            for (r, rank) in self.ranks.iter().enumerate() {
+                let to = rank.halo().pulses[p].send_rank;
+                rank.stage_copy_to(p, self.ranks[to].local_view(), &self.streams[r])?;
+            }
+            self.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// The staged force halo, last pulse first: copy halo forces to their owner, host sync,
+    /// accumulate, host sync.
+    fn staged_forces(&mut self) -> Result<()> {
+        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
+        for p in (0..pulses).rev() {
+            for (r, rank) in self.ranks.iter().enumerate() {
+                let owner = rank.halo().pulses[p].recv_rank;
+                rank.stage_forces_to(p, self.ranks[owner].recv_slot(p), &self.streams[r])?;
+            }
+            self.sync_all()?;
+            for (r, rank) in self.ranks.iter().enumerate() {
+                rank.stage_unpack_forces(p, &self.streams[r])?;
+            }
+            self.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Reads back every rank's first `total_atoms` coordinates.
+    pub fn coordinates(&self) -> Result<Vec<Vec<kernels_gpu::abi::Float3>>> {
+        self.ranks.iter().map(|r| Ok(r.x.to_host()?[..r.halo().total_atoms].to_vec())).collect()
+    }
+
+    /// Reads back every rank's first `total_atoms` forces.
+    pub fn forces(&self) -> Result<Vec<Vec<kernels_gpu::abi::Float3>>> {
+        self.ranks.iter().map(|r| Ok(r.f.to_host()?[..r.halo().total_atoms].to_vec())).collect()
+    }
+}

@@ -1,0 +1,109 @@
+//! The halo exchange: every transport, for ranks in one process or across NVSHMEM PEs.
+//!
+//! - [`spec`]: what a rank sends and receives per pulse ([`RankHalo`]), and the cross-rank check.
+//! - [`rank`]: one rank's buffers, metadata and launches ([`RankExchange`]).
+//! - [`local`]: several ranks in one process, on one or more GPUs ([`LocalRanks`]).
+//! - [`synthetic`]: random halos for tests and benchmarks; [`reference`]: their CPU result.
+
+pub mod local;
+pub mod memory;
+pub mod rank;
+pub mod reference;
+pub mod spec;
+pub mod synthetic;
+
+pub use local::LocalRanks;
+pub use rank::{PeerView, RankExchange, SharedSizes};
+pub use spec::{PulseSpec, RankHalo};
+
+use kernels_gpu::abi::WaitKind;
+
+/// How a halo moves between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+pub enum Transport {
+    /// Host-orchestrated, GROMACS's MPI path: per pulse a pack kernel, a host sync, a host-driven
+    /// copy, a host sync. The honest baseline.
+    Staged,
+    /// One NVSHMEM pack + put_signal + wait kernel per pulse (the seed's first design).
+    PerPulse,
+    /// One pack + direct-store + signal + wait kernel per pulse (peers reachable by stores).
+    PerPulseDirect,
+    /// One kernel for all coordinate pulses (dependency-aware, last-block signalling); direct
+    /// stores where the peer is reachable, NVSHMEM put otherwise.
+    Fused,
+    /// Like `Fused`, with per-warp bulk copies (`cp.async.bulk`); direct peers only.
+    FusedTma,
+}
+
+impl Transport {
+    /// Every transport, in the order reports list them.
+    pub const ALL: [Transport; 5] = [Transport::Staged, Transport::PerPulse, Transport::PerPulseDirect, Transport::Fused, Transport::FusedTma];
+
+    /// Whether the GPU drives the exchange (no host synchronisation inside a step).
+    pub fn gpu_initiated(self) -> bool {
+        self != Transport::Staged
+    }
+
+    /// Whether the transport needs every peer reachable by loads and stores.
+    pub fn needs_direct_peers(self) -> bool {
+        matches!(self, Transport::PerPulseDirect | Transport::FusedTma)
+    }
+
+    /// Whether the transport needs NVSHMEM (the put path).
+    pub fn needs_nvshmem(self) -> bool {
+        self == Transport::PerPulse
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Staged => "staged",
+            Transport::PerPulse => "per-pulse",
+            Transport::PerPulseDirect => "per-pulse-direct",
+            Transport::Fused => "fused",
+            Transport::FusedTma => "fused-tma",
+        }
+    }
+}
+
+/// A device spin-wait that expired: which rank waited for what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitTimeout {
+    /// The rank whose kernel gave up.
+    pub rank: usize,
+    /// The rank whose signal never came (-1: blocks of the same launch).
+    pub peer: i32,
+    /// Flat pulse index.
+    pub pulse: u32,
+    /// What was awaited.
+    pub kind: Option<WaitKind>,
+    /// The signal value the step needed (the step counter).
+    pub step_counter: u64,
+    /// The value last seen.
+    pub seen: u64,
+    /// How long it waited.
+    pub waited_ns: u64,
+}
+
+impl std::fmt::Display for WaitTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            Some(WaitKind::CoordSignal) => "the coordinate halo",
+            Some(WaitKind::ForceSignal) => "the force halo",
+            Some(WaitKind::LocalBlocks) | None => "other blocks of the force halo",
+        };
+        let seen = if self.seen == u64::MAX { "never set".to_string() } else { self.seen.to_string() };
+        write!(
+            f,
+            "rank {} waited {:.1} s for pulse {} of {} from rank {} at step {} (signal {}, expected {})",
+            self.rank,
+            self.waited_ns as f64 * 1e-9,
+            self.pulse,
+            what,
+            self.peer,
+            self.step_counter,
+            seen,
+            self.step_counter
+        )
+    }
+}

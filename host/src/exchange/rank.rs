@@ -1,0 +1,417 @@
+//! One rank's side of the exchange: its device buffers, its per-pulse metadata, and the launches
+//! of every transport. The same code runs whether the peers live in this process (plain device
+//! pointers) or in other processes (NVSHMEM symmetric memory and `nvshmem_ptr`).
+
+use super::memory::{Mem, MemoryKind};
+use super::spec::RankHalo;
+use super::{Transport, WaitTimeout};
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::kernel_args;
+use kernels_gpu::abi::{self, Float3, PulseMeta, SIGNAL_UNSET, WaitKind, WaitStatus};
+use std::sync::Arc;
+
+/// Atoms per pulse slot of the staging buffers are rounded up to this (768 bytes: a multiple of
+/// both 12 and 256, so every slot starts 256-byte aligned, like GROMACS's unified buffers).
+const SLOT_ATOMS: usize = 64;
+
+/// How this rank reaches one peer: plain device addresses of the peer's arrays, valid in this
+/// rank's context (same GPU, peer access, or `nvshmem_ptr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerView {
+    /// The peer's coordinate array.
+    pub x: u64,
+    /// The peer's force array.
+    pub f: u64,
+    /// The peer's signal slots (`2 * pulses` of them).
+    pub signals: u64,
+}
+
+/// Sizes every rank must allocate identically (symmetric allocations are collective and must
+/// agree): the maximum over all ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedSizes {
+    /// Atoms in `x` and `f`.
+    pub atoms: usize,
+    /// Pulses.
+    pub pulses: usize,
+    /// Atoms per pulse slot of the staging buffers.
+    pub slot_atoms: usize,
+}
+
+impl SharedSizes {
+    /// The maxima over `halos`.
+    pub fn of(halos: &[RankHalo]) -> Self {
+        let atoms = halos.iter().map(|h| h.total_atoms).max().unwrap_or(0).max(1);
+        let extent = halos.iter().map(|h| h.max_send().max(h.max_recv())).max().unwrap_or(0);
+        Self { atoms, pulses: halos.first().map_or(0, |h| h.pulses.len()), slot_atoms: extent.div_ceil(SLOT_ATOMS).max(1) * SLOT_ATOMS }
+    }
+}
+
+/// One rank's exchange state on its GPU.
+pub struct RankExchange {
+    rank: usize,
+    halo: RankHalo,
+    module: Arc<KernelModule>,
+    /// Coordinates: home atoms, then every received pulse.
+    pub x: Mem<Float3>,
+    /// Forces, same layout as `x`.
+    pub f: Mem<Float3>,
+    signals: Mem<u64>,
+    send_buf: Mem<Float3>,
+    recv_buf: Mem<Float3>,
+    maps: DeviceBuffer<u32>,
+    map_offsets: Vec<usize>,
+    meta: DeviceBuffer<PulseMeta>,
+    host_meta: Vec<PulseMeta>,
+    block_counters: DeviceBuffer<u32>,
+    done_counters: DeviceBuffer<u32>,
+    status: DeviceBuffer<WaitStatus>,
+    sizes: SharedSizes,
+    x_counter: u64,
+    f_counter: u64,
+    f_launch_seq: u32,
+    timeout_ns: u64,
+    coord_grid: u32,
+    force_grid: u32,
+}
+
+impl RankExchange {
+    /// Allocates this rank's buffers (collectively, for symmetric memory: every rank must call
+    /// this with the same `sizes`) and uploads its index maps. Signals start at [`SIGNAL_UNSET`].
+    pub fn new(rank: usize, halo: RankHalo, module: Arc<KernelModule>, kind: &MemoryKind, sizes: SharedSizes) -> Result<Self> {
+        let ctx = module.context().clone();
+        let n = sizes.pulses;
+        let alloc_f3 = |len| Mem::<Float3>::new(kind, &ctx, len);
+        let x = alloc_f3(sizes.atoms)?;
+        let f = alloc_f3(sizes.atoms)?;
+        let send_buf = alloc_f3(n.max(1) * sizes.slot_atoms)?;
+        let recv_buf = alloc_f3(n.max(1) * sizes.slot_atoms)?;
+        let signals = Mem::<u64>::new(kind, &ctx, (2 * n).max(1))?;
+        signals.fill_bytes(0xFF)?; // SIGNAL_UNSET everywhere
+        debug_assert_eq!(SIGNAL_UNSET, u64::MAX);
+        let mut flat = Vec::new();
+        let mut map_offsets = Vec::with_capacity(n);
+        for p in &halo.pulses {
+            map_offsets.push(flat.len());
+            flat.extend_from_slice(&p.index_map);
+        }
+        let maps = DeviceBuffer::from_host(&ctx, &flat)?;
+        let meta = DeviceBuffer::zeroed(&ctx, n.max(1))?;
+        let block_counters = DeviceBuffer::zeroed(&ctx, n.max(1))?;
+        let done_counters = DeviceBuffer::zeroed(&ctx, n.max(1))?;
+        let status = DeviceBuffer::zeroed(&ctx, 1)?;
+        let max_send = halo.max_send().max(halo.max_recv()) as u32;
+        let per_block = abi::BLOCK_SIZE * abi::ATOMS_PER_THREAD;
+        Ok(Self {
+            rank,
+            module,
+            x,
+            f,
+            signals,
+            send_buf,
+            recv_buf,
+            maps,
+            map_offsets,
+            meta,
+            host_meta: Vec::new(),
+            block_counters,
+            done_counters,
+            status,
+            sizes,
+            x_counter: 0,
+            f_counter: 0,
+            f_launch_seq: 0,
+            timeout_ns: 5_000_000_000,
+            // GROMACS's shape: +1 so a pulse that sends nothing still has a block to wait and signal.
+            coord_grid: (max_send + 1).div_ceil(per_block).max(1),
+            force_grid: (max_send + 1).div_ceil(per_block).max(1),
+            halo,
+        })
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// This rank's halo description.
+    pub fn halo(&self) -> &RankHalo {
+        &self.halo
+    }
+
+    /// The context of this rank's GPU.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.module.context()
+    }
+
+    /// The addresses peers use to reach this rank (valid in this process; other processes
+    /// translate them with `nvshmem_ptr`).
+    pub fn local_view(&self) -> PeerView {
+        PeerView { x: self.x.device_ptr(), f: self.f.device_ptr(), signals: self.signals.device_ptr() }
+    }
+
+    /// Blocks per pulse of the fused coordinate and force kernels.
+    pub fn grids(&self) -> (u32, u32) {
+        (self.coord_grid, self.force_grid)
+    }
+
+    /// Caps the blocks per pulse (the kernels are grid-stride, so any count is correct); used to
+    /// keep every spinning block of every rank on a GPU co-resident.
+    pub fn cap_grids(&mut self, max_blocks_per_pulse: u32) {
+        self.coord_grid = self.coord_grid.min(max_blocks_per_pulse).max(1);
+        self.force_grid = self.force_grid.min(max_blocks_per_pulse).max(1);
+    }
+
+    /// Deadline of every device spin-wait.
+    pub fn set_wait_timeout(&mut self, timeout: std::time::Duration) {
+        self.timeout_ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+    }
+
+    /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
+    /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
+    /// decide alike (a direct pair in one direction is direct in the other).
+    pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>) -> Result<()> {
+        let f3 = size_of::<Float3>() as u64;
+        let n = self.halo.pulses.len();
+        let mut metas = Vec::with_capacity(n);
+        for (p, spec) in self.halo.pulses.iter().enumerate() {
+            let to = peer(spec.send_rank);
+            let from = peer(spec.recv_rank);
+            let shift = spec.shift.unwrap_or_default();
+            metas.push(PulseMeta {
+                index_map: self.maps.device_ptr_at(self.map_offsets[p]),
+                send_buf: self.send_buf.device_ptr_at(p * self.sizes.slot_atoms),
+                recv_buf: self.recv_buf.device_ptr_at(p * self.sizes.slot_atoms),
+                remote_x: to.map_or(0, |v| v.x + spec.peer_atom_offset as u64 * f3),
+                remote_x_signal: to.map_or(0, |v| v.signals + 8 * p as u64),
+                remote_f_get: to.map_or(0, |v| v.f + spec.peer_atom_offset as u64 * f3),
+                remote_f_signal: from.map_or(0, |v| v.signals + 8 * (n + p) as u64),
+                shift,
+                send_size: spec.index_map.len() as u32,
+                recv_size: spec.recv_size as u32,
+                atom_offset: spec.atom_offset as u32,
+                peer_atom_offset: spec.peer_atom_offset as u32,
+                send_pe: spec.send_rank as i32,
+                recv_pe: spec.recv_rank as i32,
+                use_shift: spec.shift.is_some() as u32,
+                accumulate: spec.accumulate_forces as u32,
+                reserved: 0,
+            });
+        }
+        if !metas.is_empty() {
+            self.meta.copy_from_host(&metas)?;
+        }
+        self.host_meta = metas;
+        Ok(())
+    }
+
+    /// Whether every pulse's coordinates go by direct stores (a requirement of [`Transport::FusedTma`]
+    /// and [`Transport::PerPulseDirect`]).
+    pub fn all_direct(&self) -> bool {
+        self.host_meta.iter().all(|m| m.remote_x != 0 && m.remote_f_signal != 0)
+    }
+
+    /// Whether any pulse uses the NVSHMEM put path.
+    pub fn any_put(&self) -> bool {
+        self.host_meta.iter().any(|m| m.remote_x == 0 || m.remote_f_signal == 0)
+    }
+
+    /// Launches the coordinate halo of one step on `stream` with a GPU-initiated `transport`. Every
+    /// rank must call it every step (even with nothing to send): peers wait for this step's signal.
+    pub fn launch_coordinates(&mut self, transport: Transport, stream: &CudaStream) -> Result<()> {
+        self.x_counter += 1;
+        let n = self.halo.pulses.len() as u32;
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut meta, mut pulses, mut x, mut signals, mut counter) =
+            (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.x_counter);
+        let (mut counters, mut dep, mut timeout, mut status) =
+            (self.block_counters.device_ptr(), self.halo.home_atoms as u32, self.timeout_ns, self.status.device_ptr());
+        match transport {
+            Transport::Fused | Transport::FusedTma => {
+                let tma = transport == Transport::FusedTma;
+                let (name, shape) = if tma { (abi::FUSED_COORDS_TMA, self.tma_shape()) } else { (abi::FUSED_COORDS, self.coord_shape()) };
+                let mut args = kernel_args![meta, pulses, x, signals, counter, counters, dep, timeout, status];
+                // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
+                // `install` from a validated plan and live buffers.
+                unsafe { self.module.launch(name, shape, stream, &mut args) }
+            }
+            Transport::PerPulse | Transport::PerPulseDirect => {
+                let name = if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL };
+                for p in 0..n {
+                    let shape = LaunchShape {
+                        grid: ((self.halo.pulses[p as usize].index_map.len() as u32).div_ceil(abi::BLOCK_SIZE).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD), 1),
+                        block: abi::BLOCK_SIZE,
+                        shared_bytes: 0,
+                    };
+                    let (mut pulse, mut arrive) = (p, self.block_counters.device_ptr_at(p as usize));
+                    let mut args = kernel_args![meta, pulse, x, signals, counter, arrive, timeout, status];
+                    // SAFETY: arguments match the per-pulse kernels; see above.
+                    unsafe { self.module.launch(name, shape, stream, &mut args)? };
+                }
+                Ok(())
+            }
+            Transport::Staged => Err(HaloError::InvalidInput("the staged transport is host-driven: use LocalRanks::staged_coordinates".into())),
+        }
+    }
+
+    /// Launches the force halo of one step (reverse chain, accumulate) on `stream`.
+    pub fn launch_forces(&mut self, stream: &CudaStream) -> Result<()> {
+        self.f_counter += 1;
+        self.f_launch_seq = self.f_launch_seq.wrapping_add(1);
+        let n = self.halo.pulses.len() as u32;
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut meta, mut pulses, mut f, mut signals, mut counter) =
+            (self.meta.device_ptr(), n, self.f.device_ptr(), self.signals.device_ptr(), self.f_counter);
+        let (mut done, mut seq, mut timeout, mut status) = (self.done_counters.device_ptr(), self.f_launch_seq, self.timeout_ns, self.status.device_ptr());
+        let mut args = kernel_args![meta, pulses, f, signals, counter, done, seq, timeout, status];
+        let shape = LaunchShape { grid: (self.force_grid, n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+        // SAFETY: arguments match `fused_forces`; metadata from `install`.
+        unsafe { self.module.launch(abi::FUSED_FORCES, shape, stream, &mut args) }
+    }
+
+    fn coord_shape(&self) -> LaunchShape {
+        LaunchShape { grid: (self.coord_grid, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: 0 }
+    }
+
+    fn tma_shape(&self) -> LaunchShape {
+        let warps = abi::BLOCK_SIZE / 32;
+        let per_block = warps * abi::TMA_CHUNK_ATOMS;
+        let blocks = (self.halo.max_send() as u32 + 4).div_ceil(per_block).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD);
+        LaunchShape { grid: (blocks, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: per_block * 12 }
+    }
+
+    /// Reads the wait status after the step's work completed: a timed-out device wait becomes an
+    /// error naming the rank, peer, pulse, direction and signal values.
+    pub fn check_status(&self) -> Result<()> {
+        let s = self.status.to_host()?[0];
+        if s.timed_out == 0 {
+            return Ok(());
+        }
+        Err(HaloError::WaitTimeout(WaitTimeout {
+            rank: self.rank,
+            peer: s.peer,
+            pulse: s.pulse,
+            kind: WaitKind::from_u32(s.kind),
+            step_counter: s.expected,
+            seen: s.seen,
+            waited_ns: s.waited_ns,
+        }))
+    }
+
+    /// Host-driven gather of pulse `p` into its send slot (staged path).
+    pub(crate) fn stage_pack(&self, p: usize, stream: &CudaStream) -> Result<()> {
+        let spec = &self.halo.pulses[p];
+        let (mut xp, mut mp, mut n, mut op) = (
+            self.x.device_ptr(),
+            self.maps.device_ptr_at(self.map_offsets[p]),
+            spec.index_map.len() as u32,
+            self.send_buf.device_ptr_at(p * self.sizes.slot_atoms),
+        );
+        let s = spec.shift.unwrap_or_default();
+        let (mut sx, mut sy, mut sz, mut use_shift) = (s.x, s.y, s.z, spec.shift.is_some() as u32);
+        let mut args = kernel_args![xp, mp, n, op, sx, sy, sz, use_shift];
+        // SAFETY: arguments match `pack_coords`; map entries validated against the arrays.
+        unsafe { self.module.launch(abi::PACK_COORDS, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+    }
+
+    /// Host-driven copy of pulse `p`'s send slot into the peer's coordinates (staged path).
+    pub(crate) fn stage_copy_to(&self, p: usize, peer: PeerView, stream: &CudaStream) -> Result<()> {
+        let spec = &self.halo.pulses[p];
+        let bytes = spec.index_map.len() * size_of::<Float3>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let dst = peer.x + (spec.peer_atom_offset * size_of::<Float3>()) as u64;
+        // SAFETY: both ranges lie inside live allocations (validated plan); UVA resolves the peer.
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_buf.device_ptr_at(p * self.sizes.slot_atoms), bytes, stream.cu_stream()) }
+            .result()
+            .during("staged coordinate copy")
+    }
+
+    /// Host-driven copy of this rank's halo forces of pulse `p` into the owner's receive slot.
+    pub(crate) fn stage_forces_to(&self, p: usize, owner_recv_slot: u64, stream: &CudaStream) -> Result<()> {
+        let spec = &self.halo.pulses[p];
+        let bytes = spec.recv_size * size_of::<Float3>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: as in stage_copy_to.
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(owner_recv_slot, self.f.device_ptr_at(spec.atom_offset), bytes, stream.cu_stream()) }
+            .result()
+            .during("staged force copy")
+    }
+
+    /// Address of this rank's receive slot for pulse `p` (the staged force copy's target).
+    pub(crate) fn recv_slot(&self, p: usize) -> u64 {
+        self.recv_buf.device_ptr_at(p * self.sizes.slot_atoms)
+    }
+
+    /// Host-driven accumulate of pulse `p`'s received forces (staged path).
+    pub(crate) fn stage_unpack_forces(&self, p: usize, stream: &CudaStream) -> Result<()> {
+        let spec = &self.halo.pulses[p];
+        let (mut bp, mut mp, mut n, mut dp) =
+            (self.recv_slot(p), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
+        let mut args = kernel_args![bp, mp, n, dp];
+        let name = if spec.accumulate_forces { abi::UNPACK_ACCUMULATE } else { abi::UNPACK_STORE };
+        // SAFETY: arguments match the unpack kernels; validated plan.
+        unsafe { self.module.launch(name, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+    }
+
+    /// Resets the device-side protocol state (signals, counters, status) so the exchange can run
+    /// again after a failure. Every rank must reset before any rank launches again.
+    pub fn reset_protocol(&mut self) -> Result<()> {
+        self.signals.fill_bytes(0xFF)?;
+        self.block_counters.fill_bytes(0)?;
+        self.done_counters.fill_bytes(0)?;
+        self.status.fill_bytes(0)?;
+        self.x_counter = 0;
+        self.f_counter = 0;
+        self.f_launch_seq = 0;
+        Ok(())
+    }
+
+    /// Copies `data` into the start of the coordinate array (home atoms).
+    pub fn upload_coordinates(&self, data: &[Float3]) -> Result<()> {
+        self.x.copy_from_host(data)
+    }
+
+    /// Number of SMs and the co-resident blocks per SM of the spinning kernels.
+    pub fn residency(&self) -> Result<(u32, u32)> {
+        let ctx = self.context();
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).during("reading SM count")? as u32;
+        let per_sm = [abi::FUSED_COORDS, abi::FUSED_FORCES, abi::PULSE_PACK_STORE_SIGNAL]
+            .iter()
+            .map(|k| self.module.max_blocks_per_sm(k, abi::BLOCK_SIZE, 0))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1);
+        let tma = self.module.max_blocks_per_sm(abi::FUSED_COORDS_TMA, abi::BLOCK_SIZE, self.tma_shape().shared_bytes)?;
+        Ok((sms, per_sm.min(tma)))
+    }
+}
+
+/// Makes this context able to access `peer`'s memory (no-op when already enabled or same device).
+pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool> {
+    if ctx.ordinal() == peer.ordinal() {
+        return Ok(true);
+    }
+    let mut can = 0;
+    // SAFETY: plain queries and a context-scoped enable.
+    unsafe {
+        cudarc::driver::sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer.cu_device()).result().during("querying peer access")?;
+        if can == 0 {
+            return Ok(false);
+        }
+        ctx.bind_to_thread().during("binding the context")?;
+        match cudarc::driver::sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) {
+            cudarc::driver::sys::CUresult::CUDA_SUCCESS | cudarc::driver::sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
+            e => Err(HaloError::Cuda { what: "enabling peer access".into(), source: cudarc::driver::DriverError(e) }),
+        }
+    }
+}
