@@ -23,3 +23,4 @@ pub use error::{HaloError, Result};
 pub use kernels_gpu::abi;
 pub mod testing;
 pub mod exchange;
+pub mod launch;

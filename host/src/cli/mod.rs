@@ -2,6 +2,8 @@
 
 mod demo;
 mod info;
+mod launch;
+mod selftest;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,6 +22,11 @@ enum Command {
     Info(info::InfoArgs),
     /// The default run on the GPUs present (what `cargo xtask demo` starts).
     Demo(demo::DemoArgs),
+    /// Start N ranks of a halo subcommand on this node, one per GPU: `halo launch -n 2 -- info`.
+    Launch(launch::LaunchArgs),
+    /// Test-only rank for the launcher's tests (no GPU needed).
+    #[command(hide = true)]
+    SelftestChild(selftest::SelftestArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -31,6 +38,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
+        // Both decide their own exit code (the worst rank's, or the one asked for).
+        Command::Launch(args) => return launch::main(args),
+        Command::SelftestChild(args) => return selftest::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
