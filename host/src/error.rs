@@ -54,6 +54,9 @@ pub enum HaloError {
     /// A device spin-wait expired: a peer never signalled (see the message for which one).
     #[error("halo exchange timed out: {0}")]
     WaitTimeout(crate::exchange::WaitTimeout),
+    /// NVSHMEM could not be loaded, initialised or used.
+    #[error("NVSHMEM: {0}")]
+    Nvshmem(String),
     /// An argument a user or caller passed is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -24,3 +24,5 @@ pub use kernels_gpu::abi;
 pub mod testing;
 pub mod exchange;
 pub mod launch;
+pub mod nvshmem;
+pub mod session;

@@ -1,6 +1,7 @@
 //! Command-line front end: one module per subcommand, errors reported with `anyhow` context.
 
 mod demo;
+mod exchange_check;
 mod info;
 mod launch;
 mod selftest;
@@ -22,6 +23,8 @@ enum Command {
     Info(info::InfoArgs),
     /// The default run on the GPUs present (what `cargo xtask demo` starts).
     Demo(demo::DemoArgs),
+    /// Run the halo exchange alone on synthetic halos, checking every step against the CPU reference.
+    ExchangeCheck(exchange_check::ExchangeCheckArgs),
     /// Start N ranks of a halo subcommand on this node, one per GPU: `halo launch -n 2 -- info`.
     Launch(launch::LaunchArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
@@ -38,6 +41,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::ExchangeCheck(args) => exchange_check::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),

@@ -7,6 +7,7 @@
 
 pub mod local;
 pub mod memory;
+pub mod pe;
 pub mod rank;
 pub mod reference;
 pub mod spec;

@@ -36,7 +36,7 @@ pub struct KernelModule {
     functions: HashMap<&'static str, sys::CUfunction>,
     ctx: Arc<CudaContext>,
     path: PathBuf,
-    nvshmem_registered: bool,
+    nvshmem: Option<Arc<crate::nvshmem::Nvshmem>>,
 }
 
 // SAFETY: module and function handles are plain driver handles usable from any thread once the
@@ -69,7 +69,7 @@ impl KernelModule {
         // SAFETY: `image` is a complete cubin or NUL-terminated PTX and outlives the call.
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
             .during(format!("loading {}", path.display()))?;
-        let mut this = Self { module, functions: HashMap::new(), ctx: ctx.clone(), path, nvshmem_registered: false };
+        let mut this = Self { module, functions: HashMap::new(), ctx: ctx.clone(), path, nvshmem: None };
         this.check_abi_version()?;
         for &name in abi::KERNEL_ENTRIES {
             let c_name = CString::new(name).expect("entry names have no NUL");
@@ -117,14 +117,15 @@ impl KernelModule {
         self.module
     }
 
-    /// Records whether the module is registered with NVSHMEM (set by the NVSHMEM runtime).
-    pub fn set_nvshmem_registered(&mut self, registered: bool) {
-        self.nvshmem_registered = registered;
+    /// Records the NVSHMEM PE this module is registered with (set by
+    /// [`crate::nvshmem::Nvshmem::register_module`]); the registration is finalised before unload.
+    pub fn set_nvshmem(&mut self, nvshmem: Option<Arc<crate::nvshmem::Nvshmem>>) {
+        self.nvshmem = nvshmem;
     }
 
     /// Whether the module was registered with NVSHMEM (its NVSHMEM device calls are usable).
     pub fn nvshmem_registered(&self) -> bool {
-        self.nvshmem_registered
+        self.nvshmem.is_some()
     }
 
     /// The handle of kernel `name`, one of [`abi::KERNEL_ENTRIES`].
@@ -161,8 +162,10 @@ impl KernelModule {
 impl Drop for KernelModule {
     fn drop(&mut self) {
         self.ctx.record_err(self.ctx.bind_to_thread());
-        // SAFETY: loaded once, unloaded once; NVSHMEM finalizes its registration before this
-        // (see `nvshmem::Nvshmem::unregister_module`).
+        if let Some(nvshmem) = self.nvshmem.take() {
+            nvshmem.finalize_module(self.module);
+        }
+        // SAFETY: loaded once, unloaded once, after NVSHMEM let go of it.
         self.ctx.record_err(unsafe { result::module::unload(self.module) });
     }
 }

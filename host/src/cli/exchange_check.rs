@@ -1,0 +1,186 @@
+//! `halo exchange-check`: runs the halo exchange alone on synthetic halos and checks every step
+//! against the CPU reference. In one process (several ranks over the visible GPUs) or, under
+//! `halo launch`/mpirun/srun, one rank per process over NVSHMEM.
+
+use anyhow::{Context, Result, bail};
+use halo::abi::Float3;
+use halo::exchange::pe::{PathPolicy, PeExchange};
+use halo::exchange::synthetic::{self, SyntheticShape};
+use halo::exchange::{LocalRanks, RankHalo, Transport, reference};
+use halo::gpu::{self, DeviceMemory, KernelModule};
+use halo::launch::RankEnv;
+use halo::session::PeSession;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ExchangeCheckArgs {
+    /// Rank grid, e.g. 2x1x1 or 2x2x2.
+    #[arg(long, default_value = "2x1x1", value_parser = parse_grid)]
+    grid: [usize; 3],
+    /// Pulses per decomposed dimension.
+    #[arg(long, default_value_t = 1)]
+    pulses: usize,
+    /// Home atoms per rank.
+    #[arg(long, default_value_t = 3000)]
+    home_atoms: usize,
+    /// Fraction of candidate atoms each pulse sends.
+    #[arg(long, default_value_t = 0.35)]
+    fraction: f64,
+    /// Checked steps per transport.
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// Transports to check (comma-separated); default: all that can run here.
+    #[arg(long, value_delimiter = ',')]
+    transport: Vec<Transport>,
+    /// Use NVSHMEM put + signal for every pulse, even between NVLink peers.
+    #[arg(long)]
+    force_put: bool,
+    /// Seed of the synthetic halo and data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Deadline of every device wait, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    wait_timeout_ms: u64,
+    /// Test only: this rank never launches its coordinate halo (a missing signal), so the others
+    /// must time out with a clear error.
+    #[arg(long, hide = true)]
+    inject_skip_rank: Option<usize>,
+    /// NVSHMEM host library to use (default: discovered).
+    #[arg(long)]
+    nvshmem_lib: Option<std::path::PathBuf>,
+}
+
+/// `2x2x1` -> `[2, 2, 1]`.
+pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
+    let parts: Vec<usize> = s.split('x').map(|p| p.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not a rank grid like 2x2x1"))?;
+    match parts.as_slice() {
+        [a, b, c] if *a > 0 && *b > 0 && *c > 0 => Ok([*a, *b, *c]),
+        _ => Err(format!("`{s}` is not a rank grid like 2x2x1 (three positive counts)")),
+    }
+}
+
+pub fn run(args: ExchangeCheckArgs) -> Result<()> {
+    let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
+    let halos = synthetic::halos(shape, args.seed);
+    let env = RankEnv::from_env();
+    match env {
+        Some(env) if env.nranks > 1 => run_pes(&args, halos, env),
+        _ => run_local(&args, halos),
+    }
+}
+
+fn transports(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Transport> {
+    if !args.transport.is_empty() {
+        return args.transport.clone();
+    }
+    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).filter(|t| !(args.force_put && t.needs_direct_peers())).collect()
+}
+
+/// Largest force error (relative to max(|reference|, 1): accumulated sums of O(1) terms may
+/// cancel, so their rounding is measured against the terms' scale), or an error naming the first
+/// coordinate mismatch.
+fn compare(rank: usize, step: u64, x: &[Float3], want_x: &[Float3], f: &[Float3], want_f: &[Float3]) -> Result<f64> {
+    if let Some(i) = (0..x.len()).find(|&i| x[i].x.to_bits() != want_x[i].x.to_bits() || x[i].y.to_bits() != want_x[i].y.to_bits() || x[i].z.to_bits() != want_x[i].z.to_bits()) {
+        bail!("rank {rank} step {step}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]);
+    }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
+        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
+            let err = ((u - v).abs() as f64) / (v.abs() as f64).max(1.0);
+            if !err.is_finite() || err > 1e-5 {
+                bail!("rank {rank} step {step}: force of atom {i} is {a:?}, the CPU reference says {b:?}");
+            }
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
+    if let Some(reason) = gpu::gpu_unavailable_reason() {
+        bail!("halo exchange-check needs a GPU: {reason}");
+    }
+    let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
+    let modules = (0..gpu::device_count())
+        .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
+        .collect::<Result<Vec<_>>>()?;
+    println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
+    for transport in transports(args, false) {
+        let mut ranks = LocalRanks::new(halos.clone(), &modules)?;
+        for r in ranks.ranks_mut() {
+            r.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
+        }
+        let mut worst = 0.0f64;
+        for step in 0..args.steps {
+            let home = synthetic::random_values(&halos, args.seed * 1_000_003 + step, true);
+            let forces = synthetic::random_values(&halos, args.seed * 7_000_003 + step, false);
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF)?;
+                rank.upload_coordinates(&home[r])?;
+                rank.f.copy_from_host(&forces[r])?;
+            }
+            ranks.launch_coordinates(transport)?;
+            ranks.launch_forces(transport)?;
+            ranks.finish().with_context(|| format!("{} step {step}", transport.name()))?;
+            let (want_x, want_f) = (reference::coordinates(&halos, &home), reference::forces(&halos, &forces));
+            let (xs, fs) = (ranks.coordinates()?, ranks.forces()?);
+            for r in 0..halos.len() {
+                worst = worst.max(compare(r, step, &xs[r], &want_x[r], &fs[r], &want_f[r])?);
+            }
+        }
+        println!(
+            "{:>16}: {} steps OK on every rank (coordinates bit-exact, forces max rel err {worst:.1e}), {} host syncs",
+            transport.name(),
+            args.steps,
+            ranks.host_syncs()
+        );
+    }
+    Ok(())
+}
+
+fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
+    let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+    let me = session.nvshmem.my_pe();
+    let policy = if args.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto };
+    println!(
+        "PE {me} of {} on GPU {} ({}), NVSHMEM {:?} from {}, paths: {policy:?}",
+        session.nvshmem.n_pes(),
+        session.ctx.ordinal(),
+        session.ctx.name()?,
+        session.nvshmem.version(),
+        session.nvshmem.library_path().display()
+    );
+    for transport in transports(args, true) {
+        let mut pe = PeExchange::new(session.nvshmem.clone(), session.module.clone(), halos.clone(), policy)?;
+        pe.rank_mut().set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
+        if let Err(e) = pe.check_transport(transport) {
+            println!("{:>16}: skipped here: {e}", transport.name());
+            continue;
+        }
+        let mut worst = 0.0f64;
+        for step in 0..args.steps {
+            let home = synthetic::random_values(&halos, args.seed * 1_000_003 + step, true);
+            let forces = synthetic::random_values(&halos, args.seed * 7_000_003 + step, false);
+            pe.rank().x.fill_bytes(0xFF)?;
+            pe.rank().upload_coordinates(&home[me])?;
+            pe.rank().f.copy_from_host(&forces[me])?;
+            pe.barrier()?; // every PE's inputs are in place before anyone exchanges
+            if args.inject_skip_rank != Some(me) {
+                pe.launch_coordinates(transport)?;
+                pe.launch_forces(transport)?;
+            }
+            pe.finish().with_context(|| format!("{} step {step}", transport.name()))?;
+            let (want_x, want_f) = (reference::coordinates(&halos, &home), reference::forces(&halos, &forces));
+            worst = worst.max(compare(me, step, &pe.coordinates()?, &want_x[me], &pe.forces()?, &want_f[me])?);
+            pe.barrier()?; // nobody overwrites a peer's halo before it has been checked
+        }
+        println!(
+            "{:>16}: {} steps OK (coordinates bit-exact, forces max rel err {worst:.1e}), {} host syncs in the exchange",
+            transport.name(),
+            args.steps,
+            pe.host_syncs() - args.steps
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! One rank per process (an NVSHMEM PE): buffers on the symmetric heap, peers reached by
+//! `nvshmem_ptr` where NVLink allows loads and stores, by NVSHMEM puts otherwise (or when forced).
+
+use super::memory::MemoryKind;
+use super::rank::{PeerView, RankExchange, SharedSizes};
+use super::spec::{RankHalo, validate};
+use super::Transport;
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
+use crate::nvshmem::Nvshmem;
+use std::sync::Arc;
+
+/// How pulses reach their peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PathPolicy {
+    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere.
+    #[default]
+    Auto,
+    /// NVSHMEM put + signal for every pulse, even between NVLink peers (exercises the network path).
+    ForcePut,
+}
+
+/// This PE's exchange.
+pub struct PeExchange {
+    rank: RankExchange,
+    nvshmem: Arc<Nvshmem>,
+    halos: Vec<RankHalo>,
+    stream: Arc<CudaStream>,
+    host_syncs: u64,
+}
+
+impl PeExchange {
+    /// Sets up this PE's side of `halos` (every PE passes the same, complete list; allocation is
+    /// collective). Ends with a barrier, so no PE launches before every PE initialised its signals.
+    pub fn new(nvshmem: Arc<Nvshmem>, module: Arc<KernelModule>, halos: Vec<RankHalo>, policy: PathPolicy) -> Result<Self> {
+        validate(&halos)?;
+        if halos.len() != nvshmem.n_pes() {
+            return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
+        }
+        let me = nvshmem.my_pe();
+        let sizes = SharedSizes::of(&halos);
+        let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
+        let local = rank.local_view();
+        let view = |peer: usize| -> Option<PeerView> {
+            if policy == PathPolicy::ForcePut {
+                return None;
+            }
+            Some(PeerView { x: nvshmem.peer_ptr(local.x, peer)?, f: nvshmem.peer_ptr(local.f, peer)?, signals: nvshmem.peer_ptr(local.signals, peer)? })
+        };
+        rank.install(&view)?;
+        if rank.any_put() && !module.nvshmem_registered() {
+            return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
+        }
+        let (sms, per_sm) = rank.residency()?;
+        rank.cap_grids(sms * per_sm / halos[me].pulses.len().max(1) as u32);
+        let stream = module.context().new_stream().during("creating the halo stream")?;
+        nvshmem.barrier_all()?;
+        Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0 })
+    }
+
+    /// This PE's rank exchange (buffers, status).
+    pub fn rank(&self) -> &RankExchange {
+        &self.rank
+    }
+
+    /// Mutable access (wait timeout, reset).
+    pub fn rank_mut(&mut self) -> &mut RankExchange {
+        &mut self.rank
+    }
+
+    /// The stream the exchange runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Every rank's halo.
+    pub fn halos(&self) -> &[RankHalo] {
+        &self.halos
+    }
+
+    /// Host synchronisations so far.
+    pub fn host_syncs(&self) -> u64 {
+        self.host_syncs
+    }
+
+    /// Checks that `transport` can run with this PE's peers.
+    pub fn check_transport(&self, transport: Transport) -> Result<()> {
+        if transport.needs_direct_peers() && !self.rank.all_direct() {
+            return Err(HaloError::InvalidInput(format!(
+                "the {} transport needs every peer reachable by NVLink loads/stores (nvshmem_ptr), which some are not here",
+                transport.name()
+            )));
+        }
+        if (transport == Transport::Staged) && !self.rank.all_direct() {
+            return Err(HaloError::InvalidInput("the staged transport copies into peer memory and needs P2P-reachable peers".into()));
+        }
+        Ok(())
+    }
+
+    /// Launches (GPU-initiated) or runs (staged) one step's coordinate halo.
+    pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
+        self.check_transport(transport)?;
+        if transport == Transport::Staged {
+            return self.staged(false);
+        }
+        self.rank.launch_coordinates(transport, &self.stream)
+    }
+
+    /// Launches (GPU-initiated) or runs (staged) one step's force halo.
+    pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
+        if transport == Transport::Staged {
+            return self.staged(true);
+        }
+        self.rank.launch_forces(&self.stream)
+    }
+
+    /// Waits for the stream and reports a device wait timeout as an error.
+    pub fn finish(&mut self) -> Result<()> {
+        self.stream.synchronize().during("waiting for the halo stream")?;
+        self.host_syncs += 1;
+        self.rank.check_status()
+    }
+
+    /// GROMACS's host-driven path across processes: per pulse, pack (or nothing for forces), host
+    /// sync, a copy into the peer's memory through its mapped address, host sync, and a host
+    /// barrier so the peer knows its data arrived; forces are then accumulated.
+    fn staged(&mut self, forces: bool) -> Result<()> {
+        let me = self.nvshmem.my_pe();
+        let local = self.rank.local_view();
+        let n = self.halos[me].pulses.len();
+        let order: Vec<usize> = if forces { (0..n).rev().collect() } else { (0..n).collect() };
+        for p in order {
+            let (owner, to) = (self.halos[me].pulses[p].recv_rank, self.halos[me].pulses[p].send_rank);
+            if forces {
+                let slot = self.nvshmem.peer_ptr(self.rank.recv_slot(p), owner).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?;
+                self.rank.stage_forces_to(p, slot, &self.stream)?;
+            } else {
+                self.rank.stage_pack(p, &self.stream)?;
+                self.sync()?;
+                let view = PeerView {
+                    x: self.nvshmem.peer_ptr(local.x, to).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?,
+                    f: 0,
+                    signals: 0,
+                };
+                self.rank.stage_copy_to(p, view, &self.stream)?;
+            }
+            self.sync()?;
+            self.nvshmem.barrier_all()?;
+            if forces {
+                self.rank.stage_unpack_forces(p, &self.stream)?;
+                self.sync()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.stream.synchronize().during("staged halo")?;
+        self.host_syncs += 1;
+        Ok(())
+    }
+
+    /// Host barrier across PEs (used between checked steps in tests and benchmarks).
+    pub fn barrier(&self) -> Result<()> {
+        self.nvshmem.barrier_all()
+    }
+
+    /// This PE's coordinates (`total_atoms` of them).
+    pub fn coordinates(&self) -> Result<Vec<kernels_gpu::abi::Float3>> {
+        Ok(self.rank.x.to_host()?[..self.rank.halo().total_atoms].to_vec())
+    }
+
+    /// This PE's forces (`total_atoms` of them).
+    pub fn forces(&self) -> Result<Vec<kernels_gpu::abi::Float3>> {
+        Ok(self.rank.f.to_host()?[..self.rank.halo().total_atoms].to_vec())
+    }
+}

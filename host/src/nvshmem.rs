@@ -1,0 +1,264 @@
+//! Safe NVSHMEM runtime over `nvshmem-sys`: initialisation (unique id from our launcher, or
+//! NVSHMEM's own MPI/PMI bootstrap under mpirun/srun), symmetric buffers, peer pointers, barriers
+//! and module registration. Finalised when the last handle goes.
+
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
+use bytemuck::Pod;
+use nvshmem_sys::{self as sys, NvshmemLib};
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A unique id (128 bytes) made by PE 0 and handed to every PE through a private channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UniqueId(pub [u8; 128]);
+
+/// How the PEs find each other.
+#[derive(Clone, Debug)]
+pub enum Bootstrap {
+    /// Our launcher: every PE knows its rank and the PE count, PE 0's unique id came by rendezvous.
+    UniqueId {
+        /// This PE.
+        rank: usize,
+        /// Number of PEs.
+        nranks: usize,
+        /// PE 0's id.
+        id: UniqueId,
+    },
+    /// NVSHMEM's default bootstrap chosen by `NVSHMEM_BOOTSTRAP` (PMI by default; MPI, PMI2, PMIX)
+    /// for runs under mpirun or srun, across nodes.
+    FromEnvironment,
+}
+
+/// Loads NVSHMEM's host library (see `nvshmem_sys::discover` for the search order).
+pub fn load_library(explicit: Option<&Path>) -> Result<NvshmemLib> {
+    nvshmem_sys::discover::load(explicit).map_err(HaloError::Nvshmem)
+}
+
+/// Makes a unique id (PE 0 only, before init).
+pub fn unique_id(lib: &NvshmemLib) -> Result<UniqueId> {
+    let mut id = sys::nvshmemx_uniqueid_t::default();
+    // SAFETY: writes the 128-byte struct.
+    let rc = unsafe { (lib.api.nvshmemx_get_uniqueid)(&mut id) };
+    if rc != 0 {
+        return Err(HaloError::Nvshmem(format!("nvshmemx_get_uniqueid failed ({rc})")));
+    }
+    Ok(UniqueId(bytemuck_id(&id)))
+}
+
+fn bytemuck_id(id: &sys::nvshmemx_uniqueid_t) -> [u8; 128] {
+    let mut out = [0u8; 128];
+    out[..4].copy_from_slice(&id.version.to_ne_bytes());
+    out[4..].copy_from_slice(&id.internal);
+    out
+}
+
+/// An initialised NVSHMEM PE. Dropping the last handle finalises NVSHMEM.
+pub struct Nvshmem {
+    lib: NvshmemLib,
+    ctx: Arc<CudaContext>,
+    my_pe: usize,
+    n_pes: usize,
+    // NVSHMEM keeps a pointer to the id it was initialised with.
+    _id: Box<sys::nvshmemx_uniqueid_t>,
+}
+
+// SAFETY: NVSHMEM's host API may be called from any thread with the context bound; halo calls it
+// from one thread per PE, and the handle only hands out plain values.
+unsafe impl Send for Nvshmem {}
+// SAFETY: as above.
+unsafe impl Sync for Nvshmem {}
+
+impl Nvshmem {
+    /// Initialises this process as one PE on `ctx`'s GPU (the context is made current first:
+    /// NVSHMEM binds to the current context's device).
+    pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap) -> Result<Arc<Self>> {
+        ctx.bind_to_thread().during("binding the context for NVSHMEM")?;
+        let (major, minor, _) = lib.version();
+        // NVSHMEM 3.8 introduced version 2 of the init structs; 3.4 reads version 1.
+        let struct_version = if (major, minor) >= (3, 8) { 2 } else { 1 };
+        let mut attr = sys::nvshmemx_init_attr_t::initializer(struct_version);
+        let mut id = Box::new(sys::nvshmemx_uniqueid_t::default());
+        let flags = match bootstrap {
+            Bootstrap::UniqueId { rank, nranks, id: UniqueId(bytes) } => {
+                id.version = i32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                id.internal.copy_from_slice(&bytes[4..]);
+                // SAFETY: `id` is boxed and kept in `Self` for NVSHMEM's lifetime.
+                let rc = unsafe { (lib.api.nvshmemx_set_attr_uniqueid_args)(*rank as i32, *nranks as i32, &*id, &mut attr) };
+                if rc != 0 {
+                    return Err(HaloError::Nvshmem(format!("nvshmemx_set_attr_uniqueid_args failed ({rc})")));
+                }
+                sys::NVSHMEMX_INIT_WITH_UNIQUEID
+            }
+            Bootstrap::FromEnvironment => 0,
+        };
+        // SAFETY: attr is fully initialised for this library's struct version.
+        let rc = unsafe { (lib.api.nvshmemx_hostlib_init_attr)(flags, &mut attr) };
+        if rc != 0 {
+            return Err(HaloError::Nvshmem(format!(
+                "nvshmemx_hostlib_init_attr failed ({rc}); rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's reason"
+            )));
+        }
+        // SAFETY: initialised above.
+        let (status, my_pe, n_pes) = unsafe { ((lib.api.nvshmemx_init_status)(), (lib.api.nvshmem_my_pe)(), (lib.api.nvshmem_n_pes)()) };
+        if status < sys::NVSHMEM_STATUS_IS_INITIALIZED {
+            return Err(HaloError::Nvshmem(format!("NVSHMEM init status is {status} after init")));
+        }
+        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, _id: id }))
+    }
+
+    /// This PE.
+    pub fn my_pe(&self) -> usize {
+        self.my_pe
+    }
+
+    /// Number of PEs.
+    pub fn n_pes(&self) -> usize {
+        self.n_pes
+    }
+
+    /// The host library's version.
+    pub fn version(&self) -> (i32, i32, i32) {
+        self.lib.version()
+    }
+
+    /// Where the host library was loaded from.
+    pub fn library_path(&self) -> &Path {
+        self.lib.path()
+    }
+
+    /// The CUDA context this PE uses.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The address at which this process can load/store PE `pe`'s copy of the symmetric address
+    /// `local`, or `None` when `pe` is not reachable that way (then only put/get work).
+    pub fn peer_ptr(&self, local: u64, pe: usize) -> Option<u64> {
+        // SAFETY: a query on a symmetric address.
+        let p = unsafe { (self.lib.api.nvshmem_ptr)(local as *const _, pe as i32) };
+        (!p.is_null()).then_some(p as u64)
+    }
+
+    /// Host barrier across all PEs (also completes outstanding puts).
+    pub fn barrier_all(&self) -> Result<()> {
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: initialised; collective across PEs.
+        unsafe { (self.lib.api.nvshmem_barrier_all)() };
+        Ok(())
+    }
+
+    /// A barrier across all PEs enqueued on `stream`.
+    pub fn barrier_all_on_stream(&self, stream: &CudaStream) {
+        // SAFETY: initialised; the stream belongs to this PE's context.
+        unsafe { (self.lib.api.nvshmemx_barrier_all_on_stream)(stream.cu_stream() as *mut _) };
+    }
+
+    /// Registers `module`'s NVSHMEM device state (after checking the NVSHMEM version compiled into
+    /// it), so its kernels may call NVSHMEM device functions. Must happen before any such launch.
+    pub fn register_module(self: &Arc<Self>, module: &mut KernelModule) -> Result<()> {
+        let device = module_nvshmem_version(module)?;
+        let host = self.version();
+        // NVSHMEM's rule: same major, device minor <= host minor (patch ignored).
+        if device.0 != host.0 || device.1 > host.1 {
+            return Err(HaloError::Nvshmem(format!(
+                "the kernels were built against NVSHMEM {}.{}.{} but the host library {} is {}.{}.{}: \
+                 rebuild with `cargo xtask build-ptx --nvshmem {}.{}.{}` or load a matching library (HALO_NVSHMEM_LIB)",
+                device.0, device.1, device.2, self.library_path().display(), host.0, host.1, host.2, host.0, host.1, host.2
+            )));
+        }
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals.
+        let rc = unsafe { (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _) };
+        if rc != 0 {
+            return Err(HaloError::Nvshmem(format!("nvshmemx_cumodule_init failed ({rc})")));
+        }
+        module.set_nvshmem(Some(self.clone()));
+        Ok(())
+    }
+
+    /// Undoes [`Self::register_module`]; called by the module before it unloads.
+    pub(crate) fn finalize_module(&self, raw: cudarc::driver::sys::CUmodule) {
+        // SAFETY: the module was registered by this PE and is still loaded.
+        unsafe { (self.lib.api.nvshmemx_cumodule_finalize)(raw as *mut _) };
+    }
+
+    /// Allocates `len` elements of `T` on the symmetric heap. Collective: every PE must call it
+    /// with the same size, in the same order.
+    pub fn alloc<T: Pod>(self: &Arc<Self>, len: usize) -> Result<SymmetricBuffer<T>> {
+        self.ctx.bind_to_thread().during("binding the context")?;
+        let bytes = (len * size_of::<T>()).max(1);
+        // SAFETY: collective allocation; the size is identical on every PE by the caller's contract.
+        let p = unsafe { (self.lib.api.nvshmem_align)(256, bytes) };
+        if p.is_null() {
+            let configured = std::env::var("NVSHMEM_SYMMETRIC_SIZE").unwrap_or_else(|_| "the default (1 GiB)".into());
+            return Err(HaloError::Nvshmem(format!(
+                "the NVSHMEM symmetric heap is too small for {bytes} more bytes (NVSHMEM_SYMMETRIC_SIZE is {configured}): \
+                 raise NVSHMEM_SYMMETRIC_SIZE, e.g. NVSHMEM_SYMMETRIC_SIZE=4G"
+            )));
+        }
+        Ok(SymmetricBuffer { ptr: p as u64, len, nvshmem: self.clone(), _marker: PhantomData })
+    }
+}
+
+impl Drop for Nvshmem {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the last handle: every symmetric buffer (which holds an Arc) is already freed.
+        unsafe { (self.lib.api.nvshmemx_hostlib_finalize)() };
+    }
+}
+
+/// `(major, minor, patch)` of the NVSHMEM device library linked into a module
+/// (its `nvshmemi_device_lib_version_d` global).
+pub fn module_nvshmem_version(module: &KernelModule) -> Result<(i32, i32, i32)> {
+    let name = std::ffi::CString::new("nvshmemi_device_lib_version_d").expect("no NUL");
+    module.context().bind_to_thread().during("binding the context")?;
+    // SAFETY: reads a 12-byte global of the loaded module.
+    let (ptr, bytes) = unsafe { cudarc::driver::result::module::get_global(module.raw(), name) }
+        .map_err(|_| HaloError::StalePtx { path: module.path().clone(), detail: "no NVSHMEM device library linked in".into() })?;
+    let mut v = [0i32; 3];
+    if bytes < 12 {
+        return Err(HaloError::StalePtx { path: module.path().clone(), detail: format!("NVSHMEM version global of {bytes} bytes") });
+    }
+    // SAFETY: `ptr` is at least 12 bytes.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut v, ptr) }.during("reading the NVSHMEM version of the module")?;
+    Ok((v[0], v[1], v[2]))
+}
+
+/// A typed allocation on the symmetric heap: the same offset on every PE. Freed collectively on
+/// drop (every PE must drop its buffers in the same order).
+pub struct SymmetricBuffer<T: Pod> {
+    ptr: u64,
+    len: usize,
+    nvshmem: Arc<Nvshmem>,
+    _marker: PhantomData<T>,
+}
+
+impl<T: Pod> SymmetricBuffer<T> {
+    /// This buffer on PE `pe`, if reachable by loads and stores.
+    pub fn peer_ptr(&self, pe: usize) -> Option<u64> {
+        self.nvshmem.peer_ptr(self.ptr, pe)
+    }
+}
+
+impl<T: Pod> DeviceMemory<T> for SymmetricBuffer<T> {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn context(&self) -> &Arc<CudaContext> {
+        &self.nvshmem.ctx
+    }
+}
+
+impl<T: Pod> Drop for SymmetricBuffer<T> {
+    fn drop(&mut self) {
+        let _ = self.nvshmem.ctx.bind_to_thread();
+        // SAFETY: allocated by nvshmem_align; collective free in matching order on every PE.
+        unsafe { (self.nvshmem.lib.api.nvshmem_free)(self.ptr as *mut _) };
+    }
+}

@@ -1,0 +1,89 @@
+//! Starting a rank: its GPU, the kernel module and, when several processes run, NVSHMEM.
+//!
+//! Under `halo launch`, rank 0 makes NVSHMEM's unique id and the others receive it through the
+//! launcher's private rendezvous; under mpirun/srun NVSHMEM's own MPI/PMI bootstrap is used.
+
+use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
+use crate::error::{HaloError, Result};
+use crate::gpu::{self, CudaContext, KernelModule};
+use crate::launch::{Bootstrap as Launcher, RankEnv, rendezvous};
+use crate::nvshmem::{self, Bootstrap, Nvshmem, UniqueId};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long ranks wait for rank 0's unique id.
+const UNIQUE_ID_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A rank that is one of several processes: its GPU, NVSHMEM, and the registered kernels.
+pub struct PeSession {
+    /// Rank, size and device from the launcher.
+    pub env: RankEnv,
+    /// This rank's GPU.
+    pub ctx: Arc<CudaContext>,
+    /// The NVSHMEM PE.
+    pub nvshmem: Arc<Nvshmem>,
+    /// The kernels, registered with NVSHMEM.
+    pub module: Arc<KernelModule>,
+}
+
+impl PeSession {
+    /// Opens the rank's GPU, loads the kernels, initialises NVSHMEM and registers the module.
+    pub fn start(env: RankEnv, nvshmem_lib: Option<&Path>) -> Result<Self> {
+        let ctx = gpu::open_device(env.device)?;
+        let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
+        let mut module = KernelModule::load(&ctx, &artifacts)?;
+        let lib = nvshmem::load_library(nvshmem_lib)?;
+        let bootstrap = match env.bootstrap {
+            Launcher::UniqueId | Launcher::None => {
+                set_default_env("NVSHMEM_REMOTE_TRANSPORT", "none"); // our launcher is single-node
+                let id = if env.rank == 0 {
+                    let id = nvshmem::unique_id(&lib)?;
+                    if env.nranks > 1 {
+                        rendezvous::publish(&id.0).map_err(|e| HaloError::Nvshmem(format!("publishing the unique id: {e}")))?;
+                    }
+                    id
+                } else {
+                    let bytes = rendezvous::fetch(UNIQUE_ID_TIMEOUT).map_err(|e| HaloError::Nvshmem(format!("waiting for rank 0's unique id: {e}")))?;
+                    UniqueId(bytes.try_into().map_err(|b: Vec<u8>| HaloError::Nvshmem(format!("unique id of {} bytes, 128 expected", b.len())))?)
+                };
+                Bootstrap::UniqueId { rank: env.rank, nranks: env.nranks, id }
+            }
+            Launcher::Mpi => {
+                set_default_env("NVSHMEM_BOOTSTRAP", "MPI");
+                Bootstrap::FromEnvironment
+            }
+            Launcher::Pmi => {
+                set_default_env("NVSHMEM_BOOTSTRAP", "PMI");
+                Bootstrap::FromEnvironment
+            }
+            Launcher::Pmix => {
+                set_default_env("NVSHMEM_BOOTSTRAP", "PMI");
+                set_default_env("NVSHMEM_BOOTSTRAP_PMI", "PMIX");
+                Bootstrap::FromEnvironment
+            }
+        };
+        set_default_env("NVSHMEM_DISABLE_NVLS", "1"); // NVLink multicast stays off on shared machines
+        let nvshmem = Nvshmem::init(lib, &ctx, &bootstrap)?;
+        if nvshmem.my_pe() != env.rank || nvshmem.n_pes() != env.nranks {
+            return Err(HaloError::Nvshmem(format!(
+                "NVSHMEM says PE {} of {}, the launcher said rank {} of {}",
+                nvshmem.my_pe(),
+                nvshmem.n_pes(),
+                env.rank,
+                env.nranks
+            )));
+        }
+        nvshmem.register_module(&mut module)?;
+        Ok(Self { env, ctx, nvshmem, module: Arc::new(module) })
+    }
+}
+
+/// Sets an environment variable for NVSHMEM unless the user already chose a value.
+fn set_default_env(key: &str, value: &str) {
+    if std::env::var_os(key).is_none() {
+        // SAFETY: called during start-up, before this process starts any thread that reads the
+        // environment (NVSHMEM reads it during init, which comes after).
+        unsafe { std::env::set_var(key, value) };
+    }
+}
