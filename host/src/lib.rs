@@ -26,3 +26,6 @@ pub mod exchange;
 pub mod launch;
 pub mod nvshmem;
 pub mod session;
+pub mod system;
+pub mod decomp;
+pub mod md_reference;

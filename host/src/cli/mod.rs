@@ -4,6 +4,7 @@ mod demo;
 mod exchange_check;
 mod info;
 mod launch;
+mod plan;
 mod selftest;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Command {
     ExchangeCheck(exchange_check::ExchangeCheckArgs),
     /// Start N ranks of a halo subcommand on this node, one per GPU: `halo launch -n 2 -- info`.
     Launch(launch::LaunchArgs),
+    /// The halo plan of a synthetic system: per rank and pulse, sizes, offsets, neighbours (no GPU).
+    Plan(plan::PlanArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -42,6 +45,7 @@ pub fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
         Command::ExchangeCheck(args) => exchange_check::run(args),
+        Command::Plan(args) => plan::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),

@@ -1,0 +1,282 @@
+//! Why a decomposition cannot be built or a plan is inconsistent. Every variant names the rank and
+//! pulse concerned and, for user input, the fix.
+
+use super::RankGrid;
+
+/// A decomposition that cannot be built, or a halo plan that fails validation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// The rank grid text or numbers are unusable.
+    #[error("invalid rank grid {input:?}: {reason}; write it as AxBxC with positive counts, for example 2x2x1")]
+    BadGrid {
+        /// What was given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The cutoff is not a positive finite length.
+    #[error("invalid cutoff {cutoff}: it must be a positive finite length in nm, for example 1.0")]
+    BadCutoff {
+        /// The cutoff given.
+        cutoff: f32,
+    },
+    /// The box is not made of positive finite edges.
+    #[error("invalid box {box_size:?}: every edge must be a positive finite length in nm")]
+    BadBox {
+        /// The box given.
+        box_size: [f32; 3],
+    },
+    /// The cutoff reaches half the box, so the minimum image of a pair is no longer unique.
+    #[error(
+        "the cutoff {cutoff} nm is not below half the box along {dim} ({half:.4} nm): \
+         use a cutoff below {half:.4} nm or a larger system (more atoms)"
+    )]
+    CutoffTooLarge {
+        /// The cutoff given.
+        cutoff: f32,
+        /// The dimension concerned.
+        dim: &'static str,
+        /// Half the box edge along it.
+        half: f64,
+    },
+    /// A periodic dimension would need as many pulses as it has ranks (an atom would reach its own
+    /// rank again). Implied by [`PlanError::CutoffTooLarge`] for uniform cells, checked anyway.
+    #[error(
+        "{ranks} ranks along {dim} give cells of {cell:.4} nm, so the {cutoff} nm cutoff needs {pulses} \
+         pulses, but a periodic dimension needs fewer pulses than ranks: use at most {max_ranks} ranks \
+         along {dim}, a smaller cutoff or more atoms"
+    )]
+    TooManyRanks {
+        /// The dimension concerned.
+        dim: &'static str,
+        /// Ranks along it.
+        ranks: usize,
+        /// Cell width along it (nm).
+        cell: f64,
+        /// The cutoff (nm).
+        cutoff: f32,
+        /// Pulses the cutoff needs.
+        pulses: usize,
+        /// The largest rank count along `dim` that works.
+        max_ranks: usize,
+    },
+    /// An atom position is NaN or infinite.
+    #[error("atom {atom} has a non-finite position {position:?}")]
+    NonFinitePosition {
+        /// Global atom id.
+        atom: usize,
+        /// Its position.
+        position: [f32; 3],
+    },
+    /// More atoms than 32-bit local indices can address.
+    #[error("{atoms} atoms do not fit the 32-bit atom indices halo uses; use fewer atoms")]
+    TooManyAtoms {
+        /// The count.
+        atoms: usize,
+    },
+    /// The plan lists a different number of ranks than its grid has.
+    #[error("the plan lists {found} ranks but its {grid} grid has {expected}")]
+    RankCount {
+        /// Ranks listed.
+        found: usize,
+        /// Ranks in the grid.
+        expected: usize,
+        /// The grid.
+        grid: RankGrid,
+    },
+    /// A rank entry is out of place.
+    #[error("rank entry {position} says it is rank {found}")]
+    RankIndex {
+        /// Position in the list.
+        position: usize,
+        /// The rank it names.
+        found: usize,
+    },
+    /// A rank has the wrong number of pulses.
+    #[error("rank {rank} has {found} pulses, but the grid, box and cutoff need {expected}")]
+    PulseCount {
+        /// The rank.
+        rank: usize,
+        /// Pulses it has.
+        found: usize,
+        /// Pulses it needs.
+        expected: usize,
+    },
+    /// A pulse has the wrong dimension or index within its dimension.
+    #[error(
+        "rank {rank} pulse {pulse} is (dim {found_dim}, pulse {found_pulse}) but should be \
+         (dim {expected_dim}, pulse {expected_pulse})"
+    )]
+    PulseOrder {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Dimension found.
+        found_dim: usize,
+        /// Pulse-in-dimension found.
+        found_pulse: usize,
+        /// Dimension expected.
+        expected_dim: usize,
+        /// Pulse-in-dimension expected.
+        expected_pulse: usize,
+    },
+    /// A send or receive rank is not the neighbour the grid implies.
+    #[error("rank {rank} pulse {pulse}: its {role} rank is {found}, but the grid gives {expected}")]
+    Neighbour {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// `"send"` or `"receive"`.
+        role: &'static str,
+        /// The rank the plan names.
+        found: usize,
+        /// The rank the grid gives.
+        expected: usize,
+    },
+    /// The periodic shift is not what the rank's position implies.
+    #[error(
+        "rank {rank} pulse {pulse}: shift is (use {use_shift}, {shift:?}) but should be \
+         (use {expected_use}, {expected_shift:?})"
+    )]
+    Shift {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// The flag found.
+        use_shift: bool,
+        /// The shift found.
+        shift: [f32; 3],
+        /// The flag expected.
+        expected_use: bool,
+        /// The shift expected.
+        expected_shift: [f32; 3],
+    },
+    /// Two neighbours disagree on how many atoms a pulse carries.
+    #[error(
+        "rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}"
+    )]
+    SizeMismatch {
+        /// The sending rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Atoms sent.
+        send_size: usize,
+        /// The receiving rank.
+        peer: usize,
+        /// Atoms it expects.
+        peer_recv_size: usize,
+    },
+    /// The receiving rank does not name the sender as its source.
+    #[error("rank {rank} pulse {pulse} sends to rank {peer}, which receives from rank {peer_source}")]
+    NotMutual {
+        /// The sending rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// The receiving rank.
+        peer: usize,
+        /// Where the receiving rank receives from.
+        peer_source: usize,
+    },
+    /// `peer_atom_offset` differs from the receiving rank's `atom_offset`.
+    #[error(
+        "rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}"
+    )]
+    PeerOffset {
+        /// The sending rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Offset the plan records.
+        found: usize,
+        /// The receiving rank.
+        peer: usize,
+        /// Its actual `atom_offset`.
+        expected: usize,
+    },
+    /// Received atoms do not follow the home atoms and earlier pulses without gaps.
+    #[error("rank {rank} pulse {pulse}: atom_offset is {found}, but the atoms received so far end at {expected}")]
+    Offset {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Offset found.
+        found: usize,
+        /// Offset expected.
+        expected: usize,
+    },
+    /// An index map entry names an atom the pulse may not send.
+    #[error(
+        "rank {rank} pulse {pulse}: index map entry {entry} is atom {index}, outside the atoms this pulse \
+         may send [{lo}, {hi})"
+    )]
+    IndexOutOfRange {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Position in the map.
+        entry: usize,
+        /// The local atom index.
+        index: u32,
+        /// First sendable index.
+        lo: usize,
+        /// One past the last sendable index.
+        hi: usize,
+    },
+    /// An index map names the same atom twice.
+    #[error("rank {rank} pulse {pulse}: the index map sends atom {index} twice")]
+    DuplicateIndex {
+        /// The rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// The repeated local index.
+        index: u32,
+    },
+    /// A rank's atom counts do not add up.
+    #[error("rank {rank}: {what} is {found}, expected {expected}")]
+    AtomCount {
+        /// The rank.
+        rank: usize,
+        /// Which count.
+        what: &'static str,
+        /// Value found.
+        found: usize,
+        /// Value expected.
+        expected: usize,
+    },
+    /// A global atom id is out of range for the system.
+    #[error("rank {rank}: local atom {local} has global id {id}, but the system has {atoms} atoms")]
+    GlobalId {
+        /// The rank.
+        rank: usize,
+        /// Local index.
+        local: usize,
+        /// The id.
+        id: u32,
+        /// Atoms in the system.
+        atoms: usize,
+    },
+    /// An atom is home on no rank or on several.
+    #[error("atom {atom} is a home atom on {count} ranks instead of exactly one")]
+    HomeCount {
+        /// Global atom id.
+        atom: usize,
+        /// Ranks that hold it as a home atom.
+        count: usize,
+    },
+    /// An atom appears twice in one rank's local array.
+    #[error("rank {rank} holds atom {atom} twice")]
+    DuplicateAtom {
+        /// The rank.
+        rank: usize,
+        /// Global atom id.
+        atom: u32,
+    },
+}

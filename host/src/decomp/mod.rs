@@ -1,0 +1,22 @@
+//! Domain decomposition and halo plans, after GROMACS's eighth-shell scheme.
+//!
+//! The box is cut into a uniform `A x B x C` grid of cells, one per rank. Each rank receives the
+//! atoms within the cutoff *above* its cell (larger x, y, z), dimension by dimension in the order
+//! x, y, z, so that every pair of atoms within the cutoff is present on the rank owning the
+//! componentwise-lowest cell of the pair. See `docs/decomposition.md` for a worked example.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`RankGrid`] | the grid of ranks, parsed from `"AxBxC"` |
+//! | [`Decomposition`] | cell geometry and pulses per dimension for a box and cutoff |
+//! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
+//! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
+
+mod error;
+mod grid;
+mod plan;
+mod validate;
+
+pub use error::PlanError;
+pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position};
+pub use plan::{HaloPlan, PulsePlan, RankPlan, SEND_MARGIN};

@@ -1,0 +1,276 @@
+//! Building the halo plan: home atoms per rank, then every pulse of every decomposed dimension,
+//! simulated on all ranks in lockstep exactly as the exchange will run it.
+
+use super::grid::{Decomposition, wrap_position};
+use super::{PlanError, RankGrid};
+use crate::system::MolecularSystem;
+use kernels_gpu::abi::Float3;
+use serde::{Deserialize, Serialize};
+
+/// Relative slack on the squared cutoff when selecting atoms to send. It only ever adds atoms a
+/// hair beyond the cutoff, so that rounding in the plan's arithmetic can never drop an atom that
+/// the pair search (which uses differently ordered arithmetic) finds inside it.
+pub const SEND_MARGIN: f64 = 1e-6;
+
+/// The whole halo plan: one [`RankPlan`] per rank, all with the same pulses in the same order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HaloPlan {
+    /// The rank grid.
+    pub grid: RankGrid,
+    /// Box edges (nm).
+    pub box_size: [f32; 3],
+    /// Interaction cutoff the halo covers (nm).
+    pub cutoff: f32,
+    /// Per-rank plans, indexed by rank.
+    pub ranks: Vec<RankPlan>,
+}
+
+/// One rank's local atom layout and pulses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankPlan {
+    /// This rank.
+    pub rank: usize,
+    /// Atoms whose wrapped position lies in this rank's cell; they come first locally, sorted by
+    /// global id. Also the dependency offset: map entries at or above it were received earlier.
+    pub home_atoms: usize,
+    /// Home atoms plus every atom received in any pulse.
+    pub total_atoms: usize,
+    /// Global atom id of each local atom (`total_atoms` entries).
+    pub global_ids: Vec<u32>,
+    /// Pulses flattened dim-major (x pulses, then y, then z).
+    pub pulses: Vec<PulsePlan>,
+}
+
+/// One pulse on one rank. Coordinates go to `send_rank` and come from `recv_rank`; forces travel
+/// the other way.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PulsePlan {
+    /// Dimension (0 = x, 1 = y, 2 = z).
+    pub dim: usize,
+    /// Index of this pulse within its dimension.
+    pub pulse_in_dim: usize,
+    /// Rank that receives this pulse's coordinates (one step down along `dim`).
+    pub send_rank: usize,
+    /// Rank that sends this pulse's coordinates here (one step up along `dim`).
+    pub recv_rank: usize,
+    /// Local indices of the atoms sent, ascending; `send_size` is its length.
+    pub index_map: Vec<u32>,
+    /// Atoms received from `recv_rank`.
+    pub recv_size: usize,
+    /// Where this pulse's received atoms start locally.
+    pub atom_offset: usize,
+    /// `send_rank`'s `atom_offset` for this pulse: where the sent atoms land there.
+    pub peer_atom_offset: usize,
+    /// Whether `shift` is added to the sent coordinates (this rank is first along `dim`, so
+    /// its atoms cross the periodic boundary on the way down).
+    pub use_shift: bool,
+    /// The box row along `dim` when `use_shift`, else zero.
+    pub shift: [f32; 3],
+}
+
+impl PulsePlan {
+    /// Atoms sent (coordinates) and received back (forces).
+    pub fn send_size(&self) -> usize {
+        self.index_map.len()
+    }
+}
+
+/// A local atom while the plan is built: its global id and position in this rank's frame.
+#[derive(Clone, Copy)]
+struct Local {
+    id: u32,
+    pos: [f64; 3],
+}
+
+impl HaloPlan {
+    /// The plan for `system` on `grid` with `cutoff` (nm).
+    pub fn build(system: &MolecularSystem, grid: RankGrid, cutoff: f32) -> Result<Self, PlanError> {
+        Self::from_positions(&system.positions, system.box_size, grid, cutoff)
+    }
+
+    /// The plan for atoms at `positions` (wrapped into the box first) in a periodic box.
+    ///
+    /// An atom is sent in a pulse when its distance to the receiving rank's cell, over the
+    /// dimensions communicated so far, is below the cutoff. Pulse 0 of a dimension scans the home
+    /// atoms and everything received along earlier dimensions; pulse `p > 0` scans only what
+    /// pulse `p - 1` received. So an atom `k` cells up reaches a rank after exactly `k` hops
+    /// along that dimension, once, and only if the rank needs it.
+    pub fn from_positions(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32) -> Result<Self, PlanError> {
+        let geo = Decomposition::new(grid, box_size, cutoff)?;
+        if positions.len() > (u32::MAX / 2) as usize {
+            return Err(PlanError::TooManyAtoms { atoms: positions.len() });
+        }
+        let nranks = grid.num_ranks();
+        let mut local: Vec<Vec<Local>> = vec![Vec::new(); nranks];
+        for (id, &p) in positions.iter().enumerate() {
+            if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+                return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
+            }
+            let w = wrap_position(p, box_size);
+            let pos = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
+            // Ids ascend, so home atoms come out sorted by global id.
+            local[grid.rank_of(geo.cell_of(pos))].push(Local { id: id as u32, pos });
+        }
+        let home: Vec<usize> = local.iter().map(Vec::len).collect();
+        let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
+        let decomposed = grid.decomposed_dims();
+        let rc2 = f64::from(cutoff).powi(2) * (1.0 + SEND_MARGIN);
+
+        for d in decomposed.iter().copied() {
+            // Pulse 0 of this dimension scans everything present when the dimension starts.
+            let dim_start: Vec<usize> = local.iter().map(Vec::len).collect();
+            let mut prev: Vec<(usize, usize)> = vec![(0, 0); nranks];
+            for p in 0..geo.pulses[d] {
+                let offsets: Vec<usize> = local.iter().map(Vec::len).collect();
+                let mut maps: Vec<Vec<u32>> = Vec::with_capacity(nranks);
+                for s in 0..nranks {
+                    let range = if p == 0 { 0..dim_start[s] } else { prev[s].0..prev[s].0 + prev[s].1 };
+                    let c = grid.coords_of(s);
+                    // The receiver's cell in this rank's frame: the same cell except one step down along d.
+                    let mut lo = [0.0; 3];
+                    let mut hi = [0.0; 3];
+                    for e in 0..3 {
+                        lo[e] = geo.lower(e, c[e]);
+                        hi[e] = geo.upper(e, c[e]);
+                    }
+                    hi[d] = lo[d];
+                    lo[d] -= geo.cell_width(d);
+                    let map = range
+                        .filter(|&k| {
+                            let x = local[s][k].pos;
+                            let dist2: f64 = decomposed
+                                .iter()
+                                .map(|&e| {
+                                    let excess = (lo[e] - x[e]).max(x[e] - hi[e]).max(0.0);
+                                    excess * excess
+                                })
+                                .sum();
+                            dist2 < rc2
+                        })
+                        .map(|k| k as u32)
+                        .collect();
+                    maps.push(map);
+                }
+                let mut received: Vec<Vec<Local>> = vec![Vec::new(); nranks];
+                for (s, map) in maps.iter().enumerate() {
+                    let to = grid.neighbour(s, d, -1);
+                    let use_shift = grid.coords_of(s)[d] == 0;
+                    let mut shift = [0.0f32; 3];
+                    if use_shift {
+                        shift[d] = box_size[d];
+                    }
+                    received[to] = map
+                        .iter()
+                        .map(|&k| {
+                            let mut a = local[s][k as usize];
+                            a.pos[d] += f64::from(shift[d]);
+                            a
+                        })
+                        .collect();
+                    pulses[s].push(PulsePlan {
+                        dim: d,
+                        pulse_in_dim: p,
+                        send_rank: to,
+                        recv_rank: grid.neighbour(s, d, 1),
+                        index_map: map.clone(),
+                        recv_size: 0,
+                        atom_offset: offsets[s],
+                        peer_atom_offset: offsets[to],
+                        use_shift,
+                        shift,
+                    });
+                }
+                for (r, atoms) in received.into_iter().enumerate() {
+                    if let Some(last) = pulses[r].last_mut() {
+                        last.recv_size = atoms.len();
+                    }
+                    prev[r] = (offsets[r], atoms.len());
+                    local[r].extend(atoms);
+                }
+            }
+        }
+
+        let ranks = local
+            .into_iter()
+            .zip(pulses)
+            .enumerate()
+            .map(|(rank, (atoms, pulses))| RankPlan {
+                rank,
+                home_atoms: home[rank],
+                total_atoms: atoms.len(),
+                global_ids: atoms.iter().map(|a| a.id).collect(),
+                pulses,
+            })
+            .collect();
+        Ok(Self { grid, box_size, cutoff, ranks })
+    }
+
+    /// The decomposition geometry this plan was built on.
+    pub fn decomposition(&self) -> Result<Decomposition, PlanError> {
+        Decomposition::new(self.grid, self.box_size, self.cutoff)
+    }
+
+    /// Pulses per rank (the same on every rank of a valid plan).
+    pub fn num_pulses(&self) -> usize {
+        self.ranks.first().map_or(0, |r| r.pulses.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(xs: &[f32]) -> Vec<Float3> {
+        xs.iter().map(|&x| Float3::new(x, 0.5, 0.5)).collect()
+    }
+
+    #[test]
+    fn one_rank_has_no_pulses() {
+        let plan = HaloPlan::from_positions(&line(&[0.1, 2.0, 1.0]), [3.0; 3], RankGrid::new([1, 1, 1]).unwrap(), 1.0).unwrap();
+        assert_eq!(plan.ranks.len(), 1);
+        let r = &plan.ranks[0];
+        assert_eq!((r.home_atoms, r.total_atoms, r.pulses.len()), (3, 3, 0));
+        assert_eq!(r.global_ids, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn two_pulses_forward_along_a_line() {
+        // Three ranks along x, cells of 1 nm, cutoff 1.4 nm: two pulses.
+        let xs = [0.2, 0.9, 1.1, 1.6, 2.3, 2.8];
+        let plan = HaloPlan::from_positions(&line(&xs), [3.0; 3], RankGrid::new([3, 1, 1]).unwrap(), 1.4).unwrap();
+        let r0 = &plan.ranks[0];
+        assert_eq!(r0.global_ids[..r0.home_atoms], [0, 1]);
+        // Pulse 0: rank 1 sends all its home atoms (cell narrower than the cutoff) down to rank 0.
+        assert_eq!((r0.pulses[0].recv_rank, r0.pulses[0].recv_size, r0.pulses[0].atom_offset), (1, 2, 2));
+        // Pulse 1: rank 1 forwards the rank-2 atoms it got that lie within 1.4 nm of x = 1 (x < 2.4).
+        assert_eq!(r0.pulses[1].recv_size, 1);
+        assert_eq!(r0.global_ids, vec![0, 1, 2, 3, 4]);
+        // Rank 0 sends to rank 2 across the boundary, with the box added.
+        let p0 = &r0.pulses[0];
+        assert_eq!((p0.send_rank, p0.use_shift, p0.shift), (2, true, [3.0, 0.0, 0.0]));
+        assert_eq!(p0.peer_atom_offset, plan.ranks[2].pulses[0].atom_offset);
+        let r2 = &plan.ranks[2];
+        // Rank 2 (cell [2,3)) gets atoms 0 and 1 (x+3 = 3.2, 3.9 < 4.4), then atom 2 (4.1) forwarded.
+        assert_eq!(r2.global_ids, vec![4, 5, 0, 1, 2]);
+        assert_eq!(plan.num_pulses(), 2);
+    }
+
+    #[test]
+    fn corner_atoms_beyond_the_cutoff_are_not_sent() {
+        // 2x2x1: an atom near the far corner of the neighbour cell is within the cutoff along x and
+        // along y separately but not in distance, so the diagonal neighbour never gets it.
+        let pos = vec![Float3::new(2.7, 2.7, 0.5)];
+        let plan = HaloPlan::from_positions(&pos, [4.0; 3], RankGrid::new([2, 2, 1]).unwrap(), 0.9).unwrap();
+        assert_eq!(plan.ranks[3].home_atoms, 1);
+        assert_eq!(plan.ranks[0].total_atoms, 0);
+        assert_eq!(plan.ranks[2].total_atoms, 1);
+        assert_eq!(plan.ranks[1].total_atoms, 1);
+    }
+
+    #[test]
+    fn bad_positions_are_errors() {
+        let pos = vec![Float3::new(f32::NAN, 0.0, 0.0)];
+        let e = HaloPlan::from_positions(&pos, [3.0; 3], RankGrid::new([1, 1, 1]).unwrap(), 1.0).unwrap_err();
+        assert!(matches!(e, PlanError::NonFinitePosition { atom: 0, .. }));
+    }
+}

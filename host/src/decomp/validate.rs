@@ -1,0 +1,216 @@
+//! Checking a halo plan before anything trusts it: what the exchange kernels assume about sizes,
+//! offsets and index maps, stated once and enforced with a reason per failure.
+
+use super::{HaloPlan, PlanError};
+
+impl HaloPlan {
+    /// Checks the plan's structure:
+    /// - one entry per rank, in rank order, each with the pulses the grid, box and cutoff imply,
+    ///   in the same dim-major order;
+    /// - send and receive ranks are the grid neighbours one step down and up, and they name each
+    ///   other; the periodic shift is the box row exactly on the first rank along the dimension;
+    /// - my send size equals my send rank's receive size, and my `peer_atom_offset` equals its
+    ///   `atom_offset`;
+    /// - received atoms follow the home atoms and each other without gaps, and the counts add up
+    ///   to `total_atoms` and `global_ids.len()`;
+    /// - pulse 0 of a dimension sends only atoms present before it (`< atom_offset`); pulse
+    ///   `p > 0` sends only atoms received in pulse `p - 1`; no map names an atom twice.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let geo = self.decomposition()?;
+        let layout = geo.pulse_layout();
+        let grid = self.grid;
+        if self.ranks.len() != grid.num_ranks() {
+            return Err(PlanError::RankCount { found: self.ranks.len(), expected: grid.num_ranks(), grid });
+        }
+        for (position, r) in self.ranks.iter().enumerate() {
+            if r.rank != position {
+                return Err(PlanError::RankIndex { position, found: r.rank });
+            }
+            if r.pulses.len() != layout.len() {
+                return Err(PlanError::PulseCount { rank: r.rank, found: r.pulses.len(), expected: layout.len() });
+            }
+        }
+        for r in &self.ranks {
+            let rank = r.rank;
+            let coords = grid.coords_of(rank);
+            let mut end = r.home_atoms;
+            for (pulse, (p, &(dim, pid))) in r.pulses.iter().zip(&layout).enumerate() {
+                if (p.dim, p.pulse_in_dim) != (dim, pid) {
+                    return Err(PlanError::PulseOrder {
+                        rank,
+                        pulse,
+                        found_dim: p.dim,
+                        found_pulse: p.pulse_in_dim,
+                        expected_dim: dim,
+                        expected_pulse: pid,
+                    });
+                }
+                for (role, found, expected) in
+                    [("send", p.send_rank, grid.neighbour(rank, dim, -1)), ("receive", p.recv_rank, grid.neighbour(rank, dim, 1))]
+                {
+                    if found != expected {
+                        return Err(PlanError::Neighbour { rank, pulse, role, found, expected });
+                    }
+                }
+                let expected_use = coords[dim] == 0;
+                let mut expected_shift = [0.0; 3];
+                if expected_use {
+                    expected_shift[dim] = self.box_size[dim];
+                }
+                if p.use_shift != expected_use || p.shift != expected_shift {
+                    return Err(PlanError::Shift { rank, pulse, use_shift: p.use_shift, shift: p.shift, expected_use, expected_shift });
+                }
+                let peer = &self.ranks[p.send_rank].pulses[pulse];
+                if peer.recv_rank != rank {
+                    return Err(PlanError::NotMutual { rank, pulse, peer: p.send_rank, peer_source: peer.recv_rank });
+                }
+                if p.send_size() != peer.recv_size {
+                    return Err(PlanError::SizeMismatch {
+                        rank,
+                        pulse,
+                        send_size: p.send_size(),
+                        peer: p.send_rank,
+                        peer_recv_size: peer.recv_size,
+                    });
+                }
+                if p.peer_atom_offset != peer.atom_offset {
+                    return Err(PlanError::PeerOffset { rank, pulse, found: p.peer_atom_offset, peer: p.send_rank, expected: peer.atom_offset });
+                }
+                if p.atom_offset != end {
+                    return Err(PlanError::Offset { rank, pulse, found: p.atom_offset, expected: end });
+                }
+                // What this pulse may send: everything so far (pulse 0), or pulse p-1's arrivals.
+                let (lo, hi) = if pid == 0 {
+                    (0, p.atom_offset)
+                } else {
+                    let before = &r.pulses[pulse - 1];
+                    (before.atom_offset, before.atom_offset + before.recv_size)
+                };
+                let mut seen = vec![false; hi - lo];
+                for (entry, &index) in p.index_map.iter().enumerate() {
+                    let i = index as usize;
+                    if i < lo || i >= hi {
+                        return Err(PlanError::IndexOutOfRange { rank, pulse, entry, index, lo, hi });
+                    }
+                    if std::mem::replace(&mut seen[i - lo], true) {
+                        return Err(PlanError::DuplicateIndex { rank, pulse, index });
+                    }
+                }
+                end = end.checked_add(p.recv_size).ok_or(PlanError::TooManyAtoms { atoms: usize::MAX })?;
+            }
+            if r.total_atoms != end {
+                return Err(PlanError::AtomCount { rank, what: "total_atoms", found: r.total_atoms, expected: end });
+            }
+            if r.global_ids.len() != end {
+                return Err(PlanError::AtomCount { rank, what: "global_ids.len()", found: r.global_ids.len(), expected: end });
+            }
+            if end > u32::MAX as usize {
+                return Err(PlanError::TooManyAtoms { atoms: end });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the plan against a system of `num_atoms` atoms: every global id is in range, every
+    /// atom is a home atom on exactly one rank, and no rank holds an atom twice. Call after
+    /// [`HaloPlan::validate`].
+    pub fn validate_atoms(&self, num_atoms: usize) -> Result<(), PlanError> {
+        let mut home_count = vec![0usize; num_atoms];
+        let mut last_seen = vec![usize::MAX; num_atoms];
+        for r in &self.ranks {
+            for (local, &id) in r.global_ids.iter().enumerate() {
+                let a = id as usize;
+                if a >= num_atoms {
+                    return Err(PlanError::GlobalId { rank: r.rank, local, id, atoms: num_atoms });
+                }
+                if std::mem::replace(&mut last_seen[a], r.rank) == r.rank {
+                    return Err(PlanError::DuplicateAtom { rank: r.rank, atom: id });
+                }
+                if local < r.home_atoms {
+                    home_count[a] += 1;
+                }
+            }
+        }
+        match home_count.iter().position(|&c| c != 1) {
+            Some(atom) => Err(PlanError::HomeCount { atom, count: home_count[atom] }),
+            None => Ok(()),
+        }
+    }
+
+    /// The largest local atom count over all ranks: size of every rank's coordinate and force
+    /// arrays (symmetric allocations need the same size everywhere).
+    pub fn max_atoms(&self) -> usize {
+        self.ranks.iter().map(|r| r.total_atoms).max().unwrap_or(0)
+    }
+
+    /// The largest send or receive count of any pulse on any rank: size of each pulse's slot in
+    /// the unified send and receive buffers.
+    pub fn max_pulse_extent(&self) -> usize {
+        self.ranks
+            .iter()
+            .flat_map(|r| r.pulses.iter().map(|p| p.send_size().max(p.recv_size)))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decomp::RankGrid;
+    use crate::system::MolecularSystem;
+
+    fn plan() -> HaloPlan {
+        let sys = MolecularSystem::generate(1500, 3).unwrap();
+        HaloPlan::build(&sys, RankGrid::new([3, 2, 1]).unwrap(), 1.0).unwrap()
+    }
+
+    #[test]
+    fn built_plans_are_valid() {
+        let p = plan();
+        p.validate().unwrap();
+        p.validate_atoms(1500).unwrap();
+        assert!(p.max_atoms() >= p.ranks.iter().map(|r| r.total_atoms).max().unwrap());
+        assert!(p.max_pulse_extent() > 0);
+        assert!(matches!(p.validate_atoms(1499), Err(PlanError::GlobalId { .. })));
+    }
+
+    #[test]
+    fn corruptions_are_named() {
+        let mut p = plan();
+        let limit = p.ranks[1].pulses[0].atom_offset as u32;
+        p.ranks[1].pulses[0].index_map[0] = limit;
+        assert!(matches!(p.validate(), Err(PlanError::IndexOutOfRange { rank: 1, pulse: 0, .. })));
+
+        let mut p = plan();
+        p.ranks[2].pulses[1].recv_size += 1;
+        assert!(matches!(p.validate(), Err(PlanError::SizeMismatch { .. } | PlanError::Offset { .. })), "{:?}", p.validate());
+
+        let mut p = plan();
+        p.ranks[0].pulses.pop();
+        assert!(matches!(p.validate(), Err(PlanError::PulseCount { rank: 0, .. })));
+
+        let mut p = plan();
+        p.ranks[0].pulses[0].peer_atom_offset += 1;
+        assert!(matches!(p.validate(), Err(PlanError::PeerOffset { .. })));
+
+        let mut p = plan();
+        let m = &mut p.ranks[4].pulses[0].index_map;
+        m[1] = m[0];
+        assert!(matches!(p.validate(), Err(PlanError::DuplicateIndex { .. })));
+
+        let mut p = plan();
+        p.ranks[3].global_ids.push(0);
+        assert!(matches!(p.validate(), Err(PlanError::AtomCount { .. })));
+
+        let mut p = plan();
+        p.ranks[5].pulses[0].use_shift = !p.ranks[5].pulses[0].use_shift;
+        assert!(matches!(p.validate(), Err(PlanError::Shift { .. })));
+
+        let mut p = plan();
+        let home = p.ranks[0].home_atoms;
+        p.ranks[0].global_ids.swap(0, home);
+        p.validate().unwrap();
+        assert!(matches!(p.validate_atoms(1500), Err(PlanError::HomeCount { .. })));
+    }
+}

@@ -1,0 +1,235 @@
+//! Lennard-Jones forces (plain cutoff, minimum image) of the undecomposed system, found with a
+//! cell list, and the per-rank forces of assigned pairs.
+
+use super::{PairAssignment, ReferenceError};
+use crate::decomp::{Decomposition, HaloPlan, RankGrid, wrap_position};
+use crate::system::MolecularSystem;
+
+/// `d` folded to its minimum image for a periodic length `l`. Identity for `|d| < l / 2`.
+pub fn min_image(d: f64, l: f64) -> f64 {
+    d - l * (d / l).round()
+}
+
+/// `F / r` of the LJ pair force at squared distance `r2`: the force on `j` is this times
+/// `x_j - x_i`, the force on `i` its negative.
+pub fn lj_force_over_r(r2: f64, c6: f64, c12: f64) -> f64 {
+    let inv2 = 1.0 / r2;
+    let inv6 = inv2 * inv2 * inv2;
+    (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2
+}
+
+/// The system's positions wrapped into the box, in `f64`: the numbers every pair search uses.
+pub(super) fn wrapped_positions(system: &MolecularSystem) -> Vec<[f64; 3]> {
+    system
+        .positions
+        .iter()
+        .map(|&p| {
+            let w = wrap_position(p, system.box_size);
+            [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
+        })
+        .collect()
+}
+
+/// Checks `cutoff` against the box: positive, finite, below half of every edge.
+pub(super) fn check_cutoff(system: &MolecularSystem, cutoff: f32) -> Result<(), ReferenceError> {
+    let one = RankGrid { dims: [1, 1, 1] };
+    Decomposition::new(one, system.box_size, cutoff)?;
+    Ok(())
+}
+
+/// Calls `f(i, j, d, r2)` once for every pair `i < j` with minimum-image distance below
+/// `cutoff`, where `d = x_j - x_i` (minimum image, computed as `x_j - x_i` then folded).
+/// `pos` must be wrapped into the box and the cutoff below half of every edge.
+pub(super) fn for_each_pair(pos: &[[f64; 3]], box_size: [f64; 3], cutoff: f64, mut f: impl FnMut(usize, usize, [f64; 3], f64)) {
+    // Cells at least a cutoff wide: a pair within the cutoff is in the same or adjacent cells.
+    let m: [usize; 3] = box_size.map(|l| ((l / cutoff).floor() as usize).max(1));
+    let cell_of = |p: &[f64; 3]| -> [usize; 3] {
+        let mut c = [0; 3];
+        for d in 0..3 {
+            let k = (p[d] * m[d] as f64 / box_size[d]).floor();
+            c[d] = if k <= 0.0 { 0 } else { (k as usize).min(m[d] - 1) };
+        }
+        c
+    };
+    let flat = |c: [usize; 3]| c[0] + m[0] * (c[1] + m[1] * c[2]);
+    let ncells = m[0] * m[1] * m[2];
+    let mut start = vec![0usize; ncells + 1];
+    let cells: Vec<usize> = pos.iter().map(|p| flat(cell_of(p))).collect();
+    for &c in &cells {
+        start[c + 1] += 1;
+    }
+    for c in 0..ncells {
+        start[c + 1] += start[c];
+    }
+    let mut fill = start.clone();
+    let mut sorted = vec![0usize; pos.len()];
+    for (i, &c) in cells.iter().enumerate() {
+        sorted[fill[c]] = i;
+        fill[c] += 1;
+    }
+    // Distinct neighbour offsets per dimension: with fewer than 3 cells, -1 and +1 coincide.
+    let offsets: Vec<Vec<usize>> = m
+        .iter()
+        .map(|&n| match n {
+            1 => vec![0],
+            2 => vec![0, 1],
+            _ => vec![n - 1, 0, 1],
+        })
+        .collect();
+    let rc2 = cutoff * cutoff;
+    for (i, pi) in pos.iter().enumerate() {
+        let ci = cell_of(pi);
+        for &ox in &offsets[0] {
+            for &oy in &offsets[1] {
+                for &oz in &offsets[2] {
+                    let c = [(ci[0] + ox) % m[0], (ci[1] + oy) % m[1], (ci[2] + oz) % m[2]];
+                    let fc = flat(c);
+                    for &j in &sorted[start[fc]..start[fc + 1]] {
+                        if j <= i {
+                            continue;
+                        }
+                        let pj = &pos[j];
+                        let d = [
+                            min_image(pj[0] - pi[0], box_size[0]),
+                            min_image(pj[1] - pi[1], box_size[1]),
+                            min_image(pj[2] - pi[2], box_size[2]),
+                        ];
+                        let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                        if r2 < rc2 {
+                            f(i, j, d, r2);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// LJ force on every atom of the undecomposed system (kJ/mol/nm), plain cutoff at `cutoff`
+/// (nm), minimum image, in `f64`.
+pub fn lj_forces(system: &MolecularSystem, cutoff: f32) -> Result<Vec<[f64; 3]>, ReferenceError> {
+    check_cutoff(system, cutoff)?;
+    let pos = wrapped_positions(system);
+    let box_size = system.box_size.map(f64::from);
+    let table = pair_table(system);
+    let nt = system.atom_types.len();
+    let mut f = vec![[0.0; 3]; pos.len()];
+    for_each_pair(&pos, box_size, f64::from(cutoff), |i, j, d, r2| {
+        let (c6, c12) = table[usize::from(system.types[i]) * nt + usize::from(system.types[j])];
+        let s = lj_force_over_r(r2, c6, c12);
+        for k in 0..3 {
+            f[i][k] -= s * d[k];
+            f[j][k] += s * d[k];
+        }
+    });
+    Ok(f)
+}
+
+fn pair_table(system: &MolecularSystem) -> Vec<(f64, f64)> {
+    let n = system.atom_types.len();
+    (0..n * n)
+        .map(|k| {
+            let p = system.lj_pair(k / n, k % n);
+            (p.c6, p.c12)
+        })
+        .collect()
+}
+
+/// Forces each rank computes from its assigned pairs (local and non-local), on its local atoms,
+/// before the force halo: `coords` are the local coordinates (for example from
+/// [`super::exchange_coordinates_f64`]); the displacement is folded to the minimum image, which
+/// changes nothing along decomposed dimensions (the halo already holds the right images).
+pub fn rank_pair_forces(
+    plan: &HaloPlan,
+    system: &MolecularSystem,
+    pairs: &PairAssignment,
+    coords: &[Vec<[f64; 3]>],
+) -> Result<Vec<Vec<[f64; 3]>>, ReferenceError> {
+    if coords.len() != plan.ranks.len() || pairs.ranks.len() != plan.ranks.len() {
+        return Err(ReferenceError::RankCount { found: coords.len().min(pairs.ranks.len()), expected: plan.ranks.len() });
+    }
+    let box_size = plan.box_size.map(f64::from);
+    let table = pair_table(system);
+    let nt = system.atom_types.len();
+    let mut out = Vec::with_capacity(plan.ranks.len());
+    for ((r, x), rp) in plan.ranks.iter().zip(coords).zip(&pairs.ranks) {
+        if x.len() != r.total_atoms {
+            return Err(ReferenceError::Length { rank: r.rank, found: x.len(), expected: r.total_atoms });
+        }
+        let type_of = |local: u32| -> Result<usize, ReferenceError> {
+            let id = *r.global_ids.get(local as usize).ok_or(ReferenceError::Length {
+                rank: r.rank,
+                found: local as usize + 1,
+                expected: r.total_atoms,
+            })?;
+            system.types.get(id as usize).map(|&t| usize::from(t)).ok_or(ReferenceError::Plan(
+                crate::decomp::PlanError::GlobalId { rank: r.rank, local: local as usize, id, atoms: system.types.len() },
+            ))
+        };
+        let mut f = vec![[0.0; 3]; r.total_atoms];
+        for &[i, j] in rp.local.iter().chain(&rp.nonlocal) {
+            let (ti, tj) = (type_of(i)?, type_of(j)?);
+            let (xi, xj) = (x[i as usize], x[j as usize]);
+            let d: [f64; 3] = std::array::from_fn(|k| min_image(xj[k] - xi[k], box_size[k]));
+            let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+            let (c6, c12) = table[ti * nt + tj];
+            let s = lj_force_over_r(r2, c6, c12);
+            for k in 0..3 {
+                f[i as usize][k] -= s * d[k];
+                f[j as usize][k] += s * d[k];
+            }
+        }
+        out.push(f);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cell_list_finds_the_same_pairs_as_brute_force() {
+        for (atoms, rc) in [(300, 0.3), (300, 0.6), (700, 0.85), (27, 0.1)] {
+            let s = MolecularSystem::generate(atoms, 9).unwrap();
+            let pos = wrapped_positions(&s);
+            let b = s.box_size.map(f64::from);
+            let mut found = Vec::new();
+            for_each_pair(&pos, b, rc, |i, j, _, _| found.push((i, j)));
+            found.sort_unstable();
+            let mut brute = Vec::new();
+            for i in 0..pos.len() {
+                for j in i + 1..pos.len() {
+                    let r2: f64 = (0..3).map(|k| min_image(pos[j][k] - pos[i][k], b[k]).powi(2)).sum();
+                    if r2 < rc * rc {
+                        brute.push((i, j));
+                    }
+                }
+            }
+            assert_eq!(found, brute, "{atoms} atoms, cutoff {rc}");
+        }
+    }
+
+    #[test]
+    fn forces_obey_newtons_third_law_and_match_the_derivative() {
+        let s = MolecularSystem::generate(500, 1).unwrap();
+        let f = lj_forces(&s, 0.8).unwrap();
+        let total: [f64; 3] = std::array::from_fn(|k| f.iter().map(|v| v[k]).sum());
+        let scale = f.iter().map(|v| v[0].abs()).fold(0.0, f64::max);
+        assert!(total.iter().all(|t| t.abs() < 1e-9 * scale * 500.0), "{total:?}");
+        // F/r against a finite difference of V = c12/r^12 - c6/r^6.
+        let (c6, c12) = (1e-3, 1e-6);
+        let v = |r: f64| c12 / r.powi(12) - c6 / r.powi(6);
+        let r = 0.35;
+        let h = 1e-6;
+        let fd = -(v(r + h) - v(r - h)) / (2.0 * h);
+        assert!((lj_force_over_r(r * r, c6, c12) * r - fd).abs() < 1e-6 * fd.abs().max(1.0));
+    }
+
+    #[test]
+    fn bad_cutoffs_are_errors() {
+        let s = MolecularSystem::generate(200, 1).unwrap();
+        assert!(matches!(lj_forces(&s, 5.0), Err(ReferenceError::Plan(crate::decomp::PlanError::CutoffTooLarge { .. }))));
+        assert!(lj_forces(&s, -1.0).is_err());
+    }
+}
