@@ -25,6 +25,7 @@ pub const KERNEL_ENTRIES: &[&str] = &[
     FUSED_COORDS,
     FUSED_COORDS_TMA,
     FUSED_FORCES,
+    SIGNAL_PING_PONG,
 ];
 
 /// `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`: `out[i] = x[map[i]] (+ shift)`.
@@ -46,6 +47,9 @@ pub const FUSED_COORDS: &str = "fused_coords";
 pub const FUSED_COORDS_TMA: &str = "fused_coords_tma";
 /// All force pulses in one launch, last pulse first, accumulating into the force array.
 pub const FUSED_FORCES: &str = "fused_forces";
+
+/// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
+pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
 /// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
 /// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.

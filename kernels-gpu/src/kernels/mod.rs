@@ -17,6 +17,7 @@ mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;
 mod pack;
+mod probe;
 mod pulse;
 
 /// The ABI version, readable by the host with `cuModuleGetGlobal` (see [`crate::abi::ABI_VERSION`]).
