@@ -26,6 +26,7 @@ pub mod exchange;
 pub mod launch;
 pub mod nvshmem;
 pub mod session;
+pub mod route;
 pub mod system;
 pub mod decomp;
 pub mod md_reference;

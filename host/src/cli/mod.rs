@@ -5,6 +5,7 @@ mod exchange_check;
 mod info;
 mod launch;
 mod plan;
+mod route;
 mod selftest;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// The halo plan of a synthetic system: per rank and pulse, sizes, offsets, neighbours (no GPU).
     Plan(plan::PlanArgs),
+    /// The transport the router picks for every PE pair, with distance levels and scores.
+    Route(route::RouteArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -45,6 +48,7 @@ pub fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
         Command::ExchangeCheck(args) => exchange_check::run(args),
+        Command::Route(args) => route::run(args),
         Command::Plan(args) => plan::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),

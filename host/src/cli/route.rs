@@ -1,0 +1,311 @@
+//! `halo route`: the router's choice for every PE pair, with levels and scores.
+
+use anyhow::{Context, Result};
+use halo::route::{
+    Decision, DistanceLevel, Op, PerfTable, RouteConfig, Router, Topology, Transport, format_size,
+    parse_size, single_node, topology_from_file,
+};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Above this many PEs the table is printed one pair per line instead of as a matrix.
+const MATRIX_MAX_PES: usize = 8;
+
+#[derive(clap::Args)]
+pub struct RouteArgs {
+    /// Topology file (TOML: [node] shape, spines -> leaves -> racks -> nodes). Without it: one
+    /// node of --pes GPUs, all NVLink-connected.
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    /// PEs of the synthetic single node (ignored with --topology).
+    #[arg(long, default_value_t = 8)]
+    pes: usize,
+    /// Message size: 1024, 16KiB, 1MiB, ...
+    #[arg(long, default_value = "1KiB", value_parser = parse_size_arg)]
+    size: u64,
+    /// Operation: put, signal, amo or get.
+    #[arg(long, default_value = "put", value_parser = parse_op_arg)]
+    op: Op,
+    /// Print JSON (every pair with every candidate) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Force a transport for one pair, both directions: 0-1=nvshmem-put (repeatable, or comma-separated).
+    #[arg(long = "route-override", value_name = "A-B=TRANSPORT")]
+    route_override: Vec<String>,
+    /// Route config file (TOML; default: $HALO_ROUTE_CONFIG). Environment variables beat it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_op_arg(s: &str) -> Result<Op, String> {
+    s.parse()
+        .map_err(|e: halo::route::RouteError| e.to_string())
+}
+
+/// One cell of the table: the decision, or why there is none.
+type Cell = Result<Decision, String>;
+
+pub fn run(args: RouteArgs) -> Result<()> {
+    let (topo, described) = match &args.topology {
+        Some(path) => {
+            let (t, _, fabric) =
+                topology_from_file(path).with_context(|| format!("loading {}", path.display()))?;
+            let hosts = fabric.hosts().len();
+            (t, format!("{} ({hosts} nodes)", path.display()))
+        }
+        None => {
+            anyhow::ensure!(args.pes >= 1, "--pes must be at least 1");
+            (
+                single_node(args.pes)?,
+                format!(
+                    "synthetic: one node, {} PEs all NVLink-connected (no GPU discovery yet)",
+                    args.pes
+                ),
+            )
+        }
+    };
+    let mut config = RouteConfig::load(args.config.as_deref(), &|k| std::env::var(k).ok())?;
+    config.add_cli_overrides("--route-override", &args.route_override)?;
+    config.validate()?;
+    let perf = Arc::new(match &config.calibration {
+        Some(c) => PerfTable::load_calibration(&c.value)?,
+        None => PerfTable::defaults(),
+    });
+    let topo = Arc::new(topo);
+    let n = topo.n_pes();
+    let mut cells: Vec<Vec<Cell>> = Vec::with_capacity(n);
+    for src in 0..n {
+        let mut router =
+            Router::with_perf(src, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
+        let mut row = Vec::with_capacity(n);
+        for dst in 0..n {
+            // route() first so HALO_ROUTE_DEBUG prints its block and a one-sided bitmap warns.
+            row.push(
+                router
+                    .route(dst, args.op, args.size)
+                    .and_then(|_| router.decide(dst, args.op, args.size))
+                    .map_err(|e| e.to_string()),
+            );
+        }
+        cells.push(row);
+    }
+    if args.json {
+        print_json(&topo, &described, &config, &args, &cells)?;
+    } else {
+        let text = render_text(
+            &topo,
+            &described,
+            &config,
+            &args,
+            &cells,
+            perf.calibrated_pairs(),
+        )?;
+        std::io::stdout()
+            .write_all(text.as_bytes())
+            .context("writing the table")?;
+    }
+    Ok(())
+}
+
+fn render_text(
+    topo: &Topology,
+    described: &str,
+    config: &RouteConfig,
+    args: &RouteArgs,
+    cells: &[Vec<Cell>],
+    calibrated: usize,
+) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    let n = topo.n_pes();
+    let w = config
+        .weights
+        .at(halo::route::class_bytes(halo::route::size_class(args.size)));
+    writeln!(out, "topology: {described}")?;
+    writeln!(out, "  {topo}")?;
+    writeln!(
+        out,
+        "operation: {} of {} (weights: latency {:.2}, bandwidth {:.2}, topology {:.2}, capability {:.2}, reliability {:.2})",
+        args.op,
+        format_size(args.size),
+        w.latency,
+        w.bandwidth,
+        w.topology,
+        w.capability,
+        w.reliability
+    )?;
+    if calibrated == 0 {
+        writeln!(
+            out,
+            "performance numbers: default, not measured (run `halo calibrate` on the GPUs)"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "performance numbers: {calibrated} transport/level pairs calibrated, the rest default"
+        )?;
+    }
+    for line in config
+        .describe()
+        .iter()
+        .filter(|l| !l.contains("(default)") && !l.starts_with("calibration = none"))
+    {
+        writeln!(out, "  {line}")?;
+    }
+    writeln!(out)?;
+    if n <= MATRIX_MAX_PES {
+        writeln!(out, "level (row: source PE, column: destination PE)")?;
+        write!(out, "{:>5}", "")?;
+        for dst in 0..n {
+            write!(out, " {dst:>17}")?;
+        }
+        writeln!(out)?;
+        for (src, row) in cells.iter().enumerate() {
+            write!(out, "{src:>5}")?;
+            for c in row {
+                match c {
+                    Ok(d) => write!(out, " {:>17}", d.distance.level.name())?,
+                    Err(_) => write!(out, " {:>17}", "error")?,
+                }
+            }
+            writeln!(out)?;
+        }
+        writeln!(out)?;
+        writeln!(out, "transport score")?;
+        write!(out, "{:>5}", "")?;
+        for dst in 0..n {
+            write!(out, " {dst:>17}")?;
+        }
+        writeln!(out)?;
+        for (src, row) in cells.iter().enumerate() {
+            write!(out, "{src:>5}")?;
+            for c in row {
+                match c {
+                    Ok(d) => write!(
+                        out,
+                        " {:>12} {:.2}{}",
+                        d.route.transport.name(),
+                        d.route.score,
+                        mark(d)
+                    )?,
+                    Err(_) => write!(out, " {:>17}", "error")?,
+                }
+            }
+            writeln!(out)?;
+        }
+        if cells
+            .iter()
+            .flatten()
+            .any(|c| c.as_ref().is_ok_and(|d| d.forced_by.is_some()))
+        {
+            writeln!(out, "(* forced by an override)")?;
+        }
+    } else {
+        writeln!(
+            out,
+            "{:>6} {:>6} {:>17} {:>12} {:>6}",
+            "src", "dst", "level", "transport", "score"
+        )?;
+        for (src, row) in cells.iter().enumerate() {
+            for (dst, c) in row.iter().enumerate() {
+                match c {
+                    Ok(d) => writeln!(
+                        out,
+                        "{src:>6} {dst:>6} {:>17} {:>12} {:>6.3}{}",
+                        d.distance.level.name(),
+                        d.route.transport.name(),
+                        d.route.score,
+                        mark(d)
+                    )?,
+                    Err(e) => writeln!(out, "{src:>6} {dst:>6} error: {e}")?,
+                }
+            }
+        }
+    }
+    let mut counts: BTreeMap<(DistanceLevel, Transport), usize> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (src, row) in cells.iter().enumerate() {
+        for (dst, c) in row.iter().enumerate() {
+            match c {
+                Ok(d) => {
+                    *counts
+                        .entry((d.distance.level, d.route.transport))
+                        .or_default() += 1
+                }
+                Err(e) => errors.push(format!("{src} -> {dst}: {e}")),
+            }
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "pairs by level and transport:")?;
+    for ((level, t), k) in counts {
+        writeln!(out, "  {:>17} -> {:<12} {k}", level.name(), t.name())?;
+    }
+    if !errors.is_empty() {
+        writeln!(out, "{} pairs have no usable route:", errors.len())?;
+        for e in errors.iter().take(20) {
+            writeln!(out, "  {e}")?;
+        }
+    }
+    Ok(out)
+}
+
+fn mark(d: &Decision) -> &'static str {
+    if d.forced_by.is_some() { "*" } else { " " }
+}
+
+fn print_json(
+    topo: &Topology,
+    described: &str,
+    config: &RouteConfig,
+    args: &RouteArgs,
+    cells: &[Vec<Cell>],
+) -> Result<()> {
+    let mut pairs = Vec::new();
+    for (src, row) in cells.iter().enumerate() {
+        for (dst, c) in row.iter().enumerate() {
+            pairs.push(match c {
+                Ok(d) => json!({
+                    "src": src,
+                    "dst": dst,
+                    "level": d.distance.level,
+                    "bitmap_hit": d.distance.hit.map(|l| l.index()),
+                    "one_sided": d.distance.one_sided.map(|(l, by)| json!({"level": l, "claimed_by": by})),
+                    "transport": d.route.transport,
+                    "score": d.route.score,
+                    "reason": format!("{:?}", d.route.reason),
+                    "forced_by": d.forced_by.as_ref().map(|s| s.to_string()),
+                    "candidates": d.scoring.candidates.iter().map(|c| json!({
+                        "transport": c.transport,
+                        "latency_us": c.latency_us,
+                        "bandwidth_gbs": c.bandwidth_gbs,
+                        "calibrated": c.calibrated,
+                        "score": c.score,
+                        "excluded": c.excluded.map(|e| e.to_string()),
+                    })).collect::<Vec<_>>(),
+                }),
+                Err(e) => json!({"src": src, "dst": dst, "error": e}),
+            });
+        }
+    }
+    let out = json!({
+        "topology": {"source": described, "n_pes": topo.n_pes(), "epoch": topo.epoch(), "hash": topo.hash_hex()},
+        "op": args.op,
+        "size": args.size,
+        "config": config.describe(),
+        "pairs": pairs,
+    });
+    let mut text = serde_json::to_string_pretty(&out)?;
+    text.push('\n');
+    std::io::stdout()
+        .write_all(text.as_bytes())
+        .context("writing JSON")?;
+    Ok(())
+}

@@ -1,0 +1,628 @@
+//! Building a [`Topology`] from what each PE knows about itself plus where the nodes sit.
+//!
+//! Inside a node the facts come from the GPUs ([`PeFacts`]: host, GPU UUID, NVLink and P2P
+//! peers; probing the GPUs is done elsewhere and gathered across PEs). Beyond the node they come
+//! from a [`Fabric`]: a TOML topology file (spines → leaves → racks → nodes), or Slurm's
+//! `SLURM_TOPOLOGY_ADDR` / `SLURM_TOPOLOGY_ADDR_PATTERN`, which each PE reads for itself and
+//! gathers with its facts. A file wins over Slurm, because it is what the user asked for.
+//!
+//! Each PE's bitmaps are built from that PE's own facts, so a PE that claims NVLink to a GPU
+//! whose PE does not claim it back produces a one-sided bit, which [`Topology::distance`] refuses.
+
+use super::{DistanceLevel, LEVELS, PeBitmap, RouteError, Topology};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// What one PE knows about itself, gathered from every PE before the topology is built.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeFacts {
+    /// Host name (PEs with the same host share a node).
+    pub host: String,
+    /// UUID of the PE's GPU (PEs with the same UUID share a GPU).
+    pub gpu_uuid: String,
+    /// UUIDs of the GPUs this PE's GPU reaches over NVLink.
+    pub nvlink_peers: Vec<String>,
+    /// UUIDs of the GPUs this PE's GPU can access peer-to-peer (over NVLink or PCIe).
+    pub p2p_peers: Vec<String>,
+    /// Where the node sits in the network, when the PE found out itself (Slurm); a [`Fabric`] file overrides it.
+    pub placement: Option<Placement>,
+}
+
+/// Where a node sits in the network. Missing parts are unknown; names are scoped by their parents.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Placement {
+    /// Cluster name (nodes in different clusters are [`DistanceLevel::CrossCluster`] apart).
+    pub cluster: String,
+    /// Spine switch, if known (unknown: the cluster is treated as one spine).
+    pub spine: Option<String>,
+    /// Leaf switch, if known.
+    pub leaf: Option<String>,
+    /// Rack, if known.
+    pub rack: Option<String>,
+}
+
+/// The cluster name used when nothing says otherwise.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+impl Placement {
+    /// The placement of a node nothing is known about: the job's one cluster.
+    pub fn unknown() -> Self {
+        Self {
+            cluster: DEFAULT_CLUSTER.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`.
+    ///
+    /// The switch nearest the node is its leaf, the one above is its spine, and anything above
+    /// that names the cluster. Slurm has no racks. Returns the host name and its placement.
+    pub fn from_slurm(addr: &str, pattern: &str) -> Result<(String, Placement), RouteError> {
+        let parts: Vec<&str> = addr.split('.').collect();
+        let kinds: Vec<&str> = pattern.split('.').collect();
+        if parts.len() != kinds.len() || parts.iter().any(|p| p.is_empty()) {
+            return Err(RouteError::Slurm(format!(
+                "SLURM_TOPOLOGY_ADDR={addr:?} does not match SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}"
+            )));
+        }
+        if kinds.last() != Some(&"node") || kinds[..kinds.len() - 1].iter().any(|k| *k != "switch")
+        {
+            return Err(RouteError::Slurm(format!(
+                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node"
+            )));
+        }
+        let host = parts[parts.len() - 1].to_owned();
+        let switches = &parts[..parts.len() - 1];
+        let n = switches.len();
+        let placement = Placement {
+            cluster: if n >= 3 {
+                switches[..n - 2].join(".")
+            } else {
+                DEFAULT_CLUSTER.into()
+            },
+            spine: (n >= 2).then(|| switches[n - 2].to_owned()),
+            leaf: (n >= 1).then(|| switches[n - 1].to_owned()),
+            rack: None,
+        };
+        Ok((host, placement))
+    }
+
+    /// This process's placement from Slurm's environment, or `None` when Slurm sets none.
+    ///
+    /// `env` is a lookup so that tests need not touch the process environment.
+    pub fn from_slurm_env(
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<(String, Placement)>, RouteError> {
+        match (
+            env("SLURM_TOPOLOGY_ADDR"),
+            env("SLURM_TOPOLOGY_ADDR_PATTERN"),
+        ) {
+            (Some(addr), Some(pattern)) => Self::from_slurm(&addr, &pattern).map(Some),
+            (Some(_), None) => Err(RouteError::Slurm(
+                "SLURM_TOPOLOGY_ADDR is set without SLURM_TOPOLOGY_ADDR_PATTERN".into(),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    // Keys scoped by their parents so that two racks called "r0" under different leaves differ.
+    fn spine_key(&self) -> String {
+        format!("{}/{}", self.cluster, self.spine.as_deref().unwrap_or("*"))
+    }
+    fn leaf_key(&self) -> Option<String> {
+        self.leaf
+            .as_ref()
+            .map(|l| format!("{}/{l}", self.spine_key()))
+    }
+    fn rack_key(&self) -> Option<String> {
+        self.rack.as_ref().map(|r| {
+            format!(
+                "{}/{r}",
+                self.leaf_key().unwrap_or_else(|| self.spine_key())
+            )
+        })
+    }
+}
+
+/// Node placements by host name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fabric {
+    placements: HashMap<String, Placement>,
+    order: Vec<String>,
+    /// Where it came from, for logs.
+    pub source: String,
+}
+
+impl Fabric {
+    /// An empty fabric (every node in one unnamed cluster).
+    pub fn new(source: impl Into<String>) -> Self {
+        Self {
+            source: source.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Places a host; a host placed twice is an error.
+    pub fn insert(&mut self, host: String, placement: Placement) -> Result<(), RouteError> {
+        if self.placements.contains_key(&host) {
+            return Err(RouteError::InvalidTopology(format!(
+                "node {host} is listed twice in {}",
+                self.source
+            )));
+        }
+        self.order.push(host.clone());
+        self.placements.insert(host, placement);
+        Ok(())
+    }
+
+    /// The placement of a host, if listed.
+    pub fn placement(&self, host: &str) -> Option<&Placement> {
+        self.placements.get(host)
+    }
+
+    /// The hosts, in the order they were listed.
+    pub fn hosts(&self) -> &[String] {
+        &self.order
+    }
+}
+
+/// How the GPUs inside one node are connected (for synthetic facts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IntraNodeLink {
+    /// Every GPU has NVLink to every other (NVSwitch systems such as HGX H200).
+    #[default]
+    Nvlink,
+    /// Peer access over PCIe, no NVLink.
+    PcieP2p,
+    /// No peer access at all.
+    NoP2p,
+}
+
+/// A topology file: what each node looks like, and where the nodes sit.
+///
+/// ```toml
+/// [node]                 # optional; used to synthesise PEs for `halo route`
+/// gpus = 8
+/// pes_per_gpu = 1
+/// link = "nvlink"        # nvlink | pcie-p2p | no-p2p
+///
+/// [[spine]]
+/// name = "s0"
+/// cluster = "west"       # optional
+/// [[spine.leaf]]
+/// name = "l0"
+/// [[spine.leaf.rack]]
+/// name = "r0"
+/// nodes = ["gpu[001-004]", "gpu010"]
+/// ```
+///
+/// A leaf may also list `nodes` directly (rack unknown). Host lists accept one bracket range
+/// group with comma-separated numbers or ranges, as Slurm writes them.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyFile {
+    /// Inside one node.
+    #[serde(default)]
+    pub node: NodeShape,
+    /// The spines.
+    #[serde(default)]
+    pub spine: Vec<SpineSpec>,
+}
+
+/// What one node looks like.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeShape {
+    /// GPUs per node.
+    #[serde(default = "default_gpus")]
+    pub gpus: usize,
+    /// PEs per GPU.
+    #[serde(default = "default_one")]
+    pub pes_per_gpu: usize,
+    /// How the GPUs are connected.
+    #[serde(default)]
+    pub link: IntraNodeLink,
+}
+
+fn default_gpus() -> usize {
+    8
+}
+fn default_one() -> usize {
+    1
+}
+
+impl Default for NodeShape {
+    fn default() -> Self {
+        Self {
+            gpus: default_gpus(),
+            pes_per_gpu: 1,
+            link: IntraNodeLink::Nvlink,
+        }
+    }
+}
+
+/// One spine switch and the leaves below it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpineSpec {
+    /// Its name.
+    pub name: String,
+    /// Cluster it belongs to (default: [`DEFAULT_CLUSTER`]).
+    pub cluster: Option<String>,
+    /// Leaves below it.
+    #[serde(default)]
+    pub leaf: Vec<LeafSpec>,
+}
+
+/// One leaf switch, its racks, and nodes whose rack is unknown.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeafSpec {
+    /// Its name.
+    pub name: String,
+    /// Racks below it.
+    #[serde(default)]
+    pub rack: Vec<RackSpec>,
+    /// Nodes attached directly (rack unknown).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
+/// One rack of nodes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RackSpec {
+    /// Its name.
+    pub name: String,
+    /// Host names or host lists (`gpu[001-008]`).
+    pub nodes: Vec<String>,
+}
+
+impl TopologyFile {
+    /// Reads and parses a topology file.
+    pub fn load(path: &Path) -> Result<Self, RouteError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io {
+            what: "topology file",
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses a topology file's text (`path` only names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, RouteError> {
+        let f: TopologyFile = toml::from_str(text).map_err(|e| RouteError::BadFile {
+            what: "topology file",
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if f.node.gpus == 0 || f.node.pes_per_gpu == 0 {
+            return Err(RouteError::BadFile {
+                what: "topology file",
+                path: path.to_owned(),
+                reason: "[node] gpus and pes_per_gpu must be at least 1".into(),
+            });
+        }
+        Ok(f)
+    }
+
+    /// The node placements the file describes.
+    pub fn fabric(&self, source: &Path) -> Result<Fabric, RouteError> {
+        let mut fabric = Fabric::new(source.display().to_string());
+        for s in &self.spine {
+            let cluster = s.cluster.clone().unwrap_or_else(|| DEFAULT_CLUSTER.into());
+            for l in &s.leaf {
+                let base = Placement {
+                    cluster: cluster.clone(),
+                    spine: Some(s.name.clone()),
+                    leaf: Some(l.name.clone()),
+                    rack: None,
+                };
+                for host in expand_all(&l.nodes)? {
+                    fabric.insert(host, base.clone())?;
+                }
+                for r in &l.rack {
+                    for host in expand_all(&r.nodes)? {
+                        fabric.insert(
+                            host,
+                            Placement {
+                                rack: Some(r.name.clone()),
+                                ..base.clone()
+                            },
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(fabric)
+    }
+
+    /// Facts for every PE of every node in the file, in file order, as [`synthetic_facts`] makes them.
+    pub fn synthetic_facts(&self, fabric: &Fabric) -> Vec<PeFacts> {
+        synthetic_facts(
+            fabric.hosts(),
+            self.node.gpus,
+            self.node.pes_per_gpu,
+            self.node.link,
+        )
+    }
+}
+
+fn expand_all(lists: &[String]) -> Result<Vec<String>, RouteError> {
+    let mut out = Vec::new();
+    for l in lists {
+        out.extend(expand_hostlist(l)?);
+    }
+    Ok(out)
+}
+
+/// Expands a host list with at most one bracket group: `gpu[001-003,7]` → gpu001, gpu002, gpu003, gpu7.
+/// Zero padding follows the width of each range's first number.
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, RouteError> {
+    let bad = |reason: &str| RouteError::Parse {
+        what: "host list",
+        value: list.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let Some(open) = list.find('[') else {
+        return if list.trim().is_empty() {
+            Err(bad("empty"))
+        } else {
+            Ok(vec![list.trim().to_owned()])
+        };
+    };
+    let close = list
+        .rfind(']')
+        .filter(|&c| c > open)
+        .ok_or_else(|| bad("'[' without ']'"))?;
+    let (prefix, inner, suffix) = (&list[..open], &list[open + 1..close], &list[close + 1..]);
+    if inner.contains('[') || suffix.contains('[') {
+        return Err(bad("only one bracket group is supported"));
+    }
+    let mut out = Vec::new();
+    for item in inner.split(',') {
+        let (lo, hi) = item.split_once('-').unwrap_or((item, item));
+        let width = lo.len();
+        let num = |s: &str| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| bad("ranges need numbers, like [01-16]"))
+        };
+        let (a, b) = (num(lo)?, num(hi)?);
+        if a > b || b - a > 1_000_000 {
+            return Err(bad("range is reversed or too long"));
+        }
+        out.extend((a..=b).map(|n| format!("{prefix}{n:0width$}{suffix}")));
+    }
+    Ok(out)
+}
+
+/// Facts for `gpus` GPUs × `pes_per_gpu` PEs on each host, all connected by `link` inside a node
+/// (UUIDs `GPU-<host>-<index>`). The stand-in until real GPU discovery feeds [`topology_from_facts`].
+pub fn synthetic_facts(
+    hosts: &[String],
+    gpus: usize,
+    pes_per_gpu: usize,
+    link: IntraNodeLink,
+) -> Vec<PeFacts> {
+    let mut out = Vec::with_capacity(hosts.len() * gpus * pes_per_gpu);
+    for host in hosts {
+        let uuids: Vec<String> = (0..gpus).map(|g| format!("GPU-{host}-{g}")).collect();
+        for (g, uuid) in uuids.iter().enumerate() {
+            let others: Vec<String> = uuids
+                .iter()
+                .enumerate()
+                .filter(|(o, _)| *o != g)
+                .map(|(_, u)| u.clone())
+                .collect();
+            let (nvlink_peers, p2p_peers) = match link {
+                IntraNodeLink::Nvlink => (others.clone(), others),
+                IntraNodeLink::PcieP2p => (Vec::new(), others),
+                IntraNodeLink::NoP2p => (Vec::new(), Vec::new()),
+            };
+            for _ in 0..pes_per_gpu {
+                out.push(PeFacts {
+                    host: host.clone(),
+                    gpu_uuid: uuid.clone(),
+                    nvlink_peers: nvlink_peers.clone(),
+                    p2p_peers: p2p_peers.clone(),
+                    placement: None,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Builds the topology from every PE's facts (`facts[i]` is PE `i`) and, if given, a fabric.
+///
+/// Per PE `i` and level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in `i`'s
+/// `nvlink_peers`; PCIe = plus those in `i`'s `p2p_peers`; same node = PEs with `i`'s host;
+/// rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf / spine (placement from the
+/// fabric, else from the facts, else unknown: one spine for the whole job); cross-cluster = all.
+pub fn topology_from_facts(
+    facts: &[PeFacts],
+    fabric: Option<&Fabric>,
+) -> Result<Topology, RouteError> {
+    let n = facts.len();
+    if n == 0 {
+        return Err(RouteError::InvalidTopology("no PE facts".into()));
+    }
+    // Groups are built once, so the cost is linear in PEs × bitmap words, not quadratic in PEs.
+    let mut by_gpu: HashMap<&str, PeBitmap> = HashMap::new();
+    let mut by_host: HashMap<&str, PeBitmap> = HashMap::new();
+    let mut placements = Vec::with_capacity(n);
+    let unknown = Placement::unknown();
+    let mut unplaced = 0usize;
+    for (pe, f) in facts.iter().enumerate() {
+        if f.gpu_uuid.is_empty() || f.host.is_empty() {
+            return Err(RouteError::InvalidTopology(format!(
+                "PE {pe} reported no host or no GPU UUID"
+            )));
+        }
+        by_gpu
+            .entry(&f.gpu_uuid)
+            .or_insert_with(|| PeBitmap::new(n))
+            .set(pe);
+        by_host
+            .entry(&f.host)
+            .or_insert_with(|| PeBitmap::new(n))
+            .set(pe);
+        let p = fabric
+            .and_then(|fb| fb.placement(&f.host))
+            .or(f.placement.as_ref());
+        if p.is_none() && fabric.is_some() {
+            unplaced += 1;
+        }
+        placements.push(p.unwrap_or(&unknown));
+    }
+    if unplaced > 0 {
+        tracing::warn!(
+            "route: {unplaced} PEs run on hosts missing from {}; they are placed in one unknown spine",
+            fabric.map_or("", |f| f.source.as_str())
+        );
+    }
+    let mut groups: [HashMap<String, PeBitmap>; 3] = Default::default();
+    let keys = |p: &Placement| [p.rack_key(), p.leaf_key(), Some(p.spine_key())];
+    for (pe, p) in placements.iter().enumerate() {
+        for (g, key) in groups.iter_mut().zip(keys(p)) {
+            if let Some(k) = key {
+                g.entry(k).or_insert_with(|| PeBitmap::new(n)).set(pe);
+            }
+        }
+    }
+    let mut per_pe = Vec::with_capacity(n);
+    let empty = PeBitmap::new(n);
+    for (pe, f) in facts.iter().enumerate() {
+        let mut levels: [PeBitmap; LEVELS] = std::array::from_fn(|_| PeBitmap::new(n));
+        let gpu = |uuid: &str| by_gpu.get(uuid).unwrap_or(&empty);
+        levels[DistanceLevel::SameGpu.index()] = gpu(&f.gpu_uuid).clone();
+        for u in &f.nvlink_peers {
+            levels[DistanceLevel::NvLink.index()].union_with(gpu(u));
+        }
+        for u in f.p2p_peers.iter().chain(&f.nvlink_peers) {
+            levels[DistanceLevel::Pcie.index()].union_with(gpu(u));
+        }
+        levels[DistanceLevel::SameNodeNoP2p.index()] =
+            by_host.get(f.host.as_str()).unwrap_or(&empty).clone();
+        let ks = keys(placements[pe]);
+        for ((level, g), key) in [
+            DistanceLevel::Rack,
+            DistanceLevel::Leaf,
+            DistanceLevel::Spine,
+        ]
+        .into_iter()
+        .zip(&groups)
+        .zip(ks)
+        {
+            if let Some(b) = key.and_then(|k| g.get(&k)) {
+                levels[level.index()] = b.clone();
+            }
+        }
+        per_pe.push(levels);
+    }
+    Topology::from_bitmaps(per_pe)
+}
+
+/// A topology read from a file: the facts it synthesises and the fabric it places them in.
+pub fn topology_from_file(path: &Path) -> Result<(Topology, TopologyFile, Fabric), RouteError> {
+    let file = TopologyFile::load(path)?;
+    let fabric = file.fabric(path)?;
+    if fabric.hosts().is_empty() {
+        return Err(RouteError::BadFile {
+            what: "topology file",
+            path: PathBuf::from(path),
+            reason: "lists no nodes".into(),
+        });
+    }
+    let facts = file.synthetic_facts(&fabric);
+    let topo = topology_from_facts(&facts, Some(&fabric))?;
+    Ok((topo, file, fabric))
+}
+
+/// One node of `pes` PEs, one per GPU, all NVLink-connected: the model `halo route` uses without a file.
+pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
+    topology_from_facts(
+        &synthetic_facts(&["localhost".to_owned()], pes, 1, IntraNodeLink::Nvlink),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostlists() {
+        assert_eq!(
+            expand_hostlist("gpu[001-003,7]").ok(),
+            Some(vec![
+                "gpu001".into(),
+                "gpu002".into(),
+                "gpu003".into(),
+                "gpu7".into()
+            ])
+        );
+        assert_eq!(expand_hostlist("login").ok(), Some(vec!["login".into()]));
+        assert!(expand_hostlist("gpu[3-1]").is_err());
+        assert!(expand_hostlist("gpu[1-2").is_err());
+        assert!(expand_hostlist("a[1]b[2]").is_err());
+    }
+
+    #[test]
+    fn slurm_addresses() {
+        let (host, p) =
+            Placement::from_slurm("top.s1.l3.node7", "switch.switch.switch.node").expect("valid");
+        assert_eq!(host, "node7");
+        assert_eq!(
+            (p.cluster.as_str(), p.spine.as_deref(), p.leaf.as_deref()),
+            ("top", Some("s1"), Some("l3"))
+        );
+        let (_, p) = Placement::from_slurm("l3.n1", "switch.node").expect("valid");
+        assert_eq!((p.spine, p.leaf.as_deref()), (None, Some("l3")));
+        assert!(Placement::from_slurm("a.b", "switch.switch.node").is_err());
+        let env = |k: &str| match k {
+            "SLURM_TOPOLOGY_ADDR" => Some("s0.l0.n9".to_owned()),
+            "SLURM_TOPOLOGY_ADDR_PATTERN" => Some("switch.switch.node".to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            Placement::from_slurm_env(&env)
+                .ok()
+                .flatten()
+                .map(|(h, _)| h),
+            Some("n9".into())
+        );
+        assert!(matches!(Placement::from_slurm_env(&|_| None), Ok(None)));
+    }
+
+    #[test]
+    fn single_node_is_all_nvlink() {
+        let t = single_node(4).expect("valid");
+        assert_eq!(t.distance(0, 3).ok(), Some(DistanceLevel::NvLink));
+        assert_eq!(t.distance(2, 2).ok(), Some(DistanceLevel::SameGpu));
+    }
+
+    #[test]
+    fn slurm_placements_in_facts() {
+        let mut facts = synthetic_facts(
+            &["a".into(), "b".into(), "c".into()],
+            1,
+            1,
+            IntraNodeLink::Nvlink,
+        );
+        for (f, leaf) in facts.iter_mut().zip(["l0", "l0", "l1"]) {
+            f.placement = Some(Placement {
+                cluster: "x".into(),
+                spine: Some("s".into()),
+                leaf: Some(leaf.into()),
+                rack: None,
+            });
+        }
+        let t = topology_from_facts(&facts, None).expect("valid");
+        assert_eq!(t.distance(0, 1).ok(), Some(DistanceLevel::Leaf));
+        assert_eq!(t.distance(0, 2).ok(), Some(DistanceLevel::Spine));
+    }
+}

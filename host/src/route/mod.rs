@@ -1,0 +1,49 @@
+//! Topology-aware transport router: which transport serves peer `j`, for this operation and size.
+//!
+//! The pieces, in the order data flows through them:
+//!
+//! | module | what it does |
+//! |---|---|
+//! | [`level`] | [`DistanceLevel`]: same GPU < NVLink < PCIe < same node without P2P < rack < leaf < spine < cross-cluster |
+//! | [`bitmap`] | [`Topology`]: one [`PeBitmap`] per PE and level; distance = first level both PEs agree on; epoch and hash |
+//! | [`discover`] | [`PeFacts`] gathered across PEs + a [`Fabric`] (TOML file or Slurm) → [`Topology`] |
+//! | [`transport`] | [`Transport`], [`Caps`], reach per level, [`PerfTable`] (defaults or a calibration file) |
+//! | [`config`] | [`RouteConfig`]: weights, thresholds, overrides, each with its [`WeightSource`] |
+//! | [`score`] | the scoring pass over all candidates for one (level, op, size) |
+//! | [`reliability`] | failures and timeouts per (peer, transport), decaying with a half-life |
+//! | [`overrides`] | `HALO_FORCE_TRANSPORT` and per-pair `--route-override a-b=name` |
+//! | [`router`] | [`Router`]: per-peer cache, failover, `HALO_ROUTE_DEBUG` blocks, the finalize summary |
+//!
+//! A caller asks `router.route(peer, Op::Put, bytes)?` and gets a [`Route`] back; after an attempt
+//! fails it calls `router.record(peer, transport, Outcome::Failure)` and asks again.
+//! `docs/routing.md` explains the model.
+
+pub mod bitmap;
+pub mod config;
+pub mod discover;
+mod error;
+pub mod level;
+mod log;
+pub mod overrides;
+pub mod reliability;
+pub mod router;
+pub mod score;
+pub mod size;
+pub mod transport;
+
+pub use bitmap::{DistanceInfo, PeBitmap, Topology};
+pub use config::{EffectiveWeights, RouteConfig, Sourced, WeightSource, Weights};
+pub use discover::{
+    Fabric, IntraNodeLink, PeFacts, Placement, TopologyFile, single_node, synthetic_facts,
+    topology_from_facts, topology_from_file,
+};
+pub use error::RouteError;
+pub use level::{DistanceLevel, LEVELS};
+pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
+pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
+pub use router::{Decision, Route, RouteReason, RouteSummary, Router};
+pub use score::{Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates};
+pub use size::{class_bytes, format_size, parse_size, size_class};
+pub use transport::{
+    CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport,
+};

@@ -1,0 +1,482 @@
+//! The router: per-peer cached decisions, failover, overrides, debug blocks and the summary.
+//!
+//! One `Router` serves one PE. The hot path, [`Router::route`], is a scan of a handful of cache
+//! entries for the peer; a miss (first use, new topology epoch, a recorded failure, or a decaying
+//! failure count due for a recheck) runs the full scoring pass and, with `HALO_ROUTE_DEBUG=1`,
+//! writes one block describing it.
+
+use super::config::{EffectiveWeights, RouteConfig, WeightSource};
+use super::reliability::Reliability;
+use super::score::{ReliabilityState, Scoring, score_candidates};
+use super::size::{class_bytes, size_class};
+use super::transport::TRANSPORTS;
+use super::{
+    Clock, DistanceInfo, DistanceLevel, Exclusion, Op, Outcome, PerfTable, RouteError, SystemClock,
+    Topology, Transport,
+};
+use std::fmt;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a route was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteReason {
+    /// Highest score.
+    Scored,
+    /// Forced by `HALO_FORCE_TRANSPORT` or a per-pair override.
+    Forced,
+    /// Every usable transport had failed recently; the best of them anyway.
+    AllFailed,
+}
+
+/// The answer to "which transport for this peer, operation and size".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Route {
+    /// The transport to use.
+    pub transport: Transport,
+    /// The distance to the peer.
+    pub level: DistanceLevel,
+    /// The transport's score, 0..1.
+    pub score: f64,
+    /// Why this transport.
+    pub reason: RouteReason,
+}
+
+/// A full decision with everything that went into it (what `HALO_ROUTE_DEBUG` prints).
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The deciding PE.
+    pub self_pe: usize,
+    /// The destination PE.
+    pub peer: usize,
+    /// The operation.
+    pub op: Op,
+    /// The message size asked about.
+    pub bytes: u64,
+    /// The size the decision was made for (the size class's upper bound).
+    pub class_bytes: u64,
+    /// The distance and which bitmap level matched.
+    pub distance: DistanceInfo,
+    /// The topology's epoch and hash.
+    pub epoch: u64,
+    /// The topology hash, hex.
+    pub topology_hash: String,
+    /// The weights at `class_bytes`.
+    pub weights: EffectiveWeights,
+    /// Every candidate.
+    pub scoring: Scoring,
+    /// What forced the transport, if something did.
+    pub forced_by: Option<WeightSource>,
+    /// The outcome.
+    pub route: Route,
+}
+
+/// Per-pair route switches and the topology hash, for the end of a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSummary {
+    /// The PE this router serves.
+    pub self_pe: usize,
+    /// Topology epoch at the end.
+    pub epoch: u64,
+    /// Topology hash at the end.
+    pub topology_hash: String,
+    /// Lookups answered.
+    pub lookups: u64,
+    /// Lookups that ran the scoring pass.
+    pub computed: u64,
+    /// `(peer, switches)` for every peer whose chosen transport changed at least once.
+    pub switches: Vec<(usize, u32)>,
+}
+
+impl fmt::Display for RouteSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "route summary: PE {} topology epoch {} hash {}, {} lookups ({} computed), route switches: ",
+            self.self_pe, self.epoch, self.topology_hash, self.lookups, self.computed
+        )?;
+        if self.switches.is_empty() {
+            return f.write_str("none");
+        }
+        let pairs: Vec<String> = self
+            .switches
+            .iter()
+            .map(|(p, n)| format!("{}-{p}: {n}", self.self_pe))
+            .collect();
+        f.write_str(&pairs.join(", "))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CacheEntry {
+    op: Op,
+    class: u8,
+    epoch: u64,
+    generation: u32,
+    recheck_at: Option<Duration>,
+    route: Route,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PeerState {
+    distance: Option<(u64, DistanceInfo)>,
+    generation: u32,
+    entries: Vec<CacheEntry>,
+    switches: u32,
+}
+
+/// Chooses transports for one PE.
+pub struct Router {
+    self_pe: usize,
+    topo: Arc<Topology>,
+    config: RouteConfig,
+    perf: Arc<PerfTable>,
+    reliability: Reliability,
+    clock: Arc<dyn Clock>,
+    peers: Vec<PeerState>,
+    debug: Option<Box<dyn Write + Send>>,
+    lookups: u64,
+    computed: u64,
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Router")
+            .field("self_pe", &self.self_pe)
+            .field("topology", &self.topo.to_string())
+            .finish()
+    }
+}
+
+impl Router {
+    /// A router for `self_pe`, loading the calibration file the config names (if any).
+    ///
+    /// Logs the topology (epoch, hash) and every setting with its source at info level, and
+    /// writes the same to stderr when debug output is on.
+    pub fn new(
+        self_pe: usize,
+        topo: Arc<Topology>,
+        config: RouteConfig,
+    ) -> Result<Self, RouteError> {
+        let perf = match &config.calibration {
+            Some(c) => PerfTable::load_calibration(&c.value)?,
+            None => PerfTable::defaults(),
+        };
+        Self::with_perf(self_pe, topo, config, Arc::new(perf))
+    }
+
+    /// A router with an already loaded performance table (shared between routers of one process).
+    pub fn with_perf(
+        self_pe: usize,
+        topo: Arc<Topology>,
+        config: RouteConfig,
+        perf: Arc<PerfTable>,
+    ) -> Result<Self, RouteError> {
+        config.validate()?;
+        let n = topo.n_pes();
+        if self_pe >= n {
+            return Err(RouteError::PeOutOfRange {
+                pe: self_pe,
+                n_pes: n,
+            });
+        }
+        let half_life = Duration::from_secs_f64(config.half_life_s.value);
+        let debug: Option<Box<dyn Write + Send>> =
+            config.debug.value.then(|| Box::new(std::io::stderr()) as _);
+        let mut r = Self {
+            self_pe,
+            reliability: Reliability::new(n, half_life, config.skip_threshold.value),
+            topo,
+            config,
+            perf,
+            clock: Arc::new(SystemClock::new()),
+            peers: vec![PeerState::default(); n],
+            debug,
+            lookups: 0,
+            computed: 0,
+        };
+        r.announce();
+        Ok(r)
+    }
+
+    /// Replaces the clock (tests step a [`super::ManualClock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sends debug blocks to `w` (and turns them on) instead of stderr.
+    pub fn with_debug_writer(mut self, w: Box<dyn Write + Send>) -> Self {
+        self.debug = Some(w);
+        self
+    }
+
+    /// The PE this router serves.
+    pub fn self_pe(&self) -> usize {
+        self.self_pe
+    }
+
+    /// The topology in use.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RouteConfig {
+        &self.config
+    }
+
+    /// The performance table in use.
+    pub fn perf(&self) -> &PerfTable {
+        &self.perf
+    }
+
+    /// Which transport to use for `op` on a `bytes`-byte message to `peer`.
+    ///
+    /// A cache lookup unless the topology, the peer's failure record or the decay clock says the
+    /// cached answer may be stale; then the full pass of [`Router::decide`] runs.
+    #[inline]
+    pub fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
+        self.lookups += 1;
+        let class = size_class(bytes);
+        let epoch = self.topo.epoch();
+        if let Some(st) = self.peers.get(peer)
+            && let Some(e) = st.entries.iter().find(|e| e.op == op && e.class == class)
+            && e.epoch == epoch
+            && e.generation == st.generation
+            && e.recheck_at.is_none_or(|t| self.clock.now() < t)
+        {
+            return Ok(e.route);
+        }
+        self.route_slow(peer, op, bytes)
+    }
+
+    #[cold]
+    fn route_slow(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
+        let n = self.topo.n_pes();
+        if peer >= n {
+            return Err(RouteError::PeOutOfRange { pe: peer, n_pes: n });
+        }
+        self.computed += 1;
+        let epoch = self.topo.epoch();
+        let distance = match self.peers[peer].distance {
+            Some((e, d)) if e == epoch => d,
+            // Computed once per peer and epoch, so the one-sided warning is not repeated per message.
+            _ => {
+                let level = self.topo.distance(self.self_pe, peer)?;
+                let d = self.topo.distance_info(self.self_pe, peer)?;
+                debug_assert_eq!(d.level, level);
+                self.peers[peer].distance = Some((epoch, d));
+                d
+            }
+        };
+        let decision = self.decide_with(peer, op, bytes, distance)?;
+        if let Some(w) = self.debug.as_mut() {
+            // Debug output must never fail the run; a closed stderr only loses the log.
+            let _ = write!(w, "{decision}");
+        }
+        let now = self.clock.now();
+        let recheck_at = self
+            .reliability
+            .has_history(peer, now)
+            .then(|| now + self.reliability.recheck_after());
+        let class = size_class(bytes);
+        let st = &mut self.peers[peer];
+        let entry = CacheEntry {
+            op,
+            class,
+            epoch,
+            generation: st.generation,
+            recheck_at,
+            route: decision.route,
+        };
+        match st
+            .entries
+            .iter_mut()
+            .find(|e| e.op == op && e.class == class)
+        {
+            Some(old) => {
+                if old.route.transport != decision.route.transport {
+                    st.switches += 1;
+                    tracing::info!(
+                        "route: PE {} -> PE {peer} {op} {}: switched {} -> {}",
+                        self.self_pe,
+                        super::size::format_size(class_bytes(class)),
+                        old.route.transport,
+                        decision.route.transport
+                    );
+                }
+                *old = entry;
+            }
+            None => st.entries.push(entry),
+        }
+        Ok(decision.route)
+    }
+
+    /// The full decision for `peer`, `op`, `bytes`, without touching the cache or logging.
+    pub fn decide(&self, peer: usize, op: Op, bytes: u64) -> Result<Decision, RouteError> {
+        let distance = self.topo.distance_info(self.self_pe, peer)?;
+        self.decide_with(peer, op, bytes, distance)
+    }
+
+    fn decide_with(
+        &self,
+        peer: usize,
+        op: Op,
+        bytes: u64,
+        distance: DistanceInfo,
+    ) -> Result<Decision, RouteError> {
+        let class_bytes = class_bytes(size_class(bytes));
+        let weights = self.config.weights.at(class_bytes);
+        let now = self.clock.now();
+        let rel: [ReliabilityState; TRANSPORTS] = std::array::from_fn(|i| {
+            let t = Transport::ALL[i];
+            ReliabilityState {
+                factor: self.reliability.factor(peer, t, now),
+                count: self.reliability.count(peer, t, now),
+                skipped: self.reliability.skipped(peer, t, now),
+            }
+        });
+        let level = distance.level;
+        let scoring = score_candidates(level, op, class_bytes, &weights, &self.perf, &rel);
+        let forced = self.config.overrides.forced(self.self_pe, peer);
+        let route = match forced {
+            Some((t, by)) => {
+                let c = scoring.candidate(t);
+                match c.excluded {
+                    // A user's order is followed even after failures: they asked for this transport.
+                    None | Some(Exclusion::RecentlyFailed { .. }) => Route {
+                        transport: t,
+                        level,
+                        score: c.score,
+                        reason: RouteReason::Forced,
+                    },
+                    Some(e) => {
+                        return Err(RouteError::ForcedUnusable {
+                            transport: t,
+                            by: by.to_string(),
+                            self_pe: self.self_pe,
+                            peer,
+                            op,
+                            reason: e.to_string(),
+                        });
+                    }
+                }
+            }
+            None => {
+                let t = scoring.best.ok_or_else(|| RouteError::NoRoute {
+                    self_pe: self.self_pe,
+                    peer,
+                    op,
+                    level,
+                    reasons: scoring.exclusion_reasons(),
+                })?;
+                let reason = if scoring.all_failed {
+                    RouteReason::AllFailed
+                } else {
+                    RouteReason::Scored
+                };
+                Route {
+                    transport: t,
+                    level,
+                    score: scoring.candidate(t).score,
+                    reason,
+                }
+            }
+        };
+        Ok(Decision {
+            self_pe: self.self_pe,
+            peer,
+            op,
+            bytes,
+            class_bytes,
+            distance,
+            epoch: self.topo.epoch(),
+            topology_hash: self.topo.hash_hex(),
+            weights,
+            scoring,
+            forced_by: forced.map(|(_, by)| by.clone()),
+            route,
+        })
+    }
+
+    /// Records what happened on `transport` towards `peer`; a failure or timeout makes the next
+    /// [`Router::route`] for that peer recompute, which skips the transport while its count is high.
+    pub fn record(&mut self, peer: usize, transport: Transport, outcome: Outcome) {
+        if outcome.weight() == 0.0 {
+            return;
+        }
+        let now = self.clock.now();
+        self.reliability.record(peer, transport, outcome, now);
+        if let Some(st) = self.peers.get_mut(peer) {
+            st.generation = st.generation.wrapping_add(1);
+        }
+        tracing::warn!(
+            "route: PE {} -> PE {peer}: {transport} {:?} (decayed count {:.2})",
+            self.self_pe,
+            outcome,
+            self.reliability.count(peer, transport, now)
+        );
+    }
+
+    /// Installs a new topology. When its content differs from the current one it gets the next
+    /// epoch, which invalidates every cached decision; an identical one changes nothing.
+    pub fn set_topology(&mut self, mut topo: Topology) -> Result<(), RouteError> {
+        if topo.hash() == self.topo.hash() && topo.n_pes() == self.topo.n_pes() {
+            return Ok(());
+        }
+        if self.self_pe >= topo.n_pes() {
+            return Err(RouteError::PeOutOfRange {
+                pe: self.self_pe,
+                n_pes: topo.n_pes(),
+            });
+        }
+        topo.set_epoch(self.topo.epoch().max(topo.epoch()) + 1);
+        self.peers.resize(topo.n_pes(), PeerState::default());
+        self.reliability.resize(topo.n_pes());
+        self.topo = Arc::new(topo);
+        self.announce();
+        Ok(())
+    }
+
+    /// Per-pair route switches and the topology hash; also logged at info level.
+    pub fn summary(&self) -> RouteSummary {
+        let s = RouteSummary {
+            self_pe: self.self_pe,
+            epoch: self.topo.epoch(),
+            topology_hash: self.topo.hash_hex(),
+            lookups: self.lookups,
+            computed: self.computed,
+            switches: self
+                .peers
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.switches > 0)
+                .map(|(i, p)| (i, p.switches))
+                .collect(),
+        };
+        tracing::info!("{s}");
+        s
+    }
+
+    fn announce(&mut self) {
+        tracing::info!("route: PE {} topology {}", self.self_pe, self.topo);
+        let calibrated = self.perf.calibrated_pairs();
+        tracing::info!(
+            "route: performance numbers: {}",
+            if calibrated == 0 {
+                "default, not measured".to_owned()
+            } else {
+                format!("{calibrated} transport/level pairs calibrated")
+            }
+        );
+        self.config.log();
+        if let Some(w) = self.debug.as_mut() {
+            let _ = writeln!(w, "[route] PE {} topology {}", self.self_pe, self.topo);
+            for line in self.config.describe() {
+                let _ = writeln!(w, "[route] config {line}");
+            }
+        }
+    }
+}
