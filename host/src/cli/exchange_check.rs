@@ -49,6 +49,65 @@ pub struct ExchangeCheckArgs {
     /// NVSHMEM host library to use (default: discovered).
     #[arg(long)]
     nvshmem_lib: Option<std::path::PathBuf>,
+    /// Let the transport router choose each peer's path from each pulse's size (topology from the
+    /// discovered GPUs; HALO_FORCE_TRANSPORT honoured; HALO_ROUTE_DEBUG=1 prints the decisions).
+    /// Without --transport, the exchange kernel follows from the router's choices.
+    #[arg(long)]
+    route: bool,
+    /// Force a transport for one pair, both directions: 0-1=nvshmem-put (repeatable; implies --route).
+    #[arg(long = "route-override", value_name = "A-B=TRANSPORT")]
+    route_override: Vec<String>,
+}
+
+/// The router's per-rank plans, the exchange transport they imply, and the routers (for the summary).
+struct Routing {
+    plans: Vec<halo::route::RoutedPaths>,
+    transport: Transport,
+    routers: Vec<halo::route::Router>,
+}
+
+/// Prints the plan's decisions when HALO_ROUTE_DEBUG is on.
+fn print_plan(router: &halo::route::Router, plan: &halo::route::RoutedPaths) {
+    if router.config().debug.value {
+        for line in plan.describe() {
+            println!("{line}");
+        }
+    }
+}
+
+/// Plans every rank of this process (rank r on GPU r % gpus) with its own router.
+fn route_local(args: &ExchangeCheckArgs, halos: &[RankHalo], gpus: usize) -> Result<Routing> {
+    use halo::route::{RoutedPaths, gpu_facts, paths};
+    let (facts, _) = gpu_facts::local_rank_facts(halos.len(), gpus).context("discovering the GPUs")?;
+    let mut plans = Vec::with_capacity(halos.len());
+    let mut routers = Vec::with_capacity(halos.len());
+    for r in 0..halos.len() {
+        let mut router = paths::router_from_facts(r, &facts, &args.route_override)?;
+        let plan = RoutedPaths::plan(&mut router, halos)?;
+        print_plan(&router, &plan);
+        plans.push(plan);
+        routers.push(router);
+    }
+    RoutedPaths::check_symmetric(&plans)?;
+    let transport = RoutedPaths::exchange_transport(&plans, false)?;
+    println!("route: topology {}, exchange kernel from the router's choices: {}", routers[0].topology(), transport.name());
+    Ok(Routing { plans, transport, routers })
+}
+
+/// Plans this PE with a router over the facts gathered from every PE, and checks both ends agree.
+fn route_pe(args: &ExchangeCheckArgs, halos: &[RankHalo], me: usize, ordinal: usize) -> Result<Routing> {
+    use halo::route::{RoutedPaths, gpu_facts, paths};
+    let found = gpu_facts::discover(ordinal).with_context(|| format!("discovering GPU {ordinal}"))?;
+    let facts = gpu_facts::gather("route-facts", &found.facts)?;
+    let mut router = paths::router_from_facts(me, &facts, &args.route_override)?;
+    let plan = RoutedPaths::plan(&mut router, halos)?;
+    print_plan(&router, &plan);
+    plan.mirror_check(&router, halos)?;
+    let all = gpu_facts::gather_json("route-paths", &plan)?;
+    RoutedPaths::check_symmetric(&all)?;
+    let transport = RoutedPaths::exchange_transport(&all, true)?;
+    println!("route: PE {me} topology {}, paths {plan:?}, exchange kernel: {}", router.topology(), transport.name());
+    Ok(Routing { plans: vec![plan], transport, routers: vec![router] })
 }
 
 /// `2x2x1` -> `[2, 2, 1]`.
@@ -106,7 +165,12 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
     println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
-    for transport in transports(args, false) {
+    let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
+    let list = match &routing {
+        Some(r) if args.transport.is_empty() => vec![r.transport],
+        _ => transports(args, false),
+    };
+    for transport in list {
         let mut ranks = LocalRanks::new(halos.clone(), &modules)?;
         for r in ranks.ranks_mut() {
             r.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
@@ -136,13 +200,24 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
             ranks.host_syncs()
         );
     }
+    if let Some(r) = routing {
+        debug_assert_eq!(r.plans.len(), r.routers.len());
+        for router in &r.routers {
+            println!("{}", router.summary());
+        }
+    }
     Ok(())
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
     let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
-    let policy = if args.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto };
+    let routing = if args.route || !args.route_override.is_empty() { Some(route_pe(args, &halos, me, session.ctx.ordinal())?) } else { None };
+    let policy = match &routing {
+        Some(r) => PathPolicy::Routed(r.plans[0].clone().leak()),
+        None if args.force_put => PathPolicy::ForcePut,
+        None => PathPolicy::Auto,
+    };
     println!(
         "PE {me} of {} on GPU {} ({}), NVSHMEM {:?} from {}, paths: {policy:?}",
         session.nvshmem.n_pes(),
@@ -151,7 +226,11 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         session.nvshmem.version(),
         session.nvshmem.library_path().display()
     );
-    for transport in transports(args, true) {
+    let list = match &routing {
+        Some(r) if args.transport.is_empty() => vec![r.transport],
+        _ => transports(args, true),
+    };
+    for transport in list {
         let mut pe = PeExchange::new(session.nvshmem.clone(), session.module.clone(), halos.clone(), policy)?;
         pe.rank_mut().set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
         if let Err(e) = pe.check_transport(transport) {
@@ -181,6 +260,11 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
             args.steps,
             pe.host_syncs() - args.steps
         );
+    }
+    if let Some(r) = routing {
+        for router in &r.routers {
+            println!("{}", router.summary());
+        }
     }
     Ok(())
 }

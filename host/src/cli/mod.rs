@@ -1,5 +1,6 @@
 //! Command-line front end: one module per subcommand, errors reported with `anyhow` context.
 
+mod calibrate;
 mod demo;
 mod exchange_check;
 mod info;
@@ -33,6 +34,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// The transport the router picks for every PE pair, with distance levels and scores.
     Route(route::RouteArgs),
+    /// Measure every transport per distance level and message size; write the router's calibration file.
+    Calibrate(calibrate::CalibrateArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -49,6 +52,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::ExchangeCheck(args) => exchange_check::run(args),
         Command::Route(args) => route::run(args),
+        Command::Calibrate(args) => calibrate::run(args),
         Command::Plan(args) => plan::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use halo::route::{
     Decision, DistanceLevel, Op, PerfTable, RouteConfig, Router, Topology, Transport, format_size,
-    parse_size, single_node, topology_from_file,
+    gpu_facts, parse_size, single_node, topology_from_facts, topology_from_file,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -24,6 +24,10 @@ pub struct RouteArgs {
     /// PEs of the synthetic single node (ignored with --topology).
     #[arg(long, default_value_t = 8)]
     pes: usize,
+    /// Use the synthetic single node even when GPUs are present (default: discover the GPUs,
+    /// one PE per visible GPU, or one per rank under `halo launch`).
+    #[arg(long)]
+    synthetic: bool,
     /// Message size: 1024, 16KiB, 1MiB, ...
     #[arg(long, default_value = "1KiB", value_parser = parse_size_arg)]
     size: u64,
@@ -53,25 +57,84 @@ fn parse_op_arg(s: &str) -> Result<Op, String> {
 /// One cell of the table: the decision, or why there is none.
 type Cell = Result<Decision, String>;
 
-pub fn run(args: RouteArgs) -> Result<()> {
-    let (topo, described) = match &args.topology {
-        Some(path) => {
-            let (t, _, fabric) =
-                topology_from_file(path).with_context(|| format!("loading {}", path.display()))?;
-            let hosts = fabric.hosts().len();
-            (t, format!("{} ({hosts} nodes)", path.display()))
-        }
-        None => {
-            anyhow::ensure!(args.pes >= 1, "--pes must be at least 1");
-            (
-                single_node(args.pes)?,
-                format!(
-                    "synthetic: one node, {} PEs all NVLink-connected (no GPU discovery yet)",
-                    args.pes
-                ),
-            )
-        }
+/// The topology to route over: a file, the discovered GPUs, or the synthetic node; also a
+/// description, and whether this process prints the table (one rank of a launch does).
+fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
+    if let Some(path) = &args.topology {
+        let (t, _, fabric) =
+            topology_from_file(path).with_context(|| format!("loading {}", path.display()))?;
+        let hosts = fabric.hosts().len();
+        return Ok((t, format!("{} ({hosts} nodes)", path.display()), true));
+    }
+    let synthetic = |why: &str| -> Result<(Topology, String, bool)> {
+        anyhow::ensure!(args.pes >= 1, "--pes must be at least 1");
+        Ok((
+            single_node(args.pes)?,
+            format!(
+                "synthetic: one node, {} PEs all NVLink-connected ({why})",
+                args.pes
+            ),
+            true,
+        ))
     };
+    if args.synthetic {
+        return synthetic("--synthetic");
+    }
+    if let Some(reason) = halo::gpu::gpu_unavailable_reason() {
+        return synthetic(&format!("no GPU discovery: {reason}"));
+    }
+    match halo::launch::RankEnv::from_env() {
+        Some(env) if env.nranks > 1 => {
+            let found = gpu_facts::discover(env.device)
+                .with_context(|| format!("discovering GPU {}", env.device))?;
+            print_discovery(&format!("PE {} of {}: ", env.rank, env.nranks), &found);
+            let facts = gpu_facts::gather("route-facts", &found.facts)?;
+            let topo = topology_from_facts(&facts, None)?;
+            Ok((
+                topo,
+                format!("discovered: {} PEs under {}", env.nranks, env.source),
+                env.rank == 0,
+            ))
+        }
+        _ => {
+            let gpus = halo::gpu::device_count();
+            let (facts, found) = gpu_facts::local_rank_facts(gpus, gpus)
+                .context("discovering the GPUs")?;
+            for f in &found {
+                print_discovery("", f);
+            }
+            Ok((
+                topology_from_facts(&facts, None)?,
+                format!("discovered: one PE per visible GPU ({gpus}) on {}", gpu_facts::hostname()),
+                true,
+            ))
+        }
+    }
+}
+
+/// One GPU's discovery: UUID, and how every other GPU is reached, with the evidence.
+fn print_discovery(prefix: &str, d: &gpu_facts::GpuDiscovery) {
+    println!(
+        "{prefix}GPU {} {} {} on {}{}",
+        d.ordinal,
+        d.name,
+        d.facts.gpu_uuid,
+        d.facts.host,
+        match &d.nvml {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (NVML unavailable: {e}; NVLink inferred from P2P native atomics)"),
+        }
+    );
+    for l in &d.links {
+        println!("{prefix}  -> {l}");
+    }
+}
+
+pub fn run(args: RouteArgs) -> Result<()> {
+    let (topo, described, prints) = topology(&args)?;
+    if !prints {
+        return Ok(());
+    }
     let mut config = RouteConfig::load(args.config.as_deref(), &|k| std::env::var(k).ok())?;
     config.add_cli_overrides("--route-override", &args.route_override)?;
     config.validate()?;

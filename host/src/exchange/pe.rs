@@ -18,6 +18,11 @@ pub enum PathPolicy {
     Auto,
     /// NVSHMEM put + signal for every pulse, even between NVLink peers (exercises the network path).
     ForcePut,
+    /// Per peer as the router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
+    /// `nvlink-store`, `nvlink-tma` and `staged` use the peer's `nvshmem_ptr` view (falling back to
+    /// puts, with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
+    /// reference ([`crate::route::RoutedPaths::leak`], made once per run) keeps the policy `Copy`.
+    Routed(&'static crate::route::RoutedPaths),
 }
 
 /// This PE's exchange.
@@ -42,10 +47,25 @@ impl PeExchange {
         let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
         let local = rank.local_view();
         let view = |peer: usize| -> Option<PeerView> {
-            if policy == PathPolicy::ForcePut {
-                return None;
+            match &policy {
+                PathPolicy::ForcePut => return None,
+                PathPolicy::Routed(paths) => {
+                    // A plan made for another PE would pair the wrong peers: a caller bug.
+                    debug_assert_eq!(paths.self_pe, me, "routed paths planned for another PE");
+                    if !paths.direct(peer) {
+                        return None;
+                    }
+                }
+                PathPolicy::Auto => {}
             }
-            Some(PeerView { x: nvshmem.peer_ptr(local.x, peer)?, f: nvshmem.peer_ptr(local.f, peer)?, signals: nvshmem.peer_ptr(local.signals, peer)? })
+            let mapped = (|| Some(PeerView { x: nvshmem.peer_ptr(local.x, peer)?, f: nvshmem.peer_ptr(local.f, peer)?, signals: nvshmem.peer_ptr(local.signals, peer)? }))();
+            if let (None, PathPolicy::Routed(paths)) = (&mapped, &policy) {
+                tracing::warn!(
+                    "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
+                    paths.transport(peer).map_or("-", |t| t.name())
+                );
+            }
+            mapped
         };
         rank.install(&view)?;
         if rank.any_put() && !module.nvshmem_registered() {

@@ -12,6 +12,9 @@
 //! | [`score`] | the scoring pass over all candidates for one (level, op, size) |
 //! | [`reliability`] | failures and timeouts per (peer, transport), decaying with a half-life |
 //! | [`overrides`] | `HALO_FORCE_TRANSPORT` and per-pair `--route-override a-b=name` |
+//! | [`gpu_facts`] | this PE's [`PeFacts`] from the CUDA driver (and NVML), gathered across PEs |
+//! | [`paths`] | [`RoutedPaths`]: the halo exchange's per-peer path from the router, pulse by pulse |
+//! | [`calibrate`] | `halo calibrate`'s model: measurements → calibration file |
 //! | [`router`] | [`Router`]: per-peer cache, failover, `HALO_ROUTE_DEBUG` blocks, the finalize summary |
 //!
 //! A caller asks `router.route(peer, Op::Put, bytes)?` and gets a [`Route`] back; after an attempt
@@ -19,12 +22,15 @@
 //! `docs/routing.md` explains the model.
 
 pub mod bitmap;
+pub mod calibrate;
 pub mod config;
 pub mod discover;
 mod error;
+pub mod gpu_facts;
 pub mod level;
 mod log;
 pub mod overrides;
+pub mod paths;
 pub mod reliability;
 pub mod router;
 pub mod score;
@@ -39,6 +45,7 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
+pub use paths::{PathError, RouteSource, RoutedPaths};
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};

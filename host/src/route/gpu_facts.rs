@@ -1,0 +1,626 @@
+//! This PE's [`PeFacts`] from the GPUs themselves, and gathering them across PEs.
+//!
+//! For the PE's GPU and every other visible GPU the CUDA driver says whether peer access works
+//! (`cuDeviceCanAccessPeer`) and how (`cuDeviceGetP2PAttribute`: performance rank, access and
+//! native-atomic support). The driver has no NVLink flag, so NVML (loaded at run time from
+//! `libnvidia-ml.so.1`, never linked) confirms it: a pair is NVLink-connected when one GPU has an
+//! active link whose far end is the other GPU, or when both have active links to a non-GPU device
+//! (an NVSwitch, as on HGX H100/H200). Without NVML the rule is "P2P with native atomics ⇒ NVLink",
+//! because PCIe peer access does not offer native atomics; the fallback is logged.
+//!
+//! The driver queries sit behind [`GpuProbe`] so that the rules turning answers into facts are
+//! tested without a GPU. [`discover`] uses the real driver; [`gather`] exchanges facts between the
+//! PEs of one `halo launch`; [`local_rank_facts`] builds the facts of ranks sharing one process.
+
+use super::{PeFacts, Placement};
+use cudarc::driver::{DriverError, result, sys};
+use serde::{Deserialize, Serialize};
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::fmt;
+use std::sync::OnceLock;
+
+/// Why GPU discovery or the gathering of facts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {what}: {source}")]
+    Cuda {
+        /// What was being asked.
+        what: String,
+        /// The driver's error.
+        source: DriverError,
+    },
+    /// No GPU can be used here.
+    #[error("no GPU: {0}")]
+    NoGpu(String),
+    /// The facts could not be exchanged between PEs.
+    #[error("gathering GPU facts across PEs: {0}")]
+    Gather(String),
+}
+
+fn cuda(what: impl Into<String>) -> impl FnOnce(DriverError) -> DiscoveryError {
+    let what = what.into();
+    move |source| DiscoveryError::Cuda { what, source }
+}
+
+/// What the driver says about peer access from one GPU to another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct P2pInfo {
+    /// `cuDeviceCanAccessPeer`.
+    pub can_access: bool,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
+    pub access_supported: bool,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED` (NVLink offers it, PCIe does not).
+    pub native_atomics: bool,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK` (relative; lower is faster).
+    pub performance_rank: i32,
+}
+
+/// How the NVLink answer for a pair was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NvlinkEvidence {
+    /// NVML saw an active link to the peer or both GPUs on an NVSwitch.
+    Nvml,
+    /// NVML was not available: P2P with native atomics was taken to mean NVLink.
+    NativeAtomics,
+    /// No peer access, so no usable NVLink either.
+    NoP2p,
+}
+
+impl fmt::Display for NvlinkEvidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NvlinkEvidence::Nvml => "NVML",
+            NvlinkEvidence::NativeAtomics => "P2P native atomics (no NVML)",
+            NvlinkEvidence::NoP2p => "no peer access",
+        })
+    }
+}
+
+/// This PE's GPU as seen from one other visible GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerLink {
+    /// The other GPU's ordinal in this process.
+    pub ordinal: usize,
+    /// The other GPU's UUID.
+    pub uuid: String,
+    /// Driver answers for this GPU → the other.
+    pub p2p: P2pInfo,
+    /// Whether the two are NVLink-connected (and can use it: peer access works).
+    pub nvlink: bool,
+    /// How `nvlink` was decided.
+    pub evidence: NvlinkEvidence,
+}
+
+impl fmt::Display for PeerLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU {} ({}): peer access {}, native atomics {}, performance rank {}, {} (by {})",
+            self.ordinal,
+            self.uuid,
+            if self.p2p.can_access { "yes" } else { "no" },
+            if self.p2p.native_atomics { "yes" } else { "no" },
+            self.p2p.performance_rank,
+            if self.nvlink { "NVLink" } else if self.p2p.can_access { "PCIe" } else { "no P2P" },
+            self.evidence
+        )
+    }
+}
+
+/// Driver (and NVML) queries, behind a trait so that tests can fake a machine.
+pub trait GpuProbe {
+    /// Visible GPUs.
+    fn device_count(&self) -> Result<usize, DiscoveryError>;
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML and `nvidia-smi -L` print it.
+    fn uuid(&self, ordinal: usize) -> Result<String, DiscoveryError>;
+    /// Peer access from `from` to `to`.
+    fn p2p(&self, from: usize, to: usize) -> Result<P2pInfo, DiscoveryError>;
+    /// NVML's answer for the pair, or `None` when NVML cannot say (not installed, query failed).
+    fn nvml_nvlink(&self, from: usize, to: usize) -> Option<bool>;
+}
+
+/// The links of GPU `ordinal` to every other GPU `probe` sees.
+pub fn probe_links(probe: &dyn GpuProbe, ordinal: usize) -> Result<Vec<PeerLink>, DiscoveryError> {
+    let n = probe.device_count()?;
+    let mut out = Vec::with_capacity(n.saturating_sub(1));
+    for other in (0..n).filter(|&o| o != ordinal) {
+        let p2p = probe.p2p(ordinal, other)?;
+        let (nvlink, evidence) = if !p2p.can_access {
+            (false, NvlinkEvidence::NoP2p)
+        } else {
+            match probe.nvml_nvlink(ordinal, other) {
+                Some(v) => (v, NvlinkEvidence::Nvml),
+                None => (p2p.native_atomics, NvlinkEvidence::NativeAtomics),
+            }
+        };
+        out.push(PeerLink { ordinal: other, uuid: probe.uuid(other)?, p2p, nvlink, evidence });
+    }
+    Ok(out)
+}
+
+/// The facts of a PE on GPU `ordinal` of `host`: NVLink peers and P2P peers from `links`.
+pub fn facts_from_links(host: &str, uuid: &str, links: &[PeerLink], placement: Option<Placement>) -> PeFacts {
+    PeFacts {
+        host: host.to_owned(),
+        gpu_uuid: uuid.to_owned(),
+        nvlink_peers: links.iter().filter(|l| l.nvlink).map(|l| l.uuid.clone()).collect(),
+        p2p_peers: links.iter().filter(|l| l.p2p.can_access).map(|l| l.uuid.clone()).collect(),
+        placement,
+    }
+}
+
+/// What discovery found for one GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDiscovery {
+    /// The GPU's ordinal in this process.
+    pub ordinal: usize,
+    /// Its name (`NVIDIA H200`).
+    pub name: String,
+    /// The facts the topology is built from.
+    pub facts: PeFacts,
+    /// Every other visible GPU and how it is reached.
+    pub links: Vec<PeerLink>,
+    /// Whether NVML answered, or why not.
+    pub nvml: Result<(), String>,
+}
+
+/// The real driver, with NVML when it loads.
+pub struct DriverProbe {
+    nvml: Result<&'static Nvml, String>,
+}
+
+impl DriverProbe {
+    /// Initialises the driver and tries NVML (its absence is not an error: see the module docs).
+    pub fn new() -> Result<Self, DiscoveryError> {
+        // SAFETY: only checks whether libcuda can be opened; nothing is called through it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(DiscoveryError::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
+        }
+        result::init().map_err(cuda("cuInit"))?;
+        Ok(Self { nvml: Nvml::get() })
+    }
+
+    /// Whether NVML is in use, or why not.
+    pub fn nvml_status(&self) -> Result<(), String> {
+        self.nvml.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
+    fn device(ordinal: usize) -> Result<sys::CUdevice, DiscoveryError> {
+        result::device::get(ordinal as c_int).map_err(cuda(format!("cuDeviceGet({ordinal})")))
+    }
+
+    fn pci(ordinal: usize) -> Result<PciAddr, DiscoveryError> {
+        let dev = Self::device(ordinal)?;
+        let mut buf = [0 as c_char; 32];
+        // SAFETY: `buf` is writable for its full length, which is what we pass; the driver writes a
+        // NUL-terminated string no longer than that.
+        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev) }
+            .result()
+            .map_err(cuda("cuDeviceGetPCIBusId"))?;
+        // SAFETY: the buffer is NUL-terminated (zero-initialised and the driver terminates it).
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        PciAddr::parse(&text).ok_or_else(|| DiscoveryError::NoGpu(format!("unexpected PCI bus id {text:?}")))
+    }
+
+    /// The device's name.
+    pub fn name(&self, ordinal: usize) -> Result<String, DiscoveryError> {
+        result::device::get_name(Self::device(ordinal)?).map_err(cuda("cuDeviceGetName"))
+    }
+}
+
+impl GpuProbe for DriverProbe {
+    fn device_count(&self) -> Result<usize, DiscoveryError> {
+        result::device::get_count().map(|n| n.max(0) as usize).map_err(cuda("cuDeviceGetCount"))
+    }
+
+    fn uuid(&self, ordinal: usize) -> Result<String, DiscoveryError> {
+        let u = result::device::get_uuid(Self::device(ordinal)?).map_err(cuda("cuDeviceGetUuid"))?;
+        Ok(format_uuid(&u.bytes.map(|b| b as u8)))
+    }
+
+    fn p2p(&self, from: usize, to: usize) -> Result<P2pInfo, DiscoveryError> {
+        let (a, b) = (Self::device(from)?, Self::device(to)?);
+        let mut can = 0 as c_int;
+        // SAFETY: `can` is a valid out-pointer; both devices came from cuDeviceGet.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) }.result().map_err(cuda("cuDeviceCanAccessPeer"))?;
+        let attr = |which: sys::CUdevice_P2PAttribute| -> Result<i32, DiscoveryError> {
+            let mut v = 0 as c_int;
+            // SAFETY: `v` is a valid out-pointer; both devices came from cuDeviceGet and differ.
+            unsafe { sys::cuDeviceGetP2PAttribute(&mut v, which, a, b) }
+                .result()
+                .map_err(cuda(format!("cuDeviceGetP2PAttribute({which:?})")))?;
+            Ok(v)
+        };
+        use sys::CUdevice_P2PAttribute as A;
+        Ok(P2pInfo {
+            can_access: can != 0,
+            access_supported: attr(A::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)? != 0,
+            native_atomics: attr(A::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
+            performance_rank: attr(A::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+        })
+    }
+
+    fn nvml_nvlink(&self, from: usize, to: usize) -> Option<bool> {
+        let nvml = *self.nvml.as_ref().ok()?;
+        let query = |ordinal: usize| -> Option<Vec<NvLinkEnd>> {
+            let uuid = self.uuid(ordinal).ok()?;
+            let pci = Self::pci(ordinal).ok()?;
+            nvml.active_links(&uuid, &pci)
+        };
+        let (a, b) = (query(from)?, query(to)?);
+        let (pa, pb) = (Self::pci(from).ok()?, Self::pci(to).ok()?);
+        let direct = a.iter().any(|e| e.remote == pb) || b.iter().any(|e| e.remote == pa);
+        // Drivers without the remote-type query: an end that is none of the visible GPUs is taken
+        // for a switch (GPUs hidden by CUDA_VISIBLE_DEVICES would be mistaken for one, which only
+        // matters when the peer also links to such a device).
+        let gpus: Vec<PciAddr> = (0..self.device_count().ok()?).filter_map(|o| Self::pci(o).ok()).collect();
+        let is_switch = |e: &NvLinkEnd| e.switch.unwrap_or_else(|| !gpus.contains(&e.remote));
+        // Both on NVSwitch: NVLink reaches the peer through the switch fabric (HGX boards).
+        let switched = a.iter().any(is_switch) && b.iter().any(is_switch);
+        Some(direct || switched)
+    }
+}
+
+/// `GPU-` and the 16 bytes in the 8-4-4-4-12 hex grouping.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let hex: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex[0..4].concat(),
+        hex[4..6].concat(),
+        hex[6..8].concat(),
+        hex[8..10].concat(),
+        hex[10..16].concat()
+    )
+}
+
+/// PCI domain, bus and device (function ignored: GPUs are function 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PciAddr {
+    domain: u32,
+    bus: u32,
+    device: u32,
+}
+
+impl PciAddr {
+    /// `0000:18:00.0` or NVML's `00000000:18:00.0`.
+    fn parse(s: &str) -> Option<Self> {
+        let mut it = s.trim().splitn(3, ':');
+        let domain = u32::from_str_radix(it.next()?, 16).ok()?;
+        let bus = u32::from_str_radix(it.next()?, 16).ok()?;
+        let device = u32::from_str_radix(it.next()?.split('.').next()?, 16).ok()?;
+        Some(Self { domain, bus, device })
+    }
+}
+
+/// One active NVLink of a GPU: where it ends.
+#[derive(Clone, Copy, Debug)]
+struct NvLinkEnd {
+    remote: PciAddr,
+    /// Whether the far end is a switch; `None` when the driver cannot say.
+    switch: Option<bool>,
+}
+
+// NVML's C types, as declared in nvml.h (stable ABI since the _v2 entry points).
+type NvmlReturn = c_int;
+type NvmlDevice = *mut c_void;
+const NVML_SUCCESS: NvmlReturn = 0;
+/// NVML_NVLINK_MAX_LINKS (18 on Hopper); a query past the last link fails and ends the scan.
+const NVML_NVLINK_MAX_LINKS: c_uint = 18;
+const NVML_NVLINK_DEVICE_TYPE_GPU: c_int = 0;
+
+#[repr(C)]
+struct NvmlPciInfo {
+    bus_id_legacy: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    bus_id: [c_char; 32],
+}
+
+/// The NVML entry points discovery uses, resolved once per process.
+struct Nvml {
+    // Kept so the function pointers below stay valid; never unloaded (the process may still use them).
+    _lib: libloading::Library,
+    by_uuid: unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn,
+    by_pci: Option<unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn>,
+    link_state: unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_int) -> NvmlReturn,
+    remote_pci: unsafe extern "C" fn(NvmlDevice, c_uint, *mut NvmlPciInfo) -> NvmlReturn,
+    remote_type: Option<unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_int) -> NvmlReturn>,
+}
+
+impl Nvml {
+    /// The process-wide NVML, or why it is not available (logged once).
+    fn get() -> Result<&'static Nvml, String> {
+        static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
+        NVML.get_or_init(|| {
+            let r = Self::load();
+            match &r {
+                Ok(_) => tracing::info!("route: NVML loaded; NVLink is read from it"),
+                Err(e) => tracing::warn!(
+                    "route: NVML not available ({e}); NVLink is inferred from P2P with native atomics"
+                ),
+            }
+            r
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    fn load() -> Result<Nvml, String> {
+        // SAFETY: libnvidia-ml's initialisers only set up its own state; loading it has no other
+        // effect on this process.
+        let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.map_err(|e| e.to_string())?;
+        // SAFETY: each symbol is looked up with the signature nvml.h declares for it; the pointers
+        // are used only while `lib` (moved into the returned struct) stays loaded.
+        unsafe {
+            let init: libloading::Symbol<unsafe extern "C" fn() -> NvmlReturn> =
+                lib.get(b"nvmlInit_v2\0").map_err(|e| e.to_string())?;
+            let rc = init();
+            if rc != NVML_SUCCESS {
+                return Err(format!("nvmlInit_v2 returned {rc}"));
+            }
+            let by_uuid = *lib.get(b"nvmlDeviceGetHandleByUUID\0").map_err(|e| e.to_string())?;
+            let by_pci = lib.get(b"nvmlDeviceGetHandleByPciBusId_v2\0").ok().map(|s| *s);
+            let link_state = *lib.get(b"nvmlDeviceGetNvLinkState\0").map_err(|e| e.to_string())?;
+            let remote_pci = *lib.get(b"nvmlDeviceGetNvLinkRemotePciInfo_v2\0").map_err(|e| e.to_string())?;
+            let remote_type = lib.get(b"nvmlDeviceGetNvLinkRemoteDeviceType\0").ok().map(|s| *s);
+            Ok(Nvml { by_uuid, by_pci, link_state, remote_pci, remote_type, _lib: lib })
+        }
+    }
+
+    /// The active links of the GPU with `uuid` (or at `pci`), `None` when NVML cannot find it.
+    /// A GPU without NVLink has no active links (NVML answers "not supported").
+    fn active_links(&self, uuid: &str, pci: &PciAddr) -> Option<Vec<NvLinkEnd>> {
+        let mut dev: NvmlDevice = std::ptr::null_mut();
+        let uuid_c = CString::new(uuid).ok()?;
+        // SAFETY: NUL-terminated input, valid out-pointer (nvml.h signature).
+        let mut rc = unsafe { (self.by_uuid)(uuid_c.as_ptr(), &mut dev) };
+        if rc != NVML_SUCCESS
+            && let Some(by_pci) = self.by_pci
+        {
+            let bus = CString::new(format!("{:08x}:{:02x}:{:02x}.0", pci.domain, pci.bus, pci.device)).ok()?;
+            // SAFETY: as above.
+            rc = unsafe { by_pci(bus.as_ptr(), &mut dev) };
+        }
+        if rc != NVML_SUCCESS {
+            tracing::debug!("route: NVML does not know GPU {uuid} (error {rc})");
+            return None;
+        }
+        let mut out = Vec::new();
+        for link in 0..NVML_NVLINK_MAX_LINKS {
+            let mut active: c_int = 0;
+            // SAFETY: `dev` is a handle NVML returned; valid out-pointer. Links past the GPU's last
+            // one return an error, which ends the scan.
+            if unsafe { (self.link_state)(dev, link, &mut active) } != NVML_SUCCESS {
+                break;
+            }
+            if active == 0 {
+                continue;
+            }
+            // SAFETY: the struct is plain data NVML fills; all-zero is a valid value of it.
+            let mut info: NvmlPciInfo = unsafe { std::mem::zeroed() };
+            // SAFETY: valid handle and out-pointer to a struct with nvml.h's layout.
+            if unsafe { (self.remote_pci)(dev, link, &mut info) } != NVML_SUCCESS {
+                continue;
+            }
+            let remote = PciAddr { domain: info.domain, bus: info.bus, device: info.device };
+            let switch = self.remote_type.and_then(|f| {
+                let mut t: c_int = NVML_NVLINK_DEVICE_TYPE_GPU;
+                // SAFETY: valid handle and out-pointer.
+                (unsafe { f(dev, link, &mut t) } == NVML_SUCCESS).then_some(t != NVML_NVLINK_DEVICE_TYPE_GPU)
+            });
+            out.push(NvLinkEnd { remote, switch });
+        }
+        Some(out)
+    }
+}
+
+/// This machine's host name (`gethostname`), or `localhost` when it cannot be read.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for the length passed; gethostname NUL-terminates within it when
+    // the name fits (it may not terminate on truncation, handled by the bounded search below).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len() - 1);
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_owned();
+    if name.is_empty() { "localhost".into() } else { name }
+}
+
+/// This process's Slurm placement, if Slurm set one (malformed values are logged and ignored).
+fn slurm_placement() -> Option<Placement> {
+    match Placement::from_slurm_env(&|k| std::env::var(k).ok()) {
+        Ok(p) => p.map(|(_, p)| p),
+        Err(e) => {
+            tracing::warn!("route: {e}; placement unknown");
+            None
+        }
+    }
+}
+
+/// Discovers GPU `ordinal` with the real driver: its facts, links and name.
+pub fn discover(ordinal: usize) -> Result<GpuDiscovery, DiscoveryError> {
+    let probe = DriverProbe::new()?;
+    discover_with(&probe, ordinal, &hostname(), slurm_placement())
+}
+
+fn discover_with(probe: &DriverProbe, ordinal: usize, host: &str, placement: Option<Placement>) -> Result<GpuDiscovery, DiscoveryError> {
+    let links = probe_links(probe, ordinal)?;
+    let uuid = probe.uuid(ordinal)?;
+    Ok(GpuDiscovery {
+        ordinal,
+        name: probe.name(ordinal)?,
+        facts: facts_from_links(host, &uuid, &links, placement),
+        links,
+        nvml: probe.nvml_status(),
+    })
+}
+
+/// Facts for `n_ranks` ranks in this process, rank `r` on GPU `r % gpus` (as
+/// [`crate::exchange::LocalRanks`] places them), probed with `probe`.
+pub fn local_rank_facts_with(probe: &dyn GpuProbe, host: &str, n_ranks: usize, gpus: usize) -> Result<Vec<PeFacts>, DiscoveryError> {
+    if gpus == 0 {
+        return Err(DiscoveryError::NoGpu("no GPU to place ranks on".into()));
+    }
+    let per_gpu: Vec<PeFacts> = (0..gpus)
+        .map(|g| Ok(facts_from_links(host, &probe.uuid(g)?, &probe_links(probe, g)?, None)))
+        .collect::<Result<_, DiscoveryError>>()?;
+    Ok((0..n_ranks).map(|r| per_gpu[r % gpus].clone()).collect())
+}
+
+/// [`local_rank_facts_with`] on the real driver, with this host's name and Slurm placement.
+/// Also returns every used GPU's discovery (for printing).
+pub fn local_rank_facts(n_ranks: usize, gpus: usize) -> Result<(Vec<PeFacts>, Vec<GpuDiscovery>), DiscoveryError> {
+    let probe = DriverProbe::new()?;
+    let host = hostname();
+    let placement = slurm_placement();
+    let mut facts = local_rank_facts_with(&probe, &host, n_ranks, gpus)?;
+    for f in &mut facts {
+        f.placement = placement.clone();
+    }
+    let found = (0..gpus.min(n_ranks.max(1))).map(|g| discover_with(&probe, g, &host, placement.clone())).collect::<Result<_, _>>()?;
+    Ok((facts, found))
+}
+
+/// Every PE's facts, indexed by PE, exchanged through `halo launch`'s rendezvous under `tag`
+/// (each tag once per run). One PE alone gets its own facts back.
+pub fn gather(tag: &str, mine: &PeFacts) -> Result<Vec<PeFacts>, DiscoveryError> {
+    gather_json(tag, mine)
+}
+
+/// All-gathers any serialisable value across the PEs of one `halo launch` (JSON through the
+/// rendezvous directory), indexed by PE. Without a multi-rank launch it returns `[mine]`.
+pub fn gather_json<T: Serialize + for<'de> Deserialize<'de> + Clone>(tag: &str, mine: &T) -> Result<Vec<T>, DiscoveryError> {
+    let env = crate::launch::RankEnv::try_from_env().map_err(|e| DiscoveryError::Gather(e.to_string()))?;
+    match env {
+        None => Ok(vec![mine.clone()]),
+        Some(e) if e.nranks <= 1 => Ok(vec![mine.clone()]),
+        Some(e) if e.source != "halo launch" => Err(DiscoveryError::Gather(format!(
+            "started by {} ({} ranks): only `halo launch` provides the rendezvous used to exchange facts; use `halo launch -n {}`",
+            e.source, e.nranks, e.nranks
+        ))),
+        Some(_) => {
+            let bytes = serde_json::to_vec(mine).map_err(|e| DiscoveryError::Gather(e.to_string()))?;
+            let all = crate::launch::rendezvous::all_gather(tag, &bytes).map_err(|e| DiscoveryError::Gather(e.to_string()))?;
+            all.iter()
+                .enumerate()
+                .map(|(pe, b)| serde_json::from_slice(b).map_err(|e| DiscoveryError::Gather(format!("PE {pe} sent {tag} that does not parse: {e}"))))
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::{DistanceLevel, topology_from_facts};
+
+    /// A machine described by tables: UUIDs, P2P per ordered pair, NVML per pair (or none).
+    struct FakeProbe {
+        uuids: Vec<String>,
+        p2p: Vec<Vec<P2pInfo>>,
+        nvml: Option<Vec<Vec<bool>>>,
+    }
+
+    impl GpuProbe for FakeProbe {
+        fn device_count(&self) -> Result<usize, DiscoveryError> {
+            Ok(self.uuids.len())
+        }
+        fn uuid(&self, o: usize) -> Result<String, DiscoveryError> {
+            Ok(self.uuids[o].clone())
+        }
+        fn p2p(&self, a: usize, b: usize) -> Result<P2pInfo, DiscoveryError> {
+            Ok(self.p2p[a][b])
+        }
+        fn nvml_nvlink(&self, a: usize, b: usize) -> Option<bool> {
+            self.nvml.as_ref().map(|m| m[a][b])
+        }
+    }
+
+    fn two_gpus(p2p: bool, atomics: bool, nvml: Option<bool>) -> FakeProbe {
+        let info = P2pInfo { can_access: p2p, access_supported: p2p, native_atomics: atomics, performance_rank: 0 };
+        FakeProbe {
+            uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            p2p: vec![vec![P2pInfo::default(), info], vec![info, P2pInfo::default()]],
+            nvml: nvml.map(|v| vec![vec![false, v], vec![v, false]]),
+        }
+    }
+
+    fn level(facts: &[PeFacts], a: usize, b: usize) -> Option<DistanceLevel> {
+        topology_from_facts(facts, None).ok()?.distance(a, b).ok()
+    }
+
+    #[test]
+    fn two_gpus_with_nvlink_by_nvml_and_by_atomics() {
+        for probe in [two_gpus(true, true, Some(true)), two_gpus(true, true, None)] {
+            let facts = local_rank_facts_with(&probe, "n0", 2, 2).expect("facts");
+            assert_eq!(facts[0].nvlink_peers, vec!["GPU-b".to_owned()]);
+            assert_eq!(facts[1].p2p_peers, vec!["GPU-a".to_owned()]);
+            assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::NvLink));
+        }
+        let links = probe_links(&two_gpus(true, true, None), 0).expect("links");
+        assert_eq!(links[0].evidence, NvlinkEvidence::NativeAtomics);
+        // NVML says no NVLink although atomics work: NVML wins, the pair is PCIe.
+        let facts = local_rank_facts_with(&two_gpus(true, true, Some(false)), "n0", 2, 2).expect("facts");
+        assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::Pcie));
+    }
+
+    #[test]
+    fn two_gpus_pcie_and_without_p2p() {
+        let facts = local_rank_facts_with(&two_gpus(true, false, None), "n0", 2, 2).expect("facts");
+        assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::Pcie));
+        // No peer access: NVML's link report does not matter, the pair cannot use it.
+        let probe = two_gpus(false, false, Some(true));
+        let links = probe_links(&probe, 1).expect("links");
+        assert!(!links[0].nvlink);
+        assert_eq!(links[0].evidence, NvlinkEvidence::NoP2p);
+        let facts = local_rank_facts_with(&probe, "n0", 2, 2).expect("facts");
+        assert!(facts[0].p2p_peers.is_empty() && facts[0].nvlink_peers.is_empty());
+        assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::SameNodeNoP2p));
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_and_two_hosts() {
+        let probe = two_gpus(true, true, Some(true));
+        // Three ranks on two GPUs: ranks 0 and 2 share GPU 0.
+        let facts = local_rank_facts_with(&probe, "n0", 3, 2).expect("facts");
+        assert_eq!(level(&facts, 0, 2), Some(DistanceLevel::SameGpu));
+        assert_eq!(level(&facts, 1, 2), Some(DistanceLevel::NvLink));
+        // Two hosts, one GPU each, both reporting the same (per-host) UUIDs of their own GPU.
+        let on = |host: &str, uuid: &str| facts_from_links(host, uuid, &[], None);
+        let facts = vec![on("n0", "GPU-n0"), on("n1", "GPU-n1")];
+        // No fabric, no Slurm: both hosts sit in one unknown spine.
+        assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::Spine));
+        let placed = |host: &str, rack: &str| {
+            let mut f = on(host, &format!("GPU-{host}"));
+            f.placement = Some(Placement { cluster: "c".into(), spine: Some("s".into()), leaf: Some("l".into()), rack: Some(rack.into()) });
+            f
+        };
+        assert_eq!(level(&[placed("n0", "r0"), placed("n1", "r0")], 0, 1), Some(DistanceLevel::Rack));
+        assert_eq!(level(&[placed("n0", "r0"), placed("n1", "r1")], 0, 1), Some(DistanceLevel::Leaf));
+    }
+
+    #[test]
+    fn uuid_and_pci_formats() {
+        let b: [u8; 16] = std::array::from_fn(|i| i as u8 * 17);
+        assert_eq!(format_uuid(&b), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+        assert_eq!(PciAddr::parse("0000:18:00.0"), Some(PciAddr { domain: 0, bus: 0x18, device: 0 }));
+        assert_eq!(PciAddr::parse("00000001:9A:1f.0"), Some(PciAddr { domain: 1, bus: 0x9a, device: 0x1f }));
+        assert_eq!(PciAddr::parse("junk"), None);
+        assert!(!hostname().is_empty());
+    }
+
+    #[test]
+    fn facts_round_trip_as_json() {
+        let f = facts_from_links("n0", "GPU-a", &probe_links(&two_gpus(true, true, None), 0).expect("links"), None);
+        let text = serde_json::to_string(&f).expect("serialise");
+        assert_eq!(serde_json::from_str::<PeFacts>(&text).ok(), Some(f));
+    }
+}

@@ -1,0 +1,406 @@
+//! The halo exchange's path to each peer, decided by the router pulse by pulse.
+//!
+//! For every pulse of this PE, two messages cross a pair: the coordinates it sends to the
+//! pulse's `send_rank` (`send_size` atoms) and the forces it returns to the pulse's `recv_rank`
+//! (`recv_size` atoms). Each is asked of the router as `route(peer, Op::Put, bytes)`. The kernels
+//! take one path per peer, so the per-peer path is the decision of that peer's largest message
+//! (ties broken by transport order). The peer sees the same messages from its side, with the
+//! same byte counts, and the router is symmetric, so both ends choose alike; [`RoutedPaths::mirror_check`]
+//! and [`RoutedPaths::check_symmetric`] verify it rather than trust it.
+//!
+//! | router's transport | exchange path |
+//! |---|---|
+//! | `nvlink-store`, `nvlink-tma` | direct loads/stores into the peer's memory (`nvshmem_ptr` / peer access) |
+//! | `nvshmem-put` | NVSHMEM put + signal (the kernel's put path) |
+//! | `staged` | host-driven copies into the peer's mapped memory (the view must be direct) |
+//! | `nccl` | none in the exchange yet: an error naming the pair |
+
+use super::{Op, Route, RouteConfig, RouteError, Router, Transport};
+use crate::exchange::RankHalo;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// What [`RoutedPaths`] needs of a router (a seam for tests).
+pub trait RouteSource {
+    /// The PE deciding.
+    fn self_pe(&self) -> usize;
+    /// The route for one message.
+    fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError>;
+}
+
+impl RouteSource for Router {
+    fn self_pe(&self) -> usize {
+        Router::self_pe(self)
+    }
+    fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
+        Router::route(self, peer, op, bytes)
+    }
+}
+
+/// Why routed paths cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// The router failed to decide.
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// The router chose something the exchange cannot do.
+    #[error("PE {self_pe} -> PE {peer}: the router chose {transport}, which the halo exchange cannot use: {why}")]
+    Unsupported {
+        /// Deciding PE.
+        self_pe: usize,
+        /// Peer.
+        peer: usize,
+        /// Chosen transport.
+        transport: Transport,
+        /// Why not.
+        why: String,
+    },
+    /// The two ends of a pair chose differently.
+    #[error("the two ends of a pair disagree: {0}")]
+    Asymmetric(String),
+    /// No PE's plan was given.
+    #[error("no routed plans to combine")]
+    Empty,
+}
+
+/// Which message of a pulse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Message {
+    /// Coordinates to the pulse's `send_rank`.
+    Coordinates,
+    /// Forces back to the pulse's `recv_rank`.
+    Forces,
+}
+
+/// One routed message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulseRoute {
+    /// Pulse index on the deciding PE.
+    pub pulse: usize,
+    /// Which message.
+    pub message: Message,
+    /// The peer.
+    pub peer: usize,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// The router's choice.
+    pub transport: Transport,
+}
+
+/// Per-peer paths of one PE, from the router.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RoutedPaths {
+    /// The deciding PE.
+    pub self_pe: usize,
+    /// Per peer, the transport of its largest message; `None` when no pulse involves the peer.
+    pub peers: Vec<Option<Transport>>,
+    /// Every message's decision, in pulse order.
+    pub pulses: Vec<PulseRoute>,
+}
+
+impl fmt::Debug for RoutedPaths {
+    // Compact: exchange-check prints the policy on one line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Routed(PE {}:", self.self_pe)?;
+        for (peer, t) in self.peers.iter().enumerate() {
+            if let Some(t) = t {
+                write!(f, " {peer}={t}")?;
+            }
+        }
+        f.write_str(")")
+    }
+}
+
+const FLOAT3_BYTES: u64 = 12;
+
+impl RoutedPaths {
+    /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo).
+    pub fn plan(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+        let me = router.self_pe();
+        let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
+        let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
+        for (p, spec) in halo.pulses.iter().enumerate() {
+            for (message, peer, atoms) in [
+                (Message::Coordinates, spec.send_rank, spec.index_map.len()),
+                (Message::Forces, spec.recv_rank, spec.recv_size),
+            ] {
+                let bytes = atoms as u64 * FLOAT3_BYTES;
+                let route = router.route(peer, Op::Put, bytes)?;
+                if route.transport == Transport::Nccl {
+                    return Err(PathError::Unsupported {
+                        self_pe: me,
+                        peer,
+                        transport: route.transport,
+                        why: "the exchange has no NCCL path yet (force another transport with HALO_FORCE_TRANSPORT or --route-override)".into(),
+                    });
+                }
+                pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport });
+            }
+        }
+        let mut peers: Vec<Option<(u64, Transport)>> = vec![None; halos.len()];
+        for m in &pulses {
+            let slot = &mut peers[m.peer];
+            // Largest message wins; the tie-break must not depend on pulse numbering, which differs
+            // between the two ends.
+            if slot.is_none_or(|(b, t)| (m.bytes, m.transport) > (b, t)) {
+                *slot = Some((m.bytes, m.transport));
+            }
+        }
+        for (peer, chosen) in peers.iter().enumerate() {
+            if let Some((_, t)) = chosen
+                && pulses.iter().any(|m| m.peer == peer && m.transport != *t)
+            {
+                tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
+            }
+        }
+        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses })
+    }
+
+    /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
+    /// The plan is made once per run and lives as long as the process; it is a few bytes per peer.
+    pub fn leak(self) -> &'static RoutedPaths {
+        Box::leak(Box::new(self))
+    }
+
+    /// The transport chosen for `peer`, if any pulse involves it.
+    pub fn transport(&self, peer: usize) -> Option<Transport> {
+        self.peers.get(peer).copied().flatten()
+    }
+
+    /// Whether the exchange should reach `peer` by loads/stores into its mapped memory (`true`) or
+    /// by NVSHMEM puts (`false`). Peers no pulse involves get the direct view (it is never used).
+    pub fn direct(&self, peer: usize) -> bool {
+        self.transport(peer) != Some(Transport::NvshmemPut)
+    }
+
+    /// Human-readable lines, one per message (what `HALO_ROUTE_DEBUG` adds to the router's blocks).
+    pub fn describe(&self) -> Vec<String> {
+        self.pulses
+            .iter()
+            .map(|m| {
+                format!(
+                    "route: PE {} -> PE {} pulse {} {:?} {}: {} (peer path: {})",
+                    self.self_pe,
+                    m.peer,
+                    m.pulse,
+                    m.message,
+                    super::format_size(m.bytes),
+                    m.transport,
+                    self.transport(m.peer).map_or("-", |t| t.name())
+                )
+            })
+            .collect()
+    }
+
+    /// Checks that for every pair both PEs chose the same path (`all[i]` is PE `i`'s plan).
+    pub fn check_symmetric(all: &[RoutedPaths]) -> Result<(), PathError> {
+        for (i, a) in all.iter().enumerate() {
+            if a.self_pe != i {
+                return Err(PathError::Asymmetric(format!("plan {i} belongs to PE {}", a.self_pe)));
+            }
+            for (j, b) in all.iter().enumerate().skip(i + 1) {
+                if a.transport(j) != b.transport(i) {
+                    return Err(PathError::Asymmetric(format!(
+                        "PE {i} -> PE {j}: {}, PE {j} -> PE {i}: {}",
+                        a.transport(j).map_or("none", |t| t.name()),
+                        b.transport(i).map_or("none", |t| t.name())
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes the plan of every peer of `router`'s PE with a router of the same topology,
+    /// configuration and performance table, and checks that each agrees with this plan about
+    /// their pair. Needs no communication; costs one scoring pass per peer message.
+    pub fn mirror_check(&self, router: &Router, halos: &[RankHalo]) -> Result<(), PathError> {
+        let mut config: RouteConfig = router.config().clone();
+        config.debug.value = false; // the mirror's decisions are not this PE's: keep them out of the log
+        let perf = Arc::new(router.perf().clone());
+        for (peer, mine) in self.peers.iter().enumerate() {
+            let Some(mine) = mine else { continue };
+            if peer == self.self_pe {
+                continue;
+            }
+            let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
+            let theirs = RoutedPaths::plan(&mut mirror, halos)?;
+            if theirs.transport(self.self_pe) != Some(*mine) {
+                return Err(PathError::Asymmetric(format!(
+                    "PE {} -> PE {peer}: {mine}, but PE {peer} would choose {} towards PE {}",
+                    self.self_pe,
+                    theirs.transport(self.self_pe).map_or("none", |t| t.name()),
+                    self.self_pe
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The exchange kernel every PE must run for these plans (`all`: every PE's plan):
+    /// `staged` everywhere → the staged transport; `nvlink-tma` everywhere → the fused TMA
+    /// kernel (direct peers only); otherwise the fused kernel, which stores directly where the
+    /// path is direct and puts elsewhere. `puts_possible` is false for ranks in one process.
+    pub fn exchange_transport(all: &[RoutedPaths], puts_possible: bool) -> Result<crate::exchange::Transport, PathError> {
+        use crate::exchange::Transport as X;
+        let chosen: Vec<(usize, usize, Transport)> = all
+            .iter()
+            .flat_map(|p| p.peers.iter().enumerate().filter_map(move |(q, t)| t.map(|t| (p.self_pe, q, t))))
+            .collect();
+        if all.is_empty() {
+            return Err(PathError::Empty);
+        }
+        if !puts_possible && let Some(&(a, b, t)) = chosen.iter().find(|(_, _, t)| *t == Transport::NvshmemPut) {
+            return Err(PathError::Unsupported {
+                self_pe: a,
+                peer: b,
+                transport: t,
+                why: "ranks in one process have no NVSHMEM; run one rank per GPU with `halo launch`".into(),
+            });
+        }
+        let every = |t: Transport| !chosen.is_empty() && chosen.iter().all(|c| c.2 == t);
+        if every(Transport::Staged) {
+            return Ok(X::Staged);
+        }
+        if let Some(&(a, b, t)) = chosen.iter().find(|(_, _, t)| *t == Transport::Staged) {
+            return Err(PathError::Unsupported {
+                self_pe: a,
+                peer: b,
+                transport: t,
+                why: "staged is host-driven for the whole step and cannot mix with GPU-initiated paths of other pairs".into(),
+            });
+        }
+        Ok(if every(Transport::NvlinkTma) { X::FusedTma } else { X::Fused })
+    }
+}
+
+/// A router for `self_pe` over a topology built from discovered `facts`, configured from the
+/// environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus `--route-override` values.
+pub fn router_from_facts(self_pe: usize, facts: &[super::PeFacts], overrides: &[String]) -> Result<Router, RouteError> {
+    let topo = super::topology_from_facts(facts, None)?;
+    let mut config = RouteConfig::from_env()?;
+    config.add_cli_overrides("--route-override", overrides)?;
+    config.validate()?;
+    Router::new(self_pe, Arc::new(topo), config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::synthetic::{self, SyntheticShape};
+    use crate::route::{DistanceLevel, RouteReason};
+
+    /// Answers from a table: (peer, bytes) → transport by a threshold, recording what was asked.
+    struct FakeRouter {
+        me: usize,
+        small: Transport,
+        large: Transport,
+        threshold: u64,
+        asked: Vec<(usize, u64)>,
+    }
+
+    impl RouteSource for FakeRouter {
+        fn self_pe(&self) -> usize {
+            self.me
+        }
+        fn route(&mut self, peer: usize, _op: Op, bytes: u64) -> Result<Route, RouteError> {
+            self.asked.push((peer, bytes));
+            let transport = if bytes < self.threshold { self.small } else { self.large };
+            Ok(Route { transport, level: DistanceLevel::NvLink, score: 1.0, reason: RouteReason::Scored })
+        }
+    }
+
+    fn fake(me: usize, small: Transport, large: Transport, threshold: u64) -> FakeRouter {
+        FakeRouter { me, small, large, threshold, asked: Vec::new() }
+    }
+
+    fn halos(grid: [usize; 3]) -> Vec<RankHalo> {
+        synthetic::halos(SyntheticShape { grid, pulses_per_dim: 2, home_atoms: 200, send_fraction: 0.3, box_len: 5.0 }, 7)
+    }
+
+    #[test]
+    fn every_message_is_asked_with_its_bytes() {
+        let h = halos([2, 1, 1]);
+        let mut r = fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0);
+        let plan = RoutedPaths::plan(&mut r, &h).expect("plan");
+        let want: Vec<(usize, u64)> = h[0]
+            .pulses
+            .iter()
+            .flat_map(|p| [(p.send_rank, 12 * p.index_map.len() as u64), (p.recv_rank, 12 * p.recv_size as u64)])
+            .collect();
+        assert_eq!(r.asked, want);
+        assert_eq!(plan.pulses.len(), 2 * h[0].pulses.len());
+        assert_eq!(plan.transport(1), Some(Transport::NvlinkStore));
+        assert!(plan.direct(1));
+        assert_eq!(plan.transport(0), None);
+    }
+
+    #[test]
+    fn per_peer_mapping_direct_put_and_largest_message_decides() {
+        let h = halos([2, 1, 1]);
+        for (t, direct) in [
+            (Transport::NvlinkStore, true),
+            (Transport::NvlinkTma, true),
+            (Transport::Staged, true),
+            (Transport::NvshmemPut, false),
+        ] {
+            let plan = RoutedPaths::plan(&mut fake(1, t, t, 0), &h).expect("plan");
+            assert_eq!(plan.direct(0), direct, "{t}");
+        }
+        // Small messages put, large ones store: the largest message of the pair decides.
+        let sizes: Vec<u64> = RoutedPaths::plan(&mut fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0), &h)
+            .expect("plan")
+            .pulses
+            .iter()
+            .map(|m| m.bytes)
+            .collect();
+        let (lo, hi) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
+        assert!(lo < hi, "the synthetic pulses should differ in size: {sizes:?}");
+        let plan = RoutedPaths::plan(&mut fake(0, Transport::NvshmemPut, Transport::NvlinkTma, hi), &h).expect("plan");
+        assert_eq!(plan.transport(1), Some(Transport::NvlinkTma));
+        assert!(plan.pulses.iter().any(|m| m.transport == Transport::NvshmemPut));
+        // NCCL has no exchange path.
+        assert!(matches!(RoutedPaths::plan(&mut fake(0, Transport::Nccl, Transport::Nccl, 0), &h), Err(PathError::Unsupported { .. })));
+    }
+
+    #[test]
+    fn symmetry_and_exchange_transport() {
+        let h = halos([2, 2, 1]);
+        let plans = |t: Transport| -> Vec<RoutedPaths> {
+            (0..4).map(|r| RoutedPaths::plan(&mut fake(r, t, t, 0), &h).expect("plan")).collect()
+        };
+        use crate::exchange::Transport as X;
+        assert!(RoutedPaths::check_symmetric(&plans(Transport::NvlinkStore)).is_ok());
+        assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvlinkStore), false).ok(), Some(X::Fused));
+        assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvlinkTma), false).ok(), Some(X::FusedTma));
+        assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::Staged), false).ok(), Some(X::Staged));
+        assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvshmemPut), true).ok(), Some(X::Fused));
+        assert!(RoutedPaths::exchange_transport(&plans(Transport::NvshmemPut), false).is_err());
+        let mut mixed = plans(Transport::NvlinkStore);
+        mixed[2] = RoutedPaths::plan(&mut fake(2, Transport::NvshmemPut, Transport::NvshmemPut, 0), &h).expect("plan");
+        assert!(matches!(RoutedPaths::check_symmetric(&mixed), Err(PathError::Asymmetric(_))));
+    }
+
+    #[test]
+    fn real_router_is_symmetric_with_overrides() {
+        let h = halos([2, 2, 1]);
+        let facts = crate::route::synthetic_facts(&["n0".into()], 4, 1, crate::route::IntraNodeLink::Nvlink);
+        let topo = Arc::new(crate::route::topology_from_facts(&facts, None).expect("topology"));
+        let mut config = RouteConfig::default();
+        config.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("override");
+        let plans: Vec<RoutedPaths> = (0..4)
+            .map(|r| {
+                let mut router = Router::new(r, Arc::clone(&topo), config.clone()).expect("router");
+                let plan = RoutedPaths::plan(&mut router, &h).expect("plan");
+                plan.mirror_check(&router, &h).expect("mirror agrees");
+                plan
+            })
+            .collect();
+        RoutedPaths::check_symmetric(&plans).expect("symmetric");
+        assert!(!plans[0].direct(1) && !plans[1].direct(0));
+        assert!(plans[0].transport(2).is_some_and(|t| t != Transport::NvshmemPut) || plans[0].transport(2).is_none());
+        assert_eq!(format!("{:?}", plans[0]).split_whitespace().next(), Some("Routed(PE"));
+    }
+}
