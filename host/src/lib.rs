@@ -30,3 +30,4 @@ pub mod route;
 pub mod system;
 pub mod decomp;
 pub mod md_reference;
+pub mod bench;

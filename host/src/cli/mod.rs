@@ -1,6 +1,7 @@
 //! Command-line front end: one module per subcommand, errors reported with `anyhow` context.
 
 mod calibrate;
+mod bench;
 mod demo;
 mod exchange_check;
 mod info;
@@ -36,6 +37,10 @@ enum Command {
     Route(route::RouteArgs),
     /// Measure every transport per distance level and message size; write the router's calibration file.
     Calibrate(calibrate::CalibrateArgs),
+    /// Every halo transport side by side with the hardware floor (issue 6).
+    Bench(bench::BenchArgs),
+    /// The pack and unpack-accumulate kernels alone at 1M atoms, beside device copy bandwidth.
+    BenchKernels(bench::BenchKernelsArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -54,6 +59,8 @@ pub fn main() -> ExitCode {
         Command::Route(args) => route::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Plan(args) => plan::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchKernels(args) => bench::run_kernels(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),

@@ -415,3 +415,13 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Accessors for the benchmarks' NCCL baseline (host/src/bench/nccl.rs), which drives the same
+// buffers with NCCL instead of peer copies.
+impl RankExchange {
+    /// Address of this rank's send slot for pulse `p` (where `stage_pack` puts the packed pulse).
+    pub(crate) fn send_slot(&self, p: usize) -> u64 {
+        self.send_buf.device_ptr_at(p * self.sizes.slot_atoms)
+    }
+}

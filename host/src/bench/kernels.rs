@@ -1,0 +1,201 @@
+//! `halo bench-kernels`: the gather and scatter kernels alone, at issue 6's size: 1M `float3`
+//! atoms through maps of 1M distinct indices into 4M atoms, sorted and random.
+//!
+//! Effective bandwidth counts the bytes each kernel must move at least:
+//! pack `out[i] = x[map[i]]`: 4 (index) + 12 (read) + 12 (write) = 28 B per atom;
+//! unpack-accumulate `dst[map[i]] += buf[i]`: 4 + 12 (read buf) + 12 (read dst) + 12 (write dst)
+//! = 40 B per atom. Printed beside the device copy bandwidth (read + write), the ceiling.
+
+use super::floor;
+use super::stats::Summary;
+use crate::error::{HaloError, Result};
+use crate::gpu::{self, CudaStream, DeviceBuffer, KernelModule};
+use crate::kernels::{IndexMap, pack_coords, unpack};
+use kernels_gpu::abi::Float3;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// Bytes moved per atom by pack.
+pub const PACK_BYTES_PER_ATOM: f64 = 28.0;
+/// Bytes moved per atom by unpack-accumulate.
+pub const UNPACK_BYTES_PER_ATOM: f64 = 40.0;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct KernelBenchConfig {
+    /// Entries in each map (atoms packed).
+    pub map_len: usize,
+    /// Atoms in the array the map indexes.
+    pub array_len: usize,
+    /// Timed launches (each timed alone).
+    pub repeats: usize,
+    /// GPU ordinal.
+    pub device: usize,
+    /// Seed of the random map.
+    pub seed: u64,
+}
+
+/// One kernel and map order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelResult {
+    /// `pack` or `unpack-accumulate`.
+    pub kernel: String,
+    /// `sorted` or `random`.
+    pub map: String,
+    /// Time per launch (µs).
+    pub time_us: Summary,
+    /// Effective bandwidth at the median (GB/s).
+    pub effective_gbs: f64,
+    /// Issue 6's target (µs).
+    pub target_us: f64,
+}
+
+/// The whole kernel benchmark.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelReport {
+    /// The GPU.
+    pub gpu: String,
+    /// Map entries.
+    pub map_len: usize,
+    /// Array atoms.
+    pub array_len: usize,
+    /// Device copy bandwidth, read + write (GB/s).
+    pub device_bw_gbs: Summary,
+    /// Every kernel and map order.
+    pub results: Vec<KernelResult>,
+}
+
+/// Issue 6's targets (µs): (kernel, map) -> time.
+pub fn target_us(kernel: &str, sorted: bool) -> f64 {
+    match (kernel, sorted) {
+        ("pack", true) => 22.0,
+        ("pack", false) => 28.0,
+        (_, true) => 48.0,
+        (_, false) => 60.0,
+    }
+}
+
+/// `len` distinct indices below `range`, in random order, and the same sorted.
+pub fn maps(len: usize, range: usize, seed: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+    if len > range || range > u32::MAX as usize {
+        return Err(HaloError::InvalidInput(format!("cannot draw {len} distinct indices below {range}")));
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let random: Vec<u32> = rand::seq::index::sample(&mut rng, range, len).into_iter().map(|i| i as u32).collect();
+    let mut sorted = random.clone();
+    sorted.sort_unstable();
+    Ok((sorted, random))
+}
+
+fn time_one(stream: &CudaStream, f: impl Fn() -> Result<()>, repeats: usize) -> Result<Summary> {
+    for _ in 0..3 {
+        f()?; // warm-up: caches, clocks, first-launch costs
+    }
+    let mut v = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        v.push(floor::time_on_stream(stream, &f)?);
+    }
+    Summary::of(&v).map(|s| s.scaled(1e6)).ok_or_else(|| HaloError::InvalidInput("no kernel timing".into()))
+}
+
+/// Runs the kernel benchmark on one GPU.
+pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
+    let ctx = gpu::open_device(cfg.device)?;
+    let artifacts = crate::artifacts::KernelArtifacts::locate(crate::artifacts::DEFAULT_ARCH)?;
+    let module = Arc::new(KernelModule::load(&ctx, &artifacts)?);
+    let stream = ctx.new_stream().map_err(|source| HaloError::Cuda { what: "creating a stream".into(), source })?;
+    let mut bw = Vec::new();
+    for _ in 0..cfg.repeats.clamp(3, 10) {
+        bw.push(floor::measure_device_bw(&ctx, &stream, 256 << 20)?);
+    }
+    let device_bw_gbs = Summary::of(&bw).map(|s| s.scaled(1e-9)).ok_or_else(|| HaloError::InvalidInput("no bandwidth".into()))?;
+    let (sorted, random) = maps(cfg.map_len, cfg.array_len, cfg.seed)?;
+    let x = DeviceBuffer::<Float3>::zeroed(&ctx, cfg.array_len)?;
+    let buf = DeviceBuffer::<Float3>::zeroed(&ctx, cfg.map_len)?;
+    let mut results = Vec::new();
+    for (name, host_map) in [("sorted", &sorted), ("random", &random)] {
+        let map = IndexMap::new(&ctx, host_map)?;
+        let is_sorted = name == "sorted";
+        let t = time_one(&stream, || pack_coords(&module, &stream, &x, &map, &buf, None), cfg.repeats)?;
+        results.push(KernelResult {
+            kernel: "pack".into(),
+            map: name.into(),
+            effective_gbs: PACK_BYTES_PER_ATOM * cfg.map_len as f64 / (t.median * 1e-6) * 1e-9,
+            time_us: t,
+            target_us: target_us("pack", is_sorted),
+        });
+        let t = time_one(&stream, || unpack(&module, &stream, &buf, &map, &x, true), cfg.repeats)?;
+        results.push(KernelResult {
+            kernel: "unpack-accumulate".into(),
+            map: name.into(),
+            effective_gbs: UNPACK_BYTES_PER_ATOM * cfg.map_len as f64 / (t.median * 1e-6) * 1e-9,
+            time_us: t,
+            target_us: target_us("unpack-accumulate", is_sorted),
+        });
+    }
+    stream.synchronize().map_err(|source| HaloError::Cuda { what: "finishing the kernels".into(), source })?;
+    Ok(KernelReport { gpu: ctx.name().unwrap_or_else(|_| "GPU".into()), map_len: cfg.map_len, array_len: cfg.array_len, device_bw_gbs, results })
+}
+
+/// The kernel report as a table.
+pub fn table(r: &KernelReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "halo bench-kernels on {}: {} map entries (distinct) into {} float3 atoms", r.gpu, r.map_len, r.array_len);
+    let _ = writeln!(s, "device copy bandwidth {} GB/s (read + write)", r.device_bw_gbs.cell(0));
+    let _ = writeln!(s, "{:<18} {:<7} {:>24} {:>10} {:>9} {:>8}", "kernel", "map", "us median [min-max]", "GB/s eff", "% of copy", "target");
+    for k in &r.results {
+        let verdict = if k.time_us.median <= k.target_us { "met" } else { "MISSED" };
+        let _ = writeln!(
+            s,
+            "{:<18} {:<7} {:>24} {:>10.0} {:>8.0}% {:>6.0}us  {}",
+            k.kernel,
+            k.map,
+            k.time_us.cell(1),
+            k.effective_gbs,
+            100.0 * k.effective_gbs / r.device_bw_gbs.median,
+            k.target_us,
+            verdict
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_are_distinct_in_range_and_the_same_set() {
+        let (sorted, random) = maps(1000, 4000, 3).unwrap();
+        assert_eq!(sorted.len(), 1000);
+        assert!(sorted.windows(2).all(|w| w[0] < w[1]));
+        assert!(sorted.iter().all(|&i| i < 4000));
+        let mut r = random.clone();
+        assert_ne!(r, sorted, "the random map should not come out sorted");
+        r.sort_unstable();
+        assert_eq!(r, sorted);
+        assert!(maps(10, 5, 0).is_err());
+    }
+
+    #[test]
+    fn table_marks_targets() {
+        let s = |m| Summary { median: m, min: m, max: m, n: 5 };
+        let r = KernelReport {
+            gpu: "H200".into(),
+            map_len: 1 << 20,
+            array_len: 4 << 20,
+            device_bw_gbs: s(4000.0),
+            results: vec![
+                KernelResult { kernel: "pack".into(), map: "sorted".into(), time_us: s(20.0), effective_gbs: 1468.0, target_us: 22.0 },
+                KernelResult { kernel: "pack".into(), map: "random".into(), time_us: s(30.0), effective_gbs: 979.0, target_us: 28.0 },
+            ],
+        };
+        let t = table(&r);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[3].ends_with("met") && lines[4].ends_with("MISSED"), "{t}");
+        assert!(lines[3].contains("37%"), "{t}");
+        assert_eq!(target_us("unpack-accumulate", false), 60.0);
+    }
+}

@@ -1,0 +1,305 @@
+//! The benchmark's results: a table for people, JSON and CSV for tools.
+
+use super::floor::FloorReport;
+use super::stats::Summary;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// One variant at one size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantResult {
+    /// Atoms in the whole system.
+    pub atoms: usize,
+    /// Variant name (`fused`, `fused+graph`, ...).
+    pub variant: String,
+    /// Pulses per step.
+    pub pulses: usize,
+    /// Coordinates the busiest rank sends per step.
+    pub halo_atoms: usize,
+    /// Coordinate halo per step (µs, GPU timeline).
+    pub coords_us: Option<Summary>,
+    /// Force halo per step (µs, GPU timeline).
+    pub forces_us: Option<Summary>,
+    /// Full exchange per step, both halos (µs, GPU timeline).
+    pub step_us: Option<Summary>,
+    /// Host CPU time per step of the launching thread (µs, median).
+    pub host_cpu_us: Option<f64>,
+    /// Host synchronisations per step.
+    pub host_syncs_per_step: Option<f64>,
+    /// ns/day at 2 fs of a step made of this exchange alone.
+    pub ns_per_day_exchange_only: Option<f64>,
+    /// Floor of the coordinate halo (µs).
+    pub floor_coords_us: Option<f64>,
+    /// Floor of the full exchange (µs).
+    pub floor_step_us: Option<f64>,
+    /// Why the variant did not run here, when it did not.
+    pub skipped: Option<String>,
+}
+
+impl VariantResult {
+    /// A row for a variant that could not run, with the reason.
+    pub fn skipped(atoms: usize, variant: String, reason: String) -> Self {
+        Self {
+            atoms,
+            variant,
+            pulses: 0,
+            halo_atoms: 0,
+            coords_us: None,
+            forces_us: None,
+            step_us: None,
+            host_cpu_us: None,
+            host_syncs_per_step: None,
+            ns_per_day_exchange_only: None,
+            floor_coords_us: None,
+            floor_step_us: None,
+            skipped: Some(reason),
+        }
+    }
+}
+
+/// A whole `halo bench` run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// `one process` or `N processes (NVSHMEM)`.
+    pub mode: String,
+    /// Rank grid, e.g. `2x1x1`.
+    pub ranks: String,
+    /// The GPUs used, by name.
+    pub gpus: Vec<String>,
+    /// Where the halos came from (`md` or `synthetic`).
+    pub halos: String,
+    /// Timed steps per repeat.
+    pub steps: usize,
+    /// Timed repeats (after warm-up).
+    pub repeats: usize,
+    /// Untimed warm-up repeats.
+    pub warmup: usize,
+    /// The command line.
+    pub command: String,
+    /// The hardware floor measured in this run.
+    pub floor: FloorReport,
+    /// Every variant at every size.
+    pub results: Vec<VariantResult>,
+}
+
+fn opt_cell(s: &Option<Summary>, prec: usize) -> String {
+    s.as_ref().map_or_else(|| "-".into(), |s| s.cell(prec))
+}
+
+fn opt_num(v: Option<f64>, prec: usize) -> String {
+    v.filter(|v| v.is_finite()).map_or_else(|| "-".into(), |v| format!("{v:.prec$}"))
+}
+
+/// The floor as a short block of lines.
+pub fn floor_text(f: &FloorReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "hardware floor ({}), median [min-max]:", f.between);
+    let _ = writeln!(s, "  one-way signal latency   {} us", f.one_way_latency_us.cell(2));
+    match &f.peer_bw_gbs {
+        Some(b) => {
+            let _ = writeln!(s, "  peer bandwidth           {} GB/s", b.cell(1));
+        }
+        None => {
+            let _ = writeln!(s, "  peer bandwidth           - (all ranks on one GPU)");
+        }
+    }
+    let _ = writeln!(s, "  device copy bandwidth    {} GB/s (read + write)", f.device_bw_gbs.cell(1));
+    let _ = writeln!(s, "  kernel launch            {} us GPU, {} us host per call", f.launch_us.cell(2), f.launch_host_us.cell(2));
+    let _ = writeln!(s, "  graph launch             {} us GPU", f.graph_launch_us.cell(2));
+    let _ = writeln!(s, "  host sync round trip     {} us", f.host_sync_us.cell(2));
+    s
+}
+
+/// The whole report as an aligned text table with the floor above it.
+pub fn table(r: &BenchReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "halo bench: {} ranks, {}, GPUs: {}, halos: {}", r.ranks, r.mode, r.gpus.join(", "), r.halos);
+    let _ = writeln!(s, "{} steps x {} repeats after {} warm-up; times per step, GPU timeline, median [min-max]", r.steps, r.repeats, r.warmup);
+    s.push_str(&floor_text(&r.floor));
+    let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
+    let header = [
+        "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "step/floor", "ns/day*", "host CPU us", "syncs/step",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for v in &r.results {
+        if let Some(why) = &v.skipped {
+            rows.push(vec![v.atoms.to_string(), v.variant.clone(), format!("skipped: {why}")]);
+            continue;
+        }
+        let ratio = match (&v.step_us, v.floor_step_us) {
+            (Some(s), Some(f)) if f > 0.0 => format!("{:.2}", s.median / f),
+            _ => "-".into(),
+        };
+        rows.push(vec![
+            v.atoms.to_string(),
+            v.variant.clone(),
+            v.halo_atoms.to_string(),
+            opt_cell(&v.coords_us, 1),
+            opt_cell(&v.forces_us, 1),
+            opt_cell(&v.step_us, 1),
+            opt_num(v.floor_step_us, 1),
+            ratio,
+            opt_num(v.ns_per_day_exchange_only, 0),
+            opt_num(v.host_cpu_us, 1),
+            opt_num(v.host_syncs_per_step, 1),
+        ]);
+    }
+    let cols = header.len();
+    let widths: Vec<usize> = (0..cols).map(|c| rows.iter().filter(|r| r.len() == cols).map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    for row in &rows {
+        let line: Vec<String> = if row.len() == cols {
+            row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) }).collect()
+        } else {
+            // Skipped rows: atoms and variant aligned, then the reason.
+            row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
+        };
+        let _ = writeln!(s, "{}", line.join("  ").trim_end());
+    }
+    s
+}
+
+/// The report as pretty JSON.
+pub fn json(r: &BenchReport) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(r)
+}
+
+/// The results as CSV, one row per variant and size (floor values repeated on every row so each
+/// row stands alone). Times in µs.
+pub fn csv(r: &BenchReport) -> String {
+    let mut s = String::from(
+        "atoms,variant,pulses,halo_atoms,coords_us_median,coords_us_min,coords_us_max,forces_us_median,forces_us_min,forces_us_max,\
+         step_us_median,step_us_min,step_us_max,floor_coords_us,floor_step_us,ns_per_day_exchange_only,host_cpu_us,host_syncs_per_step,\
+         latency_us,peer_bw_gbs,device_bw_gbs,launch_us,graph_launch_us,skipped\n",
+    );
+    let num = |v: Option<f64>| v.filter(|v| v.is_finite()).map_or_else(String::new, |v| format!("{v}"));
+    let three = |v: &Option<Summary>| match v {
+        Some(s) => format!("{},{},{}", s.median, s.min, s.max),
+        None => ",,".into(),
+    };
+    let f = &r.floor;
+    for v in &r.results {
+        let skipped = v.skipped.as_deref().unwrap_or("").replace(['"', '\n'], " ");
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            v.atoms,
+            v.variant,
+            v.pulses,
+            v.halo_atoms,
+            three(&v.coords_us),
+            three(&v.forces_us),
+            three(&v.step_us),
+            num(v.floor_coords_us),
+            num(v.floor_step_us),
+            num(v.ns_per_day_exchange_only),
+            num(v.host_cpu_us),
+            num(v.host_syncs_per_step),
+            f.one_way_latency_us.median,
+            num(f.peer_bw_gbs.map(|b| b.median)),
+            f.device_bw_gbs.median,
+            f.launch_us.median,
+            f.graph_launch_us.median,
+            skipped
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    fn sum(m: f64) -> Summary {
+        Summary { median: m, min: m * 0.9, max: m * 1.2, n: 5 }
+    }
+
+    pub(crate) fn sample_report() -> BenchReport {
+        let floor = FloorReport {
+            between: "GPU 0 and GPU 1".into(),
+            one_way_latency_us: sum(0.8),
+            peer_bw_gbs: Some(sum(380.0)),
+            device_bw_gbs: sum(3900.0),
+            launch_us: sum(2.1),
+            launch_host_us: sum(1.5),
+            graph_launch_us: sum(2.5),
+            host_sync_us: sum(6.0),
+        };
+        let mut results = Vec::new();
+        for (atoms, scale) in [(6000usize, 1.0), (45000, 2.0)] {
+            for (name, t) in [("staged", 40.0), ("fused", 8.0), ("fused+graph", 6.0)] {
+                results.push(VariantResult {
+                    atoms,
+                    variant: name.into(),
+                    pulses: 1,
+                    halo_atoms: (atoms as f64 * 0.25) as usize,
+                    coords_us: Some(sum(t * scale / 2.0)),
+                    forces_us: Some(sum(t * scale / 2.0)),
+                    step_us: Some(sum(t * scale)),
+                    host_cpu_us: Some(3.0),
+                    host_syncs_per_step: Some(if name == "staged" { 4.0 } else { 0.0 }),
+                    ns_per_day_exchange_only: Some(super::super::stats::ns_per_day(t * scale * 1e-6, 2.0)),
+                    floor_coords_us: Some(3.0),
+                    floor_step_us: Some(6.0),
+                    skipped: None,
+                });
+            }
+        }
+        results.push(VariantResult::skipped(6000, "per-pulse".into(), "needs NVSHMEM".into()));
+        BenchReport {
+            mode: "one process".into(),
+            ranks: "2x1x1".into(),
+            gpus: vec!["H200".into(), "H200".into()],
+            halos: "md".into(),
+            steps: 200,
+            repeats: 7,
+            warmup: 3,
+            command: "halo bench".into(),
+            floor,
+            results,
+        }
+    }
+
+    #[test]
+    fn table_has_every_row_and_the_floor() {
+        let t = table(&sample_report());
+        assert!(t.contains("one-way signal latency   0.80 [0.72-0.96] us"), "{t}");
+        assert!(t.contains("380.0 [342.0-456.0] GB/s"));
+        assert!(t.contains("exchange alone"));
+        let fused: Vec<&str> = t.lines().filter(|l| l.starts_with("6000") && l.contains(" fused ")).collect();
+        assert_eq!(fused.len(), 1, "{t}");
+        // median [min-max], floor, step/floor ratio 8/6, ns/day of an 8 us step = 21 600.
+        assert!(fused[0].contains("8.0 [7.2-9.6]") && fused[0].contains("1.33") && fused[0].contains("21600"), "{}", fused[0]);
+        assert!(t.contains("skipped: needs NVSHMEM"));
+        // Data rows are aligned: every full row has the same width.
+        let widths: Vec<usize> = t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
+        assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let r = sample_report();
+        let back: BenchReport = serde_json::from_str(&json(&r).unwrap()).unwrap();
+        // serde_json's default float parsing may differ in the last bit: compare with a tolerance.
+        assert_eq!((back.ranks.as_str(), back.results.len(), back.steps), (r.ranks.as_str(), r.results.len(), r.steps));
+        for (a, b) in back.results.iter().zip(&r.results) {
+            assert_eq!((&a.variant, a.atoms, &a.skipped), (&b.variant, b.atoms, &b.skipped));
+            let (sa, sb) = (a.step_us.map(|s| s.min), b.step_us.map(|s| s.min));
+            assert!(sa.zip(sb).is_none_or(|(x, y)| (x - y).abs() < 1e-9) && sa.is_some() == sb.is_some());
+        }
+        assert!((back.floor.launch_us.min - r.floor.launch_us.min).abs() < 1e-12);
+    }
+
+    #[test]
+    fn csv_has_a_header_and_one_line_per_result() {
+        let r = sample_report();
+        let c = csv(&r);
+        let lines: Vec<&str> = c.lines().collect();
+        assert_eq!(lines.len(), 1 + r.results.len());
+        let cols = lines[0].split(',').count();
+        for l in &lines[1..] {
+            assert_eq!(l.split(',').count(), cols, "{l}");
+        }
+        assert!(lines[2].starts_with("6000,fused,1,1500,4,3.6,4.8,4,3.6,4.8,8,7.2"), "{}", lines[2]);
+        assert!(lines.last().unwrap().ends_with("\"needs NVSHMEM\""));
+    }
+}

@@ -1,0 +1,851 @@
+//! The measurement loops. One process drives every rank ([`LocalRanks`], over the visible GPUs),
+//! or each process drives its own rank ([`PeExchange`] under `halo launch` / mpirun / srun);
+//! both go through [`Exchanger`], so the timing code is the same.
+//!
+//! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
+//! only, and the full exchange, each between two events on every rank stream (the slowest rank
+//! counts). Host CPU time (of the launching thread) and host syncs are counted over the
+//! full-exchange loop, excluding the final wait. Under a launcher every rank runs the same list
+//! (checked at start-up), every skip is decided collectively, and rank 0 gathers the slowest
+//! rank's numbers.
+
+use super::floor::{self, EmptyLaunch, FloorReport, Link};
+use super::graph::{Phase, PhaseGraphs};
+use super::nccl::{self, Nccl, NcclComm};
+use super::report::{BenchReport, VariantResult};
+use super::stats::{Summary, ns_per_day};
+use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::exchange::pe::{PathPolicy, PeExchange};
+use crate::exchange::{LocalRanks, RankHalo};
+use crate::gpu::{self, CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule};
+use crate::launch::RankEnv;
+use crate::nvshmem::{Nvshmem, SymmetricBuffer};
+use crate::session::PeSession;
+use kernels_gpu::abi::WaitStatus;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// System sizes (atoms).
+    pub atoms: Vec<usize>,
+    /// Rank grid.
+    pub grid: [usize; 3],
+    /// Methods to run.
+    pub methods: Vec<Method>,
+    /// Also run every GPU-initiated method captured as CUDA graphs.
+    pub graph: bool,
+    /// Timed repeats per variant and size.
+    pub repeats: usize,
+    /// Untimed warm-up repeats.
+    pub warmup: usize,
+    /// Steps per timed loop (and per captured graph).
+    pub steps: usize,
+    /// Where the halos come from.
+    pub halos: HaloSource,
+    /// Cutoff of the decomposition (nm).
+    pub cutoff: f32,
+    /// Seed of the system or synthetic halos.
+    pub seed: u64,
+    /// GPUs to spread the ranks over in one process (0: as many as useful).
+    pub gpus: usize,
+    /// Deadline of every device wait.
+    pub wait_timeout: Duration,
+    /// Show a progress bar (rank 0).
+    pub progress: bool,
+    /// The command line, for the report.
+    pub command: String,
+    /// NVSHMEM host library (default: discovered).
+    pub nvshmem_lib: Option<std::path::PathBuf>,
+}
+
+impl BenchConfig {
+    /// A fingerprint every rank must share (what to run, in which order).
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&self.atoms, self.grid, &self.methods, self.graph, self.repeats, self.warmup, self.steps, self.halos, self.cutoff.to_bits(), self.seed).hash(&mut h);
+        h.finish()
+    }
+
+    /// Measurements (warm-up included) the progress bar counts.
+    fn total_work(&self) -> u64 {
+        (self.atoms.len() * Variant::list(&self.methods, self.graph).len() * (self.warmup + self.repeats)) as u64
+    }
+}
+
+/// Runs the benchmark; the report on rank 0 (and in one process), `None` on other ranks.
+pub fn run(config: &BenchConfig) -> Result<Option<BenchReport>> {
+    if config.repeats == 0 || config.steps == 0 || config.atoms.is_empty() {
+        return Err(HaloError::InvalidInput("need at least one size, one repeat and one step".into()));
+    }
+    match RankEnv::from_env() {
+        Some(env) if env.nranks > 1 => run_pes(config, env),
+        _ => run_local(config).map(Some),
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The common measurement code.
+
+/// Per-step numbers of one timed loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    gpu_s: f64,
+    cpu_s: f64,
+    syncs: f64,
+}
+
+/// What the timing loops need from either driver.
+trait Exchanger {
+    /// The streams this process times (one per local rank).
+    fn streams(&self) -> Vec<Arc<CudaStream>>;
+    /// Enqueues (GPU-initiated) or runs (host-driven) `steps` steps of `phase`.
+    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()>;
+    /// Waits for every local stream; a device wait timeout becomes an error.
+    fn finish(&mut self) -> Result<()>;
+    /// Host syncs so far.
+    fn host_syncs(&self) -> u64;
+    /// Barrier with the other processes (no-op in one process).
+    fn barrier(&self) -> Result<()>;
+    /// Resets the protocol of every rank, everything idle, with barriers around (graph replays).
+    fn reset(&mut self) -> Result<()>;
+    /// Captures the graphs of every local rank.
+    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>>;
+}
+
+/// CPU time of the calling thread (s).
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes one timespec; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
+    if variant.graph {
+        x.reset()?;
+    } else {
+        x.barrier()?;
+    }
+    let streams = x.streams();
+    let syncs0 = x.host_syncs();
+    let cpu0 = thread_cpu_s();
+    let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
+    let done = if variant.graph {
+        for g in graphs {
+            g.get(phase).launch().during("replaying a captured step")?;
+        }
+        graphs.first().map_or(steps, |g| g.steps)
+    } else {
+        x.enqueue(variant.method, phase, steps)?;
+        steps
+    };
+    let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
+    let cpu = thread_cpu_s() - cpu0;
+    let syncs = x.host_syncs() - syncs0;
+    x.finish()?;
+    let mut gpu = 0.0f64;
+    for (a, b) in starts.iter().zip(&ends) {
+        gpu = gpu.max(a.elapsed_ms(b).during("reading a timing event")? as f64 * 1e-3);
+    }
+    let n = done as f64;
+    Ok(Sample { gpu_s: gpu / n, cpu_s: cpu / n, syncs: syncs as f64 / n })
+}
+
+/// Warm-up and timed repeats of one variant: `samples[phase][repeat]`.
+fn bench_variant(x: &mut dyn Exchanger, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
+    let graphs = if variant.graph { x.capture(variant.method, cfg.steps)? } else { Vec::new() };
+    let mut out = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
+    for rep in 0..cfg.warmup + cfg.repeats {
+        for (i, &phase) in Phase::ALL.iter().enumerate() {
+            let s = measure(x, variant, &graphs, phase, cfg.steps)?;
+            if rep >= cfg.warmup {
+                out[i].push(s);
+            }
+        }
+        bar.inc(1);
+    }
+    drop(graphs);
+    Ok(out)
+}
+
+/// Flattens samples for a gather: phase-major, then repeat, then (gpu, cpu, syncs).
+fn flatten(samples: &[Vec<Sample>]) -> Vec<f64> {
+    samples.iter().flat_map(|ph| ph.iter().flat_map(|s| [s.gpu_s, s.cpu_s, s.syncs])).collect()
+}
+
+/// The inverse of [`flatten`] for `repeats` repeats.
+fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
+    (0..Phase::ALL.len())
+        .map(|p| (0..repeats).map(|r| {
+            let i = 3 * (p * repeats + r);
+            Sample { gpu_s: v[i], cpu_s: v[i + 1], syncs: v[i + 2] }
+        }).collect())
+        .collect()
+}
+
+/// The report row of a variant from its samples.
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, steps: usize) -> VariantResult {
+    let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
+    let step = us(2);
+    let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
+    let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, steps));
+    VariantResult {
+        atoms,
+        variant: variant.name(),
+        pulses: sizes.pulses,
+        halo_atoms: sizes.atoms_x,
+        coords_us: us(0),
+        forces_us: us(1),
+        step_us: step,
+        host_cpu_us: median(|s| s.cpu_s).map(|v| v * 1e6),
+        host_syncs_per_step: median(|s| s.syncs),
+        ns_per_day_exchange_only: step.map(|s| ns_per_day(s.median * 1e-6, TIME_STEP_FS)),
+        floor_coords_us: Some(vf.coords_s * 1e6),
+        floor_step_us: Some(vf.step_s * 1e6),
+        skipped: None,
+    }
+}
+
+fn progress_bar(cfg: &BenchConfig, show: bool) -> indicatif::ProgressBar {
+    if !show || !cfg.progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(cfg.total_work());
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+fn summary_of(v: &[f64], scale: f64) -> Result<Summary> {
+    Summary::of(v).map(|s| s.scaled(scale)).ok_or_else(|| HaloError::InvalidInput("a floor measurement gave no finite value".into()))
+}
+
+/// Launch, graph, host-sync and device-bandwidth probes on one GPU (`repeats` each).
+struct LocalProbes {
+    launch: Vec<f64>,
+    launch_host: Vec<f64>,
+    graph: Vec<f64>,
+    sync: Vec<f64>,
+    device_bw: Vec<f64>,
+}
+
+/// Bytes of the bandwidth probes: large enough that setup costs vanish.
+const BW_BYTES: usize = 256 << 20;
+/// Launches per launch-overhead sample.
+const LAUNCHES: usize = 2000;
+/// Round trips per latency sample.
+const PING_ROUNDS: u32 = 10_000;
+
+fn local_probes(module: &Arc<KernelModule>, repeats: usize) -> Result<LocalProbes> {
+    let ctx = module.context().clone();
+    let stream = ctx.new_stream().during("creating a probe stream")?;
+    let empty = EmptyLaunch::new(module.clone())?;
+    floor::measure_launch(&empty, &stream, 100)?; // warm-up
+    let mut p = LocalProbes { launch: vec![], launch_host: vec![], graph: vec![], sync: vec![], device_bw: vec![] };
+    for _ in 0..repeats {
+        let (gpu, host) = floor::measure_launch(&empty, &stream, LAUNCHES)?;
+        p.launch.push(gpu);
+        p.launch_host.push(host);
+        p.graph.push(floor::measure_graph_launch(&empty, &stream, LAUNCHES)?);
+        p.sync.push(floor::measure_host_sync(&empty, &stream, 200)?);
+        p.device_bw.push(floor::measure_device_bw(&ctx, &stream, BW_BYTES)?);
+    }
+    stream.synchronize().during("finishing the probes")?;
+    Ok(p)
+}
+
+fn floor_report(between: String, latency_s: &[f64], peer_bw: Option<&[f64]>, p: &LocalProbes) -> Result<FloorReport> {
+    Ok(FloorReport {
+        between,
+        one_way_latency_us: summary_of(latency_s, 1e6)?,
+        peer_bw_gbs: peer_bw.map(|v| summary_of(v, 1e-9)).transpose()?,
+        device_bw_gbs: summary_of(&p.device_bw, 1e-9)?,
+        launch_us: summary_of(&p.launch, 1e6)?,
+        launch_host_us: summary_of(&p.launch_host, 1e6)?,
+        graph_launch_us: summary_of(&p.graph, 1e6)?,
+        host_sync_us: summary_of(&p.sync, 1e6)?,
+    })
+}
+
+// ----------------------------------------------------------------------------------------------
+// One process, every rank.
+
+struct LocalBench {
+    ranks: LocalRanks,
+    nccl: Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>,
+}
+
+impl LocalBench {
+    fn contexts(&self) -> Vec<Arc<CudaContext>> {
+        let mut out: Vec<Arc<CudaContext>> = Vec::new();
+        for r in self.ranks.ranks() {
+            if !out.iter().any(|c| c.ordinal() == r.context().ordinal()) {
+                out.push(r.context().clone());
+            }
+        }
+        out
+    }
+}
+
+impl Exchanger for LocalBench {
+    fn streams(&self) -> Vec<Arc<CudaStream>> {
+        (0..self.ranks.ranks().len()).map(|r| self.ranks.stream(r).clone()).collect()
+    }
+
+    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
+        let Some(transport) = method.transport() else {
+            let (nccl, comms) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
+            let ranks = self.ranks.ranks();
+            let io: Vec<_> = ranks.iter().zip(comms.iter()).enumerate().map(|(r, (rank, c))| (rank, c, self.ranks.stream(r))).collect();
+            for _ in 0..steps {
+                if phase != Phase::Forces {
+                    nccl::coordinates(nccl, &io)?;
+                }
+                if phase != Phase::Coordinates {
+                    nccl::forces(nccl, &io)?;
+                }
+            }
+            return Ok(());
+        };
+        for _ in 0..steps {
+            if phase != Phase::Forces {
+                self.ranks.launch_coordinates(transport)?;
+            }
+            if phase != Phase::Coordinates {
+                self.ranks.launch_forces(transport)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.ranks.finish()
+    }
+
+    fn host_syncs(&self) -> u64 {
+        self.ranks.host_syncs()
+    }
+
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        for r in self.ranks.ranks_mut() {
+            r.reset_protocol()?;
+        }
+        // The resets are memsets outside the rank streams: wait for them on every GPU.
+        for ctx in self.contexts() {
+            ctx.synchronize().during("waiting for the protocol reset")?;
+        }
+        Ok(())
+    }
+
+    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
+        let streams = self.streams();
+        self.ranks.ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport, steps)).collect()
+    }
+}
+
+fn gpu_names(modules: &[Arc<KernelModule>]) -> Vec<String> {
+    modules.iter().map(|m| m.context().name().unwrap_or_else(|_| format!("GPU {}", m.context().ordinal()))).collect()
+}
+
+/// Latency and peer bandwidth between the GPUs of `a` and `b` (the same GPU: two streams).
+fn local_pair_probes(a: &Arc<KernelModule>, b: &Arc<KernelModule>, repeats: usize) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
+    let (ca, cb) = (a.context().clone(), b.context().clone());
+    let two_gpus = ca.ordinal() != cb.ordinal();
+    if two_gpus && !crate::exchange::rank::enable_peer_access(&ca, &cb)? | !crate::exchange::rank::enable_peer_access(&cb, &ca)? {
+        return Err(HaloError::InvalidInput("the two GPUs have no peer access".into()));
+    }
+    let (sa, sb) = (ca.new_stream().during("probe stream")?, cb.new_stream().during("probe stream")?);
+    let (fa, fb) = (DeviceBuffer::<u64>::zeroed(&ca, 1)?, DeviceBuffer::<u64>::zeroed(&cb, 1)?);
+    let (sta, stb) = (DeviceBuffer::<WaitStatus>::zeroed(&ca, 1)?, DeviceBuffer::<WaitStatus>::zeroed(&cb, 1)?);
+    let mut latency = Vec::with_capacity(repeats);
+    for rep in 0..repeats + 1 {
+        fa.fill_bytes(0)?;
+        fb.fill_bytes(0)?;
+        ca.synchronize().during("zeroing the flags")?;
+        cb.synchronize().during("zeroing the flags")?;
+        // SAFETY: both flags are live zeroed 8-byte slots reachable from both GPUs (same GPU or
+        // peer access enabled above); the responder runs on the other GPU or another SM.
+        unsafe { floor::launch_ping_pong(b, &sb, fb.device_ptr(), fa.device_ptr(), PING_ROUNDS, false, &stb)? };
+        let t = floor::time_on_stream(&sa, || {
+            // SAFETY: as above, flags swapped.
+            unsafe { floor::launch_ping_pong(a, &sa, fa.device_ptr(), fb.device_ptr(), PING_ROUNDS, true, &sta) }
+        })?;
+        sb.synchronize().during("waiting for the ping-pong")?;
+        floor::check_ping_pong(&sta)?;
+        floor::check_ping_pong(&stb)?;
+        if rep > 0 {
+            latency.push(t / (2.0 * PING_ROUNDS as f64));
+        }
+    }
+    let peer = if two_gpus {
+        let (ba, bb) = (DeviceBuffer::<u8>::zeroed(&ca, BW_BYTES)?, DeviceBuffer::<u8>::zeroed(&cb, BW_BYTES)?);
+        let mut v = Vec::with_capacity(repeats);
+        for rep in 0..repeats + 1 {
+            // SAFETY: both buffers hold BW_BYTES bytes and outlive the waited-for copy; UVA with
+            // peer access lets GPU a's stream copy into GPU b.
+            let t = unsafe { floor::time_copy(&sa, bb.device_ptr(), ba.device_ptr(), BW_BYTES)? };
+            if rep > 0 {
+                v.push(BW_BYTES as f64 / t);
+            }
+        }
+        Some(v)
+    } else {
+        None
+    };
+    Ok((latency, peer))
+}
+
+fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
+    if let Some(reason) = gpu::gpu_unavailable_reason() {
+        return Err(HaloError::NoGpu(format!("halo bench needs a GPU: {reason}")));
+    }
+    let nranks: usize = cfg.grid.iter().product();
+    let visible = gpu::device_count();
+    let want = if cfg.gpus == 0 { nranks.min(visible) } else { cfg.gpus.min(visible) };
+    let artifacts = crate::artifacts::KernelArtifacts::locate(crate::artifacts::DEFAULT_ARCH)?;
+    let modules = (0..want.max(1)).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
+    let link = if modules.len() > 1 { Link::Peer } else { Link::SameGpu };
+
+    // The floor first, on idle GPUs.
+    let probes = local_probes(&modules[0], cfg.repeats)?;
+    let b = &modules[1 % modules.len()];
+    let (latency, peer) = local_pair_probes(&modules[0], b, cfg.repeats)?;
+    let between = if modules.len() > 1 { "GPU 0 and GPU 1, one process".to_string() } else { "two streams on GPU 0".to_string() };
+    let floor = floor_report(between, &latency, peer.as_deref(), &probes)?;
+    let inputs = floor.inputs();
+
+    let bar = progress_bar(cfg, true);
+    let mut nccl_comms: Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)> = None;
+    let mut results = Vec::new();
+    for &atoms in &cfg.atoms {
+        bar.set_message(format!("{atoms} atoms: building halos"));
+        let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
+        let sizes = HaloSizes::of(&halos);
+        for variant in Variant::list(&cfg.methods, cfg.graph) {
+            bar.set_message(format!("{atoms} atoms: {}", variant.name()));
+            let skip = |why: String, bar: &indicatif::ProgressBar| {
+                bar.inc((cfg.warmup + cfg.repeats) as u64);
+                VariantResult::skipped(atoms, variant.name(), why)
+            };
+            if variant.method.transport().is_some_and(|t| t.needs_nvshmem()) {
+                results.push(skip("needs NVSHMEM: run under `halo launch -n 2 -- bench`".into(), &bar));
+                continue;
+            }
+            let nccl = if variant.method == Method::Nccl {
+                match local_nccl(&mut nccl_comms, &modules, nranks) {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        results.push(skip(e.to_string(), &bar));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let mut x = LocalBench { ranks: new_local_ranks(&halos, &modules, cfg)?, nccl };
+            let samples = bench_variant(&mut x, variant, cfg, &bar)?;
+            results.push(result_row(atoms, variant, &sizes, &samples, &inputs, link, cfg.steps));
+        }
+    }
+    bar.finish_and_clear();
+    Ok(BenchReport {
+        mode: "one process".into(),
+        ranks: grid_text(cfg.grid),
+        gpus: gpu_names(&modules),
+        halos: format!("{:?}", cfg.halos).to_lowercase(),
+        steps: cfg.steps,
+        repeats: cfg.repeats,
+        warmup: cfg.warmup,
+        command: cfg.command.clone(),
+        floor,
+        results,
+    })
+}
+
+fn new_local_ranks(halos: &[RankHalo], modules: &[Arc<KernelModule>], cfg: &BenchConfig) -> Result<LocalRanks> {
+    let mut ranks = LocalRanks::new(halos.to_vec(), modules)?;
+    for r in ranks.ranks_mut() {
+        r.set_wait_timeout(cfg.wait_timeout);
+        // Defined values: NaNs would not change the timing, but keep the arrays sane.
+        r.x.fill_bytes(0)?;
+        r.f.fill_bytes(0)?;
+    }
+    Ok(ranks)
+}
+
+/// NCCL communicators for the ranks of one process (made once, reused for every size).
+fn local_nccl(slot: &mut Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>, modules: &[Arc<KernelModule>], nranks: usize) -> Result<(Arc<Nccl>, Rc<Vec<NcclComm>>)> {
+    if let Some(s) = slot {
+        return Ok(s.clone());
+    }
+    if modules.len() < nranks {
+        return Err(HaloError::InvalidInput(format!(
+            "NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)",
+            modules.len()
+        )));
+    }
+    let nccl = Nccl::load()?;
+    let ordinals: Vec<usize> = (0..nranks).map(|r| modules[r].context().ordinal()).collect();
+    let comms = Rc::new(nccl.comm_init_all(&ordinals)?);
+    *slot = Some((nccl.clone(), comms.clone()));
+    Ok((nccl, comms))
+}
+
+fn grid_text(g: [usize; 3]) -> String {
+    format!("{}x{}x{}", g[0], g[1], g[2])
+}
+
+// ----------------------------------------------------------------------------------------------
+// One rank per process.
+
+/// Small collectives over the symmetric heap: every PE writes its values, everyone reads
+/// everyone's through `nvshmem_ptr` (single node: every PE is mapped).
+struct PeComm {
+    nvshmem: Arc<Nvshmem>,
+    buf: SymmetricBuffer<f64>,
+}
+
+impl PeComm {
+    fn new(nvshmem: Arc<Nvshmem>, capacity: usize) -> Result<Self> {
+        let buf = nvshmem.alloc::<f64>(capacity)?;
+        Ok(Self { nvshmem, buf })
+    }
+
+    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+        if values.len() > self.buf.len() {
+            return Err(HaloError::InvalidInput(format!("gather of {} values into {}", values.len(), self.buf.len())));
+        }
+        self.buf.copy_from_host(values)?;
+        self.nvshmem.barrier_all()?;
+        let mut out = Vec::with_capacity(self.nvshmem.n_pes());
+        for pe in 0..self.nvshmem.n_pes() {
+            let src = if pe == self.nvshmem.my_pe() { Some(self.buf.device_ptr()) } else { self.buf.peer_ptr(pe) };
+            let src = src.ok_or_else(|| HaloError::Nvshmem(format!("PE {pe} is not mapped into this process (single node only)")))?;
+            let mut v = vec![0.0f64; values.len()];
+            if !v.is_empty() {
+                self.nvshmem.context().bind_to_thread().during("binding the context")?;
+                // SAFETY: `src` addresses `values.len()` f64 of PE `pe`'s copy of this symmetric
+                // buffer, written before the barrier above and not rewritten before the next one.
+                unsafe { cudarc::driver::result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<f64, u8>(&mut v), src) }.during("gathering results")?;
+            }
+            out.push(v);
+        }
+        self.nvshmem.barrier_all()?;
+        Ok(out)
+    }
+
+    /// True when every PE says true.
+    fn all(&self, ok: bool) -> Result<bool> {
+        Ok(self.all_gather(&[ok as u8 as f64])?.iter().all(|v| v[0] != 0.0))
+    }
+
+    /// Rank 0's bytes on every PE.
+    fn broadcast_bytes(&self, bytes: &[u8; 128]) -> Result<[u8; 128]> {
+        let words: Vec<f64> = bytes.chunks(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))).collect();
+        let all = self.all_gather(&words)?;
+        let mut out = [0u8; 128];
+        for (i, w) in all[0].iter().enumerate() {
+            out[8 * i..8 * i + 8].copy_from_slice(&w.to_bits().to_le_bytes());
+        }
+        Ok(out)
+    }
+}
+
+struct PeBench {
+    pe: PeExchange,
+    nvshmem: Arc<Nvshmem>,
+    nccl: Option<(Arc<Nccl>, Rc<NcclComm>)>,
+}
+
+impl Exchanger for PeBench {
+    fn streams(&self) -> Vec<Arc<CudaStream>> {
+        vec![self.pe.stream().clone()]
+    }
+
+    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
+        let Some(transport) = method.transport() else {
+            let (nccl, comm) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
+            let io = [(self.pe.rank(), comm.as_ref(), self.pe.stream())];
+            for _ in 0..steps {
+                if phase != Phase::Forces {
+                    nccl::coordinates(nccl, &io)?;
+                }
+                if phase != Phase::Coordinates {
+                    nccl::forces(nccl, &io)?;
+                }
+            }
+            return Ok(());
+        };
+        for _ in 0..steps {
+            if phase != Phase::Forces {
+                self.pe.launch_coordinates(transport)?;
+            }
+            if phase != Phase::Coordinates {
+                self.pe.launch_forces(transport)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.pe.finish()
+    }
+
+    fn host_syncs(&self) -> u64 {
+        self.pe.host_syncs()
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.pe.barrier()
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        // Nobody may still be running the previous replay while a peer resets its slots, and
+        // nobody may start the next one before every peer has reset.
+        self.pe.barrier()?;
+        self.pe.rank_mut().reset_protocol()?;
+        self.nvshmem.context().synchronize().during("waiting for the protocol reset")?;
+        self.pe.barrier()
+    }
+
+    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
+        self.pe.check_transport(transport)?;
+        let stream = self.pe.stream().clone();
+        Ok(vec![PhaseGraphs::capture(self.pe.rank_mut(), &stream, transport, steps)?])
+    }
+}
+
+/// Latency (rank 0 initiates, rank 1 answers) and rank 0 -> rank 1 bandwidth; only rank 0's
+/// numbers are meaningful.
+fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let nv = &session.nvshmem;
+    let me = nv.my_pe();
+    let ctx = &session.ctx;
+    let stream = ctx.new_stream().during("probe stream")?;
+    let flag = nv.alloc::<u64>(1)?;
+    let status = DeviceBuffer::<WaitStatus>::zeroed(ctx, 1)?;
+    let other = if me == 0 { 1 } else { 0 };
+    let peer_flag = flag.peer_ptr(other).ok_or_else(|| HaloError::Nvshmem("PE 1 is not reachable by loads and stores from PE 0".into()));
+    let mapped = comm.all(peer_flag.is_ok())?;
+    let peer_flag = if mapped { peer_flag? } else { return Err(HaloError::Nvshmem("PEs 0 and 1 cannot map each other's memory: no latency probe".into())) };
+    let mut latency = Vec::with_capacity(repeats);
+    for rep in 0..repeats + 1 {
+        flag.fill_bytes(0)?;
+        ctx.synchronize().during("zeroing the flag")?;
+        nv.barrier_all()?;
+        if me <= 1 {
+            let t = floor::time_on_stream(&stream, || {
+                // SAFETY: both flags are live zeroed symmetric slots, the peer's mapped by
+                // nvshmem_ptr; PE 1 runs the other side (flags swapped) at the same time.
+                unsafe { floor::launch_ping_pong(&session.module, &stream, flag.device_ptr(), peer_flag, PING_ROUNDS, me == 0, &status) }
+            })?;
+            floor::check_ping_pong(&status)?;
+            if rep > 0 {
+                latency.push(t / (2.0 * PING_ROUNDS as f64));
+            }
+        }
+        nv.barrier_all()?;
+    }
+    let big = nv.alloc::<u8>(BW_BYTES)?;
+    let dst = big.peer_ptr(other);
+    let mut bw = Vec::with_capacity(repeats);
+    for rep in 0..repeats + 1 {
+        nv.barrier_all()?;
+        if let (0, Some(dst)) = (me, dst) {
+            // SAFETY: both are BW_BYTES-byte symmetric buffers (local, and PE 1's mapping); PE 1
+            // does not touch its copy during the probe (it waits at the barrier).
+            let t = unsafe { floor::time_copy(&stream, dst, big.device_ptr(), BW_BYTES)? };
+            if rep > 0 {
+                bw.push(BW_BYTES as f64 / t);
+            }
+        }
+        nv.barrier_all()?;
+    }
+    drop(big);
+    drop(flag);
+    Ok((latency, bw))
+}
+
+fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
+    let session = PeSession::start(env, cfg.nvshmem_lib.as_deref())?;
+    let nv = session.nvshmem.clone();
+    let (me, npes) = (nv.my_pe(), nv.n_pes());
+    let nranks: usize = cfg.grid.iter().product();
+    if nranks != npes {
+        return Err(HaloError::InvalidInput(format!("--ranks {} has {nranks} ranks but {npes} processes run", grid_text(cfg.grid))));
+    }
+    let capacity = 3 * Phase::ALL.len() * cfg.repeats.max(1) + 64;
+    let comm = PeComm::new(nv.clone(), capacity)?;
+    // Every rank must run the same list in the same order, or the collectives would cross.
+    let prints = comm.all_gather(&[f64::from_bits(cfg.fingerprint())])?;
+    if prints.iter().any(|p| p[0].to_bits() != cfg.fingerprint()) {
+        return Err(HaloError::InvalidInput("the ranks were started with different bench options".into()));
+    }
+
+    let probes = local_probes(&session.module, cfg.repeats)?;
+    let (latency, peer_bw) = pe_pair_probes(&session, &comm, cfg.repeats)?;
+    // NVSHMEM runs one PE per GPU, so partners are always on another GPU.
+    let link = Link::Peer;
+    let floor = if me == 0 {
+        Some(floor_report("PE 0 and PE 1 (NVSHMEM)".into(), &latency, Some(peer_bw.as_slice()), &probes)?)
+    } else {
+        None
+    };
+    // Every rank uses rank 0's floor for the formulas (only rank 0 reports them).
+    let floor_words = floor.as_ref().map(|f| {
+        let i = f.inputs();
+        [i.one_way_latency_s, i.peer_bw.unwrap_or(0.0), i.device_bw, i.launch_s, i.graph_launch_s, i.host_sync_s]
+    });
+    let shared = comm.all_gather(&floor_words.unwrap_or([0.0; 6]))?;
+    let w = &shared[0];
+    let inputs = floor::FloorInputs {
+        one_way_latency_s: w[0],
+        peer_bw: (w[1] > 0.0).then_some(w[1]),
+        device_bw: w[2],
+        launch_s: w[3],
+        graph_launch_s: w[4],
+        host_sync_s: w[5],
+    };
+
+    let bar = progress_bar(cfg, me == 0);
+    let mut nccl_comm: Option<(Arc<Nccl>, Rc<NcclComm>)> = None;
+    let mut nccl_failed: Option<String> = None;
+    let mut results = Vec::new();
+    for &atoms in &cfg.atoms {
+        bar.set_message(format!("{atoms} atoms: building halos"));
+        let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
+        let sizes = HaloSizes::of(&halos);
+        for variant in Variant::list(&cfg.methods, cfg.graph) {
+            bar.set_message(format!("{atoms} atoms: {}", variant.name()));
+            let skip = |why: String, bar: &indicatif::ProgressBar| {
+                bar.inc((cfg.warmup + cfg.repeats) as u64);
+                VariantResult::skipped(atoms, variant.name(), why)
+            };
+            let mut pe = PeExchange::new(nv.clone(), session.module.clone(), halos.clone(), PathPolicy::Auto)?;
+            pe.rank_mut().set_wait_timeout(cfg.wait_timeout);
+            pe.rank().x.fill_bytes(0)?;
+            pe.rank().f.fill_bytes(0)?;
+            let usable = match variant.method.transport() {
+                Some(t) => pe.check_transport(t).err().map(|e| e.to_string()),
+                None => None,
+            };
+            if !comm.all(usable.is_none())? {
+                results.push(skip(usable.unwrap_or_else(|| "not possible on another rank".into()), &bar));
+                continue;
+            }
+            let nccl = if variant.method == Method::Nccl {
+                if nccl_comm.is_none() && nccl_failed.is_none() {
+                    match pe_nccl(&session, &comm) {
+                        Ok(c) => nccl_comm = Some(c),
+                        Err(e) => nccl_failed = Some(e.to_string()),
+                    }
+                }
+                match (&nccl_comm, &nccl_failed) {
+                    (Some(c), _) => Some(c.clone()),
+                    (None, why) => {
+                        results.push(skip(why.clone().unwrap_or_default(), &bar));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let mut x = PeBench { pe, nvshmem: nv.clone(), nccl };
+            let samples = bench_variant(&mut x, variant, cfg, &bar)?;
+            // The slowest rank counts: elementwise max over ranks.
+            let all = comm.all_gather(&flatten(&samples))?;
+            let worst: Vec<f64> = (0..all[0].len()).map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
+            results.push(result_row(atoms, variant, &sizes, &unflatten(&worst, cfg.repeats), &inputs, link, cfg.steps));
+            drop(x); // symmetric buffers are freed collectively, in the same order on every rank
+        }
+    }
+    bar.finish_and_clear();
+    drop(nccl_comm);
+    nv.barrier_all()?;
+    let Some(floor) = floor else { return Ok(None) };
+    Ok(Some(BenchReport {
+        mode: format!("{npes} processes, one GPU each (NVSHMEM)"),
+        ranks: grid_text(cfg.grid),
+        gpus: vec![session.ctx.name().unwrap_or_else(|_| "GPU".into()); npes],
+        halos: format!("{:?}", cfg.halos).to_lowercase(),
+        steps: cfg.steps,
+        repeats: cfg.repeats,
+        warmup: cfg.warmup,
+        command: cfg.command.clone(),
+        floor,
+        results,
+    }))
+}
+
+/// Every PE joins one NCCL communicator (rank = PE), the unique id travelling over the
+/// symmetric heap. Collective: every PE gets the same outcome.
+fn pe_nccl(session: &PeSession, comm: &PeComm) -> Result<(Arc<Nccl>, Rc<NcclComm>)> {
+    let nv = &session.nvshmem;
+    let loaded = Nccl::load();
+    if !comm.all(loaded.is_ok())? {
+        return Err(loaded.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL is missing on another rank".into())));
+    }
+    let nccl = loaded?;
+    let id = if nv.my_pe() == 0 { nccl.unique_id() } else { Ok(nccl::UniqueId([0; 128])) };
+    if !comm.all(id.is_ok())? {
+        return Err(id.err().unwrap_or_else(|| HaloError::InvalidInput("rank 0 could not create an NCCL id".into())));
+    }
+    let id = nccl::UniqueId(comm.broadcast_bytes(&id?.0)?);
+    session.ctx.bind_to_thread().during("binding the context")?;
+    let c = nccl.comm_init_rank(nv.n_pes(), id, nv.my_pe());
+    if !comm.all(c.is_ok())? {
+        return Err(c.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL init failed on another rank".into())));
+    }
+    Ok((nccl, Rc::new(c?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flatten_round_trips() {
+        let s: Vec<Vec<Sample>> = (0..3)
+            .map(|p| (0..4).map(|r| Sample { gpu_s: (p * 10 + r) as f64, cpu_s: 0.5, syncs: p as f64 }).collect())
+            .collect();
+        let back = unflatten(&flatten(&s), 4);
+        for p in 0..3 {
+            for r in 0..4 {
+                assert_eq!(back[p][r].gpu_s, s[p][r].gpu_s);
+                assert_eq!(back[p][r].syncs, s[p][r].syncs);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_use_the_step_loop_for_host_numbers() {
+        let mk = |g: f64, syncs: f64| Sample { gpu_s: g, cpu_s: 2e-6, syncs };
+        let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
+        let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
+        let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, 200);
+        let step = r.step_us.unwrap();
+        assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
+        assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);
+        assert!((r.host_cpu_us.unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(r.host_syncs_per_step, Some(0.0));
+        assert!((r.ns_per_day_exchange_only.unwrap() - 21_600.0).abs() < 1e-6);
+        // 18 kB over 400 GB/s = 45 ns < 1 us latency: floor 3 us each way.
+        assert!((r.floor_step_us.unwrap() - 6.0).abs() < 1e-9);
+    }
+}
