@@ -30,4 +30,5 @@ pub mod route;
 pub mod system;
 pub mod decomp;
 pub mod md_reference;
+pub mod integrity;
 pub mod bench;

@@ -159,15 +159,7 @@ impl Nvshmem {
     /// it), so its kernels may call NVSHMEM device functions. Must happen before any such launch.
     pub fn register_module(self: &Arc<Self>, module: &mut KernelModule) -> Result<()> {
         let device = module_nvshmem_version(module)?;
-        let host = self.version();
-        // NVSHMEM's rule: same major, device minor <= host minor (patch ignored).
-        if device.0 != host.0 || device.1 > host.1 {
-            return Err(HaloError::Nvshmem(format!(
-                "the kernels were built against NVSHMEM {}.{}.{} but the host library {} is {}.{}.{}: \
-                 rebuild with `cargo xtask build-ptx --nvshmem {}.{}.{}` or load a matching library (HALO_NVSHMEM_LIB)",
-                device.0, device.1, device.2, self.library_path().display(), host.0, host.1, host.2, host.0, host.1, host.2
-            )));
-        }
+        check_nvshmem_versions(device, self.version(), self.library_path())?;
         self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals.
         let rc = unsafe { (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _) };
@@ -192,11 +184,8 @@ impl Nvshmem {
         // SAFETY: collective allocation; the size is identical on every PE by the caller's contract.
         let p = unsafe { (self.lib.api.nvshmem_align)(256, bytes) };
         if p.is_null() {
-            let configured = std::env::var("NVSHMEM_SYMMETRIC_SIZE").unwrap_or_else(|_| "the default (1 GiB)".into());
-            return Err(HaloError::Nvshmem(format!(
-                "the NVSHMEM symmetric heap is too small for {bytes} more bytes (NVSHMEM_SYMMETRIC_SIZE is {configured}): \
-                 raise NVSHMEM_SYMMETRIC_SIZE, e.g. NVSHMEM_SYMMETRIC_SIZE=4G"
-            )));
+            let configured = std::env::var("NVSHMEM_SYMMETRIC_SIZE").ok();
+            return Err(HaloError::Nvshmem(heap_too_small_message(bytes, configured.as_deref())));
         }
         Ok(SymmetricBuffer { ptr: p as u64, len, nvshmem: self.clone(), _marker: PhantomData })
     }
@@ -208,6 +197,32 @@ impl Drop for Nvshmem {
         // SAFETY: the last handle: every symmetric buffer (which holds an Arc) is already freed.
         unsafe { (self.lib.api.nvshmemx_hostlib_finalize)() };
     }
+}
+
+/// Whether kernels built against NVSHMEM `device` (the device library linked into the PTX) may run
+/// with the host library of version `host` loaded from `library`. NVSHMEM's rule: the same major
+/// version, and a device minor no newer than the host minor (the patch level does not matter).
+/// The error names both versions, the library and both fixes. Pure, so it is tested without a GPU.
+pub fn check_nvshmem_versions(device: (i32, i32, i32), host: (i32, i32, i32), library: &Path) -> Result<()> {
+    if device.0 != host.0 || device.1 > host.1 {
+        return Err(HaloError::Nvshmem(format!(
+            "the kernels were built against NVSHMEM {}.{}.{} but the host library {} is {}.{}.{}: \
+             rebuild with `cargo xtask build-ptx --nvshmem {}.{}.{}` or load a matching library (HALO_NVSHMEM_LIB)",
+            device.0, device.1, device.2, library.display(), host.0, host.1, host.2, host.0, host.1, host.2
+        )));
+    }
+    Ok(())
+}
+
+/// The message for a failed symmetric allocation of `bytes` bytes, given the value of
+/// `NVSHMEM_SYMMETRIC_SIZE` (`None`: unset, so NVSHMEM's 1 GiB default applies). It names the
+/// variable to raise, because NVSHMEM sizes the heap once at init and cannot grow it.
+pub fn heap_too_small_message(bytes: usize, configured: Option<&str>) -> String {
+    let configured = configured.unwrap_or("the default (1 GiB)");
+    format!(
+        "the NVSHMEM symmetric heap is too small for {bytes} more bytes (NVSHMEM_SYMMETRIC_SIZE is {configured}): \
+         raise NVSHMEM_SYMMETRIC_SIZE, e.g. NVSHMEM_SYMMETRIC_SIZE=4G"
+    )
 }
 
 /// `(major, minor, patch)` of the NVSHMEM device library linked into a module

@@ -1,7 +1,7 @@
 //! Checking a halo plan before anything trusts it: what the exchange kernels assume about sizes,
 //! offsets and index maps, stated once and enforced with a reason per failure.
 
-use super::{HaloPlan, PlanError};
+use super::{HaloPlan, PlanError, RankGrid};
 
 impl HaloPlan {
     /// Checks the plan's structure:
@@ -16,6 +16,9 @@ impl HaloPlan {
     /// - pulse 0 of a dimension sends only atoms present before it (`< atom_offset`); pulse
     ///   `p > 0` sends only atoms received in pulse `p - 1`; no map names an atom twice.
     pub fn validate(&self) -> Result<(), PlanError> {
+        // A deserialized grid skips `RankGrid::new`: zero or overflowing counts would divide by
+        // zero or overflow below.
+        RankGrid::new(self.grid.dims)?;
         let geo = self.decomposition()?;
         let layout = geo.pulse_layout();
         let grid = self.grid;
@@ -86,15 +89,18 @@ impl HaloPlan {
                     let before = &r.pulses[pulse - 1];
                     (before.atom_offset, before.atom_offset + before.recv_size)
                 };
-                let mut seen = vec![false; hi - lo];
                 for (entry, &index) in p.index_map.iter().enumerate() {
                     let i = index as usize;
                     if i < lo || i >= hi {
                         return Err(PlanError::IndexOutOfRange { rank, pulse, entry, index, lo, hi });
                     }
-                    if std::mem::replace(&mut seen[i - lo], true) {
-                        return Err(PlanError::DuplicateIndex { rank, pulse, index });
-                    }
+                }
+                // Duplicates by sorting a copy, not by a bitmap of [lo, hi): a corrupted receive
+                // size can make that range far larger than memory (found by tests/plan_fuzz.rs).
+                let mut sorted = p.index_map.clone();
+                sorted.sort_unstable();
+                if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(PlanError::DuplicateIndex { rank, pulse, index: w[0] });
                 }
                 end = end.checked_add(p.recv_size).ok_or(PlanError::TooManyAtoms { atoms: usize::MAX })?;
             }

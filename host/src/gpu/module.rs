@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use kernels_gpu::abi;
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Grid, block and dynamic shared memory of one launch.
@@ -49,18 +49,10 @@ impl KernelModule {
     /// Loads the module for `ctx`'s GPU from `artifacts`, and checks its ABI version global.
     pub fn load(ctx: &Arc<CudaContext>, artifacts: &KernelArtifacts) -> Result<Self> {
         let device_arch = super::arch_of(ctx)?;
-        let built = &artifacts.manifest.arch;
-        let (device_sm, built_sm) = (sm_number(&device_arch), sm_number(built));
-        if device_sm < built_sm {
-            return Err(HaloError::WrongArch {
-                path: artifacts.ptx_path(),
-                built: built.clone(),
-                device: device_arch,
-                ordinal: ctx.ordinal(),
-            });
-        }
-        // Exact match: the cubin (no JIT). Newer GPU: the driver JIT-compiles the PTX.
-        let path = if device_sm == built_sm { artifacts.cubin_path() } else { artifacts.ptx_path() };
+        let path = match check_arch(&device_arch, &artifacts.manifest.arch, &artifacts.ptx_path(), ctx.ordinal())? {
+            ModuleChoice::Cubin => artifacts.cubin_path(),
+            ModuleChoice::Ptx => artifacts.ptx_path(),
+        };
         let mut image = std::fs::read(&path).map_err(|source| HaloError::Io { what: "reading kernel module", path: path.clone(), source })?;
         if path.extension().is_some_and(|e| e == "ptx") {
             image.push(0); // the driver reads PTX as a C string
@@ -170,7 +162,65 @@ impl Drop for KernelModule {
     }
 }
 
+/// Which file of a kernel build a GPU loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleChoice {
+    /// The GPU is the architecture the kernels were built for: its cubin, no JIT.
+    Cubin,
+    /// The GPU is newer: the driver JIT-compiles the PTX (PTX is forward compatible).
+    Ptx,
+}
+
+/// Decides what GPU `ordinal` of architecture `device_arch` (e.g. `sm_90`) loads from kernels
+/// built for `built_arch`: the cubin on an exact match, the PTX on a newer GPU, and
+/// [`HaloError::WrongArch`] (naming `ptx_path` and the rebuild command) on an older GPU, which
+/// cannot run code for a later architecture. Pure, so every case is tested without a GPU.
+pub fn check_arch(device_arch: &str, built_arch: &str, ptx_path: &Path, ordinal: usize) -> Result<ModuleChoice> {
+    let (device_sm, built_sm) = (sm_number(device_arch), sm_number(built_arch));
+    if device_sm < built_sm {
+        return Err(HaloError::WrongArch {
+            path: ptx_path.to_path_buf(),
+            built: built_arch.to_string(),
+            device: device_arch.to_string(),
+            ordinal,
+        });
+    }
+    Ok(if device_sm == built_sm { ModuleChoice::Cubin } else { ModuleChoice::Ptx })
+}
+
 /// `sm_90` -> 90 (0 when unparsable, which makes any device "newer").
 fn sm_number(arch: &str) -> u32 {
     arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ptx() -> PathBuf {
+        PathBuf::from("/k/halo_kernels.sm_90.ptx")
+    }
+
+    #[test]
+    fn check_arch_same_gpu_loads_the_cubin() {
+        assert_eq!(check_arch("sm_90", "sm_90", &ptx(), 0).ok(), Some(ModuleChoice::Cubin));
+        // The arch-specific suffix does not change the generation.
+        assert_eq!(check_arch("sm_90", "sm_90a", &ptx(), 0).ok(), Some(ModuleChoice::Cubin));
+    }
+
+    #[test]
+    fn check_arch_newer_gpu_jit_compiles_the_ptx() {
+        assert_eq!(check_arch("sm_100", "sm_90", &ptx(), 0).ok(), Some(ModuleChoice::Ptx));
+        assert_eq!(check_arch("sm_120", "sm_80", &ptx(), 3).ok(), Some(ModuleChoice::Ptx));
+    }
+
+    #[test]
+    fn check_arch_older_gpu_is_refused_with_the_rebuild_command() {
+        let err = check_arch("sm_80", "sm_90", &ptx(), 2).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("built for sm_90"), "{err}");
+        assert!(err.contains("GPU 2 is sm_80"), "{err}");
+        assert!(err.contains("cargo xtask build-ptx --arch sm_80"), "{err}");
+        assert!(err.contains("/k/halo_kernels.sm_90.ptx"), "{err}");
+        assert!(matches!(check_arch("sm_86", "sm_90", &ptx(), 0), Err(HaloError::WrongArch { .. })));
+    }
 }
