@@ -31,4 +31,5 @@ pub mod system;
 pub mod decomp;
 pub mod md_reference;
 pub mod integrity;
+pub mod md;
 pub mod bench;

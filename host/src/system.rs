@@ -78,11 +78,15 @@ pub struct MolecularSystem {
     pub seed: u64,
 }
 
-/// The two atom types of generated systems: a water-oxygen-like and a united-atom CH2-like site.
+/// The two atom types of generated systems, heavy-atom-like masses and energies with a σ that fits
+/// the density: at 100 atoms/nm³ the lattice spacing is 0.215 nm, so σ ≈ 0.19 nm puts neighbours
+/// near the LJ minimum (2^(1/6) σ). With water-like σ = 0.316 nm at this density every atom would sit
+/// deep in its neighbours' repulsion (forces ~3·10⁴ kJ/mol/nm) and the liquid would explode within
+/// a pair-list interval.
 pub fn default_atom_types() -> Vec<AtomType> {
     vec![
-        AtomType { name: "OW".into(), mass: 15.999, sigma: 0.316, epsilon: 0.650 },
-        AtomType { name: "CH2".into(), mass: 14.027, sigma: 0.300, epsilon: 0.500 },
+        AtomType { name: "A".into(), mass: 15.999, sigma: 0.195, epsilon: 0.650 },
+        AtomType { name: "B".into(), mass: 14.027, sigma: 0.185, epsilon: 0.500 },
     ]
 }
 
@@ -288,7 +292,7 @@ mod tests {
     fn combination_rules() {
         let s = MolecularSystem::generate(1, 0).unwrap();
         let p = s.lj_pair(0, 1);
-        let sigma: f64 = 0.308;
+        let sigma: f64 = 0.19;
         let eps = (0.65f64 * 0.5).sqrt();
         assert!((p.c6 - 4.0 * eps * sigma.powi(6)).abs() < 1e-12);
         assert_eq!(s.lj_table_f32().len(), 4);

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -26,6 +26,8 @@ pub const KERNEL_ENTRIES: &[&str] = &[
     FUSED_COORDS_TMA,
     FUSED_FORCES,
     SIGNAL_PING_PONG,
+    LJ_PAIR_FORCES,
+    LEAPFROG,
 ];
 
 /// `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`: `out[i] = x[map[i]] (+ shift)`.
@@ -50,6 +52,11 @@ pub const FUSED_FORCES: &str = "fused_forces";
 
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
+
+/// `lj_pair_forces(x, types, lj, ntypes, row_start, cols, rows, f, box_x, box_y, box_z, rc2)`.
+pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
+/// `leapfrog(x, v, f, inv_mass, n, dt)`.
+pub const LEAPFROG: &str = "leapfrog";
 
 /// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
 /// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Atoms in the demo's gather.
+    /// Atoms in the demo's first check, a gather.
     #[arg(long, default_value_t = 1_000_000)]
     atoms: usize,
 }
@@ -35,5 +35,22 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if !ok {
         bail!("the GPU gather differs from the CPU reference");
     }
-    Ok(())
+    // The default run: the mini-MD step, 2x2x2 ranks spread over every visible GPU, the fused
+    // GPU-initiated exchange, checked against the undecomposed CPU reference every step.
+    let verify = super::verify::VerifyArgs {
+        atoms: 6000,
+        ranks: "2x2x2".parse().map_err(|e| anyhow::anyhow!("{e}"))?,
+        cutoff: 1.0,
+        buffer: 0.1,
+        nstlist: 10,
+        steps: 50,
+        dt: 0.002,
+        transport: halo::exchange::Transport::Fused,
+        check_every: 1,
+        seed: 1,
+        wait_timeout_ms: 5000,
+        force_put: false,
+        gpus: None,
+    };
+    super::verify::run(verify)
 }

@@ -3,6 +3,7 @@
 mod calibrate;
 mod bench;
 mod demo;
+mod verify;
 mod exchange_check;
 mod info;
 mod launch;
@@ -29,6 +30,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run the halo exchange alone on synthetic halos, checking every step against the CPU reference.
     ExchangeCheck(exchange_check::ExchangeCheckArgs),
+    /// The mini-MD step on the GPUs, checked against the undecomposed CPU reference every step.
+    Verify(verify::VerifyArgs),
     /// Start N ranks of a halo subcommand on this node, one per GPU: `halo launch -n 2 -- info`.
     Launch(launch::LaunchArgs),
     /// The halo plan of a synthetic system: per rank and pulse, sizes, offsets, neighbours (no GPU).
@@ -55,6 +58,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Verify(args) => verify::run(args),
         Command::ExchangeCheck(args) => exchange_check::run(args),
         Command::Route(args) => route::run(args),
         Command::Calibrate(args) => calibrate::run(args),

@@ -123,6 +123,7 @@ mod tests {
     fn mismatches_are_named() {
         let mut h = ring(3);
         h[1].pulses[0].recv_size = 3;
+        h[1].total_atoms = 7;
         assert!(validate(&h).unwrap_err().to_string().contains("expects 3"));
         let mut h = ring(3);
         h[0].pulses[0].index_map[1] = 9;

@@ -63,6 +63,19 @@ pub trait DeviceMemory<T: Pod> {
         unsafe { result::memset_d8_sync(self.device_ptr(), byte, self.len() * size_of::<T>()) }.during("filling device memory")
     }
 
+    /// Zeroes elements `start..start + len` on `stream`, in stream order.
+    fn zero_range_async(&self, start: usize, len: usize, stream: &CudaStream) -> Result<()> {
+        if start + len > self.len() {
+            return Err(HaloError::InvalidInput(format!("zeroing {start}..{} of a buffer of {}", start + len, self.len())));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range is inside the allocation (checked above); stream discipline as below.
+        unsafe { result::memset_d8_async(self.device_ptr_at(start), 0, len * size_of::<T>(), stream.cu_stream()) }
+            .during("zeroing device memory")
+    }
+
     /// Sets every byte to `byte` on `stream`, in stream order.
     fn fill_bytes_async(&self, byte: u8, stream: &CudaStream) -> Result<()> {
         if self.is_empty() {

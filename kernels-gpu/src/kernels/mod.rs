@@ -16,6 +16,7 @@ mod common;
 mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;
+mod md;
 mod pack;
 mod probe;
 mod pulse;

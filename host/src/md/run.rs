@@ -1,0 +1,315 @@
+//! Running the MD loop: all ranks in one process, or one rank per NVSHMEM PE; optionally checking
+//! every step against the CPU references.
+
+use super::domain::Domain;
+use super::rank::{MdRank, Physics};
+use crate::abi::Float3;
+use crate::decomp::RankGrid;
+use crate::error::{HaloError, Result};
+use crate::exchange::pe::{PathPolicy, PeExchange};
+use crate::exchange::{LocalRanks, Transport, reference};
+use crate::gpu::{DeviceMemory, KernelModule};
+use crate::launch::rendezvous;
+use crate::md_reference;
+use crate::session::PeSession;
+use crate::system::MolecularSystem;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to simulate and how.
+#[derive(Clone, Debug)]
+pub struct MdConfig {
+    /// Atoms in the synthetic liquid.
+    pub atoms: usize,
+    /// Rank grid.
+    pub grid: RankGrid,
+    /// Interaction cutoff (nm).
+    pub cutoff: f32,
+    /// Pair-list buffer added to the cutoff for the halo and the pair lists (nm).
+    pub buffer: f32,
+    /// Steps between re-decompositions.
+    pub nstlist: u64,
+    /// Time step (ps).
+    pub dt: f32,
+    /// Steps to run.
+    pub steps: u64,
+    /// Seed of the system.
+    pub seed: u64,
+    /// Exchange transport.
+    pub transport: Transport,
+    /// Check every `check_every` steps against the CPU references (0: never).
+    pub check_every: u64,
+    /// Deadline of every device wait.
+    pub wait_timeout: Duration,
+    /// PE mode: how pulses reach their peers.
+    pub path_policy: PathPolicy,
+}
+
+/// Errors of one checked step, per quantity (largest over ranks and atoms).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCheck {
+    /// Largest absolute coordinate difference after the coordinate halo (0: bit-exact).
+    pub coord_max_abs: f64,
+    /// Largest force-component difference after the force halo, against the undecomposed system,
+    /// relative to max(|F| of that atom, RMS force of the system). Not relative to the component
+    /// alone: a small net force is the sum of large pair forces, and f32 coordinates and sums err in
+    /// proportion to those (about 1e-5 of a pair force), not to what is left after they cancel.
+    pub force_max_rel: f64,
+    /// Largest absolute force difference (kJ/mol/nm).
+    pub force_max_abs: f64,
+}
+
+impl StepCheck {
+    fn merge(&mut self, o: StepCheck) {
+        self.coord_max_abs = self.coord_max_abs.max(o.coord_max_abs);
+        self.force_max_rel = self.force_max_rel.max(o.force_max_rel);
+        self.force_max_abs = self.force_max_abs.max(o.force_max_abs);
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct MdOutcome {
+    /// Steps run.
+    pub steps: u64,
+    /// Steps checked against the references.
+    pub checked_steps: u64,
+    /// Worst errors over the checked steps.
+    pub worst: StepCheck,
+    /// Re-decompositions.
+    pub rebuilds: u64,
+    /// Wall time of the steps (host clock, including checks).
+    pub wall: Duration,
+    /// Pairs within the list cutoff at the last rebuild.
+    pub pairs: usize,
+}
+
+/// Relative force tolerance against the undecomposed CPU forces (float accumulation order differs).
+pub const FORCE_TOLERANCE: f64 = 1e-4;
+
+impl MdConfig {
+    fn physics(&self, system: &MolecularSystem) -> Physics {
+        Physics { box_size: system.box_size, rc2: self.cutoff * self.cutoff, dt: self.dt, ntypes: system.atom_types.len() as u32 }
+    }
+
+    fn list_cutoff(&self) -> f32 {
+        self.cutoff + self.buffer
+    }
+
+    fn checks_step(&self, step: u64) -> bool {
+        self.check_every > 0 && step % self.check_every == 0
+    }
+}
+
+/// Compares one rank's coordinates (all local atoms) and home forces with the references.
+fn check_rank(domain: &Domain, r: usize, x: &[Float3], want_x: &[Float3], f: &[Float3], ref_f: &[[f64; 3]], step: u64) -> Result<StepCheck> {
+    let mut c = StepCheck::default();
+    for (i, (a, b)) in x.iter().zip(want_x).enumerate() {
+        let same = a.x.to_bits() == b.x.to_bits() && a.y.to_bits() == b.y.to_bits() && a.z.to_bits() == b.z.to_bits();
+        if !same {
+            return Err(HaloError::InvalidInput(format!(
+                "verification failed at step {step}: rank {r} local atom {i} (global {}) has coordinates {a:?} after the halo, the reference {b:?}",
+                domain.ranks[r].global_ids[i]
+            )));
+        }
+    }
+    let home = domain.plan.ranks[r].home_atoms;
+    let rms = (ref_f.iter().map(|v| v.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / ref_f.len().max(1) as f64).sqrt();
+    for (i, a) in f[..home].iter().enumerate() {
+        let g = domain.ranks[r].global_ids[i] as usize;
+        let norm = ref_f[g].iter().map(|c| c * c).sum::<f64>().sqrt().max(rms).max(1e-12);
+        for (u, v) in [(a.x, ref_f[g][0]), (a.y, ref_f[g][1]), (a.z, ref_f[g][2])] {
+            let abs = (f64::from(u) - v).abs();
+            let rel = abs / norm;
+            if !rel.is_finite() || rel > FORCE_TOLERANCE {
+                return Err(HaloError::InvalidInput(format!(
+                    "verification failed at step {step}: rank {r} atom {g} has force {a:?}, the undecomposed reference {:?} \
+                     (error {abs:.2e} kJ/mol/nm, {rel:.2e} of max(|F|, RMS force {rms:.1}))",
+                    ref_f[g]
+                )));
+            }
+            c.force_max_abs = c.force_max_abs.max(abs);
+            c.force_max_rel = c.force_max_rel.max(rel);
+        }
+    }
+    Ok(c)
+}
+
+/// Global positions from every rank's home coordinates.
+fn scatter_home(domain: &Domain, homes: &[Vec<Float3>], out: &mut [Float3]) {
+    for (r, h) in homes.iter().enumerate() {
+        for (i, v) in h.iter().enumerate() {
+            out[domain.ranks[r].global_ids[i] as usize] = *v;
+        }
+    }
+}
+
+/// All ranks in this process, rank `r` on GPU `r % modules.len()`.
+pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
+    let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+    let phys = cfg.physics(&system);
+    let lj = system.lj_table_f32();
+    let mut out = MdOutcome::default();
+    let started = Instant::now();
+    let mut state: Option<(Domain, LocalRanks, Vec<MdRank>)> = None;
+    for step in 0..cfg.steps {
+        if step % cfg.nstlist.max(1) == 0 {
+            if let Some((domain, ranks, md)) = state.take() {
+                // Gather home coordinates and velocities back into the system (a search step).
+                let homes = ranks.ranks().iter().map(|r| Ok(r.x.to_host()?[..r.halo().home_atoms].to_vec())).collect::<Result<Vec<_>>>()?;
+                let vels = md.iter().map(MdRank::velocities).collect::<Result<Vec<_>>>()?;
+                scatter_home(&domain, &homes, &mut system.positions);
+                scatter_home(&domain, &vels, &mut system.velocities);
+            }
+            let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
+            let mut ranks = LocalRanks::new(domain.halos.clone(), modules)?;
+            let homes = domain.home_values(&system.positions);
+            let vels = domain.home_values(&system.velocities);
+            let mut md = Vec::with_capacity(homes.len());
+            for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
+                rank.set_wait_timeout(cfg.wait_timeout);
+                rank.upload_coordinates(&homes[r])?;
+                md.push(MdRank::new(modules[r % modules.len()].clone(), &domain.ranks[r], homes[r].len(), &vels[r], &lj)?);
+            }
+            out.rebuilds += 1;
+            out.pairs = domain.total_pairs;
+            state = Some((domain, ranks, md));
+        }
+        let Some((domain, ranks, md)) = state.as_mut() else { unreachable!("built above") };
+        let n = md.len();
+        for r in 0..n {
+            md[r].begin_step(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        }
+        ranks.launch_coordinates(cfg.transport)?;
+        for r in 0..n {
+            md[r].nonlocal_forces(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        }
+        ranks.launch_forces(cfg.transport)?;
+        if cfg.checks_step(step) {
+            ranks.finish()?;
+            for m in md.iter() {
+                m.synchronize()?;
+            }
+            let xs = ranks.coordinates()?;
+            let fs = ranks.forces()?;
+            let homes: Vec<Vec<Float3>> = xs.iter().zip(&domain.halos).map(|(x, h)| x[..h.home_atoms].to_vec()).collect();
+            let want = reference::coordinates(&domain.halos, &homes);
+            scatter_home(domain, &homes, &mut system.positions);
+            let ref_f = md_reference::lj_forces(&system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+            let mut c = StepCheck::default();
+            for r in 0..n {
+                c.merge(check_rank(domain, r, &xs[r], &want[r], &fs[r], &ref_f, step)?);
+            }
+            out.worst.merge(c);
+            out.checked_steps += 1;
+            progress(step, &c);
+        }
+        for r in 0..n {
+            md[r].integrate(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        }
+        out.steps += 1;
+    }
+    if let Some((_, mut ranks, md)) = state {
+        ranks.finish()?;
+        for m in &md {
+            m.synchronize()?;
+        }
+    }
+    out.wall = started.elapsed();
+    Ok(out)
+}
+
+/// One rank per NVSHMEM PE (started by `halo launch`): every PE builds the same decomposition,
+/// runs its rank, and gathers home atoms through the launcher's rendezvous at search steps and
+/// checked steps.
+pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
+    let me = session.nvshmem.my_pe();
+    let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+    let phys = cfg.physics(&system);
+    let lj = system.lj_table_f32();
+    let mut out = MdOutcome::default();
+    let started = Instant::now();
+    let mut state: Option<(Domain, PeExchange, MdRank)> = None;
+    for step in 0..cfg.steps {
+        if step % cfg.nstlist.max(1) == 0 {
+            if let Some((domain, pe, md)) = state.take() {
+                let home = pe.rank().halo().home_atoms;
+                let x = pe.coordinates()?[..home].to_vec();
+                let v = md.velocities()?;
+                let all = gather(&format!("rebuild-{step}"), &[x, v])?;
+                scatter_home(&domain, &all.iter().map(|p| p[0].clone()).collect::<Vec<_>>(), &mut system.positions);
+                scatter_home(&domain, &all.iter().map(|p| p[1].clone()).collect::<Vec<_>>(), &mut system.velocities);
+                drop((pe, md));
+            }
+            let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
+            let mut pe = PeExchange::new(session.nvshmem.clone(), session.module.clone(), domain.halos.clone(), cfg.path_policy)?;
+            pe.rank_mut().set_wait_timeout(cfg.wait_timeout);
+            pe.check_transport(cfg.transport)?;
+            let homes = domain.home_values(&system.positions);
+            let vels = domain.home_values(&system.velocities);
+            pe.rank().upload_coordinates(&homes[me])?;
+            let md = MdRank::new(session.module.clone(), &domain.ranks[me], homes[me].len(), &vels[me], &lj)?;
+            pe.barrier()?; // every PE has its coordinates in place before any halo moves
+            out.rebuilds += 1;
+            out.pairs = domain.total_pairs;
+            state = Some((domain, pe, md));
+        }
+        let Some((domain, pe, md)) = state.as_mut() else { unreachable!("built above") };
+        let halo = pe.stream().clone();
+        md.begin_step(pe.rank(), &halo, &phys)?;
+        pe.launch_coordinates(cfg.transport)?;
+        md.nonlocal_forces(pe.rank(), &halo, &phys)?;
+        pe.launch_forces(cfg.transport)?;
+        if cfg.checks_step(step) {
+            pe.finish()?;
+            md.synchronize()?;
+            let x = pe.coordinates()?;
+            let f = pe.forces()?;
+            let home = pe.rank().halo().home_atoms;
+            let all = gather(&format!("check-{step}"), &[x[..home].to_vec()])?;
+            let homes: Vec<Vec<Float3>> = all.into_iter().map(|mut p| p.swap_remove(0)).collect();
+            let want = reference::coordinates(&domain.halos, &homes);
+            scatter_home(domain, &homes, &mut system.positions);
+            let ref_f = md_reference::lj_forces(&system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+            let c = check_rank(domain, me, &x, &want[me], &f, &ref_f, step)?;
+            out.worst.merge(c);
+            out.checked_steps += 1;
+            progress(step, &c);
+            pe.barrier()?; // no PE overwrites a halo that another is still checking
+        }
+        md.integrate(pe.rank(), &halo, &phys)?;
+        out.steps += 1;
+    }
+    if let Some((_, mut pe, md)) = state {
+        pe.finish()?;
+        md.synchronize()?;
+        pe.barrier()?;
+    }
+    out.wall = started.elapsed();
+    Ok(out)
+}
+
+/// Every PE's arrays (same count per PE, any lengths), through the launcher's rendezvous.
+fn gather(tag: &str, mine: &[Vec<Float3>]) -> Result<Vec<Vec<Vec<Float3>>>> {
+    let mut bytes = Vec::new();
+    for a in mine {
+        bytes.extend_from_slice(&(a.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(bytemuck::cast_slice(a));
+    }
+    let all = rendezvous::all_gather(tag, &bytes).map_err(|e| HaloError::InvalidInput(format!("gathering atoms across PEs (needs `halo launch`): {e}")))?;
+    all.iter()
+        .map(|b| {
+            let mut arrays = Vec::with_capacity(mine.len());
+            let mut at = 0usize;
+            for _ in 0..mine.len() {
+                let len = b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()) as usize);
+                let len = len.ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
+                at += 8;
+                let raw = b.get(at..at + 12 * len).ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
+                arrays.push(bytemuck::pod_collect_to_vec::<u8, Float3>(raw));
+                at += 12 * len;
+            }
+            Ok(arrays)
+        })
+        .collect()
+}
