@@ -16,11 +16,13 @@ pub const NVSHMEM_VERSION: &str = "3.4.5";
 /// machines' nvcc 13.0.88).
 pub const CUDA_NVCC_WHEEL: &str = "nvidia-cuda-nvcc==13.0.88";
 
-/// `cargo` for host builds: the same cargo that runs the xtask, with no toolchain override.
+/// `cargo` for host builds: the same cargo (and toolchain) that runs the xtask. The
+/// `RUSTUP_TOOLCHAIN` that rustup set for us is kept on purpose: without it, rustc invoked inside a
+/// dependency's folder obeys that crate's own `rust-toolchain` file (jpeg-decoder ships one
+/// pinning 1.61.0) and fails on machines that lack that toolchain.
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(crate::workspace_root());
-    cmd.env_remove("RUSTUP_TOOLCHAIN");
     cmd
 }
 

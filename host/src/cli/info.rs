@@ -51,6 +51,16 @@ pub fn run(args: InfoArgs) -> Result<()> {
             total as f64 / (1u64 << 30) as f64
         );
     }
+    // Peer access and link type of every pair (the same probe the router's discovery uses).
+    if n > 1 {
+        println!("peer access and links:");
+        let probe = halo::route::gpu_facts::DriverProbe::new()?;
+        for i in 0..n {
+            for link in halo::route::gpu_facts::probe_links(&probe, i)? {
+                println!("  GPU {i} -> {link}");
+            }
+        }
+    }
     Ok(())
 }
 

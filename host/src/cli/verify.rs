@@ -38,7 +38,7 @@ pub struct VerifyArgs {
     /// Halo transport.
     #[arg(long, value_enum, default_value = "fused")]
     pub transport: Transport,
-    /// Check every N steps (1: every step).
+    /// Check every N steps (1: every step; 0: never, and time the steps instead).
     #[arg(long, default_value_t = 1)]
     pub check_every: u64,
     /// Seed of the system.
@@ -75,6 +75,19 @@ impl VerifyArgs {
 }
 
 fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) {
+    if let Some(us) = o.median_step_us() {
+        let mut v = o.window_step_us.clone();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "{who}: MD step time {us:.1} µs median [{:.1}-{:.1}] over {} windows of steps between searches \
+             (GPU timeline of rank 0; search steps excluded): {:.0} ns/day at {} fs",
+            v[0],
+            v[v.len() - 1],
+            v.len(),
+            86_400.0 * 1e6 / us * f64::from(args.dt) * 1e-3,
+            args.dt * 1000.0
+        );
+    }
     println!(
         "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} checked against the CPU reference, {} re-decompositions, {} pairs; \
          coordinates after the halo: max abs err {:.1e} (bit-exact: {}); forces vs undecomposed: max rel err {:.2e}, max abs err {:.2e} kJ/mol/nm; {:.2} s",

@@ -45,7 +45,7 @@ impl LocalRanks {
         for (r, halo) in halos.into_iter().enumerate() {
             let module = modules[r % modules.len()].clone();
             let ctx: Arc<CudaContext> = module.context().clone();
-            streams.push(ctx.new_stream().during("creating a rank stream")?);
+            streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
         let views: Vec<PeerView> = ranks.iter().map(RankExchange::local_view).collect();

@@ -73,7 +73,7 @@ impl PeExchange {
         }
         let (sms, per_sm) = rank.residency()?;
         rank.cap_grids(sms * per_sm / halos[me].pulses.len().max(1) as u32);
-        let stream = module.context().new_stream().during("creating the halo stream")?;
+        let stream = super::rank::halo_stream(module.context())?;
         nvshmem.barrier_all()?;
         Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0 })
     }

@@ -396,6 +396,14 @@ impl RankExchange {
     }
 }
 
+/// A stream of the highest priority the device offers, for the halo: its short, latency-bound
+/// kernels should not queue behind the bulk force work on the local stream (GROMACS does the same).
+pub fn halo_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    ctx.bind_to_thread().during("binding the context")?;
+    let (_least, greatest) = cudarc::driver::result::stream::get_priority_range().during("reading stream priorities")?;
+    ctx.new_stream_with_priority(greatest).during("creating the halo stream")
+}
+
 /// Makes this context able to access `peer`'s memory (no-op when already enabled or same device).
 pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool> {
     if ctx.ordinal() == peer.ordinal() {

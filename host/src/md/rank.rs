@@ -42,6 +42,8 @@ pub struct MdRank {
     home_forces_zeroed: CudaEvent,
     forces_done: CudaEvent,
     coordinates_ready: CudaEvent,
+    window_start: CudaEvent,
+    window_end: CudaEvent,
 }
 
 impl MdRank {
@@ -50,6 +52,7 @@ impl MdRank {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
+        let timing_event = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).during("creating an event");
         Ok(Self {
             v: DeviceBuffer::from_host(&ctx, velocities)?,
             types: DeviceBuffer::from_host(&ctx, &domain.types)?,
@@ -64,6 +67,8 @@ impl MdRank {
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
+            window_start: timing_event()?,
+            window_end: timing_event()?,
             local,
             module,
         })
@@ -110,6 +115,22 @@ impl MdRank {
         let mut args = kernel_args![x, t, lj, nt, rs, cs, n, f, bx, by, bz, rc2];
         // SAFETY: arguments match `lj_pair_forces`; the CSR indexes only local atoms of this rank.
         unsafe { self.module.launch(abi::LJ_PAIR_FORCES, LaunchShape::for_items(nrows, MAX_GATHER_BLOCKS), stream, &mut args) }
+    }
+
+    /// Marks the start of a timed window of steps on the local stream (before `begin_step`).
+    pub fn mark_window_start(&self) -> Result<()> {
+        self.window_start.record(&self.local).during("recording a timing event")
+    }
+
+    /// Marks the end of a timed window (after `integrate`).
+    pub fn mark_window_end(&self) -> Result<()> {
+        self.window_end.record(&self.local).during("recording a timing event")
+    }
+
+    /// GPU time between the window marks, in milliseconds (waits for the end mark).
+    pub fn window_ms(&self) -> Result<f32> {
+        self.window_end.synchronize().during("waiting for a timing event")?;
+        self.window_start.elapsed_ms(&self.window_end).during("reading a timing event")
     }
 
     /// Velocities of the home atoms (synchronous; for rebuilds and checks).

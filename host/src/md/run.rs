@@ -82,6 +82,18 @@ pub struct MdOutcome {
     pub wall: Duration,
     /// Pairs within the list cutoff at the last rebuild.
     pub pairs: usize,
+    /// GPU time per step (µs) of each window of steps between two search steps that had no
+    /// checked step, on rank 0's local stream (the step's end), in order.
+    pub window_step_us: Vec<f64>,
+}
+
+impl MdOutcome {
+    /// Median of [`Self::window_step_us`], if any window was timed.
+    pub fn median_step_us(&self) -> Option<f64> {
+        let mut v = self.window_step_us.clone();
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    }
 }
 
 /// Relative force tolerance against the undecomposed CPU forces (float accumulation order differs).
@@ -98,6 +110,19 @@ impl MdConfig {
 
     fn checks_step(&self, step: u64) -> bool {
         self.check_every > 0 && step % self.check_every == 0
+    }
+
+    /// Whether `step` opens a timed window: the step after a search step, when no step of the
+    /// window is checked (a check synchronises the host and would be timed too).
+    fn opens_window(&self, step: u64) -> bool {
+        let n = self.nstlist.max(2);
+        step % n == 1 && (step..(step + n - 1).min(self.steps)).all(|s| !self.checks_step(s))
+    }
+
+    /// Whether `step` closes the window opened at `step - (nstlist - 2)` (or ends the run).
+    fn closes_window(&self, step: u64) -> bool {
+        let n = self.nstlist.max(2);
+        step % n == n - 1 || step + 1 == self.steps
     }
 }
 
@@ -152,6 +177,7 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: im
     let mut out = MdOutcome::default();
     let started = Instant::now();
     let mut state: Option<(Domain, LocalRanks, Vec<MdRank>)> = None;
+    let mut window: Option<u64> = None;
     for step in 0..cfg.steps {
         if step % cfg.nstlist.max(1) == 0 {
             if let Some((domain, ranks, md)) = state.take() {
@@ -177,6 +203,10 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: im
         }
         let Some((domain, ranks, md)) = state.as_mut() else { unreachable!("built above") };
         let n = md.len();
+        if cfg.opens_window(step) {
+            window = Some(step);
+            md[0].mark_window_start()?;
+        }
         for r in 0..n {
             md[r].begin_step(&ranks.ranks()[r], ranks.stream(r), &phys)?;
         }
@@ -207,6 +237,11 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: im
         for r in 0..n {
             md[r].integrate(&ranks.ranks()[r], ranks.stream(r), &phys)?;
         }
+        if let Some(first) = window.filter(|_| cfg.closes_window(step)) {
+            md[0].mark_window_end()?;
+            out.window_step_us.push(f64::from(md[0].window_ms()?) * 1e3 / (step + 1 - first) as f64);
+            window = None;
+        }
         out.steps += 1;
     }
     if let Some((_, mut ranks, md)) = state {
@@ -230,6 +265,7 @@ pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64,
     let mut out = MdOutcome::default();
     let started = Instant::now();
     let mut state: Option<(Domain, PeExchange, MdRank)> = None;
+    let mut window: Option<u64> = None;
     for step in 0..cfg.steps {
         if step % cfg.nstlist.max(1) == 0 {
             if let Some((domain, pe, md)) = state.take() {
@@ -256,6 +292,10 @@ pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64,
         }
         let Some((domain, pe, md)) = state.as_mut() else { unreachable!("built above") };
         let halo = pe.stream().clone();
+        if cfg.opens_window(step) {
+            window = Some(step);
+            md.mark_window_start()?;
+        }
         md.begin_step(pe.rank(), &halo, &phys)?;
         pe.launch_coordinates(cfg.transport)?;
         md.nonlocal_forces(pe.rank(), &halo, &phys)?;
@@ -278,6 +318,11 @@ pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64,
             pe.barrier()?; // no PE overwrites a halo that another is still checking
         }
         md.integrate(pe.rank(), &halo, &phys)?;
+        if let Some(first) = window.filter(|_| cfg.closes_window(step)) {
+            md.mark_window_end()?;
+            out.window_step_us.push(f64::from(md.window_ms()?) * 1e3 / (step + 1 - first) as f64);
+            window = None;
+        }
         out.steps += 1;
     }
     if let Some((_, mut pe, md)) = state {
