@@ -1,10 +1,11 @@
 //! The transport router on synthetic topologies: levels, symmetry, cache epochs, weights,
-//! capabilities, overrides, failover and configuration precedence. No GPU needed.
+//! capabilities, overrides, failover, configuration precedence, the caller's transport set and
+//! unmeasured defaults against a real calibration file. No GPU needed.
 
 use halo::route::{
-    DistanceLevel, Exclusion, IntraNodeLink, ManualClock, Op, Outcome, PeBitmap, Placement,
-    RouteConfig, RouteError, RouteReason, Router, Topology, TopologyFile, Transport, WeightSource,
-    synthetic_facts, topology_from_facts,
+    DistanceLevel, EXCHANGE_TRANSPORTS, Exclusion, IntraNodeLink, ManualClock, Op, Outcome,
+    PeBitmap, Placement, RouteConfig, RouteError, RouteReason, Router, Topology, TopologyFile,
+    Transport, TransportSet, WeightSource, single_node, synthetic_facts, topology_from_facts,
 };
 use std::io::Write;
 use std::path::Path;
@@ -630,4 +631,96 @@ fn topology_file_errors_are_specific() {
     let fabric = pcie.fabric(p).expect("valid");
     let t = topology_from_facts(&pcie.synthetic_facts(&fabric), Some(&fabric)).expect("valid");
     assert_eq!(t.distance(0, 1).ok(), Some(DistanceLevel::Pcie));
+}
+
+/// The calibration file `halo calibrate` wrote on two H200s (NVLink, 2026-11-30): four transports
+/// measured at `nvlink`, NCCL not measured.
+fn h200_calibration() -> RouteConfig {
+    let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json");
+    config_with(&[("HALO_ROUTE_CALIBRATION", cal)])
+}
+
+#[test]
+fn real_h200_calibration_unmeasured_defaults_do_not_win() {
+    let topo = single_node(2).expect("two NVLink GPUs");
+    let mut r = router(topo.clone(), 0, h200_calibration());
+    assert_eq!(r.perf().calibrated_pairs(), 4);
+    for bytes in [64, KIB, 12_600, 16 * KIB, 256 * KIB, 4 << 20] {
+        let d = r.decide(1, Op::Put, bytes).expect("routable");
+        let nccl = d.scoring.candidate(Transport::Nccl);
+        // Before the fix: nccl's defaults (12 µs, 300 GB/s) won against ~24 µs measured.
+        assert_ne!(d.route.transport, Transport::Nccl, "{bytes} B:\n{d}");
+        assert_eq!(nccl.excluded, Some(Exclusion::NotMeasured), "{bytes} B:\n{d}");
+        assert!(!nccl.calibrated && nccl.score == 0.0);
+        assert!(d.scoring.candidate(d.route.transport).calibrated);
+        assert!(
+            d.to_string().contains("candidate=nccl         score=0.000 excluded: default, not measured"),
+            "{d}"
+        );
+        assert_eq!(r.route(1, Op::Put, bytes).map(|x| x.transport).ok(), Some(d.route.transport));
+    }
+    // Nothing measured at the same GPU: the defaults compete there as before.
+    let same = r.decide(0, Op::Put, KIB).expect("routable");
+    assert_eq!(same.route.transport, Transport::NvlinkStore);
+    assert!(same.scoring.candidates.iter().all(|c| c.excluded.is_none() && !c.calibrated));
+
+    // An unmeasured transport still serves a pair no measured one can: here, a caller that has
+    // only NCCL.
+    let only = r
+        .decide_among(1, Op::Put, KIB, TransportSet::of(&[Transport::Nccl]))
+        .expect("nccl alone can route");
+    assert_eq!((only.route.transport, only.route.reason), (Transport::Nccl, RouteReason::Scored));
+    // ... and is the failover when every measured transport failed recently.
+    let mut f = router(topo.clone(), 0, h200_calibration());
+    for t in [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged] {
+        // Twice: on the system clock one failure decays just below the skip threshold at once.
+        f.record(1, t, Outcome::Failure);
+        f.record(1, t, Outcome::Failure);
+    }
+    assert_eq!(f.route(1, Op::Put, KIB).map(|x| x.transport).ok(), Some(Transport::Nccl));
+    // The exchange cannot fail over to NCCL: the failed ones are let back in instead.
+    let back = f.route_among(1, Op::Put, KIB, EXCHANGE_TRANSPORTS).expect("all failed: best of them");
+    assert_eq!(back.reason, RouteReason::AllFailed);
+    assert!(EXCHANGE_TRANSPORTS.contains(back.transport));
+}
+
+#[test]
+fn callers_restrict_the_candidates() {
+    let topo = single_node(2).expect("two NVLink GPUs");
+    let log = Captured::default();
+    let mut r = router(topo.clone(), 0, h200_calibration()).with_debug_writer(Box::new(log.clone()));
+    let all = r.route(1, Op::Put, 12_600).expect("routable");
+    let exch = r.route_among(1, Op::Put, 12_600, EXCHANGE_TRANSPORTS).expect("routable");
+    assert!(EXCHANGE_TRANSPORTS.contains(exch.transport));
+    assert_eq!(all.transport, exch.transport, "nccl is out either way on this calibration");
+    // The set is part of the cache key: each set computed once, then answered from the cache.
+    r.route(1, Op::Put, 12_600).expect("cached");
+    r.route_among(1, Op::Put, 12_600, EXCHANGE_TRANSPORTS).expect("cached");
+    let s = r.summary();
+    assert_eq!((s.lookups, s.computed), (4, 2));
+    let text = log.text();
+    assert!(text.contains("candidate=nccl         score=0.000 excluded: not usable by this caller"), "{text}");
+    assert!(text.contains("allowed=nvlink-store,nvlink-tma,nvshmem-put,staged"), "{text}");
+
+    // Without a calibration file the defaults decide, but the caller's set still binds: NCCL is
+    // the best default for a cross-node 4 MiB put only when nothing else is allowed to compete.
+    let mut d = router(topo.clone(), 0, RouteConfig::default());
+    let only = TransportSet::of(&[Transport::Staged]);
+    assert_eq!(d.route_among(1, Op::Put, 4 << 20, only).map(|x| x.transport).ok(), Some(Transport::Staged));
+    let none = d.route_among(1, Op::Put, KIB, TransportSet::EMPTY);
+    assert!(matches!(none, Err(RouteError::NoRoute { ref reasons, .. }) if reasons.contains("not usable by this caller")));
+
+    // A forced transport outside the caller's set is an error naming the override; inside it,
+    // or for a caller that takes every transport, the order is followed (even unmeasured).
+    let forced = config_with(&[
+        ("HALO_FORCE_TRANSPORT", "nccl"),
+        ("HALO_ROUTE_CALIBRATION", concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json")),
+    ]);
+    let mut f = router(topo, 0, forced);
+    let ok = f.route(1, Op::Put, KIB).expect("forced");
+    assert_eq!((ok.transport, ok.reason), (Transport::Nccl, RouteReason::Forced));
+    let e = f.route_among(1, Op::Put, KIB, EXCHANGE_TRANSPORTS).expect_err("nccl is outside the set");
+    let text = e.to_string();
+    assert!(matches!(e, RouteError::ForcedUnusable { transport: Transport::Nccl, .. }), "{text}");
+    assert!(text.contains("HALO_FORCE_TRANSPORT") && text.contains("not usable by this caller"), "{text}");
 }

@@ -5,12 +5,19 @@
 //! events around one exchange step (coordinates out, forces back: two one-way messages), after a
 //! warm-up, as the median of the repeats. In one process: `nvlink-store` (fused kernel, direct
 //! stores), `nvlink-tma` (fused TMA kernel) and `staged` at same-GPU (both ranks on GPU 0) and at
-//! the discovered level of GPUs 0 and 1. Under `halo launch -n 2`: the same three plus
-//! `nvshmem-put` (fused kernel, puts forced) between the two PEs; PE 0 writes the file.
+//! the discovered level of GPUs 0 and 1, plus `nccl` between GPUs 0 and 1 (NCCL allows one rank
+//! per GPU, so not at same-GPU). Under `halo launch -n 2`: the same plus `nvshmem-put` (fused
+//! kernel, puts forced) between the two PEs; PE 0 writes the file.
+//!
+//! `nccl` is the benchmark's baseline (`bench::nccl`: pack, `ncclSend`/`ncclRecv` in a group,
+//! unpack-accumulate for forces) on the same synthetic halo, so its numbers are comparable with
+//! the others'. When NCCL cannot be loaded or initialised it is skipped with NCCL's reason, and
+//! the router does not let its default numbers compete with the measured transports.
 
 use anyhow::{Context, Result, bail};
 use halo::exchange::pe::{PathPolicy, PeExchange};
 use halo::exchange::synthetic::{self, SyntheticShape};
+use halo::bench::nccl::{self, Nccl, NcclComm};
 use halo::exchange::{LocalRanks, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};
@@ -41,8 +48,11 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     halo::route::parse_size(s.trim()).map_err(|e| e.to_string())
 }
 
-/// Why NCCL is not measured (no NCCL driver in the exchange or the benchmarks yet).
-const NCCL_SKIP: &str = "no NCCL driver in this code base yet (host/src/bench/ has no NCCL baseline); the router keeps its defaults";
+/// What the skip reason adds: the consequence for the router.
+const NCCL_SKIP_EFFECT: &str = "the router keeps its default numbers, which do not compete with measured transports";
+
+/// NCCL, ready to measure, or why not (recorded as the skip reason).
+type NcclSetup<C> = std::result::Result<(Arc<Nccl>, C), String>;
 
 /// A two-rank halo whose single pulse per direction carries about `bytes` (12-byte atoms).
 fn halo_for(bytes: u64) -> Vec<RankHalo> {
@@ -82,6 +92,8 @@ struct LocalMeasurer {
     modules: Vec<Arc<KernelModule>>,
     names: Vec<String>,
     pair_level: Option<DistanceLevel>,
+    /// One communicator per GPU 0 and 1 (only with two GPUs).
+    nccl: NcclSetup<Vec<NcclComm>>,
     warmup: usize,
     repeats: usize,
 }
@@ -100,10 +112,17 @@ impl Measurer for LocalMeasurer {
             }
         }
         p.push(Planned::Skip { transport: Transport::NvshmemPut, reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into() });
-        p.push(Planned::Skip { transport: Transport::Nccl, reason: NCCL_SKIP.into() });
+        p.push(match (&self.nccl, self.pair_level) {
+            (Ok(_), Some(level)) => Planned::Measure { transport: Transport::Nccl, level },
+            (Err(why), _) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
+            (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
+        });
         p
     }
     fn measure(&mut self, t: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
+        if t == Transport::Nccl {
+            return self.measure_nccl(bytes).map_err(|e| format!("{e:#}"));
+        }
         let run = || -> Result<Sample> {
             let kernel = kernel_of(t).context("not an exchange transport")?;
             let mods = if level == DistanceLevel::SameGpu { &self.modules[..1] } else { &self.modules[..2] };
@@ -126,11 +145,50 @@ impl Measurer for LocalMeasurer {
     }
 }
 
+impl LocalMeasurer {
+    /// NCCL between GPUs 0 and 1 in this process: both ranks' steps on their own streams, timed
+    /// on rank 0's, then both streams finished (as for the other transports).
+    fn measure_nccl(&self, bytes: u64) -> Result<Sample> {
+        let (api, comms) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mods = self.modules.get(..2).context("NCCL needs two GPUs")?;
+        let halos = halo_for(bytes);
+        let mut ranks = LocalRanks::new(halos.clone(), mods)?;
+        let home = synthetic::random_values(&halos, 1, true);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.upload_coordinates(&home[r])?;
+            rank.f.fill_bytes(0)?;
+        }
+        let stream = ranks.stream(0).clone();
+        time_steps(&stream, self.warmup, self.repeats, |_| {
+            {
+                let io: Vec<_> = ranks.ranks().iter().zip(comms).enumerate().map(|(r, (rank, c))| (rank, c, ranks.stream(r))).collect();
+                nccl::coordinates(api, &io)?;
+                nccl::forces(api, &io)?;
+            }
+            ranks.finish()?;
+            Ok(())
+        })
+    }
+}
+
+/// NCCL communicators for GPUs 0 and 1 of this process, made once for every size.
+fn local_nccl(modules: &[Arc<KernelModule>]) -> NcclSetup<Vec<NcclComm>> {
+    let ordinals: Vec<usize> = modules.iter().take(2).map(|m| m.context().ordinal()).collect();
+    if ordinals.len() < 2 {
+        return Err("NCCL needs two GPUs (one rank per GPU)".into());
+    }
+    let api = Nccl::load().map_err(|e| e.to_string())?;
+    let comms = api.comm_init_all(&ordinals).map_err(|e| e.to_string())?;
+    Ok((api, comms))
+}
+
 /// One PE of a `halo launch`; every PE runs the same sequence (allocations are collective).
 struct PeMeasurer {
     session: halo::session::PeSession,
     names: Vec<String>,
     level: DistanceLevel,
+    /// This PE's communicator with the other (both PEs agree on success: see [`pe_nccl`]).
+    nccl: NcclSetup<NcclComm>,
     warmup: usize,
     repeats: usize,
 }
@@ -144,10 +202,16 @@ impl Measurer for PeMeasurer {
             .into_iter()
             .map(|transport| Planned::Measure { transport, level: self.level })
             .collect();
-        p.push(Planned::Skip { transport: Transport::Nccl, reason: NCCL_SKIP.into() });
+        p.push(match &self.nccl {
+            Ok(_) => Planned::Measure { transport: Transport::Nccl, level: self.level },
+            Err(why) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
+        });
         p
     }
     fn measure(&mut self, t: Transport, _level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
+        if t == Transport::Nccl {
+            return self.measure_nccl(bytes).map_err(|e| format!("{e:#}"));
+        }
         let run = || -> Result<Sample> {
             let kernel = kernel_of(t).context("not an exchange transport")?;
             let policy = if t == Transport::NvshmemPut { PathPolicy::ForcePut } else { PathPolicy::Auto };
@@ -172,6 +236,60 @@ impl Measurer for PeMeasurer {
     }
 }
 
+impl PeMeasurer {
+    /// NCCL between the two PEs: the benchmark's baseline on this PE's exchange buffers, each
+    /// step started together (barrier) like the other transports.
+    fn measure_nccl(&self, bytes: u64) -> Result<Sample> {
+        let (api, comm) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let halos = halo_for(bytes);
+        let mut pe = PeExchange::new(self.session.nvshmem.clone(), self.session.module.clone(), halos.clone(), PathPolicy::Auto)?;
+        let me = self.session.nvshmem.my_pe();
+        let home = synthetic::random_values(&halos, 1, true);
+        pe.rank().upload_coordinates(&home[me])?;
+        pe.rank().f.fill_bytes(0)?;
+        let stream = pe.stream().clone();
+        time_steps(&stream, self.warmup, self.repeats, |_| {
+            pe.barrier()?;
+            {
+                let io = [(pe.rank(), comm, pe.stream())];
+                nccl::coordinates(api, &io)?;
+                nccl::forces(api, &io)?;
+            }
+            pe.finish()?;
+            Ok(())
+        })
+    }
+}
+
+/// Every PE joins one NCCL communicator (rank = PE). Collective: the PEs exchange whether NCCL
+/// loaded and PE 0's unique id through `halo launch`'s rendezvous, so either every PE measures
+/// NCCL or none does (a PE measuring alone would wait for its peer forever).
+fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<NcclComm>> {
+    let me = session.nvshmem.my_pe();
+    let loaded = Nccl::load().map_err(|e| e.to_string());
+    let id = match (&loaded, me) {
+        (Ok(api), 0) => api.unique_id().map(|id| id.0.to_vec()).map_err(|e| e.to_string()),
+        (Ok(_), _) => Ok(Vec::new()),
+        (Err(e), _) => Err(e.clone()),
+    };
+    let all = gpu_facts::gather_json("calibrate-nccl-id", &id)?;
+    if let Some((pe, Err(why))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
+        return Ok(Err(format!("PE {pe}: {why}")));
+    }
+    let bytes = all.first().and_then(|r| r.as_ref().ok()).context("no NCCL id from PE 0")?;
+    let id = nccl::UniqueId(bytes.as_slice().try_into().context("PE 0's NCCL id is not 128 bytes")?);
+    let api = loaded.map_err(|e| anyhow::anyhow!("{e}"))?;
+    // NCCL initialises on the calling thread's current device: this PE's.
+    session.ctx.bind_to_thread()?;
+    let comm = api.comm_init_rank(session.nvshmem.n_pes(), id, me).map_err(|e| e.to_string());
+    // Init is collective, so both PEs normally agree; gather anyway so neither measures alone.
+    let ok = gpu_facts::gather_json("calibrate-nccl-init", &comm.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    if let Some((pe, Err(why))) = ok.iter().enumerate().find(|(_, r)| r.is_err()) {
+        return Ok(Err(format!("PE {pe}: {why}")));
+    }
+    Ok(comm.map(|c| (api, c)))
+}
+
 pub fn run(args: CalibrateArgs) -> Result<()> {
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo calibrate measures on GPUs: {reason}");
@@ -190,7 +308,8 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let names = gpu_facts::gather_json("calibrate-gpus", &found.name)?;
             let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
             println!("PE {} on GPU {} ({}), level to the other PE: {level}", env.rank, env.device, found.name);
-            let mut m = PeMeasurer { session, names, level, warmup: args.warmup, repeats: args.repeats };
+            let nccl = pe_nccl(&session)?;
+            let mut m = PeMeasurer { session, names, level, nccl, warmup: args.warmup, repeats: args.repeats };
             (calibrate::calibrate(&mut m, &sizes, &host, &created), env.rank == 0)
         }
         _ => {
@@ -202,7 +321,8 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let pair_level = if modules.len() >= 2 { Some(topology_from_facts(&facts, None)?.distance(0, 1)?) } else { None };
             let names = found.iter().map(|f| f.name.clone()).collect();
             println!("{} GPU(s) in one process; GPU 0 - GPU 1: {}", modules.len(), pair_level.map_or("-".into(), |l| l.to_string()));
-            let mut m = LocalMeasurer { modules, names, pair_level, warmup: args.warmup, repeats: args.repeats };
+            let nccl = local_nccl(&modules);
+            let mut m = LocalMeasurer { modules, names, pair_level, nccl, warmup: args.warmup, repeats: args.repeats };
             (calibrate::calibrate(&mut m, &sizes, &host, &created), true)
         }
     };

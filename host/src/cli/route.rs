@@ -2,8 +2,9 @@
 
 use anyhow::{Context, Result};
 use halo::route::{
-    Decision, DistanceLevel, Op, PerfTable, RouteConfig, Router, Topology, Transport, format_size,
-    gpu_facts, parse_size, single_node, topology_from_facts, topology_from_file,
+    Decision, DistanceLevel, EXCHANGE_TRANSPORTS, Op, PerfTable, RouteConfig, Router, Topology,
+    Transport, TransportSet, format_size, gpu_facts, parse_size, single_node, topology_from_facts,
+    topology_from_file,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -43,6 +44,18 @@ pub struct RouteArgs {
     /// Route config file (TOML; default: $HALO_ROUTE_CONFIG). Environment variables beat it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Score only these transports, as a caller that implements only them would see it:
+    /// `all`, `exchange` (the halo exchange's: nvlink-store, nvlink-tma, nvshmem-put, staged) or
+    /// a comma-separated list.
+    #[arg(long, default_value = "all", value_parser = parse_among_arg)]
+    among: TransportSet,
+}
+
+fn parse_among_arg(s: &str) -> Result<TransportSet, String> {
+    if s.trim().eq_ignore_ascii_case("exchange") {
+        return Ok(EXCHANGE_TRANSPORTS);
+    }
+    s.parse().map_err(|e: halo::route::RouteError| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -153,8 +166,8 @@ pub fn run(args: RouteArgs) -> Result<()> {
             // route() first so HALO_ROUTE_DEBUG prints its block and a one-sided bitmap warns.
             row.push(
                 router
-                    .route(dst, args.op, args.size)
-                    .and_then(|_| router.decide(dst, args.op, args.size))
+                    .route_among(dst, args.op, args.size, args.among)
+                    .and_then(|_| router.decide_among(dst, args.op, args.size, args.among))
                     .map_err(|e| e.to_string()),
             );
         }
@@ -212,8 +225,12 @@ fn render_text(
     } else {
         writeln!(
             out,
-            "performance numbers: {calibrated} transport/level pairs calibrated, the rest default"
+            "performance numbers: {calibrated} transport/level pairs calibrated, the rest default \
+             (a default-only transport is a candidate only where no measured one can serve the pair)"
         )?;
+    }
+    if args.among != TransportSet::ALL {
+        writeln!(out, "candidates: {} (--among)", args.among)?;
     }
     for line in config
         .describe()
@@ -362,6 +379,7 @@ fn print_json(
         "topology": {"source": described, "n_pes": topo.n_pes(), "epoch": topo.epoch(), "hash": topo.hash_hex()},
         "op": args.op,
         "size": args.size,
+        "among": args.among.iter().map(|t| t.name()).collect::<Vec<_>>(),
         "config": config.describe(),
         "pairs": pairs,
     });

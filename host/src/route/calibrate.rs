@@ -175,7 +175,7 @@ mod tests {
         }
         fn plan(&self) -> Vec<Planned> {
             let mut p: Vec<Planned> = self.model.iter().map(|&(transport, ..)| Planned::Measure { transport, level: DistanceLevel::NvLink }).collect();
-            p.push(Planned::Skip { transport: Transport::Nccl, reason: "no NCCL driver".into() });
+            p.push(Planned::Skip { transport: Transport::Nccl, reason: "NCCL is not installed here".into() });
             p
         }
         fn measure(&mut self, t: Transport, _l: DistanceLevel, bytes: u64) -> Result<Sample, String> {

@@ -4,6 +4,7 @@
 
 use super::router::{Decision, RouteReason};
 use super::size::format_size;
+use super::TransportSet;
 use std::fmt;
 
 impl fmt::Display for Decision {
@@ -37,6 +38,11 @@ impl fmt::Display for Decision {
             write!(f, "; PE {by} alone claims {claimed}, not trusted")?;
         }
         writeln!(f)?;
+        if self.allowed != TransportSet::ALL {
+            // Only for restricted callers, so the blocks of ordinary lookups keep their shape.
+            let names: Vec<&str> = self.allowed.iter().map(|t| t.name()).collect();
+            writeln!(f, "[route]   allowed={} (the caller's transports)", names.join(","))?;
+        }
         let w = &self.weights;
         writeln!(
             f,

@@ -18,7 +18,9 @@
 //! | [`router`] | [`Router`]: per-peer cache, failover, `HALO_ROUTE_DEBUG` blocks, the finalize summary |
 //!
 //! A caller asks `router.route(peer, Op::Put, bytes)?` and gets a [`Route`] back; after an attempt
-//! fails it calls `router.record(peer, transport, Outcome::Failure)` and asks again.
+//! fails it calls `router.record(peer, transport, Outcome::Failure)` and asks again. A caller that
+//! implements only some transports asks `router.route_among(peer, op, bytes, allowed)` so that
+//! the others are never chosen (the halo exchange passes [`EXCHANGE_TRANSPORTS`]).
 //! `docs/routing.md` explains the model.
 
 pub mod bitmap;
@@ -45,12 +47,16 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
-pub use paths::{PathError, RouteSource, RoutedPaths};
+pub use paths::{EXCHANGE_TRANSPORTS, PathError, RouteSource, RoutedPaths};
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};
-pub use score::{Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates};
+pub use score::{
+    Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates,
+    score_candidates_among,
+};
 pub use size::{class_bytes, format_size, parse_size, size_class};
 pub use transport::{
     CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport,
+    TransportSet,
 };

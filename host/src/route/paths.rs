@@ -2,7 +2,9 @@
 //!
 //! For every pulse of this PE, two messages cross a pair: the coordinates it sends to the
 //! pulse's `send_rank` (`send_size` atoms) and the forces it returns to the pulse's `recv_rank`
-//! (`recv_size` atoms). Each is asked of the router as `route(peer, Op::Put, bytes)`. The kernels
+//! (`recv_size` atoms). Each is asked of the router as
+//! `route_among(peer, Op::Put, bytes, EXCHANGE_TRANSPORTS)`: only the transports the exchange
+//! implements are candidates, so the router never picks one it cannot run. The kernels
 //! take one path per peer, so the per-peer path is the decision of that peer's largest message
 //! (ties broken by transport order). The peer sees the same messages from its side, with the
 //! same byte counts, and the router is symmetric, so both ends choose alike; [`RoutedPaths::mirror_check`]
@@ -13,28 +15,38 @@
 //! | `nvlink-store`, `nvlink-tma` | direct loads/stores into the peer's memory (`nvshmem_ptr` / peer access) |
 //! | `nvshmem-put` | NVSHMEM put + signal (the kernel's put path) |
 //! | `staged` | host-driven copies into the peer's mapped memory (the view must be direct) |
-//! | `nccl` | none in the exchange yet: an error naming the pair |
+//! | `nccl` | none in the exchange yet: not a candidate (`EXCHANGE_TRANSPORTS`); forcing it is an error naming the override |
 
-use super::{Op, Route, RouteConfig, RouteError, Router, Transport};
+use super::{Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
 use crate::exchange::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
+/// The transports the halo exchange implements: the only candidates [`RoutedPaths::plan`] asks
+/// the router about. NCCL is left out because the exchange has no NCCL path (only the benchmark
+/// baseline in `bench::nccl` uses it).
+pub const EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[
+    Transport::NvlinkStore,
+    Transport::NvlinkTma,
+    Transport::NvshmemPut,
+    Transport::Staged,
+]);
+
 /// What [`RoutedPaths`] needs of a router (a seam for tests).
 pub trait RouteSource {
     /// The PE deciding.
     fn self_pe(&self) -> usize;
-    /// The route for one message.
-    fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError>;
+    /// The route for one message, chosen among `allowed` only.
+    fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError>;
 }
 
 impl RouteSource for Router {
     fn self_pe(&self) -> usize {
         Router::self_pe(self)
     }
-    fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
-        Router::route(self, peer, op, bytes)
+    fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
+        Router::route_among(self, peer, op, bytes, allowed)
     }
 }
 
@@ -127,13 +139,14 @@ impl RoutedPaths {
                 (Message::Forces, spec.recv_rank, spec.recv_size),
             ] {
                 let bytes = atoms as u64 * FLOAT3_BYTES;
-                let route = router.route(peer, Op::Put, bytes)?;
-                if route.transport == Transport::Nccl {
+                let route = router.route_among(peer, Op::Put, bytes, EXCHANGE_TRANSPORTS)?;
+                // The router honours the set; this guards other sources of routes (the trait is open).
+                if !EXCHANGE_TRANSPORTS.contains(route.transport) {
                     return Err(PathError::Unsupported {
                         self_pe: me,
                         peer,
                         transport: route.transport,
-                        why: "the exchange has no NCCL path yet (force another transport with HALO_FORCE_TRANSPORT or --route-override)".into(),
+                        why: format!("the exchange implements only {EXCHANGE_TRANSPORTS}"),
                     });
                 }
                 pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport });
@@ -305,7 +318,8 @@ mod tests {
         fn self_pe(&self) -> usize {
             self.me
         }
-        fn route(&mut self, peer: usize, _op: Op, bytes: u64) -> Result<Route, RouteError> {
+        fn route_among(&mut self, peer: usize, _op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
+            assert_eq!(allowed, EXCHANGE_TRANSPORTS, "the exchange asks among its own transports");
             self.asked.push((peer, bytes));
             let transport = if bytes < self.threshold { self.small } else { self.large };
             Ok(Route { transport, level: DistanceLevel::NvLink, score: 1.0, reason: RouteReason::Scored })
@@ -361,7 +375,7 @@ mod tests {
         let plan = RoutedPaths::plan(&mut fake(0, Transport::NvshmemPut, Transport::NvlinkTma, hi), &h).expect("plan");
         assert_eq!(plan.transport(1), Some(Transport::NvlinkTma));
         assert!(plan.pulses.iter().any(|m| m.transport == Transport::NvshmemPut));
-        // NCCL has no exchange path.
+        // NCCL has no exchange path: a source that ignores the set is still caught.
         assert!(matches!(RoutedPaths::plan(&mut fake(0, Transport::Nccl, Transport::Nccl, 0), &h), Err(PathError::Unsupported { .. })));
     }
 
@@ -402,5 +416,29 @@ mod tests {
         assert!(!plans[0].direct(1) && !plans[1].direct(0));
         assert!(plans[0].transport(2).is_some_and(|t| t != Transport::NvshmemPut) || plans[0].transport(2).is_none());
         assert_eq!(format!("{:?}", plans[0]).split_whitespace().next(), Some("Routed(PE"));
+    }
+
+    /// The run on two H200s: with only NCCL unmeasured, the real router must never hand the
+    /// exchange NCCL, and forcing it is an error that names the override.
+    #[test]
+    fn real_router_never_hands_the_exchange_nccl() {
+        let h = halos([2, 1, 1]);
+        let topo = Arc::new(crate::route::single_node(2).expect("topology"));
+        let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json");
+        let perf = Arc::new(crate::route::PerfTable::load_calibration(std::path::Path::new(cal)).expect("the real calibration file loads"));
+        for r in 0..2 {
+            let mut router = Router::with_perf(r, Arc::clone(&topo), RouteConfig::default(), Arc::clone(&perf)).expect("router");
+            let plan = RoutedPaths::plan(&mut router, &h).expect("plan");
+            let t = plan.transport(1 - r).expect("the pair is routed");
+            assert!(EXCHANGE_TRANSPORTS.contains(t), "{t}");
+            plan.mirror_check(&router, &h).expect("mirror agrees");
+        }
+        let mut config = RouteConfig::default();
+        config.add_cli_overrides("--route-override", &["0-1=nccl".into()]).expect("override");
+        let mut router = Router::with_perf(0, Arc::clone(&topo), config, perf).expect("router");
+        let e = RoutedPaths::plan(&mut router, &h).expect_err("nccl is not an exchange transport");
+        let text = e.to_string();
+        assert!(matches!(e, PathError::Route(RouteError::ForcedUnusable { transport: Transport::Nccl, .. })), "{text}");
+        assert!(text.contains("not usable by this caller") && text.contains("--route-override"), "{text}");
     }
 }

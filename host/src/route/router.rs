@@ -1,18 +1,19 @@
 //! The router: per-peer cached decisions, failover, overrides, debug blocks and the summary.
 //!
-//! One `Router` serves one PE. The hot path, [`Router::route`], is a scan of a handful of cache
-//! entries for the peer; a miss (first use, new topology epoch, a recorded failure, or a decaying
+//! One `Router` serves one PE. The hot path, [`Router::route`] (or [`Router::route_among`] for a
+//! caller that implements only some transports), is a scan of a handful of cache entries for the
+//! peer, keyed by operation, size class and the caller's transport set; a miss (first use, new topology epoch, a recorded failure, or a decaying
 //! failure count due for a recheck) runs the full scoring pass and, with `HALO_ROUTE_DEBUG=1`,
 //! writes one block describing it.
 
 use super::config::{EffectiveWeights, RouteConfig, WeightSource};
 use super::reliability::Reliability;
-use super::score::{ReliabilityState, Scoring, score_candidates};
+use super::score::{ReliabilityState, Scoring, score_candidates_among};
 use super::size::{class_bytes, size_class};
 use super::transport::TRANSPORTS;
 use super::{
     Clock, DistanceInfo, DistanceLevel, Exclusion, Op, Outcome, PerfTable, RouteError, SystemClock,
-    Topology, Transport,
+    Topology, Transport, TransportSet,
 };
 use std::fmt;
 use std::io::Write;
@@ -54,6 +55,8 @@ pub struct Decision {
     pub op: Op,
     /// The message size asked about.
     pub bytes: u64,
+    /// The transports the caller can use (the others are excluded as not usable).
+    pub allowed: TransportSet,
     /// The size the decision was made for (the size class's upper bound).
     pub class_bytes: u64,
     /// The distance and which bitmap level matched.
@@ -112,6 +115,7 @@ impl fmt::Display for RouteSummary {
 struct CacheEntry {
     op: Op,
     class: u8,
+    allowed: TransportSet,
     epoch: u64,
     generation: u32,
     recheck_at: Option<Duration>,
@@ -232,28 +236,54 @@ impl Router {
         &self.perf
     }
 
-    /// Which transport to use for `op` on a `bytes`-byte message to `peer`.
+    /// Which transport to use for `op` on a `bytes`-byte message to `peer`, among every transport.
     ///
     /// A cache lookup unless the topology, the peer's failure record or the decay clock says the
     /// cached answer may be stale; then the full pass of [`Router::decide`] runs.
     #[inline]
     pub fn route(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
+        self.route_among(peer, op, bytes, TransportSet::ALL)
+    }
+
+    /// Which transport of `allowed` to use for `op` on a `bytes`-byte message to `peer`.
+    ///
+    /// For callers that implement only some transports (the halo exchange has no NCCL path): the
+    /// others are excluded as not usable, so they can neither be chosen nor outscore the usable
+    /// ones. A transport forced outside `allowed` is [`RouteError::ForcedUnusable`]. Cached like
+    /// [`Router::route`], with `allowed` part of the key.
+    #[inline]
+    pub fn route_among(
+        &mut self,
+        peer: usize,
+        op: Op,
+        bytes: u64,
+        allowed: TransportSet,
+    ) -> Result<Route, RouteError> {
         self.lookups += 1;
         let class = size_class(bytes);
         let epoch = self.topo.epoch();
         if let Some(st) = self.peers.get(peer)
-            && let Some(e) = st.entries.iter().find(|e| e.op == op && e.class == class)
+            && let Some(e) = st
+                .entries
+                .iter()
+                .find(|e| e.op == op && e.class == class && e.allowed == allowed)
             && e.epoch == epoch
             && e.generation == st.generation
             && e.recheck_at.is_none_or(|t| self.clock.now() < t)
         {
             return Ok(e.route);
         }
-        self.route_slow(peer, op, bytes)
+        self.route_slow(peer, op, bytes, allowed)
     }
 
     #[cold]
-    fn route_slow(&mut self, peer: usize, op: Op, bytes: u64) -> Result<Route, RouteError> {
+    fn route_slow(
+        &mut self,
+        peer: usize,
+        op: Op,
+        bytes: u64,
+        allowed: TransportSet,
+    ) -> Result<Route, RouteError> {
         let n = self.topo.n_pes();
         if peer >= n {
             return Err(RouteError::PeOutOfRange { pe: peer, n_pes: n });
@@ -271,7 +301,7 @@ impl Router {
                 d
             }
         };
-        let decision = self.decide_with(peer, op, bytes, distance)?;
+        let decision = self.decide_with(peer, op, bytes, allowed, distance)?;
         if let Some(w) = self.debug.as_mut() {
             // Debug output must never fail the run; a closed stderr only loses the log.
             let _ = write!(w, "{decision}");
@@ -286,6 +316,7 @@ impl Router {
         let entry = CacheEntry {
             op,
             class,
+            allowed,
             epoch,
             generation: st.generation,
             recheck_at,
@@ -294,7 +325,7 @@ impl Router {
         match st
             .entries
             .iter_mut()
-            .find(|e| e.op == op && e.class == class)
+            .find(|e| e.op == op && e.class == class && e.allowed == allowed)
         {
             Some(old) => {
                 if old.route.transport != decision.route.transport {
@@ -316,8 +347,19 @@ impl Router {
 
     /// The full decision for `peer`, `op`, `bytes`, without touching the cache or logging.
     pub fn decide(&self, peer: usize, op: Op, bytes: u64) -> Result<Decision, RouteError> {
+        self.decide_among(peer, op, bytes, TransportSet::ALL)
+    }
+
+    /// [`Router::decide`] among the transports of `allowed` (what [`Router::route_among`] runs).
+    pub fn decide_among(
+        &self,
+        peer: usize,
+        op: Op,
+        bytes: u64,
+        allowed: TransportSet,
+    ) -> Result<Decision, RouteError> {
         let distance = self.topo.distance_info(self.self_pe, peer)?;
-        self.decide_with(peer, op, bytes, distance)
+        self.decide_with(peer, op, bytes, allowed, distance)
     }
 
     fn decide_with(
@@ -325,6 +367,7 @@ impl Router {
         peer: usize,
         op: Op,
         bytes: u64,
+        allowed: TransportSet,
         distance: DistanceInfo,
     ) -> Result<Decision, RouteError> {
         let class_bytes = class_bytes(size_class(bytes));
@@ -339,14 +382,16 @@ impl Router {
             }
         });
         let level = distance.level;
-        let scoring = score_candidates(level, op, class_bytes, &weights, &self.perf, &rel);
+        let scoring =
+            score_candidates_among(level, op, class_bytes, &weights, &self.perf, &rel, allowed);
         let forced = self.config.overrides.forced(self.self_pe, peer);
         let route = match forced {
             Some((t, by)) => {
                 let c = scoring.candidate(t);
                 match c.excluded {
-                    // A user's order is followed even after failures: they asked for this transport.
-                    None | Some(Exclusion::RecentlyFailed { .. }) => Route {
+                    // A user's order is followed even after failures, and without measurements:
+                    // they asked for this transport.
+                    None | Some(Exclusion::RecentlyFailed { .. } | Exclusion::NotMeasured) => Route {
                         transport: t,
                         level,
                         score: c.score,
@@ -359,7 +404,10 @@ impl Router {
                             self_pe: self.self_pe,
                             peer,
                             op,
-                            reason: e.to_string(),
+                            reason: match e {
+                                Exclusion::NotUsable => format!("{e} (it uses {allowed})"),
+                                _ => e.to_string(),
+                            },
                         });
                     }
                 }
@@ -390,6 +438,7 @@ impl Router {
             peer,
             op,
             bytes,
+            allowed,
             class_bytes,
             distance,
             epoch: self.topo.epoch(),

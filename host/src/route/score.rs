@@ -7,10 +7,22 @@
 //! excluded with score 0 and the reason. When every reachable, capable transport failed
 //! recently, they are all let back in (scored with their low reliability) rather than failing
 //! the run.
+//!
+//! Two more exclusions keep the choice honest:
+//!
+//! - **Not usable by this caller**: the caller passes the set of transports it implements
+//!   ([`score_candidates_among`]); the others are never scored, so they can neither win nor shift
+//!   the normalisation of the ones that can be used.
+//! - **Default, not measured**: when some usable candidate has numbers measured by
+//!   `halo calibrate` at this level, a candidate that has only built-in defaults there is excluded.
+//!   Defaults are order-of-magnitude guesses, and measured one-way times include everything a real
+//!   step pays (launch, synchronisation), so comparing the two lets the guess win unfairly; on two
+//!   H200s the default NCCL (12 µs) beat every measured transport (~24 µs) that way. An unmeasured
+//!   transport is still used when no measured one can serve the pair.
 
 use super::config::EffectiveWeights;
 use super::transport::{PerfSource, TRANSPORTS};
-use super::{Caps, DistanceLevel, Op, PerfTable, Transport};
+use super::{Caps, DistanceLevel, Op, PerfTable, Transport, TransportSet};
 use std::fmt;
 
 /// Normalised factors of one candidate, each 0..1.
@@ -48,6 +60,11 @@ pub enum Exclusion {
         /// Decayed failure count.
         count: f64,
     },
+    /// The caller does not implement this transport (outside the set it passed).
+    NotUsable,
+    /// Only built-in default numbers exist for this transport at this level, while another
+    /// usable candidate there was measured by `halo calibrate`.
+    NotMeasured,
 }
 
 impl fmt::Display for Exclusion {
@@ -59,6 +76,10 @@ impl fmt::Display for Exclusion {
             Exclusion::RecentlyFailed { count } => {
                 write!(f, "recently failed (decayed count {count:.2})")
             }
+            Exclusion::NotUsable => f.write_str("not usable by this caller"),
+            Exclusion::NotMeasured => f.write_str(
+                "default, not measured, while measured transports can serve this pair (calibrate it to let it compete)",
+            ),
         }
     }
 }
@@ -139,6 +160,20 @@ pub fn score_candidates(
     perf: &PerfTable,
     reliability: &[ReliabilityState; TRANSPORTS],
 ) -> Scoring {
+    score_candidates_among(level, op, bytes, weights, perf, reliability, TransportSet::ALL)
+}
+
+/// Scores the transports of `allowed` for a peer at `level`, for `op` on `bytes`-byte messages;
+/// the rest are excluded as [`Exclusion::NotUsable`].
+pub fn score_candidates_among(
+    level: DistanceLevel,
+    op: Op,
+    bytes: u64,
+    weights: &EffectiveWeights,
+    perf: &PerfTable,
+    reliability: &[ReliabilityState; TRANSPORTS],
+    allowed: TransportSet,
+) -> Scoring {
     let mut candidates = Transport::ALL.map(|transport| Candidate {
         transport,
         latency_us: 0.0,
@@ -151,7 +186,11 @@ pub fn score_candidates(
     for c in &mut candidates {
         let t = c.transport;
         let missing = op.required().minus(t.caps());
-        c.excluded = if missing != Caps::NONE {
+        c.excluded = if !allowed.contains(t) {
+            // First: the caller's limit is the most basic reason, and no numbers are looked up
+            // for a transport it cannot use.
+            Some(Exclusion::NotUsable)
+        } else if missing != Caps::NONE {
             Some(Exclusion::MissingCapability { missing })
         } else if !t.reaches(level) {
             Some(Exclusion::Unreachable { max: t.max_level() })
@@ -176,6 +215,15 @@ pub fn score_candidates(
             if matches!(c.excluded, Some(Exclusion::RecentlyFailed { .. })) {
                 c.excluded = None;
             }
+        }
+    }
+    // After the all-failed rule: when everything failed recently and was let back in, measured
+    // numbers still beat guesses. When only the measured transports are out (failed, or not
+    // capable), no measured candidate is usable, so an unmeasured one serves the pair: failover
+    // on default numbers beats no route at all.
+    if candidates.iter().any(|c| usable(c) && c.calibrated) {
+        for c in candidates.iter_mut().filter(|c| c.excluded.is_none() && !c.calibrated) {
+            c.excluded = Some(Exclusion::NotMeasured);
         }
     }
 

@@ -127,6 +127,95 @@ impl fmt::Display for Transport {
     }
 }
 
+/// A set of transports: the candidates a caller can actually use (see
+/// [`super::Router::route_among`]). A one-byte bit set, so it is a cheap cache key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportSet(u8);
+
+impl TransportSet {
+    /// Every transport (what [`super::Router::route`] scores).
+    pub const ALL: TransportSet = TransportSet((1 << TRANSPORTS) - 1);
+    /// No transport.
+    pub const EMPTY: TransportSet = TransportSet(0);
+
+    /// The set of the given transports.
+    pub const fn of(transports: &[Transport]) -> TransportSet {
+        let mut bits = 0u8;
+        let mut i = 0;
+        // A `while` loop because `for` is not allowed in a `const fn`.
+        while i < transports.len() {
+            bits |= 1 << transports[i].index();
+            i += 1;
+        }
+        TransportSet(bits)
+    }
+
+    /// This set plus `t`.
+    pub const fn with(self, t: Transport) -> TransportSet {
+        TransportSet(self.0 | 1 << t.index())
+    }
+
+    /// Whether `t` is in the set.
+    pub const fn contains(self, t: Transport) -> bool {
+        self.0 & (1 << t.index()) != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The members, in [`Transport::ALL`] order.
+    pub fn iter(self) -> impl Iterator<Item = Transport> {
+        Transport::ALL.into_iter().filter(move |&t| self.contains(t))
+    }
+}
+
+impl Default for TransportSet {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl fmt::Display for TransportSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.iter().map(Transport::name).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
+impl fmt::Debug for TransportSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TransportSet({self})")
+    }
+}
+
+impl FromStr for TransportSet {
+    type Err = RouteError;
+
+    /// A comma-separated list of transport names, or `all`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().eq_ignore_ascii_case("all") {
+            return Ok(Self::ALL);
+        }
+        let mut set = Self::EMPTY;
+        for name in s.split(',').filter(|n| !n.trim().is_empty()) {
+            set = set.with(name.parse()?);
+        }
+        if set.is_empty() {
+            return Err(RouteError::Parse {
+                what: "transport set",
+                value: s.to_owned(),
+                reason: "expected `all` or a comma-separated list of transports".into(),
+            });
+        }
+        Ok(set)
+    }
+}
+
 impl FromStr for Transport {
     type Err = RouteError;
 
@@ -584,6 +673,19 @@ mod tests {
                 assert_eq!(p.lookup(t, l, 8).is_some(), t.reaches(l), "{t} at {l}");
             }
         }
+    }
+
+    #[test]
+    fn transport_sets() {
+        let s = TransportSet::of(&[Transport::Staged, Transport::NvlinkStore]);
+        assert!(s.contains(Transport::Staged) && !s.contains(Transport::Nccl));
+        assert_eq!(s.to_string(), "nvlink-store, staged");
+        assert_eq!(TransportSet::ALL.iter().count(), TRANSPORTS);
+        assert_eq!("staged, nvlink-store".parse::<TransportSet>().ok(), Some(s));
+        assert_eq!("ALL".parse::<TransportSet>().ok(), Some(TransportSet::ALL));
+        assert!("".parse::<TransportSet>().is_err());
+        assert!("staged,tcp".parse::<TransportSet>().is_err());
+        assert_eq!(TransportSet::EMPTY.to_string(), "none");
     }
 
     #[test]
