@@ -2,7 +2,7 @@
 //!
 //! The crate has two faces:
 //! - on `nvptx64-nvidia-cuda` (pinned nightly) it holds the kernel entry points and the
-//!   [`device`] module, the one place where GPU intrinsics and inline PTX live;
+//!   `device` module, the one place where GPU intrinsics and inline PTX live;
 //! - on the host (stable Rust) it exports only [`abi`]: the `#[repr(C)]` types and constants that
 //!   host and device must agree on, so a layout can never drift between the two.
 #![no_std]

@@ -1,6 +1,6 @@
 //! The measurement loops. One process drives every rank ([`LocalRanks`], over the visible GPUs),
 //! or each process drives its own rank ([`PeExchange`] under `halo launch` / mpirun / srun);
-//! both go through [`Exchanger`], so the timing code is the same.
+//! both go through the `Exchanger` trait, so the timing code is the same.
 //!
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
 //! only, and the full exchange, each between two events on every rank stream (the slowest rank

@@ -3,7 +3,7 @@
 //! - [`spec`]: what a rank sends and receives per pulse ([`RankHalo`]), and the cross-rank check.
 //! - [`rank`]: one rank's buffers, metadata and launches ([`RankExchange`]).
 //! - [`local`]: several ranks in one process, on one or more GPUs ([`LocalRanks`]).
-//! - [`synthetic`]: random halos for tests and benchmarks; [`reference`]: their CPU result.
+//! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
 
 pub mod local;
 pub mod memory;

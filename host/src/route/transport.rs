@@ -642,7 +642,7 @@ pub struct CalibrationEntry {
     /// How many repetitions the numbers summarise.
     #[serde(default)]
     pub samples: u64,
-    /// Where the numbers came from (`halo calibrate` writes "measured on <GPU> <date>").
+    /// Where the numbers came from (`halo calibrate` writes "measured on \<GPU\> \<date\>").
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
 }
