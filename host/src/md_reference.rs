@@ -10,7 +10,7 @@ mod lj;
 mod pairs;
 
 pub use halo::{exchange_coordinates, exchange_coordinates_f64, exchange_forces, exchange_forces_f64};
-pub use lj::{lj_force_over_r, lj_forces, min_image, rank_pair_forces};
+pub use lj::{lj_force_over_r, lj_forces, min_image, pair_within_cutoff, rank_pair_forces, wrapped_positions};
 pub use pairs::{PairAssignment, RankPairs, assign_pairs};
 
 use crate::decomp::PlanError;

@@ -8,6 +8,12 @@
 //!
 //! Sizes are kept small (at most 4x4x4 ranks, a few hundred atoms) so the file runs in seconds in
 //! a debug build. `PROPTEST_CASES` raises the case counts for a longer local run.
+//!
+//! Determinism: proptest seeds its RNG randomly by default; here [`config`] fixes it
+//! ([`DEFAULT_SEED`]) unless `PROPTEST_RNG_SEED` is set, so CI runs the same cases every time and
+//! a fuzzing session explores with `PROPTEST_RNG_SEED=<n> PROPTEST_CASES=<m>`. Failure
+//! persistence stays off: what fuzzing finds is kept as a named regression test at the end of this
+//! file rather than as a `proptest-regressions` file.
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, PlanError, RankGrid};
@@ -15,6 +21,21 @@ use halo::md_reference::exchange_coordinates;
 use halo::system::MolecularSystem;
 use proptest::prelude::*;
 use proptest::sample::Index;
+use proptest::test_runner::RngSeed;
+
+/// The RNG seed every property here runs with, unless `PROPTEST_RNG_SEED` overrides it.
+const DEFAULT_SEED: u64 = 0x4655_5a5a; // "FUZZ"
+
+/// [`cases`]`(default)` cases from a fixed seed (or `PROPTEST_RNG_SEED`), no failure files: the
+/// same cases on every run, so CI cannot flake; see the module comment.
+fn config(default: u32) -> ProptestConfig {
+    // `default()` has already read the PROPTEST_* variables; only the seed may still be random.
+    let mut c = ProptestConfig { cases: cases(default), failure_persistence: None, ..ProptestConfig::default() };
+    if c.rng_seed == RngSeed::Random {
+        c.rng_seed = RngSeed::Fixed(DEFAULT_SEED);
+    }
+    c
+}
 
 /// Box edges and cutoffs: mostly ordinary lengths, sometimes the values that break arithmetic.
 fn length() -> impl Strategy<Value = f32> {
@@ -76,7 +97,7 @@ fn poison() -> impl Strategy<Value = Option<(Index, usize, f32)>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(300), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config(300))]
 
     #[test]
     fn builder_never_panics_and_its_plans_validate(
@@ -119,12 +140,12 @@ proptest! {
     }
 }
 
-/// Whether the decomposition itself (box, grid, cutoff) is acceptable.
 /// Cases per property: `default`, or `PROPTEST_CASES` for a longer run.
 fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// Whether the decomposition itself (box, grid, cutoff) is acceptable.
 fn grid_geometry_ok(grid: RankGrid, edges: [f32; 3], rc: f32) -> bool {
     HaloPlan::from_positions(&[], edges, grid, rc).is_ok()
 }
@@ -253,6 +274,8 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
                 ids.push(0);
             }
         }
+        21 => return remap_entry(plan, r, pi, |n| c.index(n), vz),
+        22 => return relabel_halo_atom(plan, atoms, r, |n| c.index(n), vz),
         // The grid, including counts no valid grid has (0, or a product that overflows).
         _ => {
             let d = vz % 3;
@@ -266,7 +289,65 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
     true
 }
 
-const STRUCTURAL_KINDS: u8 = 22;
+/// Identity edit: an index-map entry of rank `r`'s pulse `pi` (`pick(len)` chooses which)
+/// replaced by another atom the pulse may send and does not send yet (`v` chooses which): in
+/// range, no repeat, every size unchanged, so only the identity check (the receiver's id at the
+/// landing slot) sees it. False when there is no such entry or atom.
+fn remap_entry(plan: &mut HaloPlan, r: usize, pi: usize, pick: impl Fn(usize) -> usize, v: usize) -> bool {
+    let rp = &plan.ranks[r];
+    let Some(p) = rp.pulses.get(pi) else { return false };
+    if p.index_map.is_empty() {
+        return false;
+    }
+    let (lo, hi) = sendable(rp, pi);
+    let free: Vec<u32> = (lo..hi).filter(|i| !p.index_map.contains(i)).collect();
+    if free.is_empty() {
+        return false;
+    }
+    let k = pick(p.index_map.len());
+    let new = free[v % free.len()];
+    plan.ranks[r].pulses[pi].index_map[k] = new;
+    true
+}
+
+/// Identity edit: a halo atom of rank `r` (`pick(halo count)` chooses which) relabelled as
+/// another atom of the system that the rank does not hold (the first from `v` on), so ids stay
+/// in range and unique on the rank and every atom keeps exactly one home. False when the rank has
+/// no halo atoms or already holds every atom.
+fn relabel_halo_atom(plan: &mut HaloPlan, atoms: usize, r: usize, pick: impl Fn(usize) -> usize, v: usize) -> bool {
+    let rp = &plan.ranks[r];
+    let halo = rp.home_atoms..rp.global_ids.len().min(rp.total_atoms);
+    if halo.is_empty() || atoms == 0 {
+        return false;
+    }
+    let held: std::collections::HashSet<u32> = rp.global_ids.iter().copied().collect();
+    let Some(other) = (0..atoms).map(|k| ((k + v) % atoms) as u32).find(|id| !held.contains(id)) else {
+        return false;
+    };
+    let k = halo.start + pick(halo.len());
+    plan.ranks[r].global_ids[k] = other;
+    true
+}
+
+/// The local indices pulse `pi` of `rank` may send, `[lo, hi)`, as `validate` states them:
+/// everything before it for a dimension's first pulse, else the previous pulse's arrivals.
+fn sendable(rank: &halo::decomp::RankPlan, pi: usize) -> (u32, u32) {
+    let p = &rank.pulses[pi];
+    let (lo, hi) = if p.pulse_in_dim == 0 || pi == 0 {
+        (0, p.atom_offset)
+    } else {
+        let before = &rank.pulses[pi - 1];
+        (before.atom_offset, before.atom_offset.saturating_add(before.recv_size))
+    };
+    // Mutation sequences can leave huge sizes behind: clamp, an empty range just means no edit.
+    (lo.min(u32::MAX as usize) as u32, hi.min(u32::MAX as usize) as u32)
+}
+
+/// Edits `mutate` knows, the grid edit (the last) included.
+const STRUCTURAL_KINDS: u8 = 24;
+
+/// The edits that keep the plan structurally consistent and change only which atom is where.
+const IDENTITY_KINDS: [u8; 2] = [21, 22];
 
 fn raw_value() -> impl Strategy<Value = u64> {
     prop_oneof![0u64..64, any::<u64>()]
@@ -277,7 +358,7 @@ fn raw_float() -> impl Strategy<Value = f32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(400), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config(400))]
 
     /// One mutation of one field: whenever the plan changed, it is rejected, with a reason.
     #[test]
@@ -300,6 +381,11 @@ proptest! {
         match verdict {
             Ok(()) => prop_assert!(false, "mutation {kind} was accepted:\n{original:?}\n->\n{plan:?}"),
             Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+        // Identity edits leave the structure intact: the structural check itself must name them.
+        if IDENTITY_KINDS.contains(&kind) {
+            let e = plan.validate();
+            prop_assert!(matches!(e, Err(PlanError::HaloIdentity { .. })), "mutation {kind}: {e:?}");
         }
     }
 
@@ -367,6 +453,34 @@ fn huge_corrupted_sizes_are_rejected_without_allocating_by_them() {
     r.pulses[1].atom_offset = r.pulses[0].atom_offset + huge;
     let e = plan.validate().expect_err("sizes disagree");
     assert!(!e.to_string().is_empty());
+}
+
+/// Both identity corruptions, on every pulse of every rank that allows them: each used to pass
+/// `validate` and `validate_atoms` (a consistent but wrong plan), each is now a
+/// [`PlanError::HaloIdentity`] naming the sender, pulse, entry and both ids.
+#[test]
+fn identity_corruptions_are_rejected_everywhere() {
+    let (original, atoms) = base_plan(400, 2, [3, 2, 1], 0.9).expect("plan");
+    let mut tried = [0usize; 2];
+    for r in 0..original.ranks.len() {
+        for pi in 0..original.ranks[r].pulses.len() {
+            for (t, kind) in IDENTITY_KINDS.into_iter().enumerate() {
+                let mut plan = original.clone();
+                let applied = match kind {
+                    21 => remap_entry(&mut plan, r, pi, |_| 0, 0),
+                    _ => relabel_halo_atom(&mut plan, atoms, r, |n| pi % n, 7 * pi),
+                };
+                if !applied || plan == original {
+                    continue;
+                }
+                tried[t] += 1;
+                let e = plan.validate().expect_err("identity corruption accepted");
+                assert!(matches!(e, PlanError::HaloIdentity { .. }), "kind {kind}, rank {r} pulse {pi}: {e}");
+                assert!(e.to_string().contains("sends atom"), "{e}");
+            }
+        }
+    }
+    assert!(tried.iter().all(|&n| n > 0), "both kinds applied somewhere: {tried:?}");
 }
 
 #[test]

@@ -239,6 +239,30 @@ pub enum PlanError {
         /// The repeated local index.
         index: u32,
     },
+    /// A halo copy is not the atom that was sent: the sender's index map names one atom, the
+    /// receiver's `global_ids` at the slot it lands in another.
+    #[error(
+        "rank {rank} pulse {pulse}: index map entry {entry} sends atom {sent_id} (local {index}), but rank {peer} \
+         records global id {received_id} at local {slot}, where that entry lands"
+    )]
+    HaloIdentity {
+        /// The sending rank.
+        rank: usize,
+        /// Flat pulse index.
+        pulse: usize,
+        /// Position in the sender's index map.
+        entry: usize,
+        /// The sender's local index of the atom.
+        index: u32,
+        /// Global id of the atom the sender maps.
+        sent_id: u32,
+        /// The receiving rank.
+        peer: usize,
+        /// The receiver's local index the entry lands at (`atom_offset + entry`).
+        slot: usize,
+        /// Global id the receiver records there.
+        received_id: u32,
+    },
     /// A rank's atom counts do not add up.
     #[error("rank {rank}: {what} is {found}, expected {expected}")]
     AtomCount {

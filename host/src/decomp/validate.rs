@@ -14,7 +14,11 @@ impl HaloPlan {
     /// - received atoms follow the home atoms and each other without gaps, and the counts add up
     ///   to `total_atoms` and `global_ids.len()`;
     /// - pulse 0 of a dimension sends only atoms present before it (`< atom_offset`); pulse
-    ///   `p > 0` sends only atoms received in pulse `p - 1`; no map names an atom twice.
+    ///   `p > 0` sends only atoms received in pulse `p - 1`; no map names an atom twice;
+    /// - identity: every halo copy is the atom that was sent, i.e. the sender's
+    ///   `global_ids[index_map[i]]` equals the receiver's `global_ids[atom_offset + i]`
+    ///   ([`PlanError::HaloIdentity`]). Without it, an index-map entry swapped for another
+    ///   sendable atom, or a halo atom relabelled, gives a plan that is consistent but wrong.
     pub fn validate(&self) -> Result<(), PlanError> {
         // A deserialized grid skips `RankGrid::new`: zero or overflowing counts would divide by
         // zero or overflow below.
@@ -112,6 +116,39 @@ impl HaloPlan {
             }
             if end > u32::MAX as usize {
                 return Err(PlanError::TooManyAtoms { atoms: end });
+            }
+        }
+        // Identity last: it indexes both ends of every pulse, which is only safe once every
+        // rank's sizes and offsets are known to agree (the loop above checks one rank at a time).
+        self.validate_identity()
+    }
+
+    /// The identity half of [`HaloPlan::validate`]: for every pulse, the atoms a rank's index map
+    /// names are, by global id and in order, the atoms its send rank records at the pulse's
+    /// `atom_offset`. Call only on a structurally valid plan; out-of-range slots are still
+    /// reported as errors rather than panics.
+    fn validate_identity(&self) -> Result<(), PlanError> {
+        for r in &self.ranks {
+            for (pulse, p) in r.pulses.iter().enumerate() {
+                let peer = p.send_rank;
+                let Some(landing) = self.ranks.get(peer).and_then(|q| q.pulses.get(pulse)).map(|q| q.atom_offset) else {
+                    return Err(PlanError::PulseCount { rank: peer, found: 0, expected: pulse + 1 });
+                };
+                let received = &self.ranks[peer].global_ids;
+                for (entry, &index) in p.index_map.iter().enumerate() {
+                    let slot = landing + entry;
+                    let (Some(&sent_id), Some(&received_id)) = (r.global_ids.get(index as usize), received.get(slot)) else {
+                        return Err(PlanError::AtomCount {
+                            rank: peer,
+                            what: "global_ids.len()",
+                            found: received.len(),
+                            expected: slot + 1,
+                        });
+                    };
+                    if sent_id != received_id {
+                        return Err(PlanError::HaloIdentity { rank: r.rank, pulse, entry, index, sent_id, peer, slot, received_id });
+                    }
+                }
             }
         }
         Ok(())
@@ -213,10 +250,52 @@ mod tests {
         p.ranks[5].pulses[0].use_shift = !p.ranks[5].pulses[0].use_shift;
         assert!(matches!(p.validate(), Err(PlanError::Shift { .. })));
 
+        // A home atom swapped with a halo atom: the atom that arrived is no longer the one sent.
         let mut p = plan();
         let home = p.ranks[0].home_atoms;
         p.ranks[0].global_ids.swap(0, home);
-        p.validate().unwrap();
-        assert!(matches!(p.validate_atoms(1500), Err(PlanError::HomeCount { .. })));
+        assert!(matches!(p.validate(), Err(PlanError::HaloIdentity { .. })), "{:?}", p.validate());
+    }
+
+    /// An index-map entry replaced by another sendable atom that the map does not name yet:
+    /// in range, no repeat, sizes unchanged, so only the identity check sees it.
+    #[test]
+    fn a_map_entry_pointing_at_another_atom_is_caught() {
+        let mut p = plan();
+        // Pulse 1 (y, first pulse) scans home atoms and x arrivals but sends only some of them.
+        let (rank, pulse) = (1, 2);
+        let r = &mut p.ranks[rank];
+        assert_eq!((r.pulses[pulse].dim, r.pulses[pulse].pulse_in_dim), (1, 0));
+        let unmapped = (0..r.pulses[pulse].atom_offset as u32).find(|i| !r.pulses[pulse].index_map.contains(i)).unwrap();
+        let sent_id = r.global_ids[unmapped as usize];
+        r.pulses[pulse].index_map[0] = unmapped;
+        let e = p.validate().unwrap_err();
+        let peer = p.ranks[rank].pulses[pulse].send_rank;
+        match e {
+            PlanError::HaloIdentity { rank: 1, pulse: 2, entry: 0, index, sent_id: s, peer: q, received_id, .. } => {
+                assert_eq!((index, s, q), (unmapped, sent_id, peer));
+                assert_ne!(received_id, sent_id);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains(&format!("sends atom {sent_id}")), "{e}");
+    }
+
+    /// A halo atom's global id replaced by the id of an atom the rank does not hold: the ids
+    /// stay unique and in range (so `validate_atoms` is satisfied), only identity catches it.
+    #[test]
+    fn a_relabelled_halo_atom_is_caught() {
+        let mut p = plan();
+        let r = &p.ranks[2];
+        let slot = r.home_atoms + 1;
+        let other = (0..1500u32).find(|id| !r.global_ids.contains(id)).unwrap();
+        let was = r.global_ids[slot];
+        p.ranks[2].global_ids[slot] = other;
+        match p.validate() {
+            Err(PlanError::HaloIdentity { peer: 2, slot: s, sent_id, received_id, .. }) => {
+                assert_eq!((s, sent_id, received_id), (slot, was, other));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

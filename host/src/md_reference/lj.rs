@@ -7,7 +7,28 @@ use crate::system::MolecularSystem;
 
 /// `d` folded to its minimum image for a periodic length `l`. Identity for `|d| < l / 2`.
 pub fn min_image(d: f64, l: f64) -> f64 {
-    d - l * (d / l).round()
+    d - l * image_fold(d, l)
+}
+
+/// How many box lengths [`min_image`] removes from `d`. Kept as one function so that the pair
+/// assignment's check of which local images form the minimum-image pair uses exactly the fold
+/// the distance was computed with.
+pub(super) fn image_fold(d: f64, l: f64) -> f64 {
+    (d / l).round()
+}
+
+/// The one definition of "within the cutoff" that every pair search here uses: for `xi`, `xj`
+/// wrapped into the box (see [`wrapped_positions`]), the minimum-image displacement
+/// `d = x_j - x_i` (difference in `f64`, then folded per dimension) and `r2 = |d|^2` when
+/// `r2 < cutoff^2`, else `None`.
+///
+/// A pair at the cutoff is decided differently by a different arithmetic (for example a
+/// difference taken in `f32` first, or unwrapped positions): callers that compare pair sets
+/// must all go through this function, or they disagree on such pairs.
+pub fn pair_within_cutoff(xi: &[f64; 3], xj: &[f64; 3], box_size: [f64; 3], cutoff: f64) -> Option<([f64; 3], f64)> {
+    let d: [f64; 3] = std::array::from_fn(|k| min_image(xj[k] - xi[k], box_size[k]));
+    let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+    (r2 < cutoff * cutoff).then_some((d, r2))
 }
 
 /// `F / r` of the LJ pair force at squared distance `r2`: the force on `j` is this times
@@ -18,8 +39,9 @@ pub fn lj_force_over_r(r2: f64, c6: f64, c12: f64) -> f64 {
     (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2
 }
 
-/// The system's positions wrapped into the box, in `f64`: the numbers every pair search uses.
-pub(super) fn wrapped_positions(system: &MolecularSystem) -> Vec<[f64; 3]> {
+/// The system's positions wrapped into the box (by [`wrap_position`], in `f32`) and widened to
+/// `f64` (exactly): the numbers every pair search uses, with [`pair_within_cutoff`].
+pub fn wrapped_positions(system: &MolecularSystem) -> Vec<[f64; 3]> {
     system
         .positions
         .iter()
@@ -37,9 +59,8 @@ pub(super) fn check_cutoff(system: &MolecularSystem, cutoff: f32) -> Result<(), 
     Ok(())
 }
 
-/// Calls `f(i, j, d, r2)` once for every pair `i < j` with minimum-image distance below
-/// `cutoff`, where `d = x_j - x_i` (minimum image, computed as `x_j - x_i` then folded).
-/// `pos` must be wrapped into the box and the cutoff below half of every edge.
+/// Calls `f(i, j, d, r2)` once for every pair `i < j` that [`pair_within_cutoff`] accepts, with
+/// its `d` and `r2`. `pos` must be wrapped into the box and the cutoff below half of every edge.
 pub(super) fn for_each_pair(pos: &[[f64; 3]], box_size: [f64; 3], cutoff: f64, mut f: impl FnMut(usize, usize, [f64; 3], f64)) {
     // Cells at least a cutoff wide: a pair within the cutoff is in the same or adjacent cells.
     let m: [usize; 3] = box_size.map(|l| ((l / cutoff).floor() as usize).max(1));
@@ -76,7 +97,6 @@ pub(super) fn for_each_pair(pos: &[[f64; 3]], box_size: [f64; 3], cutoff: f64, m
             _ => vec![n - 1, 0, 1],
         })
         .collect();
-    let rc2 = cutoff * cutoff;
     for (i, pi) in pos.iter().enumerate() {
         let ci = cell_of(pi);
         for &ox in &offsets[0] {
@@ -88,14 +108,7 @@ pub(super) fn for_each_pair(pos: &[[f64; 3]], box_size: [f64; 3], cutoff: f64, m
                         if j <= i {
                             continue;
                         }
-                        let pj = &pos[j];
-                        let d = [
-                            min_image(pj[0] - pi[0], box_size[0]),
-                            min_image(pj[1] - pi[1], box_size[1]),
-                            min_image(pj[2] - pi[2], box_size[2]),
-                        ];
-                        let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                        if r2 < rc2 {
+                        if let Some((d, r2)) = pair_within_cutoff(pi, &pos[j], box_size, cutoff) {
                             f(i, j, d, r2);
                         }
                     }

@@ -4,10 +4,19 @@
 //! the cutoff of its cell from above, and the higher atom of the pair is within the cutoff of the
 //! lower one's cell along every dimension and in distance (see `docs/decomposition.md`).
 //!
-//! The rule is evaluated the way a rank would, on each rank's local copies, and the host then
-//! checks that the ranks' choices partition the undecomposed system's pairs.
+//! Whether a pair is within the cutoff is decided once, on the undecomposed minimum-image
+//! distance ([`super::pair_within_cutoff`], the same predicate as [`super::lj_forces`] and the
+//! tests' brute force). The rule is then evaluated on every rank that holds local copies forming
+//! that minimum-image pair, and the host checks that exactly one rank owns each pair.
+//!
+//! Why not re-measure the distance between the local copies: a rank's copy of a halo atom is
+//! shifted by a box length, and any second computation of `r2` (a different order of operations,
+//! `f32` coordinates, shifted values) can land on the other side of the cutoff for a pair at
+//! `r ~ cutoff`; the exactly-once check would then report a pair the reference counts as missing
+//! or extra. Which copies form the minimum-image pair is an integer question (image counts), so
+//! it cannot round differently.
 
-use super::lj::{check_cutoff, for_each_pair, wrapped_positions};
+use super::lj::{check_cutoff, for_each_pair, image_fold, wrapped_positions};
 use super::ReferenceError;
 use crate::decomp::HaloPlan;
 use crate::system::MolecularSystem;
@@ -32,9 +41,11 @@ pub struct PairAssignment {
 }
 
 /// Assigns every pair of atoms closer than `cutoff` (nm, at most the plan's cutoff) to exactly
-/// one rank, and checks it: each rank decides from its local copies which of the pairs it holds
-/// within the cutoff it owns; any pair of the undecomposed system owned by no rank or by several
-/// is an error ([`ReferenceError::PairMissing`], [`ReferenceError::PairDuplicated`]).
+/// one rank, and checks it. The pairs are those of the undecomposed system
+/// ([`super::pair_within_cutoff`] on [`super::wrapped_positions`]); for each, every rank holding
+/// copies of both atoms at the minimum-image offset decides by the lowest-cell rule whether it
+/// owns it; a pair owned by no rank or by several is an error ([`ReferenceError::PairMissing`],
+/// [`ReferenceError::PairDuplicated`]).
 ///
 /// Force kernels must fold the displacement to the minimum image along dimensions that are not
 /// decomposed (a rank spans the whole box there); along decomposed ones the local copies are
@@ -63,7 +74,8 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
             let off = plan.ranks[to].pulses[pulse].atom_offset;
             for (k, &i) in p.index_map.iter().enumerate() {
                 let mut img = image[r.rank][i as usize];
-                img[p.dim] += i8::from(p.use_shift);
+                // At most one shift per dimension in a valid plan; saturate rather than overflow.
+                img[p.dim] = img[p.dim].saturating_add(i8::from(p.use_shift));
                 image[to][off + k] = img;
             }
         }
@@ -94,14 +106,18 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
         }
     }
 
-    let rc2 = f64::from(cutoff).powi(2);
     let mut out = PairAssignment { ranks: vec![RankPairs::default(); plan.ranks.len()], total_pairs: 0 };
     let mut result = Ok(());
-    for_each_pair(&pos, box_size, f64::from(cutoff), |i, j, _, _| {
+    // `d` is the undecomposed minimum-image displacement: the within-cutoff decision is made here,
+    // once, and every rank below only maps it to its local copies.
+    for_each_pair(&pos, box_size, f64::from(cutoff), |i, j, d, _| {
         if result.is_err() {
             return;
         }
         out.total_pairs += 1;
+        // Along each decomposed dimension, the image offset `x_j - x_i` was folded by: the local
+        // copies form this pair when their image counts differ by minus that fold.
+        let fold: [f64; 3] = std::array::from_fn(|k| image_fold(pos[j][k] - pos[i][k], box_size[k]));
         let mut owners = Vec::new();
         for &(rank, li) in &copies[start[i]..start[i + 1]] {
             let rank = rank as usize;
@@ -110,14 +126,11 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
                 continue;
             }
             let (ki, kj) = (image[rank][li as usize], image[rank][lj as usize]);
-            // The displacement between the two local copies, with the same operations as the
-            // undecomposed search so that a pair is inside the cutoff in both or in neither.
-            let mut d = [0.0; 3];
-            for k in 0..3 {
-                let raw = pos[j][k] - pos[i][k];
-                d[k] = if grid.dims[k] == 1 { super::min_image(raw, box_size[k]) } else { raw + f64::from(kj[k] - ki[k]) * box_size[k] };
-            }
-            if d[0] * d[0] + d[1] * d[1] + d[2] * d[2] >= rc2 {
+            // Along a dimension with one rank, a rank spans the whole box and kernels fold to the
+            // minimum image themselves, so any copies will do there.
+            let min_image_pair =
+                decomposed.iter().all(|&k| f64::from(i32::from(kj[k]) - i32::from(ki[k])) == -fold[k]);
+            if !min_image_pair {
                 continue;
             }
             let coords = grid.coords_of(rank);
@@ -175,6 +188,50 @@ mod tests {
                     assert!((g[k] - w[k]).abs() <= tol, "{grid:?} atom {a}: {g:?} vs {w:?}");
                 }
             }
+        }
+    }
+
+    /// Regression (found by `plan_props`): 1155 atoms, seed 315, cutoff 0.9162193768931469 of
+    /// half the box. Atoms 537 and 597 lie 1e-7 relative outside the cutoff in `f64` on the
+    /// wrapped positions, but inside when the differences are taken in `f32` first, which is how
+    /// the property test's brute force used to measure: it then counted one pair more than was
+    /// assigned, on a single rank. The union of the assigned pairs must equal the brute-force
+    /// list through [`crate::md_reference::pair_within_cutoff`] on every grid.
+    #[test]
+    fn a_pair_at_the_cutoff_is_decided_the_same_everywhere() {
+        let sys = MolecularSystem::generate(1155, 315).unwrap();
+        let cutoff = (0.9162193768931469 * f64::from(sys.box_size[0]) / 2.0) as f32;
+        let pos = wrapped_positions(&sys);
+        let b = sys.box_size.map(f64::from);
+        let rc = f64::from(cutoff);
+
+        // The pair sits on the cutoff, and the two arithmetics disagree on it.
+        let (p, q) = (sys.positions[537], sys.positions[597]);
+        let f32_first: f64 = [q.x - p.x, q.y - p.y, q.z - p.z].iter().map(|&d| crate::md_reference::min_image(f64::from(d), b[0]).powi(2)).sum();
+        assert!(f32_first < rc * rc, "f32 differences put the pair inside");
+        assert!(crate::md_reference::pair_within_cutoff(&pos[537], &pos[597], b, rc).is_none(), "f64 puts it outside");
+
+        let mut brute = Vec::new();
+        for i in 0..pos.len() {
+            for j in i + 1..pos.len() {
+                if crate::md_reference::pair_within_cutoff(&pos[i], &pos[j], b, rc).is_some() {
+                    brute.push((i as u32, j as u32));
+                }
+            }
+        }
+        for grid in [[1, 1, 1], [2, 1, 1], [2, 2, 2], [3, 3, 2]] {
+            let plan = HaloPlan::build(&sys, RankGrid::new(grid).unwrap(), cutoff).unwrap();
+            let pairs = assign_pairs(&plan, &sys, cutoff).unwrap();
+            let mut union: Vec<(u32, u32)> = Vec::new();
+            for (r, rp) in plan.ranks.iter().zip(&pairs.ranks) {
+                for &[i, j] in rp.local.iter().chain(&rp.nonlocal) {
+                    let (a, b) = (r.global_ids[i as usize], r.global_ids[j as usize]);
+                    union.push((a.min(b), a.max(b)));
+                }
+            }
+            union.sort_unstable();
+            assert_eq!(pairs.total_pairs, brute.len(), "{grid:?}");
+            assert!(union == brute, "{grid:?}: {} assigned, {} within the cutoff", union.len(), brute.len());
         }
     }
 
