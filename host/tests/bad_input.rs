@@ -262,7 +262,7 @@ fn corrupted_md_plans_are_refused_with_the_rank_and_pulse() {
 
     let mut p = md_plan();
     p.ranks[3].global_ids[0] = 5000;
-    p.validate().expect("structure is intact");
+    assert!(p.validate().expect_err("identity").to_string().contains("sends atom 5000"));
     assert!(p.validate_atoms(1200).expect_err("ids").to_string().contains("global id 5000, but the system has 1200 atoms"));
 }
 
