@@ -28,6 +28,7 @@ pub const KERNEL_ENTRIES: &[&str] = &[
     SIGNAL_PING_PONG,
     LJ_PAIR_FORCES,
     LEAPFROG,
+    JACOBI7,
 ];
 
 /// `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`: `out[i] = x[map[i]] (+ shift)`.
@@ -57,6 +58,10 @@ pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
 /// `leapfrog(x, v, f, inv_mass, n, dt)`.
 pub const LEAPFROG: &str = "leapfrog";
+
+/// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
+/// neighbour table (`examples/stencil3d`).
+pub const JACOBI7: &str = "jacobi7";
 
 /// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
 /// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md"];
+const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "stencil3d_gpu"];
 
 pub fn assemble(ptx: &Artifacts) -> Result<()> {
     let root = crate::workspace_root();
@@ -45,7 +45,7 @@ pub fn assemble(ptx: &Artifacts) -> Result<()> {
 /// Builds the GPU test binaries in release mode and returns (test name, executable).
 fn test_executables(root: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut cmd = tools::cargo();
-    cmd.args(["test", "--release", "--locked", "-p", "halo", "--no-run", "--message-format=json-render-diagnostics"]);
+    cmd.args(["test", "--release", "--locked", "-p", "halo", "-p", "stencil3d", "--no-run", "--message-format=json-render-diagnostics"]);
     for t in GPU_TESTS {
         cmd.args(["--test", t]);
     }

@@ -20,6 +20,7 @@ mod md;
 mod pack;
 mod probe;
 mod pulse;
+mod stencil;
 
 /// The ABI version, readable by the host with `cuModuleGetGlobal` (see [`crate::abi::ABI_VERSION`]).
 #[unsafe(no_mangle)]
