@@ -6,10 +6,11 @@ OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 H=$B/halo
 run() { local t=$1; shift; echo; echo "=== $*"; ( time timeout "$t" "$@" ) 2>&1 | tee -a "$OUT/last.log"; echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/last.log"; }
+run 200 $B/run-gpu-tests.sh
 run 15 $H info
 for T in fused fused-tma staged; do run 40 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 200 --check-every 0 --transport $T; done
 run 40 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 200 --check-every 0 --transport per-pulse --force-put
-for T in fused staged; do run 60 $H launch -n 2 -- verify --atoms 45000 --ranks 2x1x1 --steps 50 --check-every 0 --transport $T; done
+for T in fused; do run 60 $H launch -n 2 -- verify --atoms 45000 --ranks 2x1x1 --steps 50 --check-every 0 --transport $T; done
 run 60 $H verify --atoms 6000 --ranks 2x2x2 --gpus 1 --steps 100 --check-every 0 --transport fused
 NVSHMEM_SYMMETRIC_SIZE=16M run 40 $H launch -n 2 -- exchange-check --home-atoms 2000000 --steps 1 --transport fused
 run 60 $H launch -n 2 -- calibrate --out "$OUT/calibration.json"

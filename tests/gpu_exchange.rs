@@ -5,7 +5,9 @@
 
 use halo::abi::Float3;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{LocalRanks, RankHalo, Transport, reference};
+use halo::exchange::{Element, LocalRanks, RankHalo, Transport, reference};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use halo::gpu::DeviceMemory;
 use halo::testing::gpu_or_skip;
 use halo::HaloError;
@@ -114,7 +116,7 @@ fn edge_shapes_empty_pulses_and_tiny_ranks() {
 fn a_missing_signal_times_out_with_a_clear_error() {
     let Some(g) = gpu_or_skip("a_missing_signal_times_out_with_a_clear_error") else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
-    let mut ranks = LocalRanks::new(halos, &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
     for r in ranks.ranks_mut() {
         r.set_wait_timeout(Duration::from_millis(200));
     }
@@ -143,8 +145,52 @@ fn a_missing_signal_times_out_with_a_clear_error() {
 #[test]
 fn per_pulse_put_needs_nvshmem() {
     let Some(g) = gpu_or_skip("per_pulse_put_needs_nvshmem") else { return };
-    let mut ranks = LocalRanks::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), &[Arc::new(g.module)]).unwrap();
     let err = ranks.launch_coordinates(Transport::PerPulse).unwrap_err();
     assert!(err.to_string().contains("needs NVSHMEM"), "{err}");
 }
 
+
+/// Random values of any element type, for every local element of each rank (or home ones only).
+fn random_elements<T: Element>(halos: &[RankHalo], seed: u64, home_only: bool, make: impl Fn(&mut ChaCha8Rng) -> T) -> Vec<Vec<T>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    halos.iter().map(|h| (0..if home_only { h.home_atoms } else { h.total_atoms }).map(|_| make(&mut rng)).collect()).collect()
+}
+
+/// The generic kernels for `T`: forward exchange bit-exact, reverse accumulation within rounding.
+fn run_element<T: Element>(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64, make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
+    let Some(g) = gpu_or_skip(test) else { return };
+    let mut ranks = LocalRanks::<T>::new(halos.clone(), &[Arc::new(g.module)]).unwrap();
+    for step in 0..steps {
+        let home = random_elements(&halos, 100 + step, true, &make);
+        let forces = random_elements(&halos, 900 + step, false, &make);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.x.fill_bytes(0xFF).unwrap();
+            rank.upload_coordinates(&home[r]).unwrap();
+            rank.f.copy_from_host(&forces[r]).unwrap();
+        }
+        ranks.exchange_forward(transport).unwrap();
+        ranks.exchange_reverse_accumulate(transport).unwrap();
+        ranks.finish().unwrap_or_else(|e| panic!("{test} {transport:?} step {step}: {e}"));
+        let want_x = reference::coordinates(&halos, &home);
+        let want_f = reference::forces(&halos, &forces);
+        for (r, (x, f)) in ranks.coordinates().unwrap().iter().zip(ranks.forces().unwrap()).enumerate() {
+            assert_eq!(bytemuck::cast_slice::<T, u8>(x), bytemuck::cast_slice::<T, u8>(&want_x[r]), "{test} {transport:?}: values of rank {r} at step {step}");
+            for (i, (a, b)) in f.iter().zip(&want_f[r]).enumerate() {
+                assert!(close(*a, *b), "{test} {transport:?}: accumulated {i} of rank {r} at step {step}: {a:?} vs {b:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn generic_element_types_exchange_like_coordinates() {
+    let near = |a: f32, b: f32| approx::relative_eq!(a, b, epsilon = 1e-5, max_relative = 1e-5);
+    for (name, halos) in [("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 700), 11)), ("2x1x1x2", synthetic::halos(shape([2, 1, 1], 2, 1001), 12))] {
+        for t in TRANSPORTS {
+            run_element(&format!("f32 {name}"), halos.clone(), t, 20, |r| r.random_range(-5.0f32..5.0), near);
+            run_element(&format!("f64 {name}"), halos.clone(), t, 20, |r| r.random_range(-5.0f64..5.0), |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs()));
+            run_element(&format!("f32x4 {name}"), halos.clone(), t, 20, |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0], |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])));
+        }
+    }
+}

@@ -8,28 +8,104 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
 
-/// Every kernel entry point the PTX must export, in one list that the build (to keep them
-/// public), the host (to load them) and the tests (to find them in the PTX) all read.
-pub const KERNEL_ENTRIES: &[&str] = &[
-    PACK_COORDS,
-    UNPACK_STORE,
-    UNPACK_ACCUMULATE,
-    PACK_SUBSET,
-    PULSE_PACK_STORE_SIGNAL,
-    PULSE_PACK_PUT_SIGNAL,
-    FUSED_COORDS,
-    FUSED_COORDS_TMA,
-    FUSED_FORCES,
-    SIGNAL_PING_PONG,
-    LJ_PAIR_FORCES,
-    LEAPFROG,
-    JACOBI7,
-];
+/// Writes [`KERNEL_ENTRIES`]: the generic halo kernels once per element type (the `Float3` entry
+/// keeps the plain name, the others get [`HaloElement::SUFFIX`]), then the type-specific kernels.
+macro_rules! kernel_entries {
+    (generic: [$($base:literal),* $(,)?], specific: [$($name:literal),* $(,)?] $(,)?) => {
+        /// Every kernel entry point the PTX must export, in one list that the build (to keep them
+        /// public), the host (to load them) and the tests (to find them in the PTX) all read.
+        pub const KERNEL_ENTRIES: &[&str] = &[
+            $($base,)*
+            $(concat!($base, "_f32"),)*
+            $(concat!($base, "_f64"),)*
+            $(concat!($base, "_f32x4"),)*
+            $($name,)*
+        ];
+
+        /// The kernels instantiated for every [`HaloElement`] type.
+        pub const GENERIC_KERNELS: &[&str] = &[$($base,)*];
+    };
+}
+
+kernel_entries! {
+    generic: [
+        "pack_coords",
+        "unpack_store",
+        "unpack_accumulate",
+        "pulse_pack_store_signal",
+        "pulse_pack_put_signal",
+        "fused_coords",
+        "fused_coords_tma",
+        "fused_forces",
+    ],
+    specific: ["pack_subset", "signal_ping_pong", "lj_pair_forces", "leapfrog", "jacobi7"],
+}
+
+/// A value the halo kernels can move: coordinates and forces (`Float3`), or any user field of
+/// `f32`, `f64` or `[f32; 4]`. The device crate instantiates every generic kernel for each type
+/// (entry name = base name + [`Self::SUFFIX`]).
+pub trait HaloElement: Copy + Default + PartialEq + core::fmt::Debug + 'static {
+    /// Appended to a generic kernel's name for this type (`""` for `Float3`).
+    const SUFFIX: &'static str;
+    /// The value moved across a periodic boundary: coordinates add the box row, other values
+    /// are unchanged.
+    fn shifted(self, shift: Float3) -> Self;
+    /// `self + other`, component-wise (what the reverse exchange accumulates).
+    fn add(self, other: Self) -> Self;
+}
+
+impl HaloElement for Float3 {
+    const SUFFIX: &'static str = "";
+    #[inline(always)]
+    fn shifted(self, shift: Float3) -> Self {
+        self + shift
+    }
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+}
+
+impl HaloElement for f32 {
+    const SUFFIX: &'static str = "_f32";
+    #[inline(always)]
+    fn shifted(self, _: Float3) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+}
+
+impl HaloElement for f64 {
+    const SUFFIX: &'static str = "_f64";
+    #[inline(always)]
+    fn shifted(self, _: Float3) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self + other
+    }
+}
+
+impl HaloElement for [f32; 4] {
+    const SUFFIX: &'static str = "_f32x4";
+    #[inline(always)]
+    fn shifted(self, _: Float3) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        [self[0] + o[0], self[1] + o[1], self[2] + o[2], self[3] + o[3]]
+    }
+}
 
 /// `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`: `out[i] = x[map[i]] (+ shift)`.
 pub const PACK_COORDS: &str = "pack_coords";
@@ -247,6 +323,7 @@ const _: () = {
     assert!(offset_of!(PulseMeta, reserved) == 100);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
-    assert!(TMA_CHUNK_ATOMS * 12 % 16 == 0);
+    // Bulk copies move whole chunks: a multiple of 16 bytes for every element size.
+    assert!(TMA_CHUNK_ATOMS * 4 % 16 == 0 && TMA_CHUNK_ATOMS * 12 % 16 == 0);
     assert!(BLOCK_SIZE % 32 == 0);
 };

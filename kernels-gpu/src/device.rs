@@ -247,6 +247,17 @@ pub unsafe fn atomic_add_relaxed_gpu_f32(ptr: *mut f32, value: f32) {
     unsafe { asm!("red.relaxed.gpu.global.add.f32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
 }
 
+/// `red.relaxed.gpu.global.add.f64`: `*ptr += value` atomically, no return value, no ordering
+/// (native on sm_60 and newer).
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_add_relaxed_gpu_f64(ptr: *mut f64, value: f64) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("red.relaxed.gpu.global.add.f64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
+}
+
 /// `red.relaxed.gpu.global.add.u32`: `*ptr += value` atomically, no return value, no ordering.
 ///
 /// # Safety
@@ -345,13 +356,13 @@ pub mod bulk {
 /// Callable only from a module registered with `nvshmemx_cumodule_init` on an initialised PE.
 pub mod nvshmem {
     unsafe extern "C" {
-        /// Every thread of the block calls it with the same arguments: copy `nelems` floats from
-        /// local `src` to `dest` on `pe`, then apply `op(signal)` to `sig_addr` on `pe` after the data.
+        /// Every thread of the block calls it with the same arguments: copy `bytes` from local
+        /// `src` to `dest` on `pe`, then apply `op(signal)` to `sig_addr` on `pe` after the data.
         /// Non-blocking: returns before completion; the receiver's signal wait provides ordering.
-        pub fn nvshmemx_float_put_signal_nbi_block(
-            dest: *mut f32,
-            src: *const f32,
-            nelems: usize,
+        pub fn nvshmemx_putmem_signal_nbi_block(
+            dest: *mut core::ffi::c_void,
+            src: *const core::ffi::c_void,
+            bytes: usize,
             sig_addr: *mut u64,
             signal: u64,
             sig_op: i32,

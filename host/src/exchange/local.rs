@@ -9,19 +9,19 @@
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
 use super::spec::{RankHalo, validate};
-use super::Transport;
+use super::{Element, Transport};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
 use std::sync::Arc;
 
-/// All ranks of a decomposition, in this process.
-pub struct LocalRanks {
-    ranks: Vec<RankExchange>,
+/// All ranks of a decomposition, in this process, exchanging values of type `T`.
+pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
+    ranks: Vec<RankExchange<T>>,
     streams: Vec<Arc<CudaStream>>,
     host_syncs: u64,
 }
 
-impl LocalRanks {
+impl<T: Element> LocalRanks<T> {
     /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU).
     pub fn new(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
         validate(&halos)?;
@@ -48,7 +48,7 @@ impl LocalRanks {
             streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
-        let views: Vec<PeerView> = ranks.iter().map(RankExchange::local_view).collect();
+        let views: Vec<PeerView> = ranks.iter().map(RankExchange::<T>::local_view).collect();
         for rank in &mut ranks {
             rank.install(&|peer| Some(views[peer]))?;
         }
@@ -78,12 +78,12 @@ impl LocalRanks {
     }
 
     /// The ranks.
-    pub fn ranks(&self) -> &[RankExchange] {
+    pub fn ranks(&self) -> &[RankExchange<T>] {
         &self.ranks
     }
 
     /// Mutable access to the ranks.
-    pub fn ranks_mut(&mut self) -> &mut [RankExchange] {
+    pub fn ranks_mut(&mut self) -> &mut [RankExchange<T>] {
         &mut self.ranks
     }
 
@@ -178,13 +178,25 @@ impl LocalRanks {
         Ok(())
     }
 
+    /// Forward exchange (gather chain: coordinates, ghost cells) of one step on every rank,
+    /// without waiting; the same as [`Self::launch_coordinates`].
+    pub fn exchange_forward(&mut self, transport: Transport) -> Result<()> {
+        self.launch_coordinates(transport)
+    }
+
+    /// Reverse exchange with accumulation (scatter chain: forces) of one step on every rank,
+    /// without waiting; the same as [`Self::launch_forces`].
+    pub fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()> {
+        self.launch_forces(transport)
+    }
+
     /// Reads back every rank's first `total_atoms` coordinates.
-    pub fn coordinates(&self) -> Result<Vec<Vec<kernels_gpu::abi::Float3>>> {
+    pub fn coordinates(&self) -> Result<Vec<Vec<T>>> {
         self.ranks.iter().map(|r| Ok(r.x.to_host()?[..r.halo().total_atoms].to_vec())).collect()
     }
 
     /// Reads back every rank's first `total_atoms` forces.
-    pub fn forces(&self) -> Result<Vec<Vec<kernels_gpu::abi::Float3>>> {
+    pub fn forces(&self) -> Result<Vec<Vec<T>>> {
         self.ranks.iter().map(|r| Ok(r.f.to_host()?[..r.halo().total_atoms].to_vec())).collect()
     }
 }

@@ -17,7 +17,12 @@ pub use local::LocalRanks;
 pub use rank::{PeerView, RankExchange, SharedSizes};
 pub use spec::{PulseSpec, RankHalo};
 
-use kernels_gpu::abi::WaitKind;
+use kernels_gpu::abi::{HaloElement, WaitKind};
+
+/// A value the exchange can move: a [`HaloElement`] (coordinates and forces as `Float3`, or
+/// `f32`, `f64`, `[f32; 4]` for other fields) that can be copied to the GPU as bytes.
+pub trait Element: HaloElement + bytemuck::Pod {}
+impl<T: HaloElement + bytemuck::Pod> Element for T {}
 
 /// How a halo moves between ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]

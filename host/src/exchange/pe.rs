@@ -4,7 +4,7 @@
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes};
 use super::spec::{RankHalo, validate};
-use super::Transport;
+use super::{Element, Transport};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
 use crate::nvshmem::Nvshmem;
@@ -25,16 +25,16 @@ pub enum PathPolicy {
     Routed(&'static crate::route::RoutedPaths),
 }
 
-/// This PE's exchange.
-pub struct PeExchange {
-    rank: RankExchange,
+/// This PE's exchange of values of type `T`.
+pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
+    rank: RankExchange<T>,
     nvshmem: Arc<Nvshmem>,
     halos: Vec<RankHalo>,
     stream: Arc<CudaStream>,
     host_syncs: u64,
 }
 
-impl PeExchange {
+impl<T: Element> PeExchange<T> {
     /// Sets up this PE's side of `halos` (every PE passes the same, complete list; allocation is
     /// collective). Ends with a barrier, so no PE launches before every PE initialised its signals.
     pub fn new(nvshmem: Arc<Nvshmem>, module: Arc<KernelModule>, halos: Vec<RankHalo>, policy: PathPolicy) -> Result<Self> {
@@ -79,12 +79,12 @@ impl PeExchange {
     }
 
     /// This PE's rank exchange (buffers, status).
-    pub fn rank(&self) -> &RankExchange {
+    pub fn rank(&self) -> &RankExchange<T> {
         &self.rank
     }
 
     /// Mutable access (wait timeout, reset).
-    pub fn rank_mut(&mut self) -> &mut RankExchange {
+    pub fn rank_mut(&mut self) -> &mut RankExchange<T> {
         &mut self.rank
     }
 
@@ -132,6 +132,16 @@ impl PeExchange {
             return self.staged(true);
         }
         self.rank.launch_forces(&self.stream)
+    }
+
+    /// Forward exchange of one step (the same as [`Self::launch_coordinates`]).
+    pub fn exchange_forward(&mut self, transport: Transport) -> Result<()> {
+        self.launch_coordinates(transport)
+    }
+
+    /// Reverse exchange with accumulation of one step (the same as [`Self::launch_forces`]).
+    pub fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()> {
+        self.launch_forces(transport)
     }
 
     /// Waits for the stream and reports a device wait timeout as an error.
@@ -186,12 +196,12 @@ impl PeExchange {
     }
 
     /// This PE's coordinates (`total_atoms` of them).
-    pub fn coordinates(&self) -> Result<Vec<kernels_gpu::abi::Float3>> {
+    pub fn coordinates(&self) -> Result<Vec<T>> {
         Ok(self.rank.x.to_host()?[..self.rank.halo().total_atoms].to_vec())
     }
 
     /// This PE's forces (`total_atoms` of them).
-    pub fn forces(&self) -> Result<Vec<kernels_gpu::abi::Float3>> {
+    pub fn forces(&self) -> Result<Vec<T>> {
         Ok(self.rank.f.to_host()?[..self.rank.halo().total_atoms].to_vec())
     }
 }

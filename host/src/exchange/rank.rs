@@ -8,6 +8,7 @@ use super::{Transport, WaitTimeout};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
+use super::Element;
 use kernels_gpu::abi::{self, Float3, PulseMeta, SIGNAL_UNSET, WaitKind, WaitStatus};
 use std::sync::Arc;
 
@@ -48,18 +49,24 @@ impl SharedSizes {
     }
 }
 
-/// One rank's exchange state on its GPU.
-pub struct RankExchange {
+/// The entry name of generic kernel `base` for element type `T` (`fused_coords_f32`, ...).
+pub fn entry<T: Element>(base: &str) -> String {
+    format!("{base}{}", T::SUFFIX)
+}
+
+/// One rank's exchange state on its GPU, for values of type `T` (coordinates and forces by
+/// default; any [`Element`] for other fields).
+pub struct RankExchange<T: Element = Float3> {
     rank: usize,
     halo: RankHalo,
     module: Arc<KernelModule>,
     /// Coordinates: home atoms, then every received pulse.
-    pub x: Mem<Float3>,
+    pub x: Mem<T>,
     /// Forces, same layout as `x`.
-    pub f: Mem<Float3>,
+    pub f: Mem<T>,
     signals: Mem<u64>,
-    send_buf: Mem<Float3>,
-    recv_buf: Mem<Float3>,
+    send_buf: Mem<T>,
+    recv_buf: Mem<T>,
     maps: DeviceBuffer<u32>,
     map_offsets: Vec<usize>,
     meta: DeviceBuffer<PulseMeta>,
@@ -76,13 +83,13 @@ pub struct RankExchange {
     force_grid: u32,
 }
 
-impl RankExchange {
+impl<T: Element> RankExchange<T> {
     /// Allocates this rank's buffers (collectively, for symmetric memory: every rank must call
     /// this with the same `sizes`) and uploads its index maps. Signals start at [`SIGNAL_UNSET`].
     pub fn new(rank: usize, halo: RankHalo, module: Arc<KernelModule>, kind: &MemoryKind, sizes: SharedSizes) -> Result<Self> {
         let ctx = module.context().clone();
         let n = sizes.pulses;
-        let alloc_f3 = |len| Mem::<Float3>::new(kind, &ctx, len);
+        let alloc_f3 = |len| Mem::<T>::new(kind, &ctx, len);
         let x = alloc_f3(sizes.atoms)?;
         let f = alloc_f3(sizes.atoms)?;
         let send_buf = alloc_f3(n.max(1) * sizes.slot_atoms)?;
@@ -172,7 +179,7 @@ impl RankExchange {
     /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
     /// decide alike (a direct pair in one direction is direct in the other).
     pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>) -> Result<()> {
-        let f3 = size_of::<Float3>() as u64;
+        let f3 = size_of::<T>() as u64;
         let n = self.halo.pulses.len();
         let mut metas = Vec::with_capacity(n);
         for (p, spec) in self.halo.pulses.iter().enumerate() {
@@ -232,14 +239,14 @@ impl RankExchange {
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
-                let (name, shape) = if tma { (abi::FUSED_COORDS_TMA, self.tma_shape()) } else { (abi::FUSED_COORDS, self.coord_shape()) };
+                let (name, shape) = if tma { (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape()) } else { (entry::<T>(abi::FUSED_COORDS), self.coord_shape()) };
                 let mut args = kernel_args![meta, pulses, x, signals, counter, counters, dep, timeout, status];
                 // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
                 // `install` from a validated plan and live buffers.
-                unsafe { self.module.launch(name, shape, stream, &mut args) }
+                unsafe { self.module.launch(&name, shape, stream, &mut args) }
             }
             Transport::PerPulse | Transport::PerPulseDirect => {
-                let name = if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL };
+                let name = entry::<T>(if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL });
                 for p in 0..n {
                     let shape = LaunchShape {
                         grid: ((self.halo.pulses[p as usize].index_map.len() as u32).div_ceil(abi::BLOCK_SIZE).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD), 1),
@@ -249,7 +256,7 @@ impl RankExchange {
                     let (mut pulse, mut arrive) = (p, self.block_counters.device_ptr_at(p as usize));
                     let mut args = kernel_args![meta, pulse, x, signals, counter, arrive, timeout, status];
                     // SAFETY: arguments match the per-pulse kernels; see above.
-                    unsafe { self.module.launch(name, shape, stream, &mut args)? };
+                    unsafe { self.module.launch(&name, shape, stream, &mut args)? };
                 }
                 Ok(())
             }
@@ -271,7 +278,7 @@ impl RankExchange {
         let mut args = kernel_args![meta, pulses, f, signals, counter, done, seq, timeout, status];
         let shape = LaunchShape { grid: (self.force_grid, n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
         // SAFETY: arguments match `fused_forces`; metadata from `install`.
-        unsafe { self.module.launch(abi::FUSED_FORCES, shape, stream, &mut args) }
+        unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
     fn coord_shape(&self) -> LaunchShape {
@@ -282,7 +289,7 @@ impl RankExchange {
         let warps = abi::BLOCK_SIZE / 32;
         let per_block = warps * abi::TMA_CHUNK_ATOMS;
         let blocks = (self.halo.max_send() as u32 + 4).div_ceil(per_block).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD);
-        LaunchShape { grid: (blocks, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: per_block * 12 }
+        LaunchShape { grid: (blocks, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: per_block * size_of::<T>() as u32 }
     }
 
     /// Reads the wait status after the step's work completed: a timed-out device wait becomes an
@@ -316,17 +323,17 @@ impl RankExchange {
         let (mut sx, mut sy, mut sz, mut use_shift) = (s.x, s.y, s.z, spec.shift.is_some() as u32);
         let mut args = kernel_args![xp, mp, n, op, sx, sy, sz, use_shift];
         // SAFETY: arguments match `pack_coords`; map entries validated against the arrays.
-        unsafe { self.module.launch(abi::PACK_COORDS, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+        unsafe { self.module.launch(&entry::<T>(abi::PACK_COORDS), LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
     }
 
     /// Host-driven copy of pulse `p`'s send slot into the peer's coordinates (staged path).
     pub(crate) fn stage_copy_to(&self, p: usize, peer: PeerView, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
-        let bytes = spec.index_map.len() * size_of::<Float3>();
+        let bytes = spec.index_map.len() * size_of::<T>();
         if bytes == 0 {
             return Ok(());
         }
-        let dst = peer.x + (spec.peer_atom_offset * size_of::<Float3>()) as u64;
+        let dst = peer.x + (spec.peer_atom_offset * size_of::<T>()) as u64;
         // SAFETY: both ranges lie inside live allocations (validated plan); UVA resolves the peer.
         unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_buf.device_ptr_at(p * self.sizes.slot_atoms), bytes, stream.cu_stream()) }
             .result()
@@ -336,7 +343,7 @@ impl RankExchange {
     /// Host-driven copy of this rank's halo forces of pulse `p` into the owner's receive slot.
     pub(crate) fn stage_forces_to(&self, p: usize, owner_recv_slot: u64, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
-        let bytes = spec.recv_size * size_of::<Float3>();
+        let bytes = spec.recv_size * size_of::<T>();
         if bytes == 0 {
             return Ok(());
         }
@@ -357,9 +364,9 @@ impl RankExchange {
         let (mut bp, mut mp, mut n, mut dp) =
             (self.recv_slot(p), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
         let mut args = kernel_args![bp, mp, n, dp];
-        let name = if spec.accumulate_forces { abi::UNPACK_ACCUMULATE } else { abi::UNPACK_STORE };
+        let name = entry::<T>(if spec.accumulate_forces { abi::UNPACK_ACCUMULATE } else { abi::UNPACK_STORE });
         // SAFETY: arguments match the unpack kernels; validated plan.
-        unsafe { self.module.launch(name, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+        unsafe { self.module.launch(&name, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
     }
 
     /// Resets the device-side protocol state (signals, counters, status) so the exchange can run
@@ -376,7 +383,7 @@ impl RankExchange {
     }
 
     /// Copies `data` into the start of the coordinate array (home atoms).
-    pub fn upload_coordinates(&self, data: &[Float3]) -> Result<()> {
+    pub fn upload_coordinates(&self, data: &[T]) -> Result<()> {
         self.x.copy_from_host(data)
     }
 
@@ -386,12 +393,12 @@ impl RankExchange {
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).during("reading SM count")? as u32;
         let per_sm = [abi::FUSED_COORDS, abi::FUSED_FORCES, abi::PULSE_PACK_STORE_SIGNAL]
             .iter()
-            .map(|k| self.module.max_blocks_per_sm(k, abi::BLOCK_SIZE, 0))
+            .map(|k| self.module.max_blocks_per_sm(&entry::<T>(k), abi::BLOCK_SIZE, 0))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .min()
             .unwrap_or(1);
-        let tma = self.module.max_blocks_per_sm(abi::FUSED_COORDS_TMA, abi::BLOCK_SIZE, self.tma_shape().shared_bytes)?;
+        let tma = self.module.max_blocks_per_sm(&entry::<T>(abi::FUSED_COORDS_TMA), abi::BLOCK_SIZE, self.tma_shape().shared_bytes)?;
         Ok((sms, per_sm.min(tma)))
     }
 }
@@ -427,7 +434,7 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
 // ---------------------------------------------------------------------------------------------
 // Accessors for the benchmarks' NCCL baseline (host/src/bench/nccl.rs), which drives the same
 // buffers with NCCL instead of peer copies.
-impl RankExchange {
+impl<T: Element> RankExchange<T> {
     /// Address of this rank's send slot for pulse `p` (where `stage_pack` puts the packed pulse).
     pub(crate) fn send_slot(&self, p: usize) -> u64 {
         self.send_buf.device_ptr_at(p * self.sizes.slot_atoms)

@@ -1,19 +1,19 @@
 //! The exchange's effect computed on the CPU, for any set of [`RankHalo`]s.
 
 use super::spec::RankHalo;
-use kernels_gpu::abi::Float3;
+use kernels_gpu::abi::HaloElement;
 
 /// Every rank's coordinates after the full coordinate halo: `home[r]` (length `home_atoms`)
 /// followed by each pulse's received atoms, shifted where the pulse crosses the boundary.
 /// Pulses run in order; within a pulse no rank reads what another writes (maps point below the
 /// pulse's receive range), so ranks may be processed in any order.
-pub fn coordinates(halos: &[RankHalo], home: &[Vec<Float3>]) -> Vec<Vec<Float3>> {
-    let mut x: Vec<Vec<Float3>> = halos
+pub fn coordinates<T: HaloElement>(halos: &[RankHalo], home: &[Vec<T>]) -> Vec<Vec<T>> {
+    let mut x: Vec<Vec<T>> = halos
         .iter()
         .zip(home)
         .map(|(h, hx)| {
             let mut v = hx[..h.home_atoms].to_vec();
-            v.resize(h.total_atoms, Float3::default());
+            v.resize(h.total_atoms, T::default());
             v
         })
         .collect();
@@ -21,7 +21,10 @@ pub fn coordinates(halos: &[RankHalo], home: &[Vec<Float3>]) -> Vec<Vec<Float3>>
     for p in 0..pulses {
         for r in 0..halos.len() {
             let spec = &halos[r].pulses[p];
-            let packed = crate::reference::pack(&x[r], &spec.index_map, spec.shift);
+            let packed: Vec<T> = spec.index_map.iter().map(|&i| match spec.shift {
+                Some(s) => x[r][i as usize].shifted(s),
+                None => x[r][i as usize],
+            }).collect();
             let dst = &mut x[spec.send_rank][spec.peer_atom_offset..spec.peer_atom_offset + packed.len()];
             dst.copy_from_slice(&packed);
         }
@@ -31,7 +34,7 @@ pub fn coordinates(halos: &[RankHalo], home: &[Vec<Float3>]) -> Vec<Vec<Float3>>
 
 /// Every rank's forces after the force halo: last pulse first, each rank's forces on the atoms it
 /// received in a pulse are added to (or stored into) the sender's atoms through the sender's map.
-pub fn forces(halos: &[RankHalo], f: &[Vec<Float3>]) -> Vec<Vec<Float3>> {
+pub fn forces<T: HaloElement>(halos: &[RankHalo], f: &[Vec<T>]) -> Vec<Vec<T>> {
     let mut f = f.to_vec();
     let pulses = halos.first().map_or(0, |h| h.pulses.len());
     for p in (0..pulses).rev() {
@@ -40,10 +43,9 @@ pub fn forces(halos: &[RankHalo], f: &[Vec<Float3>]) -> Vec<Vec<Float3>> {
             let owner = spec.recv_rank;
             let halo = f[r][spec.atom_offset..spec.atom_offset + spec.recv_size].to_vec();
             let owner_spec = &halos[owner].pulses[p];
-            if owner_spec.accumulate_forces {
-                crate::reference::unpack_accumulate(&halo, &owner_spec.index_map, &mut f[owner]);
-            } else {
-                crate::reference::unpack_store(&halo, &owner_spec.index_map, &mut f[owner]);
+            for (v, &i) in halo.iter().zip(&owner_spec.index_map) {
+                let d = &mut f[owner][i as usize];
+                *d = if owner_spec.accumulate_forces { d.add(*v) } else { *v };
             }
         }
     }

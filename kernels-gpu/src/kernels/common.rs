@@ -1,8 +1,59 @@
 //! Pieces shared by the halo kernels: packing a slice of an index map, bounded signal waits,
 //! last-block election, and the two ways of delivering a pulse (direct store or NVSHMEM put).
 
-use crate::abi::{Float3, NVSHMEM_SIGNAL_SET, PackMode, PulseMeta, WaitKind, WaitStatus};
+use crate::abi::{Float3, HaloElement, NVSHMEM_SIGNAL_SET, PackMode, PulseMeta, WaitKind, WaitStatus};
 use crate::device::{self, nvshmem, thread};
+
+/// An element type the halo kernels can move on the device: a [`HaloElement`] that can also be
+/// accumulated atomically (the reverse exchange adds into targets several pulses may share).
+pub trait DeviceElement: HaloElement {
+    /// `*dst += v` with relaxed GPU-scope atomics, component by component.
+    ///
+    /// # Safety
+    /// `dst` must be a valid, naturally aligned global address on this device.
+    unsafe fn atomic_accumulate(dst: *mut Self, v: Self);
+}
+
+impl DeviceElement for Float3 {
+    #[inline(always)]
+    unsafe fn atomic_accumulate(dst: *mut Self, v: Self) {
+        // SAFETY: the caller guarantees `dst`; each component is a valid f32 address.
+        unsafe {
+            device::atomic_add_relaxed_gpu_f32(&raw mut (*dst).x, v.x);
+            device::atomic_add_relaxed_gpu_f32(&raw mut (*dst).y, v.y);
+            device::atomic_add_relaxed_gpu_f32(&raw mut (*dst).z, v.z);
+        }
+    }
+}
+
+impl DeviceElement for f32 {
+    #[inline(always)]
+    unsafe fn atomic_accumulate(dst: *mut Self, v: Self) {
+        // SAFETY: the caller guarantees `dst`.
+        unsafe { device::atomic_add_relaxed_gpu_f32(dst, v) }
+    }
+}
+
+impl DeviceElement for f64 {
+    #[inline(always)]
+    unsafe fn atomic_accumulate(dst: *mut Self, v: Self) {
+        // SAFETY: the caller guarantees `dst`.
+        unsafe { device::atomic_add_relaxed_gpu_f64(dst, v) }
+    }
+}
+
+impl DeviceElement for [f32; 4] {
+    #[inline(always)]
+    unsafe fn atomic_accumulate(dst: *mut Self, v: Self) {
+        let d = dst as *mut f32;
+        // SAFETY: the caller guarantees `dst`; the four components are consecutive f32s.
+        unsafe {
+            for (k, c) in v.iter().enumerate() {
+                device::atomic_add_relaxed_gpu_f32(d.add(k), *c);
+            }
+        }
+    }
+}
 
 /// The periodic shift of a pulse, or `None` when it does not cross the boundary.
 #[inline(always)]
@@ -12,9 +63,9 @@ pub fn shift_of(meta: &PulseMeta) -> Option<Float3> {
 
 /// `x[atom] (+ shift)`. Without a shift the value is copied untouched (bit-exact, `-0.0` stays).
 #[inline(always)]
-pub fn shifted(v: Float3, shift: Option<Float3>) -> Float3 {
+pub fn shifted<T: HaloElement>(v: T, shift: Option<Float3>) -> T {
     match shift {
-        Some(s) => v + s,
+        Some(s) => v.shifted(s),
         None => v,
     }
 }
@@ -26,11 +77,11 @@ pub fn shifted(v: Float3, shift: Option<Float3>) -> Float3 {
 /// `x`, `map[0..n]` and `dest[0..n]` valid; every `map[i]` in range of `x`; `dest` not aliasing
 /// the selected sources.
 #[inline(always)]
-pub unsafe fn pack_subset(
-    x: *const Float3,
+pub unsafe fn pack_subset<T: HaloElement>(
+    x: *const T,
     map: *const u32,
     n: u32,
-    dest: *mut Float3,
+    dest: *mut T,
     shift: Option<Float3>,
     mode: PackMode,
     threshold: u32,
@@ -156,18 +207,18 @@ pub unsafe fn arrive_is_last_block(counter: *mut u32) -> bool {
 
 /// Delivers a packed pulse once all its data is written: on the direct path one `st.release.sys`
 /// of `counter` into the peer's slot (thread 0); on the put path every thread of the block calls
-/// `put_signal_nbi_block` from the local `src` into the symmetric `dest_symmetric` on `pe`.
+/// `putmem_signal_nbi_block` from the local `src` into the symmetric `dest_symmetric` on `pe`.
 ///
 /// # Safety
 /// All threads of the block call it together. Direct path: `remote_signal` mapped and valid. Put
 /// path: NVSHMEM initialised and this module registered; `dest_symmetric`, `src[0..n]` and
 /// `signal_symmetric` symmetric addresses valid on `pe`.
 #[inline(always)]
-pub unsafe fn deliver(
+pub unsafe fn deliver<T: HaloElement>(
     remote_signal: *mut u64,
     direct: bool,
-    dest_symmetric: *mut Float3,
-    src: *const Float3,
+    dest_symmetric: *mut T,
+    src: *const T,
     n: u32,
     signal_symmetric: *mut u64,
     counter: u64,
@@ -180,12 +231,12 @@ pub unsafe fn deliver(
             unsafe { device::store_release_sys_u64(remote_signal, counter) };
         }
     } else {
-        // SAFETY: caller's contract; three floats per atom.
+        // SAFETY: caller's contract; `n` elements of `T`.
         unsafe {
-            nvshmem::nvshmemx_float_put_signal_nbi_block(
+            nvshmem::nvshmemx_putmem_signal_nbi_block(
                 dest_symmetric.cast(),
                 src.cast(),
-                3 * n as usize,
+                n as usize * size_of::<T>(),
                 signal_symmetric,
                 counter,
                 NVSHMEM_SIGNAL_SET,

@@ -7,15 +7,19 @@
 //! kernel's end means every halo coordinate has landed.
 
 use super::common::{WaitSite, arrive_is_last_block, deliver, pack_subset, shift_of, wait_signal};
-use crate::abi::{Float3, PackMode, PulseMeta, WaitKind, WaitStatus};
+use crate::abi::{HaloElement, PackMode, PulseMeta, WaitKind, WaitStatus};
 use crate::device::{self, thread};
 
-kernel! {
-    /// `signals[0..num_pulses]` are this rank's receive-X slots; `block_counters[0..num_pulses]` are
-    /// zeroed device counters (they wrap back to 0 each launch). `counter` is this step's signal
-    /// value, fresh every step on every rank. `x` and `signals` symmetric on the put path.
-    fn fused_coords(
-        pulses: *const PulseMeta, num_pulses: u32, x: *mut Float3, signals: *mut u64, counter: u64,
+/// `signals[0..num_pulses]` are this rank's receive-X slots; `block_counters[0..num_pulses]` are
+/// zeroed device counters (they wrap back to 0 each launch). `counter` is this step's signal
+/// value, fresh every step on every rank. `x` and `signals` symmetric on the put path.
+///
+/// # Safety
+/// Metadata from a validated plan (see `pulse_exchange` for the two paths' requirements).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fused_coords<T: HaloElement>(
+        pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, counter: u64,
         block_counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
     ) {
         let pulse = thread::block_idx_y();
@@ -25,7 +29,7 @@ kernel! {
         // SAFETY: the host passes `num_pulses` valid entries.
         let meta = unsafe { &*pulses.add(pulse as usize) };
         let direct = meta.remote_x != 0;
-        let dest = if direct { meta.remote_x } else { meta.send_buf } as *mut Float3;
+        let dest = if direct { meta.remote_x } else { meta.send_buf } as *mut T;
         let map = meta.index_map as *const u32;
         let shift = shift_of(meta);
 
@@ -66,4 +70,3 @@ kernel! {
             }
         }
     }
-}

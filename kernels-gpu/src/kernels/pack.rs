@@ -1,8 +1,9 @@
 //! The plain building blocks of the staged path: gather into a send buffer, scatter out of a
-//! receive buffer (store or accumulate), and the dependency-aware subset gather.
+//! receive buffer (store or accumulate), and the dependency-aware subset gather. The first three
+//! are generic over the element type and exported per type from `mod.rs`.
 
-use super::common::{pack_subset as pack_selected, shifted};
-use crate::abi::{Float3, PackMode};
+use super::common::{DeviceElement, pack_subset as pack_selected, shifted};
+use crate::abi::{Float3, HaloElement, PackMode};
 use crate::device::{self, thread};
 
 #[inline(always)]
@@ -10,48 +11,48 @@ fn optional_shift(sx: f32, sy: f32, sz: f32, use_shift: u32) -> Option<Float3> {
     (use_shift != 0).then_some(Float3::new(sx, sy, sz))
 }
 
-kernel! {
-    /// GROMACS's `packSendBufKernel`: `out[i] = x[map[i]]`, plus the box row `(sx, sy, sz)` when
-    /// `use_shift != 0`. Grid-stride, any launch shape.
-    fn pack_coords(x: *const Float3, map: *const u32, n: u32, out: *mut Float3, sx: f32, sy: f32, sz: f32, use_shift: u32) {
-        let shift = optional_shift(sx, sy, sz, use_shift);
-        let mut i = thread::index_1d();
-        while i < n {
-            // SAFETY: the host guarantees map[0..n], out[0..n] and every map[i] in range of x.
-            unsafe { *out.add(i as usize) = shifted(*x.add(*map.add(i as usize) as usize), shift) };
-            i += thread::grid_stride_x();
-        }
+/// GROMACS's `packSendBufKernel`: `out[i] = x[map[i]]`, shifted by the box row `(sx, sy, sz)` when
+/// `use_shift != 0` (coordinates only; other element types ignore the shift). Grid-stride.
+///
+/// # Safety
+/// `map[0..n]` and `out[0..n]` valid, every `map[i]` in range of `x`.
+#[inline(always)]
+pub unsafe fn pack_coords<T: HaloElement>(x: *const T, map: *const u32, n: u32, out: *mut T, sx: f32, sy: f32, sz: f32, use_shift: u32) {
+    let shift = optional_shift(sx, sy, sz, use_shift);
+    let mut i = thread::index_1d();
+    while i < n {
+        // SAFETY: the caller's contract.
+        unsafe { *out.add(i as usize) = shifted(*x.add(*map.add(i as usize) as usize), shift) };
+        i += thread::grid_stride_x();
     }
 }
 
-kernel! {
-    /// GROMACS's `unpackRecvBufKernel<false>`: `dst[map[i]] = buf[i]`. Map targets must be distinct.
-    fn unpack_store(buf: *const Float3, map: *const u32, n: u32, dst: *mut Float3) {
-        let mut i = thread::index_1d();
-        while i < n {
-            // SAFETY: the host guarantees buf[0..n], map[0..n] and every map[i] in range of dst.
-            unsafe { *dst.add(*map.add(i as usize) as usize) = *buf.add(i as usize) };
-            i += thread::grid_stride_x();
-        }
+/// GROMACS's `unpackRecvBufKernel<false>`: `dst[map[i]] = buf[i]`. Map targets must be distinct.
+///
+/// # Safety
+/// `buf[0..n]`, `map[0..n]` valid, every `map[i]` in range of `dst`.
+#[inline(always)]
+pub unsafe fn unpack_store<T: HaloElement>(buf: *const T, map: *const u32, n: u32, dst: *mut T) {
+    let mut i = thread::index_1d();
+    while i < n {
+        // SAFETY: the caller's contract.
+        unsafe { *dst.add(*map.add(i as usize) as usize) = *buf.add(i as usize) };
+        i += thread::grid_stride_x();
     }
 }
 
-kernel! {
-    /// GROMACS's `unpackRecvBufKernel<true>`: `dst[map[i]] += buf[i]`, atomically per component,
-    /// so repeated targets (and concurrent pulses) add up correctly.
-    fn unpack_accumulate(buf: *const Float3, map: *const u32, n: u32, dst: *mut Float3) {
-        let mut i = thread::index_1d();
-        while i < n {
-            // SAFETY: as unpack_store; atomics make concurrent updates of one atom safe.
-            unsafe {
-                let v = *buf.add(i as usize);
-                let t = dst.add(*map.add(i as usize) as usize);
-                device::atomic_add_relaxed_gpu_f32(&raw mut (*t).x, v.x);
-                device::atomic_add_relaxed_gpu_f32(&raw mut (*t).y, v.y);
-                device::atomic_add_relaxed_gpu_f32(&raw mut (*t).z, v.z);
-            }
-            i += thread::grid_stride_x();
-        }
+/// GROMACS's `unpackRecvBufKernel<true>`: `dst[map[i]] += buf[i]`, atomically per component, so
+/// repeated targets (and concurrent pulses) add up correctly.
+///
+/// # Safety
+/// As [`unpack_store`].
+#[inline(always)]
+pub unsafe fn unpack_accumulate<T: DeviceElement>(buf: *const T, map: *const u32, n: u32, dst: *mut T) {
+    let mut i = thread::index_1d();
+    while i < n {
+        // SAFETY: the caller's contract; atomics make concurrent updates of one element safe.
+        unsafe { T::atomic_accumulate(dst.add(*map.add(i as usize) as usize), *buf.add(i as usize)) };
+        i += thread::grid_stride_x();
     }
 }
 

@@ -4,18 +4,25 @@
 //! any dependency wait inside the kernel.
 
 use super::common::{WaitSite, arrive_is_last_block, deliver, pack_subset, shift_of, wait_signal};
-use crate::abi::{Float3, PackMode, PulseMeta, WaitKind, WaitStatus};
+use crate::abi::{HaloElement, PackMode, PulseMeta, WaitKind, WaitStatus};
 use crate::device::thread;
 
-/// The body both variants share; `direct` picks where packing goes and how the pulse is delivered.
+/// Pulse `pulse` of the forward (coordinate) halo. `direct`: pack straight into the peer's array
+/// (`remote_x`, reachable by stores over NVLink or on the same GPU), then one `st.release.sys` of
+/// `counter` into the peer's slot. Otherwise pack into the local symmetric staging slot and the
+/// last block puts it (`putmem_signal_nbi_block`) into the peer's `x` at `peer_atom_offset`,
+/// signal SET to `counter`. The kernel ends once this rank's own slot `signals[pulse]` holds
+/// `counter`, i.e. its incoming halo has landed. `arrive` is a per-pulse zeroed counter that
+/// wraps back to 0 by itself.
 ///
 /// # Safety
-/// See the kernels below.
+/// Metadata from a validated plan; direct: peer addresses mapped; put: NVSHMEM initialised and
+/// the module registered, `x` and `signals` symmetric.
 #[inline(always)]
-unsafe fn pulse_exchange(
+pub unsafe fn pulse_exchange<T: HaloElement>(
     pulses: *const PulseMeta,
     pulse: u32,
-    x: *mut Float3,
+    x: *mut T,
     signals: *mut u64,
     counter: u64,
     arrive: *mut u32,
@@ -25,7 +32,7 @@ unsafe fn pulse_exchange(
 ) {
     // SAFETY: the host passes a valid metadata array with at least `pulse + 1` entries.
     let meta = unsafe { &*pulses.add(pulse as usize) };
-    let dest = if direct { meta.remote_x } else { meta.send_buf } as *mut Float3;
+    let dest = if direct { meta.remote_x } else { meta.send_buf } as *mut T;
     let map = meta.index_map as *const u32;
     // SAFETY: map/x/dest valid per the plan the host validated.
     unsafe { pack_subset(x, map, meta.send_size, dest, shift_of(meta), PackMode::All, 0) };
@@ -50,33 +57,5 @@ unsafe fn pulse_exchange(
             // SAFETY: own_slot is this rank's receive-X slot for the pulse.
             unsafe { wait_signal(own_slot, counter, timeout_ns, status, site) };
         }
-    }
-}
-
-kernel! {
-    /// Pulse `pulse` of the coordinate halo, direct-store variant: pack straight into the peer's
-    /// coordinate array (`remote_x`, reachable by stores over NVLink or on the same GPU), then
-    /// one `st.release.sys` of `counter` into the peer's slot. The kernel ends once this rank's own
-    /// slot `signals[pulse]` holds `counter`, i.e. its incoming halo has landed.
-    /// `arrive` is a per-pulse zeroed counter that wraps back to 0 by itself.
-    fn pulse_pack_store_signal(
-        pulses: *const PulseMeta, pulse: u32, x: *mut Float3, signals: *mut u64, counter: u64,
-        arrive: *mut u32, timeout_ns: u64, status: *mut WaitStatus,
-    ) {
-        // SAFETY: forwarded; the host checked remote_x and remote_x_signal are mapped.
-        unsafe { pulse_exchange(pulses, pulse, x, signals, counter, arrive, timeout_ns, status, true) }
-    }
-}
-
-kernel! {
-    /// Pulse `pulse` of the coordinate halo, NVSHMEM variant: pack into the local symmetric staging
-    /// slot, then the last block calls `nvshmemx_float_put_signal_nbi_block` into the peer's `x`
-    /// at `peer_atom_offset`, signal SET to `counter`. `x` and `signals` must be symmetric.
-    fn pulse_pack_put_signal(
-        pulses: *const PulseMeta, pulse: u32, x: *mut Float3, signals: *mut u64, counter: u64,
-        arrive: *mut u32, timeout_ns: u64, status: *mut WaitStatus,
-    ) {
-        // SAFETY: forwarded; the host registered the module with NVSHMEM.
-        unsafe { pulse_exchange(pulses, pulse, x, signals, counter, arrive, timeout_ns, status, false) }
     }
 }
