@@ -4,6 +4,34 @@
 //! - [`rank`]: one rank's buffers, metadata and launches ([`RankExchange`]).
 //! - [`local`]: several ranks in one process, on one or more GPUs ([`LocalRanks`]).
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
+//!
+//! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
+//! fill the owned values, then exchange forward (gather chain) and reverse (accumulate chain):
+//!
+//! ```no_run
+//! use halo::exchange::{LocalRanks, Transport, synthetic};
+//! use halo::gpu::{self, DeviceMemory, KernelModule};
+//! use std::sync::Arc;
+//!
+//! # fn main() -> halo::Result<()> {
+//! let artifacts = halo::artifacts::KernelArtifacts::locate("sm_90")?;
+//! let module = Arc::new(KernelModule::load(&gpu::open_device(0)?, &artifacts)?);
+//! // Eight ranks in a 2x2x2 grid, one pulse per dimension, all on GPU 0.
+//! let halos = synthetic::halos(
+//!     synthetic::SyntheticShape { grid: [2, 2, 2], pulses_per_dim: 1, home_atoms: 1000, send_fraction: 0.3, box_len: 5.0 },
+//!     1,
+//! );
+//! let mut ranks = LocalRanks::<f32>::new(halos.clone(), &[module])?;
+//! for (r, rank) in ranks.ranks().iter().enumerate() {
+//!     rank.upload_coordinates(&vec![r as f32; halos[r].home_atoms])?; // owned values
+//! }
+//! ranks.exchange_forward(Transport::Fused)?; // ghosts filled on the GPU, no host wait
+//! ranks.finish()?; // wait only because the host reads next
+//! let ghosts = ranks.coordinates()?;
+//! # let _ = ghosts;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod local;
 pub mod memory;

@@ -37,6 +37,27 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
 impl<T: Element> PeExchange<T> {
     /// Sets up this PE's side of `halos` (every PE passes the same, complete list; allocation is
     /// collective). Ends with a barrier, so no PE launches before every PE initialised its signals.
+    ///
+    /// ```no_run
+    /// // Run as `halo launch -n 2 -- ...`-style ranks (or under mpirun/srun).
+    /// use halo::exchange::{Transport, pe::{PathPolicy, PeExchange}, synthetic};
+    /// use halo::launch::RankEnv;
+    /// use halo::session::PeSession;
+    ///
+    /// # fn main() -> halo::Result<()> {
+    /// let env = RankEnv::from_env_or_single();
+    /// let s = PeSession::start(env, None)?; // GPU, NVSHMEM, registered kernels
+    /// let halos = synthetic::halos(
+    ///     synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 1000, send_fraction: 0.3, box_len: 5.0 },
+    ///     1,
+    /// );
+    /// let mut pe = PeExchange::<f64>::new(s.nvshmem.clone(), s.module.clone(), halos, PathPolicy::Auto)?;
+    /// pe.exchange_forward(Transport::Fused)?;
+    /// pe.exchange_reverse_accumulate(Transport::Fused)?;
+    /// pe.finish()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(nvshmem: Arc<Nvshmem>, module: Arc<KernelModule>, halos: Vec<RankHalo>, policy: PathPolicy) -> Result<Self> {
         validate(&halos)?;
         if halos.len() != nvshmem.n_pes() {

@@ -27,6 +27,33 @@ pub struct PulseSpec {
 }
 
 /// One rank's whole halo: its home atoms and pulses in execution order (dimension-major).
+///
+/// Two ranks in a ring, each sending its atoms 0 and 3 to the other (they land after its four
+/// home atoms):
+///
+/// ```
+/// use halo::exchange::{PulseSpec, RankHalo, reference, spec};
+///
+/// let halo = |peer| RankHalo {
+///     home_atoms: 4,
+///     total_atoms: 6,
+///     pulses: vec![PulseSpec {
+///         send_rank: peer,
+///         recv_rank: peer,
+///         index_map: vec![0, 3],
+///         recv_size: 2,
+///         atom_offset: 4,
+///         peer_atom_offset: 4,
+///         shift: None,
+///         accumulate_forces: true,
+///     }],
+/// };
+/// let halos = vec![halo(1), halo(0)];
+/// spec::validate(&halos).unwrap();
+/// // What the exchange must produce, computed on the CPU:
+/// let x = reference::coordinates(&halos, &[vec![1.0f32, 2.0, 3.0, 4.0], vec![5.0, 6.0, 7.0, 8.0]]);
+/// assert_eq!(x[0], vec![1.0, 2.0, 3.0, 4.0, 5.0, 8.0]);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankHalo {
     /// Atoms this rank owns; map entries below it are independent of earlier pulses.

@@ -10,6 +10,7 @@ use crate::exchange::pe::{PathPolicy, PeExchange};
 use crate::exchange::{LocalRanks, Transport, reference};
 use crate::gpu::{DeviceMemory, KernelModule};
 use crate::launch::rendezvous;
+use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
 use crate::session::PeSession;
 use crate::system::MolecularSystem;
@@ -230,6 +231,12 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: im
             for r in 0..n {
                 c.merge(check_rank(domain, r, &xs[r], &want[r], &fs[r], &ref_f, step)?);
             }
+            // Cross-rank integrity: both ends of every pulse agree on what moved (checksums only).
+            let sums = (0..n)
+                .map(|r| RankChecksums::compute(r, &domain.halos[r], &domain.ranks[r].global_ids, &xs[r], &fs[r]))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums).map(|_| sums));
+            sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
             out.worst.merge(c);
             out.checked_steps += 1;
             progress(step, &c);
@@ -312,6 +319,19 @@ pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64,
             scatter_home(domain, &homes, &mut system.positions);
             let ref_f = md_reference::lj_forces(&system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
             let c = check_rank(domain, me, &x, &want[me], &f, &ref_f, step)?;
+            // Cross-rank integrity: only the checksum words of every PE cross the rendezvous.
+            let mine = RankChecksums::compute(me, &domain.halos[me], &domain.ranks[me].global_ids, &x, &f)
+                .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+            let words: Vec<u8> = mine.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+            let all = rendezvous::all_gather(&format!("integrity-{step}"), &words)
+                .map_err(|e| HaloError::InvalidInput(format!("gathering checksums: {e}")))?;
+            let sums = all
+                .iter()
+                .enumerate()
+                .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums));
+            sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
             out.worst.merge(c);
             out.checked_steps += 1;
             progress(step, &c);
