@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks, soak runs and the router on two H200s, each command bounded by a timeout, in order of
 # importance. Logs under $OUT.
-set -uo pipefail
-B=${1:-target/bundle}
-OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
-H=$B/halo
-run() { local t=$1; shift; echo; echo "=== $*"; ( time timeout "$t" "$@" ) 2>&1 | tee -a "$OUT/final.log"; echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/final.log"; }
+source "$(dirname "$0")/h200-common.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpus.txt" 2>&1
 run 60 $H bench-kernels --json "$OUT/kernels.json"
 run 130 $H launch -n 2 -- bench --ranks 2x1x1 --atoms 6000,45000,180000,1500000 --repeats 5 --warmup 2 --steps 100 --graph --json "$OUT/bench-pe.json" --csv "$OUT/bench-pe.csv" --plot "$OUT/bench-pe.png"

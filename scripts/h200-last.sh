@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # MD step timing over NVSHMEM, router re-check after the candidate fix, NVSHMEM heap error, info.
-set -uo pipefail
-B=${1:-target/bundle}
-OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
-H=$B/halo
-run() { local t=$1; shift; echo; echo "=== $*"; ( time timeout "$t" "$@" ) 2>&1 | tee -a "$OUT/last.log"; echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/last.log"; }
+source "$(dirname "$0")/h200-common.sh"
 run 200 $B/run-gpu-tests.sh
 run 15 $H info
 for T in fused fused-tma staged; do run 40 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 200 --check-every 0 --transport $T; done

@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # examples/stencil3d on the H200s: GPU test, one process (1 and 2 GPUs), and one PE per GPU.
-set -uo pipefail
-B=${1:-target/bundle}
-OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
-export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 HALO_PTX_DIR=$B/ptx
+source "$(dirname "$0")/h200-common.sh"
+export HALO_PTX_DIR=$B/ptx
 S=$B/stencil3d
-run() { local t=$1; shift; echo; echo "=== $*"; ( time timeout "$t" "$@" ) 2>&1 | tee -a "$OUT/stencil.log"; echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT/stencil.log"; }
 run 120 $B/tests/stencil3d_gpu --test-threads=1
 run 60 $S --grid 64x64x64 --ranks 2x2x2 --iterations 100 --gpus 1
 run 60 $S --grid 128x128x128 --ranks 2x2x2 --iterations 100 --gpus 2

@@ -357,7 +357,6 @@ pub fn compare_with_system(sums: &[RankChecksums], expected: StateChecksum) -> R
 mod tests {
     use super::*;
     use crate::decomp::{HaloPlan, RankGrid};
-    use crate::exchange::PulseSpec;
     use crate::system::MolecularSystem;
 
     /// The plan of a generated system as exchange halos, with global ids per rank.
@@ -365,28 +364,7 @@ mod tests {
         let sys = MolecularSystem::generate(atoms, 7).expect("system");
         let cutoff = sys.box_size[0] * 0.3;
         let plan = HaloPlan::build(&sys, RankGrid::new(grid).expect("grid"), cutoff).expect("plan");
-        let halos = plan
-            .ranks
-            .iter()
-            .map(|r| RankHalo {
-                home_atoms: r.home_atoms,
-                total_atoms: r.total_atoms,
-                pulses: r
-                    .pulses
-                    .iter()
-                    .map(|p| PulseSpec {
-                        send_rank: p.send_rank,
-                        recv_rank: p.recv_rank,
-                        index_map: p.index_map.clone(),
-                        recv_size: p.recv_size,
-                        atom_offset: p.atom_offset,
-                        peer_atom_offset: p.peer_atom_offset,
-                        shift: p.use_shift.then(|| Float3::new(p.shift[0], p.shift[1], p.shift[2])),
-                        accumulate_forces: true,
-                    })
-                    .collect(),
-            })
-            .collect();
+        let halos = plan.rank_halos();
         let ids = plan.ranks.iter().map(|r| r.global_ids.clone()).collect();
         (sys, halos, ids)
     }

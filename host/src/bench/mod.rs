@@ -25,9 +25,8 @@ pub mod stats;
 use crate::decomp::{HaloPlan, RankGrid};
 use crate::error::{HaloError, Result};
 use crate::exchange::synthetic::{self, SyntheticShape};
-use crate::exchange::{PulseSpec, RankHalo, Transport};
+use crate::exchange::{RankHalo, Transport};
 use crate::system::{MolecularSystem, NUMBER_DENSITY};
-use kernels_gpu::abi::Float3;
 use serde::{Deserialize, Serialize};
 
 /// Bytes of one coordinate or force (`float3`).
@@ -191,31 +190,6 @@ pub fn synthetic_md_shape(atoms: usize, grid: [usize; 3], cutoff: f64) -> Synthe
     }
 }
 
-/// Converts the decomposition's plan into the exchange's per-rank halos.
-pub fn halos_from_plan(plan: &HaloPlan) -> Vec<RankHalo> {
-    plan.ranks
-        .iter()
-        .map(|r| RankHalo {
-            home_atoms: r.home_atoms,
-            total_atoms: r.total_atoms,
-            pulses: r
-                .pulses
-                .iter()
-                .map(|p| PulseSpec {
-                    send_rank: p.send_rank,
-                    recv_rank: p.recv_rank,
-                    index_map: p.index_map.clone(),
-                    recv_size: p.recv_size,
-                    atom_offset: p.atom_offset,
-                    peer_atom_offset: p.peer_atom_offset,
-                    shift: p.use_shift.then(|| Float3::new(p.shift[0], p.shift[1], p.shift[2])),
-                    accumulate_forces: true,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 /// The halos of `atoms` on `grid` from `source` (deterministic in `seed`, so every rank of a
 /// multi-process run builds the same ones).
 pub fn build_halos(source: HaloSource, atoms: usize, grid: [usize; 3], cutoff: f32, seed: u64) -> Result<Vec<RankHalo>> {
@@ -224,7 +198,7 @@ pub fn build_halos(source: HaloSource, atoms: usize, grid: [usize; 3], cutoff: f
             let system = MolecularSystem::generate(atoms, seed).map_err(|e| HaloError::InvalidInput(format!("building the {atoms}-atom system: {e}")))?;
             let grid = RankGrid::new(grid).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
             let plan = HaloPlan::build(&system, grid, cutoff).map_err(|e| HaloError::InvalidInput(format!("decomposing {atoms} atoms on {grid}: {e}")))?;
-            Ok(halos_from_plan(&plan))
+            Ok(plan.rank_halos())
         }
         HaloSource::Synthetic => Ok(synthetic::halos(synthetic_md_shape(atoms, grid, cutoff as f64), seed)),
     }

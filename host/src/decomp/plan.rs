@@ -3,6 +3,7 @@
 
 use super::grid::{Decomposition, wrap_position};
 use super::{PlanError, RankGrid};
+use crate::exchange::{PulseSpec, RankHalo};
 use crate::system::MolecularSystem;
 use kernels_gpu::abi::Float3;
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,32 @@ struct Local {
 }
 
 impl HaloPlan {
+    /// The plan as the exchange consumes it, one [`RankHalo`] per rank. Every received force is
+    /// added (`accumulate_forces`): the MD step zeroes forces before computing them.
+    pub fn rank_halos(&self) -> Vec<RankHalo> {
+        self.ranks
+            .iter()
+            .map(|r| RankHalo {
+                home_atoms: r.home_atoms,
+                total_atoms: r.total_atoms,
+                pulses: r
+                    .pulses
+                    .iter()
+                    .map(|p| PulseSpec {
+                        send_rank: p.send_rank,
+                        recv_rank: p.recv_rank,
+                        index_map: p.index_map.clone(),
+                        recv_size: p.recv_size,
+                        atom_offset: p.atom_offset,
+                        peer_atom_offset: p.peer_atom_offset,
+                        shift: p.use_shift.then(|| Float3::new(p.shift[0], p.shift[1], p.shift[2])),
+                        accumulate_forces: true,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// The plan for `system` on `grid` with `cutoff` (nm).
     pub fn build(system: &MolecularSystem, grid: RankGrid, cutoff: f32) -> Result<Self, PlanError> {
         Self::from_positions(&system.positions, system.box_size, grid, cutoff)

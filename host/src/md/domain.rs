@@ -5,7 +5,7 @@
 use crate::abi::Float3;
 use crate::decomp::{HaloPlan, RankGrid, wrap_position};
 use crate::error::{HaloError, Result};
-use crate::exchange::{PulseSpec, RankHalo};
+use crate::exchange::RankHalo;
 use crate::md_reference::{self, PairAssignment};
 use crate::system::MolecularSystem;
 
@@ -81,7 +81,7 @@ impl Domain {
         let plan = HaloPlan::build(system, grid, list_cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let pairs: PairAssignment =
             md_reference::assign_pairs(&plan, system, list_cutoff).map_err(|e| HaloError::InvalidInput(format!("pair assignment: {e}")))?;
-        let halos = halos_of(&plan);
+        let halos = plan.rank_halos();
         let ranks = plan
             .ranks
             .iter()
@@ -101,31 +101,6 @@ impl Domain {
     pub fn home_values(&self, values: &[Float3]) -> Vec<Vec<Float3>> {
         self.plan.ranks.iter().map(|r| r.global_ids[..r.home_atoms].iter().map(|&g| values[g as usize]).collect()).collect()
     }
-}
-
-/// The exchange's view of a plan: every received force is added (forces start at zero each step).
-pub fn halos_of(plan: &HaloPlan) -> Vec<RankHalo> {
-    plan.ranks
-        .iter()
-        .map(|r| RankHalo {
-            home_atoms: r.home_atoms,
-            total_atoms: r.total_atoms,
-            pulses: r
-                .pulses
-                .iter()
-                .map(|p| PulseSpec {
-                    send_rank: p.send_rank,
-                    recv_rank: p.recv_rank,
-                    index_map: p.index_map.clone(),
-                    recv_size: p.recv_size,
-                    atom_offset: p.atom_offset,
-                    peer_atom_offset: p.peer_atom_offset,
-                    shift: p.use_shift.then(|| Float3::new(p.shift[0], p.shift[1], p.shift[2])),
-                    accumulate_forces: true,
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 #[cfg(test)]
