@@ -110,6 +110,8 @@ pub struct RoutedPaths {
     pub peers: Vec<Option<Transport>>,
     /// Every message's decision, in pulse order.
     pub pulses: Vec<PulseRoute>,
+    /// Bytes of one exchanged value (12 for coordinates), by which messages were sized.
+    pub element_bytes: usize,
 }
 
 impl fmt::Debug for RoutedPaths {
@@ -125,11 +127,19 @@ impl fmt::Debug for RoutedPaths {
     }
 }
 
-const FLOAT3_BYTES: u64 = 12;
-
 impl RoutedPaths {
-    /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo).
+    /// [`Self::plan_for`] for coordinates and forces (`Float3`, the MD exchange).
     pub fn plan(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+        Self::plan_for::<kernels_gpu::abi::Float3>(router, halos)
+    }
+
+    /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo), each
+    /// sized as `T` values (`f32` fields move a third of the bytes of coordinates).
+    pub fn plan_for<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+        Self::plan_sized(router, halos, size_of::<T>())
+    }
+
+    fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize) -> Result<Self, PathError> {
         let me = router.self_pe();
         let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
         let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
@@ -138,7 +148,7 @@ impl RoutedPaths {
                 (Message::Coordinates, spec.send_rank, spec.index_map.len()),
                 (Message::Forces, spec.recv_rank, spec.recv_size),
             ] {
-                let bytes = atoms as u64 * FLOAT3_BYTES;
+                let bytes = (atoms * element_bytes) as u64;
                 let route = router.route_among(peer, Op::Put, bytes, EXCHANGE_TRANSPORTS)?;
                 // The router honours the set; this guards other sources of routes (the trait is open).
                 if !EXCHANGE_TRANSPORTS.contains(route.transport) {
@@ -168,7 +178,7 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses })
+        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses, element_bytes })
     }
 
     /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
@@ -239,7 +249,7 @@ impl RoutedPaths {
                 continue;
             }
             let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
-            let theirs = RoutedPaths::plan(&mut mirror, halos)?;
+            let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes)?;
             if theirs.transport(self.self_pe) != Some(*mine) {
                 return Err(PathError::Asymmetric(format!(
                     "PE {} -> PE {peer}: {mine}, but PE {peer} would choose {} towards PE {}",
@@ -332,6 +342,20 @@ mod tests {
 
     fn halos(grid: [usize; 3]) -> Vec<RankHalo> {
         synthetic::halos(SyntheticShape { grid, pulses_per_dim: 2, home_atoms: 200, send_fraction: 0.3, box_len: 5.0 }, 7)
+    }
+
+    #[test]
+    fn messages_are_sized_by_the_element_type() {
+        let h = halos([2, 1, 1]);
+        let mut r = fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0);
+        let plan = RoutedPaths::plan_for::<f32>(&mut r, &h).expect("plan");
+        let want: Vec<(usize, u64)> = h[0]
+            .pulses
+            .iter()
+            .flat_map(|p| [(p.send_rank, 4 * p.index_map.len() as u64), (p.recv_rank, 4 * p.recv_size as u64)])
+            .collect();
+        assert_eq!(r.asked, want);
+        assert_eq!(plan.element_bytes, 4);
     }
 
     #[test]
