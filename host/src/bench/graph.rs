@@ -30,19 +30,25 @@ pub enum Phase {
 impl Phase {
     /// All three, in the order they are measured.
     pub const ALL: [Phase; 3] = [Phase::Coordinates, Phase::Forces, Phase::Step];
+
+    /// Enqueues `steps` steps of this phase: `direction(false)` is one coordinate halo,
+    /// `direction(true)` one force halo, in step order.
+    pub fn repeat<E>(self, steps: usize, mut direction: impl FnMut(bool) -> Result<(), E>) -> Result<(), E> {
+        for _ in 0..steps {
+            if self != Phase::Forces {
+                direction(false)?;
+            }
+            if self != Phase::Coordinates {
+                direction(true)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Enqueues `steps` steps of `phase` for one rank on `stream` (no host sync).
 pub fn enqueue(rank: &mut RankExchange, stream: &CudaStream, transport: Transport, phase: Phase, steps: usize) -> Result<()> {
-    for _ in 0..steps {
-        if phase != Phase::Forces {
-            rank.launch_coordinates(transport, stream)?;
-        }
-        if phase != Phase::Coordinates {
-            rank.launch_forces(stream)?;
-        }
-    }
-    Ok(())
+    phase.repeat(steps, |forces| if forces { rank.launch_forces(stream) } else { rank.launch_coordinates(transport, stream) })
 }
 
 /// Captures `steps` steps of `phase` of one rank into a graph. The rank's step counters are

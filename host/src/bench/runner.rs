@@ -306,25 +306,9 @@ impl Exchanger for LocalBench {
             let (nccl, comms) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
             let ranks = self.ranks.ranks();
             let io: Vec<_> = ranks.iter().zip(comms.iter()).enumerate().map(|(r, (rank, c))| (rank, c, self.ranks.stream(r))).collect();
-            for _ in 0..steps {
-                if phase != Phase::Forces {
-                    nccl::coordinates(nccl, &io)?;
-                }
-                if phase != Phase::Coordinates {
-                    nccl::forces(nccl, &io)?;
-                }
-            }
-            return Ok(());
+            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
         };
-        for _ in 0..steps {
-            if phase != Phase::Forces {
-                self.ranks.launch_coordinates(transport)?;
-            }
-            if phase != Phase::Coordinates {
-                self.ranks.launch_forces(transport)?;
-            }
-        }
-        Ok(())
+        phase.repeat(steps, |forces| if forces { self.ranks.launch_forces(transport) } else { self.ranks.launch_coordinates(transport) })
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -580,25 +564,9 @@ impl Exchanger for PeBench {
         let Some(transport) = method.transport() else {
             let (nccl, comm) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
             let io = [(self.pe.rank(), comm.as_ref(), self.pe.stream())];
-            for _ in 0..steps {
-                if phase != Phase::Forces {
-                    nccl::coordinates(nccl, &io)?;
-                }
-                if phase != Phase::Coordinates {
-                    nccl::forces(nccl, &io)?;
-                }
-            }
-            return Ok(());
+            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
         };
-        for _ in 0..steps {
-            if phase != Phase::Forces {
-                self.pe.launch_coordinates(transport)?;
-            }
-            if phase != Phase::Coordinates {
-                self.pe.launch_forces(transport)?;
-            }
-        }
-        Ok(())
+        phase.repeat(steps, |forces| if forces { self.pe.launch_forces(transport) } else { self.pe.launch_coordinates(transport) })
     }
 
     fn finish(&mut self) -> Result<()> {

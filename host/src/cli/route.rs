@@ -241,45 +241,13 @@ fn render_text(
     }
     writeln!(out)?;
     if n <= MATRIX_MAX_PES {
-        writeln!(out, "level (row: source PE, column: destination PE)")?;
-        write!(out, "{:>5}", "")?;
-        for dst in 0..n {
-            write!(out, " {dst:>17}")?;
-        }
+        write_matrix(&mut out, "level (row: source PE, column: destination PE)", cells, |d| {
+            format!(" {:>17}", d.distance.level.name())
+        })?;
         writeln!(out)?;
-        for (src, row) in cells.iter().enumerate() {
-            write!(out, "{src:>5}")?;
-            for c in row {
-                match c {
-                    Ok(d) => write!(out, " {:>17}", d.distance.level.name())?,
-                    Err(_) => write!(out, " {:>17}", "error")?,
-                }
-            }
-            writeln!(out)?;
-        }
-        writeln!(out)?;
-        writeln!(out, "transport score")?;
-        write!(out, "{:>5}", "")?;
-        for dst in 0..n {
-            write!(out, " {dst:>17}")?;
-        }
-        writeln!(out)?;
-        for (src, row) in cells.iter().enumerate() {
-            write!(out, "{src:>5}")?;
-            for c in row {
-                match c {
-                    Ok(d) => write!(
-                        out,
-                        " {:>12} {:.2}{}",
-                        d.route.transport.name(),
-                        d.route.score,
-                        mark(d)
-                    )?,
-                    Err(_) => write!(out, " {:>17}", "error")?,
-                }
-            }
-            writeln!(out)?;
-        }
+        write_matrix(&mut out, "transport score", cells, |d| {
+            format!(" {:>12} {:.2}{}", d.route.transport.name(), d.route.score, mark(d))
+        })?;
         if cells
             .iter()
             .flatten()
@@ -335,6 +303,28 @@ fn render_text(
         }
     }
     Ok(out)
+}
+
+/// One PE x PE table: a title, a header of destination PEs, then a row per source PE whose cells
+/// `cell` formats (failed decisions print `error`).
+fn write_matrix(out: &mut String, title: &str, cells: &[Vec<Cell>], cell: impl Fn(&Decision) -> String) -> std::fmt::Result {
+    writeln!(out, "{title}")?;
+    write!(out, "{:>5}", "")?;
+    for dst in 0..cells.len() {
+        write!(out, " {dst:>17}")?;
+    }
+    writeln!(out)?;
+    for (src, row) in cells.iter().enumerate() {
+        write!(out, "{src:>5}")?;
+        for c in row {
+            match c {
+                Ok(d) => out.push_str(&cell(d)),
+                Err(_) => write!(out, " {:>17}", "error")?,
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(())
 }
 
 fn mark(d: &Decision) -> &'static str {
