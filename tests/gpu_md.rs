@@ -5,7 +5,7 @@
 use halo::decomp::RankGrid;
 use halo::exchange::Transport;
 use halo::exchange::pe::PathPolicy;
-use halo::md::{self, MdConfig};
+use halo_md::{self as md, MdConfig};
 use halo::testing::gpu_or_skip;
 use std::sync::Arc;
 use std::time::Duration;

@@ -40,7 +40,7 @@ fn entries(ptx: &str) -> HashMap<String, String> {
 
 fn ptx_text() -> String {
     let a = artifacts();
-    std::fs::read_to_string(a.ptx_path()).expect("reading the PTX")
+    String::from_utf8(a.ptx().expect("reading the PTX").into_owned()).expect("PTX is text")
 }
 
 #[track_caller]
@@ -138,7 +138,7 @@ fn put_variants_call_nvshmem() {
 #[test]
 fn ptxas_reports_no_spills() {
     let a = artifacts();
-    let report = std::fs::read_to_string(a.ptxas_report_path()).expect("reading the ptxas report");
+    let report = a.ptxas_report().expect("reading the ptxas report");
     // Each entry's "Function properties" block is followed by its stack/spill line.
     let mut checked = 0;
     let mut lines = report.lines();

@@ -1,14 +1,41 @@
 //! Where the compiled kernels are, and whether they belong to this build.
 //!
-//! `cargo xtask build-ptx` writes `halo_kernels.<arch>.{ptx,cubin,ptxas.txt,manifest.json}` into
-//! `target/ptx/`; `cargo xtask bundle` copies them next to the binary. The manifest records the ABI
-//! version, the architecture and the NVSHMEM version linked in, so a stale or foreign module is
-//! rejected with an error before any launch.
+//! The library's build script compiles the kernels with `halo-builder` and embeds
+//! `halo_kernels.<arch>.{ptx,cubin,ptxas.txt,manifest.json}` ([`EMBEDDED`]), so a program that
+//! depends on `halo` finds them with no setup. `HALO_PTX_DIR` overrides them with a folder (what
+//! `cargo xtask build-ptx` writes to `target/ptx/`, or a bundle's `ptx/`). The manifest records the
+//! ABI version, the architecture and the NVSHMEM version linked in, so a stale or foreign module
+//! is rejected with an error before any launch.
 
 use crate::error::{HaloError, Result};
 use kernels_gpu::abi;
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+
+/// Kernels compiled into the library by its build script.
+#[derive(Clone, Copy, Debug)]
+pub struct Embedded {
+    /// The architecture they were built for.
+    pub arch: &'static str,
+    /// `halo_kernels.<arch>.manifest.json`.
+    pub manifest: &'static str,
+    /// The PTX.
+    pub ptx: &'static [u8],
+    /// The cubin.
+    pub cubin: &'static [u8],
+    /// ptxas's register/spill report.
+    pub ptxas_report: &'static str,
+}
+
+mod embedded {
+    use super::Embedded;
+    include!(concat!(env!("OUT_DIR"), "/embedded.rs"));
+}
+
+/// The kernels embedded in this build of the library; `None` when it was built with
+/// `HALO_SKIP_KERNEL_BUILD=1`.
+pub const EMBEDDED: Option<Embedded> = embedded::KERNELS;
 
 /// The default architecture (H100/H200).
 pub const DEFAULT_ARCH: &str = "sm_90";
@@ -32,21 +59,53 @@ pub struct Manifest {
     pub ptxas_report: String,
 }
 
+/// Where a set of kernel artifacts lives.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// In this library ([`EMBEDDED`]).
+    Embedded(Embedded),
+    /// In a folder (`HALO_PTX_DIR`, a bundle's `ptx/`, `target/ptx/`).
+    Dir(PathBuf),
+}
+
 /// A located, checked set of kernel artifacts.
 #[derive(Debug, Clone)]
 pub struct KernelArtifacts {
-    /// The folder holding them.
-    pub dir: PathBuf,
-    /// Its manifest.
+    /// Where they are.
+    pub origin: Origin,
+    /// Their manifest.
     pub manifest: Manifest,
 }
 
 impl KernelArtifacts {
-    /// Finds the artifacts for `arch`: in `HALO_PTX_DIR` when set, else in `ptx/` next to the
-    /// executable (a bundle), else in the workspace's `target/ptx/`.
+    /// Finds the artifacts for `arch`: in `HALO_PTX_DIR` when set, else the ones embedded in the
+    /// library. A library built without them (`HALO_SKIP_KERNEL_BUILD=1`) looks in `ptx/` next to
+    /// the executable (a bundle) and in the workspace's `target/ptx/`, and otherwise says how to
+    /// provide them.
     pub fn locate(arch: &str) -> Result<Self> {
-        let dir = search_dirs(arch).into_iter().next().unwrap_or_else(workspace_ptx_dir);
-        Self::load(&dir, arch)
+        if let Some(dir) = std::env::var_os("HALO_PTX_DIR") {
+            return Self::load(Path::new(&dir), arch);
+        }
+        match EMBEDDED {
+            Some(e) if e.arch == arch => return Self::embedded(e),
+            Some(e) => {
+                return Err(HaloError::MissingPtx {
+                    dir: PathBuf::from(format!("this halo library (it embeds {})", e.arch)),
+                    missing: format!("halo_kernels.{arch}.manifest.json"),
+                });
+            }
+            None => {}
+        }
+        match search_dirs(arch).into_iter().next() {
+            Some(dir) => Self::load(&dir, arch),
+            None => Err(HaloError::NoKernels { arch: arch.to_string() }),
+        }
+    }
+
+    /// Checks the kernels embedded in the library.
+    pub fn embedded(e: Embedded) -> Result<Self> {
+        let manifest = Self::check(e.manifest, Path::new(&format!("embedded:halo_kernels.{}.manifest.json", e.arch)))?;
+        Ok(Self { origin: Origin::Embedded(e), manifest })
     }
 
     /// Reads and checks the manifest in `dir` for `arch`.
@@ -54,7 +113,14 @@ impl KernelArtifacts {
         let name = format!("halo_kernels.{arch}.manifest.json");
         let path = dir.join(&name);
         let text = std::fs::read_to_string(&path).map_err(|_| HaloError::MissingPtx { dir: dir.to_path_buf(), missing: name })?;
-        let manifest: Manifest = serde_json::from_str(&text)
+        let manifest = Self::check(&text, &path)?;
+        Ok(Self { origin: Origin::Dir(dir.to_path_buf()), manifest })
+    }
+
+    /// Parses a manifest and checks it belongs to this build (ABI version, every entry).
+    fn check(text: &str, path: &Path) -> Result<Manifest> {
+        let path = path.to_path_buf();
+        let manifest: Manifest = serde_json::from_str(text)
             .map_err(|e| HaloError::StalePtx { path: path.clone(), detail: format!("unreadable manifest ({e})") })?;
         if manifest.abi_version != abi::ABI_VERSION {
             return Err(HaloError::StalePtx {
@@ -66,31 +132,65 @@ impl KernelArtifacts {
         if !missing.is_empty() {
             return Err(HaloError::StalePtx { path, detail: format!("kernels {missing:?} are missing") });
         }
-        Ok(Self { dir: dir.to_path_buf(), manifest })
+        Ok(manifest)
     }
 
-    /// The PTX file.
-    pub fn ptx_path(&self) -> PathBuf {
-        self.dir.join(&self.manifest.ptx)
+    /// Where file `name` of this set is: its path in a folder, `embedded:<name>` in the library.
+    /// For messages.
+    pub fn location(&self, name: &str) -> PathBuf {
+        match &self.origin {
+            Origin::Dir(dir) => dir.join(name),
+            Origin::Embedded(_) => PathBuf::from(format!("embedded:{name}")),
+        }
     }
 
-    /// The cubin file.
-    pub fn cubin_path(&self) -> PathBuf {
-        self.dir.join(&self.manifest.cubin)
+    /// Where the PTX is (see [`Self::location`]).
+    pub fn ptx_location(&self) -> PathBuf {
+        self.location(&self.manifest.ptx)
+    }
+
+    /// Where the cubin is (see [`Self::location`]).
+    pub fn cubin_location(&self) -> PathBuf {
+        self.location(&self.manifest.cubin)
+    }
+
+    /// The PTX text.
+    pub fn ptx(&self) -> Result<Cow<'static, [u8]>> {
+        self.read(&self.manifest.ptx, |e| e.ptx)
+    }
+
+    /// The cubin.
+    pub fn cubin(&self) -> Result<Cow<'static, [u8]>> {
+        self.read(&self.manifest.cubin, |e| e.cubin)
     }
 
     /// The ptxas register/spill report.
-    pub fn ptxas_report_path(&self) -> PathBuf {
-        self.dir.join(&self.manifest.ptxas_report)
+    pub fn ptxas_report(&self) -> Result<String> {
+        let bytes = self.read(&self.manifest.ptxas_report, |e| e.ptxas_report.as_bytes())?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// One sentence for `halo info` and logs: embedded, or which folder.
+    pub fn describe(&self) -> String {
+        match &self.origin {
+            Origin::Embedded(e) => format!("embedded in the halo library ({})", e.arch),
+            Origin::Dir(dir) => format!("from {} (HALO_PTX_DIR or a bundle)", dir.display()),
+        }
+    }
+
+    fn read(&self, name: &str, embedded: impl Fn(&Embedded) -> &'static [u8]) -> Result<Cow<'static, [u8]>> {
+        match &self.origin {
+            Origin::Embedded(e) => Ok(Cow::Borrowed(embedded(e))),
+            Origin::Dir(dir) => {
+                let path = dir.join(name);
+                std::fs::read(&path).map(Cow::Owned).map_err(|source| HaloError::Io { what: "reading kernel module", path, source })
+            }
+        }
     }
 }
 
-/// Candidate folders in priority order (only those that hold a manifest for `arch`, except an
-/// explicit `HALO_PTX_DIR`, which is used even when empty so that its error names it).
+/// Folders that hold a manifest for `arch` when the library embeds no kernels, in priority order.
 fn search_dirs(arch: &str) -> Vec<PathBuf> {
-    if let Some(dir) = std::env::var_os("HALO_PTX_DIR") {
-        return vec![PathBuf::from(dir)];
-    }
     let manifest = format!("halo_kernels.{arch}.manifest.json");
     let mut dirs = Vec::new();
     if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {

@@ -28,6 +28,16 @@ pub enum HaloError {
         /// The file that is not there.
         missing: String,
     },
+    /// The library was built without its kernels and no folder provides them.
+    #[error(
+        "this halo was built without its GPU kernels (HALO_SKIP_KERNEL_BUILD=1) and HALO_PTX_DIR is not set: \
+         point HALO_PTX_DIR at a folder holding halo_kernels.{arch}.{{ptx,cubin,manifest.json}} \
+         (`cargo xtask build-ptx` writes target/ptx/, a bundle has ptx/), or rebuild halo without HALO_SKIP_KERNEL_BUILD"
+    )]
+    NoKernels {
+        /// The architecture asked for.
+        arch: String,
+    },
     /// The compiled kernels do not match this build of halo.
     #[error("stale kernels in {path}: {detail}. Rebuild them with `cargo xtask build-ptx`")]
     StalePtx {

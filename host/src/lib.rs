@@ -1,16 +1,26 @@
 //! halo: GPU-initiated halo exchange for domain-decomposed simulations, all in Rust.
 //!
-//! The device kernels live in the `kernels-gpu` crate and are compiled to PTX by
-//! `cargo xtask build-ptx`; this crate loads them and drives them:
+//! The device kernels live in the `kernels-gpu` crate; this library's build script compiles them
+//! to PTX and a cubin (with `halo-builder`) and embeds them, so a crate that adds `halo` to its
+//! `Cargo.toml` runs them with no setup (`HALO_PTX_DIR` overrides them with a folder). This crate
+//! loads them and drives them:
 //!
 //! | module | what it does |
 //! |---|---|
-//! | [`artifacts`] | finds the PTX/cubin and checks it matches this build (ABI, architecture) |
+//! | [`artifacts`] | the embedded kernels, or a folder of them; checks they match this build (ABI, architecture) |
 //! | [`gpu`] | cudarc-based plumbing: contexts, device memory, the kernel module, launches |
 //! | [`kernels`] | typed launchers for every kernel entry |
-//! | [`mod@reference`] | CPU references of every kernel's effect, for the tests |
+//! | [`exchange`] | the halo exchange: ranks in one process ([`exchange::LocalRanks`]) or one per NVSHMEM PE ([`exchange::PeExchange`]) behind one [`exchange::Exchange`] interface |
+//! | [`nvshmem`], [`session`] | NVSHMEM loaded at run time; starting a rank (GPU, NVSHMEM, registered kernels) |
+//! | [`launch`] | what a rank of a multi-process run needs: its environment and the rendezvous |
+//! | [`decomp`], [`system`] | the MD domain decomposition and its halo plan; a synthetic liquid |
+//! | [`route`] | topology discovery and the transport router |
+//! | [`integrity`] | order-independent checksums for cross-rank checks |
+//! | [`mod@reference`], [`testing`] | CPU references of every kernel's effect; GPU-or-skip for tests |
 //!
-//! Nothing here needs a GPU or NVSHMEM to build: the CUDA driver and NVSHMEM are loaded at run time.
+//! The `halo` command, benchmarks and the launcher are in the `halo-cli` crate, the mini-MD
+//! application in `halo-md`. Nothing here needs a GPU or NVSHMEM to build: the CUDA driver and
+//! NVSHMEM are loaded at run time.
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod artifacts;
@@ -29,7 +39,4 @@ pub mod session;
 pub mod route;
 pub mod system;
 pub mod decomp;
-pub mod md_reference;
 pub mod integrity;
-pub mod md;
-pub mod bench;

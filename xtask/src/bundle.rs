@@ -1,9 +1,11 @@
 //! `cargo xtask bundle`: everything a GPU machine without Rust or network needs to run halo and its
-//! GPU tests, in `target/bundle/`.
+//! GPU tests, in `target/bundle/`: `halo`, `stencil3d`, the downstream fixture `halo-downstream`,
+//! the GPU test binaries in `tests/`, the kernels in `ptx/` (the binaries embed the same ones), and
+//! `run-gpu-tests.sh`.
 
-use crate::ptx::Artifacts;
-use crate::tools;
+use crate::PtxArgs;
 use anyhow::{Context, Result, bail};
+use halo_builder::{Artifacts, run};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -12,22 +14,24 @@ const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
 const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "stencil3d_gpu"];
+/// The packages those tests belong to.
+const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d"];
 
-pub fn assemble(ptx: &Artifacts) -> Result<()> {
+pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
     let root = crate::workspace_root();
     let bundle = root.join("target/bundle");
     if bundle.exists() {
         fs::remove_dir_all(&bundle)?;
     }
-    fs::create_dir_all(bundle.join("ptx"))?;
     fs::create_dir_all(bundle.join("tests"))?;
 
-    tools::run(tools::cargo().args(["build", "--release", "--locked", "-p", "halo"]), "cargo build --release")?;
-    copy_stripped(&root.join("target/release/halo"), &bundle.join("halo"))?;
-    for f in [&ptx.ptx, &ptx.cubin, &ptx.report, &ptx.manifest] {
-        fs::copy(f, bundle.join("ptx").join(f.file_name().unwrap_or_default()))?;
+    run(ptx.cargo().args(["build", "--release", "--locked", "-p", "halo-cli", "-p", "stencil3d"]), "cargo build --release")?;
+    for bin in ["halo", "stencil3d"] {
+        copy_stripped(&root.join("target/release").join(bin), &bundle.join(bin))?;
     }
-    for (name, exe) in test_executables(&root)? {
+    copy_stripped(&crate::build_downstream(ptx, true)?, &bundle.join("halo-downstream"))?;
+    artifacts.copy_to(&bundle.join("ptx"))?;
+    for (name, exe) in test_executables(ptx, &root)? {
         copy_stripped(&exe, &bundle.join("tests").join(&name))?;
     }
     let script = bundle.join("run-gpu-tests.sh");
@@ -43,9 +47,12 @@ pub fn assemble(ptx: &Artifacts) -> Result<()> {
 }
 
 /// Builds the GPU test binaries in release mode and returns (test name, executable).
-fn test_executables(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let mut cmd = tools::cargo();
-    cmd.args(["test", "--release", "--locked", "-p", "halo", "-p", "stencil3d", "--no-run", "--message-format=json-render-diagnostics"]);
+fn test_executables(ptx: &PtxArgs, root: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = ptx.cargo();
+    cmd.args(["test", "--release", "--locked", "--no-run", "--message-format=json-render-diagnostics"]);
+    for p in GPU_TEST_PACKAGES {
+        cmd.args(["-p", p]);
+    }
     for t in GPU_TESTS {
         cmd.args(["--test", t]);
     }
@@ -95,12 +102,17 @@ fn dir_size(dir: &Path) -> Result<u64> {
 
 const RUN_GPU_TESTS: &str = r#"#!/usr/bin/env bash
 # Runs halo's GPU tests from this bundle: no Rust toolchain or network needed, only the NVIDIA driver.
-# A GPU test that finds no GPU fails here (HALO_REQUIRE_GPU=1) instead of skipping.
+# A GPU test that finds no GPU fails here (HALO_REQUIRE_GPU=1) instead of skipping. Every binary
+# uses the kernels embedded in it: HALO_PTX_DIR is unset (ptx/ holds the same kernels, for
+# `HALO_PTX_DIR=ptx ./halo ...` and for reading).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-export HALO_PTX_DIR="$here/ptx" HALO_REQUIRE_GPU=1
+unset HALO_PTX_DIR
+export HALO_REQUIRE_GPU=1
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 status=0
+echo "== halo-downstream (a crate outside the workspace: plain cargo build, embedded kernels)"
+"$here/halo-downstream" || status=1
 for t in "$here"/tests/*; do
     echo "== $(basename "$t")"
     "$t" --test-threads=1 "$@" || status=1

@@ -1,18 +1,22 @@
 //! `cargo xtask <task>`: the build steps cargo alone cannot express.
 //!
 //! - `build-ptx`: Rust kernels -> LLVM bitcode -> linked with NVSHMEM's device bitcode -> PTX and a
-//!   cubin, incrementally (see `docs/toolchain.md`).
-//! - `test`: everything CI runs (the PTX build, then the workspace tests).
+//!   cubin, through `halo-builder` (see `docs/toolchain.md`), copied into `target/ptx/`.
+//! - `test`: everything CI runs (the PTX build, the workspace tests, the docs, and the downstream
+//!   fixture crate built with plain `cargo build`).
 //! - `demo`: builds what is stale and runs the default halo run on the GPUs present.
 //! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network.
+//!
+//! The `halo` library's build script embeds the same kernels: it calls the same builder, finds the
+//! artifacts `build-ptx` left in the cache under the same stamp, and builds nothing twice.
 
 mod bundle;
-mod ptx;
-mod tools;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use clap::{Args, Parser, Subcommand};
+use halo_builder::{Artifacts, PtxOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "halo's build tasks")]
@@ -21,64 +25,124 @@ struct Cli {
     task: Task,
 }
 
+/// Options shared by every task that needs the PTX.
+#[derive(Args, Clone, Debug)]
+struct PtxArgs {
+    /// GPU architecture for llc and ptxas (also what the library embeds: HALO_KERNEL_ARCH).
+    #[arg(long, default_value = "sm_90")]
+    arch: String,
+    /// NVSHMEM device bitcode: a folder (an NVSHMEM install or unpacked wheel), the `.bc` file, or a
+    /// version to fetch from PyPI. Default: NVSHMEM_HOME when set, else the pinned wheel.
+    #[arg(long)]
+    nvshmem: Option<String>,
+    /// Rebuild even when the inputs are unchanged.
+    #[arg(long)]
+    force: bool,
+}
+
+impl PtxArgs {
+    /// Builds (or finds) the kernels and copies them into `target/ptx/`.
+    fn build(&self) -> Result<Artifacts> {
+        let opts = PtxOptions { arch: self.arch.clone(), nvshmem: self.nvshmem.clone(), force: self.force };
+        let built = halo_builder::build(&opts)?;
+        let published = built.copy_to(&workspace_root().join("target/ptx"))?;
+        eprintln!("xtask: kernels in {}", published.dir.display());
+        Ok(published)
+    }
+
+    /// A cargo command whose `halo` build script embeds the same kernels as [`Self::build`] (same
+    /// options, so the same stamp) and whose binaries use the embedded kernels, not a folder.
+    fn cargo(&self) -> Command {
+        let mut cmd = cargo();
+        cmd.env("HALO_KERNEL_ARCH", &self.arch).env_remove("HALO_PTX_DIR").env_remove("HALO_SKIP_KERNEL_BUILD");
+        match &self.nvshmem {
+            Some(n) => cmd.env("HALO_NVSHMEM", n),
+            None => cmd.env_remove("HALO_NVSHMEM"),
+        };
+        cmd
+    }
+}
+
 #[derive(Subcommand)]
 enum Task {
     /// Compile kernels-gpu to PTX (linked with NVSHMEM's device bitcode) and a cubin.
-    BuildPtx(ptx::PtxOptions),
-    /// Build the PTX, then run every workspace test (what CI runs).
+    BuildPtx(PtxArgs),
+    /// Build the PTX, then run every workspace test and build the downstream fixture (what CI runs).
     Test {
         #[command(flatten)]
-        ptx: ptx::PtxOptions,
+        ptx: PtxArgs,
     },
     /// Build what is stale and run the default halo run on the available GPUs.
     Demo {
         #[command(flatten)]
-        ptx: ptx::PtxOptions,
+        ptx: PtxArgs,
     },
-    /// Assemble target/bundle/: release `halo`, PTX/cubin, GPU test binaries, run-gpu-tests.sh.
+    /// Assemble target/bundle/: release `halo`, PTX/cubin, GPU test binaries, the downstream
+    /// fixture, stencil3d, run-gpu-tests.sh.
     Bundle {
         #[command(flatten)]
-        ptx: ptx::PtxOptions,
+        ptx: PtxArgs,
     },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.task {
-        Task::BuildPtx(opts) => {
-            ptx::build(&opts)?;
+        Task::BuildPtx(ptx) => {
+            ptx.build()?;
         }
-        Task::Test { ptx: opts } => {
-            let artifacts = ptx::build(&opts)?;
-            tools::run(
-                tools::cargo().args(["test", "--workspace", "--locked"]).env("HALO_PTX_DIR", &artifacts.dir),
-                "cargo test --workspace",
-            )?;
-            tools::run(
-                tools::cargo()
-                    .args(["doc", "--workspace", "--no-deps", "--locked"])
-                    .env("RUSTDOCFLAGS", "-D warnings"),
+        Task::Test { ptx } => {
+            ptx.build()?;
+            halo_builder::run(ptx.cargo().args(["test", "--workspace", "--locked"]), "cargo test --workspace")?;
+            halo_builder::run(
+                ptx.cargo().args(["doc", "--workspace", "--no-deps", "--locked"]).env("RUSTDOCFLAGS", "-D warnings"),
                 "cargo doc (warnings are errors)",
             )?;
+            // A crate outside the workspace that only adds `halo = { path = ... }`: plain
+            // `cargo build`, no HALO_PTX_DIR, then run (without a GPU it says it skipped the run).
+            let fixture = build_downstream(&ptx, false)?;
+            halo_builder::run(Command::new(&fixture).env_remove("HALO_PTX_DIR"), "the downstream fixture")?;
         }
-        Task::Demo { ptx: opts } => {
-            let artifacts = ptx::build(&opts)?;
-            tools::run(tools::cargo().args(["build", "--release", "--locked", "-p", "halo"]), "cargo build --release")?;
+        Task::Demo { ptx } => {
+            ptx.build()?;
+            halo_builder::run(ptx.cargo().args(["build", "--release", "--locked", "-p", "halo-cli"]), "cargo build --release")?;
             let halo = workspace_root().join("target/release/halo");
-            tools::run(
-                std::process::Command::new(halo).arg("demo").env("HALO_PTX_DIR", &artifacts.dir),
-                "halo demo",
-            )?;
+            halo_builder::run(Command::new(halo).arg("demo").env_remove("HALO_PTX_DIR"), "halo demo")?;
         }
-        Task::Bundle { ptx: opts } => {
-            let artifacts = ptx::build(&opts)?;
-            bundle::assemble(&artifacts)?;
+        Task::Bundle { ptx } => {
+            let artifacts = ptx.build()?;
+            bundle::assemble(&ptx, &artifacts)?;
         }
     }
     Ok(())
 }
 
+/// Builds `tests/downstream` (its own workspace, outside this one) as a user would, with plain
+/// `cargo build`, and returns its executable. It shares this workspace's target folder, so the
+/// dependencies it has in common with the workspace are compiled once; the kernels come from the
+/// builder's cache.
+fn build_downstream(ptx: &PtxArgs, release: bool) -> Result<PathBuf> {
+    let root = workspace_root();
+    let mut cmd = ptx.cargo();
+    cmd.current_dir(root.join("tests/downstream")).arg("build").env("CARGO_TARGET_DIR", root.join("target"));
+    if release {
+        cmd.arg("--release");
+    }
+    halo_builder::run(&mut cmd, "cargo build of tests/downstream")?;
+    Ok(root.join("target").join(if release { "release" } else { "debug" }).join("halo-downstream"))
+}
+
+/// `cargo` for host builds: the same cargo (and toolchain) that runs the xtask. The
+/// `RUSTUP_TOOLCHAIN` that rustup set for us is kept on purpose: without it, rustc invoked inside a
+/// dependency's folder obeys that crate's own `rust-toolchain` file (jpeg-decoder ships one
+/// pinning 1.61.0) and fails on machines that lack that toolchain.
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
 /// The workspace root (the xtask crate lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits inside the workspace").to_path_buf()
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }

@@ -3,17 +3,16 @@
 //!
 //! ```text
 //! stencil3d --grid 64x64x64 --ranks 2x2x2 --iterations 100 --transport fused,staged [--gpus N]
-//! stencil3d launch -n 2 -- --grid 64x64x64 --ranks 2x1x1 --transport fused,per-pulse,staged
+//! halo launch -n 2 --exe stencil3d -- --grid 64x64x64 --ranks 2x1x1 --transport fused,per-pulse,staged
 //! ```
 //!
 //! Without a launcher's environment every rank runs in this process (on `--gpus` GPUs); under
-//! `stencil3d launch` (or mpirun/srun) each process is one rank over NVSHMEM.
+//! `halo launch --exe` (or mpirun/srun) each process is one rank over NVSHMEM.
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use halo::exchange::Transport;
 use halo::launch::RankEnv;
-use std::ffi::OsString;
 use std::process::ExitCode;
 use std::sync::Arc;
 use stencil3d::gpu::{RunConfig, TransportReport};
@@ -59,21 +58,6 @@ struct Args {
     tolerance: f32,
 }
 
-/// `stencil3d launch`: N processes of this executable, one rank each.
-#[derive(Parser, Debug)]
-#[command(name = "stencil3d launch")]
-struct LaunchArgs {
-    /// Number of ranks (processes), one per GPU.
-    #[arg(short = 'n', long = "nranks")]
-    nranks: usize,
-    /// GPU ordinals, assigned round-robin [default: 0..N-1].
-    #[arg(long, value_delimiter = ',')]
-    gpus: Vec<usize>,
-    /// The run's arguments (after `--`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    args: Vec<OsString>,
-}
-
 fn parse_triple(s: &str) -> Result<[usize; 3], String> {
     let parts: Vec<usize> = s
         .split('x')
@@ -87,38 +71,10 @@ fn parse_triple(s: &str) -> Result<[usize; 3], String> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == "launch") {
-        return launch(LaunchArgs::parse_from(argv.iter().skip(1)));
-    }
-    let args = Args::parse_from(&argv);
-    match run(args) {
+    match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("stencil3d: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn launch(args: LaunchArgs) -> ExitCode {
-    let mut config = match halo::launch::LaunchConfig::this_executable(args.nranks, args.args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("stencil3d launch: error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    config.gpus = args.gpus;
-    match halo::launch::launch(&config) {
-        Ok(report) => {
-            if let Some(summary) = report.summary() {
-                eprintln!("stencil3d launch: {summary}");
-            }
-            ExitCode::from(report.exit_code())
-        }
-        Err(e) => {
-            eprintln!("stencil3d launch: error: {e}");
             ExitCode::FAILURE
         }
     }

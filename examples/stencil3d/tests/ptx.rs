@@ -6,7 +6,7 @@
 #[test]
 fn jacobi7_has_no_fma_and_no_flush_to_zero() {
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
-    let ptx = std::fs::read_to_string(artifacts.ptx_path()).expect("reading the PTX");
+    let ptx = String::from_utf8(artifacts.ptx().expect("reading the PTX").into_owned()).expect("PTX is text");
     let start = ptx
         .find(".entry jacobi7(")
         .expect("jacobi7 is missing from the PTX: rebuild with `cargo xtask build-ptx`");

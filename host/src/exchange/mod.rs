@@ -52,8 +52,9 @@ use kernels_gpu::abi::{HaloElement, WaitKind};
 pub trait Element: HaloElement + bytemuck::Pod {}
 impl<T: HaloElement + bytemuck::Pod> Element for T {}
 
-/// How a halo moves between ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+/// How a halo moves between ranks. Parsed from and printed as its command-line name
+/// ([`Transport::name`]: `staged`, `per-pulse`, `per-pulse-direct`, `fused`, `fused-tma`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Transport {
     /// Host-orchestrated, GROMACS's MPI path: per pulse a pack kernel, a host sync, a host-driven
     /// copy, a host sync. The honest baseline.
@@ -100,6 +101,26 @@ impl Transport {
     }
 }
 
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not a [`Transport`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown transport `{0}` (possible values: {names})", names = Transport::ALL.map(Transport::name).join(", "))]
+pub struct UnknownTransport(pub String);
+
+impl std::str::FromStr for Transport {
+    type Err = UnknownTransport;
+
+    /// The command-line name, as [`Transport::name`] prints it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Transport::ALL.into_iter().find(|t| t.name() == s.trim()).ok_or_else(|| UnknownTransport(s.to_string()))
+    }
+}
+
 /// A device spin-wait that expired: which rank waited for what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaitTimeout {
@@ -139,5 +160,20 @@ impl std::fmt::Display for WaitTimeout {
             seen,
             self.step_counter
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transports_parse_from_and_print_as_their_names() {
+        for t in Transport::ALL {
+            assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
+        }
+        assert_eq!(" fused-tma".parse::<Transport>(), Ok(Transport::FusedTma));
+        let e = "carrier-pigeon".parse::<Transport>().unwrap_err().to_string();
+        assert!(e.contains("`carrier-pigeon`") && e.contains("possible values: staged, per-pulse, per-pulse-direct, fused, fused-tma"), "{e}");
     }
 }

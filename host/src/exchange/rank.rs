@@ -310,8 +310,9 @@ impl<T: Element> RankExchange<T> {
         }))
     }
 
-    /// Host-driven gather of pulse `p` into its send slot (staged path).
-    pub(crate) fn stage_pack(&self, p: usize, stream: &CudaStream) -> Result<()> {
+    /// Host-driven gather of pulse `p` into its send slot (staged path; also the first step of a
+    /// host-driven transport of your own, such as the benchmarks' NCCL baseline).
+    pub fn stage_pack(&self, p: usize, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
         let (mut xp, mut mp, mut n, mut op) = (
             self.x.device_ptr(),
@@ -354,12 +355,13 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// Address of this rank's receive slot for pulse `p` (the staged force copy's target).
-    pub(crate) fn recv_slot(&self, p: usize) -> u64 {
+    pub fn recv_slot(&self, p: usize) -> u64 {
         self.recv_buf.device_ptr_at(p * self.sizes.slot_atoms)
     }
 
-    /// Host-driven accumulate of pulse `p`'s received forces (staged path).
-    pub(crate) fn stage_unpack_forces(&self, p: usize, stream: &CudaStream) -> Result<()> {
+    /// Host-driven accumulate (or store) of pulse `p`'s forces received into its receive slot
+    /// (staged path).
+    pub fn stage_unpack_forces(&self, p: usize, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
         let (mut bp, mut mp, mut n, mut dp) =
             (self.recv_slot(p), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
@@ -432,11 +434,11 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
 }
 
 // ---------------------------------------------------------------------------------------------
-// Accessors for the benchmarks' NCCL baseline (host/src/bench/nccl.rs), which drives the same
-// buffers with NCCL instead of peer copies.
+// Accessors for host-driven transports of one's own, such as the benchmarks' NCCL baseline
+// (halo-cli's bench/nccl.rs), which drives the same buffers with NCCL instead of peer copies.
 impl<T: Element> RankExchange<T> {
     /// Address of this rank's send slot for pulse `p` (where `stage_pack` puts the packed pulse).
-    pub(crate) fn send_slot(&self, p: usize) -> u64 {
+    pub fn send_slot(&self, p: usize) -> u64 {
         self.send_buf.device_ptr_at(p * self.sizes.slot_atoms)
     }
 }

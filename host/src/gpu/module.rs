@@ -49,11 +49,11 @@ impl KernelModule {
     /// Loads the module for `ctx`'s GPU from `artifacts`, and checks its ABI version global.
     pub fn load(ctx: &Arc<CudaContext>, artifacts: &KernelArtifacts) -> Result<Self> {
         let device_arch = super::arch_of(ctx)?;
-        let path = match check_arch(&device_arch, &artifacts.manifest.arch, &artifacts.ptx_path(), ctx.ordinal())? {
-            ModuleChoice::Cubin => artifacts.cubin_path(),
-            ModuleChoice::Ptx => artifacts.ptx_path(),
+        let (image, path) = match check_arch(&device_arch, &artifacts.manifest.arch, &artifacts.ptx_location(), ctx.ordinal())? {
+            ModuleChoice::Cubin => (artifacts.cubin()?, artifacts.cubin_location()),
+            ModuleChoice::Ptx => (artifacts.ptx()?, artifacts.ptx_location()),
         };
-        let mut image = std::fs::read(&path).map_err(|source| HaloError::Io { what: "reading kernel module", path: path.clone(), source })?;
+        let mut image = image.into_owned();
         if path.extension().is_some_and(|e| e == "ptx") {
             image.push(0); // the driver reads PTX as a C string
         }
@@ -94,7 +94,7 @@ impl KernelModule {
         }
     }
 
-    /// The file the module was loaded from.
+    /// Where the module was loaded from: a file, or `embedded:<name>` for the library's own kernels.
     pub fn path(&self) -> &PathBuf {
         &self.path
     }

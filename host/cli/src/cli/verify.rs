@@ -7,7 +7,7 @@ use halo::exchange::Transport;
 use halo::exchange::pe::PathPolicy;
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
-use halo::md::{self, MdConfig, MdOutcome};
+use halo_md::{self as md, MdConfig, MdOutcome};
 use halo::session::PeSession;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 0.002)]
     pub dt: f32,
     /// Halo transport.
-    #[arg(long, value_enum, default_value = "fused")]
+    #[arg(long, default_value = "fused", value_parser = super::transport_parser())]
     pub transport: Transport,
     /// Check every N steps (1: every step; 0: never, and time the steps instead).
     #[arg(long, default_value_t = 1)]

@@ -1,6 +1,7 @@
-//! `halo launch -n N [--gpus 0,1] [--kill-grace-secs S] -- <subcommand and args>`: N ranks on one node.
+//! `halo launch -n N [--gpus 0,1] [--kill-grace-secs S] [--exe PROGRAM] -- <subcommand and args>`:
+//! N ranks on one node, of `halo` itself or of another program built on the halo library.
 
-use halo::launch::{LaunchConfig, launch};
+use crate::launch::{LaunchConfig, launch};
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,8 +17,13 @@ pub struct LaunchArgs {
     /// Seconds a rank gets to exit after SIGTERM before SIGKILL, when the job is being stopped.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     kill_grace_secs: f64,
-    /// The halo subcommand each rank runs, with its arguments (after `--`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+    /// Run this program's ranks instead of `halo`'s: an application built on the halo library
+    /// (e.g. `stencil3d`); it finds its rank with `halo::launch::RankEnv::from_env`.
+    #[arg(long, value_name = "PROGRAM")]
+    exe: Option<std::path::PathBuf>,
+    /// The halo subcommand each rank runs, with its arguments (after `--`); with --exe, the
+    /// program's arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required_unless_present = "exe", value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
@@ -27,7 +33,11 @@ pub fn main(args: LaunchArgs) -> ExitCode {
         eprintln!("halo launch: error: --kill-grace-secs must be between 0 and 3600, not {}", args.kill_grace_secs);
         return ExitCode::from(2);
     }
-    let mut config = match LaunchConfig::this_executable(args.nranks, args.command) {
+    let config = match args.exe {
+        Some(program) => Ok(LaunchConfig::program(args.nranks, program, args.command)),
+        None => LaunchConfig::this_executable(args.nranks, args.command),
+    };
+    let mut config = match config {
         Ok(c) => c,
         Err(e) => {
             eprintln!("halo launch: error: {e}");

@@ -23,7 +23,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     match KernelArtifacts::locate(&args.arch) {
         Ok(a) => println!(
             "kernels: {} (ABI {}, {}, NVSHMEM {} linked in)",
-            a.dir.display(),
+            a.describe(),
             a.manifest.abi_version,
             a.manifest.arch,
             a.manifest.nvshmem_version

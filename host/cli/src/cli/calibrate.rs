@@ -17,7 +17,7 @@
 use anyhow::{Context, Result, bail};
 use halo::exchange::pe::{PathPolicy, PeExchange};
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::bench::nccl::{self, Nccl, NcclComm};
+use crate::bench::nccl::{self, Nccl, NcclComm};
 use halo::exchange::{LocalRanks, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};

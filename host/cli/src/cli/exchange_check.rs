@@ -35,7 +35,7 @@ pub struct ExchangeCheckArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     check_every: u64,
     /// Transports to check (comma-separated); default: all that can run here.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = super::transport_parser())]
     transport: Vec<Transport>,
     /// Use NVSHMEM put + signal for every pulse, even between NVLink peers.
     #[arg(long)]

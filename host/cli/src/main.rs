@@ -1,7 +1,5 @@
 //! The `halo` command. See `halo --help` and docs/running.md.
 
-mod cli;
-
 fn main() -> std::process::ExitCode {
-    cli::main()
+    halo_cli::cli::main()
 }

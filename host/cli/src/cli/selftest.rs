@@ -104,7 +104,7 @@ fn run(args: &SelftestArgs) -> Result<u8> {
         return Ok(if args.others_hang { hang(hang_limit) } else { 0 });
     }
     if let Some(sig) = &args.signal_self {
-        let Some(signal) = halo::launch::parse_signal(sig) else { bail!("unknown signal {sig:?}") };
+        let Some(signal) = crate::launch::parse_signal(sig) else { bail!("unknown signal {sig:?}") };
         // SAFETY: raising a signal at ourselves has no memory-safety preconditions.
         unsafe {
             libc::raise(signal);

@@ -3,8 +3,8 @@
 //! (rank 0 prints; every rank must get the same options).
 
 use anyhow::{Context, Result};
-use halo::bench::runner::{self, BenchConfig};
-use halo::bench::{self, HaloSource, Method, kernels, plot, report};
+use crate::bench::runner::{self, BenchConfig};
+use crate::bench::{self, HaloSource, Method, kernels, plot, report};
 use std::path::PathBuf;
 use std::time::Duration;
 

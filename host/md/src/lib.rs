@@ -7,7 +7,11 @@
 //! local stream: zero home forces → home–home pair forces ─────────────────────────┐
 //! halo stream:  coordinate halo → zero halo forces → non-local pair forces → force halo → integrate (local stream)
 
+// The modules here moved from the `halo` crate and name its items `crate::…`.
+use halo::*;
+
 pub mod domain;
+pub mod md_reference;
 pub mod rank;
 pub mod run;
 

@@ -16,15 +16,15 @@
 //!   the launcher itself is SIGKILLed).
 //!
 //! Processes started by `mpirun`/`srun` instead find their rank through [`RankEnv::from_env`].
+//!
+//! What a rank needs at run time (its environment, the rendezvous, the errors) is in the library,
+//! `halo::launch`; this module starts and supervises the processes.
 
-pub mod env;
 mod output;
-pub mod rendezvous;
 mod sys;
 
-pub use env::{Bootstrap, RankEnv};
-pub use rendezvous::{Rendezvous, RendezvousDir};
-pub use sys::{parse_signal, signal_name};
+pub use halo::launch::{LaunchError, RankEnv, RendezvousDir, env, rank_list};
+pub use sys::parse_signal;
 
 use output::{Forwarders, Sink};
 use std::ffi::OsString;
@@ -51,109 +51,6 @@ const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 /// to leave it off.
 const SITE_DEFAULTS: [(&str, &str); 2] = [("NVSHMEM_DISABLE_NVLS", "1"), ("NCCL_NVLS_ENABLE", "0")];
 
-/// Errors of the launcher, the rank environment and the rendezvous.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// The launch configuration makes no sense (zero ranks, no command, ...).
-    #[error("invalid launch: {0}")]
-    InvalidConfig(String),
-    /// The path of the running executable could not be determined.
-    #[error("cannot find the halo executable to start the ranks with: {0}")]
-    CurrentExe(#[source] std::io::Error),
-    /// A rank's process could not be started.
-    #[error("could not start rank {rank} ({program}): {source}")]
-    Spawn {
-        /// The rank.
-        rank: usize,
-        /// The program that was to run.
-        program: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Watching a rank's process failed.
-    #[error("could not wait for rank {rank}: {source}")]
-    Wait {
-        /// The rank.
-        rank: usize,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A thread forwarding a rank's output could not be started.
-    #[error("could not start the output thread of rank {rank}: {source}")]
-    Output {
-        /// The rank.
-        rank: usize,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The launcher could not install its SIGINT/SIGTERM handlers.
-    #[error("could not install the launcher's signal handlers: {0}")]
-    Signals(#[source] std::io::Error),
-    /// A launcher variable of the rank environment is malformed.
-    #[error("bad {variable}={value:?}: {reason}")]
-    BadRankEnv {
-        /// The variable.
-        variable: &'static str,
-        /// Its value (empty when missing).
-        value: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The process was not started by `halo launch`, so there is no rendezvous directory.
-    #[error(
-        "HALO_RENDEZVOUS_DIR is not set: the rendezvous only exists under `halo launch`; \
-         under mpirun/srun NVSHMEM bootstraps through MPI/PMI instead"
-    )]
-    NoRendezvous,
-    /// A rank other than 0 tried to publish the unique id.
-    #[error("only rank 0 publishes the unique id, but this is rank {rank}")]
-    NotRankZero {
-        /// The rank that tried.
-        rank: usize,
-    },
-    /// A rendezvous file was already written in this run.
-    #[error("{} already exists: each rendezvous name is written once per run", .0.display())]
-    AlreadyPublished(PathBuf),
-    /// An all-gather tag that is not a plain file name.
-    #[error("invalid all-gather tag {0:?}: use ASCII letters, digits, '-' and '_'")]
-    BadTag(String),
-    /// Some ranks did not contribute in time.
-    #[error(
-        "timed out after {:.1} s waiting for {what} from {} (in {}): did that rank fail to start or die?",
-        .timeout.as_secs_f64(), rank_list(.missing), .dir.display()
-    )]
-    RendezvousTimeout {
-        /// What was awaited.
-        what: String,
-        /// The ranks that did not deliver.
-        missing: Vec<usize>,
-        /// How long we waited.
-        timeout: Duration,
-        /// The rendezvous directory.
-        dir: PathBuf,
-    },
-    /// Reading or writing the rendezvous directory failed.
-    #[error("{what} {}: {source}", .path.display())]
-    RendezvousIo {
-        /// What was being done.
-        what: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// "rank 3" or "ranks 0, 2".
-fn rank_list(ranks: &[usize]) -> String {
-    let list: Vec<String> = ranks.iter().map(ToString::to_string).collect();
-    format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, list.join(", "))
-}
-
 /// What to launch and how.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
@@ -170,13 +67,23 @@ pub struct LaunchConfig {
     /// Catch SIGINT/SIGTERM/SIGHUP while the ranks run, to stop them in order (turn off when the
     /// embedding program handles signals itself).
     pub handle_signals: bool,
+    /// Whether an empty `args` is an error (`halo` itself needs a subcommand).
+    pub needs_args: bool,
 }
 
 impl LaunchConfig {
     /// `nranks` ranks of this very executable with `args`, on GPUs `0..nranks`, default grace.
     pub fn this_executable(nranks: usize, args: Vec<OsString>) -> Result<LaunchConfig, LaunchError> {
         let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
-        Ok(LaunchConfig { nranks, gpus: Vec::new(), program, args, kill_grace: DEFAULT_KILL_GRACE, handle_signals: true })
+        let mut config = LaunchConfig::program(nranks, program, args);
+        config.needs_args = true;
+        Ok(config)
+    }
+
+    /// `nranks` ranks of `program` (a path, or a name looked up on the PATH) with `args`, on GPUs
+    /// `0..nranks`, default grace.
+    pub fn program(nranks: usize, program: PathBuf, args: Vec<OsString>) -> LaunchConfig {
+        LaunchConfig { nranks, gpus: Vec::new(), program, args, kill_grace: DEFAULT_KILL_GRACE, handle_signals: true, needs_args: false }
     }
 
     /// The GPU ordinal of `rank`.
@@ -188,7 +95,7 @@ impl LaunchConfig {
         if self.nranks == 0 {
             return Err(LaunchError::InvalidConfig("the number of ranks must be at least 1".into()));
         }
-        if self.args.is_empty() {
+        if self.args.is_empty() && self.needs_args {
             return Err(LaunchError::InvalidConfig(
                 "no command to run: give the halo subcommand after `--`, e.g. `halo launch -n 2 -- info`".into(),
             ));
@@ -606,12 +513,22 @@ mod tests {
             args: vec!["x".into()],
             kill_grace: DEFAULT_KILL_GRACE,
             handle_signals: false,
+            needs_args: true,
         };
         assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [0, 1, 2, 3]);
         config.gpus = vec![2, 5];
         assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [2, 5, 2, 5]);
         config.nranks = 0;
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn only_halo_itself_needs_a_subcommand() {
+        let other = LaunchConfig::program(2, "/bin/true".into(), vec![]);
+        assert!(other.validate().is_ok());
+        let halo = LaunchConfig::this_executable(2, vec![]).expect("current exe");
+        let e = halo.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("no command to run"), "{e}");
     }
 
     #[test]
@@ -623,6 +540,7 @@ mod tests {
             args: vec!["-c".into(), r#"if [ "$HALO_RANK" = 1 ]; then exit 4; fi; sleep 30"#.into()],
             kill_grace: Duration::from_secs(2),
             handle_signals: false,
+            needs_args: false,
         };
         let started = Instant::now();
         let report = launch(&config).expect("launch");

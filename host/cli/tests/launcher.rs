@@ -74,6 +74,17 @@ fn exit_code_propagates_and_ranks_are_named() {
 }
 
 #[test]
+fn another_programs_ranks_run_under_exe() {
+    // An application built on the halo library (stencil3d) is launched the same way.
+    let (out, _) = run_within(halo(&["launch", "-n", "2", "--exe", "/bin/sh", "--", "-c", "echo rank $HALO_RANK of $HALO_NRANKS"]), STOP_BOUND);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    for r in 0..2 {
+        assert!(stdout.contains(&format!("[rank {r}] rank {r} of 2")), "{stdout}");
+    }
+}
+
+#[test]
 fn success_is_zero_and_quiet() {
     let (out, _) = run_within(halo(&["launch", "-n", "2", "--", "selftest-child"]), STOP_BOUND);
     assert_eq!(out.status.code(), Some(0));

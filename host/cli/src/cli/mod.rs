@@ -49,6 +49,14 @@ enum Command {
     SelftestChild(selftest::SelftestArgs),
 }
 
+/// `--transport` values: the exchange's transport names, listed in `--help` and in the error for
+/// an unknown one.
+fn transport_parser() -> impl clap::builder::TypedValueParser<Value = halo::exchange::Transport> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(halo::exchange::Transport::ALL.map(halo::exchange::Transport::name))
+        .try_map(|s| s.parse::<halo::exchange::Transport>())
+}
+
 pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HALO_LOG").unwrap_or_else(|_| "warn".into()))

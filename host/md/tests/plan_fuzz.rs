@@ -17,7 +17,7 @@
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, PlanError, RankGrid};
-use halo::md_reference::exchange_coordinates;
+use halo_md::md_reference::exchange_coordinates;
 use halo::system::MolecularSystem;
 use proptest::prelude::*;
 use proptest::sample::Index;

@@ -1,0 +1,10 @@
+//! The `halo` command on top of the `halo` library: one module per subcommand ([`cli`]), the
+//! benchmarks and their plots ([`bench`]), and the process launcher of `halo launch` ([`launch`]).
+//! The binary (`src/main.rs`) only calls [`cli::main`].
+
+pub mod bench;
+pub mod cli;
+pub mod launch;
+
+// `bench` and `launch` moved here from the `halo` library and name its items `crate::…`.
+use halo::*;
