@@ -17,4 +17,4 @@ pub mod run;
 
 pub use domain::{Csr, Domain, RankDomain};
 pub use rank::{MdRank, Physics};
-pub use run::{MdConfig, MdOutcome, StepCheck, run_local, run_pe};
+pub use run::{MdConfig, MdOutcome, StepCheck, run, run_local, run_pe};

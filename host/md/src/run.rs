@@ -1,15 +1,14 @@
-//! Running the MD loop: all ranks in one process, or one rank per NVSHMEM PE; optionally checking
-//! every step against the CPU references.
+//! Running the MD loop: all ranks in one process, or one rank per NVSHMEM PE, through one driver
+//! over [`Exchange`]; optionally checking every step against the CPU references.
 
 use super::domain::Domain;
 use super::rank::{MdRank, Physics};
 use crate::abi::Float3;
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
-use crate::exchange::pe::{PathPolicy, PeExchange};
-use crate::exchange::{LocalRanks, Transport, reference};
+use crate::exchange::pe::PathPolicy;
+use crate::exchange::{Exchange, Placement, RankExchange, Transport, reference};
 use crate::gpu::{DeviceMemory, KernelModule};
-use crate::launch::rendezvous;
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
 use crate::session::PeSession;
@@ -171,78 +170,82 @@ fn scatter_home(domain: &Domain, homes: &[Vec<Float3>], out: &mut [Float3]) {
 }
 
 /// All ranks in this process, rank `r` on GPU `r % modules.len()`.
-pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
+pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
+    run(cfg, &Placement::Local(modules.to_vec()), progress)
+}
+
+/// One rank per NVSHMEM PE (started by `halo launch`), reaching peers as `cfg.path_policy` says.
+pub fn run_pe(cfg: &MdConfig, session: &PeSession, progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
+    run(cfg, &Placement::pe(session, cfg.path_policy), progress)
+}
+
+/// The MD loop on the ranks `placement` puts in this process. Across PEs every PE runs it with the
+/// same configuration: each builds the same decomposition, runs its rank, and gathers home atoms
+/// through the launcher's rendezvous ([`Placement::all_gather`]) at search steps and checked steps.
+pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
     let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
     let phys = cfg.physics(&system);
     let lj = system.lj_table_f32();
     let mut out = MdOutcome::default();
     let started = Instant::now();
-    let mut state: Option<(Domain, LocalRanks, Vec<MdRank>)> = None;
+    let mut state: Option<(Domain, Box<dyn Exchange>, Vec<MdRank>)> = None;
     let mut window: Option<u64> = None;
     for step in 0..cfg.steps {
         if step % cfg.nstlist.max(1) == 0 {
-            if let Some((domain, ranks, md)) = state.take() {
+            if let Some((domain, x, md)) = state.take() {
                 // Gather home coordinates and velocities back into the system (a search step).
-                let homes = ranks.ranks().iter().map(|r| Ok(r.x.to_host()?[..r.halo().home_atoms].to_vec())).collect::<Result<Vec<_>>>()?;
-                let vels = md.iter().map(MdRank::velocities).collect::<Result<Vec<_>>>()?;
-                scatter_home(&domain, &homes, &mut system.positions);
-                scatter_home(&domain, &vels, &mut system.velocities);
+                let mut mine = Vec::with_capacity(md.len());
+                for (rank, m) in x.local_ranks().iter().zip(&md) {
+                    mine.push(vec![rank.x.to_host()?[..rank.halo().home_atoms].to_vec(), m.velocities()?]);
+                }
+                let all = gather(placement, &format!("rebuild-{step}"), mine)?;
+                scatter_home(&domain, &all.iter().map(|p| p[0].clone()).collect::<Vec<_>>(), &mut system.positions);
+                scatter_home(&domain, &all.iter().map(|p| p[1].clone()).collect::<Vec<_>>(), &mut system.velocities);
+                drop((x, md)); // freed in the same order on every PE (collective)
             }
             let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
-            let mut ranks = LocalRanks::new(domain.halos.clone(), modules)?;
+            let mut x = placement.exchange::<Float3>(domain.halos.clone())?;
+            x.set_wait_timeout(cfg.wait_timeout);
+            x.check_transport(cfg.transport)?;
             let homes = domain.home_values(&system.positions);
             let vels = domain.home_values(&system.velocities);
-            let mut md = Vec::with_capacity(homes.len());
-            for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
-                rank.set_wait_timeout(cfg.wait_timeout);
+            let mut md = Vec::with_capacity(x.local_ranks().len());
+            for rank in x.local_ranks() {
+                let r = rank.rank();
                 rank.upload_coordinates(&homes[r])?;
-                md.push(MdRank::new(modules[r % modules.len()].clone(), &domain.ranks[r], homes[r].len(), &vels[r], &lj)?);
+                md.push(MdRank::new(rank.module().clone(), &domain.ranks[r], homes[r].len(), &vels[r], &lj)?);
             }
+            x.barrier()?; // every PE has its coordinates in place before any halo moves
             out.rebuilds += 1;
             out.pairs = domain.total_pairs;
-            state = Some((domain, ranks, md));
+            state = Some((domain, x, md));
         }
-        let Some((domain, ranks, md)) = state.as_mut() else { unreachable!("built above") };
-        let n = md.len();
+        let Some((domain, x, md)) = state.as_mut() else { unreachable!("built above") };
         if cfg.opens_window(step) {
             window = Some(step);
             md[0].mark_window_start()?;
         }
-        for r in 0..n {
-            md[r].begin_step(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        for (i, m) in md.iter().enumerate() {
+            m.begin_step(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
-        ranks.launch_coordinates(cfg.transport)?;
-        for r in 0..n {
-            md[r].nonlocal_forces(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        x.exchange_forward(cfg.transport)?;
+        for (i, m) in md.iter().enumerate() {
+            m.nonlocal_forces(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
-        ranks.launch_forces(cfg.transport)?;
+        x.exchange_reverse_accumulate(cfg.transport)?;
         if cfg.checks_step(step) {
-            ranks.finish()?;
+            x.finish()?;
             for m in md.iter() {
                 m.synchronize()?;
             }
-            let xs = ranks.coordinates()?;
-            let fs = ranks.forces()?;
-            let homes: Vec<Vec<Float3>> = xs.iter().zip(&domain.halos).map(|(x, h)| x[..h.home_atoms].to_vec()).collect();
-            let want = reference::coordinates(&domain.halos, &homes);
-            scatter_home(domain, &homes, &mut system.positions);
-            let ref_f = md_reference::lj_forces(&system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-            let mut c = StepCheck::default();
-            for r in 0..n {
-                c.merge(check_rank(domain, r, &xs[r], &want[r], &fs[r], &ref_f, step)?);
-            }
-            // Cross-rank integrity: both ends of every pulse agree on what moved (checksums only).
-            let sums = (0..n)
-                .map(|r| RankChecksums::compute(r, &domain.halos[r], &domain.ranks[r].global_ids, &xs[r], &fs[r]))
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums).map(|_| sums));
-            sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+            let c = check_step(cfg, placement, &mut system, domain, x.as_ref(), step)?;
             out.worst.merge(c);
             out.checked_steps += 1;
             progress(step, &c);
+            x.barrier()?; // no PE overwrites a halo that another is still checking
         }
-        for r in 0..n {
-            md[r].integrate(&ranks.ranks()[r], ranks.stream(r), &phys)?;
+        for (i, m) in md.iter().enumerate() {
+            m.integrate(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
         if let Some(first) = window.filter(|_| cfg.closes_window(step)) {
             md[0].mark_window_end()?;
@@ -251,122 +254,74 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], mut progress: im
         }
         out.steps += 1;
     }
-    if let Some((_, mut ranks, md)) = state {
-        ranks.finish()?;
+    if let Some((_, mut x, md)) = state {
+        x.finish()?;
         for m in &md {
             m.synchronize()?;
         }
+        x.barrier()?;
     }
     out.wall = started.elapsed();
     Ok(out)
 }
 
-/// One rank per NVSHMEM PE (started by `halo launch`): every PE builds the same decomposition,
-/// runs its rank, and gathers home atoms through the launcher's rendezvous at search steps and
-/// checked steps.
-pub fn run_pe(cfg: &MdConfig, session: &PeSession, mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
-    let me = session.nvshmem.my_pe();
-    let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-    let phys = cfg.physics(&system);
-    let lj = system.lj_table_f32();
-    let mut out = MdOutcome::default();
-    let started = Instant::now();
-    let mut state: Option<(Domain, PeExchange, MdRank)> = None;
-    let mut window: Option<u64> = None;
-    for step in 0..cfg.steps {
-        if step % cfg.nstlist.max(1) == 0 {
-            if let Some((domain, pe, md)) = state.take() {
-                let home = pe.rank().halo().home_atoms;
-                let x = pe.coordinates()?[..home].to_vec();
-                let v = md.velocities()?;
-                let all = gather(&format!("rebuild-{step}"), &[x, v])?;
-                scatter_home(&domain, &all.iter().map(|p| p[0].clone()).collect::<Vec<_>>(), &mut system.positions);
-                scatter_home(&domain, &all.iter().map(|p| p[1].clone()).collect::<Vec<_>>(), &mut system.velocities);
-                drop((pe, md));
+/// A checked step, after the exchange finished: every rank's coordinates against the exchange's
+/// reference, its home forces against the undecomposed system, and the cross-rank integrity
+/// checksums (only checksum words cross between PEs).
+fn check_step(cfg: &MdConfig, placement: &Placement, system: &mut MolecularSystem, domain: &Domain, x: &dyn Exchange, step: u64) -> Result<StepCheck> {
+    let ids: Vec<usize> = x.local_ranks().iter().map(RankExchange::rank).collect();
+    let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
+    let mine = xs.iter().zip(&ids).map(|(v, &r)| vec![v[..domain.halos[r].home_atoms].to_vec()]).collect();
+    let homes: Vec<Vec<Float3>> = gather(placement, &format!("check-{step}"), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
+    let want = reference::coordinates(&domain.halos, &homes);
+    scatter_home(domain, &homes, &mut system.positions);
+    let ref_f = md_reference::lj_forces(system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+    let mut c = StepCheck::default();
+    for (i, &r) in ids.iter().enumerate() {
+        c.merge(check_rank(domain, r, &xs[i], &want[r], &fs[i], &ref_f, step)?);
+    }
+    // Cross-rank integrity: both ends of every pulse agree on what moved.
+    let words = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            let sums = RankChecksums::compute(r, &domain.halos[r], &domain.ranks[r].global_ids, &xs[i], &fs[i])?;
+            Ok(sums.to_words().iter().flat_map(|w| w.to_le_bytes()).collect())
+        })
+        .collect::<Result<Vec<Vec<u8>>, integrity::IntegrityError>>()
+        .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+    let all = placement.all_gather(&format!("integrity-{step}"), words)?;
+    let sums = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums));
+    sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+    Ok(c)
+}
+
+/// Every rank's arrays (the same count per rank, any lengths) from each local rank's `mine`:
+/// serialised and gathered across PEs ([`Placement::all_gather`]), as they are in one process.
+fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Result<Vec<Vec<Vec<Float3>>>> {
+    let count = mine.first().map_or(0, Vec::len);
+    let bytes = mine
+        .iter()
+        .map(|arrays| {
+            let mut b = Vec::new();
+            for a in arrays {
+                b.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                b.extend_from_slice(bytemuck::cast_slice(a));
             }
-            let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
-            let mut pe = PeExchange::new(session.nvshmem.clone(), session.module.clone(), domain.halos.clone(), cfg.path_policy)?;
-            pe.rank_mut().set_wait_timeout(cfg.wait_timeout);
-            pe.check_transport(cfg.transport)?;
-            let homes = domain.home_values(&system.positions);
-            let vels = domain.home_values(&system.velocities);
-            pe.rank().upload_coordinates(&homes[me])?;
-            let md = MdRank::new(session.module.clone(), &domain.ranks[me], homes[me].len(), &vels[me], &lj)?;
-            pe.barrier()?; // every PE has its coordinates in place before any halo moves
-            out.rebuilds += 1;
-            out.pairs = domain.total_pairs;
-            state = Some((domain, pe, md));
-        }
-        let Some((domain, pe, md)) = state.as_mut() else { unreachable!("built above") };
-        let halo = pe.stream().clone();
-        if cfg.opens_window(step) {
-            window = Some(step);
-            md.mark_window_start()?;
-        }
-        md.begin_step(pe.rank(), &halo, &phys)?;
-        pe.launch_coordinates(cfg.transport)?;
-        md.nonlocal_forces(pe.rank(), &halo, &phys)?;
-        pe.launch_forces(cfg.transport)?;
-        if cfg.checks_step(step) {
-            pe.finish()?;
-            md.synchronize()?;
-            let x = pe.coordinates()?;
-            let f = pe.forces()?;
-            let home = pe.rank().halo().home_atoms;
-            let all = gather(&format!("check-{step}"), &[x[..home].to_vec()])?;
-            let homes: Vec<Vec<Float3>> = all.into_iter().map(|mut p| p.swap_remove(0)).collect();
-            let want = reference::coordinates(&domain.halos, &homes);
-            scatter_home(domain, &homes, &mut system.positions);
-            let ref_f = md_reference::lj_forces(&system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-            let c = check_rank(domain, me, &x, &want[me], &f, &ref_f, step)?;
-            // Cross-rank integrity: only the checksum words of every PE cross the rendezvous.
-            let mine = RankChecksums::compute(me, &domain.halos[me], &domain.ranks[me].global_ids, &x, &f)
-                .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
-            let words: Vec<u8> = mine.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
-            let all = rendezvous::all_gather(&format!("integrity-{step}"), &words)
-                .map_err(|e| HaloError::InvalidInput(format!("gathering checksums: {e}")))?;
-            let sums = all
-                .iter()
-                .enumerate()
-                .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums));
-            sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
-            out.worst.merge(c);
-            out.checked_steps += 1;
-            progress(step, &c);
-            pe.barrier()?; // no PE overwrites a halo that another is still checking
-        }
-        md.integrate(pe.rank(), &halo, &phys)?;
-        if let Some(first) = window.filter(|_| cfg.closes_window(step)) {
-            md.mark_window_end()?;
-            out.window_step_us.push(f64::from(md.window_ms()?) * 1e3 / (step + 1 - first) as f64);
-            window = None;
-        }
-        out.steps += 1;
-    }
-    if let Some((_, mut pe, md)) = state {
-        pe.finish()?;
-        md.synchronize()?;
-        pe.barrier()?;
-    }
-    out.wall = started.elapsed();
-    Ok(out)
-}
-
-/// Every PE's arrays (same count per PE, any lengths), through the launcher's rendezvous.
-fn gather(tag: &str, mine: &[Vec<Float3>]) -> Result<Vec<Vec<Vec<Float3>>>> {
-    let mut bytes = Vec::new();
-    for a in mine {
-        bytes.extend_from_slice(&(a.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(bytemuck::cast_slice(a));
-    }
-    let all = rendezvous::all_gather(tag, &bytes).map_err(|e| HaloError::InvalidInput(format!("gathering atoms across PEs (needs `halo launch`): {e}")))?;
+            b
+        })
+        .collect();
+    let all = placement.all_gather(tag, bytes)?;
     all.iter()
         .map(|b| {
-            let mut arrays = Vec::with_capacity(mine.len());
+            let mut arrays = Vec::with_capacity(count);
             let mut at = 0usize;
-            for _ in 0..mine.len() {
+            for _ in 0..count {
                 let len = b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()) as usize);
                 let len = len.ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
                 at += 8;

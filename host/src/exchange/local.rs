@@ -92,6 +92,40 @@ impl<T: Element> LocalRanks<T> {
         &self.streams[r]
     }
 
+    /// Every rank's stream, by rank.
+    pub fn streams(&self) -> &[Arc<CudaStream>] {
+        &self.streams
+    }
+
+    /// Whether `transport` runs with ranks in one process: every transport but the NVSHMEM put
+    /// path.
+    pub fn check_transport(&self, transport: Transport) -> Result<()> {
+        if transport.needs_nvshmem() {
+            return Err(HaloError::InvalidInput(format!(
+                "the {} transport needs NVSHMEM (one process per GPU under `halo launch`); in one process use per-pulse-direct",
+                transport.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Resets every rank's device-side protocol and waits for it (the resets are memsets outside
+    /// the rank streams), so the exchange can run again from step 0.
+    pub fn reset_protocol(&mut self) -> Result<()> {
+        for r in &mut self.ranks {
+            r.reset_protocol()?;
+        }
+        let mut synced: Vec<usize> = Vec::new();
+        for r in &self.ranks {
+            let ctx = r.context();
+            if !synced.contains(&ctx.ordinal()) {
+                ctx.synchronize().during("waiting for the protocol reset")?;
+                synced.push(ctx.ordinal());
+            }
+        }
+        Ok(())
+    }
+
     /// Host synchronisations performed so far (the staged path's cost, zero on GPU-initiated paths).
     pub fn host_syncs(&self) -> u64 {
         self.host_syncs
@@ -102,12 +136,7 @@ impl<T: Element> LocalRanks<T> {
         if transport == Transport::Staged {
             return self.staged_coordinates();
         }
-        if transport.needs_nvshmem() {
-            return Err(HaloError::InvalidInput(format!(
-                "the {} transport needs NVSHMEM (one process per GPU under `halo launch`); in one process use per-pulse-direct",
-                transport.name()
-            )));
-        }
+        self.check_transport(transport)?;
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_coordinates(transport, &self.streams[r])?;
         }

@@ -3,6 +3,9 @@
 //! - [`spec`]: what a rank sends and receives per pulse ([`RankHalo`]), and the cross-rank check.
 //! - [`rank`]: one rank's buffers, metadata and launches ([`RankExchange`]).
 //! - [`local`]: several ranks in one process, on one or more GPUs ([`LocalRanks`]).
+//! - [`pe`]: one rank per NVSHMEM PE ([`PeExchange`]).
+//! - [`interface`]: the one interface over both ([`Exchange`]), built from a [`Placement`], so a
+//!   per-step driver is written once.
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
 //!
 //! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
@@ -33,6 +36,7 @@
 //! # }
 //! ```
 
+pub mod interface;
 pub mod local;
 pub mod memory;
 pub mod pe;
@@ -41,7 +45,9 @@ pub mod reference;
 pub mod spec;
 pub mod synthetic;
 
+pub use interface::{Exchange, Placement};
 pub use local::LocalRanks;
+pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};
 pub use spec::{PulseSpec, RankHalo};
 

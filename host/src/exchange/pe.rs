@@ -216,6 +216,16 @@ impl<T: Element> PeExchange<T> {
         self.nvshmem.barrier_all()
     }
 
+    /// Resets this PE's device-side protocol so the exchange can run again from step 0.
+    /// Collective: no PE may still be running the previous steps while a peer resets its slots,
+    /// and none may start the next before every peer has reset, so barriers fence the reset.
+    pub fn reset_protocol(&mut self) -> Result<()> {
+        self.barrier()?;
+        self.rank.reset_protocol()?;
+        self.rank.context().synchronize().during("waiting for the protocol reset")?;
+        self.barrier()
+    }
+
     /// This PE's coordinates (`total_atoms` of them).
     pub fn coordinates(&self) -> Result<Vec<T>> {
         Ok(self.rank.x.to_host()?[..self.rank.halo().total_atoms].to_vec())

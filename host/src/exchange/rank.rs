@@ -152,6 +152,11 @@ impl<T: Element> RankExchange<T> {
         self.module.context()
     }
 
+    /// The kernel module this rank launches from (its GPU's).
+    pub fn module(&self) -> &Arc<KernelModule> {
+        &self.module
+    }
+
     /// The addresses peers use to reach this rank (valid in this process; other processes
     /// translate them with `nvshmem_ptr`).
     pub fn local_view(&self) -> PeerView {

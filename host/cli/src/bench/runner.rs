@@ -1,6 +1,7 @@
-//! The measurement loops. One process drives every rank ([`LocalRanks`], over the visible GPUs),
-//! or each process drives its own rank ([`PeExchange`] under `halo launch` / mpirun / srun);
-//! both go through the `Exchanger` trait, so the timing code is the same.
+//! The measurement loops. One process drives every rank (`LocalRanks`, over the visible GPUs),
+//! or each process drives its own rank (`PeExchange` under `halo launch` / mpirun / srun); both
+//! go through the library's [`Exchange`] interface, so the variant loop and the timing code are
+//! written once ([`run_variants`]); only the floor probes differ.
 //!
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
 //! only, and the full exchange, each between two events on every rank stream (the slowest rank
@@ -16,9 +17,9 @@ use super::report::{BenchReport, VariantResult};
 use super::stats::{Summary, ns_per_day};
 use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
 use crate::error::{CudaContextExt, HaloError, Result};
-use crate::exchange::pe::{PathPolicy, PeExchange};
-use crate::exchange::{LocalRanks, RankHalo};
-use crate::gpu::{self, CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule};
+use crate::exchange::pe::PathPolicy;
+use crate::exchange::{Exchange, Placement};
+use crate::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
 use crate::launch::RankEnv;
 use crate::nvshmem::{Nvshmem, SymmetricBuffer};
 use crate::session::PeSession;
@@ -99,22 +100,34 @@ struct Sample {
     syncs: f64,
 }
 
-/// What the timing loops need from either driver.
-trait Exchanger {
-    /// The streams this process times (one per local rank).
-    fn streams(&self) -> Vec<Arc<CudaStream>>;
+/// NCCL, set up once per run: its API and one communicator per local rank.
+type NcclComms = (Arc<Nccl>, Rc<Vec<NcclComm>>);
+
+/// One variant's exchange on the ranks of this process, and NCCL when the variant is NCCL.
+struct Bench {
+    x: Box<dyn Exchange>,
+    nccl: Option<NcclComms>,
+}
+
+impl Bench {
     /// Enqueues (GPU-initiated) or runs (host-driven) `steps` steps of `phase`.
-    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()>;
-    /// Waits for every local stream; a device wait timeout becomes an error.
-    fn finish(&mut self) -> Result<()>;
-    /// Host syncs so far.
-    fn host_syncs(&self) -> u64;
-    /// Barrier with the other processes (no-op in one process).
-    fn barrier(&self) -> Result<()>;
-    /// Resets the protocol of every rank, everything idle, with barriers around (graph replays).
-    fn reset(&mut self) -> Result<()>;
+    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
+        let Some(transport) = method.transport() else {
+            let (nccl, comms) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
+            let x = &self.x;
+            let io: Vec<_> = x.local_ranks().iter().zip(comms.iter()).zip(x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
+            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
+        };
+        phase.repeat(steps, |forces| if forces { self.x.exchange_reverse_accumulate(transport) } else { self.x.exchange_forward(transport) })
+    }
+
     /// Captures the graphs of every local rank.
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>>;
+    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
+        self.x.check_transport(transport)?;
+        let streams = self.x.streams().to_vec();
+        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport, steps)).collect()
+    }
 }
 
 /// CPU time of the calling thread (s).
@@ -128,14 +141,14 @@ fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
+fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
     if variant.graph {
-        x.reset()?;
+        b.x.reset_protocol()?;
     } else {
-        x.barrier()?;
+        b.x.barrier()?;
     }
-    let streams = x.streams();
-    let syncs0 = x.host_syncs();
+    let streams = b.x.streams().to_vec();
+    let syncs0 = b.x.host_syncs();
     let cpu0 = thread_cpu_s();
     let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let done = if variant.graph {
@@ -144,13 +157,13 @@ fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phas
         }
         graphs.first().map_or(steps, |g| g.steps)
     } else {
-        x.enqueue(variant.method, phase, steps)?;
+        b.enqueue(variant.method, phase, steps)?;
         steps
     };
     let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let cpu = thread_cpu_s() - cpu0;
-    let syncs = x.host_syncs() - syncs0;
-    x.finish()?;
+    let syncs = b.x.host_syncs() - syncs0;
+    b.x.finish()?;
     let mut gpu = 0.0f64;
     for (a, b) in starts.iter().zip(&ends) {
         gpu = gpu.max(a.elapsed_ms(b).during("reading a timing event")? as f64 * 1e-3);
@@ -160,12 +173,12 @@ fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phas
 }
 
 /// Warm-up and timed repeats of one variant: `samples[phase][repeat]`.
-fn bench_variant(x: &mut dyn Exchanger, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
-    let graphs = if variant.graph { x.capture(variant.method, cfg.steps)? } else { Vec::new() };
+fn bench_variant(b: &mut Bench, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
+    let graphs = if variant.graph { b.capture(variant.method, cfg.steps)? } else { Vec::new() };
     let mut out = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
-            let s = measure(x, variant, &graphs, phase, cfg.steps)?;
+            let s = measure(b, variant, &graphs, phase, cfg.steps)?;
             if rep >= cfg.warmup {
                 out[i].push(s);
             }
@@ -279,68 +292,6 @@ fn floor_report(between: String, latency_s: &[f64], peer_bw: Option<&[f64]>, p: 
 // ----------------------------------------------------------------------------------------------
 // One process, every rank.
 
-struct LocalBench {
-    ranks: LocalRanks,
-    nccl: Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>,
-}
-
-impl LocalBench {
-    fn contexts(&self) -> Vec<Arc<CudaContext>> {
-        let mut out: Vec<Arc<CudaContext>> = Vec::new();
-        for r in self.ranks.ranks() {
-            if !out.iter().any(|c| c.ordinal() == r.context().ordinal()) {
-                out.push(r.context().clone());
-            }
-        }
-        out
-    }
-}
-
-impl Exchanger for LocalBench {
-    fn streams(&self) -> Vec<Arc<CudaStream>> {
-        (0..self.ranks.ranks().len()).map(|r| self.ranks.stream(r).clone()).collect()
-    }
-
-    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
-        let Some(transport) = method.transport() else {
-            let (nccl, comms) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
-            let ranks = self.ranks.ranks();
-            let io: Vec<_> = ranks.iter().zip(comms.iter()).enumerate().map(|(r, (rank, c))| (rank, c, self.ranks.stream(r))).collect();
-            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
-        };
-        phase.repeat(steps, |forces| if forces { self.ranks.launch_forces(transport) } else { self.ranks.launch_coordinates(transport) })
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        self.ranks.finish()
-    }
-
-    fn host_syncs(&self) -> u64 {
-        self.ranks.host_syncs()
-    }
-
-    fn barrier(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn reset(&mut self) -> Result<()> {
-        for r in self.ranks.ranks_mut() {
-            r.reset_protocol()?;
-        }
-        // The resets are memsets outside the rank streams: wait for them on every GPU.
-        for ctx in self.contexts() {
-            ctx.synchronize().during("waiting for the protocol reset")?;
-        }
-        Ok(())
-    }
-
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
-        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
-        let streams = self.streams();
-        self.ranks.ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport, steps)).collect()
-    }
-}
-
 fn gpu_names(modules: &[Arc<KernelModule>]) -> Vec<String> {
     modules.iter().map(|m| m.context().name().unwrap_or_else(|_| format!("GPU {}", m.context().ordinal()))).collect()
 }
@@ -413,38 +364,11 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     let inputs = floor.inputs();
 
     let bar = progress_bar(cfg, true);
-    let mut nccl_comms: Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)> = None;
-    let mut results = Vec::new();
-    for &atoms in &cfg.atoms {
-        bar.set_message(format!("{atoms} atoms: building halos"));
-        let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
-        let sizes = HaloSizes::of(&halos);
-        for variant in Variant::list(&cfg.methods, cfg.graph) {
-            bar.set_message(format!("{atoms} atoms: {}", variant.name()));
-            let skip = |why: String, bar: &indicatif::ProgressBar| {
-                bar.inc((cfg.warmup + cfg.repeats) as u64);
-                VariantResult::skipped(atoms, variant.name(), why)
-            };
-            if variant.method.transport().is_some_and(|t| t.needs_nvshmem()) {
-                results.push(skip("needs NVSHMEM: run under `halo launch -n 2 -- bench`".into(), &bar));
-                continue;
-            }
-            let nccl = if variant.method == Method::Nccl {
-                match local_nccl(&mut nccl_comms, &modules, nranks) {
-                    Ok(n) => Some(n),
-                    Err(e) => {
-                        results.push(skip(e.to_string(), &bar));
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            let mut x = LocalBench { ranks: new_local_ranks(&halos, &modules, cfg)?, nccl };
-            let samples = bench_variant(&mut x, variant, cfg, &bar)?;
-            results.push(result_row(atoms, variant, &sizes, &samples, &inputs, link, cfg.steps));
-        }
-    }
+    let nranks: usize = cfg.grid.iter().product();
+    let mut nccl = NcclSetup::default();
+    let results = run_variants(cfg, &Placement::Local(modules.clone()), &Group::Local, &inputs, link, &bar, || {
+        nccl.get(|| local_nccl(&modules, nranks))
+    })?;
     bar.finish_and_clear();
     Ok(BenchReport {
         mode: "one process".into(),
@@ -460,22 +384,8 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     })
 }
 
-fn new_local_ranks(halos: &[RankHalo], modules: &[Arc<KernelModule>], cfg: &BenchConfig) -> Result<LocalRanks> {
-    let mut ranks = LocalRanks::new(halos.to_vec(), modules)?;
-    for r in ranks.ranks_mut() {
-        r.set_wait_timeout(cfg.wait_timeout);
-        // Defined values: NaNs would not change the timing, but keep the arrays sane.
-        r.x.fill_bytes(0)?;
-        r.f.fill_bytes(0)?;
-    }
-    Ok(ranks)
-}
-
-/// NCCL communicators for the ranks of one process (made once, reused for every size).
-fn local_nccl(slot: &mut Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>, modules: &[Arc<KernelModule>], nranks: usize) -> Result<(Arc<Nccl>, Rc<Vec<NcclComm>>)> {
-    if let Some(s) = slot {
-        return Ok(s.clone());
-    }
+/// NCCL communicators for the ranks of one process (one GPU per rank).
+fn local_nccl(modules: &[Arc<KernelModule>], nranks: usize) -> Result<NcclComms> {
     if modules.len() < nranks {
         return Err(HaloError::InvalidInput(format!(
             "NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)",
@@ -485,8 +395,99 @@ fn local_nccl(slot: &mut Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>, modules: &[Arc<
     let nccl = Nccl::load()?;
     let ordinals: Vec<usize> = (0..nranks).map(|r| modules[r].context().ordinal()).collect();
     let comms = Rc::new(nccl.comm_init_all(&ordinals)?);
-    *slot = Some((nccl.clone(), comms.clone()));
     Ok((nccl, comms))
+}
+
+/// NCCL is set up the first time a variant needs it, and its success or failure kept for the
+/// rest of the run.
+#[derive(Default)]
+struct NcclSetup(Option<std::result::Result<NcclComms, String>>);
+
+impl NcclSetup {
+    fn get(&mut self, setup: impl FnOnce() -> Result<NcclComms>) -> std::result::Result<NcclComms, String> {
+        self.0.get_or_insert_with(|| setup().map_err(|e| e.to_string())).clone()
+    }
+}
+
+/// The processes taking part, for the decisions they must take together.
+enum Group<'a> {
+    /// This process alone.
+    Local,
+    /// Every PE, through small collectives on the symmetric heap.
+    Pe(&'a PeComm),
+}
+
+impl Group<'_> {
+    /// True when every process says true.
+    fn all(&self, ok: bool) -> Result<bool> {
+        match self {
+            Group::Local => Ok(ok),
+            Group::Pe(comm) => comm.all(ok),
+        }
+    }
+
+    /// The slowest process's samples: elementwise max over processes.
+    fn slowest(&self, samples: Vec<Vec<Sample>>, repeats: usize) -> Result<Vec<Vec<Sample>>> {
+        let Group::Pe(comm) = self else { return Ok(samples) };
+        let all = comm.all_gather(&flatten(&samples))?;
+        let worst: Vec<f64> = (0..all[0].len()).map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
+        Ok(unflatten(&worst, repeats))
+    }
+}
+
+/// Every size and variant on the ranks `placement` puts in this process: the same list in the
+/// same order on every process, every skip decided together (`group`). `nccl` sets NCCL up (once)
+/// when an NCCL variant comes.
+fn run_variants(
+    cfg: &BenchConfig,
+    placement: &Placement,
+    group: &Group,
+    inputs: &floor::FloorInputs,
+    link: Link,
+    bar: &indicatif::ProgressBar,
+    mut nccl: impl FnMut() -> std::result::Result<NcclComms, String>,
+) -> Result<Vec<VariantResult>> {
+    let mut results = Vec::new();
+    for &atoms in &cfg.atoms {
+        bar.set_message(format!("{atoms} atoms: building halos"));
+        let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
+        let sizes = HaloSizes::of(&halos);
+        for variant in Variant::list(&cfg.methods, cfg.graph) {
+            bar.set_message(format!("{atoms} atoms: {}", variant.name()));
+            let skip = |why: String| {
+                bar.inc((cfg.warmup + cfg.repeats) as u64);
+                VariantResult::skipped(atoms, variant.name(), why)
+            };
+            let mut x = placement.exchange(halos.clone())?;
+            x.set_wait_timeout(cfg.wait_timeout);
+            for rank in x.local_ranks() {
+                // Defined values: NaNs would not change the timing, but keep the arrays sane.
+                rank.x.fill_bytes(0)?;
+                rank.f.fill_bytes(0)?;
+            }
+            let usable = variant.method.transport().and_then(|t| x.check_transport(t).err()).map(|e| e.to_string());
+            if !group.all(usable.is_none())? {
+                results.push(skip(usable.unwrap_or_else(|| "not possible on another rank".into())));
+                continue;
+            }
+            let comms = if variant.method == Method::Nccl {
+                match nccl() {
+                    Ok(c) => Some(c),
+                    Err(why) => {
+                        results.push(skip(why));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let mut b = Bench { x, nccl: comms };
+            let samples = group.slowest(bench_variant(&mut b, variant, cfg, bar)?, cfg.repeats)?;
+            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, cfg.steps));
+            drop(b); // symmetric buffers are freed collectively, in the same order on every rank
+        }
+    }
+    Ok(results)
 }
 
 fn grid_text(g: [usize; 3]) -> String {
@@ -546,55 +547,6 @@ impl PeComm {
             out[8 * i..8 * i + 8].copy_from_slice(&w.to_bits().to_le_bytes());
         }
         Ok(out)
-    }
-}
-
-struct PeBench {
-    pe: PeExchange,
-    nvshmem: Arc<Nvshmem>,
-    nccl: Option<(Arc<Nccl>, Rc<NcclComm>)>,
-}
-
-impl Exchanger for PeBench {
-    fn streams(&self) -> Vec<Arc<CudaStream>> {
-        vec![self.pe.stream().clone()]
-    }
-
-    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
-        let Some(transport) = method.transport() else {
-            let (nccl, comm) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
-            let io = [(self.pe.rank(), comm.as_ref(), self.pe.stream())];
-            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
-        };
-        phase.repeat(steps, |forces| if forces { self.pe.launch_forces(transport) } else { self.pe.launch_coordinates(transport) })
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        self.pe.finish()
-    }
-
-    fn host_syncs(&self) -> u64 {
-        self.pe.host_syncs()
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.pe.barrier()
-    }
-
-    fn reset(&mut self) -> Result<()> {
-        // Nobody may still be running the previous replay while a peer resets its slots, and
-        // nobody may start the next one before every peer has reset.
-        self.pe.barrier()?;
-        self.pe.rank_mut().reset_protocol()?;
-        self.nvshmem.context().synchronize().during("waiting for the protocol reset")?;
-        self.pe.barrier()
-    }
-
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
-        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
-        self.pe.check_transport(transport)?;
-        let stream = self.pe.stream().clone();
-        Ok(vec![PhaseGraphs::capture(self.pe.rank_mut(), &stream, transport, steps)?])
     }
 }
 
@@ -691,59 +643,12 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     };
 
     let bar = progress_bar(cfg, me == 0);
-    let mut nccl_comm: Option<(Arc<Nccl>, Rc<NcclComm>)> = None;
-    let mut nccl_failed: Option<String> = None;
-    let mut results = Vec::new();
-    for &atoms in &cfg.atoms {
-        bar.set_message(format!("{atoms} atoms: building halos"));
-        let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
-        let sizes = HaloSizes::of(&halos);
-        for variant in Variant::list(&cfg.methods, cfg.graph) {
-            bar.set_message(format!("{atoms} atoms: {}", variant.name()));
-            let skip = |why: String, bar: &indicatif::ProgressBar| {
-                bar.inc((cfg.warmup + cfg.repeats) as u64);
-                VariantResult::skipped(atoms, variant.name(), why)
-            };
-            let mut pe = PeExchange::new(nv.clone(), session.module.clone(), halos.clone(), PathPolicy::Auto)?;
-            pe.rank_mut().set_wait_timeout(cfg.wait_timeout);
-            pe.rank().x.fill_bytes(0)?;
-            pe.rank().f.fill_bytes(0)?;
-            let usable = match variant.method.transport() {
-                Some(t) => pe.check_transport(t).err().map(|e| e.to_string()),
-                None => None,
-            };
-            if !comm.all(usable.is_none())? {
-                results.push(skip(usable.unwrap_or_else(|| "not possible on another rank".into()), &bar));
-                continue;
-            }
-            let nccl = if variant.method == Method::Nccl {
-                if nccl_comm.is_none() && nccl_failed.is_none() {
-                    match pe_nccl(&session, &comm) {
-                        Ok(c) => nccl_comm = Some(c),
-                        Err(e) => nccl_failed = Some(e.to_string()),
-                    }
-                }
-                match (&nccl_comm, &nccl_failed) {
-                    (Some(c), _) => Some(c.clone()),
-                    (None, why) => {
-                        results.push(skip(why.clone().unwrap_or_default(), &bar));
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            let mut x = PeBench { pe, nvshmem: nv.clone(), nccl };
-            let samples = bench_variant(&mut x, variant, cfg, &bar)?;
-            // The slowest rank counts: elementwise max over ranks.
-            let all = comm.all_gather(&flatten(&samples))?;
-            let worst: Vec<f64> = (0..all[0].len()).map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
-            results.push(result_row(atoms, variant, &sizes, &unflatten(&worst, cfg.repeats), &inputs, link, cfg.steps));
-            drop(x); // symmetric buffers are freed collectively, in the same order on every rank
-        }
-    }
+    let mut nccl = NcclSetup::default();
+    let results = run_variants(cfg, &Placement::pe(&session, PathPolicy::Auto), &Group::Pe(&comm), &inputs, link, &bar, || {
+        nccl.get(|| pe_nccl(&session, &comm))
+    })?;
     bar.finish_and_clear();
-    drop(nccl_comm);
+    drop(nccl);
     nv.barrier_all()?;
     let Some(floor) = floor else { return Ok(None) };
     Ok(Some(BenchReport {
@@ -762,7 +667,7 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
 
 /// Every PE joins one NCCL communicator (rank = PE), the unique id travelling over the
 /// symmetric heap. Collective: every PE gets the same outcome.
-fn pe_nccl(session: &PeSession, comm: &PeComm) -> Result<(Arc<Nccl>, Rc<NcclComm>)> {
+fn pe_nccl(session: &PeSession, comm: &PeComm) -> Result<NcclComms> {
     let nv = &session.nvshmem;
     let loaded = Nccl::load();
     if !comm.all(loaded.is_ok())? {
@@ -779,7 +684,7 @@ fn pe_nccl(session: &PeSession, comm: &PeComm) -> Result<(Arc<Nccl>, Rc<NcclComm
     if !comm.all(c.is_ok())? {
         return Err(c.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL init failed on another rank".into())));
     }
-    Ok((nccl, Rc::new(c?)))
+    Ok((nccl, Rc::new(vec![c?])))
 }
 
 #[cfg(test)]

@@ -15,10 +15,11 @@
 //! the router does not let its default numbers compete with the measured transports.
 
 use anyhow::{Context, Result, bail};
-use halo::exchange::pe::{PathPolicy, PeExchange};
+use halo::abi::Float3;
+use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
 use crate::bench::nccl::{self, Nccl, NcclComm};
-use halo::exchange::{LocalRanks, RankHalo, Transport as X};
+use halo::exchange::{Exchange, Placement, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};
 use halo::route::{DistanceLevel, Transport, gpu_facts, topology_from_facts};
@@ -87,85 +88,78 @@ fn time_steps(stream: &CudaStream, warmup: usize, repeats: usize, mut step: impl
     Ok(Sample { one_way_us: median * 1000.0 / 2.0, samples: repeats as u64 })
 }
 
-/// Ranks in this process.
-struct LocalMeasurer {
-    modules: Vec<Arc<KernelModule>>,
+/// Measures on two ranks: in this process (both on GPU 0 for same-GPU, on GPUs 0 and 1 for their
+/// level) or as the two PEs of a `halo launch -n 2`. Every PE runs the same sequence
+/// (allocations are collective).
+struct ExchangeMeasurer {
     names: Vec<String>,
-    pair_level: Option<DistanceLevel>,
-    /// One communicator per GPU 0 and 1 (only with two GPUs).
+    /// What is measured and what is skipped (and why).
+    plan: Vec<Planned>,
+    /// Where the two ranks run at each measured level.
+    placements: Vec<(DistanceLevel, Placement)>,
+    /// One communicator per local rank of the level NCCL is measured at (both PEs agree on
+    /// success: see [`pe_nccl`]).
     nccl: NcclSetup<Vec<NcclComm>>,
     warmup: usize,
     repeats: usize,
 }
 
-impl Measurer for LocalMeasurer {
+impl Measurer for ExchangeMeasurer {
     fn gpu_names(&self) -> Vec<String> {
         self.names.clone()
     }
     fn plan(&self) -> Vec<Planned> {
-        let mut levels = vec![DistanceLevel::SameGpu];
-        levels.extend(self.pair_level);
-        let mut p = Vec::new();
-        for level in levels {
-            for transport in [Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged] {
-                p.push(Planned::Measure { transport, level });
-            }
-        }
-        p.push(Planned::Skip { transport: Transport::NvshmemPut, reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into() });
-        p.push(match (&self.nccl, self.pair_level) {
-            (Ok(_), Some(level)) => Planned::Measure { transport: Transport::Nccl, level },
-            (Err(why), _) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
-            (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
-        });
-        p
+        self.plan.clone()
     }
     fn measure(&mut self, t: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
-        if t == Transport::Nccl {
-            return self.measure_nccl(bytes).map_err(|e| format!("{e:#}"));
-        }
         let run = || -> Result<Sample> {
-            let kernel = kernel_of(t).context("not an exchange transport")?;
-            let mods = if level == DistanceLevel::SameGpu { &self.modules[..1] } else { &self.modules[..2] };
-            let halos = halo_for(bytes);
-            let mut ranks = LocalRanks::new(halos.clone(), mods)?;
-            let home = synthetic::random_values(&halos, 1, true);
-            for (r, rank) in ranks.ranks().iter().enumerate() {
-                rank.upload_coordinates(&home[r])?;
-                rank.f.fill_bytes(0)?;
+            let placement = self.placements.iter().find(|(l, _)| *l == level).map(|(_, p)| p).context("no ranks placed at that level")?;
+            if t == Transport::Nccl {
+                let (api, comms) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+                return self.time_exchange(placement, None, bytes, |x| {
+                    let io: Vec<_> = x.local_ranks().iter().zip(comms).zip(x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
+                    nccl::coordinates(api, &io)?;
+                    nccl::forces(api, &io)
+                });
             }
-            let stream = ranks.stream(0).clone();
-            time_steps(&stream, self.warmup, self.repeats, |_| {
-                ranks.launch_coordinates(kernel)?;
-                ranks.launch_forces(kernel)?;
-                ranks.finish()?;
-                Ok(())
+            let kernel = kernel_of(t).context("not an exchange transport")?;
+            let placement = placement.with_policy(if t == Transport::NvshmemPut { PathPolicy::ForcePut } else { PathPolicy::Auto });
+            self.time_exchange(&placement, Some(kernel), bytes, |x| {
+                x.exchange_forward(kernel)?;
+                x.exchange_reverse_accumulate(kernel)
             })
         };
         run().map_err(|e| format!("{e:#}"))
     }
 }
 
-impl LocalMeasurer {
-    /// NCCL between GPUs 0 and 1 in this process: both ranks' steps on their own streams, timed
-    /// on rank 0's, then both streams finished (as for the other transports).
-    fn measure_nccl(&self, bytes: u64) -> Result<Sample> {
-        let (api, comms) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mods = self.modules.get(..2).context("NCCL needs two GPUs")?;
+impl ExchangeMeasurer {
+    /// One message of `bytes` each way per step on a fresh two-rank exchange: `step` on every
+    /// local rank, each step started together (barrier across PEs) and finished (every local
+    /// stream), timed on the first local rank's stream.
+    fn time_exchange(
+        &self,
+        placement: &Placement,
+        kernel: Option<X>,
+        bytes: u64,
+        mut step: impl FnMut(&mut dyn Exchange) -> halo::Result<()>,
+    ) -> Result<Sample> {
         let halos = halo_for(bytes);
-        let mut ranks = LocalRanks::new(halos.clone(), mods)?;
+        let mut x = placement.exchange::<Float3>(halos.clone())?;
+        if let Some(kernel) = kernel {
+            // Both PEs reach the same verdict (same peers, same rules), so neither waits alone.
+            x.check_transport(kernel)?;
+        }
         let home = synthetic::random_values(&halos, 1, true);
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.upload_coordinates(&home[r])?;
+        for rank in x.local_ranks() {
+            rank.upload_coordinates(&home[rank.rank()])?;
             rank.f.fill_bytes(0)?;
         }
-        let stream = ranks.stream(0).clone();
+        let stream = x.streams()[0].clone();
         time_steps(&stream, self.warmup, self.repeats, |_| {
-            {
-                let io: Vec<_> = ranks.ranks().iter().zip(comms).enumerate().map(|(r, (rank, c))| (rank, c, ranks.stream(r))).collect();
-                nccl::coordinates(api, &io)?;
-                nccl::forces(api, &io)?;
-            }
-            ranks.finish()?;
+            x.barrier()?; // every PE starts the step together
+            step(x.as_mut())?;
+            x.finish()?;
             Ok(())
         })
     }
@@ -182,89 +176,10 @@ fn local_nccl(modules: &[Arc<KernelModule>]) -> NcclSetup<Vec<NcclComm>> {
     Ok((api, comms))
 }
 
-/// One PE of a `halo launch`; every PE runs the same sequence (allocations are collective).
-struct PeMeasurer {
-    session: halo::session::PeSession,
-    names: Vec<String>,
-    level: DistanceLevel,
-    /// This PE's communicator with the other (both PEs agree on success: see [`pe_nccl`]).
-    nccl: NcclSetup<NcclComm>,
-    warmup: usize,
-    repeats: usize,
-}
-
-impl Measurer for PeMeasurer {
-    fn gpu_names(&self) -> Vec<String> {
-        self.names.clone()
-    }
-    fn plan(&self) -> Vec<Planned> {
-        let mut p: Vec<Planned> = [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged]
-            .into_iter()
-            .map(|transport| Planned::Measure { transport, level: self.level })
-            .collect();
-        p.push(match &self.nccl {
-            Ok(_) => Planned::Measure { transport: Transport::Nccl, level: self.level },
-            Err(why) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
-        });
-        p
-    }
-    fn measure(&mut self, t: Transport, _level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
-        if t == Transport::Nccl {
-            return self.measure_nccl(bytes).map_err(|e| format!("{e:#}"));
-        }
-        let run = || -> Result<Sample> {
-            let kernel = kernel_of(t).context("not an exchange transport")?;
-            let policy = if t == Transport::NvshmemPut { PathPolicy::ForcePut } else { PathPolicy::Auto };
-            let halos = halo_for(bytes);
-            let mut pe = PeExchange::new(self.session.nvshmem.clone(), self.session.module.clone(), halos.clone(), policy)?;
-            let me = self.session.nvshmem.my_pe();
-            // Both PEs reach the same verdict (same peers, same rules), so neither waits alone.
-            pe.check_transport(kernel)?;
-            let home = synthetic::random_values(&halos, 1, true);
-            pe.rank().upload_coordinates(&home[me])?;
-            pe.rank().f.fill_bytes(0)?;
-            let stream = pe.stream().clone();
-            time_steps(&stream, self.warmup, self.repeats, |_| {
-                pe.barrier()?; // both PEs start the step together
-                pe.launch_coordinates(kernel)?;
-                pe.launch_forces(kernel)?;
-                pe.finish()?;
-                Ok(())
-            })
-        };
-        run().map_err(|e| format!("{e:#}"))
-    }
-}
-
-impl PeMeasurer {
-    /// NCCL between the two PEs: the benchmark's baseline on this PE's exchange buffers, each
-    /// step started together (barrier) like the other transports.
-    fn measure_nccl(&self, bytes: u64) -> Result<Sample> {
-        let (api, comm) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let halos = halo_for(bytes);
-        let mut pe = PeExchange::new(self.session.nvshmem.clone(), self.session.module.clone(), halos.clone(), PathPolicy::Auto)?;
-        let me = self.session.nvshmem.my_pe();
-        let home = synthetic::random_values(&halos, 1, true);
-        pe.rank().upload_coordinates(&home[me])?;
-        pe.rank().f.fill_bytes(0)?;
-        let stream = pe.stream().clone();
-        time_steps(&stream, self.warmup, self.repeats, |_| {
-            pe.barrier()?;
-            {
-                let io = [(pe.rank(), comm, pe.stream())];
-                nccl::coordinates(api, &io)?;
-                nccl::forces(api, &io)?;
-            }
-            pe.finish()?;
-            Ok(())
-        })
-    }
-}
-
 /// Every PE joins one NCCL communicator (rank = PE). Collective: the PEs exchange whether NCCL
 /// loaded and PE 0's unique id through `halo launch`'s rendezvous, so either every PE measures
 /// NCCL or none does (a PE measuring alone would wait for its peer forever).
-fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<NcclComm>> {
+fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<Vec<NcclComm>>> {
     let me = session.nvshmem.my_pe();
     let loaded = Nccl::load().map_err(|e| e.to_string());
     let id = match (&loaded, me) {
@@ -287,7 +202,7 @@ fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<NcclComm>> {
     if let Some((pe, Err(why))) = ok.iter().enumerate().find(|(_, r)| r.is_err()) {
         return Ok(Err(format!("PE {pe}: {why}")));
     }
-    Ok(comm.map(|c| (api, c)))
+    Ok(comm.map(|c| (api, vec![c])))
 }
 
 pub fn run(args: CalibrateArgs) -> Result<()> {
@@ -309,7 +224,16 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
             println!("PE {} on GPU {} ({}), level to the other PE: {level}", env.rank, env.device, found.name);
             let nccl = pe_nccl(&session)?;
-            let mut m = PeMeasurer { session, names, level, nccl, warmup: args.warmup, repeats: args.repeats };
+            let mut plan: Vec<Planned> = [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged]
+                .into_iter()
+                .map(|transport| Planned::Measure { transport, level })
+                .collect();
+            plan.push(match &nccl {
+                Ok(_) => Planned::Measure { transport: Transport::Nccl, level },
+                Err(why) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
+            });
+            let placements = vec![(level, Placement::pe(&session, PathPolicy::Auto))];
+            let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
             (calibrate::calibrate(&mut m, &sizes, &host, &created), env.rank == 0)
         }
         _ => {
@@ -322,7 +246,22 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let names = found.iter().map(|f| f.name.clone()).collect();
             println!("{} GPU(s) in one process; GPU 0 - GPU 1: {}", modules.len(), pair_level.map_or("-".into(), |l| l.to_string()));
             let nccl = local_nccl(&modules);
-            let mut m = LocalMeasurer { modules, names, pair_level, nccl, warmup: args.warmup, repeats: args.repeats };
+            let mut placements = vec![(DistanceLevel::SameGpu, Placement::Local(modules[..1].to_vec()))];
+            placements.extend(pair_level.map(|level| (level, Placement::Local(modules[..2].to_vec()))));
+            let mut plan = Vec::new();
+            for (level, _) in &placements {
+                for transport in [Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged] {
+                    plan.push(Planned::Measure { transport, level: *level });
+                }
+            }
+            plan.push(Planned::Skip { transport: Transport::NvshmemPut, reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into() });
+            // NCCL allows one rank per GPU: measured between GPUs 0 and 1 only.
+            plan.push(match (&nccl, pair_level) {
+                (Ok(_), Some(level)) => Planned::Measure { transport: Transport::Nccl, level },
+                (Err(why), _) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
+                (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
+            });
+            let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
             (calibrate::calibrate(&mut m, &sizes, &host, &created), true)
         }
     };

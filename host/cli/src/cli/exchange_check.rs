@@ -4,9 +4,9 @@
 
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
-use halo::exchange::pe::{PathPolicy, PeExchange};
+use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{LocalRanks, RankHalo, Transport, reference};
+use halo::exchange::{Placement, RankHalo, Transport, reference};
 use halo::gpu::{self, DeviceMemory, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
@@ -164,62 +164,16 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo exchange-check needs a GPU: {reason}");
     }
+    if args.inject_skip_rank.is_some() {
+        bail!("--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together");
+    }
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
     let modules = (0..gpu::device_count())
         .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
     println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
     let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
-    let list = match &routing {
-        Some(r) if args.transport.is_empty() => vec![r.transport],
-        _ => transports(args, false),
-    };
-    for transport in list {
-        let mut ranks = LocalRanks::new(halos.clone(), &modules)?;
-        for r in ranks.ranks_mut() {
-            r.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
-        }
-        let mut worst = 0.0f64;
-        let mut checked = 0u64;
-        for step in 0..args.steps {
-            if step % args.check_every != 0 {
-                ranks.launch_coordinates(transport)?;
-                ranks.launch_forces(transport)?;
-                continue;
-            }
-            ranks.finish().with_context(|| format!("{} before step {step}", transport.name()))?;
-            checked += 1;
-            let home = synthetic::random_values(&halos, args.seed * 1_000_003 + step, true);
-            let forces = synthetic::random_values(&halos, args.seed * 7_000_003 + step, false);
-            for (r, rank) in ranks.ranks().iter().enumerate() {
-                rank.x.fill_bytes(0xFF)?;
-                rank.upload_coordinates(&home[r])?;
-                rank.f.copy_from_host(&forces[r])?;
-            }
-            ranks.launch_coordinates(transport)?;
-            ranks.launch_forces(transport)?;
-            ranks.finish().with_context(|| format!("{} step {step}", transport.name()))?;
-            let (want_x, want_f) = (reference::coordinates(&halos, &home), reference::forces(&halos, &forces));
-            let (xs, fs) = (ranks.coordinates()?, ranks.forces()?);
-            for r in 0..halos.len() {
-                worst = worst.max(compare(r, step, &xs[r], &want_x[r], &fs[r], &want_f[r])?);
-            }
-        }
-        ranks.finish()?;
-        println!(
-            "{:>16}: {} steps, {checked} checked, OK on every rank (coordinates bit-exact, forces max rel err {worst:.1e}), {} host syncs",
-            transport.name(),
-            args.steps,
-            ranks.host_syncs()
-        );
-    }
-    if let Some(r) = routing {
-        debug_assert_eq!(r.plans.len(), r.routers.len());
-        for router in &r.routers {
-            println!("{}", router.summary());
-        }
-    }
-    Ok(())
+    check(args, &halos, &Placement::Local(modules), routing, false)
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
@@ -239,54 +193,75 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         session.nvshmem.version(),
         session.nvshmem.library_path().display()
     );
+    check(args, &halos, &Placement::pe(&session, policy), routing, true)
+}
+
+/// Every transport of the list on the ranks `placement` puts here: fresh random data every
+/// `--check-every` steps, exchanged both ways and compared with the CPU reference on every local
+/// rank; the steps between only exchange.
+fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, routing: Option<Routing>, nvshmem: bool) -> Result<()> {
     let list = match &routing {
         Some(r) if args.transport.is_empty() => vec![r.transport],
-        _ => transports(args, true),
+        _ => transports(args, nvshmem),
     };
     for transport in list {
-        let mut pe = PeExchange::new(session.nvshmem.clone(), session.module.clone(), halos.clone(), policy)?;
-        pe.rank_mut().set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
-        if let Err(e) = pe.check_transport(transport) {
+        let mut x = placement.exchange::<Float3>(halos.to_vec())?;
+        x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
+        if let Err(e) = x.check_transport(transport) {
             println!("{:>16}: skipped here: {e}", transport.name());
             continue;
         }
-        let mut worst = 0.0f64;
-        let mut checked = 0u64;
+        // Test only: the rank that never launches (its peers must time out with a clear error).
+        let silent = x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
+        let (mut worst, mut checked, mut exchange_syncs) = (0.0f64, 0u64, 0u64);
         for step in 0..args.steps {
-            if step % args.check_every != 0 {
+            let check = step % args.check_every == 0;
+            let (home, forces) = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
-                pe.launch_coordinates(transport)?;
-                pe.launch_forces(transport)?;
+                x.finish().with_context(|| format!("{} before step {step}", transport.name()))?;
+                x.barrier()?;
+                checked += 1;
+                let home = synthetic::random_values(halos, args.seed * 1_000_003 + step, true);
+                let forces = synthetic::random_values(halos, args.seed * 7_000_003 + step, false);
+                for rank in x.local_ranks() {
+                    rank.x.fill_bytes(0xFF)?;
+                    rank.upload_coordinates(&home[rank.rank()])?;
+                    rank.f.copy_from_host(&forces[rank.rank()])?;
+                }
+                x.barrier()?; // every PE's inputs are in place before anyone exchanges
+                (home, forces)
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            let before = x.host_syncs();
+            if !silent {
+                x.exchange_forward(transport)?;
+                x.exchange_reverse_accumulate(transport)?;
+            }
+            exchange_syncs += x.host_syncs() - before;
+            if !check {
                 continue;
             }
-            pe.finish().with_context(|| format!("{} before step {step}", transport.name()))?;
-            pe.barrier()?;
-            checked += 1;
-            let home = synthetic::random_values(&halos, args.seed * 1_000_003 + step, true);
-            let forces = synthetic::random_values(&halos, args.seed * 7_000_003 + step, false);
-            pe.rank().x.fill_bytes(0xFF)?;
-            pe.rank().upload_coordinates(&home[me])?;
-            pe.rank().f.copy_from_host(&forces[me])?;
-            pe.barrier()?; // every PE's inputs are in place before anyone exchanges
-            if args.inject_skip_rank != Some(me) {
-                pe.launch_coordinates(transport)?;
-                pe.launch_forces(transport)?;
+            x.finish().with_context(|| format!("{} step {step}", transport.name()))?;
+            let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &forces));
+            let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
+            for (i, rank) in x.local_ranks().iter().enumerate() {
+                let r = rank.rank();
+                worst = worst.max(compare(r, step, &xs[i], &want_x[r], &fs[i], &want_f[r])?);
             }
-            pe.finish().with_context(|| format!("{} step {step}", transport.name()))?;
-            let (want_x, want_f) = (reference::coordinates(&halos, &home), reference::forces(&halos, &forces));
-            worst = worst.max(compare(me, step, &pe.coordinates()?, &want_x[me], &pe.forces()?, &want_f[me])?);
-            pe.barrier()?; // nobody overwrites a peer's halo before it has been checked
+            x.barrier()?; // nobody overwrites a peer's halo before it has been checked
         }
-        pe.finish()?;
+        x.finish()?;
         println!(
-            "{:>16}: {} steps, {checked} checked, OK (coordinates bit-exact, forces max rel err {worst:.1e}), {} host syncs in the exchange",
+            "{:>16}: {} steps, {checked} checked, OK on {} (coordinates bit-exact, forces max rel err {worst:.1e}), {exchange_syncs} host syncs in the exchange",
             transport.name(),
             args.steps,
-            pe.host_syncs().saturating_sub(2 * checked + 1)
+            if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) },
         );
     }
     if let Some(r) = routing {
+        debug_assert_eq!(r.plans.len(), r.routers.len());
         for router in &r.routers {
             println!("{}", router.summary());
         }

@@ -1,0 +1,193 @@
+//! One interface for ranks in one process ([`LocalRanks`]) and ranks across NVSHMEM PEs
+//! ([`PeExchange`]), so that a per-step driver (the MD step, the exchange check, calibration, the
+//! benchmark) is written once: build the exchange from a [`Placement`], then call [`Exchange`]'s
+//! per-step operations on it, whichever way the ranks are spread.
+//!
+//! The "local ranks" of an exchange are the ranks this process drives: every rank for
+//! [`LocalRanks`], this PE's one rank for [`PeExchange`]. [`Exchange::local_ranks`]`()[i]` is
+//! global rank [`RankExchange::rank`], and runs on [`Exchange::streams`]`()[i]`. Collective
+//! operations ([`Exchange::barrier`], [`Placement::all_gather`]) are no-ops or identities in one
+//! process; across PEs every PE must call them in the same order.
+
+use super::local::LocalRanks;
+use super::pe::{PathPolicy, PeExchange};
+use super::rank::RankExchange;
+use super::spec::RankHalo;
+use super::{Element, Transport};
+use crate::error::{HaloError, Result};
+use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
+use crate::launch::rendezvous;
+use crate::nvshmem::Nvshmem;
+use crate::session::PeSession;
+use kernels_gpu::abi::Float3;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The per-step operations every driver needs, over the ranks of this process.
+pub trait Exchange<T: Element = Float3> {
+    /// The ranks this process drives (all of them, or this PE's one).
+    fn local_ranks(&self) -> &[RankExchange<T>];
+    /// Mutable access to them (wait timeout, graph capture).
+    fn local_ranks_mut(&mut self) -> &mut [RankExchange<T>];
+    /// The exchange stream of each local rank, in the same order.
+    fn streams(&self) -> &[Arc<CudaStream>];
+    /// Whether `transport` can run with these ranks and their peers (decided identically on
+    /// every PE, so either all launch or none).
+    fn check_transport(&self, transport: Transport) -> Result<()>;
+    /// One step's forward exchange (gather chain: coordinates, ghost cells) on every local rank,
+    /// enqueued (GPU-initiated transports) or run (staged).
+    fn exchange_forward(&mut self, transport: Transport) -> Result<()>;
+    /// One step's reverse exchange with accumulation (scatter chain: forces), likewise.
+    fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()>;
+    /// Waits for every local stream and turns a device wait timeout into an error.
+    fn finish(&mut self) -> Result<()>;
+    /// Host barrier across PEs; nothing to wait for in one process.
+    fn barrier(&self) -> Result<()>;
+    /// Host synchronisations so far (the staged path's cost; `finish` counts too).
+    fn host_syncs(&self) -> u64;
+    /// Resets the device-side protocol of every local rank and waits for it, so the exchange can
+    /// run again from step 0 (after a timeout, or before replaying captured steps). Across PEs it
+    /// is fenced by barriers: no PE resets while a peer still runs, none runs before all reset.
+    fn reset_protocol(&mut self) -> Result<()>;
+
+    /// Sets the deadline of every device wait of the local ranks.
+    fn set_wait_timeout(&mut self, timeout: Duration) {
+        for r in self.local_ranks_mut() {
+            r.set_wait_timeout(timeout);
+        }
+    }
+
+    /// Each local rank's forward buffer `x`, its first `total_atoms` values (synchronous).
+    fn read_forward(&self) -> Result<Vec<Vec<T>>> {
+        self.local_ranks().iter().map(|r| Ok(r.x.to_host()?[..r.halo().total_atoms].to_vec())).collect()
+    }
+
+    /// Each local rank's reverse buffer `f`, its first `total_atoms` values (synchronous).
+    fn read_reverse(&self) -> Result<Vec<Vec<T>>> {
+        self.local_ranks().iter().map(|r| Ok(r.f.to_host()?[..r.halo().total_atoms].to_vec())).collect()
+    }
+}
+
+impl<T: Element> Exchange<T> for LocalRanks<T> {
+    fn local_ranks(&self) -> &[RankExchange<T>] {
+        self.ranks()
+    }
+    fn local_ranks_mut(&mut self) -> &mut [RankExchange<T>] {
+        self.ranks_mut()
+    }
+    fn streams(&self) -> &[Arc<CudaStream>] {
+        LocalRanks::streams(self)
+    }
+    fn check_transport(&self, transport: Transport) -> Result<()> {
+        LocalRanks::check_transport(self, transport)
+    }
+    fn exchange_forward(&mut self, transport: Transport) -> Result<()> {
+        LocalRanks::exchange_forward(self, transport)
+    }
+    fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()> {
+        LocalRanks::exchange_reverse_accumulate(self, transport)
+    }
+    fn finish(&mut self) -> Result<()> {
+        LocalRanks::finish(self)
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+    fn host_syncs(&self) -> u64 {
+        LocalRanks::host_syncs(self)
+    }
+    fn reset_protocol(&mut self) -> Result<()> {
+        LocalRanks::reset_protocol(self)
+    }
+}
+
+impl<T: Element> Exchange<T> for PeExchange<T> {
+    fn local_ranks(&self) -> &[RankExchange<T>] {
+        std::slice::from_ref(self.rank())
+    }
+    fn local_ranks_mut(&mut self) -> &mut [RankExchange<T>] {
+        std::slice::from_mut(self.rank_mut())
+    }
+    fn streams(&self) -> &[Arc<CudaStream>] {
+        std::slice::from_ref(self.stream())
+    }
+    fn check_transport(&self, transport: Transport) -> Result<()> {
+        PeExchange::check_transport(self, transport)
+    }
+    fn exchange_forward(&mut self, transport: Transport) -> Result<()> {
+        PeExchange::exchange_forward(self, transport)
+    }
+    fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()> {
+        PeExchange::exchange_reverse_accumulate(self, transport)
+    }
+    fn finish(&mut self) -> Result<()> {
+        PeExchange::finish(self)
+    }
+    fn barrier(&self) -> Result<()> {
+        PeExchange::barrier(self)
+    }
+    fn host_syncs(&self) -> u64 {
+        PeExchange::host_syncs(self)
+    }
+    fn reset_protocol(&mut self) -> Result<()> {
+        PeExchange::reset_protocol(self)
+    }
+}
+
+/// Where the ranks of a decomposition run, and so which exchange serves them.
+#[derive(Clone)]
+pub enum Placement {
+    /// Every rank in this process: rank `r` on `modules[r % modules.len()]` (one loaded module per
+    /// GPU), exchanged by [`LocalRanks`].
+    Local(Vec<Arc<KernelModule>>),
+    /// One rank per NVSHMEM PE, this process being PE `nvshmem.my_pe()`, exchanged by
+    /// [`PeExchange`] (every PE builds the same exchanges in the same order).
+    Pe {
+        /// This PE.
+        nvshmem: Arc<Nvshmem>,
+        /// The kernels, registered with NVSHMEM.
+        module: Arc<KernelModule>,
+        /// How pulses reach their peers.
+        policy: PathPolicy,
+    },
+}
+
+impl Placement {
+    /// This PE of a started session ([`PeSession::start`]), with `policy`.
+    pub fn pe(session: &PeSession, policy: PathPolicy) -> Self {
+        Placement::Pe { nvshmem: session.nvshmem.clone(), module: session.module.clone(), policy }
+    }
+
+    /// The same placement with another path policy (PEs only; ranks in one process reach every
+    /// peer directly).
+    pub fn with_policy(&self, policy: PathPolicy) -> Self {
+        match self {
+            Placement::Local(m) => Placement::Local(m.clone()),
+            Placement::Pe { nvshmem, module, .. } => Placement::Pe { nvshmem: nvshmem.clone(), module: module.clone(), policy },
+        }
+    }
+
+    /// The exchange of `halos` (every rank's, the same complete list on every PE) for the ranks
+    /// placed here. Collective across PEs.
+    pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
+        Ok(match self {
+            Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
+            Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, *policy)?),
+        })
+    }
+
+    /// Every rank's bytes, indexed by rank, from `mine` (one entry per local rank, in
+    /// [`Exchange::local_ranks`] order): `mine` itself in one process; across PEs an all-gather
+    /// under `tag` through `halo launch`'s rendezvous (small host data: search steps, checks).
+    pub fn all_gather(&self, tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Placement::Local(_) => Ok(mine),
+            Placement::Pe { .. } => {
+                let [one] = <[Vec<u8>; 1]>::try_from(mine)
+                    .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
+                rendezvous::all_gather(tag, &one)
+                    .map_err(|e| HaloError::InvalidInput(format!("gathering {tag} across PEs (needs `halo launch`): {e}")))
+            }
+        }
+    }
+}
