@@ -232,19 +232,19 @@ fn md_plan() -> HaloPlan {
 #[test]
 fn corrupted_md_plans_are_refused_with_the_rank_and_pulse() {
     let mut p = md_plan();
-    p.ranks[1].pulses[0].send_rank = 1;
+    p.ranks[1].pulses[0].spec.send_rank = 1;
     let e = p.validate().expect_err("neighbour").to_string();
     assert!(e.contains("rank 1 pulse 0: its send rank is 1, but the grid gives 0"), "{e}");
 
     let mut p = md_plan();
-    p.ranks[2].pulses[1].recv_size += 4;
+    p.ranks[2].pulses[1].spec.recv_size += 4;
     let e = p.validate().expect_err("sizes").to_string();
     assert!(e.contains("expects") || e.contains("atom_offset"), "{e}");
 
     let mut p = md_plan();
-    let hi = p.ranks[0].pulses[1].atom_offset as u32;
+    let hi = p.ranks[0].pulses[1].spec.atom_offset as u32;
     // Replaced, not appended: an extra entry would first be caught as a size mismatch.
-    p.ranks[0].pulses[1].index_map[0] = hi + 1000;
+    p.ranks[0].pulses[1].spec.index_map[0] = hi + 1000;
     let e = p.validate().expect_err("index").to_string();
     assert!(e.contains("index map entry") && e.contains("outside the atoms this pulse may send"), "{e}");
 

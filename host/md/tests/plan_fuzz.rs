@@ -180,19 +180,19 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
         2 => plan.ranks[r].total_atoms = vz % (plan.ranks[r].total_atoms + 5),
         3 => plan.ranks[r].pulses[pi].dim = vz % 5,
         4 => plan.ranks[r].pulses[pi].pulse_in_dim = vz % 5,
-        5 => plan.ranks[r].pulses[pi].send_rank = vz % (nr + 2),
-        6 => plan.ranks[r].pulses[pi].recv_rank = vz % (nr + 2),
+        5 => plan.ranks[r].pulses[pi].spec.send_rank = vz % (nr + 2),
+        6 => plan.ranks[r].pulses[pi].spec.recv_rank = vz % (nr + 2),
         // An index outside what the pulse may send: at or above the top of its sendable range.
         7 => {
             let rp = &plan.ranks[r];
             let p = &rp.pulses[pi];
             let hi = if p.pulse_in_dim == 0 || pi == 0 {
-                p.atom_offset
+                p.spec.atom_offset
             } else {
-                rp.pulses[pi - 1].atom_offset + rp.pulses[pi - 1].recv_size
+                rp.pulses[pi - 1].spec.atom_offset + rp.pulses[pi - 1].spec.recv_size
             } as u64;
             let bad = (hi + v % (u64::from(u32::MAX) - hi + 1)) as u32;
-            let map = &mut plan.ranks[r].pulses[pi].index_map;
+            let map = &mut plan.ranks[r].pulses[pi].spec.index_map;
             if map.is_empty() {
                 map.push(bad);
             } else {
@@ -202,7 +202,7 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
         }
         // A duplicated entry.
         8 => {
-            let map = &mut plan.ranks[r].pulses[pi].index_map;
+            let map = &mut plan.ranks[r].pulses[pi].spec.index_map;
             match map.len() {
                 0 => return false,
                 1 => map.push(map[0]),
@@ -213,16 +213,23 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
             }
         }
         9 => {
-            let map = &mut plan.ranks[r].pulses[pi].index_map;
+            let map = &mut plan.ranks[r].pulses[pi].spec.index_map;
             if map.pop().is_none() {
                 map.push(0);
             }
         }
-        10 => plan.ranks[r].pulses[pi].recv_size = vz % (plan.ranks[r].total_atoms + 5),
-        11 => plan.ranks[r].pulses[pi].atom_offset = vz % (plan.ranks[r].total_atoms + 5),
-        12 => plan.ranks[r].pulses[pi].peer_atom_offset = vz % (plan.ranks[r].total_atoms + 5),
-        13 => plan.ranks[r].pulses[pi].use_shift ^= true,
-        14 => plan.ranks[r].pulses[pi].shift[vz % 3] = x,
+        10 => plan.ranks[r].pulses[pi].spec.recv_size = vz % (plan.ranks[r].total_atoms + 5),
+        11 => plan.ranks[r].pulses[pi].spec.atom_offset = vz % (plan.ranks[r].total_atoms + 5),
+        12 => plan.ranks[r].pulses[pi].spec.peer_atom_offset = vz % (plan.ranks[r].total_atoms + 5),
+        // The periodic shift switched on (zero) or off, or one component changed.
+        13 => {
+            let shift = &mut plan.ranks[r].pulses[pi].spec.shift;
+            *shift = if shift.is_some() { None } else { Some(Float3::default()) };
+        }
+        14 => {
+            let s = plan.ranks[r].pulses[pi].spec.shift.get_or_insert(Float3::default());
+            *[&mut s.x, &mut s.y, &mut s.z][vz % 3] = x;
+        }
         15 => {
             if np == 0 {
                 return false;
@@ -232,8 +239,12 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
         16 => {
             if np == 0 {
                 plan.ranks[r].pulses.push(halo::decomp::PulsePlan {
-                    dim: 0, pulse_in_dim: 0, send_rank: 0, recv_rank: 0, index_map: vec![], recv_size: 0,
-                    atom_offset: 0, peer_atom_offset: 0, use_shift: false, shift: [0.0; 3],
+                    dim: 0,
+                    pulse_in_dim: 0,
+                    spec: halo::exchange::PulseSpec {
+                        send_rank: 0, recv_rank: 0, index_map: vec![], recv_size: 0,
+                        atom_offset: 0, peer_atom_offset: 0, shift: None, accumulate_forces: true,
+                    },
                 });
             } else {
                 let p = plan.ranks[r].pulses[pi].clone();
@@ -296,17 +307,17 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
 fn remap_entry(plan: &mut HaloPlan, r: usize, pi: usize, pick: impl Fn(usize) -> usize, v: usize) -> bool {
     let rp = &plan.ranks[r];
     let Some(p) = rp.pulses.get(pi) else { return false };
-    if p.index_map.is_empty() {
+    if p.spec.index_map.is_empty() {
         return false;
     }
     let (lo, hi) = sendable(rp, pi);
-    let free: Vec<u32> = (lo..hi).filter(|i| !p.index_map.contains(i)).collect();
+    let free: Vec<u32> = (lo..hi).filter(|i| !p.spec.index_map.contains(i)).collect();
     if free.is_empty() {
         return false;
     }
-    let k = pick(p.index_map.len());
+    let k = pick(p.spec.index_map.len());
     let new = free[v % free.len()];
-    plan.ranks[r].pulses[pi].index_map[k] = new;
+    plan.ranks[r].pulses[pi].spec.index_map[k] = new;
     true
 }
 
@@ -334,10 +345,10 @@ fn relabel_halo_atom(plan: &mut HaloPlan, atoms: usize, r: usize, pick: impl Fn(
 fn sendable(rank: &halo::decomp::RankPlan, pi: usize) -> (u32, u32) {
     let p = &rank.pulses[pi];
     let (lo, hi) = if p.pulse_in_dim == 0 || pi == 0 {
-        (0, p.atom_offset)
+        (0, p.spec.atom_offset)
     } else {
         let before = &rank.pulses[pi - 1];
-        (before.atom_offset, before.atom_offset.saturating_add(before.recv_size))
+        (before.spec.atom_offset, before.spec.atom_offset.saturating_add(before.spec.recv_size))
     };
     // Mutation sequences can leave huge sizes behind: clamp, an empty range just means no edit.
     (lo.min(u32::MAX as usize) as u32, hi.min(u32::MAX as usize) as u32)
@@ -449,8 +460,8 @@ fn huge_corrupted_sizes_are_rejected_without_allocating_by_them() {
     assert_eq!(plan.decomposition().expect("geometry").pulses[0], 2, "two pulses along x");
     let huge = 1usize << 45;
     let r = &mut plan.ranks[0];
-    r.pulses[0].recv_size = huge;
-    r.pulses[1].atom_offset = r.pulses[0].atom_offset + huge;
+    r.pulses[0].spec.recv_size = huge;
+    r.pulses[1].spec.atom_offset = r.pulses[0].spec.atom_offset + huge;
     let e = plan.validate().expect_err("sizes disagree");
     assert!(!e.to_string().is_empty());
 }

@@ -233,21 +233,21 @@ proptest! {
         let p = &mut r.pulses[pulse];
         match kind {
             // An index out of range (appended if the map is empty: the sizes then disagree too).
-            0 => match p.index_map.first_mut() {
+            0 => match p.spec.index_map.first_mut() {
                 Some(i) => *i = total + 3,
-                None => p.index_map.push(total + 3),
+                None => p.spec.index_map.push(total + 3),
             },
-            1 => p.recv_size += 1 + pulse,
+            1 => p.spec.recv_size += 1 + pulse,
             2 => { r.pulses.remove(pulse); }
-            3 => p.peer_atom_offset += 1,
-            4 => p.send_rank = rank,
+            3 => p.spec.peer_atom_offset += 1,
+            4 => p.spec.send_rank = rank,
             5 => { plan.ranks.pop(); }
             // A global id the system does not have (only the check against the system sees it).
             6 => match r.global_ids.first_mut() {
                 Some(g) => *g = atoms as u32 + 1,
                 None => r.global_ids.push(atoms as u32 + 1),
             },
-            _ => p.atom_offset += 1,
+            _ => p.spec.atom_offset += 1,
         }
         let structural = plan.validate();
         let against_system = structural.clone().and_then(|()| plan.validate_atoms(atoms));
@@ -295,7 +295,7 @@ fn several_pulses_and_empty_pulses_occur() {
     let plan = HaloPlan::build(&sys, RankGrid::new([3, 3, 2]).unwrap(), cutoff).unwrap();
     plan.validate().unwrap();
     assert_eq!(plan.decomposition().unwrap().pulses, [2, 2, 1]);
-    let empty = plan.ranks.iter().flat_map(|r| &r.pulses).filter(|p| p.index_map.is_empty()).count();
+    let empty = plan.ranks.iter().flat_map(|r| &r.pulses).filter(|p| p.spec.index_map.is_empty()).count();
     assert!(empty > 0);
     check_coverage(&plan, &sys.positions).unwrap();
     assign_pairs(&plan, &sys, cutoff).unwrap();

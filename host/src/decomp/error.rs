@@ -136,23 +136,17 @@ pub enum PlanError {
         expected: usize,
     },
     /// The periodic shift is not what the rank's position implies.
-    #[error(
-        "rank {rank} pulse {pulse}: shift is (use {use_shift}, {shift:?}) but should be \
-         (use {expected_use}, {expected_shift:?})"
-    )]
+    #[error("rank {rank} pulse {pulse}: shift is {shift:?} but should be {expected:?}")]
     Shift {
         /// The rank.
         rank: usize,
         /// Flat pulse index.
         pulse: usize,
-        /// The flag found.
-        use_shift: bool,
-        /// The shift found.
-        shift: [f32; 3],
-        /// The flag expected.
-        expected_use: bool,
-        /// The shift expected.
-        expected_shift: [f32; 3],
+        /// The shift found (`None`: no shift).
+        shift: Option<[f32; 3]>,
+        /// The shift expected: the box row along the pulse's dimension on the first rank along
+        /// it, else `None`.
+        expected: Option<[f32; 3]>,
     },
     /// Two neighbours disagree on how many atoms a pulse carries.
     #[error(

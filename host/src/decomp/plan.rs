@@ -42,37 +42,32 @@ pub struct RankPlan {
     pub pulses: Vec<PulsePlan>,
 }
 
-/// One pulse on one rank. Coordinates go to `send_rank` and come from `recv_rank`; forces travel
-/// the other way.
+/// One pulse on one rank: where it sits in the decomposition, and what the exchange moves.
+///
+/// In `spec`, coordinates go to `send_rank` (one step down along `dim`) and come from `recv_rank`
+/// (one step up); forces travel the other way; `index_map` is ascending; `shift` is the box row
+/// along `dim` when this rank is first along `dim` (its atoms cross the periodic boundary on the
+/// way down), else `None`; received forces are always accumulated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PulsePlan {
     /// Dimension (0 = x, 1 = y, 2 = z).
     pub dim: usize,
     /// Index of this pulse within its dimension.
     pub pulse_in_dim: usize,
-    /// Rank that receives this pulse's coordinates (one step down along `dim`).
-    pub send_rank: usize,
-    /// Rank that sends this pulse's coordinates here (one step up along `dim`).
-    pub recv_rank: usize,
-    /// Local indices of the atoms sent, ascending; `send_size` is its length.
-    pub index_map: Vec<u32>,
-    /// Atoms received from `recv_rank`.
-    pub recv_size: usize,
-    /// Where this pulse's received atoms start locally.
-    pub atom_offset: usize,
-    /// `send_rank`'s `atom_offset` for this pulse: where the sent atoms land there.
-    pub peer_atom_offset: usize,
-    /// Whether `shift` is added to the sent coordinates (this rank is first along `dim`, so
-    /// its atoms cross the periodic boundary on the way down).
-    pub use_shift: bool,
-    /// The box row along `dim` when `use_shift`, else zero.
-    pub shift: [f32; 3],
+    /// The pulse as the exchange consumes it.
+    #[serde(flatten)]
+    pub spec: PulseSpec,
 }
 
 impl PulsePlan {
     /// Atoms sent (coordinates) and received back (forces).
     pub fn send_size(&self) -> usize {
-        self.index_map.len()
+        self.spec.index_map.len()
+    }
+
+    /// The periodic shift along `dim` (zero when the pulse does not cross the boundary).
+    pub fn shift_along_dim(&self) -> f32 {
+        self.spec.shift.map_or(0.0, |s| [s.x, s.y, s.z][self.dim])
     }
 }
 
@@ -89,24 +84,7 @@ impl HaloPlan {
     pub fn rank_halos(&self) -> Vec<RankHalo> {
         self.ranks
             .iter()
-            .map(|r| RankHalo {
-                home_atoms: r.home_atoms,
-                total_atoms: r.total_atoms,
-                pulses: r
-                    .pulses
-                    .iter()
-                    .map(|p| PulseSpec {
-                        send_rank: p.send_rank,
-                        recv_rank: p.recv_rank,
-                        index_map: p.index_map.clone(),
-                        recv_size: p.recv_size,
-                        atom_offset: p.atom_offset,
-                        peer_atom_offset: p.peer_atom_offset,
-                        shift: p.use_shift.then(|| Float3::new(p.shift[0], p.shift[1], p.shift[2])),
-                        accumulate_forces: true,
-                    })
-                    .collect(),
-            })
+            .map(|r| RankHalo { home_atoms: r.home_atoms, total_atoms: r.total_atoms, pulses: r.pulses.iter().map(|p| p.spec.clone()).collect() })
             .collect()
     }
 
@@ -197,19 +175,21 @@ impl HaloPlan {
                     pulses[s].push(PulsePlan {
                         dim: d,
                         pulse_in_dim: p,
-                        send_rank: to,
-                        recv_rank: grid.neighbour(s, d, 1),
-                        index_map: map.clone(),
-                        recv_size: 0,
-                        atom_offset: offsets[s],
-                        peer_atom_offset: offsets[to],
-                        use_shift,
-                        shift,
+                        spec: PulseSpec {
+                            send_rank: to,
+                            recv_rank: grid.neighbour(s, d, 1),
+                            index_map: map.clone(),
+                            recv_size: 0,
+                            atom_offset: offsets[s],
+                            peer_atom_offset: offsets[to],
+                            shift: use_shift.then(|| Float3::new(shift[0], shift[1], shift[2])),
+                            accumulate_forces: true,
+                        },
                     });
                 }
                 for (r, atoms) in received.into_iter().enumerate() {
                     if let Some(last) = pulses[r].last_mut() {
-                        last.recv_size = atoms.len();
+                        last.spec.recv_size = atoms.len();
                     }
                     prev[r] = (offsets[r], atoms.len());
                     local[r].extend(atoms);
@@ -268,18 +248,28 @@ mod tests {
         let r0 = &plan.ranks[0];
         assert_eq!(r0.global_ids[..r0.home_atoms], [0, 1]);
         // Pulse 0: rank 1 sends all its home atoms (cell narrower than the cutoff) down to rank 0.
-        assert_eq!((r0.pulses[0].recv_rank, r0.pulses[0].recv_size, r0.pulses[0].atom_offset), (1, 2, 2));
+        assert_eq!((r0.pulses[0].spec.recv_rank, r0.pulses[0].spec.recv_size, r0.pulses[0].spec.atom_offset), (1, 2, 2));
         // Pulse 1: rank 1 forwards the rank-2 atoms it got that lie within 1.4 nm of x = 1 (x < 2.4).
-        assert_eq!(r0.pulses[1].recv_size, 1);
+        assert_eq!(r0.pulses[1].spec.recv_size, 1);
         assert_eq!(r0.global_ids, vec![0, 1, 2, 3, 4]);
         // Rank 0 sends to rank 2 across the boundary, with the box added.
-        let p0 = &r0.pulses[0];
-        assert_eq!((p0.send_rank, p0.use_shift, p0.shift), (2, true, [3.0, 0.0, 0.0]));
-        assert_eq!(p0.peer_atom_offset, plan.ranks[2].pulses[0].atom_offset);
+        let p0 = &r0.pulses[0].spec;
+        assert_eq!((p0.send_rank, p0.shift), (2, Some(Float3::new(3.0, 0.0, 0.0))));
+        assert_eq!(p0.peer_atom_offset, plan.ranks[2].pulses[0].spec.atom_offset);
         let r2 = &plan.ranks[2];
         // Rank 2 (cell [2,3)) gets atoms 0 and 1 (x+3 = 3.2, 3.9 < 4.4), then atom 2 (4.1) forwarded.
         assert_eq!(r2.global_ids, vec![4, 5, 0, 1, 2]);
         assert_eq!(plan.num_pulses(), 2);
+    }
+
+    #[test]
+    fn plans_round_trip_through_json_with_the_shift_as_an_array() {
+        let plan = HaloPlan::from_positions(&line(&[0.2, 0.9, 1.1, 1.6, 2.3, 2.8]), [3.0; 3], RankGrid::new([3, 1, 1]).unwrap(), 1.4).unwrap();
+        let text = serde_json::to_string(&plan).unwrap();
+        assert!(text.contains(r#""shift":[3.0,0.0,0.0]"#) && text.contains(r#""shift":null"#), "{text}");
+        assert!(text.contains(r#""dim":0,"pulse_in_dim":0,"send_rank":2"#), "the pulse's fields stay flat: {text}");
+        assert_eq!(serde_json::from_str::<HaloPlan>(&text).unwrap(), plan);
+        assert_eq!(plan.rank_halos()[0].pulses[0], plan.ranks[0].pulses[0].spec);
     }
 
     #[test]

@@ -53,47 +53,46 @@ impl HaloPlan {
                     });
                 }
                 for (role, found, expected) in
-                    [("send", p.send_rank, grid.neighbour(rank, dim, -1)), ("receive", p.recv_rank, grid.neighbour(rank, dim, 1))]
+                    [("send", p.spec.send_rank, grid.neighbour(rank, dim, -1)), ("receive", p.spec.recv_rank, grid.neighbour(rank, dim, 1))]
                 {
                     if found != expected {
                         return Err(PlanError::Neighbour { rank, pulse, role, found, expected });
                     }
                 }
-                let expected_use = coords[dim] == 0;
-                let mut expected_shift = [0.0; 3];
-                if expected_use {
-                    expected_shift[dim] = self.box_size[dim];
+                let mut row = [0.0; 3];
+                row[dim] = self.box_size[dim];
+                let expected = (coords[dim] == 0).then_some(row);
+                let found = p.spec.shift.map(|s| [s.x, s.y, s.z]);
+                if found != expected {
+                    return Err(PlanError::Shift { rank, pulse, shift: found, expected });
                 }
-                if p.use_shift != expected_use || p.shift != expected_shift {
-                    return Err(PlanError::Shift { rank, pulse, use_shift: p.use_shift, shift: p.shift, expected_use, expected_shift });
+                let peer = &self.ranks[p.spec.send_rank].pulses[pulse];
+                if peer.spec.recv_rank != rank {
+                    return Err(PlanError::NotMutual { rank, pulse, peer: p.spec.send_rank, peer_source: peer.spec.recv_rank });
                 }
-                let peer = &self.ranks[p.send_rank].pulses[pulse];
-                if peer.recv_rank != rank {
-                    return Err(PlanError::NotMutual { rank, pulse, peer: p.send_rank, peer_source: peer.recv_rank });
-                }
-                if p.send_size() != peer.recv_size {
+                if p.send_size() != peer.spec.recv_size {
                     return Err(PlanError::SizeMismatch {
                         rank,
                         pulse,
                         send_size: p.send_size(),
-                        peer: p.send_rank,
-                        peer_recv_size: peer.recv_size,
+                        peer: p.spec.send_rank,
+                        peer_recv_size: peer.spec.recv_size,
                     });
                 }
-                if p.peer_atom_offset != peer.atom_offset {
-                    return Err(PlanError::PeerOffset { rank, pulse, found: p.peer_atom_offset, peer: p.send_rank, expected: peer.atom_offset });
+                if p.spec.peer_atom_offset != peer.spec.atom_offset {
+                    return Err(PlanError::PeerOffset { rank, pulse, found: p.spec.peer_atom_offset, peer: p.spec.send_rank, expected: peer.spec.atom_offset });
                 }
-                if p.atom_offset != end {
-                    return Err(PlanError::Offset { rank, pulse, found: p.atom_offset, expected: end });
+                if p.spec.atom_offset != end {
+                    return Err(PlanError::Offset { rank, pulse, found: p.spec.atom_offset, expected: end });
                 }
                 // What this pulse may send: everything so far (pulse 0), or pulse p-1's arrivals.
                 let (lo, hi) = if pid == 0 {
-                    (0, p.atom_offset)
+                    (0, p.spec.atom_offset)
                 } else {
                     let before = &r.pulses[pulse - 1];
-                    (before.atom_offset, before.atom_offset + before.recv_size)
+                    (before.spec.atom_offset, before.spec.atom_offset + before.spec.recv_size)
                 };
-                for (entry, &index) in p.index_map.iter().enumerate() {
+                for (entry, &index) in p.spec.index_map.iter().enumerate() {
                     let i = index as usize;
                     if i < lo || i >= hi {
                         return Err(PlanError::IndexOutOfRange { rank, pulse, entry, index, lo, hi });
@@ -101,12 +100,12 @@ impl HaloPlan {
                 }
                 // Duplicates by sorting a copy, not by a bitmap of [lo, hi): a corrupted receive
                 // size can make that range far larger than memory (found by tests/plan_fuzz.rs).
-                let mut sorted = p.index_map.clone();
+                let mut sorted = p.spec.index_map.clone();
                 sorted.sort_unstable();
                 if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
                     return Err(PlanError::DuplicateIndex { rank, pulse, index: w[0] });
                 }
-                end = end.checked_add(p.recv_size).ok_or(PlanError::TooManyAtoms { atoms: usize::MAX })?;
+                end = end.checked_add(p.spec.recv_size).ok_or(PlanError::TooManyAtoms { atoms: usize::MAX })?;
             }
             if r.total_atoms != end {
                 return Err(PlanError::AtomCount { rank, what: "total_atoms", found: r.total_atoms, expected: end });
@@ -130,12 +129,12 @@ impl HaloPlan {
     fn validate_identity(&self) -> Result<(), PlanError> {
         for r in &self.ranks {
             for (pulse, p) in r.pulses.iter().enumerate() {
-                let peer = p.send_rank;
-                let Some(landing) = self.ranks.get(peer).and_then(|q| q.pulses.get(pulse)).map(|q| q.atom_offset) else {
+                let peer = p.spec.send_rank;
+                let Some(landing) = self.ranks.get(peer).and_then(|q| q.pulses.get(pulse)).map(|q| q.spec.atom_offset) else {
                     return Err(PlanError::PulseCount { rank: peer, found: 0, expected: pulse + 1 });
                 };
                 let received = &self.ranks[peer].global_ids;
-                for (entry, &index) in p.index_map.iter().enumerate() {
+                for (entry, &index) in p.spec.index_map.iter().enumerate() {
                     let slot = landing + entry;
                     let (Some(&sent_id), Some(&received_id)) = (r.global_ids.get(index as usize), received.get(slot)) else {
                         return Err(PlanError::AtomCount {
@@ -191,7 +190,7 @@ impl HaloPlan {
     pub fn max_pulse_extent(&self) -> usize {
         self.ranks
             .iter()
-            .flat_map(|r| r.pulses.iter().map(|p| p.send_size().max(p.recv_size)))
+            .flat_map(|r| r.pulses.iter().map(|p| p.send_size().max(p.spec.recv_size)))
             .max()
             .unwrap_or(0)
     }
@@ -221,12 +220,12 @@ mod tests {
     #[test]
     fn corruptions_are_named() {
         let mut p = plan();
-        let limit = p.ranks[1].pulses[0].atom_offset as u32;
-        p.ranks[1].pulses[0].index_map[0] = limit;
+        let limit = p.ranks[1].pulses[0].spec.atom_offset as u32;
+        p.ranks[1].pulses[0].spec.index_map[0] = limit;
         assert!(matches!(p.validate(), Err(PlanError::IndexOutOfRange { rank: 1, pulse: 0, .. })));
 
         let mut p = plan();
-        p.ranks[2].pulses[1].recv_size += 1;
+        p.ranks[2].pulses[1].spec.recv_size += 1;
         assert!(matches!(p.validate(), Err(PlanError::SizeMismatch { .. } | PlanError::Offset { .. })), "{:?}", p.validate());
 
         let mut p = plan();
@@ -234,11 +233,11 @@ mod tests {
         assert!(matches!(p.validate(), Err(PlanError::PulseCount { rank: 0, .. })));
 
         let mut p = plan();
-        p.ranks[0].pulses[0].peer_atom_offset += 1;
+        p.ranks[0].pulses[0].spec.peer_atom_offset += 1;
         assert!(matches!(p.validate(), Err(PlanError::PeerOffset { .. })));
 
         let mut p = plan();
-        let m = &mut p.ranks[4].pulses[0].index_map;
+        let m = &mut p.ranks[4].pulses[0].spec.index_map;
         m[1] = m[0];
         assert!(matches!(p.validate(), Err(PlanError::DuplicateIndex { .. })));
 
@@ -247,7 +246,8 @@ mod tests {
         assert!(matches!(p.validate(), Err(PlanError::AtomCount { .. })));
 
         let mut p = plan();
-        p.ranks[5].pulses[0].use_shift = !p.ranks[5].pulses[0].use_shift;
+        let shift = &mut p.ranks[5].pulses[0].spec.shift;
+        *shift = if shift.is_some() { None } else { Some(kernels_gpu::abi::Float3::new(1.0, 0.0, 0.0)) };
         assert!(matches!(p.validate(), Err(PlanError::Shift { .. })));
 
         // A home atom swapped with a halo atom: the atom that arrived is no longer the one sent.
@@ -266,11 +266,11 @@ mod tests {
         let (rank, pulse) = (1, 2);
         let r = &mut p.ranks[rank];
         assert_eq!((r.pulses[pulse].dim, r.pulses[pulse].pulse_in_dim), (1, 0));
-        let unmapped = (0..r.pulses[pulse].atom_offset as u32).find(|i| !r.pulses[pulse].index_map.contains(i)).unwrap();
+        let unmapped = (0..r.pulses[pulse].spec.atom_offset as u32).find(|i| !r.pulses[pulse].spec.index_map.contains(i)).unwrap();
         let sent_id = r.global_ids[unmapped as usize];
-        r.pulses[pulse].index_map[0] = unmapped;
+        r.pulses[pulse].spec.index_map[0] = unmapped;
         let e = p.validate().unwrap_err();
-        let peer = p.ranks[rank].pulses[pulse].send_rank;
+        let peer = p.ranks[rank].pulses[pulse].spec.send_rank;
         match e {
             PlanError::HaloIdentity { rank: 1, pulse: 2, entry: 0, index, sent_id: s, peer: q, received_id, .. } => {
                 assert_eq!((index, s, q), (unmapped, sent_id, peer));

@@ -6,7 +6,7 @@ use kernels_gpu::abi::Float3;
 
 /// One pulse of one rank's halo. Coordinates (the forward direction) go to `send_rank` and come
 /// from `recv_rank`; forces (the reverse direction) travel the other way.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PulseSpec {
     /// Rank that receives this pulse's coordinates.
     pub send_rank: usize,
@@ -21,9 +21,24 @@ pub struct PulseSpec {
     /// `send_rank`'s `atom_offset` for this pulse (where the sent atoms land there).
     pub peer_atom_offset: usize,
     /// Periodic shift added to the packed coordinates, when the pulse crosses the boundary.
+    #[serde(with = "shift_as_array")]
     pub shift: Option<Float3>,
     /// Received forces are added to (true) or replace (false) the mapped atoms' forces.
     pub accumulate_forces: bool,
+}
+
+/// `shift` as `null` or `[x, y, z]` (`Float3`, shared with the kernels, has no serde).
+mod shift_as_array {
+    use kernels_gpu::abi::Float3;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(shift: &Option<Float3>, s: S) -> Result<S::Ok, S::Error> {
+        shift.map(|v| [v.x, v.y, v.z]).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Float3>, D::Error> {
+        Ok(Option::<[f32; 3]>::deserialize(d)?.map(|[x, y, z]| Float3::new(x, y, z)))
+    }
 }
 
 /// One rank's whole halo: its home atoms and pulses in execution order (dimension-major).

@@ -113,19 +113,19 @@ fn table(system: &MolecularSystem, plan: &HaloPlan, pulses: [usize; 3]) -> Strin
         }
         let _ = writeln!(s, "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  shift", "pulse", "dim", "p", "to", "from", "send", "recv", "offset", "peer-offset");
         for (k, p) in r.pulses.iter().enumerate() {
-            let shift = if p.use_shift { format!("+{:.3} {}", p.shift[p.dim], DIM_NAMES[p.dim]) } else { "-".into() };
+            let shift = if p.spec.shift.is_some() { format!("+{:.3} {}", p.shift_along_dim(), DIM_NAMES[p.dim]) } else { "-".into() };
             let _ = writeln!(
                 s,
                 "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  {}",
                 k,
                 DIM_NAMES[p.dim],
                 p.pulse_in_dim,
-                p.send_rank,
-                p.recv_rank,
+                p.spec.send_rank,
+                p.spec.recv_rank,
                 p.send_size(),
-                p.recv_size,
-                p.atom_offset,
-                p.peer_atom_offset,
+                p.spec.recv_size,
+                p.spec.atom_offset,
+                p.spec.peer_atom_offset,
                 shift
             );
         }

@@ -78,19 +78,20 @@ fn exchange_x<V: Vector>(plan: &HaloPlan, positions: &[Float3]) -> Result<Vec<Ve
             .iter()
             .map(|r| {
                 let p = &r.pulses[pulse];
-                let shift = V::from_f32(p.shift);
-                p.index_map
+                let shift = p.spec.shift.map(|s| V::from_f32([s.x, s.y, s.z]));
+                p.spec
+                    .index_map
                     .iter()
                     .map(|&i| {
                         let v = x[r.rank][i as usize];
-                        if p.use_shift { v.plus(shift) } else { v }
+                        shift.map_or(v, |s| v.plus(s))
                     })
                     .collect()
             })
             .collect();
         for (r, buf) in plan.ranks.iter().zip(packed) {
-            let to = r.pulses[pulse].send_rank;
-            let off = plan.ranks[to].pulses[pulse].atom_offset;
+            let to = r.pulses[pulse].spec.send_rank;
+            let off = plan.ranks[to].pulses[pulse].spec.atom_offset;
             x[to][off..off + buf.len()].copy_from_slice(&buf);
         }
     }
@@ -114,12 +115,12 @@ fn exchange_f<V: Vector>(plan: &HaloPlan, forces: &[Vec<V>]) -> Result<Vec<Vec<V
             .iter()
             .map(|r| {
                 let p = &r.pulses[pulse];
-                f[r.rank][p.atom_offset..p.atom_offset + p.recv_size].to_vec()
+                f[r.rank][p.spec.atom_offset..p.spec.atom_offset + p.spec.recv_size].to_vec()
             })
             .collect();
         for (r, buf) in plan.ranks.iter().zip(sent) {
-            let to = r.pulses[pulse].recv_rank;
-            for (v, &i) in buf.iter().zip(&plan.ranks[to].pulses[pulse].index_map) {
+            let to = r.pulses[pulse].spec.recv_rank;
+            for (v, &i) in buf.iter().zip(&plan.ranks[to].pulses[pulse].spec.index_map) {
                 let slot = &mut f[to][i as usize];
                 *slot = slot.plus(*v);
             }

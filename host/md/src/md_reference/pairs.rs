@@ -70,12 +70,12 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
     for pulse in 0..plan.num_pulses() {
         for r in &plan.ranks {
             let p = &r.pulses[pulse];
-            let to = p.send_rank;
-            let off = plan.ranks[to].pulses[pulse].atom_offset;
-            for (k, &i) in p.index_map.iter().enumerate() {
+            let to = p.spec.send_rank;
+            let off = plan.ranks[to].pulses[pulse].spec.atom_offset;
+            for (k, &i) in p.spec.index_map.iter().enumerate() {
                 let mut img = image[r.rank][i as usize];
                 // At most one shift per dimension in a valid plan; saturate rather than overflow.
-                img[p.dim] = img[p.dim].saturating_add(i8::from(p.use_shift));
+                img[p.dim] = img[p.dim].saturating_add(i8::from(p.spec.shift.is_some()));
                 image[to][off + k] = img;
             }
         }
