@@ -446,7 +446,7 @@ pub fn run_local(
     for &t in transports {
         if !runs_in_one_process(t) {
             return Err(HaloError::InvalidInput(format!(
-                "the {} transport needs NVSHMEM: run one rank per GPU with `stencil3d launch -n N -- ...`",
+                "the {} transport needs NVSHMEM: run one rank per GPU with `halo launch -n N --exe stencil3d -- ...`",
                 t.name()
             )));
         }

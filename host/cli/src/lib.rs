@@ -1,5 +1,5 @@
 //! The `halo` command on top of the `halo` library: one module per subcommand ([`cli`]), the
-//! benchmarks and their plots ([`bench`]), and the process launcher of `halo launch` ([`launch`]).
+//! benchmarks and their plots ([`mod@bench`]), and the process launcher of `halo launch` ([`launch`]).
 //! The binary (`src/main.rs`) only calls [`cli::main`].
 
 pub mod bench;

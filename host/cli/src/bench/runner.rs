@@ -1,7 +1,7 @@
 //! The measurement loops. One process drives every rank (`LocalRanks`, over the visible GPUs),
 //! or each process drives its own rank (`PeExchange` under `halo launch` / mpirun / srun); both
 //! go through the library's [`Exchange`] interface, so the variant loop and the timing code are
-//! written once ([`run_variants`]); only the floor probes differ.
+//! written once (`run_variants`); only the floor probes differ.
 //!
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
 //! only, and the full exchange, each between two events on every rank stream (the slowest rank

@@ -4,7 +4,7 @@
 //! What the launcher guarantees:
 //! - each rank gets `HALO_RANK`, `HALO_NRANKS`, `HALO_LOCAL_RANK`, `HALO_DEVICE` (round-robin over
 //!   the chosen GPUs) and `HALO_RENDEZVOUS_DIR`, a private directory through which rank 0 hands
-//!   NVSHMEM's unique id to the others ([`rendezvous`]); `CUDA_VISIBLE_DEVICES` is left as it is
+//!   NVSHMEM's unique id to the others ([`halo::launch::rendezvous`]); `CUDA_VISIBLE_DEVICES` is left as it is
 //!   because ranks select their GPU by ordinal; `NVSHMEM_DISABLE_NVLS=1` and `NCCL_NVLS_ENABLE=0`
 //!   are set unless already present (NVLink SHARP must stay off on the shared machines);
 //! - every line a rank prints reaches the launcher's stdout/stderr whole, prefixed `[rank N] `;
