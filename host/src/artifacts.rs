@@ -83,10 +83,17 @@ impl KernelArtifacts {
     /// the executable (a bundle) and in the workspace's `target/ptx/`, and otherwise says how to
     /// provide them.
     pub fn locate(arch: &str) -> Result<Self> {
-        if let Some(dir) = std::env::var_os("HALO_PTX_DIR") {
-            return Self::load(Path::new(&dir), arch);
+        let ptx_dir = std::env::var_os("HALO_PTX_DIR").map(PathBuf::from);
+        Self::locate_in(arch, ptx_dir.as_deref(), EMBEDDED, || search_dirs(arch))
+    }
+
+    /// [`Self::locate`] with its inputs explicit: the `HALO_PTX_DIR` folder, the embedded kernels,
+    /// and the folders to search when there are none.
+    fn locate_in(arch: &str, ptx_dir: Option<&Path>, embedded: Option<Embedded>, search: impl FnOnce() -> Vec<PathBuf>) -> Result<Self> {
+        if let Some(dir) = ptx_dir {
+            return Self::load(dir, arch);
         }
-        match EMBEDDED {
+        match embedded {
             Some(e) if e.arch == arch => return Self::embedded(e),
             Some(e) => {
                 return Err(HaloError::MissingPtx {
@@ -96,7 +103,7 @@ impl KernelArtifacts {
             }
             None => {}
         }
-        match search_dirs(arch).into_iter().next() {
+        match search().into_iter().next() {
             Some(dir) => Self::load(&dir, arch),
             None => Err(HaloError::NoKernels { arch: arch.to_string() }),
         }
@@ -205,4 +212,49 @@ fn search_dirs(arch: &str) -> Vec<PathBuf> {
 /// `target/ptx` of the workspace this crate was built in.
 pub fn workspace_ptx_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ptx")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built() -> Embedded {
+        EMBEDDED.expect("this library was built without HALO_SKIP_KERNEL_BUILD, so it embeds its kernels")
+    }
+
+    #[test]
+    fn the_library_embeds_checked_kernels() {
+        let a = KernelArtifacts::embedded(built()).expect("the embedded manifest matches this build");
+        assert_eq!(a.manifest.arch, DEFAULT_ARCH);
+        let ptx = String::from_utf8(a.ptx().expect("embedded").into_owned()).expect("PTX is text");
+        for entry in abi::KERNEL_ENTRIES {
+            assert!(ptx.contains(&format!(".entry {entry}(")), "{entry} missing from the embedded PTX");
+        }
+        assert!(!a.cubin().expect("embedded").is_empty());
+        assert!(a.describe().starts_with("embedded in the halo library"));
+        assert_eq!(a.ptx_location(), PathBuf::from("embedded:halo_kernels.sm_90.ptx"));
+    }
+
+    #[test]
+    fn embedded_kernels_unless_a_folder_is_named() {
+        let none = || -> Vec<PathBuf> { panic!("no search while kernels are embedded") };
+        let a = KernelArtifacts::locate_in(DEFAULT_ARCH, None, Some(built()), none).expect("embedded");
+        assert!(matches!(a.origin, Origin::Embedded(_)));
+        // HALO_PTX_DIR wins, even over embedded kernels, and its error names it.
+        let e = KernelArtifacts::locate_in(DEFAULT_ARCH, Some(Path::new("/nonexistent/ptx")), Some(built()), none).unwrap_err().to_string();
+        assert!(e.contains("no compiled kernels in /nonexistent/ptx") && e.contains("HALO_PTX_DIR"), "{e}");
+        // Another architecture than the embedded one is not silently replaced by it.
+        let e = KernelArtifacts::locate_in("sm_100", None, Some(built()), none).unwrap_err().to_string();
+        assert!(e.contains("it embeds sm_90") && e.contains("halo_kernels.sm_100.manifest.json is missing"), "{e}");
+    }
+
+    #[test]
+    fn without_embedded_kernels_the_error_names_both_ways_out() {
+        let e = KernelArtifacts::locate_in(DEFAULT_ARCH, None, None, Vec::new).unwrap_err().to_string();
+        assert!(e.contains("built without its GPU kernels (HALO_SKIP_KERNEL_BUILD=1)"), "{e}");
+        assert!(e.contains("HALO_PTX_DIR") && e.contains("halo_kernels.sm_90.{ptx,cubin,manifest.json}"), "{e}");
+        // A folder found next to the executable or in target/ptx is used instead.
+        let e = KernelArtifacts::locate_in(DEFAULT_ARCH, None, None, || vec![PathBuf::from("/nonexistent/found")]).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/found"), "{e}");
+    }
 }

@@ -10,7 +10,7 @@
 //! Determinism: proptest seeds its RNG randomly by default, so a rare boundary case could fail one
 //! CI run in a thousand. [`config`] fixes the seed ([`DEFAULT_SEED`]) unless `PROPTEST_RNG_SEED` is
 //! set, so CI runs the same cases every time and a longer hunt is
-//! `PROPTEST_RNG_SEED=<n> PROPTEST_CASES=<m> cargo test -p halo --test plan_props`. Failure
+//! `PROPTEST_RNG_SEED=<n> PROPTEST_CASES=<m> cargo test -p halo-md --test plan_props`. Failure
 //! persistence is off: with a fixed seed a failure reproduces anyway, and a failing case is kept as
 //! a named regression test below (e.g. [`pair_at_the_cutoff_found_by_fuzzing`]), not as a
 //! `proptest-regressions` file that only replays on machines that have it.
