@@ -18,7 +18,9 @@
 
 #![warn(missing_docs)]
 
+mod artifacts;
 mod ptx;
+mod stamp;
 mod tools;
 
 pub use ptx::{Artifacts, Manifest, PtxOptions, build};

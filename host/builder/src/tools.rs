@@ -85,10 +85,8 @@ pub fn ensure_nightly() -> Result<Nightly> {
         }
         Ok(Nightly { sysroot: PathBuf::from(output(&mut cmd, "rustc --print sysroot")?.trim()) })
     };
-    if let Ok(nightly) = sysroot(true) {
-        if nightly.complete() {
-            return Ok(nightly);
-        }
+    if let Some(nightly) = sysroot(true).ok().filter(Nightly::complete) {
+        return Ok(nightly);
     }
     eprintln!("halo-builder: installing {NIGHTLY} with rust-src and llvm-tools (once)");
     run(
@@ -146,10 +144,9 @@ pub fn ptxas(cache: &Path) -> Result<PathBuf> {
             }
         }
     }
-    if let Ok(path) = std::env::var("PATH") {
-        if let Some(p) = std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.exists()) {
-            return Ok(p);
-        }
+    let on_path = std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.exists()));
+    if let Some(p) = on_path {
+        return Ok(p);
     }
     Ok(pip_install(cache, CUDA_NVCC_WHEEL)?.join("nvidia/cu13/bin/ptxas"))
 }

@@ -370,10 +370,15 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
         nccl.get(|| local_nccl(&modules, nranks))
     })?;
     bar.finish_and_clear();
-    Ok(BenchReport {
-        mode: "one process".into(),
+    Ok(report(cfg, "one process".into(), gpu_names(&modules), floor, results))
+}
+
+/// The report of a run: what ran where, the floor, every variant's row.
+fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport, results: Vec<VariantResult>) -> BenchReport {
+    BenchReport {
+        mode,
         ranks: grid_text(cfg.grid),
-        gpus: gpu_names(&modules),
+        gpus,
         halos: format!("{:?}", cfg.halos).to_lowercase(),
         steps: cfg.steps,
         repeats: cfg.repeats,
@@ -381,7 +386,7 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
         command: cfg.command.clone(),
         floor,
         results,
-    })
+    }
 }
 
 /// NCCL communicators for the ranks of one process (one GPU per rank).
@@ -651,18 +656,8 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     drop(nccl);
     nv.barrier_all()?;
     let Some(floor) = floor else { return Ok(None) };
-    Ok(Some(BenchReport {
-        mode: format!("{npes} processes, one GPU each (NVSHMEM)"),
-        ranks: grid_text(cfg.grid),
-        gpus: vec![session.ctx.name().unwrap_or_else(|_| "GPU".into()); npes],
-        halos: format!("{:?}", cfg.halos).to_lowercase(),
-        steps: cfg.steps,
-        repeats: cfg.repeats,
-        warmup: cfg.warmup,
-        command: cfg.command.clone(),
-        floor,
-        results,
-    }))
+    let gpus = vec![session.ctx.name().unwrap_or_else(|_| "GPU".into()); npes];
+    Ok(Some(report(cfg, format!("{npes} processes, one GPU each (NVSHMEM)"), gpus, floor, results)))
 }
 
 /// Every PE joins one NCCL communicator (rank = PE), the unique id travelling over the
