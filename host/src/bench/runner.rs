@@ -18,7 +18,7 @@ use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::{PathPolicy, PeExchange};
 use crate::exchange::{LocalRanks, RankHalo};
-use crate::gpu::{self, CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule};
+use crate::gpu::{self, CudaStream, DeviceBuffer, DeviceMemory, KernelModule};
 use crate::launch::RankEnv;
 use crate::nvshmem::{Nvshmem, SymmetricBuffer};
 use crate::session::PeSession;
@@ -111,10 +111,8 @@ trait Exchanger {
     fn host_syncs(&self) -> u64;
     /// Barrier with the other processes (no-op in one process).
     fn barrier(&self) -> Result<()>;
-    /// Resets the protocol of every rank, everything idle, with barriers around (graph replays).
-    fn reset(&mut self) -> Result<()>;
-    /// Captures the graphs of every local rank.
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>>;
+    /// Captures one step of every phase of every local rank as graphs.
+    fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>>;
 }
 
 /// CPU time of the calling thread (s).
@@ -129,24 +127,22 @@ fn thread_cpu_s() -> f64 {
 }
 
 fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
-    if variant.graph {
-        x.reset()?;
-    } else {
-        x.barrier()?;
-    }
+    x.barrier()?;
     let streams = x.streams();
     let syncs0 = x.host_syncs();
     let cpu0 = thread_cpu_s();
     let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
-    let done = if variant.graph {
-        for g in graphs {
-            g.get(phase).launch().during("replaying a captured step")?;
+    if variant.graph {
+        // One captured step per replay, back to back: no host work between replays.
+        for _ in 0..steps {
+            for g in graphs {
+                g.get(phase).launch().during("replaying a captured step")?;
+            }
         }
-        graphs.first().map_or(steps, |g| g.steps)
     } else {
         x.enqueue(variant.method, phase, steps)?;
-        steps
-    };
+    }
+    let done = steps;
     let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let cpu = thread_cpu_s() - cpu0;
     let syncs = x.host_syncs() - syncs0;
@@ -161,7 +157,7 @@ fn measure(x: &mut dyn Exchanger, variant: Variant, graphs: &[PhaseGraphs], phas
 
 /// Warm-up and timed repeats of one variant: `samples[phase][repeat]`.
 fn bench_variant(x: &mut dyn Exchanger, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
-    let graphs = if variant.graph { x.capture(variant.method, cfg.steps)? } else { Vec::new() };
+    let graphs = if variant.graph { x.capture(variant.method)? } else { Vec::new() };
     let mut out = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
@@ -192,11 +188,12 @@ fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
 }
 
 /// The report row of a variant from its samples.
-fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, steps: usize) -> VariantResult {
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link) -> VariantResult {
     let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
     let step = us(2);
     let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
-    let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, steps));
+    // A graph holds one step and is replayed once per step.
+    let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, 1));
     VariantResult {
         atoms,
         variant: variant.name(),
@@ -284,18 +281,6 @@ struct LocalBench {
     nccl: Option<(Arc<Nccl>, Rc<Vec<NcclComm>>)>,
 }
 
-impl LocalBench {
-    fn contexts(&self) -> Vec<Arc<CudaContext>> {
-        let mut out: Vec<Arc<CudaContext>> = Vec::new();
-        for r in self.ranks.ranks() {
-            if !out.iter().any(|c| c.ordinal() == r.context().ordinal()) {
-                out.push(r.context().clone());
-            }
-        }
-        out
-    }
-}
-
 impl Exchanger for LocalBench {
     fn streams(&self) -> Vec<Arc<CudaStream>> {
         (0..self.ranks.ranks().len()).map(|r| self.ranks.stream(r).clone()).collect()
@@ -323,21 +308,10 @@ impl Exchanger for LocalBench {
         Ok(())
     }
 
-    fn reset(&mut self) -> Result<()> {
-        for r in self.ranks.ranks_mut() {
-            r.reset_protocol()?;
-        }
-        // The resets are memsets outside the rank streams: wait for them on every GPU.
-        for ctx in self.contexts() {
-            ctx.synchronize().during("waiting for the protocol reset")?;
-        }
-        Ok(())
-    }
-
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+    fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
         let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
         let streams = self.streams();
-        self.ranks.ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport, steps)).collect()
+        self.ranks.ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport)).collect()
     }
 }
 
@@ -442,7 +416,7 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
             };
             let mut x = LocalBench { ranks: new_local_ranks(&halos, &modules, cfg)?, nccl };
             let samples = bench_variant(&mut x, variant, cfg, &bar)?;
-            results.push(result_row(atoms, variant, &sizes, &samples, &inputs, link, cfg.steps));
+            results.push(result_row(atoms, variant, &sizes, &samples, &inputs, link));
         }
     }
     bar.finish_and_clear();
@@ -551,7 +525,6 @@ impl PeComm {
 
 struct PeBench {
     pe: PeExchange,
-    nvshmem: Arc<Nvshmem>,
     nccl: Option<(Arc<Nccl>, Rc<NcclComm>)>,
 }
 
@@ -581,20 +554,11 @@ impl Exchanger for PeBench {
         self.pe.barrier()
     }
 
-    fn reset(&mut self) -> Result<()> {
-        // Nobody may still be running the previous replay while a peer resets its slots, and
-        // nobody may start the next one before every peer has reset.
-        self.pe.barrier()?;
-        self.pe.rank_mut().reset_protocol()?;
-        self.nvshmem.context().synchronize().during("waiting for the protocol reset")?;
-        self.pe.barrier()
-    }
-
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+    fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
         let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
         self.pe.check_transport(transport)?;
         let stream = self.pe.stream().clone();
-        Ok(vec![PhaseGraphs::capture(self.pe.rank_mut(), &stream, transport, steps)?])
+        Ok(vec![PhaseGraphs::capture(self.pe.rank_mut(), &stream, transport)?])
     }
 }
 
@@ -733,12 +697,12 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
             } else {
                 None
             };
-            let mut x = PeBench { pe, nvshmem: nv.clone(), nccl };
+            let mut x = PeBench { pe, nccl };
             let samples = bench_variant(&mut x, variant, cfg, &bar)?;
             // The slowest rank counts: elementwise max over ranks.
             let all = comm.all_gather(&flatten(&samples))?;
             let worst: Vec<f64> = (0..all[0].len()).map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
-            results.push(result_row(atoms, variant, &sizes, &unflatten(&worst, cfg.repeats), &inputs, link, cfg.steps));
+            results.push(result_row(atoms, variant, &sizes, &unflatten(&worst, cfg.repeats), &inputs, link));
             drop(x); // symmetric buffers are freed collectively, in the same order on every rank
         }
     }
@@ -806,7 +770,7 @@ mod tests {
         let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
         let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
-        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, 200);
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer);
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
         assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);
