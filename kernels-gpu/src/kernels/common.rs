@@ -296,16 +296,18 @@ impl Step {
 /// [`pulse_flags::SEND_COORD_CREDIT`] to their `recv_pe` ("I have finished reading what you sent
 /// me"; force credits leave earlier, per pulse). Then it records the launch in `state`: the step
 /// counter of `direction` becomes `step.epoch`, and `direction` the last direction. Returns
-/// whether this was the last arrival.
+/// whether this was the last arrival. `puts`: whether credits may go by NVSHMEM (false in the
+/// kernels that require every peer mapped, which then contain no NVSHMEM call at all).
 ///
 /// # Safety
 /// One thread per pulse calls it, after everything its pulse does; `state` and `finished` on this
 /// device (`finished` 0 at launch start), `pulses[0..num_pulses]` and `signals` valid; the put
 /// path as in [`send_credit`].
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn finish_launch(
     pulses: *const PulseMeta, num_pulses: u32, signals: *mut u64, state: *mut ProtocolState, finished: *mut u32,
-    step: Step, direction: Direction,
+    step: Step, direction: Direction, puts: bool,
 ) -> bool {
     let limit = num_pulses - 1;
     // SAFETY: the caller's contract.
@@ -320,7 +322,7 @@ pub unsafe fn finish_launch(
                 // SAFETY: the credit slot of pulse `q` is symmetric; `recv_pe` holds it at the same offset.
                 unsafe {
                     let slot = signals.add(signal_index(SignalSlot::CoordCredit, q, num_pulses));
-                    send_credit(meta.remote_x_credit, slot, step.epoch, meta.recv_pe)
+                    send_credit(meta.remote_x_credit, slot, step.epoch, meta.recv_pe, puts)
                 };
             }
         }
@@ -338,18 +340,19 @@ pub unsafe fn finish_launch(
 }
 
 /// One thread tells a peer that this rank has finished with what it sent (a credit SET to the
-/// step counter): a `st.release.sys` into the peer's slot when it is mapped (`remote != 0`); an
-/// `nvshmem_fence` (a `membar.sys`, ordering this rank's earlier accesses) and an 8-byte put of the
-/// counter into the symmetric `slot` on `pe` otherwise (no remote atomic needed).
+/// step counter): a `st.release.sys` into the peer's slot when it is mapped (`remote != 0`, always
+/// the case when `puts` is false); an `nvshmem_fence` (a `membar.sys`, ordering this rank's
+/// earlier accesses) and an 8-byte put of the counter into the symmetric `slot` on `pe` otherwise
+/// (no remote atomic needed).
 ///
 /// # Safety
-/// `remote` mapped and valid when nonzero; otherwise NVSHMEM initialised, this module registered,
-/// `slot` a symmetric address valid on `pe`.
+/// `remote` mapped and valid when nonzero or `puts` is false; otherwise NVSHMEM initialised, this
+/// module registered, `slot` a symmetric address valid on `pe`.
 #[inline(always)]
-pub unsafe fn send_credit(remote: u64, slot: *mut u64, value: u64, pe: i32) {
+pub unsafe fn send_credit(remote: u64, slot: *mut u64, value: u64, pe: i32, puts: bool) {
     // SAFETY: the caller's contract.
     unsafe {
-        if remote != 0 {
+        if remote != 0 || !puts {
             device::store_release_sys_u64(remote as *mut u64, value);
         } else {
             nvshmem::nvshmem_fence();

@@ -98,7 +98,7 @@ pub unsafe fn fused_coords<T: HaloElement>(
             unsafe {
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
                 let finished = &raw mut (*state).x_finished;
-                finish_launch(pulses, num_pulses, signals, state, finished, step, Direction::Coordinates);
+                finish_launch(pulses, num_pulses, signals, state, finished, step, Direction::Coordinates, true);
             }
         }
     }

@@ -218,7 +218,7 @@ unsafe fn chunked<T: HaloElement, const K: usize>(
             // SAFETY: own receive-X slot; state on this device.
             unsafe {
                 wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
-                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates);
+                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates, false);
             }
         }
     }

@@ -110,13 +110,13 @@ pub unsafe fn fused_forces<T: DeviceElement>(
         if old + 1 == thread::grid_dim_x() {
             if meta.has(pulse_flags::SEND_FORCE_CREDIT) {
                 // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
-                unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe) };
+                unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
             }
             // SAFETY: state on this device; the last arrival sees every row done, so no block still
             // reads the done counters when they are reset (the next launch reads them after the
             // kernel boundary).
             unsafe {
-                if finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).f_finished, step, Direction::Forces) {
+                if finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).f_finished, step, Direction::Forces, true) {
                     for q in 0..n {
                         *done.add(q) = 0;
                     }

@@ -65,7 +65,7 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
             // SAFETY: own_slot is this rank's receive-X slot for the pulse; state on this device.
             unsafe {
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
-                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates);
+                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates, !direct);
             }
         }
     }
