@@ -37,6 +37,7 @@ pub mod credits;
 pub mod local;
 pub mod memory;
 pub mod pe;
+pub mod proxy;
 pub mod rank;
 pub mod reference;
 pub mod spec;
