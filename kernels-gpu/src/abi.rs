@@ -261,12 +261,8 @@ pub struct ProtocolState {
     pub f_epoch: u64,
     /// A [`Direction`]: which halo completed last.
     pub last_direction: u32,
-    /// Pulses of the running coordinate launch that finished (wraps to 0 after all of them).
+    /// Pulses of the running coordinate launch that are delivered (wraps to 0 after all of them).
     pub x_finished: u32,
-    /// Pulses of the running force launch that finished (wraps to 0 after all of them).
-    pub f_finished: u32,
-    /// Keeps the size a multiple of 8.
-    pub reserved: u32,
 }
 
 /// A coordinate or force: three `f32`, 12 bytes, no padding (GROMACS's `float3`/`rvec`).
@@ -463,7 +459,7 @@ const _: () = {
     assert!(offset_of!(PulseMeta, reserved) == 132);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
-    assert!(size_of::<ProtocolState>() == 32 && align_of::<ProtocolState>() == 8);
+    assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);
     assert!(offset_of!(ProtocolState, last_direction) == 16);
     // Bulk copies move whole chunks: a multiple of 16 bytes, 32 lanes x whole elements.
     assert!(TMA_CHUNK_BYTES % 16 == 0);

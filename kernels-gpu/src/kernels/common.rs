@@ -268,10 +268,10 @@ pub struct Step {
 impl Step {
     /// Reads the state for `direction` ([`Direction::Coordinates`] or [`Direction::Forces`]).
     /// Every block reads it before it arrives anywhere; the launch's last arrival advances it
-    /// ([`finish_launch`]), so all blocks of a launch agree.
+    /// ([`record_launch`]), so all blocks of a launch agree.
     ///
     /// # Safety
-    /// `state` valid; written only by [`finish_launch`] of an earlier launch (kernel boundaries
+    /// `state` valid; written only by [`record_launch`] of an earlier launch (kernel boundaries
     /// order it) or by the host while the rank is idle.
     #[inline(always)]
     pub unsafe fn read(state: *const ProtocolState, direction: Direction) -> Self {
@@ -290,44 +290,51 @@ impl Step {
     }
 }
 
-/// Arrival of one pulse's finishing thread on the launch-wide counter `finished` (acq-rel,
-/// wrapping after `num_pulses` arrivals). The last one sees everything every pulse of the launch
-/// did; for a coordinate launch it then sends the coordinate credits of the pulses marked
+/// Arrival of one coordinate pulse's last block (thread 0), once the pulse is packed and
+/// delivered, on the launch-wide counter `state.x_finished` (acq-rel, wrapping after
+/// `num_pulses` arrivals). Call it before the pulse's own receive wait, so it overlaps the hop.
+/// The last arrival sees every read of received coordinates this launch made (all packing is
+/// done); it sends the coordinate credits of the pulses marked
 /// [`pulse_flags::SEND_COORD_CREDIT`] to their `recv_pe` ("I have finished reading what you sent
-/// me"; force credits leave earlier, per pulse). Then it records the launch in `state`: the step
-/// counter of `direction` becomes `step.epoch`, and `direction` the last direction. Returns
-/// whether this was the last arrival. `puts`: whether credits may go by NVSHMEM (false in the
-/// kernels that require every peer mapped, which then contain no NVSHMEM call at all).
+/// me") and records the launch ([`record_launch`]). `puts`: whether credits may go by NVSHMEM
+/// (false in the kernels that require every peer mapped, which then contain no NVSHMEM call).
 ///
 /// # Safety
-/// One thread per pulse calls it, after everything its pulse does; `state` and `finished` on this
-/// device (`finished` 0 at launch start), `pulses[0..num_pulses]` and `signals` valid; the put
-/// path as in [`send_credit`].
+/// One thread per pulse calls it; `state` on this device (`x_finished` 0 at launch start, and
+/// every block of the launch read the state before arriving anywhere), `pulses[0..num_pulses]` and
+/// `signals` valid; the put path as in [`send_credit`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn finish_launch(
-    pulses: *const PulseMeta, num_pulses: u32, signals: *mut u64, state: *mut ProtocolState, finished: *mut u32,
-    step: Step, direction: Direction, puts: bool,
-) -> bool {
+pub unsafe fn finish_coordinates(pulses: *const PulseMeta, num_pulses: u32, signals: *mut u64, state: *mut ProtocolState, step: Step, puts: bool) {
     let limit = num_pulses - 1;
     // SAFETY: the caller's contract.
-    if unsafe { device::atomic_inc_acq_rel_gpu(finished, limit) } != limit {
-        return false;
+    if unsafe { device::atomic_inc_acq_rel_gpu(&raw mut (*state).x_finished, limit) } != limit {
+        return;
     }
-    if direction == Direction::Coordinates {
-        for q in 0..num_pulses {
-            // SAFETY: `num_pulses` valid entries.
-            let meta = unsafe { &*pulses.add(q as usize) };
-            if meta.has(pulse_flags::SEND_COORD_CREDIT) {
-                // SAFETY: the credit slot of pulse `q` is symmetric; `recv_pe` holds it at the same offset.
-                unsafe {
-                    let slot = signals.add(signal_index(SignalSlot::CoordCredit, q, num_pulses));
-                    send_credit(meta.remote_x_credit, slot, step.epoch, meta.recv_pe, puts)
-                };
-            }
+    for q in 0..num_pulses {
+        // SAFETY: `num_pulses` valid entries.
+        let meta = unsafe { &*pulses.add(q as usize) };
+        if meta.has(pulse_flags::SEND_COORD_CREDIT) {
+            // SAFETY: the credit slot of pulse `q` is symmetric; `recv_pe` holds it at the same offset.
+            unsafe {
+                let slot = signals.add(signal_index(SignalSlot::CoordCredit, q, num_pulses));
+                send_credit(meta.remote_x_credit, slot, step.epoch, meta.recv_pe, puts)
+            };
         }
     }
-    // SAFETY: every block of this launch read the state before arriving (see `Step::read`).
+    // SAFETY: as above.
+    unsafe { record_launch(state, step, Direction::Coordinates) };
+}
+
+/// Records a finished launch in `state`: the step counter of `direction` becomes `step.epoch`, and
+/// `direction` the last direction. Plain stores: nothing in this launch reads them again, and the
+/// next launch reads them after the kernel boundary.
+///
+/// # Safety
+/// One thread of the launch calls it, after every block of the launch has read the state (an
+/// acq-rel arrival of every block precedes it); `state` on this device.
+#[inline(always)]
+pub unsafe fn record_launch(state: *mut ProtocolState, step: Step, direction: Direction) {
+    // SAFETY: the caller's contract.
     unsafe {
         if direction == Direction::Forces {
             (*state).f_epoch = step.epoch;
@@ -336,7 +343,6 @@ pub unsafe fn finish_launch(
         }
         (*state).last_direction = direction as u32;
     }
-    true
 }
 
 /// One thread tells a peer that this rank has finished with what it sent (a credit SET to the

@@ -4,10 +4,10 @@
 //! a later pulse first packs its independent atoms (home atoms, index < `dep_offset`), waits for the
 //! signals of every earlier pulse only if one of its atoms came from them, then packs the rest. The
 //! last block of each pulse delivers it and then waits for this rank's own incoming pulse, so the
-//! kernel's end means every halo coordinate has landed. The last pulse to finish advances the
-//! rank's coordinate step counter and sends the coordinate credits.
+//! kernel's end means every halo coordinate has landed. The last pulse to be delivered advances
+//! the rank's coordinate step counter and sends the coordinate credits.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_launch, pack_subset, shift_of, wait_signal};
+use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
 use crate::abi::{
     Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus,
     pulse_flags, signal_index,
@@ -94,11 +94,11 @@ pub unsafe fn fused_coords<T: HaloElement>(
         };
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: own receive-X slot; then the launch-wide arrival (state and counters on this device).
+            // SAFETY: the launch-wide arrival (state on this device), overlapping the hop; then
+            // this rank's own receive-X slot.
             unsafe {
+                finish_coordinates(pulses, num_pulses, signals, state, step, true);
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
-                let finished = &raw mut (*state).x_finished;
-                finish_launch(pulses, num_pulses, signals, state, finished, step, Direction::Coordinates, true);
             }
         }
     }

@@ -14,7 +14,7 @@
 //! aligned, and the tail after the last full chunk are stored by the lanes directly. The same holds
 //! for every element type.
 
-use super::common::{Step, WaitSite, finish_launch, shift_of, shifted, wait_signal};
+use super::common::{Step, WaitSite, finish_coordinates, shift_of, shifted, wait_signal};
 use crate::abi::{
     Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
     tma_chunk_atoms,
@@ -215,10 +215,10 @@ unsafe fn chunked<T: HaloElement, const K: usize>(
             // SAFETY: mapped peer slot; release.sys publishes what this thread observed.
             unsafe { device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch) };
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: own receive-X slot; state on this device.
+            // SAFETY: state on this device; own receive-X slot.
             unsafe {
+                finish_coordinates(pulses, num_pulses, signals, state, step, false);
                 wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
-                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates, false);
             }
         }
     }

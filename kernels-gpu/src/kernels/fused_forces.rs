@@ -14,17 +14,20 @@
 //! 2. wait for `send_pe`'s signal, then accumulate the forces it pushed into the local receive
 //!    slot into `f` through the map (local reads only: nothing is fetched over NVLink);
 //! 3. count themselves done; the last block of the row sends the force credit where the pulse
-//!    needs one, and the last row to finish advances the force step counter and resets the done
-//!    counters for the next launch (so the grid may change between launches).
+//!    needs one; the last block of pulse 0's row, always the launch's last, advances the force
+//!    step counter and resets the done counters for the next launch (so the grid may change
+//!    between launches).
 
-use super::common::{DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, finish_launch, put_and_signal, send_credit, wait_local_counter, wait_signal};
+use super::common::{
+    DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, put_and_signal, record_launch, send_credit, wait_local_counter, wait_signal,
+};
 use crate::abi::{Direction, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags, signal_index};
 use crate::device::{self, thread};
 
 /// `signals` are this rank's slots ([`SignalSlot`] order), `state` its protocol state (the step
 /// counter is read there). `counters[n..2n]` count push arrivals per pulse (zero at launch start,
 /// wrapping back to 0 by themselves); `counters[2n..3n]` count blocks done per pulse (zero at
-/// launch start, reset by the launch's last arrival).
+/// launch start, reset by the launch's last block).
 ///
 /// # Safety
 /// Metadata from a validated plan (direct: peers mapped; put: NVSHMEM, symmetric buffers).
@@ -101,7 +104,7 @@ pub unsafe fn fused_forces<T: DeviceElement>(
         i += thread::grid_stride_x();
     }
 
-    // 3. Done: the last block of the row frees send_pe's slot (credit) and arrives launch-wide.
+    // 3. Done: the last block of the row frees send_pe's slot (credit where needed).
     // SAFETY: every thread reaches it; the block's reads and atomics come before thread 0's release.
     unsafe { device::sync_threads() };
     if tid0 {
@@ -112,14 +115,17 @@ pub unsafe fn fused_forces<T: DeviceElement>(
                 // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
                 unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
             }
-            // SAFETY: state on this device; the last arrival sees every row done, so no block still
-            // reads the done counters when they are reset (the next launch reads them after the
-            // kernel boundary).
-            unsafe {
-                if finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).f_finished, step, Direction::Forces, true) {
+            // Pulse 0's row is always the launch's last to finish: its push waited until every
+            // other row was done. So its last block sees every block's arrival (each read the
+            // state first, and no block reads the done counters any more): it resets them for the
+            // next launch (which reads them after the kernel boundary) and records the launch.
+            if pulse == 0 {
+                // SAFETY: state and counters on this device.
+                unsafe {
                     for q in 0..n {
                         *done.add(q) = 0;
                     }
+                    record_launch(state, step, Direction::Forces);
                 }
             }
         }

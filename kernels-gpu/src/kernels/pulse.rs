@@ -3,7 +3,7 @@
 //! Launched pulse after pulse in stream order, so later pulses see earlier pulses' atoms without
 //! any dependency wait inside the kernel.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_launch, pack_subset, shift_of, wait_signal};
+use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
 use super::fused_coords::await_coord_credit;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
 use crate::device::thread;
@@ -14,7 +14,7 @@ use crate::device::thread;
 /// staging slot and the last block puts it into the peer's `x` at `peer_atom_offset`, signalled as
 /// `signal_mode` says. The kernel ends once this rank's own slot holds the step counter, i.e. its
 /// incoming halo has landed. The step counter comes from `state`; the last block of each pulse's
-/// launch arrives on its launch-wide counter, so the launch of the last pulse advances it and
+/// launch arrives on the launch-wide counter, so the launch of the last pulse advances it and
 /// sends the coordinate credits (the earlier pulses' launches finished before it, in stream
 /// order). `counters[pulse]` is zero at launch start and wraps back to 0 by itself.
 ///
@@ -62,10 +62,10 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
         };
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: own_slot is this rank's receive-X slot for the pulse; state on this device.
+            // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
             unsafe {
+                finish_coordinates(pulses, num_pulses, signals, state, step, !direct);
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
-                finish_launch(pulses, num_pulses, signals, state, &raw mut (*state).x_finished, step, Direction::Coordinates, !direct);
             }
         }
     }
