@@ -281,25 +281,20 @@ fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
                 rank.upload_coordinates(&home[r]).unwrap();
                 rank.f.copy_from_host(&f0[r]).unwrap();
             }
-            // Coordinates only.
-            let gate = Gate::close(&module, ranks.stream(2));
-            for _ in 0..STEPS {
-                ranks.launch_coordinates(transport).unwrap();
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            gate.open();
-            ranks.finish().unwrap_or_else(|e| panic!("{test}, coordinates: {e}"));
-            gate.check();
+            // Rank 2 starts late; the others queue STEPS launches of one direction and run ahead.
+            let mut late_rank_2 = |forces: bool| {
+                let gate = Gate::close(&module, ranks.stream(2));
+                for _ in 0..STEPS {
+                    if forces { ranks.launch_forces(transport) } else { ranks.launch_coordinates(transport) }.unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                gate.open();
+                ranks.finish().unwrap_or_else(|e| panic!("{test}, forces only {forces}: {e}"));
+                gate.check();
+            };
+            late_rank_2(false);
+            late_rank_2(true);
             check_coordinates(&test, &ranks, &halos, &home);
-            // Forces only.
-            let gate = Gate::close(&module, ranks.stream(2));
-            for _ in 0..STEPS {
-                ranks.launch_forces(transport).unwrap();
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            gate.open();
-            ranks.finish().unwrap_or_else(|e| panic!("{test}, forces: {e}"));
-            gate.check();
             check_forces(&test, &ranks, &forces_after(&halos, &f0, STEPS));
         }
     }

@@ -143,6 +143,34 @@ unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut 
     false
 }
 
+/// The bounded spin of both waits: `relaxed()` until it returns at least `expected`, then one
+/// `acquire()`; the clock and the timeout flag only every [`WAIT_CHECK_INTERVAL`] polls.
+///
+/// # Safety
+/// `status` valid; `relaxed` and `acquire` read a valid location.
+#[inline(always)]
+unsafe fn spin_until(
+    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+) -> bool {
+    let mut started = None;
+    loop {
+        let mut polls = WAIT_CHECK_INTERVAL;
+        let mut seen = 0;
+        while polls > 0 {
+            seen = relaxed();
+            if seen >= expected {
+                acquire();
+                return true;
+            }
+            polls -= 1;
+        }
+        // SAFETY: `status` valid.
+        if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
+            return false;
+        }
+    }
+}
+
 /// Spin until `*slot >= expected`, then acquire. Slots hold step counters that only grow (each
 /// SET by one peer to its counter, or by the host to [`crate::abi::SIGNAL_UNSET`] while idle), so
 /// a value above `expected` means step `expected` arrived too (docs/protocol.md, "Monotonic
@@ -163,24 +191,11 @@ unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut 
 /// `slot` valid and 8-byte aligned (local or a peer's); `status` valid. One thread per wait.
 #[inline(always)]
 pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
-    let mut started = None;
-    loop {
-        let mut polls = WAIT_CHECK_INTERVAL;
-        let mut seen = 0;
-        while polls > 0 {
-            // SAFETY: the caller guarantees `slot`.
-            seen = unsafe { device::load_relaxed_sys_u64(slot) };
-            if seen >= expected {
-                // SAFETY: as above; the value is not needed, only the acquire.
-                unsafe { device::load_acquire_sys_u64(slot) };
-                return true;
-            }
-            polls -= 1;
-        }
-        // SAFETY: `status` valid.
-        if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
-            return false;
-        }
+    // SAFETY: the caller guarantees `slot` and `status`; the acquire's value is not needed.
+    unsafe {
+        spin_until(expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
+            device::load_acquire_sys_u64(slot);
+        })
     }
 }
 
@@ -193,24 +208,11 @@ pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, stat
 #[inline(always)]
 pub unsafe fn wait_local_counter(ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32) -> bool {
     let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
-    let mut started = None;
-    loop {
-        let mut polls = WAIT_CHECK_INTERVAL;
-        let mut seen = 0;
-        while polls > 0 {
-            // SAFETY: the caller guarantees `ptr`.
-            seen = unsafe { device::load_relaxed_gpu_u32(ptr) };
-            if seen >= expected {
-                // SAFETY: as above.
-                unsafe { device::load_acquire_gpu_u32(ptr) };
-                return true;
-            }
-            polls -= 1;
-        }
-        // SAFETY: `status` valid.
-        if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected as u64, seen as u64) } {
-            return false;
-        }
+    // SAFETY: the caller guarantees `ptr` and `status`.
+    unsafe {
+        spin_until(expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
+            device::load_acquire_gpu_u32(ptr);
+        })
     }
 }
 
