@@ -194,3 +194,255 @@ fn generic_element_types_exchange_like_coordinates() {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Protocol v4 (issue 15): monotonic signals, credits, device-resident step counters, pushed forces.
+
+/// Integer-valued values (sums are exact in any order, so accumulated forces compare bit for bit).
+fn integer_values(halos: &[RankHalo], seed: u64, home_only: bool) -> Vec<Vec<Float3>> {
+    random_elements(halos, seed, home_only, |r| {
+        let mut c = || r.random_range(-8i32..=8) as f32;
+        Float3::new(c(), c(), c())
+    })
+}
+
+/// `k` force-only steps on the CPU: each step adds every rank's halo forces into their owners.
+fn forces_after(halos: &[RankHalo], f0: &[Vec<Float3>], k: usize) -> Vec<Vec<Float3>> {
+    (0..k).fold(f0.to_vec(), |f, _| reference::forces(halos, &f))
+}
+
+/// Holds a stream at a one-thread kernel spinning on a flag until the host opens it, so the
+/// launches queued behind it start late (a slow rank, on purpose).
+struct Gate {
+    flag: halo::gpu::DeviceBuffer<u64>,
+    _answer: halo::gpu::DeviceBuffer<u64>,
+    status: halo::gpu::DeviceBuffer<halo::abi::WaitStatus>,
+}
+
+impl Gate {
+    fn close(module: &halo::gpu::KernelModule, stream: &halo::gpu::CudaStream) -> Self {
+        use halo::gpu::DeviceBuffer;
+        let ctx = module.context();
+        let (flag, answer, status) =
+            (DeviceBuffer::<u64>::zeroed(ctx, 1).unwrap(), DeviceBuffer::<u64>::zeroed(ctx, 1).unwrap(), DeviceBuffer::zeroed(ctx, 1).unwrap());
+        let (mut own, mut peer, mut rounds, mut initiator) = (flag.device_ptr(), answer.device_ptr(), 1u32, 0u32);
+        let (mut timeout, mut st) = (20_000_000_000u64, status.device_ptr());
+        let mut args = halo::kernel_args![own, peer, rounds, initiator, timeout, st];
+        let shape = halo::gpu::LaunchShape { grid: (1, 1), block: 1, shared_bytes: 0 };
+        // SAFETY: arguments match `signal_ping_pong`; the three buffers outlive the kernel (the
+        // test waits for every stream before dropping the gate).
+        unsafe { module.launch(halo::abi::SIGNAL_PING_PONG, shape, stream, &mut args) }.unwrap();
+        Self { flag, _answer: answer, status }
+    }
+
+    fn open(&self) {
+        self.flag.copy_from_host(&[1]).unwrap();
+    }
+
+    fn check(&self) {
+        assert_eq!(self.status.to_host().unwrap()[0].timed_out, 0, "the gate kernel timed out");
+    }
+}
+
+fn check_coordinates(test: &str, ranks: &LocalRanks, halos: &[RankHalo], home: &[Vec<Float3>]) {
+    let want = reference::coordinates(halos, home);
+    for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
+        assert_eq!(bits(got), bits(&want[r]), "{test}: coordinates of rank {r}");
+    }
+}
+
+fn check_forces(test: &str, ranks: &LocalRanks, want: &[Vec<Float3>]) {
+    for (r, got) in ranks.forces().unwrap().iter().enumerate() {
+        assert_eq!(bits(got), bits(&want[r]), "{test}: forces of rank {r}");
+    }
+}
+
+/// Defect 1: on a ring of three, rank 2 starts late while ranks 0 and 1 run ahead. Before the
+/// fix, rank 0's step 2 overwrote rank 2's slot (and pushed over its data) before rank 2 had seen
+/// step 1, and rank 2's `==` wait timed out. Now slots compare `>=` and a fast sender waits for the
+/// receiver's credit. Coordinate-only and force-only loops, one and two pulses, every transport.
+#[test]
+fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
+    const STEPS: usize = 6;
+    let Some(g) = gpu_or_skip("a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank") else { return };
+    let module = Arc::new(g.module);
+    for pulses in [1, 2] {
+        let halos = synthetic::halos(shape([3, 1, 1], pulses, 700), 21);
+        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+            let test = format!("ring of 3, {pulses} pulse(s), {transport:?}");
+            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+            for r in ranks.ranks_mut() {
+                r.set_wait_timeout(Duration::from_secs(3));
+            }
+            let home = integer_values(&halos, 3, true);
+            let f0 = integer_values(&halos, 4, false);
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF).unwrap();
+                rank.upload_coordinates(&home[r]).unwrap();
+                rank.f.copy_from_host(&f0[r]).unwrap();
+            }
+            // Rank 2 starts late; the others queue STEPS launches of one direction and run ahead.
+            let mut late_rank_2 = |forces: bool| {
+                let gate = Gate::close(&module, ranks.stream(2));
+                for _ in 0..STEPS {
+                    if forces { ranks.launch_forces(transport) } else { ranks.launch_coordinates(transport) }.unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                gate.open();
+                ranks.finish().unwrap_or_else(|e| panic!("{test}, forces only {forces}: {e}"));
+                gate.check();
+            };
+            late_rank_2(false);
+            late_rank_2(true);
+            check_coordinates(&test, &ranks, &halos, &home);
+            check_forces(&test, &ranks, &forces_after(&halos, &f0, STEPS));
+        }
+    }
+}
+
+/// One direction at a time for many steps, the home values changing every step on the GPU (no
+/// host work in between): rings of three and 2x2x2, where credits bound the fast senders, and two
+/// ranks, where the step's own signals do. Checked at the end against the CPU reference.
+#[test]
+fn one_direction_loops_with_changing_data_end_right() {
+    const STEPS: usize = 200;
+    let Some(g) = gpu_or_skip("one_direction_loops_with_changing_data_end_right") else { return };
+    let module = Arc::new(g.module);
+    for (name, halos) in [
+        ("ring of 3 x 2 pulses", synthetic::halos(shape([3, 1, 1], 2, 900), 31)),
+        ("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 600), 32)),
+        ("2 ranks x 2 pulses", synthetic::halos(shape([2, 1, 1], 2, 900), 33)),
+    ] {
+        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+            let test = format!("{name}, {transport:?}");
+            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+            let home0 = integer_values(&halos, 5, true);
+            let f0 = integer_values(&halos, 6, false);
+            let mut bumps = Vec::new();
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF).unwrap();
+                rank.upload_coordinates(&home0[r]).unwrap();
+                rank.f.copy_from_host(&f0[r]).unwrap();
+                let n = halos[r].home_atoms;
+                let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
+                let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
+                bumps.push((ones, map));
+            }
+            for _ in 0..STEPS {
+                // Every home coordinate += 1 on the rank's stream, then the coordinate halo.
+                for (r, (ones, map)) in bumps.iter().enumerate() {
+                    halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
+                }
+                ranks.launch_coordinates(transport).unwrap();
+            }
+            for _ in 0..STEPS / 4 {
+                ranks.launch_forces(transport).unwrap();
+            }
+            ranks.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+            let home: Vec<Vec<Float3>> =
+                home0.iter().map(|h| h.iter().map(|v| *v + Float3::new(STEPS as f32, STEPS as f32, STEPS as f32)).collect()).collect();
+            check_coordinates(&test, &ranks, &halos, &home);
+            check_forces(&test, &ranks, &forces_after(&halos, &f0, STEPS / 4));
+            for r in ranks.ranks() {
+                let s = r.protocol_state().unwrap();
+                assert_eq!((s.x_epoch, s.f_epoch), (STEPS as u64, (STEPS / 4) as u64), "{test}: rank {} counters", r.rank());
+            }
+        }
+    }
+}
+
+/// Defect 5: the force chain's completion counters must not depend on the grid staying the same.
+/// Before the fix they reached `launch_seq * gridDim` only while the grid never changed, so the
+/// first step after `cap_grids` waited for a count that never came.
+#[test]
+fn changing_the_grid_between_steps_keeps_the_force_chain_in_step() {
+    let Some(g) = gpu_or_skip("changing_the_grid_between_steps_keeps_the_force_chain_in_step") else { return };
+    let module = Arc::new(g.module);
+    for (name, halos) in
+        [("2 ranks", synthetic::halos(shape([2, 1, 1], 2, 20_000), 41)), ("2x2x1", synthetic::halos(shape([2, 2, 1], 1, 12_000), 42))]
+    {
+        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+        let start = ranks.ranks()[0].grids();
+        assert!(start.1 > 2, "{name}: the test needs a force grid above 2 blocks, got {start:?}");
+        for r in ranks.ranks_mut() {
+            r.set_wait_timeout(Duration::from_secs(2));
+        }
+        for (step, cap) in [u32::MAX, u32::MAX, 2, 2, 1, 1].into_iter().enumerate() {
+            for r in ranks.ranks_mut() {
+                r.cap_grids(cap);
+            }
+            let home = integer_values(&halos, 50 + step as u64, true);
+            let f0 = integer_values(&halos, 60 + step as u64, false);
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF).unwrap();
+                rank.upload_coordinates(&home[r]).unwrap();
+                rank.f.copy_from_host(&f0[r]).unwrap();
+            }
+            ranks.launch_coordinates(Transport::Fused).unwrap();
+            ranks.launch_forces(Transport::Fused).unwrap();
+            ranks.finish().unwrap_or_else(|e| panic!("{name} step {step} (cap {cap}): {e}"));
+            check_coordinates(name, &ranks, &halos, &home);
+            check_forces(name, &ranks, &reference::forces(&halos, &f0));
+        }
+    }
+}
+
+/// Item 3: one step (reset the forces, coordinate halo, force halo) captured once per rank as a
+/// CUDA graph and replayed 1000 times back to back: no host work and no protocol reset between
+/// replays. The outputs are poisoned before the checked replays; the step counters on the GPU must
+/// have advanced once per replay.
+#[test]
+fn a_captured_step_replays_a_thousand_times_without_resets() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    const REPLAYS: usize = 1000;
+    let Some(g) = gpu_or_skip("a_captured_step_replays_a_thousand_times_without_resets") else { return };
+    let module = Arc::new(g.module);
+    for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+        let halos = synthetic::halos(shape([2, 2, 2], 1, 1500), 71);
+        let test = format!("2x2x2 graph, {transport:?}");
+        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+        let home = integer_values(&halos, 7, true);
+        let f0 = integer_values(&halos, 8, false);
+        let pristine: Vec<_> = ranks.ranks().iter().zip(&f0).map(|(r, f)| halo::gpu::DeviceBuffer::from_host(r.context(), f).unwrap()).collect();
+        let mut graphs = Vec::new();
+        for r in 0..halos.len() {
+            let stream = ranks.stream(r).clone();
+            let bytes = f0[r].len() * size_of::<Float3>();
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            let rank = &mut ranks.ranks_mut()[r];
+            // SAFETY: both ranges hold `bytes` bytes of live device memory on this GPU.
+            unsafe { cudarc::driver::sys::cuMemcpyAsync(rank.f.device_ptr(), pristine[r].device_ptr(), bytes, stream.cu_stream()) }.result().unwrap();
+            rank.launch_coordinates(transport, &stream).unwrap();
+            rank.launch_forces(&stream).unwrap();
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured step");
+            graph.upload().unwrap();
+            graphs.push(graph);
+        }
+        let poison = |ranks: &LocalRanks| {
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF).unwrap();
+                rank.upload_coordinates(&home[r]).unwrap();
+                rank.f.fill_bytes(0xFF).unwrap();
+            }
+        };
+        let want_f = reference::forces(&halos, &f0);
+        let mut done = 0;
+        for checked in [1, 2, 3, REPLAYS] {
+            poison(&ranks);
+            while done < checked {
+                for graph in &graphs {
+                    graph.launch().unwrap();
+                }
+                done += 1;
+            }
+            ranks.finish().unwrap_or_else(|e| panic!("{test}, after replay {done}: {e}"));
+            check_coordinates(&format!("{test}, replay {done}"), &ranks, &halos, &home);
+            check_forces(&format!("{test}, replay {done}"), &ranks, &want_f);
+        }
+        for r in ranks.ranks() {
+            let s = r.protocol_state().unwrap();
+            assert_eq!((s.x_epoch, s.f_epoch), (REPLAYS as u64, REPLAYS as u64), "{test}: rank {} counters", r.rank());
+        }
+        drop(graphs);
+    }
+}

@@ -71,32 +71,64 @@ fn module_targets_hopper_and_keeps_its_globals() {
     }
 }
 
+#[track_caller]
+fn assert_absent(bodies: &HashMap<String, String>, kernel: &str, instructions: &[&str]) {
+    let body = bodies.get(kernel).unwrap_or_else(|| panic!("kernel {kernel} missing from the PTX"));
+    for ins in instructions {
+        assert!(!body.contains(ins), "{kernel} now contains `{ins}`");
+    }
+}
+
+/// The bounded wait (`wait_signal`): a relaxed system-scope spin, `%globaltimer` and the timeout
+/// flag (a relaxed GPU-scope load) looked at between batches of polls, one acquire re-read at the
+/// end, and the CAS that reports a timeout.
+const WAIT: &[&str] = &[
+    "ld.relaxed.sys.global.u64",
+    "ld.acquire.sys.global.u64",
+    "%globaltimer",
+    "ld.relaxed.gpu.global.u32",
+    "atom.relaxed.gpu.global.cas.b32",
+];
+
+/// No full fence on the signalling path of the kernels that only store to mapped peers (the
+/// put-path kernels contain NVSHMEM's `membar.sys`, off the direct path).
+const NO_FULL_FENCE: &[&str] = &["fence.acq_rel.sys", "fence.sc.sys", "membar.sys", "membar.gl"];
+
 #[test]
 fn signalling_wrappers_keep_their_memory_order() {
     let b = entries(&ptx_text());
-    // Last-block election, release signal to the peer, relaxed spin + acquire fence, bounded by %globaltimer.
-    for k in [abi::FUSED_COORDS, abi::PULSE_PACK_STORE_SIGNAL] {
-        assert_lowers(&b, k, &[
-            "atom.acq_rel.gpu.global.inc.u32",
-            "st.release.sys.global.u64",
-            "ld.relaxed.sys.global.u64",
-            "fence.acq_rel.sys;",
-            "%globaltimer",
-            "atom.relaxed.gpu.global.cas.b32",
-            "bar.sync",
-        ]);
+    // Last-block election, release signal to the peer, the bounded wait.
+    for k in [abi::FUSED_COORDS, abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::FUSED_FORCES] {
+        assert_lowers(&b, k, &["atom.acq_rel.gpu.global.inc.u32", "st.release.sys.global.u64", "bar.sync"]);
+        assert_lowers(&b, k, WAIT);
+    }
+    for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::SIGNAL_PING_PONG] {
+        assert_absent(&b, k, NO_FULL_FENCE);
     }
     // Dependency pass: block-wide vote with a barrier.
     assert_lowers(&b, abi::FUSED_COORDS, &["bar.red.or.pred"]);
-    // Reverse chain: per-pulse completion counters and atomic force accumulation.
+    // Reverse chain: per-pulse completion counters waited for with a relaxed spin and one acquire,
+    // forces pushed with 16-byte stores, accumulated with atomics.
     assert_lowers(&b, abi::FUSED_FORCES, &[
         "atom.acq_rel.gpu.global.add.u32",
+        "ld.relaxed.gpu.global.u32",
         "ld.acquire.gpu.global.u32",
+        "st.global.v4.b32",
         "red.relaxed.gpu.global.add.f32",
         "st.release.sys.global.u64",
     ]);
+    assert_lowers(&b, "fused_forces_f64", &["red.relaxed.gpu.global.add.f64"]);
     assert_lowers(&b, abi::UNPACK_ACCUMULATE, &["red.relaxed.gpu.global.add.f32"]);
     assert_lowers(&b, abi::PACK_SUBSET, &["red.relaxed.gpu.global.add.u32"]);
+}
+
+#[test]
+fn the_latency_probe_uses_the_exchange_wait() {
+    // `signal_ping_pong` calls the same `wait_signal` as the exchange kernels: the same
+    // instructions, and nothing the exchange's wait does not do.
+    let b = entries(&ptx_text());
+    assert_lowers(&b, abi::SIGNAL_PING_PONG, WAIT);
+    assert_lowers(&b, abi::SIGNAL_PING_PONG, &["st.release.sys.global.u64"]);
 }
 
 #[test]
@@ -112,6 +144,8 @@ fn bulk_copy_wrappers_lower_to_hopper_instructions() {
         "vote.sync.any.pred",
         "bar.warp.sync",
         "%laneid",
+        // Warps aggregate their arrival per block in shared memory, then one GPU-scope arrival.
+        "atom.acq_rel.cta.shared::cta.add.u32",
         "atom.acq_rel.gpu.global.inc.u32",
         "st.release.sys.global.u64",
     ]);
@@ -121,16 +155,20 @@ fn bulk_copy_wrappers_lower_to_hopper_instructions() {
 fn put_variants_call_nvshmem() {
     let ptx = ptx_text();
     let b = entries(&ptx);
-    // NVSHMEM's block-scoped put+signal is reached from the put-path kernels (inlined or called).
+    // Both signalling modes of the put path are reached from every put-path kernel: put+signal
+    // (`putmem_signal_nbi_block`), and the fenced put (`putmem_nbi_block`, `nvshmem_fence`, which
+    // is a `membar.sys` plus a proxy fence, and `nvshmem_uint64_p`), which also carries credits.
     for k in [abi::PULSE_PACK_PUT_SIGNAL, abi::FUSED_COORDS, abi::FUSED_FORCES] {
-        let body = &b[k];
-        assert!(
-            body.contains("nvshmemi_transfer_put_signal") || body.contains("nvshmemi_device_state_d"),
-            "{k} does not reach NVSHMEM's put_signal"
-        );
+        assert_lowers(&b, k, &[
+            "nvshmemi_transfer_put_signal",
+            "nvshmemi_transfer_rma_nbi",
+            "nvshmemi_transfer_fence",
+            "membar.sys",
+            "nvshmemi_transfer_rma_p",
+        ]);
     }
     // And the direct-store-only kernels do not.
-    for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::PACK_COORDS] {
+    for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::PACK_COORDS, abi::SIGNAL_PING_PONG] {
         assert!(!b[k].contains("nvshmemi_device_state_d"), "{k} unexpectedly uses NVSHMEM");
     }
 }

@@ -64,7 +64,13 @@ impl PeSession {
             }
         };
         set_default_env("NVSHMEM_DISABLE_NVLS", "1"); // NVLink multicast stays off on shared machines
+        // SAFETY: start-up, before NVSHMEM reads the environment (as set_default_env).
+        unsafe { crate::exchange::proxy::disable_idle_proxy_by_default() };
+        let threads_before = crate::exchange::proxy::threads();
         let nvshmem = Nvshmem::init(lib, &ctx, &bootstrap)?;
+        if let Some(moved) = crate::exchange::proxy::keep_launcher_off_proxy(&threads_before) {
+            tracing::info!("{moved}");
+        }
         if nvshmem.my_pe() != env.rank || nvshmem.n_pes() != env.nranks {
             return Err(HaloError::Nvshmem(format!(
                 "NVSHMEM says PE {} of {}, the launcher said rank {} of {}",

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -144,15 +144,126 @@ pub const JACOBI7: &str = "jacobi7";
 pub const BLOCK_SIZE: u32 = 512;
 /// Atoms one thread packs per launch in the fused kernels (GROMACS uses 4).
 pub const ATOMS_PER_THREAD: u32 = 4;
-/// Atoms one warp moves with one bulk copy in the TMA kernel: 32 atoms of 12 bytes = 384 bytes,
-/// a multiple of the 16 bytes `cp.async.bulk` requires.
-pub const TMA_CHUNK_ATOMS: u32 = 32;
+/// Bytes one warp moves with one bulk copy in the TMA kernel: 1.5 KB, the size from which a bulk
+/// copy over NVLink pays for its setup (32-atom chunks of 384 bytes did not). A multiple of 16
+/// (what `cp.async.bulk` requires) and of every element size, and 32 lanes times a whole number
+/// of elements for every element type (4 `Float3`, 12 `f32`, 6 `f64` or 3 `[f32; 4]` per lane).
+pub const TMA_CHUNK_BYTES: u32 = 1536;
 
-/// The value every signal slot holds before its first use: no step counter ever equals it.
-pub const SIGNAL_UNSET: u64 = u64::MAX;
+/// Elements of `elem_bytes` bytes in one TMA chunk ([`TMA_CHUNK_BYTES`]).
+pub const fn tma_chunk_atoms(elem_bytes: u32) -> u32 {
+    TMA_CHUNK_BYTES / elem_bytes
+}
+
+/// Dynamic shared memory of one TMA block: a chunk per warp, then the block's arrival counter
+/// (16 bytes, keeping the size a multiple of 16).
+pub const TMA_SHARED_BYTES: u32 = (BLOCK_SIZE / 32) * TMA_CHUNK_BYTES + 16;
+
+/// The value every signal slot holds before its first use. Step counters start at 1 and waits
+/// compare `seen >= expected`, so an unset slot is below every counter.
+pub const SIGNAL_UNSET: u64 = 0;
 
 /// NVSHMEM's `NVSHMEM_SIGNAL_SET`. Passing 0 instead compiles and silently hangs the waiter.
 pub const NVSHMEM_SIGNAL_SET: i32 = 9;
+
+/// The four kinds of signal slot a rank holds, `num_pulses` of each, in this order: the slot of
+/// pulse `p` and kind `k` is `signals[k * num_pulses + p]` ([`signal_index`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalSlot {
+    /// "The coordinates of pulse `p` have arrived here" (SET by `recv_pe`).
+    CoordData = 0,
+    /// "The forces of pulse `p` are in my receive slot" (SET by `send_pe`).
+    ForceData = 1,
+    /// "`send_pe` has finished reading the coordinates I sent it in pulse `p`" (credit, SET by
+    /// `send_pe`; see docs/protocol.md, "Reuse of buffers across steps").
+    CoordCredit = 2,
+    /// "`recv_pe` has accumulated the forces I pushed to it in pulse `p`" (credit, SET by `recv_pe`).
+    ForceCredit = 3,
+}
+
+/// Signal slots per pulse (one of each [`SignalSlot`]).
+pub const SIGNAL_SLOTS_PER_PULSE: usize = 4;
+
+/// Index of slot `kind` of pulse `pulse` in a rank's signal array of `num_pulses` pulses.
+#[inline(always)]
+pub const fn signal_index(kind: SignalSlot, pulse: u32, num_pulses: u32) -> usize {
+    kind as usize * num_pulses as usize + pulse as usize
+}
+
+/// Per-pulse device counters a rank holds, `num_pulses` of each, in this order: coordinate block
+/// arrivals (wrap to 0 by themselves), force push arrivals (wrap), force blocks done (reset by the
+/// last block of each force launch).
+pub const COUNTERS_PER_PULSE: usize = 3;
+
+/// Bits of [`PulseMeta::flags`]: which consumption credits this pulse waits for and sends. The host
+/// sets them only where the step's own signals do not already bound a fast sender
+/// (`halo::exchange::credits`).
+pub mod pulse_flags {
+    /// Before writing this pulse's coordinates into `send_pe`, wait (when the previous launch of
+    /// this exchange was also a coordinate halo) until `send_pe` finished reading the last ones.
+    pub const WAIT_COORD_CREDIT: u32 = 1;
+    /// At the end of the coordinate halo, tell `recv_pe` this rank finished reading its pulse.
+    pub const SEND_COORD_CREDIT: u32 = 2;
+    /// Before pushing this pulse's forces into `recv_pe`, wait (when the previous launch was also
+    /// a force halo) until `recv_pe` accumulated the last ones.
+    pub const WAIT_FORCE_CREDIT: u32 = 4;
+    /// After accumulating this pulse's forces, tell `send_pe` its receive slot is free.
+    pub const SEND_FORCE_CREDIT: u32 = 8;
+}
+
+/// How a pulse on the NVSHMEM put path signals its peer ([`PulseMeta::signal_mode`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalMode {
+    /// `putmem_signal_nbi_block` with `NVSHMEM_SIGNAL_SET`: the signal is a remote atomic on a
+    /// proxy transport.
+    PutSignal = 0,
+    /// `putmem_nbi_block`, `nvshmem_fence`, then an 8-byte `nvshmem_uint64_p` of the counter into
+    /// the slot: no remote atomic, for transports that have none (UCX without GDRCopy). Valid
+    /// because slots only grow and waiters compare `>=`.
+    FencedPut = 1,
+}
+
+impl SignalMode {
+    /// The mode for a raw [`PulseMeta::signal_mode`]; unknown values use `PutSignal`.
+    #[inline(always)]
+    pub const fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::FencedPut,
+            _ => Self::PutSignal,
+        }
+    }
+}
+
+/// Which halo a rank launched last ([`ProtocolState::last_direction`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Nothing since the exchange was installed or reset.
+    None = 0,
+    /// The coordinate (forward) halo.
+    Coordinates = 1,
+    /// The force (reverse) halo.
+    Forces = 2,
+}
+
+/// One rank's protocol state, resident on its GPU: the step counters that signals are compared
+/// against. Each kernel reads it at its start and the last block of the launch advances it, so a
+/// captured step replays any number of times with no host work (docs/protocol.md, "Graphs").
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct ProtocolState {
+    /// Coordinate halos completed: the next one signals and waits for `x_epoch + 1`.
+    pub x_epoch: u64,
+    /// Force halos completed: the next one signals and waits for `f_epoch + 1`.
+    pub f_epoch: u64,
+    /// A [`Direction`]: which halo completed last.
+    pub last_direction: u32,
+    /// Pulses of the running coordinate launch that are delivered (wraps to 0 after all of them).
+    pub x_finished: u32,
+}
 
 /// A coordinate or force: three `f32`, 12 bytes, no padding (GROMACS's `float3`/`rvec`).
 #[repr(C)]
@@ -222,27 +333,34 @@ impl PackMode {
 /// `HaloExchangeData`). Built by the host from the halo plan; one array per rank, dim-major order.
 ///
 /// Coordinates of pulse `p` go to `send_pe` and come from `recv_pe`; forces travel the other way.
+/// Slot pairs hold two slots `slot_bytes` apart, used by step parity (`epoch & 1`): a fast sender
+/// writes the other one while the receiver still reads this one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PulseMeta {
     /// `*const u32`: `send_size` local atom indices to send.
     pub index_map: u64,
-    /// `*mut Float3`: this pulse's slot in the local staging buffer (put path). Symmetric: the
-    /// same offset on every PE.
-    pub send_buf: u64,
-    /// `*mut Float3`: this pulse's slot in the local force receive buffer (put path). Symmetric.
-    pub recv_buf: u64,
-    /// `*mut Float3`: `send_pe`'s coordinate array at its `atom_offset` for this pulse, when it is
-    /// reachable by stores; 0 selects the put path.
+    /// Put path: this pulse's pair of coordinate staging slots in the local (symmetric) send buffer.
+    pub x_stage: u64,
+    /// Put path: this pulse's pair of force staging slots in the local (symmetric) buffer.
+    pub f_stage: u64,
+    /// This pulse's pair of local force receive slots (symmetric: the same offset on every PE).
+    pub recv_slots: u64,
+    /// `send_pe`'s coordinate array at its `atom_offset` for this pulse, when it is reachable by
+    /// stores; 0 selects the put path.
     pub remote_x: u64,
-    /// `*mut u64`: `send_pe`'s receive-X signal slot for this pulse (direct path only).
+    /// `send_pe`'s coordinate-data slot for this pulse (direct path only).
     pub remote_x_signal: u64,
-    /// `*const Float3`: `send_pe`'s force array at its `atom_offset` for this pulse, when it is
-    /// reachable by loads; 0 selects the put path for forces.
-    pub remote_f_get: u64,
-    /// `*mut u64`: `recv_pe`'s receive-F signal slot for this pulse (direct path only).
+    /// `recv_pe`'s pair of force receive slots for this pulse, when reachable by stores (forces
+    /// are pushed there); 0 selects the put path for forces.
+    pub remote_recv_slots: u64,
+    /// `recv_pe`'s force-data slot for this pulse (direct path only).
     pub remote_f_signal: u64,
+    /// `recv_pe`'s coordinate-credit slot for this pulse (direct; 0: NVSHMEM put).
+    pub remote_x_credit: u64,
+    /// `send_pe`'s force-credit slot for this pulse (direct; 0: NVSHMEM put).
+    pub remote_f_credit: u64,
     /// Periodic shift added to packed coordinates when `use_shift` is set (a box row).
     pub shift: Float3,
     /// Atoms sent (coordinates) and received back (forces).
@@ -259,10 +377,22 @@ pub struct PulseMeta {
     pub recv_pe: i32,
     /// Nonzero: add `shift` when packing (the pulse crosses the periodic boundary).
     pub use_shift: u32,
-    /// Nonzero: received forces are added (atomically); zero: stored.
-    pub accumulate: u32,
+    /// Bytes between the two slots of every slot pair (a multiple of 16).
+    pub slot_bytes: u32,
+    /// [`pulse_flags`] bits.
+    pub flags: u32,
+    /// A [`SignalMode`]: how the put path signals.
+    pub signal_mode: u32,
     /// Keeps the size a multiple of 8 explicitly.
     pub reserved: u32,
+}
+
+impl PulseMeta {
+    /// Whether `flag` ([`pulse_flags`]) is set.
+    #[inline(always)]
+    pub const fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
 }
 
 /// What a kernel writes when a bounded spin-wait expires, so the host can name the missing
@@ -297,6 +427,10 @@ pub enum WaitKind {
     ForceSignal = 1,
     /// Other blocks of the same launch (a device-wide barrier or a later pulse's unpack).
     LocalBlocks = 2,
+    /// `send_pe` finishing its reading of this pulse's previous coordinates (a credit).
+    CoordCredit = 3,
+    /// `recv_pe` finishing its accumulation of this pulse's previous forces (a credit).
+    ForceCredit = 4,
 }
 
 impl WaitKind {
@@ -306,6 +440,8 @@ impl WaitKind {
             0 => Some(Self::CoordSignal),
             1 => Some(Self::ForceSignal),
             2 => Some(Self::LocalBlocks),
+            3 => Some(Self::CoordCredit),
+            4 => Some(Self::ForceCredit),
             _ => None,
         }
     }
@@ -315,15 +451,20 @@ impl WaitKind {
 const _: () = {
     use core::mem::{align_of, offset_of, size_of};
     assert!(size_of::<Float3>() == 12 && align_of::<Float3>() == 4);
-    assert!(size_of::<PulseMeta>() == 104 && align_of::<PulseMeta>() == 8);
-    assert!(offset_of!(PulseMeta, remote_f_signal) == 48);
-    assert!(offset_of!(PulseMeta, shift) == 56);
-    assert!(offset_of!(PulseMeta, send_size) == 68);
-    assert!(offset_of!(PulseMeta, send_pe) == 84);
-    assert!(offset_of!(PulseMeta, reserved) == 100);
+    assert!(size_of::<PulseMeta>() == 136 && align_of::<PulseMeta>() == 8);
+    assert!(offset_of!(PulseMeta, remote_f_credit) == 72);
+    assert!(offset_of!(PulseMeta, shift) == 80);
+    assert!(offset_of!(PulseMeta, send_size) == 92);
+    assert!(offset_of!(PulseMeta, send_pe) == 108);
+    assert!(offset_of!(PulseMeta, reserved) == 132);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
-    // Bulk copies move whole chunks: a multiple of 16 bytes for every element size.
-    assert!(TMA_CHUNK_ATOMS * 4 % 16 == 0 && TMA_CHUNK_ATOMS * 12 % 16 == 0);
+    assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);
+    assert!(offset_of!(ProtocolState, last_direction) == 16);
+    // Bulk copies move whole chunks: a multiple of 16 bytes, 32 lanes x whole elements.
+    assert!(TMA_CHUNK_BYTES % 16 == 0);
+    assert!(TMA_CHUNK_BYTES % (32 * 4) == 0 && TMA_CHUNK_BYTES % (32 * 8) == 0);
+    assert!(TMA_CHUNK_BYTES % (32 * 12) == 0 && TMA_CHUNK_BYTES % (32 * 16) == 0);
+    assert!(TMA_SHARED_BYTES % 16 == 0);
     assert!(BLOCK_SIZE % 32 == 0);
 };

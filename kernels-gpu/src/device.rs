@@ -146,7 +146,8 @@ pub fn global_timer_ns() -> u64 {
 }
 
 /// `ld.relaxed.sys.global.u64`: a strong load that sees stores from any GPU or the host
-/// eventually, ordering nothing. The spin of a wait whose data is ordered by a later fence/acquire.
+/// eventually, ordering nothing. The spin of a signal wait; the data behind the signal is ordered
+/// by one [`load_acquire_sys_u64`] of the same slot once the spin has seen the value.
 ///
 /// # Safety
 /// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
@@ -158,7 +159,38 @@ pub unsafe fn load_relaxed_sys_u64(ptr: *const u64) -> u64 {
     v
 }
 
-/// `ld.acquire.gpu.global.u32`: pairs with a release at GPU scope by another block of this device.
+/// `ld.acquire.sys.global.u64`: pairs with a release (or a release pattern) at system scope by any
+/// GPU or the host that wrote the value read, or a later value of the same location: every read
+/// this thread makes after it sees what that writer published. The end of a signal wait: one
+/// re-read of the slot the relaxed spin saw set (coherence makes it read that value or a later
+/// one, and every writer of a slot releases), instead of a full `fence.acq_rel.sys`.
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn load_acquire_sys_u64(ptr: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("ld.acquire.sys.global.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `ld.relaxed.gpu.global.u32`: a strong load of a counter or flag that other blocks of this
+/// device update, ordering nothing. The spin of a wait on local blocks, and the cheap look at the
+/// timeout flag inside every bounded wait.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn load_relaxed_gpu_u32(ptr: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("ld.relaxed.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `ld.acquire.gpu.global.u32`: pairs with a release at GPU scope by another block of this device
+/// (here: the acq-rel arrivals on a completion counter). The end of a wait on local blocks.
 ///
 /// # Safety
 /// `ptr` must be a valid, 4-byte-aligned global address on this device.
@@ -213,14 +245,6 @@ pub unsafe fn atomic_add_acq_rel_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
     old
 }
 
-/// `fence.acq_rel.sys`: turns a preceding relaxed load that saw a peer's release into an acquire
-/// (the fence-based acquire pattern), so the data behind a signal is read only after it.
-#[inline(always)]
-pub fn fence_acq_rel_sys() {
-    // SAFETY: a fence; no operands.
-    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
-}
-
 /// `atom.relaxed.gpu.global.cas.b32`: compare-and-swap, returns the old value. Used to claim a
 /// one-time slot (the first timeout report).
 ///
@@ -266,6 +290,38 @@ pub unsafe fn atomic_add_relaxed_gpu_f64(ptr: *mut f64, value: f64) {
 pub unsafe fn atomic_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
     // SAFETY: the caller guarantees `ptr`.
     unsafe { asm!("red.relaxed.gpu.global.add.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
+}
+
+/// `st.global.v4.b32`: one 16-byte store of four words, no ordering (a weak store, like any
+/// plain store of data; the signal that follows publishes it). Used to push a contiguous range
+/// (forces) into a peer's receive slot with the widest store NVLink carries per instruction.
+///
+/// # Safety
+/// `ptr` must be a valid, 16-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn store_global_v4_b32(ptr: *mut [u32; 4], v: [u32; 4]) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};", p = in(reg64) ptr, a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3], options(nostack))
+    };
+}
+
+/// `atom.acq_rel.cta.shared::cta.add.u32`: arrive on a counter in this block's shared memory,
+/// publishing this thread's earlier writes (and those it observed, e.g. its warp's after a warp
+/// barrier) to the block, and seeing those of earlier arrivals. Returns the old value. Lets the
+/// warps of one block aggregate their arrival before one GPU-scope arrival for the block.
+///
+/// # Safety
+/// `shared_window_addr` must be the shared-window address ([`shared::to_shared_window`]) of a
+/// 4-byte-aligned `u32` in this block's shared memory.
+#[inline(always)]
+pub unsafe fn atomic_add_acq_rel_cta_shared_u32(shared_window_addr: u64, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("atom.acq_rel.cta.shared::cta.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) shared_window_addr, v = in(reg32) value, options(nostack))
+    };
+    old
 }
 
 /// Dynamic shared memory, aligned to 16 bytes (what `cp.async.bulk` needs).
@@ -352,13 +408,15 @@ pub mod bulk {
     }
 }
 
-/// NVSHMEM device functions, resolved when the PTX build links `libnvshmem_device.bc`.
-/// Callable only from a module registered with `nvshmemx_cumodule_init` on an initialised PE.
+/// NVSHMEM device functions, resolved when the PTX build links `libnvshmem_device.bc` (3.4.5:
+/// every name below is defined there). Callable only from a module registered with
+/// `nvshmemx_cumodule_init` on an initialised PE.
 pub mod nvshmem {
     unsafe extern "C" {
         /// Every thread of the block calls it with the same arguments: copy `bytes` from local
         /// `src` to `dest` on `pe`, then apply `op(signal)` to `sig_addr` on `pe` after the data.
         /// Non-blocking: returns before completion; the receiver's signal wait provides ordering.
+        /// Over a proxy transport the signal is a remote atomic (`NVSHMEM_SIGNAL_SET` included).
         pub fn nvshmemx_putmem_signal_nbi_block(
             dest: *mut core::ffi::c_void,
             src: *const core::ffi::c_void,
@@ -368,5 +426,16 @@ pub mod nvshmem {
             sig_op: i32,
             pe: i32,
         );
+        /// Every thread of the block calls it with the same arguments: copy `bytes` from local
+        /// `src` to `dest` on `pe`, non-blocking, no signal. A remote transport carries it as an
+        /// RMA write (no atomic).
+        pub fn nvshmemx_putmem_nbi_block(dest: *mut core::ffi::c_void, src: *const core::ffi::c_void, bytes: usize, pe: i32);
+        /// Orders delivery: puts this PE issued to one target PE before the fence are delivered
+        /// there before any it issues after. Lowers to `membar.sys` (plus a proxy fence request when
+        /// a proxy transport is in use), so it also orders this thread's own stores system-wide.
+        pub fn nvshmem_fence();
+        /// One 8-byte put of `value` to `dest` on `pe`: a plain store where `pe` is mapped, an RMA
+        /// write carried inline by the proxy otherwise (no remote atomic). One thread calls it.
+        pub fn nvshmem_uint64_p(dest: *mut u64, value: u64, pe: i32);
     }
 }

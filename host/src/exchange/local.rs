@@ -12,6 +12,7 @@ use super::spec::{RankHalo, validate};
 use super::{Element, Transport};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
+use kernels_gpu::abi::SignalMode;
 use std::sync::Arc;
 
 /// All ranks of a decomposition, in this process, exchanging values of type `T`.
@@ -42,15 +43,17 @@ impl<T: Element> LocalRanks<T> {
         let sizes = SharedSizes::of(&halos);
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
-        for (r, halo) in halos.into_iter().enumerate() {
+        for (r, halo) in halos.iter().cloned().enumerate() {
             let module = modules[r % modules.len()].clone();
             let ctx: Arc<CudaContext> = module.context().clone();
             streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
         let views: Vec<PeerView> = ranks.iter().map(RankExchange::<T>::local_view).collect();
-        for rank in &mut ranks {
-            rank.install(&|peer| Some(views[peer]))?;
+        let flags = super::credits::flags(&halos);
+        for (rank, flags) in ranks.iter_mut().zip(&flags) {
+            // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
+            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
         }
         let mut this = Self { ranks, streams, host_syncs: 0 };
         this.fit_residency(modules.len())?;

@@ -36,10 +36,12 @@
 //! # }
 //! ```
 
+pub mod credits;
 pub mod interface;
 pub mod local;
 pub mod memory;
 pub mod pe;
+pub mod proxy;
 pub mod rank;
 pub mod reference;
 pub mod spec;
@@ -148,24 +150,28 @@ pub struct WaitTimeout {
 
 impl std::fmt::Display for WaitTimeout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match self.kind {
-            Some(WaitKind::CoordSignal) => "the coordinate halo",
-            Some(WaitKind::ForceSignal) => "the force halo",
-            Some(WaitKind::LocalBlocks) | None => "other blocks of the force halo",
-        };
-        let seen = if self.seen == u64::MAX { "never set".to_string() } else { self.seen.to_string() };
-        write!(
-            f,
-            "rank {} waited {:.1} s for pulse {} of {} from rank {} at step {} (signal {}, expected {})",
-            self.rank,
-            self.waited_ns as f64 * 1e-9,
-            self.pulse,
-            what,
-            self.peer,
-            self.step_counter,
-            seen,
-            self.step_counter
-        )
+        let waited = self.waited_ns as f64 * 1e-9;
+        let seen = if self.seen == kernels_gpu::abi::SIGNAL_UNSET { "never set".to_string() } else { self.seen.to_string() };
+        let (rank, peer, pulse, counter) = (self.rank, self.peer, self.pulse, self.step_counter);
+        match self.kind {
+            Some(WaitKind::CoordCredit) | Some(WaitKind::ForceCredit) => {
+                let what = if self.kind == Some(WaitKind::CoordCredit) { "read the coordinates" } else { "accumulate the forces" };
+                write!(
+                    f,
+                    "rank {rank} waited {waited:.1} s for rank {peer} to {what} of pulse {pulse} of step {counter} before sending step {} \
+                     (credit {seen}, expected {counter})",
+                    counter + 1
+                )
+            }
+            kind => {
+                let what = match kind {
+                    Some(WaitKind::CoordSignal) => "the coordinate halo",
+                    Some(WaitKind::ForceSignal) => "the force halo",
+                    _ => "other blocks of the force halo",
+                };
+                write!(f, "rank {rank} waited {waited:.1} s for pulse {pulse} of {what} from rank {peer} at step {counter} (signal {seen}, expected {counter})")
+            }
+        }
     }
 }
 

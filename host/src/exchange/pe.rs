@@ -8,6 +8,7 @@ use super::{Element, Transport};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
 use crate::nvshmem::Nvshmem;
+use kernels_gpu::abi::SignalMode;
 use std::sync::Arc;
 
 /// How pulses reach their peer.
@@ -23,6 +24,60 @@ pub enum PathPolicy {
     /// puts, with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
     /// reference ([`crate::route::RoutedPaths::leak`], made once per run) keeps the policy `Copy`.
     Routed(&'static crate::route::RoutedPaths),
+}
+
+/// How pulses on the NVSHMEM put path signal their peer (issue 19). Only pulses whose peer is
+/// not mapped (or every pulse under [`PathPolicy::ForcePut`]) use it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PutSignaling {
+    /// `FencedPut` when NVSHMEM's remote transport is UCX, `PutSignal` otherwise (see
+    /// [`Self::resolve`]).
+    #[default]
+    Auto,
+    /// `putmem_signal_nbi_block` with `NVSHMEM_SIGNAL_SET`: the signal is a remote atomic on a
+    /// proxy transport (IBRC, and UCX only with GDRCopy).
+    PutSignal,
+    /// Data put, `nvshmem_fence`, then an 8-byte put of the step counter into the slot: no remote
+    /// atomic, so it works on every transport.
+    FencedPut,
+}
+
+impl PutSignaling {
+    /// The environment variable that forces a mode: `put-signal`, `fenced-put` or `auto`.
+    pub const ENV: &'static str = "HALO_PUT_SIGNAL";
+
+    /// Parses a mode name as [`Self::ENV`] takes it.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "put-signal" => Ok(Self::PutSignal),
+            "fenced-put" => Ok(Self::FencedPut),
+            other => Err(HaloError::InvalidInput(format!(
+                "{}={other:?} is not a put signalling mode: use put-signal, fenced-put or auto",
+                Self::ENV
+            ))),
+        }
+    }
+
+    /// The mode [`Self::ENV`] asks for (`Auto` when it is unset).
+    pub fn from_env() -> Result<Self> {
+        std::env::var(Self::ENV).map_or(Ok(Self::Auto), |v| Self::parse(&v))
+    }
+
+    /// The device mode. `Auto` decides from `remote_transport` (the value of
+    /// `NVSHMEM_REMOTE_TRANSPORT`): NVSHMEM 3.4.5 offers no query for whether its transport can do
+    /// remote atomics, and UCX cannot without GDRCopy (the proxy aborts on the signal's atomic),
+    /// so UCX gets `FencedPut`; IBRC (the default), IBGDA and libfabric keep `PutSignal`.
+    /// `NVSHMEM_DISABLE_P2P=1` does not change the mode: it only sends every pulse through the
+    /// remote transport, whose capabilities decide.
+    pub fn resolve(self, remote_transport: Option<&str>) -> SignalMode {
+        match self {
+            Self::PutSignal => SignalMode::PutSignal,
+            Self::FencedPut => SignalMode::FencedPut,
+            Self::Auto if remote_transport.is_some_and(|t| t.trim().eq_ignore_ascii_case("ucx")) => SignalMode::FencedPut,
+            Self::Auto => SignalMode::PutSignal,
+        }
+    }
 }
 
 /// This PE's exchange of values of type `T`.
@@ -59,6 +114,18 @@ impl<T: Element> PeExchange<T> {
     /// # }
     /// ```
     pub fn new(nvshmem: Arc<Nvshmem>, module: Arc<KernelModule>, halos: Vec<RankHalo>, policy: PathPolicy) -> Result<Self> {
+        Self::with_put_signaling(nvshmem, module, halos, policy, PutSignaling::from_env()?)
+    }
+
+    /// [`Self::new`] with the put path's signalling chosen by the caller instead of
+    /// [`PutSignaling::ENV`].
+    pub fn with_put_signaling(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        halos: Vec<RankHalo>,
+        policy: PathPolicy,
+        signaling: PutSignaling,
+    ) -> Result<Self> {
         validate(&halos)?;
         if halos.len() != nvshmem.n_pes() {
             return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
@@ -79,7 +146,13 @@ impl<T: Element> PeExchange<T> {
                 }
                 PathPolicy::Auto => {}
             }
-            let mapped = (|| Some(PeerView { x: nvshmem.peer_ptr(local.x, peer)?, f: nvshmem.peer_ptr(local.f, peer)?, signals: nvshmem.peer_ptr(local.signals, peer)? }))();
+            let mapped = (|| {
+                Some(PeerView {
+                    x: nvshmem.peer_ptr(local.x, peer)?,
+                    signals: nvshmem.peer_ptr(local.signals, peer)?,
+                    recv_buf: nvshmem.peer_ptr(local.recv_buf, peer)?,
+                })
+            })();
             if let (None, PathPolicy::Routed(paths)) = (&mapped, &policy) {
                 tracing::warn!(
                     "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
@@ -88,7 +161,8 @@ impl<T: Element> PeExchange<T> {
             }
             mapped
         };
-        rank.install(&view)?;
+        let mode = signaling.resolve(std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok().as_deref());
+        rank.install(&view, &super::credits::flags(&halos)[me], mode)?;
         if rank.any_put() && !module.nvshmem_registered() {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
@@ -190,8 +264,8 @@ impl<T: Element> PeExchange<T> {
                 self.sync()?;
                 let view = PeerView {
                     x: self.nvshmem.peer_ptr(local.x, to).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?,
-                    f: 0,
                     signals: 0,
+                    recv_buf: 0,
                 };
                 self.rank.stage_copy_to(p, view, &self.stream)?;
             }
@@ -234,5 +308,28 @@ impl<T: Element> PeExchange<T> {
     /// This PE's forces (`total_atoms` of them).
     pub fn forces(&self) -> Result<Vec<T>> {
         Ok(self.rank.f.to_host()?[..self.rank.halo().total_atoms].to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_signaling_names_and_the_automatic_choice() {
+        assert_eq!(PutSignaling::parse("fenced-put").unwrap(), PutSignaling::FencedPut);
+        assert_eq!(PutSignaling::parse(" Put-Signal ").unwrap(), PutSignaling::PutSignal);
+        assert_eq!(PutSignaling::parse("auto").unwrap(), PutSignaling::Auto);
+        let err = PutSignaling::parse("atomic").unwrap_err().to_string();
+        assert!(err.contains("HALO_PUT_SIGNAL") && err.contains("fenced-put"), "{err}");
+        // UCX has no remote atomics without GDRCopy: fenced puts. Everything else keeps put-signal.
+        assert_eq!(PutSignaling::Auto.resolve(Some("ucx")), SignalMode::FencedPut);
+        assert_eq!(PutSignaling::Auto.resolve(Some("UCX")), SignalMode::FencedPut);
+        for t in [None, Some("ibrc"), Some("none"), Some("libfabric")] {
+            assert_eq!(PutSignaling::Auto.resolve(t), SignalMode::PutSignal, "{t:?}");
+        }
+        // A forced mode wins over the transport.
+        assert_eq!(PutSignaling::PutSignal.resolve(Some("ucx")), SignalMode::PutSignal);
+        assert_eq!(PutSignaling::FencedPut.resolve(None), SignalMode::FencedPut);
     }
 }

@@ -1,6 +1,10 @@
 //! One rank's side of the exchange: its device buffers, its per-pulse metadata, and the launches
 //! of every transport. The same code runs whether the peers live in this process (plain device
 //! pointers) or in other processes (NVSHMEM symmetric memory and `nvshmem_ptr`).
+//!
+//! Launch arguments hold only pointers and sizes: the step counters that signals carry live in
+//! the rank's [`ProtocolState`] on the GPU and advance inside each launch, so one captured step
+//! replays any number of times (docs/protocol.md, "Graphs").
 
 use super::memory::{Mem, MemoryKind};
 use super::spec::RankHalo;
@@ -9,7 +13,10 @@ use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use super::Element;
-use kernels_gpu::abi::{self, Float3, PulseMeta, SIGNAL_UNSET, WaitKind, WaitStatus};
+use kernels_gpu::abi::{
+    self, COUNTERS_PER_PULSE, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    signal_index,
+};
 use std::sync::Arc;
 
 /// Atoms per pulse slot of the staging buffers are rounded up to this (768 bytes: a multiple of
@@ -22,10 +29,11 @@ const SLOT_ATOMS: usize = 64;
 pub struct PeerView {
     /// The peer's coordinate array.
     pub x: u64,
-    /// The peer's force array.
-    pub f: u64,
-    /// The peer's signal slots (`2 * pulses` of them).
+    /// The peer's signal slots (`4 * pulses` of them, [`SignalSlot`] order).
     pub signals: u64,
+    /// The peer's force receive slots (forces are pushed there); symmetric, so the same offset as
+    /// this rank's own.
+    pub recv_buf: u64,
 }
 
 /// Sizes every rank must allocate identically (symmetric allocations are collective and must
@@ -54,6 +62,55 @@ pub fn entry<T: Element>(base: &str) -> String {
     format!("{base}{}", T::SUFFIX)
 }
 
+/// Blocks per pulse of the spinning kernels: what the halo's sizes ask for, capped so that every
+/// spinning block of every rank sharing a GPU stays resident (a waiting block must never starve
+/// the block it waits for). Every kernel's grid obeys the cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grids {
+    coords: u32,
+    tma: u32,
+    cap: u32,
+}
+
+impl Grids {
+    /// The uncapped grids for pulses of at most `max_extent` atoms each way (`max_send` sent) of
+    /// `elem_bytes`-byte elements.
+    pub fn for_halo(max_extent: usize, max_send: usize, elem_bytes: usize) -> Self {
+        let per_block = abi::BLOCK_SIZE * abi::ATOMS_PER_THREAD;
+        // GROMACS's shape: +1 so a pulse that sends nothing still has a block to wait and signal.
+        let coords = (max_extent as u32 + 1).div_ceil(per_block).max(1);
+        let tma_per_block = (abi::BLOCK_SIZE / 32) * abi::tma_chunk_atoms(elem_bytes as u32);
+        let tma = (max_send as u32 + 4).div_ceil(tma_per_block).max(1);
+        Self { coords, tma, cap: u32::MAX }
+    }
+
+    /// The same grids with at most `max_blocks_per_pulse` blocks per pulse (and at least one).
+    pub fn capped(self, max_blocks_per_pulse: u32) -> Self {
+        Self { cap: self.cap.min(max_blocks_per_pulse).max(1), ..self }
+    }
+
+    /// Blocks per pulse of the fused coordinate kernel.
+    pub fn coords(&self) -> u32 {
+        self.coords.min(self.cap)
+    }
+
+    /// Blocks per pulse of the force kernel (the same extent as the coordinates).
+    pub fn forces(&self) -> u32 {
+        self.coords.min(self.cap)
+    }
+
+    /// Blocks per pulse of the TMA coordinate kernel.
+    pub fn tma(&self) -> u32 {
+        self.tma.min(self.cap)
+    }
+
+    /// Blocks of one per-pulse kernel sending `send` atoms, with `pulses` pulses per step: these
+    /// kernels run one at a time per rank, so a rank may use the whole step's budget.
+    pub fn per_pulse(&self, send: usize, pulses: usize) -> u32 {
+        (send as u32).div_ceil(abi::BLOCK_SIZE).max(1).min(self.cap.saturating_mul(pulses.max(1) as u32))
+    }
+}
+
 /// One rank's exchange state on its GPU, for values of type `T` (coordinates and forces by
 /// default; any [`Element`] for other fields).
 pub struct RankExchange<T: Element = Float3> {
@@ -65,38 +122,38 @@ pub struct RankExchange<T: Element = Float3> {
     /// Forces, same layout as `x`.
     pub f: Mem<T>,
     signals: Mem<u64>,
-    send_buf: Mem<T>,
+    x_stage: Mem<T>,
+    f_stage: Mem<T>,
     recv_buf: Mem<T>,
     maps: DeviceBuffer<u32>,
     map_offsets: Vec<usize>,
     meta: DeviceBuffer<PulseMeta>,
     host_meta: Vec<PulseMeta>,
-    block_counters: DeviceBuffer<u32>,
-    done_counters: DeviceBuffer<u32>,
+    state: DeviceBuffer<ProtocolState>,
+    counters: DeviceBuffer<u32>,
     status: DeviceBuffer<WaitStatus>,
     sizes: SharedSizes,
-    x_counter: u64,
-    f_counter: u64,
-    f_launch_seq: u32,
     timeout_ns: u64,
-    coord_grid: u32,
-    force_grid: u32,
+    grids: Grids,
 }
 
 impl<T: Element> RankExchange<T> {
     /// Allocates this rank's buffers (collectively, for symmetric memory: every rank must call
-    /// this with the same `sizes`) and uploads its index maps. Signals start at [`SIGNAL_UNSET`].
+    /// this with the same `sizes`) and uploads its index maps. Signals start at
+    /// [`abi::SIGNAL_UNSET`], the protocol state and counters at zero.
     pub fn new(rank: usize, halo: RankHalo, module: Arc<KernelModule>, kind: &MemoryKind, sizes: SharedSizes) -> Result<Self> {
         let ctx = module.context().clone();
-        let n = sizes.pulses;
-        let alloc_f3 = |len| Mem::<T>::new(kind, &ctx, len);
-        let x = alloc_f3(sizes.atoms)?;
-        let f = alloc_f3(sizes.atoms)?;
-        let send_buf = alloc_f3(n.max(1) * sizes.slot_atoms)?;
-        let recv_buf = alloc_f3(n.max(1) * sizes.slot_atoms)?;
-        let signals = Mem::<u64>::new(kind, &ctx, (2 * n).max(1))?;
-        signals.fill_bytes(0xFF)?; // SIGNAL_UNSET everywhere
-        debug_assert_eq!(SIGNAL_UNSET, u64::MAX);
+        let n = sizes.pulses.max(1);
+        let alloc = |len| Mem::<T>::new(kind, &ctx, len);
+        let x = alloc(sizes.atoms)?;
+        let f = alloc(sizes.atoms)?;
+        // A pair of slots per pulse (step parity) in every staging and receive buffer.
+        let x_stage = alloc(2 * n * sizes.slot_atoms)?;
+        let f_stage = alloc(2 * n * sizes.slot_atoms)?;
+        let recv_buf = alloc(2 * n * sizes.slot_atoms)?;
+        let signals = Mem::<u64>::new(kind, &ctx, SIGNAL_SLOTS_PER_PULSE * n)?;
+        signals.fill_bytes(0)?;
+        const _: () = assert!(abi::SIGNAL_UNSET == 0);
         let mut flat = Vec::new();
         let mut map_offsets = Vec::with_capacity(n);
         for p in &halo.pulses {
@@ -104,35 +161,30 @@ impl<T: Element> RankExchange<T> {
             flat.extend_from_slice(&p.index_map);
         }
         let maps = DeviceBuffer::from_host(&ctx, &flat)?;
-        let meta = DeviceBuffer::zeroed(&ctx, n.max(1))?;
-        let block_counters = DeviceBuffer::zeroed(&ctx, n.max(1))?;
-        let done_counters = DeviceBuffer::zeroed(&ctx, n.max(1))?;
+        let meta = DeviceBuffer::zeroed(&ctx, n)?;
+        let state = DeviceBuffer::zeroed(&ctx, 1)?;
+        let counters = DeviceBuffer::zeroed(&ctx, COUNTERS_PER_PULSE * n)?;
         let status = DeviceBuffer::zeroed(&ctx, 1)?;
-        let max_send = halo.max_send().max(halo.max_recv()) as u32;
-        let per_block = abi::BLOCK_SIZE * abi::ATOMS_PER_THREAD;
+        let grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>());
         Ok(Self {
             rank,
             module,
             x,
             f,
             signals,
-            send_buf,
+            x_stage,
+            f_stage,
             recv_buf,
             maps,
             map_offsets,
             meta,
             host_meta: Vec::new(),
-            block_counters,
-            done_counters,
+            state,
+            counters,
             status,
             sizes,
-            x_counter: 0,
-            f_counter: 0,
-            f_launch_seq: 0,
             timeout_ns: 5_000_000_000,
-            // GROMACS's shape: +1 so a pulse that sends nothing still has a block to wait and signal.
-            coord_grid: (max_send + 1).div_ceil(per_block).max(1),
-            force_grid: (max_send + 1).div_ceil(per_block).max(1),
+            grids,
             halo,
         })
     }
@@ -160,19 +212,20 @@ impl<T: Element> RankExchange<T> {
     /// The addresses peers use to reach this rank (valid in this process; other processes
     /// translate them with `nvshmem_ptr`).
     pub fn local_view(&self) -> PeerView {
-        PeerView { x: self.x.device_ptr(), f: self.f.device_ptr(), signals: self.signals.device_ptr() }
+        PeerView { x: self.x.device_ptr(), signals: self.signals.device_ptr(), recv_buf: self.recv_buf.device_ptr() }
     }
 
     /// Blocks per pulse of the fused coordinate and force kernels.
     pub fn grids(&self) -> (u32, u32) {
-        (self.coord_grid, self.force_grid)
+        (self.grids.coords(), self.grids.forces())
     }
 
-    /// Caps the blocks per pulse (the kernels are grid-stride, so any count is correct); used to
-    /// keep every spinning block of every rank on a GPU co-resident.
+    /// Caps the blocks per pulse of every kernel (the kernels are grid-stride, so any count is
+    /// correct); used to keep every spinning block of every rank on a GPU co-resident. Safe at any
+    /// time between steps: every device counter returns to zero by the end of each launch, so the
+    /// next launch may use another grid.
     pub fn cap_grids(&mut self, max_blocks_per_pulse: u32) {
-        self.coord_grid = self.coord_grid.min(max_blocks_per_pulse).max(1);
-        self.force_grid = self.force_grid.min(max_blocks_per_pulse).max(1);
+        self.grids = self.grids.capped(max_blocks_per_pulse);
     }
 
     /// Deadline of every device spin-wait.
@@ -182,24 +235,33 @@ impl<T: Element> RankExchange<T> {
 
     /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
     /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
-    /// decide alike (a direct pair in one direction is direct in the other).
-    pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>) -> Result<()> {
-        let f3 = size_of::<T>() as u64;
+    /// decide alike (a direct pair in one direction is direct in the other). `flags` are this
+    /// rank's [`super::credits::flags`]; `signal_mode` says how put-path pulses signal.
+    pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
+        let size = size_of::<T>() as u64;
         let n = self.halo.pulses.len();
+        if flags.len() != n {
+            return Err(HaloError::InvalidInput(format!("{} credit flags for {n} pulses", flags.len())));
+        }
+        let slot_bytes = (self.sizes.slot_atoms * size_of::<T>()) as u64;
+        let pair = |base: u64, p: usize| base + 2 * p as u64 * slot_bytes;
+        let slot = |kind, p: usize| 8 * signal_index(kind, p as u32, n as u32) as u64;
         let mut metas = Vec::with_capacity(n);
         for (p, spec) in self.halo.pulses.iter().enumerate() {
             let to = peer(spec.send_rank);
             let from = peer(spec.recv_rank);
-            let shift = spec.shift.unwrap_or_default();
-            metas.push(PulseMeta {
+            let meta = PulseMeta {
                 index_map: self.maps.device_ptr_at(self.map_offsets[p]),
-                send_buf: self.send_buf.device_ptr_at(p * self.sizes.slot_atoms),
-                recv_buf: self.recv_buf.device_ptr_at(p * self.sizes.slot_atoms),
-                remote_x: to.map_or(0, |v| v.x + spec.peer_atom_offset as u64 * f3),
-                remote_x_signal: to.map_or(0, |v| v.signals + 8 * p as u64),
-                remote_f_get: to.map_or(0, |v| v.f + spec.peer_atom_offset as u64 * f3),
-                remote_f_signal: from.map_or(0, |v| v.signals + 8 * (n + p) as u64),
-                shift,
+                x_stage: pair(self.x_stage.device_ptr(), p),
+                f_stage: pair(self.f_stage.device_ptr(), p),
+                recv_slots: pair(self.recv_buf.device_ptr(), p),
+                remote_x: to.map_or(0, |v| v.x + spec.peer_atom_offset as u64 * size),
+                remote_x_signal: to.map_or(0, |v| v.signals + slot(SignalSlot::CoordData, p)),
+                remote_recv_slots: from.map_or(0, |v| pair(v.recv_buf, p)),
+                remote_f_signal: from.map_or(0, |v| v.signals + slot(SignalSlot::ForceData, p)),
+                remote_x_credit: from.map_or(0, |v| v.signals + slot(SignalSlot::CoordCredit, p)),
+                remote_f_credit: to.map_or(0, |v| v.signals + slot(SignalSlot::ForceCredit, p)),
+                shift: spec.shift.unwrap_or_default(),
                 send_size: spec.index_map.len() as u32,
                 recv_size: spec.recv_size as u32,
                 atom_offset: spec.atom_offset as u32,
@@ -207,9 +269,21 @@ impl<T: Element> RankExchange<T> {
                 send_pe: spec.send_rank as i32,
                 recv_pe: spec.recv_rank as i32,
                 use_shift: spec.shift.is_some() as u32,
-                accumulate: spec.accumulate_forces as u32,
+                slot_bytes: slot_bytes as u32,
+                flags: flags[p],
+                signal_mode: signal_mode as u32,
                 reserved: 0,
-            });
+            };
+            // Forces are copied into slots with 16-byte stores.
+            for (what, addr) in [("receive slot", meta.recv_slots), ("staging slot", meta.f_stage), ("peer receive slot", meta.remote_recv_slots)] {
+                if addr % 16 != 0 {
+                    return Err(HaloError::InvalidInput(format!(
+                        "rank {} pulse {p}: the force {what} at {addr:#x} is not 16-byte aligned (slot of {slot_bytes} bytes)",
+                        self.rank
+                    )));
+                }
+            }
+            metas.push(meta);
         }
         if !metas.is_empty() {
             self.meta.copy_from_host(&metas)?;
@@ -221,31 +295,30 @@ impl<T: Element> RankExchange<T> {
     /// Whether every pulse's coordinates go by direct stores (a requirement of [`Transport::FusedTma`]
     /// and [`Transport::PerPulseDirect`]).
     pub fn all_direct(&self) -> bool {
-        self.host_meta.iter().all(|m| m.remote_x != 0 && m.remote_f_signal != 0)
+        self.host_meta.iter().all(|m| m.remote_x != 0 && m.remote_recv_slots != 0)
     }
 
-    /// Whether any pulse uses the NVSHMEM put path.
+    /// Whether any pulse uses the NVSHMEM put path (data or credits).
     pub fn any_put(&self) -> bool {
-        self.host_meta.iter().any(|m| m.remote_x == 0 || m.remote_f_signal == 0)
+        self.host_meta.iter().any(|m| m.remote_x == 0 || m.remote_recv_slots == 0 || m.remote_x_credit == 0 || m.remote_f_credit == 0)
     }
 
     /// Launches the coordinate halo of one step on `stream` with a GPU-initiated `transport`. Every
     /// rank must call it every step (even with nothing to send): peers wait for this step's signal.
     pub fn launch_coordinates(&mut self, transport: Transport, stream: &CudaStream) -> Result<()> {
-        self.x_counter += 1;
         let n = self.halo.pulses.len() as u32;
         if n == 0 {
             return Ok(());
         }
-        let (mut meta, mut pulses, mut x, mut signals, mut counter) =
-            (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.x_counter);
+        let (mut meta, mut pulses, mut x, mut signals, mut state) =
+            (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut dep, mut timeout, mut status) =
-            (self.block_counters.device_ptr(), self.halo.home_atoms as u32, self.timeout_ns, self.status.device_ptr());
+            (self.counters.device_ptr(), self.halo.home_atoms as u32, self.timeout_ns, self.status.device_ptr());
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
                 let (name, shape) = if tma { (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape()) } else { (entry::<T>(abi::FUSED_COORDS), self.coord_shape()) };
-                let mut args = kernel_args![meta, pulses, x, signals, counter, counters, dep, timeout, status];
+                let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status];
                 // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
                 // `install` from a validated plan and live buffers.
                 unsafe { self.module.launch(&name, shape, stream, &mut args) }
@@ -253,13 +326,10 @@ impl<T: Element> RankExchange<T> {
             Transport::PerPulse | Transport::PerPulseDirect => {
                 let name = entry::<T>(if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL });
                 for p in 0..n {
-                    let shape = LaunchShape {
-                        grid: ((self.halo.pulses[p as usize].index_map.len() as u32).div_ceil(abi::BLOCK_SIZE).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD), 1),
-                        block: abi::BLOCK_SIZE,
-                        shared_bytes: 0,
-                    };
-                    let (mut pulse, mut arrive) = (p, self.block_counters.device_ptr_at(p as usize));
-                    let mut args = kernel_args![meta, pulse, x, signals, counter, arrive, timeout, status];
+                    let send = self.halo.pulses[p as usize].index_map.len();
+                    let shape = LaunchShape { grid: (self.grids.per_pulse(send, n as usize), 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+                    let mut pulse = p;
+                    let mut args = kernel_args![meta, pulse, pulses, x, signals, state, counters, timeout, status];
                     // SAFETY: arguments match the per-pulse kernels; see above.
                     unsafe { self.module.launch(&name, shape, stream, &mut args)? };
                 }
@@ -269,32 +339,28 @@ impl<T: Element> RankExchange<T> {
         }
     }
 
-    /// Launches the force halo of one step (reverse chain, accumulate) on `stream`.
+    /// Launches the force halo of one step (reverse chain, pushed to the owners, accumulated) on
+    /// `stream`. Every rank must call it every step.
     pub fn launch_forces(&mut self, stream: &CudaStream) -> Result<()> {
-        self.f_counter += 1;
-        self.f_launch_seq = self.f_launch_seq.wrapping_add(1);
         let n = self.halo.pulses.len() as u32;
         if n == 0 {
             return Ok(());
         }
-        let (mut meta, mut pulses, mut f, mut signals, mut counter) =
-            (self.meta.device_ptr(), n, self.f.device_ptr(), self.signals.device_ptr(), self.f_counter);
-        let (mut done, mut seq, mut timeout, mut status) = (self.done_counters.device_ptr(), self.f_launch_seq, self.timeout_ns, self.status.device_ptr());
-        let mut args = kernel_args![meta, pulses, f, signals, counter, done, seq, timeout, status];
-        let shape = LaunchShape { grid: (self.force_grid, n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+        let (mut meta, mut pulses, mut f, mut signals, mut state) =
+            (self.meta.device_ptr(), n, self.f.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
+        let (mut counters, mut timeout, mut status) = (self.counters.device_ptr(), self.timeout_ns, self.status.device_ptr());
+        let mut args = kernel_args![meta, pulses, f, signals, state, counters, timeout, status];
+        let shape = LaunchShape { grid: (self.grids.forces(), n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
         // SAFETY: arguments match `fused_forces`; metadata from `install`.
         unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
     fn coord_shape(&self) -> LaunchShape {
-        LaunchShape { grid: (self.coord_grid, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: 0 }
+        LaunchShape { grid: (self.grids.coords(), self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: 0 }
     }
 
     fn tma_shape(&self) -> LaunchShape {
-        let warps = abi::BLOCK_SIZE / 32;
-        let per_block = warps * abi::TMA_CHUNK_ATOMS;
-        let blocks = (self.halo.max_send() as u32 + 4).div_ceil(per_block).clamp(1, self.coord_grid * abi::ATOMS_PER_THREAD);
-        LaunchShape { grid: (blocks, self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: per_block * size_of::<T>() as u32 }
+        LaunchShape { grid: (self.grids.tma(), self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: abi::TMA_SHARED_BYTES }
     }
 
     /// Reads the wait status after the step's work completed: a timed-out device wait becomes an
@@ -315,16 +381,18 @@ impl<T: Element> RankExchange<T> {
         }))
     }
 
+    /// The rank's protocol state as the GPU holds it (steps completed per direction); reads device
+    /// memory, so call it while the rank is idle.
+    pub fn protocol_state(&self) -> Result<ProtocolState> {
+        Ok(self.state.to_host()?[0])
+    }
+
     /// Host-driven gather of pulse `p` into its send slot (staged path; also the first step of a
     /// host-driven transport of your own, such as the benchmarks' NCCL baseline).
     pub fn stage_pack(&self, p: usize, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
-        let (mut xp, mut mp, mut n, mut op) = (
-            self.x.device_ptr(),
-            self.maps.device_ptr_at(self.map_offsets[p]),
-            spec.index_map.len() as u32,
-            self.send_buf.device_ptr_at(p * self.sizes.slot_atoms),
-        );
+        let (mut xp, mut mp, mut n, mut op) =
+            (self.x.device_ptr(), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.send_slot(p));
         let s = spec.shift.unwrap_or_default();
         let (mut sx, mut sy, mut sz, mut use_shift) = (s.x, s.y, s.z, spec.shift.is_some() as u32);
         let mut args = kernel_args![xp, mp, n, op, sx, sy, sz, use_shift];
@@ -341,7 +409,7 @@ impl<T: Element> RankExchange<T> {
         }
         let dst = peer.x + (spec.peer_atom_offset * size_of::<T>()) as u64;
         // SAFETY: both ranges lie inside live allocations (validated plan); UVA resolves the peer.
-        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_buf.device_ptr_at(p * self.sizes.slot_atoms), bytes, stream.cu_stream()) }
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_slot(p), bytes, stream.cu_stream()) }
             .result()
             .during("staged coordinate copy")
     }
@@ -359,9 +427,14 @@ impl<T: Element> RankExchange<T> {
             .during("staged force copy")
     }
 
-    /// Address of this rank's receive slot for pulse `p` (the staged force copy's target).
+    /// Address of this rank's (first) receive slot for pulse `p` (the staged force copy's target).
     pub fn recv_slot(&self, p: usize) -> u64 {
-        self.recv_buf.device_ptr_at(p * self.sizes.slot_atoms)
+        self.recv_buf.device_ptr_at(2 * p * self.sizes.slot_atoms)
+    }
+
+    /// Address of this rank's (first) send slot for pulse `p` (where `stage_pack` puts the packed pulse).
+    pub fn send_slot(&self, p: usize) -> u64 {
+        self.x_stage.device_ptr_at(2 * p * self.sizes.slot_atoms)
     }
 
     /// Host-driven accumulate (or store) of pulse `p`'s forces received into its receive slot
@@ -371,21 +444,19 @@ impl<T: Element> RankExchange<T> {
         let (mut bp, mut mp, mut n, mut dp) =
             (self.recv_slot(p), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
         let mut args = kernel_args![bp, mp, n, dp];
-        let name = entry::<T>(if spec.accumulate_forces { abi::UNPACK_ACCUMULATE } else { abi::UNPACK_STORE });
-        // SAFETY: arguments match the unpack kernels; validated plan.
-        unsafe { self.module.launch(&name, LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+        // Forces are always accumulated (`spec::validate` rejects storing).
+        // SAFETY: arguments match `unpack_accumulate`; validated plan.
+        unsafe { self.module.launch(&entry::<T>(abi::UNPACK_ACCUMULATE), LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
     }
 
-    /// Resets the device-side protocol state (signals, counters, status) so the exchange can run
-    /// again after a failure. Every rank must reset before any rank launches again.
+    /// Resets the device-side protocol state (signals, step counters, block counters, status) so
+    /// the exchange can run again after a failure. Every rank must reset, all of them idle, before
+    /// any rank launches again. Not needed between steps or graph replays.
     pub fn reset_protocol(&mut self) -> Result<()> {
-        self.signals.fill_bytes(0xFF)?;
-        self.block_counters.fill_bytes(0)?;
-        self.done_counters.fill_bytes(0)?;
+        self.signals.fill_bytes(0)?;
+        self.state.fill_bytes(0)?;
+        self.counters.fill_bytes(0)?;
         self.status.fill_bytes(0)?;
-        self.x_counter = 0;
-        self.f_counter = 0;
-        self.f_launch_seq = 0;
         Ok(())
     }
 
@@ -405,7 +476,7 @@ impl<T: Element> RankExchange<T> {
             .into_iter()
             .min()
             .unwrap_or(1);
-        let tma = self.module.max_blocks_per_sm(&entry::<T>(abi::FUSED_COORDS_TMA), abi::BLOCK_SIZE, self.tma_shape().shared_bytes)?;
+        let tma = self.module.max_blocks_per_sm(&entry::<T>(abi::FUSED_COORDS_TMA), abi::BLOCK_SIZE, abi::TMA_SHARED_BYTES)?;
         Ok((sms, per_sm.min(tma)))
     }
 }
@@ -438,12 +509,28 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Accessors for host-driven transports of one's own, such as the benchmarks' NCCL baseline
-// (halo-cli's bench/nccl.rs), which drives the same buffers with NCCL instead of peer copies.
-impl<T: Element> RankExchange<T> {
-    /// Address of this rank's send slot for pulse `p` (where `stage_pack` puts the packed pulse).
-    pub fn send_slot(&self, p: usize) -> u64 {
-        self.send_buf.device_ptr_at(p * self.sizes.slot_atoms)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_grid_exceeds_the_residency_cap() {
+        // Eight ranks on one GPU with large pulses: the cap is small, the pulses want many blocks.
+        for elem in [4, 8, 12, 16] {
+            let g = Grids::for_halo(60_000, 60_000, elem).capped(3);
+            assert!(g.coords() <= 3 && g.forces() <= 3 && g.tma() <= 3, "{elem}-byte elements: {g:?}");
+            assert!(g.per_pulse(60_000, 2) <= 6, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn grids_follow_the_halo_size_below_the_cap() {
+        let g = Grids::for_halo(0, 0, 12);
+        assert_eq!((g.coords(), g.forces(), g.tma(), g.per_pulse(0, 1)), (1, 1, 1, 1));
+        let g = Grids::for_halo(10_000, 10_000, 12);
+        // 2048 atoms per block (512 threads x 4 atoms); TMA: 16 warps x 128 atoms.
+        assert_eq!((g.coords(), g.tma()), (5, 5));
+        assert_eq!(g.capped(100), g.capped(100).capped(200), "a higher cap never raises the grid");
+        assert_eq!(g.capped(0).coords(), 1, "at least one block");
     }
 }

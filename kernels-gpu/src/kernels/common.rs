@@ -1,7 +1,11 @@
-//! Pieces shared by the halo kernels: packing a slice of an index map, bounded signal waits,
-//! last-block election, and the two ways of delivering a pulse (direct store or NVSHMEM put).
+//! Pieces shared by the halo kernels: packing a slice of an index map, bounded waits, last-block
+//! election, the launch's step counter (read from and advanced in device memory), the ways of
+//! delivering a pulse (direct stores, NVSHMEM put with a signal or a fenced put), and credits.
 
-use crate::abi::{Float3, HaloElement, NVSHMEM_SIGNAL_SET, PackMode, PulseMeta, WaitKind, WaitStatus};
+use crate::abi::{
+    Direction, Float3, HaloElement, NVSHMEM_SIGNAL_SET, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind,
+    WaitStatus, pulse_flags, signal_index,
+};
 use crate::device::{self, nvshmem, thread};
 
 /// An element type the halo kernels can move on the device: a [`HaloElement`] that can also be
@@ -111,58 +115,104 @@ pub struct WaitSite {
     pub peer: i32,
 }
 
-/// Spin until `*slot == expected` (a signal SET by a peer to this step's counter), then acquire.
-/// Bounded: after `timeout_ns` of `%globaltimer`, or as soon as another waiter has already timed
-/// out, it records the failure in `status` (first reporter wins) and returns `false`, so the kernel
-/// ends instead of hanging. Callers carry on to their barriers either way; the host discards the
-/// step's data when `status.timed_out` is set.
+/// Polls of a bounded wait between two looks at `%globaltimer` and the timeout flag. The H200
+/// probes (docs/protocol.md, "The wait") measured a relaxed spin that looks at the clock and the
+/// flag on every poll at 1.86 µs one way, and one that looks every 256 polls at 1.21 µs, the same
+/// as an unbounded acquire spin: the bound costs nothing on the fast path.
+pub const WAIT_CHECK_INTERVAL: u32 = 256;
+
+/// The slow path of a bounded wait, entered every [`WAIT_CHECK_INTERVAL`] polls: starts the clock
+/// on the first call (so a wait that succeeds within the first polls never reads it) and says
+/// whether to give up (deadline passed, or another waiter already timed out), recording the
+/// failure in `status` when it does.
 ///
 /// # Safety
-/// `slot` valid and 8-byte aligned (local or a peer's); `status` valid. One thread per wait.
+/// `status` valid.
 #[inline(always)]
-pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
-    let start = device::global_timer_ns();
+unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, expected: u64, seen: u64) -> bool {
+    let now = device::global_timer_ns();
+    let start = *started.get_or_insert(now);
+    let waited = now.wrapping_sub(start);
+    // SAFETY: `status` valid; another waiter's CAS on the flag is a GPU-scope atomic.
+    let other_failed = unsafe { device::load_relaxed_gpu_u32(&raw const (*status).timed_out) } != 0;
+    if waited > timeout_ns || other_failed {
+        // SAFETY: `status` valid.
+        unsafe { report_timeout(status, site, expected, seen, waited) };
+        return true;
+    }
+    false
+}
+
+/// The bounded spin of both waits: `relaxed()` until it returns at least `expected`, then one
+/// `acquire()`; the clock and the timeout flag only every [`WAIT_CHECK_INTERVAL`] polls.
+///
+/// # Safety
+/// `status` valid; `relaxed` and `acquire` read a valid location.
+#[inline(always)]
+unsafe fn spin_until(
+    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+) -> bool {
+    let mut started = None;
     loop {
-        // SAFETY: the caller guarantees `slot`.
-        let seen = unsafe { device::load_relaxed_sys_u64(slot) };
-        if seen == expected {
-            device::fence_acq_rel_sys();
-            return true;
+        let mut polls = WAIT_CHECK_INTERVAL;
+        let mut seen = 0;
+        while polls > 0 {
+            seen = relaxed();
+            if seen >= expected {
+                acquire();
+                return true;
+            }
+            polls -= 1;
         }
-        let waited = device::global_timer_ns().wrapping_sub(start);
-        // SAFETY: `status` valid; a volatile read sees another waiter's report.
-        let other_failed = unsafe { core::ptr::read_volatile(&(*status).timed_out) } != 0;
-        if waited > timeout_ns || other_failed {
-            // SAFETY: `status` valid.
-            unsafe { report_timeout(status, site, expected, seen, waited) };
+        // SAFETY: `status` valid.
+        if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
             return false;
         }
     }
 }
 
-/// Spin until the u32 counter at `ptr` equals `expected` (blocks of this launch), acquire at GPU
-/// scope, bounded like [`wait_signal`].
+/// Spin until `*slot >= expected`, then acquire. Slots hold step counters that only grow (each
+/// SET by one peer to its counter, or by the host to [`crate::abi::SIGNAL_UNSET`] while idle), so
+/// a value above `expected` means step `expected` arrived too (docs/protocol.md, "Monotonic
+/// signals").
+///
+/// The spin is `ld.relaxed.sys`; the clock and the timeout flag are looked at only every
+/// [`WAIT_CHECK_INTERVAL`] polls; the wait ends with one `ld.acquire.sys` re-read of the slot,
+/// which reads the value the spin saw or a later one (coherence), each written by a release, so
+/// the data behind it is visible to every later read of this thread. No fence on the fast path.
+/// Bounded: after `timeout_ns` of `%globaltimer` (plus at most one interval of polls), or as soon
+/// as another waiter has timed out, it records the failure in `status` (first reporter wins) and
+/// returns `false`, so the kernel ends instead of hanging. Callers carry on to their barriers
+/// either way; the host discards the step's data when `status.timed_out` is set.
+///
+/// This is the only signal wait: the exchange kernels and the latency probe call it alike.
+///
+/// # Safety
+/// `slot` valid and 8-byte aligned (local or a peer's); `status` valid. One thread per wait.
+#[inline(always)]
+pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
+    // SAFETY: the caller guarantees `slot` and `status`; the acquire's value is not needed.
+    unsafe {
+        spin_until(expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
+            device::load_acquire_sys_u64(slot);
+        })
+    }
+}
+
+/// Spin until the u32 counter at `ptr` reaches `expected` (arrivals of blocks of this launch,
+/// each an acq-rel atomic), then acquire at GPU scope; bounded like [`wait_signal`]: a relaxed
+/// GPU-scope spin, the clock every [`WAIT_CHECK_INTERVAL`] polls, one `ld.acquire.gpu` at the end.
 ///
 /// # Safety
 /// `ptr` valid and on this device; `status` valid.
 #[inline(always)]
 pub unsafe fn wait_local_counter(ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32) -> bool {
-    let start = device::global_timer_ns();
-    loop {
-        // SAFETY: the caller guarantees `ptr`.
-        let seen = unsafe { device::load_acquire_gpu_u32(ptr) };
-        if seen == expected {
-            return true;
-        }
-        let waited = device::global_timer_ns().wrapping_sub(start);
-        // SAFETY: `status` valid.
-        let other_failed = unsafe { core::ptr::read_volatile(&(*status).timed_out) } != 0;
-        if waited > timeout_ns || other_failed {
-            let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
-            // SAFETY: `status` valid.
-            unsafe { report_timeout(status, site, expected as u64, seen as u64, waited) };
-            return false;
-        }
+    let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
+    // SAFETY: the caller guarantees `ptr` and `status`.
+    unsafe {
+        spin_until(expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
+            device::load_acquire_gpu_u32(ptr);
+        })
     }
 }
 
@@ -186,14 +236,14 @@ unsafe fn report_timeout(status: *mut WaitStatus, site: WaitSite, expected: u64,
 
 /// Device-wide arrival: thread 0 of each block increments `counter` (acq-rel, wrapping after
 /// `gridDim.x` arrivals); returns, to every thread of the block, whether this block arrived last
-/// and so sees all the other blocks' writes.
+/// and so sees all the other blocks' writes (and reads: the release orders both).
 ///
 /// # Safety
 /// All threads of the block call it together (it contains block barriers); `counter` valid, on
 /// this device, 0 when the launch starts (it wraps back to 0 by itself).
 #[inline(always)]
 pub unsafe fn arrive_is_last_block(counter: *mut u32) -> bool {
-    // SAFETY: all threads call this; the barrier orders the block's writes before thread 0's release.
+    // SAFETY: all threads call this; the barrier orders the block's accesses before thread 0's release.
     unsafe {
         device::sync_threads();
         let mut last = false;
@@ -205,15 +255,131 @@ pub unsafe fn arrive_is_last_block(counter: *mut u32) -> bool {
     }
 }
 
+/// This launch's step counter in one direction, read from the rank's device-resident
+/// [`ProtocolState`] at the start of the kernel: the signals of this launch carry `epoch`, and
+/// `repeat` says the previous launch of this exchange was the same direction (so the
+/// consumption credits of the pulses that need them must be awaited).
+#[derive(Clone, Copy)]
+pub struct Step {
+    /// The counter this launch signals and waits for (`completed + 1`).
+    pub epoch: u64,
+    /// The previous launch was the same direction (no opposite halo in between).
+    pub repeat: bool,
+}
+
+impl Step {
+    /// Reads the state for `direction` ([`Direction::Coordinates`] or [`Direction::Forces`]).
+    /// Every block reads it before it arrives anywhere; the launch's last arrival advances it
+    /// ([`record_launch`]), so all blocks of a launch agree.
+    ///
+    /// # Safety
+    /// `state` valid; written only by [`record_launch`] of an earlier launch (kernel boundaries
+    /// order it) or by the host while the rank is idle.
+    #[inline(always)]
+    pub unsafe fn read(state: *const ProtocolState, direction: Direction) -> Self {
+        // SAFETY: the caller's contract; plain loads, ordered by the launch boundary.
+        let (completed, last) = unsafe {
+            let s = &*state;
+            (if direction == Direction::Forces { s.f_epoch } else { s.x_epoch }, s.last_direction)
+        };
+        Self { epoch: completed + 1, repeat: last == direction as u32 }
+    }
+
+    /// Slot parity of this step: which slot of a pair it writes or reads.
+    #[inline(always)]
+    pub fn parity(self) -> u64 {
+        self.epoch & 1
+    }
+}
+
+/// Arrival of one coordinate pulse's last block (thread 0), once the pulse is packed and
+/// delivered, on the launch-wide counter `state.x_finished` (acq-rel, wrapping after
+/// `num_pulses` arrivals). Call it before the pulse's own receive wait, so it overlaps the hop.
+/// The last arrival sees every read of received coordinates this launch made (all packing is
+/// done); it sends the coordinate credits of the pulses marked
+/// [`pulse_flags::SEND_COORD_CREDIT`] to their `recv_pe` ("I have finished reading what you sent
+/// me") and records the launch ([`record_launch`]). `puts`: whether credits may go by NVSHMEM
+/// (false in the kernels that require every peer mapped, which then contain no NVSHMEM call).
+///
+/// # Safety
+/// One thread per pulse calls it; `state` on this device (`x_finished` 0 at launch start, and
+/// every block of the launch read the state before arriving anywhere), `pulses[0..num_pulses]` and
+/// `signals` valid; the put path as in [`send_credit`].
+#[inline(always)]
+pub unsafe fn finish_coordinates(pulses: *const PulseMeta, num_pulses: u32, signals: *mut u64, state: *mut ProtocolState, step: Step, puts: bool) {
+    let limit = num_pulses - 1;
+    // SAFETY: the caller's contract.
+    if unsafe { device::atomic_inc_acq_rel_gpu(&raw mut (*state).x_finished, limit) } != limit {
+        return;
+    }
+    for q in 0..num_pulses {
+        // SAFETY: `num_pulses` valid entries.
+        let meta = unsafe { &*pulses.add(q as usize) };
+        if meta.has(pulse_flags::SEND_COORD_CREDIT) {
+            // SAFETY: the credit slot of pulse `q` is symmetric; `recv_pe` holds it at the same offset.
+            unsafe {
+                let slot = signals.add(signal_index(SignalSlot::CoordCredit, q, num_pulses));
+                send_credit(meta.remote_x_credit, slot, step.epoch, meta.recv_pe, puts)
+            };
+        }
+    }
+    // SAFETY: as above.
+    unsafe { record_launch(state, step, Direction::Coordinates) };
+}
+
+/// Records a finished launch in `state`: the step counter of `direction` becomes `step.epoch`, and
+/// `direction` the last direction. Plain stores: nothing in this launch reads them again, and the
+/// next launch reads them after the kernel boundary.
+///
+/// # Safety
+/// One thread of the launch calls it, after every block of the launch has read the state (an
+/// acq-rel arrival of every block precedes it); `state` on this device.
+#[inline(always)]
+pub unsafe fn record_launch(state: *mut ProtocolState, step: Step, direction: Direction) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if direction == Direction::Forces {
+            (*state).f_epoch = step.epoch;
+        } else {
+            (*state).x_epoch = step.epoch;
+        }
+        (*state).last_direction = direction as u32;
+    }
+}
+
+/// One thread tells a peer that this rank has finished with what it sent (a credit SET to the
+/// step counter): a `st.release.sys` into the peer's slot when it is mapped (`remote != 0`, always
+/// the case when `puts` is false); an `nvshmem_fence` (a `membar.sys`, ordering this rank's
+/// earlier accesses) and an 8-byte put of the counter into the symmetric `slot` on `pe` otherwise
+/// (no remote atomic needed).
+///
+/// # Safety
+/// `remote` mapped and valid when nonzero or `puts` is false; otherwise NVSHMEM initialised, this
+/// module registered, `slot` a symmetric address valid on `pe`.
+#[inline(always)]
+pub unsafe fn send_credit(remote: u64, slot: *mut u64, value: u64, pe: i32, puts: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if remote != 0 || !puts {
+            device::store_release_sys_u64(remote as *mut u64, value);
+        } else {
+            nvshmem::nvshmem_fence();
+            nvshmem::nvshmem_uint64_p(slot, value, pe);
+        }
+    }
+}
+
 /// Delivers a packed pulse once all its data is written: on the direct path one `st.release.sys`
-/// of `counter` into the peer's slot (thread 0); on the put path every thread of the block calls
-/// `putmem_signal_nbi_block` from the local `src` into the symmetric `dest_symmetric` on `pe`.
+/// of `counter` into the peer's slot (thread 0); on the put path every thread of the block copies
+/// `src[0..n]` into the symmetric `dest_symmetric` on `pe` and signals the symmetric
+/// `signal_symmetric` there as `mode` says ([`put_and_signal`]).
 ///
 /// # Safety
 /// All threads of the block call it together. Direct path: `remote_signal` mapped and valid. Put
 /// path: NVSHMEM initialised and this module registered; `dest_symmetric`, `src[0..n]` and
 /// `signal_symmetric` symmetric addresses valid on `pe`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn deliver<T: HaloElement>(
     remote_signal: *mut u64,
     direct: bool,
@@ -223,6 +389,7 @@ pub unsafe fn deliver<T: HaloElement>(
     signal_symmetric: *mut u64,
     counter: u64,
     pe: i32,
+    mode: SignalMode,
 ) {
     if direct {
         if thread::thread_idx_x() == 0 {
@@ -231,17 +398,66 @@ pub unsafe fn deliver<T: HaloElement>(
             unsafe { device::store_release_sys_u64(remote_signal, counter) };
         }
     } else {
-        // SAFETY: caller's contract; `n` elements of `T`.
+        // SAFETY: caller's contract.
+        unsafe { put_and_signal(dest_symmetric.cast(), src.cast(), n as usize * size_of::<T>(), signal_symmetric, counter, pe, mode) };
+    }
+}
+
+/// The put path's data and signal, as `mode` says. `PutSignal`: one
+/// `putmem_signal_nbi_block(..., NVSHMEM_SIGNAL_SET, counter)`. `FencedPut`: the block's
+/// `putmem_nbi_block`, a barrier, then thread 0's `nvshmem_fence` (puts to `pe` before it are
+/// delivered before puts after it) and `nvshmem_uint64_p(signal, counter)`. Both deliver the
+/// signal after the data; the fenced form needs no remote atomic, and a plain put suffices
+/// because the slot only grows and the receiver compares `>=`.
+///
+/// # Safety
+/// All threads of the block call it together; NVSHMEM initialised and this module registered;
+/// `dest`, `src[0..bytes]` and `signal` symmetric addresses valid on `pe`.
+#[inline(always)]
+pub unsafe fn put_and_signal(dest: *mut u8, src: *const u8, bytes: usize, signal: *mut u64, counter: u64, pe: i32, mode: SignalMode) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match mode {
+            SignalMode::PutSignal => {
+                nvshmem::nvshmemx_putmem_signal_nbi_block(dest.cast(), src.cast(), bytes, signal, counter, NVSHMEM_SIGNAL_SET, pe)
+            }
+            SignalMode::FencedPut => {
+                nvshmem::nvshmemx_putmem_nbi_block(dest.cast(), src.cast(), bytes, pe);
+                device::sync_threads();
+                if thread::thread_idx_x() == 0 {
+                    nvshmem::nvshmem_fence();
+                    nvshmem::nvshmem_uint64_p(signal, counter, pe);
+                }
+            }
+        }
+    }
+}
+
+/// Grid-stride copy of `bytes` (a multiple of 4) from `src` (4-byte aligned) to `dst` (16-byte
+/// aligned, local or a peer's), by the threads `first .. first + stride` of this launch's rows:
+/// 16-byte vector stores for the whole chunks, then single words for the rest. Consecutive threads
+/// store consecutive 16-byte chunks, so a warp writes 512 contiguous bytes per instruction.
+///
+/// # Safety
+/// Both ranges valid and not overlapping; the alignments above.
+#[inline(always)]
+pub unsafe fn copy_words(dst: *mut u8, src: *const u8, bytes: u32, first: u32, stride: u32) {
+    let (src_words, dst_words) = (src as *const u32, dst as *mut u32);
+    let chunks = bytes / 16;
+    let mut c = first;
+    while c < chunks {
+        // SAFETY: chunk `c` lies inside both ranges; `dst` chunks are 16-byte aligned.
         unsafe {
-            nvshmem::nvshmemx_putmem_signal_nbi_block(
-                dest_symmetric.cast(),
-                src.cast(),
-                n as usize * size_of::<T>(),
-                signal_symmetric,
-                counter,
-                NVSHMEM_SIGNAL_SET,
-                pe,
-            )
-        };
+            let w = src_words.add(4 * c as usize);
+            let v = [*w, *w.add(1), *w.add(2), *w.add(3)];
+            device::store_global_v4_b32(dst_words.add(4 * c as usize) as *mut [u32; 4], v);
+        }
+        c += stride;
+    }
+    let tail = (bytes % 16) / 4;
+    if first < tail {
+        let i = (4 * chunks + first) as usize;
+        // SAFETY: word `i` lies inside both ranges.
+        unsafe { *dst_words.add(i) = *src_words.add(i) };
     }
 }

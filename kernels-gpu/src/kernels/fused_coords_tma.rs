@@ -1,21 +1,26 @@
 //! All coordinate pulses in one launch, moved with Hopper's bulk copies (`cp.async.bulk`):
 //! the blog's TMA variant, direct (load/store-reachable) peers only.
 //!
-//! Each warp packs chunks of [`TMA_CHUNK_ATOMS`] atoms into its own slice of shared memory and its
-//! leader copies the chunk to the peer in one bulk operation. A chunk's independent atoms are
-//! packed first; only if the chunk holds dependent atoms does the leader wait for earlier pulses.
-//! There is no block-wide barrier: warps finish on their own and the last warp of the pulse (by an
-//! acq-rel counter) signals the peer.
+//! Each warp gathers a chunk of [`TMA_CHUNK_BYTES`] (1.5 KB) into registers, then into its own
+//! slice of shared memory, and its leader copies the chunk to the peer in one bulk operation. A
+//! chunk's independent atoms are gathered first; only if the chunk holds dependent atoms does the
+//! leader wait for earlier pulses. The leader waits for a bulk copy to have read its shared slice
+//! only right before the slice is written again, so the next chunk's gathers overlap the copy.
+//! Warps finish on their own; the warps of a block aggregate their arrival in shared memory and
+//! the block's last warp arrives once on the pulse's counter, whose last arrival signals the peer.
 //!
 //! `cp.async.bulk` needs 16-byte-aligned addresses and sizes in multiples of 16 bytes. Atom `i`
 //! lands at `remote_x + 12 i`, so the first `head` (< 4) atoms, until that address is 16-byte
 //! aligned, and the tail after the last full chunk are stored by the lanes directly. The same holds
-//! for every element type; chunks are `TMA_CHUNK_ATOMS` elements (a multiple of 16 bytes for sizes
-//! 4, 8, 12 and 16).
+//! for every element type.
 
-use super::common::{WaitSite, shift_of, shifted, wait_signal};
-use crate::abi::{HaloElement, PulseMeta, TMA_CHUNK_ATOMS, WaitKind, WaitStatus};
+use super::common::{Step, WaitSite, finish_coordinates, shift_of, shifted, wait_signal};
+use crate::abi::{
+    Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
+    tma_chunk_atoms,
+};
 use crate::device::{self, bulk, shared, thread, warp};
+
 
 /// Elements before the first 16-byte-aligned destination: the smallest `i` with
 /// `(remote + i * size_of::<T>()) % 16 == 0` (`remote` is `T`-aligned, and every supported size
@@ -31,8 +36,9 @@ fn alignment_head<T>(remote: u64) -> u32 {
 }
 
 /// Arguments as [`fused_coords`](super::fused_coords::fused_coords); every pulse must be direct
-/// (`remote_x != 0`). Dynamic shared memory: `TMA_CHUNK_ATOMS * size_of::<T>()` bytes per warp.
-/// `block_counters[p]` counts warps here (it wraps after all warps of the pulse arrived).
+/// (`remote_x != 0`). Dynamic shared memory: [`crate::abi::TMA_SHARED_BYTES`] (a chunk per warp,
+/// then the block's arrival counter). `counters[p]` counts blocks here (it wraps back to 0 after
+/// all blocks of the pulse arrived).
 ///
 /// # Safety
 /// Metadata from a validated plan with every peer mapped; the launch's dynamic shared memory as
@@ -40,15 +46,37 @@ fn alignment_head<T>(remote: u64) -> u32 {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_coords_tma<T: HaloElement>(
-    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, counter: u64,
-    block_counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
+    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+) {
+    // Elements per lane and chunk as a constant, so the lane's values stay in registers.
+    // SAFETY: forwarded; exactly one arm survives monomorphisation.
+    unsafe {
+        match size_of::<T>() {
+            4 => chunked::<T, 12>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
+            8 => chunked::<T, 6>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
+            12 => chunked::<T, 4>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
+            _ => chunked::<T, 3>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
+        }
+    }
+}
+
+/// The kernel for `K = TMA_CHUNK_BYTES / 32 / size_of::<T>()` elements per lane and chunk.
+///
+/// # Safety
+/// As [`fused_coords_tma`]; `K * 32 * size_of::<T>() == TMA_CHUNK_BYTES`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunked<T: HaloElement, const K: usize>(
+    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
+    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
 ) {
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
         return;
     }
-    // SAFETY: `num_pulses` valid entries.
-    let meta = unsafe { &*pulses.add(pulse as usize) };
+    // SAFETY: `num_pulses` valid entries; this rank's state.
+    let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
     let dest = meta.remote_x as *mut T;
     let map = meta.index_map as *const u32;
     let shift = shift_of(meta);
@@ -58,93 +86,140 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
     let warp_in_block = warp::warp_id();
     let global_warp = thread::block_idx_x() * warps_per_block + warp_in_block;
     let total_warps = thread::grid_dim_x() * warps_per_block;
+    let chunk_atoms = tma_chunk_atoms(size_of::<T>() as u32);
+    debug_assert!(K as u32 * warp::WARP_SIZE == chunk_atoms);
 
-    // SAFETY: the launch gives each warp TMA_CHUNK_ATOMS atoms of shared memory; only this
-    // warp touches its slice, ordered by sync_warp.
-    let staging = unsafe {
-        (shared::dynamic_shared_mem() as *mut T).add((warp_in_block * TMA_CHUNK_ATOMS) as usize)
+    // SAFETY: the launch gives each warp TMA_CHUNK_BYTES of shared memory and the block 16 bytes
+    // after them; only this warp touches its slice (ordered by sync_warp), the counter is atomic.
+    let (staging, block_arrivals) = unsafe {
+        let base = shared::dynamic_shared_mem() as *mut u8;
+        (base.add((warp_in_block * TMA_CHUNK_BYTES) as usize) as *mut T, base.add((warps_per_block * TMA_CHUNK_BYTES) as usize) as *mut u32)
     };
+    if thread::thread_idx_x() == 0 {
+        // SAFETY: this block's counter, written before the barrier below.
+        unsafe { *block_arrivals = 0 };
+        if step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT) {
+            let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
+            // SAFETY: own credit slot of this pulse.
+            unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site) };
+        }
+    }
+    // SAFETY: every thread reaches it (nothing above returns): the counter is initialised and the
+    // credit acquired before any warp writes.
+    unsafe { device::sync_threads() };
+
     // Atoms before the first 16-byte-aligned destination address.
     let head = alignment_head::<T>(meta.remote_x).min(n);
-    let full_chunks = (n - head) / TMA_CHUNK_ATOMS;
+    let full_chunks = (n - head) / chunk_atoms;
     // Work items: 0 = head, 1..=full_chunks = bulk chunks, full_chunks + 1 = tail.
     let items = full_chunks + 2;
     let mut waited = false;
+    let mut copying = false;
+    let mut values = [T::default(); K];
     let mut item = global_warp;
     while item < items {
         let (start, len, use_bulk) = if item == 0 {
             (0, head, false)
         } else if item <= full_chunks {
-            (head + (item - 1) * TMA_CHUNK_ATOMS, TMA_CHUNK_ATOMS, true)
+            (head + (item - 1) * chunk_atoms, chunk_atoms, true)
         } else {
-            let start = head + full_chunks * TMA_CHUNK_ATOMS;
+            let start = head + full_chunks * chunk_atoms;
             (start, n - start, false)
         };
-        let i = start + lane;
-        let valid = lane < len;
-        // SAFETY: i < n when valid; the map and x come from the validated plan.
-        let atom = if valid { unsafe { *map.add(i as usize) } } else { 0 };
-        let dependent = valid && pulse > 0 && atom >= dep_offset;
-        let out = if use_bulk { unsafe { staging.add(lane as usize) } } else { unsafe { dest.add(i as usize) } };
-        if valid && !dependent {
-            // SAFETY: `out` is this lane's staging slot or destination atom.
-            unsafe { *out = shifted(*x.add(atom as usize), shift) };
+        // Gather the independent atoms into registers; remember the dependent ones.
+        let mut dependent = 0u32;
+        for j in 0..K {
+            let l = j as u32 * warp::WARP_SIZE + lane;
+            if l < len {
+                // SAFETY: start + l < n; the map and x come from the validated plan.
+                let atom = unsafe { *map.add((start + l) as usize) };
+                if pulse > 0 && atom >= dep_offset {
+                    dependent |= 1 << j;
+                } else {
+                    values[j] = shifted(unsafe { *x.add(atom as usize) }, shift);
+                }
+            }
         }
         // SAFETY: the loop is warp-uniform (`item` depends only on the warp), all lanes vote.
-        if unsafe { warp::warp_vote_any(warp::FULL_MASK, dependent) } {
+        if unsafe { warp::warp_vote_any(warp::FULL_MASK, dependent != 0) } {
             if !waited && lane == 0 {
                 for earlier in 0..pulse {
                     // SAFETY: own receive-X slots.
                     let meta_e = unsafe { &*pulses.add(earlier as usize) };
                     let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                    unsafe { wait_signal(signals.add(earlier as usize), counter, timeout_ns, status, site) };
+                    unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
                 }
             }
             waited = true;
             // SAFETY: all lanes; orders the leader's acquire before the dependent reads.
             unsafe { warp::sync_warp(warp::FULL_MASK) };
-            if dependent {
-                // SAFETY: as above.
-                unsafe { *out = shifted(*x.add(atom as usize), shift) };
+            for j in 0..K {
+                if dependent & (1 << j) != 0 {
+                    // SAFETY: as above.
+                    values[j] = unsafe { shifted(*x.add(*map.add((start + j as u32 * warp::WARP_SIZE + lane) as usize) as usize), shift) };
+                }
             }
         }
         if use_bulk {
+            // The previous chunk's copy must have read the slice before it is overwritten.
+            if copying && lane == 0 {
+                bulk::wait_group_read_all();
+            }
+            // SAFETY: all lanes; no lane writes the slice before the leader's wait.
+            unsafe { warp::sync_warp(warp::FULL_MASK) };
+            for (j, value) in values.iter().enumerate() {
+                // SAFETY: a full chunk: every lane's items are valid and inside the slice.
+                unsafe { *staging.add(j * warp::WARP_SIZE as usize + lane as usize) = *value };
+            }
             // Each writer hands its shared-memory stores to the async proxy, then the leader copies.
             bulk::fence_proxy_async_shared_cta();
             // SAFETY: all lanes.
             unsafe { warp::sync_warp(warp::FULL_MASK) };
             if lane == 0 {
-                // SAFETY: 16-byte aligned by construction of `head`; a multiple of 16 bytes; the slice is
-                // not rewritten before wait_group_read_all below.
+                // SAFETY: 16-byte aligned by construction of `head`; TMA_CHUNK_BYTES bytes; the slice
+                // is not rewritten before wait_group_read_all above.
                 unsafe {
                     let window = shared::to_shared_window(staging as *const u8);
-                    bulk::copy_shared_to_global(dest.add(start as usize) as *mut u8, window, TMA_CHUNK_ATOMS * size_of::<T>() as u32);
+                    bulk::copy_shared_to_global(dest.add(start as usize) as *mut u8, window, TMA_CHUNK_BYTES);
                 }
                 bulk::commit_group();
-                bulk::wait_group_read_all();
             }
-            // SAFETY: all lanes; no lane rewrites the slice before the source was read.
-            unsafe { warp::sync_warp(warp::FULL_MASK) };
+            copying = true;
+        } else {
+            for (j, value) in values.iter().enumerate() {
+                let l = j as u32 * warp::WARP_SIZE + lane;
+                if l < len {
+                    // SAFETY: start + l < n, inside the peer's receive range.
+                    unsafe { *dest.add((start + l) as usize) = *value };
+                }
+            }
         }
         item += total_warps;
     }
 
-    // The lanes' direct stores are ordered before the leader; it waits for its copies to
-    // complete, then the warp arrives on the pulse counter.
+    // The lanes' direct stores are ordered before the leader; it waits for its copies to be
+    // performed, then the warp arrives on the block's counter (CTA scope), and the block's last
+    // warp on the pulse's counter (GPU scope): releases all the way, so the pulse's last arrival
+    // sees every store of every warp.
     // SAFETY: all lanes.
     unsafe { warp::sync_warp(warp::FULL_MASK) };
-    let mut last = false;
     if lane == 0 {
         bulk::wait_group_all();
-        let limit = total_warps - 1;
-        // SAFETY: `block_counters` has `num_pulses` zeroed counters on this device.
-        last = unsafe { device::atomic_inc_acq_rel_gpu(block_counters.add(pulse as usize), limit) } == limit;
-    }
-    if last {
-        // SAFETY: mapped peer slot; release.sys publishes what this warp observed via acq_rel.
-        unsafe { device::store_release_sys_u64(meta.remote_x_signal as *mut u64, counter) };
-        let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-        // SAFETY: own receive-X slot.
-        unsafe { wait_signal(signals.add(pulse as usize), counter, timeout_ns, status, site) };
+        // SAFETY: this block's shared counter; `counters` has `num_pulses` zeroed counters here.
+        let last = unsafe {
+            let old = device::atomic_add_acq_rel_cta_shared_u32(shared::to_shared_window(block_arrivals as *const u8), 1);
+            let limit = thread::grid_dim_x() - 1;
+            old == warps_per_block - 1 && device::atomic_inc_acq_rel_gpu(counters.add(pulse as usize), limit) == limit
+        };
+        if last {
+            // SAFETY: mapped peer slot; release.sys publishes what this thread observed.
+            unsafe { device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch) };
+            let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
+            // SAFETY: state on this device; own receive-X slot.
+            unsafe {
+                finish_coordinates(pulses, num_pulses, signals, state, step, false);
+                wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
+            }
+        }
     }
 }

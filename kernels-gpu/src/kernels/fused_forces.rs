@@ -1,108 +1,133 @@
 //! All force pulses in one launch (GROMACS's `fusedUnPackFRecvBufNvshmemKernel`, rewritten): the
-//! reverse chain of the coordinate halo.
+//! reverse chain of the coordinate halo, with forces pushed to their owner.
 //!
 //! For pulse `p`, this rank holds forces on the halo atoms it received in `p` (at `atom_offset`,
 //! `recv_size` of them) and owes them to `recv_pe`; it is owed forces on the atoms it sent in `p`
 //! (`send_size`, through `index_map`) by `send_pe`. Halo atoms of pulse `p` may have been
-//! forwarded in any later pulse, so pulse `p`'s forces may leave only after every later pulse
-//! has been accumulated here. The chain therefore starts at the last pulse:
+//! forwarded in a later pulse, whose forces are added to them here, so pulse `p`'s forces may
+//! leave only after every later pulse has been accumulated. The blocks of row `p` of the grid:
 //!
-//! 1. block 0 of the last pulse sends the last pulse's halo forces at once;
-//! 2. the blocks of pulse `p` wait for `send_pe`'s signal, then accumulate the received forces
-//!    into `f` through the map (read straight from the peer's `f` on the direct path, from the
-//!    local receive slot on the put path);
-//! 3. the last block to finish pulse `p > 0` waits until every later pulse is finished too, then
-//!    sends pulse `p - 1`.
+//! 1. wait until every later pulse is accumulated (none for the last pulse), then push the halo
+//!    forces of `p` into `recv_pe`'s receive slot for this step (direct 16-byte stores over
+//!    NVLink, all blocks of the row sharing the copy; or staged locally and put by NVSHMEM); the
+//!    last block to finish signals `recv_pe`;
+//! 2. wait for `send_pe`'s signal, then accumulate the forces it pushed into the local receive
+//!    slot into `f` through the map (local reads only: nothing is fetched over NVLink);
+//! 3. count themselves done; the last block of the row sends the force credit where the pulse
+//!    needs one; the last block of pulse 0's row, always the launch's last, advances the force
+//!    step counter and resets the done counters for the next launch (so the grid may change
+//!    between launches).
 
-use super::common::{DeviceElement, WaitSite, deliver, wait_local_counter, wait_signal};
-use crate::abi::{PulseMeta, WaitKind, WaitStatus};
+use super::common::{
+    DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, put_and_signal, record_launch, send_credit, wait_local_counter, wait_signal,
+};
+use crate::abi::{Direction, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags, signal_index};
 use crate::device::{self, thread};
 
-/// Sends the halo forces of `meta`'s pulse (flat index `pulse`) to its `recv_pe`: on the direct
-/// path only a signal (the peer reads our `f`), on the put path the forces themselves.
-///
-/// # Safety
-/// All threads of the block call it together; pointers from the validated plan.
-#[inline(always)]
-unsafe fn send_halo_forces<T: DeviceElement>(meta: &PulseMeta, pulse: u32, num_pulses: u32, f: *mut T, signals: *mut u64, counter: u64) {
-    let direct = meta.remote_f_signal != 0;
-    // SAFETY: forwarded; recv_buf and the receive-F slot are symmetric on the put path.
-    unsafe {
-        let halo = f.add(meta.atom_offset as usize);
-        deliver(meta.remote_f_signal as *mut u64, direct, meta.recv_buf as *mut T, halo, meta.recv_size,
-            signals.add((num_pulses + pulse) as usize), counter, meta.recv_pe)
-    }
-}
-
-/// `signals[num_pulses..2*num_pulses]` are this rank's receive-F slots. `done[0..num_pulses]`
-/// count finished blocks per pulse; they are zeroed when the plan is installed and reach
-/// `launch_seq * gridDim.x` during the `launch_seq`-th launch since then (1-based, wrapping).
+/// `signals` are this rank's slots ([`SignalSlot`] order), `state` its protocol state (the step
+/// counter is read there). `counters[n..2n]` count push arrivals per pulse (zero at launch start,
+/// wrapping back to 0 by themselves); `counters[2n..3n]` count blocks done per pulse (zero at
+/// launch start, reset by the launch's last block).
 ///
 /// # Safety
 /// Metadata from a validated plan (direct: peers mapped; put: NVSHMEM, symmetric buffers).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_forces<T: DeviceElement>(
-    pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, counter: u64,
-    done: *mut u32, launch_seq: u32, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState,
+    counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus,
 ) {
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
         return; // uniform per block
     }
-    // SAFETY: `num_pulses` valid entries.
-    let meta = unsafe { &*pulses.add(pulse as usize) };
-    let last_pulse = num_pulses - 1;
-    if pulse == last_pulse && thread::block_idx_x() == 0 {
-        // SAFETY: all threads of this block.
-        unsafe { send_halo_forces(meta, pulse, num_pulses, f, signals, counter) };
+    // SAFETY: `num_pulses` valid entries; this rank's state.
+    let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Forces)) };
+    let n = num_pulses as usize;
+    // SAFETY: `counters` holds `3 * num_pulses` counters on this device.
+    let (push_counters, done) = unsafe { (counters.add(n), counters.add(2 * n)) };
+    let parity = step.parity() * meta.slot_bytes as u64;
+    let tid0 = thread::thread_idx_x() == 0;
+
+    // 1. Push: once every later pulse is accumulated (and, in a force-only loop where the pulse
+    //    needs it, once recv_pe has accumulated the previous push), copy the halo forces out.
+    if tid0 {
+        if step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT) {
+            let site = WaitSite { pulse, kind: WaitKind::ForceCredit, peer: meta.recv_pe };
+            // SAFETY: own credit slot of this pulse.
+            unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site) };
+        }
+        for later in pulse + 1..num_pulses {
+            // SAFETY: done counters on this device.
+            unsafe { wait_local_counter(done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
+        }
+    }
+    // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
+    unsafe { device::sync_threads() };
+    let direct = meta.remote_recv_slots != 0;
+    let bytes = meta.recv_size * size_of::<T>() as u32;
+    let dest = if direct { meta.remote_recv_slots } else { meta.f_stage } + parity;
+    // SAFETY: the halo range lies in f; the slot (peer's or local staging) holds a pulse; both
+    // 16-byte aligned (checked by the host).
+    unsafe { copy_words(dest as *mut u8, f.add(meta.atom_offset as usize) as *const u8, bytes, thread::index_1d(), thread::grid_stride_x()) };
+    // SAFETY: all threads of the block.
+    if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
+        if direct {
+            if tid0 {
+                // SAFETY: mapped peer slot; the election published every block's stores to this thread.
+                unsafe { device::store_release_sys_u64(meta.remote_f_signal as *mut u64, step.epoch) };
+            }
+        } else {
+            // SAFETY: all threads of the last block; recv slots and signals are symmetric.
+            unsafe {
+                let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
+                put_and_signal((meta.recv_slots + parity) as *mut u8, dest as *const u8, bytes as usize, slot, step.epoch, meta.recv_pe,
+                    SignalMode::from_u32(meta.signal_mode))
+            };
+        }
     }
 
-    // Receive and accumulate this pulse's forces.
-    if thread::thread_idx_x() == 0 {
+    // 2. Receive: wait for send_pe's push, then accumulate from the local slot.
+    if tid0 {
         let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
         // SAFETY: own receive-F slot.
-        unsafe { wait_signal(signals.add((num_pulses + pulse) as usize), counter, timeout_ns, status, site) };
+        unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
     }
     // SAFETY: every thread reaches it; orders thread 0's acquire before the reads below.
     unsafe { device::sync_threads() };
-    let src = if meta.remote_f_get != 0 { meta.remote_f_get } else { meta.recv_buf } as *const T;
-    let map = meta.index_map as *const u32;
+    // Locals: the atomics below may alias anything, so fields read through `meta` would be reloaded.
+    let (map, count, src) = (meta.index_map as *const u32, meta.send_size, (meta.recv_slots + parity) as *const T);
     let mut i = thread::index_1d();
-    while i < meta.send_size {
-        // SAFETY: src[0..send_size] (peer's f or local slot) and map targets in range of f.
-        unsafe {
-            let v = *src.add(i as usize);
-            let t = f.add(*map.add(i as usize) as usize);
-            if meta.accumulate != 0 {
-                T::atomic_accumulate(t, v);
-            } else {
-                *t = v;
-            }
-        }
+    while i < count {
+        // SAFETY: src[0..count] is the local slot, map targets are in range of f.
+        unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), *src.add(i as usize)) };
         i += thread::grid_stride_x();
     }
 
-    // Count this block as done; the last block of a pulse > 0 forwards the chain.
-    // SAFETY: every thread reaches the barriers.
+    // 3. Done: the last block of the row frees send_pe's slot (credit where needed).
+    // SAFETY: every thread reaches it; the block's reads and atomics come before thread 0's release.
     unsafe { device::sync_threads() };
-    let target = launch_seq.wrapping_mul(thread::grid_dim_x());
-    let mut last = false;
-    if thread::thread_idx_x() == 0 {
-        // SAFETY: `done` has `num_pulses` counters on this device.
+    if tid0 {
+        // SAFETY: done counters on this device.
         let old = unsafe { device::atomic_add_acq_rel_gpu_u32(done.add(pulse as usize), 1) };
-        last = old.wrapping_add(1) == target;
-        if last && pulse > 0 {
-            for later in pulse + 1..num_pulses {
-                // SAFETY: as above.
-                unsafe { wait_local_counter(done.add(later as usize), target, timeout_ns, status, later) };
+        if old + 1 == thread::grid_dim_x() {
+            if meta.has(pulse_flags::SEND_FORCE_CREDIT) {
+                // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
+                unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
+            }
+            // Pulse 0's row is always the launch's last to finish: its push waited until every
+            // other row was done. So its last block sees every block's arrival (each read the
+            // state first, and no block reads the done counters any more): it resets them for the
+            // next launch (which reads them after the kernel boundary) and records the launch.
+            if pulse == 0 {
+                // SAFETY: state and counters on this device.
+                unsafe {
+                    for q in 0..n {
+                        *done.add(q) = 0;
+                    }
+                    record_launch(state, step, Direction::Forces);
+                }
             }
         }
-    }
-    // SAFETY: every thread reaches it; thread 0's acquires are ordered before the send.
-    if unsafe { device::sync_threads_or(last) } && pulse > 0 {
-        // SAFETY: `pulse - 1` is a valid entry; all threads of this block.
-        let previous = unsafe { &*pulses.add(pulse as usize - 1) };
-        unsafe { send_halo_forces(previous, pulse - 1, num_pulses, f, signals, counter) };
     }
 }

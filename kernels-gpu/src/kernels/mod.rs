@@ -37,7 +37,7 @@ macro_rules! instantiate_halo_kernels {
     ($module:ident, $t:ty, $sfx:literal) => {
         /// The halo kernels for one element type.
         mod $module {
-            use crate::abi::{PulseMeta, WaitStatus};
+            use crate::abi::{ProtocolState, PulseMeta, WaitStatus};
             type T = $t;
             // The host builds entry names from HaloElement::SUFFIX: they must agree.
             const _: () = {
@@ -73,37 +73,37 @@ macro_rules! instantiate_halo_kernels {
             }
             kernel! { export concat!("pulse_pack_store_signal", $sfx);
                 /// See [`super::pulse::pulse_exchange`] (direct stores).
-                fn pulse_pack_store_signal(pulses: *const PulseMeta, pulse: u32, x: *mut T, signals: *mut u64, counter: u64, arrive: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
+                fn pulse_pack_store_signal(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded; the host checked the peer is mapped.
-                    unsafe { super::pulse::pulse_exchange::<T>(pulses, pulse, x, signals, counter, arrive, timeout_ns, status, true) }
+                    unsafe { super::pulse::pulse_exchange::<T>(pulses, pulse, num_pulses, x, signals, state, counters, timeout_ns, status, true) }
                 }
             }
             kernel! { export concat!("pulse_pack_put_signal", $sfx);
                 /// See [`super::pulse::pulse_exchange`] (NVSHMEM put).
-                fn pulse_pack_put_signal(pulses: *const PulseMeta, pulse: u32, x: *mut T, signals: *mut u64, counter: u64, arrive: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
+                fn pulse_pack_put_signal(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded; the host registered the module with NVSHMEM.
-                    unsafe { super::pulse::pulse_exchange::<T>(pulses, pulse, x, signals, counter, arrive, timeout_ns, status, false) }
+                    unsafe { super::pulse::pulse_exchange::<T>(pulses, pulse, num_pulses, x, signals, state, counters, timeout_ns, status, false) }
                 }
             }
             kernel! { export concat!("fused_coords", $sfx);
                 /// See [`super::fused_coords::fused_coords`].
-                fn fused_coords(pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, counter: u64, block_counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus) {
+                fn fused_coords(pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded.
-                    unsafe { super::fused_coords::fused_coords::<T>(pulses, num_pulses, x, signals, counter, block_counters, dep_offset, timeout_ns, status) }
+                    unsafe { super::fused_coords::fused_coords::<T>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status) }
                 }
             }
             kernel! { export concat!("fused_coords_tma", $sfx);
                 /// See [`super::fused_coords_tma::fused_coords_tma`].
-                fn fused_coords_tma(pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, counter: u64, block_counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus) {
+                fn fused_coords_tma(pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded.
-                    unsafe { super::fused_coords_tma::fused_coords_tma::<T>(pulses, num_pulses, x, signals, counter, block_counters, dep_offset, timeout_ns, status) }
+                    unsafe { super::fused_coords_tma::fused_coords_tma::<T>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status) }
                 }
             }
             kernel! { export concat!("fused_forces", $sfx);
                 /// See [`super::fused_forces::fused_forces`].
-                fn fused_forces(pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, counter: u64, done: *mut u32, launch_seq: u32, timeout_ns: u64, status: *mut WaitStatus) {
+                fn fused_forces(pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded.
-                    unsafe { super::fused_forces::fused_forces::<T>(pulses, num_pulses, f, signals, counter, done, launch_seq, timeout_ns, status) }
+                    unsafe { super::fused_forces::fused_forces::<T>(pulses, num_pulses, f, signals, state, counters, timeout_ns, status) }
                 }
             }
         }

@@ -7,8 +7,10 @@ use crate::device;
 
 kernel! {
     /// Ping-pong of `rounds` round trips, launched with one thread on each side. The initiator
-    /// stores `i` into the peer's flag and waits for `i` in its own; the responder waits for `i`
-    /// and answers with `i`. Both flags start below 1. One-way latency = elapsed / (2 * rounds).
+    /// stores `i` into the peer's flag and waits until its own reaches `i`; the responder waits for
+    /// `i` and answers with `i`. Both flags start below 1. One-way latency = elapsed / (2 * rounds).
+    /// The waits are [`wait_signal`], the exchange's own wait, so the probe measures exactly the
+    /// signal hop every pulse of the exchange pays.
     fn signal_ping_pong(own_flag: *mut u64, peer_flag: *mut u64, rounds: u32, initiator: u32, timeout_ns: u64, status: *mut WaitStatus) {
         let site = WaitSite { pulse: 0, kind: WaitKind::CoordSignal, peer: -1 };
         for i in 1..=rounds as u64 {

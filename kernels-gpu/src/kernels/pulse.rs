@@ -3,42 +3,49 @@
 //! Launched pulse after pulse in stream order, so later pulses see earlier pulses' atoms without
 //! any dependency wait inside the kernel.
 
-use super::common::{WaitSite, arrive_is_last_block, deliver, pack_subset, shift_of, wait_signal};
-use crate::abi::{HaloElement, PackMode, PulseMeta, WaitKind, WaitStatus};
+use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
+use super::fused_coords::await_coord_credit;
+use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
 use crate::device::thread;
 
-/// Pulse `pulse` of the forward (coordinate) halo. `direct`: pack straight into the peer's array
-/// (`remote_x`, reachable by stores over NVLink or on the same GPU), then one `st.release.sys` of
-/// `counter` into the peer's slot. Otherwise pack into the local symmetric staging slot and the
-/// last block puts it (`putmem_signal_nbi_block`) into the peer's `x` at `peer_atom_offset`,
-/// signal SET to `counter`. The kernel ends once this rank's own slot `signals[pulse]` holds
-/// `counter`, i.e. its incoming halo has landed. `arrive` is a per-pulse zeroed counter that
-/// wraps back to 0 by itself.
+/// Pulse `pulse` (of `num_pulses`) of the forward (coordinate) halo. `direct`: pack straight into
+/// the peer's array (`remote_x`, reachable by stores over NVLink or on the same GPU), then one
+/// `st.release.sys` of the step counter into the peer's slot. Otherwise pack into this step's
+/// staging slot and the last block puts it into the peer's `x` at `peer_atom_offset`, signalled as
+/// `signal_mode` says. The kernel ends once this rank's own slot holds the step counter, i.e. its
+/// incoming halo has landed. The step counter comes from `state`; the last block of each pulse's
+/// launch arrives on the launch-wide counter, so the launch of the last pulse advances it and
+/// sends the coordinate credits (the earlier pulses' launches finished before it, in stream
+/// order). `counters[pulse]` is zero at launch start and wraps back to 0 by itself.
 ///
 /// # Safety
 /// Metadata from a validated plan; direct: peer addresses mapped; put: NVSHMEM initialised and
 /// the module registered, `x` and `signals` symmetric.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn pulse_exchange<T: HaloElement>(
     pulses: *const PulseMeta,
     pulse: u32,
+    num_pulses: u32,
     x: *mut T,
     signals: *mut u64,
-    counter: u64,
-    arrive: *mut u32,
+    state: *mut ProtocolState,
+    counters: *mut u32,
     timeout_ns: u64,
     status: *mut WaitStatus,
     direct: bool,
 ) {
-    // SAFETY: the host passes a valid metadata array with at least `pulse + 1` entries.
-    let meta = unsafe { &*pulses.add(pulse as usize) };
-    let dest = if direct { meta.remote_x } else { meta.send_buf } as *mut T;
+    // SAFETY: the host passes a valid metadata array with `num_pulses > pulse` entries and this rank's state.
+    let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
+    // SAFETY: all threads of the block.
+    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
+    let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
     // SAFETY: map/x/dest valid per the plan the host validated.
     unsafe { pack_subset(x, map, meta.send_size, dest, shift_of(meta), PackMode::All, 0) };
-    // SAFETY: all threads call it; `arrive` is this pulse's zeroed device counter.
-    if unsafe { arrive_is_last_block(arrive) } {
-        let own_slot = unsafe { signals.add(pulse as usize) };
+    // SAFETY: all threads call it; `counters[pulse]` is this pulse's zeroed device counter.
+    if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
+        let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
         // SAFETY: all threads of the last block call it; pointers from the validated plan.
         unsafe {
             deliver(
@@ -48,14 +55,18 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
                 dest,
                 meta.send_size,
                 own_slot,
-                counter,
+                step.epoch,
                 meta.send_pe,
+                SignalMode::from_u32(meta.signal_mode),
             )
         };
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: own_slot is this rank's receive-X slot for the pulse.
-            unsafe { wait_signal(own_slot, counter, timeout_ns, status, site) };
+            // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
+            unsafe {
+                finish_coordinates(pulses, num_pulses, signals, state, step, !direct);
+                wait_signal(own_slot, step.epoch, timeout_ns, status, site);
+            }
         }
     }
 }

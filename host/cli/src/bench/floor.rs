@@ -28,7 +28,7 @@
 //! | `per-pulse`, `per-pulse-direct` | `P * T_launch + max(T(B), P * L)` |
 //! | `nccl` | `2 P * T_launch + max(T(B), P * L)` (a pack or unpack kernel and an NCCL kernel per pulse) |
 //! | `staged` | `P * (T_launch + 2 * T_sync) + T(B)` (two host syncs per pulse) |
-//! | `+graph` | as without, `T_launch` replaced by `T_graph / K` (K steps per captured graph) |
+//! | `+graph` | as without, `T_launch` replaced by `T_graph / K` (K steps per replay; the bench captures one step, K = 1) |
 //!
 //! The step floor is the sum of both directions. These are lower bounds: they assume the data
 //! moves at full link speed from the first byte and that nothing else runs.

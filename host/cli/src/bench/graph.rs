@@ -1,13 +1,9 @@
 //! The GPU-initiated step captured as CUDA graphs.
 //!
-//! Every launch of the exchange bakes its step counter (the signal value peers wait for) into
-//! its arguments, so a graph replayed as is would wait for signal values that were already used.
-//! The scheme here: capture `K` consecutive steps in one graph (counters `1..=K`, from a freshly
-//! reset rank), and before every replay reset the protocol state on every rank
-//! ([`RankExchange::reset_protocol`]: signals to unset, block and done counters to zero), with
-//! every GPU idle and (across processes) a barrier on both sides of the reset, so no rank can
-//! send step 1 of the next replay into a slot that is still being reset. One replay is `K` steps;
-//! the reset sits outside the timed region.
+//! The exchange's launches carry no step counter: each kernel reads the rank's counters from
+//! device memory and its last block advances them (docs/protocol.md, "Graphs"). So one step of a
+//! phase is captured once and the graph is replayed back to back, any number of times, with no
+//! host work and no protocol reset between replays; a timed loop of `K` steps is `K` replays.
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::{RankExchange, Transport};
@@ -51,14 +47,12 @@ pub fn enqueue(rank: &mut RankExchange, stream: &CudaStream, transport: Transpor
     phase.repeat(steps, |forces| if forces { rank.launch_forces(stream) } else { rank.launch_coordinates(transport, stream) })
 }
 
-/// Captures `steps` steps of `phase` of one rank into a graph. The rank's step counters are
-/// reset first, so the graph holds counters `1..=steps`: replay it only right after a protocol
-/// reset of every rank.
+/// Captures `steps` steps of `phase` of one rank into a graph. Replays need no reset: every rank
+/// must only replay the same graphs in the same order, as it would launch the same steps.
 pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Transport, phase: Phase, steps: usize) -> Result<CudaGraph> {
     if !transport.gpu_initiated() {
         return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
     }
-    rank.reset_protocol()?;
     // Thread-local mode: other threads' CUDA calls stay legal during the capture.
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
     let queued = enqueue(rank, stream, transport, phase, steps);
@@ -70,19 +64,17 @@ pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Tra
     Ok(graph)
 }
 
-/// One graph per phase for one rank.
+/// One graph per phase for one rank, each holding one step.
 pub struct PhaseGraphs {
     /// Indexed like [`Phase::ALL`].
     pub graphs: Vec<CudaGraph>,
-    /// Steps per graph (`K`).
-    pub steps: usize,
 }
 
 impl PhaseGraphs {
-    /// Captures all three phases for one rank.
-    pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Transport, steps: usize) -> Result<Self> {
-        let graphs = Phase::ALL.iter().map(|&ph| capture(rank, stream, transport, ph, steps)).collect::<Result<_>>()?;
-        Ok(Self { graphs, steps })
+    /// Captures one step of each of the three phases for one rank.
+    pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Transport) -> Result<Self> {
+        let graphs = Phase::ALL.iter().map(|&ph| capture(rank, stream, transport, ph, 1)).collect::<Result<_>>()?;
+        Ok(Self { graphs })
     }
 
     /// The graph of `phase`.

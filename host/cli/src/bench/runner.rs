@@ -121,12 +121,12 @@ impl Bench {
         phase.repeat(steps, |forces| if forces { self.x.exchange_reverse_accumulate(transport) } else { self.x.exchange_forward(transport) })
     }
 
-    /// Captures the graphs of every local rank.
-    fn capture(&mut self, method: Method, steps: usize) -> Result<Vec<PhaseGraphs>> {
+    /// Captures one step of every phase of every local rank as graphs.
+    fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
         let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
         self.x.check_transport(transport)?;
         let streams = self.x.streams().to_vec();
-        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport, steps)).collect()
+        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport)).collect()
     }
 }
 
@@ -142,24 +142,22 @@ fn thread_cpu_s() -> f64 {
 }
 
 fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
-    if variant.graph {
-        b.x.reset_protocol()?;
-    } else {
-        b.x.barrier()?;
-    }
+    b.x.barrier()?;
     let streams = b.x.streams().to_vec();
     let syncs0 = b.x.host_syncs();
     let cpu0 = thread_cpu_s();
     let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
-    let done = if variant.graph {
-        for g in graphs {
-            g.get(phase).launch().during("replaying a captured step")?;
+    if variant.graph {
+        // One captured step per replay, back to back: no host work between replays.
+        for _ in 0..steps {
+            for g in graphs {
+                g.get(phase).launch().during("replaying a captured step")?;
+            }
         }
-        graphs.first().map_or(steps, |g| g.steps)
     } else {
         b.enqueue(variant.method, phase, steps)?;
-        steps
-    };
+    }
+    let done = steps;
     let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let cpu = thread_cpu_s() - cpu0;
     let syncs = b.x.host_syncs() - syncs0;
@@ -174,7 +172,7 @@ fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase
 
 /// Warm-up and timed repeats of one variant: `samples[phase][repeat]`.
 fn bench_variant(b: &mut Bench, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
-    let graphs = if variant.graph { b.capture(variant.method, cfg.steps)? } else { Vec::new() };
+    let graphs = if variant.graph { b.capture(variant.method)? } else { Vec::new() };
     let mut out = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
@@ -205,11 +203,12 @@ fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
 }
 
 /// The report row of a variant from its samples.
-fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, steps: usize) -> VariantResult {
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link) -> VariantResult {
     let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
     let step = us(2);
     let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
-    let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, steps));
+    // A graph holds one step and is replayed once per step.
+    let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, 1));
     VariantResult {
         atoms,
         variant: variant.name(),
@@ -488,7 +487,7 @@ fn run_variants(
             };
             let mut b = Bench { x, nccl: comms };
             let samples = group.slowest(bench_variant(&mut b, variant, cfg, bar)?, cfg.repeats)?;
-            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, cfg.steps));
+            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link));
             drop(b); // symmetric buffers are freed collectively, in the same order on every rank
         }
     }
@@ -706,7 +705,7 @@ mod tests {
         let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
         let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
-        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, 200);
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer);
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
         assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);

@@ -33,7 +33,7 @@ pub struct BenchArgs {
     /// Untimed warm-up repeats.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Steps per timed loop (and per captured graph).
+    /// Steps per timed loop (graph variants: replays of the one captured step).
     #[arg(long, default_value_t = 200)]
     pub steps: usize,
     /// Also run every GPU-initiated transport with the step captured as CUDA graphs.
