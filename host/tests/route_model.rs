@@ -101,8 +101,8 @@ fn cluster_levels() {
     );
     assert_eq!(
         d(0, 16 * 8),
-        DistanceLevel::CrossCluster,
-        "node 16, another spine"
+        DistanceLevel::Spine,
+        "node 16, another spine of the same cluster"
     );
     assert_eq!(
         d(0, 32 * 8),
@@ -191,7 +191,7 @@ fn topology_of_4096_pes_is_small_and_fast() {
         t.bitmap(0, DistanceLevel::Rack).expect("in range").count(),
         64
     );
-    assert_eq!(t.distance(0, 4095).ok(), Some(DistanceLevel::CrossCluster));
+    assert_eq!(t.distance(0, 4095).ok(), Some(DistanceLevel::Spine), "another spine, one cluster");
     assert_eq!(t.distance(0, 1023).ok(), Some(DistanceLevel::Spine));
     let mut r = router(t, 0, RouteConfig::default());
     for peer in 0..4096 {
@@ -723,4 +723,28 @@ fn callers_restrict_the_candidates() {
     let text = e.to_string();
     assert!(matches!(e, RouteError::ForcedUnusable { transport: Transport::Nccl, .. }), "{text}");
     assert!(text.contains("HALO_FORCE_TRANSPORT") && text.contains("not usable by this caller"), "{text}");
+}
+
+/// Issue 17: a three-tier fat-tree written as two `[[spine]]` entries of one cluster (no `cluster`
+/// key). Nodes under different spines meet at the spine/core tier of that cluster; they are not
+/// in different clusters, so they must not get the wide-area (`cross-cluster`) defaults.
+#[test]
+fn nodes_under_different_spines_of_one_cluster_are_spine_apart() {
+    let text = "[node]\ngpus = 2\n\
+        [[spine]]\nname = \"s0\"\n[[spine.leaf]]\nname = \"l0\"\nnodes = [\"a\"]\n\
+        [[spine]]\nname = \"s1\"\n[[spine.leaf]]\nname = \"l0\"\nnodes = [\"b\"]\n\
+        [[spine]]\nname = \"w0\"\ncluster = \"west\"\n[[spine.leaf]]\nname = \"l0\"\nnodes = [\"c\"]\n";
+    let path = Path::new("fat-tree.toml");
+    let file = TopologyFile::parse(text, path).expect("valid topology file");
+    let fabric = file.fabric(path).expect("valid fabric");
+    let t = topology_from_facts(&file.synthetic_facts(&fabric), Some(&fabric)).expect("valid");
+    // PEs 0-1 on node a (spine s0), 2-3 on b (spine s1), 4-5 on c (cluster west).
+    assert_eq!(t.distance(0, 2).ok(), Some(DistanceLevel::Spine), "different spines, one cluster");
+    assert_eq!(t.distance(0, 4).ok(), Some(DistanceLevel::CrossCluster), "another cluster");
+    // Leaves are named within their spine: l0 under s0 is not l0 under s1.
+    assert_ne!(t.distance(0, 2).ok(), Some(DistanceLevel::Leaf));
+    let mut r = router(t, 0, RouteConfig::default());
+    let d = r.decide(2, Op::Put, 64 * KIB).expect("routable");
+    assert_eq!(d.route.level, DistanceLevel::Spine);
+    r.route(2, Op::Put, 64 * KIB).expect("routable");
 }

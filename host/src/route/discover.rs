@@ -32,9 +32,11 @@ pub struct PeFacts {
 /// Where a node sits in the network. Missing parts are unknown; names are scoped by their parents.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Placement {
-    /// Cluster name (nodes in different clusters are [`DistanceLevel::CrossCluster`] apart).
+    /// Cluster name: nodes in different clusters are [`DistanceLevel::CrossCluster`] apart, nodes of
+    /// one cluster at most [`DistanceLevel::Spine`] apart (whichever spines they hang under).
     pub cluster: String,
-    /// Spine switch, if known (unknown: the cluster is treated as one spine).
+    /// Spine switch, if known. It scopes the leaf names below it; it makes no level of its own,
+    /// because nodes under different spines of one cluster still meet at the spine/core tier.
     pub spine: Option<String>,
     /// Leaf switch, if known.
     pub leaf: Option<String>,
@@ -440,8 +442,8 @@ pub fn synthetic_facts(
 ///
 /// Per PE `i` and level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in `i`'s
 /// `nvlink_peers`; PCIe = plus those in `i`'s `p2p_peers`; same node = PEs with `i`'s host;
-/// rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf / spine (placement from the
-/// fabric, else from the facts, else unknown: one spine for the whole job); cross-cluster = all.
+/// rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf / cluster (placement from the
+/// fabric, else from the facts, else unknown: one cluster for the whole job); cross-cluster = all.
 pub fn topology_from_facts(
     facts: &[PeFacts],
     fabric: Option<&Fabric>,
@@ -485,7 +487,9 @@ pub fn topology_from_facts(
         );
     }
     let mut groups: [HashMap<String, PeBitmap>; 3] = Default::default();
-    let keys = |p: &Placement| [p.rack_key(), p.leaf_key(), Some(p.spine_key())];
+    // The spine level is the cluster: nodes under different spines of one cluster meet at the
+    // spine (or core) tier, not over a wide-area link.
+    let keys = |p: &Placement| [p.rack_key(), p.leaf_key(), Some(p.cluster.clone())];
     for (pe, p) in placements.iter().enumerate() {
         for (g, key) in groups.iter_mut().zip(keys(p)) {
             if let Some(k) = key {
