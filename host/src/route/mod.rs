@@ -40,7 +40,7 @@ pub mod size;
 pub mod transport;
 
 pub use bitmap::{DistanceInfo, PeBitmap, Topology};
-pub use config::{EffectiveWeights, RouteConfig, Sourced, WeightSource, Weights};
+pub use config::{EffectiveWeights, LIMITS, Limit, Limits, RouteConfig, Sourced, WeightSource, Weights};
 pub use discover::{
     Fabric, IntraNodeLink, PeFacts, Placement, TopologyFile, single_node, synthetic_facts,
     topology_from_facts, topology_from_file,
