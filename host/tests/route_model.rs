@@ -673,8 +673,7 @@ fn real_h200_calibration_unmeasured_defaults_do_not_win() {
     // ... and is the failover when every measured transport failed recently.
     let mut f = router(topo.clone(), 0, h200_calibration());
     for t in [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged] {
-        // Twice: on the system clock one failure decays just below the skip threshold at once.
-        f.record(1, t, Outcome::Failure);
+        // Once is enough on the system clock: the failure holds the transport out until its recheck.
         f.record(1, t, Outcome::Failure);
     }
     assert_eq!(f.route(1, Op::Put, KIB).map(|x| x.transport).ok(), Some(Transport::Nccl));
@@ -747,4 +746,68 @@ fn nodes_under_different_spines_of_one_cluster_are_spine_apart() {
     let d = r.decide(2, Op::Put, 64 * KIB).expect("routable");
     assert_eq!(d.route.level, DistanceLevel::Spine);
     r.route(2, Op::Put, 64 * KIB).expect("routable");
+}
+
+/// Issue 17: one failure sets the count to 1.0, exactly the skip threshold; on any clock that
+/// moves, it has decayed below 1.0 by the next look-up, so a failed transport that scores well
+/// enough was chosen again at once. It must be avoided until its recheck time (a quarter
+/// half-life), then compete again, and win again when it is still the best.
+///
+/// PE 8 is in PE 0's rack: NVSHMEM beats NCCL there by far, so only the exclusion keeps it out.
+#[test]
+fn a_failed_transport_is_avoided_until_its_recheck_on_a_moving_clock() {
+    // An injected clock advanced by small real-sized steps after the failure.
+    let clock = ManualClock::new();
+    let cfg = config_with(&[("HALO_ROUTE_HALF_LIFE_S", "8")]);
+    let mut r = router(cluster_topology(), 0, cfg).with_clock(Arc::new(clock.clone()));
+    let pick = |r: &mut Router| r.route(8, Op::Put, KIB).map(|x| x.transport).expect("routable");
+    assert_eq!(pick(&mut r), Transport::NvshmemPut);
+    r.record(8, Transport::NvshmemPut, Outcome::Failure);
+    let mut since = Duration::ZERO;
+    for step in [1, 10, 1000, 100_000, 1_000_000, 898_000].map(Duration::from_micros) {
+        clock.advance(step);
+        since += step;
+        assert_eq!(pick(&mut r), Transport::Nccl, "{since:?} after the failure");
+        let d = r.decide(8, Op::Put, KIB).expect("routable");
+        assert!(
+            matches!(d.scoring.candidate(Transport::NvshmemPut).excluded, Some(Exclusion::RecentlyFailed { .. })),
+            "{since:?} after the failure:\n{d}"
+        );
+    }
+    // The recheck is a quarter half-life (2 s) after the failure: still avoided just before it
+    // (1.999 s), back just after it, found by the cached entry's recheck.
+    assert_eq!(since, Duration::from_micros(1_999_011));
+    clock.advance(Duration::from_millis(2));
+    let back = r.route(8, Op::Put, KIB).expect("routable");
+    assert_eq!((back.transport, back.reason), (Transport::NvshmemPut, RouteReason::Scored));
+    let d = r.decide(8, Op::Put, KIB).expect("routable");
+    assert!(d.scoring.candidate(Transport::NvshmemPut).factors.reliability < 1.0, "{d}");
+}
+
+/// The same with the router's real monotonic clock: every look-up made before the recheck time
+/// avoids the failed transport, and after it the transport is chosen again.
+#[test]
+fn a_failed_transport_is_avoided_until_its_recheck_on_the_real_clock() {
+    // Half-life 2 s: the recheck comes 0.5 s after the failure.
+    let cfg = config_with(&[("HALO_ROUTE_HALF_LIFE_S", "2")]);
+    let mut r = router(cluster_topology(), 0, cfg);
+    let pick = |r: &mut Router| r.route(8, Op::Put, KIB).map(|x| x.transport).expect("routable");
+    assert_eq!(pick(&mut r), Transport::NvshmemPut);
+    let failed = Instant::now();
+    r.record(8, Transport::NvshmemPut, Outcome::Failure);
+    let mut checked = 0;
+    // Only look-ups that end well before the recheck are asserted, so a slow machine cannot make
+    // this flaky: the router read its clock before `failed.elapsed()` is read here.
+    while failed.elapsed() < Duration::from_millis(300) {
+        let t = pick(&mut r);
+        let after = failed.elapsed();
+        if after < Duration::from_millis(450) {
+            assert_eq!(t, Transport::Nccl, "nvshmem-put chosen again {after:?} after it failed");
+            checked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(checked > 0, "no look-up ran before the recheck");
+    std::thread::sleep(Duration::from_millis(600).saturating_sub(failed.elapsed()));
+    assert_eq!(pick(&mut r), Transport::NvshmemPut, "back after its recheck");
 }

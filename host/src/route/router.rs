@@ -307,10 +307,16 @@ impl Router {
             let _ = write!(w, "{decision}");
         }
         let now = self.clock.now();
-        let recheck_at = self
+        // Recheck while failures decay, and exactly when a hold ends so that the transport comes
+        // back on time rather than up to a recheck interval late.
+        let periodic = self
             .reliability
             .has_history(peer, now)
             .then(|| now + self.reliability.recheck_after());
+        let recheck_at = match (periodic, self.reliability.next_release(peer, now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let class = size_class(bytes);
         let st = &mut self.peers[peer];
         let entry = CacheEntry {
@@ -373,14 +379,8 @@ impl Router {
         let class_bytes = class_bytes(size_class(bytes));
         let weights = self.config.weights.at(class_bytes);
         let now = self.clock.now();
-        let rel: [ReliabilityState; TRANSPORTS] = std::array::from_fn(|i| {
-            let t = Transport::ALL[i];
-            ReliabilityState {
-                factor: self.reliability.factor(peer, t, now),
-                count: self.reliability.count(peer, t, now),
-                skipped: self.reliability.skipped(peer, t, now),
-            }
-        });
+        let rel: [ReliabilityState; TRANSPORTS] =
+            std::array::from_fn(|i| self.reliability.state(peer, Transport::ALL[i], now));
         let level = distance.level;
         let scoring =
             score_candidates_among(level, op, class_bytes, &weights, &self.perf, &rel, allowed);
