@@ -9,7 +9,8 @@
 //! Each PE's bitmaps are built from that PE's own facts, so a PE that claims NVLink to a GPU
 //! whose PE does not claim it back produces a one-sided bit, which [`Topology::distance`] refuses.
 
-use super::{DistanceLevel, LEVELS, PeBitmap, RouteError, Topology};
+use super::bitmap::{ClaimSet, NO_GROUP, PeCoord};
+use super::{RouteError, Topology};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,13 +28,28 @@ pub struct PeFacts {
     pub p2p_peers: Vec<String>,
     /// Where the node sits in the network, when the PE found out itself (Slurm); a [`Fabric`] file overrides it.
     pub placement: Option<Placement>,
+    /// The multi-node NVLink domain of the PE's GPU (NVML fabric info), when it has one: GPUs of
+    /// one domain are NVLink apart even on different hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<NvlinkDomain>,
+}
+
+/// A multi-node NVLink domain as NVML's GPU fabric info names it (GB200 NVL72 and the like): the
+/// fabric's cluster UUID and the clique within it. GPUs whose registration with the fabric
+/// completed and that report the same pair share NVLink, whatever host they are on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NvlinkDomain {
+    /// The fabric cluster UUID, 32 hex digits.
+    pub cluster_uuid: String,
+    /// The clique within the cluster.
+    pub clique_id: u32,
 }
 
 /// Where a node sits in the network. Missing parts are unknown; names are scoped by their parents.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Placement {
-    /// Cluster name: nodes in different clusters are [`DistanceLevel::CrossCluster`] apart, nodes of
-    /// one cluster at most [`DistanceLevel::Spine`] apart (whichever spines they hang under).
+    /// Cluster name: nodes in different clusters are [`super::DistanceLevel::CrossCluster`] apart, nodes of
+    /// one cluster at most [`super::DistanceLevel::Spine`] apart (whichever spines they hang under).
     pub cluster: String,
     /// Spine switch, if known. It scopes the leaf names below it; it makes no level of its own,
     /// because nodes under different spines of one cluster still meet at the spine/core tier.
@@ -431,6 +447,7 @@ pub fn synthetic_facts(
                     nvlink_peers: nvlink_peers.clone(),
                     p2p_peers: p2p_peers.clone(),
                     placement: None,
+                    nvlink_domain: None,
                 });
             }
         }
@@ -440,45 +457,71 @@ pub fn synthetic_facts(
 
 /// Builds the topology from every PE's facts (`facts[i]` is PE `i`) and, if given, a fabric.
 ///
-/// Per PE `i` and level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in `i`'s
-/// `nvlink_peers`; PCIe = plus those in `i`'s `p2p_peers`; same node = PEs with `i`'s host;
-/// rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf / cluster (placement from the
-/// fabric, else from the facts, else unknown: one cluster for the whole job); cross-cluster = all.
+/// PE `i`'s view, level by level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in
+/// `i`'s `nvlink_peers` and PEs in `i`'s NVLink domain; PCIe = plus those in `i`'s `p2p_peers`;
+/// same node = PEs with `i`'s host; rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf /
+/// cluster (placement from the fabric, else from the facts, else unknown: one cluster for the
+/// whole job); cross-cluster = all. Names are interned into the small ids of a [`PeCoord`], so
+/// the result takes memory linear in the PEs (see [`Topology`]).
 pub fn topology_from_facts(
     facts: &[PeFacts],
     fabric: Option<&Fabric>,
 ) -> Result<Topology, RouteError> {
-    let n = facts.len();
-    if n == 0 {
+    if facts.is_empty() {
         return Err(RouteError::InvalidTopology("no PE facts".into()));
     }
-    // Groups are built once, so the cost is linear in PEs × bitmap words, not quadratic in PEs.
-    let mut by_gpu: HashMap<&str, PeBitmap> = HashMap::new();
-    let mut by_host: HashMap<&str, PeBitmap> = HashMap::new();
-    let mut placements = Vec::with_capacity(n);
-    let unknown = Placement::unknown();
-    let mut unplaced = 0usize;
+    // GPU ids first, so that a claim can name the GPU of a later PE.
+    let mut gpus = Interner::default();
     for (pe, f) in facts.iter().enumerate() {
         if f.gpu_uuid.is_empty() || f.host.is_empty() {
             return Err(RouteError::InvalidTopology(format!(
                 "PE {pe} reported no host or no GPU UUID"
             )));
         }
-        by_gpu
-            .entry(&f.gpu_uuid)
-            .or_insert_with(|| PeBitmap::new(n))
-            .set(pe);
-        by_host
-            .entry(&f.host)
-            .or_insert_with(|| PeBitmap::new(n))
-            .set(pe);
-        let p = fabric
-            .and_then(|fb| fb.placement(&f.host))
-            .or(f.placement.as_ref());
+        gpus.id(&f.gpu_uuid);
+    }
+    let (mut hosts, mut racks, mut leaves, mut clusters, mut domains) =
+        <(Interner, Interner, Interner, Interner, Interner)>::default();
+    let mut claim_ids: HashMap<ClaimSet, u32> = HashMap::new();
+    let mut claims = Vec::new();
+    let mut coords = Vec::with_capacity(facts.len());
+    let unknown = Placement::unknown();
+    let mut unplaced = 0usize;
+    for f in facts {
+        let gpu = gpus.id(&f.gpu_uuid);
+        // Claims of unknown GPUs are dropped (no PE runs there); a PE's own GPU is added, so that
+        // the PEs of a fully connected node share one claim set.
+        let known = |list: &[String]| -> Vec<u32> { list.iter().filter_map(|u| gpus.get(u)).chain([gpu]).collect() };
+        let mut set = ClaimSet { nvlink: known(&f.nvlink_peers), p2p: known(&f.p2p_peers) };
+        set.nvlink.sort_unstable();
+        set.nvlink.dedup();
+        set.p2p.extend_from_slice(&set.nvlink);
+        set.p2p.sort_unstable();
+        set.p2p.dedup();
+        let next = claims.len() as u32;
+        let claim = *claim_ids.entry(set).or_insert_with_key(|k| {
+            claims.push(k.clone());
+            next
+        });
+        let p = fabric.and_then(|fb| fb.placement(&f.host)).or(f.placement.as_ref());
         if p.is_none() && fabric.is_some() {
             unplaced += 1;
         }
-        placements.push(p.unwrap_or(&unknown));
+        let p = p.unwrap_or(&unknown);
+        coords.push(PeCoord {
+            gpu,
+            claims: claim,
+            nvlink_domain: f
+                .nvlink_domain
+                .as_ref()
+                .map_or(NO_GROUP, |d| domains.id(&format!("{}/{}", d.cluster_uuid, d.clique_id))),
+            host: hosts.id(&f.host),
+            rack: p.rack_key().map_or(NO_GROUP, |k| racks.id(&k)),
+            leaf: p.leaf_key().map_or(NO_GROUP, |k| leaves.id(&k)),
+            // The spine level is the cluster: nodes under different spines of one cluster meet at
+            // the spine (or core) tier, not over a wide-area link.
+            cluster: clusters.id(&p.cluster),
+        });
     }
     if unplaced > 0 {
         tracing::warn!(
@@ -486,48 +529,30 @@ pub fn topology_from_facts(
             fabric.map_or("", |f| f.source.as_str())
         );
     }
-    let mut groups: [HashMap<String, PeBitmap>; 3] = Default::default();
-    // The spine level is the cluster: nodes under different spines of one cluster meet at the
-    // spine (or core) tier, not over a wide-area link.
-    let keys = |p: &Placement| [p.rack_key(), p.leaf_key(), Some(p.cluster.clone())];
-    for (pe, p) in placements.iter().enumerate() {
-        for (g, key) in groups.iter_mut().zip(keys(p)) {
-            if let Some(k) = key {
-                g.entry(k).or_insert_with(|| PeBitmap::new(n)).set(pe);
+    Topology::from_parts(coords, claims)
+}
+
+/// Names to small ids, in order of first appearance (so the same facts give the same ids).
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+}
+
+impl Interner {
+    fn id(&mut self, name: &str) -> u32 {
+        let next = self.ids.len() as u32;
+        match self.ids.get(name) {
+            Some(&id) => id,
+            None => {
+                self.ids.insert(name.to_owned(), next);
+                next
             }
         }
     }
-    let mut per_pe = Vec::with_capacity(n);
-    let empty = PeBitmap::new(n);
-    for (pe, f) in facts.iter().enumerate() {
-        let mut levels: [PeBitmap; LEVELS] = std::array::from_fn(|_| PeBitmap::new(n));
-        let gpu = |uuid: &str| by_gpu.get(uuid).unwrap_or(&empty);
-        levels[DistanceLevel::SameGpu.index()] = gpu(&f.gpu_uuid).clone();
-        for u in &f.nvlink_peers {
-            levels[DistanceLevel::NvLink.index()].union_with(gpu(u));
-        }
-        for u in f.p2p_peers.iter().chain(&f.nvlink_peers) {
-            levels[DistanceLevel::Pcie.index()].union_with(gpu(u));
-        }
-        levels[DistanceLevel::SameNodeNoP2p.index()] =
-            by_host.get(f.host.as_str()).unwrap_or(&empty).clone();
-        let ks = keys(placements[pe]);
-        for ((level, g), key) in [
-            DistanceLevel::Rack,
-            DistanceLevel::Leaf,
-            DistanceLevel::Spine,
-        ]
-        .into_iter()
-        .zip(&groups)
-        .zip(ks)
-        {
-            if let Some(b) = key.and_then(|k| g.get(&k)) {
-                levels[level.index()] = b.clone();
-            }
-        }
-        per_pe.push(levels);
+
+    fn get(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
     }
-    Topology::from_bitmaps(per_pe)
 }
 
 /// A topology read from a file: the facts it synthesises and the fabric it places them in.
@@ -557,6 +582,7 @@ pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::DistanceLevel;
 
     #[test]
     fn hostlists() {

@@ -148,6 +148,7 @@ pub fn facts_from_links(host: &str, uuid: &str, links: &[PeerLink], placement: O
         nvlink_peers: links.iter().filter(|l| l.nvlink).map(|l| l.uuid.clone()).collect(),
         p2p_peers: links.iter().filter(|l| l.p2p.can_access).map(|l| l.uuid.clone()).collect(),
         placement,
+        nvlink_domain: None,
     }
 }
 

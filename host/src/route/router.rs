@@ -124,10 +124,12 @@ struct CacheEntry {
 
 #[derive(Clone, Debug, Default)]
 struct PeerState {
-    distance: Option<(u64, DistanceInfo)>,
+    /// The topology epoch whose one-sided-claim warning was logged for this peer (0: none yet),
+    /// so the warning is not repeated per message.
+    warned_epoch: u64,
     generation: u32,
-    entries: Vec<CacheEntry>,
     switches: u32,
+    entries: Vec<CacheEntry>,
 }
 
 /// Chooses transports for one PE.
@@ -290,17 +292,12 @@ impl Router {
         }
         self.computed += 1;
         let epoch = self.topo.epoch();
-        let distance = match self.peers[peer].distance {
-            Some((e, d)) if e == epoch => d,
-            // Computed once per peer and epoch, so the one-sided warning is not repeated per message.
-            _ => {
-                let level = self.topo.distance(self.self_pe, peer)?;
-                let d = self.topo.distance_info(self.self_pe, peer)?;
-                debug_assert_eq!(d.level, level);
-                self.peers[peer].distance = Some((epoch, d));
-                d
-            }
-        };
+        let distance = self.topo.distance_info(self.self_pe, peer)?;
+        // Once per peer and epoch, so the one-sided warning is not repeated per message.
+        if self.peers[peer].warned_epoch != epoch {
+            self.topo.warn_one_sided(self.self_pe, peer, &distance);
+            self.peers[peer].warned_epoch = epoch;
+        }
         let decision = self.decide_with(peer, op, bytes, allowed, distance)?;
         if let Some(w) = self.debug.as_mut() {
             // Debug output must never fail the run; a closed stderr only loses the log.
@@ -346,7 +343,12 @@ impl Router {
                 }
                 *old = entry;
             }
-            None => st.entries.push(entry),
+            None => {
+                // Exact growth: a peer has a handful of entries, and the default growth (room for
+                // four) would be most of the router's memory at thousands of peers.
+                st.entries.reserve_exact(1);
+                st.entries.push(entry);
+            }
         }
         Ok(decision.route)
     }
