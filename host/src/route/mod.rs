@@ -47,7 +47,7 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
-pub use paths::{EXCHANGE_TRANSPORTS, PathError, RouteSource, RoutedPaths};
+pub use paths::{EXCHANGE_TRANSPORTS, LocalPlan, PathError, RouteSource, RoutedPaths, plan_local_ranks};
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};

@@ -299,14 +299,53 @@ impl RoutedPaths {
     }
 }
 
+/// The route configuration from the environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus
+/// `--route-override` values.
+pub fn route_config(overrides: &[String]) -> Result<RouteConfig, RouteError> {
+    let mut config = RouteConfig::from_env()?;
+    config.add_cli_overrides("--route-override", overrides)?;
+    config.validate()?;
+    Ok(config)
+}
+
 /// A router for `self_pe` over a topology built from discovered `facts`, configured from the
 /// environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus `--route-override` values.
 pub fn router_from_facts(self_pe: usize, facts: &[super::PeFacts], overrides: &[String]) -> Result<Router, RouteError> {
     let topo = super::topology_from_facts(facts, None)?;
-    let mut config = RouteConfig::from_env()?;
-    config.add_cli_overrides("--route-override", overrides)?;
-    config.validate()?;
-    Router::new(self_pe, Arc::new(topo), config)
+    Router::new(self_pe, Arc::new(topo), route_config(overrides)?)
+}
+
+/// Every rank of one process, planned: each rank's paths, the exchange kernel they imply, and
+/// the routers (for their summaries).
+#[derive(Debug)]
+pub struct LocalPlan {
+    /// Rank `r`'s paths.
+    pub plans: Vec<RoutedPaths>,
+    /// The exchange kernel every rank runs.
+    pub transport: crate::exchange::Transport,
+    /// Rank `r`'s router.
+    pub routers: Vec<Router>,
+}
+
+/// Plans every rank of one process (`facts[r]` is rank `r`, `halos` every rank's halo), each
+/// with its own router over one topology, messages sized as `T` values, and checks that both
+/// ends of every pair agree.
+pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
+    let topo = Arc::new(super::topology_from_facts(facts, None)?);
+    let perf = Arc::new(match &config.calibration {
+        Some(c) => super::PerfTable::load_calibration(&c.value)?,
+        None => super::PerfTable::defaults(),
+    });
+    let mut plans = Vec::with_capacity(halos.len());
+    let mut routers = Vec::with_capacity(halos.len());
+    for r in 0..halos.len() {
+        let mut router = Router::with_perf(r, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
+        plans.push(RoutedPaths::plan_for::<T>(&mut router, halos)?);
+        routers.push(router);
+    }
+    RoutedPaths::check_symmetric(&plans)?;
+    let transport = RoutedPaths::exchange_transport(&plans, false)?;
+    Ok(LocalPlan { plans, transport, routers })
 }
 
 #[cfg(test)]
