@@ -47,7 +47,10 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
-pub use paths::{EXCHANGE_TRANSPORTS, LocalPlan, PathError, RouteSource, RoutedPaths, plan_local_ranks};
+pub use paths::{
+    EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, RouteSource, RoutedPaths,
+    plan_local_ranks,
+};
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};

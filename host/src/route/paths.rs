@@ -33,6 +33,11 @@ pub const EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[
     Transport::Staged,
 ]);
 
+/// The transports ranks sharing one process can run ([`crate::exchange::LocalRanks`]): direct
+/// stores, bulk copies and host-staged copies through peer mappings. No NVSHMEM runs there, so
+/// `nvshmem-put` is not a candidate ([`plan_local_ranks`] asks among these).
+pub const LOCAL_EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged]);
+
 /// What [`RoutedPaths`] needs of a router (a seam for tests).
 pub trait RouteSource {
     /// The PE deciding.
@@ -112,6 +117,8 @@ pub struct RoutedPaths {
     pub pulses: Vec<PulseRoute>,
     /// Bytes of one exchanged value (12 for coordinates), by which messages were sized.
     pub element_bytes: usize,
+    /// The transports the plan was chosen among (the caller's capabilities).
+    pub allowed: TransportSet,
 }
 
 impl fmt::Debug for RoutedPaths {
@@ -134,12 +141,19 @@ impl RoutedPaths {
     }
 
     /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo), each
-    /// sized as `T` values (`f32` fields move a third of the bytes of coordinates).
+    /// sized as `T` values (`f32` fields move a third of the bytes of coordinates), among
+    /// [`EXCHANGE_TRANSPORTS`] (one PE per process).
     pub fn plan_for<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
-        Self::plan_sized(router, halos, size_of::<T>())
+        Self::plan_among::<T>(router, halos, EXCHANGE_TRANSPORTS)
     }
 
-    fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize) -> Result<Self, PathError> {
+    /// [`Self::plan_for`] among the transports the caller can run: [`EXCHANGE_TRANSPORTS`] for one
+    /// PE per process, [`LOCAL_EXCHANGE_TRANSPORTS`] for ranks sharing a process.
+    pub fn plan_among<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo], allowed: TransportSet) -> Result<Self, PathError> {
+        Self::plan_sized(router, halos, size_of::<T>(), allowed)
+    }
+
+    fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize, allowed: TransportSet) -> Result<Self, PathError> {
         let me = router.self_pe();
         let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
         let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
@@ -149,14 +163,14 @@ impl RoutedPaths {
                 (Message::Forces, spec.recv_rank, spec.recv_size),
             ] {
                 let bytes = (atoms * element_bytes) as u64;
-                let route = router.route_among(peer, Op::Put, bytes, EXCHANGE_TRANSPORTS)?;
+                let route = router.route_among(peer, Op::Put, bytes, allowed)?;
                 // The router honours the set; this guards other sources of routes (the trait is open).
-                if !EXCHANGE_TRANSPORTS.contains(route.transport) {
+                if !allowed.contains(route.transport) {
                     return Err(PathError::Unsupported {
                         self_pe: me,
                         peer,
                         transport: route.transport,
-                        why: format!("the exchange implements only {EXCHANGE_TRANSPORTS}"),
+                        why: format!("this exchange runs only {allowed}"),
                     });
                 }
                 pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport });
@@ -178,7 +192,7 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses, element_bytes })
+        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses, element_bytes, allowed })
     }
 
     /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
@@ -249,7 +263,7 @@ impl RoutedPaths {
                 continue;
             }
             let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
-            let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes)?;
+            let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes, self.allowed)?;
             if theirs.transport(self.self_pe) != Some(*mine) {
                 return Err(PathError::Asymmetric(format!(
                     "PE {} -> PE {peer}: {mine}, but PE {peer} would choose {} towards PE {}",
@@ -328,10 +342,27 @@ pub struct LocalPlan {
 }
 
 /// Plans every rank of one process (`facts[r]` is rank `r`, `halos` every rank's halo), each
-/// with its own router over one topology, messages sized as `T` values, and checks that both
-/// ends of every pair agree.
+/// with its own router over one topology, messages sized as `T` values, among the transports
+/// one process can run ([`LOCAL_EXCHANGE_TRANSPORTS`]: no `nvshmem-put`), and checks that both
+/// ends of every pair agree. Ranks on GPUs without peer access to each other cannot exchange in
+/// one process at all: that is an error naming the pair and the fix (one rank per GPU).
 pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
     let topo = Arc::new(super::topology_from_facts(facts, None)?);
+    for (r, h) in halos.iter().enumerate() {
+        for peer in h.pulses.iter().flat_map(|p| [p.send_rank, p.recv_rank]) {
+            let level = topo.distance(r, peer)?;
+            if level > super::DistanceLevel::Pcie {
+                return Err(PathError::Unsupported {
+                    self_pe: r,
+                    peer,
+                    transport: Transport::Staged,
+                    why: format!(
+                        "ranks {r} and {peer} are {level} apart: ranks in one process reach each other only through peer access, which their GPUs lack; run one rank per GPU with `halo launch`"
+                    ),
+                });
+            }
+        }
+    }
     let perf = Arc::new(match &config.calibration {
         Some(c) => super::PerfTable::load_calibration(&c.value)?,
         None => super::PerfTable::defaults(),
@@ -340,7 +371,7 @@ pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], h
     let mut routers = Vec::with_capacity(halos.len());
     for r in 0..halos.len() {
         let mut router = Router::with_perf(r, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
-        plans.push(RoutedPaths::plan_for::<T>(&mut router, halos)?);
+        plans.push(RoutedPaths::plan_among::<T>(&mut router, halos, LOCAL_EXCHANGE_TRANSPORTS)?);
         routers.push(router);
     }
     RoutedPaths::check_symmetric(&plans)?;
@@ -479,6 +510,34 @@ mod tests {
         assert!(!plans[0].direct(1) && !plans[1].direct(0));
         assert!(plans[0].transport(2).is_some_and(|t| t != Transport::NvshmemPut) || plans[0].transport(2).is_none());
         assert_eq!(format!("{:?}", plans[0]).split_whitespace().next(), Some("Routed(PE"));
+    }
+
+    /// Issue 17: ranks in one process have no NVSHMEM, but the one-process planner asked among
+    /// the exchange's transports including `nvshmem-put`, which wins on PCIe P2P GPUs with large
+    /// halos (and between GPUs without P2P), so the run stopped with an error. The caller's
+    /// capabilities must restrict the candidates.
+    #[test]
+    fn one_process_never_plans_nvshmem_put() {
+        let big = synthetic::halos(SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 40_000, send_fraction: 0.3, box_len: 5.0 }, 3);
+        assert!(big[0].pulses.iter().all(|p| p.index_map.len() * 12 >= 64 * 1024), "large messages");
+        let facts = crate::route::synthetic_facts(&["n0".into()], 2, 1, crate::route::IntraNodeLink::PcieP2p);
+        let local = plan_local_ranks::<kernels_gpu::abi::Float3>(&facts, &big, &RouteConfig::default()).expect("one process on PCIe P2P GPUs");
+        for plan in &local.plans {
+            for t in plan.peers.iter().flatten() {
+                assert_ne!(*t, Transport::NvshmemPut, "{plan:?}");
+            }
+        }
+        assert_ne!(local.transport, crate::exchange::Transport::Staged, "GPU-initiated over PCIe P2P");
+        // Without peer access no transport works in one process: a clear error, not a put.
+        let none = crate::route::synthetic_facts(&["n0".into()], 2, 1, crate::route::IntraNodeLink::NoP2p);
+        let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&none, &big, &RouteConfig::default()).expect_err("no P2P");
+        let text = e.to_string();
+        assert!(text.contains("peer access") && text.contains("halo launch"), "{text}");
+        // A forced put is refused for the same reason, naming the override.
+        let mut forced = RouteConfig::default();
+        forced.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("override");
+        let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&facts, &big, &forced).expect_err("forced put in one process");
+        assert!(e.to_string().contains("--route-override"), "{e}");
     }
 
     /// The run on two H200s: with only NCCL unmeasured, the real router must never hand the
