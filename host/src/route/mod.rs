@@ -48,8 +48,8 @@ pub use discover::{
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
 pub use paths::{
-    EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, RouteSource, RoutedPaths,
-    plan_local_ranks,
+    EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, PeerRoute, PulseChoice,
+    PulsePath, RouteSource, RoutedPaths, RoutedSummary, TopologyStamp, plan_local_ranks,
 };
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};

@@ -17,7 +17,7 @@
 //! | `staged` | host-driven copies into the peer's mapped memory (the view must be direct) |
 //! | `nccl` | none in the exchange yet: not a candidate (`EXCHANGE_TRANSPORTS`); forcing it is an error naming the override |
 
-use super::{Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
+use super::{DistanceLevel, Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
 use crate::exchange::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -44,14 +44,164 @@ pub trait RouteSource {
     fn self_pe(&self) -> usize;
     /// The route for one message, chosen among `allowed` only.
     fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError>;
+    /// The topology decided over (epoch and hash), when the source has one.
+    fn topology_stamp(&self) -> Option<TopologyStamp> {
+        None
+    }
+    /// How many agreed failure rounds changed the pair with `peer` (see
+    /// [`super::feedback`]); 0 when none did.
+    fn failure_epoch(&self, _peer: usize) -> u32 {
+        0
+    }
 }
 
 impl RouteSource for Router {
     fn self_pe(&self) -> usize {
         Router::self_pe(self)
     }
+    fn topology_stamp(&self) -> Option<TopologyStamp> {
+        Some(TopologyStamp { epoch: self.topology().epoch(), hash: self.topology().hash_hex() })
+    }
+
     fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
         Router::route_among(self, peer, op, bytes, allowed)
+    }
+}
+
+/// Which topology a plan was decided over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyStamp {
+    /// The topology's epoch.
+    pub epoch: u64,
+    /// Its content hash, 16 hex digits.
+    pub hash: String,
+}
+
+/// How the exchange kernel moves one pulse's message, from the router's transport for the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PulsePath {
+    /// The kernel's threads store into the peer's mapped memory (`nvlink-store`).
+    DirectStore,
+    /// The kernel issues bulk (TMA) copies into the peer's mapped memory (`nvlink-tma`).
+    BulkCopy,
+    /// NVSHMEM put + signal from the kernel (`nvshmem-put`).
+    Put,
+    /// The host copies into the peer's mapped memory (`staged`).
+    HostStaged,
+}
+
+impl PulsePath {
+    /// The path that carries `transport` in the exchange; `None` for a transport it has no path for (`nccl`).
+    pub fn of(transport: Transport) -> Option<Self> {
+        match transport {
+            Transport::NvlinkStore => Some(PulsePath::DirectStore),
+            Transport::NvlinkTma => Some(PulsePath::BulkCopy),
+            Transport::NvshmemPut => Some(PulsePath::Put),
+            Transport::Staged => Some(PulsePath::HostStaged),
+            Transport::Nccl => None,
+        }
+    }
+
+    /// The name used in logs and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            PulsePath::DirectStore => "direct-store",
+            PulsePath::BulkCopy => "bulk-copy",
+            PulsePath::Put => "put",
+            PulsePath::HostStaged => "host-staged",
+        }
+    }
+
+    /// Whether the path writes through the peer's mapped address (needs a direct peer view).
+    pub fn direct(self) -> bool {
+        self != PulsePath::Put
+    }
+}
+
+impl fmt::Display for PulsePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One pulse of the deciding PE: the path of its coordinates (to `send_peer`) and of its forces
+/// (to `recv_peer`). Within one fused launch, pulses whose peers differ can take different paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulseChoice {
+    /// Pulse index on the deciding PE.
+    pub pulse: usize,
+    /// The peer that receives this pulse's coordinates.
+    pub send_peer: usize,
+    /// How the coordinates get there.
+    pub send: PulsePath,
+    /// The peer that sent this pulse's coordinates and receives its forces.
+    pub recv_peer: usize,
+    /// How the forces get there.
+    pub recv: PulsePath,
+}
+
+/// One peer in a [`RoutedSummary`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerRoute {
+    /// The peer.
+    pub peer: usize,
+    /// The transport both ends use.
+    pub transport: Transport,
+    /// The exchange path that carries it.
+    pub path: PulsePath,
+    /// The distance to the peer.
+    pub level: DistanceLevel,
+    /// The largest message to the peer (it decided the transport), bytes.
+    pub bytes: u64,
+    /// Agreed failure rounds that changed this pair so far (0: none); equal on both ends.
+    pub failure_epoch: u32,
+}
+
+/// A compact, serialisable description of what one PE's plan chose, for run outputs and result
+/// files: per peer the transport, its path, the level and the deciding size; per pulse the two
+/// paths; the topology it was decided over. [`RoutedPaths::summary`] makes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutedSummary {
+    /// The deciding PE.
+    pub pe: usize,
+    /// The topology decided over, when known.
+    pub topology: Option<TopologyStamp>,
+    /// Bytes of one exchanged value.
+    pub element_bytes: usize,
+    /// The transports the plan was chosen among.
+    pub allowed: TransportSet,
+    /// Every peer a pulse involves, ascending.
+    pub peers: Vec<PeerRoute>,
+    /// Every pulse, in order.
+    pub pulses: Vec<PulseChoice>,
+}
+
+impl fmt::Display for RoutedSummary {
+    /// One line: `PE 0: 1=nvlink-tma (bulk-copy, nvlink, 16 KiB), 2=nvshmem-put (put, spine, 16 KiB)`
+    /// followed by the topology and, when a pair has failed over, its failure epoch.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PE {}:", self.pe)?;
+        for (i, p) in self.peers.iter().enumerate() {
+            write!(
+                f,
+                "{} {}={} ({}, {}, {}{})",
+                if i == 0 { "" } else { "," },
+                p.peer,
+                p.transport,
+                p.path,
+                p.level,
+                super::format_size(p.bytes),
+                if p.failure_epoch > 0 { format!(", failure epoch {}", p.failure_epoch) } else { String::new() }
+            )?;
+        }
+        if self.peers.is_empty() {
+            f.write_str(" no peers")?;
+        }
+        if let Some(t) = &self.topology {
+            write!(f, "; topology epoch {} hash {}", t.epoch, t.hash)?;
+        }
+        Ok(())
     }
 }
 
@@ -104,6 +254,8 @@ pub struct PulseRoute {
     pub bytes: u64,
     /// The router's choice.
     pub transport: Transport,
+    /// The distance to the peer.
+    pub level: DistanceLevel,
 }
 
 /// Per-peer paths of one PE, from the router.
@@ -119,6 +271,10 @@ pub struct RoutedPaths {
     pub element_bytes: usize,
     /// The transports the plan was chosen among (the caller's capabilities).
     pub allowed: TransportSet,
+    /// The topology the router decided over, when it said.
+    pub topology: Option<TopologyStamp>,
+    /// Per peer, the agreed failure epoch of the pair when planned (0: no agreed failure).
+    pub failure_epochs: Vec<u32>,
 }
 
 impl fmt::Debug for RoutedPaths {
@@ -173,7 +329,7 @@ impl RoutedPaths {
                         why: format!("this exchange runs only {allowed}"),
                     });
                 }
-                pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport });
+                pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport, level: route.level });
             }
         }
         let mut peers: Vec<Option<(u64, Transport)>> = vec![None; halos.len()];
@@ -192,7 +348,16 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses, element_bytes, allowed })
+        let failure_epochs = (0..halos.len()).map(|q| router.failure_epoch(q)).collect();
+        Ok(Self {
+            self_pe: me,
+            peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(),
+            pulses,
+            element_bytes,
+            allowed,
+            topology: router.topology_stamp(),
+            failure_epochs,
+        })
     }
 
     /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
@@ -210,6 +375,60 @@ impl RoutedPaths {
     /// by NVSHMEM puts (`false`). Peers no pulse involves get the direct view (it is never used).
     pub fn direct(&self, peer: usize) -> bool {
         self.transport(peer) != Some(Transport::NvshmemPut)
+    }
+
+    /// The path of every pulse: its coordinates to `send_rank` and its forces to `recv_rank`, each
+    /// by the path of that peer's transport (the one both ends agreed on, which the largest
+    /// message decided). Pulses whose peers differ take different paths in one launch.
+    pub fn pulse_paths(&self) -> Result<Vec<PulseChoice>, PathError> {
+        let path = |peer: usize| -> Result<PulsePath, PathError> {
+            let t = self.transport(peer).ok_or_else(|| PathError::Asymmetric(format!("PE {}: no path to PE {peer}", self.self_pe)))?;
+            PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
+                self_pe: self.self_pe,
+                peer,
+                transport: t,
+                why: "the exchange has no path for it".into(),
+            })
+        };
+        let mut out: Vec<PulseChoice> = Vec::new();
+        for m in &self.pulses {
+            match m.message {
+                Message::Coordinates => out.push(PulseChoice { pulse: m.pulse, send_peer: m.peer, send: path(m.peer)?, recv_peer: m.peer, recv: path(m.peer)? }),
+                Message::Forces => {
+                    if let Some(c) = out.iter_mut().rev().find(|c| c.pulse == m.pulse) {
+                        c.recv_peer = m.peer;
+                        c.recv = path(m.peer)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The compact, serialisable description of this plan (see [`RoutedSummary`]).
+    pub fn summary(&self) -> Result<RoutedSummary, PathError> {
+        let mut peers = Vec::new();
+        for (peer, t) in self.peers.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            let msgs = self.pulses.iter().filter(|m| m.peer == peer);
+            let (bytes, level) = msgs.map(|m| (m.bytes, m.level)).max().unwrap_or((0, DistanceLevel::SameGpu));
+            let path = PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
+                self_pe: self.self_pe,
+                peer,
+                transport: t,
+                why: "the exchange has no path for it".into(),
+            })?;
+            let failure_epoch = self.failure_epochs.get(peer).copied().unwrap_or(0);
+            peers.push(PeerRoute { peer, transport: t, path, level, bytes, failure_epoch });
+        }
+        Ok(RoutedSummary {
+            pe: self.self_pe,
+            topology: self.topology.clone(),
+            element_bytes: self.element_bytes,
+            allowed: self.allowed,
+            peers,
+            pulses: self.pulse_paths()?,
+        })
     }
 
     /// Human-readable lines, one per message (what `HALO_ROUTE_DEBUG` adds to the router's blocks).
@@ -383,7 +602,7 @@ pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], h
 mod tests {
     use super::*;
     use crate::exchange::synthetic::{self, SyntheticShape};
-    use crate::route::{DistanceLevel, RouteReason};
+    use crate::route::RouteReason;
 
     /// Answers from a table: (peer, bytes) → transport by a threshold, recording what was asked.
     struct FakeRouter {
@@ -510,6 +729,45 @@ mod tests {
         assert!(!plans[0].direct(1) && !plans[1].direct(0));
         assert!(plans[0].transport(2).is_some_and(|t| t != Transport::NvshmemPut) || plans[0].transport(2).is_none());
         assert_eq!(format!("{:?}", plans[0]).split_whitespace().next(), Some("Routed(PE"));
+    }
+
+    /// PE 0's pulses reach an NVLink peer on its node and a peer on another node: one fused
+    /// launch with stores for some pulses and puts for others, the same on both ends, and a
+    /// compact summary that serialises.
+    #[test]
+    fn pulses_whose_peers_differ_take_different_paths_and_summarise() {
+        let h = halos([2, 2, 1]);
+        let facts = crate::route::synthetic_facts(&["n0".into(), "n1".into()], 2, 1, crate::route::IntraNodeLink::Nvlink);
+        let topo = Arc::new(crate::route::topology_from_facts(&facts, None).expect("topology"));
+        let plans: Vec<RoutedPaths> = (0..4)
+            .map(|r| RoutedPaths::plan(&mut Router::new(r, Arc::clone(&topo), RouteConfig::default()).expect("router"), &h).expect("plan"))
+            .collect();
+        RoutedPaths::check_symmetric(&plans).expect("both ends agree");
+        let mut seen = std::collections::BTreeSet::new();
+        for plan in &plans {
+            let paths = plan.pulse_paths().expect("paths");
+            assert_eq!(paths.len(), h[plan.self_pe].pulses.len());
+            for (c, spec) in paths.iter().zip(&h[plan.self_pe].pulses) {
+                assert_eq!((c.send_peer, c.recv_peer), (spec.send_rank, spec.recv_rank));
+                for (peer, path) in [(c.send_peer, c.send), (c.recv_peer, c.recv)] {
+                    let level = topo.distance(plan.self_pe, peer).expect("in range");
+                    // Inside the node the kernel writes peer memory; across nodes it puts.
+                    assert_eq!(path.direct(), level <= DistanceLevel::NvLink, "PE {} -> {peer} at {level}: {path}", plan.self_pe);
+                    seen.insert(path);
+                }
+            }
+        }
+        assert!(seen.contains(&PulsePath::Put) && seen.iter().any(|p| p.direct()), "{seen:?}");
+        assert_eq!(RoutedPaths::exchange_transport(&plans, true).ok(), Some(crate::exchange::Transport::Fused));
+
+        let summary = plans[0].summary().expect("summary");
+        assert_eq!(summary.topology.as_ref().map(|t| t.hash.clone()), Some(topo.hash_hex()));
+        assert!(summary.peers.iter().any(|p| p.path == PulsePath::Put && p.level == DistanceLevel::Spine), "{summary}");
+        let json = serde_json::to_string(&summary).expect("serialise");
+        assert!(json.len() < 2048, "compact: {json}");
+        assert_eq!(serde_json::from_str::<RoutedSummary>(&json).expect("parse"), summary);
+        let line = summary.to_string();
+        assert!(line.starts_with("PE 0: ") && line.contains("=nvshmem-put (put, spine, ") && line.contains(&topo.hash_hex()), "{line}");
     }
 
     /// Issue 17: ranks in one process have no NVSHMEM, but the one-process planner asked among
