@@ -1,4 +1,5 @@
-//! Every route setting, from the environment or a config file, with any value: a clear error that
+//! Every route setting, from the environment or a config file, with any value (and
+//! `HALO_INJECT_FAILURE`): a clear error that
 //! names the variable (or the file and key) and the fix, or a router that routes. Never a panic
 //! (issue 17: `HALO_ROUTE_HALF_LIFE_S=1e300` made `halo route` exit 101).
 //!
@@ -6,7 +7,7 @@
 //! runs the same cases every time; `PROPTEST_CASES` raises the count for a longer local run.
 
 use halo::route::{
-    ManualClock, Op, Outcome, RouteConfig, RouteError, Router, Transport, single_node,
+    FailureInjection, ManualClock, Op, Outcome, RouteConfig, RouteError, Router, Transport, single_node,
 };
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -137,6 +138,27 @@ proptest! {
             let msg = e.to_string();
             prop_assert!(msg.contains("route.toml"), "the error does not name the file: {msg}");
             prop_assert!(msg.contains(key), "the error does not name the key {key}: {msg}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// `HALO_INJECT_FAILURE` with any value: parsed or refused with the variable named, never a panic.
+    #[test]
+    fn any_failure_injection_value_never_panics(v in prop_oneof![
+        "[ -~]{0,24}",
+        "(nvlink-store|staged|nvshmem-put|nccl|x)(:[0-9-]{0,22})?(@[0-9,]{0,12})?",
+    ]) {
+        let outcome = std::panic::catch_unwind(|| FailureInjection::from_env(&|k| (k == "HALO_INJECT_FAILURE").then(|| v.clone())));
+        let Ok(result) = outcome else {
+            return Err(TestCaseError::fail(format!("panicked on {v:?}")));
+        };
+        match result {
+            Ok(Some(f)) => prop_assert_eq!(FailureInjection::parse(&f.to_string()).ok(), Some(f)),
+            Ok(None) => prop_assert!(v.trim().is_empty()),
+            Err(e) => prop_assert!(e.to_string().contains("HALO_INJECT_FAILURE"), "{}", e),
         }
     }
 }

@@ -47,6 +47,9 @@ pub enum RouteError {
         /// What to set instead, naming the variable and the config-file key.
         fix: String,
     },
+    /// The PEs' failure records cannot be agreed on (see [`super::feedback`]).
+    #[error("failure agreement: {0}")]
+    Agreement(String),
     /// The topology or the facts it is built from are inconsistent.
     #[error("invalid topology: {0}")]
     InvalidTopology(String),

@@ -13,7 +13,8 @@
 //! | [`reliability`] | failures and timeouts per (peer, transport), decaying with a half-life |
 //! | [`overrides`] | `HALO_FORCE_TRANSPORT` and per-pair `--route-override a-b=name` |
 //! | [`gpu_facts`] | this PE's [`PeFacts`] from the CUDA driver (and NVML), gathered across PEs |
-//! | [`paths`] | [`RoutedPaths`]: the halo exchange's per-peer path from the router, pulse by pulse |
+//! | [`paths`] | [`RoutedPaths`]: the halo exchange's per-peer path from the router, pulse by pulse; [`RoutedSummary`] |
+//! | [`feedback`] | failures recorded by drivers, agreed across PEs at safe points so both ends switch together; `HALO_INJECT_FAILURE` |
 //! | [`calibrate`] | `halo calibrate`'s model: measurements → calibration file |
 //! | [`router`] | [`Router`]: per-peer cache, failover, `HALO_ROUTE_DEBUG` blocks, the finalize summary |
 //!
@@ -28,6 +29,7 @@ pub mod calibrate;
 pub mod config;
 pub mod discover;
 mod error;
+pub mod feedback;
 pub mod gpu_facts;
 pub mod level;
 mod log;
@@ -46,13 +48,17 @@ pub use discover::{
     topology_from_facts, topology_from_file,
 };
 pub use error::RouteError;
+pub use feedback::{
+    Agreement, AgreementChange, FailureInjection, FailureReport, Feedback, PairRecord,
+    SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via,
+};
 pub use level::{DistanceLevel, LEVELS};
 pub use paths::{
     EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, PeerRoute, PulseChoice,
     PulsePath, RouteSource, RoutedPaths, RoutedSummary, TopologyStamp, plan_local_ranks,
 };
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
-pub use reliability::{Clock, ManualClock, Outcome, Reliability, SystemClock};
+pub use reliability::{Clock, Count, Decay, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};
 pub use score::{
     Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates,

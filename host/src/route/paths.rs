@@ -62,6 +62,9 @@ impl RouteSource for Router {
     fn topology_stamp(&self) -> Option<TopologyStamp> {
         Some(TopologyStamp { epoch: self.topology().epoch(), hash: self.topology().hash_hex() })
     }
+    fn failure_epoch(&self, peer: usize) -> u32 {
+        Router::failure_epoch(self, peer)
+    }
 
     fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
         Router::route_among(self, peer, op, bytes, allowed)

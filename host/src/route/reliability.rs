@@ -74,13 +74,15 @@ impl Clock for ManualClock {
 }
 
 /// What happened to an attempt on a transport.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Outcome {
     /// It worked: nothing is recorded (successes do not erase failures; time does).
     Success,
-    /// It failed (error returned, connection lost).
+    /// It failed (a launch failed, an error returned, a connection lost).
     Failure,
-    /// It did not complete in time; counts half a failure, since a slow peer is not a broken path.
+    /// It did not complete in time (a device wait timed out); counts half a failure, since a slow
+    /// peer is not a broken path.
     Timeout,
 }
 
