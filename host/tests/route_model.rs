@@ -809,3 +809,26 @@ fn a_failed_transport_is_avoided_until_its_recheck_on_the_real_clock() {
     std::thread::sleep(Duration::from_millis(600).saturating_sub(failed.elapsed()));
     assert_eq!(pick(&mut r), Transport::NvshmemPut, "back after its recheck");
 }
+
+/// `HALO_ROUTE_TOPOLOGY` (or `topology =` in the route config) names where the nodes sit: a halo
+/// TOML topology file or Slurm's topology text, told apart by content.
+#[test]
+fn topology_setting_loads_slurm_or_toml_placements() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let slurm = dir.path().join("topology.conf");
+    std::fs::write(&slurm, "SwitchName=l0 Nodes=n[1-2]\nSwitchName=l1 Nodes=n3\nSwitchName=top Switches=l[0-1]\n").expect("write");
+    let toml = dir.path().join("topo.toml");
+    std::fs::write(&toml, "[[spine]]\nname = \"s\"\n[[spine.leaf]]\nname = \"l\"\n[[spine.leaf.rack]]\nname = \"r\"\nnodes = [\"n[1-2]\"]\n[[spine.leaf]]\nname = \"m\"\nnodes = [\"n3\"]\n").expect("write");
+    let hosts: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+    let facts = synthetic_facts(&hosts, 1, 1, IntraNodeLink::Nvlink);
+    for (path, near) in [(&slurm, DistanceLevel::Leaf), (&toml, DistanceLevel::Rack)] {
+        let cfg = config_with(&[("HALO_ROUTE_TOPOLOGY", path.to_str().expect("utf-8"))]);
+        assert!(cfg.describe().iter().any(|l| l.contains("topology = ") && l.contains("env HALO_ROUTE_TOPOLOGY")));
+        let fabric = cfg.fabric().expect("loads").expect("set");
+        let t = topology_from_facts(&facts, Some(&fabric)).expect("topology");
+        assert_eq!(t.distance(0, 1).ok(), Some(near), "{}", path.display());
+        assert_eq!(t.distance(0, 2).ok(), Some(DistanceLevel::Spine), "{}", path.display());
+    }
+    let missing = config_with(&[("HALO_ROUTE_TOPOLOGY", "/nonexistent/topology.conf")]);
+    assert!(matches!(missing.fabric(), Err(RouteError::Io { .. })));
+}

@@ -126,7 +126,8 @@ pub struct PeCoord {
     /// The GPUs this PE claims NVLink and P2P to: an index into the topology's claim sets.
     pub claims: u32,
     /// The multi-node NVLink domain (NVML fabric cluster UUID and clique), or [`NO_GROUP`]: PEs in
-    /// one domain are NVLink apart even on different hosts.
+    /// one domain on different hosts are NVLink apart. On one host the node's own link discovery
+    /// decides, so a pair without peer access is never NVLink there.
     pub nvlink_domain: u32,
     /// The host: same-node level.
     pub host: u32,
@@ -238,7 +239,7 @@ impl Topology {
     }
 
     /// The nearest level at which PE `x`'s bitmap holds PE `y` (x's view, which `y` may not
-    /// share): same GPU, then a GPU `x` claims NVLink to (or one NVLink domain), one `x` claims
+    /// share): same GPU, then a GPU `x` claims NVLink to (or one NVLink domain, across hosts), one `x` claims
     /// P2P to, the same host, rack, leaf, cluster; cross-cluster otherwise.
     pub fn placed(&self, x: usize, y: usize) -> Result<DistanceLevel, RouteError> {
         let (cx, cy) = (self.coord(x)?, self.coord(y)?);
@@ -246,7 +247,7 @@ impl Topology {
         let (nvlink, p2p) = self.claims(cx.claims);
         Ok(if x == y || cx.gpu == cy.gpu {
             DistanceLevel::SameGpu
-        } else if nvlink.binary_search(&cy.gpu).is_ok() || same(cx.nvlink_domain, cy.nvlink_domain) {
+        } else if nvlink.binary_search(&cy.gpu).is_ok() || (same(cx.nvlink_domain, cy.nvlink_domain) && cx.host != cy.host) {
             DistanceLevel::NvLink
         } else if p2p.binary_search(&cy.gpu).is_ok() {
             DistanceLevel::Pcie

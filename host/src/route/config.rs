@@ -147,6 +147,8 @@ pub struct RouteConfig {
     pub debug: Sourced<bool>,
     /// Calibration file to load performance numbers from.
     pub calibration: Option<Sourced<PathBuf>>,
+    /// Where the nodes sit: a halo topology file or Slurm's topology text ([`super::load_fabric`]).
+    pub topology: Option<Sourced<PathBuf>>,
 }
 
 impl Default for RouteConfig {
@@ -158,6 +160,7 @@ impl Default for RouteConfig {
             overrides: Overrides::default(),
             debug: Sourced::default_value(false),
             calibration: None,
+            topology: None,
         }
     }
 }
@@ -168,6 +171,7 @@ impl Default for RouteConfig {
 /// force_transport = "nvshmem-put"
 /// overrides = ["0-1=nvlink-store"]
 /// calibration = "calibration.json"   # relative to this file
+/// topology = "topology.conf"          # halo TOML or Slurm topology; relative to this file
 /// debug = false
 ///
 /// [weights]
@@ -195,6 +199,7 @@ struct FileConfig {
     #[serde(default)]
     overrides: Vec<String>,
     calibration: Option<PathBuf>,
+    topology: Option<PathBuf>,
     debug: Option<bool>,
 }
 
@@ -250,6 +255,9 @@ pub mod env {
     pub const DEBUG: &str = "HALO_ROUTE_DEBUG";
     /// Calibration file written by `halo calibrate`.
     pub const CALIBRATION: &str = "HALO_ROUTE_CALIBRATION";
+    /// Where the nodes sit: a halo topology file (TOML) or Slurm's `topology.conf` /
+    /// `scontrol show topology` output.
+    pub const TOPOLOGY: &str = "HALO_ROUTE_TOPOLOGY";
 }
 
 /// The names and allowed range of one numeric setting, for validation and its error message.
@@ -483,16 +491,16 @@ impl RouteConfig {
                 source: src(),
             });
         }
+        // Relative paths are relative to the config file, not to the working directory.
+        let beside = |value: PathBuf| match path.parent() {
+            Some(dir) if value.is_relative() => dir.join(value),
+            _ => value,
+        };
         if let Some(value) = f.calibration {
-            // A relative calibration path is relative to the config file, not to the working directory.
-            let value = match path.parent() {
-                Some(dir) if value.is_relative() => dir.join(value),
-                _ => value,
-            };
-            self.calibration = Some(Sourced {
-                value,
-                source: src(),
-            });
+            self.calibration = Some(Sourced { value: beside(value), source: src() });
+        }
+        if let Some(value) = f.topology {
+            self.topology = Some(Sourced { value: beside(value), source: src() });
         }
         if let Some(value) = f.debug {
             self.debug = Sourced {
@@ -575,11 +583,10 @@ impl RouteConfig {
                 source: WeightSource::Env(env::DEBUG.into()),
             };
         }
-        if let Some(v) = get(env::CALIBRATION) {
-            self.calibration = Some(Sourced {
-                value: PathBuf::from(v),
-                source: WeightSource::Env(env::CALIBRATION.into()),
-            });
+        for (slot, var) in [(&mut self.calibration, env::CALIBRATION), (&mut self.topology, env::TOPOLOGY)] {
+            if let Some(v) = get(var) {
+                *slot = Some(Sourced { value: PathBuf::from(v), source: WeightSource::Env(var.into()) });
+            }
         }
         Ok(())
     }
@@ -700,6 +707,9 @@ impl RouteConfig {
             None => out
                 .push("calibration = none: performance numbers are defaults, not measured".into()),
         }
+        if let Some(t) = &self.topology {
+            out.push(format!("topology = {} ({})", t.value.display(), t.source));
+        }
         if let Some(g) = &self.overrides.global {
             out.push(format!("forced transport = {} ({})", g.value, g.source));
         }
@@ -707,6 +717,11 @@ impl RouteConfig {
             out.push(format!("override {} ({})", p.value, p.source));
         }
         out
+    }
+
+    /// The node placements the `topology` setting names, if any.
+    pub fn fabric(&self) -> Result<Option<super::Fabric>, RouteError> {
+        self.topology.as_ref().map(|t| super::load_fabric(&t.value)).transpose()
     }
 
     /// Logs [`RouteConfig::describe`] at info level.

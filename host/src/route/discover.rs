@@ -72,10 +72,13 @@ impl Placement {
         }
     }
 
-    /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`.
+    /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`
+    /// (tree plugin), or `b2.node17` with pattern `block.node` (block plugin).
     ///
-    /// The switch nearest the node is its leaf, the one above is its spine, and anything above
-    /// that names the cluster. Slurm has no racks. Returns the host name and its placement.
+    /// Tree: the switch nearest the node is its leaf, the one above is its spine, and the topmost
+    /// switch, when there are three or more, names the cluster (switches in between are the
+    /// cluster's own core tiers). Block: the block is taken as the node's rack. Returns the host
+    /// name and its placement.
     pub fn from_slurm(addr: &str, pattern: &str) -> Result<(String, Placement), RouteError> {
         let parts: Vec<&str> = addr.split('.').collect();
         let kinds: Vec<&str> = pattern.split('.').collect();
@@ -84,26 +87,32 @@ impl Placement {
                 "SLURM_TOPOLOGY_ADDR={addr:?} does not match SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}"
             )));
         }
+        let host = parts[parts.len() - 1].to_owned();
+        if kinds == ["block", "node"] {
+            return Ok((host, Placement { rack: Some(parts[0].to_owned()), ..Placement::unknown() }));
+        }
         if kinds.last() != Some(&"node") || kinds[..kinds.len() - 1].iter().any(|k| *k != "switch")
         {
             return Err(RouteError::Slurm(format!(
-                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node"
+                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node (tree) or block.node (block)"
             )));
         }
-        let host = parts[parts.len() - 1].to_owned();
-        let switches = &parts[..parts.len() - 1];
-        let n = switches.len();
-        let placement = Placement {
-            cluster: if n >= 3 {
-                switches[..n - 2].join(".")
-            } else {
-                DEFAULT_CLUSTER.into()
+        let switches: Vec<String> = parts[..parts.len() - 1].iter().rev().map(|s| (*s).to_owned()).collect();
+        Ok((host, Placement::from_switch_chain(&switches)))
+    }
+
+    /// The placement of a node whose switches, nearest first, are `chain`: leaf, spine, and the
+    /// topmost of three or more as the cluster.
+    pub fn from_switch_chain(chain: &[String]) -> Placement {
+        Placement {
+            cluster: match chain {
+                [_, _, .., top] => top.clone(),
+                _ => DEFAULT_CLUSTER.into(),
             },
-            spine: (n >= 2).then(|| switches[n - 2].to_owned()),
-            leaf: (n >= 1).then(|| switches[n - 1].to_owned()),
+            spine: chain.get(1).cloned(),
+            leaf: chain.first().cloned(),
             rack: None,
-        };
-        Ok((host, placement))
+        }
     }
 
     /// This process's placement from Slurm's environment, or `None` when Slurm sets none.
@@ -216,8 +225,8 @@ pub enum IntraNodeLink {
 /// nodes = ["gpu[001-004]", "gpu010"]
 /// ```
 ///
-/// A leaf may also list `nodes` directly (rack unknown). Host lists accept one bracket range
-/// group with comma-separated numbers or ranges, as Slurm writes them.
+/// A leaf may also list `nodes` directly (rack unknown). Host lists accept bracket range groups
+/// with comma-separated numbers or ranges, as Slurm writes them.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopologyFile {
@@ -376,43 +385,73 @@ fn expand_all(lists: &[String]) -> Result<Vec<String>, RouteError> {
     Ok(out)
 }
 
-/// Expands a host list with at most one bracket group: `gpu[001-003,7]` → gpu001, gpu002, gpu003, gpu7.
-/// Zero padding follows the width of each range's first number.
+/// Expands one Slurm-style host name pattern: `gpu[001-003,7]` → gpu001, gpu002, gpu003, gpu7;
+/// several bracket groups multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2). Zero padding
+/// follows the width of each range's first number. At most a million names.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, RouteError> {
     let bad = |reason: &str| RouteError::Parse {
         what: "host list",
         value: list.to_owned(),
         reason: reason.to_owned(),
     };
-    let Some(open) = list.find('[') else {
-        return if list.trim().is_empty() {
-            Err(bad("empty"))
-        } else {
-            Ok(vec![list.trim().to_owned()])
-        };
-    };
-    let close = list
-        .rfind(']')
-        .filter(|&c| c > open)
-        .ok_or_else(|| bad("'[' without ']'"))?;
-    let (prefix, inner, suffix) = (&list[..open], &list[open + 1..close], &list[close + 1..]);
-    if inner.contains('[') || suffix.contains('[') {
-        return Err(bad("only one bracket group is supported"));
+    if list.trim().is_empty() {
+        return Err(bad("empty"));
     }
+    let out = expand_groups(list.trim(), &bad)?;
+    if out.len() > MAX_HOSTS {
+        return Err(bad("expands to more than a million names"));
+    }
+    Ok(out)
+}
+
+/// Expands a comma-separated list of host name patterns, splitting only at commas outside
+/// brackets, as Slurm writes `Nodes=tux[0-3,12],gpu[01-04]`.
+pub fn expand_hostlists(lists: &str) -> Result<Vec<String>, RouteError> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in lists.char_indices().chain([(lists.len(), ',')]) {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                let item = &lists[start..i];
+                if !item.trim().is_empty() {
+                    out.extend(expand_hostlist(item)?);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if out.len() > MAX_HOSTS {
+        return Err(RouteError::Parse { what: "host list", value: lists.to_owned(), reason: "expands to more than a million names".into() });
+    }
+    Ok(out)
+}
+
+const MAX_HOSTS: usize = 1_000_000;
+
+fn expand_groups(s: &str, bad: &dyn Fn(&str) -> RouteError) -> Result<Vec<String>, RouteError> {
+    let Some(open) = s.find('[') else {
+        return if s.contains(']') { Err(bad("']' without '['")) } else { Ok(vec![s.to_owned()]) };
+    };
+    let close = s[open..].find(']').map(|c| open + c).ok_or_else(|| bad("'[' without ']'"))?;
+    let (prefix, inner, rest) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
+    if prefix.contains(']') || inner.contains('[') {
+        return Err(bad("brackets do not nest"));
+    }
+    let tails = expand_groups(rest, bad)?;
     let mut out = Vec::new();
     for item in inner.split(',') {
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
-        let width = lo.len();
-        let num = |s: &str| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| bad("ranges need numbers, like [01-16]"))
-        };
+        let width = lo.trim().len();
+        let num = |s: &str| s.trim().parse::<u64>().map_err(|_| bad("ranges need numbers, like [01-16]"));
         let (a, b) = (num(lo)?, num(hi)?);
-        if a > b || b - a > 1_000_000 {
-            return Err(bad("range is reversed or too long"));
+        if a > b || (b - a) as usize >= MAX_HOSTS || out.len() + (b - a + 1) as usize * tails.len() > MAX_HOSTS {
+            return Err(bad("range is reversed or expands to more than a million names"));
         }
-        out.extend((a..=b).map(|n| format!("{prefix}{n:0width$}{suffix}")));
+        for n in a..=b {
+            out.extend(tails.iter().map(|t| format!("{prefix}{n:0width$}{t}")));
+        }
     }
     Ok(out)
 }
@@ -571,6 +610,19 @@ pub fn topology_from_file(path: &Path) -> Result<(Topology, TopologyFile, Fabric
     Ok((topo, file, fabric))
 }
 
+/// Node placements from a file: a halo topology file (TOML, see [`TopologyFile`]) or Slurm's
+/// topology (`topology.conf` or saved `scontrol show topology` output, see
+/// [`super::slurm::parse_slurm_topology`]), told apart by content: a `SwitchName=` or
+/// `BlockName=` line means Slurm.
+pub fn load_fabric(path: &Path) -> Result<Fabric, RouteError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io { what: "topology file", path: path.to_owned(), source })?;
+    let slurm = text.lines().map(|l| l.trim_start().to_ascii_lowercase()).any(|l| l.starts_with("switchname=") || l.starts_with("blockname="));
+    if slurm {
+        return super::slurm::parse_slurm_topology(&text, &path.display().to_string());
+    }
+    TopologyFile::parse(&text, path)?.fabric(path)
+}
+
 /// One node of `pes` PEs, one per GPU, all NVLink-connected: the model `halo route` uses without a file.
 pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
     topology_from_facts(
@@ -598,7 +650,17 @@ mod tests {
         assert_eq!(expand_hostlist("login").ok(), Some(vec!["login".into()]));
         assert!(expand_hostlist("gpu[3-1]").is_err());
         assert!(expand_hostlist("gpu[1-2").is_err());
-        assert!(expand_hostlist("a[1]b[2]").is_err());
+        assert!(expand_hostlist("gpu1-2]").is_err());
+        assert!(expand_hostlist("a[[1]]").is_err());
+        assert!(expand_hostlist("n[0-99999999]").is_err(), "too many");
+        assert_eq!(
+            expand_hostlist("r[1-2]n[08-09]").ok(),
+            Some(vec!["r1n08".into(), "r1n09".into(), "r2n08".into(), "r2n09".into()])
+        );
+        assert_eq!(
+            expand_hostlists("tux[0-1,12],login, gpu[01-02]").ok(),
+            Some(vec!["tux0".into(), "tux1".into(), "tux12".into(), "login".into(), "gpu01".into(), "gpu02".into()])
+        );
     }
 
     #[test]
@@ -612,6 +674,12 @@ mod tests {
         );
         let (_, p) = Placement::from_slurm("l3.n1", "switch.node").expect("valid");
         assert_eq!((p.spine, p.leaf.as_deref()), (None, Some("l3")));
+        // Four tiers: the root names the cluster, the tier under it is the cluster's core.
+        let (_, p) = Placement::from_slurm("root.core1.s1.l3.n1", "switch.switch.switch.switch.node").expect("valid");
+        assert_eq!((p.cluster.as_str(), p.spine.as_deref(), p.leaf.as_deref()), ("root", Some("s1"), Some("l3")));
+        let (h, p) = Placement::from_slurm("b7.n1", "block.node").expect("valid");
+        assert_eq!((h.as_str(), p.rack.as_deref(), p.cluster.as_str()), ("n1", Some("b7"), DEFAULT_CLUSTER));
+        assert!(Placement::from_slurm("b7.n1", "block.switch").is_err());
         assert!(Placement::from_slurm("a.b", "switch.switch.node").is_err());
         let env = |k: &str| match k {
             "SLURM_TOPOLOGY_ADDR" => Some("s0.l0.n9".to_owned()),

@@ -7,6 +7,7 @@
 //! | [`level`] | [`DistanceLevel`]: same GPU < NVLink < PCIe < same node without P2P < rack < leaf < spine < cross-cluster |
 //! | [`bitmap`] | [`Topology`]: one [`PeBitmap`] per PE and level; distance = first level both PEs agree on; epoch and hash |
 //! | [`discover`] | [`PeFacts`] gathered across PEs + a [`Fabric`] (TOML file or Slurm) → [`Topology`] |
+//! | [`slurm`] | Slurm's `topology.conf` / `scontrol show topology` (tree and block plugins) → [`Fabric`] |
 //! | [`transport`] | [`Transport`], [`Caps`], reach per level, [`PerfTable`] (defaults or a calibration file) |
 //! | [`config`] | [`RouteConfig`]: weights, thresholds, overrides, each with its [`WeightSource`] |
 //! | [`score`] | the scoring pass over all candidates for one (level, op, size) |
@@ -39,13 +40,14 @@ pub mod reliability;
 pub mod router;
 pub mod score;
 pub mod size;
+pub mod slurm;
 pub mod transport;
 
-pub use bitmap::{DistanceInfo, PeBitmap, Topology};
+pub use bitmap::{ClaimSet, DistanceInfo, NO_GROUP, PeBitmap, PeCoord, Topology};
 pub use config::{EffectiveWeights, LIMITS, Limit, Limits, RouteConfig, Sourced, WeightSource, Weights};
 pub use discover::{
-    Fabric, IntraNodeLink, PeFacts, Placement, TopologyFile, single_node, synthetic_facts,
-    topology_from_facts, topology_from_file,
+    Fabric, IntraNodeLink, NvlinkDomain, PeFacts, Placement, TopologyFile, load_fabric, single_node,
+    synthetic_facts, topology_from_facts, topology_from_file,
 };
 pub use error::RouteError;
 pub use feedback::{
@@ -65,6 +67,7 @@ pub use score::{
     score_candidates_among,
 };
 pub use size::{class_bytes, format_size, parse_size, size_class};
+pub use slurm::parse_slurm_topology;
 pub use transport::{
     CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport,
     TransportSet,

@@ -546,9 +546,12 @@ pub fn route_config(overrides: &[String]) -> Result<RouteConfig, RouteError> {
 
 /// A router for `self_pe` over a topology built from discovered `facts`, configured from the
 /// environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus `--route-override` values.
+/// The node placements come from `HALO_ROUTE_TOPOLOGY` when set, else from each PE's facts (Slurm's
+/// address).
 pub fn router_from_facts(self_pe: usize, facts: &[super::PeFacts], overrides: &[String]) -> Result<Router, RouteError> {
-    let topo = super::topology_from_facts(facts, None)?;
-    Router::new(self_pe, Arc::new(topo), route_config(overrides)?)
+    let config = route_config(overrides)?;
+    let topo = super::topology_from_facts(facts, config.fabric()?.as_ref())?;
+    Router::new(self_pe, Arc::new(topo), config)
 }
 
 /// Every rank of one process, planned: each rank's paths, the exchange kernel they imply, and
@@ -569,7 +572,7 @@ pub struct LocalPlan {
 /// ends of every pair agree. Ranks on GPUs without peer access to each other cannot exchange in
 /// one process at all: that is an error naming the pair and the fix (one rank per GPU).
 pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
-    let topo = Arc::new(super::topology_from_facts(facts, None)?);
+    let topo = Arc::new(super::topology_from_facts(facts, config.fabric()?.as_ref())?);
     for (r, h) in halos.iter().enumerate() {
         for peer in h.pulses.iter().flat_map(|p| [p.send_rank, p.recv_rank]) {
             let level = topo.distance(r, peer)?;
