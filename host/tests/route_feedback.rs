@@ -9,7 +9,7 @@ use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::launch::{Rendezvous, RendezvousDir};
 use halo::route::{
     FailureInjection, FailureReport, Feedback, ManualClock, Outcome, RouteConfig, RouteError, RoutedPaths, Router,
-    SafePointRecord, Transport, agree, agree_local, agree_via, single_node,
+    SafePointRecord, Transport, agree, agree_local, agree_via, safe_point_local, safe_point_via, single_node,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,9 +233,25 @@ fn agreement_over_the_launch_rendezvous_moves_both_pes() {
                 r.record(1, first, Outcome::Failure); // one-sided: only PE 0 saw it
             }
             let rv = Rendezvous::new(&path, pe, 2);
-            agree_via(&mut r, &mut |tag, bytes| rv.all_gather(tag, bytes, Duration::from_secs(20)).map_err(|e| e.to_string()))
-                .map_err(|e| e.to_string())?;
+            let mut gather = |tag: &str, bytes: &[u8]| rv.all_gather(tag, bytes, Duration::from_secs(20)).map_err(|e| e.to_string());
+            // Every PE's first plan, all-gathered as a driver does before the first step.
             let plan = RoutedPaths::plan(&mut r, &h).map_err(|e| e.to_string())?;
+            let current = gather("route-paths-start", &serde_json::to_vec(&plan).map_err(|e| e.to_string())?)?
+                .iter()
+                .map(|b| serde_json::from_slice::<RoutedPaths>(b).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
+            // Round 1 agrees the failure, plans again and all-gathers the new plans.
+            let sp = safe_point_via(&mut r, &h, &current, &mut gather).map_err(|e| e.to_string())?;
+            if sp.switched.len() != 1 || sp.switched[0].2 != Some(first) {
+                return Err(format!("expected the one pair to switch off {first}, got {:?}", sp.switched));
+            }
+            // Round 2 with nothing to report changes nothing.
+            let sp2 = safe_point_via(&mut r, &h, &sp.plans, &mut gather).map_err(|e| e.to_string())?;
+            if !sp2.switched.is_empty() {
+                return Err(format!("round 2 switched {:?}", sp2.switched));
+            }
+            let plan = &sp2.plans[pe];
+            agree_via(&mut r, &mut gather).map_err(|e| e.to_string())?; // round 3: the bare agreement
             Ok((first, plan.transport(1 - pe).ok_or("unrouted")?, r.failure_epoch(1 - pe)))
         })
     };
@@ -245,6 +261,45 @@ fn agreement_over_the_launch_rendezvous_moves_both_pes() {
     assert_ne!(a.1, a.0, "PE 0 moved off the failed transport");
     assert_eq!(a.1, b.1, "PE 1 moved with it");
     assert_eq!((a.2, b.2), (1, 1), "both see failure epoch 1");
+}
+
+/// The loop the GPU drivers run, on the CPU: four ranks, `HALO_INJECT_FAILURE=<their first
+/// transport>:2@0` (PE 0 alone fails its launch at step 2; its partners' waits time out), a safe
+/// point after every step. Exactly PE 0's pairs switch, at step 2, on both ends.
+#[test]
+fn driver_loop_with_an_injected_one_sided_failure() {
+    let h = halos();
+    let mut rs = routers(Feedback::Agreed, &clocks(4));
+    let mut current = plans(&mut rs, &h);
+    RoutedPaths::check_symmetric(&current).expect("symmetric");
+    let first = current[0].transport(1).expect("routed");
+    let inject = FailureInjection::parse(&format!("{first}:2@0")).expect("valid");
+    let mut switched = Vec::new();
+    for step in 0..6 {
+        for pe in 0..4 {
+            for peer in inject.failing_peers(&current[pe], step) {
+                let t = current[pe].transport(peer).expect("routed");
+                rs[pe].record(peer, t, Outcome::Failure); // the skipped launch
+                rs[peer].record(pe, t, Outcome::Timeout); // the partner's bounded wait
+            }
+        }
+        let sp = safe_point_local(&mut rs, &h, &current).expect("safe point");
+        if !sp.switched.is_empty() {
+            switched.push((step, sp.switched.clone()));
+        }
+        current = sp.plans;
+    }
+    assert_eq!(switched.len(), 1, "{switched:?}");
+    let (step, pairs) = &switched[0];
+    assert_eq!(*step, 2);
+    let peers_of_0: Vec<usize> = (1..4).filter(|&q| current[0].transport(q).is_some()).collect();
+    assert_eq!(pairs.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(), peers_of_0.iter().map(|&q| (0, q)).collect::<Vec<_>>());
+    for &(a, b, before, after) in pairs {
+        assert_eq!(before, Some(first));
+        assert!(after.is_some() && after != Some(first), "{a}-{b}: {after:?}");
+        assert_eq!(rs[a].failure_epoch(b), 1);
+        assert_eq!(rs[b].failure_epoch(a), 1);
+    }
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //!    (a failed launch: [`Outcome::Failure`]; a device wait timeout: [`Outcome::Timeout`]); its
 //!    choices do not move.
 //! 2. At a safe point (every PE between two exchange steps, the exchange idle) every PE calls
-//!    [`agree_via`] (or [`agree_through_bootstrap`], or [`agree_local`] for ranks of one process):
+//!    [`safe_point_via`] (or [`safe_point_through_bootstrap`], or [`safe_point_local`] for ranks
+//!    of one process), which runs [`agree_via`] / [`agree_through_bootstrap`] / [`agree_local`]:
 //!    it drains the queue into a [`SafePointRecord`], all-gathers the records through the
 //!    bootstrap, and computes the next [`Agreement`] with [`agree`], a pure function of the
 //!    previous agreement and the gathered records.
@@ -18,8 +19,9 @@
 //!    by either end counts for both ends (each end adds its heaviest outcome of the round), and a failure that reaches the skip threshold holds the
 //!    transport out of that pair until its recheck, on the *agreed* clock (the latest router
 //!    clock any PE reported). Both ends score the pair with the same reliability state, so they
-//!    compute the same choice; re-planning ([`super::RoutedPaths::plan`]) after the safe point
-//!    gives both the new path. Each pair has a **failure epoch**, the number of rounds that
+//!    compute the same choice. The safe point then plans again and all-gathers the plans, so
+//!    every PE knows which pairs switched ([`SafePoint::switched`]) and which exchange kernel the
+//!    new plans need, and can rebuild the exchange together. Each pair has a **failure epoch**, the number of rounds that
 //!    added a failure to it, which both ends report ([`super::RoutedSummary`]).
 //!
 //! The agreement checks that every PE routes over the same topology (hash) with the same decay
@@ -28,9 +30,11 @@
 //! [`FailureInjection`] (`HALO_INJECT_FAILURE=transport[:step][@pe,...]`) lets drivers make a
 //! transport fail on purpose, to exercise all of this on real GPUs.
 
+use super::paths::PathError;
 use super::reliability::{Count, Decay};
 use super::transport::TRANSPORTS;
-use super::{Outcome, RouteError, Router, Transport};
+use super::{Outcome, RouteError, RoutedPaths, Router, Transport};
+use crate::exchange::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -242,11 +246,89 @@ pub fn agree_via(
 /// [`agree_via`] over the bootstrap of this run: `halo launch`'s rendezvous all-gather (a run of
 /// one PE agrees with itself). Other launchers are refused with a message, as for gathering facts.
 pub fn agree_through_bootstrap(router: &mut Router) -> Result<AgreementChange, RouteError> {
-    agree_via(router, &mut |tag, bytes| {
-        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        let all = super::gpu_facts::gather_json(tag, &value).map_err(|e| e.to_string())?;
-        all.iter().map(|v| serde_json::to_vec(v).map_err(|e| e.to_string())).collect()
-    })
+    agree_via(router, &mut bootstrap_all_gather)
+}
+
+/// What a safe point decided: the agreement applied, every PE's new plan, and the pairs whose path
+/// switched. Everything but `change` is the same on every PE, so every PE can tell whether the
+/// exchange must be rebuilt (and with which kernel, [`RoutedPaths::exchange_transport`]) without
+/// asking again.
+#[derive(Clone, Debug)]
+pub struct SafePoint {
+    /// This PE's view of the agreement applied.
+    pub change: AgreementChange,
+    /// Every PE's plan after the agreement (`plans[i]` is PE `i`'s), checked symmetric.
+    pub plans: Vec<RoutedPaths>,
+    /// `(a, b, before, after)` for every pair `a < b` whose path changed.
+    pub switched: Vec<(usize, usize, Option<Transport>, Option<Transport>)>,
+}
+
+/// Pairs `a < b` whose transport differs between two sets of plans (both indexed by PE).
+fn switched_pairs(before: &[RoutedPaths], after: &[RoutedPaths]) -> Vec<(usize, usize, Option<Transport>, Option<Transport>)> {
+    let mut out = Vec::new();
+    for (a, (old, new)) in before.iter().zip(after).enumerate() {
+        for b in a + 1..new.peers.len().max(old.peers.len()) {
+            let (x, y) = (old.transport(b), new.transport(b));
+            if x != y {
+                out.push((a, b, x, y));
+            }
+        }
+    }
+    out
+}
+
+/// A full safe point for this PE (collective): [`agree_via`], then the PE plans again (same
+/// element size and transport set as its current plan, `current[self]`), the plans are
+/// all-gathered (tag `route-paths-<round>`) and checked symmetric, and the pairs that switched
+/// are listed. `current` is every PE's plan before the safe point.
+pub fn safe_point_via(
+    router: &mut Router,
+    halos: &[RankHalo],
+    current: &[RoutedPaths],
+    all_gather: &mut dyn FnMut(&str, &[u8]) -> Result<Vec<Vec<u8>>, String>,
+) -> Result<SafePoint, PathError> {
+    let change = agree_via(router, all_gather)?;
+    let me = router.self_pe();
+    let mine = current.get(me).ok_or(PathError::Empty)?;
+    let plan = mine.replan(router, halos)?;
+    let tag = format!("route-paths-{}", change.round);
+    let bytes = serde_json::to_vec(&plan).map_err(|e| RouteError::Agreement(format!("encoding this PE's plan: {e}")))?;
+    let plans = all_gather(&tag, &bytes)
+        .map_err(|e| RouteError::Agreement(format!("all-gather `{tag}`: {e}")))?
+        .iter()
+        .enumerate()
+        .map(|(pe, b)| {
+            serde_json::from_slice::<RoutedPaths>(b).map_err(|e| RouteError::Agreement(format!("PE {pe}'s plan for `{tag}` does not parse: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RoutedPaths::check_symmetric(&plans)?;
+    Ok(SafePoint { change, switched: switched_pairs(current, &plans), plans })
+}
+
+/// [`safe_point_via`] over the bootstrap of this run (`halo launch`'s rendezvous).
+pub fn safe_point_through_bootstrap(router: &mut Router, halos: &[RankHalo], current: &[RoutedPaths]) -> Result<SafePoint, PathError> {
+    safe_point_via(router, halos, current, &mut bootstrap_all_gather)
+}
+
+/// A full safe point for the routers of ranks that share a process: [`agree_local`], every rank
+/// plans again, the plans are checked symmetric, and the pairs that switched are listed.
+pub fn safe_point_local(routers: &mut [Router], halos: &[RankHalo], current: &[RoutedPaths]) -> Result<SafePoint, PathError> {
+    let changes = agree_local(routers)?;
+    let plans = routers
+        .iter_mut()
+        .zip(current)
+        .map(|(r, p)| p.replan(r, halos))
+        .collect::<Result<Vec<_>, _>>()?;
+    RoutedPaths::check_symmetric(&plans)?;
+    let change = changes.into_iter().next().unwrap_or_default();
+    Ok(SafePoint { change, switched: switched_pairs(current, &plans), plans })
+}
+
+/// The `halo launch` rendezvous all-gather (a run of one PE gathers its own bytes).
+fn bootstrap_all_gather(tag: &str, bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let all = super::gpu_facts::gather_json(tag, &value).map_err(|e| e.to_string())?;
+    all.iter().map(|v| serde_json::to_vec(v).map_err(|e| e.to_string())).collect()
 }
 
 /// The environment variable that injects a failure.
@@ -307,6 +389,18 @@ impl FailureInjection {
     /// Whether `transport` fails on `pe` at `step`.
     pub fn fires(&self, pe: usize, transport: Transport, step: u64) -> bool {
         transport == self.transport && self.step.is_none_or(|s| s == step) && self.pes.as_ref().is_none_or(|p| p.contains(&pe))
+    }
+
+    /// The peers of `plan`'s PE whose path is the failing transport at `step` (empty when the
+    /// injection does not fire there): the driver skips the step's launch when this is not empty
+    /// and records [`Outcome::Failure`] for each of them.
+    pub fn failing_peers(&self, plan: &RoutedPaths, step: u64) -> Vec<usize> {
+        plan.peers
+            .iter()
+            .enumerate()
+            .filter(|&(_, t)| t.is_some_and(|t| self.fires(plan.self_pe, t, step)))
+            .map(|(peer, _)| peer)
+            .collect()
     }
 }
 

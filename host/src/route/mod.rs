@@ -51,8 +51,9 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use feedback::{
-    Agreement, AgreementChange, FailureInjection, FailureReport, Feedback, PairRecord,
-    SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via,
+    Agreement, AgreementChange, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint,
+    SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via, safe_point_local,
+    safe_point_through_bootstrap, safe_point_via,
 };
 pub use level::{DistanceLevel, LEVELS};
 pub use paths::{

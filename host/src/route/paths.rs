@@ -363,6 +363,12 @@ impl RoutedPaths {
         })
     }
 
+    /// This PE's plan made again by `router` (after an agreement), with the same element size and
+    /// transport set.
+    pub fn replan(&self, router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+        Self::plan_sized(router, halos, self.element_bytes, self.allowed)
+    }
+
     /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
     /// The plan is made once per run and lives as long as the process; it is a few bytes per peer.
     pub fn leak(self) -> &'static RoutedPaths {
