@@ -78,6 +78,10 @@ fn one_sided_failure_moves_both_ends_together() {
     assert!(changes[2].rechecked.is_empty() && changes[3].rechecked.is_empty());
     let after = plans(&mut rs, &h);
     RoutedPaths::check_symmetric(&after).expect("both ends agree after the safe point");
+    // The local mirror check replays each peer with the same agreed record.
+    for (pe, plan) in after.iter().enumerate() {
+        plan.mirror_check(&rs[pe], &h).expect("mirror agrees");
+    }
     let new = after[0].transport(1).expect("still routed");
     assert_ne!(new, failed);
     assert_eq!(after[1].transport(0), Some(new), "PE 1 moved with PE 0");

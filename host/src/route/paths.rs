@@ -276,8 +276,9 @@ pub struct RoutedPaths {
     pub allowed: TransportSet,
     /// The topology the router decided over, when it said.
     pub topology: Option<TopologyStamp>,
-    /// Per peer, the agreed failure epoch of the pair when planned (0: no agreed failure).
-    pub failure_epochs: Vec<u32>,
+    /// `(peer, epoch)` for the routed peers whose pair had an agreed failure when planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_epochs: Vec<(usize, u32)>,
 }
 
 impl fmt::Debug for RoutedPaths {
@@ -351,7 +352,11 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        let failure_epochs = (0..halos.len()).map(|q| router.failure_epoch(q)).collect();
+        let failure_epochs = (0..peers.len())
+            .filter(|&q| peers[q].is_some())
+            .map(|q| (q, router.failure_epoch(q)))
+            .filter(|&(_, e)| e > 0)
+            .collect();
         Ok(Self {
             self_pe: me,
             peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(),
@@ -375,6 +380,11 @@ impl RoutedPaths {
         Box::leak(Box::new(self))
     }
 
+    /// The agreed failure epoch of the pair with `peer` when this plan was made (0: none).
+    pub fn failure_epoch(&self, peer: usize) -> u32 {
+        self.failure_epochs.iter().find(|(q, _)| *q == peer).map_or(0, |&(_, e)| e)
+    }
+
     /// The transport chosen for `peer`, if any pulse involves it.
     pub fn transport(&self, peer: usize) -> Option<Transport> {
         self.peers.get(peer).copied().flatten()
@@ -386,19 +396,23 @@ impl RoutedPaths {
         self.transport(peer) != Some(Transport::NvshmemPut)
     }
 
+    /// The exchange path to `peer`: its transport's [`PulsePath`].
+    fn peer_path(&self, peer: usize) -> Result<(Transport, PulsePath), PathError> {
+        let t = self.transport(peer).ok_or_else(|| PathError::Asymmetric(format!("PE {}: no path to PE {peer}", self.self_pe)))?;
+        let path = PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
+            self_pe: self.self_pe,
+            peer,
+            transport: t,
+            why: "the exchange has no path for it".into(),
+        })?;
+        Ok((t, path))
+    }
+
     /// The path of every pulse: its coordinates to `send_rank` and its forces to `recv_rank`, each
     /// by the path of that peer's transport (the one both ends agreed on, which the largest
     /// message decided). Pulses whose peers differ take different paths in one launch.
     pub fn pulse_paths(&self) -> Result<Vec<PulseChoice>, PathError> {
-        let path = |peer: usize| -> Result<PulsePath, PathError> {
-            let t = self.transport(peer).ok_or_else(|| PathError::Asymmetric(format!("PE {}: no path to PE {peer}", self.self_pe)))?;
-            PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
-                self_pe: self.self_pe,
-                peer,
-                transport: t,
-                why: "the exchange has no path for it".into(),
-            })
-        };
+        let path = |peer: usize| self.peer_path(peer).map(|(_, p)| p);
         let mut out: Vec<PulseChoice> = Vec::new();
         for m in &self.pulses {
             match m.message {
@@ -417,18 +431,11 @@ impl RoutedPaths {
     /// The compact, serialisable description of this plan (see [`RoutedSummary`]).
     pub fn summary(&self) -> Result<RoutedSummary, PathError> {
         let mut peers = Vec::new();
-        for (peer, t) in self.peers.iter().enumerate() {
-            let Some(t) = *t else { continue };
+        for peer in (0..self.peers.len()).filter(|&q| self.transport(q).is_some()) {
+            let (transport, path) = self.peer_path(peer)?;
             let msgs = self.pulses.iter().filter(|m| m.peer == peer);
             let (bytes, level) = msgs.map(|m| (m.bytes, m.level)).max().unwrap_or((0, DistanceLevel::SameGpu));
-            let path = PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
-                self_pe: self.self_pe,
-                peer,
-                transport: t,
-                why: "the exchange has no path for it".into(),
-            })?;
-            let failure_epoch = self.failure_epochs.get(peer).copied().unwrap_or(0);
-            peers.push(PeerRoute { peer, transport: t, path, level, bytes, failure_epoch });
+            peers.push(PeerRoute { peer, transport, path, level, bytes, failure_epoch: self.failure_epoch(peer) });
         }
         Ok(RoutedSummary {
             pe: self.self_pe,
@@ -479,8 +486,10 @@ impl RoutedPaths {
     }
 
     /// Recomputes the plan of every peer of `router`'s PE with a router of the same topology,
-    /// configuration and performance table, and checks that each agrees with this plan about
-    /// their pair. Needs no communication; costs one scoring pass per peer message.
+    /// configuration, performance table and agreed failure record, and checks that each agrees
+    /// with this plan about their pair. Needs no communication; costs one scoring pass per peer
+    /// message. (Failures recorded locally in [`super::Feedback::Local`] mode are this PE's alone
+    /// and are not replayed: that mode makes no promise that both ends agree.)
     pub fn mirror_check(&self, router: &Router, halos: &[RankHalo]) -> Result<(), PathError> {
         let mut config: RouteConfig = router.config().clone();
         config.debug.value = false; // the mirror's decisions are not this PE's: keep them out of the log
@@ -491,6 +500,8 @@ impl RoutedPaths {
                 continue;
             }
             let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
+            // The peer scores the pair with the same agreed failure record.
+            mirror.adopt_agreement(router);
             let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes, self.allowed)?;
             if theirs.transport(self.self_pe) != Some(*mine) {
                 return Err(PathError::Asymmetric(format!(

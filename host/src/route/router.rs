@@ -583,6 +583,13 @@ impl Router {
         Ok(AgreementChange { round, rechecked })
     }
 
+    /// Takes `other`'s feedback mode and agreement as they are (a mirror of a peer's router scores
+    /// its pairs with the same agreed record).
+    pub(crate) fn adopt_agreement(&mut self, other: &Router) {
+        self.set_feedback(other.feedback);
+        self.agreement = other.agreement.clone();
+    }
+
     /// The agreed failure epoch of the pair with `peer`: how many rounds added a failure to it.
     pub fn failure_epoch(&self, peer: usize) -> u32 {
         self.agreement.epoch(self.self_pe, peer)
