@@ -148,6 +148,19 @@ pub struct ClaimSet {
     pub p2p: Vec<u32>,
 }
 
+impl ClaimSet {
+    /// Sorted, without repeats, and with the NVLink GPUs in the P2P set too (the form the
+    /// topology stores and interns).
+    pub fn normalised(mut self) -> Self {
+        self.nvlink.sort_unstable();
+        self.nvlink.dedup();
+        self.p2p.extend_from_slice(&self.nvlink);
+        self.p2p.sort_unstable();
+        self.p2p.dedup();
+        self
+    }
+}
+
 /// Every PE's coordinates and claim sets, with an epoch and a content hash.
 ///
 /// The epoch counts changes: a router that is handed a new topology with a different hash gives
@@ -185,12 +198,8 @@ impl Topology {
         }
         let mut claim_spans = Vec::with_capacity(claims.len());
         let mut claim_gpus = Vec::new();
-        for mut c in claims {
-            c.nvlink.sort_unstable();
-            c.nvlink.dedup();
-            c.p2p.extend_from_slice(&c.nvlink);
-            c.p2p.sort_unstable();
-            c.p2p.dedup();
+        for c in claims {
+            let c = c.normalised();
             let too_many = || RouteError::InvalidTopology("a claim set is too large".into());
             let start = u32::try_from(claim_gpus.len()).map_err(|_| too_many())?;
             let nv = u32::try_from(c.nvlink.len()).map_err(|_| too_many())?;

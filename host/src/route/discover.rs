@@ -531,12 +531,7 @@ pub fn topology_from_facts(
         // Claims of unknown GPUs are dropped (no PE runs there); a PE's own GPU is added, so that
         // the PEs of a fully connected node share one claim set.
         let known = |list: &[String]| -> Vec<u32> { list.iter().filter_map(|u| gpus.get(u)).chain([gpu]).collect() };
-        let mut set = ClaimSet { nvlink: known(&f.nvlink_peers), p2p: known(&f.p2p_peers) };
-        set.nvlink.sort_unstable();
-        set.nvlink.dedup();
-        set.p2p.extend_from_slice(&set.nvlink);
-        set.p2p.sort_unstable();
-        set.p2p.dedup();
+        let set = ClaimSet { nvlink: known(&f.nvlink_peers), p2p: known(&f.p2p_peers) }.normalised();
         let next = claims.len() as u32;
         let claim = *claim_ids.entry(set).or_insert_with_key(|k| {
             claims.push(k.clone());

@@ -16,13 +16,14 @@
 //!    bootstrap, and computes the next [`Agreement`] with [`agree`], a pure function of the
 //!    previous agreement and the gathered records.
 //! 3. Every PE applies the same agreement, the union of all reports: a (pair, transport) reported
-//!    by either end counts for both ends (each end adds its heaviest outcome of the round), and a failure that reaches the skip threshold holds the
-//!    transport out of that pair until its recheck, on the *agreed* clock (the latest router
-//!    clock any PE reported). Both ends score the pair with the same reliability state, so they
-//!    compute the same choice. The safe point then plans again and all-gathers the plans, so
-//!    every PE knows which pairs switched ([`SafePoint::switched`]) and which exchange kernel the
-//!    new plans need, and can rebuild the exchange together. Each pair has a **failure epoch**, the number of rounds that
-//!    added a failure to it, which both ends report ([`super::RoutedSummary`]).
+//!    by either end counts for both ends (each end adds its heaviest outcome of the round), and
+//!    a failure that reaches the skip threshold holds the transport out of that pair until its
+//!    recheck, on the *agreed* clock (the latest router clock any PE reported). Both ends score
+//!    the pair with the same reliability state, so they compute the same choice.
+//! 4. The safe point then plans again and all-gathers the plans, so every PE knows which pairs
+//!    switched ([`SafePoint::switched`]) and which exchange kernel the new plans need, and can
+//!    rebuild the exchange together. Each pair has a **failure epoch**, the number of rounds
+//!    that added a failure to it, which both ends report ([`super::RoutedSummary`]).
 //!
 //! The agreement checks that every PE routes over the same topology (hash) with the same decay
 //! settings, and that the records belong to this round, and refuses to guess otherwise.
@@ -197,7 +198,7 @@ pub fn agree(prev: &Agreement, records: &[SafePointRecord]) -> Result<Agreement,
         rec.counts[t].add(w, now, &decay);
         if touched.last() != Some(&(a, b)) {
             touched.push((a, b));
-            rec.epoch += 1;
+            rec.epoch = rec.epoch.saturating_add(1);
         }
     }
     Ok(Agreement { round, now, pairs: pairs.into_values().collect() })

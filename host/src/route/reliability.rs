@@ -259,10 +259,6 @@ impl Reliability {
         self.decay.recheck_after()
     }
 
-    /// Heap bytes held (one entry per peer that has failed).
-    pub fn heap_bytes(&self) -> usize {
-        self.counts.capacity() * (size_of::<usize>() + size_of::<[Count; TRANSPORTS]>() + 1)
-    }
 }
 
 #[cfg(test)]
