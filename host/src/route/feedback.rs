@@ -212,6 +212,10 @@ fn decay_of(r: &SafePointRecord) -> Result<Decay, RouteError> {
     Ok(Decay { half_life: Duration::from_secs_f64(r.half_life_s), skip_threshold: r.skip_threshold })
 }
 
+/// A bootstrap's all-gather: `(tag, my bytes)` → every PE's bytes, indexed by PE. `tag` is new for
+/// every call of a run.
+pub type AllGather<'a> = dyn FnMut(&str, &[u8]) -> Result<Vec<Vec<u8>>, String> + 'a;
+
 /// One safe point for the routers of ranks that share a process (`routers[r]` serves rank `r`):
 /// their records are gathered directly, and every router applies the same agreement.
 pub fn agree_local(routers: &mut [Router]) -> Result<Vec<AgreementChange>, RouteError> {
@@ -226,7 +230,7 @@ pub fn agree_local(routers: &mut [Router]) -> Result<Vec<AgreementChange>, Route
 /// call it at the same point of the run.
 pub fn agree_via(
     router: &mut Router,
-    all_gather: &mut dyn FnMut(&str, &[u8]) -> Result<Vec<Vec<u8>>, String>,
+    all_gather: &mut AllGather<'_>,
 ) -> Result<AgreementChange, RouteError> {
     let mine = router.safe_point_record();
     let tag = format!("route-failures-{}", mine.round);
@@ -286,7 +290,7 @@ pub fn safe_point_via(
     router: &mut Router,
     halos: &[RankHalo],
     current: &[RoutedPaths],
-    all_gather: &mut dyn FnMut(&str, &[u8]) -> Result<Vec<Vec<u8>>, String>,
+    all_gather: &mut AllGather<'_>,
 ) -> Result<SafePoint, PathError> {
     let change = agree_via(router, all_gather)?;
     let me = router.self_pe();

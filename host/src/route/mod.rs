@@ -51,7 +51,7 @@ pub use discover::{
 };
 pub use error::RouteError;
 pub use feedback::{
-    Agreement, AgreementChange, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint,
+    AgreementChange, AllGather, Agreement, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint,
     SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via, safe_point_local,
     safe_point_through_bootstrap, safe_point_via,
 };
