@@ -73,6 +73,7 @@ fn one_sided_failure_moves_both_ends_together() {
     assert_eq!(unchanged, before, "nothing moves before the safe point");
 
     let changes = agree_local(&mut rs).expect("agreement");
+    assert!(changes.iter().all(|c| c.reported == 1), "every PE learns that one failure was reported");
     assert_eq!(changes[0].rechecked, vec![1]);
     assert_eq!(changes[1].rechecked, vec![0]);
     assert!(changes[2].rechecked.is_empty() && changes[3].rechecked.is_empty());
@@ -246,8 +247,8 @@ fn agreement_over_the_launch_rendezvous_moves_both_pes() {
                 .collect::<Result<Vec<_>, _>>()?;
             // Round 1 agrees the failure, plans again and all-gathers the new plans.
             let sp = safe_point_via(&mut r, &h, &current, &mut gather).map_err(|e| e.to_string())?;
-            if sp.switched.len() != 1 || sp.switched[0].2 != Some(first) {
-                return Err(format!("expected the one pair to switch off {first}, got {:?}", sp.switched));
+            if sp.switched.len() != 1 || sp.switched[0].2 != Some(first) || sp.change.reported != 1 {
+                return Err(format!("expected the one pair to switch off {first} after one report, got {:?} {:?}", sp.switched, sp.change));
             }
             // Round 2 with nothing to report changes nothing.
             let sp2 = safe_point_via(&mut r, &h, &sp.plans, &mut gather).map_err(|e| e.to_string())?;

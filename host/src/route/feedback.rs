@@ -128,6 +128,9 @@ pub struct AgreementChange {
     /// Peers whose cached decisions were dropped (their pair changed, or its counts decay): plan
     /// again, and compare, to find which paths switch.
     pub rechecked: Vec<usize>,
+    /// Failures reported this round by all PEs together: the same on every PE, so a driver can
+    /// decide together to rebuild an exchange that some PE saw fail, even when no pair switched.
+    pub reported: usize,
 }
 
 /// The next agreement from the previous one and every PE's record of this round (`records[i]`
@@ -222,7 +225,12 @@ pub fn agree_local(routers: &mut [Router]) -> Result<Vec<AgreementChange>, Route
     let records: Vec<SafePointRecord> = routers.iter_mut().map(Router::safe_point_record).collect();
     let prev = routers.first().map(|r| r.agreement().clone()).unwrap_or_default();
     let next = agree(&prev, &records)?;
-    routers.iter_mut().map(|r| r.apply_agreement(next.clone())).collect()
+    let reported = reports_in(&records);
+    routers.iter_mut().map(|r| r.apply_agreement(next.clone()).map(|c| AgreementChange { reported, ..c })).collect()
+}
+
+fn reports_in(records: &[SafePointRecord]) -> usize {
+    records.iter().map(|r| r.reports.len()).sum()
 }
 
 /// One safe point for this PE's router, with `all_gather(tag, bytes)` returning every PE's bytes
@@ -245,7 +253,8 @@ pub fn agree_via(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let next = agree(router.agreement(), &records)?;
-    router.apply_agreement(next)
+    let reported = reports_in(&records);
+    router.apply_agreement(next).map(|c| AgreementChange { reported, ..c })
 }
 
 /// [`agree_via`] over the bootstrap of this run: `halo launch`'s rendezvous all-gather (a run of

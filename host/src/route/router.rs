@@ -547,7 +547,8 @@ impl Router {
     }
 
     /// Applies the next agreement ([`super::feedback::agree`] over every PE's record) and puts the
-    /// router in [`Feedback::Agreed`] mode. Drops the cached decisions of every peer whose pair
+    /// router in [`Feedback::Agreed`] mode (`reported` in the answer is left 0: the callers that
+    /// saw the records fill it in). Drops the cached decisions of every peer whose pair
     /// record changed or still has failures decaying, so the next plan sees the agreed state.
     pub fn apply_agreement(&mut self, next: Agreement) -> Result<AgreementChange, RouteError> {
         if next.round != self.agreement.round + 1 {
@@ -580,7 +581,7 @@ impl Router {
         if !rechecked.is_empty() {
             tracing::info!("route: PE {me} applied agreement round {round}; rechecking PEs {rechecked:?}");
         }
-        Ok(AgreementChange { round, rechecked })
+        Ok(AgreementChange { round, rechecked, reported: 0 })
     }
 
     /// Takes `other`'s feedback mode and agreement as they are (a mirror of a peer's router scores
