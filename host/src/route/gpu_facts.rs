@@ -388,8 +388,9 @@ struct NvmlGpuFabricInfoV1 {
     state: u8,
 }
 
-/// `nvmlGpuFabricInfo_v2_t` (nvml.h), for `nvmlDeviceGetGpuFabricInfoV` with version 2: the
-/// version every driver with the V entry point accepts (v3 appends a health summary).
+/// `nvmlGpuFabricInfo_v2_t` (nvml.h), for `nvmlDeviceGetGpuFabricInfoV` with version 2, the first
+/// version of that entry point (v3 appends a health summary). A driver that refuses it gets the
+/// unversioned query instead.
 #[repr(C)]
 #[derive(Default)]
 struct NvmlGpuFabricInfoV2 {
