@@ -147,6 +147,8 @@ pub struct RouteConfig {
     pub debug: Sourced<bool>,
     /// Calibration file to load performance numbers from.
     pub calibration: Option<Sourced<PathBuf>>,
+    /// Where the nodes sit: a halo topology file or Slurm's topology text ([`super::load_fabric`]).
+    pub topology: Option<Sourced<PathBuf>>,
 }
 
 impl Default for RouteConfig {
@@ -158,6 +160,7 @@ impl Default for RouteConfig {
             overrides: Overrides::default(),
             debug: Sourced::default_value(false),
             calibration: None,
+            topology: None,
         }
     }
 }
@@ -168,6 +171,7 @@ impl Default for RouteConfig {
 /// force_transport = "nvshmem-put"
 /// overrides = ["0-1=nvlink-store"]
 /// calibration = "calibration.json"   # relative to this file
+/// topology = "topology.conf"          # halo TOML or Slurm topology; relative to this file
 /// debug = false
 ///
 /// [weights]
@@ -195,6 +199,7 @@ struct FileConfig {
     #[serde(default)]
     overrides: Vec<String>,
     calibration: Option<PathBuf>,
+    topology: Option<PathBuf>,
     debug: Option<bool>,
 }
 
@@ -250,7 +255,154 @@ pub mod env {
     pub const DEBUG: &str = "HALO_ROUTE_DEBUG";
     /// Calibration file written by `halo calibrate`.
     pub const CALIBRATION: &str = "HALO_ROUTE_CALIBRATION";
+    /// Where the nodes sit: a halo topology file (TOML) or Slurm's `topology.conf` /
+    /// `scontrol show topology` output.
+    pub const TOPOLOGY: &str = "HALO_ROUTE_TOPOLOGY";
 }
+
+/// The names and allowed range of one numeric setting, for validation and its error message.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    /// What the setting means.
+    pub what: &'static str,
+    /// Its environment variable.
+    pub env: &'static str,
+    /// Its config-file table and key: `[weights] latency`.
+    pub key: &'static str,
+    /// Smallest allowed value.
+    pub min: f64,
+    /// Largest allowed value.
+    pub max: f64,
+    /// The range in words, with the unit.
+    pub range: &'static str,
+    /// A good value (the default), for the fix.
+    pub example: &'static str,
+}
+
+impl Limit {
+    /// `Ok` when `value` is finite and within the range; otherwise the error naming where it
+    /// came from (`source`) and the fix.
+    pub fn check(&self, value: f64, source: &WeightSource) -> Result<(), RouteError> {
+        if value.is_finite() && value >= self.min && value <= self.max {
+            return Ok(());
+        }
+        Err(RouteError::Config {
+            setting: self.origin(&format_number(value), source),
+            what: self.what,
+            problem: if value.is_finite() { "out of range".into() } else { "not a finite number".into() },
+            fix: format!(
+                "set {} (or `{}` in the route config file) to {}, e.g. {}={}",
+                self.env, self.key, self.range, self.env, self.example
+            ),
+        })
+    }
+
+    /// Where a value came from, in the words a user would look for: the variable, the file and
+    /// key, or the flag.
+    fn origin(&self, value: &str, source: &WeightSource) -> String {
+        match source {
+            WeightSource::Env(var) => format!("{var}={value}"),
+            WeightSource::File(path) => format!("`{} = {value}` in {}", self.key, path.display()),
+            WeightSource::Cli(flag) => format!("{flag} {value}"),
+            WeightSource::Default => format!("default {} = {value}", self.key),
+        }
+    }
+}
+
+/// A number as a user would have written it: `1e300`, not three hundred digits.
+fn format_number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e7).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The ranges of the numeric settings ([`RouteConfig::validate`]).
+#[derive(Debug)]
+pub struct Limits {
+    /// w1 for small messages.
+    pub latency: Limit,
+    /// w2 for large messages.
+    pub bandwidth: Limit,
+    /// w3.
+    pub topology: Limit,
+    /// w4.
+    pub capability: Limit,
+    /// w5.
+    pub reliability: Limit,
+    /// Dominant/other weight ratio.
+    pub ratio: Limit,
+    /// Latency dominates up to this size.
+    pub small_bytes: Limit,
+    /// Bandwidth dominates from this size.
+    pub large_bytes: Limit,
+    /// Failure half-life.
+    pub half_life_s: Limit,
+    /// Skip threshold.
+    pub skip_threshold: Limit,
+}
+
+const fn weight(what: &'static str, env: &'static str, key: &'static str, example: &'static str) -> Limit {
+    Limit { what, env, key, min: 0.0, max: 1e6, range: "a number from 0 to 1000000", example }
+}
+
+/// The allowed range of every numeric setting. Weights are relative, so a million is plenty; the
+/// half-life runs from a millisecond to a year (longer overflows no clock, but means "never
+/// forget", which the skip threshold already expresses); message sizes stop at 1 TiB, the
+/// largest size class.
+pub const LIMITS: Limits = Limits {
+    latency: weight("latency weight for small messages", env::W_LATENCY, "[weights] latency", "3"),
+    bandwidth: weight("bandwidth weight for large messages", env::W_BANDWIDTH, "[weights] bandwidth", "3"),
+    topology: weight("topology weight", env::W_TOPOLOGY, "[weights] topology", "1"),
+    capability: weight("capability weight", env::W_CAPABILITY, "[weights] capability", "1"),
+    reliability: weight("reliability weight", env::W_RELIABILITY, "[weights] reliability", "2"),
+    ratio: Limit {
+        what: "dominant/other weight ratio",
+        env: env::RATIO,
+        key: "[weights] ratio",
+        min: 1.0,
+        max: 1e6,
+        range: "a number from 1 to 1000000",
+        example: "3",
+    },
+    small_bytes: Limit {
+        what: "size up to which latency dominates",
+        env: env::SMALL_BYTES,
+        key: "[weights] small_bytes",
+        min: 0.0,
+        max: (1u64 << super::size::MAX_SIZE_CLASS) as f64,
+        range: "a size from 0 to 1TiB, below the large threshold",
+        example: "2KiB",
+    },
+    large_bytes: Limit {
+        what: "size from which bandwidth dominates",
+        env: env::LARGE_BYTES,
+        key: "[weights] large_bytes",
+        min: 1.0,
+        max: (1u64 << super::size::MAX_SIZE_CLASS) as f64,
+        range: "a size from 1 byte to 1TiB, above the small threshold",
+        example: "64KiB",
+    },
+    half_life_s: Limit {
+        what: "failure half-life in seconds",
+        env: env::HALF_LIFE_S,
+        key: "[reliability] half_life_s",
+        min: 1e-3,
+        max: 31_536_000.0,
+        range: "a number of seconds from 0.001 to 31536000 (one year)",
+        example: "30",
+    },
+    skip_threshold: Limit {
+        what: "decayed failure count at which a transport is skipped",
+        env: env::SKIP_THRESHOLD,
+        key: "[reliability] skip_threshold",
+        min: 1e-3,
+        max: 1e3,
+        range: "a number from 0.001 to 1000",
+        example: "1",
+    },
+};
 
 impl RouteConfig {
     /// Defaults, then the file named by `HALO_ROUTE_CONFIG` (if set), then the process environment.
@@ -339,16 +491,16 @@ impl RouteConfig {
                 source: src(),
             });
         }
+        // Relative paths are relative to the config file, not to the working directory.
+        let beside = |value: PathBuf| match path.parent() {
+            Some(dir) if value.is_relative() => dir.join(value),
+            _ => value,
+        };
         if let Some(value) = f.calibration {
-            // A relative calibration path is relative to the config file, not to the working directory.
-            let value = match path.parent() {
-                Some(dir) if value.is_relative() => dir.join(value),
-                _ => value,
-            };
-            self.calibration = Some(Sourced {
-                value,
-                source: src(),
-            });
+            self.calibration = Some(Sourced { value: beside(value), source: src() });
+        }
+        if let Some(value) = f.topology {
+            self.topology = Some(Sourced { value: beside(value), source: src() });
         }
         if let Some(value) = f.debug {
             self.debug = Sourced {
@@ -431,11 +583,10 @@ impl RouteConfig {
                 source: WeightSource::Env(env::DEBUG.into()),
             };
         }
-        if let Some(v) = get(env::CALIBRATION) {
-            self.calibration = Some(Sourced {
-                value: PathBuf::from(v),
-                source: WeightSource::Env(env::CALIBRATION.into()),
-            });
+        for (slot, var) in [(&mut self.calibration, env::CALIBRATION), (&mut self.topology, env::TOPOLOGY)] {
+            if let Some(v) = get(var) {
+                *slot = Some(Sourced { value: PathBuf::from(v), source: WeightSource::Env(var.into()) });
+            }
         }
         Ok(())
     }
@@ -453,71 +604,53 @@ impl RouteConfig {
         Ok(())
     }
 
-    /// Checks that the values make sense together.
+    /// Checks every value against its range and the values against each other.
+    ///
+    /// Every value must be finite and within a sane range (see [`LIMITS`]); the error names the
+    /// variable or the config-file key it came from and the range to use instead, so no value a
+    /// user can set makes the router overflow (a half-life of `1e300` s once did) or score NaN.
     pub fn validate(&self) -> Result<(), RouteError> {
-        let bad = |what: &'static str, value: String, reason: &str| {
-            Err(RouteError::Parse {
-                what,
-                value,
-                reason: reason.to_owned(),
-            })
-        };
         let w = &self.weights;
-        for (name, s) in [
-            ("latency weight", &w.latency),
-            ("bandwidth weight", &w.bandwidth),
-            ("topology weight", &w.topology),
-            ("capability weight", &w.capability),
-            ("reliability weight", &w.reliability),
-        ] {
-            if !(s.value.is_finite() && s.value >= 0.0) {
-                return bad(
-                    name,
-                    format!("{} ({})", s.value, s.source),
-                    "must be a finite number >= 0",
-                );
-            }
+        let floats = [
+            (&w.latency, &LIMITS.latency),
+            (&w.bandwidth, &LIMITS.bandwidth),
+            (&w.topology, &LIMITS.topology),
+            (&w.capability, &LIMITS.capability),
+            (&w.reliability, &LIMITS.reliability),
+            (&w.ratio, &LIMITS.ratio),
+            (&self.half_life_s, &LIMITS.half_life_s),
+            (&self.skip_threshold, &LIMITS.skip_threshold),
+        ];
+        for (s, limit) in floats {
+            limit.check(s.value, &s.source)?;
         }
-        if !(w.ratio.value.is_finite() && w.ratio.value >= 1.0) {
-            return bad(
-                "size ratio",
-                format!("{} ({})", w.ratio.value, w.ratio.source),
-                "must be >= 1",
-            );
+        for (s, limit) in [(&w.small_bytes, &LIMITS.small_bytes), (&w.large_bytes, &LIMITS.large_bytes)] {
+            // Exact for every value up to 2^53, far beyond the limit.
+            limit.check(s.value as f64, &s.source)?;
         }
         if w.small_bytes.value >= w.large_bytes.value {
-            return bad(
-                "size thresholds",
-                format!(
-                    "{} ({}) / {} ({})",
-                    w.small_bytes.value,
-                    w.small_bytes.source,
-                    w.large_bytes.value,
-                    w.large_bytes.source
+            let (small, large) = (&LIMITS.small_bytes, &LIMITS.large_bytes);
+            return Err(RouteError::Config {
+                setting: format!(
+                    "{} and {}",
+                    small.origin(&w.small_bytes.value.to_string(), &w.small_bytes.source),
+                    large.origin(&w.large_bytes.value.to_string(), &w.large_bytes.source)
                 ),
-                "the small threshold must be below the large one",
-            );
+                what: "message sizes where latency hands over to bandwidth",
+                problem: "the small threshold must be below the large one".into(),
+                fix: format!(
+                    "set {} below {} (defaults 2KiB and 64KiB), or `small_bytes` below `large_bytes` in [weights]",
+                    small.env, large.env
+                ),
+            });
         }
         if w.at(0).sum() <= 0.0 || w.at(u64::MAX).sum() <= 0.0 {
-            return bad(
-                "weights",
-                "all zero".into(),
-                "at least one weight must be positive",
-            );
-        }
-        if !(self.half_life_s.value.is_finite() && self.half_life_s.value > 0.0) {
-            return bad(
-                "half-life",
-                format!("{} ({})", self.half_life_s.value, self.half_life_s.source),
-                "must be > 0 seconds",
-            );
-        }
-        if !(self.skip_threshold.value.is_finite() && self.skip_threshold.value > 0.0) {
-            return bad(
-                "skip threshold",
-                format!("{}", self.skip_threshold.value),
-                "must be > 0",
-            );
+            return Err(RouteError::Config {
+                setting: "HALO_ROUTE_W_LATENCY, _W_BANDWIDTH, _W_TOPOLOGY, _W_CAPABILITY, _W_RELIABILITY (or [weights])".into(),
+                what: "score weights",
+                problem: "all zero".into(),
+                fix: "make at least one weight positive, e.g. HALO_ROUTE_W_LATENCY=3".into(),
+            });
         }
         Ok(())
     }
@@ -574,6 +707,9 @@ impl RouteConfig {
             None => out
                 .push("calibration = none: performance numbers are defaults, not measured".into()),
         }
+        if let Some(t) = &self.topology {
+            out.push(format!("topology = {} ({})", t.value.display(), t.source));
+        }
         if let Some(g) = &self.overrides.global {
             out.push(format!("forced transport = {} ({})", g.value, g.source));
         }
@@ -581,6 +717,11 @@ impl RouteConfig {
             out.push(format!("override {} ({})", p.value, p.source));
         }
         out
+    }
+
+    /// The node placements the `topology` setting names, if any.
+    pub fn fabric(&self) -> Result<Option<super::Fabric>, RouteError> {
+        self.topology.as_ref().map(|t| super::load_fabric(&t.value)).transpose()
     }
 
     /// Logs [`RouteConfig::describe`] at info level.

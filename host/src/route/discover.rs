@@ -9,7 +9,8 @@
 //! Each PE's bitmaps are built from that PE's own facts, so a PE that claims NVLink to a GPU
 //! whose PE does not claim it back produces a one-sided bit, which [`Topology::distance`] refuses.
 
-use super::{DistanceLevel, LEVELS, PeBitmap, RouteError, Topology};
+use super::bitmap::{ClaimSet, NO_GROUP, PeCoord};
+use super::{RouteError, Topology};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,14 +28,31 @@ pub struct PeFacts {
     pub p2p_peers: Vec<String>,
     /// Where the node sits in the network, when the PE found out itself (Slurm); a [`Fabric`] file overrides it.
     pub placement: Option<Placement>,
+    /// The multi-node NVLink domain of the PE's GPU (NVML fabric info), when it has one: GPUs of
+    /// one domain are NVLink apart even on different hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<NvlinkDomain>,
+}
+
+/// A multi-node NVLink domain as NVML's GPU fabric info names it (GB200 NVL72 and the like): the
+/// fabric's cluster UUID and the clique within it. GPUs whose registration with the fabric
+/// completed and that report the same pair share NVLink, whatever host they are on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NvlinkDomain {
+    /// The fabric cluster UUID, 32 hex digits.
+    pub cluster_uuid: String,
+    /// The clique within the cluster.
+    pub clique_id: u32,
 }
 
 /// Where a node sits in the network. Missing parts are unknown; names are scoped by their parents.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Placement {
-    /// Cluster name (nodes in different clusters are [`DistanceLevel::CrossCluster`] apart).
+    /// Cluster name: nodes in different clusters are [`super::DistanceLevel::CrossCluster`] apart, nodes of
+    /// one cluster at most [`super::DistanceLevel::Spine`] apart (whichever spines they hang under).
     pub cluster: String,
-    /// Spine switch, if known (unknown: the cluster is treated as one spine).
+    /// Spine switch, if known. It scopes the leaf names below it; it makes no level of its own,
+    /// because nodes under different spines of one cluster still meet at the spine/core tier.
     pub spine: Option<String>,
     /// Leaf switch, if known.
     pub leaf: Option<String>,
@@ -54,10 +72,13 @@ impl Placement {
         }
     }
 
-    /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`.
+    /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`
+    /// (tree plugin), or `b2.node17` with pattern `block.node` (block plugin).
     ///
-    /// The switch nearest the node is its leaf, the one above is its spine, and anything above
-    /// that names the cluster. Slurm has no racks. Returns the host name and its placement.
+    /// Tree: the switch nearest the node is its leaf, the one above is its spine, and the topmost
+    /// switch, when there are three or more, names the cluster (switches in between are the
+    /// cluster's own core tiers). Block: the block is taken as the node's rack. Returns the host
+    /// name and its placement.
     pub fn from_slurm(addr: &str, pattern: &str) -> Result<(String, Placement), RouteError> {
         let parts: Vec<&str> = addr.split('.').collect();
         let kinds: Vec<&str> = pattern.split('.').collect();
@@ -66,26 +87,32 @@ impl Placement {
                 "SLURM_TOPOLOGY_ADDR={addr:?} does not match SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}"
             )));
         }
+        let host = parts[parts.len() - 1].to_owned();
+        if kinds == ["block", "node"] {
+            return Ok((host, Placement { rack: Some(parts[0].to_owned()), ..Placement::unknown() }));
+        }
         if kinds.last() != Some(&"node") || kinds[..kinds.len() - 1].iter().any(|k| *k != "switch")
         {
             return Err(RouteError::Slurm(format!(
-                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node"
+                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node (tree) or block.node (block)"
             )));
         }
-        let host = parts[parts.len() - 1].to_owned();
-        let switches = &parts[..parts.len() - 1];
-        let n = switches.len();
-        let placement = Placement {
-            cluster: if n >= 3 {
-                switches[..n - 2].join(".")
-            } else {
-                DEFAULT_CLUSTER.into()
+        let switches: Vec<String> = parts[..parts.len() - 1].iter().rev().map(|s| (*s).to_owned()).collect();
+        Ok((host, Placement::from_switch_chain(&switches)))
+    }
+
+    /// The placement of a node whose switches, nearest first, are `chain`: leaf, spine, and the
+    /// topmost of three or more as the cluster.
+    pub fn from_switch_chain(chain: &[String]) -> Placement {
+        Placement {
+            cluster: match chain {
+                [_, _, .., top] => top.clone(),
+                _ => DEFAULT_CLUSTER.into(),
             },
-            spine: (n >= 2).then(|| switches[n - 2].to_owned()),
-            leaf: (n >= 1).then(|| switches[n - 1].to_owned()),
+            spine: chain.get(1).cloned(),
+            leaf: chain.first().cloned(),
             rack: None,
-        };
-        Ok((host, placement))
+        }
     }
 
     /// This process's placement from Slurm's environment, or `None` when Slurm sets none.
@@ -198,8 +225,8 @@ pub enum IntraNodeLink {
 /// nodes = ["gpu[001-004]", "gpu010"]
 /// ```
 ///
-/// A leaf may also list `nodes` directly (rack unknown). Host lists accept one bracket range
-/// group with comma-separated numbers or ranges, as Slurm writes them.
+/// A leaf may also list `nodes` directly (rack unknown). Host lists accept bracket range groups
+/// with comma-separated numbers or ranges, as Slurm writes them.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopologyFile {
@@ -358,43 +385,73 @@ fn expand_all(lists: &[String]) -> Result<Vec<String>, RouteError> {
     Ok(out)
 }
 
-/// Expands a host list with at most one bracket group: `gpu[001-003,7]` → gpu001, gpu002, gpu003, gpu7.
-/// Zero padding follows the width of each range's first number.
+/// Expands one Slurm-style host name pattern: `gpu[001-003,7]` → gpu001, gpu002, gpu003, gpu7;
+/// several bracket groups multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2). Zero padding
+/// follows the width of each range's first number. At most a million names.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, RouteError> {
     let bad = |reason: &str| RouteError::Parse {
         what: "host list",
         value: list.to_owned(),
         reason: reason.to_owned(),
     };
-    let Some(open) = list.find('[') else {
-        return if list.trim().is_empty() {
-            Err(bad("empty"))
-        } else {
-            Ok(vec![list.trim().to_owned()])
-        };
-    };
-    let close = list
-        .rfind(']')
-        .filter(|&c| c > open)
-        .ok_or_else(|| bad("'[' without ']'"))?;
-    let (prefix, inner, suffix) = (&list[..open], &list[open + 1..close], &list[close + 1..]);
-    if inner.contains('[') || suffix.contains('[') {
-        return Err(bad("only one bracket group is supported"));
+    if list.trim().is_empty() {
+        return Err(bad("empty"));
     }
+    let out = expand_groups(list.trim(), &bad)?;
+    if out.len() > MAX_HOSTS {
+        return Err(bad("expands to more than a million names"));
+    }
+    Ok(out)
+}
+
+/// Expands a comma-separated list of host name patterns, splitting only at commas outside
+/// brackets, as Slurm writes `Nodes=tux[0-3,12],gpu[01-04]`.
+pub fn expand_hostlists(lists: &str) -> Result<Vec<String>, RouteError> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in lists.char_indices().chain([(lists.len(), ',')]) {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                let item = &lists[start..i];
+                if !item.trim().is_empty() {
+                    out.extend(expand_hostlist(item)?);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if out.len() > MAX_HOSTS {
+        return Err(RouteError::Parse { what: "host list", value: lists.to_owned(), reason: "expands to more than a million names".into() });
+    }
+    Ok(out)
+}
+
+const MAX_HOSTS: usize = 1_000_000;
+
+fn expand_groups(s: &str, bad: &dyn Fn(&str) -> RouteError) -> Result<Vec<String>, RouteError> {
+    let Some(open) = s.find('[') else {
+        return if s.contains(']') { Err(bad("']' without '['")) } else { Ok(vec![s.to_owned()]) };
+    };
+    let close = s[open..].find(']').map(|c| open + c).ok_or_else(|| bad("'[' without ']'"))?;
+    let (prefix, inner, rest) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
+    if prefix.contains(']') || inner.contains('[') {
+        return Err(bad("brackets do not nest"));
+    }
+    let tails = expand_groups(rest, bad)?;
     let mut out = Vec::new();
     for item in inner.split(',') {
         let (lo, hi) = item.split_once('-').unwrap_or((item, item));
-        let width = lo.len();
-        let num = |s: &str| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| bad("ranges need numbers, like [01-16]"))
-        };
+        let width = lo.trim().len();
+        let num = |s: &str| s.trim().parse::<u64>().map_err(|_| bad("ranges need numbers, like [01-16]"));
         let (a, b) = (num(lo)?, num(hi)?);
-        if a > b || b - a > 1_000_000 {
-            return Err(bad("range is reversed or too long"));
+        if a > b || (b - a) as usize >= MAX_HOSTS || out.len() + (b - a + 1) as usize * tails.len() > MAX_HOSTS {
+            return Err(bad("range is reversed or expands to more than a million names"));
         }
-        out.extend((a..=b).map(|n| format!("{prefix}{n:0width$}{suffix}")));
+        for n in a..=b {
+            out.extend(tails.iter().map(|t| format!("{prefix}{n:0width$}{t}")));
+        }
     }
     Ok(out)
 }
@@ -429,6 +486,7 @@ pub fn synthetic_facts(
                     nvlink_peers: nvlink_peers.clone(),
                     p2p_peers: p2p_peers.clone(),
                     placement: None,
+                    nvlink_domain: None,
                 });
             }
         }
@@ -438,45 +496,66 @@ pub fn synthetic_facts(
 
 /// Builds the topology from every PE's facts (`facts[i]` is PE `i`) and, if given, a fabric.
 ///
-/// Per PE `i` and level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in `i`'s
-/// `nvlink_peers`; PCIe = plus those in `i`'s `p2p_peers`; same node = PEs with `i`'s host;
-/// rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf / spine (placement from the
-/// fabric, else from the facts, else unknown: one spine for the whole job); cross-cluster = all.
+/// PE `i`'s view, level by level: same GPU = PEs with `i`'s GPU UUID; NVLink = plus PEs on GPUs in
+/// `i`'s `nvlink_peers` and PEs in `i`'s NVLink domain; PCIe = plus those in `i`'s `p2p_peers`;
+/// same node = PEs with `i`'s host; rack / leaf / spine = PEs whose hosts share `i`'s rack / leaf /
+/// cluster (placement from the fabric, else from the facts, else unknown: one cluster for the
+/// whole job); cross-cluster = all. Names are interned into the small ids of a [`PeCoord`], so
+/// the result takes memory linear in the PEs (see [`Topology`]).
 pub fn topology_from_facts(
     facts: &[PeFacts],
     fabric: Option<&Fabric>,
 ) -> Result<Topology, RouteError> {
-    let n = facts.len();
-    if n == 0 {
+    if facts.is_empty() {
         return Err(RouteError::InvalidTopology("no PE facts".into()));
     }
-    // Groups are built once, so the cost is linear in PEs × bitmap words, not quadratic in PEs.
-    let mut by_gpu: HashMap<&str, PeBitmap> = HashMap::new();
-    let mut by_host: HashMap<&str, PeBitmap> = HashMap::new();
-    let mut placements = Vec::with_capacity(n);
-    let unknown = Placement::unknown();
-    let mut unplaced = 0usize;
+    // GPU ids first, so that a claim can name the GPU of a later PE.
+    let mut gpus = Interner::default();
     for (pe, f) in facts.iter().enumerate() {
         if f.gpu_uuid.is_empty() || f.host.is_empty() {
             return Err(RouteError::InvalidTopology(format!(
                 "PE {pe} reported no host or no GPU UUID"
             )));
         }
-        by_gpu
-            .entry(&f.gpu_uuid)
-            .or_insert_with(|| PeBitmap::new(n))
-            .set(pe);
-        by_host
-            .entry(&f.host)
-            .or_insert_with(|| PeBitmap::new(n))
-            .set(pe);
-        let p = fabric
-            .and_then(|fb| fb.placement(&f.host))
-            .or(f.placement.as_ref());
+        gpus.id(&f.gpu_uuid);
+    }
+    let (mut hosts, mut racks, mut leaves, mut clusters, mut domains) =
+        <(Interner, Interner, Interner, Interner, Interner)>::default();
+    let mut claim_ids: HashMap<ClaimSet, u32> = HashMap::new();
+    let mut claims = Vec::new();
+    let mut coords = Vec::with_capacity(facts.len());
+    let unknown = Placement::unknown();
+    let mut unplaced = 0usize;
+    for f in facts {
+        let gpu = gpus.id(&f.gpu_uuid);
+        // Claims of unknown GPUs are dropped (no PE runs there); a PE's own GPU is added, so that
+        // the PEs of a fully connected node share one claim set.
+        let known = |list: &[String]| -> Vec<u32> { list.iter().filter_map(|u| gpus.get(u)).chain([gpu]).collect() };
+        let set = ClaimSet { nvlink: known(&f.nvlink_peers), p2p: known(&f.p2p_peers) }.normalised();
+        let next = claims.len() as u32;
+        let claim = *claim_ids.entry(set).or_insert_with_key(|k| {
+            claims.push(k.clone());
+            next
+        });
+        let p = fabric.and_then(|fb| fb.placement(&f.host)).or(f.placement.as_ref());
         if p.is_none() && fabric.is_some() {
             unplaced += 1;
         }
-        placements.push(p.unwrap_or(&unknown));
+        let p = p.unwrap_or(&unknown);
+        coords.push(PeCoord {
+            gpu,
+            claims: claim,
+            nvlink_domain: f
+                .nvlink_domain
+                .as_ref()
+                .map_or(NO_GROUP, |d| domains.id(&format!("{}/{}", d.cluster_uuid, d.clique_id))),
+            host: hosts.id(&f.host),
+            rack: p.rack_key().map_or(NO_GROUP, |k| racks.id(&k)),
+            leaf: p.leaf_key().map_or(NO_GROUP, |k| leaves.id(&k)),
+            // The spine level is the cluster: nodes under different spines of one cluster meet at
+            // the spine (or core) tier, not over a wide-area link.
+            cluster: clusters.id(&p.cluster),
+        });
     }
     if unplaced > 0 {
         tracing::warn!(
@@ -484,46 +563,30 @@ pub fn topology_from_facts(
             fabric.map_or("", |f| f.source.as_str())
         );
     }
-    let mut groups: [HashMap<String, PeBitmap>; 3] = Default::default();
-    let keys = |p: &Placement| [p.rack_key(), p.leaf_key(), Some(p.spine_key())];
-    for (pe, p) in placements.iter().enumerate() {
-        for (g, key) in groups.iter_mut().zip(keys(p)) {
-            if let Some(k) = key {
-                g.entry(k).or_insert_with(|| PeBitmap::new(n)).set(pe);
+    Topology::from_parts(coords, claims)
+}
+
+/// Names to small ids, in order of first appearance (so the same facts give the same ids).
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+}
+
+impl Interner {
+    fn id(&mut self, name: &str) -> u32 {
+        let next = self.ids.len() as u32;
+        match self.ids.get(name) {
+            Some(&id) => id,
+            None => {
+                self.ids.insert(name.to_owned(), next);
+                next
             }
         }
     }
-    let mut per_pe = Vec::with_capacity(n);
-    let empty = PeBitmap::new(n);
-    for (pe, f) in facts.iter().enumerate() {
-        let mut levels: [PeBitmap; LEVELS] = std::array::from_fn(|_| PeBitmap::new(n));
-        let gpu = |uuid: &str| by_gpu.get(uuid).unwrap_or(&empty);
-        levels[DistanceLevel::SameGpu.index()] = gpu(&f.gpu_uuid).clone();
-        for u in &f.nvlink_peers {
-            levels[DistanceLevel::NvLink.index()].union_with(gpu(u));
-        }
-        for u in f.p2p_peers.iter().chain(&f.nvlink_peers) {
-            levels[DistanceLevel::Pcie.index()].union_with(gpu(u));
-        }
-        levels[DistanceLevel::SameNodeNoP2p.index()] =
-            by_host.get(f.host.as_str()).unwrap_or(&empty).clone();
-        let ks = keys(placements[pe]);
-        for ((level, g), key) in [
-            DistanceLevel::Rack,
-            DistanceLevel::Leaf,
-            DistanceLevel::Spine,
-        ]
-        .into_iter()
-        .zip(&groups)
-        .zip(ks)
-        {
-            if let Some(b) = key.and_then(|k| g.get(&k)) {
-                levels[level.index()] = b.clone();
-            }
-        }
-        per_pe.push(levels);
+
+    fn get(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
     }
-    Topology::from_bitmaps(per_pe)
 }
 
 /// A topology read from a file: the facts it synthesises and the fabric it places them in.
@@ -542,6 +605,19 @@ pub fn topology_from_file(path: &Path) -> Result<(Topology, TopologyFile, Fabric
     Ok((topo, file, fabric))
 }
 
+/// Node placements from a file: a halo topology file (TOML, see [`TopologyFile`]) or Slurm's
+/// topology (`topology.conf` or saved `scontrol show topology` output, see
+/// [`super::slurm::parse_slurm_topology`]), told apart by content: a `SwitchName=` or
+/// `BlockName=` line means Slurm.
+pub fn load_fabric(path: &Path) -> Result<Fabric, RouteError> {
+    let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io { what: "topology file", path: path.to_owned(), source })?;
+    let slurm = text.lines().map(|l| l.trim_start().to_ascii_lowercase()).any(|l| l.starts_with("switchname=") || l.starts_with("blockname="));
+    if slurm {
+        return super::slurm::parse_slurm_topology(&text, &path.display().to_string());
+    }
+    TopologyFile::parse(&text, path)?.fabric(path)
+}
+
 /// One node of `pes` PEs, one per GPU, all NVLink-connected: the model `halo route` uses without a file.
 pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
     topology_from_facts(
@@ -553,6 +629,7 @@ pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::DistanceLevel;
 
     #[test]
     fn hostlists() {
@@ -568,7 +645,17 @@ mod tests {
         assert_eq!(expand_hostlist("login").ok(), Some(vec!["login".into()]));
         assert!(expand_hostlist("gpu[3-1]").is_err());
         assert!(expand_hostlist("gpu[1-2").is_err());
-        assert!(expand_hostlist("a[1]b[2]").is_err());
+        assert!(expand_hostlist("gpu1-2]").is_err());
+        assert!(expand_hostlist("a[[1]]").is_err());
+        assert!(expand_hostlist("n[0-99999999]").is_err(), "too many");
+        assert_eq!(
+            expand_hostlist("r[1-2]n[08-09]").ok(),
+            Some(vec!["r1n08".into(), "r1n09".into(), "r2n08".into(), "r2n09".into()])
+        );
+        assert_eq!(
+            expand_hostlists("tux[0-1,12],login, gpu[01-02]").ok(),
+            Some(vec!["tux0".into(), "tux1".into(), "tux12".into(), "login".into(), "gpu01".into(), "gpu02".into()])
+        );
     }
 
     #[test]
@@ -582,6 +669,12 @@ mod tests {
         );
         let (_, p) = Placement::from_slurm("l3.n1", "switch.node").expect("valid");
         assert_eq!((p.spine, p.leaf.as_deref()), (None, Some("l3")));
+        // Four tiers: the root names the cluster, the tier under it is the cluster's core.
+        let (_, p) = Placement::from_slurm("root.core1.s1.l3.n1", "switch.switch.switch.switch.node").expect("valid");
+        assert_eq!((p.cluster.as_str(), p.spine.as_deref(), p.leaf.as_deref()), ("root", Some("s1"), Some("l3")));
+        let (h, p) = Placement::from_slurm("b7.n1", "block.node").expect("valid");
+        assert_eq!((h.as_str(), p.rack.as_deref(), p.cluster.as_str()), ("n1", Some("b7"), DEFAULT_CLUSTER));
+        assert!(Placement::from_slurm("b7.n1", "block.switch").is_err());
         assert!(Placement::from_slurm("a.b", "switch.switch.node").is_err());
         let env = |k: &str| match k {
             "SLURM_TOPOLOGY_ADDR" => Some("s0.l0.n9".to_owned()),

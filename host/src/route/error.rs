@@ -34,6 +34,22 @@ pub enum RouteError {
         /// How many PEs the topology has.
         n_pes: usize,
     },
+    /// A route setting is out of range or inconsistent with another one.
+    #[error("{setting} ({what}): {problem}; {fix}")]
+    Config {
+        /// Where the value came from and what it is: `HALO_ROUTE_HALF_LIFE_S=1e300`, or
+        /// `` `[reliability] half_life_s = 1e300` in route.toml ``.
+        setting: String,
+        /// What the setting means.
+        what: &'static str,
+        /// What is wrong with it.
+        problem: String,
+        /// What to set instead, naming the variable and the config-file key.
+        fix: String,
+    },
+    /// The PEs' failure records cannot be agreed on (see [`super::feedback`]).
+    #[error("failure agreement: {0}")]
+    Agreement(String),
     /// The topology or the facts it is built from are inconsistent.
     #[error("invalid topology: {0}")]
     InvalidTopology(String),

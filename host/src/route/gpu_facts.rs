@@ -12,7 +12,7 @@
 //! tested without a GPU. [`discover`] uses the real driver; [`gather`] exchanges facts between the
 //! PEs of one `halo launch`; [`local_rank_facts`] builds the facts of ranks sharing one process.
 
-use super::{PeFacts, Placement};
+use super::{NvlinkDomain, PeFacts, Placement};
 use cudarc::driver::{DriverError, result, sys};
 use serde::{Deserialize, Serialize};
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
@@ -119,6 +119,49 @@ pub trait GpuProbe {
     fn p2p(&self, from: usize, to: usize) -> Result<P2pInfo, DiscoveryError>;
     /// NVML's answer for the pair, or `None` when NVML cannot say (not installed, query failed).
     fn nvml_nvlink(&self, from: usize, to: usize) -> Option<bool>;
+    /// NVML's multi-node NVLink fabric info for the GPU, or `None` when NVML cannot say (not
+    /// installed, a driver without the query, a GPU outside any fabric).
+    fn fabric(&self, _ordinal: usize) -> Option<FabricInfo> {
+        None
+    }
+}
+
+/// What NVML says about a GPU's place in a multi-node NVLink fabric (GB200 NVL72 and the like):
+/// `nvmlDeviceGetGpuFabricInfoV`, or `nvmlDeviceGetGpuFabricInfo` on older drivers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricInfo {
+    /// The fabric's cluster UUID (all zero when the GPU is in none).
+    pub cluster_uuid: [u8; 16],
+    /// The clique within the cluster.
+    pub clique_id: u32,
+    /// Registration state: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+    /// NVML's status of the registration (0 = success); meaningful once completed.
+    pub status: i32,
+}
+
+impl FabricInfo {
+    /// `NVML_GPU_FABRIC_STATE_COMPLETED`.
+    pub const STATE_COMPLETED: u8 = 3;
+
+    /// The NVLink domain the GPU belongs to: only when its registration completed successfully
+    /// and names a cluster (a GPU without multi-node NVLink reports "not supported" or a zero
+    /// UUID).
+    pub fn domain(&self) -> Option<NvlinkDomain> {
+        (self.state == Self::STATE_COMPLETED && self.status == 0 && self.cluster_uuid != [0; 16]).then(|| NvlinkDomain {
+            cluster_uuid: self.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect(),
+            clique_id: self.clique_id,
+        })
+    }
+}
+
+impl fmt::Display for FabricInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.domain() {
+            Some(d) => write!(f, "NVLink fabric cluster {} clique {}", d.cluster_uuid, d.clique_id),
+            None => write!(f, "no NVLink fabric (state {}, status {})", self.state, self.status),
+        }
+    }
 }
 
 /// The links of GPU `ordinal` to every other GPU `probe` sees.
@@ -148,7 +191,13 @@ pub fn facts_from_links(host: &str, uuid: &str, links: &[PeerLink], placement: O
         nvlink_peers: links.iter().filter(|l| l.nvlink).map(|l| l.uuid.clone()).collect(),
         p2p_peers: links.iter().filter(|l| l.p2p.can_access).map(|l| l.uuid.clone()).collect(),
         placement,
+        nvlink_domain: None,
     }
+}
+
+/// [`facts_from_links`] plus the GPU's multi-node NVLink domain, if NVML reports one.
+fn probed_facts(probe: &dyn GpuProbe, ordinal: usize, host: &str, uuid: &str, links: &[PeerLink], placement: Option<Placement>) -> PeFacts {
+    PeFacts { nvlink_domain: probe.fabric(ordinal).and_then(|f| f.domain()), ..facts_from_links(host, uuid, links, placement) }
 }
 
 /// What discovery found for one GPU.
@@ -164,6 +213,8 @@ pub struct GpuDiscovery {
     pub links: Vec<PeerLink>,
     /// Whether NVML answered, or why not.
     pub nvml: Result<(), String>,
+    /// NVML's multi-node NVLink fabric info, when it gave any.
+    pub fabric: Option<FabricInfo>,
 }
 
 /// The real driver, with NVML when it loads.
@@ -261,6 +312,11 @@ impl GpuProbe for DriverProbe {
         let switched = a.iter().any(is_switch) && b.iter().any(is_switch);
         Some(direct || switched)
     }
+
+    fn fabric(&self, ordinal: usize) -> Option<FabricInfo> {
+        let nvml = *self.nvml.as_ref().ok()?;
+        nvml.fabric(&self.uuid(ordinal).ok()?, &Self::pci(ordinal).ok()?)
+    }
 }
 
 /// `GPU-` and the 16 bytes in the 8-4-4-4-12 hex grouping.
@@ -322,6 +378,36 @@ struct NvmlPciInfo {
     bus_id: [c_char; 32],
 }
 
+/// `nvmlGpuFabricInfo_t` (nvml.h): the unversioned struct of `nvmlDeviceGetGpuFabricInfo`.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlGpuFabricInfoV1 {
+    cluster_uuid: [u8; 16],
+    status: NvmlReturn,
+    clique_id: c_uint,
+    state: u8,
+}
+
+/// `nvmlGpuFabricInfo_v2_t` (nvml.h), for `nvmlDeviceGetGpuFabricInfoV` with version 2, the first
+/// version of that entry point (v3 appends a health summary). A driver that refuses it gets the
+/// unversioned query instead.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlGpuFabricInfoV2 {
+    version: c_uint,
+    cluster_uuid: [u8; 16],
+    status: NvmlReturn,
+    clique_id: c_uint,
+    state: u8,
+    health_mask: c_uint,
+}
+
+// The layouts nvml.h gives (4-byte alignment, padding after `state`).
+const _: () = assert!(size_of::<NvmlGpuFabricInfoV1>() == 28 && size_of::<NvmlGpuFabricInfoV2>() == 36);
+
+/// `nvmlGpuFabricInfo_v2`: NVML_STRUCT_VERSION(GpuFabricInfo, 2) = size | 2 << 24.
+const NVML_GPU_FABRIC_INFO_V2: c_uint = size_of::<NvmlGpuFabricInfoV2>() as c_uint | 2 << 24;
+
 /// The NVML entry points discovery uses, resolved once per process.
 struct Nvml {
     // Kept so the function pointers below stay valid; never unloaded (the process may still use them).
@@ -331,6 +417,9 @@ struct Nvml {
     link_state: unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_int) -> NvmlReturn,
     remote_pci: unsafe extern "C" fn(NvmlDevice, c_uint, *mut NvmlPciInfo) -> NvmlReturn,
     remote_type: Option<unsafe extern "C" fn(NvmlDevice, c_uint, *mut c_int) -> NvmlReturn>,
+    // Fabric info (multi-node NVLink); drivers before R525 have neither, before R550 not the V one.
+    fabric_v: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlGpuFabricInfoV2) -> NvmlReturn>,
+    fabric_v1: Option<unsafe extern "C" fn(NvmlDevice, *mut NvmlGpuFabricInfoV1) -> NvmlReturn>,
 }
 
 impl Nvml {
@@ -369,13 +458,14 @@ impl Nvml {
             let link_state = *lib.get(b"nvmlDeviceGetNvLinkState\0").map_err(|e| e.to_string())?;
             let remote_pci = *lib.get(b"nvmlDeviceGetNvLinkRemotePciInfo_v2\0").map_err(|e| e.to_string())?;
             let remote_type = lib.get(b"nvmlDeviceGetNvLinkRemoteDeviceType\0").ok().map(|s| *s);
-            Ok(Nvml { by_uuid, by_pci, link_state, remote_pci, remote_type, _lib: lib })
+            let fabric_v = lib.get(b"nvmlDeviceGetGpuFabricInfoV\0").ok().map(|s| *s);
+            let fabric_v1 = lib.get(b"nvmlDeviceGetGpuFabricInfo\0").ok().map(|s| *s);
+            Ok(Nvml { by_uuid, by_pci, link_state, remote_pci, remote_type, fabric_v, fabric_v1, _lib: lib })
         }
     }
 
-    /// The active links of the GPU with `uuid` (or at `pci`), `None` when NVML cannot find it.
-    /// A GPU without NVLink has no active links (NVML answers "not supported").
-    fn active_links(&self, uuid: &str, pci: &PciAddr) -> Option<Vec<NvLinkEnd>> {
+    /// The NVML handle of the GPU with `uuid` (or at `pci`), `None` when NVML cannot find it.
+    fn handle(&self, uuid: &str, pci: &PciAddr) -> Option<NvmlDevice> {
         let mut dev: NvmlDevice = std::ptr::null_mut();
         let uuid_c = CString::new(uuid).ok()?;
         // SAFETY: NUL-terminated input, valid out-pointer (nvml.h signature).
@@ -391,6 +481,31 @@ impl Nvml {
             tracing::debug!("route: NVML does not know GPU {uuid} (error {rc})");
             return None;
         }
+        Some(dev)
+    }
+
+    /// The fabric info of the GPU with `uuid` (or at `pci`): the versioned query, else the old one.
+    fn fabric(&self, uuid: &str, pci: &PciAddr) -> Option<FabricInfo> {
+        let dev = self.handle(uuid, pci)?;
+        if let Some(f) = self.fabric_v {
+            let mut info = NvmlGpuFabricInfoV2 { version: NVML_GPU_FABRIC_INFO_V2, ..Default::default() };
+            // SAFETY: valid handle; `info` has nvml.h's v2 layout and carries the v2 version tag,
+            // which tells NVML how much it may write.
+            if unsafe { f(dev, &mut info) } == NVML_SUCCESS {
+                return Some(FabricInfo { cluster_uuid: info.cluster_uuid, clique_id: info.clique_id, state: info.state, status: info.status });
+            }
+        }
+        let f = self.fabric_v1?;
+        let mut info = NvmlGpuFabricInfoV1::default();
+        // SAFETY: valid handle; `info` has nvml.h's layout of the unversioned struct.
+        (unsafe { f(dev, &mut info) } == NVML_SUCCESS)
+            .then_some(FabricInfo { cluster_uuid: info.cluster_uuid, clique_id: info.clique_id, state: info.state, status: info.status })
+    }
+
+    /// The active links of the GPU with `uuid` (or at `pci`), `None` when NVML cannot find it.
+    /// A GPU without NVLink has no active links (NVML answers "not supported").
+    fn active_links(&self, uuid: &str, pci: &PciAddr) -> Option<Vec<NvLinkEnd>> {
+        let dev = self.handle(uuid, pci)?;
         let mut out = Vec::new();
         for link in 0..NVML_NVLINK_MAX_LINKS {
             let mut active: c_int = 0;
@@ -454,12 +569,17 @@ pub fn discover(ordinal: usize) -> Result<GpuDiscovery, DiscoveryError> {
 fn discover_with(probe: &DriverProbe, ordinal: usize, host: &str, placement: Option<Placement>) -> Result<GpuDiscovery, DiscoveryError> {
     let links = probe_links(probe, ordinal)?;
     let uuid = probe.uuid(ordinal)?;
+    let fabric = probe.fabric(ordinal);
+    if let Some(f) = &fabric {
+        tracing::info!("route: GPU {ordinal} ({uuid}): {f}");
+    }
     Ok(GpuDiscovery {
         ordinal,
         name: probe.name(ordinal)?,
-        facts: facts_from_links(host, &uuid, &links, placement),
+        facts: probed_facts(probe, ordinal, host, &uuid, &links, placement),
         links,
         nvml: probe.nvml_status(),
+        fabric,
     })
 }
 
@@ -470,7 +590,7 @@ pub fn local_rank_facts_with(probe: &dyn GpuProbe, host: &str, n_ranks: usize, g
         return Err(DiscoveryError::NoGpu("no GPU to place ranks on".into()));
     }
     let per_gpu: Vec<PeFacts> = (0..gpus)
-        .map(|g| Ok(facts_from_links(host, &probe.uuid(g)?, &probe_links(probe, g)?, None)))
+        .map(|g| Ok(probed_facts(probe, g, host, &probe.uuid(g)?, &probe_links(probe, g)?, None)))
         .collect::<Result<_, DiscoveryError>>()?;
     Ok((0..n_ranks).map(|r| per_gpu[r % gpus].clone()).collect())
 }
@@ -527,6 +647,7 @@ mod tests {
         uuids: Vec<String>,
         p2p: Vec<Vec<P2pInfo>>,
         nvml: Option<Vec<Vec<bool>>>,
+        fabric: Option<FabricInfo>,
     }
 
     impl GpuProbe for FakeProbe {
@@ -542,6 +663,9 @@ mod tests {
         fn nvml_nvlink(&self, a: usize, b: usize) -> Option<bool> {
             self.nvml.as_ref().map(|m| m[a][b])
         }
+        fn fabric(&self, _: usize) -> Option<FabricInfo> {
+            self.fabric
+        }
     }
 
     fn two_gpus(p2p: bool, atomics: bool, nvml: Option<bool>) -> FakeProbe {
@@ -550,6 +674,7 @@ mod tests {
             uuids: vec!["GPU-a".into(), "GPU-b".into()],
             p2p: vec![vec![P2pInfo::default(), info], vec![info, P2pInfo::default()]],
             nvml: nvml.map(|v| vec![vec![false, v], vec![v, false]]),
+            fabric: None,
         }
     }
 
@@ -605,6 +730,60 @@ mod tests {
         };
         assert_eq!(level(&[placed("n0", "r0"), placed("n1", "r0")], 0, 1), Some(DistanceLevel::Rack));
         assert_eq!(level(&[placed("n0", "r0"), placed("n1", "r1")], 0, 1), Some(DistanceLevel::Leaf));
+    }
+
+    fn fabric(cluster: u8, clique: u32) -> FabricInfo {
+        FabricInfo { cluster_uuid: [cluster; 16], clique_id: clique, state: FabricInfo::STATE_COMPLETED, status: 0 }
+    }
+
+    #[test]
+    fn fabric_info_gives_a_domain_only_when_registered() {
+        let d = fabric(0xab, 7).domain().expect("completed, success, named");
+        assert_eq!((d.cluster_uuid.len(), &d.cluster_uuid[..4], d.clique_id), (32, "abab", 7));
+        assert_eq!(FabricInfo { state: 2, ..fabric(1, 0) }.domain(), None, "in progress");
+        assert_eq!(FabricInfo { state: 0, ..fabric(1, 0) }.domain(), None, "not supported");
+        assert_eq!(FabricInfo { status: 3, ..fabric(1, 0) }.domain(), None, "registration failed");
+        assert_eq!(fabric(0, 0).domain(), None, "zero cluster UUID: no fabric");
+        assert!(fabric(0, 0).to_string().starts_with("no NVLink fabric"));
+        // The probe's fabric info lands in the facts.
+        let probe = FakeProbe { fabric: Some(fabric(9, 1)), ..two_gpus(true, true, Some(true)) };
+        let facts = local_rank_facts_with(&probe, "n0", 2, 2).expect("facts");
+        assert_eq!(facts[0].nvlink_domain.as_ref().map(|d| d.clique_id), Some(1));
+    }
+
+    /// Multi-node NVLink: GPUs of one fabric cluster and clique are NVLink apart on different
+    /// hosts; another clique, or a PE that reports no domain, is not; on one host the node's own
+    /// link discovery decides (no peer access stays no peer access).
+    #[test]
+    fn nvlink_domain_spans_hosts() {
+        let on = |host: &str, g: usize, domain: Option<FabricInfo>, p2p: bool| {
+            let probe = FakeProbe { fabric: domain, ..two_gpus(p2p, p2p, Some(p2p)) };
+            let mut f = local_rank_facts_with(&probe, host, 2, 2).expect("facts").swap_remove(g);
+            f.gpu_uuid = format!("{host}-{}", f.gpu_uuid);
+            f.nvlink_peers = f.nvlink_peers.iter().map(|u| format!("{host}-{u}")).collect();
+            f.p2p_peers = f.p2p_peers.iter().map(|u| format!("{host}-{u}")).collect();
+            f
+        };
+        let d = Some(fabric(5, 1));
+        let facts = vec![
+            on("a", 0, d, true),
+            on("a", 1, d, true),
+            on("b", 0, d, true),
+            on("c", 0, Some(fabric(5, 2)), true),
+            on("d", 0, None, true),
+            on("e", 0, d, false),
+            on("e", 1, d, false),
+        ];
+        assert_eq!(level(&facts, 0, 1), Some(DistanceLevel::NvLink), "same host, NVLink by NVML");
+        assert_eq!(level(&facts, 0, 2), Some(DistanceLevel::NvLink), "another host, one domain");
+        assert_eq!(level(&facts, 1, 2), Some(DistanceLevel::NvLink));
+        assert_eq!(level(&facts, 0, 3), Some(DistanceLevel::Spine), "another clique");
+        assert_eq!(level(&facts, 0, 4), Some(DistanceLevel::Spine), "no domain reported");
+        assert_eq!(level(&facts, 0, 5), Some(DistanceLevel::NvLink), "host e is in the domain");
+        assert_eq!(level(&facts, 5, 6), Some(DistanceLevel::SameNodeNoP2p), "same host without peer access");
+        let text = serde_json::to_string(&facts[2]).expect("serialise");
+        assert!(text.contains("nvlink_domain"));
+        assert_eq!(serde_json::from_str::<PeFacts>(&text).ok().as_ref(), Some(&facts[2]));
     }
 
     #[test]

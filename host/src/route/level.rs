@@ -28,7 +28,8 @@ pub enum DistanceLevel {
     Rack = 4,
     /// Different racks under the same leaf switch.
     Leaf = 5,
-    /// Different leaf switches under the same spine (or the same cluster when spines are unknown).
+    /// Different leaf switches of the same cluster: traffic crosses the spine tier (one spine
+    /// switch, or spine and core switches in a three-tier fat-tree).
     Spine = 6,
     /// Different clusters, or nothing is known about the pair.
     CrossCluster = 7,

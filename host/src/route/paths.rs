@@ -17,7 +17,7 @@
 //! | `staged` | host-driven copies into the peer's mapped memory (the view must be direct) |
 //! | `nccl` | none in the exchange yet: not a candidate (`EXCHANGE_TRANSPORTS`); forcing it is an error naming the override |
 
-use super::{Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
+use super::{DistanceLevel, Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
 use crate::exchange::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -33,20 +33,178 @@ pub const EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[
     Transport::Staged,
 ]);
 
+/// The transports ranks sharing one process can run ([`crate::exchange::LocalRanks`]): direct
+/// stores, bulk copies and host-staged copies through peer mappings. No NVSHMEM runs there, so
+/// `nvshmem-put` is not a candidate ([`plan_local_ranks`] asks among these).
+pub const LOCAL_EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged]);
+
 /// What [`RoutedPaths`] needs of a router (a seam for tests).
 pub trait RouteSource {
     /// The PE deciding.
     fn self_pe(&self) -> usize;
     /// The route for one message, chosen among `allowed` only.
     fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError>;
+    /// The topology decided over (epoch and hash), when the source has one.
+    fn topology_stamp(&self) -> Option<TopologyStamp> {
+        None
+    }
+    /// How many agreed failure rounds changed the pair with `peer` (see
+    /// [`super::feedback`]); 0 when none did.
+    fn failure_epoch(&self, _peer: usize) -> u32 {
+        0
+    }
 }
 
 impl RouteSource for Router {
     fn self_pe(&self) -> usize {
         Router::self_pe(self)
     }
+    fn topology_stamp(&self) -> Option<TopologyStamp> {
+        Some(TopologyStamp { epoch: self.topology().epoch(), hash: self.topology().hash_hex() })
+    }
+    fn failure_epoch(&self, peer: usize) -> u32 {
+        Router::failure_epoch(self, peer)
+    }
+
     fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
         Router::route_among(self, peer, op, bytes, allowed)
+    }
+}
+
+/// Which topology a plan was decided over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyStamp {
+    /// The topology's epoch.
+    pub epoch: u64,
+    /// Its content hash, 16 hex digits.
+    pub hash: String,
+}
+
+/// How the exchange kernel moves one pulse's message, from the router's transport for the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PulsePath {
+    /// The kernel's threads store into the peer's mapped memory (`nvlink-store`).
+    DirectStore,
+    /// The kernel issues bulk (TMA) copies into the peer's mapped memory (`nvlink-tma`).
+    BulkCopy,
+    /// NVSHMEM put + signal from the kernel (`nvshmem-put`).
+    Put,
+    /// The host copies into the peer's mapped memory (`staged`).
+    HostStaged,
+}
+
+impl PulsePath {
+    /// The path that carries `transport` in the exchange; `None` for a transport it has no path for (`nccl`).
+    pub fn of(transport: Transport) -> Option<Self> {
+        match transport {
+            Transport::NvlinkStore => Some(PulsePath::DirectStore),
+            Transport::NvlinkTma => Some(PulsePath::BulkCopy),
+            Transport::NvshmemPut => Some(PulsePath::Put),
+            Transport::Staged => Some(PulsePath::HostStaged),
+            Transport::Nccl => None,
+        }
+    }
+
+    /// The name used in logs and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            PulsePath::DirectStore => "direct-store",
+            PulsePath::BulkCopy => "bulk-copy",
+            PulsePath::Put => "put",
+            PulsePath::HostStaged => "host-staged",
+        }
+    }
+
+    /// Whether the path writes through the peer's mapped address (needs a direct peer view).
+    pub fn direct(self) -> bool {
+        self != PulsePath::Put
+    }
+}
+
+impl fmt::Display for PulsePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One pulse of the deciding PE: the path of its coordinates (to `send_peer`) and of its forces
+/// (to `recv_peer`). Within one fused launch, pulses whose peers differ can take different paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulseChoice {
+    /// Pulse index on the deciding PE.
+    pub pulse: usize,
+    /// The peer that receives this pulse's coordinates.
+    pub send_peer: usize,
+    /// How the coordinates get there.
+    pub send: PulsePath,
+    /// The peer that sent this pulse's coordinates and receives its forces.
+    pub recv_peer: usize,
+    /// How the forces get there.
+    pub recv: PulsePath,
+}
+
+/// One peer in a [`RoutedSummary`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerRoute {
+    /// The peer.
+    pub peer: usize,
+    /// The transport both ends use.
+    pub transport: Transport,
+    /// The exchange path that carries it.
+    pub path: PulsePath,
+    /// The distance to the peer.
+    pub level: DistanceLevel,
+    /// The largest message to the peer (it decided the transport), bytes.
+    pub bytes: u64,
+    /// Agreed failure rounds that changed this pair so far (0: none); equal on both ends.
+    pub failure_epoch: u32,
+}
+
+/// A compact, serialisable description of what one PE's plan chose, for run outputs and result
+/// files: per peer the transport, its path, the level and the deciding size; per pulse the two
+/// paths; the topology it was decided over. [`RoutedPaths::summary`] makes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoutedSummary {
+    /// The deciding PE.
+    pub pe: usize,
+    /// The topology decided over, when known.
+    pub topology: Option<TopologyStamp>,
+    /// Bytes of one exchanged value.
+    pub element_bytes: usize,
+    /// The transports the plan was chosen among.
+    pub allowed: TransportSet,
+    /// Every peer a pulse involves, ascending.
+    pub peers: Vec<PeerRoute>,
+    /// Every pulse, in order.
+    pub pulses: Vec<PulseChoice>,
+}
+
+impl fmt::Display for RoutedSummary {
+    /// One line: `PE 0: 1=nvlink-tma (bulk-copy, nvlink, 16 KiB), 2=nvshmem-put (put, spine, 16 KiB)`
+    /// followed by the topology and, when a pair has failed over, its failure epoch.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PE {}:", self.pe)?;
+        for (i, p) in self.peers.iter().enumerate() {
+            write!(
+                f,
+                "{} {}={} ({}, {}, {}{})",
+                if i == 0 { "" } else { "," },
+                p.peer,
+                p.transport,
+                p.path,
+                p.level,
+                super::format_size(p.bytes),
+                if p.failure_epoch > 0 { format!(", failure epoch {}", p.failure_epoch) } else { String::new() }
+            )?;
+        }
+        if self.peers.is_empty() {
+            f.write_str(" no peers")?;
+        }
+        if let Some(t) = &self.topology {
+            write!(f, "; topology epoch {} hash {}", t.epoch, t.hash)?;
+        }
+        Ok(())
     }
 }
 
@@ -99,6 +257,8 @@ pub struct PulseRoute {
     pub bytes: u64,
     /// The router's choice.
     pub transport: Transport,
+    /// The distance to the peer.
+    pub level: DistanceLevel,
 }
 
 /// Per-peer paths of one PE, from the router.
@@ -112,6 +272,13 @@ pub struct RoutedPaths {
     pub pulses: Vec<PulseRoute>,
     /// Bytes of one exchanged value (12 for coordinates), by which messages were sized.
     pub element_bytes: usize,
+    /// The transports the plan was chosen among (the caller's capabilities).
+    pub allowed: TransportSet,
+    /// The topology the router decided over, when it said.
+    pub topology: Option<TopologyStamp>,
+    /// `(peer, epoch)` for the routed peers whose pair had an agreed failure when planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failure_epochs: Vec<(usize, u32)>,
 }
 
 impl fmt::Debug for RoutedPaths {
@@ -134,12 +301,19 @@ impl RoutedPaths {
     }
 
     /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo), each
-    /// sized as `T` values (`f32` fields move a third of the bytes of coordinates).
+    /// sized as `T` values (`f32` fields move a third of the bytes of coordinates), among
+    /// [`EXCHANGE_TRANSPORTS`] (one PE per process).
     pub fn plan_for<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
-        Self::plan_sized(router, halos, size_of::<T>())
+        Self::plan_among::<T>(router, halos, EXCHANGE_TRANSPORTS)
     }
 
-    fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize) -> Result<Self, PathError> {
+    /// [`Self::plan_for`] among the transports the caller can run: [`EXCHANGE_TRANSPORTS`] for one
+    /// PE per process, [`LOCAL_EXCHANGE_TRANSPORTS`] for ranks sharing a process.
+    pub fn plan_among<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo], allowed: TransportSet) -> Result<Self, PathError> {
+        Self::plan_sized(router, halos, size_of::<T>(), allowed)
+    }
+
+    fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize, allowed: TransportSet) -> Result<Self, PathError> {
         let me = router.self_pe();
         let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
         let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
@@ -149,17 +323,17 @@ impl RoutedPaths {
                 (Message::Forces, spec.recv_rank, spec.recv_size),
             ] {
                 let bytes = (atoms * element_bytes) as u64;
-                let route = router.route_among(peer, Op::Put, bytes, EXCHANGE_TRANSPORTS)?;
+                let route = router.route_among(peer, Op::Put, bytes, allowed)?;
                 // The router honours the set; this guards other sources of routes (the trait is open).
-                if !EXCHANGE_TRANSPORTS.contains(route.transport) {
+                if !allowed.contains(route.transport) {
                     return Err(PathError::Unsupported {
                         self_pe: me,
                         peer,
                         transport: route.transport,
-                        why: format!("the exchange implements only {EXCHANGE_TRANSPORTS}"),
+                        why: format!("this exchange runs only {allowed}"),
                     });
                 }
-                pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport });
+                pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport, level: route.level });
             }
         }
         let mut peers: Vec<Option<(u64, Transport)>> = vec![None; halos.len()];
@@ -178,13 +352,37 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        Ok(Self { self_pe: me, peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(), pulses, element_bytes })
+        let failure_epochs = (0..peers.len())
+            .filter(|&q| peers[q].is_some())
+            .map(|q| (q, router.failure_epoch(q)))
+            .filter(|&(_, e)| e > 0)
+            .collect();
+        Ok(Self {
+            self_pe: me,
+            peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(),
+            pulses,
+            element_bytes,
+            allowed,
+            topology: router.topology_stamp(),
+            failure_epochs,
+        })
+    }
+
+    /// This PE's plan made again by `router` (after an agreement), with the same element size and
+    /// transport set.
+    pub fn replan(&self, router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+        Self::plan_sized(router, halos, self.element_bytes, self.allowed)
     }
 
     /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
     /// The plan is made once per run and lives as long as the process; it is a few bytes per peer.
     pub fn leak(self) -> &'static RoutedPaths {
         Box::leak(Box::new(self))
+    }
+
+    /// The agreed failure epoch of the pair with `peer` when this plan was made (0: none).
+    pub fn failure_epoch(&self, peer: usize) -> u32 {
+        self.failure_epochs.iter().find(|(q, _)| *q == peer).map_or(0, |&(_, e)| e)
     }
 
     /// The transport chosen for `peer`, if any pulse involves it.
@@ -196,6 +394,57 @@ impl RoutedPaths {
     /// by NVSHMEM puts (`false`). Peers no pulse involves get the direct view (it is never used).
     pub fn direct(&self, peer: usize) -> bool {
         self.transport(peer) != Some(Transport::NvshmemPut)
+    }
+
+    /// The exchange path to `peer`: its transport's [`PulsePath`].
+    fn peer_path(&self, peer: usize) -> Result<(Transport, PulsePath), PathError> {
+        let t = self.transport(peer).ok_or_else(|| PathError::Asymmetric(format!("PE {}: no path to PE {peer}", self.self_pe)))?;
+        let path = PulsePath::of(t).ok_or_else(|| PathError::Unsupported {
+            self_pe: self.self_pe,
+            peer,
+            transport: t,
+            why: "the exchange has no path for it".into(),
+        })?;
+        Ok((t, path))
+    }
+
+    /// The path of every pulse: its coordinates to `send_rank` and its forces to `recv_rank`, each
+    /// by the path of that peer's transport (the one both ends agreed on, which the largest
+    /// message decided). Pulses whose peers differ take different paths in one launch.
+    pub fn pulse_paths(&self) -> Result<Vec<PulseChoice>, PathError> {
+        let path = |peer: usize| self.peer_path(peer).map(|(_, p)| p);
+        let mut out: Vec<PulseChoice> = Vec::new();
+        for m in &self.pulses {
+            match m.message {
+                Message::Coordinates => out.push(PulseChoice { pulse: m.pulse, send_peer: m.peer, send: path(m.peer)?, recv_peer: m.peer, recv: path(m.peer)? }),
+                Message::Forces => {
+                    if let Some(c) = out.iter_mut().rev().find(|c| c.pulse == m.pulse) {
+                        c.recv_peer = m.peer;
+                        c.recv = path(m.peer)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The compact, serialisable description of this plan (see [`RoutedSummary`]).
+    pub fn summary(&self) -> Result<RoutedSummary, PathError> {
+        let mut peers = Vec::new();
+        for peer in (0..self.peers.len()).filter(|&q| self.transport(q).is_some()) {
+            let (transport, path) = self.peer_path(peer)?;
+            let msgs = self.pulses.iter().filter(|m| m.peer == peer);
+            let (bytes, level) = msgs.map(|m| (m.bytes, m.level)).max().unwrap_or((0, DistanceLevel::SameGpu));
+            peers.push(PeerRoute { peer, transport, path, level, bytes, failure_epoch: self.failure_epoch(peer) });
+        }
+        Ok(RoutedSummary {
+            pe: self.self_pe,
+            topology: self.topology.clone(),
+            element_bytes: self.element_bytes,
+            allowed: self.allowed,
+            peers,
+            pulses: self.pulse_paths()?,
+        })
     }
 
     /// Human-readable lines, one per message (what `HALO_ROUTE_DEBUG` adds to the router's blocks).
@@ -237,8 +486,10 @@ impl RoutedPaths {
     }
 
     /// Recomputes the plan of every peer of `router`'s PE with a router of the same topology,
-    /// configuration and performance table, and checks that each agrees with this plan about
-    /// their pair. Needs no communication; costs one scoring pass per peer message.
+    /// configuration, performance table and agreed failure record, and checks that each agrees
+    /// with this plan about their pair. Needs no communication; costs one scoring pass per peer
+    /// message. (Failures recorded locally in [`super::Feedback::Local`] mode are this PE's alone
+    /// and are not replayed: that mode makes no promise that both ends agree.)
     pub fn mirror_check(&self, router: &Router, halos: &[RankHalo]) -> Result<(), PathError> {
         let mut config: RouteConfig = router.config().clone();
         config.debug.value = false; // the mirror's decisions are not this PE's: keep them out of the log
@@ -249,7 +500,9 @@ impl RoutedPaths {
                 continue;
             }
             let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
-            let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes)?;
+            // The peer scores the pair with the same agreed failure record.
+            mirror.adopt_agreement(router);
+            let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes, self.allowed)?;
             if theirs.transport(self.self_pe) != Some(*mine) {
                 return Err(PathError::Asymmetric(format!(
                     "PE {} -> PE {peer}: {mine}, but PE {peer} would choose {} towards PE {}",
@@ -299,21 +552,80 @@ impl RoutedPaths {
     }
 }
 
-/// A router for `self_pe` over a topology built from discovered `facts`, configured from the
-/// environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus `--route-override` values.
-pub fn router_from_facts(self_pe: usize, facts: &[super::PeFacts], overrides: &[String]) -> Result<Router, RouteError> {
-    let topo = super::topology_from_facts(facts, None)?;
+/// The route configuration from the environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus
+/// `--route-override` values.
+pub fn route_config(overrides: &[String]) -> Result<RouteConfig, RouteError> {
     let mut config = RouteConfig::from_env()?;
     config.add_cli_overrides("--route-override", overrides)?;
     config.validate()?;
+    Ok(config)
+}
+
+/// A router for `self_pe` over a topology built from discovered `facts`, configured from the
+/// environment (`HALO_ROUTE_*`, `HALO_FORCE_TRANSPORT`) plus `--route-override` values.
+/// The node placements come from `HALO_ROUTE_TOPOLOGY` when set, else from each PE's facts (Slurm's
+/// address).
+pub fn router_from_facts(self_pe: usize, facts: &[super::PeFacts], overrides: &[String]) -> Result<Router, RouteError> {
+    let config = route_config(overrides)?;
+    let topo = super::topology_from_facts(facts, config.fabric()?.as_ref())?;
     Router::new(self_pe, Arc::new(topo), config)
+}
+
+/// Every rank of one process, planned: each rank's paths, the exchange kernel they imply, and
+/// the routers (for their summaries).
+#[derive(Debug)]
+pub struct LocalPlan {
+    /// Rank `r`'s paths.
+    pub plans: Vec<RoutedPaths>,
+    /// The exchange kernel every rank runs.
+    pub transport: crate::exchange::Transport,
+    /// Rank `r`'s router.
+    pub routers: Vec<Router>,
+}
+
+/// Plans every rank of one process (`facts[r]` is rank `r`, `halos` every rank's halo), each
+/// with its own router over one topology, messages sized as `T` values, among the transports
+/// one process can run ([`LOCAL_EXCHANGE_TRANSPORTS`]: no `nvshmem-put`), and checks that both
+/// ends of every pair agree. Ranks on GPUs without peer access to each other cannot exchange in
+/// one process at all: that is an error naming the pair and the fix (one rank per GPU).
+pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
+    let topo = Arc::new(super::topology_from_facts(facts, config.fabric()?.as_ref())?);
+    for (r, h) in halos.iter().enumerate() {
+        for peer in h.pulses.iter().flat_map(|p| [p.send_rank, p.recv_rank]) {
+            let level = topo.distance(r, peer)?;
+            if level > super::DistanceLevel::Pcie {
+                return Err(PathError::Unsupported {
+                    self_pe: r,
+                    peer,
+                    transport: Transport::Staged,
+                    why: format!(
+                        "ranks {r} and {peer} are {level} apart: ranks in one process reach each other only through peer access, which their GPUs lack; run one rank per GPU with `halo launch`"
+                    ),
+                });
+            }
+        }
+    }
+    let perf = Arc::new(match &config.calibration {
+        Some(c) => super::PerfTable::load_calibration(&c.value)?,
+        None => super::PerfTable::defaults(),
+    });
+    let mut plans = Vec::with_capacity(halos.len());
+    let mut routers = Vec::with_capacity(halos.len());
+    for r in 0..halos.len() {
+        let mut router = Router::with_perf(r, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
+        plans.push(RoutedPaths::plan_among::<T>(&mut router, halos, LOCAL_EXCHANGE_TRANSPORTS)?);
+        routers.push(router);
+    }
+    RoutedPaths::check_symmetric(&plans)?;
+    let transport = RoutedPaths::exchange_transport(&plans, false)?;
+    Ok(LocalPlan { plans, transport, routers })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::exchange::synthetic::{self, SyntheticShape};
-    use crate::route::{DistanceLevel, RouteReason};
+    use crate::route::RouteReason;
 
     /// Answers from a table: (peer, bytes) → transport by a threshold, recording what was asked.
     struct FakeRouter {
@@ -440,6 +752,73 @@ mod tests {
         assert!(!plans[0].direct(1) && !plans[1].direct(0));
         assert!(plans[0].transport(2).is_some_and(|t| t != Transport::NvshmemPut) || plans[0].transport(2).is_none());
         assert_eq!(format!("{:?}", plans[0]).split_whitespace().next(), Some("Routed(PE"));
+    }
+
+    /// PE 0's pulses reach an NVLink peer on its node and a peer on another node: one fused
+    /// launch with stores for some pulses and puts for others, the same on both ends, and a
+    /// compact summary that serialises.
+    #[test]
+    fn pulses_whose_peers_differ_take_different_paths_and_summarise() {
+        let h = halos([2, 2, 1]);
+        let facts = crate::route::synthetic_facts(&["n0".into(), "n1".into()], 2, 1, crate::route::IntraNodeLink::Nvlink);
+        let topo = Arc::new(crate::route::topology_from_facts(&facts, None).expect("topology"));
+        let plans: Vec<RoutedPaths> = (0..4)
+            .map(|r| RoutedPaths::plan(&mut Router::new(r, Arc::clone(&topo), RouteConfig::default()).expect("router"), &h).expect("plan"))
+            .collect();
+        RoutedPaths::check_symmetric(&plans).expect("both ends agree");
+        let mut seen = std::collections::BTreeSet::new();
+        for plan in &plans {
+            let paths = plan.pulse_paths().expect("paths");
+            assert_eq!(paths.len(), h[plan.self_pe].pulses.len());
+            for (c, spec) in paths.iter().zip(&h[plan.self_pe].pulses) {
+                assert_eq!((c.send_peer, c.recv_peer), (spec.send_rank, spec.recv_rank));
+                for (peer, path) in [(c.send_peer, c.send), (c.recv_peer, c.recv)] {
+                    let level = topo.distance(plan.self_pe, peer).expect("in range");
+                    // Inside the node the kernel writes peer memory; across nodes it puts.
+                    assert_eq!(path.direct(), level <= DistanceLevel::NvLink, "PE {} -> {peer} at {level}: {path}", plan.self_pe);
+                    seen.insert(path);
+                }
+            }
+        }
+        assert!(seen.contains(&PulsePath::Put) && seen.iter().any(|p| p.direct()), "{seen:?}");
+        assert_eq!(RoutedPaths::exchange_transport(&plans, true).ok(), Some(crate::exchange::Transport::Fused));
+
+        let summary = plans[0].summary().expect("summary");
+        assert_eq!(summary.topology.as_ref().map(|t| t.hash.clone()), Some(topo.hash_hex()));
+        assert!(summary.peers.iter().any(|p| p.path == PulsePath::Put && p.level == DistanceLevel::Spine), "{summary}");
+        let json = serde_json::to_string(&summary).expect("serialise");
+        assert!(json.len() < 2048, "compact: {json}");
+        assert_eq!(serde_json::from_str::<RoutedSummary>(&json).expect("parse"), summary);
+        let line = summary.to_string();
+        assert!(line.starts_with("PE 0: ") && line.contains("=nvshmem-put (put, spine, ") && line.contains(&topo.hash_hex()), "{line}");
+    }
+
+    /// Issue 17: ranks in one process have no NVSHMEM, but the one-process planner asked among
+    /// the exchange's transports including `nvshmem-put`, which wins on PCIe P2P GPUs with large
+    /// halos (and between GPUs without P2P), so the run stopped with an error. The caller's
+    /// capabilities must restrict the candidates.
+    #[test]
+    fn one_process_never_plans_nvshmem_put() {
+        let big = synthetic::halos(SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 40_000, send_fraction: 0.3, box_len: 5.0 }, 3);
+        assert!(big[0].pulses.iter().all(|p| p.index_map.len() * 12 >= 64 * 1024), "large messages");
+        let facts = crate::route::synthetic_facts(&["n0".into()], 2, 1, crate::route::IntraNodeLink::PcieP2p);
+        let local = plan_local_ranks::<kernels_gpu::abi::Float3>(&facts, &big, &RouteConfig::default()).expect("one process on PCIe P2P GPUs");
+        for plan in &local.plans {
+            for t in plan.peers.iter().flatten() {
+                assert_ne!(*t, Transport::NvshmemPut, "{plan:?}");
+            }
+        }
+        assert_ne!(local.transport, crate::exchange::Transport::Staged, "GPU-initiated over PCIe P2P");
+        // Without peer access no transport works in one process: a clear error, not a put.
+        let none = crate::route::synthetic_facts(&["n0".into()], 2, 1, crate::route::IntraNodeLink::NoP2p);
+        let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&none, &big, &RouteConfig::default()).expect_err("no P2P");
+        let text = e.to_string();
+        assert!(text.contains("peer access") && text.contains("halo launch"), "{text}");
+        // A forced put is refused for the same reason, naming the override.
+        let mut forced = RouteConfig::default();
+        forced.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("override");
+        let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&facts, &big, &forced).expect_err("forced put in one process");
+        assert!(e.to_string().contains("--route-override"), "{e}");
     }
 
     /// The run on two H200s: with only NCCL unmeasured, the real router must never hand the

@@ -11,6 +11,7 @@ use super::reliability::Reliability;
 use super::score::{ReliabilityState, Scoring, score_candidates_among};
 use super::size::{class_bytes, size_class};
 use super::transport::TRANSPORTS;
+use super::feedback::{Agreement, AgreementChange, Feedback, FailureReport, SafePointRecord};
 use super::{
     Clock, DistanceInfo, DistanceLevel, Exclusion, Op, Outcome, PerfTable, RouteError, SystemClock,
     Topology, Transport, TransportSet,
@@ -124,10 +125,12 @@ struct CacheEntry {
 
 #[derive(Clone, Debug, Default)]
 struct PeerState {
-    distance: Option<(u64, DistanceInfo)>,
+    /// The topology epoch whose one-sided-claim warning was logged for this peer (0: none yet),
+    /// so the warning is not repeated per message.
+    warned_epoch: u64,
     generation: u32,
-    entries: Vec<CacheEntry>,
     switches: u32,
+    entries: Vec<CacheEntry>,
 }
 
 /// Chooses transports for one PE.
@@ -142,6 +145,11 @@ pub struct Router {
     debug: Option<Box<dyn Write + Send>>,
     lookups: u64,
     computed: u64,
+    feedback: Feedback,
+    /// Failures recorded in [`Feedback::Agreed`] mode, for the next safe point.
+    pending: Vec<FailureReport>,
+    /// The last agreement applied.
+    agreement: Agreement,
 }
 
 impl fmt::Debug for Router {
@@ -199,6 +207,9 @@ impl Router {
             debug,
             lookups: 0,
             computed: 0,
+            feedback: Feedback::Local,
+            pending: Vec::new(),
+            agreement: Agreement::default(),
         };
         r.announce();
         Ok(r)
@@ -290,27 +301,30 @@ impl Router {
         }
         self.computed += 1;
         let epoch = self.topo.epoch();
-        let distance = match self.peers[peer].distance {
-            Some((e, d)) if e == epoch => d,
-            // Computed once per peer and epoch, so the one-sided warning is not repeated per message.
-            _ => {
-                let level = self.topo.distance(self.self_pe, peer)?;
-                let d = self.topo.distance_info(self.self_pe, peer)?;
-                debug_assert_eq!(d.level, level);
-                self.peers[peer].distance = Some((epoch, d));
-                d
-            }
-        };
+        let distance = self.topo.distance_info(self.self_pe, peer)?;
+        // Once per peer and epoch, so the one-sided warning is not repeated per message.
+        if self.peers[peer].warned_epoch != epoch {
+            self.topo.warn_one_sided(self.self_pe, peer, &distance);
+            self.peers[peer].warned_epoch = epoch;
+        }
         let decision = self.decide_with(peer, op, bytes, allowed, distance)?;
         if let Some(w) = self.debug.as_mut() {
             // Debug output must never fail the run; a closed stderr only loses the log.
             let _ = write!(w, "{decision}");
         }
         let now = self.clock.now();
-        let recheck_at = self
+        // Recheck while failures decay, and exactly when a hold ends so that the transport comes
+        // back on time rather than up to a recheck interval late.
+        let periodic = self
             .reliability
             .has_history(peer, now)
             .then(|| now + self.reliability.recheck_after());
+        let recheck_at = match (periodic, self.reliability.next_release(peer, now)) {
+            // Agreed choices change only when an agreement is applied, never by the local clock.
+            _ if self.feedback == Feedback::Agreed => None,
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let class = size_class(bytes);
         let st = &mut self.peers[peer];
         let entry = CacheEntry {
@@ -340,7 +354,12 @@ impl Router {
                 }
                 *old = entry;
             }
-            None => st.entries.push(entry),
+            None => {
+                // Exact growth: a peer has a handful of entries, and the default growth (room for
+                // four) would be most of the router's memory at thousands of peers.
+                st.entries.reserve_exact(1);
+                st.entries.push(entry);
+            }
         }
         Ok(decision.route)
     }
@@ -373,14 +392,15 @@ impl Router {
         let class_bytes = class_bytes(size_class(bytes));
         let weights = self.config.weights.at(class_bytes);
         let now = self.clock.now();
-        let rel: [ReliabilityState; TRANSPORTS] = std::array::from_fn(|i| {
-            let t = Transport::ALL[i];
-            ReliabilityState {
-                factor: self.reliability.factor(peer, t, now),
-                count: self.reliability.count(peer, t, now),
-                skipped: self.reliability.skipped(peer, t, now),
+        let rel: [ReliabilityState; TRANSPORTS] = match self.feedback {
+            Feedback::Local => std::array::from_fn(|i| self.reliability.state(peer, Transport::ALL[i], now)),
+            // The same state on both ends of the pair: the agreed record at the agreed time.
+            Feedback::Agreed => {
+                let pair = self.agreement.pair(self.self_pe, peer);
+                let decay = self.reliability.decay();
+                std::array::from_fn(|i| pair.map_or_else(ReliabilityState::default, |p| p.counts[i].state(self.agreement.now, decay)))
             }
-        });
+        };
         let level = distance.level;
         let scoring =
             score_candidates_among(level, op, class_bytes, &weights, &self.perf, &rel, allowed);
@@ -450,23 +470,130 @@ impl Router {
         })
     }
 
-    /// Records what happened on `transport` towards `peer`; a failure or timeout makes the next
-    /// [`Router::route`] for that peer recompute, which skips the transport while its count is high.
+    /// Records what happened on `transport` towards `peer`: [`Outcome::Failure`] for a failed
+    /// launch, [`Outcome::Timeout`] for a device wait that timed out.
+    ///
+    /// In [`Feedback::Local`] mode (the default) the next [`Router::route`] for that peer
+    /// recomputes at once and skips the transport until its recheck. In [`Feedback::Agreed`] mode
+    /// the failure is queued for the next safe point ([`super::feedback::agree_via`]) and nothing
+    /// changes until the agreement is applied, so both ends of the pair switch together.
     pub fn record(&mut self, peer: usize, transport: Transport, outcome: Outcome) {
-        if outcome.weight() == 0.0 {
+        if outcome.weight() == 0.0 || peer >= self.topo.n_pes() {
+            return;
+        }
+        if self.feedback == Feedback::Agreed {
+            let report = FailureReport { peer, transport, outcome };
+            // Bounded however often a step fails between two safe points.
+            if !self.pending.contains(&report) {
+                self.pending.push(report);
+            }
+            tracing::warn!(
+                "route: PE {} -> PE {peer}: {transport} {outcome:?}, queued for agreement round {}",
+                self.self_pe,
+                self.agreement.round + 1
+            );
             return;
         }
         let now = self.clock.now();
         self.reliability.record(peer, transport, outcome, now);
-        if let Some(st) = self.peers.get_mut(peer) {
-            st.generation = st.generation.wrapping_add(1);
-        }
+        self.peers[peer].generation = self.peers[peer].generation.wrapping_add(1);
         tracing::warn!(
             "route: PE {} -> PE {peer}: {transport} {:?} (decayed count {:.2})",
             self.self_pe,
             outcome,
             self.reliability.count(peer, transport, now)
         );
+    }
+
+    /// Switches between acting on failures locally and agreeing on them first (see [`Feedback`]).
+    pub fn set_feedback(&mut self, feedback: Feedback) {
+        if feedback != self.feedback {
+            self.feedback = feedback;
+            for p in &mut self.peers {
+                p.generation = p.generation.wrapping_add(1);
+            }
+        }
+    }
+
+    /// How recorded failures are treated.
+    pub fn feedback(&self) -> Feedback {
+        self.feedback
+    }
+
+    /// Failures queued for the next safe point.
+    pub fn pending_failures(&self) -> &[FailureReport] {
+        &self.pending
+    }
+
+    /// This PE's contribution to the next safe point: its queued failures (drained), its clock,
+    /// topology hash and decay settings.
+    pub fn safe_point_record(&mut self) -> SafePointRecord {
+        let mut reports = std::mem::take(&mut self.pending);
+        reports.sort_unstable();
+        SafePointRecord {
+            pe: self.self_pe,
+            round: self.agreement.round + 1,
+            clock: self.clock.now(),
+            topology: self.topo.hash_hex(),
+            half_life_s: self.config.half_life_s.value,
+            skip_threshold: self.config.skip_threshold.value,
+            reports,
+        }
+    }
+
+    /// The last agreement applied (the default before the first).
+    pub fn agreement(&self) -> &Agreement {
+        &self.agreement
+    }
+
+    /// Applies the next agreement ([`super::feedback::agree`] over every PE's record) and puts the
+    /// router in [`Feedback::Agreed`] mode (`reported` in the answer is left 0: the callers that
+    /// saw the records fill it in). Drops the cached decisions of every peer whose pair
+    /// record changed or still has failures decaying, so the next plan sees the agreed state.
+    pub fn apply_agreement(&mut self, next: Agreement) -> Result<AgreementChange, RouteError> {
+        if next.round != self.agreement.round + 1 {
+            return Err(RouteError::Agreement(format!(
+                "PE {} is at round {} and cannot apply round {}: every PE must apply every round once",
+                self.self_pe, self.agreement.round, next.round
+            )));
+        }
+        if let Some(p) = next.pairs.iter().find(|p| p.b >= self.topo.n_pes()) {
+            return Err(RouteError::Agreement(format!("the agreement names PE {}, outside the topology of {} PEs", p.b, self.topo.n_pes())));
+        }
+        let me = self.self_pe;
+        let decay = *self.reliability.decay();
+        let mut rechecked: Vec<usize> = Vec::new();
+        for p in next.pairs.iter().chain(&self.agreement.pairs).filter(|p| p.a == me || p.b == me) {
+            let peer = if p.a == me { p.b } else { p.a };
+            let changed = self.agreement.pair(p.a, p.b) != next.pair(p.a, p.b);
+            let live = p.counts.iter().any(|c| c.held(next.now) || c.value_at(next.now, &decay) > 1e-3);
+            if (changed || live) && !rechecked.contains(&peer) {
+                rechecked.push(peer);
+            }
+        }
+        rechecked.sort_unstable();
+        self.set_feedback(Feedback::Agreed);
+        for &peer in &rechecked {
+            self.peers[peer].generation = self.peers[peer].generation.wrapping_add(1);
+        }
+        let round = next.round;
+        self.agreement = next;
+        if !rechecked.is_empty() {
+            tracing::info!("route: PE {me} applied agreement round {round}; rechecking PEs {rechecked:?}");
+        }
+        Ok(AgreementChange { round, rechecked, reported: 0 })
+    }
+
+    /// Takes `other`'s feedback mode and agreement as they are (a mirror of a peer's router scores
+    /// its pairs with the same agreed record).
+    pub(crate) fn adopt_agreement(&mut self, other: &Router) {
+        self.set_feedback(other.feedback);
+        self.agreement = other.agreement.clone();
+    }
+
+    /// The agreed failure epoch of the pair with `peer`: how many rounds added a failure to it.
+    pub fn failure_epoch(&self, peer: usize) -> u32 {
+        self.agreement.epoch(self.self_pe, peer)
     }
 
     /// Installs a new topology. When its content differs from the current one it gets the next

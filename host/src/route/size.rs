@@ -22,7 +22,7 @@ pub fn class_bytes(class: u8) -> u64 {
     1u64 << class.min(MAX_SIZE_CLASS)
 }
 
-/// Parses a byte count: `4096`, `4k`, `4KiB`, `16K`, `1MiB`, `1m`, `2GiB` (binary units, case-insensitive).
+/// Parses a byte count: `4096`, `4k`, `4KiB`, `16K`, `1MiB`, `1m`, `2GiB`, `1TiB` (binary units, case-insensitive).
 pub fn parse_size(text: &str) -> Result<u64, RouteError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -38,6 +38,7 @@ pub fn parse_size(text: &str) -> Result<u64, RouteError> {
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
         _ => return Err(bad("unknown unit")),
     };
     n.checked_mul(1u64 << shift).ok_or_else(|| bad("too large"))
@@ -74,6 +75,8 @@ mod tests {
         assert_eq!(parse_size("16KiB").ok(), Some(16384));
         assert_eq!(parse_size("1m").ok(), Some(1 << 20));
         assert_eq!(parse_size(" 2 GiB ").ok(), Some(2 << 30));
+        assert_eq!(parse_size("1TiB").ok(), Some(1 << 40));
+        assert!(parse_size("20000000TiB").is_err(), "overflow is an error");
         assert!(parse_size("KiB").is_err());
         assert!(parse_size("3 parsecs").is_err());
         assert_eq!(format_size(16384), "16 KiB");

@@ -193,6 +193,20 @@ impl fmt::Debug for TransportSet {
     }
 }
 
+/// Written as the list of its transports' names, as in files and logs.
+impl Serialize for TransportSet {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for TransportSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let list = Vec::<Transport>::deserialize(d)?;
+        Ok(list.into_iter().fold(TransportSet::EMPTY, TransportSet::with))
+    }
+}
+
 impl FromStr for TransportSet {
     type Err = RouteError;
 
@@ -686,6 +700,9 @@ mod tests {
         assert!("".parse::<TransportSet>().is_err());
         assert!("staged,tcp".parse::<TransportSet>().is_err());
         assert_eq!(TransportSet::EMPTY.to_string(), "none");
+        let json = serde_json::to_string(&s).expect("serialise");
+        assert_eq!(json, r#"["nvlink-store","staged"]"#);
+        assert_eq!(serde_json::from_str::<TransportSet>(&json).ok(), Some(s));
     }
 
     #[test]

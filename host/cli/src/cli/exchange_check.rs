@@ -81,21 +81,14 @@ fn print_plan(router: &halo::route::Router, plan: &halo::route::RoutedPaths) {
 
 /// Plans every rank of this process (rank r on GPU r % gpus) with its own router.
 fn route_local(args: &ExchangeCheckArgs, halos: &[RankHalo], gpus: usize) -> Result<Routing> {
-    use halo::route::{RoutedPaths, gpu_facts, paths};
+    use halo::route::{gpu_facts, paths};
     let (facts, _) = gpu_facts::local_rank_facts(halos.len(), gpus).context("discovering the GPUs")?;
-    let mut plans = Vec::with_capacity(halos.len());
-    let mut routers = Vec::with_capacity(halos.len());
-    for r in 0..halos.len() {
-        let mut router = paths::router_from_facts(r, &facts, &args.route_override)?;
-        let plan = RoutedPaths::plan(&mut router, halos)?;
-        print_plan(&router, &plan);
-        plans.push(plan);
-        routers.push(router);
+    let local = paths::plan_local_ranks::<halo::abi::Float3>(&facts, halos, &paths::route_config(&args.route_override)?)?;
+    for (router, plan) in local.routers.iter().zip(&local.plans) {
+        print_plan(router, plan);
     }
-    RoutedPaths::check_symmetric(&plans)?;
-    let transport = RoutedPaths::exchange_transport(&plans, false)?;
-    println!("route: topology {}, exchange kernel from the router's choices: {}", routers[0].topology(), transport.name());
-    Ok(Routing { plans, transport, routers })
+    println!("route: topology {}, exchange kernel from the router's choices: {}", local.routers[0].topology(), local.transport.name());
+    Ok(Routing { plans: local.plans, transport: local.transport, routers: local.routers })
 }
 
 /// Plans this PE with a router over the facts gathered from every PE, and checks both ends agree.

@@ -102,7 +102,7 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
                 .with_context(|| format!("discovering GPU {}", env.device))?;
             print_discovery(&format!("PE {} of {}: ", env.rank, env.nranks), &found);
             let facts = gpu_facts::gather("route-facts", &found.facts)?;
-            let topo = topology_from_facts(&facts, None)?;
+            let topo = topology_from_facts(&facts, fabric(args)?.as_ref())?;
             Ok((
                 topo,
                 format!("discovered: {} PEs under {}", env.nranks, env.source),
@@ -117,12 +117,18 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
                 print_discovery("", f);
             }
             Ok((
-                topology_from_facts(&facts, None)?,
+                topology_from_facts(&facts, fabric(args)?.as_ref())?,
                 format!("discovered: one PE per visible GPU ({gpus}) on {}", gpu_facts::hostname()),
                 true,
             ))
         }
     }
+}
+
+/// Where the nodes sit, when the route config names a topology (HALO_ROUTE_TOPOLOGY: a halo TOML
+/// file or Slurm's topology.conf / scontrol show topology output).
+fn fabric(args: &RouteArgs) -> Result<Option<halo::route::Fabric>> {
+    Ok(RouteConfig::load(args.config.as_deref(), &|k| std::env::var(k).ok())?.fabric()?)
 }
 
 /// One GPU's discovery: UUID, and how every other GPU is reached, with the evidence.
