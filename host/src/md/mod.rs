@@ -8,6 +8,7 @@
 //! halo stream:  coordinate halo → zero halo forces → non-local pair forces → force halo → integrate (local stream)
 
 pub mod domain;
+pub mod nbnxm;
 pub mod rank;
 pub mod run;
 
