@@ -151,6 +151,13 @@ pub mod warp {
 
 /// Fast arithmetic with stated accuracy.
 pub mod math {
+    /// `fma.rn.f32`: `a * b + c` with one rounding. Written out because LLVM's NVPTX backend emits
+    /// `mul.rn` and `add.rn` for plain Rust arithmetic, which ptxas never contracts. Any thread.
+    #[inline(always)]
+    pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+        core::intrinsics::fmaf32(a, b, c)
+    }
+
     /// `rcp.approx.ftz.f32`: `1 / x` to within 1 ulp (subnormals flushed to zero), one MUFU
     /// instruction instead of the dozen of an IEEE division. Any thread; no memory effects.
     #[inline(always)]

@@ -52,6 +52,12 @@ macro_rules! each_i_cluster {
     }};
 }
 
+/// One staged i-atom: `[x, y, z, bits(type row)]`, 16-byte aligned so it moves in one vector
+/// access.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Staged([f32; 4]);
+
 /// The periodic shift of shift index `s` (see [`NBNXM_CENTRAL_SHIFT`]).
 #[inline(always)]
 fn shift_vector(s: u32, bx: f32, by: f32, bz: f32) -> Float3 {
@@ -68,7 +74,7 @@ fn shift_vector(s: u32, bx: f32, by: f32, bz: f32) -> Float3 {
 /// is this warp's 64-entry slice.
 #[inline(always)]
 unsafe fn stage_i_atoms<const TYPES: bool>(
-    x: *const Float3, atom_index: *const u32, atom_type: *const u32, ntypes: u32, sci: u32, shift: Float3, staged: *mut [f32; 4],
+    x: *const Float3, atom_index: *const u32, atom_type: *const u32, ntypes: u32, sci: u32, shift: Float3, staged: *mut Staged,
     lane: u32,
 ) {
     let mut s = lane;
@@ -84,7 +90,7 @@ unsafe fn stage_i_atoms<const TYPES: bool>(
             } else {
                 [FAR_I, FAR_I, FAR_I, f32::from_bits(row)]
             };
-            *staged.add(s as usize) = v;
+            *staged.add(s as usize) = Staged(v);
         }
         s += warp::WARP_SIZE;
     }
@@ -109,14 +115,14 @@ unsafe fn load_j(x: *const Float3, atom_index: *const u32, slot: u32) -> (Float3
 #[inline(always)]
 fn displacement(xi: [f32; 4], xj: Float3) -> (Float3, f32) {
     let d = Float3::new(xj.x - xi[0], xj.y - xi[1], xj.z - xi[2]);
-    (d, d.x * d.x + d.y * d.y + d.z * d.z)
+    (d, math::fma_f32(d.x, d.x, math::fma_f32(d.y, d.y, d.z * d.z)))
 }
 
 /// Constants of the pair interaction.
 #[derive(Clone, Copy)]
 struct Lj {
-    /// `[6 c6, 12 c12]` per type pair.
-    table: *const [f32; 2],
+    /// `[6 c6, 12 c12]` per type pair (8-byte aligned: one 64-bit load per pair).
+    table: *const u64,
     rc2: f32,
     /// `rc^-6` and `rc^-12`: the potential shift.
     sh6: f32,
@@ -133,12 +139,14 @@ fn lj_pair<const ENERGY: bool>(p: &Lj, xi: [f32; 4], xj: Float3, tj: u32, on: bo
     let within = on && r2 < p.rc2;
     let rinv2 = math::rcp_approx_f32(r2);
     let rinv6 = rinv2 * rinv2 * rinv2;
-    // SAFETY: type rows and types are below ntypes (fillers have type 0), the table has ntypes².
-    let c = unsafe { *p.table.add((xi[3].to_bits() + tj) as usize) };
-    let fscal = (c[1] * rinv6 - c[0]) * rinv6 * rinv2;
+    // SAFETY: type rows and types are below ntypes (fillers have type 0), the table has ntypes²
+    // entries of 8 bytes in an allocation aligned far beyond 8.
+    let bits = unsafe { *p.table.add((xi[3].to_bits() + tj) as usize) };
+    let c = [f32::from_bits(bits as u32), f32::from_bits((bits >> 32) as u32)];
+    let fscal = math::fma_f32(c[1], rinv6, -c[0]) * (rinv6 * rinv2);
     let s = if within { fscal } else { 0.0 };
-    *fi = Float3::new(fi.x - s * d.x, fi.y - s * d.y, fi.z - s * d.z);
-    *fj = Float3::new(fj.x + s * d.x, fj.y + s * d.y, fj.z + s * d.z);
+    *fi = Float3::new(math::fma_f32(-s, d.x, fi.x), math::fma_f32(-s, d.y, fi.y), math::fma_f32(-s, d.z, fi.z));
+    *fj = Float3::new(math::fma_f32(s, d.x, fj.x), math::fma_f32(s, d.y, fj.y), math::fma_f32(s, d.z, fj.z));
     if ENERGY {
         let v = c[1] * (1.0 / 12.0) * (rinv6 * rinv6 - p.sh12) - c[0] * (1.0 / 6.0) * (rinv6 - p.sh6);
         *e += if within { v } else { 0.0 };
@@ -167,6 +175,18 @@ fn pick(i: u32, a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// `v` plus lane `lane ^ m`'s `v`: one butterfly step of a warp reduction.
+///
+/// # Safety
+/// All lanes together.
+#[inline(always)]
+unsafe fn butterfly(v: Float3, m: u32) -> Float3 {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        Float3::new(v.x + warp::shfl_xor_f32(FULL, v.x, m), v.y + warp::shfl_xor_f32(FULL, v.y, m), v.z + warp::shfl_xor_f32(FULL, v.z, m))
+    }
+}
+
 /// Reduces the forces on this lane's two j-atoms over the 8 i-lanes and adds them to `f`: the
 /// first butterfly step leaves atom `tj` on even lanes and atom `tj + 4` on odd ones (each lane
 /// sends the atom it gives up), the next two finish both sums, and lane `ti` then adds component
@@ -180,14 +200,12 @@ unsafe fn add_j_forces(f: *mut Float3, ti: u32, fa: Float3, fb: Float3, ia: u32,
     let (keep, send) = if odd { (fb, fa) } else { (fa, fb) };
     // SAFETY: all lanes execute these shuffles (no divergent path reaches here).
     unsafe {
-        let mut x = keep.x + warp::shfl_xor_f32(FULL, send.x, 1);
-        let mut y = keep.y + warp::shfl_xor_f32(FULL, send.y, 1);
-        let mut z = keep.z + warp::shfl_xor_f32(FULL, send.z, 1);
-        for m in [2, 4] {
-            x += warp::shfl_xor_f32(FULL, x, m);
-            y += warp::shfl_xor_f32(FULL, y, m);
-            z += warp::shfl_xor_f32(FULL, z, m);
-        }
+        let v = Float3::new(
+            keep.x + warp::shfl_xor_f32(FULL, send.x, 1),
+            keep.y + warp::shfl_xor_f32(FULL, send.y, 1),
+            keep.z + warp::shfl_xor_f32(FULL, send.z, 1),
+        );
+        let Float3 { x, y, z } = butterfly(butterfly(v, 2), 4);
         let component = ti >> 1;
         let idx = if odd { ib } else { ia };
         if component < 3 && idx != NBNXM_FILLER {
@@ -217,11 +235,11 @@ unsafe fn forces<const ENERGY: bool>(
     }
     let lane = warp::lane_id();
     let (ti, tj) = (lane % CL, lane / CL);
-    let p = Lj { table: lj, rc2, sh6, sh12 };
+    let p = Lj { table: lj as *const u64, rc2, sh6, sh12 };
     // SAFETY: the launch gives each warp NBNXM_SUPER_SIZE staged atoms; the host's list is valid.
     unsafe {
         let e = *entries.add(entry as usize);
-        let staged = (shared::dynamic_shared_mem() as *mut [f32; 4]).add((warp_in_block * NBNXM_SUPER_SIZE) as usize);
+        let staged = (shared::dynamic_shared_mem() as *mut Staged).add((warp_in_block * NBNXM_SUPER_SIZE) as usize);
         stage_i_atoms::<true>(x, atom_index, atom_type, ntypes, e.sci, shift_vector(e.shift, box_x, box_y, box_z), staged, lane);
         let central = e.shift == NBNXM_CENTRAL_SHIFT;
         let ci0 = e.sci * NBNXM_CLUSTERS_PER_SUPER;
@@ -241,7 +259,7 @@ unsafe fn forces<const ENERGY: bool>(
             let (mut fa, mut fb) = (Float3::default(), Float3::default());
             each_i_cluster!(K => {
                 if mask & (1 << K) != 0 {
-                    let xi = *staged.add(K * CL as usize + ti as usize);
+                    let xi = (*staged.add(K * CL as usize + ti as usize)).0;
                     // The self cluster pair: each atom pair once, ti < tj.
                     let diag = central && cj == ci0 + K as u32;
                     lj_pair::<ENERGY>(&p, xi, xa, ta, !diag || ti < tj, &mut fi[K], &mut fa, &mut e_sum);
@@ -252,14 +270,7 @@ unsafe fn forces<const ENERGY: bool>(
         }
         // i-forces: sum the 4 j-lanes; j-lane c < 3 adds component c.
         each_i_cluster!(K => {
-            let mut v = fi[K];
-            for m in [8, 16] {
-                v = Float3::new(
-                    v.x + warp::shfl_xor_f32(FULL, v.x, m),
-                    v.y + warp::shfl_xor_f32(FULL, v.y, m),
-                    v.z + warp::shfl_xor_f32(FULL, v.z, m),
-                );
-            }
+            let v = butterfly(butterfly(fi[K], 8), 16);
             if tj < 3 {
                 let idx = *atom_index.add((e.sci * NBNXM_SUPER_SIZE + K as u32 * CL + ti) as usize);
                 if idx != NBNXM_FILLER {
@@ -268,9 +279,12 @@ unsafe fn forces<const ENERGY: bool>(
             }
         });
         if ENERGY {
-            for m in [16, 8, 4, 2, 1] {
-                e_sum += warp::shfl_xor_f32(FULL, e_sum, m);
-            }
+            // Written out: a loop over an array of offsets is not unrolled and lands in local memory.
+            e_sum += warp::shfl_xor_f32(FULL, e_sum, 16);
+            e_sum += warp::shfl_xor_f32(FULL, e_sum, 8);
+            e_sum += warp::shfl_xor_f32(FULL, e_sum, 4);
+            e_sum += warp::shfl_xor_f32(FULL, e_sum, 2);
+            e_sum += warp::shfl_xor_f32(FULL, e_sum, 1);
             if lane == 0 {
                 device::atomic_add_relaxed_gpu_f64(energy, f64::from(e_sum));
             }
@@ -323,7 +337,7 @@ kernel! {
         // SAFETY: as in `forces`.
         unsafe {
             let e = *entries.add(entry as usize);
-            let staged = (shared::dynamic_shared_mem() as *mut [f32; 4]).add((warp_in_block * NBNXM_SUPER_SIZE) as usize);
+            let staged = (shared::dynamic_shared_mem() as *mut Staged).add((warp_in_block * NBNXM_SUPER_SIZE) as usize);
             stage_i_atoms::<false>(x, atom_index, core::ptr::null(), 0, e.sci, shift_vector(e.shift, box_x, box_y, box_z), staged, lane);
             let central = e.shift == NBNXM_CENTRAL_SHIFT;
             let ci0 = e.sci * NBNXM_CLUSTERS_PER_SUPER;
@@ -337,7 +351,7 @@ kernel! {
                     let (xb, _) = load_j(x, atom_index, cj * CL + tj + 4);
                     each_i_cluster!(K => {
                         if mask & (1 << K) != 0 {
-                            let xi = *staged.add(K * CL as usize + ti as usize);
+                            let xi = (*staged.add(K * CL as usize + ti as usize)).0;
                             let diag = central && cj == ci0 + K as u32;
                             let hit_a = (!diag || ti < tj) && displacement(xi, xa).1 < rlist2;
                             let hit_b = (!diag || ti < tj + 4) && displacement(xi, xb).1 < rlist2;

@@ -48,6 +48,7 @@ struct GpuList {
     outer: DeviceBuffer<u32>,
     inner: DeviceBuffer<u32>,
     n_entries: usize,
+    n_words: usize,
     pruned: bool,
 }
 
@@ -67,6 +68,7 @@ impl GpuList {
             outer: DeviceBuffer::from_host(ctx, &l.j_list)?,
             inner: DeviceBuffer::uninit(ctx, l.j_list.len())?,
             n_entries: l.entries.len(),
+            n_words: l.j_list.len(),
             pruned: false,
         })
     }
@@ -78,6 +80,7 @@ impl GpuList {
             self.inner = DeviceBuffer::uninit(module.context(), self.outer.len())?;
         }
         self.n_entries = l.entries.len();
+        self.n_words = l.j_list.len();
         self.pruned = false;
         Ok(())
     }
@@ -215,6 +218,15 @@ impl NbnxmGpu {
         // SAFETY: arguments match `nbnxm_forces[_energy]`; slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
         unsafe { self.module.launch(name, l.shape(), stream, &mut args) }
+    }
+
+    /// The j-list words of list `kind` on the GPU, the inner (pruned) list or the outer one, read
+    /// synchronously (for checks).
+    pub fn read_j_list(&self, kind: ListKind, inner: bool) -> Result<Vec<u32>> {
+        let l = &self.lists[kind as usize];
+        let mut v = if inner { &l.inner } else { &l.outer }.to_host()?;
+        v.truncate(l.n_words);
+        Ok(v)
     }
 
     /// Zeroes the energy accumulator on `stream` (before the first force launch of an energy step).
