@@ -272,13 +272,13 @@ mod tests {
         // The system's energy is the sum over the same pairs as the forces.
         let s = MolecularSystem::generate(300, 4).unwrap();
         let e = lj_energy(&s, 0.6).unwrap();
-        let (pos, b) = (wrapped_positions(&s), s.box_size.map(f64::from));
+        let (pos, b, rc) = (wrapped_positions(&s), s.box_size.map(f64::from), f64::from(0.6f32));
         let mut brute = 0.0;
         for i in 0..pos.len() {
             for j in i + 1..pos.len() {
-                if let Some((_, r2)) = pair_within_cutoff(&pos[i], &pos[j], b, 0.6) {
+                if let Some((_, r2)) = pair_within_cutoff(&pos[i], &pos[j], b, rc) {
                     let p = s.lj_pair(usize::from(s.types[i]), usize::from(s.types[j]));
-                    brute += lj_potential_shifted(r2, p.c6, p.c12, 0.6);
+                    brute += lj_potential_shifted(r2, p.c6, p.c12, rc);
                 }
             }
         }
