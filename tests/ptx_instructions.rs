@@ -191,3 +191,28 @@ fn ptxas_reports_no_spills() {
     }
     assert_eq!(checked, abi::KERNEL_ENTRIES.len(), "ptxas report lacks some kernels:\n{report}");
 }
+
+#[test]
+fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
+    let b = entries(&ptx_text());
+    // Butterfly shuffles for the j- and i-force reductions, the fast reciprocal, fused multiply-adds,
+    // i-atoms staged in shared memory behind a warp barrier, relaxed atomic force adds.
+    for k in [abi::NBNXM_FORCES, abi::NBNXM_FORCES_ENERGY] {
+        assert_lowers(&b, k, &[
+            "shfl.sync.bfly.b32",
+            "rcp.approx.ftz.f32",
+            "fma.rn.f32",
+            "st.shared.v4",
+            "ld.shared.v4",
+            "bar.warp.sync",
+            "red.relaxed.gpu.global.add.f32",
+        ]);
+        assert!(!b[k].contains("div.rn.f32"), "{k}: an IEEE division in the pair loop");
+        // No atomic per pair: the adds are the 9 of the i- and j-force reductions, not one per pair.
+        let atomics = b[k].matches("red.relaxed.gpu.global.add.f32").count();
+        assert!(atomics <= 9, "{k}: {atomics} force atomics");
+    }
+    assert_lowers(&b, abi::NBNXM_FORCES_ENERGY, &["red.relaxed.gpu.global.add.f64"]);
+    assert!(!b[abi::NBNXM_FORCES].contains("red.relaxed.gpu.global.add.f64"), "the force-only kernel touches the energy");
+    assert_lowers(&b, abi::NBNXM_PRUNE, &["vote.sync.any.pred", "bar.warp.sync", "ld.shared.v4"]);
+}

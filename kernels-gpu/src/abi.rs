@@ -43,7 +43,16 @@ kernel_entries! {
         "fused_coords_tma",
         "fused_forces",
     ],
-    specific: ["pack_subset", "signal_ping_pong", "lj_pair_forces", "leapfrog", "jacobi7"],
+    specific: [
+        "pack_subset",
+        "signal_ping_pong",
+        "lj_pair_forces",
+        "leapfrog",
+        "jacobi7",
+        "nbnxm_forces",
+        "nbnxm_forces_energy",
+        "nbnxm_prune",
+    ],
 }
 
 /// A value the halo kernels can move: coordinates and forces (`Float3`), or any user field of
@@ -134,6 +143,18 @@ pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
 /// `leapfrog(x, v, f, inv_mass, n, dt)`.
 pub const LEAPFROG: &str = "leapfrog";
+
+/// `nbnxm_forces(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy,
+/// box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list (one warp per
+/// [`NbnxmEntry`]), added to `f`; `energy` is not touched.
+pub const NBNXM_FORCES: &str = "nbnxm_forces";
+/// [`NBNXM_FORCES`] that also adds the potential-shifted LJ energy of the list to `*energy` (one
+/// `f64` atomic per warp).
+pub const NBNXM_FORCES_ENERGY: &str = "nbnxm_forces_energy";
+/// `nbnxm_prune(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z,
+/// rlist2)`: the inner (pruned) j-list of a cluster-pair list, from the outer one and the current
+/// coordinates.
+pub const NBNXM_PRUNE: &str = "nbnxm_prune";
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
@@ -447,6 +468,47 @@ impl WaitKind {
     }
 }
 
+/// Atoms per cluster of the nbnxm kernels (GROMACS's GPU layout uses 8 as well).
+pub const NBNXM_CLUSTER_SIZE: u32 = 8;
+/// Clusters per i-supercluster: one warp computes the interactions of up to this many i-clusters
+/// with each j-cluster of its list, so every j-cluster it loads is used several times.
+pub const NBNXM_CLUSTERS_PER_SUPER: u32 = 8;
+/// Atom slots per i-supercluster.
+pub const NBNXM_SUPER_SIZE: u32 = NBNXM_CLUSTER_SIZE * NBNXM_CLUSTERS_PER_SUPER;
+/// Warps per block of the nbnxm kernels (each warp takes one list entry).
+pub const NBNXM_WARPS_PER_BLOCK: u32 = 4;
+/// Dynamic shared memory of one nbnxm block: the shifted coordinates (and type row) of every
+/// i-atom of each warp's supercluster, as `[f32; 4]`.
+pub const NBNXM_SHARED_BYTES: u32 = NBNXM_WARPS_PER_BLOCK * NBNXM_SUPER_SIZE * 16;
+/// `atom_index` of a padding slot (a cluster with fewer than 8 atoms).
+pub const NBNXM_FILLER: u32 = u32::MAX;
+/// Low bits of a j-list word: which i-clusters of the entry's supercluster (bit `k` = cluster `k`)
+/// interact with the j-cluster; the j-cluster index sits above them (`word >> NBNXM_MASK_BITS`).
+pub const NBNXM_MASK_BITS: u32 = NBNXM_CLUSTERS_PER_SUPER;
+/// The shift index of "no periodic shift". A shift index is `(sx + 1) + 3 (sy + 1) + 9 (sz + 1)`
+/// for `sx, sy, sz` in `{-1, 0, 1}`; the entry's i-coordinates are moved by `(sx Lx, sy Ly, sz Lz)`.
+pub const NBNXM_CENTRAL_SHIFT: u32 = 13;
+/// Number of shift indices.
+pub const NBNXM_NUM_SHIFTS: u32 = 27;
+
+/// One i-entry of a cluster-pair list: an i-supercluster under one periodic shift, and its range
+/// of j-list words. Long j-lists are split over several entries of the same supercluster and shift
+/// (every force is added atomically, so the split changes nothing but the load balance).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmEntry {
+    /// The i-supercluster: its slots are `sci * NBNXM_SUPER_SIZE ..` and its clusters
+    /// `sci * NBNXM_CLUSTERS_PER_SUPER ..`.
+    pub sci: u32,
+    /// Shift index (see [`NBNXM_CENTRAL_SHIFT`]).
+    pub shift: u32,
+    /// First j-list word.
+    pub j_start: u32,
+    /// One past the last j-list word.
+    pub j_end: u32,
+}
+
 // Host and device must agree on these layouts byte for byte.
 const _: () = {
     use core::mem::{align_of, offset_of, size_of};
@@ -467,4 +529,8 @@ const _: () = {
     assert!(TMA_CHUNK_BYTES % (32 * 12) == 0 && TMA_CHUNK_BYTES % (32 * 16) == 0);
     assert!(TMA_SHARED_BYTES % 16 == 0);
     assert!(BLOCK_SIZE % 32 == 0);
+    assert!(size_of::<NbnxmEntry>() == 16 && align_of::<NbnxmEntry>() == 4);
+    // One warp covers the i-cluster atoms x 4 j-lanes; the mask fits the low bits of a j word.
+    assert!(NBNXM_CLUSTER_SIZE * 4 == 32 && NBNXM_MASK_BITS <= 8);
+    assert!(NBNXM_SUPER_SIZE == 64);
 };

@@ -78,6 +78,8 @@ unsafe extern "C" {
     fn vote_any_sync(mask: u32, predicate: bool) -> bool;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn bar_warp_sync(mask: u32);
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
+    fn shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
 }
 
 /// Block-wide barrier that also returns whether any thread's `predicate` was true
@@ -132,6 +134,38 @@ pub mod warp {
     pub unsafe fn sync_warp(mask: u32) {
         // SAFETY: forwarded to the caller's contract.
         unsafe { super::bar_warp_sync(mask) }
+    }
+
+    /// The `value` of lane `lane_id() ^ lane_mask` (`shfl.sync.bfly.b32`, through LLVM's
+    /// convergent intrinsic): the butterfly step of a warp reduction. Registers only, no memory.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, the calling lane must be in `mask`, and
+    /// the partner lane must be in `mask` too.
+    #[inline(always)]
+    pub unsafe fn shfl_xor_f32(mask: u32, value: f32, lane_mask: u32) -> f32 {
+        // SAFETY: forwarded to the caller's contract; clamp 0x1f spans the whole warp.
+        unsafe { super::shfl_sync_bfly_f32(mask, value, lane_mask, 0x1f) }
+    }
+}
+
+/// Fast arithmetic with stated accuracy.
+pub mod math {
+    /// `fma.rn.f32`: `a * b + c` with one rounding. Written out because LLVM's NVPTX backend emits
+    /// `mul.rn` and `add.rn` for plain Rust arithmetic, which ptxas never contracts. Any thread.
+    #[inline(always)]
+    pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
+        core::intrinsics::fmaf32(a, b, c)
+    }
+
+    /// `rcp.approx.ftz.f32`: `1 / x` to within 1 ulp (subnormals flushed to zero), one MUFU
+    /// instruction instead of the dozen of an IEEE division. Any thread; no memory effects.
+    #[inline(always)]
+    pub fn rcp_approx_f32(x: f32) -> f32 {
+        let r: f32;
+        // SAFETY: pure arithmetic on registers.
+        unsafe { core::arch::asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(pure, nomem, nostack)) };
+        r
     }
 }
 

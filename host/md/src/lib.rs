@@ -12,6 +12,7 @@ use halo::*;
 
 pub mod domain;
 pub mod md_reference;
+pub mod nbnxm;
 pub mod rank;
 pub mod run;
 

@@ -26,6 +26,7 @@ mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;
 mod md;
+mod nbnxm;
 mod pack;
 mod probe;
 mod pulse;

@@ -39,6 +39,13 @@ pub fn lj_force_over_r(r2: f64, c6: f64, c12: f64) -> f64 {
     (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2
 }
 
+/// The LJ potential with GROMACS's potential-shift modifier: `V(r) - V(rc)` for `r < rc`, so the
+/// energy is continuous at the cutoff (the force is unchanged: [`lj_force_over_r`]).
+pub fn lj_potential_shifted(r2: f64, c6: f64, c12: f64, cutoff: f64) -> f64 {
+    let v = |inv6: f64| (c12 * inv6 - c6) * inv6;
+    v((1.0 / r2).powi(3)) - v(cutoff.powi(-6))
+}
+
 /// The system's positions wrapped into the box (by [`wrap_position`], in `f32`) and widened to
 /// `f64` (exactly): the numbers every pair search uses, with [`pair_within_cutoff`].
 pub fn wrapped_positions(system: &MolecularSystem) -> Vec<[f64; 3]> {
@@ -138,7 +145,22 @@ pub fn lj_forces(system: &MolecularSystem, cutoff: f32) -> Result<Vec<[f64; 3]>,
     Ok(f)
 }
 
-fn pair_table(system: &MolecularSystem) -> Vec<(f64, f64)> {
+/// Total potential-shifted LJ energy of the undecomposed system (kJ/mol), pairs within `cutoff`
+/// (nm), minimum image, in `f64` ([`lj_potential_shifted`]).
+pub fn lj_energy(system: &MolecularSystem, cutoff: f32) -> Result<f64, ReferenceError> {
+    check_cutoff(system, cutoff)?;
+    let pos = wrapped_positions(system);
+    let table = pair_table(system);
+    let nt = system.atom_types.len();
+    let mut e = 0.0;
+    for_each_pair(&pos, system.box_size.map(f64::from), f64::from(cutoff), |i, j, _, r2| {
+        let (c6, c12) = table[usize::from(system.types[i]) * nt + usize::from(system.types[j])];
+        e += lj_potential_shifted(r2, c6, c12, f64::from(cutoff));
+    });
+    Ok(e)
+}
+
+pub(super) fn pair_table(system: &MolecularSystem) -> Vec<(f64, f64)> {
     let n = system.atom_types.len();
     (0..n * n)
         .map(|k| {
@@ -237,6 +259,30 @@ mod tests {
         let h = 1e-6;
         let fd = -(v(r + h) - v(r - h)) / (2.0 * h);
         assert!((lj_force_over_r(r * r, c6, c12) * r - fd).abs() < 1e-6 * fd.abs().max(1.0));
+    }
+
+    #[test]
+    fn the_shifted_potential_vanishes_at_the_cutoff_and_keeps_the_force() {
+        let (c6, c12, rc) = (1e-3, 1e-6, 0.9);
+        assert!(lj_potential_shifted(rc * rc, c6, c12, rc).abs() < 1e-15);
+        let h = 1e-6;
+        let r = 0.31;
+        let fd = -(lj_potential_shifted((r + h) * (r + h), c6, c12, rc) - lj_potential_shifted((r - h) * (r - h), c6, c12, rc)) / (2.0 * h);
+        assert!((lj_force_over_r(r * r, c6, c12) * r - fd).abs() < 1e-6 * fd.abs().max(1.0));
+        // The system's energy is the sum over the same pairs as the forces.
+        let s = MolecularSystem::generate(300, 4).unwrap();
+        let e = lj_energy(&s, 0.6).unwrap();
+        let (pos, b, rc) = (wrapped_positions(&s), s.box_size.map(f64::from), f64::from(0.6f32));
+        let mut brute = 0.0;
+        for i in 0..pos.len() {
+            for j in i + 1..pos.len() {
+                if let Some((_, r2)) = pair_within_cutoff(&pos[i], &pos[j], b, rc) {
+                    let p = s.lj_pair(usize::from(s.types[i]), usize::from(s.types[j]));
+                    brute += lj_potential_shifted(r2, p.c6, p.c12, rc);
+                }
+            }
+        }
+        assert!((e - brute).abs() < 1e-9 * brute.abs() && e != 0.0, "{e} vs {brute}");
     }
 
     #[test]

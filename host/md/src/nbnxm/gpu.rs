@@ -1,0 +1,255 @@
+//! The cluster lists on the GPU and the launches of one MD step.
+//!
+//! Per rank and step (the MD step's two streams, see `docs/architecture.md`):
+//! - local stream, after zeroing the home forces (and, on energy steps, [`NbnxmGpu::zero_energy`]):
+//!   on prune steps [`NbnxmGpu::prune`]`(Local)`, then [`NbnxmGpu::forces`]`(Local)`;
+//! - halo stream, after the coordinate halo has landed and the halo forces are zeroed (and after the
+//!   local stream's zeroing event): on prune steps [`NbnxmGpu::prune`]`(NonLocal)`, then
+//!   [`NbnxmGpu::forces`]`(NonLocal)`; then the force halo.
+//!
+//! Prune steps are the search step and every `nstprune` steps after it. The kernels read the
+//! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
+//! and add forces into the exchange's force array, so nothing is gathered or scattered around
+//! them. At a search step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously:
+//! no launch of this object may still be running).
+
+use super::pairlist::{ClusterPairList, PairSearch};
+use super::{ListSetup, NbnxmError};
+use crate::abi::{self, Float3, NbnxmEntry};
+use crate::error::{HaloError, Result};
+use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::kernel_args;
+use crate::system::MolecularSystem;
+use bytemuck::Pod;
+use std::sync::Arc;
+
+/// Which of a rank's two lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListKind {
+    /// Home–home pairs: the local stream, before the coordinate halo.
+    Local = 0,
+    /// Pairs with a halo atom: the halo stream, after the coordinate halo.
+    NonLocal = 1,
+}
+
+/// The nbnxm kernels' LJ table of `system`: `[6 c6, 12 c12]` per type pair, row-major.
+pub fn lj_table(system: &MolecularSystem) -> Vec<[f32; 2]> {
+    let n = system.atom_types.len();
+    (0..n * n)
+        .map(|k| {
+            let p = system.lj_pair(k / n, k % n);
+            [(6.0 * p.c6) as f32, (12.0 * p.c12) as f32]
+        })
+        .collect()
+}
+
+struct GpuList {
+    entries: DeviceBuffer<NbnxmEntry>,
+    outer: DeviceBuffer<u32>,
+    inner: DeviceBuffer<u32>,
+    n_entries: usize,
+    n_words: usize,
+    pruned: bool,
+}
+
+/// Copies `data` into `buf`, reallocating (with 25% headroom) when it does not fit.
+fn fit<T: Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, data: &[T]) -> Result<()> {
+    if buf.len() < data.len() {
+        *buf = DeviceBuffer::uninit(module.context(), data.len() + data.len() / 4)?;
+    }
+    buf.copy_from_host(data)
+}
+
+impl GpuList {
+    fn new(module: &KernelModule, l: &ClusterPairList) -> Result<Self> {
+        let ctx = module.context();
+        Ok(Self {
+            entries: DeviceBuffer::from_host(ctx, &l.entries)?,
+            outer: DeviceBuffer::from_host(ctx, &l.j_list)?,
+            inner: DeviceBuffer::uninit(ctx, l.j_list.len())?,
+            n_entries: l.entries.len(),
+            n_words: l.j_list.len(),
+            pruned: false,
+        })
+    }
+
+    fn update(&mut self, module: &KernelModule, l: &ClusterPairList) -> Result<()> {
+        fit(module, &mut self.entries, &l.entries)?;
+        fit(module, &mut self.outer, &l.j_list)?;
+        if self.inner.len() < l.j_list.len() {
+            self.inner = DeviceBuffer::uninit(module.context(), self.outer.len())?;
+        }
+        self.n_entries = l.entries.len();
+        self.n_words = l.j_list.len();
+        self.pruned = false;
+        Ok(())
+    }
+
+    fn shape(&self) -> LaunchShape {
+        let blocks = self.n_entries.div_ceil(abi::NBNXM_WARPS_PER_BLOCK as usize) as u32;
+        LaunchShape { grid: (blocks, 1), block: abi::NBNXM_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SHARED_BYTES }
+    }
+}
+
+/// One rank's cluster grid and lists on its GPU (see the module docs for the per-step calls).
+pub struct NbnxmGpu {
+    module: Arc<KernelModule>,
+    atom_index: DeviceBuffer<u32>,
+    atom_type: DeviceBuffer<u32>,
+    lj: DeviceBuffer<[f32; 2]>,
+    ntypes: u32,
+    lists: [GpuList; 2],
+    energy: DeviceBuffer<f64>,
+    setup: ListSetup,
+    box_size: [f32; 3],
+    atoms: usize,
+}
+
+impl NbnxmGpu {
+    /// Uploads `search`'s grid and lists and the LJ table ([`lj_table`]: `[6 c6, 12 c12]`, one
+    /// row per type, `ntypes²` entries).
+    pub fn new(module: Arc<KernelModule>, search: &PairSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3]) -> Result<Self> {
+        let ntypes = (lj.len() as f64).sqrt().round() as usize;
+        if ntypes * ntypes != lj.len() || ntypes < search.grid.ntypes {
+            return Err(HaloError::InvalidInput(format!(
+                "the LJ table has {} entries, not the square of a type count of at least {} (the atoms' types)",
+                lj.len(),
+                search.grid.ntypes
+            )));
+        }
+        check_setup(search, setup)?;
+        let ctx = module.context().clone();
+        Ok(Self {
+            atom_index: DeviceBuffer::from_host(&ctx, &search.grid.atom_index)?,
+            atom_type: DeviceBuffer::from_host(&ctx, &search.grid.atom_type)?,
+            lj: DeviceBuffer::from_host(&ctx, lj)?,
+            ntypes: ntypes as u32,
+            lists: [GpuList::new(&module, &search.local)?, GpuList::new(&module, &search.nonlocal)?],
+            energy: DeviceBuffer::zeroed(&ctx, 1)?,
+            setup: *setup,
+            box_size,
+            atoms: search.grid.atoms,
+            module,
+        })
+    }
+
+    /// Replaces the grid and lists with those of a new search (reusing the allocations that fit).
+    /// Synchronous: no launch of this object may still be running.
+    pub fn update(&mut self, search: &PairSearch, box_size: [f32; 3]) -> Result<()> {
+        if search.grid.ntypes > self.ntypes as usize {
+            return Err(HaloError::InvalidInput(format!("atom types up to {} but the LJ table has {}", search.grid.ntypes, self.ntypes)));
+        }
+        check_setup(search, &self.setup)?;
+        fit(&self.module, &mut self.atom_index, &search.grid.atom_index)?;
+        fit(&self.module, &mut self.atom_type, &search.grid.atom_type)?;
+        self.lists[0].update(&self.module, &search.local)?;
+        self.lists[1].update(&self.module, &search.nonlocal)?;
+        self.box_size = box_size;
+        self.atoms = search.grid.atoms;
+        Ok(())
+    }
+
+    /// Local atoms the lists index: `x` and `f` must hold at least this many.
+    pub fn atoms(&self) -> usize {
+        self.atoms
+    }
+
+    /// Entries of a list (warps of its launches).
+    pub fn entries(&self, kind: ListKind) -> usize {
+        self.lists[kind as usize].n_entries
+    }
+
+    /// The cutoffs and lifetimes.
+    pub fn setup(&self) -> &ListSetup {
+        &self.setup
+    }
+
+    fn check_arrays(&self, x: &impl DeviceMemory<Float3>, f: Option<&dyn DeviceMemory<Float3>>) -> Result<()> {
+        let short = |what: &str, n: usize| {
+            Err(HaloError::InvalidInput(format!("nbnxm: {what} holds {n} atoms, the lists index {} local atoms", self.atoms)))
+        };
+        if x.len() < self.atoms {
+            return short("the coordinate array", x.len());
+        }
+        match f {
+            Some(f) if f.len() < self.atoms => short("the force array", f.len()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Enqueues the prune kernel of list `kind` on `stream`: the inner list (pairs within
+    /// `rlist_inner` at the current coordinates `x`), used by [`Self::forces`] from now on.
+    pub fn prune(&mut self, kind: ListKind, x: &impl DeviceMemory<Float3>, stream: &CudaStream) -> Result<()> {
+        self.check_arrays(x, None)?;
+        let l = &self.lists[kind as usize];
+        if l.n_entries > 0 {
+            let (mut px, mut idx, mut ent, mut n) = (x.device_ptr(), self.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+            let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
+            let [mut bx, mut by, mut bz] = self.box_size;
+            let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
+            let mut args = kernel_args![px, idx, ent, n, outer, inner, bx, by, bz, rl2];
+            // SAFETY: arguments match `nbnxm_prune`; the list indexes this grid's slots, whose atoms
+            // are inside `x` (checked above); `inner` has as many words as `outer`.
+            unsafe { self.module.launch(abi::NBNXM_PRUNE, l.shape(), stream, &mut args)? };
+        }
+        self.lists[kind as usize].pruned = true;
+        Ok(())
+    }
+
+    /// Enqueues the force kernel of list `kind` on `stream`: adds the list's LJ forces (cutoff
+    /// `setup.cutoff`) at coordinates `x` to `f` and, with `energy`, its potential-shifted LJ energy
+    /// to the accumulator ([`Self::energy`]). Uses the inner list once [`Self::prune`] ran since the
+    /// last update, else the outer one.
+    pub fn forces(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: bool) -> Result<()> {
+        self.check_arrays(x, Some(f))?;
+        let l = &self.lists[kind as usize];
+        if l.n_entries == 0 {
+            return Ok(());
+        }
+        let words = if l.pruned { &l.inner } else { &l.outer };
+        let (mut px, mut idx, mut ty, mut ent, mut n) =
+            (x.device_ptr(), self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+        let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), self.energy.device_ptr());
+        let [mut bx, mut by, mut bz] = self.box_size;
+        let rc = f64::from(self.setup.cutoff);
+        let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
+        let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
+        let name = if energy { abi::NBNXM_FORCES_ENERGY } else { abi::NBNXM_FORCES };
+        // SAFETY: arguments match `nbnxm_forces[_energy]`; slots index atoms inside `x` and `f`
+        // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
+        unsafe { self.module.launch(name, l.shape(), stream, &mut args) }
+    }
+
+    /// The j-list words of list `kind` on the GPU, the inner (pruned) list or the outer one, read
+    /// synchronously (for checks).
+    pub fn read_j_list(&self, kind: ListKind, inner: bool) -> Result<Vec<u32>> {
+        let l = &self.lists[kind as usize];
+        let mut v = if inner { &l.inner } else { &l.outer }.to_host()?;
+        v.truncate(l.n_words);
+        Ok(v)
+    }
+
+    /// Zeroes the energy accumulator on `stream` (before the first force launch of an energy step).
+    pub fn zero_energy(&self, stream: &CudaStream) -> Result<()> {
+        self.energy.zero_range_async(0, 1, stream)
+    }
+
+    /// The accumulated energy (kJ/mol), read synchronously (the caller orders it after the
+    /// kernels, for example by synchronising their streams).
+    pub fn energy(&self) -> Result<f64> {
+        Ok(self.energy.to_host()?[0])
+    }
+
+    /// The device accumulator (one `f64`), for a caller that reduces it on the GPU.
+    pub fn energy_buffer(&self) -> &DeviceBuffer<f64> {
+        &self.energy
+    }
+}
+
+fn check_setup(search: &PairSearch, setup: &ListSetup) -> Result<()> {
+    if search.rlist < setup.rlist {
+        let e = NbnxmError::Setup(format!("lists searched with {} nm but the setup needs {} nm", search.rlist, setup.rlist));
+        return Err(HaloError::InvalidInput(e.to_string()));
+    }
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! One rank's atoms as the pair search sees them, in the exchange's order: home atoms `[0, home)`,
+//! then each pulse's received atoms. Positions are in the rank's frame (what the coordinate halo
+//! delivers: a halo atom that crossed the periodic boundary along a decomposed dimension carries
+//! the box edge added in `f32`), and every atom has a zone: bit `d` set when the atom lies above
+//! this rank's cell along decomposed dimension `d`. Home atoms are zone 0.
+//!
+//! The zone decides which rank computes a pair: a rank computes a pair of its local atoms when
+//! their zones share no bit (`za & zb == 0`). Along a dimension where both atoms are above the
+//! rank's cell, the rank below owns the pair; where at most one is, the other lies in this rank's
+//! cell and is the lower atom of the pair, which is the componentwise-lowest-cell rule of
+//! `md_reference::assign_pairs` (see `docs/nbnxm.md`). Zones are integers from the plan's cells,
+//! so no rounding can make two ranks disagree.
+
+use super::{DIMS, NbnxmError};
+use crate::abi::Float3;
+use crate::decomp::{HaloPlan, PlanError, wrap_position};
+
+/// One rank's atoms for the pair search (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalAtoms {
+    /// Coordinates in the rank's frame, home atoms first (nm).
+    pub positions: Vec<Float3>,
+    /// Atom type of each atom.
+    pub types: Vec<u32>,
+    /// Zone of each atom (0 for home atoms).
+    pub zones: Vec<u8>,
+    /// Home atoms: `[0, home)`.
+    pub home: usize,
+    /// Box edges (nm).
+    pub box_size: [f32; 3],
+    /// Dimensions the rank spans whole (not decomposed): pairs across the periodic boundary there
+    /// are found through shifted images, and positions must lie in `[0, edge)`.
+    pub periodic: [bool; 3],
+    /// Number of atom types (every type is below it).
+    pub ntypes: usize,
+}
+
+impl LocalAtoms {
+    /// Rank `rank`'s atoms of `plan`, from the global (unwrapped or wrapped) positions and types.
+    /// Positions are wrapped and, for halo atoms that crossed the periodic boundary along a
+    /// decomposed dimension, moved by the box edge in `f32`, exactly as the exchange moves them:
+    /// the result equals `exchange::reference::coordinates` bit for bit.
+    pub fn from_plan(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8]) -> Result<Self, NbnxmError> {
+        let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
+        if types.len() != positions.len() {
+            return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
+        }
+        let geo = plan.decomposition()?;
+        let coords = plan.grid.coords_of(rank);
+        let decomposed = plan.grid.decomposed_dims();
+        let mut out = Self {
+            positions: Vec::with_capacity(r.total_atoms),
+            types: Vec::with_capacity(r.total_atoms),
+            zones: Vec::with_capacity(r.total_atoms),
+            home: r.home_atoms,
+            box_size: plan.box_size,
+            periodic: std::array::from_fn(|d| plan.grid.dims[d] == 1),
+            ntypes: types.iter().map(|&t| usize::from(t) + 1).max().unwrap_or(1),
+        };
+        for (local, &id) in r.global_ids.iter().enumerate() {
+            let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
+            let w = wrap_position(*p, plan.box_size);
+            let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
+            let mut p = [w.x, w.y, w.z];
+            let mut zone = 0u8;
+            for &d in &decomposed {
+                if cell[d] != coords[d] {
+                    zone |= 1 << d;
+                }
+                // Only an atom that came around the periodic boundary has a lower cell index.
+                if cell[d] < coords[d] {
+                    p[d] += plan.box_size[d];
+                }
+            }
+            out.positions.push(Float3::new(p[0], p[1], p[2]));
+            out.types.push(u32::from(types[id as usize]));
+            out.zones.push(zone);
+        }
+        out.validate()?;
+        Ok(out)
+    }
+
+    /// An undecomposed system: every atom home, every dimension periodic, positions wrapped.
+    pub fn single_rank(positions: &[Float3], types: &[u32], ntypes: usize, box_size: [f32; 3]) -> Result<Self, NbnxmError> {
+        if types.len() != positions.len() {
+            return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
+        }
+        if let Some((atom, p)) = positions.iter().enumerate().find(|(_, p)| !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite())) {
+            let (d, value) = [p.x, p.y, p.z].into_iter().enumerate().find(|(_, v)| !v.is_finite()).unwrap_or((0, p.x));
+            return Err(NbnxmError::NonFinite { atom, dim: DIMS[d], value });
+        }
+        let out = Self {
+            positions: positions.iter().map(|&p| wrap_position(p, box_size)).collect(),
+            types: types.to_vec(),
+            zones: vec![0; positions.len()],
+            home: positions.len(),
+            box_size,
+            periodic: [true; 3],
+            ntypes,
+        };
+        out.validate()?;
+        Ok(out)
+    }
+
+    /// Number of local atoms.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether there are no atoms.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
+    /// consistent with the home count, and types below `ntypes`.
+    pub fn validate(&self) -> Result<(), NbnxmError> {
+        let n = self.positions.len();
+        for (what, found) in [("atom types", self.types.len()), ("zones", self.zones.len())] {
+            if found != n {
+                return Err(NbnxmError::Length { what, found, expected: n });
+            }
+        }
+        if self.home > n {
+            return Err(NbnxmError::Length { what: "local atoms (fewer than the home atoms)", found: n, expected: self.home });
+        }
+        if !self.box_size.iter().all(|l| l.is_finite() && *l > 0.0) {
+            return Err(NbnxmError::Setup(format!("box {:?} must have positive finite edges", self.box_size)));
+        }
+        for (atom, p) in self.positions.iter().enumerate() {
+            for (d, value) in [p.x, p.y, p.z].into_iter().enumerate() {
+                if !value.is_finite() {
+                    return Err(NbnxmError::NonFinite { atom, dim: DIMS[d], value });
+                }
+                if self.periodic[d] && !(0.0..self.box_size[d]).contains(&value) {
+                    return Err(NbnxmError::OutsideBox { atom, dim: DIMS[d], value, edge: self.box_size[d] });
+                }
+            }
+        }
+        for (atom, &zone) in self.zones.iter().enumerate() {
+            if (atom < self.home) != (zone == 0) || zone >= 8 {
+                return Err(NbnxmError::Zone { atom, zone, home: self.home });
+            }
+        }
+        if let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
+            return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decomp::RankGrid;
+    use crate::system::MolecularSystem;
+
+    #[test]
+    fn local_positions_equal_what_the_exchange_delivers() {
+        let mut sys = MolecularSystem::generate(3000, 8).unwrap();
+        for p in &mut sys.positions {
+            *p = wrap_position(*p, sys.box_size);
+        }
+        for dims in [[2, 1, 1], [2, 2, 1], [3, 2, 2], [4, 1, 1]] {
+            let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            let homes: Vec<Vec<Float3>> =
+                plan.ranks.iter().map(|r| r.global_ids[..r.home_atoms].iter().map(|&g| sys.positions[g as usize]).collect()).collect();
+            let want = crate::exchange::reference::coordinates(&plan.rank_halos(), &homes);
+            for r in 0..plan.ranks.len() {
+                let a = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
+                let same = a.positions.iter().zip(&want[r]).all(|(p, q)| {
+                    p.x.to_bits() == q.x.to_bits() && p.y.to_bits() == q.y.to_bits() && p.z.to_bits() == q.z.to_bits()
+                });
+                assert!(same, "{dims:?} rank {r}");
+                assert_eq!(a.positions.len(), want[r].len());
+                // Zone bits only along decomposed dimensions; every halo atom has one.
+                let decomposed: u8 = (0..3).filter(|&d| dims[d] > 1).map(|d| 1u8 << d).sum();
+                assert!(a.zones.iter().all(|z| z & !decomposed == 0));
+                assert!(a.zones[a.home..].iter().all(|&z| z != 0));
+            }
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let b = [2.0; 3];
+        let e = LocalAtoms::single_rank(&[Float3::new(f32::NAN, 0.0, 0.0)], &[0], 1, b).unwrap_err();
+        assert!(matches!(e, NbnxmError::NonFinite { atom: 0, .. }), "{e}");
+        let e = LocalAtoms::single_rank(&[Float3::default()], &[3], 2, b).unwrap_err();
+        assert!(matches!(e, NbnxmError::Type { ty: 3, .. }), "{e}");
+        let mut a = LocalAtoms::single_rank(&[Float3::default(), Float3::new(1.0, 1.0, 1.0)], &[0, 0], 1, b).unwrap();
+        a.zones[0] = 1;
+        assert!(matches!(a.validate(), Err(NbnxmError::Zone { atom: 0, .. })));
+        a.zones[0] = 0;
+        a.positions[1].y = 2.5;
+        let e = a.validate().unwrap_err();
+        assert!(e.to_string().contains("wrap positions"), "{e}");
+    }
+}

@@ -1,0 +1,123 @@
+//! Cluster-pair non-bonded interactions (GROMACS's nbnxm scheme): one rank's local atoms sorted into
+//! spatial clusters of 8, a cluster-pair list with a Verlet buffer split into a home–home list and
+//! a list of pairs involving halo atoms, a GPU prune kernel that keeps a tighter inner list up to
+//! date between searches, and the GPU force kernels. See `docs/nbnxm.md`.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`LocalAtoms`] | one rank's atoms as the search sees them: positions in the rank's frame, types, zones |
+//! | [`ClusterGrid`] | the atoms sorted into columns, superclusters of 64 and clusters of 8 (padded) |
+//! | [`PairSearch`] | grid + the two cluster-pair lists of one rank, with the time each part took |
+//! | [`ListSetup`], [`BufferModel`] | cutoff, list lifetimes and the buffers chosen for them |
+//! | [`NbnxmGpu`] | the lists on the GPU and the launches of one step (prune, forces, energy) |
+//!
+//! Use at a search step, per rank (see [`NbnxmGpu`] for the per-step calls):
+//! ```no_run
+//! # use halo_md::nbnxm::*;
+//! # fn demo(plan: &halo::decomp::HaloPlan, system: &halo::system::MolecularSystem,
+//! #         module: std::sync::Arc<halo::gpu::KernelModule>, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
+//! let setup = ListSetup::for_system(system, 1.0, 0.002, 100, 10, 1e-3)?;
+//! let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types)?;
+//! let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist))?;
+//! let gpu = NbnxmGpu::new(module, &search, &lj_table(system), &setup, system.box_size)?;
+//! # let _ = gpu; Ok(()) }
+//! ```
+
+mod buffer;
+mod gpu;
+mod grid;
+mod local;
+mod pairlist;
+
+pub use buffer::{BufferModel, ListSetup};
+pub use gpu::{ListKind, NbnxmGpu, lj_table};
+pub use grid::{BBox, ClusterGrid, ZoneGrid};
+pub use local::LocalAtoms;
+pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
+
+use crate::decomp::PlanError;
+
+/// Why a cluster grid, pair list or list setup cannot be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NbnxmError {
+    /// The halo plan is invalid or does not fit the system.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A rank that the plan does not have.
+    #[error("rank {rank} is not in the plan ({ranks} ranks)")]
+    NoSuchRank {
+        /// Rank asked for.
+        rank: usize,
+        /// Ranks in the plan.
+        ranks: usize,
+    },
+    /// Per-atom arrays of different lengths, or a home count beyond them.
+    #[error("{what}: {found} entries where {expected} are needed")]
+    Length {
+        /// Which array.
+        what: &'static str,
+        /// Entries given.
+        found: usize,
+        /// Entries needed.
+        expected: usize,
+    },
+    /// A coordinate that is not a finite number.
+    #[error("atom {atom} has a non-finite coordinate {value} along {dim}")]
+    NonFinite {
+        /// Local atom.
+        atom: usize,
+        /// Dimension name.
+        dim: &'static str,
+        /// The value.
+        value: f32,
+    },
+    /// An atom outside the box along a periodic (not decomposed) dimension.
+    #[error(
+        "atom {atom} is at {dim} = {value} nm, outside the periodic box [0, {edge}): wrap positions into the box \
+         (decomp::wrap_position) before a pair search"
+    )]
+    OutsideBox {
+        /// Local atom.
+        atom: usize,
+        /// Dimension name.
+        dim: &'static str,
+        /// The coordinate.
+        value: f32,
+        /// Box edge.
+        edge: f32,
+    },
+    /// Home atoms must be in zone 0 and halo atoms in another zone.
+    #[error("atom {atom} is in zone {zone}, but atoms below {home} are home atoms (zone 0) and the others halo atoms (zone > 0)")]
+    Zone {
+        /// Local atom.
+        atom: usize,
+        /// Its zone.
+        zone: u8,
+        /// Home atoms.
+        home: usize,
+    },
+    /// An atom type at or above the number of types.
+    #[error("atom {atom} has type {ty}, but there are {ntypes} types")]
+    Type {
+        /// Local atom.
+        atom: usize,
+        /// Its type.
+        ty: u32,
+        /// Number of types.
+        ntypes: usize,
+    },
+    /// More clusters than a j-list word can address.
+    #[error("{clusters} clusters exceed the {max} a j-list word can address: use more ranks")]
+    TooManyClusters {
+        /// Clusters needed.
+        clusters: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Inconsistent cutoffs, lifetimes or physical inputs.
+    #[error("invalid list setup: {0}")]
+    Setup(String),
+}
+
+/// Dimension names for messages.
+pub(crate) const DIMS: [&str; 3] = ["x", "y", "z"];
