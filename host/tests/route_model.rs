@@ -814,10 +814,12 @@ fn a_failed_transport_is_avoided_until_its_recheck_on_the_real_clock() {
 /// TOML topology file or Slurm's topology text, told apart by content.
 #[test]
 fn topology_setting_loads_slurm_or_toml_placements() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let slurm = dir.path().join("topology.conf");
+    // A private directory without extra dev-dependencies (as the other tests here make theirs).
+    let dir = std::env::temp_dir().join(format!("halo-route-topology-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let slurm = dir.join("topology.conf");
     std::fs::write(&slurm, "SwitchName=l0 Nodes=n[1-2]\nSwitchName=l1 Nodes=n3\nSwitchName=top Switches=l[0-1]\n").expect("write");
-    let toml = dir.path().join("topo.toml");
+    let toml = dir.join("topo.toml");
     std::fs::write(&toml, "[[spine]]\nname = \"s\"\n[[spine.leaf]]\nname = \"l\"\n[[spine.leaf.rack]]\nname = \"r\"\nnodes = [\"n[1-2]\"]\n[[spine.leaf]]\nname = \"m\"\nnodes = [\"n3\"]\n").expect("write");
     let hosts: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
     let facts = synthetic_facts(&hosts, 1, 1, IntraNodeLink::Nvlink);
@@ -831,4 +833,5 @@ fn topology_setting_loads_slurm_or_toml_placements() {
     }
     let missing = config_with(&[("HALO_ROUTE_TOPOLOGY", "/nonexistent/topology.conf")]);
     assert!(matches!(missing.fabric(), Err(RouteError::Io { .. })));
+    let _ = std::fs::remove_dir_all(&dir);
 }
