@@ -12,6 +12,7 @@
 //! | [`kernels`] | typed launchers for every kernel entry |
 //! | [`exchange`] | the halo exchange: ranks in one process ([`exchange::LocalRanks`]) or one per NVSHMEM PE ([`exchange::PeExchange`]) behind one [`exchange::Exchange`] interface |
 //! | [`nvshmem`], [`session`] | NVSHMEM loaded at run time; starting a rank (GPU, NVSHMEM, registered kernels) |
+//! | [`watchdog`] | deadlines for the calls halo cannot poll (NVSHMEM init, collectives): a rank stuck in one says where and ends |
 //! | [`launch`] | what a rank of a multi-process run needs: its environment and the rendezvous |
 //! | [`decomp`], [`system`] | the MD domain decomposition and its halo plan; a synthetic liquid |
 //! | [`route`] | topology discovery and the transport router |
@@ -36,6 +37,7 @@ pub mod exchange;
 pub mod launch;
 pub mod nvshmem;
 pub mod session;
+pub mod watchdog;
 pub mod route;
 pub mod system;
 pub mod decomp;

@@ -6,9 +6,38 @@ use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
 use bytemuck::Pod;
 use nvshmem_sys::{self as sys, NvshmemLib};
+use crate::watchdog::{self, steps};
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).
+static ABANDONED: AtomicBool = AtomicBool::new(false);
+/// Why, for the log.
+static ABANDONED_WHY: Mutex<String> = Mutex::new(String::new());
+
+/// Makes every later collective free and the finalisation of this process a no-op.
+///
+/// After a failed exchange (a device wait that expired, or a stream that made no progress) the
+/// other PEs may be dead or stuck, so a collective `nvshmem_free` (which starts with a barrier)
+/// would wait for them forever; and symmetric memory a stuck kernel still uses must not be freed.
+/// The process is expected to end soon: its memory goes with it. The exchange calls this when it
+/// is dropped after a failure without a [`crate::exchange::Exchange::reset_protocol`].
+pub fn abandon_collectives(why: &str) {
+    if !ABANDONED.swap(true, Ordering::SeqCst) {
+        tracing::warn!("NVSHMEM's collective teardown is skipped for the rest of this process: {why}");
+        if let Ok(mut w) = ABANDONED_WHY.lock() {
+            *w = why.to_owned();
+        }
+    }
+}
+
+/// Whether [`abandon_collectives`] was called.
+pub fn collectives_abandoned() -> bool {
+    ABANDONED.load(Ordering::SeqCst)
+}
 
 /// A unique id (128 bytes) made by PE 0 and handed to every PE through a private channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +89,8 @@ pub struct Nvshmem {
     ctx: Arc<CudaContext>,
     my_pe: usize,
     n_pes: usize,
+    /// Deadline of every collective call ([`watchdog::startup_timeout`]).
+    timeout: Duration,
     // NVSHMEM keeps a pointer to the id it was initialised with.
     _id: Box<sys::nvshmemx_uniqueid_t>,
 }
@@ -72,8 +103,11 @@ unsafe impl Sync for Nvshmem {}
 
 impl Nvshmem {
     /// Initialises this process as one PE on `ctx`'s GPU (the context is made current first:
-    /// NVSHMEM binds to the current context's device).
-    pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap) -> Result<Arc<Self>> {
+    /// NVSHMEM binds to the current context's device). Initialisation and every later collective
+    /// call (allocation, free, barrier, module registration, finalisation) run under the
+    /// [`watchdog`] with a deadline of `timeout` each: a PE that hangs in one ends with a message
+    /// naming the step instead of hanging the job.
+    pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap, timeout: Duration) -> Result<Arc<Self>> {
         ctx.bind_to_thread().during("binding the context for NVSHMEM")?;
         let (major, minor, _) = lib.version();
         // NVSHMEM 3.8 introduced version 2 of the init structs; 3.4 reads version 1.
@@ -94,7 +128,7 @@ impl Nvshmem {
             Bootstrap::FromEnvironment => 0,
         };
         // SAFETY: attr is fully initialised for this library's struct version.
-        let rc = unsafe { (lib.api.nvshmemx_hostlib_init_attr)(flags, &mut attr) };
+        let rc = watchdog::bounded(steps::NVSHMEM_INIT, timeout, || unsafe { (lib.api.nvshmemx_hostlib_init_attr)(flags, &mut attr) });
         if rc != 0 {
             return Err(HaloError::Nvshmem(format!(
                 "nvshmemx_hostlib_init_attr failed ({rc}); rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's reason"
@@ -105,7 +139,7 @@ impl Nvshmem {
         if status < sys::NVSHMEM_STATUS_IS_INITIALIZED {
             return Err(HaloError::Nvshmem(format!("NVSHMEM init status is {status} after init")));
         }
-        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, _id: id }))
+        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, timeout, _id: id }))
     }
 
     /// This PE.
@@ -141,11 +175,22 @@ impl Nvshmem {
         (!p.is_null()).then_some(p as u64)
     }
 
-    /// Host barrier across all PEs (also completes outstanding puts).
+    /// NVSHMEM's initialisation status (`nvshmemx_init_status`: 2 is initialised), for messages.
+    pub fn init_status(&self) -> i32 {
+        // SAFETY: a plain query, valid at any time after the library is loaded.
+        unsafe { (self.lib.api.nvshmemx_init_status)() }
+    }
+
+    /// The deadline of each collective call of this PE.
+    pub fn collective_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Host barrier across all PEs (also completes outstanding puts), under the watchdog.
     pub fn barrier_all(&self) -> Result<()> {
         self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: initialised; collective across PEs.
-        unsafe { (self.lib.api.nvshmem_barrier_all)() };
+        watchdog::bounded(steps::BARRIER, self.timeout, || unsafe { (self.lib.api.nvshmem_barrier_all)() });
         Ok(())
     }
 
@@ -162,7 +207,9 @@ impl Nvshmem {
         check_nvshmem_versions(device, self.version(), self.library_path())?;
         self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals.
-        let rc = unsafe { (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _) };
+        let rc = watchdog::bounded(steps::MODULE_REGISTRATION, self.timeout, || unsafe {
+            (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _)
+        });
         if rc != 0 {
             return Err(HaloError::Nvshmem(format!("nvshmemx_cumodule_init failed ({rc})")));
         }
@@ -182,7 +229,7 @@ impl Nvshmem {
         self.ctx.bind_to_thread().during("binding the context")?;
         let bytes = (len * size_of::<T>()).max(1);
         // SAFETY: collective allocation; the size is identical on every PE by the caller's contract.
-        let p = unsafe { (self.lib.api.nvshmem_align)(256, bytes) };
+        let p = watchdog::bounded(steps::SYMMETRIC_ALLOC, self.timeout, || unsafe { (self.lib.api.nvshmem_align)(256, bytes) });
         if p.is_null() {
             let configured = std::env::var("NVSHMEM_SYMMETRIC_SIZE").ok();
             return Err(HaloError::Nvshmem(heap_too_small_message(bytes, configured.as_deref())));
@@ -193,9 +240,12 @@ impl Nvshmem {
 
 impl Drop for Nvshmem {
     fn drop(&mut self) {
+        if collectives_abandoned() {
+            return; // the peers may be gone: finalising would wait for them (see abandon_collectives)
+        }
         let _ = self.ctx.bind_to_thread();
         // SAFETY: the last handle: every symmetric buffer (which holds an Arc) is already freed.
-        unsafe { (self.lib.api.nvshmemx_hostlib_finalize)() };
+        watchdog::bounded(steps::FINALIZE, self.timeout, || unsafe { (self.lib.api.nvshmemx_hostlib_finalize)() });
     }
 }
 
@@ -272,8 +322,11 @@ impl<T: Pod> DeviceMemory<T> for SymmetricBuffer<T> {
 
 impl<T: Pod> Drop for SymmetricBuffer<T> {
     fn drop(&mut self) {
+        if collectives_abandoned() {
+            return; // see abandon_collectives: leaked until the process ends, which it is about to
+        }
         let _ = self.nvshmem.ctx.bind_to_thread();
         // SAFETY: allocated by nvshmem_align; collective free in matching order on every PE.
-        unsafe { (self.nvshmem.lib.api.nvshmem_free)(self.ptr as *mut _) };
+        watchdog::bounded(steps::SYMMETRIC_FREE, self.nvshmem.timeout, || unsafe { (self.nvshmem.lib.api.nvshmem_free)(self.ptr as *mut _) });
     }
 }

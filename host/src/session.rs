@@ -8,12 +8,14 @@ use crate::error::{HaloError, Result};
 use crate::gpu::{self, CudaContext, KernelModule};
 use crate::launch::{Bootstrap as Launcher, RankEnv, rendezvous};
 use crate::nvshmem::{self, Bootstrap, Nvshmem, UniqueId};
+use crate::watchdog::{self, steps};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long ranks wait for rank 0's unique id.
-const UNIQUE_ID_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much longer than the rendezvous's own deadline the watchdog gives the unique-id wait (the
+/// rendezvous's error, which names rank 0, should come first).
+const UNIQUE_ID_MARGIN: Duration = Duration::from_secs(5);
 
 /// A rank that is one of several processes: its GPU, NVSHMEM, and the registered kernels.
 pub struct PeSession {
@@ -29,14 +31,35 @@ pub struct PeSession {
 
 impl PeSession {
     /// Opens the rank's GPU, loads the kernels, initialises NVSHMEM and registers the module.
+    ///
+    /// Start-up is bounded: the unique-id rendezvous, NVSHMEM's initialisation, module
+    /// registration and every later collective of this PE run under the [`watchdog`] with the
+    /// deadline `HALO_STARTUP_TIMEOUT_S` (default 60 s); a rank stuck in one of them prints which
+    /// step, the likely cause and the fix, and ends with [`watchdog::EXIT_CODE`].
     pub fn start(env: RankEnv, nvshmem_lib: Option<&Path>) -> Result<Self> {
+        let timeout = watchdog::startup_timeout()?;
+        watchdog::set_identity(env.rank, env.nranks, env.device);
+        // NVSHMEM's settings first, while this process has no other thread (the watchdog's
+        // thread, started below, never reads the environment either).
+        match env.bootstrap {
+            Launcher::UniqueId | Launcher::None => set_default_env("NVSHMEM_REMOTE_TRANSPORT", "none"), // our launcher is single-node
+            Launcher::Mpi => set_default_env("NVSHMEM_BOOTSTRAP", "MPI"),
+            Launcher::Pmi => set_default_env("NVSHMEM_BOOTSTRAP", "PMI"),
+            Launcher::Pmix => {
+                set_default_env("NVSHMEM_BOOTSTRAP", "PMI");
+                set_default_env("NVSHMEM_BOOTSTRAP_PMI", "PMIX");
+            }
+        }
+        set_default_env("NVSHMEM_DISABLE_NVLS", "1"); // NVLink multicast stays off on shared machines
+        // SAFETY: start-up, before NVSHMEM reads the environment (as set_default_env).
+        unsafe { crate::exchange::proxy::disable_idle_proxy_by_default() };
+
         let ctx = gpu::open_device(env.device)?;
         let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
         let mut module = KernelModule::load(&ctx, &artifacts)?;
         let lib = nvshmem::load_library(nvshmem_lib)?;
         let bootstrap = match env.bootstrap {
             Launcher::UniqueId | Launcher::None => {
-                set_default_env("NVSHMEM_REMOTE_TRANSPORT", "none"); // our launcher is single-node
                 let id = if env.rank == 0 {
                     let id = nvshmem::unique_id(&lib)?;
                     if env.nranks > 1 {
@@ -44,30 +67,16 @@ impl PeSession {
                     }
                     id
                 } else {
-                    let bytes = rendezvous::fetch(UNIQUE_ID_TIMEOUT).map_err(|e| HaloError::Nvshmem(format!("waiting for rank 0's unique id: {e}")))?;
+                    let fetched = watchdog::bounded(steps::UNIQUE_ID, timeout + UNIQUE_ID_MARGIN, || rendezvous::fetch(timeout));
+                    let bytes = fetched.map_err(|e| HaloError::Nvshmem(format!("waiting for rank 0's unique id: {e}")))?;
                     UniqueId(bytes.try_into().map_err(|b: Vec<u8>| HaloError::Nvshmem(format!("unique id of {} bytes, 128 expected", b.len())))?)
                 };
                 Bootstrap::UniqueId { rank: env.rank, nranks: env.nranks, id }
             }
-            Launcher::Mpi => {
-                set_default_env("NVSHMEM_BOOTSTRAP", "MPI");
-                Bootstrap::FromEnvironment
-            }
-            Launcher::Pmi => {
-                set_default_env("NVSHMEM_BOOTSTRAP", "PMI");
-                Bootstrap::FromEnvironment
-            }
-            Launcher::Pmix => {
-                set_default_env("NVSHMEM_BOOTSTRAP", "PMI");
-                set_default_env("NVSHMEM_BOOTSTRAP_PMI", "PMIX");
-                Bootstrap::FromEnvironment
-            }
+            Launcher::Mpi | Launcher::Pmi | Launcher::Pmix => Bootstrap::FromEnvironment,
         };
-        set_default_env("NVSHMEM_DISABLE_NVLS", "1"); // NVLink multicast stays off on shared machines
-        // SAFETY: start-up, before NVSHMEM reads the environment (as set_default_env).
-        unsafe { crate::exchange::proxy::disable_idle_proxy_by_default() };
         let threads_before = crate::exchange::proxy::threads();
-        let nvshmem = Nvshmem::init(lib, &ctx, &bootstrap)?;
+        let nvshmem = Nvshmem::init(lib, &ctx, &bootstrap, timeout)?;
         if let Some(moved) = crate::exchange::proxy::keep_launcher_off_proxy(&threads_before) {
             tracing::info!("{moved}");
         }
@@ -89,7 +98,8 @@ impl PeSession {
 fn set_default_env(key: &str, value: &str) {
     if std::env::var_os(key).is_none() {
         // SAFETY: called during start-up, before this process starts any thread that reads the
-        // environment (NVSHMEM reads it during init, which comes after).
+        // environment (NVSHMEM reads it during init, which comes after; halo's watchdog thread
+        // never reads it).
         unsafe { std::env::set_var(key, value) };
     }
 }
