@@ -64,6 +64,10 @@ pub enum HaloError {
     /// A device spin-wait expired: a peer never signalled (see the message for which one).
     #[error("halo exchange timed out: {0}")]
     WaitTimeout(crate::exchange::WaitTimeout),
+    /// A host wait on an exchange stream saw no progress for its whole budget: a kernel is stuck
+    /// where no halo deadline reaches (see the message for the rank, path and GPU state).
+    #[error("halo exchange stuck: {0}")]
+    StreamStuck(Box<crate::exchange::watch::StuckStream>),
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),

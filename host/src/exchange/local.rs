@@ -8,9 +8,10 @@
 
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
+use super::reset::ResetStep;
 use super::spec::{RankHalo, validate};
 use super::{Element, Transport};
-use crate::error::{CudaContextExt, HaloError, Result};
+use crate::error::{HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
 use kernels_gpu::abi::SignalMode;
 use std::sync::Arc;
@@ -57,6 +58,8 @@ impl<T: Element> LocalRanks<T> {
         }
         let mut this = Self { ranks, streams, host_syncs: 0 };
         this.fit_residency(modules.len())?;
+        // Plain allocations may reuse memory of an earlier exchange: start from zeroed slots.
+        this.reset_protocol()?;
         Ok(this)
     }
 
@@ -112,21 +115,21 @@ impl<T: Element> LocalRanks<T> {
         Ok(())
     }
 
-    /// Resets every rank's device-side protocol and waits for it (the resets are memsets outside
-    /// the rank streams), so the exchange can run again from step 0.
+    /// Resets every rank's device-side protocol so the exchange can run again from step 0: the
+    /// reset of [`super::reset`], each step applied to every rank before the next (every stream
+    /// idle, then every rank's slots zeroed on its stream, then every stream idle again).
     pub fn reset_protocol(&mut self) -> Result<()> {
-        for r in &mut self.ranks {
-            r.reset_protocol()?;
-        }
-        let mut synced: Vec<usize> = Vec::new();
-        for r in &self.ranks {
-            let ctx = r.context();
-            if !synced.contains(&ctx.ordinal()) {
-                ctx.synchronize().during("waiting for the protocol reset")?;
-                synced.push(ctx.ordinal());
+        let (ranks, streams) = (&mut self.ranks, &self.streams);
+        super::reset::run(|step| {
+            for (rank, stream) in ranks.iter_mut().zip(streams) {
+                match step {
+                    ResetStep::WaitIdle => rank.wait_idle(stream, "waiting for a rank's stream around a protocol reset", None, None)?,
+                    ResetStep::Barrier => {} // one thread drives every rank
+                    ResetStep::Zero => rank.zero_protocol(stream)?,
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Host synchronisations performed so far (the staged path's cost, zero on GPU-initiated paths).
@@ -166,9 +169,10 @@ impl<T: Element> LocalRanks<T> {
         Ok(())
     }
 
+    /// Waits for every rank's stream, each bounded ([`RankExchange::wait_idle`]).
     fn sync_all(&mut self) -> Result<()> {
-        for s in &self.streams {
-            s.synchronize().during("waiting for a rank's stream")?;
+        for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
+            rank.wait_idle(stream, "waiting for a rank's stream", None, None)?;
         }
         self.host_syncs += 1;
         Ok(())

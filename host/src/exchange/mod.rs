@@ -7,6 +7,8 @@
 //! - [`interface`]: the one interface over both ([`Exchange`]), built from a [`Placement`], so a
 //!   per-step driver is written once.
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
+//! - [`reset`]: the collective reset every exchange runs when built and after a failure;
+//!   [`watch`]: the bounded host waits on its streams.
 //!
 //! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
 //! fill the owned values, then exchange forward (gather chain) and reverse (accumulate chain):
@@ -44,14 +46,17 @@ pub mod pe;
 pub mod proxy;
 pub mod rank;
 pub mod reference;
+pub mod reset;
 pub mod spec;
 pub mod synthetic;
+pub mod watch;
 
 pub use interface::{Exchange, Placement};
 pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};
 pub use spec::{PulseSpec, RankHalo};
+pub use watch::StuckStream;
 
 use kernels_gpu::abi::{HaloElement, WaitKind};
 

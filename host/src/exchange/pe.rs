@@ -5,7 +5,8 @@ use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes};
 use super::spec::{RankHalo, validate};
 use super::{Element, Transport};
-use crate::error::{CudaContextExt, HaloError, Result};
+use super::reset::ResetStep;
+use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
 use crate::nvshmem::Nvshmem;
 use kernels_gpu::abi::SignalMode;
@@ -87,11 +88,19 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     halos: Vec<RankHalo>,
     stream: Arc<CudaStream>,
     host_syncs: u64,
+    /// `NVSHMEM_REMOTE_TRANSPORT` when the exchange was built (for messages).
+    remote_transport: Option<String>,
+    /// Why the exchange cannot be trusted any more (a wait that expired, a stuck stream), until a
+    /// successful [`Self::reset_protocol`]. Dropped in that state, it gives up NVSHMEM's
+    /// collective teardown ([`crate::nvshmem::abandon_collectives`]): the peers may be gone.
+    failed: Option<String>,
 }
 
 impl<T: Element> PeExchange<T> {
     /// Sets up this PE's side of `halos` (every PE passes the same, complete list; allocation is
-    /// collective). Ends with a barrier, so no PE launches before every PE initialised its signals.
+    /// collective). Ends with the collective protocol reset ([`super::reset`]): no PE launches
+    /// before every PE zeroed its slots, and nothing an earlier exchange left in reused symmetric
+    /// memory, or still had in flight, can satisfy a wait of this one.
     ///
     /// ```no_run
     /// // Run as `halo launch -n 2 -- ...`-style ranks (or under mpirun/srun).
@@ -167,10 +176,13 @@ impl<T: Element> PeExchange<T> {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
         let (sms, per_sm) = rank.residency()?;
-        rank.cap_grids(sms * per_sm / halos[me].pulses.len().max(1) as u32);
+        let per_pulse = blocks_per_pulse(sms, per_sm, halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
+        rank.cap_grids(per_pulse);
         let stream = super::rank::halo_stream(module.context())?;
-        nvshmem.barrier_all()?;
-        Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0 })
+        let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
+        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None };
+        this.reset_protocol()?;
+        Ok(this)
     }
 
     /// This PE's rank exchange (buffers, status).
@@ -239,11 +251,31 @@ impl<T: Element> PeExchange<T> {
         self.launch_forces(transport)
     }
 
-    /// Waits for the stream and reports a device wait timeout as an error.
+    /// Waits for the stream (bounded: [`RankExchange::wait_idle`]) and reports a device wait
+    /// timeout as an error.
     pub fn finish(&mut self) -> Result<()> {
-        self.stream.synchronize().during("waiting for the halo stream")?;
+        self.wait_idle("waiting for the halo stream")?;
         self.host_syncs += 1;
-        self.rank.check_status()
+        let status = self.rank.check_status();
+        if let Err(e) = &status {
+            self.failed = Some(e.to_string());
+        }
+        status
+    }
+
+    /// The bounded wait for this PE's stream. A stream that is stuck marks the exchange failed
+    /// and gives up NVSHMEM's collective teardown at once (no collective can complete with it).
+    fn wait_idle(&mut self, what: &str) -> Result<()> {
+        let nvshmem = format!("NVSHMEM {:?}, init status {}", self.nvshmem.version(), self.nvshmem.init_status());
+        let waited = self.rank.wait_idle(&self.stream, what, self.remote_transport.as_deref(), Some(nvshmem));
+        if let Err(e) = &waited {
+            let why = e.to_string();
+            if matches!(e, HaloError::StreamStuck(_)) {
+                crate::nvshmem::abandon_collectives(&why);
+            }
+            self.failed = Some(why);
+        }
+        waited
     }
 
     /// GROMACS's host-driven path across processes: per pulse, pack (or nothing for forces), host
@@ -280,7 +312,7 @@ impl<T: Element> PeExchange<T> {
     }
 
     fn sync(&mut self) -> Result<()> {
-        self.stream.synchronize().during("staged halo")?;
+        self.wait_idle("waiting for a staged copy")?;
         self.host_syncs += 1;
         Ok(())
     }
@@ -290,14 +322,17 @@ impl<T: Element> PeExchange<T> {
         self.nvshmem.barrier_all()
     }
 
-    /// Resets this PE's device-side protocol so the exchange can run again from step 0.
-    /// Collective: no PE may still be running the previous steps while a peer resets its slots,
-    /// and none may start the next before every peer has reset, so barriers fence the reset.
+    /// Resets this PE's device-side protocol so the exchange can run again from step 0: the
+    /// collective reset of [`super::reset`] (bounded wait, barrier, zero, bounded wait, barrier).
+    /// Every PE must call it; the exchange's constructor does.
     pub fn reset_protocol(&mut self) -> Result<()> {
-        self.barrier()?;
-        self.rank.reset_protocol()?;
-        self.rank.context().synchronize().during("waiting for the protocol reset")?;
-        self.barrier()
+        super::reset::run(|step| match step {
+            ResetStep::WaitIdle => self.wait_idle("waiting for the halo stream before a protocol reset"),
+            ResetStep::Barrier => self.nvshmem.barrier_all(),
+            ResetStep::Zero => self.rank.zero_protocol(&self.stream),
+        })?;
+        self.failed = None;
+        Ok(())
     }
 
     /// This PE's coordinates (`total_atoms` of them).
@@ -311,9 +346,50 @@ impl<T: Element> PeExchange<T> {
     }
 }
 
+impl<T: Element> Drop for PeExchange<T> {
+    fn drop(&mut self) {
+        // Free the symmetric buffers (collectively, after this struct) only when no kernel can
+        // still use them and the peers can be expected at the free.
+        if self.failed.is_none() {
+            let _ = self.wait_idle("waiting for the halo stream before freeing the exchange");
+        }
+        if let Some(why) = &self.failed {
+            crate::nvshmem::abandon_collectives(&format!("rank {}'s exchange was dropped after a failure: {why}", self.rank.rank()));
+        }
+    }
+}
+
+/// Blocks per pulse for this PE's spinning kernels: every spinning block of every PE on the GPU
+/// must fit at once (`sms * per_sm` resident blocks) when the PEs' kernels run concurrently, as
+/// under MPS, so the capacity is shared by `pes_per_gpu` PEs of `pulses` pulses each. Without MPS
+/// the PEs of a GPU are time-sliced and one PE's kernels never wait for another's to be resident,
+/// but the cap costs little and keeps MPS safe.
+pub fn blocks_per_pulse(sms: u32, per_sm: u32, pulses: usize, pes_per_gpu: usize) -> Result<u32> {
+    let demand = pulses.max(1) as u32 * pes_per_gpu.max(1) as u32;
+    let per_pulse = (sms * per_sm) / demand;
+    if per_pulse == 0 {
+        return Err(HaloError::InvalidInput(format!(
+            "{pes_per_gpu} PEs per GPU x {pulses} pulses of spinning blocks cannot all be resident on one GPU \
+             ({sms} SMs x {per_sm} blocks): this could deadlock under MPS. Use fewer PEs per GPU or more GPUs"
+        )));
+    }
+    Ok(per_pulse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_pes_per_gpu_share_the_resident_blocks() {
+        assert_eq!(blocks_per_pulse(132, 2, 3, 1).unwrap(), 88);
+        assert_eq!(blocks_per_pulse(132, 2, 3, 2).unwrap(), 44);
+        assert_eq!(blocks_per_pulse(132, 2, 1, 4).unwrap(), 66);
+        // Every PE's every pulse keeps at least one block, or the layout is refused.
+        assert_eq!(blocks_per_pulse(132, 1, 6, 22).unwrap(), 1);
+        let e = blocks_per_pulse(132, 1, 6, 23).unwrap_err().to_string();
+        assert!(e.contains("23 PEs per GPU x 6 pulses") && e.contains("MPS"), "{e}");
+    }
 
     #[test]
     fn put_signaling_names_and_the_automatic_choice() {

@@ -8,6 +8,7 @@
 
 use super::memory::{Mem, MemoryKind};
 use super::spec::RankHalo;
+use super::watch::{self, StateWatch, StuckStream, WaitTarget};
 use super::{Transport, WaitTimeout};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -18,6 +19,7 @@ use kernels_gpu::abi::{
     signal_index,
 };
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Atoms per pulse slot of the staging buffers are rounded up to this (768 bytes: a multiple of
 /// both 12 and 256, so every slot starts 256-byte aligned, like GROMACS's unified buffers).
@@ -135,6 +137,10 @@ pub struct RankExchange<T: Element = Float3> {
     sizes: SharedSizes,
     timeout_ns: u64,
     grids: Grids,
+    /// The last launch (transport, forces?), for the message of a stuck wait.
+    last_launch: Option<(Transport, bool)>,
+    /// Reads the counters beside a stuck stream; made on the first wait that takes long.
+    watch: Option<StateWatch>,
 }
 
 impl<T: Element> RankExchange<T> {
@@ -186,6 +192,8 @@ impl<T: Element> RankExchange<T> {
             timeout_ns: 5_000_000_000,
             grids,
             halo,
+            last_launch: None,
+            watch: None,
         })
     }
 
@@ -231,6 +239,76 @@ impl<T: Element> RankExchange<T> {
     /// Deadline of every device spin-wait.
     pub fn set_wait_timeout(&mut self, timeout: std::time::Duration) {
         self.timeout_ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+    }
+
+    /// The deadline of every device spin-wait.
+    pub fn wait_timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns)
+    }
+
+    /// How long a host wait on this rank's stream may see no progress before it gives up: the
+    /// device deadline plus a margin, or `HALO_HOST_WAIT_TIMEOUT_S` ([`watch::host_wait_budget`]).
+    pub fn host_wait_budget(&self) -> Duration {
+        watch::host_wait_budget(self.wait_timeout(), std::env::var(watch::HOST_WAIT_ENV).ok().as_deref())
+    }
+
+    /// How this rank's pulses reach their peers, in words (for error messages): NVLink stores,
+    /// or NVSHMEM puts through the proxy and `remote_transport` with the signalling mode.
+    pub fn path_description(&self, remote_transport: Option<&str>) -> String {
+        let n = self.host_meta.len();
+        let puts = self.host_meta.iter().filter(|m| m.remote_x == 0 || m.remote_recv_slots == 0).count();
+        if puts == 0 {
+            return format!("all {n} pulses by direct loads/stores (NVLink or peer access)");
+        }
+        let mode = match self.host_meta.first().map(|m| SignalMode::from_u32(m.signal_mode)) {
+            Some(SignalMode::FencedPut) => "fenced-put",
+            _ => "put-signal",
+        };
+        let transport = match remote_transport.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) if !t.eq_ignore_ascii_case("none") => format!("NVSHMEM's proxy thread and remote transport `{t}`"),
+            _ => "NVSHMEM (peers on this node)".to_string(),
+        };
+        format!("NVSHMEM puts for {puts} of {n} pulses through {transport} ({mode} signalling)")
+    }
+
+    /// Waits, bounded by [`Self::host_wait_budget`] without progress, until `stream` (this rank's
+    /// exchange stream) is idle. On expiry: [`HaloError::StreamStuck`] naming this rank, `what`,
+    /// the last launch, [`Self::path_description`] and `nvshmem` (NVSHMEM's state, for a PE); the
+    /// process is then ended within [`watch::STUCK_EXIT_GRACE`] (its GPU resources cannot be freed).
+    pub fn wait_idle(&mut self, stream: &CudaStream, what: &str, remote_transport: Option<&str>, nvshmem: Option<String>) -> Result<()> {
+        self.context().bind_to_thread().during("binding the context")?;
+        if crate::gpu::wait::stream_idle(stream)? {
+            return Ok(()); // the fast path: one query
+        }
+        if self.watch.is_none() {
+            self.watch = Some(StateWatch::new(self.context())?);
+        }
+        let budget = self.host_wait_budget();
+        let path = self.path_description(remote_transport);
+        let (rank, last_launch) = (self.rank, self.last_launch.map(|(t, f)| watch::launch_name(t, f)));
+        let (state, status) = (self.state.device_ptr(), self.status.device_ptr());
+        let Some(w) = self.watch.as_mut() else { return Ok(()) };
+        let target = WaitTarget { rank, state, status, watch: w, budget };
+        watch::wait_stream(stream, target, |waited, since_progress, device| StuckStream {
+            rank,
+            what: what.to_string(),
+            waited,
+            since_progress,
+            last_launch,
+            path,
+            device,
+            nvshmem,
+        })
+    }
+
+    /// Enqueues on `stream` the zeroing of this rank's protocol: its signal and credit slots, step
+    /// counters, block counters and wait status (every value a peer or a launch may have left).
+    /// Part of the collective reset ([`super::reset`]); the caller waits for the stream.
+    pub fn zero_protocol(&self, stream: &CudaStream) -> Result<()> {
+        self.signals.fill_bytes_async(0, stream)?;
+        self.state.fill_bytes_async(0, stream)?;
+        self.counters.fill_bytes_async(0, stream)?;
+        self.status.fill_bytes_async(0, stream)
     }
 
     /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
@@ -314,6 +392,7 @@ impl<T: Element> RankExchange<T> {
             (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut dep, mut timeout, mut status) =
             (self.counters.device_ptr(), self.halo.home_atoms as u32, self.timeout_ns, self.status.device_ptr());
+        self.last_launch = Some((transport, false));
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
@@ -351,6 +430,8 @@ impl<T: Element> RankExchange<T> {
         let (mut counters, mut timeout, mut status) = (self.counters.device_ptr(), self.timeout_ns, self.status.device_ptr());
         let mut args = kernel_args![meta, pulses, f, signals, state, counters, timeout, status];
         let shape = LaunchShape { grid: (self.grids.forces(), n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+        // The force kernel is the same for every GPU-initiated transport; keep the coordinate one's name.
+        self.last_launch = Some((self.last_launch.map_or(Transport::Fused, |(t, _)| t), true));
         // SAFETY: arguments match `fused_forces`; metadata from `install`.
         unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
@@ -450,14 +531,26 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// Resets the device-side protocol state (signals, step counters, block counters, status) so
-    /// the exchange can run again after a failure. Every rank must reset, all of them idle, before
-    /// any rank launches again. Not needed between steps or graph replays.
+    /// the exchange can run again after a failure, and waits (bounded) until the zeroing is done.
+    /// Every rank must reset, all of them idle, before any rank launches again: prefer
+    /// [`super::Exchange::reset_protocol`], which fences the reset on every rank. Not needed
+    /// between steps or graph replays.
     pub fn reset_protocol(&mut self) -> Result<()> {
+        // `fill_bytes` runs on the legacy default stream and may return before the memset is done
+        // (the driver's memsets are asynchronous for device memory); wait for it, bounded.
         self.signals.fill_bytes(0)?;
         self.state.fill_bytes(0)?;
         self.counters.fill_bytes(0)?;
         self.status.fill_bytes(0)?;
-        Ok(())
+        let budget = self.host_wait_budget();
+        match crate::gpu::wait::poll_until_done(crate::gpu::wait::legacy_stream_idle, || None, budget, None)? {
+            crate::gpu::wait::WaitOutcome::Done(_) => Ok(()),
+            crate::gpu::wait::WaitOutcome::Expired { waited, .. } => Err(HaloError::InvalidInput(format!(
+                "rank {}: the protocol reset did not complete within {:.1} s (the GPU is busy with work that does not end)",
+                self.rank,
+                waited.as_secs_f64()
+            ))),
+        }
     }
 
     /// Copies `data` into the start of the coordinate array (home atoms).

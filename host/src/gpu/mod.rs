@@ -5,6 +5,7 @@
 
 mod memory;
 mod module;
+pub mod wait;
 
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use memory::{DeviceBuffer, DeviceMemory};

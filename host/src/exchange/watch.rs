@@ -1,0 +1,294 @@
+//! The host's bounded waits on an exchange's streams (issue 19): progress from the rank's step
+//! counters, read on a side stream so that a stuck halo stream cannot block the read, and the
+//! error that names what was stuck.
+
+use super::{Transport, WaitTimeout};
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::wait::{WaitOutcome, poll_until_done, stream_idle};
+use crate::gpu::{CudaContext, CudaStream};
+use crate::watchdog::{self, steps};
+use cudarc::driver::sys;
+use kernels_gpu::abi::{ProtocolState, WaitKind, WaitStatus};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The variable that overrides the budget of a host wait (seconds without progress).
+pub const HOST_WAIT_ENV: &str = "HALO_HOST_WAIT_TIMEOUT_S";
+
+/// How much longer than the device wait deadline a host wait waits without progress by default:
+/// a healthy kernel ends (or gives up) within the device deadline.
+pub const HOST_WAIT_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a process whose stream is stuck may take to end after the error (its orderly
+/// teardown may block on the stuck kernel; the watchdog ends it then).
+pub const STUCK_EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// The budget of a host wait: [`HOST_WAIT_ENV`] seconds when set (and valid), else the device wait
+/// deadline plus [`HOST_WAIT_MARGIN`].
+pub fn host_wait_budget(device_wait: Duration, env_value: Option<&str>) -> Duration {
+    env_value
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 1e6)
+        .map_or(device_wait + HOST_WAIT_MARGIN, Duration::from_secs_f64)
+}
+
+/// What the GPU holds for one rank, read while its kernels may still run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSnapshot {
+    /// Coordinate halos completed.
+    pub x_epoch: u64,
+    /// Force halos completed.
+    pub f_epoch: u64,
+    /// Pulses of the running coordinate launch delivered (per-pulse launches move it).
+    pub x_finished: u32,
+    /// The first expired device wait, if any.
+    pub status: WaitStatus,
+}
+
+impl DeviceSnapshot {
+    /// A number that changes whenever a launch of this rank completes a pulse or a direction.
+    pub fn progress(&self) -> u64 {
+        self.x_epoch.wrapping_mul(1_000_003).wrapping_add(self.f_epoch.wrapping_mul(7)).wrapping_add(u64::from(self.x_finished))
+    }
+}
+
+const STATE_BYTES: usize = size_of::<ProtocolState>();
+const STATUS_OFFSET: usize = STATE_BYTES.next_multiple_of(16);
+const SNAPSHOT_BYTES: usize = STATUS_OFFSET + size_of::<WaitStatus>();
+
+/// Reads a rank's protocol state and wait status into pinned host memory on a stream of its own
+/// (non-blocking, so it runs beside a halo stream that is stuck), without ever blocking the host.
+pub struct StateWatch {
+    stream: Arc<CudaStream>,
+    host: *mut u8,
+    pending: bool,
+}
+
+// SAFETY: the pinned buffer is owned by this value and only touched through `&mut self`.
+unsafe impl Send for StateWatch {}
+// SAFETY: `&StateWatch` exposes nothing.
+unsafe impl Sync for StateWatch {}
+
+impl StateWatch {
+    /// A side stream and a pinned buffer on `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let stream = ctx.new_stream().during("creating the progress stream")?;
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: allocates SNAPSHOT_BYTES of page-locked host memory.
+        unsafe { sys::cuMemAllocHost_v2(&mut host, SNAPSHOT_BYTES) }.result().during("allocating pinned memory")?;
+        Ok(Self { stream, host: host.cast(), pending: false })
+    }
+
+    /// The snapshot of the copy started by the previous call, if it has landed; otherwise starts
+    /// one (from `state` and `status`, device addresses) and returns `None`. Never blocks.
+    pub fn sample(&mut self, state: u64, status: u64) -> Option<DeviceSnapshot> {
+        if self.pending {
+            if !stream_idle(&self.stream).ok()? {
+                return None;
+            }
+            self.pending = false;
+            return Some(self.read());
+        }
+        let s = self.stream.cu_stream();
+        // SAFETY: both copies write inside the pinned buffer from live device buffers of the
+        // given sizes; the buffer is read only after the stream reports them done.
+        let started = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.host.cast(), state, STATE_BYTES, s).result().is_ok()
+                && sys::cuMemcpyDtoHAsync_v2(self.host.add(STATUS_OFFSET).cast(), status, size_of::<WaitStatus>(), s).result().is_ok()
+        };
+        self.pending = started;
+        None
+    }
+
+    /// Samples until a snapshot lands or `within` passes (for error messages).
+    pub fn snapshot(&mut self, state: u64, status: u64, within: Duration) -> Option<DeviceSnapshot> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(s) = self.sample(state, status) {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn read(&self) -> DeviceSnapshot {
+        // SAFETY: the copies into these bytes completed (the stream is idle); the buffer is
+        // aligned (page-locked allocations are page aligned) and the types are plain data.
+        let (state, status) = unsafe {
+            (
+                std::ptr::read_volatile(self.host.cast::<ProtocolState>()),
+                std::ptr::read_volatile(self.host.add(STATUS_OFFSET).cast::<WaitStatus>()),
+            )
+        };
+        DeviceSnapshot { x_epoch: state.x_epoch, f_epoch: state.f_epoch, x_finished: state.x_finished, status }
+    }
+}
+
+impl Drop for StateWatch {
+    fn drop(&mut self) {
+        if self.pending && !stream_idle(&self.stream).unwrap_or(false) {
+            return; // a copy may still land: leak the 64 bytes rather than free them under it
+        }
+        // SAFETY: allocated by cuMemAllocHost and not in use.
+        let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}
+
+/// A host wait on a rank's stream that saw no progress for its whole budget: the stream is stuck
+/// where no halo deadline reaches (most likely inside NVSHMEM, when its proxy thread died).
+#[derive(Clone, Debug)]
+pub struct StuckStream {
+    /// The rank whose stream is stuck.
+    pub rank: usize,
+    /// What the host was waiting for.
+    pub what: String,
+    /// How long it waited in all.
+    pub waited: Duration,
+    /// How long nothing moved.
+    pub since_progress: Duration,
+    /// The last launch on the stream, e.g. `coordinate halo (fused)`.
+    pub last_launch: Option<String>,
+    /// How the rank's pulses reach their peers (see `RankExchange::path_description`).
+    pub path: String,
+    /// What the GPU held when the wait gave up (`None`: the side read did not land either).
+    pub device: Option<DeviceSnapshot>,
+    /// NVSHMEM's state, when the rank is a PE.
+    pub nvshmem: Option<String>,
+}
+
+impl std::fmt::Display for StuckStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {}: nothing moved for {:.1} s while {}", self.rank, self.since_progress.as_secs_f64(), self.what)?;
+        write!(f, " (waited {:.1} s; last launch: {}", self.waited.as_secs_f64(), self.last_launch.as_deref().unwrap_or("none"))?;
+        write!(f, "; path: {}", self.path)?;
+        match &self.device {
+            Some(d) => {
+                write!(f, "; step counters on the GPU: {} coordinate and {} force halos completed", d.x_epoch, d.f_epoch)?;
+                if d.status.timed_out != 0 {
+                    let t = WaitTimeout {
+                        rank: self.rank,
+                        peer: d.status.peer,
+                        pulse: d.status.pulse,
+                        kind: WaitKind::from_u32(d.status.kind),
+                        step_counter: d.status.expected,
+                        seen: d.status.seen,
+                        waited_ns: d.status.waited_ns,
+                    };
+                    write!(f, "; a device wait expired: {t}")?;
+                } else {
+                    write!(f, "; no halo wait has expired on the GPU")?;
+                }
+            }
+            None => write!(f, "; the GPU's counters could not be read either")?,
+        }
+        if let Some(n) = &self.nvshmem {
+            write!(f, "; {n}")?;
+        }
+        write!(
+            f,
+            "). A kernel is stuck where no halo deadline reaches it, most likely inside NVSHMEM (a proxy thread or \
+             remote transport that died: look above for NVSHMEM's own messages, e.g. `proxy.cpp ... aborting`). \
+             This process cannot free its GPU resources; it ends within {} s",
+            STUCK_EXIT_GRACE.as_secs()
+        )
+    }
+}
+
+/// A short name of a launch for [`StuckStream::last_launch`].
+pub fn launch_name(transport: Transport, forces: bool) -> String {
+    format!("{} halo ({})", if forces { "force" } else { "coordinate" }, transport.name())
+}
+
+/// The parts of a rank a bounded wait needs.
+pub struct WaitTarget<'a> {
+    /// The rank.
+    pub rank: usize,
+    /// Its protocol state and wait status (device addresses).
+    pub state: u64,
+    /// See `state`.
+    pub status: u64,
+    /// Its side-stream reader.
+    pub watch: &'a mut StateWatch,
+    /// The budget without progress.
+    pub budget: Duration,
+}
+
+/// Waits for `stream` with [`poll_until_done`], progress from the rank's counters, and a watchdog
+/// backstop. On expiry returns [`HaloError::StreamStuck`] (built by `describe`) and arms the
+/// process's end within [`STUCK_EXIT_GRACE`].
+pub fn wait_stream(
+    stream: &CudaStream,
+    target: WaitTarget<'_>,
+    describe: impl FnOnce(Duration, Duration, Option<DeviceSnapshot>) -> StuckStream,
+) -> Result<()> {
+    stream.context().bind_to_thread().during("binding the context")?;
+    let backstop = target.budget + Duration::from_secs(10);
+    let guard = watchdog::arm(steps::HOST_WAIT, backstop);
+    let (state, status, watch) = (target.state, target.status, target.watch);
+    let outcome = poll_until_done(|| stream_idle(stream), || watch.sample(state, status).map(|s| s.progress()), target.budget, Some((&guard, backstop)))?;
+    match outcome {
+        WaitOutcome::Done(_) => Ok(()),
+        WaitOutcome::Expired { waited, since_progress } => {
+            let device = watch.snapshot(state, status, Duration::from_millis(200));
+            let stuck = describe(waited, since_progress, device);
+            drop(guard);
+            watchdog::exit_within(stuck.to_string(), STUCK_EXIT_GRACE);
+            Err(HaloError::StreamStuck(Box::new(stuck)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_the_device_deadline_plus_a_margin_unless_set() {
+        let five = Duration::from_secs(5);
+        assert_eq!(host_wait_budget(five, None), Duration::from_secs(10));
+        assert_eq!(host_wait_budget(five, Some("2.5")), Duration::from_millis(2500));
+        assert_eq!(host_wait_budget(five, Some("zero")), Duration::from_secs(10));
+        assert_eq!(host_wait_budget(five, Some("-1")), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_stuck_stream_names_the_rank_the_launch_the_path_and_what_the_gpu_holds() {
+        let mut status = WaitStatus::default();
+        let mut stuck = StuckStream {
+            rank: 1,
+            what: "waiting for the halo stream".into(),
+            waited: Duration::from_secs(12),
+            since_progress: Duration::from_secs(10),
+            last_launch: Some(launch_name(Transport::Fused, false)),
+            path: "NVSHMEM puts for 1 of 1 pulses through NVSHMEM's proxy thread and remote transport `ucx` (put-signal signalling)".into(),
+            device: Some(DeviceSnapshot { x_epoch: 3, f_epoch: 2, x_finished: 0, status }),
+            nvshmem: Some("NVSHMEM init status 2".into()),
+        };
+        let m = stuck.to_string();
+        for part in ["rank 1: nothing moved for 10.0 s", "coordinate halo (fused)", "`ucx`", "put-signal", "3 coordinate and 2 force", "no halo wait has expired", "proxy.cpp", "NVSHMEM init status 2"] {
+            assert!(m.contains(part), "missing {part:?} in {m}");
+        }
+        status.timed_out = 1;
+        status.peer = 0;
+        status.expected = 4;
+        status.kind = WaitKind::CoordSignal as u32;
+        stuck.device = Some(DeviceSnapshot { x_epoch: 3, f_epoch: 3, x_finished: 0, status });
+        let m = stuck.to_string();
+        assert!(m.contains("a device wait expired: rank 1 waited") && m.contains("from rank 0 at step 4"), "{m}");
+        stuck.device = None;
+        assert!(stuck.to_string().contains("could not be read"));
+    }
+
+    #[test]
+    fn progress_changes_with_every_counter() {
+        let s = DeviceSnapshot { x_epoch: 1, f_epoch: 1, x_finished: 0, status: WaitStatus::default() };
+        let moved = [DeviceSnapshot { x_epoch: 2, ..s }, DeviceSnapshot { f_epoch: 2, ..s }, DeviceSnapshot { x_finished: 1, ..s }];
+        for m in moved {
+            assert_ne!(m.progress(), s.progress(), "{m:?}");
+        }
+    }
+}
