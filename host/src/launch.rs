@@ -5,6 +5,7 @@
 
 pub mod env;
 pub mod rendezvous;
+pub mod ucx;
 
 pub use env::{Bootstrap, RankEnv};
 pub use rendezvous::{Rendezvous, RendezvousDir};

@@ -165,28 +165,68 @@ fn output_lines_are_prefixed_and_whole() {
 #[test]
 fn ranks_get_their_environment() {
     let mut cmd = halo(&[
-        "launch", "-n", "3", "--gpus", "4,6", "--", "selftest-child", "--print-env", "HALO_RANK", "--print-env",
+        "launch", "-n", "4", "--gpus", "4,6", "--", "selftest-child", "--print-env", "HALO_RANK", "--print-env",
         "HALO_NRANKS", "--print-env", "HALO_LOCAL_RANK", "--print-env", "HALO_DEVICE", "--print-env",
         "NVSHMEM_DISABLE_NVLS", "--print-env", "NCCL_NVLS_ENABLE", "--print-env", "CUDA_VISIBLE_DEVICES",
+        "--print-env", "HALO_PES_PER_GPU",
     ]);
     // A value the user set is kept; CUDA_VISIBLE_DEVICES passes through untouched.
     cmd.env("NCCL_NVLS_ENABLE", "7").env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7");
     let (out, _) = run_within(cmd, STOP_BOUND);
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let lines: BTreeSet<String> = text(&out.stdout).lines().map(str::to_owned).collect();
-    for (rank, device) in [(0, 4), (1, 6), (2, 4)] {
+    for (rank, device) in [(0, 4), (1, 6), (2, 4), (3, 6)] {
         for expected in [
             format!("[rank {rank}] env HALO_RANK={rank}"),
-            format!("[rank {rank}] env HALO_NRANKS=3"),
+            format!("[rank {rank}] env HALO_NRANKS=4"),
             format!("[rank {rank}] env HALO_LOCAL_RANK={rank}"),
             format!("[rank {rank}] env HALO_DEVICE={device}"),
             format!("[rank {rank}] env NVSHMEM_DISABLE_NVLS=1"),
             format!("[rank {rank}] env NCCL_NVLS_ENABLE=7"),
             format!("[rank {rank}] env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"),
+            format!("[rank {rank}] env HALO_PES_PER_GPU=2"),
         ] {
             assert!(lines.contains(&expected), "missing {expected:?} in {lines:#?}");
         }
     }
+}
+
+#[test]
+fn uneven_gpu_layouts_are_refused_before_any_rank_starts() {
+    // 3 ranks on 2 GPUs: NVSHMEM 3.4.5 would hang in its initialisation (issue 20).
+    let (out, took) = run_within(halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "selftest-child", "--print-pid"]), STOP_BOUND);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    for part in ["would put 2 on GPU 0, 1 on GPU 1", "cannot start an uneven number of PEs per GPU", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
+        assert!(stderr.contains(part), "missing {part:?} in {stderr}");
+    }
+    assert!(pids(&text(&out.stdout)).is_empty(), "a rank was started: {}", text(&out.stdout));
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // The override starts it, and every rank knows how many share its GPU.
+    let args = ["launch", "-n", "3", "--gpus", "0,1", "--allow-uneven-gpus", "--", "selftest-child", "--print-env", "HALO_PES_PER_GPU"];
+    let (out, _) = run_within(halo(&args), STOP_BOUND);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for (rank, sharing) in [(0, 2), (1, 1), (2, 2)] {
+        assert!(stdout.contains(&format!("[rank {rank}] env HALO_PES_PER_GPU={sharing}")), "{stdout}");
+    }
+}
+
+#[test]
+fn a_rank_stuck_in_startup_is_ended_by_the_watchdog() {
+    let args = [
+        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--only-rank", "1", "--stall-startup", "--others-hang",
+    ];
+    let mut cmd = halo(&args);
+    cmd.env("HALO_STARTUP_TIMEOUT_S", "1");
+    let (out, took) = run_within(cmd, STOP_BOUND);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(86), "stderr: {stderr}");
+    assert!(stderr.contains("[rank 1] halo: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"), "stderr: {stderr}");
+    assert!(stderr.contains("uneven number of PEs per GPU") && stderr.contains("NVSHMEM_DEBUG=INFO"), "stderr: {stderr}");
+    assert!(stderr.contains("rank 1 exited with code 86 (halo's watchdog"), "stderr: {stderr}");
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(5), "took {took:?}");
+    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
 }
 
 /// The rendezvous directory named in the children's output.

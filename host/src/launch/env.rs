@@ -17,6 +17,21 @@ pub const ENV_LOCAL_RANK: &str = "HALO_LOCAL_RANK";
 pub const ENV_DEVICE: &str = "HALO_DEVICE";
 /// `halo launch` sets this to its private rendezvous directory (see [`super::rendezvous`]).
 pub const ENV_RENDEZVOUS_DIR: &str = "HALO_RENDEZVOUS_DIR";
+/// `halo launch` sets this to the number of ranks that share this rank's GPU; set it yourself
+/// under mpirun/srun when several ranks share a GPU (see [`pes_per_gpu`]).
+pub const ENV_PES_PER_GPU: &str = "HALO_PES_PER_GPU";
+
+/// How many ranks share this rank's GPU: [`ENV_PES_PER_GPU`], or 1 when it is unset or not a
+/// positive number. The exchange divides the GPU's resident blocks among them, so that the
+/// spinning kernels of every rank on the GPU fit at once when they run concurrently (MPS).
+pub fn pes_per_gpu() -> usize {
+    parse_pes_per_gpu(std::env::var(ENV_PES_PER_GPU).ok().as_deref())
+}
+
+/// [`pes_per_gpu`] from the variable's value.
+pub fn parse_pes_per_gpu(value: Option<&str>) -> usize {
+    value.and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n > 0).unwrap_or(1)
+}
 
 /// How the NVSHMEM processes of a run find each other, implied by whoever started them.
 ///
@@ -235,6 +250,14 @@ mod tests {
             Ok(Some(env)) => env,
             other => panic!("expected a rank environment from {vars:?}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn pes_per_gpu_defaults_to_one() {
+        assert_eq!(parse_pes_per_gpu(None), 1);
+        assert_eq!(parse_pes_per_gpu(Some("4")), 4);
+        assert_eq!(parse_pes_per_gpu(Some("0")), 1);
+        assert_eq!(parse_pes_per_gpu(Some("two")), 1);
     }
 
     #[test]

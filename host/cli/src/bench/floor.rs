@@ -276,8 +276,10 @@ pub fn check_ping_pong(status: &DeviceBuffer<WaitStatus>) -> Result<()> {
 pub struct FloorReport {
     /// What the latency and peer bandwidth were measured between.
     pub between: String,
-    /// One-way signal latency (µs).
-    pub one_way_latency_us: Summary,
+    /// One-way signal latency (µs); `None` when the two PEs cannot map each other's memory (the
+    /// put path through a remote transport, e.g. UCX emulating a network): the probe needs loads
+    /// and stores, and the floor formulas then leave the signal chain out (a lower bound still).
+    pub one_way_latency_us: Option<Summary>,
     /// Peer bandwidth (GB/s), when the ranks are on two GPUs.
     pub peer_bw_gbs: Option<Summary>,
     /// Device copy bandwidth (GB/s, read + write).
@@ -296,7 +298,7 @@ impl FloorReport {
     /// The medians in the formulas' units.
     pub fn inputs(&self) -> FloorInputs {
         FloorInputs {
-            one_way_latency_s: self.one_way_latency_us.median * 1e-6,
+            one_way_latency_s: self.one_way_latency_us.map_or(0.0, |s| s.median * 1e-6),
             peer_bw: self.peer_bw_gbs.map(|s| s.median * 1e9),
             device_bw: self.device_bw_gbs.median * 1e9,
             launch_s: self.launch_us.median * 1e-6,

@@ -94,7 +94,14 @@ fn opt_num(v: Option<f64>, prec: usize) -> String {
 pub fn floor_text(f: &FloorReport) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "hardware floor ({}), median [min-max]:", f.between);
-    let _ = writeln!(s, "  one-way signal latency   {} us", f.one_way_latency_us.cell(2));
+    match &f.one_way_latency_us {
+        Some(l) => {
+            let _ = writeln!(s, "  one-way signal latency   {} us", l.cell(2));
+        }
+        None => {
+            let _ = writeln!(s, "  one-way signal latency   - (the PEs cannot map each other: not measured, floors omit it)");
+        }
+    }
     match &f.peer_bw_gbs {
         Some(b) => {
             let _ = writeln!(s, "  peer bandwidth           {} GB/s", b.cell(1));
@@ -194,7 +201,7 @@ pub fn csv(r: &BenchReport) -> String {
             num(v.ns_per_day_exchange_only),
             num(v.host_cpu_us),
             num(v.host_syncs_per_step),
-            f.one_way_latency_us.median,
+            num(f.one_way_latency_us.map(|l| l.median)),
             num(f.peer_bw_gbs.map(|b| b.median)),
             f.device_bw_gbs.median,
             f.launch_us.median,
@@ -216,7 +223,7 @@ pub(crate) mod tests {
     pub(crate) fn sample_report() -> BenchReport {
         let floor = FloorReport {
             between: "GPU 0 and GPU 1".into(),
-            one_way_latency_us: sum(0.8),
+            one_way_latency_us: Some(sum(0.8)),
             peer_bw_gbs: Some(sum(380.0)),
             device_bw_gbs: sum(3900.0),
             launch_us: sum(2.1),

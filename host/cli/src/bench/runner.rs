@@ -275,10 +275,10 @@ fn local_probes(module: &Arc<KernelModule>, repeats: usize) -> Result<LocalProbe
     Ok(p)
 }
 
-fn floor_report(between: String, latency_s: &[f64], peer_bw: Option<&[f64]>, p: &LocalProbes) -> Result<FloorReport> {
+fn floor_report(between: String, latency_s: Option<&[f64]>, peer_bw: Option<&[f64]>, p: &LocalProbes) -> Result<FloorReport> {
     Ok(FloorReport {
         between,
-        one_way_latency_us: summary_of(latency_s, 1e6)?,
+        one_way_latency_us: latency_s.map(|v| summary_of(v, 1e6)).transpose()?,
         peer_bw_gbs: peer_bw.map(|v| summary_of(v, 1e-9)).transpose()?,
         device_bw_gbs: summary_of(&p.device_bw, 1e-9)?,
         launch_us: summary_of(&p.launch, 1e6)?,
@@ -359,7 +359,7 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     let b = &modules[1 % modules.len()];
     let (latency, peer) = local_pair_probes(&modules[0], b, cfg.repeats)?;
     let between = if modules.len() > 1 { "GPU 0 and GPU 1, one process".to_string() } else { "two streams on GPU 0".to_string() };
-    let floor = floor_report(between, &latency, peer.as_deref(), &probes)?;
+    let floor = floor_report(between, Some(&latency), peer.as_deref(), &probes)?;
     let inputs = floor.inputs();
 
     let bar = progress_bar(cfg, true);
@@ -501,22 +501,36 @@ fn grid_text(g: [usize; 3]) -> String {
 // ----------------------------------------------------------------------------------------------
 // One rank per process.
 
-/// Small collectives over the symmetric heap: every PE writes its values, everyone reads
-/// everyone's through `nvshmem_ptr` (single node: every PE is mapped).
+/// Small collectives between the PEs: every PE writes its values into a symmetric buffer and
+/// everyone reads everyone's through `nvshmem_ptr` when every peer is mapped (one node); when
+/// they are not (NVSHMEM_DISABLE_P2P=1, the put path through a remote transport), through
+/// `halo launch`'s rendezvous instead. Every PE takes the same branch: mapping is symmetric.
 struct PeComm {
     nvshmem: Arc<Nvshmem>,
     buf: SymmetricBuffer<f64>,
+    mapped: bool,
+    gathers: std::cell::Cell<u64>,
 }
 
 impl PeComm {
     fn new(nvshmem: Arc<Nvshmem>, capacity: usize) -> Result<Self> {
         let buf = nvshmem.alloc::<f64>(capacity)?;
-        Ok(Self { nvshmem, buf })
+        let me = nvshmem.my_pe();
+        let mapped = (0..nvshmem.n_pes()).all(|pe| pe == me || buf.peer_ptr(pe).is_some());
+        Ok(Self { nvshmem, buf, mapped, gathers: std::cell::Cell::new(0) })
+    }
+
+    /// Whether every PE's memory is mapped into this process.
+    fn mapped(&self) -> bool {
+        self.mapped
     }
 
     fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
         if values.len() > self.buf.len() {
             return Err(HaloError::InvalidInput(format!("gather of {} values into {}", values.len(), self.buf.len())));
+        }
+        if !self.mapped {
+            return self.all_gather_by_rendezvous(values);
         }
         self.buf.copy_from_host(values)?;
         self.nvshmem.barrier_all()?;
@@ -537,6 +551,17 @@ impl PeComm {
         Ok(out)
     }
 
+    /// The same through the launcher's rendezvous directory (unmapped peers, `halo launch` only).
+    fn all_gather_by_rendezvous(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+        let n = self.gathers.get();
+        self.gathers.set(n + 1);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = halo::launch::rendezvous::all_gather(&format!("bench-{n}"), &bytes).map_err(|e| {
+            HaloError::InvalidInput(format!("the PEs cannot map each other's memory, and gathering through `halo launch`'s rendezvous failed: {e}"))
+        })?;
+        Ok(all.iter().map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()).collect())
+    }
+
     /// True when every PE says true.
     fn all(&self, ok: bool) -> Result<bool> {
         Ok(self.all_gather(&[ok as u8 as f64])?.iter().all(|v| v[0] != 0.0))
@@ -555,8 +580,12 @@ impl PeComm {
 }
 
 /// Latency (rank 0 initiates, rank 1 answers) and rank 0 -> rank 1 bandwidth; only rank 0's
-/// numbers are meaningful.
-fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+/// numbers are meaningful. `None` when the PEs cannot map each other (both probes need loads,
+/// stores and peer copies): the put path through a remote transport.
+fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<Option<(Vec<f64>, Vec<f64>)>> {
+    if !comm.mapped() {
+        return Ok(None);
+    }
     let nv = &session.nvshmem;
     let me = nv.my_pe();
     let ctx = &session.ctx;
@@ -602,7 +631,7 @@ fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<
     }
     drop(big);
     drop(flag);
-    Ok((latency, bw))
+    Ok(Some((latency, bw)))
 }
 
 fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
@@ -622,13 +651,18 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     }
 
     let probes = local_probes(&session.module, cfg.repeats)?;
-    let (latency, peer_bw) = pe_pair_probes(&session, &comm, cfg.repeats)?;
-    // NVSHMEM runs one PE per GPU, so partners are always on another GPU.
+    let pair = pe_pair_probes(&session, &comm, cfg.repeats)?;
+    // `halo launch` puts PEs 0 and 1 on different GPUs (round robin), so partners are on another GPU.
     let link = Link::Peer;
-    let floor = if me == 0 {
-        Some(floor_report("PE 0 and PE 1 (NVSHMEM)".into(), &latency, Some(peer_bw.as_slice()), &probes)?)
-    } else {
-        None
+    let floor = match (me, &pair) {
+        (0, Some((latency, peer_bw))) => Some(floor_report("PE 0 and PE 1 (NVSHMEM)".into(), Some(latency), Some(peer_bw), &probes)?),
+        (0, None) => Some(floor_report(
+            format!("PE 0 and PE 1 (NVSHMEM, not mapped into each other: remote transport {})", std::env::var("NVSHMEM_REMOTE_TRANSPORT").unwrap_or_else(|_| "?".into())),
+            None,
+            None,
+            &probes,
+        )?),
+        _ => None,
     };
     // Every rank uses rank 0's floor for the formulas (only rank 0 reports them).
     let floor_words = floor.as_ref().map(|f| {

@@ -17,6 +17,10 @@ pub struct LaunchArgs {
     /// Seconds a rank gets to exit after SIGTERM before SIGKILL, when the job is being stopped.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     kill_grace_secs: f64,
+    /// Start even when the GPUs get different numbers of ranks (e.g. 3 ranks on 2 GPUs). NVSHMEM
+    /// 3.4.5 never finishes its initialisation then, so this is refused by default.
+    #[arg(long)]
+    allow_uneven_gpus: bool,
     /// Run this program's ranks instead of `halo`'s: an application built on the halo library
     /// (e.g. `stencil3d`); it finds its rank with `halo::launch::RankEnv::from_env`.
     #[arg(long, value_name = "PROGRAM")]
@@ -45,6 +49,7 @@ pub fn main(args: LaunchArgs) -> ExitCode {
         }
     };
     config.gpus = args.gpus;
+    config.allow_uneven_gpus = args.allow_uneven_gpus;
     config.kill_grace = Duration::from_secs_f64(args.kill_grace_secs);
     match launch(&config) {
         Ok(report) => {

@@ -81,6 +81,10 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("halo: error: {e:#}");
+            // A rank whose peers or GPU failed may block on its way out (NVSHMEM's or the
+            // driver's teardown, or an NVSHMEM proxy thread that is already exiting): it ends
+            // within 2 s whatever happens, so that `halo launch` can stop the others.
+            halo::watchdog::exit_within("exiting after the error above", std::time::Duration::from_secs(2));
             ExitCode::FAILURE
         }
     }

@@ -52,6 +52,11 @@ pub struct SelftestArgs {
     /// With --only-rank: the other ranks hang (bounded).
     #[arg(long)]
     others_hang: bool,
+    /// Behave like a rank stuck in NVSHMEM's initialisation: arm halo's start-up watchdog
+    /// (`HALO_STARTUP_TIMEOUT_S`) for the `NVSHMEM init` step and never return from it (bounded by
+    /// --hang-max-secs). Only on --only-rank when given.
+    #[arg(long)]
+    stall_startup: bool,
     /// Exercise the rendezvous: rank 0 publishes a random 128-byte id, the others fetch it, then all
     /// ranks all-gather `rank-<R>`; prints what each got.
     #[arg(long)]
@@ -110,6 +115,11 @@ fn run(args: &SelftestArgs) -> Result<u8> {
             libc::raise(signal);
         }
         // Only reached for signals whose default action is not to terminate.
+    }
+    if args.stall_startup {
+        let timeout = halo::watchdog::startup_timeout()?;
+        halo::watchdog::set_identity(env.rank, env.nranks, env.device);
+        return Ok(halo::watchdog::bounded(halo::watchdog::steps::NVSHMEM_INIT, timeout, || hang(hang_limit)));
     }
     if args.hang {
         return Ok(hang(hang_limit));

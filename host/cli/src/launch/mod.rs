@@ -27,6 +27,7 @@ pub use halo::launch::{LaunchError, RankEnv, RendezvousDir, env, rank_list};
 pub use sys::parse_signal;
 
 use output::{Forwarders, Sink};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -69,6 +70,9 @@ pub struct LaunchConfig {
     pub handle_signals: bool,
     /// Whether an empty `args` is an error (`halo` itself needs a subcommand).
     pub needs_args: bool,
+    /// Start even when the GPUs get different numbers of ranks (NVSHMEM 3.4.5 never finishes its
+    /// initialisation then; see [`uneven_layout`]).
+    pub allow_uneven_gpus: bool,
 }
 
 impl LaunchConfig {
@@ -83,12 +87,30 @@ impl LaunchConfig {
     /// `nranks` ranks of `program` (a path, or a name looked up on the PATH) with `args`, on GPUs
     /// `0..nranks`, default grace.
     pub fn program(nranks: usize, program: PathBuf, args: Vec<OsString>) -> LaunchConfig {
-        LaunchConfig { nranks, gpus: Vec::new(), program, args, kill_grace: DEFAULT_KILL_GRACE, handle_signals: true, needs_args: false }
+        LaunchConfig {
+            nranks,
+            gpus: Vec::new(),
+            program,
+            args,
+            kill_grace: DEFAULT_KILL_GRACE,
+            handle_signals: true,
+            needs_args: false,
+            allow_uneven_gpus: false,
+        }
     }
 
     /// The GPU ordinal of `rank`.
     pub fn device_of(&self, rank: usize) -> usize {
         if self.gpus.is_empty() { rank } else { self.gpus[rank % self.gpus.len()] }
+    }
+
+    /// How many ranks each GPU gets, by ordinal (GPUs that get none are not listed).
+    pub fn ranks_per_gpu(&self) -> BTreeMap<usize, usize> {
+        let mut count = BTreeMap::new();
+        for rank in 0..self.nranks {
+            *count.entry(self.device_of(rank)).or_insert(0) += 1;
+        }
+        count
     }
 
     fn validate(&self) -> Result<(), LaunchError> {
@@ -100,8 +122,40 @@ impl LaunchConfig {
                 "no command to run: give the halo subcommand after `--`, e.g. `halo launch -n 2 -- info`".into(),
             ));
         }
+        if !self.allow_uneven_gpus
+            && let Some(why) = uneven_layout(self.nranks, &self.ranks_per_gpu())
+        {
+            return Err(LaunchError::InvalidConfig(why));
+        }
         Ok(())
     }
+}
+
+/// Why `nranks` ranks spread as `per_gpu` (ranks by GPU ordinal) cannot start, or `None` when
+/// every GPU gets the same number. NVSHMEM 3.4.5 cannot run an uneven number of PEs per GPU: the
+/// PEs compute different internal teams (a GPU-leaders team of size 1 on one GPU, 3 on the other,
+/// measured with 3 PEs on 2 H200s) and its initialisation never returns on any rank. The message
+/// suggests rank counts that work.
+pub fn uneven_layout(nranks: usize, per_gpu: &BTreeMap<usize, usize>) -> Option<String> {
+    let (min, max) = (per_gpu.values().min()?, per_gpu.values().max()?);
+    if min == max {
+        return None;
+    }
+    let gpus = per_gpu.len();
+    let spread: Vec<String> = per_gpu.iter().map(|(gpu, n)| format!("{n} on GPU {gpu}")).collect();
+    let list: Vec<String> = per_gpu.keys().map(ToString::to_string).collect();
+    let below = nranks / gpus * gpus;
+    let above = below + gpus;
+    let counts = if below > 0 { format!("-n {below} or -n {above}") } else { format!("-n {above}") };
+    Some(format!(
+        "{nranks} ranks on GPUs {} would put {}. NVSHMEM 3.4.5 cannot start an uneven number of PEs per GPU: \
+         its PEs disagree about their internal teams and initialisation never returns. Use a rank count that is a \
+         multiple of the {gpus} GPUs ({counts} with --gpus {}), or give every rank its own GPU (--gpus with {nranks} \
+         different GPUs); --allow-uneven-gpus starts it anyway",
+        list.join(","),
+        spread.join(", "),
+        list.join(",")
+    ))
 }
 
 /// How a rank's process ended.
@@ -131,6 +185,9 @@ impl RankEnd {
 impl std::fmt::Display for RankEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
+            RankEnd::Exited(c) if c == halo::watchdog::EXIT_CODE => {
+                write!(f, "exited with code {c} (halo's watchdog: a start-up, collective or GPU wait did not finish in time; see its message)")
+            }
             RankEnd::Exited(c) => write!(f, "exited with code {c}"),
             RankEnd::Signaled(s) => write!(f, "was killed by signal {s} ({})", sys::signal_name(s)),
         }
@@ -304,9 +361,11 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let rendezvous = RendezvousDir::create()?;
     let mut forwarders = Forwarders::new();
     let mut ranks = Ranks(Vec::with_capacity(config.nranks));
+    let per_gpu = config.ranks_per_gpu();
     for rank in 0..config.nranks {
         let device = config.device_of(rank);
-        let mut child = spawn_rank(config, rank, device, &rendezvous)?;
+        let sharing = per_gpu.get(&device).copied().unwrap_or(1);
+        let mut child = spawn_rank(config, rank, (device, sharing), &rendezvous)?;
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         ranks.0.push(Rank { rank, device, child, end: None, stopped: false, needed_kill: false, abandoned: false });
         for (pipe, sink) in [(stdout.map(PipeReader::Out), Sink::Stdout), (stderr.map(PipeReader::Err), Sink::Stderr)] {
@@ -417,7 +476,9 @@ fn notice(cause: &str, ranks: &Ranks, grace: Duration) {
     }
 }
 
-fn spawn_rank(config: &LaunchConfig, rank: usize, device: usize, rendezvous: &RendezvousDir) -> Result<Child, LaunchError> {
+/// Starts `rank` on GPU `device.0`, which `device.1` ranks share.
+fn spawn_rank(config: &LaunchConfig, rank: usize, device: (usize, usize), rendezvous: &RendezvousDir) -> Result<Child, LaunchError> {
+    let (device, sharing) = device;
     let mut cmd = Command::new(&config.program);
     cmd.args(&config.args)
         .env(env::ENV_RANK, rank.to_string())
@@ -425,6 +486,7 @@ fn spawn_rank(config: &LaunchConfig, rank: usize, device: usize, rendezvous: &Re
         // One node: the local rank is the rank.
         .env(env::ENV_LOCAL_RANK, rank.to_string())
         .env(env::ENV_DEVICE, device.to_string())
+        .env(env::ENV_PES_PER_GPU, sharing.to_string())
         .env(env::ENV_RENDEZVOUS_DIR, rendezvous.path())
         // Ranks run in their own process groups, where reading the terminal would stop them (SIGTTIN).
         .stdin(Stdio::null())
@@ -514,12 +576,41 @@ mod tests {
             kill_grace: DEFAULT_KILL_GRACE,
             handle_signals: false,
             needs_args: true,
+            allow_uneven_gpus: false,
         };
         assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [0, 1, 2, 3]);
         config.gpus = vec![2, 5];
         assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [2, 5, 2, 5]);
         config.nranks = 0;
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn uneven_pes_per_gpu_are_refused_with_counts_that_work() {
+        let mut config = LaunchConfig::program(3, "/bin/true".into(), vec![]);
+        config.gpus = vec![0, 1];
+        assert_eq!(config.ranks_per_gpu(), BTreeMap::from([(0, 2), (1, 1)]));
+        let e = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        for part in ["3 ranks on GPUs 0,1 would put 2 on GPU 0, 1 on GPU 1", "NVSHMEM 3.4.5", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
+            assert!(e.contains(part), "missing {part:?} in {e}");
+        }
+        config.allow_uneven_gpus = true;
+        assert!(config.validate().is_ok());
+        // Even layouts start: one rank per GPU, two per GPU, more GPUs listed than ranks.
+        for (n, gpus) in [(4, vec![0, 1]), (8, vec![0, 1]), (2, vec![]), (2, vec![0, 1, 2]), (1, vec![3])] {
+            let mut c = LaunchConfig::program(n, "/bin/true".into(), vec![]);
+            c.gpus = gpus;
+            assert!(c.validate().is_ok(), "{n} ranks on {:?}", c.gpus);
+        }
+        let one = uneven_layout(1, &BTreeMap::from([(0, 1), (1, 0)])).unwrap_or_default();
+        assert!(one.contains("-n 2 with"), "{one}");
+    }
+
+    #[test]
+    fn the_watchdogs_exit_code_is_explained() {
+        let end = RankEnd::Exited(halo::watchdog::EXIT_CODE);
+        assert!(end.to_string().contains("watchdog"), "{end}");
+        assert_eq!(RankEnd::Exited(3).to_string(), "exited with code 3");
     }
 
     #[test]
@@ -541,6 +632,7 @@ mod tests {
             kill_grace: Duration::from_secs(2),
             handle_signals: false,
             needs_args: false,
+            allow_uneven_gpus: false,
         };
         let started = Instant::now();
         let report = launch(&config).expect("launch");
