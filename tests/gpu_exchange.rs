@@ -5,7 +5,7 @@
 
 use halo::abi::Float3;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{Element, LocalRanks, RankHalo, Transport, reference};
+use halo::exchange::{Element, Exchange, LocalRanks, RankHalo, Transport, reference};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use halo::gpu::DeviceMemory;
@@ -139,6 +139,35 @@ fn a_missing_signal_times_out_with_a_clear_error() {
         r.reset_protocol().unwrap();
     }
     ranks.launch_coordinates(Transport::Fused).unwrap();
+    ranks.finish().unwrap();
+}
+
+#[test]
+fn stale_larger_signals_cannot_satisfy_a_new_phase() {
+    let test = "stale_larger_signals_cannot_satisfy_a_new_phase";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
+    let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
+    ranks.set_wait_timeout(Duration::from_millis(300));
+    let stream0 = ranks.stream(0).clone();
+    // The hazard: signals are compared with `>=`, so a value an earlier phase left in a slot (a
+    // later step of 2000) lets rank 0 finish step 1 although rank 1 never launched.
+    ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
+    ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
+    ranks.finish().unwrap_or_else(|e| panic!("{test}: the stale value was expected to pass silently: {e}"));
+    // The collective reset (which every exchange also runs when it is built) clears such values:
+    // now the same launch must wait for rank 1 and time out, the slot never set.
+    ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
+    ranks.reset_protocol().unwrap();
+    ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
+    match ranks.finish() {
+        Err(HaloError::WaitTimeout(t)) => assert_eq!((t.rank, t.peer, t.step_counter, t.seen), (0, 1, 1, 0), "{test}"),
+        other => panic!("{test}: expected a wait timeout after the reset, got {other:?}"),
+    }
+    // And after another reset both ranks run checked steps again.
+    ranks.reset_protocol().unwrap();
+    ranks.launch_coordinates(Transport::Fused).unwrap();
+    ranks.launch_forces(Transport::Fused).unwrap();
     ranks.finish().unwrap();
 }
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bundle`: everything a GPU machine without Rust or network needs to run halo and its
 //! GPU tests, in `target/bundle/`: `halo`, `stencil3d`, the downstream fixture `halo-downstream`,
-//! the GPU test binaries in `tests/`, the kernels in `ptx/` (the binaries embed the same ones), and
-//! `run-gpu-tests.sh`.
+//! the GPU test binaries in `tests/`, the kernels in `ptx/` (the binaries embed the same ones),
+//! `run-gpu-tests.sh`, and with `--with-ucx` the UCX libraries in `ucx/`.
 
 use crate::PtxArgs;
 use anyhow::{Context, Result, bail};
@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "gpu_nbnxm", "stencil3d_gpu"];
+const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes"];
 /// The packages those tests belong to.
-const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d"];
+const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 
-pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
+pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>) -> Result<()> {
     let root = crate::workspace_root();
     let bundle = root.join("target/bundle");
     if bundle.exists() {
@@ -33,6 +33,9 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
     artifacts.copy_to(&bundle.join("ptx"))?;
     for (name, exe) in test_executables(ptx, &root)? {
         copy_stripped(&exe, &bundle.join("tests").join(&name))?;
+    }
+    if let Some(ucx) = ucx {
+        copy_tree(ucx, &bundle.join("ucx"))?;
     }
     let script = bundle.join("run-gpu-tests.sh");
     fs::write(&script, RUN_GPU_TESTS)?;
@@ -85,6 +88,24 @@ fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     set_executable(to)
 }
 
+/// Copies the files under `from` (not its dot-files) to `to`.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &to.join(&name))?;
+        } else {
+            fs::copy(entry.path(), to.join(&name)).with_context(|| format!("copying {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn set_executable(p: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
@@ -110,6 +131,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 unset HALO_PTX_DIR
 export HALO_REQUIRE_GPU=1
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+# The tests that launch ranks (gpu_pes) run this bundle's halo; the UCX ones need ucx/ (--with-ucx).
+export HALO_BIN="$here/halo"
+if [ -d "$here/ucx" ]; then export HALO_UCX_DIR="$here/ucx"; fi
 status=0
 echo "== halo-downstream (a crate outside the workspace: plain cargo build, embedded kernels)"
 "$here/halo-downstream" || status=1

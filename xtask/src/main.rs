@@ -5,12 +5,15 @@
 //! - `test`: everything CI runs (the PTX build, the workspace tests, the docs, and the downstream
 //!   fixture crate built with plain `cargo build`).
 //! - `demo`: builds what is stale and runs the default halo run on the GPUs present.
-//! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network.
+//! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network
+//!   (`--with-ucx`: with the UCX libraries for the emulated-network tests).
+//! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
 //!
 //! The `halo` library's build script embeds the same kernels: it calls the same builder, finds the
 //! artifacts `build-ptx` left in the cache under the same stamp, and builds nothing twice.
 
 mod bundle;
+mod ucx;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -82,7 +85,14 @@ enum Task {
     Bundle {
         #[command(flatten)]
         ptx: PtxArgs,
+        /// Also carry the UCX libraries (`fetch-ucx`) as `ucx/`, so the GPU tests run the put path
+        /// through NVSHMEM's UCX transport (about 7 MB).
+        #[arg(long)]
+        with_ucx: bool,
     },
+    /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
+    /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
+    FetchUcx,
 }
 
 fn main() -> Result<()> {
@@ -109,9 +119,14 @@ fn main() -> Result<()> {
             let halo = workspace_root().join("target/release/halo");
             halo_builder::run(Command::new(halo).arg("demo").env_remove("HALO_PTX_DIR"), "halo demo")?;
         }
-        Task::Bundle { ptx } => {
+        Task::Bundle { ptx, with_ucx } => {
+            let ucx = if with_ucx { Some(ucx::fetch(&workspace_root())?) } else { None };
             let artifacts = ptx.build()?;
-            bundle::assemble(&ptx, &artifacts)?;
+            bundle::assemble(&ptx, &artifacts, ucx.as_deref())?;
+        }
+        Task::FetchUcx => {
+            let dir = ucx::fetch(&workspace_root())?;
+            println!("{}", dir.display());
         }
     }
     Ok(())

@@ -123,7 +123,7 @@ impl<T: Element> LocalRanks<T> {
         super::reset::run(|step| {
             for (rank, stream) in ranks.iter_mut().zip(streams) {
                 match step {
-                    ResetStep::WaitIdle => rank.wait_idle(stream, "waiting for a rank's stream around a protocol reset", None, None)?,
+                    ResetStep::WaitIdle => rank.wait_idle(stream, "waiting for a rank's stream around a protocol reset", None, || None)?,
                     ResetStep::Barrier => {} // one thread drives every rank
                     ResetStep::Zero => rank.zero_protocol(stream)?,
                 }
@@ -172,7 +172,7 @@ impl<T: Element> LocalRanks<T> {
     /// Waits for every rank's stream, each bounded ([`RankExchange::wait_idle`]).
     fn sync_all(&mut self) -> Result<()> {
         for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
-            rank.wait_idle(stream, "waiting for a rank's stream", None, None)?;
+            rank.wait_idle(stream, "waiting for a rank's stream", None, || None)?;
         }
         self.host_syncs += 1;
         Ok(())

@@ -266,8 +266,9 @@ impl<T: Element> PeExchange<T> {
     /// The bounded wait for this PE's stream. A stream that is stuck marks the exchange failed
     /// and gives up NVSHMEM's collective teardown at once (no collective can complete with it).
     fn wait_idle(&mut self, what: &str) -> Result<()> {
-        let nvshmem = format!("NVSHMEM {:?}, init status {}", self.nvshmem.version(), self.nvshmem.init_status());
-        let waited = self.rank.wait_idle(&self.stream, what, self.remote_transport.as_deref(), Some(nvshmem));
+        let nv = &self.nvshmem;
+        let state = || Some(format!("NVSHMEM {:?}, init status {}", nv.version(), nv.init_status()));
+        let waited = self.rank.wait_idle(&self.stream, what, self.remote_transport.as_deref(), state);
         if let Err(e) = &waited {
             let why = e.to_string();
             if matches!(e, HaloError::StreamStuck(_)) {

@@ -273,9 +273,15 @@ impl<T: Element> RankExchange<T> {
 
     /// Waits, bounded by [`Self::host_wait_budget`] without progress, until `stream` (this rank's
     /// exchange stream) is idle. On expiry: [`HaloError::StreamStuck`] naming this rank, `what`,
-    /// the last launch, [`Self::path_description`] and `nvshmem` (NVSHMEM's state, for a PE); the
+    /// the last launch, [`Self::path_description`] and `nvshmem()` (NVSHMEM's state, for a PE); the
     /// process is then ended within [`watch::STUCK_EXIT_GRACE`] (its GPU resources cannot be freed).
-    pub fn wait_idle(&mut self, stream: &CudaStream, what: &str, remote_transport: Option<&str>, nvshmem: Option<String>) -> Result<()> {
+    pub fn wait_idle(
+        &mut self,
+        stream: &CudaStream,
+        what: &str,
+        remote_transport: Option<&str>,
+        nvshmem: impl FnOnce() -> Option<String>,
+    ) -> Result<()> {
         self.context().bind_to_thread().during("binding the context")?;
         if crate::gpu::wait::stream_idle(stream)? {
             return Ok(()); // the fast path: one query
@@ -297,7 +303,7 @@ impl<T: Element> RankExchange<T> {
             last_launch,
             path,
             device,
-            nvshmem,
+            nvshmem: nvshmem(),
         })
     }
 
@@ -551,6 +557,13 @@ impl<T: Element> RankExchange<T> {
                 waited.as_secs_f64()
             ))),
         }
+    }
+
+    /// Test support: fills this rank's signal and credit slots with `value`, as an earlier phase on
+    /// reused memory could have left them. Not part of the API.
+    #[doc(hidden)]
+    pub fn fill_signals_for_tests(&self, value: u64) -> Result<()> {
+        self.signals.copy_from_host(&vec![value; self.signals.len()])
     }
 
     /// Copies `data` into the start of the coordinate array (home atoms).

@@ -1,0 +1,265 @@
+//! Several PEs per GPU (issue 20) and the put path through NVSHMEM's UCX transport emulated on one
+//! node (issue 19), run as a user would: the built `halo` binary under `halo launch`.
+//!
+//! The binary is `$HALO_BIN`, else a `halo` next to this test executable or one folder up (the
+//! bundle: `tests/gpu_pes` beside `halo`), else the one cargo built. These tests need two GPUs:
+//! with fewer they say they skipped; with no GPU at all and `HALO_REQUIRE_GPU=1` they fail. The
+//! UCX tests also need the UCX libraries (`HALO_UCX_DIR`, which the bundle's runner sets when the
+//! bundle carries them: `cargo xtask bundle --with-ucx`); without them they say they skipped.
+//!
+//! Every run is bounded (a hard limit kills the launcher, whose ranks die with it) and prints its
+//! wall time on stderr, so a slow configuration shows up in the log.
+
+use halo::launch::ucx;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The issue's bound: a failing run ends within 10 s of the failure.
+const FAIL_BOUND: Duration = Duration::from_secs(10);
+
+fn note(text: &str) {
+    // Straight to the stderr handle: the harness hides `eprintln!` of passing tests.
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// The `halo` binary to launch.
+fn halo_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HALO_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            let candidate = dir.join("halo");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_halo"))
+}
+
+/// Whether two GPUs are here. Without any GPU this is `gpus_or_skip`'s rule (a failure under
+/// `HALO_REQUIRE_GPU=1`); with one GPU the test skips loudly either way (it needs two).
+fn two_gpus(test: &str) -> bool {
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return false;
+    }
+    let n = halo::gpu::device_count();
+    if n < 2 {
+        note(&format!("SKIPPED (needs 2 GPUs, {n} present) {test}"));
+        return false;
+    }
+    true
+}
+
+/// The UCX environment, or `None` (after saying so) when no UCX libraries are configured.
+fn ucx_env(test: &str) -> Option<Vec<(String, OsString)>> {
+    match ucx::dir_from_env() {
+        Ok(Some(dir)) => Some(ucx::emulated_network_env(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref())),
+        Ok(None) => {
+            note(&format!(
+                "SKIPPED (no UCX libraries: set {} to a folder from `cargo xtask fetch-ucx`, or use a bundle built with --with-ucx) {test}",
+                ucx::ENV_UCX_DIR
+            ));
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// A finished (or killed) run: exit code, wall time, every output line with its arrival time.
+struct Run {
+    code: Option<i32>,
+    took: Duration,
+    killed: bool,
+    lines: Vec<(Duration, String)>,
+}
+
+impl Run {
+    fn text(&self) -> String {
+        self.lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines.iter().filter(|(_, l)| l.contains(needle)).count()
+    }
+
+    /// When the first line containing any of `needles` arrived.
+    fn first(&self, needles: &[&str]) -> Option<Duration> {
+        self.lines.iter().find(|(_, l)| needles.iter().any(|n| l.contains(n))).map(|(t, _)| *t)
+    }
+
+    fn assert_ok(&self, what: &str) {
+        assert!(!self.killed && self.code == Some(0), "{what}: exit {:?} after {:?} (killed: {})\n{}", self.code, self.took, self.killed, self.text());
+    }
+}
+
+/// Runs `halo <args>` with `env` added, killed after `limit`.
+fn halo(args: &[&str], env: &[(String, OsString)], limit: Duration) -> Run {
+    let mut cmd = Command::new(halo_bin());
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.env("NVSHMEM_DISABLE_NVLS", "1").env("NCCL_NVLS_ENABLE", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", halo_bin().display()));
+    let (tx, rx) = mpsc::channel::<(Duration, String)>();
+    let readers: Vec<_> = [child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)]
+        .into_iter()
+        .flatten()
+        .map(|pipe| {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send((start.elapsed(), line));
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut killed = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if start.elapsed() > limit => {
+                killed = true;
+                let _ = child.kill(); // the ranks get SIGKILL with their launcher (PR_SET_PDEATHSIG)
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("waiting for halo: {e}"),
+        }
+    };
+    let took = start.elapsed();
+    for r in readers {
+        let _ = r.join();
+    }
+    let mut lines: Vec<(Duration, String)> = rx.into_iter().collect();
+    lines.sort_by_key(|(t, _)| *t);
+    note(&format!("  halo {} -> {:?} in {:.1} s{}", args.join(" "), status.and_then(|s| s.code()), took.as_secs_f64(), if killed { " (KILLED)" } else { "" }));
+    Run { code: status.and_then(|s| s.code()), took, killed, lines }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 20: several PEs per GPU.
+
+#[test]
+fn three_pes_on_two_gpus_are_refused_with_counts_that_work() {
+    if !two_gpus("three_pes_on_two_gpus_are_refused_with_counts_that_work") {
+        return;
+    }
+    let run = halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "exchange-check", "--grid", "3x1x1", "--steps", "20"], &[], Duration::from_secs(60));
+    assert!(!run.killed && run.code == Some(1), "exit {:?}\n{}", run.code, run.text());
+    assert!(run.took < FAIL_BOUND, "took {:?}", run.took);
+    let text = run.text();
+    assert!(text.contains("cannot start an uneven number of PEs per GPU") && text.contains("-n 2 or -n 4"), "{text}");
+}
+
+#[test]
+fn four_pes_on_two_gpus_pass_the_issue_commands() {
+    if !two_gpus("four_pes_on_two_gpus_pass_the_issue_commands") {
+        return;
+    }
+    let check = halo(&["launch", "-n", "4", "--gpus", "0,1", "--", "exchange-check", "--grid", "4x1x1", "--steps", "20"], &[], Duration::from_secs(300));
+    check.assert_ok("exchange-check 4x1x1");
+    assert_eq!(check.count(": 20 steps, 20 checked, OK on this PE"), 4 * 4, "every PE, every transport but NVSHMEM-less ones\n{}", check.text());
+    // The issue's bench command, with one repeat and no warm-up (each phase still 2000 steps).
+    let bench = [
+        "launch", "-n", "4", "--gpus", "0,1", "--", "bench", "--ranks", "4x1x1", "--transport", "fused,per-pulse-direct", "--atoms", "6000,45000",
+        "--steps", "2000", "--wait-timeout-ms", "3000", "--quiet", "--repeats", "1", "--warmup", "0",
+    ];
+    let run = halo(&bench, &[], Duration::from_secs(600));
+    run.assert_ok("bench 4x1x1");
+    assert!(run.count("hardware floor") == 1 && run.count("skipped") == 0, "{}", run.text());
+}
+
+/// Rings of `n` PEs on two GPUs with one and two pulses: the exchange checked every 250 steps of
+/// 2000, and the benchmark's coordinate-only, force-only and full phases, 2000 steps each.
+fn ring(n: usize) {
+    let grid = format!("{n}x1x1");
+    for pulses in ["1", "2"] {
+        let args = [
+            "launch", "-n", &n.to_string(), "--gpus", "0,1", "--", "exchange-check", "--grid", &grid, "--pulses", pulses, "--steps", "2000",
+            "--check-every", "250", "--transport", "fused,per-pulse", "--home-atoms", "1500",
+        ];
+        let run = halo(&args, &[], Duration::from_secs(600));
+        run.assert_ok(&format!("exchange-check {grid}, {pulses} pulse(s)"));
+        assert_eq!(run.count(": 2000 steps, 8 checked, OK on this PE"), 2 * n, "{}", run.text());
+    }
+    // MD halos: with a 1 nm cutoff, 4 slabs of 45,000 atoms need one pulse and of 6,000 two; 8 slabs
+    // of 180,000 atoms one and of 45,000 two (`halo plan`).
+    let atoms = if n == 4 { "45000,6000" } else { "180000,45000" };
+    let args = [
+        "launch", "-n", &n.to_string(), "--gpus", "0,1", "--", "bench", "--ranks", &grid, "--transport", "fused", "--atoms", atoms, "--steps",
+        "2000", "--repeats", "1", "--warmup", "0", "--quiet",
+    ];
+    let run = halo(&args, &[], Duration::from_secs(600));
+    run.assert_ok(&format!("bench {grid}"));
+    assert!(run.count("skipped") == 0, "{}", run.text());
+}
+
+#[test]
+fn a_ring_of_four_pes_on_two_gpus_runs_checked() {
+    if two_gpus("a_ring_of_four_pes_on_two_gpus_runs_checked") {
+        ring(4);
+    }
+}
+
+#[test]
+fn a_ring_of_eight_pes_on_two_gpus_runs_checked() {
+    if two_gpus("a_ring_of_eight_pes_on_two_gpus_runs_checked") {
+        ring(8);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 19: the put path through NVSHMEM's proxy and UCX, emulated on one node.
+
+#[test]
+fn ucx_exchange_check_verify_and_bench_pass_with_fenced_puts() {
+    let test = "ucx_exchange_check_verify_and_bench_pass_with_fenced_puts";
+    if !two_gpus(test) {
+        return;
+    }
+    let Some(env) = ucx_env(test) else { return };
+    let run = halo(&["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused,per-pulse"], &env, Duration::from_secs(180));
+    run.assert_ok("exchange-check over UCX");
+    assert_eq!(run.count(": 10 steps, 10 checked, OK on this PE"), 2 * 2, "{}", run.text());
+    for (n, grid) in [("2", "2x1x1"), ("4", "4x1x1"), ("4", "2x2x1")] {
+        let run = halo(&["launch", "-n", n, "--gpus", "0,1", "--", "verify", "--ranks", grid, "--steps", "20"], &env, Duration::from_secs(300));
+        run.assert_ok(&format!("verify {grid} over UCX"));
+    }
+    let bench = ["launch", "-n", "2", "--", "bench", "--ranks", "2x1x1", "--transport", "fused,per-pulse", "--atoms", "6000", "--steps", "200", "--repeats", "3", "--warmup", "1", "--quiet"];
+    let run = halo(&bench, &env, Duration::from_secs(300));
+    run.assert_ok("bench over UCX");
+    assert!(run.count("not mapped into each other") >= 1 && run.count("skipped") == 0, "{}", run.text());
+}
+
+#[test]
+fn a_dying_proxy_ends_the_run_within_10_s() {
+    let test = "a_dying_proxy_ends_the_run_within_10_s";
+    if !two_gpus(test) {
+        return;
+    }
+    let Some(mut env) = ucx_env(test) else { return };
+    // The signal of putmem_signal is a remote atomic, which UCX without GDRCopy cannot do: NVSHMEM's
+    // proxy thread prints "AMO ... not supported" and exits the process from its own thread.
+    env.push(("HALO_PUT_SIGNAL".into(), "put-signal".into()));
+    let args = ["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused", "--wait-timeout-ms", "2000"];
+    let run = halo(&args, &env, Duration::from_secs(120));
+    let text = run.text();
+    assert!(!run.killed, "the run did not end by itself within 120 s:\n{text}");
+    assert_ne!(run.code, Some(0), "the proxy was expected to fail (UCX without GDRCopy has no remote atomics), but the run passed:\n{text}");
+    let failure = run
+        .first(&["not supported", "aborting", "halo: error", "timed out", "nothing moved", "watchdog"])
+        .unwrap_or_else(|| panic!("no failure message in the output:\n{text}"));
+    let to_exit = run.took.saturating_sub(failure);
+    note(&format!("  {test}: first failure message after {:.1} s, launcher exited {:.1} s later", failure.as_secs_f64(), to_exit.as_secs_f64()));
+    assert!(to_exit < FAIL_BOUND, "the run took {to_exit:?} from the first failure to its end:\n{text}");
+    assert!(text.contains("halo: error") || text.contains("halo: rank"), "no message of halo's own about the failure:\n{text}");
+}
