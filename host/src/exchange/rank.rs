@@ -172,7 +172,7 @@ impl<T: Element> RankExchange<T> {
         let counters = DeviceBuffer::zeroed(&ctx, COUNTERS_PER_PULSE * n)?;
         let status = DeviceBuffer::zeroed(&ctx, 1)?;
         let grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>());
-        Ok(Self {
+        let this = Self {
             rank,
             module,
             x,
@@ -194,7 +194,10 @@ impl<T: Element> RankExchange<T> {
             halo,
             last_launch: None,
             watch: None,
-        })
+        };
+        // The zeroing above ran on the default stream: done before anything else can run.
+        this.wait_default_stream("zeroing the new exchange's buffers")?;
+        Ok(this)
     }
 
     /// This rank's index.
@@ -548,11 +551,18 @@ impl<T: Element> RankExchange<T> {
         self.state.fill_bytes(0)?;
         self.counters.fill_bytes(0)?;
         self.status.fill_bytes(0)?;
-        let budget = self.host_wait_budget();
-        match crate::gpu::wait::poll_until_done(crate::gpu::wait::legacy_stream_idle, || None, budget, None)? {
+        self.wait_default_stream("the protocol reset")
+    }
+
+    /// Waits (bounded) for the legacy default stream, where `fill_bytes` and the allocation-time
+    /// zeroing run: the driver's memsets may return before they ran, and the exchange's own
+    /// streams are not ordered after them.
+    fn wait_default_stream(&self, what: &str) -> Result<()> {
+        self.context().bind_to_thread().during("binding the context")?;
+        match crate::gpu::wait::poll_until_done(crate::gpu::wait::legacy_stream_idle, || None, self.host_wait_budget(), None)? {
             crate::gpu::wait::WaitOutcome::Done(_) => Ok(()),
             crate::gpu::wait::WaitOutcome::Expired { waited, .. } => Err(HaloError::InvalidInput(format!(
-                "rank {}: the protocol reset did not complete within {:.1} s (the GPU is busy with work that does not end)",
+                "rank {}: {what} did not complete within {:.1} s (the GPU is busy with work that does not end)",
                 self.rank,
                 waited.as_secs_f64()
             ))),
