@@ -52,4 +52,4 @@ run 120 $H launch -n 2 -- $P --json "$OUT/nvlink.json"
 #    proxy aborts. The run must end by itself, non-zero, within 10 s of the first failure message,
 #    with halo's own message (a device wait that expired, or "nothing moved ... stuck").
 #    (`time` prints the whole run's wall time; gpu_pes measures from the first failure line.)
-HALO_PUT_SIGNAL=put-signal run 60 "${UCX[@]}" $H launch -n 2 -- exchange-check --grid 2x1x1 --steps 10 --transport fused --wait-timeout-ms 2000
+HALO_PUT_SIGNAL=put-signal run 60 "${UCX[@]}" $H launch -n 2 -- exchange-check --grid 2x1x1 --steps 10 --transport fused --wait-timeout-ms 1000

@@ -250,7 +250,7 @@ fn a_dying_proxy_ends_the_run_within_10_s() {
     // The signal of putmem_signal is a remote atomic, which UCX without GDRCopy cannot do: NVSHMEM's
     // proxy thread prints "AMO ... not supported" and exits the process from its own thread.
     env.push(("HALO_PUT_SIGNAL".into(), "put-signal".into()));
-    let args = ["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused", "--wait-timeout-ms", "2000"];
+    let args = ["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused", "--wait-timeout-ms", "1000"];
     let run = halo(&args, &env, Duration::from_secs(120));
     let text = run.text();
     assert!(!run.killed, "the run did not end by itself within 120 s:\n{text}");

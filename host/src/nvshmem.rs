@@ -39,6 +39,24 @@ pub fn collectives_abandoned() -> bool {
     ABANDONED.load(Ordering::SeqCst)
 }
 
+/// See [`set_abandon_after_failure`].
+static ABANDON_AFTER_FAILURE: AtomicBool = AtomicBool::new(true);
+
+/// Whether a PE exchange dropped after a device wait expired (without a successful
+/// `reset_protocol`) gives up the collective teardown ([`abandon_collectives`]). On by default:
+/// a command that ends on the failure must not wait for peers that may be dead (their barrier in
+/// `nvshmem_free` would hang until the watchdog's deadline). A program that recovers by building a
+/// new exchange on every PE together (all alive) turns it off. A stream that is stuck always
+/// abandons the teardown.
+pub fn set_abandon_after_failure(on: bool) {
+    ABANDON_AFTER_FAILURE.store(on, Ordering::SeqCst);
+}
+
+/// The setting of [`set_abandon_after_failure`].
+pub fn abandon_after_failure() -> bool {
+    ABANDON_AFTER_FAILURE.load(Ordering::SeqCst)
+}
+
 /// A unique id (128 bytes) made by PE 0 and handed to every PE through a private channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UniqueId(pub [u8; 128]);

@@ -92,7 +92,8 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     remote_transport: Option<String>,
     /// Why the exchange cannot be trusted any more (a wait that expired, a stuck stream), until a
     /// successful [`Self::reset_protocol`]. Dropped in that state, it gives up NVSHMEM's
-    /// collective teardown ([`crate::nvshmem::abandon_collectives`]): the peers may be gone.
+    /// collective teardown ([`crate::nvshmem::abandon_collectives`]; see
+    /// [`crate::nvshmem::set_abandon_after_failure`]): the peers may be gone.
     failed: Option<String>,
 }
 
@@ -354,7 +355,7 @@ impl<T: Element> Drop for PeExchange<T> {
         if self.failed.is_none() {
             let _ = self.wait_idle("waiting for the halo stream before freeing the exchange");
         }
-        if let Some(why) = &self.failed {
+        if let Some(why) = self.failed.as_ref().filter(|_| crate::nvshmem::abandon_after_failure()) {
             crate::nvshmem::abandon_collectives(&format!("rank {}'s exchange was dropped after a failure: {why}", self.rank.rank()));
         }
     }

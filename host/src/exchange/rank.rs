@@ -139,8 +139,9 @@ pub struct RankExchange<T: Element = Float3> {
     grids: Grids,
     /// The last launch (transport, forces?), for the message of a stuck wait.
     last_launch: Option<(Transport, bool)>,
-    /// Reads the counters beside a stuck stream; made on the first wait that takes long.
-    watch: Option<StateWatch>,
+    /// Reads the counters beside a stuck stream (made up front: allocating pinned memory later,
+    /// while a kernel is stuck, could block).
+    watch: StateWatch,
 }
 
 impl<T: Element> RankExchange<T> {
@@ -172,6 +173,7 @@ impl<T: Element> RankExchange<T> {
         let counters = DeviceBuffer::zeroed(&ctx, COUNTERS_PER_PULSE * n)?;
         let status = DeviceBuffer::zeroed(&ctx, 1)?;
         let grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>());
+        let watch = StateWatch::new(&ctx)?;
         let this = Self {
             rank,
             module,
@@ -193,7 +195,7 @@ impl<T: Element> RankExchange<T> {
             grids,
             halo,
             last_launch: None,
-            watch: None,
+            watch,
         };
         // The zeroing above ran on the default stream: done before anything else can run.
         this.wait_default_stream("zeroing the new exchange's buffers")?;
@@ -289,15 +291,11 @@ impl<T: Element> RankExchange<T> {
         if crate::gpu::wait::stream_idle(stream)? {
             return Ok(()); // the fast path: one query
         }
-        if self.watch.is_none() {
-            self.watch = Some(StateWatch::new(self.context())?);
-        }
         let budget = self.host_wait_budget();
         let path = self.path_description(remote_transport);
         let (rank, last_launch) = (self.rank, self.last_launch.map(|(t, f)| watch::launch_name(t, f)));
         let (state, status) = (self.state.device_ptr(), self.status.device_ptr());
-        let Some(w) = self.watch.as_mut() else { return Ok(()) };
-        let target = WaitTarget { rank, state, status, watch: w, budget };
+        let target = WaitTarget { rank, state, status, watch: &mut self.watch, budget };
         watch::wait_stream(stream, target, |waited, since_progress, device| StuckStream {
             rank,
             what: what.to_string(),

@@ -17,7 +17,11 @@ pub const HOST_WAIT_ENV: &str = "HALO_HOST_WAIT_TIMEOUT_S";
 
 /// How much longer than the device wait deadline a host wait waits without progress by default:
 /// a healthy kernel ends (or gives up) within the device deadline.
-pub const HOST_WAIT_MARGIN: Duration = Duration::from_secs(5);
+pub const HOST_WAIT_MARGIN: Duration = Duration::from_secs(3);
+
+/// How much longer the watchdog gives a host wait than its own budget: it only fires when a driver
+/// call inside the wait's loop blocks.
+pub const BACKSTOP_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long a process whose stream is stuck may take to end after the error (its orderly
 /// teardown may block on the stuck kernel; the watchdog ends it then).
@@ -226,7 +230,7 @@ pub fn wait_stream(
     describe: impl FnOnce(Duration, Duration, Option<DeviceSnapshot>) -> StuckStream,
 ) -> Result<()> {
     stream.context().bind_to_thread().during("binding the context")?;
-    let backstop = target.budget + Duration::from_secs(10);
+    let backstop = target.budget + BACKSTOP_MARGIN;
     let guard = watchdog::arm(steps::HOST_WAIT, backstop);
     let (state, status, watch) = (target.state, target.status, target.watch);
     let outcome = poll_until_done(|| stream_idle(stream), || watch.sample(state, status).map(|s| s.progress()), target.budget, Some((&guard, backstop)))?;
@@ -249,10 +253,10 @@ mod tests {
     #[test]
     fn the_budget_is_the_device_deadline_plus_a_margin_unless_set() {
         let five = Duration::from_secs(5);
-        assert_eq!(host_wait_budget(five, None), Duration::from_secs(10));
+        assert_eq!(host_wait_budget(five, None), Duration::from_secs(8));
         assert_eq!(host_wait_budget(five, Some("2.5")), Duration::from_millis(2500));
-        assert_eq!(host_wait_budget(five, Some("zero")), Duration::from_secs(10));
-        assert_eq!(host_wait_budget(five, Some("-1")), Duration::from_secs(10));
+        assert_eq!(host_wait_budget(five, Some("zero")), Duration::from_secs(8));
+        assert_eq!(host_wait_budget(five, Some("-1")), Duration::from_secs(8));
     }
 
     #[test]
