@@ -312,6 +312,8 @@ impl<T: Element> RankExchange<T> {
     /// counters, block counters and wait status (every value a peer or a launch may have left).
     /// Part of the collective reset ([`super::reset`]); the caller waits for the stream.
     pub fn zero_protocol(&self, stream: &CudaStream) -> Result<()> {
+        // The stream's context must be current (ranks in one process may live on several GPUs).
+        self.context().bind_to_thread().during("binding the context")?;
         self.signals.fill_bytes_async(0, stream)?;
         self.state.fill_bytes_async(0, stream)?;
         self.counters.fill_bytes_async(0, stream)?;
