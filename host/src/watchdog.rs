@@ -44,62 +44,71 @@ pub struct Step {
     pub fix: &'static str,
 }
 
+impl Step {
+    /// A step named `name`, with the likely `cause` of a hang in it and the `fix`.
+    pub const fn new(name: &'static str, cause: &'static str, fix: &'static str) -> Self {
+        Self { name, cause, fix }
+    }
+}
+
 /// The steps halo arms.
 pub mod steps {
     use super::Step;
 
+    const FIND_THE_FIRST_FAILURE: &str = "check the other ranks' messages for the first failure";
+
     /// `nvshmemx_hostlib_init_attr`: bootstrap, transports, teams.
-    pub const NVSHMEM_INIT: Step = Step {
-        name: "NVSHMEM init",
-        cause: "another rank did not start or died before finishing its own init (see its output); \
-                an uneven number of PEs per GPU (NVSHMEM 3.4.5 never finishes its team set-up then); \
-                or a remote transport that cannot connect (NVSHMEM_REMOTE_TRANSPORT, UCX_NET_DEVICES, NVSHMEM_HCA_LIST)",
-        fix: "use a rank count that is a multiple of the GPU count, check the other ranks' messages, \
-              rerun with NVSHMEM_DEBUG=INFO to see the last step NVSHMEM reached, or raise HALO_STARTUP_TIMEOUT_S (seconds) if start-up is only slow",
-    };
+    pub const NVSHMEM_INIT: Step = Step::new(
+        "NVSHMEM init",
+        "another rank did not start or died before finishing its own init (see its output); \
+         an uneven number of PEs per GPU (NVSHMEM 3.4.5 never finishes its team set-up then); \
+         or a remote transport that cannot connect (NVSHMEM_REMOTE_TRANSPORT, UCX_NET_DEVICES, NVSHMEM_HCA_LIST)",
+        "use a rank count that is a multiple of the GPU count, check the other ranks' messages, \
+         rerun with NVSHMEM_DEBUG=INFO to see the last step NVSHMEM reached, or raise HALO_STARTUP_TIMEOUT_S (seconds) if start-up is only slow",
+    );
     /// A rank other than 0 waiting for rank 0's unique id.
-    pub const UNIQUE_ID: Step = Step {
-        name: "rendezvous: waiting for rank 0's unique id",
-        cause: "rank 0 failed before it could publish NVSHMEM's unique id (see its output), or the ranks do not share \
-                the launcher's rendezvous directory",
-        fix: "fix rank 0's error; start the ranks with `halo launch` on one node (across nodes, use mpirun or srun)",
-    };
+    pub const UNIQUE_ID: Step = Step::new(
+        "rendezvous: waiting for rank 0's unique id",
+        "rank 0 failed before it could publish NVSHMEM's unique id (see its output), or the ranks do not share \
+         the launcher's rendezvous directory",
+        "fix rank 0's error; start the ranks with `halo launch` on one node (across nodes, use mpirun or srun)",
+    );
     /// `nvshmem_align`: collective, every PE must allocate the same size in the same order.
-    pub const SYMMETRIC_ALLOC: Step = Step {
-        name: "symmetric allocation",
-        cause: "another rank did not reach the same allocation (it failed, hangs, or runs a different command or options)",
-        fix: "check the other ranks' messages and start every rank with the same arguments",
-    };
+    pub const SYMMETRIC_ALLOC: Step = Step::new(
+        "symmetric allocation",
+        "another rank did not reach the same allocation (it failed, hangs, or runs a different command or options)",
+        "check the other ranks' messages and start every rank with the same arguments",
+    );
     /// `nvshmem_free`: collective, with a barrier.
-    pub const SYMMETRIC_FREE: Step = Step {
-        name: "symmetric free",
-        cause: "another rank did not reach the same free (it failed or hangs)",
-        fix: "check the other ranks' messages for the first failure",
-    };
+    pub const SYMMETRIC_FREE: Step = Step::new(
+        "symmetric free",
+        "another rank did not reach the same free (it failed or hangs)",
+        FIND_THE_FIRST_FAILURE,
+    );
     /// `nvshmemx_cumodule_init`.
-    pub const MODULE_REGISTRATION: Step = Step {
-        name: "module registration",
-        cause: "NVSHMEM could not set up the kernels' device state (a broken NVSHMEM install or a GPU in a bad state)",
-        fix: "rerun with NVSHMEM_DEBUG=INFO; check `halo info` on this GPU",
-    };
+    pub const MODULE_REGISTRATION: Step = Step::new(
+        "module registration",
+        "NVSHMEM could not set up the kernels' device state (a broken NVSHMEM install or a GPU in a bad state)",
+        "rerun with NVSHMEM_DEBUG=INFO; check `halo info` on this GPU",
+    );
     /// `nvshmem_barrier_all`.
-    pub const BARRIER: Step = Step {
-        name: "barrier",
-        cause: "another rank did not reach the barrier: it failed, hangs, or is stuck on its GPU",
-        fix: "check the other ranks' messages for the first failure",
-    };
+    pub const BARRIER: Step = Step::new(
+        "barrier",
+        "another rank did not reach the barrier: it failed, hangs, or is stuck on its GPU",
+        FIND_THE_FIRST_FAILURE,
+    );
     /// `nvshmemx_hostlib_finalize`.
-    pub const FINALIZE: Step = Step {
-        name: "NVSHMEM finalize",
-        cause: "another rank did not reach its own finalisation (it failed or hangs)",
-        fix: "check the other ranks' messages for the first failure",
-    };
+    pub const FINALIZE: Step = Step::new(
+        "NVSHMEM finalize",
+        "another rank did not reach its own finalisation (it failed or hangs)",
+        FIND_THE_FIRST_FAILURE,
+    );
     /// The host waiting for an exchange stream, as a backstop when a driver call blocks.
-    pub const HOST_WAIT: Step = Step {
-        name: "waiting for the halo stream",
-        cause: "a CUDA driver call did not return (the GPU context is stuck, or NVSHMEM's proxy thread is exiting)",
-        fix: "look above for NVSHMEM's own messages (e.g. `proxy.cpp ... aborting`); see docs/reliability.md",
-    };
+    pub const HOST_WAIT: Step = Step::new(
+        "waiting for the halo stream",
+        "a CUDA driver call did not return (the GPU context is stuck, or NVSHMEM's proxy thread is exiting)",
+        "look above for NVSHMEM's own messages (e.g. `proxy.cpp ... aborting`); see docs/reliability.md",
+    );
 
     /// Every step, for the documentation test.
     pub const ALL: [Step; 8] = [NVSHMEM_INIT, UNIQUE_ID, SYMMETRIC_ALLOC, SYMMETRIC_FREE, MODULE_REGISTRATION, BARRIER, FINALIZE, HOST_WAIT];
