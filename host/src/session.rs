@@ -53,6 +53,8 @@ impl PeSession {
         set_default_env("NVSHMEM_DISABLE_NVLS", "1"); // NVLink multicast stays off on shared machines
         // SAFETY: start-up, before NVSHMEM reads the environment (as set_default_env).
         unsafe { crate::exchange::proxy::disable_idle_proxy_by_default() };
+        // Before the thread list `keep_launcher_off_proxy` compares with NVSHMEM's threads.
+        watchdog::ensure_started();
 
         let ctx = gpu::open_device(env.device)?;
         let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;

@@ -194,6 +194,12 @@ pub fn arm(step: Step, timeout: Duration) -> Guard {
     Guard { id }
 }
 
+/// Starts the watchdog thread now (it starts on first use otherwise), e.g. before taking a list
+/// of this process's threads that must not include it.
+pub fn ensure_started() {
+    start_thread(&mut state());
+}
+
 /// Runs `f` with `step` armed for `timeout`.
 pub fn bounded<T>(step: Step, timeout: Duration, f: impl FnOnce() -> T) -> T {
     let _guard = arm(step, timeout);
