@@ -504,7 +504,7 @@ fn grid_text(g: [usize; 3]) -> String {
 /// Small collectives between the PEs: every PE writes its values into a symmetric buffer and
 /// everyone reads everyone's through `nvshmem_ptr` when every peer is mapped (one node); when
 /// they are not (NVSHMEM_DISABLE_P2P=1, the put path through a remote transport), through
-/// `halo launch`'s rendezvous instead. Every PE takes the same branch: mapping is symmetric.
+/// `halo launch`'s rendezvous instead.
 struct PeComm {
     nvshmem: Arc<Nvshmem>,
     buf: SymmetricBuffer<f64>,
@@ -516,7 +516,13 @@ impl PeComm {
     fn new(nvshmem: Arc<Nvshmem>, capacity: usize) -> Result<Self> {
         let buf = nvshmem.alloc::<f64>(capacity)?;
         let me = nvshmem.my_pe();
-        let mapped = (0..nvshmem.n_pes()).all(|pe| pe == me || buf.peer_ptr(pe).is_some());
+        let here = (0..nvshmem.n_pes()).all(|pe| pe == me || buf.peer_ptr(pe).is_some());
+        // Every PE must take the same branch: agree through the rendezvous where there is one
+        // (`halo launch`; elsewhere, e.g. under mpirun on one node, every PE sees every peer).
+        let mapped = match halo::launch::rendezvous::all_gather("bench-comm-mapped", &[u8::from(here)]) {
+            Ok(all) => all.iter().all(|b| b.as_slice() == [1]),
+            Err(_) => here,
+        };
         Ok(Self { nvshmem, buf, mapped, gathers: std::cell::Cell::new(0) })
     }
 
