@@ -16,7 +16,7 @@
 //! # use halo_md::nbnxm::*;
 //! # fn demo(plan: &halo::decomp::HaloPlan, system: &halo::system::MolecularSystem,
 //! #         module: std::sync::Arc<halo::gpu::KernelModule>, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
-//! let setup = ListSetup::for_system(system, 1.0, 0.002, 100, 10, 1e-3)?;
+//! let setup = ListSetup::for_system(system, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE)?;
 //! let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types)?;
 //! let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist))?;
 //! let gpu = NbnxmGpu::new(module, &search, &lj_table(system), &setup, system.box_size)?;
@@ -29,7 +29,7 @@ mod grid;
 mod local;
 mod pairlist;
 
-pub use buffer::{BufferModel, ListSetup};
+pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
 pub use local::LocalAtoms;
