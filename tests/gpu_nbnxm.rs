@@ -41,6 +41,7 @@ fn table_f64(sys: &MolecularSystem) -> Vec<(f64, f64)> {
 
 /// Runs both lists of one rank on the GPU with every kernel design (optionally pruning first) and
 /// compares forces, energy and (when pruned) the inner lists with the references.
+#[allow(clippy::too_many_arguments)]
 fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize) {
     let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(setup.rlist) };
     let search = PairSearch::build(atoms, &opts).unwrap_or_else(|e| panic!("{test}: {e}"));

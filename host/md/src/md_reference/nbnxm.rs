@@ -270,6 +270,16 @@ mod tests {
         (energy / atoms as f64 / (f64::from(nstlist) * dt), n)
     }
 
+    /// A generated system, the model of its drift at cutoff 1 nm, nstlist 100 and dt 2 fs, the
+    /// buffer for the default tolerance, and the box.
+    fn drift_case(atoms: usize, seed: u64) -> (MolecularSystem, BufferModel, f64, [f64; 3]) {
+        let sys = MolecularSystem::generate(atoms, seed).unwrap();
+        let model = BufferModel::for_system(&sys, 0.002);
+        let buffer = model.buffer_for(1.0, 100, DEFAULT_DRIFT_TOLERANCE);
+        let b = sys.box_size.map(f64::from);
+        (sys, model, buffer, b)
+    }
+
     fn wrap(p: [f64; 3], b: [f64; 3]) -> [f64; 3] {
         std::array::from_fn(|c| p[c].rem_euclid(b[c]))
     }
@@ -284,11 +294,8 @@ mod tests {
     #[test]
     fn the_drift_estimate_matches_ballistic_motion() {
         use rand::{Rng, SeedableRng};
-        let sys = MolecularSystem::generate(4000, 21).unwrap();
+        let (sys, model, buffer, b) = drift_case(4000, 21);
         let (cutoff, nstlist, dt) = (1.0, 100u32, 0.002);
-        let model = BufferModel::for_system(&sys, dt);
-        let buffer = model.buffer_for(cutoff, nstlist, DEFAULT_DRIFT_TOLERANCE);
-        let b = sys.box_size.map(f64::from);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let before: Vec<[f64; 3]> = (0..sys.len()).map(|_| std::array::from_fn(|c| rng.random::<f64>() * b[c])).collect();
         let t = f64::from(nstlist - 1) * dt;
@@ -317,11 +324,8 @@ mod tests {
     /// measured drift, which must still be a visible fraction of it (the check is not vacuous).
     #[test]
     fn the_drift_estimate_bounds_lj_dynamics() {
-        let sys = MolecularSystem::generate(2000, 22).unwrap();
+        let (sys, model, buffer, b) = drift_case(2000, 22);
         let (cutoff, nstlist, dt) = (1.0, 100u32, 0.002);
-        let model = BufferModel::for_system(&sys, dt);
-        let buffer = model.buffer_for(cutoff, nstlist, DEFAULT_DRIFT_TOLERANCE);
-        let b = sys.box_size.map(f64::from);
         let table = pair_table(&sys);
         let nt = sys.atom_types.len();
         let mass: Vec<f64> = (0..sys.len()).map(|i| sys.mass(i)).collect();

@@ -107,7 +107,7 @@ impl BufferModel {
     /// coefficients `a`, list cutoff `rl` and buffer `b`: `∫_0^∞ φ_s(b + y) G(y) dy`, by Simpson's
     /// rule in `η = y / s` over `[0, 12]` (the normal density is below 1e-31 of its peak beyond).
     fn pair_integral(a: &[f64; 3], s: f64, rl: f64, b: f64) -> f64 {
-        if !(s > 0.0) {
+        if s.is_nan() || s <= 0.0 {
             return 0.0;
         }
         let beta = b / s;
