@@ -8,9 +8,10 @@
 //!   force then vanishes by itself), and the self cluster pair, where only `ti < tj` counts, is a
 //!   separate instantiation of the j-cluster body entered by a warp-uniform branch, so the common
 //!   path has no per-pair exclusion test;
-//! - per pair: 3 subtractions, `r²` (1 multiply, 2 FMAs), compare, `rcp.approx`, select, `1/r⁶`
-//!   (2 multiplies), the table load and its address, the force scalar (1 FMA, 2 multiplies) and
-//!   6 FMAs into the i- and j-forces: 17 FP32 instructions and 5 others.
+//! - per pair (SASS of the common path): 3 subtractions, `r²` (1 multiply, 2 FMAs), compare, a
+//!   zero and a predicated `rcp`, `1/r⁶` and `1/r⁸` (3 multiplies), the table load and its
+//!   address, the force scalar (1 FMA, 1 multiply) and 6 FMAs into the i- and j-forces: 23
+//!   instructions, 17 of them FP32; per i-cluster one 16-byte shared load for two pairs.
 //!
 //! Variants (one instantiation each, the host picks one, `NbnxmKernel`):
 //! - `_ind`: j-atoms through the slot index: `atom_index`, then `x` and the slot's type;
