@@ -1,17 +1,19 @@
 //! The cluster-pair (nbnxm) kernels against the `f64` CPU reference of the same lists
 //! (`md_reference::cluster_list_forces`): forces and potential-shifted energy, with and without the
 //! GPU prune, at 6,000 and 45,000 atoms, on one rank and on ranks with a halo (from the existing
-//! decomposition), plus edge inputs (no list, one padded cluster, atoms exactly at the cutoff).
-//! Outputs are poisoned: forces start from known nonzero values with NaN guards after the array,
-//! the energy accumulator starts at 1000. Also prints the kernels' GPU times (no assertion on them).
+//! decomposition), with two and five atom types, short and long list entries, plus edge inputs
+//! (no list, one padded cluster, atoms exactly at the cutoff). Every kernel design
+//! ([`NbnxmKernel::ALL`]) runs every check. Outputs are poisoned: forces start from known nonzero
+//! values with NaN guards after the array, the energy accumulator starts at 1000, the inner list
+//! at all ones. `kernel_times` prints every design's GPU times as a table (no assertion on them).
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid};
 use halo::gpu::{CudaContext, DeviceBuffer, DeviceMemory, KernelModule};
-use halo_md::nbnxm::{ListKind, ListSetup, LocalAtoms, NbnxmGpu, PairSearch, SearchOptions, lj_table};
-use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
-use halo::system::MolecularSystem;
+use halo::system::{AtomType, MolecularSystem};
 use halo::testing::gpu_or_skip;
+use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, lj_table};
 use std::sync::Arc;
 
 /// Relative force tolerance, as `halo verify`: of max(|F| of the atom, RMS force).
@@ -20,6 +22,7 @@ const FORCE_TOL: f64 = 1e-4;
 const ENERGY_TOL: f64 = 2e-5;
 const GUARD: usize = 8;
 const ENERGY_POISON: f64 = 1000.0;
+const MASK: u32 = 0xff;
 
 struct Gpu {
     ctx: Arc<CudaContext>,
@@ -36,29 +39,15 @@ fn table_f64(sys: &MolecularSystem) -> Vec<(f64, f64)> {
     (0..n * n).map(|k| sys.lj_pair(k / n, k % n)).map(|p| (p.c6, p.c12)).collect()
 }
 
-/// Runs both lists of one rank on the GPU (optionally pruning first) and compares forces, energy
-/// and (when pruned) the inner lists with the references. Returns (worst force error, energy error).
-fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool) -> (f64, f64) {
-    let search = PairSearch::build(atoms, &SearchOptions::new(setup.rlist)).unwrap_or_else(|e| panic!("{test}: {e}"));
+/// Runs both lists of one rank on the GPU with every kernel design (optionally pruning first) and
+/// compares forces, energy and (when pruned) the inner lists with the references.
+#[allow(clippy::too_many_arguments)]
+fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize) {
+    let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(setup.rlist) };
+    let search = PairSearch::build(atoms, &opts).unwrap_or_else(|e| panic!("{test}: {e}"));
     let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(sys), setup, atoms.box_size).unwrap_or_else(|e| panic!("{test}: {e}"));
     let n = atoms.len();
     let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
-    // Forces start at known values; the guard entries after the array are NaN and must stay so.
-    let start: Vec<Float3> = (0..n + GUARD)
-        .map(|i| if i < n { Float3::new(0.5 * (i % 7) as f32, -0.25 * (i % 5) as f32, 1.0) } else { Float3::new(f32::NAN, f32::NAN, f32::NAN) })
-        .collect();
-    let f = DeviceBuffer::from_host(&g.ctx, &start).unwrap();
-    nb.energy_buffer().copy_from_host(&[ENERGY_POISON]).unwrap();
-    let stream = g.ctx.new_stream().unwrap();
-    for kind in [ListKind::Local, ListKind::NonLocal] {
-        if prune {
-            nb.prune(kind, &x, &stream).unwrap();
-        }
-        nb.forces(kind, &x, &f, &stream, true).unwrap();
-    }
-    stream.synchronize().unwrap();
-    let got = f.to_host().unwrap();
-    let energy = nb.energy().unwrap() - ENERGY_POISON;
 
     let table = table_f64(sys);
     let rc = f64::from(setup.cutoff);
@@ -71,52 +60,81 @@ fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords:
     }
     want_e += enl;
     let rms = (want.iter().map(|v| v.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / n.max(1) as f64).sqrt();
-    let mut worst = 0.0f64;
-    for i in 0..n {
-        let norm = want[i].iter().map(|c| c * c).sum::<f64>().sqrt().max(rms).max(1e-6);
-        let (s, v) = (start[i], got[i]);
-        for (c, (g0, s0)) in [(v.x, s.x), (v.y, s.y), (v.z, s.z)].into_iter().enumerate() {
-            let err = (f64::from(g0) - f64::from(s0) - want[i][c]).abs() / norm;
-            assert!(err <= FORCE_TOL, "{test}: atom {i} component {c}: GPU {} (from {s0}), reference {} (error {err:.2e})", g0 - s0, want[i][c]);
-            worst = worst.max(err);
+    let ri = f64::from(setup.rlist_inner);
+    let inner_bounds = |list| (prune_reference(&search.grid, list, coords, ri * (1.0 - 1e-5)), prune_reference(&search.grid, list, coords, ri * (1.0 + 1e-5)));
+    let bounds = [inner_bounds(&search.local), inner_bounds(&search.nonlocal)];
+    let outer = [&search.local.j_list, &search.nonlocal.j_list];
+
+    for kernel in NbnxmKernel::ALL {
+        let test = format!("{test} [{kernel}]");
+        nb.set_kernel(kernel).unwrap();
+        // Forces start at known values; the guard entries after the array are NaN and must stay so.
+        let start: Vec<Float3> = (0..n + GUARD)
+            .map(|i| if i < n { Float3::new(0.5 * (i % 7) as f32, -0.25 * (i % 5) as f32, 1.0) } else { Float3::new(f32::NAN, f32::NAN, f32::NAN) })
+            .collect();
+        let f = DeviceBuffer::from_host(&g.ctx, &start).unwrap();
+        nb.energy_buffer().copy_from_host(&[ENERGY_POISON]).unwrap();
+        let stream = g.ctx.new_stream().unwrap();
+        for kind in [ListKind::Local, ListKind::NonLocal] {
+            if prune {
+                nb.poison_inner(kind).unwrap();
+                nb.prune(kind, &x, &stream).unwrap();
+            }
+            nb.forces(kind, &x, &f, &stream, true).unwrap();
         }
-    }
-    assert!(got[n..].iter().all(|v| v.x.is_nan() && v.y.is_nan() && v.z.is_nan()), "{test}: a write past the force array");
-    let e_err = (energy - want_e).abs() / want_e.abs().max(1.0);
-    assert!(e_err <= ENERGY_TOL, "{test}: GPU energy {energy}, reference {want_e}");
-    if prune {
-        // Inner lists: every bit the f64 reference keeps a hair inside rlist_inner, and none it drops a hair outside.
-        let ri = f64::from(setup.rlist_inner);
-        for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
-            let inner = nb.read_j_list(kind, true).unwrap();
-            let lo = prune_reference(&search.grid, list, coords, ri * (1.0 - 1e-5));
-            let hi = prune_reference(&search.grid, list, coords, ri * (1.0 + 1e-5));
-            for (w, ((g0, l0), h0)) in inner.iter().zip(&lo).zip(&hi).enumerate() {
-                assert!(g0 & l0 == *l0 && g0 & !h0 == 0, "{test}: inner word {w}: GPU {g0:#x}, reference between {l0:#x} and {h0:#x}");
+        stream.synchronize().unwrap();
+        let got = f.to_host().unwrap();
+        let energy = nb.energy().unwrap() - ENERGY_POISON;
+        let mut worst = 0.0f64;
+        for i in 0..n {
+            let norm = want[i].iter().map(|c| c * c).sum::<f64>().sqrt().max(rms).max(1e-6);
+            let (s, v) = (start[i], got[i]);
+            for (c, (g0, s0)) in [(v.x, s.x), (v.y, s.y), (v.z, s.z)].into_iter().enumerate() {
+                let err = (f64::from(g0) - f64::from(s0) - want[i][c]).abs() / norm;
+                assert!(err <= FORCE_TOL, "{test}: atom {i} component {c}: GPU {} (from {s0}), reference {} (error {err:.2e})", g0 - s0, want[i][c]);
+                worst = worst.max(err);
             }
         }
+        assert!(got[n..].iter().all(|v| v.x.is_nan() && v.y.is_nan() && v.z.is_nan()), "{test}: a write past the force array");
+        let e_err = (energy - want_e).abs() / want_e.abs().max(1.0);
+        assert!(e_err <= ENERGY_TOL, "{test}: GPU energy {energy}, reference {want_e}");
+        if prune {
+            // Inner lists: every bit the f64 reference keeps a hair inside rlist_inner, and none it
+            // drops a hair outside; the cluster index of every word as in the outer list.
+            for (k, kind) in [ListKind::Local, ListKind::NonLocal].into_iter().enumerate() {
+                let inner = nb.read_j_list(kind, true).unwrap();
+                let (lo, hi) = &bounds[k];
+                assert_eq!(inner.len(), outer[k].len());
+                for (w, (((g0, l0), h0), o)) in inner.iter().zip(lo).zip(hi).zip(outer[k]).enumerate() {
+                    assert_eq!(g0 & !MASK, o & !MASK, "{test}: inner word {w} not written (or the wrong cluster)");
+                    assert!(g0 & l0 == *l0 && g0 & !h0 == 0, "{test}: inner word {w}: GPU {g0:#x}, reference between {l0:#x} and {h0:#x}");
+                }
+            }
+        }
+        eprintln!("{test}: {n} atoms ({} home), worst force error {worst:.2e}, energy {energy:.3} vs {want_e:.3}", atoms.home);
     }
-    eprintln!("{test}: {n} atoms ({} home), worst force error {worst:.2e}, energy {energy:.3} vs {want_e:.3}", atoms.home);
-    (worst, e_err)
 }
 
 fn setup(cutoff: f32, buffer: f32) -> ListSetup {
     ListSetup::new(cutoff, 100, cutoff + buffer, 10, cutoff + buffer.min(0.05)).unwrap()
 }
 
-/// Every rank of a decomposition of `atoms` atoms, with and without pruning.
-fn decomposed(test: &str, atoms: usize, dims: [usize; 3], ranks: &[usize]) {
+/// Every rank of a decomposition of `sys`, with and without pruning.
+fn decomposed_system(test: &str, sys: &MolecularSystem, dims: [usize; 3], ranks: &[usize], max_j: usize) {
     let Some(g) = gpu(test) else { return };
-    let sys = MolecularSystem::generate(atoms, 13).unwrap();
     let s = setup(1.0, 0.2);
-    let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
-    let coords = exchange_coordinates_f64(&plan, &sys).unwrap();
+    let plan = HaloPlan::build(sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
+    let coords = exchange_coordinates_f64(&plan, sys).unwrap();
     for &r in ranks {
         let local = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
         for prune in [false, true] {
-            check(&format!("{test} rank {r} prune {prune}"), &g, &sys, &local, &coords[r], &s, prune);
+            check(&format!("{test} rank {r} prune {prune}"), &g, sys, &local, &coords[r], &s, prune, max_j);
         }
     }
+}
+
+fn decomposed(test: &str, atoms: usize, dims: [usize; 3], ranks: &[usize]) {
+    decomposed_system(test, &MolecularSystem::generate(atoms, 13).unwrap(), dims, ranks, 32);
 }
 
 #[test]
@@ -144,15 +162,39 @@ fn two_ranks_45000_atoms_with_a_halo() {
     decomposed("nbnxm_45000_2x1x1", 45_000, [2, 1, 1], &[0, 1]);
 }
 
+/// Entries longer than the 32 words one round of the tiled kernels loads (several rounds), and
+/// entries of 5 words (many warps, partial rounds).
+#[test]
+fn long_and_short_entries() {
+    let sys = MolecularSystem::generate(6000, 17).unwrap();
+    decomposed_system("nbnxm_6000_long_entries", &sys, [2, 1, 1], &[0], 100);
+    decomposed_system("nbnxm_6000_short_entries", &sys, [1, 1, 1], &[0], 5);
+}
+
+/// Five atom types with random σ and ε (the table lookup by type pair, rows of 5), random types.
+#[test]
+fn five_random_atom_types() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+    let mut sys = MolecularSystem::generate(6000, 23).unwrap();
+    sys.atom_types = (0..5)
+        .map(|k| AtomType { name: format!("T{k}"), mass: 12.0 + 4.0 * rng.random::<f64>(), sigma: 0.17 + 0.03 * rng.random::<f64>(), epsilon: 0.3 + 0.6 * rng.random::<f64>() })
+        .collect();
+    for t in &mut sys.types {
+        *t = rng.random_range(0..5u8);
+    }
+    decomposed_system("nbnxm_6000_five_types", &sys, [2, 1, 1], &[0, 1], 32);
+}
+
 /// Hand-placed atoms in a 4 nm box (all home, every dimension periodic).
-fn custom(test: &str, g: &Gpu, positions: &[Float3], cutoff: f32, buffer: f32) -> (f64, f64) {
+fn custom(test: &str, g: &Gpu, positions: &[Float3], cutoff: f32, buffer: f32) {
     let sys = MolecularSystem::generate(positions.len().max(1), 2).unwrap();
     let types: Vec<u32> = (0..positions.len()).map(|i| (i % 2) as u32).collect();
     let atoms = LocalAtoms::single_rank(positions, &types, 2, [4.0; 3]).unwrap();
     let coords: Vec<[f64; 3]> = atoms.positions.iter().map(|p| [p.x, p.y, p.z].map(f64::from)).collect();
     let mut sys4 = sys.clone();
     sys4.box_size = [4.0; 3];
-    check(test, g, &sys4, &atoms, &coords, &setup(cutoff, buffer), true)
+    check(test, g, &sys4, &atoms, &coords, &setup(cutoff, buffer), true, 32);
 }
 
 #[test]
@@ -171,8 +213,7 @@ fn edge_inputs() {
         Float3::new(0.2, 0.5, 0.5),
         Float3::new(3.8, 0.5, 0.5),
     ];
-    let (_, e_err) = custom("nbnxm_at_cutoff", &g, &edge, 1.0, 0.1);
-    assert!(e_err.is_finite());
+    custom("nbnxm_at_cutoff", &g, &edge, 1.0, 0.1);
     // No pair within the cutoff at all: forces unchanged, energy zero.
     let far = vec![Float3::new(0.5, 0.5, 0.5), Float3::new(2.5, 2.5, 2.5)];
     custom("nbnxm_no_pairs", &g, &far, 1.0, 0.1);
@@ -182,68 +223,120 @@ fn edge_inputs() {
     let atoms = LocalAtoms::single_rank(&sys.positions, &types, 2, sys.box_size).unwrap();
     let search = PairSearch::build(&atoms, &SearchOptions::new(1.1)).unwrap();
     assert!(search.nonlocal.is_empty());
-    let nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &setup(1.0, 0.1), sys.box_size).unwrap();
+    let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &setup(1.0, 0.1), sys.box_size).unwrap();
     let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
-    let f = DeviceBuffer::from_host(&g.ctx, &vec![Float3::new(1.0, 2.0, 3.0); atoms.len()]).unwrap();
     let stream = g.ctx.new_stream().unwrap();
-    nb.forces(ListKind::NonLocal, &x, &f, &stream, true).unwrap();
-    stream.synchronize().unwrap();
-    assert!(f.to_host().unwrap().iter().all(|v| *v == Float3::new(1.0, 2.0, 3.0)));
-    assert_eq!(nb.energy().unwrap(), 0.0);
-    // Arrays shorter than the lists index are refused.
-    let short = DeviceBuffer::<Float3>::zeroed(&g.ctx, 10).unwrap();
-    assert!(nb.forces(ListKind::Local, &short, &f, &stream, false).is_err());
+    for kernel in NbnxmKernel::ALL {
+        nb.set_kernel(kernel).unwrap();
+        let f = DeviceBuffer::from_host(&g.ctx, &vec![Float3::new(1.0, 2.0, 3.0); atoms.len()]).unwrap();
+        nb.forces(ListKind::NonLocal, &x, &f, &stream, true).unwrap();
+        stream.synchronize().unwrap();
+        assert!(f.to_host().unwrap().iter().all(|v| *v == Float3::new(1.0, 2.0, 3.0)), "{kernel}");
+        assert_eq!(nb.energy().unwrap(), 0.0, "{kernel}");
+        // Arrays shorter than the lists index are refused.
+        let short = DeviceBuffer::<Float3>::zeroed(&g.ctx, 10).unwrap();
+        assert!(nb.forces(ListKind::Local, &short, &f, &stream, false).is_err(), "{kernel}");
+    }
 }
 
-/// GPU time of the kernels at 45,000 atoms (1 rank, and rank 0 of 2x1x1): printed, not asserted.
-#[test]
-fn kernel_times_45000_atoms() {
-    let Some(g) = gpu("nbnxm_times") else { return };
-    let sys = MolecularSystem::generate(45_000, 13).unwrap();
-    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, 1e-3).unwrap();
-    eprintln!("nbnxm_times: rlist {:.3} nm (nstlist 100), rlist_inner {:.3} nm (nstprune 10)", s.rlist, s.rlist_inner);
-    for dims in [[1, 1, 1], [2, 1, 1]] {
-        let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
-        let atoms = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
-        let search = PairSearch::build(&atoms, &SearchOptions::new(s.rlist)).unwrap();
-        let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &s, sys.box_size).unwrap();
-        let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
-        let f = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms.len()).unwrap();
-        let stream = g.ctx.new_stream().unwrap();
-        let timed = |what: &str, reps: u32, body: &mut dyn FnMut()| {
+/// Median GPU time (µs) of `reps` launches of `body`, each between its own pair of CUDA events,
+/// after 3 warm-up launches.
+fn median_us(g: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, reps: usize, body: &mut dyn FnMut()) -> f64 {
+    for _ in 0..3 {
+        body();
+    }
+    let event = || g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+    let marks: Vec<_> = (0..reps)
+        .map(|_| {
+            let (a, b) = (event(), event());
+            a.record(stream).unwrap();
             body();
-            let timing = || g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
-            let (a, b) = (timing(), timing());
-            a.record(&stream).unwrap();
-            for _ in 0..reps {
-                body();
-            }
-            b.record(&stream).unwrap();
-            b.synchronize().unwrap();
-            eprintln!("nbnxm_times {dims:?} {what}: {:.2} us", f64::from(a.elapsed_ms(&b).unwrap()) * 1e3 / f64::from(reps));
+            b.record(stream).unwrap();
+            (a, b)
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    let mut t: Vec<f64> = marks.iter().map(|(a, b)| f64::from(a.elapsed_ms(b).unwrap()) * 1e3).collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// GPU times of every kernel design: 6,000, 45,000 and 180,000 atoms, one rank and rank 0 of
+/// 2x1x1, buffers from the drift estimate (nstlist 100, nstprune 10, 0.005 kJ/mol/ps per atom),
+/// and at 45,000 atoms also the buffers measured before it (rlist 1.482 nm, inner 1.039 nm).
+/// Per list: prune, forces on the inner list, forces and energy; for `xq` the gather alone too
+/// (its forces and prune include one). Medians of 25 launches; a table at the end.
+#[test]
+fn kernel_times() {
+    let Some(g) = gpu("nbnxm_times") else { return };
+    let mut rows = Vec::new();
+    let mut configs: Vec<(usize, [usize; 3], &str)> = Vec::new();
+    for atoms in [6_000, 45_000, 180_000] {
+        for dims in [[1, 1, 1], [2, 1, 1]] {
+            configs.push((atoms, dims, "drift"));
+        }
+    }
+    configs.push((45_000, [1, 1, 1], "old"));
+    configs.push((45_000, [2, 1, 1], "old"));
+    for (atoms, dims, buffers) in configs {
+        let sys = MolecularSystem::generate(atoms, 13).unwrap();
+        let s = match buffers {
+            "old" => ListSetup::new(1.0, 100, 1.482, 10, 1.039).unwrap(),
+            _ => ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap(),
         };
+        let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
+        let atoms_local = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
+        let search = PairSearch::build(&atoms_local, &SearchOptions::new(s.rlist)).unwrap();
+        let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &s, sys.box_size).unwrap();
+        let x = DeviceBuffer::from_host(&g.ctx, &atoms_local.positions).unwrap();
+        let f = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms_local.len()).unwrap();
+        let stream = g.ctx.new_stream().unwrap();
+        eprintln!(
+            "nbnxm_times {atoms} atoms {dims:?} ({buffers} buffers): rlist {:.3} nm, rlist_inner {:.3} nm, {} local atoms ({} home), host search {:.1} ms",
+            s.rlist,
+            s.rlist_inner,
+            atoms_local.len(),
+            atoms_local.home,
+            (search.timing.grid + search.timing.lists).as_secs_f64() * 1e3
+        );
         for kind in [ListKind::Local, ListKind::NonLocal] {
             if nb.entries(kind) == 0 {
                 continue;
             }
-            let pairs = match kind {
+            let outer = match kind {
                 ListKind::Local => search.local.cluster_pairs(),
                 ListKind::NonLocal => search.nonlocal.cluster_pairs(),
             };
-            eprintln!("nbnxm_times {dims:?} {kind:?}: {} entries, {pairs} cluster pairs (outer)", nb.entries(kind));
-            timed(&format!("{kind:?} forces, outer list"), 50, &mut || nb.forces(kind, &x, &f, &stream, false).unwrap());
-            timed(&format!("{kind:?} prune"), 20, &mut || nb.prune(kind, &x, &stream).unwrap());
-            let kept = nb.read_j_list(kind, true).unwrap().iter().map(|w| (w & 0xff).count_ones() as usize).sum::<usize>();
-            eprintln!("nbnxm_times {dims:?} {kind:?}: {kept} cluster pairs in the inner list");
-            timed(&format!("{kind:?} forces, inner list"), 50, &mut || nb.forces(kind, &x, &f, &stream, false).unwrap());
-            timed(&format!("{kind:?} forces+energy, inner list"), 50, &mut || nb.forces(kind, &x, &f, &stream, true).unwrap());
+            let mut inner = 0;
+            for kernel in NbnxmKernel::ALL {
+                nb.set_kernel(kernel).unwrap();
+                let gather = if kernel == NbnxmKernel::Xq {
+                    format!("{:.1}", median_us(&g, &stream, 25, &mut || {
+                        nb.coordinates(kind, &x, &stream).unwrap();
+                    }))
+                } else {
+                    "-".into()
+                };
+                let prune = median_us(&g, &stream, 25, &mut || nb.prune(kind, &x, &stream).unwrap());
+                inner = nb.read_j_list(kind, true).unwrap().iter().map(|w| (w & MASK).count_ones() as usize).sum::<usize>();
+                let forces = median_us(&g, &stream, 25, &mut || nb.forces(kind, &x, &f, &stream, false).unwrap());
+                let energy = median_us(&g, &stream, 25, &mut || nb.forces(kind, &x, &f, &stream, true).unwrap());
+                let pairs_per_s = (inner * 64) as f64 / (forces * 1e-6);
+                rows.push(format!(
+                    "{atoms:>7} {:>5} {buffers:>5} {:>8} {kernel:>8} {:>8} {:>8} {prune:>8.1} {forces:>8.1} {energy:>8.1} {gather:>7} {:>7.2}",
+                    format!("{}x{}x{}", dims[0], dims[1], dims[2]),
+                    format!("{kind:?}"),
+                    outer,
+                    inner,
+                    pairs_per_s / 1e12
+                ));
+            }
+            eprintln!("nbnxm_times {atoms} {dims:?} {kind:?}: {} entries, {outer} outer / {inner} inner cluster pairs", nb.entries(kind));
         }
-        eprintln!(
-            "nbnxm_times {dims:?}: host search {:.2} ms (grid {:.2}, lists {:.2}) on {} atoms",
-            (search.timing.grid + search.timing.lists).as_secs_f64() * 1e3,
-            search.timing.grid.as_secs_f64() * 1e3,
-            search.timing.lists.as_secs_f64() * 1e3,
-            atoms.len()
-        );
+    }
+    eprintln!("nbnxm_times: medians of 25 launches (us); pairs: 8x8 cluster pairs; Tpair/s: inner atom pairs evaluated per second by the forces");
+    eprintln!("  atoms  dims   buf     list   kernel    outer    inner    prune   forces  +energy  gather Tpair/s");
+    for r in &rows {
+        eprintln!("{r}");
     }
 }

@@ -195,9 +195,10 @@ fn ptxas_reports_no_spills() {
 #[test]
 fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
     let b = entries(&ptx_text());
+    let tiled_forces: Vec<&str> = abi::NBNXM_TILED.iter().flat_map(|t| [t[0], t[1]]).collect();
     // Butterfly shuffles for the j- and i-force reductions, the fast reciprocal, fused multiply-adds,
     // i-atoms staged in shared memory behind a warp barrier, relaxed atomic force adds.
-    for k in [abi::NBNXM_FORCES, abi::NBNXM_FORCES_ENERGY] {
+    for &k in [abi::NBNXM_FORCES, abi::NBNXM_FORCES_ENERGY].iter().chain(&tiled_forces) {
         assert_lowers(&b, k, &[
             "shfl.sync.bfly.b32",
             "rcp.approx.ftz.f32",
@@ -212,7 +213,62 @@ fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
         let atomics = b[k].matches("red.relaxed.gpu.global.add.f32").count();
         assert!(atomics <= 9, "{k}: {atomics} force atomics");
     }
+    for t in abi::NBNXM_TILED {
+        // The tiled design: j-list words by ballot and broadcast, the LJ table in shared memory
+        // (one 8-byte load per pair: 16 pairs of the unrolled i-cluster loop, on the common path and
+        // on the self-cluster-pair path), loaded behind a block barrier.
+        for k in [t[0], t[1]] {
+            assert_lowers(&b, k, &["vote.sync.ballot.b32", "shfl.sync.idx.b32", "bar.sync"]);
+            let table = b[k].matches("ld.shared.b64").count();
+            assert_eq!(table, 32, "{k}: {table} 8-byte shared loads, not one per pair of both paths");
+        }
+        assert_lowers(&b, t[2], &["vote.sync.ballot.b32", "shfl.sync.idx.b32", "redux.sync.or.b32", "ld.shared.v4", "bar.warp.sync"]);
+        assert_absent(&b, t[2], &["bar.sync", "vote.sync.any"]);
+        assert_lowers(&b, t[1], &["red.relaxed.gpu.global.add.f64"]);
+        assert!(!b[t[0]].contains("red.relaxed.gpu.global.add.f64"), "{}: the force-only kernel touches the energy", t[0]);
+    }
+    // The cluster-ordered copy moves in 16-byte accesses.
+    for k in abi::NBNXM_TILED[2] {
+        assert_lowers(&b, k, &["ld.global.v4"]);
+    }
+    assert_lowers(&b, abi::NBNXM_GATHER_XQ, &["st.global.v4"]);
     assert_lowers(&b, abi::NBNXM_FORCES_ENERGY, &["red.relaxed.gpu.global.add.f64"]);
     assert!(!b[abi::NBNXM_FORCES].contains("red.relaxed.gpu.global.add.f64"), "the force-only kernel touches the energy");
     assert_lowers(&b, abi::NBNXM_PRUNE, &["vote.sync.any.pred", "bar.warp.sync", "ld.shared.v4"]);
+}
+
+/// `(registers, stack frame bytes)` of every kernel in the ptxas report.
+fn ptxas_resources() -> HashMap<String, (u32, u32)> {
+    let report = artifacts().ptxas_report().expect("reading the ptxas report");
+    let mut out = HashMap::new();
+    let mut current: Option<(String, u32)> = None;
+    for line in report.lines() {
+        if let Some(name) = line.split("Function properties for ").nth(1) {
+            current = Some((name.trim().to_string(), 0));
+        } else if let Some(frame) = line.trim().split(" bytes stack frame").next().filter(|_| line.contains("bytes stack frame")) {
+            if let Some((_, f)) = current.as_mut() {
+                *f = frame.trim().parse().unwrap_or(u32::MAX);
+            }
+        } else if let Some(regs) = line.split("Used ").nth(1).and_then(|r| r.split(" registers").next()) {
+            if let Some((name, frame)) = current.take() {
+                out.insert(name, (regs.trim().parse().unwrap_or(u32::MAX), frame));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn nbnxm_tiled_kernels_fit_registers_without_local_memory() {
+    let r = ptxas_resources();
+    // At most 96 registers: 5 blocks of 4 warps (20 warps) per multiprocessor; no stack frame
+    // (an array indexed at run time would land in local memory).
+    for t in abi::NBNXM_TILED {
+        for k in t {
+            let (regs, frame) = *r.get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+            assert!(regs <= 96, "{k}: {regs} registers");
+            assert_eq!(frame, 0, "{k}: {frame} bytes of stack frame");
+        }
+    }
+    assert_eq!(r[abi::NBNXM_GATHER_XQ].1, 0);
 }

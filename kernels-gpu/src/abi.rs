@@ -52,6 +52,16 @@ kernel_entries! {
         "nbnxm_forces",
         "nbnxm_forces_energy",
         "nbnxm_prune",
+        "nbnxm_forces_ind",
+        "nbnxm_forces_energy_ind",
+        "nbnxm_prune_ind",
+        "nbnxm_forces_pf",
+        "nbnxm_forces_energy_pf",
+        "nbnxm_prune_pf",
+        "nbnxm_forces_xq",
+        "nbnxm_forces_energy_xq",
+        "nbnxm_prune_xq",
+        "nbnxm_gather_xq",
     ],
 }
 
@@ -155,6 +165,30 @@ pub const NBNXM_FORCES_ENERGY: &str = "nbnxm_forces_energy";
 /// rlist2)`: the inner (pruned) j-list of a cluster-pair list, from the outer one and the current
 /// coordinates.
 pub const NBNXM_PRUNE: &str = "nbnxm_prune";
+/// The tiled nbnxm kernels, one triple (forces, forces+energy, prune) per variant, each with the
+/// arguments of [`NBNXM_FORCES`], [`NBNXM_FORCES_ENERGY`] and [`NBNXM_PRUNE`], launched with
+/// [`nbnxm_tiled_shared_bytes`] of dynamic shared memory (the prune: [`NBNXM_SHARED_BYTES`]):
+/// `_ind` reads atoms through the slot index, `_pf` too with the next j-cluster's loads issued
+/// early, `_xq` reads them (its first argument) from the cluster-ordered copy that
+/// [`NBNXM_GATHER_XQ`] writes.
+pub const NBNXM_TILED: [[&str; 3]; 3] = [
+    ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"],
+    ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"],
+    ["nbnxm_forces_xq", "nbnxm_forces_energy_xq", "nbnxm_prune_xq"],
+];
+/// `nbnxm_gather_xq(x, atom_index, atom_type, first, n, xq)`: `xq[s] = [x, y, z, bits(8 type)]`
+/// of the atom in slot `s` (`x[atom_index[s]]`), for `first <= s < first + n`; padding slots far
+/// away with type 0. `xq` is 16-byte aligned (`[f32; 4]` per slot).
+pub const NBNXM_GATHER_XQ: &str = "nbnxm_gather_xq";
+/// Most atom types the tiled nbnxm kernels take (their LJ table lives in shared memory).
+pub const NBNXM_MAX_TYPES: u32 = 32;
+
+/// Dynamic shared memory of a tiled nbnxm force block for `ntypes` atom types: the staged
+/// i-atoms ([`NBNXM_SHARED_BYTES`]) and the LJ table (`ntypes²` entries of 8 bytes, rounded up to
+/// 16).
+pub const fn nbnxm_tiled_shared_bytes(ntypes: u32) -> u32 {
+    NBNXM_SHARED_BYTES + (ntypes * ntypes * 8).div_ceil(16) * 16
+}
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).

@@ -80,6 +80,12 @@ unsafe extern "C" {
     fn bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn shfl_sync_idx_i32(mask: u32, value: u32, src_lane: u32, clamp: u32) -> u32;
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn vote_ballot_sync(mask: u32, predicate: bool) -> u32;
+    #[link_name = "llvm.nvvm.redux.sync.or"]
+    fn redux_sync_or(value: u32, mask: u32) -> u32;
 }
 
 /// Block-wide barrier that also returns whether any thread's `predicate` was true
@@ -123,6 +129,40 @@ pub mod warp {
     pub unsafe fn warp_vote_any(mask: u32, predicate: bool) -> bool {
         // SAFETY: forwarded to the caller's contract.
         unsafe { super::vote_any_sync(mask, predicate) }
+    }
+
+    /// Bit `l` set when lane `l` of `mask` passes a true `predicate` (`vote.sync.ballot.b32`); the
+    /// same word on every lane.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn ballot(mask: u32, predicate: bool) -> u32 {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::vote_ballot_sync(mask, predicate) }
+    }
+
+    /// The `value` of lane `src_lane` (`shfl.sync.idx.b32`): a broadcast when every lane asks for
+    /// the same lane. Registers only, no memory.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, the calling lane and `src_lane` must be
+    /// in `mask`, and `src_lane < 32`.
+    #[inline(always)]
+    pub unsafe fn shfl_idx_u32(mask: u32, value: u32, src_lane: u32) -> u32 {
+        // SAFETY: forwarded to the caller's contract; clamp 0x1f spans the whole warp.
+        unsafe { super::shfl_sync_idx_i32(mask, value, src_lane, 0x1f) }
+    }
+
+    /// Bitwise OR of `value` over the lanes of `mask` (`redux.sync.or.b32`, sm_80 and newer): one
+    /// instruction instead of five butterfly steps; the same word on every lane.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn reduce_or_u32(mask: u32, value: u32) -> u32 {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::redux_sync_or(value, mask) }
     }
 
     /// Reconverge the lanes in `mask` and order their memory accesses (`bar.warp.sync`):

@@ -6,7 +6,7 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::decomp::{HaloPlan, RankGrid, wrap_position};
-use halo_md::nbnxm::{ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms, PairSearch, SearchOptions};
 use halo::system::MolecularSystem;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ fn system() -> (MolecularSystem, ListSetup) {
     for p in &mut sys.positions {
         *p = wrap_position(*p, sys.box_size);
     }
-    let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, 1e-3).expect("setup");
+    let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).expect("setup");
     (sys, setup)
 }
 

@@ -1,82 +1,170 @@
-//! List lifetimes and the Verlet buffers chosen for them.
+//! List lifetimes and the Verlet buffers chosen for them: an estimate of the energy drift that the
+//! pairs missed by a list would cause, in the spirit of GROMACS's `verlet-buffer-tolerance`
+//! (derived here from the physics; see `docs/nbnxm.md`).
 //!
-//! The rule (documented in `docs/nbnxm.md`): during a list's lifetime of `n` steps, an atom pair
-//! that was beyond `rc + b` at the search must not come within `rc`, except with a small expected
-//! number of such pairs per atom. Model, as GROMACS's buffer estimate: atoms fly ballistically at
-//! the temperature's Maxwell–Boltzmann speeds (which overestimates motion in a liquid), so the
-//! radial component of a pair's relative displacement after `t = n dt` is Gaussian with
-//! `σ = t sqrt(kT (1/m_i + 1/m_j))`, taken for the lightest pair (conservative); pair partners are
-//! spread uniformly at the system's density `ρ`. The expected number of pairs per atom that start
-//! beyond `rc + b` and end within `rc` is then
+//! A list built with cutoff `rl = rc + b` is used for `n` steps. A pair that was beyond `rl` at
+//! the search and comes within `rc` before the next search interacts but is not computed: the
+//! step misses its energy `V(r) - V(rc)` (the potential is shifted to zero at `rc`). Model:
+//! - atoms fly ballistically at the temperature's Maxwell–Boltzmann speeds (an overestimate in a
+//!   liquid), so after `t` the radial component of a pair's relative displacement is Gaussian with
+//!   variance `s² = kT t² (1/m_a + 1/m_b)`; `t = (n - 1) dt`, the last step that uses the list;
+//! - partners are spread uniformly at the density of their type (`g(r) = 1` beyond the cutoff);
+//! - near `rc` the shifted potential is its Taylor polynomial: at depth `x = rc - r` inside the
+//!   cutoff, `|V(r) - V(rc)| <= A1 x + A2 x² + A3 x³` with `A1 = |V'(rc)|`, `A2 = |V''(rc)| / 2`,
+//!   `A3 = |V'''(rc)| / 6` (absolute values: terms of either sign count as error).
 //!
-//! `N(b) = (ρ / 2) ∫_{rc+b}^∞ 4π r² Q((r - rc) / σ) dr = 2πρ ∫_b^∞ φ_σ(t) ((rc + t)³ - (rc + b)³) / 3 dt`
+//! The expected missed energy per atom of type `a` from partners of type `b` at the list's last
+//! step is then
 //!
-//! (`Q` the normal tail, `φ_σ` the normal density; the second form, from swapping the integrals,
-//! needs only `exp`). The buffer is the smallest `b` with `N(b) <= tolerance`.
+//! `E_ab = 4π ρ_b ∫_rl^∞ r0² dr0 ∫_0^∞ φ_s(r0 - rc + x) P(x) dx`,  `P(x) = A1 x + A2 x² + A3 x³`
 //!
-//! Two lists, as GROMACS on GPUs: the outer list, searched on the host every `nstlist` steps with
-//! `rlist = rc + b(nstlist)`, and an inner list pruned from it on the GPU every `nstprune` steps
-//! with `rlist_inner = rc + b(nstprune)`. The force kernels run on the inner list. The halo must
-//! cover the outer `rlist`.
+//! (`φ_s` the normal density). With `y = (r0 - rl) + x` the inner integral over `x ∈ [0, y]` is a
+//! polynomial `G(y)` (done exactly below), leaving one smooth integral
+//! `E_ab = 4π ρ_b ∫_0^∞ φ_s(b + y) G(y) dy`, computed numerically. The drift is the energy missed
+//! per atom, summed over type pairs (each pair once: a factor 1/2), divided by the list period
+//! `n dt`: kJ/mol/ps per atom, GROMACS's unit. The buffer is the smallest `b` (rounded up to
+//! 0.1 pm) whose drift is at most the tolerance ([`DEFAULT_DRIFT_TOLERANCE`], GROMACS's default).
+//!
+//! Two lists, as GROMACS's dual pair list on GPUs: the outer list, searched every `nstlist` steps
+//! with `rlist = rc + b(nstlist)` (also the halo's cutoff), and an inner list pruned from it on
+//! the GPU every `nstprune` steps with `rlist_inner = rc + b(nstprune)`, both buffers for the same
+//! tolerance over their own lifetimes. The force kernels run on the inner list.
 
 use super::NbnxmError;
 use crate::system::{BOLTZMANN, MolecularSystem, TEMPERATURE};
 
-/// The motion model behind the buffer rule (see the module docs).
+/// GROMACS's default `verlet-buffer-tolerance`: 0.005 kJ/mol/ps per atom.
+pub const DEFAULT_DRIFT_TOLERANCE: f64 = 0.005;
+
+/// One atom type as the buffer estimate sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BufferType {
+    /// Fraction of the atoms that have this type.
+    pub fraction: f64,
+    /// Mass (g/mol).
+    pub mass: f64,
+}
+
+/// The physical inputs of the buffer estimate (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
 pub struct BufferModel {
     /// Temperature (K).
     pub temperature: f64,
-    /// Mass of the lightest atom (g/mol).
-    pub min_mass: f64,
     /// Atoms per nm³.
     pub density: f64,
     /// Time step (ps).
     pub dt: f64,
+    /// The atom types.
+    pub types: Vec<BufferType>,
+    /// `(c6, c12)` of type pair `a * types.len() + b` (`V = c12 / r¹² - c6 / r⁶`).
+    pub lj: Vec<(f64, f64)>,
+}
+
+/// `|V'|`, `|V''| / 2`, `|V'''| / 6` of `V = c12 / r¹² - c6 / r⁶` at `r`.
+pub fn lj_taylor_coefficients(c6: f64, c12: f64, r: f64) -> [f64; 3] {
+    let d1 = -12.0 * c12 * r.powi(-13) + 6.0 * c6 * r.powi(-7);
+    let d2 = 156.0 * c12 * r.powi(-14) - 42.0 * c6 * r.powi(-8);
+    let d3 = -2184.0 * c12 * r.powi(-15) + 336.0 * c6 * r.powi(-9);
+    [d1.abs(), d2.abs() / 2.0, d3.abs() / 6.0]
+}
+
+/// `G(y) = ∫_0^y (rl + y - x)² P(x) dx` for `P(x) = Σ_k a[k] x^(k+1)`.
+fn inner_polynomial(a: &[f64; 3], rl: f64, y: f64) -> f64 {
+    // (rl + y - x)² = R² - 2 R x + x² with R = rl + y; ∫_0^y x^m dx = y^(m+1) / (m + 1).
+    let r = rl + y;
+    let mut g = 0.0;
+    for (k, &ak) in a.iter().enumerate() {
+        let m = (k + 1) as i32;
+        let p = |e: i32| y.powi(e + 1) / f64::from(e + 1);
+        g += ak * (r * r * p(m) - 2.0 * r * p(m + 1) + p(m + 2));
+    }
+    g
 }
 
 impl BufferModel {
-    /// The model of a generated system at [`TEMPERATURE`].
+    /// The model of `system` at [`TEMPERATURE`] and time step `dt` (ps): its density, type
+    /// fractions, masses and Lorentz–Berthelot pair coefficients ([`MolecularSystem::lj_pair`]).
     pub fn for_system(system: &MolecularSystem, dt: f64) -> Self {
-        let min_mass = system.types.iter().map(|&t| system.atom_types[usize::from(t)].mass).fold(f64::INFINITY, f64::min);
-        Self { temperature: TEMPERATURE, min_mass, density: system.density(), dt }
+        let n = system.atom_types.len();
+        let mut count = vec![0usize; n];
+        for &t in &system.types {
+            count[usize::from(t)] += 1;
+        }
+        let total = system.len().max(1) as f64;
+        let types = system.atom_types.iter().zip(&count).map(|(t, &c)| BufferType { fraction: c as f64 / total, mass: t.mass }).collect();
+        let lj = (0..n * n).map(|k| system.lj_pair(k / n, k % n)).map(|p| (p.c6, p.c12)).collect();
+        Self { temperature: TEMPERATURE, density: system.density(), dt, types, lj }
     }
 
-    /// `σ` of the radial relative displacement of the lightest pair after `steps` steps (nm).
-    pub fn sigma(&self, steps: u32) -> f64 {
-        f64::from(steps) * self.dt * (2.0 * BOLTZMANN * self.temperature / self.min_mass).sqrt()
+    /// `s`: standard deviation (nm) of the radial relative displacement of a pair of types `a`,
+    /// `b` after `steps` steps of ballistic flight.
+    pub fn sigma(&self, a: usize, b: usize, steps: u32) -> f64 {
+        let inv_mass = 1.0 / self.types[a].mass + 1.0 / self.types[b].mass;
+        f64::from(steps) * self.dt * (BOLTZMANN * self.temperature * inv_mass).sqrt()
     }
 
-    /// `N(b)`: expected pairs per atom that start beyond `cutoff + buffer` and end within
-    /// `cutoff` after `steps` steps.
-    pub fn missed_pairs_per_atom(&self, cutoff: f64, buffer: f64, steps: u32) -> f64 {
-        let sigma = self.sigma(steps);
-        if !(sigma > 0.0) {
+    /// `E_ab / (4π ρ_b)` of the module docs for a pair with displacement deviation `s`, Taylor
+    /// coefficients `a`, list cutoff `rl` and buffer `b`: `∫_0^∞ φ_s(b + y) G(y) dy`, by Simpson's
+    /// rule in `η = y / s` over `[0, 12]` (the normal density is below 1e-31 of its peak beyond).
+    fn pair_integral(a: &[f64; 3], s: f64, rl: f64, b: f64) -> f64 {
+        if s.is_nan() || s <= 0.0 {
             return 0.0;
         }
-        let outer3 = (cutoff + buffer).powi(3);
-        let density = |t: f64| (-0.5 * (t / sigma).powi(2)).exp() / (sigma * std::f64::consts::TAU.sqrt());
-        let integrand = |t: f64| density(t) * ((cutoff + t).powi(3) - outer3) / 3.0;
-        // Simpson's rule over [b, b + 12 σ]: the normal density is below 1e-31 of its peak beyond.
-        let n = 4000;
-        let h = 12.0 * sigma / f64::from(n);
-        let mut s = integrand(buffer) + integrand(buffer + 12.0 * sigma);
+        let beta = b / s;
+        // φ_s(b + sη) s dη = φ(β + η) dη = φ(β) exp(-βη - η²/2) dη: the factor φ(β) stays outside
+        // so that large β cannot underflow the integrand before it is weighed.
+        let f = |eta: f64| (-beta * eta - 0.5 * eta * eta).exp() * inner_polynomial(a, rl, s * eta);
+        let n = 2400;
+        let h = 12.0 / f64::from(n);
+        let mut sum = f(0.0) + f(12.0);
         for i in 1..n {
-            s += integrand(buffer + f64::from(i) * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+            sum += f(f64::from(i) * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
         }
-        std::f64::consts::TAU * self.density * s * h / 3.0
+        let phi_beta = (-0.5 * beta * beta).exp() / std::f64::consts::TAU.sqrt();
+        phi_beta * sum * h / 3.0
     }
 
-    /// The smallest buffer (nm, rounded up to 0.1 pm) with at most `tolerance` expected missed
-    /// pairs per atom over `steps` steps.
-    pub fn buffer_for(&self, cutoff: f64, steps: u32, tolerance: f64) -> f64 {
-        let (mut lo, mut hi) = (0.0, 20.0 * self.sigma(steps) + 1e-4);
-        if self.missed_pairs_per_atom(cutoff, 0.0, steps) <= tolerance {
+    /// Expected energy (kJ/mol, a magnitude) missed per atom at the last step of a list with
+    /// cutoff `cutoff + buffer` used for `nstlist` steps, by the model of the module docs.
+    pub fn missed_energy_per_atom(&self, cutoff: f64, buffer: f64, nstlist: u32) -> f64 {
+        let n = self.types.len();
+        let rl = cutoff + buffer;
+        let mut e = 0.0;
+        for a in 0..n {
+            for b in 0..n {
+                let (c6, c12) = self.lj[a * n + b];
+                let coef = lj_taylor_coefficients(c6, c12, cutoff);
+                let s = self.sigma(a, b, nstlist.saturating_sub(1));
+                let rho_b = self.density * self.types[b].fraction;
+                e += 0.5 * self.types[a].fraction * 4.0 * std::f64::consts::PI * rho_b * Self::pair_integral(&coef, s, rl, buffer);
+            }
+        }
+        e
+    }
+
+    /// Estimated energy drift (kJ/mol/ps per atom) of a list with cutoff `cutoff + buffer` rebuilt
+    /// every `nstlist` steps: [`Self::missed_energy_per_atom`] over the period `nstlist dt`.
+    pub fn drift(&self, cutoff: f64, buffer: f64, nstlist: u32) -> f64 {
+        if nstlist == 0 {
             return 0.0;
         }
-        while hi - lo > 1e-5 {
+        self.missed_energy_per_atom(cutoff, buffer, nstlist) / (f64::from(nstlist) * self.dt)
+    }
+
+    /// The smallest buffer (nm, rounded up to 0.1 pm) whose [`Self::drift`] over `nstlist`
+    /// steps is at most `tolerance` (kJ/mol/ps per atom).
+    pub fn buffer_for(&self, cutoff: f64, nstlist: u32, tolerance: f64) -> f64 {
+        if self.drift(cutoff, 0.0, nstlist) <= tolerance {
+            return 0.0;
+        }
+        let widest = (0..self.types.len()).map(|a| self.sigma(a, a, nstlist)).fold(0.0, f64::max);
+        let (mut lo, mut hi) = (0.0, 20.0 * widest + 1e-3);
+        while self.drift(cutoff, hi, nstlist) > tolerance {
+            hi *= 2.0;
+        }
+        while hi - lo > 2e-5 {
             let mid = 0.5 * (lo + hi);
-            if self.missed_pairs_per_atom(cutoff, mid, steps) <= tolerance { hi = mid } else { lo = mid }
+            if self.drift(cutoff, mid, nstlist) <= tolerance { hi = mid } else { lo = mid }
         }
         (hi * 1e4).ceil() / 1e4
     }
@@ -114,12 +202,12 @@ impl ListSetup {
         Ok(Self { cutoff, nstlist, rlist, nstprune, rlist_inner })
     }
 
-    /// Buffers by the rule of the module docs for `system` at time step `dt` (ps), with at most
-    /// `tolerance` expected missed pairs per atom per list lifetime, for both lists. Checks that
-    /// `rlist` stays below half the box.
+    /// Buffers by the drift estimate of the module docs for `system` at time step `dt` (ps), each
+    /// list's estimated drift at most `tolerance` kJ/mol/ps per atom ([`DEFAULT_DRIFT_TOLERANCE`]
+    /// is GROMACS's default). Checks that `rlist` stays below half the box.
     pub fn for_system(system: &MolecularSystem, cutoff: f32, dt: f32, nstlist: u32, nstprune: u32, tolerance: f64) -> Result<Self, NbnxmError> {
         if !(dt.is_finite() && dt > 0.0 && tolerance.is_finite() && tolerance > 0.0) {
-            return Err(NbnxmError::Setup(format!("time step {dt} ps and tolerance {tolerance} must be positive")));
+            return Err(NbnxmError::Setup(format!("time step {dt} ps and drift tolerance {tolerance} kJ/mol/ps must be positive")));
         }
         let model = BufferModel::for_system(system, f64::from(dt));
         let rc = f64::from(cutoff);
@@ -143,39 +231,107 @@ mod tests {
     use super::*;
 
     fn model() -> BufferModel {
-        BufferModel { temperature: 300.0, min_mass: 14.027, density: 100.0, dt: 0.002 }
+        BufferModel::for_system(&MolecularSystem::generate(3000, 1).unwrap(), 0.002)
     }
 
     #[test]
-    fn the_integral_matches_its_first_form() {
-        // N(b) = 2πρ ∫_b^∞ (rc + u)² Q(u / σ) du, with Q by direct quadrature of the density.
+    fn the_reduced_integral_matches_the_double_integral() {
+        // E_ab / (4π ρ_b) = ∫_rl^∞ r0² ∫_0^∞ φ_s(r0 - rc + x) P(x) dx dr0, by brute force (midpoint
+        // rule in both variables), against the production form with G(y) done exactly.
+        let (rc, s) = (1.0, 0.05);
+        let a = [6e-4, 2.5e-3, 7e-3];
+        for b in [0.0, 0.02, 0.08] {
+            let rl = rc + b;
+            let phi = |z: f64| (-0.5 * (z / s).powi(2)).exp() / (s * std::f64::consts::TAU.sqrt());
+            let p = |x: f64| a[0] * x + a[1] * x * x + a[2] * x * x * x;
+            let (n, span) = (1500, 10.0 * s);
+            let h = span / f64::from(n);
+            let mut brute = 0.0;
+            for i in 0..n {
+                let r0 = rl + (f64::from(i) + 0.5) * h;
+                let mut inner = 0.0;
+                for k in 0..n {
+                    let x = (f64::from(k) + 0.5) * h;
+                    inner += phi(r0 - rc + x) * p(x);
+                }
+                brute += r0 * r0 * inner * h;
+            }
+            brute *= h;
+            let fast = BufferModel::pair_integral(&a, s, rl, b);
+            assert!((brute - fast).abs() <= 2e-4 * fast, "buffer {b}: brute {brute:e}, reduced {fast:e}");
+        }
+    }
+
+    #[test]
+    fn the_taylor_polynomial_is_close_to_the_shifted_potential() {
+        // The model's error per pair (Taylor polynomial of degree 3) against the exact shifted LJ
+        // potential, integrated the same way over depths up to 3 s (deeper, the Gaussian tail of
+        // ballistic flight would run pairs into the repulsive wall, which no real pair reaches
+        // from beyond the cutoff in 100 steps): within 15%.
         let m = model();
-        let (rc, b, steps) = (1.0, 0.05, 20);
-        let sigma = m.sigma(steps);
-        let q = |x: f64| {
-            let n = 2000;
-            let h = 12.0 / f64::from(n);
-            (0..n).map(|i| x + (f64::from(i) + 0.5) * h).map(|t| (-0.5 * t * t).exp()).sum::<f64>() * h / std::f64::consts::TAU.sqrt()
+        let (c6, c12) = m.lj[0];
+        let rc = 1.0;
+        let a = lj_taylor_coefficients(c6, c12, rc);
+        let exact = |x: f64| {
+            let v = |r: f64| c12 * r.powi(-12) - c6 * r.powi(-6);
+            (v(rc - x) - v(rc)).abs()
         };
-        let n = 2000;
-        let h = 12.0 * sigma / f64::from(n);
-        let first: f64 = (0..n).map(|i| b + (f64::from(i) + 0.5) * h).map(|u| (rc + u).powi(2) * q(u / sigma)).sum::<f64>() * h;
-        let first = std::f64::consts::TAU * m.density * first;
-        let second = m.missed_pairs_per_atom(rc, b, steps);
-        assert!((first - second).abs() < 1e-3 * second, "{first} vs {second}");
+        let s = m.sigma(0, 0, 99);
+        let phi = |z: f64| (-0.5 * (z / s).powi(2)).exp() / (s * std::f64::consts::TAU.sqrt());
+        let (n, h) = (1200, 10.0 * s / 1200.0);
+        let (mut taylor, mut truth) = (0.0, 0.0);
+        for i in 0..n {
+            let r0 = rc + (f64::from(i) + 0.5) * h;
+            for k in 0..n {
+                let x = (f64::from(k) + 0.5) * h;
+                if x > 3.0 * s {
+                    break;
+                }
+                let w = r0 * r0 * phi(r0 - rc + x);
+                taylor += w * (a[0] * x + a[1] * x * x + a[2] * x * x * x);
+                truth += w * exact(x);
+            }
+        }
+        eprintln!("Taylor {taylor:e} vs exact {truth:e}");
+        assert!((taylor / truth - 1.0).abs() < 0.15, "Taylor {taylor:e} vs exact {truth:e}");
     }
 
     #[test]
-    fn buffers_grow_with_the_lifetime_and_meet_the_tolerance() {
+    fn buffers_grow_with_the_lifetime_and_shrink_with_the_tolerance() {
         let m = model();
-        let mut last = 0.0;
-        for steps in [1, 10, 50, 100] {
-            let b = m.buffer_for(1.0, steps, 1e-3);
-            assert!(b > last, "{steps}: {b}");
-            assert!(m.missed_pairs_per_atom(1.0, b, steps) <= 1e-3);
-            assert!(m.missed_pairs_per_atom(1.0, b - 2e-4, steps) > 1e-3, "{steps}: not the smallest");
+        let mut last = -1.0;
+        for steps in [1, 2, 5, 10, 20, 50, 100, 200] {
+            let b = m.buffer_for(1.0, steps, DEFAULT_DRIFT_TOLERANCE);
+            assert!(b >= last, "{steps} steps: {b} < {last}");
+            assert!(m.drift(1.0, b, steps) <= DEFAULT_DRIFT_TOLERANCE);
+            if b > 0.0 {
+                assert!(m.drift(1.0, b - 2e-4, steps) > DEFAULT_DRIFT_TOLERANCE, "{steps}: not the smallest");
+            }
             last = b;
         }
+        assert_eq!(m.buffer_for(1.0, 1, DEFAULT_DRIFT_TOLERANCE), 0.0, "a list rebuilt every step needs no buffer");
+        assert!(m.buffer_for(1.0, 200, DEFAULT_DRIFT_TOLERANCE) > 0.0);
+        let mut last = f64::INFINITY;
+        for tol in [1e-6, 1e-5, 1e-4, 1e-3, 5e-3, 2e-2] {
+            let b = m.buffer_for(1.0, 100, tol);
+            assert!(b <= last, "tolerance {tol}: {b} > {last}");
+            last = b;
+        }
+        assert!(m.buffer_for(1.0, 100, 1e-6) > m.buffer_for(1.0, 100, 2e-2));
+        // The drift falls with the buffer and rises with the lifetime.
+        assert!(m.drift(1.0, 0.01, 100) > m.drift(1.0, 0.02, 100));
+        assert!(m.drift(1.0, 0.01, 50) < m.drift(1.0, 0.01, 100));
+    }
+
+    #[test]
+    fn setups_follow_the_estimate() {
+        let s = MolecularSystem::generate(45_000, 13).unwrap();
+        let l = ListSetup::for_system(&s, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let m = BufferModel::for_system(&s, 0.002);
+        assert_eq!(l.rlist, 1.0 + m.buffer_for(1.0, 100, DEFAULT_DRIFT_TOLERANCE) as f32);
+        assert_eq!(l.rlist_inner, 1.0 + m.buffer_for(1.0, 10, DEFAULT_DRIFT_TOLERANCE) as f32);
+        assert!(l.rlist_inner <= l.rlist && l.rlist > 1.0);
+        assert!(ListSetup::for_system(&s, 1.0, 0.002, 100, 10, 0.0).is_err());
     }
 
     #[test]
@@ -185,7 +341,7 @@ mod tests {
         assert!(ListSetup::new(1.0, 10, 1.2, 0, 1.1).is_err());
         assert!(ListSetup::new(1.0, 10, 1.2, 10, 1.2).is_ok());
         let s = MolecularSystem::generate(500, 1).unwrap();
-        let e = ListSetup::for_system(&s, 0.7, 0.002, 100, 10, 1e-3).unwrap_err();
+        let e = ListSetup::for_system(&s, 0.9, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap_err();
         assert!(e.to_string().contains("half the box"), "{e}");
     }
 }

@@ -9,12 +9,14 @@
 //!
 //! Prune steps are the search step and every `nstprune` steps after it. The kernels read the
 //! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
-//! and add forces into the exchange's force array, so nothing is gathered or scattered around
-//! them. At a search step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously:
-//! no launch of this object may still be running).
+//! and add forces into the exchange's force array, so nothing is scattered after them; the
+//! [`NbnxmKernel::Xq`] design gathers a cluster-ordered copy first, inside each prune and force
+//! call (one copy per list kind, each written and read on that kind's stream only). At a search
+//! step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously: no launch of this
+//! object may still be running).
 
 use super::pairlist::{ClusterPairList, PairSearch};
-use super::{ListSetup, NbnxmError};
+use super::{ListSetup, NbnxmError, NbnxmKernel};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -85,9 +87,9 @@ impl GpuList {
         Ok(())
     }
 
-    fn shape(&self) -> LaunchShape {
+    fn shape(&self, shared_bytes: u32) -> LaunchShape {
         let blocks = self.n_entries.div_ceil(abi::NBNXM_WARPS_PER_BLOCK as usize) as u32;
-        LaunchShape { grid: (blocks, 1), block: abi::NBNXM_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SHARED_BYTES }
+        LaunchShape { grid: (blocks, 1), block: abi::NBNXM_WARPS_PER_BLOCK * 32, shared_bytes }
     }
 }
 
@@ -103,6 +105,12 @@ pub struct NbnxmGpu {
     setup: ListSetup,
     box_size: [f32; 3],
     atoms: usize,
+    kernel: NbnxmKernel,
+    /// The [`NbnxmKernel::Xq`] copies: home slots for the local list, every slot for the
+    /// non-local one (empty for the other designs).
+    xq: [DeviceBuffer<[f32; 4]>; 2],
+    /// Slots of the home superclusters (the local list's) and of all.
+    slots: [usize; 2],
 }
 
 impl NbnxmGpu {
@@ -119,7 +127,7 @@ impl NbnxmGpu {
         }
         check_setup(search, setup)?;
         let ctx = module.context().clone();
-        Ok(Self {
+        let mut nb = Self {
             atom_index: DeviceBuffer::from_host(&ctx, &search.grid.atom_index)?,
             atom_type: DeviceBuffer::from_host(&ctx, &search.grid.atom_type)?,
             lj: DeviceBuffer::from_host(&ctx, lj)?,
@@ -129,8 +137,66 @@ impl NbnxmGpu {
             setup: *setup,
             box_size,
             atoms: search.grid.atoms,
+            kernel: NbnxmKernel::Baseline,
+            xq: [DeviceBuffer::uninit(&ctx, 0)?, DeviceBuffer::uninit(&ctx, 0)?],
+            slots: slots_of(search),
             module,
-        })
+        };
+        nb.set_kernel(NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::default_for(ntypes)))?;
+        Ok(nb)
+    }
+
+    /// The kernel design the launches use: at construction [`NbnxmKernel::ENV`]'s, else
+    /// [`NbnxmKernel::default_for`] the table's type count.
+    pub fn kernel(&self) -> NbnxmKernel {
+        self.kernel
+    }
+
+    /// Switches the kernel design (allocating what it needs). Synchronous like [`Self::update`].
+    pub fn set_kernel(&mut self, kernel: NbnxmKernel) -> Result<()> {
+        if self.ntypes as usize > kernel.max_types() {
+            return Err(HaloError::InvalidInput(format!(
+                "the {kernel} nbnxm kernels take at most {} atom types, the system has {}: set {}=baseline",
+                kernel.max_types(),
+                self.ntypes,
+                NbnxmKernel::ENV
+            )));
+        }
+        self.kernel = kernel;
+        self.fit_xq()
+    }
+
+    /// Sizes the cluster-ordered copies for the current grid (only when the design reads them).
+    fn fit_xq(&mut self) -> Result<()> {
+        if self.kernel.gathers() {
+            for (buf, &n) in self.xq.iter_mut().zip(&self.slots) {
+                if buf.len() < n {
+                    *buf = DeviceBuffer::uninit(self.module.context(), n + n / 4)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the [`NbnxmKernel::Xq`] gather of list `kind`'s copy from `x` (nothing for the
+    /// other designs); returns the array the kernels read as coordinates. [`Self::prune`] and
+    /// [`Self::forces`] call it themselves; public to time it alone.
+    pub fn coordinates(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, stream: &CudaStream) -> Result<u64> {
+        self.check_arrays(x, None)?;
+        if !self.kernel.gathers() {
+            return Ok(x.device_ptr());
+        }
+        let n = self.slots[kind as usize];
+        let xq = &self.xq[kind as usize];
+        if n > 0 {
+            let (mut px, mut idx, mut ty, mut first, mut count, mut out) =
+                (x.device_ptr(), self.atom_index.device_ptr(), self.atom_type.device_ptr(), 0u32, n as u32, xq.device_ptr());
+            let mut args = kernel_args![px, idx, ty, first, count, out];
+            // SAFETY: arguments match `nbnxm_gather_xq`; slots 0..n are inside atom_index, atom_type
+            // and xq (sized by fit_xq), their atoms inside x (checked by the caller).
+            unsafe { self.module.launch(abi::NBNXM_GATHER_XQ, LaunchShape::for_items(n, 4096), stream, &mut args)? };
+        }
+        Ok(xq.device_ptr())
     }
 
     /// Replaces the grid and lists with those of a new search (reusing the allocations that fit).
@@ -146,7 +212,8 @@ impl NbnxmGpu {
         self.lists[1].update(&self.module, &search.nonlocal)?;
         self.box_size = box_size;
         self.atoms = search.grid.atoms;
-        Ok(())
+        self.slots = slots_of(search);
+        self.fit_xq()
     }
 
     /// Local atoms the lists index: `x` and `f` must hold at least this many.
@@ -183,14 +250,15 @@ impl NbnxmGpu {
         self.check_arrays(x, None)?;
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
-            let (mut px, mut idx, mut ent, mut n) = (x.device_ptr(), self.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+            let mut px = self.coordinates(kind, x, stream)?;
+            let (mut idx, mut ent, mut n) = (self.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
             let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
             let mut args = kernel_args![px, idx, ent, n, outer, inner, bx, by, bz, rl2];
-            // SAFETY: arguments match `nbnxm_prune`; the list indexes this grid's slots, whose atoms
-            // are inside `x` (checked above); `inner` has as many words as `outer`.
-            unsafe { self.module.launch(abi::NBNXM_PRUNE, l.shape(), stream, &mut args)? };
+            // SAFETY: arguments match `nbnxm_prune[_*]`; the list indexes this grid's slots, whose
+            // atoms are inside `x` (checked above); `inner` has as many words as `outer`.
+            unsafe { self.module.launch(self.kernel.entries()[2], l.shape(abi::NBNXM_SHARED_BYTES), stream, &mut args)? };
         }
         self.lists[kind as usize].pruned = true;
         Ok(())
@@ -207,17 +275,18 @@ impl NbnxmGpu {
             return Ok(());
         }
         let words = if l.pruned { &l.inner } else { &l.outer };
-        let (mut px, mut idx, mut ty, mut ent, mut n) =
-            (x.device_ptr(), self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+        let mut px = self.coordinates(kind, x, stream)?;
+        let (mut idx, mut ty, mut ent, mut n) = (self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
         let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), self.energy.device_ptr());
         let [mut bx, mut by, mut bz] = self.box_size;
         let rc = f64::from(self.setup.cutoff);
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
         let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
-        let name = if energy { abi::NBNXM_FORCES_ENERGY } else { abi::NBNXM_FORCES };
-        // SAFETY: arguments match `nbnxm_forces[_energy]`; slots index atoms inside `x` and `f`
+        let name = self.kernel.entries()[usize::from(energy)];
+        let shape = l.shape(self.kernel.force_shared_bytes(self.ntypes));
+        // SAFETY: arguments match `nbnxm_forces[_energy][_*]`; slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
-        unsafe { self.module.launch(name, l.shape(), stream, &mut args) }
+        unsafe { self.module.launch(name, shape, stream, &mut args) }
     }
 
     /// The j-list words of list `kind` on the GPU, the inner (pruned) list or the outer one, read
@@ -227,6 +296,12 @@ impl NbnxmGpu {
         let mut v = if inner { &l.inner } else { &l.outer }.to_host()?;
         v.truncate(l.n_words);
         Ok(v)
+    }
+
+    /// Sets every word of list `kind`'s inner list to `u32::MAX`, synchronously (for checks:
+    /// poison before a prune, which must write every word).
+    pub fn poison_inner(&mut self, kind: ListKind) -> Result<()> {
+        self.lists[kind as usize].inner.fill_bytes(0xff)
     }
 
     /// Zeroes the energy accumulator on `stream` (before the first force launch of an energy step).
@@ -244,6 +319,11 @@ impl NbnxmGpu {
     pub fn energy_buffer(&self) -> &DeviceBuffer<f64> {
         &self.energy
     }
+}
+
+/// Slots of the home superclusters and of all superclusters.
+fn slots_of(search: &PairSearch) -> [usize; 2] {
+    [search.grid.home_superclusters() * abi::NBNXM_SUPER_SIZE as usize, search.grid.atom_index.len()]
 }
 
 fn check_setup(search: &PairSearch, setup: &ListSetup) -> Result<()> {

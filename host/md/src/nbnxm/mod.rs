@@ -10,13 +10,14 @@
 //! | [`PairSearch`] | grid + the two cluster-pair lists of one rank, with the time each part took |
 //! | [`ListSetup`], [`BufferModel`] | cutoff, list lifetimes and the buffers chosen for them |
 //! | [`NbnxmGpu`] | the lists on the GPU and the launches of one step (prune, forces, energy) |
+//! | [`NbnxmKernel`] | which kernel design the launches use |
 //!
 //! Use at a search step, per rank (see [`NbnxmGpu`] for the per-step calls):
 //! ```no_run
 //! # use halo_md::nbnxm::*;
 //! # fn demo(plan: &halo::decomp::HaloPlan, system: &halo::system::MolecularSystem,
 //! #         module: std::sync::Arc<halo::gpu::KernelModule>, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
-//! let setup = ListSetup::for_system(system, 1.0, 0.002, 100, 10, 1e-3)?;
+//! let setup = ListSetup::for_system(system, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE)?;
 //! let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types)?;
 //! let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist))?;
 //! let gpu = NbnxmGpu::new(module, &search, &lj_table(system), &setup, system.box_size)?;
@@ -26,12 +27,14 @@
 mod buffer;
 mod gpu;
 mod grid;
+mod kernel;
 mod local;
 mod pairlist;
 
-pub use buffer::{BufferModel, ListSetup};
+pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
+pub use kernel::NbnxmKernel;
 pub use local::LocalAtoms;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
