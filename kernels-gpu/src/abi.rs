@@ -52,6 +52,7 @@ kernel_entries! {
         "nbnxm_forces",
         "nbnxm_forces_energy",
         "nbnxm_prune",
+        "spin_delay",
     ],
 }
 
@@ -155,6 +156,11 @@ pub const NBNXM_FORCES_ENERGY: &str = "nbnxm_forces_energy";
 /// rlist2)`: the inner (pruned) j-list of a cluster-pair list, from the outer one and the current
 /// coordinates.
 pub const NBNXM_PRUNE: &str = "nbnxm_prune";
+
+/// `spin_delay(ns)`, one thread: holds its stream for `ns` nanoseconds of `%globaltimer` and does
+/// nothing else. The GPU half of the exchange's jitter (`halo::exchange::perturb`): enqueued before
+/// a rank's launch, it skews that rank's GPU timeline against its peers'.
+pub const SPIN_DELAY: &str = "spin_delay";
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).

@@ -7,6 +7,8 @@
 //! - [`interface`]: the one interface over both ([`Exchange`]), built from a [`Placement`], so a
 //!   per-step driver is written once.
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
+//! - [`perturb`]: jitter and injected faults around any exchange, for the reliability tests;
+//!   [`heap`]: the memory an exchange needs, checked on every rank before anything is allocated.
 //!
 //! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
 //! fill the owned values, then exchange forward (gather chain) and reverse (accumulate chain):
@@ -37,10 +39,12 @@
 //! ```
 
 pub mod credits;
+pub mod heap;
 pub mod interface;
 pub mod local;
 pub mod memory;
 pub mod pe;
+pub mod perturb;
 pub mod proxy;
 pub mod rank;
 pub mod reference;
