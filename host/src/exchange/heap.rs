@@ -11,7 +11,7 @@
 //!   `NVSHMEM_SYMMETRIC_SIZE` is left for halo either way. The check is a pure function of the
 //!   halos and the environment, so every PE reaches the same verdict with no communication, and
 //!   [`Mem`](super::memory::Mem) charges every symmetric buffer against the same budget
-//!   ([`charge_symmetric`]) as a backstop.
+//!   ([`check_allocation`]) as a backstop.
 //! - **Device memory.** Each rank compares what its buffers need (and, under VMM, one growth step
 //!   of the heap) with its GPU's free memory ([`check_device`]). Free memory differs between PEs,
 //!   so the verdicts are agreed ([`agree`]) through `halo launch`'s rendezvous before anyone
