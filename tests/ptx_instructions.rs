@@ -132,6 +132,15 @@ fn the_latency_probe_uses_the_exchange_wait() {
 }
 
 #[test]
+fn the_delay_kernel_only_reads_the_global_timer() {
+    // The jitter's GPU delay: a spin on `%globaltimer`, no memory access at all (it must not
+    // disturb the exchange it delays).
+    let b = entries(&ptx_text());
+    assert_lowers(&b, abi::SPIN_DELAY, &["%globaltimer"]);
+    assert_absent(&b, abi::SPIN_DELAY, &["ld.global", "st.global", "atom.", "red."]);
+}
+
+#[test]
 fn bulk_copy_wrappers_lower_to_hopper_instructions() {
     let b = entries(&ptx_text());
     assert_lowers(&b, abi::FUSED_COORDS_TMA, &[

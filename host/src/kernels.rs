@@ -138,3 +138,14 @@ pub fn pack_subset(
 pub fn counter(ctx: &Arc<CudaContext>) -> Result<DeviceBuffer<u32>> {
     DeviceBuffer::zeroed(ctx, 1)
 }
+
+/// Holds `stream` for `ns` nanoseconds on the GPU (`spin_delay`, one thread): the GPU half of the
+/// exchange's jitter ([`crate::exchange::perturb`]). `ns` is capped at [`Jitter::MAX_US`](crate::exchange::perturb::Jitter::MAX_US),
+/// the longest jitter accepted, so the kernel is bounded whatever the caller passes.
+pub fn spin_delay(module: &KernelModule, stream: &CudaStream, ns: u64) -> Result<()> {
+    let mut ns = ns.min(u64::from(crate::exchange::perturb::Jitter::MAX_US) * 1000);
+    let mut args = kernel_args![ns];
+    let shape = LaunchShape { grid: (1, 1), block: 1, shared_bytes: 0 };
+    // SAFETY: `spin_delay(ns: u64)` takes one value and touches no memory.
+    unsafe { module.launch(abi::SPIN_DELAY, shape, stream, &mut args) }
+}

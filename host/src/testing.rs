@@ -48,3 +48,49 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
     let module = KernelModule::load(&ctx, &artifacts).unwrap_or_else(|e| panic!("{test}: {e}"));
     Some(GpuFixture { ctx, module })
 }
+
+/// An [`Exchange`](crate::exchange::Exchange) with no GPU rank: it records the calls it gets and
+/// does nothing else. For CPU tests of code that drives an exchange (the jitter and fault wrapper,
+/// `halo launch` with an injected fault).
+#[derive(Clone, Debug, Default)]
+pub struct NullExchange {
+    /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`.
+    pub calls: Vec<&'static str>,
+}
+
+impl crate::exchange::Exchange for NullExchange {
+    fn local_ranks(&self) -> &[crate::exchange::RankExchange] {
+        &[]
+    }
+    fn local_ranks_mut(&mut self) -> &mut [crate::exchange::RankExchange] {
+        &mut []
+    }
+    fn streams(&self) -> &[Arc<crate::gpu::CudaStream>] {
+        &[]
+    }
+    fn check_transport(&self, _: crate::exchange::Transport) -> crate::Result<()> {
+        Ok(())
+    }
+    fn exchange_forward(&mut self, _: crate::exchange::Transport) -> crate::Result<()> {
+        self.calls.push("forward");
+        Ok(())
+    }
+    fn exchange_reverse_accumulate(&mut self, _: crate::exchange::Transport) -> crate::Result<()> {
+        self.calls.push("reverse");
+        Ok(())
+    }
+    fn finish(&mut self) -> crate::Result<()> {
+        self.calls.push("finish");
+        Ok(())
+    }
+    fn barrier(&self) -> crate::Result<()> {
+        Ok(())
+    }
+    fn host_syncs(&self) -> u64 {
+        self.calls.len() as u64
+    }
+    fn reset_protocol(&mut self) -> crate::Result<()> {
+        self.calls.push("reset");
+        Ok(())
+    }
+}

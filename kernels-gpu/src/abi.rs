@@ -62,6 +62,7 @@ kernel_entries! {
         "nbnxm_forces_energy_xq",
         "nbnxm_prune_xq",
         "nbnxm_gather_xq",
+        "spin_delay",
     ],
 }
 
@@ -189,6 +190,11 @@ pub const NBNXM_MAX_TYPES: u32 = 32;
 pub const fn nbnxm_tiled_shared_bytes(ntypes: u32) -> u32 {
     NBNXM_SHARED_BYTES + (ntypes * ntypes * 8).div_ceil(16) * 16
 }
+
+/// `spin_delay(ns)`, one thread: holds its stream for `ns` nanoseconds of `%globaltimer` and does
+/// nothing else. The GPU half of the exchange's jitter (`halo::exchange::perturb`): enqueued before
+/// a rank's launch, it skews that rank's GPU timeline against its peers'.
+pub const SPIN_DELAY: &str = "spin_delay";
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).

@@ -144,6 +144,23 @@ fn unknown_transports_and_flags_are_usage_errors() {
     assert!(text(&out.stderr).contains("possible values"), "{}", text(&out.stderr));
 }
 
+/// Issue 18: the jitter, fault and phase options are checked before any GPU work.
+#[test]
+fn bad_jitter_fault_and_phase_options_are_refused_before_the_gpu() {
+    fails_with(&["exchange-check", "--jitter-us", "fast"], &[], &["--jitter-us=\"fast\"", "`fast` is not a number of microseconds", "MAX_US[:SEED[:host|gpu|both]]"]);
+    fails_with(&["exchange-check", "--jitter-us", "2000000"], &[], &["longer than the 1000000 µs"]);
+    fails_with(&["exchange-check", "--jitter-us", "30:1:sideways"], &[], &["`sideways` is not a side"]);
+    fails_with(&["exchange-check", "--jitter-us", "3000", "--wait-timeout-ms", "2"], &[], &["(up to 3000 µs) is not shorter than the device wait deadline (--wait-timeout-ms 2)", "use less jitter or a longer deadline"]);
+    fails_with(&["exchange-check", "--fault", "kill@5"], &[], &["--fault=\"kill@5\"", "kill@STEP:RANK"]);
+    fails_with(&["bench", "--fault", "explode@1:1"], &[], &["`explode` is not a fault"]);
+    // The variables, when no flag stands for them.
+    fails_with(&["exchange-check"], &[("HALO_JITTER_US", Path::new("1:2:gpu:4"))], &["HALO_JITTER_US=\"1:2:gpu:4\"", "unexpected `:4`"]);
+    fails_with(&["exchange-check"], &[("HALO_FAULT", Path::new("kill@x:1"))], &["HALO_FAULT=\"kill@x:1\"", "`x` is not a step number"]);
+    let out = halo(&["exchange-check", "--phase", "y"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("`y` is not a phase: x (coordinates only), f (forces only) or xf (both)"), "{}", text(&out.stderr));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inconsistent plans (library): neighbours that disagree, maps out of range
 // ---------------------------------------------------------------------------------------------

@@ -121,6 +121,36 @@ fn a_rank_killed_by_sigkill_is_named() {
     assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
 }
 
+/// Issue 18: `HALO_FAULT=kill@STEP:RANK` kills that rank in the middle of a step, through the same
+/// wrapper every exchange gets (`halo::exchange::perturb`); the launcher names it within the bound.
+#[test]
+fn a_rank_killed_mid_step_by_halo_fault_is_named() {
+    let args = ["launch", "-n", "3", "--", "selftest-child", "--print-pid", "--null-exchange-steps", "300"];
+    let mut cmd = halo(&args);
+    cmd.env("HALO_FAULT", "kill@20:1").env("HALO_JITTER_US", "200:3:host");
+    let (out, took) = run_within(cmd, STOP_BOUND);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "stderr: {stderr}");
+    assert!(
+        stderr.contains("[rank 1] halo: HALO_FAULT: rank 1 kills itself with SIGKILL right after enqueueing step 20's coordinate halo"),
+        "stderr: {stderr}"
+    );
+    assert!(stderr.contains("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2"), "stderr: {stderr}");
+    assert!(!text(&out.stdout).contains("ran 300 steps"), "the others were stopped, not left to finish");
+    // 300 steps take at least 3 s; the kill comes after about 20 of them.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
+}
+
+#[test]
+fn a_fault_on_a_rank_that_is_not_running_changes_nothing() {
+    let mut cmd = halo(&["launch", "-n", "2", "--", "selftest-child", "--null-exchange-steps", "5"]);
+    cmd.env("HALO_FAULT", "kill@2:7");
+    let (out, _) = run_within(cmd, STOP_BOUND);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("[rank 1] null exchange: rank 1 ran 5 steps"));
+}
+
 #[test]
 fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
     let args = [

@@ -168,9 +168,10 @@ impl Placement {
     }
 
     /// The exchange of `halos` (every rank's, the same complete list on every PE) for the ranks
-    /// placed here. Collective across PEs.
+    /// placed here, with this process's jitter and fault if it asked for any
+    /// ([`super::perturb::for_process`]). Collective across PEs.
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
-        Ok(match self {
+        super::perturb::for_process(match self {
             Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
             Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, *policy)?),
         })

@@ -42,6 +42,7 @@ impl<T: Element> LocalRanks<T> {
             }
         }
         let sizes = SharedSizes::of(&halos);
+        super::heap::precheck_local::<T>(modules, &halos, sizes)?;
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
         for (r, halo) in halos.iter().cloned().enumerate() {

@@ -25,13 +25,46 @@ pub enum Mem<T: Pod> {
 }
 
 impl<T: Pod> Mem<T> {
-    /// Allocates `len` elements (collectively, for symmetric memory).
+    /// Allocates `len` elements (collectively, for symmetric memory). A symmetric buffer is first
+    /// charged against `NVSHMEM_SYMMETRIC_SIZE` ([`super::heap`]): every PE allocates the same
+    /// sequence, so a buffer that does not fit is refused on every PE alike, before NVSHMEM's
+    /// collective allocation.
     pub fn new(kind: &MemoryKind, ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        let bytes = (len * size_of::<T>()) as u64;
+        ALLOCATED_ON_THIS_THREAD.with(|a| a.set(a.get() + bytes));
         match kind {
             MemoryKind::Plain => Ok(Self::Plain(DeviceBuffer::uninit(ctx, len)?)),
-            MemoryKind::Symmetric(nvshmem) => Ok(Self::Symmetric(nvshmem.alloc(len)?)),
+            MemoryKind::Symmetric(nvshmem) => {
+                super::heap::charge_symmetric(bytes)?;
+                match nvshmem.alloc(len) {
+                    Ok(b) => Ok(Self::Symmetric(b)),
+                    Err(e) => {
+                        super::heap::release_symmetric(bytes);
+                        Err(e)
+                    }
+                }
+            }
         }
     }
+}
+
+impl<T: Pod> Drop for Mem<T> {
+    fn drop(&mut self) {
+        if let Self::Symmetric(b) = self {
+            super::heap::release_symmetric((b.len() * size_of::<T>()) as u64);
+        }
+    }
+}
+
+std::thread_local! {
+    static ALLOCATED_ON_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Bytes of exchange buffers ([`Mem`], either kind) this thread has allocated so far: lets a test
+/// hold [`super::heap::Footprint`] to what an exchange really allocates.
+#[doc(hidden)]
+pub fn allocated_on_this_thread() -> u64 {
+    ALLOCATED_ON_THIS_THREAD.with(std::cell::Cell::get)
 }
 
 impl<T: Pod> DeviceMemory<T> for Mem<T> {

@@ -9,6 +9,8 @@
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
 //! - [`reset`]: the collective reset every exchange runs when built and after a failure;
 //!   [`watch`]: the bounded host waits on its streams.
+//! - [`perturb`]: jitter and injected faults around any exchange, for the reliability tests;
+//!   [`heap`]: the memory an exchange needs, checked on every rank before anything is allocated.
 //!
 //! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
 //! fill the owned values, then exchange forward (gather chain) and reverse (accumulate chain):
@@ -39,10 +41,12 @@
 //! ```
 
 pub mod credits;
+pub mod heap;
 pub mod interface;
 pub mod local;
 pub mod memory;
 pub mod pe;
+pub mod perturb;
 pub mod proxy;
 pub mod rank;
 pub mod reference;

@@ -142,6 +142,7 @@ impl<T: Element> PeExchange<T> {
         }
         let me = nvshmem.my_pe();
         let sizes = SharedSizes::of(&halos);
+        super::heap::precheck_pe::<T>(module.context(), &halos, me, sizes)?; // every PE fails alike, before any collective
         let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
         let local = rank.local_view();
         let view = |peer: usize| -> Option<PeerView> {

@@ -22,6 +22,7 @@ macro_rules! kernel {
 }
 
 mod common;
+mod delay;
 mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;

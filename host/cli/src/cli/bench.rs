@@ -69,6 +69,9 @@ pub struct BenchArgs {
     /// NVSHMEM host library to use (default: discovered).
     #[arg(long)]
     pub nvshmem_lib: Option<PathBuf>,
+    /// Jitter and faults (tests only: they distort the times).
+    #[command(flatten)]
+    pub perturb: super::perturb::PerturbArgs,
 }
 
 impl BenchArgs {
@@ -105,6 +108,7 @@ fn nccl_defaults() {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     nccl_defaults();
+    args.perturb.install()?;
     if args.repeats < 5 {
         eprintln!("halo bench: note: {} repeats; the targets call for at least 5", args.repeats);
     }

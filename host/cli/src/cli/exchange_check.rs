@@ -2,11 +2,14 @@
 //! against the CPU reference. In one process (several ranks over the visible GPUs) or, under
 //! `halo launch`/mpirun/srun, one rank per process over NVSHMEM.
 
+use super::perturb::PerturbArgs;
+use crate::bench::graph::Phase;
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{Placement, RankHalo, Transport, reference};
+use halo::exchange::perturb::{self, JitterStats};
+use halo::exchange::{Placement, RankHalo, Transport, heap, reference};
 use halo::gpu::{self, DeviceMemory, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
@@ -30,6 +33,10 @@ pub struct ExchangeCheckArgs {
     /// Checked steps per transport.
     #[arg(long, default_value_t = 100)]
     steps: u64,
+    /// What each step exchanges: x (coordinates only), f (forces only) or xf (both, a full
+    /// step). Checked steps compare what was exchanged.
+    #[arg(long, default_value = "xf", value_parser = parse_phase)]
+    phase: Phase,
     /// Check every N steps (fresh data, then compare); the steps between only exchange, so a long
     /// run (a soak) exercises the protocol at full speed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -61,6 +68,26 @@ pub struct ExchangeCheckArgs {
     /// Force a transport for one pair, both directions: 0-1=nvshmem-put (repeatable; implies --route).
     #[arg(long = "route-override", value_name = "A-B=TRANSPORT")]
     route_override: Vec<String>,
+    #[command(flatten)]
+    perturb: PerturbArgs,
+}
+
+/// `x`, `f` or `xf` -> the phase (the benchmark's phases: coordinates, forces, the full step).
+pub fn parse_phase(s: &str) -> Result<Phase, String> {
+    match s.trim() {
+        "x" => Ok(Phase::Coordinates),
+        "f" => Ok(Phase::Forces),
+        "xf" => Ok(Phase::Step),
+        other => Err(format!("`{other}` is not a phase: x (coordinates only), f (forces only) or xf (both)")),
+    }
+}
+
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Coordinates => "x",
+        Phase::Forces => "f",
+        Phase::Step => "xf",
+    }
 }
 
 /// The router's per-rank plans, the exchange transport they imply, and the routers (for the summary).
@@ -117,6 +144,16 @@ pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
 }
 
 pub fn run(args: ExchangeCheckArgs) -> Result<()> {
+    if let Some(j) = args.perturb.install()?.and_then(|p| p.jitter()) {
+        if u64::from(j.max_us) >= args.wait_timeout_ms.saturating_mul(1000) {
+            bail!(
+                "the jitter (up to {} µs) is not shorter than the device wait deadline (--wait-timeout-ms {}): a delayed rank would look dead; \
+                 use less jitter or a longer deadline",
+                j.max_us,
+                args.wait_timeout_ms
+            );
+        }
+    }
     let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
     let halos = synthetic::halos(shape, args.seed);
     let env = RankEnv::from_env();
@@ -136,8 +173,14 @@ fn transports(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Transport> {
 /// Largest force error (relative to max(|reference|, 1): accumulated sums of O(1) terms may
 /// cancel, so their rounding is measured against the terms' scale), or an error naming the first
 /// coordinate mismatch.
-fn compare(rank: usize, step: u64, x: &[Float3], want_x: &[Float3], f: &[Float3], want_f: &[Float3]) -> Result<f64> {
-    if let Some(i) = (0..x.len()).find(|&i| x[i].x.to_bits() != want_x[i].x.to_bits() || x[i].y.to_bits() != want_x[i].y.to_bits() || x[i].z.to_bits() != want_x[i].z.to_bits()) {
+fn compare(rank: usize, step: u64, x: &[Float3], want_x: Option<&[Float3]>, f: &[Float3], want_f: Option<&[Float3]>) -> Result<f64> {
+    for (what, got, want) in [("coordinates", x.len(), want_x.map(<[_]>::len)), ("forces", f.len(), want_f.map(<[_]>::len))] {
+        if want.is_some_and(|n| n != got) {
+            bail!("rank {rank} step {step}: {got} {what} read back, the CPU reference has {}", want.unwrap_or(0));
+        }
+    }
+    let (want_x, want_f) = (want_x.unwrap_or_default(), want_f.unwrap_or_default());
+    if let Some(i) = (0..want_x.len()).find(|&i| x[i].x.to_bits() != want_x[i].x.to_bits() || x[i].y.to_bits() != want_x[i].y.to_bits() || x[i].z.to_bits() != want_x[i].z.to_bits()) {
         bail!("rank {rank} step {step}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]);
     }
     let mut worst = 0.0f64;
@@ -164,6 +207,8 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
     let modules = (0..gpu::device_count())
         .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
+    // Test only (HALO_TEST_RESERVE_GIB=G[:R]): hold device memory first; in one process R names the GPU.
+    let _held = modules.iter().enumerate().map(|(g, m)| heap::reserve_for_test(m.context(), g)).collect::<halo::Result<Vec<_>>>()?;
     println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
     let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
     check(args, &halos, &Placement::Local(modules), routing, false)
@@ -172,6 +217,7 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
     let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
+    let _held = heap::reserve_for_test(&session.ctx, me)?; // test only: HALO_TEST_RESERVE_GIB
     let routing = if args.route || !args.route_override.is_empty() { Some(route_pe(args, &halos, me, session.ctx.ordinal())?) } else { None };
     let policy = match &routing {
         Some(r) => PathPolicy::Routed(r.plans[0].clone().leak()),
@@ -197,6 +243,7 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, ro
         Some(r) if args.transport.is_empty() => vec![r.transport],
         _ => transports(args, nvshmem),
     };
+    let mut jitter_before = JitterStats::default();
     for transport in list {
         let mut x = placement.exchange::<Float3>(halos.to_vec())?;
         x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
@@ -207,6 +254,7 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, ro
         // Test only: the rank that never launches (its peers must time out with a clear error).
         let silent = x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
         let (mut worst, mut checked, mut exchange_syncs) = (0.0f64, 0u64, 0u64);
+        let started = std::time::Instant::now();
         for step in 0..args.steps {
             let check = step % args.check_every == 0;
             let (home, forces) = if check {
@@ -229,29 +277,44 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, ro
             };
             let before = x.host_syncs();
             if !silent {
-                x.exchange_forward(transport)?;
-                x.exchange_reverse_accumulate(transport)?;
+                args.phase.repeat(1, |forces| if forces { x.exchange_reverse_accumulate(transport) } else { x.exchange_forward(transport) })?;
             }
             exchange_syncs += x.host_syncs() - before;
             if !check {
                 continue;
             }
             x.finish().with_context(|| format!("{} step {step}", transport.name()))?;
-            let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &forces));
+            // Only what this phase exchanged is compared.
+            let want_x = (args.phase != Phase::Forces).then(|| reference::coordinates(halos, &home));
+            let want_f = (args.phase != Phase::Coordinates).then(|| reference::forces(halos, &forces));
             let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
             for (i, rank) in x.local_ranks().iter().enumerate() {
                 let r = rank.rank();
-                worst = worst.max(compare(r, step, &xs[i], &want_x[r], &fs[i], &want_f[r])?);
+                let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
+                worst = worst.max(compare(r, step, &xs[i], wx, &fs[i], wf)?);
             }
             x.barrier()?; // nobody overwrites a peer's halo before it has been checked
         }
         x.finish()?;
+        let took = started.elapsed().as_secs_f64();
+        let compared = match args.phase {
+            Phase::Coordinates => "coordinates bit-exact".to_string(),
+            Phase::Forces => format!("forces max rel err {worst:.1e}"),
+            Phase::Step => format!("coordinates bit-exact, forces max rel err {worst:.1e}"),
+        };
         println!(
-            "{:>16}: {} steps, {checked} checked, OK on {} (coordinates bit-exact, forces max rel err {worst:.1e}), {exchange_syncs} host syncs in the exchange",
+            "{:>16}: {} steps ({}) in {took:.2} s ({:.1} µs per step, checks included), {checked} checked, OK on {} ({compared}), {exchange_syncs} host syncs in the exchange",
             transport.name(),
             args.steps,
+            phase_name(args.phase),
+            took * 1e6 / args.steps.max(1) as f64,
             if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) },
         );
+        if let Some(p) = perturb::process()?.filter(|p| p.jitter().is_some()) {
+            let now = p.stats();
+            println!("{:>16}: {}", transport.name(), now.since(&jitter_before));
+            jitter_before = now;
+        }
     }
     if let Some(r) = routing {
         debug_assert_eq!(r.plans.len(), r.routers.len());

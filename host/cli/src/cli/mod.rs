@@ -7,6 +7,7 @@ mod verify;
 mod exchange_check;
 mod info;
 mod launch;
+mod perturb;
 mod plan;
 mod route;
 mod selftest;

@@ -61,6 +61,10 @@ pub struct SelftestArgs {
     /// ranks all-gather `rank-<R>`; prints what each got.
     #[arg(long)]
     rendezvous: bool,
+    /// Drive this many steps of an exchange with no GPU (`halo::testing::NullExchange`), 10 ms
+    /// apart, through the process's jitter and fault (HALO_JITTER_US, HALO_FAULT).
+    #[arg(long, value_name = "N")]
+    null_exchange_steps: Option<u64>,
 }
 
 pub fn main(args: SelftestArgs) -> ExitCode {
@@ -101,6 +105,9 @@ fn run(args: &SelftestArgs) -> Result<u8> {
         exercise_rendezvous(&env)?;
     }
     std::thread::sleep(Duration::from_millis(args.sleep_ms));
+    if let Some(steps) = args.null_exchange_steps {
+        null_exchange(&env, steps)?;
+    }
 
     let hang_limit = Duration::from_secs(args.hang_max_secs);
     if let Some(target) = args.only_rank
@@ -156,6 +163,25 @@ fn exercise_rendezvous(env: &RankEnv) -> Result<()> {
     let all = rendezvous::all_gather("selftest", format!("rank-{}", env.rank).as_bytes())?;
     let all: Vec<String> = all.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
     println!("gathered {}", all.join(","));
+    Ok(())
+}
+
+/// `steps` forward and reverse exchanges of a [`NullExchange`] as rank `env.rank`, wrapped like
+/// a real exchange when the process asked for jitter or a fault.
+fn null_exchange(env: &RankEnv, steps: u64) -> Result<()> {
+    use halo::exchange::perturb::{self, Perturbed};
+    use halo::exchange::{Exchange, Transport};
+    use halo::testing::NullExchange;
+    let mut x: Box<dyn Exchange> = match perturb::process()? {
+        Some(p) => Box::new(Perturbed::with_ranks(NullExchange::default(), p, vec![env.rank])?),
+        None => Box::new(NullExchange::default()),
+    };
+    for _ in 0..steps {
+        x.exchange_forward(Transport::Fused)?;
+        x.exchange_reverse_accumulate(Transport::Fused)?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("null exchange: rank {} ran {steps} steps", env.rank);
     Ok(())
 }
 
