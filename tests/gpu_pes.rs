@@ -88,6 +88,13 @@ impl Run {
         self.lines.iter().filter(|(_, l)| l.contains(needle)).count()
     }
 
+    /// Result lines of exchange-check that ran `steps` steps, checked `checked` of them and passed on
+    /// this PE (`fused: 2000 steps (xf) in 9.07 s (…), 8 checked, OK on this PE …`).
+    fn count_ok(&self, steps: u64, checked: u64) -> usize {
+        let (ran, ok) = (format!(": {steps} steps ("), format!(", {checked} checked, OK on this PE"));
+        self.lines.iter().filter(|(_, l)| l.contains(&ran) && l.contains(&ok)).count()
+    }
+
     /// When the first line containing any of `needles` arrived.
     fn first(&self, needles: &[&str]) -> Option<Duration> {
         self.lines.iter().find(|(_, l)| needles.iter().any(|n| l.contains(n))).map(|(t, _)| *t)
@@ -168,7 +175,7 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
     let check = halo(&["launch", "-n", "4", "--gpus", "0,1", "--", "exchange-check", "--grid", "4x1x1", "--steps", "20"], &[], Duration::from_secs(300));
     check.assert_ok("exchange-check 4x1x1");
     // Every transport on every PE (the PEs of a GPU map each other, so none is skipped).
-    assert_eq!(check.count(": 20 steps, 20 checked, OK on this PE"), 4 * 5, "{}", check.text());
+    assert_eq!(check.count_ok(20, 20), 4 * 5, "{}", check.text());
     assert_eq!(check.count("skipped here"), 0, "{}", check.text());
     // The issue's bench command, with one repeat and no warm-up (each phase still 2000 steps).
     let bench = [
@@ -191,7 +198,7 @@ fn ring(n: usize) {
         ];
         let run = halo(&args, &[], Duration::from_secs(600));
         run.assert_ok(&format!("exchange-check {grid}, {pulses} pulse(s)"));
-        assert_eq!(run.count(": 2000 steps, 8 checked, OK on this PE"), n, "{}", run.text());
+        assert_eq!(run.count_ok(2000, 8), n, "{}", run.text());
     }
     // MD halos: with a 1 nm cutoff, 4 slabs of 45,000 atoms need one pulse and of 6,000 two; 8 slabs
     // of 180,000 atoms one and of 45,000 two (`halo plan`).
@@ -231,7 +238,7 @@ fn ucx_exchange_check_verify_and_bench_pass_with_fenced_puts() {
     let Some(env) = ucx_env(test) else { return };
     let run = halo(&["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused,per-pulse"], &env, Duration::from_secs(180));
     run.assert_ok("exchange-check over UCX");
-    assert_eq!(run.count(": 10 steps, 10 checked, OK on this PE"), 2 * 2, "{}", run.text());
+    assert_eq!(run.count_ok(10, 10), 2 * 2, "{}", run.text());
     for (n, grid) in [("2", "2x1x1"), ("4", "4x1x1"), ("4", "2x2x1")] {
         let run = halo(&["launch", "-n", n, "--gpus", "0,1", "--", "verify", "--ranks", grid, "--steps", "20"], &env, Duration::from_secs(300));
         run.assert_ok(&format!("verify {grid} over UCX"));
