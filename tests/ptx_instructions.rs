@@ -281,3 +281,43 @@ fn nbnxm_tiled_kernels_fit_registers_without_local_memory() {
     }
     assert_eq!(r[abi::NBNXM_GATHER_XQ].1, 0);
 }
+
+/// The timeline probe's stamp (`device::stamp_time` in kernels-gpu): the latest time of a point
+/// kept with `max`, the earliest block entry with `min`.
+const STAMPS: &[&str] = &["red.relaxed.gpu.global.max.u64", "red.relaxed.gpu.global.min.u64"];
+
+#[test]
+fn timeline_stamps_reach_only_the_instrumented_kernels() {
+    use halo::abi::timeline as tl;
+    let b = entries(&ptx_text());
+    let timeline = [tl::FUSED_COORDS_TIMELINE, tl::FUSED_FORCES_TIMELINE];
+    for k in abi::KERNEL_ENTRIES.iter().filter(|k| !timeline.contains(k)) {
+        assert_absent(&b, k, STAMPS);
+    }
+    // Every clock read of an exchange kernel belongs to a bounded wait: one `%globaltimer` read per
+    // wait site, each with its timeout report (the CAS). The plain fused kernels are the `Off`
+    // instantiation of the generic code the probe instruments: a stamp that leaked into them, or a
+    // clock read left behind by one, breaks this count.
+    let count = |k: &str, ins: &str| b[k].matches(ins).count();
+    for base in ["fused_coords", "fused_forces", "fused_coords_tma", "pulse_pack_store_signal", "pulse_pack_put_signal"] {
+        for sfx in ["", "_f32", "_f64", "_f32x4"] {
+            let k = format!("{base}{sfx}");
+            let (clock, cas) = (count(&k, "%globaltimer"), count(&k, "atom.relaxed.gpu.global.cas.b32"));
+            assert!(clock > 0 && clock == cas, "{k}: {clock} %globaltimer reads, {cas} timeout reports");
+        }
+    }
+    // The instrumented kernels: the same protocol (election, release signal, bounded wait), the
+    // earliest entry kept once, the latest of every other point (entry, 7 points of a pulse, end).
+    for k in timeline {
+        assert_lowers(&b, k, &["atom.acq_rel.gpu.global.inc.u32", "st.release.sys.global.u64", "bar.sync"]);
+        assert_lowers(&b, k, WAIT);
+        assert_eq!(count(k, STAMPS[1]), 1, "{k}: earliest-entry stamps");
+        assert_eq!(count(k, STAMPS[0]), 9, "{k}: latest-point stamps");
+        assert!(count(k, "%globaltimer") > count(k, "atom.relaxed.gpu.global.cas.b32"), "{k} reads the clock only in its waits");
+    }
+    assert_lowers(&b, tl::FUSED_COORDS_TIMELINE, &["bar.red.or.pred"]);
+    assert_lowers(&b, tl::FUSED_FORCES_TIMELINE, &["st.global.v4.b32", "red.relaxed.gpu.global.add.f32", "ld.acquire.gpu.global.u32"]);
+    // The resolution probe reads the clock and writes its result, nothing else.
+    assert_lowers(&b, tl::GLOBALTIMER_RESOLUTION, &["%globaltimer", "st.global"]);
+    assert_absent(&b, tl::GLOBALTIMER_RESOLUTION, &["atom.", "red.", "ld.global"]);
+}

@@ -63,8 +63,13 @@ kernel_entries! {
         "nbnxm_prune_xq",
         "nbnxm_gather_xq",
         "spin_delay",
+        "fused_coords_timeline",
+        "fused_forces_timeline",
+        "globaltimer_resolution",
     ],
 }
+
+pub mod timeline;
 
 /// A value the halo kernels can move: coordinates and forces (`Float3`), or any user field of
 /// `f32`, `f64` or `[f32; 4]`. The device crate instantiates every generic kernel for each type

@@ -219,6 +219,25 @@ pub fn global_timer_ns() -> u64 {
     t
 }
 
+/// The timeline probe's one store (`kernels::timeline`): `red.relaxed.gpu.global.max.u64 [slot],
+/// t`, or `.min` when `earliest`, so a word that many blocks stamp keeps the latest (earliest)
+/// time. Fire and forget, no ordering: the host reads the stamps after the kernel. Only the
+/// instrumented kernels contain it (the PTX tests check that the exchange's own kernels do not).
+///
+/// # Safety
+/// `slot` must be a valid, 8-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn stamp_time(slot: *mut u64, t: u64, earliest: bool) {
+    // SAFETY: the caller guarantees `slot`.
+    unsafe {
+        if earliest {
+            asm!("red.relaxed.gpu.global.min.u64 [{p}], {t};", p = in(reg64) slot, t = in(reg64) t, options(nostack));
+        } else {
+            asm!("red.relaxed.gpu.global.max.u64 [{p}], {t};", p = in(reg64) slot, t = in(reg64) t, options(nostack));
+        }
+    }
+}
+
 /// `ld.relaxed.sys.global.u64`: a strong load that sees stores from any GPU or the host
 /// eventually, ordering nothing. The spin of a signal wait; the data behind the signal is ordered
 /// by one [`load_acquire_sys_u64`] of the same slot once the spin has seen the value.

@@ -21,6 +21,8 @@ use kernels_gpu::abi::{
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod timeline;
+
 /// Atoms per pulse slot of the staging buffers are rounded up to this (768 bytes: a multiple of
 /// both 12 and 256, so every slot starts 256-byte aligned, like GROMACS's unified buffers).
 const SLOT_ATOMS: usize = 64;

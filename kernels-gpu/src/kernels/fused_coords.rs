@@ -8,6 +8,8 @@
 //! the rank's coordinate step counter and sends the coordinate credits.
 
 use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
+use super::timeline::Timeline;
+use crate::abi::timeline::{self as tl_layout, coords as point, pulse_slot};
 use crate::abi::{
     Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus,
     pulse_flags, signal_index,
@@ -39,24 +41,28 @@ pub unsafe fn await_coord_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, 
 /// `signals` are this rank's slots ([`SignalSlot`] order); `state` its protocol state (the step
 /// counter is read there, not passed); `counters[0..num_pulses]` the coordinate block counters
 /// (zero at launch start; they wrap back to 0 by themselves). `x` and `signals` symmetric on the
-/// put path.
+/// put path. `tl` stamps the timeline probe's points ([`super::timeline`]; the exchange's kernel
+/// passes `Off`, which stamps nothing).
 ///
 /// # Safety
 /// Metadata from a validated plan (see `pulse_exchange` for the two paths' requirements).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn fused_coords<T: HaloElement>(
+pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
     pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
 ) {
+    let entered = tl.now();
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
         return; // uniform per block: no barrier is skipped by part of a block
     }
     // SAFETY: the host passes `num_pulses` valid entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
+    let tl = tl.entered(step.epoch, entered);
     // SAFETY: all threads of the block.
     unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
+    tl.mark0(pulse_slot(pulse, point::CREDIT));
     let direct = meta.remote_x != 0;
     let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
@@ -70,7 +76,9 @@ pub unsafe fn fused_coords<T: HaloElement>(
     // Pass 2, only in blocks that hold dependent atoms: wait for the earlier pulses that
     // delivered them, then pack them. The vote is block-uniform, so the barriers inside are too.
     // SAFETY: every thread of the block reaches this barrier.
-    if unsafe { device::sync_threads_or(deferred > 0) } {
+    let any_deferred = unsafe { device::sync_threads_or(deferred > 0) };
+    tl.mark0(pulse_slot(pulse, point::PACKED));
+    if any_deferred {
         if thread::thread_idx_x() == 0 {
             for earlier in 0..pulse {
                 // SAFETY: own receive-X slots, `num_pulses` of them.
@@ -78,6 +86,7 @@ pub unsafe fn fused_coords<T: HaloElement>(
                 let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
                 unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
             }
+            tl.mark(pulse_slot(pulse, point::DEPS));
         }
         // SAFETY: block-uniform branch; thread 0's acquire is ordered before the others' reads.
         unsafe { device::sync_threads() };
@@ -86,12 +95,15 @@ pub unsafe fn fused_coords<T: HaloElement>(
 
     // SAFETY: all threads of the block call it.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
+        tl.mark0(pulse_slot(pulse, point::ELECTED));
+        tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
         // SAFETY: all threads of the last block; plan pointers validated by the host.
         unsafe {
             deliver(meta.remote_x_signal as *mut u64, direct, x.add(meta.peer_atom_offset as usize), dest,
                 meta.send_size, own_slot, step.epoch, meta.send_pe, SignalMode::from_u32(meta.signal_mode))
         };
+        tl.mark0(pulse_slot(pulse, point::DELIVERED));
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: the launch-wide arrival (state on this device), overlapping the hop; then
@@ -100,6 +112,8 @@ pub unsafe fn fused_coords<T: HaloElement>(
                 finish_coordinates(pulses, num_pulses, signals, state, step, true);
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
             }
+            tl.mark(pulse_slot(pulse, point::RECEIVED));
         }
     }
+    tl.mark0(Some(tl_layout::END));
 }

@@ -21,28 +21,33 @@
 use super::common::{
     DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, put_and_signal, record_launch, send_credit, wait_local_counter, wait_signal,
 };
+use super::timeline::Timeline;
+use crate::abi::timeline::{self as tl_layout, forces as point, pulse_slot};
 use crate::abi::{Direction, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags, signal_index};
 use crate::device::{self, thread};
 
 /// `signals` are this rank's slots ([`SignalSlot`] order), `state` its protocol state (the step
 /// counter is read there). `counters[n..2n]` count push arrivals per pulse (zero at launch start,
 /// wrapping back to 0 by themselves); `counters[2n..3n]` count blocks done per pulse (zero at
-/// launch start, reset by the launch's last block).
+/// launch start, reset by the launch's last block). `tl` stamps the timeline probe's points
+/// ([`super::timeline`]; the exchange's kernel passes `Off`, which stamps nothing).
 ///
 /// # Safety
 /// Metadata from a validated plan (direct: peers mapped; put: NVSHMEM, symmetric buffers).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn fused_forces<T: DeviceElement>(
+pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus,
+    counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
 ) {
+    let entered = tl.now();
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
         return; // uniform per block
     }
     // SAFETY: `num_pulses` valid entries; this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Forces)) };
+    let tl = tl.entered(step.epoch, entered);
     let n = num_pulses as usize;
     // SAFETY: `counters` holds `3 * num_pulses` counters on this device.
     let (push_counters, done) = unsafe { (counters.add(n), counters.add(2 * n)) };
@@ -64,6 +69,7 @@ pub unsafe fn fused_forces<T: DeviceElement>(
     }
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
     unsafe { device::sync_threads() };
+    tl.mark0(pulse_slot(pulse, point::CHAIN));
     let direct = meta.remote_recv_slots != 0;
     let bytes = meta.recv_size * size_of::<T>() as u32;
     let dest = if direct { meta.remote_recv_slots } else { meta.f_stage } + parity;
@@ -72,6 +78,8 @@ pub unsafe fn fused_forces<T: DeviceElement>(
     unsafe { copy_words(dest as *mut u8, f.add(meta.atom_offset as usize) as *const u8, bytes, thread::index_1d(), thread::grid_stride_x()) };
     // SAFETY: all threads of the block.
     if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
+        tl.mark0(pulse_slot(pulse, point::PUSHED));
+        tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
         if direct {
             if tid0 {
                 // SAFETY: mapped peer slot; the election published every block's stores to this thread.
@@ -85,6 +93,7 @@ pub unsafe fn fused_forces<T: DeviceElement>(
                     SignalMode::from_u32(meta.signal_mode))
             };
         }
+        tl.mark0(pulse_slot(pulse, point::SIGNALLED));
     }
 
     // 2. Receive: wait for send_pe's push, then accumulate from the local slot.
@@ -92,6 +101,7 @@ pub unsafe fn fused_forces<T: DeviceElement>(
         let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
         // SAFETY: own receive-F slot.
         unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
+        tl.mark(pulse_slot(pulse, point::RECEIVED));
     }
     // SAFETY: every thread reaches it; orders thread 0's acquire before the reads below.
     unsafe { device::sync_threads() };
@@ -107,10 +117,12 @@ pub unsafe fn fused_forces<T: DeviceElement>(
     // 3. Done: the last block of the row frees send_pe's slot (credit where needed).
     // SAFETY: every thread reaches it; the block's reads and atomics come before thread 0's release.
     unsafe { device::sync_threads() };
+    tl.mark0(pulse_slot(pulse, point::ACCUMULATED));
     if tid0 {
         // SAFETY: done counters on this device.
         let old = unsafe { device::atomic_add_acq_rel_gpu_u32(done.add(pulse as usize), 1) };
         if old + 1 == thread::grid_dim_x() {
+            tl.mark(pulse_slot(pulse, point::ROW_DONE));
             if meta.has(pulse_flags::SEND_FORCE_CREDIT) {
                 // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
                 unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
@@ -130,4 +142,5 @@ pub unsafe fn fused_forces<T: DeviceElement>(
             }
         }
     }
+    tl.mark0(Some(tl_layout::END));
 }

@@ -32,6 +32,7 @@ mod pack;
 mod probe;
 mod pulse;
 mod stencil;
+mod timeline;
 
 /// Exports every generic halo kernel for element type `$t` with entry-name suffix `$sfx`
 /// (which must equal `<$t as HaloElement>::SUFFIX`; the host builds names from that constant).
@@ -91,7 +92,7 @@ macro_rules! instantiate_halo_kernels {
                 /// See [`super::fused_coords::fused_coords`].
                 fn fused_coords(pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded.
-                    unsafe { super::fused_coords::fused_coords::<T>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status) }
+                    unsafe { super::fused_coords::fused_coords::<T, super::timeline::Off>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status, super::timeline::Off) }
                 }
             }
             kernel! { export concat!("fused_coords_tma", $sfx);
@@ -105,7 +106,7 @@ macro_rules! instantiate_halo_kernels {
                 /// See [`super::fused_forces::fused_forces`].
                 fn fused_forces(pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState, counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus) {
                     // SAFETY: forwarded.
-                    unsafe { super::fused_forces::fused_forces::<T>(pulses, num_pulses, f, signals, state, counters, timeout_ns, status) }
+                    unsafe { super::fused_forces::fused_forces::<T, super::timeline::Off>(pulses, num_pulses, f, signals, state, counters, timeout_ns, status, super::timeline::Off) }
                 }
             }
         }

@@ -53,9 +53,14 @@ pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Tra
     if !transport.gpu_initiated() {
         return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
     }
+    capture_with(stream, || enqueue(rank, stream, transport, phase, steps))
+}
+
+/// Captures what `enqueue` puts on `stream` into an uploaded graph.
+pub fn capture_with(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
     // Thread-local mode: other threads' CUDA calls stay legal during the capture.
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
-    let queued = enqueue(rank, stream, transport, phase, steps);
+    let queued = enqueue();
     // Always end the capture, or the stream stays in capture mode.
     let graph = stream.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture")?;
     queued?;

@@ -9,6 +9,7 @@
 //! - [`graph`]: the GPU-initiated step captured as CUDA graphs.
 //! - [`runner`]: the measurement loops, in one process or one rank per process.
 //! - [`kernels`]: pack and unpack-accumulate at 1M atoms.
+//! - [`timeline`]: `halo timeline`, where the time of the fused halo goes (stamped kernels).
 //!
 //! Every time here is the halo exchange alone (no force computation): ns/day figures say how
 //! fast a step made of nothing but the exchange would run, an upper bound for the MD step.
@@ -21,6 +22,7 @@ pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod stats;
+pub mod timeline;
 
 use crate::decomp::{HaloPlan, RankGrid};
 use crate::error::{HaloError, Result};

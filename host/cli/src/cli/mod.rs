@@ -11,6 +11,7 @@ mod perturb;
 mod plan;
 mod route;
 mod selftest;
+mod timeline;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The pack and unpack-accumulate kernels alone at 1M atoms, beside device copy bandwidth.
     BenchKernels(bench::BenchKernelsArgs),
+    /// Where the time of the fused halo goes: stamped kernels, per-phase intervals, launch gaps.
+    Timeline(timeline::TimelineArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -74,6 +77,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchKernels(args) => bench::run_kernels(args),
+        Command::Timeline(args) => timeline::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),
