@@ -7,7 +7,7 @@
 # expected). Logs and the raw stamps (JSON) under $OUT.
 source "$(dirname "$0")/h200-common.sh"
 export HALO_PTX_DIR=$B/ptx HALO_REQUIRE_GPU=1
-run 15 $B/tests/gpu_timeline --test-threads=1 --nocapture
+run 15 $B/tests/gpu_exchange --test-threads=1 --nocapture timeline::
 A="timeline --ranks 2x1x1 --atoms 45000 --steps 400 --warmup 50"
 run 18 $H $A --json "$OUT/timeline-1proc.json"
 run 25 $H launch -n 2 -- $A --json "$OUT/timeline-pe.json"

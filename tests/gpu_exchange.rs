@@ -14,6 +14,11 @@ use halo::HaloError;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The timeline probe's GPU tests (issue 15): their own file, this binary (one fewer test binary in
+/// the size-limited GPU bundle). Run them alone with the filter `timeline::`.
+#[path = "gpu_timeline.rs"]
+mod timeline;
+
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|f| [f.x.to_bits(), f.y.to_bits(), f.z.to_bits()]).collect()
 }

@@ -3,6 +3,8 @@
 //! reference every step, with poisoned halos, mixed with plain launches, in X-only loops and in
 //! replayed graphs), and must leave one complete, ordered record per launch. All ranks share GPU
 //! 0, so every stamp is read from one clock and cross-rank order can be checked too.
+//!
+//! A module of the `gpu_exchange` test binary (`gpu_exchange timeline::`), not a binary of its own.
 
 use halo::abi::Float3;
 use halo::abi::timeline::{self as layout, coords as xp, forces as fp, pulse_slot};

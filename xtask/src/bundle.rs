@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_timeline", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes"];
+const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes"];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 
