@@ -446,3 +446,63 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
         drop(graphs);
     }
 }
+
+/// A new decomposition in the old buffers (`replan`, what the MD step does at a search step): the
+/// exchange keeps its signals and step counters, the next steps deliver the new halos exactly, and
+/// a decomposition that does not fit is refused without changing anything. Home counts, maps and
+/// offsets all change between the layouts (other seeds, other home sizes, other send fractions).
+#[test]
+fn replanning_between_steps_keeps_the_protocol_in_step() {
+    let Some(g) = gpu_or_skip("replanning_between_steps_keeps_the_protocol_in_step") else { return };
+    let module = Arc::new(g.module);
+    for (grid, pulses) in [([2, 1, 1], 1), ([2, 2, 2], 1), ([4, 1, 1], 2)] {
+        let first = synthetic::halos(shape(grid, pulses, 1200), 90);
+        let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
+        let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), &[module.clone()], sizes).unwrap();
+        let mut layouts = vec![first];
+        for (k, (home, fraction)) in [(1000, 0.3), (1300, 0.35), (800, 0.25)].into_iter().enumerate() {
+            let mut s = shape(grid, pulses, home);
+            s.send_fraction = fraction;
+            layouts.push(synthetic::halos(s, 91 + k as u64));
+        }
+        let mut steps = 0u64;
+        for (k, halos) in layouts.iter().enumerate() {
+            let test = format!("replan {grid:?} x{pulses}, layout {k}");
+            if k > 0 {
+                assert!(ranks.replan(halos.clone()).unwrap(), "{test}: fits the headroom");
+            }
+            for _ in 0..5 {
+                let home = integer_values(halos, 300 + steps, true);
+                let f0 = integer_values(halos, 700 + steps, false);
+                for (r, rank) in ranks.ranks().iter().enumerate() {
+                    rank.x.fill_bytes(0xFF).unwrap();
+                    rank.upload_coordinates(&home[r]).unwrap();
+                    rank.f.fill_bytes(0xFF).unwrap();
+                    rank.f.copy_from_host(&f0[r]).unwrap();
+                }
+                ranks.launch_coordinates(Transport::Fused).unwrap();
+                ranks.launch_forces(Transport::Fused).unwrap();
+                ranks.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+                steps += 1;
+                check_coordinates(&test, &ranks, halos, &home);
+                check_forces(&test, &ranks, &reference::forces(halos, &f0));
+            }
+            for r in ranks.ranks() {
+                let s = r.protocol_state().unwrap();
+                assert_eq!((s.x_epoch, s.f_epoch), (steps, steps), "{test}: rank {} counters continue", r.rank());
+            }
+        }
+        // Twice the atoms: does not fit, nothing changes, the last layout still runs.
+        let big = synthetic::halos(shape(grid, pulses, 4000), 99);
+        assert!(!ranks.replan(big).unwrap(), "{grid:?}: a layout beyond the headroom is refused");
+        let halos = layouts.last().unwrap();
+        let home = integer_values(halos, 1, true);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.upload_coordinates(&home[r]).unwrap();
+        }
+        ranks.launch_coordinates(Transport::Fused).unwrap();
+        ranks.launch_forces(Transport::Fused).unwrap();
+        ranks.finish().unwrap();
+        check_coordinates("replan refused", &ranks, halos, &home);
+    }
+}
