@@ -216,3 +216,14 @@ fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
     assert!(!b[abi::NBNXM_FORCES].contains("red.relaxed.gpu.global.add.f64"), "the force-only kernel touches the energy");
     assert_lowers(&b, abi::NBNXM_PRUNE, &["vote.sync.any.pred", "bar.warp.sync", "ld.shared.v4"]);
 }
+
+#[test]
+fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
+    let b = entries(&ptx_text());
+    // Kinetic energy: summed per thread, butterfly-reduced per warp, one f64 atomic per warp.
+    assert_lowers(&b, abi::LEAPFROG_ENERGY, &["shfl.sync.bfly.b32", "red.relaxed.gpu.global.add.f64"]);
+    assert_eq!(b[abi::LEAPFROG_ENERGY].matches("red.relaxed.gpu.global.add.f64").count(), 1);
+    for ins in ["red.", "atom.", "shfl."] {
+        assert!(!b[abi::LEAPFROG].contains(ins), "the plain leapfrog contains `{ins}`");
+    }
+}

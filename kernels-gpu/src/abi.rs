@@ -46,8 +46,8 @@ kernel_entries! {
     specific: [
         "pack_subset",
         "signal_ping_pong",
-        "lj_pair_forces",
         "leapfrog",
+        "leapfrog_energy",
         "jacobi7",
         "nbnxm_forces",
         "nbnxm_forces_energy",
@@ -139,10 +139,12 @@ pub const FUSED_FORCES: &str = "fused_forces";
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
-/// `lj_pair_forces(x, types, lj, ntypes, row_start, cols, rows, f, box_x, box_y, box_z, rc2)`.
-pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
-/// `leapfrog(x, v, f, inv_mass, n, dt)`.
+/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt` for `n` home atoms.
 pub const LEAPFROG: &str = "leapfrog";
+/// `leapfrog_energy(x, v, f, inv_mass, n, dt, kinetic)`: [`LEAPFROG`] that also adds the kinetic
+/// energy at the force's time, `sum m (|v_old|² + |v_new|²) / 4` (the average of the two half-step
+/// kinetic energies), to the `f64` at `kinetic` (one atomic per warp).
+pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 
 /// `nbnxm_forces(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy,
 /// box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list (one warp per

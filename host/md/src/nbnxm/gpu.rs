@@ -43,6 +43,28 @@ pub fn lj_table(system: &MolecularSystem) -> Vec<[f32; 2]> {
         .collect()
 }
 
+/// Where an energy launch adds its energy: element `index` of a device `f64` array.
+#[derive(Clone, Copy)]
+pub struct EnergySlot<'a> {
+    buffer: &'a DeviceBuffer<f64>,
+    index: usize,
+}
+
+impl<'a> EnergySlot<'a> {
+    /// Element `index` of `buffer`; an error when it is outside.
+    pub fn new(buffer: &'a DeviceBuffer<f64>, index: usize) -> Result<Self> {
+        if index >= buffer.len() {
+            return Err(HaloError::InvalidInput(format!("energy slot {index} of a buffer of {}", buffer.len())));
+        }
+        Ok(Self { buffer, index })
+    }
+
+    /// The device address of the accumulator.
+    pub fn ptr(&self) -> u64 {
+        self.buffer.device_ptr_at(self.index)
+    }
+}
+
 struct GpuList {
     entries: DeviceBuffer<NbnxmEntry>,
     outer: DeviceBuffer<u32>,
@@ -201,6 +223,15 @@ impl NbnxmGpu {
     /// to the accumulator ([`Self::energy`]). Uses the inner list once [`Self::prune`] ran since the
     /// last update, else the outer one.
     pub fn forces(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: bool) -> Result<()> {
+        let slot = EnergySlot { buffer: &self.energy, index: 0 };
+        self.forces_into(kind, x, f, stream, energy.then_some(slot))
+    }
+
+    /// [`Self::forces`] adding the energy (when `energy` is given) to an accumulator of the
+    /// caller's (the MD step keeps one per energy step, read back at the next search).
+    pub fn forces_into(
+        &self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: Option<EnergySlot<'_>>,
+    ) -> Result<()> {
         self.check_arrays(x, Some(f))?;
         let l = &self.lists[kind as usize];
         if l.n_entries == 0 {
@@ -209,12 +240,13 @@ impl NbnxmGpu {
         let words = if l.pruned { &l.inner } else { &l.outer };
         let (mut px, mut idx, mut ty, mut ent, mut n) =
             (x.device_ptr(), self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
-        let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), self.energy.device_ptr());
+        let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
+        let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
         let [mut bx, mut by, mut bz] = self.box_size;
         let rc = f64::from(self.setup.cutoff);
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
         let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
-        let name = if energy { abi::NBNXM_FORCES_ENERGY } else { abi::NBNXM_FORCES };
+        let name = if energy.is_some() { abi::NBNXM_FORCES_ENERGY } else { abi::NBNXM_FORCES };
         // SAFETY: arguments match `nbnxm_forces[_energy]`; slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
         unsafe { self.module.launch(name, l.shape(), stream, &mut args) }

@@ -30,7 +30,7 @@ mod local;
 mod pairlist;
 
 pub use buffer::{BufferModel, ListSetup};
-pub use gpu::{ListKind, NbnxmGpu, lj_table};
+pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
 pub use local::LocalAtoms;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};

@@ -1,0 +1,110 @@
+//! The host part of a search step: the new decomposition of the whole system (the same on every
+//! process), and for each rank this process drives its local atoms, cluster grid, cluster-pair
+//! lists and home arrays, on host threads. The time of each part is kept.
+
+use crate::abi::Float3;
+use crate::decomp::{HaloPlan, RankGrid, wrap_position};
+use crate::error::{HaloError, Result};
+use crate::nbnxm::{ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use crate::system::MolecularSystem;
+use std::time::{Duration, Instant};
+
+/// What one rank needs from a search: its lists and its home atoms' arrays.
+pub struct RankSearch {
+    /// Global rank.
+    pub rank: usize,
+    /// Grid and lists.
+    pub search: PairSearch,
+    /// Home coordinates (wrapped: what the exchange expects in `x[0..home)`).
+    pub home_x: Vec<Float3>,
+    /// Home velocities.
+    pub home_v: Vec<Float3>,
+    /// `1 / m` of the home atoms.
+    pub inv_mass: Vec<f32>,
+    /// Time to build the local atoms.
+    pub atoms_time: Duration,
+}
+
+/// Where the time of search steps went (host clock, summed over search steps; the GPU is idle
+/// during all of it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SearchTimes {
+    /// Search steps.
+    pub count: u64,
+    /// Everything from the end of the previous step's GPU work to the first launch of the search
+    /// step (includes the parts below).
+    pub total: Duration,
+    /// Home atoms back into the system (device copies, barrier, host copies).
+    pub gather: Duration,
+    /// The halo plan of all ranks.
+    pub plan: Duration,
+    /// Local atoms, cluster grids and lists of this process's ranks (wall time; ranks in parallel).
+    pub lists: Duration,
+    /// Of which: local atoms, grid, lists (the slowest rank's).
+    pub atoms: Duration,
+    /// Cluster grid (slowest rank).
+    pub grid: Duration,
+    /// Cluster-pair lists (slowest rank).
+    pub pairs: Duration,
+    /// Exchange replan (or rebuild) and uploads.
+    pub upload: Duration,
+}
+
+impl SearchTimes {
+    /// Adds another search's times.
+    pub fn add(&mut self, o: &SearchTimes) {
+        self.count += o.count;
+        self.total += o.total;
+        self.gather += o.gather;
+        self.plan += o.plan;
+        self.lists += o.lists;
+        self.atoms += o.atoms;
+        self.grid += o.grid;
+        self.pairs += o.pairs;
+        self.upload += o.upload;
+    }
+}
+
+/// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist`.
+pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup) -> Result<HaloPlan> {
+    for p in &mut system.positions {
+        *p = wrap_position(*p, system.box_size);
+    }
+    HaloPlan::build(system, grid, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))
+}
+
+/// Local atoms, grid, lists and home arrays of each rank in `ranks`, built in parallel: the ranks
+/// share `threads` host threads (each rank's list build gets its share).
+pub fn rank_searches(plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, threads: usize) -> Result<Vec<RankSearch>> {
+    let per_rank = (threads / ranks.len().max(1)).max(1);
+    let one = |rank: usize| -> Result<RankSearch> {
+        let t = Instant::now();
+        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let atoms_time = t.elapsed();
+        let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };
+        let search = PairSearch::build(&atoms, &opts).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let r = &plan.ranks[rank];
+        let home_ids = &r.global_ids[..r.home_atoms];
+        Ok(RankSearch {
+            rank,
+            home_x: atoms.positions[..r.home_atoms].to_vec(),
+            home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
+            inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
+            search,
+            atoms_time,
+        })
+    };
+    if ranks.len() == 1 {
+        return Ok(vec![one(ranks[0])?]);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|&r| s.spawn(move || one(r))).collect();
+        // A search thread cannot panic short of a bug; propagate it if one does.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
+/// The default number of search threads: one per core, at most 16.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+}
