@@ -76,6 +76,8 @@ unsafe extern "C" {
     fn barrier0_or(predicate: i32) -> i32;
     #[link_name = "llvm.nvvm.vote.any.sync"]
     fn vote_any_sync(mask: u32, predicate: bool) -> bool;
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn vote_ballot_sync(mask: u32, predicate: bool) -> u32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
@@ -123,6 +125,17 @@ pub mod warp {
     pub unsafe fn warp_vote_any(mask: u32, predicate: bool) -> bool {
         // SAFETY: forwarded to the caller's contract.
         unsafe { super::vote_any_sync(mask, predicate) }
+    }
+
+    /// Bit `l` set when lane `l` of `mask` passes a true `predicate` (`vote.sync.ballot.b32`):
+    /// the lanes' predicates as a word, for ordered compaction (`popc(ballot & lanes below)`).
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn ballot(mask: u32, predicate: bool) -> u32 {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::vote_ballot_sync(mask, predicate) }
     }
 
     /// Reconverge the lanes in `mask` and order their memory accesses (`bar.warp.sync`):

@@ -8,7 +8,9 @@ use crate::exchange::RankExchange;
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
-use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, PairSearch};
+use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, fit};
+use crate::search::RankLists;
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 /// What one step does beyond the forces and the update.
@@ -50,27 +52,24 @@ pub struct MdRank {
     coordinates_ready: CudaEvent,
 }
 
-/// Copies `data` into `buf`, reallocating (with 25% headroom) when it does not fit.
-fn fit<T: bytemuck::Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, data: &[T]) -> Result<()> {
-    if buf.len() < data.len() {
-        *buf = DeviceBuffer::uninit(module.context(), data.len() + data.len() / 4)?;
-    }
-    buf.copy_from_host(data)
-}
-
 impl MdRank {
-    /// A rank's GPU state for its first search: the lists of `search`, the home atoms' velocities
-    /// and `1 / m`, the LJ table, and room for `records` energy records per search interval.
+    /// A rank's GPU state for its first search: the lists of `lists` (uploaded, or searched on
+    /// the GPU from its grid), the home atoms' velocities and `1 / m`, the LJ table, and room for
+    /// `records` energy records per search interval.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        module: Arc<KernelModule>, search: &PairSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], velocities: &[Float3],
+        module: Arc<KernelModule>, lists: &RankLists, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], velocities: &[Float3],
         inv_mass: &[f32], records: usize,
     ) -> Result<Self> {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
+        let nb = match lists {
+            RankLists::Host(search) => NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
+            RankLists::Gpu(grid) => NbnxmGpu::new_on_gpu(module.clone(), grid, lj, setup, box_size, &local)?,
+        };
         let mut me = Self {
-            nb: NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
+            nb,
             v: DeviceBuffer::uninit(&ctx, velocities.len().max(1))?,
             inv_mass: DeviceBuffer::uninit(&ctx, inv_mass.len().max(1))?,
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
@@ -82,12 +81,13 @@ impl MdRank {
             local,
             module,
         };
-        me.set_atoms(search, velocities, inv_mass)?;
+        me.set_atoms(lists, velocities, inv_mass)?;
         Ok(me)
     }
 
-    fn set_atoms(&mut self, search: &PairSearch, velocities: &[Float3], inv_mass: &[f32]) -> Result<()> {
-        let home = search.grid.home_atoms;
+    fn set_atoms(&mut self, lists: &RankLists, velocities: &[Float3], inv_mass: &[f32]) -> Result<()> {
+        let grid = lists.grid();
+        let home = grid.home_atoms;
         if velocities.len() != home || inv_mass.len() != home {
             return Err(HaloError::InvalidInput(format!(
                 "{} velocities and {} masses for {home} home atoms",
@@ -98,15 +98,27 @@ impl MdRank {
         fit(&self.module, &mut self.v, velocities)?;
         fit(&self.module, &mut self.inv_mass, inv_mass)?;
         self.home = home;
-        self.total = search.grid.atoms;
+        self.total = grid.atoms;
         Ok(())
     }
 
-    /// Replaces the lists, velocities and masses with those of a new search. Synchronous; the rank
-    /// must be idle (the search step synchronised its streams).
-    pub fn update(&mut self, search: &PairSearch, box_size: [f32; 3], velocities: &[Float3], inv_mass: &[f32]) -> Result<()> {
-        self.nb.update(search, box_size)?;
-        self.set_atoms(search, velocities, inv_mass)
+    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities and
+    /// masses with those of a new search; returns the time of the GPU search (zero for uploaded
+    /// lists). Synchronous; the rank must be idle (the search step synchronised its streams).
+    pub fn update(&mut self, lists: &RankLists, box_size: [f32; 3], velocities: &[Float3], inv_mass: &[f32]) -> Result<Duration> {
+        let t = Instant::now();
+        let searched = match lists {
+            RankLists::Host(search) => {
+                self.nb.update(search, box_size)?;
+                Duration::ZERO
+            }
+            RankLists::Gpu(grid) => {
+                self.nb.update_on_gpu(grid, box_size, &self.local)?;
+                t.elapsed()
+            }
+        };
+        self.set_atoms(lists, velocities, inv_mass)?;
+        Ok(searched)
     }
 
     /// The nbnxm lists on the GPU.

@@ -15,7 +15,7 @@ use crate::exchange::{Exchange, Placement, RankExchange, Transport, reference};
 use crate::gpu::KernelModule;
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
-use crate::nbnxm::{ListSetup, lj_table};
+use crate::nbnxm::{ListKind, ListSetup, lj_table};
 use crate::session::PeSession;
 use crate::system::MolecularSystem;
 use std::sync::Arc;
@@ -62,12 +62,15 @@ pub struct MdConfig {
     /// Host threads of the pair search, shared by this process's ranks (0: one per core, at
     /// most 16).
     pub search_threads: usize,
+    /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
+    /// on host threads. Both give the same lists.
+    pub gpu_search: bool,
 }
 
 impl MdConfig {
     /// `atoms` atoms on `grid` with the defaults: cutoff 1 nm, nstlist 100 with the buffer rule
-    /// (tolerance 1e-3 missed pairs per atom), inner lists pruned every 10 steps, 2 fs, fused
-    /// transport, every step checked, no energy records.
+    /// (tolerance 1e-3 missed pairs per atom), inner lists pruned every 10 steps, lists searched
+    /// on the GPU, 2 fs, fused transport, every step checked, no energy records.
     pub fn new(atoms: usize, grid: RankGrid) -> Self {
         Self {
             atoms,
@@ -86,6 +89,7 @@ impl MdConfig {
             wait_timeout: Duration::from_secs(5),
             path_policy: PathPolicy::Auto,
             search_threads: 0,
+            gpu_search: true,
         }
     }
 
@@ -190,10 +194,10 @@ pub struct ListSizes {
     pub local_entries: usize,
     /// Entries of the lists with halo atoms.
     pub nonlocal_entries: usize,
-    /// Cluster pairs of the outer home–home lists.
-    pub local_cluster_pairs: usize,
-    /// Cluster pairs of the outer lists with halo atoms.
-    pub nonlocal_cluster_pairs: usize,
+    /// j-cluster words (each up to 8 cluster pairs) of the outer home–home lists.
+    pub local_words: usize,
+    /// j-cluster words of the outer lists with halo atoms.
+    pub nonlocal_words: usize,
 }
 
 /// What a run did.
@@ -505,13 +509,14 @@ impl MdRun {
         let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup)?;
         t.plan = t1.elapsed();
         let t2 = Instant::now();
-        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.threads())?;
+        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.threads(), self.cfg.gpu_search)?;
         t.lists = t2.elapsed();
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);
-            t.grid = t.grid.max(r.search.timing.grid);
-            t.pairs = t.pairs.max(r.search.timing.lists);
+            t.grid = t.grid.max(r.grid_time);
+            t.pairs = t.pairs.max(r.lists_time);
         }
+        let mut gpu_search = std::time::Duration::ZERO;
         let t3 = Instant::now();
         let halos = plan.rank_halos();
         let replanned = match self.exchange.as_mut() {
@@ -536,10 +541,10 @@ impl MdRun {
             }
             rank.upload_coordinates(&r.home_x)?;
             match self.ranks.get_mut(i) {
-                Some(m) => m.update(&r.search, self.system.box_size, &r.home_v, &r.inv_mass)?,
+                Some(m) => gpu_search += m.update(&r.lists, self.system.box_size, &r.home_v, &r.inv_mass)?,
                 None => self.ranks.push(MdRank::new(
                     rank.module().clone(),
-                    &r.search,
+                    &r.lists,
                     &self.lj,
                     &self.setup,
                     self.system.box_size,
@@ -558,11 +563,13 @@ impl MdRun {
                 synced.push(r.context().ordinal());
             }
         }
-        t.upload = t3.elapsed();
+        // The GPU searches ran one rank after another inside the uploads: count them as the lists'.
+        t.pairs += gpu_search;
+        t.upload = t3.elapsed().saturating_sub(gpu_search);
         t.total = start.elapsed();
         self.out.search.add(&t);
         self.out.searches += 1;
-        self.out.lists = list_sizes(&found);
+        self.out.lists = list_sizes(&found, &self.ranks);
         self.plan = Some(plan);
         Ok(())
     }
@@ -682,15 +689,16 @@ impl Drop for MdRun {
     }
 }
 
-fn list_sizes(found: &[search::RankSearch]) -> ListSizes {
+/// Sizes of this process's grids and lists at the search just done.
+fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
     let mut s = ListSizes::default();
-    for r in found {
-        s.home_atoms += r.search.grid.home_atoms;
-        s.local_atoms += r.search.grid.atoms;
-        s.local_entries += r.search.local.entries.len();
-        s.nonlocal_entries += r.search.nonlocal.entries.len();
-        s.local_cluster_pairs += r.search.local.cluster_pairs();
-        s.nonlocal_cluster_pairs += r.search.nonlocal.cluster_pairs();
+    for (r, m) in found.iter().zip(ranks) {
+        s.home_atoms += r.lists.grid().home_atoms;
+        s.local_atoms += r.lists.grid().atoms;
+        s.local_entries += m.nbnxm().entries(ListKind::Local);
+        s.nonlocal_entries += m.nbnxm().entries(ListKind::NonLocal);
+        s.local_words += m.nbnxm().words(ListKind::Local);
+        s.nonlocal_words += m.nbnxm().words(ListKind::NonLocal);
     }
     s
 }

@@ -5,16 +5,34 @@
 use crate::abi::Float3;
 use crate::decomp::{HaloPlan, RankGrid, wrap_position};
 use crate::error::{HaloError, Result};
-use crate::nbnxm::{ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions};
 use crate::system::MolecularSystem;
 use std::time::{Duration, Instant};
 
-/// What one rank needs from a search: its lists and its home atoms' arrays.
+/// A rank's cluster grid, with the lists when the host searched them.
+pub enum RankLists {
+    /// Grid and both lists from the host search.
+    Host(PairSearch),
+    /// The grid only: the GPU searches the lists ([`crate::nbnxm::NbnxmGpu::update_on_gpu`]).
+    Gpu(ClusterGrid),
+}
+
+impl RankLists {
+    /// The cluster grid.
+    pub fn grid(&self) -> &ClusterGrid {
+        match self {
+            Self::Host(s) => &s.grid,
+            Self::Gpu(g) => g,
+        }
+    }
+}
+
+/// What one rank needs from a search: its grid (and lists) and its home atoms' arrays.
 pub struct RankSearch {
     /// Global rank.
     pub rank: usize,
-    /// Grid and lists.
-    pub search: PairSearch,
+    /// Grid, and lists when searched on the host.
+    pub lists: RankLists,
     /// Home coordinates (wrapped: what the exchange expects in `x[0..home)`).
     pub home_x: Vec<Float3>,
     /// Home velocities.
@@ -23,6 +41,10 @@ pub struct RankSearch {
     pub inv_mass: Vec<f32>,
     /// Time to build the local atoms.
     pub atoms_time: Duration,
+    /// Time to build the grid.
+    pub grid_time: Duration,
+    /// Time of the host search (zero when the GPU searches).
+    pub lists_time: Duration,
 }
 
 /// Where the time of search steps went (host clock, summed over search steps; the GPU is idle
@@ -44,9 +66,10 @@ pub struct SearchTimes {
     pub atoms: Duration,
     /// Cluster grid (slowest rank).
     pub grid: Duration,
-    /// Cluster-pair lists (slowest rank).
+    /// Cluster-pair lists: the slowest rank's host search, or the GPU searches (both passes, the
+    /// grid's upload and the host's layout between them).
     pub pairs: Duration,
-    /// Exchange replan (or rebuild) and uploads.
+    /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
 }
 
@@ -73,16 +96,28 @@ pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup) -> 
     HaloPlan::build(system, grid, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))
 }
 
-/// Local atoms, grid, lists and home arrays of each rank in `ranks`, built in parallel: the ranks
-/// share `threads` host threads (each rank's list build gets its share).
-pub fn rank_searches(plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, threads: usize) -> Result<Vec<RankSearch>> {
+/// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each rank
+/// in `ranks`, built in parallel: the ranks share `threads` host threads (each rank's list build
+/// gets its share).
+pub fn rank_searches(
+    plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, threads: usize, gpu_lists: bool,
+) -> Result<Vec<RankSearch>> {
     let per_rank = (threads / ranks.len().max(1)).max(1);
+    let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
     let one = |rank: usize| -> Result<RankSearch> {
         let t = Instant::now();
-        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(bad)?;
         let atoms_time = t.elapsed();
-        let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };
-        let search = PairSearch::build(&atoms, &opts).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let (lists, grid_time, lists_time) = if gpu_lists {
+            let t = Instant::now();
+            let grid = ClusterGrid::build(&atoms).map_err(bad)?;
+            (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
+        } else {
+            let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };
+            let search = PairSearch::build(&atoms, &opts).map_err(bad)?;
+            let (g, l) = (search.timing.grid, search.timing.lists);
+            (RankLists::Host(search), g, l)
+        };
         let r = &plan.ranks[rank];
         let home_ids = &r.global_ids[..r.home_atoms];
         Ok(RankSearch {
@@ -90,8 +125,10 @@ pub fn rank_searches(plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize],
             home_x: atoms.positions[..r.home_atoms].to_vec(),
             home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
             inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
-            search,
+            lists,
             atoms_time,
+            grid_time,
+            lists_time,
         })
     };
     if ranks.len() == 1 {

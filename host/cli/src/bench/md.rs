@@ -34,6 +34,8 @@ pub struct MdBenchConfig {
     pub dt: f32,
     /// Search threads (0: default).
     pub search_threads: usize,
+    /// Lists searched on the GPU (else on host threads).
+    pub gpu_search: bool,
     /// Deadline of device waits.
     pub wait_timeout: Duration,
 }
@@ -65,6 +67,7 @@ impl MdBenchConfig {
             energy_every: 0,
             wait_timeout: self.wait_timeout,
             search_threads: self.search_threads,
+            gpu_search: self.gpu_search,
             ..MdConfig::new(atoms, grid)
         }
     }
@@ -103,8 +106,10 @@ pub struct MdBenchRow {
     pub search_share: Option<f64>,
     /// Host time of one search step (ms, mean over the timed ones).
     pub search_ms: Option<f64>,
-    /// Of which: gather, plan, lists, upload (ms, mean).
-    pub search_parts_ms: Option<[f64; 4]>,
+    /// Of which: gather, plan, local atoms + grid (+ host lists), GPU lists, upload (ms, mean).
+    pub search_parts_ms: Option<[f64; 5]>,
+    /// Where the cluster-pair lists were searched: `gpu` or `host`.
+    pub list_search: String,
     /// Steps between searches.
     pub nstlist: u64,
     /// Steps between prunes.
@@ -161,6 +166,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_share: None,
         search_ms: None,
         search_parts_ms: None,
+        list_search: if cfg.gpu_search { "gpu" } else { "host" }.into(),
         nstlist: cfg.nstlist,
         nstprune: cfg.nstprune,
         rlist: 0.0,
@@ -223,10 +229,12 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     row.search_share = Summary::of(&shares).map(|s| s.median);
     let n = (after.count - before.count).max(1) as f64;
     row.search_ms = Some(ms(after.total - before.total) / n);
+    let gpu_lists = if row.list_search == "gpu" { after.pairs - before.pairs } else { Duration::ZERO };
     row.search_parts_ms = Some([
         ms(after.gather - before.gather) / n,
         ms(after.plan - before.plan) / n,
         ms(after.lists - before.lists) / n,
+        ms(gpu_lists) / n,
         ms(after.upload - before.upload) / n,
     ]);
     row.home_atoms = lists.home_atoms;
@@ -298,6 +306,24 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         };
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
+    let parts: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let [g, p, a, l, u] = r.search_parts_ms?;
+            Some(format!(
+                "  {} atoms, {}: gather {g:.2}, plan {p:.2}, local atoms + grid{} {a:.2}, GPU lists {l:.2}, upload {u:.2}",
+                r.atoms,
+                r.transport,
+                if r.list_search == "host" { " + host lists" } else { "" }
+            ))
+        })
+        .collect();
+    if !parts.is_empty() {
+        let _ = writeln!(s, "one search step's host time (ms, mean; the GPUs idle meanwhile):");
+        for p in parts {
+            let _ = writeln!(s, "{p}");
+        }
+    }
     s
 }
 
@@ -322,7 +348,8 @@ mod tests {
             searches_per_repeat: 10,
             search_share: Some(0.1),
             search_ms: Some(0.6),
-            search_parts_ms: Some([0.1, 0.1, 0.3, 0.1]),
+            search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
+            list_search: "gpu".into(),
             nstlist: 100,
             nstprune: 10,
             rlist: 1.482,
@@ -348,6 +375,7 @@ mod tests {
             cutoff: 1.0,
             dt: 0.002,
             search_threads: 0,
+            gpu_search: true,
             wait_timeout: Duration::from_secs(5),
         };
         cfg.validate().unwrap();

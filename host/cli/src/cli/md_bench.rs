@@ -58,6 +58,9 @@ pub struct MdBenchArgs {
     /// Host threads of the pair search (0: one per core, at most 16).
     #[arg(long, default_value_t = 0)]
     pub search_threads: usize,
+    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
+    #[arg(long)]
+    pub host_search: bool,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -81,6 +84,7 @@ impl MdBenchArgs {
             cutoff: self.cutoff,
             dt: self.dt,
             search_threads: self.search_threads,
+            gpu_search: !self.host_search,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
         }
     }

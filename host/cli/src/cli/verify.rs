@@ -73,6 +73,9 @@ pub struct VerifyArgs {
     /// Host threads of the pair search (0: one per core, at most 16).
     #[arg(long, default_value_t = 0)]
     pub search_threads: usize,
+    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
+    #[arg(long)]
+    pub host_search: bool,
 }
 
 impl VerifyArgs {
@@ -97,6 +100,7 @@ impl VerifyArgs {
             force_put: false,
             gpus: None,
             search_threads: 0,
+            host_search: false,
         }
     }
 
@@ -118,6 +122,7 @@ impl VerifyArgs {
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
             search_threads: self.search_threads,
+            gpu_search: !self.host_search,
         }
     }
 
@@ -133,7 +138,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         format!(", rlist {:.3} nm (nstlist {}), inner {:.3} nm (prune every {})", s.rlist, s.nstlist, s.rlist_inner, s.nstprune)
     });
     let mut lines = vec![format!(
-        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds){setup}; lists of this process: {} + {} cluster pairs \
+        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds){setup}; lists of this process: {} + {} j-cluster words \
          (home-home + with halo, outer), {} + {} warps",
         args.atoms,
         args.ranks.num_ranks(),
@@ -142,8 +147,8 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         o.steps,
         o.searches,
         o.exchange_builds,
-        o.lists.local_cluster_pairs,
-        o.lists.nonlocal_cluster_pairs,
+        o.lists.local_words,
+        o.lists.nonlocal_words,
         o.lists.local_entries,
         o.lists.nonlocal_entries,
     )];

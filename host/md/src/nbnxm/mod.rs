@@ -25,6 +25,7 @@
 
 mod buffer;
 mod gpu;
+pub mod gpu_search;
 mod grid;
 mod local;
 mod pairlist;
@@ -33,6 +34,7 @@ pub use buffer::{BufferModel, ListSetup};
 pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
 pub use local::LocalAtoms;
+pub use gpu_search::fit;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
 use crate::decomp::PlanError;
