@@ -96,6 +96,8 @@ fn nve_drift_is_small_on_one_and_two_ranks() {
         let test = format!("md_nve_{}x{}x{}", grid[0], grid[1], grid[2]);
         let Some(out) = run(&test, c) else { return };
         assert_eq!(out.energies.len(), 100, "{test}");
+        // The exchange waited for the host only at search steps (after the first) and at the end.
+        assert_eq!(out.host_syncs, out.searches, "{test}: host syncs inside steps");
         let d = out.drift(6000, 0.002, 0).expect("a drift");
         eprintln!("{test}: {d:?}; first {:?}, last {:?}", out.energies[0], out.energies[99]);
         assert!(d.per_atom_kj_mol_ns.abs() < 0.5, "{test}: drift {d:?}");

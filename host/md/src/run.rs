@@ -224,6 +224,9 @@ pub struct MdOutcome {
     pub setup: Option<ListSetup>,
     /// Energies of the energy steps, whole system.
     pub energies: Vec<EnergyPoint>,
+    /// Host synchronisations of the exchange (GPU-initiated transports: one per search step after
+    /// the first, one per checked step, one at the end; none inside a step).
+    pub host_syncs: u64,
 }
 
 impl MdOutcome {
@@ -435,6 +438,7 @@ impl MdRun {
     pub fn finish(mut self) -> Result<MdOutcome> {
         self.synchronize()?;
         self.out.wall = self.started.map_or(Duration::ZERO, |t| t.elapsed());
+        self.out.host_syncs = self.exchange.as_ref().map_or(0, |ex| ex.host_syncs());
         self.collect_energies()?;
         self.out.energies = self.total_energies()?;
         Ok(std::mem::take(&mut self.out))

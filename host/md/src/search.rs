@@ -110,7 +110,7 @@ pub fn rank_searches(
         let atoms_time = t.elapsed();
         let (lists, grid_time, lists_time) = if gpu_lists {
             let t = Instant::now();
-            let grid = ClusterGrid::build(&atoms).map_err(bad)?;
+            let grid = ClusterGrid::build_with(&atoms, per_rank).map_err(bad)?;
             (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
         } else {
             let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };

@@ -106,15 +106,26 @@ impl HaloPlan {
             return Err(PlanError::TooManyAtoms { atoms: positions.len() });
         }
         let nranks = grid.num_ranks();
-        let mut local: Vec<Vec<Local>> = vec![Vec::new(); nranks];
+        let wrapped = |p: Float3| {
+            let w = wrap_position(p, box_size);
+            [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
+        };
+        // Two passes (owner, then placement), so every rank's array is allocated once at its size
+        // (with room for a halo) instead of growing by copies.
+        let mut owner = Vec::with_capacity(positions.len());
+        let mut counts = vec![0usize; nranks];
         for (id, &p) in positions.iter().enumerate() {
             if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
                 return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
             }
-            let w = wrap_position(p, box_size);
-            let pos = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
+            let r = grid.rank_of(geo.cell_of(wrapped(p)));
+            owner.push(r as u32);
+            counts[r] += 1;
+        }
+        let mut local: Vec<Vec<Local>> = counts.iter().map(|&c| Vec::with_capacity(c + c / 2)).collect();
+        for (id, (&p, &r)) in positions.iter().zip(&owner).enumerate() {
             // Ids ascend, so home atoms come out sorted by global id.
-            local[grid.rank_of(geo.cell_of(pos))].push(Local { id: id as u32, pos });
+            local[r as usize].push(Local { id: id as u32, pos: wrapped(p) });
         }
         let home: Vec<usize> = local.iter().map(Vec::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];

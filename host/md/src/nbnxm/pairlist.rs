@@ -129,7 +129,7 @@ impl PairSearch {
             return Err(NbnxmError::Setup(format!("list cutoff {} nm must be positive", opts.rlist)));
         }
         let t0 = Instant::now();
-        let grid = ClusterGrid::build(atoms)?;
+        let grid = ClusterGrid::build_with(atoms, opts.threads)?;
         let t1 = Instant::now();
         let (local, nonlocal) = search(&grid, opts);
         let timing = SearchTiming { grid: t1 - t0, lists: t1.elapsed() };
