@@ -5,8 +5,8 @@
 //! decomposed forces and energy must equal those of the undecomposed system computed on the CPU.
 //!
 //! Per step and rank (see docs/architecture.md):
-//! local stream: zero home forces → [prune] → home–home forces ───────────────────────────────┐
-//! halo stream:  coordinate halo → zero halo forces → [prune] → forces with halo atoms → force halo → integrate (local stream)
+//! local stream: zero home forces → (prune) → home–home forces ───────────────────────────────┐
+//! halo stream:  coordinate halo → zero halo forces → (prune) → forces with halo atoms → force halo → integrate (local stream)
 
 // The modules here moved from the `halo` crate and name its items `crate::…`.
 use halo::*;
