@@ -28,16 +28,16 @@ fn main() {
     let mut sys = MolecularSystem::generate(atoms, 13).expect("system");
     let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, 1e-3).expect("setup");
     if let Ok(part) = std::env::var("PROFILE") {
-        let plan = search::plan(&mut sys, grid, &setup).expect("plan");
+        let plan = search::plan(&mut sys, grid, &setup, threads).expect("plan");
         let a = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms");
-        let g = ClusterGrid::build(&a).expect("grid");
+        let g = ClusterGrid::build_with(&a, threads).expect("grid");
         let t = Instant::now();
         let cpu0 = cpu_ms();
         for _ in 0..200 {
             match part.as_str() {
-                "plan" => drop(search::plan(&mut sys, grid, &setup).expect("plan")),
+                "plan" => drop(search::plan(&mut sys, grid, &setup, threads).expect("plan")),
                 "atoms" => drop(LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms")),
-                "grid" => drop(ClusterGrid::build(&a).expect("grid")),
+                "grid" => drop(ClusterGrid::build_with(&a, threads).expect("grid")),
                 _ => drop(PairSearch::build(&a, &SearchOptions { threads, ..SearchOptions::new(setup.rlist) }).expect("search")),
             }
         }
@@ -48,13 +48,13 @@ fn main() {
     let (mut plan_t, mut atoms_t, mut grid_t, mut list_t, mut all_t) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..21 {
         let t = Instant::now();
-        let plan = search::plan(&mut sys, grid, &setup).expect("plan");
+        let plan = search::plan(&mut sys, grid, &setup, threads).expect("plan");
         plan_t.push(t.elapsed());
         let t = Instant::now();
         let a = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms");
         atoms_t.push(t.elapsed());
         let t = Instant::now();
-        let g = ClusterGrid::build(&a).expect("grid");
+        let g = ClusterGrid::build_with(&a, threads).expect("grid");
         grid_t.push(t.elapsed());
         drop(g);
         let s = PairSearch::build(&a, &SearchOptions { threads, ..SearchOptions::new(setup.rlist) }).expect("search");

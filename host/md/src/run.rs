@@ -510,7 +510,7 @@ impl MdRun {
         }
         t.gather = start.elapsed();
         let t1 = Instant::now();
-        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup)?;
+        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.cfg.threads())?;
         t.plan = t1.elapsed();
         let t2 = Instant::now();
         let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.threads(), self.cfg.gpu_search)?;

@@ -88,12 +88,13 @@ impl SearchTimes {
     }
 }
 
-/// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist`.
-pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup) -> Result<HaloPlan> {
+/// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist` on
+/// `threads` host threads.
+pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup, threads: usize) -> Result<HaloPlan> {
     for p in &mut system.positions {
         *p = wrap_position(*p, system.box_size);
     }
-    HaloPlan::build(system, grid, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))
+    HaloPlan::build_on(system, grid, setup.rlist, threads).map_err(|e| HaloError::InvalidInput(e.to_string()))
 }
 
 /// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each rank
