@@ -29,6 +29,7 @@ for g in 1x1x1 2x1x1 2x2x1 2x2x2 8x1x1; do
 done
 run 240 $H verify --atoms 6000 --ranks 2x2x2 --steps 60 --nstlist 30 --transport staged
 run 240 $H verify --atoms 6000 --ranks 2x2x2 --steps 60 --nstlist 30 --host-search
+run 240 $H verify --atoms 6000 --ranks 2x2x2 --steps 100 --nstlist 25 --check-every 7 --graph
 
 # 3. One PE per GPU (and 2 or 4 PEs per GPU for the 2-D and 3-D grids).
 for a in 6000 45000; do
@@ -37,6 +38,7 @@ done
 run 240 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 60 --nstlist 30 --transport staged
 run 240 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 60 --nstlist 30 --transport fused-tma
 run 240 $H launch -n 2 -- verify --atoms 6000 --ranks 2x1x1 --steps 60 --nstlist 30 --transport per-pulse --force-put
+run 240 $H launch -n 2 -- verify --atoms 45000 --ranks 2x1x1 --steps 100 --nstlist 25 --check-every 7 --graph
 run 300 $H launch -n 4 --gpus 0,1 -- verify --atoms 6000 --ranks 2x2x1 --steps 60 --nstlist 30 --check-every 5
 run 300 $H launch -n 4 --gpus 0,1 -- verify --atoms 6000 --ranks 4x1x1 --steps 60 --nstlist 30 --check-every 5
 run 300 $H launch -n 8 --gpus 0,1 -- verify --atoms 45000 --ranks 2x2x2 --steps 40 --nstlist 20 --check-every 10
@@ -47,17 +49,18 @@ run 300 $H launch -n 8 --gpus 0,1 -- verify --atoms 45000 --ranks 2x2x2 --steps 
 run 300 $H launch -n 2 -- verify --atoms 45000 --ranks 2x1x1 --steps 100 --check-every 25 --nve-steps 10000 --energy-every 100
 run 300 $H verify --atoms 6000 --ranks 2x2x2 --steps 100 --check-every 25 --nve-steps 10000 --energy-every 100
 
-# 5. The targets. Every step counted (searches included), median of 5 repeats of 1000 steps.
+# 5. The targets. Every step counted (searches included), median of 5 repeats of 1000 steps;
+#    GPU-initiated transports also with their plain steps replayed as CUDA graphs (`fused+graph`).
 M="md-bench --steps 1000 --repeats 5 --warmup 200"
-run 400 $H launch -n 2 -- $M --atoms 45000 --transport fused,$BASE --json "$OUT/md-45k-2gpu.json"
-run 400 $H launch -n 2 -- $M --atoms 6000,180000 --transport fused,$BASE --json "$OUT/md-2gpu-pe.json"
-run 400 $H $M --gpus 1 --atoms 6000,45000,180000 --transport fused --json "$OUT/md-1gpu.json"
-run 400 $H $M --gpus 2 --atoms 6000,45000,180000 --transport fused,$BASE --json "$OUT/md-2gpu-1proc.json"
+run 400 $H launch -n 2 -- $M --atoms 45000 --transport fused,$BASE --graph --json "$OUT/md-45k-2gpu.json"
+run 400 $H launch -n 2 -- $M --atoms 6000,180000 --transport fused,$BASE --graph --json "$OUT/md-2gpu-pe.json"
+run 400 $H $M --gpus 1 --atoms 6000,45000,180000 --transport fused --graph --json "$OUT/md-1gpu.json"
+run 400 $H $M --gpus 2 --atoms 6000,45000,180000 --transport fused,$BASE --graph --json "$OUT/md-2gpu-1proc.json"
 # The same step with the lists searched on host threads, to show what the GPU search saves.
 run 300 $H launch -n 2 -- $M --atoms 45000 --transport fused --host-search --json "$OUT/md-45k-2gpu-host-search.json"
 # nstlist 50 beside 100 (shorter lists and halo, twice the searches).
 run 300 $H launch -n 2 -- $M --atoms 45000 --transport fused --nstlist 50 --json "$OUT/md-45k-2gpu-nstlist50.json"
 for f in md-45k-2gpu md-2gpu-pe md-1gpu md-2gpu-1proc md-45k-2gpu-host-search md-45k-2gpu-nstlist50; do
-  echo "== $f: transport, atoms, step_us_median, ns_per_day, search_share"
-  grep -o '"transport": "[^"]*"\|"atoms": [0-9]*\|"step_us_median": [0-9.e+-]*\|"ns_per_day": [0-9.e+-]*\|"search_share": [0-9.e+-]*' "$OUT/$f.json" | paste - - - - -
+  echo "== $f: transport, atoms, step_us_median, ns_per_day, search_share, graph"
+  grep -o '"transport": "[^"]*"\|"atoms": [0-9]*\|"step_us_median": [0-9.e+-]*\|"ns_per_day": [0-9.e+-]*\|"search_share": [0-9.e+-]*\|"graph": [a-z]*' "$OUT/$f.json" | paste - - - - - -
 done

@@ -84,16 +84,32 @@ fn forty_five_thousand_atoms_1d_2d_3d() {
     run("md_45000_8x1x1_two_pulses", c);
 }
 
+/// Plain steps replayed as CUDA graphs (captured again after every search) between checked steps:
+/// the checks after graph steps see the same bit-exact coordinates and forces.
+#[test]
+fn graph_replay_between_checks() {
+    for (grid, t) in [([2, 2, 2], Transport::Fused), ([2, 1, 1], Transport::FusedTma), ([2, 2, 1], Transport::PerPulseDirect), ([1, 1, 1], Transport::Fused)] {
+        let mut c = config(6000, grid, t, 100, 25);
+        c.check_every = 7;
+        c.graph = true;
+        let test = format!("md_graph_{}x{}x{}_{t}", grid[0], grid[1], grid[2]);
+        let Some(out) = run(&test, c) else { return };
+        assert!(out.graph_steps > 50, "{test}: {} graph steps", out.graph_steps);
+    }
+}
+
 /// Energy conservation: 2,000 steps of NVE at 6,000 atoms on one rank and on two, energy every
 /// 20 steps. The drift must stay far below GROMACS's default tolerance (0.005 kJ/mol/ps per atom =
 /// 5 kJ/mol/ns per atom); both numbers are printed.
 #[test]
 fn nve_drift_is_small_on_one_and_two_ranks() {
-    for grid in [[1, 1, 1], [2, 1, 1]] {
+    // Two ranks with the plain steps as CUDA graphs (the energy steps between them are not).
+    for (grid, graph) in [([1, 1, 1], false), ([2, 1, 1], true)] {
         let mut c = config(6000, grid, Transport::Fused, 2000, 100);
         c.check_every = 0;
         c.energy_every = 20;
-        let test = format!("md_nve_{}x{}x{}", grid[0], grid[1], grid[2]);
+        c.graph = graph;
+        let test = format!("md_nve_{}x{}x{}{}", grid[0], grid[1], grid[2], if graph { "_graph" } else { "" });
         let Some(out) = run(&test, c) else { return };
         assert_eq!(out.energies.len(), 100, "{test}");
         // The exchange waited for the host only at search steps (after the first) and at the end.

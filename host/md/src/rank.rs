@@ -5,7 +5,10 @@
 use crate::abi::{self, Float3};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
+use crate::exchange::Transport;
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, fit};
@@ -50,6 +53,17 @@ pub struct MdRank {
     home_forces_zeroed: CudaEvent,
     forces_done: CudaEvent,
     coordinates_ready: CudaEvent,
+    /// The captured step's own events: the graph's start (the halo stream forks there), and its
+    /// zeroing and force-halo events.
+    fork: CudaEvent,
+    captured: [CudaEvent; 2],
+}
+
+/// Which event set a step's launches use.
+#[derive(Clone, Copy)]
+enum Events {
+    Step,
+    Captured,
 }
 
 impl MdRank {
@@ -78,6 +92,8 @@ impl MdRank {
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
+            fork: event()?,
+            captured: [event()?, event()?],
             local,
             module,
         };
@@ -158,6 +174,11 @@ impl MdRank {
     /// the energy record), prune the local list on prune steps, home–home forces. The halo stream
     /// then waits for the previous step's integration (the coordinate halo reads home coordinates).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
+        self.local_work(ex, work, Events::Step)?;
+        halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
+    }
+
+    fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
         self.check_exchange(ex)?;
         ex.f.zero_range_async(0, self.home, &self.local)?;
         if let Some(r) = work.energy {
@@ -165,21 +186,35 @@ impl MdRank {
         }
         // Both force kernels add into home forces and the energy record: the halo stream's kernel
         // waits for this event.
-        self.home_forces_zeroed.record(&self.local).during("recording an event")?;
+        self.event(events, 0).record(&self.local).during("recording an event")?;
         if work.prune {
             self.nb.prune(ListKind::Local, &ex.x, &self.local)?;
         }
         let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
-        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)?;
-        halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
+        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)
+    }
+
+    /// The step's events: the zeroing, the force halo's end. A captured step has its own, so the
+    /// events of uncaptured steps never belong to a graph.
+    fn event(&self, events: Events, which: usize) -> &CudaEvent {
+        match (events, which) {
+            (Events::Step, 0) => &self.home_forces_zeroed,
+            (Events::Step, _) => &self.forces_done,
+            (Events::Captured, 0) => &self.captured[0],
+            (Events::Captured, _) => &self.captured[1],
+        }
     }
 
     /// After the coordinate halo, on the halo stream: zero the halo forces (a peer may read them
     /// until it has sent us this step's coordinates), wait for the home-force zeroing, prune the
     /// non-local list on prune steps, then the forces of pairs with a halo atom.
     pub fn nonlocal_forces(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
+        self.halo_work(ex, halo, work, Events::Step)
+    }
+
+    fn halo_work(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork, events: Events) -> Result<()> {
         ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
-        halo.wait(&self.home_forces_zeroed).during("ordering non-local forces after the zeroing")?;
+        halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
         if work.prune {
             self.nb.prune(ListKind::NonLocal, &ex.x, halo)?;
         }
@@ -191,8 +226,14 @@ impl MdRank {
     /// forces) and integrates the home atoms (adding the kinetic energy on energy steps); the next
     /// step's halo work waits for that.
     pub fn integrate(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork) -> Result<()> {
-        self.forces_done.record(halo).during("recording an event")?;
-        self.local.wait(&self.forces_done).during("ordering integration after the force halo")?;
+        self.update_work(ex, halo, dt, work, Events::Step)?;
+        self.coordinates_ready.record(&self.local).during("recording an event")
+    }
+
+    fn update_work(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork, events: Events) -> Result<()> {
+        let done = self.event(events, 1);
+        done.record(halo).during("recording an event")?;
+        self.local.wait(done).during("ordering integration after the force halo")?;
         if self.home > 0 {
             let (mut x, mut v, mut f, mut m, mut n, mut dt) =
                 (ex.x.device_ptr(), self.v.device_ptr(), ex.f.device_ptr(), self.inv_mass.device_ptr(), self.home as u32, dt);
@@ -211,6 +252,45 @@ impl MdRank {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// One plain step (no prune, no energy) of this rank captured as a CUDA graph on the local
+    /// stream: the local work, the halo stream forked from the graph's start (the graph, launched
+    /// on the local stream, starts after the previous step's integration), this rank's coordinate
+    /// halo, the forces with halo atoms, its force halo, and the integration, joined back into the
+    /// local stream. Nothing runs now; [`Self::launch_graph`] replays it. Valid until the next
+    /// search (new lists and launch shapes): capture again then. GPU-initiated transports only
+    /// (the exchange's launches carry no step counter: docs/protocol.md, "Graphs").
+    pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32) -> Result<CudaGraph> {
+        if !transport.gpu_initiated() {
+            return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
+        }
+        let work = StepWork::default();
+        // Thread-local mode: other threads' CUDA calls stay legal during the capture.
+        self.local.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
+        let mut queue = || -> Result<()> {
+            self.fork.record(&self.local).during("recording an event")?;
+            halo.wait(&self.fork).during("forking the halo stream into the capture")?;
+            self.local_work(ex, work, Events::Captured)?;
+            ex.launch_coordinates(transport, halo)?;
+            self.halo_work(ex, halo, work, Events::Captured)?;
+            ex.launch_forces(halo)?;
+            self.update_work(ex, halo, dt, work, Events::Captured)
+        };
+        let queued = queue();
+        // Always end the capture, or the stream stays in capture mode.
+        let graph = self.local.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture");
+        queued?;
+        let graph = graph?.ok_or_else(|| HaloError::InvalidInput("the captured step is empty".into()))?;
+        graph.upload().during("uploading a graph")?;
+        Ok(graph)
+    }
+
+    /// Replays a step captured by [`Self::capture_step`] on the local stream, then marks the
+    /// integration done for the next uncaptured step's halo work.
+    pub fn launch_graph(&self, graph: &CudaGraph) -> Result<()> {
+        graph.launch().during("launching a captured step")?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 

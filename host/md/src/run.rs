@@ -65,6 +65,9 @@ pub struct MdConfig {
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
     pub gpu_search: bool,
+    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs, one per rank,
+    /// captured again after every search (GPU-initiated transports; others launch as usual).
+    pub graph: bool,
 }
 
 impl MdConfig {
@@ -90,6 +93,7 @@ impl MdConfig {
             path_policy: PathPolicy::Auto,
             search_threads: 0,
             gpu_search: true,
+            graph: false,
         }
     }
 
@@ -227,6 +231,10 @@ pub struct MdOutcome {
     /// Host synchronisations of the exchange (GPU-initiated transports: one per search step after
     /// the first, one per checked step, one at the end; none inside a step).
     pub host_syncs: u64,
+    /// Steps replayed as CUDA graphs.
+    pub graph_steps: u64,
+    /// Host time spent capturing them (once per search interval and rank).
+    pub graph_capture: Duration,
 }
 
 impl MdOutcome {
@@ -338,6 +346,8 @@ pub struct MdRun {
     exchange: Option<Box<dyn Exchange>>,
     gather: HomeGather,
     ranks: Vec<MdRank>,
+    /// Each local rank's captured plain step of this search interval (empty until captured).
+    graphs: Vec<cudarc::driver::CudaGraph>,
     plan: Option<HaloPlan>,
     step: u64,
     started: Option<Instant>,
@@ -387,6 +397,7 @@ impl MdRun {
             exchange: None,
             gather,
             ranks: Vec::new(),
+            graphs: Vec::new(),
             plan: None,
             step: 0,
             started: None,
@@ -423,11 +434,12 @@ impl MdRun {
     /// Waits for every step enqueued so far, reports a device wait timeout, and (across PEs) meets
     /// the other PEs at a barrier: a timing boundary.
     pub fn synchronize(&mut self) -> Result<()> {
+        // Local streams first: captured steps run there, halo work included.
+        for m in &self.ranks {
+            m.synchronize()?;
+        }
         if let Some(ex) = self.exchange.as_mut() {
             ex.finish()?;
-            for m in &self.ranks {
-                m.synchronize()?;
-            }
             ex.barrier()?;
         }
         Ok(())
@@ -457,6 +469,23 @@ impl MdRun {
         }
         let transport = self.cfg.transport;
         let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange after the search".into()))?;
+        if self.cfg.graph && transport.gpu_initiated() && work == StepWork::default() && !self.cfg.checks_step(s) {
+            if self.graphs.is_empty() {
+                let t = Instant::now();
+                for (i, m) in self.ranks.iter_mut().enumerate() {
+                    let halo = ex.streams()[i].clone();
+                    self.graphs.push(m.capture_step(&mut ex.local_ranks_mut()[i], &halo, transport, self.cfg.dt)?);
+                }
+                self.out.graph_capture += t.elapsed();
+            }
+            for (m, g) in self.ranks.iter().zip(&self.graphs) {
+                m.launch_graph(g)?;
+            }
+            self.out.graph_steps += 1;
+            self.step += 1;
+            self.out.steps += 1;
+            return Ok(());
+        }
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
         }
@@ -490,12 +519,15 @@ impl MdRun {
     /// the lists, move the exchange to the new layout and upload.
     fn search(&mut self) -> Result<()> {
         let mut t = SearchTimes { count: 1, ..SearchTimes::default() };
+        // Local streams first: captured steps run there, halo work included.
+        for m in &self.ranks {
+            m.synchronize()?;
+        }
         if let Some(ex) = self.exchange.as_mut() {
             ex.finish()?;
-            for m in &self.ranks {
-                m.synchronize()?;
-            }
         }
+        // New lists and launch shapes: the captured steps are stale.
+        self.graphs.clear();
         // The GPUs are idle from here until the first launch of this step: all of it is the search's.
         let start = Instant::now();
         self.collect_energies()?;
@@ -682,7 +714,7 @@ impl MdRun {
 }
 
 impl Drop for MdRun {
-    /// Waits (best effort) for queued work before the buffers it uses are freed.
+    /// Waits (best effort) for queued work before the buffers it uses (and the graphs) are freed.
     fn drop(&mut self) {
         for m in &self.ranks {
             let _ = m.synchronize();

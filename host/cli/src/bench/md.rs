@@ -36,6 +36,8 @@ pub struct MdBenchConfig {
     pub search_threads: usize,
     /// Lists searched on the GPU (else on host threads).
     pub gpu_search: bool,
+    /// Plain steps replayed as CUDA graphs.
+    pub graph: bool,
     /// Deadline of device waits.
     pub wait_timeout: Duration,
 }
@@ -68,6 +70,7 @@ impl MdBenchConfig {
             wait_timeout: self.wait_timeout,
             search_threads: self.search_threads,
             gpu_search: self.gpu_search,
+            graph: self.graph,
             ..MdConfig::new(atoms, grid)
         }
     }
@@ -110,6 +113,8 @@ pub struct MdBenchRow {
     pub search_parts_ms: Option<[f64; 5]>,
     /// Where the cluster-pair lists were searched: `gpu` or `host`.
     pub list_search: String,
+    /// Whether plain steps were replayed as CUDA graphs.
+    pub graph: bool,
     /// Steps between searches.
     pub nstlist: u64,
     /// Steps between prunes.
@@ -167,6 +172,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_ms: None,
         search_parts_ms: None,
         list_search: if cfg.gpu_search { "gpu" } else { "host" }.into(),
+        graph: cfg.graph,
         nstlist: cfg.nstlist,
         nstprune: cfg.nstprune,
         rlist: 0.0,
@@ -253,6 +259,11 @@ pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> 
     Some(row.ns_per_day? / best)
 }
 
+/// The transport, `+graph` when its plain steps were replayed as CUDA graphs.
+fn variant(r: &MdBenchRow) -> String {
+    if r.graph { format!("{}+graph", r.transport) } else { r.transport.clone() }
+}
+
 /// The rows as an aligned table with a header.
 pub fn table(rows: &[MdBenchRow]) -> String {
     let mut s = String::new();
@@ -270,7 +281,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
     let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in rows {
         if let Some(why) = &r.skipped {
-            table.push(vec![r.atoms.to_string(), r.transport.clone(), r.gpus.to_string(), r.ranks.clone(), format!("skipped: {why}")]);
+            table.push(vec![r.atoms.to_string(), variant(r), r.gpus.to_string(), r.ranks.clone(), format!("skipped: {why}")]);
             continue;
         }
         let cell = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
@@ -281,7 +292,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let vs = speedup_over_host_orchestrated(rows, r).filter(|_| r.transport.parse::<Transport>().is_ok_and(Transport::gpu_initiated));
         table.push(vec![
             r.atoms.to_string(),
-            r.transport.clone(),
+            variant(r),
             r.gpus.to_string(),
             r.ranks.clone(),
             format!("{:.3}", r.rlist),
@@ -313,7 +324,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             Some(format!(
                 "  {} atoms, {}: gather {g:.2}, plan {p:.2}, local atoms + grid{} {a:.2}, GPU lists {l:.2}, upload {u:.2}",
                 r.atoms,
-                r.transport,
+                variant(r),
                 if r.list_search == "host" { " + host lists" } else { "" }
             ))
         })
@@ -350,6 +361,7 @@ mod tests {
             search_ms: Some(0.6),
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
             list_search: "gpu".into(),
+            graph: false,
             nstlist: 100,
             nstprune: 10,
             rlist: 1.482,
@@ -376,6 +388,7 @@ mod tests {
             dt: 0.002,
             search_threads: 0,
             gpu_search: true,
+            graph: false,
             wait_timeout: Duration::from_secs(5),
         };
         cfg.validate().unwrap();

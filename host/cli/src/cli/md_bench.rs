@@ -61,6 +61,9 @@ pub struct MdBenchArgs {
     /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
     #[arg(long)]
     pub host_search: bool,
+    /// Also run every GPU-initiated transport with its plain steps replayed as CUDA graphs.
+    #[arg(long)]
+    pub graph: bool,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -85,6 +88,7 @@ impl MdBenchArgs {
             dt: self.dt,
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
+            graph: false,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
         }
     }
@@ -95,12 +99,17 @@ fn measure_all(args: &MdBenchArgs, target: &Target<'_>, grid: RankGrid, print: b
     let cfg = args.config();
     let mut rows = Vec::new();
     for &atoms in &args.atoms {
-        for &t in &args.transport {
-            let row = md::measure(&cfg, target, grid, atoms, t);
+        let variants = args.transport.iter().flat_map(|&t| {
+            let graph = (args.graph && t.gpu_initiated()).then_some((t, true));
+            [(t, false)].into_iter().chain(graph)
+        });
+        for (t, graph) in variants {
+            let row = md::measure(&MdBenchConfig { graph, ..cfg.clone() }, target, grid, atoms, t);
             if print {
+                let name = if graph { format!("{t}+graph") } else { t.to_string() };
                 match (&row.skipped, row.step_us_median) {
-                    (Some(why), _) => eprintln!("md-bench: {atoms} atoms, {t}: skipped: {why}"),
-                    (None, Some(us)) => eprintln!("md-bench: {atoms} atoms, {t}: {us:.1} us per step"),
+                    (Some(why), _) => eprintln!("md-bench: {atoms} atoms, {name}: skipped: {why}"),
+                    (None, Some(us)) => eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step"),
                     _ => {}
                 }
             }

@@ -76,6 +76,9 @@ pub struct VerifyArgs {
     /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
     #[arg(long)]
     pub host_search: bool,
+    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs (GPU-initiated transports).
+    #[arg(long)]
+    pub graph: bool,
 }
 
 impl VerifyArgs {
@@ -101,6 +104,7 @@ impl VerifyArgs {
             gpus: None,
             search_threads: 0,
             host_search: false,
+            graph: false,
         }
     }
 
@@ -123,6 +127,7 @@ impl VerifyArgs {
             path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
+            graph: self.graph,
         }
     }
 
@@ -192,6 +197,9 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
             86_400.0 * 1e6 / us * f64::from(args.dt) * 1e-3,
             args.dt * 1000.0
         ));
+    }
+    if o.graph_steps > 0 {
+        lines.push(format!("{who}: {} steps replayed as CUDA graphs ({:.2} ms capturing)", o.graph_steps, ms(o.graph_capture)));
     }
     lines.push(format!("{who}: {:.2} s", o.wall.as_secs_f64()));
     lines.join("\n")
