@@ -249,7 +249,7 @@ impl MdOutcome {
         let n = pts.len() as f64;
         let (mt, me) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
         let stt: f64 = pts.iter().map(|p| (p.0 - mt).powi(2)).sum();
-        if !(stt > 0.0) {
+        if stt.is_nan() || stt <= 0.0 {
             return None;
         }
         let slope = pts.iter().map(|p| (p.0 - mt) * (p.1 - me)).sum::<f64>() / stt;
@@ -684,7 +684,7 @@ impl MdRun {
         let gpu: f64 = all.iter().map(|b| f64::from_le_bytes(b.get(..8).and_then(|s| s.try_into().ok()).unwrap_or_default())).sum();
         let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
-        if !(c.energy_rel <= ENERGY_TOLERANCE) {
+        if c.energy_rel.is_nan() || c.energy_rel > ENERGY_TOLERANCE {
             return Err(HaloError::InvalidInput(format!(
                 "verification failed at step {step}: the GPU potential energy is {gpu:.4} kJ/mol, the undecomposed reference {want_e:.4} \
                  (relative error {:.2e})",

@@ -59,13 +59,10 @@ impl MachineInfo {
                 let name = cudarc::driver::result::device::get(i as i32).and_then(cudarc::driver::result::device::get_name);
                 info.gpus.push(name.unwrap_or_else(|e| format!("unknown ({e})")));
             }
-            if n > 1 {
-                if let Ok(probe) = halo::route::gpu_facts::DriverProbe::new() {
-                    for i in 0..n {
-                        if let Ok(links) = halo::route::gpu_facts::probe_links(&probe, i) {
-                            info.links.extend(links.iter().map(|l| format!("GPU {i} -> {l}")));
-                        }
-                    }
+            let probe = (n > 1).then(halo::route::gpu_facts::DriverProbe::new).and_then(|p| p.ok());
+            for (i, probe) in probe.iter().flat_map(|p| (0..n).map(move |i| (i, p))) {
+                if let Ok(links) = halo::route::gpu_facts::probe_links(probe, i) {
+                    info.links.extend(links.iter().map(|l| format!("GPU {i} -> {l}")));
                 }
             }
         }

@@ -30,11 +30,11 @@ pub fn layout(counts: &[u32], shift_index: &[u32], max_j: usize) -> Layout {
     let mut out = Layout { offsets: vec![0; counts.len()], ..Layout::default() };
     for (item, pair) in counts.chunks_exact(2).enumerate() {
         let (sci, shift) = ((item / n_shifts) as u32, shift_index.get(item % n_shifts).copied().unwrap_or(abi::NBNXM_CENTRAL_SHIFT));
-        for kind in 0..2 {
+        for (kind, &count) in pair.iter().enumerate() {
             let start = out.words[kind] as u32;
             out.offsets[2 * item + kind] = start;
-            out.entries[kind].extend(split_entries(sci, shift, start, pair[kind], max_j));
-            out.words[kind] += pair[kind] as usize;
+            out.entries[kind].extend(split_entries(sci, shift, start, count, max_j));
+            out.words[kind] += count as usize;
         }
     }
     out
@@ -198,7 +198,7 @@ mod tests {
         let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new([2, 2, 1]).unwrap(), 1.2).unwrap();
         let corner = LocalAtoms::from_plan(&plan, 3, &s.positions, &s.types).unwrap();
         for (a, max_j) in [(&one, 32), (&one, 7), (&corner, 32), (&corner, 5)] {
-            let search = PairSearch::build(&a, &SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(1.2) }).unwrap();
+            let search = PairSearch::build(a, &SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(1.2) }).unwrap();
             let sh: Vec<u32> = shifts(&search.grid).iter().map(|s| s.0).collect();
             let items = search.grid.superclusters() * sh.len();
             let mut counts = vec![0u32; 2 * items];

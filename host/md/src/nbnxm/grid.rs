@@ -297,7 +297,7 @@ impl ClusterGrid {
                 work.push((c0..c1, a, t, b, sbox, o));
             }
         }
-        let run = |(cols, ai, at, cb, sb, ord): (std::ops::Range<usize>, &mut [u32], &mut [u32], &mut [BBox], &mut [BBox], &mut [u64])| {
+        let run = |(cols, ai, at, cb, sb, ord): ColumnWork<'_>| {
             let (mut s, mut o) = (0usize, 0usize);
             for c in cols {
                 let len = start[c + 1] - start[c];
@@ -322,6 +322,10 @@ impl ClusterGrid {
         self.zones.push(grid);
     }
 }
+
+/// A thread's share of a zone: its columns, and their superclusters' slots (atom, type), cluster
+/// boxes, supercluster boxes, and the columns' sort keys.
+type ColumnWork<'a> = (std::ops::Range<usize>, &'a mut [u32], &'a mut [u32], &'a mut [BBox], &'a mut [BBox], &'a mut [u64]);
 
 /// One supercluster from a z-sorted chunk of at most 64 atom keys (see the module docs: halves by
 /// z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns its box.
