@@ -300,14 +300,6 @@ impl MdRank {
         Ok(all.chunks_exact(2).take(n).map(|c| EnergyRecord { potential: c[0], kinetic: c[1] }).collect())
     }
 
-    /// Velocities of the home atoms (synchronous; for searches and checks).
-    pub fn velocities(&self) -> Result<Vec<Float3>> {
-        self.local.synchronize().during("waiting for the local stream")?;
-        let mut v = self.v.to_host()?;
-        v.truncate(self.home);
-        Ok(v)
-    }
-
     /// The device buffer of the home velocities (its first [`Self::home_atoms`] elements).
     pub fn velocity_buffer(&self) -> &DeviceBuffer<Float3> {
         &self.v
