@@ -13,42 +13,30 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct MdBenchConfig {
-    /// Timed steps per repeat (a multiple of `nstlist`).
+    /// Timed steps per repeat (a multiple of `step.nstlist`).
     pub steps: u64,
     /// Timed repeats.
     pub repeats: usize,
-    /// Untimed steps first (rounded up to a multiple of `nstlist`).
+    /// Untimed steps first (rounded up to a multiple of `step.nstlist`).
     pub warmup: u64,
-    /// Steps between searches.
-    pub nstlist: u64,
-    /// Steps between GPU prunes.
-    pub nstprune: u64,
-    /// Buffer rule tolerance.
-    pub buffer_tolerance: f64,
-    /// Cutoff (nm).
-    pub cutoff: f32,
-    /// Time step (ps).
-    pub dt: f32,
-    /// Search threads (0: default).
-    pub search_threads: usize,
-    /// Lists searched on the GPU (else on host threads).
-    pub gpu_search: bool,
+    /// The step's options (lists, cutoff, time step, search).
+    pub step: crate::cli::StepArgs,
     /// Plain steps replayed as CUDA graphs.
     pub graph: bool,
-    /// Deadline of device waits.
-    pub wait_timeout: Duration,
 }
 
 impl MdBenchConfig {
     /// Checks the step counts: `steps` a positive multiple of `nstlist`, at least one repeat.
     pub fn validate(&self) -> Result<()> {
-        if self.nstlist == 0 || self.steps == 0 || self.steps % self.nstlist != 0 {
+        let nstlist = self.step.nstlist;
+        if nstlist == 0 || self.steps == 0 || self.steps % nstlist != 0 {
             return Err(HaloError::InvalidInput(format!(
-                "--steps {} must be a positive multiple of --nstlist {} (so every repeat holds the same number of search steps)",
-                self.steps, self.nstlist
+                "--steps {} must be a positive multiple of --nstlist {nstlist} (so every repeat holds the same number of search steps)",
+                self.steps
             )));
         }
         if self.repeats == 0 {
@@ -58,21 +46,7 @@ impl MdBenchConfig {
     }
 
     fn md(&self, atoms: usize, grid: RankGrid, transport: Transport) -> MdConfig {
-        MdConfig {
-            cutoff: self.cutoff,
-            buffer_tolerance: self.buffer_tolerance,
-            nstlist: self.nstlist,
-            nstprune: self.nstprune,
-            dt: self.dt,
-            transport,
-            check_every: 0,
-            energy_every: 0,
-            wait_timeout: self.wait_timeout,
-            search_threads: self.search_threads,
-            gpu_search: self.gpu_search,
-            graph: self.graph,
-            ..MdConfig::new(atoms, grid)
-        }
+        self.step.apply(MdConfig { transport, check_every: 0, energy_every: 0, graph: self.graph, ..MdConfig::new(atoms, grid) })
     }
 }
 
@@ -165,20 +139,20 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         ns_per_day: None,
         steps: cfg.steps,
         repeats: cfg.repeats,
-        warmup_steps: cfg.warmup.div_ceil(cfg.nstlist) * cfg.nstlist,
+        warmup_steps: cfg.warmup.div_ceil(cfg.step.nstlist) * cfg.step.nstlist,
         search_included: true,
-        searches_per_repeat: cfg.steps / cfg.nstlist,
+        searches_per_repeat: cfg.steps / cfg.step.nstlist,
         search_share: None,
         search_ms: None,
         search_parts_ms: None,
-        list_search: if cfg.gpu_search { "gpu" } else { "host" }.into(),
+        list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         graph: cfg.graph,
-        nstlist: cfg.nstlist,
-        nstprune: cfg.nstprune,
+        nstlist: cfg.step.nstlist,
+        nstprune: cfg.step.nstprune,
         rlist: 0.0,
         rlist_inner: 0.0,
-        cutoff: cfg.cutoff,
-        dt_fs: f64::from(cfg.dt) * 1e3,
+        cutoff: cfg.step.cutoff,
+        dt_fs: f64::from(cfg.step.dt) * 1e3,
         home_atoms: 0,
         local_atoms: 0,
         skipped: None,
@@ -377,20 +351,7 @@ mod tests {
 
     #[test]
     fn steps_must_hold_whole_list_lifetimes() {
-        let cfg = MdBenchConfig {
-            steps: 1000,
-            repeats: 3,
-            warmup: 150,
-            nstlist: 100,
-            nstprune: 10,
-            buffer_tolerance: 1e-3,
-            cutoff: 1.0,
-            dt: 0.002,
-            search_threads: 0,
-            gpu_search: true,
-            graph: false,
-            wait_timeout: Duration::from_secs(5),
-        };
+        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false };
         cfg.validate().unwrap();
         let e = MdBenchConfig { steps: 1050, ..cfg.clone() }.validate().unwrap_err().to_string();
         assert!(e.contains("multiple of --nstlist 100"), "{e}");

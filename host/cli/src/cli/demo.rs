@@ -38,6 +38,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     // The default run: the mini-MD step, 2x2x2 ranks spread over every visible GPU, the fused
     // GPU-initiated exchange, checked against the undecomposed CPU reference every step.
     let ranks = "2x2x2".parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let verify = super::verify::VerifyArgs { nstlist: 50, steps: 100, ..super::verify::VerifyArgs::new(6000, ranks) };
+    let step = super::verify::StepArgs { nstlist: 50, ..super::verify::StepArgs::default() };
+    let verify = super::verify::VerifyArgs { step, steps: 100, ..super::verify::VerifyArgs::new(6000, ranks) };
     super::verify::run(verify)
 }

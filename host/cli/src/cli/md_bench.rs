@@ -15,10 +15,12 @@ use halo::launch::RankEnv;
 use halo::session::PeSession;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct MdBenchArgs {
+    /// The step's options.
+    #[command(flatten)]
+    pub step: super::verify::StepArgs,
     /// System sizes in atoms, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "6000,45000,180000")]
     pub atoms: Vec<usize>,
@@ -40,33 +42,9 @@ pub struct MdBenchArgs {
     /// Untimed warm-up steps (rounded up to a multiple of --nstlist).
     #[arg(long, default_value_t = 200)]
     pub warmup: u64,
-    /// Steps between searches.
-    #[arg(long, default_value_t = 100)]
-    pub nstlist: u64,
-    /// Steps between GPU prunes of the inner lists.
-    #[arg(long, default_value_t = 10)]
-    pub nstprune: u64,
-    /// Tolerance of the buffer rule (expected pairs per atom missed over a list's lifetime).
-    #[arg(long, default_value_t = 1e-3)]
-    pub buffer_tolerance: f64,
-    /// Interaction cutoff (nm).
-    #[arg(long, default_value_t = 1.0)]
-    pub cutoff: f32,
-    /// Time step (ps).
-    #[arg(long, default_value_t = 0.002)]
-    pub dt: f32,
-    /// Host threads of the pair search (0: one per core, at most 16).
-    #[arg(long, default_value_t = 0)]
-    pub search_threads: usize,
-    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
-    #[arg(long)]
-    pub host_search: bool,
     /// Also run every GPU-initiated transport with its plain steps replayed as CUDA graphs.
     #[arg(long)]
     pub graph: bool,
-    /// Deadline of every device wait, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub wait_timeout_ms: u64,
     /// Write the rows (a JSON list of objects) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -77,20 +55,7 @@ pub struct MdBenchArgs {
 
 impl MdBenchArgs {
     fn config(&self) -> MdBenchConfig {
-        MdBenchConfig {
-            steps: self.steps,
-            repeats: self.repeats,
-            warmup: self.warmup,
-            nstlist: self.nstlist,
-            nstprune: self.nstprune,
-            buffer_tolerance: self.buffer_tolerance,
-            cutoff: self.cutoff,
-            dt: self.dt,
-            search_threads: self.search_threads,
-            gpu_search: !self.host_search,
-            graph: false,
-            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
-        }
+        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false }
     }
 }
 

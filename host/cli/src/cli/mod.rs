@@ -4,6 +4,8 @@ mod calibrate;
 mod bench;
 mod demo;
 mod verify;
+
+pub use verify::StepArgs;
 mod exchange_check;
 mod info;
 mod launch;

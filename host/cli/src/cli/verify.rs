@@ -14,21 +14,12 @@ use halo_md::{self as md, MdConfig, MdOutcome};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(clap::Args, Clone)]
-pub struct VerifyArgs {
-    /// Atoms in the synthetic liquid (about 100 per nm³).
-    #[arg(long, default_value_t = 6000)]
-    pub atoms: usize,
-    /// Rank grid, e.g. 2x1x1 or 2x2x2. Under `halo launch -n N` it must have N ranks.
-    #[arg(long, default_value = "2x1x1")]
-    pub ranks: RankGrid,
+/// The MD step's options that `halo verify` and `halo md-bench` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StepArgs {
     /// Interaction cutoff (nm); the LJ potential is shifted to zero there.
     #[arg(long, default_value_t = 1.0)]
     pub cutoff: f32,
-    /// Verlet buffer of the outer list beyond the cutoff (nm). Default: the buffer rule for
-    /// nstlist (see --buffer-tolerance).
-    #[arg(long)]
-    pub buffer: Option<f32>,
     /// Tolerance of the buffer rule: expected pairs per atom missed over a list's lifetime.
     #[arg(long, default_value_t = 1e-3)]
     pub buffer_tolerance: f64,
@@ -38,12 +29,62 @@ pub struct VerifyArgs {
     /// Steps between GPU prunes of the inner lists.
     #[arg(long, default_value_t = 10)]
     pub nstprune: u64,
-    /// Steps to run.
-    #[arg(long, default_value_t = 100)]
-    pub steps: u64,
     /// Time step (ps).
     #[arg(long, default_value_t = 0.002)]
     pub dt: f32,
+    /// Host threads of the pair search (0: one per core, at most 16).
+    #[arg(long, default_value_t = 0)]
+    pub search_threads: usize,
+    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
+    #[arg(long)]
+    pub host_search: bool,
+    /// Deadline of every device wait, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub wait_timeout_ms: u64,
+}
+
+impl Default for StepArgs {
+    /// The command-line defaults.
+    fn default() -> Self {
+        Self { cutoff: 1.0, buffer_tolerance: 1e-3, nstlist: 100, nstprune: 10, dt: 0.002, search_threads: 0, host_search: false, wait_timeout_ms: 5000 }
+    }
+}
+
+impl StepArgs {
+    /// These options applied to `cfg`.
+    pub fn apply(&self, cfg: MdConfig) -> MdConfig {
+        MdConfig {
+            cutoff: self.cutoff,
+            buffer_tolerance: self.buffer_tolerance,
+            nstlist: self.nstlist,
+            nstprune: self.nstprune,
+            dt: self.dt,
+            search_threads: self.search_threads,
+            gpu_search: !self.host_search,
+            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
+            ..cfg
+        }
+    }
+}
+
+#[derive(clap::Args, Clone)]
+pub struct VerifyArgs {
+    /// The step's options.
+    #[command(flatten)]
+    pub step: StepArgs,
+    /// Atoms in the synthetic liquid (about 100 per nm³).
+    #[arg(long, default_value_t = 6000)]
+    pub atoms: usize,
+    /// Rank grid, e.g. 2x1x1 or 2x2x2. Under `halo launch -n N` it must have N ranks.
+    #[arg(long, default_value = "2x1x1")]
+    pub ranks: RankGrid,
+    /// Verlet buffer of the outer list beyond the cutoff (nm). Default: the buffer rule for
+    /// nstlist (see --buffer-tolerance).
+    #[arg(long)]
+    pub buffer: Option<f32>,
+    /// Steps to run.
+    #[arg(long, default_value_t = 100)]
+    pub steps: u64,
     /// Halo transport.
     #[arg(long, default_value = "fused", value_parser = super::transport_parser())]
     pub transport: Transport,
@@ -61,21 +102,12 @@ pub struct VerifyArgs {
     /// Seed of the system.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Deadline of every device wait, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub wait_timeout_ms: u64,
     /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only).
     #[arg(long)]
     pub force_put: bool,
     /// GPUs to spread the ranks over in one process (default: all visible).
     #[arg(long)]
     pub gpus: Option<usize>,
-    /// Host threads of the pair search (0: one per core, at most 16).
-    #[arg(long, default_value_t = 0)]
-    pub search_threads: usize,
-    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
-    #[arg(long)]
-    pub host_search: bool,
     /// Replay plain steps (no search, prune, energy or check) as CUDA graphs (GPU-initiated transports).
     #[arg(long)]
     pub graph: bool,
@@ -85,50 +117,34 @@ impl VerifyArgs {
     /// The command's defaults for `atoms` atoms on `ranks`.
     pub fn new(atoms: usize, ranks: RankGrid) -> Self {
         Self {
+            step: StepArgs::default(),
             atoms,
             ranks,
-            cutoff: 1.0,
             buffer: None,
-            buffer_tolerance: 1e-3,
-            nstlist: 100,
-            nstprune: 10,
             steps: 100,
-            dt: 0.002,
             transport: Transport::Fused,
             check_every: 1,
             energy_every: 0,
             nve_steps: None,
             seed: 1,
-            wait_timeout_ms: 5000,
             force_put: false,
             gpus: None,
-            search_threads: 0,
-            host_search: false,
             graph: false,
         }
     }
 
     fn config(&self) -> MdConfig {
-        MdConfig {
-            atoms: self.atoms,
-            grid: self.ranks,
-            cutoff: self.cutoff,
+        self.step.apply(MdConfig {
             buffer: self.buffer,
-            buffer_tolerance: self.buffer_tolerance,
-            nstlist: self.nstlist,
-            nstprune: self.nstprune,
-            dt: self.dt,
             steps: self.steps,
             seed: self.seed,
             transport: self.transport,
             check_every: self.check_every,
             energy_every: self.energy_every,
-            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
-            search_threads: self.search_threads,
-            gpu_search: !self.host_search,
             graph: self.graph,
-        }
+            ..MdConfig::new(self.atoms, self.ranks)
+        })
     }
 
     /// The NVE run: no checks, energies every `--energy-every` (100 when 0) steps.
@@ -194,8 +210,8 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
             ms(o.search.plan) / o.search.count.max(1) as f64,
             ms(o.search.lists) / o.search.count.max(1) as f64,
             ms(o.search.upload) / o.search.count.max(1) as f64,
-            86_400.0 * 1e6 / us * f64::from(args.dt) * 1e-3,
-            args.dt * 1000.0
+            86_400.0 * 1e6 / us * f64::from(args.step.dt) * 1e-3,
+            args.step.dt * 1000.0
         ));
     }
     if o.graph_steps > 0 {
@@ -211,7 +227,7 @@ fn ms(d: Duration) -> f64 {
 
 /// The drift line of an NVE run.
 fn drift_line(args: &VerifyArgs, what: &str, o: &MdOutcome) -> String {
-    match o.drift(args.atoms, f64::from(args.dt), 0) {
+    match o.drift(args.atoms, f64::from(args.step.dt), 0) {
         Some(d) => format!(
             "{what}: drift {:+.3e} kJ/mol/ns per atom ({:+.2} kJ/mol/ns total) over {:.1} ps, {} points; mean total energy {:.2} kJ/mol, \
              fluctuation {:.3} kJ/mol",
@@ -232,7 +248,7 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
         let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
         let one = md::run(&args.nve_config(steps, RankGrid { dims: [1, 1, 1] }), single, |_, _| {}).context("the one-rank NVE run")?;
         if print {
-            println!("{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):", args.dt * 1000.0, args.nve_config(steps, args.ranks).energy_every);
+            println!("{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):", args.step.dt * 1000.0, args.nve_config(steps, args.ranks).energy_every);
             println!("  {}", drift_line(args, &format!("{} ranks ({}, {})", args.ranks.num_ranks(), args.ranks, args.transport.name()), &decomposed));
             println!("  {}", drift_line(args, "1 rank", &one));
         }
@@ -269,6 +285,19 @@ pub fn run(args: VerifyArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_defaults_are_the_command_line_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            step: StepArgs,
+        }
+        let parsed = <Cli as clap::Parser>::try_parse_from(["halo"]).unwrap().step;
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", StepArgs::default()));
+        let cfg = StepArgs { host_search: true, nstlist: 40, ..StepArgs::default() }.apply(MdConfig::new(10, RankGrid { dims: [1, 1, 1] }));
+        assert!(!cfg.gpu_search && cfg.nstlist == 40 && cfg.wait_timeout == Duration::from_secs(5));
+    }
 
     #[test]
     fn an_unchecked_run_says_so_and_a_checked_one_gives_its_errors() {
