@@ -102,8 +102,8 @@ enum Path {
 
 impl HomeGather {
     /// The gather for `placement` and a system of `atoms` atoms. Collective across PEs (symmetric
-    /// allocation, and one all-gather to agree on the path).
-    pub fn new(placement: &Placement, atoms: usize) -> Result<Self> {
+    /// allocation, and one all-gather, tagged `<tag>gather-path`, to agree on the path).
+    pub fn new(placement: &Placement, atoms: usize, tag: &str) -> Result<Self> {
         let ctx = match placement {
             Placement::Local(modules) => modules.first().ok_or_else(|| HaloError::InvalidInput("no GPU module".into()))?.context().clone(),
             Placement::Pe { module, .. } => module.context().clone(),
@@ -113,7 +113,7 @@ impl HomeGather {
         let x = nvshmem.alloc::<Float3>(atoms)?;
         let v = nvshmem.alloc::<Float3>(atoms)?;
         let mapped = (0..nvshmem.n_pes()).all(|pe| x.peer_ptr(pe).is_some() && v.peer_ptr(pe).is_some());
-        let votes = placement.all_gather("md-gather-path", vec![vec![u8::from(mapped)]])?;
+        let votes = placement.all_gather(&format!("{tag}gather-path"), vec![vec![u8::from(mapped)]])?;
         let path = if votes.iter().all(|b| b.first() == Some(&1)) {
             Path::Peers { nvshmem: nvshmem.clone(), x, v }
         } else {
@@ -125,8 +125,11 @@ impl HomeGather {
 
     /// Writes every rank's home coordinates and velocities into `system` (positions and
     /// velocities by global id), from `mine` (this process's ranks, all idle) and `plan` (the
-    /// layout they hold: home atoms first, `global_ids`). Collective across PEs.
-    pub fn gather(&mut self, placement: &Placement, plan: &HaloPlan, mine: &[HomeArrays<'_>], system: &mut MolecularSystem) -> Result<()> {
+    /// layout they hold: home atoms first, `global_ids`). Collective across PEs; `tag` names the
+    /// rendezvous all-gather where one is needed (unique per call).
+    pub fn gather(
+        &mut self, placement: &Placement, plan: &HaloPlan, mine: &[HomeArrays<'_>], system: &mut MolecularSystem, tag: &str,
+    ) -> Result<()> {
         for m in mine {
             if plan.ranks.get(m.rank).is_none_or(|r| r.home_atoms != m.home) {
                 return Err(HaloError::InvalidInput(format!("rank {} holds {} home atoms, not what the plan says", m.rank, m.home)));
@@ -198,7 +201,7 @@ impl HomeGather {
                         Ok(b)
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let all = placement.all_gather("md-search-homes", bytes)?;
+                let all = placement.all_gather(tag, bytes)?;
                 for (rank, b) in all.iter().enumerate() {
                     let n = plan.ranks.get(rank).map_or(0, |r| r.home_atoms);
                     if b.len() != 2 * n * size_of::<Float3>() {

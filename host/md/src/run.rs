@@ -21,6 +21,10 @@ use crate::system::MolecularSystem;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Runs started in this process: every PE starts the same runs in the same order, so the count
+/// names a run's all-gathers alike on every PE (the launcher's rendezvous takes each tag once).
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Fraction of extra room in the exchange's buffers, so that later decompositions (atoms migrate
 /// between searches) fit and the buffers are kept ([`Exchange::replan`]).
 pub const EXCHANGE_HEADROOM: f64 = 0.25;
@@ -356,6 +360,8 @@ pub struct MdRun {
     pending: Vec<(u64, usize)>,
     /// This process's energy sums of every energy step so far.
     partial: Vec<EnergyPoint>,
+    /// Prefix of this run's all-gather tags (`md<run>-`), unique in the process.
+    tag: String,
 }
 
 impl MdRun {
@@ -384,7 +390,8 @@ impl MdRun {
                 vec![nvshmem.my_pe()]
             }
         };
-        let gather = HomeGather::new(&placement, system.len())?;
+        let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let gather = HomeGather::new(&placement, system.len(), &tag)?;
         let lj = lj_table(&system);
         Ok(Self {
             out: MdOutcome { setup: Some(setup), ..MdOutcome::default() },
@@ -403,6 +410,7 @@ impl MdRun {
             started: None,
             pending: Vec::new(),
             partial: Vec::new(),
+            tag,
         })
     }
 
@@ -538,7 +546,8 @@ impl MdRun {
                 .zip(&self.ranks)
                 .map(|(r, m)| HomeArrays { rank: r.rank(), home: m.home_atoms(), x: &r.x, v: m.velocity_buffer(), stream: &m.local })
                 .collect();
-            self.gather.gather(&self.placement, plan, &mine, &mut self.system)?;
+            let tag = format!("{}homes-{}", self.tag, self.step);
+            self.gather.gather(&self.placement, plan, &mine, &mut self.system, &tag)?;
         }
         t.gather = start.elapsed();
         let t1 = Instant::now();
@@ -636,7 +645,7 @@ impl MdRun {
             return Ok(self.partial.clone());
         }
         let mine: Vec<f64> = self.partial.iter().flat_map(|p| [p.potential, p.kinetic]).collect();
-        let all = self.placement.all_gather("md-energies", vec![bytemuck::cast_slice(&mine).to_vec()])?;
+        let all = self.placement.all_gather(&format!("{}energies", self.tag), vec![bytemuck::cast_slice(&mine).to_vec()])?;
         let mut out = self.partial.clone();
         for p in &mut out {
             (p.potential, p.kinetic) = (0.0, 0.0);
@@ -666,7 +675,7 @@ impl MdRun {
         let ids: Vec<usize> = ex.local_ranks().iter().map(RankExchange::rank).collect();
         let (xs, fs) = (ex.read_forward()?, ex.read_reverse()?);
         let mine = xs.iter().zip(&ids).map(|(v, &r)| vec![v[..halos[r].home_atoms].to_vec()]).collect();
-        let homes: Vec<Vec<Float3>> = gather(&self.placement, &format!("check-{step}"), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
+        let homes: Vec<Vec<Float3>> = gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
         let want = reference::coordinates(&halos, &homes);
         for (r, h) in homes.iter().enumerate() {
             for (i, v) in h.iter().enumerate() {
@@ -680,7 +689,7 @@ impl MdRun {
         }
         // The potential energy of every rank's pairs against the undecomposed system.
         let mine: f64 = self.ranks.iter().map(|m| m.read_energies(record + 1).map(|e| e[record].potential)).sum::<Result<f64>>()?;
-        let all = self.placement.all_gather(&format!("energy-{step}"), vec![mine.to_le_bytes().to_vec()])?;
+        let all = self.placement.all_gather(&format!("{}energy-{step}", self.tag), vec![mine.to_le_bytes().to_vec()])?;
         let gpu: f64 = all.iter().map(|b| f64::from_le_bytes(b.get(..8).and_then(|s| s.try_into().ok()).unwrap_or_default())).sum();
         let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
@@ -701,7 +710,7 @@ impl MdRun {
             })
             .collect::<Result<Vec<Vec<u8>>, integrity::IntegrityError>>()
             .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
-        let all = self.placement.all_gather(&format!("integrity-{step}"), words)?;
+        let all = self.placement.all_gather(&format!("{}integrity-{step}", self.tag), words)?;
         let sums = all
             .iter()
             .enumerate()

@@ -158,13 +158,17 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         skipped: None,
         machine: target.machine.clone(),
     };
-    if let Err(e) = measure_into(cfg, target, md, &mut row) {
+    // Every PE measures the same rows in the same order, so a count names each row's all-gather
+    // alike everywhere (the rendezvous takes a tag once), even when a row fails.
+    static ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tag = format!("md-bench-times-{}", ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    if let Err(e) = measure_into(cfg, target, md, &mut row, &tag) {
         row.skipped = Some(e.to_string());
     }
     row
 }
 
-fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow) -> Result<()> {
+fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
     let mut run = MdRun::new(md, target.placement.clone())?;
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
@@ -188,7 +192,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
     let mine: Vec<f64> = times.iter().chain(&shares).copied().collect();
-    let all = target.placement.all_gather("md-bench-times", vec![bytemuck::cast_slice(&mine).to_vec()])?;
+    let all = target.placement.all_gather(tag, vec![bytemuck::cast_slice(&mine).to_vec()])?;
     for b in &all {
         let v: Vec<f64> = bytemuck::pod_collect_to_vec(b);
         if v.len() != mine.len() {
