@@ -280,6 +280,17 @@ fn check_coordinates(test: &str, ranks: &LocalRanks, halos: &[RankHalo], home: &
     }
 }
 
+/// Poisons every rank's coordinates and forces, then uploads its `home` coordinates and the
+/// starting forces `f0`.
+fn upload_poisoned(ranks: &[halo::exchange::RankExchange], home: &[Vec<Float3>], f0: &[Vec<Float3>]) {
+    for (r, rank) in ranks.iter().enumerate() {
+        rank.x.fill_bytes(0xFF).unwrap();
+        rank.upload_coordinates(&home[r]).unwrap();
+        rank.f.fill_bytes(0xFF).unwrap();
+        rank.f.copy_from_host(&f0[r]).unwrap();
+    }
+}
+
 fn check_forces(test: &str, ranks: &LocalRanks, want: &[Vec<Float3>]) {
     for (r, got) in ranks.forces().unwrap().iter().enumerate() {
         assert_eq!(bits(got), bits(&want[r]), "{test}: forces of rank {r}");
@@ -474,4 +485,104 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
         }
         drop(graphs);
     }
+}
+
+/// A new decomposition in the old buffers (`replan`, what the MD step does at a search step): the
+/// exchange keeps its signals and step counters, the next steps deliver the new halos exactly, and
+/// a decomposition that does not fit is refused without changing anything. Home counts, maps and
+/// offsets all change between the layouts (other seeds, other home sizes, other send fractions).
+#[test]
+fn replanning_between_steps_keeps_the_protocol_in_step() {
+    let Some(g) = gpu_or_skip("replanning_between_steps_keeps_the_protocol_in_step") else { return };
+    let module = Arc::new(g.module);
+    for (grid, pulses) in [([2, 1, 1], 1), ([2, 2, 2], 1), ([4, 1, 1], 2)] {
+        let first = synthetic::halos(shape(grid, pulses, 1200), 90);
+        let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
+        let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), &[module.clone()], sizes).unwrap();
+        let mut layouts = vec![first];
+        for (k, (home, fraction)) in [(1000, 0.3), (1300, 0.35), (800, 0.25)].into_iter().enumerate() {
+            let mut s = shape(grid, pulses, home);
+            s.send_fraction = fraction;
+            layouts.push(synthetic::halos(s, 91 + k as u64));
+        }
+        let mut steps = 0u64;
+        for (k, halos) in layouts.iter().enumerate() {
+            let test = format!("replan {grid:?} x{pulses}, layout {k}");
+            if k > 0 {
+                assert!(ranks.replan(halos.clone()).unwrap(), "{test}: fits the headroom");
+            }
+            for _ in 0..5 {
+                let home = integer_values(halos, 300 + steps, true);
+                let f0 = integer_values(halos, 700 + steps, false);
+                upload_poisoned(ranks.ranks(), &home, &f0);
+                ranks.launch_coordinates(Transport::Fused).unwrap();
+                ranks.launch_forces(Transport::Fused).unwrap();
+                ranks.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+                steps += 1;
+                check_coordinates(&test, &ranks, halos, &home);
+                check_forces(&test, &ranks, &reference::forces(halos, &f0));
+            }
+            for r in ranks.ranks() {
+                let s = r.protocol_state().unwrap();
+                assert_eq!((s.x_epoch, s.f_epoch), (steps, steps), "{test}: rank {} counters continue", r.rank());
+            }
+        }
+        // Twice the atoms: does not fit, nothing changes, the last layout still runs.
+        let big = synthetic::halos(shape(grid, pulses, 4000), 99);
+        assert!(!ranks.replan(big).unwrap(), "{grid:?}: a layout beyond the headroom is refused");
+        let halos = layouts.last().unwrap();
+        let home = integer_values(halos, 1, true);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.upload_coordinates(&home[r]).unwrap();
+        }
+        ranks.launch_coordinates(Transport::Fused).unwrap();
+        ranks.launch_forces(Transport::Fused).unwrap();
+        ranks.finish().unwrap();
+        check_coordinates("replan refused", &ranks, halos, &home);
+    }
+}
+
+/// What a driver does around a failure and the next search (the MD step under routing failover):
+/// a collective reset zeroes every rank's counters, then a replan moves the exchange to a new
+/// layout in the same buffers, and the steps after it run from step 1 on every rank. Driven
+/// through the `Exchange` trait on the jitter wrapper with GPU delays (`Perturbed` forwards the
+/// replan, and the grids keep the cap that leaves room for the delay kernels).
+#[test]
+fn a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one() {
+    use halo::exchange::perturb::{Jitter, JitterSide, Perturbation, Perturbed};
+    let Some(g) = gpu_or_skip("a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one") else { return };
+    let module = Arc::new(g.module);
+    let first = synthetic::halos(shape([4, 1, 1], 1, 1200), 50);
+    let mut s = shape([4, 1, 1], 1, 1000);
+    s.send_fraction = 0.3;
+    let second = synthetic::halos(s, 51);
+    let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
+    let jitter = Jitter { max_us: 40, seed: 9, side: JitterSide::Gpu };
+    let inner = LocalRanks::<Float3>::with_sizes(first.clone(), &[module], sizes).unwrap();
+    let mut x: Box<dyn Exchange> = Box::new(Perturbed::new(inner, Perturbation::new(Some(jitter), None).unwrap()).unwrap());
+    let step = |x: &mut Box<dyn Exchange>, halos: &[RankHalo], seed: u64, test: &str| {
+        let home = integer_values(halos, seed, true);
+        let f0 = integer_values(halos, seed + 1000, false);
+        upload_poisoned(x.local_ranks(), &home, &f0);
+        x.exchange_forward(Transport::Fused).unwrap();
+        x.exchange_reverse_accumulate(Transport::Fused).unwrap();
+        x.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+        let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &f0));
+        for (r, (got_x, got_f)) in x.read_forward().unwrap().iter().zip(x.read_reverse().unwrap()).enumerate() {
+            assert_eq!(bits(got_x), bits(&want_x[r]), "{test}: coordinates of rank {r}");
+            assert_eq!(bits(&got_f), bits(&want_f[r]), "{test}: forces of rank {r}");
+        }
+    };
+    let epochs = |x: &Box<dyn Exchange>| x.local_ranks().iter().map(|r| r.protocol_state().map(|s| (s.x_epoch, s.f_epoch)).unwrap()).collect::<Vec<_>>();
+    for k in 0..4 {
+        step(&mut x, &first, 10 + k, &format!("first layout, step {k}"));
+    }
+    assert_eq!(epochs(&x), vec![(4, 4); 4]);
+    x.reset_protocol().unwrap();
+    assert_eq!(epochs(&x), vec![(0, 0); 4], "the reset zeroes every rank's counters");
+    assert!(x.replan(second.clone()).unwrap(), "the second layout fits the headroom");
+    for k in 0..4 {
+        step(&mut x, &second, 20 + k, &format!("after the reset and the replan, step {k}"));
+    }
+    assert_eq!(epochs(&x), vec![(4, 4); 4], "every rank counted from step 1 again");
 }

@@ -281,3 +281,26 @@ fn nbnxm_tiled_kernels_fit_registers_without_local_memory() {
     }
     assert_eq!(r[abi::NBNXM_GATHER_XQ].1, 0);
 }
+
+#[test]
+fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
+    let b = entries(&ptx_text());
+    // Kinetic energy: summed per thread, butterfly-reduced per warp, one f64 atomic per warp.
+    assert_lowers(&b, abi::LEAPFROG_ENERGY, &["shfl.sync.bfly.b32", "red.relaxed.gpu.global.add.f64"]);
+    assert_eq!(b[abi::LEAPFROG_ENERGY].matches("red.relaxed.gpu.global.add.f64").count(), 1);
+    for ins in ["red.", "atom.", "shfl."] {
+        assert!(!b[abi::LEAPFROG].contains(ins), "the plain leapfrog contains `{ins}`");
+    }
+}
+
+#[test]
+fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
+    let b = entries(&ptx_text());
+    for k in [abi::NBNXM_SEARCH_COUNT, abi::NBNXM_SEARCH_WRITE] {
+        // The host's f32 arithmetic exactly: separate roundings (no fused multiply-add), an IEEE
+        // division and a truncating conversion for the column index.
+        assert!(!b[k].contains("fma.rn"), "{k}: a fused multiply-add differs from the host's rounding");
+        assert_lowers(&b, k, &["div.rn.f32", "cvt.rzi.u32.f32", "max.f32", "vote.sync.ballot.b32", "bar.warp.sync", "st.shared.b32", "popc.b32"]);
+        assert!(!b[k].contains("div.approx"), "{k}: an approximate division");
+    }
+}

@@ -54,7 +54,7 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
 /// `halo launch` with an injected fault).
 #[derive(Clone, Debug, Default)]
 pub struct NullExchange {
-    /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`.
+    /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`, `replan`.
     pub calls: Vec<&'static str>,
 }
 
@@ -92,5 +92,9 @@ impl crate::exchange::Exchange for NullExchange {
     fn reset_protocol(&mut self) -> crate::Result<()> {
         self.calls.push("reset");
         Ok(())
+    }
+    fn replan(&mut self, _: Vec<crate::exchange::spec::RankHalo>) -> crate::Result<bool> {
+        self.calls.push("replan");
+        Ok(true)
     }
 }

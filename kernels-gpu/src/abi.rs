@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -46,8 +46,8 @@ kernel_entries! {
     specific: [
         "pack_subset",
         "signal_ping_pong",
-        "lj_pair_forces",
         "leapfrog",
+        "leapfrog_energy",
         "jacobi7",
         "nbnxm_forces",
         "nbnxm_forces_energy",
@@ -63,6 +63,8 @@ kernel_entries! {
         "nbnxm_prune_xq",
         "nbnxm_gather_xq",
         "spin_delay",
+        "nbnxm_search_count",
+        "nbnxm_search_write",
     ],
 }
 
@@ -150,10 +152,12 @@ pub const FUSED_FORCES: &str = "fused_forces";
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
-/// `lj_pair_forces(x, types, lj, ntypes, row_start, cols, rows, f, box_x, box_y, box_z, rc2)`.
-pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
-/// `leapfrog(x, v, f, inv_mass, n, dt)`.
+/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt` for `n` home atoms.
 pub const LEAPFROG: &str = "leapfrog";
+/// `leapfrog_energy(x, v, f, inv_mass, n, dt, kinetic)`: [`LEAPFROG`] that also adds the kinetic
+/// energy at the force's time, `sum m (|v_old|² + |v_new|²) / 4` (the average of the two half-step
+/// kinetic energies), to the `f64` at `kinetic` (one atomic per warp).
+pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 
 /// `nbnxm_forces(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy,
 /// box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list (one warp per
@@ -195,6 +199,18 @@ pub const fn nbnxm_tiled_shared_bytes(ntypes: u32) -> u32 {
 /// nothing else. The GPU half of the exchange's jitter (`halo::exchange::perturb`): enqueued before
 /// a rank's launch, it skews that rank's GPU timeline against its peers'.
 pub const SPIN_DELAY: &str = "spin_delay";
+/// `nbnxm_search_count(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
+/// n_shifts, n_super, rl, rl2, counts)`: the cluster-pair search on the GPU, first pass. One warp
+/// per (i-supercluster, shift) item `sci * n_shifts + s`; writes the item's number of j-list words
+/// of the home–home list to `counts[2 item]` and of the list with halo clusters to
+/// `counts[2 item + 1]`. The rule is the host search's (`host/md/src/nbnxm/pairlist.rs`), in the
+/// same `f32` arithmetic, so both find the same words.
+pub const NBNXM_SEARCH_COUNT: &str = "nbnxm_search_count";
+/// `nbnxm_search_write(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
+/// n_shifts, n_super, rl, rl2, offsets, j_local, j_nonlocal)`: the second pass, same items: writes
+/// each item's words, in the host search's order, to `j_local[offsets[2 item] ..]` and
+/// `j_nonlocal[offsets[2 item + 1] ..]`.
+pub const NBNXM_SEARCH_WRITE: &str = "nbnxm_search_write";
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
@@ -531,6 +547,56 @@ pub const NBNXM_CENTRAL_SHIFT: u32 = 13;
 /// Number of shift indices.
 pub const NBNXM_NUM_SHIFTS: u32 = 27;
 
+/// Warps per block of the GPU cluster-pair search (one warp per item).
+pub const NBNXM_SEARCH_WARPS_PER_BLOCK: u32 = 4;
+/// Dynamic shared memory of one search block: the 8 shifted i-cluster boxes of each warp.
+pub const NBNXM_SEARCH_SHARED_BYTES: u32 = NBNXM_SEARCH_WARPS_PER_BLOCK * NBNXM_CLUSTERS_PER_SUPER * 24;
+
+/// An axis-aligned box of the cluster grid (nm); an empty cluster has `lo = +inf`, `hi = -inf`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmBox {
+    /// Lower corner.
+    pub lo: [f32; 3],
+    /// Upper corner.
+    pub hi: [f32; 3],
+}
+
+/// The column grid of one zone for the GPU search: its atoms' extent, `columns[0] x columns[1]`
+/// columns of `cell` (nm) in x-y, whose superclusters are
+/// `column_start[column_base + c] .. column_start[column_base + c + 1]` (ascending z).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmZone {
+    /// Extent of the zone's atoms (the whole box along periodic dimensions).
+    pub extent: NbnxmBox,
+    /// Column widths along x and y.
+    pub cell: [f32; 2],
+    /// Columns along x and y.
+    pub columns: [u32; 2],
+    /// Where this zone's column starts sit in `column_start`.
+    pub column_base: u32,
+    /// One past the zone's last supercluster.
+    pub sc_end: u32,
+    /// The zone (bit `d`: above this rank's cell along dimension `d`).
+    pub zone: u32,
+    /// Padding.
+    pub reserved: u32,
+}
+
+/// One periodic shift of the GPU search: its index (see [`NBNXM_CENTRAL_SHIFT`]) and vector.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmShift {
+    /// The shift vector (nm).
+    pub v: [f32; 3],
+    /// Shift index.
+    pub index: u32,
+}
+
 /// One i-entry of a cluster-pair list: an i-supercluster under one periodic shift, and its range
 /// of j-list words. Long j-lists are split over several entries of the same supercluster and shift
 /// (every force is added atomically, so the split changes nothing but the load balance).
@@ -573,4 +639,6 @@ const _: () = {
     // One warp covers the i-cluster atoms x 4 j-lanes; the mask fits the low bits of a j word.
     assert!(NBNXM_CLUSTER_SIZE * 4 == 32 && NBNXM_MASK_BITS <= 8);
     assert!(NBNXM_SUPER_SIZE == 64);
+    assert!(size_of::<NbnxmBox>() == 24 && size_of::<NbnxmZone>() == 56 && size_of::<NbnxmShift>() == 16);
+    assert!(offset_of!(NbnxmZone, column_base) == 40 && offset_of!(NbnxmZone, zone) == 48);
 };

@@ -11,7 +11,7 @@
 
 use super::local::LocalRanks;
 use super::pe::{PathPolicy, PeExchange};
-use super::rank::RankExchange;
+use super::rank::{RankExchange, SharedSizes};
 use super::spec::RankHalo;
 use super::{Element, Transport};
 use crate::error::{HaloError, Result};
@@ -49,6 +49,12 @@ pub trait Exchange<T: Element = Float3> {
     /// run again from step 0 (after a timeout, or before replaying captured steps). Across PEs it
     /// is fenced by barriers: no PE resets while a peer still runs, none runs before all reset.
     fn reset_protocol(&mut self) -> Result<()>;
+    /// Moves the exchange to `halos` (a new decomposition of the same rank grid: atoms migrated)
+    /// in its existing buffers, keeping signals and step counters; `Ok(false)`, changing nothing,
+    /// when the buffers are too small (build a new exchange then; every PE decides alike). Every
+    /// local rank must be idle; across PEs it is collective and fenced by a barrier. Home values
+    /// must be uploaded again for the new layout.
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool>;
 
     /// Sets the deadline of every device wait of the local ranks.
     fn set_wait_timeout(&mut self, timeout: Duration) {
@@ -99,6 +105,9 @@ impl<T: Element> Exchange<T> for LocalRanks<T> {
     fn reset_protocol(&mut self) -> Result<()> {
         LocalRanks::reset_protocol(self)
     }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        LocalRanks::replan(self, halos)
+    }
 }
 
 impl<T: Element> Exchange<T> for PeExchange<T> {
@@ -131,6 +140,9 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     }
     fn reset_protocol(&mut self) -> Result<()> {
         PeExchange::reset_protocol(self)
+    }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        PeExchange::replan(self, halos)
     }
 }
 
@@ -171,9 +183,24 @@ impl Placement {
     /// placed here, with this process's jitter and fault if it asked for any
     /// ([`super::perturb::for_process`]). Collective across PEs.
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
+        self.exchange_with_headroom(halos, 0.0)
+    }
+
+    /// [`Self::exchange`] with buffers `headroom` (a fraction) larger than `halos` need, so that
+    /// [`Exchange::replan`] can keep them when later decompositions grow a little (the memory
+    /// prechecks count the headroom: [`super::heap::Footprint::of`] takes the grown sizes).
+    pub fn exchange_with_headroom<T: Element>(&self, halos: Vec<RankHalo>, headroom: f64) -> Result<Box<dyn Exchange<T>>> {
+        let sizes = SharedSizes::of(&halos).with_headroom(headroom);
         super::perturb::for_process(match self {
-            Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
-            Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, *policy)?),
+            Placement::Local(modules) => Box::new(LocalRanks::<T>::with_sizes(halos, modules, sizes)?),
+            Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::with_sizes(
+                nvshmem.clone(),
+                module.clone(),
+                halos,
+                *policy,
+                super::pe::PutSignaling::from_env()?,
+                sizes,
+            )?),
         })
     }
 

@@ -21,14 +21,26 @@ pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
     ranks: Vec<RankExchange<T>>,
     streams: Vec<Arc<CudaStream>>,
     host_syncs: u64,
+    /// GPUs the ranks are spread over (for the residency cap).
+    gpus: usize,
 }
 
 impl<T: Element> LocalRanks<T> {
     /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU).
     pub fn new(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::with_sizes(halos, modules, sizes)
+    }
+
+    /// [`Self::new`] with buffers of `sizes` (at least [`SharedSizes::of`]`(&halos)`; larger sizes
+    /// let [`Self::replan`] keep the buffers when a later decomposition grows).
+    pub fn with_sizes(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes) -> Result<Self> {
         validate(&halos)?;
         if modules.is_empty() {
             return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
+        }
+        if !sizes.holds(&SharedSizes::of(&halos)) {
+            return Err(HaloError::InvalidInput(format!("buffer sizes {sizes:?} cannot hold these halos ({:?})", SharedSizes::of(&halos))));
         }
         for a in modules {
             for b in modules {
@@ -41,7 +53,7 @@ impl<T: Element> LocalRanks<T> {
                 }
             }
         }
-        let sizes = SharedSizes::of(&halos);
+        // The footprint of `sizes`, headroom included: what the ranks below allocate.
         super::heap::precheck_local::<T>(modules, &halos, sizes)?;
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
@@ -51,17 +63,45 @@ impl<T: Element> LocalRanks<T> {
             streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
-        let views: Vec<PeerView> = ranks.iter().map(RankExchange::<T>::local_view).collect();
-        let flags = super::credits::flags(&halos);
-        for (rank, flags) in ranks.iter_mut().zip(&flags) {
-            // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
-            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
-        }
-        let mut this = Self { ranks, streams, host_syncs: 0 };
-        this.fit_residency(modules.len())?;
+        let mut this = Self { ranks, streams, host_syncs: 0, gpus: modules.len() };
+        this.install(&halos)?;
         // Plain allocations may reuse memory of an earlier exchange: start from zeroed slots.
         this.reset_protocol()?;
         Ok(this)
+    }
+
+    /// Writes every rank's metadata for `halos` (the ranks' current halos) and caps the grids.
+    fn install(&mut self, halos: &[RankHalo]) -> Result<()> {
+        let views: Vec<PeerView> = self.ranks.iter().map(RankExchange::<T>::local_view).collect();
+        let flags = super::credits::flags(halos);
+        for (rank, flags) in self.ranks.iter_mut().zip(&flags) {
+            // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
+            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
+        }
+        self.fit_residency(self.gpus)
+    }
+
+    /// Moves every rank to `halos` (a new decomposition on the same rank grid) in the existing
+    /// buffers: `Ok(false)`, changing nothing, when they do not fit (build a new exchange then).
+    /// Signals and step counters continue, so peers keep agreeing on the protocol. Every rank must
+    /// be idle (the caller synchronised the streams), and the ranks' home values must be uploaded
+    /// again for the new layout.
+    pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        validate(&halos)?;
+        let fits = self.ranks.first().is_some_and(|r| r.sizes().holds(&SharedSizes::of(&halos)));
+        if !fits || halos.len() != self.ranks.len() {
+            return Ok(false);
+        }
+        // As the protocol reset's first step: no launch of the old layout may still run (bounded;
+        // the caller synchronised already, so this is not counted as another host sync).
+        for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
+            rank.wait_idle(stream, "waiting for a rank's stream before a replan", None, || None)?;
+        }
+        for (rank, halo) in self.ranks.iter_mut().zip(halos.iter().cloned()) {
+            rank.set_halo(halo)?;
+        }
+        self.install(&halos)?;
+        Ok(true)
     }
 
     /// Caps the blocks per pulse so every rank's spinning blocks fit on its GPU together.

@@ -95,6 +95,10 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     /// collective teardown ([`crate::nvshmem::abandon_collectives`]; see
     /// [`crate::nvshmem::set_abandon_after_failure`]): the peers may be gone.
     failed: Option<String>,
+    /// How pulses reach their peers (kept for [`Self::replan`]).
+    policy: PathPolicy,
+    /// The put path's signalling (kept for [`Self::replan`]).
+    mode: SignalMode,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -136,15 +140,46 @@ impl<T: Element> PeExchange<T> {
         policy: PathPolicy,
         signaling: PutSignaling,
     ) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::with_sizes(nvshmem, module, halos, policy, signaling, sizes)
+    }
+
+    /// [`Self::with_put_signaling`] with buffers of `sizes` (at least [`SharedSizes::of`]`(&halos)`,
+    /// the same on every PE; larger sizes let [`Self::replan`] keep the buffers when a later
+    /// decomposition grows).
+    pub fn with_sizes(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        halos: Vec<RankHalo>,
+        policy: PathPolicy,
+        signaling: PutSignaling,
+        sizes: SharedSizes,
+    ) -> Result<Self> {
         validate(&halos)?;
         if halos.len() != nvshmem.n_pes() {
             return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
         }
+        if !sizes.holds(&SharedSizes::of(&halos)) {
+            return Err(HaloError::InvalidInput(format!("buffer sizes {sizes:?} cannot hold these halos ({:?})", SharedSizes::of(&halos))));
+        }
         let me = nvshmem.my_pe();
-        let sizes = SharedSizes::of(&halos);
+        // The footprint of `sizes`, headroom included: what `RankExchange::new` allocates.
         super::heap::precheck_pe::<T>(module.context(), &halos, me, sizes)?; // every PE fails alike, before any collective
-        let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
-        let local = rank.local_view();
+        let rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
+        let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
+        let mode = signaling.resolve(remote_transport.as_deref());
+        let stream = super::rank::halo_stream(module.context())?;
+        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None, policy, mode };
+        this.install()?;
+        this.reset_protocol()?;
+        Ok(this)
+    }
+
+    /// Writes this PE's metadata for its current halo (`self.halos`): peers by `nvshmem_ptr` as
+    /// the policy allows, puts elsewhere; caps the grids for residency.
+    fn install(&mut self) -> Result<()> {
+        let (me, policy, nvshmem) = (self.nvshmem.my_pe(), self.policy, self.nvshmem.clone());
+        let local = self.rank.local_view();
         let view = |peer: usize| -> Option<PeerView> {
             match &policy {
                 PathPolicy::ForcePut => return None,
@@ -172,19 +207,43 @@ impl<T: Element> PeExchange<T> {
             }
             mapped
         };
-        let mode = signaling.resolve(std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok().as_deref());
-        rank.install(&view, &super::credits::flags(&halos)[me], mode)?;
-        if rank.any_put() && !module.nvshmem_registered() {
+        self.rank.install(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
+        if self.rank.any_put() && !self.rank.module().nvshmem_registered() {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
-        let (sms, per_sm) = rank.residency()?;
-        let per_pulse = blocks_per_pulse(sms, per_sm, halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
-        rank.cap_grids(per_pulse);
-        let stream = super::rank::halo_stream(module.context())?;
-        let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
-        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None };
-        this.reset_protocol()?;
-        Ok(this)
+        let (sms, per_sm) = self.rank.residency()?;
+        let per_pulse = blocks_per_pulse(sms, per_sm, self.halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
+        self.rank.cap_grids(per_pulse);
+        Ok(())
+    }
+
+    /// Moves this PE to `halos` (a new decomposition on the same rank grid, the same complete list
+    /// on every PE) in the existing symmetric buffers: `Ok(false)`, changing nothing, when they do
+    /// not fit (every PE decides alike from the same halos; build a new exchange then). Signals
+    /// and step counters continue: unlike [`Self::reset_protocol`] nothing is zeroed, so every PE
+    /// must replan at the same step (or all reset). Collective, fenced like the reset's first
+    /// half: a bounded wait until this PE's stream is idle, then a barrier, so no PE changes its
+    /// layout while a peer may still run a step of the old one; after it, peers may write into
+    /// this PE's new halo region at once, so this PE must not read its old layout any more (upload
+    /// the home values for the new one). Refused on an exchange that failed until it is reset.
+    pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        validate(&halos)?;
+        if halos.len() != self.halos.len() || !self.rank.sizes().holds(&SharedSizes::of(&halos)) {
+            return Ok(false);
+        }
+        if let Some(why) = &self.failed {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: cannot replan an exchange that failed ({why}): reset its protocol on every PE first, or build a new one",
+                self.rank.rank()
+            )));
+        }
+        self.wait_idle("waiting for the halo stream before a replan")?;
+        self.nvshmem.barrier_all()?;
+        let me = self.nvshmem.my_pe();
+        self.rank.set_halo(halos[me].clone())?;
+        self.halos = halos;
+        self.install()?;
+        Ok(true)
     }
 
     /// This PE's rank exchange (buffers, status).

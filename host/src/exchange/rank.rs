@@ -57,6 +57,20 @@ impl SharedSizes {
         let extent = halos.iter().map(|h| h.max_send().max(h.max_recv())).max().unwrap_or(0);
         Self { atoms, pulses: halos.first().map_or(0, |h| h.pulses.len()), slot_atoms: extent.div_ceil(SLOT_ATOMS).max(1) * SLOT_ATOMS }
     }
+
+    /// The same sizes with `fraction` more atoms and slot space (rounded up), so that later halos
+    /// of a changing decomposition (atoms migrate between searches) still fit and the buffers can
+    /// be kept ([`super::Exchange::replan`]).
+    pub fn with_headroom(self, fraction: f64) -> Self {
+        let grow = |n: usize| n + (n as f64 * fraction.max(0.0)).ceil() as usize;
+        Self { atoms: grow(self.atoms), pulses: self.pulses, slot_atoms: grow(self.slot_atoms).div_ceil(SLOT_ATOMS) * SLOT_ATOMS }
+    }
+
+    /// Whether buffers of these sizes can hold halos of sizes `need` (same pulse count, no more
+    /// atoms, no larger slots).
+    pub fn holds(&self, need: &SharedSizes) -> bool {
+        self.pulses == need.pulses && need.atoms <= self.atoms && need.slot_atoms <= self.slot_atoms
+    }
 }
 
 /// The entry name of generic kernel `base` for element type `T` (`fused_coords_f32`, ...).
@@ -226,6 +240,47 @@ impl<T: Element> RankExchange<T> {
     /// translate them with `nvshmem_ptr`).
     pub fn local_view(&self) -> PeerView {
         PeerView { x: self.x.device_ptr(), signals: self.signals.device_ptr(), recv_buf: self.recv_buf.device_ptr() }
+    }
+
+    /// The sizes this rank's buffers were allocated for.
+    pub fn sizes(&self) -> SharedSizes {
+        self.sizes
+    }
+
+    /// Replaces this rank's halo with `halo` in the existing buffers (a new decomposition of the
+    /// same grid, after atoms migrated): uploads the new index maps (reusing their allocation when
+    /// it is large enough) and recomputes the grids under the same residency cap. The metadata is
+    /// stale until [`Self::install`] runs again; signals, step counters and credits are kept, so
+    /// the protocol continues where it was (counters stay monotonic). The rank must be idle.
+    /// Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
+    pub fn set_halo(&mut self, halo: RankHalo) -> Result<()> {
+        let need = SharedSizes::of(std::slice::from_ref(&halo));
+        if !self.sizes.holds(&need) {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: a halo of {} atoms, {} pulses and {}-atom slots does not fit buffers of {} atoms, {} pulses and {}-atom slots",
+                self.rank,
+                halo.total_atoms,
+                halo.pulses.len(),
+                need.slot_atoms,
+                self.sizes.atoms,
+                self.sizes.pulses,
+                self.sizes.slot_atoms
+            )));
+        }
+        let mut flat = Vec::with_capacity(halo.pulses.iter().map(|p| p.index_map.len()).sum());
+        self.map_offsets.clear();
+        for p in &halo.pulses {
+            self.map_offsets.push(flat.len());
+            flat.extend_from_slice(&p.index_map);
+        }
+        if self.maps.len() < flat.len() {
+            self.maps = DeviceBuffer::uninit(self.module.context(), flat.len() + flat.len() / 4)?;
+        }
+        self.maps.copy_from_host(&flat)?;
+        let cap = self.grids.cap;
+        self.grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>()).capped(cap);
+        self.halo = halo;
+        Ok(())
     }
 
     /// Blocks per pulse of the fused coordinate and force kernels.
@@ -637,6 +692,18 @@ mod tests {
             assert!(g.coords() <= 3 && g.forces() <= 3 && g.tma() <= 3, "{elem}-byte elements: {g:?}");
             assert!(g.per_pulse(60_000, 2) <= 6, "{g:?}");
         }
+    }
+
+    #[test]
+    fn headroom_grows_atoms_and_slots_and_holds_compares_all_three() {
+        let s = SharedSizes { atoms: 1000, pulses: 2, slot_atoms: 128 };
+        let h = s.with_headroom(0.25);
+        assert_eq!((h.atoms, h.pulses, h.slot_atoms), (1250, 2, 192), "slots stay multiples of {SLOT_ATOMS}");
+        assert_eq!(s.with_headroom(0.0), s);
+        assert!(h.holds(&s) && h.holds(&h) && !s.holds(&h));
+        assert!(!h.holds(&SharedSizes { pulses: 3, ..s }), "another pulse count never fits");
+        assert!(!h.holds(&SharedSizes { atoms: 1251, ..s }));
+        assert!(!h.holds(&SharedSizes { slot_atoms: 256, ..s }));
     }
 
     #[test]
