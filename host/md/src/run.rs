@@ -7,7 +7,7 @@ use crate::abi::Float3;
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
 use crate::exchange::pe::PathPolicy;
-use crate::exchange::{Exchange, Placement, RankExchange, Transport, reference};
+use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
 use crate::gpu::{DeviceMemory, KernelModule};
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
@@ -85,6 +85,11 @@ pub struct MdOutcome {
     /// GPU time per step (µs) of each window of steps between two search steps that had no
     /// checked step, on rank 0's local stream (the step's end), in order.
     pub window_step_us: Vec<f64>,
+    /// What the router chose for the ranks of this process at the last re-decomposition (empty
+    /// without routing).
+    pub routes: Vec<crate::route::RoutedSummary>,
+    /// Windows of steps run again after a safe point found a failure (routing only).
+    pub reruns: u64,
 }
 
 impl MdOutcome {
@@ -174,7 +179,8 @@ pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], progress: impl F
     run(cfg, &Placement::Local(modules.to_vec()), progress)
 }
 
-/// One rank per NVSHMEM PE (started by `halo launch`), reaching peers as `cfg.path_policy` says.
+/// One rank per NVSHMEM PE (started by `halo launch`, mpirun or srun), reaching peers as
+/// `cfg.path_policy` says.
 pub fn run_pe(cfg: &MdConfig, session: &PeSession, progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
     run(cfg, &Placement::pe(session, cfg.path_policy), progress)
 }
@@ -190,8 +196,36 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
     let started = Instant::now();
     let mut state: Option<(Domain, Box<dyn Exchange>, Vec<MdRank>)> = None;
     let mut window: Option<u64> = None;
-    for step in 0..cfg.steps {
-        if step % cfg.nstlist.max(1) == 0 {
+    // Routed paths (the default): a router with agreed failover; safe points at every search step,
+    // every checked step and the end; a failure rolls back to the last search step.
+    let mut routing = match cfg.path_policy {
+        PathPolicy::Routed => Some(Routing::new(placement, cfg.grid.num_ranks(), &[])?),
+        _ => None,
+    };
+    let mut rollback = Rollback::default();
+    let mut step = 0u64;
+    loop {
+        let search = step % cfg.nstlist.max(1) == 0;
+        let end = step == cfg.steps;
+        if let (Some(r), Some((_, x, md))) = (routing.as_mut(), state.as_mut())
+            && step > 0
+            && (search || end)
+        {
+            // Safe point: the steps since the last search step are settled before anything of
+            // them leaves the GPUs.
+            settle(r, x.finish())?;
+            for m in md.iter() {
+                m.synchronize()?;
+            }
+            if r.safe_point()?.rerun {
+                rollback.restore(&mut state, &mut system, &mut out, &mut step, &mut window)?;
+                continue;
+            }
+        }
+        if end {
+            break;
+        }
+        if search {
             if let Some((domain, x, md)) = state.take() {
                 // Gather home coordinates and velocities back into the system (a search step).
                 let mut mine = Vec::with_capacity(md.len());
@@ -203,8 +237,18 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
                 scatter_home(&domain, &all.iter().map(|p| p[1].clone()).collect::<Vec<_>>(), &mut system.velocities);
                 drop((x, md)); // freed in the same order on every PE (collective)
             }
+            if routing.is_some() {
+                rollback.save(&system, &out, step);
+            }
             let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
-            let mut x = placement.exchange::<Float3>(domain.halos.clone())?;
+            let mut x = match routing.as_mut() {
+                Some(r) => {
+                    r.plan::<Float3>(&domain.halos)?;
+                    out.routes = r.local_summaries()?;
+                    placement.exchange_planned::<Float3>(domain.halos.clone(), r.plans())?
+                }
+                None => placement.exchange::<Float3>(domain.halos.clone())?,
+            };
             x.set_wait_timeout(cfg.wait_timeout);
             x.check_transport(cfg.transport)?;
             let homes = domain.home_values(&system.positions);
@@ -225,18 +269,40 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
             window = Some(step);
             md[0].mark_window_start()?;
         }
+        // An injected failure (HALO_INJECT_FAILURE) skips this step's halo launches here.
+        let injected = routing.as_ref().map_or_else(Vec::new, |r| r.injected(step));
         for (i, m) in md.iter().enumerate() {
             m.begin_step(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
-        x.exchange_forward(cfg.transport)?;
+        if injected.is_empty() {
+            x.exchange_forward(cfg.transport)?;
+        }
         for (i, m) in md.iter().enumerate() {
             m.nonlocal_forces(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
-        x.exchange_reverse_accumulate(cfg.transport)?;
+        if injected.is_empty() {
+            x.exchange_reverse_accumulate(cfg.transport)?;
+        }
+        if let Some(r) = routing.as_mut() {
+            for (rank, peers) in &injected {
+                eprintln!("route: injected failure: rank {rank} skips step {step}'s halo towards {peers:?}");
+                r.record_launch_failure(*rank, peers);
+            }
+        }
         if cfg.checks_step(step) {
-            x.finish()?;
+            match routing.as_mut() {
+                Some(r) => settle(r, x.finish())?,
+                None => x.finish()?,
+            }
             for m in md.iter() {
                 m.synchronize()?;
+            }
+            // A safe point before the check: a failure anywhere means this window runs again.
+            if let Some(r) = routing.as_mut()
+                && r.safe_point()?.rerun
+            {
+                rollback.restore(&mut state, &mut system, &mut out, &mut step, &mut window)?;
+                continue;
             }
             let c = check_step(cfg, placement, &mut system, domain, x.as_ref(), step)?;
             out.worst.merge(c);
@@ -253,6 +319,7 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
             window = None;
         }
         out.steps += 1;
+        step += 1;
     }
     if let Some((_, mut x, md)) = state {
         x.finish()?;
@@ -263,6 +330,61 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
     }
     out.wall = started.elapsed();
     Ok(out)
+}
+
+/// A failed finish under routing: a device wait timeout is recorded for the next safe point (the
+/// window then runs again); any other error ends the run.
+fn settle(routing: &mut Routing, finished: Result<()>) -> Result<()> {
+    match finished {
+        Err(e) if !routing.record_error(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The state at the last search step (positions, velocities, outcome so far): what a safe point
+/// that found a failure rolls back to, on every PE alike.
+#[derive(Default)]
+struct Rollback {
+    saved: Option<(Vec<Float3>, Vec<Float3>, MdOutcome, u64)>,
+    attempts: u32,
+}
+
+impl Rollback {
+    fn save(&mut self, system: &MolecularSystem, out: &MdOutcome, step: u64) {
+        if self.saved.as_ref().is_some_and(|s| s.3 != step) {
+            self.attempts = 0; // a new window
+        }
+        self.saved = Some((system.positions.clone(), system.velocities.clone(), out.clone(), step));
+    }
+
+    /// Drops the exchange (collectively) and puts the run back to the last search step.
+    fn restore(
+        &mut self,
+        state: &mut Option<(Domain, Box<dyn Exchange>, Vec<MdRank>)>,
+        system: &mut MolecularSystem,
+        out: &mut MdOutcome,
+        step: &mut u64,
+        window: &mut Option<u64>,
+    ) -> Result<()> {
+        let (pos, vel, saved, at) = self.saved.clone().ok_or_else(|| HaloError::InvalidInput("a safe point before any state was saved".into()))?;
+        self.attempts += 1;
+        if self.attempts > crate::exchange::routing::MAX_RERUNS {
+            return Err(HaloError::InvalidInput(format!(
+                "steps {at}..{} failed {} times in a row after agreed failovers; giving up",
+                *step,
+                self.attempts
+            )));
+        }
+        eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", *step);
+        *state = None; // freed in the same order on every PE (collective)
+        system.positions = pos;
+        system.velocities = vel;
+        let reruns = out.reruns + 1;
+        *out = MdOutcome { reruns, ..saved };
+        *step = at;
+        *window = None;
+        Ok(())
+    }
 }
 
 /// A checked step, after the exchange finished: every rank's coordinates against the exchange's

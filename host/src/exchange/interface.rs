@@ -8,6 +8,9 @@
 //! global rank [`RankExchange::rank`], and runs on [`Exchange::streams`]`()[i]`. Collective
 //! operations ([`Exchange::barrier`], [`Placement::all_gather`]) are no-ops or identities in one
 //! process; across PEs every PE must call them in the same order.
+//!
+//! Paths are the router's by default ([`PathPolicy::Routed`]); a driver that feeds failures back
+//! keeps a [`super::routing::Routing`] and builds with [`Placement::exchange_planned`].
 
 use super::local::LocalRanks;
 use super::pe::{PathPolicy, PeExchange};
@@ -16,7 +19,6 @@ use super::spec::RankHalo;
 use super::{Element, Transport};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
-use crate::launch::rendezvous;
 use crate::nvshmem::Nvshmem;
 use crate::session::PeSession;
 use kernels_gpu::abi::Float3;
@@ -49,6 +51,12 @@ pub trait Exchange<T: Element = Float3> {
     /// run again from step 0 (after a timeout, or before replaying captured steps). Across PEs it
     /// is fenced by barriers: no PE resets while a peer still runs, none runs before all reset.
     fn reset_protocol(&mut self) -> Result<()>;
+
+    /// What the router chose for each local rank (empty when no router decided: `Auto`,
+    /// `ForcePut`, [`LocalRanks::direct`]).
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        Vec::new()
+    }
 
     /// Sets the deadline of every device wait of the local ranks.
     fn set_wait_timeout(&mut self, timeout: Duration) {
@@ -99,6 +107,9 @@ impl<T: Element> Exchange<T> for LocalRanks<T> {
     fn reset_protocol(&mut self) -> Result<()> {
         LocalRanks::reset_protocol(self)
     }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        LocalRanks::routes(self).to_vec()
+    }
 }
 
 impl<T: Element> Exchange<T> for PeExchange<T> {
@@ -132,13 +143,16 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     fn reset_protocol(&mut self) -> Result<()> {
         PeExchange::reset_protocol(self)
     }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        PeExchange::routes(self).cloned().into_iter().collect()
+    }
 }
 
 /// Where the ranks of a decomposition run, and so which exchange serves them.
 #[derive(Clone)]
 pub enum Placement {
     /// Every rank in this process: rank `r` on `modules[r % modules.len()]` (one loaded module per
-    /// GPU), exchanged by [`LocalRanks`].
+    /// GPU), exchanged by [`LocalRanks`] with the router's paths ([`LocalRanks::new`]).
     Local(Vec<Arc<KernelModule>>),
     /// One rank per NVSHMEM PE, this process being PE `nvshmem.my_pe()`, exchanged by
     /// [`PeExchange`] (every PE builds the same exchanges in the same order).
@@ -168,7 +182,8 @@ impl Placement {
     }
 
     /// The exchange of `halos` (every rank's, the same complete list on every PE) for the ranks
-    /// placed here. Collective across PEs.
+    /// placed here: in one process with the router's paths, across PEs as the placement's policy
+    /// says (the router's by default). Collective across PEs.
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
         Ok(match self {
             Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
@@ -176,17 +191,39 @@ impl Placement {
         })
     }
 
+    /// The exchange of `halos` following `plans` (every rank's, from a
+    /// [`super::routing::Routing`]): what a driver that feeds failures back builds, again after a
+    /// safe point switched pairs. Collective across PEs.
+    pub fn exchange_planned<T: Element>(&self, halos: Vec<RankHalo>, plans: &[crate::route::RoutedPaths]) -> Result<Box<dyn Exchange<T>>> {
+        Ok(match self {
+            Placement::Local(modules) => Box::new(LocalRanks::<T>::with_plans(halos, modules, plans)?),
+            Placement::Pe { nvshmem, module, .. } => {
+                let mine = plans.get(nvshmem.my_pe()).ok_or_else(|| HaloError::InvalidInput(format!("no plan for PE {}", nvshmem.my_pe())))?;
+                let policy = PathPolicy::Planned(mine.clone().leak());
+                Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, policy)?)
+            }
+        })
+    }
+
+    /// The path policy across PEs (ranks in one process are always routed).
+    pub fn policy(&self) -> PathPolicy {
+        match self {
+            Placement::Local(_) => PathPolicy::Routed,
+            Placement::Pe { policy, .. } => *policy,
+        }
+    }
+
     /// Every rank's bytes, indexed by rank, from `mine` (one entry per local rank, in
     /// [`Exchange::local_ranks`] order): `mine` itself in one process; across PEs an all-gather
-    /// under `tag` through `halo launch`'s rendezvous (small host data: search steps, checks).
+    /// through NVSHMEM ([`Nvshmem::all_gather_bytes`]), so it works under every launcher and across
+    /// nodes (small host data: search steps, checks). `tag` names it in errors.
     pub fn all_gather(&self, tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         match self {
             Placement::Local(_) => Ok(mine),
-            Placement::Pe { .. } => {
+            Placement::Pe { nvshmem, .. } => {
                 let [one] = <[Vec<u8>; 1]>::try_from(mine)
                     .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
-                rendezvous::all_gather(tag, &one)
-                    .map_err(|e| HaloError::InvalidInput(format!("gathering {tag} across PEs (needs `halo launch`): {e}")))
+                nvshmem.all_gather_bytes(&one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
             }
         }
     }

@@ -20,11 +20,43 @@ pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
     ranks: Vec<RankExchange<T>>,
     streams: Vec<Arc<CudaStream>>,
     host_syncs: u64,
+    routes: Vec<crate::route::RoutedSummary>,
 }
 
 impl<T: Element> LocalRanks<T> {
-    /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU).
+    /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU),
+    /// with the paths the router chooses ([`crate::route::plan_local_ranks`]'s planning: the GPUs'
+    /// facts, each rank's router, both ends of every pair agreeing): pulses whose pair chose
+    /// `nvlink-tma` copy in bulk inside the fused kernel, the others store. [`Self::direct`] stores
+    /// everywhere without asking the router.
     pub fn new(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
+        let placement = super::Placement::Local(modules.to_vec());
+        let mut routing = super::routing::Routing::new(&placement, halos.len(), &[])?;
+        let plans = routing.plan::<T>(&halos)?.to_vec();
+        Self::with_plans(halos, modules, &plans)
+    }
+
+    /// [`Self::new`] with every rank's plan given (`plans[r]` is rank `r`'s, from a
+    /// [`super::routing::Routing`] that feeds failures back).
+    pub fn with_plans(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], plans: &[crate::route::RoutedPaths]) -> Result<Self> {
+        if plans.len() != halos.len() || plans.iter().enumerate().any(|(r, p)| p.self_pe != r) {
+            return Err(HaloError::InvalidInput(format!("{} plans for {} ranks (plan r must be rank r's)", plans.len(), halos.len())));
+        }
+        let mut this = Self::direct(halos, modules)?;
+        for (rank, plan) in this.ranks.iter_mut().zip(plans) {
+            if plan.peers.iter().flatten().any(|t| *t == crate::route::Transport::NvshmemPut) {
+                return Err(HaloError::InvalidInput(format!("rank {}: ranks in one process have no NVSHMEM, but the plan puts", plan.self_pe)));
+            }
+            let bulk = plan.bulk_pulses(rank.halo());
+            rank.set_bulk_pulses(&bulk)?;
+        }
+        this.routes = plans.iter().map(|p| p.summary()).collect::<std::result::Result<_, _>>()?;
+        Ok(this)
+    }
+
+    /// The ranks' exchanges with direct stores to every peer (no router), rank `r` on GPU
+    /// `r % modules.len()`.
+    pub fn direct(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
         validate(&halos)?;
         if modules.is_empty() {
             return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
@@ -55,7 +87,7 @@ impl<T: Element> LocalRanks<T> {
             // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
             rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
         }
-        let mut this = Self { ranks, streams, host_syncs: 0 };
+        let mut this = Self { ranks, streams, host_syncs: 0, routes: Vec::new() };
         this.fit_residency(modules.len())?;
         Ok(this)
     }
@@ -78,6 +110,11 @@ impl<T: Element> LocalRanks<T> {
             r.cap_grids(per_pulse);
         }
         Ok(())
+    }
+
+    /// What the router chose for every rank (empty for [`Self::direct`]).
+    pub fn routes(&self) -> &[crate::route::RoutedSummary] {
+        &self.routes
     }
 
     /// The ranks.

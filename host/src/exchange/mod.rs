@@ -44,6 +44,7 @@ pub mod pe;
 pub mod proxy;
 pub mod rank;
 pub mod reference;
+pub mod routing;
 pub mod spec;
 pub mod synthetic;
 
@@ -51,6 +52,7 @@ pub use interface::{Exchange, Placement};
 pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};
+pub use routing::{Routing, SafeOutcome};
 pub use spec::{PulseSpec, RankHalo};
 
 use kernels_gpu::abi::{HaloElement, WaitKind};

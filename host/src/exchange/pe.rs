@@ -14,16 +14,46 @@ use std::sync::Arc;
 /// How pulses reach their peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PathPolicy {
-    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere.
+    /// The router decides (the default): when the exchange is built, every PE's facts are
+    /// all-gathered through NVSHMEM (once per process), the router plans this PE's pulses from
+    /// their sizes, the plans are all-gathered and checked symmetric, and the exchange follows
+    /// the plan as [`PathPolicy::Planned`] does. Drivers that feed failures back keep their own
+    /// router ([`super::routing::Routing`]) and pass its plans as `Planned`.
     #[default]
+    Routed,
+    /// Per peer as a router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
+    /// `nvlink-store` stores and `nvlink-tma` copies in bulk (per pulse, inside one fused launch)
+    /// through the peer's `nvshmem_ptr` view, `staged` uses the view too (falling back to puts,
+    /// with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
+    /// reference ([`crate::route::RoutedPaths::leak`], made once per plan) keeps the policy `Copy`.
+    Planned(&'static crate::route::RoutedPaths),
+    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere (no router).
     Auto,
     /// NVSHMEM put + signal for every pulse, even between NVLink peers (exercises the network path).
     ForcePut,
-    /// Per peer as the router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
-    /// `nvlink-store`, `nvlink-tma` and `staged` use the peer's `nvshmem_ptr` view (falling back to
-    /// puts, with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
-    /// reference ([`crate::route::RoutedPaths::leak`], made once per run) keeps the policy `Copy`.
-    Routed(&'static crate::route::RoutedPaths),
+}
+
+impl PathPolicy {
+    /// Parses a policy name as the commands' `--paths` takes it: `routed`, `auto` or `force-put`
+    /// (a plan cannot be named).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "routed" | "" => Ok(Self::Routed),
+            "auto" => Ok(Self::Auto),
+            "force-put" => Ok(Self::ForcePut),
+            other => Err(HaloError::InvalidInput(format!("--paths {other:?}: use routed (the router decides, the default), auto (stores wherever mapped) or force-put"))),
+        }
+    }
+
+    /// The name [`Self::parse`] takes (`planned` for a plan).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Routed => "routed",
+            Self::Planned(_) => "planned",
+            Self::Auto => "auto",
+            Self::ForcePut => "force-put",
+        }
+    }
 }
 
 /// How pulses on the NVSHMEM put path signal their peer (issue 19). Only pulses whose peer is
@@ -87,6 +117,7 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     halos: Vec<RankHalo>,
     stream: Arc<CudaStream>,
     host_syncs: u64,
+    routes: Option<crate::route::RoutedSummary>,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -106,7 +137,7 @@ impl<T: Element> PeExchange<T> {
     ///     synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 1000, send_fraction: 0.3, box_len: 5.0 },
     ///     1,
     /// );
-    /// let mut pe = PeExchange::<f64>::new(s.nvshmem.clone(), s.module.clone(), halos, PathPolicy::Auto)?;
+    /// let mut pe = PeExchange::<f64>::new(s.nvshmem.clone(), s.module.clone(), halos, PathPolicy::Routed)?;
     /// pe.exchange_forward(Transport::Fused)?;
     /// pe.exchange_reverse_accumulate(Transport::Fused)?;
     /// pe.finish()?;
@@ -131,20 +162,30 @@ impl<T: Element> PeExchange<T> {
             return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
         }
         let me = nvshmem.my_pe();
+        let policy = match policy {
+            PathPolicy::Routed => {
+                // Collective like the rest of the constructor: facts (once), plans all-gathered.
+                let placement = super::Placement::Pe { nvshmem: nvshmem.clone(), module: module.clone(), policy };
+                let mut routing = super::routing::Routing::new(&placement, halos.len(), &[])?;
+                let plan = routing.plan::<T>(&halos)?[me].clone();
+                PathPolicy::Planned(plan.leak())
+            }
+            p => p,
+        };
         let sizes = SharedSizes::of(&halos);
         let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
         let local = rank.local_view();
         let view = |peer: usize| -> Option<PeerView> {
             match &policy {
                 PathPolicy::ForcePut => return None,
-                PathPolicy::Routed(paths) => {
+                PathPolicy::Planned(paths) => {
                     // A plan made for another PE would pair the wrong peers: a caller bug.
                     debug_assert_eq!(paths.self_pe, me, "routed paths planned for another PE");
                     if !paths.direct(peer) {
                         return None;
                     }
                 }
-                PathPolicy::Auto => {}
+                PathPolicy::Auto | PathPolicy::Routed => {}
             }
             let mapped = (|| {
                 Some(PeerView {
@@ -153,7 +194,7 @@ impl<T: Element> PeExchange<T> {
                     recv_buf: nvshmem.peer_ptr(local.recv_buf, peer)?,
                 })
             })();
-            if let (None, PathPolicy::Routed(paths)) = (&mapped, &policy) {
+            if let (None, PathPolicy::Planned(paths)) = (&mapped, &policy) {
                 tracing::warn!(
                     "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
                     paths.transport(peer).map_or("-", |t| t.name())
@@ -163,6 +204,15 @@ impl<T: Element> PeExchange<T> {
         };
         let mode = signaling.resolve(std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok().as_deref());
         rank.install(&view, &super::credits::flags(&halos)[me], mode)?;
+        let mut routes = None;
+        if let PathPolicy::Planned(paths) = policy {
+            // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
+            // installed (stores where mapped, puts elsewhere).
+            let mapped: Vec<bool> = rank.coord_paths().iter().map(|p| *p != kernels_gpu::abi::CoordPath::Put).collect();
+            let bulk: Vec<bool> = paths.bulk_pulses(&halos[me]).iter().zip(&mapped).map(|(b, m)| *b && *m).collect();
+            rank.set_bulk_pulses(&bulk)?;
+            routes = Some(paths.summary()?);
+        }
         if rank.any_put() && !module.nvshmem_registered() {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
@@ -170,7 +220,12 @@ impl<T: Element> PeExchange<T> {
         rank.cap_grids(sms * per_sm / halos[me].pulses.len().max(1) as u32);
         let stream = super::rank::halo_stream(module.context())?;
         nvshmem.barrier_all()?;
-        Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0 })
+        Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0, routes })
+    }
+
+    /// What the router chose for this PE (routed and planned policies), for run outputs.
+    pub fn routes(&self) -> Option<&crate::route::RoutedSummary> {
+        self.routes.as_ref()
     }
 
     /// This PE's rank exchange (buffers, status).

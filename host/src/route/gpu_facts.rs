@@ -609,6 +609,18 @@ pub fn local_rank_facts(n_ranks: usize, gpus: usize) -> Result<(Vec<PeFacts>, Ve
     Ok((facts, found))
 }
 
+/// The facts of GPUs `ordinals` of this process (one entry each, in order), with this host's
+/// name and Slurm placement: what ranks of one process placed on those GPUs report.
+pub fn gpu_facts_of(ordinals: &[usize]) -> Result<Vec<PeFacts>, DiscoveryError> {
+    let probe = DriverProbe::new()?;
+    let host = hostname();
+    let placement = slurm_placement();
+    ordinals
+        .iter()
+        .map(|&g| Ok(probed_facts(&probe, g, &host, &probe.uuid(g)?, &probe_links(&probe, g)?, placement.clone())))
+        .collect()
+}
+
 /// Every PE's facts, indexed by PE, exchanged through `halo launch`'s rendezvous under `tag`
 /// (each tag once per run). One PE alone gets its own facts back.
 pub fn gather(tag: &str, mine: &PeFacts) -> Result<Vec<PeFacts>, DiscoveryError> {

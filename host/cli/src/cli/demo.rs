@@ -50,6 +50,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         seed: 1,
         wait_timeout_ms: 5000,
         force_put: false,
+        paths: halo::exchange::PathPolicy::Routed,
         gpus: None,
     };
     super::verify::run(verify)

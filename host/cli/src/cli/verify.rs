@@ -47,9 +47,16 @@ pub struct VerifyArgs {
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
-    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only).
+    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only;
+    /// the same as `--paths force-put`).
     #[arg(long)]
     pub force_put: bool,
+    /// How pulses reach their peers: `routed` (the router decides; failures are agreed at safe
+    /// points, every search and checked step, and the window since the last search step runs
+    /// again), `auto` (stores wherever mapped, puts elsewhere), `force-put`. Per-pair overrides:
+    /// HALO_ROUTE_OVERRIDE, HALO_FORCE_TRANSPORT; HALO_INJECT_FAILURE makes a transport fail.
+    #[arg(long, default_value = "routed", value_parser = |s: &str| PathPolicy::parse(s).map_err(|e| e.to_string()))]
+    pub paths: PathPolicy,
     /// GPUs to spread the ranks over in one process (default: all visible).
     #[arg(long)]
     pub gpus: Option<usize>,
@@ -69,12 +76,18 @@ impl VerifyArgs {
             transport: self.transport,
             check_every: self.check_every,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
-            path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
+            path_policy: if self.force_put { PathPolicy::ForcePut } else { self.paths },
         }
     }
 }
 
 fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) {
+    for r in &o.routes {
+        println!("route: {r}");
+    }
+    if o.reruns > 0 {
+        println!("{who}: {} window(s) of steps ran again after agreed failures", o.reruns);
+    }
     if let Some(us) = o.median_step_us() {
         let mut v = o.window_step_us.clone();
         v.sort_by(f64::total_cmp);
@@ -111,9 +124,18 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let cfg = args.config();
     if let Some(env) = RankEnv::from_env().filter(|e| e.nranks > 1) {
         if env.nranks != args.ranks.num_ranks() {
-            bail!("--ranks {} has {} ranks but {} processes were started: use `halo launch -n {}`", args.ranks, args.ranks.num_ranks(), env.nranks, args.ranks.num_ranks());
+            bail!(
+                "--ranks {} has {} ranks but {} processes were started: start {} (`halo launch -n {}`, `mpiexec -n {}`)",
+                args.ranks,
+                args.ranks.num_ranks(),
+                env.nranks,
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks()
+            );
         }
         let rank = env.rank;
+        println!("PE {rank} of {} started by {} ({} bootstrap), paths: {}", env.nranks, env.source, env.bootstrap.describe(), cfg.path_policy.name());
         let session = PeSession::start(env, None).context("starting NVSHMEM")?;
         let outcome = md::run_pe(&cfg, &session, |_, _| {}).with_context(|| format!("rank {rank}"))?;
         report(&args, &format!("PE {rank}"), &outcome);
