@@ -176,7 +176,7 @@ fn scatter_home(domain: &Domain, homes: &[Vec<Float3>], out: &mut [Float3]) {
 
 /// All ranks in this process, rank `r` on GPU `r % modules.len()`.
 pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
-    run(cfg, &Placement::Local(modules.to_vec()), progress)
+    run(cfg, &Placement::Local(modules.to_vec()).with_policy(cfg.path_policy), progress)
 }
 
 /// One rank per NVSHMEM PE (started by `halo launch`, mpirun or srun), reaching peers as

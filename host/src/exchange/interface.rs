@@ -154,6 +154,10 @@ pub enum Placement {
     /// Every rank in this process: rank `r` on `modules[r % modules.len()]` (one loaded module per
     /// GPU), exchanged by [`LocalRanks`] with the router's paths ([`LocalRanks::new`]).
     Local(Vec<Arc<KernelModule>>),
+    /// Every rank in this process as [`Placement::Local`], with direct stores to every peer and
+    /// no router ([`LocalRanks::direct`]): what `with_policy(Auto)` makes of a local placement
+    /// (calibration measures one path at a time this way).
+    LocalDirect(Vec<Arc<KernelModule>>),
     /// One rank per NVSHMEM PE, this process being PE `nvshmem.my_pe()`, exchanged by
     /// [`PeExchange`] (every PE builds the same exchanges in the same order).
     Pe {
@@ -172,12 +176,24 @@ impl Placement {
         Placement::Pe { nvshmem: session.nvshmem.clone(), module: session.module.clone(), policy }
     }
 
-    /// The same placement with another path policy (PEs only; ranks in one process reach every
-    /// peer directly).
+    /// The same placement with another path policy. Ranks in one process follow the router
+    /// (`Routed`, `Planned`) or store directly to every peer (`Auto`, `ForcePut`: they have no
+    /// NVSHMEM to put with).
     pub fn with_policy(&self, policy: PathPolicy) -> Self {
         match self {
-            Placement::Local(m) => Placement::Local(m.clone()),
+            Placement::Local(m) | Placement::LocalDirect(m) => match policy {
+                PathPolicy::Routed | PathPolicy::Planned(_) => Placement::Local(m.clone()),
+                PathPolicy::Auto | PathPolicy::ForcePut => Placement::LocalDirect(m.clone()),
+            },
             Placement::Pe { nvshmem, module, .. } => Placement::Pe { nvshmem: nvshmem.clone(), module: module.clone(), policy },
+        }
+    }
+
+    /// The loaded modules of a placement in one process (rank `r` on `modules[r % len]`).
+    pub fn local_modules(&self) -> Option<&[Arc<KernelModule>]> {
+        match self {
+            Placement::Local(m) | Placement::LocalDirect(m) => Some(m),
+            Placement::Pe { .. } => None,
         }
     }
 
@@ -187,6 +203,7 @@ impl Placement {
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
         Ok(match self {
             Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
+            Placement::LocalDirect(modules) => Box::new(LocalRanks::<T>::direct(halos, modules)?),
             Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, *policy)?),
         })
     }
@@ -196,7 +213,7 @@ impl Placement {
     /// safe point switched pairs. Collective across PEs.
     pub fn exchange_planned<T: Element>(&self, halos: Vec<RankHalo>, plans: &[crate::route::RoutedPaths]) -> Result<Box<dyn Exchange<T>>> {
         Ok(match self {
-            Placement::Local(modules) => Box::new(LocalRanks::<T>::with_plans(halos, modules, plans)?),
+            Placement::Local(modules) | Placement::LocalDirect(modules) => Box::new(LocalRanks::<T>::with_plans(halos, modules, plans)?),
             Placement::Pe { nvshmem, module, .. } => {
                 let mine = plans.get(nvshmem.my_pe()).ok_or_else(|| HaloError::InvalidInput(format!("no plan for PE {}", nvshmem.my_pe())))?;
                 let policy = PathPolicy::Planned(mine.clone().leak());
@@ -209,6 +226,7 @@ impl Placement {
     pub fn policy(&self) -> PathPolicy {
         match self {
             Placement::Local(_) => PathPolicy::Routed,
+            Placement::LocalDirect(_) => PathPolicy::Auto,
             Placement::Pe { policy, .. } => *policy,
         }
     }
@@ -219,7 +237,7 @@ impl Placement {
     /// nodes (small host data: search steps, checks). `tag` names it in errors.
     pub fn all_gather(&self, tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         match self {
-            Placement::Local(_) => Ok(mine),
+            Placement::Local(_) | Placement::LocalDirect(_) => Ok(mine),
             Placement::Pe { nvshmem, .. } => {
                 let [one] = <[Vec<u8>; 1]>::try_from(mine)
                     .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;

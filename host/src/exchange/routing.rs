@@ -126,7 +126,7 @@ impl Routing {
     pub fn new(placement: &Placement, n_ranks: usize, overrides: &[String]) -> Result<Self> {
         let config = paths::route_config(overrides).map_err(PathError::from)?;
         let (mut routers, nvshmem) = match placement {
-            Placement::Local(modules) => {
+            Placement::Local(modules) | Placement::LocalDirect(modules) => {
                 let ordinals: Vec<usize> = modules.iter().map(|m| m.context().ordinal()).collect();
                 (paths::local_routers(&local_facts(&ordinals, n_ranks)?, &config)?, None)
             }

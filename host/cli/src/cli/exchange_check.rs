@@ -164,7 +164,7 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         halos[0].pulses.len(),
         args.policy().name()
     );
-    let placement = Placement::Local(modules);
+    let placement = Placement::Local(modules).with_policy(args.policy());
     let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
     check(args, &halos, &placement, routing, false)
 }
