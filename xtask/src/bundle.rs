@@ -11,13 +11,18 @@ use std::path::{Path, PathBuf};
 
 /// The bundle travels to the GPU machines, whose copy limit is 64 MiB; stay well under it.
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
+/// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB, Open MPI's
+/// launcher, libraries and data about 17 MiB); the whole must still travel.
+const MAX_MPI_BYTES: u64 = 22 << 20;
+/// The copy limit of the GPU machines, working tree included.
+const MAX_CARRIED_BYTES: u64 = 62 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
 const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "gpu_nbnxm", "stencil3d_gpu"];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d"];
 
-pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
+pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, with_mpi: bool) -> Result<()> {
     let root = crate::workspace_root();
     let bundle = root.join("target/bundle");
     if bundle.exists() {
@@ -42,7 +47,15 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
     if size > MAX_BUNDLE_BYTES {
         bail!("the bundle is {} MiB, over the {} MiB budget", size >> 20, MAX_BUNDLE_BYTES >> 20);
     }
-    eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), size as f64 / (1 << 20) as f64);
+    let mut total = size;
+    if with_mpi {
+        let mpi = crate::mpi::copy_for_bundle(&bundle.join("mpi"))?;
+        if mpi > MAX_MPI_BYTES || size + mpi > MAX_CARRIED_BYTES {
+            bail!("the MPI launchers take {} MiB (budget {} MiB), the bundle {} MiB in all (at most {} MiB travel)", mpi >> 20, MAX_MPI_BYTES >> 20, (size + mpi) >> 20, MAX_CARRIED_BYTES >> 20);
+        }
+        total += mpi;
+    }
+    eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), total as f64 / (1 << 20) as f64);
     Ok(())
 }
 
