@@ -149,6 +149,20 @@ impl Routing {
         Ok(Self { routers, nvshmem, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0 })
     }
 
+    /// Routing for ranks of one process with routers the caller built (`routers[r]` serves rank
+    /// `r`, over one topology: [`crate::route::local_routers`]), put in agreed mode; `injection`
+    /// as `HALO_INJECT_FAILURE` would give it. What [`Self::new`] makes for a local placement,
+    /// without probing GPUs (tests drive the whole failover on the CPU this way).
+    pub fn with_routers(mut routers: Vec<Router>, injection: Option<FailureInjection>) -> Result<Self> {
+        if routers.iter().enumerate().any(|(r, x)| x.self_pe() != r) || routers.is_empty() {
+            return Err(HaloError::InvalidInput("routers must serve ranks 0, 1, ... in order".into()));
+        }
+        for r in &mut routers {
+            r.set_feedback(Feedback::Agreed);
+        }
+        Ok(Self { routers, nvshmem: None, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0 })
+    }
+
     /// Plans `halos` (every rank's) with values of type `T`: every rank's paths, checked
     /// symmetric (across PEs: replayed for each peer, then all-gathered and compared).
     /// Collective across PEs.
