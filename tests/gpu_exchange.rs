@@ -22,38 +22,41 @@ fn shape(grid: [usize; 3], pulses: usize, home: usize) -> SyntheticShape {
     SyntheticShape { grid, pulses_per_dim: pulses, home_atoms: home, send_fraction: 0.35, box_len: 7.7 }
 }
 
+/// One step on `ranks`: poisoned outputs, fresh random values (from `seed`), coordinates and
+/// forces exchanged with `transport`, checked against the CPU reference (coordinates bit-exact).
+fn exchange_and_check(test: &str, ranks: &mut LocalRanks, halos: &[RankHalo], transport: Transport, step: u64, seed: u64) {
+    let home = synthetic::random_values(halos, seed, true);
+    let forces = synthetic::random_values(halos, seed + 4000, false);
+    for (r, rank) in ranks.ranks().iter().enumerate() {
+        rank.x.fill_bytes(0xFF).unwrap();
+        rank.upload_coordinates(&home[r]).unwrap();
+        rank.f.fill_bytes(0xFF).unwrap();
+        rank.f.copy_from_host(&forces[r]).unwrap();
+    }
+    ranks.launch_coordinates(transport).unwrap();
+    ranks.launch_forces(transport).unwrap();
+    ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
+    let want_x = reference::coordinates(halos, &home);
+    for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
+        assert_eq!(bits(got), bits(&want_x[r]), "{test}: coordinates of rank {r} at step {step}");
+    }
+    let want_f = reference::forces(halos, &forces);
+    for (r, got) in ranks.forces().unwrap().iter().enumerate() {
+        for (i, (a, b)) in got.iter().zip(&want_f[r]).enumerate() {
+            for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
+                assert!(approx::relative_eq!(u, v, epsilon = 1e-5, max_relative = 1e-5), "{test}: force {i} of rank {r} at step {step}: {u} vs {v}");
+            }
+        }
+    }
+}
+
 /// Runs `steps` coordinate + force exchanges with fresh random data each step and checks both.
 fn run_protocol(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64) {
     let Some(g) = gpu_or_skip(test) else { return };
     let module = Arc::new(g.module);
     let mut ranks = LocalRanks::new(halos.clone(), &[module]).unwrap();
     for step in 0..steps {
-        let home = synthetic::random_values(&halos, 1000 + step, true);
-        let forces = synthetic::random_values(&halos, 5000 + step, false);
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.x.fill_bytes(0xFF).unwrap();
-            rank.upload_coordinates(&home[r]).unwrap();
-            rank.f.fill_bytes(0xFF).unwrap();
-            rank.f.copy_from_host(&forces[r]).unwrap();
-        }
-        ranks.launch_coordinates(transport).unwrap();
-        ranks.launch_forces(transport).unwrap();
-        ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
-        let want_x = reference::coordinates(&halos, &home);
-        for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
-            assert_eq!(bits(got), bits(&want_x[r]), "{test} {transport:?}: coordinates of rank {r} at step {step}");
-        }
-        let want_f = reference::forces(&halos, &forces);
-        for (r, got) in ranks.forces().unwrap().iter().enumerate() {
-            for (i, (a, b)) in got.iter().zip(&want_f[r]).enumerate() {
-                for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-                    assert!(
-                        approx::relative_eq!(u, v, epsilon = 1e-5, max_relative = 1e-5),
-                        "{test} {transport:?}: force {i} of rank {r} at step {step}: {u} vs {v}"
-                    );
-                }
-            }
-        }
+        exchange_and_check(&format!("{test} {transport:?}"), &mut ranks, &halos, transport, step, 1000 + step);
     }
     if transport.gpu_initiated() {
         // One host wait per step, at the end, for the check: none inside the exchange.
@@ -486,25 +489,7 @@ fn pulses_of_one_rank_take_different_paths_in_one_fused_launch() {
                 assert_eq!(rank.any_bulk(), bulk.contains(&true));
             }
             for step in 0..6u64 {
-                let home = synthetic::random_values(&halos, 7000 + step, true);
-                let forces = synthetic::random_values(&halos, 9000 + step, false);
-                for (r, rank) in ranks.ranks().iter().enumerate() {
-                    rank.x.fill_bytes(0xFF).unwrap();
-                    rank.upload_coordinates(&home[r]).unwrap();
-                    rank.f.copy_from_host(&forces[r]).unwrap();
-                }
-                ranks.launch_coordinates(Transport::Fused).unwrap();
-                ranks.launch_forces(Transport::Fused).unwrap();
-                ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
-                check_coordinates(&format!("{test} step {step}"), &ranks, &halos, &home);
-                let want_f = reference::forces(&halos, &forces);
-                for (r, got) in ranks.forces().unwrap().iter().enumerate() {
-                    for (i, (a, b)) in got.iter().zip(&want_f[r]).enumerate() {
-                        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-                            assert!(approx::relative_eq!(u, v, epsilon = 1e-5, max_relative = 1e-5), "{test}: force {i} of rank {r} at step {step}: {u} vs {v}");
-                        }
-                    }
-                }
+                exchange_and_check(&test, &mut ranks, &halos, Transport::Fused, step, 7000 + step);
             }
         }
     }
@@ -572,17 +557,7 @@ fn routed_plans_mix_paths_per_pulse_in_one_process() {
     assert!(paths.contains(&CoordPath::Bulk) && paths.contains(&CoordPath::Store), "{paths:?}");
     assert_eq!(ranks.routes().len(), 4);
     for step in 0..20 {
-        let home = synthetic::random_values(&halos, 50 + step, true);
-        let forces = synthetic::random_values(&halos, 80 + step, false);
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.x.fill_bytes(0xFF).unwrap();
-            rank.upload_coordinates(&home[r]).unwrap();
-            rank.f.copy_from_host(&forces[r]).unwrap();
-        }
-        ranks.exchange_forward(Transport::Fused).unwrap();
-        ranks.exchange_reverse_accumulate(Transport::Fused).unwrap();
-        ranks.finish().unwrap_or_else(|e| panic!("routed mix step {step}: {e}"));
-        check_coordinates(&format!("routed mix step {step}"), &ranks, &halos, &home);
+        exchange_and_check("routed mix", &mut ranks, &halos, Transport::Fused, step, 50 + step);
     }
     // The library default plans too (LocalRanks::new), and reports what it chose.
     let routed = LocalRanks::<Float3>::new(halos.clone(), &[module]).unwrap();
