@@ -115,3 +115,15 @@ fn the_held_transport_comes_back_when_its_hold_ends() {
     assert_eq!(sp.switched, vec![(0, 1, Some(Transport::NvlinkTma), Some(Transport::NvlinkStore))]);
     assert_eq!((r.plans()[0].transport(1), r.plans()[1].transport(0)), (Some(Transport::NvlinkStore), Some(Transport::NvlinkStore)));
 }
+
+/// A launch that fails with an error (not injected) counts as a failed launch of every local rank
+/// towards every peer of its plan: both ends move at the safe point.
+#[test]
+fn a_failed_launch_moves_the_pairs_of_the_failing_ranks() {
+    let mut r = routing("staged:99");
+    r.record_failed_launch(&HaloError::InvalidInput("launch refused".into()));
+    assert!(r.failed_here());
+    let sp = r.safe_point().unwrap();
+    assert!(sp.rerun && sp.reported == 2, "{sp:?}");
+    assert_eq!(sp.switched, vec![(0, 1, Some(Transport::NvlinkStore), Some(Transport::NvlinkTma))]);
+}

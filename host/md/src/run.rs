@@ -275,13 +275,13 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
             m.begin_step(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
         if injected.is_empty() {
-            x.exchange_forward(cfg.transport)?;
+            launched(routing.as_mut(), x.exchange_forward(cfg.transport))?;
         }
         for (i, m) in md.iter().enumerate() {
             m.nonlocal_forces(&x.local_ranks()[i], &x.streams()[i], &phys)?;
         }
         if injected.is_empty() {
-            x.exchange_reverse_accumulate(cfg.transport)?;
+            launched(routing.as_mut(), x.exchange_reverse_accumulate(cfg.transport))?;
         }
         if let Some(r) = routing.as_mut() {
             for (rank, peers) in &injected {
@@ -330,6 +330,18 @@ pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, 
     }
     out.wall = started.elapsed();
     Ok(out)
+}
+
+/// A failed halo launch under routing is recorded for the next safe point (the window then runs
+/// again on the agreed paths); without routing it ends the run.
+fn launched(routing: Option<&mut Routing>, result: Result<()>) -> Result<()> {
+    match (result, routing) {
+        (Err(e), Some(r)) => {
+            r.record_failed_launch(&e);
+            Ok(())
+        }
+        (result, _) => result,
+    }
 }
 
 /// A failed finish under routing: a device wait timeout is recorded for the next safe point (the

@@ -269,6 +269,19 @@ impl Routing {
         }
     }
 
+    /// A launch of the exchange failed with `e` (a CUDA error on enqueue): recorded as a failed
+    /// launch of every local rank towards every peer of its plan (one launch serves all of a
+    /// rank's pulses), the step marked failed. A driver with failover carries on to the safe
+    /// point, where the pairs move on together; an error that persists fails the rebuild.
+    pub fn record_failed_launch(&mut self, e: &HaloError) {
+        tracing::warn!("route: a launch of the exchange failed: {e}");
+        for rank in self.local_ranks() {
+            let peers: Vec<usize> = self.plans.get(rank).map_or_else(Vec::new, |p| (0..p.peers.len()).filter(|&q| p.transport(q).is_some() && q != rank).collect());
+            self.record_launch_failure(rank, &peers);
+        }
+        self.failed = true;
+    }
+
     /// Takes a failed step's error: a device wait timeout is recorded against the peer that never
     /// signalled (the transport of that pair) and the step is marked failed; returns whether the
     /// error was such a failure (the driver then carries on to the safe point), false for any

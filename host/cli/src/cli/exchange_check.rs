@@ -286,8 +286,15 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
             let injected = routing.as_ref().map_or_else(Vec::new, |r| r.injected(step));
             let before = run.x.host_syncs();
             if injected.is_empty() && !silent {
-                run.x.exchange_forward(transport)?;
-                run.x.exchange_reverse_accumulate(transport)?;
+                let launched = run.x.exchange_forward(transport).and_then(|()| run.x.exchange_reverse_accumulate(transport));
+                match (launched, routing.as_mut()) {
+                    (Ok(()), _) => {}
+                    (Err(e), Some(r)) if failover => {
+                        println!("route: step {step}'s launch failed: {e}; recorded for the safe point");
+                        r.record_failed_launch(&e);
+                    }
+                    (Err(e), _) => return Err(anyhow::Error::new(e).context(format!("{} step {step}", transport.name()))),
+                }
             }
             if let Some(r) = routing.as_mut() {
                 for (rank, peers) in &injected {
