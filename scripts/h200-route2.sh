@@ -16,7 +16,7 @@ OMPIRUN=(env "OPAL_PREFIX=$OMPI" "LD_LIBRARY_PATH=$OMPI/lib:${LD_LIBRARY_PATH:-}
 
 # 1. One fused launch mixing bulk copies, stores (and the router's plans) per pulse, checked
 #    against the CPU reference: three tests, "ok" each.
-run 600 $B/tests/gpu_exchange --test-threads=1 pulses_of_one_rank_take_different_paths mixed_paths_for_every_element_type routed_plans_mix_paths_per_pulse
+HALO_REQUIRE_GPU=1 run 600 $B/tests/gpu_exchange --test-threads=1 pulses_of_one_rank_take_different_paths mixed_paths_for_every_element_type routed_plans_mix_paths_per_pulse
 
 # 2. Routed by default, one process and two PEs: every run prints one `route: PE n: ...` line per
 #    rank (transport, path, level, size, topology hash); bench writes them to the JSON's "routes".
