@@ -388,7 +388,13 @@ impl Rollback {
             )));
         }
         eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", *step);
-        *state = None; // freed in the same order on every PE (collective)
+        // Every PE is alive and idle at a safe point: reset the failed exchange together
+        // (collective, fenced by barriers), then drop it as a healthy one (its symmetric buffers
+        // are freed in the same order on every PE).
+        if let Some((_, mut x, md)) = state.take() {
+            x.reset_protocol()?;
+            drop((x, md));
+        }
         system.positions = pos;
         system.velocities = vel;
         let reruns = out.reruns + 1;

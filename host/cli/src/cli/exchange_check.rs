@@ -357,7 +357,11 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
                     println!("{line}");
                 }
                 let kernel = if follow_router { r.transport()? } else { run.transport };
-                drop(run); // symmetric buffers are freed collectively, in the same order on every PE
+                // Every PE is alive and idle here: reset the failed exchange together (collective,
+                // fenced by barriers), so it is dropped as a healthy one and its symmetric buffers
+                // are freed collectively, in the same order on every PE.
+                run.x.reset_protocol().context("resetting the failed exchange before the rebuild")?;
+                drop(run);
                 run = Run::build(args, halos, placement, Some(r), kernel)?;
                 run.x.check_transport(run.transport).with_context(|| format!("the new plans cannot run {}", run.transport.name()))?;
                 if !kernels.contains(&run.transport) {
