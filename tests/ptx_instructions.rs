@@ -160,6 +160,37 @@ fn bulk_copy_wrappers_lower_to_hopper_instructions() {
     ]);
 }
 
+/// The instructions of the bulk-copy path (`bulk_pulse`), in whichever kernel runs it.
+const BULK: &[&str] = &[
+    "fence.proxy.async.shared::cta;",
+    "cp.async.bulk.global.shared::cta.bulk_group",
+    "cp.async.bulk.commit_group;",
+    "cp.async.bulk.wait_group.read 0;",
+    "cp.async.bulk.wait_group 0;",
+    "atom.acq_rel.cta.shared::cta.add.u32",
+];
+
+/// Issue 17: one fused launch mixes paths per pulse. The fused coordinate kernel of every element
+/// type holds the three: the stores' block election and release signal, the put path's NVSHMEM
+/// calls, and the bulk copies it shares with the TMA kernel (one function, `bulk_pulse`), whose
+/// per-pulse branch reads the pulse's `path` word.
+#[test]
+fn the_fused_kernel_mixes_stores_puts_and_bulk_copies_per_pulse() {
+    let b = entries(&ptx_text());
+    for sfx in ["", "_f32", "_f64", "_f32x4"] {
+        let k = format!("{}{sfx}", abi::FUSED_COORDS);
+        assert_lowers(&b, &k, BULK);
+        assert_lowers(&b, &k, &["bar.red.or.pred", "st.release.sys.global.u64", "nvshmemi_transfer_put_signal", "nvshmemi_transfer_rma_p"]);
+        assert_lowers(&b, &format!("{}{sfx}", abi::FUSED_COORDS_TMA), BULK);
+        // The TMA kernel's copy of the body is instantiated without puts.
+        assert!(!b[&format!("{}{sfx}", abi::FUSED_COORDS_TMA)].contains("nvshmemi_device_state_d"), "fused_coords_tma{sfx} uses NVSHMEM");
+    }
+    // The branch reads the path word of the pulse's metadata (offset 132, next to signal_mode at 128).
+    assert_eq!(std::mem::offset_of!(abi::PulseMeta, path), 132);
+    assert!(b[abi::FUSED_COORDS].contains("+132]"), "fused_coords never reads PulseMeta::path");
+    assert!(!b[abi::FUSED_COORDS_TMA].contains("+132]"), "fused_coords_tma branches on the path it does not need");
+}
+
 #[test]
 fn put_variants_call_nvshmem() {
     let ptx = ptx_text();

@@ -56,6 +56,8 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
 pub struct NullExchange {
     /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`, `replan`.
     pub calls: Vec<&'static str>,
+    /// What [`crate::exchange::Exchange::routes`] returns.
+    pub routes: Vec<crate::route::RoutedSummary>,
 }
 
 impl crate::exchange::Exchange for NullExchange {
@@ -96,5 +98,8 @@ impl crate::exchange::Exchange for NullExchange {
     fn replan(&mut self, _: Vec<crate::exchange::spec::RankHalo>) -> crate::Result<bool> {
         self.calls.push("replan");
         Ok(true)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        self.routes.clone()
     }
 }

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -313,6 +313,34 @@ impl SignalMode {
     }
 }
 
+/// How the fused coordinate kernel moves one pulse ([`PulseMeta::path`]), chosen per pulse by the
+/// host from the router's transport for the pulse's `send_pe`. The kernel branches on it per
+/// block (a block serves one pulse), so the choice is block-uniform.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordPath {
+    /// The threads store into the peer's mapped memory (`remote_x != 0`).
+    Store = 0,
+    /// Per-warp bulk copies (`cp.async.bulk`) into the peer's mapped memory: needs
+    /// `remote_x != 0` and the launch's [`TMA_SHARED_BYTES`] of dynamic shared memory.
+    Bulk = 1,
+    /// NVSHMEM put + signal (`remote_x == 0`).
+    Put = 2,
+}
+
+impl CoordPath {
+    /// The path for a raw [`PulseMeta::path`]; unknown values are [`CoordPath::Store`] (the
+    /// kernel still puts whenever `remote_x == 0`).
+    #[inline(always)]
+    pub const fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Bulk,
+            2 => Self::Put,
+            _ => Self::Store,
+        }
+    }
+}
+
 /// Which halo a rank launched last ([`ProtocolState::last_direction`]).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,8 +488,9 @@ pub struct PulseMeta {
     pub flags: u32,
     /// A [`SignalMode`]: how the put path signals.
     pub signal_mode: u32,
-    /// Keeps the size a multiple of 8 explicitly.
-    pub reserved: u32,
+    /// A [`CoordPath`]: how the fused coordinate kernel moves this pulse (one launch may mix
+    /// them: pulses whose peers differ take different paths).
+    pub path: u32,
 }
 
 impl PulseMeta {
@@ -469,6 +498,13 @@ impl PulseMeta {
     #[inline(always)]
     pub const fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
+    }
+
+    /// Whether the fused coordinate kernel moves this pulse with bulk copies: asked for, and the
+    /// peer mapped (a bulk copy needs an address to copy to; otherwise the pulse puts).
+    #[inline(always)]
+    pub const fn bulk(&self) -> bool {
+        self.path == CoordPath::Bulk as u32 && self.remote_x != 0
     }
 }
 
@@ -624,7 +660,7 @@ const _: () = {
     assert!(offset_of!(PulseMeta, shift) == 80);
     assert!(offset_of!(PulseMeta, send_size) == 92);
     assert!(offset_of!(PulseMeta, send_pe) == 108);
-    assert!(offset_of!(PulseMeta, reserved) == 132);
+    assert!(offset_of!(PulseMeta, path) == 132);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
     assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);

@@ -105,7 +105,7 @@ impl HomeGather {
     /// allocation, and one all-gather, tagged `<tag>gather-path`, to agree on the path).
     pub fn new(placement: &Placement, atoms: usize, tag: &str) -> Result<Self> {
         let ctx = match placement {
-            Placement::Local(modules) => modules.first().ok_or_else(|| HaloError::InvalidInput("no GPU module".into()))?.context().clone(),
+            Placement::Local(modules) | Placement::LocalDirect(modules) => modules.first().ok_or_else(|| HaloError::InvalidInput("no GPU module".into()))?.context().clone(),
             Placement::Pe { module, .. } => module.context().clone(),
         };
         let host = [Pinned::new(&ctx, atoms)?, Pinned::new(&ctx, atoms)?];

@@ -3,6 +3,13 @@
 //!
 //! [`MdRun`] holds a run between calls, so a benchmark can time stretches of steps
 //! ([`MdRun::run_steps`], [`MdRun::synchronize`]); [`run`] runs a whole configuration.
+//!
+//! With routed paths (the default policy) the run keeps a [`Routing`] with agreed failover: safe
+//! points at every search step, every checked step and the end of each [`MdRun::run_steps`]; a
+//! failure found at one rolls every PE back to the last search step (positions, velocities,
+//! outcome and energies as they were there), resets and drops the exchange together, and runs
+//! the steps again on the agreed paths with a new exchange (whose counters start from zero on
+//! every PE).
 
 use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
@@ -11,7 +18,7 @@ use crate::abi::Float3;
 use crate::decomp::{HaloPlan, RankGrid};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
-use crate::exchange::{Exchange, Placement, RankExchange, Transport, reference};
+use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
 use crate::gpu::KernelModule;
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
@@ -62,7 +69,8 @@ pub struct MdConfig {
     pub energy_every: u64,
     /// Deadline of every device wait.
     pub wait_timeout: Duration,
-    /// PE mode: how pulses reach their peers.
+    /// How pulses reach their peers: the router's paths with agreed failover (`Routed`, the
+    /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
     /// Host threads of the pair search, shared by this process's ranks (0: one per core, at
     /// most 16).
@@ -95,7 +103,7 @@ impl MdConfig {
             check_every: 1,
             energy_every: 0,
             wait_timeout: Duration::from_secs(5),
-            path_policy: PathPolicy::Auto,
+            path_policy: PathPolicy::default(),
             search_threads: 0,
             gpu_search: true,
             graph: false,
@@ -240,6 +248,11 @@ pub struct MdOutcome {
     pub graph_steps: u64,
     /// Host time spent capturing them (once per search interval and rank).
     pub graph_capture: Duration,
+    /// What the router chose for the ranks of this process at the last search (empty when no
+    /// router decided).
+    pub routes: Vec<crate::route::RoutedSummary>,
+    /// Stretches of steps run again after a safe point found a failure (routing only).
+    pub reruns: u64,
 }
 
 impl MdOutcome {
@@ -272,6 +285,54 @@ impl MdOutcome {
     pub fn search_share(&self) -> f64 {
         let w = self.wall.as_secs_f64();
         if w > 0.0 { self.search.total.as_secs_f64() / w } else { 0.0 }
+    }
+}
+
+/// Whether every rank's plan in `a` chose the same transport for every peer as in `b` (message
+/// sizes may differ: the exchange lays the same paths over new halos).
+fn same_transports(a: &[crate::route::RoutedPaths], b: &[crate::route::RoutedPaths]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.self_pe == y.self_pe && x.peers == y.peers)
+}
+
+/// The state at the last search step (positions, velocities, outcome so far, this process's
+/// energy points): what a safe point that found a failure rolls back to, on every PE alike.
+#[derive(Default)]
+struct Rollback {
+    saved: Option<Saved>,
+    /// Rollbacks to the saved step so far.
+    attempts: u32,
+}
+
+struct Saved {
+    positions: Vec<Float3>,
+    velocities: Vec<Float3>,
+    out: MdOutcome,
+    energy_points: usize,
+    step: u64,
+}
+
+impl Rollback {
+    fn save(&mut self, system: &MolecularSystem, out: &MdOutcome, partial: &[EnergyPoint], step: u64) {
+        if self.saved.as_ref().is_some_and(|s| s.step != step) {
+            self.attempts = 0; // a new stretch of steps
+        }
+        self.saved =
+            Some(Saved { positions: system.positions.clone(), velocities: system.velocities.clone(), out: out.clone(), energy_points: partial.len(), step });
+    }
+
+    /// Puts `system`, `out` and `partial` back to the saved search step and returns it; an error
+    /// after [`crate::exchange::routing::MAX_RERUNS`] rollbacks to the same step in a row.
+    fn restore(&mut self, now: u64, system: &mut MolecularSystem, out: &mut MdOutcome, partial: &mut Vec<EnergyPoint>) -> Result<u64> {
+        let s = self.saved.as_ref().ok_or_else(|| HaloError::InvalidInput("a safe point before any state was saved".into()))?;
+        self.attempts += 1;
+        if self.attempts > crate::exchange::routing::MAX_RERUNS {
+            return Err(HaloError::InvalidInput(format!("steps {}..{now} failed {} times in a row after agreed failovers; giving up", s.step, self.attempts)));
+        }
+        system.positions.clone_from(&s.positions);
+        system.velocities.clone_from(&s.velocities);
+        *out = MdOutcome { reruns: out.reruns + 1, ..s.out.clone() };
+        partial.truncate(s.energy_points);
+        Ok(s.step)
     }
 }
 
@@ -319,12 +380,14 @@ fn check_rank(plan: &HaloPlan, r: usize, x: &[Float3], want_x: &[Float3], f: &[F
     Ok(c)
 }
 
-/// All ranks in this process, rank `r` on GPU `r % modules.len()`.
+/// All ranks in this process, rank `r` on GPU `r % modules.len()`, routed or storing directly as
+/// `cfg.path_policy` says ([`Placement::with_policy`]).
 pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
-    run(cfg, &Placement::Local(modules.to_vec()), progress)
+    run(cfg, &Placement::Local(modules.to_vec()).with_policy(cfg.path_policy), progress)
 }
 
-/// One rank per NVSHMEM PE (started by `halo launch`), reaching peers as `cfg.path_policy` says.
+/// One rank per NVSHMEM PE (started by `halo launch`, mpirun or srun), reaching peers as
+/// `cfg.path_policy` says.
 pub fn run_pe(cfg: &MdConfig, session: &PeSession, progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
     run(cfg, &Placement::pe(session, cfg.path_policy), progress)
 }
@@ -363,6 +426,13 @@ pub struct MdRun {
     partial: Vec<EnergyPoint>,
     /// Prefix of this run's all-gather tags (`md<run>-`), unique in the process.
     tag: String,
+    /// The router with agreed failover (routed placements), and the plans the exchange follows.
+    routing: Option<Routing>,
+    exchange_plans: Vec<crate::route::RoutedPaths>,
+    /// Exchange launches since the exchange last finished (nothing to settle when false).
+    unsettled: bool,
+    /// The state at the last search step, for a safe point that finds a failure.
+    rollback: Rollback,
 }
 
 impl MdRun {
@@ -373,7 +443,7 @@ impl MdRun {
         let setup = cfg.list_setup(&system)?;
         crate::decomp::Decomposition::new(cfg.grid, system.box_size, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let ids = match &placement {
-            Placement::Local(modules) => {
+            Placement::Local(modules) | Placement::LocalDirect(modules) => {
                 if modules.is_empty() {
                     return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
                 }
@@ -392,6 +462,11 @@ impl MdRun {
             }
         };
         let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        // Routed paths: a router with agreed failover (collective across PEs: the facts).
+        let routing = match placement.policy() {
+            PathPolicy::Routed => Some(Routing::new(&placement, cfg.grid.num_ranks(), &[])?),
+            _ => None,
+        };
         let gather = HomeGather::new(&placement, system.len(), &tag)?;
         let lj = lj_table(&system);
         Ok(Self {
@@ -412,6 +487,10 @@ impl MdRun {
             pending: Vec::new(),
             partial: Vec::new(),
             tag,
+            routing,
+            exchange_plans: Vec::new(),
+            unsettled: false,
+            rollback: Rollback::default(),
         })
     }
 
@@ -430,14 +509,21 @@ impl MdRun {
         &self.out
     }
 
-    /// Runs `n` more steps; `progress` is called after each checked step. Returns with the last
-    /// steps possibly still running on the GPUs ([`Self::synchronize`] waits).
+    /// Runs `n` more steps; `progress` is called after each checked step. Without routing it
+    /// returns with the last steps possibly still running on the GPUs ([`Self::synchronize`]
+    /// waits); with routing it ends at a safe point (every step settled, the GPUs idle), running
+    /// steps again after a failure until the `n` steps have run without one.
     pub fn run_steps(&mut self, n: u64, progress: &mut dyn FnMut(u64, &StepCheck)) -> Result<()> {
         self.started.get_or_insert_with(Instant::now);
-        for _ in 0..n {
-            self.one_step(progress)?;
+        let end = self.step + n;
+        loop {
+            while self.step < end {
+                self.one_step(progress)?;
+            }
+            if self.routing.is_none() || self.exchange.is_none() || self.safe_point()? {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// Waits for every step enqueued so far, reports a device wait timeout, and (across PEs) meets
@@ -448,10 +534,80 @@ impl MdRun {
             m.synchronize()?;
         }
         if let Some(ex) = self.exchange.as_mut() {
-            ex.finish()?;
+            // An exchange settled at a safe point has nothing to wait for (no second host sync).
+            if std::mem::take(&mut self.unsettled) {
+                ex.finish()?;
+            }
             ex.barrier()?;
         }
         Ok(())
+    }
+
+    /// Waits for the exchange and every local stream; under routing a device wait timeout is
+    /// recorded for the safe point that follows instead of ending the run.
+    fn settle(&mut self) -> Result<()> {
+        for m in &self.ranks {
+            m.synchronize()?;
+        }
+        let Some(ex) = self.exchange.as_mut() else { return Ok(()) };
+        let finished = ex.finish();
+        self.unsettled = false;
+        match (finished, self.routing.as_mut()) {
+            (Err(e), Some(r)) => {
+                if r.record_error(&e) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// A safe point (routing only; collective, at the same step on every PE): settles the steps
+    /// so far, and when any PE found a failure rolls back to the last search step. `Ok(true)`:
+    /// the steps stand; `Ok(false)`: rolled back, run them again.
+    fn safe_point(&mut self) -> Result<bool> {
+        self.settle()?;
+        let Some(r) = self.routing.as_mut() else { return Ok(true) };
+        if !r.safe_point()?.rerun {
+            return Ok(true);
+        }
+        self.roll_back()?;
+        Ok(false)
+    }
+
+    /// Puts the run back to the last search step, on every PE alike (after an agreed rerun): the
+    /// failed exchange is reset together (every PE is alive and idle at a safe point) and dropped
+    /// as a healthy one, so its symmetric buffers are freed in the same order everywhere; the
+    /// next step searches again and builds an exchange on the agreed paths, from step zero.
+    fn roll_back(&mut self) -> Result<()> {
+        let at = self.rollback.restore(self.step, &mut self.system, &mut self.out, &mut self.partial)?;
+        eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", self.step);
+        self.graphs.clear();
+        if let Some(mut ex) = self.exchange.take() {
+            ex.reset_protocol()?;
+        }
+        self.exchange_plans.clear();
+        // The home atoms come from the saved system, not from the GPUs.
+        self.plan = None;
+        self.pending.clear();
+        self.unsettled = false;
+        self.step = at;
+        Ok(())
+    }
+
+    /// An exchange launch's result: under routing a failed launch is recorded for the next safe
+    /// point (the steps then run again on the agreed paths); without routing it ends the run.
+    fn launched(&mut self, result: Result<()>) -> Result<()> {
+        self.unsettled = true;
+        match (result, self.routing.as_mut()) {
+            (Err(e), Some(r)) => {
+                r.record_failed_launch(&e);
+                Ok(())
+            }
+            (result, _) => result,
+        }
     }
 
     /// Ends the run: waits for the GPUs, collects the energies (summed over every rank), and
@@ -468,17 +624,19 @@ impl MdRun {
     fn one_step(&mut self, progress: &mut dyn FnMut(u64, &StepCheck)) -> Result<()> {
         let s = self.step;
         let since = s % self.cfg.nstlist;
-        if since == 0 {
-            self.search()?;
+        if since == 0 && !self.search()? {
+            return Ok(()); // rolled back: the run goes on from the last search step
         }
         let energy = self.cfg.energy_step(s);
         let work = StepWork { prune: since % self.cfg.nstprune == 0, energy: energy.then_some(since as usize) };
         if energy {
             self.pending.push((s, since as usize));
         }
+        // An injected failure (HALO_INJECT_FAILURE) skips this step's halo launches here.
+        let injected = self.routing.as_ref().map_or_else(Vec::new, |r| r.injected(s));
         let transport = self.cfg.transport;
         let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange after the search".into()))?;
-        if self.cfg.graph && transport.gpu_initiated() && work == StepWork::default() && !self.cfg.checks_step(s) {
+        if self.cfg.graph && transport.gpu_initiated() && work == StepWork::default() && !self.cfg.checks_step(s) && injected.is_empty() {
             if self.graphs.is_empty() {
                 let t = Instant::now();
                 for (i, m) in self.ranks.iter_mut().enumerate() {
@@ -490,6 +648,7 @@ impl MdRun {
             for (m, g) in self.ranks.iter().zip(&self.graphs) {
                 m.launch_graph(g)?;
             }
+            self.unsettled = true;
             self.out.graph_steps += 1;
             self.step += 1;
             self.out.steps += 1;
@@ -498,15 +657,33 @@ impl MdRun {
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
         }
-        ex.exchange_forward(transport)?;
+        if injected.is_empty() {
+            let r = ex.exchange_forward(transport);
+            self.launched(r)?;
+        }
+        let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.nonlocal_forces(&ex.local_ranks()[i], &ex.streams()[i], work)?;
         }
-        ex.exchange_reverse_accumulate(transport)?;
+        if injected.is_empty() {
+            let r = ex.exchange_reverse_accumulate(transport);
+            self.launched(r)?;
+        }
+        if let Some(r) = self.routing.as_mut() {
+            for (rank, peers) in &injected {
+                eprintln!("route: injected failure: rank {rank} skips step {s}'s halo towards {peers:?}");
+                r.record_launch_failure(*rank, peers);
+            }
+        }
         if self.cfg.checks_step(s) {
-            ex.finish()?;
-            for m in &self.ranks {
-                m.synchronize()?;
+            // Under routing a safe point before the check: a failure anywhere means the steps since
+            // the last search run again.
+            if self.routing.is_some() {
+                if !self.safe_point()? {
+                    return Ok(());
+                }
+            } else {
+                self.settle()?;
             }
             let c = self.check_step(s, since as usize)?;
             self.out.worst.merge(c);
@@ -524,16 +701,19 @@ impl MdRun {
         Ok(())
     }
 
-    /// A search step's host part: wait for the GPUs, gather the home atoms, decompose again, build
-    /// the lists, move the exchange to the new layout and upload.
-    fn search(&mut self) -> Result<()> {
+    /// A search step's host part: wait for the GPUs (under routing: a safe point), gather the home
+    /// atoms, decompose again, build the lists, move the exchange to the new layout (or build one
+    /// on the router's paths) and upload. `Ok(false)`: the safe point rolled back instead.
+    fn search(&mut self) -> Result<bool> {
         let mut t = SearchTimes { count: 1, ..SearchTimes::default() };
-        // Local streams first: captured steps run there, halo work included.
-        for m in &self.ranks {
-            m.synchronize()?;
-        }
-        if let Some(ex) = self.exchange.as_mut() {
-            ex.finish()?;
+        // Under routing a safe point first: the steps since the last search are settled before
+        // anything of them leaves the GPUs, and a failure anywhere rolls back to that search.
+        if self.routing.is_some() && self.exchange.is_some() {
+            if !self.safe_point()? {
+                return Ok(false);
+            }
+        } else {
+            self.settle()?;
         }
         // New lists and launch shapes: the captured steps are stale.
         self.graphs.clear();
@@ -550,6 +730,9 @@ impl MdRun {
             let tag = format!("{}homes-{}", self.tag, self.step);
             self.gather.gather(&self.placement, plan, &mine, &mut self.system, &tag)?;
         }
+        if self.routing.is_some() {
+            self.rollback.save(&self.system, &self.out, &self.partial, self.step);
+        }
         t.gather = start.elapsed();
         let t1 = Instant::now();
         let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.cfg.threads())?;
@@ -565,20 +748,35 @@ impl MdRun {
         let mut gpu_search = std::time::Duration::ZERO;
         let t3 = Instant::now();
         let halos = plan.rank_halos();
+        // Under routing every rank's paths for the new halos (collective; the same plans on every
+        // PE). The exchange keeps its buffers only while every pair keeps its transport.
+        let plans = match self.routing.as_mut() {
+            Some(r) => Some(r.plan::<Float3>(&halos)?.to_vec()),
+            None => None,
+        };
+        let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
         let replanned = match self.exchange.as_mut() {
-            Some(ex) => ex.replan(halos.clone())?,
-            None => false,
+            Some(ex) if same_paths => ex.replan(halos.clone())?,
+            _ => false,
         };
         if !replanned {
             // Free the old buffers first (collective, like the allocation that follows).
             self.exchange = None;
-            let mut ex = self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?;
+            let mut ex = match &plans {
+                Some(p) => self.placement.exchange_planned_with_headroom::<Float3>(halos, p, EXCHANGE_HEADROOM)?,
+                None => self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?,
+            };
             ex.set_wait_timeout(self.cfg.wait_timeout);
             ex.check_transport(self.cfg.transport)?;
             self.exchange = Some(ex);
+            self.exchange_plans = plans.unwrap_or_default();
             self.out.exchange_builds += 1;
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        self.out.routes = match &self.routing {
+            Some(r) => r.local_summaries()?,
+            None => ex.routes(),
+        };
         let records = self.cfg.nstlist as usize;
         for (i, r) in found.iter().enumerate() {
             let rank = &ex.local_ranks()[i];
@@ -617,7 +815,7 @@ impl MdRun {
         self.out.searches += 1;
         self.out.lists = list_sizes(&found, &self.ranks);
         self.plan = Some(plan);
-        Ok(())
+        Ok(true)
     }
 
     /// Reads the energy records of the steps since the last search (the GPUs are idle) into this
@@ -642,7 +840,7 @@ impl MdRun {
 
     /// The energy points summed over every rank (an all-gather of this process's sums across PEs).
     fn total_energies(&self) -> Result<Vec<EnergyPoint>> {
-        if matches!(self.placement, Placement::Local(_)) || self.partial.is_empty() {
+        if self.placement.local_modules().is_some() || self.partial.is_empty() {
             return Ok(self.partial.clone());
         }
         let mine: Vec<f64> = self.partial.iter().flat_map(|p| [p.potential, p.kinetic]).collect();

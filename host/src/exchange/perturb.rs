@@ -543,6 +543,9 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
         // The grids keep the cap that left room for delay kernels (a replan keeps every cap).
         self.inner.replan(halos)
     }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        self.inner.routes()
+    }
     fn set_wait_timeout(&mut self, timeout: Duration) {
         self.inner.set_wait_timeout(timeout)
     }
@@ -590,6 +593,9 @@ impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {
     }
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         (**self).replan(halos)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        (**self).routes()
     }
     fn set_wait_timeout(&mut self, timeout: Duration) {
         (**self).set_wait_timeout(timeout)
@@ -729,7 +735,10 @@ mod tests {
     fn the_wrapper_passes_every_call_through_and_waits_its_host_delays() {
         let j = Jitter { max_us: 300, seed: 5, side: JitterSide::Host };
         let p = Perturbation::new(Some(j), None).unwrap();
-        let mut x: Box<dyn Exchange<Float3>> = Box::new(Perturbed::with_ranks(NullExchange::default(), p.clone(), vec![4]).unwrap());
+        let routes = vec![crate::route::RoutedPaths { self_pe: 4, ..Default::default() }.summary().unwrap()];
+        let null = NullExchange { routes: routes.clone(), ..NullExchange::default() };
+        let mut x: Box<dyn Exchange<Float3>> = Box::new(Perturbed::with_ranks(null, p.clone(), vec![4]).unwrap());
+        assert_eq!(x.routes(), routes, "the router's choice shows through the wrapper");
         let started = Instant::now();
         for _ in 0..20 {
             x.exchange_forward(Transport::Fused).unwrap();

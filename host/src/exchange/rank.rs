@@ -15,7 +15,7 @@ use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModu
 use crate::kernel_args;
 use super::Element;
 use kernels_gpu::abi::{
-    self, COUNTERS_PER_PULSE, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    self, COUNTERS_PER_PULSE, CoordPath, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
     signal_index,
 };
 use std::sync::Arc;
@@ -414,7 +414,7 @@ impl<T: Element> RankExchange<T> {
                 slot_bytes: slot_bytes as u32,
                 flags: flags[p],
                 signal_mode: signal_mode as u32,
-                reserved: 0,
+                path: if to.is_some() { CoordPath::Store } else { CoordPath::Put } as u32,
             };
             // Forces are copied into slots with 16-byte stores.
             for (what, addr) in [("receive slot", meta.recv_slots), ("staging slot", meta.f_stage), ("peer receive slot", meta.remote_recv_slots)] {
@@ -432,6 +432,40 @@ impl<T: Element> RankExchange<T> {
         }
         self.host_meta = metas;
         Ok(())
+    }
+
+    /// Moves the coordinates of the pulses marked in `bulk` (one flag per pulse) with bulk copies
+    /// (TMA) inside the fused kernel ([`Transport::Fused`]), the others as [`Self::install`] set
+    /// them (stores to mapped peers, puts elsewhere). A pulse can only copy in bulk to a mapped
+    /// peer: asking for one whose peer is reached by puts is an error. Call it after `install`,
+    /// between steps (the kernels read the metadata at launch).
+    pub fn set_bulk_pulses(&mut self, bulk: &[bool]) -> Result<()> {
+        if bulk.len() != self.host_meta.len() {
+            return Err(HaloError::InvalidInput(format!("{} bulk flags for {} pulses", bulk.len(), self.host_meta.len())));
+        }
+        for (p, (meta, &b)) in self.host_meta.iter_mut().zip(bulk).enumerate() {
+            if b && meta.remote_x == 0 {
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {} pulse {p}: a bulk copy needs rank {}'s memory mapped, but that peer is reached by puts",
+                    self.rank, meta.send_pe
+                )));
+            }
+            meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
+        }
+        if !self.host_meta.is_empty() {
+            self.meta.copy_from_host(&self.host_meta)?;
+        }
+        Ok(())
+    }
+
+    /// Each pulse's coordinate path in the fused kernel, as installed.
+    pub fn coord_paths(&self) -> Vec<CoordPath> {
+        self.host_meta.iter().map(|m| CoordPath::from_u32(m.path)).collect()
+    }
+
+    /// Whether some pulse moves its coordinates with bulk copies in the fused kernel.
+    pub fn any_bulk(&self) -> bool {
+        self.host_meta.iter().any(|m| m.bulk())
     }
 
     /// Whether every pulse's coordinates go by direct stores (a requirement of [`Transport::FusedTma`]
@@ -460,7 +494,11 @@ impl<T: Element> RankExchange<T> {
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
-                let (name, shape) = if tma { (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape()) } else { (entry::<T>(abi::FUSED_COORDS), self.coord_shape()) };
+                let (name, shape) = if tma {
+                    (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape())
+                } else {
+                    (entry::<T>(abi::FUSED_COORDS), self.coord_shape())
+                };
                 let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status];
                 // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
                 // `install` from a validated plan and live buffers.
@@ -500,8 +538,16 @@ impl<T: Element> RankExchange<T> {
         unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
+    /// The fused coordinate kernel's shape: with a bulk pulse in the launch, the TMA kernel's
+    /// shared memory and enough blocks for both paths (both are grid-stride, so every pulse is
+    /// served by any grid).
     fn coord_shape(&self) -> LaunchShape {
-        LaunchShape { grid: (self.grids.coords(), self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: 0 }
+        let pulses = self.halo.pulses.len() as u32;
+        if self.any_bulk() {
+            let grid = self.grids.coords().max(self.grids.tma());
+            return LaunchShape { grid: (grid, pulses), block: abi::BLOCK_SIZE, shared_bytes: abi::TMA_SHARED_BYTES };
+        }
+        LaunchShape { grid: (self.grids.coords(), pulses), block: abi::BLOCK_SIZE, shared_bytes: 0 }
     }
 
     fn tma_shape(&self) -> LaunchShape {
@@ -647,7 +693,14 @@ impl<T: Element> RankExchange<T> {
             .into_iter()
             .min()
             .unwrap_or(1);
-        let tma = self.module.max_blocks_per_sm(&entry::<T>(abi::FUSED_COORDS_TMA), abi::BLOCK_SIZE, abi::TMA_SHARED_BYTES)?;
+        // The TMA kernel, and the fused kernel launched with its shared memory (bulk pulses).
+        let tma = [abi::FUSED_COORDS_TMA, abi::FUSED_COORDS]
+            .iter()
+            .map(|k| self.module.max_blocks_per_sm(&entry::<T>(k), abi::BLOCK_SIZE, abi::TMA_SHARED_BYTES))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1);
         Ok((sms, per_sm.min(tma)))
     }
 }

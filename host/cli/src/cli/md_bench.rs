@@ -8,7 +8,6 @@ use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
-use halo::exchange::pe::PathPolicy;
 use halo::exchange::{Placement, Transport};
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
@@ -107,7 +106,7 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         }
         let device = env.device;
         let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
-        let placement = Placement::pe(&session, PathPolicy::Auto);
+        let placement = Placement::pe(&session, args.step.paths);
         let devices = placement.all_gather("md-bench-devices", vec![(device as u64).to_le_bytes().to_vec()])?;
         let mut distinct: Vec<&Vec<u8>> = devices.iter().collect();
         distinct.sort();
@@ -127,7 +126,7 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
     let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
-    let placement = Placement::Local(modules);
+    let placement = Placement::Local(modules).with_policy(args.step.paths);
     let machine = MachineInfo::collect("one process", None);
     let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), machine: &machine };
     let rows = measure_all(&args, &target, grid, true);

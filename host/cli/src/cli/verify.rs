@@ -43,12 +43,28 @@ pub struct StepArgs {
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
+    /// How pulses reach their peers: `routed` (the router decides; failures are agreed at safe
+    /// points, every search and checked step, and the steps since the last search step run
+    /// again), `auto` (stores wherever mapped, puts elsewhere), `force-put`. Per-pair overrides:
+    /// HALO_ROUTE_OVERRIDE, HALO_FORCE_TRANSPORT; HALO_INJECT_FAILURE makes a transport fail.
+    #[arg(long, default_value = "routed", value_parser = |s: &str| PathPolicy::parse(s).map_err(|e| e.to_string()))]
+    pub paths: PathPolicy,
 }
 
 impl Default for StepArgs {
     /// The command-line defaults.
     fn default() -> Self {
-        Self { cutoff: 1.0, buffer_tolerance: DEFAULT_DRIFT_TOLERANCE, nstlist: 100, nstprune: 10, dt: 0.002, search_threads: 0, host_search: false, wait_timeout_ms: 5000 }
+        Self {
+            cutoff: 1.0,
+            buffer_tolerance: DEFAULT_DRIFT_TOLERANCE,
+            nstlist: 100,
+            nstprune: 10,
+            dt: 0.002,
+            search_threads: 0,
+            host_search: false,
+            wait_timeout_ms: 5000,
+            paths: PathPolicy::Routed,
+        }
     }
 }
 
@@ -64,6 +80,7 @@ impl StepArgs {
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
+            path_policy: self.paths,
             ..cfg
         }
     }
@@ -104,7 +121,8 @@ pub struct VerifyArgs {
     /// Seed of the system.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only).
+    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only;
+    /// the same as `--paths force-put`).
     #[arg(long)]
     pub force_put: bool,
     /// GPUs to spread the ranks over in one process (default: all visible).
@@ -136,17 +154,17 @@ impl VerifyArgs {
     }
 
     fn config(&self) -> MdConfig {
-        self.step.apply(MdConfig {
+        let cfg = self.step.apply(MdConfig {
             buffer: self.buffer,
             steps: self.steps,
             seed: self.seed,
             transport: self.transport,
             check_every: self.check_every,
             energy_every: self.energy_every,
-            path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
             graph: self.graph,
             ..MdConfig::new(self.atoms, self.ranks)
-        })
+        });
+        if self.force_put { MdConfig { path_policy: PathPolicy::ForcePut, ..cfg } } else { cfg }
     }
 
     /// The NVE run: no checks, energies every `--energy-every` (100 when 0) steps.
@@ -192,6 +210,9 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         ));
     }
     lines.push(format!("{who}: {}", integrity_summary(o.checked_steps)));
+    if o.reruns > 0 {
+        lines.push(format!("{who}: {} stretch(es) of steps ran again after agreed failures (routed paths)", o.reruns));
+    }
     if let Some(e) = o.energies.last() {
         lines.push(format!(
             "{who}: total energy at step {} (GPU): potential {:.3} + kinetic {:.3} = {:.3} kJ/mol ({} energy steps recorded)",
@@ -257,6 +278,10 @@ fn drift_line(args: &VerifyArgs, what: &str, o: &MdOutcome) -> String {
 fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placement, print: bool) -> Result<()> {
     let cfg = args.config();
     let outcome = md::run(&cfg, placement, |_, _| {})?;
+    // Every PE: the paths of its own ranks.
+    for r in &outcome.routes {
+        println!("route: {r}");
+    }
     if print {
         println!("{}", report(args, who, &outcome));
     }
@@ -278,14 +303,24 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     }
     if let Some(env) = RankEnv::from_env().filter(|e| e.nranks > 1) {
         if env.nranks != args.ranks.num_ranks() {
-            bail!("--ranks {} has {} ranks but {} processes were started: use `halo launch -n {}`", args.ranks, args.ranks.num_ranks(), env.nranks, args.ranks.num_ranks());
+            bail!(
+                "--ranks {} has {} ranks but {} processes were started: start {} (`halo launch -n {}`, `mpiexec -n {}`)",
+                args.ranks,
+                args.ranks.num_ranks(),
+                env.nranks,
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks()
+            );
         }
         let rank = env.rank;
+        let policy = args.config().path_policy;
+        println!("PE {rank} of {} started by {} ({} bootstrap), paths: {}", env.nranks, env.source, env.bootstrap.describe(), policy.name());
         let session = PeSession::start(env, None).context("starting NVSHMEM")?;
-        let placement = Placement::pe(&session, args.config().path_policy);
+        let placement = Placement::pe(&session, policy);
         // Each PE runs the one-rank comparison on its own GPU at once (no PE waits for another);
         // PE 0 reports.
-        let single = Placement::Local(vec![session.module.clone()]);
+        let single = Placement::Local(vec![session.module.clone()]).with_policy(policy);
         return verify(&args, &format!("PE {rank}"), &placement, &single, rank == 0).with_context(|| format!("rank {rank}"));
     }
     if let Some(reason) = gpu::gpu_unavailable_reason() {
@@ -294,8 +329,9 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
     let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
-    let single = Placement::Local(modules[..1].to_vec());
-    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules), &single, true)
+    let policy = args.config().path_policy;
+    let single = Placement::Local(modules[..1].to_vec()).with_policy(policy);
+    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules).with_policy(policy), &single, true)
 }
 
 #[cfg(test)]
@@ -313,6 +349,12 @@ mod tests {
         assert_eq!(format!("{parsed:?}"), format!("{:?}", StepArgs::default()));
         let cfg = StepArgs { host_search: true, nstlist: 40, ..StepArgs::default() }.apply(MdConfig::new(10, RankGrid { dims: [1, 1, 1] }));
         assert!(!cfg.gpu_search && cfg.nstlist == 40 && cfg.wait_timeout == Duration::from_secs(5));
+        assert_eq!(cfg.path_policy, PathPolicy::Routed, "routed paths by default");
+        // --force-put wins over --paths.
+        let v = VerifyArgs { force_put: true, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
+        assert_eq!(v.config().path_policy, PathPolicy::ForcePut);
+        let v = VerifyArgs { step: StepArgs { paths: PathPolicy::Auto, ..StepArgs::default() }, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
+        assert_eq!(v.config().path_policy, PathPolicy::Auto);
     }
 
     #[test]
@@ -329,11 +371,13 @@ mod tests {
         let text = report(&args, "test", &o);
         assert!(!text.contains("not checked") && text.contains("100 steps checked") && text.contains("3.00e-6"), "{text}");
         assert!(text.contains("= -6.000 kJ/mol"), "{text}");
-        assert!(text.contains("integrity: 100 checked steps") && !text.contains("drift"), "{text}");
+        assert!(text.contains("integrity: 100 checked steps") && !text.contains("drift") && !text.contains("ran again"), "{text}");
         assert!(!text.contains("per step over all"), "a checked run is not timed: {text}");
         assert!(drift_line(&args, "x", &o).contains("not measured"));
         o.energies.push(md::EnergyPoint { step: 199, potential: -10.5, kinetic: 4.0 });
         let text = report(&args, "test", &o);
         assert!(text.contains("test: total energy: drift"), "two energy points give a drift: {text}");
+        o.reruns = 2;
+        assert!(report(&args, "test", &o).contains("test: 2 stretch(es) of steps ran again after agreed failures"));
     }
 }
