@@ -27,38 +27,36 @@ fn shape(grid: [usize; 3], pulses: usize, home: usize) -> SyntheticShape {
     SyntheticShape { grid, pulses_per_dim: pulses, home_atoms: home, send_fraction: 0.35, box_len: 7.7 }
 }
 
+/// One step on `ranks`: poisoned outputs, fresh random values (from `seed`), coordinates and
+/// forces exchanged with `transport`, checked against the CPU reference (coordinates bit-exact).
+fn exchange_and_check(test: &str, ranks: &mut LocalRanks, halos: &[RankHalo], transport: Transport, step: u64, seed: u64) {
+    let home = synthetic::random_values(halos, seed, true);
+    let forces = synthetic::random_values(halos, seed + 4000, false);
+    upload_poisoned(ranks.ranks(), &home, &forces);
+    ranks.launch_coordinates(transport).unwrap();
+    ranks.launch_forces(transport).unwrap();
+    ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
+    let want_x = reference::coordinates(halos, &home);
+    for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
+        assert_eq!(bits(got), bits(&want_x[r]), "{test}: coordinates of rank {r} at step {step}");
+    }
+    let want_f = reference::forces(halos, &forces);
+    for (r, got) in ranks.forces().unwrap().iter().enumerate() {
+        for (i, (a, b)) in got.iter().zip(&want_f[r]).enumerate() {
+            for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
+                assert!(approx::relative_eq!(u, v, epsilon = 1e-5, max_relative = 1e-5), "{test}: force {i} of rank {r} at step {step}: {u} vs {v}");
+            }
+        }
+    }
+}
+
 /// Runs `steps` coordinate + force exchanges with fresh random data each step and checks both.
 fn run_protocol(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64) {
     let Some(g) = gpu_or_skip(test) else { return };
     let module = Arc::new(g.module);
     let mut ranks = LocalRanks::new(halos.clone(), &[module]).unwrap();
     for step in 0..steps {
-        let home = synthetic::random_values(&halos, 1000 + step, true);
-        let forces = synthetic::random_values(&halos, 5000 + step, false);
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.x.fill_bytes(0xFF).unwrap();
-            rank.upload_coordinates(&home[r]).unwrap();
-            rank.f.fill_bytes(0xFF).unwrap();
-            rank.f.copy_from_host(&forces[r]).unwrap();
-        }
-        ranks.launch_coordinates(transport).unwrap();
-        ranks.launch_forces(transport).unwrap();
-        ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
-        let want_x = reference::coordinates(&halos, &home);
-        for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
-            assert_eq!(bits(got), bits(&want_x[r]), "{test} {transport:?}: coordinates of rank {r} at step {step}");
-        }
-        let want_f = reference::forces(&halos, &forces);
-        for (r, got) in ranks.forces().unwrap().iter().enumerate() {
-            for (i, (a, b)) in got.iter().zip(&want_f[r]).enumerate() {
-                for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-                    assert!(
-                        approx::relative_eq!(u, v, epsilon = 1e-5, max_relative = 1e-5),
-                        "{test} {transport:?}: force {i} of rank {r} at step {step}: {u} vs {v}"
-                    );
-                }
-            }
-        }
+        exchange_and_check(&format!("{test} {transport:?}"), &mut ranks, &halos, transport, step, 1000 + step);
     }
     if transport.gpu_initiated() {
         // One host wait per step, at the end, for the check: none inside the exchange.
@@ -285,6 +283,17 @@ fn check_coordinates(test: &str, ranks: &LocalRanks, halos: &[RankHalo], home: &
     }
 }
 
+/// Poisons every rank's coordinates and forces, then uploads its `home` coordinates and the
+/// starting forces `f0`.
+fn upload_poisoned(ranks: &[halo::exchange::RankExchange], home: &[Vec<Float3>], f0: &[Vec<Float3>]) {
+    for (r, rank) in ranks.iter().enumerate() {
+        rank.x.fill_bytes(0xFF).unwrap();
+        rank.upload_coordinates(&home[r]).unwrap();
+        rank.f.fill_bytes(0xFF).unwrap();
+        rank.f.copy_from_host(&f0[r]).unwrap();
+    }
+}
+
 fn check_forces(test: &str, ranks: &LocalRanks, want: &[Vec<Float3>]) {
     for (r, got) in ranks.forces().unwrap().iter().enumerate() {
         assert_eq!(bits(got), bits(&want[r]), "{test}: forces of rank {r}");
@@ -479,4 +488,219 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
         }
         drop(graphs);
     }
+}
+
+/// A new decomposition in the old buffers (`replan`, what the MD step does at a search step): the
+/// exchange keeps its signals and step counters, the next steps deliver the new halos exactly, and
+/// a decomposition that does not fit is refused without changing anything. Home counts, maps and
+/// offsets all change between the layouts (other seeds, other home sizes, other send fractions).
+#[test]
+fn replanning_between_steps_keeps_the_protocol_in_step() {
+    let Some(g) = gpu_or_skip("replanning_between_steps_keeps_the_protocol_in_step") else { return };
+    let module = Arc::new(g.module);
+    for (grid, pulses) in [([2, 1, 1], 1), ([2, 2, 2], 1), ([4, 1, 1], 2)] {
+        let first = synthetic::halos(shape(grid, pulses, 1200), 90);
+        let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
+        let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), &[module.clone()], sizes).unwrap();
+        let mut layouts = vec![first];
+        for (k, (home, fraction)) in [(1000, 0.3), (1300, 0.35), (800, 0.25)].into_iter().enumerate() {
+            let mut s = shape(grid, pulses, home);
+            s.send_fraction = fraction;
+            layouts.push(synthetic::halos(s, 91 + k as u64));
+        }
+        let mut steps = 0u64;
+        for (k, halos) in layouts.iter().enumerate() {
+            let test = format!("replan {grid:?} x{pulses}, layout {k}");
+            if k > 0 {
+                assert!(ranks.replan(halos.clone()).unwrap(), "{test}: fits the headroom");
+            }
+            for _ in 0..5 {
+                let home = integer_values(halos, 300 + steps, true);
+                let f0 = integer_values(halos, 700 + steps, false);
+                upload_poisoned(ranks.ranks(), &home, &f0);
+                ranks.launch_coordinates(Transport::Fused).unwrap();
+                ranks.launch_forces(Transport::Fused).unwrap();
+                ranks.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+                steps += 1;
+                check_coordinates(&test, &ranks, halos, &home);
+                check_forces(&test, &ranks, &reference::forces(halos, &f0));
+            }
+            for r in ranks.ranks() {
+                let s = r.protocol_state().unwrap();
+                assert_eq!((s.x_epoch, s.f_epoch), (steps, steps), "{test}: rank {} counters continue", r.rank());
+            }
+        }
+        // Twice the atoms: does not fit, nothing changes, the last layout still runs.
+        let big = synthetic::halos(shape(grid, pulses, 4000), 99);
+        assert!(!ranks.replan(big).unwrap(), "{grid:?}: a layout beyond the headroom is refused");
+        let halos = layouts.last().unwrap();
+        let home = integer_values(halos, 1, true);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.upload_coordinates(&home[r]).unwrap();
+        }
+        ranks.launch_coordinates(Transport::Fused).unwrap();
+        ranks.launch_forces(Transport::Fused).unwrap();
+        ranks.finish().unwrap();
+        check_coordinates("replan refused", &ranks, halos, &home);
+    }
+}
+
+/// What a driver does around a failure and the next search (the MD step under routing failover):
+/// a collective reset zeroes every rank's counters, then a replan moves the exchange to a new
+/// layout in the same buffers, and the steps after it run from step 1 on every rank. Driven
+/// through the `Exchange` trait on the jitter wrapper with GPU delays (`Perturbed` forwards the
+/// replan, and the grids keep the cap that leaves room for the delay kernels).
+#[test]
+fn a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one() {
+    use halo::exchange::perturb::{Jitter, JitterSide, Perturbation, Perturbed};
+    let Some(g) = gpu_or_skip("a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one") else { return };
+    let module = Arc::new(g.module);
+    let first = synthetic::halos(shape([4, 1, 1], 1, 1200), 50);
+    let mut s = shape([4, 1, 1], 1, 1000);
+    s.send_fraction = 0.3;
+    let second = synthetic::halos(s, 51);
+    let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
+    let jitter = Jitter { max_us: 40, seed: 9, side: JitterSide::Gpu };
+    let inner = LocalRanks::<Float3>::with_sizes(first.clone(), &[module], sizes).unwrap();
+    let mut x: Box<dyn Exchange> = Box::new(Perturbed::new(inner, Perturbation::new(Some(jitter), None).unwrap()).unwrap());
+    let step = |x: &mut Box<dyn Exchange>, halos: &[RankHalo], seed: u64, test: &str| {
+        let home = integer_values(halos, seed, true);
+        let f0 = integer_values(halos, seed + 1000, false);
+        upload_poisoned(x.local_ranks(), &home, &f0);
+        x.exchange_forward(Transport::Fused).unwrap();
+        x.exchange_reverse_accumulate(Transport::Fused).unwrap();
+        x.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+        let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &f0));
+        for (r, (got_x, got_f)) in x.read_forward().unwrap().iter().zip(x.read_reverse().unwrap()).enumerate() {
+            assert_eq!(bits(got_x), bits(&want_x[r]), "{test}: coordinates of rank {r}");
+            assert_eq!(bits(&got_f), bits(&want_f[r]), "{test}: forces of rank {r}");
+        }
+    };
+    let epochs = |x: &Box<dyn Exchange>| x.local_ranks().iter().map(|r| r.protocol_state().map(|s| (s.x_epoch, s.f_epoch)).unwrap()).collect::<Vec<_>>();
+    for k in 0..4 {
+        step(&mut x, &first, 10 + k, &format!("first layout, step {k}"));
+    }
+    assert_eq!(epochs(&x), vec![(4, 4); 4]);
+    x.reset_protocol().unwrap();
+    assert_eq!(epochs(&x), vec![(0, 0); 4], "the reset zeroes every rank's counters");
+    assert!(x.replan(second.clone()).unwrap(), "the second layout fits the headroom");
+    for k in 0..4 {
+        step(&mut x, &second, 20 + k, &format!("after the reset and the replan, step {k}"));
+    }
+    assert_eq!(epochs(&x), vec![(4, 4); 4], "every rank counted from step 1 again");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 17: per-pulse paths inside one fused launch.
+
+/// Every pattern of bulk copies and stores over a rank's pulses (one fused launch mixing them),
+/// each rank its own pattern, poisoned outputs, random data, every element type, forwarding
+/// chains (2x2x2: later pulses carry atoms received in earlier ones, so bulk pulses wait for store
+/// pulses and the reverse), empty and one-atom pulses. Checked against the CPU reference.
+#[test]
+fn pulses_of_one_rank_take_different_paths_in_one_fused_launch() {
+    use kernels_gpu::abi::CoordPath;
+    let Some(g) = gpu_or_skip("pulses_of_one_rank_take_different_paths_in_one_fused_launch") else { return };
+    let module = Arc::new(g.module);
+    let mut empty = shape([2, 2, 1], 2, 40);
+    empty.send_fraction = 0.0;
+    let mut tiny = shape([2, 2, 1], 1, 1);
+    tiny.send_fraction = 1.0;
+    let cases = [
+        ("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 1500), 81)),
+        ("2x2x2 two pulses", synthetic::halos(shape([2, 2, 2], 2, 900), 82)),
+        ("ring of 3 x 3 pulses", synthetic::halos(shape([3, 1, 1], 3, 2000), 83)),
+        ("empty", synthetic::halos(empty, 84)),
+        ("tiny", synthetic::halos(tiny, 85)),
+    ];
+    for (name, halos) in cases {
+        let pulses = halos[0].pulses.len();
+        // Rank r's pulse p copies in bulk when bit p of (pattern + r) is set: every pattern on
+        // rank 0, shifted ones on the others, so ranks mix differently.
+        for pattern in 0..(1u32 << pulses) {
+            let test = format!("{name}, pattern {pattern:b}");
+            let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), &[module.clone()]).unwrap();
+            for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
+                let bits = pattern.wrapping_add(r as u32);
+                let bulk: Vec<bool> = (0..pulses).map(|p| bits >> p & 1 == 1).collect();
+                rank.set_bulk_pulses(&bulk).unwrap();
+                let want: Vec<CoordPath> = bulk.iter().map(|&b| if b { CoordPath::Bulk } else { CoordPath::Store }).collect();
+                assert_eq!(rank.coord_paths(), want, "{test}: rank {r}");
+                assert_eq!(rank.any_bulk(), bulk.contains(&true));
+            }
+            for step in 0..6u64 {
+                exchange_and_check(&test, &mut ranks, &halos, Transport::Fused, step, 7000 + step);
+            }
+        }
+    }
+}
+
+/// The generic instantiations mix paths too (bulk chunks of 12 `f32`, 6 `f64`, 3 `[f32; 4]` per
+/// lane): rank 0 copies its first pulse in bulk and stores the second, rank 1 the reverse.
+#[test]
+fn mixed_paths_for_every_element_type() {
+    let near = |a: f32, b: f32| approx::relative_eq!(a, b, epsilon = 1e-5, max_relative = 1e-5);
+    let halos = synthetic::halos(shape([2, 1, 1], 2, 3001), 86);
+    fn mixed<T: Element>(test: &str, halos: &[RankHalo], make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
+        let Some(g) = gpu_or_skip(test) else { return };
+        let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), &[Arc::new(g.module)]).unwrap();
+        for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
+            rank.set_bulk_pulses(&[r == 0, r == 1]).unwrap();
+        }
+        for step in 0..10 {
+            let home = random_elements(halos, 300 + step, true, &make);
+            let forces = random_elements(halos, 600 + step, false, &make);
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                rank.x.fill_bytes(0xFF).unwrap();
+                rank.upload_coordinates(&home[r]).unwrap();
+                rank.f.copy_from_host(&forces[r]).unwrap();
+            }
+            ranks.exchange_forward(Transport::Fused).unwrap();
+            ranks.exchange_reverse_accumulate(Transport::Fused).unwrap();
+            ranks.finish().unwrap_or_else(|e| panic!("{test} step {step}: {e}"));
+            let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &forces));
+            for (r, (x, f)) in ranks.coordinates().unwrap().iter().zip(ranks.forces().unwrap()).enumerate() {
+                assert_eq!(bytemuck::cast_slice::<T, u8>(x), bytemuck::cast_slice::<T, u8>(&want_x[r]), "{test}: rank {r} step {step}");
+                assert!(f.iter().zip(&want_f[r]).all(|(a, b)| close(*a, *b)), "{test}: accumulated values of rank {r} at step {step}");
+            }
+        }
+    }
+    mixed("mixed f32", &halos, |r| r.random_range(-5.0f32..5.0), near);
+    mixed("mixed f64", &halos, |r| r.random_range(-5.0f64..5.0), |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs()));
+    mixed("mixed f32x4", &halos, |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0], |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])));
+}
+
+/// The router's plans drive the per-pulse paths of ranks in one process: with pair 0-1 forced to
+/// `nvlink-tma` and the rest to `nvlink-store`, rank 0 of a 2x2x1 grid copies the pulses to rank 1
+/// in bulk and stores the others, in one launch; the plans and the installed paths agree, and the
+/// exchange is checked. A bulk copy towards a peer reached by puts is refused.
+#[test]
+fn routed_plans_mix_paths_per_pulse_in_one_process() {
+    use halo::route::{RouteConfig, Transport as T};
+    use kernels_gpu::abi::CoordPath;
+    let Some(g) = gpu_or_skip("routed_plans_mix_paths_per_pulse_in_one_process") else { return };
+    let module = Arc::new(g.module);
+    let halos = synthetic::halos(shape([2, 2, 1], 2, 2000), 87);
+    let facts = halo::route::gpu_facts::gpu_facts_of(&[module.context().ordinal()]).unwrap();
+    let facts: Vec<_> = (0..halos.len()).map(|_| facts[0].clone()).collect();
+    let mut config = RouteConfig::default();
+    config.add_cli_overrides("--route-override", &["0-1=nvlink-tma".into(), "0-2=nvlink-store".into(), "1-3=nvlink-store".into(), "2-3=nvlink-store".into()]).unwrap();
+    let mut routers = halo::route::local_routers(&facts, &config).unwrap();
+    let plans = halo::route::plan_local_with::<Float3>(&mut routers, &halos).unwrap();
+    assert_eq!((plans[0].transport(1), plans[0].transport(2)), (Some(T::NvlinkTma), Some(T::NvlinkStore)));
+    let mut ranks = LocalRanks::<Float3>::with_plans(halos.clone(), &[module.clone()], &plans).unwrap();
+    let paths = ranks.ranks()[0].coord_paths();
+    for (p, spec) in halos[0].pulses.iter().enumerate() {
+        let want = if spec.send_rank == 1 { CoordPath::Bulk } else { CoordPath::Store };
+        assert_eq!(paths[p], want, "rank 0 pulse {p} to rank {}", spec.send_rank);
+    }
+    assert!(paths.contains(&CoordPath::Bulk) && paths.contains(&CoordPath::Store), "{paths:?}");
+    assert_eq!(ranks.routes().len(), 4);
+    for step in 0..20 {
+        exchange_and_check("routed mix", &mut ranks, &halos, Transport::Fused, step, 50 + step);
+    }
+    // The library default plans too (LocalRanks::new), and reports what it chose.
+    let routed = LocalRanks::<Float3>::new(halos.clone(), &[module]).unwrap();
+    assert_eq!(routed.routes().len(), halos.len());
+    assert!(routed.routes().iter().all(|s| s.peers.iter().all(|p| p.transport != T::NvshmemPut)));
 }

@@ -136,10 +136,21 @@ fn the_footprint_is_what_an_exchange_allocates() {
     let halos = synthetic::halos(shape([2, 1, 1], 20_000), 3);
     let sizes = SharedSizes::of(&halos);
     let before = halo::exchange::memory::allocated_on_this_thread();
-    let ranks = LocalRanks::<Float3>::new(halos.clone(), &[Arc::new(g.module)]).unwrap();
+    let module = Arc::new(g.module);
+    let ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
     let allocated = halo::exchange::memory::allocated_on_this_thread() - before;
     let footprint: u64 = halos.iter().map(|h| Footprint::of::<Float3>(sizes, h).symmetric_requested()).sum();
     assert_eq!(allocated, footprint, "LocalRanks allocated {allocated} bytes of exchange buffers, the footprint says {footprint}");
+    drop(ranks);
+    // With the MD step's headroom (`Placement::exchange_with_headroom`): the footprint of the grown
+    // sizes, which is what the prechecks are given.
+    let grown = sizes.with_headroom(0.25);
+    let before = halo::exchange::memory::allocated_on_this_thread();
+    let ranks = LocalRanks::<Float3>::with_sizes(halos.clone(), &[module], grown).unwrap();
+    let allocated = halo::exchange::memory::allocated_on_this_thread() - before;
+    let footprint: u64 = halos.iter().map(|h| Footprint::of::<Float3>(grown, h).symmetric_requested()).sum();
+    assert_eq!(allocated, footprint, "with headroom: LocalRanks allocated {allocated} bytes, the footprint says {footprint}");
+    assert!(grown.atoms > sizes.atoms);
     drop(ranks);
 }
 

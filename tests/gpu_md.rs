@@ -1,68 +1,181 @@
-//! The mini-MD step on one GPU: decomposed forces (pair forces + both halos) must equal the forces
-//! of the undecomposed system computed on the CPU, every step, for 1 to 16 ranks and 1 or 2 pulses
-//! per dimension, with re-decomposition every 10 steps. Coordinates after the halo are bit-exact.
+//! The mini-MD step on the GPU (nbnxm cluster-pair forces, both halos, leapfrog): the decomposed
+//! forces and potential energy must equal those of the undecomposed system computed on the CPU,
+//! every checked step, on 1-D, 2-D and 3-D rank grids with one and two pulses per dimension, at
+//! 6,000 and 45,000 atoms, with searches (re-decomposition, new lists, the exchange replanned in its
+//! buffers) every `nstlist` steps. Coordinates after the halo are bit-exact. Also: the leapfrog
+//! kernels against their CPU reference, and energy conservation of an NVE run on one and two ranks.
 
+use halo::abi::{self, Float3};
 use halo::decomp::RankGrid;
 use halo::exchange::Transport;
-use halo::exchange::pe::PathPolicy;
-use halo_md::{self as md, MdConfig};
+use halo::gpu::{DeviceBuffer, DeviceMemory, LaunchShape};
+use halo::kernel_args;
 use halo::testing::gpu_or_skip;
+use halo_md::{self as md, MdConfig, MdOutcome};
+use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use std::time::Duration;
 
-fn config(atoms: usize, grid: [usize; 3], cutoff: f32, transport: Transport, steps: u64) -> MdConfig {
-    MdConfig {
-        atoms,
-        grid: RankGrid { dims: grid },
-        cutoff,
-        buffer: 0.1,
-        nstlist: 10,
-        dt: 0.002,
-        steps,
-        seed: 5,
-        transport,
-        check_every: 1,
-        wait_timeout: Duration::from_secs(5),
-        path_policy: PathPolicy::Auto,
-    }
+fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstlist: u64) -> MdConfig {
+    MdConfig { steps, nstlist, seed: 5, transport, ..MdConfig::new(atoms, RankGrid::new(grid).unwrap()) }
 }
 
-fn run(test: &str, cfg: MdConfig) {
-    let Some(g) = gpu_or_skip(test) else { return };
+fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
+    let g = gpu_or_skip(test)?;
     let out = md::run_local(&cfg, &[Arc::new(g.module)], |_, _| {}).unwrap_or_else(|e| panic!("{test}: {e}"));
-    assert_eq!(out.checked_steps, cfg.steps, "{test}");
-    assert_eq!(out.rebuilds, cfg.steps.div_ceil(cfg.nstlist), "{test}");
-    assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
-    assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);
-    eprintln!("{test}: {:?} over {} steps, {} pairs", out.worst, out.steps, out.pairs);
+    let checks = if cfg.check_every == 0 { 0 } else { cfg.steps.div_ceil(cfg.check_every) };
+    assert_eq!(out.checked_steps, checks, "{test}");
+    assert_eq!(out.searches, cfg.steps.div_ceil(cfg.nstlist), "{test}");
+    assert_eq!(out.exchange_builds, 1, "{test}: later searches replan the exchange in its buffers");
+    if checks > 0 {
+        assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
+        assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);
+        assert!(out.worst.energy_rel <= md::run::ENERGY_TOLERANCE, "{test}: {:?}", out.worst);
+        assert_eq!(out.energies.len() as u64, checks, "{test}: every checked step records its energy");
+    }
+    eprintln!("{test}: {:?} over {} steps, {} searches, lists {:?}", out.worst, out.steps, out.searches, out.lists);
+    Some(out)
 }
 
 #[test]
 fn one_rank_matches_the_undecomposed_forces() {
-    run("md_1x1x1", config(3000, [1, 1, 1], 1.0, Transport::Fused, 100));
+    run("md_1x1x1", config(6000, [1, 1, 1], Transport::Fused, 60, 25));
 }
 
 #[test]
 fn two_ranks_one_pulse() {
-    run("md_2x1x1", config(3000, [2, 1, 1], 1.0, Transport::Fused, 100));
+    run("md_2x1x1", config(6000, [2, 1, 1], Transport::Fused, 60, 25));
 }
 
 #[test]
 fn four_ranks_2x2x1() {
-    run("md_2x2x1", config(3000, [2, 2, 1], 1.0, Transport::Fused, 100));
+    run("md_2x2x1", config(6000, [2, 2, 1], Transport::Fused, 60, 25));
 }
 
 #[test]
-fn eight_ranks_2x2x2_forwarding_chain() {
+fn eight_ranks_2x2x2_forwarding_chain_every_transport() {
     for t in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged] {
-        run("md_2x2x2", config(3000, [2, 2, 2], 1.0, t, if t == Transport::Fused { 100 } else { 30 }));
+        run(&format!("md_2x2x2_{t}"), config(6000, [2, 2, 2], t, if t == Transport::Fused { 60 } else { 30 }, 20));
     }
 }
 
 #[test]
 fn two_pulses_per_dimension() {
-    // Cells of 0.78 nm and a 1.1 nm list cutoff: two pulses along x.
-    run("md_4x1x1_two_pulses", config(3000, [4, 1, 1], 1.0, Transport::Fused, 100));
-    // 0.62 nm cells in x, 1.23 nm in y and z, 0.8 nm list cutoff: two pulses in x, one in y and z.
-    run("md_4x2x2_mixed_pulses", config(1500, [4, 2, 2], 0.7, Transport::Fused, 50));
+    // 0.98 nm cells along x and a 1.13 nm list cutoff (nstlist 25): two pulses along x.
+    run("md_4x1x1_two_pulses", config(6000, [4, 1, 1], Transport::Fused, 60, 25));
+    // 0.62 nm cells in x, 1.23 nm in y and z, a 0.7 nm cutoff: two pulses in x, one in y and z.
+    let mut c = config(1500, [4, 2, 2], Transport::Fused, 40, 20);
+    c.cutoff = 0.7;
+    run("md_4x2x2_mixed_pulses", c);
+}
+
+#[test]
+fn forty_five_thousand_atoms_1d_2d_3d() {
+    for grid in [[2, 1, 1], [2, 2, 1], [2, 2, 2]] {
+        let mut c = config(45_000, grid, Transport::Fused, 30, 15);
+        c.check_every = 10;
+        run(&format!("md_45000_{}x{}x{}", grid[0], grid[1], grid[2]), c);
+    }
+    let mut c = config(45_000, [4, 1, 1], Transport::Fused, 20, 10);
+    c.check_every = 10;
+    c.buffer = Some(0.2); // 1.91 nm cells, a 1.2 nm list cutoff: one pulse; 8x1x1 below has two
+    run("md_45000_4x1x1", c);
+    let mut c = config(45_000, [8, 1, 1], Transport::Fused, 20, 10);
+    c.check_every = 10;
+    run("md_45000_8x1x1_two_pulses", c);
+}
+
+/// Plain steps replayed as CUDA graphs (captured again after every search) between checked steps:
+/// the checks after graph steps see the same bit-exact coordinates and forces.
+#[test]
+fn graph_replay_between_checks() {
+    for (grid, t) in [([2, 2, 2], Transport::Fused), ([2, 1, 1], Transport::FusedTma), ([2, 2, 1], Transport::PerPulseDirect), ([1, 1, 1], Transport::Fused)] {
+        let mut c = config(6000, grid, t, 100, 25);
+        c.check_every = 7;
+        c.graph = true;
+        let test = format!("md_graph_{}x{}x{}_{t}", grid[0], grid[1], grid[2]);
+        let Some(out) = run(&test, c) else { return };
+        assert!(out.graph_steps > 50, "{test}: {} graph steps", out.graph_steps);
+    }
+}
+
+/// Energy conservation: 2,000 steps of NVE at 6,000 atoms on one rank and on two, energy every
+/// 20 steps. The drift must stay far below GROMACS's default tolerance (0.005 kJ/mol/ps per atom =
+/// 5 kJ/mol/ns per atom); both numbers are printed.
+#[test]
+fn nve_drift_is_small_on_one_and_two_ranks() {
+    // Two ranks with the plain steps as CUDA graphs (the energy steps between them are not).
+    for (grid, graph) in [([1, 1, 1], false), ([2, 1, 1], true)] {
+        let mut c = config(6000, grid, Transport::Fused, 2000, 100);
+        c.check_every = 0;
+        c.energy_every = 20;
+        c.graph = graph;
+        let test = format!("md_nve_{}x{}x{}{}", grid[0], grid[1], grid[2], if graph { "_graph" } else { "" });
+        let Some(out) = run(&test, c) else { return };
+        assert_eq!(out.energies.len(), 100, "{test}");
+        // The exchange waited for the host only at search steps (after the first) and at the end.
+        assert_eq!(out.host_syncs, out.searches, "{test}: host syncs inside steps");
+        let d = out.drift(6000, 0.002, 0).expect("a drift");
+        eprintln!("{test}: {d:?}; first {:?}, last {:?}", out.energies[0], out.energies[99]);
+        assert!(d.per_atom_kj_mol_ns.abs() < 0.5, "{test}: drift {d:?}");
+        assert!(out.energies.iter().all(|e| e.kinetic > 0.0 && e.potential.is_finite()), "{test}");
+    }
+}
+
+/// `leapfrog` and `leapfrog_energy` against the CPU update and kinetic energy (`f64`), on random
+/// inputs with a count that leaves partial warps and blocks; atoms past `n` must stay untouched.
+#[test]
+fn leapfrog_kernels_match_the_cpu_reference() {
+    let Some(g) = gpu_or_skip("leapfrog_kernels_match_the_cpu_reference") else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let n = 10_007usize;
+    let extra = 5;
+    let mut f3 = |s: f32| Float3::new(rng.random_range(-s..s), rng.random_range(-s..s), rng.random_range(-s..s));
+    let x: Vec<Float3> = (0..n + extra).map(|_| f3(5.0)).collect();
+    let v: Vec<Float3> = (0..n + extra).map(|_| f3(1.0)).collect();
+    let f: Vec<Float3> = (0..n + extra).map(|_| f3(500.0)).collect();
+    let inv_mass: Vec<f32> = (0..n + extra).map(|i| 1.0 / if i % 3 == 0 { 15.999 } else { 14.027 }).collect();
+    let dt = 0.002f32;
+    let stream = g.ctx.new_stream().unwrap();
+    for energy in [false, true] {
+        let (xd, vd, fd) = (DeviceBuffer::from_host(&g.ctx, &x).unwrap(), DeviceBuffer::from_host(&g.ctx, &v).unwrap(), DeviceBuffer::from_host(&g.ctx, &f).unwrap());
+        let md_ = DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap();
+        let ke = DeviceBuffer::from_host(&g.ctx, &[1000.0f64]).unwrap();
+        let (mut px, mut pv, mut pf, mut pm, mut pn, mut pdt, mut pke) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md_.device_ptr(), n as u32, dt, ke.device_ptr());
+        // Fewer blocks than atoms: the grid-stride loop sums several atoms per thread.
+        let shape = LaunchShape { grid: (7, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+        // SAFETY: arguments match the kernels; every buffer holds at least n elements.
+        unsafe {
+            if energy {
+                let mut args = kernel_args![px, pv, pf, pm, pn, pdt, pke];
+                g.module.launch(abi::LEAPFROG_ENERGY, shape, &stream, &mut args).unwrap();
+            } else {
+                let mut args = kernel_args![px, pv, pf, pm, pn, pdt];
+                g.module.launch(abi::LEAPFROG, shape, &stream, &mut args).unwrap();
+            }
+        }
+        stream.synchronize().unwrap();
+        let (gx, gv) = (xd.to_host().unwrap(), vd.to_host().unwrap());
+        let mut want_ke = 0.0f64;
+        for i in 0..n {
+            let a = f64::from(inv_mass[i]) * f64::from(dt);
+            let c = |v: f32, f: f32| f64::from(v) + f64::from(f) * a;
+            let vn = [c(v[i].x, f[i].x), c(v[i].y, f[i].y), c(v[i].z, f[i].z)];
+            let xn = [f64::from(x[i].x) + vn[0] * f64::from(dt), f64::from(x[i].y) + vn[1] * f64::from(dt), f64::from(x[i].z) + vn[2] * f64::from(dt)];
+            for (k, (got, want)) in [(gv[i].x, vn[0]), (gv[i].y, vn[1]), (gv[i].z, vn[2]), (gx[i].x, xn[0]), (gx[i].y, xn[1]), (gx[i].z, xn[2])].into_iter().enumerate() {
+                assert!((f64::from(got) - want).abs() <= 1e-6 * want.abs().max(1.0), "energy {energy}: atom {i} value {k}: GPU {got}, CPU {want}");
+            }
+            let m = 1.0 / f64::from(inv_mass[i]);
+            let vo = [v[i].x, v[i].y, v[i].z].map(f64::from);
+            want_ke += 0.25 * m * (vo.iter().map(|c| c * c).sum::<f64>() + vn.iter().map(|c| c * c).sum::<f64>());
+        }
+        assert_eq!(&gx[n..], &x[n..], "atoms past n are not moved");
+        assert_eq!(&gv[n..], &v[n..]);
+        let got_ke = ke.to_host().unwrap()[0] - 1000.0;
+        if energy {
+            assert!((got_ke - want_ke).abs() <= 1e-5 * want_ke, "kinetic energy: GPU {got_ke}, CPU {want_ke}");
+            eprintln!("leapfrog_energy: kinetic energy {got_ke:.4} vs {want_ke:.4} kJ/mol");
+        } else {
+            assert_eq!(got_ke, 0.0, "the plain leapfrog touches no energy");
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! GPU prune, at 6,000 and 45,000 atoms, on one rank and on ranks with a halo (from the existing
 //! decomposition), with two and five atom types, short and long list entries, plus edge inputs
 //! (no list, one padded cluster, atoms exactly at the cutoff). Every kernel design
-//! ([`NbnxmKernel::ALL`]) runs every check. Outputs are poisoned: forces start from known nonzero
+//! ([`NbnxmKernel::ALL`]) runs every check, also on lists from the GPU search, which must first
+//! equal the host's word for word. Outputs are poisoned: forces start from known nonzero
 //! values with NaN guards after the array, the energy accumulator starts at 1000, the inner list
 //! at all ones. `kernel_times` prints every design's GPU times as a table (no assertion on them).
 
@@ -43,9 +44,37 @@ fn table_f64(sys: &MolecularSystem) -> Vec<(f64, f64)> {
 /// compares forces, energy and (when pruned) the inner lists with the references.
 #[allow(clippy::too_many_arguments)]
 fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize) {
+    check_with(test, g, sys, atoms, coords, setup, prune, max_j, false)
+}
+
+/// [`check`], with the lists searched on the GPU (`gpu_search`, which splits entries at the
+/// default 32 words) instead of uploaded from the host: then the GPU's lists must first equal the
+/// host's word for word and entry for entry.
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize,
+    gpu_search: bool,
+) {
     let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(setup.rlist) };
     let search = PairSearch::build(atoms, &opts).unwrap_or_else(|e| panic!("{test}: {e}"));
-    let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(sys), setup, atoms.box_size).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let mut nb = if gpu_search {
+        assert_eq!(max_j, SearchOptions::new(setup.rlist).max_j_per_entry, "{test}: the GPU search splits entries at the default length");
+        let stream = g.ctx.new_stream().unwrap();
+        let nb = NbnxmGpu::new_on_gpu(g.module.clone(), &search.grid, &lj_table(sys), setup, atoms.box_size, &stream)
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
+            let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
+            assert_eq!(entries.len(), list.entries.len(), "{test} {kind:?}: GPU search entries");
+            assert_eq!(words.len(), list.j_list.len(), "{test} {kind:?}: GPU search words");
+            if let Some(w) = (0..words.len()).find(|&w| words[w] != list.j_list[w]) {
+                panic!("{test} {kind:?}: GPU search word {w} is {:#x}, the host's {:#x}", words[w], list.j_list[w]);
+            }
+            assert_eq!(entries, list.entries, "{test} {kind:?}: GPU search entries");
+        }
+        nb
+    } else {
+        NbnxmGpu::new(g.module.clone(), &search, &lj_table(sys), setup, atoms.box_size).unwrap_or_else(|e| panic!("{test}: {e}"))
+    };
     let n = atoms.len();
     let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
 
@@ -130,6 +159,9 @@ fn decomposed_system(test: &str, sys: &MolecularSystem, dims: [usize; 3], ranks:
         for prune in [false, true] {
             check(&format!("{test} rank {r} prune {prune}"), &g, sys, &local, &coords[r], &s, prune, max_j);
         }
+        if max_j == SearchOptions::new(s.rlist).max_j_per_entry {
+            check_with(&format!("{test} rank {r} GPU search"), &g, sys, &local, &coords[r], &s, true, max_j, true);
+        }
     }
 }
 
@@ -184,6 +216,47 @@ fn five_random_atom_types() {
         *t = rng.random_range(0..5u8);
     }
     decomposed_system("nbnxm_6000_five_types", &sys, [2, 1, 1], &[0, 1], 32);
+}
+
+#[test]
+fn eight_ranks_45000_atoms_2x2x2() {
+    decomposed("nbnxm_45000_2x2x2", 45_000, [2, 2, 2], &[0, 7]);
+}
+
+/// The GPU search (both passes) against the host search at the MD step's list cutoffs (the drift
+/// buffer of nstlist 100 and 50 at the default tolerance), on one rank and on ranks with halos, and
+/// its time beside the host's (printed, not asserted).
+#[test]
+fn gpu_search_equals_the_host_search() {
+    let Some(g) = gpu("nbnxm_gpu_search") else { return };
+    for atoms in [6000, 45_000] {
+        let sys = MolecularSystem::generate(atoms, 21).unwrap();
+        for nstlist in [100, 50] {
+            let s = ListSetup::for_system(&sys, 1.0, 0.002, nstlist, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+            for dims in [[1, 1, 1], [2, 1, 1], [2, 2, 1]] {
+                let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
+                let r = plan.ranks.len() - 1;
+                let local = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
+                let search = PairSearch::build(&local, &SearchOptions::new(s.rlist)).unwrap();
+                let stream = g.ctx.new_stream().unwrap();
+                let mut nb = NbnxmGpu::new_on_gpu(g.module.clone(), &search.grid, &lj_table(&sys), &s, sys.box_size, &stream).unwrap();
+                let t = std::time::Instant::now();
+                nb.update_on_gpu(&search.grid, sys.box_size, &stream).unwrap();
+                let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
+                let test = format!("gpu search {atoms} atoms nstlist {nstlist} {dims:?} rank {r}");
+                for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
+                    assert_eq!(nb.read_entries(kind).unwrap(), list.entries, "{test} {kind:?}");
+                    assert_eq!(nb.read_j_list(kind, false).unwrap(), list.j_list, "{test} {kind:?}");
+                }
+                eprintln!(
+                    "{test}: {} + {} words; GPU search {gpu_ms:.2} ms (upload, both passes, host layout), host lists {:.2} ms",
+                    search.local.j_list.len(),
+                    search.nonlocal.j_list.len(),
+                    search.timing.lists.as_secs_f64() * 1e3
+                );
+            }
+        }
+    }
 }
 
 /// Hand-placed atoms in a 4 nm box (all home, every dimension periodic).

@@ -172,7 +172,9 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
     if !two_gpus("four_pes_on_two_gpus_pass_the_issue_commands") {
         return;
     }
-    let check = halo(&["launch", "-n", "4", "--gpus", "0,1", "--", "exchange-check", "--grid", "4x1x1", "--steps", "20"], &[], Duration::from_secs(300));
+    // Every transport (`--paths auto`: with routed paths, the default, only the router's kernel runs).
+    let args = ["launch", "-n", "4", "--gpus", "0,1", "--", "exchange-check", "--grid", "4x1x1", "--steps", "20", "--paths", "auto"];
+    let check = halo(&args, &[], Duration::from_secs(300));
     check.assert_ok("exchange-check 4x1x1");
     // Every transport on every PE (the PEs of a GPU map each other, so none is skipped).
     assert_eq!(check.count_ok(20, 20), 4 * 5, "{}", check.text());
@@ -280,4 +282,34 @@ fn a_dying_proxy_ends_the_run_within_10_s() {
     assert!(to_exit < FAIL_BOUND, "the run took {to_exit:?} from the first failure to its end:\n{text}");
     // The launcher names the rank that ended first and stops the others.
     assert!(text.contains("halo launch: rank"), "no launcher summary naming the failed rank:\n{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 17 in the MD step (issues 13 and 17 merged): an injected failure is agreed at the next
+// safe point and every PE rolls back to the last search step, resets and drops its exchange, and
+// runs the steps again on a new exchange with the agreed paths (counters from zero everywhere);
+// every step is still checked against the CPU reference and the cross-rank checksums.
+
+#[test]
+fn the_md_step_fails_over_by_rolling_back_to_the_last_search_step() {
+    let test = "the_md_step_fails_over_by_rolling_back_to_the_last_search_step";
+    if !two_gpus(test) {
+        return;
+    }
+    let verify = ["verify", "--ranks", "2x1x1", "--atoms", "3000", "--steps", "30", "--nstlist", "10", "--wait-timeout-ms", "500"];
+    // One process on both GPUs (every rank skips step 12), and two PEs (PE 0 skips step 12, PE 1's
+    // device waits time out).
+    let one: Vec<&str> = verify.to_vec();
+    let two: Vec<&str> = ["launch", "-n", "2", "--"].into_iter().chain(verify).collect();
+    for (args, inject) in [(one, "nvlink-store:12"), (two, "nvlink-store:12@0")] {
+        let env = [("HALO_INJECT_FAILURE".to_string(), OsString::from(inject))];
+        let run = halo(&args, &env, Duration::from_secs(300));
+        let what = format!("verify with HALO_INJECT_FAILURE={inject}");
+        run.assert_ok(&what);
+        let text = run.text();
+        assert!(run.count("found a failure; running again from step 10") >= 1, "{what}: no rollback to step 10:\n{text}");
+        assert_eq!(run.count("1 stretch(es) of steps ran again after agreed failures"), 1, "{what}:\n{text}");
+        assert_eq!(run.count("integrity: 30 checked steps"), 1, "{what}: every step checked after the rerun:\n{text}");
+        assert!(run.count("failure epoch 1") >= 1, "{what}: the routes after the failover name the agreed failure:\n{text}");
+    }
 }

@@ -160,6 +160,37 @@ fn bulk_copy_wrappers_lower_to_hopper_instructions() {
     ]);
 }
 
+/// The instructions of the bulk-copy path (`bulk_pulse`), in whichever kernel runs it.
+const BULK: &[&str] = &[
+    "fence.proxy.async.shared::cta;",
+    "cp.async.bulk.global.shared::cta.bulk_group",
+    "cp.async.bulk.commit_group;",
+    "cp.async.bulk.wait_group.read 0;",
+    "cp.async.bulk.wait_group 0;",
+    "atom.acq_rel.cta.shared::cta.add.u32",
+];
+
+/// Issue 17: one fused launch mixes paths per pulse. The fused coordinate kernel of every element
+/// type holds the three: the stores' block election and release signal, the put path's NVSHMEM
+/// calls, and the bulk copies it shares with the TMA kernel (one function, `bulk_pulse`), whose
+/// per-pulse branch reads the pulse's `path` word.
+#[test]
+fn the_fused_kernel_mixes_stores_puts_and_bulk_copies_per_pulse() {
+    let b = entries(&ptx_text());
+    for sfx in ["", "_f32", "_f64", "_f32x4"] {
+        let k = format!("{}{sfx}", abi::FUSED_COORDS);
+        assert_lowers(&b, &k, BULK);
+        assert_lowers(&b, &k, &["bar.red.or.pred", "st.release.sys.global.u64", "nvshmemi_transfer_put_signal", "nvshmemi_transfer_rma_p"]);
+        assert_lowers(&b, &format!("{}{sfx}", abi::FUSED_COORDS_TMA), BULK);
+        // The TMA kernel's copy of the body is instantiated without puts.
+        assert!(!b[&format!("{}{sfx}", abi::FUSED_COORDS_TMA)].contains("nvshmemi_device_state_d"), "fused_coords_tma{sfx} uses NVSHMEM");
+    }
+    // The branch reads the path word of the pulse's metadata (offset 132, next to signal_mode at 128).
+    assert_eq!(std::mem::offset_of!(abi::PulseMeta, path), 132);
+    assert!(b[abi::FUSED_COORDS].contains("+132]"), "fused_coords never reads PulseMeta::path");
+    assert!(!b[abi::FUSED_COORDS_TMA].contains("+132]"), "fused_coords_tma branches on the path it does not need");
+}
+
 #[test]
 fn put_variants_call_nvshmem() {
     let ptx = ptx_text();
@@ -320,4 +351,27 @@ fn timeline_stamps_reach_only_the_instrumented_kernels() {
     // The resolution probe reads the clock and writes its result, nothing else.
     assert_lowers(&b, tl::GLOBALTIMER_RESOLUTION, &["%globaltimer", "st.global"]);
     assert_absent(&b, tl::GLOBALTIMER_RESOLUTION, &["atom.", "red.", "ld.global"]);
+}
+
+#[test]
+fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
+    let b = entries(&ptx_text());
+    // Kinetic energy: summed per thread, butterfly-reduced per warp, one f64 atomic per warp.
+    assert_lowers(&b, abi::LEAPFROG_ENERGY, &["shfl.sync.bfly.b32", "red.relaxed.gpu.global.add.f64"]);
+    assert_eq!(b[abi::LEAPFROG_ENERGY].matches("red.relaxed.gpu.global.add.f64").count(), 1);
+    for ins in ["red.", "atom.", "shfl."] {
+        assert!(!b[abi::LEAPFROG].contains(ins), "the plain leapfrog contains `{ins}`");
+    }
+}
+
+#[test]
+fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
+    let b = entries(&ptx_text());
+    for k in [abi::NBNXM_SEARCH_COUNT, abi::NBNXM_SEARCH_WRITE] {
+        // The host's f32 arithmetic exactly: separate roundings (no fused multiply-add), an IEEE
+        // division and a truncating conversion for the column index.
+        assert!(!b[k].contains("fma.rn"), "{k}: a fused multiply-add differs from the host's rounding");
+        assert_lowers(&b, k, &["div.rn.f32", "cvt.rzi.u32.f32", "max.f32", "vote.sync.ballot.b32", "bar.warp.sync", "st.shared.b32", "popc.b32"]);
+        assert!(!b[k].contains("div.approx"), "{k}: an approximate division");
+    }
 }

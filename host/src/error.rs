@@ -71,6 +71,9 @@ pub enum HaloError {
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),
+    /// The router could not plan the exchange's paths (or the PEs' plans disagree).
+    #[error("routing: {0}")]
+    Route(#[from] crate::route::PathError),
     /// An argument a user or caller passed is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -4,6 +4,7 @@
 //! processes is the `halo launch` command's job (crate `halo-cli`).
 
 pub mod env;
+pub mod pmi;
 pub mod rendezvous;
 pub mod ucx;
 
@@ -97,6 +98,9 @@ pub enum LaunchError {
         /// The rendezvous directory.
         dir: PathBuf,
     },
+    /// The PMI-1 conversation with the launcher failed.
+    #[error("PMI: {0}")]
+    Pmi(String),
     /// Reading or writing the rendezvous directory failed.
     #[error("{what} {}: {source}", .path.display())]
     RendezvousIo {

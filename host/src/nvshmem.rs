@@ -256,6 +256,48 @@ impl Nvshmem {
     }
 }
 
+impl Nvshmem {
+    /// Every PE's `value`, indexed by PE: one `nvshmem_uint64_fcollect` over the world team
+    /// through two small symmetric buffers. Collective: every PE calls it at the same point.
+    pub fn all_gather_u64(self: &Arc<Self>, value: u64) -> Result<Vec<u64>> {
+        let src = self.alloc::<u64>(1)?;
+        let dst = self.alloc::<u64>(self.n_pes)?;
+        src.copy_from_host(&[value])?;
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: both buffers are symmetric (nvshmem_align on every PE, same sizes); `dst` holds
+        // one value per PE; the host collective completes before it returns.
+        let rc = unsafe { (self.lib.api.nvshmem_uint64_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u64, src.ptr as *const u64, 1) };
+        if rc != 0 {
+            return Err(HaloError::Nvshmem(format!("nvshmem_uint64_fcollect failed ({rc})")));
+        }
+        dst.to_host()
+    }
+
+    /// Every PE's bytes, indexed by PE, under any launcher (halo launch, mpirun, srun) and across
+    /// nodes: the lengths by [`Self::all_gather_u64`], then the bytes padded to the longest by one
+    /// `nvshmem_uint8_fcollect`. Collective; for small host data (facts, plans, checks).
+    pub fn all_gather_bytes(self: &Arc<Self>, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let lens = self.all_gather_u64(mine.len() as u64)?;
+        let max = lens.iter().copied().max().unwrap_or(0) as usize;
+        if max == 0 {
+            return Ok(vec![Vec::new(); self.n_pes]);
+        }
+        let src = self.alloc::<u8>(max)?;
+        let dst = self.alloc::<u8>(max * self.n_pes)?;
+        let mut padded = mine.to_vec();
+        padded.resize(max, 0);
+        src.copy_from_host(&padded)?;
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: as in all_gather_u64; `max` bytes from every PE, `dst` holds `n_pes * max`.
+        let rc = unsafe { (self.lib.api.nvshmem_uint8_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u8, src.ptr as *const u8, max) };
+        if rc != 0 {
+            return Err(HaloError::Nvshmem(format!("nvshmem_uint8_fcollect failed ({rc})")));
+        }
+        let all = dst.to_host()?;
+        Ok(all.chunks(max).zip(&lens).map(|(c, &n)| c[..n as usize].to_vec()).collect())
+    }
+}
+
 impl Drop for Nvshmem {
     fn drop(&mut self) {
         if collectives_abandoned() {

@@ -171,17 +171,6 @@ impl MolecularSystem {
         let s6 = sigma.powi(6);
         LjPair { c6: 4.0 * eps * s6, c12: 4.0 * eps * s6 * s6 }
     }
-
-    /// `[c6, c12]` for every type pair, row-major `a * ntypes + b`, in `f32` for the GPU.
-    pub fn lj_table_f32(&self) -> Vec<[f32; 2]> {
-        let n = self.atom_types.len();
-        (0..n * n)
-            .map(|k| {
-                let p = self.lj_pair(k / n, k % n);
-                [p.c6 as f32, p.c12 as f32]
-            })
-            .collect()
-    }
 }
 
 /// Velocities at [`TEMPERATURE`] (Box–Muller normals), with the centre-of-mass motion removed.
@@ -295,6 +284,5 @@ mod tests {
         let sigma: f64 = 0.19;
         let eps = (0.65f64 * 0.5).sqrt();
         assert!((p.c6 - 4.0 * eps * sigma.powi(6)).abs() < 1e-12);
-        assert_eq!(s.lj_table_f32().len(), 4);
     }
 }

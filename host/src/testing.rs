@@ -54,8 +54,10 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
 /// `halo launch` with an injected fault).
 #[derive(Clone, Debug, Default)]
 pub struct NullExchange {
-    /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`.
+    /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`, `replan`.
     pub calls: Vec<&'static str>,
+    /// What [`crate::exchange::Exchange::routes`] returns.
+    pub routes: Vec<crate::route::RoutedSummary>,
 }
 
 impl crate::exchange::Exchange for NullExchange {
@@ -92,5 +94,12 @@ impl crate::exchange::Exchange for NullExchange {
     fn reset_protocol(&mut self) -> crate::Result<()> {
         self.calls.push("reset");
         Ok(())
+    }
+    fn replan(&mut self, _: Vec<crate::exchange::spec::RankHalo>) -> crate::Result<bool> {
+        self.calls.push("replan");
+        Ok(true)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        self.routes.clone()
     }
 }

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 6;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -46,8 +46,8 @@ kernel_entries! {
     specific: [
         "pack_subset",
         "signal_ping_pong",
-        "lj_pair_forces",
         "leapfrog",
+        "leapfrog_energy",
         "jacobi7",
         "nbnxm_forces",
         "nbnxm_forces_energy",
@@ -66,6 +66,8 @@ kernel_entries! {
         "fused_coords_timeline",
         "fused_forces_timeline",
         "globaltimer_resolution",
+        "nbnxm_search_count",
+        "nbnxm_search_write",
     ],
 }
 
@@ -155,10 +157,12 @@ pub const FUSED_FORCES: &str = "fused_forces";
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
-/// `lj_pair_forces(x, types, lj, ntypes, row_start, cols, rows, f, box_x, box_y, box_z, rc2)`.
-pub const LJ_PAIR_FORCES: &str = "lj_pair_forces";
-/// `leapfrog(x, v, f, inv_mass, n, dt)`.
+/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt` for `n` home atoms.
 pub const LEAPFROG: &str = "leapfrog";
+/// `leapfrog_energy(x, v, f, inv_mass, n, dt, kinetic)`: [`LEAPFROG`] that also adds the kinetic
+/// energy at the force's time, `sum m (|v_old|² + |v_new|²) / 4` (the average of the two half-step
+/// kinetic energies), to the `f64` at `kinetic` (one atomic per warp).
+pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 
 /// `nbnxm_forces(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy,
 /// box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list (one warp per
@@ -200,6 +204,18 @@ pub const fn nbnxm_tiled_shared_bytes(ntypes: u32) -> u32 {
 /// nothing else. The GPU half of the exchange's jitter (`halo::exchange::perturb`): enqueued before
 /// a rank's launch, it skews that rank's GPU timeline against its peers'.
 pub const SPIN_DELAY: &str = "spin_delay";
+/// `nbnxm_search_count(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
+/// n_shifts, n_super, rl, rl2, counts)`: the cluster-pair search on the GPU, first pass. One warp
+/// per (i-supercluster, shift) item `sci * n_shifts + s`; writes the item's number of j-list words
+/// of the home–home list to `counts[2 item]` and of the list with halo clusters to
+/// `counts[2 item + 1]`. The rule is the host search's (`host/md/src/nbnxm/pairlist.rs`), in the
+/// same `f32` arithmetic, so both find the same words.
+pub const NBNXM_SEARCH_COUNT: &str = "nbnxm_search_count";
+/// `nbnxm_search_write(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
+/// n_shifts, n_super, rl, rl2, offsets, j_local, j_nonlocal)`: the second pass, same items: writes
+/// each item's words, in the host search's order, to `j_local[offsets[2 item] ..]` and
+/// `j_nonlocal[offsets[2 item + 1] ..]`.
+pub const NBNXM_SEARCH_WRITE: &str = "nbnxm_search_write";
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
@@ -298,6 +314,34 @@ impl SignalMode {
         match v {
             1 => Self::FencedPut,
             _ => Self::PutSignal,
+        }
+    }
+}
+
+/// How the fused coordinate kernel moves one pulse ([`PulseMeta::path`]), chosen per pulse by the
+/// host from the router's transport for the pulse's `send_pe`. The kernel branches on it per
+/// block (a block serves one pulse), so the choice is block-uniform.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoordPath {
+    /// The threads store into the peer's mapped memory (`remote_x != 0`).
+    Store = 0,
+    /// Per-warp bulk copies (`cp.async.bulk`) into the peer's mapped memory: needs
+    /// `remote_x != 0` and the launch's [`TMA_SHARED_BYTES`] of dynamic shared memory.
+    Bulk = 1,
+    /// NVSHMEM put + signal (`remote_x == 0`).
+    Put = 2,
+}
+
+impl CoordPath {
+    /// The path for a raw [`PulseMeta::path`]; unknown values are [`CoordPath::Store`] (the
+    /// kernel still puts whenever `remote_x == 0`).
+    #[inline(always)]
+    pub const fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Bulk,
+            2 => Self::Put,
+            _ => Self::Store,
         }
     }
 }
@@ -449,8 +493,9 @@ pub struct PulseMeta {
     pub flags: u32,
     /// A [`SignalMode`]: how the put path signals.
     pub signal_mode: u32,
-    /// Keeps the size a multiple of 8 explicitly.
-    pub reserved: u32,
+    /// A [`CoordPath`]: how the fused coordinate kernel moves this pulse (one launch may mix
+    /// them: pulses whose peers differ take different paths).
+    pub path: u32,
 }
 
 impl PulseMeta {
@@ -458,6 +503,13 @@ impl PulseMeta {
     #[inline(always)]
     pub const fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
+    }
+
+    /// Whether the fused coordinate kernel moves this pulse with bulk copies: asked for, and the
+    /// peer mapped (a bulk copy needs an address to copy to; otherwise the pulse puts).
+    #[inline(always)]
+    pub const fn bulk(&self) -> bool {
+        self.path == CoordPath::Bulk as u32 && self.remote_x != 0
     }
 }
 
@@ -536,6 +588,56 @@ pub const NBNXM_CENTRAL_SHIFT: u32 = 13;
 /// Number of shift indices.
 pub const NBNXM_NUM_SHIFTS: u32 = 27;
 
+/// Warps per block of the GPU cluster-pair search (one warp per item).
+pub const NBNXM_SEARCH_WARPS_PER_BLOCK: u32 = 4;
+/// Dynamic shared memory of one search block: the 8 shifted i-cluster boxes of each warp.
+pub const NBNXM_SEARCH_SHARED_BYTES: u32 = NBNXM_SEARCH_WARPS_PER_BLOCK * NBNXM_CLUSTERS_PER_SUPER * 24;
+
+/// An axis-aligned box of the cluster grid (nm); an empty cluster has `lo = +inf`, `hi = -inf`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmBox {
+    /// Lower corner.
+    pub lo: [f32; 3],
+    /// Upper corner.
+    pub hi: [f32; 3],
+}
+
+/// The column grid of one zone for the GPU search: its atoms' extent, `columns[0] x columns[1]`
+/// columns of `cell` (nm) in x-y, whose superclusters are
+/// `column_start[column_base + c] .. column_start[column_base + c + 1]` (ascending z).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmZone {
+    /// Extent of the zone's atoms (the whole box along periodic dimensions).
+    pub extent: NbnxmBox,
+    /// Column widths along x and y.
+    pub cell: [f32; 2],
+    /// Columns along x and y.
+    pub columns: [u32; 2],
+    /// Where this zone's column starts sit in `column_start`.
+    pub column_base: u32,
+    /// One past the zone's last supercluster.
+    pub sc_end: u32,
+    /// The zone (bit `d`: above this rank's cell along dimension `d`).
+    pub zone: u32,
+    /// Padding.
+    pub reserved: u32,
+}
+
+/// One periodic shift of the GPU search: its index (see [`NBNXM_CENTRAL_SHIFT`]) and vector.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct NbnxmShift {
+    /// The shift vector (nm).
+    pub v: [f32; 3],
+    /// Shift index.
+    pub index: u32,
+}
+
 /// One i-entry of a cluster-pair list: an i-supercluster under one periodic shift, and its range
 /// of j-list words. Long j-lists are split over several entries of the same supercluster and shift
 /// (every force is added atomically, so the split changes nothing but the load balance).
@@ -563,7 +665,7 @@ const _: () = {
     assert!(offset_of!(PulseMeta, shift) == 80);
     assert!(offset_of!(PulseMeta, send_size) == 92);
     assert!(offset_of!(PulseMeta, send_pe) == 108);
-    assert!(offset_of!(PulseMeta, reserved) == 132);
+    assert!(offset_of!(PulseMeta, path) == 132);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
     assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);
@@ -578,4 +680,6 @@ const _: () = {
     // One warp covers the i-cluster atoms x 4 j-lanes; the mask fits the low bits of a j word.
     assert!(NBNXM_CLUSTER_SIZE * 4 == 32 && NBNXM_MASK_BITS <= 8);
     assert!(NBNXM_SUPER_SIZE == 64);
+    assert!(size_of::<NbnxmBox>() == 24 && size_of::<NbnxmZone>() == 56 && size_of::<NbnxmShift>() == 16);
+    assert!(offset_of!(NbnxmZone, column_base) == 40 && offset_of!(NbnxmZone, zone) == 48);
 };

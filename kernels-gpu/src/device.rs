@@ -76,14 +76,14 @@ unsafe extern "C" {
     fn barrier0_or(predicate: i32) -> i32;
     #[link_name = "llvm.nvvm.vote.any.sync"]
     fn vote_any_sync(mask: u32, predicate: bool) -> bool;
+    #[link_name = "llvm.nvvm.vote.ballot.sync"]
+    fn vote_ballot_sync(mask: u32, predicate: bool) -> u32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn shfl_sync_idx_i32(mask: u32, value: u32, src_lane: u32, clamp: u32) -> u32;
-    #[link_name = "llvm.nvvm.vote.ballot.sync"]
-    fn vote_ballot_sync(mask: u32, predicate: bool) -> u32;
     #[link_name = "llvm.nvvm.redux.sync.or"]
     fn redux_sync_or(value: u32, mask: u32) -> u32;
 }
@@ -132,7 +132,8 @@ pub mod warp {
     }
 
     /// Bit `l` set when lane `l` of `mask` passes a true `predicate` (`vote.sync.ballot.b32`); the
-    /// same word on every lane.
+    /// same word on every lane: the lanes' predicates as a word, for ordered compaction
+    /// (`popc(ballot & lanes below)`).
     ///
     /// # Safety
     /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.

@@ -1,7 +1,8 @@
 //! `cargo xtask bundle`: everything a GPU machine without Rust or network needs to run halo and its
 //! GPU tests, in `target/bundle/`: `halo`, `stencil3d`, the downstream fixture `halo-downstream`,
 //! the GPU test binaries in `tests/`, the kernels in `ptx/` (the binaries embed the same ones),
-//! `run-gpu-tests.sh`, and with `--with-ucx` the UCX libraries in `ucx/`.
+//! `run-gpu-tests.sh`, with `--with-ucx` the UCX libraries in `ucx/`, and with `--mpi` MPICH's and
+//! Open MPI's launchers in `mpi/` (outside the bundle's own budget, inside what travels).
 
 use crate::PtxArgs;
 use anyhow::{Context, Result, bail};
@@ -11,13 +12,18 @@ use std::path::{Path, PathBuf};
 
 /// The bundle travels to the GPU machines, whose copy limit is 64 MiB; stay well under it.
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
+/// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB, Open MPI's
+/// launcher, libraries and data about 17 MiB); the whole must still travel.
+const MAX_MPI_BYTES: u64 = 22 << 20;
+/// The copy limit of the GPU machines, working tree included.
+const MAX_CARRIED_BYTES: u64 = 62 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
 const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes"];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 
-pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>) -> Result<()> {
+pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_mpi: bool) -> Result<()> {
     let root = crate::workspace_root();
     let bundle = root.join("target/bundle");
     if bundle.exists() {
@@ -45,7 +51,15 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>) -> Res
     if size > MAX_BUNDLE_BYTES {
         bail!("the bundle is {} MiB, over the {} MiB budget", size >> 20, MAX_BUNDLE_BYTES >> 20);
     }
-    eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), size as f64 / (1 << 20) as f64);
+    let mut total = size;
+    if with_mpi {
+        let mpi = crate::mpi::copy_for_bundle(&bundle.join("mpi"))?;
+        if mpi > MAX_MPI_BYTES || size + mpi > MAX_CARRIED_BYTES {
+            bail!("the MPI launchers take {} MiB (budget {} MiB), the bundle {} MiB in all (at most {} MiB travel)", mpi >> 20, MAX_MPI_BYTES >> 20, (size + mpi) >> 20, MAX_CARRIED_BYTES >> 20);
+        }
+        total += mpi;
+    }
+    eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), total as f64 / (1 << 20) as f64);
     Ok(())
 }
 
@@ -88,22 +102,27 @@ fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     set_executable(to)
 }
 
-/// Copies the files under `from` (not its dot-files) to `to`.
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+/// Copies a file, or the files under a folder (not its dot-files: fetch stamps), to `to`, following
+/// symbolic links and keeping modes; returns the bytes copied.
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> Result<u64> {
+    let meta = fs::metadata(from).with_context(|| format!("reading {}", from.display()))?;
+    if !meta.is_dir() {
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        return fs::copy(from, to).with_context(|| format!("copying {}", from.display()));
+    }
     fs::create_dir_all(to)?;
+    let mut total = 0;
     for entry in fs::read_dir(from)? {
         let entry = entry?;
         let name = entry.file_name();
         if name.to_string_lossy().starts_with('.') {
             continue;
         }
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &to.join(&name))?;
-        } else {
-            fs::copy(entry.path(), to.join(&name)).with_context(|| format!("copying {}", entry.path().display()))?;
-        }
+        total += copy_tree(&entry.path(), &to.join(&name))?;
     }
-    Ok(())
+    Ok(total)
 }
 
 fn set_executable(p: &Path) -> Result<()> {

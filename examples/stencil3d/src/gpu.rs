@@ -454,6 +454,11 @@ pub fn run_local(
             LocalRanks::<f32>::new(decomp.halos.clone(), modules)?,
             LocalRanks::<f32>::new(decomp.halos.clone(), modules)?,
         ];
+        if t == transports[0] {
+            for r in ex[0].routes() {
+                println!("route: {r}");
+            }
+        }
         // Both exchanges' spinning kernels may be resident at once (one rank a step ahead of its
         // neighbour): halve the blocks per pulse each may use, so the two together still fit.
         for x in &mut ex {
@@ -503,10 +508,13 @@ pub fn run_pe(
                 nvshmem.clone(),
                 session.module.clone(),
                 decomp.halos.clone(),
-                PathPolicy::Auto,
+                PathPolicy::Routed,
             )
         };
         let mut ex = [new()?, new()?];
+        if let Some(r) = ex[0].routes() {
+            println!("route: {r}");
+        }
         for x in &mut ex {
             let (coord, force) = x.rank().grids();
             x.rank_mut().cap_grids((coord.max(force) / 2).max(1));

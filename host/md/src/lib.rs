@@ -1,21 +1,23 @@
-//! A mini molecular-dynamics step around the halo exchange: Lennard-Jones forces on a decomposed
-//! synthetic liquid, integrated with leapfrog, re-decomposed every `nstlist` steps. Its purpose is
-//! to give the exchange a real step to overlap with, and the strongest correctness test there is:
-//! the decomposed forces must equal the forces of the undecomposed system computed on the CPU.
+//! A mini molecular-dynamics step around the halo exchange: Lennard-Jones forces (cutoff,
+//! potential shift) from cluster-pair lists ([`nbnxm`]) on a decomposed synthetic liquid,
+//! integrated with leapfrog, re-decomposed and searched every `nstlist` steps. Its purpose is to
+//! give the exchange a real step to overlap with, and the strongest correctness test there is: the
+//! decomposed forces and energy must equal those of the undecomposed system computed on the CPU.
 //!
 //! Per step and rank (see docs/architecture.md):
-//! local stream: zero home forces → home–home pair forces ─────────────────────────┐
-//! halo stream:  coordinate halo → zero halo forces → non-local pair forces → force halo → integrate (local stream)
+//! local stream: zero home forces → (prune) → home–home forces ───────────────────────────────┐
+//! halo stream:  coordinate halo → zero halo forces → (prune) → forces with halo atoms → force halo → integrate (local stream)
 
 // The modules here moved from the `halo` crate and name its items `crate::…`.
 use halo::*;
 
-pub mod domain;
+pub mod gather;
 pub mod md_reference;
 pub mod nbnxm;
 pub mod rank;
 pub mod run;
+pub mod search;
 
-pub use domain::{Csr, Domain, RankDomain};
-pub use rank::{MdRank, Physics};
-pub use run::{MdConfig, MdOutcome, StepCheck, run, run_local, run_pe};
+pub use rank::{EnergyRecord, MdRank, StepWork};
+pub use run::{Drift, EnergyPoint, ListSizes, MdConfig, MdOutcome, MdRun, StepCheck, run, run_local, run_pe};
+pub use search::SearchTimes;

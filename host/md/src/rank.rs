@@ -1,40 +1,51 @@
-//! One rank's MD work on its GPU: pair forces (local and non-local), the leapfrog update, and the
-//! streams and events that order them around the halo exchange without host synchronisation.
+//! One rank's MD work on its GPU: the nbnxm pair forces (home–home on the local stream, pairs with a
+//! halo atom on the halo stream), the leapfrog update, and the events that order them around the
+//! halo exchange without any host synchronisation (docs/architecture.md, "One MD step").
 
-use super::domain::RankDomain;
 use crate::abi::{self, Float3};
-use crate::error::{CudaContextExt, Result};
+use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
+use crate::exchange::Transport;
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
+use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, fit};
+use crate::search::RankLists;
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 
-/// Constants of the force field and integrator the kernels need.
-#[derive(Clone, Copy, Debug)]
-pub struct Physics {
-    /// Box edges (nm).
-    pub box_size: [f32; 3],
-    /// Interaction cutoff squared (nm²).
-    pub rc2: f32,
-    /// Time step (ps).
-    pub dt: f32,
-    /// Number of atom types.
-    pub ntypes: u32,
+/// What one step does beyond the forces and the update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepWork {
+    /// Prune the inner lists from the outer ones first (the search step and every `nstprune`
+    /// steps after it).
+    pub prune: bool,
+    /// Sum the potential (force kernels) and kinetic (update) energy into this record of
+    /// [`MdRank::energy_records`].
+    pub energy: Option<usize>,
 }
 
-/// One rank's MD buffers, stream and events.
+/// One energy record of a rank: potential and kinetic energy of its pairs and home atoms (kJ/mol).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EnergyRecord {
+    /// Potential-shifted LJ energy of the pairs this rank computed.
+    pub potential: f64,
+    /// Kinetic energy of the home atoms at the force's time (leapfrog average).
+    pub kinetic: f64,
+}
+
+/// One rank's MD buffers, lists, stream and events. Lives for the whole run; a search step
+/// replaces its contents ([`Self::update`]).
 pub struct MdRank {
     module: Arc<KernelModule>,
+    nb: NbnxmGpu,
     /// Velocities of the home atoms.
-    pub v: DeviceBuffer<Float3>,
-    types: DeviceBuffer<u32>,
+    v: DeviceBuffer<Float3>,
     inv_mass: DeviceBuffer<f32>,
-    lj: DeviceBuffer<[f32; 2]>,
-    local_rows: DeviceBuffer<u32>,
-    local_cols: DeviceBuffer<u32>,
-    nonlocal_rows: DeviceBuffer<u32>,
-    nonlocal_cols: DeviceBuffer<u32>,
+    /// `[potential, kinetic]` per record.
+    energies: DeviceBuffer<f64>,
     home: usize,
     total: usize,
     /// The local stream (home–home forces, integration), normal priority.
@@ -42,101 +53,256 @@ pub struct MdRank {
     home_forces_zeroed: CudaEvent,
     forces_done: CudaEvent,
     coordinates_ready: CudaEvent,
-    window_start: CudaEvent,
-    window_end: CudaEvent,
+    /// The captured step's own events: the graph's start (the halo stream forks there), and its
+    /// zeroing and force-halo events.
+    fork: CudaEvent,
+    captured: [CudaEvent; 2],
+}
+
+/// Which event set a step's launches use.
+#[derive(Clone, Copy)]
+enum Events {
+    Step,
+    Captured,
 }
 
 impl MdRank {
-    /// Uploads a rank's search interval: velocities of its home atoms, types, masses, pair lists.
-    pub fn new(module: Arc<KernelModule>, domain: &RankDomain, home_atoms: usize, velocities: &[Float3], lj: &[[f32; 2]]) -> Result<Self> {
+    /// A rank's GPU state for its first search: the lists of `lists` (uploaded, or searched on
+    /// the GPU from its grid), the home atoms' velocities and `1 / m`, the LJ table, and room for
+    /// `records` energy records per search interval.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        module: Arc<KernelModule>, lists: &RankLists, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], velocities: &[Float3],
+        inv_mass: &[f32], records: usize,
+    ) -> Result<Self> {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
-        let timing_event = || ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).during("creating an event");
-        Ok(Self {
-            v: DeviceBuffer::from_host(&ctx, velocities)?,
-            types: DeviceBuffer::from_host(&ctx, &domain.types)?,
-            inv_mass: DeviceBuffer::from_host(&ctx, &domain.inv_mass)?,
-            lj: DeviceBuffer::from_host(&ctx, lj)?,
-            local_rows: DeviceBuffer::from_host(&ctx, &domain.local_pairs.row_start)?,
-            local_cols: DeviceBuffer::from_host(&ctx, &domain.local_pairs.cols)?,
-            nonlocal_rows: DeviceBuffer::from_host(&ctx, &domain.nonlocal_pairs.row_start)?,
-            nonlocal_cols: DeviceBuffer::from_host(&ctx, &domain.nonlocal_pairs.cols)?,
-            home: home_atoms,
-            total: domain.types.len(),
+        let nb = match lists {
+            RankLists::Host(search) => NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
+            RankLists::Gpu(grid) => NbnxmGpu::new_on_gpu(module.clone(), grid, lj, setup, box_size, &local)?,
+        };
+        let mut me = Self {
+            nb,
+            v: DeviceBuffer::uninit(&ctx, velocities.len().max(1))?,
+            inv_mass: DeviceBuffer::uninit(&ctx, inv_mass.len().max(1))?,
+            energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
+            home: 0,
+            total: 0,
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
-            window_start: timing_event()?,
-            window_end: timing_event()?,
+            fork: event()?,
+            captured: [event()?, event()?],
             local,
             module,
-        })
+        };
+        me.set_atoms(lists, velocities, inv_mass)?;
+        Ok(me)
     }
 
-    /// First half of a step, before the coordinate halo: on the local stream, zero the home forces
-    /// and compute home–home pairs; the halo stream waits for the previous step's integration.
-    pub fn begin_step(&self, ex: &RankExchange, halo: &CudaStream, phys: &Physics) -> Result<()> {
-        ex.f.zero_range_async(0, self.home, &self.local)?;
-        self.home_forces_zeroed.record(&self.local).during("recording an event")?;
-        self.pair_forces(ex, &self.local_rows, &self.local_cols, self.home, phys, &self.local)?;
+    fn set_atoms(&mut self, lists: &RankLists, velocities: &[Float3], inv_mass: &[f32]) -> Result<()> {
+        let grid = lists.grid();
+        let home = grid.home_atoms;
+        if velocities.len() != home || inv_mass.len() != home {
+            return Err(HaloError::InvalidInput(format!(
+                "{} velocities and {} masses for {home} home atoms",
+                velocities.len(),
+                inv_mass.len()
+            )));
+        }
+        fit(&self.module, &mut self.v, velocities)?;
+        fit(&self.module, &mut self.inv_mass, inv_mass)?;
+        self.home = home;
+        self.total = grid.atoms;
+        Ok(())
+    }
+
+    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities and
+    /// masses with those of a new search; returns the time of the GPU search (zero for uploaded
+    /// lists). Synchronous; the rank must be idle (the search step synchronised its streams).
+    pub fn update(&mut self, lists: &RankLists, box_size: [f32; 3], velocities: &[Float3], inv_mass: &[f32]) -> Result<Duration> {
+        let t = Instant::now();
+        let searched = match lists {
+            RankLists::Host(search) => {
+                self.nb.update(search, box_size)?;
+                Duration::ZERO
+            }
+            RankLists::Gpu(grid) => {
+                self.nb.update_on_gpu(grid, box_size, &self.local)?;
+                t.elapsed()
+            }
+        };
+        self.set_atoms(lists, velocities, inv_mass)?;
+        Ok(searched)
+    }
+
+    /// The nbnxm lists on the GPU.
+    pub fn nbnxm(&self) -> &NbnxmGpu {
+        &self.nb
+    }
+
+    /// Home atoms of the current search interval.
+    pub fn home_atoms(&self) -> usize {
+        self.home
+    }
+
+    /// Energy records this rank holds per search interval.
+    pub fn energy_records(&self) -> usize {
+        self.energies.len() / 2
+    }
+
+    fn check_exchange(&self, ex: &RankExchange) -> Result<()> {
+        if ex.halo().home_atoms != self.home || ex.halo().total_atoms != self.total {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: the exchange has {} home / {} local atoms, the lists {} / {}",
+                ex.rank(),
+                ex.halo().home_atoms,
+                ex.halo().total_atoms,
+                self.home,
+                self.total
+            )));
+        }
+        Ok(())
+    }
+
+    fn slot(&self, record: usize, which: usize) -> Result<EnergySlot<'_>> {
+        EnergySlot::new(&self.energies, 2 * record + which)
+    }
+
+    /// First half of a step, before the coordinate halo. Local stream: zero the home forces (and
+    /// the energy record), prune the local list on prune steps, home–home forces. The halo stream
+    /// then waits for the previous step's integration (the coordinate halo reads home coordinates).
+    pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
+        self.local_work(ex, work, Events::Step)?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
     }
 
-    /// After the coordinate halo, on the halo stream: zero the halo forces (a peer may read them
-    /// until it has sent us this step's coordinates), then the pairs involving halo atoms.
-    pub fn nonlocal_forces(&self, ex: &RankExchange, halo: &CudaStream, phys: &Physics) -> Result<()> {
-        ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
-        halo.wait(&self.home_forces_zeroed).during("ordering non-local forces after the zeroing")?;
-        self.pair_forces(ex, &self.nonlocal_rows, &self.nonlocal_cols, self.total, phys, halo)
+    fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
+        self.check_exchange(ex)?;
+        ex.f.zero_range_async(0, self.home, &self.local)?;
+        if let Some(r) = work.energy {
+            self.energies.zero_range_async(2 * r, 2, &self.local)?;
+        }
+        // Both force kernels add into home forces and the energy record: the halo stream's kernel
+        // waits for this event.
+        self.event(events, 0).record(&self.local).during("recording an event")?;
+        if work.prune {
+            self.nb.prune(ListKind::Local, &ex.x, &self.local)?;
+        }
+        let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
+        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)
     }
 
-    /// After the force halo: the local stream waits for it and integrates the home atoms; the next
+    /// The step's events: the zeroing, the force halo's end. A captured step has its own, so the
+    /// events of uncaptured steps never belong to a graph.
+    fn event(&self, events: Events, which: usize) -> &CudaEvent {
+        match (events, which) {
+            (Events::Step, 0) => &self.home_forces_zeroed,
+            (Events::Step, _) => &self.forces_done,
+            (Events::Captured, 0) => &self.captured[0],
+            (Events::Captured, _) => &self.captured[1],
+        }
+    }
+
+    /// After the coordinate halo, on the halo stream: zero the halo forces (a peer may read them
+    /// until it has sent us this step's coordinates), wait for the home-force zeroing, prune the
+    /// non-local list on prune steps, then the forces of pairs with a halo atom.
+    pub fn nonlocal_forces(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
+        self.halo_work(ex, halo, work, Events::Step)
+    }
+
+    fn halo_work(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork, events: Events) -> Result<()> {
+        ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
+        halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
+        if work.prune {
+            self.nb.prune(ListKind::NonLocal, &ex.x, halo)?;
+        }
+        let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
+        self.nb.forces_into(ListKind::NonLocal, &ex.x, &ex.f, halo, slot)
+    }
+
+    /// After the force halo: the local stream waits for it (and, by stream order, for the local
+    /// forces) and integrates the home atoms (adding the kinetic energy on energy steps); the next
     /// step's halo work waits for that.
-    pub fn integrate(&self, ex: &RankExchange, halo: &CudaStream, phys: &Physics) -> Result<()> {
-        self.forces_done.record(halo).during("recording an event")?;
-        self.local.wait(&self.forces_done).during("ordering integration after the force halo")?;
-        let (mut x, mut v, mut f, mut m, mut n, mut dt) =
-            (ex.x.device_ptr(), self.v.device_ptr(), ex.f.device_ptr(), self.inv_mass.device_ptr(), self.home as u32, phys.dt);
-        let mut args = kernel_args![x, v, f, m, n, dt];
-        // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements.
-        unsafe { self.module.launch(abi::LEAPFROG, LaunchShape::for_items(self.home, MAX_GATHER_BLOCKS), &self.local, &mut args)? };
+    pub fn integrate(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork) -> Result<()> {
+        self.update_work(ex, halo, dt, work, Events::Step)?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
-    fn pair_forces(&self, ex: &RankExchange, rows: &DeviceBuffer<u32>, cols: &DeviceBuffer<u32>, nrows: usize, phys: &Physics, stream: &CudaStream) -> Result<()> {
-        if nrows == 0 {
-            return Ok(());
+    fn update_work(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork, events: Events) -> Result<()> {
+        let done = self.event(events, 1);
+        done.record(halo).during("recording an event")?;
+        self.local.wait(done).during("ordering integration after the force halo")?;
+        if self.home > 0 {
+            let (mut x, mut v, mut f, mut m, mut n, mut dt) =
+                (ex.x.device_ptr(), self.v.device_ptr(), ex.f.device_ptr(), self.inv_mass.device_ptr(), self.home as u32, dt);
+            let shape = LaunchShape::for_items(self.home, MAX_GATHER_BLOCKS);
+            match work.energy {
+                None => {
+                    let mut args = kernel_args![x, v, f, m, n, dt];
+                    // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements.
+                    unsafe { self.module.launch(abi::LEAPFROG, shape, &self.local, &mut args)? };
+                }
+                Some(r) => {
+                    let mut ke = self.slot(r, 1)?.ptr();
+                    let mut args = kernel_args![x, v, f, m, n, dt, ke];
+                    // SAFETY: arguments match `leapfrog_energy`; as above, `ke` is inside `energies`.
+                    unsafe { self.module.launch(abi::LEAPFROG_ENERGY, shape, &self.local, &mut args)? };
+                }
+            }
         }
-        let (mut x, mut t, mut lj, mut nt) = (ex.x.device_ptr(), self.types.device_ptr(), self.lj.device_ptr(), phys.ntypes);
-        let (mut rs, mut cs, mut n, mut f) = (rows.device_ptr(), cols.device_ptr(), nrows as u32, ex.f.device_ptr());
-        let [mut bx, mut by, mut bz] = phys.box_size;
-        let mut rc2 = phys.rc2;
-        let mut args = kernel_args![x, t, lj, nt, rs, cs, n, f, bx, by, bz, rc2];
-        // SAFETY: arguments match `lj_pair_forces`; the CSR indexes only local atoms of this rank.
-        unsafe { self.module.launch(abi::LJ_PAIR_FORCES, LaunchShape::for_items(nrows, MAX_GATHER_BLOCKS), stream, &mut args) }
+        Ok(())
     }
 
-    /// Marks the start of a timed window of steps on the local stream (before `begin_step`).
-    pub fn mark_window_start(&self) -> Result<()> {
-        self.window_start.record(&self.local).during("recording a timing event")
+    /// One plain step (no prune, no energy) of this rank captured as a CUDA graph on the local
+    /// stream: the local work, the halo stream forked from the graph's start (the graph, launched
+    /// on the local stream, starts after the previous step's integration), this rank's coordinate
+    /// halo, the forces with halo atoms, its force halo, and the integration, joined back into the
+    /// local stream. Nothing runs now; [`Self::launch_graph`] replays it. Valid until the next
+    /// search (new lists and launch shapes): capture again then. GPU-initiated transports only
+    /// (the exchange's launches carry no step counter: docs/protocol.md, "Graphs").
+    pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32) -> Result<CudaGraph> {
+        if !transport.gpu_initiated() {
+            return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
+        }
+        let work = StepWork::default();
+        // Thread-local mode: other threads' CUDA calls stay legal during the capture.
+        self.local.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
+        let mut queue = || -> Result<()> {
+            self.fork.record(&self.local).during("recording an event")?;
+            halo.wait(&self.fork).during("forking the halo stream into the capture")?;
+            self.local_work(ex, work, Events::Captured)?;
+            ex.launch_coordinates(transport, halo)?;
+            self.halo_work(ex, halo, work, Events::Captured)?;
+            ex.launch_forces(halo)?;
+            self.update_work(ex, halo, dt, work, Events::Captured)
+        };
+        let queued = queue();
+        // Always end the capture, or the stream stays in capture mode.
+        let graph = self.local.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture");
+        queued?;
+        let graph = graph?.ok_or_else(|| HaloError::InvalidInput("the captured step is empty".into()))?;
+        graph.upload().during("uploading a graph")?;
+        Ok(graph)
     }
 
-    /// Marks the end of a timed window (after `integrate`).
-    pub fn mark_window_end(&self) -> Result<()> {
-        self.window_end.record(&self.local).during("recording a timing event")
+    /// Replays a step captured by [`Self::capture_step`] on the local stream, then marks the
+    /// integration done for the next uncaptured step's halo work.
+    pub fn launch_graph(&self, graph: &CudaGraph) -> Result<()> {
+        graph.launch().during("launching a captured step")?;
+        self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
-    /// GPU time between the window marks, in milliseconds (waits for the end mark).
-    pub fn window_ms(&self) -> Result<f32> {
-        self.window_end.synchronize().during("waiting for a timing event")?;
-        self.window_start.elapsed_ms(&self.window_end).during("reading a timing event")
+    /// The first `n` energy records (synchronous; call when the rank is idle).
+    pub fn read_energies(&self, n: usize) -> Result<Vec<EnergyRecord>> {
+        let all = self.energies.to_host()?;
+        Ok(all.chunks_exact(2).take(n).map(|c| EnergyRecord { potential: c[0], kinetic: c[1] }).collect())
     }
 
-    /// Velocities of the home atoms (synchronous; for rebuilds and checks).
-    pub fn velocities(&self) -> Result<Vec<Float3>> {
-        self.local.synchronize().during("waiting for the local stream")?;
-        self.v.to_host()
+    /// The device buffer of the home velocities (its first [`Self::home_atoms`] elements).
+    pub fn velocity_buffer(&self) -> &DeviceBuffer<Float3> {
+        &self.v
     }
 
     /// Waits for the local stream.

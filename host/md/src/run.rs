@@ -1,20 +1,40 @@
 //! Running the MD loop: all ranks in one process, or one rank per NVSHMEM PE, through one driver
-//! over [`Exchange`]; optionally checking every step against the CPU references.
+//! over [`Exchange`]; optionally checking steps against the CPU references and recording energies.
+//!
+//! [`MdRun`] holds a run between calls, so a benchmark can time stretches of steps
+//! ([`MdRun::run_steps`], [`MdRun::synchronize`]); [`run`] runs a whole configuration.
+//!
+//! With routed paths (the default policy) the run keeps a [`Routing`] with agreed failover: safe
+//! points at every search step, every checked step and the end of each [`MdRun::run_steps`]; a
+//! failure found at one rolls every PE back to the last search step (positions, velocities,
+//! outcome and energies as they were there), resets and drops the exchange together, and runs
+//! the steps again on the agreed paths with a new exchange (whose counters start from zero on
+//! every PE).
 
-use super::domain::Domain;
-use super::rank::{MdRank, Physics};
+use super::gather::{HomeArrays, HomeGather};
+use super::rank::{MdRank, StepWork};
+use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::RankGrid;
-use crate::error::{HaloError, Result};
+use crate::decomp::{HaloPlan, RankGrid};
+use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
-use crate::exchange::{Exchange, Placement, RankExchange, Transport, reference};
-use crate::gpu::{DeviceMemory, KernelModule};
+use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
+use crate::gpu::KernelModule;
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
+use crate::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, lj_table};
 use crate::session::PeSession;
 use crate::system::MolecularSystem;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Runs started in this process: every PE starts the same runs in the same order, so the count
+/// names a run's all-gathers alike on every PE (the launcher's rendezvous takes each tag once).
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Fraction of extra room in the exchange's buffers, so that later decompositions (atoms migrate
+/// between searches) fit and the buffers are kept ([`Exchange::replan`]).
+pub const EXCHANGE_HEADROOM: f64 = 0.25;
 
 /// What to simulate and how.
 #[derive(Clone, Debug)]
@@ -23,15 +43,21 @@ pub struct MdConfig {
     pub atoms: usize,
     /// Rank grid.
     pub grid: RankGrid,
-    /// Interaction cutoff (nm).
+    /// Interaction cutoff (nm); the LJ potential is shifted to zero there.
     pub cutoff: f32,
-    /// Pair-list buffer added to the cutoff for the halo and the pair lists (nm).
-    pub buffer: f32,
-    /// Steps between re-decompositions.
+    /// Verlet buffer of the outer list beyond the cutoff (nm); `None`: the buffer rule for
+    /// `nstlist` ([`ListSetup::for_system`]).
+    pub buffer: Option<f32>,
+    /// Tolerance of the buffer rule: the energy drift (kJ/mol/ps per atom) that the pairs a list
+    /// misses may cause ([`ListSetup::for_system`]; [`DEFAULT_DRIFT_TOLERANCE`] by default).
+    pub buffer_tolerance: f64,
+    /// Steps between searches (re-decomposition and new lists).
     pub nstlist: u64,
+    /// Steps between GPU prunes of the inner lists (the first at the search step).
+    pub nstprune: u64,
     /// Time step (ps).
     pub dt: f32,
-    /// Steps to run.
+    /// Steps to run ([`run`]).
     pub steps: u64,
     /// Seed of the system.
     pub seed: u64,
@@ -39,10 +65,78 @@ pub struct MdConfig {
     pub transport: Transport,
     /// Check every `check_every` steps against the CPU references (0: never).
     pub check_every: u64,
+    /// Record the energies every `energy_every` steps (0: never; checked steps always).
+    pub energy_every: u64,
     /// Deadline of every device wait.
     pub wait_timeout: Duration,
-    /// PE mode: how pulses reach their peers.
+    /// How pulses reach their peers: the router's paths with agreed failover (`Routed`, the
+    /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
+    /// Host threads of the pair search, shared by this process's ranks (0: one per core, at
+    /// most 16).
+    pub search_threads: usize,
+    /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
+    /// on host threads. Both give the same lists.
+    pub gpu_search: bool,
+    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs, one per rank,
+    /// captured again after every search (GPU-initiated transports; others launch as usual).
+    pub graph: bool,
+}
+
+impl MdConfig {
+    /// `atoms` atoms on `grid` with the defaults: cutoff 1 nm, nstlist 100 with the buffer rule
+    /// (drift tolerance [`DEFAULT_DRIFT_TOLERANCE`]), inner lists pruned every 10 steps, lists searched
+    /// on the GPU, 2 fs, fused transport, every step checked, no energy records.
+    pub fn new(atoms: usize, grid: RankGrid) -> Self {
+        Self {
+            atoms,
+            grid,
+            cutoff: 1.0,
+            buffer: None,
+            buffer_tolerance: DEFAULT_DRIFT_TOLERANCE,
+            nstlist: 100,
+            nstprune: 10,
+            dt: 0.002,
+            steps: 100,
+            seed: 1,
+            transport: Transport::Fused,
+            check_every: 1,
+            energy_every: 0,
+            wait_timeout: Duration::from_secs(5),
+            path_policy: PathPolicy::default(),
+            search_threads: 0,
+            gpu_search: true,
+            graph: false,
+        }
+    }
+
+    /// The cutoffs and list lifetimes for `system`: the buffer rule for both lists, or the
+    /// explicit outer buffer (the inner list's buffer is then at most the outer one).
+    pub fn list_setup(&self, system: &MolecularSystem) -> Result<ListSetup> {
+        let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
+        let nstlist = u32::try_from(self.nstlist).ok().filter(|&n| n >= 1);
+        let nstprune = u32::try_from(self.nstprune).ok().filter(|&n| n >= 1);
+        let (Some(nstlist), Some(nstprune)) = (nstlist, nstprune) else {
+            return Err(HaloError::InvalidInput(format!("nstlist ({}) and nstprune ({}) must be between 1 and 2^32", self.nstlist, self.nstprune)));
+        };
+        let rule = ListSetup::for_system(system, self.cutoff, self.dt, nstlist, nstprune.min(nstlist), self.buffer_tolerance).map_err(bad)?;
+        match self.buffer {
+            None => Ok(rule),
+            Some(b) => ListSetup::new(self.cutoff, nstlist, self.cutoff + b, nstprune.min(nstlist), rule.rlist_inner.min(self.cutoff + b)).map_err(bad),
+        }
+    }
+
+    fn checks_step(&self, step: u64) -> bool {
+        self.check_every > 0 && step % self.check_every == 0
+    }
+
+    fn energy_step(&self, step: u64) -> bool {
+        (self.energy_every > 0 && step % self.energy_every == 0) || self.checks_step(step)
+    }
+
+    fn threads(&self) -> usize {
+        if self.search_threads == 0 { search::default_threads() } else { self.search_threads }
+    }
 }
 
 /// Errors of one checked step, per quantity (largest over ranks and atoms).
@@ -57,6 +151,9 @@ pub struct StepCheck {
     pub force_max_rel: f64,
     /// Largest absolute force difference (kJ/mol/nm).
     pub force_max_abs: f64,
+    /// Relative difference of the GPU's potential energy (summed over ranks) from the
+    /// undecomposed `f64` reference.
+    pub energy_rel: f64,
 }
 
 impl StepCheck {
@@ -64,7 +161,60 @@ impl StepCheck {
         self.coord_max_abs = self.coord_max_abs.max(o.coord_max_abs);
         self.force_max_rel = self.force_max_rel.max(o.force_max_rel);
         self.force_max_abs = self.force_max_abs.max(o.force_max_abs);
+        self.energy_rel = self.energy_rel.max(o.energy_rel);
     }
+}
+
+/// The energies of one step, summed over every rank (kJ/mol).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct EnergyPoint {
+    /// The step.
+    pub step: u64,
+    /// Potential-shifted LJ energy (GPU force kernels).
+    pub potential: f64,
+    /// Kinetic energy at the force's time (leapfrog average of the half steps, GPU).
+    pub kinetic: f64,
+}
+
+impl EnergyPoint {
+    /// Potential plus kinetic.
+    pub fn total(&self) -> f64 {
+        self.potential + self.kinetic
+    }
+}
+
+/// Drift of the total energy over a run: least-squares slope.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Drift {
+    /// Slope per atom (kJ/mol/ns per atom).
+    pub per_atom_kj_mol_ns: f64,
+    /// Slope of the whole system (kJ/mol/ns).
+    pub total_kj_mol_ns: f64,
+    /// Standard deviation of the total energy about the fitted line (kJ/mol).
+    pub fluctuation: f64,
+    /// Mean total energy (kJ/mol).
+    pub mean: f64,
+    /// Energy points fitted.
+    pub points: usize,
+    /// Simulated time covered (ps).
+    pub span_ps: f64,
+}
+
+/// Sizes of the lists of this process's ranks at the last search.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ListSizes {
+    /// Home atoms.
+    pub home_atoms: usize,
+    /// Local (home + halo) atoms.
+    pub local_atoms: usize,
+    /// Entries (warps) of the home–home lists.
+    pub local_entries: usize,
+    /// Entries of the lists with halo atoms.
+    pub nonlocal_entries: usize,
+    /// j-cluster words (each up to 8 cluster pairs) of the outer home–home lists.
+    pub local_words: usize,
+    /// j-cluster words of the outer lists with halo atoms.
+    pub nonlocal_words: usize,
 }
 
 /// What a run did.
@@ -76,72 +226,142 @@ pub struct MdOutcome {
     pub checked_steps: u64,
     /// Worst errors over the checked steps.
     pub worst: StepCheck,
-    /// Re-decompositions.
-    pub rebuilds: u64,
-    /// Wall time of the steps (host clock, including checks).
+    /// Search steps (re-decompositions and new lists).
+    pub searches: u64,
+    /// Times the exchange was built (the first search, and any search whose decomposition did not
+    /// fit the buffers).
+    pub exchange_builds: u64,
+    /// Host time of the steps from the first to the end ([`MdRun::finish`]), checks included.
     pub wall: Duration,
-    /// Pairs within the list cutoff at the last rebuild.
-    pub pairs: usize,
-    /// GPU time per step (µs) of each window of steps between two search steps that had no
-    /// checked step, on rank 0's local stream (the step's end), in order.
-    pub window_step_us: Vec<f64>,
+    /// Where the search steps' time went.
+    pub search: SearchTimes,
+    /// List sizes at the last search.
+    pub lists: ListSizes,
+    /// The cutoffs and lifetimes used.
+    pub setup: Option<ListSetup>,
+    /// Energies of the energy steps, whole system.
+    pub energies: Vec<EnergyPoint>,
+    /// Host synchronisations of the exchange (GPU-initiated transports: one per search step after
+    /// the first, one per checked step, one at the end; none inside a step).
+    pub host_syncs: u64,
+    /// Steps replayed as CUDA graphs.
+    pub graph_steps: u64,
+    /// Host time spent capturing them (once per search interval and rank).
+    pub graph_capture: Duration,
+    /// What the router chose for the ranks of this process at the last search (empty when no
+    /// router decided).
+    pub routes: Vec<crate::route::RoutedSummary>,
+    /// Stretches of steps run again after a safe point found a failure (routing only).
+    pub reruns: u64,
 }
 
 impl MdOutcome {
-    /// Median of [`Self::window_step_us`], if any window was timed.
-    pub fn median_step_us(&self) -> Option<f64> {
-        let mut v = self.window_step_us.clone();
-        v.sort_by(f64::total_cmp);
-        (!v.is_empty()).then(|| v[v.len() / 2])
+    /// Drift of the total energy of [`Self::energies`] from step `from` on (a least-squares line
+    /// over time), per atom of a system of `atoms` atoms at time step `dt` (ps). `None` with fewer
+    /// than two points.
+    pub fn drift(&self, atoms: usize, dt: f64, from: u64) -> Option<Drift> {
+        let pts: Vec<(f64, f64)> = self.energies.iter().filter(|e| e.step >= from).map(|e| (e.step as f64 * dt * 1e-3, e.total())).collect();
+        if pts.len() < 2 {
+            return None;
+        }
+        let n = pts.len() as f64;
+        let (mt, me) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+        let stt: f64 = pts.iter().map(|p| (p.0 - mt).powi(2)).sum();
+        if stt.is_nan() || stt <= 0.0 {
+            return None;
+        }
+        let slope = pts.iter().map(|p| (p.0 - mt) * (p.1 - me)).sum::<f64>() / stt;
+        let resid = (pts.iter().map(|p| (p.1 - me - slope * (p.0 - mt)).powi(2)).sum::<f64>() / n).sqrt();
+        let span = (pts[pts.len() - 1].0 - pts[0].0) * 1e3;
+        Some(Drift { per_atom_kj_mol_ns: slope / atoms.max(1) as f64, total_kj_mol_ns: slope, fluctuation: resid, mean: me, points: pts.len(), span_ps: span })
+    }
+
+    /// Host time per step over the whole run (search steps and any checks included), µs.
+    pub fn step_us(&self) -> Option<f64> {
+        (self.steps > 0).then(|| self.wall.as_secs_f64() * 1e6 / self.steps as f64)
+    }
+
+    /// Share of the wall time spent in search steps' host work (0..1).
+    pub fn search_share(&self) -> f64 {
+        let w = self.wall.as_secs_f64();
+        if w > 0.0 { self.search.total.as_secs_f64() / w } else { 0.0 }
+    }
+}
+
+/// Whether every rank's plan in `a` chose the same transport for every peer as in `b` (message
+/// sizes may differ: the exchange lays the same paths over new halos).
+fn same_transports(a: &[crate::route::RoutedPaths], b: &[crate::route::RoutedPaths]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.self_pe == y.self_pe && x.peers == y.peers)
+}
+
+/// The state at the last search step (positions, velocities, outcome so far, this process's
+/// energy points): what a safe point that found a failure rolls back to, on every PE alike.
+#[derive(Default)]
+struct Rollback {
+    saved: Option<Saved>,
+    /// Rollbacks to the saved step so far.
+    attempts: u32,
+}
+
+struct Saved {
+    positions: Vec<Float3>,
+    velocities: Vec<Float3>,
+    out: MdOutcome,
+    energy_points: usize,
+    step: u64,
+}
+
+impl Rollback {
+    fn save(&mut self, system: &MolecularSystem, out: &MdOutcome, partial: &[EnergyPoint], step: u64) {
+        if self.saved.as_ref().is_some_and(|s| s.step != step) {
+            self.attempts = 0; // a new stretch of steps
+        }
+        self.saved =
+            Some(Saved { positions: system.positions.clone(), velocities: system.velocities.clone(), out: out.clone(), energy_points: partial.len(), step });
+    }
+
+    /// Puts `system`, `out` and `partial` back to the saved search step and returns it; an error
+    /// after [`crate::exchange::routing::MAX_RERUNS`] rollbacks to the same step in a row.
+    fn restore(&mut self, now: u64, system: &mut MolecularSystem, out: &mut MdOutcome, partial: &mut Vec<EnergyPoint>) -> Result<u64> {
+        let s = self.saved.as_ref().ok_or_else(|| HaloError::InvalidInput("a safe point before any state was saved".into()))?;
+        self.attempts += 1;
+        if self.attempts > crate::exchange::routing::MAX_RERUNS {
+            return Err(HaloError::InvalidInput(format!("steps {}..{now} failed {} times in a row after agreed failovers; giving up", s.step, self.attempts)));
+        }
+        system.positions.clone_from(&s.positions);
+        system.velocities.clone_from(&s.velocities);
+        *out = MdOutcome { reruns: out.reruns + 1, ..s.out.clone() };
+        partial.truncate(s.energy_points);
+        Ok(s.step)
     }
 }
 
 /// Relative force tolerance against the undecomposed CPU forces (float accumulation order differs).
 pub const FORCE_TOLERANCE: f64 = 1e-4;
-
-impl MdConfig {
-    fn physics(&self, system: &MolecularSystem) -> Physics {
-        Physics { box_size: system.box_size, rc2: self.cutoff * self.cutoff, dt: self.dt, ntypes: system.atom_types.len() as u32 }
-    }
-
-    fn list_cutoff(&self) -> f32 {
-        self.cutoff + self.buffer
-    }
-
-    fn checks_step(&self, step: u64) -> bool {
-        self.check_every > 0 && step % self.check_every == 0
-    }
-
-    /// Whether `step` opens a timed window: the step after a search step, when no step of the
-    /// window is checked (a check synchronises the host and would be timed too).
-    fn opens_window(&self, step: u64) -> bool {
-        let n = self.nstlist.max(2);
-        step % n == 1 && (step..(step + n - 1).min(self.steps)).all(|s| !self.checks_step(s))
-    }
-
-    /// Whether `step` closes the window opened at `step - (nstlist - 2)` (or ends the run).
-    fn closes_window(&self, step: u64) -> bool {
-        let n = self.nstlist.max(2);
-        step % n == n - 1 || step + 1 == self.steps
-    }
-}
+/// Relative tolerance of the GPU potential energy against the undecomposed `f64` reference (pair
+/// energies summed in `f32` per lane, then per warp in `f64`).
+pub const ENERGY_TOLERANCE: f64 = 1e-4;
 
 /// Compares one rank's coordinates (all local atoms) and home forces with the references.
-fn check_rank(domain: &Domain, r: usize, x: &[Float3], want_x: &[Float3], f: &[Float3], ref_f: &[[f64; 3]], step: u64) -> Result<StepCheck> {
+fn check_rank(plan: &HaloPlan, r: usize, x: &[Float3], want_x: &[Float3], f: &[Float3], ref_f: &[[f64; 3]], step: u64) -> Result<StepCheck> {
     let mut c = StepCheck::default();
+    let ids = &plan.ranks[r].global_ids;
+    if x.len() != want_x.len() {
+        return Err(HaloError::InvalidInput(format!("verification failed at step {step}: rank {r} holds {} atoms, the reference {}", x.len(), want_x.len())));
+    }
     for (i, (a, b)) in x.iter().zip(want_x).enumerate() {
         let same = a.x.to_bits() == b.x.to_bits() && a.y.to_bits() == b.y.to_bits() && a.z.to_bits() == b.z.to_bits();
         if !same {
             return Err(HaloError::InvalidInput(format!(
                 "verification failed at step {step}: rank {r} local atom {i} (global {}) has coordinates {a:?} after the halo, the reference {b:?}",
-                domain.ranks[r].global_ids[i]
+                ids[i]
             )));
         }
     }
-    let home = domain.plan.ranks[r].home_atoms;
+    let home = plan.ranks[r].home_atoms;
     let rms = (ref_f.iter().map(|v| v.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / ref_f.len().max(1) as f64).sqrt();
     for (i, a) in f[..home].iter().enumerate() {
-        let g = domain.ranks[r].global_ids[i] as usize;
+        let g = ids[i] as usize;
         let norm = ref_f[g].iter().map(|c| c * c).sum::<f64>().sqrt().max(rms).max(1e-12);
         for (u, v) in [(a.x, ref_f[g][0]), (a.y, ref_f[g][1]), (a.z, ref_f[g][2])] {
             let abs = (f64::from(u) - v).abs();
@@ -160,145 +380,571 @@ fn check_rank(domain: &Domain, r: usize, x: &[Float3], want_x: &[Float3], f: &[F
     Ok(c)
 }
 
-/// Global positions from every rank's home coordinates.
-fn scatter_home(domain: &Domain, homes: &[Vec<Float3>], out: &mut [Float3]) {
-    for (r, h) in homes.iter().enumerate() {
-        for (i, v) in h.iter().enumerate() {
-            out[domain.ranks[r].global_ids[i] as usize] = *v;
-        }
-    }
-}
-
-/// All ranks in this process, rank `r` on GPU `r % modules.len()`.
+/// All ranks in this process, rank `r` on GPU `r % modules.len()`, routed or storing directly as
+/// `cfg.path_policy` says ([`Placement::with_policy`]).
 pub fn run_local(cfg: &MdConfig, modules: &[Arc<KernelModule>], progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
-    run(cfg, &Placement::Local(modules.to_vec()), progress)
+    run(cfg, &Placement::Local(modules.to_vec()).with_policy(cfg.path_policy), progress)
 }
 
-/// One rank per NVSHMEM PE (started by `halo launch`), reaching peers as `cfg.path_policy` says.
+/// One rank per NVSHMEM PE (started by `halo launch`, mpirun or srun), reaching peers as
+/// `cfg.path_policy` says.
 pub fn run_pe(cfg: &MdConfig, session: &PeSession, progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
     run(cfg, &Placement::pe(session, cfg.path_policy), progress)
 }
 
-/// The MD loop on the ranks `placement` puts in this process. Across PEs every PE runs it with the
-/// same configuration: each builds the same decomposition, runs its rank, and gathers home atoms
-/// through the launcher's rendezvous ([`Placement::all_gather`]) at search steps and checked steps.
+/// The MD loop on the ranks `placement` puts in this process, `cfg.steps` steps. Across PEs every
+/// PE runs it with the same configuration: each builds the same decomposition and runs its rank.
 pub fn run(cfg: &MdConfig, placement: &Placement, mut progress: impl FnMut(u64, &StepCheck)) -> Result<MdOutcome> {
-    let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-    let phys = cfg.physics(&system);
-    let lj = system.lj_table_f32();
-    let mut out = MdOutcome::default();
-    let started = Instant::now();
-    let mut state: Option<(Domain, Box<dyn Exchange>, Vec<MdRank>)> = None;
-    let mut window: Option<u64> = None;
-    for step in 0..cfg.steps {
-        if step % cfg.nstlist.max(1) == 0 {
-            if let Some((domain, x, md)) = state.take() {
-                // Gather home coordinates and velocities back into the system (a search step).
-                let mut mine = Vec::with_capacity(md.len());
-                for (rank, m) in x.local_ranks().iter().zip(&md) {
-                    mine.push(vec![rank.x.to_host()?[..rank.halo().home_atoms].to_vec(), m.velocities()?]);
-                }
-                let all = gather(placement, &format!("rebuild-{step}"), mine)?;
-                scatter_home(&domain, &all.iter().map(|p| p[0].clone()).collect::<Vec<_>>(), &mut system.positions);
-                scatter_home(&domain, &all.iter().map(|p| p[1].clone()).collect::<Vec<_>>(), &mut system.velocities);
-                drop((x, md)); // freed in the same order on every PE (collective)
-            }
-            let domain = Domain::build(&mut system, cfg.grid, cfg.list_cutoff())?;
-            let mut x = placement.exchange::<Float3>(domain.halos.clone())?;
-            x.set_wait_timeout(cfg.wait_timeout);
-            x.check_transport(cfg.transport)?;
-            let homes = domain.home_values(&system.positions);
-            let vels = domain.home_values(&system.velocities);
-            let mut md = Vec::with_capacity(x.local_ranks().len());
-            for rank in x.local_ranks() {
-                let r = rank.rank();
-                rank.upload_coordinates(&homes[r])?;
-                md.push(MdRank::new(rank.module().clone(), &domain.ranks[r], homes[r].len(), &vels[r], &lj)?);
-            }
-            x.barrier()?; // every PE has its coordinates in place before any halo moves
-            out.rebuilds += 1;
-            out.pairs = domain.total_pairs;
-            state = Some((domain, x, md));
-        }
-        let Some((domain, x, md)) = state.as_mut() else { unreachable!("built above") };
-        if cfg.opens_window(step) {
-            window = Some(step);
-            md[0].mark_window_start()?;
-        }
-        for (i, m) in md.iter().enumerate() {
-            m.begin_step(&x.local_ranks()[i], &x.streams()[i], &phys)?;
-        }
-        x.exchange_forward(cfg.transport)?;
-        for (i, m) in md.iter().enumerate() {
-            m.nonlocal_forces(&x.local_ranks()[i], &x.streams()[i], &phys)?;
-        }
-        x.exchange_reverse_accumulate(cfg.transport)?;
-        if cfg.checks_step(step) {
-            x.finish()?;
-            for m in md.iter() {
-                m.synchronize()?;
-            }
-            let c = check_step(cfg, placement, &mut system, domain, x.as_ref(), step)?;
-            out.worst.merge(c);
-            out.checked_steps += 1;
-            progress(step, &c);
-            x.barrier()?; // no PE overwrites a halo that another is still checking
-        }
-        for (i, m) in md.iter().enumerate() {
-            m.integrate(&x.local_ranks()[i], &x.streams()[i], &phys)?;
-        }
-        if let Some(first) = window.filter(|_| cfg.closes_window(step)) {
-            md[0].mark_window_end()?;
-            out.window_step_us.push(f64::from(md[0].window_ms()?) * 1e3 / (step + 1 - first) as f64);
-            window = None;
-        }
-        out.steps += 1;
-    }
-    if let Some((_, mut x, md)) = state {
-        x.finish()?;
-        for m in &md {
-            m.synchronize()?;
-        }
-        x.barrier()?;
-    }
-    out.wall = started.elapsed();
-    Ok(out)
+    let mut md = MdRun::new(cfg.clone(), placement.clone())?;
+    md.run_steps(cfg.steps, &mut progress)?;
+    md.finish()
 }
 
-/// A checked step, after the exchange finished: every rank's coordinates against the exchange's
-/// reference, its home forces against the undecomposed system, and the cross-rank integrity
-/// checksums (only checksum words cross between PEs).
-fn check_step(cfg: &MdConfig, placement: &Placement, system: &mut MolecularSystem, domain: &Domain, x: &dyn Exchange, step: u64) -> Result<StepCheck> {
-    let ids: Vec<usize> = x.local_ranks().iter().map(RankExchange::rank).collect();
-    let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
-    let mine = xs.iter().zip(&ids).map(|(v, &r)| vec![v[..domain.halos[r].home_atoms].to_vec()]).collect();
-    let homes: Vec<Vec<Float3>> = gather(placement, &format!("check-{step}"), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
-    let want = reference::coordinates(&domain.halos, &homes);
-    scatter_home(domain, &homes, &mut system.positions);
-    let ref_f = md_reference::lj_forces(system, cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-    let mut c = StepCheck::default();
-    for (i, &r) in ids.iter().enumerate() {
-        c.merge(check_rank(domain, r, &xs[i], &want[r], &fs[i], &ref_f, step)?);
-    }
-    // Cross-rank integrity: both ends of every pulse agree on what moved.
-    let words = ids
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| {
-            let sums = RankChecksums::compute(r, &domain.halos[r], &domain.ranks[r].global_ids, &xs[i], &fs[i])?;
-            Ok(sums.to_words().iter().flat_map(|w| w.to_le_bytes()).collect())
+/// A run in progress (see the module docs).
+pub struct MdRun {
+    cfg: MdConfig,
+    placement: Placement,
+    system: MolecularSystem,
+    setup: ListSetup,
+    lj: Vec<[f32; 2]>,
+    /// The global ranks this process drives, in the exchange's order.
+    ids: Vec<usize>,
+    /// Field order is drop order, the same on every PE (symmetric buffers are freed collectively):
+    /// the exchange, then the gather buffers.
+    exchange: Option<Box<dyn Exchange>>,
+    gather: HomeGather,
+    ranks: Vec<MdRank>,
+    /// Each local rank's captured plain step of this search interval (empty until captured).
+    graphs: Vec<cudarc::driver::CudaGraph>,
+    plan: Option<HaloPlan>,
+    step: u64,
+    started: Option<Instant>,
+    out: MdOutcome,
+    /// Energy steps since the last search: (step, record).
+    pending: Vec<(u64, usize)>,
+    /// This process's energy sums of every energy step so far.
+    partial: Vec<EnergyPoint>,
+    /// Prefix of this run's all-gather tags (`md<run>-`), unique in the process.
+    tag: String,
+    /// The router with agreed failover (routed placements), and the plans the exchange follows.
+    routing: Option<Routing>,
+    exchange_plans: Vec<crate::route::RoutedPaths>,
+    /// Exchange launches since the exchange last finished (nothing to settle when false).
+    unsettled: bool,
+    /// The state at the last search step, for a safe point that finds a failure.
+    rollback: Rollback,
+}
+
+impl MdRun {
+    /// Generates the system and prepares the run (collective across PEs: the gather buffers). The
+    /// first search happens at the first step.
+    pub fn new(cfg: MdConfig, placement: Placement) -> Result<Self> {
+        let system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let setup = cfg.list_setup(&system)?;
+        crate::decomp::Decomposition::new(cfg.grid, system.box_size, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let ids = match &placement {
+            Placement::Local(modules) | Placement::LocalDirect(modules) => {
+                if modules.is_empty() {
+                    return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
+                }
+                (0..cfg.grid.num_ranks()).collect()
+            }
+            Placement::Pe { nvshmem, .. } => {
+                if nvshmem.n_pes() != cfg.grid.num_ranks() {
+                    return Err(HaloError::InvalidInput(format!(
+                        "the rank grid {} has {} ranks but {} PEs are running: one rank per PE",
+                        cfg.grid,
+                        cfg.grid.num_ranks(),
+                        nvshmem.n_pes()
+                    )));
+                }
+                vec![nvshmem.my_pe()]
+            }
+        };
+        let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        // Routed paths: a router with agreed failover (collective across PEs: the facts).
+        let routing = match placement.policy() {
+            PathPolicy::Routed => Some(Routing::new(&placement, cfg.grid.num_ranks(), &[])?),
+            _ => None,
+        };
+        let gather = HomeGather::new(&placement, system.len(), &tag)?;
+        let lj = lj_table(&system);
+        Ok(Self {
+            out: MdOutcome { setup: Some(setup), ..MdOutcome::default() },
+            cfg,
+            placement,
+            system,
+            setup,
+            lj,
+            ids,
+            exchange: None,
+            gather,
+            ranks: Vec::new(),
+            graphs: Vec::new(),
+            plan: None,
+            step: 0,
+            started: None,
+            pending: Vec::new(),
+            partial: Vec::new(),
+            tag,
+            routing,
+            exchange_plans: Vec::new(),
+            unsettled: false,
+            rollback: Rollback::default(),
         })
-        .collect::<Result<Vec<Vec<u8>>, integrity::IntegrityError>>()
-        .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
-    let all = placement.all_gather(&format!("integrity-{step}"), words)?;
-    let sums = all
-        .iter()
-        .enumerate()
-        .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
-        .collect::<Result<Vec<_>, _>>()
-        .and_then(|sums| integrity::compare_across_ranks(&domain.halos, &sums));
-    sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
-    Ok(c)
+    }
+
+    /// The cutoffs and list lifetimes.
+    pub fn setup(&self) -> &ListSetup {
+        &self.setup
+    }
+
+    /// Steps run so far.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// The outcome so far (times and counts; energies only after [`Self::finish`]).
+    pub fn outcome(&self) -> &MdOutcome {
+        &self.out
+    }
+
+    /// Runs `n` more steps; `progress` is called after each checked step. Without routing it
+    /// returns with the last steps possibly still running on the GPUs ([`Self::synchronize`]
+    /// waits); with routing it ends at a safe point (every step settled, the GPUs idle), running
+    /// steps again after a failure until the `n` steps have run without one.
+    pub fn run_steps(&mut self, n: u64, progress: &mut dyn FnMut(u64, &StepCheck)) -> Result<()> {
+        self.started.get_or_insert_with(Instant::now);
+        let end = self.step + n;
+        loop {
+            while self.step < end {
+                self.one_step(progress)?;
+            }
+            if self.routing.is_none() || self.exchange.is_none() || self.safe_point()? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits for every step enqueued so far, reports a device wait timeout, and (across PEs) meets
+    /// the other PEs at a barrier: a timing boundary.
+    pub fn synchronize(&mut self) -> Result<()> {
+        // Local streams first: captured steps run there, halo work included.
+        for m in &self.ranks {
+            m.synchronize()?;
+        }
+        if let Some(ex) = self.exchange.as_mut() {
+            // An exchange settled at a safe point has nothing to wait for (no second host sync).
+            if std::mem::take(&mut self.unsettled) {
+                ex.finish()?;
+            }
+            ex.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the exchange and every local stream; under routing a device wait timeout is
+    /// recorded for the safe point that follows instead of ending the run.
+    fn settle(&mut self) -> Result<()> {
+        for m in &self.ranks {
+            m.synchronize()?;
+        }
+        let Some(ex) = self.exchange.as_mut() else { return Ok(()) };
+        let finished = ex.finish();
+        self.unsettled = false;
+        match (finished, self.routing.as_mut()) {
+            (Err(e), Some(r)) => {
+                if r.record_error(&e) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// A safe point (routing only; collective, at the same step on every PE): settles the steps
+    /// so far, and when any PE found a failure rolls back to the last search step. `Ok(true)`:
+    /// the steps stand; `Ok(false)`: rolled back, run them again.
+    fn safe_point(&mut self) -> Result<bool> {
+        self.settle()?;
+        let Some(r) = self.routing.as_mut() else { return Ok(true) };
+        if !r.safe_point()?.rerun {
+            return Ok(true);
+        }
+        self.roll_back()?;
+        Ok(false)
+    }
+
+    /// Puts the run back to the last search step, on every PE alike (after an agreed rerun): the
+    /// failed exchange is reset together (every PE is alive and idle at a safe point) and dropped
+    /// as a healthy one, so its symmetric buffers are freed in the same order everywhere; the
+    /// next step searches again and builds an exchange on the agreed paths, from step zero.
+    fn roll_back(&mut self) -> Result<()> {
+        let at = self.rollback.restore(self.step, &mut self.system, &mut self.out, &mut self.partial)?;
+        eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", self.step);
+        self.graphs.clear();
+        if let Some(mut ex) = self.exchange.take() {
+            ex.reset_protocol()?;
+        }
+        self.exchange_plans.clear();
+        // The home atoms come from the saved system, not from the GPUs.
+        self.plan = None;
+        self.pending.clear();
+        self.unsettled = false;
+        self.step = at;
+        Ok(())
+    }
+
+    /// An exchange launch's result: under routing a failed launch is recorded for the next safe
+    /// point (the steps then run again on the agreed paths); without routing it ends the run.
+    fn launched(&mut self, result: Result<()>) -> Result<()> {
+        self.unsettled = true;
+        match (result, self.routing.as_mut()) {
+            (Err(e), Some(r)) => {
+                r.record_failed_launch(&e);
+                Ok(())
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// Ends the run: waits for the GPUs, collects the energies (summed over every rank), and
+    /// returns what the run did.
+    pub fn finish(mut self) -> Result<MdOutcome> {
+        self.synchronize()?;
+        self.out.wall = self.started.map_or(Duration::ZERO, |t| t.elapsed());
+        self.out.host_syncs = self.exchange.as_ref().map_or(0, |ex| ex.host_syncs());
+        self.collect_energies()?;
+        self.out.energies = self.total_energies()?;
+        Ok(std::mem::take(&mut self.out))
+    }
+
+    fn one_step(&mut self, progress: &mut dyn FnMut(u64, &StepCheck)) -> Result<()> {
+        let s = self.step;
+        let since = s % self.cfg.nstlist;
+        if since == 0 && !self.search()? {
+            return Ok(()); // rolled back: the run goes on from the last search step
+        }
+        let energy = self.cfg.energy_step(s);
+        let work = StepWork { prune: since % self.cfg.nstprune == 0, energy: energy.then_some(since as usize) };
+        if energy {
+            self.pending.push((s, since as usize));
+        }
+        // An injected failure (HALO_INJECT_FAILURE) skips this step's halo launches here.
+        let injected = self.routing.as_ref().map_or_else(Vec::new, |r| r.injected(s));
+        let transport = self.cfg.transport;
+        let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange after the search".into()))?;
+        if self.cfg.graph && transport.gpu_initiated() && work == StepWork::default() && !self.cfg.checks_step(s) && injected.is_empty() {
+            if self.graphs.is_empty() {
+                let t = Instant::now();
+                for (i, m) in self.ranks.iter_mut().enumerate() {
+                    let halo = ex.streams()[i].clone();
+                    self.graphs.push(m.capture_step(&mut ex.local_ranks_mut()[i], &halo, transport, self.cfg.dt)?);
+                }
+                self.out.graph_capture += t.elapsed();
+            }
+            for (m, g) in self.ranks.iter().zip(&self.graphs) {
+                m.launch_graph(g)?;
+            }
+            self.unsettled = true;
+            self.out.graph_steps += 1;
+            self.step += 1;
+            self.out.steps += 1;
+            return Ok(());
+        }
+        for (i, m) in self.ranks.iter_mut().enumerate() {
+            m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
+        }
+        if injected.is_empty() {
+            let r = ex.exchange_forward(transport);
+            self.launched(r)?;
+        }
+        let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        for (i, m) in self.ranks.iter_mut().enumerate() {
+            m.nonlocal_forces(&ex.local_ranks()[i], &ex.streams()[i], work)?;
+        }
+        if injected.is_empty() {
+            let r = ex.exchange_reverse_accumulate(transport);
+            self.launched(r)?;
+        }
+        if let Some(r) = self.routing.as_mut() {
+            for (rank, peers) in &injected {
+                eprintln!("route: injected failure: rank {rank} skips step {s}'s halo towards {peers:?}");
+                r.record_launch_failure(*rank, peers);
+            }
+        }
+        if self.cfg.checks_step(s) {
+            // Under routing a safe point before the check: a failure anywhere means the steps since
+            // the last search run again.
+            if self.routing.is_some() {
+                if !self.safe_point()? {
+                    return Ok(());
+                }
+            } else {
+                self.settle()?;
+            }
+            let c = self.check_step(s, since as usize)?;
+            self.out.worst.merge(c);
+            self.out.checked_steps += 1;
+            progress(s, &c);
+            // No PE overwrites a halo that another is still checking.
+            self.exchange.as_ref().map_or(Ok(()), |ex| ex.barrier())?;
+        }
+        let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        for (i, m) in self.ranks.iter().enumerate() {
+            m.integrate(&ex.local_ranks()[i], &ex.streams()[i], self.cfg.dt, work)?;
+        }
+        self.step += 1;
+        self.out.steps += 1;
+        Ok(())
+    }
+
+    /// A search step's host part: wait for the GPUs (under routing: a safe point), gather the home
+    /// atoms, decompose again, build the lists, move the exchange to the new layout (or build one
+    /// on the router's paths) and upload. `Ok(false)`: the safe point rolled back instead.
+    fn search(&mut self) -> Result<bool> {
+        let mut t = SearchTimes { count: 1, ..SearchTimes::default() };
+        // Under routing a safe point first: the steps since the last search are settled before
+        // anything of them leaves the GPUs, and a failure anywhere rolls back to that search.
+        if self.routing.is_some() && self.exchange.is_some() {
+            if !self.safe_point()? {
+                return Ok(false);
+            }
+        } else {
+            self.settle()?;
+        }
+        // New lists and launch shapes: the captured steps are stale.
+        self.graphs.clear();
+        // The GPUs are idle from here until the first launch of this step: all of it is the search's.
+        let start = Instant::now();
+        self.collect_energies()?;
+        if let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) {
+            let mine: Vec<HomeArrays<'_>> = ex
+                .local_ranks()
+                .iter()
+                .zip(&self.ranks)
+                .map(|(r, m)| HomeArrays { rank: r.rank(), home: m.home_atoms(), x: &r.x, v: m.velocity_buffer(), stream: &m.local })
+                .collect();
+            let tag = format!("{}homes-{}", self.tag, self.step);
+            self.gather.gather(&self.placement, plan, &mine, &mut self.system, &tag)?;
+        }
+        if self.routing.is_some() {
+            self.rollback.save(&self.system, &self.out, &self.partial, self.step);
+        }
+        t.gather = start.elapsed();
+        let t1 = Instant::now();
+        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.cfg.threads())?;
+        t.plan = t1.elapsed();
+        let t2 = Instant::now();
+        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.threads(), self.cfg.gpu_search)?;
+        t.lists = t2.elapsed();
+        for r in &found {
+            t.atoms = t.atoms.max(r.atoms_time);
+            t.grid = t.grid.max(r.grid_time);
+            t.pairs = t.pairs.max(r.lists_time);
+        }
+        let mut gpu_search = std::time::Duration::ZERO;
+        let t3 = Instant::now();
+        let halos = plan.rank_halos();
+        // Under routing every rank's paths for the new halos (collective; the same plans on every
+        // PE). The exchange keeps its buffers only while every pair keeps its transport.
+        let plans = match self.routing.as_mut() {
+            Some(r) => Some(r.plan::<Float3>(&halos)?.to_vec()),
+            None => None,
+        };
+        let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
+        let replanned = match self.exchange.as_mut() {
+            Some(ex) if same_paths => ex.replan(halos.clone())?,
+            _ => false,
+        };
+        if !replanned {
+            // Free the old buffers first (collective, like the allocation that follows).
+            self.exchange = None;
+            let mut ex = match &plans {
+                Some(p) => self.placement.exchange_planned_with_headroom::<Float3>(halos, p, EXCHANGE_HEADROOM)?,
+                None => self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?,
+            };
+            ex.set_wait_timeout(self.cfg.wait_timeout);
+            ex.check_transport(self.cfg.transport)?;
+            self.exchange = Some(ex);
+            self.exchange_plans = plans.unwrap_or_default();
+            self.out.exchange_builds += 1;
+        }
+        let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        self.out.routes = match &self.routing {
+            Some(r) => r.local_summaries()?,
+            None => ex.routes(),
+        };
+        let records = self.cfg.nstlist as usize;
+        for (i, r) in found.iter().enumerate() {
+            let rank = &ex.local_ranks()[i];
+            if rank.rank() != r.rank {
+                return Err(HaloError::InvalidInput(format!("the exchange drives rank {} where the search built rank {}", rank.rank(), r.rank)));
+            }
+            rank.upload_coordinates(&r.home_x)?;
+            match self.ranks.get_mut(i) {
+                Some(m) => gpu_search += m.update(&r.lists, self.system.box_size, &r.home_v, &r.inv_mass)?,
+                None => self.ranks.push(MdRank::new(
+                    rank.module().clone(),
+                    &r.lists,
+                    &self.lj,
+                    &self.setup,
+                    self.system.box_size,
+                    &r.home_v,
+                    &r.inv_mass,
+                    records,
+                )?),
+            }
+        }
+        // Synchronous uploads from pageable memory may return before their DMA lands; kernels on
+        // other streams must not start before it has.
+        let mut synced: Vec<usize> = Vec::new();
+        for r in ex.local_ranks() {
+            if !synced.contains(&r.context().ordinal()) {
+                r.context().synchronize().during("waiting for the search step's uploads")?;
+                synced.push(r.context().ordinal());
+            }
+        }
+        // The GPU searches ran one rank after another inside the uploads: count them as the lists'.
+        t.pairs += gpu_search;
+        t.upload = t3.elapsed().saturating_sub(gpu_search);
+        t.total = start.elapsed();
+        self.out.search.add(&t);
+        self.out.searches += 1;
+        self.out.lists = list_sizes(&found, &self.ranks);
+        self.plan = Some(plan);
+        Ok(true)
+    }
+
+    /// Reads the energy records of the steps since the last search (the GPUs are idle) into this
+    /// process's sums.
+    fn collect_energies(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let n = self.pending.iter().map(|p| p.1 + 1).max().unwrap_or(0);
+        let records = self.ranks.iter().map(|m| m.read_energies(n)).collect::<Result<Vec<_>>>()?;
+        for &(step, rec) in &self.pending {
+            let mut p = EnergyPoint { step, ..EnergyPoint::default() };
+            for r in &records {
+                p.potential += r[rec].potential;
+                p.kinetic += r[rec].kinetic;
+            }
+            self.partial.push(p);
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// The energy points summed over every rank (an all-gather of this process's sums across PEs).
+    fn total_energies(&self) -> Result<Vec<EnergyPoint>> {
+        if self.placement.local_modules().is_some() || self.partial.is_empty() {
+            return Ok(self.partial.clone());
+        }
+        let mine: Vec<f64> = self.partial.iter().flat_map(|p| [p.potential, p.kinetic]).collect();
+        let all = self.placement.all_gather(&format!("{}energies", self.tag), vec![bytemuck::cast_slice(&mine).to_vec()])?;
+        let mut out = self.partial.clone();
+        for p in &mut out {
+            (p.potential, p.kinetic) = (0.0, 0.0);
+        }
+        for b in &all {
+            let v: Vec<f64> = bytemuck::pod_collect_to_vec(b);
+            if v.len() != 2 * out.len() {
+                return Err(HaloError::InvalidInput(format!("a PE recorded {} energy values, this one {}", v.len(), 2 * out.len())));
+            }
+            for (p, c) in out.iter_mut().zip(v.chunks_exact(2)) {
+                p.potential += c[0];
+                p.kinetic += c[1];
+            }
+        }
+        Ok(out)
+    }
+
+    /// A checked step, after the exchange finished: every rank's coordinates against the
+    /// exchange's reference, its home forces and the total potential energy against the
+    /// undecomposed system, and the cross-rank integrity checksums (only checksum words and a few
+    /// numbers cross between PEs).
+    fn check_step(&mut self, step: u64, record: usize) -> Result<StepCheck> {
+        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
+            return Err(HaloError::InvalidInput("a checked step before the first search".into()));
+        };
+        let halos = plan.rank_halos();
+        let ids: Vec<usize> = ex.local_ranks().iter().map(RankExchange::rank).collect();
+        let (xs, fs) = (ex.read_forward()?, ex.read_reverse()?);
+        let mine = xs.iter().zip(&ids).map(|(v, &r)| vec![v[..halos[r].home_atoms].to_vec()]).collect();
+        let homes: Vec<Vec<Float3>> = gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
+        let want = reference::coordinates(&halos, &homes);
+        for (r, h) in homes.iter().enumerate() {
+            for (i, v) in h.iter().enumerate() {
+                self.system.positions[plan.ranks[r].global_ids[i] as usize] = *v;
+            }
+        }
+        let ref_f = md_reference::lj_forces(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let mut c = StepCheck::default();
+        for (i, &r) in ids.iter().enumerate() {
+            c.merge(check_rank(plan, r, &xs[i], &want[r], &fs[i], &ref_f, step)?);
+        }
+        // The potential energy of every rank's pairs against the undecomposed system.
+        let mine: f64 = self.ranks.iter().map(|m| m.read_energies(record + 1).map(|e| e[record].potential)).sum::<Result<f64>>()?;
+        let all = self.placement.all_gather(&format!("{}energy-{step}", self.tag), vec![mine.to_le_bytes().to_vec()])?;
+        let gpu: f64 = all.iter().map(|b| f64::from_le_bytes(b.get(..8).and_then(|s| s.try_into().ok()).unwrap_or_default())).sum();
+        let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
+        if c.energy_rel.is_nan() || c.energy_rel > ENERGY_TOLERANCE {
+            return Err(HaloError::InvalidInput(format!(
+                "verification failed at step {step}: the GPU potential energy is {gpu:.4} kJ/mol, the undecomposed reference {want_e:.4} \
+                 (relative error {:.2e})",
+                c.energy_rel
+            )));
+        }
+        // Cross-rank integrity: both ends of every pulse agree on what moved.
+        let words = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                let sums = RankChecksums::compute(r, &halos[r], &plan.ranks[r].global_ids, &xs[i], &fs[i])?;
+                Ok(sums.to_words().iter().flat_map(|w| w.to_le_bytes()).collect())
+            })
+            .collect::<Result<Vec<Vec<u8>>, integrity::IntegrityError>>()
+            .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+        let all = self.placement.all_gather(&format!("{}integrity-{step}", self.tag), words)?;
+        let sums = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|sums| integrity::compare_across_ranks(&halos, &sums));
+        sums.map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
+        Ok(c)
+    }
+}
+
+impl Drop for MdRun {
+    /// Waits (best effort) for queued work before the buffers it uses (and the graphs) are freed.
+    fn drop(&mut self) {
+        for m in &self.ranks {
+            let _ = m.synchronize();
+        }
+        if let Some(ex) = self.exchange.as_mut() {
+            let _ = ex.finish();
+        }
+    }
+}
+
+/// Sizes of this process's grids and lists at the search just done.
+fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
+    let mut s = ListSizes::default();
+    for (r, m) in found.iter().zip(ranks) {
+        s.home_atoms += r.lists.grid().home_atoms;
+        s.local_atoms += r.lists.grid().atoms;
+        s.local_entries += m.nbnxm().entries(ListKind::Local);
+        s.nonlocal_entries += m.nbnxm().entries(ListKind::NonLocal);
+        s.local_words += m.nbnxm().words(ListKind::Local);
+        s.nonlocal_words += m.nbnxm().words(ListKind::NonLocal);
+    }
+    s
 }
 
 /// Every rank's arrays (the same count per rank, any lengths) from each local rank's `mine`:
@@ -332,4 +978,60 @@ fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Resu
             Ok(arrays)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_the_least_squares_slope_per_atom() {
+        // Total energy 100 + 3 t (t in ns) with a wiggle that averages out: slope 3 kJ/mol/ns.
+        let dt = 0.002;
+        let mut o = MdOutcome::default();
+        for k in 0..101u64 {
+            let t_ns = k as f64 * 10.0 * dt * 1e-3;
+            let wiggle = if k % 2 == 0 { 0.01 } else { -0.01 };
+            o.energies.push(EnergyPoint { step: 10 * k, potential: 60.0 + 3.0 * t_ns + wiggle, kinetic: 40.0 });
+        }
+        let d = o.drift(1000, dt, 0).unwrap();
+        assert!((d.total_kj_mol_ns - 3.0).abs() < 0.05, "{d:?}");
+        assert!((d.per_atom_kj_mol_ns - 3e-3).abs() < 5e-5);
+        assert!((d.fluctuation - 0.01).abs() < 1e-3 && (d.mean - 100.0).abs() < 0.01);
+        assert!((d.span_ps - 2.0).abs() < 1e-9, "{}", d.span_ps);
+        assert_eq!(d.points, 101);
+        assert_eq!(o.drift(1000, dt, 995), None, "one point is not a line");
+    }
+
+    #[test]
+    fn setups_follow_the_rule_or_the_explicit_buffer() {
+        let sys = MolecularSystem::generate(6000, 1).unwrap();
+        let mut cfg = MdConfig::new(6000, RankGrid::new([2, 1, 1]).unwrap());
+        let rule = cfg.list_setup(&sys).unwrap();
+        assert_eq!((rule.nstlist, rule.nstprune), (100, 10));
+        // The drift-based buffer at DEFAULT_DRIFT_TOLERANCE (docs/nbnxm.md: 0.063 nm at nstlist
+        // 100, none for the inner list at nstprune 10); a stricter tolerance buys a larger buffer.
+        assert!(rule.rlist > 1.04 && rule.rlist < 1.09 && rule.rlist_inner == 1.0, "{rule:?}");
+        let strict = MdConfig { buffer_tolerance: 1e-3, ..cfg.clone() }.list_setup(&sys).unwrap();
+        assert!(strict.rlist > rule.rlist + 0.05, "{strict:?} vs {rule:?}");
+        cfg.buffer = Some(0.02);
+        let s = cfg.list_setup(&sys).unwrap();
+        assert_eq!((s.rlist, s.rlist_inner), (1.02, 1.0));
+        cfg.buffer = None;
+        cfg.nstprune = 200;
+        assert_eq!(cfg.list_setup(&sys).unwrap().nstprune, 100, "nstprune is capped at nstlist");
+        cfg.nstlist = 0;
+        assert!(cfg.list_setup(&sys).unwrap_err().to_string().contains("nstlist"));
+    }
+
+    #[test]
+    fn energy_steps_include_checked_steps() {
+        let mut cfg = MdConfig::new(100, RankGrid::new([1, 1, 1]).unwrap());
+        cfg.check_every = 0;
+        assert!(!cfg.energy_step(0));
+        cfg.energy_every = 50;
+        assert!(cfg.energy_step(0) && cfg.energy_step(100) && !cfg.energy_step(75));
+        cfg.check_every = 25;
+        assert!(cfg.energy_step(75));
+    }
 }

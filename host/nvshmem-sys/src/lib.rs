@@ -141,6 +141,11 @@ const _: () = {
     assert!(std::mem::offset_of!(nvshmemx_init_attr_t, args) == 16);
 };
 
+/// `nvshmem_team_t`.
+pub type nvshmem_team_t = i32;
+/// `NVSHMEM_TEAM_WORLD`: every PE.
+pub const NVSHMEM_TEAM_WORLD: nvshmem_team_t = 0;
+
 /// `CUmodule` / `CUstream`, as opaque pointers (the driver's handles).
 pub type CUmodule = *mut c_void;
 /// See [`CUmodule`].
@@ -195,6 +200,8 @@ nvshmem_api! {
     fn nvshmemx_cumodule_init(module: CUmodule) -> c_int;
     fn nvshmemx_cumodule_finalize(module: CUmodule) -> c_int;
     fn nvshmemx_vendor_get_version_info(major: *mut c_int, minor: *mut c_int, patch: *mut c_int);
+    fn nvshmem_uint8_fcollect(team: nvshmem_team_t, dest: *mut u8, source: *const u8, nelems: usize) -> c_int;
+    fn nvshmem_uint64_fcollect(team: nvshmem_team_t, dest: *mut u64, source: *const u64, nelems: usize) -> c_int;
 }
 
 /// An opened `libnvshmem_host.so` and its resolved functions.

@@ -179,10 +179,12 @@ impl Decomposition {
         f64::from(self.box_size[dim]) / self.grid.dims[dim] as f64
     }
 
-    /// Cell index along `dim` of a wrapped coordinate `x`.
+    /// Cell index along `dim` of a wrapped coordinate `x`: `floor(x n / L)`, clamped to the grid.
     pub fn cell_index(&self, dim: usize, x: f64) -> usize {
         let n = self.grid.dims[dim];
-        let c = (x * n as f64 / f64::from(self.box_size[dim])).floor();
+        let c = x * n as f64 / f64::from(self.box_size[dim]);
+        // Truncation is `floor` for c > 0 (and NaN becomes 0 either way); without SSE4.1 `floor`
+        // is a library call, and this runs for every atom at every search.
         if c <= 0.0 { 0 } else { (c as usize).min(n - 1) }
     }
 

@@ -101,21 +101,63 @@ impl HaloPlan {
     /// pulse `p - 1` received. So an atom `k` cells up reaches a rank after exactly `k` hops
     /// along that dimension, once, and only if the rank needs it.
     pub fn from_positions(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32) -> Result<Self, PlanError> {
+        Self::from_positions_on(positions, box_size, grid, cutoff, 1)
+    }
+
+    /// [`Self::build`] on `threads` host threads (the same plan for any count).
+    pub fn build_on(system: &MolecularSystem, grid: RankGrid, cutoff: f32, threads: usize) -> Result<Self, PlanError> {
+        Self::from_positions_on(&system.positions, system.box_size, grid, cutoff, threads)
+    }
+
+    /// [`Self::from_positions`] on `threads` host threads: the atoms are shared out in chunks to find
+    /// their owners, and the ranks to select what each pulse sends. The same plan for any count.
+    pub fn from_positions_on(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32, threads: usize) -> Result<Self, PlanError> {
         let geo = Decomposition::new(grid, box_size, cutoff)?;
         if positions.len() > (u32::MAX / 2) as usize {
             return Err(PlanError::TooManyAtoms { atoms: positions.len() });
         }
         let nranks = grid.num_ranks();
-        let mut local: Vec<Vec<Local>> = vec![Vec::new(); nranks];
-        for (id, &p) in positions.iter().enumerate() {
-            if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
-                return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
-            }
+        // Threads only pay for themselves with a few thousand atoms each.
+        let threads = threads.clamp(1, positions.len().div_ceil(4096).max(1));
+        let wrapped = |p: Float3| {
             let w = wrap_position(p, box_size);
-            let pos = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
-            // Ids ascend, so home atoms come out sorted by global id.
-            local[grid.rank_of(geo.cell_of(pos))].push(Local { id: id as u32, pos });
-        }
+            [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
+        };
+        // Home atoms: each chunk of ids sorted into per-rank lists, joined in chunk order (so ids
+        // ascend on every rank); every rank's array is allocated once, with room for a halo.
+        let chunk = positions.len().div_ceil(threads).max(1);
+        let home_of = |first: usize, part: &[Float3]| -> Result<Vec<Vec<Local>>, PlanError> {
+            let mut mine: Vec<Vec<Local>> = (0..nranks).map(|_| Vec::with_capacity(part.len() / nranks + part.len() / 8 + 1)).collect();
+            for (k, &p) in part.iter().enumerate() {
+                let id = first + k;
+                if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+                    return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
+                }
+                let pos = wrapped(p);
+                mine[grid.rank_of(geo.cell_of(pos))].push(Local { id: id as u32, pos });
+            }
+            Ok(mine)
+        };
+        let parts: Vec<Vec<Vec<Local>>> = if threads == 1 {
+            vec![home_of(0, positions)?]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = positions.chunks(chunk).enumerate().map(|(c, part)| s.spawn(move || home_of(c * chunk, part))).collect();
+                // A worker cannot panic short of a bug; propagate it if one does.
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect::<Result<Vec<_>, _>>()
+            })?
+        };
+        let mut local: Vec<Vec<Local>> = (0..nranks)
+            .map(|r| {
+                let n: usize = parts.iter().map(|p| p[r].len()).sum();
+                let mut v = Vec::with_capacity(n + n / 2);
+                for p in &parts {
+                    v.extend_from_slice(&p[r]);
+                }
+                v
+            })
+            .collect();
+        drop(parts);
         let home: Vec<usize> = local.iter().map(Vec::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
         let decomposed = grid.decomposed_dims();
@@ -127,8 +169,7 @@ impl HaloPlan {
             let mut prev: Vec<(usize, usize)> = vec![(0, 0); nranks];
             for p in 0..geo.pulses[d] {
                 let offsets: Vec<usize> = local.iter().map(Vec::len).collect();
-                let mut maps: Vec<Vec<u32>> = Vec::with_capacity(nranks);
-                for s in 0..nranks {
+                let select = |s: usize| -> Vec<u32> {
                     let range = if p == 0 { 0..dim_start[s] } else { prev[s].0..prev[s].0 + prev[s].1 };
                     let c = grid.coords_of(s);
                     // The receiver's cell in this rank's frame: the same cell except one step down along d.
@@ -140,7 +181,7 @@ impl HaloPlan {
                     }
                     hi[d] = lo[d];
                     lo[d] -= geo.cell_width(d);
-                    let map = range
+                    range
                         .filter(|&k| {
                             let x = local[s][k].pos;
                             let dist2: f64 = decomposed
@@ -153,9 +194,20 @@ impl HaloPlan {
                             dist2 < rc2
                         })
                         .map(|k| k as u32)
-                        .collect();
-                    maps.push(map);
-                }
+                        .collect()
+                };
+                // Every rank's selection is independent: ranks in parallel when there are threads.
+                let maps: Vec<Vec<u32>> = if threads == 1 || nranks == 1 {
+                    (0..nranks).map(select).collect()
+                } else {
+                    let per = nranks.div_ceil(threads);
+                    std::thread::scope(|sc| {
+                        let select = &select;
+                        let handles: Vec<_> =
+                            (0..nranks).step_by(per).map(|a| sc.spawn(move || (a..(a + per).min(nranks)).map(select).collect::<Vec<_>>())).collect();
+                        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+                    })
+                };
                 let mut received: Vec<Vec<Local>> = vec![Vec::new(); nranks];
                 for (s, map) in maps.iter().enumerate() {
                     let to = grid.neighbour(s, d, -1);
@@ -282,6 +334,22 @@ mod tests {
         assert_eq!(plan.ranks[0].total_atoms, 0);
         assert_eq!(plan.ranks[2].total_atoms, 1);
         assert_eq!(plan.ranks[1].total_atoms, 1);
+    }
+
+    #[test]
+    fn threads_do_not_change_the_plan() {
+        let sys = MolecularSystem::generate(20_000, 3).unwrap();
+        for dims in [[1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [4, 1, 1], [3, 2, 1]] {
+            let g = RankGrid::new(dims).unwrap();
+            let one = HaloPlan::build(&sys, g, 1.2).unwrap();
+            for t in [2, 3, 8] {
+                assert_eq!(HaloPlan::build_on(&sys, g, 1.2, t).unwrap(), one, "{dims:?}, {t} threads");
+            }
+        }
+        let mut pos = sys.positions.clone();
+        pos[17_000].y = f32::NAN;
+        let e = HaloPlan::from_positions_on(&pos, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.2, 4).unwrap_err();
+        assert!(matches!(e, PlanError::NonFinitePosition { atom: 17_000, .. }), "{e}");
     }
 
     #[test]

@@ -555,6 +555,22 @@ mod tests {
     }
 
     #[test]
+    fn the_footprint_of_an_exchange_with_headroom_counts_the_headroom() {
+        // The MD step allocates its exchange with 25% headroom (`Placement::exchange_with_headroom`);
+        // the prechecks get the grown sizes, so a heap that holds the exact sizes can refuse them.
+        let (halos, sizes) = two_ranks(50_000);
+        let grown = sizes.with_headroom(0.25);
+        let (exact, roomy) = (Footprint::of::<Float3>(sizes, &halos[0]), Footprint::of::<Float3>(grown, &halos[0]));
+        assert_eq!(roomy.symmetric[0].bytes, grown.atoms as u64 * 12);
+        assert_eq!(roomy.symmetric[2].bytes, 2 * grown.slot_atoms as u64 * 12);
+        assert!(roomy.symmetric_requested() as f64 >= 1.24 * exact.symmetric_requested() as f64, "{roomy:?} vs {exact:?}");
+        assert_eq!(roomy.plain, exact.plain, "index maps are allocated for the halo itself");
+        let cfg = HeapConfig { symmetric_size: exact.symmetric_bytes(), ..HeapConfig::from_values(None, None, None).unwrap() };
+        check_heap(&cfg, 0, &exact, 0).unwrap();
+        assert!(check_heap(&cfg, 0, &roomy, 0).is_err());
+    }
+
+    #[test]
     fn a_heap_too_small_names_the_need_the_setting_and_the_fix() {
         let (halos, sizes) = two_ranks(200_000);
         let need = Footprint::of::<Float3>(sizes, &halos[1]);

@@ -8,15 +8,17 @@
 //! global rank [`RankExchange::rank`], and runs on [`Exchange::streams`]`()[i]`. Collective
 //! operations ([`Exchange::barrier`], [`Placement::all_gather`]) are no-ops or identities in one
 //! process; across PEs every PE must call them in the same order.
+//!
+//! Paths are the router's by default ([`PathPolicy::Routed`]); a driver that feeds failures back
+//! keeps a [`super::routing::Routing`] and builds with [`Placement::exchange_planned`].
 
 use super::local::LocalRanks;
 use super::pe::{PathPolicy, PeExchange};
-use super::rank::RankExchange;
+use super::rank::{RankExchange, SharedSizes};
 use super::spec::RankHalo;
 use super::{Element, Transport};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
-use crate::launch::rendezvous;
 use crate::nvshmem::Nvshmem;
 use crate::session::PeSession;
 use kernels_gpu::abi::Float3;
@@ -49,6 +51,18 @@ pub trait Exchange<T: Element = Float3> {
     /// run again from step 0 (after a timeout, or before replaying captured steps). Across PEs it
     /// is fenced by barriers: no PE resets while a peer still runs, none runs before all reset.
     fn reset_protocol(&mut self) -> Result<()>;
+    /// Moves the exchange to `halos` (a new decomposition of the same rank grid: atoms migrated)
+    /// in its existing buffers, keeping signals and step counters; `Ok(false)`, changing nothing,
+    /// when the buffers are too small (build a new exchange then; every PE decides alike). Every
+    /// local rank must be idle; across PEs it is collective and fenced by a barrier. Home values
+    /// must be uploaded again for the new layout.
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool>;
+
+    /// What the router chose for each local rank (empty when no router decided: `Auto`,
+    /// `ForcePut`, [`LocalRanks::direct`]).
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        Vec::new()
+    }
 
     /// Sets the deadline of every device wait of the local ranks.
     fn set_wait_timeout(&mut self, timeout: Duration) {
@@ -99,6 +113,12 @@ impl<T: Element> Exchange<T> for LocalRanks<T> {
     fn reset_protocol(&mut self) -> Result<()> {
         LocalRanks::reset_protocol(self)
     }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        LocalRanks::replan(self, halos)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        LocalRanks::routes(self).to_vec()
+    }
 }
 
 impl<T: Element> Exchange<T> for PeExchange<T> {
@@ -132,14 +152,24 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     fn reset_protocol(&mut self) -> Result<()> {
         PeExchange::reset_protocol(self)
     }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        PeExchange::replan(self, halos)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        PeExchange::routes(self).cloned().into_iter().collect()
+    }
 }
 
 /// Where the ranks of a decomposition run, and so which exchange serves them.
 #[derive(Clone)]
 pub enum Placement {
     /// Every rank in this process: rank `r` on `modules[r % modules.len()]` (one loaded module per
-    /// GPU), exchanged by [`LocalRanks`].
+    /// GPU), exchanged by [`LocalRanks`] with the router's paths ([`LocalRanks::new`]).
     Local(Vec<Arc<KernelModule>>),
+    /// Every rank in this process as [`Placement::Local`], with direct stores to every peer and
+    /// no router ([`LocalRanks::direct`]): what `with_policy(Auto)` makes of a local placement
+    /// (calibration measures one path at a time this way).
+    LocalDirect(Vec<Arc<KernelModule>>),
     /// One rank per NVSHMEM PE, this process being PE `nvshmem.my_pe()`, exchanged by
     /// [`PeExchange`] (every PE builds the same exchanges in the same order).
     Pe {
@@ -158,36 +188,100 @@ impl Placement {
         Placement::Pe { nvshmem: session.nvshmem.clone(), module: session.module.clone(), policy }
     }
 
-    /// The same placement with another path policy (PEs only; ranks in one process reach every
-    /// peer directly).
+    /// The same placement with another path policy. Ranks in one process follow the router
+    /// (`Routed`, `Planned`) or store directly to every peer (`Auto`, `ForcePut`: they have no
+    /// NVSHMEM to put with).
     pub fn with_policy(&self, policy: PathPolicy) -> Self {
         match self {
-            Placement::Local(m) => Placement::Local(m.clone()),
+            Placement::Local(m) | Placement::LocalDirect(m) => match policy {
+                PathPolicy::Routed | PathPolicy::Planned(_) => Placement::Local(m.clone()),
+                PathPolicy::Auto | PathPolicy::ForcePut => Placement::LocalDirect(m.clone()),
+            },
             Placement::Pe { nvshmem, module, .. } => Placement::Pe { nvshmem: nvshmem.clone(), module: module.clone(), policy },
+        }
+    }
+
+    /// The loaded modules of a placement in one process (rank `r` on `modules[r % len]`).
+    pub fn local_modules(&self) -> Option<&[Arc<KernelModule>]> {
+        match self {
+            Placement::Local(m) | Placement::LocalDirect(m) => Some(m),
+            Placement::Pe { .. } => None,
         }
     }
 
     /// The exchange of `halos` (every rank's, the same complete list on every PE) for the ranks
     /// placed here, with this process's jitter and fault if it asked for any
-    /// ([`super::perturb::for_process`]). Collective across PEs.
+    /// ([`super::perturb::for_process`]): in one process with the router's paths, across PEs as the
+    /// placement's policy says (the router's by default). Collective across PEs.
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
-        super::perturb::for_process(match self {
-            Placement::Local(modules) => Box::new(LocalRanks::<T>::new(halos, modules)?),
-            Placement::Pe { nvshmem, module, policy } => Box::new(PeExchange::<T>::new(nvshmem.clone(), module.clone(), halos, *policy)?),
+        self.exchange_with_headroom(halos, 0.0)
+    }
+
+    /// [`Self::exchange`] with buffers `headroom` (a fraction) larger than `halos` need, so that
+    /// [`Exchange::replan`] can keep them when later decompositions grow a little (the memory
+    /// prechecks count the headroom: [`super::heap::Footprint::of`] takes the grown sizes).
+    pub fn exchange_with_headroom<T: Element>(&self, halos: Vec<RankHalo>, headroom: f64) -> Result<Box<dyn Exchange<T>>> {
+        self.build(halos, None, headroom)
+    }
+
+    /// The exchange of `halos` following `plans` (every rank's, from a
+    /// [`super::routing::Routing`]): what a driver that feeds failures back builds, again after a
+    /// safe point switched pairs; with this process's jitter and fault like [`Self::exchange`].
+    /// Collective across PEs.
+    pub fn exchange_planned<T: Element>(&self, halos: Vec<RankHalo>, plans: &[crate::route::RoutedPaths]) -> Result<Box<dyn Exchange<T>>> {
+        self.build(halos, Some(plans), 0.0)
+    }
+
+    /// [`Self::exchange_planned`] with `headroom` as [`Self::exchange_with_headroom`] (the MD step,
+    /// which replans at search steps).
+    pub fn exchange_planned_with_headroom<T: Element>(
+        &self, halos: Vec<RankHalo>, plans: &[crate::route::RoutedPaths], headroom: f64,
+    ) -> Result<Box<dyn Exchange<T>>> {
+        self.build(halos, Some(plans), headroom)
+    }
+
+    /// Every exchange a placement builds: `plans` given or as the placement's policy says, buffers
+    /// `headroom` larger than `halos` need, wrapped for this process's perturbation.
+    fn build<T: Element>(&self, halos: Vec<RankHalo>, plans: Option<&[crate::route::RoutedPaths]>, headroom: f64) -> Result<Box<dyn Exchange<T>>> {
+        let sizes = SharedSizes::of(&halos).with_headroom(headroom);
+        let signaling = || super::pe::PutSignaling::from_env();
+        super::perturb::for_process(match (self, plans) {
+            (Placement::Local(modules) | Placement::LocalDirect(modules), Some(plans)) => {
+                Box::new(LocalRanks::<T>::with_plans_and_sizes(halos, modules, plans, sizes)?)
+            }
+            (Placement::Local(modules), None) => Box::new(LocalRanks::<T>::with_sizes(halos, modules, sizes)?),
+            (Placement::LocalDirect(modules), None) => Box::new(LocalRanks::<T>::direct_with_sizes(halos, modules, sizes)?),
+            (Placement::Pe { nvshmem, module, .. }, Some(plans)) => {
+                let mine = plans.get(nvshmem.my_pe()).ok_or_else(|| HaloError::InvalidInput(format!("no plan for PE {}", nvshmem.my_pe())))?;
+                let policy = PathPolicy::Planned(mine.clone().leak());
+                Box::new(PeExchange::<T>::with_sizes(nvshmem.clone(), module.clone(), halos, policy, signaling()?, sizes)?)
+            }
+            (Placement::Pe { nvshmem, module, policy }, None) => {
+                Box::new(PeExchange::<T>::with_sizes(nvshmem.clone(), module.clone(), halos, *policy, signaling()?, sizes)?)
+            }
         })
+    }
+
+    /// The path policy across PEs (ranks in one process are always routed).
+    pub fn policy(&self) -> PathPolicy {
+        match self {
+            Placement::Local(_) => PathPolicy::Routed,
+            Placement::LocalDirect(_) => PathPolicy::Auto,
+            Placement::Pe { policy, .. } => *policy,
+        }
     }
 
     /// Every rank's bytes, indexed by rank, from `mine` (one entry per local rank, in
     /// [`Exchange::local_ranks`] order): `mine` itself in one process; across PEs an all-gather
-    /// under `tag` through `halo launch`'s rendezvous (small host data: search steps, checks).
+    /// through NVSHMEM ([`Nvshmem::all_gather_bytes`]), so it works under every launcher and across
+    /// nodes (small host data: search steps, checks). `tag` names it in errors.
     pub fn all_gather(&self, tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
         match self {
-            Placement::Local(_) => Ok(mine),
-            Placement::Pe { .. } => {
+            Placement::Local(_) | Placement::LocalDirect(_) => Ok(mine),
+            Placement::Pe { nvshmem, .. } => {
                 let [one] = <[Vec<u8>; 1]>::try_from(mine)
                     .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
-                rendezvous::all_gather(tag, &one)
-                    .map_err(|e| HaloError::InvalidInput(format!("gathering {tag} across PEs (needs `halo launch`): {e}")))
+                nvshmem.all_gather_bytes(&one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
             }
         }
     }

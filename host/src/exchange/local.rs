@@ -21,14 +21,73 @@ pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
     ranks: Vec<RankExchange<T>>,
     streams: Vec<Arc<CudaStream>>,
     host_syncs: u64,
+    /// GPUs the ranks are spread over (for the residency cap).
+    gpus: usize,
+    /// Every rank's plan when a router chose the paths (`plans[r]` is rank `r`'s; kept so that
+    /// [`Self::replan`] lays the same paths over the new halos), empty for [`Self::direct`].
+    plans: Vec<crate::route::RoutedPaths>,
+    routes: Vec<crate::route::RoutedSummary>,
 }
 
 impl<T: Element> LocalRanks<T> {
-    /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU).
+    /// Builds the ranks' exchanges, rank `r` on GPU `r % modules.len()` (one loaded module per GPU),
+    /// with the paths the router chooses ([`crate::route::plan_local_ranks`]'s planning: the GPUs'
+    /// facts, each rank's router, both ends of every pair agreeing): pulses whose pair chose
+    /// `nvlink-tma` copy in bulk inside the fused kernel, the others store. [`Self::direct`] stores
+    /// everywhere without asking the router.
     pub fn new(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::with_sizes(halos, modules, sizes)
+    }
+
+    /// [`Self::new`] with buffers of `sizes` (at least [`SharedSizes::of`]`(&halos)`; larger sizes
+    /// let [`Self::replan`] keep the buffers when a later decomposition grows).
+    pub fn with_sizes(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes) -> Result<Self> {
+        let placement = super::Placement::Local(modules.to_vec());
+        let mut routing = super::routing::Routing::new(&placement, halos.len(), &[])?;
+        let plans = routing.plan::<T>(&halos)?.to_vec();
+        Self::with_plans_and_sizes(halos, modules, &plans, sizes)
+    }
+
+    /// [`Self::new`] with every rank's plan given (`plans[r]` is rank `r`'s, from a
+    /// [`super::routing::Routing`] that feeds failures back).
+    pub fn with_plans(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], plans: &[crate::route::RoutedPaths]) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::with_plans_and_sizes(halos, modules, plans, sizes)
+    }
+
+    /// [`Self::with_plans`] with buffers of `sizes` (see [`Self::with_sizes`]).
+    pub fn with_plans_and_sizes(
+        halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], plans: &[crate::route::RoutedPaths], sizes: SharedSizes,
+    ) -> Result<Self> {
+        if plans.len() != halos.len() || plans.iter().enumerate().any(|(r, p)| p.self_pe != r) {
+            return Err(HaloError::InvalidInput(format!("{} plans for {} ranks (plan r must be rank r's)", plans.len(), halos.len())));
+        }
+        if let Some(plan) = plans.iter().find(|p| p.peers.iter().flatten().any(|t| *t == crate::route::Transport::NvshmemPut)) {
+            return Err(HaloError::InvalidInput(format!("rank {}: ranks in one process have no NVSHMEM, but the plan puts", plan.self_pe)));
+        }
+        let mut this = Self::direct_with_sizes(halos, modules, sizes)?;
+        this.plans = plans.to_vec();
+        this.apply_plans()?;
+        this.routes = plans.iter().map(|p| p.summary()).collect::<std::result::Result<_, _>>()?;
+        Ok(this)
+    }
+
+    /// The ranks' exchanges with direct stores to every peer (no router), rank `r` on GPU
+    /// `r % modules.len()`.
+    pub fn direct(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>]) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::direct_with_sizes(halos, modules, sizes)
+    }
+
+    /// [`Self::direct`] with buffers of `sizes` (see [`Self::with_sizes`]).
+    pub fn direct_with_sizes(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes) -> Result<Self> {
         validate(&halos)?;
         if modules.is_empty() {
             return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
+        }
+        if !sizes.holds(&SharedSizes::of(&halos)) {
+            return Err(HaloError::InvalidInput(format!("buffer sizes {sizes:?} cannot hold these halos ({:?})", SharedSizes::of(&halos))));
         }
         for a in modules {
             for b in modules {
@@ -41,7 +100,7 @@ impl<T: Element> LocalRanks<T> {
                 }
             }
         }
-        let sizes = SharedSizes::of(&halos);
+        // The footprint of `sizes`, headroom included: what the ranks below allocate.
         super::heap::precheck_local::<T>(modules, &halos, sizes)?;
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
@@ -51,17 +110,58 @@ impl<T: Element> LocalRanks<T> {
             streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
-        let views: Vec<PeerView> = ranks.iter().map(RankExchange::<T>::local_view).collect();
-        let flags = super::credits::flags(&halos);
-        for (rank, flags) in ranks.iter_mut().zip(&flags) {
-            // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
-            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
-        }
-        let mut this = Self { ranks, streams, host_syncs: 0 };
-        this.fit_residency(modules.len())?;
+        let mut this = Self { ranks, streams, host_syncs: 0, gpus: modules.len(), plans: Vec::new(), routes: Vec::new() };
+        this.install(&halos)?;
         // Plain allocations may reuse memory of an earlier exchange: start from zeroed slots.
         this.reset_protocol()?;
         Ok(this)
+    }
+
+    /// Writes every rank's metadata for `halos` (the ranks' current halos), lays the routed paths
+    /// over them (bulk copies where a pair chose `nvlink-tma`) and caps the grids.
+    fn install(&mut self, halos: &[RankHalo]) -> Result<()> {
+        let views: Vec<PeerView> = self.ranks.iter().map(RankExchange::<T>::local_view).collect();
+        let flags = super::credits::flags(halos);
+        for (rank, flags) in self.ranks.iter_mut().zip(&flags) {
+            // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
+            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
+        }
+        self.apply_plans()?;
+        self.fit_residency(self.gpus)
+    }
+
+    /// Bulk copies for the pulses whose pair chose `nvlink-tma` in the ranks' plans (after
+    /// `install`, which sets stores; nothing without plans).
+    fn apply_plans(&mut self) -> Result<()> {
+        for (rank, plan) in self.ranks.iter_mut().zip(&self.plans) {
+            let bulk = plan.bulk_pulses(rank.halo());
+            rank.set_bulk_pulses(&bulk)?;
+        }
+        Ok(())
+    }
+
+    /// Moves every rank to `halos` (a new decomposition on the same rank grid) in the existing
+    /// buffers: `Ok(false)`, changing nothing, when they do not fit (build a new exchange then).
+    /// Signals and step counters continue, so peers keep agreeing on the protocol, and each pair
+    /// keeps the path its plan chose (laid over the new pulses). Every rank must be idle (the
+    /// caller synchronised the streams), and the ranks' home values must be uploaded again for the
+    /// new layout.
+    pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        validate(&halos)?;
+        let fits = self.ranks.first().is_some_and(|r| r.sizes().holds(&SharedSizes::of(&halos)));
+        if !fits || halos.len() != self.ranks.len() {
+            return Ok(false);
+        }
+        // As the protocol reset's first step: no launch of the old layout may still run (bounded;
+        // the caller synchronised already, so this is not counted as another host sync).
+        for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
+            rank.wait_idle(stream, "waiting for a rank's stream before a replan", None, || None)?;
+        }
+        for (rank, halo) in self.ranks.iter_mut().zip(halos.iter().cloned()) {
+            rank.set_halo(halo)?;
+        }
+        self.install(&halos)?;
+        Ok(true)
     }
 
     /// Caps the blocks per pulse so every rank's spinning blocks fit on its GPU together.
@@ -82,6 +182,11 @@ impl<T: Element> LocalRanks<T> {
             r.cap_grids(per_pulse);
         }
         Ok(())
+    }
+
+    /// What the router chose for every rank (empty for [`Self::direct`]).
+    pub fn routes(&self) -> &[crate::route::RoutedSummary] {
+        &self.routes
     }
 
     /// The ranks.

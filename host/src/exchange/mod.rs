@@ -51,6 +51,7 @@ pub mod proxy;
 pub mod rank;
 pub mod reference;
 pub mod reset;
+pub mod routing;
 pub mod spec;
 pub mod synthetic;
 pub mod watch;
@@ -59,6 +60,7 @@ pub use interface::{Exchange, Placement};
 pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};
+pub use routing::{Routing, SafeOutcome};
 pub use spec::{PulseSpec, RankHalo};
 pub use watch::StuckStream;
 

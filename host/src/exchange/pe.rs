@@ -15,16 +15,46 @@ use std::sync::Arc;
 /// How pulses reach their peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PathPolicy {
-    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere.
+    /// The router decides (the default): when the exchange is built, every PE's facts are
+    /// all-gathered through NVSHMEM (once per process), the router plans this PE's pulses from
+    /// their sizes, the plans are all-gathered and checked symmetric, and the exchange follows
+    /// the plan as [`PathPolicy::Planned`] does. Drivers that feed failures back keep their own
+    /// router ([`super::routing::Routing`]) and pass its plans as `Planned`.
     #[default]
+    Routed,
+    /// Per peer as a router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
+    /// `nvlink-store` stores and `nvlink-tma` copies in bulk (per pulse, inside one fused launch)
+    /// through the peer's `nvshmem_ptr` view, `staged` uses the view too (falling back to puts,
+    /// with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
+    /// reference ([`crate::route::RoutedPaths::leak`], made once per plan) keeps the policy `Copy`.
+    Planned(&'static crate::route::RoutedPaths),
+    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere (no router).
     Auto,
     /// NVSHMEM put + signal for every pulse, even between NVLink peers (exercises the network path).
     ForcePut,
-    /// Per peer as the router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
-    /// `nvlink-store`, `nvlink-tma` and `staged` use the peer's `nvshmem_ptr` view (falling back to
-    /// puts, with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
-    /// reference ([`crate::route::RoutedPaths::leak`], made once per run) keeps the policy `Copy`.
-    Routed(&'static crate::route::RoutedPaths),
+}
+
+impl PathPolicy {
+    /// Parses a policy name as the commands' `--paths` takes it: `routed`, `auto` or `force-put`
+    /// (a plan cannot be named).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "routed" | "" => Ok(Self::Routed),
+            "auto" => Ok(Self::Auto),
+            "force-put" => Ok(Self::ForcePut),
+            other => Err(HaloError::InvalidInput(format!("--paths {other:?}: use routed (the router decides, the default), auto (stores wherever mapped) or force-put"))),
+        }
+    }
+
+    /// The name [`Self::parse`] takes (`planned` for a plan).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Routed => "routed",
+            Self::Planned(_) => "planned",
+            Self::Auto => "auto",
+            Self::ForcePut => "force-put",
+        }
+    }
 }
 
 /// How pulses on the NVSHMEM put path signal their peer (issue 19). Only pulses whose peer is
@@ -95,6 +125,12 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     /// collective teardown ([`crate::nvshmem::abandon_collectives`]; see
     /// [`crate::nvshmem::set_abandon_after_failure`]): the peers may be gone.
     failed: Option<String>,
+    /// How pulses reach their peers (kept for [`Self::replan`]); never `Routed` (the constructor
+    /// turns it into this PE's `Planned`).
+    policy: PathPolicy,
+    /// The put path's signalling (kept for [`Self::replan`]).
+    mode: SignalMode,
+    routes: Option<crate::route::RoutedSummary>,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -116,7 +152,7 @@ impl<T: Element> PeExchange<T> {
     ///     synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 1000, send_fraction: 0.3, box_len: 5.0 },
     ///     1,
     /// );
-    /// let mut pe = PeExchange::<f64>::new(s.nvshmem.clone(), s.module.clone(), halos, PathPolicy::Auto)?;
+    /// let mut pe = PeExchange::<f64>::new(s.nvshmem.clone(), s.module.clone(), halos, PathPolicy::Routed)?;
     /// pe.exchange_forward(Transport::Fused)?;
     /// pe.exchange_reverse_accumulate(Transport::Fused)?;
     /// pe.finish()?;
@@ -136,26 +172,68 @@ impl<T: Element> PeExchange<T> {
         policy: PathPolicy,
         signaling: PutSignaling,
     ) -> Result<Self> {
+        let sizes = SharedSizes::of(&halos);
+        Self::with_sizes(nvshmem, module, halos, policy, signaling, sizes)
+    }
+
+    /// [`Self::with_put_signaling`] with buffers of `sizes` (at least [`SharedSizes::of`]`(&halos)`,
+    /// the same on every PE; larger sizes let [`Self::replan`] keep the buffers when a later
+    /// decomposition grows).
+    pub fn with_sizes(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        halos: Vec<RankHalo>,
+        policy: PathPolicy,
+        signaling: PutSignaling,
+        sizes: SharedSizes,
+    ) -> Result<Self> {
         validate(&halos)?;
         if halos.len() != nvshmem.n_pes() {
             return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
         }
+        if !sizes.holds(&SharedSizes::of(&halos)) {
+            return Err(HaloError::InvalidInput(format!("buffer sizes {sizes:?} cannot hold these halos ({:?})", SharedSizes::of(&halos))));
+        }
         let me = nvshmem.my_pe();
-        let sizes = SharedSizes::of(&halos);
+        // The footprint of `sizes`, headroom included: what `RankExchange::new` allocates.
         super::heap::precheck_pe::<T>(module.context(), &halos, me, sizes)?; // every PE fails alike, before any collective
-        let mut rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
-        let local = rank.local_view();
+        let policy = match policy {
+            PathPolicy::Routed => {
+                // Collective like the rest of the constructor: facts (once), plans all-gathered.
+                let placement = super::Placement::Pe { nvshmem: nvshmem.clone(), module: module.clone(), policy };
+                let mut routing = super::routing::Routing::new(&placement, halos.len(), &[])?;
+                let plan = routing.plan::<T>(&halos)?[me].clone();
+                PathPolicy::Planned(plan.leak())
+            }
+            p => p,
+        };
+        let rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
+        let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
+        let mode = signaling.resolve(remote_transport.as_deref());
+        let stream = super::rank::halo_stream(module.context())?;
+        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None, policy, mode, routes: None };
+        this.install()?;
+        this.reset_protocol()?;
+        Ok(this)
+    }
+
+    /// Writes this PE's metadata for its current halo (`self.halos`): peers by `nvshmem_ptr` as
+    /// the policy allows, puts elsewhere, bulk copies where the plan chose `nvlink-tma`; caps the
+    /// grids for residency.
+    fn install(&mut self) -> Result<()> {
+        let (me, policy, nvshmem) = (self.nvshmem.my_pe(), self.policy, self.nvshmem.clone());
+        let local = self.rank.local_view();
         let view = |peer: usize| -> Option<PeerView> {
             match &policy {
                 PathPolicy::ForcePut => return None,
-                PathPolicy::Routed(paths) => {
+                PathPolicy::Planned(paths) => {
                     // A plan made for another PE would pair the wrong peers: a caller bug.
                     debug_assert_eq!(paths.self_pe, me, "routed paths planned for another PE");
                     if !paths.direct(peer) {
                         return None;
                     }
                 }
-                PathPolicy::Auto => {}
+                PathPolicy::Auto | PathPolicy::Routed => {}
             }
             let mapped = (|| {
                 Some(PeerView {
@@ -164,7 +242,7 @@ impl<T: Element> PeExchange<T> {
                     recv_buf: nvshmem.peer_ptr(local.recv_buf, peer)?,
                 })
             })();
-            if let (None, PathPolicy::Routed(paths)) = (&mapped, &policy) {
+            if let (None, PathPolicy::Planned(paths)) = (&mapped, &policy) {
                 tracing::warn!(
                     "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
                     paths.transport(peer).map_or("-", |t| t.name())
@@ -172,19 +250,58 @@ impl<T: Element> PeExchange<T> {
             }
             mapped
         };
-        let mode = signaling.resolve(std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok().as_deref());
-        rank.install(&view, &super::credits::flags(&halos)[me], mode)?;
-        if rank.any_put() && !module.nvshmem_registered() {
+        self.rank.install(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
+        if let PathPolicy::Planned(paths) = policy {
+            // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
+            // installed (stores where mapped, puts elsewhere).
+            let mapped: Vec<bool> = self.rank.coord_paths().iter().map(|p| *p != kernels_gpu::abi::CoordPath::Put).collect();
+            let bulk: Vec<bool> = paths.bulk_pulses(&self.halos[me]).iter().zip(&mapped).map(|(b, m)| *b && *m).collect();
+            self.rank.set_bulk_pulses(&bulk)?;
+            self.routes = Some(paths.summary()?);
+        }
+        if self.rank.any_put() && !self.rank.module().nvshmem_registered() {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
-        let (sms, per_sm) = rank.residency()?;
-        let per_pulse = blocks_per_pulse(sms, per_sm, halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
-        rank.cap_grids(per_pulse);
-        let stream = super::rank::halo_stream(module.context())?;
-        let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
-        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None };
-        this.reset_protocol()?;
-        Ok(this)
+        let (sms, per_sm) = self.rank.residency()?;
+        let per_pulse = blocks_per_pulse(sms, per_sm, self.halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
+        self.rank.cap_grids(per_pulse);
+        Ok(())
+    }
+
+    /// What the router chose for this PE (routed and planned policies), for run outputs.
+    pub fn routes(&self) -> Option<&crate::route::RoutedSummary> {
+        self.routes.as_ref()
+    }
+
+    /// Moves this PE to `halos` (a new decomposition on the same rank grid, the same complete list
+    /// on every PE) in the existing symmetric buffers: `Ok(false)`, changing nothing, when they do
+    /// not fit (every PE decides alike from the same halos; build a new exchange then). Signals
+    /// and step counters continue: unlike [`Self::reset_protocol`] nothing is zeroed, so every PE
+    /// must replan at the same step (or all reset). Each pair keeps the path of the plan the
+    /// exchange was built with, laid over the new pulses (a driver whose router now plans other
+    /// transports builds a new exchange). Collective, fenced like the reset's first half: a
+    /// bounded wait until this PE's stream is idle, then a barrier, so no PE changes its layout
+    /// while a peer may still run a step of the old one; after it, peers may write into this PE's
+    /// new halo region at once, so this PE must not read its old layout any more (upload the home
+    /// values for the new one). Refused on an exchange that failed until it is reset.
+    pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        validate(&halos)?;
+        if halos.len() != self.halos.len() || !self.rank.sizes().holds(&SharedSizes::of(&halos)) {
+            return Ok(false);
+        }
+        if let Some(why) = &self.failed {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: cannot replan an exchange that failed ({why}): reset its protocol on every PE first, or build a new one",
+                self.rank.rank()
+            )));
+        }
+        self.wait_idle("waiting for the halo stream before a replan")?;
+        self.nvshmem.barrier_all()?;
+        let me = self.nvshmem.my_pe();
+        self.rank.set_halo(halos[me].clone())?;
+        self.halos = halos;
+        self.install()?;
+        Ok(true)
     }
 
     /// This PE's rank exchange (buffers, status).

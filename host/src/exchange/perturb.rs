@@ -17,11 +17,12 @@
 //! Off by default, at no cost: [`Placement::exchange`](super::Placement::exchange) wraps an
 //! exchange only when this process asked for a perturbation ([`for_process`]: the environment, or
 //! [`install`] from a command-line flag). Steps are counted per process over every exchange it
-//! builds (the MD step rebuilds its exchange at search steps), one per forward exchange.
+//! builds (the MD step replans, or rebuilds, its exchange at search steps), one per forward exchange.
 //! Captured graphs replay without the wrapper, so they run unperturbed.
 
 use super::interface::Exchange;
 use super::rank::RankExchange;
+use super::spec::RankHalo;
 use super::{Element, Transport};
 use crate::error::{HaloError, Result};
 use crate::gpu::CudaStream;
@@ -538,6 +539,13 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
     fn reset_protocol(&mut self) -> Result<()> {
         self.inner.reset_protocol()
     }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        // The grids keep the cap that left room for delay kernels (a replan keeps every cap).
+        self.inner.replan(halos)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        self.inner.routes()
+    }
     fn set_wait_timeout(&mut self, timeout: Duration) {
         self.inner.set_wait_timeout(timeout)
     }
@@ -582,6 +590,12 @@ impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {
     }
     fn reset_protocol(&mut self) -> Result<()> {
         (**self).reset_protocol()
+    }
+    fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        (**self).replan(halos)
+    }
+    fn routes(&self) -> Vec<crate::route::RoutedSummary> {
+        (**self).routes()
     }
     fn set_wait_timeout(&mut self, timeout: Duration) {
         (**self).set_wait_timeout(timeout)
@@ -721,7 +735,10 @@ mod tests {
     fn the_wrapper_passes_every_call_through_and_waits_its_host_delays() {
         let j = Jitter { max_us: 300, seed: 5, side: JitterSide::Host };
         let p = Perturbation::new(Some(j), None).unwrap();
-        let mut x: Box<dyn Exchange<Float3>> = Box::new(Perturbed::with_ranks(NullExchange::default(), p.clone(), vec![4]).unwrap());
+        let routes = vec![crate::route::RoutedPaths { self_pe: 4, ..Default::default() }.summary().unwrap()];
+        let null = NullExchange { routes: routes.clone(), ..NullExchange::default() };
+        let mut x: Box<dyn Exchange<Float3>> = Box::new(Perturbed::with_ranks(null, p.clone(), vec![4]).unwrap());
+        assert_eq!(x.routes(), routes, "the router's choice shows through the wrapper");
         let started = Instant::now();
         for _ in 0..20 {
             x.exchange_forward(Transport::Fused).unwrap();
@@ -729,11 +746,12 @@ mod tests {
         }
         x.finish().unwrap();
         x.reset_protocol().unwrap();
+        assert!(x.replan(Vec::new()).unwrap());
         let waited = started.elapsed();
         let want: Duration = (0..20).flat_map(|s| [Direction::Forward, Direction::Reverse].map(|d| j.delays(4, d, s).host)).sum();
         assert!(waited >= want, "waited {waited:?}, the plan says {want:?}");
         assert!(!want.is_zero());
-        assert_eq!(x.host_syncs(), 42, "every call reached the inner exchange");
+        assert_eq!(x.host_syncs(), 43, "every call reached the inner exchange");
         let s = p.stats();
         assert_eq!((s.launches, s.gpu_delays), (40, 0));
         assert_eq!(s.host_total, want);

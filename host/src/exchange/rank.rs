@@ -15,7 +15,7 @@ use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModu
 use crate::kernel_args;
 use super::Element;
 use kernels_gpu::abi::{
-    self, COUNTERS_PER_PULSE, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    self, COUNTERS_PER_PULSE, CoordPath, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
     signal_index,
 };
 use std::sync::Arc;
@@ -58,6 +58,20 @@ impl SharedSizes {
         let atoms = halos.iter().map(|h| h.total_atoms).max().unwrap_or(0).max(1);
         let extent = halos.iter().map(|h| h.max_send().max(h.max_recv())).max().unwrap_or(0);
         Self { atoms, pulses: halos.first().map_or(0, |h| h.pulses.len()), slot_atoms: extent.div_ceil(SLOT_ATOMS).max(1) * SLOT_ATOMS }
+    }
+
+    /// The same sizes with `fraction` more atoms and slot space (rounded up), so that later halos
+    /// of a changing decomposition (atoms migrate between searches) still fit and the buffers can
+    /// be kept ([`super::Exchange::replan`]).
+    pub fn with_headroom(self, fraction: f64) -> Self {
+        let grow = |n: usize| n + (n as f64 * fraction.max(0.0)).ceil() as usize;
+        Self { atoms: grow(self.atoms), pulses: self.pulses, slot_atoms: grow(self.slot_atoms).div_ceil(SLOT_ATOMS) * SLOT_ATOMS }
+    }
+
+    /// Whether buffers of these sizes can hold halos of sizes `need` (same pulse count, no more
+    /// atoms, no larger slots).
+    pub fn holds(&self, need: &SharedSizes) -> bool {
+        self.pulses == need.pulses && need.atoms <= self.atoms && need.slot_atoms <= self.slot_atoms
     }
 }
 
@@ -230,6 +244,47 @@ impl<T: Element> RankExchange<T> {
         PeerView { x: self.x.device_ptr(), signals: self.signals.device_ptr(), recv_buf: self.recv_buf.device_ptr() }
     }
 
+    /// The sizes this rank's buffers were allocated for.
+    pub fn sizes(&self) -> SharedSizes {
+        self.sizes
+    }
+
+    /// Replaces this rank's halo with `halo` in the existing buffers (a new decomposition of the
+    /// same grid, after atoms migrated): uploads the new index maps (reusing their allocation when
+    /// it is large enough) and recomputes the grids under the same residency cap. The metadata is
+    /// stale until [`Self::install`] runs again; signals, step counters and credits are kept, so
+    /// the protocol continues where it was (counters stay monotonic). The rank must be idle.
+    /// Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
+    pub fn set_halo(&mut self, halo: RankHalo) -> Result<()> {
+        let need = SharedSizes::of(std::slice::from_ref(&halo));
+        if !self.sizes.holds(&need) {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: a halo of {} atoms, {} pulses and {}-atom slots does not fit buffers of {} atoms, {} pulses and {}-atom slots",
+                self.rank,
+                halo.total_atoms,
+                halo.pulses.len(),
+                need.slot_atoms,
+                self.sizes.atoms,
+                self.sizes.pulses,
+                self.sizes.slot_atoms
+            )));
+        }
+        let mut flat = Vec::with_capacity(halo.pulses.iter().map(|p| p.index_map.len()).sum());
+        self.map_offsets.clear();
+        for p in &halo.pulses {
+            self.map_offsets.push(flat.len());
+            flat.extend_from_slice(&p.index_map);
+        }
+        if self.maps.len() < flat.len() {
+            self.maps = DeviceBuffer::uninit(self.module.context(), flat.len() + flat.len() / 4)?;
+        }
+        self.maps.copy_from_host(&flat)?;
+        let cap = self.grids.cap;
+        self.grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>()).capped(cap);
+        self.halo = halo;
+        Ok(())
+    }
+
     /// Blocks per pulse of the fused coordinate and force kernels.
     pub fn grids(&self) -> (u32, u32) {
         (self.grids.coords(), self.grids.forces())
@@ -361,7 +416,7 @@ impl<T: Element> RankExchange<T> {
                 slot_bytes: slot_bytes as u32,
                 flags: flags[p],
                 signal_mode: signal_mode as u32,
-                reserved: 0,
+                path: if to.is_some() { CoordPath::Store } else { CoordPath::Put } as u32,
             };
             // Forces are copied into slots with 16-byte stores.
             for (what, addr) in [("receive slot", meta.recv_slots), ("staging slot", meta.f_stage), ("peer receive slot", meta.remote_recv_slots)] {
@@ -379,6 +434,40 @@ impl<T: Element> RankExchange<T> {
         }
         self.host_meta = metas;
         Ok(())
+    }
+
+    /// Moves the coordinates of the pulses marked in `bulk` (one flag per pulse) with bulk copies
+    /// (TMA) inside the fused kernel ([`Transport::Fused`]), the others as [`Self::install`] set
+    /// them (stores to mapped peers, puts elsewhere). A pulse can only copy in bulk to a mapped
+    /// peer: asking for one whose peer is reached by puts is an error. Call it after `install`,
+    /// between steps (the kernels read the metadata at launch).
+    pub fn set_bulk_pulses(&mut self, bulk: &[bool]) -> Result<()> {
+        if bulk.len() != self.host_meta.len() {
+            return Err(HaloError::InvalidInput(format!("{} bulk flags for {} pulses", bulk.len(), self.host_meta.len())));
+        }
+        for (p, (meta, &b)) in self.host_meta.iter_mut().zip(bulk).enumerate() {
+            if b && meta.remote_x == 0 {
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {} pulse {p}: a bulk copy needs rank {}'s memory mapped, but that peer is reached by puts",
+                    self.rank, meta.send_pe
+                )));
+            }
+            meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
+        }
+        if !self.host_meta.is_empty() {
+            self.meta.copy_from_host(&self.host_meta)?;
+        }
+        Ok(())
+    }
+
+    /// Each pulse's coordinate path in the fused kernel, as installed.
+    pub fn coord_paths(&self) -> Vec<CoordPath> {
+        self.host_meta.iter().map(|m| CoordPath::from_u32(m.path)).collect()
+    }
+
+    /// Whether some pulse moves its coordinates with bulk copies in the fused kernel.
+    pub fn any_bulk(&self) -> bool {
+        self.host_meta.iter().any(|m| m.bulk())
     }
 
     /// Whether every pulse's coordinates go by direct stores (a requirement of [`Transport::FusedTma`]
@@ -407,7 +496,11 @@ impl<T: Element> RankExchange<T> {
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
-                let (name, shape) = if tma { (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape()) } else { (entry::<T>(abi::FUSED_COORDS), self.coord_shape()) };
+                let (name, shape) = if tma {
+                    (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape())
+                } else {
+                    (entry::<T>(abi::FUSED_COORDS), self.coord_shape())
+                };
                 let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status];
                 // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
                 // `install` from a validated plan and live buffers.
@@ -447,8 +540,16 @@ impl<T: Element> RankExchange<T> {
         unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
+    /// The fused coordinate kernel's shape: with a bulk pulse in the launch, the TMA kernel's
+    /// shared memory and enough blocks for both paths (both are grid-stride, so every pulse is
+    /// served by any grid).
     fn coord_shape(&self) -> LaunchShape {
-        LaunchShape { grid: (self.grids.coords(), self.halo.pulses.len() as u32), block: abi::BLOCK_SIZE, shared_bytes: 0 }
+        let pulses = self.halo.pulses.len() as u32;
+        if self.any_bulk() {
+            let grid = self.grids.coords().max(self.grids.tma());
+            return LaunchShape { grid: (grid, pulses), block: abi::BLOCK_SIZE, shared_bytes: abi::TMA_SHARED_BYTES };
+        }
+        LaunchShape { grid: (self.grids.coords(), pulses), block: abi::BLOCK_SIZE, shared_bytes: 0 }
     }
 
     fn tma_shape(&self) -> LaunchShape {
@@ -594,7 +695,14 @@ impl<T: Element> RankExchange<T> {
             .into_iter()
             .min()
             .unwrap_or(1);
-        let tma = self.module.max_blocks_per_sm(&entry::<T>(abi::FUSED_COORDS_TMA), abi::BLOCK_SIZE, abi::TMA_SHARED_BYTES)?;
+        // The TMA kernel, and the fused kernel launched with its shared memory (bulk pulses).
+        let tma = [abi::FUSED_COORDS_TMA, abi::FUSED_COORDS]
+            .iter()
+            .map(|k| self.module.max_blocks_per_sm(&entry::<T>(k), abi::BLOCK_SIZE, abi::TMA_SHARED_BYTES))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1);
         Ok((sms, per_sm.min(tma)))
     }
 }
@@ -639,6 +747,18 @@ mod tests {
             assert!(g.coords() <= 3 && g.forces() <= 3 && g.tma() <= 3, "{elem}-byte elements: {g:?}");
             assert!(g.per_pulse(60_000, 2) <= 6, "{g:?}");
         }
+    }
+
+    #[test]
+    fn headroom_grows_atoms_and_slots_and_holds_compares_all_three() {
+        let s = SharedSizes { atoms: 1000, pulses: 2, slot_atoms: 128 };
+        let h = s.with_headroom(0.25);
+        assert_eq!((h.atoms, h.pulses, h.slot_atoms), (1250, 2, 192), "slots stay multiples of {SLOT_ATOMS}");
+        assert_eq!(s.with_headroom(0.0), s);
+        assert!(h.holds(&s) && h.holds(&h) && !s.holds(&h));
+        assert!(!h.holds(&SharedSizes { pulses: 3, ..s }), "another pulse count never fits");
+        assert!(!h.holds(&SharedSizes { atoms: 1251, ..s }));
+        assert!(!h.holds(&SharedSizes { slot_atoms: 256, ..s }));
     }
 
     #[test]

@@ -549,6 +549,21 @@ pub fn hostname() -> String {
     if name.is_empty() { "localhost".into() } else { name }
 }
 
+/// Facts for a rank that has no GPU to probe (`halo route --gather` on CPU-only machines, the CI
+/// test of gathering under a real launcher): this host, a synthetic GPU per local rank
+/// (`GPU-synthetic-<host>-<local rank>`), no peer links, and Slurm's placement when set.
+pub fn synthetic_rank_facts(local_rank: usize) -> PeFacts {
+    let host = hostname();
+    PeFacts {
+        gpu_uuid: format!("GPU-synthetic-{host}-{local_rank}"),
+        host,
+        nvlink_peers: Vec::new(),
+        p2p_peers: Vec::new(),
+        placement: slurm_placement(),
+        nvlink_domain: None,
+    }
+}
+
 /// This process's Slurm placement, if Slurm set one (malformed values are logged and ignored).
 fn slurm_placement() -> Option<Placement> {
     match Placement::from_slurm_env(&|k| std::env::var(k).ok()) {
@@ -609,32 +624,56 @@ pub fn local_rank_facts(n_ranks: usize, gpus: usize) -> Result<(Vec<PeFacts>, Ve
     Ok((facts, found))
 }
 
-/// Every PE's facts, indexed by PE, exchanged through `halo launch`'s rendezvous under `tag`
-/// (each tag once per run). One PE alone gets its own facts back.
+/// The facts of GPUs `ordinals` of this process (one entry each, in order), with this host's
+/// name and Slurm placement: what ranks of one process placed on those GPUs report.
+pub fn gpu_facts_of(ordinals: &[usize]) -> Result<Vec<PeFacts>, DiscoveryError> {
+    let probe = DriverProbe::new()?;
+    let host = hostname();
+    let placement = slurm_placement();
+    ordinals
+        .iter()
+        .map(|&g| Ok(probed_facts(&probe, g, &host, &probe.uuid(g)?, &probe_links(&probe, g)?, placement.clone())))
+        .collect()
+}
+
+/// Every PE's facts, indexed by PE, exchanged over the launch's CPU channel under `tag`
+/// ([`gather_json`]; each tag once per run). One PE alone gets its own facts back.
 pub fn gather(tag: &str, mine: &PeFacts) -> Result<Vec<PeFacts>, DiscoveryError> {
     gather_json(tag, mine)
 }
 
-/// All-gathers any serialisable value across the PEs of one `halo launch` (JSON through the
-/// rendezvous directory), indexed by PE. Without a multi-rank launch it returns `[mine]`.
+/// All-gathers any serialisable value across the ranks of a launch over a CPU-only channel
+/// (JSON), indexed by rank: `halo launch`'s rendezvous directory, or PMI-1 (`PMI_FD`: MPICH's
+/// Hydra `mpiexec`, [`crate::launch::pmi`]). Without a multi-rank launch it returns `[mine]`.
+/// Runs that start NVSHMEM gather through it instead (`exchange::Routing`), which works under
+/// every launcher; other launchers (Open MPI's `mpirun`, PMIx) have no CPU channel here.
 pub fn gather_json<T: Serialize + for<'de> Deserialize<'de> + Clone>(tag: &str, mine: &T) -> Result<Vec<T>, DiscoveryError> {
     let env = crate::launch::RankEnv::try_from_env().map_err(|e| DiscoveryError::Gather(e.to_string()))?;
-    match env {
-        None => Ok(vec![mine.clone()]),
-        Some(e) if e.nranks <= 1 => Ok(vec![mine.clone()]),
-        Some(e) if e.source != "halo launch" => Err(DiscoveryError::Gather(format!(
-            "started by {} ({} ranks): only `halo launch` provides the rendezvous used to exchange facts; use `halo launch -n {}`",
-            e.source, e.nranks, e.nranks
-        ))),
-        Some(_) => {
-            let bytes = serde_json::to_vec(mine).map_err(|e| DiscoveryError::Gather(e.to_string()))?;
-            let all = crate::launch::rendezvous::all_gather(tag, &bytes).map_err(|e| DiscoveryError::Gather(e.to_string()))?;
-            all.iter()
-                .enumerate()
-                .map(|(pe, b)| serde_json::from_slice(b).map_err(|e| DiscoveryError::Gather(format!("PE {pe} sent {tag} that does not parse: {e}"))))
-                .collect()
+    let bytes = || serde_json::to_vec(mine).map_err(|e| DiscoveryError::Gather(e.to_string()));
+    let all = match env {
+        None => return Ok(vec![mine.clone()]),
+        Some(e) if e.nranks <= 1 => return Ok(vec![mine.clone()]),
+        Some(e) if e.source == "halo launch" => {
+            crate::launch::rendezvous::all_gather(tag, &bytes()?).map_err(|e| DiscoveryError::Gather(e.to_string()))?
         }
-    }
+        Some(e) => match crate::launch::pmi::client().map_err(|e| DiscoveryError::Gather(e.to_string()))? {
+            Some(client) => {
+                let mut c = client.lock().map_err(|_| DiscoveryError::Gather("the PMI client was poisoned".into()))?;
+                c.all_gather(tag, &bytes()?).map_err(|e| DiscoveryError::Gather(e.to_string()))?
+            }
+            None => {
+                return Err(DiscoveryError::Gather(format!(
+                    "started by {} ({} ranks), which offers no CPU-only channel here (only `halo launch` and PMI-1 launchers such as \
+                     MPICH's mpiexec do); the exchange commands gather through NVSHMEM under any launcher",
+                    e.source, e.nranks
+                )));
+            }
+        },
+    };
+    all.iter()
+        .enumerate()
+        .map(|(pe, b)| serde_json::from_slice(b).map_err(|e| DiscoveryError::Gather(format!("rank {pe} sent {tag} that does not parse: {e}"))))
+        .collect()
 }
 
 #[cfg(test)]

@@ -58,7 +58,8 @@ pub use feedback::{
 pub use level::{DistanceLevel, LEVELS};
 pub use paths::{
     EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, PeerRoute, PulseChoice,
-    PulsePath, RouteSource, RoutedPaths, RoutedSummary, TopologyStamp, plan_local_ranks,
+    PulsePath, RouteSource, RoutedPaths, RoutedSummary, TopologyStamp, local_routers, plan_local_ranks,
+    plan_local_with,
 };
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
 pub use reliability::{Clock, Count, Decay, ManualClock, Outcome, Reliability, SystemClock};

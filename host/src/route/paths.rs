@@ -380,6 +380,13 @@ impl RoutedPaths {
         Box::leak(Box::new(self))
     }
 
+    /// Per pulse of `halo` (this PE's), whether the fused kernel moves its coordinates with bulk
+    /// copies: the pair with the pulse's `send_rank` chose `nvlink-tma`. Pulses to other peers
+    /// take stores or puts, so one launch mixes the paths.
+    pub fn bulk_pulses(&self, halo: &RankHalo) -> Vec<bool> {
+        halo.pulses.iter().map(|p| self.transport(p.send_rank) == Some(Transport::NvlinkTma)).collect()
+    }
+
     /// The agreed failure epoch of the pair with `peer` when this plan was made (0: none).
     pub fn failure_epoch(&self, peer: usize) -> u32 {
         self.failure_epochs.iter().find(|(q, _)| *q == peer).map_or(0, |&(_, e)| e)
@@ -589,7 +596,32 @@ pub struct LocalPlan {
 /// ends of every pair agree. Ranks on GPUs without peer access to each other cannot exchange in
 /// one process at all: that is an error naming the pair and the fix (one rank per GPU).
 pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
+    let mut routers = local_routers(facts, config)?;
+    let plans = plan_local_with::<T>(&mut routers, halos)?;
+    let transport = RoutedPaths::exchange_transport(&plans, false)?;
+    Ok(LocalPlan { plans, transport, routers })
+}
+
+/// One router per rank of one process (`facts[r]` is rank `r`), over one topology and one
+/// performance table: what [`plan_local_ranks`] plans with, kept by drivers that plan again
+/// (after an agreement, or for new halos).
+pub fn local_routers(facts: &[super::PeFacts], config: &RouteConfig) -> Result<Vec<Router>, PathError> {
     let topo = Arc::new(super::topology_from_facts(facts, config.fabric()?.as_ref())?);
+    let perf = Arc::new(match &config.calibration {
+        Some(c) => super::PerfTable::load_calibration(&c.value)?,
+        None => super::PerfTable::defaults(),
+    });
+    (0..facts.len()).map(|r| Ok(Router::with_perf(r, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?)).collect()
+}
+
+/// Plans every rank of one process with its router (`routers[r]` serves rank `r`) among
+/// [`LOCAL_EXCHANGE_TRANSPORTS`] and checks both ends of every pair agree. Ranks on GPUs without
+/// peer access to each other are an error.
+pub fn plan_local_with<T: crate::exchange::Element>(routers: &mut [Router], halos: &[RankHalo]) -> Result<Vec<RoutedPaths>, PathError> {
+    if routers.len() != halos.len() {
+        return Err(PathError::Asymmetric(format!("{} routers for {} ranks", routers.len(), halos.len())));
+    }
+    let topo = Arc::clone(routers.first().ok_or(PathError::Empty)?.topology());
     for (r, h) in halos.iter().enumerate() {
         for peer in h.pulses.iter().flat_map(|p| [p.send_rank, p.recv_rank]) {
             let level = topo.distance(r, peer)?;
@@ -605,20 +637,12 @@ pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], h
             }
         }
     }
-    let perf = Arc::new(match &config.calibration {
-        Some(c) => super::PerfTable::load_calibration(&c.value)?,
-        None => super::PerfTable::defaults(),
-    });
-    let mut plans = Vec::with_capacity(halos.len());
-    let mut routers = Vec::with_capacity(halos.len());
-    for r in 0..halos.len() {
-        let mut router = Router::with_perf(r, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
-        plans.push(RoutedPaths::plan_among::<T>(&mut router, halos, LOCAL_EXCHANGE_TRANSPORTS)?);
-        routers.push(router);
-    }
+    let plans = routers
+        .iter_mut()
+        .map(|router| RoutedPaths::plan_among::<T>(router, halos, LOCAL_EXCHANGE_TRANSPORTS))
+        .collect::<Result<Vec<_>, _>>()?;
     RoutedPaths::check_symmetric(&plans)?;
-    let transport = RoutedPaths::exchange_transport(&plans, false)?;
-    Ok(LocalPlan { plans, transport, routers })
+    Ok(plans)
 }
 
 #[cfg(test)]

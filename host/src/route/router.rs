@@ -541,6 +541,23 @@ impl Router {
         }
     }
 
+    /// Whether a full safe point is due although nothing new was reported: an agreed hold on a
+    /// pair of this PE has ended by this router's clock, or a pair's agreed count still decays
+    /// and a recheck interval has passed since the agreement. Drivers gather this flag with the
+    /// number of queued reports and run the full agreement only when some PE says yes, so a
+    /// quiet safe point costs one small all-gather.
+    pub fn agreement_due(&self) -> bool {
+        let now = self.clock.now();
+        let agreed = self.agreement.now;
+        let decay = self.reliability.decay();
+        let me = self.self_pe;
+        self.agreement.pairs.iter().filter(|p| p.a == me || p.b == me).any(|p| {
+            p.counts.iter().any(|c| {
+                (c.held(agreed) && !c.held(now)) || (c.value_at(agreed, decay) > 1e-3 && now >= agreed.saturating_add(decay.recheck_after()))
+            })
+        })
+    }
+
     /// The last agreement applied (the default before the first).
     pub fn agreement(&self) -> &Agreement {
         &self.agreement

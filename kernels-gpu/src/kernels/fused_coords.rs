@@ -6,10 +6,17 @@
 //! last block of each pulse delivers it and then waits for this rank's own incoming pulse, so the
 //! kernel's end means every halo coordinate has landed. The last pulse to be delivered advances
 //! the rank's coordinate step counter and sends the coordinate credits.
+//!
+//! Each pulse takes its own path ([`PulseMeta::path`], block-uniform since a block serves one
+//! pulse): direct stores into the peer's mapped memory, NVSHMEM put + signal where the peer is not
+//! mapped, or bulk copies ([`bulk_pulse`], the TMA kernel's body; the launch then carries
+//! [`crate::abi::TMA_SHARED_BYTES`] of dynamic shared memory). Pulses whose peers differ take
+//! different paths in one launch.
 
 use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
 use super::timeline::Timeline;
 use crate::abi::timeline::{self as tl_layout, coords as point, pulse_slot};
+use super::fused_coords_tma::bulk_pulse;
 use crate::abi::{
     Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus,
     pulse_flags, signal_index,
@@ -45,7 +52,8 @@ pub unsafe fn await_coord_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, 
 /// passes `Off`, which stamps nothing).
 ///
 /// # Safety
-/// Metadata from a validated plan (see `pulse_exchange` for the two paths' requirements).
+/// Metadata from a validated plan (see `pulse_exchange` for the two paths' requirements); when a
+/// pulse's path is bulk, the launch's dynamic shared memory as [`bulk_pulse`] needs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
@@ -60,6 +68,14 @@ pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
     // SAFETY: the host passes `num_pulses` valid entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
     let tl = tl.entered(step.epoch, entered);
+    if meta.bulk() {
+        // Block-uniform (one pulse per block). Credits of the launch may go by NVSHMEM: other
+        // pulses of it may put.
+        // SAFETY: every thread of the block; the peer is mapped (`bulk()` checked it) and the host
+        // launched with the bulk path's shared memory.
+        unsafe { bulk_pulse::<T, true>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status) };
+        return;
+    }
     // SAFETY: all threads of the block.
     unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
     tl.mark0(pulse_slot(pulse, point::CREDIT));

@@ -13,6 +13,9 @@
 //! lands at `remote_x + 12 i`, so the first `head` (< 4) atoms, until that address is 16-byte
 //! aligned, and the tail after the last full chunk are stored by the lanes directly. The same holds
 //! for every element type.
+//!
+//! The per-pulse body, [`bulk_pulse`], is also what the fused kernel runs for the pulses whose
+//! path is [`crate::abi::CoordPath::Bulk`], so one launch can mix bulk copies with stores and puts.
 
 use super::common::{Step, WaitSite, finish_coordinates, shift_of, shifted, wait_signal};
 use crate::abi::{
@@ -49,34 +52,57 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
     pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
     counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
 ) {
-    // Elements per lane and chunk as a constant, so the lane's values stay in registers.
-    // SAFETY: forwarded; exactly one arm survives monomorphisation.
-    unsafe {
-        match size_of::<T>() {
-            4 => chunked::<T, 12>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
-            8 => chunked::<T, 6>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
-            12 => chunked::<T, 4>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
-            _ => chunked::<T, 3>(pulses, num_pulses, x, signals, state, counters, dep_offset, timeout_ns, status),
-        }
-    }
-}
-
-/// The kernel for `K = TMA_CHUNK_BYTES / 32 / size_of::<T>()` elements per lane and chunk.
-///
-/// # Safety
-/// As [`fused_coords_tma`]; `K * 32 * size_of::<T>() == TMA_CHUNK_BYTES`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn chunked<T: HaloElement, const K: usize>(
-    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
-) {
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
         return;
     }
-    // SAFETY: `num_pulses` valid entries; this rank's state.
-    let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
+    // SAFETY: `num_pulses` valid entries; this rank's state. No pulse puts (every peer is
+    // mapped), so the kernel holds no NVSHMEM call.
+    unsafe {
+        let (meta, step) = (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates));
+        bulk_pulse::<T, false>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status)
+    }
+}
+
+/// One coordinate pulse moved with bulk copies, by every thread of the block (the block serves
+/// pulse `pulse`, `meta` its entry, `step` the launch's step read from `state`): the body of
+/// [`fused_coords_tma`], and of [`fused_coords`](super::fused_coords::fused_coords) for pulses whose
+/// path is [`crate::abi::CoordPath::Bulk`]. `PUTS`: whether the launch's coordinate credits may go
+/// by NVSHMEM (false in the kernel that requires every peer mapped, which then holds no NVSHMEM
+/// call).
+///
+/// # Safety
+/// All threads of the block call it (block-uniform); `meta.remote_x` mapped; the launch has
+/// [`crate::abi::TMA_SHARED_BYTES`] of dynamic shared memory; the other arguments as
+/// [`fused_coords_tma`]; with `PUTS`, NVSHMEM initialised and the module registered.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn bulk_pulse<T: HaloElement, const PUTS: bool>(
+    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
+    state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+) {
+    // Elements per lane and chunk as a constant, so the lane's values stay in registers.
+    // SAFETY: forwarded; exactly one arm survives monomorphisation.
+    unsafe {
+        match size_of::<T>() {
+            4 => chunked::<T, 12, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            8 => chunked::<T, 6, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            12 => chunked::<T, 4, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            _ => chunked::<T, 3, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+        }
+    }
+}
+
+/// [`bulk_pulse`] for `K = TMA_CHUNK_BYTES / 32 / size_of::<T>()` elements per lane and chunk.
+///
+/// # Safety
+/// As [`bulk_pulse`]; `K * 32 * size_of::<T>() == TMA_CHUNK_BYTES`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunked<T: HaloElement, const K: usize, const PUTS: bool>(
+    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
+    state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+) {
     let dest = meta.remote_x as *mut T;
     let map = meta.index_map as *const u32;
     let shift = shift_of(meta);
@@ -217,7 +243,7 @@ unsafe fn chunked<T: HaloElement, const K: usize>(
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: state on this device; own receive-X slot.
             unsafe {
-                finish_coordinates(pulses, num_pulses, signals, state, step, false);
+                finish_coordinates(pulses, num_pulses, signals, state, step, PUTS);
                 wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
             }
         }

@@ -1,67 +1,57 @@
-//! The mini-MD step's own kernels: Lennard-Jones pair forces from a pair list, and the leapfrog
-//! update. They are what the halo exchange overlaps with; their accuracy is checked against the
-//! undecomposed CPU forces (host `md_reference`).
+//! The mini-MD step's integrator: leapfrog on the home atoms, and the same update that also sums
+//! the kinetic energy for the energy steps (the pair forces are the nbnxm kernels').
 
 use crate::abi::Float3;
-use crate::device::{self, thread};
+use crate::device::{self, thread, warp};
 
-/// `d - l * rint(d / l)`: the minimum image of a displacement (identity when `|d| < l / 2`).
+/// `|v|²`.
 #[inline(always)]
-fn min_image(d: f32, l: f32) -> f32 {
-    d - l * round_half_even(d / l)
+fn norm2(v: Float3) -> f32 {
+    v.x * v.x + v.y * v.y + v.z * v.z
 }
 
-/// Nearest integer for `|v| < 2^22`, without libm: adding and subtracting 1.5 * 2^23 makes the
-/// FPU round (to nearest even) at the units digit.
+/// Leapfrog for the first `n` (home) atoms: `v += f / m * dt; x += v * dt`. With `ENERGY`, also
+/// adds the kinetic energy at the force's time, the average of the two half-step kinetic energies
+/// `(m |v_old|² / 2 + m |v_new|² / 2) / 2` (GROMACS's leapfrog average), to `*kinetic`: summed per
+/// thread and warp in `f32`, one `f64` atomic per warp.
+///
+/// # Safety
+/// `x`, `v`, `f`, `inv_mass` hold at least `n` elements; `kinetic` is a valid `f64` when `ENERGY`.
 #[inline(always)]
-fn round_half_even(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
-}
-
-kernel! {
-    /// Pair forces for the rows `0..rows` of a CSR pair list (row `i`: pairs `(i, cols[k])` for
-    /// `k in row_start[i]..row_start[i+1]`, each pair once). One thread per row accumulates the
-    /// force on `i` in registers and adds it once; the reaction on `j` is added atomically.
-    /// Plain cutoff `rc2`; `lj` holds `[c6, c12]` per type pair (`ntypes * ntypes` entries).
-    fn lj_pair_forces(
-        x: *const Float3, types: *const u32, lj: *const [f32; 2], ntypes: u32,
-        row_start: *const u32, cols: *const u32, rows: u32, f: *mut Float3,
-        box_x: f32, box_y: f32, box_z: f32, rc2: f32,
-    ) {
-        let mut i = thread::index_1d();
-        while i < rows {
-            // SAFETY: the host builds the CSR over valid local atoms and sizes every array.
-            unsafe {
-                let xi = *x.add(i as usize);
-                let ti = *types.add(i as usize);
-                let (start, end) = (*row_start.add(i as usize), *row_start.add(i as usize + 1));
-                let mut fi = Float3::default();
-                for k in start..end {
-                    let j = *cols.add(k as usize);
-                    let xj = *x.add(j as usize);
-                    let d = Float3::new(min_image(xj.x - xi.x, box_x), min_image(xj.y - xi.y, box_y), min_image(xj.z - xi.z, box_z));
-                    let r2 = d.x * d.x + d.y * d.y + d.z * d.z;
-                    if r2 < rc2 {
-                        let c = *lj.add((ti * ntypes + *types.add(j as usize)) as usize);
-                        let inv2 = 1.0 / r2;
-                        let inv6 = inv2 * inv2 * inv2;
-                        let s = (12.0 * c[1] * inv6 - 6.0 * c[0]) * inv6 * inv2;
-                        fi = Float3::new(fi.x - s * d.x, fi.y - s * d.y, fi.z - s * d.z);
-                        let fj = f.add(j as usize);
-                        device::atomic_add_relaxed_gpu_f32(&raw mut (*fj).x, s * d.x);
-                        device::atomic_add_relaxed_gpu_f32(&raw mut (*fj).y, s * d.y);
-                        device::atomic_add_relaxed_gpu_f32(&raw mut (*fj).z, s * d.z);
-                    }
-                }
-                if end > start {
-                    let t = f.add(i as usize);
-                    device::atomic_add_relaxed_gpu_f32(&raw mut (*t).x, fi.x);
-                    device::atomic_add_relaxed_gpu_f32(&raw mut (*t).y, fi.y);
-                    device::atomic_add_relaxed_gpu_f32(&raw mut (*t).z, fi.z);
-                }
+unsafe fn leapfrog_impl<const ENERGY: bool>(x: *mut Float3, v: *mut Float3, f: *const Float3, inv_mass: *const f32, n: u32, dt: f32, kinetic: *mut f64) {
+    let mut i = thread::index_1d();
+    let mut ke = 0.0f32;
+    while i < n {
+        // SAFETY: the host sizes x, v, f and inv_mass for n home atoms.
+        unsafe {
+            let im = *inv_mass.add(i as usize);
+            let a = im * dt;
+            let fi = *f.add(i as usize);
+            let vi = *v.add(i as usize);
+            let vn = Float3::new(vi.x + fi.x * a, vi.y + fi.y * a, vi.z + fi.z * a);
+            *v.add(i as usize) = vn;
+            let xi = *x.add(i as usize);
+            *x.add(i as usize) = Float3::new(xi.x + vn.x * dt, xi.y + vn.y * dt, xi.z + vn.z * dt);
+            if ENERGY {
+                ke += 0.25 * (norm2(vi) + norm2(vn)) / im;
             }
-            i += thread::grid_stride_x();
+        }
+        i += thread::grid_stride_x();
+    }
+    if ENERGY {
+        // Every lane of every warp gets here (the loop above has no early return), so the
+        // full-mask shuffles are safe; lanes past `n` contribute 0. Written out: a loop over an
+        // array of offsets lands in local memory.
+        // SAFETY: all lanes together; `kinetic` valid per the contract.
+        unsafe {
+            ke += warp::shfl_xor_f32(warp::FULL_MASK, ke, 16);
+            ke += warp::shfl_xor_f32(warp::FULL_MASK, ke, 8);
+            ke += warp::shfl_xor_f32(warp::FULL_MASK, ke, 4);
+            ke += warp::shfl_xor_f32(warp::FULL_MASK, ke, 2);
+            ke += warp::shfl_xor_f32(warp::FULL_MASK, ke, 1);
+            if warp::lane_id() == 0 && ke != 0.0 {
+                device::atomic_add_relaxed_gpu_f64(kinetic, f64::from(ke));
+            }
         }
     }
 }
@@ -69,19 +59,16 @@ kernel! {
 kernel! {
     /// Leapfrog: `v += f / m * dt; x += v * dt` for the first `n` (home) atoms.
     fn leapfrog(x: *mut Float3, v: *mut Float3, f: *const Float3, inv_mass: *const f32, n: u32, dt: f32) {
-        let mut i = thread::index_1d();
-        while i < n {
-            // SAFETY: the host sizes x, v, f and inv_mass for n home atoms.
-            unsafe {
-                let a = *inv_mass.add(i as usize) * dt;
-                let fi = *f.add(i as usize);
-                let vi = *v.add(i as usize);
-                let vn = Float3::new(vi.x + fi.x * a, vi.y + fi.y * a, vi.z + fi.z * a);
-                *v.add(i as usize) = vn;
-                let xi = *x.add(i as usize);
-                *x.add(i as usize) = Float3::new(xi.x + vn.x * dt, xi.y + vn.y * dt, xi.z + vn.z * dt);
-            }
-            i += thread::grid_stride_x();
-        }
+        // SAFETY: forwarded; `kinetic` is not touched without ENERGY.
+        unsafe { leapfrog_impl::<false>(x, v, f, inv_mass, n, dt, core::ptr::null_mut()) }
+    }
+}
+
+kernel! {
+    /// [`leapfrog`] that also adds the kinetic energy of the `n` atoms at the force's time to
+    /// `*kinetic` (kJ/mol). See [`crate::abi::LEAPFROG_ENERGY`].
+    fn leapfrog_energy(x: *mut Float3, v: *mut Float3, f: *const Float3, inv_mass: *const f32, n: u32, dt: f32, kinetic: *mut f64) {
+        // SAFETY: forwarded.
+        unsafe { leapfrog_impl::<true>(x, v, f, inv_mass, n, dt, kinetic) }
     }
 }

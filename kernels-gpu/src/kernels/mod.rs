@@ -28,6 +28,7 @@ mod fused_coords_tma;
 mod fused_forces;
 mod md;
 mod nbnxm;
+mod nbnxm_search;
 mod pack;
 mod probe;
 mod pulse;

@@ -10,13 +10,18 @@
 //! - [`runner`]: the measurement loops, in one process or one rank per process.
 //! - [`kernels`]: pack and unpack-accumulate at 1M atoms.
 //! - [`timeline`]: `halo timeline`, where the time of the fused halo goes (stamped kernels).
+//! - [`md`]: `halo md-bench`, ns/day of the whole MD step per transport (search steps included);
+//!   [`machine`]: what a run ran on.
 //!
-//! Every time here is the halo exchange alone (no force computation): ns/day figures say how
-//! fast a step made of nothing but the exchange would run, an upper bound for the MD step.
+//! Every time of `halo bench` is the halo exchange alone (no force computation): its ns/day figures
+//! say how fast a step made of nothing but the exchange would run, an upper bound for the MD step.
+//! `halo md-bench` ([`md`]) times the whole MD step.
 
 pub mod floor;
 pub mod graph;
 pub mod kernels;
+pub mod machine;
+pub mod md;
 pub mod nccl;
 pub mod plot;
 pub mod report;

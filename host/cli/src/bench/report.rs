@@ -80,6 +80,19 @@ pub struct BenchReport {
     pub floor: FloorReport,
     /// Every variant at every size.
     pub results: Vec<VariantResult>,
+    /// What the router chose, per system size (every rank's plan); empty when no router
+    /// decided (`--paths auto` or `force-put`).
+    #[serde(default)]
+    pub routes: Vec<SizeRoutes>,
+}
+
+/// The router's choices for one system size: every rank's [`halo::route::RoutedSummary`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SizeRoutes {
+    /// The system size (atoms).
+    pub atoms: usize,
+    /// Rank `r`'s summary at `ranks[r]`.
+    pub ranks: Vec<halo::route::RoutedSummary>,
 }
 
 fn opt_cell(s: &Option<Summary>, prec: usize) -> String {
@@ -123,6 +136,11 @@ pub fn table(r: &BenchReport) -> String {
     let _ = writeln!(s, "halo bench: {} ranks, {}, GPUs: {}, halos: {}", r.ranks, r.mode, r.gpus.join(", "), r.halos);
     let _ = writeln!(s, "{} steps x {} repeats after {} warm-up; times per step, GPU timeline, median [min-max]", r.steps, r.repeats, r.warmup);
     s.push_str(&floor_text(&r.floor));
+    for size in &r.routes {
+        for summary in &size.ranks {
+            let _ = writeln!(s, "route at {} atoms: {summary}", size.atoms);
+        }
+    }
     let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
     let header = [
         "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "step/floor", "ns/day*", "host CPU us", "syncs/step",
@@ -263,6 +281,7 @@ pub(crate) mod tests {
             command: "halo bench".into(),
             floor,
             results,
+            routes: Vec::new(),
         }
     }
 
@@ -280,6 +299,35 @@ pub(crate) mod tests {
         // Data rows are aligned: every full row has the same width.
         let widths: Vec<usize> = t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
+    }
+
+    /// Issue 17: what the router chose is in every report: one table line per rank and size, and
+    /// the JSON's `routes` field (every rank's summary), which round-trips.
+    #[test]
+    fn routes_appear_in_the_table_and_the_json() {
+        use halo::route::{RouteConfig, RoutedPaths, Router, synthetic_facts, topology_from_facts, IntraNodeLink};
+        let halos = halo::exchange::synthetic::halos(
+            halo::exchange::synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 500, send_fraction: 0.3, box_len: 5.0 },
+            1,
+        );
+        let topo = std::sync::Arc::new(topology_from_facts(&synthetic_facts(&["n0".into()], 2, 1, IntraNodeLink::Nvlink), None).unwrap());
+        let ranks: Vec<_> = (0..2)
+            .map(|r| RoutedPaths::plan(&mut Router::new(r, topo.clone(), RouteConfig::default()).unwrap(), &halos).unwrap().summary().unwrap())
+            .collect();
+        let mut r = sample_report();
+        r.routes = vec![SizeRoutes { atoms: 6000, ranks }];
+        let t = table(&r);
+        assert_eq!(t.lines().filter(|l| l.starts_with("route at 6000 atoms: PE ")).count(), 2, "{t}");
+        let text = json(&r).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["routes"][0]["ranks"][1]["pe"], 1, "{text}");
+        assert_eq!(v["routes"][0]["ranks"][0]["peers"][0]["peer"], 1, "{text}");
+        let back: BenchReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.routes, r.routes);
+        // Reports written before the field existed still load.
+        let mut old: serde_json::Value = serde_json::from_str(&json(&sample_report()).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("routes");
+        assert!(serde_json::from_value::<BenchReport>(old).unwrap().routes.is_empty());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use super::floor::{self, EmptyLaunch, FloorReport, Link};
 use super::graph::{Phase, PhaseGraphs};
 use super::nccl::{self, Nccl, NcclComm};
-use super::report::{BenchReport, VariantResult};
+use super::report::{BenchReport, SizeRoutes, VariantResult};
 use super::stats::{Summary, ns_per_day};
 use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
 use crate::error::{CudaContextExt, HaloError, Result};
@@ -61,6 +61,9 @@ pub struct BenchConfig {
     pub command: String,
     /// NVSHMEM host library (default: discovered).
     pub nvshmem_lib: Option<std::path::PathBuf>,
+    /// How pulses reach their peers across PEs (the router's choice by default; ranks of one
+    /// process always follow the router).
+    pub paths: PathPolicy,
 }
 
 impl BenchConfig {
@@ -365,15 +368,15 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     let bar = progress_bar(cfg, true);
     let nranks: usize = cfg.grid.iter().product();
     let mut nccl = NcclSetup::default();
-    let results = run_variants(cfg, &Placement::Local(modules.clone()), &Group::Local, &inputs, link, &bar, || {
+    let results = run_variants(cfg, &Placement::Local(modules.clone()).with_policy(cfg.paths), &Group::Local, &inputs, link, &bar, || {
         nccl.get(|| local_nccl(&modules, nranks))
     })?;
     bar.finish_and_clear();
     Ok(report(cfg, "one process".into(), gpu_names(&modules), floor, results))
 }
 
-/// The report of a run: what ran where, the floor, every variant's row.
-fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport, results: Vec<VariantResult>) -> BenchReport {
+/// The report of a run: what ran where, the floor, every variant's row, the routes.
+fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>)) -> BenchReport {
     BenchReport {
         mode,
         ranks: grid_text(cfg.grid),
@@ -385,6 +388,7 @@ fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport
         command: cfg.command.clone(),
         floor,
         results,
+        routes,
     }
 }
 
@@ -450,12 +454,14 @@ fn run_variants(
     link: Link,
     bar: &indicatif::ProgressBar,
     mut nccl: impl FnMut() -> std::result::Result<NcclComms, String>,
-) -> Result<Vec<VariantResult>> {
+) -> Result<(Vec<VariantResult>, Vec<SizeRoutes>)> {
     let mut results = Vec::new();
+    let mut routes = Vec::new();
     for &atoms in &cfg.atoms {
         bar.set_message(format!("{atoms} atoms: building halos"));
         let halos = build_halos(cfg.halos, atoms, cfg.grid, cfg.cutoff, cfg.seed)?;
         let sizes = HaloSizes::of(&halos);
+        let mut routed = false;
         for variant in Variant::list(&cfg.methods, cfg.graph) {
             bar.set_message(format!("{atoms} atoms: {}", variant.name()));
             let skip = |why: String| {
@@ -464,6 +470,13 @@ fn run_variants(
             };
             let mut x = placement.exchange(halos.clone())?;
             x.set_wait_timeout(cfg.wait_timeout);
+            if !routed {
+                // The plans depend on the halos only: once per size, every rank's (collective).
+                routed = true;
+                if let Some(size) = gather_routes(placement, atoms, x.routes())? {
+                    routes.push(size);
+                }
+            }
             for rank in x.local_ranks() {
                 // Defined values: NaNs would not change the timing, but keep the arrays sane.
                 rank.x.fill_bytes(0)?;
@@ -491,7 +504,20 @@ fn run_variants(
             drop(b); // symmetric buffers are freed collectively, in the same order on every rank
         }
     }
-    Ok(results)
+    Ok((results, routes))
+}
+
+/// Every rank's route summary for one size, from each process's own (`mine`, its local ranks'):
+/// all-gathered across PEs (collective). `None` when no router decided.
+fn gather_routes(placement: &Placement, atoms: usize, mine: Vec<halo::route::RoutedSummary>) -> Result<Option<SizeRoutes>> {
+    let bytes = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("encoding the routes: {e}")))?;
+    let all = placement.all_gather(&format!("routes-{atoms}"), vec![bytes])?;
+    let mut ranks = Vec::new();
+    for b in &all {
+        let part: Vec<halo::route::RoutedSummary> = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a rank's routes do not parse: {e}")))?;
+        ranks.extend(part);
+    }
+    Ok((!ranks.is_empty()).then_some(SizeRoutes { atoms, ranks }))
 }
 
 fn grid_text(g: [usize; 3]) -> String {
@@ -688,7 +714,7 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
 
     let bar = progress_bar(cfg, me == 0);
     let mut nccl = NcclSetup::default();
-    let results = run_variants(cfg, &Placement::pe(&session, PathPolicy::Auto), &Group::Pe(&comm), &inputs, link, &bar, || {
+    let results = run_variants(cfg, &Placement::pe(&session, cfg.paths), &Group::Pe(&comm), &inputs, link, &bar, || {
         nccl.get(|| pe_nccl(&session, &comm))
     })?;
     bar.finish_and_clear();

@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// Jitter and faults (tests only: they distort the times).
     #[command(flatten)]
     pub perturb: super::perturb::PerturbArgs,
+    /// How pulses reach their peers across PEs: `routed` (the router's choice per peer and pulse,
+    /// printed and written to the JSON's `routes`), `auto` (stores wherever mapped), `force-put`.
+    /// In one process `auto` and `force-put` store directly to every peer.
+    #[arg(long, default_value = "routed", value_parser = |s: &str| halo::exchange::PathPolicy::parse(s).map_err(|e| e.to_string()))]
+    pub paths: halo::exchange::PathPolicy,
 }
 
 impl BenchArgs {
@@ -92,6 +97,7 @@ impl BenchArgs {
             progress: !self.quiet,
             command: std::env::args().collect::<Vec<_>>().join(" "),
             nvshmem_lib: self.nvshmem_lib.clone(),
+            paths: self.paths,
         }
     }
 }

@@ -37,20 +37,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     // The default run: the mini-MD step, 2x2x2 ranks spread over every visible GPU, the fused
     // GPU-initiated exchange, checked against the undecomposed CPU reference every step.
-    let verify = super::verify::VerifyArgs {
-        atoms: 6000,
-        ranks: "2x2x2".parse().map_err(|e| anyhow::anyhow!("{e}"))?,
-        cutoff: 1.0,
-        buffer: 0.1,
-        nstlist: 10,
-        steps: 50,
-        dt: 0.002,
-        transport: halo::exchange::Transport::Fused,
-        check_every: 1,
-        seed: 1,
-        wait_timeout_ms: 5000,
-        force_put: false,
-        gpus: None,
-    };
+    let ranks = "2x2x2".parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let step = super::verify::StepArgs { nstlist: 50, ..super::verify::StepArgs::default() };
+    let verify = super::verify::VerifyArgs { step, steps: 100, ..super::verify::VerifyArgs::new(6000, ranks) };
     super::verify::run(verify)
 }

@@ -1,15 +1,16 @@
 //! `halo exchange-check`: runs the halo exchange alone on synthetic halos and checks every step
 //! against the CPU reference. In one process (several ranks over the visible GPUs) or, under
-//! `halo launch`/mpirun/srun, one rank per process over NVSHMEM.
+//! `halo launch`/mpirun/srun, one rank per process over NVSHMEM. Paths are the router's by default,
+//! with failures fed back and agreed at safe points (`HALO_INJECT_FAILURE` makes one on purpose).
 
 use super::perturb::PerturbArgs;
 use crate::bench::graph::Phase;
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
-use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::perturb::{self, JitterStats};
-use halo::exchange::{Placement, RankHalo, Transport, heap, reference};
+use halo::exchange::synthetic::{self, SyntheticShape};
+use halo::exchange::{Exchange, Placement, RankHalo, Routing, Transport, heap, reference};
 use halo::gpu::{self, DeviceMemory, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
@@ -44,9 +45,14 @@ pub struct ExchangeCheckArgs {
     /// Transports to check (comma-separated); default: all that can run here.
     #[arg(long, value_delimiter = ',', value_parser = super::transport_parser())]
     transport: Vec<Transport>,
-    /// Use NVSHMEM put + signal for every pulse, even between NVLink peers.
+    /// Use NVSHMEM put + signal for every pulse, even between NVLink peers (the same as `--paths force-put`).
     #[arg(long)]
     force_put: bool,
+    /// How pulses reach their peers: `routed` (the router decides per peer and pulse; failures
+    /// are fed back and agreed at safe points), `auto` (stores wherever mapped, puts elsewhere),
+    /// `force-put`.
+    #[arg(long, default_value = "routed", value_parser = parse_paths)]
+    paths: PathPolicy,
     /// Seed of the synthetic halo and data.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -54,20 +60,25 @@ pub struct ExchangeCheckArgs {
     #[arg(long, default_value_t = 5000)]
     wait_timeout_ms: u64,
     /// Test only: this rank never launches its coordinate halo (a missing signal), so the others
-    /// must time out with a clear error.
+    /// must time out with a clear error (failures then end the run instead of failing over).
     #[arg(long, hide = true)]
     inject_skip_rank: Option<usize>,
     /// NVSHMEM host library to use (default: discovered).
     #[arg(long)]
     nvshmem_lib: Option<std::path::PathBuf>,
-    /// Let the transport router choose each peer's path from each pulse's size (topology from the
-    /// discovered GPUs; HALO_FORCE_TRANSPORT honoured; HALO_ROUTE_DEBUG=1 prints the decisions).
-    /// Without --transport, the exchange kernel follows from the router's choices.
+    /// Kept for scripts: routing is the default (`--paths routed`). HALO_FORCE_TRANSPORT is
+    /// honoured, HALO_ROUTE_DEBUG=1 prints the decisions; without --transport the exchange kernel
+    /// follows from the router's choices.
     #[arg(long)]
     route: bool,
-    /// Force a transport for one pair, both directions: 0-1=nvshmem-put (repeatable; implies --route).
+    /// Force a transport for one pair, both directions: 0-1=nvshmem-put (repeatable).
     #[arg(long = "route-override", value_name = "A-B=TRANSPORT")]
     route_override: Vec<String>,
+    /// Routed paths: a safe point (every PE agrees on the failures seen; pairs switch together)
+    /// after every N steps (default: --check-every, or HALO_SAFE_POINT_EVERY). A quiet safe point
+    /// costs one small all-gather.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    safe_point_every: Option<u64>,
     #[command(flatten)]
     perturb: PerturbArgs,
 }
@@ -90,48 +101,26 @@ fn phase_name(p: Phase) -> &'static str {
     }
 }
 
-/// The router's per-rank plans, the exchange transport they imply, and the routers (for the summary).
-struct Routing {
-    plans: Vec<halo::route::RoutedPaths>,
-    transport: Transport,
-    routers: Vec<halo::route::Router>,
+fn parse_paths(s: &str) -> Result<PathPolicy, String> {
+    PathPolicy::parse(s).map_err(|e| e.to_string())
 }
 
-/// Prints the plan's decisions when HALO_ROUTE_DEBUG is on.
-fn print_plan(router: &halo::route::Router, plan: &halo::route::RoutedPaths) {
-    if router.config().debug.value {
-        for line in plan.describe() {
-            println!("{line}");
-        }
+impl ExchangeCheckArgs {
+    /// The path policy the flags ask for (`--force-put` wins over `--paths`).
+    fn policy(&self) -> PathPolicy {
+        if self.force_put { PathPolicy::ForcePut } else { self.paths }
     }
 }
 
-/// Plans every rank of this process (rank r on GPU r % gpus) with its own router.
-fn route_local(args: &ExchangeCheckArgs, halos: &[RankHalo], gpus: usize) -> Result<Routing> {
-    use halo::route::{gpu_facts, paths};
-    let (facts, _) = gpu_facts::local_rank_facts(halos.len(), gpus).context("discovering the GPUs")?;
-    let local = paths::plan_local_ranks::<halo::abi::Float3>(&facts, halos, &paths::route_config(&args.route_override)?)?;
-    for (router, plan) in local.routers.iter().zip(&local.plans) {
-        print_plan(router, plan);
+/// The router of this run (routed paths) and its first plans, printed (one line per local rank).
+fn start_routing(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement) -> Result<Routing> {
+    let mut routing = Routing::new(placement, halos.len(), &args.route_override).context("starting the router")?;
+    routing.plan::<Float3>(halos).context("planning the paths")?;
+    for line in routing.describe()? {
+        println!("{line}");
     }
-    println!("route: topology {}, exchange kernel from the router's choices: {}", local.routers[0].topology(), local.transport.name());
-    Ok(Routing { plans: local.plans, transport: local.transport, routers: local.routers })
-}
-
-/// Plans this PE with a router over the facts gathered from every PE, and checks both ends agree.
-fn route_pe(args: &ExchangeCheckArgs, halos: &[RankHalo], me: usize, ordinal: usize) -> Result<Routing> {
-    use halo::route::{RoutedPaths, gpu_facts, paths};
-    let found = gpu_facts::discover(ordinal).with_context(|| format!("discovering GPU {ordinal}"))?;
-    let facts = gpu_facts::gather("route-facts", &found.facts)?;
-    let mut router = paths::router_from_facts(me, &facts, &args.route_override)?;
-    let plan = RoutedPaths::plan(&mut router, halos)?;
-    print_plan(&router, &plan);
-    plan.mirror_check(&router, halos)?;
-    let all = gpu_facts::gather_json("route-paths", &plan)?;
-    RoutedPaths::check_symmetric(&all)?;
-    let transport = RoutedPaths::exchange_transport(&all, true)?;
-    println!("route: PE {me} topology {}, paths {plan:?}, exchange kernel: {}", router.topology(), transport.name());
-    Ok(Routing { plans: vec![plan], transport, routers: vec![router] })
+    println!("route: exchange kernel from the router's choices: {}", routing.transport()?.name());
+    Ok(routing)
 }
 
 /// `2x2x1` -> `[2, 2, 1]`.
@@ -167,12 +156,13 @@ fn transports(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Transport> {
     if !args.transport.is_empty() {
         return args.transport.clone();
     }
-    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).filter(|t| !(args.force_put && t.needs_direct_peers())).collect()
+    let force_put = args.policy() == PathPolicy::ForcePut;
+    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).filter(|t| !(force_put && t.needs_direct_peers())).collect()
 }
 
 /// Largest force error (relative to max(|reference|, 1): accumulated sums of O(1) terms may
 /// cancel, so their rounding is measured against the terms' scale), or an error naming the first
-/// coordinate mismatch.
+/// coordinate mismatch. Only what the phase exchanged is compared (`None`: not exchanged).
 fn compare(rank: usize, step: u64, x: &[Float3], want_x: Option<&[Float3]>, f: &[Float3], want_f: Option<&[Float3]>) -> Result<f64> {
     for (what, got, want) in [("coordinates", x.len(), want_x.map(<[_]>::len)), ("forces", f.len(), want_f.map(<[_]>::len))] {
         if want.is_some_and(|n| n != got) {
@@ -203,123 +193,278 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
     if args.inject_skip_rank.is_some() {
         bail!("--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together");
     }
+    if args.policy() == PathPolicy::ForcePut {
+        bail!("--paths force-put needs NVSHMEM: run one rank per GPU (`halo launch -n N -- exchange-check --paths force-put`)");
+    }
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
     let modules = (0..gpu::device_count())
         .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
     // Test only (HALO_TEST_RESERVE_GIB=G[:R]): hold device memory first; in one process R names the GPU.
     let _held = modules.iter().enumerate().map(|(g, m)| heap::reserve_for_test(m.context(), g)).collect::<halo::Result<Vec<_>>>()?;
-    println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
-    let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
-    check(args, &halos, &Placement::Local(modules), routing, false)
+    println!(
+        "{} ranks in one process on {} GPU(s), {} pulses per rank, paths: {}",
+        halos.len(),
+        modules.len(),
+        halos[0].pulses.len(),
+        args.policy().name()
+    );
+    let placement = Placement::Local(modules).with_policy(args.policy());
+    let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
+    check(args, &halos, &placement, routing, false)
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
+    let launcher = env.source;
     let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
     let _held = heap::reserve_for_test(&session.ctx, me)?; // test only: HALO_TEST_RESERVE_GIB
-    let routing = if args.route || !args.route_override.is_empty() { Some(route_pe(args, &halos, me, session.ctx.ordinal())?) } else { None };
-    let policy = match &routing {
-        Some(r) => PathPolicy::Routed(r.plans[0].clone().leak()),
-        None if args.force_put => PathPolicy::ForcePut,
-        None => PathPolicy::Auto,
-    };
     println!(
-        "PE {me} of {} on GPU {} ({}), NVSHMEM {:?} from {}, paths: {policy:?}",
+        "PE {me} of {} on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}",
         session.nvshmem.n_pes(),
         session.ctx.ordinal(),
         session.ctx.name()?,
         session.nvshmem.version(),
-        session.nvshmem.library_path().display()
+        session.nvshmem.library_path().display(),
+        args.policy().name()
     );
-    check(args, &halos, &Placement::pe(&session, policy), routing, true)
+    let placement = Placement::pe(&session, args.policy());
+    let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
+    check(args, &halos, &placement, routing, true)
+}
+
+/// One exchange of the run (from the router's plans when routing) and the kernel it runs.
+struct Run {
+    x: Box<dyn Exchange<Float3>>,
+    transport: Transport,
+}
+
+impl Run {
+    fn build(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, routing: Option<&Routing>, transport: Transport) -> Result<Self> {
+        let mut x = match routing {
+            Some(r) => placement.exchange_planned::<Float3>(halos.to_vec(), r.plans())?,
+            None => placement.exchange::<Float3>(halos.to_vec())?,
+        };
+        x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
+        Ok(Self { x, transport })
+    }
+}
+
+/// Checked-step counters: largest force error, checked steps, host syncs in the exchange.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    worst: f64,
+    checked: u64,
+    syncs: u64,
+}
+
+impl Tally {
+    fn add(&mut self, o: Tally) {
+        *self = Tally { worst: self.worst.max(o.worst), checked: self.checked + o.checked, syncs: self.syncs + o.syncs };
+    }
+}
+
+/// A failed finish: with failover, a failure to agree on at the next safe point; otherwise (or
+/// for any error that is not a device wait timeout) the end of the run.
+fn settle(e: halo::HaloError, routing: &mut Option<Routing>, failover: bool, what: String) -> Result<()> {
+    let recorded = failover && routing.as_mut().is_some_and(|r| r.record_error(&e));
+    if recorded { Ok(()) } else { Err(anyhow::Error::new(e).context(what)) }
 }
 
 /// Every transport of the list on the ranks `placement` puts here: fresh random data every
 /// `--check-every` steps, exchanged both ways and compared with the CPU reference on every local
-/// rank; the steps between only exchange.
-fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, routing: Option<Routing>, nvshmem: bool) -> Result<()> {
+/// rank; the steps between only exchange. With routing, failures (an injected one, a launch that
+/// fails, a device wait that times out) are recorded and agreed at safe points; when some PE's
+/// step failed or a pair switched, every PE rebuilds the exchange from the new plans and runs the
+/// steps since the last good safe point again.
+fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mut routing: Option<Routing>, nvshmem: bool) -> Result<()> {
     let list = match &routing {
-        Some(r) if args.transport.is_empty() => vec![r.transport],
+        Some(r) if args.transport.is_empty() => vec![r.transport()?],
         _ => transports(args, nvshmem),
     };
+    let follow_router = routing.is_some() && args.transport.is_empty();
+    // The hidden skip test checks the timeout message: failures end the run there.
+    let failover = routing.is_some() && args.inject_skip_rank.is_none();
+    let every = match args.safe_point_every {
+        Some(n) => n,
+        None => halo::exchange::routing::safe_point_every_from_env(args.check_every)?,
+    };
+    let who = if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) };
     let mut jitter_before = JitterStats::default();
-    for transport in list {
-        let mut x = placement.exchange::<Float3>(halos.to_vec())?;
-        x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
-        if let Err(e) = x.check_transport(transport) {
-            println!("{:>16}: skipped here: {e}", transport.name());
+    for first in list {
+        let mut run = Run::build(args, halos, placement, routing.as_ref(), first)?;
+        if let Err(e) = run.x.check_transport(run.transport) {
+            println!("{:>16}: skipped here: {e}", run.transport.name());
             continue;
         }
         // Test only: the rank that never launches (its peers must time out with a clear error).
-        let silent = x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
-        let (mut worst, mut checked, mut exchange_syncs) = (0.0f64, 0u64, 0u64);
+        let silent = run.x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
+        // `done`: steps up to the last good safe point; `window`: the steps since.
+        let (mut done, mut window) = (Tally::default(), Tally::default());
+        let (mut good, mut attempts, mut reruns) = (0u64, 0u32, 0u64);
+        let mut mismatch: Option<anyhow::Error> = None;
+        let mut kernels = vec![run.transport];
         let started = std::time::Instant::now();
-        for step in 0..args.steps {
+        let mut step = 0u64;
+        while step < args.steps {
+            let transport = run.transport;
             let check = step % args.check_every == 0;
             let (home, forces) = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
-                x.finish().with_context(|| format!("{} before step {step}", transport.name()))?;
-                x.barrier()?;
-                checked += 1;
+                if let Err(e) = run.x.finish() {
+                    settle(e, &mut routing, failover, format!("{} before step {step}", transport.name()))?;
+                }
+                run.x.barrier()?;
+                window.checked += 1;
                 let home = synthetic::random_values(halos, args.seed * 1_000_003 + step, true);
                 let forces = synthetic::random_values(halos, args.seed * 7_000_003 + step, false);
-                for rank in x.local_ranks() {
+                for rank in run.x.local_ranks() {
                     rank.x.fill_bytes(0xFF)?;
                     rank.upload_coordinates(&home[rank.rank()])?;
                     rank.f.copy_from_host(&forces[rank.rank()])?;
                 }
-                x.barrier()?; // every PE's inputs are in place before anyone exchanges
+                run.x.barrier()?; // every PE's inputs are in place before anyone exchanges
                 (home, forces)
             } else {
                 (Vec::new(), Vec::new())
             };
-            let before = x.host_syncs();
-            if !silent {
-                args.phase.repeat(1, |forces| if forces { x.exchange_reverse_accumulate(transport) } else { x.exchange_forward(transport) })?;
+            // An injected failure skips this step's launches here (ranks of one process launch
+            // together) and is recorded as a failed launch; the peers' waits then time out.
+            let injected = routing.as_ref().map_or_else(Vec::new, |r| r.injected(step));
+            let before = run.x.host_syncs();
+            if injected.is_empty() && !silent {
+                let x = &mut run.x;
+                let launched =
+                    args.phase.repeat(1, |forces| if forces { x.exchange_reverse_accumulate(transport) } else { x.exchange_forward(transport) });
+                match (launched, routing.as_mut()) {
+                    (Ok(()), _) => {}
+                    (Err(e), Some(r)) if failover => {
+                        println!("route: step {step}'s launch failed: {e}; recorded for the safe point");
+                        r.record_failed_launch(&e);
+                    }
+                    (Err(e), _) => return Err(anyhow::Error::new(e).context(format!("{} step {step}", transport.name()))),
+                }
             }
-            exchange_syncs += x.host_syncs() - before;
-            if !check {
+            if let Some(r) = routing.as_mut() {
+                for (rank, peers) in &injected {
+                    println!("route: injected failure: rank {rank} skips step {step}'s launch towards {peers:?} ({})", halo::route::feedback::INJECT_ENV);
+                    r.record_launch_failure(*rank, peers);
+                }
+            }
+            window.syncs += run.x.host_syncs() - before;
+            if check {
+                match run.x.finish() {
+                    Ok(()) if routing.as_ref().is_some_and(Routing::failed_here) => {} // this window runs again
+                    Ok(()) => {
+                        // Only what this phase exchanged is compared.
+                        let want_x = (args.phase != Phase::Forces).then(|| reference::coordinates(halos, &home));
+                        let want_f = (args.phase != Phase::Coordinates).then(|| reference::forces(halos, &forces));
+                        let (xs, fs) = (run.x.read_forward()?, run.x.read_reverse()?);
+                        for (i, rank) in run.x.local_ranks().iter().enumerate() {
+                            let r = rank.rank();
+                            let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
+                            match compare(r, step, &xs[i], wx, &fs[i], wf) {
+                                Ok(w) => window.worst = window.worst.max(w),
+                                // With failover the safe point tells whether a failure on another
+                                // PE explains the mismatch; without, it ends the run.
+                                Err(e) if failover => {
+                                    mismatch.get_or_insert(e);
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
+                    }
+                    Err(e) => settle(e, &mut routing, failover, format!("{} step {step}", transport.name()))?,
+                }
+                run.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
+            }
+            let safe_point = failover && ((step + 1) % every == 0 || step + 1 == args.steps);
+            if !safe_point {
+                step += 1;
                 continue;
             }
-            x.finish().with_context(|| format!("{} step {step}", transport.name()))?;
-            // Only what this phase exchanged is compared.
-            let want_x = (args.phase != Phase::Forces).then(|| reference::coordinates(halos, &home));
-            let want_f = (args.phase != Phase::Coordinates).then(|| reference::forces(halos, &forces));
-            let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
-            for (i, rank) in x.local_ranks().iter().enumerate() {
-                let r = rank.rank();
-                let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
-                worst = worst.max(compare(r, step, &xs[i], wx, &fs[i], wf)?);
+            // The exchange is idle at a safe point.
+            if let Err(e) = run.x.finish() {
+                settle(e, &mut routing, failover, format!("{} step {step}", transport.name()))?;
             }
-            x.barrier()?; // nobody overwrites a peer's halo before it has been checked
+            let Some(r) = routing.as_mut() else { bail!("a safe point without a router") };
+            let sp = r.safe_point()?;
+            if sp.rerun {
+                attempts += 1;
+                reruns += 1;
+                let switched: Vec<String> = sp
+                    .switched
+                    .iter()
+                    .map(|(a, b, from, to)| format!("{a}-{b} {} -> {}", from.map_or("none", |t| t.name()), to.map_or("none", |t| t.name())))
+                    .collect();
+                println!(
+                    "route: safe point after step {step}: {} failure report(s) agreed{}; rebuilding the exchange and running steps {good}..={step} again",
+                    sp.reported,
+                    if switched.is_empty() { String::new() } else { format!(", pairs switched: {}", switched.join(", ")) }
+                );
+                if attempts > halo::exchange::routing::MAX_RERUNS {
+                    bail!("steps {good}..={step} failed {attempts} times in a row; giving up (see the failures above)");
+                }
+                for line in r.describe()? {
+                    println!("{line}");
+                }
+                let kernel = if follow_router { r.transport()? } else { run.transport };
+                // Every PE is alive and idle here: reset the failed exchange together (collective,
+                // fenced by barriers), so it is dropped as a healthy one and its symmetric buffers
+                // are freed collectively, in the same order on every PE.
+                run.x.reset_protocol().context("resetting the failed exchange before the rebuild")?;
+                drop(run);
+                run = Run::build(args, halos, placement, Some(r), kernel)?;
+                run.x.check_transport(run.transport).with_context(|| format!("the new plans cannot run {}", run.transport.name()))?;
+                if !kernels.contains(&run.transport) {
+                    kernels.push(run.transport);
+                }
+                window = Tally::default();
+                mismatch = None;
+                step = good;
+                continue;
+            }
+            if let Some(m) = mismatch.take() {
+                return Err(m.context("no PE reported a failure, so this is a wrong result"));
+            }
+            done.add(window);
+            window = Tally::default();
+            good = step + 1;
+            attempts = 0;
+            step += 1;
         }
-        x.finish()?;
+        done.add(window);
+        run.x.finish()?;
         let took = started.elapsed().as_secs_f64();
+        let names: Vec<&str> = kernels.iter().map(|t| t.name()).collect();
         let compared = match args.phase {
             Phase::Coordinates => "coordinates bit-exact".to_string(),
-            Phase::Forces => format!("forces max rel err {worst:.1e}"),
-            Phase::Step => format!("coordinates bit-exact, forces max rel err {worst:.1e}"),
+            Phase::Forces => format!("forces max rel err {:.1e}", done.worst),
+            Phase::Step => format!("coordinates bit-exact, forces max rel err {:.1e}", done.worst),
         };
         println!(
-            "{:>16}: {} steps ({}) in {took:.2} s ({:.1} µs per step, checks included), {checked} checked, OK on {} ({compared}), {exchange_syncs} host syncs in the exchange",
-            transport.name(),
+            "{:>16}: {} steps ({}) in {took:.2} s ({:.1} µs per step, checks included), {} checked, OK on {who} ({compared}), {} host syncs in the exchange{}",
+            names.join(" -> "),
             args.steps,
             phase_name(args.phase),
             took * 1e6 / args.steps.max(1) as f64,
-            if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) },
+            done.checked,
+            done.syncs,
+            if reruns > 0 { format!(", {reruns} re-run(s) after agreed failures") } else { String::new() },
         );
         if let Some(p) = perturb::process()?.filter(|p| p.jitter().is_some()) {
             let now = p.stats();
-            println!("{:>16}: {}", transport.name(), now.since(&jitter_before));
+            println!("{:>16}: {}", names.join(" -> "), now.since(&jitter_before));
             jitter_before = now;
         }
     }
-    if let Some(r) = routing {
-        debug_assert_eq!(r.plans.len(), r.routers.len());
-        for router in &r.routers {
-            println!("{}", router.summary());
+    if let Some(r) = &routing {
+        for line in r.describe()? {
+            println!("{line}");
+        }
+        for line in r.finish_lines() {
+            println!("{line}");
         }
     }
     Ok(())

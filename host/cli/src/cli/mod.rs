@@ -4,9 +4,12 @@ mod calibrate;
 mod bench;
 mod demo;
 mod verify;
+
+pub use verify::StepArgs;
 mod exchange_check;
 mod info;
 mod launch;
+mod md_bench;
 mod perturb;
 mod plan;
 mod route;
@@ -48,6 +51,8 @@ enum Command {
     BenchKernels(bench::BenchKernelsArgs),
     /// Where the time of the fused halo goes: stamped kernels, per-phase intervals, launch gaps.
     Timeline(timeline::TimelineArgs),
+    /// ns/day of the whole MD step per transport and size, every step counted (searches included).
+    MdBench(md_bench::MdBenchArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -78,6 +83,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::BenchKernels(args) => bench::run_kernels(args),
         Command::Timeline(args) => timeline::run(args),
+        Command::MdBench(args) => md_bench::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),

@@ -49,6 +49,12 @@ pub struct RouteArgs {
     /// a comma-separated list.
     #[arg(long, default_value = "all", value_parser = parse_among_arg)]
     among: TransportSet,
+    /// Under a launcher without GPUs: each rank contributes synthetic facts (its host, one
+    /// synthetic GPU per local rank) over the launch's CPU channel (`halo launch`'s rendezvous or
+    /// PMI-1, e.g. MPICH's `mpiexec`); every rank prints its rank environment and the gathered
+    /// topology's hash, rank 0 the table. A test of rank detection and fact gathering.
+    #[arg(long)]
+    gather: bool,
 }
 
 fn parse_among_arg(s: &str) -> Result<TransportSet, String> {
@@ -90,6 +96,9 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
             true,
         ))
     };
+    if args.gather {
+        return gathered_synthetic(args);
+    }
     if args.synthetic {
         return synthetic("--synthetic");
     }
@@ -123,6 +132,28 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
             ))
         }
     }
+}
+
+/// `--gather`: this rank's environment, synthetic facts gathered from every rank over the
+/// launch's CPU channel, and the topology they give (the same hash on every rank).
+fn gathered_synthetic(args: &RouteArgs) -> Result<(Topology, String, bool)> {
+    let env = halo::launch::RankEnv::try_from_env()?.unwrap_or_else(halo::launch::RankEnv::single);
+    println!(
+        "rank {} of {} (local rank {}, device {}), started by {}, NVSHMEM bootstrap {}",
+        env.rank,
+        env.nranks,
+        env.local_rank,
+        env.device,
+        env.source,
+        env.bootstrap.describe()
+    );
+    let facts = gpu_facts::gather("route-facts", &gpu_facts::synthetic_rank_facts(env.local_rank)).context("gathering the facts")?;
+    halo::launch::pmi::finalize()?;
+    anyhow::ensure!(facts.len() == env.nranks, "gathered {} facts from {} ranks", facts.len(), env.nranks);
+    let topo = topology_from_facts(&facts, fabric(args)?.as_ref())?;
+    let hosts: std::collections::BTreeSet<&str> = facts.iter().map(|f| f.host.as_str()).collect();
+    println!("rank {}: gathered the facts of {} ranks on {} host(s): topology hash {}", env.rank, facts.len(), hosts.len(), topo.hash_hex());
+    Ok((topo, format!("synthetic facts gathered from {} ranks under {}", env.nranks, env.source), env.rank == 0))
 }
 
 /// Where the nodes sit, when the route config names a topology (HALO_ROUTE_TOPOLOGY: a halo TOML

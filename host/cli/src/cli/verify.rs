@@ -1,116 +1,256 @@
-//! `halo verify`: the mini-MD step on the GPUs, checked against the undecomposed CPU reference.
+//! `halo verify`: the mini-MD step on the GPUs, checked against the undecomposed CPU reference, with
+//! the total energy from the GPU and (with `--nve-steps`) the energy drift of an NVE run beside the
+//! same run on one rank.
 
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
-use halo::exchange::Transport;
 use halo::exchange::pe::PathPolicy;
+use halo::exchange::{Placement, Transport};
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
-use halo_md::{self as md, MdConfig, MdOutcome};
 use halo::session::PeSession;
+use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
+use halo_md::{self as md, MdConfig, MdOutcome};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The MD step's options that `halo verify` and `halo md-bench` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StepArgs {
+    /// Interaction cutoff (nm); the LJ potential is shifted to zero there.
+    #[arg(long, default_value_t = 1.0)]
+    pub cutoff: f32,
+    /// Tolerance of the buffer rule: the energy drift (kJ/mol/ps per atom) that the pairs a list
+    /// misses may cause (GROMACS's verlet-buffer-tolerance).
+    #[arg(long, default_value_t = DEFAULT_DRIFT_TOLERANCE)]
+    pub buffer_tolerance: f64,
+    /// Steps between searches (re-decomposition and new cluster-pair lists).
+    #[arg(long, default_value_t = 100)]
+    pub nstlist: u64,
+    /// Steps between GPU prunes of the inner lists.
+    #[arg(long, default_value_t = 10)]
+    pub nstprune: u64,
+    /// Time step (ps).
+    #[arg(long, default_value_t = 0.002)]
+    pub dt: f32,
+    /// Host threads of the pair search (0: one per core, at most 16).
+    #[arg(long, default_value_t = 0)]
+    pub search_threads: usize,
+    /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
+    #[arg(long)]
+    pub host_search: bool,
+    /// Deadline of every device wait, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub wait_timeout_ms: u64,
+    /// How pulses reach their peers: `routed` (the router decides; failures are agreed at safe
+    /// points, every search and checked step, and the steps since the last search step run
+    /// again), `auto` (stores wherever mapped, puts elsewhere), `force-put`. Per-pair overrides:
+    /// HALO_ROUTE_OVERRIDE, HALO_FORCE_TRANSPORT; HALO_INJECT_FAILURE makes a transport fail.
+    #[arg(long, default_value = "routed", value_parser = |s: &str| PathPolicy::parse(s).map_err(|e| e.to_string()))]
+    pub paths: PathPolicy,
+}
+
+impl Default for StepArgs {
+    /// The command-line defaults.
+    fn default() -> Self {
+        Self {
+            cutoff: 1.0,
+            buffer_tolerance: DEFAULT_DRIFT_TOLERANCE,
+            nstlist: 100,
+            nstprune: 10,
+            dt: 0.002,
+            search_threads: 0,
+            host_search: false,
+            wait_timeout_ms: 5000,
+            paths: PathPolicy::Routed,
+        }
+    }
+}
+
+impl StepArgs {
+    /// These options applied to `cfg`.
+    pub fn apply(&self, cfg: MdConfig) -> MdConfig {
+        MdConfig {
+            cutoff: self.cutoff,
+            buffer_tolerance: self.buffer_tolerance,
+            nstlist: self.nstlist,
+            nstprune: self.nstprune,
+            dt: self.dt,
+            search_threads: self.search_threads,
+            gpu_search: !self.host_search,
+            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
+            path_policy: self.paths,
+            ..cfg
+        }
+    }
+}
+
 #[derive(clap::Args, Clone)]
 pub struct VerifyArgs {
+    /// The step's options.
+    #[command(flatten)]
+    pub step: StepArgs,
     /// Atoms in the synthetic liquid (about 100 per nm³).
     #[arg(long, default_value_t = 6000)]
     pub atoms: usize,
     /// Rank grid, e.g. 2x1x1 or 2x2x2. Under `halo launch -n N` it must have N ranks.
     #[arg(long, default_value = "2x1x1")]
     pub ranks: RankGrid,
-    /// Interaction cutoff (nm).
-    #[arg(long, default_value_t = 1.0)]
-    pub cutoff: f32,
-    /// Pair-list buffer beyond the cutoff (nm).
-    #[arg(long, default_value_t = 0.1)]
-    pub buffer: f32,
-    /// Steps between re-decompositions.
-    #[arg(long, default_value_t = 10)]
-    pub nstlist: u64,
+    /// Verlet buffer of the outer list beyond the cutoff (nm). Default: the buffer rule for
+    /// nstlist (see --buffer-tolerance).
+    #[arg(long)]
+    pub buffer: Option<f32>,
     /// Steps to run.
     #[arg(long, default_value_t = 100)]
     pub steps: u64,
-    /// Time step (ps).
-    #[arg(long, default_value_t = 0.002)]
-    pub dt: f32,
     /// Halo transport.
     #[arg(long, default_value = "fused", value_parser = super::transport_parser())]
     pub transport: Transport,
     /// Check every N steps (1: every step; 0: never, and time the steps instead).
     #[arg(long, default_value_t = 1)]
     pub check_every: u64,
+    /// Record the GPU's potential and kinetic energy every N steps (0: only on checked steps).
+    #[arg(long, default_value_t = 0)]
+    pub energy_every: u64,
+    /// After the checked run, an NVE run of this many steps (no checks, energy every
+    /// --energy-every steps, 100 if 0) on the same decomposition and on one rank: the drift of
+    /// the total energy of both.
+    #[arg(long)]
+    pub nve_steps: Option<u64>,
     /// Seed of the system.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Deadline of every device wait, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub wait_timeout_ms: u64,
-    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only).
+    /// NVSHMEM put + signal for every pulse, even between NVLink peers (several processes only;
+    /// the same as `--paths force-put`).
     #[arg(long)]
     pub force_put: bool,
     /// GPUs to spread the ranks over in one process (default: all visible).
     #[arg(long)]
     pub gpus: Option<usize>,
+    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs (GPU-initiated transports).
+    #[arg(long)]
+    pub graph: bool,
 }
 
 impl VerifyArgs {
+    /// The command's defaults for `atoms` atoms on `ranks`.
+    pub fn new(atoms: usize, ranks: RankGrid) -> Self {
+        Self {
+            step: StepArgs::default(),
+            atoms,
+            ranks,
+            buffer: None,
+            steps: 100,
+            transport: Transport::Fused,
+            check_every: 1,
+            energy_every: 0,
+            nve_steps: None,
+            seed: 1,
+            force_put: false,
+            gpus: None,
+            graph: false,
+        }
+    }
+
     fn config(&self) -> MdConfig {
-        MdConfig {
-            atoms: self.atoms,
-            grid: self.ranks,
-            cutoff: self.cutoff,
+        let cfg = self.step.apply(MdConfig {
             buffer: self.buffer,
-            nstlist: self.nstlist,
-            dt: self.dt,
             steps: self.steps,
             seed: self.seed,
             transport: self.transport,
             check_every: self.check_every,
-            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
-            path_policy: if self.force_put { PathPolicy::ForcePut } else { PathPolicy::Auto },
-        }
+            energy_every: self.energy_every,
+            graph: self.graph,
+            ..MdConfig::new(self.atoms, self.ranks)
+        });
+        if self.force_put { MdConfig { path_policy: PathPolicy::ForcePut, ..cfg } } else { cfg }
+    }
+
+    /// The NVE run: no checks, energies every `--energy-every` (100 when 0) steps.
+    fn nve_config(&self, steps: u64, grid: RankGrid) -> MdConfig {
+        MdConfig { steps, grid, check_every: 0, energy_every: if self.energy_every == 0 { 100 } else { self.energy_every }, ..self.config() }
     }
 }
 
-fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) {
-    if let Some(us) = o.median_step_us() {
-        let mut v = o.window_step_us.clone();
-        v.sort_by(f64::total_cmp);
-        println!(
-            "{who}: MD step time {us:.1} µs median [{:.1}-{:.1}] over {} windows of steps between searches \
-             (GPU timeline of rank 0; search steps excluded): {:.0} ns/day at {} fs",
-            v[0],
-            v[v.len() - 1],
-            v.len(),
-            86_400.0 * 1e6 / us * f64::from(args.dt) * 1e-3,
-            args.dt * 1000.0
-        );
-    }
-    println!(
-        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} checked against the CPU reference, {} re-decompositions, {} pairs; \
-         coordinates after the halo: max abs err {:.1e} (bit-exact: {}); forces vs undecomposed: max rel err {:.2e}, max abs err {:.2e} kJ/mol/nm; {:.2} s",
+/// The report of one run: what was checked (or "not checked"), the energies, the time.
+fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
+    let setup = o.setup.map_or_else(String::new, |s| {
+        format!(", rlist {:.3} nm (nstlist {}), inner {:.3} nm (prune every {})", s.rlist, s.nstlist, s.rlist_inner, s.nstprune)
+    });
+    let mut lines = vec![format!(
+        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds){setup}; lists of this process: {} + {} j-cluster words \
+         (home-home + with halo, outer), {} + {} warps",
         args.atoms,
         args.ranks.num_ranks(),
         args.ranks,
         args.transport.name(),
         o.steps,
-        o.checked_steps,
-        o.rebuilds,
-        o.pairs,
-        o.worst.coord_max_abs,
-        o.worst.coord_max_abs == 0.0,
-        o.worst.force_max_rel,
-        o.worst.force_max_abs,
-        o.wall.as_secs_f64()
-    );
-    println!("{who}: {}", integrity_summary(o.checked_steps));
+        o.searches,
+        o.exchange_builds,
+        o.lists.local_words,
+        o.lists.nonlocal_words,
+        o.lists.local_entries,
+        o.lists.nonlocal_entries,
+    )];
+    if o.checked_steps == 0 {
+        lines.push(format!("{who}: not checked (--check-every 0): no coordinate, force or energy was compared with a reference"));
+    } else {
+        lines.push(format!(
+            "{who}: {} steps checked against the CPU reference: coordinates after the halo bit-exact (max abs err {:.1e}); \
+             forces vs undecomposed: max rel err {:.2e} (tolerance {:.0e}), max abs err {:.2e} kJ/mol/nm; \
+             potential energy vs undecomposed: max rel err {:.2e} (tolerance {:.0e})",
+            o.checked_steps,
+            o.worst.coord_max_abs,
+            o.worst.force_max_rel,
+            md::run::FORCE_TOLERANCE,
+            o.worst.force_max_abs,
+            o.worst.energy_rel,
+            md::run::ENERGY_TOLERANCE,
+        ));
+    }
+    lines.push(format!("{who}: {}", integrity_summary(o.checked_steps)));
+    if o.reruns > 0 {
+        lines.push(format!("{who}: {} stretch(es) of steps ran again after agreed failures (routed paths)", o.reruns));
+    }
+    if let Some(e) = o.energies.last() {
+        lines.push(format!(
+            "{who}: total energy at step {} (GPU): potential {:.3} + kinetic {:.3} = {:.3} kJ/mol ({} energy steps recorded)",
+            e.step,
+            e.potential,
+            e.kinetic,
+            e.total(),
+            o.energies.len()
+        ));
+    }
+    if o.energies.len() >= 2 {
+        lines.push(format!("{who}: {}", drift_line(args, "total energy", o)));
+    }
+    if let Some(us) = o.step_us().filter(|_| o.checked_steps == 0) {
+        lines.push(format!(
+            "{who}: {us:.1} µs per step over all {} steps, searches included (host clock); searches {:.1}% of the time \
+             ({:.2} ms each: gather {:.2}, plan {:.2}, lists {:.2}, upload {:.2}): {:.0} ns/day at {} fs",
+            o.steps,
+            100.0 * o.search_share(),
+            ms(o.search.total) / o.search.count.max(1) as f64,
+            ms(o.search.gather) / o.search.count.max(1) as f64,
+            ms(o.search.plan) / o.search.count.max(1) as f64,
+            ms(o.search.lists) / o.search.count.max(1) as f64,
+            ms(o.search.upload) / o.search.count.max(1) as f64,
+            86_400.0 * 1e6 / us * f64::from(args.step.dt) * 1e-3,
+            args.step.dt * 1000.0
+        ));
+    }
+    if o.graph_steps > 0 {
+        lines.push(format!("{who}: {} steps replayed as CUDA graphs ({:.2} ms capturing)", o.graph_steps, ms(o.graph_capture)));
+    }
+    lines.push(format!("{who}: {:.2} s", o.wall.as_secs_f64()));
+    lines.join("\n")
 }
 
 /// The soak's summary line (issue 18): every checked step compares the checksums of every pulse
-/// across ranks (`halo::integrity`) and the coordinates and forces with the CPU references, and a
-/// mismatch ends the run with an error; so a run that gets here had none.
+/// across ranks (`halo::integrity`) and the coordinates, forces and energy with the CPU references,
+/// and a mismatch ends the run with an error; so a run that gets here had none.
 fn integrity_summary(checked: u64) -> String {
     if checked == 0 {
         return "integrity: not checked (--check-every 0)".into();
@@ -118,17 +258,70 @@ fn integrity_summary(checked: u64) -> String {
     format!("integrity: {checked} checked steps, pulse checksums compared across ranks and results against the CPU references: 0 mismatches")
 }
 
-pub fn run(args: VerifyArgs) -> Result<()> {
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The drift line of an NVE run.
+fn drift_line(args: &VerifyArgs, what: &str, o: &MdOutcome) -> String {
+    match o.drift(args.atoms, f64::from(args.step.dt), 0) {
+        Some(d) => format!(
+            "{what}: drift {:+.3e} kJ/mol/ns per atom ({:+.2} kJ/mol/ns total) over {:.1} ps, {} points; mean total energy {:.2} kJ/mol, \
+             fluctuation {:.3} kJ/mol",
+            d.per_atom_kj_mol_ns, d.total_kj_mol_ns, d.span_ps, d.points, d.mean, d.fluctuation
+        ),
+        None => format!("{what}: not measured (fewer than two energy points)"),
+    }
+}
+
+/// The checked run, then (with `--nve-steps`) the NVE runs on `placement` and on one rank (`single`).
+fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placement, print: bool) -> Result<()> {
     let cfg = args.config();
+    let outcome = md::run(&cfg, placement, |_, _| {})?;
+    // Every PE: the paths of its own ranks.
+    for r in &outcome.routes {
+        println!("route: {r}");
+    }
+    if print {
+        println!("{}", report(args, who, &outcome));
+    }
+    if let Some(steps) = args.nve_steps {
+        let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
+        let one = md::run(&args.nve_config(steps, RankGrid { dims: [1, 1, 1] }), single, |_, _| {}).context("the one-rank NVE run")?;
+        if print {
+            println!("{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):", args.step.dt * 1000.0, args.nve_config(steps, args.ranks).energy_every);
+            println!("  {}", drift_line(args, &format!("{} ranks ({}, {})", args.ranks.num_ranks(), args.ranks, args.transport.name()), &decomposed));
+            println!("  {}", drift_line(args, "1 rank", &one));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: VerifyArgs) -> Result<()> {
+    if args.nve_steps == Some(0) {
+        bail!("--nve-steps 0 runs nothing: give at least 2 energy intervals of steps, e.g. --nve-steps 10000");
+    }
     if let Some(env) = RankEnv::from_env().filter(|e| e.nranks > 1) {
         if env.nranks != args.ranks.num_ranks() {
-            bail!("--ranks {} has {} ranks but {} processes were started: use `halo launch -n {}`", args.ranks, args.ranks.num_ranks(), env.nranks, args.ranks.num_ranks());
+            bail!(
+                "--ranks {} has {} ranks but {} processes were started: start {} (`halo launch -n {}`, `mpiexec -n {}`)",
+                args.ranks,
+                args.ranks.num_ranks(),
+                env.nranks,
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks(),
+                args.ranks.num_ranks()
+            );
         }
         let rank = env.rank;
+        let policy = args.config().path_policy;
+        println!("PE {rank} of {} started by {} ({} bootstrap), paths: {}", env.nranks, env.source, env.bootstrap.describe(), policy.name());
         let session = PeSession::start(env, None).context("starting NVSHMEM")?;
-        let outcome = md::run_pe(&cfg, &session, |_, _| {}).with_context(|| format!("rank {rank}"))?;
-        report(&args, &format!("PE {rank}"), &outcome);
-        return Ok(());
+        let placement = Placement::pe(&session, policy);
+        // Each PE runs the one-rank comparison on its own GPU at once (no PE waits for another);
+        // PE 0 reports.
+        let single = Placement::Local(vec![session.module.clone()]).with_policy(policy);
+        return verify(&args, &format!("PE {rank}"), &placement, &single, rank == 0).with_context(|| format!("rank {rank}"));
     }
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo verify needs an NVIDIA GPU: {reason}");
@@ -136,7 +329,55 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
     let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
-    let outcome = md::run_local(&cfg, &modules, |_, _| {})?;
-    report(&args, &format!("one process on {n} GPU(s)"), &outcome);
-    Ok(())
+    let policy = args.config().path_policy;
+    let single = Placement::Local(modules[..1].to_vec()).with_policy(policy);
+    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules).with_policy(policy), &single, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_defaults_are_the_command_line_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            step: StepArgs,
+        }
+        let parsed = <Cli as clap::Parser>::try_parse_from(["halo"]).unwrap().step;
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", StepArgs::default()));
+        let cfg = StepArgs { host_search: true, nstlist: 40, ..StepArgs::default() }.apply(MdConfig::new(10, RankGrid { dims: [1, 1, 1] }));
+        assert!(!cfg.gpu_search && cfg.nstlist == 40 && cfg.wait_timeout == Duration::from_secs(5));
+        assert_eq!(cfg.path_policy, PathPolicy::Routed, "routed paths by default");
+        // --force-put wins over --paths.
+        let v = VerifyArgs { force_put: true, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
+        assert_eq!(v.config().path_policy, PathPolicy::ForcePut);
+        let v = VerifyArgs { step: StepArgs { paths: PathPolicy::Auto, ..StepArgs::default() }, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
+        assert_eq!(v.config().path_policy, PathPolicy::Auto);
+    }
+
+    #[test]
+    fn an_unchecked_run_says_so_and_a_checked_one_gives_its_errors() {
+        let args = VerifyArgs { check_every: 0, ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] }) };
+        let mut o = MdOutcome { steps: 100, wall: Duration::from_millis(5), ..MdOutcome::default() };
+        let text = report(&args, "test", &o);
+        assert!(text.contains("not checked") && text.contains("integrity: not checked"), "{text}");
+        assert!(!text.contains("bit-exact"), "{text}");
+        assert!(text.contains("50.0 µs per step"), "{text}");
+        o.checked_steps = 100;
+        o.worst.force_max_rel = 3e-6;
+        o.energies.push(md::EnergyPoint { step: 99, potential: -10.0, kinetic: 4.0 });
+        let text = report(&args, "test", &o);
+        assert!(!text.contains("not checked") && text.contains("100 steps checked") && text.contains("3.00e-6"), "{text}");
+        assert!(text.contains("= -6.000 kJ/mol"), "{text}");
+        assert!(text.contains("integrity: 100 checked steps") && !text.contains("drift") && !text.contains("ran again"), "{text}");
+        assert!(!text.contains("per step over all"), "a checked run is not timed: {text}");
+        assert!(drift_line(&args, "x", &o).contains("not measured"));
+        o.energies.push(md::EnergyPoint { step: 199, potential: -10.5, kinetic: 4.0 });
+        let text = report(&args, "test", &o);
+        assert!(text.contains("test: total energy: drift"), "two energy points give a drift: {text}");
+        o.reruns = 2;
+        assert!(report(&args, "test", &o).contains("test: 2 stretch(es) of steps ran again after agreed failures"));
+    }
 }

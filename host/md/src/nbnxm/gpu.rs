@@ -15,14 +15,15 @@
 //! step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously: no launch of this
 //! object may still be running).
 
-use super::pairlist::{ClusterPairList, PairSearch};
+use super::gpu_search::{GpuSearch, fit, grow};
+use super::grid::ClusterGrid;
+use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
 use super::{ListSetup, NbnxmError, NbnxmKernel};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use crate::system::MolecularSystem;
-use bytemuck::Pod;
 use std::sync::Arc;
 
 /// Which of a rank's two lists.
@@ -45,6 +46,28 @@ pub fn lj_table(system: &MolecularSystem) -> Vec<[f32; 2]> {
         .collect()
 }
 
+/// Where an energy launch adds its energy: element `index` of a device `f64` array.
+#[derive(Clone, Copy)]
+pub struct EnergySlot<'a> {
+    buffer: &'a DeviceBuffer<f64>,
+    index: usize,
+}
+
+impl<'a> EnergySlot<'a> {
+    /// Element `index` of `buffer`; an error when it is outside.
+    pub fn new(buffer: &'a DeviceBuffer<f64>, index: usize) -> Result<Self> {
+        if index >= buffer.len() {
+            return Err(HaloError::InvalidInput(format!("energy slot {index} of a buffer of {}", buffer.len())));
+        }
+        Ok(Self { buffer, index })
+    }
+
+    /// The device address of the accumulator.
+    pub fn ptr(&self) -> u64 {
+        self.buffer.device_ptr_at(self.index)
+    }
+}
+
 struct GpuList {
     entries: DeviceBuffer<NbnxmEntry>,
     outer: DeviceBuffer<u32>,
@@ -54,37 +77,34 @@ struct GpuList {
     pruned: bool,
 }
 
-/// Copies `data` into `buf`, reallocating (with 25% headroom) when it does not fit.
-fn fit<T: Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, data: &[T]) -> Result<()> {
-    if buf.len() < data.len() {
-        *buf = DeviceBuffer::uninit(module.context(), data.len() + data.len() / 4)?;
-    }
-    buf.copy_from_host(data)
-}
-
 impl GpuList {
-    fn new(module: &KernelModule, l: &ClusterPairList) -> Result<Self> {
+    fn empty(module: &KernelModule) -> Result<Self> {
         let ctx = module.context();
         Ok(Self {
-            entries: DeviceBuffer::from_host(ctx, &l.entries)?,
-            outer: DeviceBuffer::from_host(ctx, &l.j_list)?,
-            inner: DeviceBuffer::uninit(ctx, l.j_list.len())?,
-            n_entries: l.entries.len(),
-            n_words: l.j_list.len(),
+            entries: DeviceBuffer::uninit(ctx, 1)?,
+            outer: DeviceBuffer::uninit(ctx, 1)?,
+            inner: DeviceBuffer::uninit(ctx, 1)?,
+            n_entries: 0,
+            n_words: 0,
             pruned: false,
         })
     }
 
-    fn update(&mut self, module: &KernelModule, l: &ClusterPairList) -> Result<()> {
-        fit(module, &mut self.entries, &l.entries)?;
-        fit(module, &mut self.outer, &l.j_list)?;
-        if self.inner.len() < l.j_list.len() {
-            self.inner = DeviceBuffer::uninit(module.context(), self.outer.len())?;
-        }
-        self.n_entries = l.entries.len();
-        self.n_words = l.j_list.len();
+    /// Uploads `entries` and makes room for `words` outer and inner words; returns the outer
+    /// words' address (for the GPU search to fill).
+    fn prepare(&mut self, module: &KernelModule, entries: &[NbnxmEntry], words: usize) -> Result<u64> {
+        fit(module, &mut self.entries, entries)?;
+        grow(module, &mut self.outer, words)?;
+        grow(module, &mut self.inner, words)?;
+        self.n_entries = entries.len();
+        self.n_words = words;
         self.pruned = false;
-        Ok(())
+        Ok(self.outer.device_ptr())
+    }
+
+    fn update(&mut self, module: &KernelModule, l: &ClusterPairList) -> Result<()> {
+        self.prepare(module, &l.entries, l.j_list.len())?;
+        self.outer.copy_from_host(&l.j_list)
     }
 
     fn shape(&self, shared_bytes: u32) -> LaunchShape {
@@ -102,6 +122,8 @@ pub struct NbnxmGpu {
     ntypes: u32,
     lists: [GpuList; 2],
     energy: DeviceBuffer<f64>,
+    /// The GPU search's buffers, once it ran.
+    search: Option<GpuSearch>,
     setup: ListSetup,
     box_size: [f32; 3],
     atoms: usize,
@@ -117,29 +139,32 @@ impl NbnxmGpu {
     /// Uploads `search`'s grid and lists and the LJ table ([`lj_table`]: `[6 c6, 12 c12]`, one
     /// row per type, `ntypes²` entries).
     pub fn new(module: Arc<KernelModule>, search: &PairSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3]) -> Result<Self> {
+        let mut me = Self::empty(module, lj, setup, box_size)?;
+        me.update(search, box_size)?;
+        Ok(me)
+    }
+
+    /// No grid and empty lists yet ([`Self::update`] or [`Self::update_on_gpu`] fill them).
+    fn empty(module: Arc<KernelModule>, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3]) -> Result<Self> {
         let ntypes = (lj.len() as f64).sqrt().round() as usize;
-        if ntypes * ntypes != lj.len() || ntypes < search.grid.ntypes {
-            return Err(HaloError::InvalidInput(format!(
-                "the LJ table has {} entries, not the square of a type count of at least {} (the atoms' types)",
-                lj.len(),
-                search.grid.ntypes
-            )));
+        if ntypes == 0 || ntypes * ntypes != lj.len() {
+            return Err(HaloError::InvalidInput(format!("the LJ table has {} entries, not the square of a type count", lj.len())));
         }
-        check_setup(search, setup)?;
         let ctx = module.context().clone();
         let mut nb = Self {
-            atom_index: DeviceBuffer::from_host(&ctx, &search.grid.atom_index)?,
-            atom_type: DeviceBuffer::from_host(&ctx, &search.grid.atom_type)?,
+            atom_index: DeviceBuffer::uninit(&ctx, 1)?,
+            atom_type: DeviceBuffer::uninit(&ctx, 1)?,
             lj: DeviceBuffer::from_host(&ctx, lj)?,
             ntypes: ntypes as u32,
-            lists: [GpuList::new(&module, &search.local)?, GpuList::new(&module, &search.nonlocal)?],
+            lists: [GpuList::empty(&module)?, GpuList::empty(&module)?],
             energy: DeviceBuffer::zeroed(&ctx, 1)?,
+            search: None,
             setup: *setup,
             box_size,
-            atoms: search.grid.atoms,
+            atoms: 0,
             kernel: NbnxmKernel::Baseline,
             xq: [DeviceBuffer::uninit(&ctx, 0)?, DeviceBuffer::uninit(&ctx, 0)?],
-            slots: slots_of(search),
+            slots: [0, 0],
             module,
         };
         nb.set_kernel(NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::default_for(ntypes)))?;
@@ -199,21 +224,70 @@ impl NbnxmGpu {
         Ok(xq.device_ptr())
     }
 
+    /// A rank's lists searched on the GPU from `grid` (sorted on the host): the same lists as
+    /// [`PairSearch::build`] with `setup.rlist` and 32 words per entry finds on the host.
+    pub fn new_on_gpu(
+        module: Arc<KernelModule>, grid: &ClusterGrid, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], stream: &CudaStream,
+    ) -> Result<Self> {
+        let mut me = Self::empty(module, lj, setup, box_size)?;
+        me.update_on_gpu(grid, box_size, stream)?;
+        Ok(me)
+    }
+
+    fn set_grid(&mut self, grid: &ClusterGrid, box_size: [f32; 3]) -> Result<()> {
+        if grid.ntypes > self.ntypes as usize {
+            return Err(HaloError::InvalidInput(format!(
+                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
+                grid.ntypes, self.ntypes
+            )));
+        }
+        fit(&self.module, &mut self.atom_index, &grid.atom_index)?;
+        fit(&self.module, &mut self.atom_type, &grid.atom_type)?;
+        self.box_size = box_size;
+        self.atoms = grid.atoms;
+        self.slots = slots_of(grid);
+        self.fit_xq()
+    }
+
     /// Replaces the grid and lists with those of a new search (reusing the allocations that fit).
     /// Synchronous: no launch of this object may still be running.
     pub fn update(&mut self, search: &PairSearch, box_size: [f32; 3]) -> Result<()> {
-        if search.grid.ntypes > self.ntypes as usize {
-            return Err(HaloError::InvalidInput(format!("atom types up to {} but the LJ table has {}", search.grid.ntypes, self.ntypes)));
-        }
-        check_setup(search, &self.setup)?;
-        fit(&self.module, &mut self.atom_index, &search.grid.atom_index)?;
-        fit(&self.module, &mut self.atom_type, &search.grid.atom_type)?;
+        check_setup(search.rlist, &self.setup)?;
+        self.set_grid(&search.grid, box_size)?;
         self.lists[0].update(&self.module, &search.local)?;
-        self.lists[1].update(&self.module, &search.nonlocal)?;
-        self.box_size = box_size;
-        self.atoms = search.grid.atoms;
-        self.slots = slots_of(search);
-        self.fit_xq()
+        self.lists[1].update(&self.module, &search.nonlocal)
+    }
+
+    /// Replaces the grid with `grid` and searches both lists on the GPU (at `setup.rlist`, 32 words
+    /// per entry), on `stream`, which is synchronised before returning. No launch of this object
+    /// may still be running.
+    pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
+        self.set_grid(grid, box_size)?;
+        let search = match self.search.as_mut() {
+            Some(s) => s,
+            None => self.search.insert(GpuSearch::new(&self.module)?),
+        };
+        let (module, lists) = (&self.module, &mut self.lists);
+        let max_j = SearchOptions::new(self.setup.rlist).max_j_per_entry;
+        search.run(module, grid, self.setup.rlist, max_j, stream, &mut |l| {
+            let a = lists[0].prepare(module, &l.entries[0], l.words[0])?;
+            let b = lists[1].prepare(module, &l.entries[1], l.words[1])?;
+            Ok([a, b])
+        })?;
+        Ok(())
+    }
+
+    /// j-list words (j-clusters of the entries) of list `kind`.
+    pub fn words(&self, kind: ListKind) -> usize {
+        self.lists[kind as usize].n_words
+    }
+
+    /// The entries of list `kind` on the GPU, read synchronously (for checks).
+    pub fn read_entries(&self, kind: ListKind) -> Result<Vec<NbnxmEntry>> {
+        let l = &self.lists[kind as usize];
+        let mut v = l.entries.to_host()?;
+        v.truncate(l.n_entries);
+        Ok(v)
     }
 
     /// Local atoms the lists index: `x` and `f` must hold at least this many.
@@ -269,6 +343,15 @@ impl NbnxmGpu {
     /// to the accumulator ([`Self::energy`]). Uses the inner list once [`Self::prune`] ran since the
     /// last update, else the outer one.
     pub fn forces(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: bool) -> Result<()> {
+        let slot = EnergySlot { buffer: &self.energy, index: 0 };
+        self.forces_into(kind, x, f, stream, energy.then_some(slot))
+    }
+
+    /// [`Self::forces`] adding the energy (when `energy` is given) to an accumulator of the
+    /// caller's (the MD step keeps one per energy step, read back at the next search).
+    pub fn forces_into(
+        &self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: Option<EnergySlot<'_>>,
+    ) -> Result<()> {
         self.check_arrays(x, Some(f))?;
         let l = &self.lists[kind as usize];
         if l.n_entries == 0 {
@@ -277,12 +360,13 @@ impl NbnxmGpu {
         let words = if l.pruned { &l.inner } else { &l.outer };
         let mut px = self.coordinates(kind, x, stream)?;
         let (mut idx, mut ty, mut ent, mut n) = (self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
-        let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), self.energy.device_ptr());
+        let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
+        let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
         let [mut bx, mut by, mut bz] = self.box_size;
         let rc = f64::from(self.setup.cutoff);
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
         let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
-        let name = self.kernel.entries()[usize::from(energy)];
+        let name = self.kernel.entries()[usize::from(energy.is_some())];
         let shape = l.shape(self.kernel.force_shared_bytes(self.ntypes));
         // SAFETY: arguments match `nbnxm_forces[_energy][_*]`; slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
@@ -321,14 +405,14 @@ impl NbnxmGpu {
     }
 }
 
-/// Slots of the home superclusters and of all superclusters.
-fn slots_of(search: &PairSearch) -> [usize; 2] {
-    [search.grid.home_superclusters() * abi::NBNXM_SUPER_SIZE as usize, search.grid.atom_index.len()]
+/// Slots of the home superclusters and of all superclusters of `grid`.
+fn slots_of(grid: &ClusterGrid) -> [usize; 2] {
+    [grid.home_superclusters() * abi::NBNXM_SUPER_SIZE as usize, grid.atom_index.len()]
 }
 
-fn check_setup(search: &PairSearch, setup: &ListSetup) -> Result<()> {
-    if search.rlist < setup.rlist {
-        let e = NbnxmError::Setup(format!("lists searched with {} nm but the setup needs {} nm", search.rlist, setup.rlist));
+fn check_setup(rlist: f32, setup: &ListSetup) -> Result<()> {
+    if rlist < setup.rlist {
+        let e = NbnxmError::Setup(format!("lists searched with {rlist} nm but the setup needs {} nm", setup.rlist));
         return Err(HaloError::InvalidInput(e.to_string()));
     }
     Ok(())

@@ -20,9 +20,18 @@ const CL: usize = NBNXM_CLUSTER_SIZE as usize;
 const SC: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
 const SS: usize = NBNXM_SUPER_SIZE as usize;
 
-/// Orders `(key, atom)` by key, ties by atom index (deterministic).
-fn by_key(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
-    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+/// A sort key for `(coordinate, atom)`: ascending keys order by the coordinate's total order
+/// (`f32::total_cmp`), ties by atom index, so sorting is deterministic; integers sort faster than
+/// a comparison of floats.
+fn key(v: f32, atom: u32) -> u64 {
+    let b = v.to_bits();
+    let ordered = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
+    (u64::from(ordered) << 32) | u64::from(atom)
+}
+
+/// The atom of a [`key`].
+fn atom_of(k: u64) -> u32 {
+    k as u32
 }
 
 /// An axis-aligned bounding box; [`BBox::EMPTY`] is at infinite distance from everything.
@@ -98,10 +107,12 @@ impl ZoneGrid {
         self.column_start[0] as usize..self.column_start[self.column_start.len() - 1] as usize
     }
 
-    /// Column index along `d` (0 = x, 1 = y) of coordinate `v`, clamped into the grid.
+    /// Column index along `d` (0 = x, 1 = y) of coordinate `v`: `floor((v - lo) / cell)`, clamped
+    /// into the grid. Truncation equals `floor` for `c >= 1`, every `c < 1` (and NaN) gives 0;
+    /// the GPU search computes it the same way.
     pub fn column_index(&self, d: usize, v: f32) -> usize {
-        let c = ((v - self.extent.lo[d]) / self.cell[d]).floor();
-        if c <= 0.0 { 0 } else { (c as usize).min(self.columns[d] - 1) }
+        let c = (v - self.extent.lo[d]) / self.cell[d];
+        if c < 1.0 { 0 } else { (c as usize).min(self.columns[d] - 1) }
     }
 }
 
@@ -135,6 +146,12 @@ pub struct ClusterGrid {
 impl ClusterGrid {
     /// Sorts `atoms` into clusters.
     pub fn build(atoms: &LocalAtoms) -> Result<Self, NbnxmError> {
+        Self::build_with(atoms, 1)
+    }
+
+    /// [`Self::build`] on `threads` host threads (the columns of a zone are shared out; the result
+    /// does not depend on the thread count).
+    pub fn build_with(atoms: &LocalAtoms, threads: usize) -> Result<Self, NbnxmError> {
         atoms.validate()?;
         let mut by_zone: Vec<Vec<u32>> = vec![Vec::new(); 8];
         for (i, &z) in atoms.zones.iter().enumerate() {
@@ -155,7 +172,7 @@ impl ClusterGrid {
         };
         for (zone, members) in by_zone.iter().enumerate() {
             if !members.is_empty() {
-                g.add_zone(zone as u8, members, atoms);
+                g.add_zone(zone as u8, members, atoms, threads.max(1));
             }
         }
         let max = 1usize << (32 - NBNXM_MASK_BITS);
@@ -180,7 +197,7 @@ impl ClusterGrid {
         self.zones.first().filter(|z| z.zone == 0).map_or(0, |z| z.superclusters().end)
     }
 
-    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms) {
+    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, threads: usize) {
         let pos = &atoms.positions;
         let mut extent = BBox::EMPTY;
         for &i in members {
@@ -204,7 +221,7 @@ impl ClusterGrid {
         let cell: [f32; 2] = std::array::from_fn(|d| (size[d] / columns[d] as f64) as f32);
         let mut grid = ZoneGrid { zone, extent, columns, cell, column_start: Vec::with_capacity(columns[0] * columns[1] + 1) };
 
-        // Counting sort into columns, then z order within each.
+        // Counting sort into columns (keys by z), then each column sorted and cut into superclusters.
         let ncol = columns[0] * columns[1];
         let column_of: Vec<u32> = members
             .iter()
@@ -221,64 +238,129 @@ impl ClusterGrid {
             start[c + 1] += start[c];
         }
         let mut fill = start.clone();
-        let mut order: Vec<(f32, u32)> = vec![(0.0, 0); members.len()];
+        let mut order = vec![0u64; members.len()];
         for (&i, &c) in members.iter().zip(&column_of) {
-            order[fill[c as usize]] = (pos[i as usize].z, i);
+            order[fill[c as usize]] = key(pos[i as usize].z, i);
             fill[c as usize] += 1;
         }
+        // Superclusters: a column of m atoms has ceil(m / 64), numbered column by column.
+        let sc0 = self.super_bbox.len();
+        let mut at = sc0;
         for c in 0..ncol {
-            let col = &mut order[start[c]..start[c + 1]];
-            col.sort_unstable_by(by_key);
-            grid.column_start.push(self.super_bbox.len() as u32);
-            for chunk in col.chunks_mut(SS) {
-                self.add_supercluster(zone, chunk, atoms);
+            grid.column_start.push(at as u32);
+            at += (start[c + 1] - start[c]).div_ceil(SS);
+        }
+        grid.column_start.push(at as u32);
+        let total = at;
+        self.atom_index.resize(total * SS, NBNXM_FILLER);
+        self.atom_type.resize(total * SS, 0);
+        self.cluster_bbox.resize(total * SC, BBox::EMPTY);
+        self.super_bbox.resize(total, BBox::EMPTY);
+        self.super_zone.resize(total, zone);
+        // Columns in contiguous groups of about equal atom counts, one group per thread; each
+        // group writes only its own superclusters' slots.
+        let groups = threads.min(ncol).max(1);
+        let mut bounds = vec![0usize];
+        for g in 1..groups {
+            let want = members.len() * g / groups;
+            let c = start.partition_point(|&s| s < want).min(ncol);
+            if c > *bounds.last().unwrap_or(&0) {
+                bounds.push(c);
             }
         }
-        grid.column_start.push(self.super_bbox.len() as u32);
+        if *bounds.last().unwrap_or(&0) < ncol {
+            bounds.push(ncol);
+        }
+        let column_start = &grid.column_start;
+        let mut work = Vec::with_capacity(bounds.len() - 1);
+        {
+            let (mut ai, mut at_, mut cb, mut sb) = (
+                &mut self.atom_index[sc0 * SS..],
+                &mut self.atom_type[sc0 * SS..],
+                &mut self.cluster_bbox[sc0 * SC..],
+                &mut self.super_bbox[sc0..],
+            );
+            let mut ord: &mut [u64] = &mut order;
+            for w in bounds.windows(2) {
+                let (c0, c1) = (w[0], w[1]);
+                let scs = (column_start[c1] - column_start[c0]) as usize;
+                let (a, rest) = std::mem::take(&mut ai).split_at_mut(scs * SS);
+                ai = rest;
+                let (t, rest) = std::mem::take(&mut at_).split_at_mut(scs * SS);
+                at_ = rest;
+                let (b, rest) = std::mem::take(&mut cb).split_at_mut(scs * SC);
+                cb = rest;
+                let (sbox, rest) = std::mem::take(&mut sb).split_at_mut(scs);
+                sb = rest;
+                let (o, rest) = std::mem::take(&mut ord).split_at_mut(start[c1] - start[c0]);
+                ord = rest;
+                work.push((c0..c1, a, t, b, sbox, o));
+            }
+        }
+        let run = |(cols, ai, at, cb, sb, ord): ColumnWork<'_>| {
+            let (mut s, mut o) = (0usize, 0usize);
+            for c in cols {
+                let len = start[c + 1] - start[c];
+                let col = &mut ord[o..o + len];
+                o += len;
+                col.sort_unstable();
+                for chunk in col.chunks_mut(SS) {
+                    sb[s] = fill_supercluster(chunk, atoms, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
+                    s += 1;
+                }
+            }
+        };
+        if work.len() == 1 {
+            work.into_iter().for_each(run);
+        } else {
+            std::thread::scope(|scope| {
+                for w in work {
+                    scope.spawn(move || run(w));
+                }
+            });
+        }
         self.zones.push(grid);
     }
+}
 
-    /// One supercluster from a z-sorted chunk of at most 64 atoms: halves by z, quarters by y,
-    /// eighths by x (see the module docs).
-    fn add_supercluster(&mut self, zone: u8, chunk: &mut [(f32, u32)], atoms: &LocalAtoms) {
-        let pos = &atoms.positions;
-        let sc = self.super_bbox.len();
-        self.atom_index.resize((sc + 1) * SS, NBNXM_FILLER);
-        self.atom_type.resize((sc + 1) * SS, 0);
-        let mut sbox = BBox::EMPTY;
-        let (zlo, zhi) = chunk.split_at_mut(chunk.len().min(SS / 2));
-        for (zh, half) in [zlo, zhi].into_iter().enumerate() {
-            for e in half.iter_mut() {
-                e.0 = pos[e.1 as usize].y;
+/// A thread's share of a zone: its columns, and their superclusters' slots (atom, type), cluster
+/// boxes, supercluster boxes, and the columns' sort keys.
+type ColumnWork<'a> = (std::ops::Range<usize>, &'a mut [u32], &'a mut [u32], &'a mut [BBox], &'a mut [BBox], &'a mut [u64]);
+
+/// One supercluster from a z-sorted chunk of at most 64 atom keys (see the module docs: halves by
+/// z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns its box.
+fn fill_supercluster(chunk: &mut [u64], atoms: &LocalAtoms, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
+    let pos = &atoms.positions;
+    let mut sbox = BBox::EMPTY;
+    let (zlo, zhi) = chunk.split_at_mut(chunk.len().min(SS / 2));
+    for (zh, half) in [zlo, zhi].into_iter().enumerate() {
+        for e in half.iter_mut() {
+            *e = key(pos[atom_of(*e) as usize].y, atom_of(*e));
+        }
+        half.sort_unstable();
+        let (ylo, yhi) = half.split_at_mut(half.len().min(SS / 4));
+        for (yh, quarter) in [ylo, yhi].into_iter().enumerate() {
+            for e in quarter.iter_mut() {
+                *e = key(pos[atom_of(*e) as usize].x, atom_of(*e));
             }
-            half.sort_unstable_by(by_key);
-            let (ylo, yhi) = half.split_at_mut(half.len().min(SS / 4));
-            for (yh, quarter) in [ylo, yhi].into_iter().enumerate() {
-                for e in quarter.iter_mut() {
-                    e.0 = pos[e.1 as usize].x;
+            quarter.sort_unstable();
+            let (xlo, xhi) = quarter.split_at_mut(quarter.len().min(CL));
+            for (xh, cluster) in [xlo, xhi].into_iter().enumerate() {
+                let k = 4 * zh + 2 * yh + xh;
+                let mut cbox = BBox::EMPTY;
+                for (t, e) in cluster.iter().enumerate() {
+                    let i = atom_of(*e);
+                    let p = pos[i as usize];
+                    atom_index[k * CL + t] = i;
+                    atom_type[k * CL + t] = atoms.types[i as usize];
+                    cbox.include([p.x, p.y, p.z]);
                 }
-                quarter.sort_unstable_by(by_key);
-                let (xlo, xhi) = quarter.split_at_mut(quarter.len().min(CL));
-                for (xh, cluster) in [xlo, xhi].into_iter().enumerate() {
-                    let k = 4 * zh + 2 * yh + xh;
-                    let mut cbox = BBox::EMPTY;
-                    for (t, e) in cluster.iter().enumerate() {
-                        let slot = sc * SS + k * CL + t;
-                        let p = pos[e.1 as usize];
-                        self.atom_index[slot] = e.1;
-                        self.atom_type[slot] = atoms.types[e.1 as usize];
-                        cbox.include([p.x, p.y, p.z]);
-                    }
-                    sbox.union(&cbox);
-                    self.cluster_bbox.push(cbox);
-                }
+                sbox.union(&cbox);
+                cluster_bbox[k] = cbox;
             }
         }
-        // The loops above push clusters in k order: (zh, yh, xh) = 0..8.
-        debug_assert_eq!(self.cluster_bbox.len(), (sc + 1) * SC);
-        self.super_bbox.push(sbox);
-        self.super_zone.push(zone);
     }
+    sbox
 }
 
 #[cfg(test)]
@@ -342,6 +424,34 @@ mod tests {
             .sum::<f64>()
             / g.cluster_bbox.iter().filter(|b| !b.is_empty()).count() as f64;
         assert!(mean_edge < 0.8, "mean cluster edge {mean_edge} nm");
+    }
+
+    #[test]
+    fn the_grid_does_not_depend_on_the_thread_count() {
+        let (a, g) = grid_of(6000, 9);
+        for t in [2, 3, 7, 64] {
+            assert_eq!(ClusterGrid::build_with(&a, t).unwrap(), g, "{t} threads");
+        }
+        let s = MolecularSystem::generate(6000, 9).unwrap();
+        let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new([2, 2, 1]).unwrap(), 1.2).unwrap();
+        let local = LocalAtoms::from_plan(&plan, 1, &s.positions, &s.types).unwrap();
+        let one = ClusterGrid::build(&local).unwrap();
+        assert!(one.zones.len() > 1);
+        assert_eq!(ClusterGrid::build_with(&local, 5).unwrap(), one);
+    }
+
+    #[test]
+    fn sort_keys_order_like_total_cmp_then_the_atom() {
+        let vals = [-2.5f32, -0.0, 0.0, 1e-30, 3.0, f32::INFINITY, f32::NEG_INFINITY, -1e-30];
+        for &a in &vals {
+            for &b in &vals {
+                for (i, j) in [(1u32, 2u32), (2, 1), (5, 5)] {
+                    let want = a.total_cmp(&b).then(i.cmp(&j));
+                    assert_eq!(key(a, i).cmp(&key(b, j)), want, "{a} {i} vs {b} {j}");
+                }
+            }
+        }
+        assert_eq!(atom_of(key(1.5, 77)), 77);
     }
 
     #[test]

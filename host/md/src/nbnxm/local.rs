@@ -60,16 +60,19 @@ impl LocalAtoms {
         for (local, &id) in r.global_ids.iter().enumerate() {
             let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
             let w = wrap_position(*p, plan.box_size);
-            let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
             let mut p = [w.x, w.y, w.z];
             let mut zone = 0u8;
-            for &d in &decomposed {
-                if cell[d] != coords[d] {
-                    zone |= 1 << d;
-                }
-                // Only an atom that came around the periodic boundary has a lower cell index.
-                if cell[d] < coords[d] {
-                    p[d] += plan.box_size[d];
+            // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
+            if local >= r.home_atoms {
+                let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
+                for &d in &decomposed {
+                    if cell[d] != coords[d] {
+                        zone |= 1 << d;
+                    }
+                    // Only an atom that came around the periodic boundary has a lower cell index.
+                    if cell[d] < coords[d] {
+                        p[d] += plan.box_size[d];
+                    }
                 }
             }
             out.positions.push(Float3::new(p[0], p[1], p[2]));

@@ -26,16 +26,18 @@
 
 mod buffer;
 mod gpu;
+pub mod gpu_search;
 mod grid;
 mod kernel;
 mod local;
 mod pairlist;
 
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
-pub use gpu::{ListKind, NbnxmGpu, lj_table};
+pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
 pub use kernel::NbnxmKernel;
 pub use local::LocalAtoms;
+pub use gpu_search::fit;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
 use crate::decomp::PlanError;

@@ -79,17 +79,23 @@ impl ClusterPairList {
 
     /// Appends `words` for (`sci`, `shift`) as entries of at most `max_j` words, evenly split.
     fn push(&mut self, sci: usize, shift: u32, words: &[u32], max_j: usize) {
-        if words.is_empty() {
-            return;
-        }
-        let parts = words.len().div_ceil(max_j.max(1));
-        let size = words.len().div_ceil(parts);
-        for chunk in words.chunks(size) {
-            let start = self.j_list.len() as u32;
-            self.j_list.extend_from_slice(chunk);
-            self.entries.push(NbnxmEntry { sci: sci as u32, shift, j_start: start, j_end: self.j_list.len() as u32 });
-        }
+        self.entries.extend(split_entries(sci as u32, shift, self.j_list.len() as u32, words.len() as u32, max_j));
+        self.j_list.extend_from_slice(words);
     }
+}
+
+/// The entries of `count` words of (`sci`, `shift`) starting at word `start`: at most `max_j`
+/// words each, split evenly (the GPU search lays its lists out the same way).
+pub(crate) fn split_entries(sci: u32, shift: u32, start: u32, count: u32, max_j: usize) -> impl Iterator<Item = NbnxmEntry> {
+    let parts = count.div_ceil(max_j.max(1) as u32).max(1);
+    let size = count.div_ceil(parts).max(1);
+    (0..count.div_ceil(size)).map(move |k| NbnxmEntry { sci, shift, j_start: start + k * size, j_end: start + ((k + 1) * size).min(count) })
+}
+
+/// The squared list cutoff of the box tests: a hair larger than `rl²`, so that `f32` rounding of
+/// the boxes cannot drop a pair at `rl` (the host and the GPU search use this same value).
+pub(crate) fn list_cutoff2(rl: f32) -> f32 {
+    rl * rl * (1.0 + 1e-5)
 }
 
 /// Where the time of one search went.
@@ -123,7 +129,7 @@ impl PairSearch {
             return Err(NbnxmError::Setup(format!("list cutoff {} nm must be positive", opts.rlist)));
         }
         let t0 = Instant::now();
-        let grid = ClusterGrid::build(atoms)?;
+        let grid = ClusterGrid::build_with(atoms, opts.threads)?;
         let t1 = Instant::now();
         let (local, nonlocal) = search(&grid, opts);
         let timing = SearchTiming { grid: t1 - t0, lists: t1.elapsed() };
@@ -132,7 +138,7 @@ impl PairSearch {
 }
 
 /// Every allowed shift: `(index, vector)`, central first.
-fn shifts(grid: &ClusterGrid) -> Vec<(u32, [f32; 3])> {
+pub(crate) fn shifts(grid: &ClusterGrid) -> Vec<(u32, [f32; 3])> {
     let range = |d: usize| if grid.periodic[d] { vec![0i32, -1, 1] } else { vec![0] };
     let mut out = Vec::new();
     for &sz in &range(2) {
@@ -153,9 +159,8 @@ fn search(grid: &ClusterGrid, opts: &SearchOptions) -> (ClusterPairList, Cluster
     let n = grid.superclusters();
     let blocks = n.div_ceil(BLOCK);
     let shifts = shifts(grid);
-    // Squared list cutoff, a hair larger so that f32 rounding of the boxes cannot drop a pair at rlist.
     let rl = opts.rlist;
-    let rl2 = rl * rl * (1.0 + 1e-5);
+    let rl2 = list_cutoff2(rl);
     let run = |b: usize| search_block(grid, &shifts, rl, rl2, opts.max_j_per_entry, b * BLOCK..((b + 1) * BLOCK).min(n));
     let mut results: Vec<Option<[ClusterPairList; 2]>> = Vec::new();
     let threads = opts.threads.clamp(1, blocks.max(1));

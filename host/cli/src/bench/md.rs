@@ -1,0 +1,395 @@
+//! `halo md-bench`: ns/day of the whole MD step per transport. Every step is counted, search steps
+//! included: each repeat is `steps` consecutive steps (a whole number of list lifetimes) timed by
+//! the host clock from an idle GPU to an idle GPU; the median over repeats after a warm-up is
+//! reported, with the share of the time the search steps' host work took.
+
+use super::machine::MachineInfo;
+use super::stats::{Summary, ns_per_day};
+use crate::decomp::RankGrid;
+use crate::error::{HaloError, Result};
+use crate::exchange::{Placement, Transport};
+use halo_md::{MdConfig, MdRun};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct MdBenchConfig {
+    /// Timed steps per repeat (a multiple of `step.nstlist`).
+    pub steps: u64,
+    /// Timed repeats.
+    pub repeats: usize,
+    /// Untimed steps first (rounded up to a multiple of `step.nstlist`).
+    pub warmup: u64,
+    /// The step's options (lists, cutoff, time step, search).
+    pub step: crate::cli::StepArgs,
+    /// Plain steps replayed as CUDA graphs.
+    pub graph: bool,
+}
+
+impl MdBenchConfig {
+    /// Checks the step counts: `steps` a positive multiple of `nstlist`, at least one repeat.
+    pub fn validate(&self) -> Result<()> {
+        let nstlist = self.step.nstlist;
+        if nstlist == 0 || self.steps == 0 || self.steps % nstlist != 0 {
+            return Err(HaloError::InvalidInput(format!(
+                "--steps {} must be a positive multiple of --nstlist {nstlist} (so every repeat holds the same number of search steps)",
+                self.steps
+            )));
+        }
+        if self.repeats == 0 {
+            return Err(HaloError::InvalidInput("--repeats must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    fn md(&self, atoms: usize, grid: RankGrid, transport: Transport) -> MdConfig {
+        self.step.apply(MdConfig { transport, check_every: 0, energy_every: 0, graph: self.graph, ..MdConfig::new(atoms, grid) })
+    }
+}
+
+/// One transport at one size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MdBenchRow {
+    /// Transport name.
+    pub transport: String,
+    /// Atoms in the system.
+    pub atoms: usize,
+    /// GPUs the ranks ran on.
+    pub gpus: usize,
+    /// Rank grid.
+    pub ranks: String,
+    /// Median time per step over the repeats (µs, every step counted).
+    pub step_us_median: Option<f64>,
+    /// Fastest repeat (µs per step).
+    pub step_us_min: Option<f64>,
+    /// Slowest repeat (µs per step).
+    pub step_us_max: Option<f64>,
+    /// ns/day at the median step time.
+    pub ns_per_day: Option<f64>,
+    /// Timed steps per repeat.
+    pub steps: u64,
+    /// Timed repeats.
+    pub repeats: usize,
+    /// Untimed steps before.
+    pub warmup_steps: u64,
+    /// Always true: search steps are inside the timed steps.
+    pub search_included: bool,
+    /// Search steps per repeat.
+    pub searches_per_repeat: u64,
+    /// Median share of a repeat's time spent in the search steps' host work (0..1).
+    pub search_share: Option<f64>,
+    /// Host time of one search step (ms, mean over the timed ones).
+    pub search_ms: Option<f64>,
+    /// Of which: gather, plan, local atoms + grid (+ host lists), GPU lists, upload (ms, mean).
+    pub search_parts_ms: Option<[f64; 5]>,
+    /// Where the cluster-pair lists were searched: `gpu` or `host`.
+    pub list_search: String,
+    /// Whether plain steps were replayed as CUDA graphs.
+    pub graph: bool,
+    /// Steps between searches.
+    pub nstlist: u64,
+    /// Steps between prunes.
+    pub nstprune: u64,
+    /// Outer list cutoff (nm).
+    pub rlist: f32,
+    /// Inner list cutoff (nm).
+    pub rlist_inner: f32,
+    /// Interaction cutoff (nm).
+    pub cutoff: f32,
+    /// Time step (fs).
+    pub dt_fs: f64,
+    /// Home atoms of this process's ranks at the last search (rank 0's process).
+    pub home_atoms: usize,
+    /// Local atoms (home + halo), likewise.
+    pub local_atoms: usize,
+    /// Why it did not run, when it did not.
+    pub skipped: Option<String>,
+    /// Where it ran.
+    pub machine: MachineInfo,
+}
+
+/// Where the ranks run.
+pub struct Target<'a> {
+    /// The placement.
+    pub placement: &'a Placement,
+    /// GPUs in use.
+    pub gpus: usize,
+    /// The machine.
+    pub machine: &'a MachineInfo,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Measures `transport` at `atoms` on `grid`. A failure becomes a skipped row with the reason.
+pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: usize, transport: Transport) -> MdBenchRow {
+    let md = cfg.md(atoms, grid, transport);
+    let mut row = MdBenchRow {
+        transport: transport.name().to_string(),
+        atoms,
+        gpus: target.gpus,
+        ranks: grid.to_string(),
+        step_us_median: None,
+        step_us_min: None,
+        step_us_max: None,
+        ns_per_day: None,
+        steps: cfg.steps,
+        repeats: cfg.repeats,
+        warmup_steps: cfg.warmup.div_ceil(cfg.step.nstlist) * cfg.step.nstlist,
+        search_included: true,
+        searches_per_repeat: cfg.steps / cfg.step.nstlist,
+        search_share: None,
+        search_ms: None,
+        search_parts_ms: None,
+        list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
+        graph: cfg.graph,
+        nstlist: cfg.step.nstlist,
+        nstprune: cfg.step.nstprune,
+        rlist: 0.0,
+        rlist_inner: 0.0,
+        cutoff: cfg.step.cutoff,
+        dt_fs: f64::from(cfg.step.dt) * 1e3,
+        home_atoms: 0,
+        local_atoms: 0,
+        skipped: None,
+        machine: target.machine.clone(),
+    };
+    // Every PE measures the same rows in the same order, so a count names each row's all-gather
+    // alike everywhere (the rendezvous takes a tag once), even when a row fails.
+    static ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tag = format!("md-bench-times-{}", ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    if let Err(e) = measure_into(cfg, target, md, &mut row, &tag) {
+        row.skipped = Some(e.to_string());
+    }
+    row
+}
+
+fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
+    let mut run = MdRun::new(md, target.placement.clone())?;
+    row.rlist = run.setup().rlist;
+    row.rlist_inner = run.setup().rlist_inner;
+    let mut none = |_: u64, _: &halo_md::StepCheck| {};
+    run.run_steps(row.warmup_steps, &mut none)?;
+    run.synchronize()?;
+    let mut times = Vec::with_capacity(cfg.repeats);
+    let mut shares = Vec::with_capacity(cfg.repeats);
+    let before = run.outcome().search;
+    for _ in 0..cfg.repeats {
+        let searched = run.outcome().search.total;
+        let t = Instant::now();
+        run.run_steps(cfg.steps, &mut none)?;
+        run.synchronize()?;
+        let wall = t.elapsed();
+        times.push(wall.as_secs_f64() * 1e6 / cfg.steps as f64);
+        shares.push((run.outcome().search.total - searched).as_secs_f64() / wall.as_secs_f64());
+    }
+    let after = run.outcome().search;
+    let lists = run.outcome().lists;
+    run.finish()?;
+    // Across PEs: a repeat takes as long as its slowest PE.
+    let mine: Vec<f64> = times.iter().chain(&shares).copied().collect();
+    let all = target.placement.all_gather(tag, vec![bytemuck::cast_slice(&mine).to_vec()])?;
+    for b in &all {
+        let v: Vec<f64> = bytemuck::pod_collect_to_vec(b);
+        if v.len() != mine.len() {
+            return Err(HaloError::InvalidInput(format!("a PE reported {} timings, this one {}", v.len(), mine.len())));
+        }
+        for (k, t) in v[..times.len()].iter().enumerate() {
+            times[k] = times[k].max(*t);
+        }
+        for (k, s) in v[times.len()..].iter().enumerate() {
+            shares[k] = shares[k].max(*s);
+        }
+    }
+    let s = Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
+    row.step_us_median = Some(s.median);
+    row.step_us_min = Some(s.min);
+    row.step_us_max = Some(s.max);
+    row.ns_per_day = Some(ns_per_day(s.median * 1e-6, row.dt_fs));
+    row.search_share = Summary::of(&shares).map(|s| s.median);
+    let n = (after.count - before.count).max(1) as f64;
+    row.search_ms = Some(ms(after.total - before.total) / n);
+    let gpu_lists = if row.list_search == "gpu" { after.pairs - before.pairs } else { Duration::ZERO };
+    row.search_parts_ms = Some([
+        ms(after.gather - before.gather) / n,
+        ms(after.plan - before.plan) / n,
+        ms(after.lists - before.lists) / n,
+        ms(gpu_lists) / n,
+        ms(after.upload - before.upload) / n,
+    ]);
+    row.home_atoms = lists.home_atoms;
+    row.local_atoms = lists.local_atoms;
+    Ok(())
+}
+
+/// ns/day of `row` over the best host-orchestrated transport's at the same size and GPU count.
+pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> Option<f64> {
+    let best = rows
+        .iter()
+        .filter(|r| r.atoms == row.atoms && r.gpus == row.gpus && r.ranks == row.ranks)
+        .filter(|r| r.transport.parse::<Transport>().is_ok_and(|t| !t.gpu_initiated()))
+        .filter_map(|r| r.ns_per_day)
+        .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))?;
+    Some(row.ns_per_day? / best)
+}
+
+/// The transport, `+graph` when its plain steps were replayed as CUDA graphs.
+fn variant(r: &MdBenchRow) -> String {
+    if r.graph { format!("{}+graph", r.transport) } else { r.transport.clone() }
+}
+
+/// The rows as an aligned table with a header.
+pub fn table(rows: &[MdBenchRow]) -> String {
+    let mut s = String::new();
+    if let Some(r) = rows.first() {
+        let m = &r.machine;
+        let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; driver {}, CUDA {}", m.mode, m.gpus.join(", "), m.driver.as_deref().unwrap_or("?"), m.cuda_driver_api.as_deref().unwrap_or("?"));
+        let _ = writeln!(
+            s,
+            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs; {} steps x {} repeats after {} warm-up steps;",
+            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.steps, r.repeats, r.warmup_steps
+        );
+        let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
+    }
+    let header = ["atoms", "transport", "gpus", "ranks", "rlist nm", "step us", "ns/day", "search %", "ms/search", "vs host-orch."];
+    let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    for r in rows {
+        if let Some(why) = &r.skipped {
+            table.push(vec![r.atoms.to_string(), variant(r), r.gpus.to_string(), r.ranks.clone(), format!("skipped: {why}")]);
+            continue;
+        }
+        let cell = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
+        let step = match (r.step_us_median, r.step_us_min, r.step_us_max) {
+            (Some(a), Some(b), Some(c)) => format!("{a:.1} [{b:.1}-{c:.1}]"),
+            _ => "-".into(),
+        };
+        let vs = speedup_over_host_orchestrated(rows, r).filter(|_| r.transport.parse::<Transport>().is_ok_and(Transport::gpu_initiated));
+        table.push(vec![
+            r.atoms.to_string(),
+            variant(r),
+            r.gpus.to_string(),
+            r.ranks.clone(),
+            format!("{:.3}", r.rlist),
+            step,
+            cell(r.ns_per_day, 0),
+            cell(r.search_share.map(|v| 100.0 * v), 1),
+            cell(r.search_ms, 2),
+            vs.map_or_else(|| "-".into(), |v| format!("{v:.2}x")),
+        ]);
+    }
+    let cols = header.len();
+    let widths: Vec<usize> = (0..cols).map(|c| table.iter().filter(|r| r.len() == cols).map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    for row in &table {
+        let line: Vec<String> = if row.len() == cols {
+            row.iter()
+                .enumerate()
+                .map(|(c, cell)| if c == 1 || c == 3 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) })
+                .collect()
+        } else {
+            // Skipped rows: size, transport, GPUs and ranks aligned, then the reason.
+            row.iter().enumerate().map(|(c, cell)| if c < 4 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
+        };
+        let _ = writeln!(s, "{}", line.join("  ").trim_end());
+    }
+    let parts: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let [g, p, a, l, u] = r.search_parts_ms?;
+            Some(format!(
+                "  {} atoms, {}: gather {g:.2}, plan {p:.2}, local atoms + grid{} {a:.2}, GPU lists {l:.2}, upload {u:.2}",
+                r.atoms,
+                variant(r),
+                if r.list_search == "host" { " + host lists" } else { "" }
+            ))
+        })
+        .collect();
+    if !parts.is_empty() {
+        let _ = writeln!(s, "one search step's host time (ms, mean; the GPUs idle meanwhile):");
+        for p in parts {
+            let _ = writeln!(s, "{p}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(transport: &str, atoms: usize, us: f64) -> MdBenchRow {
+        MdBenchRow {
+            transport: transport.into(),
+            atoms,
+            gpus: 2,
+            ranks: "2x1x1".into(),
+            step_us_median: Some(us),
+            step_us_min: Some(us * 0.9),
+            step_us_max: Some(us * 1.1),
+            ns_per_day: Some(ns_per_day(us * 1e-6, 2.0)),
+            steps: 1000,
+            repeats: 5,
+            warmup_steps: 200,
+            search_included: true,
+            searches_per_repeat: 10,
+            search_share: Some(0.1),
+            search_ms: Some(0.6),
+            search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
+            list_search: "gpu".into(),
+            graph: false,
+            nstlist: 100,
+            nstprune: 10,
+            rlist: 1.482,
+            rlist_inner: 1.04,
+            cutoff: 1.0,
+            dt_fs: 2.0,
+            home_atoms: 22_500,
+            local_atoms: 31_000,
+            skipped: None,
+            machine: MachineInfo { mode: "2 PEs (NVSHMEM)".into(), gpus: vec!["H200".into(); 2], ..MachineInfo::default() },
+        }
+    }
+
+    #[test]
+    fn steps_must_hold_whole_list_lifetimes() {
+        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false };
+        cfg.validate().unwrap();
+        let e = MdBenchConfig { steps: 1050, ..cfg.clone() }.validate().unwrap_err().to_string();
+        assert!(e.contains("multiple of --nstlist 100"), "{e}");
+        assert!(MdBenchConfig { repeats: 0, ..cfg }.validate().is_err());
+    }
+
+    #[test]
+    fn the_speedup_is_over_the_best_host_orchestrated_transport_at_the_same_size() {
+        let mut skipped = row("fused", 45_000, 1.0);
+        skipped.skipped = Some("no".into());
+        skipped.ns_per_day = None;
+        let rows = vec![row("fused", 45_000, 50.0), row("staged", 45_000, 80.0), row("fused", 6000, 30.0), row("staged", 6000, 60.0)];
+        assert!((speedup_over_host_orchestrated(&rows, &rows[0]).unwrap() - 1.6).abs() < 1e-9);
+        assert!((speedup_over_host_orchestrated(&rows, &rows[2]).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(speedup_over_host_orchestrated(&rows[..1], &rows[0]), None, "no baseline measured");
+        let mut all = rows.clone();
+        all.push(skipped);
+        let t = table(&all);
+        assert!(t.contains("1.60x") && t.contains("2.00x"), "{t}");
+        assert!(t.contains("skipped: no"), "{t}");
+        assert!(t.contains("search steps included"), "{t}");
+        // 50 us per 2 fs step: 86400 / 50e-6 * 2e-6 = 3456 ns/day.
+        assert!(t.lines().any(|l| l.starts_with("45000") && l.contains("fused") && l.contains("3456") && l.contains("10.0")), "{t}");
+    }
+
+    #[test]
+    fn rows_serialise_with_the_fields_the_issue_names() {
+        let v: serde_json::Value = serde_json::to_value(vec![row("fused", 45_000, 50.0)]).unwrap();
+        let o = &v[0];
+        for key in ["transport", "atoms", "gpus", "step_us_median", "ns_per_day", "steps", "search_included", "machine"] {
+            assert!(o.get(key).is_some(), "missing {key}: {o}");
+        }
+        assert_eq!(o["search_included"], serde_json::Value::Bool(true));
+        let back: Vec<MdBenchRow> = serde_json::from_value(v).unwrap();
+        assert_eq!(back[0].atoms, 45_000);
+    }
+}

@@ -1,0 +1,134 @@
+//! `halo md-bench`: ns/day of the whole MD step per transport and system size, every step counted
+//! (search steps included). In one process on the visible GPUs (one rank per GPU), or under
+//! `halo launch -n N -- md-bench` with one PE per GPU (rank 0 prints; every rank gets the same
+//! options).
+
+use crate::bench::machine::MachineInfo;
+use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
+use anyhow::{Context, Result, bail};
+use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
+use halo::decomp::RankGrid;
+use halo::exchange::{Placement, Transport};
+use halo::gpu::{self, KernelModule};
+use halo::launch::RankEnv;
+use halo::session::PeSession;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct MdBenchArgs {
+    /// The step's options.
+    #[command(flatten)]
+    pub step: super::verify::StepArgs,
+    /// System sizes in atoms, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "6000,45000,180000")]
+    pub atoms: Vec<usize>,
+    /// Transports, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "fused,staged", value_parser = super::transport_parser())]
+    pub transport: Vec<Transport>,
+    /// Rank grid (default: one rank per GPU along x, e.g. 2x1x1; under `halo launch -n N`, Nx1x1).
+    #[arg(long)]
+    pub ranks: Option<RankGrid>,
+    /// GPUs to use in one process (default: all visible).
+    #[arg(long)]
+    pub gpus: Option<usize>,
+    /// Timed steps per repeat, a multiple of --nstlist (search steps included).
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u64,
+    /// Timed repeats (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Untimed warm-up steps (rounded up to a multiple of --nstlist).
+    #[arg(long, default_value_t = 200)]
+    pub warmup: u64,
+    /// Also run every GPU-initiated transport with its plain steps replayed as CUDA graphs.
+    #[arg(long)]
+    pub graph: bool,
+    /// Write the rows (a JSON list of objects) to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// NVSHMEM host library to use (default: discovered).
+    #[arg(long)]
+    pub nvshmem_lib: Option<PathBuf>,
+}
+
+impl MdBenchArgs {
+    fn config(&self) -> MdBenchConfig {
+        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false }
+    }
+}
+
+/// Every size and transport on `target`; returns the rows (printing progress when `print`).
+fn measure_all(args: &MdBenchArgs, target: &Target<'_>, grid: RankGrid, print: bool) -> Vec<MdBenchRow> {
+    let cfg = args.config();
+    let mut rows = Vec::new();
+    for &atoms in &args.atoms {
+        let variants = args.transport.iter().flat_map(|&t| {
+            let graph = (args.graph && t.gpu_initiated()).then_some((t, true));
+            [(t, false)].into_iter().chain(graph)
+        });
+        for (t, graph) in variants {
+            let row = md::measure(&MdBenchConfig { graph, ..cfg.clone() }, target, grid, atoms, t);
+            if print {
+                let name = if graph { format!("{t}+graph") } else { t.to_string() };
+                match (&row.skipped, row.step_us_median) {
+                    (Some(why), _) => eprintln!("md-bench: {atoms} atoms, {name}: skipped: {why}"),
+                    (None, Some(us)) => eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step"),
+                    _ => {}
+                }
+            }
+            rows.push(row);
+        }
+    }
+    rows
+}
+
+fn write(args: &MdBenchArgs, rows: &[MdBenchRow]) -> Result<()> {
+    print!("{}", md::table(rows));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(rows)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+pub fn run(args: MdBenchArgs) -> Result<()> {
+    args.config().validate()?;
+    if args.atoms.is_empty() || args.transport.is_empty() {
+        bail!("give at least one size (--atoms) and one transport (--transport)");
+    }
+    if let Some(env) = RankEnv::from_env().filter(|e| e.nranks > 1) {
+        let (rank, n) = (env.rank, env.nranks);
+        let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
+        if grid.num_ranks() != n {
+            bail!("--ranks {grid} has {} ranks but {n} processes were started: use `halo launch -n {}`", grid.num_ranks(), grid.num_ranks());
+        }
+        let device = env.device;
+        let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+        let placement = Placement::pe(&session, args.step.paths);
+        let devices = placement.all_gather("md-bench-devices", vec![(device as u64).to_le_bytes().to_vec()])?;
+        let mut distinct: Vec<&Vec<u8>> = devices.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        let machine = MachineInfo::collect(&format!("{n} PEs (NVSHMEM), one per GPU"), Some(session.nvshmem.version()));
+        let target = Target { placement: &placement, gpus: distinct.len(), machine: &machine };
+        let rows = measure_all(&args, &target, grid, rank == 0);
+        if rank == 0 {
+            write(&args, &rows)?;
+        }
+        return Ok(());
+    }
+    if let Some(reason) = gpu::gpu_unavailable_reason() {
+        bail!("halo md-bench needs an NVIDIA GPU: {reason}");
+    }
+    let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
+    let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
+    let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
+    let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
+    let placement = Placement::Local(modules).with_policy(args.step.paths);
+    let machine = MachineInfo::collect("one process", None);
+    let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), machine: &machine };
+    let rows = measure_all(&args, &target, grid, true);
+    write(&args, &rows)
+}

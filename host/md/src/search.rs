@@ -1,0 +1,148 @@
+//! The host part of a search step: the new decomposition of the whole system (the same on every
+//! process), and for each rank this process drives its local atoms, cluster grid, cluster-pair
+//! lists and home arrays, on host threads. The time of each part is kept.
+
+use crate::abi::Float3;
+use crate::decomp::{HaloPlan, RankGrid, wrap_position};
+use crate::error::{HaloError, Result};
+use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use crate::system::MolecularSystem;
+use std::time::{Duration, Instant};
+
+/// A rank's cluster grid, with the lists when the host searched them.
+pub enum RankLists {
+    /// Grid and both lists from the host search.
+    Host(PairSearch),
+    /// The grid only: the GPU searches the lists ([`crate::nbnxm::NbnxmGpu::update_on_gpu`]).
+    Gpu(ClusterGrid),
+}
+
+impl RankLists {
+    /// The cluster grid.
+    pub fn grid(&self) -> &ClusterGrid {
+        match self {
+            Self::Host(s) => &s.grid,
+            Self::Gpu(g) => g,
+        }
+    }
+}
+
+/// What one rank needs from a search: its grid (and lists) and its home atoms' arrays.
+pub struct RankSearch {
+    /// Global rank.
+    pub rank: usize,
+    /// Grid, and lists when searched on the host.
+    pub lists: RankLists,
+    /// Home coordinates (wrapped: what the exchange expects in `x[0..home)`).
+    pub home_x: Vec<Float3>,
+    /// Home velocities.
+    pub home_v: Vec<Float3>,
+    /// `1 / m` of the home atoms.
+    pub inv_mass: Vec<f32>,
+    /// Time to build the local atoms.
+    pub atoms_time: Duration,
+    /// Time to build the grid.
+    pub grid_time: Duration,
+    /// Time of the host search (zero when the GPU searches).
+    pub lists_time: Duration,
+}
+
+/// Where the time of search steps went (host clock, summed over search steps; the GPU is idle
+/// during all of it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SearchTimes {
+    /// Search steps.
+    pub count: u64,
+    /// Everything from the end of the previous step's GPU work to the first launch of the search
+    /// step (includes the parts below).
+    pub total: Duration,
+    /// Home atoms back into the system (device copies, barrier, host copies).
+    pub gather: Duration,
+    /// The halo plan of all ranks.
+    pub plan: Duration,
+    /// Local atoms, cluster grids and lists of this process's ranks (wall time; ranks in parallel).
+    pub lists: Duration,
+    /// Of which: local atoms, grid, lists (the slowest rank's).
+    pub atoms: Duration,
+    /// Cluster grid (slowest rank).
+    pub grid: Duration,
+    /// Cluster-pair lists: the slowest rank's host search, or the GPU searches (both passes, the
+    /// grid's upload and the host's layout between them).
+    pub pairs: Duration,
+    /// Exchange replan (or rebuild) and the other uploads.
+    pub upload: Duration,
+}
+
+impl SearchTimes {
+    /// Adds another search's times.
+    pub fn add(&mut self, o: &SearchTimes) {
+        self.count += o.count;
+        self.total += o.total;
+        self.gather += o.gather;
+        self.plan += o.plan;
+        self.lists += o.lists;
+        self.atoms += o.atoms;
+        self.grid += o.grid;
+        self.pairs += o.pairs;
+        self.upload += o.upload;
+    }
+}
+
+/// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist` on
+/// `threads` host threads.
+pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup, threads: usize) -> Result<HaloPlan> {
+    for p in &mut system.positions {
+        *p = wrap_position(*p, system.box_size);
+    }
+    HaloPlan::build_on(system, grid, setup.rlist, threads).map_err(|e| HaloError::InvalidInput(e.to_string()))
+}
+
+/// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each rank
+/// in `ranks`, built in parallel: the ranks share `threads` host threads (each rank's list build
+/// gets its share).
+pub fn rank_searches(
+    plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, threads: usize, gpu_lists: bool,
+) -> Result<Vec<RankSearch>> {
+    let per_rank = (threads / ranks.len().max(1)).max(1);
+    let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
+    let one = |rank: usize| -> Result<RankSearch> {
+        let t = Instant::now();
+        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(bad)?;
+        let atoms_time = t.elapsed();
+        let (lists, grid_time, lists_time) = if gpu_lists {
+            let t = Instant::now();
+            let grid = ClusterGrid::build_with(&atoms, per_rank).map_err(bad)?;
+            (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
+        } else {
+            let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };
+            let search = PairSearch::build(&atoms, &opts).map_err(bad)?;
+            let (g, l) = (search.timing.grid, search.timing.lists);
+            (RankLists::Host(search), g, l)
+        };
+        let r = &plan.ranks[rank];
+        let home_ids = &r.global_ids[..r.home_atoms];
+        Ok(RankSearch {
+            rank,
+            home_x: atoms.positions[..r.home_atoms].to_vec(),
+            home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
+            inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
+            lists,
+            atoms_time,
+            grid_time,
+            lists_time,
+        })
+    };
+    if ranks.len() == 1 {
+        return Ok(vec![one(ranks[0])?]);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks.iter().map(|&r| s.spawn(move || one(r))).collect();
+        // A search thread cannot panic short of a bug; propagate it if one does.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
+/// The default number of search threads: one per core, at most 16.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+}
