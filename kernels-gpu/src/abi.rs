@@ -581,6 +581,6 @@ const _: () = {
     assert!(NBNXM_SUPER_SIZE == 64);
     // The table starts 8-byte aligned, each warp's partials 16-byte aligned, and the largest force
     // block fits the 48 KiB of dynamic shared memory a launch gets without opting in.
-    assert!(NBNXM_TABLE_OFFSET % 16 == 0 && NBNXM_PARTIAL_FLOATS % 4 == 0);
+    assert!(NBNXM_TABLE_OFFSET.is_multiple_of(16) && NBNXM_PARTIAL_FLOATS.is_multiple_of(4));
     assert!(nbnxm_force_shared_bytes(NBNXM_MAX_TYPES, NBNXM_MAX_WARPS_PER_ENTRY) <= 48 * 1024);
 };
