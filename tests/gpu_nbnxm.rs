@@ -196,19 +196,26 @@ fn long_and_short_entries() {
     decomposed_system("nbnxm_6000_one_word_entries", &sys, [2, 1, 1], &[0], 1);
 }
 
-/// Five atom types with random σ and ε (the table lookup by type pair, rows of 5), random types.
-#[test]
-fn five_random_atom_types() {
+/// A 6,000-atom system with `ntypes` atom types of random σ and ε, the atoms' types random.
+fn random_types(ntypes: u8, seed: u64) -> MolecularSystem {
     use rand::{Rng, SeedableRng};
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut sys = MolecularSystem::generate(6000, 23).unwrap();
-    sys.atom_types = (0..5)
+    sys.atom_types = (0..ntypes)
         .map(|k| AtomType { name: format!("T{k}"), mass: 12.0 + 4.0 * rng.random::<f64>(), sigma: 0.17 + 0.03 * rng.random::<f64>(), epsilon: 0.3 + 0.6 * rng.random::<f64>() })
         .collect();
     for t in &mut sys.types {
-        *t = rng.random_range(0..5u8);
+        *t = rng.random_range(0..ntypes);
     }
-    decomposed_system("nbnxm_6000_five_types", &sys, [2, 1, 1], &[0, 1], 32);
+    sys
+}
+
+/// Five atom types (the table lookup by type pair, rows of 5), and the most the shared-memory
+/// table takes, 32 (the partials of 16 warps then start after an 8 KiB table).
+#[test]
+fn random_atom_types() {
+    decomposed_system("nbnxm_6000_five_types", &random_types(5, 99), [2, 1, 1], &[0, 1], 32);
+    decomposed_system("nbnxm_6000_32_types", &random_types(32, 7), [2, 1, 1], &[0], 32);
 }
 
 /// Hand-placed atoms in a 4 nm box (all home, every dimension periodic).

@@ -11,8 +11,8 @@
 //! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
 //! and add forces into the exchange's force array, so nothing is scattered after them. Each launch
 //! runs one block of `32 W` threads per list entry, `W` from [`WarpsPerEntry`] (by default its rule
-//! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously: no launch of this
-//! object may still be running).
+//! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
+//! (synchronously: no launch of this object may still be running).
 
 use super::pairlist::{ClusterPairList, PairSearch};
 use super::{ListSetup, NbnxmError, NbnxmKernel, WarpsPerEntry};
