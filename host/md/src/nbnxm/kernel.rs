@@ -75,9 +75,9 @@ pub enum WarpsPerEntry {
 impl WarpsPerEntry {
     /// Environment variable fixing the count for a run (`1` to `16`, or `auto`).
     pub const ENV: &'static str = "HALO_NBNXM_WARPS";
-    /// Warps per multiprocessor that [`Self::auto`] aims a launch at: a bit more than the 24 to 28
-    /// warps of these kernels that fit on one at once (80 registers per thread), so that one wave
-    /// fills the GPU and the blocks that finish early are replaced.
+    /// Warps per multiprocessor that [`Self::auto`] aims a launch at: a bit more than the 24 warps
+    /// of these kernels that fit on one at once (80 registers per thread), so that one wave fills
+    /// the GPU and the blocks that finish early are replaced.
     pub const TARGET_WARPS_PER_SM: usize = 32;
     /// The most [`Self::auto`] picks: each warp of a 32-word entry then still walks 4 words, enough
     /// to pay for its share of the staging and the final reduction.
