@@ -1,12 +1,15 @@
 //! The cluster-pair (nbnxm) kernels against the `f64` CPU reference of the same lists
 //! (`md_reference::cluster_list_forces`): forces and potential-shifted energy, with and without the
 //! GPU prune, at 6,000 and 45,000 atoms, on one rank and on ranks with a halo (from the existing
-//! decomposition), with two and five atom types, short and long list entries, plus edge inputs
-//! (no list, one padded cluster, atoms exactly at the cutoff). Every kernel design
-//! ([`NbnxmKernel::ALL`]) runs every check, also on lists from the GPU search, which must first
-//! equal the host's word for word. Outputs are poisoned: forces start from known nonzero
-//! values with NaN guards after the array, the energy accumulator starts at 1000, the inner list
-//! at all ones. `kernel_times` prints every design's GPU times as a table (no assertion on them).
+//! decomposition), with two and five atom types, entries of 1, 5, 32 and up to 100 words, plus
+//! edge inputs (no list, one padded cluster, atoms exactly at the cutoff). Every kernel design
+//! ([`NbnxmKernel::ALL`]) runs every check with every warp count of [`warp_counts`] (1 to 16 warps
+//! per entry, 3 among them, and the host's rule), also on lists from the GPU search, which must
+//! first equal the host's word for word; so the interleaved share of each warp is checked
+//! with more warps than words, with one word per warp and with several rounds of 32 words per warp.
+//! Outputs are poisoned: forces start from known nonzero values with NaN guards after the array,
+//! the energy accumulator starts at 1000, the inner list at all ones. `kernel_times` prints every
+//! design's and warp count's GPU times as a table (no assertion on them).
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid};
@@ -14,7 +17,7 @@ use halo::gpu::{CudaContext, DeviceBuffer, DeviceMemory, KernelModule};
 use halo::system::{AtomType, MolecularSystem};
 use halo::testing::gpu_or_skip;
 use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
-use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, lj_table};
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry, lj_table};
 use std::sync::Arc;
 
 /// Relative force tolerance, as `halo verify`: of max(|F| of the atom, RMS force).
@@ -35,13 +38,21 @@ fn gpu(test: &str) -> Option<Gpu> {
     Some(Gpu { ctx: g.ctx, module: Arc::new(g.module) })
 }
 
+/// Every warp count the checks run: the host's rule, and fixed counts from 1 to the most a launch
+/// takes, with 3 (not a power of two) among them.
+fn warp_counts() -> Vec<WarpsPerEntry> {
+    let mut v = vec![WarpsPerEntry::Auto];
+    v.extend([1, 2, 3, 4, 8, 16].map(WarpsPerEntry::Fixed));
+    v
+}
+
 fn table_f64(sys: &MolecularSystem) -> Vec<(f64, f64)> {
     let n = sys.atom_types.len();
     (0..n * n).map(|k| sys.lj_pair(k / n, k % n)).map(|p| (p.c6, p.c12)).collect()
 }
 
-/// Runs both lists of one rank on the GPU with every kernel design (optionally pruning first) and
-/// compares forces, energy and (when pruned) the inner lists with the references.
+/// Runs both lists of one rank on the GPU with every kernel design and warp count (optionally
+/// pruning first) and compares forces, energy and (when pruned) the inner lists with the references.
 #[allow(clippy::too_many_arguments)]
 fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize) {
     check_with(test, g, sys, atoms, coords, setup, prune, max_j, false)
@@ -94,9 +105,11 @@ fn check_with(
     let bounds = [inner_bounds(&search.local), inner_bounds(&search.nonlocal)];
     let outer = [&search.local.j_list, &search.nonlocal.j_list];
 
-    for kernel in NbnxmKernel::ALL {
-        let test = format!("{test} [{kernel}]");
-        nb.set_kernel(kernel).unwrap();
+    for (kernel, warps) in NbnxmKernel::ALL.into_iter().flat_map(|k| warp_counts().into_iter().map(move |w| (k, w))) {
+        nb.set_kernel(kernel);
+        nb.set_warps(warps).unwrap();
+        let used = [ListKind::Local, ListKind::NonLocal].map(|k| nb.warps_per_entry(k));
+        let test = format!("{test} [{kernel}, {warps} warps: {used:?}]");
         // Forces start at known values; the guard entries after the array are NaN and must stay so.
         let start: Vec<Float3> = (0..n + GUARD)
             .map(|i| if i < n { Float3::new(0.5 * (i % 7) as f32, -0.25 * (i % 5) as f32, 1.0) } else { Float3::new(f32::NAN, f32::NAN, f32::NAN) })
@@ -194,28 +207,47 @@ fn two_ranks_45000_atoms_with_a_halo() {
     decomposed("nbnxm_45000_2x1x1", 45_000, [2, 1, 1], &[0, 1]);
 }
 
-/// Entries longer than the 32 words one round of the tiled kernels loads (several rounds), and
-/// entries of 5 words (many warps, partial rounds).
+/// Entries of up to 100 words (a warp of one or two walks several rounds of 32), of 5 words and of
+/// one word (most warps of a block get none).
 #[test]
 fn long_and_short_entries() {
     let sys = MolecularSystem::generate(6000, 17).unwrap();
+    let s = setup(1.0, 0.2);
+    let plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), s.rlist).unwrap();
+    let local = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
+    // The lists must hold what the test is about: entries longer than 64 words (three rounds with
+    // one warp, two with two), and of exactly one word.
+    let longest = |max_j: usize| {
+        let search = PairSearch::build(&local, &SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(s.rlist) }).unwrap();
+        search.local.entries.iter().chain(&search.nonlocal.entries).map(|e| e.j_end - e.j_start).max().unwrap_or(0)
+    };
+    assert!(longest(100) > 64, "no entry of more than 64 words: {}", longest(100));
+    assert_eq!(longest(1), 1);
     decomposed_system("nbnxm_6000_long_entries", &sys, [2, 1, 1], &[0], 100);
     decomposed_system("nbnxm_6000_short_entries", &sys, [1, 1, 1], &[0], 5);
+    decomposed_system("nbnxm_6000_one_word_entries", &sys, [2, 1, 1], &[0], 1);
 }
 
-/// Five atom types with random σ and ε (the table lookup by type pair, rows of 5), random types.
-#[test]
-fn five_random_atom_types() {
+/// A 6,000-atom system with `ntypes` atom types of random σ and ε, the atoms' types random.
+fn random_types(ntypes: u8, seed: u64) -> MolecularSystem {
     use rand::{Rng, SeedableRng};
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut sys = MolecularSystem::generate(6000, 23).unwrap();
-    sys.atom_types = (0..5)
+    sys.atom_types = (0..ntypes)
         .map(|k| AtomType { name: format!("T{k}"), mass: 12.0 + 4.0 * rng.random::<f64>(), sigma: 0.17 + 0.03 * rng.random::<f64>(), epsilon: 0.3 + 0.6 * rng.random::<f64>() })
         .collect();
     for t in &mut sys.types {
-        *t = rng.random_range(0..5u8);
+        *t = rng.random_range(0..ntypes);
     }
-    decomposed_system("nbnxm_6000_five_types", &sys, [2, 1, 1], &[0, 1], 32);
+    sys
+}
+
+/// Five atom types (the table lookup by type pair, rows of 5), and the most the shared-memory
+/// table takes, 32 (the partials of 16 warps then start after an 8 KiB table).
+#[test]
+fn random_atom_types() {
+    decomposed_system("nbnxm_6000_five_types", &random_types(5, 99), [2, 1, 1], &[0, 1], 32);
+    decomposed_system("nbnxm_6000_32_types", &random_types(32, 7), [2, 1, 1], &[0], 32);
 }
 
 #[test]
@@ -300,7 +332,7 @@ fn edge_inputs() {
     let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
     let stream = g.ctx.new_stream().unwrap();
     for kernel in NbnxmKernel::ALL {
-        nb.set_kernel(kernel).unwrap();
+        nb.set_kernel(kernel);
         let f = DeviceBuffer::from_host(&g.ctx, &vec![Float3::new(1.0, 2.0, 3.0); atoms.len()]).unwrap();
         nb.forces(ListKind::NonLocal, &x, &f, &stream, true).unwrap();
         stream.synchronize().unwrap();
@@ -310,18 +342,27 @@ fn edge_inputs() {
         let short = DeviceBuffer::<Float3>::zeroed(&g.ctx, 10).unwrap();
         assert!(nb.forces(ListKind::Local, &short, &f, &stream, false).is_err(), "{kernel}");
     }
+    // Warp counts a launch cannot take are refused before any launch.
+    for bad in [0, 17] {
+        let e = nb.set_warps(WarpsPerEntry::Fixed(bad)).unwrap_err().to_string();
+        assert!(e.contains("1 to 16"), "{e}");
+    }
+    // More atom types than the shared-memory table holds: a clear error, not a failed launch.
+    let many = vec![[0.0f32; 2]; 33 * 33];
+    let e = NbnxmGpu::new(g.module.clone(), &search, &many, &setup(1.0, 0.1), sys.box_size).err().expect("33 types accepted").to_string();
+    assert!(e.contains("at most 32 atom types"), "{e}");
 }
 
 /// Median GPU time (µs) of `reps` launches of `body`, each between its own pair of CUDA events,
-/// after 3 warm-up launches.
-fn median_us(g: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, reps: usize, body: &mut dyn FnMut()) -> f64 {
+/// after 3 warm-up launches. When the kernel is shorter than the host's launch latency the GPU
+/// waits for each launch, and the time includes that wait.
+fn per_launch_us(g: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, reps: usize, body: &mut dyn FnMut()) -> f64 {
     for _ in 0..3 {
         body();
     }
-    let event = || g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
     let marks: Vec<_> = (0..reps)
         .map(|_| {
-            let (a, b) = (event(), event());
+            let (a, b) = (event(g), event(g));
             a.record(stream).unwrap();
             body();
             b.record(stream).unwrap();
@@ -334,82 +375,156 @@ fn median_us(g: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, reps: usize, bod
     t[t.len() / 2]
 }
 
-/// GPU times of every kernel design: 6,000, 45,000 and 180,000 atoms, one rank and rank 0 of
-/// 2x1x1, buffers from the drift estimate (nstlist 100, nstprune 10, 0.005 kJ/mol/ps per atom),
-/// and at 45,000 atoms also the buffers measured before it (rlist 1.482 nm, inner 1.039 nm).
-/// Per list: prune, forces on the inner list, forces and energy; for `xq` the gather alone too
-/// (its forces and prune include one). Medians of 25 launches; a table at the end.
+fn event(g: &Gpu) -> cudarc::driver::CudaEvent {
+    g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap()
+}
+
+/// How long the GPU is held before a back-to-back series, so that the host has queued the whole
+/// series before the first launch runs.
+const HOLD_NS: u64 = 3_000_000;
+
+/// GPU time (µs) per launch of `reps` launches of `body` back to back between one pair of CUDA
+/// events, queued behind a [`HOLD_NS`] spin on the same stream: the GPU runs them one after the
+/// other without waiting for the host (as in the MD step, whose launches are queued ahead). The
+/// flag is false when the host took longer to queue them than the spin lasted (then the time may
+/// include host latency).
+fn back_to_back_us(g: &Gpu, stream: &Arc<cudarc::driver::CudaStream>, reps: usize, body: &mut dyn FnMut()) -> (f64, bool) {
+    body();
+    let (a, b) = (event(g), event(g));
+    halo::kernels::spin_delay(&g.module, stream, HOLD_NS).unwrap();
+    let queued = std::time::Instant::now();
+    a.record(stream).unwrap();
+    for _ in 0..reps {
+        body();
+    }
+    b.record(stream).unwrap();
+    let hidden = queued.elapsed().as_nanos() < u128::from(HOLD_NS) * 8 / 10;
+    stream.synchronize().unwrap();
+    (f64::from(a.elapsed_ms(&b).unwrap()) * 1e3 / reps as f64, hidden)
+}
+
+/// One list's times for one design and warp count: `[prune, forces, forces + energy]`, per launch
+/// between its own events and back to back.
+struct Times {
+    kernel: NbnxmKernel,
+    warps: u32,
+    per_launch: [f64; 3],
+    back_to_back: [f64; 3],
+    hidden: bool,
+}
+
+/// GPU times of both designs at every warp count from 1 to 16 (powers of two): 6,000, 45,000 and
+/// 180,000 atoms, one rank and rank 0 of 2x1x1, buffers from the drift estimate (nstlist 100,
+/// nstprune 10, 0.005 kJ/mol/ps per atom). Per list: prune, forces on the inner list, forces and
+/// energy, each timed two ways (see [`per_launch_us`] and [`back_to_back_us`]), 25 launches each.
+/// Prints one table (a row per list, design, kernel and timing; a column per warp count, the
+/// host rule's count marked `*`), then per list the fastest design and warp count of the forces
+/// (back to back) beside the rule's.
 #[test]
 fn kernel_times() {
     let Some(g) = gpu("nbnxm_times") else { return };
-    let mut rows = Vec::new();
-    let mut configs: Vec<(usize, [usize; 3], &str)> = Vec::new();
+    const WARPS: [u32; 5] = [1, 2, 4, 8, 16];
+    const REPS: usize = 25;
+    let mut table = Vec::new();
+    let mut summary = Vec::new();
     for atoms in [6_000, 45_000, 180_000] {
-        for dims in [[1, 1, 1], [2, 1, 1]] {
-            configs.push((atoms, dims, "drift"));
-        }
-    }
-    configs.push((45_000, [1, 1, 1], "old"));
-    configs.push((45_000, [2, 1, 1], "old"));
-    for (atoms, dims, buffers) in configs {
         let sys = MolecularSystem::generate(atoms, 13).unwrap();
-        let s = match buffers {
-            "old" => ListSetup::new(1.0, 100, 1.482, 10, 1.039).unwrap(),
-            _ => ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap(),
-        };
-        let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
-        let atoms_local = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
-        let search = PairSearch::build(&atoms_local, &SearchOptions::new(s.rlist)).unwrap();
-        let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &s, sys.box_size).unwrap();
-        let x = DeviceBuffer::from_host(&g.ctx, &atoms_local.positions).unwrap();
-        let f = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms_local.len()).unwrap();
-        let stream = g.ctx.new_stream().unwrap();
-        eprintln!(
-            "nbnxm_times {atoms} atoms {dims:?} ({buffers} buffers): rlist {:.3} nm, rlist_inner {:.3} nm, {} local atoms ({} home), host search {:.1} ms",
-            s.rlist,
-            s.rlist_inner,
-            atoms_local.len(),
-            atoms_local.home,
-            (search.timing.grid + search.timing.lists).as_secs_f64() * 1e3
-        );
-        for kind in [ListKind::Local, ListKind::NonLocal] {
-            if nb.entries(kind) == 0 {
-                continue;
-            }
-            let outer = match kind {
-                ListKind::Local => search.local.cluster_pairs(),
-                ListKind::NonLocal => search.nonlocal.cluster_pairs(),
-            };
-            let mut inner = 0;
-            for kernel in NbnxmKernel::ALL {
-                nb.set_kernel(kernel).unwrap();
-                let gather = if kernel == NbnxmKernel::Xq {
-                    format!("{:.1}", median_us(&g, &stream, 25, &mut || {
-                        nb.coordinates(kind, &x, &stream).unwrap();
-                    }))
-                } else {
-                    "-".into()
-                };
-                let prune = median_us(&g, &stream, 25, &mut || nb.prune(kind, &x, &stream).unwrap());
-                inner = nb.read_j_list(kind, true).unwrap().iter().map(|w| (w & MASK).count_ones() as usize).sum::<usize>();
-                let forces = median_us(&g, &stream, 25, &mut || nb.forces(kind, &x, &f, &stream, false).unwrap());
-                let energy = median_us(&g, &stream, 25, &mut || nb.forces(kind, &x, &f, &stream, true).unwrap());
-                let pairs_per_s = (inner * 64) as f64 / (forces * 1e-6);
-                rows.push(format!(
-                    "{atoms:>7} {:>5} {buffers:>5} {:>8} {kernel:>8} {:>8} {:>8} {prune:>8.1} {forces:>8.1} {energy:>8.1} {gather:>7} {:>7.2}",
-                    format!("{}x{}x{}", dims[0], dims[1], dims[2]),
-                    format!("{kind:?}"),
-                    outer,
-                    inner,
-                    pairs_per_s / 1e12
+        let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        for dims in [[1, 1, 1], [2, 1, 1]] {
+            let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
+            let atoms_local = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
+            let search = PairSearch::build(&atoms_local, &SearchOptions::new(s.rlist)).unwrap();
+            let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &s, sys.box_size).unwrap();
+            let x = DeviceBuffer::from_host(&g.ctx, &atoms_local.positions).unwrap();
+            let f = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms_local.len()).unwrap();
+            let stream = g.ctx.new_stream().unwrap();
+            let dims_s = format!("{}x{}x{}", dims[0], dims[1], dims[2]);
+            eprintln!(
+                "nbnxm_times {atoms} atoms {dims_s}: rlist {:.3} nm, rlist_inner {:.3} nm, {} local atoms ({} home), host search {:.1} ms",
+                s.rlist,
+                s.rlist_inner,
+                atoms_local.len(),
+                atoms_local.home,
+                (search.timing.grid + search.timing.lists).as_secs_f64() * 1e3
+            );
+            for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
+                if list.is_empty() {
+                    continue;
+                }
+                nb.set_warps(WarpsPerEntry::Auto).unwrap();
+                let auto = nb.warps_per_entry(kind);
+                let mut inner = 0;
+                let mut times = Vec::new();
+                for kernel in NbnxmKernel::ALL {
+                    nb.set_kernel(kernel);
+                    for w in WARPS {
+                        nb.set_warps(WarpsPerEntry::Fixed(w)).unwrap();
+                        let mut t = Times { kernel, warps: w, per_launch: [0.0; 3], back_to_back: [0.0; 3], hidden: true };
+                        for k in 0..3 {
+                            // The prune first: the force kernels then run on the inner list.
+                            let mut body = || match k {
+                                0 => nb.prune(kind, &x, &stream).unwrap(),
+                                _ => nb.forces(kind, &x, &f, &stream, k == 2).unwrap(),
+                            };
+                            t.per_launch[k] = per_launch_us(&g, &stream, REPS, &mut body);
+                            let (b2b, hidden) = back_to_back_us(&g, &stream, REPS, &mut body);
+                            t.back_to_back[k] = b2b;
+                            t.hidden &= hidden;
+                        }
+                        inner = nb.read_j_list(kind, true).unwrap().iter().map(|w| (w & MASK).count_ones() as usize).sum::<usize>();
+                        times.push(t);
+                    }
+                }
+                let words = list.j_list.len();
+                let head = format!("{atoms:>7} {dims_s:>5} {:>8} {:>6} {:>7}", format!("{kind:?}"), list.entries.len(), words);
+                for kernel in NbnxmKernel::ALL {
+                    let mine: Vec<&Times> = times.iter().filter(|t| t.kernel == kernel).collect();
+                    for (k, what) in ["prune", "forces", "+energy"].into_iter().enumerate() {
+                        for (timing, pick) in [("b2b", true), ("event", false)] {
+                            let cells: String = mine
+                                .iter()
+                                .map(|t| {
+                                    let v = if pick { t.back_to_back[k] } else { t.per_launch[k] };
+                                    let mark = if t.warps == auto { "*" } else { " " };
+                                    let flag = if pick && !t.hidden { "!" } else { " " };
+                                    format!(" {v:>7.1}{mark}{flag}")
+                                })
+                                .collect();
+                            table.push(format!("{head} {kernel:>4} {what:>8} {timing:>5}{cells}"));
+                        }
+                    }
+                }
+                let best = times.iter().min_by(|a, b| a.back_to_back[1].total_cmp(&b.back_to_back[1])).unwrap();
+                let best_prune = times.iter().min_by(|a, b| a.back_to_back[0].total_cmp(&b.back_to_back[0])).unwrap();
+                let at_auto = |k: NbnxmKernel, i: usize| times.iter().find(|t| t.kernel == k && t.warps == auto).map_or(f64::NAN, |t| t.back_to_back[i]);
+                let (auto_f, auto_p) = (at_auto(NbnxmKernel::DEFAULT, 1), at_auto(NbnxmKernel::DEFAULT, 0));
+                summary.push(format!(
+                    "nbnxm_times best {atoms} {dims_s} {kind:?} ({} entries, {inner} inner cluster pairs): forces {} W={} {:.1} us ({:.2} Tpair/s), prune {} W={} {:.1} us; \
+                     the rule's W={auto} with the default {}: forces {auto_f:.1} us ({:+.0}%), prune {auto_p:.1} us ({:+.0}%)",
+                    list.entries.len(),
+                    best.kernel,
+                    best.warps,
+                    best.back_to_back[1],
+                    (inner * 64) as f64 / (best.back_to_back[1] * 1e-6) / 1e12,
+                    best_prune.kernel,
+                    best_prune.warps,
+                    best_prune.back_to_back[0],
+                    NbnxmKernel::DEFAULT,
+                    100.0 * (auto_f / best.back_to_back[1] - 1.0),
+                    100.0 * (auto_p / best_prune.back_to_back[0] - 1.0),
                 ));
             }
-            eprintln!("nbnxm_times {atoms} {dims:?} {kind:?}: {} entries, {outer} outer / {inner} inner cluster pairs", nb.entries(kind));
         }
     }
-    eprintln!("nbnxm_times: medians of 25 launches (us); pairs: 8x8 cluster pairs; Tpair/s: inner atom pairs evaluated per second by the forces");
-    eprintln!("  atoms  dims   buf     list   kernel    outer    inner    prune   forces  +energy  gather Tpair/s");
-    for r in &rows {
+    eprintln!("nbnxm_times: GPU time per launch (us), a column per warp count W (block = 32 W threads per list entry); * = the host rule's W for the list.");
+    eprintln!("  b2b: {REPS} launches back to back between ONE pair of events, queued behind a {} ms spin so that the host's launch latency is hidden (as in the MD step); total / {REPS}. `!`: the host took longer to queue them than the spin (latency not hidden).", HOLD_NS / 1_000_000);
+    eprintln!("  event: each launch between its own pair of events, median of {REPS}: includes the host's launch latency whenever the GPU waits for the launch.");
+    let header: String = WARPS.iter().map(|w| format!(" {:>9}", format!("W={w}"))).collect();
+    eprintln!("{:>7} {:>5} {:>8} {:>6} {:>7} {:>4} {:>8} {:>5}{header}", "atoms", "dims", "list", "blocks", "words", "kern", "kernel", "time");
+    for r in &table {
+        eprintln!("{r}");
+    }
+    for r in &summary {
         eprintln!("{r}");
     }
 }

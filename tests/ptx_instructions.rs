@@ -235,46 +235,42 @@ fn ptxas_reports_no_spills() {
 #[test]
 fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
     let b = entries(&ptx_text());
-    let tiled_forces: Vec<&str> = abi::NBNXM_TILED.iter().flat_map(|t| [t[0], t[1]]).collect();
-    // Butterfly shuffles for the j- and i-force reductions, the fast reciprocal, fused multiply-adds,
-    // i-atoms staged in shared memory behind a warp barrier, relaxed atomic force adds.
-    for &k in [abi::NBNXM_FORCES, abi::NBNXM_FORCES_ENERGY].iter().chain(&tiled_forces) {
-        assert_lowers(&b, k, &[
-            "shfl.sync.bfly.b32",
-            "rcp.approx.ftz.f32",
-            "fma.rn.f32",
-            "st.shared.v4",
-            "ld.shared.v4",
-            "bar.warp.sync",
-            "red.relaxed.gpu.global.add.f32",
-        ]);
-        assert!(!b[k].contains("div.rn.f32"), "{k}: an IEEE division in the pair loop");
-        // No atomic per pair: the adds are the 9 of the i- and j-force reductions, not one per pair.
-        let atomics = b[k].matches("red.relaxed.gpu.global.add.f32").count();
-        assert!(atomics <= 9, "{k}: {atomics} force atomics");
-    }
-    for t in abi::NBNXM_TILED {
-        // The tiled design: j-list words by ballot and broadcast, the LJ table in shared memory
-        // (one 8-byte load per pair: 16 pairs of the unrolled i-cluster loop, on the common path and
-        // on the self-cluster-pair path), loaded behind a block barrier.
-        for k in [t[0], t[1]] {
-            assert_lowers(&b, k, &["vote.sync.ballot.b32", "shfl.sync.idx.b32", "bar.sync"]);
-            let table = b[k].matches("ld.shared.b64").count();
-            assert_eq!(table, 32, "{k}: {table} 8-byte shared loads, not one per pair of both paths");
+    for [forces, energy, prune] in abi::NBNXM_KERNELS {
+        for k in [forces, energy] {
+            // Pairs: the fast reciprocal and fused multiply-adds, no IEEE division; the LJ table in
+            // shared memory, one 8-byte load per pair of the unrolled i-cluster loop (16 pairs, on
+            // the common and the self-cluster-pair path); the i-atoms staged with one 16-byte store
+            // per slot and read with one 16-byte load per i-cluster and path; j-list words by ballot
+            // and broadcast.
+            assert_lowers(&b, k, &["rcp.approx.ftz.f32", "fma.rn.f32", "vote.sync.ballot.b32", "shfl.sync.idx.b32", "st.shared.b32"]);
+            assert!(!b[k].contains("div.rn.f32"), "{k}: an IEEE division in the pair loop");
+            let count = |ins: &str| b[k].matches(ins).count();
+            assert_eq!(count("ld.shared.b64"), 32, "{k}: 8-byte shared loads, not one per pair of both paths");
+            assert_eq!(count("ld.shared.v4"), 16, "{k}: 16-byte i-atom loads");
+            assert_eq!(count("st.shared.v4"), 1, "{k}: 16-byte staging stores");
+            // Two block barriers: after the staging, before the sum of the warps' partial i-forces.
+            assert_eq!(count("bar.sync"), 2, "{k}: block barriers");
+            // The reductions: 9 butterfly shuffles for a j-cluster's forces over the i-lanes (3
+            // components x 3 steps, the first splitting the two j-atoms between even and odd
+            // lanes), 48 for the i-forces over the j-lanes (8 i-clusters x 3 components x 2
+            // steps), 5 for the energy. No atomic per pair: one atomic site for the j-forces, one
+            // for the block's summed i-forces, one f64 add per block for the energy.
+            let energy_shuffles = if k == energy { 5 } else { 0 };
+            assert_eq!(count("shfl.sync.bfly.b32"), 9 + 48 + energy_shuffles, "{k}: butterfly shuffles");
+            assert_eq!(count("red.relaxed.gpu.global.add.f32"), 2, "{k}: force atomic sites");
+            let f64_adds = count("red.relaxed.gpu.global.add.f64");
+            assert_eq!(f64_adds, usize::from(k == energy), "{k}: energy atomics (the force-only kernel touches no energy)");
+            assert!(!b[k].contains("atom.") && !b[k].contains(".local"), "{k}: another atomic, or local memory");
         }
-        assert_lowers(&b, t[2], &["vote.sync.ballot.b32", "shfl.sync.idx.b32", "redux.sync.or.b32", "ld.shared.v4", "bar.warp.sync"]);
-        assert_absent(&b, t[2], &["bar.sync", "vote.sync.any"]);
-        assert_lowers(&b, t[1], &["red.relaxed.gpu.global.add.f64"]);
-        assert!(!b[t[0]].contains("red.relaxed.gpu.global.add.f64"), "{}: the force-only kernel touches the energy", t[0]);
+        // The prune: the kept masks by one OR-reduction per j-cluster, one store site, one barrier
+        // (after the staging), no atomics.
+        assert_lowers(&b, prune, &["vote.sync.ballot.b32", "shfl.sync.idx.b32", "ld.shared.v4"]);
+        let count = |ins: &str| b[prune].matches(ins).count();
+        assert_eq!(count("redux.sync.or.b32"), 1, "{prune}");
+        assert_eq!(count("bar.sync"), 1, "{prune}");
+        assert_eq!(count("st.global"), 1, "{prune}");
+        assert_absent(&b, prune, &["red.relaxed", "red.global", "atom.", "shfl.sync.bfly", ".local"]);
     }
-    // The cluster-ordered copy moves in 16-byte accesses.
-    for k in abi::NBNXM_TILED[2] {
-        assert_lowers(&b, k, &["ld.global.v4"]);
-    }
-    assert_lowers(&b, abi::NBNXM_GATHER_XQ, &["st.global.v4"]);
-    assert_lowers(&b, abi::NBNXM_FORCES_ENERGY, &["red.relaxed.gpu.global.add.f64"]);
-    assert!(!b[abi::NBNXM_FORCES].contains("red.relaxed.gpu.global.add.f64"), "the force-only kernel touches the energy");
-    assert_lowers(&b, abi::NBNXM_PRUNE, &["vote.sync.any.pred", "bar.warp.sync", "ld.shared.v4"]);
 }
 
 /// `(registers, stack frame bytes)` of every kernel in the ptxas report.
@@ -299,18 +295,18 @@ fn ptxas_resources() -> HashMap<String, (u32, u32)> {
 }
 
 #[test]
-fn nbnxm_tiled_kernels_fit_registers_without_local_memory() {
+fn nbnxm_kernels_fit_registers_without_local_memory() {
     let r = ptxas_resources();
-    // At most 96 registers: 5 blocks of 4 warps (20 warps) per multiprocessor; no stack frame
-    // (an array indexed at run time would land in local memory).
-    for t in abi::NBNXM_TILED {
-        for k in t {
+    // No stack frame (an array indexed at run time would land in local memory). Registers: the
+    // force kernels at most 80 (24 warps per multiprocessor, what `WarpsPerEntry::auto` assumes),
+    // with the energy at most 88, the prune at most 40.
+    for [forces, energy, prune] in abi::NBNXM_KERNELS {
+        for (k, most) in [(forces, 80), (energy, 88), (prune, 40)] {
             let (regs, frame) = *r.get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
-            assert!(regs <= 96, "{k}: {regs} registers");
+            assert!(regs <= most, "{k}: {regs} registers, more than {most}");
             assert_eq!(frame, 0, "{k}: {frame} bytes of stack frame");
         }
     }
-    assert_eq!(r[abi::NBNXM_GATHER_XQ].1, 0);
 }
 
 /// The timeline probe's stamp (`device::stamp_time` in kernels-gpu): the latest time of a point

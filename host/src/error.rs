@@ -97,10 +97,40 @@ pub type Result<T, E = HaloError> = std::result::Result<T, E>;
 pub trait CudaContextExt<T> {
     /// Maps a driver error into [`HaloError::Cuda`].
     fn during(self, what: impl Into<String>) -> Result<T>;
+    /// [`Self::during`] with the description built only on error (for hot paths such as a
+    /// launch, where formatting it every time would cost more than the call it describes).
+    fn during_with<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T>;
 }
 
 impl<T> CudaContextExt<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn during(self, what: impl Into<String>) -> Result<T> {
         self.map_err(|source| HaloError::Cuda { what: what.into(), source })
+    }
+
+    fn during_with<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T> {
+        self.map_err(|source| HaloError::Cuda { what: what().into(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::{DriverError, sys::CUresult};
+
+    #[test]
+    fn during_with_builds_its_text_only_on_error() {
+        let mut built = 0;
+        let ok: std::result::Result<u32, DriverError> = Ok(7);
+        assert_eq!(ok.during_with(|| { built += 1; "launching k".to_string() }).ok(), Some(7));
+        assert_eq!(built, 0, "the success path formatted the description");
+        let err: std::result::Result<u32, DriverError> = Err(DriverError(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES));
+        match err.during_with(|| { built += 1; format!("launching {} {:?}", "k", (1, 2)) }) {
+            Err(HaloError::Cuda { what, source }) => {
+                assert_eq!(what, "launching k (1, 2)");
+                assert_eq!(source.0, CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+            }
+            other => panic!("{:?}", other.map_err(|e| format!("{e:?}"))),
+        }
+        assert_eq!(built, 1);
     }
 }

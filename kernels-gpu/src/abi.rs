@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -49,19 +49,12 @@ kernel_entries! {
         "leapfrog",
         "leapfrog_energy",
         "jacobi7",
-        "nbnxm_forces",
-        "nbnxm_forces_energy",
-        "nbnxm_prune",
         "nbnxm_forces_ind",
         "nbnxm_forces_energy_ind",
         "nbnxm_prune_ind",
         "nbnxm_forces_pf",
         "nbnxm_forces_energy_pf",
         "nbnxm_prune_pf",
-        "nbnxm_forces_xq",
-        "nbnxm_forces_energy_xq",
-        "nbnxm_prune_xq",
-        "nbnxm_gather_xq",
         "spin_delay",
         "fused_coords_timeline",
         "fused_forces_timeline",
@@ -164,40 +157,58 @@ pub const LEAPFROG: &str = "leapfrog";
 /// kinetic energies), to the `f64` at `kinetic` (one atomic per warp).
 pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 
-/// `nbnxm_forces(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy,
-/// box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list (one warp per
-/// [`NbnxmEntry`]), added to `f`; `energy` is not touched.
-pub const NBNXM_FORCES: &str = "nbnxm_forces";
-/// [`NBNXM_FORCES`] that also adds the potential-shifted LJ energy of the list to `*energy` (one
-/// `f64` atomic per warp).
-pub const NBNXM_FORCES_ENERGY: &str = "nbnxm_forces_energy";
-/// `nbnxm_prune(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z,
-/// rlist2)`: the inner (pruned) j-list of a cluster-pair list, from the outer one and the current
-/// coordinates.
-pub const NBNXM_PRUNE: &str = "nbnxm_prune";
-/// The tiled nbnxm kernels, one triple (forces, forces+energy, prune) per variant, each with the
-/// arguments of [`NBNXM_FORCES`], [`NBNXM_FORCES_ENERGY`] and [`NBNXM_PRUNE`], launched with
-/// [`nbnxm_tiled_shared_bytes`] of dynamic shared memory (the prune: [`NBNXM_SHARED_BYTES`]):
-/// `_ind` reads atoms through the slot index, `_pf` too with the next j-cluster's loads issued
-/// early, `_xq` reads them (its first argument) from the cluster-ordered copy that
-/// [`NBNXM_GATHER_XQ`] writes.
-pub const NBNXM_TILED: [[&str; 3]; 3] = [
+/// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading
+/// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early.
+///
+/// - forces: `(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x,
+///   box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list, added to `f`
+///   (`energy` is not touched);
+/// - forces + energy: the same arguments, and the potential-shifted LJ energy of the list added
+///   to the `f64` at `energy` (one atomic per block);
+/// - prune: `(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2)`:
+///   the inner (pruned) j-list from the outer one and the current coordinates.
+///
+/// Launch: one block per [`NbnxmEntry`] (`grid.x = n_entries`), `32 W` threads for `W` warps per
+/// entry (1 to [`NBNXM_MAX_WARPS_PER_ENTRY`]; warp `w` takes the entry's j-list words
+/// `j_start + w`, `j_start + w + W`, ...), and [`nbnxm_force_shared_bytes`]`(ntypes, W)` (forces)
+/// or [`NBNXM_PRUNE_SHARED_BYTES`] (prune) of dynamic shared memory.
+pub const NBNXM_KERNELS: [[&str; 3]; 2] = [
     ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"],
     ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"],
-    ["nbnxm_forces_xq", "nbnxm_forces_energy_xq", "nbnxm_prune_xq"],
 ];
-/// `nbnxm_gather_xq(x, atom_index, atom_type, first, n, xq)`: `xq[s] = [x, y, z, bits(8 type)]`
-/// of the atom in slot `s` (`x[atom_index[s]]`), for `first <= s < first + n`; padding slots far
-/// away with type 0. `xq` is 16-byte aligned (`[f32; 4]` per slot).
-pub const NBNXM_GATHER_XQ: &str = "nbnxm_gather_xq";
-/// Most atom types the tiled nbnxm kernels take (their LJ table lives in shared memory).
+/// Most atom types the nbnxm kernels take (their LJ table lives in shared memory).
 pub const NBNXM_MAX_TYPES: u32 = 32;
+/// Most warps per list entry (block size 512: the force kernels' registers fit twice over).
+pub const NBNXM_MAX_WARPS_PER_ENTRY: u32 = 16;
 
-/// Dynamic shared memory of a tiled nbnxm force block for `ntypes` atom types: the staged
-/// i-atoms ([`NBNXM_SHARED_BYTES`]) and the LJ table (`ntypes²` entries of 8 bytes, rounded up to
-/// 16).
-pub const fn nbnxm_tiled_shared_bytes(ntypes: u32) -> u32 {
-    NBNXM_SHARED_BYTES + (ntypes * ntypes * 8).div_ceil(16) * 16
+/// Bytes of the staged i-atoms at the start of an nbnxm block's dynamic shared memory:
+/// `[x, y, z, bits(type row)]` per slot of the supercluster.
+pub const NBNXM_STAGED_BYTES: u32 = NBNXM_SUPER_SIZE * 16;
+/// Dynamic shared memory of a prune block: the staged i-atoms only.
+pub const NBNXM_PRUNE_SHARED_BYTES: u32 = NBNXM_STAGED_BYTES;
+/// Where a force block's LJ table starts: after the staged i-atoms and their 64 atom indices.
+pub const NBNXM_TABLE_OFFSET: u32 = NBNXM_STAGED_BYTES + NBNXM_SUPER_SIZE * 4;
+/// Floats per force component in one warp's partial i-forces: 64 slots and 8 of padding, so that
+/// the 24 lanes writing one i-cluster's 8 atoms x 3 components hit 24 different banks.
+pub const NBNXM_PARTIAL_STRIDE: u32 = NBNXM_SUPER_SIZE + 8;
+/// Floats of one warp's partials: 3 components, then the warp's energy, padded to 16 bytes.
+pub const NBNXM_PARTIAL_FLOATS: u32 = (3 * NBNXM_PARTIAL_STRIDE + 1).div_ceil(4) * 4;
+
+/// Bytes of the force kernels' LJ table for `ntypes` atom types (`ntypes²` entries of 8 bytes,
+/// rounded up to 16).
+pub const fn nbnxm_table_bytes(ntypes: u32) -> u32 {
+    (ntypes * ntypes * 8).div_ceil(16) * 16
+}
+
+/// Where a force block's per-warp partial i-forces start, for `ntypes` atom types.
+pub const fn nbnxm_partials_offset(ntypes: u32) -> u32 {
+    NBNXM_TABLE_OFFSET + nbnxm_table_bytes(ntypes)
+}
+
+/// Dynamic shared memory of a force block for `ntypes` atom types and `warps` warps per entry:
+/// staged i-atoms, their atom indices, the LJ table, and each warp's partial i-forces and energy.
+pub const fn nbnxm_force_shared_bytes(ntypes: u32, warps: u32) -> u32 {
+    nbnxm_partials_offset(ntypes) + warps * NBNXM_PARTIAL_FLOATS * 4
 }
 
 /// `spin_delay(ns)`, one thread: holds its stream for `ns` nanoseconds of `%globaltimer` and does
@@ -572,11 +583,6 @@ pub const NBNXM_CLUSTER_SIZE: u32 = 8;
 pub const NBNXM_CLUSTERS_PER_SUPER: u32 = 8;
 /// Atom slots per i-supercluster.
 pub const NBNXM_SUPER_SIZE: u32 = NBNXM_CLUSTER_SIZE * NBNXM_CLUSTERS_PER_SUPER;
-/// Warps per block of the nbnxm kernels (each warp takes one list entry).
-pub const NBNXM_WARPS_PER_BLOCK: u32 = 4;
-/// Dynamic shared memory of one nbnxm block: the shifted coordinates (and type row) of every
-/// i-atom of each warp's supercluster, as `[f32; 4]`.
-pub const NBNXM_SHARED_BYTES: u32 = NBNXM_WARPS_PER_BLOCK * NBNXM_SUPER_SIZE * 16;
 /// `atom_index` of a padding slot (a cluster with fewer than 8 atoms).
 pub const NBNXM_FILLER: u32 = u32::MAX;
 /// Low bits of a j-list word: which i-clusters of the entry's supercluster (bit `k` = cluster `k`)
@@ -682,4 +688,8 @@ const _: () = {
     assert!(NBNXM_SUPER_SIZE == 64);
     assert!(size_of::<NbnxmBox>() == 24 && size_of::<NbnxmZone>() == 56 && size_of::<NbnxmShift>() == 16);
     assert!(offset_of!(NbnxmZone, column_base) == 40 && offset_of!(NbnxmZone, zone) == 48);
+    // The table starts 8-byte aligned, each warp's partials 16-byte aligned, and the largest force
+    // block fits the 48 KiB of dynamic shared memory a launch gets without opting in.
+    assert!(NBNXM_TABLE_OFFSET.is_multiple_of(16) && NBNXM_PARTIAL_FLOATS.is_multiple_of(4));
+    assert!(nbnxm_force_shared_bytes(NBNXM_MAX_TYPES, NBNXM_MAX_WARPS_PER_ENTRY) <= 48 * 1024);
 };

@@ -137,7 +137,7 @@ impl KernelModule {
         unsafe {
             result::launch_kernel(f, (shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1), shape.shared_bytes, stream.cu_stream(), args)
         }
-        .during(format!("launching {name} {shape:?}"))
+        .during_with(|| format!("launching {name} {shape:?}"))
     }
 
     /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory of kernel

@@ -9,18 +9,17 @@
 //!
 //! Prune steps are the search step and every `nstprune` steps after it. The kernels read the
 //! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
-//! and add forces into the exchange's force array, so nothing is scattered after them; the
-//! [`NbnxmKernel::Xq`] design gathers a cluster-ordered copy first, inside each prune and force
-//! call (one copy per list kind, each written and read on that kind's stream only). At a search
-//! step, [`NbnxmGpu::update`] uploads the new grid and lists (synchronously: no launch of this
-//! object may still be running).
+//! and add forces into the exchange's force array, so nothing is scattered after them. Each launch
+//! runs one block of `32 W` threads per list entry, `W` from [`WarpsPerEntry`] (by default its rule
+//! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
+//! (synchronously: no launch of this object may still be running).
 
 use super::gpu_search::{GpuSearch, fit, grow};
 use super::grid::ClusterGrid;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
-use super::{ListSetup, NbnxmError, NbnxmKernel};
+use super::{ListSetup, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
-use crate::error::{HaloError, Result};
+use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use crate::system::MolecularSystem;
@@ -107,9 +106,9 @@ impl GpuList {
         self.outer.copy_from_host(&l.j_list)
     }
 
-    fn shape(&self, shared_bytes: u32) -> LaunchShape {
-        let blocks = self.n_entries.div_ceil(abi::NBNXM_WARPS_PER_BLOCK as usize) as u32;
-        LaunchShape { grid: (blocks, 1), block: abi::NBNXM_WARPS_PER_BLOCK * 32, shared_bytes }
+    /// One block of `warps` warps per entry.
+    fn shape(&self, warps: u32, shared_bytes: u32) -> LaunchShape {
+        LaunchShape { grid: (self.n_entries as u32, 1), block: warps * 32, shared_bytes }
     }
 }
 
@@ -128,11 +127,9 @@ pub struct NbnxmGpu {
     box_size: [f32; 3],
     atoms: usize,
     kernel: NbnxmKernel,
-    /// The [`NbnxmKernel::Xq`] copies: home slots for the local list, every slot for the
-    /// non-local one (empty for the other designs).
-    xq: [DeviceBuffer<[f32; 4]>; 2],
-    /// Slots of the home superclusters (the local list's) and of all.
-    slots: [usize; 2],
+    warps: WarpsPerEntry,
+    /// Multiprocessors of the GPU (for [`WarpsPerEntry::Auto`]).
+    sms: u32,
 }
 
 impl NbnxmGpu {
@@ -150,8 +147,15 @@ impl NbnxmGpu {
         if ntypes == 0 || ntypes * ntypes != lj.len() {
             return Err(HaloError::InvalidInput(format!("the LJ table has {} entries, not the square of a type count", lj.len())));
         }
+        if ntypes > abi::NBNXM_MAX_TYPES as usize {
+            return Err(HaloError::InvalidInput(format!(
+                "the nbnxm kernels take at most {} atom types (their LJ table lives in shared memory), the system has {ntypes}",
+                abi::NBNXM_MAX_TYPES
+            )));
+        }
         let ctx = module.context().clone();
-        let mut nb = Self {
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).during("reading the SM count")?;
+        Ok(Self {
             atom_index: DeviceBuffer::uninit(&ctx, 1)?,
             atom_type: DeviceBuffer::uninit(&ctx, 1)?,
             lj: DeviceBuffer::from_host(&ctx, lj)?,
@@ -162,66 +166,43 @@ impl NbnxmGpu {
             setup: *setup,
             box_size,
             atoms: 0,
-            kernel: NbnxmKernel::Baseline,
-            xq: [DeviceBuffer::uninit(&ctx, 0)?, DeviceBuffer::uninit(&ctx, 0)?],
-            slots: [0, 0],
+            kernel: NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::DEFAULT),
+            warps: WarpsPerEntry::from_env()?.unwrap_or(WarpsPerEntry::Auto),
+            sms: sms.max(1) as u32,
             module,
-        };
-        nb.set_kernel(NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::default_for(ntypes)))?;
-        Ok(nb)
+        })
     }
 
     /// The kernel design the launches use: at construction [`NbnxmKernel::ENV`]'s, else
-    /// [`NbnxmKernel::default_for`] the table's type count.
+    /// [`NbnxmKernel::DEFAULT`].
     pub fn kernel(&self) -> NbnxmKernel {
         self.kernel
     }
 
-    /// Switches the kernel design (allocating what it needs). Synchronous like [`Self::update`].
-    pub fn set_kernel(&mut self, kernel: NbnxmKernel) -> Result<()> {
-        if self.ntypes as usize > kernel.max_types() {
-            return Err(HaloError::InvalidInput(format!(
-                "the {kernel} nbnxm kernels take at most {} atom types, the system has {}: set {}=baseline",
-                kernel.max_types(),
-                self.ntypes,
-                NbnxmKernel::ENV
-            )));
-        }
+    /// Switches the kernel design.
+    pub fn set_kernel(&mut self, kernel: NbnxmKernel) {
         self.kernel = kernel;
-        self.fit_xq()
     }
 
-    /// Sizes the cluster-ordered copies for the current grid (only when the design reads them).
-    fn fit_xq(&mut self) -> Result<()> {
-        if self.kernel.gathers() {
-            for (buf, &n) in self.xq.iter_mut().zip(&self.slots) {
-                if buf.len() < n {
-                    *buf = DeviceBuffer::uninit(self.module.context(), n + n / 4)?;
-                }
-            }
+    /// How many warps share a list entry: at construction [`WarpsPerEntry::ENV`]'s choice, else
+    /// [`WarpsPerEntry::Auto`].
+    pub fn warps(&self) -> WarpsPerEntry {
+        self.warps
+    }
+
+    /// Sets how many warps share a list entry in the launches from now on; a fixed count outside
+    /// 1 to [`abi::NBNXM_MAX_WARPS_PER_ENTRY`] is refused.
+    pub fn set_warps(&mut self, warps: WarpsPerEntry) -> Result<()> {
+        if let WarpsPerEntry::Fixed(w) = warps {
+            WarpsPerEntry::fixed(w)?;
         }
+        self.warps = warps;
         Ok(())
     }
 
-    /// Enqueues the [`NbnxmKernel::Xq`] gather of list `kind`'s copy from `x` (nothing for the
-    /// other designs); returns the array the kernels read as coordinates. [`Self::prune`] and
-    /// [`Self::forces`] call it themselves; public to time it alone.
-    pub fn coordinates(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, stream: &CudaStream) -> Result<u64> {
-        self.check_arrays(x, None)?;
-        if !self.kernel.gathers() {
-            return Ok(x.device_ptr());
-        }
-        let n = self.slots[kind as usize];
-        let xq = &self.xq[kind as usize];
-        if n > 0 {
-            let (mut px, mut idx, mut ty, mut first, mut count, mut out) =
-                (x.device_ptr(), self.atom_index.device_ptr(), self.atom_type.device_ptr(), 0u32, n as u32, xq.device_ptr());
-            let mut args = kernel_args![px, idx, ty, first, count, out];
-            // SAFETY: arguments match `nbnxm_gather_xq`; slots 0..n are inside atom_index, atom_type
-            // and xq (sized by fit_xq), their atoms inside x (checked by the caller).
-            unsafe { self.module.launch(abi::NBNXM_GATHER_XQ, LaunchShape::for_items(n, 4096), stream, &mut args)? };
-        }
-        Ok(xq.device_ptr())
+    /// Warps per entry of the next launches of list `kind`.
+    pub fn warps_per_entry(&self, kind: ListKind) -> u32 {
+        self.warps.for_list(self.lists[kind as usize].n_entries, self.sms)
     }
 
     /// A rank's lists searched on the GPU from `grid` (sorted on the host): the same lists as
@@ -245,8 +226,7 @@ impl NbnxmGpu {
         fit(&self.module, &mut self.atom_type, &grid.atom_type)?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
-        self.slots = slots_of(grid);
-        self.fit_xq()
+        Ok(())
     }
 
     /// Replaces the grid and lists with those of a new search (reusing the allocations that fit).
@@ -295,7 +275,7 @@ impl NbnxmGpu {
         self.atoms
     }
 
-    /// Entries of a list (warps of its launches).
+    /// Entries of a list (blocks of its launches).
     pub fn entries(&self, kind: ListKind) -> usize {
         self.lists[kind as usize].n_entries
     }
@@ -324,15 +304,17 @@ impl NbnxmGpu {
         self.check_arrays(x, None)?;
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
-            let mut px = self.coordinates(kind, x, stream)?;
+            let mut px = x.device_ptr();
             let (mut idx, mut ent, mut n) = (self.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
             let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
             let mut args = kernel_args![px, idx, ent, n, outer, inner, bx, by, bz, rl2];
-            // SAFETY: arguments match `nbnxm_prune[_*]`; the list indexes this grid's slots, whose
-            // atoms are inside `x` (checked above); `inner` has as many words as `outer`.
-            unsafe { self.module.launch(self.kernel.entries()[2], l.shape(abi::NBNXM_SHARED_BYTES), stream, &mut args)? };
+            let shape = l.shape(self.warps_per_entry(kind), abi::NBNXM_PRUNE_SHARED_BYTES);
+            // SAFETY: arguments match `nbnxm_prune_*`, launched as `abi::NBNXM_KERNELS` says; the
+            // list indexes this grid's slots, whose atoms are inside `x` (checked above); `inner`
+            // has as many words as `outer`.
+            unsafe { self.module.launch(self.kernel.entries()[2], shape, stream, &mut args)? };
         }
         self.lists[kind as usize].pruned = true;
         Ok(())
@@ -358,7 +340,7 @@ impl NbnxmGpu {
             return Ok(());
         }
         let words = if l.pruned { &l.inner } else { &l.outer };
-        let mut px = self.coordinates(kind, x, stream)?;
+        let mut px = x.device_ptr();
         let (mut idx, mut ty, mut ent, mut n) = (self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
         let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
         let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
@@ -367,8 +349,10 @@ impl NbnxmGpu {
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
         let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
         let name = self.kernel.entries()[usize::from(energy.is_some())];
-        let shape = l.shape(self.kernel.force_shared_bytes(self.ntypes));
-        // SAFETY: arguments match `nbnxm_forces[_energy][_*]`; slots index atoms inside `x` and `f`
+        let warps = self.warps_per_entry(kind);
+        let shape = l.shape(warps, abi::nbnxm_force_shared_bytes(self.ntypes, warps));
+        // SAFETY: arguments match `nbnxm_forces[_energy]_*`, launched as `abi::NBNXM_KERNELS` says
+        // (1 to 16 warps: `WarpsPerEntry`); slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
         unsafe { self.module.launch(name, shape, stream, &mut args) }
     }
@@ -403,11 +387,6 @@ impl NbnxmGpu {
     pub fn energy_buffer(&self) -> &DeviceBuffer<f64> {
         &self.energy
     }
-}
-
-/// Slots of the home superclusters and of all superclusters of `grid`.
-fn slots_of(grid: &ClusterGrid) -> [usize; 2] {
-    [grid.home_superclusters() * abi::NBNXM_SUPER_SIZE as usize, grid.atom_index.len()]
 }
 
 fn check_setup(rlist: f32, setup: &ListSetup) -> Result<()> {

@@ -10,7 +10,7 @@
 //! | [`PairSearch`] | grid + the two cluster-pair lists of one rank, with the time each part took |
 //! | [`ListSetup`], [`BufferModel`] | cutoff, list lifetimes and the buffers chosen for them |
 //! | [`NbnxmGpu`] | the lists on the GPU and the launches of one step (prune, forces, energy) |
-//! | [`NbnxmKernel`] | which kernel design the launches use |
+//! | [`NbnxmKernel`], [`WarpsPerEntry`] | which kernel design the launches use, and how many warps share a list entry |
 //!
 //! Use at a search step, per rank (see [`NbnxmGpu`] for the per-step calls):
 //! ```no_run
@@ -35,7 +35,7 @@ mod pairlist;
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
 pub use grid::{BBox, ClusterGrid, ZoneGrid};
-pub use kernel::NbnxmKernel;
+pub use kernel::{NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
 pub use gpu_search::fit;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};

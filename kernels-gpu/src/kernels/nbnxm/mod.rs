@@ -2,13 +2,22 @@
 //! slots, an i-entry pairs an i-supercluster (8 clusters, 64 slots) under one periodic shift with a
 //! list of j-clusters, and a mask word per j-cluster says which of the 8 i-clusters interact with it.
 //!
-//! One warp per i-entry. Lane `l` is the tile position `(ti, tj) = (l % 8, l / 8)`: it owns i-atom
-//! `ti` of every i-cluster and j-atoms `tj` and `tj + 4` of the current j-cluster, so a masked-in
+//! One block per i-entry, `W` warps (chosen at launch): the entry's 64 i-atoms, shifted once, are
+//! staged in shared memory by the whole block, and warp `w` walks the entry's j-list words
+//! `w, w + W, w + 2W, ...` (interleaved: neighbouring words, whose masks and distances are alike,
+//! go to different warps). With one warp per entry a warp walks up to 32 words one after the other,
+//! each behind two dependent global loads, and a list of ~1,600 entries leaves ~12 warps per
+//! multiprocessor to hide that latency; `W` warps per entry give `W` times the warps, each with a
+//! `W`-th of the chain.
+//!
+//! Inside a warp, lane `l` is the tile position `(ti, tj) = (l % 8, l / 8)`: it owns i-atom `ti` of
+//! every i-cluster and j-atoms `tj` and `tj + 4` of the current j-cluster, so a masked-in
 //! (i-cluster, j-cluster) pair costs each lane two atom pairs.
-//! - The 64 i-atoms, shifted once per entry, wait in shared memory (16 bytes each: x, y, z and the
-//!   atom's row of the LJ table); the force on each lane's 8 i-atoms stays in registers for the
-//!   whole j-list and is reduced over the 4 j-lanes and added (atomically: other warps add to the
-//!   same atoms) once per entry.
+//! - The force on each lane's 8 i-atoms stays in registers for the whole walk. At the end each
+//!   warp reduces it over its 4 j-lanes (butterfly shuffles) into its partials in shared memory,
+//!   and after a block barrier one thread per i-atom and component sums the `W` warps' partials
+//!   and adds the sum with one atomic (an i-supercluster appears in several entries: one per
+//!   shift, and long lists are split). The energy goes the same way: one `f64` atomic per block.
 //! - The j-forces of one j-cluster are reduced over the 8 i-lanes with 9 butterfly shuffles (the
 //!   first step also splits the two j-atoms between even and odd lanes) and added with one atomic
 //!   per atom and component, by 24 lanes in one instruction. No atomic per pair.
@@ -18,14 +27,13 @@
 //! cluster pair (same cluster, no shift) counts atom pairs `ti < tj` only. Everything else (the
 //! half list, which rank owns a pair, the zones) was decided by the host when it built the list.
 //!
-//! Two designs share these helpers, so that both can be timed in one GPU run
-//! (`tests/gpu_nbnxm.rs`, `kernel_times`): [`baseline`] (the first version: a global load per j-list
-//! word and per pair for the LJ table) and [`tiled`] (j-list words loaded 32 at a time and skipped
-//! by a ballot, the LJ table in shared memory, the cutoff folded into `1/r²`, the self cluster pair
-//! on its own path), the latter reading atoms through the slot index or from a cluster-ordered copy.
+//! The kernels themselves, and the two designs (`_ind`, `_pf`), are in [`tiled`].
 
-use crate::abi::{Float3, NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SUPER_SIZE};
-use crate::device::{self, warp};
+use crate::abi::{
+    Float3, NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_PARTIAL_FLOATS, NBNXM_PARTIAL_STRIDE,
+    NBNXM_SUPER_SIZE, NBNXM_TABLE_OFFSET, NbnxmEntry, nbnxm_partials_offset,
+};
+use crate::device::{self, shared, sync_threads, thread, warp};
 
 /// Where an i padding slot sits: beyond any cutoff from every real atom and from `FAR_J`.
 const FAR_I: f32 = 1.0e5;
@@ -34,6 +42,7 @@ const FAR_J: f32 = -1.0e5;
 const FULL: u32 = warp::FULL_MASK;
 const MASK: u32 = (1 << NBNXM_MASK_BITS) - 1;
 const CL: u32 = NBNXM_CLUSTER_SIZE;
+const CLUSTERS: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
 
 // The unrolled loops below are written for 8 clusters of 8 atoms.
 const _: () = assert!(NBNXM_CLUSTERS_PER_SUPER == 8 && NBNXM_CLUSTER_SIZE == 8);
@@ -53,7 +62,6 @@ macro_rules! each_i_cluster {
     }};
 }
 
-mod baseline;
 mod tiled;
 
 /// One staged i-atom: `[x, y, z, bits(type row)]`, 16-byte aligned so it moves in one vector
@@ -61,6 +69,77 @@ mod tiled;
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct Staged([f32; 4]);
+
+/// This thread's place in the launch: the block's entry, the thread, its warp and lane.
+#[derive(Clone, Copy)]
+struct Block {
+    e: NbnxmEntry,
+    /// Thread in the block, and threads of the block (`32 W`).
+    tid: u32,
+    threads: u32,
+    /// Warp in the block, and warps of the block (`W`).
+    warp: u32,
+    warps: u32,
+    lane: u32,
+}
+
+impl Block {
+    /// The block's entry (`blockIdx.x`); `None`, for the whole block, past the last one.
+    ///
+    /// # Safety
+    /// `entries` holds `n_entries`.
+    #[inline(always)]
+    unsafe fn of(entries: *const NbnxmEntry, n_entries: u32) -> Option<Self> {
+        let entry = thread::block_idx_x();
+        if entry >= n_entries {
+            return None;
+        }
+        let (tid, threads) = (thread::thread_idx_x(), thread::block_dim_x());
+        // SAFETY: entry < n_entries.
+        let e = unsafe { *entries.add(entry as usize) };
+        Some(Self { e, tid, threads, warp: warp::warp_id(), warps: threads / warp::WARP_SIZE, lane: warp::lane_id() })
+    }
+
+    /// The staged i-atoms (every block's shared memory starts with them).
+    ///
+    /// # Safety
+    /// Launched with at least [`crate::abi::NBNXM_STAGED_BYTES`] of dynamic shared memory.
+    #[inline(always)]
+    unsafe fn staged(&self) -> *mut Staged {
+        // SAFETY: forwarded.
+        unsafe { shared::dynamic_shared_mem() as *mut Staged }
+    }
+
+    /// The atom index of each staged slot (force blocks only), after the staged atoms.
+    ///
+    /// # Safety
+    /// A force launch ([`crate::abi::nbnxm_force_shared_bytes`]).
+    #[inline(always)]
+    unsafe fn slots(&self) -> *mut u32 {
+        // SAFETY: forwarded.
+        unsafe { self.staged().add(NBNXM_SUPER_SIZE as usize) as *mut u32 }
+    }
+
+    /// The LJ table of a force block.
+    ///
+    /// # Safety
+    /// A force launch.
+    #[inline(always)]
+    unsafe fn table(&self) -> *mut [f32; 2] {
+        // SAFETY: forwarded.
+        unsafe { (shared::dynamic_shared_mem() as *mut u8).add(NBNXM_TABLE_OFFSET as usize) as *mut [f32; 2] }
+    }
+
+    /// The partial i-forces and energy of warp `w` of a force block for `ntypes` atom types.
+    ///
+    /// # Safety
+    /// A force launch for `ntypes` types; `w < self.warps`.
+    #[inline(always)]
+    unsafe fn partials(&self, ntypes: u32, w: u32) -> *mut f32 {
+        // SAFETY: forwarded.
+        unsafe { ((shared::dynamic_shared_mem() as *mut u8).add(nbnxm_partials_offset(ntypes) as usize) as *mut f32).add((w * NBNXM_PARTIAL_FLOATS) as usize) }
+    }
+}
 
 /// The periodic shift of shift index `s` (see [`crate::abi::NBNXM_CENTRAL_SHIFT`]).
 #[inline(always)]
@@ -130,43 +209,69 @@ unsafe fn add_j_forces(f: *mut Float3, ti: u32, fa: Float3, fb: Float3, ia: u32,
     }
 }
 
-/// Adds the i-forces of an entry: each lane's `fi[k]` (i-atom `ti` of i-cluster `k`, from its
-/// j-atoms) summed over the 4 j-lanes; j-lane `c < 3` adds component `c`.
+/// Adds a force block's i-forces (each lane's `fi[k]`: i-atom `ti` of i-cluster `k`) and, with
+/// `ENERGY`, its energy (each lane's `e`):
+/// 1. each warp sums `fi` over its 4 j-lanes (2 butterfly steps) and j-lane `c < 3` writes
+///    component `c` of its 8 atoms into the warp's partials; lane 0 writes the warp's energy
+///    (5 butterfly steps);
+/// 2. a block barrier;
+/// 3. thread `t < 192` sums component `t / 64` of slot `t % 64` over the warps and adds it with one
+///    atomic (not for padding slots, nor a zero sum); thread 0 adds the energy (one `f64` atomic).
 ///
 /// # Safety
-/// All lanes together; the supercluster's slots are inside `atom_index`, whose atoms are in `f`.
+/// Every thread of the block together (a block barrier), after the slots were staged and behind a
+/// barrier; a force launch for `ntypes` types; `energy` a valid `f64` when `ENERGY`; the slots'
+/// atoms inside `f`.
 #[inline(always)]
-unsafe fn add_i_forces(f: *mut Float3, atom_index: *const u32, sci: u32, ti: u32, tj: u32, fi: &[Float3; NBNXM_CLUSTERS_PER_SUPER as usize]) {
-    // SAFETY: all lanes run the shuffles; the host's contract covers the slots.
+#[allow(clippy::too_many_arguments)]
+unsafe fn add_i_forces_and_energy<const ENERGY: bool>(
+    b: &Block, ntypes: u32, f: *mut Float3, energy: *mut f64, ti: u32, tj: u32, fi: &[Float3; CLUSTERS], mut e: f32,
+) {
+    // SAFETY: all threads run the shuffles and the barrier; shared accesses stay in the block's
+    // partials (w < warps) and staged slots; the caller covers `f` and `energy`.
     unsafe {
+        let mine = b.partials(ntypes, b.warp);
         each_i_cluster!(K => {
             let v = butterfly(butterfly(fi[K], 8), 16);
             if tj < 3 {
-                let idx = *atom_index.add((sci * NBNXM_SUPER_SIZE + K as u32 * CL + ti) as usize);
-                if idx != NBNXM_FILLER {
-                    add_component(f, idx, tj, pick(tj, v.x, v.y, v.z));
-                }
+                *mine.add((tj * NBNXM_PARTIAL_STRIDE + K as u32 * CL + ti) as usize) = pick(tj, v.x, v.y, v.z);
             }
         });
-    }
-}
-
-/// Sums every lane's `e` over the warp and lane 0 adds it to `*energy`: one atomic per warp.
-///
-/// # Safety
-/// All lanes together; `energy` is a valid 8-byte-aligned global `f64`.
-#[inline(always)]
-unsafe fn add_energy(energy: *mut f64, mut e: f32) {
-    // SAFETY: all lanes run the shuffles; the caller guarantees `energy`.
-    unsafe {
-        // Written out: a loop over an array of offsets is not unrolled and lands in local memory.
-        e += warp::shfl_xor_f32(FULL, e, 16);
-        e += warp::shfl_xor_f32(FULL, e, 8);
-        e += warp::shfl_xor_f32(FULL, e, 4);
-        e += warp::shfl_xor_f32(FULL, e, 2);
-        e += warp::shfl_xor_f32(FULL, e, 1);
-        if warp::lane_id() == 0 {
-            device::atomic_add_relaxed_gpu_f64(energy, f64::from(e));
+        if ENERGY {
+            // Written out: a loop over an array of offsets is not unrolled and lands in local memory.
+            e += warp::shfl_xor_f32(FULL, e, 16);
+            e += warp::shfl_xor_f32(FULL, e, 8);
+            e += warp::shfl_xor_f32(FULL, e, 4);
+            e += warp::shfl_xor_f32(FULL, e, 2);
+            e += warp::shfl_xor_f32(FULL, e, 1);
+            if b.lane == 0 {
+                *mine.add(3 * NBNXM_PARTIAL_STRIDE as usize) = e;
+            }
+        }
+        sync_threads();
+        let slots = b.slots();
+        let mut t = b.tid;
+        while t < 3 * NBNXM_SUPER_SIZE {
+            let (c, s) = (t / NBNXM_SUPER_SIZE, t % NBNXM_SUPER_SIZE);
+            let idx = *slots.add(s as usize);
+            if idx != NBNXM_FILLER {
+                let at = c * NBNXM_PARTIAL_STRIDE + s;
+                let mut sum = 0.0f32;
+                for w in 0..b.warps {
+                    sum += *b.partials(ntypes, w).add(at as usize);
+                }
+                if sum != 0.0 {
+                    add_component(f, idx, c, sum);
+                }
+            }
+            t += b.threads;
+        }
+        if ENERGY && b.tid == 0 {
+            let mut sum = 0.0f64;
+            for w in 0..b.warps {
+                sum += f64::from(*b.partials(ntypes, w).add(3 * NBNXM_PARTIAL_STRIDE as usize));
+            }
+            device::atomic_add_relaxed_gpu_f64(energy, sum);
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The nbnxm kernels written for the FP32 units (see the parent module for the tile layout):
-//! - an entry's j-list words are loaded 32 at a time, one per lane, in one coalesced load; a
-//!   ballot of the words with a nonzero mask gives the j-clusters to visit, each broadcast from
-//!   its lane with one shuffle, so the zero words a prune leaves cost nothing;
+//! The nbnxm force and prune kernels (see the parent module for the block and tile layout):
+//! - a warp's share of the entry's j-list words is loaded 32 at a time, one per lane (lane `l` of
+//!   warp `w` holds word `j_start + w + W (32 r + l)` in round `r`); a ballot of the words with a
+//!   nonzero mask gives the j-clusters to visit, each broadcast from its lane with one shuffle, so
+//!   the zero words a prune leaves cost nothing;
 //! - the LJ table `[-6 c6, 12 c12]` per type pair sits in shared memory, read with one 8-byte
 //!   shared load per pair at `row(type_i) + 8 type_j` bytes (both offsets precomputed: one add);
 //! - the cutoff is folded into `1/r²` (zero beyond it: one compare and one select per pair, the
@@ -13,37 +14,23 @@
 //!   address, the force scalar (1 FMA, 1 multiply) and 6 FMAs into the i- and j-forces: 23
 //!   instructions, 17 of them FP32; per i-cluster one 16-byte shared load for two pairs.
 //!
-//! Variants (one instantiation each, the host picks one, `NbnxmKernel`):
+//! Designs (one instantiation each, the host picks one, `NbnxmKernel`):
 //! - `_ind`: j-atoms through the slot index: `atom_index`, then `x` and the slot's type;
 //! - `_pf`: the same with the next j-cluster's loads issued before the current one is computed
-//!   (its indices and types before the i-cluster loop, its coordinates after it);
-//! - `_xq`: j-atoms (and i-atoms) from a cluster-ordered `[x, y, z, bits(8 type)]` copy that
-//!   [`nbnxm_gather_xq`] refreshes before each use: two 16-byte loads per lane and j-cluster,
-//!   prefetched one j-cluster ahead; the slot index only for the force atomics.
+//!   (its indices and types before the i-cluster loop, its coordinates after it).
 
-use super::{CL, FAR_I, FAR_J, FULL, MASK, Staged, add_energy, add_i_forces, add_j_forces, shift_vector};
-use crate::abi::{
-    Float3, NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SHARED_BYTES, NBNXM_SUPER_SIZE,
-    NBNXM_WARPS_PER_BLOCK, NbnxmEntry,
-};
-use crate::device::{math, shared, sync_threads, thread, warp};
+use super::{Block, CL, CLUSTERS, FAR_I, FAR_J, FULL, MASK, Staged, add_i_forces_and_energy, add_j_forces, shift_vector};
+use crate::abi::{Float3, NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SUPER_SIZE, NbnxmEntry};
+use crate::device::{math, sync_threads, warp};
 
-/// One slot of the cluster-ordered copy: `[x, y, z, bits(8 type)]` (padding: `FAR_J`, type 0).
-#[repr(C, align(16))]
-#[derive(Clone, Copy)]
-struct Xq([f32; 4]);
-
-const CLUSTERS: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
-
-/// A j-cluster's first-stage loads for this lane: slot indices of atoms `tj` and `tj + 4`, and
-/// either their types as byte offsets into a table row in `[3]` (`_ind`, `_pf`) or their whole
-/// slots (`_xq`).
+/// A j-cluster's first-stage loads for this lane: slot indices of atoms `tj` and `tj + 4` and
+/// their types as byte offsets into a table row.
 #[derive(Clone, Copy)]
 struct JRef {
     ia: u32,
     ib: u32,
-    a: [f32; 4],
-    b: [f32; 4],
+    wa: f32,
+    wb: f32,
 }
 
 /// A j-cluster ready to compute: the two atoms `[x, y, z, bits(8 type)]` and their local indices.
@@ -55,18 +42,17 @@ struct JAtoms {
     ib: u32,
 }
 
-/// Where the atoms come from: `XQ` reads the cluster-ordered copy `src` (as `*const Xq`),
-/// otherwise `src` is the exchange's `Float3` array, read through `atom_index`, and the types
-/// from `atom_type` when `TYPES` (the prune needs none: the type offsets are then 0).
+/// Where the atoms come from: the exchange's coordinate array `x`, read through `atom_index`, and
+/// the types from `atom_type` when `TYPES` (the prune needs none: the type offsets are then 0).
 #[derive(Clone, Copy)]
-struct Source<const XQ: bool, const TYPES: bool> {
-    src: *const u8,
+struct Source<const TYPES: bool> {
+    x: *const Float3,
     atom_index: *const u32,
     atom_type: *const u32,
 }
 
-impl<const XQ: bool, const TYPES: bool> Source<XQ, TYPES> {
-    /// The loads that need nothing loaded before: slot indices and types, or the whole slots.
+impl<const TYPES: bool> Source<TYPES> {
+    /// The loads that need nothing loaded before: slot indices and types.
     ///
     /// # Safety
     /// `cj`'s slots are inside the arrays.
@@ -75,14 +61,8 @@ impl<const XQ: bool, const TYPES: bool> Source<XQ, TYPES> {
         let (sa, sb) = ((cj * CL + tj) as usize, (cj * CL + tj + 4) as usize);
         // SAFETY: the host's list only names clusters of this grid.
         unsafe {
-            let (ia, ib) = (*self.atom_index.add(sa), *self.atom_index.add(sb));
-            if XQ {
-                let q = self.src as *const Xq;
-                JRef { ia, ib, a: (*q.add(sa)).0, b: (*q.add(sb)).0 }
-            } else {
-                let off = |s: usize| if TYPES { f32::from_bits(*self.atom_type.add(s) * 8) } else { 0.0 };
-                JRef { ia, ib, a: [0.0, 0.0, 0.0, off(sa)], b: [0.0, 0.0, 0.0, off(sb)] }
-            }
+            let off = |s: usize| if TYPES { f32::from_bits(*self.atom_type.add(s) * 8) } else { 0.0 };
+            JRef { ia: *self.atom_index.add(sa), ib: *self.atom_index.add(sb), wa: off(sa), wb: off(sb) }
         }
     }
 
@@ -92,20 +72,16 @@ impl<const XQ: bool, const TYPES: bool> Source<XQ, TYPES> {
     /// Non-filler indices are inside the coordinate array.
     #[inline(always)]
     unsafe fn stage2(&self, r: JRef) -> JAtoms {
-        if XQ {
-            return JAtoms { a: r.a, b: r.b, ia: r.ia, ib: r.ib };
-        }
-        let x = self.src as *const Float3;
         // SAFETY: forwarded.
         let at = |i: u32, w: f32| unsafe {
             if i != NBNXM_FILLER {
-                let p = *x.add(i as usize);
+                let p = *self.x.add(i as usize);
                 [p.x, p.y, p.z, w]
             } else {
                 [FAR_J, FAR_J, FAR_J, w]
             }
         };
-        JAtoms { a: at(r.ia, r.a[3]), b: at(r.ib, r.b[3]), ia: r.ia, ib: r.ib }
+        JAtoms { a: at(r.ia, r.wa), b: at(r.ib, r.wb), ia: r.ia, ib: r.ib }
     }
 
     /// Both stages at once.
@@ -118,45 +94,36 @@ impl<const XQ: bool, const TYPES: bool> Source<XQ, TYPES> {
         unsafe { self.stage2(self.stage1(cj, tj)) }
     }
 
-    /// Stages the 64 i-atoms of supercluster `sci`, moved by `shift`, into this warp's `staged`
-    /// slice: `[x, y, z, bits(row)]` with `row = 8 ntypes type` bytes (the type's table row);
-    /// padding at `FAR_I`. Lane `l` writes slots `l` and `l + 32`; a warp barrier publishes them.
+    /// Stages the 64 i-atoms of the block's supercluster, moved by its shift, into shared memory:
+    /// `[x, y, z, bits(row)]` with `row = 8 ntypes type` bytes (the type's table row; 0 without
+    /// `TYPES`), padding at `FAR_I`; with `TYPES` also each slot's atom index (the force blocks
+    /// add the i-forces through it). Thread `t` of the block writes slots `t, t + 32 W, ...`; the
+    /// caller's block barrier publishes them.
     ///
     /// # Safety
-    /// All lanes together; the supercluster's slots are inside the arrays.
+    /// All threads of the block together; the supercluster's slots are inside the arrays; a force
+    /// launch when `TYPES`.
     #[inline(always)]
-    unsafe fn stage_i(&self, sci: u32, shift: Float3, ntypes: u32, staged: *mut Staged, lane: u32) {
-        for s in [lane, lane + warp::WARP_SIZE] {
-            // SAFETY: forwarded.
-            let p = unsafe { self.single(sci * NBNXM_SUPER_SIZE + s) };
-            let row = f32::from_bits(p[3].to_bits() * ntypes);
-            let v = if p[0] != FAR_J { [p[0] + shift.x, p[1] + shift.y, p[2] + shift.z, row] } else { [FAR_I, FAR_I, FAR_I, row] };
-            // SAFETY: s < 64, the warp's slice.
-            unsafe { *staged.add(s as usize) = Staged(v) };
-        }
-        // SAFETY: every lane reaches this call.
-        unsafe { warp::sync_warp(FULL) };
-    }
-
-    /// One slot, `[x, y, z, bits(8 type)]` (padding: `FAR_J`).
-    ///
-    /// # Safety
-    /// `slot` is inside the arrays.
-    #[inline(always)]
-    unsafe fn single(&self, slot: u32) -> [f32; 4] {
-        // SAFETY: forwarded.
-        unsafe {
-            if XQ {
-                return (*(self.src as *const Xq).add(slot as usize)).0;
+    unsafe fn stage_i(&self, b: &Block, shift: Float3, ntypes: u32) {
+        let mut s = b.tid;
+        while s < NBNXM_SUPER_SIZE {
+            let slot = (b.e.sci * NBNXM_SUPER_SIZE + s) as usize;
+            // SAFETY: forwarded; s < 64, inside the staged atoms and slot indices.
+            unsafe {
+                let i = *self.atom_index.add(slot);
+                let row = if TYPES { *self.atom_type.add(slot) * 8 * ntypes } else { 0 };
+                let v = if i != NBNXM_FILLER {
+                    let p = *self.x.add(i as usize);
+                    [p.x + shift.x, p.y + shift.y, p.z + shift.z, f32::from_bits(row)]
+                } else {
+                    [FAR_I, FAR_I, FAR_I, f32::from_bits(row)]
+                };
+                *b.staged().add(s as usize) = Staged(v);
+                if TYPES {
+                    *b.slots().add(s as usize) = i;
+                }
             }
-            let i = *self.atom_index.add(slot as usize);
-            let w = if TYPES { f32::from_bits(*self.atom_type.add(slot as usize) * 8) } else { 0.0 };
-            if i != NBNXM_FILLER {
-                let p = *(self.src as *const Float3).add(i as usize);
-                [p.x, p.y, p.z, w]
-            } else {
-                [FAR_J, FAR_J, FAR_J, w]
-            }
+            s += b.threads;
         }
     }
 }
@@ -201,7 +168,7 @@ fn pair<const ENERGY: bool, const EXCL: bool>(p: &Lj, xi: [f32; 4], xj: [f32; 4]
 /// atom pairs count only for `ti < tj`.
 ///
 /// # Safety
-/// `staged` is the warp's staged supercluster.
+/// `staged` is the block's staged supercluster, published by a barrier.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn j_cluster<const ENERGY: bool, const DIAG: bool>(
@@ -210,7 +177,7 @@ unsafe fn j_cluster<const ENERGY: bool, const DIAG: bool>(
     let (mut fa, mut fb) = (Float3::default(), Float3::default());
     each_i_cluster!(K => {
         if mask & (1 << K) != 0 {
-            // SAFETY: 64 staged atoms per warp.
+            // SAFETY: 64 staged atoms.
             let xi = unsafe { (*staged.add(K * CL as usize + ti as usize)).0 };
             let own = DIAG && K as u32 == kj;
             pair::<ENERGY, DIAG>(p, xi, j.a, own && ti >= tj, &mut fi[K], &mut fa, e);
@@ -224,7 +191,7 @@ unsafe fn j_cluster<const ENERGY: bool, const DIAG: bool>(
 /// `sqrt(rlist2)`; `DIAG` as in [`j_cluster`].
 ///
 /// # Safety
-/// `staged` is the warp's staged supercluster.
+/// `staged` is the block's staged supercluster, published by a barrier.
 #[inline(always)]
 unsafe fn hits<const DIAG: bool>(staged: *const Staged, mask: u32, kj: u32, ti: u32, tj: u32, j: &JAtoms, rlist2: f32) -> u32 {
     let r2 = |xi: [f32; 4], xj: [f32; 4]| {
@@ -234,7 +201,7 @@ unsafe fn hits<const DIAG: bool>(staged: *const Staged, mask: u32, kj: u32, ti: 
     let mut bits = 0u32;
     each_i_cluster!(K => {
         if mask & (1 << K) != 0 {
-            // SAFETY: 64 staged atoms per warp.
+            // SAFETY: 64 staged atoms.
             let xi = unsafe { (*staged.add(K * CL as usize + ti as usize)).0 };
             let own = DIAG && K as u32 == kj;
             let a = r2(xi, j.a) < rlist2 && !(own && ti >= tj);
@@ -245,39 +212,21 @@ unsafe fn hits<const DIAG: bool>(staged: *const Staged, mask: u32, kj: u32, ti: 
     bits
 }
 
-/// The warp's entry and its staging slice; `None` past the last entry.
+/// Calls `round(w, word)` for this warp's share of the entry's words, 32 at a time: lane `l` gets
+/// `w = j_start + warp + warps (32 r + l)` in round `r` and that word (0 when `w >= j_end`); the
+/// rounds run while the warp has words left (none when the entry has at most `warp` words).
 ///
 /// # Safety
-/// `entries` holds `n_entries`; launched with [`NBNXM_WARPS_PER_BLOCK`] warps per block and at
-/// least [`NBNXM_SHARED_BYTES`] of dynamic shared memory.
+/// All lanes of the warp together; `j_list[j_start..j_end]` is valid.
 #[inline(always)]
-unsafe fn entry_of(entries: *const NbnxmEntry, n_entries: u32) -> Option<(NbnxmEntry, *mut Staged)> {
-    let warp_in_block = warp::warp_id();
-    let entry = thread::block_idx_x() * NBNXM_WARPS_PER_BLOCK + warp_in_block;
-    if entry >= n_entries {
-        return None; // the whole warp: its entry index is warp-uniform
-    }
-    // SAFETY: the launch gives each warp NBNXM_SUPER_SIZE staged atoms; entry < n_entries.
-    unsafe {
-        let staged = (shared::dynamic_shared_mem() as *mut Staged).add((warp_in_block * NBNXM_SUPER_SIZE) as usize);
-        Some((*entries.add(entry as usize), staged))
-    }
-}
-
-/// Calls `round(w, word)` for the words of `j_list[start..end]`, 32 at a time: lane `l` gets
-/// `w = base + l` and that word (0 when `w >= end`), loaded in one coalesced load.
-///
-/// # Safety
-/// All lanes together; `j_list[start..end]` is valid.
-#[inline(always)]
-unsafe fn for_each_round(j_list: *const u32, start: u32, end: u32, lane: u32, mut round: impl FnMut(u32, u32)) {
-    let mut base = start;
-    while base < end {
-        let w = base + lane;
-        // SAFETY: w < end is inside the list.
-        let word = if w < end { unsafe { *j_list.add(w as usize) } } else { 0 };
+unsafe fn for_each_round(j_list: *const u32, b: &Block, mut round: impl FnMut(u32, u32)) {
+    let mut base = b.e.j_start + b.warp;
+    while base < b.e.j_end {
+        let w = base + b.lane * b.warps;
+        // SAFETY: w < j_end is inside the list.
+        let word = if w < b.e.j_end { unsafe { *j_list.add(w as usize) } } else { 0 };
         round(w, word);
-        base += warp::WARP_SIZE;
+        base += warp::WARP_SIZE * b.warps;
     }
 }
 
@@ -312,25 +261,22 @@ unsafe fn visit_words(mine: u32, mut visit: impl FnMut(u32, u32, u32)) {
     }
 }
 
-/// Loads the LJ table into the block's shared memory after the staging slices, negating the
-/// `6 c6` column, and returns it. Every thread of the block calls it (a block barrier).
+/// Copies the LJ table into the block's shared memory, negating the `6 c6` column; the caller's
+/// block barrier publishes it. Every thread of the block calls it.
 ///
 /// # Safety
-/// Launched with [`crate::abi::nbnxm_tiled_shared_bytes`]`(ntypes)` of dynamic shared memory;
-/// `lj` holds `ntypes²` entries.
+/// A force launch for `ntypes` types; `lj` holds `ntypes²` entries.
 #[inline(always)]
-unsafe fn load_table(lj: *const [f32; 2], ntypes: u32) -> *const u8 {
-    // SAFETY: the launch reserves the table after the staging slices; all threads reach the barrier.
+unsafe fn load_table(b: &Block, lj: *const [f32; 2], ntypes: u32) {
+    // SAFETY: the launch reserves the table; k < ntypes².
     unsafe {
-        let table = (shared::dynamic_shared_mem() as *mut u8).add(NBNXM_SHARED_BYTES as usize) as *mut [f32; 2];
-        let mut k = thread::thread_idx_x();
+        let table = b.table();
+        let mut k = b.tid;
         while k < ntypes * ntypes {
             let c = *lj.add(k as usize);
             *table.add(k as usize) = [-c[0], c[1]];
-            k += thread::block_dim_x();
+            k += b.threads;
         }
-        sync_threads();
-        table as *const u8
     }
 }
 
@@ -346,31 +292,32 @@ fn own_super(e: &NbnxmEntry, cj: u32) -> Option<u32> {
 ///
 /// # Safety
 /// A list built by the host for these arrays: slots `sci * 64 ..` and `cj * 8 ..` inside
-/// `atom_index` / `atom_type` (and the copy when `XQ`), indices inside `x` and `f`, types below
-/// `ntypes`, `lj` holding `ntypes²` entries; launched with [`NBNXM_WARPS_PER_BLOCK`] warps per block
-/// and [`crate::abi::nbnxm_tiled_shared_bytes`]`(ntypes)` of dynamic shared memory.
+/// `atom_index` / `atom_type`, indices inside `x` and `f`, types below `ntypes`, `lj` holding
+/// `ntypes²` entries; launched as [`crate::abi::NBNXM_KERNELS`] says (one block per entry, a whole
+/// number of warps, [`crate::abi::nbnxm_force_shared_bytes`]`(ntypes, warps)`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn forces<const ENERGY: bool, const XQ: bool, const PREFETCH: bool>(
-    x: *const u8, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_list: *const u32,
+unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
+    x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_list: *const u32,
     lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64, box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32,
     sh12: f32,
 ) {
-    // SAFETY: the host's contract (above) covers every access; the barrier in load_table is
-    // reached by every thread of the block before any warp leaves.
+    // SAFETY: the host's contract (above) covers every access; the whole block leaves together
+    // (block-uniform entry test) or reaches both barriers (the loops below are warp-uniform).
     unsafe {
-        let table = load_table(lj, ntypes);
-        let Some((e, staged)) = entry_of(entries, n_entries) else { return };
-        let lane = warp::lane_id();
-        let (ti, tj) = (lane % CL, lane / CL);
-        let src = Source::<XQ, true> { src: x, atom_index, atom_type };
-        src.stage_i(e.sci, shift_vector(e.shift, box_x, box_y, box_z), ntypes, staged, lane);
-        let p = Lj { table, rc2, sh6, sh12 };
+        let Some(b) = Block::of(entries, n_entries) else { return };
+        let (ti, tj) = (b.lane % CL, b.lane / CL);
+        let src = Source::<true> { x, atom_index, atom_type };
+        load_table(&b, lj, ntypes);
+        src.stage_i(&b, shift_vector(b.e.shift, box_x, box_y, box_z), ntypes);
+        sync_threads();
+        let staged = b.staged() as *const Staged;
+        let p = Lj { table: b.table() as *const u8, rc2, sh6, sh12 };
         let mut fi = [Float3::default(); CLUSTERS];
         let mut e_sum = 0.0f32;
         // With PREFETCH: the j-cluster loaded ahead, and its atoms.
         let mut ahead: Option<(u32, JAtoms)> = None;
-        for_each_round(j_list, e.j_start, e.j_end, lane, |_, mine| {
+        for_each_round(j_list, &b, |_, mine| {
             visit_words(mine, |word, _, next| {
                 let (cj, ncj, mask) = (word >> NBNXM_MASK_BITS, next >> NBNXM_MASK_BITS, word & MASK);
                 let j = match ahead {
@@ -379,7 +326,7 @@ unsafe fn forces<const ENERGY: bool, const XQ: bool, const PREFETCH: bool>(
                 };
                 // The next j-cluster's first stage before this one's pairs, its second after them.
                 let next_first = if PREFETCH { Some(src.stage1(ncj, tj)) } else { None };
-                let (fa, fb) = match own_super(&e, cj) {
+                let (fa, fb) = match own_super(&b.e, cj) {
                     Some(kj) => j_cluster::<ENERGY, true>(&p, staged, mask, kj, ti, tj, &j, &mut fi, &mut e_sum),
                     None => j_cluster::<ENERGY, false>(&p, staged, mask, 0, ti, tj, &j, &mut fi, &mut e_sum),
                 };
@@ -387,36 +334,34 @@ unsafe fn forces<const ENERGY: bool, const XQ: bool, const PREFETCH: bool>(
                 add_j_forces(f, ti, fa, fb, j.ia, j.ib);
             });
         });
-        add_i_forces(f, atom_index, e.sci, ti, tj, &fi);
-        if ENERGY {
-            add_energy(energy, e_sum);
-        }
+        add_i_forces_and_energy::<ENERGY>(&b, ntypes, f, energy, ti, tj, &fi, e_sum);
     }
 }
 
 /// The prune kernels: `j_inner[w]` = `j_outer[w]` with mask bit `k` kept only if some atom pair of
 /// i-cluster `k` and the j-cluster (on the self cluster pair only `ti < tj`) is closer than
 /// `sqrt(rlist2)`. Each lane sets bit `k` for its pairs, one `redux.sync.or` per j-cluster gives
-/// the warp's mask, and the lane that loaded the word stores it (one coalesced store per 32 words).
+/// the warp's mask, and the lane that loaded the word stores it (one store instruction per round).
 ///
 /// # Safety
-/// As [`forces`] without types and table ([`NBNXM_SHARED_BYTES`] of dynamic shared memory);
-/// `j_inner` has as many words as `j_outer`.
+/// As [`forces`] without types and table, launched with [`crate::abi::NBNXM_PRUNE_SHARED_BYTES`] of
+/// dynamic shared memory; `j_inner` has as many words as `j_outer`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn prune<const XQ: bool, const PREFETCH: bool>(
-    x: *const u8, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_outer: *const u32, j_inner: *mut u32, box_x: f32,
+unsafe fn prune<const PREFETCH: bool>(
+    x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_outer: *const u32, j_inner: *mut u32, box_x: f32,
     box_y: f32, box_z: f32, rlist2: f32,
 ) {
-    // SAFETY: as in `forces`; no block barrier here, so a warp may leave early.
+    // SAFETY: as in `forces`; the one barrier is reached by every thread of a block that has an entry.
     unsafe {
-        let Some((e, staged)) = entry_of(entries, n_entries) else { return };
-        let lane = warp::lane_id();
-        let (ti, tj) = (lane % CL, lane / CL);
-        let src = Source::<XQ, false> { src: x, atom_index, atom_type: core::ptr::null() };
-        src.stage_i(e.sci, shift_vector(e.shift, box_x, box_y, box_z), 0, staged, lane);
+        let Some(b) = Block::of(entries, n_entries) else { return };
+        let (ti, tj) = (b.lane % CL, b.lane / CL);
+        let src = Source::<false> { x, atom_index, atom_type: core::ptr::null() };
+        src.stage_i(&b, shift_vector(b.e.shift, box_x, box_y, box_z), 0);
+        sync_threads();
+        let staged = b.staged() as *const Staged;
         let mut ahead: Option<(u32, JAtoms)> = None;
-        for_each_round(j_outer, e.j_start, e.j_end, lane, |w, mine| {
+        for_each_round(j_outer, &b, |w, mine| {
             let mut kept_mine = 0u32;
             visit_words(mine, |word, from, next| {
                 let (cj, ncj, mask) = (word >> NBNXM_MASK_BITS, next >> NBNXM_MASK_BITS, word & MASK);
@@ -425,94 +370,64 @@ unsafe fn prune<const XQ: bool, const PREFETCH: bool>(
                     _ => src.load(cj, tj),
                 };
                 let next_first = if PREFETCH { Some(src.stage1(ncj, tj)) } else { None };
-                let bits = match own_super(&e, cj) {
+                let bits = match own_super(&b.e, cj) {
                     Some(kj) => hits::<true>(staged, mask, kj, ti, tj, &j, rlist2),
                     None => hits::<false>(staged, mask, 0, ti, tj, &j, rlist2),
                 };
                 ahead = next_first.map(|r| (ncj, src.stage2(r)));
                 let kept = warp::reduce_or_u32(FULL, bits);
-                if lane == from {
+                if b.lane == from {
                     kept_mine = kept;
                 }
             });
-            if w < e.j_end {
+            if w < b.e.j_end {
                 *j_inner.add(w as usize) = (mine & !MASK) | kept_mine;
             }
         });
     }
 }
 
-/// Declares one force / force+energy / prune kernel triple of the tiled design.
-macro_rules! tiled_kernels {
-    ($forces:ident, $energy:ident, $prune:ident, xq: $xq:literal, prefetch: $pf:literal, $what:literal) => {
+/// Declares one force / force+energy / prune kernel triple.
+macro_rules! nbnxm_kernels {
+    ($forces:ident, $energy:ident, $prune:ident, prefetch: $pf:literal, $what:literal) => {
         kernel! {
-            #[doc = concat!("Forces of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_FORCES`] (same arguments).")]
+            #[doc = concat!("Forces of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $forces(
-                x: *const u8, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
+                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
                 j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
                 box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32, sh12: f32,
             ) {
                 // SAFETY: forwarded; the host's contract is on `forces`.
                 unsafe {
-                    forces::<false, $xq, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<false, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
         kernel! {
-            #[doc = concat!("Forces and energy of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_FORCES_ENERGY`].")]
+            #[doc = concat!("Forces and energy of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $energy(
-                x: *const u8, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
+                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
                 j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
                 box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32, sh12: f32,
             ) {
                 // SAFETY: forwarded.
                 unsafe {
-                    forces::<true, $xq, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<true, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
         kernel! {
-            #[doc = concat!("The inner list, ", $what, ". See [`crate::abi::NBNXM_PRUNE`] (same arguments).")]
+            #[doc = concat!("The inner list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $prune(
-                x: *const u8, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32,
+                x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32,
                 j_outer: *const u32, j_inner: *mut u32, box_x: f32, box_y: f32, box_z: f32, rlist2: f32,
             ) {
                 // SAFETY: forwarded.
-                unsafe { prune::<$xq, $pf>(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2) }
+                unsafe { prune::<$pf>(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2) }
             }
         }
     };
 }
 
-tiled_kernels!(nbnxm_forces_ind, nbnxm_forces_energy_ind, nbnxm_prune_ind, xq: false, prefetch: false, "j-atoms through the slot index");
-tiled_kernels!(nbnxm_forces_pf, nbnxm_forces_energy_pf, nbnxm_prune_pf, xq: false, prefetch: true, "j-atoms through the slot index, prefetched");
-tiled_kernels!(nbnxm_forces_xq, nbnxm_forces_energy_xq, nbnxm_prune_xq, xq: true, prefetch: true, "atoms from the cluster-ordered copy, prefetched");
-
-kernel! {
-    /// The cluster-ordered copy for the `_xq` kernels: `xq[s] = [x, y, z, bits(8 type)]` of the
-    /// atom in slot `s` for `s` in `first .. first + n` (padding: far away, type 0). One thread per
-    /// slot, grid-stride. See [`crate::abi::NBNXM_GATHER_XQ`].
-    ///
-    /// # Safety
-    /// `atom_index`, `atom_type` and `xq` cover the slots; non-filler indices are inside `x`; `xq`
-    /// is 16-byte aligned.
-    fn nbnxm_gather_xq(x: *const Float3, atom_index: *const u32, atom_type: *const u32, first: u32, n: u32, xq: *mut [f32; 4]) {
-        let mut i = thread::index_1d();
-        while i < n {
-            let s = (first + i) as usize;
-            // SAFETY: the host's contract.
-            unsafe {
-                let idx = *atom_index.add(s);
-                let w = f32::from_bits(*atom_type.add(s) * 8);
-                let v = if idx != NBNXM_FILLER {
-                    let p = *x.add(idx as usize);
-                    [p.x, p.y, p.z, w]
-                } else {
-                    [FAR_J, FAR_J, FAR_J, f32::from_bits(0)]
-                };
-                *(xq as *mut Xq).add(s) = Xq(v);
-            }
-            i += thread::grid_stride_x();
-        }
-    }
-}
+nbnxm_kernels!(nbnxm_forces_ind, nbnxm_forces_energy_ind, nbnxm_prune_ind, prefetch: false, "j-atoms through the slot index");
+nbnxm_kernels!(nbnxm_forces_pf, nbnxm_forces_energy_pf, nbnxm_prune_pf, prefetch: true, "j-atoms through the slot index, prefetched");
