@@ -62,10 +62,114 @@ fn eight_ranks_2x2x2_forwarding_chain_every_transport() {
 fn two_pulses_per_dimension() {
     // 0.98 nm cells along x and a 1.13 nm list cutoff (nstlist 25): two pulses along x.
     run("md_4x1x1_two_pulses", config(6000, [4, 1, 1], Transport::Fused, 60, 25));
-    // 0.62 nm cells in x, 1.23 nm in y and z, a 0.7 nm cutoff: two pulses in x, one in y and z.
+    run("md_4x2x2_mixed_pulses", mixed_pulses());
+}
+
+/// 0.62 nm cells in x, 1.23 nm in y and z, a 0.7 nm cutoff and a 0.9 nm list cutoff: two pulses in
+/// x, one in y and z. Explicit buffers: at 0.7 nm a pair that enters the cutoff unlisted misses a
+/// force of about 1e-2 kJ/mol/nm, 1.3e-4 of the RMS force (above [`md::run::FORCE_TOLERANCE`]); the
+/// buffer rule (0.008 nm for 20 steps, none for 10) lets such pairs in (GPU run 4: atom 832 at
+/// step 2, pairs 671–832 and 832–926 at 0.7016 and 0.7005 nm at the prune, inside by step 2). In
+/// f64 dynamics the 40 steps need 0.080 nm (outer) and 0.035 nm (inner):
+/// [`mixed_pulse_lists_miss_no_pair_on_the_cpu`] checks these buffers cover them.
+fn mixed_pulses() -> MdConfig {
     let mut c = config(1500, [4, 2, 2], Transport::Fused, 40, 20);
     c.cutoff = 0.7;
-    run("md_4x2x2_mixed_pulses", c);
+    c.buffer = Some(0.2);
+    c.inner_buffer = Some(0.1);
+    c
+}
+
+/// The CPU twin of `md_4x2x2_mixed_pulses` (no GPU): the search path of the MD step (plan, local
+/// atoms, host lists at every search, lists pruned at every prune step) and leapfrog dynamics in
+/// f64 (positions kept in f32, as on the GPU); at every step the forces of the lists (f64 cluster-pair
+/// reference, summed over ranks by the force halo) must equal the undecomposed forces within the
+/// GPU test's tolerance. With the buffer rule (`buffer`, `inner_buffer` None) it fails at step 2
+/// exactly as the GPU did (atom 832, error 9.3e-3 kJ/mol/nm): the lists miss pairs, not the kernels.
+#[test]
+fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
+    use halo::decomp::{HaloPlan, wrap_position};
+    use md::md_reference::{cluster_list_forces, exchange_coordinates_f64, exchange_forces_f64, lj_forces, prune_reference};
+    use md::nbnxm::{ClusterPairList, LocalAtoms, PairSearch, SearchOptions};
+    let cfg = mixed_pulses();
+    let mut sys = halo::system::MolecularSystem::generate(cfg.atoms, cfg.seed).unwrap();
+    let setup = cfg.list_setup(&sys).unwrap();
+    let n = sys.atom_types.len();
+    let table: Vec<(f64, f64)> = (0..n * n).map(|k| sys.lj_pair(k / n, k % n)).map(|p| (p.c6, p.c12)).collect();
+    let (rc, dt) = (f64::from(setup.cutoff), f64::from(cfg.dt));
+    let mut v: Vec<[f64; 3]> = sys.velocities.iter().map(|v| [v.x, v.y, v.z].map(f64::from)).collect();
+    let mut lists = None;
+    for step in 0..cfg.steps {
+        if step % cfg.nstlist == 0 {
+            for p in &mut sys.positions {
+                *p = wrap_position(*p, sys.box_size);
+            }
+            let plan = HaloPlan::build(&sys, cfg.grid, setup.rlist).unwrap();
+            let opts = SearchOptions { threads: 2, ..SearchOptions::new(setup.rlist) };
+            let searches: Vec<PairSearch> = plan
+                .ranks
+                .iter()
+                .map(|r| PairSearch::build(&LocalAtoms::from_plan(&plan, r.rank, &sys.positions, &sys.types).unwrap(), &opts).unwrap())
+                .collect();
+            let x0 = exchange_coordinates_f64(&plan, &sys).unwrap();
+            lists = Some((plan, searches, x0, sys.positions.clone(), Vec::new()));
+        }
+        let (plan, searches, x0, at_search, inner) = lists.as_mut().unwrap();
+        // Local coordinates: those of the search moved by each atom's (unwrapped) displacement.
+        let coords: Vec<Vec<[f64; 3]>> = plan
+            .ranks
+            .iter()
+            .zip(x0.iter())
+            .map(|(r, c0)| {
+                let moved = |g: u32, p: &[f64; 3]| -> [f64; 3] {
+                    let (a, b) = (sys.positions[g as usize], at_search[g as usize]);
+                    [p[0] + (f64::from(a.x) - f64::from(b.x)), p[1] + (f64::from(a.y) - f64::from(b.y)), p[2] + (f64::from(a.z) - f64::from(b.z))]
+                };
+                c0.iter().zip(&r.global_ids).map(|(p, &g)| moved(g, p)).collect()
+            })
+            .collect();
+        if step % cfg.nstprune == 0 {
+            *inner = searches
+                .iter()
+                .zip(&coords)
+                .map(|(s, c)| {
+                    let prune = |l: &ClusterPairList| ClusterPairList { entries: l.entries.clone(), j_list: prune_reference(&s.grid, l, c, f64::from(setup.rlist_inner)) };
+                    (prune(&s.local), prune(&s.nonlocal))
+                })
+                .collect();
+        }
+        let per_rank: Vec<Vec<[f64; 3]>> = searches
+            .iter()
+            .zip(inner.iter())
+            .zip(&coords)
+            .map(|((s, (l, nl)), c)| {
+                let (mut f, _) = cluster_list_forces(&s.grid, l, c, &table, rc);
+                for (a, b) in f.iter_mut().zip(cluster_list_forces(&s.grid, nl, c, &table, rc).0) {
+                    (0..3).for_each(|k| a[k] += b[k]);
+                }
+                f
+            })
+            .collect();
+        let total = exchange_forces_f64(plan, &per_rank).unwrap();
+        let want = lj_forces(&sys, cfg.cutoff).unwrap();
+        let rms = (want.iter().map(|f| f.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / want.len() as f64).sqrt();
+        let mut f = vec![[0.0; 3]; sys.len()];
+        for (r, fr) in plan.ranks.iter().zip(&total) {
+            for (k, &g) in r.global_ids[..r.home_atoms].iter().enumerate() {
+                let (got, w) = (fr[k], want[g as usize]);
+                let norm = w.iter().map(|c| c * c).sum::<f64>().sqrt().max(rms);
+                let err = (0..3).map(|c| (got[c] - w[c]).abs()).fold(0.0, f64::max);
+                assert!(err <= md::run::FORCE_TOLERANCE * norm, "step {step}: atom {g} has force {got:?} from the lists, {w:?} undecomposed (error {err:.2e}, {:.2e} of {norm:.1})", err / norm);
+                f[g as usize] = got;
+            }
+        }
+        // Leapfrog (velocities in f64, positions stored in f32 like the GPU's).
+        let inv_mass: Vec<f64> = (0..sys.len()).map(|i| 1.0 / sys.mass(i)).collect();
+        for (((p, vi), fi), im) in sys.positions.iter_mut().zip(v.iter_mut()).zip(&f).zip(inv_mass) {
+            (0..3).for_each(|c| vi[c] += dt * fi[c] * im);
+            *p = Float3::new((f64::from(p.x) + dt * vi[0]) as f32, (f64::from(p.y) + dt * vi[1]) as f32, (f64::from(p.z) + dt * vi[2]) as f32);
+        }
+    }
 }
 
 #[test]

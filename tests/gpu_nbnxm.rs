@@ -261,11 +261,21 @@ fn eight_ranks_45000_atoms_2x2x2() {
 #[test]
 fn gpu_search_equals_the_host_search() {
     let Some(g) = gpu("nbnxm_gpu_search") else { return };
-    for atoms in [6000, 45_000] {
-        let sys = MolecularSystem::generate(atoms, 21).unwrap();
+    // gpu_md's mixed-pulse case (1500 atoms, seed 5, 4x2x2, cutoff 0.7: two pulses in x, one in y
+    // and z) at the rule's list cutoff and at its explicit 0.9 nm, rank 15 (GPU run 4's failure).
+    let mixed = MolecularSystem::generate(1500, 5).unwrap();
+    let rule = ListSetup::for_system(&mixed, 0.7, 0.002, 20, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+    let cases = [(6000, 21, 1.0), (45_000, 21, 1.0), (1500, 5, 0.7)];
+    for (atoms, seed, cutoff) in cases {
+        let sys = if atoms == 1500 { mixed.clone() } else { MolecularSystem::generate(atoms, seed).unwrap() };
         for nstlist in [100, 50] {
-            let s = ListSetup::for_system(&sys, 1.0, 0.002, nstlist, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
-            for dims in [[1, 1, 1], [2, 1, 1], [2, 2, 1]] {
+            let s = match cutoff < 1.0 {
+                false => ListSetup::for_system(&sys, cutoff, 0.002, nstlist, 10, DEFAULT_DRIFT_TOLERANCE).unwrap(),
+                true if nstlist == 100 => rule,
+                true => ListSetup::new(0.7, 20, 0.9, 10, 0.8).unwrap(),
+            };
+            let grids: &[[usize; 3]] = if cutoff < 1.0 { &[[4, 2, 2]] } else { &[[1, 1, 1], [2, 1, 1], [2, 2, 1]] };
+            for &dims in grids {
                 let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
                 let r = plan.ranks.len() - 1;
                 let local = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
@@ -275,7 +285,7 @@ fn gpu_search_equals_the_host_search() {
                 let t = std::time::Instant::now();
                 nb.update_on_gpu(&search.grid, sys.box_size, &stream).unwrap();
                 let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
-                let test = format!("gpu search {atoms} atoms nstlist {nstlist} {dims:?} rank {r}");
+                let test = format!("gpu search {atoms} atoms rlist {} {dims:?} rank {r}", s.rlist);
                 for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
                     assert_eq!(nb.read_entries(kind).unwrap(), list.entries, "{test} {kind:?}");
                     assert_eq!(nb.read_j_list(kind, false).unwrap(), list.j_list, "{test} {kind:?}");
