@@ -64,6 +64,10 @@ pub enum HaloError {
     /// A device spin-wait expired: a peer never signalled (see the message for which one).
     #[error("halo exchange timed out: {0}")]
     WaitTimeout(crate::exchange::WaitTimeout),
+    /// A host-side handshake of a host-driven transport expired: a peer process never posted
+    /// (see the message for which one, what and at which step).
+    #[error("halo exchange timed out on the host: {0}")]
+    HostWaitTimeout(String),
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),

@@ -3,6 +3,8 @@
 //! Without a GPU a test prints `SKIPPED (no GPU): <reason>` and passes, so CI machines without
 //! GPUs stay green; with `HALO_REQUIRE_GPU=1` (set by the bundle's `run-gpu-tests.sh`) the same
 //! situation fails the test instead, so a GPU run can never report a skipped check as a pass.
+//! A GPU whose driver is loaded but fails to initialise ([`gpu::GpuStatus::DriverFailed`]) fails
+//! the test whatever the setting: that machine is broken, not GPU-less.
 
 use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use crate::gpu::{self, CudaContext, KernelModule};
@@ -24,10 +26,11 @@ pub fn gpu_required() -> bool {
 /// The number of GPUs, or `None` (after printing why, or panicking under `HALO_REQUIRE_GPU=1`)
 /// when there are fewer than `min`.
 pub fn gpus_or_skip(test: &str, min: usize) -> Option<usize> {
-    let reason = match gpu::gpu_unavailable_reason() {
-        Some(r) => r,
-        None if gpu::device_count() >= min => return Some(gpu::device_count()),
-        None => format!("{min} GPUs needed, {} present", gpu::device_count()),
+    let reason = match gpu::gpu_status() {
+        gpu::GpuStatus::Present(n) if n >= min => return Some(n),
+        gpu::GpuStatus::Present(n) => format!("{min} GPUs needed, {n} present"),
+        gpu::GpuStatus::Absent(r) => r,
+        gpu::GpuStatus::DriverFailed(r) => panic!("{test}: a GPU is present but unusable: {r}"),
     };
     if gpu_required() {
         panic!("{test}: HALO_REQUIRE_GPU=1 but {reason}");

@@ -6,6 +6,7 @@
 //! starve the block it waits for: [`LocalRanks::new`] sizes the grids to fit and refuses a
 //! configuration that cannot.
 
+use super::host_driven::{Direction, HostDriven, LocalLinks};
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
 use super::spec::{RankHalo, validate};
@@ -20,6 +21,8 @@ pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
     ranks: Vec<RankExchange<T>>,
     streams: Vec<Arc<CudaStream>>,
     host_syncs: u64,
+    host: HostDriven,
+    links: LocalLinks,
 }
 
 impl<T: Element> LocalRanks<T> {
@@ -55,7 +58,8 @@ impl<T: Element> LocalRanks<T> {
             // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
             rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
         }
-        let mut this = Self { ranks, streams, host_syncs: 0 };
+        let links = LocalLinks::new(&ranks)?;
+        let mut this = Self { ranks, streams, host_syncs: 0, host: HostDriven::new(&halos), links };
         this.fit_residency(modules.len())?;
         Ok(this)
     }
@@ -118,6 +122,7 @@ impl<T: Element> LocalRanks<T> {
         for r in &mut self.ranks {
             r.reset_protocol()?;
         }
+        self.host.reset();
         let mut synced: Vec<usize> = Vec::new();
         for r in &self.ranks {
             let ctx = r.context();
@@ -129,17 +134,27 @@ impl<T: Element> LocalRanks<T> {
         Ok(())
     }
 
-    /// Host synchronisations performed so far (the staged path's cost, zero on GPU-initiated paths).
+    /// Host synchronisations performed so far: every wait of the host for one rank's stream
+    /// inside the staged transport counts once, and every [`Self::finish`] once (zero inside the
+    /// steps of every other transport).
     pub fn host_syncs(&self) -> u64 {
         self.host_syncs
     }
 
-    /// Launches one step's coordinate halo on every rank (GPU-initiated transports) without waiting.
+    /// Runs one direction of a host-driven transport on every rank.
+    fn host_driven(&mut self, transport: Transport, direction: Direction) -> Result<()> {
+        self.host_syncs += self.host.run(transport, direction, &self.ranks, &self.streams, &mut self.links)?;
+        Ok(())
+    }
+
+    /// Launches one step's coordinate halo on every rank without waiting (GPU-initiated and
+    /// direct-copy transports; staged: runs it).
     pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged_coordinates();
-        }
         self.check_transport(transport)?;
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Forward);
+        }
+        self.host.note(Direction::Forward);
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_coordinates(transport, &self.streams[r])?;
         }
@@ -148,9 +163,10 @@ impl<T: Element> LocalRanks<T> {
 
     /// Launches one step's force halo on every rank without waiting (staged: runs it).
     pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged_forces();
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Reverse);
         }
+        self.host.note(Direction::Reverse);
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_forces(&self.streams[r])?;
         }
@@ -171,42 +187,6 @@ impl<T: Element> LocalRanks<T> {
             s.synchronize().during("waiting for a rank's stream")?;
         }
         self.host_syncs += 1;
-        Ok(())
-    }
-
-    /// GROMACS's MPI path, pulse by pulse: pack on every rank, host sync, copy into the receiver,
-    /// host sync.
-    fn staged_coordinates(&mut self) -> Result<()> {
-        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
-        for p in 0..pulses {
-            for (r, rank) in self.ranks.iter().enumerate() {
-                rank.stage_pack(p, &self.streams[r])?;
-            }
-            self.sync_all()?;
-            for (r, rank) in self.ranks.iter().enumerate() {
-                let to = rank.halo().pulses[p].send_rank;
-                rank.stage_copy_to(p, self.ranks[to].local_view(), &self.streams[r])?;
-            }
-            self.sync_all()?;
-        }
-        Ok(())
-    }
-
-    /// The staged force halo, last pulse first: copy halo forces to their owner, host sync,
-    /// accumulate, host sync.
-    fn staged_forces(&mut self) -> Result<()> {
-        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
-        for p in (0..pulses).rev() {
-            for (r, rank) in self.ranks.iter().enumerate() {
-                let owner = rank.halo().pulses[p].recv_rank;
-                rank.stage_forces_to(p, self.ranks[owner].recv_slot(p), &self.streams[r])?;
-            }
-            self.sync_all()?;
-            for (r, rank) in self.ranks.iter().enumerate() {
-                rank.stage_unpack_forces(p, &self.streams[r])?;
-            }
-            self.sync_all()?;
-        }
         Ok(())
     }
 

@@ -1,7 +1,9 @@
 //! One rank per process (an NVSHMEM PE): buffers on the symmetric heap, peers reached by
 //! `nvshmem_ptr` where NVLink allows loads and stores, by NVSHMEM puts otherwise (or when forced).
 
+use super::host_driven::{Direction, HostDriven};
 use super::memory::MemoryKind;
+use super::pe_links::PeLinks;
 use super::rank::{PeerView, RankExchange, SharedSizes};
 use super::spec::{RankHalo, validate};
 use super::{Element, Transport};
@@ -87,6 +89,9 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     halos: Vec<RankHalo>,
     stream: Arc<CudaStream>,
     host_syncs: u64,
+    host: HostDriven,
+    /// The host-driven transports' links, or why they cannot run here (the same on every PE).
+    links: std::result::Result<PeLinks, String>,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -169,8 +174,9 @@ impl<T: Element> PeExchange<T> {
         let (sms, per_sm) = rank.residency()?;
         rank.cap_grids(sms * per_sm / halos[me].pulses.len().max(1) as u32);
         let stream = super::rank::halo_stream(module.context())?;
+        let links = PeLinks::setup(&nvshmem, &rank, &halos)?;
         nvshmem.barrier_all()?;
-        Ok(Self { rank, nvshmem, halos, stream, host_syncs: 0 })
+        Ok(Self { rank, nvshmem, host: HostDriven::new(&halos), halos, stream, host_syncs: 0, links })
     }
 
     /// This PE's rank exchange (buffers, status).
@@ -206,26 +212,35 @@ impl<T: Element> PeExchange<T> {
                 transport.name()
             )));
         }
-        if (transport == Transport::Staged) && !self.rank.all_direct() {
-            return Err(HaloError::InvalidInput("the staged transport copies into peer memory and needs P2P-reachable peers".into()));
+        if let (true, Err(why)) = (transport.host_driven(), &self.links) {
+            return Err(HaloError::InvalidInput(format!("the {} transport cannot run between these PEs: {why}", transport.name())));
         }
         Ok(())
     }
 
-    /// Launches (GPU-initiated) or runs (staged) one step's coordinate halo.
+    /// Runs one direction of a host-driven transport.
+    fn host_driven(&mut self, transport: Transport, direction: Direction) -> Result<()> {
+        let links = self.links.as_mut().map_err(|why| HaloError::InvalidInput(format!("the {} transport cannot run here: {why}", transport.name())))?;
+        self.host_syncs += self.host.run(transport, direction, std::slice::from_ref(&self.rank), std::slice::from_ref(&self.stream), links)?;
+        Ok(())
+    }
+
+    /// Launches (GPU-initiated, direct-copy) or runs (staged) one step's coordinate halo.
     pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
         self.check_transport(transport)?;
-        if transport == Transport::Staged {
-            return self.staged(false);
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Forward);
         }
+        self.host.note(Direction::Forward);
         self.rank.launch_coordinates(transport, &self.stream)
     }
 
-    /// Launches (GPU-initiated) or runs (staged) one step's force halo.
+    /// Launches (GPU-initiated, direct-copy) or runs (staged) one step's force halo.
     pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged(true);
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Reverse);
         }
+        self.host.note(Direction::Reverse);
         self.rank.launch_forces(&self.stream)
     }
 
@@ -246,45 +261,6 @@ impl<T: Element> PeExchange<T> {
         self.rank.check_status()
     }
 
-    /// GROMACS's host-driven path across processes: per pulse, pack (or nothing for forces), host
-    /// sync, a copy into the peer's memory through its mapped address, host sync, and a host
-    /// barrier so the peer knows its data arrived; forces are then accumulated.
-    fn staged(&mut self, forces: bool) -> Result<()> {
-        let me = self.nvshmem.my_pe();
-        let local = self.rank.local_view();
-        let n = self.halos[me].pulses.len();
-        let order: Vec<usize> = if forces { (0..n).rev().collect() } else { (0..n).collect() };
-        for p in order {
-            let (owner, to) = (self.halos[me].pulses[p].recv_rank, self.halos[me].pulses[p].send_rank);
-            if forces {
-                let slot = self.nvshmem.peer_ptr(self.rank.recv_slot(p), owner).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?;
-                self.rank.stage_forces_to(p, slot, &self.stream)?;
-            } else {
-                self.rank.stage_pack(p, &self.stream)?;
-                self.sync()?;
-                let view = PeerView {
-                    x: self.nvshmem.peer_ptr(local.x, to).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?,
-                    signals: 0,
-                    recv_buf: 0,
-                };
-                self.rank.stage_copy_to(p, view, &self.stream)?;
-            }
-            self.sync()?;
-            self.nvshmem.barrier_all()?;
-            if forces {
-                self.rank.stage_unpack_forces(p, &self.stream)?;
-                self.sync()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn sync(&mut self) -> Result<()> {
-        self.stream.synchronize().during("staged halo")?;
-        self.host_syncs += 1;
-        Ok(())
-    }
-
     /// Host barrier across PEs (used between checked steps in tests and benchmarks).
     pub fn barrier(&self) -> Result<()> {
         self.nvshmem.barrier_all()
@@ -296,6 +272,10 @@ impl<T: Element> PeExchange<T> {
     pub fn reset_protocol(&mut self) -> Result<()> {
         self.barrier()?;
         self.rank.reset_protocol()?;
+        self.host.reset();
+        if let Ok(links) = &mut self.links {
+            links.reset();
+        }
         self.rank.context().synchronize().during("waiting for the protocol reset")?;
         self.barrier()
     }
