@@ -51,6 +51,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         wait_timeout_ms: 5000,
         force_put: false,
         gpus: None,
+        json: None,
     };
     super::verify::run(verify)
 }

@@ -1,13 +1,18 @@
 //! `halo exchange-check`: runs the halo exchange alone on synthetic halos and checks every step
-//! against the CPU reference. In one process (several ranks over the visible GPUs) or, under
-//! `halo launch`/mpirun/srun, one rank per process over NVSHMEM.
+//! against the CPU reference, for every transport (and the NCCL baseline), optionally with the
+//! step captured as a CUDA graph and replayed. In one process (several ranks over the visible
+//! GPUs) or, under `halo launch`/mpirun/srun, one rank per process over NVSHMEM.
 
+use crate::bench::graph::PhaseGraphs;
+use crate::bench::pecomm::PeComm;
+use crate::bench::runner::NcclSetup;
+use crate::bench::step::Stepper;
+use crate::bench::{Method, Variant, graph::Phase, nccl};
 use anyhow::{Context, Result, bail};
-use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{Placement, RankHalo, Transport, reference};
-use halo::gpu::{self, DeviceMemory, KernelModule};
+use halo::exchange::{Placement, RankHalo};
+use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
 use std::sync::Arc;
@@ -34,9 +39,14 @@ pub struct ExchangeCheckArgs {
     /// run (a soak) exercises the protocol at full speed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     check_every: u64,
-    /// Transports to check (comma-separated); default: all that can run here.
-    #[arg(long, value_delimiter = ',', value_parser = super::transport_parser())]
-    transport: Vec<Transport>,
+    /// Transports to check, comma-separated (staged, direct-copy, nccl, per-pulse,
+    /// per-pulse-direct, fused, fused-tma) or all; default: all that can run here.
+    #[arg(long, value_parser = super::bench::parse_method_list)]
+    transport: Option<super::bench::MethodList>,
+    /// Also check every capturable transport (GPU-initiated ones and nccl) with the step captured
+    /// once as a CUDA graph and replayed every step.
+    #[arg(long)]
+    graph: bool,
     /// Use NVSHMEM put + signal for every pulse, even between NVLink peers.
     #[arg(long)]
     force_put: bool,
@@ -66,7 +76,7 @@ pub struct ExchangeCheckArgs {
 /// The router's per-rank plans, the exchange transport they imply, and the routers (for the summary).
 struct Routing {
     plans: Vec<halo::route::RoutedPaths>,
-    transport: Transport,
+    transport: halo::exchange::Transport,
     routers: Vec<halo::route::Router>,
 }
 
@@ -126,31 +136,11 @@ pub fn run(args: ExchangeCheckArgs) -> Result<()> {
     }
 }
 
-fn transports(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Transport> {
-    if !args.transport.is_empty() {
-        return args.transport.clone();
+fn methods(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Method> {
+    if let Some(list) = &args.transport {
+        return list.0.clone();
     }
-    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).filter(|t| !(args.force_put && t.needs_direct_peers())).collect()
-}
-
-/// Largest force error (relative to max(|reference|, 1): accumulated sums of O(1) terms may
-/// cancel, so their rounding is measured against the terms' scale), or an error naming the first
-/// coordinate mismatch.
-fn compare(rank: usize, step: u64, x: &[Float3], want_x: &[Float3], f: &[Float3], want_f: &[Float3]) -> Result<f64> {
-    if let Some(i) = (0..x.len()).find(|&i| x[i].x.to_bits() != want_x[i].x.to_bits() || x[i].y.to_bits() != want_x[i].y.to_bits() || x[i].z.to_bits() != want_x[i].z.to_bits()) {
-        bail!("rank {rank} step {step}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]);
-    }
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
-        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-            let err = ((u - v).abs() as f64) / (v.abs() as f64).max(1.0);
-            if !err.is_finite() || err > 1e-5 {
-                bail!("rank {rank} step {step}: force of atom {i} is {a:?}, the CPU reference says {b:?}");
-            }
-            worst = worst.max(err);
-        }
-    }
-    Ok(worst)
+    Method::ALL.into_iter().filter(|m| nvshmem || !m.needs_nvshmem()).filter(|m| !(args.force_put && m.needs_direct_peers())).collect()
 }
 
 fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
@@ -166,7 +156,10 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
     let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
-    check(args, &halos, &Placement::Local(modules), routing, false)
+    let nranks = halos.len();
+    let mut setup = NcclSetup::default();
+    let placement = Placement::Local(modules.clone());
+    check(args, &halos, &placement, routing, false, &mut || setup.get(|| nccl::setup_local(&modules, nranks)))
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
@@ -186,71 +179,86 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         session.nvshmem.version(),
         session.nvshmem.library_path().display()
     );
-    check(args, &halos, &Placement::pe(&session, policy), routing, true)
+    let wants_nccl = methods(args, true).contains(&Method::Nccl) && (args.transport.is_some() || routing.is_none());
+    // NCCL's unique id travels over the symmetric heap (collective: every PE has the same list).
+    let comm = if wants_nccl { Some(PeComm::new(session.nvshmem.clone(), 64)?) } else { None };
+    let mut setup = NcclSetup::default();
+    let mut nccl = || match &comm {
+        Some(c) => setup.get(|| nccl::setup_pe(&session, c)),
+        None => Err("NCCL was not asked for".into()),
+    };
+    check(args, &halos, &Placement::pe(&session, policy), routing, true, &mut nccl)
 }
 
-/// Every transport of the list on the ranks `placement` puts here: fresh random data every
-/// `--check-every` steps, exchanged both ways and compared with the CPU reference on every local
-/// rank; the steps between only exchange.
-fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, routing: Option<Routing>, nvshmem: bool) -> Result<()> {
+/// Every method of the list (and its captured form with `--graph`) on the ranks `placement`
+/// puts here: fresh random data every `--check-every` steps, exchanged both ways and compared
+/// with the CPU reference on every local rank; the steps between only exchange.
+fn check(
+    args: &ExchangeCheckArgs,
+    halos: &[RankHalo],
+    placement: &Placement,
+    routing: Option<Routing>,
+    nvshmem: bool,
+    nccl: &mut dyn FnMut() -> std::result::Result<nccl::NcclComms, String>,
+) -> Result<()> {
     let list = match &routing {
-        Some(r) if args.transport.is_empty() => vec![r.transport],
-        _ => transports(args, nvshmem),
+        Some(r) if args.transport.is_none() => vec![Method::of(r.transport)],
+        _ => methods(args, nvshmem),
     };
-    for transport in list {
-        let mut x = placement.exchange::<Float3>(halos.to_vec())?;
+    let here = if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) };
+    for variant in Variant::list(&list, args.graph) {
+        let name = variant.name();
+        let mut x = placement.exchange(halos.to_vec())?;
         x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
-        if let Err(e) = x.check_transport(transport) {
-            println!("{:>16}: skipped here: {e}", transport.name());
+        if let Some(Err(e)) = variant.method.transport().map(|t| x.check_transport(t)) {
+            println!("{name:>20}: skipped here: {e}");
             continue;
         }
+        let comms = if variant.method == Method::Nccl {
+            match nccl() {
+                Ok(c) => Some(c),
+                Err(why) => {
+                    println!("{name:>20}: skipped here: {why}");
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let mut stepper = Stepper::new(x, comms);
+        let graphs: Vec<PhaseGraphs> = if variant.graph { stepper.capture(variant.method).with_context(|| format!("capturing {name}"))? } else { Vec::new() };
         // Test only: the rank that never launches (its peers must time out with a clear error).
-        let silent = x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
+        let silent = stepper.x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
         let (mut worst, mut checked, mut exchange_syncs) = (0.0f64, 0u64, 0u64);
         for step in 0..args.steps {
             let check = step % args.check_every == 0;
-            let (home, forces) = if check {
+            let data = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
-                x.finish().with_context(|| format!("{} before step {step}", transport.name()))?;
-                x.barrier()?;
-                checked += 1;
                 let home = synthetic::random_values(halos, args.seed * 1_000_003 + step, true);
                 let forces = synthetic::random_values(halos, args.seed * 7_000_003 + step, false);
-                for rank in x.local_ranks() {
-                    rank.x.fill_bytes(0xFF)?;
-                    rank.upload_coordinates(&home[rank.rank()])?;
-                    rank.f.copy_from_host(&forces[rank.rank()])?;
-                }
-                x.barrier()?; // every PE's inputs are in place before anyone exchanges
-                (home, forces)
+                stepper.fill(&home, &forces).with_context(|| format!("{name} before step {step}"))?;
+                checked += 1;
+                Some((home, forces))
             } else {
-                (Vec::new(), Vec::new())
+                None
             };
-            let before = x.host_syncs();
+            let before = stepper.x.host_syncs();
             if !silent {
-                x.exchange_forward(transport)?;
-                x.exchange_reverse_accumulate(transport)?;
+                if variant.graph { Stepper::replay(&graphs, Phase::Step, 1) } else { stepper.enqueue(variant.method, Phase::Step, 1) }
+                    .with_context(|| format!("{name} step {step}"))?;
             }
-            exchange_syncs += x.host_syncs() - before;
-            if !check {
-                continue;
+            exchange_syncs += stepper.x.host_syncs() - before;
+            if let Some((home, forces)) = data {
+                let err = stepper.compare_step(halos, &home, &forces).with_context(|| format!("{name} step {step}"))?;
+                worst = worst.max(err);
             }
-            x.finish().with_context(|| format!("{} step {step}", transport.name()))?;
-            let (want_x, want_f) = (reference::coordinates(halos, &home), reference::forces(halos, &forces));
-            let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
-            for (i, rank) in x.local_ranks().iter().enumerate() {
-                let r = rank.rank();
-                worst = worst.max(compare(r, step, &xs[i], &want_x[r], &fs[i], &want_f[r])?);
-            }
-            x.barrier()?; // nobody overwrites a peer's halo before it has been checked
         }
-        x.finish()?;
+        stepper.x.finish()?;
+        drop(graphs);
         println!(
-            "{:>16}: {} steps, {checked} checked, OK on {} (coordinates bit-exact, forces max rel err {worst:.1e}), {exchange_syncs} host syncs in the exchange",
-            transport.name(),
+            "{name:>20}: {} steps, {checked} checked, OK on {here} (coordinates bit-exact, forces max rel err {worst:.1e}), {exchange_syncs} host syncs in the exchange",
             args.steps,
-            if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) },
         );
     }
     if let Some(r) = routing {

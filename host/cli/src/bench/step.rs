@@ -1,0 +1,171 @@
+//! One step of any method on the ranks of this process, and the checked step: shared by
+//! `halo bench` (which times steps and checks every variant once its timed loops are done) and
+//! `halo exchange-check` (which checks step after step), so both run exactly the same code.
+//!
+//! A checked step writes fresh random coordinates and forces (and poisons the halo with NaN),
+//! runs one full step of the method — enqueued, or as one replay of the captured step — waits,
+//! reads every local rank back and compares with the CPU reference: coordinates bit for bit,
+//! forces within 1e-5 of max(|reference|, 1). Under a launcher every PE runs it together (host
+//! barriers around the data), each checking its own rank against the reference of all ranks
+//! (the data is a function of the seed, so every PE knows every rank's inputs).
+
+use super::Method;
+use super::graph::{Phase, PhaseGraphs};
+use super::nccl::{self, NcclComms};
+use crate::abi::Float3;
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::exchange::{Exchange, RankHalo, reference, synthetic};
+use crate::gpu::DeviceMemory;
+
+/// A method's exchange on the ranks of this process, and NCCL when the method is NCCL.
+pub struct Stepper {
+    /// The exchange (its buffers serve NCCL as well).
+    pub x: Box<dyn Exchange>,
+    /// NCCL, for the NCCL method.
+    pub nccl: Option<NcclComms>,
+}
+
+impl Stepper {
+    /// An exchange, with NCCL when `method` needs it.
+    pub fn new(x: Box<dyn Exchange>, nccl: Option<NcclComms>) -> Self {
+        Self { x, nccl }
+    }
+
+    fn nccl(&self) -> Result<&NcclComms> {
+        self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))
+    }
+
+    /// Enqueues (GPU-initiated, direct-copy, NCCL) or runs (staged) `steps` steps of `phase`.
+    pub fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
+        let Some(transport) = method.transport() else {
+            let (api, comms) = self.nccl()?;
+            let io: Vec<_> = self.x.local_ranks().iter().zip(comms.iter()).zip(self.x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
+            return nccl::enqueue(api, &io, phase, steps);
+        };
+        phase.repeat(steps, |forces| if forces { self.x.exchange_reverse_accumulate(transport) } else { self.x.exchange_forward(transport) })
+    }
+
+    /// One step of every phase of every local rank captured as graphs (`graphs[rank]`).
+    pub fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
+        if !method.capturable() {
+            return Err(HaloError::InvalidInput(format!("the {} method is host-driven and cannot be captured", method.name())));
+        }
+        let Some(transport) = method.transport() else {
+            let (api, comms) = self.nccl()?;
+            let io: Vec<_> = self.x.local_ranks().iter().zip(comms.iter()).zip(self.x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
+            // Phase-major from the captures, rank-major for the caller.
+            let mut per_rank: Vec<Vec<_>> = (0..io.len()).map(|_| Vec::new()).collect();
+            for phase in Phase::ALL {
+                for (r, g) in nccl::capture(api, &io, phase)?.into_iter().enumerate() {
+                    per_rank[r].push(g);
+                }
+            }
+            return Ok(per_rank.into_iter().map(|graphs| PhaseGraphs { graphs }).collect());
+        };
+        self.x.check_transport(transport)?;
+        let streams = self.x.streams().to_vec();
+        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport)).collect()
+    }
+
+    /// Replays `steps` captured steps of `phase`, every local rank's graph once per step.
+    pub fn replay(graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<()> {
+        for _ in 0..steps {
+            for g in graphs {
+                g.get(phase).launch().during("replaying a captured step")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One checked full step (see the module docs) with data from `seed`: enqueued, or replayed
+    /// from `graphs`. Returns the largest force error; an error names the first wrong value.
+    pub fn checked_step(&mut self, method: Method, graphs: Option<&[PhaseGraphs]>, halos: &[RankHalo], seed: u64) -> Result<f64> {
+        let home = synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true);
+        let forces = synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false);
+        self.fill(&home, &forces)?;
+        match graphs {
+            Some(g) => Self::replay(g, Phase::Step, 1)?,
+            None => self.enqueue(method, Phase::Step, 1)?,
+        }
+        self.compare_step(halos, &home, &forces)
+    }
+
+    /// Waits for the exchange, then writes `home` coordinates (halo poisoned with NaN) and
+    /// `forces` into every local rank; returns once every PE has its inputs in place.
+    pub fn fill(&mut self, home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<()> {
+        self.x.finish()?;
+        self.x.barrier()?;
+        for rank in self.x.local_ranks() {
+            rank.x.fill_bytes(0xFF)?;
+            rank.upload_coordinates(&home[rank.rank()])?;
+            rank.f.copy_from_host(&forces[rank.rank()])?;
+        }
+        self.x.barrier()
+    }
+
+    /// Waits for the step, then compares every local rank with the CPU reference of the inputs
+    /// [`Self::fill`] wrote; returns the largest force error. Ends with a barrier, so no PE
+    /// overwrites a halo another is still reading.
+    pub fn compare_step(&mut self, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<f64> {
+        self.x.finish()?;
+        let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
+        let (xs, fs) = (self.x.read_forward()?, self.x.read_reverse()?);
+        let mut worst = 0.0f64;
+        for (i, rank) in self.x.local_ranks().iter().enumerate() {
+            let r = rank.rank();
+            worst = worst.max(compare(r, &xs[i], &want_x[r], &fs[i], &want_f[r]).map_err(HaloError::InvalidInput)?);
+        }
+        self.x.barrier()?;
+        Ok(worst)
+    }
+}
+
+/// Largest force error of one rank (relative to max(|reference|, 1): accumulated sums of O(1)
+/// terms may cancel, so their rounding is measured against the terms' scale), or a message naming
+/// the first coordinate or force that differs.
+pub fn compare(rank: usize, x: &[Float3], want_x: &[Float3], f: &[Float3], want_f: &[Float3]) -> std::result::Result<f64, String> {
+    let same = |a: &Float3, b: &Float3| a.x.to_bits() == b.x.to_bits() && a.y.to_bits() == b.y.to_bits() && a.z.to_bits() == b.z.to_bits();
+    if x.len() != want_x.len() || f.len() != want_f.len() {
+        return Err(format!("rank {rank}: {} coordinates and {} forces read back, {} and {} expected", x.len(), f.len(), want_x.len(), want_f.len()));
+    }
+    if let Some(i) = (0..x.len()).find(|&i| !same(&x[i], &want_x[i])) {
+        return Err(format!("rank {rank}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]));
+    }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
+        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
+            let err = ((u - v).abs() as f64) / (v.abs() as f64).max(1.0);
+            if !err.is_finite() || err > 1e-5 {
+                return Err(format!("rank {rank}: force of atom {i} is {a:?}, the CPU reference says {b:?}"));
+            }
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_names_the_first_wrong_value() {
+        let x = vec![Float3::new(1.0, 2.0, 3.0), Float3::new(4.0, 5.0, 6.0)];
+        let f = vec![Float3::new(0.5, -1.0, 100.0); 2];
+        assert_eq!(compare(0, &x, &x, &f, &f), Ok(0.0));
+        let mut bad = x.clone();
+        bad[1].y = f32::NAN;
+        let e = compare(3, &bad, &x, &f, &f).unwrap_err();
+        assert!(e.contains("rank 3") && e.contains("atom 1"), "{e}");
+        // A NaN where the reference holds a value: the halo never arrived.
+        let mut g = f.clone();
+        g[0].x = f32::NAN;
+        assert!(compare(0, &x, &x, &g, &f).unwrap_err().contains("force of atom 0"));
+        // Rounding within 1e-5 of the terms' scale passes and is reported.
+        let mut g = f.clone();
+        g[1].z = 100.0 + 1e-4;
+        let worst = compare(0, &x, &x, &g, &f).unwrap();
+        assert!(worst > 0.0 && worst < 1e-5, "{worst}");
+        assert!(compare(0, &x[..1], &x, &f, &f).unwrap_err().contains("read back"));
+    }
+}
