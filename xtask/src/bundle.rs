@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "gpu_nbnxm", "stencil3d_gpu"];
+const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_multiprocess"];
 /// The packages those tests belong to.
-const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d"];
+const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 
 pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts) -> Result<()> {
     let root = crate::workspace_root();
@@ -109,6 +109,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 unset HALO_PTX_DIR
 export HALO_REQUIRE_GPU=1
+# The multi-process tests start this bundle's `halo` (halo launch -n 2 -- exchange-check ...).
+export HALO_BIN="$here/halo"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 status=0
 echo "== halo-downstream (a crate outside the workspace: plain cargo build, embedded kernels)"

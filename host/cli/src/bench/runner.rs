@@ -159,7 +159,7 @@ fn bench_variant(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halo
         }
         bar.inc(1);
     }
-    let check = b.checked_step(variant.method, variant.graph.then_some(graphs), halos, cfg.seed.wrapping_add(77)).map_err(|e| e.to_string());
+    let check = b.checked_step(variant.method, variant.graph.then_some(graphs), halos, cfg.seed.wrapping_add(77))?;
     Ok(Measured { samples, check })
 }
 

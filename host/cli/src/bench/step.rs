@@ -78,8 +78,9 @@ impl Stepper {
     }
 
     /// One checked full step (see the module docs) with data from `seed`: enqueued, or replayed
-    /// from `graphs`. Returns the largest force error; an error names the first wrong value.
-    pub fn checked_step(&mut self, method: Method, graphs: Option<&[PhaseGraphs]>, halos: &[RankHalo], seed: u64) -> Result<f64> {
+    /// from `graphs`. `Ok(Ok(largest force error))`, `Ok(Err(the first wrong value))`, or an
+    /// error when the step itself failed.
+    pub fn checked_step(&mut self, method: Method, graphs: Option<&[PhaseGraphs]>, halos: &[RankHalo], seed: u64) -> Result<Checked> {
         let home = synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true);
         let forces = synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false);
         self.fill(&home, &forces)?;
@@ -104,21 +105,31 @@ impl Stepper {
     }
 
     /// Waits for the step, then compares every local rank with the CPU reference of the inputs
-    /// [`Self::fill`] wrote; returns the largest force error. Ends with a barrier, so no PE
-    /// overwrites a halo another is still reading.
-    pub fn compare_step(&mut self, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<f64> {
-        self.x.finish()?;
-        let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
-        let (xs, fs) = (self.x.read_forward()?, self.x.read_reverse()?);
-        let mut worst = 0.0f64;
-        for (i, rank) in self.x.local_ranks().iter().enumerate() {
-            let r = rank.rank();
-            worst = worst.max(compare(r, &xs[i], &want_x[r], &fs[i], &want_f[r]).map_err(HaloError::InvalidInput)?);
-        }
+    /// [`Self::fill`] wrote. Ends with a barrier that every PE reaches whatever it found, so no
+    /// PE overwrites a halo another is still reading and the collectives stay in step.
+    pub fn compare_step(&mut self, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<Checked> {
+        let outcome = (|| -> Result<Checked> {
+            self.x.finish()?;
+            let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
+            let (xs, fs) = (self.x.read_forward()?, self.x.read_reverse()?);
+            let mut worst = 0.0f64;
+            for (i, rank) in self.x.local_ranks().iter().enumerate() {
+                let r = rank.rank();
+                match compare(r, &xs[i], &want_x[r], &fs[i], &want_f[r]) {
+                    Ok(w) => worst = worst.max(w),
+                    Err(why) => return Ok(Err(why)),
+                }
+            }
+            Ok(Ok(worst))
+        })();
+        // Every PE reaches this barrier, whatever its outcome: the collectives stay in step.
         self.x.barrier()?;
-        Ok(worst)
+        outcome
     }
 }
+
+/// A checked step's verdict: the largest force error, or what was wrong.
+pub type Checked = std::result::Result<f64, String>;
 
 /// Largest force error of one rank (relative to max(|reference|, 1): accumulated sums of O(1)
 /// terms may cancel, so their rounding is measured against the terms' scale), or a message naming

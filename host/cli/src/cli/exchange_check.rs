@@ -251,7 +251,7 @@ fn check(
             exchange_syncs += stepper.x.host_syncs() - before;
             if let Some((home, forces)) = data {
                 let err = stepper.compare_step(halos, &home, &forces).with_context(|| format!("{name} step {step}"))?;
-                worst = worst.max(err);
+                worst = worst.max(err.map_err(|why| anyhow::anyhow!("{name} step {step}: {why}"))?);
             }
         }
         stepper.x.finish()?;
