@@ -125,7 +125,7 @@ fn gpus() -> Result<Vec<GpuInfo>, String> {
             let mut bus = [0 as std::ffi::c_char; 32];
             // SAFETY: writes at most 32 bytes, NUL-terminated.
             let pci = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result().map_or_else(
-                |e| absent(e),
+                absent,
                 // SAFETY: NUL-terminated by the driver.
                 |_| unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned(),
             );

@@ -562,9 +562,9 @@ mod tests {
     fn a_ring_of_three_needs_force_credits_in_force_only_loops() {
         let h = halos([3, 1, 1], 1);
         let plan = HostPlan::new(&h);
-        for r in 0..3 {
-            let owner = h[r].pulses[0].recv_rank;
-            assert_ne!(owner, h[r].pulses[0].send_rank, "a ring of three");
+        for (r, rank) in h.iter().enumerate() {
+            let owner = rank.pulses[0].recv_rank;
+            assert_ne!(owner, rank.pulses[0].send_rank, "a ring of three");
             assert_eq!(plan.f_credit[r][0], vec![owner], "{plan:?}");
             assert_eq!(plan.f_waiters[owner], vec![r]);
         }

@@ -123,7 +123,7 @@ impl Mailbox {
                 return Ok(());
             }
             polls = polls.wrapping_add(1);
-            if polls % 1024 == 0 {
+            if polls.is_multiple_of(1024) {
                 let waited = started.elapsed();
                 if waited >= timeout {
                     let seen = word.load(Ordering::Acquire);
@@ -166,8 +166,10 @@ mod tests {
         // Two "PEs" in one process, each mapping the other's inbox through its file.
         let mut a = Mailbox::create(0, 2, 3).unwrap();
         let mut b = Mailbox::create(1, 2, 3).unwrap();
-        a.open_peer(1, &b.path().to_path_buf()).unwrap();
-        b.open_peer(0, &a.path().to_path_buf()).unwrap();
+        let bp = b.path().to_path_buf();
+        a.open_peer(1, &bp).unwrap();
+        let ap = a.path().to_path_buf();
+        b.open_peer(0, &ap).unwrap();
         a.unlink();
         b.unlink();
         assert!(!a.path().exists(), "unlinked");

@@ -66,17 +66,23 @@ impl Drop for Event {
     }
 }
 
+/// Two events of one channel, by step parity.
+type EventPair = [Event; 2];
+
+/// Of one event, by parity: the step of its last record and who was to wait for it.
+type Recorded = [Option<(u64, Vec<usize>)>; 2];
+
 /// This PE's links to its peers.
 pub struct PeLinks {
     me: usize,
     pulses: usize,
     views: Vec<Option<PeerView>>,
     /// `own[event][parity]`.
-    own: Vec<[Event; 2]>,
+    own: Vec<EventPair>,
     /// `imported[pe][event][parity]`, for the neighbours.
-    imported: Vec<Option<Vec<[Event; 2]>>>,
+    imported: Vec<Option<Vec<EventPair>>>,
     /// `recorded[event][parity]`: the step of the last record and who was to wait for it.
-    recorded: Vec<[Option<(u64, Vec<usize>)>; 2]>,
+    recorded: Vec<Recorded>,
     mailbox: Mailbox,
 }
 
@@ -239,7 +245,7 @@ impl PeLinks {
         rank: &RankExchange<T>,
         halos: &[RankHalo],
         buf: &crate::nvshmem::SymmetricBuffer<u8>,
-        own: Vec<[Event; 2]>,
+        own: Vec<EventPair>,
         mut mailbox: Mailbox,
         boot: &str,
     ) -> std::result::Result<Self, String> {
@@ -250,7 +256,7 @@ impl PeLinks {
         let local = rank.local_view();
         let map = |addr: u64, pe: usize| nvshmem.peer_ptr(addr, pe);
         let views = (0..n).map(|pe| Some(PeerView { x: map(local.x, pe)?, signals: map(local.signals, pe)?, recv_buf: map(local.recv_buf, pe)? })).collect();
-        let mut imported: Vec<Option<Vec<[Event; 2]>>> = (0..n).map(|_| None).collect();
+        let mut imported: Vec<Option<Vec<EventPair>>> = (0..n).map(|_| None).collect();
         for pe in neighbours(&halos[me]).into_iter().filter(|&pe| pe != me) {
             let src = buf.peer_ptr(pe).ok_or_else(|| format!("PE {pe} is not mapped"))?;
             let bytes = read_device(ctx, src, blob::size(events)).map_err(|e| e.to_string())?;

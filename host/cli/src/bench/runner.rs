@@ -1,6 +1,6 @@
 //! The measurement loops. One process drives every rank (`LocalRanks`, over the visible GPUs),
 //! or each process drives its own rank (`PeExchange` under `halo launch` / mpirun / srun); both
-//! go through the library's [`Exchange`] interface, so the variant loop and the timing code are
+//! go through the library's [`Exchange`](crate::exchange::Exchange) interface, so the variant loop and the timing code are
 //! written once (`run_variants`); only the floor probes differ.
 //!
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
