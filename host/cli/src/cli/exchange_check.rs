@@ -154,6 +154,7 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
     let modules = (0..gpu::device_count())
         .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
+    print!("{}", crate::machine::MachineInfo::collect(None).text());
     println!("{} ranks in one process on {} GPU(s), {} pulses per rank", halos.len(), modules.len(), halos[0].pulses.len());
     let routing = if args.route || !args.route_override.is_empty() { Some(route_local(args, &halos, modules.len())?) } else { None };
     let nranks = halos.len();
@@ -165,6 +166,9 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
     let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
+    if me == 0 {
+        print!("{}", crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text());
+    }
     let routing = if args.route || !args.route_override.is_empty() { Some(route_pe(args, &halos, me, session.ctx.ordinal())?) } else { None };
     let policy = match &routing {
         Some(r) => PathPolicy::Routed(r.plans[0].clone().leak()),
