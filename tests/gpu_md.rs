@@ -54,7 +54,7 @@ fn four_ranks_2x2x1() {
 
 #[test]
 fn eight_ranks_2x2x2_forwarding_chain() {
-    for t in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged] {
+    for t in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged, Transport::DirectCopy] {
         run("md_2x2x2", config(3000, [2, 2, 2], 1.0, t, if t == Transport::Fused { 100 } else { 30 }));
     }
 }
