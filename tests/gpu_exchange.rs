@@ -58,13 +58,26 @@ fn run_protocol(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u
     for step in 0..steps {
         exchange_and_check(&format!("{test} {transport:?}"), &mut ranks, &halos, transport, step, 1000 + step);
     }
-    if transport.gpu_initiated() {
+    if !transport.host_syncs_in_step() {
         // One host wait per step, at the end, for the check: none inside the exchange.
-        assert_eq!(ranks.host_syncs(), steps, "{test}: GPU-initiated steps synchronised with the host");
+        assert_eq!(ranks.host_syncs(), steps, "{test}: {transport:?} steps synchronised with the host");
+    } else {
+        // Staged, GROMACS's GPU-aware MPI path: per pulse and rank, coordinates wait once after the
+        // pack and once for the copy; forces once before the copy and once for it (a pulse with
+        // nothing to move skips what it does not need). Plus the check's wait per step.
+        let per_step: u64 = halos
+            .iter()
+            .flat_map(|h| &h.pulses)
+            .map(|p| {
+                let (send, recv) = (!p.index_map.is_empty(), p.recv_size > 0);
+                2 * (send || recv) as u64 + send as u64 + recv as u64
+            })
+            .sum();
+        assert_eq!(ranks.host_syncs(), steps * (1 + per_step), "{test}: staged host syncs");
     }
 }
 
-const TRANSPORTS: [Transport; 4] = [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged];
+const TRANSPORTS: [Transport; 5] = [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged, Transport::DirectCopy];
 
 #[test]
 fn two_ranks_one_pulse_1000_steps() {
@@ -311,7 +324,8 @@ fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
     let module = Arc::new(g.module);
     for pulses in [1, 2] {
         let halos = synthetic::halos(shape([3, 1, 1], pulses, 700), 21);
-        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+        // Not staged: it waits on the host for every stream, rank 2's included, inside the step.
+        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::DirectCopy] {
             let test = format!("ring of 3, {pulses} pulse(s), {transport:?}");
             let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
             for r in ranks.ranks_mut() {
@@ -356,7 +370,7 @@ fn one_direction_loops_with_changing_data_end_right() {
         ("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 600), 32)),
         ("2 ranks x 2 pulses", synthetic::halos(shape([2, 1, 1], 2, 900), 33)),
     ] {
-        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+        for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::DirectCopy, Transport::Staged] {
             let test = format!("{name}, {transport:?}");
             let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
             let home0 = integer_values(&halos, 5, true);
@@ -386,7 +400,8 @@ fn one_direction_loops_with_changing_data_end_right() {
                 home0.iter().map(|h| h.iter().map(|v| *v + Float3::new(STEPS as f32, STEPS as f32, STEPS as f32)).collect()).collect();
             check_coordinates(&test, &ranks, &halos, &home);
             check_forces(&test, &ranks, &forces_after(&halos, &f0, STEPS / 4));
-            for r in ranks.ranks() {
+            // The device counters belong to the GPU-initiated kernels; host-driven steps keep theirs on the host.
+            for r in ranks.ranks().iter().filter(|_| transport.gpu_initiated()) {
                 let s = r.protocol_state().unwrap();
                 assert_eq!((s.x_epoch, s.f_epoch), (STEPS as u64, (STEPS / 4) as u64), "{test}: rank {} counters", r.rank());
             }
@@ -494,11 +509,20 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
 /// exchange keeps its signals and step counters, the next steps deliver the new halos exactly, and
 /// a decomposition that does not fit is refused without changing anything. Home counts, maps and
 /// offsets all change between the layouts (other seeds, other home sizes, other send fractions).
+/// The host-driven transports keep their events and plan who waits for whom again.
 #[test]
 fn replanning_between_steps_keeps_the_protocol_in_step() {
     let Some(g) = gpu_or_skip("replanning_between_steps_keeps_the_protocol_in_step") else { return };
     let module = Arc::new(g.module);
-    for (grid, pulses) in [([2, 1, 1], 1), ([2, 2, 2], 1), ([4, 1, 1], 2)] {
+    for (grid, pulses, transport) in [
+        ([2, 1, 1], 1, Transport::Fused),
+        ([2, 2, 2], 1, Transport::Fused),
+        ([4, 1, 1], 2, Transport::Fused),
+        ([2, 2, 2], 1, Transport::Staged),
+        ([4, 1, 1], 2, Transport::Staged),
+        ([2, 2, 2], 1, Transport::DirectCopy),
+        ([4, 1, 1], 2, Transport::DirectCopy),
+    ] {
         let first = synthetic::halos(shape(grid, pulses, 1200), 90);
         let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
         let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), &[module.clone()], sizes).unwrap();
@@ -510,7 +534,7 @@ fn replanning_between_steps_keeps_the_protocol_in_step() {
         }
         let mut steps = 0u64;
         for (k, halos) in layouts.iter().enumerate() {
-            let test = format!("replan {grid:?} x{pulses}, layout {k}");
+            let test = format!("replan {grid:?} x{pulses} {transport}, layout {k}");
             if k > 0 {
                 assert!(ranks.replan(halos.clone()).unwrap(), "{test}: fits the headroom");
             }
@@ -518,14 +542,15 @@ fn replanning_between_steps_keeps_the_protocol_in_step() {
                 let home = integer_values(halos, 300 + steps, true);
                 let f0 = integer_values(halos, 700 + steps, false);
                 upload_poisoned(ranks.ranks(), &home, &f0);
-                ranks.launch_coordinates(Transport::Fused).unwrap();
-                ranks.launch_forces(Transport::Fused).unwrap();
+                ranks.launch_coordinates(transport).unwrap();
+                ranks.launch_forces(transport).unwrap();
                 ranks.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
                 steps += 1;
                 check_coordinates(&test, &ranks, halos, &home);
                 check_forces(&test, &ranks, &reference::forces(halos, &f0));
             }
-            for r in ranks.ranks() {
+            // The device counters belong to the GPU-initiated kernels.
+            for r in ranks.ranks().iter().filter(|_| transport.gpu_initiated()) {
                 let s = r.protocol_state().unwrap();
                 assert_eq!((s.x_epoch, s.f_epoch), (steps, steps), "{test}: rank {} counters continue", r.rank());
             }
@@ -538,8 +563,8 @@ fn replanning_between_steps_keeps_the_protocol_in_step() {
         for (r, rank) in ranks.ranks().iter().enumerate() {
             rank.upload_coordinates(&home[r]).unwrap();
         }
-        ranks.launch_coordinates(Transport::Fused).unwrap();
-        ranks.launch_forces(Transport::Fused).unwrap();
+        ranks.launch_coordinates(transport).unwrap();
+        ranks.launch_forces(transport).unwrap();
         ranks.finish().unwrap();
         check_coordinates("replan refused", &ranks, halos, &home);
     }

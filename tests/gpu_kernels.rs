@@ -153,3 +153,54 @@ fn bad_maps_are_rejected_before_launch() {
     let err = kernels::pack_coords(&g.module, &stream, &x, &IndexMap::new(&g.ctx, &[1, 2, 3]).unwrap(), &out, None).unwrap_err();
     assert!(err.to_string().contains("3 needed"), "{err}");
 }
+
+/// The leapfrog update `v += f / m * dt; x += v * dt` on the first `n` atoms, as the kernel does
+/// it: the same binary32 operations in the same order (the kernel's PTX uses `mul.rn`/`add.rn`,
+/// which ptxas does not contract, and Rust on x86-64 does not contract either), so bit-exact.
+fn leapfrog_reference(x: &mut [Float3], v: &mut [Float3], f: &[Float3], inv_mass: &[f32], n: usize, dt: f32) {
+    for i in 0..n {
+        let a = inv_mass[i] * dt;
+        let vn = Float3::new(v[i].x + f[i].x * a, v[i].y + f[i].y * a, v[i].z + f[i].z * a);
+        v[i] = vn;
+        x[i] = Float3::new(x[i].x + vn.x * dt, x[i].y + vn.y * dt, x[i].z + vn.z * dt);
+    }
+}
+
+#[test]
+fn leapfrog_matches_its_cpu_reference_and_leaves_other_atoms_alone() {
+    let Some(g) = gpu_or_skip("leapfrog_matches_its_cpu_reference_and_leaves_other_atoms_alone") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let dt = 0.002f32;
+    // Sizes around a block (512 threads) and a large one; grids of 1 and 3 blocks make the
+    // grid-stride loop run several rounds, `for_items` covers every atom in one.
+    for &n in &[0usize, 1, 511, 512, 513, 5000, 200_000] {
+        let total = n + 37; // atoms past `n` (the halo) must not change
+        let x0 = random_coords(&mut rng, total);
+        let v0 = random_coords(&mut rng, total);
+        let f: Vec<Float3> = random_coords(&mut rng, total).into_iter().map(|c| Float3::new(c.x * 100.0, c.y * 100.0, c.z * 100.0)).collect();
+        let inv_mass: Vec<f32> = (0..total).map(|_| rng.random_range(0.01f32..1.0)).collect();
+        for grid in [Some(1u32), Some(3), None] {
+            let (xd, vd) = (DeviceBuffer::from_host(&g.ctx, &x0).unwrap(), DeviceBuffer::from_host(&g.ctx, &v0).unwrap());
+            let (fd, md) = (DeviceBuffer::from_host(&g.ctx, &f).unwrap(), DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap());
+            let (mut xp, mut vp, mut fp, mut mp, mut nn, mut dtt) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md.device_ptr(), n as u32, dt);
+            let mut args = halo::kernel_args![xp, vp, fp, mp, nn, dtt];
+            let shape = match grid {
+                Some(blocks) => halo::gpu::LaunchShape { grid: (blocks, 1), block: halo::abi::BLOCK_SIZE, shared_bytes: 0 },
+                None => halo::gpu::LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
+            };
+            // SAFETY: arguments match `leapfrog(x, v, f, inv_mass, n, dt)`; every buffer holds at
+            // least `n` elements and outlives the synchronised launch.
+            unsafe { g.module.launch(halo::abi::LEAPFROG, shape, &stream, &mut args) }.unwrap();
+            stream.synchronize().unwrap();
+            let (mut want_x, mut want_v) = (x0.clone(), v0.clone());
+            leapfrog_reference(&mut want_x, &mut want_v, &f, &inv_mass, n, dt);
+            assert_eq!(bits(&vd.to_host().unwrap()), bits(&want_v), "velocities, n = {n}, grid {grid:?}");
+            assert_eq!(bits(&xd.to_host().unwrap()), bits(&want_x), "coordinates, n = {n}, grid {grid:?}");
+            assert_eq!(bits(&fd.to_host().unwrap()), bits(&f), "forces are read only, n = {n}");
+            if n > 0 {
+                assert_ne!(bits(&want_x[..1]), bits(&x0[..1]), "the test must move atoms");
+            }
+        }
+    }
+}

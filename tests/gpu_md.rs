@@ -53,7 +53,7 @@ fn four_ranks_2x2x1() {
 
 #[test]
 fn eight_ranks_2x2x2_forwarding_chain_every_transport() {
-    for t in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged] {
+    for t in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::Staged, Transport::DirectCopy] {
         run(&format!("md_2x2x2_{t}"), config(6000, [2, 2, 2], t, if t == Transport::Fused { 60 } else { 30 }, 20));
     }
 }

@@ -68,6 +68,10 @@ pub enum HaloError {
     /// where no halo deadline reaches (see the message for the rank, path and GPU state).
     #[error("halo exchange stuck: {0}")]
     StreamStuck(Box<crate::exchange::watch::StuckStream>),
+    /// A host-side handshake of a host-driven transport expired: a peer process never posted
+    /// (see the message for which one, what and at which step).
+    #[error("halo exchange timed out on the host: {0}")]
+    HostWaitTimeout(String),
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),

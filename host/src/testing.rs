@@ -3,6 +3,8 @@
 //! Without a GPU a test prints `SKIPPED (no GPU): <reason>` and passes, so CI machines without
 //! GPUs stay green; with `HALO_REQUIRE_GPU=1` (set by the bundle's `run-gpu-tests.sh`) the same
 //! situation fails the test instead, so a GPU run can never report a skipped check as a pass.
+//! A GPU whose driver is loaded but fails to initialise ([`gpu::GpuStatus::DriverFailed`]) fails
+//! the test whatever the setting: that machine is broken, not GPU-less.
 
 use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use crate::gpu::{self, CudaContext, KernelModule};
@@ -24,10 +26,11 @@ pub fn gpu_required() -> bool {
 /// The number of GPUs, or `None` (after printing why, or panicking under `HALO_REQUIRE_GPU=1`)
 /// when there are fewer than `min`.
 pub fn gpus_or_skip(test: &str, min: usize) -> Option<usize> {
-    let reason = match gpu::gpu_unavailable_reason() {
-        Some(r) => r,
-        None if gpu::device_count() >= min => return Some(gpu::device_count()),
-        None => format!("{min} GPUs needed, {} present", gpu::device_count()),
+    let reason = match gpu::gpu_status() {
+        gpu::GpuStatus::Present(n) if n >= min => return Some(n),
+        gpu::GpuStatus::Present(n) => format!("{min} GPUs needed, {n} present"),
+        gpu::GpuStatus::Absent(r) => r,
+        gpu::GpuStatus::DriverFailed(r) => panic!("{test}: a GPU is present but unusable: {r}"),
     };
     if gpu_required() {
         panic!("{test}: HALO_REQUIRE_GPU=1 but {reason}");
@@ -101,5 +104,70 @@ impl crate::exchange::Exchange for NullExchange {
     }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         self.routes.clone()
+    }
+}
+
+/// What a child process printed and how it ended ([`run_captured`]).
+#[derive(Debug)]
+pub struct Captured {
+    /// Its exit code; `None` when it was killed for running past the limit (or by a signal).
+    pub code: Option<i32>,
+    /// Everything it wrote to standard output.
+    pub stdout: String,
+    /// Everything it wrote to standard error.
+    pub stderr: String,
+    /// Whether it was killed for running past the limit.
+    pub timed_out: bool,
+}
+
+/// Runs `cmd` (no input) with both outputs captured, killed after `limit`: for tests that drive
+/// the built `halo` (under `halo launch`, mpiexec) and must never hang.
+pub fn run_captured(mut cmd: std::process::Command, limit: std::time::Duration) -> std::io::Result<Captured> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = reader(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = reader(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let started = std::time::Instant::now();
+    let (code, timed_out) = loop {
+        if let Some(status) = child.try_wait()? {
+            break (status.code(), false);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Ok(Captured { code, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default(), timed_out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::Duration;
+
+    #[test]
+    fn a_child_is_captured_and_one_that_hangs_is_killed() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let c = run_captured(cmd, Duration::from_secs(10)).unwrap();
+        assert_eq!((c.code, c.stdout.as_str(), c.stderr.as_str(), c.timed_out), (Some(3), "out\n", "err\n", false));
+        let mut cmd = Command::new("sleep");
+        cmd.arg("10");
+        let started = std::time::Instant::now();
+        let c = run_captured(cmd, Duration::from_millis(200)).unwrap();
+        assert!(c.timed_out && c.code.is_none() && started.elapsed() < Duration::from_secs(5), "{c:?}");
     }
 }

@@ -2,7 +2,9 @@
 //! GPU tests, in `target/bundle/`: `halo`, `stencil3d`, the downstream fixture `halo-downstream`,
 //! the GPU test binaries in `tests/`, the kernels in `ptx/` (the binaries embed the same ones),
 //! `run-gpu-tests.sh`, with `--with-ucx` the UCX libraries in `ucx/`, and with `--mpi` MPICH's and
-//! Open MPI's launchers in `mpi/` (outside the bundle's own budget, inside what travels).
+//! Open MPI's launchers in `mpi/` (outside the bundle's own budget, inside what travels). With
+//! `--archive` it also writes `target/bundle.tar.xz` (the system `tar -cJf`), which is what travels
+//! when the folder itself is too large: unpack it there with `tar -xJf bundle.tar.xz`.
 
 use crate::PtxArgs;
 use anyhow::{Context, Result, bail};
@@ -10,20 +12,25 @@ use halo_builder::{Artifacts, run};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The bundle travels to the GPU machines, whose copy limit is 64 MiB; stay well under it.
-const MAX_BUNDLE_BYTES: u64 = 48 << 20;
+/// The bundle's own budget. Every binary embeds the kernels (PTX and cubin), so the folder is over
+/// 48 MiB now; the GPU machines' copy limit is 64 MiB, working tree included, so a folder this
+/// large travels compressed (`--archive`: `tar -cJf`, about 7 MB) when it would not fit.
+const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 /// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB, Open MPI's
 /// launcher, libraries and data about 17 MiB); the whole must still travel.
 const MAX_MPI_BYTES: u64 = 22 << 20;
-/// The copy limit of the GPU machines, working tree included.
+/// The copy limit of the GPU machines, working tree included: what travels (the folder, or with
+/// `--archive` the compressed archive) must stay under it.
 const MAX_CARRIED_BYTES: u64 = 62 << 20;
+/// Where `--archive` writes the compressed bundle (relative to the workspace root).
+pub const ARCHIVE: &str = "target/bundle.tar.xz";
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes"];
+const GPU_TESTS: &[&str] = &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_md", "gpu_nbnxm", "stencil3d_gpu", "gpu_pes", "gpu_multiprocess"];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 
-pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_mpi: bool) -> Result<()> {
+pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_mpi: bool, archive: bool) -> Result<()> {
     let root = crate::workspace_root();
     let bundle = root.join("target/bundle");
     if bundle.exists() {
@@ -54,13 +61,49 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_m
     let mut total = size;
     if with_mpi {
         let mpi = crate::mpi::copy_for_bundle(&bundle.join("mpi"))?;
-        if mpi > MAX_MPI_BYTES || size + mpi > MAX_CARRIED_BYTES {
-            bail!("the MPI launchers take {} MiB (budget {} MiB), the bundle {} MiB in all (at most {} MiB travel)", mpi >> 20, MAX_MPI_BYTES >> 20, (size + mpi) >> 20, MAX_CARRIED_BYTES >> 20);
+        if mpi > MAX_MPI_BYTES {
+            bail!("the MPI launchers take {} MiB, over their {} MiB budget", mpi >> 20, MAX_MPI_BYTES >> 20);
         }
         total += mpi;
     }
-    eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), total as f64 / (1 << 20) as f64);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    if archive {
+        let out = root.join(ARCHIVE);
+        let packed = write_archive(&bundle, &out)?;
+        if packed > MAX_CARRIED_BYTES {
+            bail!("{} is {:.1} MiB: over the {} MiB that travel", out.display(), mib(packed), MAX_CARRIED_BYTES >> 20);
+        }
+        eprintln!("xtask: bundle ready in {} ({:.1} MiB), compressed in {} ({:.1} MiB)", bundle.display(), mib(total), out.display(), mib(packed));
+    } else {
+        if total > MAX_CARRIED_BYTES {
+            bail!(
+                "the bundle is {:.1} MiB in all, over the {} MiB that travel uncompressed: build it with `cargo xtask bundle --archive` and carry {ARCHIVE}",
+                mib(total),
+                MAX_CARRIED_BYTES >> 20
+            );
+        }
+        eprintln!("xtask: bundle ready in {} ({:.1} MiB)", bundle.display(), mib(total));
+    }
     Ok(())
+}
+
+/// Writes `bundle` (the folder) as an xz-compressed tar at `out` with the system `tar -cJf`, the
+/// folder named `bundle` inside; returns the archive's size.
+fn write_archive(bundle: &Path, out: &Path) -> Result<u64> {
+    let (parent, name) = match (bundle.parent(), bundle.file_name()) {
+        (Some(p), Some(n)) => (p, n),
+        _ => bail!("{} has no parent folder to archive it from", bundle.display()),
+    };
+    if out.exists() {
+        fs::remove_file(out).with_context(|| format!("removing the old {}", out.display()))?;
+    }
+    let mut tar = std::process::Command::new("tar");
+    tar.arg("-cJf").arg(out).arg("-C").arg(parent).arg(name);
+    let status = tar.status().context("running `tar` (install tar and xz, or build without --archive)")?;
+    if !status.success() {
+        bail!("`tar -cJf {}` failed ({status}): is xz installed?", out.display());
+    }
+    Ok(fs::metadata(out).with_context(|| format!("reading {}", out.display()))?.len())
 }
 
 /// Builds the GPU test binaries in release mode and returns (test name, executable).
@@ -150,7 +193,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 unset HALO_PTX_DIR
 export HALO_REQUIRE_GPU=1
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
-# The tests that launch ranks (gpu_pes) run this bundle's halo; the UCX ones need ucx/ (--with-ucx).
+# The tests that launch ranks (gpu_pes, gpu_multiprocess: halo launch -n 2 -- ...) run this
+# bundle's halo; the UCX ones need ucx/ (--with-ucx).
 export HALO_BIN="$here/halo"
 if [ -d "$here/ucx" ]; then export HALO_UCX_DIR="$here/ucx"; fi
 status=0

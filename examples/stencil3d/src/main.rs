@@ -33,7 +33,7 @@ struct Args {
     /// Steps before the check, and steps per timing window.
     #[arg(long, default_value_t = 100)]
     iterations: usize,
-    /// Transports (comma-separated): staged, per-pulse, per-pulse-direct, fused, fused-tma.
+    /// Transports (comma-separated): staged, direct-copy, per-pulse, per-pulse-direct, fused, fused-tma.
     /// Default: every one that can run here.
     #[arg(long, value_delimiter = ',')]
     transport: Vec<Transport>,

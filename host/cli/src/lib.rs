@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cli;
 pub mod launch;
+pub mod machine;
 
 // `bench` and `launch` moved here from the `halo` library and name its items `crate::…`.
 use halo::*;

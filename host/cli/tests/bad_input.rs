@@ -454,5 +454,5 @@ fn transports_that_need_nvlink_peers_are_known() {
     // The rule `PeExchange::check_transport` applies; its message needs PEs (a GPU): see
     // docs/reliability.md for the command that shows it.
     let need: Vec<Transport> = Transport::ALL.into_iter().filter(|t| t.needs_direct_peers()).collect();
-    assert_eq!(need, [Transport::PerPulseDirect, Transport::FusedTma]);
+    assert_eq!(need, [Transport::Staged, Transport::DirectCopy, Transport::PerPulseDirect, Transport::FusedTma]);
 }

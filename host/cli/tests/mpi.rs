@@ -5,9 +5,8 @@
 //! must build the same topology. Without an `mpiexec` the test says it skipped, and fails instead
 //! under `HALO_REQUIRE_MPI=1` (what `cargo xtask test` sets).
 
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const HALO: &str = env!("CARGO_BIN_EXE_halo");
@@ -25,32 +24,10 @@ fn mpiexec() -> Option<PathBuf> {
 }
 
 /// Runs `cmd` with its output captured, killed (and the test failed) past [`BOUND`].
-fn run_bounded(mut cmd: Command) -> (i32, String, String) {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start mpiexec");
-    let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for mpiexec") {
-            break status;
-        }
-        if start.elapsed() > BOUND {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpiexec did not finish within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code().unwrap_or(-1), reader.join().unwrap_or_default(), err_reader.join().unwrap_or_default())
+fn run_bounded(cmd: Command) -> (i32, String, String) {
+    let c = halo::testing::run_captured(cmd, BOUND).expect("start mpiexec");
+    assert!(!c.timed_out, "mpiexec did not finish within {BOUND:?}\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+    (c.code.unwrap_or(-1), c.stdout, c.stderr)
 }
 
 #[test]

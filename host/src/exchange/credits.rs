@@ -66,15 +66,8 @@ pub fn flags(halos: &[RankHalo]) -> Vec<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::spec::validate;
-    use crate::exchange::synthetic::{self, SyntheticShape};
+    use crate::exchange::synthetic::small_halos as shape;
     use pulse_flags::*;
-
-    fn shape(grid: [usize; 3], pulses: usize) -> Vec<RankHalo> {
-        let h = synthetic::halos(SyntheticShape { grid, pulses_per_dim: pulses, home_atoms: 40, send_fraction: 0.5, box_len: 3.0 }, 9);
-        validate(&h).unwrap();
-        h
-    }
 
     #[test]
     fn two_ranks_never_need_credits() {

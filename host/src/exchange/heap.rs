@@ -195,6 +195,16 @@ impl Footprint {
         }
     }
 
+    /// What `PeExchange::new` allocates on this PE's symmetric heap: [`Self::of`] plus the
+    /// record the host-driven transports' links publish while they are set up
+    /// ([`super::pe_links::record_bytes`]; freed at the end of the set-up, and of a replan that
+    /// sets the links up again).
+    pub fn of_pe<T: Element>(sizes: SharedSizes, halo: &RankHalo) -> Self {
+        let mut f = Self::of::<T>(sizes, halo);
+        f.symmetric.push(Buffer { what: "host-driven link record (set-up only)", bytes: super::pe_links::record_bytes(halo.pulses.len()) });
+        f
+    }
+
     /// The symmetric buffers' bytes as allocated ([`charged`] each).
     pub fn symmetric_bytes(&self) -> u64 {
         self.symmetric.iter().map(|b| charged(b.bytes)).sum()
@@ -402,7 +412,7 @@ fn room(ctx: &CudaContext) -> Result<DeviceRoom> {
 /// against the heap budget (the same verdict on every PE), then its device memory, agreed across
 /// PEs ([`agree`]).
 pub fn precheck_pe<T: Element>(ctx: &CudaContext, halos: &[RankHalo], me: usize, sizes: SharedSizes) -> Result<()> {
-    let need = Footprint::of::<T>(sizes, &halos[me]);
+    let need = Footprint::of_pe::<T>(sizes, &halos[me]);
     let cfg = HeapConfig::from_env()?;
     check_heap(&cfg, symmetric_in_use(), &need, me).map_err(HaloError::Nvshmem)?;
     let grows = cfg.vmm.then_some(cfg.granularity);

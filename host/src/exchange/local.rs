@@ -6,6 +6,7 @@
 //! starve the block it waits for: [`LocalRanks::new`] sizes the grids to fit and refuses a
 //! configuration that cannot.
 
+use super::host_driven::{Direction, HostDriven, LocalLinks};
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
 use super::reset::ResetStep;
@@ -27,6 +28,10 @@ pub struct LocalRanks<T: Element = kernels_gpu::abi::Float3> {
     /// [`Self::replan`] lays the same paths over the new halos), empty for [`Self::direct`].
     plans: Vec<crate::route::RoutedPaths>,
     routes: Vec<crate::route::RoutedSummary>,
+    /// The host-driven transports' step state (staged, direct-copy).
+    host: HostDriven,
+    /// Their events and peer views (valid across a replan: the buffers and pulse count stay).
+    links: LocalLinks,
 }
 
 impl<T: Element> LocalRanks<T> {
@@ -110,7 +115,9 @@ impl<T: Element> LocalRanks<T> {
             streams.push(super::rank::halo_stream(&ctx)?);
             ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
         }
-        let mut this = Self { ranks, streams, host_syncs: 0, gpus: modules.len(), plans: Vec::new(), routes: Vec::new() };
+        let links = LocalLinks::new(&ranks)?;
+        let host = HostDriven::new(&halos);
+        let mut this = Self { ranks, streams, host_syncs: 0, gpus: modules.len(), plans: Vec::new(), routes: Vec::new(), host, links };
         this.install(&halos)?;
         // Plain allocations may reuse memory of an earlier exchange: start from zeroed slots.
         this.reset_protocol()?;
@@ -161,6 +168,9 @@ impl<T: Element> LocalRanks<T> {
             rank.set_halo(halo)?;
         }
         self.install(&halos)?;
+        // The host-driven transports' waits follow the new pulses; their events and views stay
+        // valid (the same buffers and pulse count).
+        self.host.replan(&halos);
         Ok(true)
     }
 
@@ -235,20 +245,33 @@ impl<T: Element> LocalRanks<T> {
                 }
             }
             Ok(())
-        })
+        })?;
+        // The host-driven transports start from step 0 again too.
+        self.host.reset();
+        Ok(())
     }
 
-    /// Host synchronisations performed so far (the staged path's cost, zero on GPU-initiated paths).
+    /// Host synchronisations performed so far: every wait of the host for one rank's stream
+    /// inside the staged transport counts once, and every [`Self::finish`] once (zero inside the
+    /// steps of every other transport).
     pub fn host_syncs(&self) -> u64 {
         self.host_syncs
     }
 
-    /// Launches one step's coordinate halo on every rank (GPU-initiated transports) without waiting.
+    /// Runs one direction of a host-driven transport on every rank.
+    fn host_driven(&mut self, transport: Transport, direction: Direction) -> Result<()> {
+        self.host_syncs += self.host.run(transport, direction, &mut self.ranks, &self.streams, &mut self.links)?;
+        Ok(())
+    }
+
+    /// Launches one step's coordinate halo on every rank without waiting (GPU-initiated and
+    /// direct-copy transports; staged: runs it).
     pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged_coordinates();
-        }
         self.check_transport(transport)?;
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Forward);
+        }
+        self.host.note(Direction::Forward);
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_coordinates(transport, &self.streams[r])?;
         }
@@ -257,9 +280,10 @@ impl<T: Element> LocalRanks<T> {
 
     /// Launches one step's force halo on every rank without waiting (staged: runs it).
     pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged_forces();
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Reverse);
         }
+        self.host.note(Direction::Reverse);
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_forces(&self.streams[r])?;
         }
@@ -281,42 +305,6 @@ impl<T: Element> LocalRanks<T> {
             rank.wait_idle(stream, "waiting for a rank's stream", None, || None)?;
         }
         self.host_syncs += 1;
-        Ok(())
-    }
-
-    /// GROMACS's MPI path, pulse by pulse: pack on every rank, host sync, copy into the receiver,
-    /// host sync.
-    fn staged_coordinates(&mut self) -> Result<()> {
-        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
-        for p in 0..pulses {
-            for (r, rank) in self.ranks.iter().enumerate() {
-                rank.stage_pack(p, &self.streams[r])?;
-            }
-            self.sync_all()?;
-            for (r, rank) in self.ranks.iter().enumerate() {
-                let to = rank.halo().pulses[p].send_rank;
-                rank.stage_copy_to(p, self.ranks[to].local_view(), &self.streams[r])?;
-            }
-            self.sync_all()?;
-        }
-        Ok(())
-    }
-
-    /// The staged force halo, last pulse first: copy halo forces to their owner, host sync,
-    /// accumulate, host sync.
-    fn staged_forces(&mut self) -> Result<()> {
-        let pulses = self.ranks.first().map_or(0, |r| r.halo().pulses.len());
-        for p in (0..pulses).rev() {
-            for (r, rank) in self.ranks.iter().enumerate() {
-                let owner = rank.halo().pulses[p].recv_rank;
-                rank.stage_forces_to(p, self.ranks[owner].recv_slot(p), &self.streams[r])?;
-            }
-            self.sync_all()?;
-            for (r, rank) in self.ranks.iter().enumerate() {
-                rank.stage_unpack_forces(p, &self.streams[r])?;
-            }
-            self.sync_all()?;
-        }
         Ok(())
     }
 

@@ -42,10 +42,13 @@
 
 pub mod credits;
 pub mod heap;
+pub mod host_driven;
 pub mod interface;
 pub mod local;
+pub mod mailbox;
 pub mod memory;
 pub mod pe;
+pub mod pe_links;
 pub mod perturb;
 pub mod proxy;
 pub mod rank;
@@ -72,12 +75,18 @@ pub trait Element: HaloElement + bytemuck::Pod {}
 impl<T: HaloElement + bytemuck::Pod> Element for T {}
 
 /// How a halo moves between ranks. Parsed from and printed as its command-line name
-/// ([`Transport::name`]: `staged`, `per-pulse`, `per-pulse-direct`, `fused`, `fused-tma`).
+/// ([`Transport::name`]: `staged`, `direct-copy`, `per-pulse`, `per-pulse-direct`, `fused`,
+/// `fused-tma`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Transport {
-    /// Host-orchestrated, GROMACS's MPI path: per pulse a pack kernel, a host sync, a host-driven
-    /// copy, a host sync. The honest baseline.
+    /// Host-orchestrated, GPU-aware transfers: GROMACS's GPU-aware MPI path. Per pulse a pack
+    /// kernel, one host sync of the halo stream, a copy into the peer whose completion the host
+    /// waits for, completion told point to point; forces unpacked without a trailing sync
+    /// ([`host_driven`]).
     Staged,
+    /// GROMACS's direct GPU communication (thread-MPI): pack kernel, stream-ordered peer copy, an
+    /// event after the copy waited on by the receiver's stream; no host sync ([`host_driven`]).
+    DirectCopy,
     /// One NVSHMEM pack + put_signal + wait kernel per pulse (the seed's first design).
     PerPulse,
     /// One pack + direct-store + signal + wait kernel per pulse (peers reachable by stores).
@@ -91,16 +100,29 @@ pub enum Transport {
 
 impl Transport {
     /// Every transport, in the order reports list them.
-    pub const ALL: [Transport; 5] = [Transport::Staged, Transport::PerPulse, Transport::PerPulseDirect, Transport::Fused, Transport::FusedTma];
+    pub const ALL: [Transport; 6] =
+        [Transport::Staged, Transport::DirectCopy, Transport::PerPulse, Transport::PerPulseDirect, Transport::Fused, Transport::FusedTma];
 
-    /// Whether the GPU drives the exchange (no host synchronisation inside a step).
+    /// Whether the GPU drives the exchange: kernels pack, send and signal (no host work inside a
+    /// step beyond the launches, and a step can be captured as a CUDA graph).
     pub fn gpu_initiated(self) -> bool {
-        self != Transport::Staged
+        !self.host_driven()
     }
 
-    /// Whether the transport needs every peer reachable by loads and stores.
+    /// Whether the host orchestrates each pulse (copies, events, messages): `staged`, `direct-copy`.
+    pub fn host_driven(self) -> bool {
+        matches!(self, Transport::Staged | Transport::DirectCopy)
+    }
+
+    /// Whether the host waits for the GPU inside a step (`staged` only).
+    pub fn host_syncs_in_step(self) -> bool {
+        self == Transport::Staged
+    }
+
+    /// Whether the transport needs every peer reachable by loads, stores or copies (peer access,
+    /// or an `nvshmem_ptr` mapping between PEs).
     pub fn needs_direct_peers(self) -> bool {
-        matches!(self, Transport::PerPulseDirect | Transport::FusedTma)
+        matches!(self, Transport::PerPulseDirect | Transport::FusedTma | Transport::Staged | Transport::DirectCopy)
     }
 
     /// Whether the transport needs NVSHMEM (the put path).
@@ -112,6 +134,7 @@ impl Transport {
     pub fn name(self) -> &'static str {
         match self {
             Transport::Staged => "staged",
+            Transport::DirectCopy => "direct-copy",
             Transport::PerPulse => "per-pulse",
             Transport::PerPulseDirect => "per-pulse-direct",
             Transport::Fused => "fused",
@@ -196,7 +219,10 @@ mod tests {
             assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
         }
         assert_eq!(" fused-tma".parse::<Transport>(), Ok(Transport::FusedTma));
+        assert_eq!("direct-copy".parse::<Transport>(), Ok(Transport::DirectCopy));
+        assert!(Transport::ALL.iter().all(|t| t.gpu_initiated() != t.host_driven()));
+        assert_eq!(Transport::ALL.iter().filter(|t| t.host_syncs_in_step()).count(), 1, "staged only");
         let e = "carrier-pigeon".parse::<Transport>().unwrap_err().to_string();
-        assert!(e.contains("`carrier-pigeon`") && e.contains("possible values: staged, per-pulse, per-pulse-direct, fused, fused-tma"), "{e}");
+        assert!(e.contains("`carrier-pigeon`") && e.contains("possible values: staged, direct-copy, per-pulse, per-pulse-direct, fused, fused-tma"), "{e}");
     }
 }

@@ -1,7 +1,9 @@
 //! One rank per process (an NVSHMEM PE): buffers on the symmetric heap, peers reached by
 //! `nvshmem_ptr` where NVLink allows loads and stores, by NVSHMEM puts otherwise (or when forced).
 
+use super::host_driven::{Direction, HostDriven};
 use super::memory::MemoryKind;
+use super::pe_links::PeLinks;
 use super::rank::{PeerView, RankExchange, SharedSizes};
 use super::spec::{RankHalo, validate};
 use super::{Element, Transport};
@@ -131,6 +133,10 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     /// The put path's signalling (kept for [`Self::replan`]).
     mode: SignalMode,
     routes: Option<crate::route::RoutedSummary>,
+    /// The host-driven transports' step state (staged, direct-copy).
+    host: HostDriven,
+    /// The host-driven transports' links, or why they cannot run here (the same on every PE).
+    links: std::result::Result<PeLinks, String>,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -211,7 +217,11 @@ impl<T: Element> PeExchange<T> {
         let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
         let mode = signaling.resolve(remote_transport.as_deref());
         let stream = super::rank::halo_stream(module.context())?;
-        let mut this = Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None, policy, mode, routes: None };
+        // Collective, as the allocations: the host-driven transports' events and mailbox.
+        let links = PeLinks::setup(&nvshmem, &rank, &halos)?;
+        let host = HostDriven::new(&halos);
+        let mut this =
+            Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None, policy, mode, routes: None, host, links };
         this.install()?;
         this.reset_protocol()?;
         Ok(this)
@@ -299,6 +309,16 @@ impl<T: Element> PeExchange<T> {
         self.nvshmem.barrier_all()?;
         let me = self.nvshmem.my_pe();
         self.rank.set_halo(halos[me].clone())?;
+        // The host-driven transports: their IPC events and mailbox serve the same pulses and
+        // neighbours (kept, the step counters going on), or are set up again for the new ones
+        // (collective; every PE decides alike from the same halos).
+        if super::pe_links::same_links(&self.halos, &halos) {
+            self.host.replan(&halos);
+        } else {
+            self.links = Err("setting the links up again for a replan failed".into()); // the old ones go first
+            self.links = PeLinks::setup(&self.nvshmem, &self.rank, &halos)?;
+            self.host = HostDriven::new(&halos);
+        }
         self.halos = halos;
         self.install()?;
         Ok(true)
@@ -337,26 +357,49 @@ impl<T: Element> PeExchange<T> {
                 transport.name()
             )));
         }
-        if (transport == Transport::Staged) && !self.rank.all_direct() {
-            return Err(HaloError::InvalidInput("the staged transport copies into peer memory and needs P2P-reachable peers".into()));
+        if let (true, Err(why)) = (transport.host_driven(), &self.links) {
+            return Err(HaloError::InvalidInput(format!("the {} transport cannot run between these PEs: {why}", transport.name())));
         }
         Ok(())
     }
 
-    /// Launches (GPU-initiated) or runs (staged) one step's coordinate halo.
+    /// Runs one direction of a host-driven transport. A failure (a host wait for the stream that
+    /// saw no progress, a peer that never posted) marks the exchange failed like a device wait.
+    fn host_driven(&mut self, transport: Transport, direction: Direction) -> Result<()> {
+        let links = self.links.as_mut().map_err(|why| HaloError::InvalidInput(format!("the {} transport cannot run here: {why}", transport.name())))?;
+        let ran = self.host.run(transport, direction, std::slice::from_mut(&mut self.rank), std::slice::from_ref(&self.stream), links);
+        match ran {
+            Ok(syncs) => {
+                self.host_syncs += syncs;
+                Ok(())
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if matches!(e, HaloError::StreamStuck(_)) {
+                    crate::nvshmem::abandon_collectives(&why);
+                }
+                self.failed = Some(why);
+                Err(e)
+            }
+        }
+    }
+
+    /// Launches (GPU-initiated, direct-copy) or runs (staged) one step's coordinate halo.
     pub fn launch_coordinates(&mut self, transport: Transport) -> Result<()> {
         self.check_transport(transport)?;
-        if transport == Transport::Staged {
-            return self.staged(false);
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Forward);
         }
+        self.host.note(Direction::Forward);
         self.rank.launch_coordinates(transport, &self.stream)
     }
 
-    /// Launches (GPU-initiated) or runs (staged) one step's force halo.
+    /// Launches (GPU-initiated, direct-copy) or runs (staged) one step's force halo.
     pub fn launch_forces(&mut self, transport: Transport) -> Result<()> {
-        if transport == Transport::Staged {
-            return self.staged(true);
+        if transport.host_driven() {
+            return self.host_driven(transport, Direction::Reverse);
         }
+        self.host.note(Direction::Reverse);
         self.rank.launch_forces(&self.stream)
     }
 
@@ -398,45 +441,6 @@ impl<T: Element> PeExchange<T> {
         waited
     }
 
-    /// GROMACS's host-driven path across processes: per pulse, pack (or nothing for forces), host
-    /// sync, a copy into the peer's memory through its mapped address, host sync, and a host
-    /// barrier so the peer knows its data arrived; forces are then accumulated.
-    fn staged(&mut self, forces: bool) -> Result<()> {
-        let me = self.nvshmem.my_pe();
-        let local = self.rank.local_view();
-        let n = self.halos[me].pulses.len();
-        let order: Vec<usize> = if forces { (0..n).rev().collect() } else { (0..n).collect() };
-        for p in order {
-            let (owner, to) = (self.halos[me].pulses[p].recv_rank, self.halos[me].pulses[p].send_rank);
-            if forces {
-                let slot = self.nvshmem.peer_ptr(self.rank.recv_slot(p), owner).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?;
-                self.rank.stage_forces_to(p, slot, &self.stream)?;
-            } else {
-                self.rank.stage_pack(p, &self.stream)?;
-                self.sync()?;
-                let view = PeerView {
-                    x: self.nvshmem.peer_ptr(local.x, to).ok_or_else(|| HaloError::InvalidInput("peer not mapped".into()))?,
-                    signals: 0,
-                    recv_buf: 0,
-                };
-                self.rank.stage_copy_to(p, view, &self.stream)?;
-            }
-            self.sync()?;
-            self.nvshmem.barrier_all()?;
-            if forces {
-                self.rank.stage_unpack_forces(p, &self.stream)?;
-                self.sync()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn sync(&mut self) -> Result<()> {
-        self.wait_idle("waiting for a staged copy")?;
-        self.host_syncs += 1;
-        Ok(())
-    }
-
     /// Host barrier across PEs (used between checked steps in tests and benchmarks).
     pub fn barrier(&self) -> Result<()> {
         self.nvshmem.barrier_all()
@@ -449,7 +453,15 @@ impl<T: Element> PeExchange<T> {
         super::reset::run(|step| match step {
             ResetStep::WaitIdle => self.wait_idle("waiting for the halo stream before a protocol reset"),
             ResetStep::Barrier => self.nvshmem.barrier_all(),
-            ResetStep::Zero => self.rank.zero_protocol(&self.stream),
+            ResetStep::Zero => {
+                // Between the barriers no PE runs the exchange: the host-driven transports'
+                // counters and this PE's inbox start from step 0 again too.
+                self.host.reset();
+                if let Ok(links) = &mut self.links {
+                    links.reset();
+                }
+                self.rank.zero_protocol(&self.stream)
+            }
         })?;
         self.failed = None;
         Ok(())

@@ -298,7 +298,7 @@ impl<T: Element> RankExchange<T> {
         self.grids = self.grids.capped(max_blocks_per_pulse);
     }
 
-    /// Deadline of every device spin-wait.
+    /// Deadline of every device spin-wait (and of the host-driven transports' host waits).
     pub fn set_wait_timeout(&mut self, timeout: std::time::Duration) {
         self.timeout_ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
     }
@@ -518,7 +518,10 @@ impl<T: Element> RankExchange<T> {
                 }
                 Ok(())
             }
-            Transport::Staged => Err(HaloError::InvalidInput("the staged transport is host-driven: use LocalRanks::staged_coordinates".into())),
+            Transport::Staged | Transport::DirectCopy => Err(HaloError::InvalidInput(format!(
+                "the {} transport is host-driven: run it through LocalRanks or PeExchange",
+                transport.name()
+            ))),
         }
     }
 
@@ -622,7 +625,19 @@ impl<T: Element> RankExchange<T> {
 
     /// Address of this rank's (first) receive slot for pulse `p` (the staged force copy's target).
     pub fn recv_slot(&self, p: usize) -> u64 {
-        self.recv_buf.device_ptr_at(2 * p * self.sizes.slot_atoms)
+        self.recv_slot_at(p, 0)
+    }
+
+    /// Address of this rank's receive slot for pulse `p` and step parity `parity` (0 or 1).
+    pub fn recv_slot_at(&self, p: usize, parity: usize) -> u64 {
+        self.recv_buf.device_ptr() + self.recv_slot_offset(p, parity)
+    }
+
+    /// Byte offset of the receive slot of pulse `p`, parity `parity`, from the start of the
+    /// receive buffer: the same on every rank (the sizes are shared), so a peer's slot is its
+    /// [`PeerView::recv_buf`] plus this.
+    pub fn recv_slot_offset(&self, p: usize, parity: usize) -> u64 {
+        ((2 * p + (parity & 1)) * self.sizes.slot_atoms * size_of::<T>()) as u64
     }
 
     /// Address of this rank's (first) send slot for pulse `p` (where `stage_pack` puts the packed pulse).
@@ -630,12 +645,18 @@ impl<T: Element> RankExchange<T> {
         self.x_stage.device_ptr_at(2 * p * self.sizes.slot_atoms)
     }
 
-    /// Host-driven accumulate (or store) of pulse `p`'s forces received into its receive slot
-    /// (staged path).
+    /// Host-driven accumulate of pulse `p`'s forces received into its (first) receive slot
+    /// (staged path, NCCL).
     pub fn stage_unpack_forces(&self, p: usize, stream: &CudaStream) -> Result<()> {
+        self.stage_unpack_forces_at(p, 0, stream)
+    }
+
+    /// Host-driven accumulate of pulse `p`'s forces received into its receive slot of parity
+    /// `parity` (direct-copy alternates the two slots by step).
+    pub fn stage_unpack_forces_at(&self, p: usize, parity: usize, stream: &CudaStream) -> Result<()> {
         let spec = &self.halo.pulses[p];
         let (mut bp, mut mp, mut n, mut dp) =
-            (self.recv_slot(p), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
+            (self.recv_slot_at(p, parity), self.maps.device_ptr_at(self.map_offsets[p]), spec.index_map.len() as u32, self.f.device_ptr());
         let mut args = kernel_args![bp, mp, n, dp];
         // Forces are always accumulated (`spec::validate` rejects storing).
         // SAFETY: arguments match `unpack_accumulate`; validated plan.

@@ -106,6 +106,15 @@ pub fn random_values(halos: &[RankHalo], seed: u64, home_only: bool) -> Vec<Vec<
         .collect()
 }
 
+/// Small validated halos on `grid` with `pulses` pulses per dimension (40 home atoms, half of
+/// the candidates sent), for the unit tests of the exchange's planning.
+#[cfg(test)]
+pub(crate) fn small_halos(grid: [usize; 3], pulses: usize) -> Vec<RankHalo> {
+    let h = halos(SyntheticShape { grid, pulses_per_dim: pulses, home_atoms: 40, send_fraction: 0.5, box_len: 3.0 }, 9);
+    super::spec::validate(&h).expect("synthetic halos are valid");
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

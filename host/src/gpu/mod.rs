@@ -14,16 +14,66 @@ pub use module::{KernelModule, LaunchShape};
 use crate::error::{CudaContextExt, HaloError, Result};
 use std::sync::Arc;
 
-/// Why no GPU can be used here, or `None` when at least one is present.
-pub fn gpu_unavailable_reason() -> Option<String> {
+/// What this machine offers: GPUs, none, or GPUs the driver cannot bring up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuStatus {
+    /// The driver works and sees this many GPUs (at least one).
+    Present(usize),
+    /// No usable GPU and nothing suggesting one: no driver library, its stub, no device, or no
+    /// NVIDIA kernel driver. Tests skip (loudly) on this.
+    Absent(String),
+    /// An NVIDIA kernel driver is loaded (so a GPU is there) but the CUDA driver failed to
+    /// initialise or to count the devices: a broken machine, never a reason to skip a test.
+    DriverFailed(String),
+}
+
+/// Classifies what the driver reported. Pure, so every case is tested without a GPU:
+/// `library` is whether libcuda could be found, `init` and `count` are `cuInit`'s and
+/// `cuDeviceGetCount`'s outcomes (`count` is only looked at after a successful init), and
+/// `kernel_driver` whether the NVIDIA kernel driver is loaded (`/proc/driver/nvidia` or
+/// `/dev/nvidiactl` exists).
+pub fn classify(
+    library: bool,
+    init: std::result::Result<(), cudarc::driver::sys::CUresult>,
+    count: std::result::Result<i32, cudarc::driver::sys::CUresult>,
+    kernel_driver: bool,
+) -> GpuStatus {
+    use cudarc::driver::sys::CUresult;
+    if !library {
+        return GpuStatus::Absent("the CUDA driver library (libcuda.so) is not installed on this machine".into());
+    }
+    match init {
+        Err(CUresult::CUDA_ERROR_NO_DEVICE) => GpuStatus::Absent("the CUDA driver found no GPU".into()),
+        Err(CUresult::CUDA_ERROR_STUB_LIBRARY) => GpuStatus::Absent("libcuda.so is the CUDA toolkit's stub, not a driver".into()),
+        Err(e) if kernel_driver => GpuStatus::DriverFailed(format!(
+            "the NVIDIA kernel driver is loaded but the CUDA driver failed to initialise ({e:?}): check the driver installation (nvidia-smi)"
+        )),
+        Err(e) => GpuStatus::Absent(format!("no NVIDIA kernel driver is loaded (cuInit: {e:?})")),
+        Ok(()) => match count {
+            Ok(n) if n > 0 => GpuStatus::Present(n as usize),
+            Ok(_) | Err(CUresult::CUDA_ERROR_NO_DEVICE) => GpuStatus::Absent("the CUDA driver found no GPU".into()),
+            Err(e) => GpuStatus::DriverFailed(format!("the CUDA driver initialised but could not count the GPUs ({e:?})")),
+        },
+    }
+}
+
+/// What this machine offers (see [`classify`]).
+pub fn gpu_status() -> GpuStatus {
     // SAFETY: only probes for the library; nothing is called through it.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Some("the CUDA driver library (libcuda.so) is not installed on this machine".into());
+        return classify(false, Ok(()), Ok(0), false);
     }
-    match cudarc::driver::result::init().and_then(|_| cudarc::driver::result::device::get_count()) {
-        Ok(0) => Some("the CUDA driver found no GPU".into()),
-        Ok(_) => None,
-        Err(e) => Some(format!("the CUDA driver failed to initialise: {e}")),
+    let init = cudarc::driver::result::init().map_err(|e| e.0);
+    let count = if init.is_ok() { cudarc::driver::result::device::get_count().map_err(|e| e.0) } else { Ok(0) };
+    let kernel_driver = std::path::Path::new("/proc/driver/nvidia").exists() || std::path::Path::new("/dev/nvidiactl").exists();
+    classify(true, init, count, kernel_driver)
+}
+
+/// Why no GPU can be used here, or `None` when at least one is present.
+pub fn gpu_unavailable_reason() -> Option<String> {
+    match gpu_status() {
+        GpuStatus::Present(_) => None,
+        GpuStatus::Absent(why) | GpuStatus::DriverFailed(why) => Some(why),
     }
 }
 
@@ -52,4 +102,29 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
 pub fn arch_of(ctx: &CudaContext) -> Result<String> {
     let (major, minor) = ctx.compute_capability().during("reading the compute capability")?;
     Ok(format!("sm_{major}{minor}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn a_broken_driver_is_told_apart_from_a_missing_gpu() {
+        let absent = |s: GpuStatus| matches!(s, GpuStatus::Absent(_));
+        assert!(absent(classify(false, Ok(()), Ok(2), true)), "no libcuda");
+        assert!(absent(classify(true, Err(CUresult::CUDA_ERROR_NO_DEVICE), Ok(0), true)), "no device");
+        assert!(absent(classify(true, Err(CUresult::CUDA_ERROR_STUB_LIBRARY), Ok(0), false)), "the toolkit's stub");
+        assert!(absent(classify(true, Err(CUresult::CUDA_ERROR_UNKNOWN), Ok(0), false)), "no kernel driver, so no GPU");
+        assert!(absent(classify(true, Ok(()), Ok(0), true)), "zero devices");
+        assert_eq!(classify(true, Ok(()), Ok(2), true), GpuStatus::Present(2));
+        // A GPU is there (the kernel driver is loaded) but CUDA cannot use it: a failure.
+        for e in [CUresult::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, CUresult::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, CUresult::CUDA_ERROR_UNKNOWN] {
+            match classify(true, Err(e), Ok(0), true) {
+                GpuStatus::DriverFailed(why) => assert!(why.contains("failed to initialise") && why.contains(&format!("{e:?}")), "{why}"),
+                other => panic!("{e:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(classify(true, Ok(()), Err(CUresult::CUDA_ERROR_UNKNOWN), true), GpuStatus::DriverFailed(_)));
+    }
 }

@@ -20,18 +20,24 @@
 //! With `B` the bytes a rank sends in that direction per step (the largest over ranks), `P` the
 //! pulses (each pulse's signal can only leave after the previous pulse's data arrived, so the
 //! signal chain is `P` hops long), and `T(B)` the time to move `B` bytes
-//! (`B / BW_peer` between GPUs, `2 B / BW_dev` between ranks sharing a GPU):
+//! (`B / BW_peer` between GPUs, `2 B / BW_dev` between ranks sharing a GPU). Steps run back to
+//! back on a stream, so a kernel's launch overlaps the previous kernel's execution: the launch
+//! rate and the transfer bound a step each on their own, and only their maximum bounds it.
 //!
-//! | variant | floor |
-//! |---|---|
-//! | `fused`, `fused-tma` | `T_launch + max(T(B), P * L)` |
-//! | `per-pulse`, `per-pulse-direct` | `P * T_launch + max(T(B), P * L)` |
-//! | `nccl` | `2 P * T_launch + max(T(B), P * L)` (a pack or unpack kernel and an NCCL kernel per pulse) |
-//! | `staged` | `P * (T_launch + 2 * T_sync) + T(B)` (two host syncs per pulse) |
-//! | `+graph` | as without, `T_launch` replaced by `T_graph / K` (K steps per replay; the bench captures one step, K = 1) |
+//! | variant | launches `k` per direction | floor |
+//! |---|---|---|
+//! | `fused`, `fused-tma` | 1 | `max(k T_launch, max(T(B), P L))` |
+//! | `per-pulse`, `per-pulse-direct` | `P` | `max(k T_launch, max(T(B), P L))` |
+//! | `direct-copy` | `P` (pack or unpack kernels; the copies and event waits come on top) | `max(k T_launch, max(T(B), P L))` |
+//! | `nccl` | `2 P` (a pack or unpack kernel and an NCCL kernel per pulse) | `max(k T_launch, max(T(B), P L))` |
+//! | `staged` | host rounds: `P` pack + sync rounds for coordinates (the copies' waits are not bounded by a probe) | coordinates `P T_sync + max(T(B), P L)`, forces `max(T(B), P L)` |
+//! | `+graph` | one replay per phase (the step phase replays one graph of both directions) | `T_launch` replaced by `T_graph` for the whole replay |
 //!
-//! The step floor is the sum of both directions. These are lower bounds: they assume the data
-//! moves at full link speed from the first byte and that nothing else runs.
+//! The step floor is `max(launches of both directions, T_X + T_F)` for the GPU-timed methods
+//! (one graph for `+graph`) and the sum of both directions for `staged`. These are meant as lower
+//! bounds: full link speed from the first byte, nothing else running. Whether they are is checked
+//! against every measurement ([`FloorCheck`]): a row whose fastest repeat beat its floor shows the
+//! floor as a model, flagged, and no ratio (a "ratio" below 1 would mean the floor was wrong).
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -44,7 +50,7 @@ use std::time::Instant;
 use super::Method;
 use super::stats::Summary;
 
-/// The measured floor, in seconds and bytes per second (medians over repeats are used in the
+/// The measured floor, in seconds and bytes per second (the fastest repeat of each is used in the
 /// formulas; the summaries are reported).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FloorInputs {
@@ -108,26 +114,73 @@ impl FloorInputs {
         }
     }
 
-    /// The floor of one direction moving `bytes` in `shape.pulses` pulses (see the module docs).
-    pub fn direction_s(&self, method: Method, graph: bool, bytes: u64, shape: &HaloShape) -> f64 {
-        let p = shape.pulses.max(1) as f64;
-        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { self.launch_s };
-        let data = self.transfer_s(bytes, shape.link);
-        let chain = p * self.one_way_latency_s;
+    /// Kernel launches of one direction of `method` with `pulses` pulses.
+    fn launches(method: Method, pulses: f64) -> f64 {
         match method {
-            Method::Fused | Method::FusedTma => launch + data.max(chain),
-            Method::PerPulse | Method::PerPulseDirect => p * launch + data.max(chain),
-            Method::Nccl => 2.0 * p * launch + data.max(chain),
-            Method::Staged => p * (launch + 2.0 * self.host_sync_s) + data,
+            Method::Fused | Method::FusedTma => 1.0,
+            Method::PerPulse | Method::PerPulseDirect | Method::DirectCopy => pulses,
+            Method::Nccl => 2.0 * pulses,
+            Method::Staged => 0.0,
         }
+    }
+
+    /// The transfer part of one direction: the bytes over the link or the signal chain.
+    fn transfer(&self, bytes: u64, shape: &HaloShape) -> f64 {
+        self.transfer_s(bytes, shape.link).max(shape.pulses.max(1) as f64 * self.one_way_latency_s)
+    }
+
+    /// The floor of one direction (`forward`: coordinates) moving `bytes` in `shape.pulses`
+    /// pulses (see the module docs).
+    pub fn direction_s(&self, method: Method, graph: bool, forward: bool, bytes: u64, shape: &HaloShape) -> f64 {
+        let p = shape.pulses.max(1) as f64;
+        if method == Method::Staged {
+            // A kernel launch and a host sync per coordinate pulse (the pack round: at least the
+            // probe's empty launch + sync), then the copies, which at least move the bytes or
+            // carry one hop each. The copies' own host waits and the force round's syncs are not
+            // counted: no probe bounds a copy's submission and wait from below.
+            let packs = if forward { p * self.host_sync_s } else { 0.0 };
+            return packs + self.transfer(bytes, shape);
+        }
+        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.launch_s };
+        launch.max(self.transfer(bytes, shape))
     }
 
     /// The floor of a variant on `shape`.
     pub fn variant(&self, method: Method, graph: bool, shape: &HaloShape) -> VariantFloor {
-        let coords_s = self.direction_s(method, graph, shape.bytes_x, shape);
-        let forces_s = self.direction_s(method, graph, shape.bytes_f, shape);
-        VariantFloor { coords_s, forces_s, step_s: coords_s + forces_s }
+        let coords_s = self.direction_s(method, graph, true, shape.bytes_x, shape);
+        let forces_s = self.direction_s(method, graph, false, shape.bytes_f, shape);
+        if method == Method::Staged {
+            return VariantFloor { coords_s, forces_s, step_s: coords_s + forces_s };
+        }
+        let p = shape.pulses.max(1) as f64;
+        let launches = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { 2.0 * Self::launches(method, p) * self.launch_s };
+        let step_s = launches.max(self.transfer(shape.bytes_x, shape) + self.transfer(shape.bytes_f, shape));
+        VariantFloor { coords_s, forces_s, step_s }
     }
+}
+
+/// Whether a variant's floor is below every repeat of every phase (then it is a lower bound and
+/// the ratios are shown), or a model that a measurement beat (then it is flagged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FloorCheck {
+    /// Every repeat of every phase took at least its floor.
+    Bound,
+    /// Some repeat was faster than its floor: the model was wrong there.
+    Model,
+}
+
+impl FloorCheck {
+    /// Compares the floor with the fastest repeat of each phase (seconds; `None`: not measured).
+    pub fn of(floor: &VariantFloor, fastest: [Option<f64>; 3]) -> Self {
+        let pairs = [(floor.coords_s, fastest[0]), (floor.forces_s, fastest[1]), (floor.step_s, fastest[2])];
+        if pairs.iter().all(|&(f, m)| m.is_none_or(|m| m >= f)) { FloorCheck::Bound } else { FloorCheck::Model }
+    }
+}
+
+/// `measured / floor`, only when the floor is a bound (so never below 1).
+pub fn ratio(measured: f64, floor: f64, check: FloorCheck) -> Option<f64> {
+    (check == FloorCheck::Bound && floor > 0.0 && measured >= floor).then(|| measured / floor)
 }
 
 /// A timing event (cudarc's default events have timing switched off).
@@ -295,15 +348,17 @@ pub struct FloorReport {
 }
 
 impl FloorReport {
-    /// The medians in the formulas' units.
+    /// The fastest of each component's repeats in the formulas' units (smallest latency, launch
+    /// and sync times, largest bandwidths): a floor built from medians could exceed a fast
+    /// repeat of the exchange for no other reason than the probe's own spread.
     pub fn inputs(&self) -> FloorInputs {
         FloorInputs {
-            one_way_latency_s: self.one_way_latency_us.map_or(0.0, |s| s.median * 1e-6),
-            peer_bw: self.peer_bw_gbs.map(|s| s.median * 1e9),
-            device_bw: self.device_bw_gbs.median * 1e9,
-            launch_s: self.launch_us.median * 1e-6,
-            graph_launch_s: self.graph_launch_us.median * 1e-6,
-            host_sync_s: self.host_sync_us.median * 1e-6,
+            one_way_latency_s: self.one_way_latency_us.map_or(0.0, |s| s.min * 1e-6),
+            peer_bw: self.peer_bw_gbs.map(|s| s.max * 1e9),
+            device_bw: self.device_bw_gbs.max * 1e9,
+            launch_s: self.launch_us.min * 1e-6,
+            graph_launch_s: self.graph_launch_us.min * 1e-6,
+            host_sync_s: self.host_sync_us.min * 1e-6,
         }
     }
 }
@@ -330,15 +385,15 @@ mod tests {
     #[test]
     fn fused_is_latency_bound_when_small_and_bandwidth_bound_when_large() {
         let f = inputs();
-        // 4 kB over 400 GB/s = 10 ns < 1 us of latency.
-        let small = f.direction_s(Method::Fused, false, 4_000, &shape(4_000, 1, Link::Peer));
-        assert!((small - 3e-6).abs() < 1e-12, "{small}");
-        // 4 MB over 400 GB/s = 10 us > latency.
-        let big = f.direction_s(Method::Fused, false, 4_000_000, &shape(4_000_000, 1, Link::Peer));
-        assert!((big - 12e-6).abs() < 1e-12, "{big}");
-        // Three pulses: a chain of three hops.
-        let chain = f.direction_s(Method::FusedTma, false, 4_000, &shape(4_000, 3, Link::Peer));
-        assert!((chain - 5e-6).abs() < 1e-12, "{chain}");
+        // 4 kB over 400 GB/s = 10 ns < 1 us of latency < the 2 us launch: launch-bound.
+        let small = f.direction_s(Method::Fused, false, true, 4_000, &shape(4_000, 1, Link::Peer));
+        assert!((small - 2e-6).abs() < 1e-12, "{small}");
+        // 4 MB over 400 GB/s = 10 us > launch and latency.
+        let big = f.direction_s(Method::Fused, false, true, 4_000_000, &shape(4_000_000, 1, Link::Peer));
+        assert!((big - 10e-6).abs() < 1e-12, "{big}");
+        // Three pulses: a chain of three hops (3 us) outlasts the launch.
+        let chain = f.direction_s(Method::FusedTma, false, true, 4_000, &shape(4_000, 3, Link::Peer));
+        assert!((chain - 3e-6).abs() < 1e-12, "{chain}");
     }
 
     #[test]
@@ -355,14 +410,55 @@ mod tests {
         let f = inputs();
         let s = shape(4_000, 2, Link::Peer);
         let chain = 2e-6;
-        assert!((f.direction_s(Method::PerPulse, false, 4_000, &s) - (2.0 * 2e-6 + chain)).abs() < 1e-12);
-        assert!((f.direction_s(Method::Nccl, false, 4_000, &s) - (4.0 * 2e-6 + chain)).abs() < 1e-12);
-        let staged = f.direction_s(Method::Staged, false, 4_000, &s);
-        assert!((staged - (2.0 * (2e-6 + 10e-6) + 1e-8)).abs() < 1e-12, "{staged}");
-        // Graphs amortise the launch over the captured steps.
-        let g = f.direction_s(Method::Fused, true, 4_000, &s);
-        assert!((g - (3e-6 / 100.0 + chain)).abs() < 1e-12, "{g}");
-        let v = f.variant(Method::Fused, false, &s);
+        // Launches and the chain each bound a step; only their maximum does.
+        assert!((f.direction_s(Method::PerPulse, false, true, 4_000, &s) - (2.0 * 2e-6f64).max(chain)).abs() < 1e-12);
+        assert!((f.direction_s(Method::DirectCopy, false, false, 4_000, &s) - (2.0 * 2e-6f64).max(chain)).abs() < 1e-12);
+        assert!((f.direction_s(Method::Nccl, false, true, 4_000, &s) - 4.0 * 2e-6).abs() < 1e-12);
+        // Staged: a pack + sync round per coordinate pulse, then the copies' chain.
+        let x = f.direction_s(Method::Staged, false, true, 4_000, &s);
+        assert!((x - (2.0 * 5e-6 + chain)).abs() < 1e-12, "{x}");
+        let fx = f.direction_s(Method::Staged, false, false, 4_000, &s);
+        assert!((fx - chain).abs() < 1e-12, "{fx}");
+        let v = f.variant(Method::Staged, false, &s);
         assert!((v.step_s - v.coords_s - v.forces_s).abs() < 1e-18);
+        // Graphs: one replay per phase.
+        let g = f.direction_s(Method::Fused, true, true, 4_000, &s);
+        assert!((g - (3e-6 / 100.0f64).max(chain)).abs() < 1e-12, "{g}");
+        // The step: the launches of both directions, or both transfers, whichever is longer.
+        let v = f.variant(Method::Fused, false, &s);
+        assert!((v.step_s - (2.0 * 2e-6f64).max(2.0 * chain)).abs() < 1e-12, "{v:?}");
+        assert!(v.step_s <= v.coords_s + v.forces_s, "the step floor never exceeds the directions' sum");
+    }
+
+    #[test]
+    fn a_floor_beaten_by_a_measurement_is_a_model_and_gets_no_ratio() {
+        let floor = VariantFloor { coords_s: 5e-6, forces_s: 6e-6, step_s: 10e-6 };
+        assert_eq!(FloorCheck::of(&floor, [Some(5e-6), Some(7e-6), Some(12e-6)]), FloorCheck::Bound);
+        assert_eq!(FloorCheck::of(&floor, [Some(5e-6), None, Some(12e-6)]), FloorCheck::Bound);
+        // One repeat of the coordinate loop beat its floor: the whole row's floor is a model.
+        assert_eq!(FloorCheck::of(&floor, [Some(4.9e-6), Some(7e-6), Some(12e-6)]), FloorCheck::Model);
+        assert_eq!(ratio(12e-6, 10e-6, FloorCheck::Bound).map(|r| (r * 100.0).round()), Some(120.0));
+        assert_eq!(ratio(12e-6, 10e-6, FloorCheck::Model), None);
+        assert_eq!(ratio(9e-6, 10e-6, FloorCheck::Bound), None, "never a ratio below 1");
+    }
+
+    #[test]
+    fn the_new_floors_stay_below_the_h200_measurements() {
+        // docs/benchmarks.md, 2x1x1 over two PEs, 6000 atoms (1578 atoms per direction): the
+        // measured floor inputs and every variant's fastest repeat must give a bound.
+        let f = FloorInputs { one_way_latency_s: 1.95e-6, peer_bw: Some(388.7e9), device_bw: 3887e9, launch_s: 5.03e-6, graph_launch_s: 2.01e-6, host_sync_s: 10.41e-6 };
+        let s = shape(1578 * 12, 1, Link::Peer);
+        let s = HaloShape { steps_per_graph: 1, ..s };
+        for (method, graph, fastest) in [
+            (Method::Fused, false, [6.9e-6, 10.7e-6, 18.1e-6]),
+            (Method::Fused, true, [5.2e-6, 8.9e-6, 14.7e-6]),
+            (Method::FusedTma, true, [4.6e-6, 8.9e-6, 13.9e-6]),
+            (Method::PerPulseDirect, false, [6.1e-6, 10.8e-6, 17.3e-6]),
+            (Method::Nccl, false, [16.6e-6, 16.6e-6, 31.7e-6]),
+            (Method::Staged, false, [35.6e-6, 35.7e-6, 73.3e-6]),
+        ] {
+            let v = f.variant(method, graph, &s);
+            assert_eq!(FloorCheck::of(&v, fastest.map(Some)), FloorCheck::Bound, "{method:?} graph {graph}: {v:?}");
+        }
     }
 }

@@ -55,6 +55,8 @@ pub struct KernelResult {
 /// The whole kernel benchmark.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KernelReport {
+    /// The machine and software.
+    pub machine: crate::machine::MachineInfo,
     /// The GPU.
     pub gpu: String,
     /// Map entries.
@@ -136,7 +138,7 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
         });
     }
     stream.synchronize().map_err(|source| HaloError::Cuda { what: "finishing the kernels".into(), source })?;
-    Ok(KernelReport { gpu: ctx.name().unwrap_or_else(|_| "GPU".into()), map_len: cfg.map_len, array_len: cfg.array_len, device_bw_gbs, results })
+    Ok(KernelReport { machine: crate::machine::MachineInfo::collect(None), gpu: ctx.name().unwrap_or_else(|_| "GPU".into()), map_len: cfg.map_len, array_len: cfg.array_len, device_bw_gbs, results })
 }
 
 /// The kernel report as a table.
@@ -183,6 +185,7 @@ mod tests {
     fn table_marks_targets() {
         let s = |m| Summary { median: m, min: m, max: m, n: 5 };
         let r = KernelReport {
+            machine: crate::machine::tests::sample(),
             gpu: "H200".into(),
             map_len: 1 << 20,
             array_len: 4 << 20,

@@ -3,7 +3,7 @@
 //! the host clock from an idle GPU to an idle GPU; the median over repeats after a warm-up is
 //! reported, with the share of the time the search steps' host work took.
 
-use super::machine::MachineInfo;
+use crate::machine::MachineInfo;
 use super::stats::{Summary, ns_per_day};
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
@@ -61,6 +61,8 @@ pub struct MdBenchRow {
     pub gpus: usize,
     /// Rank grid.
     pub ranks: String,
+    /// `one process` or `N PEs (NVSHMEM), one per GPU`.
+    pub mode: String,
     /// Median time per step over the repeats (µs, every step counted).
     pub step_us_median: Option<f64>,
     /// Fastest repeat (µs per step).
@@ -117,6 +119,8 @@ pub struct Target<'a> {
     pub placement: &'a Placement,
     /// GPUs in use.
     pub gpus: usize,
+    /// How the ranks run: `one process` or `N PEs (NVSHMEM), one per GPU`.
+    pub mode: String,
     /// The machine.
     pub machine: &'a MachineInfo,
 }
@@ -133,6 +137,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         atoms,
         gpus: target.gpus,
         ranks: grid.to_string(),
+        mode: target.mode.clone(),
         step_us_median: None,
         step_us_min: None,
         step_us_max: None,
@@ -247,7 +252,8 @@ pub fn table(rows: &[MdBenchRow]) -> String {
     let mut s = String::new();
     if let Some(r) = rows.first() {
         let m = &r.machine;
-        let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; driver {}, CUDA {}", m.mode, m.gpus.join(", "), m.driver.as_deref().unwrap_or("?"), m.cuda_driver_api.as_deref().unwrap_or("?"));
+        let gpus: Vec<&str> = m.gpus.iter().map(|g| g.name.as_str()).collect();
+        let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
             "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs; {} steps x {} repeats after {} warm-up steps;",
@@ -326,6 +332,7 @@ mod tests {
             atoms,
             gpus: 2,
             ranks: "2x1x1".into(),
+            mode: "2 PEs (NVSHMEM)".into(),
             step_us_median: Some(us),
             step_us_min: Some(us * 0.9),
             step_us_max: Some(us * 1.1),
@@ -349,7 +356,7 @@ mod tests {
             home_atoms: 22_500,
             local_atoms: 31_000,
             skipped: None,
-            machine: MachineInfo { mode: "2 PEs (NVSHMEM)".into(), gpus: vec!["H200".into(); 2], ..MachineInfo::default() },
+            machine: crate::machine::tests::sample(),
         }
     }
 

@@ -6,12 +6,16 @@
 //!   variant's bytes and signal chain imply.
 //! - [`report`]: the results as a table, JSON and CSV; [`plot`]: the PNG.
 //! - [`nccl`]: the NCCL baseline (NCCL loaded at run time).
-//! - [`graph`]: the GPU-initiated step captured as CUDA graphs.
+//! - [`graph`]: the GPU-initiated (and NCCL) step captured as CUDA graphs.
+//! - [`step`]: one step of any method on this process's ranks, and the checked step every
+//!   variant passes (CPU reference) before its times count.
+//! - [`pecomm`]: small collectives between PEs over the symmetric heap.
 //! - [`runner`]: the measurement loops, in one process or one rank per process.
 //! - [`kernels`]: pack and unpack-accumulate at 1M atoms.
 //! - [`timeline`]: `halo timeline`, where the time of the fused halo goes (stamped kernels).
-//! - [`md`]: `halo md-bench`, ns/day of the whole MD step per transport (search steps included);
-//!   [`machine`]: what a run ran on.
+//! - [`md`]: `halo md-bench`, ns/day of the whole MD step per transport (search steps included).
+//!
+//! What a run ran on is [`crate::machine::MachineInfo`], in every result file and log.
 //!
 //! Every time of `halo bench` is the halo exchange alone (no force computation): its ns/day figures
 //! say how fast a step made of nothing but the exchange would run, an upper bound for the MD step.
@@ -20,13 +24,14 @@
 pub mod floor;
 pub mod graph;
 pub mod kernels;
-pub mod machine;
 pub mod md;
 pub mod nccl;
+pub mod pecomm;
 pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod stats;
+pub mod step;
 pub mod timeline;
 
 use crate::decomp::{HaloPlan, RankGrid};
@@ -45,8 +50,11 @@ pub const TIME_STEP_FS: f64 = 2.0;
 /// How a halo moves: the exchange's transports plus the NCCL baseline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Method {
-    /// Host-orchestrated copies with host syncs (GROMACS's MPI path).
+    /// Host-orchestrated, GPU-aware transfers with a host sync per pulse (GROMACS's GPU-aware MPI path).
     Staged,
+    /// Stream-ordered peer copies and cross-GPU event waits (GROMACS's direct GPU communication
+    /// under thread-MPI).
+    DirectCopy,
     /// Host-orchestrated NCCL send/recv per pulse, stream-ordered.
     Nccl,
     /// One NVSHMEM pack + put + signal kernel per pulse.
@@ -61,12 +69,14 @@ pub enum Method {
 
 impl Method {
     /// Every method, in report order.
-    pub const ALL: [Method; 6] = [Method::Staged, Method::Nccl, Method::PerPulse, Method::PerPulseDirect, Method::Fused, Method::FusedTma];
+    pub const ALL: [Method; 7] =
+        [Method::Staged, Method::DirectCopy, Method::Nccl, Method::PerPulse, Method::PerPulseDirect, Method::Fused, Method::FusedTma];
 
     /// The exchange transport behind it (`None` for NCCL).
     pub fn transport(self) -> Option<Transport> {
         match self {
             Method::Staged => Some(Transport::Staged),
+            Method::DirectCopy => Some(Transport::DirectCopy),
             Method::Nccl => None,
             Method::PerPulse => Some(Transport::PerPulse),
             Method::PerPulseDirect => Some(Transport::PerPulseDirect),
@@ -75,9 +85,31 @@ impl Method {
         }
     }
 
+    /// The method of an exchange transport.
+    pub fn of(transport: Transport) -> Self {
+        Self::ALL.into_iter().find(|m| m.transport() == Some(transport)).unwrap_or(Method::Fused)
+    }
+
     /// Whether the GPU drives the step (no host sync, graph-capturable).
     pub fn gpu_initiated(self) -> bool {
         self.transport().is_some_and(Transport::gpu_initiated)
+    }
+
+    /// Whether a step can be captured as a CUDA graph and replayed: the GPU-initiated methods
+    /// and NCCL (its calls are stream-ordered and capturable). Not `staged` (host syncs) nor
+    /// `direct-copy` (host handshakes and events between processes).
+    pub fn capturable(self) -> bool {
+        self.gpu_initiated() || self == Method::Nccl
+    }
+
+    /// Whether it needs NVSHMEM (several processes).
+    pub fn needs_nvshmem(self) -> bool {
+        self.transport().is_some_and(Transport::needs_nvshmem)
+    }
+
+    /// Whether it needs every peer reachable by loads, stores or copies.
+    pub fn needs_direct_peers(self) -> bool {
+        self.transport().is_some_and(Transport::needs_direct_peers)
     }
 
     /// The command-line name.
@@ -88,7 +120,7 @@ impl Method {
         }
     }
 
-    /// Parses one name (`staged`, `nccl`, `per-pulse`, `per-pulse-direct`, `fused`, `fused-tma`).
+    /// Parses one name (`staged`, `direct-copy`, `nccl`, `per-pulse`, `per-pulse-direct`, `fused`, `fused-tma`).
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.name() == s.trim())
     }
@@ -102,7 +134,7 @@ pub fn parse_methods(s: &str) -> std::result::Result<Vec<Method>, String> {
             return Ok(Method::ALL.to_vec());
         }
         let m = Method::parse(part).ok_or_else(|| {
-            format!("unknown transport `{part}`; one of: all, {}", Method::ALL.map(Method::name).join(", "))
+            format!("unknown transport `{part}` (possible values: all, {})", Method::ALL.map(Method::name).join(", "))
         })?;
         if !out.contains(&m) {
             out.push(m);
@@ -129,13 +161,13 @@ impl Variant {
         if self.graph { format!("{}+graph", self.method.name()) } else { self.method.name().to_string() }
     }
 
-    /// The variants to run for `methods`: each, plus its graph form for GPU-initiated methods
+    /// The variants to run for `methods`: each, plus its graph form for capturable methods
     /// when `graph` is set.
     pub fn list(methods: &[Method], graph: bool) -> Vec<Variant> {
         let mut out = Vec::new();
         for &m in methods {
             out.push(Variant { method: m, graph: false });
-            if graph && m.gpu_initiated() {
+            if graph && m.capturable() {
                 out.push(Variant { method: m, graph: true });
             }
         }
@@ -259,10 +291,13 @@ mod tests {
     }
 
     #[test]
-    fn graph_variants_only_for_gpu_initiated() {
-        let v = Variant::list(&[Method::Staged, Method::Nccl, Method::Fused], true);
+    fn graph_variants_only_for_capturable_methods() {
+        let v = Variant::list(&[Method::Staged, Method::DirectCopy, Method::Nccl, Method::Fused], true);
         let names: Vec<String> = v.iter().map(Variant::name).collect();
-        assert_eq!(names, ["staged", "nccl", "fused", "fused+graph"]);
+        assert_eq!(names, ["staged", "direct-copy", "nccl", "nccl+graph", "fused", "fused+graph"]);
+        for t in Transport::ALL {
+            assert_eq!(Method::of(t).transport(), Some(t));
+        }
         assert_eq!(Variant::list(&[Method::Fused], false).len(), 1);
     }
 

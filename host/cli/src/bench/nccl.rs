@@ -10,10 +10,16 @@
 //! 2.7): `ncclResult_t` and `ncclDataType_t` are C enums (`int`), `ncclComm_t` and `cudaStream_t`
 //! are opaque pointers, `ncclUniqueId` is 128 bytes passed by value.
 
+use super::graph::Phase;
+use super::pecomm::PeComm;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
-use crate::gpu::{CudaStream, DeviceMemory};
+use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
+use crate::session::PeSession;
+use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::ffi::{c_int, c_void};
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// `ncclFloat32`; a `float3` travels as three of them.
@@ -269,4 +275,73 @@ pub fn forces(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)
         }
     }
     Ok(())
+}
+
+/// NCCL, set up: its API and one communicator per rank this process drives.
+pub type NcclComms = (Arc<Nccl>, Rc<Vec<NcclComm>>);
+
+/// NCCL communicators for the ranks of one process (one GPU per rank).
+pub fn setup_local(modules: &[Arc<KernelModule>], nranks: usize) -> Result<NcclComms> {
+    if modules.len() < nranks {
+        return Err(HaloError::InvalidInput(format!("NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)", modules.len())));
+    }
+    let nccl = Nccl::load()?;
+    let ordinals: Vec<usize> = (0..nranks).map(|r| modules[r].context().ordinal()).collect();
+    let comms = Rc::new(nccl.comm_init_all(&ordinals)?);
+    Ok((nccl, comms))
+}
+
+/// Every PE joins one NCCL communicator (rank = PE), the unique id travelling over the
+/// symmetric heap. Collective: every PE gets the same outcome.
+pub fn setup_pe(session: &PeSession, comm: &PeComm) -> Result<NcclComms> {
+    let nv = &session.nvshmem;
+    let loaded = Nccl::load();
+    if !comm.all(loaded.is_ok())? {
+        return Err(loaded.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL is missing on another rank".into())));
+    }
+    let nccl = loaded?;
+    let id = if nv.my_pe() == 0 { nccl.unique_id() } else { Ok(UniqueId([0; 128])) };
+    if !comm.all(id.is_ok())? {
+        return Err(id.err().unwrap_or_else(|| HaloError::InvalidInput("rank 0 could not create an NCCL id".into())));
+    }
+    let id = UniqueId(comm.broadcast_bytes(&id?.0)?);
+    session.ctx.bind_to_thread().during("binding the context")?;
+    let c = nccl.comm_init_rank(nv.n_pes(), id, nv.my_pe());
+    if !comm.all(c.is_ok())? {
+        return Err(c.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL init failed on another rank".into())));
+    }
+    Ok((nccl, Rc::new(vec![c?])))
+}
+
+/// Enqueues `steps` steps of `phase` of the NCCL exchange for the ranks of this process.
+pub fn enqueue(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)], phase: Phase, steps: usize) -> Result<()> {
+    phase.repeat(steps, |forces| if forces { self::forces(nccl, ranks) } else { coordinates(nccl, ranks) })
+}
+
+/// One step of `phase` of every local rank captured as a CUDA graph (one per rank, on its
+/// stream): NCCL's calls are stream-ordered and capturable, and every local stream is captured
+/// at once because one NCCL group spans them. Replays need every rank to replay its graph, as it
+/// would enqueue the step.
+pub fn capture(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)], phase: Phase) -> Result<Vec<CudaGraph>> {
+    let mut capturing = Vec::new();
+    let mut begun = Ok(());
+    for (_, _, stream) in ranks {
+        begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture");
+        if begun.is_err() {
+            break;
+        }
+        capturing.push(*stream);
+    }
+    let queued = begun.and_then(|()| enqueue(nccl, ranks, phase, 1));
+    // Always end every capture that began, or the streams stay in capture mode.
+    let ended: Vec<_> = capturing.iter().map(|s| s.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture")).collect();
+    queued?;
+    ended
+        .into_iter()
+        .map(|g| {
+            let g = g?.ok_or_else(|| HaloError::InvalidInput("the captured NCCL step is empty".into()))?;
+            g.upload().during("uploading a graph")?;
+            Ok(g)
+        })
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! The benchmark's results: a table for people, JSON and CSV for tools.
 
-use super::floor::FloorReport;
+use super::floor::{FloorCheck, FloorReport};
 use super::stats::Summary;
+use crate::machine::MachineInfo;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -12,6 +13,10 @@ pub struct VariantResult {
     pub atoms: usize,
     /// Variant name (`fused`, `fused+graph`, ...).
     pub variant: String,
+    /// The method (`staged`, `direct-copy`, `nccl`, `fused`, ...).
+    pub transport: String,
+    /// Whether the step was captured as a CUDA graph and replayed.
+    pub graph: bool,
     /// Pulses per step.
     pub pulses: usize,
     /// Coordinates the busiest rank sends per step.
@@ -24,24 +29,37 @@ pub struct VariantResult {
     pub step_us: Option<Summary>,
     /// Host CPU time per step of the launching thread (µs, median).
     pub host_cpu_us: Option<f64>,
-    /// Host synchronisations per step.
+    /// Host synchronisations per step and rank (each wait of the host for a rank's stream).
     pub host_syncs_per_step: Option<f64>,
     /// ns/day at 2 fs of a step made of this exchange alone.
     pub ns_per_day_exchange_only: Option<f64>,
     /// Floor of the coordinate halo (µs).
     pub floor_coords_us: Option<f64>,
+    /// Floor of the force halo (µs).
+    pub floor_forces_us: Option<f64>,
     /// Floor of the full exchange (µs).
     pub floor_step_us: Option<f64>,
+    /// Whether the floor held for every repeat (`bound`) or a repeat beat it (`model`: the
+    /// floor's model was wrong for this variant, and no ratio is given).
+    pub floor: Option<FloorCheck>,
+    /// Coordinate halo (median) / its floor, when the floor is a bound (never below 1).
+    pub coords_per_floor: Option<f64>,
+    /// Full exchange (median) / its floor, when the floor is a bound (never below 1).
+    pub step_per_floor: Option<f64>,
+    /// The checked step after the timed loops: `ok: ...` or `FAILED: ...`; `None` when skipped.
+    pub check: Option<String>,
     /// Why the variant did not run here, when it did not.
     pub skipped: Option<String>,
 }
 
 impl VariantResult {
     /// A row for a variant that could not run, with the reason.
-    pub fn skipped(atoms: usize, variant: String, reason: String) -> Self {
+    pub fn skipped(atoms: usize, variant: super::Variant, reason: String) -> Self {
         Self {
             atoms,
-            variant,
+            variant: variant.name(),
+            transport: variant.method.name().into(),
+            graph: variant.graph,
             pulses: 0,
             halo_atoms: 0,
             coords_us: None,
@@ -51,9 +69,19 @@ impl VariantResult {
             host_syncs_per_step: None,
             ns_per_day_exchange_only: None,
             floor_coords_us: None,
+            floor_forces_us: None,
             floor_step_us: None,
+            floor: None,
+            coords_per_floor: None,
+            step_per_floor: None,
+            check: None,
             skipped: Some(reason),
         }
+    }
+
+    /// Whether the row's checked step failed.
+    pub fn check_failed(&self) -> bool {
+        self.check.as_deref().is_some_and(|c| !c.starts_with("ok"))
     }
 }
 
@@ -76,6 +104,8 @@ pub struct BenchReport {
     pub warmup: usize,
     /// The command line.
     pub command: String,
+    /// The machine and software (GPUs, driver, topology, NCCL, NVSHMEM, date).
+    pub machine: MachineInfo,
     /// The hardware floor measured in this run.
     pub floor: FloorReport,
     /// Every variant at every size.
@@ -132,7 +162,7 @@ pub fn floor_text(f: &FloorReport) -> String {
 
 /// The whole report as an aligned text table with the floor above it.
 pub fn table(r: &BenchReport) -> String {
-    let mut s = String::new();
+    let mut s = r.machine.text();
     let _ = writeln!(s, "halo bench: {} ranks, {}, GPUs: {}, halos: {}", r.ranks, r.mode, r.gpus.join(", "), r.halos);
     let _ = writeln!(s, "{} steps x {} repeats after {} warm-up; times per step, GPU timeline, median [min-max]", r.steps, r.repeats, r.warmup);
     s.push_str(&floor_text(&r.floor));
@@ -142,8 +172,10 @@ pub fn table(r: &BenchReport) -> String {
         }
     }
     let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
+    let _ = writeln!(s, "syncs/step: host waits for a rank's stream per step and rank; check: one full step after the timed loops vs the CPU reference.");
     let header = [
-        "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "step/floor", "ns/day*", "host CPU us", "syncs/step",
+        "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "coords/floor", "step/floor", "ns/day*", "host CPU us",
+        "syncs/step", "check",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for v in &r.results {
@@ -151,9 +183,14 @@ pub fn table(r: &BenchReport) -> String {
             rows.push(vec![v.atoms.to_string(), v.variant.clone(), format!("skipped: {why}")]);
             continue;
         }
-        let ratio = match (&v.step_us, v.floor_step_us) {
-            (Some(s), Some(f)) if f > 0.0 => format!("{:.2}", s.median / f),
-            _ => "-".into(),
+        let floor = match v.floor {
+            Some(FloorCheck::Model) => format!("{} model!", opt_num(v.floor_step_us, 1)),
+            _ => opt_num(v.floor_step_us, 1),
+        };
+        let check = match v.check.as_deref() {
+            Some(c) if c.starts_with("ok") => "ok".to_string(),
+            Some(_) => "FAILED".to_string(),
+            None => "-".to_string(),
         };
         rows.push(vec![
             v.atoms.to_string(),
@@ -162,11 +199,13 @@ pub fn table(r: &BenchReport) -> String {
             opt_cell(&v.coords_us, 1),
             opt_cell(&v.forces_us, 1),
             opt_cell(&v.step_us, 1),
-            opt_num(v.floor_step_us, 1),
-            ratio,
+            floor,
+            opt_num(v.coords_per_floor, 2),
+            opt_num(v.step_per_floor, 2),
             opt_num(v.ns_per_day_exchange_only, 0),
             opt_num(v.host_cpu_us, 1),
             opt_num(v.host_syncs_per_step, 1),
+            check,
         ]);
     }
     let cols = header.len();
@@ -179,6 +218,12 @@ pub fn table(r: &BenchReport) -> String {
             row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
         };
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
+    }
+    if r.results.iter().any(|v| v.floor == Some(FloorCheck::Model)) {
+        let _ = writeln!(s, "model!: a repeat of this variant was faster than its floor, so that floor is a model, not a bound (no ratio shown).");
+    }
+    for v in r.results.iter().filter(|v| v.check_failed()) {
+        let _ = writeln!(s, "CHECK FAILED: {} at {} atoms: {}", v.variant, v.atoms, v.check.as_deref().unwrap_or_default());
     }
     s
 }
@@ -194,7 +239,8 @@ pub fn csv(r: &BenchReport) -> String {
     let mut s = String::from(
         "atoms,variant,pulses,halo_atoms,coords_us_median,coords_us_min,coords_us_max,forces_us_median,forces_us_min,forces_us_max,\
          step_us_median,step_us_min,step_us_max,floor_coords_us,floor_step_us,ns_per_day_exchange_only,host_cpu_us,host_syncs_per_step,\
-         latency_us,peer_bw_gbs,device_bw_gbs,launch_us,graph_launch_us,skipped\n",
+         latency_us,peer_bw_gbs,device_bw_gbs,launch_us,graph_launch_us,skipped,transport,graph,floor_forces_us,floor,coords_per_floor,\
+         step_per_floor,check\n",
     );
     let num = |v: Option<f64>| v.filter(|v| v.is_finite()).map_or_else(String::new, |v| format!("{v}"));
     let three = |v: &Option<Summary>| match v {
@@ -203,10 +249,17 @@ pub fn csv(r: &BenchReport) -> String {
     };
     let f = &r.floor;
     for v in &r.results {
-        let skipped = v.skipped.as_deref().unwrap_or("").replace(['"', '\n'], " ");
+        // Quoted, and without commas, so every line splits into the same columns.
+        let skipped = v.skipped.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
+        let check = v.check.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
+        let floor = match v.floor {
+            Some(FloorCheck::Bound) => "bound",
+            Some(FloorCheck::Model) => "model",
+            None => "",
+        };
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\",{},{},{},{},{},{},\"{}\"",
             v.atoms,
             v.variant,
             v.pulses,
@@ -224,7 +277,14 @@ pub fn csv(r: &BenchReport) -> String {
             f.device_bw_gbs.median,
             f.launch_us.median,
             f.graph_launch_us.median,
-            skipped
+            skipped,
+            v.transport,
+            v.graph,
+            num(v.floor_forces_us),
+            floor,
+            num(v.coords_per_floor),
+            num(v.step_per_floor),
+            check
         );
     }
     s
@@ -252,24 +312,33 @@ pub(crate) mod tests {
         let mut results = Vec::new();
         for (atoms, scale) in [(6000usize, 1.0), (45000, 2.0)] {
             for (name, t) in [("staged", 40.0), ("fused", 8.0), ("fused+graph", 6.0)] {
+                let step = t * scale;
                 results.push(VariantResult {
                     atoms,
                     variant: name.into(),
+                    transport: name.trim_end_matches("+graph").into(),
+                    graph: name.ends_with("+graph"),
                     pulses: 1,
                     halo_atoms: (atoms as f64 * 0.25) as usize,
-                    coords_us: Some(sum(t * scale / 2.0)),
-                    forces_us: Some(sum(t * scale / 2.0)),
-                    step_us: Some(sum(t * scale)),
+                    coords_us: Some(sum(step / 2.0)),
+                    forces_us: Some(sum(step / 2.0)),
+                    step_us: Some(sum(step)),
                     host_cpu_us: Some(3.0),
                     host_syncs_per_step: Some(if name == "staged" { 4.0 } else { 0.0 }),
-                    ns_per_day_exchange_only: Some(super::super::stats::ns_per_day(t * scale * 1e-6, 2.0)),
+                    ns_per_day_exchange_only: Some(super::super::stats::ns_per_day(step * 1e-6, 2.0)),
                     floor_coords_us: Some(3.0),
+                    floor_forces_us: Some(3.0),
                     floor_step_us: Some(6.0),
+                    floor: Some(FloorCheck::Bound),
+                    coords_per_floor: Some(step / 2.0 / 3.0),
+                    step_per_floor: Some(step / 6.0),
+                    check: Some("ok: coordinates bit-exact, forces max rel err 1.2e-7".into()),
                     skipped: None,
                 });
             }
         }
-        results.push(VariantResult::skipped(6000, "per-pulse".into(), "needs NVSHMEM".into()));
+        let skipped = crate::bench::Variant { method: crate::bench::Method::PerPulse, graph: false };
+        results.push(VariantResult::skipped(6000, skipped, "needs NVSHMEM".into()));
         BenchReport {
             mode: "one process".into(),
             ranks: "2x1x1".into(),
@@ -279,6 +348,7 @@ pub(crate) mod tests {
             repeats: 7,
             warmup: 3,
             command: "halo bench".into(),
+            machine: crate::machine::tests::sample(),
             floor,
             results,
             routes: Vec::new(),
@@ -293,9 +363,13 @@ pub(crate) mod tests {
         assert!(t.contains("exchange alone"));
         let fused: Vec<&str> = t.lines().filter(|l| l.starts_with("6000") && l.contains(" fused ")).collect();
         assert_eq!(fused.len(), 1, "{t}");
-        // median [min-max], floor, step/floor ratio 8/6, ns/day of an 8 us step = 21 600.
+        // median [min-max], floor, coords/floor 4/3, step/floor 8/6, ns/day of an 8 us step = 21 600.
         assert!(fused[0].contains("8.0 [7.2-9.6]") && fused[0].contains("1.33") && fused[0].contains("21600"), "{}", fused[0]);
+        assert!(fused[0].ends_with(" ok"), "{}", fused[0]);
         assert!(t.contains("skipped: needs NVSHMEM"));
+        // The machine comes first.
+        assert!(t.starts_with("machine: h200-1"), "{t}");
+        assert!(!t.contains("model!") && !t.contains("CHECK FAILED"), "{t}");
         // Data rows are aligned: every full row has the same width.
         let widths: Vec<usize> = t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
@@ -331,6 +405,47 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_floor_that_is_a_model_and_a_failed_check_are_flagged() {
+        let mut r = sample_report();
+        r.results[1].floor = Some(FloorCheck::Model);
+        r.results[1].step_per_floor = None;
+        r.results[1].coords_per_floor = None;
+        r.results[2].check = Some("FAILED: rank 1: coordinate of atom 7 is NaN".into());
+        let t = table(&r);
+        let fused = t.lines().find(|l| l.starts_with("6000") && l.contains(" fused ")).unwrap();
+        assert!(fused.contains("6.0 model!"), "{fused}");
+        assert!(t.contains("model!: a repeat of this variant was faster than its floor"), "{t}");
+        assert!(t.contains("CHECK FAILED: fused+graph at 6000 atoms: FAILED: rank 1"), "{t}");
+        assert!(r.results[2].check_failed() && !r.results[0].check_failed());
+        // No ratio below 1 is ever printed: every number in the ratio columns is at least 1.
+        for line in t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")) {
+            let cells: Vec<&str> = line.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+            for c in cells.iter().filter_map(|c| c.parse::<f64>().ok()).filter(|v| *v < 1.0) {
+                assert!(c == 0.0, "a ratio below 1 in {line}");
+            }
+        }
+    }
+
+    #[test]
+    fn json_rows_carry_the_fields_the_tables_are_built_from() {
+        let v: serde_json::Value = serde_json::from_str(&json(&sample_report()).unwrap()).unwrap();
+        let row = &v["results"][1];
+        assert_eq!(row["transport"], "fused");
+        assert_eq!(row["graph"], false);
+        assert_eq!(row["atoms"], 6000);
+        for k in ["coords_us", "forces_us", "step_us"] {
+            assert!(row[k]["median"].is_number() && row[k]["min"].is_number() && row[k]["max"].is_number(), "{k}: {row}");
+        }
+        assert_eq!(v["results"][2]["graph"], true);
+        assert_eq!(v["results"][2]["transport"], "fused");
+        assert_eq!(row["floor"], "bound");
+        assert!(row["check"].as_str().unwrap().starts_with("ok"));
+        assert_eq!(v["machine"]["nvidia_driver"], "580.159.04");
+        assert!(v["machine"]["topology"].as_str().unwrap().contains("NV18"));
+        assert!(v["machine"]["nccl"].as_str().unwrap().starts_with("2.28.9"));
+    }
+
+    #[test]
     fn json_round_trips() {
         let r = sample_report();
         let back: BenchReport = serde_json::from_str(&json(&r).unwrap()).unwrap();
@@ -355,6 +470,7 @@ pub(crate) mod tests {
             assert_eq!(l.split(',').count(), cols, "{l}");
         }
         assert!(lines[2].starts_with("6000,fused,1,1500,4,3.6,4.8,4,3.6,4.8,8,7.2"), "{}", lines[2]);
-        assert!(lines.last().unwrap().ends_with("\"needs NVSHMEM\""));
+        assert!(lines[2].contains(",fused,false,3,bound,"), "{}", lines[2]);
+        assert!(lines.last().unwrap().contains("\"needs NVSHMEM\",per-pulse,false"), "{}", lines.last().unwrap());
     }
 }

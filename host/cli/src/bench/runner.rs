@@ -1,30 +1,32 @@
 //! The measurement loops. One process drives every rank (`LocalRanks`, over the visible GPUs),
 //! or each process drives its own rank (`PeExchange` under `halo launch` / mpirun / srun); both
-//! go through the library's [`Exchange`] interface, so the variant loop and the timing code are
+//! go through the library's [`Exchange`](crate::exchange::Exchange) interface, so the variant loop and the timing code are
 //! written once (`run_variants`); only the floor probes differ.
 //!
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
 //! only, and the full exchange, each between two events on every rank stream (the slowest rank
-//! counts). Host CPU time (of the launching thread) and host syncs are counted over the
-//! full-exchange loop, excluding the final wait. Under a launcher every rank runs the same list
-//! (checked at start-up), every skip is decided collectively, and rank 0 gathers the slowest
-//! rank's numbers.
+//! counts). Host CPU time (of the launching thread) and host syncs (per rank) are counted over
+//! the full-exchange loop, excluding the final wait. After the timed loops every variant runs one
+//! checked step against the CPU reference ([`super::step`]); its outcome is in the row, and a
+//! failed check fails the command. Under a launcher every rank runs the same list (checked at
+//! start-up), every skip is decided collectively, and rank 0 gathers the slowest rank's numbers.
 
 use super::floor::{self, EmptyLaunch, FloorReport, Link};
 use super::graph::{Phase, PhaseGraphs};
-use super::nccl::{self, Nccl, NcclComm};
+use super::nccl;
+use super::pecomm::PeComm;
 use super::report::{BenchReport, SizeRoutes, VariantResult};
 use super::stats::{Summary, ns_per_day};
+use super::step::Stepper;
 use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
-use crate::exchange::{Exchange, Placement};
+use crate::exchange::{Placement, RankHalo};
 use crate::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
 use crate::launch::RankEnv;
-use crate::nvshmem::{Nvshmem, SymmetricBuffer};
+use crate::machine::MachineInfo;
 use crate::session::PeSession;
 use kernels_gpu::abi::WaitStatus;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,36 +105,6 @@ struct Sample {
     syncs: f64,
 }
 
-/// NCCL, set up once per run: its API and one communicator per local rank.
-type NcclComms = (Arc<Nccl>, Rc<Vec<NcclComm>>);
-
-/// One variant's exchange on the ranks of this process, and NCCL when the variant is NCCL.
-struct Bench {
-    x: Box<dyn Exchange>,
-    nccl: Option<NcclComms>,
-}
-
-impl Bench {
-    /// Enqueues (GPU-initiated) or runs (host-driven) `steps` steps of `phase`.
-    fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
-        let Some(transport) = method.transport() else {
-            let (nccl, comms) = self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))?;
-            let x = &self.x;
-            let io: Vec<_> = x.local_ranks().iter().zip(comms.iter()).zip(x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
-            return phase.repeat(steps, |forces| if forces { nccl::forces(nccl, &io) } else { nccl::coordinates(nccl, &io) });
-        };
-        phase.repeat(steps, |forces| if forces { self.x.exchange_reverse_accumulate(transport) } else { self.x.exchange_forward(transport) })
-    }
-
-    /// Captures one step of every phase of every local rank as graphs.
-    fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
-        let transport = method.transport().ok_or_else(|| HaloError::InvalidInput("NCCL steps are not captured".into()))?;
-        self.x.check_transport(transport)?;
-        let streams = self.x.streams().to_vec();
-        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport)).collect()
-    }
-}
-
 /// CPU time of the calling thread (s).
 fn thread_cpu_s() -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -144,7 +116,7 @@ fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
+fn measure(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
     b.x.barrier()?;
     let streams = b.x.streams().to_vec();
     let syncs0 = b.x.host_syncs();
@@ -152,15 +124,10 @@ fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase
     let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     if variant.graph {
         // One captured step per replay, back to back: no host work between replays.
-        for _ in 0..steps {
-            for g in graphs {
-                g.get(phase).launch().during("replaying a captured step")?;
-            }
-        }
+        Stepper::replay(graphs, phase, steps)?;
     } else {
         b.enqueue(variant.method, phase, steps)?;
     }
-    let done = steps;
     let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let cpu = thread_cpu_s() - cpu0;
     let syncs = b.x.host_syncs() - syncs0;
@@ -169,25 +136,43 @@ fn measure(b: &mut Bench, variant: Variant, graphs: &[PhaseGraphs], phase: Phase
     for (a, b) in starts.iter().zip(&ends) {
         gpu = gpu.max(a.elapsed_ms(b).during("reading a timing event")? as f64 * 1e-3);
     }
-    let n = done as f64;
-    Ok(Sample { gpu_s: gpu / n, cpu_s: cpu / n, syncs: syncs as f64 / n })
+    let n = steps as f64;
+    // Host syncs per step and rank: in one process the thread waits for every rank's stream.
+    let ranks = b.x.local_ranks().len().max(1) as f64;
+    Ok(Sample { gpu_s: gpu / n, cpu_s: cpu / n, syncs: syncs as f64 / n / ranks })
 }
 
-/// Warm-up and timed repeats of one variant: `samples[phase][repeat]`.
-fn bench_variant(b: &mut Bench, variant: Variant, cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Vec<Vec<Sample>>> {
-    let graphs = if variant.graph { b.capture(variant.method)? } else { Vec::new() };
-    let mut out = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
+/// What one variant gave: `samples[phase][repeat]`, and its checked step (`Ok(largest force
+/// error)` or what was wrong) on this process's ranks.
+struct Measured {
+    samples: Vec<Vec<Sample>>,
+    check: std::result::Result<f64, String>,
+}
+
+/// Warm-up and timed repeats of one variant, then one checked step (the same graphs replayed
+/// for `+graph` variants).
+fn bench_variant(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halos: &[RankHalo], cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Measured> {
+    let mut samples = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
-            let s = measure(b, variant, &graphs, phase, cfg.steps)?;
+            let s = measure(b, variant, graphs, phase, cfg.steps)?;
             if rep >= cfg.warmup {
-                out[i].push(s);
+                samples[i].push(s);
             }
         }
         bar.inc(1);
     }
-    drop(graphs);
-    Ok(out)
+    let check = b.checked_step(variant.method, variant.graph.then_some(graphs), halos, cfg.seed.wrapping_add(77))?;
+    Ok(Measured { samples, check })
+}
+
+/// The row's check text from every process's outcome.
+fn check_text(mine: &std::result::Result<f64, String>, all_ok: bool) -> String {
+    match (mine, all_ok) {
+        (Ok(worst), true) => format!("ok: coordinates bit-exact, forces max rel err {worst:.1e}"),
+        (Err(why), _) => format!("FAILED: {why}"),
+        (Ok(_), false) => "FAILED on another rank (see its message)".into(),
+    }
 }
 
 /// Flattens samples for a gather: phase-major, then repeat, then (gpu, cpu, syncs).
@@ -205,26 +190,35 @@ fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
         .collect()
 }
 
-/// The report row of a variant from its samples.
-fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link) -> VariantResult {
+/// The report row of a variant from its samples (and its check's text).
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, check: String) -> VariantResult {
     let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
-    let step = us(2);
+    let (coords, forces, step) = (us(0), us(1), us(2));
     let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
     // A graph holds one step and is replayed once per step.
     let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, 1));
+    let fastest = [coords, forces, step].map(|s| s.map(|s| s.min * 1e-6));
+    let kind = floor::FloorCheck::of(&vf, fastest);
     VariantResult {
         atoms,
         variant: variant.name(),
+        transport: variant.method.name().into(),
+        graph: variant.graph,
         pulses: sizes.pulses,
         halo_atoms: sizes.atoms_x,
-        coords_us: us(0),
-        forces_us: us(1),
+        coords_us: coords,
+        forces_us: forces,
         step_us: step,
         host_cpu_us: median(|s| s.cpu_s).map(|v| v * 1e6),
         host_syncs_per_step: median(|s| s.syncs),
         ns_per_day_exchange_only: step.map(|s| ns_per_day(s.median * 1e-6, TIME_STEP_FS)),
         floor_coords_us: Some(vf.coords_s * 1e6),
+        floor_forces_us: Some(vf.forces_s * 1e6),
         floor_step_us: Some(vf.step_s * 1e6),
+        floor: Some(kind),
+        coords_per_floor: coords.and_then(|c| floor::ratio(c.median * 1e-6, vf.coords_s, kind)),
+        step_per_floor: step.and_then(|c| floor::ratio(c.median * 1e-6, vf.step_s, kind)),
+        check: Some(check),
         skipped: None,
     }
 }
@@ -369,15 +363,18 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     let nranks: usize = cfg.grid.iter().product();
     let mut nccl = NcclSetup::default();
     let results = run_variants(cfg, &Placement::Local(modules.clone()).with_policy(cfg.paths), &Group::Local, &inputs, link, &bar, || {
-        nccl.get(|| local_nccl(&modules, nranks))
+        nccl.get(|| nccl::setup_local(&modules, nranks))
     })?;
     bar.finish_and_clear();
-    Ok(report(cfg, "one process".into(), gpu_names(&modules), floor, results))
+    Ok(report(cfg, "one process".into(), gpu_names(&modules), MachineInfo::collect(None), floor, results))
 }
 
 /// The report of a run: what ran where, the floor, every variant's row, the routes.
-fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>)) -> BenchReport {
+fn report(
+    cfg: &BenchConfig, mode: String, gpus: Vec<String>, machine: MachineInfo, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
+) -> BenchReport {
     BenchReport {
+        machine,
         mode,
         ranks: grid_text(cfg.grid),
         gpus,
@@ -392,27 +389,14 @@ fn report(cfg: &BenchConfig, mode: String, gpus: Vec<String>, floor: FloorReport
     }
 }
 
-/// NCCL communicators for the ranks of one process (one GPU per rank).
-fn local_nccl(modules: &[Arc<KernelModule>], nranks: usize) -> Result<NcclComms> {
-    if modules.len() < nranks {
-        return Err(HaloError::InvalidInput(format!(
-            "NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)",
-            modules.len()
-        )));
-    }
-    let nccl = Nccl::load()?;
-    let ordinals: Vec<usize> = (0..nranks).map(|r| modules[r].context().ordinal()).collect();
-    let comms = Rc::new(nccl.comm_init_all(&ordinals)?);
-    Ok((nccl, comms))
-}
-
 /// NCCL is set up the first time a variant needs it, and its success or failure kept for the
 /// rest of the run.
 #[derive(Default)]
-struct NcclSetup(Option<std::result::Result<NcclComms, String>>);
+pub(crate) struct NcclSetup(Option<std::result::Result<nccl::NcclComms, String>>);
 
 impl NcclSetup {
-    fn get(&mut self, setup: impl FnOnce() -> Result<NcclComms>) -> std::result::Result<NcclComms, String> {
+    /// NCCL, set up by `setup` the first time.
+    pub(crate) fn get(&mut self, setup: impl FnOnce() -> Result<nccl::NcclComms>) -> std::result::Result<nccl::NcclComms, String> {
         self.0.get_or_insert_with(|| setup().map_err(|e| e.to_string())).clone()
     }
 }
@@ -453,7 +437,7 @@ fn run_variants(
     inputs: &floor::FloorInputs,
     link: Link,
     bar: &indicatif::ProgressBar,
-    mut nccl: impl FnMut() -> std::result::Result<NcclComms, String>,
+    mut nccl: impl FnMut() -> std::result::Result<nccl::NcclComms, String>,
 ) -> Result<(Vec<VariantResult>, Vec<SizeRoutes>)> {
     let mut results = Vec::new();
     let mut routes = Vec::new();
@@ -466,7 +450,7 @@ fn run_variants(
             bar.set_message(format!("{atoms} atoms: {}", variant.name()));
             let skip = |why: String| {
                 bar.inc((cfg.warmup + cfg.repeats) as u64);
-                VariantResult::skipped(atoms, variant.name(), why)
+                VariantResult::skipped(atoms, variant, why)
             };
             let mut x = placement.exchange(halos.clone())?;
             x.set_wait_timeout(cfg.wait_timeout);
@@ -498,9 +482,19 @@ fn run_variants(
             } else {
                 None
             };
-            let mut b = Bench { x, nccl: comms };
-            let samples = group.slowest(bench_variant(&mut b, variant, cfg, bar)?, cfg.repeats)?;
-            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link));
+            let mut b = Stepper::new(x, comms);
+            // Capturing can fail (NCCL's capture across devices, say): a skip, decided together.
+            let graphs = if variant.graph { b.capture(variant.method).map_err(|e| e.to_string()) } else { Ok(Vec::new()) };
+            if !group.all(graphs.is_ok())? {
+                results.push(skip(graphs.err().unwrap_or_else(|| "the capture failed on another rank".into())));
+                continue;
+            }
+            let graphs = graphs.unwrap_or_default();
+            let measured = bench_variant(&mut b, variant, &graphs, &halos, cfg, bar)?;
+            let samples = group.slowest(measured.samples, cfg.repeats)?;
+            let all_ok = group.all(measured.check.is_ok())?;
+            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, check_text(&measured.check, all_ok)));
+            drop(graphs);
             drop(b); // symmetric buffers are freed collectively, in the same order on every rank
         }
     }
@@ -526,90 +520,6 @@ fn grid_text(g: [usize; 3]) -> String {
 
 // ----------------------------------------------------------------------------------------------
 // One rank per process.
-
-/// Small collectives between the PEs: every PE writes its values into a symmetric buffer and
-/// everyone reads everyone's through `nvshmem_ptr` when every peer is mapped (one node); when
-/// they are not (NVSHMEM_DISABLE_P2P=1, the put path through a remote transport), through
-/// `halo launch`'s rendezvous instead.
-struct PeComm {
-    nvshmem: Arc<Nvshmem>,
-    buf: SymmetricBuffer<f64>,
-    mapped: bool,
-    gathers: std::cell::Cell<u64>,
-}
-
-impl PeComm {
-    fn new(nvshmem: Arc<Nvshmem>, capacity: usize) -> Result<Self> {
-        let buf = nvshmem.alloc::<f64>(capacity)?;
-        let me = nvshmem.my_pe();
-        let here = (0..nvshmem.n_pes()).all(|pe| pe == me || buf.peer_ptr(pe).is_some());
-        // Every PE must take the same branch: agree through the rendezvous where there is one
-        // (`halo launch`; elsewhere, e.g. under mpirun on one node, every PE sees every peer).
-        let mapped = match halo::launch::rendezvous::all_gather("bench-comm-mapped", &[u8::from(here)]) {
-            Ok(all) => all.iter().all(|b| b.as_slice() == [1]),
-            Err(_) => here,
-        };
-        Ok(Self { nvshmem, buf, mapped, gathers: std::cell::Cell::new(0) })
-    }
-
-    /// Whether every PE's memory is mapped into this process.
-    fn mapped(&self) -> bool {
-        self.mapped
-    }
-
-    fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
-        if values.len() > self.buf.len() {
-            return Err(HaloError::InvalidInput(format!("gather of {} values into {}", values.len(), self.buf.len())));
-        }
-        if !self.mapped {
-            return self.all_gather_by_rendezvous(values);
-        }
-        self.buf.copy_from_host(values)?;
-        self.nvshmem.barrier_all()?;
-        let mut out = Vec::with_capacity(self.nvshmem.n_pes());
-        for pe in 0..self.nvshmem.n_pes() {
-            let src = if pe == self.nvshmem.my_pe() { Some(self.buf.device_ptr()) } else { self.buf.peer_ptr(pe) };
-            let src = src.ok_or_else(|| HaloError::Nvshmem(format!("PE {pe} is not mapped into this process (single node only)")))?;
-            let mut v = vec![0.0f64; values.len()];
-            if !v.is_empty() {
-                self.nvshmem.context().bind_to_thread().during("binding the context")?;
-                // SAFETY: `src` addresses `values.len()` f64 of PE `pe`'s copy of this symmetric
-                // buffer, written before the barrier above and not rewritten before the next one.
-                unsafe { cudarc::driver::result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<f64, u8>(&mut v), src) }.during("gathering results")?;
-            }
-            out.push(v);
-        }
-        self.nvshmem.barrier_all()?;
-        Ok(out)
-    }
-
-    /// The same through the launcher's rendezvous directory (unmapped peers, `halo launch` only).
-    fn all_gather_by_rendezvous(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
-        let n = self.gathers.get();
-        self.gathers.set(n + 1);
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = halo::launch::rendezvous::all_gather(&format!("bench-{n}"), &bytes).map_err(|e| {
-            HaloError::InvalidInput(format!("the PEs cannot map each other's memory, and gathering through `halo launch`'s rendezvous failed: {e}"))
-        })?;
-        Ok(all.iter().map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()).collect())
-    }
-
-    /// True when every PE says true.
-    fn all(&self, ok: bool) -> Result<bool> {
-        Ok(self.all_gather(&[ok as u8 as f64])?.iter().all(|v| v[0] != 0.0))
-    }
-
-    /// Rank 0's bytes on every PE.
-    fn broadcast_bytes(&self, bytes: &[u8; 128]) -> Result<[u8; 128]> {
-        let words: Vec<f64> = bytes.chunks(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))).collect();
-        let all = self.all_gather(&words)?;
-        let mut out = [0u8; 128];
-        for (i, w) in all[0].iter().enumerate() {
-            out[8 * i..8 * i + 8].copy_from_slice(&w.to_bits().to_le_bytes());
-        }
-        Ok(out)
-    }
-}
 
 /// Latency (rank 0 initiates, rank 1 answers) and rank 0 -> rank 1 bandwidth; only rank 0's
 /// numbers are meaningful. `None` when the PEs cannot map each other (both probes need loads,
@@ -715,36 +625,15 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     let bar = progress_bar(cfg, me == 0);
     let mut nccl = NcclSetup::default();
     let results = run_variants(cfg, &Placement::pe(&session, cfg.paths), &Group::Pe(&comm), &inputs, link, &bar, || {
-        nccl.get(|| pe_nccl(&session, &comm))
+        nccl.get(|| nccl::setup_pe(&session, &comm))
     })?;
     bar.finish_and_clear();
     drop(nccl);
     nv.barrier_all()?;
     let Some(floor) = floor else { return Ok(None) };
     let gpus = vec![session.ctx.name().unwrap_or_else(|_| "GPU".into()); npes];
-    Ok(Some(report(cfg, format!("{npes} processes, one GPU each (NVSHMEM)"), gpus, floor, results)))
-}
-
-/// Every PE joins one NCCL communicator (rank = PE), the unique id travelling over the
-/// symmetric heap. Collective: every PE gets the same outcome.
-fn pe_nccl(session: &PeSession, comm: &PeComm) -> Result<NcclComms> {
-    let nv = &session.nvshmem;
-    let loaded = Nccl::load();
-    if !comm.all(loaded.is_ok())? {
-        return Err(loaded.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL is missing on another rank".into())));
-    }
-    let nccl = loaded?;
-    let id = if nv.my_pe() == 0 { nccl.unique_id() } else { Ok(nccl::UniqueId([0; 128])) };
-    if !comm.all(id.is_ok())? {
-        return Err(id.err().unwrap_or_else(|| HaloError::InvalidInput("rank 0 could not create an NCCL id".into())));
-    }
-    let id = nccl::UniqueId(comm.broadcast_bytes(&id?.0)?);
-    session.ctx.bind_to_thread().during("binding the context")?;
-    let c = nccl.comm_init_rank(nv.n_pes(), id, nv.my_pe());
-    if !comm.all(c.is_ok())? {
-        return Err(c.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL init failed on another rank".into())));
-    }
-    Ok((nccl, Rc::new(vec![c?])))
+    let machine = MachineInfo::collect(Some(&session.nvshmem));
+    Ok(Some(report(cfg, format!("{npes} processes, one GPU each (NVSHMEM)"), gpus, machine, floor, results)))
 }
 
 #[cfg(test)]
@@ -771,14 +660,28 @@ mod tests {
         let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
         let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
-        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer);
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, check_text(&Ok(1e-7), true));
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
         assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);
         assert!((r.host_cpu_us.unwrap() - 2.0).abs() < 1e-9);
         assert_eq!(r.host_syncs_per_step, Some(0.0));
         assert!((r.ns_per_day_exchange_only.unwrap() - 21_600.0).abs() < 1e-6);
-        // 18 kB over 400 GB/s = 45 ns < 1 us latency: floor 3 us each way.
-        assert!((r.floor_step_us.unwrap() - 6.0).abs() < 1e-9);
+        // 18 kB over 400 GB/s = 45 ns < 1 us latency < 2 us launch: floor 2 us each way, and the
+        // step max(2 launches, 2 latencies) = 4 us.
+        assert!((r.floor_step_us.unwrap() - 4.0).abs() < 1e-9, "{r:?}");
+        assert!((r.floor_coords_us.unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(r.floor, Some(floor::FloorCheck::Bound));
+        assert!((r.step_per_floor.unwrap() - 2.0).abs() < 1e-9 && (r.coords_per_floor.unwrap() - 1.5).abs() < 1e-9, "{r:?}");
+        assert_eq!((r.transport.as_str(), r.graph), ("fused", false));
+        assert!(r.check.as_deref().unwrap().starts_with("ok: coordinates bit-exact"));
+        // A fastest repeat below the floor makes the floor a model: no ratio.
+        let mut fast = samples.clone();
+        fast[0][0].gpu_s = 1e-6;
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &fast, &f, Link::Peer, check_text(&Err("x".into()), true));
+        assert_eq!(r.floor, Some(floor::FloorCheck::Model));
+        assert_eq!((r.coords_per_floor, r.step_per_floor), (None, None));
+        assert_eq!(r.check.as_deref(), Some("FAILED: x"));
+        assert_eq!(check_text(&Ok(0.0), false), "FAILED on another rank (see its message)");
     }
 }

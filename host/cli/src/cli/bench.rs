@@ -12,7 +12,7 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq)]
 pub struct MethodList(pub Vec<Method>);
 
-fn parse_method_list(s: &str) -> Result<MethodList, String> {
+pub fn parse_method_list(s: &str) -> Result<MethodList, String> {
     bench::parse_methods(s).map(MethodList)
 }
 
@@ -24,7 +24,7 @@ pub struct BenchArgs {
     /// Rank grid: 2x1x1 (two GPUs) or 2x2x2 (eight ranks, e.g. on one GPU), or any AxBxC.
     #[arg(long, default_value = "2x1x1", value_parser = super::exchange_check::parse_grid)]
     pub ranks: [usize; 3],
-    /// Transports, comma-separated (staged, nccl, per-pulse, per-pulse-direct, fused, fused-tma) or all.
+    /// Transports, comma-separated (staged, direct-copy, nccl, per-pulse, per-pulse-direct, fused, fused-tma) or all.
     #[arg(long, default_value = "all", value_parser = parse_method_list)]
     pub transport: MethodList,
     /// Timed repeats (the table shows median and min-max; at least 5 recommended).
@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// Steps per timed loop (graph variants: replays of the one captured step).
     #[arg(long, default_value_t = 200)]
     pub steps: usize,
-    /// Also run every GPU-initiated transport with the step captured as CUDA graphs.
+    /// Also run every capturable transport (GPU-initiated ones and nccl) with the step captured as CUDA graphs.
     #[arg(long)]
     pub graph: bool,
     /// Halos from the real decomposition (md) or random ones sized like it (synthetic).
@@ -135,6 +135,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         plot::write_png(&report, path).with_context(|| format!("plotting to {}", path.display()))?;
         println!("wrote {}", path.display());
     }
+    let failed: Vec<String> = report.results.iter().filter(|v| v.check_failed()).map(|v| format!("{} at {} atoms", v.variant, v.atoms)).collect();
+    if !failed.is_empty() {
+        anyhow::bail!("the checked step failed for {}: those rows' times are not results", failed.join(", "));
+    }
     Ok(())
 }
 
@@ -163,7 +167,7 @@ pub struct BenchKernelsArgs {
 pub fn run_kernels(args: BenchKernelsArgs) -> Result<()> {
     let cfg = kernels::KernelBenchConfig { map_len: args.atoms, array_len: args.array_atoms, repeats: args.repeats.max(1), device: args.device, seed: args.seed };
     let report = kernels::run(&cfg).context("running the kernel benchmark")?;
-    print!("{}", kernels::table(&report));
+    print!("{}{}", report.machine.text(), kernels::table(&report));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;

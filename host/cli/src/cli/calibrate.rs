@@ -23,6 +23,7 @@ use halo::exchange::{Exchange, Placement, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};
 use halo::route::{DistanceLevel, Transport, gpu_facts, topology_from_facts};
+use crate::machine::MachineInfo;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -214,7 +215,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     let host = gpu_facts::hostname();
     let created = calibrate::now_rfc3339();
     let env = halo::launch::RankEnv::from_env();
-    let (report, writer) = match env {
+    let (report, writer, machine) = match env {
         Some(env) if env.nranks > 1 => {
             anyhow::ensure!(env.nranks == 2, "calibrate measures pairs: run it with `halo launch -n 2`");
             let found = gpu_facts::discover(env.device)?;
@@ -222,6 +223,10 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let level = topology_from_facts(&facts, None)?.distance(0, 1)?;
             let names = gpu_facts::gather_json("calibrate-gpus", &found.name)?;
             let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+            let machine = (env.rank == 0).then(|| MachineInfo::collect(Some(&session.nvshmem)));
+            if let Some(m) = &machine {
+                print!("{}", m.text());
+            }
             println!("PE {} on GPU {} ({}), level to the other PE: {level}", env.rank, env.device, found.name);
             let nccl = pe_nccl(&session)?;
             let mut plan: Vec<Planned> = [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged]
@@ -234,7 +239,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             });
             let placements = vec![(level, Placement::pe(&session, PathPolicy::Auto))];
             let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
-            (calibrate::calibrate(&mut m, &sizes, &host, &created), env.rank == 0)
+            (calibrate::calibrate(&mut m, &sizes, &host, &created), env.rank == 0, machine)
         }
         _ => {
             let n = gpu::device_count();
@@ -244,6 +249,8 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let (facts, found) = gpu_facts::local_rank_facts(modules.len(), modules.len())?;
             let pair_level = if modules.len() >= 2 { Some(topology_from_facts(&facts, None)?.distance(0, 1)?) } else { None };
             let names = found.iter().map(|f| f.name.clone()).collect();
+            let machine = MachineInfo::collect(None);
+            print!("{}", machine.text());
             println!("{} GPU(s) in one process; GPU 0 - GPU 1: {}", modules.len(), pair_level.map_or("-".into(), |l| l.to_string()));
             let nccl = local_nccl(&modules);
             let mut placements = vec![(DistanceLevel::SameGpu, Placement::Local(modules[..1].to_vec()))];
@@ -262,7 +269,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
                 (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
             });
             let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
-            (calibrate::calibrate(&mut m, &sizes, &host, &created), true)
+            (calibrate::calibrate(&mut m, &sizes, &host, &created), true, Some(machine))
         }
     };
     for e in &report.file.entries {
@@ -292,6 +299,27 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             report.file.entries.len(),
             args.out.display()
         );
+        // The machine beside the calibration (its format belongs to the router).
+        if let Some(m) = machine {
+            let path = machine_path(&args.out);
+            std::fs::write(&path, serde_json::to_string_pretty(&m)?).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {} (the machine it was measured on)", path.display());
+        }
     }
     Ok(())
+}
+
+/// `calibration.json` -> `calibration.machine.json`.
+fn machine_path(out: &std::path::Path) -> PathBuf {
+    let stem = out.file_stem().map_or_else(|| "calibration".into(), |s| s.to_string_lossy().into_owned());
+    out.with_file_name(format!("{stem}.machine.json"))
+}
+
+#[cfg(test)]
+mod machine_tests {
+    #[test]
+    fn the_machine_goes_beside_the_calibration() {
+        assert_eq!(super::machine_path(std::path::Path::new("/t/calibration.json")), std::path::Path::new("/t/calibration.machine.json"));
+        assert_eq!(super::machine_path(std::path::Path::new("cal")), std::path::Path::new("cal.machine.json"));
+    }
 }

@@ -1,17 +1,23 @@
 //! `halo exchange-check`: runs the halo exchange alone on synthetic halos and checks every step
-//! against the CPU reference. In one process (several ranks over the visible GPUs) or, under
-//! `halo launch`/mpirun/srun, one rank per process over NVSHMEM. Paths are the router's by default,
-//! with failures fed back and agreed at safe points (`HALO_INJECT_FAILURE` makes one on purpose).
+//! against the CPU reference, for every transport (and the NCCL baseline), optionally with the
+//! step captured as a CUDA graph and replayed. In one process (several ranks over the visible
+//! GPUs) or, under `halo launch`/mpirun/srun, one rank per process over NVSHMEM. Paths are the
+//! router's by default, with failures fed back and agreed at safe points (`HALO_INJECT_FAILURE`
+//! makes one on purpose). The log starts with the machine ([`crate::machine::MachineInfo`]).
 
 use super::perturb::PerturbArgs;
-use crate::bench::graph::Phase;
+use crate::bench::graph::{Phase, PhaseGraphs};
+use crate::bench::pecomm::PeComm;
+use crate::bench::runner::NcclSetup;
+use crate::bench::step::{self, Stepper};
+use crate::bench::{Method, Variant, nccl};
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
 use halo::exchange::perturb::{self, JitterStats};
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{Exchange, Placement, RankHalo, Routing, Transport, heap, reference};
-use halo::gpu::{self, DeviceMemory, KernelModule};
+use halo::exchange::{Placement, RankHalo, Routing, heap, reference};
+use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
 use std::sync::Arc;
@@ -42,9 +48,15 @@ pub struct ExchangeCheckArgs {
     /// run (a soak) exercises the protocol at full speed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     check_every: u64,
-    /// Transports to check (comma-separated); default: all that can run here.
-    #[arg(long, value_delimiter = ',', value_parser = super::transport_parser())]
-    transport: Vec<Transport>,
+    /// Transports to check, comma-separated (staged, direct-copy, nccl, per-pulse,
+    /// per-pulse-direct, fused, fused-tma) or all; default: all that can run here (with routed
+    /// paths: the exchange kernel the router's choices imply).
+    #[arg(long, value_parser = super::bench::parse_method_list)]
+    transport: Option<super::bench::MethodList>,
+    /// Also check every capturable transport (GPU-initiated ones and nccl) with the step captured
+    /// once as a CUDA graph and replayed every step.
+    #[arg(long)]
+    graph: bool,
     /// Use NVSHMEM put + signal for every pulse, even between NVLink peers (the same as `--paths force-put`).
     #[arg(long)]
     force_put: bool,
@@ -152,38 +164,12 @@ pub fn run(args: ExchangeCheckArgs) -> Result<()> {
     }
 }
 
-fn transports(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Transport> {
-    if !args.transport.is_empty() {
-        return args.transport.clone();
+fn methods(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Method> {
+    if let Some(list) = &args.transport {
+        return list.0.clone();
     }
     let force_put = args.policy() == PathPolicy::ForcePut;
-    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).filter(|t| !(force_put && t.needs_direct_peers())).collect()
-}
-
-/// Largest force error (relative to max(|reference|, 1): accumulated sums of O(1) terms may
-/// cancel, so their rounding is measured against the terms' scale), or an error naming the first
-/// coordinate mismatch. Only what the phase exchanged is compared (`None`: not exchanged).
-fn compare(rank: usize, step: u64, x: &[Float3], want_x: Option<&[Float3]>, f: &[Float3], want_f: Option<&[Float3]>) -> Result<f64> {
-    for (what, got, want) in [("coordinates", x.len(), want_x.map(<[_]>::len)), ("forces", f.len(), want_f.map(<[_]>::len))] {
-        if want.is_some_and(|n| n != got) {
-            bail!("rank {rank} step {step}: {got} {what} read back, the CPU reference has {}", want.unwrap_or(0));
-        }
-    }
-    let (want_x, want_f) = (want_x.unwrap_or_default(), want_f.unwrap_or_default());
-    if let Some(i) = (0..want_x.len()).find(|&i| x[i].x.to_bits() != want_x[i].x.to_bits() || x[i].y.to_bits() != want_x[i].y.to_bits() || x[i].z.to_bits() != want_x[i].z.to_bits()) {
-        bail!("rank {rank} step {step}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]);
-    }
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
-        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-            let err = ((u - v).abs() as f64) / (v.abs() as f64).max(1.0);
-            if !err.is_finite() || err > 1e-5 {
-                bail!("rank {rank} step {step}: force of atom {i} is {a:?}, the CPU reference says {b:?}");
-            }
-            worst = worst.max(err);
-        }
-    }
-    Ok(worst)
+    Method::ALL.into_iter().filter(|m| nvshmem || !m.needs_nvshmem()).filter(|m| !(force_put && m.needs_direct_peers())).collect()
 }
 
 fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
@@ -202,6 +188,7 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     // Test only (HALO_TEST_RESERVE_GIB=G[:R]): hold device memory first; in one process R names the GPU.
     let _held = modules.iter().enumerate().map(|(g, m)| heap::reserve_for_test(m.context(), g)).collect::<halo::Result<Vec<_>>>()?;
+    print!("{}", crate::machine::MachineInfo::collect(None).text());
     println!(
         "{} ranks in one process on {} GPU(s), {} pulses per rank, paths: {}",
         halos.len(),
@@ -209,9 +196,11 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         halos[0].pulses.len(),
         args.policy().name()
     );
-    let placement = Placement::Local(modules).with_policy(args.policy());
+    let placement = Placement::Local(modules.clone()).with_policy(args.policy());
     let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
-    check(args, &halos, &placement, routing, false)
+    let nranks = halos.len();
+    let mut setup = NcclSetup::default();
+    check(args, &halos, &placement, routing, false, &mut || setup.get(|| nccl::setup_local(&modules, nranks)))
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
@@ -219,6 +208,9 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
     let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
     let _held = heap::reserve_for_test(&session.ctx, me)?; // test only: HALO_TEST_RESERVE_GIB
+    if me == 0 {
+        print!("{}", crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text());
+    }
     println!(
         "PE {me} of {} on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}",
         session.nvshmem.n_pes(),
@@ -230,23 +222,61 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
     );
     let placement = Placement::pe(&session, args.policy());
     let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
-    check(args, &halos, &placement, routing, true)
+    let wants_nccl = methods(args, true).contains(&Method::Nccl) && (args.transport.is_some() || routing.is_none());
+    // NCCL's unique id travels over the symmetric heap (collective: every PE has the same list).
+    let comm = if wants_nccl { Some(PeComm::new(session.nvshmem.clone(), 64)?) } else { None };
+    let mut setup = NcclSetup::default();
+    let mut nccl = || match &comm {
+        Some(c) => setup.get(|| nccl::setup_pe(&session, c)),
+        None => Err("NCCL was not asked for".into()),
+    };
+    check(args, &halos, &placement, routing, true, &mut nccl)
 }
 
-/// One exchange of the run (from the router's plans when routing) and the kernel it runs.
+/// NCCL for the NCCL method, set up once per run (or why it cannot run).
+type NcclSource<'a> = dyn FnMut() -> std::result::Result<nccl::NcclComms, String> + 'a;
+
+/// One exchange of the run (from the router's plans when routing), the method it runs and, for a
+/// `+graph` variant, the step captured once (dropped before the exchange whose buffers it uses).
 struct Run {
-    x: Box<dyn Exchange<Float3>>,
-    transport: Transport,
+    graphs: Vec<PhaseGraphs>,
+    s: Stepper,
+    variant: Variant,
 }
 
 impl Run {
-    fn build(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, routing: Option<&Routing>, transport: Transport) -> Result<Self> {
+    /// `Ok(Err(why))` when the variant cannot run here (the same verdict on every PE).
+    fn build(
+        args: &ExchangeCheckArgs,
+        halos: &[RankHalo],
+        placement: &Placement,
+        routing: Option<&Routing>,
+        variant: Variant,
+        nccl: &mut NcclSource<'_>,
+    ) -> Result<std::result::Result<Self, String>> {
         let mut x = match routing {
             Some(r) => placement.exchange_planned::<Float3>(halos.to_vec(), r.plans())?,
             None => placement.exchange::<Float3>(halos.to_vec())?,
         };
         x.set_wait_timeout(Duration::from_millis(args.wait_timeout_ms));
-        Ok(Self { x, transport })
+        if let Some(Err(e)) = variant.method.transport().map(|t| x.check_transport(t)) {
+            return Ok(Err(e.to_string()));
+        }
+        let comms = match variant.method {
+            Method::Nccl => match nccl() {
+                Ok(c) => Some(c),
+                Err(why) => return Ok(Err(why)),
+            },
+            _ => None,
+        };
+        let mut s = Stepper::new(x, comms);
+        let graphs = if variant.graph { s.capture(variant.method).with_context(|| format!("capturing {}", variant.name()))? } else { Vec::new() };
+        Ok(Ok(Self { graphs, s, variant }))
+    }
+
+    /// One step of `phase`: enqueued (or run, for the host-driven transports), or one replay.
+    fn launch(&mut self, phase: Phase) -> halo::Result<()> {
+        if self.variant.graph { Stepper::replay(&self.graphs, phase, 1) } else { self.s.enqueue(self.variant.method, phase, 1) }
     }
 }
 
@@ -277,12 +307,19 @@ fn settle(e: halo::HaloError, routing: &mut Option<Routing>, failover: bool, wha
 /// fails, a device wait that times out) are recorded and agreed at safe points; when some PE's
 /// step failed or a pair switched, every PE rebuilds the exchange from the new plans and runs the
 /// steps since the last good safe point again.
-fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mut routing: Option<Routing>, nvshmem: bool) -> Result<()> {
+fn check(
+    args: &ExchangeCheckArgs,
+    halos: &[RankHalo],
+    placement: &Placement,
+    mut routing: Option<Routing>,
+    nvshmem: bool,
+    nccl: &mut NcclSource<'_>,
+) -> Result<()> {
     let list = match &routing {
-        Some(r) if args.transport.is_empty() => vec![r.transport()?],
-        _ => transports(args, nvshmem),
+        Some(r) if args.transport.is_none() => vec![Method::of(r.transport()?)],
+        _ => methods(args, nvshmem),
     };
-    let follow_router = routing.is_some() && args.transport.is_empty();
+    let follow_router = routing.is_some() && args.transport.is_none();
     // The hidden skip test checks the timeout message: failures end the run there.
     let failover = routing.is_some() && args.inject_skip_rank.is_none();
     let every = match args.safe_point_every {
@@ -291,40 +328,36 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
     };
     let who = if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) };
     let mut jitter_before = JitterStats::default();
-    for first in list {
-        let mut run = Run::build(args, halos, placement, routing.as_ref(), first)?;
-        if let Err(e) = run.x.check_transport(run.transport) {
-            println!("{:>16}: skipped here: {e}", run.transport.name());
-            continue;
-        }
+    for first in Variant::list(&list, args.graph) {
+        let mut run = match Run::build(args, halos, placement, routing.as_ref(), first, nccl)? {
+            Ok(run) => run,
+            Err(why) => {
+                println!("{:>16}: skipped here: {why}", first.name());
+                continue;
+            }
+        };
         // Test only: the rank that never launches (its peers must time out with a clear error).
-        let silent = run.x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
+        let silent = run.s.x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
         // `done`: steps up to the last good safe point; `window`: the steps since.
         let (mut done, mut window) = (Tally::default(), Tally::default());
         let (mut good, mut attempts, mut reruns) = (0u64, 0u32, 0u64);
         let mut mismatch: Option<anyhow::Error> = None;
-        let mut kernels = vec![run.transport];
+        let mut kernels = vec![first.name()];
         let started = std::time::Instant::now();
         let mut step = 0u64;
         while step < args.steps {
-            let transport = run.transport;
+            let v = run.variant; // its name only for messages
             let check = step % args.check_every == 0;
             let (home, forces) = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
-                if let Err(e) = run.x.finish() {
-                    settle(e, &mut routing, failover, format!("{} before step {step}", transport.name()))?;
+                if let Err(e) = run.s.x.finish() {
+                    settle(e, &mut routing, failover, format!("{} before step {step}", v.name()))?;
                 }
-                run.x.barrier()?;
                 window.checked += 1;
                 let home = synthetic::random_values(halos, args.seed * 1_000_003 + step, true);
                 let forces = synthetic::random_values(halos, args.seed * 7_000_003 + step, false);
-                for rank in run.x.local_ranks() {
-                    rank.x.fill_bytes(0xFF)?;
-                    rank.upload_coordinates(&home[rank.rank()])?;
-                    rank.f.copy_from_host(&forces[rank.rank()])?;
-                }
-                run.x.barrier()?; // every PE's inputs are in place before anyone exchanges
+                run.s.upload(&home, &forces)?; // between barriers: every PE's inputs are in place
                 (home, forces)
             } else {
                 (Vec::new(), Vec::new())
@@ -332,18 +365,15 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
             // An injected failure skips this step's launches here (ranks of one process launch
             // together) and is recorded as a failed launch; the peers' waits then time out.
             let injected = routing.as_ref().map_or_else(Vec::new, |r| r.injected(step));
-            let before = run.x.host_syncs();
+            let before = run.s.x.host_syncs();
             if injected.is_empty() && !silent {
-                let x = &mut run.x;
-                let launched =
-                    args.phase.repeat(1, |forces| if forces { x.exchange_reverse_accumulate(transport) } else { x.exchange_forward(transport) });
-                match (launched, routing.as_mut()) {
+                match (run.launch(args.phase), routing.as_mut()) {
                     (Ok(()), _) => {}
                     (Err(e), Some(r)) if failover => {
                         println!("route: step {step}'s launch failed: {e}; recorded for the safe point");
                         r.record_failed_launch(&e);
                     }
-                    (Err(e), _) => return Err(anyhow::Error::new(e).context(format!("{} step {step}", transport.name()))),
+                    (Err(e), _) => return Err(anyhow::Error::new(e).context(format!("{} step {step}", v.name()))),
                 }
             }
             if let Some(r) = routing.as_mut() {
@@ -352,19 +382,19 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
                     r.record_launch_failure(*rank, peers);
                 }
             }
-            window.syncs += run.x.host_syncs() - before;
+            window.syncs += run.s.x.host_syncs() - before;
             if check {
-                match run.x.finish() {
+                match run.s.x.finish() {
                     Ok(()) if routing.as_ref().is_some_and(Routing::failed_here) => {} // this window runs again
                     Ok(()) => {
                         // Only what this phase exchanged is compared.
                         let want_x = (args.phase != Phase::Forces).then(|| reference::coordinates(halos, &home));
                         let want_f = (args.phase != Phase::Coordinates).then(|| reference::forces(halos, &forces));
-                        let (xs, fs) = (run.x.read_forward()?, run.x.read_reverse()?);
-                        for (i, rank) in run.x.local_ranks().iter().enumerate() {
+                        let (xs, fs) = (run.s.x.read_forward()?, run.s.x.read_reverse()?);
+                        for (i, rank) in run.s.x.local_ranks().iter().enumerate() {
                             let r = rank.rank();
                             let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
-                            match compare(r, step, &xs[i], wx, &fs[i], wf) {
+                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {why}", v.name())) {
                                 Ok(w) => window.worst = window.worst.max(w),
                                 // With failover the safe point tells whether a failure on another
                                 // PE explains the mismatch; without, it ends the run.
@@ -375,9 +405,9 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
                             }
                         }
                     }
-                    Err(e) => settle(e, &mut routing, failover, format!("{} step {step}", transport.name()))?,
+                    Err(e) => settle(e, &mut routing, failover, format!("{} step {step}", v.name()))?,
                 }
-                run.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
+                run.s.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
             }
             let safe_point = failover && ((step + 1) % every == 0 || step + 1 == args.steps);
             if !safe_point {
@@ -385,8 +415,8 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
                 continue;
             }
             // The exchange is idle at a safe point.
-            if let Err(e) = run.x.finish() {
-                settle(e, &mut routing, failover, format!("{} step {step}", transport.name()))?;
+            if let Err(e) = run.s.x.finish() {
+                settle(e, &mut routing, failover, format!("{} step {step}", v.name()))?;
             }
             let Some(r) = routing.as_mut() else { bail!("a safe point without a router") };
             let sp = r.safe_point()?;
@@ -409,16 +439,19 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
                 for line in r.describe()? {
                     println!("{line}");
                 }
-                let kernel = if follow_router { r.transport()? } else { run.transport };
+                let method = if follow_router { Method::of(r.transport()?) } else { run.variant.method };
+                let next = Variant { method, graph: run.variant.graph };
                 // Every PE is alive and idle here: reset the failed exchange together (collective,
                 // fenced by barriers), so it is dropped as a healthy one and its symmetric buffers
                 // are freed collectively, in the same order on every PE.
-                run.x.reset_protocol().context("resetting the failed exchange before the rebuild")?;
+                run.s.x.reset_protocol().context("resetting the failed exchange before the rebuild")?;
                 drop(run);
-                run = Run::build(args, halos, placement, Some(r), kernel)?;
-                run.x.check_transport(run.transport).with_context(|| format!("the new plans cannot run {}", run.transport.name()))?;
-                if !kernels.contains(&run.transport) {
-                    kernels.push(run.transport);
+                run = match Run::build(args, halos, placement, Some(r), next, nccl)? {
+                    Ok(run) => run,
+                    Err(why) => bail!("the new plans cannot run {}: {why}", next.name()),
+                };
+                if !kernels.contains(&next.name()) {
+                    kernels.push(next.name());
                 }
                 window = Tally::default();
                 mismatch = None;
@@ -435,9 +468,9 @@ fn check(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement, mu
             step += 1;
         }
         done.add(window);
-        run.x.finish()?;
+        run.s.x.finish()?;
         let took = started.elapsed().as_secs_f64();
-        let names: Vec<&str> = kernels.iter().map(|t| t.name()).collect();
+        let names: Vec<&str> = kernels.iter().map(String::as_str).collect();
         let compared = match args.phase {
             Phase::Coordinates => "coordinates bit-exact".to_string(),
             Phase::Forces => format!("forces max rel err {:.1e}", done.worst),

@@ -3,7 +3,7 @@
 //! `halo launch -n N -- md-bench` with one PE per GPU (rank 0 prints; every rank gets the same
 //! options).
 
-use crate::bench::machine::MachineInfo;
+use crate::machine::MachineInfo;
 use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
@@ -84,6 +84,9 @@ fn measure_all(args: &MdBenchArgs, target: &Target<'_>, grid: RankGrid, print: b
 }
 
 fn write(args: &MdBenchArgs, rows: &[MdBenchRow]) -> Result<()> {
+    if let Some(r) = rows.first() {
+        print!("{}", r.machine.text());
+    }
     print!("{}", md::table(rows));
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(rows)?;
@@ -111,8 +114,8 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         let mut distinct: Vec<&Vec<u8>> = devices.iter().collect();
         distinct.sort();
         distinct.dedup();
-        let machine = MachineInfo::collect(&format!("{n} PEs (NVSHMEM), one per GPU"), Some(session.nvshmem.version()));
-        let target = Target { placement: &placement, gpus: distinct.len(), machine: &machine };
+        let machine = MachineInfo::collect(Some(&session.nvshmem));
+        let target = Target { placement: &placement, gpus: distinct.len(), mode: format!("{n} PEs (NVSHMEM), one per GPU"), machine: &machine };
         let rows = measure_all(&args, &target, grid, rank == 0);
         if rank == 0 {
             write(&args, &rows)?;
@@ -127,8 +130,8 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
     let placement = Placement::Local(modules).with_policy(args.step.paths);
-    let machine = MachineInfo::collect("one process", None);
-    let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), machine: &machine };
+    let machine = MachineInfo::collect(None);
+    let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), mode: "one process".into(), machine: &machine };
     let rows = measure_all(&args, &target, grid, true);
     write(&args, &rows)
 }

@@ -12,6 +12,7 @@ use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
 use halo_md::{self as md, MdConfig, MdOutcome};
+use crate::machine::MachineInfo;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +132,9 @@ pub struct VerifyArgs {
     /// Replay plain steps (no search, prune, energy or check) as CUDA graphs (GPU-initiated transports).
     #[arg(long)]
     pub graph: bool,
+    /// Write the outcome and the machine as JSON (PE 0 under a launcher).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 impl VerifyArgs {
@@ -150,6 +154,7 @@ impl VerifyArgs {
             force_put: false,
             gpus: None,
             graph: false,
+            json: None,
         }
     }
 
@@ -274,8 +279,42 @@ fn drift_line(args: &VerifyArgs, what: &str, o: &MdOutcome) -> String {
     }
 }
 
+/// `--json`: the run's configuration, outcome and machine. Nothing compared, nothing claimed:
+/// the error fields are null when no step was checked.
+fn json(args: &VerifyArgs, who: &str, o: &MdOutcome, machine: &MachineInfo) -> serde_json::Value {
+    let checked = o.checked_steps > 0;
+    serde_json::json!({
+        "machine": machine,
+        "who": who,
+        "atoms": args.atoms,
+        "ranks": args.ranks.to_string(),
+        "transport": args.transport.name(),
+        "graph": args.graph,
+        "steps": o.steps,
+        "checked_steps": o.checked_steps,
+        "checked": checked,
+        "coordinates_bit_exact": checked.then_some(o.worst.coord_max_abs == 0.0),
+        "force_max_rel_err": checked.then_some(o.worst.force_max_rel),
+        "force_max_abs_err": checked.then_some(o.worst.force_max_abs),
+        "energy_max_rel_err": checked.then_some(o.worst.energy_rel),
+        "searches": o.searches,
+        "exchange_builds": o.exchange_builds,
+        "step_us_host": o.step_us().filter(|_| !checked),
+        "search_share": o.search_share(),
+        "graph_steps": o.graph_steps,
+        "reruns": o.reruns,
+        "wall_s": o.wall.as_secs_f64(),
+    })
+}
+
 /// The checked run, then (with `--nve-steps`) the NVE runs on `placement` and on one rank (`single`).
-fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placement, print: bool) -> Result<()> {
+/// `machine`: given on the process that reports (it prints the machine first, the outcome, and
+/// writes `--json`).
+fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placement, machine: Option<&MachineInfo>) -> Result<()> {
+    let print = machine.is_some();
+    if let Some(m) = machine {
+        print!("{}", m.text());
+    }
     let cfg = args.config();
     let outcome = md::run(&cfg, placement, |_, _| {})?;
     // Every PE: the paths of its own ranks.
@@ -284,6 +323,11 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
     }
     if print {
         println!("{}", report(args, who, &outcome));
+    }
+    if let (Some(path), Some(m)) = (&args.json, machine) {
+        let text = serde_json::to_string_pretty(&json(args, who, &outcome, m)).context("serialising the outcome")?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     if let Some(steps) = args.nve_steps {
         let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
@@ -319,9 +363,10 @@ pub fn run(args: VerifyArgs) -> Result<()> {
         let session = PeSession::start(env, None).context("starting NVSHMEM")?;
         let placement = Placement::pe(&session, policy);
         // Each PE runs the one-rank comparison on its own GPU at once (no PE waits for another);
-        // PE 0 reports.
+        // PE 0 reports, records the machine (and writes --json).
         let single = Placement::Local(vec![session.module.clone()]).with_policy(policy);
-        return verify(&args, &format!("PE {rank}"), &placement, &single, rank == 0).with_context(|| format!("rank {rank}"));
+        let machine = (rank == 0).then(|| MachineInfo::collect(Some(&session.nvshmem)));
+        return verify(&args, &format!("PE {rank}"), &placement, &single, machine.as_ref()).with_context(|| format!("rank {rank}"));
     }
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo verify needs an NVIDIA GPU: {reason}");
@@ -331,7 +376,8 @@ pub fn run(args: VerifyArgs) -> Result<()> {
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     let policy = args.config().path_policy;
     let single = Placement::Local(modules[..1].to_vec()).with_policy(policy);
-    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules).with_policy(policy), &single, true)
+    let machine = MachineInfo::collect(None);
+    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules).with_policy(policy), &single, Some(&machine))
 }
 
 #[cfg(test)]
@@ -379,5 +425,22 @@ mod tests {
         assert!(text.contains("test: total energy: drift"), "two energy points give a drift: {text}");
         o.reruns = 2;
         assert!(report(&args, "test", &o).contains("test: 2 stretch(es) of steps ran again after agreed failures"));
+    }
+
+    #[test]
+    fn the_json_says_not_checked_and_carries_the_machine() {
+        let args = VerifyArgs { check_every: 0, ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] }) };
+        let mut o = MdOutcome { steps: 100, searches: 1, wall: Duration::from_millis(5), ..MdOutcome::default() };
+        let j = json(&args, "x", &o, &crate::machine::tests::sample());
+        assert_eq!(j["checked"], false);
+        assert!(j["coordinates_bit_exact"].is_null() && j["force_max_rel_err"].is_null() && j["energy_max_rel_err"].is_null(), "{j}");
+        assert_eq!(j["machine"]["nvidia_driver"], "580.159.04");
+        assert_eq!(j["step_us_host"], 50.0);
+        o.checked_steps = 100;
+        o.worst.force_max_rel = 2e-6;
+        let j = json(&args, "PE 0", &o, &crate::machine::tests::sample());
+        assert_eq!((j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()), (Some(true), Some(true)));
+        assert_eq!(j["force_max_rel_err"], 2e-6);
+        assert!(j["step_us_host"].is_null(), "a checked run is not timed: {j}");
     }
 }
