@@ -9,7 +9,7 @@ use nvshmem_sys::{self as sys, NvshmemLib};
 use crate::watchdog::{self, steps};
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -310,7 +310,7 @@ pub fn limited_mpg_refusal(call: &str, init_status: i32) -> Option<String> {
 
 /// Numbers the rendezvous all-gathers of this process, so each has a tag of its own (every PE
 /// makes the same collective calls in the same order, so the numbers agree across PEs).
-static RENDEZVOUS_GATHERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static RENDEZVOUS_GATHERS: AtomicU64 = AtomicU64::new(0);
 
 impl Nvshmem {
     /// How this PE gathers host data ([`gather_path`] for this run).
