@@ -23,6 +23,18 @@ nvidia-smi --query-gpu=index,name,compute_mode --format=csv | tee -a "$OUT/$LOG"
 HALO_REQUIRE_GPU=1 HALO_BIN=$H HALO_UCX_DIR=$U run 1500 $B/tests/gpu_pes --test-threads=1
 HALO_REQUIRE_GPU=1 run 300 $B/tests/gpu_exchange --test-threads=1 stale_larger_signals a_missing_signal
 
+# 1b. Several PEs per GPU without halo launch (issue 20): MPICH's mpiexec (PMI bootstrap), 4 ranks on
+#    2 GPUs, routed paths. No rendezvous here, so the router's facts, plans and safe points are
+#    gathered by NVSHMEM host puts and a barrier: every PE prints "host data gathered by NVSHMEM
+#    puts and a barrier (several PEs per GPU)" and "... 4 checked, OK on this PE"; rc=0.
+#    Needs MPICH in the bundle (`cargo xtask bundle --mpi`) or HALO_MPI_DIR.
+MPICH=${HALO_MPI_DIR:-$B/mpi}/mpich/bin/mpiexec
+if [ -x "$MPICH" ]; then
+    CUDA_VISIBLE_DEVICES=0,1 HALO_PES_PER_GPU=2 run 300 $MPICH -n 4 $H exchange-check --grid 4x1x1 --steps 200 --check-every 50 --transport fused
+else
+    echo "SKIPPED 1b: no MPICH mpiexec at $MPICH (cargo xtask bundle --mpi)" | tee -a "$OUT/$LOG"
+fi
+
 # 2. Bounded start-up: 3 PEs on 2 GPUs are refused at once (rc=1, with counts that work); forced,
 #    NVSHMEM's init hangs and every rank's watchdog ends it after HALO_STARTUP_TIMEOUT_S (rc=86,
 #    "rank N of 3 (GPU g): `NVSHMEM init` did not finish within 20.0 s", likely cause and fix).

@@ -9,7 +9,7 @@ use nvshmem_sys::{self as sys, NvshmemLib};
 use crate::watchdog::{self, steps};
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -256,45 +256,153 @@ impl Nvshmem {
     }
 }
 
-impl Nvshmem {
-    /// Every PE's `value`, indexed by PE: one `nvshmem_uint64_fcollect` over the world team
-    /// through two small symmetric buffers. Collective: every PE calls it at the same point.
-    pub fn all_gather_u64(self: &Arc<Self>, value: u64) -> Result<Vec<u64>> {
-        let src = self.alloc::<u64>(1)?;
-        let dst = self.alloc::<u64>(self.n_pes)?;
-        src.copy_from_host(&[value])?;
-        self.ctx.bind_to_thread().during("binding the context")?;
-        // SAFETY: both buffers are symmetric (nvshmem_align on every PE, same sizes); `dst` holds
-        // one value per PE; the host collective completes before it returns.
-        let rc = unsafe { (self.lib.api.nvshmem_uint64_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u64, src.ptr as *const u64, 1) };
-        if rc != 0 {
-            return Err(HaloError::Nvshmem(format!("nvshmem_uint64_fcollect failed ({rc})")));
+/// How [`Nvshmem::all_gather_bytes`] moves small host data between the PEs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatherPath {
+    /// `nvshmem_uint8_fcollect` over the world team: one PE per GPU, or several under MPS.
+    Fcollect,
+    /// `halo launch`'s rendezvous directory ([`crate::launch::rendezvous`]).
+    Rendezvous,
+    /// Every PE puts its bytes from the host into its own slot of every PE's symmetric buffer
+    /// (`nvshmem_putmem`), then `nvshmem_barrier_all` completes them all.
+    PutsAndBarrier,
+}
+
+impl GatherPath {
+    /// A short name, for the start-up line and messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            GatherPath::Fcollect => "NVSHMEM fcollect",
+            GatherPath::Rendezvous => "halo launch's rendezvous (several PEs per GPU)",
+            GatherPath::PutsAndBarrier => "NVSHMEM puts and a barrier (several PEs per GPU)",
         }
-        dst.to_host()
+    }
+}
+
+/// The all-gather of a PE whose NVSHMEM reports `init_status` (`nvshmemx_init_status`), with
+/// `rendezvous` true when `halo launch` started it (`HALO_RENDEZVOUS_DIR` is set).
+///
+/// With several PEs on one GPU and no MPS (NVSHMEM's *limited MPG* mode,
+/// [`sys::NVSHMEM_STATUS_LIMITED_MPG`]) NVSHMEM ends the process on any collective but barriers
+/// (fcollect among them), while RMA and barriers work. So such a run gathers through the
+/// launcher's rendezvous when it has one, and by host puts and a barrier under any other launcher
+/// (mpirun, srun); every other run keeps fcollect, which works across nodes and transports.
+pub fn gather_path(init_status: i32, rendezvous: bool) -> GatherPath {
+    match (init_status == sys::NVSHMEM_STATUS_LIMITED_MPG, rendezvous) {
+        (false, _) => GatherPath::Fcollect,
+        (true, true) => GatherPath::Rendezvous,
+        (true, false) => GatherPath::PutsAndBarrier,
+    }
+}
+
+/// Why NVSHMEM refuses host call `call` in a run whose init status is `init_status`, or `None`
+/// when the call is allowed. For a collective other than a barrier. NVSHMEM ends the process on
+/// such a call with only its own line (`Called NVSHMEM API not supported with limited MPG ...`),
+/// so halo asks before calling and the error names the call, the reason and the fixes.
+pub fn limited_mpg_refusal(call: &str, init_status: i32) -> Option<String> {
+    (init_status == sys::NVSHMEM_STATUS_LIMITED_MPG).then(|| {
+        format!(
+            "NVSHMEM refuses {call} here: several PEs per GPU without MPS (NVSHMEM's limited MPG mode), and it would end \
+             the process; run one PE per GPU, or start CUDA MPS (nvidia-cuda-mps-control -d) before the run"
+        )
+    })
+}
+
+/// Numbers the rendezvous all-gathers of this process, so each has a tag of its own (every PE
+/// makes the same collective calls in the same order, so the numbers agree across PEs).
+static RENDEZVOUS_GATHERS: AtomicU64 = AtomicU64::new(0);
+
+impl Nvshmem {
+    /// How this PE gathers host data ([`gather_path`] for this run).
+    pub fn gather_path(&self) -> GatherPath {
+        gather_path(self.init_status(), std::env::var_os(crate::launch::env::ENV_RENDEZVOUS_DIR).is_some())
     }
 
-    /// Every PE's bytes, indexed by PE, under any launcher (halo launch, mpirun, srun) and across
-    /// nodes: the lengths by [`Self::all_gather_u64`], then the bytes padded to the longest by one
-    /// `nvshmem_uint8_fcollect`. Collective; for small host data (facts, plans, checks).
+    /// Every PE's `value`, indexed by PE. Collective: every PE calls it at the same point.
+    pub fn all_gather_u64(self: &Arc<Self>, value: u64) -> Result<Vec<u64>> {
+        let bytes = match self.gather_path() {
+            GatherPath::Rendezvous => self.gather_by_rendezvous(&value.to_ne_bytes())?.concat(),
+            path => self.gather_slots(&value.to_ne_bytes(), path)?,
+        };
+        if bytes.len() != 8 * self.n_pes {
+            return Err(HaloError::Nvshmem(format!("an all-gather of {} PEs' words returned {} bytes", self.n_pes, bytes.len())));
+        }
+        Ok(bytes.chunks_exact(8).map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
+    }
+
+    /// Every PE's bytes, indexed by PE, under any launcher (halo launch, mpirun, srun), across
+    /// nodes and with several PEs per GPU ([`gather_path`]): through the rendezvous, or the
+    /// lengths by [`Self::all_gather_u64`] and then the bytes padded to the longest in one
+    /// all-gather. Collective; for small host data (facts, plans, checks).
     pub fn all_gather_bytes(self: &Arc<Self>, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let path = self.gather_path();
+        if path == GatherPath::Rendezvous {
+            return self.gather_by_rendezvous(mine);
+        }
         let lens = self.all_gather_u64(mine.len() as u64)?;
         let max = lens.iter().copied().max().unwrap_or(0) as usize;
         if max == 0 {
             return Ok(vec![Vec::new(); self.n_pes]);
         }
-        let src = self.alloc::<u8>(max)?;
-        let dst = self.alloc::<u8>(max * self.n_pes)?;
         let mut padded = mine.to_vec();
         padded.resize(max, 0);
-        src.copy_from_host(&padded)?;
-        self.ctx.bind_to_thread().during("binding the context")?;
-        // SAFETY: as in all_gather_u64; `max` bytes from every PE, `dst` holds `n_pes * max`.
-        let rc = unsafe { (self.lib.api.nvshmem_uint8_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u8, src.ptr as *const u8, max) };
-        if rc != 0 {
-            return Err(HaloError::Nvshmem(format!("nvshmem_uint8_fcollect failed ({rc})")));
-        }
-        let all = dst.to_host()?;
+        let all = self.gather_slots(&padded, path)?;
         Ok(all.chunks(max).zip(&lens).map(|(c, &n)| c[..n as usize].to_vec()).collect())
+    }
+
+    /// Every PE's `mine` (the same length on every PE), concatenated in PE order, through two
+    /// symmetric buffers: by fcollect, or by host puts into this PE's slot on every PE and a
+    /// barrier. Bounded by the watchdog.
+    fn gather_slots(self: &Arc<Self>, mine: &[u8], path: GatherPath) -> Result<Vec<u8>> {
+        let slot = mine.len();
+        let src = self.alloc::<u8>(slot)?;
+        let dst = self.alloc::<u8>(slot * self.n_pes)?;
+        src.copy_from_host(mine)?;
+        self.ctx.bind_to_thread().during("binding the context")?;
+        if path == GatherPath::PutsAndBarrier {
+            let mine_at = dst.ptr + (self.my_pe * slot) as u64;
+            watchdog::bounded(steps::GATHER, self.timeout, || {
+                for pe in 0..self.n_pes {
+                    // SAFETY: both buffers are symmetric (allocated on every PE, same sizes, and
+                    // the allocation's barrier ensures every PE has them); this PE's slot of `dst`
+                    // holds `slot` bytes; the blocking put has completed locally when it returns.
+                    unsafe { (self.lib.api.nvshmem_putmem)(mine_at as *mut _, src.ptr as *const _, slot, pe as i32) };
+                }
+            });
+            // Completes every PE's puts before anyone reads: each put returned before its PE
+            // entered the barrier.
+            self.barrier_all()?;
+        } else {
+            if let Some(why) = limited_mpg_refusal("nvshmem_uint8_fcollect", self.init_status()) {
+                return Err(HaloError::Nvshmem(why));
+            }
+            // SAFETY: as above; `dst` holds `slot` bytes of every PE; the host collective completes
+            // before it returns.
+            let rc = watchdog::bounded(steps::GATHER, self.timeout, || unsafe {
+                (self.lib.api.nvshmem_uint8_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u8, src.ptr as *const u8, slot)
+            });
+            if rc != 0 {
+                return Err(HaloError::Nvshmem(format!("nvshmem_uint8_fcollect failed ({rc})")));
+            }
+        }
+        dst.to_host()
+    }
+
+    /// Every PE's bytes through `halo launch`'s rendezvous directory, under a tag of its own, waiting
+    /// at most the collective deadline for the slowest PE.
+    fn gather_by_rendezvous(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let tag = format!("nvshmem-gather-{}", RENDEZVOUS_GATHERS.fetch_add(1, Ordering::SeqCst));
+        let all = crate::launch::rendezvous::Rendezvous::from_env()
+            .and_then(|r| r.all_gather(&tag, mine, self.timeout))
+            .map_err(|e| HaloError::Nvshmem(format!("all-gather `{tag}` through halo launch's rendezvous: {e}")))?;
+        if all.len() != self.n_pes {
+            return Err(HaloError::Nvshmem(format!(
+                "all-gather `{tag}`: halo launch's rendezvous has {} ranks but NVSHMEM {} PEs",
+                all.len(),
+                self.n_pes
+            )));
+        }
+        Ok(all)
     }
 }
 
@@ -388,5 +496,34 @@ impl<T: Pod> Drop for SymmetricBuffer<T> {
         let _ = self.nvshmem.ctx.bind_to_thread();
         // SAFETY: allocated by nvshmem_align; collective free in matching order on every PE.
         watchdog::bounded(steps::SYMMETRIC_FREE, self.nvshmem.timeout, || unsafe { (self.nvshmem.lib.api.nvshmem_free)(self.ptr as *mut _) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 20: four PEs on two GPUs (limited MPG) died in `nvshmem_uint8_fcollect`. Such a run
+    /// must gather another way under every launcher; every other run keeps fcollect.
+    #[test]
+    fn several_pes_per_gpu_without_mps_never_gather_by_fcollect() {
+        let limited = sys::NVSHMEM_STATUS_LIMITED_MPG;
+        assert_eq!(gather_path(limited, true), GatherPath::Rendezvous);
+        assert_eq!(gather_path(limited, false), GatherPath::PutsAndBarrier);
+        for status in [sys::NVSHMEM_STATUS_IS_INITIALIZED, sys::NVSHMEM_STATUS_FULL_MPG] {
+            for rendezvous in [false, true] {
+                assert_eq!(gather_path(status, rendezvous), GatherPath::Fcollect, "status {status}, rendezvous {rendezvous}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_collective_is_named_with_the_reason_and_the_fixes() {
+        let why = limited_mpg_refusal("nvshmem_uint8_fcollect", sys::NVSHMEM_STATUS_LIMITED_MPG).expect("refused");
+        assert!(why.contains("nvshmem_uint8_fcollect") && why.contains("several PEs per GPU"), "{why}");
+        assert!(why.contains("one PE per GPU") && why.contains("MPS"), "{why}");
+        for status in [sys::NVSHMEM_STATUS_IS_INITIALIZED, sys::NVSHMEM_STATUS_FULL_MPG] {
+            assert_eq!(limited_mpg_refusal("nvshmem_uint8_fcollect", status), None);
+        }
     }
 }

@@ -97,6 +97,12 @@ pub mod steps {
         "another rank did not reach the barrier: it failed, hangs, or is stuck on its GPU",
         FIND_THE_FIRST_FAILURE,
     );
+    /// An all-gather of small host data across PEs (NVSHMEM's fcollect, or host puts and a barrier).
+    pub const GATHER: Step = Step::new(
+        "all-gather",
+        "another rank did not reach the same all-gather (it failed, hangs, or runs a different command or options)",
+        "check the other ranks' messages and start every rank with the same arguments",
+    );
     /// `nvshmemx_hostlib_finalize`.
     pub const FINALIZE: Step = Step::new(
         "NVSHMEM finalize",
@@ -111,7 +117,7 @@ pub mod steps {
     );
 
     /// Every step, for the documentation test.
-    pub const ALL: [Step; 8] = [NVSHMEM_INIT, UNIQUE_ID, SYMMETRIC_ALLOC, SYMMETRIC_FREE, MODULE_REGISTRATION, BARRIER, FINALIZE, HOST_WAIT];
+    pub const ALL: [Step; 9] = [NVSHMEM_INIT, UNIQUE_ID, SYMMETRIC_ALLOC, SYMMETRIC_FREE, MODULE_REGISTRATION, BARRIER, GATHER, FINALIZE, HOST_WAIT];
 }
 
 struct Armed {

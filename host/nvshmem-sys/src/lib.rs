@@ -201,7 +201,7 @@ nvshmem_api! {
     fn nvshmemx_cumodule_finalize(module: CUmodule) -> c_int;
     fn nvshmemx_vendor_get_version_info(major: *mut c_int, minor: *mut c_int, patch: *mut c_int);
     fn nvshmem_uint8_fcollect(team: nvshmem_team_t, dest: *mut u8, source: *const u8, nelems: usize) -> c_int;
-    fn nvshmem_uint64_fcollect(team: nvshmem_team_t, dest: *mut u64, source: *const u64, nelems: usize) -> c_int;
+    fn nvshmem_putmem(dest: *mut c_void, source: *const c_void, nelems: usize, pe: c_int);
 }
 
 /// An opened `libnvshmem_host.so` and its resolved functions.

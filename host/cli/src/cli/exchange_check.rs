@@ -212,13 +212,14 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         print!("{}", crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text());
     }
     println!(
-        "PE {me} of {} on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}",
+        "PE {me} of {} on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}, host data gathered by {}",
         session.nvshmem.n_pes(),
         session.ctx.ordinal(),
         session.ctx.name()?,
         session.nvshmem.version(),
         session.nvshmem.library_path().display(),
-        args.policy().name()
+        args.policy().name(),
+        session.nvshmem.gather_path().describe()
     );
     let placement = Placement::pe(&session, args.policy());
     let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
