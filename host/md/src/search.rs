@@ -107,7 +107,7 @@ pub fn rank_searches(
     let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
     let one = |rank: usize| -> Result<RankSearch> {
         let t = Instant::now();
-        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(bad)?;
+        let atoms = LocalAtoms::from_plan_on(plan, rank, &system.positions, &system.types, per_rank).map_err(bad)?;
         let atoms_time = t.elapsed();
         let (lists, grid_time, lists_time) = if gpu_lists {
             let t = Instant::now();
