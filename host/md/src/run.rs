@@ -134,7 +134,6 @@ impl MdConfig {
     fn energy_step(&self, step: u64) -> bool {
         (self.energy_every > 0 && step % self.energy_every == 0) || self.checks_step(step)
     }
-
 }
 
 /// Errors of one checked step, per quantity (largest over ranks and atoms).
