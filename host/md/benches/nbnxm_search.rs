@@ -31,10 +31,10 @@ fn breakdown(sys: &MolecularSystem, setup: &ListSetup, dims: [usize; 3], threads
     let mut stats = String::new();
     for _ in 0..11 {
         let t = Instant::now();
-        let plan = HaloPlan::build(sys, grid, setup.rlist).expect("plan");
+        let plan = HaloPlan::build_on(sys, grid, setup.rlist, threads).expect("plan");
         plan_t.push(t.elapsed());
         let t = Instant::now();
-        let atoms = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms");
+        let atoms = LocalAtoms::from_plan_on(&plan, 0, &sys.positions, &sys.types, threads).expect("atoms");
         local_t.push(t.elapsed());
         let s = PairSearch::build(&atoms, &opts).expect("search");
         grid_t.push(s.timing.grid);

@@ -78,8 +78,9 @@ pub struct MdConfig {
     /// How pulses reach their peers: the router's paths with agreed failover (`Routed`, the
     /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
-    /// Host threads of the pair search, shared by this process's ranks (0: one per core, at
-    /// most 16).
+    /// Host threads of the pair search, shared by this process's ranks (0: this process's share
+    /// of the cores when every PE runs on this host, less one, at most 16:
+    /// [`search::default_threads_shared`]).
     pub search_threads: usize,
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
@@ -142,10 +143,6 @@ impl MdConfig {
 
     fn energy_step(&self, step: u64) -> bool {
         (self.energy_every > 0 && step % self.energy_every == 0) || self.checks_step(step)
-    }
-
-    fn threads(&self) -> usize {
-        if self.search_threads == 0 { search::default_threads() } else { self.search_threads }
     }
 }
 
@@ -443,6 +440,8 @@ pub struct MdRun {
     unsettled: bool,
     /// The state at the last search step, for a safe point that finds a failure.
     rollback: Rollback,
+    /// Host threads of the search steps.
+    search_threads: usize,
 }
 
 impl MdRun {
@@ -470,6 +469,13 @@ impl MdRun {
                 }
                 vec![nvshmem.my_pe()]
             }
+        };
+        // Every PE's search threads, spinning NVSHMEM proxies and GPU threads share the host: more
+        // threads than cores and a search waits a scheduler slice for a descheduled worker.
+        let search_threads = match (cfg.search_threads, &placement) {
+            (0, Placement::Pe { nvshmem, .. }) => search::default_threads_shared(nvshmem.n_pes()),
+            (0, _) => search::default_threads(),
+            (n, _) => n,
         };
         let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         // Routed paths: a router with agreed failover (collective across PEs: the facts).
@@ -501,6 +507,7 @@ impl MdRun {
             exchange_plans: Vec::new(),
             unsettled: false,
             rollback: Rollback::default(),
+            search_threads,
         })
     }
 
@@ -745,10 +752,10 @@ impl MdRun {
         }
         t.gather = start.elapsed();
         let t1 = Instant::now();
-        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.cfg.threads())?;
+        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.search_threads)?;
         t.plan = t1.elapsed();
         let t2 = Instant::now();
-        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.threads(), self.cfg.gpu_search)?;
+        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.search_threads, self.cfg.gpu_search)?;
         t.lists = t2.elapsed();
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);

@@ -107,7 +107,7 @@ pub fn rank_searches(
     let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
     let one = |rank: usize| -> Result<RankSearch> {
         let t = Instant::now();
-        let atoms = LocalAtoms::from_plan(plan, rank, &system.positions, &system.types).map_err(bad)?;
+        let atoms = LocalAtoms::from_plan_on(plan, rank, &system.positions, &system.types, per_rank).map_err(bad)?;
         let atoms_time = t.elapsed();
         let (lists, grid_time, lists_time) = if gpu_lists {
             let t = Instant::now();
@@ -145,4 +145,29 @@ pub fn rank_searches(
 /// The default number of search threads: one per core, at most 16.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+}
+
+/// The default number of search threads of one of `processes` processes on this host (PEs of one
+/// node): its share of the cores less one (its NVSHMEM proxy and GPU threads), at least 1, at most 16.
+pub fn default_threads_shared(processes: usize) -> usize {
+    threads_for(std::thread::available_parallelism().map_or(1, |n| n.get()), processes)
+}
+
+fn threads_for(cores: usize, processes: usize) -> usize {
+    (cores / processes.max(1)).saturating_sub(1).clamp(1, 16)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn processes_share_the_cores() {
+        use super::threads_for;
+        assert_eq!(threads_for(32, 2), 15);
+        assert_eq!(threads_for(32, 1), 16);
+        assert_eq!(threads_for(128, 8), 15);
+        assert_eq!(threads_for(16, 4), 3);
+        assert_eq!(threads_for(2, 2), 1);
+        assert_eq!(threads_for(2, 8), 1);
+        assert_eq!(threads_for(4, 0), 3);
+    }
 }

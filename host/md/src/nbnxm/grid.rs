@@ -20,6 +20,10 @@ const CL: usize = NBNXM_CLUSTER_SIZE as usize;
 const SC: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
 const SS: usize = NBNXM_SUPER_SIZE as usize;
 
+/// Fewest atoms of a zone per grid thread: starting a thread costs about as much as sorting this
+/// many atoms into clusters.
+const MIN_ATOMS_PER_THREAD: usize = 2048;
+
 /// A sort key for `(coordinate, atom)`: ascending keys order by the coordinate's total order
 /// (`f32::total_cmp`), ties by atom index, so sorting is deterministic; integers sort faster than
 /// a comparison of floats.
@@ -258,8 +262,9 @@ impl ClusterGrid {
         self.super_bbox.resize(total, BBox::EMPTY);
         self.super_zone.resize(total, zone);
         // Columns in contiguous groups of about equal atom counts, one group per thread; each
-        // group writes only its own superclusters' slots.
-        let groups = threads.min(ncol).max(1);
+        // group writes only its own superclusters' slots. A thread only pays for itself with a
+        // couple of thousand atoms (a thin halo zone gets few).
+        let groups = threads.min(ncol).min(members.len().div_ceil(MIN_ATOMS_PER_THREAD)).max(1);
         let mut bounds = vec![0usize];
         for g in 1..groups {
             let want = members.len() * g / groups;

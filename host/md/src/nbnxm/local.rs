@@ -41,6 +41,12 @@ impl LocalAtoms {
     /// decomposed dimension, moved by the box edge in `f32`, exactly as the exchange moves them:
     /// the result equals `exchange::reference::coordinates` bit for bit.
     pub fn from_plan(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8]) -> Result<Self, NbnxmError> {
+        Self::from_plan_on(plan, rank, positions, types, 1)
+    }
+
+    /// [`Self::from_plan`] on `threads` host threads (contiguous runs of local atoms, at least a
+    /// few thousand each); the same atoms, and the same first error, for any count.
+    pub fn from_plan_on(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], threads: usize) -> Result<Self, NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if types.len() != positions.len() {
             return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
@@ -48,36 +54,59 @@ impl LocalAtoms {
         let geo = plan.decomposition()?;
         let coords = plan.grid.coords_of(rank);
         let decomposed = plan.grid.decomposed_dims();
+        let n = r.global_ids.len();
         let mut out = Self {
-            positions: Vec::with_capacity(r.total_atoms),
-            types: Vec::with_capacity(r.total_atoms),
-            zones: Vec::with_capacity(r.total_atoms),
+            positions: vec![Float3::default(); n],
+            types: vec![0; n],
+            zones: vec![0; n],
             home: r.home_atoms,
             box_size: plan.box_size,
             periodic: std::array::from_fn(|d| plan.grid.dims[d] == 1),
             ntypes: types.iter().map(|&t| usize::from(t) + 1).max().unwrap_or(1),
         };
-        for (local, &id) in r.global_ids.iter().enumerate() {
-            let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
-            let w = wrap_position(*p, plan.box_size);
-            let mut p = [w.x, w.y, w.z];
-            let mut zone = 0u8;
-            // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
-            if local >= r.home_atoms {
-                let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
-                for &d in &decomposed {
-                    if cell[d] != coords[d] {
-                        zone |= 1 << d;
-                    }
-                    // Only an atom that came around the periodic boundary has a lower cell index.
-                    if cell[d] < coords[d] {
-                        p[d] += plan.box_size[d];
+        // Local atoms `first..` of `ids` into the matching output slices.
+        let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
+            for (k, &id) in ids.iter().enumerate() {
+                let local = first + k;
+                let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
+                let w = wrap_position(*p, plan.box_size);
+                let mut p = [w.x, w.y, w.z];
+                let mut zone = 0u8;
+                // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
+                if local >= r.home_atoms {
+                    let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
+                    for &d in &decomposed {
+                        if cell[d] != coords[d] {
+                            zone |= 1 << d;
+                        }
+                        // Only an atom that came around the periodic boundary has a lower cell index.
+                        if cell[d] < coords[d] {
+                            p[d] += plan.box_size[d];
+                        }
                     }
                 }
+                xs[k] = Float3::new(p[0], p[1], p[2]);
+                ts[k] = u32::from(types[id as usize]);
+                zs[k] = zone;
             }
-            out.positions.push(Float3::new(p[0], p[1], p[2]));
-            out.types.push(u32::from(types[id as usize]));
-            out.zones.push(zone);
+            Ok(())
+        };
+        // Threads only pay for themselves with a few thousand atoms each.
+        let threads = threads.clamp(1, n.div_ceil(4096).max(1));
+        if threads == 1 {
+            fill(0, &r.global_ids, &mut out.positions, &mut out.types, &mut out.zones)?;
+        } else {
+            let chunk = n.div_ceil(threads);
+            let fill = &fill;
+            let results: Vec<Result<(), NbnxmError>> = std::thread::scope(|s| {
+                let parts = r.global_ids.chunks(chunk).zip(out.positions.chunks_mut(chunk)).zip(out.types.chunks_mut(chunk)).zip(out.zones.chunks_mut(chunk));
+                let handles: Vec<_> =
+                    parts.enumerate().map(|(c, (((ids, xs), ts), zs))| s.spawn(move || fill(c * chunk, ids, xs, ts, zs))).collect();
+                // A worker cannot panic short of a bug; propagate it if one does.
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+            });
+            // The first chunk's error first: the error a single thread meets.
+            results.into_iter().collect::<Result<(), _>>()?;
         }
         out.validate()?;
         Ok(out)
@@ -181,6 +210,30 @@ mod tests {
                 assert!(a.zones.iter().all(|z| z & !decomposed == 0));
                 assert!(a.zones[a.home..].iter().all(|&z| z != 0));
             }
+        }
+    }
+
+    #[test]
+    fn threads_do_not_change_the_local_atoms() {
+        let sys = MolecularSystem::generate(20_000, 5).unwrap();
+        for dims in [[2, 1, 1], [2, 2, 1], [3, 2, 2]] {
+            let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for r in [0, plan.ranks.len() - 1] {
+                let one = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
+                for t in [2, 3, 16] {
+                    assert_eq!(LocalAtoms::from_plan_on(&plan, r, &sys.positions, &sys.types, t).unwrap(), one, "{dims:?} rank {r}, {t} threads");
+                }
+            }
+        }
+        // A global id beyond the positions: the same error (the first bad atom) on any count.
+        let mut plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
+        let n = plan.ranks[0].global_ids.len();
+        plan.ranks[0].global_ids[n - 10] = 99_999;
+        plan.ranks[0].global_ids[n - 3] = 99_998;
+        let one = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap_err();
+        assert!(one.to_string().contains("99999"), "{one}");
+        for t in [2, 5] {
+            assert_eq!(LocalAtoms::from_plan_on(&plan, 0, &sys.positions, &sys.types, t).unwrap_err(), one);
         }
     }
 
