@@ -78,9 +78,8 @@ pub struct MdConfig {
     /// How pulses reach their peers: the router's paths with agreed failover (`Routed`, the
     /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
-    /// Host threads of the pair search, shared by this process's ranks (0: this process's share
-    /// of the cores when every PE runs on this host, less one, at most 16:
-    /// [`search::default_threads_shared`]).
+    /// Host threads of the pair search, shared by this process's ranks (0: the default,
+    /// [`search::DEFAULT_SEARCH_THREADS`]).
     pub search_threads: usize,
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
@@ -470,12 +469,9 @@ impl MdRun {
                 vec![nvshmem.my_pe()]
             }
         };
-        // Every PE's search threads, spinning NVSHMEM proxies and GPU threads share the host: more
-        // threads than cores and a search waits a scheduler slice for a descheduled worker.
-        let search_threads = match (cfg.search_threads, &placement) {
-            (0, Placement::Pe { nvshmem, .. }) => search::default_threads_shared(nvshmem.n_pes()),
-            (0, _) => search::default_threads(),
-            (n, _) => n,
+        let search_threads = match cfg.search_threads {
+            0 => search::DEFAULT_SEARCH_THREADS,
+            n => n,
         };
         let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         // Routed paths: a router with agreed failover (collective across PEs: the facts).

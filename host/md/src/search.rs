@@ -142,32 +142,9 @@ pub fn rank_searches(
     })
 }
 
-/// The default number of search threads: one per core, at most 16.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
-}
-
-/// The default number of search threads of one of `processes` processes on this host (PEs of one
-/// node): its share of the cores less one (its NVSHMEM proxy and GPU threads), at least 1, at most 16.
-pub fn default_threads_shared(processes: usize) -> usize {
-    threads_for(std::thread::available_parallelism().map_or(1, |n| n.get()), processes)
-}
-
-fn threads_for(cores: usize, processes: usize) -> usize {
-    (cores / processes.max(1)).saturating_sub(1).clamp(1, 16)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn processes_share_the_cores() {
-        use super::threads_for;
-        assert_eq!(threads_for(32, 2), 15);
-        assert_eq!(threads_for(32, 1), 16);
-        assert_eq!(threads_for(128, 8), 15);
-        assert_eq!(threads_for(16, 4), 3);
-        assert_eq!(threads_for(2, 2), 1);
-        assert_eq!(threads_for(2, 8), 1);
-        assert_eq!(threads_for(4, 0), 3);
-    }
-}
+/// The default number of search threads when none is asked for: one. Measured on two H200s
+/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, 2026-11-30, a 32-core host,
+/// docs/results/md-bench-search-threads.log): 91.6 µs per step with 1 thread, 110.6 with 4, 118.1
+/// with 8 and 119.6 with 15 per PE: a search at this size is too short for worker threads to pay
+/// for their start and scheduling. `--search-threads` (`MdConfig::search_threads`) overrides it.
+pub const DEFAULT_SEARCH_THREADS: usize = 1;
