@@ -44,7 +44,7 @@ done
 # 4 PEs on 2 GPUs (3 PEs cannot start with NVSHMEM 3.4.5). Two PEs share each GPU and only
 # time-slice, so a probe first measures the step rate and the run gets as many of the 100,000 steps
 # as fit in $PE_BUDGET_S.
-timed jitter-pe4-probe 120 $H launch -n 4 -- $J --grid 4x1x1 --phase xf --steps 2000 --jitter-us 30:40:both
+timed jitter-pe4-probe 120 $H launch -n 4 --gpus 0,1 -- $J --grid 4x1x1 --phase xf --steps 2000 --jitter-us 30:40:both
 us=$(grep -o '([0-9.]* µs per step' "$OUT/jitter-pe4-probe.log" | head -1 | tr -d '(' | cut -d' ' -f1)
 steps=100000
 if [ -n "$us" ]; then
@@ -54,7 +54,7 @@ if [ -n "$us" ]; then
 fi
 echo "4 PEs: $us us per step in the probe -> $steps steps per phase (budget ${PE_BUDGET_S} s)" | tee -a "$OUT/jitter-pe4-probe.log"
 for ph in x f xf; do
-  timed jitter-pe4-$ph $((PE_BUDGET_S + 60)) $H launch -n 4 -- $J --grid 4x1x1 --phase $ph --steps $steps --jitter-us 30:$((40 + ${#ph})):both
+  timed jitter-pe4-$ph $((PE_BUDGET_S + 60)) $H launch -n 4 --gpus 0,1 -- $J --grid 4x1x1 --phase $ph --steps $steps --jitter-us 30:$((40 + ${#ph})):both
 done
 
 # 2. Memory. Each must end non-zero within seconds, every PE with the same message naming the need
@@ -77,7 +77,7 @@ HALO_TEST_RESERVE_GIB=200 timed fault-device-oom-1proc 60 $H $M --home-atoms 100
 # (kill_to_end_s) and the output must name the dead rank.
 K="exchange-check --transport fused --steps 100000 --check-every 1000 --wait-timeout-ms 2000"
 HALO_FAULT=kill@20000:1 timed fault-kill-launch-2pe 60 $H launch -n 2 -- $K --grid 2x1x1
-HALO_FAULT=kill@2000:2 timed fault-kill-launch-4pe 90 $H launch -n 4 -- $K --grid 4x1x1
+HALO_FAULT=kill@2000:2 timed fault-kill-launch-4pe 90 $H launch -n 4 --gpus 0,1 -- $K --grid 4x1x1
 if command -v "$MPIEXEC" >/dev/null; then
   # Hydra's default: it kills the job when a rank dies, and says which.
   HALO_FAULT=kill@20000:1 timed fault-kill-mpiexec 60 "$MPIEXEC" -n 2 $H $K --grid 2x1x1

@@ -92,10 +92,27 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
     if let Some(reason) = gpu_unavailable_reason() {
         return Err(HaloError::NoGpu(reason));
     }
+    let count = device_count();
+    if ordinal >= count {
+        return Err(HaloError::InvalidInput(missing_gpu_message(ordinal, count, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref())));
+    }
     let ctx = CudaContext::new(ordinal).during(format!("opening GPU {ordinal}"))?;
     // SAFETY: called before any buffer or stream of this context exists.
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx)
+}
+
+/// Why GPU `ordinal` cannot be opened when only `count` are visible, and how to fit the ranks on
+/// them: `halo launch -n N` gives PE `r` GPU `r` unless `--gpus` lists the GPUs to share.
+fn missing_gpu_message(ordinal: usize, count: usize, visible: Option<&str>) -> String {
+    let shown = visible.map_or_else(String::new, |v| format!(" (CUDA_VISIBLE_DEVICES={v})"));
+    let list = (0..count).map(|g| g.to_string()).collect::<Vec<_>>().join(",");
+    format!(
+        "GPU {ordinal} does not exist: {count} GPU(s) are visible here{shown}. Run at most {count} PE(s) per node, or let \
+         several PEs share the GPUs with `halo launch -n N --gpus {list} -- …` (PEs that share a GPU time-slice it; \
+         docs/running.md says what that costs), or pick the GPU with {}",
+        crate::launch::env::ENV_DEVICE
+    )
 }
 
 /// `sm_XY` for a context's device.
@@ -107,6 +124,14 @@ pub fn arch_of(ctx: &CudaContext) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_gpu_is_named_with_the_ways_to_fit_the_ranks() {
+        let m = missing_gpu_message(2, 2, Some("0,1"));
+        assert!(m.starts_with("GPU 2 does not exist: 2 GPU(s) are visible here (CUDA_VISIBLE_DEVICES=0,1)"), "{m}");
+        assert!(m.contains("--gpus 0,1") && m.contains("HALO_DEVICE"), "{m}");
+        assert!(!missing_gpu_message(1, 1, None).contains("CUDA_VISIBLE_DEVICES"));
+    }
     use cudarc::driver::sys::CUresult;
 
     #[test]
