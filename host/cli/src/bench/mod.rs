@@ -24,6 +24,7 @@
 pub mod floor;
 pub mod graph;
 pub mod kernels;
+pub mod latency;
 pub mod md;
 pub mod nccl;
 pub mod pecomm;

@@ -176,6 +176,33 @@ pub fn run_kernels(args: BenchKernelsArgs) -> Result<()> {
     Ok(())
 }
 
+#[derive(clap::Args, Debug)]
+pub struct BenchLatencyArgs {
+    /// `halo bench --json` reports (the first one's floor gives `signal_one_way_us`).
+    #[arg(required = true)]
+    pub reports: Vec<PathBuf>,
+    /// Where to write the summary (JSON).
+    #[arg(long, short)]
+    pub out: PathBuf,
+}
+
+pub fn run_latency(args: BenchLatencyArgs) -> Result<()> {
+    let reports = args
+        .reports
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str::<report::BenchReport>(&text)
+                .with_context(|| format!("{} is not a `halo bench --json` report", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let summary = bench::latency::summarise(&reports);
+    let text = serde_json::to_string_pretty(&summary).context("serialising the summary")?;
+    std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out.display()))?;
+    println!("wrote {} ({} rows)", args.out.display(), summary.rows.len());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

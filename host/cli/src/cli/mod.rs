@@ -49,6 +49,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The pack and unpack-accumulate kernels alone at 1M atoms, beside device copy bandwidth.
     BenchKernels(bench::BenchKernelsArgs),
+    /// Signal latency and per-transport halo times of `halo bench --json` reports, as one JSON (no GPU).
+    BenchLatency(bench::BenchLatencyArgs),
     /// Where the time of the fused halo goes: stamped kernels, per-phase intervals, launch gaps.
     Timeline(timeline::TimelineArgs),
     /// ns/day of the whole MD step per transport and size, every step counted (searches included).
@@ -82,6 +84,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchKernels(args) => bench::run_kernels(args),
+        Command::BenchLatency(args) => bench::run_latency(args),
         Command::Timeline(args) => timeline::run(args),
         Command::MdBench(args) => md_bench::run(args),
         // Both decide their own exit code (the worst rank's, or the one asked for).
