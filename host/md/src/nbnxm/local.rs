@@ -268,5 +268,16 @@ mod tests {
         a.positions[1].y = 2.5;
         let e = a.validate().unwrap_err();
         assert!(e.to_string().contains("wrap positions"), "{e}");
+        // The range pass flags, the exact search names the first bad coordinate: NaN anywhere,
+        // an infinity along a dimension that is not periodic.
+        a.positions[1].y = 1.0;
+        a.positions[0].z = f32::NAN;
+        assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 0, dim: "z", .. })));
+        a.positions[0].z = 0.0;
+        a.periodic = [false, true, true];
+        a.positions[1].x = -5.0;
+        assert_eq!(a.validate(), Ok(()));
+        a.positions[1].x = f32::INFINITY;
+        assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 1, dim: "x", .. })));
     }
 }
