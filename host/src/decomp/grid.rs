@@ -57,11 +57,13 @@ impl RankGrid {
     }
 
     /// The rank at grid coordinates `c` (each below the matching count).
+    #[inline]
     pub fn rank_of(&self, c: [usize; 3]) -> usize {
         c[0] + self.dims[0] * (c[1] + self.dims[1] * c[2])
     }
 
     /// Grid coordinates of `rank`.
+    #[inline]
     pub fn coords_of(&self, rank: usize) -> [usize; 3] {
         let [a, b, _] = self.dims;
         [rank % a, (rank / a) % b, rank / (a * b)]
@@ -110,6 +112,7 @@ pub fn pulses_needed(cell_width: f64, cutoff: f64) -> usize {
 /// `p` wrapped into `[0, box)` along every dimension, in `f32`. Positions already inside the box
 /// come back bit for bit. Every module wraps through this one function, so home-cell assignment,
 /// the coordinate reference and the pair search all see the same numbers.
+#[inline]
 pub fn wrap_position(p: Float3, box_size: [f32; 3]) -> Float3 {
     fn wrap(x: f32, l: f32) -> f32 {
         if (0.0..l).contains(&x) {
@@ -180,6 +183,7 @@ impl Decomposition {
     }
 
     /// Cell index along `dim` of a wrapped coordinate `x`: `floor(x n / L)`, clamped to the grid.
+    #[inline]
     pub fn cell_index(&self, dim: usize, x: f64) -> usize {
         let n = self.grid.dims[dim];
         let c = x * n as f64 / f64::from(self.box_size[dim]);
@@ -189,6 +193,7 @@ impl Decomposition {
     }
 
     /// Grid coordinates of the cell holding a wrapped position.
+    #[inline]
     pub fn cell_of(&self, p: [f64; 3]) -> [usize; 3] {
         [self.cell_index(0, p[0]), self.cell_index(1, p[1]), self.cell_index(2, p[2])]
     }

@@ -78,6 +78,48 @@ struct Local {
     pos: [f64; 3],
 }
 
+/// The rank owning each atom: the cell of its wrapped position (only decomposed dimensions have
+/// a cell index other than 0), on `threads` threads in contiguous chunks. Errors on the first
+/// atom with a non-finite coordinate, whatever the thread count.
+fn owners(positions: &[Float3], geo: &Decomposition, threads: usize) -> Result<Vec<u32>, PlanError> {
+    let decomposed = geo.grid.decomposed_dims();
+    let own = |first: usize, part: &[Float3], out: &mut [u32]| -> Result<(), PlanError> {
+        for (k, (&p, o)) in part.iter().zip(out).enumerate() {
+            if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+                return Err(PlanError::NonFinitePosition { atom: first + k, position: [p.x, p.y, p.z] });
+            }
+            let w = wrap_position(p, geo.box_size);
+            let w = [w.x, w.y, w.z];
+            let mut cell = [0usize; 3];
+            for &d in &decomposed {
+                cell[d] = geo.cell_index(d, f64::from(w[d]));
+            }
+            *o = geo.grid.rank_of(cell) as u32;
+        }
+        Ok(())
+    };
+    let mut owner = vec![0u32; positions.len()];
+    if threads == 1 {
+        own(0, positions, &mut owner)?;
+    } else {
+        let chunk = positions.len().div_ceil(threads).max(1);
+        let own = &own;
+        let results: Vec<Result<(), PlanError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = positions
+                .chunks(chunk)
+                .zip(owner.chunks_mut(chunk))
+                .enumerate()
+                .map(|(c, (part, out))| s.spawn(move || own(c * chunk, part, out)))
+                .collect();
+            // A worker cannot panic short of a bug; propagate it if one does.
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        });
+        // The first chunk's error first: the error a single thread meets.
+        results.into_iter().collect::<Result<(), _>>()?;
+    }
+    Ok(owner)
+}
+
 impl HaloPlan {
     /// The plan as the exchange consumes it, one [`RankHalo`] per rank. Every received force is
     /// added (`accumulate_forces`): the MD step zeroes forces before computing them.
@@ -123,41 +165,18 @@ impl HaloPlan {
             let w = wrap_position(p, box_size);
             [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
         };
-        // Home atoms: each chunk of ids sorted into per-rank lists, joined in chunk order (so ids
-        // ascend on every rank); every rank's array is allocated once, with room for a halo.
-        let chunk = positions.len().div_ceil(threads).max(1);
-        let home_of = |first: usize, part: &[Float3]| -> Result<Vec<Vec<Local>>, PlanError> {
-            let mut mine: Vec<Vec<Local>> = (0..nranks).map(|_| Vec::with_capacity(part.len() / nranks + part.len() / 8 + 1)).collect();
-            for (k, &p) in part.iter().enumerate() {
-                let id = first + k;
-                if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
-                    return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
-                }
-                let pos = wrapped(p);
-                mine[grid.rank_of(geo.cell_of(pos))].push(Local { id: id as u32, pos });
-            }
-            Ok(mine)
-        };
-        let parts: Vec<Vec<Vec<Local>>> = if threads == 1 {
-            vec![home_of(0, positions)?]
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = positions.chunks(chunk).enumerate().map(|(c, part)| s.spawn(move || home_of(c * chunk, part))).collect();
-                // A worker cannot panic short of a bug; propagate it if one does.
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect::<Result<Vec<_>, _>>()
-            })?
-        };
-        let mut local: Vec<Vec<Local>> = (0..nranks)
-            .map(|r| {
-                let n: usize = parts.iter().map(|p| p[r].len()).sum();
-                let mut v = Vec::with_capacity(n + n / 2);
-                for p in &parts {
-                    v.extend_from_slice(&p[r]);
-                }
-                v
-            })
-            .collect();
-        drop(parts);
+        // Home atoms: every atom's owner (in parallel chunks), then each rank's atoms in id order,
+        // in one array per rank allocated once, with room for a halo.
+        let owner = owners(positions, &geo, threads)?;
+        let mut counts = vec![0usize; nranks];
+        for &o in &owner {
+            counts[o as usize] += 1;
+        }
+        let mut local: Vec<Vec<Local>> = counts.iter().map(|&n| Vec::with_capacity(n + n / 2)).collect();
+        for (id, (&p, &o)) in positions.iter().zip(&owner).enumerate() {
+            local[o as usize].push(Local { id: id as u32, pos: wrapped(p) });
+        }
+        drop(owner);
         let home: Vec<usize> = local.iter().map(Vec::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
         let decomposed = grid.decomposed_dims();

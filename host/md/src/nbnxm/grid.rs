@@ -156,6 +156,12 @@ impl ClusterGrid {
     /// [`Self::build`] on `threads` host threads (the columns of a zone are shared out; the result
     /// does not depend on the thread count).
     pub fn build_with(atoms: &LocalAtoms, threads: usize) -> Result<Self, NbnxmError> {
+        Self::build_into(atoms, threads, &mut ZoneScratch::default())
+    }
+
+    /// [`Self::build_with`] with `scratch` for the working arrays, so that a caller that builds
+    /// grids again and again reuses their allocations (the grid does not depend on `scratch`).
+    pub fn build_into(atoms: &LocalAtoms, threads: usize, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         atoms.validate()?;
         let mut by_zone: Vec<Vec<u32>> = vec![Vec::new(); 8];
         for (i, &z) in atoms.zones.iter().enumerate() {
@@ -176,7 +182,7 @@ impl ClusterGrid {
         };
         for (zone, members) in by_zone.iter().enumerate() {
             if !members.is_empty() {
-                g.add_zone(zone as u8, members, atoms, threads.max(1));
+                g.add_zone(zone as u8, members, atoms, threads.max(1), scratch);
             }
         }
         let max = 1usize << (32 - NBNXM_MASK_BITS);
@@ -201,52 +207,15 @@ impl ClusterGrid {
         self.zones.first().filter(|z| z.zone == 0).map_or(0, |z| z.superclusters().end)
     }
 
-    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, threads: usize) {
-        let pos = &atoms.positions;
-        let mut extent = BBox::EMPTY;
-        for &i in members {
-            let p = pos[i as usize];
-            extent.include([p.x, p.y, p.z]);
-        }
-        for d in 0..3 {
-            if atoms.periodic[d] {
-                extent.lo[d] = 0.0;
-                extent.hi[d] = atoms.box_size[d];
-            }
-        }
-        // Columns holding a whole number of superclusters at the zone's density.
-        let size: [f64; 3] = std::array::from_fn(|d| f64::from(extent.hi[d] - extent.lo[d]).max(1e-3));
-        let n = members.len() as f64;
-        let density = n / (size[0] * size[1] * size[2]);
-        let cube = (SS as f64 / density).cbrt();
-        let per_column = (size[2] / cube).round().max(1.0);
-        let side = (SS as f64 * per_column / (density * size[2])).sqrt();
-        let columns: [usize; 2] = std::array::from_fn(|d| ((size[d] / side).round() as usize).clamp(1, 4096));
-        let cell: [f32; 2] = std::array::from_fn(|d| (size[d] / columns[d] as f64) as f32);
+    /// Appends the column grid and superclusters of one zone (`members`: its local atoms,
+    /// ascending), using `scratch` for the zone's atoms in column order.
+    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, threads: usize, scratch: &mut ZoneScratch) {
+        let extent = zone_extent(members, atoms);
+        let (columns, cell) = column_shape(&extent, members.len());
         let mut grid = ZoneGrid { zone, extent, columns, cell, column_start: Vec::with_capacity(columns[0] * columns[1] + 1) };
-
-        // Counting sort into columns (keys by z), then each column sorted and cut into superclusters.
         let ncol = columns[0] * columns[1];
-        let column_of: Vec<u32> = members
-            .iter()
-            .map(|&i| {
-                let p = pos[i as usize];
-                (grid.column_index(0, p.x) + columns[0] * grid.column_index(1, p.y)) as u32
-            })
-            .collect();
-        let mut start = vec![0usize; ncol + 1];
-        for &c in &column_of {
-            start[c as usize + 1] += 1;
-        }
-        for c in 0..ncol {
-            start[c + 1] += start[c];
-        }
-        let mut fill = start.clone();
-        let mut order = vec![0u64; members.len()];
-        for (&i, &c) in members.iter().zip(&column_of) {
-            order[fill[c as usize]] = key(pos[i as usize].z, i);
-            fill[c as usize] += 1;
-        }
+        scratch.sort_into_columns(&grid, members, atoms);
+        let start = &scratch.start;
         // Superclusters: a column of m atoms has ceil(m / 64), numbered column by column.
         let sc0 = self.super_bbox.len();
         let mut at = sc0;
@@ -277,6 +246,8 @@ impl ClusterGrid {
             bounds.push(ncol);
         }
         let column_start = &grid.column_start;
+        let ZoneScratch { start, order, pos: zpos, atom: zatom, ty: ztype, .. } = scratch;
+        let (start, zpos, zatom, ztype) = (&*start, &*zpos, &*zatom, &*ztype);
         let mut work = Vec::with_capacity(bounds.len() - 1);
         {
             let (mut ai, mut at_, mut cb, mut sb) = (
@@ -285,7 +256,7 @@ impl ClusterGrid {
                 &mut self.cluster_bbox[sc0 * SC..],
                 &mut self.super_bbox[sc0..],
             );
-            let mut ord: &mut [u64] = &mut order;
+            let mut ord: &mut [u64] = order;
             for w in bounds.windows(2) {
                 let (c0, c1) = (w[0], w[1]);
                 let scs = (column_start[c1] - column_start[c0]) as usize;
@@ -302,6 +273,7 @@ impl ClusterGrid {
                 work.push((c0..c1, a, t, b, sbox, o));
             }
         }
+        let sorted = ColumnAtoms { pos: zpos, atom: zatom, ty: ztype };
         let run = |(cols, ai, at, cb, sb, ord): ColumnWork<'_>| {
             let (mut s, mut o) = (0usize, 0usize);
             for c in cols {
@@ -310,7 +282,7 @@ impl ClusterGrid {
                 o += len;
                 col.sort_unstable();
                 for chunk in col.chunks_mut(SS) {
-                    sb[s] = fill_supercluster(chunk, atoms, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
+                    sb[s] = fill_supercluster(chunk, &sorted, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
                     s += 1;
                 }
             }
@@ -320,6 +292,7 @@ impl ClusterGrid {
         } else {
             std::thread::scope(|scope| {
                 for w in work {
+                    let run = &run;
                     scope.spawn(move || run(w));
                 }
             });
@@ -328,37 +301,131 @@ impl ClusterGrid {
     }
 }
 
+/// The bounding box of a zone's atoms, the whole box along periodic dimensions (only the other
+/// dimensions are scanned).
+fn zone_extent(members: &[u32], atoms: &LocalAtoms) -> BBox {
+    let mut extent = BBox::EMPTY;
+    for d in 0..3 {
+        if atoms.periodic[d] {
+            (extent.lo[d], extent.hi[d]) = (0.0, atoms.box_size[d]);
+        } else {
+            for &i in members {
+                let p = atoms.positions[i as usize];
+                let v = [p.x, p.y, p.z][d];
+                extent.lo[d] = extent.lo[d].min(v);
+                extent.hi[d] = extent.hi[d].max(v);
+            }
+        }
+    }
+    extent
+}
+
+/// Columns along x and y, and their widths, for a zone of `n` atoms in `extent`: columns holding a
+/// whole number of superclusters at the zone's density (cubic ones where the zone is tall).
+fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
+    let size: [f64; 3] = std::array::from_fn(|d| f64::from(extent.hi[d] - extent.lo[d]).max(1e-3));
+    let density = n as f64 / (size[0] * size[1] * size[2]);
+    let cube = (SS as f64 / density).cbrt();
+    let per_column = (size[2] / cube).round().max(1.0);
+    let side = (SS as f64 * per_column / (density * size[2])).sqrt();
+    let columns: [usize; 2] = std::array::from_fn(|d| ((size[d] / side).round() as usize).clamp(1, 4096));
+    let cell: [f32; 2] = std::array::from_fn(|d| (size[d] / columns[d] as f64) as f32);
+    (columns, cell)
+}
+
+/// One zone's atoms gathered in column order (columns ascending, atoms ascending within a column),
+/// so that sorting and filling touch contiguous memory. Kept across zones (and searches) to reuse
+/// its allocations.
+#[derive(Debug, Default)]
+pub struct ZoneScratch {
+    /// Column of every member.
+    column: Vec<u32>,
+    /// Start of every column in column order, and the total (`columns + 1` entries).
+    start: Vec<usize>,
+    /// Next free place of every column while scattering.
+    next: Vec<usize>,
+    /// Sort keys `(z, place)` in column order.
+    order: Vec<u64>,
+    /// Position of the atom at every place.
+    pos: Vec<[f32; 3]>,
+    /// Local atom index at every place.
+    atom: Vec<u32>,
+    /// Atom type at every place.
+    ty: Vec<u32>,
+}
+
+impl ZoneScratch {
+    /// Counting sort of `members` into the columns of `grid`: fills every array, and `start` with
+    /// the column starts (column `c` holds places `start[c]..start[c + 1]`). The key of the atom
+    /// at place `j` is `key(z, j)`; within a column places ascend with the atom index, so keys
+    /// order exactly as `key(z, atom)` would.
+    fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms) {
+        let ncol = grid.columns[0] * grid.columns[1];
+        let pos = &atoms.positions;
+        self.column.clear();
+        self.column.extend(members.iter().map(|&i| {
+            let p = pos[i as usize];
+            (grid.column_index(0, p.x) + grid.columns[0] * grid.column_index(1, p.y)) as u32
+        }));
+        self.start.clear();
+        self.start.resize(ncol + 1, 0);
+        for &c in &self.column {
+            self.start[c as usize + 1] += 1;
+        }
+        for c in 0..ncol {
+            self.start[c + 1] += self.start[c];
+        }
+        self.next.clear();
+        self.next.extend_from_slice(&self.start[..ncol]);
+        let n = members.len();
+        self.order.resize(n, 0);
+        self.pos.resize(n, [0.0; 3]);
+        self.atom.resize(n, 0);
+        self.ty.resize(n, 0);
+        for (&i, &c) in members.iter().zip(&self.column) {
+            let j = self.next[c as usize];
+            self.next[c as usize] += 1;
+            let p = pos[i as usize];
+            self.order[j] = key(p.z, j as u32);
+            self.pos[j] = [p.x, p.y, p.z];
+            self.atom[j] = i;
+            self.ty[j] = atoms.types[i as usize];
+        }
+    }
+}
+
+/// A zone's atoms in column order, read by [`fill_supercluster`] through the places in its keys.
+struct ColumnAtoms<'a> {
+    pos: &'a [[f32; 3]],
+    atom: &'a [u32],
+    ty: &'a [u32],
+}
+
 /// A thread's share of a zone: its columns, and their superclusters' slots (atom, type), cluster
 /// boxes, supercluster boxes, and the columns' sort keys.
 type ColumnWork<'a> = (std::ops::Range<usize>, &'a mut [u32], &'a mut [u32], &'a mut [BBox], &'a mut [BBox], &'a mut [u64]);
 
-/// One supercluster from a z-sorted chunk of at most 64 atom keys (see the module docs: halves by
-/// z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns its box.
-fn fill_supercluster(chunk: &mut [u64], atoms: &LocalAtoms, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
-    let pos = &atoms.positions;
+/// One supercluster from a z-sorted chunk of at most 64 keys of places in `sorted` (see the module
+/// docs: halves by z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns
+/// its box.
+fn fill_supercluster(chunk: &mut [u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
+    let pos = sorted.pos;
     let mut sbox = BBox::EMPTY;
     let (zlo, zhi) = chunk.split_at_mut(chunk.len().min(SS / 2));
     for (zh, half) in [zlo, zhi].into_iter().enumerate() {
-        for e in half.iter_mut() {
-            *e = key(pos[atom_of(*e) as usize].y, atom_of(*e));
-        }
-        half.sort_unstable();
+        sort_by_coordinate(half, pos, 1);
         let (ylo, yhi) = half.split_at_mut(half.len().min(SS / 4));
         for (yh, quarter) in [ylo, yhi].into_iter().enumerate() {
-            for e in quarter.iter_mut() {
-                *e = key(pos[atom_of(*e) as usize].x, atom_of(*e));
-            }
-            quarter.sort_unstable();
+            sort_by_coordinate(quarter, pos, 0);
             let (xlo, xhi) = quarter.split_at_mut(quarter.len().min(CL));
             for (xh, cluster) in [xlo, xhi].into_iter().enumerate() {
                 let k = 4 * zh + 2 * yh + xh;
                 let mut cbox = BBox::EMPTY;
                 for (t, e) in cluster.iter().enumerate() {
-                    let i = atom_of(*e);
-                    let p = pos[i as usize];
-                    atom_index[k * CL + t] = i;
-                    atom_type[k * CL + t] = atoms.types[i as usize];
-                    cbox.include([p.x, p.y, p.z]);
+                    let j = atom_of(*e) as usize;
+                    atom_index[k * CL + t] = sorted.atom[j];
+                    atom_type[k * CL + t] = sorted.ty[j];
+                    cbox.include(pos[j]);
                 }
                 sbox.union(&cbox);
                 cluster_bbox[k] = cbox;
@@ -366,6 +433,16 @@ fn fill_supercluster(chunk: &mut [u64], atoms: &LocalAtoms, atom_index: &mut [u3
         }
     }
     sbox
+}
+
+/// Re-keys keys of places by coordinate `d` of their positions (`key(pos[j][d], j)`) and sorts
+/// them.
+fn sort_by_coordinate(keys: &mut [u64], pos: &[[f32; 3]], d: usize) {
+    for k in keys.iter_mut() {
+        let j = atom_of(*k);
+        *k = key(pos[j as usize][d], j);
+    }
+    keys.sort_unstable();
 }
 
 #[cfg(test)]
@@ -443,6 +520,77 @@ mod tests {
         let one = ClusterGrid::build(&local).unwrap();
         assert!(one.zones.len() > 1);
         assert_eq!(ClusterGrid::build_with(&local, 5).unwrap(), one);
+    }
+
+    /// The slots of every zone the straightforward way: each column's atoms (by the zone's own
+    /// column grid) sorted by `key(z, atom)`, cut into 64s, halves sorted by y, quarters by x.
+    fn reference_slots(a: &LocalAtoms, g: &ClusterGrid) -> Vec<u32> {
+        let mut slots = Vec::new();
+        let by = |v: &mut Vec<u32>, d: usize| {
+            v.sort_unstable_by_key(|&i| {
+                let p = a.positions[i as usize];
+                key([p.x, p.y, p.z][d], i)
+            })
+        };
+        for z in &g.zones {
+            let members: Vec<u32> = (0..a.len() as u32).filter(|&i| a.zones[i as usize] == z.zone).collect();
+            for c in 0..z.columns[0] * z.columns[1] {
+                let mut col: Vec<u32> = members
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        let p = a.positions[i as usize];
+                        z.column_index(0, p.x) + z.columns[0] * z.column_index(1, p.y) == c
+                    })
+                    .collect();
+                by(&mut col, 2);
+                for chunk in col.chunks(SS) {
+                    let mut sc = vec![NBNXM_FILLER; SS];
+                    for (zh, half) in chunk.chunks(SS / 2).enumerate() {
+                        let mut half = half.to_vec();
+                        by(&mut half, 1);
+                        for (yh, quarter) in half.chunks(SS / 4).enumerate() {
+                            let mut quarter = quarter.to_vec();
+                            by(&mut quarter, 0);
+                            for (xh, cluster) in quarter.chunks(CL).enumerate() {
+                                let k = 4 * zh + 2 * yh + xh;
+                                sc[k * CL..k * CL + cluster.len()].copy_from_slice(cluster);
+                            }
+                        }
+                    }
+                    slots.extend(sc);
+                }
+            }
+        }
+        slots
+    }
+
+    #[test]
+    fn slots_equal_the_straightforward_sort() {
+        for (atoms, seed, dims) in [(3000, 5, [1, 1, 1]), (6000, 9, [2, 2, 1]), (8000, 3, [3, 1, 2]), (1500, 4, [2, 1, 1])] {
+            let s = MolecularSystem::generate(atoms, seed).unwrap();
+            let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for r in [0, plan.ranks.len() - 1] {
+                let a = LocalAtoms::from_plan(&plan, r, &s.positions, &s.types).unwrap();
+                let g = ClusterGrid::build(&a).unwrap();
+                assert_eq!(g.atom_index, reference_slots(&a, &g), "{atoms} atoms, {dims:?}, rank {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reused_scratch_gives_the_grid_of_a_fresh_one() {
+        // Zones of different sizes one after another through one scratch, then the same again.
+        let s = MolecularSystem::generate(6000, 2).unwrap();
+        let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new([2, 2, 2]).unwrap(), 1.1).unwrap();
+        let a = LocalAtoms::from_plan(&plan, 7, &s.positions, &s.types).unwrap();
+        let g = ClusterGrid::build(&a).unwrap();
+        assert!(g.zones.len() == 8);
+        let (b, _) = grid_of(3000, 1);
+        let mut scratch = ZoneScratch::default();
+        assert_eq!(ClusterGrid::build_into(&a, 1, &mut scratch).unwrap(), g);
+        assert_eq!(ClusterGrid::build_into(&b, 1, &mut scratch).unwrap(), ClusterGrid::build(&b).unwrap());
+        assert_eq!(ClusterGrid::build_into(&a, 1, &mut scratch).unwrap(), g);
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl LocalAtoms {
             home: r.home_atoms,
             box_size: plan.box_size,
             periodic: std::array::from_fn(|d| plan.grid.dims[d] == 1),
-            ntypes: types.iter().map(|&t| usize::from(t) + 1).max().unwrap_or(1),
+            ntypes: types.iter().copied().max().map_or(1, |t| usize::from(t) + 1),
         };
         // Local atoms `first..` of `ids` into the matching output slices.
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
@@ -74,13 +74,14 @@ impl LocalAtoms {
                 let mut zone = 0u8;
                 // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
                 if local >= r.home_atoms {
-                    let cell = geo.cell_of([f64::from(w.x), f64::from(w.y), f64::from(w.z)]);
+                    // Only decomposed dimensions have a cell index other than 0.
                     for &d in &decomposed {
-                        if cell[d] != coords[d] {
+                        let cell = geo.cell_index(d, f64::from(p[d]));
+                        if cell != coords[d] {
                             zone |= 1 << d;
                         }
                         // Only an atom that came around the periodic boundary has a lower cell index.
-                        if cell[d] < coords[d] {
+                        if cell < coords[d] {
                             p[d] += plan.box_size[d];
                         }
                     }
@@ -144,6 +145,17 @@ impl LocalAtoms {
         self.positions.is_empty()
     }
 
+    /// Whether every coordinate is finite, and inside `[0, edge)` along periodic dimensions: one
+    /// branch-free pass (the common case); [`Self::validate`] then looks for the first bad one.
+    fn positions_in_range(&self) -> bool {
+        // `lo <= v < hi` rejects NaN and the infinities too.
+        let lo: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { 0.0 } else { -f32::MAX });
+        let hi: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { self.box_size[d] } else { f32::INFINITY });
+        self.positions.iter().fold(true, |ok, p| {
+            ok & (p.x >= lo[0]) & (p.x < hi[0]) & (p.y >= lo[1]) & (p.y < hi[1]) & (p.z >= lo[2]) & (p.z < hi[2])
+        })
+    }
+
     /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
     /// consistent with the home count, and types below `ntypes`.
     pub fn validate(&self) -> Result<(), NbnxmError> {
@@ -159,19 +171,24 @@ impl LocalAtoms {
         if !self.box_size.iter().all(|l| l.is_finite() && *l > 0.0) {
             return Err(NbnxmError::Setup(format!("box {:?} must have positive finite edges", self.box_size)));
         }
-        for (atom, p) in self.positions.iter().enumerate() {
-            for (d, value) in [p.x, p.y, p.z].into_iter().enumerate() {
-                if !value.is_finite() {
-                    return Err(NbnxmError::NonFinite { atom, dim: DIMS[d], value });
-                }
-                if self.periodic[d] && !(0.0..self.box_size[d]).contains(&value) {
-                    return Err(NbnxmError::OutsideBox { atom, dim: DIMS[d], value, edge: self.box_size[d] });
+        if !self.positions_in_range() {
+            for (atom, p) in self.positions.iter().enumerate() {
+                for (d, value) in [p.x, p.y, p.z].into_iter().enumerate() {
+                    if !value.is_finite() {
+                        return Err(NbnxmError::NonFinite { atom, dim: DIMS[d], value });
+                    }
+                    if self.periodic[d] && !(0.0..self.box_size[d]).contains(&value) {
+                        return Err(NbnxmError::OutsideBox { atom, dim: DIMS[d], value, edge: self.box_size[d] });
+                    }
                 }
             }
         }
-        for (atom, &zone) in self.zones.iter().enumerate() {
-            if (atom < self.home) != (zone == 0) || zone >= 8 {
-                return Err(NbnxmError::Zone { atom, zone, home: self.home });
+        let zones_ok = self.zones[..self.home].iter().all(|&z| z == 0) && self.zones[self.home..].iter().all(|&z| z != 0 && z < 8);
+        if !zones_ok {
+            for (atom, &zone) in self.zones.iter().enumerate() {
+                if (atom < self.home) != (zone == 0) || zone >= 8 {
+                    return Err(NbnxmError::Zone { atom, zone, home: self.home });
+                }
             }
         }
         if let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
@@ -251,5 +268,16 @@ mod tests {
         a.positions[1].y = 2.5;
         let e = a.validate().unwrap_err();
         assert!(e.to_string().contains("wrap positions"), "{e}");
+        // The range pass flags, the exact search names the first bad coordinate: NaN anywhere,
+        // an infinity along a dimension that is not periodic.
+        a.positions[1].y = 1.0;
+        a.positions[0].z = f32::NAN;
+        assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 0, dim: "z", .. })));
+        a.positions[0].z = 0.0;
+        a.periodic = [false, true, true];
+        a.positions[1].x = -5.0;
+        assert_eq!(a.validate(), Ok(()));
+        a.positions[1].x = f32::INFINITY;
+        assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 1, dim: "x", .. })));
     }
 }

@@ -34,7 +34,7 @@ mod pairlist;
 
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
-pub use grid::{BBox, ClusterGrid, ZoneGrid};
+pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
 pub use gpu_search::fit;
