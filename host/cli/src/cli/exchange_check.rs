@@ -212,8 +212,9 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         print!("{}", crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text());
     }
     println!(
-        "PE {me} of {} on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}, host data gathered by {}",
+        "PE {me} of {} (pid {}) on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}, host data gathered by {}",
         session.nvshmem.n_pes(),
+        std::process::id(),
         session.ctx.ordinal(),
         session.ctx.name()?,
         session.nvshmem.version(),
