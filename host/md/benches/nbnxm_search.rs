@@ -6,7 +6,7 @@
 //! pool started once, buffers reused), and the whole host path of an MD search step.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
-use halo::decomp::{HaloPlan, RankGrid, wrap_position};
+use halo::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_position};
 use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use halo_md::search::HostSearch;
 use halo::system::MolecularSystem;
@@ -33,12 +33,16 @@ fn breakdown(sys: &mut MolecularSystem, setup: &ListSetup, dims: [usize; 3], thr
     let grid = RankGrid::new(dims).expect("grid");
     let mut host = HostSearch::new(threads).expect("workers");
     let opts = SearchOptions::new(setup.rlist);
-    let (mut atoms, mut scratch) = (LocalAtoms::default(), ZoneScratch::default());
+    let (mut atoms, mut scratch, mut plan_scratch) = (LocalAtoms::default(), ZoneScratch::default(), PlanScratch::default());
+    let mut fresh_t = vec![];
     let (mut plan_t, mut local_t, mut grid_t, mut list_t, mut path_t) = (vec![], vec![], vec![], vec![], vec![]);
     let mut stats = String::new();
     for _ in 0..11 {
         let t = Instant::now();
-        let plan = host.plan(sys, grid, setup).expect("plan");
+        black_box(HaloPlan::build(sys, grid, setup.rlist).expect("plan"));
+        fresh_t.push(t.elapsed());
+        let t = Instant::now();
+        let plan = HaloPlan::build_with(sys, grid, setup.rlist, host.workers(), &mut plan_scratch).expect("plan");
         plan_t.push(t.elapsed());
         let t = Instant::now();
         LocalAtoms::from_plan_into(&plan, 0, &sys.positions, &sys.types, host.workers(), &mut atoms).expect("atoms");
@@ -64,10 +68,11 @@ fn breakdown(sys: &mut MolecularSystem, setup: &ListSetup, dims: [usize; 3], thr
         path_t.push(t.elapsed());
     }
     println!(
-        "{dims:?}, {threads} threads, rlist {:.3} nm: halo plan (all ranks) {:.2} ms, rank 0 local atoms {:.2} ms, grid {:.2} ms, lists {:.2} ms; \
+        "{dims:?}, {threads} threads, rlist {:.3} nm: halo plan (all ranks) {:.2} ms (fresh, 1 thread: {:.2}), rank 0 local atoms {:.2} ms, grid {:.2} ms, lists {:.2} ms; \
          host path with GPU lists (plan + rank 0's atoms, grid, home arrays) {:.2} ms; {stats}",
         setup.rlist,
         median(plan_t),
+        median(fresh_t),
         median(local_t),
         median(grid_t),
         median(list_t),

@@ -179,3 +179,40 @@ fn rank_search(
 /// with 8 and 119.6 with 15 per PE: a search at this size is too short for worker threads to pay
 /// for their start and scheduling. `--search-threads` (`MdConfig::search_threads`) overrides it.
 pub const DEFAULT_SEARCH_THREADS: usize = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbnxm::DEFAULT_DRIFT_TOLERANCE;
+
+    /// What a rank's search found, without its times.
+    fn found(r: &RankSearch) -> (usize, ClusterGrid, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>) {
+        let lists = match &r.lists {
+            RankLists::Host(s) => Some([s.local.clone(), s.nonlocal.clone()]),
+            RankLists::Gpu(_) => None,
+        };
+        (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone())
+    }
+
+    #[test]
+    fn a_kept_host_search_finds_what_a_fresh_one_does_on_any_thread_count() {
+        let big = MolecularSystem::generate(12_000, 21).unwrap();
+        let small = MolecularSystem::generate(3_000, 22).unwrap();
+        let cases = [(&big, [2, 2, 1], vec![0, 3], true), (&small, [2, 1, 1], vec![1], false), (&big, [1, 1, 1], vec![0], true), (&big, [2, 2, 1], vec![2, 1], false)];
+        for threads in [1, 2, 3] {
+            let mut kept = HostSearch::new(threads).unwrap();
+            assert_eq!(kept.workers().threads(), threads);
+            for (sys, dims, ranks, gpu_lists) in &cases {
+                let setup = ListSetup::for_system(sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+                let grid = RankGrid::new(*dims).unwrap();
+                let (mut a, mut b) = ((*sys).clone(), (*sys).clone());
+                let mut fresh = HostSearch::new(1).unwrap();
+                let (pa, pb) = (kept.plan(&mut a, grid, &setup).unwrap(), fresh.plan(&mut b, grid, &setup).unwrap());
+                assert_eq!(pa, pb);
+                let got = kept.rank_searches(&pa, &a, ranks, &setup, *gpu_lists).unwrap();
+                let want = fresh.rank_searches(&pb, &b, ranks, &setup, *gpu_lists).unwrap();
+                assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{threads} threads, {dims:?}");
+            }
+        }
+    }
+}
