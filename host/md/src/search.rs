@@ -177,7 +177,9 @@ fn rank_search(
 /// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, 2026-11-30, a 32-core host,
 /// docs/results/md-bench-search-threads.log): 91.6 µs per step with 1 thread, 110.6 with 4, 118.1
 /// with 8 and 119.6 with 15 per PE: a search at this size is too short for worker threads to pay
-/// for their start and scheduling. `--search-threads` (`MdConfig::search_threads`) overrides it.
+/// for their start and scheduling. That was with threads spawned for every phase; they now come
+/// from a pool started once per run ([`HostSearch`]), not yet measured there. `--search-threads`
+/// (`MdConfig::search_threads`) overrides it.
 pub const DEFAULT_SEARCH_THREADS: usize = 1;
 
 #[cfg(test)]
