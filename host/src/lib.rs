@@ -42,3 +42,4 @@ pub mod route;
 pub mod system;
 pub mod decomp;
 pub mod integrity;
+pub mod workers;

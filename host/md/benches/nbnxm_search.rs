@@ -2,11 +2,13 @@
 //! each rank's local atoms, cluster grid and both cluster-pair lists, on 1 and 2 ranks, with the
 //! buffer the rule picks for nstlist = 100. `cargo bench -p halo --bench nbnxm_search`. No GPU.
 //!
-//! Before the criterion runs it prints one breakdown per configuration (median of 11 runs).
+//! Before the criterion runs it prints one breakdown per configuration (median of 11 runs on a
+//! pool started once, buffers reused), and the whole host path of an MD search step.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
-use halo::decomp::{HaloPlan, RankGrid, wrap_position};
-use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use halo::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_position};
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
+use halo_md::search::HostSearch;
 use halo::system::MolecularSystem;
 use std::time::{Duration, Instant};
 
@@ -24,19 +26,28 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e3
 }
 
-fn breakdown(sys: &MolecularSystem, setup: &ListSetup, dims: [usize; 3], threads: usize) {
+/// Per-phase medians of 11 searches on one [`HostSearch`] of `threads` threads (started once,
+/// buffers reused, as an MD run keeps them), then the whole host path of an MD search step with
+/// GPU lists (plan of all ranks, then rank 0's local atoms, grid and home arrays).
+fn breakdown(sys: &mut MolecularSystem, setup: &ListSetup, dims: [usize; 3], threads: usize) {
     let grid = RankGrid::new(dims).expect("grid");
-    let opts = SearchOptions { threads, ..SearchOptions::new(setup.rlist) };
-    let (mut plan_t, mut local_t, mut grid_t, mut list_t) = (vec![], vec![], vec![], vec![]);
+    let mut host = HostSearch::new(threads).expect("workers");
+    let opts = SearchOptions::new(setup.rlist);
+    let (mut atoms, mut scratch, mut plan_scratch) = (LocalAtoms::default(), ZoneScratch::default(), PlanScratch::default());
+    let mut fresh_t = vec![];
+    let (mut plan_t, mut local_t, mut grid_t, mut list_t, mut path_t) = (vec![], vec![], vec![], vec![], vec![]);
     let mut stats = String::new();
     for _ in 0..11 {
         let t = Instant::now();
-        let plan = HaloPlan::build_on(sys, grid, setup.rlist, threads).expect("plan");
+        black_box(HaloPlan::build(sys, grid, setup.rlist).expect("plan"));
+        fresh_t.push(t.elapsed());
+        let t = Instant::now();
+        let plan = HaloPlan::build_with(sys, grid, setup.rlist, host.workers(), &mut plan_scratch).expect("plan");
         plan_t.push(t.elapsed());
         let t = Instant::now();
-        let atoms = LocalAtoms::from_plan_on(&plan, 0, &sys.positions, &sys.types, threads).expect("atoms");
+        LocalAtoms::from_plan_into(&plan, 0, &sys.positions, &sys.types, host.workers(), &mut atoms).expect("atoms");
         local_t.push(t.elapsed());
-        let s = PairSearch::build(&atoms, &opts).expect("search");
+        let s = PairSearch::build_into(&atoms, &opts, host.workers(), &mut scratch).expect("search");
         grid_t.push(s.timing.grid);
         list_t.push(s.timing.lists);
         stats = format!(
@@ -50,22 +61,31 @@ fn breakdown(sys: &MolecularSystem, setup: &ListSetup, dims: [usize; 3], threads
             s.nonlocal.cluster_pairs()
         );
     }
+    for _ in 0..11 {
+        let t = Instant::now();
+        let plan = host.plan(sys, grid, setup).expect("plan");
+        black_box(host.rank_searches(&plan, sys, &[0], setup, true).expect("searches"));
+        path_t.push(t.elapsed());
+    }
     println!(
-        "{dims:?}, {threads} threads, rlist {:.3} nm: halo plan (all ranks) {:.2} ms, rank 0 local atoms {:.2} ms, grid {:.2} ms, lists {:.2} ms; {stats}",
+        "{dims:?}, {threads} threads, rlist {:.3} nm: halo plan (all ranks) {:.2} ms (fresh, 1 thread: {:.2}), rank 0 local atoms {:.2} ms, grid {:.2} ms, lists {:.2} ms; \
+         host path with GPU lists (plan + rank 0's atoms, grid, home arrays) {:.2} ms; {stats}",
         setup.rlist,
         median(plan_t),
+        median(fresh_t),
         median(local_t),
         median(grid_t),
-        median(list_t)
+        median(list_t),
+        median(path_t)
     );
 }
 
 fn bench(c: &mut Criterion) {
-    let (sys, setup) = system();
+    let (mut sys, setup) = system();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
     for dims in [[1, 1, 1], [2, 1, 1]] {
         for t in [1, threads] {
-            breakdown(&sys, &setup, dims, t);
+            breakdown(&mut sys, &setup, dims, t);
         }
     }
     let mut g = c.benchmark_group("nbnxm search 45k");

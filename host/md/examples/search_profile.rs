@@ -3,7 +3,7 @@
 //! `PROFILE=plan|atoms|grid|lists` repeats that part 200 times instead (for `perf record`).
 use halo::decomp::RankGrid;
 use halo::system::MolecularSystem;
-use halo_md::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use halo_md::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use halo_md::search;
 use std::time::{Duration, Instant};
 
@@ -27,18 +27,22 @@ fn main() {
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let mut sys = MolecularSystem::generate(atoms, 13).expect("system");
     let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, 1e-3).expect("setup");
+    // One pool and one set of buffers for every run, as an MD run keeps them.
+    let mut host = search::HostSearch::new(threads).expect("workers");
+    let mut scratch = ZoneScratch::default();
+    let opts = SearchOptions::new(setup.rlist);
     if let Ok(part) = std::env::var("PROFILE") {
-        let plan = search::plan(&mut sys, grid, &setup, threads).expect("plan");
+        let plan = host.plan(&mut sys, grid, &setup).expect("plan");
         let a = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms");
-        let g = ClusterGrid::build_with(&a, threads).expect("grid");
+        let g = ClusterGrid::build_into(&a, host.workers(), &mut scratch).expect("grid");
         let t = Instant::now();
         let cpu0 = cpu_ms();
         for _ in 0..200 {
             match part.as_str() {
-                "plan" => drop(search::plan(&mut sys, grid, &setup, threads).expect("plan")),
+                "plan" => drop(host.plan(&mut sys, grid, &setup).expect("plan")),
                 "atoms" => drop(LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms")),
-                "grid" => drop(ClusterGrid::build_with(&a, threads).expect("grid")),
-                _ => drop(PairSearch::build(&a, &SearchOptions { threads, ..SearchOptions::new(setup.rlist) }).expect("search")),
+                "grid" => drop(ClusterGrid::build_into(&a, host.workers(), &mut scratch).expect("grid")),
+                _ => drop(PairSearch::build_into(&a, &opts, host.workers(), &mut scratch).expect("search")),
             }
         }
         drop(g);
@@ -48,19 +52,19 @@ fn main() {
     let (mut plan_t, mut atoms_t, mut grid_t, mut list_t, mut all_t) = (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..21 {
         let t = Instant::now();
-        let plan = search::plan(&mut sys, grid, &setup, threads).expect("plan");
+        let plan = host.plan(&mut sys, grid, &setup).expect("plan");
         plan_t.push(t.elapsed());
         let t = Instant::now();
         let a = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).expect("atoms");
         atoms_t.push(t.elapsed());
         let t = Instant::now();
-        let g = ClusterGrid::build_with(&a, threads).expect("grid");
+        let g = ClusterGrid::build_into(&a, host.workers(), &mut scratch).expect("grid");
         grid_t.push(t.elapsed());
         drop(g);
-        let s = PairSearch::build(&a, &SearchOptions { threads, ..SearchOptions::new(setup.rlist) }).expect("search");
+        let s = PairSearch::build_into(&a, &opts, host.workers(), &mut scratch).expect("search");
         list_t.push(s.timing.lists);
         let t = Instant::now();
-        let _ = search::rank_searches(&plan, &sys, &[0], &setup, threads, false).expect("searches");
+        let _ = host.rank_searches(&plan, &sys, &[0], &setup, false).expect("searches");
         all_t.push(t.elapsed());
     }
     println!(

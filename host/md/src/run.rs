@@ -439,8 +439,8 @@ pub struct MdRun {
     unsettled: bool,
     /// The state at the last search step, for a safe point that finds a failure.
     rollback: Rollback,
-    /// Host threads of the search steps.
-    search_threads: usize,
+    /// The search steps' host threads and working arrays, kept for the whole run.
+    host_search: search::HostSearch,
 }
 
 impl MdRun {
@@ -473,6 +473,8 @@ impl MdRun {
             0 => search::DEFAULT_SEARCH_THREADS,
             n => n,
         };
+        // Started before anything collective, so that a PE that cannot start them fails alone.
+        let host_search = search::HostSearch::new(search_threads)?;
         let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         // Routed paths: a router with agreed failover (collective across PEs: the facts).
         let routing = match placement.policy() {
@@ -503,7 +505,7 @@ impl MdRun {
             exchange_plans: Vec::new(),
             unsettled: false,
             rollback: Rollback::default(),
-            search_threads,
+            host_search,
         })
     }
 
@@ -748,10 +750,10 @@ impl MdRun {
         }
         t.gather = start.elapsed();
         let t1 = Instant::now();
-        let plan = search::plan(&mut self.system, self.cfg.grid, &self.setup, self.search_threads)?;
+        let plan = self.host_search.plan(&mut self.system, self.cfg.grid, &self.setup)?;
         t.plan = t1.elapsed();
         let t2 = Instant::now();
-        let found = search::rank_searches(&plan, &self.system, &self.ids, &self.setup, self.search_threads, self.cfg.gpu_search)?;
+        let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.gpu_search)?;
         t.lists = t2.elapsed();
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);

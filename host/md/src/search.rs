@@ -1,12 +1,14 @@
 //! The host part of a search step: the new decomposition of the whole system (the same on every
 //! process), and for each rank this process drives its local atoms, cluster grid, cluster-pair
-//! lists and home arrays, on host threads. The time of each part is kept.
+//! lists and home arrays, on host threads that live as long as the run ([`HostSearch`]). The
+//! time of each part is kept.
 
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, RankGrid, wrap_position};
+use crate::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_position};
 use crate::error::{HaloError, Result};
-use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions};
+use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use crate::system::MolecularSystem;
+use crate::workers::Workers;
 use std::time::{Duration, Instant};
 
 /// A rank's cluster grid, with the lists when the host searched them.
@@ -88,57 +90,86 @@ impl SearchTimes {
     }
 }
 
-/// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist` on
-/// `threads` host threads.
-pub fn plan(system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup, threads: usize) -> Result<HaloPlan> {
-    for p in &mut system.positions {
-        *p = wrap_position(*p, system.box_size);
-    }
-    HaloPlan::build_on(system, grid, setup.rlist, threads).map_err(|e| HaloError::InvalidInput(e.to_string()))
+/// What the host part of search steps keeps from one search to the next: its worker threads
+/// (started once) and the big working arrays of the plan and of each rank's local atoms and grid
+/// (their allocations reused). Nothing in it changes a search's result.
+#[derive(Debug, Default)]
+pub struct HostSearch {
+    /// The search's host threads, shared by every phase and rank.
+    workers: Workers,
+    /// The plan's working arrays.
+    plan: PlanScratch,
+    /// Each local rank's buffers, in the order of the ranks searched.
+    ranks: Vec<RankBuffers>,
 }
 
-/// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each rank
-/// in `ranks`, built in parallel: the ranks share `threads` host threads (each rank's list build
-/// gets its share).
-pub fn rank_searches(
-    plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, threads: usize, gpu_lists: bool,
-) -> Result<Vec<RankSearch>> {
-    let per_rank = (threads / ranks.len().max(1)).max(1);
-    let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
-    let one = |rank: usize| -> Result<RankSearch> {
-        let t = Instant::now();
-        let atoms = LocalAtoms::from_plan_on(plan, rank, &system.positions, &system.types, per_rank).map_err(bad)?;
-        let atoms_time = t.elapsed();
-        let (lists, grid_time, lists_time) = if gpu_lists {
-            let t = Instant::now();
-            let grid = ClusterGrid::build_with(&atoms, per_rank).map_err(bad)?;
-            (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
-        } else {
-            let opts = SearchOptions { threads: per_rank, ..SearchOptions::new(setup.rlist) };
-            let search = PairSearch::build(&atoms, &opts).map_err(bad)?;
-            let (g, l) = (search.timing.grid, search.timing.lists);
-            (RankLists::Host(search), g, l)
-        };
-        let r = &plan.ranks[rank];
-        let home_ids = &r.global_ids[..r.home_atoms];
-        Ok(RankSearch {
-            rank,
-            home_x: atoms.positions[..r.home_atoms].to_vec(),
-            home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
-            inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
-            lists,
-            atoms_time,
-            grid_time,
-            lists_time,
-        })
-    };
-    if ranks.len() == 1 {
-        return Ok(vec![one(ranks[0])?]);
+/// One rank's working arrays kept across searches.
+#[derive(Debug, Default)]
+struct RankBuffers {
+    /// Local atoms.
+    atoms: LocalAtoms,
+    /// The cluster grid's working arrays.
+    grid: ZoneScratch,
+}
+
+impl HostSearch {
+    /// Searches on `threads` host threads, started now (1: on the calling thread only).
+    pub fn new(threads: usize) -> Result<Self> {
+        Ok(Self { workers: Workers::new(threads)?, ..Self::default() })
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ranks.iter().map(|&r| s.spawn(move || one(r))).collect();
-        // A search thread cannot panic short of a bug; propagate it if one does.
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+
+    /// The host threads.
+    pub fn workers(&self) -> &Workers {
+        &self.workers
+    }
+
+    /// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist`.
+    pub fn plan(&mut self, system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup) -> Result<HaloPlan> {
+        for p in &mut system.positions {
+            *p = wrap_position(*p, system.box_size);
+        }
+        HaloPlan::build_with(system, grid, setup.rlist, &self.workers, &mut self.plan).map_err(|e| HaloError::InvalidInput(e.to_string()))
+    }
+
+    /// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each
+    /// rank in `ranks`, the ranks and each rank's phases sharing the workers.
+    pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, gpu_lists: bool) -> Result<Vec<RankSearch>> {
+        self.ranks.resize_with(ranks.len(), RankBuffers::default);
+        let workers = &self.workers;
+        let one = |(&rank, buf): (&usize, &mut RankBuffers)| rank_search(plan, system, rank, setup, gpu_lists, workers, buf);
+        workers.map(ranks.iter().zip(self.ranks.iter_mut()).collect(), one).into_iter().collect()
+    }
+}
+
+/// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, in `buf`'s arrays.
+fn rank_search(
+    plan: &HaloPlan, system: &MolecularSystem, rank: usize, setup: &ListSetup, gpu_lists: bool, workers: &Workers, buf: &mut RankBuffers,
+) -> Result<RankSearch> {
+    let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
+    let t = Instant::now();
+    LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+    let atoms = &buf.atoms;
+    let atoms_time = t.elapsed();
+    let (lists, grid_time, lists_time) = if gpu_lists {
+        let t = Instant::now();
+        let grid = ClusterGrid::build_into(atoms, workers, &mut buf.grid).map_err(bad)?;
+        (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
+    } else {
+        let search = PairSearch::build_into(atoms, &SearchOptions::new(setup.rlist), workers, &mut buf.grid).map_err(bad)?;
+        let (g, l) = (search.timing.grid, search.timing.lists);
+        (RankLists::Host(search), g, l)
+    };
+    let r = &plan.ranks[rank];
+    let home_ids = &r.global_ids[..r.home_atoms];
+    Ok(RankSearch {
+        rank,
+        home_x: atoms.positions[..r.home_atoms].to_vec(),
+        home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
+        inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
+        lists,
+        atoms_time,
+        grid_time,
+        lists_time,
     })
 }
 
@@ -146,5 +177,44 @@ pub fn rank_searches(
 /// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, 2026-11-30, a 32-core host,
 /// docs/results/md-bench-search-threads.log): 91.6 µs per step with 1 thread, 110.6 with 4, 118.1
 /// with 8 and 119.6 with 15 per PE: a search at this size is too short for worker threads to pay
-/// for their start and scheduling. `--search-threads` (`MdConfig::search_threads`) overrides it.
+/// for their start and scheduling. That was with threads spawned for every phase; they now come
+/// from a pool started once per run ([`HostSearch`]), not yet measured there. `--search-threads`
+/// (`MdConfig::search_threads`) overrides it.
 pub const DEFAULT_SEARCH_THREADS: usize = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbnxm::DEFAULT_DRIFT_TOLERANCE;
+
+    /// What a rank's search found, without its times.
+    fn found(r: &RankSearch) -> (usize, ClusterGrid, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>) {
+        let lists = match &r.lists {
+            RankLists::Host(s) => Some([s.local.clone(), s.nonlocal.clone()]),
+            RankLists::Gpu(_) => None,
+        };
+        (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone())
+    }
+
+    #[test]
+    fn a_kept_host_search_finds_what_a_fresh_one_does_on_any_thread_count() {
+        let big = MolecularSystem::generate(12_000, 21).unwrap();
+        let small = MolecularSystem::generate(3_000, 22).unwrap();
+        let cases = [(&big, [2, 2, 1], vec![0, 3], true), (&small, [2, 1, 1], vec![1], false), (&big, [1, 1, 1], vec![0], true), (&big, [2, 2, 1], vec![2, 1], false)];
+        for threads in [1, 2, 3] {
+            let mut kept = HostSearch::new(threads).unwrap();
+            assert_eq!(kept.workers().threads(), threads);
+            for (sys, dims, ranks, gpu_lists) in &cases {
+                let setup = ListSetup::for_system(sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+                let grid = RankGrid::new(*dims).unwrap();
+                let (mut a, mut b) = ((*sys).clone(), (*sys).clone());
+                let mut fresh = HostSearch::new(1).unwrap();
+                let (pa, pb) = (kept.plan(&mut a, grid, &setup).unwrap(), fresh.plan(&mut b, grid, &setup).unwrap());
+                assert_eq!(pa, pb);
+                let got = kept.rank_searches(&pa, &a, ranks, &setup, *gpu_lists).unwrap();
+                let want = fresh.rank_searches(&pb, &b, ranks, &setup, *gpu_lists).unwrap();
+                assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{threads} threads, {dims:?}");
+            }
+        }
+    }
+}

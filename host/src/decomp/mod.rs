@@ -19,4 +19,4 @@ mod validate;
 
 pub use error::PlanError;
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position};
-pub use plan::{HaloPlan, PulsePlan, RankPlan, SEND_MARGIN};
+pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};

@@ -5,6 +5,7 @@ use super::grid::{Decomposition, wrap_position};
 use super::{PlanError, RankGrid};
 use crate::exchange::{PulseSpec, RankHalo};
 use crate::system::MolecularSystem;
+use crate::workers::Workers;
 use kernels_gpu::abi::Float3;
 use serde::{Deserialize, Serialize};
 
@@ -72,18 +73,30 @@ impl PulsePlan {
 }
 
 /// A local atom while the plan is built: its global id and position in this rank's frame.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Local {
     id: u32,
     pos: [f64; 3],
 }
 
-/// The rank owning each atom: the cell of its wrapped position (only decomposed dimensions have
-/// a cell index other than 0), on `threads` threads in contiguous chunks. Errors on the first
-/// atom with a non-finite coordinate, whatever the thread count.
-fn owners(positions: &[Float3], geo: &Decomposition, threads: usize) -> Result<Vec<u32>, PlanError> {
+/// Working arrays of a plan build, kept by a caller that plans again and again so that their
+/// allocations are reused (the plan does not depend on them).
+#[derive(Debug, Default)]
+pub struct PlanScratch {
+    /// Owner rank of every atom.
+    owner: Vec<u32>,
+    /// Every rank's local atoms while the plan is built.
+    local: Vec<Vec<Local>>,
+}
+
+/// Writes into `owner` the rank owning each atom: the cell of its wrapped position (only
+/// decomposed dimensions have a cell index other than 0), in `parts` contiguous chunks on
+/// `workers`. Errors on the first atom with a non-finite coordinate, whatever the chunking.
+fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: usize, owner: &mut Vec<u32>) -> Result<(), PlanError> {
     let decomposed = geo.grid.decomposed_dims();
-    let own = |first: usize, part: &[Float3], out: &mut [u32]| -> Result<(), PlanError> {
+    let chunk = positions.len().div_ceil(parts).max(1);
+    let own = |(c, (part, out)): (usize, (&[Float3], &mut [u32]))| -> Result<(), PlanError> {
+        let first = c * chunk;
         for (k, (&p, o)) in part.iter().zip(out).enumerate() {
             if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
                 return Err(PlanError::NonFinitePosition { atom: first + k, position: [p.x, p.y, p.z] });
@@ -98,26 +111,11 @@ fn owners(positions: &[Float3], geo: &Decomposition, threads: usize) -> Result<V
         }
         Ok(())
     };
-    let mut owner = vec![0u32; positions.len()];
-    if threads == 1 {
-        own(0, positions, &mut owner)?;
-    } else {
-        let chunk = positions.len().div_ceil(threads).max(1);
-        let own = &own;
-        let results: Vec<Result<(), PlanError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = positions
-                .chunks(chunk)
-                .zip(owner.chunks_mut(chunk))
-                .enumerate()
-                .map(|(c, (part, out))| s.spawn(move || own(c * chunk, part, out)))
-                .collect();
-            // A worker cannot panic short of a bug; propagate it if one does.
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-        });
-        // The first chunk's error first: the error a single thread meets.
-        results.into_iter().collect::<Result<(), _>>()?;
-    }
-    Ok(owner)
+    owner.clear();
+    owner.resize(positions.len(), 0);
+    let work: Vec<_> = positions.chunks(chunk).zip(owner.chunks_mut(chunk)).enumerate().collect();
+    // The first chunk's error first: the error a single thread meets.
+    workers.map(work, own).into_iter().collect()
 }
 
 impl HaloPlan {
@@ -143,40 +141,47 @@ impl HaloPlan {
     /// pulse `p - 1` received. So an atom `k` cells up reaches a rank after exactly `k` hops
     /// along that dimension, once, and only if the rank needs it.
     pub fn from_positions(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32) -> Result<Self, PlanError> {
-        Self::from_positions_on(positions, box_size, grid, cutoff, 1)
+        Self::from_positions_with(positions, box_size, grid, cutoff, &Workers::serial(), &mut PlanScratch::default())
     }
 
-    /// [`Self::build`] on `threads` host threads (the same plan for any count).
-    pub fn build_on(system: &MolecularSystem, grid: RankGrid, cutoff: f32, threads: usize) -> Result<Self, PlanError> {
-        Self::from_positions_on(&system.positions, system.box_size, grid, cutoff, threads)
+    /// [`Self::build`] on `workers`, reusing `scratch` (the same plan for any workers and scratch).
+    pub fn build_with(system: &MolecularSystem, grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch) -> Result<Self, PlanError> {
+        Self::from_positions_with(&system.positions, system.box_size, grid, cutoff, workers, scratch)
     }
 
-    /// [`Self::from_positions`] on `threads` host threads: the atoms are shared out in chunks to find
-    /// their owners, and the ranks to select what each pulse sends. The same plan for any count.
-    pub fn from_positions_on(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32, threads: usize) -> Result<Self, PlanError> {
+    /// [`Self::from_positions`] on `workers`: the atoms are shared out in chunks to find their
+    /// owners, and the ranks to select what each pulse sends; `scratch`'s arrays are reused. The
+    /// same plan for any number of workers and any scratch.
+    pub fn from_positions_with(
+        positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch,
+    ) -> Result<Self, PlanError> {
         let geo = Decomposition::new(grid, box_size, cutoff)?;
         if positions.len() > (u32::MAX / 2) as usize {
             return Err(PlanError::TooManyAtoms { atoms: positions.len() });
         }
         let nranks = grid.num_ranks();
         // Threads only pay for themselves with a few thousand atoms each.
-        let threads = threads.clamp(1, positions.len().div_ceil(4096).max(1));
+        let parts = workers.threads().clamp(1, positions.len().div_ceil(4096).max(1));
         let wrapped = |p: Float3| {
             let w = wrap_position(p, box_size);
             [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
         };
         // Home atoms: every atom's owner (in parallel chunks), then each rank's atoms in id order,
-        // in one array per rank allocated once, with room for a halo.
-        let owner = owners(positions, &geo, threads)?;
+        // in one array per rank (the scratch's, else allocated once with room for a halo).
+        let PlanScratch { owner, local } = scratch;
+        owners(positions, &geo, workers, parts, owner)?;
         let mut counts = vec![0usize; nranks];
-        for &o in &owner {
+        for &o in owner.iter() {
             counts[o as usize] += 1;
         }
-        let mut local: Vec<Vec<Local>> = counts.iter().map(|&n| Vec::with_capacity(n + n / 2)).collect();
-        for (id, (&p, &o)) in positions.iter().zip(&owner).enumerate() {
+        local.resize_with(nranks, Vec::new);
+        for (l, &n) in local.iter_mut().zip(&counts) {
+            l.clear();
+            l.reserve(n + n / 2);
+        }
+        for (id, (&p, &o)) in positions.iter().zip(owner.iter()).enumerate() {
             local[o as usize].push(Local { id: id as u32, pos: wrapped(p) });
         }
-        drop(owner);
         let home: Vec<usize> = local.iter().map(Vec::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
         let decomposed = grid.decomposed_dims();
@@ -215,18 +220,8 @@ impl HaloPlan {
                         .map(|k| k as u32)
                         .collect()
                 };
-                // Every rank's selection is independent: ranks in parallel when there are threads.
-                let maps: Vec<Vec<u32>> = if threads == 1 || nranks == 1 {
-                    (0..nranks).map(select).collect()
-                } else {
-                    let per = nranks.div_ceil(threads);
-                    std::thread::scope(|sc| {
-                        let select = &select;
-                        let handles: Vec<_> =
-                            (0..nranks).step_by(per).map(|a| sc.spawn(move || (a..(a + per).min(nranks)).map(select).collect::<Vec<_>>())).collect();
-                        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-                    })
-                };
+                // Every rank's selection is independent: ranks in parallel on the workers.
+                let maps: Vec<Vec<u32>> = workers.map((0..nranks).collect(), select);
                 let mut received: Vec<Vec<Local>> = vec![Vec::new(); nranks];
                 for (s, map) in maps.iter().enumerate() {
                     let to = grid.neighbour(s, d, -1);
@@ -269,7 +264,7 @@ impl HaloPlan {
         }
 
         let ranks = local
-            .into_iter()
+            .iter()
             .zip(pulses)
             .enumerate()
             .map(|(rank, (atoms, pulses))| RankPlan {
@@ -362,13 +357,36 @@ mod tests {
             let g = RankGrid::new(dims).unwrap();
             let one = HaloPlan::build(&sys, g, 1.2).unwrap();
             for t in [2, 3, 8] {
-                assert_eq!(HaloPlan::build_on(&sys, g, 1.2, t).unwrap(), one, "{dims:?}, {t} threads");
+                let w = Workers::new(t).unwrap();
+                assert_eq!(HaloPlan::build_with(&sys, g, 1.2, &w, &mut PlanScratch::default()).unwrap(), one, "{dims:?}, {t} threads");
             }
         }
         let mut pos = sys.positions.clone();
         pos[17_000].y = f32::NAN;
-        let e = HaloPlan::from_positions_on(&pos, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.2, 4).unwrap_err();
+        pos[19_000].x = f32::INFINITY;
+        let w = Workers::new(4).unwrap();
+        let e = HaloPlan::from_positions_with(&pos, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.2, &w, &mut PlanScratch::default()).unwrap_err();
         assert!(matches!(e, PlanError::NonFinitePosition { atom: 17_000, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_reused_scratch_gives_the_plan_of_a_fresh_one() {
+        // Grids of more and fewer ranks, systems of more and fewer atoms, one after another
+        // through one scratch (and an error in between), on one and on several workers.
+        let big = MolecularSystem::generate(20_000, 3).unwrap();
+        let small = MolecularSystem::generate(3_000, 4).unwrap();
+        let mut bad = small.positions.clone();
+        bad[5].z = f32::NAN;
+        for w in [Workers::serial(), Workers::new(3).unwrap()] {
+            let mut scratch = PlanScratch::default();
+            for (sys, dims) in [(&big, [2, 2, 2]), (&small, [2, 1, 1]), (&big, [3, 1, 1]), (&small, [1, 1, 1]), (&big, [2, 2, 2])] {
+                let g = RankGrid::new(dims).unwrap();
+                let got = HaloPlan::build_with(sys, g, 1.2, &w, &mut scratch).unwrap();
+                assert_eq!(got, HaloPlan::build(sys, g, 1.2).unwrap(), "{dims:?}");
+                let e = HaloPlan::from_positions_with(&bad, small.box_size, g, 1.2, &w, &mut scratch).unwrap_err();
+                assert!(matches!(e, PlanError::NonFinitePosition { atom: 5, .. }), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! `c` of supercluster `s` is `8 s + c`, and its slots are `8 (8 s + c) ..`.
 
 use super::{LocalAtoms, NbnxmError};
+use crate::workers::Workers;
 use crate::abi::{NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SUPER_SIZE};
 
 const CL: usize = NBNXM_CLUSTER_SIZE as usize;
@@ -150,20 +151,18 @@ pub struct ClusterGrid {
 impl ClusterGrid {
     /// Sorts `atoms` into clusters.
     pub fn build(atoms: &LocalAtoms) -> Result<Self, NbnxmError> {
-        Self::build_with(atoms, 1)
+        Self::build_into(atoms, &Workers::serial(), &mut ZoneScratch::default())
     }
 
-    /// [`Self::build`] on `threads` host threads (the columns of a zone are shared out; the result
-    /// does not depend on the thread count).
-    pub fn build_with(atoms: &LocalAtoms, threads: usize) -> Result<Self, NbnxmError> {
-        Self::build_into(atoms, threads, &mut ZoneScratch::default())
-    }
-
-    /// [`Self::build_with`] with `scratch` for the working arrays, so that a caller that builds
-    /// grids again and again reuses their allocations (the grid does not depend on `scratch`).
-    pub fn build_into(atoms: &LocalAtoms, threads: usize, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
+    /// [`Self::build`] on `workers` (the columns of a zone are shared out), with `scratch` for the
+    /// working arrays, so that a caller that builds grids again and again reuses their
+    /// allocations. The grid depends neither on the workers nor on `scratch`.
+    pub fn build_into(atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         atoms.validate()?;
-        let mut by_zone: Vec<Vec<u32>> = vec![Vec::new(); 8];
+        // Each zone's members, ascending (the scratch's lists, taken out while zones are added).
+        let mut by_zone = std::mem::take(&mut scratch.by_zone);
+        by_zone.resize_with(8, Vec::new);
+        by_zone.iter_mut().for_each(Vec::clear);
         for (i, &z) in atoms.zones.iter().enumerate() {
             by_zone[usize::from(z)].push(i as u32);
         }
@@ -182,9 +181,10 @@ impl ClusterGrid {
         };
         for (zone, members) in by_zone.iter().enumerate() {
             if !members.is_empty() {
-                g.add_zone(zone as u8, members, atoms, threads.max(1), scratch);
+                g.add_zone(zone as u8, members, atoms, workers, scratch);
             }
         }
+        scratch.by_zone = by_zone;
         let max = 1usize << (32 - NBNXM_MASK_BITS);
         if g.clusters() > max {
             return Err(NbnxmError::TooManyClusters { clusters: g.clusters(), max });
@@ -209,7 +209,7 @@ impl ClusterGrid {
 
     /// Appends the column grid and superclusters of one zone (`members`: its local atoms,
     /// ascending), using `scratch` for the zone's atoms in column order.
-    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, threads: usize, scratch: &mut ZoneScratch) {
+    fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) {
         let extent = zone_extent(members, atoms);
         let (columns, cell) = column_shape(&extent, members.len());
         let mut grid = ZoneGrid { zone, extent, columns, cell, column_start: Vec::with_capacity(columns[0] * columns[1] + 1) };
@@ -233,7 +233,7 @@ impl ClusterGrid {
         // Columns in contiguous groups of about equal atom counts, one group per thread; each
         // group writes only its own superclusters' slots. A thread only pays for itself with a
         // couple of thousand atoms (a thin halo zone gets few).
-        let groups = threads.min(ncol).min(members.len().div_ceil(MIN_ATOMS_PER_THREAD)).max(1);
+        let groups = workers.threads().min(ncol).min(members.len().div_ceil(MIN_ATOMS_PER_THREAD)).max(1);
         let mut bounds = vec![0usize];
         for g in 1..groups {
             let want = members.len() * g / groups;
@@ -287,16 +287,7 @@ impl ClusterGrid {
                 }
             }
         };
-        if work.len() == 1 {
-            work.into_iter().for_each(run);
-        } else {
-            std::thread::scope(|scope| {
-                for w in work {
-                    let run = &run;
-                    scope.spawn(move || run(w));
-                }
-            });
-        }
+        workers.map(work, run);
         self.zones.push(grid);
     }
 }
@@ -338,6 +329,8 @@ fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
 /// its allocations.
 #[derive(Debug, Default)]
 pub struct ZoneScratch {
+    /// Local atoms of each zone, ascending.
+    by_zone: Vec<Vec<u32>>,
     /// Column of every member.
     column: Vec<u32>,
     /// Start of every column in column order, and the total (`columns + 1` entries).
@@ -512,14 +505,14 @@ mod tests {
     fn the_grid_does_not_depend_on_the_thread_count() {
         let (a, g) = grid_of(6000, 9);
         for t in [2, 3, 7, 64] {
-            assert_eq!(ClusterGrid::build_with(&a, t).unwrap(), g, "{t} threads");
+            assert_eq!(ClusterGrid::build_into(&a, &Workers::new(t).unwrap(), &mut ZoneScratch::default()).unwrap(), g, "{t} threads");
         }
         let s = MolecularSystem::generate(6000, 9).unwrap();
         let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new([2, 2, 1]).unwrap(), 1.2).unwrap();
         let local = LocalAtoms::from_plan(&plan, 1, &s.positions, &s.types).unwrap();
         let one = ClusterGrid::build(&local).unwrap();
         assert!(one.zones.len() > 1);
-        assert_eq!(ClusterGrid::build_with(&local, 5).unwrap(), one);
+        assert_eq!(ClusterGrid::build_into(&local, &Workers::new(5).unwrap(), &mut ZoneScratch::default()).unwrap(), one);
     }
 
     /// The slots of every zone the straightforward way: each column's atoms (by the zone's own
@@ -587,10 +580,12 @@ mod tests {
         let g = ClusterGrid::build(&a).unwrap();
         assert!(g.zones.len() == 8);
         let (b, _) = grid_of(3000, 1);
-        let mut scratch = ZoneScratch::default();
-        assert_eq!(ClusterGrid::build_into(&a, 1, &mut scratch).unwrap(), g);
-        assert_eq!(ClusterGrid::build_into(&b, 1, &mut scratch).unwrap(), ClusterGrid::build(&b).unwrap());
-        assert_eq!(ClusterGrid::build_into(&a, 1, &mut scratch).unwrap(), g);
+        for w in [Workers::serial(), Workers::new(3).unwrap()] {
+            let mut scratch = ZoneScratch::default();
+            assert_eq!(ClusterGrid::build_into(&a, &w, &mut scratch).unwrap(), g);
+            assert_eq!(ClusterGrid::build_into(&b, &w, &mut scratch).unwrap(), ClusterGrid::build(&b).unwrap());
+            assert_eq!(ClusterGrid::build_into(&a, &w, &mut scratch).unwrap(), g);
+        }
     }
 
     #[test]

@@ -14,9 +14,11 @@
 use super::{DIMS, NbnxmError};
 use crate::abi::Float3;
 use crate::decomp::{HaloPlan, PlanError, wrap_position};
+use crate::workers::Workers;
 
-/// One rank's atoms for the pair search (see the module docs).
-#[derive(Clone, Debug, PartialEq)]
+/// One rank's atoms for the pair search (see the module docs). The default holds no atom: a
+/// buffer for [`Self::from_plan_into`].
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LocalAtoms {
     /// Coordinates in the rank's frame, home atoms first (nm).
     pub positions: Vec<Float3>,
@@ -41,12 +43,15 @@ impl LocalAtoms {
     /// decomposed dimension, moved by the box edge in `f32`, exactly as the exchange moves them:
     /// the result equals `exchange::reference::coordinates` bit for bit.
     pub fn from_plan(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8]) -> Result<Self, NbnxmError> {
-        Self::from_plan_on(plan, rank, positions, types, 1)
+        let mut out = Self::default();
+        Self::from_plan_into(plan, rank, positions, types, &Workers::serial(), &mut out)?;
+        Ok(out)
     }
 
-    /// [`Self::from_plan`] on `threads` host threads (contiguous runs of local atoms, at least a
-    /// few thousand each); the same atoms, and the same first error, for any count.
-    pub fn from_plan_on(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], threads: usize) -> Result<Self, NbnxmError> {
+    /// [`Self::from_plan`] into `out` (its arrays reused), on `workers` (contiguous runs of local
+    /// atoms, at least a few thousand each); the same atoms, and the same first error, for any
+    /// workers and whatever `out` held. After an error `out`'s contents are unspecified.
+    pub fn from_plan_into(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], workers: &Workers, out: &mut Self) -> Result<(), NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if types.len() != positions.len() {
             return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
@@ -55,15 +60,14 @@ impl LocalAtoms {
         let coords = plan.grid.coords_of(rank);
         let decomposed = plan.grid.decomposed_dims();
         let n = r.global_ids.len();
-        let mut out = Self {
-            positions: vec![Float3::default(); n],
-            types: vec![0; n],
-            zones: vec![0; n],
-            home: r.home_atoms,
-            box_size: plan.box_size,
-            periodic: std::array::from_fn(|d| plan.grid.dims[d] == 1),
-            ntypes: types.iter().copied().max().map_or(1, |t| usize::from(t) + 1),
-        };
+        // Every entry is written below; resizing keeps the allocations of an earlier fill.
+        out.positions.resize(n, Float3::default());
+        out.types.resize(n, 0);
+        out.zones.resize(n, 0);
+        out.home = r.home_atoms;
+        out.box_size = plan.box_size;
+        out.periodic = std::array::from_fn(|d| plan.grid.dims[d] == 1);
+        out.ntypes = types.iter().copied().max().map_or(1, |t| usize::from(t) + 1);
         // Local atoms `first..` of `ids` into the matching output slices.
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             for (k, &id) in ids.iter().enumerate() {
@@ -93,24 +97,13 @@ impl LocalAtoms {
             Ok(())
         };
         // Threads only pay for themselves with a few thousand atoms each.
-        let threads = threads.clamp(1, n.div_ceil(4096).max(1));
-        if threads == 1 {
-            fill(0, &r.global_ids, &mut out.positions, &mut out.types, &mut out.zones)?;
-        } else {
-            let chunk = n.div_ceil(threads);
-            let fill = &fill;
-            let results: Vec<Result<(), NbnxmError>> = std::thread::scope(|s| {
-                let parts = r.global_ids.chunks(chunk).zip(out.positions.chunks_mut(chunk)).zip(out.types.chunks_mut(chunk)).zip(out.zones.chunks_mut(chunk));
-                let handles: Vec<_> =
-                    parts.enumerate().map(|(c, (((ids, xs), ts), zs))| s.spawn(move || fill(c * chunk, ids, xs, ts, zs))).collect();
-                // A worker cannot panic short of a bug; propagate it if one does.
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-            });
-            // The first chunk's error first: the error a single thread meets.
-            results.into_iter().collect::<Result<(), _>>()?;
-        }
-        out.validate()?;
-        Ok(out)
+        let parts = workers.threads().clamp(1, n.div_ceil(4096).max(1));
+        let chunk = n.div_ceil(parts).max(1);
+        let work: Vec<_> =
+            r.global_ids.chunks(chunk).zip(out.positions.chunks_mut(chunk)).zip(out.types.chunks_mut(chunk)).zip(out.zones.chunks_mut(chunk)).enumerate().collect();
+        // The first chunk's error first: the error a single thread meets.
+        workers.map(work, |(c, (((ids, xs), ts), zs))| fill(c * chunk, ids, xs, ts, zs)).into_iter().collect::<Result<(), _>>()?;
+        out.validate()
     }
 
     /// An undecomposed system: every atom home, every dimension periodic, positions wrapped.
@@ -238,7 +231,9 @@ mod tests {
             for r in [0, plan.ranks.len() - 1] {
                 let one = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
                 for t in [2, 3, 16] {
-                    assert_eq!(LocalAtoms::from_plan_on(&plan, r, &sys.positions, &sys.types, t).unwrap(), one, "{dims:?} rank {r}, {t} threads");
+                    let mut got = LocalAtoms::default();
+                    LocalAtoms::from_plan_into(&plan, r, &sys.positions, &sys.types, &Workers::new(t).unwrap(), &mut got).unwrap();
+                    assert_eq!(got, one, "{dims:?} rank {r}, {t} threads");
                 }
             }
         }
@@ -250,7 +245,26 @@ mod tests {
         let one = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap_err();
         assert!(one.to_string().contains("99999"), "{one}");
         for t in [2, 5] {
-            assert_eq!(LocalAtoms::from_plan_on(&plan, 0, &sys.positions, &sys.types, t).unwrap_err(), one);
+            let e = LocalAtoms::from_plan_into(&plan, 0, &sys.positions, &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default()).unwrap_err();
+            assert_eq!(e, one);
+        }
+    }
+
+    #[test]
+    fn a_reused_buffer_gives_the_atoms_of_a_fresh_one() {
+        // Ranks with more and fewer atoms, grids of different shapes, and a failed fill in
+        // between, all through one buffer, on one and on several workers.
+        let sys = MolecularSystem::generate(20_000, 6).unwrap();
+        let small = MolecularSystem::generate(2_000, 7).unwrap();
+        for w in [Workers::serial(), Workers::new(3).unwrap()] {
+            let mut buf = LocalAtoms::default();
+            for (s, dims, r) in [(&sys, [2, 1, 1], 0), (&small, [2, 2, 1], 3), (&sys, [1, 1, 1], 0), (&small, [3, 1, 1], 1), (&sys, [2, 2, 2], 5)] {
+                let plan = HaloPlan::build(s, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+                LocalAtoms::from_plan_into(&plan, r, &s.positions, &s.types, &w, &mut buf).unwrap();
+                assert_eq!(buf, LocalAtoms::from_plan(&plan, r, &s.positions, &s.types).unwrap(), "{dims:?} rank {r}");
+                let e = LocalAtoms::from_plan_into(&plan, r, &s.positions, &s.types[1..], &w, &mut buf).unwrap_err();
+                assert!(matches!(e, NbnxmError::Length { what: "atom types", .. }), "{e}");
+            }
         }
     }
 

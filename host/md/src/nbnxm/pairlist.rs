@@ -18,10 +18,10 @@
 //! split into entries of at most `max_j_per_entry` words so that the GPU gets enough warps.
 
 use super::NbnxmError;
-use super::grid::{BBox, ClusterGrid};
+use super::grid::{BBox, ClusterGrid, ZoneScratch};
 use super::local::LocalAtoms;
 use crate::abi::{NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_MASK_BITS, NbnxmEntry};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::workers::Workers;
 use std::time::{Duration, Instant};
 
 const SC: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
@@ -35,7 +35,8 @@ pub struct SearchOptions {
     pub rlist: f32,
     /// Longest j-list of one entry (one warp's work).
     pub max_j_per_entry: usize,
-    /// Host threads (1: search on the calling thread).
+    /// Host threads [`PairSearch::build`] starts for its search (1: search on the calling thread);
+    /// [`PairSearch::build_into`] uses the workers it is given instead.
     pub threads: usize,
 }
 
@@ -123,15 +124,23 @@ pub struct PairSearch {
 }
 
 impl PairSearch {
-    /// Sorts `atoms` into clusters and builds both lists.
+    /// Sorts `atoms` into clusters and builds both lists, on `opts.threads` threads started for
+    /// this one search.
     pub fn build(atoms: &LocalAtoms, opts: &SearchOptions) -> Result<Self, NbnxmError> {
+        let workers = Workers::new(opts.threads).map_err(|e| NbnxmError::Setup(e.to_string()))?;
+        Self::build_into(atoms, opts, &workers, &mut ZoneScratch::default())
+    }
+
+    /// [`Self::build`] on `workers` (not `opts.threads`), with `scratch` for the grid's working
+    /// arrays; the same grid and lists for any workers and scratch.
+    pub fn build_into(atoms: &LocalAtoms, opts: &SearchOptions, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         if !(opts.rlist.is_finite() && opts.rlist > 0.0) {
             return Err(NbnxmError::Setup(format!("list cutoff {} nm must be positive", opts.rlist)));
         }
         let t0 = Instant::now();
-        let grid = ClusterGrid::build_with(atoms, opts.threads)?;
+        let grid = ClusterGrid::build_into(atoms, workers, scratch)?;
         let t1 = Instant::now();
-        let (local, nonlocal) = search(&grid, opts);
+        let (local, nonlocal) = search(&grid, opts, workers);
         let timing = SearchTiming { grid: t1 - t0, lists: t1.elapsed() };
         Ok(Self { grid, local, nonlocal, rlist: opts.rlist, timing })
     }
@@ -153,46 +162,18 @@ pub(crate) fn shifts(grid: &ClusterGrid) -> Vec<(u32, [f32; 3])> {
     out
 }
 
-/// Both lists, the superclusters shared out to `opts.threads` threads in blocks; the blocks'
-/// lists are joined in block order, so the result does not depend on the threads' timing.
-fn search(grid: &ClusterGrid, opts: &SearchOptions) -> (ClusterPairList, ClusterPairList) {
+/// Both lists, the superclusters shared out to `workers` in blocks; the blocks' lists are joined
+/// in block order, so the result does not depend on the workers or their timing.
+fn search(grid: &ClusterGrid, opts: &SearchOptions, workers: &Workers) -> (ClusterPairList, ClusterPairList) {
     let n = grid.superclusters();
     let blocks = n.div_ceil(BLOCK);
     let shifts = shifts(grid);
     let rl = opts.rlist;
     let rl2 = list_cutoff2(rl);
     let run = |b: usize| search_block(grid, &shifts, rl, rl2, opts.max_j_per_entry, b * BLOCK..((b + 1) * BLOCK).min(n));
-    let mut results: Vec<Option<[ClusterPairList; 2]>> = Vec::new();
-    let threads = opts.threads.clamp(1, blocks.max(1));
-    if threads == 1 {
-        results = (0..blocks).map(|b| Some(run(b))).collect();
-    } else {
-        let next = AtomicUsize::new(0);
-        let parts: Vec<Vec<(usize, [ClusterPairList; 2])>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let b = next.fetch_add(1, Ordering::Relaxed);
-                            if b >= blocks {
-                                break mine;
-                            }
-                            mine.push((b, run(b)));
-                        }
-                    })
-                })
-                .collect();
-            // A worker cannot panic short of a bug; propagate it if one does.
-            workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
-        });
-        results.resize_with(blocks, || None);
-        for (b, lists) in parts.into_iter().flatten() {
-            results[b] = Some(lists);
-        }
-    }
+    let results = workers.map((0..blocks).collect(), run);
     let (mut local, mut nonlocal) = (ClusterPairList::default(), ClusterPairList::default());
-    for [l, nl] in results.into_iter().flatten() {
+    for [l, nl] in results {
         local.append(l);
         nonlocal.append(nl);
     }
