@@ -79,7 +79,7 @@ pub struct MdConfig {
     /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
     /// Host threads of the pair search, shared by this process's ranks (0: the default,
-    /// [`search::DEFAULT_SEARCH_THREADS`]).
+    /// [`search::search_threads`]: one per PE, four for a process that drives every rank).
     pub search_threads: usize,
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
@@ -469,10 +469,7 @@ impl MdRun {
                 vec![nvshmem.my_pe()]
             }
         };
-        let search_threads = match cfg.search_threads {
-            0 => search::DEFAULT_SEARCH_THREADS,
-            n => n,
-        };
+        let search_threads = search::search_threads(cfg.search_threads, matches!(placement, Placement::Pe { .. }));
         // Started before anything collective, so that a PE that cannot start them fails alone.
         let host_search = search::HostSearch::new(search_threads)?;
         let tag = format!("md{}-", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));

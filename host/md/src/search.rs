@@ -173,14 +173,29 @@ fn rank_search(
     })
 }
 
-/// The default number of search threads when none is asked for: one. Measured on two H200s
-/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, 2026-11-30, a 32-core host,
-/// docs/results/md-bench-search-threads.log): 91.6 µs per step with 1 thread, 110.6 with 4, 118.1
-/// with 8 and 119.6 with 15 per PE: a search at this size is too short for worker threads to pay
-/// for their start and scheduling. That was with threads spawned for every phase; they now come
-/// from a pool started once per run ([`HostSearch`]), not yet measured there. `--search-threads`
-/// (`MdConfig::search_threads`) overrides it.
-pub const DEFAULT_SEARCH_THREADS: usize = 1;
+/// The default number of search threads of a process that runs one PE: one. Measured on two H200s
+/// (32-core host) with the pool of [`HostSearch`], 45,000 atoms, fused, one PE per GPU
+/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, GPU run 9,
+/// docs/results/md-bench-search-threads.log): 91.7–101.1 µs per step with 1 thread, 101.9 with 2,
+/// 96.2–100.1 with 4, 93.3 with 8: no count beats one thread beyond the run-to-run spread (before the
+/// pool, threads spawned per phase lost outright: 91.6 with 1, 110.6 with 4, 118.1 with 8).
+pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
+
+/// The default number of search threads of a process that runs every rank itself (one process,
+/// one or several GPUs): four. Same machine and run, one GPU, 45,000 atoms: 131.5–144.7 µs per step
+/// with 1 thread, 120.6–121.2 with 4 (the grid of 45,000 home atoms: 3.66 → 2.68 ms); 180,000 atoms:
+/// 439.2 → 389.4 µs.
+pub const DEFAULT_SEARCH_THREADS_ONE_PROCESS: usize = 4;
+
+/// The search threads of a run: `asked`, or when it is 0 the default for how the ranks are driven
+/// ([`DEFAULT_SEARCH_THREADS_PE`], [`DEFAULT_SEARCH_THREADS_ONE_PROCESS`]).
+pub fn search_threads(asked: usize, one_pe_per_process: bool) -> usize {
+    match (asked, one_pe_per_process) {
+        (0, true) => DEFAULT_SEARCH_THREADS_PE,
+        (0, false) => DEFAULT_SEARCH_THREADS_ONE_PROCESS,
+        (n, _) => n,
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -194,6 +209,14 @@ mod tests {
             RankLists::Gpu(_) => None,
         };
         (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone())
+    }
+
+    #[test]
+    fn the_default_thread_count_depends_on_how_the_ranks_are_driven() {
+        assert_eq!(search_threads(0, true), DEFAULT_SEARCH_THREADS_PE);
+        assert_eq!(search_threads(0, false), DEFAULT_SEARCH_THREADS_ONE_PROCESS);
+        assert_eq!(search_threads(3, true), 3);
+        assert_eq!(search_threads(3, false), 3);
     }
 
     #[test]
