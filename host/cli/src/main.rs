@@ -2,6 +2,7 @@
 
 fn main() -> std::process::ExitCode {
     keep_freed_memory();
+    halo_cli::crash::install();
     halo_cli::cli::main()
 }
 
