@@ -21,10 +21,8 @@ use std::sync::OnceLock;
 /// The signals reported.
 const SIGNALS: [libc::c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
 
-/// The dispositions before ours, by position in [`SIGNALS`]: from [`install`], and from
-/// [`install_again`] once that ran (it wins: it holds what a library put in front of ours).
+/// The dispositions before ours, by position in [`SIGNALS`].
 static PREVIOUS: OnceLock<[libc::sigaction; 2]> = OnceLock::new();
-static PREVIOUS_AGAIN: OnceLock<[libc::sigaction; 2]> = OnceLock::new();
 /// Frames printed at most.
 const FRAMES: usize = 48;
 
@@ -69,85 +67,20 @@ pub fn install() {
     PREVIOUS.get_or_init(|| {
         preload_unwinder();
         give_main_thread_a_larger_signal_stack();
-        register()
-    });
-}
-
-/// Puts the report back in front where a library replaced it (NVSHMEM's and the CUDA driver's
-/// initialisation may install their own handlers), keeping the library's handler as the one the
-/// fault goes on to (once; later calls do nothing). Logs at debug level (`HALO_LOG=debug`) which
-/// object held each signal before. Call after NVSHMEM started.
-pub fn install_again() {
-    if PREVIOUS.get().is_none() {
-        return install();
-    }
-    tracing::debug!(target: "halo::crash", "signal handlers after start-up: {}", describe_handlers());
-    PREVIOUS_AGAIN.get_or_init(register);
-}
-
-/// Starts this process's NVSHMEM PE ([`halo::session::PeSession::start`]) and then
-/// [`install_again`]: every subcommand that runs as a PE starts through here.
-pub fn start_pe(
-    env: halo::launch::RankEnv,
-    nvshmem_lib: Option<&std::path::Path>,
-) -> halo::error::Result<halo::session::PeSession> {
-    let session = halo::session::PeSession::start(env, nvshmem_lib)?;
-    install_again();
-    Ok(session)
-}
-
-/// Registers [`on_fatal`] for [`SIGNALS`] and returns the dispositions it replaced.
-fn register() -> [libc::sigaction; 2] {
-    // SAFETY: sigaction with a zeroed struct whose handler, mask and flags are set; the previous
-    // dispositions are read into zeroed structs the kernel fills.
-    unsafe {
-        let mut ours: libc::sigaction = std::mem::zeroed();
-        ours.sa_sigaction = on_fatal as *const () as usize;
-        ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut ours.sa_mask);
-        let mut previous: [libc::sigaction; 2] = std::mem::zeroed();
-        for (sig, prev) in SIGNALS.iter().zip(previous.iter_mut()) {
-            libc::sigaction(*sig, &ours, prev);
-        }
-        previous
-    }
-}
-
-/// Who handles SIGSEGV, SIGBUS and SIGUSR1 now: `default`, `ignored`, `halo's report`, or the
-/// shared object that holds the handler (`dladdr`).
-pub fn describe_handlers() -> String {
-    let one = |sig: libc::c_int, name: &str| {
-        // SAFETY: sigaction with a null new action only reads the current one; dladdr only reads.
-        let who = unsafe {
-            let mut cur: libc::sigaction = std::mem::zeroed();
-            libc::sigaction(sig, std::ptr::null(), &mut cur);
-            match cur.sa_sigaction {
-                libc::SIG_DFL => "default".to_string(),
-                libc::SIG_IGN => "ignored".to_string(),
-                h if h == on_fatal as *const () as usize => "halo's report".to_string(),
-                h => {
-                    let mut info: libc::Dl_info = std::mem::zeroed();
-                    if libc::dladdr(h as *const libc::c_void, &mut info) != 0
-                        && !info.dli_fname.is_null()
-                    {
-                        let obj = std::ffi::CStr::from_ptr(info.dli_fname)
-                            .to_string_lossy()
-                            .into_owned();
-                        format!("a handler in {obj} ({h:#x})")
-                    } else {
-                        format!("a handler at {h:#x}")
-                    }
-                }
+        // SAFETY: sigaction with a zeroed struct whose handler, mask and flags are set; the
+        // previous dispositions are read into zeroed structs the kernel fills.
+        unsafe {
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            ours.sa_sigaction = on_fatal as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut ours.sa_mask);
+            let mut previous: [libc::sigaction; 2] = std::mem::zeroed();
+            for (sig, prev) in SIGNALS.iter().zip(previous.iter_mut()) {
+                libc::sigaction(*sig, &ours, prev);
             }
-        };
-        format!("{name}: {who}")
-    };
-    [
-        one(libc::SIGSEGV, "SIGSEGV"),
-        one(libc::SIGBUS, "SIGBUS"),
-        one(libc::SIGUSR1, "SIGUSR1"),
-    ]
-    .join(", ")
+            previous
+        }
+    });
 }
 
 /// Replaces the calling thread's signal stack by one of [`MAIN_SIGNAL_STACK`] bytes (kept for the
@@ -250,7 +183,7 @@ extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
             write_frames();
         }
         let at = SIGNALS.iter().position(|&s| s == sig).unwrap_or(0);
-        match PREVIOUS_AGAIN.get().or(PREVIOUS.get()) {
+        match PREVIOUS.get() {
             Some(previous) if code > 0 => {
                 libc::sigaction(sig, &previous[at], std::ptr::null_mut());
             }
@@ -317,18 +250,6 @@ mod tests {
                 && t.contains("sent by another process"),
             "{t}"
         );
-    }
-
-    #[test]
-    fn handlers_are_described_by_owner() {
-        install();
-        let d = describe_handlers();
-        assert!(
-            d.starts_with("SIGSEGV: halo's report, SIGBUS: halo's report, SIGUSR1: "),
-            "{d}"
-        );
-        install_again();
-        assert!(describe_handlers().starts_with("SIGSEGV: halo's report"));
     }
 
     #[test]

@@ -810,7 +810,7 @@ fn pe_pair_probes(
 }
 
 fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
-    let session = crate::crash::start_pe(env, cfg.nvshmem_lib.as_deref())?;
+    let session = PeSession::start(env, cfg.nvshmem_lib.as_deref())?;
     let nv = session.nvshmem.clone();
     let (me, npes) = (nv.my_pe(), nv.n_pes());
     let nranks: usize = cfg.grid.iter().product();

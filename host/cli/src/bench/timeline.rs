@@ -24,6 +24,7 @@ use crate::exchange::rank::timeline::{
 use crate::exchange::{Exchange, Placement, Transport};
 use crate::gpu::{self, DeviceMemory, KernelModule};
 use crate::launch::RankEnv;
+use crate::session::PeSession;
 use kernels_gpu::abi::Float3;
 use kernels_gpu::abi::timeline::{self as layout, coords as xp, forces as fp, pulse_slot};
 use serde::{Deserialize, Serialize};
@@ -965,7 +966,7 @@ pub fn run(cfg: &TimelineConfig) -> Result<Option<TimelineData>> {
     let grid = format!("{}x{}x{}", cfg.grid[0], cfg.grid[1], cfg.grid[2]);
     let (mode, placement, modules, me, _session) = match RankEnv::from_env() {
         Some(env) if env.nranks > 1 => {
-            let session = crate::crash::start_pe(env, cfg.nvshmem_lib.as_deref())?;
+            let session = PeSession::start(env, cfg.nvshmem_lib.as_deref())?;
             let (me, npes) = (session.nvshmem.my_pe(), session.nvshmem.n_pes());
             if npes != nranks {
                 return Err(HaloError::InvalidInput(format!(

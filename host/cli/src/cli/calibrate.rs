@@ -287,7 +287,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             let facts = gpu_facts::gather("route-facts", &found.facts)?;
             let level = topology_from_facts(&facts, None)?.distance(0, 1)?;
             let names = gpu_facts::gather_json("calibrate-gpus", &found.name)?;
-            let session = crate::crash::start_pe(env.clone(), args.nvshmem_lib.as_deref())
+            let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref())
                 .context("starting NVSHMEM")?;
             let machine = (env.rank == 0).then(|| MachineInfo::collect(Some(&session.nvshmem)));
             if let Some(m) = &machine {

@@ -19,6 +19,7 @@ use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::{Placement, RankHalo, Routing, heap, reference};
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
+use halo::session::PeSession;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -255,8 +256,7 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
     let launcher = env.source;
-    let session =
-        crate::crash::start_pe(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+    let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
     let me = session.nvshmem.my_pe();
     let _held = heap::reserve_for_test(&session.ctx, me)?; // test only: HALO_TEST_RESERVE_GIB
     if me == 0 {

@@ -71,7 +71,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
 /// (each PE writes its rank, then reads every peer's copy through its mapped address).
 fn nvshmem_info(env: halo::launch::RankEnv, lib: Option<&std::path::Path>) -> Result<()> {
     let source = env.source;
-    let s = crate::crash::start_pe(env, lib)?;
+    let s = halo::session::PeSession::start(env, lib)?;
     let (me, n) = (s.nvshmem.my_pe(), s.nvshmem.n_pes());
     let (a, b, c) = s.nvshmem.version();
     println!(

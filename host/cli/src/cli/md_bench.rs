@@ -11,6 +11,7 @@ use halo::decomp::RankGrid;
 use halo::exchange::{Placement, Transport};
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
+use halo::session::PeSession;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -138,7 +139,7 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         }
         let device = env.device;
         let session =
-            crate::crash::start_pe(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+            PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
         let placement = Placement::pe(&session, args.step.paths);
         let devices = placement.all_gather(
             "md-bench-devices",

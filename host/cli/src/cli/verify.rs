@@ -10,6 +10,7 @@ use halo::exchange::pe::PathPolicy;
 use halo::exchange::{Placement, Transport};
 use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
+use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
 use halo_md::{self as md, MdConfig, MdOutcome};
 use std::sync::Arc;
@@ -425,7 +426,7 @@ pub fn run(args: VerifyArgs) -> Result<()> {
             env.bootstrap.describe(),
             policy.name()
         );
-        let session = crate::crash::start_pe(env, None).context("starting NVSHMEM")?;
+        let session = PeSession::start(env, None).context("starting NVSHMEM")?;
         let placement = Placement::pe(&session, policy);
         // Each PE runs the one-rank comparison on its own GPU at once (no PE waits for another);
         // PE 0 reports, records the machine (and writes --json).
