@@ -23,19 +23,13 @@ fn halo_bin() -> PathBuf {
         return built;
     }
     let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("halo"))
-        .filter(|p| p.is_file())
-        .unwrap_or(built)
+    exe.parent().and_then(|d| d.parent()).map(|d| d.join("halo")).filter(|p| p.is_file()).unwrap_or(built)
 }
 
 /// Runs `halo args...` with the site's environment plus `env`, killed after `limit`.
 fn halo(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Captured {
     let mut cmd = Command::new(halo_bin());
-    cmd.args(args)
-        .env("NVSHMEM_DISABLE_NVLS", "1")
-        .env("NCCL_NVLS_ENABLE", "0");
+    cmd.args(args).env("NVSHMEM_DISABLE_NVLS", "1").env("NCCL_NVLS_ENABLE", "0");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -44,11 +38,7 @@ fn halo(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Captured {
 
 /// `halo launch -n 2 [--gpus 0] -- ` for `gpus` GPUs.
 fn launch(gpus: usize) -> Vec<&'static str> {
-    if gpus >= 2 {
-        vec!["launch", "-n", "2", "--"]
-    } else {
-        vec!["launch", "-n", "2", "--gpus", "0", "--"]
-    }
+    if gpus >= 2 { vec!["launch", "-n", "2", "--"] } else { vec!["launch", "-n", "2", "--gpus", "0", "--"] }
 }
 
 /// Asserts `halo` succeeded and that each of `names` printed an OK line on both PEs.
@@ -57,11 +47,7 @@ fn assert_ok_on_both_pes(test: &str, run: &Captured, names: &[String]) {
     assert_eq!(run.code, Some(0), "{test}: halo failed or timed out\n{all}");
     for name in names {
         for rank in 0..2 {
-            let ok = run.stdout.lines().any(|l| {
-                l.starts_with(&format!("[rank {rank}]"))
-                    && l.contains(&format!(" {name}: "))
-                    && l.contains("OK on this PE")
-            });
+            let ok = run.stdout.lines().any(|l| l.starts_with(&format!("[rank {rank}]")) && l.contains(&format!(" {name}: ")) && l.contains("OK on this PE"));
             assert!(ok, "{test}: no OK line for {name} on rank {rank}\n{all}");
         }
     }
@@ -70,228 +56,97 @@ fn assert_ok_on_both_pes(test: &str, run: &Captured, names: &[String]) {
 /// The variant names `exchange-check --graph` prints for `methods` (capturable ones twice).
 fn names(methods: &[&str], graph: bool) -> Vec<String> {
     let capturable = |m: &str| !matches!(m, "staged" | "direct-copy");
-    methods
-        .iter()
-        .flat_map(|m| {
-            if graph && capturable(m) {
-                vec![m.to_string(), format!("{m}+graph")]
-            } else {
-                vec![m.to_string()]
-            }
-        })
-        .collect()
+    methods.iter().flat_map(|m| if graph && capturable(m) { vec![m.to_string(), format!("{m}+graph")] } else { vec![m.to_string()] }).collect()
 }
 
 /// Steps and check interval: spinning kernels of two processes on one GPU progress only by
 /// time-slicing, so one GPU runs fewer steps.
 fn steps(gpus: usize) -> (&'static str, &'static str) {
-    if gpus >= 2 {
-        ("400", "10")
-    } else {
-        ("40", "4")
-    }
+    if gpus >= 2 { ("400", "10") } else { ("40", "4") }
 }
 
 #[test]
 fn two_pes_every_transport_and_its_graph_match_the_cpu_reference() {
     let test = "two_pes_every_transport_and_its_graph_match_the_cpu_reference";
-    let Some(gpus) = gpus_or_skip(test, 1) else {
-        return;
-    };
+    let Some(gpus) = gpus_or_skip(test, 1) else { return };
     // NCCL allows one rank per GPU: on one GPU it cannot run two PEs.
-    let mut methods = vec![
-        "staged",
-        "direct-copy",
-        "per-pulse",
-        "per-pulse-direct",
-        "fused",
-        "fused-tma",
-    ];
+    let mut methods = vec!["staged", "direct-copy", "per-pulse", "per-pulse-direct", "fused", "fused-tma"];
     if gpus >= 2 {
         methods.push("nccl");
     } else {
         use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "SKIPPED (one GPU) {test}: nccl (NCCL runs one rank per GPU)"
-        );
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED (one GPU) {test}: nccl (NCCL runs one rank per GPU)");
     }
     let (steps, every) = steps(gpus);
     let list = methods.join(",");
     for pulses in ["1", "2"] {
         let mut args = launch(gpus);
-        args.extend([
-            "exchange-check",
-            "--grid",
-            "2x1x1",
-            "--pulses",
-            pulses,
-            "--transport",
-            &list,
-            "--graph",
-            "--steps",
-            steps,
-            "--check-every",
-            every,
-        ]);
+        args.extend(["exchange-check", "--grid", "2x1x1", "--pulses", pulses, "--transport", &list, "--graph", "--steps", steps, "--check-every", every]);
         let run = halo(&args, &[], Duration::from_secs(420));
-        assert_ok_on_both_pes(
-            &format!("{test}, {pulses} pulse(s)"),
-            &run,
-            &names(&methods, true),
-        );
+        assert_ok_on_both_pes(&format!("{test}, {pulses} pulse(s)"), &run, &names(&methods, true));
     }
 }
 
 #[test]
 fn two_pes_forced_put_in_both_signalling_modes_matches_the_cpu_reference() {
     let test = "two_pes_forced_put_in_both_signalling_modes_matches_the_cpu_reference";
-    let Some(gpus) = gpus_or_skip(test, 1) else {
-        return;
-    };
+    let Some(gpus) = gpus_or_skip(test, 1) else { return };
     let (steps, every) = steps(gpus);
     for mode in ["put-signal", "fenced-put"] {
         let mut args = launch(gpus);
-        args.extend([
-            "exchange-check",
-            "--grid",
-            "2x1x1",
-            "--pulses",
-            "2",
-            "--transport",
-            "fused,per-pulse",
-            "--force-put",
-            "--graph",
-            "--steps",
-            steps,
-            "--check-every",
-            every,
-        ]);
-        let run = halo(
-            &args,
-            &[("HALO_PUT_SIGNAL", mode)],
-            Duration::from_secs(300),
-        );
-        assert_ok_on_both_pes(
-            &format!("{test}, {mode}"),
-            &run,
-            &names(&["fused", "per-pulse"], true),
-        );
+        args.extend(["exchange-check", "--grid", "2x1x1", "--pulses", "2", "--transport", "fused,per-pulse", "--force-put", "--graph", "--steps", steps, "--check-every", every]);
+        let run = halo(&args, &[("HALO_PUT_SIGNAL", mode)], Duration::from_secs(300));
+        assert_ok_on_both_pes(&format!("{test}, {mode}"), &run, &names(&["fused", "per-pulse"], true));
     }
 }
 
 #[test]
 fn the_bench_pe_runner_checks_every_variant_after_timing_it() {
     let test = "the_bench_pe_runner_checks_every_variant_after_timing_it";
-    let Some(gpus) = gpus_or_skip(test, 1) else {
-        return;
-    };
+    let Some(gpus) = gpus_or_skip(test, 1) else { return };
     let dir = tempfile::tempdir().expect("a temporary folder");
     let json = dir.path().join("bench.json");
     let json_arg = json.to_string_lossy().into_owned();
     let mut args = launch(gpus);
     // Coordinate-only and force-only loops (one direction, many steps) run before each check.
     args.extend([
-        "bench",
-        "--ranks",
-        "2x1x1",
-        "--atoms",
-        "6000",
-        "--transport",
-        "staged,direct-copy,nccl,fused",
-        "--graph",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
-        "--steps",
-        "30",
-        "--quiet",
-        "--json",
-        &json_arg,
+        "bench", "--ranks", "2x1x1", "--atoms", "6000", "--transport", "staged,direct-copy,nccl,fused", "--graph", "--repeats", "1", "--warmup", "0",
+        "--steps", "30", "--quiet", "--json", &json_arg,
     ]);
     let run = halo(&args, &[], Duration::from_secs(420));
     let all = format!("--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
     assert_eq!(run.code, Some(0), "{test}: halo bench failed\n{all}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
     let rows = report["results"].as_array().cloned().unwrap_or_default();
-    for want in [
-        "staged",
-        "direct-copy",
-        "nccl",
-        "nccl+graph",
-        "fused",
-        "fused+graph",
-    ] {
-        let row = rows
-            .iter()
-            .find(|r| r["variant"] == want)
-            .unwrap_or_else(|| panic!("{test}: no row {want}\n{all}"));
+    for want in ["staged", "direct-copy", "nccl", "nccl+graph", "fused", "fused+graph"] {
+        let row = rows.iter().find(|r| r["variant"] == want).unwrap_or_else(|| panic!("{test}: no row {want}\n{all}"));
         if want.starts_with("nccl") && gpus < 2 {
-            assert!(
-                row["skipped"].is_string(),
-                "{test}: {want} on one GPU should be skipped: {row}"
-            );
+            assert!(row["skipped"].is_string(), "{test}: {want} on one GPU should be skipped: {row}");
             continue;
         }
         assert!(row["skipped"].is_null(), "{test}: {want} skipped: {row}");
-        assert!(
-            row["check"].as_str().is_some_and(|c| c.starts_with("ok")),
-            "{test}: {want} check: {row}"
-        );
-        assert!(
-            row["step_us"]["median"].as_f64().is_some_and(|t| t > 0.0),
-            "{test}: {want}: {row}"
-        );
+        assert!(row["check"].as_str().is_some_and(|c| c.starts_with("ok")), "{test}: {want} check: {row}");
+        assert!(row["step_us"]["median"].as_f64().is_some_and(|t| t > 0.0), "{test}: {want}: {row}");
     }
-    assert!(
-        report["machine"]["topology"].is_string() && report["machine"]["nccl"].is_string(),
-        "{test}: machine info missing"
-    );
+    assert!(report["machine"]["topology"].is_string() && report["machine"]["nccl"].is_string(), "{test}: machine info missing");
 }
 
 #[test]
 fn the_md_step_over_two_pes_matches_the_undecomposed_forces_with_host_driven_transports() {
-    let test =
-        "the_md_step_over_two_pes_matches_the_undecomposed_forces_with_host_driven_transports";
-    let Some(gpus) = gpus_or_skip(test, 1) else {
-        return;
-    };
+    let test = "the_md_step_over_two_pes_matches_the_undecomposed_forces_with_host_driven_transports";
+    let Some(gpus) = gpus_or_skip(test, 1) else { return };
     for transport in ["staged", "direct-copy", "fused"] {
         let mut args = launch(gpus);
-        args.extend([
-            "verify",
-            "--ranks",
-            "2x1x1",
-            "--atoms",
-            "6000",
-            "--steps",
-            "30",
-            "--nstlist",
-            "10",
-            "--transport",
-            transport,
-        ]);
+        args.extend(["verify", "--ranks", "2x1x1", "--atoms", "6000", "--steps", "30", "--nstlist", "10", "--transport", transport]);
         let run = halo(&args, &[], Duration::from_secs(300));
         let all = format!("--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
         assert_eq!(run.code, Some(0), "{test} {transport}\n{all}");
         // PE 0 reports for both (a wrong value on either PE ends the run with an error): every
         // step checked, two searches after the first (a replan of the host-driven links each).
         let ok = run.stdout.lines().any(|l| {
-            l.starts_with("[rank 0]")
-                && l.contains("PE 0: 30 steps checked against the CPU reference")
-                && l.contains("max abs err 0.0e0")
+            l.starts_with("[rank 0]") && l.contains("PE 0: 30 steps checked against the CPU reference") && l.contains("max abs err 0.0e0")
         });
-        assert!(
-            ok,
-            "{test} {transport}: PE 0 did not report 30 steps checked bit-exact\n{all}"
-        );
-        assert!(
-            run.stdout.lines().any(|l| l.starts_with("[rank 0]")
-                && l.contains(&format!(", {transport}: 30 steps, 3 searches"))),
-            "{test} {transport}: searches\n{all}"
-        );
+        assert!(ok, "{test} {transport}: PE 0 did not report 30 steps checked bit-exact\n{all}");
+        assert!(run.stdout.lines().any(|l| l.starts_with("[rank 0]") && l.contains(&format!(", {transport}: 30 steps, 3 searches"))), "{test} {transport}: searches\n{all}");
     }
 }

@@ -70,12 +70,8 @@ pub fn nccl_version_text(code: i32) -> String {
 pub fn driver_from_proc(text: &str) -> Option<String> {
     let line = text.lines().find(|l| l.contains("Kernel Module"))?;
     let after = line.split("Kernel Module").nth(1)?;
-    let is_version =
-        |v: &&str| v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.');
-    after
-        .split_whitespace()
-        .find(is_version)
-        .map(str::to_string)
+    let is_version = |v: &&str| v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.');
+    after.split_whitespace().find(is_version).map(str::to_string)
 }
 
 /// Runs `program args` for at most `timeout` (nvidia-smi can hang on a wedged driver); its
@@ -97,23 +93,13 @@ pub fn run_bounded(program: &str, args: &[&str], timeout: Duration) -> Result<St
                     use std::io::Read;
                     let _ = o.read_to_string(&mut out);
                 }
-                return if status.success() {
-                    Ok(out)
-                } else {
-                    Err(format!("`{program} {}` failed ({status})", args.join(" ")))
-                };
+                return if status.success() { Ok(out) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) };
             }
-            Ok(None) if started.elapsed() < timeout => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
+            Ok(None) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(10)),
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{program} {}` did not finish within {:.0} s",
-                    args.join(" "),
-                    timeout.as_secs_f64()
-                ));
+                return Err(format!("`{program} {}` did not finish within {:.0} s", args.join(" "), timeout.as_secs_f64()));
             }
             Err(e) => return Err(format!("waiting for `{program}`: {e}")),
         }
@@ -138,46 +124,22 @@ fn gpus() -> Result<Vec<GpuInfo>, String> {
             let bytes = unsafe { result::device::total_mem(dev) }.unwrap_or(0);
             let mut bus = [0 as std::ffi::c_char; 32];
             // SAFETY: writes at most 32 bytes, NUL-terminated.
-            let pci = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }
-                .result()
-                .map_or_else(
-                    absent,
-                    // SAFETY: NUL-terminated by the driver.
-                    |_| {
-                        unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }
-                            .to_string_lossy()
-                            .into_owned()
-                    },
-                );
-            Ok(GpuInfo {
-                ordinal: i as usize,
-                name,
-                pci_bus_id: pci,
-                memory_gib: bytes as f64 / (1u64 << 30) as f64,
-            })
+            let pci = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result().map_or_else(
+                absent,
+                // SAFETY: NUL-terminated by the driver.
+                |_| unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned(),
+            );
+            Ok(GpuInfo { ordinal: i as usize, name, pci_bus_id: pci, memory_gib: bytes as f64 / (1u64 << 30) as f64 })
         })
         .collect()
 }
 
 fn nvidia_driver() -> String {
-    if let Some(v) = std::fs::read_to_string("/proc/driver/nvidia/version")
-        .ok()
-        .as_deref()
-        .and_then(driver_from_proc)
-    {
+    if let Some(v) = std::fs::read_to_string("/proc/driver/nvidia/version").ok().as_deref().and_then(driver_from_proc) {
         return v;
     }
-    match run_bounded(
-        "nvidia-smi",
-        &["--query-gpu=driver_version", "--format=csv,noheader"],
-        Duration::from_secs(10),
-    ) {
-        Ok(out) => out
-            .lines()
-            .next()
-            .map(|l| l.trim().to_string())
-            .filter(|l| !l.is_empty())
-            .unwrap_or_else(|| absent("nvidia-smi printed nothing")),
+    match run_bounded("nvidia-smi", &["--query-gpu=driver_version", "--format=csv,noheader"], Duration::from_secs(10)) {
+        Ok(out) => out.lines().next().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).unwrap_or_else(|| absent("nvidia-smi printed nothing")),
         Err(why) => absent(format!("no /proc/driver/nvidia/version and {why}")),
     }
 }
@@ -204,19 +166,12 @@ fn nccl() -> String {
 fn nvshmem(pe: Option<&halo::nvshmem::Nvshmem>) -> String {
     if let Some(nv) = pe {
         let (a, b, c) = nv.version();
-        return format!(
-            "{a}.{b}.{c} ({}, initialised, {} PEs)",
-            nv.library_path().display(),
-            nv.n_pes()
-        );
+        return format!("{a}.{b}.{c} ({}, initialised, {} PEs)", nv.library_path().display(), nv.n_pes());
     }
     match halo::nvshmem::load_library(None) {
         Ok(lib) => {
             let (a, b, c) = lib.version();
-            format!(
-                "{a}.{b}.{c} ({}, not initialised: one process)",
-                lib.path().display()
-            )
+            format!("{a}.{b}.{c} ({}, not initialised: one process)", lib.path().display())
         }
         Err(e) => absent(e),
     }
@@ -224,12 +179,7 @@ fn nvshmem(pe: Option<&halo::nvshmem::Nvshmem>) -> String {
 
 fn nvshmem_kernels() -> String {
     match halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH) {
-        Ok(a) => format!(
-            "NVSHMEM {} linked into {} ({})",
-            a.manifest.nvshmem_version,
-            a.manifest.arch,
-            a.describe()
-        ),
+        Ok(a) => format!("NVSHMEM {} linked into {} ({})", a.manifest.nvshmem_version, a.manifest.arch, a.describe()),
         Err(e) => absent(e),
     }
 }
@@ -266,23 +216,11 @@ impl MachineInfo {
             let _ = writeln!(s, "  GPUs: none");
         }
         for g in &self.gpus {
-            let _ = writeln!(
-                s,
-                "  GPU {}: {} ({}, {:.0} GiB)",
-                g.ordinal, g.name, g.pci_bus_id, g.memory_gib
-            );
+            let _ = writeln!(s, "  GPU {}: {} ({}, {:.0} GiB)", g.ordinal, g.name, g.pci_bus_id, g.memory_gib);
         }
-        let _ = writeln!(
-            s,
-            "  NVIDIA driver {}, CUDA driver {}",
-            self.nvidia_driver, self.cuda_driver
-        );
+        let _ = writeln!(s, "  NVIDIA driver {}, CUDA driver {}", self.nvidia_driver, self.cuda_driver);
         let _ = writeln!(s, "  NCCL {}", self.nccl);
-        let _ = writeln!(
-            s,
-            "  NVSHMEM {}; kernels: {}",
-            self.nvshmem, self.nvshmem_kernels
-        );
+        let _ = writeln!(s, "  NVSHMEM {}; kernels: {}", self.nvshmem, self.nvshmem_kernels);
         let _ = writeln!(s, "  {}", self.halo);
         let _ = writeln!(s, "  nvidia-smi topo -m:");
         for line in self.topology.lines() {
@@ -301,12 +239,7 @@ pub(crate) mod tests {
             date_utc: "2026-12-01T10:00:00Z".into(),
             command: "halo bench".into(),
             hostname: "h200-1".into(),
-            gpus: vec![GpuInfo {
-                ordinal: 0,
-                name: "NVIDIA H200".into(),
-                pci_bus_id: "0000:19:00.0".into(),
-                memory_gib: 139.8,
-            }],
+            gpus: vec![GpuInfo { ordinal: 0, name: "NVIDIA H200".into(), pci_bus_id: "0000:19:00.0".into(), memory_gib: 139.8 }],
             nvidia_driver: "580.159.04".into(),
             cuda_driver: "13.0".into(),
             topology: "\tGPU0\tGPU1\nGPU0\t X \tNV18".into(),
@@ -332,44 +265,17 @@ pub(crate) mod tests {
 
     #[test]
     fn a_missing_or_hanging_command_is_reported_not_fatal() {
-        assert!(
-            run_bounded("halo-no-such-program", &[], Duration::from_secs(1))
-                .unwrap_err()
-                .contains("could not be started")
-        );
-        assert!(
-            run_bounded("sleep", &["5"], Duration::from_millis(100))
-                .unwrap_err()
-                .contains("did not finish")
-        );
-        assert_eq!(
-            run_bounded("echo", &["topo"], Duration::from_secs(5))
-                .unwrap()
-                .trim(),
-            "topo"
-        );
-        assert!(
-            run_bounded("false", &[], Duration::from_secs(5))
-                .unwrap_err()
-                .contains("failed")
-        );
+        assert!(run_bounded("halo-no-such-program", &[], Duration::from_secs(1)).unwrap_err().contains("could not be started"));
+        assert!(run_bounded("sleep", &["5"], Duration::from_millis(100)).unwrap_err().contains("did not finish"));
+        assert_eq!(run_bounded("echo", &["topo"], Duration::from_secs(5)).unwrap().trim(), "topo");
+        assert!(run_bounded("false", &[], Duration::from_secs(5)).unwrap_err().contains("failed"));
     }
 
     #[test]
     fn the_text_names_everything_and_json_round_trips() {
         let m = sample();
         let t = m.text();
-        for want in [
-            "h200-1",
-            "2026-12-01T10:00:00Z",
-            "NVIDIA H200 (0000:19:00.0, 140 GiB)",
-            "NVIDIA driver 580.159.04, CUDA driver 13.0",
-            "NCCL 2.28.9",
-            "NVSHMEM 3.4.5",
-            "topo -m:",
-            "    GPU0\t X \tNV18",
-            "command: halo bench",
-        ] {
+        for want in ["h200-1", "2026-12-01T10:00:00Z", "NVIDIA H200 (0000:19:00.0, 140 GiB)", "NVIDIA driver 580.159.04, CUDA driver 13.0", "NCCL 2.28.9", "NVSHMEM 3.4.5", "topo -m:", "    GPU0\t X \tNV18", "command: halo bench"] {
             assert!(t.contains(want), "{want} missing in\n{t}");
         }
         let back: MachineInfo = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
@@ -380,19 +286,8 @@ pub(crate) mod tests {
     fn collecting_here_never_fails_and_says_what_is_absent() {
         // No GPU on the build machines: every GPU field says why instead of being empty.
         let m = MachineInfo::collect(None);
-        assert!(
-            !m.date_utc.is_empty() && m.date_utc.ends_with('Z'),
-            "{}",
-            m.date_utc
-        );
-        for field in [
-            &m.nvidia_driver,
-            &m.cuda_driver,
-            &m.topology,
-            &m.nccl,
-            &m.nvshmem,
-            &m.nvshmem_kernels,
-        ] {
+        assert!(!m.date_utc.is_empty() && m.date_utc.ends_with('Z'), "{}", m.date_utc);
+        for field in [&m.nvidia_driver, &m.cuda_driver, &m.topology, &m.nccl, &m.nvshmem, &m.nvshmem_kernels] {
             assert!(!field.is_empty());
         }
         if m.gpus.is_empty() {

@@ -18,8 +18,7 @@ fn halo(args: &[&str]) -> Command {
     let mut cmd = Command::new(HALO);
     cmd.args(args).stdin(Stdio::null());
     // The launcher decides these unless they are inherited; start from a known state.
-    cmd.env_remove("NVSHMEM_DISABLE_NVLS")
-        .env_remove("NCCL_NVLS_ENABLE");
+    cmd.env_remove("NVSHMEM_DISABLE_NVLS").env_remove("NCCL_NVLS_ENABLE");
     cmd
 }
 
@@ -48,11 +47,7 @@ fn pids(stdout: &str) -> Vec<i32> {
 /// Whether `pid` is a live process (a zombie counts as dead: in a container nobody may reap it).
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                != Some("Z")
-        }
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z"),
         Err(_) => false,
     }
 }
@@ -64,101 +59,48 @@ fn assert_all_dead(pids: &[i32], within: Duration) {
         if live.is_empty() {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "rank processes still alive: {live:?}"
-        );
+        assert!(Instant::now() < deadline, "rank processes still alive: {live:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 #[test]
 fn exit_code_propagates_and_ranks_are_named() {
-    let (out, _) = run_within(
-        halo(&[
-            "launch",
-            "-n",
-            "3",
-            "--",
-            "selftest-child",
-            "--exit-code",
-            "3",
-        ]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "3", "--", "selftest-child", "--exit-code", "3"]), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
     // Whichever rank the launcher saw first is named as the cause; the others may be named as stopped.
-    assert!(
-        (0..3).any(|r| stderr.contains(&format!("halo launch: rank {r} exited with code 3"))),
-        "stderr: {stderr}"
-    );
+    assert!((0..3).any(|r| stderr.contains(&format!("halo launch: rank {r} exited with code 3"))), "stderr: {stderr}");
 }
 
 #[test]
 fn another_programs_ranks_run_under_exe() {
     // An application built on the halo library (stencil3d) is launched the same way.
-    let (out, _) = run_within(
-        halo(&[
-            "launch",
-            "-n",
-            "2",
-            "--exe",
-            "/bin/sh",
-            "--",
-            "-c",
-            "echo rank $HALO_RANK of $HALO_NRANKS",
-        ]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "2", "--exe", "/bin/sh", "--", "-c", "echo rank $HALO_RANK of $HALO_NRANKS"]), STOP_BOUND);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     for r in 0..2 {
-        assert!(
-            stdout.contains(&format!("[rank {r}] rank {r} of 2")),
-            "{stdout}"
-        );
+        assert!(stdout.contains(&format!("[rank {r}] rank {r} of 2")), "{stdout}");
     }
 }
 
 #[test]
 fn success_is_zero_and_quiet() {
-    let (out, _) = run_within(
-        halo(&["launch", "-n", "2", "--", "selftest-child"]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "2", "--", "selftest-child"]), STOP_BOUND);
     assert_eq!(out.status.code(), Some(0));
-    assert!(
-        !text(&out.stderr).contains("halo launch"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(!text(&out.stderr).contains("halo launch"), "{}", text(&out.stderr));
 }
 
 #[test]
 fn one_failing_rank_stops_the_others() {
     let args = [
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--sleep-ms",
-        "300",
-        "--only-rank",
-        "1",
-        "--exit-code",
-        "1",
-        "--others-hang",
+        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "1",
+        "--exit-code", "1", "--others-hang",
     ];
     let (out, took) = run_within(halo(&args), STOP_BOUND);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(
-        stderr.contains("rank 1 exited with code 1; stopped ranks 0, 2"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("rank 1 exited with code 1; stopped ranks 0, 2"), "stderr: {stderr}");
     // The hanging ranks die of SIGTERM at once, long before the 5 s grace period.
     assert!(took < Duration::from_secs(4), "took {took:?}");
     let pids = pids(&stdout);
@@ -169,27 +111,13 @@ fn one_failing_rank_stops_the_others() {
 #[test]
 fn a_rank_killed_by_sigkill_is_named() {
     let args = [
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--sleep-ms",
-        "300",
-        "--only-rank",
-        "2",
-        "--signal-self",
-        "KILL",
-        "--others-hang",
+        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "2",
+        "--signal-self", "KILL", "--others-hang",
     ];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {stderr}");
-    assert!(
-        stderr.contains("rank 2 was killed by signal 9 (SIGKILL); stopped ranks 0, 1"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("rank 2 was killed by signal 9 (SIGKILL); stopped ranks 0, 1"), "stderr: {stderr}");
     assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
 }
 
@@ -197,19 +125,9 @@ fn a_rank_killed_by_sigkill_is_named() {
 /// wrapper every exchange gets (`halo::exchange::perturb`); the launcher names it within the bound.
 #[test]
 fn a_rank_killed_mid_step_by_halo_fault_is_named() {
-    let args = [
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--null-exchange-steps",
-        "300",
-    ];
+    let args = ["launch", "-n", "3", "--", "selftest-child", "--print-pid", "--null-exchange-steps", "300"];
     let mut cmd = halo(&args);
-    cmd.env("HALO_FAULT", "kill@20:1")
-        .env("HALO_JITTER_US", "200:3:host");
+    cmd.env("HALO_FAULT", "kill@20:1").env("HALO_JITTER_US", "200:3:host");
     let (out, took) = run_within(cmd, STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {stderr}");
@@ -217,14 +135,8 @@ fn a_rank_killed_mid_step_by_halo_fault_is_named() {
         stderr.contains("[rank 1] halo: HALO_FAULT: rank 1 kills itself with SIGKILL right after enqueueing step 20's coordinate halo"),
         "stderr: {stderr}"
     );
-    assert!(
-        stderr.contains("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        !text(&out.stdout).contains("ran 300 steps"),
-        "the others were stopped, not left to finish"
-    );
+    assert!(stderr.contains("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2"), "stderr: {stderr}");
+    assert!(!text(&out.stdout).contains("ran 300 steps"), "the others were stopped, not left to finish");
     // 300 steps take at least 3 s; the kill comes after about 20 of them.
     assert!(took < Duration::from_secs(3), "took {took:?}");
     assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
@@ -232,15 +144,7 @@ fn a_rank_killed_mid_step_by_halo_fault_is_named() {
 
 #[test]
 fn a_fault_on_a_rank_that_is_not_running_changes_nothing() {
-    let mut cmd = halo(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "selftest-child",
-        "--null-exchange-steps",
-        "5",
-    ]);
+    let mut cmd = halo(&["launch", "-n", "2", "--", "selftest-child", "--null-exchange-steps", "5"]);
     cmd.env("HALO_FAULT", "kill@2:7");
     let (out, _) = run_within(cmd, STOP_BOUND);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
@@ -250,34 +154,14 @@ fn a_fault_on_a_rank_that_is_not_running_changes_nothing() {
 #[test]
 fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
     let args = [
-        "launch",
-        "-n",
-        "2",
-        "--kill-grace-secs",
-        "1",
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--ignore-sigterm",
-        "--sleep-ms",
-        "300",
-        "--only-rank",
-        "0",
-        "--exit-code",
-        "2",
-        "--others-hang",
+        "launch", "-n", "2", "--kill-grace-secs", "1", "--", "selftest-child", "--print-pid", "--ignore-sigterm",
+        "--sleep-ms", "300", "--only-rank", "0", "--exit-code", "2", "--others-hang",
     ];
     let (out, took) = run_within(halo(&args), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    assert!(
-        stderr.contains("rank 1 ignored SIGTERM and got SIGKILL"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        took >= Duration::from_secs(1),
-        "SIGKILL came before the grace period ended: {took:?}"
-    );
+    assert!(stderr.contains("rank 1 ignored SIGTERM and got SIGKILL"), "stderr: {stderr}");
+    assert!(took >= Duration::from_secs(1), "SIGKILL came before the grace period ended: {took:?}");
     assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
 }
 
@@ -285,19 +169,8 @@ fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
 fn output_lines_are_prefixed_and_whole() {
     let long = "x".repeat(20_000);
     let args = [
-        "launch",
-        "-n",
-        "4",
-        "--",
-        "selftest-child",
-        "--print",
-        "hello world",
-        "--print",
-        &long,
-        "--eprint",
-        "to stderr",
-        "--repeat",
-        "20",
+        "launch", "-n", "4", "--", "selftest-child", "--print", "hello world", "--print", &long, "--eprint",
+        "to stderr", "--repeat", "20",
     ];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     assert_eq!(out.status.code(), Some(0));
@@ -309,56 +182,26 @@ fn output_lines_are_prefixed_and_whole() {
             .and_then(|l| l.split_once("] "))
             .unwrap_or_else(|| panic!("unprefixed line: {:.80}", line));
         let rank: usize = rank.parse().expect("rank number");
-        assert!(
-            rest == "hello world" || rest == long,
-            "mixed line from rank {rank}: {:.80}…",
-            rest
-        );
+        assert!(rest == "hello world" || rest == long, "mixed line from rank {rank}: {:.80}…", rest);
         counts[rank] += 1;
     }
     assert_eq!(counts, [40; 4]);
     let stderr = text(&out.stderr);
     for rank in 0..4 {
-        assert_eq!(
-            stderr
-                .matches(&format!("[rank {rank}] to stderr\n"))
-                .count(),
-            20,
-            "stderr: {stderr}"
-        );
+        assert_eq!(stderr.matches(&format!("[rank {rank}] to stderr\n")).count(), 20, "stderr: {stderr}");
     }
 }
 
 #[test]
 fn ranks_get_their_environment() {
     let mut cmd = halo(&[
-        "launch",
-        "-n",
-        "4",
-        "--gpus",
-        "4,6",
-        "--",
-        "selftest-child",
-        "--print-env",
-        "HALO_RANK",
-        "--print-env",
-        "HALO_NRANKS",
-        "--print-env",
-        "HALO_LOCAL_RANK",
-        "--print-env",
-        "HALO_DEVICE",
-        "--print-env",
-        "NVSHMEM_DISABLE_NVLS",
-        "--print-env",
-        "NCCL_NVLS_ENABLE",
-        "--print-env",
-        "CUDA_VISIBLE_DEVICES",
-        "--print-env",
-        "HALO_PES_PER_GPU",
+        "launch", "-n", "4", "--gpus", "4,6", "--", "selftest-child", "--print-env", "HALO_RANK", "--print-env",
+        "HALO_NRANKS", "--print-env", "HALO_LOCAL_RANK", "--print-env", "HALO_DEVICE", "--print-env",
+        "NVSHMEM_DISABLE_NVLS", "--print-env", "NCCL_NVLS_ENABLE", "--print-env", "CUDA_VISIBLE_DEVICES",
+        "--print-env", "HALO_PES_PER_GPU",
     ]);
     // A value the user set is kept; CUDA_VISIBLE_DEVICES passes through untouched.
-    cmd.env("NCCL_NVLS_ENABLE", "7")
-        .env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7");
+    cmd.env("NCCL_NVLS_ENABLE", "7").env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7");
     let (out, _) = run_within(cmd, STOP_BOUND);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let lines: BTreeSet<String> = text(&out.stdout).lines().map(str::to_owned).collect();
@@ -373,10 +216,7 @@ fn ranks_get_their_environment() {
             format!("[rank {rank}] env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"),
             format!("[rank {rank}] env HALO_PES_PER_GPU=2"),
         ] {
-            assert!(
-                lines.contains(&expected),
-                "missing {expected:?} in {lines:#?}"
-            );
+            assert!(lines.contains(&expected), "missing {expected:?} in {lines:#?}");
         }
     }
 }
@@ -384,162 +224,66 @@ fn ranks_get_their_environment() {
 #[test]
 fn uneven_gpu_layouts_are_refused_before_any_rank_starts() {
     // 3 ranks on 2 GPUs: NVSHMEM 3.4.5 would hang in its initialisation (issue 20).
-    let (out, took) = run_within(
-        halo(&[
-            "launch",
-            "-n",
-            "3",
-            "--gpus",
-            "0,1",
-            "--",
-            "selftest-child",
-            "--print-pid",
-        ]),
-        STOP_BOUND,
-    );
+    let (out, took) = run_within(halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "selftest-child", "--print-pid"]), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    for part in [
-        "would put 2 on GPU 0, 1 on GPU 1",
-        "cannot start an uneven number of PEs per GPU",
-        "-n 2 or -n 4 with --gpus 0,1",
-        "--allow-uneven-gpus",
-    ] {
+    for part in ["would put 2 on GPU 0, 1 on GPU 1", "cannot start an uneven number of PEs per GPU", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
         assert!(stderr.contains(part), "missing {part:?} in {stderr}");
     }
-    assert!(
-        pids(&text(&out.stdout)).is_empty(),
-        "a rank was started: {}",
-        text(&out.stdout)
-    );
+    assert!(pids(&text(&out.stdout)).is_empty(), "a rank was started: {}", text(&out.stdout));
     assert!(took < Duration::from_secs(2), "took {took:?}");
     // The override starts it, and every rank knows how many share its GPU.
-    let args = [
-        "launch",
-        "-n",
-        "3",
-        "--gpus",
-        "0,1",
-        "--allow-uneven-gpus",
-        "--",
-        "selftest-child",
-        "--print-env",
-        "HALO_PES_PER_GPU",
-    ];
+    let args = ["launch", "-n", "3", "--gpus", "0,1", "--allow-uneven-gpus", "--", "selftest-child", "--print-env", "HALO_PES_PER_GPU"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     for (rank, sharing) in [(0, 2), (1, 1), (2, 2)] {
-        assert!(
-            stdout.contains(&format!("[rank {rank}] env HALO_PES_PER_GPU={sharing}")),
-            "{stdout}"
-        );
+        assert!(stdout.contains(&format!("[rank {rank}] env HALO_PES_PER_GPU={sharing}")), "{stdout}");
     }
 }
 
 #[test]
 fn a_rank_stuck_in_startup_is_ended_by_the_watchdog() {
     let args = [
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--only-rank",
-        "1",
-        "--stall-startup",
-        "--others-hang",
+        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--only-rank", "1", "--stall-startup", "--others-hang",
     ];
     let mut cmd = halo(&args);
     cmd.env("HALO_STARTUP_TIMEOUT_S", "1");
     let (out, took) = run_within(cmd, STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(86), "stderr: {stderr}");
-    assert!(
-        stderr.contains(
-            "[rank 1] halo: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"
-        ),
-        "stderr: {stderr}"
-    );
-    assert!(
-        stderr.contains("uneven number of PEs per GPU") && stderr.contains("NVSHMEM_DEBUG=INFO"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        stderr.contains("rank 1 exited with code 86 (halo's watchdog"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
-        "took {took:?}"
-    );
+    assert!(stderr.contains("[rank 1] halo: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"), "stderr: {stderr}");
+    assert!(stderr.contains("uneven number of PEs per GPU") && stderr.contains("NVSHMEM_DEBUG=INFO"), "stderr: {stderr}");
+    assert!(stderr.contains("rank 1 exited with code 86 (halo's watchdog"), "stderr: {stderr}");
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(5), "took {took:?}");
     assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
 }
 
 /// The rendezvous directory named in the children's output.
 fn rendezvous_dir(stdout: &str) -> PathBuf {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.split_once("rendezvous-dir ").map(|(_, r)| r))
-        .expect("rendezvous-dir line");
+    let line = stdout.lines().find_map(|l| l.split_once("rendezvous-dir ").map(|(_, r)| r)).expect("rendezvous-dir line");
     PathBuf::from(line.split(" mode ").next().expect("path"))
 }
 
 #[test]
 fn rendezvous_round_trip_across_three_ranks() {
-    let (out, _) = run_within(
-        halo(&["launch", "-n", "3", "--", "selftest-child", "--rendezvous"]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "3", "--", "selftest-child", "--rendezvous"]), STOP_BOUND);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
-    let ids: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.split_once("unique-id 128 bytes ").map(|(_, id)| id))
-        .collect();
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    let ids: Vec<&str> = stdout.lines().filter_map(|l| l.split_once("unique-id 128 bytes ").map(|(_, id)| id)).collect();
     assert_eq!(ids.len(), 3, "stdout: {stdout}");
-    assert!(
-        ids.iter().all(|id| *id == ids[0] && id.len() == 256),
-        "ids differ: {ids:?}"
-    );
-    assert_eq!(
-        stdout.matches("gathered rank-0,rank-1,rank-2\n").count(),
-        3,
-        "stdout: {stdout}"
-    );
-    assert_eq!(
-        stdout.matches(" mode 700\n").count(),
-        3,
-        "directory not private: {stdout}"
-    );
-    assert!(
-        stdout.contains("[rank 0] unique-id-file mode 600\n"),
-        "stdout: {stdout}"
-    );
+    assert!(ids.iter().all(|id| *id == ids[0] && id.len() == 256), "ids differ: {ids:?}");
+    assert_eq!(stdout.matches("gathered rank-0,rank-1,rank-2\n").count(), 3, "stdout: {stdout}");
+    assert_eq!(stdout.matches(" mode 700\n").count(), 3, "directory not private: {stdout}");
+    assert!(stdout.contains("[rank 0] unique-id-file mode 600\n"), "stdout: {stdout}");
     let dir = rendezvous_dir(&stdout);
     assert!(!dir.exists(), "{} was left behind", dir.display());
 }
 
 #[test]
 fn rendezvous_dir_is_removed_after_a_failure() {
-    let args = [
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "selftest-child",
-        "--rendezvous",
-        "--only-rank",
-        "1",
-        "--exit-code",
-        "5",
-        "--others-hang",
-    ];
+    let args =
+        ["launch", "-n", "2", "--", "selftest-child", "--rendezvous", "--only-rank", "1", "--exit-code", "5", "--others-hang"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     assert_eq!(out.status.code(), Some(5));
     let dir = rendezvous_dir(&text(&out.stdout));
@@ -549,19 +293,11 @@ fn rendezvous_dir_is_removed_after_a_failure() {
 /// Starts a launcher of hanging ranks and returns it with the ranks' pids once all have printed them.
 fn start_hanging(nranks: usize) -> (std::process::Child, Vec<i32>) {
     let n = nranks.to_string();
-    let mut launcher = halo(&[
-        "launch",
-        "-n",
-        &n,
-        "--",
-        "selftest-child",
-        "--print-pid",
-        "--hang",
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start halo launch");
+    let mut launcher = halo(&["launch", "-n", &n, "--", "selftest-child", "--print-pid", "--hang"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start halo launch");
     let stdout = launcher.stdout.take().expect("stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -612,10 +348,7 @@ fn sigterm_to_the_launcher_stops_all_ranks() {
     if let Some(mut e) = launcher.stderr.take() {
         std::io::Read::read_to_string(&mut e, &mut stderr).expect("stderr");
     }
-    assert!(
-        stderr.contains("interrupted by SIGTERM; stopped ranks 0, 1, 2"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("interrupted by SIGTERM; stopped ranks 0, 1, 2"), "stderr: {stderr}");
     assert_all_dead(&pids, Duration::from_secs(1));
 }
 
@@ -630,22 +363,12 @@ fn ranks_die_with_a_killed_launcher() {
 
 #[test]
 fn bad_invocations_fail_cleanly() {
-    let (out, _) = run_within(
-        halo(&["launch", "-n", "0", "--", "selftest-child"]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "0", "--", "selftest-child"]), STOP_BOUND);
     assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains("at least 1"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("at least 1"), "{}", text(&out.stderr));
     let (out, _) = run_within(halo(&["launch", "-n", "2"]), STOP_BOUND);
     assert_ne!(out.status.code(), Some(0));
-    let (out, _) = run_within(
-        halo(&["launch", "-n", "1", "--kill-grace-secs", "-1", "--", "info"]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "1", "--kill-grace-secs", "-1", "--", "info"]), STOP_BOUND);
     assert_ne!(out.status.code(), Some(0));
 }
 
@@ -653,54 +376,18 @@ fn bad_invocations_fail_cleanly() {
 fn a_segfault_names_the_thread_and_the_rank_still_dies_of_it() {
     use std::os::unix::process::ExitStatusExt;
     // Alone: the crash report, then death by the same signal (not an exit code).
-    let (out, _) = run_within(
-        halo(&["selftest-child", "--signal-self", "SIGSEGV"]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["selftest-child", "--signal-self", "SIGSEGV"]), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "stderr: {stderr}");
-    assert!(
-        stderr.contains("halo: fatal signal 11 (SIGSEGV) in thread '"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        stderr.contains("the process's main thread")
-            && stderr.contains("sent by another process (kill)"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("halo: fatal signal 11 (SIGSEGV) in thread '"), "stderr: {stderr}");
+    assert!(stderr.contains("the process's main thread") && stderr.contains("sent by another process (kill)"), "stderr: {stderr}");
     // glibc: the faulting thread's frames follow, one `object(+offset)[address]` line each.
     if cfg!(all(target_os = "linux", target_env = "gnu")) {
-        assert!(
-            stderr
-                .lines()
-                .filter(|l| l.contains("(+0x") || l.contains("+0x"))
-                .count()
-                >= 3,
-            "no frames: {stderr}"
-        );
+        assert!(stderr.lines().filter(|l| l.contains("+0x")).count() >= 3, "no frames: {stderr}");
     }
     // Under the launcher the report carries the rank prefix and the launcher names the signal.
-    let (out, _) = run_within(
-        halo(&[
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "selftest-child",
-            "--only-rank",
-            "1",
-            "--signal-self",
-            "SIGSEGV",
-        ]),
-        STOP_BOUND,
-    );
+    let (out, _) = run_within(halo(&["launch", "-n", "2", "--", "selftest-child", "--only-rank", "1", "--signal-self", "SIGSEGV"]), STOP_BOUND);
     let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("[rank 1] halo: fatal signal 11 (SIGSEGV)"),
-        "stderr: {stderr}"
-    );
-    assert!(
-        stderr.contains("halo launch: rank 1 was killed by signal 11 (SIGSEGV)"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("[rank 1] halo: fatal signal 11 (SIGSEGV)"), "stderr: {stderr}");
+    assert!(stderr.contains("halo launch: rank 1 was killed by signal 11 (SIGSEGV)"), "stderr: {stderr}");
 }

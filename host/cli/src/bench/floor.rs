@@ -126,20 +126,12 @@ impl FloorInputs {
 
     /// The transfer part of one direction: the bytes over the link or the signal chain.
     fn transfer(&self, bytes: u64, shape: &HaloShape) -> f64 {
-        self.transfer_s(bytes, shape.link)
-            .max(shape.pulses.max(1) as f64 * self.one_way_latency_s)
+        self.transfer_s(bytes, shape.link).max(shape.pulses.max(1) as f64 * self.one_way_latency_s)
     }
 
     /// The floor of one direction (`forward`: coordinates) moving `bytes` in `shape.pulses`
     /// pulses (see the module docs).
-    pub fn direction_s(
-        &self,
-        method: Method,
-        graph: bool,
-        forward: bool,
-        bytes: u64,
-        shape: &HaloShape,
-    ) -> f64 {
+    pub fn direction_s(&self, method: Method, graph: bool, forward: bool, bytes: u64, shape: &HaloShape) -> f64 {
         let p = shape.pulses.max(1) as f64;
         if method == Method::Staged {
             // A kernel launch and a host sync per coordinate pulse (the pack round: at least the
@@ -149,11 +141,7 @@ impl FloorInputs {
             let packs = if forward { p * self.host_sync_s } else { 0.0 };
             return packs + self.transfer(bytes, shape);
         }
-        let launch = if graph {
-            self.graph_launch_s / shape.steps_per_graph.max(1) as f64
-        } else {
-            Self::launches(method, p) * self.launch_s
-        };
+        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.launch_s };
         launch.max(self.transfer(bytes, shape))
     }
 
@@ -162,25 +150,12 @@ impl FloorInputs {
         let coords_s = self.direction_s(method, graph, true, shape.bytes_x, shape);
         let forces_s = self.direction_s(method, graph, false, shape.bytes_f, shape);
         if method == Method::Staged {
-            return VariantFloor {
-                coords_s,
-                forces_s,
-                step_s: coords_s + forces_s,
-            };
+            return VariantFloor { coords_s, forces_s, step_s: coords_s + forces_s };
         }
         let p = shape.pulses.max(1) as f64;
-        let launches = if graph {
-            self.graph_launch_s / shape.steps_per_graph.max(1) as f64
-        } else {
-            2.0 * Self::launches(method, p) * self.launch_s
-        };
-        let step_s =
-            launches.max(self.transfer(shape.bytes_x, shape) + self.transfer(shape.bytes_f, shape));
-        VariantFloor {
-            coords_s,
-            forces_s,
-            step_s,
-        }
+        let launches = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { 2.0 * Self::launches(method, p) * self.launch_s };
+        let step_s = launches.max(self.transfer(shape.bytes_x, shape) + self.transfer(shape.bytes_f, shape));
+        VariantFloor { coords_s, forces_s, step_s }
     }
 }
 
@@ -198,16 +173,8 @@ pub enum FloorCheck {
 impl FloorCheck {
     /// Compares the floor with the fastest repeat of each phase (seconds; `None`: not measured).
     pub fn of(floor: &VariantFloor, fastest: [Option<f64>; 3]) -> Self {
-        let pairs = [
-            (floor.coords_s, fastest[0]),
-            (floor.forces_s, fastest[1]),
-            (floor.step_s, fastest[2]),
-        ];
-        if pairs.iter().all(|&(f, m)| m.is_none_or(|m| m >= f)) {
-            FloorCheck::Bound
-        } else {
-            FloorCheck::Model
-        }
+        let pairs = [(floor.coords_s, fastest[0]), (floor.forces_s, fastest[1]), (floor.step_s, fastest[2])];
+        if pairs.iter().all(|&(f, m)| m.is_none_or(|m| m >= f)) { FloorCheck::Bound } else { FloorCheck::Model }
     }
 }
 
@@ -218,9 +185,7 @@ pub fn ratio(measured: f64, floor: f64, check: FloorCheck) -> Option<f64> {
 
 /// A timing event (cudarc's default events have timing switched off).
 pub fn timing_event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent> {
-    stream
-        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .during("recording a timing event")
+    stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).during("recording a timing event")
 }
 
 /// Seconds between two events recorded on `stream` around the work `f` enqueues.
@@ -252,23 +217,12 @@ impl EmptyLaunch {
         let mut args = kernel_args![x, map, n, out, sx, sy, sz, use_shift];
         // SAFETY: arguments match `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`; with n = 0
         // no thread reads or writes, and every pointer is a live allocation anyway.
-        unsafe {
-            self.module.launch(
-                abi::PACK_COORDS,
-                LaunchShape::for_items(0, 1),
-                stream,
-                &mut args,
-            )
-        }
+        unsafe { self.module.launch(abi::PACK_COORDS, LaunchShape::for_items(0, 1), stream, &mut args) }
     }
 }
 
 /// `T_launch`: (GPU seconds per launch, host seconds per launch call) over `count` launches.
-pub fn measure_launch(
-    empty: &EmptyLaunch,
-    stream: &CudaStream,
-    count: usize,
-) -> Result<(f64, f64)> {
+pub fn measure_launch(empty: &EmptyLaunch, stream: &CudaStream, count: usize) -> Result<(f64, f64)> {
     let mut host = 0.0;
     let gpu = time_on_stream(stream, || {
         let t = Instant::now();
@@ -282,23 +236,12 @@ pub fn measure_launch(
 }
 
 /// `T_graph`: GPU seconds per replay of a one-node graph holding an empty launch.
-pub fn measure_graph_launch(
-    empty: &EmptyLaunch,
-    stream: &Arc<CudaStream>,
-    count: usize,
-) -> Result<f64> {
-    stream
-        .begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-        .during("starting a graph capture")?;
+pub fn measure_graph_launch(empty: &EmptyLaunch, stream: &Arc<CudaStream>, count: usize) -> Result<f64> {
+    stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
     let launched = empty.launch(stream);
-    let graph = stream
-        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
-        .during("ending a graph capture")?;
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).during("ending a graph capture")?;
     launched?;
-    let graph =
-        graph.ok_or_else(|| HaloError::InvalidInput("the captured graph is empty".into()))?;
+    let graph = graph.ok_or_else(|| HaloError::InvalidInput("the captured graph is empty".into()))?;
     graph.upload().during("uploading a graph")?;
     graph.launch().during("launching a graph")?; // first replay pays one-time costs
     let gpu = time_on_stream(stream, || {
@@ -330,9 +273,7 @@ pub fn measure_host_sync(empty: &EmptyLaunch, stream: &CudaStream, count: usize)
 pub unsafe fn time_copy(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<f64> {
     time_on_stream(stream, || {
         // SAFETY: forwarded to the caller's contract.
-        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }
-            .result()
-            .during("timed copy")
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, src, bytes, stream.cu_stream()) }.result().during("timed copy")
     })
 }
 
@@ -365,11 +306,7 @@ pub unsafe fn launch_ping_pong(
     let (mut own, mut peer, mut rounds, mut init) = (own_flag, peer_flag, rounds, initiator as u32);
     let (mut timeout, mut st) = (5_000_000_000u64, status.device_ptr());
     let mut args = kernel_args![own, peer, rounds, init, timeout, st];
-    let shape = LaunchShape {
-        grid: (1, 1),
-        block: 1,
-        shared_bytes: 0,
-    };
+    let shape = LaunchShape { grid: (1, 1), block: 1, shared_bytes: 0 };
     // SAFETY: arguments match `signal_ping_pong(own_flag, peer_flag, rounds, initiator,
     // timeout_ns, status)`; pointer validity is the caller's contract.
     unsafe { module.launch(abi::SIGNAL_PING_PONG, shape, stream, &mut args) }
@@ -442,44 +379,20 @@ mod tests {
     }
 
     fn shape(bytes: u64, pulses: usize, link: Link) -> HaloShape {
-        HaloShape {
-            bytes_x: bytes,
-            bytes_f: bytes,
-            pulses,
-            link,
-            steps_per_graph: 100,
-        }
+        HaloShape { bytes_x: bytes, bytes_f: bytes, pulses, link, steps_per_graph: 100 }
     }
 
     #[test]
     fn fused_is_latency_bound_when_small_and_bandwidth_bound_when_large() {
         let f = inputs();
         // 4 kB over 400 GB/s = 10 ns < 1 us of latency < the 2 us launch: launch-bound.
-        let small = f.direction_s(
-            Method::Fused,
-            false,
-            true,
-            4_000,
-            &shape(4_000, 1, Link::Peer),
-        );
+        let small = f.direction_s(Method::Fused, false, true, 4_000, &shape(4_000, 1, Link::Peer));
         assert!((small - 2e-6).abs() < 1e-12, "{small}");
         // 4 MB over 400 GB/s = 10 us > launch and latency.
-        let big = f.direction_s(
-            Method::Fused,
-            false,
-            true,
-            4_000_000,
-            &shape(4_000_000, 1, Link::Peer),
-        );
+        let big = f.direction_s(Method::Fused, false, true, 4_000_000, &shape(4_000_000, 1, Link::Peer));
         assert!((big - 10e-6).abs() < 1e-12, "{big}");
         // Three pulses: a chain of three hops (3 us) outlasts the launch.
-        let chain = f.direction_s(
-            Method::FusedTma,
-            false,
-            true,
-            4_000,
-            &shape(4_000, 3, Link::Peer),
-        );
+        let chain = f.direction_s(Method::FusedTma, false, true, 4_000, &shape(4_000, 3, Link::Peer));
         assert!((chain - 3e-6).abs() < 1e-12, "{chain}");
     }
 
@@ -498,17 +411,8 @@ mod tests {
         let s = shape(4_000, 2, Link::Peer);
         let chain = 2e-6;
         // Launches and the chain each bound a step; only their maximum does.
-        assert!(
-            (f.direction_s(Method::PerPulse, false, true, 4_000, &s) - (2.0 * 2e-6f64).max(chain))
-                .abs()
-                < 1e-12
-        );
-        assert!(
-            (f.direction_s(Method::DirectCopy, false, false, 4_000, &s)
-                - (2.0 * 2e-6f64).max(chain))
-            .abs()
-                < 1e-12
-        );
+        assert!((f.direction_s(Method::PerPulse, false, true, 4_000, &s) - (2.0 * 2e-6f64).max(chain)).abs() < 1e-12);
+        assert!((f.direction_s(Method::DirectCopy, false, false, 4_000, &s) - (2.0 * 2e-6f64).max(chain)).abs() < 1e-12);
         assert!((f.direction_s(Method::Nccl, false, true, 4_000, &s) - 4.0 * 2e-6).abs() < 1e-12);
         // Staged: a pack + sync round per coordinate pulse, then the copies' chain.
         let x = f.direction_s(Method::Staged, false, true, 4_000, &s);
@@ -522,65 +426,29 @@ mod tests {
         assert!((g - (3e-6 / 100.0f64).max(chain)).abs() < 1e-12, "{g}");
         // The step: the launches of both directions, or both transfers, whichever is longer.
         let v = f.variant(Method::Fused, false, &s);
-        assert!(
-            (v.step_s - (2.0 * 2e-6f64).max(2.0 * chain)).abs() < 1e-12,
-            "{v:?}"
-        );
-        assert!(
-            v.step_s <= v.coords_s + v.forces_s,
-            "the step floor never exceeds the directions' sum"
-        );
+        assert!((v.step_s - (2.0 * 2e-6f64).max(2.0 * chain)).abs() < 1e-12, "{v:?}");
+        assert!(v.step_s <= v.coords_s + v.forces_s, "the step floor never exceeds the directions' sum");
     }
 
     #[test]
     fn a_floor_beaten_by_a_measurement_is_a_model_and_gets_no_ratio() {
-        let floor = VariantFloor {
-            coords_s: 5e-6,
-            forces_s: 6e-6,
-            step_s: 10e-6,
-        };
-        assert_eq!(
-            FloorCheck::of(&floor, [Some(5e-6), Some(7e-6), Some(12e-6)]),
-            FloorCheck::Bound
-        );
-        assert_eq!(
-            FloorCheck::of(&floor, [Some(5e-6), None, Some(12e-6)]),
-            FloorCheck::Bound
-        );
+        let floor = VariantFloor { coords_s: 5e-6, forces_s: 6e-6, step_s: 10e-6 };
+        assert_eq!(FloorCheck::of(&floor, [Some(5e-6), Some(7e-6), Some(12e-6)]), FloorCheck::Bound);
+        assert_eq!(FloorCheck::of(&floor, [Some(5e-6), None, Some(12e-6)]), FloorCheck::Bound);
         // One repeat of the coordinate loop beat its floor: the whole row's floor is a model.
-        assert_eq!(
-            FloorCheck::of(&floor, [Some(4.9e-6), Some(7e-6), Some(12e-6)]),
-            FloorCheck::Model
-        );
-        assert_eq!(
-            ratio(12e-6, 10e-6, FloorCheck::Bound).map(|r| (r * 100.0).round()),
-            Some(120.0)
-        );
+        assert_eq!(FloorCheck::of(&floor, [Some(4.9e-6), Some(7e-6), Some(12e-6)]), FloorCheck::Model);
+        assert_eq!(ratio(12e-6, 10e-6, FloorCheck::Bound).map(|r| (r * 100.0).round()), Some(120.0));
         assert_eq!(ratio(12e-6, 10e-6, FloorCheck::Model), None);
-        assert_eq!(
-            ratio(9e-6, 10e-6, FloorCheck::Bound),
-            None,
-            "never a ratio below 1"
-        );
+        assert_eq!(ratio(9e-6, 10e-6, FloorCheck::Bound), None, "never a ratio below 1");
     }
 
     #[test]
     fn the_new_floors_stay_below_the_h200_measurements() {
         // docs/benchmarks.md, 2x1x1 over two PEs, 6000 atoms (1578 atoms per direction): the
         // measured floor inputs and every variant's fastest repeat must give a bound.
-        let f = FloorInputs {
-            one_way_latency_s: 1.95e-6,
-            peer_bw: Some(388.7e9),
-            device_bw: 3887e9,
-            launch_s: 5.03e-6,
-            graph_launch_s: 2.01e-6,
-            host_sync_s: 10.41e-6,
-        };
+        let f = FloorInputs { one_way_latency_s: 1.95e-6, peer_bw: Some(388.7e9), device_bw: 3887e9, launch_s: 5.03e-6, graph_launch_s: 2.01e-6, host_sync_s: 10.41e-6 };
         let s = shape(1578 * 12, 1, Link::Peer);
-        let s = HaloShape {
-            steps_per_graph: 1,
-            ..s
-        };
+        let s = HaloShape { steps_per_graph: 1, ..s };
         for (method, graph, fastest) in [
             (Method::Fused, false, [6.9e-6, 10.7e-6, 18.1e-6]),
             (Method::Fused, true, [5.2e-6, 8.9e-6, 14.7e-6]),
@@ -590,11 +458,7 @@ mod tests {
             (Method::Staged, false, [35.6e-6, 35.7e-6, 73.3e-6]),
         ] {
             let v = f.variant(method, graph, &s);
-            assert_eq!(
-                FloorCheck::of(&v, fastest.map(Some)),
-                FloorCheck::Bound,
-                "{method:?} graph {graph}: {v:?}"
-            );
+            assert_eq!(FloorCheck::of(&v, fastest.map(Some)), FloorCheck::Bound, "{method:?} graph {graph}: {v:?}");
         }
     }
 }

@@ -29,11 +29,7 @@ impl Phase {
 
     /// Enqueues `steps` steps of this phase: `direction(false)` is one coordinate halo,
     /// `direction(true)` one force halo, in step order.
-    pub fn repeat<E>(
-        self,
-        steps: usize,
-        mut direction: impl FnMut(bool) -> Result<(), E>,
-    ) -> Result<(), E> {
+    pub fn repeat<E>(self, steps: usize, mut direction: impl FnMut(bool) -> Result<(), E>) -> Result<(), E> {
         for _ in 0..steps {
             if self != Phase::Forces {
                 direction(false)?;
@@ -47,57 +43,28 @@ impl Phase {
 }
 
 /// Enqueues `steps` steps of `phase` for one rank on `stream` (no host sync).
-pub fn enqueue(
-    rank: &mut RankExchange,
-    stream: &CudaStream,
-    transport: Transport,
-    phase: Phase,
-    steps: usize,
-) -> Result<()> {
-    phase.repeat(steps, |forces| {
-        if forces {
-            rank.launch_forces(stream)
-        } else {
-            rank.launch_coordinates(transport, stream)
-        }
-    })
+pub fn enqueue(rank: &mut RankExchange, stream: &CudaStream, transport: Transport, phase: Phase, steps: usize) -> Result<()> {
+    phase.repeat(steps, |forces| if forces { rank.launch_forces(stream) } else { rank.launch_coordinates(transport, stream) })
 }
 
 /// Captures `steps` steps of `phase` of one rank into a graph. Replays need no reset: every rank
 /// must only replay the same graphs in the same order, as it would launch the same steps.
-pub fn capture(
-    rank: &mut RankExchange,
-    stream: &Arc<CudaStream>,
-    transport: Transport,
-    phase: Phase,
-    steps: usize,
-) -> Result<CudaGraph> {
+pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Transport, phase: Phase, steps: usize) -> Result<CudaGraph> {
     if !transport.gpu_initiated() {
-        return Err(HaloError::InvalidInput(format!(
-            "the {} transport is host-driven and cannot be captured",
-            transport.name()
-        )));
+        return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
     }
     capture_with(stream, || enqueue(rank, stream, transport, phase, steps))
 }
 
 /// Captures what `enqueue` puts on `stream` into an uploaded graph.
-pub fn capture_with(
-    stream: &Arc<CudaStream>,
-    enqueue: impl FnOnce() -> Result<()>,
-) -> Result<CudaGraph> {
+pub fn capture_with(stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
     // Thread-local mode: other threads' CUDA calls stay legal during the capture.
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .during("starting a graph capture")?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
     let queued = enqueue();
     // Always end the capture, or the stream stays in capture mode.
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags(0))
-        .during("ending a graph capture")?;
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture")?;
     queued?;
-    let graph = graph
-        .ok_or_else(|| HaloError::InvalidInput("the captured step is empty (no pulses?)".into()))?;
+    let graph = graph.ok_or_else(|| HaloError::InvalidInput("the captured step is empty (no pulses?)".into()))?;
     graph.upload().during("uploading a graph")?;
     Ok(graph)
 }
@@ -110,15 +77,8 @@ pub struct PhaseGraphs {
 
 impl PhaseGraphs {
     /// Captures one step of each of the three phases for one rank.
-    pub fn capture(
-        rank: &mut RankExchange,
-        stream: &Arc<CudaStream>,
-        transport: Transport,
-    ) -> Result<Self> {
-        let graphs = Phase::ALL
-            .iter()
-            .map(|&ph| capture(rank, stream, transport, ph, 1))
-            .collect::<Result<_>>()?;
+    pub fn capture(rank: &mut RankExchange, stream: &Arc<CudaStream>, transport: Transport) -> Result<Self> {
+        let graphs = Phase::ALL.iter().map(|&ph| capture(rank, stream, transport, ph, 1)).collect::<Result<_>>()?;
         Ok(Self { graphs })
     }
 

@@ -82,15 +82,10 @@ pub fn target_us(kernel: &str, sorted: bool) -> f64 {
 /// `len` distinct indices below `range`, in random order, and the same sorted.
 pub fn maps(len: usize, range: usize, seed: u64) -> Result<(Vec<u32>, Vec<u32>)> {
     if len > range || range > u32::MAX as usize {
-        return Err(HaloError::InvalidInput(format!(
-            "cannot draw {len} distinct indices below {range}"
-        )));
+        return Err(HaloError::InvalidInput(format!("cannot draw {len} distinct indices below {range}")));
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let random: Vec<u32> = rand::seq::index::sample(&mut rng, range, len)
-        .into_iter()
-        .map(|i| i as u32)
-        .collect();
+    let random: Vec<u32> = rand::seq::index::sample(&mut rng, range, len).into_iter().map(|i| i as u32).collect();
     let mut sorted = random.clone();
     sorted.sort_unstable();
     Ok((sorted, random))
@@ -104,9 +99,7 @@ fn time_one(stream: &CudaStream, f: impl Fn() -> Result<()>, repeats: usize) -> 
     for _ in 0..repeats {
         v.push(floor::time_on_stream(stream, &f)?);
     }
-    Summary::of(&v)
-        .map(|s| s.scaled(1e6))
-        .ok_or_else(|| HaloError::InvalidInput("no kernel timing".into()))
+    Summary::of(&v).map(|s| s.scaled(1e6)).ok_or_else(|| HaloError::InvalidInput("no kernel timing".into()))
 }
 
 /// Runs the kernel benchmark on one GPU.
@@ -114,17 +107,12 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
     let ctx = gpu::open_device(cfg.device)?;
     let artifacts = crate::artifacts::KernelArtifacts::locate(crate::artifacts::DEFAULT_ARCH)?;
     let module = Arc::new(KernelModule::load(&ctx, &artifacts)?);
-    let stream = ctx.new_stream().map_err(|source| HaloError::Cuda {
-        what: "creating a stream".into(),
-        source,
-    })?;
+    let stream = ctx.new_stream().map_err(|source| HaloError::Cuda { what: "creating a stream".into(), source })?;
     let mut bw = Vec::new();
     for _ in 0..cfg.repeats.clamp(3, 10) {
         bw.push(floor::measure_device_bw(&ctx, &stream, 256 << 20)?);
     }
-    let device_bw_gbs = Summary::of(&bw)
-        .map(|s| s.scaled(1e-9))
-        .ok_or_else(|| HaloError::InvalidInput("no bandwidth".into()))?;
+    let device_bw_gbs = Summary::of(&bw).map(|s| s.scaled(1e-9)).ok_or_else(|| HaloError::InvalidInput("no bandwidth".into()))?;
     let (sorted, random) = maps(cfg.map_len, cfg.array_len, cfg.seed)?;
     let x = DeviceBuffer::<Float3>::zeroed(&ctx, cfg.array_len)?;
     let buf = DeviceBuffer::<Float3>::zeroed(&ctx, cfg.map_len)?;
@@ -132,11 +120,7 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
     for (name, host_map) in [("sorted", &sorted), ("random", &random)] {
         let map = IndexMap::new(&ctx, host_map)?;
         let is_sorted = name == "sorted";
-        let t = time_one(
-            &stream,
-            || pack_coords(&module, &stream, &x, &map, &buf, None),
-            cfg.repeats,
-        )?;
+        let t = time_one(&stream, || pack_coords(&module, &stream, &x, &map, &buf, None), cfg.repeats)?;
         results.push(KernelResult {
             kernel: "pack".into(),
             map: name.into(),
@@ -144,11 +128,7 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
             time_us: t,
             target_us: target_us("pack", is_sorted),
         });
-        let t = time_one(
-            &stream,
-            || unpack(&module, &stream, &buf, &map, &x, true),
-            cfg.repeats,
-        )?;
+        let t = time_one(&stream, || unpack(&module, &stream, &buf, &map, &x, true), cfg.repeats)?;
         results.push(KernelResult {
             kernel: "unpack-accumulate".into(),
             map: name.into(),
@@ -157,44 +137,18 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
             target_us: target_us("unpack-accumulate", is_sorted),
         });
     }
-    stream.synchronize().map_err(|source| HaloError::Cuda {
-        what: "finishing the kernels".into(),
-        source,
-    })?;
-    Ok(KernelReport {
-        machine: crate::machine::MachineInfo::collect(None),
-        gpu: ctx.name().unwrap_or_else(|_| "GPU".into()),
-        map_len: cfg.map_len,
-        array_len: cfg.array_len,
-        device_bw_gbs,
-        results,
-    })
+    stream.synchronize().map_err(|source| HaloError::Cuda { what: "finishing the kernels".into(), source })?;
+    Ok(KernelReport { machine: crate::machine::MachineInfo::collect(None), gpu: ctx.name().unwrap_or_else(|_| "GPU".into()), map_len: cfg.map_len, array_len: cfg.array_len, device_bw_gbs, results })
 }
 
 /// The kernel report as a table.
 pub fn table(r: &KernelReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "halo bench-kernels on {}: {} map entries (distinct) into {} float3 atoms",
-        r.gpu, r.map_len, r.array_len
-    );
-    let _ = writeln!(
-        s,
-        "device copy bandwidth {} GB/s (read + write)",
-        r.device_bw_gbs.cell(0)
-    );
-    let _ = writeln!(
-        s,
-        "{:<18} {:<7} {:>24} {:>10} {:>9} {:>8}",
-        "kernel", "map", "us median [min-max]", "GB/s eff", "% of copy", "target"
-    );
+    let _ = writeln!(s, "halo bench-kernels on {}: {} map entries (distinct) into {} float3 atoms", r.gpu, r.map_len, r.array_len);
+    let _ = writeln!(s, "device copy bandwidth {} GB/s (read + write)", r.device_bw_gbs.cell(0));
+    let _ = writeln!(s, "{:<18} {:<7} {:>24} {:>10} {:>9} {:>8}", "kernel", "map", "us median [min-max]", "GB/s eff", "% of copy", "target");
     for k in &r.results {
-        let verdict = if k.time_us.median <= k.target_us {
-            "met"
-        } else {
-            "MISSED"
-        };
+        let verdict = if k.time_us.median <= k.target_us { "met" } else { "MISSED" };
         let _ = writeln!(
             s,
             "{:<18} {:<7} {:>24} {:>10.0} {:>8.0}% {:>6.0}us  {}",
@@ -229,12 +183,7 @@ mod tests {
 
     #[test]
     fn table_marks_targets() {
-        let s = |m| Summary {
-            median: m,
-            min: m,
-            max: m,
-            n: 5,
-        };
+        let s = |m| Summary { median: m, min: m, max: m, n: 5 };
         let r = KernelReport {
             machine: crate::machine::tests::sample(),
             gpu: "H200".into(),
@@ -242,28 +191,13 @@ mod tests {
             array_len: 4 << 20,
             device_bw_gbs: s(4000.0),
             results: vec![
-                KernelResult {
-                    kernel: "pack".into(),
-                    map: "sorted".into(),
-                    time_us: s(20.0),
-                    effective_gbs: 1468.0,
-                    target_us: 22.0,
-                },
-                KernelResult {
-                    kernel: "pack".into(),
-                    map: "random".into(),
-                    time_us: s(30.0),
-                    effective_gbs: 979.0,
-                    target_us: 28.0,
-                },
+                KernelResult { kernel: "pack".into(), map: "sorted".into(), time_us: s(20.0), effective_gbs: 1468.0, target_us: 22.0 },
+                KernelResult { kernel: "pack".into(), map: "random".into(), time_us: s(30.0), effective_gbs: 979.0, target_us: 28.0 },
             ],
         };
         let t = table(&r);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(
-            lines[3].ends_with("met") && lines[4].ends_with("MISSED"),
-            "{t}"
-        );
+        assert!(lines[3].ends_with("met") && lines[4].ends_with("MISSED"), "{t}");
         assert!(lines[3].contains("37%"), "{t}");
         assert_eq!(target_us("unpack-accumulate", false), 60.0);
     }

@@ -52,9 +52,7 @@ pub fn summarise(reports: &[BenchReport]) -> LatencySummary {
     let mut rows = Vec::new();
     for rep in reports {
         for r in rep.results.iter().filter(|r| !r.graph && usable(r)) {
-            let (Some(c), Some(f), Some(s)) = (r.coords_us, r.forces_us, r.step_us) else {
-                continue;
-            };
+            let (Some(c), Some(f), Some(s)) = (r.coords_us, r.forces_us, r.step_us) else { continue };
             let graph = rep
                 .results
                 .iter()
@@ -74,10 +72,7 @@ pub fn summarise(reports: &[BenchReport]) -> LatencySummary {
     let signal = |rep: &BenchReport| rep.floor.one_way_latency_us.map(|s| s.median);
     LatencySummary {
         signal_one_way_us: reports.first().and_then(signal),
-        signal_one_way_us_by_mode: reports
-            .iter()
-            .map(|r| (r.mode.clone(), signal(r)))
-            .collect(),
+        signal_one_way_us_by_mode: reports.iter().map(|r| (r.mode.clone(), signal(r))).collect(),
         rows,
         commands: reports.iter().map(|r| r.command.clone()).collect(),
         machine: reports.first().map(|r| r.machine.clone()),
@@ -92,53 +87,22 @@ mod tests {
     #[test]
     fn rows_pair_each_plain_step_with_its_graph_and_leave_out_failures() {
         let mut rep = sample_report();
-        let mut failed = rep
-            .results
-            .iter()
-            .find(|r| r.transport == "staged")
-            .cloned()
-            .expect("staged row");
+        let mut failed = rep.results.iter().find(|r| r.transport == "staged").cloned().expect("staged row");
         failed.atoms = 7;
         failed.check = Some("FAILED: coordinates differ".into());
         rep.results.push(failed);
         let s = summarise(&[rep.clone()]);
         assert_eq!(s.signal_one_way_us, Some(0.8));
-        assert_eq!(
-            s.signal_one_way_us_by_mode,
-            vec![(rep.mode.clone(), Some(0.8))]
-        );
+        assert_eq!(s.signal_one_way_us_by_mode, vec![(rep.mode.clone(), Some(0.8))]);
         // staged and fused at two sizes; fused+graph folds into fused; the failed and skipped rows are out.
         assert_eq!(s.rows.len(), 4, "{:?}", s.rows);
-        let fused45 = s
-            .rows
-            .iter()
-            .find(|r| r.transport == "fused" && r.atoms == 45000)
-            .expect("fused 45k");
-        assert_eq!(
-            (
-                fused45.coords_us,
-                fused45.forces_us,
-                fused45.step_us,
-                fused45.graph_step_us
-            ),
-            (8.0, 8.0, 16.0, Some(12.0))
-        );
-        let staged6 = s
-            .rows
-            .iter()
-            .find(|r| r.transport == "staged" && r.atoms == 6000)
-            .expect("staged 6k");
+        let fused45 = s.rows.iter().find(|r| r.transport == "fused" && r.atoms == 45000).expect("fused 45k");
+        assert_eq!((fused45.coords_us, fused45.forces_us, fused45.step_us, fused45.graph_step_us), (8.0, 8.0, 16.0, Some(12.0)));
+        let staged6 = s.rows.iter().find(|r| r.transport == "staged" && r.atoms == 6000).expect("staged 6k");
         assert_eq!(staged6.graph_step_us, None);
         assert!(s.rows.iter().all(|r| r.atoms != 7));
         let json = serde_json::to_value(&s).expect("json");
-        for key in [
-            "transport",
-            "atoms",
-            "coords_us",
-            "forces_us",
-            "step_us",
-            "graph_step_us",
-        ] {
+        for key in ["transport", "atoms", "coords_us", "forces_us", "step_us", "graph_step_us"] {
             assert!(json["rows"][0].get(key).is_some(), "{key}");
         }
         assert!(summarise(&[]).rows.is_empty());

@@ -3,15 +3,16 @@
 //! the host clock from an idle GPU to an idle GPU; the median over repeats after a warm-up is
 //! reported, with the share of the time the search steps' host work took.
 
+use crate::machine::MachineInfo;
 use super::stats::{Summary, ns_per_day};
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
 use crate::exchange::{Placement, Transport};
-use crate::machine::MachineInfo;
 use halo_md::{MdConfig, MdRun};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
+
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -39,21 +40,13 @@ impl MdBenchConfig {
             )));
         }
         if self.repeats == 0 {
-            return Err(HaloError::InvalidInput(
-                "--repeats must be at least 1".into(),
-            ));
+            return Err(HaloError::InvalidInput("--repeats must be at least 1".into()));
         }
         Ok(())
     }
 
     fn md(&self, atoms: usize, grid: RankGrid, transport: Transport) -> MdConfig {
-        self.step.apply(MdConfig {
-            transport,
-            check_every: 0,
-            energy_every: 0,
-            graph: self.graph,
-            ..MdConfig::new(atoms, grid)
-        })
+        self.step.apply(MdConfig { transport, check_every: 0, energy_every: 0, graph: self.graph, ..MdConfig::new(atoms, grid) })
     }
 }
 
@@ -137,13 +130,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Measures `transport` at `atoms` on `grid`. A failure becomes a skipped row with the reason.
-pub fn measure(
-    cfg: &MdBenchConfig,
-    target: &Target<'_>,
-    grid: RankGrid,
-    atoms: usize,
-    transport: Transport,
-) -> MdBenchRow {
+pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: usize, transport: Transport) -> MdBenchRow {
     let md = cfg.md(atoms, grid, transport);
     let mut row = MdBenchRow {
         transport: transport.name().to_string(),
@@ -179,23 +166,14 @@ pub fn measure(
     // Every PE measures the same rows in the same order, so a count names each row's all-gather
     // alike everywhere (the rendezvous takes a tag once), even when a row fails.
     static ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tag = format!(
-        "md-bench-times-{}",
-        ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
+    let tag = format!("md-bench-times-{}", ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     if let Err(e) = measure_into(cfg, target, md, &mut row, &tag) {
         row.skipped = Some(e.to_string());
     }
     row
 }
 
-fn measure_into(
-    cfg: &MdBenchConfig,
-    target: &Target<'_>,
-    md: MdConfig,
-    row: &mut MdBenchRow,
-    tag: &str,
-) -> Result<()> {
+fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
     let mut run = MdRun::new(md, target.placement.clone())?;
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
@@ -219,17 +197,11 @@ fn measure_into(
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
     let mine: Vec<f64> = times.iter().chain(&shares).copied().collect();
-    let all = target
-        .placement
-        .all_gather(tag, vec![bytemuck::cast_slice(&mine).to_vec()])?;
+    let all = target.placement.all_gather(tag, vec![bytemuck::cast_slice(&mine).to_vec()])?;
     for b in &all {
         let v: Vec<f64> = bytemuck::pod_collect_to_vec(b);
         if v.len() != mine.len() {
-            return Err(HaloError::InvalidInput(format!(
-                "a PE reported {} timings, this one {}",
-                v.len(),
-                mine.len()
-            )));
+            return Err(HaloError::InvalidInput(format!("a PE reported {} timings, this one {}", v.len(), mine.len())));
         }
         for (k, t) in v[..times.len()].iter().enumerate() {
             times[k] = times[k].max(*t);
@@ -238,8 +210,7 @@ fn measure_into(
             shares[k] = shares[k].max(*s);
         }
     }
-    let s =
-        Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
+    let s = Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
     row.step_us_median = Some(s.median);
     row.step_us_min = Some(s.min);
     row.step_us_max = Some(s.max);
@@ -247,11 +218,7 @@ fn measure_into(
     row.search_share = Summary::of(&shares).map(|s| s.median);
     let n = (after.count - before.count).max(1) as f64;
     row.search_ms = Some(ms(after.total - before.total) / n);
-    let gpu_lists = if row.list_search == "gpu" {
-        after.pairs - before.pairs
-    } else {
-        Duration::ZERO
-    };
+    let gpu_lists = if row.list_search == "gpu" { after.pairs - before.pairs } else { Duration::ZERO };
     row.search_parts_ms = Some([
         ms(after.gather - before.gather) / n,
         ms(after.plan - before.plan) / n,
@@ -269,11 +236,7 @@ pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> 
     let best = rows
         .iter()
         .filter(|r| r.atoms == row.atoms && r.gpus == row.gpus && r.ranks == row.ranks)
-        .filter(|r| {
-            r.transport
-                .parse::<Transport>()
-                .is_ok_and(|t| !t.gpu_initiated())
-        })
+        .filter(|r| r.transport.parse::<Transport>().is_ok_and(|t| !t.gpu_initiated()))
         .filter_map(|r| r.ns_per_day)
         .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))?;
     Some(row.ns_per_day? / best)
@@ -281,11 +244,7 @@ pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> 
 
 /// The transport, `+graph` when its plain steps were replayed as CUDA graphs.
 fn variant(r: &MdBenchRow) -> String {
-    if r.graph {
-        format!("{}+graph", r.transport)
-    } else {
-        r.transport.clone()
-    }
+    if r.graph { format!("{}+graph", r.transport) } else { r.transport.clone() }
 }
 
 /// The rows as an aligned table with a header.
@@ -294,59 +253,27 @@ pub fn table(rows: &[MdBenchRow]) -> String {
     if let Some(r) = rows.first() {
         let m = &r.machine;
         let gpus: Vec<&str> = m.gpus.iter().map(|g| g.name.as_str()).collect();
-        let _ = writeln!(
-            s,
-            "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}",
-            r.mode,
-            gpus.join(", "),
-            m.nvidia_driver,
-            m.cuda_driver
-        );
+        let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
             "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs; {} steps x {} repeats after {} warm-up steps;",
             r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.steps, r.repeats, r.warmup_steps
         );
-        let _ = writeln!(
-            s,
-            "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats"
-        );
+        let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
     }
-    let header = [
-        "atoms",
-        "transport",
-        "gpus",
-        "ranks",
-        "rlist nm",
-        "step us",
-        "ns/day",
-        "search %",
-        "ms/search",
-        "vs host-orch.",
-    ];
+    let header = ["atoms", "transport", "gpus", "ranks", "rlist nm", "step us", "ns/day", "search %", "ms/search", "vs host-orch."];
     let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in rows {
         if let Some(why) = &r.skipped {
-            table.push(vec![
-                r.atoms.to_string(),
-                variant(r),
-                r.gpus.to_string(),
-                r.ranks.clone(),
-                format!("skipped: {why}"),
-            ]);
+            table.push(vec![r.atoms.to_string(), variant(r), r.gpus.to_string(), r.ranks.clone(), format!("skipped: {why}")]);
             continue;
         }
-        let cell =
-            |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
+        let cell = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
         let step = match (r.step_us_median, r.step_us_min, r.step_us_max) {
             (Some(a), Some(b), Some(c)) => format!("{a:.1} [{b:.1}-{c:.1}]"),
             _ => "-".into(),
         };
-        let vs = speedup_over_host_orchestrated(rows, r).filter(|_| {
-            r.transport
-                .parse::<Transport>()
-                .is_ok_and(Transport::gpu_initiated)
-        });
+        let vs = speedup_over_host_orchestrated(rows, r).filter(|_| r.transport.parse::<Transport>().is_ok_and(Transport::gpu_initiated));
         table.push(vec![
             r.atoms.to_string(),
             variant(r),
@@ -361,40 +288,16 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         ]);
     }
     let cols = header.len();
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            table
-                .iter()
-                .filter(|r| r.len() == cols)
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths: Vec<usize> = (0..cols).map(|c| table.iter().filter(|r| r.len() == cols).map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     for row in &table {
         let line: Vec<String> = if row.len() == cols {
             row.iter()
                 .enumerate()
-                .map(|(c, cell)| {
-                    if c == 1 || c == 3 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        format!("{cell:>w$}", w = widths[c])
-                    }
-                })
+                .map(|(c, cell)| if c == 1 || c == 3 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) })
                 .collect()
         } else {
             // Skipped rows: size, transport, GPUs and ranks aligned, then the reason.
-            row.iter()
-                .enumerate()
-                .map(|(c, cell)| {
-                    if c < 4 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        cell.clone()
-                    }
-                })
-                .collect()
+            row.iter().enumerate().map(|(c, cell)| if c < 4 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
         };
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
@@ -411,10 +314,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         })
         .collect();
     if !parts.is_empty() {
-        let _ = writeln!(
-            s,
-            "one search step's host time (ms, mean; the GPUs idle meanwhile):"
-        );
+        let _ = writeln!(s, "one search step's host time (ms, mean; the GPUs idle meanwhile):");
         for p in parts {
             let _ = writeln!(s, "{p}");
         }
@@ -462,21 +362,9 @@ mod tests {
 
     #[test]
     fn steps_must_hold_whole_list_lifetimes() {
-        let cfg = MdBenchConfig {
-            steps: 1000,
-            repeats: 3,
-            warmup: 150,
-            step: crate::cli::StepArgs::default(),
-            graph: false,
-        };
+        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false };
         cfg.validate().unwrap();
-        let e = MdBenchConfig {
-            steps: 1050,
-            ..cfg.clone()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
+        let e = MdBenchConfig { steps: 1050, ..cfg.clone() }.validate().unwrap_err().to_string();
         assert!(e.contains("multiple of --nstlist 100"), "{e}");
         assert!(MdBenchConfig { repeats: 0, ..cfg }.validate().is_err());
     }
@@ -486,19 +374,10 @@ mod tests {
         let mut skipped = row("fused", 45_000, 1.0);
         skipped.skipped = Some("no".into());
         skipped.ns_per_day = None;
-        let rows = vec![
-            row("fused", 45_000, 50.0),
-            row("staged", 45_000, 80.0),
-            row("fused", 6000, 30.0),
-            row("staged", 6000, 60.0),
-        ];
+        let rows = vec![row("fused", 45_000, 50.0), row("staged", 45_000, 80.0), row("fused", 6000, 30.0), row("staged", 6000, 60.0)];
         assert!((speedup_over_host_orchestrated(&rows, &rows[0]).unwrap() - 1.6).abs() < 1e-9);
         assert!((speedup_over_host_orchestrated(&rows, &rows[2]).unwrap() - 2.0).abs() < 1e-9);
-        assert_eq!(
-            speedup_over_host_orchestrated(&rows[..1], &rows[0]),
-            None,
-            "no baseline measured"
-        );
+        assert_eq!(speedup_over_host_orchestrated(&rows[..1], &rows[0]), None, "no baseline measured");
         let mut all = rows.clone();
         all.push(skipped);
         let t = table(&all);
@@ -506,29 +385,14 @@ mod tests {
         assert!(t.contains("skipped: no"), "{t}");
         assert!(t.contains("search steps included"), "{t}");
         // 50 us per 2 fs step: 86400 / 50e-6 * 2e-6 = 3456 ns/day.
-        assert!(
-            t.lines().any(|l| l.starts_with("45000")
-                && l.contains("fused")
-                && l.contains("3456")
-                && l.contains("10.0")),
-            "{t}"
-        );
+        assert!(t.lines().any(|l| l.starts_with("45000") && l.contains("fused") && l.contains("3456") && l.contains("10.0")), "{t}");
     }
 
     #[test]
     fn rows_serialise_with_the_fields_the_issue_names() {
         let v: serde_json::Value = serde_json::to_value(vec![row("fused", 45_000, 50.0)]).unwrap();
         let o = &v[0];
-        for key in [
-            "transport",
-            "atoms",
-            "gpus",
-            "step_us_median",
-            "ns_per_day",
-            "steps",
-            "search_included",
-            "machine",
-        ] {
+        for key in ["transport", "atoms", "gpus", "step_us_median", "ns_per_day", "steps", "search_included", "machine"] {
             assert!(o.get(key).is_some(), "missing {key}: {o}");
         }
         assert_eq!(o["search_included"], serde_json::Value::Bool(true));

@@ -70,15 +70,8 @@ pub enum Method {
 
 impl Method {
     /// Every method, in report order.
-    pub const ALL: [Method; 7] = [
-        Method::Staged,
-        Method::DirectCopy,
-        Method::Nccl,
-        Method::PerPulse,
-        Method::PerPulseDirect,
-        Method::Fused,
-        Method::FusedTma,
-    ];
+    pub const ALL: [Method; 7] =
+        [Method::Staged, Method::DirectCopy, Method::Nccl, Method::PerPulse, Method::PerPulseDirect, Method::Fused, Method::FusedTma];
 
     /// The exchange transport behind it (`None` for NCCL).
     pub fn transport(self) -> Option<Transport> {
@@ -95,10 +88,7 @@ impl Method {
 
     /// The method of an exchange transport.
     pub fn of(transport: Transport) -> Self {
-        Self::ALL
-            .into_iter()
-            .find(|m| m.transport() == Some(transport))
-            .unwrap_or(Method::Fused)
+        Self::ALL.into_iter().find(|m| m.transport() == Some(transport)).unwrap_or(Method::Fused)
     }
 
     /// Whether the GPU drives the step (no host sync, graph-capturable).
@@ -145,10 +135,7 @@ pub fn parse_methods(s: &str) -> std::result::Result<Vec<Method>, String> {
             return Ok(Method::ALL.to_vec());
         }
         let m = Method::parse(part).ok_or_else(|| {
-            format!(
-                "unknown transport `{part}` (possible values: all, {})",
-                Method::ALL.map(Method::name).join(", ")
-            )
+            format!("unknown transport `{part}` (possible values: all, {})", Method::ALL.map(Method::name).join(", "))
         })?;
         if !out.contains(&m) {
             out.push(m);
@@ -172,11 +159,7 @@ pub struct Variant {
 impl Variant {
     /// `fused`, `fused+graph`, ...
     pub fn name(&self) -> String {
-        if self.graph {
-            format!("{}+graph", self.method.name())
-        } else {
-            self.method.name().to_string()
-        }
+        if self.graph { format!("{}+graph", self.method.name()) } else { self.method.name().to_string() }
     }
 
     /// The variants to run for `methods`: each, plus its graph form for capturable methods
@@ -184,15 +167,9 @@ impl Variant {
     pub fn list(methods: &[Method], graph: bool) -> Vec<Variant> {
         let mut out = Vec::new();
         for &m in methods {
-            out.push(Variant {
-                method: m,
-                graph: false,
-            });
+            out.push(Variant { method: m, graph: false });
             if graph && m.capturable() {
-                out.push(Variant {
-                    method: m,
-                    graph: true,
-                });
+                out.push(Variant { method: m, graph: true });
             }
         }
         out
@@ -227,16 +204,9 @@ pub fn md_send_fraction(atoms: usize, density: f64, cutoff: f64, ranks_along: us
 
 /// Atoms one rank sends per pulse for `atoms` split over `grid` (dimension `dim`'s pulse, home
 /// atoms only, which is what the 2x1x1 case has): `atoms / ranks * md_send_fraction`.
-pub fn md_send_atoms(
-    atoms: usize,
-    density: f64,
-    cutoff: f64,
-    grid: [usize; 3],
-    dim: usize,
-) -> usize {
+pub fn md_send_atoms(atoms: usize, density: f64, cutoff: f64, grid: [usize; 3], dim: usize) -> usize {
     let ranks: usize = grid.iter().product();
-    ((atoms / ranks.max(1)) as f64 * md_send_fraction(atoms, density, cutoff, grid[dim])).round()
-        as usize
+    ((atoms / ranks.max(1)) as f64 * md_send_fraction(atoms, density, cutoff, grid[dim])).round() as usize
 }
 
 /// The synthetic halo shape that mimics an MD decomposition of `atoms` on `grid`: `atoms /
@@ -249,10 +219,7 @@ pub fn synthetic_md_shape(atoms: usize, grid: [usize; 3], cutoff: f64) -> Synthe
     let fraction = if dims.is_empty() {
         0.0
     } else {
-        dims.iter()
-            .map(|&d| md_send_fraction(atoms, NUMBER_DENSITY, cutoff, grid[d]))
-            .sum::<f64>()
-            / dims.len() as f64
+        dims.iter().map(|&d| md_send_fraction(atoms, NUMBER_DENSITY, cutoff, grid[d])).sum::<f64>() / dims.len() as f64
     };
     SyntheticShape {
         grid,
@@ -265,28 +232,15 @@ pub fn synthetic_md_shape(atoms: usize, grid: [usize; 3], cutoff: f64) -> Synthe
 
 /// The halos of `atoms` on `grid` from `source` (deterministic in `seed`, so every rank of a
 /// multi-process run builds the same ones).
-pub fn build_halos(
-    source: HaloSource,
-    atoms: usize,
-    grid: [usize; 3],
-    cutoff: f32,
-    seed: u64,
-) -> Result<Vec<RankHalo>> {
+pub fn build_halos(source: HaloSource, atoms: usize, grid: [usize; 3], cutoff: f32, seed: u64) -> Result<Vec<RankHalo>> {
     match source {
         HaloSource::Md => {
-            let system = MolecularSystem::generate(atoms, seed).map_err(|e| {
-                HaloError::InvalidInput(format!("building the {atoms}-atom system: {e}"))
-            })?;
+            let system = MolecularSystem::generate(atoms, seed).map_err(|e| HaloError::InvalidInput(format!("building the {atoms}-atom system: {e}")))?;
             let grid = RankGrid::new(grid).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-            let plan = HaloPlan::build(&system, grid, cutoff).map_err(|e| {
-                HaloError::InvalidInput(format!("decomposing {atoms} atoms on {grid}: {e}"))
-            })?;
+            let plan = HaloPlan::build(&system, grid, cutoff).map_err(|e| HaloError::InvalidInput(format!("decomposing {atoms} atoms on {grid}: {e}")))?;
             Ok(plan.rank_halos())
         }
-        HaloSource::Synthetic => Ok(synthetic::halos(
-            synthetic_md_shape(atoms, grid, cutoff as f64),
-            seed,
-        )),
+        HaloSource::Synthetic => Ok(synthetic::halos(synthetic_md_shape(atoms, grid, cutoff as f64), seed)),
     }
 }
 
@@ -304,21 +258,9 @@ pub struct HaloSizes {
 impl HaloSizes {
     /// The sizes of `halos`.
     pub fn of(halos: &[RankHalo]) -> Self {
-        let atoms_x = halos
-            .iter()
-            .map(|h| h.pulses.iter().map(|p| p.index_map.len()).sum::<usize>())
-            .max()
-            .unwrap_or(0);
-        let atoms_f = halos
-            .iter()
-            .map(|h| h.pulses.iter().map(|p| p.recv_size).sum::<usize>())
-            .max()
-            .unwrap_or(0);
-        Self {
-            pulses: halos.first().map_or(0, |h| h.pulses.len()),
-            atoms_x,
-            atoms_f,
-        }
+        let atoms_x = halos.iter().map(|h| h.pulses.iter().map(|p| p.index_map.len()).sum::<usize>()).max().unwrap_or(0);
+        let atoms_f = halos.iter().map(|h| h.pulses.iter().map(|p| p.recv_size).sum::<usize>()).max().unwrap_or(0);
+        Self { pulses: halos.first().map_or(0, |h| h.pulses.len()), atoms_x, atoms_f }
     }
 
     /// The floor formulas' input.
@@ -344,41 +286,16 @@ mod tests {
             assert_eq!(Method::parse(m.name()), Some(m));
         }
         assert_eq!(parse_methods("all").unwrap(), Method::ALL.to_vec());
-        assert_eq!(
-            parse_methods("fused, nccl,fused").unwrap(),
-            vec![Method::Fused, Method::Nccl]
-        );
-        assert!(
-            parse_methods("warp")
-                .unwrap_err()
-                .contains("unknown transport `warp`")
-        );
+        assert_eq!(parse_methods("fused, nccl,fused").unwrap(), vec![Method::Fused, Method::Nccl]);
+        assert!(parse_methods("warp").unwrap_err().contains("unknown transport `warp`"));
         assert!(parse_methods("").is_err());
     }
 
     #[test]
     fn graph_variants_only_for_capturable_methods() {
-        let v = Variant::list(
-            &[
-                Method::Staged,
-                Method::DirectCopy,
-                Method::Nccl,
-                Method::Fused,
-            ],
-            true,
-        );
+        let v = Variant::list(&[Method::Staged, Method::DirectCopy, Method::Nccl, Method::Fused], true);
         let names: Vec<String> = v.iter().map(Variant::name).collect();
-        assert_eq!(
-            names,
-            [
-                "staged",
-                "direct-copy",
-                "nccl",
-                "nccl+graph",
-                "fused",
-                "fused+graph"
-            ]
-        );
+        assert_eq!(names, ["staged", "direct-copy", "nccl", "nccl+graph", "fused", "fused+graph"]);
         for t in Transport::ALL {
             assert_eq!(Method::of(t).transport(), Some(t));
         }

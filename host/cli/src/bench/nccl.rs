@@ -95,11 +95,7 @@ impl Nccl {
             get_error_string: sym(&lib, "ncclGetErrorString")?,
             get_version: sym(&lib, "ncclGetVersion")?,
         };
-        Ok(Self {
-            api,
-            path,
-            _lib: lib,
-        })
+        Ok(Self { api, path, _lib: lib })
     }
 
     /// Where NCCL was loaded from.
@@ -122,46 +118,26 @@ impl Nccl {
         // SAFETY: NCCL returns a static C string for any code.
         let msg = unsafe {
             let p = (self.api.get_error_string)(code);
-            if p.is_null() {
-                "unknown".into()
-            } else {
-                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
+            if p.is_null() { "unknown".into() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
         };
-        Err(HaloError::InvalidInput(format!(
-            "{what} failed: NCCL error {code} ({msg})"
-        )))
+        Err(HaloError::InvalidInput(format!("{what} failed: NCCL error {code} ({msg})")))
     }
 
     /// A new unique id (rank 0 makes it, the others receive it).
     pub fn unique_id(&self) -> Result<UniqueId> {
         let mut id = UniqueId([0; 128]);
         // SAFETY: writes 128 bytes.
-        self.check(
-            unsafe { (self.api.get_unique_id)(&mut id) },
-            "ncclGetUniqueId",
-        )?;
+        self.check(unsafe { (self.api.get_unique_id)(&mut id) }, "ncclGetUniqueId")?;
         Ok(id)
     }
 
     /// Joins a communicator of `nranks` as `rank` (collective across processes). The calling
     /// thread must have this rank's CUDA context current.
-    pub fn comm_init_rank(
-        self: &Arc<Self>,
-        nranks: usize,
-        id: UniqueId,
-        rank: usize,
-    ) -> Result<NcclComm> {
+    pub fn comm_init_rank(self: &Arc<Self>, nranks: usize, id: UniqueId, rank: usize) -> Result<NcclComm> {
         let mut comm: Comm = std::ptr::null_mut();
         // SAFETY: `comm` receives the handle; the id is passed by value as nccl.h declares.
-        self.check(
-            unsafe { (self.api.comm_init_rank)(&mut comm, nranks as c_int, id, rank as c_int) },
-            "ncclCommInitRank",
-        )?;
-        Ok(NcclComm {
-            nccl: self.clone(),
-            comm,
-        })
+        self.check(unsafe { (self.api.comm_init_rank)(&mut comm, nranks as c_int, id, rank as c_int) }, "ncclCommInitRank")?;
+        Ok(NcclComm { nccl: self.clone(), comm })
     }
 
     /// One communicator per GPU of `ordinals` in this process, rank `i` on `ordinals[i]` (which
@@ -170,19 +146,8 @@ impl Nccl {
         let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); ordinals.len()];
         let devs: Vec<c_int> = ordinals.iter().map(|&o| o as c_int).collect();
         // SAFETY: `comms` and `devs` both hold `len` entries.
-        self.check(
-            unsafe {
-                (self.api.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr())
-            },
-            "ncclCommInitAll",
-        )?;
-        Ok(comms
-            .into_iter()
-            .map(|comm| NcclComm {
-                nccl: self.clone(),
-                comm,
-            })
-            .collect())
+        self.check(unsafe { (self.api.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) }, "ncclCommInitAll")?;
+        Ok(comms.into_iter().map(|comm| NcclComm { nccl: self.clone(), comm }).collect())
     }
 
     /// `ncclGroupStart`.
@@ -214,24 +179,9 @@ impl NcclComm {
     /// # Safety
     /// `buf` must hold `atoms` float3 of live device memory on this communicator's GPU, unchanged
     /// until the send completes in stream order.
-    pub unsafe fn send(
-        &self,
-        buf: u64,
-        atoms: usize,
-        peer: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
+    pub unsafe fn send(&self, buf: u64, atoms: usize, peer: usize, stream: &CudaStream) -> Result<()> {
         // SAFETY: the caller's contract; count is in floats.
-        let code = unsafe {
-            (self.nccl.api.send)(
-                buf as *const c_void,
-                3 * atoms,
-                NCCL_FLOAT32,
-                peer as c_int,
-                self.comm,
-                stream.cu_stream() as *mut c_void,
-            )
-        };
+        let code = unsafe { (self.nccl.api.send)(buf as *const c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void) };
         self.nccl.check(code, "ncclSend")
     }
 
@@ -240,24 +190,9 @@ impl NcclComm {
     /// # Safety
     /// `buf` must hold `atoms` float3 of live device memory on this communicator's GPU, not used
     /// by anything else until the receive completes in stream order.
-    pub unsafe fn recv(
-        &self,
-        buf: u64,
-        atoms: usize,
-        peer: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
+    pub unsafe fn recv(&self, buf: u64, atoms: usize, peer: usize, stream: &CudaStream) -> Result<()> {
         // SAFETY: the caller's contract.
-        let code = unsafe {
-            (self.nccl.api.recv)(
-                buf as *mut c_void,
-                3 * atoms,
-                NCCL_FLOAT32,
-                peer as c_int,
-                self.comm,
-                stream.cu_stream() as *mut c_void,
-            )
-        };
+        let code = unsafe { (self.nccl.api.recv)(buf as *mut c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void) };
         self.nccl.check(code, "ncclRecv")
     }
 }
@@ -282,28 +217,18 @@ struct PulseIo {
 
 fn pulse_io(rank: &RankExchange, p: usize) -> PulseIo {
     let spec = &rank.halo().pulses[p];
-    PulseIo {
-        send_to: spec.send_rank,
-        recv_from: spec.recv_rank,
-        send_atoms: spec.index_map.len(),
-        recv_atoms: spec.recv_size,
-    }
+    PulseIo { send_to: spec.send_rank, recv_from: spec.recv_rank, send_atoms: spec.index_map.len(), recv_atoms: spec.recv_size }
 }
 
 /// The NCCL coordinate halo of one step for the ranks this process drives (all of them in one
 /// process, or its own under a launcher): per pulse, pack on every rank, then one NCCL group
 /// with every rank's send (its send slot) and receive (straight into its coordinate array).
-pub fn coordinates(
-    nccl: &Nccl,
-    ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)],
-) -> Result<()> {
+pub fn coordinates(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)]) -> Result<()> {
     let pulses = ranks.first().map_or(0, |r| r.0.halo().pulses.len());
     for p in 0..pulses {
         for (rank, _, stream) in ranks {
             // NCCL switches the thread's current device (runtime API); launches need the rank's.
-            rank.context()
-                .bind_to_thread()
-                .during("binding a rank's context")?;
+            rank.context().bind_to_thread().during("binding a rank's context")?;
             rank.stage_pack(p, stream)?;
         }
         nccl.group_start()?;
@@ -314,12 +239,7 @@ pub fn coordinates(
             // receive range x[atom_offset..+recv] lies inside x by the validated plan.
             unsafe {
                 comm.send(rank.send_slot(p), io.send_atoms, io.send_to, stream)?;
-                comm.recv(
-                    rank.x.device_ptr_at(at),
-                    io.recv_atoms,
-                    io.recv_from,
-                    stream,
-                )
+                comm.recv(rank.x.device_ptr_at(at), io.recv_atoms, io.recv_from, stream)
             }
         });
         // The group must be closed even when queueing failed, or NCCL stays in group mode.
@@ -342,12 +262,7 @@ pub fn forces(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)
             // SAFETY: f[atom_offset..+recv] lies inside f (validated plan); the receive slot holds
             // the pulse's slot_atoms >= send_atoms float3.
             unsafe {
-                comm.send(
-                    rank.f.device_ptr_at(at),
-                    io.recv_atoms,
-                    io.recv_from,
-                    stream,
-                )?;
+                comm.send(rank.f.device_ptr_at(at), io.recv_atoms, io.recv_from, stream)?;
                 comm.recv(rank.recv_slot(p), io.send_atoms, io.send_to, stream)
             }
         });
@@ -355,9 +270,7 @@ pub fn forces(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)
         queued?;
         ended?;
         for (rank, _, stream) in ranks {
-            rank.context()
-                .bind_to_thread()
-                .during("binding a rank's context")?;
+            rank.context().bind_to_thread().during("binding a rank's context")?;
             rank.stage_unpack_forces(p, stream)?;
         }
     }
@@ -370,15 +283,10 @@ pub type NcclComms = (Arc<Nccl>, Rc<Vec<NcclComm>>);
 /// NCCL communicators for the ranks of one process (one GPU per rank).
 pub fn setup_local(modules: &[Arc<KernelModule>], nranks: usize) -> Result<NcclComms> {
     if modules.len() < nranks {
-        return Err(HaloError::InvalidInput(format!(
-            "NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)",
-            modules.len()
-        )));
+        return Err(HaloError::InvalidInput(format!("NCCL needs one GPU per rank ({nranks} ranks, {} GPUs in use)", modules.len())));
     }
     let nccl = Nccl::load()?;
-    let ordinals: Vec<usize> = (0..nranks)
-        .map(|r| modules[r].context().ordinal())
-        .collect();
+    let ordinals: Vec<usize> = (0..nranks).map(|r| modules[r].context().ordinal()).collect();
     let comms = Rc::new(nccl.comm_init_all(&ordinals)?);
     Ok((nccl, comms))
 }
@@ -389,63 +297,36 @@ pub fn setup_pe(session: &PeSession, comm: &PeComm) -> Result<NcclComms> {
     let nv = &session.nvshmem;
     let loaded = Nccl::load();
     if !comm.all(loaded.is_ok())? {
-        return Err(loaded
-            .err()
-            .unwrap_or_else(|| HaloError::InvalidInput("NCCL is missing on another rank".into())));
+        return Err(loaded.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL is missing on another rank".into())));
     }
     let nccl = loaded?;
-    let id = if nv.my_pe() == 0 {
-        nccl.unique_id()
-    } else {
-        Ok(UniqueId([0; 128]))
-    };
+    let id = if nv.my_pe() == 0 { nccl.unique_id() } else { Ok(UniqueId([0; 128])) };
     if !comm.all(id.is_ok())? {
-        return Err(id.err().unwrap_or_else(|| {
-            HaloError::InvalidInput("rank 0 could not create an NCCL id".into())
-        }));
+        return Err(id.err().unwrap_or_else(|| HaloError::InvalidInput("rank 0 could not create an NCCL id".into())));
     }
     let id = UniqueId(comm.broadcast_bytes(&id?.0)?);
     session.ctx.bind_to_thread().during("binding the context")?;
     let c = nccl.comm_init_rank(nv.n_pes(), id, nv.my_pe());
     if !comm.all(c.is_ok())? {
-        return Err(c.err().unwrap_or_else(|| {
-            HaloError::InvalidInput("NCCL init failed on another rank".into())
-        }));
+        return Err(c.err().unwrap_or_else(|| HaloError::InvalidInput("NCCL init failed on another rank".into())));
     }
     Ok((nccl, Rc::new(vec![c?])))
 }
 
 /// Enqueues `steps` steps of `phase` of the NCCL exchange for the ranks of this process.
-pub fn enqueue(
-    nccl: &Nccl,
-    ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)],
-    phase: Phase,
-    steps: usize,
-) -> Result<()> {
-    phase.repeat(steps, |forces| {
-        if forces {
-            self::forces(nccl, ranks)
-        } else {
-            coordinates(nccl, ranks)
-        }
-    })
+pub fn enqueue(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)], phase: Phase, steps: usize) -> Result<()> {
+    phase.repeat(steps, |forces| if forces { self::forces(nccl, ranks) } else { coordinates(nccl, ranks) })
 }
 
 /// One step of `phase` of every local rank captured as a CUDA graph (one per rank, on its
 /// stream): NCCL's calls are stream-ordered and capturable, and every local stream is captured
 /// at once because one NCCL group spans them. Replays need every rank to replay its graph, as it
 /// would enqueue the step.
-pub fn capture(
-    nccl: &Nccl,
-    ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)],
-    phase: Phase,
-) -> Result<Vec<CudaGraph>> {
+pub fn capture(nccl: &Nccl, ranks: &[(&RankExchange, &NcclComm, &Arc<CudaStream>)], phase: Phase) -> Result<Vec<CudaGraph>> {
     let mut capturing = Vec::new();
     let mut begun = Ok(());
     for (_, _, stream) in ranks {
-        begun = stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .during("starting a graph capture");
+        begun = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture");
         if begun.is_err() {
             break;
         }
@@ -453,19 +334,12 @@ pub fn capture(
     }
     let queued = begun.and_then(|()| enqueue(nccl, ranks, phase, 1));
     // Always end every capture that began, or the streams stay in capture mode.
-    let ended: Vec<_> = capturing
-        .iter()
-        .map(|s| {
-            s.end_capture(CUgraphInstantiate_flags(0))
-                .during("ending a graph capture")
-        })
-        .collect();
+    let ended: Vec<_> = capturing.iter().map(|s| s.end_capture(CUgraphInstantiate_flags(0)).during("ending a graph capture")).collect();
     queued?;
     ended
         .into_iter()
         .map(|g| {
-            let g = g?
-                .ok_or_else(|| HaloError::InvalidInput("the captured NCCL step is empty".into()))?;
+            let g = g?.ok_or_else(|| HaloError::InvalidInput("the captured NCCL step is empty".into()))?;
             g.upload().during("uploading a graph")?;
             Ok(g)
         })

@@ -27,17 +27,11 @@ impl PeComm {
         let here = (0..nvshmem.n_pes()).all(|pe| pe == me || buf.peer_ptr(pe).is_some());
         // Every PE must take the same branch: agree through the rendezvous where there is one
         // (`halo launch`; elsewhere, e.g. under mpirun on one node, every PE sees every peer).
-        let mapped =
-            match halo::launch::rendezvous::all_gather("bench-comm-mapped", &[u8::from(here)]) {
-                Ok(all) => all.iter().all(|b| b.as_slice() == [1]),
-                Err(_) => here,
-            };
-        Ok(Self {
-            nvshmem,
-            buf,
-            mapped,
-            gathers: std::cell::Cell::new(0),
-        })
+        let mapped = match halo::launch::rendezvous::all_gather("bench-comm-mapped", &[u8::from(here)]) {
+            Ok(all) => all.iter().all(|b| b.as_slice() == [1]),
+            Err(_) => here,
+        };
+        Ok(Self { nvshmem, buf, mapped, gathers: std::cell::Cell::new(0) })
     }
 
     /// Whether every PE's memory is mapped into this process.
@@ -48,11 +42,7 @@ impl PeComm {
     /// Every PE's `values`, by PE (collective; at most `capacity` values).
     pub fn all_gather(&self, values: &[f64]) -> Result<Vec<Vec<f64>>> {
         if values.len() > self.buf.len() {
-            return Err(HaloError::InvalidInput(format!(
-                "gather of {} values into {}",
-                values.len(),
-                self.buf.len()
-            )));
+            return Err(HaloError::InvalidInput(format!("gather of {} values into {}", values.len(), self.buf.len())));
         }
         if !self.mapped {
             return self.all_gather_by_rendezvous(values);
@@ -61,31 +51,14 @@ impl PeComm {
         self.nvshmem.barrier_all()?;
         let mut out = Vec::with_capacity(self.nvshmem.n_pes());
         for pe in 0..self.nvshmem.n_pes() {
-            let src = if pe == self.nvshmem.my_pe() {
-                Some(self.buf.device_ptr())
-            } else {
-                self.buf.peer_ptr(pe)
-            };
-            let src = src.ok_or_else(|| {
-                HaloError::Nvshmem(format!(
-                    "PE {pe} is not mapped into this process (single node only)"
-                ))
-            })?;
+            let src = if pe == self.nvshmem.my_pe() { Some(self.buf.device_ptr()) } else { self.buf.peer_ptr(pe) };
+            let src = src.ok_or_else(|| HaloError::Nvshmem(format!("PE {pe} is not mapped into this process (single node only)")))?;
             let mut v = vec![0.0f64; values.len()];
             if !v.is_empty() {
-                self.nvshmem
-                    .context()
-                    .bind_to_thread()
-                    .during("binding the context")?;
+                self.nvshmem.context().bind_to_thread().during("binding the context")?;
                 // SAFETY: `src` addresses `values.len()` f64 of PE `pe`'s copy of this symmetric
                 // buffer, written before the barrier above and not rewritten before the next one.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtoh_sync(
-                        bytemuck::cast_slice_mut::<f64, u8>(&mut v),
-                        src,
-                    )
-                }
-                .during("gathering results")?;
+                unsafe { cudarc::driver::result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<f64, u8>(&mut v), src) }.during("gathering results")?;
             }
             out.push(v);
         }
@@ -101,30 +74,17 @@ impl PeComm {
         let all = halo::launch::rendezvous::all_gather(&format!("bench-{n}"), &bytes).map_err(|e| {
             HaloError::InvalidInput(format!("the PEs cannot map each other's memory, and gathering through `halo launch`'s rendezvous failed: {e}"))
         })?;
-        Ok(all
-            .iter()
-            .map(|b| {
-                b.chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                    .collect()
-            })
-            .collect())
+        Ok(all.iter().map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()).collect())
     }
 
     /// True when every PE says true.
     pub fn all(&self, ok: bool) -> Result<bool> {
-        Ok(self
-            .all_gather(&[ok as u8 as f64])?
-            .iter()
-            .all(|v| v[0] != 0.0))
+        Ok(self.all_gather(&[ok as u8 as f64])?.iter().all(|v| v[0] != 0.0))
     }
 
     /// Rank 0's bytes on every PE.
     pub fn broadcast_bytes(&self, bytes: &[u8; 128]) -> Result<[u8; 128]> {
-        let words: Vec<f64> = bytes
-            .chunks(8)
-            .map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
-            .collect();
+        let words: Vec<f64> = bytes.chunks(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))).collect();
         let all = self.all_gather(&words)?;
         let mut out = [0u8; 128];
         for (i, w) in all[0].iter().enumerate() {
@@ -133,3 +93,4 @@ impl PeComm {
         Ok(out)
     }
 }
+

@@ -15,15 +15,10 @@ fn register_font() -> Result<()> {
 }
 
 /// (variant, [(atoms, µs)]) for one quantity, variants in report order.
-fn series(
-    report: &BenchReport,
-    pick: impl Fn(&super::report::VariantResult) -> Option<f64>,
-) -> Vec<(String, Vec<(f64, f64)>)> {
+fn series(report: &BenchReport, pick: impl Fn(&super::report::VariantResult) -> Option<f64>) -> Vec<(String, Vec<(f64, f64)>)> {
     let mut out: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in &report.results {
-        let Some(v) = pick(r).filter(|v| v.is_finite() && *v > 0.0) else {
-            continue;
-        };
+        let Some(v) = pick(r).filter(|v| v.is_finite() && *v > 0.0) else { continue };
         match out.iter_mut().find(|(name, _)| *name == r.variant) {
             Some((_, pts)) => pts.push((r.atoms as f64, v)),
             None => out.push((r.variant.clone(), vec![(r.atoms as f64, v)])),
@@ -41,28 +36,21 @@ fn err<E: std::fmt::Display>(e: E) -> HaloError {
 
 /// Log range covering `values` with some margin (a decade when all are equal).
 fn log_range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> {
-    let (lo, hi) = values.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    let (lo, hi) = values.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if !lo.is_finite() || hi <= 0.0 {
         return None;
     }
     Some(lo / 1.6..hi * 1.6)
 }
 
-fn panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    data: &[(String, Vec<(f64, f64)>)],
-) -> Result<()>
+fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, title: &str, data: &[(String, Vec<(f64, f64)>)]) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     let xs = log_range(data.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)));
     let ys = log_range(data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)));
     let (Some(xr), Some(yr)) = (xs, ys) else {
-        area.titled(&format!("{title}: no data"), (FONT, 20))
-            .map_err(err)?;
+        area.titled(&format!("{title}: no data"), (FONT, 20)).map_err(err)?;
         return Ok(());
     };
     let mut chart = ChartBuilder::on(area)
@@ -78,13 +66,7 @@ where
         .y_desc("µs per step")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 16))
-        .x_label_formatter(&|v| {
-            if *v >= 1e6 {
-                format!("{:.1}M", v / 1e6)
-            } else {
-                format!("{:.0}k", v / 1e3)
-            }
-        })
+        .x_label_formatter(&|v| if *v >= 1e6 { format!("{:.1}M", v / 1e6) } else { format!("{:.0}k", v / 1e3) })
         .draw()
         .map_err(err)?;
     for (i, (name, pts)) in data.iter().enumerate() {
@@ -95,9 +77,7 @@ where
             .map_err(err)?
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, style.filled())))
-            .map_err(err)?;
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, style.filled()))).map_err(err)?;
     }
     chart
         .configure_series_labels()
@@ -119,19 +99,12 @@ pub fn write_png(report: &BenchReport, path: &Path) -> Result<()> {
         let root = BitMapBackend::new(path, (1600, 700)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let root = root
-            .titled(
-                &format!(
-                    "halo exchange, {} ranks ({}), median of {} repeats",
-                    report.ranks, report.mode, report.repeats
-                ),
-                (FONT, 24),
-            )
+            .titled(&format!("halo exchange, {} ranks ({}), median of {} repeats", report.ranks, report.mode, report.repeats), (FONT, 24))
             .map_err(err)?;
         let (left, right) = root.split_horizontally(800);
         panel(&left, "full exchange (coordinates + forces)", &step)?;
         panel(&right, "coordinate halo", &coords)?;
-        root.present()
-            .map_err(|e| HaloError::InvalidInput(format!("writing {}: {e}", path.display())))?;
+        root.present().map_err(|e| HaloError::InvalidInput(format!("writing {}: {e}", path.display())))?;
     }
     Ok(())
 }
@@ -152,9 +125,7 @@ mod tests {
 
     #[test]
     fn series_group_by_variant_sorted_by_atoms() {
-        let s = series(&crate::bench::report::tests::sample_report(), |r| {
-            r.step_us.map(|s| s.median)
-        });
+        let s = series(&crate::bench::report::tests::sample_report(), |r| r.step_us.map(|s| s.median));
         let names: Vec<&str> = s.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["staged", "fused", "fused+graph"]);
         assert_eq!(s[1].1, vec![(6000.0, 8.0), (45000.0, 16.0)]);

@@ -130,8 +130,7 @@ fn opt_cell(s: &Option<Summary>, prec: usize) -> String {
 }
 
 fn opt_num(v: Option<f64>, prec: usize) -> String {
-    v.filter(|v| v.is_finite())
-        .map_or_else(|| "-".into(), |v| format!("{v:.prec$}"))
+    v.filter(|v| v.is_finite()).map_or_else(|| "-".into(), |v| format!("{v:.prec$}"))
 }
 
 /// The floor as a short block of lines.
@@ -143,10 +142,7 @@ pub fn floor_text(f: &FloorReport) -> String {
             let _ = writeln!(s, "  one-way signal latency   {} us", l.cell(2));
         }
         None => {
-            let _ = writeln!(
-                s,
-                "  one-way signal latency   - (the PEs cannot map each other: not measured, floors omit it)"
-            );
+            let _ = writeln!(s, "  one-way signal latency   - (the PEs cannot map each other: not measured, floors omit it)");
         }
     }
     match &f.peer_bw_gbs {
@@ -157,83 +153,34 @@ pub fn floor_text(f: &FloorReport) -> String {
             let _ = writeln!(s, "  peer bandwidth           - (all ranks on one GPU)");
         }
     }
-    let _ = writeln!(
-        s,
-        "  device copy bandwidth    {} GB/s (read + write)",
-        f.device_bw_gbs.cell(1)
-    );
-    let _ = writeln!(
-        s,
-        "  kernel launch            {} us GPU, {} us host per call",
-        f.launch_us.cell(2),
-        f.launch_host_us.cell(2)
-    );
-    let _ = writeln!(
-        s,
-        "  graph launch             {} us GPU",
-        f.graph_launch_us.cell(2)
-    );
-    let _ = writeln!(
-        s,
-        "  host sync round trip     {} us",
-        f.host_sync_us.cell(2)
-    );
+    let _ = writeln!(s, "  device copy bandwidth    {} GB/s (read + write)", f.device_bw_gbs.cell(1));
+    let _ = writeln!(s, "  kernel launch            {} us GPU, {} us host per call", f.launch_us.cell(2), f.launch_host_us.cell(2));
+    let _ = writeln!(s, "  graph launch             {} us GPU", f.graph_launch_us.cell(2));
+    let _ = writeln!(s, "  host sync round trip     {} us", f.host_sync_us.cell(2));
     s
 }
 
 /// The whole report as an aligned text table with the floor above it.
 pub fn table(r: &BenchReport) -> String {
     let mut s = r.machine.text();
-    let _ = writeln!(
-        s,
-        "halo bench: {} ranks, {}, GPUs: {}, halos: {}",
-        r.ranks,
-        r.mode,
-        r.gpus.join(", "),
-        r.halos
-    );
-    let _ = writeln!(
-        s,
-        "{} steps x {} repeats after {} warm-up; times per step, GPU timeline, median [min-max]",
-        r.steps, r.repeats, r.warmup
-    );
+    let _ = writeln!(s, "halo bench: {} ranks, {}, GPUs: {}, halos: {}", r.ranks, r.mode, r.gpus.join(", "), r.halos);
+    let _ = writeln!(s, "{} steps x {} repeats after {} warm-up; times per step, GPU timeline, median [min-max]", r.steps, r.repeats, r.warmup);
     s.push_str(&floor_text(&r.floor));
     for size in &r.routes {
         for summary in &size.ranks {
             let _ = writeln!(s, "route at {} atoms: {summary}", size.atoms);
         }
     }
-    let _ = writeln!(
-        s,
-        "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound."
-    );
-    let _ = writeln!(
-        s,
-        "syncs/step: host waits for a rank's stream per step and rank; check: one full step after the timed loops vs the CPU reference."
-    );
+    let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
+    let _ = writeln!(s, "syncs/step: host waits for a rank's stream per step and rank; check: one full step after the timed loops vs the CPU reference.");
     let header = [
-        "atoms",
-        "variant",
-        "halo atoms",
-        "coords us",
-        "forces us",
-        "step us",
-        "floor us",
-        "coords/floor",
-        "step/floor",
-        "ns/day*",
-        "host CPU us",
-        "syncs/step",
-        "check",
+        "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "coords/floor", "step/floor", "ns/day*", "host CPU us",
+        "syncs/step", "check",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for v in &r.results {
         if let Some(why) = &v.skipped {
-            rows.push(vec![
-                v.atoms.to_string(),
-                v.variant.clone(),
-                format!("skipped: {why}"),
-            ]);
+            rows.push(vec![v.atoms.to_string(), v.variant.clone(), format!("skipped: {why}")]);
             continue;
         }
         let floor = match v.floor {
@@ -262,56 +209,21 @@ pub fn table(r: &BenchReport) -> String {
         ]);
     }
     let cols = header.len();
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter(|r| r.len() == cols)
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths: Vec<usize> = (0..cols).map(|c| rows.iter().filter(|r| r.len() == cols).map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     for row in &rows {
         let line: Vec<String> = if row.len() == cols {
-            row.iter()
-                .enumerate()
-                .map(|(c, cell)| {
-                    if c < 2 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        format!("{cell:>w$}", w = widths[c])
-                    }
-                })
-                .collect()
+            row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) }).collect()
         } else {
             // Skipped rows: atoms and variant aligned, then the reason.
-            row.iter()
-                .enumerate()
-                .map(|(c, cell)| {
-                    if c < 2 {
-                        format!("{cell:<w$}", w = widths[c])
-                    } else {
-                        cell.clone()
-                    }
-                })
-                .collect()
+            row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
         };
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
     }
     if r.results.iter().any(|v| v.floor == Some(FloorCheck::Model)) {
-        let _ = writeln!(
-            s,
-            "model!: a repeat of this variant was faster than its floor, so that floor is a model, not a bound (no ratio shown)."
-        );
+        let _ = writeln!(s, "model!: a repeat of this variant was faster than its floor, so that floor is a model, not a bound (no ratio shown).");
     }
     for v in r.results.iter().filter(|v| v.check_failed()) {
-        let _ = writeln!(
-            s,
-            "CHECK FAILED: {} at {} atoms: {}",
-            v.variant,
-            v.atoms,
-            v.check.as_deref().unwrap_or_default()
-        );
+        let _ = writeln!(s, "CHECK FAILED: {} at {} atoms: {}", v.variant, v.atoms, v.check.as_deref().unwrap_or_default());
     }
     s
 }
@@ -330,10 +242,7 @@ pub fn csv(r: &BenchReport) -> String {
          latency_us,peer_bw_gbs,device_bw_gbs,launch_us,graph_launch_us,skipped,transport,graph,floor_forces_us,floor,coords_per_floor,\
          step_per_floor,check\n",
     );
-    let num = |v: Option<f64>| {
-        v.filter(|v| v.is_finite())
-            .map_or_else(String::new, |v| format!("{v}"))
-    };
+    let num = |v: Option<f64>| v.filter(|v| v.is_finite()).map_or_else(String::new, |v| format!("{v}"));
     let three = |v: &Option<Summary>| match v {
         Some(s) => format!("{},{},{}", s.median, s.min, s.max),
         None => ",,".into(),
@@ -341,18 +250,8 @@ pub fn csv(r: &BenchReport) -> String {
     let f = &r.floor;
     for v in &r.results {
         // Quoted, and without commas, so every line splits into the same columns.
-        let skipped = v
-            .skipped
-            .as_deref()
-            .unwrap_or("")
-            .replace(['"', '\n'], " ")
-            .replace(',', ";");
-        let check = v
-            .check
-            .as_deref()
-            .unwrap_or("")
-            .replace(['"', '\n'], " ")
-            .replace(',', ";");
+        let skipped = v.skipped.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
+        let check = v.check.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
         let floor = match v.floor {
             Some(FloorCheck::Bound) => "bound",
             Some(FloorCheck::Model) => "model",
@@ -396,12 +295,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn sum(m: f64) -> Summary {
-        Summary {
-            median: m,
-            min: m * 0.9,
-            max: m * 1.2,
-            n: 5,
-        }
+        Summary { median: m, min: m * 0.9, max: m * 1.2, n: 5 }
     }
 
     pub(crate) fn sample_report() -> BenchReport {
@@ -431,10 +325,7 @@ pub(crate) mod tests {
                     step_us: Some(sum(step)),
                     host_cpu_us: Some(3.0),
                     host_syncs_per_step: Some(if name == "staged" { 4.0 } else { 0.0 }),
-                    ns_per_day_exchange_only: Some(super::super::stats::ns_per_day(
-                        step * 1e-6,
-                        2.0,
-                    )),
+                    ns_per_day_exchange_only: Some(super::super::stats::ns_per_day(step * 1e-6, 2.0)),
                     floor_coords_us: Some(3.0),
                     floor_forces_us: Some(3.0),
                     floor_step_us: Some(6.0),
@@ -446,15 +337,8 @@ pub(crate) mod tests {
                 });
             }
         }
-        let skipped = crate::bench::Variant {
-            method: crate::bench::Method::PerPulse,
-            graph: false,
-        };
-        results.push(VariantResult::skipped(
-            6000,
-            skipped,
-            "needs NVSHMEM".into(),
-        ));
+        let skipped = crate::bench::Variant { method: crate::bench::Method::PerPulse, graph: false };
+        results.push(VariantResult::skipped(6000, skipped, "needs NVSHMEM".into()));
         BenchReport {
             mode: "one process".into(),
             ranks: "2x1x1".into(),
@@ -474,37 +358,20 @@ pub(crate) mod tests {
     #[test]
     fn table_has_every_row_and_the_floor() {
         let t = table(&sample_report());
-        assert!(
-            t.contains("one-way signal latency   0.80 [0.72-0.96] us"),
-            "{t}"
-        );
+        assert!(t.contains("one-way signal latency   0.80 [0.72-0.96] us"), "{t}");
         assert!(t.contains("380.0 [342.0-456.0] GB/s"));
         assert!(t.contains("exchange alone"));
-        let fused: Vec<&str> = t
-            .lines()
-            .filter(|l| l.starts_with("6000") && l.contains(" fused "))
-            .collect();
+        let fused: Vec<&str> = t.lines().filter(|l| l.starts_with("6000") && l.contains(" fused ")).collect();
         assert_eq!(fused.len(), 1, "{t}");
         // median [min-max], floor, coords/floor 4/3, step/floor 8/6, ns/day of an 8 us step = 21 600.
-        assert!(
-            fused[0].contains("8.0 [7.2-9.6]")
-                && fused[0].contains("1.33")
-                && fused[0].contains("21600"),
-            "{}",
-            fused[0]
-        );
+        assert!(fused[0].contains("8.0 [7.2-9.6]") && fused[0].contains("1.33") && fused[0].contains("21600"), "{}", fused[0]);
         assert!(fused[0].ends_with(" ok"), "{}", fused[0]);
         assert!(t.contains("skipped: needs NVSHMEM"));
         // The machine comes first.
         assert!(t.starts_with("machine: h200-1"), "{t}");
         assert!(!t.contains("model!") && !t.contains("CHECK FAILED"), "{t}");
         // Data rows are aligned: every full row has the same width.
-        let widths: Vec<usize> = t
-            .lines()
-            .filter(|l| l.starts_with("6000 ") || l.starts_with("45000"))
-            .filter(|l| !l.contains("skipped"))
-            .map(|l| l.len())
-            .collect();
+        let widths: Vec<usize> = t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
     }
 
@@ -512,47 +379,19 @@ pub(crate) mod tests {
     /// the JSON's `routes` field (every rank's summary), which round-trips.
     #[test]
     fn routes_appear_in_the_table_and_the_json() {
-        use halo::route::{
-            IntraNodeLink, RouteConfig, RoutedPaths, Router, synthetic_facts, topology_from_facts,
-        };
+        use halo::route::{RouteConfig, RoutedPaths, Router, synthetic_facts, topology_from_facts, IntraNodeLink};
         let halos = halo::exchange::synthetic::halos(
-            halo::exchange::synthetic::SyntheticShape {
-                grid: [2, 1, 1],
-                pulses_per_dim: 1,
-                home_atoms: 500,
-                send_fraction: 0.3,
-                box_len: 5.0,
-            },
+            halo::exchange::synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 500, send_fraction: 0.3, box_len: 5.0 },
             1,
         );
-        let topo = std::sync::Arc::new(
-            topology_from_facts(
-                &synthetic_facts(&["n0".into()], 2, 1, IntraNodeLink::Nvlink),
-                None,
-            )
-            .unwrap(),
-        );
+        let topo = std::sync::Arc::new(topology_from_facts(&synthetic_facts(&["n0".into()], 2, 1, IntraNodeLink::Nvlink), None).unwrap());
         let ranks: Vec<_> = (0..2)
-            .map(|r| {
-                RoutedPaths::plan(
-                    &mut Router::new(r, topo.clone(), RouteConfig::default()).unwrap(),
-                    &halos,
-                )
-                .unwrap()
-                .summary()
-                .unwrap()
-            })
+            .map(|r| RoutedPaths::plan(&mut Router::new(r, topo.clone(), RouteConfig::default()).unwrap(), &halos).unwrap().summary().unwrap())
             .collect();
         let mut r = sample_report();
         r.routes = vec![SizeRoutes { atoms: 6000, ranks }];
         let t = table(&r);
-        assert_eq!(
-            t.lines()
-                .filter(|l| l.starts_with("route at 6000 atoms: PE "))
-                .count(),
-            2,
-            "{t}"
-        );
+        assert_eq!(t.lines().filter(|l| l.starts_with("route at 6000 atoms: PE ")).count(), 2, "{t}");
         let text = json(&r).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["routes"][0]["ranks"][1]["pe"], 1, "{text}");
@@ -560,15 +399,9 @@ pub(crate) mod tests {
         let back: BenchReport = serde_json::from_str(&text).unwrap();
         assert_eq!(back.routes, r.routes);
         // Reports written before the field existed still load.
-        let mut old: serde_json::Value =
-            serde_json::from_str(&json(&sample_report()).unwrap()).unwrap();
+        let mut old: serde_json::Value = serde_json::from_str(&json(&sample_report()).unwrap()).unwrap();
         old.as_object_mut().unwrap().remove("routes");
-        assert!(
-            serde_json::from_value::<BenchReport>(old)
-                .unwrap()
-                .routes
-                .is_empty()
-        );
+        assert!(serde_json::from_value::<BenchReport>(old).unwrap().routes.is_empty());
     }
 
     #[test]
@@ -579,35 +412,15 @@ pub(crate) mod tests {
         r.results[1].coords_per_floor = None;
         r.results[2].check = Some("FAILED: rank 1: coordinate of atom 7 is NaN".into());
         let t = table(&r);
-        let fused = t
-            .lines()
-            .find(|l| l.starts_with("6000") && l.contains(" fused "))
-            .unwrap();
+        let fused = t.lines().find(|l| l.starts_with("6000") && l.contains(" fused ")).unwrap();
         assert!(fused.contains("6.0 model!"), "{fused}");
-        assert!(
-            t.contains("model!: a repeat of this variant was faster than its floor"),
-            "{t}"
-        );
-        assert!(
-            t.contains("CHECK FAILED: fused+graph at 6000 atoms: FAILED: rank 1"),
-            "{t}"
-        );
+        assert!(t.contains("model!: a repeat of this variant was faster than its floor"), "{t}");
+        assert!(t.contains("CHECK FAILED: fused+graph at 6000 atoms: FAILED: rank 1"), "{t}");
         assert!(r.results[2].check_failed() && !r.results[0].check_failed());
         // No ratio below 1 is ever printed: every number in the ratio columns is at least 1.
-        for line in t
-            .lines()
-            .filter(|l| l.starts_with("6000 ") || l.starts_with("45000"))
-        {
-            let cells: Vec<&str> = line
-                .split("  ")
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .collect();
-            for c in cells
-                .iter()
-                .filter_map(|c| c.parse::<f64>().ok())
-                .filter(|v| *v < 1.0)
-            {
+        for line in t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")) {
+            let cells: Vec<&str> = line.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+            for c in cells.iter().filter_map(|c| c.parse::<f64>().ok()).filter(|v| *v < 1.0) {
                 assert!(c == 0.0, "a ratio below 1 in {line}");
             }
         }
@@ -621,12 +434,7 @@ pub(crate) mod tests {
         assert_eq!(row["graph"], false);
         assert_eq!(row["atoms"], 6000);
         for k in ["coords_us", "forces_us", "step_us"] {
-            assert!(
-                row[k]["median"].is_number()
-                    && row[k]["min"].is_number()
-                    && row[k]["max"].is_number(),
-                "{k}: {row}"
-            );
+            assert!(row[k]["median"].is_number() && row[k]["min"].is_number() && row[k]["max"].is_number(), "{k}: {row}");
         }
         assert_eq!(v["results"][2]["graph"], true);
         assert_eq!(v["results"][2]["transport"], "fused");
@@ -642,20 +450,11 @@ pub(crate) mod tests {
         let r = sample_report();
         let back: BenchReport = serde_json::from_str(&json(&r).unwrap()).unwrap();
         // serde_json's default float parsing may differ in the last bit: compare with a tolerance.
-        assert_eq!(
-            (back.ranks.as_str(), back.results.len(), back.steps),
-            (r.ranks.as_str(), r.results.len(), r.steps)
-        );
+        assert_eq!((back.ranks.as_str(), back.results.len(), back.steps), (r.ranks.as_str(), r.results.len(), r.steps));
         for (a, b) in back.results.iter().zip(&r.results) {
-            assert_eq!(
-                (&a.variant, a.atoms, &a.skipped),
-                (&b.variant, b.atoms, &b.skipped)
-            );
+            assert_eq!((&a.variant, a.atoms, &a.skipped), (&b.variant, b.atoms, &b.skipped));
             let (sa, sb) = (a.step_us.map(|s| s.min), b.step_us.map(|s| s.min));
-            assert!(
-                sa.zip(sb).is_none_or(|(x, y)| (x - y).abs() < 1e-9)
-                    && sa.is_some() == sb.is_some()
-            );
+            assert!(sa.zip(sb).is_none_or(|(x, y)| (x - y).abs() < 1e-9) && sa.is_some() == sb.is_some());
         }
         assert!((back.floor.launch_us.min - r.floor.launch_us.min).abs() < 1e-12);
     }
@@ -670,19 +469,8 @@ pub(crate) mod tests {
         for l in &lines[1..] {
             assert_eq!(l.split(',').count(), cols, "{l}");
         }
-        assert!(
-            lines[2].starts_with("6000,fused,1,1500,4,3.6,4.8,4,3.6,4.8,8,7.2"),
-            "{}",
-            lines[2]
-        );
+        assert!(lines[2].starts_with("6000,fused,1,1500,4,3.6,4.8,4,3.6,4.8,8,7.2"), "{}", lines[2]);
         assert!(lines[2].contains(",fused,false,3,bound,"), "{}", lines[2]);
-        assert!(
-            lines
-                .last()
-                .unwrap()
-                .contains("\"needs NVSHMEM\",per-pulse,false"),
-            "{}",
-            lines.last().unwrap()
-        );
+        assert!(lines.last().unwrap().contains("\"needs NVSHMEM\",per-pulse,false"), "{}", lines.last().unwrap());
     }
 }

@@ -73,36 +73,20 @@ impl BenchConfig {
     fn fingerprint(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (
-            &self.atoms,
-            self.grid,
-            &self.methods,
-            self.graph,
-            self.repeats,
-            self.warmup,
-            self.steps,
-            self.halos,
-            self.cutoff.to_bits(),
-            self.seed,
-        )
-            .hash(&mut h);
+        (&self.atoms, self.grid, &self.methods, self.graph, self.repeats, self.warmup, self.steps, self.halos, self.cutoff.to_bits(), self.seed).hash(&mut h);
         h.finish()
     }
 
     /// Measurements (warm-up included) the progress bar counts.
     fn total_work(&self) -> u64 {
-        (self.atoms.len()
-            * Variant::list(&self.methods, self.graph).len()
-            * (self.warmup + self.repeats)) as u64
+        (self.atoms.len() * Variant::list(&self.methods, self.graph).len() * (self.warmup + self.repeats)) as u64
     }
 }
 
 /// Runs the benchmark; the report on rank 0 (and in one process), `None` on other ranks.
 pub fn run(config: &BenchConfig) -> Result<Option<BenchReport>> {
     if config.repeats == 0 || config.steps == 0 || config.atoms.is_empty() {
-        return Err(HaloError::InvalidInput(
-            "need at least one size, one repeat and one step".into(),
-        ));
+        return Err(HaloError::InvalidInput("need at least one size, one repeat and one step".into()));
     }
     match RankEnv::from_env() {
         Some(env) if env.nranks > 1 => run_pes(config, env),
@@ -123,10 +107,7 @@ struct Sample {
 
 /// CPU time of the calling thread (s).
 fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: writes one timespec; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     if rc != 0 {
@@ -135,31 +116,19 @@ fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-fn measure(
-    b: &mut Stepper,
-    variant: Variant,
-    graphs: &[PhaseGraphs],
-    phase: Phase,
-    steps: usize,
-) -> Result<Sample> {
+fn measure(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], phase: Phase, steps: usize) -> Result<Sample> {
     b.x.barrier()?;
     let streams = b.x.streams().to_vec();
     let syncs0 = b.x.host_syncs();
     let cpu0 = thread_cpu_s();
-    let starts = streams
-        .iter()
-        .map(|s| floor::timing_event(s))
-        .collect::<Result<Vec<_>>>()?;
+    let starts = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     if variant.graph {
         // One captured step per replay, back to back: no host work between replays.
         Stepper::replay(graphs, phase, steps)?;
     } else {
         b.enqueue(variant.method, phase, steps)?;
     }
-    let ends = streams
-        .iter()
-        .map(|s| floor::timing_event(s))
-        .collect::<Result<Vec<_>>>()?;
+    let ends = streams.iter().map(|s| floor::timing_event(s)).collect::<Result<Vec<_>>>()?;
     let cpu = thread_cpu_s() - cpu0;
     let syncs = b.x.host_syncs() - syncs0;
     b.x.finish()?;
@@ -170,11 +139,7 @@ fn measure(
     let n = steps as f64;
     // Host syncs per step and rank: in one process the thread waits for every rank's stream.
     let ranks = b.x.local_ranks().len().max(1) as f64;
-    Ok(Sample {
-        gpu_s: gpu / n,
-        cpu_s: cpu / n,
-        syncs: syncs as f64 / n / ranks,
-    })
+    Ok(Sample { gpu_s: gpu / n, cpu_s: cpu / n, syncs: syncs as f64 / n / ranks })
 }
 
 /// What one variant gave: `samples[phase][repeat]`, and its checked step (`Ok(largest force
@@ -186,14 +151,7 @@ struct Measured {
 
 /// Warm-up and timed repeats of one variant, then one checked step (the same graphs replayed
 /// for `+graph` variants).
-fn bench_variant(
-    b: &mut Stepper,
-    variant: Variant,
-    graphs: &[PhaseGraphs],
-    halos: &[RankHalo],
-    cfg: &BenchConfig,
-    bar: &indicatif::ProgressBar,
-) -> Result<Measured> {
+fn bench_variant(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halos: &[RankHalo], cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Measured> {
     let mut samples = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
@@ -204,12 +162,7 @@ fn bench_variant(
         }
         bar.inc(1);
     }
-    let check = b.checked_step(
-        variant.method,
-        variant.graph.then_some(graphs),
-        halos,
-        cfg.seed.wrapping_add(77),
-    )?;
+    let check = b.checked_step(variant.method, variant.graph.then_some(graphs), halos, cfg.seed.wrapping_add(77))?;
     Ok(Measured { samples, check })
 }
 
@@ -224,47 +177,24 @@ fn check_text(mine: &std::result::Result<f64, String>, all_ok: bool) -> String {
 
 /// Flattens samples for a gather: phase-major, then repeat, then (gpu, cpu, syncs).
 fn flatten(samples: &[Vec<Sample>]) -> Vec<f64> {
-    samples
-        .iter()
-        .flat_map(|ph| ph.iter().flat_map(|s| [s.gpu_s, s.cpu_s, s.syncs]))
-        .collect()
+    samples.iter().flat_map(|ph| ph.iter().flat_map(|s| [s.gpu_s, s.cpu_s, s.syncs])).collect()
 }
 
 /// The inverse of [`flatten`] for `repeats` repeats.
 fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
     (0..Phase::ALL.len())
-        .map(|p| {
-            (0..repeats)
-                .map(|r| {
-                    let i = 3 * (p * repeats + r);
-                    Sample {
-                        gpu_s: v[i],
-                        cpu_s: v[i + 1],
-                        syncs: v[i + 2],
-                    }
-                })
-                .collect()
-        })
+        .map(|p| (0..repeats).map(|r| {
+            let i = 3 * (p * repeats + r);
+            Sample { gpu_s: v[i], cpu_s: v[i + 1], syncs: v[i + 2] }
+        }).collect())
         .collect()
 }
 
 /// The report row of a variant from its samples (and its check's text).
-fn result_row(
-    atoms: usize,
-    variant: Variant,
-    sizes: &HaloSizes,
-    samples: &[Vec<Sample>],
-    floor: &floor::FloorInputs,
-    link: Link,
-    check: String,
-) -> VariantResult {
-    let us = |p: usize| {
-        Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6))
-    };
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, check: String) -> VariantResult {
+    let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
     let (coords, forces, step) = (us(0), us(1), us(2));
-    let median = |f: fn(&Sample) -> f64| {
-        Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median)
-    };
+    let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
     // A graph holds one step and is replayed once per step.
     let vf = floor.variant(variant.method, variant.graph, &sizes.shape(link, 1));
     let fastest = [coords, forces, step].map(|s| s.map(|s| s.min * 1e-6));
@@ -298,18 +228,14 @@ fn progress_bar(cfg: &BenchConfig, show: bool) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(cfg.total_work());
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-    {
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}") {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
 }
 
 fn summary_of(v: &[f64], scale: f64) -> Result<Summary> {
-    Summary::of(v)
-        .map(|s| s.scaled(scale))
-        .ok_or_else(|| HaloError::InvalidInput("a floor measurement gave no finite value".into()))
+    Summary::of(v).map(|s| s.scaled(scale)).ok_or_else(|| HaloError::InvalidInput("a floor measurement gave no finite value".into()))
 }
 
 /// Launch, graph, host-sync and device-bandwidth probes on one GPU (`repeats` each).
@@ -333,33 +259,20 @@ fn local_probes(module: &Arc<KernelModule>, repeats: usize) -> Result<LocalProbe
     let stream = ctx.new_stream().during("creating a probe stream")?;
     let empty = EmptyLaunch::new(module.clone())?;
     floor::measure_launch(&empty, &stream, 100)?; // warm-up
-    let mut p = LocalProbes {
-        launch: vec![],
-        launch_host: vec![],
-        graph: vec![],
-        sync: vec![],
-        device_bw: vec![],
-    };
+    let mut p = LocalProbes { launch: vec![], launch_host: vec![], graph: vec![], sync: vec![], device_bw: vec![] };
     for _ in 0..repeats {
         let (gpu, host) = floor::measure_launch(&empty, &stream, LAUNCHES)?;
         p.launch.push(gpu);
         p.launch_host.push(host);
-        p.graph
-            .push(floor::measure_graph_launch(&empty, &stream, LAUNCHES)?);
+        p.graph.push(floor::measure_graph_launch(&empty, &stream, LAUNCHES)?);
         p.sync.push(floor::measure_host_sync(&empty, &stream, 200)?);
-        p.device_bw
-            .push(floor::measure_device_bw(&ctx, &stream, BW_BYTES)?);
+        p.device_bw.push(floor::measure_device_bw(&ctx, &stream, BW_BYTES)?);
     }
     stream.synchronize().during("finishing the probes")?;
     Ok(p)
 }
 
-fn floor_report(
-    between: String,
-    latency_s: Option<&[f64]>,
-    peer_bw: Option<&[f64]>,
-    p: &LocalProbes,
-) -> Result<FloorReport> {
+fn floor_report(between: String, latency_s: Option<&[f64]>, peer_bw: Option<&[f64]>, p: &LocalProbes) -> Result<FloorReport> {
     Ok(FloorReport {
         between,
         one_way_latency_us: latency_s.map(|v| summary_of(v, 1e6)).transpose()?,
@@ -376,44 +289,19 @@ fn floor_report(
 // One process, every rank.
 
 fn gpu_names(modules: &[Arc<KernelModule>]) -> Vec<String> {
-    modules
-        .iter()
-        .map(|m| {
-            m.context()
-                .name()
-                .unwrap_or_else(|_| format!("GPU {}", m.context().ordinal()))
-        })
-        .collect()
+    modules.iter().map(|m| m.context().name().unwrap_or_else(|_| format!("GPU {}", m.context().ordinal()))).collect()
 }
 
 /// Latency and peer bandwidth between the GPUs of `a` and `b` (the same GPU: two streams).
-fn local_pair_probes(
-    a: &Arc<KernelModule>,
-    b: &Arc<KernelModule>,
-    repeats: usize,
-) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
+fn local_pair_probes(a: &Arc<KernelModule>, b: &Arc<KernelModule>, repeats: usize) -> Result<(Vec<f64>, Option<Vec<f64>>)> {
     let (ca, cb) = (a.context().clone(), b.context().clone());
     let two_gpus = ca.ordinal() != cb.ordinal();
-    if two_gpus
-        && !crate::exchange::rank::enable_peer_access(&ca, &cb)?
-            | !crate::exchange::rank::enable_peer_access(&cb, &ca)?
-    {
-        return Err(HaloError::InvalidInput(
-            "the two GPUs have no peer access".into(),
-        ));
+    if two_gpus && !crate::exchange::rank::enable_peer_access(&ca, &cb)? | !crate::exchange::rank::enable_peer_access(&cb, &ca)? {
+        return Err(HaloError::InvalidInput("the two GPUs have no peer access".into()));
     }
-    let (sa, sb) = (
-        ca.new_stream().during("probe stream")?,
-        cb.new_stream().during("probe stream")?,
-    );
-    let (fa, fb) = (
-        DeviceBuffer::<u64>::zeroed(&ca, 1)?,
-        DeviceBuffer::<u64>::zeroed(&cb, 1)?,
-    );
-    let (sta, stb) = (
-        DeviceBuffer::<WaitStatus>::zeroed(&ca, 1)?,
-        DeviceBuffer::<WaitStatus>::zeroed(&cb, 1)?,
-    );
+    let (sa, sb) = (ca.new_stream().during("probe stream")?, cb.new_stream().during("probe stream")?);
+    let (fa, fb) = (DeviceBuffer::<u64>::zeroed(&ca, 1)?, DeviceBuffer::<u64>::zeroed(&cb, 1)?);
+    let (sta, stb) = (DeviceBuffer::<WaitStatus>::zeroed(&ca, 1)?, DeviceBuffer::<WaitStatus>::zeroed(&cb, 1)?);
     let mut latency = Vec::with_capacity(repeats);
     for rep in 0..repeats + 1 {
         fa.fill_bytes(0)?;
@@ -422,30 +310,10 @@ fn local_pair_probes(
         cb.synchronize().during("zeroing the flags")?;
         // SAFETY: both flags are live zeroed 8-byte slots reachable from both GPUs (same GPU or
         // peer access enabled above); the responder runs on the other GPU or another SM.
-        unsafe {
-            floor::launch_ping_pong(
-                b,
-                &sb,
-                fb.device_ptr(),
-                fa.device_ptr(),
-                PING_ROUNDS,
-                false,
-                &stb,
-            )?
-        };
+        unsafe { floor::launch_ping_pong(b, &sb, fb.device_ptr(), fa.device_ptr(), PING_ROUNDS, false, &stb)? };
         let t = floor::time_on_stream(&sa, || {
             // SAFETY: as above, flags swapped.
-            unsafe {
-                floor::launch_ping_pong(
-                    a,
-                    &sa,
-                    fa.device_ptr(),
-                    fb.device_ptr(),
-                    PING_ROUNDS,
-                    true,
-                    &sta,
-                )
-            }
+            unsafe { floor::launch_ping_pong(a, &sa, fa.device_ptr(), fb.device_ptr(), PING_ROUNDS, true, &sta) }
         })?;
         sb.synchronize().during("waiting for the ping-pong")?;
         floor::check_ping_pong(&sta)?;
@@ -455,10 +323,7 @@ fn local_pair_probes(
         }
     }
     let peer = if two_gpus {
-        let (ba, bb) = (
-            DeviceBuffer::<u8>::zeroed(&ca, BW_BYTES)?,
-            DeviceBuffer::<u8>::zeroed(&cb, BW_BYTES)?,
-        );
+        let (ba, bb) = (DeviceBuffer::<u8>::zeroed(&ca, BW_BYTES)?, DeviceBuffer::<u8>::zeroed(&cb, BW_BYTES)?);
         let mut v = Vec::with_capacity(repeats);
         for rep in 0..repeats + 1 {
             // SAFETY: both buffers hold BW_BYTES bytes and outlive the waited-for copy; UVA with
@@ -477,75 +342,36 @@ fn local_pair_probes(
 
 fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
     if let Some(reason) = gpu::gpu_unavailable_reason() {
-        return Err(HaloError::NoGpu(format!(
-            "halo bench needs a GPU: {reason}"
-        )));
+        return Err(HaloError::NoGpu(format!("halo bench needs a GPU: {reason}")));
     }
     let nranks: usize = cfg.grid.iter().product();
     let visible = gpu::device_count();
-    let want = if cfg.gpus == 0 {
-        nranks.min(visible)
-    } else {
-        cfg.gpus.min(visible)
-    };
+    let want = if cfg.gpus == 0 { nranks.min(visible) } else { cfg.gpus.min(visible) };
     let artifacts = crate::artifacts::KernelArtifacts::locate(crate::artifacts::DEFAULT_ARCH)?;
-    let modules = (0..want.max(1))
-        .map(|i| {
-            Ok(Arc::new(KernelModule::load(
-                &gpu::open_device(i)?,
-                &artifacts,
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let link = if modules.len() > 1 {
-        Link::Peer
-    } else {
-        Link::SameGpu
-    };
+    let modules = (0..want.max(1)).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
+    let link = if modules.len() > 1 { Link::Peer } else { Link::SameGpu };
 
     // The floor first, on idle GPUs.
     let probes = local_probes(&modules[0], cfg.repeats)?;
     let b = &modules[1 % modules.len()];
     let (latency, peer) = local_pair_probes(&modules[0], b, cfg.repeats)?;
-    let between = if modules.len() > 1 {
-        "GPU 0 and GPU 1, one process".to_string()
-    } else {
-        "two streams on GPU 0".to_string()
-    };
+    let between = if modules.len() > 1 { "GPU 0 and GPU 1, one process".to_string() } else { "two streams on GPU 0".to_string() };
     let floor = floor_report(between, Some(&latency), peer.as_deref(), &probes)?;
     let inputs = floor.inputs();
 
     let bar = progress_bar(cfg, true);
     let nranks: usize = cfg.grid.iter().product();
     let mut nccl = NcclSetup::default();
-    let results = run_variants(
-        cfg,
-        &Placement::Local(modules.clone()).with_policy(cfg.paths),
-        &Group::Local,
-        &inputs,
-        link,
-        &bar,
-        || nccl.get(|| nccl::setup_local(&modules, nranks)),
-    )?;
+    let results = run_variants(cfg, &Placement::Local(modules.clone()).with_policy(cfg.paths), &Group::Local, &inputs, link, &bar, || {
+        nccl.get(|| nccl::setup_local(&modules, nranks))
+    })?;
     bar.finish_and_clear();
-    Ok(report(
-        cfg,
-        "one process".into(),
-        gpu_names(&modules),
-        MachineInfo::collect(None),
-        floor,
-        results,
-    ))
+    Ok(report(cfg, "one process".into(), gpu_names(&modules), MachineInfo::collect(None), floor, results))
 }
 
 /// The report of a run: what ran where, the floor, every variant's row, the routes.
 fn report(
-    cfg: &BenchConfig,
-    mode: String,
-    gpus: Vec<String>,
-    machine: MachineInfo,
-    floor: FloorReport,
-    (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
+    cfg: &BenchConfig, mode: String, gpus: Vec<String>, machine: MachineInfo, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
 ) -> BenchReport {
     BenchReport {
         machine,
@@ -570,13 +396,8 @@ pub(crate) struct NcclSetup(Option<std::result::Result<nccl::NcclComms, String>>
 
 impl NcclSetup {
     /// NCCL, set up by `setup` the first time.
-    pub(crate) fn get(
-        &mut self,
-        setup: impl FnOnce() -> Result<nccl::NcclComms>,
-    ) -> std::result::Result<nccl::NcclComms, String> {
-        self.0
-            .get_or_insert_with(|| setup().map_err(|e| e.to_string()))
-            .clone()
+    pub(crate) fn get(&mut self, setup: impl FnOnce() -> Result<nccl::NcclComms>) -> std::result::Result<nccl::NcclComms, String> {
+        self.0.get_or_insert_with(|| setup().map_err(|e| e.to_string())).clone()
     }
 }
 
@@ -599,13 +420,9 @@ impl Group<'_> {
 
     /// The slowest process's samples: elementwise max over processes.
     fn slowest(&self, samples: Vec<Vec<Sample>>, repeats: usize) -> Result<Vec<Vec<Sample>>> {
-        let Group::Pe(comm) = self else {
-            return Ok(samples);
-        };
+        let Group::Pe(comm) = self else { return Ok(samples) };
         let all = comm.all_gather(&flatten(&samples))?;
-        let worst: Vec<f64> = (0..all[0].len())
-            .map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max))
-            .collect();
+        let worst: Vec<f64> = (0..all[0].len()).map(|i| all.iter().map(|v| v[i]).fold(f64::NEG_INFINITY, f64::max)).collect();
         Ok(unflatten(&worst, repeats))
     }
 }
@@ -649,15 +466,9 @@ fn run_variants(
                 rank.x.fill_bytes(0)?;
                 rank.f.fill_bytes(0)?;
             }
-            let usable = variant
-                .method
-                .transport()
-                .and_then(|t| x.check_transport(t).err())
-                .map(|e| e.to_string());
+            let usable = variant.method.transport().and_then(|t| x.check_transport(t).err()).map(|e| e.to_string());
             if !group.all(usable.is_none())? {
-                results.push(skip(
-                    usable.unwrap_or_else(|| "not possible on another rank".into()),
-                ));
+                results.push(skip(usable.unwrap_or_else(|| "not possible on another rank".into())));
                 continue;
             }
             let comms = if variant.method == Method::Nccl {
@@ -673,32 +484,16 @@ fn run_variants(
             };
             let mut b = Stepper::new(x, comms);
             // Capturing can fail (NCCL's capture across devices, say): a skip, decided together.
-            let graphs = if variant.graph {
-                b.capture(variant.method).map_err(|e| e.to_string())
-            } else {
-                Ok(Vec::new())
-            };
+            let graphs = if variant.graph { b.capture(variant.method).map_err(|e| e.to_string()) } else { Ok(Vec::new()) };
             if !group.all(graphs.is_ok())? {
-                results.push(skip(
-                    graphs
-                        .err()
-                        .unwrap_or_else(|| "the capture failed on another rank".into()),
-                ));
+                results.push(skip(graphs.err().unwrap_or_else(|| "the capture failed on another rank".into())));
                 continue;
             }
             let graphs = graphs.unwrap_or_default();
             let measured = bench_variant(&mut b, variant, &graphs, &halos, cfg, bar)?;
             let samples = group.slowest(measured.samples, cfg.repeats)?;
             let all_ok = group.all(measured.check.is_ok())?;
-            results.push(result_row(
-                atoms,
-                variant,
-                &sizes,
-                &samples,
-                inputs,
-                link,
-                check_text(&measured.check, all_ok),
-            ));
+            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, check_text(&measured.check, all_ok)));
             drop(graphs);
             drop(b); // symmetric buffers are freed collectively, in the same order on every rank
         }
@@ -708,18 +503,12 @@ fn run_variants(
 
 /// Every rank's route summary for one size, from each process's own (`mine`, its local ranks'):
 /// all-gathered across PEs (collective). `None` when no router decided.
-fn gather_routes(
-    placement: &Placement,
-    atoms: usize,
-    mine: Vec<halo::route::RoutedSummary>,
-) -> Result<Option<SizeRoutes>> {
-    let bytes = serde_json::to_vec(&mine)
-        .map_err(|e| HaloError::InvalidInput(format!("encoding the routes: {e}")))?;
+fn gather_routes(placement: &Placement, atoms: usize, mine: Vec<halo::route::RoutedSummary>) -> Result<Option<SizeRoutes>> {
+    let bytes = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("encoding the routes: {e}")))?;
     let all = placement.all_gather(&format!("routes-{atoms}"), vec![bytes])?;
     let mut ranks = Vec::new();
     for b in &all {
-        let part: Vec<halo::route::RoutedSummary> = serde_json::from_slice(b)
-            .map_err(|e| HaloError::InvalidInput(format!("a rank's routes do not parse: {e}")))?;
+        let part: Vec<halo::route::RoutedSummary> = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a rank's routes do not parse: {e}")))?;
         ranks.extend(part);
     }
     Ok((!ranks.is_empty()).then_some(SizeRoutes { atoms, ranks }))
@@ -735,11 +524,7 @@ fn grid_text(g: [usize; 3]) -> String {
 /// Latency (rank 0 initiates, rank 1 answers) and rank 0 -> rank 1 bandwidth; only rank 0's
 /// numbers are meaningful. `None` when the PEs cannot map each other (both probes need loads,
 /// stores and peer copies): the put path through a remote transport.
-fn pe_pair_probes(
-    session: &PeSession,
-    comm: &PeComm,
-    repeats: usize,
-) -> Result<Option<(Vec<f64>, Vec<f64>)>> {
+fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<Option<(Vec<f64>, Vec<f64>)>> {
     if !comm.mapped() {
         return Ok(None);
     }
@@ -750,17 +535,9 @@ fn pe_pair_probes(
     let flag = nv.alloc::<u64>(1)?;
     let status = DeviceBuffer::<WaitStatus>::zeroed(ctx, 1)?;
     let other = if me == 0 { 1 } else { 0 };
-    let peer_flag = flag.peer_ptr(other).ok_or_else(|| {
-        HaloError::Nvshmem("PE 1 is not reachable by loads and stores from PE 0".into())
-    });
+    let peer_flag = flag.peer_ptr(other).ok_or_else(|| HaloError::Nvshmem("PE 1 is not reachable by loads and stores from PE 0".into()));
     let mapped = comm.all(peer_flag.is_ok())?;
-    let peer_flag = if mapped {
-        peer_flag?
-    } else {
-        return Err(HaloError::Nvshmem(
-            "PEs 0 and 1 cannot map each other's memory: no latency probe".into(),
-        ));
-    };
+    let peer_flag = if mapped { peer_flag? } else { return Err(HaloError::Nvshmem("PEs 0 and 1 cannot map each other's memory: no latency probe".into())) };
     let mut latency = Vec::with_capacity(repeats);
     for rep in 0..repeats + 1 {
         flag.fill_bytes(0)?;
@@ -770,17 +547,7 @@ fn pe_pair_probes(
             let t = floor::time_on_stream(&stream, || {
                 // SAFETY: both flags are live zeroed symmetric slots, the peer's mapped by
                 // nvshmem_ptr; PE 1 runs the other side (flags swapped) at the same time.
-                unsafe {
-                    floor::launch_ping_pong(
-                        &session.module,
-                        &stream,
-                        flag.device_ptr(),
-                        peer_flag,
-                        PING_ROUNDS,
-                        me == 0,
-                        &status,
-                    )
-                }
+                unsafe { floor::launch_ping_pong(&session.module, &stream, flag.device_ptr(), peer_flag, PING_ROUNDS, me == 0, &status) }
             })?;
             floor::check_ping_pong(&status)?;
             if rep > 0 {
@@ -815,19 +582,14 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     let (me, npes) = (nv.my_pe(), nv.n_pes());
     let nranks: usize = cfg.grid.iter().product();
     if nranks != npes {
-        return Err(HaloError::InvalidInput(format!(
-            "--ranks {} has {nranks} ranks but {npes} processes run",
-            grid_text(cfg.grid)
-        )));
+        return Err(HaloError::InvalidInput(format!("--ranks {} has {nranks} ranks but {npes} processes run", grid_text(cfg.grid))));
     }
     let capacity = 3 * Phase::ALL.len() * cfg.repeats.max(1) + 64;
     let comm = PeComm::new(nv.clone(), capacity)?;
     // Every rank must run the same list in the same order, or the collectives would cross.
     let prints = comm.all_gather(&[f64::from_bits(cfg.fingerprint())])?;
     if prints.iter().any(|p| p[0].to_bits() != cfg.fingerprint()) {
-        return Err(HaloError::InvalidInput(
-            "the ranks were started with different bench options".into(),
-        ));
+        return Err(HaloError::InvalidInput("the ranks were started with different bench options".into()));
     }
 
     let probes = local_probes(&session.module, cfg.repeats)?;
@@ -835,17 +597,9 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     // `halo launch` puts PEs 0 and 1 on different GPUs (round robin), so partners are on another GPU.
     let link = Link::Peer;
     let floor = match (me, &pair) {
-        (0, Some((latency, peer_bw))) => Some(floor_report(
-            "PE 0 and PE 1 (NVSHMEM)".into(),
-            Some(latency),
-            Some(peer_bw),
-            &probes,
-        )?),
+        (0, Some((latency, peer_bw))) => Some(floor_report("PE 0 and PE 1 (NVSHMEM)".into(), Some(latency), Some(peer_bw), &probes)?),
         (0, None) => Some(floor_report(
-            format!(
-                "PE 0 and PE 1 (NVSHMEM, not mapped into each other: remote transport {})",
-                std::env::var("NVSHMEM_REMOTE_TRANSPORT").unwrap_or_else(|_| "?".into())
-            ),
+            format!("PE 0 and PE 1 (NVSHMEM, not mapped into each other: remote transport {})", std::env::var("NVSHMEM_REMOTE_TRANSPORT").unwrap_or_else(|_| "?".into())),
             None,
             None,
             &probes,
@@ -855,14 +609,7 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     // Every rank uses rank 0's floor for the formulas (only rank 0 reports them).
     let floor_words = floor.as_ref().map(|f| {
         let i = f.inputs();
-        [
-            i.one_way_latency_s,
-            i.peer_bw.unwrap_or(0.0),
-            i.device_bw,
-            i.launch_s,
-            i.graph_launch_s,
-            i.host_sync_s,
-        ]
+        [i.one_way_latency_s, i.peer_bw.unwrap_or(0.0), i.device_bw, i.launch_s, i.graph_launch_s, i.host_sync_s]
     });
     let shared = comm.all_gather(&floor_words.unwrap_or([0.0; 6]))?;
     let w = &shared[0];
@@ -877,29 +624,16 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
 
     let bar = progress_bar(cfg, me == 0);
     let mut nccl = NcclSetup::default();
-    let results = run_variants(
-        cfg,
-        &Placement::pe(&session, cfg.paths),
-        &Group::Pe(&comm),
-        &inputs,
-        link,
-        &bar,
-        || nccl.get(|| nccl::setup_pe(&session, &comm)),
-    )?;
+    let results = run_variants(cfg, &Placement::pe(&session, cfg.paths), &Group::Pe(&comm), &inputs, link, &bar, || {
+        nccl.get(|| nccl::setup_pe(&session, &comm))
+    })?;
     bar.finish_and_clear();
     drop(nccl);
     nv.barrier_all()?;
     let Some(floor) = floor else { return Ok(None) };
     let gpus = vec![session.ctx.name().unwrap_or_else(|_| "GPU".into()); npes];
     let machine = MachineInfo::collect(Some(&session.nvshmem));
-    Ok(Some(report(
-        cfg,
-        format!("{npes} processes, one GPU each (NVSHMEM)"),
-        gpus,
-        machine,
-        floor,
-        results,
-    )))
+    Ok(Some(report(cfg, format!("{npes} processes, one GPU each (NVSHMEM)"), gpus, machine, floor, results)))
 }
 
 #[cfg(test)]
@@ -909,15 +643,7 @@ mod tests {
     #[test]
     fn flatten_round_trips() {
         let s: Vec<Vec<Sample>> = (0..3)
-            .map(|p| {
-                (0..4)
-                    .map(|r| Sample {
-                        gpu_s: (p * 10 + r) as f64,
-                        cpu_s: 0.5,
-                        syncs: p as f64,
-                    })
-                    .collect()
-            })
+            .map(|p| (0..4).map(|r| Sample { gpu_s: (p * 10 + r) as f64, cpu_s: 0.5, syncs: p as f64 }).collect())
             .collect();
         let back = unflatten(&flatten(&s), 4);
         for p in 0..3 {
@@ -930,53 +656,13 @@ mod tests {
 
     #[test]
     fn rows_use_the_step_loop_for_host_numbers() {
-        let mk = |g: f64, syncs: f64| Sample {
-            gpu_s: g,
-            cpu_s: 2e-6,
-            syncs,
-        };
-        let samples = vec![
-            vec![mk(3e-6, 0.0); 5],
-            vec![mk(4e-6, 0.0); 5],
-            vec![
-                mk(8e-6, 0.0),
-                mk(9e-6, 0.0),
-                mk(7e-6, 0.0),
-                mk(8e-6, 0.0),
-                mk(10e-6, 0.0),
-            ],
-        ];
-        let sizes = HaloSizes {
-            pulses: 1,
-            atoms_x: 1500,
-            atoms_f: 1500,
-        };
-        let f = floor::FloorInputs {
-            one_way_latency_s: 1e-6,
-            peer_bw: Some(4e11),
-            device_bw: 4e12,
-            launch_s: 2e-6,
-            graph_launch_s: 2e-6,
-            host_sync_s: 5e-6,
-        };
-        let r = result_row(
-            6000,
-            Variant {
-                method: Method::Fused,
-                graph: false,
-            },
-            &sizes,
-            &samples,
-            &f,
-            Link::Peer,
-            check_text(&Ok(1e-7), true),
-        );
+        let mk = |g: f64, syncs: f64| Sample { gpu_s: g, cpu_s: 2e-6, syncs };
+        let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
+        let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
+        let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, check_text(&Ok(1e-7), true));
         let step = r.step_us.unwrap();
-        assert!(
-            (step.median - 8.0).abs() < 1e-9
-                && (step.min - 7.0).abs() < 1e-9
-                && (step.max - 10.0).abs() < 1e-9
-        );
+        assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
         assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);
         assert!((r.host_cpu_us.unwrap() - 2.0).abs() < 1e-9);
         assert_eq!(r.host_syncs_per_step, Some(0.0));
@@ -986,39 +672,16 @@ mod tests {
         assert!((r.floor_step_us.unwrap() - 4.0).abs() < 1e-9, "{r:?}");
         assert!((r.floor_coords_us.unwrap() - 2.0).abs() < 1e-9);
         assert_eq!(r.floor, Some(floor::FloorCheck::Bound));
-        assert!(
-            (r.step_per_floor.unwrap() - 2.0).abs() < 1e-9
-                && (r.coords_per_floor.unwrap() - 1.5).abs() < 1e-9,
-            "{r:?}"
-        );
+        assert!((r.step_per_floor.unwrap() - 2.0).abs() < 1e-9 && (r.coords_per_floor.unwrap() - 1.5).abs() < 1e-9, "{r:?}");
         assert_eq!((r.transport.as_str(), r.graph), ("fused", false));
-        assert!(
-            r.check
-                .as_deref()
-                .unwrap()
-                .starts_with("ok: coordinates bit-exact")
-        );
+        assert!(r.check.as_deref().unwrap().starts_with("ok: coordinates bit-exact"));
         // A fastest repeat below the floor makes the floor a model: no ratio.
         let mut fast = samples.clone();
         fast[0][0].gpu_s = 1e-6;
-        let r = result_row(
-            6000,
-            Variant {
-                method: Method::Fused,
-                graph: false,
-            },
-            &sizes,
-            &fast,
-            &f,
-            Link::Peer,
-            check_text(&Err("x".into()), true),
-        );
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &fast, &f, Link::Peer, check_text(&Err("x".into()), true));
         assert_eq!(r.floor, Some(floor::FloorCheck::Model));
         assert_eq!((r.coords_per_floor, r.step_per_floor), (None, None));
         assert_eq!(r.check.as_deref(), Some("FAILED: x"));
-        assert_eq!(
-            check_text(&Ok(0.0), false),
-            "FAILED on another rank (see its message)"
-        );
+        assert_eq!(check_text(&Ok(0.0), false), "FAILED on another rank (see its message)");
     }
 }

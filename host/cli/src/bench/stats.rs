@@ -25,35 +25,18 @@ impl Summary {
         let mut v = samples.to_vec();
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            0.5 * (v[n / 2 - 1] + v[n / 2])
-        };
-        Some(Self {
-            median,
-            min: v[0],
-            max: v[n - 1],
-            n,
-        })
+        let median = if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) };
+        Some(Self { median, min: v[0], max: v[n - 1], n })
     }
 
     /// The same summary with every value multiplied by `factor` (unit changes).
     pub fn scaled(self, factor: f64) -> Self {
-        Self {
-            median: self.median * factor,
-            min: self.min * factor,
-            max: self.max * factor,
-            n: self.n,
-        }
+        Self { median: self.median * factor, min: self.min * factor, max: self.max * factor, n: self.n }
     }
 
     /// `median [min-max]` with `prec` decimals, the table's cell format.
     pub fn cell(&self, prec: usize) -> String {
-        format!(
-            "{:.prec$} [{:.prec$}-{:.prec$}]",
-            self.median, self.min, self.max
-        )
+        format!("{:.prec$} [{:.prec$}-{:.prec$}]", self.median, self.min, self.max)
     }
 }
 

@@ -32,52 +32,27 @@ impl Stepper {
     }
 
     fn nccl(&self) -> Result<&NcclComms> {
-        self.nccl
-            .as_ref()
-            .ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))
+        self.nccl.as_ref().ok_or_else(|| HaloError::InvalidInput("NCCL is not set up".into()))
     }
 
     /// Enqueues (GPU-initiated, direct-copy, NCCL) or runs (staged) `steps` steps of `phase`.
     pub fn enqueue(&mut self, method: Method, phase: Phase, steps: usize) -> Result<()> {
         let Some(transport) = method.transport() else {
             let (api, comms) = self.nccl()?;
-            let io: Vec<_> = self
-                .x
-                .local_ranks()
-                .iter()
-                .zip(comms.iter())
-                .zip(self.x.streams())
-                .map(|((rank, c), s)| (rank, c, s))
-                .collect();
+            let io: Vec<_> = self.x.local_ranks().iter().zip(comms.iter()).zip(self.x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
             return nccl::enqueue(api, &io, phase, steps);
         };
-        phase.repeat(steps, |forces| {
-            if forces {
-                self.x.exchange_reverse_accumulate(transport)
-            } else {
-                self.x.exchange_forward(transport)
-            }
-        })
+        phase.repeat(steps, |forces| if forces { self.x.exchange_reverse_accumulate(transport) } else { self.x.exchange_forward(transport) })
     }
 
     /// One step of every phase of every local rank captured as graphs (`graphs[rank]`).
     pub fn capture(&mut self, method: Method) -> Result<Vec<PhaseGraphs>> {
         if !method.capturable() {
-            return Err(HaloError::InvalidInput(format!(
-                "the {} method is host-driven and cannot be captured",
-                method.name()
-            )));
+            return Err(HaloError::InvalidInput(format!("the {} method is host-driven and cannot be captured", method.name())));
         }
         let Some(transport) = method.transport() else {
             let (api, comms) = self.nccl()?;
-            let io: Vec<_> = self
-                .x
-                .local_ranks()
-                .iter()
-                .zip(comms.iter())
-                .zip(self.x.streams())
-                .map(|((rank, c), s)| (rank, c, s))
-                .collect();
+            let io: Vec<_> = self.x.local_ranks().iter().zip(comms.iter()).zip(self.x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
             // Phase-major from the captures, rank-major for the caller.
             let mut per_rank: Vec<Vec<_>> = (0..io.len()).map(|_| Vec::new()).collect();
             for phase in Phase::ALL {
@@ -85,19 +60,11 @@ impl Stepper {
                     per_rank[r].push(g);
                 }
             }
-            return Ok(per_rank
-                .into_iter()
-                .map(|graphs| PhaseGraphs { graphs })
-                .collect());
+            return Ok(per_rank.into_iter().map(|graphs| PhaseGraphs { graphs }).collect());
         };
         self.x.check_transport(transport)?;
         let streams = self.x.streams().to_vec();
-        self.x
-            .local_ranks_mut()
-            .iter_mut()
-            .zip(&streams)
-            .map(|(rank, s)| PhaseGraphs::capture(rank, s, transport))
-            .collect()
+        self.x.local_ranks_mut().iter_mut().zip(&streams).map(|(rank, s)| PhaseGraphs::capture(rank, s, transport)).collect()
     }
 
     /// Replays `steps` captured steps of `phase`, every local rank's graph once per step.
@@ -113,16 +80,9 @@ impl Stepper {
     /// One checked full step (see the module docs) with data from `seed`: enqueued, or replayed
     /// from `graphs`. `Ok(Ok(largest force error))`, `Ok(Err(the first wrong value))`, or an
     /// error when the step itself failed.
-    pub fn checked_step(
-        &mut self,
-        method: Method,
-        graphs: Option<&[PhaseGraphs]>,
-        halos: &[RankHalo],
-        seed: u64,
-    ) -> Result<Checked> {
+    pub fn checked_step(&mut self, method: Method, graphs: Option<&[PhaseGraphs]>, halos: &[RankHalo], seed: u64) -> Result<Checked> {
         let home = synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true);
-        let forces =
-            synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false);
+        let forces = synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false);
         self.fill(&home, &forces)?;
         match graphs {
             Some(g) => Self::replay(g, Phase::Step, 1)?,
@@ -154,18 +114,10 @@ impl Stepper {
     /// Waits for the step, then compares every local rank with the CPU reference of the inputs
     /// [`Self::fill`] wrote. Ends with a barrier that every PE reaches whatever it found, so no
     /// PE overwrites a halo another is still reading and the collectives stay in step.
-    pub fn compare_step(
-        &mut self,
-        halos: &[RankHalo],
-        home: &[Vec<Float3>],
-        forces: &[Vec<Float3>],
-    ) -> Result<Checked> {
+    pub fn compare_step(&mut self, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<Checked> {
         let outcome = (|| -> Result<Checked> {
             self.x.finish()?;
-            let (want_x, want_f) = (
-                reference::coordinates(halos, home),
-                reference::forces(halos, forces),
-            );
+            let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
             let (xs, fs) = (self.x.read_forward()?, self.x.read_reverse()?);
             let mut worst = 0.0f64;
             for (i, rank) in self.x.local_ranks().iter().enumerate() {
@@ -190,43 +142,23 @@ pub type Checked = std::result::Result<f64, String>;
 /// terms may cancel, so their rounding is measured against the terms' scale), or a message naming
 /// the first coordinate or force that differs. Only what was exchanged is compared (`None`: that
 /// direction did not run, e.g. `exchange-check --phase x`).
-pub fn compare(
-    rank: usize,
-    x: &[Float3],
-    want_x: Option<&[Float3]>,
-    f: &[Float3],
-    want_f: Option<&[Float3]>,
-) -> std::result::Result<f64, String> {
-    let same = |a: &Float3, b: &Float3| {
-        a.x.to_bits() == b.x.to_bits()
-            && a.y.to_bits() == b.y.to_bits()
-            && a.z.to_bits() == b.z.to_bits()
-    };
-    for (what, got, want) in [
-        ("coordinates", x.len(), want_x.map(<[_]>::len)),
-        ("forces", f.len(), want_f.map(<[_]>::len)),
-    ] {
+pub fn compare(rank: usize, x: &[Float3], want_x: Option<&[Float3]>, f: &[Float3], want_f: Option<&[Float3]>) -> std::result::Result<f64, String> {
+    let same = |a: &Float3, b: &Float3| a.x.to_bits() == b.x.to_bits() && a.y.to_bits() == b.y.to_bits() && a.z.to_bits() == b.z.to_bits();
+    for (what, got, want) in [("coordinates", x.len(), want_x.map(<[_]>::len)), ("forces", f.len(), want_f.map(<[_]>::len))] {
         if let Some(n) = want.filter(|&n| n != got) {
-            return Err(format!(
-                "rank {rank}: {got} {what} read back, the CPU reference has {n}"
-            ));
+            return Err(format!("rank {rank}: {got} {what} read back, the CPU reference has {n}"));
         }
     }
     let (want_x, want_f) = (want_x.unwrap_or_default(), want_f.unwrap_or_default());
     if let Some(i) = (0..want_x.len()).find(|&i| !same(&x[i], &want_x[i])) {
-        return Err(format!(
-            "rank {rank}: coordinate of atom {i} is {:?}, the CPU reference says {:?}",
-            x[i], want_x[i]
-        ));
+        return Err(format!("rank {rank}: coordinate of atom {i} is {:?}, the CPU reference says {:?}", x[i], want_x[i]));
     }
     let mut worst = 0.0f64;
     for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
         for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
             let err = ((u - v).abs() as f64) / (v.abs() as f64).max(1.0);
             if !err.is_finite() || err > 1e-5 {
-                return Err(format!(
-                    "rank {rank}: force of atom {i} is {a:?}, the CPU reference says {b:?}"
-                ));
+                return Err(format!("rank {rank}: force of atom {i} is {a:?}, the CPU reference says {b:?}"));
             }
             worst = worst.max(err);
         }
@@ -242,9 +174,7 @@ mod tests {
     fn compare_names_the_first_wrong_value() {
         let x = vec![Float3::new(1.0, 2.0, 3.0), Float3::new(4.0, 5.0, 6.0)];
         let f = vec![Float3::new(0.5, -1.0, 100.0); 2];
-        let both = |x: &[Float3], f: &[Float3], want_x: &[Float3], want_f: &[Float3]| {
-            compare(3, x, Some(want_x), f, Some(want_f))
-        };
+        let both = |x: &[Float3], f: &[Float3], want_x: &[Float3], want_f: &[Float3]| compare(3, x, Some(want_x), f, Some(want_f));
         assert_eq!(both(&x, &f, &x, &f), Ok(0.0));
         let mut bad = x.clone();
         bad[1].y = f32::NAN;
@@ -253,28 +183,16 @@ mod tests {
         // A NaN where the reference holds a value: the halo never arrived.
         let mut g = f.clone();
         g[0].x = f32::NAN;
-        assert!(
-            both(&x, &g, &x, &f)
-                .unwrap_err()
-                .contains("force of atom 0")
-        );
+        assert!(both(&x, &g, &x, &f).unwrap_err().contains("force of atom 0"));
         // Rounding within 1e-5 of the terms' scale passes and is reported.
         let mut g = f.clone();
         g[1].z = 100.0 + 1e-4;
         let worst = both(&x, &g, &x, &f).unwrap();
         assert!(worst > 0.0 && worst < 1e-5, "{worst}");
-        assert!(
-            both(&x[..1], &f, &x, &f)
-                .unwrap_err()
-                .contains("1 coordinates read back, the CPU reference has 2")
-        );
+        assert!(both(&x[..1], &f, &x, &f).unwrap_err().contains("1 coordinates read back, the CPU reference has 2"));
         // A direction that did not run is not compared (its buffer holds the inputs).
         assert_eq!(compare(0, &bad, None, &f, Some(&f)), Ok(0.0), "forces only");
-        assert_eq!(
-            compare(0, &x, Some(&x), &g[..1], None),
-            Ok(0.0),
-            "coordinates only"
-        );
+        assert_eq!(compare(0, &x, Some(&x), &g[..1], None), Ok(0.0), "coordinates only");
         assert!(compare(0, &bad, Some(&x), &f, None).is_err());
     }
 }

@@ -2,9 +2,9 @@
 //! and the pack/unpack kernels alone. In one process, or under `halo launch -n 2 -- bench`
 //! (rank 0 prints; every rank must get the same options).
 
+use anyhow::{Context, Result};
 use crate::bench::runner::{self, BenchConfig};
 use crate::bench::{self, HaloSource, Method, kernels, plot, report};
-use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -19,11 +19,7 @@ pub fn parse_method_list(s: &str) -> Result<MethodList, String> {
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// System sizes in atoms, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "6000,45000,180000,1500000"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "6000,45000,180000,1500000")]
     pub atoms: Vec<usize>,
     /// Rank grid: 2x1x1 (two GPUs) or 2x2x2 (eight ranks, e.g. on one GPU), or any AxBxC.
     #[arg(long, default_value = "2x1x1", value_parser = super::exchange_check::parse_grid)]
@@ -120,10 +116,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     nccl_defaults();
     args.perturb.install()?;
     if args.repeats < 5 {
-        eprintln!(
-            "halo bench: note: {} repeats; the targets call for at least 5",
-            args.repeats
-        );
+        eprintln!("halo bench: note: {} repeats; the targets call for at least 5", args.repeats);
     }
     let Some(report) = runner::run(&args.config()).context("running the benchmark")? else {
         return Ok(()); // not rank 0
@@ -135,26 +128,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &args.csv {
-        std::fs::write(path, report::csv(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, report::csv(&report)).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
-        plot::write_png(&report, path)
-            .with_context(|| format!("plotting to {}", path.display()))?;
+        plot::write_png(&report, path).with_context(|| format!("plotting to {}", path.display()))?;
         println!("wrote {}", path.display());
     }
-    let failed: Vec<String> = report
-        .results
-        .iter()
-        .filter(|v| v.check_failed())
-        .map(|v| format!("{} at {} atoms", v.variant, v.atoms))
-        .collect();
+    let failed: Vec<String> = report.results.iter().filter(|v| v.check_failed()).map(|v| format!("{} at {} atoms", v.variant, v.atoms)).collect();
     if !failed.is_empty() {
-        anyhow::bail!(
-            "the checked step failed for {}: those rows' times are not results",
-            failed.join(", ")
-        );
+        anyhow::bail!("the checked step failed for {}: those rows' times are not results", failed.join(", "));
     }
     Ok(())
 }
@@ -182,13 +165,7 @@ pub struct BenchKernelsArgs {
 }
 
 pub fn run_kernels(args: BenchKernelsArgs) -> Result<()> {
-    let cfg = kernels::KernelBenchConfig {
-        map_len: args.atoms,
-        array_len: args.array_atoms,
-        repeats: args.repeats.max(1),
-        device: args.device,
-        seed: args.seed,
-    };
+    let cfg = kernels::KernelBenchConfig { map_len: args.atoms, array_len: args.array_atoms, repeats: args.repeats.max(1), device: args.device, seed: args.seed };
     let report = kernels::run(&cfg).context("running the kernel benchmark")?;
     print!("{}{}", report.machine.text(), kernels::table(&report));
     if let Some(path) = &args.json {
@@ -214,8 +191,7 @@ pub fn run_latency(args: BenchLatencyArgs) -> Result<()> {
         .reports
         .iter()
         .map(|p| {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             serde_json::from_str::<report::BenchReport>(&text)
                 .with_context(|| format!("{} is not a `halo bench --json` report", p.display()))
         })
@@ -264,26 +240,7 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let b = bench(&[
-            "--atoms",
-            "6000,45000",
-            "--ranks",
-            "2x2x2",
-            "--transport",
-            "fused,nccl",
-            "--graph",
-            "--repeats",
-            "5",
-            "--halos",
-            "synthetic",
-            "--json",
-            "r.json",
-            "--csv",
-            "r.csv",
-            "--plot",
-            "p.png",
-        ])
-        .unwrap();
+        let b = bench(&["--atoms", "6000,45000", "--ranks", "2x2x2", "--transport", "fused,nccl", "--graph", "--repeats", "5", "--halos", "synthetic", "--json", "r.json", "--csv", "r.csv", "--plot", "p.png"]).unwrap();
         assert_eq!(b.atoms, vec![6000, 45000]);
         assert_eq!(b.ranks, [2, 2, 2]);
         assert_eq!(b.transport.0, vec![Method::Fused, Method::Nccl]);
@@ -298,21 +255,14 @@ mod tests {
     #[test]
     fn bad_options_are_refused() {
         assert!(bench(&["--ranks", "2x1"]).is_err());
-        assert!(
-            bench(&["--transport", "warp"])
-                .unwrap_err()
-                .to_string()
-                .contains("unknown transport")
-        );
+        assert!(bench(&["--transport", "warp"]).unwrap_err().to_string().contains("unknown transport"));
         assert!(bench(&["--atoms", "many"]).is_err());
     }
 
     #[test]
     fn bench_kernels_defaults() {
         let cli = Cli::try_parse_from(["halo", "bench-kernels"]).unwrap();
-        let Cmd::BenchKernels(k) = cli.cmd else {
-            panic!("bench-kernels")
-        };
+        let Cmd::BenchKernels(k) = cli.cmd else { panic!("bench-kernels") };
         assert_eq!((k.atoms, k.array_atoms), (1 << 20, 4 << 20));
     }
 }

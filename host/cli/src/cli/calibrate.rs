@@ -14,16 +14,16 @@
 //! the others'. When NCCL cannot be loaded or initialised it is skipped with NCCL's reason, and
 //! the router does not let its default numbers compete with the measured transports.
 
-use crate::bench::nccl::{self, Nccl, NcclComm};
-use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
+use crate::bench::nccl::{self, Nccl, NcclComm};
 use halo::exchange::{Exchange, Placement, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};
 use halo::route::{DistanceLevel, Transport, gpu_facts, topology_from_facts};
+use crate::machine::MachineInfo;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,8 +51,7 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 /// What the skip reason adds: the consequence for the router.
-const NCCL_SKIP_EFFECT: &str =
-    "the router keeps its default numbers, which do not compete with measured transports";
+const NCCL_SKIP_EFFECT: &str = "the router keeps its default numbers, which do not compete with measured transports";
 
 /// NCCL, ready to measure, or why not (recorded as the skip reason).
 type NcclSetup<C> = std::result::Result<(Arc<Nccl>, C), String>;
@@ -60,16 +59,7 @@ type NcclSetup<C> = std::result::Result<(Arc<Nccl>, C), String>;
 /// A two-rank halo whose single pulse per direction carries about `bytes` (12-byte atoms).
 fn halo_for(bytes: u64) -> Vec<RankHalo> {
     let atoms = bytes.div_ceil(12).max(1) as usize;
-    synthetic::halos(
-        SyntheticShape {
-            grid: [2, 1, 1],
-            pulses_per_dim: 1,
-            home_atoms: atoms,
-            send_fraction: 1.0,
-            box_len: 7.7,
-        },
-        1,
-    )
+    synthetic::halos(SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: atoms, send_fraction: 1.0, box_len: 7.7 }, 1)
 }
 
 fn kernel_of(t: Transport) -> Option<X> {
@@ -82,12 +72,7 @@ fn kernel_of(t: Transport) -> Option<X> {
 }
 
 /// Times `step` with CUDA events on `stream`: warm-up, then the median one-way time.
-fn time_steps(
-    stream: &CudaStream,
-    warmup: usize,
-    repeats: usize,
-    mut step: impl FnMut(bool) -> Result<()>,
-) -> Result<Sample> {
+fn time_steps(stream: &CudaStream, warmup: usize, repeats: usize, mut step: impl FnMut(bool) -> Result<()>) -> Result<Sample> {
     for _ in 0..warmup {
         step(false)?;
     }
@@ -101,10 +86,7 @@ fn time_steps(
     }
     let median = calibrate::median(&ms).context("no repeats")?;
     // One step is two one-way messages back to back (coordinates, then forces).
-    Ok(Sample {
-        one_way_us: median * 1000.0 / 2.0,
-        samples: repeats as u64,
-    })
+    Ok(Sample { one_way_us: median * 1000.0 / 2.0, samples: repeats as u64 })
 }
 
 /// Measures on two ranks: in this process (both on GPU 0 for same-GPU, on GPUs 0 and 1 for their
@@ -130,39 +112,19 @@ impl Measurer for ExchangeMeasurer {
     fn plan(&self) -> Vec<Planned> {
         self.plan.clone()
     }
-    fn measure(
-        &mut self,
-        t: Transport,
-        level: DistanceLevel,
-        bytes: u64,
-    ) -> Result<Sample, String> {
+    fn measure(&mut self, t: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
         let run = || -> Result<Sample> {
-            let placement = self
-                .placements
-                .iter()
-                .find(|(l, _)| *l == level)
-                .map(|(_, p)| p)
-                .context("no ranks placed at that level")?;
+            let placement = self.placements.iter().find(|(l, _)| *l == level).map(|(_, p)| p).context("no ranks placed at that level")?;
             if t == Transport::Nccl {
                 let (api, comms) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
                 return self.time_exchange(placement, None, bytes, |x| {
-                    let io: Vec<_> = x
-                        .local_ranks()
-                        .iter()
-                        .zip(comms)
-                        .zip(x.streams())
-                        .map(|((rank, c), s)| (rank, c, s))
-                        .collect();
+                    let io: Vec<_> = x.local_ranks().iter().zip(comms).zip(x.streams()).map(|((rank, c), s)| (rank, c, s)).collect();
                     nccl::coordinates(api, &io)?;
                     nccl::forces(api, &io)
                 });
             }
             let kernel = kernel_of(t).context("not an exchange transport")?;
-            let placement = placement.with_policy(if t == Transport::NvshmemPut {
-                PathPolicy::ForcePut
-            } else {
-                PathPolicy::Auto
-            });
+            let placement = placement.with_policy(if t == Transport::NvshmemPut { PathPolicy::ForcePut } else { PathPolicy::Auto });
             self.time_exchange(&placement, Some(kernel), bytes, |x| {
                 x.exchange_forward(kernel)?;
                 x.exchange_reverse_accumulate(kernel)
@@ -206,11 +168,7 @@ impl ExchangeMeasurer {
 
 /// NCCL communicators for GPUs 0 and 1 of this process, made once for every size.
 fn local_nccl(modules: &[Arc<KernelModule>]) -> NcclSetup<Vec<NcclComm>> {
-    let ordinals: Vec<usize> = modules
-        .iter()
-        .take(2)
-        .map(|m| m.context().ordinal())
-        .collect();
+    let ordinals: Vec<usize> = modules.iter().take(2).map(|m| m.context().ordinal()).collect();
     if ordinals.len() < 2 {
         return Err("NCCL needs two GPUs (one rank per GPU)".into());
     }
@@ -226,10 +184,7 @@ fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<Vec<NcclComm>
     let me = session.nvshmem.my_pe();
     let loaded = Nccl::load().map_err(|e| e.to_string());
     let id = match (&loaded, me) {
-        (Ok(api), 0) => api
-            .unique_id()
-            .map(|id| id.0.to_vec())
-            .map_err(|e| e.to_string()),
+        (Ok(api), 0) => api.unique_id().map(|id| id.0.to_vec()).map_err(|e| e.to_string()),
         (Ok(_), _) => Ok(Vec::new()),
         (Err(e), _) => Err(e.clone()),
     };
@@ -237,27 +192,14 @@ fn pe_nccl(session: &halo::session::PeSession) -> Result<NcclSetup<Vec<NcclComm>
     if let Some((pe, Err(why))) = all.iter().enumerate().find(|(_, r)| r.is_err()) {
         return Ok(Err(format!("PE {pe}: {why}")));
     }
-    let bytes = all
-        .first()
-        .and_then(|r| r.as_ref().ok())
-        .context("no NCCL id from PE 0")?;
-    let id = nccl::UniqueId(
-        bytes
-            .as_slice()
-            .try_into()
-            .context("PE 0's NCCL id is not 128 bytes")?,
-    );
+    let bytes = all.first().and_then(|r| r.as_ref().ok()).context("no NCCL id from PE 0")?;
+    let id = nccl::UniqueId(bytes.as_slice().try_into().context("PE 0's NCCL id is not 128 bytes")?);
     let api = loaded.map_err(|e| anyhow::anyhow!("{e}"))?;
     // NCCL initialises on the calling thread's current device: this PE's.
     session.ctx.bind_to_thread()?;
-    let comm = api
-        .comm_init_rank(session.nvshmem.n_pes(), id, me)
-        .map_err(|e| e.to_string());
+    let comm = api.comm_init_rank(session.nvshmem.n_pes(), id, me).map_err(|e| e.to_string());
     // Init is collective, so both PEs normally agree; gather anyway so neither measures alone.
-    let ok = gpu_facts::gather_json(
-        "calibrate-nccl-init",
-        &comm.as_ref().map(|_| ()).map_err(Clone::clone),
-    )?;
+    let ok = gpu_facts::gather_json("calibrate-nccl-init", &comm.as_ref().map(|_| ()).map_err(Clone::clone))?;
     if let Some((pe, Err(why))) = ok.iter().enumerate().find(|(_, r)| r.is_err()) {
         return Ok(Err(format!("PE {pe}: {why}")));
     }
@@ -269,146 +211,65 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         bail!("halo calibrate measures on GPUs: {reason}");
     }
     anyhow::ensure!(args.repeats >= 1, "--repeats must be at least 1");
-    let sizes = if args.sizes.is_empty() {
-        DEFAULT_SIZES.to_vec()
-    } else {
-        args.sizes.clone()
-    };
+    let sizes = if args.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { args.sizes.clone() };
     let host = gpu_facts::hostname();
     let created = calibrate::now_rfc3339();
     let env = halo::launch::RankEnv::from_env();
     let (report, writer, machine) = match env {
         Some(env) if env.nranks > 1 => {
-            anyhow::ensure!(
-                env.nranks == 2,
-                "calibrate measures pairs: run it with `halo launch -n 2`"
-            );
+            anyhow::ensure!(env.nranks == 2, "calibrate measures pairs: run it with `halo launch -n 2`");
             let found = gpu_facts::discover(env.device)?;
             let facts = gpu_facts::gather("route-facts", &found.facts)?;
             let level = topology_from_facts(&facts, None)?.distance(0, 1)?;
             let names = gpu_facts::gather_json("calibrate-gpus", &found.name)?;
-            let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref())
-                .context("starting NVSHMEM")?;
+            let session = halo::session::PeSession::start(env.clone(), args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
             let machine = (env.rank == 0).then(|| MachineInfo::collect(Some(&session.nvshmem)));
             if let Some(m) = &machine {
                 print!("{}", m.text());
             }
-            println!(
-                "PE {} on GPU {} ({}), level to the other PE: {level}",
-                env.rank, env.device, found.name
-            );
+            println!("PE {} on GPU {} ({}), level to the other PE: {level}", env.rank, env.device, found.name);
             let nccl = pe_nccl(&session)?;
-            let mut plan: Vec<Planned> = [
-                Transport::NvlinkStore,
-                Transport::NvlinkTma,
-                Transport::NvshmemPut,
-                Transport::Staged,
-            ]
-            .into_iter()
-            .map(|transport| Planned::Measure { transport, level })
-            .collect();
+            let mut plan: Vec<Planned> = [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged]
+                .into_iter()
+                .map(|transport| Planned::Measure { transport, level })
+                .collect();
             plan.push(match &nccl {
-                Ok(_) => Planned::Measure {
-                    transport: Transport::Nccl,
-                    level,
-                },
-                Err(why) => Planned::Skip {
-                    transport: Transport::Nccl,
-                    reason: format!("{why}; {NCCL_SKIP_EFFECT}"),
-                },
+                Ok(_) => Planned::Measure { transport: Transport::Nccl, level },
+                Err(why) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
             });
             let placements = vec![(level, Placement::pe(&session, PathPolicy::Auto))];
-            let mut m = ExchangeMeasurer {
-                names,
-                plan,
-                placements,
-                nccl,
-                warmup: args.warmup,
-                repeats: args.repeats,
-            };
-            (
-                calibrate::calibrate(&mut m, &sizes, &host, &created),
-                env.rank == 0,
-                machine,
-            )
+            let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
+            (calibrate::calibrate(&mut m, &sizes, &host, &created), env.rank == 0, machine)
         }
         _ => {
             let n = gpu::device_count();
             let modules = (0..n.min(2))
-                .map(|i| {
-                    Ok(Arc::new(KernelModule::load(
-                        &gpu::open_device(i)?,
-                        &halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?,
-                    )?))
-                })
+                .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?)?)))
                 .collect::<Result<Vec<_>>>()?;
             let (facts, found) = gpu_facts::local_rank_facts(modules.len(), modules.len())?;
-            let pair_level = if modules.len() >= 2 {
-                Some(topology_from_facts(&facts, None)?.distance(0, 1)?)
-            } else {
-                None
-            };
+            let pair_level = if modules.len() >= 2 { Some(topology_from_facts(&facts, None)?.distance(0, 1)?) } else { None };
             let names = found.iter().map(|f| f.name.clone()).collect();
             let machine = MachineInfo::collect(None);
             print!("{}", machine.text());
-            println!(
-                "{} GPU(s) in one process; GPU 0 - GPU 1: {}",
-                modules.len(),
-                pair_level.map_or("-".into(), |l| l.to_string())
-            );
+            println!("{} GPU(s) in one process; GPU 0 - GPU 1: {}", modules.len(), pair_level.map_or("-".into(), |l| l.to_string()));
             let nccl = local_nccl(&modules);
-            let mut placements = vec![(
-                DistanceLevel::SameGpu,
-                Placement::Local(modules[..1].to_vec()),
-            )];
-            placements
-                .extend(pair_level.map(|level| (level, Placement::Local(modules[..2].to_vec()))));
+            let mut placements = vec![(DistanceLevel::SameGpu, Placement::Local(modules[..1].to_vec()))];
+            placements.extend(pair_level.map(|level| (level, Placement::Local(modules[..2].to_vec()))));
             let mut plan = Vec::new();
             for (level, _) in &placements {
-                for transport in [
-                    Transport::NvlinkStore,
-                    Transport::NvlinkTma,
-                    Transport::Staged,
-                ] {
-                    plan.push(Planned::Measure {
-                        transport,
-                        level: *level,
-                    });
+                for transport in [Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged] {
+                    plan.push(Planned::Measure { transport, level: *level });
                 }
             }
-            plan.push(Planned::Skip {
-                transport: Transport::NvshmemPut,
-                reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`"
-                    .into(),
-            });
+            plan.push(Planned::Skip { transport: Transport::NvshmemPut, reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into() });
             // NCCL allows one rank per GPU: measured between GPUs 0 and 1 only.
             plan.push(match (&nccl, pair_level) {
-                (Ok(_), Some(level)) => Planned::Measure {
-                    transport: Transport::Nccl,
-                    level,
-                },
-                (Err(why), _) => Planned::Skip {
-                    transport: Transport::Nccl,
-                    reason: format!("{why}; {NCCL_SKIP_EFFECT}"),
-                },
-                (Ok(_), None) => Planned::Skip {
-                    transport: Transport::Nccl,
-                    reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}"),
-                },
+                (Ok(_), Some(level)) => Planned::Measure { transport: Transport::Nccl, level },
+                (Err(why), _) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
+                (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
             });
-            let mut m = ExchangeMeasurer {
-                names,
-                plan,
-                placements,
-                nccl,
-                warmup: args.warmup,
-                repeats: args.repeats,
-            };
-            (
-                calibrate::calibrate(&mut m, &sizes, &host, &created),
-                true,
-                Some(machine),
-            )
+            let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
+            (calibrate::calibrate(&mut m, &sizes, &host, &created), true, Some(machine))
         }
     };
     for e in &report.file.entries {
@@ -431,8 +292,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         println!("{:>12}{at}: not measured: {why}", t.name());
     }
     if writer {
-        calibrate::write_calibration(&args.out, &report.file)
-            .with_context(|| format!("writing {}", args.out.display()))?;
+        calibrate::write_calibration(&args.out, &report.file).with_context(|| format!("writing {}", args.out.display()))?;
         println!(
             "wrote {} ({} points); use it with HALO_ROUTE_CALIBRATION={}",
             args.out.display(),
@@ -442,8 +302,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         // The machine beside the calibration (its format belongs to the router).
         if let Some(m) = machine {
             let path = machine_path(&args.out);
-            std::fs::write(&path, serde_json::to_string_pretty(&m)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, serde_json::to_string_pretty(&m)?).with_context(|| format!("writing {}", path.display()))?;
             println!("wrote {} (the machine it was measured on)", path.display());
         }
     }
@@ -452,10 +311,7 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
 
 /// `calibration.json` -> `calibration.machine.json`.
 fn machine_path(out: &std::path::Path) -> PathBuf {
-    let stem = out.file_stem().map_or_else(
-        || "calibration".into(),
-        |s| s.to_string_lossy().into_owned(),
-    );
+    let stem = out.file_stem().map_or_else(|| "calibration".into(), |s| s.to_string_lossy().into_owned());
     out.with_file_name(format!("{stem}.machine.json"))
 }
 
@@ -463,13 +319,7 @@ fn machine_path(out: &std::path::Path) -> PathBuf {
 mod machine_tests {
     #[test]
     fn the_machine_goes_beside_the_calibration() {
-        assert_eq!(
-            super::machine_path(std::path::Path::new("/t/calibration.json")),
-            std::path::Path::new("/t/calibration.machine.json")
-        );
-        assert_eq!(
-            super::machine_path(std::path::Path::new("cal")),
-            std::path::Path::new("cal.machine.json")
-        );
+        assert_eq!(super::machine_path(std::path::Path::new("/t/calibration.json")), std::path::Path::new("/t/calibration.machine.json"));
+        assert_eq!(super::machine_path(std::path::Path::new("cal")), std::path::Path::new("cal.machine.json"));
     }
 }

@@ -101,9 +101,7 @@ pub fn parse_phase(s: &str) -> Result<Phase, String> {
         "x" => Ok(Phase::Coordinates),
         "f" => Ok(Phase::Forces),
         "xf" => Ok(Phase::Step),
-        other => Err(format!(
-            "`{other}` is not a phase: x (coordinates only), f (forces only) or xf (both)"
-        )),
+        other => Err(format!("`{other}` is not a phase: x (coordinates only), f (forces only) or xf (both)")),
     }
 }
 
@@ -122,47 +120,27 @@ fn parse_paths(s: &str) -> Result<PathPolicy, String> {
 impl ExchangeCheckArgs {
     /// The path policy the flags ask for (`--force-put` wins over `--paths`).
     fn policy(&self) -> PathPolicy {
-        if self.force_put {
-            PathPolicy::ForcePut
-        } else {
-            self.paths
-        }
+        if self.force_put { PathPolicy::ForcePut } else { self.paths }
     }
 }
 
 /// The router of this run (routed paths) and its first plans, printed (one line per local rank).
-fn start_routing(
-    args: &ExchangeCheckArgs,
-    halos: &[RankHalo],
-    placement: &Placement,
-) -> Result<Routing> {
-    let mut routing = Routing::new(placement, halos.len(), &args.route_override)
-        .context("starting the router")?;
-    routing
-        .plan::<Float3>(halos)
-        .context("planning the paths")?;
+fn start_routing(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Placement) -> Result<Routing> {
+    let mut routing = Routing::new(placement, halos.len(), &args.route_override).context("starting the router")?;
+    routing.plan::<Float3>(halos).context("planning the paths")?;
     for line in routing.describe()? {
         println!("{line}");
     }
-    println!(
-        "route: exchange kernel from the router's choices: {}",
-        routing.transport()?.name()
-    );
+    println!("route: exchange kernel from the router's choices: {}", routing.transport()?.name());
     Ok(routing)
 }
 
 /// `2x2x1` -> `[2, 2, 1]`.
 pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
-    let parts: Vec<usize> = s
-        .split('x')
-        .map(|p| p.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| format!("`{s}` is not a rank grid like 2x2x1"))?;
+    let parts: Vec<usize> = s.split('x').map(|p| p.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not a rank grid like 2x2x1"))?;
     match parts.as_slice() {
         [a, b, c] if *a > 0 && *b > 0 && *c > 0 => Ok([*a, *b, *c]),
-        _ => Err(format!(
-            "`{s}` is not a rank grid like 2x2x1 (three positive counts)"
-        )),
+        _ => Err(format!("`{s}` is not a rank grid like 2x2x1 (three positive counts)")),
     }
 }
 
@@ -177,13 +155,7 @@ pub fn run(args: ExchangeCheckArgs) -> Result<()> {
             );
         }
     }
-    let shape = SyntheticShape {
-        grid: args.grid,
-        pulses_per_dim: args.pulses,
-        home_atoms: args.home_atoms,
-        send_fraction: args.fraction,
-        box_len: 7.7,
-    };
+    let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
     let halos = synthetic::halos(shape, args.seed);
     let env = RankEnv::from_env();
     match env {
@@ -197,11 +169,7 @@ fn methods(args: &ExchangeCheckArgs, nvshmem: bool) -> Vec<Method> {
         return list.0.clone();
     }
     let force_put = args.policy() == PathPolicy::ForcePut;
-    Method::ALL
-        .into_iter()
-        .filter(|m| nvshmem || !m.needs_nvshmem())
-        .filter(|m| !(force_put && m.needs_direct_peers()))
-        .collect()
+    Method::ALL.into_iter().filter(|m| nvshmem || !m.needs_nvshmem()).filter(|m| !(force_put && m.needs_direct_peers())).collect()
 }
 
 fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
@@ -209,30 +177,17 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         bail!("halo exchange-check needs a GPU: {reason}");
     }
     if args.inject_skip_rank.is_some() {
-        bail!(
-            "--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together"
-        );
+        bail!("--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together");
     }
     if args.policy() == PathPolicy::ForcePut {
-        bail!(
-            "--paths force-put needs NVSHMEM: run one rank per GPU (`halo launch -n N -- exchange-check --paths force-put`)"
-        );
+        bail!("--paths force-put needs NVSHMEM: run one rank per GPU (`halo launch -n N -- exchange-check --paths force-put`)");
     }
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
     let modules = (0..gpu::device_count())
-        .map(|i| {
-            Ok(Arc::new(KernelModule::load(
-                &gpu::open_device(i)?,
-                &artifacts,
-            )?))
-        })
+        .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
         .collect::<Result<Vec<_>>>()?;
     // Test only (HALO_TEST_RESERVE_GIB=G[:R]): hold device memory first; in one process R names the GPU.
-    let _held = modules
-        .iter()
-        .enumerate()
-        .map(|(g, m)| heap::reserve_for_test(m.context(), g))
-        .collect::<halo::Result<Vec<_>>>()?;
+    let _held = modules.iter().enumerate().map(|(g, m)| heap::reserve_for_test(m.context(), g)).collect::<halo::Result<Vec<_>>>()?;
     print!("{}", crate::machine::MachineInfo::collect(None).text());
     println!(
         "{} ranks in one process on {} GPU(s), {} pulses per rank, paths: {}",
@@ -242,16 +197,10 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         args.policy().name()
     );
     let placement = Placement::Local(modules.clone()).with_policy(args.policy());
-    let routing = if args.policy() == PathPolicy::Routed {
-        Some(start_routing(args, &halos, &placement)?)
-    } else {
-        None
-    };
+    let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
     let nranks = halos.len();
     let mut setup = NcclSetup::default();
-    check(args, &halos, &placement, routing, false, &mut || {
-        setup.get(|| nccl::setup_local(&modules, nranks))
-    })
+    check(args, &halos, &placement, routing, false, &mut || setup.get(|| nccl::setup_local(&modules, nranks)))
 }
 
 fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Result<()> {
@@ -260,10 +209,7 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
     let me = session.nvshmem.my_pe();
     let _held = heap::reserve_for_test(&session.ctx, me)?; // test only: HALO_TEST_RESERVE_GIB
     if me == 0 {
-        print!(
-            "{}",
-            crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text()
-        );
+        print!("{}", crate::machine::MachineInfo::collect(Some(&session.nvshmem)).text());
     }
     println!(
         "PE {me} of {} (pid {}) on GPU {} ({}), started by {launcher}, NVSHMEM {:?} from {}, paths: {}, host data gathered by {}",
@@ -277,19 +223,10 @@ fn run_pes(args: &ExchangeCheckArgs, halos: Vec<RankHalo>, env: RankEnv) -> Resu
         session.nvshmem.gather_path().describe()
     );
     let placement = Placement::pe(&session, args.policy());
-    let routing = if args.policy() == PathPolicy::Routed {
-        Some(start_routing(args, &halos, &placement)?)
-    } else {
-        None
-    };
-    let wants_nccl = methods(args, true).contains(&Method::Nccl)
-        && (args.transport.is_some() || routing.is_none());
+    let routing = if args.policy() == PathPolicy::Routed { Some(start_routing(args, &halos, &placement)?) } else { None };
+    let wants_nccl = methods(args, true).contains(&Method::Nccl) && (args.transport.is_some() || routing.is_none());
     // NCCL's unique id travels over the symmetric heap (collective: every PE has the same list).
-    let comm = if wants_nccl {
-        Some(PeComm::new(session.nvshmem.clone(), 64)?)
-    } else {
-        None
-    };
+    let comm = if wants_nccl { Some(PeComm::new(session.nvshmem.clone(), 64)?) } else { None };
     let mut setup = NcclSetup::default();
     let mut nccl = || match &comm {
         Some(c) => setup.get(|| nccl::setup_pe(&session, c)),
@@ -335,22 +272,13 @@ impl Run {
             _ => None,
         };
         let mut s = Stepper::new(x, comms);
-        let graphs = if variant.graph {
-            s.capture(variant.method)
-                .with_context(|| format!("capturing {}", variant.name()))?
-        } else {
-            Vec::new()
-        };
+        let graphs = if variant.graph { s.capture(variant.method).with_context(|| format!("capturing {}", variant.name()))? } else { Vec::new() };
         Ok(Ok(Self { graphs, s, variant }))
     }
 
     /// One step of `phase`: enqueued (or run, for the host-driven transports), or one replay.
     fn launch(&mut self, phase: Phase) -> halo::Result<()> {
-        if self.variant.graph {
-            Stepper::replay(&self.graphs, phase, 1)
-        } else {
-            self.s.enqueue(self.variant.method, phase, 1)
-        }
+        if self.variant.graph { Stepper::replay(&self.graphs, phase, 1) } else { self.s.enqueue(self.variant.method, phase, 1) }
     }
 }
 
@@ -364,28 +292,15 @@ struct Tally {
 
 impl Tally {
     fn add(&mut self, o: Tally) {
-        *self = Tally {
-            worst: self.worst.max(o.worst),
-            checked: self.checked + o.checked,
-            syncs: self.syncs + o.syncs,
-        };
+        *self = Tally { worst: self.worst.max(o.worst), checked: self.checked + o.checked, syncs: self.syncs + o.syncs };
     }
 }
 
 /// A failed finish: with failover, a failure to agree on at the next safe point; otherwise (or
 /// for any error that is not a device wait timeout) the end of the run.
-fn settle(
-    e: halo::HaloError,
-    routing: &mut Option<Routing>,
-    failover: bool,
-    what: String,
-) -> Result<()> {
+fn settle(e: halo::HaloError, routing: &mut Option<Routing>, failover: bool, what: String) -> Result<()> {
     let recorded = failover && routing.as_mut().is_some_and(|r| r.record_error(&e));
-    if recorded {
-        Ok(())
-    } else {
-        Err(anyhow::Error::new(e).context(what))
-    }
+    if recorded { Ok(()) } else { Err(anyhow::Error::new(e).context(what)) }
 }
 
 /// Every transport of the list on the ranks `placement` puts here: fresh random data every
@@ -413,11 +328,7 @@ fn check(
         Some(n) => n,
         None => halo::exchange::routing::safe_point_every_from_env(args.check_every)?,
     };
-    let who = if nvshmem {
-        "this PE".to_string()
-    } else {
-        format!("all {} ranks", halos.len())
-    };
+    let who = if nvshmem { "this PE".to_string() } else { format!("all {} ranks", halos.len()) };
     let mut jitter_before = JitterStats::default();
     for first in Variant::list(&list, args.graph) {
         let mut run = match Run::build(args, halos, placement, routing.as_ref(), first, nccl)? {
@@ -428,12 +339,7 @@ fn check(
             }
         };
         // Test only: the rank that never launches (its peers must time out with a clear error).
-        let silent = run
-            .s
-            .x
-            .local_ranks()
-            .iter()
-            .any(|r| Some(r.rank()) == args.inject_skip_rank);
+        let silent = run.s.x.local_ranks().iter().any(|r| Some(r.rank()) == args.inject_skip_rank);
         // `done`: steps up to the last good safe point; `window`: the steps since.
         let (mut done, mut window) = (Tally::default(), Tally::default());
         let (mut good, mut attempts, mut reruns) = (0u64, 0u32, 0u64);
@@ -448,12 +354,7 @@ fn check(
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
                 if let Err(e) = run.s.x.finish() {
-                    settle(
-                        e,
-                        &mut routing,
-                        failover,
-                        format!("{} before step {step}", v.name()),
-                    )?;
+                    settle(e, &mut routing, failover, format!("{} before step {step}", v.name()))?;
                 }
                 window.checked += 1;
                 let home = synthetic::random_values(halos, args.seed * 1_000_003 + step, true);
@@ -471,24 +372,15 @@ fn check(
                 match (run.launch(args.phase), routing.as_mut()) {
                     (Ok(()), _) => {}
                     (Err(e), Some(r)) if failover => {
-                        println!(
-                            "route: step {step}'s launch failed: {e}; recorded for the safe point"
-                        );
+                        println!("route: step {step}'s launch failed: {e}; recorded for the safe point");
                         r.record_failed_launch(&e);
                     }
-                    (Err(e), _) => {
-                        return Err(
-                            anyhow::Error::new(e).context(format!("{} step {step}", v.name()))
-                        );
-                    }
+                    (Err(e), _) => return Err(anyhow::Error::new(e).context(format!("{} step {step}", v.name()))),
                 }
             }
             if let Some(r) = routing.as_mut() {
                 for (rank, peers) in &injected {
-                    println!(
-                        "route: injected failure: rank {rank} skips step {step}'s launch towards {peers:?} ({})",
-                        halo::route::feedback::INJECT_ENV
-                    );
+                    println!("route: injected failure: rank {rank} skips step {step}'s launch towards {peers:?} ({})", halo::route::feedback::INJECT_ENV);
                     r.record_launch_failure(*rank, peers);
                 }
             }
@@ -498,20 +390,13 @@ fn check(
                     Ok(()) if routing.as_ref().is_some_and(Routing::failed_here) => {} // this window runs again
                     Ok(()) => {
                         // Only what this phase exchanged is compared.
-                        let want_x = (args.phase != Phase::Forces)
-                            .then(|| reference::coordinates(halos, &home));
-                        let want_f = (args.phase != Phase::Coordinates)
-                            .then(|| reference::forces(halos, &forces));
+                        let want_x = (args.phase != Phase::Forces).then(|| reference::coordinates(halos, &home));
+                        let want_f = (args.phase != Phase::Coordinates).then(|| reference::forces(halos, &forces));
                         let (xs, fs) = (run.s.x.read_forward()?, run.s.x.read_reverse()?);
                         for (i, rank) in run.s.x.local_ranks().iter().enumerate() {
                             let r = rank.rank();
-                            let (wx, wf) = (
-                                want_x.as_ref().map(|w| w[r].as_slice()),
-                                want_f.as_ref().map(|w| w[r].as_slice()),
-                            );
-                            match step::compare(r, &xs[i], wx, &fs[i], wf)
-                                .map_err(|why| anyhow::anyhow!("{} step {step}: {why}", v.name()))
-                            {
+                            let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
+                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {why}", v.name())) {
                                 Ok(w) => window.worst = window.worst.max(w),
                                 // With failover the safe point tells whether a failure on another
                                 // PE explains the mismatch; without, it ends the run.
@@ -522,12 +407,7 @@ fn check(
                             }
                         }
                     }
-                    Err(e) => settle(
-                        e,
-                        &mut routing,
-                        failover,
-                        format!("{} step {step}", v.name()),
-                    )?,
+                    Err(e) => settle(e, &mut routing, failover, format!("{} step {step}", v.name()))?,
                 }
                 run.s.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
             }
@@ -538,16 +418,9 @@ fn check(
             }
             // The exchange is idle at a safe point.
             if let Err(e) = run.s.x.finish() {
-                settle(
-                    e,
-                    &mut routing,
-                    failover,
-                    format!("{} step {step}", v.name()),
-                )?;
+                settle(e, &mut routing, failover, format!("{} step {step}", v.name()))?;
             }
-            let Some(r) = routing.as_mut() else {
-                bail!("a safe point without a router")
-            };
+            let Some(r) = routing.as_mut() else { bail!("a safe point without a router") };
             let sp = r.safe_point()?;
             if sp.rerun {
                 attempts += 1;
@@ -555,47 +428,25 @@ fn check(
                 let switched: Vec<String> = sp
                     .switched
                     .iter()
-                    .map(|(a, b, from, to)| {
-                        format!(
-                            "{a}-{b} {} -> {}",
-                            from.map_or("none", |t| t.name()),
-                            to.map_or("none", |t| t.name())
-                        )
-                    })
+                    .map(|(a, b, from, to)| format!("{a}-{b} {} -> {}", from.map_or("none", |t| t.name()), to.map_or("none", |t| t.name())))
                     .collect();
                 println!(
                     "route: safe point after step {step}: {} failure report(s) agreed{}; rebuilding the exchange and running steps {good}..={step} again",
                     sp.reported,
-                    if switched.is_empty() {
-                        String::new()
-                    } else {
-                        format!(", pairs switched: {}", switched.join(", "))
-                    }
+                    if switched.is_empty() { String::new() } else { format!(", pairs switched: {}", switched.join(", ")) }
                 );
                 if attempts > halo::exchange::routing::MAX_RERUNS {
-                    bail!(
-                        "steps {good}..={step} failed {attempts} times in a row; giving up (see the failures above)"
-                    );
+                    bail!("steps {good}..={step} failed {attempts} times in a row; giving up (see the failures above)");
                 }
                 for line in r.describe()? {
                     println!("{line}");
                 }
-                let method = if follow_router {
-                    Method::of(r.transport()?)
-                } else {
-                    run.variant.method
-                };
-                let next = Variant {
-                    method,
-                    graph: run.variant.graph,
-                };
+                let method = if follow_router { Method::of(r.transport()?) } else { run.variant.method };
+                let next = Variant { method, graph: run.variant.graph };
                 // Every PE is alive and idle here: reset the failed exchange together (collective,
                 // fenced by barriers), so it is dropped as a healthy one and its symmetric buffers
                 // are freed collectively, in the same order on every PE.
-                run.s
-                    .x
-                    .reset_protocol()
-                    .context("resetting the failed exchange before the rebuild")?;
+                run.s.x.reset_protocol().context("resetting the failed exchange before the rebuild")?;
                 drop(run);
                 run = match Run::build(args, halos, placement, Some(r), next, nccl)? {
                     Ok(run) => run,
@@ -625,10 +476,7 @@ fn check(
         let compared = match args.phase {
             Phase::Coordinates => "coordinates bit-exact".to_string(),
             Phase::Forces => format!("forces max rel err {:.1e}", done.worst),
-            Phase::Step => format!(
-                "coordinates bit-exact, forces max rel err {:.1e}",
-                done.worst
-            ),
+            Phase::Step => format!("coordinates bit-exact, forces max rel err {:.1e}", done.worst),
         };
         println!(
             "{:>16}: {} steps ({}) in {took:.2} s ({:.1} µs per step, checks included), {} checked, OK on {who} ({compared}), {} host syncs in the exchange{}",
@@ -638,11 +486,7 @@ fn check(
             took * 1e6 / args.steps.max(1) as f64,
             done.checked,
             done.syncs,
-            if reruns > 0 {
-                format!(", {reruns} re-run(s) after agreed failures")
-            } else {
-                String::new()
-            },
+            if reruns > 0 { format!(", {reruns} re-run(s) after agreed failures") } else { String::new() },
         );
         if let Some(p) = perturb::process()?.filter(|p| p.jitter().is_some()) {
             let now = p.stats();

@@ -1,9 +1,9 @@
 //! `halo info`: what this process can use.
 
 use anyhow::{Result, bail};
+use halo::gpu::DeviceMemory;
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::gpu;
-use halo::gpu::DeviceMemory;
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
@@ -36,10 +36,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     }
     let env = halo::launch::RankEnv::from_env();
     if args.nvshmem || env.as_ref().is_some_and(|e| e.nranks > 1) {
-        return nvshmem_info(
-            env.unwrap_or_else(halo::launch::RankEnv::single),
-            args.nvshmem_lib.as_deref(),
-        );
+        return nvshmem_info(env.unwrap_or_else(halo::launch::RankEnv::single), args.nvshmem_lib.as_deref());
     }
     let n = gpu::device_count();
     println!("GPUs: {n}");
@@ -93,11 +90,7 @@ fn nvshmem_info(env: halo::launch::RankEnv, lib: Option<&std::path::Path>) -> Re
                 unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut v, p) }?;
                 let ok = v[0] == 1000 + pe as u64;
                 bad += usize::from(!ok);
-                println!(
-                    "  nvshmem_ptr(PE {pe}) = {p:#x}: reads {} ({})",
-                    v[0],
-                    if ok { "ok" } else { "WRONG" }
-                );
+                println!("  nvshmem_ptr(PE {pe}) = {p:#x}: reads {} ({})", v[0], if ok { "ok" } else { "WRONG" });
             }
             None => println!("  nvshmem_ptr(PE {pe}) = null: reachable by put/get only"),
         }

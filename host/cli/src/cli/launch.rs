@@ -27,22 +27,14 @@ pub struct LaunchArgs {
     exe: Option<std::path::PathBuf>,
     /// The halo subcommand each rank runs, with its arguments (after `--`); with --exe, the
     /// program's arguments.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required_unless_present = "exe",
-        value_name = "COMMAND"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required_unless_present = "exe", value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
 /// Runs the launch; the exit code is the worst rank's (see `LaunchReport::exit_code`).
 pub fn main(args: LaunchArgs) -> ExitCode {
     if !(args.kill_grace_secs.is_finite() && (0.0..=3600.0).contains(&args.kill_grace_secs)) {
-        eprintln!(
-            "halo launch: error: --kill-grace-secs must be between 0 and 3600, not {}",
-            args.kill_grace_secs
-        );
+        eprintln!("halo launch: error: --kill-grace-secs must be between 0 and 3600, not {}", args.kill_grace_secs);
         return ExitCode::from(2);
     }
     let config = match args.exe {

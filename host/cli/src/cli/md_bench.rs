@@ -3,8 +3,8 @@
 //! `halo launch -n N -- md-bench` with one PE per GPU (rank 0 prints; every rank gets the same
 //! options).
 
-use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
 use crate::machine::MachineInfo;
+use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
@@ -54,23 +54,12 @@ pub struct MdBenchArgs {
 
 impl MdBenchArgs {
     fn config(&self) -> MdBenchConfig {
-        MdBenchConfig {
-            steps: self.steps,
-            repeats: self.repeats,
-            warmup: self.warmup,
-            step: self.step.clone(),
-            graph: false,
-        }
+        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false }
     }
 }
 
 /// Every size and transport on `target`; returns the rows (printing progress when `print`).
-fn measure_all(
-    args: &MdBenchArgs,
-    target: &Target<'_>,
-    grid: RankGrid,
-    print: bool,
-) -> Vec<MdBenchRow> {
+fn measure_all(args: &MdBenchArgs, target: &Target<'_>, grid: RankGrid, print: bool) -> Vec<MdBenchRow> {
     let cfg = args.config();
     let mut rows = Vec::new();
     for &atoms in &args.atoms {
@@ -79,27 +68,12 @@ fn measure_all(
             [(t, false)].into_iter().chain(graph)
         });
         for (t, graph) in variants {
-            let row = md::measure(
-                &MdBenchConfig {
-                    graph,
-                    ..cfg.clone()
-                },
-                target,
-                grid,
-                atoms,
-                t,
-            );
+            let row = md::measure(&MdBenchConfig { graph, ..cfg.clone() }, target, grid, atoms, t);
             if print {
-                let name = if graph {
-                    format!("{t}+graph")
-                } else {
-                    t.to_string()
-                };
+                let name = if graph { format!("{t}+graph") } else { t.to_string() };
                 match (&row.skipped, row.step_us_median) {
                     (Some(why), _) => eprintln!("md-bench: {atoms} atoms, {name}: skipped: {why}"),
-                    (None, Some(us)) => {
-                        eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step")
-                    }
+                    (None, Some(us)) => eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step"),
                     _ => {}
                 }
             }
@@ -131,30 +105,17 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         let (rank, n) = (env.rank, env.nranks);
         let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
         if grid.num_ranks() != n {
-            bail!(
-                "--ranks {grid} has {} ranks but {n} processes were started: use `halo launch -n {}`",
-                grid.num_ranks(),
-                grid.num_ranks()
-            );
+            bail!("--ranks {grid} has {} ranks but {n} processes were started: use `halo launch -n {}`", grid.num_ranks(), grid.num_ranks());
         }
         let device = env.device;
-        let session =
-            PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
+        let session = PeSession::start(env, args.nvshmem_lib.as_deref()).context("starting NVSHMEM")?;
         let placement = Placement::pe(&session, args.step.paths);
-        let devices = placement.all_gather(
-            "md-bench-devices",
-            vec![(device as u64).to_le_bytes().to_vec()],
-        )?;
+        let devices = placement.all_gather("md-bench-devices", vec![(device as u64).to_le_bytes().to_vec()])?;
         let mut distinct: Vec<&Vec<u8>> = devices.iter().collect();
         distinct.sort();
         distinct.dedup();
         let machine = MachineInfo::collect(Some(&session.nvshmem));
-        let target = Target {
-            placement: &placement,
-            gpus: distinct.len(),
-            mode: format!("{n} PEs (NVSHMEM), one per GPU"),
-            machine: &machine,
-        };
+        let target = Target { placement: &placement, gpus: distinct.len(), mode: format!("{n} PEs (NVSHMEM), one per GPU"), machine: &machine };
         let rows = measure_all(&args, &target, grid, rank == 0);
         if rank == 0 {
             write(&args, &rows)?;
@@ -165,27 +126,12 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         bail!("halo md-bench needs an NVIDIA GPU: {reason}");
     }
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
-    let n = args
-        .gpus
-        .unwrap_or_else(gpu::device_count)
-        .clamp(1, gpu::device_count());
-    let modules = (0..n)
-        .map(|i| {
-            Ok(Arc::new(KernelModule::load(
-                &gpu::open_device(i)?,
-                &artifacts,
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
+    let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     let grid = args.ranks.unwrap_or(RankGrid { dims: [n, 1, 1] });
     let placement = Placement::Local(modules).with_policy(args.step.paths);
     let machine = MachineInfo::collect(None);
-    let target = Target {
-        placement: &placement,
-        gpus: n.min(grid.num_ranks()),
-        mode: "one process".into(),
-        machine: &machine,
-    };
+    let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), mode: "one process".into(), machine: &machine };
     let rows = measure_all(&args, &target, grid, true);
     write(&args, &rows)
 }

@@ -1,7 +1,7 @@
 //! Command-line front end: one module per subcommand, errors reported with `anyhow` context.
 
-mod bench;
 mod calibrate;
+mod bench;
 mod demo;
 mod verify;
 
@@ -64,18 +64,13 @@ enum Command {
 /// an unknown one.
 fn transport_parser() -> impl clap::builder::TypedValueParser<Value = halo::exchange::Transport> {
     use clap::builder::TypedValueParser as _;
-    clap::builder::PossibleValuesParser::new(
-        halo::exchange::Transport::ALL.map(halo::exchange::Transport::name),
-    )
-    .try_map(|s| s.parse::<halo::exchange::Transport>())
+    clap::builder::PossibleValuesParser::new(halo::exchange::Transport::ALL.map(halo::exchange::Transport::name))
+        .try_map(|s| s.parse::<halo::exchange::Transport>())
 }
 
 pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HALO_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HALO_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -103,10 +98,7 @@ pub fn main() -> ExitCode {
             // A rank whose peers or GPU failed may block on its way out (NVSHMEM's or the
             // driver's teardown, or an NVSHMEM proxy thread that is already exiting): it ends
             // within 2 s whatever happens, so that `halo launch` can stop the others.
-            halo::watchdog::exit_within(
-                "exiting after the error above",
-                std::time::Duration::from_secs(2),
-            );
+            halo::watchdog::exit_within("exiting after the error above", std::time::Duration::from_secs(2));
             ExitCode::FAILURE
         }
     }

@@ -28,11 +28,7 @@ impl PerturbArgs {
         };
         let (jitter, jitter_name) = pick(&self.jitter_us, "--jitter-us", JITTER_ENV);
         let (fault, fault_name) = pick(&self.fault, "--fault", FAULT_ENV);
-        let p = Perturbation::parse(
-            jitter.as_deref(),
-            fault.as_deref(),
-            (jitter_name, fault_name),
-        )?;
+        let p = Perturbation::parse(jitter.as_deref(), fault.as_deref(), (jitter_name, fault_name))?;
         perturb::install(p.clone())?;
         for line in p.iter().flat_map(|p| p.describe()) {
             println!("{line}");

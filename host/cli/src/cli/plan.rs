@@ -40,8 +40,7 @@ struct Report<'a> {
 
 pub fn run(args: PlanArgs) -> Result<()> {
     let grid = RankGrid::parse(&args.ranks).context("reading --ranks")?;
-    let system = MolecularSystem::generate(args.atoms, args.seed)
-        .context("generating the system (--atoms)")?;
+    let system = MolecularSystem::generate(args.atoms, args.seed).context("generating the system (--atoms)")?;
     let plan = HaloPlan::build(&system, grid, args.cutoff).with_context(|| {
         format!(
             "planning the halo of {} atoms ({:.3} nm box) on {grid} ranks with a {} nm cutoff",
@@ -49,8 +48,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         )
     })?;
     plan.validate().context("validating the plan")?;
-    plan.validate_atoms(system.len())
-        .context("validating the plan against the system")?;
+    plan.validate_atoms(system.len()).context("validating the plan against the system")?;
     let geo = plan.decomposition()?;
     let text = if args.json {
         let report = Report {
@@ -101,12 +99,7 @@ fn table(system: &MolecularSystem, plan: &HaloPlan, pulses: [usize; 3]) -> Strin
         pulses[1],
         pulses[2]
     );
-    let _ = writeln!(
-        s,
-        "buffers: max atoms per rank {}, max pulse extent {}",
-        plan.max_atoms(),
-        plan.max_pulse_extent()
-    );
+    let _ = writeln!(s, "buffers: max atoms per rank {}, max pulse extent {}", plan.max_atoms(), plan.max_pulse_extent());
     for r in &plan.ranks {
         let c = g.coords_of(r.rank);
         let _ = writeln!(
@@ -118,17 +111,9 @@ fn table(system: &MolecularSystem, plan: &HaloPlan, pulses: [usize; 3]) -> Strin
             let _ = writeln!(s, "  no pulses (nothing is decomposed)");
             continue;
         }
-        let _ = writeln!(
-            s,
-            "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  shift",
-            "pulse", "dim", "p", "to", "from", "send", "recv", "offset", "peer-offset"
-        );
+        let _ = writeln!(s, "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  shift", "pulse", "dim", "p", "to", "from", "send", "recv", "offset", "peer-offset");
         for (k, p) in r.pulses.iter().enumerate() {
-            let shift = if p.spec.shift.is_some() {
-                format!("+{:.3} {}", p.shift_along_dim(), DIM_NAMES[p.dim])
-            } else {
-                "-".into()
-            };
+            let shift = if p.spec.shift.is_some() { format!("+{:.3} {}", p.shift_along_dim(), DIM_NAMES[p.dim]) } else { "-".into() };
             let _ = writeln!(
                 s,
                 "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  {}",

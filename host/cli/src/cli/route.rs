@@ -61,8 +61,7 @@ fn parse_among_arg(s: &str) -> Result<TransportSet, String> {
     if s.trim().eq_ignore_ascii_case("exchange") {
         return Ok(EXCHANGE_TRANSPORTS);
     }
-    s.parse()
-        .map_err(|e: halo::route::RouteError| e.to_string())
+    s.parse().map_err(|e: halo::route::RouteError| e.to_string())
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -121,17 +120,14 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
         }
         _ => {
             let gpus = halo::gpu::device_count();
-            let (facts, found) =
-                gpu_facts::local_rank_facts(gpus, gpus).context("discovering the GPUs")?;
+            let (facts, found) = gpu_facts::local_rank_facts(gpus, gpus)
+                .context("discovering the GPUs")?;
             for f in &found {
                 print_discovery("", f);
             }
             Ok((
                 topology_from_facts(&facts, fabric(args)?.as_ref())?,
-                format!(
-                    "discovered: one PE per visible GPU ({gpus}) on {}",
-                    gpu_facts::hostname()
-                ),
+                format!("discovered: one PE per visible GPU ({gpus}) on {}", gpu_facts::hostname()),
                 true,
             ))
         }
@@ -151,35 +147,13 @@ fn gathered_synthetic(args: &RouteArgs) -> Result<(Topology, String, bool)> {
         env.source,
         env.bootstrap.describe()
     );
-    let facts = gpu_facts::gather(
-        "route-facts",
-        &gpu_facts::synthetic_rank_facts(env.local_rank),
-    )
-    .context("gathering the facts")?;
+    let facts = gpu_facts::gather("route-facts", &gpu_facts::synthetic_rank_facts(env.local_rank)).context("gathering the facts")?;
     halo::launch::pmi::finalize()?;
-    anyhow::ensure!(
-        facts.len() == env.nranks,
-        "gathered {} facts from {} ranks",
-        facts.len(),
-        env.nranks
-    );
+    anyhow::ensure!(facts.len() == env.nranks, "gathered {} facts from {} ranks", facts.len(), env.nranks);
     let topo = topology_from_facts(&facts, fabric(args)?.as_ref())?;
     let hosts: std::collections::BTreeSet<&str> = facts.iter().map(|f| f.host.as_str()).collect();
-    println!(
-        "rank {}: gathered the facts of {} ranks on {} host(s): topology hash {}",
-        env.rank,
-        facts.len(),
-        hosts.len(),
-        topo.hash_hex()
-    );
-    Ok((
-        topo,
-        format!(
-            "synthetic facts gathered from {} ranks under {}",
-            env.nranks, env.source
-        ),
-        env.rank == 0,
-    ))
+    println!("rank {}: gathered the facts of {} ranks on {} host(s): topology hash {}", env.rank, facts.len(), hosts.len(), topo.hash_hex());
+    Ok((topo, format!("synthetic facts gathered from {} ranks under {}", env.nranks, env.source), env.rank == 0))
 }
 
 /// Where the nodes sit, when the route config names a topology (HALO_ROUTE_TOPOLOGY: a halo TOML
@@ -304,20 +278,12 @@ fn render_text(
     }
     writeln!(out)?;
     if n <= MATRIX_MAX_PES {
-        write_matrix(
-            &mut out,
-            "level (row: source PE, column: destination PE)",
-            cells,
-            |d| format!(" {:>17}", d.distance.level.name()),
-        )?;
+        write_matrix(&mut out, "level (row: source PE, column: destination PE)", cells, |d| {
+            format!(" {:>17}", d.distance.level.name())
+        })?;
         writeln!(out)?;
         write_matrix(&mut out, "transport score", cells, |d| {
-            format!(
-                " {:>12} {:.2}{}",
-                d.route.transport.name(),
-                d.route.score,
-                mark(d)
-            )
+            format!(" {:>12} {:.2}{}", d.route.transport.name(), d.route.score, mark(d))
         })?;
         if cells
             .iter()
@@ -378,12 +344,7 @@ fn render_text(
 
 /// One PE x PE table: a title, a header of destination PEs, then a row per source PE whose cells
 /// `cell` formats (failed decisions print `error`).
-fn write_matrix(
-    out: &mut String,
-    title: &str,
-    cells: &[Vec<Cell>],
-    cell: impl Fn(&Decision) -> String,
-) -> std::fmt::Result {
+fn write_matrix(out: &mut String, title: &str, cells: &[Vec<Cell>], cell: impl Fn(&Decision) -> String) -> std::fmt::Result {
     writeln!(out, "{title}")?;
     write!(out, "{:>5}", "")?;
     for dst in 0..cells.len() {

@@ -87,11 +87,7 @@ fn run(args: &SelftestArgs) -> Result<u8> {
     }
     let env = RankEnv::try_from_env()?.unwrap_or_else(RankEnv::single);
     if args.print_pid {
-        println!(
-            "selftest-child pid {} rank {}",
-            std::process::id(),
-            env.rank
-        );
+        println!("selftest-child pid {} rank {}", std::process::id(), env.rank);
     }
     for name in &args.print_env {
         let value = std::env::var(name).unwrap_or_else(|_| "(unset)".into());
@@ -117,16 +113,10 @@ fn run(args: &SelftestArgs) -> Result<u8> {
     if let Some(target) = args.only_rank
         && target != env.rank
     {
-        return Ok(if args.others_hang {
-            hang(hang_limit)
-        } else {
-            0
-        });
+        return Ok(if args.others_hang { hang(hang_limit) } else { 0 });
     }
     if let Some(sig) = &args.signal_self {
-        let Some(signal) = crate::launch::parse_signal(sig) else {
-            bail!("unknown signal {sig:?}")
-        };
+        let Some(signal) = crate::launch::parse_signal(sig) else { bail!("unknown signal {sig:?}") };
         // SAFETY: raising a signal at ourselves has no memory-safety preconditions.
         unsafe {
             libc::raise(signal);
@@ -136,11 +126,7 @@ fn run(args: &SelftestArgs) -> Result<u8> {
     if args.stall_startup {
         let timeout = halo::watchdog::startup_timeout()?;
         halo::watchdog::set_identity(env.rank, env.nranks, env.device);
-        return Ok(halo::watchdog::bounded(
-            halo::watchdog::steps::NVSHMEM_INIT,
-            timeout,
-            || hang(hang_limit),
-        ));
+        return Ok(halo::watchdog::bounded(halo::watchdog::steps::NVSHMEM_INIT, timeout, || hang(hang_limit)));
     }
     if args.hang {
         return Ok(hang(hang_limit));
@@ -159,24 +145,15 @@ fn hang(limit: Duration) -> u8 {
 }
 
 fn exercise_rendezvous(env: &RankEnv) -> Result<()> {
-    let dir = std::env::var_os(halo::launch::env::ENV_RENDEZVOUS_DIR)
-        .context("HALO_RENDEZVOUS_DIR is not set")?;
+    let dir = std::env::var_os(halo::launch::env::ENV_RENDEZVOUS_DIR).context("HALO_RENDEZVOUS_DIR is not set")?;
     let dir = std::path::PathBuf::from(dir);
-    let mode = std::fs::metadata(&dir)
-        .context("rendezvous dir")?
-        .permissions()
-        .mode()
-        & 0o777;
+    let mode = std::fs::metadata(&dir).context("rendezvous dir")?.permissions().mode() & 0o777;
     println!("rendezvous-dir {} mode {mode:o}", dir.display());
     let id = if env.rank == 0 {
         let mut id = [0u8; 128];
         rand::rng().fill(&mut id[..]);
         rendezvous::publish(&id)?;
-        let file_mode = std::fs::metadata(dir.join("unique-id"))
-            .context("unique-id file")?
-            .permissions()
-            .mode()
-            & 0o777;
+        let file_mode = std::fs::metadata(dir.join("unique-id")).context("unique-id file")?.permissions().mode() & 0o777;
         println!("unique-id-file mode {file_mode:o}");
         id.to_vec()
     } else {
@@ -184,10 +161,7 @@ fn exercise_rendezvous(env: &RankEnv) -> Result<()> {
     };
     println!("unique-id {} bytes {}", id.len(), hex(&id));
     let all = rendezvous::all_gather("selftest", format!("rank-{}", env.rank).as_bytes())?;
-    let all: Vec<String> = all
-        .iter()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .collect();
+    let all: Vec<String> = all.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
     println!("gathered {}", all.join(","));
     Ok(())
 }
@@ -199,11 +173,7 @@ fn null_exchange(env: &RankEnv, steps: u64) -> Result<()> {
     use halo::exchange::{Exchange, Transport};
     use halo::testing::NullExchange;
     let mut x: Box<dyn Exchange> = match perturb::process()? {
-        Some(p) => Box::new(Perturbed::with_ranks(
-            NullExchange::default(),
-            p,
-            vec![env.rank],
-        )?),
+        Some(p) => Box::new(Perturbed::with_ranks(NullExchange::default(), p, vec![env.rank])?),
         None => Box::new(NullExchange::default()),
     };
     for _ in 0..steps {

@@ -66,12 +66,7 @@ pub fn run(args: TimelineArgs) -> Result<()> {
     let Some(data) = timeline::run(&args.config()).context("running the timeline probe")? else {
         return Ok(()); // not rank 0
     };
-    print!(
-        "{}",
-        timeline::render(&data)
-            .map_err(anyhow::Error::msg)
-            .context("analysing the stamps")?
-    );
+    print!("{}", timeline::render(&data).map_err(anyhow::Error::msg).context("analysing the stamps")?);
     if let Some(path) = &args.json {
         let text = serde_json::to_string(&data).context("serialising the stamps")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -94,28 +89,10 @@ mod tests {
     #[test]
     fn defaults_and_options() {
         let a = Cli::try_parse_from(["timeline"]).unwrap().args;
-        assert_eq!(
-            (a.atoms, a.ranks, a.steps, a.warmup),
-            (45_000, [2, 1, 1], 400, 50)
-        );
-        let a = Cli::try_parse_from([
-            "timeline",
-            "--atoms",
-            "6000",
-            "--ranks",
-            "2x2x2",
-            "--steps",
-            "100",
-            "--halos",
-            "synthetic",
-        ])
-        .unwrap()
-        .args;
+        assert_eq!((a.atoms, a.ranks, a.steps, a.warmup), (45_000, [2, 1, 1], 400, 50));
+        let a = Cli::try_parse_from(["timeline", "--atoms", "6000", "--ranks", "2x2x2", "--steps", "100", "--halos", "synthetic"]).unwrap().args;
         let c = a.config();
-        assert_eq!(
-            (c.atoms, c.grid, c.steps, c.halos),
-            (6000, [2, 2, 2], 100, HaloSource::Synthetic)
-        );
+        assert_eq!((c.atoms, c.grid, c.steps, c.halos), (6000, [2, 2, 2], 100, HaloSource::Synthetic));
         assert!(Cli::try_parse_from(["timeline", "--ranks", "2x1"]).is_err());
     }
 }

@@ -2,7 +2,6 @@
 //! the total energy from the GPU and (with `--nve-steps`) the energy drift of an NVE run beside the
 //! same run on one rank.
 
-use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
@@ -13,6 +12,7 @@ use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
 use halo_md::{self as md, MdConfig, MdOutcome};
+use crate::machine::MachineInfo;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -169,39 +169,19 @@ impl VerifyArgs {
             graph: self.graph,
             ..MdConfig::new(self.atoms, self.ranks)
         });
-        if self.force_put {
-            MdConfig {
-                path_policy: PathPolicy::ForcePut,
-                ..cfg
-            }
-        } else {
-            cfg
-        }
+        if self.force_put { MdConfig { path_policy: PathPolicy::ForcePut, ..cfg } } else { cfg }
     }
 
     /// The NVE run: no checks, energies every `--energy-every` (100 when 0) steps.
     fn nve_config(&self, steps: u64, grid: RankGrid) -> MdConfig {
-        MdConfig {
-            steps,
-            grid,
-            check_every: 0,
-            energy_every: if self.energy_every == 0 {
-                100
-            } else {
-                self.energy_every
-            },
-            ..self.config()
-        }
+        MdConfig { steps, grid, check_every: 0, energy_every: if self.energy_every == 0 { 100 } else { self.energy_every }, ..self.config() }
     }
 }
 
 /// The report of one run: what was checked (or "not checked"), the energies, the time.
 fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
     let setup = o.setup.map_or_else(String::new, |s| {
-        format!(
-            ", rlist {:.3} nm (nstlist {}), inner {:.3} nm (prune every {})",
-            s.rlist, s.nstlist, s.rlist_inner, s.nstprune
-        )
+        format!(", rlist {:.3} nm (nstlist {}), inner {:.3} nm (prune every {})", s.rlist, s.nstlist, s.rlist_inner, s.nstprune)
     });
     let mut lines = vec![format!(
         "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds){setup}; lists of this process: {} + {} j-cluster words \
@@ -236,10 +216,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
     }
     lines.push(format!("{who}: {}", integrity_summary(o.checked_steps)));
     if o.reruns > 0 {
-        lines.push(format!(
-            "{who}: {} stretch(es) of steps ran again after agreed failures (routed paths)",
-            o.reruns
-        ));
+        lines.push(format!("{who}: {} stretch(es) of steps ran again after agreed failures (routed paths)", o.reruns));
     }
     if let Some(e) = o.energies.last() {
         lines.push(format!(
@@ -270,11 +247,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         ));
     }
     if o.graph_steps > 0 {
-        lines.push(format!(
-            "{who}: {} steps replayed as CUDA graphs ({:.2} ms capturing)",
-            o.graph_steps,
-            ms(o.graph_capture)
-        ));
+        lines.push(format!("{who}: {} steps replayed as CUDA graphs ({:.2} ms capturing)", o.graph_steps, ms(o.graph_capture)));
     }
     lines.push(format!("{who}: {:.2} s", o.wall.as_secs_f64()));
     lines.join("\n")
@@ -287,9 +260,7 @@ fn integrity_summary(checked: u64) -> String {
     if checked == 0 {
         return "integrity: not checked (--check-every 0)".into();
     }
-    format!(
-        "integrity: {checked} checked steps, pulse checksums compared across ranks and results against the CPU references: 0 mismatches"
-    )
+    format!("integrity: {checked} checked steps, pulse checksums compared across ranks and results against the CPU references: 0 mismatches")
 }
 
 fn ms(d: Duration) -> f64 {
@@ -339,13 +310,7 @@ fn json(args: &VerifyArgs, who: &str, o: &MdOutcome, machine: &MachineInfo) -> s
 /// The checked run, then (with `--nve-steps`) the NVE runs on `placement` and on one rank (`single`).
 /// `machine`: given on the process that reports (it prints the machine first, the outcome, and
 /// writes `--json`).
-fn verify(
-    args: &VerifyArgs,
-    who: &str,
-    placement: &Placement,
-    single: &Placement,
-    machine: Option<&MachineInfo>,
-) -> Result<()> {
+fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placement, machine: Option<&MachineInfo>) -> Result<()> {
     let print = machine.is_some();
     if let Some(m) = machine {
         print!("{}", m.text());
@@ -360,39 +325,16 @@ fn verify(
         println!("{}", report(args, who, &outcome));
     }
     if let (Some(path), Some(m)) = (&args.json, machine) {
-        let text = serde_json::to_string_pretty(&json(args, who, &outcome, m))
-            .context("serialising the outcome")?;
+        let text = serde_json::to_string_pretty(&json(args, who, &outcome, m)).context("serialising the outcome")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     if let Some(steps) = args.nve_steps {
-        let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {})
-            .context("the decomposed NVE run")?;
-        let one = md::run(
-            &args.nve_config(steps, RankGrid { dims: [1, 1, 1] }),
-            single,
-            |_, _| {},
-        )
-        .context("the one-rank NVE run")?;
+        let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
+        let one = md::run(&args.nve_config(steps, RankGrid { dims: [1, 1, 1] }), single, |_, _| {}).context("the one-rank NVE run")?;
         if print {
-            println!(
-                "{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):",
-                args.step.dt * 1000.0,
-                args.nve_config(steps, args.ranks).energy_every
-            );
-            println!(
-                "  {}",
-                drift_line(
-                    args,
-                    &format!(
-                        "{} ranks ({}, {})",
-                        args.ranks.num_ranks(),
-                        args.ranks,
-                        args.transport.name()
-                    ),
-                    &decomposed
-                )
-            );
+            println!("{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):", args.step.dt * 1000.0, args.nve_config(steps, args.ranks).energy_every);
+            println!("  {}", drift_line(args, &format!("{} ranks ({}, {})", args.ranks.num_ranks(), args.ranks, args.transport.name()), &decomposed));
             println!("  {}", drift_line(args, "1 rank", &one));
         }
     }
@@ -401,9 +343,7 @@ fn verify(
 
 pub fn run(args: VerifyArgs) -> Result<()> {
     if args.nve_steps == Some(0) {
-        bail!(
-            "--nve-steps 0 runs nothing: give at least 2 energy intervals of steps, e.g. --nve-steps 10000"
-        );
+        bail!("--nve-steps 0 runs nothing: give at least 2 energy intervals of steps, e.g. --nve-steps 10000");
     }
     if let Some(env) = RankEnv::from_env().filter(|e| e.nranks > 1) {
         if env.nranks != args.ranks.num_ranks() {
@@ -419,54 +359,25 @@ pub fn run(args: VerifyArgs) -> Result<()> {
         }
         let rank = env.rank;
         let policy = args.config().path_policy;
-        println!(
-            "PE {rank} of {} started by {} ({} bootstrap), paths: {}",
-            env.nranks,
-            env.source,
-            env.bootstrap.describe(),
-            policy.name()
-        );
+        println!("PE {rank} of {} started by {} ({} bootstrap), paths: {}", env.nranks, env.source, env.bootstrap.describe(), policy.name());
         let session = PeSession::start(env, None).context("starting NVSHMEM")?;
         let placement = Placement::pe(&session, policy);
         // Each PE runs the one-rank comparison on its own GPU at once (no PE waits for another);
         // PE 0 reports, records the machine (and writes --json).
         let single = Placement::Local(vec![session.module.clone()]).with_policy(policy);
         let machine = (rank == 0).then(|| MachineInfo::collect(Some(&session.nvshmem)));
-        return verify(
-            &args,
-            &format!("PE {rank}"),
-            &placement,
-            &single,
-            machine.as_ref(),
-        )
-        .with_context(|| format!("rank {rank}"));
+        return verify(&args, &format!("PE {rank}"), &placement, &single, machine.as_ref()).with_context(|| format!("rank {rank}"));
     }
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo verify needs an NVIDIA GPU: {reason}");
     }
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
-    let n = args
-        .gpus
-        .unwrap_or_else(gpu::device_count)
-        .clamp(1, gpu::device_count());
-    let modules = (0..n)
-        .map(|i| {
-            Ok(Arc::new(KernelModule::load(
-                &gpu::open_device(i)?,
-                &artifacts,
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let n = args.gpus.unwrap_or_else(gpu::device_count).clamp(1, gpu::device_count());
+    let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     let policy = args.config().path_policy;
     let single = Placement::Local(modules[..1].to_vec()).with_policy(policy);
     let machine = MachineInfo::collect(None);
-    verify(
-        &args,
-        &format!("one process on {n} GPU(s)"),
-        &Placement::Local(modules).with_policy(policy),
-        &single,
-        Some(&machine),
-    )
+    verify(&args, &format!("one process on {n} GPU(s)"), &Placement::Local(modules).with_policy(policy), &single, Some(&machine))
 }
 
 #[cfg(test)]
@@ -480,132 +391,56 @@ mod tests {
             #[command(flatten)]
             step: StepArgs,
         }
-        let parsed = <Cli as clap::Parser>::try_parse_from(["halo"])
-            .unwrap()
-            .step;
+        let parsed = <Cli as clap::Parser>::try_parse_from(["halo"]).unwrap().step;
         assert_eq!(format!("{parsed:?}"), format!("{:?}", StepArgs::default()));
-        let cfg = StepArgs {
-            host_search: true,
-            nstlist: 40,
-            ..StepArgs::default()
-        }
-        .apply(MdConfig::new(10, RankGrid { dims: [1, 1, 1] }));
+        let cfg = StepArgs { host_search: true, nstlist: 40, ..StepArgs::default() }.apply(MdConfig::new(10, RankGrid { dims: [1, 1, 1] }));
         assert!(!cfg.gpu_search && cfg.nstlist == 40 && cfg.wait_timeout == Duration::from_secs(5));
-        assert_eq!(
-            cfg.path_policy,
-            PathPolicy::Routed,
-            "routed paths by default"
-        );
+        assert_eq!(cfg.path_policy, PathPolicy::Routed, "routed paths by default");
         // --force-put wins over --paths.
-        let v = VerifyArgs {
-            force_put: true,
-            ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] })
-        };
+        let v = VerifyArgs { force_put: true, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
         assert_eq!(v.config().path_policy, PathPolicy::ForcePut);
-        let v = VerifyArgs {
-            step: StepArgs {
-                paths: PathPolicy::Auto,
-                ..StepArgs::default()
-            },
-            ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] })
-        };
+        let v = VerifyArgs { step: StepArgs { paths: PathPolicy::Auto, ..StepArgs::default() }, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
         assert_eq!(v.config().path_policy, PathPolicy::Auto);
     }
 
     #[test]
     fn an_unchecked_run_says_so_and_a_checked_one_gives_its_errors() {
-        let args = VerifyArgs {
-            check_every: 0,
-            ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] })
-        };
-        let mut o = MdOutcome {
-            steps: 100,
-            wall: Duration::from_millis(5),
-            ..MdOutcome::default()
-        };
+        let args = VerifyArgs { check_every: 0, ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] }) };
+        let mut o = MdOutcome { steps: 100, wall: Duration::from_millis(5), ..MdOutcome::default() };
         let text = report(&args, "test", &o);
-        assert!(
-            text.contains("not checked") && text.contains("integrity: not checked"),
-            "{text}"
-        );
+        assert!(text.contains("not checked") && text.contains("integrity: not checked"), "{text}");
         assert!(!text.contains("bit-exact"), "{text}");
         assert!(text.contains("50.0 µs per step"), "{text}");
         o.checked_steps = 100;
         o.worst.force_max_rel = 3e-6;
-        o.energies.push(md::EnergyPoint {
-            step: 99,
-            potential: -10.0,
-            kinetic: 4.0,
-        });
+        o.energies.push(md::EnergyPoint { step: 99, potential: -10.0, kinetic: 4.0 });
         let text = report(&args, "test", &o);
-        assert!(
-            !text.contains("not checked")
-                && text.contains("100 steps checked")
-                && text.contains("3.00e-6"),
-            "{text}"
-        );
+        assert!(!text.contains("not checked") && text.contains("100 steps checked") && text.contains("3.00e-6"), "{text}");
         assert!(text.contains("= -6.000 kJ/mol"), "{text}");
-        assert!(
-            text.contains("integrity: 100 checked steps")
-                && !text.contains("drift")
-                && !text.contains("ran again"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("per step over all"),
-            "a checked run is not timed: {text}"
-        );
+        assert!(text.contains("integrity: 100 checked steps") && !text.contains("drift") && !text.contains("ran again"), "{text}");
+        assert!(!text.contains("per step over all"), "a checked run is not timed: {text}");
         assert!(drift_line(&args, "x", &o).contains("not measured"));
-        o.energies.push(md::EnergyPoint {
-            step: 199,
-            potential: -10.5,
-            kinetic: 4.0,
-        });
+        o.energies.push(md::EnergyPoint { step: 199, potential: -10.5, kinetic: 4.0 });
         let text = report(&args, "test", &o);
-        assert!(
-            text.contains("test: total energy: drift"),
-            "two energy points give a drift: {text}"
-        );
+        assert!(text.contains("test: total energy: drift"), "two energy points give a drift: {text}");
         o.reruns = 2;
-        assert!(
-            report(&args, "test", &o)
-                .contains("test: 2 stretch(es) of steps ran again after agreed failures")
-        );
+        assert!(report(&args, "test", &o).contains("test: 2 stretch(es) of steps ran again after agreed failures"));
     }
 
     #[test]
     fn the_json_says_not_checked_and_carries_the_machine() {
-        let args = VerifyArgs {
-            check_every: 0,
-            ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] })
-        };
-        let mut o = MdOutcome {
-            steps: 100,
-            searches: 1,
-            wall: Duration::from_millis(5),
-            ..MdOutcome::default()
-        };
+        let args = VerifyArgs { check_every: 0, ..VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] }) };
+        let mut o = MdOutcome { steps: 100, searches: 1, wall: Duration::from_millis(5), ..MdOutcome::default() };
         let j = json(&args, "x", &o, &crate::machine::tests::sample());
         assert_eq!(j["checked"], false);
-        assert!(
-            j["coordinates_bit_exact"].is_null()
-                && j["force_max_rel_err"].is_null()
-                && j["energy_max_rel_err"].is_null(),
-            "{j}"
-        );
+        assert!(j["coordinates_bit_exact"].is_null() && j["force_max_rel_err"].is_null() && j["energy_max_rel_err"].is_null(), "{j}");
         assert_eq!(j["machine"]["nvidia_driver"], "580.159.04");
         assert_eq!(j["step_us_host"], 50.0);
         o.checked_steps = 100;
         o.worst.force_max_rel = 2e-6;
         let j = json(&args, "PE 0", &o, &crate::machine::tests::sample());
-        assert_eq!(
-            (j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()),
-            (Some(true), Some(true))
-        );
+        assert_eq!((j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()), (Some(true), Some(true)));
         assert_eq!(j["force_max_rel_err"], 2e-6);
-        assert!(
-            j["step_us_host"].is_null(),
-            "a checked run is not timed: {j}"
-        );
+        assert!(j["step_us_host"].is_null(), "a checked run is not timed: {j}");
     }
 }

@@ -77,10 +77,7 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     /// `nranks` ranks of this very executable with `args`, on GPUs `0..nranks`, default grace.
-    pub fn this_executable(
-        nranks: usize,
-        args: Vec<OsString>,
-    ) -> Result<LaunchConfig, LaunchError> {
+    pub fn this_executable(nranks: usize, args: Vec<OsString>) -> Result<LaunchConfig, LaunchError> {
         let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
         let mut config = LaunchConfig::program(nranks, program, args);
         config.needs_args = true;
@@ -104,11 +101,7 @@ impl LaunchConfig {
 
     /// The GPU ordinal of `rank`.
     pub fn device_of(&self, rank: usize) -> usize {
-        if self.gpus.is_empty() {
-            rank
-        } else {
-            self.gpus[rank % self.gpus.len()]
-        }
+        if self.gpus.is_empty() { rank } else { self.gpus[rank % self.gpus.len()] }
     }
 
     /// How many ranks each GPU gets, by ordinal (GPUs that get none are not listed).
@@ -122,9 +115,7 @@ impl LaunchConfig {
 
     fn validate(&self) -> Result<(), LaunchError> {
         if self.nranks == 0 {
-            return Err(LaunchError::InvalidConfig(
-                "the number of ranks must be at least 1".into(),
-            ));
+            return Err(LaunchError::InvalidConfig("the number of ranks must be at least 1".into()));
         }
         if self.args.is_empty() && self.needs_args {
             return Err(LaunchError::InvalidConfig(
@@ -151,18 +142,11 @@ pub fn uneven_layout(nranks: usize, per_gpu: &BTreeMap<usize, usize>) -> Option<
         return None;
     }
     let gpus = per_gpu.len();
-    let spread: Vec<String> = per_gpu
-        .iter()
-        .map(|(gpu, n)| format!("{n} on GPU {gpu}"))
-        .collect();
+    let spread: Vec<String> = per_gpu.iter().map(|(gpu, n)| format!("{n} on GPU {gpu}")).collect();
     let list: Vec<String> = per_gpu.keys().map(ToString::to_string).collect();
     let below = nranks / gpus * gpus;
     let above = below + gpus;
-    let counts = if below > 0 {
-        format!("-n {below} or -n {above}")
-    } else {
-        format!("-n {above}")
-    };
+    let counts = if below > 0 { format!("-n {below} or -n {above}") } else { format!("-n {above}") };
     Some(format!(
         "{nranks} ranks on GPUs {} would put {}. NVSHMEM 3.4.5 cannot start an uneven number of PEs per GPU: \
          its PEs disagree about their internal teams and initialisation never returns. Use a rank count that is a \
@@ -202,10 +186,7 @@ impl std::fmt::Display for RankEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             RankEnd::Exited(c) if c == halo::watchdog::EXIT_CODE => {
-                write!(
-                    f,
-                    "exited with code {c} (halo's watchdog: a start-up, collective or GPU wait did not finish in time; see its message)"
-                )
+                write!(f, "exited with code {c} (halo's watchdog: a start-up, collective or GPU wait did not finish in time; see its message)")
             }
             RankEnd::Exited(c) => write!(f, "exited with code {c}"),
             RankEnd::Signaled(s) => write!(f, "was killed by signal {s} ({})", sys::signal_name(s)),
@@ -251,11 +232,7 @@ pub struct LaunchReport {
 impl LaunchReport {
     /// Every rank exited with code 0 and nothing was stopped.
     pub fn success(&self) -> bool {
-        self.stop.is_none()
-            && self
-                .ranks
-                .iter()
-                .all(|r| r.end.is_some_and(RankEnd::success))
+        self.stop.is_none() && self.ranks.iter().all(|r| r.end.is_some_and(RankEnd::success))
     }
 
     /// The launcher's exit code: 0 on success, else the worst code among the ranks that failed on
@@ -266,12 +243,7 @@ impl LaunchReport {
         if self.success() {
             return 0;
         }
-        let own = self
-            .ranks
-            .iter()
-            .filter(|r| !r.stopped)
-            .filter_map(|r| r.end)
-            .filter(|e| !e.success());
+        let own = self.ranks.iter().filter(|r| !r.stopped).filter_map(|r| r.end).filter(|e| !e.success());
         let worst = own.map(RankEnd::code).max();
         let code = match (worst, &self.stop) {
             (Some(c), _) => c,
@@ -296,35 +268,16 @@ impl LaunchReport {
                 parts.push(format!("rank {} {end}", r.rank));
             }
         }
-        let stopped: Vec<usize> = self
-            .ranks
-            .iter()
-            .filter(|r| r.stopped)
-            .map(|r| r.rank)
-            .collect();
+        let stopped: Vec<usize> = self.ranks.iter().filter(|r| r.stopped).map(|r| r.rank).collect();
         if !stopped.is_empty() {
             let mut text = format!("stopped {}", rank_list(&stopped));
-            let killed: Vec<usize> = self
-                .ranks
-                .iter()
-                .filter(|r| r.needed_kill)
-                .map(|r| r.rank)
-                .collect();
+            let killed: Vec<usize> = self.ranks.iter().filter(|r| r.needed_kill).map(|r| r.rank).collect();
             if !killed.is_empty() {
-                let _ = write!(
-                    text,
-                    " ({} ignored SIGTERM and got SIGKILL)",
-                    rank_list(&killed)
-                );
+                let _ = write!(text, " ({} ignored SIGTERM and got SIGKILL)", rank_list(&killed));
             }
             parts.push(text);
         }
-        let lost: Vec<usize> = self
-            .ranks
-            .iter()
-            .filter(|r| r.end.is_none())
-            .map(|r| r.rank)
-            .collect();
+        let lost: Vec<usize> = self.ranks.iter().filter(|r| r.end.is_none()).map(|r| r.rank).collect();
         if !lost.is_empty() {
             parts.push(format!(
                 "{} did not exit within {} s of SIGKILL (stuck in the kernel or GPU driver?)",
@@ -414,23 +367,10 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         let sharing = per_gpu.get(&device).copied().unwrap_or(1);
         let mut child = spawn_rank(config, rank, (device, sharing), &rendezvous)?;
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        ranks.0.push(Rank {
-            rank,
-            device,
-            child,
-            end: None,
-            stopped: false,
-            needed_kill: false,
-            abandoned: false,
-        });
-        for (pipe, sink) in [
-            (stdout.map(PipeReader::Out), Sink::Stdout),
-            (stderr.map(PipeReader::Err), Sink::Stderr),
-        ] {
+        ranks.0.push(Rank { rank, device, child, end: None, stopped: false, needed_kill: false, abandoned: false });
+        for (pipe, sink) in [(stdout.map(PipeReader::Out), Sink::Stdout), (stderr.map(PipeReader::Err), Sink::Stderr)] {
             if let Some(pipe) = pipe {
-                forwarders
-                    .forward(rank, pipe, sink)
-                    .map_err(|source| LaunchError::Output { rank, source })?;
+                forwarders.forward(rank, pipe, sink).map_err(|source| LaunchError::Output { rank, source })?;
             }
         }
     }
@@ -447,11 +387,7 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
                 signals_seen = count;
                 if stop.is_none() {
                     stop = Some(StopReason::Interrupted(signal));
-                    notice(
-                        &format!("received {}", sys::signal_name(signal)),
-                        &ranks,
-                        grace,
-                    );
+                    notice(&format!("received {}", sys::signal_name(signal)), &ranks, grace);
                     ranks.signal_running(libc::SIGTERM);
                     kill_at = Some(Instant::now() + grace);
                 } else if count >= 2 {
@@ -466,19 +402,12 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
         let mut failed_now = Vec::new();
         for r in ranks.0.iter_mut().filter(|r| r.running()) {
             let pid = r.child.id();
-            let Some(end) = sys::peek_exit(pid).map_err(|source| LaunchError::Wait {
-                rank: r.rank,
-                source,
-            })?
-            else {
+            let Some(end) = sys::peek_exit(pid).map_err(|source| LaunchError::Wait { rank: r.rank, source })? else {
                 continue;
             };
             // The rank is a zombie, so its group id is still ours: sweep anything it left behind.
             sys::signal_group(pid, libc::SIGKILL);
-            r.child.wait().map_err(|source| LaunchError::Wait {
-                rank: r.rank,
-                source,
-            })?;
+            r.child.wait().map_err(|source| LaunchError::Wait { rank: r.rank, source })?;
             r.end = Some(end);
             r.stopped = stopping;
             if !stopping && !end.success() {
@@ -486,13 +415,8 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
             }
         }
         if !failed_now.is_empty() {
-            let what: Vec<String> = failed_now
-                .iter()
-                .map(|(rank, end)| format!("rank {rank} {end}"))
-                .collect();
-            stop = Some(StopReason::RankFailed(
-                failed_now.iter().map(|(rank, _)| *rank).collect(),
-            ));
+            let what: Vec<String> = failed_now.iter().map(|(rank, end)| format!("rank {rank} {end}")).collect();
+            stop = Some(StopReason::RankFailed(failed_now.iter().map(|(rank, _)| *rank).collect()));
             notice(&what.join(", "), &ranks, grace);
             ranks.signal_running(libc::SIGTERM);
             kill_at = Some(Instant::now() + grace);
@@ -535,20 +459,12 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     drop(ranks);
     drop(rendezvous);
     drop(signals);
-    Ok(LaunchReport {
-        ranks: outcomes,
-        stop,
-    })
+    Ok(LaunchReport { ranks: outcomes, stop })
 }
 
 /// Tells the user, while it happens, why the job is being stopped.
 fn notice(cause: &str, ranks: &Ranks, grace: Duration) {
-    let running: Vec<usize> = ranks
-        .0
-        .iter()
-        .filter(|r| r.running())
-        .map(|r| r.rank)
-        .collect();
+    let running: Vec<usize> = ranks.0.iter().filter(|r| r.running()).map(|r| r.rank).collect();
     if running.is_empty() {
         eprintln!("halo launch: {cause}");
     } else {
@@ -561,12 +477,7 @@ fn notice(cause: &str, ranks: &Ranks, grace: Duration) {
 }
 
 /// Starts `rank` on GPU `device.0`, which `device.1` ranks share.
-fn spawn_rank(
-    config: &LaunchConfig,
-    rank: usize,
-    device: (usize, usize),
-    rendezvous: &RendezvousDir,
-) -> Result<Child, LaunchError> {
+fn spawn_rank(config: &LaunchConfig, rank: usize, device: (usize, usize), rendezvous: &RendezvousDir) -> Result<Child, LaunchError> {
     let (device, sharing) = device;
     let mut cmd = Command::new(&config.program);
     cmd.args(&config.args)
@@ -587,11 +498,7 @@ fn spawn_rank(
         }
     }
     sys::isolate(&mut cmd);
-    cmd.spawn().map_err(|source| LaunchError::Spawn {
-        rank,
-        program: config.program.clone(),
-        source,
-    })
+    cmd.spawn().map_err(|source| LaunchError::Spawn { rank, program: config.program.clone(), source })
 }
 
 /// A rank's stdout or stderr pipe, as one type for the forwarding threads.
@@ -614,22 +521,12 @@ mod tests {
     use super::*;
 
     fn outcome(rank: usize, end: Option<RankEnd>, stopped: bool) -> RankOutcome {
-        RankOutcome {
-            rank,
-            pid: 1000 + rank as u32,
-            device: rank,
-            end,
-            stopped,
-            needed_kill: false,
-        }
+        RankOutcome { rank, pid: 1000 + rank as u32, device: rank, end, stopped, needed_kill: false }
     }
 
     #[test]
     fn success_report() {
-        let report = LaunchReport {
-            ranks: vec![outcome(0, Some(RankEnd::Exited(0)), false)],
-            stop: None,
-        };
+        let report = LaunchReport { ranks: vec![outcome(0, Some(RankEnd::Exited(0)), false)], stop: None };
         assert!(report.success());
         assert_eq!(report.exit_code(), 0);
         assert_eq!(report.summary(), None);
@@ -655,26 +552,17 @@ mod tests {
     #[test]
     fn worst_of_several_failures_and_interrupts() {
         let report = LaunchReport {
-            ranks: vec![
-                outcome(0, Some(RankEnd::Exited(3)), false),
-                outcome(1, Some(RankEnd::Exited(7)), false),
-            ],
+            ranks: vec![outcome(0, Some(RankEnd::Exited(3)), false), outcome(1, Some(RankEnd::Exited(7)), false)],
             stop: Some(StopReason::RankFailed(vec![0, 1])),
         };
         assert_eq!(report.exit_code(), 7);
         let report = LaunchReport {
-            ranks: vec![
-                outcome(0, Some(RankEnd::Signaled(libc::SIGTERM)), true),
-                outcome(1, None, true),
-            ],
+            ranks: vec![outcome(0, Some(RankEnd::Signaled(libc::SIGTERM)), true), outcome(1, None, true)],
             stop: Some(StopReason::Interrupted(libc::SIGINT)),
         };
         assert_eq!(report.exit_code(), 130);
         let summary = report.summary().unwrap_or_default();
-        assert!(
-            summary.starts_with("interrupted by SIGINT; stopped ranks 0, 1"),
-            "{summary}"
-        );
+        assert!(summary.starts_with("interrupted by SIGINT; stopped ranks 0, 1"), "{summary}");
         assert!(summary.contains("rank 1 did not exit"), "{summary}");
     }
 
@@ -690,15 +578,9 @@ mod tests {
             needs_args: true,
             allow_uneven_gpus: false,
         };
-        assert_eq!(
-            (0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(),
-            [0, 1, 2, 3]
-        );
+        assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [0, 1, 2, 3]);
         config.gpus = vec![2, 5];
-        assert_eq!(
-            (0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(),
-            [2, 5, 2, 5]
-        );
+        assert_eq!((0..4).map(|r| config.device_of(r)).collect::<Vec<_>>(), [2, 5, 2, 5]);
         config.nranks = 0;
         assert!(config.validate().is_err());
     }
@@ -708,29 +590,14 @@ mod tests {
         let mut config = LaunchConfig::program(3, "/bin/true".into(), vec![]);
         config.gpus = vec![0, 1];
         assert_eq!(config.ranks_per_gpu(), BTreeMap::from([(0, 2), (1, 1)]));
-        let e = config
-            .validate()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        for part in [
-            "3 ranks on GPUs 0,1 would put 2 on GPU 0, 1 on GPU 1",
-            "NVSHMEM 3.4.5",
-            "-n 2 or -n 4 with --gpus 0,1",
-            "--allow-uneven-gpus",
-        ] {
+        let e = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        for part in ["3 ranks on GPUs 0,1 would put 2 on GPU 0, 1 on GPU 1", "NVSHMEM 3.4.5", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
             assert!(e.contains(part), "missing {part:?} in {e}");
         }
         config.allow_uneven_gpus = true;
         assert!(config.validate().is_ok());
         // Even layouts start: one rank per GPU, two per GPU, more GPUs listed than ranks.
-        for (n, gpus) in [
-            (4, vec![0, 1]),
-            (8, vec![0, 1]),
-            (2, vec![]),
-            (2, vec![0, 1, 2]),
-            (1, vec![3]),
-        ] {
+        for (n, gpus) in [(4, vec![0, 1]), (8, vec![0, 1]), (2, vec![]), (2, vec![0, 1, 2]), (1, vec![3])] {
             let mut c = LaunchConfig::program(n, "/bin/true".into(), vec![]);
             c.gpus = gpus;
             assert!(c.validate().is_ok(), "{n} ranks on {:?}", c.gpus);
@@ -751,11 +618,7 @@ mod tests {
         let other = LaunchConfig::program(2, "/bin/true".into(), vec![]);
         assert!(other.validate().is_ok());
         let halo = LaunchConfig::this_executable(2, vec![]).expect("current exe");
-        let e = halo
-            .validate()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let e = halo.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("no command to run"), "{e}");
     }
 
@@ -765,10 +628,7 @@ mod tests {
             nranks: 3,
             gpus: vec![],
             program: "/bin/sh".into(),
-            args: vec![
-                "-c".into(),
-                r#"if [ "$HALO_RANK" = 1 ]; then exit 4; fi; sleep 30"#.into(),
-            ],
+            args: vec!["-c".into(), r#"if [ "$HALO_RANK" = 1 ]; then exit 4; fi; sleep 30"#.into()],
             kill_grace: Duration::from_secs(2),
             handle_signals: false,
             needs_args: false,

@@ -29,28 +29,17 @@ impl Forwarders {
     /// No threads yet.
     pub fn new() -> Forwarders {
         let (done_tx, done_rx) = channel();
-        Forwarders {
-            done_tx,
-            done_rx,
-            running: 0,
-        }
+        Forwarders { done_tx, done_rx, running: 0 }
     }
 
     /// Starts a thread copying `pipe` to `sink`, each line prefixed with `[rank {rank}] `.
-    pub fn forward(
-        &mut self,
-        rank: usize,
-        pipe: impl Read + Send + 'static,
-        sink: Sink,
-    ) -> io::Result<()> {
+    pub fn forward(&mut self, rank: usize, pipe: impl Read + Send + 'static, sink: Sink) -> io::Result<()> {
         let done = self.done_tx.clone();
-        thread::Builder::new()
-            .name(format!("halo-launch-rank{rank}-out"))
-            .spawn(move || {
-                copy_lines(rank, pipe, sink);
-                // The receiver may be gone if the launcher stopped waiting; nothing to do then.
-                let _ = done.send(());
-            })?;
+        thread::Builder::new().name(format!("halo-launch-rank{rank}-out")).spawn(move || {
+            copy_lines(rank, pipe, sink);
+            // The receiver may be gone if the launcher stopped waiting; nothing to do then.
+            let _ = done.send(());
+        })?;
         self.running += 1;
         Ok(())
     }
@@ -63,9 +52,7 @@ impl Forwarders {
         for _ in 0..self.running {
             let left = deadline.saturating_duration_since(Instant::now());
             if self.done_rx.recv_timeout(left).is_err() {
-                tracing::warn!(
-                    "some rank output was still open {limit:?} after the ranks exited; not waiting for it"
-                );
+                tracing::warn!("some rank output was still open {limit:?} after the ranks exited; not waiting for it");
                 return;
             }
         }

@@ -27,16 +27,7 @@ pub fn isolate(cmd: &mut Command) {
         #[cfg(target_os = "linux")]
         {
             // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; no pointers involved.
-            if unsafe {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                )
-            } != 0
-            {
+            if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) } != 0 {
                 return Err(io::Error::last_os_error());
             }
             // The launcher may have died before prctl took effect; then nobody would ever signal us.
@@ -57,9 +48,7 @@ pub fn isolate(cmd: &mut Command) {
 ///
 /// Callers only pass children that have not been reaped yet, so the id cannot have been recycled.
 pub fn signal_group(pid: u32, signal: i32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
     // SAFETY: kill has no memory-safety preconditions; failures (ESRCH) just mean nothing is left.
     unsafe {
         if libc::kill(-pid, signal) != 0 {
@@ -75,14 +64,7 @@ pub fn peek_exit(pid: u32) -> io::Result<Option<RankEnd>> {
     // SAFETY: siginfo_t is plain data; all-zero is a valid value, and waitid fills it.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a valid, writable siginfo_t.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PID,
-            id,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        )
-    };
+    let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -135,11 +117,7 @@ pub fn parse_signal(text: &str) -> Option<i32> {
         return (n > 0).then_some(n);
     }
     let upper = t.to_ascii_uppercase();
-    let wanted = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
+    let wanted = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
     (1..32).find(|&s| signal_name(s) == wanted)
 }
 
@@ -169,9 +147,7 @@ pub struct SignalGuard {
 impl SignalGuard {
     /// Installs the handlers (once per process while any guard lives).
     pub fn install() -> io::Result<SignalGuard> {
-        let mut installed = INSTALLED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut installed = INSTALLED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if installed.0 == 0 {
             LAST_SIGNAL.store(0, Ordering::SeqCst);
             SIGNAL_COUNT.store(0, Ordering::SeqCst);
@@ -179,8 +155,7 @@ impl SignalGuard {
             for &signal in &CAUGHT {
                 // SAFETY: sigaction structs are plain data; we fill the fields sigaction reads.
                 let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-                action.sa_sigaction =
-                    record_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_sigaction = record_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
                 action.sa_flags = libc::SA_RESTART;
                 // SAFETY: both pointers are valid; sa_mask is initialised by sigemptyset.
                 let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -211,18 +186,13 @@ impl SignalGuard {
 
     /// The last signal received and how many so far (`(0, 0)` if none).
     pub fn received(&self) -> (i32, u32) {
-        (
-            LAST_SIGNAL.load(Ordering::SeqCst),
-            SIGNAL_COUNT.load(Ordering::SeqCst),
-        )
+        (LAST_SIGNAL.load(Ordering::SeqCst), SIGNAL_COUNT.load(Ordering::SeqCst))
     }
 }
 
 impl Drop for SignalGuard {
     fn drop(&mut self) {
-        let mut installed = INSTALLED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut installed = INSTALLED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         installed.0 -= 1;
         if installed.0 == 0 {
             let saved = std::mem::take(&mut installed.1);
