@@ -89,11 +89,7 @@ fn give_main_thread_a_larger_signal_stack() {
     let stack: &'static mut [u8] = Box::leak(vec![0u8; MAIN_SIGNAL_STACK].into_boxed_slice());
     // SAFETY: the new stack is valid for the life of the process; sigaltstack copies the struct.
     unsafe {
-        let ss = libc::stack_t {
-            ss_sp: stack.as_mut_ptr().cast(),
-            ss_flags: 0,
-            ss_size: stack.len(),
-        };
+        let ss = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: stack.len() };
         libc::sigaltstack(&ss, std::ptr::null_mut());
     }
 }
@@ -104,36 +100,15 @@ fn on_small_signal_stack() -> bool {
     // SAFETY: sigaltstack with a null new stack only reads the current one into a zeroed struct.
     unsafe {
         let mut cur: libc::stack_t = std::mem::zeroed();
-        libc::sigaltstack(std::ptr::null(), &mut cur) == 0
-            && cur.ss_flags & libc::SS_ONSTACK != 0
-            && cur.ss_size < MIN_STACK_FOR_FRAMES
+        libc::sigaltstack(std::ptr::null(), &mut cur) == 0 && cur.ss_flags & libc::SS_ONSTACK != 0 && cur.ss_size < MIN_STACK_FOR_FRAMES
     }
 }
 
 /// The report's text: signal, address, thread, pid (no allocation).
-fn report(
-    out: &mut Buf,
-    sig: libc::c_int,
-    addr: usize,
-    user_sent: bool,
-    thread: &str,
-    tid: i64,
-    pid: i64,
-) {
-    let name = if sig == libc::SIGBUS {
-        "SIGBUS"
-    } else {
-        "SIGSEGV"
-    };
-    let whose = if tid == pid {
-        "the process's main thread"
-    } else {
-        "not the main thread"
-    };
-    let _ = write!(
-        out,
-        "halo: fatal signal {sig} ({name}) in thread '{thread}' (tid {tid}, {whose}) of pid {pid}, "
-    );
+fn report(out: &mut Buf, sig: libc::c_int, addr: usize, user_sent: bool, thread: &str, tid: i64, pid: i64) {
+    let name = if sig == libc::SIGBUS { "SIGBUS" } else { "SIGSEGV" };
+    let whose = if tid == pid { "the process's main thread" } else { "not the main thread" };
+    let _ = write!(out, "halo: fatal signal {sig} ({name}) in thread '{thread}' (tid {tid}, {whose}) of pid {pid}, ");
     if user_sent {
         let _ = write!(out, "sent by another process (kill)");
     } else {
@@ -149,32 +124,14 @@ extern "C" fn on_fatal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
     // SAFETY: only async-signal-safe calls (prctl, syscall, getpid, write, glibc's backtrace after
     // its preload, sigaction, signal, raise); `info` is the kernel's siginfo for this signal.
     unsafe {
-        let (code, addr) = if info.is_null() {
-            (0, 0)
-        } else {
-            ((*info).si_code, (*info).si_addr() as usize)
-        };
+        let (code, addr) = if info.is_null() { (0, 0) } else { ((*info).si_code, (*info).si_addr() as usize) };
         let mut comm = [0u8; 17];
-        libc::prctl(
-            libc::PR_GET_NAME,
-            comm.as_mut_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr() as libc::c_ulong, 0, 0, 0);
         let len = comm.iter().position(|&b| b == 0).unwrap_or(16);
         let thread = std::str::from_utf8(&comm[..len]).unwrap_or("?");
         let tid = libc::syscall(libc::SYS_gettid);
         let mut out = Buf::new();
-        report(
-            &mut out,
-            sig,
-            addr,
-            code <= 0,
-            thread,
-            tid,
-            i64::from(libc::getpid()),
-        );
+        report(&mut out, sig, addr, code <= 0, thread, tid, i64::from(libc::getpid()));
         libc::write(2, out.bytes().as_ptr().cast(), out.bytes().len());
         if on_small_signal_stack() {
             let note = b"halo: (frames skipped: this thread's signal stack is too small for the unwinder)\n";
@@ -203,10 +160,7 @@ struct Buf {
 
 impl Buf {
     fn new() -> Self {
-        Self {
-            data: [0; 512],
-            len: 0,
-        }
+        Self { data: [0; 512], len: 0 }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -227,14 +181,7 @@ impl std::fmt::Write for Buf {
 mod tests {
     use super::*;
 
-    fn text(
-        sig: libc::c_int,
-        addr: usize,
-        user_sent: bool,
-        thread: &str,
-        tid: i64,
-        pid: i64,
-    ) -> String {
+    fn text(sig: libc::c_int, addr: usize, user_sent: bool, thread: &str, tid: i64, pid: i64) -> String {
         let mut b = Buf::new();
         report(&mut b, sig, addr, user_sent, thread, tid, pid);
         String::from_utf8(b.bytes().to_vec()).unwrap()
@@ -243,13 +190,12 @@ mod tests {
     #[test]
     fn the_report_names_the_thread_and_the_fault() {
         let t = text(libc::SIGSEGV, 0x10, false, "halo", 1234, 1200);
-        assert!(t.starts_with("halo: fatal signal 11 (SIGSEGV) in thread 'halo' (tid 1234, not the main thread) of pid 1200, at address 0x10;"), "{t}");
-        let t = text(libc::SIGBUS, 0, true, "main", 7, 7);
         assert!(
-            t.contains("(SIGBUS) in thread 'main' (tid 7, the process's main thread)")
-                && t.contains("sent by another process"),
+            t.starts_with("halo: fatal signal 11 (SIGSEGV) in thread 'halo' (tid 1234, not the main thread) of pid 1200, at address 0x10;"),
             "{t}"
         );
+        let t = text(libc::SIGBUS, 0, true, "main", 7, 7);
+        assert!(t.contains("(SIGBUS) in thread 'main' (tid 7, the process's main thread)") && t.contains("sent by another process"), "{t}");
     }
 
     #[test]
