@@ -16,6 +16,27 @@ pub fn parse_method_list(s: &str) -> Result<MethodList, String> {
     bench::parse_methods(s).map(MethodList)
 }
 
+/// The options `halo bench` and `halo timeline` share: which halos, on which GPUs, how long a
+/// device wait may take.
+#[derive(clap::Args, Debug)]
+pub struct HaloArgs {
+    /// Halos from the real decomposition (md) or random ones sized like it (synthetic).
+    #[arg(long, value_enum, default_value = "md")]
+    pub halos: HaloSource,
+    /// Cutoff of the decomposition (nm).
+    #[arg(long, default_value_t = 1.0)]
+    pub cutoff: f32,
+    /// Seed of the system or synthetic halos.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// GPUs to spread the ranks over in one process (0: one per rank, as many as visible).
+    #[arg(long, default_value_t = 0)]
+    pub gpus: usize,
+    /// Deadline of every device wait, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub wait_timeout_ms: u64,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// System sizes in atoms, comma-separated.
@@ -39,21 +60,9 @@ pub struct BenchArgs {
     /// Also run every capturable transport (GPU-initiated ones and nccl) with the step captured as CUDA graphs.
     #[arg(long)]
     pub graph: bool,
-    /// Halos from the real decomposition (md) or random ones sized like it (synthetic).
-    #[arg(long, value_enum, default_value = "md")]
-    pub halos: HaloSource,
-    /// Cutoff of the decomposition (nm).
-    #[arg(long, default_value_t = 1.0)]
-    pub cutoff: f32,
-    /// Seed of the system or synthetic halos.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// GPUs to spread the ranks over in one process (0: one per rank, as many as visible).
-    #[arg(long, default_value_t = 0)]
-    pub gpus: usize,
-    /// Deadline of every device wait, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub wait_timeout_ms: u64,
+    /// The halos, their placement on GPUs and the wait deadline.
+    #[command(flatten)]
+    pub halo: HaloArgs,
     /// Write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -89,11 +98,11 @@ impl BenchArgs {
             repeats: self.repeats,
             warmup: self.warmup,
             steps: self.steps,
-            halos: self.halos,
-            cutoff: self.cutoff,
-            seed: self.seed,
-            gpus: self.gpus,
-            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
+            halos: self.halo.halos,
+            cutoff: self.halo.cutoff,
+            seed: self.halo.seed,
+            gpus: self.halo.gpus,
+            wait_timeout: Duration::from_millis(self.halo.wait_timeout_ms),
             progress: !self.quiet,
             command: std::env::args().collect::<Vec<_>>().join(" "),
             nvshmem_lib: self.nvshmem_lib.clone(),
@@ -235,7 +244,7 @@ mod tests {
         assert_eq!(b.ranks, [2, 1, 1]);
         assert_eq!(b.transport.0, Method::ALL.to_vec());
         assert_eq!((b.repeats, b.warmup, b.steps, b.graph), (7, 3, 200, false));
-        assert_eq!(b.halos, HaloSource::Md);
+        assert_eq!(b.halo.halos, HaloSource::Md);
     }
 
     #[test]
@@ -245,7 +254,7 @@ mod tests {
         assert_eq!(b.ranks, [2, 2, 2]);
         assert_eq!(b.transport.0, vec![Method::Fused, Method::Nccl]);
         assert!(b.graph);
-        assert_eq!(b.halos, HaloSource::Synthetic);
+        assert_eq!(b.halo.halos, HaloSource::Synthetic);
         assert_eq!(b.plot.as_deref(), Some(std::path::Path::new("p.png")));
         let c = b.config();
         assert_eq!(c.methods, vec![Method::Fused, Method::Nccl]);

@@ -2,7 +2,6 @@
 //! time goes (issue 15). In one process, or under `halo launch -n 2 -- timeline` (rank 0 prints;
 //! every rank must get the same options). The work is in `bench::timeline`.
 
-use crate::bench::HaloSource;
 use crate::bench::timeline::{self, TimelineConfig};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -22,21 +21,9 @@ pub struct TimelineArgs {
     /// Steps before the measured ones (stamped, then left out).
     #[arg(long, default_value_t = 50)]
     pub warmup: usize,
-    /// Halos from the real decomposition (md) or random ones sized like it (synthetic).
-    #[arg(long, value_enum, default_value = "md")]
-    pub halos: HaloSource,
-    /// Cutoff of the decomposition (nm).
-    #[arg(long, default_value_t = 1.0)]
-    pub cutoff: f32,
-    /// Seed of the system or synthetic halos.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// GPUs to spread the ranks over in one process (0: one per rank, as many as visible).
-    #[arg(long, default_value_t = 0)]
-    pub gpus: usize,
-    /// Deadline of every device wait, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub wait_timeout_ms: u64,
+    /// The halos, their placement on GPUs and the wait deadline.
+    #[command(flatten)]
+    pub halo: super::bench::HaloArgs,
     /// Write every stamp and host launch (and the timer probe) as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -52,11 +39,11 @@ impl TimelineArgs {
             grid: self.ranks,
             steps: self.steps,
             warmup: self.warmup,
-            halos: self.halos,
-            cutoff: self.cutoff,
-            seed: self.seed,
-            gpus: self.gpus,
-            wait_timeout: Duration::from_millis(self.wait_timeout_ms),
+            halos: self.halo.halos,
+            cutoff: self.halo.cutoff,
+            seed: self.halo.seed,
+            gpus: self.halo.gpus,
+            wait_timeout: Duration::from_millis(self.halo.wait_timeout_ms),
             nvshmem_lib: self.nvshmem_lib.clone(),
         }
     }
@@ -78,6 +65,7 @@ pub fn run(args: TimelineArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::HaloSource;
     use clap::Parser;
 
     #[derive(Parser)]
