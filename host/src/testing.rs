@@ -171,3 +171,25 @@ mod tests {
         assert!(c.timed_out && c.code.is_none() && started.elapsed() < Duration::from_secs(5), "{c:?}");
     }
 }
+
+/// The smallest valid halo for tests of validation: a ring of `n` ranks of 4 home atoms each, one
+/// pulse that sends atoms 0 and 3 to the next rank and receives 2 atoms from the previous one.
+/// Tests corrupt one field and check the error that names it.
+pub fn ring_halos(n: usize) -> Vec<crate::exchange::RankHalo> {
+    (0..n)
+        .map(|r| crate::exchange::RankHalo {
+            home_atoms: 4,
+            total_atoms: 6,
+            pulses: vec![crate::exchange::PulseSpec {
+                send_rank: (r + n - 1) % n,
+                recv_rank: (r + 1) % n,
+                index_map: vec![0, 3],
+                recv_size: 2,
+                atom_offset: 4,
+                peer_atom_offset: 4,
+                shift: None,
+                accumulate_forces: true,
+            }],
+        })
+        .collect()
+}

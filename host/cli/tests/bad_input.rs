@@ -7,7 +7,7 @@ use halo::abi::{ABI_VERSION, KERNEL_ENTRIES};
 use halo::artifacts::KernelArtifacts;
 use halo::decomp::{HaloPlan, PlanError, RankGrid};
 use halo::exchange::spec::validate;
-use halo::exchange::{PulseSpec, RankHalo, Transport};
+use halo::exchange::{RankHalo, Transport};
 use halo::nvshmem::{check_nvshmem_versions, heap_too_small_message, load_library};
 use halo::system::MolecularSystem;
 use std::path::{Path, PathBuf};
@@ -165,24 +165,7 @@ fn bad_jitter_fault_and_phase_options_are_refused_before_the_gpu() {
 // Inconsistent plans (library): neighbours that disagree, maps out of range
 // ---------------------------------------------------------------------------------------------
 
-fn ring(n: usize) -> Vec<RankHalo> {
-    (0..n)
-        .map(|r| RankHalo {
-            home_atoms: 4,
-            total_atoms: 6,
-            pulses: vec![PulseSpec {
-                send_rank: (r + n - 1) % n,
-                recv_rank: (r + 1) % n,
-                index_map: vec![0, 3],
-                recv_size: 2,
-                atom_offset: 4,
-                peer_atom_offset: 4,
-                shift: None,
-                accumulate_forces: true,
-            }],
-        })
-        .collect()
-}
+use halo::testing::ring_halos as ring;
 
 fn spec_error(halos: &[RankHalo]) -> String {
     validate(halos).expect_err("an inconsistent halo must be refused").to_string()

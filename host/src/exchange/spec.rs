@@ -199,24 +199,7 @@ fn check_map_sources(r: usize, h: &RankHalo) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn ring(n: usize) -> Vec<RankHalo> {
-        (0..n)
-            .map(|r| RankHalo {
-                home_atoms: 4,
-                total_atoms: 6,
-                pulses: vec![PulseSpec {
-                    send_rank: (r + n - 1) % n,
-                    recv_rank: (r + 1) % n,
-                    index_map: vec![0, 3],
-                    recv_size: 2,
-                    atom_offset: 4,
-                    peer_atom_offset: 4,
-                    shift: None,
-                    accumulate_forces: true,
-                }],
-            })
-            .collect()
-    }
+    use crate::testing::ring_halos as ring;
 
     #[test]
     fn a_consistent_ring_passes() {
