@@ -143,24 +143,22 @@ unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut 
     false
 }
 
-/// The bounded spin of both waits: `relaxed()` until it returns at least `expected`, then one
-/// `acquire()`; the clock and the timeout flag only every [`WAIT_CHECK_INTERVAL`] polls.
+/// The bounded spin of every wait: `poll()` until it returns `Ok`, the clock and the timeout flag
+/// only every [`WAIT_CHECK_INTERVAL`] polls. `poll` returns `Err(seen)` while not ready (`seen`,
+/// with `expected`, goes into the timeout report).
 ///
 /// # Safety
-/// `status` valid; `relaxed` and `acquire` read a valid location.
+/// `status` valid; `poll` reads valid locations.
 #[inline(always)]
-unsafe fn spin_until(
-    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
-) -> bool {
+pub unsafe fn spin(expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, mut poll: impl FnMut() -> Result<(), u64>) -> bool {
     let mut started = None;
     loop {
         let mut polls = WAIT_CHECK_INTERVAL;
         let mut seen = 0;
         while polls > 0 {
-            seen = relaxed();
-            if seen >= expected {
-                acquire();
-                return true;
+            match poll() {
+                Ok(()) => return true,
+                Err(s) => seen = s,
             }
             polls -= 1;
         }
@@ -168,6 +166,29 @@ unsafe fn spin_until(
         if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
             return false;
         }
+    }
+}
+
+/// The bounded spin of the counter waits: `relaxed()` until it returns at least `expected`, then
+/// one `acquire()` ([`spin`]).
+///
+/// # Safety
+/// `status` valid; `relaxed` and `acquire` read a valid location.
+#[inline(always)]
+unsafe fn spin_until(
+    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+) -> bool {
+    // SAFETY: forwarded.
+    unsafe {
+        spin(expected, timeout_ns, status, site, || {
+            let seen = relaxed();
+            if seen >= expected {
+                acquire();
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        })
     }
 }
 
@@ -292,22 +313,25 @@ impl Step {
     }
 }
 
-/// Arrival of one coordinate pulse's last block (thread 0), once the pulse is packed and
-/// delivered, on the launch-wide counter `state.x_finished` (acq-rel, wrapping after
-/// `num_pulses` arrivals). Call it before the pulse's own receive wait, so it overlaps the hop.
-/// The last arrival sees every read of received coordinates this launch made (all packing is
-/// done); it sends the coordinate credits of the pulses marked
+/// Arrival on the launch-wide counter `state.x_finished` (acq-rel, wrapping after `arrivals`
+/// arrivals): of one coordinate pulse's last block (thread 0) once the pulse is packed and
+/// delivered (`arrivals = num_pulses`; call it before the pulse's own receive wait, so it overlaps
+/// the hop), or of every block once it read everything it reads (`arrivals` = the blocks).
+/// The last arrival sees every read of received coordinates this launch made; it sends the
+/// coordinate credits of the pulses marked
 /// [`pulse_flags::SEND_COORD_CREDIT`] to their `recv_pe` ("I have finished reading what you sent
 /// me") and records the launch ([`record_launch`]). `puts`: whether credits may go by NVSHMEM
 /// (false in the kernels that require every peer mapped, which then contain no NVSHMEM call).
 ///
 /// # Safety
-/// One thread per pulse calls it; `state` on this device (`x_finished` 0 at launch start, and
-/// every block of the launch read the state before arriving anywhere), `pulses[0..num_pulses]` and
-/// `signals` valid; the put path as in [`send_credit`].
+/// `arrivals` threads of the launch call it, one per pulse or per block; `state` on this device
+/// (`x_finished` 0 at launch start, and every block of the launch read the state before arriving
+/// anywhere), `pulses[0..num_pulses]` and `signals` valid; the put path as in [`send_credit`].
 #[inline(always)]
-pub unsafe fn finish_coordinates(pulses: *const PulseMeta, num_pulses: u32, signals: *mut u64, state: *mut ProtocolState, step: Step, puts: bool) {
-    let limit = num_pulses - 1;
+pub unsafe fn finish_coordinates(
+    pulses: *const PulseMeta, num_pulses: u32, arrivals: u32, signals: *mut u64, state: *mut ProtocolState, step: Step, puts: bool,
+) {
+    let limit = arrivals - 1;
     // SAFETY: the caller's contract.
     if unsafe { device::atomic_inc_acq_rel_gpu(&raw mut (*state).x_finished, limit) } != limit {
         return;

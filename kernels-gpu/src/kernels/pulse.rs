@@ -38,7 +38,7 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
     // SAFETY: the host passes a valid metadata array with `num_pulses > pulse` entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
     // SAFETY: all threads of the block.
-    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
+    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, 1, timeout_ns, status) };
     let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
     // SAFETY: map/x/dest valid per the plan the host validated.
@@ -64,7 +64,7 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
             unsafe {
-                finish_coordinates(pulses, num_pulses, signals, state, step, !direct);
+                finish_coordinates(pulses, num_pulses, num_pulses, signals, state, step, !direct);
                 wait_signal(own_slot, step.epoch, timeout_ns, status, site);
             }
         }
