@@ -166,8 +166,19 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
     let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
     ranks.set_wait_timeout(Duration::from_millis(300));
     let stream0 = ranks.stream(0).clone();
-    // The hazard: signals are compared with `>=`, so a value an earlier phase left in a slot (a
-    // later step of 2000) lets rank 0 finish step 1 although rank 1 never launched.
+    // Low-latency words carry their step in every word: a stale signal value does not make rank 0
+    // take coordinates rank 1 never sent. It waits, and times out.
+    ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
+    ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
+    match ranks.finish() {
+        Err(HaloError::WaitTimeout(t)) => assert_eq!((t.rank, t.peer, t.step_counter), (0, 1, 1), "{test}: words"),
+        other => panic!("{test}: words: expected a wait timeout, got {other:?}"),
+    }
+    ranks.reset_protocol().unwrap();
+    // Bulk copies land in `x` behind a signal. The hazard there: signals are compared with `>=`,
+    // so a value an earlier phase left in a slot (a later step of 2000) lets rank 0 finish step 1
+    // although rank 1 never launched.
+    ranks.set_bulk_pulses(&[vec![true], vec![true]]).unwrap();
     ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
     ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
     ranks.finish().unwrap_or_else(|e| panic!("{test}: the stale value was expected to pass silently: {e}"));

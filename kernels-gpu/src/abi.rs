@@ -235,8 +235,11 @@ pub const JACOBI7: &str = "jacobi7";
 /// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
 /// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.
 pub const BLOCK_SIZE: u32 = 512;
-/// Atoms one thread packs per launch in the fused kernels (GROMACS uses 4).
-pub const ATOMS_PER_THREAD: u32 = 4;
+/// Atoms one thread moves per launch in the fused kernels (GROMACS uses 4). One: a thread's
+/// loads (map, then `x`) and the receiver's polls of low-latency words are serial, so every atom
+/// a thread holds adds their latency (GPU run 15: 4 per thread took 2.2 µs to pack and 3.5 µs
+/// to take in 6,254 atoms); the extra blocks are cheap below the residency cap.
+pub const ATOMS_PER_THREAD: u32 = 1;
 /// Bytes one warp moves with one bulk copy in the TMA kernel: 1.5 KB, the size from which a bulk
 /// copy over NVLink pays for its setup (32-atom chunks of 384 bytes did not). A multiple of 16
 /// (what `cp.async.bulk` requires) and of every element size, and 32 lanes times a whole number
@@ -424,8 +427,13 @@ pub struct ProtocolState {
     pub f_epoch: u64,
     /// A [`Direction`]: which halo completed last.
     pub last_direction: u32,
-    /// Pulses of the running coordinate launch that are delivered (wraps to 0 after all of them).
+    /// Arrivals in the running coordinate launch: of pulses (TMA and per-pulse kernels) or of
+    /// blocks (fused kernel); wraps to 0 after the last.
     pub x_finished: u32,
+    /// Blocks of the running force launch that have pushed (wraps to 0 after the last).
+    pub f_finished: u32,
+    /// Zero (keeps the size a multiple of 8).
+    pub reserved: u32,
 }
 
 /// A coordinate or force: three `f32`, 12 bytes, no padding (GROMACS's `float3`/`rvec`).
@@ -731,7 +739,7 @@ const _: () = {
     assert!(offset_of!(PulseMeta, x_recv_slots) == 144);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
-    assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);
+    assert!(size_of::<ProtocolState>() == 32 && align_of::<ProtocolState>() == 8);
     assert!(offset_of!(ProtocolState, last_direction) == 16);
     // Bulk copies move whole chunks: a multiple of 16 bytes, 32 lanes x whole elements.
     assert!(TMA_CHUNK_BYTES % 16 == 0);

@@ -844,8 +844,8 @@ mod tests {
         let g = Grids::for_halo(0, 0, 12);
         assert_eq!((g.coords(), g.forces(), g.tma(), g.per_pulse(0, 1)), (1, 1, 1, 1));
         let g = Grids::for_halo(10_000, 10_000, 12);
-        // 2048 atoms per block (512 threads x 4 atoms); TMA: 16 warps x 128 atoms.
-        assert_eq!((g.coords(), g.tma()), (5, 5));
+        // 512 atoms per block (512 threads x 1 atom); TMA: 16 warps x 128 atoms.
+        assert_eq!((g.coords(), g.tma()), (20, 5));
         assert_eq!(g.capped(100), g.capped(100).capped(200), "a higher cap never raises the grid");
         assert_eq!(g.capped(0).coords(), 1, "at least one block");
     }

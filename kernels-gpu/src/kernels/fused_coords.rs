@@ -1,9 +1,10 @@
 //! All coordinate pulses in one launch (GROMACS's `fusedPulsesPackXAndSendKernel`, rewritten).
 //!
 //! Grid `(blocks_per_pulse, num_pulses)`, `blockIdx.y` = pulse. The blocks of row `p` send pulse
-//! `p`, then take in this rank's own incoming pulse `p`, then arrive on the launch-wide counter;
-//! the last arrival sends the coordinate credits and advances the rank's coordinate step counter.
-//! The kernel's end means every halo coordinate has landed in `x`.
+//! `p`, arrive on the launch-wide counter (the last advances the rank's coordinate step counter),
+//! then take in this rank's own incoming pulse `p`. The kernel's end means every halo coordinate
+//! has landed in `x`. The coordinate credits of the previous launch go out first thing
+//! ([`send_previous_credit`]): nothing at the end of a launch waits for its stores.
 //!
 //! Sending: pulse 0 packs everything at once; a later pulse first packs its independent atoms
 //! (home atoms, index < `dep_offset`), then the atoms it forwards, which it takes as they arrive
@@ -22,7 +23,9 @@
 //! the row, each its share; a put or a bulk copy is awaited by one thread on the pulse's signal.
 //! Pulses whose peers differ take different paths in one launch.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, shifted, wait_signal};
+use super::common::{
+    Step, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, wait_signal,
+};
 use super::ll;
 use super::timeline::Timeline;
 use crate::abi::timeline::{self as tl_layout, coords as point, pulse_slot};
@@ -108,6 +111,8 @@ pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
     // SAFETY: the host passes `num_pulses` valid entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
     let tl = tl.entered(step.epoch, entered);
+    // SAFETY: the pulse's peer as installed; this rank's slots.
+    unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, true) };
     if meta.bulk() {
         // Block-uniform (one pulse per block).
         // SAFETY: every thread of the block; the peer is mapped (`bulk()` checked it) and the host
@@ -117,16 +122,11 @@ pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
         // SAFETY: forwarded; every thread of the block.
         unsafe { send_pulse(pulses, num_pulses, pulse, meta, step, x, signals, counters, dep_offset, timeout_ns, status, tl) };
     }
+    // Sent: every block arrives (the last records the launch) while the pulses travel.
+    // SAFETY: every thread of every block (`num_pulses` rows of `gridDim.x`) arrives once.
+    unsafe { arrive_launch(state, step, Direction::Coordinates, thread::grid_dim_x() * num_pulses) };
     // SAFETY: forwarded; every thread of the block.
     unsafe { receive_pulse(pulse, num_pulses, meta, step, x, signals, timeout_ns, status, tl) };
-    // Every block arrives once it has read everything it reads (received words, forwarded atoms).
-    // SAFETY: every thread reaches the barrier; `num_pulses` rows of `gridDim.x` blocks arrive.
-    unsafe {
-        device::sync_threads();
-        if thread::thread_idx_x() == 0 {
-            finish_coordinates(pulses, num_pulses, thread::grid_dim_x() * num_pulses, signals, state, step, true);
-        }
-    }
     tl.mark0(Some(tl_layout::END));
 }
 

@@ -17,7 +17,7 @@
 //! The per-pulse body, [`bulk_pulse`], is also what the fused kernel runs for the pulses whose
 //! path is [`crate::abi::CoordPath::Bulk`], so one launch can mix bulk copies with stores and puts.
 
-use super::common::{Step, WaitSite, finish_coordinates, shift_of, shifted, wait_signal};
+use super::common::{Step, WaitSite, finish_coordinates, send_previous_credit, shift_of, shifted, wait_signal};
 use super::ll;
 use crate::abi::{
     Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
@@ -61,6 +61,8 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
     // mapped), so the kernel holds no NVSHMEM call.
     unsafe {
         let (meta, step) = (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates));
+        // Also sent at the end of the launch; this one serves a peer whose last launch was fused.
+        send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, false);
         bulk_pulse::<T, false>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status)
     }
 }
@@ -262,7 +264,7 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
                 let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
                 // SAFETY: state on this device; own receive-X slot. No pulse of this kernel puts.
                 unsafe {
-                    finish_coordinates(pulses, num_pulses, num_pulses, signals, state, step, false);
+                    finish_coordinates(pulses, num_pulses, signals, state, step, false);
                     wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
                 }
             }

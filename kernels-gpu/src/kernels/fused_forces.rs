@@ -14,13 +14,16 @@
 //! 2. take `send_pe`'s push from the local receive slot and accumulate it into `f` through the map
 //!    (local reads only: nothing is fetched over NVLink): words are polled element by element as
 //!    they arrive ([`pulse_flags::RECV_F_LL`]); a put is awaited on its signal first;
-//! 3. count themselves done; the last block of the row sends the force credit where the pulse
-//!    needs one; the last block of pulse 0's row, always the launch's last, advances the force
-//!    step counter and resets the done counters for the next launch (so the grid may change
-//!    between launches).
+//! 3. rows after the first count themselves done (the chain: earlier pulses wait for that).
+//!
+//! Every block arrives on the launch-wide counter once it has pushed; the last advances the force
+//! step counter. The force credits of the previous launch go out first thing
+//! ([`send_previous_credit`]). Pulse 0's row resets the done counters once it is past its wait,
+//! so the grid may change between launches.
 
 use super::common::{
-    DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, put_and_signal, record_launch, send_credit, wait_local_counter, wait_signal,
+    DeviceElement, Step, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, wait_local_counter,
+    wait_signal,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -31,7 +34,7 @@ use crate::device::{self, thread};
 /// `signals` are this rank's slots ([`SignalSlot`] order), `state` its protocol state (the step
 /// counter is read there). `counters[n..2n]` count push arrivals per pulse (zero at launch start,
 /// wrapping back to 0 by themselves); `counters[2n..3n]` count blocks done per pulse (zero at
-/// launch start, reset by the launch's last block). `tl` stamps the timeline probe's points
+/// launch start, reset by pulse 0's row). `tl` stamps the timeline probe's points
 /// ([`super::timeline`]; the exchange's kernel passes `Off`, which stamps nothing).
 ///
 /// # Safety
@@ -50,6 +53,8 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     // SAFETY: `num_pulses` valid entries; this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Forces)) };
     let tl = tl.entered(step.epoch, entered);
+    // SAFETY: the pulse's peer as installed; this rank's slots.
+    unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Forces, true) };
     let n = num_pulses as usize;
     // SAFETY: `counters` holds `3 * num_pulses` counters on this device.
     let (push_counters, done) = unsafe { (counters.add(n), counters.add(2 * n)) };
@@ -78,6 +83,22 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
     unsafe { device::sync_threads() };
     tl.mark0(pulse_slot(pulse, point::CHAIN));
+    // Pulse 0's row waited for every other row: once all its blocks are past that wait, no block
+    // reads a done counter any more, and the last of them resets them for the next launch (which
+    // reads them after the kernel boundary; the grid may change in between). Its own counter
+    // wraps to 0 by itself. A single pulse uses none.
+    if pulse == 0 && num_pulses > 1 && tid0 {
+        // SAFETY: done counters on this device; every wait on them happened before this arrival
+        // (rows p >= 1 waited on later rows before they pushed and counted themselves done).
+        unsafe {
+            let limit = thread::grid_dim_x() - 1;
+            if device::atomic_inc_acq_rel_gpu(done, limit) == limit {
+                for q in 1..n {
+                    *done.add(q) = 0;
+                }
+            }
+        }
+    }
     let halo = meta.atom_offset as usize;
     if words {
         let dest = ll::slot(meta.remote_recv_slots, parity, meta.recv_slot_bytes);
@@ -110,6 +131,10 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
         }
     }
 
+    // Pushed: every block arrives (the last records the launch) while the push travels.
+    // SAFETY: every thread of every block (`num_pulses` rows of `gridDim.x`) arrives once.
+    unsafe { arrive_launch(state, step, Direction::Forces, thread::grid_dim_x() * num_pulses) };
+
     // 2. Receive: accumulate send_pe's push from the local slot into f.
     // Locals: the atomics below may alias anything, so fields read through `meta` would be reloaded.
     let (map, count) = (meta.index_map as *const u32, meta.send_size);
@@ -140,32 +165,16 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
         }
     }
 
-    // 3. Done: the last block of the row frees send_pe's slot (credit where needed).
-    // SAFETY: every thread reaches it; the block's reads and atomics come before thread 0's release.
+    // 3. Done: rows after the first count themselves, so that earlier pulses may push (the
+    //    reverse chain); the block's atomics come before thread 0's release.
+    // SAFETY: every thread reaches the barrier (the condition is block-uniform).
     unsafe { device::sync_threads() };
     tl.mark0(pulse_slot(pulse, point::ACCUMULATED));
-    if tid0 {
+    if pulse > 0 && tid0 {
         // SAFETY: done counters on this device.
         let old = unsafe { device::atomic_add_acq_rel_gpu_u32(done.add(pulse as usize), 1) };
         if old + 1 == thread::grid_dim_x() {
             tl.mark(pulse_slot(pulse, point::ROW_DONE));
-            if meta.has(pulse_flags::SEND_FORCE_CREDIT) {
-                // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
-                unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
-            }
-            // Pulse 0's row is always the launch's last to finish: its push waited until every
-            // other row was done. So its last block sees every block's arrival (each read the
-            // state first, and no block reads the done counters any more): it resets them for the
-            // next launch (which reads them after the kernel boundary) and records the launch.
-            if pulse == 0 {
-                // SAFETY: state and counters on this device.
-                unsafe {
-                    for q in 0..n {
-                        *done.add(q) = 0;
-                    }
-                    record_launch(state, step, Direction::Forces);
-                }
-            }
         }
     }
     tl.mark0(Some(tl_layout::END));

@@ -7,11 +7,15 @@ use super::common::{Step, WaitSite, spin};
 use crate::abi::{HaloElement, PulseMeta, WaitKind, WaitStatus, ll, pulse_flags};
 use crate::device;
 
-/// 4-byte words of one element (every [`HaloElement`] is a whole number of them).
+/// 4-byte words of one element (every [`HaloElement`] is a whole number of them, at most
+/// [`MAX_WORDS`]).
 #[inline(always)]
 const fn words<T>() -> usize {
     size_of::<T>() / 4
 }
+
+/// Words of the largest element (`[f32; 4]`).
+const MAX_WORDS: usize = 4;
 
 /// The flag of `step`'s words.
 #[inline(always)]
@@ -32,6 +36,7 @@ pub fn slot(pair: u64, parity: u64, recv_slot_bytes: u32) -> *mut u64 {
 /// `slot` 8-byte aligned with room for element `i` (`2 * size_of::<T>()` bytes each).
 #[inline(always)]
 pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
+    const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
     let src = &raw const v as *const u32;
     // SAFETY: the caller guarantees the slot; `v` is `words::<T>()` 4-byte words.
     unsafe {
@@ -42,8 +47,9 @@ pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
     }
 }
 
-/// Element `i` of the low-latency slot `slot` for the step of `flag`: each word polled with
-/// `ld.relaxed.sys` until it carries `flag`, bounded like every wait ([`spin`]: the clock and the
+/// Element `i` of the low-latency slot `slot` for the step of `flag`: every word read once with
+/// `ld.relaxed.sys`, back to back (independent loads in flight together), then each word that did
+/// not carry `flag` yet polled until it does, bounded like every wait ([`spin`]: the clock and the
 /// timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls). On a timeout (recorded in
 /// `status` for `site`) the words not yet seen read as 0; the host discards the step.
 ///
@@ -51,28 +57,28 @@ pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
 /// `slot` 8-byte aligned with room for element `i`; `status` valid.
 #[inline(always)]
 pub unsafe fn load<T: HaloElement>(slot: *const u64, i: u32, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> T {
+    const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
     let mut out = T::default();
     let dst = &raw mut out as *mut u32;
+    let mut got = [0u64; MAX_WORDS];
     // SAFETY: the caller guarantees the slot and `status`; `out` is `words::<T>()` 4-byte words.
     unsafe {
         let src = slot.add(i as usize * words::<T>());
-        for k in 0..words::<T>() {
-            let w = src.add(k);
-            let mut got = 0;
-            let seen = spin(flag as u64, timeout_ns, status, site, || {
-                let word = device::load_relaxed_sys_u64(w);
-                match ll::value(word, flag) {
-                    Some(v) => {
-                        got = v;
-                        Ok(())
-                    }
-                    None => Err(word >> 32),
+        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
+            *w = device::load_relaxed_sys_u64(src.add(k));
+        }
+        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
+            if ll::value(*w, flag).is_none() {
+                let word = src.add(k);
+                let seen = spin(flag as u64, timeout_ns, status, site, || {
+                    *w = device::load_relaxed_sys_u64(word);
+                    if ll::value(*w, flag).is_some() { Ok(()) } else { Err(*w >> 32) }
+                });
+                if !seen {
+                    return out;
                 }
-            });
-            if !seen {
-                return out;
             }
-            *dst.add(k) = got;
+            *dst.add(k) = *w as u32;
         }
     }
     out
