@@ -166,8 +166,19 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
     let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
     ranks.set_wait_timeout(Duration::from_millis(300));
     let stream0 = ranks.stream(0).clone();
-    // The hazard: signals are compared with `>=`, so a value an earlier phase left in a slot (a
-    // later step of 2000) lets rank 0 finish step 1 although rank 1 never launched.
+    // Low-latency words carry their step in every word: a stale signal value does not make rank 0
+    // take coordinates rank 1 never sent. It waits, and times out.
+    ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
+    ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
+    match ranks.finish() {
+        Err(HaloError::WaitTimeout(t)) => assert_eq!((t.rank, t.peer, t.step_counter), (0, 1, 1), "{test}: words"),
+        other => panic!("{test}: words: expected a wait timeout, got {other:?}"),
+    }
+    ranks.reset_protocol().unwrap();
+    // Bulk copies land in `x` behind a signal. The hazard there: signals are compared with `>=`,
+    // so a value an earlier phase left in a slot (a later step of 2000) lets rank 0 finish step 1
+    // although rank 1 never launched.
+    ranks.set_bulk_pulses(&[vec![true], vec![true]]).unwrap();
     ranks.ranks()[0].fill_signals_for_tests(2000).unwrap();
     ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
     ranks.finish().unwrap_or_else(|e| panic!("{test}: the stale value was expected to pass silently: {e}"));
@@ -645,13 +656,20 @@ fn pulses_of_one_rank_take_different_paths_in_one_fused_launch() {
         for pattern in 0..(1u32 << pulses) {
             let test = format!("{name}, pattern {pattern:b}");
             let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), &[module.clone()]).unwrap();
-            for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
-                let bits = pattern.wrapping_add(r as u32);
-                let bulk: Vec<bool> = (0..pulses).map(|p| bits >> p & 1 == 1).collect();
-                rank.set_bulk_pulses(&bulk).unwrap();
-                let want: Vec<CoordPath> = bulk.iter().map(|&b| if b { CoordPath::Bulk } else { CoordPath::Store }).collect();
+            let bulk: Vec<Vec<bool>> = (0..halos.len())
+                .map(|r| {
+                    let bits = pattern.wrapping_add(r as u32);
+                    (0..pulses).map(|p| bits >> p & 1 == 1).collect()
+                })
+                .collect();
+            ranks.set_bulk_pulses(&bulk).unwrap();
+            for (r, rank) in ranks.ranks().iter().enumerate() {
+                let want: Vec<CoordPath> = bulk[r].iter().map(|&b| if b { CoordPath::Bulk } else { CoordPath::Store }).collect();
                 assert_eq!(rank.coord_paths(), want, "{test}: rank {r}");
-                assert_eq!(rank.any_bulk(), bulk.contains(&true));
+                assert_eq!(rank.any_bulk(), bulk[r].contains(&true));
+                // Each pulse arrives as words exactly when its sender stores it.
+                let words: Vec<bool> = halos[r].pulses.iter().enumerate().map(|(p, s)| !bulk[s.recv_rank][p]).collect();
+                assert_eq!(rank.receives_words(), words, "{test}: rank {r}");
             }
             for step in 0..6u64 {
                 exchange_and_check(&test, &mut ranks, &halos, Transport::Fused, step, 7000 + step);
@@ -669,9 +687,8 @@ fn mixed_paths_for_every_element_type() {
     fn mixed<T: Element>(test: &str, halos: &[RankHalo], make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
         let Some(g) = gpu_or_skip(test) else { return };
         let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), &[Arc::new(g.module)]).unwrap();
-        for (r, rank) in ranks.ranks_mut().iter_mut().enumerate() {
-            rank.set_bulk_pulses(&[r == 0, r == 1]).unwrap();
-        }
+        let bulk: Vec<Vec<bool>> = (0..halos.len()).map(|r| vec![r == 0, r == 1]).collect();
+        ranks.set_bulk_pulses(&bulk).unwrap();
         for step in 0..10 {
             let home = random_elements(halos, 300 + step, true, &make);
             let forces = random_elements(halos, 600 + step, false, &make);

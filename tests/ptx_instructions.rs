@@ -118,6 +118,17 @@ fn signalling_wrappers_keep_their_memory_order() {
         "st.release.sys.global.u64",
     ]);
     assert_lowers(&b, "fused_forces_f64", &["red.relaxed.gpu.global.add.f64"]);
+    // Low-latency words between mapped peers: one strong 8-byte store per word, polled with a
+    // relaxed load (the flag rides in the same word: no fence, no acquire on that path).
+    for base in [abi::FUSED_COORDS, abi::FUSED_FORCES] {
+        for sfx in ["", "_f32", "_f64", "_f32x4"] {
+            assert_lowers(&b, &format!("{base}{sfx}"), &["st.relaxed.sys.global.u64", "ld.relaxed.sys.global.u64"]);
+        }
+    }
+    // The kernels that send plain values behind a release signal store no words.
+    for k in [abi::FUSED_COORDS_TMA, abi::PULSE_PACK_STORE_SIGNAL] {
+        assert_absent(&b, k, &["st.relaxed.sys.global.u64"]);
+    }
     assert_lowers(&b, abi::UNPACK_ACCUMULATE, &["red.relaxed.gpu.global.add.f32"]);
     assert_lowers(&b, abi::PACK_SUBSET, &["red.relaxed.gpu.global.add.u32"]);
 }
@@ -334,12 +345,15 @@ fn timeline_stamps_reach_only_the_instrumented_kernels() {
         }
     }
     // The instrumented kernels: the same protocol (election, release signal, bounded wait), the
-    // earliest entry kept once, the latest of every other point (entry, 7 points of a pulse, end).
-    for k in timeline {
+    // earliest entry kept once, the latest of every other point: entry, end, and the points of a
+    // pulse where each path passes them (coordinates: credit, packed x2, dependencies x2,
+    // delivered x3, elected, received x2; forces: chain, pushed x2, signalled x2, elected entry,
+    // received x2, accumulated, row done).
+    for (k, latest) in [(timeline[0], 13), (timeline[1], 12)] {
         assert_lowers(&b, k, &["atom.acq_rel.gpu.global.inc.u32", "st.release.sys.global.u64", "bar.sync"]);
         assert_lowers(&b, k, WAIT);
         assert_eq!(count(k, STAMPS[1]), 1, "{k}: earliest-entry stamps");
-        assert_eq!(count(k, STAMPS[0]), 9, "{k}: latest-point stamps");
+        assert_eq!(count(k, STAMPS[0]), latest, "{k}: latest-point stamps");
         assert!(count(k, "%globaltimer") > count(k, "atom.relaxed.gpu.global.cas.b32"), "{k} reads the clock only in its waits");
     }
     assert_lowers(&b, tl::FUSED_COORDS_TIMELINE, &["bar.red.or.pred"]);

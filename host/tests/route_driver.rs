@@ -7,7 +7,10 @@ use halo::HaloError;
 use halo::abi::{Float3, WaitKind};
 use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::{Routing, Transport as Kernel, WaitTimeout};
-use halo::route::{FailureInjection, IntraNodeLink, ManualClock, PerfTable, RouteConfig, Router, Transport, local_routers, synthetic_facts, topology_from_facts};
+use halo::route::{
+    DistanceLevel, FailureInjection, IntraNodeLink, ManualClock, PerfPoint, PerfSource, PerfTable, RouteConfig, Router, Transport, local_routers,
+    synthetic_facts, topology_from_facts,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,7 +92,12 @@ fn the_held_transport_comes_back_when_its_hold_ends() {
     let facts = synthetic_facts(&["n0".into()], 2, 1, IntraNodeLink::Nvlink);
     let topo = Arc::new(topology_from_facts(&facts, None).unwrap());
     let clock = ManualClock::new();
-    let perf = Arc::new(PerfTable::defaults());
+    // Pinned to a table where the stores lead by a small margin (the defaults before the stores
+    // sent low-latency words), so that the decaying count below decides, not the defaults.
+    let mut table = PerfTable::defaults();
+    let store = PerfPoint { min_bytes: 0, latency_us: 1.0, bandwidth_gbs: 250.0, source: PerfSource::Default };
+    table.insert(Transport::NvlinkStore, DistanceLevel::NvLink, store);
+    let perf = Arc::new(table);
     let routers: Vec<Router> = (0..2)
         .map(|pe| Router::with_perf(pe, topo.clone(), RouteConfig::default(), perf.clone()).unwrap().with_clock(Arc::new(clock.clone())))
         .collect();

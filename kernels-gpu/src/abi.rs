@@ -235,8 +235,11 @@ pub const JACOBI7: &str = "jacobi7";
 /// Threads per block of every halo kernel. 512 like GROMACS's fused kernels: few blocks per
 /// pulse keep all pulses' blocks co-resident, which the spin-waits rely on.
 pub const BLOCK_SIZE: u32 = 512;
-/// Atoms one thread packs per launch in the fused kernels (GROMACS uses 4).
-pub const ATOMS_PER_THREAD: u32 = 4;
+/// Atoms one thread moves per launch in the fused kernels (GROMACS uses 4). One: a thread's
+/// loads (map, then `x`) and the receiver's polls of low-latency words are serial, so every atom
+/// a thread holds adds their latency (GPU run 15: 4 per thread took 2.2 µs to pack and 3.5 µs
+/// to take in 6,254 atoms); the extra blocks are cheap below the residency cap.
+pub const ATOMS_PER_THREAD: u32 = 1;
 /// Bytes one warp moves with one bulk copy in the TMA kernel: 1.5 KB, the size from which a bulk
 /// copy over NVLink pays for its setup (32-atom chunks of 384 bytes did not). A multiple of 16
 /// (what `cp.async.bulk` requires) and of every element size, and 32 lanes times a whole number
@@ -303,6 +306,47 @@ pub mod pulse_flags {
     pub const WAIT_FORCE_CREDIT: u32 = 4;
     /// After accumulating this pulse's forces, tell `send_pe` its receive slot is free.
     pub const SEND_FORCE_CREDIT: u32 = 8;
+    /// In the fused coordinate kernel, `recv_pe` stores this pulse's coordinates as low-latency
+    /// words ([`super::ll`]) into [`super::PulseMeta::x_recv_slots`], and this rank unpacks them
+    /// into `x`; otherwise they land in `x` behind a signal (puts, bulk copies, other kernels).
+    pub const RECV_X_LL: u32 = 16;
+    /// `send_pe` pushes this pulse's forces as low-latency words into
+    /// [`super::PulseMeta::recv_slots`]; otherwise it puts them there and signals.
+    pub const RECV_F_LL: u32 = 32;
+}
+
+/// Low-latency ("LL") words: how a pulse travels between mapped peers without a signal. Each
+/// 4-byte word of an element goes out in one 8-byte `st.relaxed.sys` store beside a 4-byte flag
+/// that names the step ([`flag`]); the receiver polls the words themselves and takes a value once
+/// its flag is the step's. Single-copy atomicity of the 8-byte store makes value and flag arrive
+/// together, so the sender needs no fence and no release (the 1.4 µs a release store waits for the
+/// remote stores before it) and the receiver no acquire (docs/protocol.md, "Low-latency words").
+/// A slot pair is double-buffered by step parity, so a slot holds step `e` or `e - 2`, whose flags
+/// always differ, and never 0 (the zeroed slots' flag).
+pub mod ll {
+    /// The flag of step `epoch`: its low 32 bits with bit 0 set (never 0; steps 2 apart differ).
+    #[inline(always)]
+    pub const fn flag(epoch: u64) -> u32 {
+        (epoch as u32) | 1
+    }
+
+    /// The 8-byte word carrying `value` (4 bytes of an element) for the step of `flag`.
+    #[inline(always)]
+    pub const fn word(value: u32, flag: u32) -> u64 {
+        ((flag as u64) << 32) | value as u64
+    }
+
+    /// The value of `word` when it carries `flag`, else `None` (an older step, or nothing yet).
+    #[inline(always)]
+    pub const fn value(word: u64, flag: u32) -> Option<u32> {
+        if (word >> 32) as u32 == flag { Some(word as u32) } else { None }
+    }
+
+    /// Bytes of one element of `elem_bytes` as low-latency words: twice its size.
+    #[inline(always)]
+    pub const fn bytes(elem_bytes: usize) -> usize {
+        2 * elem_bytes
+    }
 }
 
 /// How a pulse on the NVSHMEM put path signals its peer ([`PulseMeta::signal_mode`]).
@@ -335,7 +379,8 @@ impl SignalMode {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoordPath {
-    /// The threads store into the peer's mapped memory (`remote_x != 0`).
+    /// The threads store low-latency words ([`ll`]) into the peer's coordinate receive slots
+    /// (`remote_x_slots != 0`), which the peer unpacks into its `x`: no fence, no signal.
     Store = 0,
     /// Per-warp bulk copies (`cp.async.bulk`) into the peer's mapped memory: needs
     /// `remote_x != 0` and the launch's [`TMA_SHARED_BYTES`] of dynamic shared memory.
@@ -382,8 +427,13 @@ pub struct ProtocolState {
     pub f_epoch: u64,
     /// A [`Direction`]: which halo completed last.
     pub last_direction: u32,
-    /// Pulses of the running coordinate launch that are delivered (wraps to 0 after all of them).
+    /// Arrivals in the running coordinate launch: of pulses (TMA and per-pulse kernels) or of
+    /// blocks (fused kernel); wraps to 0 after the last.
     pub x_finished: u32,
+    /// Blocks of the running force launch that have pushed (wraps to 0 after the last).
+    pub f_finished: u32,
+    /// Zero (keeps the size a multiple of 8).
+    pub reserved: u32,
 }
 
 /// A coordinate or force: three `f32`, 12 bytes, no padding (GROMACS's `float3`/`rvec`).
@@ -454,8 +504,9 @@ impl PackMode {
 /// `HaloExchangeData`). Built by the host from the halo plan; one array per rank, dim-major order.
 ///
 /// Coordinates of pulse `p` go to `send_pe` and come from `recv_pe`; forces travel the other way.
-/// Slot pairs hold two slots `slot_bytes` apart, used by step parity (`epoch & 1`): a fast sender
-/// writes the other one while the receiver still reads this one.
+/// Slot pairs hold two slots (staging: `slot_bytes` apart; receive: `recv_slot_bytes` apart), used
+/// by step parity (`epoch & 1`): a fast sender writes the other one while the receiver still reads
+/// this one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -466,7 +517,9 @@ pub struct PulseMeta {
     pub x_stage: u64,
     /// Put path: this pulse's pair of force staging slots in the local (symmetric) buffer.
     pub f_stage: u64,
-    /// This pulse's pair of local force receive slots (symmetric: the same offset on every PE).
+    /// This pulse's pair of local force receive slots (symmetric: the same offset on every PE),
+    /// [`Self::recv_slot_bytes`] apart: low-latency words pushed by `send_pe`
+    /// ([`pulse_flags::RECV_F_LL`]), or plain forces it put.
     pub recv_slots: u64,
     /// `send_pe`'s coordinate array at its `atom_offset` for this pulse, when it is reachable by
     /// stores; 0 selects the put path.
@@ -498,7 +551,7 @@ pub struct PulseMeta {
     pub recv_pe: i32,
     /// Nonzero: add `shift` when packing (the pulse crosses the periodic boundary).
     pub use_shift: u32,
-    /// Bytes between the two slots of every slot pair (a multiple of 16).
+    /// Bytes between the two slots of every staging pair (a multiple of 16).
     pub slot_bytes: u32,
     /// [`pulse_flags`] bits.
     pub flags: u32,
@@ -507,6 +560,17 @@ pub struct PulseMeta {
     /// A [`CoordPath`]: how the fused coordinate kernel moves this pulse (one launch may mix
     /// them: pulses whose peers differ take different paths).
     pub path: u32,
+    /// Bytes between the two slots of a receive pair ([`Self::recv_slots`], [`Self::x_recv_slots`]):
+    /// room for a pulse as low-latency words ([`ll::bytes`]), a multiple of 16.
+    pub recv_slot_bytes: u32,
+    /// Zero (keeps the pointers below 8-byte aligned).
+    pub reserved: u32,
+    /// This pulse's pair of local coordinate receive slots (symmetric), where `recv_pe` stores
+    /// low-latency words when [`pulse_flags::RECV_X_LL`] is set.
+    pub x_recv_slots: u64,
+    /// `send_pe`'s pair of coordinate receive slots for this pulse when reachable by stores (the
+    /// fused kernel's [`CoordPath::Store`] stores low-latency words there); 0 otherwise.
+    pub remote_x_slots: u64,
 }
 
 impl PulseMeta {
@@ -666,15 +730,16 @@ pub struct NbnxmEntry {
 const _: () = {
     use core::mem::{align_of, offset_of, size_of};
     assert!(size_of::<Float3>() == 12 && align_of::<Float3>() == 4);
-    assert!(size_of::<PulseMeta>() == 136 && align_of::<PulseMeta>() == 8);
+    assert!(size_of::<PulseMeta>() == 160 && align_of::<PulseMeta>() == 8);
     assert!(offset_of!(PulseMeta, remote_f_credit) == 72);
     assert!(offset_of!(PulseMeta, shift) == 80);
     assert!(offset_of!(PulseMeta, send_size) == 92);
     assert!(offset_of!(PulseMeta, send_pe) == 108);
     assert!(offset_of!(PulseMeta, path) == 132);
+    assert!(offset_of!(PulseMeta, x_recv_slots) == 144);
     assert!(size_of::<WaitStatus>() == 40 && align_of::<WaitStatus>() == 8);
     assert!(offset_of!(WaitStatus, expected) == 16);
-    assert!(size_of::<ProtocolState>() == 24 && align_of::<ProtocolState>() == 8);
+    assert!(size_of::<ProtocolState>() == 32 && align_of::<ProtocolState>() == 8);
     assert!(offset_of!(ProtocolState, last_direction) == 16);
     // Bulk copies move whole chunks: a multiple of 16 bytes, 32 lanes x whole elements.
     assert!(TMA_CHUNK_BYTES % 16 == 0);

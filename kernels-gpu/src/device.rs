@@ -307,6 +307,19 @@ pub unsafe fn store_release_sys_u64(ptr: *mut u64, value: u64) {
     unsafe { asm!("st.release.sys.global.u64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
 }
 
+/// `st.relaxed.sys.global.u64`: a strong 8-byte store, single-copy atomic and ordering nothing.
+/// The store of a low-latency word (a 4-byte value beside its 4-byte step flag, [`crate::abi::ll`]):
+/// a reader that sees the flag of its step in the word sees the value stored with it, so no fence
+/// and no signal follow the data (the receiver polls the words themselves).
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn store_relaxed_sys_u64(ptr: *mut u64, value: u64) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("st.relaxed.sys.global.u64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
+}
+
 /// `atom.acq_rel.gpu.global.inc.u32`: returns the old value and stores
 /// `old >= limit ? 0 : old + 1`, so with `limit = n - 1` the counter wraps to 0 by itself after
 /// `n` calls. Acquire-release at GPU scope: the caller that sees `old == limit` (the last block)

@@ -171,6 +171,7 @@ impl Footprint {
         let elem = size_of::<T>() as u64;
         let n = sizes.pulses.max(1) as u64;
         let slots = 2 * n * sizes.slot_atoms as u64 * elem;
+        let recv_slots = super::rank::RECV_SLOT_FACTOR as u64 * slots;
         let atoms = sizes.atoms as u64 * elem;
         let maps: u64 = halo.pulses.iter().map(|p| p.index_map.len() as u64 * 4).sum();
         Self {
@@ -179,7 +180,8 @@ impl Footprint {
                 Buffer { what: "forces", bytes: atoms },
                 Buffer { what: "coordinate staging slots", bytes: slots },
                 Buffer { what: "force staging slots", bytes: slots },
-                Buffer { what: "force receive slots", bytes: slots },
+                Buffer { what: "force receive slots", bytes: recv_slots },
+                Buffer { what: "coordinate receive slots", bytes: recv_slots },
                 Buffer { what: "signals", bytes: SIGNAL_SLOTS_PER_PULSE as u64 * n * 8 },
             ],
             plain: vec![
@@ -553,7 +555,8 @@ mod tests {
         let f = Footprint::of::<Float3>(sizes, &halos[0]);
         let atoms = sizes.atoms as u64 * 12;
         let slots = 2 * sizes.slot_atoms as u64 * 12;
-        assert_eq!(f.symmetric_requested(), 2 * atoms + 3 * slots + 4 * 8);
+        // Two staging pairs, and two receive pairs that hold low-latency words (twice the bytes).
+        assert_eq!(f.symmetric_requested(), 2 * atoms + 2 * slots + 2 * 2 * slots + 4 * 8);
         assert_eq!(f.symmetric_bytes(), f.symmetric.iter().map(|b| b.bytes.next_multiple_of(256) + ALLOC_SLACK).sum::<u64>());
         assert_eq!(f.plain[0].bytes, halos[0].pulses[0].index_map.len() as u64 * 4);
         let d = f.describe_symmetric();
@@ -561,7 +564,7 @@ mod tests {
         // Other element types scale the arrays, not the signals.
         let g = Footprint::of::<f64>(sizes, &halos[0]);
         assert_eq!(g.symmetric[0].bytes, sizes.atoms as u64 * 8);
-        assert_eq!(g.symmetric[5], f.symmetric[5]);
+        assert_eq!(g.symmetric[6], f.symmetric[6]);
     }
 
     #[test]

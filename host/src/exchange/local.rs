@@ -140,9 +140,23 @@ impl<T: Element> LocalRanks<T> {
     /// Bulk copies for the pulses whose pair chose `nvlink-tma` in the ranks' plans (after
     /// `install`, which sets stores; nothing without plans).
     fn apply_plans(&mut self) -> Result<()> {
-        for (rank, plan) in self.ranks.iter_mut().zip(&self.plans) {
-            let bulk = plan.bulk_pulses(rank.halo());
-            rank.set_bulk_pulses(&bulk)?;
+        if self.plans.is_empty() {
+            return Ok(());
+        }
+        let bulk: Vec<Vec<bool>> = self.ranks.iter().zip(&self.plans).map(|(rank, plan)| plan.bulk_pulses(rank.halo())).collect();
+        self.set_bulk_pulses(&bulk)
+    }
+
+    /// Moves rank `r`'s pulse `p` with bulk copies in the fused kernel where `bulk[r][p]`, the
+    /// others with low-latency words (every peer is mapped here), and tells each receiver how its
+    /// pulses arrive (pulse `p` of rank `r` comes from its `recv_rank`'s pulse `p`). Between steps.
+    pub fn set_bulk_pulses(&mut self, bulk: &[Vec<bool>]) -> Result<()> {
+        if bulk.len() != self.ranks.len() {
+            return Err(HaloError::InvalidInput(format!("bulk flags for {} ranks, but there are {}", bulk.len(), self.ranks.len())));
+        }
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            let recv: Vec<bool> = rank.halo().pulses.iter().enumerate().map(|(p, spec)| bulk[spec.recv_rank].get(p).copied().unwrap_or(false)).collect();
+            rank.set_bulk_pulses(&bulk[r], &recv)?;
         }
         Ok(())
     }

@@ -250,6 +250,7 @@ impl<T: Element> PeExchange<T> {
                     x: nvshmem.peer_ptr(local.x, peer)?,
                     signals: nvshmem.peer_ptr(local.signals, peer)?,
                     recv_buf: nvshmem.peer_ptr(local.recv_buf, peer)?,
+                    x_recv_buf: nvshmem.peer_ptr(local.x_recv_buf, peer)?,
                 })
             })();
             if let (None, PathPolicy::Planned(paths)) = (&mapped, &policy) {
@@ -264,9 +265,11 @@ impl<T: Element> PeExchange<T> {
         if let PathPolicy::Planned(paths) = policy {
             // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
             // installed (stores where mapped, puts elsewhere).
+            // The plan is symmetric per pair: a pulse's sender copies it in bulk exactly when the
+            // receiver's plan names nvlink-tma for that sender (and both are mapped).
             let mapped: Vec<bool> = self.rank.coord_paths().iter().map(|p| *p != kernels_gpu::abi::CoordPath::Put).collect();
             let bulk: Vec<bool> = paths.bulk_pulses(&self.halos[me]).iter().zip(&mapped).map(|(b, m)| *b && *m).collect();
-            self.rank.set_bulk_pulses(&bulk)?;
+            self.rank.set_bulk_pulses(&bulk, &paths.bulk_receives(&self.halos[me]))?;
             self.routes = Some(paths.summary()?);
         }
         if self.rank.any_put() && !self.rank.module().nvshmem_registered() {

@@ -15,13 +15,16 @@ use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModu
 use crate::kernel_args;
 use super::Element;
 use kernels_gpu::abi::{
-    self, COUNTERS_PER_PULSE, CoordPath, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    self, COUNTERS_PER_PULSE, CoordPath, Float3, pulse_flags, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
     signal_index,
 };
 use std::sync::Arc;
 use std::time::Duration;
 
 pub mod timeline;
+
+/// A receive slot holds a pulse as low-latency words: this many times its plain bytes.
+pub(crate) const RECV_SLOT_FACTOR: usize = abi::ll::bytes(1);
 
 /// Atoms per pulse slot of the staging buffers are rounded up to this (768 bytes: a multiple of
 /// both 12 and 256, so every slot starts 256-byte aligned, like GROMACS's unified buffers).
@@ -38,6 +41,8 @@ pub struct PeerView {
     /// The peer's force receive slots (forces are pushed there); symmetric, so the same offset as
     /// this rank's own.
     pub recv_buf: u64,
+    /// The peer's coordinate receive slots (the fused kernel stores low-latency words there).
+    pub x_recv_buf: u64,
 }
 
 /// Sizes every rank must allocate identically (symmetric allocations are collective and must
@@ -143,6 +148,7 @@ pub struct RankExchange<T: Element = Float3> {
     x_stage: Mem<T>,
     f_stage: Mem<T>,
     recv_buf: Mem<T>,
+    x_recv_buf: Mem<T>,
     maps: DeviceBuffer<u32>,
     map_offsets: Vec<usize>,
     meta: DeviceBuffer<PulseMeta>,
@@ -170,10 +176,12 @@ impl<T: Element> RankExchange<T> {
         let alloc = |len| Mem::<T>::new(kind, &ctx, len);
         let x = alloc(sizes.atoms)?;
         let f = alloc(sizes.atoms)?;
-        // A pair of slots per pulse (step parity) in every staging and receive buffer.
+        // A pair of slots per pulse (step parity) in every staging and receive buffer; receive
+        // slots hold a pulse as low-latency words, twice its bytes.
         let x_stage = alloc(2 * n * sizes.slot_atoms)?;
         let f_stage = alloc(2 * n * sizes.slot_atoms)?;
-        let recv_buf = alloc(2 * n * sizes.slot_atoms)?;
+        let recv_buf = alloc(2 * n * RECV_SLOT_FACTOR * sizes.slot_atoms)?;
+        let x_recv_buf = alloc(2 * n * RECV_SLOT_FACTOR * sizes.slot_atoms)?;
         let signals = Mem::<u64>::new(kind, &ctx, SIGNAL_SLOTS_PER_PULSE * n)?;
         signals.fill_bytes(0)?;
         const _: () = assert!(abi::SIGNAL_UNSET == 0);
@@ -199,6 +207,7 @@ impl<T: Element> RankExchange<T> {
             x_stage,
             f_stage,
             recv_buf,
+            x_recv_buf,
             maps,
             map_offsets,
             meta,
@@ -241,7 +250,12 @@ impl<T: Element> RankExchange<T> {
     /// The addresses peers use to reach this rank (valid in this process; other processes
     /// translate them with `nvshmem_ptr`).
     pub fn local_view(&self) -> PeerView {
-        PeerView { x: self.x.device_ptr(), signals: self.signals.device_ptr(), recv_buf: self.recv_buf.device_ptr() }
+        PeerView {
+            x: self.x.device_ptr(),
+            signals: self.signals.device_ptr(),
+            recv_buf: self.recv_buf.device_ptr(),
+            x_recv_buf: self.x_recv_buf.device_ptr(),
+        }
     }
 
     /// The sizes this rank's buffers were allocated for.
@@ -366,7 +380,9 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// Enqueues on `stream` the zeroing of this rank's protocol: its signal and credit slots, step
-    /// counters, block counters and wait status (every value a peer or a launch may have left).
+    /// counters, block counters and wait status (every value a peer or a launch may have left), and
+    /// its receive slots (the step counters start again, so words of an old step 3 would pass for
+    /// the new step 3's).
     /// Part of the collective reset ([`super::reset`]); the caller waits for the stream.
     pub fn zero_protocol(&self, stream: &CudaStream) -> Result<()> {
         // The stream's context must be current (ranks in one process may live on several GPUs).
@@ -374,6 +390,8 @@ impl<T: Element> RankExchange<T> {
         self.signals.fill_bytes_async(0, stream)?;
         self.state.fill_bytes_async(0, stream)?;
         self.counters.fill_bytes_async(0, stream)?;
+        self.recv_buf.fill_bytes_async(0, stream)?;
+        self.x_recv_buf.fill_bytes_async(0, stream)?;
         self.status.fill_bytes_async(0, stream)
     }
 
@@ -388,7 +406,9 @@ impl<T: Element> RankExchange<T> {
             return Err(HaloError::InvalidInput(format!("{} credit flags for {n} pulses", flags.len())));
         }
         let slot_bytes = (self.sizes.slot_atoms * size_of::<T>()) as u64;
+        let recv_slot_bytes = RECV_SLOT_FACTOR as u64 * slot_bytes;
         let pair = |base: u64, p: usize| base + 2 * p as u64 * slot_bytes;
+        let recv_pair = |base: u64, p: usize| base + 2 * p as u64 * recv_slot_bytes;
         let slot = |kind, p: usize| 8 * signal_index(kind, p as u32, n as u32) as u64;
         let mut metas = Vec::with_capacity(n);
         for (p, spec) in self.halo.pulses.iter().enumerate() {
@@ -398,10 +418,10 @@ impl<T: Element> RankExchange<T> {
                 index_map: self.maps.device_ptr_at(self.map_offsets[p]),
                 x_stage: pair(self.x_stage.device_ptr(), p),
                 f_stage: pair(self.f_stage.device_ptr(), p),
-                recv_slots: pair(self.recv_buf.device_ptr(), p),
+                recv_slots: recv_pair(self.recv_buf.device_ptr(), p),
                 remote_x: to.map_or(0, |v| v.x + spec.peer_atom_offset as u64 * size),
                 remote_x_signal: to.map_or(0, |v| v.signals + slot(SignalSlot::CoordData, p)),
-                remote_recv_slots: from.map_or(0, |v| pair(v.recv_buf, p)),
+                remote_recv_slots: from.map_or(0, |v| recv_pair(v.recv_buf, p)),
                 remote_f_signal: from.map_or(0, |v| v.signals + slot(SignalSlot::ForceData, p)),
                 remote_x_credit: from.map_or(0, |v| v.signals + slot(SignalSlot::CoordCredit, p)),
                 remote_f_credit: to.map_or(0, |v| v.signals + slot(SignalSlot::ForceCredit, p)),
@@ -414,9 +434,15 @@ impl<T: Element> RankExchange<T> {
                 recv_pe: spec.recv_rank as i32,
                 use_shift: spec.shift.is_some() as u32,
                 slot_bytes: slot_bytes as u32,
-                flags: flags[p],
+                // Words where the peer is mapped (it pushes forces and, unless it copies in bulk,
+                // coordinates that way; both ends decide alike).
+                flags: flags[p] | if to.is_some() { pulse_flags::RECV_F_LL } else { 0 } | if from.is_some() { pulse_flags::RECV_X_LL } else { 0 },
                 signal_mode: signal_mode as u32,
                 path: if to.is_some() { CoordPath::Store } else { CoordPath::Put } as u32,
+                recv_slot_bytes: recv_slot_bytes as u32,
+                reserved: 0,
+                x_recv_slots: recv_pair(self.x_recv_buf.device_ptr(), p),
+                remote_x_slots: to.map_or(0, |v| recv_pair(v.x_recv_buf, p)),
             };
             // Forces are copied into slots with 16-byte stores.
             for (what, addr) in [("receive slot", meta.recv_slots), ("staging slot", meta.f_stage), ("peer receive slot", meta.remote_recv_slots)] {
@@ -438,14 +464,18 @@ impl<T: Element> RankExchange<T> {
 
     /// Moves the coordinates of the pulses marked in `bulk` (one flag per pulse) with bulk copies
     /// (TMA) inside the fused kernel ([`Transport::Fused`]), the others as [`Self::install`] set
-    /// them (stores to mapped peers, puts elsewhere). A pulse can only copy in bulk to a mapped
-    /// peer: asking for one whose peer is reached by puts is an error. Call it after `install`,
-    /// between steps (the kernels read the metadata at launch).
-    pub fn set_bulk_pulses(&mut self, bulk: &[bool]) -> Result<()> {
-        if bulk.len() != self.host_meta.len() {
-            return Err(HaloError::InvalidInput(format!("{} bulk flags for {} pulses", bulk.len(), self.host_meta.len())));
+    /// them (low-latency words to mapped peers, puts elsewhere). `recv_bulk` says the same of the
+    /// pulses this rank receives (`recv_bulk[p]`: `recv_pe` copies pulse `p` to this rank in bulk),
+    /// so that this rank waits for a signal there instead of polling words: every rank's flags
+    /// must mirror its senders' (the router's plans are symmetric per pair). A pulse can only copy
+    /// in bulk to a mapped peer: asking for one whose peer is reached by puts is an error. Call it
+    /// after `install`, between steps (the kernels read the metadata at launch).
+    pub fn set_bulk_pulses(&mut self, bulk: &[bool], recv_bulk: &[bool]) -> Result<()> {
+        let n = self.host_meta.len();
+        if bulk.len() != n || recv_bulk.len() != n {
+            return Err(HaloError::InvalidInput(format!("{} bulk and {} receive-bulk flags for {n} pulses", bulk.len(), recv_bulk.len())));
         }
-        for (p, (meta, &b)) in self.host_meta.iter_mut().zip(bulk).enumerate() {
+        for (p, ((meta, &b), &rb)) in self.host_meta.iter_mut().zip(bulk).zip(recv_bulk).enumerate() {
             if b && meta.remote_x == 0 {
                 return Err(HaloError::InvalidInput(format!(
                     "rank {} pulse {p}: a bulk copy needs rank {}'s memory mapped, but that peer is reached by puts",
@@ -453,11 +483,19 @@ impl<T: Element> RankExchange<T> {
                 )));
             }
             meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
+            // `recv_pe` mapped (it pushes forces here) and not copying in bulk: it stores words.
+            let words = meta.remote_recv_slots != 0 && !rb;
+            meta.flags = (meta.flags & !pulse_flags::RECV_X_LL) | if words { pulse_flags::RECV_X_LL } else { 0 };
         }
         if !self.host_meta.is_empty() {
             self.meta.copy_from_host(&self.host_meta)?;
         }
         Ok(())
+    }
+
+    /// Which pulses arrive as low-latency words in the fused kernel, as installed.
+    pub fn receives_words(&self) -> Vec<bool> {
+        self.host_meta.iter().map(|m| m.has(pulse_flags::RECV_X_LL)).collect()
     }
 
     /// Each pulse's coordinate path in the fused kernel, as installed.
@@ -635,9 +673,10 @@ impl<T: Element> RankExchange<T> {
 
     /// Byte offset of the receive slot of pulse `p`, parity `parity`, from the start of the
     /// receive buffer: the same on every rank (the sizes are shared), so a peer's slot is its
-    /// [`PeerView::recv_buf`] plus this.
+    /// [`PeerView::recv_buf`] plus this. Slots are [`PulseMeta::recv_slot_bytes`] apart, as the
+    /// kernels lay them out (room for a pulse as low-latency words).
     pub fn recv_slot_offset(&self, p: usize, parity: usize) -> u64 {
-        ((2 * p + (parity & 1)) * self.sizes.slot_atoms * size_of::<T>()) as u64
+        ((2 * p + (parity & 1)) * RECV_SLOT_FACTOR * self.sizes.slot_atoms * size_of::<T>()) as u64
     }
 
     /// Address of this rank's (first) send slot for pulse `p` (where `stage_pack` puts the packed pulse).
@@ -761,6 +800,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn low_latency_flags_tell_every_step_from_the_one_that_last_used_its_slot() {
+        use abi::ll;
+        for epoch in (1u64..10_000).chain([u32::MAX as u64 - 3, u32::MAX as u64 + 7]) {
+            let flag = ll::flag(epoch);
+            assert_ne!(flag, 0, "step {epoch}: a zeroed slot would pass for it");
+            // A slot of a pair is written every other step: e and e - 2 must differ.
+            assert_ne!(flag, ll::flag(epoch.wrapping_sub(2)), "step {epoch}");
+            for value in [0u32, 1, 0x7FC0_0000, f32::to_bits(-0.0), u32::MAX] {
+                let word = ll::word(value, flag);
+                assert_eq!(ll::value(word, flag), Some(value));
+                assert_eq!(ll::value(word, ll::flag(epoch + 2)), None, "a later step does not take it");
+                assert_eq!(ll::value(0, flag), None);
+            }
+        }
+        assert_eq!(RECV_SLOT_FACTOR, 2, "a word carries 4 bytes of value in 8");
+    }
+
+    #[test]
     fn no_grid_exceeds_the_residency_cap() {
         // Eight ranks on one GPU with large pulses: the cap is small, the pulses want many blocks.
         for elem in [4, 8, 12, 16] {
@@ -787,8 +844,8 @@ mod tests {
         let g = Grids::for_halo(0, 0, 12);
         assert_eq!((g.coords(), g.forces(), g.tma(), g.per_pulse(0, 1)), (1, 1, 1, 1));
         let g = Grids::for_halo(10_000, 10_000, 12);
-        // 2048 atoms per block (512 threads x 4 atoms); TMA: 16 warps x 128 atoms.
-        assert_eq!((g.coords(), g.tma()), (5, 5));
+        // 512 atoms per block (512 threads x 1 atom); TMA: 16 warps x 128 atoms.
+        assert_eq!((g.coords(), g.tma()), (20, 5));
         assert_eq!(g.capped(100), g.capped(100).capped(200), "a higher cap never raises the grid");
         assert_eq!(g.capped(0).coords(), 1, "at least one block");
     }

@@ -387,6 +387,12 @@ impl RoutedPaths {
         halo.pulses.iter().map(|p| self.transport(p.send_rank) == Some(Transport::NvlinkTma)).collect()
     }
 
+    /// For each pulse of `halo` (this PE's), whether its sender (`recv_rank`) copies it here in
+    /// bulk: the pair chose `nvlink-tma` (plans are symmetric per pair).
+    pub fn bulk_receives(&self, halo: &RankHalo) -> Vec<bool> {
+        halo.pulses.iter().map(|p| self.transport(p.recv_rank) == Some(Transport::NvlinkTma)).collect()
+    }
+
     /// The agreed failure epoch of the pair with `peer` when this plan was made (0: none).
     pub fn failure_epoch(&self, peer: usize) -> u32 {
         self.failure_epochs.iter().find(|(q, _)| *q == peer).map_or(0, |&(_, e)| e)

@@ -33,13 +33,16 @@ pub mod coords {
     /// After the dependency wait (thread 0 of a block holding dependent atoms), latest block; 0
     /// where no block waited (pulse 0, or no forwarded atom).
     pub const DEPS: usize = 2;
-    /// The pulse's last block elected: every block packed (pass 2 included).
+    /// Put path: the pulse's last block elected, every block packed (pass 2 included). Not
+    /// stamped where the pulse goes as low-latency words (no election).
     pub const ELECTED: usize = 3;
-    /// When the elected block entered the kernel.
+    /// When the elected block entered the kernel (put path only).
     pub const ELECTED_ENTRY: usize = 4;
-    /// The signal to `send_pe` issued (direct: the `st.release.sys`; put: the put returned).
+    /// The pulse delivered: words, the block's last word stored (latest block); put, the put
+    /// returned; bulk, not stamped.
     pub const DELIVERED: usize = 5;
-    /// This rank's own incoming pulse seen (the wait on its receive slot returned).
+    /// This rank's own incoming pulse in: words, the block's share unpacked into `x` (latest
+    /// block); otherwise the wait on its receive slot returned.
     pub const RECEIVED: usize = 6;
 }
 
@@ -48,13 +51,15 @@ pub mod forces {
     /// After the force-credit wait and the wait for every later pulse's accumulation (the reverse
     /// chain), latest block.
     pub const CHAIN: usize = 0;
-    /// The push's last block elected: every block copied its part of the halo forces.
+    /// The push done: words, the block's last word stored (latest block); put, the last block
+    /// elected once every block staged its part.
     pub const PUSHED: usize = 1;
-    /// When the push's elected block entered the kernel.
+    /// When the push's elected block entered the kernel (put path only).
     pub const ELECTED_ENTRY: usize = 2;
-    /// The signal to `recv_pe` issued (direct: the `st.release.sys`; put: the put returned).
+    /// The push delivered: words, as [`PUSHED`] (no signal); put, the put returned.
     pub const SIGNALLED: usize = 3;
-    /// `send_pe`'s push seen (the wait on the receive slot returned), latest block.
+    /// `send_pe`'s push in: words, the block's share polled and accumulated (latest block);
+    /// put, the wait on the receive slot returned (latest block).
     pub const RECEIVED: usize = 4;
     /// Accumulation done (after the block barrier), latest block.
     pub const ACCUMULATED: usize = 5;

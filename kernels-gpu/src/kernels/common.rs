@@ -143,24 +143,22 @@ unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut 
     false
 }
 
-/// The bounded spin of both waits: `relaxed()` until it returns at least `expected`, then one
-/// `acquire()`; the clock and the timeout flag only every [`WAIT_CHECK_INTERVAL`] polls.
+/// The bounded spin of every wait: `poll()` until it returns `Ok`, the clock and the timeout flag
+/// only every [`WAIT_CHECK_INTERVAL`] polls. `poll` returns `Err(seen)` while not ready (`seen`,
+/// with `expected`, goes into the timeout report).
 ///
 /// # Safety
-/// `status` valid; `relaxed` and `acquire` read a valid location.
+/// `status` valid; `poll` reads valid locations.
 #[inline(always)]
-unsafe fn spin_until(
-    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
-) -> bool {
+pub unsafe fn spin(expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, mut poll: impl FnMut() -> Result<(), u64>) -> bool {
     let mut started = None;
     loop {
         let mut polls = WAIT_CHECK_INTERVAL;
         let mut seen = 0;
         while polls > 0 {
-            seen = relaxed();
-            if seen >= expected {
-                acquire();
-                return true;
+            match poll() {
+                Ok(()) => return true,
+                Err(s) => seen = s,
             }
             polls -= 1;
         }
@@ -168,6 +166,29 @@ unsafe fn spin_until(
         if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
             return false;
         }
+    }
+}
+
+/// The bounded spin of the counter waits: `relaxed()` until it returns at least `expected`, then
+/// one `acquire()` ([`spin`]).
+///
+/// # Safety
+/// `status` valid; `relaxed` and `acquire` read a valid location.
+#[inline(always)]
+unsafe fn spin_until(
+    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+) -> bool {
+    // SAFETY: forwarded.
+    unsafe {
+        spin(expected, timeout_ns, status, site, || {
+            let seen = relaxed();
+            if seen >= expected {
+                acquire();
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        })
     }
 }
 
@@ -294,9 +315,10 @@ impl Step {
 
 /// Arrival of one coordinate pulse's last block (thread 0), once the pulse is packed and
 /// delivered, on the launch-wide counter `state.x_finished` (acq-rel, wrapping after
-/// `num_pulses` arrivals). Call it before the pulse's own receive wait, so it overlaps the hop.
-/// The last arrival sees every read of received coordinates this launch made (all packing is
-/// done); it sends the coordinate credits of the pulses marked
+/// `num_pulses` arrivals), in the kernels that end each pulse in its last block (TMA, per pulse).
+/// Call it before the pulse's own receive wait, so it overlaps the hop. The last arrival sees
+/// every read of received coordinates this launch made (all packing is done); it sends the
+/// coordinate credits of the pulses marked
 /// [`pulse_flags::SEND_COORD_CREDIT`] to their `recv_pe` ("I have finished reading what you sent
 /// me") and records the launch ([`record_launch`]). `puts`: whether credits may go by NVSHMEM
 /// (false in the kernels that require every peer mapped, which then contain no NVSHMEM call).
@@ -344,6 +366,55 @@ pub unsafe fn record_launch(state: *mut ProtocolState, step: Step, direction: Di
             (*state).x_epoch = step.epoch;
         }
         (*state).last_direction = direction as u32;
+    }
+}
+
+/// Every block's arrival on the launch-wide counter of `direction` (`state.x_finished` or
+/// `state.f_finished`, acq-rel, wrapping to 0 after `blocks` arrivals): a barrier, then thread 0.
+/// The last arrival records the launch ([`record_launch`]): every thread read the state before
+/// the barrier. Called once each block has issued its sends, so it overlaps the hop.
+///
+/// # Safety
+/// All threads of every one of the launch's `blocks` blocks call it once; `state` on this device,
+/// its counter 0 at launch start.
+#[inline(always)]
+pub unsafe fn arrive_launch(state: *mut ProtocolState, step: Step, direction: Direction, blocks: u32) {
+    // SAFETY: the caller's contract; the barrier orders the block's reads of the state before
+    // thread 0's release.
+    unsafe {
+        device::sync_threads();
+        if thread::thread_idx_x() == 0 {
+            let counter = if direction == Direction::Forces { &raw mut (*state).f_finished } else { &raw mut (*state).x_finished };
+            if device::atomic_inc_acq_rel_gpu(counter, blocks - 1) == blocks - 1 {
+                record_launch(state, step, direction);
+            }
+        }
+    }
+}
+
+/// At the start of a launch, block 0 of pulse `pulse`'s row (thread 0) gives the credit of the
+/// previous launch of this direction: "I have finished reading what you sent me up to step
+/// `step.epoch - 1`" (the launch boundary completed those reads), when the pulse sends one
+/// ([`pulse_flags::SEND_COORD_CREDIT`] to `recv_pe`, or [`pulse_flags::SEND_FORCE_CREDIT`] to
+/// `send_pe`). Sent here, not at the end of the launch that read, so no release waits on the
+/// launch's own stores; a sender waits for it only `lag` launches later ([`Step::repeat`]).
+/// `puts` as in [`send_credit`].
+///
+/// # Safety
+/// As [`send_credit`] for the pulse's peer; `signals` this rank's slots.
+#[inline(always)]
+pub unsafe fn send_previous_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, direction: Direction, puts: bool) {
+    if thread::block_idx_x() != 0 || thread::thread_idx_x() != 0 || step.epoch < 2 {
+        return;
+    }
+    let (flag, kind, remote, pe) = if direction == Direction::Forces {
+        (pulse_flags::SEND_FORCE_CREDIT, SignalSlot::ForceCredit, meta.remote_f_credit, meta.send_pe)
+    } else {
+        (pulse_flags::SEND_COORD_CREDIT, SignalSlot::CoordCredit, meta.remote_x_credit, meta.recv_pe)
+    };
+    if meta.has(flag) {
+        // SAFETY: the caller's contract; the slot is symmetric.
+        unsafe { send_credit(remote, signals.add(signal_index(kind, pulse, num_pulses)), step.epoch - 1, pe, puts) };
     }
 }
 

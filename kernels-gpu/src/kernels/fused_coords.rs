@@ -1,47 +1,89 @@
 //! All coordinate pulses in one launch (GROMACS's `fusedPulsesPackXAndSendKernel`, rewritten).
 //!
-//! Grid `(blocks_per_pulse, num_pulses)`, `blockIdx.y` = pulse. Pulse 0 packs everything at once;
-//! a later pulse first packs its independent atoms (home atoms, index < `dep_offset`), waits for the
-//! signals of every earlier pulse only if one of its atoms came from them, then packs the rest. The
-//! last block of each pulse delivers it and then waits for this rank's own incoming pulse, so the
-//! kernel's end means every halo coordinate has landed. The last pulse to be delivered advances
-//! the rank's coordinate step counter and sends the coordinate credits.
+//! Grid `(blocks_per_pulse, num_pulses)`, `blockIdx.y` = pulse. The blocks of row `p` send pulse
+//! `p`, arrive on the launch-wide counter (the last advances the rank's coordinate step counter),
+//! then take in this rank's own incoming pulse `p`. The kernel's end means every halo coordinate
+//! has landed in `x`. The coordinate credits of the previous launch go out first thing
+//! ([`send_previous_credit`]): nothing at the end of a launch waits for its stores.
 //!
-//! Each pulse takes its own path ([`PulseMeta::path`], block-uniform since a block serves one
-//! pulse): direct stores into the peer's mapped memory, NVSHMEM put + signal where the peer is not
-//! mapped, or bulk copies ([`bulk_pulse`], the TMA kernel's body; the launch then carries
-//! [`crate::abi::TMA_SHARED_BYTES`] of dynamic shared memory). Pulses whose peers differ take
-//! different paths in one launch.
+//! Sending: pulse 0 packs everything at once; a later pulse first packs its independent atoms
+//! (home atoms, index < `dep_offset`), then the atoms it forwards, which it takes as they arrive
+//! ([`ll::received`]). Each pulse takes its own path ([`PulseMeta::path`], block-uniform since a
+//! block serves one pulse):
+//! - [`CoordPath::Store`], the peer mapped: every thread stores its atoms as low-latency words
+//!   ([`crate::abi::ll`]) into the peer's receive slot. Nothing else: no election, no fence, no
+//!   signal; the peer polls the words.
+//! - [`CoordPath::Put`]: pack into the local staging slot; the last block puts it into the peer's
+//!   `x` and signals.
+//! - [`CoordPath::Bulk`]: bulk copies into the peer's `x` and a signal ([`bulk_pulse`], the TMA
+//!   kernel's body; the launch then carries [`crate::abi::TMA_SHARED_BYTES`] of dynamic shared
+//!   memory).
+//!
+//! Receiving ([`pulse_flags::RECV_X_LL`]): words are polled and unpacked into `x` by all blocks of
+//! the row, each its share; a put or a bulk copy is awaited by one thread on the pulse's signal.
+//! Pulses whose peers differ take different paths in one launch.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
+use super::common::{
+    Step, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, wait_signal,
+};
+use super::ll;
 use super::timeline::Timeline;
 use crate::abi::timeline::{self as tl_layout, coords as point, pulse_slot};
 use super::fused_coords_tma::bulk_pulse;
 use crate::abi::{
-    Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus,
-    pulse_flags, signal_index,
+    CoordPath, Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags,
+    signal_index,
 };
 use crate::device::{self, thread};
 
 /// Waits, in thread 0 of the calling block, until `send_pe` has finished reading what this rank
-/// sent it in pulse `pulse` during the previous coordinate launch: only when that launch was a
+/// sent it in pulse `pulse` `lag` coordinate launches ago: only when the previous launch was a
 /// coordinate launch too (`step.repeat`) and the pulse needs it ([`pulse_flags::WAIT_COORD_CREDIT`];
-/// otherwise the step's own signals already order it, docs/protocol.md). Block-uniform; ends with
-/// a barrier when it waits.
+/// otherwise the step's own signals already order it, docs/protocol.md). `lag` is 1 where the
+/// pulse writes the peer's `x` itself, 2 where it writes one slot of a pair (low-latency words:
+/// the slot of step `e` was last read in step `e - 2`). Block-uniform; ends with a barrier when it
+/// waits.
 ///
 /// # Safety
 /// All threads of the block call it; `signals` this rank's slots; `status` valid.
 #[inline(always)]
-pub unsafe fn await_coord_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, timeout_ns: u64, status: *mut WaitStatus) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn await_coord_credit(
+    meta: &PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, lag: u64, timeout_ns: u64, status: *mut WaitStatus,
+) {
     if !(step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT)) {
         return;
     }
     if thread::thread_idx_x() == 0 {
         let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
         // SAFETY: own credit slot of this pulse.
-        unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site) };
+        unsafe {
+            wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+        };
     }
     // SAFETY: block-uniform condition; orders thread 0's acquire before the block's stores.
+    unsafe { device::sync_threads() };
+}
+
+/// Waits, in thread 0 of the calling block, for the signals of the pulses before `pulse` that do
+/// not arrive as low-latency words (puts and bulk copies land in `x` behind a signal); the words
+/// are polled atom by atom instead ([`ll::received`]). Then a block barrier.
+///
+/// # Safety
+/// All threads of the block call it; `pulses[0..pulse]` and `signals` valid; `status` valid.
+#[inline(always)]
+unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, timeout_ns: u64, status: *mut WaitStatus) {
+    if thread::thread_idx_x() == 0 {
+        for earlier in 0..pulse {
+            // SAFETY: own receive-X slots, `num_pulses` of them.
+            let meta_e = unsafe { &*pulses.add(earlier as usize) };
+            if !ll::arrives_as_words(meta_e) {
+                let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
+                unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+            }
+        }
+    }
+    // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of `x`.
     unsafe { device::sync_threads() };
 }
 
@@ -53,7 +95,8 @@ pub unsafe fn await_coord_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, 
 ///
 /// # Safety
 /// Metadata from a validated plan (see `pulse_exchange` for the two paths' requirements); when a
-/// pulse's path is bulk, the launch's dynamic shared memory as [`bulk_pulse`] needs.
+/// pulse's path is bulk, the launch's dynamic shared memory as [`bulk_pulse`] needs; the grid's
+/// height is `num_pulses` (the launch-wide arrival counts `gridDim.x * num_pulses` blocks).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
@@ -68,68 +111,150 @@ pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
     // SAFETY: the host passes `num_pulses` valid entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
     let tl = tl.entered(step.epoch, entered);
+    // SAFETY: the pulse's peer as installed; this rank's slots.
+    unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, true) };
     if meta.bulk() {
-        // Block-uniform (one pulse per block). Credits of the launch may go by NVSHMEM: other
-        // pulses of it may put.
+        // Block-uniform (one pulse per block).
         // SAFETY: every thread of the block; the peer is mapped (`bulk()` checked it) and the host
         // launched with the bulk path's shared memory.
         unsafe { bulk_pulse::<T, true>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status) };
-        return;
+    } else {
+        // SAFETY: forwarded; every thread of the block.
+        unsafe { send_pulse(pulses, num_pulses, pulse, meta, step, x, signals, counters, dep_offset, timeout_ns, status, tl) };
     }
+    // Sent: every block arrives (the last records the launch) while the pulses travel.
+    // SAFETY: every thread of every block (`num_pulses` rows of `gridDim.x`) arrives once.
+    unsafe { arrive_launch(state, step, Direction::Coordinates, thread::grid_dim_x() * num_pulses) };
+    // SAFETY: forwarded; every thread of the block.
+    unsafe { receive_pulse(pulse, num_pulses, meta, step, x, signals, timeout_ns, status, tl) };
+    tl.mark0(Some(tl_layout::END));
+}
+
+/// Sends pulse `pulse` by stores of low-latency words or by a put (see the module).
+///
+/// # Safety
+/// All threads of the block; as [`fused_coords`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn send_pulse<T: HaloElement, L: Timeline>(
+    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
+    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+) {
+    let words = CoordPath::from_u32(meta.path) == CoordPath::Store && meta.remote_x_slots != 0;
     // SAFETY: all threads of the block.
-    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
+    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, if words { 2 } else { 1 }, timeout_ns, status) };
     tl.mark0(pulse_slot(pulse, point::CREDIT));
-    let direct = meta.remote_x != 0;
-    let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
     let shift = shift_of(meta);
+    let (parity, flag) = (step.parity(), ll::flag_of(step));
 
-    // Pass 1: everything for pulse 0, independent atoms for the others.
+    if words {
+        let dest = ll::slot(meta.remote_x_slots, parity, meta.recv_slot_bytes);
+        // Pass 1: everything for pulse 0, independent atoms for the others.
+        let mut i = thread::index_1d();
+        while i < meta.send_size {
+            // SAFETY: i < send_size; map entries index `x`; the peer's slot holds send_size elements.
+            unsafe {
+                let atom = *map.add(i as usize);
+                if pulse == 0 || atom < dep_offset {
+                    ll::store(dest, i, shifted(*x.add(atom as usize), shift), flag);
+                }
+            }
+            i += thread::grid_stride_x();
+        }
+        tl.mark0(pulse_slot(pulse, point::PACKED));
+        if pulse == 0 {
+            tl.mark0(pulse_slot(pulse, point::DELIVERED));
+            return;
+        }
+        // Pass 2: the forwarded atoms, each as soon as it has arrived. Puts and bulk copies
+        // among the earlier pulses are awaited by signal first (a block-uniform condition).
+        // SAFETY: `pulses[0..pulse]` valid.
+        if !unsafe { ll::all_arrive_as_words(pulses, pulse) } {
+            // SAFETY: all threads of the block.
+            unsafe { await_signalled_earlier(pulses, pulse, num_pulses, signals, step, timeout_ns, status) };
+        }
+        tl.mark0(pulse_slot(pulse, point::DEPS));
+        let mut i = thread::index_1d();
+        while i < meta.send_size {
+            // SAFETY: as in pass 1; a forwarded atom was received in an earlier pulse.
+            unsafe {
+                let atom = *map.add(i as usize);
+                if atom >= dep_offset {
+                    let v = ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status);
+                    ll::store(dest, i, shifted(v, shift), flag);
+                }
+            }
+            i += thread::grid_stride_x();
+        }
+        tl.mark0(pulse_slot(pulse, point::DELIVERED));
+        return;
+    }
+
+    // The put path: pack into this step's staging slot, the last block puts it.
+    let dest = (meta.x_stage + parity * meta.slot_bytes as u64) as *mut T;
     let first_mode = if pulse == 0 { PackMode::All } else { PackMode::BelowThreshold };
     // SAFETY: buffers from the validated plan.
     let deferred = unsafe { pack_subset(x, map, meta.send_size, dest, shift, first_mode, dep_offset) };
-
-    // Pass 2, only in blocks that hold dependent atoms: wait for the earlier pulses that
-    // delivered them, then pack them. The vote is block-uniform, so the barriers inside are too.
+    // Blocks holding forwarded atoms take them as they arrive (a block-uniform vote, so the
+    // barriers inside are uniform too).
     // SAFETY: every thread of the block reaches this barrier.
     let any_deferred = unsafe { device::sync_threads_or(deferred > 0) };
     tl.mark0(pulse_slot(pulse, point::PACKED));
     if any_deferred {
-        if thread::thread_idx_x() == 0 {
-            for earlier in 0..pulse {
-                // SAFETY: own receive-X slots, `num_pulses` of them.
-                let meta_e = unsafe { &*pulses.add(earlier as usize) };
-                let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+        // SAFETY: all threads of the block.
+        unsafe { await_signalled_earlier(pulses, pulse, num_pulses, signals, step, timeout_ns, status) };
+        tl.mark0(pulse_slot(pulse, point::DEPS));
+        let mut i = thread::index_1d();
+        while i < meta.send_size {
+            // SAFETY: as above; the staging slot holds send_size elements.
+            unsafe {
+                let atom = *map.add(i as usize);
+                if atom >= dep_offset {
+                    *dest.add(i as usize) = shifted(ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status), shift);
+                }
             }
-            tl.mark(pulse_slot(pulse, point::DEPS));
+            i += thread::grid_stride_x();
         }
-        // SAFETY: block-uniform branch; thread 0's acquire is ordered before the others' reads.
-        unsafe { device::sync_threads() };
-        unsafe { pack_subset(x, map, meta.send_size, dest, shift, PackMode::AtOrAboveThreshold, dep_offset) };
     }
-
     // SAFETY: all threads of the block call it.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         tl.mark0(pulse_slot(pulse, point::ELECTED));
-        tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
         // SAFETY: all threads of the last block; plan pointers validated by the host.
         unsafe {
-            deliver(meta.remote_x_signal as *mut u64, direct, x.add(meta.peer_atom_offset as usize), dest,
-                meta.send_size, own_slot, step.epoch, meta.send_pe, SignalMode::from_u32(meta.signal_mode))
+            deliver(meta.remote_x_signal as *mut u64, false, x.add(meta.peer_atom_offset as usize), dest, meta.send_size, own_slot, step.epoch,
+                meta.send_pe, SignalMode::from_u32(meta.signal_mode))
         };
         tl.mark0(pulse_slot(pulse, point::DELIVERED));
-        if thread::thread_idx_x() == 0 {
-            let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: the launch-wide arrival (state on this device), overlapping the hop; then
-            // this rank's own receive-X slot.
-            unsafe {
-                finish_coordinates(pulses, num_pulses, signals, state, step, true);
-                wait_signal(own_slot, step.epoch, timeout_ns, status, site);
-            }
-            tl.mark(pulse_slot(pulse, point::RECEIVED));
-        }
     }
-    tl.mark0(Some(tl_layout::END));
+}
+
+/// Takes in this rank's own incoming pulse `pulse`: polls and unpacks its low-latency words into
+/// `x` (each block of the row its share), or waits (block 0, thread 0) for the signal behind a put
+/// or a bulk copy.
+///
+/// # Safety
+/// All threads of the block; as [`fused_coords`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn receive_pulse<T: HaloElement, L: Timeline>(
+    pulse: u32, num_pulses: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+) {
+    let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
+    if ll::arrives_as_words(meta) {
+        let src = ll::slot(meta.x_recv_slots, step.parity(), meta.recv_slot_bytes);
+        let (dst, flag) = (meta.atom_offset as usize, ll::flag_of(step));
+        let mut i = thread::index_1d();
+        while i < meta.recv_size {
+            // SAFETY: the own receive slot holds recv_size elements; the pulse's range lies in `x`.
+            unsafe { *x.add(dst + i as usize) = ll::load(src, i, flag, timeout_ns, status, site) };
+            i += thread::grid_stride_x();
+        }
+        tl.mark0(pulse_slot(pulse, point::RECEIVED));
+    } else if thread::block_idx_x() == 0 && thread::thread_idx_x() == 0 {
+        // SAFETY: own receive-X slot of this pulse.
+        unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
+        tl.mark(pulse_slot(pulse, point::RECEIVED));
+    }
 }

@@ -17,7 +17,8 @@
 //! The per-pulse body, [`bulk_pulse`], is also what the fused kernel runs for the pulses whose
 //! path is [`crate::abi::CoordPath::Bulk`], so one launch can mix bulk copies with stores and puts.
 
-use super::common::{Step, WaitSite, finish_coordinates, shift_of, shifted, wait_signal};
+use super::common::{Step, WaitSite, finish_coordinates, send_previous_credit, shift_of, shifted, wait_signal};
+use super::ll;
 use crate::abi::{
     Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
     tma_chunk_atoms,
@@ -60,6 +61,8 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
     // mapped), so the kernel holds no NVSHMEM call.
     unsafe {
         let (meta, step) = (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates));
+        // Also sent at the end of the launch; this one serves a peer whose last launch was fused.
+        send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, false);
         bulk_pulse::<T, false>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status)
     }
 }
@@ -67,17 +70,19 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
 /// One coordinate pulse moved with bulk copies, by every thread of the block (the block serves
 /// pulse `pulse`, `meta` its entry, `step` the launch's step read from `state`): the body of
 /// [`fused_coords_tma`], and of [`fused_coords`](super::fused_coords::fused_coords) for pulses whose
-/// path is [`crate::abi::CoordPath::Bulk`]. `PUTS`: whether the launch's coordinate credits may go
-/// by NVSHMEM (false in the kernel that requires every peer mapped, which then holds no NVSHMEM
-/// call).
+/// path is [`crate::abi::CoordPath::Bulk`] (`FUSED`). In the fused kernel it sends and signals
+/// only (the caller receives and arrives), and forwarded atoms of earlier pulses that came as
+/// low-latency words are polled from their slots; in the TMA kernel every pulse lands in `x`
+/// behind a signal, and the pulse's last block arrives (credits by stores: that kernel holds no
+/// NVSHMEM call) and waits for the own incoming pulse.
 ///
 /// # Safety
 /// All threads of the block call it (block-uniform); `meta.remote_x` mapped; the launch has
 /// [`crate::abi::TMA_SHARED_BYTES`] of dynamic shared memory; the other arguments as
-/// [`fused_coords_tma`]; with `PUTS`, NVSHMEM initialised and the module registered.
+/// [`fused_coords_tma`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn bulk_pulse<T: HaloElement, const PUTS: bool>(
+pub unsafe fn bulk_pulse<T: HaloElement, const FUSED: bool>(
     pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
     state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
 ) {
@@ -85,10 +90,10 @@ pub unsafe fn bulk_pulse<T: HaloElement, const PUTS: bool>(
     // SAFETY: forwarded; exactly one arm survives monomorphisation.
     unsafe {
         match size_of::<T>() {
-            4 => chunked::<T, 12, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
-            8 => chunked::<T, 6, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
-            12 => chunked::<T, 4, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
-            _ => chunked::<T, 3, PUTS>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            4 => chunked::<T, 12, FUSED>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            8 => chunked::<T, 6, FUSED>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            12 => chunked::<T, 4, FUSED>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
+            _ => chunked::<T, 3, FUSED>(pulses, num_pulses, pulse, meta, step, x, signals, state, counters, dep_offset, timeout_ns, status),
         }
     }
 }
@@ -99,7 +104,7 @@ pub unsafe fn bulk_pulse<T: HaloElement, const PUTS: bool>(
 /// As [`bulk_pulse`]; `K * 32 * size_of::<T>() == TMA_CHUNK_BYTES`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn chunked<T: HaloElement, const K: usize, const PUTS: bool>(
+unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
     pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
     state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
 ) {
@@ -172,6 +177,11 @@ unsafe fn chunked<T: HaloElement, const K: usize, const PUTS: bool>(
                 for earlier in 0..pulse {
                     // SAFETY: own receive-X slots.
                     let meta_e = unsafe { &*pulses.add(earlier as usize) };
+                    // In the fused kernel, pulses that arrive as low-latency words are polled atom
+                    // by atom below instead.
+                    if FUSED && ll::arrives_as_words(meta_e) {
+                        continue;
+                    }
                     let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
                     unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
                 }
@@ -181,8 +191,16 @@ unsafe fn chunked<T: HaloElement, const K: usize, const PUTS: bool>(
             unsafe { warp::sync_warp(warp::FULL_MASK) };
             for j in 0..K {
                 if dependent & (1 << j) != 0 {
-                    // SAFETY: as above.
-                    values[j] = unsafe { shifted(*x.add(*map.add((start + j as u32 * warp::WARP_SIZE + lane) as usize) as usize), shift) };
+                    // SAFETY: as above; a forwarded atom was received in an earlier pulse.
+                    values[j] = unsafe {
+                        let atom = *map.add((start + j as u32 * warp::WARP_SIZE + lane) as usize);
+                        let v = if FUSED {
+                            ll::received(pulses, pulse, atom, x, step.parity(), ll::flag_of(step), timeout_ns, status)
+                        } else {
+                            *x.add(atom as usize)
+                        };
+                        shifted(v, shift)
+                    };
                 }
             }
         }
@@ -240,11 +258,15 @@ unsafe fn chunked<T: HaloElement, const K: usize, const PUTS: bool>(
         if last {
             // SAFETY: mapped peer slot; release.sys publishes what this thread observed.
             unsafe { device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch) };
-            let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
-            // SAFETY: state on this device; own receive-X slot.
-            unsafe {
-                finish_coordinates(pulses, num_pulses, signals, state, step, PUTS);
-                wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
+            // The fused kernel receives and arrives after this for every block; the TMA kernel's
+            // pulse ends here, overlapping its arrival with the hop.
+            if !FUSED {
+                let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
+                // SAFETY: state on this device; own receive-X slot. No pulse of this kernel puts.
+                unsafe {
+                    finish_coordinates(pulses, num_pulses, signals, state, step, false);
+                    wait_signal(signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)), step.epoch, timeout_ns, status, site);
+                }
             }
         }
     }

@@ -8,19 +8,24 @@
 //! leave only after every later pulse has been accumulated. The blocks of row `p` of the grid:
 //!
 //! 1. wait until every later pulse is accumulated (none for the last pulse), then push the halo
-//!    forces of `p` into `recv_pe`'s receive slot for this step (direct 16-byte stores over
-//!    NVLink, all blocks of the row sharing the copy; or staged locally and put by NVSHMEM); the
-//!    last block to finish signals `recv_pe`;
-//! 2. wait for `send_pe`'s signal, then accumulate the forces it pushed into the local receive
-//!    slot into `f` through the map (local reads only: nothing is fetched over NVLink);
-//! 3. count themselves done; the last block of the row sends the force credit where the pulse
-//!    needs one; the last block of pulse 0's row, always the launch's last, advances the force
-//!    step counter and resets the done counters for the next launch (so the grid may change
-//!    between launches).
+//!    forces of `p` into `recv_pe`'s receive slot for this step: as low-latency words
+//!    ([`crate::abi::ll`]) when `recv_pe` is mapped, each thread its share, with no election and
+//!    no signal; or staged locally, and the last block puts them with NVSHMEM and signals;
+//! 2. take `send_pe`'s push from the local receive slot and accumulate it into `f` through the map
+//!    (local reads only: nothing is fetched over NVLink): words are polled element by element as
+//!    they arrive ([`pulse_flags::RECV_F_LL`]); a put is awaited on its signal first;
+//! 3. rows after the first count themselves done (the chain: earlier pulses wait for that).
+//!
+//! Every block arrives on the launch-wide counter once it has pushed; the last advances the force
+//! step counter. The force credits of the previous launch go out first thing
+//! ([`send_previous_credit`]). Pulse 0's row resets the done counters once it is past its wait,
+//! so the grid may change between launches.
 
 use super::common::{
-    DeviceElement, Step, WaitSite, arrive_is_last_block, copy_words, put_and_signal, record_launch, send_credit, wait_local_counter, wait_signal,
+    DeviceElement, Step, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, wait_local_counter,
+    wait_signal,
 };
+use super::ll;
 use super::timeline::Timeline;
 use crate::abi::timeline::{self as tl_layout, forces as point, pulse_slot};
 use crate::abi::{Direction, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags, signal_index};
@@ -29,7 +34,7 @@ use crate::device::{self, thread};
 /// `signals` are this rank's slots ([`SignalSlot`] order), `state` its protocol state (the step
 /// counter is read there). `counters[n..2n]` count push arrivals per pulse (zero at launch start,
 /// wrapping back to 0 by themselves); `counters[2n..3n]` count blocks done per pulse (zero at
-/// launch start, reset by the launch's last block). `tl` stamps the timeline probe's points
+/// launch start, reset by pulse 0's row). `tl` stamps the timeline probe's points
 /// ([`super::timeline`]; the exchange's kernel passes `Off`, which stamps nothing).
 ///
 /// # Safety
@@ -48,19 +53,27 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     // SAFETY: `num_pulses` valid entries; this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Forces)) };
     let tl = tl.entered(step.epoch, entered);
+    // SAFETY: the pulse's peer as installed; this rank's slots.
+    unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Forces, true) };
     let n = num_pulses as usize;
     // SAFETY: `counters` holds `3 * num_pulses` counters on this device.
     let (push_counters, done) = unsafe { (counters.add(n), counters.add(2 * n)) };
-    let parity = step.parity() * meta.slot_bytes as u64;
+    let (parity, flag) = (step.parity(), ll::flag_of(step));
     let tid0 = thread::thread_idx_x() == 0;
+    let words = meta.remote_recv_slots != 0;
 
     // 1. Push: once every later pulse is accumulated (and, in a force-only loop where the pulse
-    //    needs it, once recv_pe has accumulated the previous push), copy the halo forces out.
+    //    needs it, once recv_pe has accumulated the push that last used the slot: the previous
+    //    one for a put into the pair's slot, the one before for words, which alternate slots),
+    //    copy the halo forces out.
     if tid0 {
         if step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::ForceCredit, peer: meta.recv_pe };
+            let lag = if words { 2 } else { 1 };
             // SAFETY: own credit slot of this pulse.
-            unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site) };
+            unsafe {
+                wait_signal(signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+            };
         }
         for later in pulse + 1..num_pulses {
             // SAFETY: done counters on this device.
@@ -70,76 +83,98 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
     unsafe { device::sync_threads() };
     tl.mark0(pulse_slot(pulse, point::CHAIN));
-    let direct = meta.remote_recv_slots != 0;
-    let bytes = meta.recv_size * size_of::<T>() as u32;
-    let dest = if direct { meta.remote_recv_slots } else { meta.f_stage } + parity;
-    // SAFETY: the halo range lies in f; the slot (peer's or local staging) holds a pulse; both
-    // 16-byte aligned (checked by the host).
-    unsafe { copy_words(dest as *mut u8, f.add(meta.atom_offset as usize) as *const u8, bytes, thread::index_1d(), thread::grid_stride_x()) };
-    // SAFETY: all threads of the block.
-    if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
-        tl.mark0(pulse_slot(pulse, point::PUSHED));
-        tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
-        if direct {
-            if tid0 {
-                // SAFETY: mapped peer slot; the election published every block's stores to this thread.
-                unsafe { device::store_release_sys_u64(meta.remote_f_signal as *mut u64, step.epoch) };
+    // Pulse 0's row waited for every other row: once all its blocks are past that wait, no block
+    // reads a done counter any more, and the last of them resets them for the next launch (which
+    // reads them after the kernel boundary; the grid may change in between). Its own counter
+    // wraps to 0 by itself. A single pulse uses none.
+    if pulse == 0 && num_pulses > 1 && tid0 {
+        // SAFETY: done counters on this device; every wait on them happened before this arrival
+        // (rows p >= 1 waited on later rows before they pushed and counted themselves done).
+        unsafe {
+            let limit = thread::grid_dim_x() - 1;
+            if device::atomic_inc_acq_rel_gpu(done, limit) == limit {
+                for q in 1..n {
+                    *done.add(q) = 0;
+                }
             }
-        } else {
-            // SAFETY: all threads of the last block; recv slots and signals are symmetric.
+        }
+    }
+    let halo = meta.atom_offset as usize;
+    if words {
+        let dest = ll::slot(meta.remote_recv_slots, parity, meta.recv_slot_bytes);
+        let mut i = thread::index_1d();
+        while i < meta.recv_size {
+            // SAFETY: the halo range lies in f; the peer's slot holds recv_size elements.
+            unsafe { ll::store(dest, i, *f.add(halo + i as usize), flag) };
+            i += thread::grid_stride_x();
+        }
+        // Words need no signal: the push is delivered once stored.
+        tl.mark0(pulse_slot(pulse, point::PUSHED));
+        tl.mark0(pulse_slot(pulse, point::SIGNALLED));
+    } else {
+        let bytes = meta.recv_size * size_of::<T>() as u32;
+        let stage = meta.f_stage + parity * meta.slot_bytes as u64;
+        // SAFETY: the halo range lies in f; the staging slot holds a pulse; both 16-byte aligned
+        // (checked by the host).
+        unsafe { copy_words(stage as *mut u8, f.add(halo) as *const u8, bytes, thread::index_1d(), thread::grid_stride_x()) };
+        // SAFETY: all threads of the block.
+        if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
+            tl.mark0(pulse_slot(pulse, point::PUSHED));
+            tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
+            // SAFETY: all threads of the last block; receive slots and signals are symmetric.
             unsafe {
                 let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
-                put_and_signal((meta.recv_slots + parity) as *mut u8, dest as *const u8, bytes as usize, slot, step.epoch, meta.recv_pe,
-                    SignalMode::from_u32(meta.signal_mode))
+                put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize, slot,
+                    step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
             };
+            tl.mark0(pulse_slot(pulse, point::SIGNALLED));
         }
-        tl.mark0(pulse_slot(pulse, point::SIGNALLED));
     }
 
-    // 2. Receive: wait for send_pe's push, then accumulate from the local slot.
-    if tid0 {
-        let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
-        // SAFETY: own receive-F slot.
-        unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
-        tl.mark(pulse_slot(pulse, point::RECEIVED));
-    }
-    // SAFETY: every thread reaches it; orders thread 0's acquire before the reads below.
-    unsafe { device::sync_threads() };
+    // Pushed: every block arrives (the last records the launch) while the push travels.
+    // SAFETY: every thread of every block (`num_pulses` rows of `gridDim.x`) arrives once.
+    unsafe { arrive_launch(state, step, Direction::Forces, thread::grid_dim_x() * num_pulses) };
+
+    // 2. Receive: accumulate send_pe's push from the local slot into f.
     // Locals: the atomics below may alias anything, so fields read through `meta` would be reloaded.
-    let (map, count, src) = (meta.index_map as *const u32, meta.send_size, (meta.recv_slots + parity) as *const T);
-    let mut i = thread::index_1d();
-    while i < count {
-        // SAFETY: src[0..count] is the local slot, map targets are in range of f.
-        unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), *src.add(i as usize)) };
-        i += thread::grid_stride_x();
+    let (map, count) = (meta.index_map as *const u32, meta.send_size);
+    let src = ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes);
+    let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
+    if meta.has(pulse_flags::RECV_F_LL) {
+        let mut i = thread::index_1d();
+        while i < count {
+            // SAFETY: the local slot holds `count` elements as words; map targets are in range of f.
+            unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), ll::load(src, i, flag, timeout_ns, status, site)) };
+            i += thread::grid_stride_x();
+        }
+        tl.mark0(pulse_slot(pulse, point::RECEIVED));
+    } else {
+        if tid0 {
+            // SAFETY: own receive-F slot.
+            unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
+            tl.mark(pulse_slot(pulse, point::RECEIVED));
+        }
+        // SAFETY: every thread reaches it (block-uniform branch); orders thread 0's acquire before the reads below.
+        unsafe { device::sync_threads() };
+        let src = src as *const T;
+        let mut i = thread::index_1d();
+        while i < count {
+            // SAFETY: src[0..count] is the local slot, map targets are in range of f.
+            unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), *src.add(i as usize)) };
+            i += thread::grid_stride_x();
+        }
     }
 
-    // 3. Done: the last block of the row frees send_pe's slot (credit where needed).
-    // SAFETY: every thread reaches it; the block's reads and atomics come before thread 0's release.
+    // 3. Done: rows after the first count themselves, so that earlier pulses may push (the
+    //    reverse chain); the block's atomics come before thread 0's release.
+    // SAFETY: every thread reaches the barrier (the condition is block-uniform).
     unsafe { device::sync_threads() };
     tl.mark0(pulse_slot(pulse, point::ACCUMULATED));
-    if tid0 {
+    if pulse > 0 && tid0 {
         // SAFETY: done counters on this device.
         let old = unsafe { device::atomic_add_acq_rel_gpu_u32(done.add(pulse as usize), 1) };
         if old + 1 == thread::grid_dim_x() {
             tl.mark(pulse_slot(pulse, point::ROW_DONE));
-            if meta.has(pulse_flags::SEND_FORCE_CREDIT) {
-                // SAFETY: send_pe's credit slot (mapped), or this rank's symmetric slot of the same offset.
-                unsafe { send_credit(meta.remote_f_credit, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch, meta.send_pe, true) };
-            }
-            // Pulse 0's row is always the launch's last to finish: its push waited until every
-            // other row was done. So its last block sees every block's arrival (each read the
-            // state first, and no block reads the done counters any more): it resets them for the
-            // next launch (which reads them after the kernel boundary) and records the launch.
-            if pulse == 0 {
-                // SAFETY: state and counters on this device.
-                unsafe {
-                    for q in 0..n {
-                        *done.add(q) = 0;
-                    }
-                    record_launch(state, step, Direction::Forces);
-                }
-            }
         }
     }
     tl.mark0(Some(tl_layout::END));

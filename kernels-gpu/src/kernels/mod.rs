@@ -26,6 +26,7 @@ mod delay;
 mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;
+mod ll;
 mod md;
 mod nbnxm;
 mod nbnxm_search;

@@ -3,7 +3,7 @@
 //! Launched pulse after pulse in stream order, so later pulses see earlier pulses' atoms without
 //! any dependency wait inside the kernel.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, shift_of, wait_signal};
+use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, wait_signal};
 use super::fused_coords::await_coord_credit;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
 use crate::device::thread;
@@ -37,8 +37,11 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
 ) {
     // SAFETY: the host passes a valid metadata array with `num_pulses > pulse` entries and this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Coordinates)) };
+    // Also sent at the end of the step; this one serves a peer whose last launch was fused.
+    // SAFETY: the pulse's peer as installed (mapped when `direct`).
+    unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, !direct) };
     // SAFETY: all threads of the block.
-    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, timeout_ns, status) };
+    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, 1, timeout_ns, status) };
     let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
     // SAFETY: map/x/dest valid per the plan the host validated.

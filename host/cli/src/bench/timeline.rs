@@ -217,11 +217,12 @@ const X_INTERVALS: &[(&str, Word, Word)] = &[
     ("first entry -> credit checked", G(layout::ENTRY_FIRST), P(xp::CREDIT)),
     ("credit -> pass 1 packed", P(xp::CREDIT), P(xp::PACKED)),
     ("pass 1 -> dependency wait done", P(xp::PACKED), P(xp::DEPS)),
-    ("pass 1 -> last block elected", P(xp::PACKED), P(xp::ELECTED)),
-    ("first entry -> elected block's entry", G(layout::ENTRY_FIRST), P(xp::ELECTED_ENTRY)),
-    ("elected -> signal issued", P(xp::ELECTED), P(xp::DELIVERED)),
-    ("signal issued -> own slot seen", P(xp::DELIVERED), P(xp::RECEIVED)),
-    ("own slot seen -> kernel end", P(xp::RECEIVED), G(layout::END)),
+    ("pass 1 -> delivered (words: stored)", P(xp::PACKED), P(xp::DELIVERED)),
+    ("pass 1 -> last block elected (put)", P(xp::PACKED), P(xp::ELECTED)),
+    ("first entry -> elected block's entry (put)", G(layout::ENTRY_FIRST), P(xp::ELECTED_ENTRY)),
+    ("elected -> signal issued (put)", P(xp::ELECTED), P(xp::DELIVERED)),
+    ("delivered -> own pulse in", P(xp::DELIVERED), P(xp::RECEIVED)),
+    ("own pulse in -> kernel end", P(xp::RECEIVED), G(layout::END)),
     ("kernel: first entry -> end", G(layout::ENTRY_FIRST), G(layout::END)),
 ];
 
@@ -229,11 +230,11 @@ const X_INTERVALS: &[(&str, Word, Word)] = &[
 const F_INTERVALS: &[(&str, Word, Word)] = &[
     ("blocks enter: first -> last", G(layout::ENTRY_FIRST), G(layout::ENTRY_LAST)),
     ("first entry -> chain released", G(layout::ENTRY_FIRST), P(fp::CHAIN)),
-    ("chain -> push elected (copy done)", P(fp::CHAIN), P(fp::PUSHED)),
-    ("first entry -> push elected block's entry", G(layout::ENTRY_FIRST), P(fp::ELECTED_ENTRY)),
-    ("push elected -> signal issued", P(fp::PUSHED), P(fp::SIGNALLED)),
-    ("signal issued -> peer's push seen", P(fp::SIGNALLED), P(fp::RECEIVED)),
-    ("push seen -> accumulated", P(fp::RECEIVED), P(fp::ACCUMULATED)),
+    ("chain -> pushed (words: stored; put: elected)", P(fp::CHAIN), P(fp::PUSHED)),
+    ("first entry -> push elected block's entry (put)", G(layout::ENTRY_FIRST), P(fp::ELECTED_ENTRY)),
+    ("push elected -> signal issued (put)", P(fp::PUSHED), P(fp::SIGNALLED)),
+    ("delivered -> peer's push in", P(fp::SIGNALLED), P(fp::RECEIVED)),
+    ("push in -> accumulated", P(fp::RECEIVED), P(fp::ACCUMULATED)),
     ("accumulated -> row done", P(fp::ACCUMULATED), P(fp::ROW_DONE)),
     ("row done -> kernel end", P(fp::ROW_DONE), G(layout::END)),
     ("kernel: first entry -> end", G(layout::ENTRY_FIRST), G(layout::END)),
@@ -744,11 +745,12 @@ mod tests {
             median(&s, "X: blocks enter: first -> last", rank, 0.04);
             median(&s, "X: first entry -> credit checked", rank, 0.1);
             median(&s, "X: credit -> pass 1 packed", rank, 0.2);
-            median(&s, "X: pass 1 -> last block elected", rank, 0.2);
-            median(&s, "X: first entry -> elected block's entry", rank, 0.02);
-            median(&s, "X: elected -> signal issued", rank, 0.1);
-            median(&s, "X: signal issued -> own slot seen", rank, 1.3);
-            median(&s, "X: own slot seen -> kernel end", rank, 0.1);
+            median(&s, "X: pass 1 -> last block elected (put)", rank, 0.2);
+            median(&s, "X: pass 1 -> delivered (words: stored)", rank, 0.3);
+            median(&s, "X: first entry -> elected block's entry (put)", rank, 0.02);
+            median(&s, "X: elected -> signal issued (put)", rank, 0.1);
+            median(&s, "X: delivered -> own pulse in", rank, 1.3);
+            median(&s, "X: own pulse in -> kernel end", rank, 0.1);
             median(&s, "X: kernel: first entry -> end", rank, 2.0);
             assert_eq!(row(&s, "X: kernel: first entry -> end").ranks[rank].unwrap().n, 20, "warm-up left out");
         }
@@ -806,8 +808,8 @@ mod tests {
         median(&s, "host call -> GPU first entry (CLOCK_REALTIME vs %globaltimer)", 0, 4.0);
         median(&s, "GPU gap X -> F: end -> next first entry", 0, 0.5);
         median(&s, "GPU gap F -> X: end -> next first entry", 0, 20.0 - 5.5);
-        median(&s, "F: signal issued -> peer's push seen", 0, 1.55);
-        median(&s, "F: push seen -> accumulated", 0, 0.3);
+        median(&s, "F: delivered -> peer's push in", 0, 1.55);
+        median(&s, "F: push in -> accumulated", 0, 0.3);
         median(&s, "F: row done -> kernel end", 0, 0.6);
         median(&s, "F: kernel: first entry -> end", 0, 3.0);
         // Its own peer: the hop and its reverse are the same launch, the offset is zero.
@@ -851,7 +853,7 @@ mod tests {
         assert!(text.contains("smallest nonzero step 32 ns, mean update period 1000 ns (900 changes)"), "{text}");
         assert!(text.contains("== X only, plain launches: 4 steps after 1 warm-up; per step (events, slowest rank): plain kernels 7.50 µs, stamped 8.00 µs"), "{text}");
         assert!(text.contains("rank 0") && text.contains("rank 1"), "{text}");
-        assert!(text.lines().any(|l| l.starts_with("X: signal issued -> own slot seen") && l.contains("1.300 / 1.300 / 1.300")), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("X: delivered -> own pulse in") && l.contains("1.300 / 1.300 / 1.300")), "{text}");
         // The raw data round-trips through JSON (what --json writes and the PEs exchange).
         let back: TimelineData = serde_json::from_str(&serde_json::to_string(&data).unwrap()).unwrap();
         assert_eq!(back, data);

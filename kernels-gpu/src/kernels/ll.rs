@@ -1,0 +1,130 @@
+//! Low-latency words in the halo kernels ([`crate::abi::ll`]): an element stored into a peer's
+//! receive slot as 8-byte words that carry the step's flag, and the bounded poll that takes it
+//! back. No fence, no signal, no acquire: the flag travels in the same single-copy-atomic store as
+//! the value it vouches for.
+
+use super::common::{Step, WaitSite, spin};
+use crate::abi::{HaloElement, PulseMeta, WaitKind, WaitStatus, ll, pulse_flags};
+use crate::device;
+
+/// 4-byte words of one element (every [`HaloElement`] is a whole number of them, at most
+/// [`MAX_WORDS`]).
+#[inline(always)]
+const fn words<T>() -> usize {
+    size_of::<T>() / 4
+}
+
+/// Words of the largest element (`[f32; 4]`).
+const MAX_WORDS: usize = 4;
+
+/// The flag of `step`'s words.
+#[inline(always)]
+pub fn flag_of(step: Step) -> u32 {
+    ll::flag(step.epoch)
+}
+
+/// Where the slot of step parity `parity` of the receive pair at `pair` starts.
+#[inline(always)]
+pub fn slot(pair: u64, parity: u64, recv_slot_bytes: u32) -> *mut u64 {
+    (pair + parity * recv_slot_bytes as u64) as *mut u64
+}
+
+/// Stores `v` as element `i` of the low-latency slot `slot` (a peer's, or local): one
+/// `st.relaxed.sys.u64` per 4-byte word, flag `flag` beside each.
+///
+/// # Safety
+/// `slot` 8-byte aligned with room for element `i` (`2 * size_of::<T>()` bytes each).
+#[inline(always)]
+pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
+    const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
+    let src = &raw const v as *const u32;
+    // SAFETY: the caller guarantees the slot; `v` is `words::<T>()` 4-byte words.
+    unsafe {
+        let dst = slot.add(i as usize * words::<T>());
+        for k in 0..words::<T>() {
+            device::store_relaxed_sys_u64(dst.add(k), ll::word(*src.add(k), flag));
+        }
+    }
+}
+
+/// Element `i` of the low-latency slot `slot` for the step of `flag`: every word read once with
+/// `ld.relaxed.sys`, back to back (independent loads in flight together), then each word that did
+/// not carry `flag` yet polled until it does, bounded like every wait ([`spin`]: the clock and the
+/// timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls). On a timeout (recorded in
+/// `status` for `site`) the words not yet seen read as 0; the host discards the step.
+///
+/// # Safety
+/// `slot` 8-byte aligned with room for element `i`; `status` valid.
+#[inline(always)]
+pub unsafe fn load<T: HaloElement>(slot: *const u64, i: u32, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> T {
+    const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
+    let mut out = T::default();
+    let dst = &raw mut out as *mut u32;
+    let mut got = [0u64; MAX_WORDS];
+    // SAFETY: the caller guarantees the slot and `status`; `out` is `words::<T>()` 4-byte words.
+    unsafe {
+        let src = slot.add(i as usize * words::<T>());
+        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
+            *w = device::load_relaxed_sys_u64(src.add(k));
+        }
+        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
+            if ll::value(*w, flag).is_none() {
+                let word = src.add(k);
+                let seen = spin(flag as u64, timeout_ns, status, site, || {
+                    *w = device::load_relaxed_sys_u64(word);
+                    if ll::value(*w, flag).is_some() { Ok(()) } else { Err(*w >> 32) }
+                });
+                if !seen {
+                    return out;
+                }
+            }
+            *dst.add(k) = *w as u32;
+        }
+    }
+    out
+}
+
+/// Whether the earlier pulse `q` arrives as low-latency words (fused coordinate kernel).
+#[inline(always)]
+pub fn arrives_as_words(meta: &PulseMeta) -> bool {
+    meta.has(pulse_flags::RECV_X_LL)
+}
+
+/// Whether all of `pulses[0..n]` arrive as low-latency words.
+///
+/// # Safety
+/// `pulses[0..n]` valid.
+#[inline(always)]
+pub unsafe fn all_arrive_as_words(pulses: *const PulseMeta, n: u32) -> bool {
+    // SAFETY: the caller's contract.
+    (0..n).all(|q| arrives_as_words(unsafe { &*pulses.add(q as usize) }))
+}
+
+/// The received coordinate of `atom` (at or past the home atoms), to forward in a pulse after
+/// `earlier` pulses: taken from the low-latency slot of the earlier pulse that brought it when
+/// that pulse came as words ([`arrives_as_words`]), else read from `x`, where a put or a bulk copy
+/// left it (the caller has waited for those pulses' signals). `parity` and `flag` are the step's.
+///
+/// # Safety
+/// `pulses[0..earlier]` valid; `atom` inside `x` and received in one of them (the plan's rule,
+/// checked by `spec::validate`); `status` valid.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn received<T: HaloElement>(
+    pulses: *const PulseMeta, earlier: u32, atom: u32, x: *const T, parity: u64, flag: u32, timeout_ns: u64, status: *mut WaitStatus,
+) -> T {
+    for q in 0..earlier {
+        // SAFETY: the caller's contract.
+        let m = unsafe { &*pulses.add(q as usize) };
+        if atom >= m.atom_offset && atom - m.atom_offset < m.recv_size {
+            if arrives_as_words(m) {
+                let site = WaitSite { pulse: q, kind: WaitKind::CoordSignal, peer: m.recv_pe };
+                // SAFETY: the pulse's own receive pair; element `atom - atom_offset` < recv_size.
+                return unsafe { load(slot(m.x_recv_slots, parity, m.recv_slot_bytes), atom - m.atom_offset, flag, timeout_ns, status, site) };
+            }
+            break;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { *x.add(atom as usize) }
+}
