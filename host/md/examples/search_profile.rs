@@ -1,6 +1,7 @@
 //! Where the host time of a search step goes (no GPU): `cargo run --release -p halo-md --example
 //! search_profile -- ATOMS AxBxC THREADS`. Prints the median of 21 runs of each part;
-//! `PROFILE=plan|atoms|grid|lists` repeats that part 200 times instead (for `perf record`).
+//! `PROFILE=plan|atoms|grid|lists` repeats that part 200 times instead (for `perf record`);
+//! `SHUFFLE=1` numbers the atoms in an order unrelated to their positions (as after a long run).
 use halo::decomp::RankGrid;
 use halo::system::MolecularSystem;
 use halo_md::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
@@ -26,6 +27,14 @@ fn main() {
     let grid: RankGrid = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(RankGrid { dims: [2, 1, 1] });
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let mut sys = MolecularSystem::generate(atoms, 13).expect("system");
+    if std::env::var("SHUFFLE").is_ok() {
+        // Atom order unrelated to position, as after a long run's diffusion: a fixed permutation.
+        let n = sys.positions.len();
+        for i in (1..n).rev() {
+            let j = (i.wrapping_mul(2_654_435_761) ^ (i >> 3)) % (i + 1);
+            sys.positions.swap(i, j);
+        }
+    }
     let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, 1e-3).expect("setup");
     // One pool and one set of buffers for every run, as an MD run keeps them.
     let mut host = search::HostSearch::new(threads).expect("workers");

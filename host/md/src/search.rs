@@ -4,7 +4,7 @@
 //! time of each part is kept.
 
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_position};
+use crate::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_positions};
 use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use crate::system::MolecularSystem;
@@ -125,9 +125,7 @@ impl HostSearch {
 
     /// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist`.
     pub fn plan(&mut self, system: &mut MolecularSystem, grid: RankGrid, setup: &ListSetup) -> Result<HaloPlan> {
-        for p in &mut system.positions {
-            *p = wrap_position(*p, system.box_size);
-        }
+        wrap_positions(&mut system.positions, system.box_size);
         HaloPlan::build_with(system, grid, setup.rlist, &self.workers, &mut self.plan).map_err(|e| HaloError::InvalidInput(e.to_string()))
     }
 

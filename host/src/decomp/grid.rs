@@ -114,6 +114,7 @@ pub fn pulses_needed(cell_width: f64, cutoff: f64) -> usize {
 /// the coordinate reference and the pair search all see the same numbers.
 #[inline]
 pub fn wrap_position(p: Float3, box_size: [f32; 3]) -> Float3 {
+    #[inline]
     fn wrap(x: f32, l: f32) -> f32 {
         if (0.0..l).contains(&x) {
             return x;
@@ -128,7 +129,26 @@ pub fn wrap_position(p: Float3, box_size: [f32; 3]) -> Float3 {
         // Rounding can still land on the edge; the origin is the same point of the torus.
         if (0.0..l).contains(&v) { v } else { 0.0 }
     }
+    // The common case, a point inside the box, with one branch instead of three.
+    if inside(p, box_size) {
+        return p;
+    }
     Float3::new(wrap(p.x, box_size[0]), wrap(p.y, box_size[1]), wrap(p.z, box_size[2]))
+}
+
+/// Whether `p` lies in `[0, box)` along every dimension (false for NaN), without branches.
+#[inline]
+fn inside(p: Float3, box_size: [f32; 3]) -> bool {
+    (p.x >= 0.0) & (p.x < box_size[0]) & (p.y >= 0.0) & (p.y < box_size[1]) & (p.z >= 0.0) & (p.z < box_size[2])
+}
+
+/// Every position wrapped into the box in place ([`wrap_position`] of each): a branch-free check
+/// first, so that positions already inside the box (most searches of an MD run, which wrap at
+/// every search) cost one read.
+pub fn wrap_positions(positions: &mut [Float3], box_size: [f32; 3]) {
+    if !positions.iter().fold(true, |ok, &p| ok & inside(p, box_size)) {
+        positions.iter_mut().for_each(|p| *p = wrap_position(*p, box_size));
+    }
 }
 
 /// The geometry of a uniform decomposition: grid, box, cutoff and pulses per dimension.
@@ -275,6 +295,20 @@ mod tests {
         assert_eq!(w, Float3::new(1.5, 0.5, 0.25));
         let tiny = wrap_position(Float3::new(-1e-9, 0.0, 0.0), b);
         assert!((0.0..2.0).contains(&tiny.x));
+        // In place, all at once: the same as one by one, with or without a point outside.
+        let mut all = vec![p, Float3::new(-0.0, 1.0, 3.999), Float3::new(1.0, 2.0, 3.0)];
+        let want: Vec<Float3> = all.iter().map(|&q| wrap_position(q, b)).collect();
+        wrap_positions(&mut all, b);
+        assert_eq!(
+            all.iter().map(|q| [q.x.to_bits(), q.y.to_bits(), q.z.to_bits()]).collect::<Vec<_>>(),
+            want.iter().map(|q| [q.x.to_bits(), q.y.to_bits(), q.z.to_bits()]).collect::<Vec<_>>()
+        );
+        for outside in [Float3::new(-0.5, 3.5, 8.25), Float3::new(2.0, 0.0, 0.0), Float3::new(f32::NAN, 0.0, 0.0)] {
+            let mut all = vec![p, outside, Float3::new(1.0, 2.0, 3.0)];
+            let want: Vec<Float3> = all.iter().map(|&q| wrap_position(q, b)).collect();
+            wrap_positions(&mut all, b);
+            assert_eq!(all, want, "{outside:?}");
+        }
     }
 
     #[test]

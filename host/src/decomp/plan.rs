@@ -72,11 +72,25 @@ impl PulsePlan {
     }
 }
 
-/// A local atom while the plan is built: its global id and position in this rank's frame.
-#[derive(Clone, Copy, Debug)]
-struct Local {
-    id: u32,
-    pos: [f64; 3],
+/// Every rank's local atoms while the plan is built: global ids, and positions in the rank's
+/// frame (wrapped, plus the box edge along a dimension where the atom came around the periodic
+/// boundary), in `f64`. Ids and positions apart, so that the selection reads only positions and
+/// the plan's ids are one copy.
+#[derive(Debug, Default)]
+struct RankAtoms {
+    ids: Vec<u32>,
+    pos: Vec<[f64; 3]>,
+}
+
+impl RankAtoms {
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.pos.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
 }
 
 /// Working arrays of a plan build, kept by a caller that plans again and again so that their
@@ -86,36 +100,74 @@ pub struct PlanScratch {
     /// Owner rank of every atom.
     owner: Vec<u32>,
     /// Every rank's local atoms while the plan is built.
-    local: Vec<Vec<Local>>,
+    local: Vec<RankAtoms>,
+    /// What each rank receives in the current pulse.
+    received: Vec<RankAtoms>,
+}
+
+/// The position of an atom in `f64`, wrapped into the box.
+#[inline]
+fn wrapped(p: Float3, box_size: [f32; 3]) -> [f64; 3] {
+    let w = wrap_position(p, box_size);
+    [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
 }
 
 /// Writes into `owner` the rank owning each atom: the cell of its wrapped position (only
 /// decomposed dimensions have a cell index other than 0), in `parts` contiguous chunks on
-/// `workers`. Errors on the first atom with a non-finite coordinate, whatever the chunking.
-fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: usize, owner: &mut Vec<u32>) -> Result<(), PlanError> {
-    let decomposed = geo.grid.decomposed_dims();
+/// `workers`; returns the atoms each rank owns. Errors on the first atom with a non-finite
+/// coordinate, whatever the chunking.
+fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: usize, owner: &mut Vec<u32>) -> Result<Vec<usize>, PlanError> {
+    let dims = geo.grid.dims;
+    // `rank_of(cell)` as a sum of strides; a dimension of one rank adds nothing.
+    let stride = [1, dims[0], dims[0] * dims[1]];
     let chunk = positions.len().div_ceil(parts).max(1);
-    let own = |(c, (part, out)): (usize, (&[Float3], &mut [u32]))| -> Result<(), PlanError> {
+    let nranks = geo.grid.num_ranks();
+    // Counted here, where the increments hide behind each atom's arithmetic (a separate pass
+    // waits on one increment after another).
+    let own = |(c, (part, out)): (usize, (&[Float3], &mut [u32]))| -> Result<Vec<usize>, PlanError> {
         let first = c * chunk;
+        let mut counts = vec![0usize; nranks];
         for (k, (&p, o)) in part.iter().zip(out).enumerate() {
             if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
                 return Err(PlanError::NonFinitePosition { atom: first + k, position: [p.x, p.y, p.z] });
             }
-            let w = wrap_position(p, geo.box_size);
-            let w = [w.x, w.y, w.z];
-            let mut cell = [0usize; 3];
-            for &d in &decomposed {
-                cell[d] = geo.cell_index(d, f64::from(w[d]));
+            let w = wrapped(p, geo.box_size);
+            let mut rank = 0;
+            for d in 0..3 {
+                if dims[d] > 1 {
+                    rank += stride[d] * geo.cell_index(d, w[d]);
+                }
             }
-            *o = geo.grid.rank_of(cell) as u32;
+            *o = rank as u32;
+            counts[rank] += 1;
         }
-        Ok(())
+        Ok(counts)
     };
     owner.clear();
     owner.resize(positions.len(), 0);
     let work: Vec<_> = positions.chunks(chunk).zip(owner.chunks_mut(chunk)).enumerate().collect();
+    let mut counts = vec![0usize; nranks];
     // The first chunk's error first: the error a single thread meets.
-    workers.map(work, own).into_iter().collect()
+    for part in workers.map(work, own) {
+        counts.iter_mut().zip(part?).for_each(|(n, k)| *n += k);
+    }
+    Ok(counts)
+}
+
+/// Local atoms `range` of `pos` within `rc2` (squared) of the box `lo..hi` over the `N`
+/// decomposed dimensions `dims`: the squared excesses summed in the order of `dims`.
+fn select<const N: usize>(pos: &[[f64; 3]], first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>) {
+    for (k, x) in pos.iter().enumerate() {
+        let mut dist2 = 0.0;
+        for i in 0..N {
+            let v = x[dims[i]];
+            let excess = (lo[i] - v).max(v - hi[i]).max(0.0);
+            dist2 += excess * excess;
+        }
+        if dist2 < rc2 {
+            map.push((first + k) as u32);
+        }
+    }
 }
 
 impl HaloPlan {
@@ -162,89 +214,96 @@ impl HaloPlan {
         let nranks = grid.num_ranks();
         // Threads only pay for themselves with a few thousand atoms each.
         let parts = workers.threads().clamp(1, positions.len().div_ceil(4096).max(1));
-        let wrapped = |p: Float3| {
-            let w = wrap_position(p, box_size);
-            [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
-        };
         // Home atoms: every atom's owner (in parallel chunks), then each rank's atoms in id order,
         // in one array per rank (the scratch's, else allocated once with room for a halo).
-        let PlanScratch { owner, local } = scratch;
-        owners(positions, &geo, workers, parts, owner)?;
-        let mut counts = vec![0usize; nranks];
-        for &o in owner.iter() {
-            counts[o as usize] += 1;
-        }
-        local.resize_with(nranks, Vec::new);
+        let PlanScratch { owner, local, received } = scratch;
+        let counts = owners(positions, &geo, workers, parts, owner)?;
+        local.resize_with(nranks, RankAtoms::default);
+        received.resize_with(nranks, RankAtoms::default);
         for (l, &n) in local.iter_mut().zip(&counts) {
             l.clear();
-            l.reserve(n + n / 2);
+            l.ids.reserve(n + n / 2);
+            l.pos.reserve(n + n / 2);
+            l.ids.resize(n, 0);
+            l.pos.resize(n, [0.0; 3]);
         }
-        for (id, (&p, &o)) in positions.iter().zip(owner.iter()).enumerate() {
-            local[o as usize].push(Local { id: id as u32, pos: wrapped(p) });
+        if nranks == 1 {
+            local[0].ids.iter_mut().enumerate().for_each(|(id, out)| *out = id as u32);
+            local[0].pos.iter_mut().zip(positions).for_each(|(out, &p)| *out = wrapped(p, box_size));
+        } else {
+            // Each rank's atoms in id order: a counting sort by owner into the sized arrays.
+            let mut next = vec![0usize; nranks];
+            let mut out: Vec<(&mut [u32], &mut [[f64; 3]])> = local.iter_mut().map(|l| (&mut l.ids[..], &mut l.pos[..])).collect();
+            for (id, (&p, &o)) in positions.iter().zip(owner.iter()).enumerate() {
+                let (o, j) = (o as usize, next[o as usize]);
+                next[o] = j + 1;
+                out[o].0[j] = id as u32;
+                out[o].1[j] = wrapped(p, box_size);
+            }
         }
-        let home: Vec<usize> = local.iter().map(Vec::len).collect();
+        let home: Vec<usize> = local.iter().map(RankAtoms::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
         let decomposed = grid.decomposed_dims();
         let rc2 = f64::from(cutoff).powi(2) * (1.0 + SEND_MARGIN);
 
         for d in decomposed.iter().copied() {
             // Pulse 0 of this dimension scans everything present when the dimension starts.
-            let dim_start: Vec<usize> = local.iter().map(Vec::len).collect();
+            let dim_start: Vec<usize> = local.iter().map(RankAtoms::len).collect();
             let mut prev: Vec<(usize, usize)> = vec![(0, 0); nranks];
             for p in 0..geo.pulses[d] {
-                let offsets: Vec<usize> = local.iter().map(Vec::len).collect();
-                let select = |s: usize| -> Vec<u32> {
+                let offsets: Vec<usize> = local.iter().map(RankAtoms::len).collect();
+                let local_ref = &*local;
+                let select_rank = |s: usize| -> Vec<u32> {
                     let range = if p == 0 { 0..dim_start[s] } else { prev[s].0..prev[s].0 + prev[s].1 };
                     let c = grid.coords_of(s);
-                    // The receiver's cell in this rank's frame: the same cell except one step down along d.
-                    let mut lo = [0.0; 3];
-                    let mut hi = [0.0; 3];
-                    for e in 0..3 {
-                        lo[e] = geo.lower(e, c[e]);
-                        hi[e] = geo.upper(e, c[e]);
+                    // The receiver's cell in this rank's frame: the same cell except one step down
+                    // along d, over the decomposed dimensions in order.
+                    let bounds = |e: usize| {
+                        if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) }
+                    };
+                    let pos = &local_ref[s].pos[range.clone()];
+                    let mut map = Vec::new();
+                    match decomposed[..] {
+                        [a] => select(pos, range.start, [a], [bounds(a).0], [bounds(a).1], rc2, &mut map),
+                        [a, b] => select(pos, range.start, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, &mut map),
+                        [a, b, e] => select(
+                            pos,
+                            range.start,
+                            [a, b, e],
+                            [bounds(a).0, bounds(b).0, bounds(e).0],
+                            [bounds(a).1, bounds(b).1, bounds(e).1],
+                            rc2,
+                            &mut map,
+                        ),
+                        _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
                     }
-                    hi[d] = lo[d];
-                    lo[d] -= geo.cell_width(d);
-                    range
-                        .filter(|&k| {
-                            let x = local[s][k].pos;
-                            let dist2: f64 = decomposed
-                                .iter()
-                                .map(|&e| {
-                                    let excess = (lo[e] - x[e]).max(x[e] - hi[e]).max(0.0);
-                                    excess * excess
-                                })
-                                .sum();
-                            dist2 < rc2
-                        })
-                        .map(|k| k as u32)
-                        .collect()
+                    map
                 };
                 // Every rank's selection is independent: ranks in parallel on the workers.
-                let maps: Vec<Vec<u32>> = workers.map((0..nranks).collect(), select);
-                let mut received: Vec<Vec<Local>> = vec![Vec::new(); nranks];
-                for (s, map) in maps.iter().enumerate() {
+                let maps: Vec<Vec<u32>> = workers.map((0..nranks).collect(), select_rank);
+                for (s, map) in maps.into_iter().enumerate() {
                     let to = grid.neighbour(s, d, -1);
                     let use_shift = grid.coords_of(s)[d] == 0;
                     let mut shift = [0.0f32; 3];
                     if use_shift {
                         shift[d] = box_size[d];
                     }
-                    received[to] = map
-                        .iter()
-                        .map(|&k| {
-                            let mut a = local[s][k as usize];
-                            a.pos[d] += f64::from(shift[d]);
-                            a
-                        })
-                        .collect();
+                    let (from, into) = (&local[s], &mut received[to]);
+                    into.clear();
+                    into.ids.extend(map.iter().map(|&k| from.ids[k as usize]));
+                    let add = f64::from(shift[d]);
+                    // Only coordinate d moves (`+ 0.0` included, as the exchange adds the shift).
+                    into.pos.extend(map.iter().map(|&k| {
+                        let x = from.pos[k as usize];
+                        std::array::from_fn(|e| if e == d { x[e] + add } else { x[e] })
+                    }));
                     pulses[s].push(PulsePlan {
                         dim: d,
                         pulse_in_dim: p,
                         spec: PulseSpec {
                             send_rank: to,
                             recv_rank: grid.neighbour(s, d, 1),
-                            index_map: map.clone(),
+                            index_map: map,
                             recv_size: 0,
                             atom_offset: offsets[s],
                             peer_atom_offset: offsets[to],
@@ -253,12 +312,13 @@ impl HaloPlan {
                         },
                     });
                 }
-                for (r, atoms) in received.into_iter().enumerate() {
+                for (r, atoms) in received.iter().enumerate() {
                     if let Some(last) = pulses[r].last_mut() {
                         last.spec.recv_size = atoms.len();
                     }
                     prev[r] = (offsets[r], atoms.len());
-                    local[r].extend(atoms);
+                    local[r].ids.extend_from_slice(&atoms.ids);
+                    local[r].pos.extend_from_slice(&atoms.pos);
                 }
             }
         }
@@ -267,13 +327,7 @@ impl HaloPlan {
             .iter()
             .zip(pulses)
             .enumerate()
-            .map(|(rank, (atoms, pulses))| RankPlan {
-                rank,
-                home_atoms: home[rank],
-                total_atoms: atoms.len(),
-                global_ids: atoms.iter().map(|a| a.id).collect(),
-                pulses,
-            })
+            .map(|(rank, (atoms, pulses))| RankPlan { rank, home_atoms: home[rank], total_atoms: atoms.len(), global_ids: atoms.ids.clone(), pulses })
             .collect();
         Ok(Self { grid, box_size, cutoff, ranks })
     }
@@ -292,6 +346,142 @@ impl HaloPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The plan the straightforward way (the builder before it was made fast): each atom pushed
+    /// with its wrapped `f64` position into its owner's list, each pulse's selection a filter
+    /// over the decomposed dimensions, each received atom copied with the shift added.
+    fn reference_plan(positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32) -> Result<HaloPlan, PlanError> {
+        let geo = Decomposition::new(grid, box_size, cutoff)?;
+        let nranks = grid.num_ranks();
+        let decomposed = grid.decomposed_dims();
+        let mut local: Vec<Vec<(u32, [f64; 3])>> = vec![Vec::new(); nranks];
+        for (id, &p) in positions.iter().enumerate() {
+            if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+                return Err(PlanError::NonFinitePosition { atom: id, position: [p.x, p.y, p.z] });
+            }
+            let w = wrapped(p, box_size);
+            let mut cell = [0usize; 3];
+            for &d in &decomposed {
+                cell[d] = geo.cell_index(d, w[d]);
+            }
+            local[grid.rank_of(cell)].push((id as u32, w));
+        }
+        let home: Vec<usize> = local.iter().map(Vec::len).collect();
+        let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
+        let rc2 = f64::from(cutoff).powi(2) * (1.0 + SEND_MARGIN);
+        for &d in &decomposed {
+            let dim_start: Vec<usize> = local.iter().map(Vec::len).collect();
+            let mut prev = vec![(0, 0); nranks];
+            for p in 0..geo.pulses[d] {
+                let offsets: Vec<usize> = local.iter().map(Vec::len).collect();
+                let mut received: Vec<Vec<(u32, [f64; 3])>> = vec![Vec::new(); nranks];
+                for s in 0..nranks {
+                    let range = if p == 0 { 0..dim_start[s] } else { prev[s].0..prev[s].0 + prev[s].1 };
+                    let c = grid.coords_of(s);
+                    let (mut lo, mut hi) = ([0.0; 3], [0.0; 3]);
+                    for e in 0..3 {
+                        (lo[e], hi[e]) = (geo.lower(e, c[e]), geo.upper(e, c[e]));
+                    }
+                    hi[d] = lo[d];
+                    lo[d] -= geo.cell_width(d);
+                    let map: Vec<u32> = range
+                        .filter(|&k| {
+                            let x = local[s][k].1;
+                            let dist2: f64 = decomposed.iter().map(|&e| (lo[e] - x[e]).max(x[e] - hi[e]).max(0.0).powi(2)).sum();
+                            dist2 < rc2
+                        })
+                        .map(|k| k as u32)
+                        .collect();
+                    let to = grid.neighbour(s, d, -1);
+                    let use_shift = c[d] == 0;
+                    let mut shift = [0.0f32; 3];
+                    if use_shift {
+                        shift[d] = box_size[d];
+                    }
+                    received[to] = map
+                        .iter()
+                        .map(|&k| local[s][k as usize])
+                        .map(|(id, mut x)| {
+                            (id, {
+                                x[d] += f64::from(shift[d]);
+                                x
+                            })
+                        })
+                        .collect();
+                    pulses[s].push(PulsePlan {
+                        dim: d,
+                        pulse_in_dim: p,
+                        spec: PulseSpec {
+                            send_rank: to,
+                            recv_rank: grid.neighbour(s, d, 1),
+                            index_map: map,
+                            recv_size: 0,
+                            atom_offset: offsets[s],
+                            peer_atom_offset: offsets[to],
+                            shift: use_shift.then(|| Float3::new(shift[0], shift[1], shift[2])),
+                            accumulate_forces: true,
+                        },
+                    });
+                }
+                for (r, atoms) in received.into_iter().enumerate() {
+                    pulses[r].last_mut().expect("a pulse per rank").spec.recv_size = atoms.len();
+                    prev[r] = (offsets[r], atoms.len());
+                    local[r].extend(atoms);
+                }
+            }
+        }
+        let ranks = local
+            .iter()
+            .zip(pulses)
+            .enumerate()
+            .map(|(rank, (atoms, pulses))| RankPlan {
+                rank,
+                home_atoms: home[rank],
+                total_atoms: atoms.len(),
+                global_ids: atoms.iter().map(|a| a.0).collect(),
+                pulses,
+            })
+            .collect();
+        Ok(HaloPlan { grid, box_size, cutoff, ranks })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The fast builder gives the straightforward plan, bit for bit, on any grid and on
+        /// positions inside, outside and exactly on the edges of the box and its cells, on one and
+        /// on several workers.
+        #[test]
+        fn the_plan_equals_the_straightforward_one(
+            dims in (1usize..4, 1usize..4, 1usize..4),
+            edge in (3.0f32..6.0, 3.0f32..6.0, 3.0f32..6.0),
+            cutoff_frac in 0.05f32..0.45,
+            raw in proptest::collection::vec((0u8..8, -1.5f32..2.5, -1.5f32..2.5, -1.5f32..2.5), 0..400),
+            threads in 1usize..4,
+        ) {
+            let box_size = [edge.0, edge.1, edge.2];
+            let grid = RankGrid::new([dims.0, dims.1, dims.2]).unwrap();
+            let cutoff = cutoff_frac * box_size.iter().copied().fold(f32::INFINITY, f32::min);
+            // Kind 0..5: anywhere in [-1.5, 2.5) boxes; 5: on a cell edge; 6: on the box edge; 7: -0.0.
+            let positions: Vec<Float3> = raw
+                .iter()
+                .map(|&(kind, a, b, c)| {
+                    let f = [a, b, c];
+                    let v: [f32; 3] = std::array::from_fn(|d| match kind {
+                        5 => (f[d].abs() * 4.0).floor() % grid.dims[d] as f32 * box_size[d] / grid.dims[d] as f32,
+                        6 => box_size[d],
+                        7 => -0.0,
+                        _ => f[d] * box_size[d],
+                    });
+                    Float3::new(v[0], v[1], v[2])
+                })
+                .collect();
+            let want = reference_plan(&positions, box_size, grid, cutoff);
+            let got = HaloPlan::from_positions_with(&positions, box_size, grid, cutoff, &Workers::new(threads).unwrap(), &mut PlanScratch::default());
+            prop_assert_eq!(got, want);
+        }
+    }
 
     fn line(xs: &[f32]) -> Vec<Float3> {
         xs.iter().map(|&x| Float3::new(x, 0.5, 0.5)).collect()
@@ -365,7 +555,8 @@ mod tests {
         pos[17_000].y = f32::NAN;
         pos[19_000].x = f32::INFINITY;
         let w = Workers::new(4).unwrap();
-        let e = HaloPlan::from_positions_with(&pos, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.2, &w, &mut PlanScratch::default()).unwrap_err();
+        let e =
+            HaloPlan::from_positions_with(&pos, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.2, &w, &mut PlanScratch::default()).unwrap_err();
         assert!(matches!(e, PlanError::NonFinitePosition { atom: 17_000, .. }), "{e}");
     }
 

@@ -115,9 +115,12 @@ impl ZoneGrid {
     /// Column index along `d` (0 = x, 1 = y) of coordinate `v`: `floor((v - lo) / cell)`, clamped
     /// into the grid. Truncation equals `floor` for `c >= 1`, every `c < 1` (and NaN) gives 0;
     /// the GPU search computes it the same way.
+    #[inline]
     pub fn column_index(&self, d: usize, v: f32) -> usize {
         let c = (v - self.extent.lo[d]) / self.cell[d];
-        if c < 1.0 { 0 } else { (c as usize).min(self.columns[d] - 1) }
+        // Without a branch (it mispredicts for atoms in random columns): the saturating
+        // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
+        ((c as i32).max(0) as usize).min(self.columns[d] - 1)
     }
 }
 
@@ -281,7 +284,7 @@ impl ClusterGrid {
                 let col = &mut ord[o..o + len];
                 o += len;
                 col.sort_unstable();
-                for chunk in col.chunks_mut(SS) {
+                for chunk in col.chunks(SS) {
                     sb[s] = fill_supercluster(chunk, &sorted, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
                     s += 1;
                 }
@@ -401,16 +404,31 @@ type ColumnWork<'a> = (std::ops::Range<usize>, &'a mut [u32], &'a mut [u32], &'a
 /// One supercluster from a z-sorted chunk of at most 64 keys of places in `sorted` (see the module
 /// docs: halves by z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns
 /// its box.
-fn fill_supercluster(chunk: &mut [u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
+///
+/// A half's split by y needs only the set of its 16 lowest keys (each quarter is sorted again by
+/// x): the half's two sixteens are sorted by y and the lowest set is `min(a[i], b[15 - i])` (the
+/// first step of a bitonic merge). Keys are distinct and below [`PAD`], which fills short halves
+/// and quarters and sorts last, so every result is that of sorting the whole half and quarter.
+fn fill_supercluster(chunk: &[u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
     let pos = sorted.pos;
+    // The key of place `k`'s coordinate `d`, padding kept.
+    let rekey = |k: u64, d: usize| if k == PAD { PAD } else { key(pos[atom_of(k) as usize][d], atom_of(k)) };
     let mut sbox = BBox::EMPTY;
-    let (zlo, zhi) = chunk.split_at_mut(chunk.len().min(SS / 2));
+    let (zlo, zhi) = chunk.split_at(chunk.len().min(SS / 2));
     for (zh, half) in [zlo, zhi].into_iter().enumerate() {
-        sort_by_coordinate(half, pos, 1);
-        let (ylo, yhi) = half.split_at_mut(half.len().min(SS / 4));
-        for (yh, quarter) in [ylo, yhi].into_iter().enumerate() {
-            sort_by_coordinate(quarter, pos, 0);
-            let (xlo, xhi) = quarter.split_at_mut(quarter.len().min(CL));
+        let (mut a, mut b) = ([PAD; 16], [PAD; 16]);
+        for (t, &k) in half.iter().enumerate() {
+            if t < 16 { a[t] = rekey(k, 1) } else { b[t - 16] = rekey(k, 1) }
+        }
+        sort16(&mut a);
+        sort16(&mut b);
+        let lower: [u64; 16] = std::array::from_fn(|i| a[i].min(b[15 - i]));
+        let upper: [u64; 16] = std::array::from_fn(|i| a[i].max(b[15 - i]));
+        let n_lower = half.len().min(SS / 4);
+        for (yh, (quarter, n)) in [(lower, n_lower), (upper, half.len() - n_lower)].into_iter().enumerate() {
+            let mut x = quarter.map(|k| rekey(k, 0));
+            sort16(&mut x);
+            let (xlo, xhi) = x[..n].split_at(n.min(CL));
             for (xh, cluster) in [xlo, xhi].into_iter().enumerate() {
                 let k = 4 * zh + 2 * yh + xh;
                 let mut cbox = BBox::EMPTY;
@@ -428,14 +446,34 @@ fn fill_supercluster(chunk: &mut [u64], sorted: &ColumnAtoms<'_>, atom_index: &m
     sbox
 }
 
-/// Re-keys keys of places by coordinate `d` of their positions (`key(pos[j][d], j)`) and sorts
-/// them.
-fn sort_by_coordinate(keys: &mut [u64], pos: &[[f32; 3]], d: usize) {
-    for k in keys.iter_mut() {
-        let j = atom_of(*k);
-        *k = key(pos[j as usize][d], j);
+/// Fills the places a half or quarter does not have; above every [`key`] of a finite coordinate.
+const PAD: u64 = u64::MAX;
+
+/// A sorting network of 16 inputs (60 comparators in 10 layers), checked on every input of
+/// zeros and ones in the tests (which proves it sorts anything).
+#[rustfmt::skip]
+const NETWORK_16: [(u8, u8); 60] = [
+    (0, 13), (1, 12), (2, 15), (3, 14), (4, 8), (5, 6), (7, 11), (9, 10),
+    (0, 5), (1, 7), (2, 9), (3, 4), (6, 13), (8, 14), (10, 15), (11, 12),
+    (0, 1), (2, 3), (4, 5), (6, 8), (7, 9), (10, 11), (12, 13), (14, 15),
+    (0, 2), (1, 3), (4, 10), (5, 11), (6, 7), (8, 9), (12, 14), (13, 15),
+    (1, 2), (3, 12), (4, 6), (5, 7), (8, 10), (9, 11), (13, 14),
+    (1, 4), (2, 6), (5, 8), (7, 10), (9, 13), (11, 14),
+    (2, 4), (3, 6), (9, 12), (11, 13),
+    (3, 5), (6, 8), (7, 9), (10, 12),
+    (3, 4), (5, 6), (7, 8), (9, 10), (11, 12),
+    (6, 7), (8, 9),
+];
+
+/// Sorts 16 keys without a branch on their values (a small sort's branches mispredict on random
+/// keys).
+#[inline]
+fn sort16(v: &mut [u64; 16]) {
+    for &(i, j) in &NETWORK_16 {
+        let (a, b) = (v[usize::from(i)], v[usize::from(j)]);
+        v[usize::from(i)] = a.min(b);
+        v[usize::from(j)] = a.max(b);
     }
-    keys.sort_unstable();
 }
 
 #[cfg(test)]
@@ -586,6 +624,40 @@ mod tests {
             assert_eq!(ClusterGrid::build_into(&b, &w, &mut scratch).unwrap(), ClusterGrid::build(&b).unwrap());
             assert_eq!(ClusterGrid::build_into(&a, &w, &mut scratch).unwrap(), g);
         }
+    }
+
+    #[test]
+    fn column_indices_equal_the_floor_clamped_into_the_grid() {
+        let z = ZoneGrid { zone: 0, extent: BBox { lo: [-1.5, 0.0, 0.0], hi: [3.0; 3] }, columns: [5, 1], cell: [0.7, 3.0], column_start: vec![0] };
+        let want = |d: usize, v: f32| {
+            let c = (v - z.extent.lo[d]) / z.cell[d];
+            if c < 1.0 { 0 } else { (c as usize).min(z.columns[d] - 1) }
+        };
+        let edges = (0..8).flat_map(|k| {
+            let e = -1.5 + 0.7 * k as f32;
+            [e.next_down(), e, e.next_up()]
+        });
+        let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e30, -1e30, 3e9, -3e9, f32::MIN_POSITIVE];
+        for v in edges.chain(special).chain((0..2000).map(|k| -5.0 + k as f32 * 0.0061)) {
+            for d in 0..2 {
+                assert_eq!(z.column_index(d, v), want(d, v), "{v} along {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_network_sorts_every_input() {
+        // A comparator network that sorts every input of zeros and ones sorts every input.
+        for bits in 0u32..1 << 16 {
+            let mut v: [u64; 16] = std::array::from_fn(|i| u64::from(bits >> i & 1));
+            sort16(&mut v);
+            assert!(v.is_sorted(), "{bits:#x}");
+        }
+        let mut v = [9, 3, u64::MAX, 0, 7, 7, 1, 12, 4, 2, 8, 6, 5, 11, 10, 13];
+        let mut want = v;
+        want.sort_unstable();
+        sort16(&mut v);
+        assert_eq!(v, want);
     }
 
     #[test]

@@ -58,7 +58,7 @@ impl LocalAtoms {
         }
         let geo = plan.decomposition()?;
         let coords = plan.grid.coords_of(rank);
-        let decomposed = plan.grid.decomposed_dims();
+        let decomposed: [bool; 3] = std::array::from_fn(|d| plan.grid.dims[d] > 1);
         let n = r.global_ids.len();
         // Every entry is written below; resizing keeps the allocations of an earlier fill.
         out.positions.resize(n, Float3::default());
@@ -74,25 +74,20 @@ impl LocalAtoms {
                 let local = first + k;
                 let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
                 let w = wrap_position(*p, plan.box_size);
-                let mut p = [w.x, w.y, w.z];
-                let mut zone = 0u8;
-                // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
-                if local >= r.home_atoms {
-                    // Only decomposed dimensions have a cell index other than 0.
-                    for &d in &decomposed {
-                        let cell = geo.cell_index(d, f64::from(p[d]));
-                        if cell != coords[d] {
-                            zone |= 1 << d;
-                        }
-                        // Only an atom that came around the periodic boundary has a lower cell index.
-                        if cell < coords[d] {
-                            p[d] += plan.box_size[d];
-                        }
-                    }
-                }
-                xs[k] = Float3::new(p[0], p[1], p[2]);
                 ts[k] = u32::from(types[id as usize]);
-                zs[k] = zone;
+                // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
+                if local < r.home_atoms {
+                    xs[k] = w;
+                    zs[k] = 0;
+                    continue;
+                }
+                let w = [w.x, w.y, w.z];
+                // Only decomposed dimensions have a cell index other than 0; only an atom that came
+                // around the periodic boundary has a lower cell index than this rank's.
+                let cell: [usize; 3] = std::array::from_fn(|d| if decomposed[d] { geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
+                let p: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + plan.box_size[d] } else { w[d] });
+                xs[k] = Float3::new(p[0], p[1], p[2]);
+                zs[k] = (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d);
             }
             Ok(())
         };
