@@ -125,6 +125,18 @@ fn signalling_wrappers_keep_their_memory_order() {
             assert_lowers(&b, &format!("{base}{sfx}"), &["st.relaxed.sys.global.u64", "ld.relaxed.sys.global.u64"]);
         }
     }
+    // The fused kernels may overlap the kernel before them: they wait for it before anything
+    // else, and let the next one start its blocks.
+    for base in [abi::FUSED_COORDS, abi::FUSED_FORCES] {
+        for sfx in ["", "_f32", "_f64", "_f32x4"] {
+            let k = format!("{base}{sfx}");
+            assert_lowers(&b, &k, &["griddepcontrol.wait", "griddepcontrol.launch_dependents"]);
+            let body = &b[&k];
+            let wait = body.find("griddepcontrol.wait").unwrap();
+            let first_load = ["ld.global", "ld.relaxed", "ld.acquire", "ld.volatile"].iter().filter_map(|i| body.find(i)).min().unwrap();
+            assert!(wait < first_load, "{k} reads memory before it waits for the previous kernel");
+        }
+    }
     // The kernels that send plain values behind a release signal store no words.
     for k in [abi::FUSED_COORDS_TMA, abi::PULSE_PACK_STORE_SIGNAL] {
         assert_absent(&b, k, &["st.relaxed.sys.global.u64"]);

@@ -77,6 +77,11 @@ pub trait HaloElement: Copy + Default + PartialEq + core::fmt::Debug + 'static {
     fn shifted(self, shift: Float3) -> Self;
     /// `self + other`, component-wise (what the reverse exchange accumulates).
     fn add(self, other: Self) -> Self;
+    /// The bits of 4-byte word `k` (`k < size_of::<Self>() / 4`; every element is a whole number
+    /// of 4-byte words): how low-latency words ([`ll`]) carry it, field by field, in registers.
+    fn word(self, k: usize) -> u32;
+    /// The value with word `k` set to `bits` (the inverse of [`Self::word`]).
+    fn with_word(self, k: usize, bits: u32) -> Self;
 }
 
 impl HaloElement for Float3 {
@@ -88,6 +93,24 @@ impl HaloElement for Float3 {
     #[inline(always)]
     fn add(self, other: Self) -> Self {
         self + other
+    }
+    #[inline(always)]
+    fn word(self, k: usize) -> u32 {
+        match k {
+            0 => self.x.to_bits(),
+            1 => self.y.to_bits(),
+            _ => self.z.to_bits(),
+        }
+    }
+    #[inline(always)]
+    fn with_word(mut self, k: usize, bits: u32) -> Self {
+        let v = f32::from_bits(bits);
+        match k {
+            0 => self.x = v,
+            1 => self.y = v,
+            _ => self.z = v,
+        }
+        self
     }
 }
 
@@ -101,6 +124,14 @@ impl HaloElement for f32 {
     fn add(self, other: Self) -> Self {
         self + other
     }
+    #[inline(always)]
+    fn word(self, _: usize) -> u32 {
+        self.to_bits()
+    }
+    #[inline(always)]
+    fn with_word(self, _: usize, bits: u32) -> Self {
+        f32::from_bits(bits)
+    }
 }
 
 impl HaloElement for f64 {
@@ -113,6 +144,16 @@ impl HaloElement for f64 {
     fn add(self, other: Self) -> Self {
         self + other
     }
+    /// Word 0 holds the low 32 bits (little-endian, as the value lies in memory).
+    #[inline(always)]
+    fn word(self, k: usize) -> u32 {
+        (self.to_bits() >> (32 * (k & 1))) as u32
+    }
+    #[inline(always)]
+    fn with_word(self, k: usize, bits: u32) -> Self {
+        let shift = 32 * (k & 1);
+        f64::from_bits((self.to_bits() & !(0xFFFF_FFFFu64 << shift)) | ((bits as u64) << shift))
+    }
 }
 
 impl HaloElement for [f32; 4] {
@@ -124,6 +165,15 @@ impl HaloElement for [f32; 4] {
     #[inline(always)]
     fn add(self, o: Self) -> Self {
         [self[0] + o[0], self[1] + o[1], self[2] + o[2], self[3] + o[3]]
+    }
+    #[inline(always)]
+    fn word(self, k: usize) -> u32 {
+        self[k & 3].to_bits()
+    }
+    #[inline(always)]
+    fn with_word(mut self, k: usize, bits: u32) -> Self {
+        self[k & 3] = f32::from_bits(bits);
+        self
     }
 }
 

@@ -320,6 +320,26 @@ pub unsafe fn store_relaxed_sys_u64(ptr: *mut u64, value: u64) {
     unsafe { asm!("st.relaxed.sys.global.u64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
 }
 
+/// `griddepcontrol.wait`: blocks until the kernel this one was launched to overlap (programmatic
+/// dependent launch, `halo::gpu::KernelModule::launch_overlapping`) has completed and its memory
+/// operations are visible; returns at once for a kernel launched plainly. Every kernel that may
+/// be launched overlapping calls it before it touches memory an earlier kernel writes.
+#[inline(always)]
+pub fn wait_for_previous_kernel() {
+    // SAFETY: no operands; ordering memory is its purpose (no `nomem`).
+    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
+}
+
+/// `griddepcontrol.launch_dependents`: lets the next kernel on the stream, when it was launched to
+/// overlap this one, start its blocks once every block of this kernel has said so (or ended);
+/// they then wait in [`wait_for_previous_kernel`] for this kernel's completion. Called once every
+/// block of a spinning kernel is resident, so the early blocks can never starve it.
+#[inline(always)]
+pub fn allow_next_kernel() {
+    // SAFETY: no operands; a scheduling hint with no memory effect of its own.
+    unsafe { asm!("griddepcontrol.launch_dependents;", options(nostack)) };
+}
+
 /// `atom.acq_rel.gpu.global.inc.u32`: returns the old value and stores
 /// `old >= limit ? 0 : old + 1`, so with `limit = n - 1` the counter wraps to 0 by itself after
 /// `n` calls. Acquire-release at GPU scope: the caller that sees `old == limit` (the last block)

@@ -540,9 +540,14 @@ impl<T: Element> RankExchange<T> {
                     (entry::<T>(abi::FUSED_COORDS), self.coord_shape())
                 };
                 let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status];
-                // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
-                // `install` from a validated plan and live buffers.
-                unsafe { self.module.launch(&name, shape, stream, &mut args) }
+                if tma {
+                    // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
+                    // `install` from a validated plan and live buffers.
+                    unsafe { self.module.launch(&name, shape, stream, &mut args) }
+                } else {
+                    // SAFETY: as above; `fused_coords` waits for the previous kernel first thing.
+                    unsafe { self.module.launch_overlapping(&name, shape, stream, &mut args) }
+                }
             }
             Transport::PerPulse | Transport::PerPulseDirect => {
                 let name = entry::<T>(if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL });
@@ -577,8 +582,9 @@ impl<T: Element> RankExchange<T> {
         let shape = LaunchShape { grid: (self.grids.forces(), n), block: abi::BLOCK_SIZE, shared_bytes: 0 };
         // The force kernel is the same for every GPU-initiated transport; keep the coordinate one's name.
         self.last_launch = Some((self.last_launch.map_or(Transport::Fused, |(t, _)| t), true));
-        // SAFETY: arguments match `fused_forces`; metadata from `install`.
-        unsafe { self.module.launch(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
+        // SAFETY: arguments match `fused_forces`; metadata from `install`; it waits for the
+        // previous kernel first thing, so it may overlap that kernel's end.
+        unsafe { self.module.launch_overlapping(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
     /// The fused coordinate kernel's shape: with a bulk pulse in the launch, the TMA kernel's

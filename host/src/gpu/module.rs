@@ -140,6 +140,40 @@ impl KernelModule {
         .during_with(|| format!("launching {name} {shape:?}"))
     }
 
+    /// Launches kernel `name` on `stream` so that it may overlap the end of the kernel before it on
+    /// the stream (programmatic dependent launch, `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`):
+    /// its blocks may become resident once that kernel allows it (`griddepcontrol.launch_dependents`
+    /// in every block) instead of after it has ended and flushed, which hides most of the gap
+    /// between two kernels. Inside a stream capture the dependency becomes a programmatic graph edge.
+    ///
+    /// # Safety
+    /// As [`Self::launch`]; and the kernel runs `griddepcontrol.wait`
+    /// (`kernels_gpu::device::wait_for_previous_kernel`) before it touches memory that an earlier
+    /// kernel on the stream writes.
+    pub unsafe fn launch_overlapping(&self, name: &str, shape: LaunchShape, stream: &CudaStream, args: &mut [*mut c_void]) -> Result<()> {
+        let f = self.function(name)?;
+        // SAFETY: a zeroed attribute value is valid; the one field set is the one the id names.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: shape.grid.0,
+            gridDimY: shape.grid.1,
+            gridDimZ: 1,
+            blockDimX: shape.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shape.shared_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and `attr` outlive the call; `f` and the arguments as the caller guarantees.
+        unsafe { sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .during_with(|| format!("launching {name} {shape:?} to overlap the previous kernel"))
+    }
+
     /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory of kernel
     /// `name` fit on one multiprocessor at once.
     pub fn max_blocks_per_sm(&self, name: &str, block: u32, shared_bytes: u32) -> Result<u32> {

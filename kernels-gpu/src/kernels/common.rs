@@ -392,7 +392,9 @@ pub unsafe fn arrive_launch(state: *mut ProtocolState, step: Step, direction: Di
     }
 }
 
-/// At the start of a launch, block 0 of pulse `pulse`'s row (thread 0) gives the credit of the
+/// At the start of a launch, the last thread of pulse `pulse`'s row (idle in the fused kernels,
+/// whose grid holds one thread more than a pulse has atoms, so its fence delays no store) gives
+/// the credit of the
 /// previous launch of this direction: "I have finished reading what you sent me up to step
 /// `step.epoch - 1`" (the launch boundary completed those reads), when the pulse sends one
 /// ([`pulse_flags::SEND_COORD_CREDIT`] to `recv_pe`, or [`pulse_flags::SEND_FORCE_CREDIT`] to
@@ -404,7 +406,7 @@ pub unsafe fn arrive_launch(state: *mut ProtocolState, step: Step, direction: Di
 /// As [`send_credit`] for the pulse's peer; `signals` this rank's slots.
 #[inline(always)]
 pub unsafe fn send_previous_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, direction: Direction, puts: bool) {
-    if thread::block_idx_x() != 0 || thread::thread_idx_x() != 0 || step.epoch < 2 {
+    if thread::block_idx_x() + 1 != thread::grid_dim_x() || thread::thread_idx_x() + 1 != thread::block_dim_x() || step.epoch < 2 {
         return;
     }
     let (flag, kind, remote, pe) = if direction == Direction::Forces {

@@ -45,6 +45,11 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState,
     counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
 ) {
+    // Launched to overlap the previous kernel: nothing it writes (the step counters, `x`, `f`)
+    // is read before it has completed. Then the next kernel may start its blocks (this kernel's
+    // blocks are all resident by the time every one of them has got here).
+    device::wait_for_previous_kernel();
+    device::allow_next_kernel();
     let entered = tl.now();
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {

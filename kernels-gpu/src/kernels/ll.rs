@@ -37,21 +37,21 @@ pub fn slot(pair: u64, parity: u64, recv_slot_bytes: u32) -> *mut u64 {
 #[inline(always)]
 pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
     const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
-    let src = &raw const v as *const u32;
-    // SAFETY: the caller guarantees the slot; `v` is `words::<T>()` 4-byte words.
+    // SAFETY: the caller guarantees the slot.
     unsafe {
         let dst = slot.add(i as usize * words::<T>());
-        for k in 0..words::<T>() {
-            device::store_relaxed_sys_u64(dst.add(k), ll::word(*src.add(k), flag));
+        let mut k = 0;
+        while k < words::<T>() {
+            device::store_relaxed_sys_u64(dst.add(k), ll::word(v.word(k), flag));
+            k += 1;
         }
     }
 }
 
 /// Element `i` of the low-latency slot `slot` for the step of `flag`: every word read once with
 /// `ld.relaxed.sys`, back to back (independent loads in flight together), then each word that did
-/// not carry `flag` yet polled until it does, bounded like every wait ([`spin`]: the clock and the
-/// timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls). On a timeout (recorded in
-/// `status` for `site`) the words not yet seen read as 0; the host discards the step.
+/// not carry `flag` yet polled until it does ([`poll_word`]). On a timeout (recorded in `status`
+/// for `site`) the words not yet seen read as 0; the host discards the step.
 ///
 /// # Safety
 /// `slot` 8-byte aligned with room for element `i`; `status` valid.
@@ -59,29 +59,46 @@ pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
 pub unsafe fn load<T: HaloElement>(slot: *const u64, i: u32, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> T {
     const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
     let mut out = T::default();
-    let dst = &raw mut out as *mut u32;
     let mut got = [0u64; MAX_WORDS];
-    // SAFETY: the caller guarantees the slot and `status`; `out` is `words::<T>()` 4-byte words.
+    // SAFETY: the caller guarantees the slot and `status`.
     unsafe {
         let src = slot.add(i as usize * words::<T>());
-        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
-            *w = device::load_relaxed_sys_u64(src.add(k));
+        let mut k = 0;
+        while k < words::<T>() {
+            got[k] = device::load_relaxed_sys_u64(src.add(k));
+            k += 1;
         }
-        for (k, w) in got.iter_mut().enumerate().take(words::<T>()) {
-            if ll::value(*w, flag).is_none() {
-                let word = src.add(k);
-                let seen = spin(flag as u64, timeout_ns, status, site, || {
-                    *w = device::load_relaxed_sys_u64(word);
-                    if ll::value(*w, flag).is_some() { Ok(()) } else { Err(*w >> 32) }
-                });
-                if !seen {
-                    return out;
+        let mut k = 0;
+        while k < words::<T>() {
+            if ll::value(got[k], flag).is_none() {
+                match poll_word(src.add(k), flag, timeout_ns, status, site) {
+                    Some(w) => got[k] = w,
+                    None => return out,
                 }
             }
-            *dst.add(k) = *w as u32;
+            out = out.with_word(k, got[k] as u32);
+            k += 1;
         }
     }
     out
+}
+
+/// Polls the word at `word` until it carries `flag`, bounded like every wait ([`spin`]: the clock
+/// and the timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls); `None` on a timeout.
+///
+/// # Safety
+/// `word` valid and 8-byte aligned; `status` valid.
+#[inline(always)]
+unsafe fn poll_word(word: *const u64, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> Option<u64> {
+    let mut last = 0;
+    // SAFETY: the caller's contract.
+    let seen = unsafe {
+        spin(flag as u64, timeout_ns, status, site, || {
+            last = device::load_relaxed_sys_u64(word);
+            if ll::value(last, flag).is_some() { Ok(()) } else { Err(last >> 32) }
+        })
+    };
+    seen.then_some(last)
 }
 
 /// Whether the earlier pulse `q` arrives as low-latency words (fused coordinate kernel).

@@ -85,8 +85,9 @@ impl RankExchange<Float3> {
         self.last_launch = Some((Transport::Fused, false));
         let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status, ring_ptr, records];
         // SAFETY: arguments match `fused_coords_timeline` (`fused_coords` plus the ring); metadata
-        // from `install`; the ring holds `records` records.
-        unsafe { self.module.launch(layout::FUSED_COORDS_TIMELINE, self.coord_shape(), stream, &mut args) }
+        // from `install`; the ring holds `records` records. Launched as the exchange launches
+        // `fused_coords`: overlapping the previous kernel, which it waits for first thing.
+        unsafe { self.module.launch_overlapping(layout::FUSED_COORDS_TIMELINE, self.coord_shape(), stream, &mut args) }
     }
 
     /// [`Self::launch_forces`], stamped into `ring`.
@@ -103,7 +104,7 @@ impl RankExchange<Float3> {
         let mut args = kernel_args![meta, pulses, f, signals, state, counters, timeout, status, ring_ptr, records];
         let shape = LaunchShape { grid: (self.grids.forces(), n), block: kernels_gpu::abi::BLOCK_SIZE, shared_bytes: 0 };
         // SAFETY: arguments match `fused_forces_timeline`; as above.
-        unsafe { self.module.launch(layout::FUSED_FORCES_TIMELINE, shape, stream, &mut args) }
+        unsafe { self.module.launch_overlapping(layout::FUSED_FORCES_TIMELINE, shape, stream, &mut args) }
     }
 }
 
