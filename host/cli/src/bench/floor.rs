@@ -11,6 +11,8 @@
 //! - `T_launch`, kernel-launch overhead: back-to-back launches of `pack_coords` with `n = 0` on one
 //!   stream, GPU time between events / launches (the rate the stream can start kernels); the host
 //!   time per launch call is reported beside it.
+//! - `T_overlap`, the same with overlapping launches (programmatic dependent launch, how the
+//!   `fused` kernels are launched): each may start while the one before it ends.
 //! - `T_graph`, graph-launch overhead: the same empty launch captured as a one-node graph,
 //!   replayed back to back, GPU time / replays.
 //! - `T_sync`, host synchronisation: an empty launch followed by `cuStreamSynchronize`, host wall
@@ -26,7 +28,8 @@
 //!
 //! | variant | launches `k` per direction | floor |
 //! |---|---|---|
-//! | `fused`, `fused-tma` | 1 | `max(k T_launch, max(T(B), P L))` |
+//! | `fused` | 1 | `max(k T_overlap, max(T(B), P L))` |
+//! | `fused-tma` | 1 | `max(k T_launch, max(T(B), P L))` |
 //! | `per-pulse`, `per-pulse-direct` | `P` | `max(k T_launch, max(T(B), P L))` |
 //! | `direct-copy` | `P` (pack or unpack kernels; the copies and event waits come on top) | `max(k T_launch, max(T(B), P L))` |
 //! | `nccl` | `2 P` (a pack or unpack kernel and an NCCL kernel per pulse) | `max(k T_launch, max(T(B), P L))` |
@@ -64,6 +67,8 @@ pub struct FloorInputs {
     pub launch_s: f64,
     /// Graph-launch overhead `T_graph` (s, GPU timeline).
     pub graph_launch_s: f64,
+    /// Overlapping-launch overhead `T_overlap` (s per launch).
+    pub overlapping_launch_s: f64,
     /// Host synchronisation round trip `T_sync` (s).
     pub host_sync_s: f64,
 }
@@ -114,6 +119,11 @@ impl FloorInputs {
         }
     }
 
+    /// Seconds of launch overhead per launch of `method`'s kernels.
+    fn per_launch_s(&self, method: Method) -> f64 {
+        if method == Method::Fused { self.overlapping_launch_s } else { self.launch_s }
+    }
+
     /// Kernel launches of one direction of `method` with `pulses` pulses.
     fn launches(method: Method, pulses: f64) -> f64 {
         match method {
@@ -141,7 +151,7 @@ impl FloorInputs {
             let packs = if forward { p * self.host_sync_s } else { 0.0 };
             return packs + self.transfer(bytes, shape);
         }
-        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.launch_s };
+        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.per_launch_s(method) };
         launch.max(self.transfer(bytes, shape))
     }
 
@@ -153,7 +163,8 @@ impl FloorInputs {
             return VariantFloor { coords_s, forces_s, step_s: coords_s + forces_s };
         }
         let p = shape.pulses.max(1) as f64;
-        let launches = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { 2.0 * Self::launches(method, p) * self.launch_s };
+        let launches =
+            if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { 2.0 * Self::launches(method, p) * self.per_launch_s(method) };
         let step_s = launches.max(self.transfer(shape.bytes_x, shape) + self.transfer(shape.bytes_f, shape));
         VariantFloor { coords_s, forces_s, step_s }
     }
@@ -211,23 +222,38 @@ impl EmptyLaunch {
 
     /// Enqueues one empty launch on `stream`.
     pub fn launch(&self, stream: &CudaStream) -> Result<()> {
+        self.launch_as(stream, false)
+    }
+
+    /// Enqueues one empty launch on `stream`, overlapping the previous kernel when `overlapping`
+    /// (it reads and writes nothing, so it needs no wait for that kernel).
+    pub fn launch_as(&self, stream: &CudaStream, overlapping: bool) -> Result<()> {
         let p = self.scratch.device_ptr();
         let (mut x, mut map, mut n, mut out) = (p, p, 0u32, p);
         let (mut sx, mut sy, mut sz, mut use_shift) = (0.0f32, 0.0f32, 0.0f32, 0u32);
         let mut args = kernel_args![x, map, n, out, sx, sy, sz, use_shift];
+        let shape = LaunchShape::for_items(0, 1);
         // SAFETY: arguments match `pack_coords(x, map, n, out, sx, sy, sz, use_shift)`; with n = 0
-        // no thread reads or writes, and every pointer is a live allocation anyway.
-        unsafe { self.module.launch(abi::PACK_COORDS, LaunchShape::for_items(0, 1), stream, &mut args) }
+        // no thread reads or writes (so nothing to wait for before), and every pointer is a live
+        // allocation anyway.
+        unsafe {
+            if overlapping {
+                self.module.launch_overlapping(abi::PACK_COORDS, shape, stream, &mut args)
+            } else {
+                self.module.launch(abi::PACK_COORDS, shape, stream, &mut args)
+            }
+        }
     }
 }
 
-/// `T_launch`: (GPU seconds per launch, host seconds per launch call) over `count` launches.
-pub fn measure_launch(empty: &EmptyLaunch, stream: &CudaStream, count: usize) -> Result<(f64, f64)> {
+/// `T_launch` (or `T_overlap` when `overlapping`): (GPU seconds per launch, host seconds per
+/// launch call) over `count` launches.
+pub fn measure_launch(empty: &EmptyLaunch, stream: &CudaStream, count: usize, overlapping: bool) -> Result<(f64, f64)> {
     let mut host = 0.0;
     let gpu = time_on_stream(stream, || {
         let t = Instant::now();
         for _ in 0..count {
-            empty.launch(stream)?;
+            empty.launch_as(stream, overlapping)?;
         }
         host = t.elapsed().as_secs_f64();
         Ok(())
@@ -343,6 +369,8 @@ pub struct FloorReport {
     pub launch_host_us: Summary,
     /// Graph-launch overhead, GPU timeline (µs).
     pub graph_launch_us: Summary,
+    /// Overlapping-launch overhead, GPU timeline (µs): the launch rate of the `fused` kernels.
+    pub overlapping_launch_us: Summary,
     /// Host synchronisation round trip (µs).
     pub host_sync_us: Summary,
 }
@@ -358,6 +386,7 @@ impl FloorReport {
             device_bw: self.device_bw_gbs.max * 1e9,
             launch_s: self.launch_us.min * 1e-6,
             graph_launch_s: self.graph_launch_us.min * 1e-6,
+            overlapping_launch_s: self.overlapping_launch_us.min * 1e-6,
             host_sync_s: self.host_sync_us.min * 1e-6,
         }
     }
@@ -374,6 +403,7 @@ mod tests {
             device_bw: 4000e9,
             launch_s: 2e-6,
             graph_launch_s: 3e-6,
+            overlapping_launch_s: 2e-6,
             host_sync_s: 5e-6,
         }
     }
@@ -446,7 +476,7 @@ mod tests {
     fn the_new_floors_stay_below_the_h200_measurements() {
         // docs/benchmarks.md, 2x1x1 over two PEs, 6000 atoms (1578 atoms per direction): the
         // measured floor inputs and every variant's fastest repeat must give a bound.
-        let f = FloorInputs { one_way_latency_s: 1.95e-6, peer_bw: Some(388.7e9), device_bw: 3887e9, launch_s: 5.03e-6, graph_launch_s: 2.01e-6, host_sync_s: 10.41e-6 };
+        let f = FloorInputs { one_way_latency_s: 1.95e-6, peer_bw: Some(388.7e9), device_bw: 3887e9, launch_s: 5.03e-6, graph_launch_s: 2.01e-6, overlapping_launch_s: 5.03e-6, host_sync_s: 10.41e-6 };
         let s = shape(1578 * 12, 1, Link::Peer);
         let s = HaloShape { steps_per_graph: 1, ..s };
         for (method, graph, fastest) in [

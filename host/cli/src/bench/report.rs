@@ -155,6 +155,7 @@ pub fn floor_text(f: &FloorReport) -> String {
     }
     let _ = writeln!(s, "  device copy bandwidth    {} GB/s (read + write)", f.device_bw_gbs.cell(1));
     let _ = writeln!(s, "  kernel launch            {} us GPU, {} us host per call", f.launch_us.cell(2), f.launch_host_us.cell(2));
+    let _ = writeln!(s, "  overlapping launch       {} us GPU (programmatic dependent launch, as `fused` launches)", f.overlapping_launch_us.cell(2));
     let _ = writeln!(s, "  graph launch             {} us GPU", f.graph_launch_us.cell(2));
     let _ = writeln!(s, "  host sync round trip     {} us", f.host_sync_us.cell(2));
     s
@@ -307,6 +308,7 @@ pub(crate) mod tests {
             launch_us: sum(2.1),
             launch_host_us: sum(1.5),
             graph_launch_us: sum(2.5),
+            overlapping_launch_us: sum(1.5),
             host_sync_us: sum(6.0),
         };
         let mut results = Vec::new();

@@ -242,6 +242,7 @@ fn summary_of(v: &[f64], scale: f64) -> Result<Summary> {
 struct LocalProbes {
     launch: Vec<f64>,
     launch_host: Vec<f64>,
+    overlapping: Vec<f64>,
     graph: Vec<f64>,
     sync: Vec<f64>,
     device_bw: Vec<f64>,
@@ -258,12 +259,13 @@ fn local_probes(module: &Arc<KernelModule>, repeats: usize) -> Result<LocalProbe
     let ctx = module.context().clone();
     let stream = ctx.new_stream().during("creating a probe stream")?;
     let empty = EmptyLaunch::new(module.clone())?;
-    floor::measure_launch(&empty, &stream, 100)?; // warm-up
-    let mut p = LocalProbes { launch: vec![], launch_host: vec![], graph: vec![], sync: vec![], device_bw: vec![] };
+    floor::measure_launch(&empty, &stream, 100, false)?; // warm-up
+    let mut p = LocalProbes { launch: vec![], launch_host: vec![], overlapping: vec![], graph: vec![], sync: vec![], device_bw: vec![] };
     for _ in 0..repeats {
-        let (gpu, host) = floor::measure_launch(&empty, &stream, LAUNCHES)?;
+        let (gpu, host) = floor::measure_launch(&empty, &stream, LAUNCHES, false)?;
         p.launch.push(gpu);
         p.launch_host.push(host);
+        p.overlapping.push(floor::measure_launch(&empty, &stream, LAUNCHES, true)?.0);
         p.graph.push(floor::measure_graph_launch(&empty, &stream, LAUNCHES)?);
         p.sync.push(floor::measure_host_sync(&empty, &stream, 200)?);
         p.device_bw.push(floor::measure_device_bw(&ctx, &stream, BW_BYTES)?);
@@ -281,6 +283,7 @@ fn floor_report(between: String, latency_s: Option<&[f64]>, peer_bw: Option<&[f6
         launch_us: summary_of(&p.launch, 1e6)?,
         launch_host_us: summary_of(&p.launch_host, 1e6)?,
         graph_launch_us: summary_of(&p.graph, 1e6)?,
+        overlapping_launch_us: summary_of(&p.overlapping, 1e6)?,
         host_sync_us: summary_of(&p.sync, 1e6)?,
     })
 }
@@ -609,9 +612,9 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     // Every rank uses rank 0's floor for the formulas (only rank 0 reports them).
     let floor_words = floor.as_ref().map(|f| {
         let i = f.inputs();
-        [i.one_way_latency_s, i.peer_bw.unwrap_or(0.0), i.device_bw, i.launch_s, i.graph_launch_s, i.host_sync_s]
+        [i.one_way_latency_s, i.peer_bw.unwrap_or(0.0), i.device_bw, i.launch_s, i.graph_launch_s, i.host_sync_s, i.overlapping_launch_s]
     });
-    let shared = comm.all_gather(&floor_words.unwrap_or([0.0; 6]))?;
+    let shared = comm.all_gather(&floor_words.unwrap_or([0.0; 7]))?;
     let w = &shared[0];
     let inputs = floor::FloorInputs {
         one_way_latency_s: w[0],
@@ -620,6 +623,7 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
         launch_s: w[3],
         graph_launch_s: w[4],
         host_sync_s: w[5],
+        overlapping_launch_s: w[6],
     };
 
     let bar = progress_bar(cfg, me == 0);
@@ -659,7 +663,7 @@ mod tests {
         let mk = |g: f64, syncs: f64| Sample { gpu_s: g, cpu_s: 2e-6, syncs };
         let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
-        let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, host_sync_s: 5e-6 };
+        let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, overlapping_launch_s: 2e-6, host_sync_s: 5e-6 };
         let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, check_text(&Ok(1e-7), true));
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
