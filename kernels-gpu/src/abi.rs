@@ -367,7 +367,7 @@ pub mod pulse_flags {
 
 /// Low-latency ("LL") words: how a pulse travels between mapped peers without a signal. Each
 /// 4-byte word of an element goes out in one 8-byte `st.relaxed.sys` store beside a 4-byte flag
-/// that names the step ([`flag`]); the receiver polls the words themselves and takes a value once
+/// that names the step ([`ll::flag`]); the receiver polls the words themselves and takes a value once
 /// its flag is the step's. Single-copy atomicity of the 8-byte store makes value and flag arrive
 /// together, so the sender needs no fence and no release (the 1.4 µs a release store waits for the
 /// remote stores before it) and the receiver no acquire (docs/protocol.md, "Low-latency words").

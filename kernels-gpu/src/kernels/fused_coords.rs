@@ -180,18 +180,8 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
             unsafe { await_signalled_earlier(pulses, pulse, num_pulses, signals, step, timeout_ns, status) };
         }
         tl.mark0(pulse_slot(pulse, point::DEPS));
-        let mut i = thread::index_1d();
-        while i < meta.send_size {
-            // SAFETY: as in pass 1; a forwarded atom was received in an earlier pulse.
-            unsafe {
-                let atom = *map.add(i as usize);
-                if atom >= dep_offset {
-                    let v = ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status);
-                    ll::store(dest, i, shifted(v, shift), flag);
-                }
-            }
-            i += thread::grid_stride_x();
-        }
+        // SAFETY: the peer's slot holds send_size elements.
+        unsafe { each_forwarded(pulses, pulse, meta, x, dep_offset, step, timeout_ns, status, |i, v| ll::store(dest, i, v, flag)) };
         tl.mark0(pulse_slot(pulse, point::DELIVERED));
         return;
     }
@@ -210,17 +200,8 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
         // SAFETY: all threads of the block.
         unsafe { await_signalled_earlier(pulses, pulse, num_pulses, signals, step, timeout_ns, status) };
         tl.mark0(pulse_slot(pulse, point::DEPS));
-        let mut i = thread::index_1d();
-        while i < meta.send_size {
-            // SAFETY: as above; the staging slot holds send_size elements.
-            unsafe {
-                let atom = *map.add(i as usize);
-                if atom >= dep_offset {
-                    *dest.add(i as usize) = shifted(ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status), shift);
-                }
-            }
-            i += thread::grid_stride_x();
-        }
+        // SAFETY: the staging slot holds send_size elements.
+        unsafe { each_forwarded(pulses, pulse, meta, x, dep_offset, step, timeout_ns, status, |i, v| *dest.add(i as usize) = v) };
     }
     // SAFETY: all threads of the block call it.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
@@ -232,6 +213,33 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
                 meta.send_pe, SignalMode::from_u32(meta.signal_mode))
         };
         tl.mark0(pulse_slot(pulse, point::DELIVERED));
+    }
+}
+
+/// Pass 2 of a pulse after the first: for every map entry `i` of this thread that forwards an atom
+/// received in an earlier pulse (index at or above `dep_offset`), `put(i, value)` with the value
+/// taken as it arrives ([`ll::received`]) and the pulse's shift added. Puts and bulk copies among
+/// the earlier pulses must have been awaited ([`await_signalled_earlier`]).
+///
+/// # Safety
+/// As [`fused_coords`]; `put` may write entry `i` of the pulse's destination.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn each_forwarded<T: HaloElement>(
+    pulses: *const PulseMeta, pulse: u32, meta: &PulseMeta, x: *const T, dep_offset: u32, step: Step, timeout_ns: u64,
+    status: *mut WaitStatus, mut put: impl FnMut(u32, T),
+) {
+    let (map, shift, parity, flag) = (meta.index_map as *const u32, shift_of(meta), step.parity(), ll::flag_of(step));
+    let mut i = thread::index_1d();
+    while i < meta.send_size {
+        // SAFETY: i < send_size; a forwarded atom was received in an earlier pulse.
+        unsafe {
+            let atom = *map.add(i as usize);
+            if atom >= dep_offset {
+                put(i, shifted(ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status), shift));
+            }
+        }
+        i += thread::grid_stride_x();
     }
 }
 
