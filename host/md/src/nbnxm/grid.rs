@@ -449,31 +449,35 @@ fn fill_supercluster(chunk: &[u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [
 /// Fills the places a half or quarter does not have; above every [`key`] of a finite coordinate.
 const PAD: u64 = u64::MAX;
 
-/// A sorting network of 16 inputs (60 comparators in 10 layers), checked on every input of
-/// zeros and ones in the tests (which proves it sorts anything).
-#[rustfmt::skip]
-const NETWORK_16: [(u8, u8); 60] = [
-    (0, 13), (1, 12), (2, 15), (3, 14), (4, 8), (5, 6), (7, 11), (9, 10),
-    (0, 5), (1, 7), (2, 9), (3, 4), (6, 13), (8, 14), (10, 15), (11, 12),
-    (0, 1), (2, 3), (4, 5), (6, 8), (7, 9), (10, 11), (12, 13), (14, 15),
-    (0, 2), (1, 3), (4, 10), (5, 11), (6, 7), (8, 9), (12, 14), (13, 15),
-    (1, 2), (3, 12), (4, 6), (5, 7), (8, 10), (9, 11), (13, 14),
-    (1, 4), (2, 6), (5, 8), (7, 10), (9, 13), (11, 14),
-    (2, 4), (3, 6), (9, 12), (11, 13),
-    (3, 5), (6, 8), (7, 9), (10, 12),
-    (3, 4), (5, 6), (7, 8), (9, 10), (11, 12),
-    (6, 7), (8, 9),
-];
-
 /// Sorts 16 keys without a branch on their values (a small sort's branches mispredict on random
-/// keys).
+/// keys). A sorting network of 60 comparators in 10 layers (one a line), checked on every input
+/// of zeros and ones in the tests (which proves it sorts anything); written out comparator by
+/// comparator, so that the keys stay in registers (a loop over a table of comparators loads and
+/// stores both keys of each).
 #[inline]
 fn sort16(v: &mut [u64; 16]) {
-    for &(i, j) in &NETWORK_16 {
-        let (a, b) = (v[usize::from(i)], v[usize::from(j)]);
-        v[usize::from(i)] = a.min(b);
-        v[usize::from(j)] = a.max(b);
+    macro_rules! network {
+        ($(($i:literal, $j:literal)),* $(,)?) => {
+            $(
+                let (a, b) = (v[$i], v[$j]);
+                v[$i] = a.min(b);
+                v[$j] = a.max(b);
+            )*
+        };
     }
+    #[rustfmt::skip]
+    network!(
+        (0, 13), (1, 12), (2, 15), (3, 14), (4, 8), (5, 6), (7, 11), (9, 10),
+        (0, 5), (1, 7), (2, 9), (3, 4), (6, 13), (8, 14), (10, 15), (11, 12),
+        (0, 1), (2, 3), (4, 5), (6, 8), (7, 9), (10, 11), (12, 13), (14, 15),
+        (0, 2), (1, 3), (4, 10), (5, 11), (6, 7), (8, 9), (12, 14), (13, 15),
+        (1, 2), (3, 12), (4, 6), (5, 7), (8, 10), (9, 11), (13, 14),
+        (1, 4), (2, 6), (5, 8), (7, 10), (9, 13), (11, 14),
+        (2, 4), (3, 6), (9, 12), (11, 13),
+        (3, 5), (6, 8), (7, 9), (10, 12),
+        (3, 4), (5, 6), (7, 8), (9, 10), (11, 12),
+        (6, 7), (8, 9),
+    );
 }
 
 #[cfg(test)]
