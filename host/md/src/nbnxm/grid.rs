@@ -162,12 +162,25 @@ impl ClusterGrid {
     /// allocations. The grid depends neither on the workers nor on `scratch`.
     pub fn build_into(atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         atoms.validate()?;
-        // Each zone's members, ascending (the scratch's lists, taken out while zones are added).
+        // Each zone's members, ascending: zone `z` holds `by_zone[zone_start[z]..zone_start[z + 1]]`
+        // (the scratch's list, taken out while zones are added). Validated: the home atoms (zone
+        // 0) come first, every halo atom's zone is 1 to 7.
         let mut by_zone = std::mem::take(&mut scratch.by_zone);
-        by_zone.resize_with(8, Vec::new);
-        by_zone.iter_mut().for_each(Vec::clear);
-        for (i, &z) in atoms.zones.iter().enumerate() {
-            by_zone[usize::from(z)].push(i as u32);
+        let halo = &atoms.zones[atoms.home..];
+        let mut zone_start = [atoms.home; 9];
+        zone_start[0] = 0;
+        for &z in halo {
+            zone_start[usize::from(z) + 1] += 1;
+        }
+        for z in 1..8 {
+            zone_start[z + 1] += zone_start[z] - atoms.home;
+        }
+        by_zone.clear();
+        by_zone.extend(0..atoms.len() as u32);
+        let mut next = zone_start;
+        for (i, &z) in halo.iter().enumerate() {
+            by_zone[next[usize::from(z)]] = (atoms.home + i) as u32;
+            next[usize::from(z)] += 1;
         }
         let mut g = ClusterGrid {
             atom_index: Vec::new(),
@@ -182,9 +195,9 @@ impl ClusterGrid {
             home_atoms: atoms.home,
             ntypes: atoms.ntypes,
         };
-        for (zone, members) in by_zone.iter().enumerate() {
-            if !members.is_empty() {
-                g.add_zone(zone as u8, members, atoms, workers, scratch);
+        for (zone, w) in zone_start.windows(2).enumerate() {
+            if w[1] > w[0] {
+                g.add_zone(zone as u8, &by_zone[w[0]..w[1]], atoms, workers, scratch);
             }
         }
         scratch.by_zone = by_zone;
@@ -333,8 +346,8 @@ const KEYS_PER_BIN: usize = 4;
 /// zones (and searches) to reuse its allocations.
 #[derive(Debug, Default)]
 pub struct ZoneScratch {
-    /// Local atoms of each zone, ascending.
-    by_zone: Vec<Vec<u32>>,
+    /// Local atoms by zone, ascending within each.
+    by_zone: Vec<u32>,
     /// Bin (column, then z-bin within it) of every member.
     bin: Vec<u32>,
     /// Start of every bin in column order, and the total (`bins + 1` entries).
