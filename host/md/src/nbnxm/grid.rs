@@ -117,11 +117,18 @@ impl ZoneGrid {
     /// the GPU search computes it the same way.
     #[inline]
     pub fn column_index(&self, d: usize, v: f32) -> usize {
-        let c = (v - self.extent.lo[d]) / self.cell[d];
-        // Without a branch (it mispredicts for atoms in random columns): the saturating
-        // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
-        ((c as i32).max(0) as usize).min(self.columns[d] - 1)
+        column_of(v, self.extent.lo[d], self.cell[d], self.columns[d])
     }
+}
+
+/// [`ZoneGrid::column_index`] from the grid's lower edge, column width and column count along
+/// the dimension (copies, which a loop keeps in registers).
+#[inline]
+fn column_of(v: f32, lo: f32, cell: f32, columns: usize) -> usize {
+    let c = (v - lo) / cell;
+    // Without a branch (it mispredicts for atoms in random columns): the saturating
+    // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
+    ((c as i32).max(0) as usize).min(columns - 1)
 }
 
 /// One rank's atoms in clusters (see the module docs).
@@ -378,17 +385,17 @@ impl ZoneScratch {
         let scale = bins as f32 / (hi - lo);
         let top = bins as u32 - 1;
         let pos = &atoms.positions;
+        let ([x0, y0, _], [wx, wy], [nx, ny]) = (grid.extent.lo, grid.cell, grid.columns);
         self.bin_start.clear();
         self.bin_start.resize(ncol * bins + 1, 0);
-        self.bin.clear();
-        self.bin.extend(members.iter().map(|&i| {
+        self.bin.resize(n, 0);
+        let count = &mut self.bin_start[1..];
+        for (bin, &i) in self.bin.iter_mut().zip(members) {
             let p = pos[i as usize];
-            let c = grid.column_index(0, p.x) + grid.columns[0] * grid.column_index(1, p.y);
-            let b = (((p.z - lo) * scale) as u32).min(top);
-            (c * bins) as u32 + b
-        }));
-        for &b in &self.bin {
-            self.bin_start[b as usize + 1] += 1;
+            let c = column_of(p.x, x0, wx, nx) + nx * column_of(p.y, y0, wy, ny);
+            let b = c * bins + (((p.z - lo) * scale) as u32).min(top) as usize;
+            *bin = b as u32;
+            count[b] += 1;
         }
         for b in 0..ncol * bins {
             self.bin_start[b + 1] += self.bin_start[b];
