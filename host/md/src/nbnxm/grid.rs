@@ -237,7 +237,7 @@ impl ClusterGrid {
         let (columns, cell) = column_shape(&extent, members.len());
         let mut grid = ZoneGrid { zone, extent, columns, cell, column_start: Vec::with_capacity(columns[0] * columns[1] + 1) };
         let ncol = columns[0] * columns[1];
-        let bins = scratch.sort_into_columns(&grid, members, atoms);
+        let bins = scratch.sort_into_columns(&grid, members, atoms, workers);
         let start = &scratch.start;
         // Superclusters: a column of m atoms has ceil(m / 64), numbered column by column.
         let sc0 = self.super_bbox.len();
@@ -375,7 +375,9 @@ impl ZoneScratch {
     /// returns `bins`, the z-bins per column. The z-bin never decreases as the key grows (each
     /// step of its arithmetic is monotonic; -0 and +0 share one), so all keys of a bin lie
     /// between those of the bins below and above it.
-    fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms) -> usize {
+    /// The bins are computed on `workers` (in parts of at least [`MIN_ATOMS_PER_THREAD`]); the
+    /// counting and placing are serial.
+    fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms, workers: &Workers) -> usize {
         let ncol = grid.columns[0] * grid.columns[1];
         let n = members.len();
         let bins = (n / (ncol * KEYS_PER_BIN)).max(1);
@@ -389,13 +391,17 @@ impl ZoneScratch {
         self.bin_start.clear();
         self.bin_start.resize(ncol * bins + 1, 0);
         self.bin.resize(n, 0);
-        let count = &mut self.bin_start[1..];
-        for (bin, &i) in self.bin.iter_mut().zip(members) {
-            let p = pos[i as usize];
-            let c = column_of(p.x, x0, wx, nx) + nx * column_of(p.y, y0, wy, ny);
-            let b = c * bins + (((p.z - lo) * scale) as u32).min(top) as usize;
-            *bin = b as u32;
-            count[b] += 1;
+        let part = n.div_ceil(workers.threads().min(n.div_ceil(MIN_ATOMS_PER_THREAD)).max(1));
+        let parts: Vec<_> = self.bin.chunks_mut(part).zip(members.chunks(part)).collect();
+        workers.map(parts, |(bin, members)| {
+            for (bin, &i) in bin.iter_mut().zip(members) {
+                let p = pos[i as usize];
+                let c = column_of(p.x, x0, wx, nx) + nx * column_of(p.y, y0, wy, ny);
+                *bin = (c * bins) as u32 + (((p.z - lo) * scale) as u32).min(top);
+            }
+        });
+        for &b in &self.bin {
+            self.bin_start[b as usize + 1] += 1;
         }
         for b in 0..ncol * bins {
             self.bin_start[b + 1] += self.bin_start[b];
