@@ -375,6 +375,7 @@ impl ZoneScratch {
     /// returns `bins`, the z-bins per column. The z-bin never decreases as the key grows (each
     /// step of its arithmetic is monotonic; -0 and +0 share one), so all keys of a bin lie
     /// between those of the bins below and above it.
+    ///
     /// The bins are computed on `workers` (in parts of at least [`MIN_ATOMS_PER_THREAD`]); the
     /// counting and placing are serial.
     fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms, workers: &Workers) -> usize {
