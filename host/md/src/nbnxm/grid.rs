@@ -14,8 +14,8 @@
 //! `c` of supercluster `s` is `8 s + c`, and its slots are `8 (8 s + c) ..`.
 
 use super::{LocalAtoms, NbnxmError};
-use crate::workers::Workers;
 use crate::abi::{NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SUPER_SIZE};
+use crate::workers::Workers;
 
 const CL: usize = NBNXM_CLUSTER_SIZE as usize;
 const SC: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
@@ -117,11 +117,18 @@ impl ZoneGrid {
     /// the GPU search computes it the same way.
     #[inline]
     pub fn column_index(&self, d: usize, v: f32) -> usize {
-        let c = (v - self.extent.lo[d]) / self.cell[d];
-        // Without a branch (it mispredicts for atoms in random columns): the saturating
-        // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
-        ((c as i32).max(0) as usize).min(self.columns[d] - 1)
+        column_of(v, self.extent.lo[d], self.cell[d], self.columns[d])
     }
+}
+
+/// [`ZoneGrid::column_index`] from the grid's lower edge, column width and column count along
+/// the dimension (copies, which a loop keeps in registers).
+#[inline]
+fn column_of(v: f32, lo: f32, cell: f32, columns: usize) -> usize {
+    let c = (v - lo) / cell;
+    // Without a branch (it mispredicts for atoms in random columns): the saturating
+    // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
+    ((c as i32).max(0) as usize).min(columns - 1)
 }
 
 /// One rank's atoms in clusters (see the module docs).
@@ -162,12 +169,25 @@ impl ClusterGrid {
     /// allocations. The grid depends neither on the workers nor on `scratch`.
     pub fn build_into(atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         atoms.validate()?;
-        // Each zone's members, ascending (the scratch's lists, taken out while zones are added).
+        // Each zone's members, ascending: zone `z` holds `by_zone[zone_start[z]..zone_start[z + 1]]`
+        // (the scratch's list, taken out while zones are added). Validated: the home atoms (zone
+        // 0) come first, every halo atom's zone is 1 to 7.
         let mut by_zone = std::mem::take(&mut scratch.by_zone);
-        by_zone.resize_with(8, Vec::new);
-        by_zone.iter_mut().for_each(Vec::clear);
-        for (i, &z) in atoms.zones.iter().enumerate() {
-            by_zone[usize::from(z)].push(i as u32);
+        let halo = &atoms.zones[atoms.home..];
+        let mut zone_start = [atoms.home; 9];
+        zone_start[0] = 0;
+        for &z in halo {
+            zone_start[usize::from(z) + 1] += 1;
+        }
+        for z in 1..8 {
+            zone_start[z + 1] += zone_start[z] - atoms.home;
+        }
+        by_zone.clear();
+        by_zone.extend(0..atoms.len() as u32);
+        let mut next = zone_start;
+        for (i, &z) in halo.iter().enumerate() {
+            by_zone[next[usize::from(z)]] = (atoms.home + i) as u32;
+            next[usize::from(z)] += 1;
         }
         let mut g = ClusterGrid {
             atom_index: Vec::new(),
@@ -182,9 +202,9 @@ impl ClusterGrid {
             home_atoms: atoms.home,
             ntypes: atoms.ntypes,
         };
-        for (zone, members) in by_zone.iter().enumerate() {
-            if !members.is_empty() {
-                g.add_zone(zone as u8, members, atoms, workers, scratch);
+        for (zone, w) in zone_start.windows(2).enumerate() {
+            if w[1] > w[0] {
+                g.add_zone(zone as u8, &by_zone[w[0]..w[1]], atoms, workers, scratch);
             }
         }
         scratch.by_zone = by_zone;
@@ -211,13 +231,13 @@ impl ClusterGrid {
     }
 
     /// Appends the column grid and superclusters of one zone (`members`: its local atoms,
-    /// ascending), using `scratch` for the zone's atoms in column order.
+    /// ascending), using `scratch` for the zone's sort keys in column order.
     fn add_zone(&mut self, zone: u8, members: &[u32], atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) {
         let extent = zone_extent(members, atoms);
         let (columns, cell) = column_shape(&extent, members.len());
         let mut grid = ZoneGrid { zone, extent, columns, cell, column_start: Vec::with_capacity(columns[0] * columns[1] + 1) };
         let ncol = columns[0] * columns[1];
-        scratch.sort_into_columns(&grid, members, atoms);
+        let bins = scratch.sort_into_columns(&grid, members, atoms, workers);
         let start = &scratch.start;
         // Superclusters: a column of m atoms has ceil(m / 64), numbered column by column.
         let sc0 = self.super_bbox.len();
@@ -249,16 +269,12 @@ impl ClusterGrid {
             bounds.push(ncol);
         }
         let column_start = &grid.column_start;
-        let ZoneScratch { start, order, pos: zpos, atom: zatom, ty: ztype, .. } = scratch;
-        let (start, zpos, zatom, ztype) = (&*start, &*zpos, &*zatom, &*ztype);
+        let ZoneScratch { start, order, bin_start, .. } = scratch;
+        let (start, bin_start) = (&*start, &*bin_start);
         let mut work = Vec::with_capacity(bounds.len() - 1);
         {
-            let (mut ai, mut at_, mut cb, mut sb) = (
-                &mut self.atom_index[sc0 * SS..],
-                &mut self.atom_type[sc0 * SS..],
-                &mut self.cluster_bbox[sc0 * SC..],
-                &mut self.super_bbox[sc0..],
-            );
+            let (mut ai, mut at_, mut cb, mut sb) =
+                (&mut self.atom_index[sc0 * SS..], &mut self.atom_type[sc0 * SS..], &mut self.cluster_bbox[sc0 * SC..], &mut self.super_bbox[sc0..]);
             let mut ord: &mut [u64] = order;
             for w in bounds.windows(2) {
                 let (c0, c1) = (w[0], w[1]);
@@ -276,16 +292,16 @@ impl ClusterGrid {
                 work.push((c0..c1, a, t, b, sbox, o));
             }
         }
-        let sorted = ColumnAtoms { pos: zpos, atom: zatom, ty: ztype };
         let run = |(cols, ai, at, cb, sb, ord): ColumnWork<'_>| {
             let (mut s, mut o) = (0usize, 0usize);
             for c in cols {
                 let len = start[c + 1] - start[c];
                 let col = &mut ord[o..o + len];
                 o += len;
-                col.sort_unstable();
+                cut_into_halves(col, start[c], &bin_start[c * bins..=(c + 1) * bins]);
                 for chunk in col.chunks(SS) {
-                    sb[s] = fill_supercluster(chunk, &sorted, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
+                    sb[s] =
+                        fill_supercluster(chunk, atoms, &mut ai[s * SS..(s + 1) * SS], &mut at[s * SS..(s + 1) * SS], &mut cb[s * SC..(s + 1) * SC]);
                     s += 1;
                 }
             }
@@ -327,92 +343,142 @@ fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
     (columns, cell)
 }
 
-/// One zone's atoms gathered in column order (columns ascending, atoms ascending within a column),
-/// so that sorting and filling touch contiguous memory. Kept across zones (and searches) to reuse
-/// its allocations.
+/// Keys per z-bin of a column on average, when a zone's atoms are put in columns ([`ZoneScratch`]):
+/// fewer bins cost less to count and sum, more keys per bin more to sort where a half
+/// supercluster's boundary cuts a bin.
+const KEYS_PER_BIN: usize = 4;
+
+/// One zone's sort keys in column order and, within a column, in bins of z, so that cutting a
+/// column into superclusters touches contiguous memory and sorts only a few keys. Kept across
+/// zones (and searches) to reuse its allocations.
 #[derive(Debug, Default)]
 pub struct ZoneScratch {
-    /// Local atoms of each zone, ascending.
-    by_zone: Vec<Vec<u32>>,
-    /// Column of every member.
-    column: Vec<u32>,
+    /// Local atoms by zone, ascending within each.
+    by_zone: Vec<u32>,
+    /// Bin (column, then z-bin within it) of every member.
+    bin: Vec<u32>,
+    /// Start of every bin in column order, and the total (`bins + 1` entries).
+    bin_start: Vec<u32>,
+    /// Next free place of every bin while scattering.
+    next: Vec<u32>,
     /// Start of every column in column order, and the total (`columns + 1` entries).
     start: Vec<usize>,
-    /// Next free place of every column while scattering.
-    next: Vec<usize>,
-    /// Sort keys `(z, place)` in column order.
+    /// Sort keys `key(z, atom)` in column order, by bin within a column.
     order: Vec<u64>,
-    /// Position of the atom at every place.
-    pos: Vec<[f32; 3]>,
-    /// Local atom index at every place.
-    atom: Vec<u32>,
-    /// Atom type at every place.
-    ty: Vec<u32>,
 }
 
 impl ZoneScratch {
-    /// Counting sort of `members` into the columns of `grid`: fills every array, and `start` with
-    /// the column starts (column `c` holds places `start[c]..start[c + 1]`). The key of the atom
-    /// at place `j` is `key(z, j)`; within a column places ascend with the atom index, so keys
-    /// order exactly as `key(z, atom)` would.
-    fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms) {
+    /// Counting sort of `members` into the columns of `grid` and, within a column, into
+    /// z-bins spread evenly over the zone's z extent: fills `order` with their keys, `bin_start`
+    /// with the bins' starts (bin `b` of column `c`, `b < bins`, is bin `c * bins + b`) and
+    /// `start` with the column starts (column `c` holds places `start[c]..start[c + 1]`);
+    /// returns `bins`, the z-bins per column. The z-bin never decreases as the key grows (each
+    /// step of its arithmetic is monotonic; -0 and +0 share one), so all keys of a bin lie
+    /// between those of the bins below and above it.
+    ///
+    /// The bins are computed on `workers` (in parts of at least [`MIN_ATOMS_PER_THREAD`]); the
+    /// counting and placing are serial.
+    fn sort_into_columns(&mut self, grid: &ZoneGrid, members: &[u32], atoms: &LocalAtoms, workers: &Workers) -> usize {
         let ncol = grid.columns[0] * grid.columns[1];
-        let pos = &atoms.positions;
-        self.column.clear();
-        self.column.extend(members.iter().map(|&i| {
-            let p = pos[i as usize];
-            (grid.column_index(0, p.x) + grid.columns[0] * grid.column_index(1, p.y)) as u32
-        }));
-        self.start.clear();
-        self.start.resize(ncol + 1, 0);
-        for &c in &self.column {
-            self.start[c as usize + 1] += 1;
-        }
-        for c in 0..ncol {
-            self.start[c + 1] += self.start[c];
-        }
-        self.next.clear();
-        self.next.extend_from_slice(&self.start[..ncol]);
         let n = members.len();
+        let bins = (n / (ncol * KEYS_PER_BIN)).max(1);
+        let (lo, hi) = (grid.extent.lo[2], grid.extent.hi[2]);
+        // Coordinates are finite and inside the extent (validated), so `z - lo >= 0`; the
+        // saturating cast sends NaN (`0 × inf` when `hi == lo`) to 0 and infinity to the top.
+        let scale = bins as f32 / (hi - lo);
+        let top = bins as u32 - 1;
+        let pos = &atoms.positions;
+        let ([x0, y0, _], [wx, wy], [nx, ny]) = (grid.extent.lo, grid.cell, grid.columns);
+        self.bin_start.clear();
+        self.bin_start.resize(ncol * bins + 1, 0);
+        self.bin.resize(n, 0);
+        let part = n.div_ceil(workers.threads().min(n.div_ceil(MIN_ATOMS_PER_THREAD)).max(1));
+        let parts: Vec<_> = self.bin.chunks_mut(part).zip(members.chunks(part)).collect();
+        workers.map(parts, |(bin, members)| {
+            for (bin, &i) in bin.iter_mut().zip(members) {
+                let p = pos[i as usize];
+                let c = column_of(p.x, x0, wx, nx) + nx * column_of(p.y, y0, wy, ny);
+                *bin = (c * bins) as u32 + (((p.z - lo) * scale) as u32).min(top);
+            }
+        });
+        for &b in &self.bin {
+            self.bin_start[b as usize + 1] += 1;
+        }
+        for b in 0..ncol * bins {
+            self.bin_start[b + 1] += self.bin_start[b];
+        }
+        self.start.clear();
+        self.start.extend((0..=ncol).map(|c| self.bin_start[c * bins] as usize));
+        self.next.clear();
+        self.next.extend_from_slice(&self.bin_start[..ncol * bins]);
         self.order.resize(n, 0);
-        self.pos.resize(n, [0.0; 3]);
-        self.atom.resize(n, 0);
-        self.ty.resize(n, 0);
-        for (&i, &c) in members.iter().zip(&self.column) {
-            let j = self.next[c as usize];
-            self.next[c as usize] += 1;
-            let p = pos[i as usize];
-            self.order[j] = key(p.z, j as u32);
-            self.pos[j] = [p.x, p.y, p.z];
-            self.atom[j] = i;
-            self.ty[j] = atoms.types[i as usize];
+        for (&i, &b) in members.iter().zip(&self.bin) {
+            let j = self.next[b as usize];
+            self.next[b as usize] += 1;
+            self.order[j as usize] = key(pos[i as usize].z, i);
+        }
+        bins
+    }
+}
+
+/// Orders a column's keys (in bins of z, see [`ZoneScratch::sort_into_columns`]) enough that
+/// every 32 of them, from the start, are the next 32 by rank, in any order: what sorting them
+/// and cutting them into 32s gives as sets, all that [`fill_supercluster`] reads (it sorts each
+/// half by y and each quarter by x itself). Only a bin that a cut falls inside is sorted. `from`:
+/// the column's first place; `bin_start`: its bins' starts and end (absolute places).
+fn cut_into_halves(col: &mut [u64], from: usize, bin_start: &[u32]) {
+    let mut sorted_to = 0;
+    for cut in (HALF..col.len()).step_by(HALF) {
+        // The bin holding place `cut`: the last that starts at or below it.
+        let b = bin_start.partition_point(|&s| s as usize <= from + cut) - 1;
+        let (lo, hi) = (bin_start[b] as usize - from, bin_start[b + 1] as usize - from);
+        if lo < cut && hi > sorted_to {
+            sort_few(&mut col[lo..hi]);
+            sorted_to = hi;
         }
     }
 }
 
-/// A zone's atoms in column order, read by [`fill_supercluster`] through the places in its keys.
-struct ColumnAtoms<'a> {
-    pos: &'a [[f32; 3]],
-    atom: &'a [u32],
-    ty: &'a [u32],
+/// Sorts distinct keys: by rank (each key goes to the place of the count of keys below it, with
+/// no branch on the keys, which a comparison sort of a few keys mispredicts) up to 64 keys,
+/// `sort_unstable` above.
+fn sort_few(v: &mut [u64]) {
+    const MOST: usize = 64;
+    if v.len() > MOST {
+        v.sort_unstable();
+        return;
+    }
+    let mut out = [0u64; MOST];
+    for &k in v.iter() {
+        let rank = v.iter().map(|&o| usize::from(o < k)).sum::<usize>();
+        out[rank] = k;
+    }
+    v.copy_from_slice(&out[..v.len()]);
 }
 
 /// A thread's share of a zone: its columns, and their superclusters' slots (atom, type), cluster
 /// boxes, supercluster boxes, and the columns' sort keys.
 type ColumnWork<'a> = (std::ops::Range<usize>, &'a mut [u32], &'a mut [u32], &'a mut [BBox], &'a mut [BBox], &'a mut [u64]);
 
-/// One supercluster from a z-sorted chunk of at most 64 keys of places in `sorted` (see the module
-/// docs: halves by z, quarters by y, eighths by x) into its 64 slots and 8 cluster boxes; returns
-/// its box.
+/// One supercluster from a chunk of at most 64 keys of atoms, its first 32 the lowest by z (see the
+/// module docs: halves by z, quarters by y, eighths by x; the order within a half does not
+/// matter), into its 64 slots and 8 cluster boxes; returns its box.
 ///
 /// A half's split by y needs only the set of its 16 lowest keys (each quarter is sorted again by
 /// x): the half's two sixteens are sorted by y and the lowest set is `min(a[i], b[15 - i])` (the
 /// first step of a bitonic merge). Keys are distinct and below [`PAD`], which fills short halves
 /// and quarters and sorts last, so every result is that of sorting the whole half and quarter.
-fn fill_supercluster(chunk: &[u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
-    let pos = sorted.pos;
-    // The key of place `k`'s coordinate `d`, padding kept.
-    let rekey = |k: u64, d: usize| if k == PAD { PAD } else { key(pos[atom_of(k) as usize][d], atom_of(k)) };
+fn fill_supercluster(chunk: &[u64], atoms: &LocalAtoms, atom_index: &mut [u32], atom_type: &mut [u32], cluster_bbox: &mut [BBox]) -> BBox {
+    let pos = &atoms.positions;
+    // The key of atom `k`'s coordinate `d`, padding kept.
+    let rekey = |k: u64, d: usize| {
+        if k == PAD {
+            PAD
+        } else {
+            let p = pos[atom_of(k) as usize];
+            key([p.x, p.y, p.z][d], atom_of(k))
+        }
+    };
     let mut sbox = BBox::EMPTY;
     let (zlo, zhi) = chunk.split_at(chunk.len().min(SS / 2));
     for (zh, half) in [zlo, zhi].into_iter().enumerate() {
@@ -433,10 +499,11 @@ fn fill_supercluster(chunk: &[u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [
                 let k = 4 * zh + 2 * yh + xh;
                 let mut cbox = BBox::EMPTY;
                 for (t, e) in cluster.iter().enumerate() {
-                    let j = atom_of(*e) as usize;
-                    atom_index[k * CL + t] = sorted.atom[j];
-                    atom_type[k * CL + t] = sorted.ty[j];
-                    cbox.include(pos[j]);
+                    let i = atom_of(*e);
+                    let p = pos[i as usize];
+                    atom_index[k * CL + t] = i;
+                    atom_type[k * CL + t] = atoms.types[i as usize];
+                    cbox.include([p.x, p.y, p.z]);
                 }
                 sbox.union(&cbox);
                 cluster_bbox[k] = cbox;
@@ -446,40 +513,49 @@ fn fill_supercluster(chunk: &[u64], sorted: &ColumnAtoms<'_>, atom_index: &mut [
     sbox
 }
 
+/// Keys in a half supercluster.
+const HALF: usize = SS / 2;
+
 /// Fills the places a half or quarter does not have; above every [`key`] of a finite coordinate.
 const PAD: u64 = u64::MAX;
 
-/// A sorting network of 16 inputs (60 comparators in 10 layers), checked on every input of
-/// zeros and ones in the tests (which proves it sorts anything).
-#[rustfmt::skip]
-const NETWORK_16: [(u8, u8); 60] = [
-    (0, 13), (1, 12), (2, 15), (3, 14), (4, 8), (5, 6), (7, 11), (9, 10),
-    (0, 5), (1, 7), (2, 9), (3, 4), (6, 13), (8, 14), (10, 15), (11, 12),
-    (0, 1), (2, 3), (4, 5), (6, 8), (7, 9), (10, 11), (12, 13), (14, 15),
-    (0, 2), (1, 3), (4, 10), (5, 11), (6, 7), (8, 9), (12, 14), (13, 15),
-    (1, 2), (3, 12), (4, 6), (5, 7), (8, 10), (9, 11), (13, 14),
-    (1, 4), (2, 6), (5, 8), (7, 10), (9, 13), (11, 14),
-    (2, 4), (3, 6), (9, 12), (11, 13),
-    (3, 5), (6, 8), (7, 9), (10, 12),
-    (3, 4), (5, 6), (7, 8), (9, 10), (11, 12),
-    (6, 7), (8, 9),
-];
-
 /// Sorts 16 keys without a branch on their values (a small sort's branches mispredict on random
-/// keys).
+/// keys). A sorting network of 60 comparators in 10 layers (one a line), checked on every input
+/// of zeros and ones in the tests (which proves it sorts anything); written out comparator by
+/// comparator, so that the keys stay in registers (a loop over a table of comparators loads and
+/// stores both keys of each).
 #[inline]
 fn sort16(v: &mut [u64; 16]) {
-    for &(i, j) in &NETWORK_16 {
-        let (a, b) = (v[usize::from(i)], v[usize::from(j)]);
-        v[usize::from(i)] = a.min(b);
-        v[usize::from(j)] = a.max(b);
+    macro_rules! network {
+        ($(($i:literal, $j:literal)),* $(,)?) => {
+            $(
+                let (a, b) = (v[$i], v[$j]);
+                v[$i] = a.min(b);
+                v[$j] = a.max(b);
+            )*
+        };
     }
+    #[rustfmt::skip]
+    network!(
+        (0, 13), (1, 12), (2, 15), (3, 14), (4, 8), (5, 6), (7, 11), (9, 10),
+        (0, 5), (1, 7), (2, 9), (3, 4), (6, 13), (8, 14), (10, 15), (11, 12),
+        (0, 1), (2, 3), (4, 5), (6, 8), (7, 9), (10, 11), (12, 13), (14, 15),
+        (0, 2), (1, 3), (4, 10), (5, 11), (6, 7), (8, 9), (12, 14), (13, 15),
+        (1, 2), (3, 12), (4, 6), (5, 7), (8, 10), (9, 11), (13, 14),
+        (1, 4), (2, 6), (5, 8), (7, 10), (9, 13), (11, 14),
+        (2, 4), (3, 6), (9, 12), (11, 13),
+        (3, 5), (6, 8), (7, 9), (10, 12),
+        (3, 4), (5, 6), (7, 8), (9, 10), (11, 12),
+        (6, 7), (8, 9),
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::Float3;
     use crate::system::MolecularSystem;
+    use proptest::prelude::*;
 
     fn grid_of(atoms: usize, seed: u64) -> (LocalAtoms, ClusterGrid) {
         let s = MolecularSystem::generate(atoms, seed).unwrap();
@@ -529,13 +605,9 @@ mod tests {
         let fill = filled as f64 / g.atom_index.len() as f64;
         assert!(fill > 0.75, "slots filled {fill}");
         // A cluster of 8 atoms at 100 atoms/nm³ spans about 0.43 nm; allow twice that on average.
-        let mean_edge: f64 = g
-            .cluster_bbox
-            .iter()
-            .filter(|b| !b.is_empty())
-            .map(|b| (0..3).map(|d| f64::from(b.hi[d] - b.lo[d])).sum::<f64>() / 3.0)
-            .sum::<f64>()
-            / g.cluster_bbox.iter().filter(|b| !b.is_empty()).count() as f64;
+        let mean_edge: f64 =
+            g.cluster_bbox.iter().filter(|b| !b.is_empty()).map(|b| (0..3).map(|d| f64::from(b.hi[d] - b.lo[d])).sum::<f64>() / 3.0).sum::<f64>()
+                / g.cluster_bbox.iter().filter(|b| !b.is_empty()).count() as f64;
         assert!(mean_edge < 0.8, "mean cluster edge {mean_edge} nm");
     }
 
@@ -606,6 +678,82 @@ mod tests {
                 let g = ClusterGrid::build(&a).unwrap();
                 assert_eq!(g.atom_index, reference_slots(&a, &g), "{atoms} atoms, {dims:?}, rank {r}");
             }
+        }
+    }
+
+    /// Random local atoms, some anywhere in the box, some on a coarse lattice (equal coordinates
+    /// in every dimension, atoms on column edges, -0 beside +0 along open dimensions), numbered
+    /// in no spatial order, in up to 8 zones, periodic or open along each dimension.
+    fn lattice_atoms() -> impl Strategy<Value = LocalAtoms> {
+        let atom = (0u32..8, 0u32..8, 0u32..8, 0u8..8, any::<bool>(), [0.0f32..1.0, 0.0f32..1.0, 0.0f32..1.0], 0u32..4);
+        (prop::collection::vec(atom, 1..3000), 1u32..8, any::<[bool; 3]>(), 0usize..3, 1.0f32..4.0).prop_map(
+            |(mut raw, levels, periodic, halo, edge)| {
+                // Home atoms first; the last atoms of the others go to the halo zones.
+                let home = raw.len() - raw.len() * halo / 4;
+                let box_size = [edge, edge * 0.75, edge * 1.5];
+                let step: [f32; 3] = std::array::from_fn(|d| box_size[d] / levels as f32);
+                let positions = raw
+                    .iter()
+                    .map(|&(x, y, z, _, neg, free, lattice)| {
+                        let q = [x, y, z];
+                        let c: [f32; 3] = std::array::from_fn(|d| {
+                            // Each coordinate on the lattice with probability 1/2 (more ties in x
+                            // and y than in z when `lattice` is 1).
+                            let on = (lattice >> (d / 2)) & 1 == 1;
+                            let v = if on { (q[d] % levels) as f32 * step[d] } else { (free[d] * box_size[d]).min(box_size[d].next_down()) };
+                            if !periodic[d] && v == 0.0 && neg { -0.0 } else { v }
+                        });
+                        Float3::new(c[0], c[1], c[2])
+                    })
+                    .collect();
+                for (i, a) in raw.iter_mut().enumerate() {
+                    a.3 = if i < home { 0 } else { 1 + a.3 % 7 };
+                }
+                LocalAtoms {
+                    positions,
+                    types: raw.iter().map(|a| a.0 % 2).collect(),
+                    zones: raw.iter().map(|a| a.3).collect(),
+                    home,
+                    box_size,
+                    periodic,
+                    ntypes: 2,
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// The grid on random atoms with many equal coordinates: slots as the straightforward
+        /// sort puts them, every cluster box exactly its atoms' box, on any thread count.
+        #[test]
+        fn grids_of_random_atoms_equal_the_straightforward_sort(a in lattice_atoms()) {
+            let g = ClusterGrid::build(&a).unwrap();
+            prop_assert_eq!(&g.atom_index, &reference_slots(&a, &g));
+            for (c, b) in g.cluster_bbox.iter().enumerate() {
+                let mut want = BBox::EMPTY;
+                for &i in g.atom_index[c * CL..(c + 1) * CL].iter().filter(|&&i| i != NBNXM_FILLER) {
+                    let p = a.positions[i as usize];
+                    want.include([p.x, p.y, p.z]);
+                }
+                prop_assert_eq!(b.lo.map(f32::to_bits), want.lo.map(f32::to_bits));
+                prop_assert_eq!(b.hi.map(f32::to_bits), want.hi.map(f32::to_bits));
+            }
+            let mut scratch = ZoneScratch::default();
+            prop_assert_eq!(&ClusterGrid::build_into(&a, &Workers::new(3).unwrap(), &mut scratch).unwrap(), &g);
+        }
+    }
+
+    proptest! {
+        /// Distinct keys, from none to past the rank sort's limit.
+        #[test]
+        fn a_few_keys_sort_as_sort_unstable_does(keys in prop::collection::hash_set(any::<u64>(), 0..100)) {
+            let mut v: Vec<u64> = keys.into_iter().collect();
+            let mut want = v.clone();
+            want.sort_unstable();
+            sort_few(&mut v);
+            prop_assert_eq!(v, want);
         }
     }
 
