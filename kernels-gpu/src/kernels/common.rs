@@ -394,9 +394,8 @@ pub unsafe fn arrive_launch(state: *mut ProtocolState, step: Step, direction: Di
 
 /// At the start of a launch, the last thread of pulse `pulse`'s row (idle in the fused kernels,
 /// whose grid holds one thread more than a pulse has atoms, so its fence delays no store) gives
-/// the credit of the
-/// previous launch of this direction: "I have finished reading what you sent me up to step
-/// `step.epoch - 1`" (the launch boundary completed those reads), when the pulse sends one
+/// the credit of the previous launch of this direction: "I have finished reading what you sent me
+/// up to step `step.epoch - 1`" (the launch boundary completed those reads), when the pulse sends one
 /// ([`pulse_flags::SEND_COORD_CREDIT`] to `recv_pe`, or [`pulse_flags::SEND_FORCE_CREDIT`] to
 /// `send_pe`). Sent here, not at the end of the launch that read, so no release waits on the
 /// launch's own stores; a sender waits for it only `lag` launches later ([`Step::repeat`]).

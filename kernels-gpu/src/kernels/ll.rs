@@ -101,7 +101,7 @@ unsafe fn poll_word(word: *const u64, flag: u32, timeout_ns: u64, status: *mut W
     seen.then_some(last)
 }
 
-/// Whether the earlier pulse `q` arrives as low-latency words (fused coordinate kernel).
+/// Whether the pulse of `meta` arrives as low-latency words (fused coordinate kernel).
 #[inline(always)]
 pub fn arrives_as_words(meta: &PulseMeta) -> bool {
     meta.has(pulse_flags::RECV_X_LL)
