@@ -245,14 +245,7 @@ impl<T: Element> PeExchange<T> {
                 }
                 PathPolicy::Auto | PathPolicy::Routed => {}
             }
-            let mapped = (|| {
-                Some(PeerView {
-                    x: nvshmem.peer_ptr(local.x, peer)?,
-                    signals: nvshmem.peer_ptr(local.signals, peer)?,
-                    recv_buf: nvshmem.peer_ptr(local.recv_buf, peer)?,
-                    x_recv_buf: nvshmem.peer_ptr(local.x_recv_buf, peer)?,
-                })
-            })();
+            let mapped = local.translated(|addr| nvshmem.peer_ptr(addr, peer));
             if let (None, PathPolicy::Planned(paths)) = (&mapped, &policy) {
                 tracing::warn!(
                     "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",

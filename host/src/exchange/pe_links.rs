@@ -272,17 +272,7 @@ impl PeLinks {
         let pulses = halos[me].pulses.len();
         let events = Channel::events(pulses);
         let local = rank.local_view();
-        let map = |addr: u64, pe: usize| nvshmem.peer_ptr(addr, pe);
-        let views = (0..n)
-            .map(|pe| {
-                Some(PeerView {
-                    x: map(local.x, pe)?,
-                    signals: map(local.signals, pe)?,
-                    recv_buf: map(local.recv_buf, pe)?,
-                    x_recv_buf: map(local.x_recv_buf, pe)?,
-                })
-            })
-            .collect();
+        let views = (0..n).map(|pe| local.translated(|addr| nvshmem.peer_ptr(addr, pe))).collect();
         let mut imported: Vec<Option<Vec<EventPair>>> = (0..n).map(|_| None).collect();
         for pe in neighbours(&halos[me]).into_iter().filter(|&pe| pe != me) {
             let src = buf.peer_ptr(pe).ok_or_else(|| format!("PE {pe} is not mapped"))?;

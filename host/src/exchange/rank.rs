@@ -15,8 +15,8 @@ use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModu
 use crate::kernel_args;
 use super::Element;
 use kernels_gpu::abi::{
-    self, COUNTERS_PER_PULSE, CoordPath, Float3, pulse_flags, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
-    signal_index,
+    self, COUNTERS_PER_PULSE, CoordPath, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    pulse_flags, signal_index,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +43,22 @@ pub struct PeerView {
     pub recv_buf: u64,
     /// The peer's coordinate receive slots (the fused kernel stores low-latency words there).
     pub x_recv_buf: u64,
+}
+
+impl PeerView {
+    /// The same buffers as another process sees them: every address through `map` (`nvshmem_ptr`
+    /// for one peer), `None` when any of them is not mapped.
+    pub fn translated(&self, map: impl Fn(u64) -> Option<u64>) -> Option<PeerView> {
+        Some(PeerView { x: map(self.x)?, signals: map(self.signals)?, recv_buf: map(self.recv_buf)?, x_recv_buf: map(self.x_recv_buf)? })
+    }
+}
+
+/// `flags` with [`pulse_flags::RECV_X_LL`] set exactly when the pulse's coordinates arrive as
+/// low-latency words: `recv_pe` is mapped (`remote_recv_slots`, where this rank pushes its forces;
+/// both ends of a pair decide alike) and does not copy the pulse in bulk (`recv_bulk`).
+fn with_receive_words(meta: &PulseMeta, recv_bulk: bool) -> u32 {
+    let words = meta.remote_recv_slots != 0 && !recv_bulk;
+    (meta.flags & !pulse_flags::RECV_X_LL) | if words { pulse_flags::RECV_X_LL } else { 0 }
 }
 
 /// Sizes every rank must allocate identically (symmetric allocations are collective and must
@@ -434,9 +450,9 @@ impl<T: Element> RankExchange<T> {
                 recv_pe: spec.recv_rank as i32,
                 use_shift: spec.shift.is_some() as u32,
                 slot_bytes: slot_bytes as u32,
-                // Words where the peer is mapped (it pushes forces and, unless it copies in bulk,
-                // coordinates that way; both ends decide alike).
-                flags: flags[p] | if to.is_some() { pulse_flags::RECV_F_LL } else { 0 } | if from.is_some() { pulse_flags::RECV_X_LL } else { 0 },
+                // Forces arrive as words where `send_pe` is mapped (it pushes them; both ends decide
+                // alike); coordinates below.
+                flags: flags[p] | if to.is_some() { pulse_flags::RECV_F_LL } else { 0 },
                 signal_mode: signal_mode as u32,
                 path: if to.is_some() { CoordPath::Store } else { CoordPath::Put } as u32,
                 recv_slot_bytes: recv_slot_bytes as u32,
@@ -444,6 +460,8 @@ impl<T: Element> RankExchange<T> {
                 x_recv_slots: recv_pair(self.x_recv_buf.device_ptr(), p),
                 remote_x_slots: to.map_or(0, |v| recv_pair(v.x_recv_buf, p)),
             };
+            // Until `set_bulk_pulses` says otherwise, no pulse arrives in bulk.
+            let meta = PulseMeta { flags: with_receive_words(&meta, false), ..meta };
             // Forces are copied into slots with 16-byte stores.
             for (what, addr) in [("receive slot", meta.recv_slots), ("staging slot", meta.f_stage), ("peer receive slot", meta.remote_recv_slots)] {
                 if addr % 16 != 0 {
@@ -483,9 +501,7 @@ impl<T: Element> RankExchange<T> {
                 )));
             }
             meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
-            // `recv_pe` mapped (it pushes forces here) and not copying in bulk: it stores words.
-            let words = meta.remote_recv_slots != 0 && !rb;
-            meta.flags = (meta.flags & !pulse_flags::RECV_X_LL) | if words { pulse_flags::RECV_X_LL } else { 0 };
+            meta.flags = with_receive_words(meta, rb);
         }
         if !self.host_meta.is_empty() {
             self.meta.copy_from_host(&self.host_meta)?;
@@ -804,6 +820,26 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coordinates_arrive_as_words_only_from_a_mapped_sender_that_does_not_copy_in_bulk() {
+        let credits = pulse_flags::WAIT_COORD_CREDIT | pulse_flags::SEND_FORCE_CREDIT | pulse_flags::RECV_F_LL;
+        let mapped = PulseMeta { remote_recv_slots: 0x1000, flags: credits, ..PulseMeta::default() };
+        assert_eq!(with_receive_words(&mapped, false), credits | pulse_flags::RECV_X_LL);
+        let words = PulseMeta { flags: credits | pulse_flags::RECV_X_LL, ..mapped };
+        assert_eq!(with_receive_words(&words, true), credits, "a bulk copy arrives behind a signal");
+        let unmapped = PulseMeta { remote_recv_slots: 0, ..words };
+        assert_eq!(with_receive_words(&unmapped, false), credits, "a put arrives behind a signal");
+    }
+
+    #[test]
+    fn a_peer_view_is_mapped_whole_or_not_at_all() {
+        let local = PeerView { x: 0x100, signals: 0x200, recv_buf: 0x300, x_recv_buf: 0x400 };
+        assert_eq!(local.translated(|a| Some(a + 1)), Some(PeerView { x: 0x101, signals: 0x201, recv_buf: 0x301, x_recv_buf: 0x401 }));
+        for missing in [0x100, 0x200, 0x300, 0x400] {
+            assert_eq!(local.translated(|a| (a != missing).then_some(a)), None, "{missing:#x} unmapped");
+        }
+    }
 
     #[test]
     fn low_latency_flags_tell_every_step_from_the_one_that_last_used_its_slot() {
