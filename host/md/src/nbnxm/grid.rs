@@ -331,8 +331,9 @@ fn zone_extent(members: &[u32], atoms: &LocalAtoms) -> BBox {
 }
 
 /// Columns along x and y, and their widths, for a zone of `n` atoms in `extent`: columns holding a
-/// whole number of superclusters at the zone's density (cubic ones where the zone is tall).
-fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
+/// whole number of superclusters at the zone's density (cubic ones where the zone is tall). The GPU
+/// grid (`gpu_grid.rs`) takes its shape from here too.
+pub(crate) fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
     let size: [f64; 3] = std::array::from_fn(|d| f64::from(extent.hi[d] - extent.lo[d]).max(1e-3));
     let density = n as f64 / (size[0] * size[1] * size[2]);
     let cube = (SS as f64 / density).cbrt();
