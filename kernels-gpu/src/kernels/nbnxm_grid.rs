@@ -84,16 +84,8 @@ fn column_of(v: f32, cell: f32, columns: u32) -> u32 {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bin(
-    x: *mut Float3,
-    n: u32,
-    b: [f32; 3],
-    wrap_in_place: bool,
-    cell: [f32; 2],
-    columns: [u32; 2],
-    atom_column: *mut u32,
-    counts: *mut u32,
-    info: *mut u32,
-    types: *const u32,
+    x: *mut Float3, n: u32, b: [f32; 3], wrap_in_place: bool, cell: [f32; 2], columns: [u32; 2], atom_column: *mut u32, counts: *mut u32,
+    info: *mut u32, types: *const u32,
 ) {
     let i = thread::index_1d();
     if i >= n {
@@ -132,16 +124,8 @@ unsafe fn bin(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn columns(
-    counts: *const u32,
-    n_columns: u32,
-    atom_start: *mut u32,
-    cursor: *mut u32,
-    column_start: *mut u32,
-    zone: *mut NbnxmZone,
-    b: [f32; 3],
-    cell: [f32; 2],
-    shape: [u32; 2],
-    info: *mut u32,
+    counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zone: *mut NbnxmZone, b: [f32; 3],
+    cell: [f32; 2], shape: [u32; 2], info: *mut u32,
 ) {
     const T: u32 = NBNXM_GRID_SCAN_THREADS;
     let tid = thread::thread_idx_x();
@@ -265,18 +249,8 @@ unsafe fn sort(atom_start: *const u32, keys: *const u64, sorted: *mut u64) {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fill(
-    x: *const Float3,
-    types: *const u32,
-    sorted: *const u64,
-    atom_start: *const u32,
-    column_start: *const u32,
-    n_columns: u32,
-    info: *const u32,
-    atom_index: *mut u32,
-    atom_type: *mut u32,
-    cluster_bbox: *mut NbnxmBox,
-    super_bbox: *mut NbnxmBox,
-    super_zone: *mut u32,
+    x: *const Float3, types: *const u32, sorted: *const u64, atom_start: *const u32, column_start: *const u32, n_columns: u32, info: *const u32,
+    atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox, super_zone: *mut u32,
 ) {
     let w = warp::warp_id();
     let lane = warp::lane_id();

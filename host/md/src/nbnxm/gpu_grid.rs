@@ -182,13 +182,7 @@ impl DeviceGrid {
     /// (its coordinates are not wrapped; the buffers then hold no grid).
     #[allow(clippy::too_many_arguments)]
     pub fn build(
-        &mut self,
-        module: &KernelModule,
-        x: &impl DeviceMemory<Float3>,
-        types: &DeviceBuffer<u32>,
-        n: usize,
-        box_size: [f32; 3],
-        wrap: bool,
+        &mut self, module: &KernelModule, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, n: usize, box_size: [f32; 3], wrap: bool,
         stream: &CudaStream,
     ) -> Result<GridInfo> {
         self.held = None;
@@ -335,8 +329,182 @@ impl DeviceGrid {
         })
     }
 
+    /// Sets every byte of every buffer to 0xff, synchronously (for checks: poison before a build,
+    /// which must write every element of the grid it reports).
+    pub fn poison(&self) -> Result<()> {
+        self.atom_index.fill_bytes(0xff)?;
+        self.atom_type.fill_bytes(0xff)?;
+        self.cluster_bbox.fill_bytes(0xff)?;
+        self.super_bbox.fill_bytes(0xff)?;
+        self.super_zone.fill_bytes(0xff)?;
+        self.zones.fill_bytes(0xff)?;
+        self.column_start.fill_bytes(0xff)?;
+        let s = &self.scratch;
+        for b in [&s.atom_column, &s.counts, &s.atom_start, &s.cursor, &s.info] {
+            b.fill_bytes(0xff)?;
+        }
+        s.keys.fill_bytes(0xff)?;
+        s.sorted.fill_bytes(0xff)
+    }
+
     /// The zone the last [`Self::build`] wrote, read back (for checks).
     pub fn zone(&self) -> Result<NbnxmZone> {
         Ok(self.zones.to_host()?[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decomp::wrap_position;
+    use crate::nbnxm::LocalAtoms;
+    use crate::nbnxm::grid::{column_of, key};
+    use crate::system::MolecularSystem;
+    use abi::{NBNXM_FILLER, nbnxm_cluster_atoms};
+    use rand::{Rng, SeedableRng};
+
+    /// The GPU passes run on the CPU, step for step as the kernels take them (columns counted and
+    /// scanned, keys scattered in an order unrelated to the atoms', ranked within each column, each
+    /// chunk's halves, quarters and clusters by rank): the grid of wrapped `atoms`.
+    fn passes(a: &LocalAtoms) -> ClusterGrid {
+        let n = a.len();
+        let extent = BBox { lo: [0.0; 3], hi: a.box_size };
+        let (columns, cell) = column_shape(&extent, n);
+        let ncol = columns[0] * columns[1];
+        let col: Vec<usize> =
+            a.positions.iter().map(|p| column_of(p.x, 0.0, cell[0], columns[0]) + columns[0] * column_of(p.y, 0.0, cell[1], columns[1])).collect();
+        let mut counts = vec![0u32; ncol];
+        col.iter().for_each(|&c| counts[c] += 1);
+        let (mut atom_start, mut column_start) = (vec![0u32; ncol + 1], vec![0u32; ncol + 1]);
+        for c in 0..ncol {
+            atom_start[c + 1] = atom_start[c] + counts[c];
+            column_start[c + 1] = column_start[c] + counts[c].div_ceil(SS as u32);
+        }
+        let mut cursor = atom_start.clone();
+        let mut keys = vec![0u64; n];
+        for i in (0..n).rev() {
+            keys[cursor[col[i]] as usize] = key(a.positions[i].z, i as u32);
+            cursor[col[i]] += 1;
+        }
+        let mut sorted = vec![0u64; n];
+        for c in 0..ncol {
+            let k = &keys[atom_start[c] as usize..atom_start[c + 1] as usize];
+            for &mine in k {
+                sorted[atom_start[c] as usize + k.iter().filter(|&&o| o < mine).count()] = mine;
+            }
+        }
+        let total = column_start[ncol] as usize;
+        let mut g = ClusterGrid {
+            atom_index: vec![0xdead; total * SS],
+            atom_type: vec![0xdead; total * SS],
+            cluster_bbox: vec![BBox { lo: [f32::NAN; 3], hi: [f32::NAN; 3] }; total * SC],
+            super_bbox: vec![BBox { lo: [f32::NAN; 3], hi: [f32::NAN; 3] }; total],
+            super_zone: vec![0; total],
+            zones: vec![ZoneGrid { zone: 0, extent, columns, cell, column_start: column_start.clone() }],
+            box_size: a.box_size,
+            periodic: [true; 3],
+            atoms: n,
+            home_atoms: n,
+            ntypes: a.ntypes,
+        };
+        for s in 0..total as u32 {
+            let c = column_start.partition_point(|&v| v <= s) - 1;
+            let first = atom_start[c] + SS as u32 * (s - column_start[c]);
+            let len = (atom_start[c + 1] - first).min(SS as u32);
+            let atom = |t: u32| sorted[(first + t) as usize] as u32;
+            let coords = |t: u32| a.positions[atom(t) as usize];
+            let ky: Vec<u64> = (0..SS as u32).map(|t| if t < len { key(coords(t).y, atom(t)) } else { u64::MAX }).collect();
+            let kx: Vec<u64> = (0..SS as u32).map(|t| if t < len { key(coords(t).x, atom(t)) } else { u64::MAX }).collect();
+            let half = |t: usize| (t / 32) * 32..(t / 32) * 32 + 32;
+            let upper: Vec<bool> = (0..SS).map(|t| half(t).filter(|&u| ky[u] < ky[t]).count() >= 16).collect();
+            let mut pos = [[0.0f32; 3]; SS];
+            let out = s as usize * SS;
+            for t in 0..SS {
+                if (t as u32) < len {
+                    let rank = half(t).filter(|&u| upper[u] == upper[t] && kx[u] < kx[t]).count();
+                    let xh = usize::from(rank >= CL_);
+                    let slot = (4 * (t / 32) + 2 * usize::from(upper[t]) + xh) * CL_ + rank - CL_ * xh;
+                    g.atom_index[out + slot] = atom(t as u32);
+                    g.atom_type[out + slot] = a.types[atom(t as u32) as usize];
+                    let p = coords(t as u32);
+                    pos[slot] = [p.x, p.y, p.z];
+                }
+                if t as u32 % CL_ as u32 >= nbnxm_cluster_atoms(t as u32 / CL_ as u32, len) {
+                    g.atom_index[out + t] = NBNXM_FILLER;
+                    g.atom_type[out + t] = 0;
+                }
+            }
+            let mut sb = BBox::EMPTY;
+            for k in 0..SC {
+                let mut b = BBox::EMPTY;
+                (0..nbnxm_cluster_atoms(k as u32, len) as usize).for_each(|j| b.include(pos[k * CL_ + j]));
+                g.cluster_bbox[s as usize * SC + k] = b;
+                sb.union(&b);
+            }
+            g.super_bbox[s as usize] = sb;
+        }
+        if n == 0 {
+            g.zones.clear();
+        }
+        g
+    }
+
+    const CL_: usize = abi::NBNXM_CLUSTER_SIZE as usize;
+
+    fn check(what: &str, positions: &[Float3], box_size: [f32; 3]) {
+        let types: Vec<u32> = (0..positions.len()).map(|i| (i * 7 % 3) as u32).collect();
+        let a = LocalAtoms::single_rank(positions, &types, 3, box_size).unwrap();
+        let want = ClusterGrid::build(&a).unwrap();
+        assert_eq!(passes(&a), want, "{what}");
+    }
+
+    #[test]
+    fn the_passes_give_the_host_grid() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for (n, seed) in [(0, 1), (1, 1), (63, 2), (64, 3), (65, 4), (1000, 5), (6000, 6)] {
+            let s = MolecularSystem::generate(n.max(1), seed).unwrap();
+            let mut x = s.positions[..n].to_vec();
+            // Shuffled, some moved outside the box by whole and odd amounts.
+            for i in (1..x.len()).rev() {
+                x.swap(i, rng.random_range(0..=i));
+            }
+            for p in x.iter_mut().step_by(7) {
+                p.x += s.box_size[0] * rng.random_range(-3..4) as f32 + 0.37;
+                p.z -= 2.5 * s.box_size[2];
+            }
+            check(&format!("{n} atoms"), &x, s.box_size);
+        }
+        // On the box's edges: 0 and just below the edge; many equal coordinates.
+        let b = [3.0f32, 2.5, 4.0];
+        let edges: Vec<Float3> = (0..500)
+            .map(|i| {
+                let e = |d: usize, k: usize| [0.0, b[d].next_down(), b[d] * 0.5][k % 3];
+                Float3::new(e(0, i), e(1, i / 3), e(2, i / 9))
+            })
+            .collect();
+        check("edges", &edges, b);
+        // A dense blob: one column holds most atoms.
+        let blob: Vec<Float3> =
+            (0..3000).map(|_| Float3::new(rng.random_range(1.0..1.01), rng.random_range(1.0..1.01), rng.random::<f32>() * b[2])).collect();
+        check("blob", &blob, b);
+        // The wrap the passes read is the host's.
+        let far = Float3::new(-1e7, 3.0, 7.0 * b[2]);
+        assert_eq!(wrap_position(far, b), LocalAtoms::single_rank(&[far], &[0], 1, b).unwrap().positions[0]);
+    }
+
+    #[test]
+    fn cluster_sizes_follow_the_halves_quarters_and_eighths() {
+        for len in 0..=64u32 {
+            let sizes: Vec<u32> = (0..8).map(|k| nbnxm_cluster_atoms(k, len)).collect();
+            assert_eq!(sizes.iter().sum::<u32>(), len);
+            let half = |zh: usize| sizes[4 * zh..4 * zh + 4].iter().sum::<u32>();
+            assert_eq!(half(0), len.min(32));
+            assert!(sizes.iter().all(|&s| s <= 8));
+            // Lower pieces fill first.
+            for k in [0usize, 2, 4, 6] {
+                assert!(sizes[k + 1] == 0 || sizes[k] == 8);
+            }
+            assert!(sizes[2] + sizes[3] == 0 || sizes[0] + sizes[1] == 16);
+        }
     }
 }
