@@ -179,7 +179,7 @@ impl DeviceGrid {
     /// `types` (one per atom), all home, every dimension periodic in a box of `box_size`: the grid
     /// of `ClusterGrid::build(&LocalAtoms::single_rank(..))`. Enqueues the passes on `stream` and
     /// synchronises it. An atom with a non-finite coordinate is an error naming the first such atom
-    /// (its coordinates are not wrapped; the buffers then hold no grid).
+    /// (the buffers then hold no grid; the finite atoms' coordinates may be wrapped already).
     #[allow(clippy::too_many_arguments)]
     pub fn build(
         &mut self, module: &KernelModule, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, n: usize, box_size: [f32; 3], wrap: bool,
