@@ -55,24 +55,50 @@ fn table_f64(sys: &MolecularSystem) -> Vec<(f64, f64)> {
 /// pruning first) and compares forces, energy and (when pruned) the inner lists with the references.
 #[allow(clippy::too_many_arguments)]
 fn check(test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize) {
-    check_with(test, g, sys, atoms, coords, setup, prune, max_j, false)
+    check_with(test, g, sys, atoms, coords, setup, prune, max_j, Lists::Host)
 }
 
-/// [`check`], with the lists searched on the GPU (`gpu_search`, which splits entries at the
-/// default 32 words) instead of uploaded from the host: then the GPU's lists must first equal the
-/// host's word for word and entry for entry.
+/// Where the lists on the GPU come from.
+#[derive(Clone, Copy)]
+enum Lists<'a> {
+    /// The host's search, uploaded.
+    Host,
+    /// The host's grid, uploaded, and the GPU search.
+    GpuSearch,
+    /// The whole search step on the GPU (`update_resident`) from these coordinates (one rank;
+    /// `atoms` must be their `LocalAtoms::single_rank`): wrapped in place, the grid built on the
+    /// GPU, the GPU search.
+    Resident(&'a [Float3]),
+}
+
+/// [`check`], with the lists searched on the GPU (which splits entries at the default 32 words)
+/// instead of uploaded from the host: then the GPU's lists (and, for [`Lists::Resident`], the
+/// wrapped coordinates and the grid) must first equal the host's word for word and entry for entry.
 #[allow(clippy::too_many_arguments)]
 fn check_with(
     test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize,
-    gpu_search: bool,
+    lists: Lists<'_>,
 ) {
     let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(setup.rlist) };
     let search = PairSearch::build(atoms, &opts).unwrap_or_else(|e| panic!("{test}: {e}"));
-    let mut nb = if gpu_search {
+    let mut nb = if let Lists::GpuSearch | Lists::Resident(_) = lists {
         assert_eq!(max_j, SearchOptions::new(setup.rlist).max_j_per_entry, "{test}: the GPU search splits entries at the default length");
         let stream = g.ctx.new_stream().unwrap();
-        let nb = NbnxmGpu::new_on_gpu(g.module.clone(), &search.grid, &lj_table(sys), setup, atoms.box_size, &stream)
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        let nb = match lists {
+            Lists::Resident(raw) => {
+                let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj_table(sys), setup, atoms.box_size).unwrap();
+                let xd = DeviceBuffer::from_host(&g.ctx, raw).unwrap();
+                let td = DeviceBuffer::from_host(&g.ctx, &atoms.types).unwrap();
+                nb.update_resident(&xd, &td, raw.len(), atoms.box_size, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+                let wrapped = xd.to_host().unwrap();
+                let bits = |p: &Float3| [p.x, p.y, p.z].map(f32::to_bits);
+                assert!(wrapped.iter().zip(&atoms.positions).all(|(p, q)| bits(p) == bits(q)), "{test}: coordinates wrapped on the GPU");
+                assert_eq!(nb.read_grid().unwrap(), search.grid, "{test}: the GPU grid");
+                nb
+            }
+            _ => NbnxmGpu::new_on_gpu(g.module.clone(), &search.grid, &lj_table(sys), setup, atoms.box_size, &stream)
+                .unwrap_or_else(|e| panic!("{test}: {e}")),
+        };
         for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
             let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
             assert_eq!(entries.len(), list.entries.len(), "{test} {kind:?}: GPU search entries");
@@ -173,7 +199,7 @@ fn decomposed_system(test: &str, sys: &MolecularSystem, dims: [usize; 3], ranks:
             check(&format!("{test} rank {r} prune {prune}"), &g, sys, &local, &coords[r], &s, prune, max_j);
         }
         if max_j == SearchOptions::new(s.rlist).max_j_per_entry {
-            check_with(&format!("{test} rank {r} GPU search"), &g, sys, &local, &coords[r], &s, true, max_j, true);
+            check_with(&format!("{test} rank {r} GPU search"), &g, sys, &local, &coords[r], &s, true, max_j, Lists::GpuSearch);
         }
     }
 }
@@ -298,6 +324,28 @@ fn gpu_search_equals_the_host_search() {
                 );
             }
         }
+    }
+}
+
+/// The whole search step on the GPU (`update_resident`: wrap in place, grid, lists) on one rank,
+/// then the forces, energy and prune on its lists against the references, with every kernel design
+/// and warp count; some atoms start outside the box.
+#[test]
+fn resident_search_forces() {
+    let Some(g) = gpu("nbnxm_resident") else { return };
+    for (atoms, seed) in [(6000, 51), (45_000, 52)] {
+        let sys = MolecularSystem::generate(atoms, seed).unwrap();
+        let s = setup(1.0, 0.2);
+        let raw: Vec<Float3> = sys
+            .positions
+            .iter()
+            .enumerate()
+            .map(|(i, p)| if i % 4 == 0 { Float3::new(p.x - 2.0 * sys.box_size[0], p.y + sys.box_size[1], p.z + 0.5) } else { *p })
+            .collect();
+        let types: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
+        let local = LocalAtoms::single_rank(&raw, &types, sys.atom_types.len(), sys.box_size).unwrap();
+        let coords: Vec<[f64; 3]> = local.positions.iter().map(|p| [p.x, p.y, p.z].map(f64::from)).collect();
+        check_with(&format!("nbnxm_{atoms}_resident"), &g, &sys, &local, &coords, &s, true, 32, Lists::Resident(&raw));
     }
 }
 

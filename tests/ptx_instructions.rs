@@ -397,3 +397,39 @@ fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
         assert!(!b[k].contains("div.approx"), "{k}: an approximate division");
     }
 }
+
+#[test]
+fn the_gpu_grid_wraps_and_bins_like_the_host() {
+    let b = entries(&ptx_text());
+    // The wrap and the column index in the host's f32 operations: separate roundings (no fused
+    // multiply-add anywhere in the grid passes), IEEE divisions, `floor` and the saturating
+    // truncation of `as i32`.
+    for k in [abi::NBNXM_GRID_BIN, abi::NBNXM_GRID_COLUMNS, abi::NBNXM_GRID_SCATTER, abi::NBNXM_GRID_SORT, abi::NBNXM_GRID_FILL] {
+        assert!(!b[k].contains("fma.rn"), "{k}: a fused multiply-add differs from the host's rounding");
+        assert!(!b[k].contains("div.approx") && !b[k].contains(".ftz"), "{k}: approximate or flushed arithmetic");
+        assert_absent(&b, k, &[".local"]);
+    }
+    assert_lowers(&b, abi::NBNXM_GRID_BIN, &[
+        "div.rn.f32",
+        "mul.rn.f32",
+        "sub.rn.f32",
+        "add.rn.f32",
+        "cvt.rmi.f32.f32",
+        "cvt.rzi.s32.f32",
+        // Counts, the first bad atom and the largest type, each one reduction without a return.
+        "red.relaxed.gpu.global.add.u32",
+        "red.relaxed.gpu.global.min.u32",
+        "red.relaxed.gpu.global.max.u32",
+    ]);
+    // Places claimed with a returning atomic; sorted by rank through a shared tile; the chunk's
+    // ranks per warp; the scan by one block.
+    assert_lowers(&b, abi::NBNXM_GRID_SCATTER, &["atom.relaxed.gpu.global.add.u32", "st.global.b64"]);
+    assert_lowers(&b, abi::NBNXM_GRID_SORT, &["bar.sync", "ld.shared.b64", "setp.lt.u64"]);
+    assert_lowers(&b, abi::NBNXM_GRID_FILL, &["bar.warp.sync", "ld.shared.b64", "min.f32", "max.f32"]);
+    assert_absent(&b, abi::NBNXM_GRID_FILL, &["bar.sync", "atom.", "red.relaxed", "red.global"]);
+    assert_lowers(&b, abi::NBNXM_GRID_COLUMNS, &["bar.sync", "st.shared.b32"]);
+    let count = |k: &str, ins: &str| b[k].matches(ins).count();
+    // Three wraps (one division each) and two column indices.
+    assert_eq!(count(abi::NBNXM_GRID_BIN, "div.rn.f32"), 5, "{}", abi::NBNXM_GRID_BIN);
+    assert_eq!(count(abi::NBNXM_GRID_BIN, "cvt.rmi.f32.f32"), 3);
+}

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -61,6 +61,11 @@ kernel_entries! {
         "globaltimer_resolution",
         "nbnxm_search_count",
         "nbnxm_search_write",
+        "nbnxm_grid_bin",
+        "nbnxm_grid_columns",
+        "nbnxm_grid_scatter",
+        "nbnxm_grid_sort",
+        "nbnxm_grid_fill",
     ],
 }
 
@@ -277,6 +282,77 @@ pub const NBNXM_SEARCH_COUNT: &str = "nbnxm_search_count";
 /// each item's words, in the host search's order, to `j_local[offsets[2 item] ..]` and
 /// `j_nonlocal[offsets[2 item + 1] ..]`.
 pub const NBNXM_SEARCH_WRITE: &str = "nbnxm_search_write";
+
+/// `nbnxm_grid_bin(x, n, box_x, box_y, box_z, wrap, cell_x, cell_y, columns_x, columns_y,
+/// atom_column, counts, info, types)`: the first pass of the cluster grid on the GPU (one rank,
+/// every dimension periodic; `host/md/src/nbnxm/gpu_grid.rs`). One thread per atom `i < n`: with
+/// `wrap != 0`, `x[i]` wrapped into the box in place (the host's `decomp::wrap_position`, bit for
+/// bit); its column `cx + columns_x * cy` to `atom_column[i]` and one count to `counts[column]`;
+/// `types[i]` into the largest type `info[`[`NBNXM_GRID_INFO_MAX_TYPE`]`]`. An atom with a
+/// non-finite coordinate is left as it is, gets column `u32::MAX` and lowers
+/// `info[`[`NBNXM_GRID_INFO_BAD_ATOM`]`]` to its index. [`NBNXM_GRID_THREADS`] threads per block.
+pub const NBNXM_GRID_BIN: &str = "nbnxm_grid_bin";
+/// `nbnxm_grid_columns(counts, n_columns, atom_start, cursor, column_start, zone, box_x, box_y,
+/// box_z, cell_x, cell_y, columns_x, columns_y, info)`: one block of [`NBNXM_GRID_SCAN_THREADS`]
+/// threads, [`NBNXM_GRID_SCAN_SHARED_BYTES`] of dynamic shared memory. Column `c`'s atoms go to places `atom_start[c] .. atom_start[c + 1]` (an exclusive
+/// scan of the counts; `cursor` gets a copy of the starts), its superclusters
+/// (`ceil(count / 64)`) are `column_start[c] .. column_start[c + 1]`; the total superclusters go
+/// to `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` and the zone's [`NbnxmZone`] to `zone`.
+pub const NBNXM_GRID_COLUMNS: &str = "nbnxm_grid_columns";
+/// `nbnxm_grid_scatter(x, n, atom_column, cursor, keys)`: one thread per atom with a column: its
+/// sort key `(z, atom)` (see the host's `grid.rs`) to a place of its column claimed from `cursor`
+/// (in no particular order). [`NBNXM_GRID_THREADS`] threads per block.
+pub const NBNXM_GRID_SCATTER: &str = "nbnxm_grid_scatter";
+/// `nbnxm_grid_sort(atom_start, keys, sorted)`: one block of [`NBNXM_GRID_SORT_THREADS`] threads
+/// per column, [`NBNXM_GRID_SORT_SHARED_BYTES`] of dynamic shared memory: each key of the column
+/// goes to `sorted[atom_start[c] + rank]`, its rank the number of the column's keys below it.
+pub const NBNXM_GRID_SORT: &str = "nbnxm_grid_sort";
+/// `nbnxm_grid_fill(x, types, sorted, atom_start, column_start, n_columns, info, atom_index,
+/// atom_type, cluster_bbox, super_bbox, super_zone)`: one warp per supercluster (those at or above
+/// `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` do nothing), [`NBNXM_GRID_FILL_WARPS`] warps per
+/// block, [`NBNXM_GRID_FILL_SHARED_BYTES`] of dynamic shared memory: the supercluster's 64 slots
+/// (atom and type, padding `NBNXM_FILLER` and 0), its 8 cluster boxes, its box and zone (0), as
+/// the host's `ClusterGrid::build` fills them.
+pub const NBNXM_GRID_FILL: &str = "nbnxm_grid_fill";
+/// Threads per block of [`NBNXM_GRID_BIN`] and [`NBNXM_GRID_SCATTER`].
+pub const NBNXM_GRID_THREADS: u32 = 256;
+/// Threads of the one block of [`NBNXM_GRID_COLUMNS`].
+pub const NBNXM_GRID_SCAN_THREADS: u32 = 1024;
+/// Dynamic shared memory of the [`NBNXM_GRID_COLUMNS`] block: two running sums per thread.
+pub const NBNXM_GRID_SCAN_SHARED_BYTES: u32 = NBNXM_GRID_SCAN_THREADS * 8;
+/// Threads per block of [`NBNXM_GRID_SORT`].
+pub const NBNXM_GRID_SORT_THREADS: u32 = 256;
+/// Dynamic shared memory of a [`NBNXM_GRID_SORT`] block: one tile of keys.
+pub const NBNXM_GRID_SORT_SHARED_BYTES: u32 = NBNXM_GRID_SORT_THREADS * 8;
+/// Warps per block of [`NBNXM_GRID_FILL`] (one supercluster each).
+pub const NBNXM_GRID_FILL_WARPS: u32 = 4;
+/// Shared bytes of one [`NBNXM_GRID_FILL`] warp: the chunk's 64 y keys and 64 x keys, 64 quarter
+/// flags, the 64 slots' coordinates and the 8 cluster boxes.
+pub const NBNXM_GRID_FILL_WARP_BYTES: u32 = NBNXM_SUPER_SIZE * (8 + 8 + 4 + 12) + NBNXM_CLUSTERS_PER_SUPER * 24;
+/// Dynamic shared memory of a [`NBNXM_GRID_FILL`] block.
+pub const NBNXM_GRID_FILL_SHARED_BYTES: u32 = NBNXM_GRID_FILL_WARPS * NBNXM_GRID_FILL_WARP_BYTES;
+/// Atoms of cluster `k` (`4 zh + 2 yh + xh`) of a supercluster cut from a chunk of `len <= 64`
+/// keys: half `zh` takes 32 keys and the rest, quarter `yh` of a half 16 and the rest, eighth `xh`
+/// of a quarter 8 and the rest (the cluster grid's rule, `host/md/src/nbnxm/grid.rs`); the
+/// cluster's other slots are padding.
+pub const fn nbnxm_cluster_atoms(k: u32, len: u32) -> u32 {
+    let (zh, yh, xh) = (k / 4, (k / 2) % 2, k % 2);
+    let rest = len.saturating_sub(32 * zh);
+    let half = if rest < 32 { rest } else { 32 };
+    let q0 = if half < 16 { half } else { 16 };
+    let quarter = if yh == 0 { q0 } else { half - q0 };
+    let c0 = if quarter < NBNXM_CLUSTER_SIZE { quarter } else { NBNXM_CLUSTER_SIZE };
+    if xh == 0 { c0 } else { quarter - c0 }
+}
+/// Words of the grid passes' `info` array.
+pub const NBNXM_GRID_INFO_WORDS: usize = 3;
+/// `info` word: the lowest atom with a non-finite coordinate (`u32::MAX`, as the host sets it
+/// before the passes, when none has).
+pub const NBNXM_GRID_INFO_BAD_ATOM: usize = 0;
+/// `info` word: superclusters of the grid.
+pub const NBNXM_GRID_INFO_SUPERCLUSTERS: usize = 1;
+/// `info` word: the largest atom type (0 as the host sets it before the passes).
+pub const NBNXM_GRID_INFO_MAX_TYPE: usize = 2;
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
@@ -807,4 +883,7 @@ const _: () = {
     // block fits the 48 KiB of dynamic shared memory a launch gets without opting in.
     assert!(NBNXM_TABLE_OFFSET.is_multiple_of(16) && NBNXM_PARTIAL_FLOATS.is_multiple_of(4));
     assert!(nbnxm_force_shared_bytes(NBNXM_MAX_TYPES, NBNXM_MAX_WARPS_PER_ENTRY) <= 48 * 1024);
+    // The grid's fill blocks: 8-byte keys first in each warp's region, every region 16-byte aligned.
+    assert!(NBNXM_GRID_FILL_WARP_BYTES.is_multiple_of(16) && NBNXM_GRID_FILL_SHARED_BYTES <= 48 * 1024);
+    assert!(NBNXM_GRID_SCAN_THREADS.is_power_of_two() && NBNXM_GRID_SORT_THREADS.is_multiple_of(32));
 };

@@ -199,6 +199,13 @@ pub mod math {
         core::intrinsics::fmaf32(a, b, c)
     }
 
+    /// `cvt.rmi.f32.f32`: the largest integer not above `x` (exact, like the host's `f32::floor`).
+    /// Any thread; no memory effects.
+    #[inline(always)]
+    pub fn floor_f32(x: f32) -> f32 {
+        core::intrinsics::floorf32(x)
+    }
+
     /// `rcp.approx.ftz.f32`: `1 / x` to within 1 ulp (subnormals flushed to zero), one MUFU
     /// instruction instead of the dozen of an IEEE division. Any thread; no memory effects.
     #[inline(always)]
@@ -417,6 +424,43 @@ pub unsafe fn atomic_add_relaxed_gpu_f64(ptr: *mut f64, value: f64) {
 pub unsafe fn atomic_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
     // SAFETY: the caller guarantees `ptr`.
     unsafe { asm!("red.relaxed.gpu.global.add.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
+}
+
+/// `atom.relaxed.gpu.global.add.u32`: `*ptr += value` atomically, returns the old value, no
+/// ordering. Claims places in a shared array (a cursor).
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_fetch_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe {
+        asm!("atom.relaxed.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack))
+    };
+    old
+}
+
+/// `red.relaxed.gpu.global.min.u32`: `*ptr = min(*ptr, value)` atomically, no return value, no
+/// ordering. Keeps the first (lowest) index of something found by many threads.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_min_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("red.relaxed.gpu.global.min.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
+}
+
+/// `red.relaxed.gpu.global.max.u32`: `*ptr = max(*ptr, value)` atomically, no return value, no
+/// ordering.
+///
+/// # Safety
+/// `ptr` must be a valid, 4-byte-aligned global address on this device.
+#[inline(always)]
+pub unsafe fn atomic_max_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
+    // SAFETY: the caller guarantees `ptr`.
+    unsafe { asm!("red.relaxed.gpu.global.max.u32 [{p}], {v};", p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
 }
 
 /// `st.global.v4.b32`: one 16-byte store of four words, no ordering (a weak store, like any

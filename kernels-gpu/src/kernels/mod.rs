@@ -29,6 +29,7 @@ mod fused_forces;
 mod ll;
 mod md;
 mod nbnxm;
+mod nbnxm_grid;
 mod nbnxm_search;
 mod pack;
 mod probe;

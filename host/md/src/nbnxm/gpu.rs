@@ -12,8 +12,11 @@
 //! and add forces into the exchange's force array, so nothing is scattered after them. Each launch
 //! runs one block of `32 W` threads per list entry, `W` from [`WarpsPerEntry`] (by default its rule
 //! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
-//! (synchronously: no launch of this object may still be running).
+//! (synchronously: no launch of this object may still be running); [`NbnxmGpu::update_on_gpu`]
+//! uploads a host-sorted grid and searches on the GPU; on one rank, [`NbnxmGpu::update_resident`]
+//! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates.
 
+use super::gpu_grid::{DeviceGrid, GridInfo};
 use super::gpu_search::{GpuSearch, fit, grow};
 use super::grid::ClusterGrid;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
@@ -24,6 +27,7 @@ use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchSha
 use crate::kernel_args;
 use crate::system::MolecularSystem;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Which of a rank's two lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,11 +116,27 @@ impl GpuList {
     }
 }
 
+/// What [`NbnxmGpu::update_resident`] did: the grid it built, the lists' sizes, and the time of
+/// each part (host wall clock around synchronous GPU work).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ResidentSearch {
+    /// The grid built on the GPU.
+    pub grid: GridInfo,
+    /// Wrapping and building the grid (five passes, one synchronisation, three words read back).
+    pub grid_time: Duration,
+    /// Searching both lists (two passes, the layout on the host in between).
+    pub lists_time: Duration,
+    /// j-list words of the home–home and the non-local list (the latter empty on one rank).
+    pub words: [usize; 2],
+    /// Entries of the two lists.
+    pub entries: [usize; 2],
+}
+
 /// One rank's cluster grid and lists on its GPU (see the module docs for the per-step calls).
 pub struct NbnxmGpu {
     module: Arc<KernelModule>,
-    atom_index: DeviceBuffer<u32>,
-    atom_type: DeviceBuffer<u32>,
+    /// The grid: slots and types (the force and prune kernels), boxes and columns (the search).
+    grid: DeviceGrid,
     lj: DeviceBuffer<[f32; 2]>,
     ntypes: u32,
     lists: [GpuList; 2],
@@ -156,8 +176,7 @@ impl NbnxmGpu {
         let ctx = module.context().clone();
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).during("reading the SM count")?;
         Ok(Self {
-            atom_index: DeviceBuffer::uninit(&ctx, 1)?,
-            atom_type: DeviceBuffer::uninit(&ctx, 1)?,
+            grid: DeviceGrid::new(&module)?,
             lj: DeviceBuffer::from_host(&ctx, lj)?,
             ntypes: ntypes as u32,
             lists: [GpuList::empty(&module)?, GpuList::empty(&module)?],
@@ -222,8 +241,7 @@ impl NbnxmGpu {
                 grid.ntypes, self.ntypes
             )));
         }
-        fit(&self.module, &mut self.atom_index, &grid.atom_index)?;
-        fit(&self.module, &mut self.atom_type, &grid.atom_type)?;
+        self.grid.upload_slots(&self.module, grid)?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
         Ok(())
@@ -243,11 +261,68 @@ impl NbnxmGpu {
     /// may still be running.
     pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
         self.set_grid(grid, box_size)?;
+        self.grid.upload_boxes(&self.module, grid)?;
+        self.search_lists(stream)
+    }
+
+    /// An object with no grid and empty lists, for [`Self::update_resident`] to fill; the LJ table
+    /// as for [`Self::new`].
+    pub fn new_resident(module: Arc<KernelModule>, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3]) -> Result<Self> {
+        Self::empty(module, lj, setup, box_size)
+    }
+
+    /// The whole search step of one undecomposed rank on the GPU, on `stream` (synchronised before
+    /// returning; no launch of this object may still be running): wraps the first `atoms`
+    /// coordinates of `x` into the box in place (as `decomp::wrap_position` does), builds their
+    /// cluster grid with atom types `types` (one per atom, each below the LJ table's type count)
+    /// on the GPU, and searches both lists there at `setup.rlist` (32 words per entry): the grid
+    /// and lists [`PairSearch::build`] finds on `LocalAtoms::single_rank` of the wrapped atoms.
+    /// The force and prune kernels then read the new grid's slots. A non-finite coordinate is an
+    /// error naming the first such atom (the lists are then empty).
+    pub fn update_resident(
+        &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
+    ) -> Result<ResidentSearch> {
+        let t0 = Instant::now();
+        // Until the new grid is complete the lists index no atoms (a failed build leaves none).
+        self.atoms = 0;
+        for l in &mut self.lists {
+            l.n_entries = 0;
+            l.n_words = 0;
+        }
+        let grid = self.grid.build(&self.module, x, types, atoms, box_size, true, stream)?;
+        if atoms > 0 && grid.max_type >= self.ntypes {
+            return Err(HaloError::InvalidInput(format!(
+                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
+                grid.max_type, self.ntypes
+            )));
+        }
+        let t1 = Instant::now();
+        self.search_lists(stream)?;
+        self.box_size = box_size;
+        self.atoms = atoms;
+        Ok(ResidentSearch {
+            grid,
+            grid_time: t1 - t0,
+            lists_time: t1.elapsed(),
+            words: [self.lists[0].n_words, self.lists[1].n_words],
+            entries: [self.lists[0].n_entries, self.lists[1].n_entries],
+        })
+    }
+
+    /// The GPU grid the last [`Self::update_resident`] built, read back as the host's
+    /// [`ClusterGrid`] (synchronous; for checks).
+    pub fn read_grid(&self) -> Result<ClusterGrid> {
+        self.grid.to_host(self.ntypes as usize)
+    }
+
+    /// Searches both lists on the GPU on the grid the device buffers hold (at `setup.rlist`, 32
+    /// words per entry), on `stream`, which is synchronised before returning.
+    fn search_lists(&mut self, stream: &CudaStream) -> Result<()> {
         let search = match self.search.as_mut() {
             Some(s) => s,
             None => self.search.insert(GpuSearch::new(&self.module)?),
         };
-        let (module, lists) = (&self.module, &mut self.lists);
+        let (module, lists, grid) = (&self.module, &mut self.lists, &self.grid);
         let max_j = SearchOptions::new(self.setup.rlist).max_j_per_entry;
         search.run(module, grid, self.setup.rlist, max_j, stream, &mut |l| {
             let a = lists[0].prepare(module, &l.entries[0], l.words[0])?;
@@ -305,7 +380,7 @@ impl NbnxmGpu {
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
             let mut px = x.device_ptr();
-            let (mut idx, mut ent, mut n) = (self.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+            let (mut idx, mut ent, mut n) = (self.grid.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
             let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
@@ -341,7 +416,7 @@ impl NbnxmGpu {
         }
         let words = if l.pruned { &l.inner } else { &l.outer };
         let mut px = x.device_ptr();
-        let (mut idx, mut ty, mut ent, mut n) = (self.atom_index.device_ptr(), self.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+        let (mut idx, mut ty, mut ent, mut n) = (self.grid.atom_index.device_ptr(), self.grid.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
         let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
         let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
         let [mut bx, mut by, mut bz] = self.box_size;

@@ -1,13 +1,14 @@
-//! The cluster-pair search on the GPU (`nbnxm_search_count`, `nbnxm_search_write`): the host sorts
-//! the atoms into the cluster grid and uploads it, the GPU finds the j-cluster words of every
-//! (i-supercluster, shift) item, the host turns the counts into the lists' layout ([`layout`]),
-//! and the GPU writes the words there. The lists equal [`super::PairSearch`]'s word for word (same
-//! rule, same `f32` arithmetic, same order), which `tests/gpu_nbnxm.rs` checks.
+//! The cluster-pair search on the GPU (`nbnxm_search_count`, `nbnxm_search_write`) on a grid in
+//! device memory ([`DeviceGrid`]: uploaded from the host's sort, or built on the GPU): the GPU
+//! finds the j-cluster words of every (i-supercluster, shift) item, the host turns the counts
+//! into the lists' layout ([`layout`]), and the GPU writes the words there. The lists equal
+//! [`super::PairSearch`]'s word for word (same rule, same `f32` arithmetic, same order), which
+//! `tests/gpu_nbnxm.rs` and `tests/gpu_grid.rs` check.
 
-use super::grid::{BBox, ClusterGrid};
-use super::pairlist::{list_cutoff2, shifts, split_entries};
-use crate::abi::{self, NbnxmBox, NbnxmEntry, NbnxmShift, NbnxmZone};
-use crate::error::{CudaContextExt, Result};
+use super::gpu_grid::DeviceGrid;
+use super::pairlist::{list_cutoff2, shifts_of, split_entries};
+use crate::abi::{self, NbnxmEntry, NbnxmShift};
+use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use bytemuck::Pod;
@@ -40,10 +41,6 @@ pub fn layout(counts: &[u32], shift_index: &[u32], max_j: usize) -> Layout {
     out
 }
 
-fn to_box(b: &BBox) -> NbnxmBox {
-    NbnxmBox { lo: b.lo, hi: b.hi }
-}
-
 /// Copies `data` into `buf`, reallocating (with 25% headroom) when it does not fit.
 pub fn fit<T: Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, data: &[T]) -> Result<()> {
     grow(module, buf, data.len())?;
@@ -58,44 +55,19 @@ pub(crate) fn grow<T: Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, len
     Ok(())
 }
 
-/// The grid as the search kernels read it, and the pass buffer (counts, then offsets).
+/// The search's own buffers (the grid's are a [`DeviceGrid`]'s): the shifts and the pass buffer
+/// (counts, then offsets).
 pub(crate) struct GpuSearch {
-    super_bbox: DeviceBuffer<NbnxmBox>,
-    cluster_bbox: DeviceBuffer<NbnxmBox>,
-    super_zone: DeviceBuffer<u32>,
-    zones: DeviceBuffer<NbnxmZone>,
-    column_start: DeviceBuffer<u32>,
     shifts: DeviceBuffer<NbnxmShift>,
+    /// The shifts `shifts` holds (uploaded again only when they change).
+    uploaded: Vec<(u32, [f32; 3])>,
     counts: DeviceBuffer<u32>,
-}
-
-/// The two passes' common arguments.
-struct Args {
-    sb: u64,
-    cb: u64,
-    sz: u64,
-    zones: u64,
-    n_zones: u32,
-    cs: u64,
-    shifts: u64,
-    n_shifts: u32,
-    n_super: u32,
-    rl: f32,
-    rl2: f32,
 }
 
 impl GpuSearch {
     pub(crate) fn new(module: &KernelModule) -> Result<Self> {
         let ctx = module.context();
-        Ok(Self {
-            super_bbox: DeviceBuffer::uninit(ctx, 1)?,
-            cluster_bbox: DeviceBuffer::uninit(ctx, 1)?,
-            super_zone: DeviceBuffer::uninit(ctx, 1)?,
-            zones: DeviceBuffer::uninit(ctx, 1)?,
-            column_start: DeviceBuffer::uninit(ctx, 1)?,
-            shifts: DeviceBuffer::uninit(ctx, 1)?,
-            counts: DeviceBuffer::uninit(ctx, 1)?,
-        })
+        Ok(Self { shifts: DeviceBuffer::uninit(ctx, 1)?, uploaded: Vec::new(), counts: DeviceBuffer::uninit(ctx, 1)? })
     }
 
     fn shape(items: usize) -> LaunchShape {
@@ -103,16 +75,18 @@ impl GpuSearch {
         LaunchShape { grid: (blocks, 1), block: abi::NBNXM_SEARCH_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SEARCH_SHARED_BYTES }
     }
 
-    /// Runs both passes for `grid` at list cutoff `rl` on `stream`: `out(words)` gets the layout
-    /// and returns the two device word arrays (home–home, with halo) to write into, each with room
-    /// for `words[kind]` words. Returns the layout; the words are written when `stream` is done
-    /// (it is synchronised before returning).
+    /// Runs both passes on the grid `grid` holds (uploaded from the host, or built on the GPU on
+    /// `stream`) at list cutoff `rl` on `stream`: `out(layout)` gets the layout and returns the two
+    /// device word arrays (home–home, with halo) to write into, each with room for `words[kind]`
+    /// words. Returns the layout; the words are written when this returns (`stream` and the
+    /// context are synchronised).
     pub(crate) fn run(
-        &mut self, module: &KernelModule, grid: &ClusterGrid, rl: f32, max_j: usize, stream: &CudaStream,
+        &mut self, module: &KernelModule, grid: &DeviceGrid, rl: f32, max_j: usize, stream: &CudaStream,
         out: &mut dyn FnMut(&Layout) -> Result<[u64; 2]>,
     ) -> Result<Layout> {
-        let shifts: Vec<(u32, [f32; 3])> = shifts(grid);
-        let n_super = grid.superclusters();
+        let held = grid.held().ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
+        let shifts = shifts_of(held.periodic, held.box_size);
+        let n_super = held.superclusters;
         let items = n_super * shifts.len();
         let shift_index: Vec<u32> = shifts.iter().map(|s| s.0).collect();
         if items == 0 {
@@ -120,51 +94,22 @@ impl GpuSearch {
             out(&l)?;
             return Ok(l);
         }
-        fit(module, &mut self.super_bbox, &grid.super_bbox.iter().map(to_box).collect::<Vec<_>>())?;
-        fit(module, &mut self.cluster_bbox, &grid.cluster_bbox.iter().map(to_box).collect::<Vec<_>>())?;
-        fit(module, &mut self.super_zone, &grid.super_zone.iter().map(|&z| u32::from(z)).collect::<Vec<_>>())?;
-        let mut flat = Vec::new();
-        let zones: Vec<NbnxmZone> = grid
-            .zones
-            .iter()
-            .map(|z| {
-                let base = flat.len() as u32;
-                flat.extend_from_slice(&z.column_start);
-                NbnxmZone {
-                    extent: to_box(&z.extent),
-                    cell: z.cell,
-                    columns: [z.columns[0] as u32, z.columns[1] as u32],
-                    column_base: base,
-                    sc_end: z.superclusters().end as u32,
-                    zone: u32::from(z.zone),
-                    reserved: 0,
-                }
-            })
-            .collect();
-        fit(module, &mut self.zones, &zones)?;
-        fit(module, &mut self.column_start, &flat)?;
-        fit(module, &mut self.shifts, &shifts.iter().map(|&(index, v)| NbnxmShift { v, index }).collect::<Vec<_>>())?;
+        if self.uploaded != shifts {
+            fit(module, &mut self.shifts, &shifts.iter().map(|&(index, v)| NbnxmShift { v, index }).collect::<Vec<_>>())?;
+            self.uploaded = shifts.clone();
+        }
         grow(module, &mut self.counts, 2 * items)?;
-        let a = Args {
-            sb: self.super_bbox.device_ptr(),
-            cb: self.cluster_bbox.device_ptr(),
-            sz: self.super_zone.device_ptr(),
-            zones: self.zones.device_ptr(),
-            n_zones: zones.len() as u32,
-            cs: self.column_start.device_ptr(),
-            shifts: self.shifts.device_ptr(),
-            n_shifts: shifts.len() as u32,
-            n_super: n_super as u32,
-            rl,
-            rl2: list_cutoff2(rl),
-        };
-        // The synchronous uploads above may still be in flight (pageable memory): order them first.
+        let (mut sb, mut cb, mut sz, mut zp) =
+            (grid.super_bbox.device_ptr(), grid.cluster_bbox.device_ptr(), grid.super_zone.device_ptr(), grid.zones.device_ptr());
+        let (mut nz, mut cs, mut sp, mut ns) = (held.zones as u32, grid.column_start.device_ptr(), self.shifts.device_ptr(), shifts.len() as u32);
+        let (mut nsc, mut rlv, mut rl2, mut counts) = (n_super as u32, rl, list_cutoff2(rl), self.counts.device_ptr());
+        // Synchronous uploads (the grid's, the shifts) may still be in flight (pageable memory):
+        // order them first.
         module.context().synchronize().during("waiting for the grid's upload")?;
-        let (mut sb, mut cb, mut sz, mut zp, mut nz, mut cs) = (a.sb, a.cb, a.sz, a.zones, a.n_zones, a.cs);
-        let (mut sp, mut ns, mut nsc, mut rlv, mut rl2, mut counts) = (a.shifts, a.n_shifts, a.n_super, a.rl, a.rl2, self.counts.device_ptr());
         let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, counts];
-        // SAFETY: arguments match `nbnxm_search_count`; the arrays were built from `grid` just now
-        // (every column range and supercluster index inside them), `counts` holds 2 items.
+        // SAFETY: arguments match `nbnxm_search_count`; the grid's arrays describe `n_super`
+        // superclusters in `nz` zones (every column range and supercluster index inside them),
+        // `counts` holds 2 per item.
         unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
         stream.synchronize().during("waiting for the search's counts")?;
         let mut counts_host = self.counts.to_host()?;
@@ -186,6 +131,7 @@ impl GpuSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nbnxm::pairlist::shifts;
     use crate::nbnxm::{ClusterPairList, LocalAtoms, PairSearch, SearchOptions};
     use crate::system::MolecularSystem;
 

@@ -28,7 +28,7 @@ const MIN_ATOMS_PER_THREAD: usize = 2048;
 /// A sort key for `(coordinate, atom)`: ascending keys order by the coordinate's total order
 /// (`f32::total_cmp`), ties by atom index, so sorting is deterministic; integers sort faster than
 /// a comparison of floats.
-fn key(v: f32, atom: u32) -> u64 {
+pub(crate) fn key(v: f32, atom: u32) -> u64 {
     let b = v.to_bits();
     let ordered = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
     (u64::from(ordered) << 32) | u64::from(atom)
@@ -124,7 +124,7 @@ impl ZoneGrid {
 /// [`ZoneGrid::column_index`] from the grid's lower edge, column width and column count along
 /// the dimension (copies, which a loop keeps in registers).
 #[inline]
-fn column_of(v: f32, lo: f32, cell: f32, columns: usize) -> usize {
+pub(crate) fn column_of(v: f32, lo: f32, cell: f32, columns: usize) -> usize {
     let c = (v - lo) / cell;
     // Without a branch (it mispredicts for atoms in random columns): the saturating
     // conversion truncates toward zero, sends NaN to 0 and anything below 1 to at most 0.
@@ -331,8 +331,9 @@ fn zone_extent(members: &[u32], atoms: &LocalAtoms) -> BBox {
 }
 
 /// Columns along x and y, and their widths, for a zone of `n` atoms in `extent`: columns holding a
-/// whole number of superclusters at the zone's density (cubic ones where the zone is tall).
-fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
+/// whole number of superclusters at the zone's density (cubic ones where the zone is tall). The GPU
+/// grid (`gpu_grid.rs`) takes its shape from here too.
+pub(crate) fn column_shape(extent: &BBox, n: usize) -> ([usize; 2], [f32; 2]) {
     let size: [f64; 3] = std::array::from_fn(|d| f64::from(extent.hi[d] - extent.lo[d]).max(1e-3));
     let density = n as f64 / (size[0] * size[1] * size[2]);
     let cube = (SS as f64 / density).cbrt();

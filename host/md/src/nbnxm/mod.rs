@@ -10,6 +10,7 @@
 //! | [`PairSearch`] | grid + the two cluster-pair lists of one rank, with the time each part took |
 //! | [`ListSetup`], [`BufferModel`] | cutoff, list lifetimes and the buffers chosen for them |
 //! | [`NbnxmGpu`] | the lists on the GPU and the launches of one step (prune, forces, energy) |
+//! | [`DeviceGrid`] | the cluster grid in device memory; on one rank built there from the device coordinates |
 //! | [`NbnxmKernel`], [`WarpsPerEntry`] | which kernel design the launches use, and how many warps share a list entry |
 //!
 //! Use at a search step, per rank (see [`NbnxmGpu`] for the per-step calls):
@@ -26,6 +27,7 @@
 
 mod buffer;
 mod gpu;
+mod gpu_grid;
 pub mod gpu_search;
 mod grid;
 mod kernel;
@@ -33,7 +35,8 @@ mod local;
 mod pairlist;
 
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
-pub use gpu::{EnergySlot, ListKind, NbnxmGpu, lj_table};
+pub use gpu::{EnergySlot, ListKind, NbnxmGpu, ResidentSearch, lj_table};
+pub use gpu_grid::{DeviceGrid, GridInfo};
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;

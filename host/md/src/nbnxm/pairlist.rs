@@ -148,14 +148,19 @@ impl PairSearch {
 
 /// Every allowed shift: `(index, vector)`, central first.
 pub(crate) fn shifts(grid: &ClusterGrid) -> Vec<(u32, [f32; 3])> {
-    let range = |d: usize| if grid.periodic[d] { vec![0i32, -1, 1] } else { vec![0] };
+    shifts_of(grid.periodic, grid.box_size)
+}
+
+/// [`shifts`] of a grid searched through periodic images along `periodic`, in a box of `box_size`.
+pub(crate) fn shifts_of(periodic: [bool; 3], box_size: [f32; 3]) -> Vec<(u32, [f32; 3])> {
+    let range = |d: usize| if periodic[d] { vec![0i32, -1, 1] } else { vec![0] };
     let mut out = Vec::new();
     for &sz in &range(2) {
         for &sy in &range(1) {
             for &sx in &range(0) {
                 let idx = ((sx + 1) + 3 * (sy + 1) + 9 * (sz + 1)) as u32;
                 let s = [sx, sy, sz];
-                out.push((idx, std::array::from_fn(|d| s[d] as f32 * grid.box_size[d])));
+                out.push((idx, std::array::from_fn(|d| s[d] as f32 * box_size[d])));
             }
         }
     }

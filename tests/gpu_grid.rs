@@ -1,0 +1,281 @@
+//! The cluster grid built on the GPU (`DeviceGrid::build`, the `nbnxm_grid_*` kernels) against the
+//! host's `ClusterGrid::build(&LocalAtoms::single_rank(..))`: equal slot for slot and box for box,
+//! after poisoning every device buffer, for 0 to 180,000 atoms numbered in no spatial order, some
+//! outside the box (negative, at and beyond the edge, far away: the GPU wraps them in place, bit
+//! for bit as `decomp::wrap_position`), atoms exactly at 0 and just below the edge, a dense blob
+//! that puts most atoms in one column, and non-finite coordinates (a clear error naming the first
+//! bad atom, never a hang). Then the whole single-rank search step on the GPU
+//! (`NbnxmGpu::update_resident`): lists equal to the host's `PairSearch::build` entry for entry and
+//! word for word. `resident_search_times` prints the GPU grid and list times beside the host's
+//! search (no assertion on them). The forces on the resident lists are checked in
+//! `tests/gpu_nbnxm.rs` (`resident_search_forces`).
+
+use halo::abi::Float3;
+use halo::decomp::wrap_position;
+use halo::gpu::{CudaContext, DeviceBuffer, DeviceMemory, KernelModule};
+use halo::system::MolecularSystem;
+use halo::testing::gpu_or_skip;
+use halo_md::nbnxm::{
+    ClusterGrid, DEFAULT_DRIFT_TOLERANCE, DeviceGrid, ListKind, ListSetup, LocalAtoms, NbnxmGpu, PairSearch, SearchOptions, lj_table,
+};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    module: Arc<KernelModule>,
+}
+
+fn gpu(test: &str) -> Option<Gpu> {
+    let g = gpu_or_skip(test)?;
+    Some(Gpu { ctx: g.ctx, module: Arc::new(g.module) })
+}
+
+const NTYPES: usize = 3;
+
+/// Types of `n` atoms, all three used.
+fn types(n: usize) -> Vec<u32> {
+    (0..n).map(|i| (i * 7 % NTYPES) as u32).collect()
+}
+
+/// `n` atoms of a generated liquid (`seed`), shuffled, every 5th moved outside the box by a whole
+/// number of box edges and a bit, a few put exactly at 0, at the edge, just below it, or far away.
+fn scrambled(n: usize, seed: u64) -> (Vec<Float3>, [f32; 3]) {
+    let s = MolecularSystem::generate(n.max(1), seed).unwrap();
+    let b = s.box_size;
+    let mut x = s.positions[..n].to_vec();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    for i in (1..x.len()).rev() {
+        x.swap(i, rng.random_range(0..=i));
+    }
+    for (i, p) in x.iter_mut().enumerate() {
+        match i % 5 {
+            0 => p.x += b[0] * rng.random_range(-3..4) as f32 + 0.25,
+            1 if i % 3 == 0 => p.y -= b[1] * 2.0,
+            _ => {}
+        }
+    }
+    let special = [
+        Float3::new(0.0, 0.0, 0.0),
+        Float3::new(b[0].next_down(), b[1].next_down(), b[2].next_down()),
+        Float3::new(b[0], b[1], b[2]),
+        Float3::new(-b[0], 2.0 * b[1], -0.0),
+        Float3::new(-1e-7, b[1] + 1e-6, 0.5),
+        Float3::new(1e6, -3e5, 7.5 * b[2]),
+        Float3::new(-1e-30, 0.25, b[2].next_up()),
+    ];
+    for (k, p) in special.into_iter().enumerate() {
+        if k * 13 < x.len() {
+            x[k * 13] = p;
+        }
+    }
+    (x, b)
+}
+
+/// Builds the grid of `x` on the GPU twice (the first build sizes the buffers, which are then
+/// poisoned) and checks it, and the wrapped coordinates, against the host.
+fn check_grid(test: &str, g: &Gpu, x: &[Float3], box_size: [f32; 3]) {
+    let n = x.len();
+    let ty = types(n);
+    let host = ClusterGrid::build(&LocalAtoms::single_rank(x, &ty, NTYPES, box_size).unwrap()).unwrap();
+    let td = DeviceBuffer::from_host(&g.ctx, &ty).unwrap();
+    let stream = g.ctx.new_stream().unwrap();
+    let mut grid = DeviceGrid::new(&g.module).unwrap();
+    let xd = DeviceBuffer::from_host(&g.ctx, x).unwrap();
+    grid.build(&g.module, &xd, &td, n, box_size, true, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    grid.poison().unwrap();
+    xd.copy_from_host(x).unwrap();
+    let t = std::time::Instant::now();
+    let info = grid.build(&g.module, &xd, &td, n, box_size, true, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let wrapped = xd.to_host().unwrap();
+    for (i, (p, q)) in x.iter().zip(&wrapped).enumerate() {
+        let w = wrap_position(*p, box_size);
+        let same = w.x.to_bits() == q.x.to_bits() && w.y.to_bits() == q.y.to_bits() && w.z.to_bits() == q.z.to_bits();
+        assert!(same, "{test}: atom {i} at {p:?} wrapped to {q:?} on the GPU, {w:?} on the host");
+    }
+    assert_eq!(info.superclusters, host.superclusters(), "{test}: superclusters");
+    assert_eq!(info.clusters, host.clusters(), "{test}");
+    assert_eq!(info.max_type as usize, ty.iter().max().map_or(0, |&t| t as usize), "{test}: largest type");
+    let got = grid.to_host(NTYPES).unwrap();
+    if got != host {
+        // Name the first difference before the (long) full comparison.
+        if let Some(s) = (0..host.atom_index.len()).find(|&s| got.atom_index[s] != host.atom_index[s]) {
+            panic!("{test}: slot {s} holds atom {} on the GPU, {} on the host", got.atom_index[s], host.atom_index[s]);
+        }
+        if let Some(c) = (0..host.clusters()).find(|&c| got.cluster_bbox[c] != host.cluster_bbox[c]) {
+            panic!("{test}: cluster {c} box {:?} on the GPU, {:?} on the host", got.cluster_bbox[c], host.cluster_bbox[c]);
+        }
+        assert_eq!(got, host, "{test}");
+    }
+    // The zone the search reads, as the upload of the host grid would describe it.
+    if let Some(z) = host.zones.first() {
+        let zone = grid.zone().unwrap();
+        assert_eq!(zone.extent.lo, z.extent.lo, "{test}");
+        assert_eq!(zone.extent.hi, z.extent.hi, "{test}");
+        assert_eq!((zone.cell, zone.columns), (z.cell, [z.columns[0] as u32, z.columns[1] as u32]), "{test}");
+        assert_eq!((zone.column_base, zone.sc_end, zone.zone), (0, host.superclusters() as u32, 0), "{test}");
+    }
+    eprintln!("{test}: {n} atoms, {} superclusters, {:?} columns: GPU grid {ms:.3} ms", info.superclusters, info.columns);
+}
+
+#[test]
+fn gpu_grid_equals_the_host_grid() {
+    let Some(g) = gpu("gpu_grid_equals_host") else { return };
+    for (n, seed) in [(0, 1), (1, 2), (63, 3), (64, 4), (65, 5), (1000, 6), (6000, 7), (45_000, 8), (180_000, 9)] {
+        let (x, b) = scrambled(n, seed);
+        check_grid(&format!("grid {n} atoms"), &g, &x, b);
+    }
+    // One atom per box corner and edge midpoint, many equal coordinates.
+    let b = [3.0f32, 2.5, 4.0];
+    let lattice: Vec<Float3> = (0..729)
+        .map(|i| {
+            let e = |d: usize, k: usize| [0.0, b[d].next_down(), 0.5 * b[d], b[d], -b[d]][k % 5];
+            Float3::new(e(0, i), e(1, i / 5), e(2, i / 25))
+        })
+        .collect();
+    check_grid("grid lattice", &g, &lattice, b);
+}
+
+#[test]
+fn a_dense_blob_fills_one_huge_column() {
+    let Some(g) = gpu("gpu_grid_blob") else { return };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let b = [6.0f32, 6.0, 6.0];
+    // 20,000 atoms in a thin rod along z (one column) and 2,000 spread over the box.
+    let mut x: Vec<Float3> =
+        (0..20_000).map(|_| Float3::new(rng.random_range(2.0..2.02), rng.random_range(3.0..3.02), rng.random_range(0.0..b[2]))).collect();
+    x.extend((0..2_000).map(|_| Float3::new(rng.random::<f32>() * b[0], rng.random::<f32>() * b[1], rng.random::<f32>() * b[2])));
+    for i in (1..x.len()).rev() {
+        x.swap(i, rng.random_range(0..=i));
+    }
+    check_grid("grid blob", &g, &x, b);
+}
+
+#[test]
+fn non_finite_coordinates_are_named() {
+    let Some(g) = gpu("gpu_grid_non_finite") else { return };
+    let (mut x, b) = scrambled(5000, 21);
+    x[4321].z = f32::INFINITY;
+    x[1234].y = f32::NAN;
+    x[3000].x = f32::NEG_INFINITY;
+    let td = DeviceBuffer::from_host(&g.ctx, &types(x.len())).unwrap();
+    let xd = DeviceBuffer::from_host(&g.ctx, &x).unwrap();
+    let stream = g.ctx.new_stream().unwrap();
+    let mut grid = DeviceGrid::new(&g.module).unwrap();
+    let e = grid.build(&g.module, &xd, &td, x.len(), b, true, &stream).unwrap_err().to_string();
+    assert!(e.contains("atom 1234 has a non-finite coordinate NaN along y"), "{e}");
+    assert!(grid.to_host(NTYPES).is_err(), "a failed build leaves no grid");
+    // The lists of a failed resident search are empty, and the same object searches again.
+    let s = ListSetup::new(1.0, 100, 1.1, 10, 1.05).unwrap();
+    let sys = MolecularSystem::generate(10, 1).unwrap();
+    let mut lj = lj_table(&sys);
+    lj.resize(NTYPES * NTYPES, [0.0; 2]);
+    let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, b).unwrap();
+    let e = nb.update_resident(&xd, &td, x.len(), b, &stream).unwrap_err().to_string();
+    assert!(e.contains("atom 1234"), "{e}");
+    assert_eq!((nb.entries(ListKind::Local), nb.atoms()), (0, 0));
+    x[1234].y = 1.0;
+    x[3000].x = 1.0;
+    x[4321].z = 1.0;
+    xd.copy_from_host(&x).unwrap();
+    nb.update_resident(&xd, &td, x.len(), b, &stream).unwrap();
+    assert!(nb.entries(ListKind::Local) > 0);
+    // Types beyond the LJ table, and arrays shorter than the atoms, are refused.
+    let bad = DeviceBuffer::from_host(&g.ctx, &vec![NTYPES as u32; x.len()]).unwrap();
+    let e = nb.update_resident(&xd, &bad, x.len(), b, &stream).unwrap_err().to_string();
+    assert!(e.contains("atom types up to 3"), "{e}");
+    assert!(nb.update_resident(&xd, &td, x.len() + 1, b, &stream).is_err());
+}
+
+/// `update_resident` against the host search of the wrapped atoms: the wrapped coordinates, the
+/// grid and both lists.
+fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem, x: &[Float3], setup: &ListSetup) {
+    let n = x.len();
+    let ty: Vec<u32> = sys.types[..n].iter().map(|&t| u32::from(t)).collect();
+    let atoms = LocalAtoms::single_rank(x, &ty, sys.atom_types.len(), sys.box_size).unwrap();
+    let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist)).unwrap();
+    let (xd, td) = (DeviceBuffer::from_host(&g.ctx, x).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+    let stream = g.ctx.new_stream().unwrap();
+    let r = nb.update_resident(&xd, &td, n, sys.box_size, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let wrapped = xd.to_host().unwrap();
+    assert!(
+        wrapped.iter().zip(&atoms.positions).all(|(p, q)| [p.x, p.y, p.z].map(f32::to_bits) == [q.x, q.y, q.z].map(f32::to_bits)),
+        "{test}: wrap"
+    );
+    assert_eq!(nb.read_grid().unwrap(), search.grid, "{test}: grid");
+    assert_eq!(nb.atoms(), n);
+    for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
+        let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
+        assert_eq!(words.len(), list.j_list.len(), "{test} {kind:?}: words");
+        if let Some(w) = (0..words.len()).find(|&w| words[w] != list.j_list[w]) {
+            panic!("{test} {kind:?}: word {w} is {:#x}, the host's {:#x}", words[w], list.j_list[w]);
+        }
+        assert_eq!(entries, list.entries, "{test} {kind:?}: entries");
+    }
+    assert!(search.nonlocal.is_empty() && r.words[1] == 0 && r.entries[1] == 0, "{test}: one rank has no halo");
+    assert_eq!((r.words[0], r.entries[0]), (search.local.j_list.len(), search.local.entries.len()));
+    eprintln!(
+        "{test}: {n} atoms, {} words; GPU grid {:.3} ms + lists {:.3} ms; host grid {:.3} ms + lists {:.3} ms",
+        r.words[0],
+        r.grid_time.as_secs_f64() * 1e3,
+        r.lists_time.as_secs_f64() * 1e3,
+        search.timing.grid.as_secs_f64() * 1e3,
+        search.timing.lists.as_secs_f64() * 1e3
+    );
+}
+
+#[test]
+fn resident_search_equals_the_host_search() {
+    let Some(g) = gpu("gpu_resident_search") else { return };
+    // One object through systems of growing and shrinking size (buffers reused and grown), at the
+    // MD step's list cutoffs for nstlist 100 and 50.
+    for (n, seed, nstlist) in [(6000, 31, 100), (45_000, 32, 100), (1000, 33, 50), (45_000, 34, 50), (65, 35, 100), (0, 36, 100)] {
+        let sys = MolecularSystem::generate(n.max(1), seed).unwrap();
+        // Small boxes cannot take the MD cutoff (the list cutoff must stay below half the box).
+        let s = ListSetup::for_system(&sys, 1.0, 0.002, nstlist, 10, DEFAULT_DRIFT_TOLERANCE)
+            .unwrap_or_else(|_| ListSetup::new(0.3, nstlist, 0.4, 10, 0.35).unwrap());
+        let (x, _) = scrambled(n, seed);
+        let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj_table(&sys), &s, sys.box_size).unwrap();
+        check_resident(&format!("resident {n} atoms nstlist {nstlist}"), &g, &mut nb, &sys, &x, &s);
+        // The same object again, on other atoms of the same system (moved by a fraction of a box).
+        let moved: Vec<Float3> = x.iter().map(|p| Float3::new(p.x + 0.3, p.y - 0.7, p.z + 1.9)).collect();
+        check_resident(&format!("resident {n} atoms moved"), &g, &mut nb, &sys, &moved, &s);
+    }
+}
+
+#[test]
+fn resident_search_times() {
+    let Some(g) = gpu("gpu_resident_times") else { return };
+    for n in [6000, 45_000, 180_000] {
+        let sys = MolecularSystem::generate(n, 41).unwrap();
+        let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let ty: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
+        let (xd, td) = (DeviceBuffer::from_host(&g.ctx, &sys.positions).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+        let stream = g.ctx.new_stream().unwrap();
+        let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj_table(&sys), &s, sys.box_size).unwrap();
+        let mut grid = Vec::new();
+        let mut lists = Vec::new();
+        for rep in 0..12 {
+            let r = nb.update_resident(&xd, &td, n, sys.box_size, &stream).unwrap();
+            if rep >= 2 {
+                grid.push(r.grid_time.as_secs_f64() * 1e3);
+                lists.push(r.lists_time.as_secs_f64() * 1e3);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let atoms = LocalAtoms::single_rank(&sys.positions, &ty, sys.atom_types.len(), sys.box_size).unwrap();
+        let host = PairSearch::build(&atoms, &SearchOptions::new(s.rlist)).unwrap();
+        eprintln!(
+            "resident search {n} atoms (rlist {:.3}): GPU grid {:.3} ms + lists {:.3} ms (median of 10); host grid {:.3} ms + lists {:.3} ms",
+            s.rlist,
+            median(&mut grid),
+            median(&mut lists),
+            host.timing.grid.as_secs_f64() * 1e3,
+            host.timing.lists.as_secs_f64() * 1e3
+        );
+    }
+}
