@@ -79,12 +79,18 @@ fn check_grid(test: &str, g: &Gpu, x: &[Float3], box_size: [f32; 3]) {
     let ty = types(n);
     let host = ClusterGrid::build(&LocalAtoms::single_rank(x, &ty, NTYPES, box_size).unwrap()).unwrap();
     let td = DeviceBuffer::from_host(&g.ctx, &ty).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let stream = g.ctx.new_stream().unwrap();
     let mut grid = DeviceGrid::new(&g.module).unwrap();
     let xd = DeviceBuffer::from_host(&g.ctx, x).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     grid.build(&g.module, &xd, &td, n, box_size, true, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
     grid.poison().unwrap();
     xd.copy_from_host(x).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let t = std::time::Instant::now();
     let info = grid.build(&g.module, &xd, &td, n, box_size, true, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
     let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -160,7 +166,11 @@ fn non_finite_coordinates_are_named() {
     x[1234].y = f32::NAN;
     x[3000].x = f32::NEG_INFINITY;
     let td = DeviceBuffer::from_host(&g.ctx, &types(x.len())).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let xd = DeviceBuffer::from_host(&g.ctx, &x).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let stream = g.ctx.new_stream().unwrap();
     let mut grid = DeviceGrid::new(&g.module).unwrap();
     let e = grid.build(&g.module, &xd, &td, x.len(), b, true, &stream).unwrap_err().to_string();
@@ -179,10 +189,14 @@ fn non_finite_coordinates_are_named() {
     x[3000].x = 1.0;
     x[4321].z = 1.0;
     xd.copy_from_host(&x).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     nb.update_resident(&xd, &td, x.len(), b, &stream).unwrap();
     assert!(nb.entries(ListKind::Local) > 0);
     // Types beyond the LJ table, and arrays shorter than the atoms, are refused.
     let bad = DeviceBuffer::from_host(&g.ctx, &vec![NTYPES as u32; x.len()]).unwrap();
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let e = nb.update_resident(&xd, &bad, x.len(), b, &stream).unwrap_err().to_string();
     assert!(e.contains("atom types up to 3"), "{e}");
     assert!(nb.update_resident(&xd, &td, x.len() + 1, b, &stream).is_err());
@@ -196,6 +210,8 @@ fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem,
     let atoms = LocalAtoms::single_rank(x, &ty, sys.atom_types.len(), sys.box_size).unwrap();
     let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist)).unwrap();
     let (xd, td) = (DeviceBuffer::from_host(&g.ctx, x).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
     let stream = g.ctx.new_stream().unwrap();
     let r = nb.update_resident(&xd, &td, n, sys.box_size, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
     let wrapped = xd.to_host().unwrap();
@@ -252,6 +268,8 @@ fn resident_search_times() {
         let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
         let ty: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
         let (xd, td) = (DeviceBuffer::from_host(&g.ctx, &sys.positions).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+        // Pageable uploads may land after a kernel on another stream starts: wait for them.
+        g.ctx.synchronize().unwrap();
         let stream = g.ctx.new_stream().unwrap();
         let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj_table(&sys), &s, sys.box_size).unwrap();
         let mut grid = Vec::new();

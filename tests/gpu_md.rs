@@ -26,6 +26,9 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     assert_eq!(out.checked_steps, checks, "{test}");
     assert_eq!(out.searches, cfg.steps.div_ceil(cfg.nstlist), "{test}");
     assert_eq!(out.exchange_builds, 1, "{test}: later searches replan the exchange in its buffers");
+    // One rank searches on the GPU alone after its first search; several never do.
+    let resident = cfg.resident_search && cfg.gpu_search && cfg.grid.num_ranks() == 1;
+    assert_eq!(out.resident_searches, if resident { out.searches - 1 } else { 0 }, "{test}: searches on the GPU alone");
     if checks > 0 {
         assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
         assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);
@@ -39,6 +42,21 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
 #[test]
 fn one_rank_matches_the_undecomposed_forces() {
     run("md_1x1x1", config(6000, [1, 1, 1], Transport::Fused, 60, 25));
+}
+
+/// One rank with its searches on the GPU alone beside the same run with the grid sorted on the
+/// host at every search: both checked against the undecomposed forces and energy at every third
+/// step across 9 searches, at 6,000 and 45,000 atoms.
+#[test]
+fn one_rank_searching_on_the_gpu_alone_or_through_the_host() {
+    for (atoms, every) in [(6000, 3), (45_000, 10)] {
+        for resident in [true, false] {
+            let mut c = config(atoms, [1, 1, 1], Transport::Fused, 90, 10);
+            c.check_every = every;
+            c.resident_search = resident;
+            run(&format!("md_1x1x1_{atoms}_{}", if resident { "gpu_resident" } else { "host_grid" }), c);
+        }
+    }
 }
 
 #[test]

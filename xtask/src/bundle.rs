@@ -12,9 +12,9 @@ use halo_builder::{Artifacts, run};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The bundle's own budget. Every binary embeds the kernels (PTX and cubin), so the folder is over
-/// 48 MiB now; the GPU machines' copy limit is 64 MiB, working tree included, so a folder this
-/// large travels compressed (`--archive`: `tar -cJf`, about 7 MB) when it would not fit.
+/// The bundle's own budget when the folder travels as it is. Every binary embeds the kernels (PTX
+/// and cubin), so the folder is about 65 MiB now; the GPU machines' copy limit is 64 MiB, working
+/// tree included, so a folder this large travels compressed (`--archive`: `tar -cJf`, about 6 MB).
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 /// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB, Open MPI's
 /// launcher, libraries and data about 17 MiB); the whole must still travel.
@@ -54,9 +54,11 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_m
     fs::write(&script, RUN_GPU_TESTS)?;
     set_executable(&script)?;
 
+    // The folder's own budget matters where the folder itself travels; an archive is held to the
+    // copy limit by its compressed size below.
     let size = dir_size(&bundle)?;
-    if size > MAX_BUNDLE_BYTES {
-        bail!("the bundle is {} MiB, over the {} MiB budget", size >> 20, MAX_BUNDLE_BYTES >> 20);
+    if size > MAX_BUNDLE_BYTES && !archive {
+        bail!("the bundle is {} MiB, over the {} MiB budget: build it with `cargo xtask bundle --archive`", size >> 20, MAX_BUNDLE_BYTES >> 20);
     }
     let mut total = size;
     if with_mpi {

@@ -11,8 +11,8 @@ use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
-use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, fit};
-use crate::search::RankLists;
+use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, ResidentSearch, fit};
+use crate::search::{RankLists, RankSearch};
 use std::time::{Duration, Instant};
 use std::sync::Arc;
 
@@ -44,6 +44,8 @@ pub struct MdRank {
     /// Velocities of the home atoms.
     v: DeviceBuffer<Float3>,
     inv_mass: DeviceBuffer<f32>,
+    /// Atom types of the home atoms (what a search on the GPU sorts into the grid's slots).
+    types: DeviceBuffer<u32>,
     /// `[potential, kinetic]` per record.
     energies: DeviceBuffer<f64>,
     home: usize,
@@ -67,25 +69,22 @@ enum Events {
 }
 
 impl MdRank {
-    /// A rank's GPU state for its first search: the lists of `lists` (uploaded, or searched on
-    /// the GPU from its grid), the home atoms' velocities and `1 / m`, the LJ table, and room for
-    /// `records` energy records per search interval.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        module: Arc<KernelModule>, lists: &RankLists, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], velocities: &[Float3],
-        inv_mass: &[f32], records: usize,
-    ) -> Result<Self> {
+    /// A rank's GPU state for its first search `found`: its lists (uploaded, or searched on the
+    /// GPU from its grid), the home atoms' velocities, `1 / m` and types, the LJ table, and room
+    /// for `records` energy records per search interval.
+    pub fn new(module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], records: usize) -> Result<Self> {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
-        let nb = match lists {
+        let nb = match &found.lists {
             RankLists::Host(search) => NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
             RankLists::Gpu(grid) => NbnxmGpu::new_on_gpu(module.clone(), grid, lj, setup, box_size, &local)?,
         };
         let mut me = Self {
             nb,
-            v: DeviceBuffer::uninit(&ctx, velocities.len().max(1))?,
-            inv_mass: DeviceBuffer::uninit(&ctx, inv_mass.len().max(1))?,
+            v: DeviceBuffer::uninit(&ctx, found.home_v.len().max(1))?,
+            inv_mass: DeviceBuffer::uninit(&ctx, found.inv_mass.len().max(1))?,
+            types: DeviceBuffer::uninit(&ctx, found.home_types.len().max(1))?,
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
             home: 0,
             total: 0,
@@ -97,33 +96,36 @@ impl MdRank {
             local,
             module,
         };
-        me.set_atoms(lists, velocities, inv_mass)?;
+        me.set_atoms(found)?;
         Ok(me)
     }
 
-    fn set_atoms(&mut self, lists: &RankLists, velocities: &[Float3], inv_mass: &[f32]) -> Result<()> {
-        let grid = lists.grid();
+    fn set_atoms(&mut self, found: &RankSearch) -> Result<()> {
+        let grid = found.lists.grid();
         let home = grid.home_atoms;
-        if velocities.len() != home || inv_mass.len() != home {
+        if found.home_v.len() != home || found.inv_mass.len() != home || found.home_types.len() != home {
             return Err(HaloError::InvalidInput(format!(
-                "{} velocities and {} masses for {home} home atoms",
-                velocities.len(),
-                inv_mass.len()
+                "{} velocities, {} masses and {} types for {home} home atoms",
+                found.home_v.len(),
+                found.inv_mass.len(),
+                found.home_types.len()
             )));
         }
-        fit(&self.module, &mut self.v, velocities)?;
-        fit(&self.module, &mut self.inv_mass, inv_mass)?;
+        fit(&self.module, &mut self.v, &found.home_v)?;
+        fit(&self.module, &mut self.inv_mass, &found.inv_mass)?;
+        fit(&self.module, &mut self.types, &found.home_types)?;
         self.home = home;
         self.total = grid.atoms;
         Ok(())
     }
 
-    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities and
-    /// masses with those of a new search; returns the time of the GPU search (zero for uploaded
-    /// lists). Synchronous; the rank must be idle (the search step synchronised its streams).
-    pub fn update(&mut self, lists: &RankLists, box_size: [f32; 3], velocities: &[Float3], inv_mass: &[f32]) -> Result<Duration> {
+    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities,
+    /// masses and types with those of a new search `found`; returns the time of the GPU search
+    /// (zero for uploaded lists). Synchronous; the rank must be idle (the search step synchronised
+    /// its streams).
+    pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
         let t = Instant::now();
-        let searched = match lists {
+        let searched = match &found.lists {
             RankLists::Host(search) => {
                 self.nb.update(search, box_size)?;
                 Duration::ZERO
@@ -133,8 +135,23 @@ impl MdRank {
                 t.elapsed()
             }
         };
-        self.set_atoms(lists, velocities, inv_mass)?;
+        self.set_atoms(found)?;
         Ok(searched)
+    }
+
+    /// A search of a rank that has every atom (one rank, no halo) entirely on the GPU, on the
+    /// local stream: the home coordinates `x` wrapped into the box in place, the cluster grid
+    /// sorted and both lists searched there ([`NbnxmGpu::update_resident`]). The atoms keep their
+    /// order, so velocities, masses, types and the exchange's plan stay as they are. Synchronous;
+    /// the rank must be idle.
+    pub fn search_resident(&mut self, x: &impl DeviceMemory<Float3>, box_size: [f32; 3]) -> Result<ResidentSearch> {
+        if self.total != self.home {
+            return Err(HaloError::InvalidInput(format!(
+                "a search on the GPU alone needs a rank without halo atoms; this one has {} home and {} local atoms",
+                self.home, self.total
+            )));
+        }
+        self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
     }
 
     /// The nbnxm lists on the GPU.

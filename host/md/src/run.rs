@@ -84,6 +84,11 @@ pub struct MdConfig {
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
     pub gpu_search: bool,
+    /// With `gpu_search` and a single rank: every search after the first entirely on the GPU
+    /// (coordinates wrapped in place, cluster grid and lists there; nothing crosses to the host,
+    /// the atoms keep their order). False: the host gathers, wraps, plans and sorts the grid at
+    /// every search, as it must with several ranks.
+    pub resident_search: bool,
     /// Replay plain steps (no search, prune, energy or check) as CUDA graphs, one per rank,
     /// captured again after every search (GPU-initiated transports; others launch as usual).
     pub graph: bool,
@@ -92,7 +97,8 @@ pub struct MdConfig {
 impl MdConfig {
     /// `atoms` atoms on `grid` with the defaults: cutoff 1 nm, nstlist 100 with the buffer rule
     /// (drift tolerance [`DEFAULT_DRIFT_TOLERANCE`]), inner lists pruned every 10 steps, lists searched
-    /// on the GPU, 2 fs, fused transport, every step checked, no energy records.
+    /// on the GPU (entirely, on one rank), 2 fs, fused transport, every step checked, no energy
+    /// records.
     pub fn new(atoms: usize, grid: RankGrid) -> Self {
         Self {
             atoms,
@@ -113,6 +119,7 @@ impl MdConfig {
             path_policy: PathPolicy::default(),
             search_threads: 0,
             gpu_search: true,
+            resident_search: true,
             graph: false,
         }
     }
@@ -234,6 +241,8 @@ pub struct MdOutcome {
     pub worst: StepCheck,
     /// Search steps (re-decompositions and new lists).
     pub searches: u64,
+    /// Of which searched entirely on the GPU ([`MdConfig::resident_search`]).
+    pub resident_searches: u64,
     /// Times the exchange was built (the first search, and any search whose decomposition did not
     /// fit the buffers).
     pub exchange_builds: u64,
@@ -732,6 +741,9 @@ impl MdRun {
         // The GPUs are idle from here until the first launch of this step: all of it is the search's.
         let start = Instant::now();
         self.collect_energies()?;
+        if self.resident() {
+            return self.search_resident(start);
+        }
         if let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) {
             let mine: Vec<HomeArrays<'_>> = ex
                 .local_ranks()
@@ -797,17 +809,8 @@ impl MdRun {
             }
             rank.upload_coordinates(&r.home_x)?;
             match self.ranks.get_mut(i) {
-                Some(m) => gpu_search += m.update(&r.lists, self.system.box_size, &r.home_v, &r.inv_mass)?,
-                None => self.ranks.push(MdRank::new(
-                    rank.module().clone(),
-                    &r.lists,
-                    &self.lj,
-                    &self.setup,
-                    self.system.box_size,
-                    &r.home_v,
-                    &r.inv_mass,
-                    records,
-                )?),
+                Some(m) => gpu_search += m.update(r, self.system.box_size)?,
+                None => self.ranks.push(MdRank::new(rank.module().clone(), r, &self.lj, &self.setup, self.system.box_size, records)?),
             }
         }
         // Synchronous uploads from pageable memory may return before their DMA lands; kernels on
@@ -827,6 +830,48 @@ impl MdRun {
         self.out.searches += 1;
         self.out.lists = list_sizes(&found, &self.ranks);
         self.plan = Some(plan);
+        Ok(true)
+    }
+
+    /// Whether this search runs entirely on the GPU: [`MdConfig::resident_search`] with lists
+    /// searched on the GPU, one rank in all, and a previous search (its plan, exchange and rank
+    /// state) to keep. A single rank has no halo, so its atoms never need to move between ranks
+    /// or be reordered: only their grid and lists change.
+    fn resident(&self) -> bool {
+        self.cfg.resident_search
+            && self.cfg.gpu_search
+            && self.cfg.grid.num_ranks() == 1
+            && self.ranks.len() == 1
+            && self.plan.is_some()
+            && self.exchange.as_ref().is_some_and(|ex| ex.local_ranks().len() == 1)
+    }
+
+    /// A search step on the GPU alone ([`Self::resident`]), `start` being when the GPUs went idle:
+    /// wraps the rank's coordinates in place, sorts its grid and searches its lists there. The host
+    /// copy of the system, the plan and the exchange stay as they were (the exchange has no pulse;
+    /// checked steps read the coordinates back through the same plan). Under routing the state
+    /// saved for a rollback stays the one of the last search through the host: a rollback (which
+    /// one rank without peers has no cause for) would run again from there.
+    fn search_resident(&mut self, start: Instant) -> Result<bool> {
+        let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange before a search on the GPU".into()))?;
+        let (rank, m) = match (ex.local_ranks().first(), self.ranks.first_mut()) {
+            (Some(r), Some(m)) => (r, m),
+            _ => return Err(HaloError::InvalidInput("a search on the GPU needs the rank of a previous search".into())),
+        };
+        let found = m.search_resident(&rank.x, self.system.box_size)?;
+        let t = SearchTimes { count: 1, total: start.elapsed(), lists: found.grid_time, grid: found.grid_time, pairs: found.lists_time, ..SearchTimes::default() };
+        self.out.search.add(&t);
+        self.out.searches += 1;
+        self.out.resident_searches += 1;
+        let nb = m.nbnxm();
+        self.out.lists = ListSizes {
+            home_atoms: m.home_atoms(),
+            local_atoms: m.home_atoms(),
+            local_entries: nb.entries(ListKind::Local),
+            nonlocal_entries: nb.entries(ListKind::NonLocal),
+            local_words: nb.words(ListKind::Local),
+            nonlocal_words: nb.words(ListKind::NonLocal),
+        };
         Ok(true)
     }
 

@@ -41,6 +41,8 @@ pub struct RankSearch {
     pub home_v: Vec<Float3>,
     /// `1 / m` of the home atoms.
     pub inv_mass: Vec<f32>,
+    /// Atom types of the home atoms.
+    pub home_types: Vec<u32>,
     /// Time to build the local atoms.
     pub atoms_time: Duration,
     /// Time to build the grid.
@@ -164,6 +166,7 @@ fn rank_search(
         home_x: atoms.positions[..r.home_atoms].to_vec(),
         home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
         inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
+        home_types: home_ids.iter().map(|&g| u32::from(system.types[g as usize])).collect(),
         lists,
         atoms_time,
         grid_time,
@@ -201,12 +204,13 @@ mod tests {
     use crate::nbnxm::DEFAULT_DRIFT_TOLERANCE;
 
     /// What a rank's search found, without its times.
-    fn found(r: &RankSearch) -> (usize, ClusterGrid, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>) {
+    #[allow(clippy::type_complexity)]
+    fn found(r: &RankSearch) -> (usize, ClusterGrid, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>, Vec<u32>) {
         let lists = match &r.lists {
             RankLists::Host(s) => Some([s.local.clone(), s.nonlocal.clone()]),
             RankLists::Gpu(_) => None,
         };
-        (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone())
+        (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone(), r.home_types.clone())
     }
 
     #[test]

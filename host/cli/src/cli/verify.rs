@@ -41,6 +41,10 @@ pub struct StepArgs {
     /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
     #[arg(long)]
     pub host_search: bool,
+    /// On one rank, sort the cluster grid on the host at every search (gather, wrap, plan, grid,
+    /// upload) instead of searching entirely on the GPU (the same grid and lists).
+    #[arg(long)]
+    pub host_grid: bool,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -63,6 +67,7 @@ impl Default for StepArgs {
             dt: 0.002,
             search_threads: 0,
             host_search: false,
+            host_grid: false,
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
         }
@@ -80,6 +85,7 @@ impl StepArgs {
             dt: self.dt,
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
+            resident_search: !self.host_grid,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
             ..cfg
