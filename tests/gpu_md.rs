@@ -244,7 +244,8 @@ fn nve_drift_is_small_on_one_and_two_ranks() {
 }
 
 /// `leapfrog` and `leapfrog_energy` against the CPU update and kinetic energy (`f64`), on random
-/// inputs with a count that leaves partial warps and blocks; atoms past `n` must stay untouched.
+/// inputs with a count that leaves partial warps and blocks; the forces of the `n` atoms come back
+/// cleared, atoms past `n` must stay untouched.
 #[test]
 fn leapfrog_kernels_match_the_cpu_reference() {
     let Some(g) = gpu_or_skip("leapfrog_kernels_match_the_cpu_reference") else { return };
@@ -292,6 +293,10 @@ fn leapfrog_kernels_match_the_cpu_reference() {
         }
         assert_eq!(&gx[n..], &x[n..], "atoms past n are not moved");
         assert_eq!(&gv[n..], &v[n..]);
+        // The forces it used are cleared for the next step; the others kept.
+        let gf = fd.to_host().unwrap();
+        assert!(gf[..n].iter().all(|p| p.x.to_bits() == 0 && p.y.to_bits() == 0 && p.z.to_bits() == 0), "energy {energy}: forces up to n cleared");
+        assert_eq!(&gf[n..], &f[n..], "energy {energy}: forces past n kept");
         let got_ke = ke.to_host().unwrap()[0] - 1000.0;
         if energy {
             assert!((got_ke - want_ke).abs() <= 1e-5 * want_ke, "kinetic energy: GPU {got_ke}, CPU {want_ke}");

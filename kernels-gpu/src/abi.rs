@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -205,7 +205,8 @@ pub const FUSED_FORCES: &str = "fused_forces";
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
-/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt` for `n` home atoms.
+/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt`, then `f = 0` (ready for
+/// the next step's forces), for `n` home atoms.
 pub const LEAPFROG: &str = "leapfrog";
 /// `leapfrog_energy(x, v, f, inv_mass, n, dt, kinetic)`: [`LEAPFROG`] that also adds the kinetic
 /// energy at the force's time, `sum m (|v_old|² + |v_new|²) / 4` (the average of the two half-step

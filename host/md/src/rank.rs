@@ -50,6 +50,11 @@ pub struct MdRank {
     energies: DeviceBuffer<f64>,
     home: usize,
     total: usize,
+    /// Whether the home forces are zero when the next step starts: the integration clears them
+    /// after using them (the kernels' `f = 0`), so every step after the first of a search
+    /// interval starts without a memset; a search (new lists, maybe a new exchange and home count)
+    /// clears this, and its first step zeroes them itself.
+    forces_clear: bool,
     /// The local stream (home–home forces, integration), normal priority.
     pub local: Arc<CudaStream>,
     home_forces_zeroed: CudaEvent,
@@ -88,6 +93,7 @@ impl MdRank {
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
             home: 0,
             total: 0,
+            forces_clear: false,
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
@@ -116,6 +122,7 @@ impl MdRank {
         fit(&self.module, &mut self.types, &found.home_types)?;
         self.home = home;
         self.total = grid.atoms;
+        self.forces_clear = false;
         Ok(())
     }
 
@@ -151,6 +158,7 @@ impl MdRank {
                 self.home, self.total
             )));
         }
+        self.forces_clear = false;
         self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
     }
 
@@ -187,8 +195,9 @@ impl MdRank {
         EnergySlot::new(&self.energies, 2 * record + which)
     }
 
-    /// First half of a step, before the coordinate halo. Local stream: zero the home forces (and
-    /// the energy record), prune the local list on prune steps, home–home forces. The halo stream
+    /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
+    /// the last integration cleared them (and zero the energy record), prune the local list on
+    /// prune steps, home–home forces. The halo stream
     /// then waits for the previous step's integration (the coordinate halo reads home coordinates).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Events::Step)?;
@@ -197,7 +206,9 @@ impl MdRank {
 
     fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
         self.check_exchange(ex)?;
-        ex.f.zero_range_async(0, self.home, &self.local)?;
+        if !self.forces_clear {
+            ex.f.zero_range_async(0, self.home, &self.local)?;
+        }
         if let Some(r) = work.energy {
             self.energies.zero_range_async(2 * r, 2, &self.local)?;
         }
@@ -242,12 +253,12 @@ impl MdRank {
     /// After the force halo: the local stream waits for it (and, by stream order, for the local
     /// forces) and integrates the home atoms (adding the kinetic energy on energy steps); the next
     /// step's halo work waits for that.
-    pub fn integrate(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork) -> Result<()> {
+    pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork) -> Result<()> {
         self.update_work(ex, halo, dt, work, Events::Step)?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
-    fn update_work(&self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork, events: Events) -> Result<()> {
+    fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork, events: Events) -> Result<()> {
         let done = self.event(events, 1);
         done.record(halo).during("recording an event")?;
         self.local.wait(done).during("ordering integration after the force halo")?;
@@ -258,7 +269,10 @@ impl MdRank {
             match work.energy {
                 None => {
                     let mut args = kernel_args![x, v, f, m, n, dt];
-                    // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements.
+                    // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements;
+                    // nothing else touches the home forces until the next step's force kernels,
+                    // which the local stream orders after this one (the halo stream's through the
+                    // zeroing event, recorded after it).
                     unsafe { self.module.launch(abi::LEAPFROG, shape, &self.local, &mut args)? };
                 }
                 Some(r) => {
@@ -269,6 +283,8 @@ impl MdRank {
                 }
             }
         }
+        // The update cleared the home forces; with no home atoms there is nothing to clear.
+        self.forces_clear = true;
         Ok(())
     }
 

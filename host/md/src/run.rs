@@ -714,7 +714,7 @@ impl MdRun {
             self.exchange.as_ref().map_or(Ok(()), |ex| ex.barrier())?;
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-        for (i, m) in self.ranks.iter().enumerate() {
+        for (i, m) in self.ranks.iter_mut().enumerate() {
             m.integrate(&ex.local_ranks()[i], &ex.streams()[i], self.cfg.dt, work)?;
         }
         self.step += 1;
