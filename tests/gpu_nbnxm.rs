@@ -390,6 +390,9 @@ fn gpu_layout_equals_the_host_layout() {
             DeviceBuffer::from_host(&g.ctx, &shift_index.iter().map(|&index| NbnxmShift { v: [0.0; 3], index }).collect::<Vec<_>>()).unwrap();
         let offsets = poisoned_u32(2 * items);
         let entries = [poisoned_entries(want.entries[0].len()), poisoned_entries(want.entries[1].len())];
+        // The uploads and poisoning above are synchronous copies and memsets that may still be in
+        // flight: order them before the layout's stream.
+        g.ctx.synchronize().unwrap();
         let t = std::time::Instant::now();
         let totals = dl
             .lay_out(&g.module, &d_counts, items, &d_shifts, shift_index.len(), *max_j, &offsets, [&entries[0], &entries[1]], &stream)
@@ -422,14 +425,17 @@ fn gpu_layout_equals_the_host_layout() {
     let short = DeviceBuffer::<NbnxmEntry>::uninit(&g.ctx, want.entries[0].len() - 1).unwrap();
     short.fill_bytes(0xff).unwrap();
     let fine = poisoned_entries(want.entries[1].len());
+    let small_offsets = poisoned_u32(10);
+    g.ctx.synchronize().unwrap();
     let e = dl.lay_out(&g.module, &d_counts, 3000, &d_shifts, 1, 32, &offsets, [&short, &fine], &stream).unwrap_err().to_string();
     assert!(e.contains("room"), "{e}");
     assert!(short.to_host().unwrap().iter().all(|x| *x == poison) && offsets.to_host().unwrap().iter().all(|&w| w == u32::MAX), "written: {e}");
-    let e = dl.lay_out(&g.module, &d_counts, 3000, &d_shifts, 1, 32, &poisoned_u32(10), [&fine, &fine], &stream).unwrap_err().to_string();
+    let e = dl.lay_out(&g.module, &d_counts, 3000, &d_shifts, 1, 32, &small_offsets, [&fine, &fine], &stream).unwrap_err().to_string();
     assert!(e.contains("offsets"), "{e}");
 
     // More words than a u32 addresses: a clear error from the totals.
     let huge = DeviceBuffer::from_host(&g.ctx, &[u32::MAX, 0, 0, 0, 1, 0]).unwrap();
+    g.ctx.synchronize().unwrap();
     let e = dl.lay_out(&g.module, &huge, 3, &d_shifts, 1, 32, &offsets, [&fine, &fine], &stream).unwrap_err().to_string();
     assert!(e.contains("4294967296") && e.contains("u32"), "{e}");
 }

@@ -209,6 +209,8 @@ impl DeviceLayout {
     /// (home–home, then with halo clusters), item `i` being supercluster `i / n_shifts` under
     /// shift `shifts[i % n_shifts].index`; synchronises `stream`. Exactly [`layout`] of the
     /// counts. An error when an output is too small for the totals (nothing is written then).
+    /// `counts` and `shifts` must be complete before `stream`'s work: after synchronous copies
+    /// from pageable memory, synchronise the context first.
     #[allow(clippy::too_many_arguments)]
     pub fn lay_out(
         &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, shifts: &DeviceBuffer<NbnxmShift>, n_shifts: usize,
