@@ -317,7 +317,7 @@ fn gpu_search_equals_the_host_search() {
                     assert_eq!(nb.read_j_list(kind, false).unwrap(), list.j_list, "{test} {kind:?}");
                 }
                 eprintln!(
-                    "{test}: {} + {} words; GPU search {gpu_ms:.2} ms (upload, both passes, host layout), host lists {:.2} ms",
+                    "{test}: {} + {} words; GPU search {gpu_ms:.2} ms (upload, both passes, GPU layout), host lists {:.2} ms",
                     search.local.j_list.len(),
                     search.nonlocal.j_list.len(),
                     search.timing.lists.as_secs_f64() * 1e3
@@ -325,6 +325,119 @@ fn gpu_search_equals_the_host_search() {
             }
         }
     }
+}
+
+/// Counts of `items` items (2 each) for the layout check: `pick(rng)` per count.
+fn layout_counts(items: usize, rng: &mut rand_chacha::ChaCha8Rng, pick: &dyn Fn(&mut rand_chacha::ChaCha8Rng) -> u32) -> Vec<u32> {
+    (0..2 * items).map(|_| pick(rng)).collect()
+}
+
+/// The lists' layout on the GPU (`DeviceLayout::lay_out`, the `nbnxm_layout_*` kernels) against
+/// the host's `layout` of the same counts: every word offset and entry, after poisoning the outputs
+/// (and a guard after each, which must stay poisoned), for one item, item counts on and off the
+/// tile size, counts of 0, 1, `max_j` - 1, `max_j`, `max_j` + 1, `2 max_j`, `2 max_j` + 1 and
+/// random ones, `max_j` of 0 (read as 1), 1, 5, 32 and more than any count, 1, 9 and 27 shifts,
+/// 20,000 to 1,000,000 items; the layout's scan buffers are reused from case to case (largest
+/// first, so stale sums sit beyond the smaller cases' tiles). Then the errors: outputs too small
+/// (nothing written) and a list of more words than a `u32` addresses.
+#[test]
+fn gpu_layout_equals_the_host_layout() {
+    use halo::abi::{NBNXM_LAYOUT_TILE, NbnxmEntry, NbnxmShift};
+    use halo_md::nbnxm::gpu_search::{DeviceLayout, layout};
+    use rand::{Rng, SeedableRng};
+    let Some(g) = gpu("nbnxm_gpu_layout") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let mut dl = DeviceLayout::new(&g.module).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x1a70);
+    let tile = NBNXM_LAYOUT_TILE as usize;
+    let all_shifts: Vec<u32> = (0..27).collect();
+    let edges = |m: u32| move |r: &mut rand_chacha::ChaCha8Rng| {
+        let e = [0, 1, m.saturating_sub(1), m, m + 1, 2 * m, 2 * m + 1, r.random_range(0..200)];
+        e[r.random_range(0..e.len())]
+    };
+    // (name, counts, shift indices, max_j)
+    let mut cases: Vec<(String, Vec<u32>, Vec<u32>, usize)> = vec![
+        ("1e6 items, small counts".into(), layout_counts(1_000_000, &mut rng, &|r| r.random_range(0..6)), vec![13], 32),
+        ("80k items (180k atoms)".into(), layout_counts(80_000, &mut rng, &|r| r.random_range(0..120)), all_shifts.clone(), 32),
+        ("20k items, mostly empty".into(), layout_counts(20_007, &mut rng, &|r| if r.random_range(0..10) == 0 { r.random_range(1..300) } else { 0 }), vec![4, 13, 22], 32),
+        ("one item".into(), vec![5, 0], vec![13], 32),
+        ("one empty item".into(), vec![0, 0], vec![13], 32),
+        ("one item, both lists long".into(), vec![65, 64], vec![7], 32),
+    ];
+    for (max_j, items) in [(32, 3 * tile + 17), (32, tile), (5, tile - 1), (1, 2 * tile + 1), (0, 700), (1 << 20, 5000)] {
+        let m = (max_j as u32).clamp(1, 1000);
+        // Items need not be a whole number of superclusters' shifts: the last supercluster's are cut.
+        let shifts = if items % 2 == 0 { all_shifts[..9].to_vec() } else { all_shifts.clone() };
+        cases.push((format!("edges, {items} items, max_j {max_j}"), layout_counts(items, &mut rng, &edges(m)), shifts, max_j));
+    }
+    const GUARD: usize = 8;
+    let poisoned_u32 = |n: usize| {
+        let b = DeviceBuffer::<u32>::uninit(&g.ctx, n + GUARD).unwrap();
+        b.fill_bytes(0xff).unwrap();
+        b
+    };
+    let poisoned_entries = |n: usize| {
+        let b = DeviceBuffer::<NbnxmEntry>::uninit(&g.ctx, n + GUARD).unwrap();
+        b.fill_bytes(0xff).unwrap();
+        b
+    };
+    let poison = NbnxmEntry { sci: u32::MAX, shift: u32::MAX, j_start: u32::MAX, j_end: u32::MAX };
+    for (name, counts, shift_index, max_j) in &cases {
+        let items = counts.len() / 2;
+        let want = layout(counts, shift_index, *max_j);
+        let d_counts = DeviceBuffer::from_host(&g.ctx, counts).unwrap();
+        let d_shifts =
+            DeviceBuffer::from_host(&g.ctx, &shift_index.iter().map(|&index| NbnxmShift { v: [0.0; 3], index }).collect::<Vec<_>>()).unwrap();
+        let offsets = poisoned_u32(2 * items);
+        let entries = [poisoned_entries(want.entries[0].len()), poisoned_entries(want.entries[1].len())];
+        // The uploads and poisoning above are synchronous copies and memsets that may still be in
+        // flight: order them before the layout's stream.
+        g.ctx.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        let totals = dl
+            .lay_out(&g.module, &d_counts, items, &d_shifts, shift_index.len(), *max_j, &offsets, [&entries[0], &entries[1]], &stream)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        assert_eq!(totals.words, want.words, "{name}: words");
+        assert_eq!(totals.entries, [want.entries[0].len(), want.entries[1].len()], "{name}: entries");
+        let got = offsets.to_host().unwrap();
+        if let Some(i) = (0..2 * items).find(|&i| got[i] != want.offsets[i]) {
+            panic!("{name}: offset {i} (item {}, list {}) is {}, the host's {}", i / 2, i % 2, got[i], want.offsets[i]);
+        }
+        assert!(got[2 * items..].iter().all(|&w| w == u32::MAX), "{name}: an offset written past the items");
+        for (kind, buf) in entries.iter().enumerate() {
+            let got = buf.to_host().unwrap();
+            let n = want.entries[kind].len();
+            if let Some(i) = (0..n).find(|&i| got[i] != want.entries[kind][i]) {
+                panic!("{name}: list {kind} entry {i} is {:?}, the host's {:?}", got[i], want.entries[kind][i]);
+            }
+            assert!(got[n..].iter().all(|e| *e == poison), "{name}: list {kind}: an entry written past the {n}");
+        }
+        eprintln!("gpu layout {name}: {items} items, {:?} words, {:?} entries, {ms:.3} ms", totals.words, totals.entries);
+    }
+
+    // Outputs too small: an error, nothing written.
+    let counts = layout_counts(3000, &mut rng, &|r| r.random_range(0..100));
+    let want = layout(&counts, &[13], 32);
+    let d_counts = DeviceBuffer::from_host(&g.ctx, &counts).unwrap();
+    let d_shifts = DeviceBuffer::from_host(&g.ctx, &[NbnxmShift { v: [0.0; 3], index: 13 }]).unwrap();
+    let offsets = poisoned_u32(2 * 3000);
+    let short = DeviceBuffer::<NbnxmEntry>::uninit(&g.ctx, want.entries[0].len() - 1).unwrap();
+    short.fill_bytes(0xff).unwrap();
+    let fine = poisoned_entries(want.entries[1].len());
+    let small_offsets = poisoned_u32(10);
+    g.ctx.synchronize().unwrap();
+    let e = dl.lay_out(&g.module, &d_counts, 3000, &d_shifts, 1, 32, &offsets, [&short, &fine], &stream).unwrap_err().to_string();
+    assert!(e.contains("room"), "{e}");
+    assert!(short.to_host().unwrap().iter().all(|x| *x == poison) && offsets.to_host().unwrap().iter().all(|&w| w == u32::MAX), "written: {e}");
+    let e = dl.lay_out(&g.module, &d_counts, 3000, &d_shifts, 1, 32, &small_offsets, [&fine, &fine], &stream).unwrap_err().to_string();
+    assert!(e.contains("offsets"), "{e}");
+
+    // More words than a u32 addresses: a clear error from the totals.
+    let huge = DeviceBuffer::from_host(&g.ctx, &[u32::MAX, 0, 0, 0, 1, 0]).unwrap();
+    g.ctx.synchronize().unwrap();
+    let e = dl.lay_out(&g.module, &huge, 3, &d_shifts, 1, 32, &offsets, [&fine, &fine], &stream).unwrap_err().to_string();
+    assert!(e.contains("4294967296") && e.contains("u32"), "{e}");
 }
 
 /// The whole search step on the GPU (`update_resident`: wrap in place, grid, lists) on one rank,

@@ -433,3 +433,16 @@ fn the_gpu_grid_wraps_and_bins_like_the_host() {
     assert_eq!(count(abi::NBNXM_GRID_BIN, "div.rn.f32"), 5, "{}", abi::NBNXM_GRID_BIN);
     assert_eq!(count(abi::NBNXM_GRID_BIN, "cvt.rmi.f32.f32"), 3);
 }
+
+#[test]
+fn the_gpu_layout_scans_in_shared_memory_without_atomics() {
+    let b = entries(&ptx_text());
+    // Deterministic: block scans through shared memory (64-bit running sums, no sum can wrap),
+    // no atomics, nothing in local memory.
+    for k in [abi::NBNXM_LAYOUT_TILES, abi::NBNXM_LAYOUT_SCAN, abi::NBNXM_LAYOUT_WRITE] {
+        assert_lowers(&b, k, &["bar.sync", "st.shared.b64", "ld.shared.b64"]);
+        assert_absent(&b, k, &["atom.", "red.relaxed", "red.global", ".local"]);
+    }
+    // One 16-byte store per entry.
+    assert_lowers(&b, abi::NBNXM_LAYOUT_WRITE, &["st.global.v4.b32"]);
+}

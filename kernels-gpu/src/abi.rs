@@ -66,6 +66,9 @@ kernel_entries! {
         "nbnxm_grid_scatter",
         "nbnxm_grid_sort",
         "nbnxm_grid_fill",
+        "nbnxm_layout_tiles",
+        "nbnxm_layout_scan",
+        "nbnxm_layout_write",
     ],
 }
 
@@ -283,6 +286,49 @@ pub const NBNXM_SEARCH_COUNT: &str = "nbnxm_search_count";
 /// each item's words, in the host search's order, to `j_local[offsets[2 item] ..]` and
 /// `j_nonlocal[offsets[2 item + 1] ..]`.
 pub const NBNXM_SEARCH_WRITE: &str = "nbnxm_search_write";
+
+/// `nbnxm_layout_tiles(counts, n_items, max_j, tile_sums)`: the lists' layout on the GPU, first
+/// pass (`host/md/src/nbnxm/gpu_search.rs`). One block of [`NBNXM_LAYOUT_THREADS`] threads,
+/// [`NBNXM_LAYOUT_SHARED_BYTES`] of dynamic shared memory, per tile of [`NBNXM_LAYOUT_TILE`] items
+/// (`grid.x = ceil(n_items / NBNXM_LAYOUT_TILE)`): the tile's [`NBNXM_LAYOUT_SUMS`] sums (words of
+/// the home–home list, words of the list with halo clusters, then their entries,
+/// [`nbnxm_entry_split`] of each count) to `tile_sums[4 tile ..]` as `u64` (no sum can wrap).
+pub const NBNXM_LAYOUT_TILES: &str = "nbnxm_layout_tiles";
+/// `nbnxm_layout_scan(tile_sums, n_tiles, totals)`: one block of [`NBNXM_LAYOUT_THREADS`] threads,
+/// [`NBNXM_LAYOUT_SHARED_BYTES`]: each tile's sums become in place the sums of the tiles before it
+/// (an exclusive scan per sum), and the [`NBNXM_LAYOUT_SUMS`] totals go to `totals` (`u64`: the
+/// host reads them back and refuses lists of more words than a `u32` addresses).
+pub const NBNXM_LAYOUT_SCAN: &str = "nbnxm_layout_scan";
+/// `nbnxm_layout_write(counts, n_items, max_j, shifts, n_shifts, tile_starts, offsets,
+/// entries_local, entries_nonlocal)`: same tiles and blocks as [`NBNXM_LAYOUT_TILES`], after
+/// [`NBNXM_LAYOUT_SCAN`] (`tile_starts`) and only for totals below `2^32`: item `i`'s first word
+/// of list `kind` to `offsets[2 i + kind]` (the words of the items before it), and its entries
+/// (supercluster `i / n_shifts`, shift `shifts[i % n_shifts].index`, [`nbnxm_entry_split`] of its
+/// count) to the list's entries after those of the items before it: the host's
+/// `pairlist::split_entries`, entry for entry.
+pub const NBNXM_LAYOUT_WRITE: &str = "nbnxm_layout_write";
+/// Threads per block of the layout passes.
+pub const NBNXM_LAYOUT_THREADS: u32 = 256;
+/// Consecutive items of one thread in [`NBNXM_LAYOUT_TILES`] and [`NBNXM_LAYOUT_WRITE`].
+pub const NBNXM_LAYOUT_ITEMS_PER_THREAD: u32 = 4;
+/// Items per block of [`NBNXM_LAYOUT_TILES`] and [`NBNXM_LAYOUT_WRITE`].
+pub const NBNXM_LAYOUT_TILE: u32 = NBNXM_LAYOUT_THREADS * NBNXM_LAYOUT_ITEMS_PER_THREAD;
+/// Sums per tile: words of list 0 and 1, entries of list 0 and 1.
+pub const NBNXM_LAYOUT_SUMS: usize = 4;
+/// Dynamic shared memory of a layout block: [`NBNXM_LAYOUT_SUMS`] `u64` running sums per thread.
+pub const NBNXM_LAYOUT_SHARED_BYTES: u32 = NBNXM_LAYOUT_THREADS * NBNXM_LAYOUT_SUMS as u32 * 8;
+
+/// How a list splits one item's `count` words into entries of at most `max_j` words (0 counts as
+/// 1), evenly: `[entries, words of each entry]` (the last entry takes what is left); no entry for
+/// no words. Shared by the host's search (`pairlist::split_entries`) and the GPU's layout.
+pub const fn nbnxm_entry_split(count: u32, max_j: u32) -> [u32; 2] {
+    let max_j = if max_j == 0 { 1 } else { max_j };
+    let parts = count.div_ceil(max_j);
+    let parts = if parts == 0 { 1 } else { parts };
+    let size = count.div_ceil(parts);
+    let size = if size == 0 { 1 } else { size };
+    [count.div_ceil(size), size]
+}
 
 /// `nbnxm_grid_bin(x, n, box_x, box_y, box_z, wrap, cell_x, cell_y, columns_x, columns_y,
 /// atom_column, counts, info, types)`: the first pass of the cluster grid on the GPU (one rank,
@@ -887,4 +933,6 @@ const _: () = {
     // The grid's fill blocks: 8-byte keys first in each warp's region, every region 16-byte aligned.
     assert!(NBNXM_GRID_FILL_WARP_BYTES.is_multiple_of(16) && NBNXM_GRID_FILL_SHARED_BYTES <= 48 * 1024);
     assert!(NBNXM_GRID_SCAN_THREADS.is_power_of_two() && NBNXM_GRID_SORT_THREADS.is_multiple_of(32));
+    // The layout passes scan with one block (a power of two of threads, whole warps).
+    assert!(NBNXM_LAYOUT_THREADS.is_power_of_two() && NBNXM_LAYOUT_THREADS >= 32 && NBNXM_LAYOUT_SHARED_BYTES <= 48 * 1024);
 };

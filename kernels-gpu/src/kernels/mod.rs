@@ -30,10 +30,12 @@ mod ll;
 mod md;
 mod nbnxm;
 mod nbnxm_grid;
+mod nbnxm_layout;
 mod nbnxm_search;
 mod pack;
 mod probe;
 mod pulse;
+mod scan;
 mod stencil;
 mod timeline;
 

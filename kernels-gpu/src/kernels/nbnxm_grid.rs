@@ -9,7 +9,7 @@
 //!    `wrap_position` in the same `f32` operations), check the coordinates are finite, find the
 //!    column (the host's `column_of`), count it;
 //! 2. `nbnxm_grid_columns`, one block: the columns' atom starts and supercluster starts (exclusive
-//!    scans of the counts and of `ceil(count / 64)`), the total, the zone's description;
+//!    scans of the counts and of `ceil(count / 64)`, `scan.rs`), the total, the zone's description;
 //! 3. `nbnxm_grid_scatter`, one thread per atom: its key `(z, atom)` into its column's places;
 //! 4. `nbnxm_grid_sort`, one block per column: each key to the place of its rank in the column
 //!    (the number of keys below it; keys are distinct, so ranks are a permutation, and equal to
@@ -28,6 +28,7 @@ use crate::abi::{
     NBNXM_GRID_INFO_MAX_TYPE, NBNXM_GRID_INFO_SUPERCLUSTERS, NBNXM_GRID_SCAN_THREADS, NBNXM_GRID_SORT_THREADS, NBNXM_SUPER_SIZE, NbnxmBox, NbnxmZone,
     nbnxm_cluster_atoms,
 };
+use super::scan::block_exclusive_scan;
 use crate::device::{self, math, shared, sync_threads, thread, warp};
 
 const FULL: u32 = warp::FULL_MASK;
@@ -115,7 +116,7 @@ unsafe fn bin(
 }
 
 /// Pass 2 (see [`crate::abi::NBNXM_GRID_COLUMNS`]): each thread takes a contiguous run of columns,
-/// the block scans the runs' sums (Hillis–Steele in shared memory), each thread writes its run.
+/// the block scans the runs' sums ([`block_exclusive_scan`]), each thread writes its run.
 ///
 /// # Safety
 /// One block of [`NBNXM_GRID_SCAN_THREADS`] threads with `8 NBNXM_GRID_SCAN_THREADS` bytes of
@@ -132,8 +133,8 @@ unsafe fn columns(
     let per = n_columns.div_ceil(T);
     let c0 = (tid * per).min(n_columns);
     let c1 = (c0 + per).min(n_columns);
-    // SAFETY: every index is inside its array by the contract; shared accesses are ordered by the
-    // block barriers, which every thread reaches (no thread returns early).
+    // SAFETY: every index is inside its array by the contract; every thread reaches the scan (no
+    // thread returns early), whose shared sums are the block's dynamic shared memory.
     unsafe {
         let (mut atoms, mut supers) = (0u32, 0u32);
         for c in c0..c1 {
@@ -141,21 +142,8 @@ unsafe fn columns(
             atoms += m;
             supers += m.div_ceil(SS);
         }
-        let sa = shared::dynamic_shared_mem() as *mut u32;
-        let ss = sa.add(T as usize);
-        *sa.add(tid as usize) = atoms;
-        *ss.add(tid as usize) = supers;
-        sync_threads();
-        let mut off = 1;
-        while off < T {
-            let (va, vs) = if tid >= off { (*sa.add((tid - off) as usize), *ss.add((tid - off) as usize)) } else { (0, 0) };
-            sync_threads();
-            *sa.add(tid as usize) += va;
-            *ss.add(tid as usize) += vs;
-            sync_threads();
-            off *= 2;
-        }
-        let (mut at, mut sc) = (*sa.add(tid as usize) - atoms, *ss.add(tid as usize) - supers);
+        let ([mut at, mut sc], [total_atoms, total]) =
+            block_exclusive_scan([atoms, supers], shared::dynamic_shared_mem() as *mut u32, tid, T);
         for c in c0..c1 {
             let m = *counts.add(c as usize);
             *atom_start.add(c as usize) = at;
@@ -165,8 +153,7 @@ unsafe fn columns(
             sc += m.div_ceil(SS);
         }
         if tid == T - 1 {
-            let total = *ss.add(tid as usize);
-            *atom_start.add(n_columns as usize) = *sa.add(tid as usize);
+            *atom_start.add(n_columns as usize) = total_atoms;
             *column_start.add(n_columns as usize) = total;
             *info.add(NBNXM_GRID_INFO_SUPERCLUSTERS) = total;
             *zone = NbnxmZone { extent: NbnxmBox { lo: [0.0; 3], hi: b }, cell, columns: shape, column_base: 0, sc_end: total, zone: 0, reserved: 0 };

@@ -17,7 +17,7 @@
 //! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates.
 
 use super::gpu_grid::{DeviceGrid, GridInfo};
-use super::gpu_search::{GpuSearch, fit, grow};
+use super::gpu_search::{GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
 use super::{ListSetup, NbnxmError, NbnxmKernel, WarpsPerEntry};
@@ -93,20 +93,22 @@ impl GpuList {
         })
     }
 
-    /// Uploads `entries` and makes room for `words` outer and inner words; returns the outer
-    /// words' address (for the GPU search to fill).
-    fn prepare(&mut self, module: &KernelModule, entries: &[NbnxmEntry], words: usize) -> Result<u64> {
-        fit(module, &mut self.entries, entries)?;
+    /// Makes room for `entries` entries and `words` outer and inner words (reusing the allocations
+    /// that fit; the contents are the caller's to fill) and takes those sizes; returns where the
+    /// entries and the outer words go (for the GPU search to fill).
+    fn reserve(&mut self, module: &KernelModule, entries: usize, words: usize) -> Result<ListRoom> {
+        grow(module, &mut self.entries, entries)?;
         grow(module, &mut self.outer, words)?;
         grow(module, &mut self.inner, words)?;
-        self.n_entries = entries.len();
+        self.n_entries = entries;
         self.n_words = words;
         self.pruned = false;
-        Ok(self.outer.device_ptr())
+        Ok(ListRoom::of(&self.entries, &self.outer))
     }
 
     fn update(&mut self, module: &KernelModule, l: &ClusterPairList) -> Result<()> {
-        self.prepare(module, &l.entries, l.j_list.len())?;
+        self.reserve(module, l.entries.len(), l.j_list.len())?;
+        self.entries.copy_from_host(&l.entries)?;
         self.outer.copy_from_host(&l.j_list)
     }
 
@@ -124,7 +126,8 @@ pub struct ResidentSearch {
     pub grid: GridInfo,
     /// Wrapping and building the grid (five passes, one synchronisation, three words read back).
     pub grid_time: Duration,
-    /// Searching both lists (two passes, the layout on the host in between).
+    /// Searching both lists (the count pass, the lists' layout on the GPU, one synchronisation
+    /// reading back the lists' sizes, the entries and the write pass).
     pub lists_time: Duration,
     /// j-list words of the home–home and the non-local list (the latter empty on one rank).
     pub words: [usize; 2],
@@ -324,12 +327,17 @@ impl NbnxmGpu {
         };
         let (module, lists, grid) = (&self.module, &mut self.lists, &self.grid);
         let max_j = SearchOptions::new(self.setup.rlist).max_j_per_entry;
-        search.run(module, grid, self.setup.rlist, max_j, stream, &mut |l| {
-            let a = lists[0].prepare(module, &l.entries[0], l.words[0])?;
-            let b = lists[1].prepare(module, &l.entries[1], l.words[1])?;
-            Ok([a, b])
-        })?;
-        Ok(())
+        let done = search.run(module, grid, self.setup.rlist, max_j, stream, &mut |t| {
+            Ok([lists[0].reserve(module, t.entries[0], t.words[0])?, lists[1].reserve(module, t.entries[1], t.words[1])?])
+        });
+        if done.is_err() {
+            // The lists may have taken sizes whose entries and words were never written.
+            for l in lists.iter_mut() {
+                l.n_entries = 0;
+                l.n_words = 0;
+            }
+        }
+        done.map(|_| ())
     }
 
     /// j-list words (j-clusters of the entries) of list `kind`.

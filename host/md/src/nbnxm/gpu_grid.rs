@@ -52,6 +52,9 @@ pub(crate) struct Held {
     pub(crate) periodic: [bool; 3],
     /// Box edges (nm).
     pub(crate) box_size: [f32; 3],
+    /// Whether the search buffers were copied from pageable host memory ([`DeviceGrid::upload_boxes`]:
+    /// the copies may still be in flight) rather than built on the GPU (complete when the build returns).
+    pub(crate) uploaded: bool,
 }
 
 /// The working arrays of a GPU build.
@@ -170,7 +173,8 @@ impl DeviceGrid {
             .collect();
         fit(module, &mut self.zones, &zones)?;
         fit(module, &mut self.column_start, &flat)?;
-        self.held = Some(Held { superclusters: grid.superclusters(), zones: zones.len(), periodic: grid.periodic, box_size: grid.box_size });
+        self.held =
+            Some(Held { superclusters: grid.superclusters(), zones: zones.len(), periodic: grid.periodic, box_size: grid.box_size, uploaded: true });
         Ok(())
     }
 
@@ -200,7 +204,7 @@ impl DeviceGrid {
         let extent = BBox { lo: [0.0; 3], hi: box_size };
         let mut info = GridInfo { atoms: n, superclusters: 0, clusters: 0, columns: [0; 2], cell: [0.0; 2], extent, box_size, max_type: 0 };
         if n == 0 {
-            self.held = Some(Held { superclusters: 0, zones: 0, periodic: [true; 3], box_size });
+            self.held = Some(Held { superclusters: 0, zones: 0, periodic: [true; 3], box_size, uploaded: false });
             self.built = Some(info);
             return Ok(info);
         }
@@ -290,7 +294,7 @@ impl DeviceGrid {
             return Err(HaloError::InvalidInput(e.to_string()));
         }
         info = GridInfo { superclusters, clusters: superclusters * SC, columns, cell, max_type: words[abi::NBNXM_GRID_INFO_MAX_TYPE], ..info };
-        self.held = Some(Held { superclusters, zones: 1, periodic: [true; 3], box_size });
+        self.held = Some(Held { superclusters, zones: 1, periodic: [true; 3], box_size, uploaded: false });
         self.built = Some(info);
         Ok(info)
     }

@@ -1,10 +1,13 @@
 //! The cluster-pair search on the GPU (`nbnxm_search_count`, `nbnxm_search_write`) on a grid in
 //! device memory ([`DeviceGrid`]: uploaded from the host's sort, or built on the GPU): the GPU
-//! finds the j-cluster words of every (i-supercluster, shift) item, the host turns the counts
-//! into the lists' layout ([`layout`]), and the GPU writes the words there. The lists equal
-//! [`super::PairSearch`]'s word for word (same rule, same `f32` arithmetic, same order), which
-//! `tests/gpu_nbnxm.rs` and `tests/gpu_grid.rs` check.
+//! counts the j-cluster words of every (i-supercluster, shift) item, lays the lists out from the
+//! counts ([`DeviceLayout`], the `nbnxm_layout_*` kernels: word offsets and entries, exactly
+//! [`layout`]'s), and writes the words there. Only the lists' totals cross to the host (one
+//! synchronisation, to make room for them). The lists equal [`super::PairSearch`]'s word for word
+//! (same rule, same `f32` arithmetic, same order), which `tests/gpu_nbnxm.rs` and
+//! `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout against [`layout`].
 
+use super::NbnxmError;
 use super::gpu_grid::DeviceGrid;
 use super::pairlist::{list_cutoff2, shifts_of, split_entries};
 use crate::abi::{self, NbnxmEntry, NbnxmShift};
@@ -13,7 +16,8 @@ use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchSha
 use crate::kernel_args;
 use bytemuck::Pod;
 
-/// Where each list's words go and its entries, from the per-item counts.
+/// Where each list's words go and its entries, from the per-item counts: the host's layout, the
+/// reference of the GPU's ([`DeviceLayout`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Layout {
     /// `2 item + kind`: the first word of the item's words in list `kind` (0: home–home).
@@ -55,19 +59,193 @@ pub(crate) fn grow<T: Pod>(module: &KernelModule, buf: &mut DeviceBuffer<T>, len
     Ok(())
 }
 
-/// The search's own buffers (the grid's are a [`DeviceGrid`]'s): the shifts and the pass buffer
-/// (counts, then offsets).
+/// The sizes of the two lists a GPU layout found (what the host reads back of it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutTotals {
+    /// j-list words of the home–home list and of the list with halo clusters.
+    pub words: [usize; 2],
+    /// Entries of the two lists.
+    pub entries: [usize; 2],
+}
+
+impl LayoutTotals {
+    /// The totals from the layout scan's sums (`[words 0, words 1, entries 0, entries 1]`); an
+    /// error when a list has more words than its `u32` offsets address.
+    pub fn from_sums(sums: [u64; abi::NBNXM_LAYOUT_SUMS]) -> Result<Self> {
+        let max = u64::from(u32::MAX);
+        for (kind, list) in ["home–home", "non-local"].into_iter().enumerate() {
+            // Every entry has a word, so the words bound the entries too.
+            if sums[kind] > max {
+                return Err(HaloError::InvalidInput(NbnxmError::TooManyWords { list, words: sums[kind], max }.to_string()));
+            }
+        }
+        Ok(Self { words: [sums[0] as usize, sums[1] as usize], entries: [sums[2] as usize, sums[3] as usize] })
+    }
+}
+
+/// Where the GPU writes one list: its entries and its words (device addresses), and how many of
+/// each the memory there holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ListRoom {
+    /// Entries' address (16-byte aligned).
+    pub(crate) entries: u64,
+    /// Entries it holds.
+    pub(crate) entry_room: usize,
+    /// Words' address.
+    pub(crate) words: u64,
+    /// Words it holds.
+    pub(crate) word_room: usize,
+}
+
+impl ListRoom {
+    /// Room for a list in `entries` and `words`.
+    pub(crate) fn of(entries: &DeviceBuffer<NbnxmEntry>, words: &DeviceBuffer<u32>) -> Self {
+        Self { entries: entries.device_ptr(), entry_room: entries.len(), words: words.device_ptr(), word_room: words.len() }
+    }
+}
+
+/// The lists' layout on the GPU (the `nbnxm_layout_*` kernels, `kernels-gpu/src/kernels/nbnxm_layout.rs`):
+/// from the items' word counts, each item's word offsets and the lists' entries, equal to
+/// [`layout`]'s. Holds the scan's buffers (per-tile sums, the totals), reused from one search to
+/// the next.
+pub struct DeviceLayout {
+    /// [`abi::NBNXM_LAYOUT_SUMS`] sums per tile of [`abi::NBNXM_LAYOUT_TILE`] items, then the
+    /// sums of the tiles before each.
+    tiles: DeviceBuffer<u64>,
+    /// The lists' totals ([`abi::NBNXM_LAYOUT_SUMS`]).
+    totals: DeviceBuffer<u64>,
+}
+
+impl DeviceLayout {
+    /// Empty buffers, grown by the first layout.
+    pub fn new(module: &KernelModule) -> Result<Self> {
+        let ctx = module.context();
+        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, abi::NBNXM_LAYOUT_SUMS)? })
+    }
+
+    /// `max_j` as the kernels take it (at least 1; `split_entries` reads a larger one as `u32::MAX`).
+    fn max_j(max_j: usize) -> u32 {
+        u32::try_from(max_j).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// One block per tile of items.
+    fn per_tile(items: usize) -> LaunchShape {
+        let tiles = items.div_ceil(abi::NBNXM_LAYOUT_TILE as usize).max(1) as u32;
+        LaunchShape { grid: (tiles, 1), block: abi::NBNXM_LAYOUT_THREADS, shared_bytes: abi::NBNXM_LAYOUT_SHARED_BYTES }
+    }
+
+    /// An error unless `items` items fit the kernels' `u32` item indices and `counts` holds theirs.
+    fn check_items(counts: &DeviceBuffer<u32>, items: usize) -> Result<()> {
+        if items > (u32::MAX - abi::NBNXM_LAYOUT_TILE) as usize {
+            return Err(HaloError::InvalidInput(format!("GPU list layout: {items} items, more than a u32 index holds")));
+        }
+        if counts.len() < 2 * items {
+            return Err(HaloError::InvalidInput(format!("GPU list layout: {items} items but {} counts (2 per item)", counts.len())));
+        }
+        Ok(())
+    }
+
+    /// Enqueues the scan of the first `items` items' counts (`counts[2 item + kind]`) on
+    /// `stream` (after what `stream` already holds, the count pass), synchronises it and reads
+    /// back the lists' totals. An error when a list has more words than a `u32` addresses.
+    pub(crate) fn totals(
+        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, stream: &CudaStream,
+    ) -> Result<LayoutTotals> {
+        Self::check_items(counts, items)?;
+        if items == 0 {
+            return Ok(LayoutTotals::default());
+        }
+        let shape = Self::per_tile(items);
+        grow(module, &mut self.tiles, abi::NBNXM_LAYOUT_SUMS * shape.grid.0 as usize)?;
+        let (mut c, mut n, mut mj, mut tiles, mut nt, mut tot) =
+            (counts.device_ptr(), items as u32, Self::max_j(max_j), self.tiles.device_ptr(), shape.grid.0, self.totals.device_ptr());
+        let mut args = kernel_args![c, n, mj, tiles];
+        // SAFETY: arguments match `nbnxm_layout_tiles`: `counts` holds `2 items` counts (checked),
+        // `tiles` 4 sums per block, blocks and shared memory as the ABI says.
+        unsafe { module.launch(abi::NBNXM_LAYOUT_TILES, shape, stream, &mut args)? };
+        let one = LaunchShape { grid: (1, 1), ..shape };
+        let mut args = kernel_args![tiles, nt, tot];
+        // SAFETY: arguments match `nbnxm_layout_scan`: the sums of `nt` tiles, 4 totals, one block.
+        unsafe { module.launch(abi::NBNXM_LAYOUT_SCAN, one, stream, &mut args)? };
+        stream.synchronize().during("waiting for the GPU list layout's totals")?;
+        let sums = self.totals.to_host()?;
+        LayoutTotals::from_sums(std::array::from_fn(|v| sums.get(v).copied().unwrap_or(0)))
+    }
+
+    /// Enqueues on `stream` the writing of the first `items` items' word offsets
+    /// (`offsets[2 item + kind]`) and the lists' entries into `rooms`, after [`Self::totals`] on the
+    /// same counts (unchanged since) returned `totals`. Item `i`'s supercluster is
+    /// `i / n_shifts`, its shift index `shifts[i % n_shifts].index`. An error, before anything is
+    /// enqueued, when a buffer is too small for what `totals` announced.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write(
+        &self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, shifts: &DeviceBuffer<NbnxmShift>, n_shifts: usize,
+        totals: &LayoutTotals, offsets: &DeviceBuffer<u32>, rooms: [ListRoom; 2], stream: &CudaStream,
+    ) -> Result<()> {
+        Self::check_items(counts, items)?;
+        if items == 0 {
+            return Ok(());
+        }
+        let bad = |m: String| Err(HaloError::InvalidInput(format!("GPU list layout: {m}")));
+        if n_shifts == 0 || shifts.len() < n_shifts || offsets.len() < 2 * items {
+            return bad(format!("{n_shifts} shifts ({} given) and {} offsets for {items} items", shifts.len(), offsets.len()));
+        }
+        for (kind, room) in rooms.iter().enumerate() {
+            if room.entry_room < totals.entries[kind] || room.word_room < totals.words[kind] || room.entries % 16 != 0 {
+                return bad(format!("list {kind} has room for {} entries and {} words, needs {totals:?}", room.entry_room, room.word_room));
+            }
+        }
+        let (mut c, mut n, mut mj, mut sp, mut ns) = (counts.device_ptr(), items as u32, Self::max_j(max_j), shifts.device_ptr(), n_shifts as u32);
+        let (mut tiles, mut off, mut el, mut en) = (self.tiles.device_ptr(), offsets.device_ptr(), rooms[0].entries, rooms[1].entries);
+        let mut args = kernel_args![c, n, mj, sp, ns, tiles, off, el, en];
+        // SAFETY: arguments match `nbnxm_layout_write`: the tile starts of these counts (the
+        // caller's `totals` call), `n_shifts` shifts, `2 items` offsets, and room for every entry
+        // the totals announced (checked; 16-byte aligned), which fit a u32 (`from_sums`).
+        unsafe { module.launch(abi::NBNXM_LAYOUT_WRITE, Self::per_tile(items), stream, &mut args) }
+    }
+
+    /// The whole layout of `items` items' counts (`counts[2 item + kind]`) on `stream`: the
+    /// totals, then each item's word offsets to `offsets` and the lists' entries to `entries`
+    /// (home–home, then with halo clusters), item `i` being supercluster `i / n_shifts` under
+    /// shift `shifts[i % n_shifts].index`; synchronises `stream`. Exactly [`layout`] of the
+    /// counts. An error when an output is too small for the totals (nothing is written then).
+    /// `counts` and `shifts` must be complete before `stream`'s work: after synchronous copies
+    /// from pageable memory, synchronise the context first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lay_out(
+        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, shifts: &DeviceBuffer<NbnxmShift>, n_shifts: usize,
+        max_j: usize, offsets: &DeviceBuffer<u32>, entries: [&DeviceBuffer<NbnxmEntry>; 2], stream: &CudaStream,
+    ) -> Result<LayoutTotals> {
+        let totals = self.totals(module, counts, items, max_j, stream)?;
+        // The words are not written here: room for them is not needed.
+        let room = |e: &DeviceBuffer<NbnxmEntry>| ListRoom { entries: e.device_ptr(), entry_room: e.len(), words: 0, word_room: usize::MAX };
+        self.write(module, counts, items, max_j, shifts, n_shifts, &totals, offsets, [room(entries[0]), room(entries[1])], stream)?;
+        stream.synchronize().during("waiting for the GPU list layout")?;
+        Ok(totals)
+    }
+}
+
+/// The search's own buffers (the grid's are a [`DeviceGrid`]'s): the shifts, the items' counts
+/// and word offsets, and the layout's.
 pub(crate) struct GpuSearch {
     shifts: DeviceBuffer<NbnxmShift>,
     /// The shifts `shifts` holds (uploaded again only when they change).
     uploaded: Vec<(u32, [f32; 3])>,
     counts: DeviceBuffer<u32>,
+    offsets: DeviceBuffer<u32>,
+    layout: DeviceLayout,
 }
 
 impl GpuSearch {
     pub(crate) fn new(module: &KernelModule) -> Result<Self> {
         let ctx = module.context();
-        Ok(Self { shifts: DeviceBuffer::uninit(ctx, 1)?, uploaded: Vec::new(), counts: DeviceBuffer::uninit(ctx, 1)? })
+        Ok(Self {
+            shifts: DeviceBuffer::uninit(ctx, 1)?,
+            uploaded: Vec::new(),
+            counts: DeviceBuffer::uninit(ctx, 1)?,
+            offsets: DeviceBuffer::uninit(ctx, 1)?,
+            layout: DeviceLayout::new(module)?,
+        })
     }
 
     fn shape(items: usize) -> LaunchShape {
@@ -75,56 +253,62 @@ impl GpuSearch {
         LaunchShape { grid: (blocks, 1), block: abi::NBNXM_SEARCH_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SEARCH_SHARED_BYTES }
     }
 
-    /// Runs both passes on the grid `grid` holds (uploaded from the host, or built on the GPU on
-    /// `stream`) at list cutoff `rl` on `stream`: `out(layout)` gets the layout and returns the two
-    /// device word arrays (home–home, with halo) to write into, each with room for `words[kind]`
-    /// words. Returns the layout; the words are written when this returns (`stream` and the
-    /// context are synchronised).
+    /// Runs the search on the grid `grid` holds (uploaded from the host, or built on the GPU) at
+    /// list cutoff `rl` on `stream`, entries of at most `max_j` words: the count pass, the layout's
+    /// scan, one synchronisation to read the lists' totals, then `out(totals)` makes room for the
+    /// two lists (home–home, with halo) and says where they go, and the layout's entries and the
+    /// write pass fill them. Returns the totals; the lists are complete when this returns
+    /// (`stream` is synchronised; the context too, before the count pass, when the grid or the
+    /// shifts were just uploaded from pageable host memory).
     pub(crate) fn run(
         &mut self, module: &KernelModule, grid: &DeviceGrid, rl: f32, max_j: usize, stream: &CudaStream,
-        out: &mut dyn FnMut(&Layout) -> Result<[u64; 2]>,
-    ) -> Result<Layout> {
+        out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
+    ) -> Result<LayoutTotals> {
         let held = grid.held().ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
         let shifts = shifts_of(held.periodic, held.box_size);
         let n_super = held.superclusters;
         let items = n_super * shifts.len();
-        let shift_index: Vec<u32> = shifts.iter().map(|s| s.0).collect();
         if items == 0 {
-            let l = layout(&[], &shift_index, max_j);
-            out(&l)?;
-            return Ok(l);
+            let totals = LayoutTotals::default();
+            out(&totals)?;
+            return Ok(totals);
         }
+        let mut pageable = held.uploaded;
         if self.uploaded != shifts {
             fit(module, &mut self.shifts, &shifts.iter().map(|&(index, v)| NbnxmShift { v, index }).collect::<Vec<_>>())?;
             self.uploaded = shifts.clone();
+            pageable = true;
         }
         grow(module, &mut self.counts, 2 * items)?;
+        grow(module, &mut self.offsets, 2 * items)?;
         let (mut sb, mut cb, mut sz, mut zp) =
             (grid.super_bbox.device_ptr(), grid.cluster_bbox.device_ptr(), grid.super_zone.device_ptr(), grid.zones.device_ptr());
         let (mut nz, mut cs, mut sp, mut ns) = (held.zones as u32, grid.column_start.device_ptr(), self.shifts.device_ptr(), shifts.len() as u32);
         let (mut nsc, mut rlv, mut rl2, mut counts) = (n_super as u32, rl, list_cutoff2(rl), self.counts.device_ptr());
-        // Synchronous uploads (the grid's, the shifts) may still be in flight (pageable memory):
-        // order them first.
-        module.context().synchronize().during("waiting for the grid's upload")?;
+        if pageable {
+            // Synchronous copies from pageable memory (the grid's, the shifts) may still be in
+            // flight: order them first. A grid built on the GPU is complete (its build synchronised
+            // its stream), so the resident search skips this.
+            module.context().synchronize().during("waiting for the grid's upload")?;
+        }
         let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, counts];
         // SAFETY: arguments match `nbnxm_search_count`; the grid's arrays describe `n_super`
         // superclusters in `nz` zones (every column range and supercluster index inside them),
         // `counts` holds 2 per item.
         unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
-        stream.synchronize().during("waiting for the search's counts")?;
-        let mut counts_host = self.counts.to_host()?;
-        counts_host.truncate(2 * items);
-        let l = layout(&counts_host, &shift_index, max_j);
-        let [mut jl, mut jn] = out(&l)?;
-        self.counts.copy_from_host(&l.offsets)?;
-        module.context().synchronize().during("waiting for the search's offsets")?;
-        let mut offsets = self.counts.device_ptr();
+        let totals = self.layout.totals(module, &self.counts, items, max_j, stream)?;
+        let rooms = out(&totals)?;
+        if rooms.iter().zip(totals.words).any(|(r, w)| r.word_room < w) {
+            return Err(HaloError::InvalidInput(format!("GPU search: the lists have room for {rooms:?}, the totals are {totals:?}")));
+        }
+        self.layout.write(module, &self.counts, items, max_j, &self.shifts, shifts.len(), &totals, &self.offsets, rooms, stream)?;
+        let (mut offsets, mut jl, mut jn) = (self.offsets.device_ptr(), rooms[0].words, rooms[1].words);
         let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, offsets, jl, jn];
-        // SAFETY: arguments match `nbnxm_search_write`; as above, and `out` gave arrays with room
-        // for every word the counts announced.
+        // SAFETY: arguments match `nbnxm_search_write`; as above, `offsets` from the layout of
+        // this grid's counts (same stream, so after it), and room for every word (checked).
         unsafe { module.launch(abi::NBNXM_SEARCH_WRITE, Self::shape(items), stream, &mut args)? };
         stream.synchronize().during("waiting for the search's words")?;
-        Ok(l)
+        Ok(totals)
     }
 }
 
@@ -169,5 +353,106 @@ mod tests {
             }
         }
         assert_eq!(layout(&[], &[13], 32), Layout::default());
+    }
+
+    /// The `nbnxm_layout_*` passes on the CPU: tiles of `NBNXM_LAYOUT_TILE` items, threads of
+    /// `NBNXM_LAYOUT_ITEMS_PER_THREAD` consecutive items, sums per tile, their exclusive scan, then
+    /// each thread's items from its tile's start plus the sums of the tile's threads before it.
+    fn passes(counts: &[u32], shift_index: &[u32], max_j: usize) -> Layout {
+        let (tile, per) = (abi::NBNXM_LAYOUT_TILE as usize, abi::NBNXM_LAYOUT_ITEMS_PER_THREAD as usize);
+        let mj = DeviceLayout::max_j(max_j);
+        let items = counts.len() / 2;
+        let sums = |range: std::ops::Range<usize>| {
+            let mut s = [0u64; 4];
+            for i in range.start..range.end.min(items) {
+                for kind in 0..2 {
+                    s[kind] += u64::from(counts[2 * i + kind]);
+                    s[2 + kind] += u64::from(abi::nbnxm_entry_split(counts[2 * i + kind], mj)[0]);
+                }
+            }
+            s
+        };
+        let tiles: Vec<[u64; 4]> = (0..items.div_ceil(tile)).map(|t| sums(t * tile..(t + 1) * tile)).collect();
+        let mut starts = vec![[0u64; 4]; tiles.len()];
+        for t in 1..tiles.len() {
+            starts[t] = std::array::from_fn(|v| starts[t - 1][v] + tiles[t - 1][v]);
+        }
+        let total: [u64; 4] = std::array::from_fn(|v| tiles.iter().map(|s| s[v]).sum());
+        let mut out = Layout { offsets: vec![u32::MAX; counts.len()], entries: [Vec::new(), Vec::new()], words: [total[0] as usize, total[1] as usize] };
+        let mut entries = [vec![NbnxmEntry::default(); total[2] as usize], vec![NbnxmEntry::default(); total[3] as usize]];
+        let n_shifts = shift_index.len().max(1);
+        for (t, start) in starts.iter().enumerate() {
+            for th in 0..abi::NBNXM_LAYOUT_THREADS as usize {
+                let first = t * tile + th * per;
+                let before = sums(t * tile..first);
+                let mut at: [u64; 4] = std::array::from_fn(|v| start[v] + before[v]);
+                for i in first..(first + per).min(items) {
+                    let (sci, shift) = ((i / n_shifts) as u32, shift_index[i % n_shifts]);
+                    for kind in 0..2 {
+                        let c = counts[2 * i + kind];
+                        out.offsets[2 * i + kind] = at[kind] as u32;
+                        let [n, size] = abi::nbnxm_entry_split(c, mj);
+                        for j in 0..n {
+                            let w = at[kind] as u32 + j * size;
+                            entries[kind][at[2 + kind] as usize + j as usize] =
+                                NbnxmEntry { sci, shift, j_start: w, j_end: w + size.min(c - j * size) };
+                        }
+                        at[kind] += u64::from(c);
+                        at[2 + kind] += u64::from(n);
+                    }
+                }
+            }
+        }
+        out.entries = entries;
+        out
+    }
+
+    #[test]
+    fn the_gpu_layout_passes_give_the_host_layout() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let tile = abi::NBNXM_LAYOUT_TILE as usize;
+        for (items, max_j, top) in [(1, 32, 70), (tile - 1, 32, 70), (tile, 5, 12), (3 * tile + 17, 1, 4), (700, 0, 3), (2500, usize::MAX, 300)] {
+            let counts: Vec<u32> = (0..2 * items).map(|_| if rng.random_range(0..4) == 0 { 0 } else { rng.random_range(0..top) }).collect();
+            let shifts: Vec<u32> = (0..27).collect();
+            assert_eq!(passes(&counts, &shifts, max_j), layout(&counts, &shifts, max_j), "{items} items, max_j {max_j}");
+        }
+    }
+
+    #[test]
+    fn entries_split_evenly_into_at_most_max_j_words() {
+        // The split the host always made (before `abi::nbnxm_entry_split` was shared with the GPU).
+        let old = |count: u32, max_j: usize| {
+            let parts = count.div_ceil(max_j.max(1) as u32).max(1);
+            let size = count.div_ceil(parts).max(1);
+            (0..count.div_ceil(size)).map(|k| (k * size, ((k + 1) * size).min(count))).collect::<Vec<_>>()
+        };
+        for max_j in [0, 1, 2, 5, 7, 31, 32, 33, 100] {
+            for count in 0..=300u32 {
+                let got: Vec<_> = split_entries(3, 13, 1000, count, max_j).collect();
+                assert_eq!(got.iter().map(|e| (e.j_start - 1000, e.j_end - 1000)).collect::<Vec<_>>(), old(count, max_j), "{count} {max_j}");
+                assert_eq!(got.len() as u32, abi::nbnxm_entry_split(count, max_j as u32)[0]);
+                assert!(got.iter().all(|e| e.sci == 3 && e.shift == 13 && e.j_end > e.j_start && (e.j_end - e.j_start) as usize <= max_j.max(1)));
+                assert!(got.windows(2).all(|w| w[0].j_end == w[1].j_start));
+                if count > 0 {
+                    assert_eq!(got.len(), (count as usize).div_ceil(max_j.max(1)), "{count} {max_j}: one entry per max_j words");
+                }
+            }
+        }
+        // A count of exactly max_j is one entry, 2 max_j + 1 three.
+        assert_eq!(abi::nbnxm_entry_split(32, 32), [1, 32]);
+        assert_eq!(abi::nbnxm_entry_split(65, 32), [3, 22]);
+        assert_eq!(abi::nbnxm_entry_split(0, 32)[0], 0);
+        assert_eq!(abi::nbnxm_entry_split(u32::MAX, u32::MAX), [1, u32::MAX]);
+    }
+
+    #[test]
+    fn totals_beyond_a_u32_are_refused() {
+        let max = u64::from(u32::MAX);
+        assert_eq!(LayoutTotals::from_sums([max, 3, 7, 1]).unwrap(), LayoutTotals { words: [max as usize, 3], entries: [7, 1] });
+        for sums in [[max + 1, 0, 1, 0], [0, max + 1, 0, 1]] {
+            let e = LayoutTotals::from_sums(sums).unwrap_err().to_string();
+            assert!(e.contains("4294967296") && e.contains("u32"), "{e}");
+        }
     }
 }

@@ -122,6 +122,16 @@ pub enum NbnxmError {
         /// The limit.
         max: usize,
     },
+    /// A list with more j-list words than its `u32` word offsets address.
+    #[error("the {list} list has {words} j-list words, more than the {max} a u32 offset addresses: use more ranks")]
+    TooManyWords {
+        /// Which list (home–home or non-local).
+        list: &'static str,
+        /// Words found.
+        words: u64,
+        /// The limit.
+        max: u64,
+    },
     /// Inconsistent cutoffs, lifetimes or physical inputs.
     #[error("invalid list setup: {0}")]
     Setup(String),

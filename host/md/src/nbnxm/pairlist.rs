@@ -20,7 +20,7 @@
 use super::NbnxmError;
 use super::grid::{BBox, ClusterGrid, ZoneScratch};
 use super::local::LocalAtoms;
-use crate::abi::{NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_MASK_BITS, NbnxmEntry};
+use crate::abi::{NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_MASK_BITS, NbnxmEntry, nbnxm_entry_split};
 use crate::workers::Workers;
 use std::time::{Duration, Instant};
 
@@ -88,9 +88,11 @@ impl ClusterPairList {
 /// The entries of `count` words of (`sci`, `shift`) starting at word `start`: at most `max_j`
 /// words each, split evenly (the GPU search lays its lists out the same way).
 pub(crate) fn split_entries(sci: u32, shift: u32, start: u32, count: u32, max_j: usize) -> impl Iterator<Item = NbnxmEntry> {
-    let parts = count.div_ceil(max_j.max(1) as u32).max(1);
-    let size = count.div_ceil(parts).max(1);
-    (0..count.div_ceil(size)).map(move |k| NbnxmEntry { sci, shift, j_start: start + k * size, j_end: start + ((k + 1) * size).min(count) })
+    let [n, size] = nbnxm_entry_split(count, u32::try_from(max_j).unwrap_or(u32::MAX));
+    (0..n).map(move |k| {
+        let first = k * size;
+        NbnxmEntry { sci, shift, j_start: start + first, j_end: start + first + size.min(count - first) }
+    })
 }
 
 /// The squared list cutoff of the box tests: a hair larger than `rl²`, so that `f32` rounding of
