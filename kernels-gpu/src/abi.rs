@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
