@@ -197,8 +197,8 @@ impl MdRank {
 
     /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
     /// the last integration cleared them (and zero the energy record), prune the local list on
-    /// prune steps, home–home forces. The halo stream
-    /// then waits for the previous step's integration (the coordinate halo reads home coordinates).
+    /// prune steps, home–home forces. The halo stream then waits for the previous step's
+    /// integration (the coordinate halo reads home coordinates).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Events::Step)?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
