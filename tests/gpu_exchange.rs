@@ -11,7 +11,6 @@ use rand_chacha::ChaCha8Rng;
 use halo::gpu::DeviceMemory;
 use halo::testing::gpu_or_skip;
 use halo::HaloError;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The timeline probe's GPU tests (issue 15): their own file, this binary (one fewer test binary in
@@ -53,7 +52,7 @@ fn exchange_and_check(test: &str, ranks: &mut LocalRanks, halos: &[RankHalo], tr
 /// Runs `steps` coordinate + force exchanges with fresh random data each step and checks both.
 fn run_protocol(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64) {
     let Some(g) = gpu_or_skip(test) else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let mut ranks = LocalRanks::new(halos.clone(), &[module]).unwrap();
     for step in 0..steps {
         exchange_and_check(&format!("{test} {transport:?}"), &mut ranks, &halos, transport, step, 1000 + step);
@@ -132,7 +131,7 @@ fn edge_shapes_empty_pulses_and_tiny_ranks() {
 fn a_missing_signal_times_out_with_a_clear_error() {
     let Some(g) = gpu_or_skip("a_missing_signal_times_out_with_a_clear_error") else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
-    let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos, &[g.module.clone()]).unwrap();
     for r in ranks.ranks_mut() {
         r.set_wait_timeout(Duration::from_millis(200));
     }
@@ -163,7 +162,7 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
     let test = "stale_larger_signals_cannot_satisfy_a_new_phase";
     let Some(g) = gpu_or_skip(test) else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
-    let mut ranks = LocalRanks::<Float3>::new(halos, &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos, &[g.module.clone()]).unwrap();
     ranks.set_wait_timeout(Duration::from_millis(300));
     let stream0 = ranks.stream(0).clone();
     // Low-latency words carry their step in every word: a stale signal value does not make rank 0
@@ -201,7 +200,7 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
 #[test]
 fn per_pulse_put_needs_nvshmem() {
     let Some(g) = gpu_or_skip("per_pulse_put_needs_nvshmem") else { return };
-    let mut ranks = LocalRanks::<Float3>::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), &[g.module.clone()]).unwrap();
     let err = ranks.launch_coordinates(Transport::PerPulse).unwrap_err();
     assert!(err.to_string().contains("needs NVSHMEM"), "{err}");
 }
@@ -216,7 +215,7 @@ fn random_elements<T: Element>(halos: &[RankHalo], seed: u64, home_only: bool, m
 /// The generic kernels for `T`: forward exchange bit-exact, reverse accumulation within rounding.
 fn run_element<T: Element>(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64, make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
     let Some(g) = gpu_or_skip(test) else { return };
-    let mut ranks = LocalRanks::<T>::new(halos.clone(), &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<T>::new(halos.clone(), &[g.module.clone()]).unwrap();
     for step in 0..steps {
         let home = random_elements(&halos, 100 + step, true, &make);
         let forces = random_elements(&halos, 900 + step, false, &make);
@@ -332,7 +331,7 @@ fn check_forces(test: &str, ranks: &LocalRanks, want: &[Vec<Float3>]) {
 fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
     const STEPS: usize = 6;
     let Some(g) = gpu_or_skip("a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     for pulses in [1, 2] {
         let halos = synthetic::halos(shape([3, 1, 1], pulses, 700), 21);
         // Not staged: it waits on the host for every stream, rank 2's included, inside the step.
@@ -375,7 +374,7 @@ fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
 fn one_direction_loops_with_changing_data_end_right() {
     const STEPS: usize = 200;
     let Some(g) = gpu_or_skip("one_direction_loops_with_changing_data_end_right") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     for (name, halos) in [
         ("ring of 3 x 2 pulses", synthetic::halos(shape([3, 1, 1], 2, 900), 31)),
         ("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 600), 32)),
@@ -426,7 +425,7 @@ fn one_direction_loops_with_changing_data_end_right() {
 #[test]
 fn changing_the_grid_between_steps_keeps_the_force_chain_in_step() {
     let Some(g) = gpu_or_skip("changing_the_grid_between_steps_keeps_the_force_chain_in_step") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     for (name, halos) in
         [("2 ranks", synthetic::halos(shape([2, 1, 1], 2, 20_000), 41)), ("2x2x1", synthetic::halos(shape([2, 2, 1], 1, 12_000), 42))]
     {
@@ -465,7 +464,7 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     const REPLAYS: usize = 1000;
     let Some(g) = gpu_or_skip("a_captured_step_replays_a_thousand_times_without_resets") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
         let halos = synthetic::halos(shape([2, 2, 2], 1, 1500), 71);
         let test = format!("2x2x2 graph, {transport:?}");
@@ -524,7 +523,7 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
 #[test]
 fn replanning_between_steps_keeps_the_protocol_in_step() {
     let Some(g) = gpu_or_skip("replanning_between_steps_keeps_the_protocol_in_step") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     for (grid, pulses, transport) in [
         ([2, 1, 1], 1, Transport::Fused),
         ([2, 2, 2], 1, Transport::Fused),
@@ -590,7 +589,7 @@ fn replanning_between_steps_keeps_the_protocol_in_step() {
 fn a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one() {
     use halo::exchange::perturb::{Jitter, JitterSide, Perturbation, Perturbed};
     let Some(g) = gpu_or_skip("a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let first = synthetic::halos(shape([4, 1, 1], 1, 1200), 50);
     let mut s = shape([4, 1, 1], 1, 1000);
     s.send_fraction = 0.3;
@@ -637,7 +636,7 @@ fn a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one() {
 fn pulses_of_one_rank_take_different_paths_in_one_fused_launch() {
     use kernels_gpu::abi::CoordPath;
     let Some(g) = gpu_or_skip("pulses_of_one_rank_take_different_paths_in_one_fused_launch") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let mut empty = shape([2, 2, 1], 2, 40);
     empty.send_fraction = 0.0;
     let mut tiny = shape([2, 2, 1], 1, 1);
@@ -686,7 +685,7 @@ fn mixed_paths_for_every_element_type() {
     let halos = synthetic::halos(shape([2, 1, 1], 2, 3001), 86);
     fn mixed<T: Element>(test: &str, halos: &[RankHalo], make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
         let Some(g) = gpu_or_skip(test) else { return };
-        let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), &[Arc::new(g.module)]).unwrap();
+        let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), &[g.module.clone()]).unwrap();
         let bulk: Vec<Vec<bool>> = (0..halos.len()).map(|r| vec![r == 0, r == 1]).collect();
         ranks.set_bulk_pulses(&bulk).unwrap();
         for step in 0..10 {
@@ -721,7 +720,7 @@ fn routed_plans_mix_paths_per_pulse_in_one_process() {
     use halo::route::{RouteConfig, Transport as T};
     use kernels_gpu::abi::CoordPath;
     let Some(g) = gpu_or_skip("routed_plans_mix_paths_per_pulse_in_one_process") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let halos = synthetic::halos(shape([2, 2, 1], 2, 2000), 87);
     let facts = halo::route::gpu_facts::gpu_facts_of(&[module.context().ordinal()]).unwrap();
     let facts: Vec<_> = (0..halos.len()).map(|_| facts[0].clone()).collect();

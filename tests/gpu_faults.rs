@@ -136,7 +136,7 @@ fn the_footprint_is_what_an_exchange_allocates() {
     let halos = synthetic::halos(shape([2, 1, 1], 20_000), 3);
     let sizes = SharedSizes::of(&halos);
     let before = halo::exchange::memory::allocated_on_this_thread();
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
     let allocated = halo::exchange::memory::allocated_on_this_thread() - before;
     let footprint: u64 = halos.iter().map(|h| Footprint::of::<Float3>(sizes, h).symmetric_requested()).sum();
@@ -160,7 +160,7 @@ fn the_footprint_is_what_an_exchange_allocates() {
 fn a_full_gpu_refuses_the_exchange_with_the_need_and_the_fix() {
     let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(g) = gpu_or_skip("a_full_gpu_refuses_the_exchange_with_the_need_and_the_fix") else { return };
-    let module = Arc::new(g.module);
+    let module = g.module.clone();
     let halos = synthetic::halos(shape([2, 1, 1], 2_000_000), 5);
     let need: u64 = halos.iter().map(|h| Footprint::of::<Float3>(SharedSizes::of(&halos), h)).map(|f| f.symmetric_bytes() + f.plain_bytes()).sum();
     // Leave about half of what the exchange needs (the driver may keep a little of what it calls

@@ -12,24 +12,13 @@
 
 use halo::abi::Float3;
 use halo::decomp::wrap_position;
-use halo::gpu::{CudaContext, DeviceBuffer, DeviceMemory, KernelModule};
+use halo::gpu::{DeviceBuffer, DeviceMemory};
 use halo::system::MolecularSystem;
-use halo::testing::gpu_or_skip;
+use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
 use halo_md::nbnxm::{
     ClusterGrid, DEFAULT_DRIFT_TOLERANCE, DeviceGrid, ListKind, ListSetup, LocalAtoms, NbnxmGpu, PairSearch, SearchOptions, lj_table,
 };
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
-
-struct Gpu {
-    ctx: Arc<CudaContext>,
-    module: Arc<KernelModule>,
-}
-
-fn gpu(test: &str) -> Option<Gpu> {
-    let g = gpu_or_skip(test)?;
-    Some(Gpu { ctx: g.ctx, module: Arc::new(g.module) })
-}
 
 const NTYPES: usize = 3;
 

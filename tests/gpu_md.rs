@@ -13,7 +13,6 @@ use halo::kernel_args;
 use halo::testing::gpu_or_skip;
 use halo_md::{self as md, MdConfig, MdOutcome};
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
 
 fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstlist: u64) -> MdConfig {
     MdConfig { steps, nstlist, seed: 5, transport, ..MdConfig::new(atoms, RankGrid::new(grid).unwrap()) }
@@ -21,7 +20,7 @@ fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstl
 
 fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     let g = gpu_or_skip(test)?;
-    let out = md::run_local(&cfg, &[Arc::new(g.module)], |_, _| {}).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let out = md::run_local(&cfg, &[g.module.clone()], |_, _| {}).unwrap_or_else(|e| panic!("{test}: {e}"));
     let checks = if cfg.check_every == 0 { 0 } else { cfg.steps.div_ceil(cfg.check_every) };
     assert_eq!(out.checked_steps, checks, "{test}");
     assert_eq!(out.searches, cfg.steps.div_ceil(cfg.nstlist), "{test}");

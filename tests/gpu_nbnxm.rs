@@ -13,9 +13,9 @@
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid};
-use halo::gpu::{CudaContext, DeviceBuffer, DeviceMemory, KernelModule};
+use halo::gpu::{DeviceBuffer, DeviceMemory};
 use halo::system::{AtomType, MolecularSystem};
-use halo::testing::gpu_or_skip;
+use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
 use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
 use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry, lj_table};
 use std::sync::Arc;
@@ -27,16 +27,6 @@ const ENERGY_TOL: f64 = 2e-5;
 const GUARD: usize = 8;
 const ENERGY_POISON: f64 = 1000.0;
 const MASK: u32 = 0xff;
-
-struct Gpu {
-    ctx: Arc<CudaContext>,
-    module: Arc<KernelModule>,
-}
-
-fn gpu(test: &str) -> Option<Gpu> {
-    let g = gpu_or_skip(test)?;
-    Some(Gpu { ctx: g.ctx, module: Arc::new(g.module) })
-}
 
 /// Every warp count the checks run: the host's rule, and fixed counts from 1 to the most a launch
 /// takes, with 3 (not a power of two) among them.

@@ -13,7 +13,6 @@ use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::{LocalRanks, RankHalo, Transport, reference};
 use halo::gpu::DeviceMemory;
 use halo::testing::gpu_or_skip;
-use std::sync::Arc;
 
 fn shape(grid: [usize; 3], pulses: usize, home: usize) -> SyntheticShape {
     SyntheticShape { grid, pulses_per_dim: pulses, home_atoms: home, send_fraction: 0.35, box_len: 7.7 }
@@ -144,7 +143,7 @@ fn read(rings: &[TimelineRing], launches: usize, test: &str) -> Vec<Vec<Record>>
 
 fn stamped_steps_match_the_reference(test: &str, halos: Vec<RankHalo>) {
     let Some(g) = gpu_or_skip(test) else { return };
-    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[g.module.clone()]).unwrap();
     const STEPS: u64 = 60;
     let ring = |_| TimelineRing::new(&g.ctx, STEPS as usize).unwrap();
     let (xr, fr): (Vec<_>, Vec<_>) = (ranks.ranks().iter().map(ring).collect(), ranks.ranks().iter().map(ring).collect());
@@ -200,7 +199,7 @@ fn replayed_stamped_steps_write_one_record_per_replay() {
     let test = "timeline graph replays";
     let Some(g) = gpu_or_skip(test) else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 3000), 4);
-    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[Arc::new(g.module)]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[g.module.clone()]).unwrap();
     const REPLAYS: usize = 40;
     let ring = |_| TimelineRing::new(&g.ctx, REPLAYS).unwrap();
     let (xr, fr): (Vec<_>, Vec<_>) = (ranks.ranks().iter().map(ring).collect(), ranks.ranks().iter().map(ring).collect());

@@ -14,8 +14,8 @@ use std::sync::Arc;
 pub struct GpuFixture {
     /// GPU 0's context.
     pub ctx: Arc<CudaContext>,
-    /// The kernels.
-    pub module: KernelModule,
+    /// The kernels (shared: the exchange and the MD types hold their module in an `Arc`).
+    pub module: Arc<KernelModule>,
 }
 
 /// Whether a missing GPU must fail the test (`HALO_REQUIRE_GPU=1`).
@@ -49,7 +49,7 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
     let ctx = gpu::open_device(0).unwrap_or_else(|e| panic!("{test}: {e}"));
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH).unwrap_or_else(|e| panic!("{test}: {e}"));
     let module = KernelModule::load(&ctx, &artifacts).unwrap_or_else(|e| panic!("{test}: {e}"));
-    Some(GpuFixture { ctx, module })
+    Some(GpuFixture { ctx, module: Arc::new(module) })
 }
 
 /// An [`Exchange`](crate::exchange::Exchange) with no GPU rank: it records the calls it gets and

@@ -3,7 +3,6 @@
 //! `SKIPPED` and passes (fails under HALO_REQUIRE_GPU=1, as the bundle's runner sets).
 
 use halo::exchange::Transport;
-use std::sync::Arc;
 use stencil3d::gpu::{RunConfig, run_local, runs_in_one_process};
 use stencil3d::reference::InitialField;
 
@@ -14,7 +13,7 @@ fn stencil_2x2x2_in_one_process_matches_the_cpu_bit_for_bit() {
     else {
         return;
     };
-    let module = Arc::new(fx.module);
+    let module = fx.module;
     // Uneven blocks (13 = 6 + 7 along x) so ranks have different interiors and ghost offsets.
     for (grid, init) in [
         ([13, 12, 10], InitialField::Random(5)),
