@@ -271,6 +271,25 @@ impl Placement {
         }
     }
 
+    /// [`Self::all_gather`] for a collective repeated often (search steps): across PEs through
+    /// `kept`'s symmetric buffers ([`KeptGather`](crate::nvshmem::KeptGather), made by the first
+    /// call, `initial` bytes per PE, grown when needed), one put per PE and a barrier instead of
+    /// allocations. Every PE makes the same calls with its own `kept`.
+    pub fn all_gather_kept(&self, tag: &str, mine: Vec<Vec<u8>>, kept: &mut Option<crate::nvshmem::KeptGather>, initial: usize) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Placement::Local(_) | Placement::LocalDirect(_) => Ok(mine),
+            Placement::Pe { nvshmem, .. } => {
+                let [one] = <[Vec<u8>; 1]>::try_from(mine)
+                    .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
+                let gather = match kept {
+                    Some(g) => g,
+                    None => kept.insert(crate::nvshmem::KeptGather::new(nvshmem, initial)?),
+                };
+                gather.all_gather(&one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
+            }
+        }
+    }
+
     /// Every rank's bytes, indexed by rank, from `mine` (one entry per local rank, in
     /// [`Exchange::local_ranks`] order): `mine` itself in one process; across PEs an all-gather
     /// through NVSHMEM ([`Nvshmem::all_gather_bytes`]), so it works under every launcher and across

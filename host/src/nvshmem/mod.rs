@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod kept_gather;
+pub use kept_gather::KeptGather;
+
 /// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).
 static ABANDONED: AtomicBool = AtomicBool::new(false);
 /// Why, for the log.
