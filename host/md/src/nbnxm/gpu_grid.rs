@@ -195,9 +195,11 @@ fn upload_async<T: Pod>(buf: &DeviceBuffer<T>, data: &[T], stream: &CudaStream) 
     if data.is_empty() {
         return Ok(());
     }
+    buf.context().bind_to_thread().during("binding the context")?;
     // SAFETY: the range is inside the allocation (checked above). From pageable memory the driver
     // copies `data` to a staging buffer before returning (CUDA's "API synchronization behavior"
-    // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards; the copy into `buf` runs in
+    // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards (and on success the build
+    // synchronises `stream` before its sources go away anyway); the copy into `buf` runs in
     // `stream`'s order, and `buf` is reallocated (freed) only by a later build, after this build
     // synchronised the stream.
     unsafe { cudarc::driver::result::memcpy_htod_async(buf.device_ptr(), bytemuck::cast_slice::<T, u8>(data), stream.cu_stream()) }
