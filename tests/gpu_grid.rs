@@ -9,9 +9,15 @@
 //! word for word. `resident_search_times` prints the GPU grid and list times beside the host's
 //! search (no assertion on them). The forces on the resident lists are checked in
 //! `tests/gpu_nbnxm.rs` (`resident_search_forces`).
+//!
+//! Any rank's grid (`DeviceGrid::build_local`, home atoms and halo zones) against
+//! `ClusterGrid::build(&LocalAtoms::from_plan(..))` on every rank of 1x1x1 to 2x2x2 and 4x2x2 plans
+//! (0 to 45,000 local atoms, ranks and zones without atoms, after poisoning), with the zone table
+//! and column starts the search reads; then `NbnxmGpu::update_local`: lists equal to the host's
+//! `PairSearch::build` entry for entry and word for word, on every rank.
 
 use halo::abi::Float3;
-use halo::decomp::wrap_position;
+use halo::decomp::{HaloPlan, RankGrid, wrap_position};
 use halo::gpu::{DeviceBuffer, DeviceMemory};
 use halo::system::MolecularSystem;
 use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
@@ -284,5 +290,172 @@ fn resident_search_times() {
             host.timing.grid.as_secs_f64() * 1e3,
             host.timing.lists.as_secs_f64() * 1e3
         );
+    }
+}
+
+/// Every rank's local atoms of `sys` on a `dims` rank grid at cutoff `rc`.
+fn ranks_of(sys: &MolecularSystem, dims: [usize; 3], rc: f32) -> Vec<LocalAtoms> {
+    let plan = HaloPlan::build(sys, RankGrid::new(dims).unwrap(), rc).unwrap();
+    (0..plan.ranks.len()).map(|r| LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap()).collect()
+}
+
+/// Builds the grid of `atoms` on the GPU with `grid` twice (the first build sizes the buffers,
+/// which are then poisoned) and checks it against the host's: slots, boxes, zones, and the zone
+/// table and column starts the search reads.
+fn check_local_grid(test: &str, g: &Gpu, grid: &mut DeviceGrid, atoms: &LocalAtoms) {
+    let host = ClusterGrid::build(atoms).unwrap();
+    let stream = g.ctx.new_stream().unwrap();
+    grid.build_local(&g.module, atoms, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    grid.poison().unwrap();
+    let t = std::time::Instant::now();
+    let info = grid.build_local(&g.module, atoms, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(
+        (info.atoms, info.home_atoms, info.superclusters, info.clusters),
+        (atoms.len(), atoms.home, host.superclusters(), host.clusters()),
+        "{test}"
+    );
+    assert_eq!((info.zones, info.periodic, info.box_size), (host.zones.len(), atoms.periodic, atoms.box_size), "{test}");
+    assert_eq!(info.max_type as usize, atoms.types.iter().max().map_or(0, |&t| t as usize), "{test}: largest type");
+    // The copied coordinates, which the slots index.
+    let x = grid.local_coordinates().to_host().unwrap();
+    assert!(
+        atoms.positions.iter().zip(&x).all(|(p, q)| [p.x, p.y, p.z].map(f32::to_bits) == [q.x, q.y, q.z].map(f32::to_bits)),
+        "{test}: coordinates"
+    );
+    let got = grid.to_host(atoms.ntypes).unwrap();
+    if got != host {
+        // Name the first difference before the (long) full comparison.
+        assert_eq!(got.zones, host.zones, "{test}: zones");
+        if let Some(s) = (0..host.atom_index.len()).find(|&s| got.atom_index[s] != host.atom_index[s]) {
+            panic!("{test}: slot {s} holds atom {} on the GPU, {} on the host", got.atom_index[s], host.atom_index[s]);
+        }
+        if let Some(c) = (0..host.clusters()).find(|&c| got.cluster_bbox[c] != host.cluster_bbox[c]) {
+            panic!("{test}: cluster {c} box {:?} on the GPU, {:?} on the host", got.cluster_bbox[c], host.cluster_bbox[c]);
+        }
+        assert_eq!(got, host, "{test}");
+    }
+    assert_eq!(grid.read_search_tables().unwrap(), DeviceGrid::search_tables(&host), "{test}: the search's zone table and column starts");
+    eprintln!(
+        "{test}: {} atoms ({} home), {} zones, {} superclusters: GPU grid {ms:.3} ms (copies, passes, one sync)",
+        atoms.len(),
+        atoms.home,
+        info.zones,
+        info.superclusters
+    );
+}
+
+#[test]
+fn gpu_local_grid_equals_the_host_grid() {
+    let Some(g) = gpu("gpu_local_grid_equals_host") else { return };
+    // One grid object through ranks of growing and shrinking size (buffers reused and grown).
+    let mut grid = DeviceGrid::new(&g.module).unwrap();
+    for (n, seed, dims) in [
+        (6000, 51, [1, 1, 1]),
+        (6000, 52, [2, 1, 1]),
+        (45_000, 53, [2, 1, 1]),
+        (6000, 54, [2, 2, 1]),
+        (45_000, 55, [2, 2, 2]),
+        (1500, 56, [2, 2, 2]),
+        (45_000, 57, [1, 1, 1]),
+        (1500, 5, [4, 2, 2]),
+    ] {
+        let sys = MolecularSystem::generate(n, seed).unwrap();
+        let rc = if dims == [4, 2, 2] { 0.9 } else { 1.1 };
+        for (r, atoms) in ranks_of(&sys, dims, rc).iter().enumerate() {
+            check_local_grid(&format!("local grid {n} atoms {dims:?} rank {r}"), &g, &mut grid, atoms);
+        }
+    }
+    // Atoms only in a slab x in [1.5, 2): ranks without any atom, ranks with zones missing.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(58);
+    let b = [6.0f32, 5.0, 4.0];
+    let x: Vec<Float3> = (0..2500).map(|_| Float3::new(rng.random_range(1.5..2.0), rng.random::<f32>() * b[1], rng.random::<f32>() * b[2])).collect();
+    let ty: Vec<u8> = (0..x.len()).map(|i| (i % 2) as u8).collect();
+    let mut empty = 0;
+    for dims in [[2, 1, 1], [2, 2, 2]] {
+        let plan = HaloPlan::from_positions(&x, b, RankGrid::new(dims).unwrap(), 0.9).unwrap();
+        for r in 0..plan.ranks.len() {
+            let atoms = LocalAtoms::from_plan(&plan, r, &x, &ty).unwrap();
+            empty += usize::from(atoms.is_empty());
+            check_local_grid(&format!("local grid slab {dims:?} rank {r}"), &g, &mut grid, &atoms);
+        }
+    }
+    assert!(empty > 0, "some rank has no atom");
+    // The undecomposed rank built from device coordinates (`build`) through the same object.
+    let (x, b) = scrambled(6000, 59);
+    let ty = types(x.len());
+    let host = ClusterGrid::build(&LocalAtoms::single_rank(&x, &ty, NTYPES, b).unwrap()).unwrap();
+    let (xd, td) = (DeviceBuffer::from_host(&g.ctx, &x).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+    // Pageable uploads may land after a kernel on another stream starts: wait for them.
+    g.ctx.synchronize().unwrap();
+    grid.poison().unwrap();
+    grid.build(&g.module, &xd, &td, x.len(), b, true, &g.ctx.new_stream().unwrap()).unwrap();
+    assert_eq!(grid.to_host(NTYPES).unwrap(), host, "build after build_local");
+    // Invalid atoms are refused before any copy, and leave no grid.
+    let mut bad = ranks_of(&MolecularSystem::generate(3000, 60).unwrap(), [2, 1, 1], 1.1).remove(0);
+    bad.zones[0] = 1;
+    let e = grid.build_local(&g.module, &bad, &g.ctx.new_stream().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("zone"), "{e}");
+    assert!(grid.to_host(NTYPES).is_err(), "a refused build leaves no grid");
+}
+
+/// `update_local` against the host search of `atoms`: the grid and both lists, entry for entry and
+/// word for word.
+fn check_local_search(test: &str, g: &Gpu, nb: &mut NbnxmGpu, atoms: &LocalAtoms, setup: &ListSetup) {
+    let search = PairSearch::build(atoms, &SearchOptions::new(setup.rlist)).unwrap();
+    let stream = g.ctx.new_stream().unwrap();
+    let r = nb.update_local(atoms, atoms.box_size, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    // The read-back grid takes the LJ table's type count.
+    assert_eq!(ClusterGrid { ntypes: search.grid.ntypes, ..nb.read_grid().unwrap() }, search.grid, "{test}: grid");
+    assert_eq!(nb.atoms(), atoms.len());
+    for (k, (kind, list)) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)].into_iter().enumerate() {
+        let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
+        assert_eq!(words.len(), list.j_list.len(), "{test} {kind:?}: words");
+        if let Some(w) = (0..words.len()).find(|&w| words[w] != list.j_list[w]) {
+            panic!("{test} {kind:?}: word {w} is {:#x}, the host's {:#x}", words[w], list.j_list[w]);
+        }
+        assert_eq!(entries, list.entries, "{test} {kind:?}: entries");
+        assert_eq!((r.words[k], r.entries[k]), (list.j_list.len(), list.entries.len()), "{test} {kind:?}");
+    }
+    eprintln!(
+        "{test}: {} atoms, {} + {} words; GPU grid {:.3} ms + lists {:.3} ms; host grid {:.3} ms + lists {:.3} ms",
+        atoms.len(),
+        r.words[0],
+        r.words[1],
+        r.grid_time.as_secs_f64() * 1e3,
+        r.lists_time.as_secs_f64() * 1e3,
+        search.timing.grid.as_secs_f64() * 1e3,
+        search.timing.lists.as_secs_f64() * 1e3
+    );
+}
+
+#[test]
+fn local_search_equals_the_host_search() {
+    let Some(g) = gpu("gpu_local_search") else { return };
+    // gpu_nbnxm's mixed-pulse case (1500 atoms, seed 5, 4x2x2, cutoff 0.7: two pulses in x, one in
+    // y and z, halo zones interleaved) and liquids at the MD step's list cutoffs.
+    let mixed = MolecularSystem::generate(1500, 5).unwrap();
+    for (n, seed, nstlist, dims) in [
+        (45_000, 61, 100, [2, 1, 1]),
+        (45_000, 62, 50, [2, 2, 2]),
+        (6000, 63, 100, [2, 2, 1]),
+        (45_000, 64, 100, [1, 1, 1]),
+        (1500, 5, 20, [4, 2, 2]),
+    ] {
+        let sys = if n == 1500 { mixed.clone() } else { MolecularSystem::generate(n, seed).unwrap() };
+        let cutoff = if n == 1500 { 0.7 } else { 1.0 };
+        let s = ListSetup::for_system(&sys, cutoff, 0.002, nstlist, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let ranks = ranks_of(&sys, dims, s.rlist);
+        // One object through every rank (buffers reused, grown and shrunk), first from `new_local`.
+        let mut nb = NbnxmGpu::new_local(g.module.clone(), &ranks[0], &lj_table(&sys), &s, sys.box_size, &g.ctx.new_stream().unwrap()).unwrap();
+        for (r, atoms) in ranks.iter().enumerate() {
+            check_local_search(&format!("local search {n} atoms {dims:?} rank {r} nstlist {nstlist}"), &g, &mut nb, atoms, &s);
+        }
+        // Invalid atoms: an error, and lists that index nothing until the next search.
+        let mut bad = ranks[0].clone();
+        bad.types[0] = 99;
+        assert!(nb.update_local(&bad, sys.box_size, &g.ctx.new_stream().unwrap()).is_err());
+        assert_eq!((nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms()), (0, 0, 0));
+        check_local_search(&format!("local search {n} atoms {dims:?} rank 0 again"), &g, &mut nb, &ranks[0], &s);
     }
 }

@@ -420,7 +420,12 @@ fn the_gpu_grid_wraps_and_bins_like_the_host() {
         "red.relaxed.gpu.global.add.u32",
         "red.relaxed.gpu.global.min.u32",
         "red.relaxed.gpu.global.max.u32",
+        // The atom's zone (a byte) and its entry among the zones present (a population count).
+        "ld.global.b8",
+        "popc.b32",
     ]);
+    // Each supercluster's zone from its first atom's.
+    assert_lowers(&b, abi::NBNXM_GRID_FILL, &["ld.global.b8"]);
     // Places claimed with a returning atomic; sorted by rank through a shared tile; the chunk's
     // ranks per warp; the scan by one block.
     assert_lowers(&b, abi::NBNXM_GRID_SCATTER, &["atom.relaxed.gpu.global.add.u32", "st.global.b64"]);

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 10;
+pub const ABI_VERSION: u32 = 11;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -330,21 +330,26 @@ pub const fn nbnxm_entry_split(count: u32, max_j: u32) -> [u32; 2] {
     [count.div_ceil(size), size]
 }
 
-/// `nbnxm_grid_bin(x, n, box_x, box_y, box_z, wrap, cell_x, cell_y, columns_x, columns_y,
-/// atom_column, counts, info, types)`: the first pass of the cluster grid on the GPU (one rank,
-/// every dimension periodic; `host/md/src/nbnxm/gpu_grid.rs`). One thread per atom `i < n`: with
-/// `wrap != 0`, `x[i]` wrapped into the box in place (the host's `decomp::wrap_position`, bit for
-/// bit); its column `cx + columns_x * cy` to `atom_column[i]` and one count to `counts[column]`;
-/// `types[i]` into the largest type `info[`[`NBNXM_GRID_INFO_MAX_TYPE`]`]`. An atom with a
-/// non-finite coordinate is left as it is, gets column `u32::MAX` and lowers
-/// `info[`[`NBNXM_GRID_INFO_BAD_ATOM`]`]` to its index. [`NBNXM_GRID_THREADS`] threads per block.
+/// `nbnxm_grid_bin(x, n, box_x, box_y, box_z, wrap, zone_ids, zone_mask, zones, atom_column,
+/// counts, info, types)`: the first pass of the cluster grid on the GPU (any rank's local atoms;
+/// `host/md/src/nbnxm/gpu_grid.rs`). `zones` describes the zones with atoms, ascending (bit `k` of
+/// `zone_mask` set for each zone `k` present), with their extents, column shapes and
+/// `column_base`s (zone by zone, `columns_x * columns_y + 1` columns each, the last one empty).
+/// One thread per atom `i < n`: with `wrap != 0`, `x[i]` wrapped into the box in place (the host's
+/// `decomp::wrap_position`, bit for bit); its zone `zone_ids[i]` (0 when `zone_ids` is null), its
+/// column in that zone's grid, `column_base + cx + columns_x * cy`, to `atom_column[i]` and one
+/// count to `counts[column]`; `types[i]` into the largest type
+/// `info[`[`NBNXM_GRID_INFO_MAX_TYPE`]`]`. An atom with a non-finite coordinate is left as it is,
+/// gets column `u32::MAX` and lowers `info[`[`NBNXM_GRID_INFO_BAD_ATOM`]`]` to its index.
+/// [`NBNXM_GRID_THREADS`] threads per block.
 pub const NBNXM_GRID_BIN: &str = "nbnxm_grid_bin";
-/// `nbnxm_grid_columns(counts, n_columns, atom_start, cursor, column_start, zone, box_x, box_y,
-/// box_z, cell_x, cell_y, columns_x, columns_y, info)`: one block of [`NBNXM_GRID_SCAN_THREADS`]
-/// threads, [`NBNXM_GRID_SCAN_SHARED_BYTES`] of dynamic shared memory. Column `c`'s atoms go to places `atom_start[c] .. atom_start[c + 1]` (an exclusive
-/// scan of the counts; `cursor` gets a copy of the starts), its superclusters
+/// `nbnxm_grid_columns(counts, n_columns, atom_start, cursor, column_start, zones, n_zones,
+/// info)`: one block of [`NBNXM_GRID_SCAN_THREADS`] threads, [`NBNXM_GRID_SCAN_SHARED_BYTES`] of
+/// dynamic shared memory. Column `c`'s atoms go to places `atom_start[c] .. atom_start[c + 1]` (an
+/// exclusive scan of the counts; `cursor` gets a copy of the starts), its superclusters
 /// (`ceil(count / 64)`) are `column_start[c] .. column_start[c + 1]`; the total superclusters go
-/// to `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` and the zone's [`NbnxmZone`] to `zone`.
+/// to `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]`, and each of the `n_zones` (at most
+/// [`NBNXM_GRID_SCAN_THREADS`]) zones' `sc_end` is set to the start of its last, empty column.
 pub const NBNXM_GRID_COLUMNS: &str = "nbnxm_grid_columns";
 /// `nbnxm_grid_scatter(x, n, atom_column, cursor, keys)`: one thread per atom with a column: its
 /// sort key `(z, atom)` (see the host's `grid.rs`) to a place of its column claimed from `cursor`
@@ -354,12 +359,13 @@ pub const NBNXM_GRID_SCATTER: &str = "nbnxm_grid_scatter";
 /// per column, [`NBNXM_GRID_SORT_SHARED_BYTES`] of dynamic shared memory: each key of the column
 /// goes to `sorted[atom_start[c] + rank]`, its rank the number of the column's keys below it.
 pub const NBNXM_GRID_SORT: &str = "nbnxm_grid_sort";
-/// `nbnxm_grid_fill(x, types, sorted, atom_start, column_start, n_columns, info, atom_index,
-/// atom_type, cluster_bbox, super_bbox, super_zone)`: one warp per supercluster (those at or above
-/// `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` do nothing), [`NBNXM_GRID_FILL_WARPS`] warps per
-/// block, [`NBNXM_GRID_FILL_SHARED_BYTES`] of dynamic shared memory: the supercluster's 64 slots
-/// (atom and type, padding `NBNXM_FILLER` and 0), its 8 cluster boxes, its box and zone (0), as
-/// the host's `ClusterGrid::build` fills them.
+/// `nbnxm_grid_fill(x, types, zone_ids, sorted, atom_start, column_start, n_columns, info,
+/// atom_index, atom_type, cluster_bbox, super_bbox, super_zone)`: one warp per supercluster (those
+/// at or above `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` do nothing), [`NBNXM_GRID_FILL_WARPS`]
+/// warps per block, [`NBNXM_GRID_FILL_SHARED_BYTES`] of dynamic shared memory: the supercluster's
+/// 64 slots (atom and type, padding `NBNXM_FILLER` and 0), its 8 cluster boxes, its box and zone
+/// (its atoms' `zone_ids` entry, 0 when `zone_ids` is null), as the host's `ClusterGrid::build`
+/// fills them.
 pub const NBNXM_GRID_FILL: &str = "nbnxm_grid_fill";
 /// Threads per block of [`NBNXM_GRID_BIN`] and [`NBNXM_GRID_SCATTER`].
 pub const NBNXM_GRID_THREADS: u32 = 256;

@@ -1,15 +1,23 @@
 //! The cluster grid of one rank on the GPU: the host's `ClusterGrid::build`
-//! (`host/md/src/nbnxm/grid.rs`) for an undecomposed system (all atoms home, one zone, every
-//! dimension periodic, extent `[0, box)`), slot for slot and box for box, so that the GPU search
+//! (`host/md/src/nbnxm/grid.rs`) for any rank's local atoms (home atoms and halo zones, periodic
+//! only along undecomposed dimensions), slot for slot and box for box, so that the GPU search
 //! (`nbnxm_search`) can run on a grid that never left the GPU.
+//!
+//! The zones' column grids are one column array: zone `k` (in the table of zones with atoms, home
+//! first) owns `columns_x * columns_y + 1` places from its `NbnxmZone::column_base` on, the last an
+//! empty column that no atom bins into. One scan over the whole array then numbers superclusters
+//! zone by zone, column by column (the host's order), and leaves each zone's column starts, its
+//! end included, exactly where the search reads them (`column_start[column_base ..= column_base +
+//! columns_x * columns_y]`). The host fills the zone table (extents, column shapes, bases) before
+//! the passes; they add each zone's end.
 //!
 //! Five passes, each deterministic in what it produces (atomics only count, or claim places whose
 //! order the next pass sorts away):
 //! 1. `nbnxm_grid_bin`, one thread per atom: wrap into the box (optional, in place, the host's
 //!    `wrap_position` in the same `f32` operations), check the coordinates are finite, find the
-//!    column (the host's `column_of`), count it;
+//!    column in its zone's grid (the host's `column_of`), count it;
 //! 2. `nbnxm_grid_columns`, one block: the columns' atom starts and supercluster starts (exclusive
-//!    scans of the counts and of `ceil(count / 64)`, `scan.rs`), the total, the zone's description;
+//!    scans of the counts and of `ceil(count / 64)`, `scan.rs`), the total, each zone's end;
 //! 3. `nbnxm_grid_scatter`, one thread per atom: its key `(z, atom)` into its column's places;
 //! 4. `nbnxm_grid_sort`, one block per column: each key to the place of its rank in the column
 //!    (the number of keys below it; keys are distinct, so ranks are a permutation, and equal to
@@ -17,7 +25,7 @@
 //! 5. `nbnxm_grid_fill`, one warp per supercluster (a chunk of 64 sorted keys): halves by rank in
 //!    z (the chunk's order), quarters by rank of `(y, atom)` within the half, clusters by rank of
 //!    `(x, atom)` within the quarter, exactly the host's sorts of each piece; slots, types,
-//!    cluster boxes in slot order and the supercluster box in cluster order.
+//!    cluster boxes in slot order, the supercluster box in cluster order, and its zone.
 //!
 //! Arithmetic: plain `f32` operations (LLVM's NVPTX backend emits `div.rn`, `mul.rn`, `sub.rn`,
 //! `add.rn`, which ptxas never contracts into an FMA; `tests/ptx_instructions.rs` pins it), `floor`
@@ -69,24 +77,26 @@ fn wrap(x: f32, l: f32) -> f32 {
     if v >= 0.0 && v < l { v } else { 0.0 }
 }
 
-/// The host's `column_of` with the grid's lower edge at 0: `(v - 0) / cell`, the saturating
-/// conversion (NaN and everything below 1 to at most 0), clamped into the grid.
+/// The host's `column_of`: `(v - lo) / cell`, the saturating conversion (NaN and everything below
+/// 1 to at most 0), clamped into the grid.
 #[inline(always)]
-fn column_of(v: f32, cell: f32, columns: u32) -> u32 {
-    let c = (v - 0.0) / cell;
+fn column_of(v: f32, lo: f32, cell: f32, columns: u32) -> u32 {
+    let c = (v - lo) / cell;
     ((c as i32).max(0) as u32).min(columns - 1)
 }
 
 /// Pass 1 (see [`crate::abi::NBNXM_GRID_BIN`]).
 ///
 /// # Safety
-/// `x`, `atom_column` and `types` have `n` entries, `counts` `columns_x * columns_y` (zeroed),
-/// `info` [`crate::abi::NBNXM_GRID_INFO_WORDS`]; `cell_*` positive, `columns_*` at least 1.
+/// `x`, `atom_column`, `types` and (unless null) `zone_ids` have `n` entries; `zones` has an
+/// entry for every zone of `zone_mask` (ascending), cells positive, at least one column each way,
+/// every atom's zone in the mask; `counts` covers every zone's columns (zeroed), `info`
+/// [`crate::abi::NBNXM_GRID_INFO_WORDS`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bin(
-    x: *mut Float3, n: u32, b: [f32; 3], wrap_in_place: bool, cell: [f32; 2], columns: [u32; 2], atom_column: *mut u32, counts: *mut u32,
-    info: *mut u32, types: *const u32,
+    x: *mut Float3, n: u32, b: [f32; 3], wrap_in_place: bool, zone_ids: *const u8, zone_mask: u32, zones: *const NbnxmZone, atom_column: *mut u32,
+    counts: *mut u32, info: *mut u32, types: *const u32,
 ) {
     let i = thread::index_1d();
     if i >= n {
@@ -108,7 +118,11 @@ unsafe fn bin(
         } else {
             p
         };
-        let c = column_of(w.x, cell[0], columns[0]) + columns[0] * column_of(w.y, cell[1], columns[1]);
+        // The atom's zone's entry: the zones with atoms below it come first.
+        let z = if zone_ids.is_null() { 0 } else { *zone_ids.add(i as usize) as u32 };
+        let g = &*zones.add((zone_mask & ((1u32 << z) - 1)).count_ones() as usize);
+        let (lo, cell, columns) = (g.extent.lo, g.cell, g.columns);
+        let c = g.column_base + column_of(w.x, lo[0], cell[0], columns[0]) + columns[0] * column_of(w.y, lo[1], cell[1], columns[1]);
         *atom_column.add(i as usize) = c;
         device::atomic_add_relaxed_gpu_u32(counts.add(c as usize), 1);
         device::atomic_max_relaxed_gpu_u32(info.add(NBNXM_GRID_INFO_MAX_TYPE), *types.add(i as usize));
@@ -116,25 +130,29 @@ unsafe fn bin(
 }
 
 /// Pass 2 (see [`crate::abi::NBNXM_GRID_COLUMNS`]): each thread takes a contiguous run of columns,
-/// the block scans the runs' sums ([`block_exclusive_scan`]), each thread writes its run.
+/// the block scans the runs' sums ([`block_exclusive_scan`]), each thread writes its run; after a
+/// barrier, thread `k` reads zone `k`'s end from the starts.
 ///
 /// # Safety
 /// One block of [`NBNXM_GRID_SCAN_THREADS`] threads with `8 NBNXM_GRID_SCAN_THREADS` bytes of
 /// dynamic shared memory; `counts` and `cursor` have `n_columns` entries, `atom_start` and
-/// `column_start` `n_columns + 1`, `info` [`crate::abi::NBNXM_GRID_INFO_WORDS`].
+/// `column_start` `n_columns + 1`, `info` [`crate::abi::NBNXM_GRID_INFO_WORDS`]; `zones` has
+/// `n_zones <= NBNXM_GRID_SCAN_THREADS` entries, each zone's columns and its empty last column
+/// inside the `n_columns`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn columns(
-    counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zone: *mut NbnxmZone, b: [f32; 3],
-    cell: [f32; 2], shape: [u32; 2], info: *mut u32,
+    counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zones: *mut NbnxmZone, n_zones: u32,
+    info: *mut u32,
 ) {
     const T: u32 = NBNXM_GRID_SCAN_THREADS;
     let tid = thread::thread_idx_x();
     let per = n_columns.div_ceil(T);
     let c0 = (tid * per).min(n_columns);
     let c1 = (c0 + per).min(n_columns);
-    // SAFETY: every index is inside its array by the contract; every thread reaches the scan (no
-    // thread returns early), whose shared sums are the block's dynamic shared memory.
+    // SAFETY: every index is inside its array by the contract; every thread reaches the scan and
+    // the barrier (no thread returns early), the scan's shared sums are the block's dynamic shared
+    // memory, and the barrier orders the block's writes of the starts before the zones' reads.
     unsafe {
         let (mut atoms, mut supers) = (0u32, 0u32);
         for c in c0..c1 {
@@ -156,7 +174,13 @@ unsafe fn columns(
             *atom_start.add(n_columns as usize) = total_atoms;
             *column_start.add(n_columns as usize) = total;
             *info.add(NBNXM_GRID_INFO_SUPERCLUSTERS) = total;
-            *zone = NbnxmZone { extent: NbnxmBox { lo: [0.0; 3], hi: b }, cell, columns: shape, column_base: 0, sc_end: total, zone: 0, reserved: 0 };
+        }
+        sync_threads();
+        if tid < n_zones {
+            // The zone's last, empty column starts where its superclusters end.
+            let z = zones.add(tid as usize);
+            let end = (*z).column_base + (*z).columns[0] * (*z).columns[1];
+            (*z).sc_end = *column_start.add(end as usize);
         }
     }
 }
@@ -232,12 +256,13 @@ unsafe fn sort(atom_start: *const u32, keys: *const u64, sorted: *mut u64) {
 /// # Safety
 /// [`NBNXM_GRID_FILL_WARPS`] warps per block and [`crate::abi::NBNXM_GRID_FILL_SHARED_BYTES`];
 /// inputs from passes 1-4 (`column_start` has `n_columns + 1` entries, `info`'s supercluster
-/// count), `types` one per atom; the outputs room for every supercluster.
+/// count; empty columns own no supercluster), `types` and (unless null) `zone_ids` one per atom;
+/// the outputs room for every supercluster.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fill(
-    x: *const Float3, types: *const u32, sorted: *const u64, atom_start: *const u32, column_start: *const u32, n_columns: u32, info: *const u32,
-    atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox, super_zone: *mut u32,
+    x: *const Float3, types: *const u32, zone_ids: *const u8, sorted: *const u64, atom_start: *const u32, column_start: *const u32, n_columns: u32,
+    info: *const u32, atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox, super_zone: *mut u32,
 ) {
     let w = warp::warp_id();
     let lane = warp::lane_id();
@@ -343,7 +368,8 @@ unsafe fn fill(
                 }
             }
             *super_bbox.add(s as usize) = sb;
-            *super_zone.add(s as usize) = 0;
+            // Lane 0 holds the chunk's first atom (a supercluster has at least one).
+            *super_zone.add(s as usize) = if zone_ids.is_null() { 0 } else { *zone_ids.add(atom[0] as usize) as u32 };
         }
     }
 }
@@ -351,24 +377,22 @@ unsafe fn fill(
 kernel! {
     /// The grid's pass 1. See [`crate::abi::NBNXM_GRID_BIN`].
     fn nbnxm_grid_bin(
-        x: *mut Float3, n: u32, box_x: f32, box_y: f32, box_z: f32, wrap: u32, cell_x: f32, cell_y: f32, columns_x: u32, columns_y: u32,
+        x: *mut Float3, n: u32, box_x: f32, box_y: f32, box_z: f32, wrap: u32, zone_ids: *const u8, zone_mask: u32, zones: *const NbnxmZone,
         atom_column: *mut u32, counts: *mut u32, info: *mut u32, types: *const u32,
     ) {
         // SAFETY: forwarded; the host's contract is on `bin`.
-        unsafe { bin(x, n, [box_x, box_y, box_z], wrap != 0, [cell_x, cell_y], [columns_x, columns_y], atom_column, counts, info, types) }
+        unsafe { bin(x, n, [box_x, box_y, box_z], wrap != 0, zone_ids, zone_mask, zones, atom_column, counts, info, types) }
     }
 }
 
 kernel! {
     /// The grid's pass 2. See [`crate::abi::NBNXM_GRID_COLUMNS`].
     fn nbnxm_grid_columns(
-        counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zone: *mut NbnxmZone, box_x: f32,
-        box_y: f32, box_z: f32, cell_x: f32, cell_y: f32, columns_x: u32, columns_y: u32, info: *mut u32,
+        counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zones: *mut NbnxmZone, n_zones: u32,
+        info: *mut u32,
     ) {
         // SAFETY: forwarded.
-        unsafe {
-            columns(counts, n_columns, atom_start, cursor, column_start, zone, [box_x, box_y, box_z], [cell_x, cell_y], [columns_x, columns_y], info)
-        }
+        unsafe { columns(counts, n_columns, atom_start, cursor, column_start, zones, n_zones, info) }
     }
 }
 
@@ -391,11 +415,13 @@ kernel! {
 kernel! {
     /// The grid's pass 5. See [`crate::abi::NBNXM_GRID_FILL`].
     fn nbnxm_grid_fill(
-        x: *const Float3, types: *const u32, sorted: *const u64, atom_start: *const u32, column_start: *const u32, n_columns: u32,
-        info: *const u32, atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox,
+        x: *const Float3, types: *const u32, zone_ids: *const u8, sorted: *const u64, atom_start: *const u32, column_start: *const u32,
+        n_columns: u32, info: *const u32, atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox,
         super_zone: *mut u32,
     ) {
         // SAFETY: forwarded.
-        unsafe { fill(x, types, sorted, atom_start, column_start, n_columns, info, atom_index, atom_type, cluster_bbox, super_bbox, super_zone) }
+        unsafe {
+            fill(x, types, zone_ids, sorted, atom_start, column_start, n_columns, info, atom_index, atom_type, cluster_bbox, super_bbox, super_zone)
+        }
     }
 }

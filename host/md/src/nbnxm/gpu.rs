@@ -14,13 +14,15 @@
 //! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
 //! (synchronously: no launch of this object may still be running); [`NbnxmGpu::update_on_gpu`]
 //! uploads a host-sorted grid and searches on the GPU; on one rank, [`NbnxmGpu::update_resident`]
-//! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates.
+//! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates, and on
+//! any rank [`NbnxmGpu::update_local`] builds the grid (every zone) and lists on the GPU from the
+//! rank's [`LocalAtoms`].
 
 use super::gpu_grid::{DeviceGrid, GridInfo};
 use super::gpu_search::{GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
-use super::{ListSetup, NbnxmError, NbnxmKernel, WarpsPerEntry};
+use super::{ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -118,13 +120,14 @@ impl GpuList {
     }
 }
 
-/// What [`NbnxmGpu::update_resident`] did: the grid it built, the lists' sizes, and the time of
-/// each part (host wall clock around synchronous GPU work).
+/// What [`NbnxmGpu::update_resident`] or [`NbnxmGpu::update_local`] did: the grid it built, the
+/// lists' sizes, and the time of each part (host wall clock around synchronous GPU work).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ResidentSearch {
     /// The grid built on the GPU.
     pub grid: GridInfo,
-    /// Wrapping and building the grid (five passes, one synchronisation, three words read back).
+    /// Building the grid (copies, wrapping on one rank, five passes, one synchronisation, three
+    /// words read back).
     pub grid_time: Duration,
     /// Searching both lists (the count pass, the lists' layout on the GPU, one synchronisation
     /// reading back the lists' sizes, the entries and the write pass).
@@ -312,8 +315,54 @@ impl NbnxmGpu {
         })
     }
 
-    /// The GPU grid the last [`Self::update_resident`] built, read back as the host's
-    /// [`ClusterGrid`] (synchronous; for checks).
+    /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
+    /// table as for [`Self::new`].
+    pub fn new_local(
+        module: Arc<KernelModule>, atoms: &LocalAtoms, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], stream: &CudaStream,
+    ) -> Result<Self> {
+        let mut me = Self::empty(module, lj, setup, box_size)?;
+        me.update_local(atoms, box_size, stream)?;
+        Ok(me)
+    }
+
+    /// The search step of any rank on the GPU, on `stream` (synchronised before returning; no
+    /// launch of this object may still be running): builds the cluster grid of `atoms` (home atoms
+    /// and halo zones, as they are) there ([`DeviceGrid::build_local`]), then searches both lists
+    /// there at `setup.rlist` (32 words per entry): the grid and lists [`PairSearch::build`] finds
+    /// on `atoms`. Only the atoms' coordinates, types and zones cross to the GPU. The force and
+    /// prune kernels then read the new grid's slots, which index `atoms`' order (the exchange's
+    /// coordinate array). Invalid atoms, or types beyond the LJ table, are an error (the lists are
+    /// then empty).
+    pub fn update_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream) -> Result<ResidentSearch> {
+        let t0 = Instant::now();
+        // Until the new grid is complete the lists index no atoms (a failed build leaves none).
+        self.atoms = 0;
+        for l in &mut self.lists {
+            l.n_entries = 0;
+            l.n_words = 0;
+        }
+        if atoms.ntypes > self.ntypes as usize {
+            return Err(HaloError::InvalidInput(format!(
+                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
+                atoms.ntypes, self.ntypes
+            )));
+        }
+        let grid = self.grid.build_local(&self.module, atoms, stream)?;
+        let t1 = Instant::now();
+        self.search_lists(stream)?;
+        self.box_size = box_size;
+        self.atoms = atoms.len();
+        Ok(ResidentSearch {
+            grid,
+            grid_time: t1 - t0,
+            lists_time: t1.elapsed(),
+            words: [self.lists[0].n_words, self.lists[1].n_words],
+            entries: [self.lists[0].n_entries, self.lists[1].n_entries],
+        })
+    }
+
+    /// The GPU grid the last [`Self::update_resident`] or [`Self::update_local`] built, read back as
+    /// the host's [`ClusterGrid`] (synchronous; for checks).
     pub fn read_grid(&self) -> Result<ClusterGrid> {
         self.grid.to_host(self.ntypes as usize)
     }

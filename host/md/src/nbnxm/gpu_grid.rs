@@ -1,42 +1,57 @@
 //! The cluster grid on the GPU: the device buffers the force, prune and search kernels read (slots,
-//! types, boxes, zones, column starts), filled either by uploading a host [`ClusterGrid`] (any
-//! rank, any zones) or by building the grid of one undecomposed rank on the GPU
-//! ([`DeviceGrid::build`]: the `nbnxm_grid_*` kernels, `kernels-gpu/src/kernels/nbnxm_grid.rs`),
-//! which gives exactly the grid `ClusterGrid::build(&LocalAtoms::single_rank(..))` gives on the
-//! host, slot for slot and box for box (`tests/gpu_grid.rs` checks it).
+//! types, boxes, zones, column starts), filled either by uploading a host [`ClusterGrid`] or by
+//! building it on the GPU (the `nbnxm_grid_*` kernels, `kernels-gpu/src/kernels/nbnxm_grid.rs`):
+//! [`DeviceGrid::build`] for one undecomposed rank from device coordinates (wrapped in place),
+//! [`DeviceGrid::build_local`] for any rank's [`LocalAtoms`] (home atoms and halo zones, periodic
+//! only along undecomposed dimensions). Either gives exactly the grid `ClusterGrid::build` gives
+//! on the host, slot for slot and box for box, zone by zone (`tests/gpu_grid.rs` checks it).
 //!
-//! A build enqueues five passes on the caller's stream and synchronises once, to read back three
-//! words: the superclusters, the first atom with a non-finite coordinate, the largest atom type.
-//! The buffers are reused from one build to the next, grown with headroom when a build needs more.
+//! Both take one path: the host describes the zones with atoms ([`ZonePlan`]: each zone's extent,
+//! the whole box along periodic dimensions and the bounding box of its atoms along the others,
+//! and its column shape, `column_shape` as the host grid takes it), the five passes sort the atoms
+//! of all zones as one column array (each zone's columns numbered after those of the zones before
+//! it, plus one empty column that closes the zone), so superclusters are numbered zone by zone,
+//! home first, as on the host. A build enqueues a copy of the zone table and the five passes on the
+//! caller's stream and synchronises once, to read back three words: the superclusters, the first
+//! atom with a non-finite coordinate, the largest atom type. The buffers are reused from one build
+//! to the next, grown with headroom when a build needs more.
 
-use super::NbnxmError;
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
+use super::{LocalAtoms, NbnxmError};
 use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
+use bytemuck::Pod;
 
 const SS: usize = abi::NBNXM_SUPER_SIZE as usize;
 const SC: usize = abi::NBNXM_CLUSTERS_PER_SUPER as usize;
 
-/// What a GPU build produced: the grid's size and its one zone's column shape.
+/// What a GPU build produced: the grid's size and the shape of its first zone.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GridInfo {
-    /// Atoms in the grid (all home).
+    /// Atoms in the grid (home and halo).
     pub atoms: usize,
+    /// Home atoms (`[0, home_atoms)`).
+    pub home_atoms: usize,
     /// Superclusters (64 slots each).
     pub superclusters: usize,
     /// Clusters (8 per supercluster, empty ones included).
     pub clusters: usize,
-    /// Columns along x and y (none without atoms).
+    /// Zones with atoms (each has its own column grid; [`DeviceGrid::to_host`] reads them all).
+    pub zones: usize,
+    /// Columns along x and y of the first zone (the home zone when it has atoms; none without atoms).
     pub columns: [usize; 2],
-    /// Column widths along x and y (nm).
+    /// Column widths along x and y of the first zone (nm).
     pub cell: [f32; 2],
-    /// The zone's extent: `[0, box)` along every dimension.
+    /// The first zone's extent ([`BBox::EMPTY`] without atoms); `[0, box)` along every dimension
+    /// for [`DeviceGrid::build`].
     pub extent: BBox,
     /// Box edges (nm).
     pub box_size: [f32; 3],
+    /// Dimensions searched through periodic images (all for [`DeviceGrid::build`]).
+    pub periodic: [bool; 3],
     /// The largest atom type among the atoms (0 without atoms).
     pub max_type: u32,
 }
@@ -57,6 +72,74 @@ pub(crate) struct Held {
     pub(crate) uploaded: bool,
 }
 
+/// The zones of a GPU build, as the host describes them before the passes: the zone table the
+/// passes read and complete, and the sizes of the column array and of the grid's buffers.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ZonePlan {
+    /// Every zone with atoms, ascending (home first): extent, column shape, `column_base` (zone
+    /// by zone, its columns and one empty column each); `sc_end` is the passes' to fill.
+    pub(crate) table: Vec<NbnxmZone>,
+    /// Bit `z` set for every zone `z` in the table.
+    pub(crate) mask: u32,
+    /// Columns of all zones, each zone's empty closing column included.
+    pub(crate) columns: usize,
+    /// At most this many superclusters (each column adds `ceil(count / 64)`, at most one more than
+    /// its share of the zone's `atoms / 64`).
+    pub(crate) most: usize,
+}
+
+impl ZonePlan {
+    /// The plan of zones `(zone, atoms, extent)`, ascending, each with atoms.
+    fn new(zones: impl IntoIterator<Item = (u8, usize, BBox)>) -> Self {
+        let mut plan = Self { table: Vec::new(), mask: 0, columns: 0, most: 0 };
+        for (zone, atoms, extent) in zones {
+            let (columns, cell) = column_shape(&extent, atoms);
+            let ncol = columns[0] * columns[1];
+            plan.table.push(NbnxmZone {
+                extent: NbnxmBox { lo: extent.lo, hi: extent.hi },
+                cell,
+                columns: [columns[0] as u32, columns[1] as u32],
+                column_base: plan.columns as u32,
+                sc_end: 0,
+                zone: u32::from(zone),
+                reserved: 0,
+            });
+            plan.mask |= 1 << zone;
+            plan.columns += ncol + 1;
+            plan.most += atoms.div_ceil(SS) + ncol;
+        }
+        plan
+    }
+
+    /// `n` atoms of one undecomposed rank: one zone (none without atoms), the whole box.
+    pub(crate) fn single(n: usize, box_size: [f32; 3]) -> Self {
+        Self::new((n > 0).then_some((0, n, BBox { lo: [0.0; 3], hi: box_size })))
+    }
+
+    /// The zones of `atoms` (validated: every zone below 8), each with the extent the host grid
+    /// gives it: the whole box along periodic dimensions, the bounding box of its atoms along the
+    /// others, in the same `f32::min`/`max` over its atoms in the same (ascending) order.
+    pub(crate) fn local(atoms: &LocalAtoms) -> Self {
+        let mut count = [0usize; 8];
+        let mut extent = [BBox::EMPTY; 8];
+        let open: Vec<usize> = (0..3).filter(|&d| !atoms.periodic[d]).collect();
+        for (p, &z) in atoms.positions.iter().zip(&atoms.zones) {
+            let (z, v) = (usize::from(z), [p.x, p.y, p.z]);
+            count[z] += 1;
+            for &d in &open {
+                extent[z].lo[d] = extent[z].lo[d].min(v[d]);
+                extent[z].hi[d] = extent[z].hi[d].max(v[d]);
+            }
+        }
+        for e in &mut extent {
+            for d in (0..3).filter(|&d| atoms.periodic[d]) {
+                (e.lo[d], e.hi[d]) = (0.0, atoms.box_size[d]);
+            }
+        }
+        Self::new((0..8u8).filter(|&z| count[usize::from(z)] > 0).map(|z| (z, count[usize::from(z)], extent[usize::from(z)])))
+    }
+}
+
 /// The working arrays of a GPU build.
 struct Scratch {
     /// Column of every atom.
@@ -73,6 +156,12 @@ struct Scratch {
     sorted: DeviceBuffer<u64>,
     /// The three words read back ([`abi::NBNXM_GRID_INFO_WORDS`]).
     info: DeviceBuffer<u32>,
+    /// Coordinates of the local atoms of [`DeviceGrid::build_local`] (the grid's slots index them).
+    x: DeviceBuffer<Float3>,
+    /// Their atom types.
+    types: DeviceBuffer<u32>,
+    /// Their zones.
+    zone_ids: DeviceBuffer<u8>,
 }
 
 /// One rank's cluster grid in device memory (see the module docs).
@@ -98,6 +187,25 @@ pub struct DeviceGrid {
     built: Option<GridInfo>,
 }
 
+/// Copies `data` into the front of `buf` on `stream`, in stream order.
+fn upload_async<T: Pod>(buf: &DeviceBuffer<T>, data: &[T], stream: &CudaStream) -> Result<()> {
+    if data.len() > buf.len() {
+        return Err(HaloError::InvalidInput(format!("copy of {} elements into a buffer of {}", data.len(), buf.len())));
+    }
+    if data.is_empty() {
+        return Ok(());
+    }
+    buf.context().bind_to_thread().during("binding the context")?;
+    // SAFETY: the range is inside the allocation (checked above). From pageable memory the driver
+    // copies `data` to a staging buffer before returning (CUDA's "API synchronization behavior"
+    // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards (and on success the build
+    // synchronises `stream` before its sources go away anyway); the copy into `buf` runs in
+    // `stream`'s order, and `buf` is reallocated (freed) only by a later build, after this build
+    // synchronised the stream.
+    unsafe { cudarc::driver::result::memcpy_htod_async(buf.device_ptr(), bytemuck::cast_slice::<T, u8>(data), stream.cu_stream()) }
+        .during("copying to the GPU")
+}
+
 impl DeviceGrid {
     /// Empty buffers (one element each), grown by the first build or upload.
     pub fn new(module: &KernelModule) -> Result<Self> {
@@ -118,6 +226,9 @@ impl DeviceGrid {
                 keys: DeviceBuffer::uninit(ctx, 1)?,
                 sorted: DeviceBuffer::uninit(ctx, 1)?,
                 info: DeviceBuffer::uninit(ctx, abi::NBNXM_GRID_INFO_WORDS)?,
+                x: DeviceBuffer::uninit(ctx, 1)?,
+                types: DeviceBuffer::uninit(ctx, 1)?,
+                zone_ids: DeviceBuffer::uninit(ctx, 1)?,
             },
             held: None,
             built: None,
@@ -143,6 +254,42 @@ impl DeviceGrid {
         fit(module, &mut self.atom_type, &grid.atom_type)
     }
 
+    /// The zone table and column starts the search reads of `grid`: one [`NbnxmZone`] per zone,
+    /// and every zone's column starts (its end included) one zone after the other.
+    pub fn search_tables(grid: &ClusterGrid) -> (Vec<NbnxmZone>, Vec<u32>) {
+        let mut flat = Vec::new();
+        let zones = grid
+            .zones
+            .iter()
+            .map(|z| {
+                let base = flat.len() as u32;
+                flat.extend_from_slice(&z.column_start);
+                NbnxmZone {
+                    extent: NbnxmBox { lo: z.extent.lo, hi: z.extent.hi },
+                    cell: z.cell,
+                    columns: [z.columns[0] as u32, z.columns[1] as u32],
+                    column_base: base,
+                    sc_end: z.superclusters().end as u32,
+                    zone: u32::from(z.zone),
+                    reserved: 0,
+                }
+            })
+            .collect();
+        (zones, flat)
+    }
+
+    /// The zone table and column starts the buffers hold after a GPU build, read back
+    /// (synchronous; for checks: they equal [`Self::search_tables`] of the host's grid).
+    pub fn read_search_tables(&self) -> Result<(Vec<NbnxmZone>, Vec<u32>)> {
+        let held = self.held.ok_or_else(|| HaloError::InvalidInput("the device grid holds no grid".into()))?;
+        let mut zones = self.zones.to_host()?;
+        zones.truncate(held.zones);
+        let len = zones.last().map_or(0, |z| (z.column_base + z.columns[0] * z.columns[1] + 1) as usize);
+        let mut flat = self.column_start.to_host()?;
+        flat.truncate(len);
+        Ok((zones, flat))
+    }
+
     /// Uploads what the search kernels read of `grid` (boxes, zones, column starts), synchronously
     /// from the host's side (the copies may still be in flight on the device: the caller orders
     /// them before a launch).
@@ -153,24 +300,7 @@ impl DeviceGrid {
         fit(module, &mut self.super_bbox, &grid.super_bbox.iter().map(to_box).collect::<Vec<_>>())?;
         fit(module, &mut self.cluster_bbox, &grid.cluster_bbox.iter().map(to_box).collect::<Vec<_>>())?;
         fit(module, &mut self.super_zone, &grid.super_zone.iter().map(|&z| u32::from(z)).collect::<Vec<_>>())?;
-        let mut flat = Vec::new();
-        let zones: Vec<NbnxmZone> = grid
-            .zones
-            .iter()
-            .map(|z| {
-                let base = flat.len() as u32;
-                flat.extend_from_slice(&z.column_start);
-                NbnxmZone {
-                    extent: to_box(&z.extent),
-                    cell: z.cell,
-                    columns: [z.columns[0] as u32, z.columns[1] as u32],
-                    column_base: base,
-                    sc_end: z.superclusters().end as u32,
-                    zone: u32::from(z.zone),
-                    reserved: 0,
-                }
-            })
-            .collect();
+        let (zones, flat) = Self::search_tables(grid);
         fit(module, &mut self.zones, &zones)?;
         fit(module, &mut self.column_start, &flat)?;
         self.held =
@@ -201,23 +331,102 @@ impl DeviceGrid {
         if n >= u32::MAX as usize {
             return bad(format!("{n} atoms, more than a u32 index holds"));
         }
-        let extent = BBox { lo: [0.0; 3], hi: box_size };
-        let mut info = GridInfo { atoms: n, superclusters: 0, clusters: 0, columns: [0; 2], cell: [0.0; 2], extent, box_size, max_type: 0 };
-        if n == 0 {
-            self.held = Some(Held { superclusters: 0, zones: 0, periodic: [true; 3], box_size, uploaded: false });
-            self.built = Some(info);
-            return Ok(info);
+        let plan = ZonePlan::single(n, box_size);
+        let words = self.passes(module, Atoms { x: x.device_ptr(), types: types.device_ptr(), zone_ids: 0, n }, box_size, wrap, &plan, stream)?;
+        if let Some(atom) = Some(words[abi::NBNXM_GRID_INFO_BAD_ATOM] as usize).filter(|&a| a < n) {
+            let p = x.to_host()?.get(atom).copied().unwrap_or_default();
+            let (d, value) = [p.x, p.y, p.z].into_iter().enumerate().find(|(_, v)| !v.is_finite()).unwrap_or((0, p.x));
+            let e = NbnxmError::NonFinite { atom, dim: super::DIMS[d], value };
+            return Err(HaloError::InvalidInput(e.to_string()));
         }
-        let (columns, cell) = column_shape(&extent, n);
-        let ncol = columns[0] * columns[1];
-        // At most one partly filled supercluster per column.
-        let most = n.div_ceil(SS) + ncol;
+        let mut info = self.finish(words, &plan, n, n, box_size, [true; 3])?;
+        if n == 0 {
+            info.extent = BBox { lo: [0.0; 3], hi: box_size };
+            self.built = Some(info);
+        }
+        Ok(info)
+    }
+
+    /// Builds the cluster grid of `atoms` (any rank's local atoms: home atoms and halo zones,
+    /// periodic only along undecomposed dimensions; positions as they are, never wrapped) on the
+    /// GPU: the grid of `ClusterGrid::build(atoms)`, every zone's. Copies the coordinates, types and
+    /// zones into device buffers of its own (which the grid's slots then index; reused from one
+    /// build to the next) and enqueues the passes on `stream`, which it synchronises. Invalid
+    /// atoms are refused as the host's build refuses them (`LocalAtoms::validate`), before any
+    /// copy (the buffers then hold no grid).
+    pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
+        self.held = None;
+        self.built = None;
+        atoms.validate().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let n = atoms.len();
+        if n >= u32::MAX as usize {
+            return Err(HaloError::InvalidInput(format!("GPU cluster grid: {n} atoms, more than a u32 index holds")));
+        }
+        let plan = ZonePlan::local(atoms);
+        let s = &mut self.scratch;
+        grow(module, &mut s.x, n)?;
+        grow(module, &mut s.types, n)?;
+        grow(module, &mut s.zone_ids, n)?;
+        upload_async(&s.x, &atoms.positions, stream)?;
+        upload_async(&s.types, &atoms.types, stream)?;
+        upload_async(&s.zone_ids, &atoms.zones, stream)?;
+        let on = Atoms { x: s.x.device_ptr(), types: s.types.device_ptr(), zone_ids: s.zone_ids.device_ptr(), n };
+        let words = self.passes(module, on, atoms.box_size, false, &plan, stream)?;
+        // Validated coordinates are finite: no atom can be bad.
+        self.finish(words, &plan, n, atoms.home, atoms.box_size, atoms.periodic)
+    }
+
+    /// The coordinates the last [`Self::build_local`] copied (the atoms its grid's slots index):
+    /// what the force and prune kernels read for a grid built from [`LocalAtoms`] when no other
+    /// coordinate array holds them.
+    pub fn local_coordinates(&self) -> &DeviceBuffer<Float3> {
+        &self.scratch.x
+    }
+
+    /// Checks a build's words and records the grid: its [`GridInfo`] and what the search needs.
+    fn finish(&mut self, words: [u32; 3], plan: &ZonePlan, n: usize, home: usize, box_size: [f32; 3], periodic: [bool; 3]) -> Result<GridInfo> {
+        let superclusters = words[abi::NBNXM_GRID_INFO_SUPERCLUSTERS] as usize;
+        let max_clusters = 1usize << (32 - NBNXM_MASK_BITS);
+        if superclusters * SC > max_clusters {
+            let e = NbnxmError::TooManyClusters { clusters: superclusters * SC, max: max_clusters };
+            return Err(HaloError::InvalidInput(e.to_string()));
+        }
+        let first = plan.table.first();
+        let info = GridInfo {
+            atoms: n,
+            home_atoms: home,
+            superclusters,
+            clusters: superclusters * SC,
+            zones: plan.table.len(),
+            columns: first.map_or([0; 2], |z| [z.columns[0] as usize, z.columns[1] as usize]),
+            cell: first.map_or([0.0; 2], |z| z.cell),
+            extent: first.map_or(BBox::EMPTY, |z| BBox { lo: z.extent.lo, hi: z.extent.hi }),
+            box_size,
+            periodic,
+            max_type: words[abi::NBNXM_GRID_INFO_MAX_TYPE],
+        };
+        self.held = Some(Held { superclusters, zones: plan.table.len(), periodic, box_size, uploaded: false });
+        self.built = Some(info);
+        Ok(info)
+    }
+
+    /// The five passes over `on`'s atoms in the zones of `plan` (see the module docs), on `stream`,
+    /// which is synchronised; returns the info words (untouched defaults without atoms: no bad
+    /// atom, no supercluster, type 0).
+    fn passes(&mut self, module: &KernelModule, on: Atoms, box_size: [f32; 3], wrap: bool, plan: &ZonePlan, stream: &CudaStream) -> Result<[u32; 3]> {
+        let n = on.n;
+        let mut words = [0u32; abi::NBNXM_GRID_INFO_WORDS];
+        words[abi::NBNXM_GRID_INFO_BAD_ATOM] = u32::MAX;
+        if n == 0 {
+            return Ok(words);
+        }
+        let (ncol, most) = (plan.columns, plan.most);
         grow(module, &mut self.atom_index, most * SS)?;
         grow(module, &mut self.atom_type, most * SS)?;
         grow(module, &mut self.cluster_bbox, most * SC)?;
         grow(module, &mut self.super_bbox, most)?;
         grow(module, &mut self.super_zone, most)?;
-        grow(module, &mut self.zones, 1)?;
+        grow(module, &mut self.zones, plan.table.len())?;
         grow(module, &mut self.column_start, ncol + 1)?;
         let s = &mut self.scratch;
         grow(module, &mut s.atom_column, n)?;
@@ -226,27 +435,31 @@ impl DeviceGrid {
         grow(module, &mut s.cursor, ncol)?;
         grow(module, &mut s.keys, n)?;
         grow(module, &mut s.sorted, n)?;
+        upload_async(&self.zones, &plan.table, stream)?;
         s.counts.zero_range_async(0, ncol, stream)?;
         s.info.fill_bytes_async(0xff, stream)?;
         s.info.zero_range_async(abi::NBNXM_GRID_INFO_MAX_TYPE, 1, stream)?;
 
-        let (mut px, mut nn, [mut bx, mut by, mut bz]) = (x.device_ptr(), n as u32, box_size);
-        let (mut wr, [mut cx, mut cy], [mut nx, mut ny]) = (u32::from(wrap), cell, [columns[0] as u32, columns[1] as u32]);
-        let (mut col, mut counts, mut info_p, mut ty) = (s.atom_column.device_ptr(), s.counts.device_ptr(), s.info.device_ptr(), types.device_ptr());
+        let (mut px, mut nn, [mut bx, mut by, mut bz], mut wr) = (on.x, n as u32, box_size, u32::from(wrap));
+        let (mut zid, mut mask, mut zone, mut nz) = (on.zone_ids, plan.mask, self.zones.device_ptr(), plan.table.len() as u32);
+        let (mut col, mut counts, mut info_p, mut ty) = (s.atom_column.device_ptr(), s.counts.device_ptr(), s.info.device_ptr(), on.types);
         let per_atom =
             LaunchShape { grid: (n.div_ceil(abi::NBNXM_GRID_THREADS as usize) as u32, 1), block: abi::NBNXM_GRID_THREADS, shared_bytes: 0 };
-        let mut args = kernel_args![px, nn, bx, by, bz, wr, cx, cy, nx, ny, col, counts, info_p, ty];
-        // SAFETY: arguments match `nbnxm_grid_bin`; `x` and `types` hold `n` atoms (checked), the
-        // column array `n`, the counts `nx ny` (zeroed above), the info words 3; cells positive
-        // (`column_shape` of a positive box), at least one column each way.
+        let mut args = kernel_args![px, nn, bx, by, bz, wr, zid, mask, zone, col, counts, info_p, ty];
+        // SAFETY: arguments match `nbnxm_grid_bin`; the atoms' coordinates, types and zones (when
+        // given) hold `n` entries (the callers' checks), the column array `n`; the zone table (copied
+        // above, in stream order) has an entry for every zone of the mask, which holds every atom's
+        // zone (the plan counted them), with positive cells (`column_shape` of an extent at least
+        // 1e-3 wide) and at least one column each way; the counts cover every zone's columns
+        // (zeroed above), the info words 3.
         unsafe { module.launch(abi::NBNXM_GRID_BIN, per_atom, stream, &mut args)? };
 
-        let (mut nc, mut start, mut cursor, mut cs, mut zone) =
-            (ncol as u32, s.atom_start.device_ptr(), s.cursor.device_ptr(), self.column_start.device_ptr(), self.zones.device_ptr());
+        let (mut nc, mut start, mut cursor, mut cs) = (ncol as u32, s.atom_start.device_ptr(), s.cursor.device_ptr(), self.column_start.device_ptr());
         let one = LaunchShape { grid: (1, 1), block: abi::NBNXM_GRID_SCAN_THREADS, shared_bytes: abi::NBNXM_GRID_SCAN_SHARED_BYTES };
-        let mut args = kernel_args![counts, nc, start, cursor, cs, zone, bx, by, bz, cx, cy, nx, ny, info_p];
+        let mut args = kernel_args![counts, nc, start, cursor, cs, zone, nz, info_p];
         // SAFETY: arguments match `nbnxm_grid_columns`: counts and cursor of `ncol` columns, starts
-        // of `ncol + 1`, one zone, one block with its shared sums.
+        // of `ncol + 1`, the plan's zones (at most 8) with their columns inside `ncol`, one block
+        // with its shared sums.
         unsafe { module.launch(abi::NBNXM_GRID_COLUMNS, one, stream, &mut args)? };
 
         let mut keys = s.keys.device_ptr();
@@ -273,51 +486,40 @@ impl DeviceGrid {
             block: abi::NBNXM_GRID_FILL_WARPS * 32,
             shared_bytes: abi::NBNXM_GRID_FILL_SHARED_BYTES,
         };
-        let mut args = kernel_args![px, ty, sorted, start, cs, nc, info_p, ai, at, cb, sb, sz];
+        let mut args = kernel_args![px, ty, zid, sorted, start, cs, nc, info_p, ai, at, cb, sb, sz];
         // SAFETY: arguments match `nbnxm_grid_fill`: warps for `most` superclusters, at least the
-        // total the scan found (each column adds `ceil(count / 64)`, at most one more than its
-        // share of `n / 64`); the outputs hold `most` superclusters.
+        // total the scan found (`ZonePlan::most`); the outputs hold `most` superclusters; the
+        // zones' empty closing columns own no supercluster.
         unsafe { module.launch(abi::NBNXM_GRID_FILL, per_super, stream, &mut args)? };
         stream.synchronize().during("waiting for the GPU cluster grid")?;
 
-        let words = s.info.to_host()?;
-        if let Some(atom) = Some(words[abi::NBNXM_GRID_INFO_BAD_ATOM] as usize).filter(|&a| a < n) {
-            let p = x.to_host()?.get(atom).copied().unwrap_or_default();
-            let (d, value) = [p.x, p.y, p.z].into_iter().enumerate().find(|(_, v)| !v.is_finite()).unwrap_or((0, p.x));
-            let e = NbnxmError::NonFinite { atom, dim: super::DIMS[d], value };
-            return Err(HaloError::InvalidInput(e.to_string()));
-        }
-        let superclusters = words[abi::NBNXM_GRID_INFO_SUPERCLUSTERS] as usize;
-        let max_clusters = 1usize << (32 - NBNXM_MASK_BITS);
-        if superclusters * SC > max_clusters {
-            let e = NbnxmError::TooManyClusters { clusters: superclusters * SC, max: max_clusters };
-            return Err(HaloError::InvalidInput(e.to_string()));
-        }
-        info = GridInfo { superclusters, clusters: superclusters * SC, columns, cell, max_type: words[abi::NBNXM_GRID_INFO_MAX_TYPE], ..info };
-        self.held = Some(Held { superclusters, zones: 1, periodic: [true; 3], box_size, uploaded: false });
-        self.built = Some(info);
-        Ok(info)
+        let back = s.info.to_host()?;
+        words.copy_from_slice(&back[..abi::NBNXM_GRID_INFO_WORDS]);
+        Ok(words)
     }
 
-    /// The grid of the last [`Self::build`] read back, as the host's [`ClusterGrid`] with `ntypes`
-    /// atom types (synchronous; for checks). An error when the buffers hold no GPU-built grid.
+    /// The grid of the last GPU build ([`Self::build`] or [`Self::build_local`]) read back, as the
+    /// host's [`ClusterGrid`] with `ntypes` atom types, every zone's column grid (synchronous; for
+    /// checks). An error when the buffers hold no GPU-built grid.
     pub fn to_host(&self, ntypes: usize) -> Result<ClusterGrid> {
         let info = self.built.ok_or_else(|| HaloError::InvalidInput("the device grid holds no GPU-built grid".into()))?;
         let s = info.superclusters;
         let read = |v: Vec<u32>, len: usize| v[..len].to_vec();
         let boxes = |v: Vec<NbnxmBox>, len: usize| v[..len].iter().map(|b| BBox { lo: b.lo, hi: b.hi }).collect::<Vec<_>>();
-        let zones = if info.atoms == 0 {
-            Vec::new()
-        } else {
-            let ncol = info.columns[0] * info.columns[1];
-            vec![ZoneGrid {
-                zone: 0,
-                extent: info.extent,
-                columns: info.columns,
-                cell: info.cell,
-                column_start: read(self.column_start.to_host()?, ncol + 1),
-            }]
-        };
+        let (table, flat) = self.read_search_tables()?;
+        let zones = table
+            .iter()
+            .map(|z| {
+                let base = z.column_base as usize;
+                ZoneGrid {
+                    zone: z.zone as u8,
+                    extent: BBox { lo: z.extent.lo, hi: z.extent.hi },
+                    columns: [z.columns[0] as usize, z.columns[1] as usize],
+                    cell: z.cell,
+                    column_start: flat[base..=base + (z.columns[0] * z.columns[1]) as usize].to_vec(),
+                }
+            })
+            .collect();
         Ok(ClusterGrid {
             atom_index: read(self.atom_index.to_host()?, s * SS),
             atom_type: read(self.atom_type.to_host()?, s * SS),
@@ -326,9 +528,9 @@ impl DeviceGrid {
             super_zone: self.super_zone.to_host()?[..s].iter().map(|&z| z as u8).collect(),
             zones,
             box_size: info.box_size,
-            periodic: [true; 3],
+            periodic: info.periodic,
             atoms: info.atoms,
-            home_atoms: info.atoms,
+            home_atoms: info.home_atoms,
             ntypes,
         })
     }
@@ -344,17 +546,28 @@ impl DeviceGrid {
         self.zones.fill_bytes(0xff)?;
         self.column_start.fill_bytes(0xff)?;
         let s = &self.scratch;
-        for b in [&s.atom_column, &s.counts, &s.atom_start, &s.cursor, &s.info] {
+        for b in [&s.atom_column, &s.counts, &s.atom_start, &s.cursor, &s.info, &s.types] {
             b.fill_bytes(0xff)?;
         }
+        s.x.fill_bytes(0xff)?;
+        s.zone_ids.fill_bytes(0xff)?;
         s.keys.fill_bytes(0xff)?;
         s.sorted.fill_bytes(0xff)
     }
 
-    /// The zone the last [`Self::build`] wrote, read back (for checks).
+    /// The first zone the last build wrote, read back (for checks).
     pub fn zone(&self) -> Result<NbnxmZone> {
         Ok(self.zones.to_host()?[0])
     }
+}
+
+/// The atoms of a build, by device address: coordinates, types and zones (0: all home), `n` each.
+#[derive(Clone, Copy)]
+struct Atoms {
+    x: u64,
+    types: u64,
+    zone_ids: u64,
+    n: usize,
 }
 
 #[cfg(test)]
@@ -367,22 +580,32 @@ mod tests {
     use abi::{NBNXM_FILLER, nbnxm_cluster_atoms};
     use rand::{Rng, SeedableRng};
 
-    /// The GPU passes run on the CPU, step for step as the kernels take them (columns counted and
-    /// scanned, keys scattered in an order unrelated to the atoms', ranked within each column, each
-    /// chunk's halves, quarters and clusters by rank): the grid of wrapped `atoms`.
-    fn passes(a: &LocalAtoms) -> ClusterGrid {
+    /// The GPU passes run on the CPU, step for step as the kernels take them (the zone plan; columns
+    /// counted in one array over all zones and scanned, each zone's end from its empty closing
+    /// column; keys scattered in an order unrelated to the atoms', ranked within each column, each
+    /// chunk's halves, quarters and clusters by rank): the grid of `atoms` as the passes leave it,
+    /// and the zone table and column starts the search reads.
+    fn passes(a: &LocalAtoms, plan: &ZonePlan) -> (ClusterGrid, Vec<NbnxmZone>, Vec<u32>) {
         let n = a.len();
-        let extent = BBox { lo: [0.0; 3], hi: a.box_size };
-        let (columns, cell) = column_shape(&extent, n);
-        let ncol = columns[0] * columns[1];
-        let col: Vec<usize> =
-            a.positions.iter().map(|p| column_of(p.x, 0.0, cell[0], columns[0]) + columns[0] * column_of(p.y, 0.0, cell[1], columns[1])).collect();
+        let ncol = plan.columns;
+        let entry = |i: usize| &plan.table[(plan.mask & ((1u32 << a.zones[i]) - 1)).count_ones() as usize];
+        let col: Vec<usize> = (0..n)
+            .map(|i| {
+                let (p, z) = (a.positions[i], entry(i));
+                let [cx, cy] = z.columns.map(|c| c as usize);
+                z.column_base as usize + column_of(p.x, z.extent.lo[0], z.cell[0], cx) + cx * column_of(p.y, z.extent.lo[1], z.cell[1], cy)
+            })
+            .collect();
         let mut counts = vec![0u32; ncol];
         col.iter().for_each(|&c| counts[c] += 1);
         let (mut atom_start, mut column_start) = (vec![0u32; ncol + 1], vec![0u32; ncol + 1]);
         for c in 0..ncol {
             atom_start[c + 1] = atom_start[c] + counts[c];
             column_start[c + 1] = column_start[c] + counts[c].div_ceil(SS as u32);
+        }
+        let mut table = plan.table.clone();
+        for z in &mut table {
+            z.sc_end = column_start[(z.column_base + z.columns[0] * z.columns[1]) as usize];
         }
         let mut cursor = atom_start.clone();
         let mut keys = vec![0u64; n];
@@ -398,23 +621,38 @@ mod tests {
             }
         }
         let total = column_start[ncol] as usize;
+        let zones = table
+            .iter()
+            .map(|z| {
+                let base = z.column_base as usize;
+                ZoneGrid {
+                    zone: z.zone as u8,
+                    extent: BBox { lo: z.extent.lo, hi: z.extent.hi },
+                    columns: z.columns.map(|c| c as usize),
+                    cell: z.cell,
+                    column_start: column_start[base..=base + (z.columns[0] * z.columns[1]) as usize].to_vec(),
+                }
+            })
+            .collect();
         let mut g = ClusterGrid {
             atom_index: vec![0xdead; total * SS],
             atom_type: vec![0xdead; total * SS],
             cluster_bbox: vec![BBox { lo: [f32::NAN; 3], hi: [f32::NAN; 3] }; total * SC],
             super_bbox: vec![BBox { lo: [f32::NAN; 3], hi: [f32::NAN; 3] }; total],
-            super_zone: vec![0; total],
-            zones: vec![ZoneGrid { zone: 0, extent, columns, cell, column_start: column_start.clone() }],
+            super_zone: vec![0xee; total],
+            zones,
             box_size: a.box_size,
-            periodic: [true; 3],
+            periodic: a.periodic,
             atoms: n,
-            home_atoms: n,
+            home_atoms: a.home,
             ntypes: a.ntypes,
         };
         for s in 0..total as u32 {
-            let c = column_start.partition_point(|&v| v <= s) - 1;
+            // The fill's search over all columns, closing ones included.
+            let c = column_start[..ncol].partition_point(|&v| v <= s) - 1;
             let first = atom_start[c] + SS as u32 * (s - column_start[c]);
             let len = (atom_start[c + 1] - first).min(SS as u32);
+            assert!(len > 0, "supercluster {s} in column {c} has atoms");
             let atom = |t: u32| sorted[(first + t) as usize] as u32;
             let coords = |t: u32| a.positions[atom(t) as usize];
             let ky: Vec<u64> = (0..SS as u32).map(|t| if t < len { key(coords(t).y, atom(t)) } else { u64::MAX }).collect();
@@ -446,20 +684,28 @@ mod tests {
                 sb.union(&b);
             }
             g.super_bbox[s as usize] = sb;
+            g.super_zone[s as usize] = a.zones[atom(0) as usize];
         }
-        if n == 0 {
-            g.zones.clear();
-        }
-        g
+        let flat = column_start[..table.last().map_or(0, |z| (z.column_base + z.columns[0] * z.columns[1] + 1) as usize)].to_vec();
+        (g, table, flat)
     }
 
     const CL_: usize = abi::NBNXM_CLUSTER_SIZE as usize;
 
+    /// The passes on `a` against the host's grid, and against what an upload of it gives the search.
+    fn check_local(what: &str, a: &LocalAtoms) {
+        let want = ClusterGrid::build(a).unwrap();
+        let (got, table, flat) = passes(a, &ZonePlan::local(a));
+        assert_eq!(got, want, "{what}");
+        assert_eq!((table, flat), DeviceGrid::search_tables(&want), "{what}: search tables");
+    }
+
     fn check(what: &str, positions: &[Float3], box_size: [f32; 3]) {
         let types: Vec<u32> = (0..positions.len()).map(|i| (i * 7 % 3) as u32).collect();
         let a = LocalAtoms::single_rank(positions, &types, 3, box_size).unwrap();
-        let want = ClusterGrid::build(&a).unwrap();
-        assert_eq!(passes(&a), want, "{what}");
+        // One undecomposed rank's plan is `build`'s.
+        assert_eq!(ZonePlan::local(&a), ZonePlan::single(a.len(), box_size), "{what}");
+        check_local(what, &a);
     }
 
     #[test]
@@ -494,6 +740,65 @@ mod tests {
         // The wrap the passes read is the host's.
         let far = Float3::new(-1e7, 3.0, 7.0 * b[2]);
         assert_eq!(wrap_position(far, b), LocalAtoms::single_rank(&[far], &[0], 1, b).unwrap().positions[0]);
+    }
+
+    #[test]
+    fn the_passes_give_every_ranks_host_grid() {
+        use crate::decomp::{HaloPlan, RankGrid};
+        let mut most_zones = 0;
+        for (n, seed, dims) in [(3000, 11, [1, 1, 1]), (3000, 12, [2, 1, 1]), (6000, 13, [2, 2, 1]), (6000, 14, [2, 2, 2]), (1500, 15, [3, 1, 2])] {
+            let s = MolecularSystem::generate(n, seed).unwrap();
+            let plan = HaloPlan::build(&s, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for r in 0..plan.ranks.len() {
+                let a = LocalAtoms::from_plan(&plan, r, &s.positions, &s.types).unwrap();
+                check_local(&format!("{n} atoms {dims:?} rank {r}"), &a);
+                most_zones = most_zones.max(ZonePlan::local(&a).table.len());
+            }
+        }
+        assert_eq!(most_zones, 8, "a corner rank of 2x2x2 has every zone");
+    }
+
+    #[test]
+    fn the_passes_give_the_host_grid_of_empty_ranks_and_zones() {
+        use crate::decomp::{HaloPlan, RankGrid};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        // Atoms only in a slab x in [1.5, 2): the ranks of the upper x half have no atom at all,
+        // those of the lower half no halo from above in x.
+        let b = [6.0f32, 5.0, 4.0];
+        let x: Vec<Float3> =
+            (0..2500).map(|_| Float3::new(rng.random_range(1.5..2.0), rng.random::<f32>() * b[1], rng.random::<f32>() * b[2])).collect();
+        let types: Vec<u8> = (0..x.len()).map(|i| (i % 2) as u8).collect();
+        let (mut empty, mut gaps) = (0, 0);
+        for dims in [[2, 1, 1], [2, 2, 1], [2, 2, 2]] {
+            let plan = HaloPlan::from_positions(&x, b, RankGrid::new(dims).unwrap(), 0.9).unwrap();
+            for r in 0..plan.ranks.len() {
+                let a = LocalAtoms::from_plan(&plan, r, &x, &types).unwrap();
+                check_local(&format!("slab {dims:?} rank {r}"), &a);
+                empty += usize::from(a.is_empty());
+                let zones = ZonePlan::local(&a).table.len();
+                gaps += usize::from(!a.is_empty() && zones < 1 << dims.iter().filter(|&&d| d > 1).count());
+            }
+        }
+        assert!(empty > 0 && gaps > 0, "{empty} ranks without atoms, {gaps} with a zone missing");
+        // Made-up ranks: no home atom, halo zones interleaved, open and periodic dimensions mixed,
+        // atoms far outside the box along open ones, one atom alone in its zone.
+        for (periodic, zones, n) in
+            [([false, true, false], &[3u8, 5][..], 900), ([false; 3], &[1, 2, 3, 4, 5, 6, 7][..], 3000), ([true, false, true], &[2], 1)]
+        {
+            let positions: Vec<Float3> = (0..n)
+                .map(|_| {
+                    let v: [f32; 3] = std::array::from_fn(|d| {
+                        let u = rng.random::<f32>() * b[d];
+                        if periodic[d] { u } else { u * 3.0 - b[d] }
+                    });
+                    Float3::new(v[0], v[1], v[2])
+                })
+                .collect();
+            let mut zs: Vec<u8> = (0..n).map(|_| zones[rng.random_range(0..zones.len())]).collect();
+            zs[n - 1] = zones[zones.len() - 1];
+            let a = LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2 };
+            check_local(&format!("made-up zones {zones:?}"), &a);
+        }
     }
 
     #[test]
