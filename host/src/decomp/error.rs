@@ -149,9 +149,7 @@ pub enum PlanError {
         expected: Option<[f32; 3]>,
     },
     /// Two neighbours disagree on how many atoms a pulse carries.
-    #[error(
-        "rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}"
-    )]
+    #[error("rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}")]
     SizeMismatch {
         /// The sending rank.
         rank: usize,
@@ -177,9 +175,7 @@ pub enum PlanError {
         peer_source: usize,
     },
     /// `peer_atom_offset` differs from the receiving rank's `atom_offset`.
-    #[error(
-        "rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}"
-    )]
+    #[error("rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}")]
     PeerOffset {
         /// The sending rank.
         rank: usize,
@@ -288,6 +284,44 @@ pub enum PlanError {
         atom: usize,
         /// Ranks that hold it as a home atom.
         count: usize,
+    },
+    /// A rank's home arrays (ids, positions, velocities) differ in length.
+    #[error("rank {rank}: its home atoms have {ids} ids, {positions} positions and {velocities} velocities; give one of each per atom")]
+    HomeArrays {
+        /// The rank.
+        rank: usize,
+        /// Ids given.
+        ids: usize,
+        /// Positions given.
+        positions: usize,
+        /// Velocities given.
+        velocities: usize,
+    },
+    /// The home atoms of all ranks together are not the system's atoms.
+    #[error("the ranks hold {found} home atoms together, but the system has {expected}: an atom was lost or duplicated")]
+    HomeTotal {
+        /// Home atoms over all ranks.
+        found: usize,
+        /// Atoms in the system.
+        expected: usize,
+    },
+    /// The ranks a process drives do not fit the grid or the data given for them.
+    #[error("local ranks {ranks:?}: {reason}")]
+    LocalRanks {
+        /// The ranks given.
+        ranks: Vec<usize>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A rank's contribution to a collective of the redecomposition is malformed.
+    #[error("the bytes rank {rank} gave to `{tag}` are malformed: {reason}")]
+    Blob {
+        /// The collective.
+        tag: String,
+        /// The rank whose bytes they are.
+        rank: usize,
+        /// What is wrong.
+        reason: String,
     },
     /// An atom appears twice in one rank's local array.
     #[error("rank {rank} holds atom {atom} twice")]
