@@ -188,13 +188,7 @@ pub(super) fn send_range2(cutoff: f32) -> f64 {
 /// of its atoms at `pos` (in its frame) within `rc2` of the receiver's cell, which in this rank's
 /// frame is its own cell one step down along `d`, over the `decomposed` dimensions in order.
 pub(super) fn select_for_pulse(
-    geo: &Decomposition,
-    decomposed: &[usize],
-    rank: usize,
-    d: usize,
-    pos: &[[f64; 3]],
-    first: usize,
-    rc2: f64,
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64,
 ) -> Vec<u32> {
     let c = geo.grid.coords_of(rank);
     let bounds =
@@ -213,12 +207,7 @@ pub(super) fn select_for_pulse(
 /// `atom_offset` and landing at `peer_atom_offset` on the receiver; `recv_size` is left 0 for the
 /// caller (it is the sender's selection, known once every rank has selected).
 pub(super) fn pulse_plan(
-    geo: &Decomposition,
-    rank: usize,
-    (dim, pulse_in_dim): (usize, usize),
-    index_map: Vec<u32>,
-    atom_offset: usize,
-    peer_atom_offset: usize,
+    geo: &Decomposition, rank: usize, (dim, pulse_in_dim): (usize, usize), index_map: Vec<u32>, atom_offset: usize, peer_atom_offset: usize,
 ) -> PulsePlan {
     let grid = geo.grid;
     let shift = crossing_shift(geo, rank, dim);
@@ -276,13 +265,7 @@ impl HaloPlan {
     }
 
     /// [`Self::build`] on `workers`, reusing `scratch` (the same plan for any workers and scratch).
-    pub fn build_with(
-        system: &MolecularSystem,
-        grid: RankGrid,
-        cutoff: f32,
-        workers: &Workers,
-        scratch: &mut PlanScratch,
-    ) -> Result<Self, PlanError> {
+    pub fn build_with(system: &MolecularSystem, grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch) -> Result<Self, PlanError> {
         Self::from_positions_with(&system.positions, system.box_size, grid, cutoff, workers, scratch)
     }
 
@@ -290,12 +273,7 @@ impl HaloPlan {
     /// owners, and the ranks to select what each pulse sends; `scratch`'s arrays are reused. The
     /// same plan for any number of workers and any scratch.
     pub fn from_positions_with(
-        positions: &[Float3],
-        box_size: [f32; 3],
-        grid: RankGrid,
-        cutoff: f32,
-        workers: &Workers,
-        scratch: &mut PlanScratch,
+        positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch,
     ) -> Result<Self, PlanError> {
         let geo = Decomposition::new(grid, box_size, cutoff)?;
         if positions.len() > (u32::MAX / 2) as usize {

@@ -87,12 +87,7 @@ fn pulse_tag(d: usize, p: usize) -> String {
 /// [`PlanError::HomeCount`]); `ranks` outside the grid or repeated; malformed blobs; and whatever
 /// `all_gather` returns.
 pub fn redecompose(
-    grid: RankGrid,
-    box_size: [f32; 3],
-    cutoff: f32,
-    atoms: usize,
-    ranks: &[usize],
-    homes: Vec<HomeAtoms>,
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>,
     all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
 ) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
@@ -208,10 +203,7 @@ fn local_index(ranks: &[usize], homes: usize, nranks: usize) -> Result<Vec<Optio
 
 /// `all_gather(tag, mine)`, checked to give one blob per rank.
 fn gather(
-    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
-    tag: &str,
-    mine: Vec<Vec<u8>>,
-    nranks: usize,
+    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize,
 ) -> Result<Vec<Vec<u8>>> {
     let all = all_gather(tag, mine)?;
     if all.len() != nranks {

@@ -81,12 +81,7 @@ fn check(got: &Redecomposed, ranks: &[usize], positions: &[Float3], velocities: 
 /// each in its own thread, with a collective over shared memory that also checks that every
 /// process names the same collective at the same time.
 fn on_processes(
-    processes: &[Vec<usize>],
-    grid: RankGrid,
-    box_size: [f32; 3],
-    cutoff: f32,
-    atoms: usize,
-    homes: &[HomeAtoms],
+    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
     let slots: Mutex<(Vec<Vec<u8>>, Vec<String>)> = Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new()));
     let barrier = Barrier::new(processes.len());
