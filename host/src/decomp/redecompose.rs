@@ -34,18 +34,6 @@ pub struct HomeAtoms {
     pub velocities: Vec<Float3>,
 }
 
-impl HomeAtoms {
-    fn with_capacity(n: usize) -> Self {
-        Self { ids: Vec::with_capacity(n), positions: Vec::with_capacity(n), velocities: Vec::with_capacity(n) }
-    }
-
-    fn push(&mut self, id: u32, position: Float3, velocity: Float3) {
-        self.ids.push(id);
-        self.positions.push(position);
-        self.velocities.push(velocity);
-    }
-}
-
 /// The outcome of [`redecompose`] on one process.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Redecomposed {
@@ -59,6 +47,27 @@ pub struct Redecomposed {
     /// frame, no periodic shift) of every home and halo atom, aligned with
     /// `plan.ranks[r].global_ids`.
     pub local_positions: Vec<Vec<Float3>>,
+}
+
+/// Working arrays of a redecomposition, kept by a caller that redecomposes again and again so
+/// that their allocations are reused (the result does not depend on them).
+#[derive(Debug, Default)]
+pub struct RedecomposeScratch {
+    /// Per local rank.
+    ranks: Vec<RankScratch>,
+}
+
+/// One local rank's working arrays.
+#[derive(Debug, Default)]
+struct RankScratch {
+    /// Wrapped position of every input atom (input order).
+    wrapped: Vec<Float3>,
+    /// Input indices of the atoms that stay.
+    stay: Vec<u32>,
+    /// Per local atom: the dimensions along which it came around the periodic boundary.
+    crossed: Vec<u8>,
+    /// Per local atom: its position in the rank's frame, as the global builder has it.
+    pos: Vec<[f64; 3]>,
 }
 
 /// Tag of the collective that moves atoms to their new owners.
@@ -90,15 +99,25 @@ pub fn redecompose(
     grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>,
     all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
 ) -> Result<Redecomposed> {
+    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &mut RedecomposeScratch::default())
+}
+
+/// [`redecompose`] reusing `scratch`'s arrays (the same result for any scratch).
+#[allow(clippy::too_many_arguments)]
+pub fn redecompose_with(
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>,
+    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>, scratch: &mut RedecomposeScratch,
+) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
     if atoms > (u32::MAX / 2) as usize {
         return Err(PlanError::TooManyAtoms { atoms }.into());
     }
     let nranks = grid.num_ranks();
     let local_index = local_index(ranks, homes.len(), nranks)?;
+    scratch.ranks.resize_with(ranks.len(), RankScratch::default);
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
-    let leaving: Vec<Leaving> = ranks.iter().zip(&homes).map(|(&s, h)| Leaving::sort_out(&geo, s, h)).collect();
+    let leaving: Vec<Leaving> = ranks.iter().zip(&homes).zip(&mut scratch.ranks).map(|((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc)).collect();
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
     let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
     let mut arrivals: Vec<Vec<(u32, Float3, Float3)>> = vec![Vec::new(); ranks.len()];
@@ -115,8 +134,7 @@ pub fn redecompose(
     if total != atoms {
         return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
     }
-    let mut work: Vec<Working> =
-        homes.iter().zip(leaving).zip(arrivals).map(|((h, l), a)| Working::new(merged_homes(h, &l.wrapped, l.stay, a), box_size)).collect();
+    let mut work: Vec<Working> = homes.iter().zip(&mut scratch.ranks).zip(arrivals).map(|((h, sc), a)| Working::new(h, sc, a, box_size)).collect();
     drop(homes);
 
     // 2. The pulses, dimension-major, as the global builder runs them.
@@ -151,19 +169,24 @@ pub fn redecompose(
     }
 
     // 3. Every rank's plan to every process.
-    let mine: Vec<RankPlan> = ranks
-        .iter()
-        .zip(&mut work)
-        .map(|(&rank, w)| RankPlan {
-            rank,
-            home_atoms: w.home.ids.len(),
-            total_atoms: w.ids.len(),
-            global_ids: std::mem::take(&mut w.ids),
-            pulses: std::mem::take(&mut w.pulses),
-        })
-        .collect();
-    let blobs = mine.iter().map(plan_blob).collect::<Result<Vec<_>, _>>()?;
-    let gathered = gather(all_gather, TAG_PLAN, blobs, nranks)?;
+    // Homes and local positions out; the working arrays back to the scratch.
+    let mut homes = Vec::with_capacity(ranks.len());
+    let mut local_positions = Vec::with_capacity(ranks.len());
+    let mut mine = Vec::with_capacity(ranks.len());
+    for ((&rank, w), sc) in ranks.iter().zip(work).zip(&mut scratch.ranks) {
+        let home_atoms = w.velocities.len();
+        homes.push(HomeAtoms { ids: w.ids[..home_atoms].to_vec(), positions: w.wrapped[..home_atoms].to_vec(), velocities: w.velocities });
+        local_positions.push(w.wrapped);
+        (sc.crossed, sc.pos) = (w.crossed, w.pos);
+        mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
+    }
+    // A process that drives every rank is the only one: it has nothing to learn or to tell.
+    let gathered = if ranks.len() == nranks {
+        vec![Vec::new(); nranks]
+    } else {
+        let blobs = mine.iter().map(plan_blob).collect::<Result<Vec<_>, _>>()?;
+        gather(all_gather, TAG_PLAN, blobs, nranks)?
+    };
     let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
     for plan in mine {
         let r = plan.rank;
@@ -180,7 +203,6 @@ pub fn redecompose(
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     check_homes(&plan, atoms)?;
-    let (homes, local_positions) = work.into_iter().map(|w| (w.home, w.wrapped)).unzip();
     Ok(Redecomposed { plan, homes, local_positions })
 }
 
@@ -224,13 +246,9 @@ const MIGRATION_NON_FINITE: u32 = 1;
 /// Home arrays of different lengths: the three lengths follow.
 const MIGRATION_ARRAYS: u32 = 2;
 
-/// One local rank's home atoms sorted out: the wrapped position of each, which stay, which leave
-/// and where to; or why its input is unusable.
+/// One local rank's home atoms sorted out (the wrapped position of each and which stay go to its
+/// [`RankScratch`]): which leave and where to; or why its input is unusable.
 struct Leaving {
-    /// Wrapped position of every input atom (input order).
-    wrapped: Vec<Float3>,
-    /// Input indices of the atoms that stay.
-    stay: Vec<u32>,
     /// Destination rank, id, wrapped position and velocity of the atoms that leave.
     dest: Vec<u32>,
     ids: Vec<u32>,
@@ -243,18 +261,13 @@ struct Leaving {
 }
 
 impl Leaving {
-    fn sort_out(geo: &Decomposition, rank: usize, h: &HomeAtoms) -> Self {
+    fn sort_out(geo: &Decomposition, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
         let n = h.ids.len();
-        let mut out = Self {
-            wrapped: Vec::with_capacity(n),
-            stay: Vec::with_capacity(n),
-            dest: Vec::new(),
-            ids: Vec::new(),
-            positions: Vec::new(),
-            velocities: Vec::new(),
-            count: n,
-            error: None,
-        };
+        sc.wrapped.clear();
+        sc.wrapped.reserve(n);
+        sc.stay.clear();
+        sc.stay.reserve(n);
+        let mut out = Self { dest: Vec::new(), ids: Vec::new(), positions: Vec::new(), velocities: Vec::new(), count: n, error: None };
         if h.positions.len() != n || h.velocities.len() != n {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
             return out;
@@ -266,9 +279,9 @@ impl Leaving {
                     return out;
                 }
                 Ok((w, owner)) => {
-                    out.wrapped.push(w);
+                    sc.wrapped.push(w);
                     if owner == rank {
-                        out.stay.push(k as u32);
+                        sc.stay.push(k as u32);
                     } else {
                         out.dest.push(owner as u32);
                         out.ids.push(id);
@@ -341,34 +354,13 @@ fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec
     Ok((count, moving))
 }
 
-/// A rank's new home atoms in id order: its stayers (input indices into `h` and `wrapped`) and
-/// its arrivals, merged (the stayers of an input that came from the last plan are in order
-/// already, and arrivals are few).
-fn merged_homes(h: &HomeAtoms, wrapped: &[Float3], mut stay: Vec<u32>, mut arrivals: Vec<(u32, Float3, Float3)>) -> HomeAtoms {
-    let id = |k: u32| h.ids[k as usize];
-    if !stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
-        stay.sort_unstable_by_key(|&k| id(k));
-    }
-    arrivals.sort_unstable_by_key(|a| a.0);
-    let mut out = HomeAtoms::with_capacity(stay.len() + arrivals.len());
-    let mut arrivals = arrivals.into_iter().peekable();
-    for k in stay {
-        while let Some((a, p, v)) = arrivals.next_if(|a| a.0 < id(k)) {
-            out.push(a, p, v);
-        }
-        out.push(id(k), wrapped[k as usize], h.velocities[k as usize]);
-    }
-    arrivals.for_each(|(a, p, v)| out.push(a, p, v));
-    out
-}
-
-/// One local rank while its pulses are simulated: its new home atoms, and its local atoms so far
-/// (home atoms first) with their wrapped positions, the dimensions along which each came around
-/// the periodic boundary, and their positions in the rank's frame as the global builder has them.
+/// One local rank while its pulses are simulated: its local atoms so far (home atoms first, in id
+/// order) with their wrapped positions, the dimensions along which each came around the periodic
+/// boundary and their positions in the rank's frame; the home atoms' velocities; its pulses.
 struct Working {
-    home: HomeAtoms,
     ids: Vec<u32>,
     wrapped: Vec<Float3>,
+    velocities: Vec<Float3>,
     /// Bit `d` set: the atom's position in this rank's frame is the box edge above its wrapped one
     /// along `d` (an atom comes around the boundary along a dimension at most once).
     crossed: Vec<u8>,
@@ -378,20 +370,43 @@ struct Working {
 }
 
 impl Working {
-    fn new(home: HomeAtoms, box_size: [f32; 3]) -> Self {
-        let n = home.ids.len();
+    /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
+    /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
+    /// plan are in order already, and arrivals are few), with room for a halo.
+    fn new(h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<(u32, Float3, Float3)>, box_size: [f32; 3]) -> Self {
+        let id = |k: u32| h.ids[k as usize];
+        if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
+            sc.stay.sort_unstable_by_key(|&k| id(k));
+        }
+        arrivals.sort_unstable_by_key(|a| a.0);
+        let n = sc.stay.len() + arrivals.len();
         let mut w = Self {
             ids: Vec::with_capacity(n + n / 2),
             wrapped: Vec::with_capacity(n + n / 2),
-            crossed: Vec::with_capacity(n + n / 2),
-            pos: Vec::with_capacity(n + n / 2),
+            velocities: Vec::with_capacity(n),
+            crossed: std::mem::take(&mut sc.crossed),
+            pos: std::mem::take(&mut sc.pos),
             pulses: Vec::new(),
             box_size,
-            home,
         };
-        w.ids.extend_from_slice(&w.home.ids);
-        w.wrapped.extend_from_slice(&w.home.positions);
+        let mut push = |(a, p, v): (u32, Float3, Float3)| {
+            w.ids.push(a);
+            w.wrapped.push(p);
+            w.velocities.push(v);
+        };
+        let mut arrivals = arrivals.into_iter().peekable();
+        for &k in &sc.stay {
+            while let Some(a) = arrivals.next_if(|a| a.0 < id(k)) {
+                push(a);
+            }
+            push((id(k), sc.wrapped[k as usize], h.velocities[k as usize]));
+        }
+        arrivals.for_each(push);
+        w.crossed.clear();
+        w.crossed.reserve(n + n / 2);
         w.crossed.resize(n, 0);
+        w.pos.clear();
+        w.pos.reserve(n + n / 2);
         w.extend_positions(0);
         w
     }
