@@ -24,4 +24,4 @@ mod validate;
 pub use error::PlanError;
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
-pub use redecompose::{HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};
+pub use redecompose::{Collective, HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};

@@ -70,6 +70,13 @@ struct RankScratch {
     pos: Vec<[f64; 3]>,
 }
 
+/// The collective a redecomposition runs on: `(tag, mine)` to every rank's blob, indexed by rank,
+/// where `mine` holds one blob per local rank ([`crate::exchange::Placement::all_gather`]).
+pub type Collective<'a> = dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// An atom on its way to a new owner: global id, wrapped position, velocity.
+type Moving = (u32, Float3, Float3);
+
 /// Tag of the collective that moves atoms to their new owners.
 pub const TAG_MIGRATE: &str = "redecompose/migrate";
 /// Tag of the collective that gathers every rank's plan.
@@ -96,8 +103,7 @@ fn pulse_tag(d: usize, p: usize) -> String {
 /// [`PlanError::HomeCount`]); `ranks` outside the grid or repeated; malformed blobs; and whatever
 /// `all_gather` returns.
 pub fn redecompose(
-    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>,
-    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>,
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
 ) -> Result<Redecomposed> {
     redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &mut RedecomposeScratch::default())
 }
@@ -105,8 +111,8 @@ pub fn redecompose(
 /// [`redecompose`] reusing `scratch`'s arrays (the same result for any scratch).
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_with(
-    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>,
-    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>, scratch: &mut RedecomposeScratch,
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+    scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
     if atoms > (u32::MAX / 2) as usize {
@@ -120,7 +126,7 @@ pub fn redecompose_with(
     let leaving: Vec<Leaving> = ranks.iter().zip(&homes).zip(&mut scratch.ranks).map(|((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc)).collect();
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
     let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
-    let mut arrivals: Vec<Vec<(u32, Float3, Float3)>> = vec![Vec::new(); ranks.len()];
+    let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
     let mut total = 0;
     for (r, blob) in gathered.iter().enumerate() {
         let (count, moving) = read_migration(blob, r, nranks)?;
@@ -224,9 +230,7 @@ fn local_index(ranks: &[usize], homes: usize, nranks: usize) -> Result<Vec<Optio
 }
 
 /// `all_gather(tag, mine)`, checked to give one blob per rank.
-fn gather(
-    all_gather: &mut dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize,
-) -> Result<Vec<Vec<u8>>> {
+fn gather(all_gather: &mut Collective<'_>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize) -> Result<Vec<Vec<u8>>> {
     let all = all_gather(tag, mine)?;
     if all.len() != nranks {
         return Err(PlanError::Blob {
@@ -324,8 +328,7 @@ impl Leaving {
 
 /// Rank `rank`'s migration blob: its atom count and its leavers with their destinations, or the
 /// error in its input.
-#[allow(clippy::type_complexity)]
-fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, (u32, Float3, Float3))>), PlanError> {
+fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, Moving)>), PlanError> {
     let mut rd = Reader::new(blob, TAG_MIGRATE, rank);
     match rd.word()? as u32 {
         MIGRATION_OK => {}
@@ -373,7 +376,7 @@ impl Working {
     /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
     /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
     /// plan are in order already, and arrivals are few), with room for a halo.
-    fn new(h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<(u32, Float3, Float3)>, box_size: [f32; 3]) -> Self {
+    fn new(h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, box_size: [f32; 3]) -> Self {
         let id = |k: u32| h.ids[k as usize];
         if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
             sc.stay.sort_unstable_by_key(|&k| id(k));
@@ -389,7 +392,7 @@ impl Working {
             pulses: Vec::new(),
             box_size,
         };
-        let mut push = |(a, p, v): (u32, Float3, Float3)| {
+        let mut push = |(a, p, v): Moving| {
             w.ids.push(a);
             w.wrapped.push(p);
             w.velocities.push(v);

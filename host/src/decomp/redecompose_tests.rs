@@ -58,6 +58,12 @@ fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, V
     (moved, velocities)
 }
 
+fn push(h: &mut HomeAtoms, (id, p, v): (u32, Float3, Float3)) {
+    h.ids.push(id);
+    h.positions.push(p);
+    h.velocities.push(v);
+}
+
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
 }
@@ -201,7 +207,7 @@ fn the_order_of_the_home_atoms_does_not_matter() {
     let mut dealt = vec![HomeAtoms::default(); 4];
     for (k, &(id, p, v)) in all.iter().enumerate() {
         let h = &mut dealt[k * 7 % 4];
-        (h.ids.push(id), h.positions.push(p), h.velocities.push(v));
+        push(h, (id, p, v));
     }
     check(&redecompose(grid, sys.box_size, 1.1, positions.len(), &ranks, dealt, &mut identity).unwrap(), &ranks, &positions, &velocities, &want);
 }
@@ -245,7 +251,7 @@ fn bad_inputs_are_errors_on_every_process() {
     }
     let mut twice = homes.clone();
     let (id, p, v) = (twice[0].ids[0], twice[0].positions[0], twice[0].velocities[0]);
-    (twice[1].ids.push(id), twice[1].positions.push(p), twice[1].velocities.push(v));
+    push(&mut twice[1], (id, p, v));
     for e in on_all(&twice, n + 1) {
         assert!(e.contains(&format!("atom {id} is a home atom on 2 ranks")), "{e}");
     }
