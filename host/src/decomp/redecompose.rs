@@ -19,6 +19,7 @@ use super::grid::{DIM_NAMES, Decomposition};
 use super::plan::{crossing_shift, home_of, pulse_plan, select_for_pulse, send_range2};
 use super::{HaloPlan, PlanError, RankGrid, RankPlan};
 use crate::error::Result;
+use crate::workers::Workers;
 use bytemuck::Pod;
 use kernels_gpu::abi::Float3;
 
@@ -105,14 +106,15 @@ fn pulse_tag(d: usize, p: usize) -> String {
 pub fn redecompose(
     grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
 ) -> Result<Redecomposed> {
-    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &mut RedecomposeScratch::default())
+    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &Workers::serial(), &mut RedecomposeScratch::default())
 }
 
-/// [`redecompose`] reusing `scratch`'s arrays (the same result for any scratch).
+/// [`redecompose`] with this process's ranks shared out to `workers` (each rank's owners, merge and
+/// selections), reusing `scratch`'s arrays: the same result for any workers and scratch.
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_with(
     grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
-    scratch: &mut RedecomposeScratch,
+    workers: &Workers, scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
     if atoms > (u32::MAX / 2) as usize {
@@ -123,7 +125,8 @@ pub fn redecompose_with(
     scratch.ranks.resize_with(ranks.len(), RankScratch::default);
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
-    let leaving: Vec<Leaving> = ranks.iter().zip(&homes).zip(&mut scratch.ranks).map(|((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc)).collect();
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).collect();
+    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc));
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
     let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
     let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
@@ -140,7 +143,8 @@ pub fn redecompose_with(
     if total != atoms {
         return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
     }
-    let mut work: Vec<Working> = homes.iter().zip(&mut scratch.ranks).zip(arrivals).map(|((h, sc), a)| Working::new(h, sc, a, box_size)).collect();
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).collect();
+    let mut work: Vec<Working> = workers.map(parts, |(((&s, h), sc), a)| Working::new(s, h, sc, a, box_size));
     drop(homes);
 
     // 2. The pulses, dimension-major, as the global builder runs them.
@@ -153,23 +157,17 @@ pub fn redecompose_with(
         for p in 0..geo.pulses[d] {
             let tag = pulse_tag(d, p);
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
-            let mut maps = Vec::with_capacity(ranks.len());
-            let mut blobs = Vec::with_capacity(ranks.len());
-            for (i, &s) in ranks.iter().enumerate() {
-                let range = if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 };
-                let map = select_for_pulse(&geo, &decomposed, s, d, &work[i].pos[range.clone()], range.start, rc2);
-                blobs.push(work[i].pulse_blob(&map, offsets[i], crossing_shift(&geo, s, d) != 0.0, d)?);
-                maps.push(map);
-            }
+            let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
+            let sent = workers.map(work.iter().zip(ranges).collect(), |(w, range)| {
+                let map = select_for_pulse(&geo, &decomposed, w.rank, d, &w.pos[range.clone()], range.start, rc2);
+                let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d)?;
+                Ok::<_, PlanError>((map, blob))
+            });
+            let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
             let gathered = gather(all_gather, &tag, blobs, nranks)?;
-            for ((i, &s), map) in ranks.iter().enumerate().zip(maps) {
-                let to = grid.neighbour(s, d, -1);
-                let peer_offset = Reader::new(&gathered[to], &tag, to).word()?;
-                let received = work[i].receive(&gathered[grid.neighbour(s, d, 1)], &tag, grid.neighbour(s, d, 1))?;
-                prev[i] = (offsets[i], received);
-                let mut pulse = pulse_plan(&geo, s, (d, p), map, offsets[i], peer_offset);
-                pulse.spec.recv_size = received;
-                work[i].pulses.push(pulse);
+            let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(&geo, (d, p), map, &gathered, &tag));
+            for (i, n) in received.into_iter().enumerate() {
+                prev[i] = (offsets[i], n?);
             }
         }
     }
@@ -361,6 +359,7 @@ fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec
 /// order) with their wrapped positions, the dimensions along which each came around the periodic
 /// boundary and their positions in the rank's frame; the home atoms' velocities; its pulses.
 struct Working {
+    rank: usize,
     ids: Vec<u32>,
     wrapped: Vec<Float3>,
     velocities: Vec<Float3>,
@@ -376,7 +375,7 @@ impl Working {
     /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
     /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
     /// plan are in order already, and arrivals are few), with room for a halo.
-    fn new(h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, box_size: [f32; 3]) -> Self {
+    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, box_size: [f32; 3]) -> Self {
         let id = |k: u32| h.ids[k as usize];
         if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
             sc.stay.sort_unstable_by_key(|&k| id(k));
@@ -384,6 +383,7 @@ impl Working {
         arrivals.sort_unstable_by_key(|a| a.0);
         let n = sc.stay.len() + arrivals.len();
         let mut w = Self {
+            rank,
             ids: Vec::with_capacity(n + n / 2),
             wrapped: Vec::with_capacity(n + n / 2),
             velocities: Vec::with_capacity(n),
@@ -429,27 +429,31 @@ impl Working {
         self.pos.extend(new);
     }
 
-    /// This rank's blob of a pulse along `d`: its local length before the pulse and the atoms
-    /// `map` (ids, wrapped positions, crossings, with `d` added when the pulse crosses).
-    fn pulse_blob(&self, map: &[u32], offset: usize, crosses: bool, d: usize) -> Result<Vec<u8>, PlanError> {
+    /// This rank's blob of a pulse along `d`: its local length before the pulse (its receiver's
+    /// `peer_atom_offset`) and the atoms `map` (ids, wrapped positions, crossings, with `d` added
+    /// when the pulse crosses the boundary).
+    fn pulse_blob(&self, map: &[u32], crosses: bool, d: usize) -> Result<Vec<u8>, PlanError> {
         let mut b = Blob::default();
         b.0.reserve(8 + map.len() * 17);
-        b.word(offset)?;
+        b.word(self.len())?;
         b.word(map.len())?;
-        let ids: Vec<u32> = map.iter().map(|&k| self.ids[k as usize]).collect();
-        let wrapped: Vec<Float3> = map.iter().map(|&k| self.wrapped[k as usize]).collect();
         let bit = if crosses { 1u8 << d } else { 0 };
-        let crossed: Vec<u8> = map.iter().map(|&k| self.crossed[k as usize] | bit).collect();
-        b.put(&ids);
-        b.put(&wrapped);
-        b.put(&crossed);
+        b.put(&map.iter().map(|&k| self.ids[k as usize]).collect::<Vec<_>>());
+        b.put(&map.iter().map(|&k| self.wrapped[k as usize]).collect::<Vec<_>>());
+        b.0.extend(map.iter().map(|&k| self.crossed[k as usize] | bit));
         Ok(b.0)
     }
 
-    /// Appends the atoms of rank `from`'s pulse blob; returns how many.
-    fn receive(&mut self, blob: &[u8], tag: &str, from: usize) -> Result<usize, PlanError> {
-        let mut rd = Reader::new(blob, tag, from);
-        let _sender_offset = rd.word()?;
+    /// Pulse `pulse_in_dim` along `dim`, this rank sending `map`, once every rank's blob of it is
+    /// `gathered`: appends what the rank above sent and records the pulse; returns how many
+    /// atoms arrived.
+    fn receive(
+        &mut self, geo: &Decomposition, (dim, pulse_in_dim): (usize, usize), map: Vec<u32>, gathered: &[Vec<u8>], tag: &str,
+    ) -> Result<usize, PlanError> {
+        let (to, from) = (geo.grid.neighbour(self.rank, dim, -1), geo.grid.neighbour(self.rank, dim, 1));
+        let peer_atom_offset = Reader::new(&gathered[to], tag, to).word()?;
+        let mut rd = Reader::new(&gathered[from], tag, from);
+        let _senders_offset = rd.word()?;
         let n = rd.word()?;
         let start = self.len();
         rd.extend(n, &mut self.ids)?;
@@ -457,6 +461,9 @@ impl Working {
         rd.extend(n, &mut self.crossed)?;
         rd.finish()?;
         self.extend_positions(start);
+        let mut pulse = pulse_plan(geo, self.rank, (dim, pulse_in_dim), map, start, peer_atom_offset);
+        pulse.spec.recv_size = n;
+        self.pulses.push(pulse);
         Ok(n)
     }
 }

@@ -132,8 +132,10 @@ const CASES: [([usize; 3], f32); 8] =
 fn one_process_gets_the_global_plan_after_the_atoms_moved() {
     let sys = MolecularSystem::generate(4000, 11).unwrap();
     let mut two_pulses = false;
-    // One scratch through every grid (more ranks and fewer): the result of a fresh one.
+    // One scratch through every grid (more ranks and fewer), on one worker and on three: the
+    // result of a fresh scratch on the calling thread.
     let mut scratch = RedecomposeScratch::default();
+    let three = crate::workers::Workers::new(3).unwrap();
     for (k, (dims, cutoff)) in CASES.into_iter().enumerate() {
         let grid = RankGrid::new(dims).unwrap();
         two_pulses |= Decomposition::new(grid, sys.box_size, cutoff).unwrap().pulses.contains(&2);
@@ -146,7 +148,7 @@ fn one_process_gets_the_global_plan_after_the_atoms_moved() {
         check(&got, &ranks, &positions, &velocities, &want);
         // Again from there: homes that came from a plan, sorted, wrapped.
         let again: Vec<HomeAtoms> = got.homes.clone();
-        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, again, &mut identity, &mut scratch).unwrap();
+        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, again, &mut identity, &three, &mut scratch).unwrap();
         check(&got, &ranks, &positions, &velocities, &want);
     }
     assert!(two_pulses, "a case with two pulses along a dimension");
@@ -392,17 +394,20 @@ fn redecompose_timing() {
     let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
     let got = redecompose(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity).unwrap();
     assert_eq!(got.plan, want);
+    let (serial, two) = (crate::workers::Workers::serial(), crate::workers::Workers::new(2).unwrap());
     let fresh = time(&mut || drop(redecompose(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity).unwrap()));
     let mut rs = RedecomposeScratch::default();
-    let local =
-        time(&mut || drop(redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity, &mut rs).unwrap()));
+    let mut with = |w: &crate::workers::Workers| {
+        time(&mut || drop(redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity, w, &mut rs).unwrap()))
+    };
+    let (local, two) = (with(&serial), with(&two));
     let clone = time(&mut || drop(std::hint::black_box(homes.clone())));
     let mut scratch = PlanScratch::default();
-    let serial = time(&mut || drop(HaloPlan::build_with(&moved, grid, cutoff, &crate::workers::Workers::serial(), &mut scratch).unwrap()));
+    let serial = time(&mut || drop(HaloPlan::build_with(&moved, grid, cutoff, &serial, &mut scratch).unwrap()));
     let w = crate::workers::Workers::new(4).unwrap();
     let four = time(&mut || drop(HaloPlan::build_with(&moved, grid, cutoff, &w, &mut scratch).unwrap()));
     println!(
-        "45,000 atoms, 2x1x1, cutoff {cutoff} (median of 60): redecompose_with {local:.0} us (fresh scratch {fresh:.0} us; {clone:.0} us of either \
+        "45,000 atoms, 2x1x1, cutoff {cutoff} (median of 60): redecompose_with {local:.0} us (2 workers {two:.0} us, fresh scratch {fresh:.0} us; {clone:.0} us of either \
          cloning the input), build_with serial {serial:.0} us, 4 threads {four:.0} us"
     );
 }
