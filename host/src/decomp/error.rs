@@ -327,6 +327,16 @@ pub enum PlanError {
         /// What is wrong.
         reason: String,
     },
+    /// A collective of the redecomposition gave a blob count other than the rank count.
+    #[error("the collective `{tag}` gave {found} blobs for {expected} ranks: it must give one per rank, indexed by rank")]
+    GatherCount {
+        /// The collective.
+        tag: String,
+        /// Blobs it gave.
+        found: usize,
+        /// Ranks in the grid.
+        expected: usize,
+    },
     /// An atom appears twice in one rank's local array.
     #[error("rank {rank} holds atom {atom} twice")]
     DuplicateAtom {

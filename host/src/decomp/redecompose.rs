@@ -172,8 +172,8 @@ pub fn redecompose_with(
         }
     }
 
-    // 3. Every rank's plan to every process.
-    // Homes and local positions out; the working arrays back to the scratch.
+    // 3. Homes and local positions out, the working arrays back to the scratch; every rank's plan
+    // to every process.
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
     let mut mine = Vec::with_capacity(ranks.len());
@@ -231,12 +231,7 @@ fn local_index(ranks: &[usize], homes: usize, nranks: usize) -> Result<Vec<Optio
 fn gather(all_gather: &mut Collective<'_>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize) -> Result<Vec<Vec<u8>>> {
     let all = all_gather(tag, mine)?;
     if all.len() != nranks {
-        return Err(PlanError::Blob {
-            tag: tag.to_string(),
-            rank: all.len(),
-            reason: format!("the collective gave {} blobs for {nranks} ranks", all.len()),
-        }
-        .into());
+        return Err(PlanError::GatherCount { tag: tag.to_string(), found: all.len(), expected: nranks }.into());
     }
     Ok(all)
 }
