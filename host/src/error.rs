@@ -78,6 +78,9 @@ pub enum HaloError {
     /// The router could not plan the exchange's paths (or the PEs' plans disagree).
     #[error("routing: {0}")]
     Route(#[from] crate::route::PathError),
+    /// A decomposition cannot be built, or a halo plan is inconsistent.
+    #[error(transparent)]
+    Plan(#[from] crate::decomp::PlanError),
     /// An argument a user or caller passed is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -289,6 +289,54 @@ pub enum PlanError {
         /// Ranks that hold it as a home atom.
         count: usize,
     },
+    /// A rank's home arrays (ids, positions, velocities) differ in length.
+    #[error("rank {rank}: its home atoms have {ids} ids, {positions} positions and {velocities} velocities; give one of each per atom")]
+    HomeArrays {
+        /// The rank.
+        rank: usize,
+        /// Ids given.
+        ids: usize,
+        /// Positions given.
+        positions: usize,
+        /// Velocities given.
+        velocities: usize,
+    },
+    /// The home atoms of all ranks together are not the system's atoms.
+    #[error("the ranks hold {found} home atoms together, but the system has {expected}: an atom was lost or duplicated")]
+    HomeTotal {
+        /// Home atoms over all ranks.
+        found: usize,
+        /// Atoms in the system.
+        expected: usize,
+    },
+    /// The ranks a process drives do not fit the grid or the data given for them.
+    #[error("local ranks {ranks:?}: {reason}")]
+    LocalRanks {
+        /// The ranks given.
+        ranks: Vec<usize>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A rank's contribution to a collective of the redecomposition is malformed.
+    #[error("the bytes rank {rank} gave to `{tag}` are malformed: {reason}")]
+    Blob {
+        /// The collective.
+        tag: String,
+        /// The rank whose bytes they are.
+        rank: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A collective of the redecomposition gave a blob count other than the rank count.
+    #[error("the collective `{tag}` gave {found} blobs for {expected} ranks: it must give one per rank, indexed by rank")]
+    GatherCount {
+        /// The collective.
+        tag: String,
+        /// Blobs it gave.
+        found: usize,
+        /// Ranks in the grid.
+        expected: usize,
+    },
     /// An atom appears twice in one rank's local array.
     #[error("rank {rank} holds atom {atom} twice")]
     DuplicateAtom {

@@ -10,13 +10,18 @@
 //! | [`RankGrid`] | the grid of ranks, parsed from `"AxBxC"` |
 //! | [`Decomposition`] | cell geometry and pulses per dimension for a box and cutoff |
 //! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
+//! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
 mod grid;
 mod plan;
+mod redecompose;
+#[cfg(test)]
+mod redecompose_tests;
 mod validate;
 
 pub use error::PlanError;
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
+pub use redecompose::{Collective, HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};

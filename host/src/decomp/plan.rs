@@ -112,14 +112,32 @@ fn wrapped(p: Float3, box_size: [f32; 3]) -> [f64; 3] {
     [f64::from(w.x), f64::from(w.y), f64::from(w.z)]
 }
 
-/// Writes into `owner` the rank owning each atom: the cell of its wrapped position (only
-/// decomposed dimensions have a cell index other than 0), in `parts` contiguous chunks on
-/// `workers`; returns the atoms each rank owns. Errors on the first atom with a non-finite
-/// coordinate, whatever the chunking.
-fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: usize, owner: &mut Vec<u32>) -> Result<Vec<usize>, PlanError> {
+/// The wrapped position of atom `atom` at `p` and the rank owning it: the cell of the wrapped
+/// position (only decomposed dimensions have a cell index other than 0). Errors on a non-finite
+/// coordinate, naming the atom. The one owner rule of every builder of a plan.
+#[inline]
+pub(super) fn home_of(p: Float3, geo: &Decomposition, atom: usize) -> Result<(Float3, usize), PlanError> {
+    if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+        return Err(PlanError::NonFinitePosition { atom, position: [p.x, p.y, p.z] });
+    }
+    let w = wrap_position(p, geo.box_size);
+    let x = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
     let dims = geo.grid.dims;
     // `rank_of(cell)` as a sum of strides; a dimension of one rank adds nothing.
     let stride = [1, dims[0], dims[0] * dims[1]];
+    let mut rank = 0;
+    for d in 0..3 {
+        if dims[d] > 1 {
+            rank += stride[d] * geo.cell_index(d, x[d]);
+        }
+    }
+    Ok((w, rank))
+}
+
+/// Writes into `owner` the rank owning each atom ([`home_of`]), in `parts` contiguous chunks on
+/// `workers`; returns the atoms each rank owns. Errors on the first atom with a non-finite
+/// coordinate, whatever the chunking.
+fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: usize, owner: &mut Vec<u32>) -> Result<Vec<usize>, PlanError> {
     let chunk = positions.len().div_ceil(parts).max(1);
     let nranks = geo.grid.num_ranks();
     // Counted here, where the increments hide behind each atom's arithmetic (a separate pass
@@ -128,16 +146,7 @@ fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: u
         let first = c * chunk;
         let mut counts = vec![0usize; nranks];
         for (k, (&p, o)) in part.iter().zip(out).enumerate() {
-            if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
-                return Err(PlanError::NonFinitePosition { atom: first + k, position: [p.x, p.y, p.z] });
-            }
-            let w = wrapped(p, geo.box_size);
-            let mut rank = 0;
-            for d in 0..3 {
-                if dims[d] > 1 {
-                    rank += stride[d] * geo.cell_index(d, w[d]);
-                }
-            }
+            let rank = home_of(p, geo, first + k)?.1;
             *o = rank as u32;
             counts[rank] += 1;
         }
@@ -168,6 +177,65 @@ fn select<const N: usize>(pos: &[[f64; 3]], first: usize, dims: [usize; N], lo: 
             map.push((first + k) as u32);
         }
     }
+}
+
+/// The squared distance below which an atom is sent: the squared cutoff with [`SEND_MARGIN`].
+pub(super) fn send_range2(cutoff: f32) -> f64 {
+    f64::from(cutoff).powi(2) * (1.0 + SEND_MARGIN)
+}
+
+/// What rank `rank` sends in a pulse along `d`: the indices (from `first`, the index of `pos[0]`)
+/// of its atoms at `pos` (in its frame) within `rc2` of the receiver's cell, which in this rank's
+/// frame is its own cell one step down along `d`, over the `decomposed` dimensions in order.
+pub(super) fn select_for_pulse(
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64,
+) -> Vec<u32> {
+    let c = geo.grid.coords_of(rank);
+    let bounds =
+        |e: usize| if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) };
+    let mut map = Vec::new();
+    match *decomposed {
+        [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, &mut map),
+        [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, &mut map),
+        [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, &mut map),
+        _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
+    }
+    map
+}
+
+/// Pulse `pulse_in_dim` along `dim` of rank `rank` sending the atoms `index_map`, receiving at
+/// `atom_offset` and landing at `peer_atom_offset` on the receiver; `recv_size` is left 0 for the
+/// caller (it is the sender's selection, known once every rank has selected).
+pub(super) fn pulse_plan(
+    geo: &Decomposition, rank: usize, (dim, pulse_in_dim): (usize, usize), index_map: Vec<u32>, atom_offset: usize, peer_atom_offset: usize,
+) -> PulsePlan {
+    let grid = geo.grid;
+    let shift = crossing_shift(geo, rank, dim);
+    PulsePlan {
+        dim,
+        pulse_in_dim,
+        spec: PulseSpec {
+            send_rank: grid.neighbour(rank, dim, -1),
+            recv_rank: grid.neighbour(rank, dim, 1),
+            index_map,
+            recv_size: 0,
+            atom_offset,
+            peer_atom_offset,
+            shift: (grid.coords_of(rank)[dim] == 0).then(|| {
+                let mut s = [0.0f32; 3];
+                s[dim] = shift;
+                Float3::new(s[0], s[1], s[2])
+            }),
+            accumulate_forces: true,
+        },
+    }
+}
+
+/// What rank `rank` adds along `dim` to the coordinates it sends: the box edge when it is first
+/// along `dim` (its atoms cross the periodic boundary on the way down), else 0.
+#[inline]
+pub(super) fn crossing_shift(geo: &Decomposition, rank: usize, dim: usize) -> f32 {
+    if geo.grid.coords_of(rank)[dim] == 0 { geo.box_size[dim] } else { 0.0 }
 }
 
 impl HaloPlan {
@@ -244,7 +312,7 @@ impl HaloPlan {
         let home: Vec<usize> = local.iter().map(RankAtoms::len).collect();
         let mut pulses: Vec<Vec<PulsePlan>> = vec![Vec::new(); nranks];
         let decomposed = grid.decomposed_dims();
-        let rc2 = f64::from(cutoff).powi(2) * (1.0 + SEND_MARGIN);
+        let rc2 = send_range2(cutoff);
 
         for d in decomposed.iter().copied() {
             // Pulse 0 of this dimension scans everything present when the dimension starts.
@@ -253,64 +321,24 @@ impl HaloPlan {
             for p in 0..geo.pulses[d] {
                 let offsets: Vec<usize> = local.iter().map(RankAtoms::len).collect();
                 let local_ref = &*local;
-                let select_rank = |s: usize| -> Vec<u32> {
+                let select_rank = |s: usize| {
                     let range = if p == 0 { 0..dim_start[s] } else { prev[s].0..prev[s].0 + prev[s].1 };
-                    let c = grid.coords_of(s);
-                    // The receiver's cell in this rank's frame: the same cell except one step down
-                    // along d, over the decomposed dimensions in order.
-                    let bounds = |e: usize| {
-                        if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) }
-                    };
-                    let pos = &local_ref[s].pos[range.clone()];
-                    let mut map = Vec::new();
-                    match decomposed[..] {
-                        [a] => select(pos, range.start, [a], [bounds(a).0], [bounds(a).1], rc2, &mut map),
-                        [a, b] => select(pos, range.start, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, &mut map),
-                        [a, b, e] => select(
-                            pos,
-                            range.start,
-                            [a, b, e],
-                            [bounds(a).0, bounds(b).0, bounds(e).0],
-                            [bounds(a).1, bounds(b).1, bounds(e).1],
-                            rc2,
-                            &mut map,
-                        ),
-                        _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
-                    }
-                    map
+                    select_for_pulse(&geo, &decomposed, s, d, &local_ref[s].pos[range.clone()], range.start, rc2)
                 };
                 // Every rank's selection is independent: ranks in parallel on the workers.
                 let maps: Vec<Vec<u32>> = workers.map((0..nranks).collect(), select_rank);
                 for (s, map) in maps.into_iter().enumerate() {
                     let to = grid.neighbour(s, d, -1);
-                    let use_shift = grid.coords_of(s)[d] == 0;
-                    let mut shift = [0.0f32; 3];
-                    if use_shift {
-                        shift[d] = box_size[d];
-                    }
                     let (from, into) = (&local[s], &mut received[to]);
                     into.clear();
                     into.ids.extend(map.iter().map(|&k| from.ids[k as usize]));
-                    let add = f64::from(shift[d]);
+                    let add = f64::from(crossing_shift(&geo, s, d));
                     // Only coordinate d moves (`+ 0.0` included, as the exchange adds the shift).
                     into.pos.extend(map.iter().map(|&k| {
                         let x = from.pos[k as usize];
                         std::array::from_fn(|e| if e == d { x[e] + add } else { x[e] })
                     }));
-                    pulses[s].push(PulsePlan {
-                        dim: d,
-                        pulse_in_dim: p,
-                        spec: PulseSpec {
-                            send_rank: to,
-                            recv_rank: grid.neighbour(s, d, 1),
-                            index_map: map,
-                            recv_size: 0,
-                            atom_offset: offsets[s],
-                            peer_atom_offset: offsets[to],
-                            shift: use_shift.then(|| Float3::new(shift[0], shift[1], shift[2])),
-                            accumulate_forces: true,
-                        },
-                    });
+                    pulses[s].push(pulse_plan(&geo, s, (d, p), map, offsets[s], offsets[to]));
                 }
                 for (r, atoms) in received.iter().enumerate() {
                     if let Some(last) = pulses[r].last_mut() {

@@ -1,0 +1,600 @@
+//! Redecomposition from each process's own ranks: the [`HaloPlan`] of a search step built from
+//! only the home atoms this process's ranks hold, with a few small collectives, instead of
+//! gathering every atom to every process and planning the whole system there.
+//!
+//! 1. Each rank wraps its home atoms and finds their owners ([`home_of`], the global builder's
+//!    rule); the atoms that leave (to any rank) go out in one collective, and each rank keeps its
+//!    stayers, adds its arrivals and sorts them by global id: the global builder's home atoms.
+//! 2. Each pulse is simulated as [`HaloPlan::from_positions`] simulates it (the same selection,
+//!    [`select_for_pulse`], on the same `f64` positions), with one collective per pulse carrying
+//!    each rank's selection and local length (its receiver's `peer_atom_offset`).
+//! 3. A last collective carries every rank's [`RankPlan`], so every process holds the whole plan.
+//!
+//! The collectives carry plain arrays in native byte order (little-endian on every target halo
+//! runs on): a process's share of the data is its ranks' atoms, never the whole system. An error
+//! in a rank's input (a non-finite position, arrays of different lengths) travels in the first
+//! collective, so that every process reports it, the same, instead of some waiting for others.
+
+use super::grid::{DIM_NAMES, Decomposition};
+use super::plan::{crossing_shift, home_of, pulse_plan, select_for_pulse, send_range2};
+use super::{HaloPlan, PlanError, RankGrid, RankPlan};
+use crate::error::Result;
+use crate::workers::Workers;
+use bytemuck::Pod;
+use kernels_gpu::abi::Float3;
+
+/// One rank's home atoms as its GPU holds them between searches: global ids, positions (in the
+/// box or not) and velocities, one of each per atom, in any order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HomeAtoms {
+    /// Global atom ids.
+    pub ids: Vec<u32>,
+    /// Positions (nm).
+    pub positions: Vec<Float3>,
+    /// Velocities (nm/ps).
+    pub velocities: Vec<Float3>,
+}
+
+/// The outcome of [`redecompose`] on one process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Redecomposed {
+    /// Every rank's plan: the plan [`HaloPlan::from_positions`] builds from all atoms' positions.
+    pub plan: HaloPlan,
+    /// This process's ranks' new home atoms (in the order of `ranks`): ids ascending, equal to
+    /// `plan.ranks[r].global_ids[..home_atoms]`, positions wrapped into the box, velocities
+    /// following their atoms.
+    pub homes: Vec<HomeAtoms>,
+    /// This process's ranks' local atoms (in the order of `ranks`): the wrapped position (global
+    /// frame, no periodic shift) of every home and halo atom, aligned with
+    /// `plan.ranks[r].global_ids`.
+    pub local_positions: Vec<Vec<Float3>>,
+}
+
+/// Working arrays of a redecomposition, kept by a caller that redecomposes again and again so
+/// that their allocations are reused (the result does not depend on them).
+#[derive(Debug, Default)]
+pub struct RedecomposeScratch {
+    /// Per local rank.
+    ranks: Vec<RankScratch>,
+}
+
+/// One local rank's working arrays.
+#[derive(Debug, Default)]
+struct RankScratch {
+    /// Wrapped position of every input atom (input order).
+    wrapped: Vec<Float3>,
+    /// Input indices of the atoms that stay.
+    stay: Vec<u32>,
+    /// Per local atom: the dimensions along which it came around the periodic boundary.
+    crossed: Vec<u8>,
+    /// Per local atom: its position in the rank's frame, as the global builder has it.
+    pos: Vec<[f64; 3]>,
+}
+
+/// The collective a redecomposition runs on: `(tag, mine)` to every rank's blob, indexed by rank,
+/// where `mine` holds one blob per local rank ([`crate::exchange::Placement::all_gather`]).
+pub type Collective<'a> = dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// An atom on its way to a new owner: global id, wrapped position, velocity.
+type Moving = (u32, Float3, Float3);
+
+/// Tag of the collective that moves atoms to their new owners.
+pub const TAG_MIGRATE: &str = "redecompose/migrate";
+/// Tag of the collective that gathers every rank's plan.
+pub const TAG_PLAN: &str = "redecompose/plan";
+
+/// Tag of the collective of pulse `p` along `d`.
+fn pulse_tag(d: usize, p: usize) -> String {
+    format!("redecompose/pulse {}{p}", DIM_NAMES[d])
+}
+
+/// The plan of `atoms` atoms on `grid` for a box of `box_size` and `cutoff`, built on each
+/// process from its own `ranks`' `homes` (one [`HomeAtoms`] per entry of `ranks`).
+///
+/// `all_gather(tag, mine)` is the collective ([`crate::exchange::Placement::all_gather`]'s
+/// contract): `mine` holds one blob per local rank, in the order of `ranks`, and it returns every
+/// rank's blob, indexed by rank. Every process calls it the same number of times with the same
+/// tags (distinct within one call: [`TAG_MIGRATE`], one per pulse, [`TAG_PLAN`]); a collective
+/// that needs tags unique over a run adds its step to them.
+///
+/// Errors: the geometry as [`Decomposition::new`] reports it; a non-finite position
+/// ([`PlanError::NonFinitePosition`], naming the global atom id) or arrays of different lengths on
+/// any rank (every process reports the first rank's); home atoms over all ranks that are not
+/// `0..atoms` once each ([`PlanError::HomeTotal`], [`PlanError::GlobalId`],
+/// [`PlanError::HomeCount`]); `ranks` outside the grid or repeated; malformed blobs; and whatever
+/// `all_gather` returns.
+pub fn redecompose(
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+) -> Result<Redecomposed> {
+    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &Workers::serial(), &mut RedecomposeScratch::default())
+}
+
+/// [`redecompose`] with this process's ranks shared out to `workers` (each rank's owners, merge and
+/// selections), reusing `scratch`'s arrays: the same result for any workers and scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn redecompose_with(
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+    workers: &Workers, scratch: &mut RedecomposeScratch,
+) -> Result<Redecomposed> {
+    let geo = Decomposition::new(grid, box_size, cutoff)?;
+    if atoms > (u32::MAX / 2) as usize {
+        return Err(PlanError::TooManyAtoms { atoms }.into());
+    }
+    let nranks = grid.num_ranks();
+    let local_index = local_index(ranks, homes.len(), nranks)?;
+    scratch.ranks.resize_with(ranks.len(), RankScratch::default);
+
+    // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).collect();
+    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc));
+    let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
+    let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
+    let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
+    let mut total = 0;
+    for (r, blob) in gathered.iter().enumerate() {
+        let (count, moving) = read_migration(blob, r, nranks)?;
+        total += count;
+        for (t, atom) in moving {
+            if let Some(i) = local_index[t] {
+                arrivals[i].push(atom);
+            }
+        }
+    }
+    if total != atoms {
+        return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
+    }
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).collect();
+    let mut work: Vec<Working> = workers.map(parts, |(((&s, h), sc), a)| Working::new(s, h, sc, a, box_size));
+    drop(homes);
+
+    // 2. The pulses, dimension-major, as the global builder runs them.
+    let decomposed = grid.decomposed_dims();
+    let rc2 = send_range2(cutoff);
+    for &d in &decomposed {
+        // Pulse 0 scans everything present when the dimension starts; pulse p > 0 what p - 1 received.
+        let dim_start: Vec<usize> = work.iter().map(Working::len).collect();
+        let mut prev = vec![(0, 0); ranks.len()];
+        for p in 0..geo.pulses[d] {
+            let tag = pulse_tag(d, p);
+            let offsets: Vec<usize> = work.iter().map(Working::len).collect();
+            let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
+            let sent = workers.map(work.iter().zip(ranges).collect(), |(w, range)| {
+                let map = select_for_pulse(&geo, &decomposed, w.rank, d, &w.pos[range.clone()], range.start, rc2);
+                let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d)?;
+                Ok::<_, PlanError>((map, blob))
+            });
+            let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
+            let gathered = gather(all_gather, &tag, blobs, nranks)?;
+            let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(&geo, (d, p), map, &gathered, &tag));
+            for (i, n) in received.into_iter().enumerate() {
+                prev[i] = (offsets[i], n?);
+            }
+        }
+    }
+
+    // 3. Homes and local positions out, the working arrays back to the scratch; every rank's plan
+    // to every process.
+    let mut homes = Vec::with_capacity(ranks.len());
+    let mut local_positions = Vec::with_capacity(ranks.len());
+    let mut mine = Vec::with_capacity(ranks.len());
+    for ((&rank, w), sc) in ranks.iter().zip(work).zip(&mut scratch.ranks) {
+        let home_atoms = w.velocities.len();
+        homes.push(HomeAtoms { ids: w.ids[..home_atoms].to_vec(), positions: w.wrapped[..home_atoms].to_vec(), velocities: w.velocities });
+        local_positions.push(w.wrapped);
+        (sc.crossed, sc.pos) = (w.crossed, w.pos);
+        mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
+    }
+    // A process that drives every rank is the only one: it has nothing to learn or to tell.
+    let gathered = if ranks.len() == nranks {
+        vec![Vec::new(); nranks]
+    } else {
+        let blobs = mine.iter().map(plan_blob).collect::<Result<Vec<_>, _>>()?;
+        gather(all_gather, TAG_PLAN, blobs, nranks)?
+    };
+    let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
+    for plan in mine {
+        let r = plan.rank;
+        plans[r] = Some(plan);
+    }
+    let layout = geo.pulse_layout();
+    let ranks_plans = plans
+        .into_iter()
+        .enumerate()
+        .map(|(r, plan)| match plan {
+            Some(plan) => Ok(plan),
+            None => read_plan(&gathered[r], r, &geo, &layout),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
+    check_homes(&plan, atoms)?;
+    Ok(Redecomposed { plan, homes, local_positions })
+}
+
+/// For every rank of the grid, its index in `ranks` if this process drives it.
+fn local_index(ranks: &[usize], homes: usize, nranks: usize) -> Result<Vec<Option<usize>>, PlanError> {
+    let bad = |reason: String| PlanError::LocalRanks { ranks: ranks.to_vec(), reason };
+    if homes != ranks.len() {
+        return Err(bad(format!("{homes} sets of home atoms for {} ranks", ranks.len())));
+    }
+    let mut index = vec![None; nranks];
+    for (i, &r) in ranks.iter().enumerate() {
+        match index.get_mut(r) {
+            None => return Err(bad(format!("rank {r} is outside the grid of {nranks} ranks"))),
+            Some(Some(_)) => return Err(bad(format!("rank {r} is listed twice"))),
+            Some(slot) => *slot = Some(i),
+        }
+    }
+    Ok(index)
+}
+
+/// `all_gather(tag, mine)`, checked to give one blob per rank.
+fn gather(all_gather: &mut Collective<'_>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize) -> Result<Vec<Vec<u8>>> {
+    let all = all_gather(tag, mine)?;
+    if all.len() != nranks {
+        return Err(PlanError::GatherCount { tag: tag.to_string(), found: all.len(), expected: nranks }.into());
+    }
+    Ok(all)
+}
+
+/// First word of a migration blob: what follows.
+const MIGRATION_OK: u32 = 0;
+/// A non-finite position: the atom id and the position follow.
+const MIGRATION_NON_FINITE: u32 = 1;
+/// Home arrays of different lengths: the three lengths follow.
+const MIGRATION_ARRAYS: u32 = 2;
+
+/// One local rank's home atoms sorted out (the wrapped position of each and which stay go to its
+/// [`RankScratch`]): which leave and where to; or why its input is unusable.
+struct Leaving {
+    /// Destination rank, id, wrapped position and velocity of the atoms that leave.
+    dest: Vec<u32>,
+    ids: Vec<u32>,
+    positions: Vec<Float3>,
+    velocities: Vec<Float3>,
+    /// Atoms the rank held.
+    count: usize,
+    /// The first problem with the input.
+    error: Option<PlanError>,
+}
+
+impl Leaving {
+    fn sort_out(geo: &Decomposition, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
+        let n = h.ids.len();
+        sc.wrapped.clear();
+        sc.wrapped.reserve(n);
+        sc.stay.clear();
+        sc.stay.reserve(n);
+        let mut out = Self { dest: Vec::new(), ids: Vec::new(), positions: Vec::new(), velocities: Vec::new(), count: n, error: None };
+        if h.positions.len() != n || h.velocities.len() != n {
+            out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
+            return out;
+        }
+        for (k, ((&id, &p), &v)) in h.ids.iter().zip(&h.positions).zip(&h.velocities).enumerate() {
+            match home_of(p, geo, id as usize) {
+                Err(e) => {
+                    out.error = Some(e);
+                    return out;
+                }
+                Ok((w, owner)) => {
+                    sc.wrapped.push(w);
+                    if owner == rank {
+                        sc.stay.push(k as u32);
+                    } else {
+                        out.dest.push(owner as u32);
+                        out.ids.push(id);
+                        out.positions.push(w);
+                        out.velocities.push(v);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The rank's blob of the migration: its error, or its atom count and its leavers.
+    fn blob(&self) -> Result<Vec<u8>, PlanError> {
+        let mut b = Blob::default();
+        match &self.error {
+            Some(PlanError::NonFinitePosition { atom, position }) => {
+                b.word(MIGRATION_NON_FINITE as usize)?;
+                b.word(*atom)?;
+                b.put(position);
+            }
+            Some(PlanError::HomeArrays { ids, positions, velocities, .. }) => {
+                b.word(MIGRATION_ARRAYS as usize)?;
+                b.put(&[*ids as u64, *positions as u64, *velocities as u64]);
+            }
+            Some(other) => return Err(other.clone()),
+            None => {
+                b.word(MIGRATION_OK as usize)?;
+                b.word(self.count)?;
+                b.word(self.dest.len())?;
+                b.put(&self.dest);
+                b.put(&self.ids);
+                b.put(&self.positions);
+                b.put(&self.velocities);
+            }
+        }
+        Ok(b.0)
+    }
+}
+
+/// Rank `rank`'s migration blob: its atom count and its leavers with their destinations, or the
+/// error in its input.
+fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, Moving)>), PlanError> {
+    let mut rd = Reader::new(blob, TAG_MIGRATE, rank);
+    match rd.word()? as u32 {
+        MIGRATION_OK => {}
+        MIGRATION_NON_FINITE => {
+            let atom = rd.word()?;
+            let position: Vec<f32> = rd.take(3)?;
+            return Err(PlanError::NonFinitePosition { atom, position: [position[0], position[1], position[2]] });
+        }
+        MIGRATION_ARRAYS => {
+            let n: Vec<u64> = rd.take(3)?;
+            return Err(PlanError::HomeArrays { rank, ids: n[0] as usize, positions: n[1] as usize, velocities: n[2] as usize });
+        }
+        other => return Err(rd.bad(format!("unknown status {other}"))),
+    }
+    let count = rd.word()?;
+    let n = rd.word()?;
+    let dest: Vec<u32> = rd.take(n)?;
+    let ids: Vec<u32> = rd.take(n)?;
+    let positions: Vec<Float3> = rd.take(n)?;
+    let velocities: Vec<Float3> = rd.take(n)?;
+    if let Some(&t) = dest.iter().find(|&&t| t as usize >= nranks) {
+        return Err(rd.bad(format!("an atom goes to rank {t} of {nranks}")));
+    }
+    rd.finish()?;
+    let moving = dest.iter().zip(ids).zip(positions).zip(velocities).map(|(((&t, id), p), v)| (t as usize, (id, p, v))).collect();
+    Ok((count, moving))
+}
+
+/// One local rank while its pulses are simulated: its local atoms so far (home atoms first, in id
+/// order) with their wrapped positions, the dimensions along which each came around the periodic
+/// boundary and their positions in the rank's frame; the home atoms' velocities; its pulses.
+struct Working {
+    rank: usize,
+    ids: Vec<u32>,
+    wrapped: Vec<Float3>,
+    velocities: Vec<Float3>,
+    /// Bit `d` set: the atom's position in this rank's frame is the box edge above its wrapped one
+    /// along `d` (an atom comes around the boundary along a dimension at most once).
+    crossed: Vec<u8>,
+    pos: Vec<[f64; 3]>,
+    pulses: Vec<super::PulsePlan>,
+    box_size: [f32; 3],
+}
+
+impl Working {
+    /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
+    /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
+    /// plan are in order already, and arrivals are few), with room for a halo.
+    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, box_size: [f32; 3]) -> Self {
+        let id = |k: u32| h.ids[k as usize];
+        if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
+            sc.stay.sort_unstable_by_key(|&k| id(k));
+        }
+        arrivals.sort_unstable_by_key(|a| a.0);
+        let n = sc.stay.len() + arrivals.len();
+        let mut w = Self {
+            rank,
+            ids: Vec::with_capacity(n + n / 2),
+            wrapped: Vec::with_capacity(n + n / 2),
+            velocities: Vec::with_capacity(n),
+            crossed: std::mem::take(&mut sc.crossed),
+            pos: std::mem::take(&mut sc.pos),
+            pulses: Vec::new(),
+            box_size,
+        };
+        let mut push = |(a, p, v): Moving| {
+            w.ids.push(a);
+            w.wrapped.push(p);
+            w.velocities.push(v);
+        };
+        let mut arrivals = arrivals.into_iter().peekable();
+        for &k in &sc.stay {
+            while let Some(a) = arrivals.next_if(|a| a.0 < id(k)) {
+                push(a);
+            }
+            push((id(k), sc.wrapped[k as usize], h.velocities[k as usize]));
+        }
+        arrivals.for_each(push);
+        w.crossed.clear();
+        w.crossed.reserve(n + n / 2);
+        w.crossed.resize(n, 0);
+        w.pos.clear();
+        w.pos.reserve(n + n / 2);
+        w.extend_positions(0);
+        w
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The rank-frame positions of the atoms from `from` on, from their wrapped positions: the
+    /// box edge added (in `f64`, as the global builder adds the shift) where they crossed.
+    fn extend_positions(&mut self, from: usize) {
+        let l = self.box_size.map(f64::from);
+        let new = self.wrapped[from..].iter().zip(&self.crossed[from..]).map(|(w, &c)| {
+            let x = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
+            std::array::from_fn(|e| if c >> e & 1 == 1 { x[e] + l[e] } else { x[e] })
+        });
+        self.pos.extend(new);
+    }
+
+    /// This rank's blob of a pulse along `d`: its local length before the pulse (its receiver's
+    /// `peer_atom_offset`) and the atoms `map` (ids, wrapped positions, crossings, with `d` added
+    /// when the pulse crosses the boundary).
+    fn pulse_blob(&self, map: &[u32], crosses: bool, d: usize) -> Result<Vec<u8>, PlanError> {
+        let mut b = Blob::default();
+        b.0.reserve(8 + map.len() * 17);
+        b.word(self.len())?;
+        b.word(map.len())?;
+        let bit = if crosses { 1u8 << d } else { 0 };
+        b.put(&map.iter().map(|&k| self.ids[k as usize]).collect::<Vec<_>>());
+        b.put(&map.iter().map(|&k| self.wrapped[k as usize]).collect::<Vec<_>>());
+        b.0.extend(map.iter().map(|&k| self.crossed[k as usize] | bit));
+        Ok(b.0)
+    }
+
+    /// Pulse `pulse_in_dim` along `dim`, this rank sending `map`, once every rank's blob of it is
+    /// `gathered`: appends what the rank above sent and records the pulse; returns how many
+    /// atoms arrived.
+    fn receive(
+        &mut self, geo: &Decomposition, (dim, pulse_in_dim): (usize, usize), map: Vec<u32>, gathered: &[Vec<u8>], tag: &str,
+    ) -> Result<usize, PlanError> {
+        let (to, from) = (geo.grid.neighbour(self.rank, dim, -1), geo.grid.neighbour(self.rank, dim, 1));
+        let peer_atom_offset = Reader::new(&gathered[to], tag, to).word()?;
+        let mut rd = Reader::new(&gathered[from], tag, from);
+        let _senders_offset = rd.word()?;
+        let n = rd.word()?;
+        let start = self.len();
+        rd.extend(n, &mut self.ids)?;
+        rd.extend(n, &mut self.wrapped)?;
+        rd.extend(n, &mut self.crossed)?;
+        rd.finish()?;
+        self.extend_positions(start);
+        let mut pulse = pulse_plan(geo, self.rank, (dim, pulse_in_dim), map, start, peer_atom_offset);
+        pulse.spec.recv_size = n;
+        self.pulses.push(pulse);
+        Ok(n)
+    }
+}
+
+/// A rank's plan as a blob: home and total atoms, pulse count, global ids, then per pulse its
+/// atom offset, peer atom offset, received atoms and index map (the rest of a pulse follows from
+/// the grid).
+pub(super) fn plan_blob(plan: &RankPlan) -> Result<Vec<u8>, PlanError> {
+    let mut b = Blob::default();
+    b.0.reserve(4 * (3 + plan.global_ids.len() + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()));
+    b.word(plan.home_atoms)?;
+    b.word(plan.total_atoms)?;
+    b.word(plan.pulses.len())?;
+    b.put(&plan.global_ids);
+    for p in &plan.pulses {
+        b.word(p.spec.atom_offset)?;
+        b.word(p.spec.peer_atom_offset)?;
+        b.word(p.spec.recv_size)?;
+        b.word(p.spec.index_map.len())?;
+        b.put(&p.spec.index_map);
+    }
+    Ok(b.0)
+}
+
+/// Rank `rank`'s plan from its blob ([`plan_blob`]), its pulses filled in as the builders fill
+/// them.
+pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)]) -> Result<RankPlan, PlanError> {
+    let mut rd = Reader::new(blob, TAG_PLAN, rank);
+    let home_atoms = rd.word()?;
+    let total_atoms = rd.word()?;
+    let npulses = rd.word()?;
+    if home_atoms > total_atoms || npulses != layout.len() {
+        return Err(rd.bad(format!("{home_atoms} home atoms of {total_atoms}, {npulses} pulses where the grid has {}", layout.len())));
+    }
+    let global_ids = rd.take(total_atoms)?;
+    let mut pulses = Vec::with_capacity(npulses);
+    for &at in layout {
+        let atom_offset = rd.word()?;
+        let peer_atom_offset = rd.word()?;
+        let recv_size = rd.word()?;
+        let n = rd.word()?;
+        let mut pulse = pulse_plan(geo, rank, at, rd.take(n)?, atom_offset, peer_atom_offset);
+        pulse.spec.recv_size = recv_size;
+        pulses.push(pulse);
+    }
+    rd.finish()?;
+    Ok(RankPlan { rank, home_atoms, total_atoms, global_ids, pulses })
+}
+
+/// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).
+fn check_homes(plan: &HaloPlan, atoms: usize) -> Result<(), PlanError> {
+    let found: usize = plan.ranks.iter().map(|r| r.home_atoms).sum();
+    if found != atoms {
+        return Err(PlanError::HomeTotal { found, expected: atoms });
+    }
+    let mut seen = vec![false; atoms];
+    for r in &plan.ranks {
+        for (local, &id) in r.global_ids[..r.home_atoms].iter().enumerate() {
+            match seen.get_mut(id as usize) {
+                None => return Err(PlanError::GlobalId { rank: r.rank, local, id, atoms }),
+                Some(true) => return Err(PlanError::HomeCount { atom: id as usize, count: 2 }),
+                Some(s) => *s = true,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A blob being written: words and arrays of plain data, back to back.
+#[derive(Default)]
+struct Blob(Vec<u8>);
+
+impl Blob {
+    /// A count or index as a 32-bit word (halo's atom indices are 32-bit).
+    fn word(&mut self, v: usize) -> Result<(), PlanError> {
+        let w = u32::try_from(v).map_err(|_| PlanError::TooManyAtoms { atoms: v })?;
+        self.0.extend_from_slice(&w.to_ne_bytes());
+        Ok(())
+    }
+
+    fn put<T: Pod>(&mut self, v: &[T]) {
+        self.0.extend_from_slice(bytemuck::cast_slice(v));
+    }
+}
+
+/// A blob being read, front to back; every read is checked against what is left, so a
+/// malformed blob is an error naming the collective and the rank, never a panic.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    tag: &'a str,
+    rank: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], tag: &'a str, rank: usize) -> Self {
+        Self { bytes, tag, rank }
+    }
+
+    fn bad(&self, reason: String) -> PlanError {
+        PlanError::Blob { tag: self.tag.to_string(), rank: self.rank, reason }
+    }
+
+    /// The next `n` items' bytes.
+    fn next<T: Pod>(&mut self, n: usize) -> Result<&'a [u8], PlanError> {
+        let size = std::mem::size_of::<T>();
+        match n.checked_mul(size).filter(|&len| len <= self.bytes.len()) {
+            Some(len) => {
+                let (head, rest) = self.bytes.split_at(len);
+                self.bytes = rest;
+                Ok(head)
+            }
+            None => Err(self.bad(format!("{n} items of {size} bytes do not fit the {} bytes left", self.bytes.len()))),
+        }
+    }
+
+    fn word(&mut self) -> Result<usize, PlanError> {
+        let b = self.next::<u32>(1)?;
+        Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+
+    fn take<T: Pod>(&mut self, n: usize) -> Result<Vec<T>, PlanError> {
+        let mut out = Vec::with_capacity(n);
+        self.extend(n, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the next `n` items to `out` (the blob need not be aligned for `T`).
+    fn extend<T: Pod>(&mut self, n: usize, out: &mut Vec<T>) -> Result<(), PlanError> {
+        let bytes = self.next::<T>(n)?;
+        let at = out.len();
+        out.resize(at + n, T::zeroed());
+        bytemuck::cast_slice_mut::<T, u8>(&mut out[at..]).copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), PlanError> {
+        if self.bytes.is_empty() { Ok(()) } else { Err(self.bad(format!("{} bytes left over", self.bytes.len()))) }
+    }
+}

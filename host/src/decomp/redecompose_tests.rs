@@ -1,0 +1,413 @@
+//! [`redecompose`] against the global builder: the same plan, bit for bit, from each process's
+//! own ranks' atoms after they moved, on one process and on several emulated ones.
+
+use super::*;
+use crate::error::{HaloError, Result};
+use crate::system::MolecularSystem;
+use kernels_gpu::abi::Float3;
+use proptest::prelude::*;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::{Barrier, Mutex};
+
+/// The collective of one process driving every rank: its blobs are everyone's.
+fn identity(_tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    Ok(mine)
+}
+
+/// Every rank's home atoms as its GPU would hold them after the atoms moved from where `plan` put
+/// them to `positions` (with `velocities`).
+fn homes_of(plan: &HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec<HomeAtoms> {
+    plan.ranks
+        .iter()
+        .map(|r| {
+            let ids = r.global_ids[..r.home_atoms].to_vec();
+            HomeAtoms {
+                positions: ids.iter().map(|&i| positions[i as usize]).collect(),
+                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
+                ids,
+            }
+        })
+        .collect()
+}
+
+/// `positions` moved: small steps for most atoms, some across the periodic boundary and left
+/// outside the box (by whole boxes, too), a few teleported anywhere; and new velocities.
+fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let moved = positions
+        .iter()
+        .map(|p| {
+            let mut x = [p.x, p.y, p.z];
+            match rng.random_range(0..100) {
+                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
+                1..5 => {
+                    let d = rng.random_range(0..3);
+                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
+                }
+                _ => {}
+            }
+            for v in &mut x {
+                *v += rng.random_range(-0.3..0.3);
+            }
+            Float3::new(x[0], x[1], x[2])
+        })
+        .collect();
+    let velocities = positions.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random())).collect();
+    (moved, velocities)
+}
+
+fn push(h: &mut HomeAtoms, (id, p, v): (u32, Float3, Float3)) {
+    h.ids.push(id);
+    h.positions.push(p);
+    h.velocities.push(v);
+}
+
+fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
+    v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
+}
+
+/// `got` (for `ranks`) is the global builder's plan at `positions`, with the homes and local
+/// positions that follow from it.
+fn check(got: &Redecomposed, ranks: &[usize], positions: &[Float3], velocities: &[Float3], want: &HaloPlan) {
+    assert_eq!(&got.plan, want);
+    assert_eq!((got.homes.len(), got.local_positions.len()), (ranks.len(), ranks.len()));
+    let wrapped = |i: u32| wrap_position(positions[i as usize], want.box_size);
+    for ((&r, home), local) in ranks.iter().zip(&got.homes).zip(&got.local_positions) {
+        let plan = &want.ranks[r];
+        assert_eq!(home.ids, plan.global_ids[..plan.home_atoms], "rank {r}");
+        assert_eq!(bits(&home.positions), bits(&home.ids.iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
+        assert_eq!(bits(&home.velocities), bits(&home.ids.iter().map(|&i| velocities[i as usize]).collect::<Vec<_>>()), "rank {r}");
+        assert_eq!(bits(local), bits(&plan.global_ids.iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
+    }
+}
+
+/// Runs [`redecompose`] on one emulated process per entry of `processes` (the ranks it drives),
+/// each in its own thread, with a collective over shared memory that also checks that every
+/// process names the same collective at the same time.
+fn on_processes(
+    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+) -> Vec<Result<Redecomposed>> {
+    let slots: Mutex<(Vec<Vec<u8>>, Vec<String>)> = Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new()));
+    let barrier = Barrier::new(processes.len());
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = processes
+            .iter()
+            .map(|ranks| {
+                let (slots, barrier) = (&slots, &barrier);
+                let mine = ranks.iter().map(|&r| homes[r].clone()).collect();
+                scope.spawn(move || {
+                    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                        {
+                            let mut s = slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+                            ranks.iter().zip(blobs).for_each(|(&r, b)| s.0[r] = b);
+                            s.1.push(tag.to_string());
+                        }
+                        barrier.wait();
+                        let all = {
+                            let s = slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+                            assert!(s.1.iter().all(|t| t == tag), "collectives out of step: {:?}", s.1);
+                            s.0.clone()
+                        };
+                        if barrier.wait().is_leader() {
+                            slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?.1.clear();
+                        }
+                        barrier.wait();
+                        Ok(all)
+                    };
+                    redecompose(grid, box_size, cutoff, atoms, ranks, mine, &mut gather)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("a process panicked")).collect()
+    })
+}
+
+/// Grids and cutoffs: one to three decomposed dimensions, one pulse and two.
+const CASES: [([usize; 3], f32); 8] =
+    [([2, 1, 1], 1.2), ([3, 1, 1], 1.0), ([2, 2, 1], 1.1), ([2, 2, 2], 1.2), ([1, 2, 1], 1.0), ([3, 1, 1], 1.2), ([4, 1, 1], 1.2), ([3, 3, 1], 1.2)];
+
+#[test]
+fn one_process_gets_the_global_plan_after_the_atoms_moved() {
+    let sys = MolecularSystem::generate(4000, 11).unwrap();
+    let mut two_pulses = false;
+    // One scratch through every grid (more ranks and fewer), on one worker and on three: the
+    // result of a fresh scratch on the calling thread.
+    let mut scratch = RedecomposeScratch::default();
+    let three = crate::workers::Workers::new(3).unwrap();
+    for (k, (dims, cutoff)) in CASES.into_iter().enumerate() {
+        let grid = RankGrid::new(dims).unwrap();
+        two_pulses |= Decomposition::new(grid, sys.box_size, cutoff).unwrap().pulses.contains(&2);
+        let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+        let (positions, velocities) = moved(&sys.positions, sys.box_size, k as u64);
+        let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
+        let homes = homes_of(&before, &positions, &velocities);
+        let got = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes, &mut identity).unwrap();
+        check(&got, &ranks, &positions, &velocities, &want);
+        // Again from there: homes that came from a plan, sorted, wrapped.
+        let again: Vec<HomeAtoms> = got.homes.clone();
+        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, again, &mut identity, &three, &mut scratch).unwrap();
+        check(&got, &ranks, &positions, &velocities, &want);
+    }
+    assert!(two_pulses, "a case with two pulses along a dimension");
+}
+
+#[test]
+fn every_process_gets_the_same_plan() {
+    let sys = MolecularSystem::generate(3000, 5).unwrap();
+    let splits: [([usize; 3], f32, Vec<Vec<usize>>); 5] = [
+        ([2, 1, 1], 1.2, vec![vec![0], vec![1]]),
+        ([2, 2, 1], 1.1, vec![vec![0, 3], vec![1, 2]]),
+        ([2, 2, 1], 1.1, vec![vec![0], vec![1], vec![2], vec![3]]),
+        ([2, 2, 2], 1.2, vec![vec![7, 1, 2], vec![0], vec![3, 4, 5, 6]]),
+        ([3, 1, 1], 1.2, vec![vec![2, 0], vec![1]]),
+    ];
+    for (k, (dims, cutoff, processes)) in splits.into_iter().enumerate() {
+        let grid = RankGrid::new(dims).unwrap();
+        let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+        let (positions, velocities) = moved(&sys.positions, sys.box_size, 100 + k as u64);
+        let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        let homes = homes_of(&before, &positions, &velocities);
+        for (ranks, got) in processes.iter().zip(on_processes(&processes, grid, sys.box_size, cutoff, positions.len(), &homes)) {
+            check(&got.unwrap(), ranks, &positions, &velocities, &want);
+        }
+    }
+}
+
+#[test]
+fn the_order_of_the_home_atoms_does_not_matter() {
+    let sys = MolecularSystem::generate(3000, 8).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, 1.1).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 9);
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, 1.1).unwrap();
+    let homes: Vec<HomeAtoms> = homes_of(&before, &positions, &velocities)
+        .into_iter()
+        .map(|h| {
+            let mut order: Vec<usize> = (0..h.ids.len()).collect();
+            order.shuffle(&mut rng);
+            HomeAtoms {
+                ids: order.iter().map(|&k| h.ids[k]).collect(),
+                positions: order.iter().map(|&k| h.positions[k]).collect(),
+                velocities: order.iter().map(|&k| h.velocities[k]).collect(),
+            }
+        })
+        .collect();
+    let ranks = [0, 1, 2, 3];
+    check(
+        &redecompose(grid, sys.box_size, 1.1, positions.len(), &ranks, homes.clone(), &mut identity).unwrap(),
+        &ranks,
+        &positions,
+        &velocities,
+        &want,
+    );
+    // Atoms dealt to the wrong ranks altogether: still the same plan.
+    let all: Vec<(u32, Float3, Float3)> = homes.iter().flat_map(|h| (0..h.ids.len()).map(|k| (h.ids[k], h.positions[k], h.velocities[k]))).collect();
+    let mut dealt = vec![HomeAtoms::default(); 4];
+    for (k, &(id, p, v)) in all.iter().enumerate() {
+        let h = &mut dealt[k * 7 % 4];
+        push(h, (id, p, v));
+    }
+    check(&redecompose(grid, sys.box_size, 1.1, positions.len(), &ranks, dealt, &mut identity).unwrap(), &ranks, &positions, &velocities, &want);
+}
+
+#[test]
+fn bad_inputs_are_errors_on_every_process() {
+    let sys = MolecularSystem::generate(2000, 2).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let homes = homes_of(&plan, &sys.positions, &sys.velocities);
+    let n = sys.positions.len();
+    let processes = vec![vec![0, 3], vec![1], vec![2]];
+    let on_all = |homes: &[HomeAtoms], atoms: usize| -> Vec<String> {
+        on_processes(&processes, grid, sys.box_size, 1.0, atoms, homes).into_iter().map(|r| r.map(|_| ()).unwrap_err().to_string()).collect()
+    };
+
+    // A non-finite position on rank 2: every process names the atom.
+    let mut bad = homes.clone();
+    bad[2].positions[5].y = f32::NAN;
+    let atom = bad[2].ids[5];
+    for e in on_all(&bad, n) {
+        assert!(e.contains(&format!("atom {atom} has a non-finite position")), "{e}");
+    }
+    let e = redecompose(grid, sys.box_size, 1.0, n, &[0, 1, 2, 3], bad, &mut identity).unwrap_err();
+    assert!(matches!(e, HaloError::Plan(PlanError::NonFinitePosition { atom: a, .. }) if a == atom as usize), "{e}");
+
+    // Arrays of different lengths.
+    let mut bad = homes.clone();
+    bad[1].velocities.pop();
+    for e in on_all(&bad, n) {
+        assert!(e.contains("rank 1: its home atoms have"), "{e}");
+    }
+
+    // An atom lost, an atom twice, an id beyond the system.
+    let mut lost = homes.clone();
+    lost[3].ids.pop();
+    lost[3].positions.pop();
+    lost[3].velocities.pop();
+    for e in on_all(&lost, n) {
+        assert!(e.contains(&format!("hold {} home atoms together, but the system has {n}", n - 1)), "{e}");
+    }
+    let mut twice = homes.clone();
+    let (id, p, v) = (twice[0].ids[0], twice[0].positions[0], twice[0].velocities[0]);
+    push(&mut twice[1], (id, p, v));
+    for e in on_all(&twice, n + 1) {
+        assert!(e.contains(&format!("atom {id} is a home atom on 2 ranks")), "{e}");
+    }
+    let mut beyond = homes.clone();
+    beyond[1].ids[0] = n as u32 + 5;
+    for e in on_all(&beyond, n) {
+        assert!(e.contains(&format!("global id {}", n + 5)), "{e}");
+    }
+
+    // The geometry, and ranks that do not fit.
+    let e = redecompose(grid, sys.box_size, 1.5, n, &[0, 1, 2, 3], homes.clone(), &mut identity).unwrap_err();
+    assert!(matches!(e, HaloError::Plan(PlanError::CutoffTooLarge { .. })), "{e}");
+    for (ranks, why) in [(vec![0, 1, 2, 4], "outside the grid"), (vec![0, 1, 1, 2], "listed twice"), (vec![0, 1, 2], "sets of home atoms")] {
+        let e = redecompose(grid, sys.box_size, 1.0, n, &ranks, homes.clone(), &mut identity).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+}
+
+#[test]
+fn malformed_blobs_are_errors() {
+    let sys = MolecularSystem::generate(2000, 2).unwrap();
+    let grid = RankGrid::new([2, 1, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let homes = homes_of(&plan, &sys.positions, &sys.velocities);
+    let n = sys.positions.len();
+    // Rank 1's blob cut short (one process reads both ranks' blobs of these two).
+    for (tag, cut) in [(TAG_MIGRATE, 3), ("redecompose/pulse x0", 9)] {
+        let mut gather = |t: &str, mut mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+            if t == tag {
+                let keep = mine[1].len() - cut;
+                mine[1].truncate(keep);
+            }
+            Ok(mine)
+        };
+        let e = redecompose(grid, sys.box_size, 1.0, n, &[0, 1], homes.clone(), &mut gather).unwrap_err();
+        assert!(matches!(&e, HaloError::Plan(PlanError::Blob { tag: t, rank: 1, .. }) if t == tag), "{tag}: {e}");
+    }
+    let mut short = |_: &str, mut mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+        mine.pop();
+        Ok(mine)
+    };
+    let e = redecompose(grid, sys.box_size, 1.0, n, &[0, 1], homes, &mut short).unwrap_err();
+    assert!(matches!(&e, HaloError::Plan(PlanError::GatherCount { found: 1, expected: 2, .. })), "{e}");
+
+    // A rank's plan (read only by the processes that do not drive it) round-trips, and any cut or
+    // extra byte is an error.
+    let grid = RankGrid::new([3, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let geo = plan.decomposition().unwrap();
+    let layout = geo.pulse_layout();
+    for r in &plan.ranks {
+        let blob = redecompose::plan_blob(r).unwrap();
+        assert_eq!(&redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), r);
+        for cut in [1, 4, blob.len() / 2, blob.len()] {
+            let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
+            assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");
+        }
+        let mut long = blob.clone();
+        long.push(0);
+        assert!(redecompose::read_plan(&long, r.rank, &geo, &layout).unwrap_err().to_string().contains("1 bytes left over"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Small random systems on any grid, moved anywhere: the global builder's plan (or its error),
+    /// on one process and on one process per rank.
+    #[test]
+    fn small_systems_get_the_global_plan(
+        dims in (1usize..4, 1usize..4, 1usize..3),
+        edge in (3.0f32..6.0, 3.0f32..6.0, 3.0f32..6.0),
+        cutoff_frac in 0.05f32..0.45,
+        raw in proptest::collection::vec(((-1.5f32..2.5, -1.5f32..2.5, -1.5f32..2.5), (-1.5f32..2.5, -1.5f32..2.5, -1.5f32..2.5)), 0..300),
+    ) {
+        let box_size = [edge.0, edge.1, edge.2];
+        let grid = RankGrid::new([dims.0, dims.1, dims.2]).unwrap();
+        let cutoff = cutoff_frac * box_size.iter().copied().fold(f32::INFINITY, f32::min);
+        let at = |(a, b, c): (f32, f32, f32)| Float3::new(a * box_size[0], b * box_size[1], c * box_size[2]);
+        let p0: Vec<Float3> = raw.iter().map(|&(a, _)| at(a)).collect();
+        let p1: Vec<Float3> = raw.iter().map(|&(_, b)| at(b)).collect();
+        let velocities: Vec<Float3> = raw.iter().map(|&(a, _)| Float3::new(a.2, a.0, a.1)).collect();
+        let before = HaloPlan::from_positions(&p0, box_size, grid, cutoff);
+        let want = HaloPlan::from_positions(&p1, box_size, grid, cutoff);
+        let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
+        match (before, want) {
+            (Ok(before), Ok(want)) => {
+                let homes = homes_of(&before, &p1, &velocities);
+                let got = redecompose(grid, box_size, cutoff, p1.len(), &ranks, homes.clone(), &mut identity).unwrap();
+                check(&got, &ranks, &p1, &velocities, &want);
+                let processes: Vec<Vec<usize>> = ranks.iter().map(|&r| vec![r]).collect();
+                for (ranks, got) in processes.iter().zip(on_processes(&processes, grid, box_size, cutoff, p1.len(), &homes)) {
+                    check(&got.unwrap(), ranks, &p1, &velocities, &want);
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                let homes = vec![HomeAtoms::default(); ranks.len()];
+                let got = redecompose(grid, box_size, cutoff, 0, &ranks, homes, &mut identity).unwrap_err();
+                prop_assert_eq!(got.to_string(), e.to_string());
+            }
+        }
+    }
+}
+
+/// Host time of a redecomposition of 45,000 atoms on 2x1x1 with both ranks in this process,
+/// against the global plan. `cargo test -p halo --release --lib redecompose_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing: run it in release"]
+fn redecompose_timing() {
+    let sys = MolecularSystem::generate(45_000, 1).unwrap();
+    let grid = RankGrid::new([2, 1, 1]).unwrap();
+    let cutoff = 1.2;
+    let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+    // A search interval's motion: a few hundredths of a nm.
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let positions: Vec<Float3> = sys
+        .positions
+        .iter()
+        .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
+        .collect();
+    let homes = homes_of(&before, &positions, &sys.velocities);
+    let moved = MolecularSystem { positions: positions.clone(), ..sys.clone() };
+    let median = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let time = |f: &mut dyn FnMut()| {
+        median(
+            (0..60)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect(),
+        )
+    };
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+    let got = redecompose(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity).unwrap();
+    assert_eq!(got.plan, want);
+    let (serial, two) = (crate::workers::Workers::serial(), crate::workers::Workers::new(2).unwrap());
+    let fresh = time(&mut || drop(redecompose(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity).unwrap()));
+    let mut rs = RedecomposeScratch::default();
+    let mut with = |w: &crate::workers::Workers| {
+        time(&mut || drop(redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity, w, &mut rs).unwrap()))
+    };
+    let (local, two) = (with(&serial), with(&two));
+    let clone = time(&mut || drop(std::hint::black_box(homes.clone())));
+    let mut scratch = PlanScratch::default();
+    let serial = time(&mut || drop(HaloPlan::build_with(&moved, grid, cutoff, &serial, &mut scratch).unwrap()));
+    let w = crate::workers::Workers::new(4).unwrap();
+    let four = time(&mut || drop(HaloPlan::build_with(&moved, grid, cutoff, &w, &mut scratch).unwrap()));
+    println!(
+        "45,000 atoms, 2x1x1, cutoff {cutoff} (median of 60): redecompose_with {local:.0} us (2 workers {two:.0} us, fresh scratch {fresh:.0} us; {clone:.0} us of either \
+         cloning the input), build_with serial {serial:.0} us, 4 threads {four:.0} us"
+    );
+}
