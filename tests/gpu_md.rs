@@ -28,6 +28,9 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     // One rank searches on the GPU alone after its first search; several never do.
     let resident = cfg.resident_search && cfg.gpu_search && cfg.grid.num_ranks() == 1;
     assert_eq!(out.resident_searches, if resident { out.searches - 1 } else { 0 }, "{test}: searches on the GPU alone");
+    // Several ranks plan from their own atoms after the first search (no rollback happens here).
+    let redecomposed = cfg.resident_search && cfg.gpu_search && cfg.grid.num_ranks() > 1;
+    assert_eq!(out.redecompositions, if redecomposed { out.searches - 1 } else { 0 }, "{test}: searches planned from the ranks");
     if checks > 0 {
         assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
         assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);

@@ -64,7 +64,7 @@ fn breakdown(sys: &mut MolecularSystem, setup: &ListSetup, dims: [usize; 3], thr
     for _ in 0..11 {
         let t = Instant::now();
         let plan = host.plan(sys, grid, setup).expect("plan");
-        black_box(host.rank_searches(&plan, sys, &[0], setup, true).expect("searches"));
+        black_box(host.rank_searches(&plan, sys, &[0], setup, halo_md::search::ListsOn::Gpu).expect("searches"));
         path_t.push(t.elapsed());
     }
     println!(

@@ -73,7 +73,7 @@ fn main() {
         let s = PairSearch::build_into(&a, &opts, host.workers(), &mut scratch).expect("search");
         list_t.push(s.timing.lists);
         let t = Instant::now();
-        let _ = host.rank_searches(&plan, &sys, &[0], &setup, false).expect("searches");
+        let _ = host.rank_searches(&plan, &sys, &[0], &setup, halo_md::search::ListsOn::Host).expect("searches");
         all_t.push(t.elapsed());
     }
     println!(

@@ -84,6 +84,7 @@ impl MdRank {
         let nb = match &found.lists {
             RankLists::Host(search) => NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
             RankLists::Gpu(grid) => NbnxmGpu::new_on_gpu(module.clone(), grid, lj, setup, box_size, &local)?,
+            RankLists::GpuGrid(atoms) => NbnxmGpu::new_local(module.clone(), atoms, lj, setup, box_size, &local)?,
         };
         let mut me = Self {
             nb,
@@ -107,8 +108,7 @@ impl MdRank {
     }
 
     fn set_atoms(&mut self, found: &RankSearch) -> Result<()> {
-        let grid = found.lists.grid();
-        let home = grid.home_atoms;
+        let home = found.lists.home_atoms();
         if found.home_v.len() != home || found.inv_mass.len() != home || found.home_types.len() != home {
             return Err(HaloError::InvalidInput(format!(
                 "{} velocities, {} masses and {} types for {home} home atoms",
@@ -121,7 +121,7 @@ impl MdRank {
         fit(&self.module, &mut self.inv_mass, &found.inv_mass)?;
         fit(&self.module, &mut self.types, &found.home_types)?;
         self.home = home;
-        self.total = grid.atoms;
+        self.total = found.lists.atoms();
         self.forces_clear = false;
         Ok(())
     }
@@ -139,6 +139,10 @@ impl MdRank {
             }
             RankLists::Gpu(grid) => {
                 self.nb.update_on_gpu(grid, box_size, &self.local)?;
+                t.elapsed()
+            }
+            RankLists::GpuGrid(atoms) => {
+                self.nb.update_local(atoms, box_size, &self.local)?;
                 t.elapsed()
             }
         };

@@ -11,11 +11,11 @@
 //! the steps again on the agreed paths with a new exchange (whose counters start from zero on
 //! every PE).
 
-use super::gather::{HomeArrays, HomeGather};
+use super::gather::{HomeArrays, HomeGather, read_prefix};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, RankGrid};
+use crate::decomp::{HaloPlan, HomeAtoms, RankGrid};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
@@ -35,6 +35,10 @@ static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0)
 /// Fraction of extra room in the exchange's buffers, so that later decompositions (atoms migrate
 /// between searches) fit and the buffers are kept ([`Exchange::replan`]).
 pub const EXCHANGE_HEADROOM: f64 = 0.25;
+
+/// Bytes per PE of the search steps' all-gather buffers at first (grown when a message is longer):
+/// room for a plan of about 50,000 local atoms per rank.
+const KEPT_GATHER_BYTES: usize = 1 << 18;
 
 /// What to simulate and how.
 #[derive(Clone, Debug)]
@@ -84,10 +88,13 @@ pub struct MdConfig {
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
     pub gpu_search: bool,
-    /// With `gpu_search` and a single rank: every search after the first entirely on the GPU
-    /// (coordinates wrapped in place, cluster grid and lists there; nothing crosses to the host,
-    /// the atoms keep their order). False: the host gathers, wraps, plans and sorts the grid at
-    /// every search, as it must with several ranks.
+    /// With `gpu_search`: the cluster grid sorted on the GPU too, and no process sees the whole
+    /// system after the first search. A single rank searches entirely on the GPU (coordinates
+    /// wrapped in place, cluster grid and lists there; nothing crosses to the host, the atoms keep
+    /// their order). Several ranks plan from their own atoms: each process reads its ranks' home
+    /// atoms back and `decomp::redecompose` moves the leavers and builds the pulses with small
+    /// all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
+    /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
     /// Replay plain steps (no search, prune, energy or check) as CUDA graphs, one per rank,
     /// captured again after every search (GPU-initiated transports; others launch as usual).
@@ -243,6 +250,9 @@ pub struct MdOutcome {
     pub searches: u64,
     /// Of which searched entirely on the GPU ([`MdConfig::resident_search`]).
     pub resident_searches: u64,
+    /// Of which decomposed from each process's own ranks rather than from the gathered system
+    /// (several ranks, [`MdConfig::resident_search`]).
+    pub redecompositions: u64,
     /// Times the exchange was built (the first search, and any search whose decomposition did not
     /// fit the buffers).
     pub exchange_builds: u64,
@@ -450,6 +460,8 @@ pub struct MdRun {
     rollback: Rollback,
     /// The search steps' host threads and working arrays, kept for the whole run.
     host_search: search::HostSearch,
+    /// The symmetric buffers of the search steps' all-gathers across PEs (made at the first).
+    kept_gather: Option<crate::nvshmem::KeptGather>,
 }
 
 impl MdRun {
@@ -512,6 +524,7 @@ impl MdRun {
             unsettled: false,
             rollback: Rollback::default(),
             host_search,
+            kept_gather: None,
         })
     }
 
@@ -744,25 +757,13 @@ impl MdRun {
         if self.resident() {
             return self.search_resident(start);
         }
-        if let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) {
-            let mine: Vec<HomeArrays<'_>> = ex
-                .local_ranks()
-                .iter()
-                .zip(&self.ranks)
-                .map(|(r, m)| HomeArrays { rank: r.rank(), home: m.home_atoms(), x: &r.x, v: m.velocity_buffer(), stream: &m.local })
-                .collect();
-            let tag = format!("{}homes-{}", self.tag, self.step);
-            self.gather.gather(&self.placement, plan, &mine, &mut self.system, &tag)?;
-        }
-        if self.routing.is_some() {
-            self.rollback.save(&self.system, &self.out, &self.partial, self.step);
-        }
-        t.gather = start.elapsed();
-        let t1 = Instant::now();
-        let plan = self.host_search.plan(&mut self.system, self.cfg.grid, &self.setup)?;
-        t.plan = t1.elapsed();
+        let plan = if self.redecomposes() {
+            self.redecompose(&mut t, start)?
+        } else {
+            self.gather_and_plan(&mut t, start)?
+        };
         let t2 = Instant::now();
-        let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.cfg.gpu_search)?;
+        let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.lists_on())?;
         t.lists = t2.elapsed();
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);
@@ -831,6 +832,97 @@ impl MdRun {
         self.out.lists = list_sizes(&found, &self.ranks);
         self.plan = Some(plan);
         Ok(true)
+    }
+
+    /// The whole system's plan from the host: every rank's home atoms gathered into the system on
+    /// every process (unless there is no previous search: the system holds them), wrapped and
+    /// planned. Under routing the gathered state is saved for a rollback.
+    fn gather_and_plan(&mut self, t: &mut SearchTimes, start: Instant) -> Result<HaloPlan> {
+        if let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) {
+            let mine: Vec<HomeArrays<'_>> = ex
+                .local_ranks()
+                .iter()
+                .zip(&self.ranks)
+                .map(|(r, m)| HomeArrays { rank: r.rank(), home: m.home_atoms(), x: &r.x, v: m.velocity_buffer(), stream: &m.local })
+                .collect();
+            let tag = format!("{}homes-{}", self.tag, self.step);
+            self.gather.gather(&self.placement, plan, &mine, &mut self.system, &tag)?;
+        }
+        if self.routing.is_some() {
+            self.rollback.save(&self.system, &self.out, &self.partial, self.step);
+        }
+        t.gather = start.elapsed();
+        let t1 = Instant::now();
+        let plan = self.host_search.plan(&mut self.system, self.cfg.grid, &self.setup)?;
+        t.plan = t1.elapsed();
+        Ok(plan)
+    }
+
+    /// Whether this search decomposes from each process's own ranks ([`Self::redecompose`]):
+    /// [`MdConfig::resident_search`] with GPU lists, several ranks, and a previous search whose
+    /// plan says which atoms each local rank's GPU holds.
+    fn redecomposes(&self) -> bool {
+        self.cfg.resident_search
+            && self.cfg.gpu_search
+            && self.cfg.grid.num_ranks() > 1
+            && self.plan.is_some()
+            && self.exchange.as_ref().is_some_and(|ex| ex.local_ranks().len() == self.ranks.len())
+    }
+
+    /// The new plan from this process's ranks alone: each reads its home coordinates and
+    /// velocities back from its GPU (ids from the last plan), and `decomp::redecompose` moves the atoms
+    /// that left a rank's cell to their new owners and builds every pulse, with small all-gathers
+    /// between the processes (`KeptGather` buffers across PEs). The plan equals the one the host
+    /// would build from the whole system. The system's positions and velocities are updated only
+    /// for the atoms this process's ranks hold (what the local atoms are built from); under
+    /// routing the state saved for a rollback stays the last gathered one (a rollback runs again
+    /// from there, through the host).
+    fn redecompose(&mut self, t: &mut SearchTimes, start: Instant) -> Result<HaloPlan> {
+        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
+            return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
+        };
+        let homes = ex
+            .local_ranks()
+            .iter()
+            .zip(&self.ranks)
+            .map(|(r, m)| {
+                let home = m.home_atoms();
+                let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
+                if ids.len() != home {
+                    return Err(HaloError::InvalidInput(format!("rank {}: the plan holds {} home atoms, its GPU {home}", r.rank(), ids.len())));
+                }
+                Ok(HomeAtoms { ids: ids.to_vec(), positions: read_prefix(&r.x, home)?, velocities: read_prefix(m.velocity_buffer(), home)? })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        t.gather = start.elapsed();
+        let t1 = Instant::now();
+        let (placement, kept, tag, step) = (&self.placement, &mut self.kept_gather, &self.tag, self.step);
+        let mut all_gather = |what: &str, mine: Vec<Vec<u8>>| placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
+        let (box_size, atoms) = (self.system.box_size, self.system.len());
+        let done = self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+        for ((&r, home), local) in self.ids.iter().zip(&done.homes).zip(&done.local_positions) {
+            let ids = &done.plan.ranks[r].global_ids;
+            for (&id, &p) in ids.iter().zip(local) {
+                self.system.positions[id as usize] = p;
+            }
+            for (&id, &v) in home.ids.iter().zip(&home.velocities) {
+                self.system.velocities[id as usize] = v;
+            }
+        }
+        t.plan = t1.elapsed();
+        self.out.redecompositions += 1;
+        Ok(done.plan)
+    }
+
+    /// Where a rank search builds the grid and lists: with [`MdConfig::resident_search`] both on
+    /// the GPU from the local atoms, else the grid on the host and the lists where
+    /// [`MdConfig::gpu_search`] says.
+    fn lists_on(&self) -> search::ListsOn {
+        match (self.cfg.gpu_search, self.cfg.resident_search) {
+            (false, _) => search::ListsOn::Host,
+            (true, false) => search::ListsOn::Gpu,
+            (true, true) => search::ListsOn::GpuGrid,
+        }
     }
 
     /// Whether this search runs entirely on the GPU: [`MdConfig::resident_search`] with lists
@@ -994,8 +1086,8 @@ impl Drop for MdRun {
 fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
     let mut s = ListSizes::default();
     for (r, m) in found.iter().zip(ranks) {
-        s.home_atoms += r.lists.grid().home_atoms;
-        s.local_atoms += r.lists.grid().atoms;
+        s.home_atoms += r.lists.home_atoms();
+        s.local_atoms += r.lists.atoms();
         s.local_entries += m.nbnxm().entries(ListKind::Local);
         s.nonlocal_entries += m.nbnxm().entries(ListKind::NonLocal);
         s.local_words += m.nbnxm().words(ListKind::Local);

@@ -4,27 +4,52 @@
 //! time of each part is kept.
 
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_positions};
+use crate::decomp::{Collective, HaloPlan, HomeAtoms, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions};
 use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use crate::system::MolecularSystem;
 use crate::workers::Workers;
 use std::time::{Duration, Instant};
 
-/// A rank's cluster grid, with the lists when the host searched them.
+/// Where a rank's search builds its cluster grid and lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListsOn {
+    /// Grid and lists on host threads.
+    Host,
+    /// The grid on the host, the lists on the GPU.
+    Gpu,
+    /// Both on the GPU, from the local atoms the host lays out.
+    GpuGrid,
+}
+
+/// A rank's search as the host leaves it: grid and lists, the grid alone, or the local atoms for
+/// the GPU to sort.
 pub enum RankLists {
     /// Grid and both lists from the host search.
     Host(PairSearch),
     /// The grid only: the GPU searches the lists ([`crate::nbnxm::NbnxmGpu::update_on_gpu`]).
     Gpu(ClusterGrid),
+    /// The local atoms: the GPU builds the grid and searches the lists
+    /// ([`crate::nbnxm::NbnxmGpu::update_local`]).
+    GpuGrid(LocalAtoms),
 }
 
 impl RankLists {
-    /// The cluster grid.
-    pub fn grid(&self) -> &ClusterGrid {
+    /// Home atoms of the rank.
+    pub fn home_atoms(&self) -> usize {
         match self {
-            Self::Host(s) => &s.grid,
-            Self::Gpu(g) => g,
+            Self::Host(s) => s.grid.home_atoms,
+            Self::Gpu(g) => g.home_atoms,
+            Self::GpuGrid(a) => a.home,
+        }
+    }
+
+    /// Local atoms (home and halo) of the rank.
+    pub fn atoms(&self) -> usize {
+        match self {
+            Self::Host(s) => s.grid.atoms,
+            Self::Gpu(g) => g.atoms,
+            Self::GpuGrid(a) => a.len(),
         }
     }
 }
@@ -101,6 +126,8 @@ pub struct HostSearch {
     workers: Workers,
     /// The plan's working arrays.
     plan: PlanScratch,
+    /// The working arrays of a plan from the ranks' own atoms.
+    redecompose: RedecomposeScratch,
     /// Each local rank's buffers, in the order of the ranks searched.
     ranks: Vec<RankBuffers>,
 }
@@ -131,33 +158,47 @@ impl HostSearch {
         HaloPlan::build_with(system, grid, setup.rlist, &self.workers, &mut self.plan).map_err(|e| HaloError::InvalidInput(e.to_string()))
     }
 
-    /// Local atoms, grid, lists (unless `gpu_lists`: the GPU searches them) and home arrays of each
-    /// rank in `ranks`, the ranks and each rank's phases sharing the workers.
-    pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, gpu_lists: bool) -> Result<Vec<RankSearch>> {
+    /// The plan of `grid` for `setup.rlist` from this process's ranks `ranks` and their home atoms
+    /// `homes` alone, with `all_gather` between processes ([`redecompose_with`]), for a system of
+    /// `atoms` atoms in a box of `box_size`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn redecompose(
+        &mut self, grid: RankGrid, box_size: [f32; 3], setup: &ListSetup, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+    ) -> Result<Redecomposed> {
+        redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
+    }
+
+    /// Local atoms, the grid and lists where `on` says, and home arrays of each rank in `ranks`,
+    /// the ranks and each rank's phases sharing the workers.
+    pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn) -> Result<Vec<RankSearch>> {
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
-        let one = |(&rank, buf): (&usize, &mut RankBuffers)| rank_search(plan, system, rank, setup, gpu_lists, workers, buf);
+        let one = |(&rank, buf): (&usize, &mut RankBuffers)| rank_search(plan, system, rank, setup, on, workers, buf);
         workers.map(ranks.iter().zip(self.ranks.iter_mut()).collect(), one).into_iter().collect()
     }
 }
 
 /// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, in `buf`'s arrays.
 fn rank_search(
-    plan: &HaloPlan, system: &MolecularSystem, rank: usize, setup: &ListSetup, gpu_lists: bool, workers: &Workers, buf: &mut RankBuffers,
+    plan: &HaloPlan, system: &MolecularSystem, rank: usize, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers,
 ) -> Result<RankSearch> {
     let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
     let t = Instant::now();
     LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
     let atoms = &buf.atoms;
     let atoms_time = t.elapsed();
-    let (lists, grid_time, lists_time) = if gpu_lists {
-        let t = Instant::now();
-        let grid = ClusterGrid::build_into(atoms, workers, &mut buf.grid).map_err(bad)?;
-        (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
-    } else {
-        let search = PairSearch::build_into(atoms, &SearchOptions::new(setup.rlist), workers, &mut buf.grid).map_err(bad)?;
-        let (g, l) = (search.timing.grid, search.timing.lists);
-        (RankLists::Host(search), g, l)
+    let (lists, grid_time, lists_time) = match on {
+        ListsOn::GpuGrid => (RankLists::GpuGrid(atoms.clone()), Duration::ZERO, Duration::ZERO),
+        ListsOn::Gpu => {
+            let t = Instant::now();
+            let grid = ClusterGrid::build_into(atoms, workers, &mut buf.grid).map_err(bad)?;
+            (RankLists::Gpu(grid), t.elapsed(), Duration::ZERO)
+        }
+        ListsOn::Host => {
+            let search = PairSearch::build_into(atoms, &SearchOptions::new(setup.rlist), workers, &mut buf.grid).map_err(bad)?;
+            let (g, l) = (search.timing.grid, search.timing.lists);
+            (RankLists::Host(search), g, l)
+        }
     };
     let r = &plan.ranks[rank];
     let home_ids = &r.global_ids[..r.home_atoms];
@@ -205,12 +246,13 @@ mod tests {
 
     /// What a rank's search found, without its times.
     #[allow(clippy::type_complexity)]
-    fn found(r: &RankSearch) -> (usize, ClusterGrid, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>, Vec<u32>) {
-        let lists = match &r.lists {
-            RankLists::Host(s) => Some([s.local.clone(), s.nonlocal.clone()]),
-            RankLists::Gpu(_) => None,
+    fn found(r: &RankSearch) -> (usize, Option<ClusterGrid>, Option<LocalAtoms>, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>, Vec<u32>) {
+        let (grid, atoms, lists) = match &r.lists {
+            RankLists::Host(s) => (Some(s.grid.clone()), None, Some([s.local.clone(), s.nonlocal.clone()])),
+            RankLists::Gpu(g) => (Some(g.clone()), None, None),
+            RankLists::GpuGrid(a) => (None, Some(a.clone()), None),
         };
-        (r.rank, r.lists.grid().clone(), lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone(), r.home_types.clone())
+        (r.rank, grid, atoms, lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone(), r.home_types.clone())
     }
 
     #[test]
@@ -225,19 +267,25 @@ mod tests {
     fn a_kept_host_search_finds_what_a_fresh_one_does_on_any_thread_count() {
         let big = MolecularSystem::generate(12_000, 21).unwrap();
         let small = MolecularSystem::generate(3_000, 22).unwrap();
-        let cases = [(&big, [2, 2, 1], vec![0, 3], true), (&small, [2, 1, 1], vec![1], false), (&big, [1, 1, 1], vec![0], true), (&big, [2, 2, 1], vec![2, 1], false)];
+        let cases = [
+            (&big, [2, 2, 1], vec![0, 3], ListsOn::Gpu),
+            (&small, [2, 1, 1], vec![1], ListsOn::Host),
+            (&big, [1, 1, 1], vec![0], ListsOn::Gpu),
+            (&big, [2, 2, 1], vec![2, 1], ListsOn::Host),
+            (&small, [2, 2, 1], vec![3, 0], ListsOn::GpuGrid),
+        ];
         for threads in [1, 2, 3] {
             let mut kept = HostSearch::new(threads).unwrap();
             assert_eq!(kept.workers().threads(), threads);
-            for (sys, dims, ranks, gpu_lists) in &cases {
+            for (sys, dims, ranks, on) in &cases {
                 let setup = ListSetup::for_system(sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
                 let grid = RankGrid::new(*dims).unwrap();
                 let (mut a, mut b) = ((*sys).clone(), (*sys).clone());
                 let mut fresh = HostSearch::new(1).unwrap();
                 let (pa, pb) = (kept.plan(&mut a, grid, &setup).unwrap(), fresh.plan(&mut b, grid, &setup).unwrap());
                 assert_eq!(pa, pb);
-                let got = kept.rank_searches(&pa, &a, ranks, &setup, *gpu_lists).unwrap();
-                let want = fresh.rank_searches(&pb, &b, ranks, &setup, *gpu_lists).unwrap();
+                let got = kept.rank_searches(&pa, &a, ranks, &setup, *on).unwrap();
+                let want = fresh.rank_searches(&pb, &b, ranks, &setup, *on).unwrap();
                 assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{threads} threads, {dims:?}");
             }
         }

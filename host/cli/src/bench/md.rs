@@ -88,7 +88,9 @@ pub struct MdBenchRow {
     /// Of which: gather, plan, local atoms + grid (+ host lists), GPU lists, upload (ms, mean).
     pub search_parts_ms: Option<[f64; 5]>,
     /// Where the cluster-pair lists were searched: `gpu` (the grid sorted on the host),
-    /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank) or `host`.
+    /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank),
+    /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
+    /// sorts the grid and searches the lists) or `host`.
     pub list_search: String,
     /// Whether plain steps were replayed as CUDA graphs.
     pub graph: bool,
@@ -184,7 +186,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     let mut times = Vec::with_capacity(cfg.repeats);
     let mut shares = Vec::with_capacity(cfg.repeats);
     let before = run.outcome().search;
-    let resident_before = run.outcome().resident_searches;
+    let (resident_before, redecomposed_before) = (run.outcome().resident_searches, run.outcome().redecompositions);
     for _ in 0..cfg.repeats {
         let searched = run.outcome().search.total;
         let t = Instant::now();
@@ -198,6 +200,8 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     let lists = run.outcome().lists;
     if run.outcome().resident_searches - resident_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-resident".into();
+    } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
+        row.list_search = "gpu-redecomposed".into();
     }
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
@@ -312,6 +316,12 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             let [g, p, a, l, u] = r.search_parts_ms?;
             Some(if r.list_search == "gpu-resident" {
                 format!("  {} atoms, {}: all on the GPU: grid {a:.2}, lists {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
+            } else if r.list_search == "gpu-redecomposed" {
+                format!(
+                    "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2}, local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    r.atoms,
+                    variant(r)
+                )
             } else {
                 format!(
                     "  {} atoms, {}: gather {g:.2}, plan {p:.2}, local atoms + grid{} {a:.2}, GPU lists {l:.2}, upload {u:.2}",
