@@ -61,6 +61,23 @@ fn one_rank_searching_on_the_gpu_alone_or_through_the_host() {
     }
 }
 
+/// Several ranks planning from their own atoms (the GPU sorting every rank's grid) beside the same
+/// runs gathering the whole system and sorting on the host: both checked against the undecomposed
+/// forces and energy every fifth step across 12 searches (atoms leave their ranks between them),
+/// on 1-D, 2-D and 3-D grids and two pulses along x.
+#[test]
+fn several_ranks_planning_from_their_own_atoms_or_from_the_whole_system() {
+    for grid in [[2, 1, 1], [2, 2, 1], [2, 2, 2], [4, 1, 1]] {
+        for resident in [true, false] {
+            let mut c = config(6000, grid, Transport::Fused, 120, 10);
+            c.check_every = 5;
+            c.resident_search = resident;
+            let name = format!("md_{}x{}x{}_{}", grid[0], grid[1], grid[2], if resident { "redecomposed" } else { "gathered" });
+            run(&name, c);
+        }
+    }
+}
+
 #[test]
 fn two_ranks_one_pulse() {
     run("md_2x1x1", config(6000, [2, 1, 1], Transport::Fused, 60, 25));

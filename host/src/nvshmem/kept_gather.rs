@@ -10,7 +10,9 @@
 //! slower peer still reads this one, but not the one after (that needs the next barrier, which the
 //! peer enters only after reading).
 
-use super::{GatherPath, Nvshmem, SymmetricBuffer};
+#[cfg(doc)]
+use super::GatherPath;
+use super::{Nvshmem, SymmetricBuffer};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::DeviceMemory;
 use crate::watchdog::{self, steps};
@@ -47,14 +49,10 @@ impl KeptGather {
         self.slot - HEADER
     }
 
-    /// Every PE's `mine`, indexed by PE. Collective. Under `halo launch` with several PEs per GPU and
-    /// no MPS (where halo gathers through the launcher's rendezvous, [`GatherPath::Rendezvous`]) this
-    /// is [`Nvshmem::all_gather_bytes`].
+    /// Every PE's `mine`, indexed by PE. Collective. Puts and a barrier only, so it also runs where
+    /// NVSHMEM refuses its other collectives (several PEs per GPU without MPS: [`GatherPath`]).
     pub fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let nv = self.nvshmem.clone();
-        if nv.gather_path() == GatherPath::Rendezvous {
-            return nv.all_gather_bytes(mine);
-        }
         let lens = self.round(mine)?;
         let longest = lens.iter().copied().max().unwrap_or(0);
         if longest <= self.capacity() {
