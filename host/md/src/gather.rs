@@ -123,6 +123,13 @@ impl HomeGather {
         Ok(Self { path, host })
     }
 
+    /// The first `n` coordinates and velocities of one rank's arrays (idle), copied through the
+    /// page-locked buffers: a search step that plans from the ranks' own atoms reads them so.
+    pub fn read_home(&mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize) -> Result<(Vec<Float3>, Vec<Float3>)> {
+        let [hx, hv] = &mut self.host;
+        Ok((hx.read(x, n)?.to_vec(), hv.read(v, n)?.to_vec()))
+    }
+
     /// Writes every rank's home coordinates and velocities into `system` (positions and
     /// velocities by global id), from `mine` (this process's ranks, all idle) and `plan` (the
     /// layout they hold: home atoms first, `global_ids`). Collective across PEs; `tag` names the

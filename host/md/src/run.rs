@@ -11,7 +11,7 @@
 //! the steps again on the agreed paths with a new exchange (whose counters start from zero on
 //! every PE).
 
-use super::gather::{HomeArrays, HomeGather, read_prefix};
+use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
@@ -830,6 +830,7 @@ impl MdRun {
         self.out.search.add(&t);
         self.out.searches += 1;
         self.out.lists = list_sizes(&found, &self.ranks);
+        self.host_search.recycle(found);
         self.plan = Some(plan);
         Ok(true)
     }
@@ -881,6 +882,7 @@ impl MdRun {
         let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
+        let gather = &mut self.gather;
         let homes = ex
             .local_ranks()
             .iter()
@@ -891,7 +893,8 @@ impl MdRun {
                 if ids.len() != home {
                     return Err(HaloError::InvalidInput(format!("rank {}: the plan holds {} home atoms, its GPU {home}", r.rank(), ids.len())));
                 }
-                Ok(HomeAtoms { ids: ids.to_vec(), positions: read_prefix(&r.x, home)?, velocities: read_prefix(m.velocity_buffer(), home)? })
+                let (positions, velocities) = gather.read_home(&r.x, m.velocity_buffer(), home)?;
+                Ok(HomeAtoms { ids: ids.to_vec(), positions, velocities })
             })
             .collect::<Result<Vec<_>>>()?;
         t.gather = start.elapsed();

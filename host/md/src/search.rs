@@ -168,6 +168,16 @@ impl HostSearch {
         redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
     }
 
+    /// Takes back the local atoms' arrays of a search's results (handed out with
+    /// [`ListsOn::GpuGrid`]) for the next search to reuse; `found` in the order it was returned.
+    pub fn recycle(&mut self, found: Vec<RankSearch>) {
+        for (buf, r) in self.ranks.iter_mut().zip(found) {
+            if let RankLists::GpuGrid(atoms) = r.lists {
+                buf.atoms = atoms;
+            }
+        }
+    }
+
     /// Local atoms, the grid and lists where `on` says, and home arrays of each rank in `ranks`,
     /// the ranks and each rank's phases sharing the workers.
     pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn) -> Result<Vec<RankSearch>> {
@@ -185,10 +195,13 @@ fn rank_search(
     let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
     let t = Instant::now();
     LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
-    let atoms = &buf.atoms;
     let atoms_time = t.elapsed();
+    let r = &plan.ranks[rank];
+    let home_x = buf.atoms.positions[..r.home_atoms].to_vec();
+    let atoms = &buf.atoms;
     let (lists, grid_time, lists_time) = match on {
-        ListsOn::GpuGrid => (RankLists::GpuGrid(atoms.clone()), Duration::ZERO, Duration::ZERO),
+        // The local atoms themselves (their arrays return through `HostSearch::recycle`).
+        ListsOn::GpuGrid => (RankLists::GpuGrid(std::mem::take(&mut buf.atoms)), Duration::ZERO, Duration::ZERO),
         ListsOn::Gpu => {
             let t = Instant::now();
             let grid = ClusterGrid::build_into(atoms, workers, &mut buf.grid).map_err(bad)?;
@@ -200,11 +213,10 @@ fn rank_search(
             (RankLists::Host(search), g, l)
         }
     };
-    let r = &plan.ranks[rank];
     let home_ids = &r.global_ids[..r.home_atoms];
     Ok(RankSearch {
         rank,
-        home_x: atoms.positions[..r.home_atoms].to_vec(),
+        home_x,
         home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
         inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
         home_types: home_ids.iter().map(|&g| u32::from(system.types[g as usize])).collect(),
