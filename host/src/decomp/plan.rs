@@ -190,17 +190,25 @@ pub(super) fn send_range2(cutoff: f32) -> f64 {
 pub(super) fn select_for_pulse(
     geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64,
 ) -> Vec<u32> {
+    let mut map = Vec::new();
+    select_for_pulse_into(geo, decomposed, rank, d, pos, first, rc2, &mut map);
+    map
+}
+
+/// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_for_pulse_into(
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64, map: &mut Vec<u32>,
+) {
     let c = geo.grid.coords_of(rank);
     let bounds =
         |e: usize| if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) };
-    let mut map = Vec::new();
     match *decomposed {
-        [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, &mut map),
-        [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, &mut map),
-        [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, &mut map),
+        [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, map),
+        [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, map),
+        [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, map),
         _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
     }
-    map
 }
 
 /// Pulse `pulse_in_dim` along `dim` of rank `rank` sending the atoms `index_map`, receiving at
