@@ -531,19 +531,26 @@ impl Working {
             pulses: arrays.pulses,
             box_size,
         };
-        let mut push = |(a, p, v): Moving| {
-            w.ids.push(a);
-            w.wrapped.push(p);
-            w.velocities.push(v);
-        };
-        let mut arrivals = arrivals.into_iter().peekable();
-        for &k in &sc.stay {
-            while let Some(a) = arrivals.next_if(|a| a.0 < id(k)) {
-                push(a);
+        // Runs of stayers (each copied in one pass per array), an arrival after the stayers of
+        // ids up to its own.
+        let (stay, wrapped) = (&sc.stay[..], &sc.wrapped[..]);
+        let mut at = 0;
+        for a in arrivals.into_iter().map(Some).chain([None]) {
+            let end = match a {
+                Some((a, _, _)) => at + stay[at..].partition_point(|&k| id(k) <= a),
+                None => stay.len(),
+            };
+            let run = &stay[at..end];
+            w.ids.extend(run.iter().map(|&k| h.ids[k as usize]));
+            w.wrapped.extend(run.iter().map(|&k| wrapped[k as usize]));
+            w.velocities.extend(run.iter().map(|&k| h.velocities[k as usize]));
+            if let Some((a, p, v)) = a {
+                w.ids.push(a);
+                w.wrapped.push(p);
+                w.velocities.push(v);
             }
-            push((id(k), sc.wrapped[k as usize], h.velocities[k as usize]));
+            at = end;
         }
-        arrivals.for_each(push);
         w.crossed.clear();
         w.crossed.reserve(n + n / 2);
         w.crossed.resize(n, 0);
