@@ -2,7 +2,7 @@
 //! only the home atoms this process's ranks hold, with a few small collectives, instead of
 //! gathering every atom to every process and planning the whole system there.
 //!
-//! 1. Each rank wraps its home atoms and finds their owners ([`home_of`], the global builder's
+//! 1. Each rank wraps its home atoms and finds their owners ([`CellEdges`]: the global builder's
 //!    rule); the atoms that leave (to any rank) go out in one collective, and each rank keeps its
 //!    stayers, adds its arrivals and sorts them by global id: the global builder's home atoms.
 //! 2. Each pulse is simulated as [`HaloPlan::from_positions`] simulates it (the same selection,
@@ -16,7 +16,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition};
-use super::plan::{crossing_shift, home_of, pulse_plan, select_for_pulse_into, send_range2};
+use super::plan::{CellEdges, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
 use crate::workers::Workers;
@@ -239,8 +239,9 @@ pub fn redecompose_with(
     scratch.spare.large = 2 * ranks.len() + 2;
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
+    let edges = CellEdges::new(&geo);
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).collect();
-    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc));
+    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&edges, s, h, sc));
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
     let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
     let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
@@ -394,7 +395,7 @@ struct Leaving {
 }
 
 impl Leaving {
-    fn sort_out(geo: &Decomposition, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
+    fn sort_out(edges: &CellEdges, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
         let n = h.ids.len();
         sc.wrapped.clear();
         sc.wrapped.reserve(n);
@@ -406,7 +407,7 @@ impl Leaving {
             return out;
         }
         for (k, ((&id, &p), &v)) in h.ids.iter().zip(&h.positions).zip(&h.velocities).enumerate() {
-            match home_of(p, geo, id as usize) {
+            match edges.home_of(p, id as usize) {
                 Err(e) => {
                     out.error = Some(e);
                     return out;
