@@ -173,12 +173,22 @@ impl CellEdges {
             return Err(PlanError::NonFinitePosition { atom, position: [p.x, p.y, p.z] });
         }
         let w = wrap_position(p, self.box_size);
+        Ok((w, self.rank_of(w)))
+    }
+
+    /// The rank owning the wrapped position `w` (of [`wrap_position`]).
+    #[inline]
+    pub(super) fn rank_of(&self, w: Float3) -> usize {
         let x = [w.x, w.y, w.z];
         let mut rank = 0;
         for (d, stride, edges) in &self.dims {
             rank += stride * edges.iter().filter(|&&e| x[*d] >= e).count();
         }
-        Ok((w, rank))
+        rank
+    }
+
+    pub(super) fn box_size(&self) -> [f32; 3] {
+        self.box_size
     }
 }
 

@@ -15,7 +15,7 @@
 //! in a rank's input (a non-finite position, arrays of different lengths) travels in the first
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
-use super::grid::{DIM_NAMES, Decomposition};
+use super::grid::{DIM_NAMES, Decomposition, wrap_position};
 use super::plan::{CellEdges, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
@@ -406,25 +406,33 @@ impl Leaving {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
             return out;
         }
-        for (k, ((&id, &p), &v)) in h.ids.iter().zip(&h.positions).zip(&h.velocities).enumerate() {
-            match edges.home_of(p, id as usize) {
-                Err(e) => {
-                    out.error = Some(e);
-                    return out;
-                }
-                Ok((w, owner)) => {
-                    sc.wrapped.push(w);
-                    if owner == rank {
-                        sc.stay.push(k as u32);
-                    } else {
-                        out.dest.push(owner as u32);
-                        out.ids.push(id);
-                        out.positions.push(w);
-                        out.velocities.push(v);
-                    }
-                }
+        // The first non-finite position is the error (found where there is one: rare).
+        let finite = |p: &Float3| p.x.is_finite() & p.y.is_finite() & p.z.is_finite();
+        if !h.positions.iter().fold(true, |ok, p| ok & finite(p)) {
+            if let Some(e) = h.ids.iter().zip(&h.positions).find_map(|(&id, &p)| edges.home_of(p, id as usize).err()) {
+                out.error = Some(e);
+                return out;
             }
         }
+        // Wrapped, then owned: two plain passes (the stayers' indices stored unconditionally and
+        // counted, the leavers' few branches taken rarely).
+        let box_size = edges.box_size();
+        sc.wrapped.extend(h.positions.iter().map(|&p| wrap_position(p, box_size)));
+        sc.stay.resize(n, 0);
+        let mut stayers = 0;
+        for (k, (&w, &id)) in sc.wrapped.iter().zip(&h.ids).enumerate() {
+            let owner = edges.rank_of(w);
+            sc.stay[stayers] = k as u32;
+            if owner == rank {
+                stayers += 1;
+            } else {
+                out.dest.push(owner as u32);
+                out.ids.push(id);
+                out.positions.push(w);
+                out.velocities.push(h.velocities[k]);
+            }
+        }
+        sc.stay.truncate(stayers);
         out
     }
 
