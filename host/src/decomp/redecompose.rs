@@ -408,11 +408,11 @@ impl Leaving {
         }
         // The first non-finite position is the error (found where there is one: rare).
         let finite = |p: &Float3| p.x.is_finite() & p.y.is_finite() & p.z.is_finite();
-        if !h.positions.iter().fold(true, |ok, p| ok & finite(p)) {
-            if let Some(e) = h.ids.iter().zip(&h.positions).find_map(|(&id, &p)| edges.home_of(p, id as usize).err()) {
-                out.error = Some(e);
-                return out;
-            }
+        if !h.positions.iter().fold(true, |ok, p| ok & finite(p))
+            && let Some(e) = h.ids.iter().zip(&h.positions).find_map(|(&id, &p)| edges.home_of(p, id as usize).err())
+        {
+            out.error = Some(e);
+            return out;
         }
         // Wrapped, then owned: two plain passes (the stayers' indices stored unconditionally and
         // counted, the leavers' few branches taken rarely).
