@@ -128,9 +128,10 @@ struct Spare {
 }
 
 impl Spare {
-    /// An empty array with room for `need` items: a spare one that has it, else a new one.
+    /// An empty array with room for `need` items: the smallest spare one that has it, else a new one.
     fn take<T>(pool: &mut Vec<Vec<T>>, need: usize) -> Vec<T> {
-        match pool.iter().position(|v| v.capacity() >= need) {
+        let fits = pool.iter().enumerate().filter(|(_, v)| v.capacity() >= need).min_by_key(|(_, v)| v.capacity()).map(|(i, _)| i);
+        match fits {
             Some(i) => pool.swap_remove(i),
             None => Vec::with_capacity(need),
         }
@@ -235,8 +236,9 @@ pub fn redecompose_with(
     let nranks = grid.num_ranks();
     let local_index = local_index(ranks, homes.len(), nranks)?;
     scratch.ranks.resize_with(ranks.len(), RankScratch::default);
-    // Each local rank takes two id arrays and two position arrays (and gives as many back).
-    scratch.spare.large = 2 * ranks.len() + 2;
+    // Each local rank takes up to three id arrays and four position arrays, with its input and
+    // its result (and a caller that hands both back gives as many back).
+    scratch.spare.large = 4 * ranks.len() + 2;
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
     let edges = CellEdges::new(&geo);
