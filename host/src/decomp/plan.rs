@@ -585,7 +585,8 @@ mod tests {
     fn cell_edges_give_the_owner_of_home_of() {
         // Boxes and grids whose edges are not exact in f32, positions on, just below and just
         // above every cell edge, the box edges, and outside the box.
-        for (dims, box_size) in [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])] {
+        let cases = [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])];
+        for (dims, box_size) in cases {
             let geo = Decomposition::new(RankGrid::new(dims).unwrap(), box_size, 0.5).unwrap();
             let edges = CellEdges::new(&geo);
             let mut xs: Vec<[f32; 3]> = Vec::new();
@@ -603,7 +604,8 @@ mod tests {
             for (k, p) in xs.into_iter().enumerate() {
                 let p = Float3::new(p[0], p[1], p[2]);
                 let (want, got) = (home_of(p, &geo, k).unwrap(), edges.home_of(p, k).unwrap());
-                assert_eq!((want.0.x.to_bits(), want.0.y.to_bits(), want.0.z.to_bits(), want.1), (got.0.x.to_bits(), got.0.y.to_bits(), got.0.z.to_bits(), got.1), "{p:?}");
+                let bits = |(w, r): (Float3, usize)| (w.x.to_bits(), w.y.to_bits(), w.z.to_bits(), r);
+                assert_eq!(bits(want), bits(got), "{p:?}");
             }
             let bad = Float3::new(0.0, f32::NAN, 0.0);
             assert_eq!(format!("{:?}", home_of(bad, &geo, 3)), format!("{:?}", edges.home_of(bad, 3)));
