@@ -126,8 +126,19 @@ impl HomeGather {
     /// The first `n` coordinates and velocities of one rank's arrays (idle), copied through the
     /// page-locked buffers: a search step that plans from the ranks' own atoms reads them so.
     pub fn read_home(&mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize) -> Result<(Vec<Float3>, Vec<Float3>)> {
+        let (mut positions, mut velocities) = (Vec::new(), Vec::new());
+        self.read_home_into(x, v, n, &mut positions, &mut velocities)?;
+        Ok((positions, velocities))
+    }
+
+    /// [`Self::read_home`] appended to `positions` and `velocities` (arrays a caller reuses).
+    pub fn read_home_into(
+        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, positions: &mut Vec<Float3>, velocities: &mut Vec<Float3>,
+    ) -> Result<()> {
         let [hx, hv] = &mut self.host;
-        Ok((hx.read(x, n)?.to_vec(), hv.read(v, n)?.to_vec()))
+        positions.extend_from_slice(hx.read(x, n)?);
+        velocities.extend_from_slice(hv.read(v, n)?);
+        Ok(())
     }
 
     /// Writes every rank's home coordinates and velocities into `system` (positions and

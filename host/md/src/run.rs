@@ -15,7 +15,7 @@ use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, HomeAtoms, RankGrid};
+use crate::decomp::{HaloPlan, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
@@ -831,7 +831,9 @@ impl MdRun {
         self.out.searches += 1;
         self.out.lists = list_sizes(&found, &self.ranks);
         self.host_search.recycle(found);
-        self.plan = Some(plan);
+        if let Some(old) = self.plan.replace(plan) {
+            self.host_search.recycle_plan(old);
+        }
         Ok(true)
     }
 
@@ -882,7 +884,7 @@ impl MdRun {
         let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
-        let gather = &mut self.gather;
+        let (gather, host_search) = (&mut self.gather, &mut self.host_search);
         let homes = ex
             .local_ranks()
             .iter()
@@ -893,8 +895,10 @@ impl MdRun {
                 if ids.len() != home {
                     return Err(HaloError::InvalidInput(format!("rank {}: the plan holds {} home atoms, its GPU {home}", r.rank(), ids.len())));
                 }
-                let (positions, velocities) = gather.read_home(&r.x, m.velocity_buffer(), home)?;
-                Ok(HomeAtoms { ids: ids.to_vec(), positions, velocities })
+                let mut h = host_search.home_arrays(home);
+                h.ids.extend_from_slice(ids);
+                gather.read_home_into(&r.x, m.velocity_buffer(), home, &mut h.positions, &mut h.velocities)?;
+                Ok(h)
             })
             .collect::<Result<Vec<_>>>()?;
         t.gather = start.elapsed();
@@ -912,9 +916,11 @@ impl MdRun {
                 self.system.velocities[id as usize] = v;
             }
         }
+        let Redecomposed { plan, homes, local_positions } = done;
+        self.host_search.recycle_atoms(homes, local_positions);
         t.plan = t1.elapsed();
         self.out.redecompositions += 1;
-        Ok(done.plan)
+        Ok(plan)
     }
 
     /// Where a rank search builds the grid and lists: with [`MdConfig::resident_search`] both on

@@ -168,6 +168,24 @@ impl HostSearch {
         redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
     }
 
+    /// Empty home atom arrays with room for `n` atoms, for the next [`Self::redecompose`]'s input
+    /// (spare arrays of earlier ones where there are: their allocations are reused).
+    pub fn home_arrays(&mut self, n: usize) -> HomeAtoms {
+        self.redecompose.home_arrays(n)
+    }
+
+    /// Takes back the arrays of a [`Self::redecompose`]'s home atoms and local positions once
+    /// they are used, for the next one to refill.
+    pub fn recycle_atoms(&mut self, homes: Vec<HomeAtoms>, local_positions: Vec<Vec<Float3>>) {
+        self.redecompose.recycle_atoms(homes, local_positions);
+    }
+
+    /// Takes back the arrays of a plan no longer used (global ids, index maps) for the next
+    /// [`Self::redecompose`] to refill; kept only while searches redecompose.
+    pub fn recycle_plan(&mut self, plan: HaloPlan) {
+        self.redecompose.recycle_plan(plan);
+    }
+
     /// Takes back the local atoms' arrays of a search's results (handed out with
     /// [`ListsOn::GpuGrid`]) for the next search to reuse; `found` in the order it was returned.
     pub fn recycle(&mut self, found: Vec<RankSearch>) {

@@ -134,6 +134,64 @@ pub(super) fn home_of(p: Float3, geo: &Decomposition, atom: usize) -> Result<(Fl
     Ok((w, rank))
 }
 
+/// [`home_of`] without a division per atom: for each decomposed dimension the smallest
+/// coordinate of every cell but the first ([`Decomposition::cell_index`] is monotone in the
+/// coordinate, so a wrapped coordinate's cell is the number of these edges at or below it). The
+/// same answer as [`home_of`] for every position, bit for bit (a wrapped coordinate is an `f32`,
+/// and each edge is found among the `f32`s by bisection on `cell_index` itself).
+#[derive(Debug)]
+pub(super) struct CellEdges {
+    box_size: [f32; 3],
+    /// Per decomposed dimension: its rank stride and its cells' lower edges from the second on.
+    dims: Vec<(usize, usize, Vec<f32>)>,
+}
+
+impl CellEdges {
+    pub(super) fn new(geo: &Decomposition) -> Self {
+        let n = geo.grid.dims;
+        let stride = [1, n[0], n[0] * n[1]];
+        let dims = (0..3).filter(|&d| n[d] > 1).map(|d| (d, stride[d], (1..n[d]).map(|i| Self::first_in(geo, d, i)).collect())).collect();
+        Self { box_size: geo.box_size, dims }
+    }
+
+    /// The smallest non-negative `f32` whose cell along `d` is `i` or above (`0 < i < n`).
+    fn first_in(geo: &Decomposition, d: usize, i: usize) -> f32 {
+        // Non-negative floats are ordered as their bits; cell 0 at 0, the last cell at infinity.
+        let at = |bits: u32| geo.cell_index(d, f64::from(f32::from_bits(bits))) >= i;
+        let (mut below, mut above) = (0u32, f32::INFINITY.to_bits());
+        while above - below > 1 {
+            let mid = below + (above - below) / 2;
+            if at(mid) { above = mid } else { below = mid }
+        }
+        f32::from_bits(above)
+    }
+
+    /// [`home_of`]`(p, geo, atom)`.
+    #[inline]
+    pub(super) fn home_of(&self, p: Float3, atom: usize) -> Result<(Float3, usize), PlanError> {
+        if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+            return Err(PlanError::NonFinitePosition { atom, position: [p.x, p.y, p.z] });
+        }
+        let w = wrap_position(p, self.box_size);
+        Ok((w, self.rank_of(w)))
+    }
+
+    /// The rank owning the wrapped position `w` (of [`wrap_position`]).
+    #[inline]
+    pub(super) fn rank_of(&self, w: Float3) -> usize {
+        let x = [w.x, w.y, w.z];
+        let mut rank = 0;
+        for (d, stride, edges) in &self.dims {
+            rank += stride * edges.iter().filter(|&&e| x[*d] >= e).count();
+        }
+        rank
+    }
+
+    pub(super) fn box_size(&self) -> [f32; 3] {
+        self.box_size
+    }
+}
+
 /// Writes into `owner` the rank owning each atom ([`home_of`]), in `parts` contiguous chunks on
 /// `workers`; returns the atoms each rank owns. Errors on the first atom with a non-finite
 /// coordinate, whatever the chunking.
@@ -190,17 +248,25 @@ pub(super) fn send_range2(cutoff: f32) -> f64 {
 pub(super) fn select_for_pulse(
     geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64,
 ) -> Vec<u32> {
+    let mut map = Vec::new();
+    select_for_pulse_into(geo, decomposed, rank, d, pos, first, rc2, &mut map);
+    map
+}
+
+/// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn select_for_pulse_into(
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64, map: &mut Vec<u32>,
+) {
     let c = geo.grid.coords_of(rank);
     let bounds =
         |e: usize| if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) };
-    let mut map = Vec::new();
     match *decomposed {
-        [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, &mut map),
-        [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, &mut map),
-        [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, &mut map),
+        [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, map),
+        [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, map),
+        [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, map),
         _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
     }
-    map
 }
 
 /// Pulse `pulse_in_dim` along `dim` of rank `rank` sending the atoms `index_map`, receiving at
@@ -513,6 +579,37 @@ mod tests {
 
     fn line(xs: &[f32]) -> Vec<Float3> {
         xs.iter().map(|&x| Float3::new(x, 0.5, 0.5)).collect()
+    }
+
+    #[test]
+    fn cell_edges_give_the_owner_of_home_of() {
+        // Boxes and grids whose edges are not exact in f32, positions on, just below and just
+        // above every cell edge, the box edges, and outside the box.
+        let cases = [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])];
+        for (dims, box_size) in cases {
+            let geo = Decomposition::new(RankGrid::new(dims).unwrap(), box_size, 0.5).unwrap();
+            let edges = CellEdges::new(&geo);
+            let mut xs: Vec<[f32; 3]> = Vec::new();
+            for d in 0..3 {
+                for i in 0..=dims[d] {
+                    let e = i as f32 * box_size[d] / dims[d] as f32;
+                    for x in [e, e.next_down(), e.next_up(), -e, e + box_size[d], -0.0] {
+                        let mut p = [0.3 * box_size[0], 0.6 * box_size[1], 0.9 * box_size[2]];
+                        p[d] = x;
+                        xs.push(p);
+                        xs.push([x; 3]);
+                    }
+                }
+            }
+            for (k, p) in xs.into_iter().enumerate() {
+                let p = Float3::new(p[0], p[1], p[2]);
+                let (want, got) = (home_of(p, &geo, k).unwrap(), edges.home_of(p, k).unwrap());
+                let bits = |(w, r): (Float3, usize)| (w.x.to_bits(), w.y.to_bits(), w.z.to_bits(), r);
+                assert_eq!(bits(want), bits(got), "{p:?}");
+            }
+            let bad = Float3::new(0.0, f32::NAN, 0.0);
+            assert_eq!(format!("{:?}", home_of(bad, &geo, 3)), format!("{:?}", edges.home_of(bad, 3)));
+        }
     }
 
     #[test]

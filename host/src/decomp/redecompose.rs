@@ -2,7 +2,7 @@
 //! only the home atoms this process's ranks hold, with a few small collectives, instead of
 //! gathering every atom to every process and planning the whole system there.
 //!
-//! 1. Each rank wraps its home atoms and finds their owners ([`home_of`], the global builder's
+//! 1. Each rank wraps its home atoms and finds their owners ([`CellEdges`]: the global builder's
 //!    rule); the atoms that leave (to any rank) go out in one collective, and each rank keeps its
 //!    stayers, adds its arrivals and sorts them by global id: the global builder's home atoms.
 //! 2. Each pulse is simulated as [`HaloPlan::from_positions`] simulates it (the same selection,
@@ -15,9 +15,9 @@
 //! in a rank's input (a non-finite position, arrays of different lengths) travels in the first
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
-use super::grid::{DIM_NAMES, Decomposition};
-use super::plan::{crossing_shift, home_of, pulse_plan, select_for_pulse, send_range2};
-use super::{HaloPlan, PlanError, RankGrid, RankPlan};
+use super::grid::{DIM_NAMES, Decomposition, wrap_position};
+use super::plan::{CellEdges, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
+use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
 use crate::workers::Workers;
 use bytemuck::Pod;
@@ -41,8 +41,9 @@ pub struct Redecomposed {
     /// Every rank's plan: the plan [`HaloPlan::from_positions`] builds from all atoms' positions.
     pub plan: HaloPlan,
     /// This process's ranks' new home atoms (in the order of `ranks`): ids ascending, equal to
-    /// `plan.ranks[r].global_ids[..home_atoms]`, positions wrapped into the box, velocities
-    /// following their atoms.
+    /// `plan.ranks[r].global_ids[..home_atoms]`, and velocities following their atoms. Their
+    /// `positions` are left empty (no caller needs a second copy): the home atoms' wrapped
+    /// positions are `local_positions[i][..ids.len()]`.
     pub homes: Vec<HomeAtoms>,
     /// This process's ranks' local atoms (in the order of `ranks`): the wrapped position (global
     /// frame, no periodic shift) of every home and halo atom, aligned with
@@ -52,10 +53,122 @@ pub struct Redecomposed {
 
 /// Working arrays of a redecomposition, kept by a caller that redecomposes again and again so
 /// that their allocations are reused (the result does not depend on them).
+///
+/// The arrays of the input home atoms go into it, and so do those of a result handed back with
+/// [`Self::recycle`] (or [`Self::recycle_plan`] and [`Self::recycle_atoms`]): the next call
+/// refills them instead of allocating (first touches of fresh memory are what a call costs most
+/// on some hosts).
 #[derive(Debug, Default)]
 pub struct RedecomposeScratch {
     /// Per local rank.
     ranks: Vec<RankScratch>,
+    /// Spare arrays for the outputs and blobs.
+    spare: Spare,
+    /// One flag per atom: whether it is some rank's home atom ([`check_homes`]).
+    seen: Vec<bool>,
+}
+
+impl RedecomposeScratch {
+    /// Takes back the arrays of a result (its plan's and its atoms') for the next call to refill.
+    pub fn recycle(&mut self, done: Redecomposed) {
+        self.recycle_plan(done.plan);
+        self.recycle_atoms(done.homes, done.local_positions);
+    }
+
+    /// Takes back a plan's arrays (global ids, index maps, pulse lists) for the next call to refill.
+    pub fn recycle_plan(&mut self, plan: HaloPlan) {
+        for r in plan.ranks {
+            self.spare.give_ids(r.global_ids);
+            let mut pulses = r.pulses;
+            for p in pulses.drain(..) {
+                Spare::give(&mut self.spare.maps, p.spec.index_map, SPARE_SMALL);
+            }
+            Spare::give(&mut self.spare.pulses, pulses, SPARE_SMALL);
+        }
+    }
+
+    /// Empty home atom arrays with room for `n` atoms (spare ones where the scratch has them), for
+    /// a caller to fill as the next call's input.
+    pub fn home_arrays(&mut self, n: usize) -> HomeAtoms {
+        let s = &mut self.spare;
+        HomeAtoms { ids: Spare::take(&mut s.ids, n), positions: Spare::take(&mut s.float3, n), velocities: Spare::take(&mut s.float3, n) }
+    }
+
+    /// Takes back home atoms' and local positions' arrays for the next call to refill.
+    pub fn recycle_atoms(&mut self, homes: Vec<HomeAtoms>, local_positions: Vec<Vec<Float3>>) {
+        for h in homes {
+            self.spare.give_home(h);
+        }
+        for p in local_positions {
+            self.spare.give_float3(p);
+        }
+    }
+}
+
+/// Most spare small arrays (index maps, pulse lists, blobs) kept.
+const SPARE_SMALL: usize = 64;
+
+/// Spare arrays, empty, with their allocations: taken to be filled, given back when done with.
+/// Large arrays are kept only as many as a call of the last one's ranks takes (`large`), so that
+/// the scratch never holds more than a few copies of the system's atoms.
+#[derive(Debug, Default)]
+struct Spare {
+    /// Id arrays (global ids, home ids).
+    ids: Vec<Vec<u32>>,
+    /// Position and velocity arrays.
+    float3: Vec<Vec<Float3>>,
+    /// Index maps.
+    maps: Vec<Vec<u32>>,
+    /// Pulse lists.
+    pulses: Vec<Vec<PulsePlan>>,
+    /// Blobs.
+    bytes: Vec<Vec<u8>>,
+    /// Most spare id arrays, and most position arrays, kept.
+    large: usize,
+}
+
+impl Spare {
+    /// An empty array with room for `need` items: the smallest spare one that has it, else a new one.
+    fn take<T>(pool: &mut Vec<Vec<T>>, need: usize) -> Vec<T> {
+        let fits = pool.iter().enumerate().filter(|(_, v)| v.capacity() >= need).min_by_key(|(_, v)| v.capacity()).map(|(i, _)| i);
+        match fits {
+            Some(i) => pool.swap_remove(i),
+            None => Vec::with_capacity(need),
+        }
+    }
+
+    /// Any spare array (the last given), else a new one.
+    fn any<T>(pool: &mut Vec<Vec<T>>) -> Vec<T> {
+        pool.pop().unwrap_or_default()
+    }
+
+    /// `v` emptied back to `pool`, unless it holds nothing or the pool holds `limit` already.
+    fn give<T>(pool: &mut Vec<Vec<T>>, mut v: Vec<T>, limit: usize) {
+        if v.capacity() > 0 && pool.len() < limit {
+            v.clear();
+            pool.push(v);
+        }
+    }
+
+    fn give_ids(&mut self, v: Vec<u32>) {
+        Self::give(&mut self.ids, v, self.large);
+    }
+
+    fn give_float3(&mut self, v: Vec<Float3>) {
+        Self::give(&mut self.float3, v, self.large);
+    }
+
+    fn give_home(&mut self, h: HomeAtoms) {
+        self.give_ids(h.ids);
+        self.give_float3(h.positions);
+        self.give_float3(h.velocities);
+    }
+
+    fn give_blobs(&mut self, blobs: Vec<Vec<u8>>) {
+        for b in blobs {
+            Self::give(&mut self.bytes, b, SPARE_SMALL);
+        }
+    }
 }
 
 /// One local rank's working arrays.
@@ -123,13 +236,18 @@ pub fn redecompose_with(
     let nranks = grid.num_ranks();
     let local_index = local_index(ranks, homes.len(), nranks)?;
     scratch.ranks.resize_with(ranks.len(), RankScratch::default);
+    // Each local rank takes up to three id arrays and four position arrays, with its input and
+    // its result (and a caller that hands both back gives as many back).
+    scratch.spare.large = 4 * ranks.len() + 2;
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
+    let edges = CellEdges::new(&geo);
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).collect();
-    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&geo, s, h, sc));
+    let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&edges, s, h, sc));
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
     let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
     let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
+    let spare = &mut scratch.spare;
     let mut total = 0;
     for (r, blob) in gathered.iter().enumerate() {
         let (count, moving) = read_migration(blob, r, nranks)?;
@@ -140,12 +258,29 @@ pub fn redecompose_with(
             }
         }
     }
+    spare.give_blobs(gathered);
     if total != atoms {
         return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
     }
-    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).collect();
-    let mut work: Vec<Working> = workers.map(parts, |(((&s, h), sc), a)| Working::new(s, h, sc, a, box_size));
-    drop(homes);
+    // The arrays each rank fills, taken here (the workers share nothing).
+    let arrays: Vec<Arrays> = scratch
+        .ranks
+        .iter()
+        .zip(&arrivals)
+        .map(|(sc, a)| {
+            let n = sc.stay.len() + a.len();
+            Arrays {
+                ids: Spare::take(&mut spare.ids, n + n / 2),
+                wrapped: Spare::take(&mut spare.float3, n + n / 2),
+                velocities: Spare::take(&mut spare.float3, n),
+                pulses: Spare::any(&mut spare.pulses),
+            }
+        })
+        .collect();
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
+    let mut work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
+    let spare = &mut scratch.spare;
+    homes.into_iter().for_each(|h| spare.give_home(h));
 
     // 2. The pulses, dimension-major, as the global builder runs them.
     let decomposed = grid.decomposed_dims();
@@ -158,14 +293,16 @@ pub fn redecompose_with(
             let tag = pulse_tag(d, p);
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
             let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
-            let sent = workers.map(work.iter().zip(ranges).collect(), |(w, range)| {
-                let map = select_for_pulse(&geo, &decomposed, w.rank, d, &w.pos[range.clone()], range.start, rc2);
-                let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d)?;
+            let spares: Vec<_> = work.iter().map(|_| (Spare::any(&mut spare.maps), Spare::any(&mut spare.bytes))).collect();
+            let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
+                select_for_pulse_into(&geo, &decomposed, w.rank, d, &w.pos[range.clone()], range.start, rc2, &mut map);
+                let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });
             let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
             let gathered = gather(all_gather, &tag, blobs, nranks)?;
             let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(&geo, (d, p), map, &gathered, &tag));
+            spare.give_blobs(gathered);
             for (i, n) in received.into_iter().enumerate() {
                 prev[i] = (offsets[i], n?);
             }
@@ -179,7 +316,9 @@ pub fn redecompose_with(
     let mut mine = Vec::with_capacity(ranks.len());
     for ((&rank, w), sc) in ranks.iter().zip(work).zip(&mut scratch.ranks) {
         let home_atoms = w.velocities.len();
-        homes.push(HomeAtoms { ids: w.ids[..home_atoms].to_vec(), positions: w.wrapped[..home_atoms].to_vec(), velocities: w.velocities });
+        let mut ids = Spare::take(&mut scratch.spare.ids, home_atoms);
+        ids.extend_from_slice(&w.ids[..home_atoms]);
+        homes.push(HomeAtoms { ids, positions: Vec::new(), velocities: w.velocities });
         local_positions.push(w.wrapped);
         (sc.crossed, sc.pos) = (w.crossed, w.pos);
         mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
@@ -206,7 +345,7 @@ pub fn redecompose_with(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
-    check_homes(&plan, atoms)?;
+    check_homes(&plan, atoms, &mut scratch.seen)?;
     Ok(Redecomposed { plan, homes, local_positions })
 }
 
@@ -258,7 +397,7 @@ struct Leaving {
 }
 
 impl Leaving {
-    fn sort_out(geo: &Decomposition, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
+    fn sort_out(edges: &CellEdges, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
         let n = h.ids.len();
         sc.wrapped.clear();
         sc.wrapped.reserve(n);
@@ -269,25 +408,33 @@ impl Leaving {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
             return out;
         }
-        for (k, ((&id, &p), &v)) in h.ids.iter().zip(&h.positions).zip(&h.velocities).enumerate() {
-            match home_of(p, geo, id as usize) {
-                Err(e) => {
-                    out.error = Some(e);
-                    return out;
-                }
-                Ok((w, owner)) => {
-                    sc.wrapped.push(w);
-                    if owner == rank {
-                        sc.stay.push(k as u32);
-                    } else {
-                        out.dest.push(owner as u32);
-                        out.ids.push(id);
-                        out.positions.push(w);
-                        out.velocities.push(v);
-                    }
-                }
+        // The first non-finite position is the error (found where there is one: rare).
+        let finite = |p: &Float3| p.x.is_finite() & p.y.is_finite() & p.z.is_finite();
+        if !h.positions.iter().fold(true, |ok, p| ok & finite(p))
+            && let Some(e) = h.ids.iter().zip(&h.positions).find_map(|(&id, &p)| edges.home_of(p, id as usize).err())
+        {
+            out.error = Some(e);
+            return out;
+        }
+        // Wrapped, then owned: two plain passes (the stayers' indices stored unconditionally and
+        // counted, the leavers' few branches taken rarely).
+        let box_size = edges.box_size();
+        sc.wrapped.extend(h.positions.iter().map(|&p| wrap_position(p, box_size)));
+        sc.stay.resize(n, 0);
+        let mut stayers = 0;
+        for (k, (&w, &id)) in sc.wrapped.iter().zip(&h.ids).enumerate() {
+            let owner = edges.rank_of(w);
+            sc.stay[stayers] = k as u32;
+            if owner == rank {
+                stayers += 1;
+            } else {
+                out.dest.push(owner as u32);
+                out.ids.push(id);
+                out.positions.push(w);
+                out.velocities.push(h.velocities[k]);
             }
         }
+        sc.stay.truncate(stayers);
         out
     }
 
@@ -350,6 +497,14 @@ fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec
     Ok((count, moving))
 }
 
+/// The arrays a local rank's [`Working`] fills, taken from the spares.
+struct Arrays {
+    ids: Vec<u32>,
+    wrapped: Vec<Float3>,
+    velocities: Vec<Float3>,
+    pulses: Vec<PulsePlan>,
+}
+
 /// One local rank while its pulses are simulated: its local atoms so far (home atoms first, in id
 /// order) with their wrapped positions, the dimensions along which each came around the periodic
 /// boundary and their positions in the rank's frame; the home atoms' velocities; its pulses.
@@ -362,7 +517,7 @@ struct Working {
     /// along `d` (an atom comes around the boundary along a dimension at most once).
     crossed: Vec<u8>,
     pos: Vec<[f64; 3]>,
-    pulses: Vec<super::PulsePlan>,
+    pulses: Vec<PulsePlan>,
     box_size: [f32; 3],
 }
 
@@ -370,7 +525,7 @@ impl Working {
     /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
     /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
     /// plan are in order already, and arrivals are few), with room for a halo.
-    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, box_size: [f32; 3]) -> Self {
+    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, arrays: Arrays, box_size: [f32; 3]) -> Self {
         let id = |k: u32| h.ids[k as usize];
         if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
             sc.stay.sort_unstable_by_key(|&k| id(k));
@@ -379,27 +534,34 @@ impl Working {
         let n = sc.stay.len() + arrivals.len();
         let mut w = Self {
             rank,
-            ids: Vec::with_capacity(n + n / 2),
-            wrapped: Vec::with_capacity(n + n / 2),
-            velocities: Vec::with_capacity(n),
+            ids: arrays.ids,
+            wrapped: arrays.wrapped,
+            velocities: arrays.velocities,
             crossed: std::mem::take(&mut sc.crossed),
             pos: std::mem::take(&mut sc.pos),
-            pulses: Vec::new(),
+            pulses: arrays.pulses,
             box_size,
         };
-        let mut push = |(a, p, v): Moving| {
-            w.ids.push(a);
-            w.wrapped.push(p);
-            w.velocities.push(v);
-        };
-        let mut arrivals = arrivals.into_iter().peekable();
-        for &k in &sc.stay {
-            while let Some(a) = arrivals.next_if(|a| a.0 < id(k)) {
-                push(a);
+        // Runs of stayers (each copied in one pass per array), an arrival after the stayers of
+        // ids up to its own.
+        let (stay, wrapped) = (&sc.stay[..], &sc.wrapped[..]);
+        let mut at = 0;
+        for a in arrivals.into_iter().map(Some).chain([None]) {
+            let end = match a {
+                Some((a, _, _)) => at + stay[at..].partition_point(|&k| id(k) <= a),
+                None => stay.len(),
+            };
+            let run = &stay[at..end];
+            w.ids.extend(run.iter().map(|&k| h.ids[k as usize]));
+            w.wrapped.extend(run.iter().map(|&k| wrapped[k as usize]));
+            w.velocities.extend(run.iter().map(|&k| h.velocities[k as usize]));
+            if let Some((a, p, v)) = a {
+                w.ids.push(a);
+                w.wrapped.push(p);
+                w.velocities.push(v);
             }
-            push((id(k), sc.wrapped[k as usize], h.velocities[k as usize]));
+            at = end;
         }
-        arrivals.for_each(push);
         w.crossed.clear();
         w.crossed.reserve(n + n / 2);
         w.crossed.resize(n, 0);
@@ -427,14 +589,20 @@ impl Working {
     /// This rank's blob of a pulse along `d`: its local length before the pulse (its receiver's
     /// `peer_atom_offset`) and the atoms `map` (ids, wrapped positions, crossings, with `d` added
     /// when the pulse crosses the boundary).
-    fn pulse_blob(&self, map: &[u32], crosses: bool, d: usize) -> Result<Vec<u8>, PlanError> {
-        let mut b = Blob::default();
+    /// The blob is written into `spare`'s allocation.
+    fn pulse_blob(&self, map: &[u32], crosses: bool, d: usize, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
+        spare.clear();
+        let mut b = Blob(spare);
         b.0.reserve(8 + map.len() * 17);
         b.word(self.len())?;
         b.word(map.len())?;
         let bit = if crosses { 1u8 << d } else { 0 };
-        b.put(&map.iter().map(|&k| self.ids[k as usize]).collect::<Vec<_>>());
-        b.put(&map.iter().map(|&k| self.wrapped[k as usize]).collect::<Vec<_>>());
+        for &k in map {
+            b.put(&[self.ids[k as usize]]);
+        }
+        for &k in map {
+            b.put(std::slice::from_ref(&self.wrapped[k as usize]));
+        }
         b.0.extend(map.iter().map(|&k| self.crossed[k as usize] | bit));
         Ok(b.0)
     }
@@ -509,12 +677,13 @@ pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &
 }
 
 /// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).
-fn check_homes(plan: &HaloPlan, atoms: usize) -> Result<(), PlanError> {
+fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
     let found: usize = plan.ranks.iter().map(|r| r.home_atoms).sum();
     if found != atoms {
         return Err(PlanError::HomeTotal { found, expected: atoms });
     }
-    let mut seen = vec![false; atoms];
+    seen.clear();
+    seen.resize(atoms, false);
     for r in &plan.ranks {
         for (local, &id) in r.global_ids[..r.home_atoms].iter().enumerate() {
             match seen.get_mut(id as usize) {
