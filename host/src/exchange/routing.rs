@@ -23,7 +23,7 @@
 use super::interface::Placement;
 use super::{Element, RankHalo, Transport};
 use crate::error::{HaloError, Result};
-use crate::nvshmem::Nvshmem;
+use crate::nvshmem::{KeptGather, Nvshmem};
 use crate::route::{
     FailureInjection, Feedback, Outcome, PathError, PeFacts, RouteError, RoutedPaths, RoutedSummary, Router, gpu_facts, paths,
 };
@@ -65,6 +65,10 @@ pub struct Routing {
     failed: bool,
     safe_points: u64,
     reruns: u64,
+    /// The symmetric buffers of the safe points' and plans' all-gathers across PEs, kept from one
+    /// to the next (made at the first; [`Nvshmem::all_gather_bytes`] allocates and frees
+    /// symmetric memory, a collective each, every call).
+    kept: Option<KeptGather>,
 }
 
 impl std::fmt::Debug for Routing {
@@ -146,7 +150,7 @@ impl Routing {
         if let Some(i) = &injection {
             tracing::warn!("route: injecting failures: {i} ({})", crate::route::feedback::INJECT_ENV);
         }
-        Ok(Self { routers, nvshmem, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0 })
+        Ok(Self { routers, nvshmem, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0, kept: None })
     }
 
     /// Routing for ranks of one process with routers the caller built (`routers[r]` serves rank
@@ -160,7 +164,7 @@ impl Routing {
         for r in &mut routers {
             r.set_feedback(Feedback::Agreed);
         }
-        Ok(Self { routers, nvshmem: None, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0 })
+        Ok(Self { routers, nvshmem: None, halos: Vec::new(), plans: Vec::new(), injection, failed: false, safe_points: 0, reruns: 0, kept: None })
     }
 
     /// Plans `halos` (every rank's) with values of type `T`: every rank's paths, checked
@@ -178,7 +182,7 @@ impl Routing {
                         eprintln!("{line}");
                     }
                 }
-                let all = gather_plans(nv, &plan)?;
+                let all = gather_plans(nv, &mut self.kept, &plan)?;
                 RoutedPaths::check_symmetric(&all)?;
                 all
             }
@@ -324,7 +328,11 @@ impl Routing {
         // Bit 0: this PE's step failed; bit 1: an agreement is due; the rest: queued reports.
         let word = u64::from(self.failed) | (u64::from(due) << 1) | ((reports as u64) << 2);
         let words = match &self.nvshmem {
-            Some(nv) => nv.all_gather_u64(word)?,
+            Some(nv) => kept_gather(nv, &mut self.kept, &word.to_le_bytes())?
+                .iter()
+                .map(|b| b.get(..8).and_then(|w| w.try_into().ok()).map(u64::from_le_bytes))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| HaloError::Nvshmem("a safe point's all-gather returned a short word".into()))?,
             None => vec![word],
         };
         self.failed = false;
@@ -369,10 +377,23 @@ impl Routing {
     }
 }
 
+/// Every PE's `mine` through `kept`'s buffers (made now, collectively, at the first call).
+fn kept_gather(nv: &Arc<Nvshmem>, kept: &mut Option<KeptGather>, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let gather = match kept {
+        Some(g) => g,
+        None => kept.insert(KeptGather::new(nv, KEPT_GATHER_BYTES)?),
+    };
+    gather.all_gather(mine)
+}
+
+/// Bytes per PE of a routing's kept all-gather buffers at first (a plan's JSON is a few KiB; longer
+/// messages grow them).
+const KEPT_GATHER_BYTES: usize = 16 << 10;
+
 /// Every PE's plan, all-gathered through NVSHMEM as JSON (indexed by PE).
-fn gather_plans(nv: &Arc<Nvshmem>, plan: &RoutedPaths) -> Result<Vec<RoutedPaths>> {
+fn gather_plans(nv: &Arc<Nvshmem>, kept: &mut Option<KeptGather>, plan: &RoutedPaths) -> Result<Vec<RoutedPaths>> {
     let bytes = serde_json::to_vec(plan).map_err(|e| PathError::from(RouteError::Agreement(format!("encoding this PE's plan: {e}"))))?;
-    nv.all_gather_bytes(&bytes)?
+    kept_gather(nv, kept, &bytes)?
         .iter()
         .enumerate()
         .map(|(pe, b)| {
