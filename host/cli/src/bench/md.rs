@@ -61,7 +61,7 @@ pub struct MdBenchRow {
     pub gpus: usize,
     /// Rank grid.
     pub ranks: String,
-    /// `one process` or `N PEs (NVSHMEM), one per GPU`.
+    /// `one process`, `N PEs (NVSHMEM), one per GPU` or `N PEs (NVSHMEM) on M GPU(s)`.
     pub mode: String,
     /// Median time per step over the repeats (µs, every step counted).
     pub step_us_median: Option<f64>,
@@ -122,7 +122,7 @@ pub struct Target<'a> {
     pub placement: &'a Placement,
     /// GPUs in use.
     pub gpus: usize,
-    /// How the ranks run: `one process` or `N PEs (NVSHMEM), one per GPU`.
+    /// How the ranks run: `one process`, `N PEs (NVSHMEM), one per GPU` or `N PEs (NVSHMEM) on M GPU(s)`.
     pub mode: String,
     /// The machine.
     pub machine: &'a MachineInfo,

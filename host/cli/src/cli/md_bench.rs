@@ -115,7 +115,8 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         distinct.sort();
         distinct.dedup();
         let machine = MachineInfo::collect(Some(&session.nvshmem));
-        let target = Target { placement: &placement, gpus: distinct.len(), mode: format!("{n} PEs (NVSHMEM), one per GPU"), machine: &machine };
+        let mode = if distinct.len() == n { format!("{n} PEs (NVSHMEM), one per GPU") } else { format!("{n} PEs (NVSHMEM) on {} GPU(s)", distinct.len()) };
+        let target = Target { placement: &placement, gpus: distinct.len(), mode, machine: &machine };
         let rows = measure_all(&args, &target, grid, rank == 0);
         if rank == 0 {
             write(&args, &rows)?;
