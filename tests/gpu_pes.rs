@@ -228,6 +228,27 @@ fn ring(n: usize) {
     assert!(run.count("skipped") == 0, "{}", run.text());
 }
 
+/// Two PEs on one GPU (time-sliced) run the MD step checked at 180,000 atoms on 2x1x1 with searches
+/// that plan from each PE's own atoms: every rank's plan (its ~105,000 local atoms' ids) is larger
+/// than the search's kept all-gather buffers start with (256 KiB per PE), so they must grow,
+/// collectively, on both PEs alike, and the run still agrees with the undecomposed CPU reference.
+#[test]
+fn two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers() {
+    let test = "two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    let args = [
+        "launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "180000", "--ranks", "2x1x1", "--steps", "30", "--nstlist", "10", "--check-every",
+        "15",
+    ];
+    let run = halo(&args, &[], Duration::from_secs(300));
+    run.assert_ok("verify 180,000 atoms on 2 PEs");
+    // PE 0 reports for the run (its checks compare both ranks' checksums).
+    assert_eq!(run.count("2 steps checked against the CPU reference: coordinates after the halo bit-exact"), 1, "{}", run.text());
+    assert_eq!(run.count("0 mismatches"), 1, "{}", run.text());
+}
+
 #[test]
 fn a_ring_of_four_pes_on_two_gpus_runs_checked() {
     if two_gpus("a_ring_of_four_pes_on_two_gpus_runs_checked") {
