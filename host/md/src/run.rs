@@ -904,9 +904,16 @@ impl MdRun {
         t.gather = start.elapsed();
         let t1 = Instant::now();
         let (placement, kept, tag, step) = (&self.placement, &mut self.kept_gather, &self.tag, self.step);
-        let mut all_gather = |what: &str, mine: Vec<Vec<u8>>| placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
+        let mut gathers = Duration::ZERO;
+        let mut all_gather = |what: &str, mine: Vec<Vec<u8>>| {
+            let t = Instant::now();
+            let all = placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
+            gathers += t.elapsed();
+            all
+        };
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+        t.plan_gathers = gathers;
         for ((&r, home), local) in self.ids.iter().zip(&done.homes).zip(&done.local_positions) {
             let ids = &done.plan.ranks[r].global_ids;
             for (&id, &p) in ids.iter().zip(local) {

@@ -100,6 +100,9 @@ pub struct SearchTimes {
     pub pairs: Duration,
     /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
+    /// Of `plan`, when planned from the ranks' own atoms: the time inside the all-gathers between
+    /// processes (their waits for the slowest process included).
+    pub plan_gathers: Duration,
 }
 
 impl SearchTimes {
@@ -114,6 +117,7 @@ impl SearchTimes {
         self.grid += o.grid;
         self.pairs += o.pairs;
         self.upload += o.upload;
+        self.plan_gathers += o.plan_gathers;
     }
 }
 

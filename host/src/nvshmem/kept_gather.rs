@@ -21,6 +21,10 @@ use std::sync::Arc;
 /// Bytes of the length word before each message.
 const HEADER: usize = 8;
 
+/// Bytes read from the start of every slot in one copy after the barrier: the length word and the
+/// whole of a short message (a safe point's word, a migration), so most rounds read each slot once.
+const PREFIX: usize = 16 << 10;
+
 /// Symmetric buffers kept for repeated all-gathers (see the module docs). Every PE must make the
 /// same calls in the same order, like any collective; drop it on every PE at the same point (its
 /// buffers are freed collectively).
@@ -53,21 +57,22 @@ impl KeptGather {
     /// NVSHMEM refuses its other collectives (several PEs per GPU without MPS: [`GatherPath`]).
     pub fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let nv = self.nvshmem.clone();
-        let lens = self.round(mine)?;
-        let longest = lens.iter().copied().max().unwrap_or(0);
+        let slots = self.round(mine)?;
+        let longest = slots.iter().map(|s| s.len).max().unwrap_or(0);
         if longest <= self.capacity() {
-            return self.read(&lens);
+            return self.read(slots);
         }
         // Someone's message did not fit: every PE saw every length, so all grow alike (new buffers
         // allocated, then the old ones freed: collectives in the same order everywhere) and gather again.
         *self = Self::new(&nv, longest + longest / 2)?;
-        let lens = self.round(mine)?;
-        self.read(&lens)
+        let slots = self.round(mine)?;
+        self.read(slots)
     }
 
     /// One round: this PE's length (and message, when it fits) into its slot of every PE's current
-    /// destination, a barrier, then every PE's length read back. Leaves `parity` at the buffer read.
-    fn round(&mut self, mine: &[u8]) -> Result<Vec<usize>> {
+    /// destination, a barrier, then the start of every PE's slot read back (its length, and all of
+    /// a message of up to [`PREFIX`] bytes). Leaves `parity` at the buffer read.
+    fn round(&mut self, mine: &[u8]) -> Result<Vec<Slot>> {
         let nv = &self.nvshmem;
         let (me, n) = (nv.my_pe(), nv.n_pes());
         let fits = mine.len() <= self.capacity();
@@ -90,30 +95,46 @@ impl KeptGather {
         });
         // Every PE's puts returned before it entered the barrier: all slots are written after it.
         nv.barrier_all()?;
-        let mut lens = Vec::with_capacity(n);
-        for pe in 0..n {
-            let mut word = [0u8; HEADER];
-            copy_out(dst, pe * self.slot, &mut word)?;
-            lens.push(u64::from_le_bytes(word) as usize);
-        }
-        Ok(lens)
+        // Each slot's start in one copy: its length, and the whole of a short message.
+        let prefix = self.slot.min(PREFIX);
+        (0..n)
+            .map(|pe| {
+                let mut head = vec![0u8; prefix];
+                copy_out(dst, pe * self.slot, &mut head)?;
+                let len = head.get(..HEADER).and_then(|w| w.try_into().ok()).map_or(0, u64::from_le_bytes) as usize;
+                Ok(Slot { len, head })
+            })
+            .collect()
     }
 
     /// Every PE's message of the round just done (all fit), then the other buffer for the next call.
-    fn read(&mut self, lens: &[usize]) -> Result<Vec<Vec<u8>>> {
+    fn read(&mut self, slots: Vec<Slot>) -> Result<Vec<Vec<u8>>> {
         let dst = &self.dst[self.parity];
-        let all = lens
-            .iter()
+        let all = slots
+            .into_iter()
             .enumerate()
-            .map(|(pe, &len)| {
-                let mut v = vec![0u8; len];
-                copy_out(dst, pe * self.slot + HEADER, &mut v)?;
+            .map(|(pe, Slot { len, mut head })| {
+                let have = head.len() - HEADER;
+                if len <= have {
+                    head.truncate(HEADER + len);
+                    head.drain(..HEADER);
+                    return Ok(head);
+                }
+                let mut v = head.split_off(HEADER);
+                v.resize(len, 0);
+                copy_out(dst, pe * self.slot + HEADER + have, &mut v[have..])?;
                 Ok(v)
             })
             .collect::<Result<Vec<_>>>()?;
         self.parity ^= 1;
         Ok(all)
     }
+}
+
+/// What a round read of one PE's slot: the message's length and the slot's first bytes.
+struct Slot {
+    len: usize,
+    head: Vec<u8>,
 }
 
 /// `out.len()` bytes of `buf` from byte `offset` (synchronous).

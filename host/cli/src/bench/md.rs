@@ -87,6 +87,9 @@ pub struct MdBenchRow {
     pub search_ms: Option<f64>,
     /// Of which: gather, plan, local atoms + grid (+ host lists), GPU lists, upload (ms, mean).
     pub search_parts_ms: Option<[f64; 5]>,
+    /// Of the plan, when planned from the ranks' own atoms: the time inside the all-gathers between
+    /// processes (ms, mean).
+    pub plan_gathers_ms: Option<f64>,
     /// Where the cluster-pair lists were searched: `gpu` (the grid sorted on the host),
     /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank),
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
@@ -153,6 +156,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_share: None,
         search_ms: None,
         search_parts_ms: None,
+        plan_gathers_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         graph: cfg.graph,
         nstlist: cfg.step.nstlist,
@@ -235,6 +239,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         ms(gpu_lists) / n,
         ms(after.upload - before.upload) / n,
     ]);
+    row.plan_gathers_ms = (row.list_search == "gpu-redecomposed").then(|| ms(after.plan_gathers - before.plan_gathers) / n);
     row.home_atoms = lists.home_atoms;
     row.local_atoms = lists.local_atoms;
     Ok(())
@@ -318,9 +323,10 @@ pub fn table(rows: &[MdBenchRow]) -> String {
                 format!("  {} atoms, {}: all on the GPU: grid {a:.2}, lists {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
             } else if r.list_search == "gpu-redecomposed" {
                 format!(
-                    "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2}, local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
                     r.atoms,
-                    variant(r)
+                    variant(r),
+                    r.plan_gathers_ms.unwrap_or(0.0)
                 )
             } else {
                 format!(
@@ -364,6 +370,7 @@ mod tests {
             search_share: Some(0.1),
             search_ms: Some(0.6),
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
+            plan_gathers_ms: None,
             list_search: "gpu".into(),
             graph: false,
             nstlist: 100,
