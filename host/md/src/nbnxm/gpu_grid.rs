@@ -507,19 +507,7 @@ impl DeviceGrid {
         let read = |v: Vec<u32>, len: usize| v[..len].to_vec();
         let boxes = |v: Vec<NbnxmBox>, len: usize| v[..len].iter().map(|b| BBox { lo: b.lo, hi: b.hi }).collect::<Vec<_>>();
         let (table, flat) = self.read_search_tables()?;
-        let zones = table
-            .iter()
-            .map(|z| {
-                let base = z.column_base as usize;
-                ZoneGrid {
-                    zone: z.zone as u8,
-                    extent: BBox { lo: z.extent.lo, hi: z.extent.hi },
-                    columns: [z.columns[0] as usize, z.columns[1] as usize],
-                    cell: z.cell,
-                    column_start: flat[base..=base + (z.columns[0] * z.columns[1]) as usize].to_vec(),
-                }
-            })
-            .collect();
+        let zones = zone_grids(&table, &flat);
         Ok(ClusterGrid {
             atom_index: read(self.atom_index.to_host()?, s * SS),
             atom_type: read(self.atom_type.to_host()?, s * SS),
@@ -568,6 +556,24 @@ struct Atoms {
     types: u64,
     zone_ids: u64,
     n: usize,
+}
+
+/// The host's column grids of the zones in `table`, each zone's column starts taken from `flat`
+/// (every zone's, one after the other, at its `column_base`).
+fn zone_grids(table: &[NbnxmZone], flat: &[u32]) -> Vec<ZoneGrid> {
+    table
+        .iter()
+        .map(|z| {
+            let base = z.column_base as usize;
+            ZoneGrid {
+                zone: z.zone as u8,
+                extent: BBox { lo: z.extent.lo, hi: z.extent.hi },
+                columns: z.columns.map(|c| c as usize),
+                cell: z.cell,
+                column_start: flat[base..=base + (z.columns[0] * z.columns[1]) as usize].to_vec(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -621,19 +627,7 @@ mod tests {
             }
         }
         let total = column_start[ncol] as usize;
-        let zones = table
-            .iter()
-            .map(|z| {
-                let base = z.column_base as usize;
-                ZoneGrid {
-                    zone: z.zone as u8,
-                    extent: BBox { lo: z.extent.lo, hi: z.extent.hi },
-                    columns: z.columns.map(|c| c as usize),
-                    cell: z.cell,
-                    column_start: column_start[base..=base + (z.columns[0] * z.columns[1]) as usize].to_vec(),
-                }
-            })
-            .collect();
+        let zones = zone_grids(&table, &column_start);
         let mut g = ClusterGrid {
             atom_index: vec![0xdead; total * SS],
             atom_type: vec![0xdead; total * SS],
