@@ -59,11 +59,14 @@ run 400 $H $M --gpus 2 --atoms 6000,45000,180000 --transport fused,$BASE --graph
 # One rank with the grid sorted on the host at every search (gather, plan, grid, upload), beside the
 # default search on the GPU alone, to show what that saves.
 run 300 $H $M --gpus 1 --atoms 45000 --transport fused --host-grid --json "$OUT/md-1gpu-host-grid.json"
+# Two PEs gathering the whole system and sorting the grids on the host at every search, beside the
+# default (each PE plans from its own atoms, the GPU sorts the grids).
+run 300 $H launch -n 2 -- $M --atoms 6000,45000 --transport fused --host-grid --json "$OUT/md-2gpu-host-grid.json"
 # The same step with the lists searched on host threads, to show what the GPU search saves.
 run 300 $H launch -n 2 -- $M --atoms 45000 --transport fused --host-search --json "$OUT/md-45k-2gpu-host-search.json"
 # nstlist 50 beside 100 (shorter lists and halo, twice the searches).
 run 300 $H launch -n 2 -- $M --atoms 45000 --transport fused --nstlist 50 --json "$OUT/md-45k-2gpu-nstlist50.json"
-for f in md-45k-2gpu md-2gpu-pe md-1gpu md-1gpu-host-grid md-2gpu-1proc md-45k-2gpu-host-search md-45k-2gpu-nstlist50; do
+for f in md-45k-2gpu md-2gpu-pe md-1gpu md-1gpu-host-grid md-2gpu-host-grid md-2gpu-1proc md-45k-2gpu-host-search md-45k-2gpu-nstlist50; do
   echo "== $f: transport, atoms, step_us_median, ns_per_day, search_share, graph"
   grep -o '"transport": "[^"]*"\|"atoms": [0-9]*\|"step_us_median": [0-9.e+-]*\|"ns_per_day": [0-9.e+-]*\|"search_share": [0-9.e+-]*\|"graph": [a-z]*' "$OUT/$f.json" | paste - - - - - -
 done
