@@ -288,31 +288,7 @@ impl NbnxmGpu {
     pub fn update_resident(
         &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        let t0 = Instant::now();
-        // Until the new grid is complete the lists index no atoms (a failed build leaves none).
-        self.atoms = 0;
-        for l in &mut self.lists {
-            l.n_entries = 0;
-            l.n_words = 0;
-        }
-        let grid = self.grid.build(&self.module, x, types, atoms, box_size, true, stream)?;
-        if atoms > 0 && grid.max_type >= self.ntypes {
-            return Err(HaloError::InvalidInput(format!(
-                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
-                grid.max_type, self.ntypes
-            )));
-        }
-        let t1 = Instant::now();
-        self.search_lists(stream)?;
-        self.box_size = box_size;
-        self.atoms = atoms;
-        Ok(ResidentSearch {
-            grid,
-            grid_time: t1 - t0,
-            lists_time: t1.elapsed(),
-            words: [self.lists[0].n_words, self.lists[1].n_words],
-            entries: [self.lists[0].n_entries, self.lists[1].n_entries],
-        })
+        self.search_on_gpu_grid(atoms, box_size, stream, |grid, module| grid.build(module, x, types, atoms, box_size, true, stream))
     }
 
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
@@ -334,24 +310,42 @@ impl NbnxmGpu {
     /// coordinate array). Invalid atoms, or types beyond the LJ table, are an error (the lists are
     /// then empty).
     pub fn update_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream) -> Result<ResidentSearch> {
+        let ntypes = self.ntypes;
+        self.search_on_gpu_grid(atoms.len(), box_size, stream, |grid, module| {
+            if atoms.ntypes > ntypes as usize {
+                return Err(HaloError::InvalidInput(format!(
+                    "atom types up to {} but the LJ table has {ntypes} (it must hold every type of the atoms)",
+                    atoms.ntypes
+                )));
+            }
+            grid.build_local(module, atoms, stream)
+        })
+    }
+
+    /// A search on a grid that `build` sorts on the GPU (on `stream`, synchronised before
+    /// returning): the lists are emptied first (a failed build or search leaves none), the grid
+    /// built, its largest atom type checked against the LJ table, and both lists searched on it
+    /// for `atoms` atoms in a box of `box_size`; the time of each half.
+    fn search_on_gpu_grid(
+        &mut self, atoms: usize, box_size: [f32; 3], stream: &CudaStream, build: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<GridInfo>,
+    ) -> Result<ResidentSearch> {
         let t0 = Instant::now();
-        // Until the new grid is complete the lists index no atoms (a failed build leaves none).
         self.atoms = 0;
         for l in &mut self.lists {
             l.n_entries = 0;
             l.n_words = 0;
         }
-        if atoms.ntypes > self.ntypes as usize {
+        let grid = build(&mut self.grid, &self.module)?;
+        if atoms > 0 && grid.max_type >= self.ntypes {
             return Err(HaloError::InvalidInput(format!(
                 "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
-                atoms.ntypes, self.ntypes
+                grid.max_type, self.ntypes
             )));
         }
-        let grid = self.grid.build_local(&self.module, atoms, stream)?;
         let t1 = Instant::now();
         self.search_lists(stream)?;
         self.box_size = box_size;
-        self.atoms = atoms.len();
+        self.atoms = atoms;
         Ok(ResidentSearch {
             grid,
             grid_time: t1 - t0,
