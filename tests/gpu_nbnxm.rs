@@ -689,3 +689,66 @@ fn kernel_times() {
         eprintln!("{r}");
     }
 }
+
+/// How the list's entry shape changes the force kernel's time (no assertion on the times): the
+/// 45,000-atom lists (one rank, and rank 0 of 2x1x1) split at 8, 16, 32 (the default) and 64
+/// words per entry, each in the search's order and sorted longest first (a launch's blocks start
+/// in entry order, so long entries last make a tail), the default design at the host rule's warp
+/// count and at 1 to 8 warps; prune first, then forces back to back (see [`back_to_back_us`]).
+/// The sorted list is also checked to give the same forces as the search's order (within the
+/// tolerance: the atomics add in another order).
+#[test]
+fn entry_shape_times() {
+    let Some(g) = gpu("nbnxm_entry_shapes") else { return };
+    const REPS: usize = 25;
+    let sys = MolecularSystem::generate(45_000, 13).unwrap();
+    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+    for dims in [[1, 1, 1], [2, 1, 1]] {
+        let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), s.rlist).unwrap();
+        let atoms = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap();
+        let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
+        let f = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms.len()).unwrap();
+        let stream = g.ctx.new_stream().unwrap();
+        for max_j in [8, 16, 32, 64] {
+            let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(s.rlist) };
+            let search = PairSearch::build(&atoms, &opts).unwrap();
+            let mut sorted = search.clone();
+            for list in [&mut sorted.local, &mut sorted.nonlocal] {
+                list.entries.sort_by_key(|e| std::cmp::Reverse(e.j_end - e.j_start));
+            }
+            let mut forces = Vec::new();
+            for (order, found) in [("search", &search), ("longest-first", &sorted)] {
+                let mut nb = NbnxmGpu::new(g.module.clone(), found, &lj_table(&sys), &s, sys.box_size).unwrap();
+                let mut cells = String::new();
+                for w in [None, Some(1), Some(2), Some(4), Some(8)] {
+                    nb.set_warps(w.map_or(WarpsPerEntry::Auto, WarpsPerEntry::Fixed)).unwrap();
+                    let label = w.map_or_else(|| format!("rule W={}", nb.warps_per_entry(ListKind::Local)), |w| format!("W={w}"));
+                    nb.prune(ListKind::Local, &x, &stream).unwrap();
+                    let (t, hidden) = back_to_back_us(&g, &stream, REPS, &mut || nb.forces(ListKind::Local, &x, &f, &stream, false).unwrap());
+                    cells.push_str(&format!("  {label} {t:6.1}{}", if hidden { "" } else { "!" }));
+                }
+                eprintln!(
+                    "nbnxm_entry_shapes 45000 {}x{}x{} Local max_j {max_j:>2} {order:>13}: {} entries, {} words:{cells}",
+                    dims[0],
+                    dims[1],
+                    dims[2],
+                    found.local.entries.len(),
+                    found.local.j_list.len()
+                );
+                // One clean launch for the comparison of the two orders.
+                nb.set_warps(WarpsPerEntry::Auto).unwrap();
+                let fd = DeviceBuffer::<Float3>::zeroed(&g.ctx, atoms.len()).unwrap();
+                nb.forces(ListKind::Local, &x, &fd, &stream, false).unwrap();
+                stream.synchronize().unwrap();
+                forces.push(fd.to_host().unwrap());
+            }
+            let rms = (forces[0].iter().map(|p| f64::from(p.x * p.x + p.y * p.y + p.z * p.z)).sum::<f64>() / forces[0].len() as f64).sqrt();
+            let worst = forces[0]
+                .iter()
+                .zip(&forces[1])
+                .map(|(a, b)| f64::from((a.x - b.x).abs().max((a.y - b.y).abs()).max((a.z - b.z).abs())) / rms)
+                .fold(0.0, f64::max);
+            assert!(worst < FORCE_TOL, "max_j {max_j}: sorted entries change the forces by {worst:e} of the RMS force");
+        }
+    }
+}
