@@ -225,17 +225,21 @@ fn forty_five_thousand_atoms_1d_2d_3d() {
     run("md_45000_8x1x1_two_pulses", c);
 }
 
-/// Plain steps replayed as CUDA graphs (captured again after every search) between checked steps:
-/// the checks after graph steps see the same bit-exact coordinates and forces.
+/// Steps without energy or check replayed as CUDA graphs (plain and prune steps, each captured
+/// again after every search) between checked steps: the checks after graph steps see the same
+/// bit-exact coordinates and forces, and every step that is neither checked nor sums energies
+/// (search and prune steps included) ran from a graph.
 #[test]
 fn graph_replay_between_checks() {
     for (grid, t) in [([2, 2, 2], Transport::Fused), ([2, 1, 1], Transport::FusedTma), ([2, 2, 1], Transport::PerPulseDirect), ([1, 1, 1], Transport::Fused)] {
         let mut c = config(6000, grid, t, 100, 25);
         c.check_every = 7;
+        c.nstprune = 5;
         c.graph = true;
         let test = format!("md_graph_{}x{}x{}_{t}", grid[0], grid[1], grid[2]);
+        let launched = (0..c.steps).filter(|&s| s % c.check_every != 0 && (c.energy_every == 0 || s % c.energy_every != 0)).count() as u64;
         let Some(out) = run(&test, c) else { return };
-        assert!(out.graph_steps > 50, "{test}: {} graph steps", out.graph_steps);
+        assert_eq!(out.graph_steps, launched, "{test}: steps replayed as graphs");
     }
 }
 

@@ -55,6 +55,9 @@ pub struct MdRank {
     /// interval starts without a memset; a search (new lists, maybe a new exchange and home count)
     /// clears this, and its first step zeroes them itself.
     forces_clear: bool,
+    /// Whether this step's local work zeroed anything (home forces, an energy record) that the
+    /// halo stream's force kernel must wait for.
+    zeroed_on_local: bool,
     /// The local stream (home–home forces, integration), normal priority.
     pub local: Arc<CudaStream>,
     home_forces_zeroed: CudaEvent,
@@ -95,6 +98,7 @@ impl MdRank {
             home: 0,
             total: 0,
             forces_clear: false,
+            zeroed_on_local: true,
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
@@ -210,6 +214,7 @@ impl MdRank {
 
     fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
         self.check_exchange(ex)?;
+        let zeroes = !self.forces_clear || work.energy.is_some();
         if !self.forces_clear {
             ex.f.zero_range_async(0, self.home, &self.local)?;
         }
@@ -217,8 +222,13 @@ impl MdRank {
             self.energies.zero_range_async(2 * r, 2, &self.local)?;
         }
         // Both force kernels add into home forces and the energy record: the halo stream's kernel
-        // waits for this event.
-        self.event(events, 0).record(&self.local).during("recording an event")?;
+        // waits for this event. With nothing zeroed here (the last integration cleared the forces,
+        // no energy) the halo stream is already ordered after that integration
+        // (`coordinates_ready`), and the event and its wait would be two host calls for nothing.
+        self.zeroed_on_local = zeroes;
+        if zeroes {
+            self.event(events, 0).record(&self.local).during("recording an event")?;
+        }
         if work.prune {
             self.nb.prune(ListKind::Local, &ex.x, &self.local)?;
         }
@@ -246,7 +256,9 @@ impl MdRank {
 
     fn halo_work(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork, events: Events) -> Result<()> {
         ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
-        halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
+        if self.zeroed_on_local {
+            halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
+        }
         if work.prune {
             self.nb.prune(ListKind::NonLocal, &ex.x, halo)?;
         }
@@ -292,18 +304,22 @@ impl MdRank {
         Ok(())
     }
 
-    /// One plain step (no prune, no energy) of this rank captured as a CUDA graph on the local
-    /// stream: the local work, the halo stream forked from the graph's start (the graph, launched
+    /// One step without energy (`work.energy` must be `None`; with `work.prune` the prune kernels
+    /// too) of this rank captured as a CUDA graph on the local stream: the local work, the halo stream forked from the graph's start (the graph, launched
     /// on the local stream, starts after the previous step's integration), this rank's coordinate
     /// halo, the forces with halo atoms, its force halo, and the integration, joined back into the
     /// local stream. Nothing runs now; [`Self::launch_graph`] replays it. Valid until the next
     /// search (new lists and launch shapes): capture again then. GPU-initiated transports only
     /// (the exchange's launches carry no step counter: docs/protocol.md, "Graphs").
-    pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32) -> Result<CudaGraph> {
+    pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32, work: StepWork) -> Result<CudaGraph> {
         if !transport.gpu_initiated() {
             return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
         }
-        let work = StepWork::default();
+        if work.energy.is_some() {
+            return Err(HaloError::InvalidInput(
+                "a step that sums energies writes its own record and cannot be replayed from a graph; capture steps without energy".into(),
+            ));
+        }
         // Thread-local mode: other threads' CUDA calls stay legal during the capture.
         self.local.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;
         let mut queue = || -> Result<()> {

@@ -96,8 +96,9 @@ pub struct MdConfig {
     /// all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
     /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
-    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs, one per rank,
-    /// captured again after every search (GPU-initiated transports; others launch as usual).
+    /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
+    /// and with the prune), each captured at its first use after a search (GPU-initiated
+    /// transports; others launch as usual).
     pub graph: bool,
 }
 
@@ -439,8 +440,9 @@ pub struct MdRun {
     exchange: Option<Box<dyn Exchange>>,
     gather: HomeGather,
     ranks: Vec<MdRank>,
-    /// Each local rank's captured plain step of this search interval (empty until captured).
-    graphs: Vec<cudarc::driver::CudaGraph>,
+    /// Each local rank's captured steps of this search interval: `[plain, prune]` (empty until
+    /// captured).
+    graphs: [Vec<cudarc::driver::CudaGraph>; 2],
     plan: Option<HaloPlan>,
     step: u64,
     started: Option<Instant>,
@@ -512,7 +514,7 @@ impl MdRun {
             exchange: None,
             gather,
             ranks: Vec::new(),
-            graphs: Vec::new(),
+            graphs: [Vec::new(), Vec::new()],
             plan: None,
             step: 0,
             started: None,
@@ -618,7 +620,7 @@ impl MdRun {
     fn roll_back(&mut self) -> Result<()> {
         let at = self.rollback.restore(self.step, &mut self.system, &mut self.out, &mut self.partial)?;
         eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", self.step);
-        self.graphs.clear();
+        self.graphs.iter_mut().for_each(Vec::clear);
         if let Some(mut ex) = self.exchange.take() {
             ex.reset_protocol()?;
         }
@@ -670,16 +672,17 @@ impl MdRun {
         let injected = self.routing.as_ref().map_or_else(Vec::new, |r| r.injected(s));
         let transport = self.cfg.transport;
         let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange after the search".into()))?;
-        if self.cfg.graph && transport.gpu_initiated() && work == StepWork::default() && !self.cfg.checks_step(s) && injected.is_empty() {
-            if self.graphs.is_empty() {
+        if self.cfg.graph && transport.gpu_initiated() && work.energy.is_none() && !self.cfg.checks_step(s) && injected.is_empty() {
+            let graphs = &mut self.graphs[usize::from(work.prune)];
+            if graphs.is_empty() {
                 let t = Instant::now();
                 for (i, m) in self.ranks.iter_mut().enumerate() {
                     let halo = ex.streams()[i].clone();
-                    self.graphs.push(m.capture_step(&mut ex.local_ranks_mut()[i], &halo, transport, self.cfg.dt)?);
+                    graphs.push(m.capture_step(&mut ex.local_ranks_mut()[i], &halo, transport, self.cfg.dt, work)?);
                 }
                 self.out.graph_capture += t.elapsed();
             }
-            for (m, g) in self.ranks.iter().zip(&self.graphs) {
+            for (m, g) in self.ranks.iter().zip(graphs.iter()) {
                 m.launch_graph(g)?;
             }
             self.unsettled = true;
@@ -750,7 +753,7 @@ impl MdRun {
             self.settle()?;
         }
         // New lists and launch shapes: the captured steps are stale.
-        self.graphs.clear();
+        self.graphs.iter_mut().for_each(Vec::clear);
         // The GPUs are idle from here until the first launch of this step: all of it is the search's.
         let start = Instant::now();
         self.collect_energies()?;

@@ -95,7 +95,7 @@ pub struct MdBenchRow {
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
     /// sorts the grid and searches the lists) or `host`.
     pub list_search: String,
-    /// Whether plain steps were replayed as CUDA graphs.
+    /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
     /// Steps between searches.
     pub nstlist: u64,
@@ -256,7 +256,7 @@ pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> 
     Some(row.ns_per_day? / best)
 }
 
-/// The transport, `+graph` when its plain steps were replayed as CUDA graphs.
+/// The transport, `+graph` when its steps were replayed as CUDA graphs.
 fn variant(r: &MdBenchRow) -> String {
     if r.graph { format!("{}+graph", r.transport) } else { r.transport.clone() }
 }

@@ -41,7 +41,8 @@ pub struct MdBenchArgs {
     /// Untimed warm-up steps (rounded up to a multiple of --nstlist).
     #[arg(long, default_value_t = 200)]
     pub warmup: u64,
-    /// Also run every GPU-initiated transport with its plain steps replayed as CUDA graphs.
+    /// Also run every GPU-initiated transport with its steps replayed as CUDA graphs (all but those
+    /// that sum energies or are checked: plain and prune steps, one graph each per search interval).
     #[arg(long)]
     pub graph: bool,
     /// Write the rows (a JSON list of objects) to this file.

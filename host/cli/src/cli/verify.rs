@@ -135,7 +135,8 @@ pub struct VerifyArgs {
     /// GPUs to spread the ranks over in one process (default: all visible).
     #[arg(long)]
     pub gpus: Option<usize>,
-    /// Replay plain steps (no search, prune, energy or check) as CUDA graphs (GPU-initiated transports).
+    /// Replay the steps that neither sum energies nor are checked (plain and prune steps) as CUDA
+    /// graphs (GPU-initiated transports).
     #[arg(long)]
     pub graph: bool,
     /// Write the outcome and the machine as JSON (PE 0 under a launcher).
