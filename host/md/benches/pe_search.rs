@@ -19,7 +19,8 @@ use halo::abi::Float3;
 use halo::decomp::{HaloPlan, HomeAtoms, RankGrid, Redecomposed, redecompose};
 use halo::error::{HaloError, Result};
 use halo::system::MolecularSystem;
-use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup};
+use halo::workers::Workers;
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms};
 use halo_md::search::{HostSearch, ListsOn, RankSearch};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -162,6 +163,12 @@ impl<'a> Pe<'a> {
         (plan, found)
     }
 
+    /// The path `MdRun::search` takes: the local atoms and home arrays straight from the
+    /// redecomposition ([`HostSearch::rank_searches_redecomposed`]).
+    fn direct(&mut self, done: Redecomposed) -> (HaloPlan, Vec<RankSearch>) {
+        self.host.rank_searches_redecomposed(done, &self.case.sys, &[0], &self.case.setup, ListsOn::GpuGrid).expect("search")
+    }
+
     /// What a search leaves for the next: the plan and the rank searches' arrays back.
     fn recycle(&mut self, plan: HaloPlan, found: Vec<RankSearch>) {
         self.host.recycle(found);
@@ -174,10 +181,11 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e6
 }
 
-/// Per-phase medians (µs) of 101 searches on one PE state, after a few to warm its buffers.
-fn breakdown(case: &Case) {
+/// Per-phase medians (µs) of 101 searches on one PE state, after a few to warm its buffers, on
+/// the gathered (`direct == false`) or the direct path.
+fn breakdown(case: &Case, direct: bool) {
     let mut pe = Pe::new(case);
-    let (mut read, mut plan_t, mut gathers, mut gathered_t, mut total) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut read, mut plan_t, mut gathers, mut atoms_t, mut local_t, mut total) = (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut check = None;
     for i in 0..111 {
         let t0 = Instant::now();
@@ -186,38 +194,42 @@ fn breakdown(case: &Case) {
         pe.gathers = Duration::ZERO;
         let done = pe.redecompose(homes);
         let t2 = Instant::now();
-        let (plan, found) = pe.gathered(done);
+        let (plan, found) = if direct { pe.direct(done) } else { pe.gathered(done) };
         let t3 = Instant::now();
         if i == 0 {
             assert_eq!(plan, case.want, "the redecomposed plan is the global builder's");
             check = Some(found.iter().map(|f| (f.home_x.len(), f.lists.atoms())).collect::<Vec<_>>());
         }
+        let local = found.iter().map(|f| f.atoms_time).max().unwrap_or_default();
         pe.recycle(plan, found);
         if i >= 10 {
+            local_t.push(local);
             read.push(t1 - t0);
             plan_t.push(t2 - t1);
             gathers.push(pe.gathers);
-            gathered_t.push(t3 - t2);
+            atoms_t.push(t3 - t2);
             total.push(t3 - t0);
         }
     }
     let (g, p) = (median(gathers), median(plan_t));
+    let path = if direct { "direct (local atoms + home arrays from the redecomposition)" } else { "gathered (scatter + local atoms + home arrays)" };
     println!(
         "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, rlist {:.3} nm ({:?} home/local atoms), medians in us: home arrays filled {:.0}, \
-         redecompose {p:.0} (of it emulated collectives {g:.0}, own arithmetic {:.0}), gathered path (scatter + local atoms + home arrays) {:.0}; \
-         total {:.0}",
+         redecompose {p:.0} (of it emulated collectives {g:.0}, own arithmetic {:.0}), {path} {:.0} (of it the local atoms {:.0}); total {:.0}",
         case.setup.rlist,
         check.unwrap_or_default(),
         median(read),
         p - g,
-        median(gathered_t),
+        median(atoms_t),
+        median(local_t),
         median(total),
     );
 }
 
 fn bench(c: &mut Criterion) {
     let case = case();
-    breakdown(&case);
+    breakdown(&case, false);
+    breakdown(&case, true);
     let mut g = c.benchmark_group("pe search 45k 2x1x1 rank 0");
     g.sample_size(30);
     let mut pe = Pe::new(&case);
@@ -238,6 +250,44 @@ fn bench(c: &mut Criterion) {
             pe.recycle(plan, black_box(found));
         })
     });
+    g.bench_function("redecompose + direct local atoms", |b| {
+        b.iter(|| {
+            let homes = pe.homes();
+            let done = pe.redecompose(homes);
+            let (plan, found) = pe.direct(done);
+            pe.recycle(plan, black_box(found));
+        })
+    });
+    // The local atoms alone, from one redecomposition: gathered from a system copy by id, or
+    // from the rank's own local positions.
+    let homes = pe.homes();
+    let done = pe.redecompose(homes);
+    let (plan, local) = (&done.plan, &done.local_positions[0]);
+    let mut sys = case.sys.clone();
+    for (&id, &p) in plan.ranks[0].global_ids.iter().zip(local) {
+        sys.positions[id as usize] = p;
+    }
+    let (workers, mut out, mut spare) = (Workers::serial(), LocalAtoms::default(), local.clone());
+    g.bench_function("local atoms: from_plan_into", |b| {
+        b.iter(|| LocalAtoms::from_plan_into(plan, 0, &sys.positions, &sys.types, &workers, &mut out).expect("atoms"))
+    });
+    g.bench_function("local atoms: from_local_into", |b| {
+        b.iter(|| {
+            // The copy stands for the redecomposition's fresh local positions.
+            spare.clear();
+            spare.extend_from_slice(local);
+            LocalAtoms::from_local_into(plan, 0, &mut spare, &sys.types, &workers, &mut out).expect("atoms")
+        })
+    });
+    g.bench_function("local positions: copy alone", |b| {
+        b.iter(|| {
+            spare.clear();
+            spare.extend_from_slice(black_box(local));
+        })
+    });
+    LocalAtoms::from_plan_into(plan, 0, &sys.positions, &sys.types, &workers, &mut out).expect("atoms");
+    g.bench_function("local atoms: validate alone", |b| b.iter(|| black_box(&out).validate().expect("valid")));
+    g.bench_function("types max alone", |b| b.iter(|| black_box(&sys.types).iter().copied().max()));
     g.finish();
 }
 
