@@ -279,15 +279,8 @@ fn bench(c: &mut Criterion) {
             LocalAtoms::from_local_into(plan, 0, &mut spare, &sys.types, &workers, &mut out).expect("atoms")
         })
     });
-    g.bench_function("local positions: copy alone", |b| {
-        b.iter(|| {
-            spare.clear();
-            spare.extend_from_slice(black_box(local));
-        })
-    });
     LocalAtoms::from_plan_into(plan, 0, &sys.positions, &sys.types, &workers, &mut out).expect("atoms");
     g.bench_function("local atoms: validate alone", |b| b.iter(|| black_box(&out).validate().expect("valid")));
-    g.bench_function("types max alone", |b| b.iter(|| black_box(&sys.types).iter().copied().max()));
     g.finish();
 }
 

@@ -224,7 +224,9 @@ impl LocalAtoms {
                 }
             }
         }
-        let zones_ok = self.zones[..self.home].iter().all(|&z| z == 0) && self.zones[self.home..].iter().all(|&z| z != 0 && z < 8);
+        // Branch-free passes first (the common case); the loops below find the first bad entry.
+        let zones_ok = self.zones[..self.home].iter().fold(0, |a, &z| a | z) == 0
+            && self.zones[self.home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8));
         if !zones_ok {
             for (atom, &zone) in self.zones.iter().enumerate() {
                 if (atom < self.home) != (zone == 0) || zone >= 8 {
@@ -232,7 +234,8 @@ impl LocalAtoms {
                 }
             }
         }
-        if let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
+        let beyond = self.types.iter().fold(0, |m, &t| m.max(t)) as usize >= self.ntypes;
+        if beyond && let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
             return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
         }
         Ok(())
