@@ -85,9 +85,9 @@ fn record_rank1(grid: RankGrid, box_size: [f32; 3], cutoff: f32, homes: &[HomeAt
     let recorded = Mutex::new(HashMap::new());
     let barrier = Barrier::new(2);
     std::thread::scope(|scope| {
-        for rank in 0..2 {
+        for (rank, home) in homes.iter().enumerate() {
             let (slots, recorded, barrier) = (&slots, &recorded, &barrier);
-            let mine = vec![homes[rank].clone()];
+            let mine = vec![home.clone()];
             scope.spawn(move || {
                 let bad = |e: String| HaloError::InvalidInput(e);
                 let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
