@@ -760,14 +760,19 @@ impl MdRun {
         if self.resident() {
             return self.search_resident(start);
         }
-        let plan = if self.redecomposes() {
-            self.redecompose(&mut t, start)?
+        let (plan, found) = if self.redecomposes() {
+            let done = self.redecompose(&mut t, start)?;
+            let t2 = Instant::now();
+            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on())?;
+            t.lists = t2.elapsed();
+            searched
         } else {
-            self.gather_and_plan(&mut t, start)?
+            let plan = self.gather_and_plan(&mut t, start)?;
+            let t2 = Instant::now();
+            let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.lists_on())?;
+            t.lists = t2.elapsed();
+            (plan, found)
         };
-        let t2 = Instant::now();
-        let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.lists_on())?;
-        t.lists = t2.elapsed();
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);
             t.grid = t.grid.max(r.grid_time);
@@ -879,11 +884,13 @@ impl MdRun {
     /// velocities back from its GPU (ids from the last plan), and `decomp::redecompose` moves the atoms
     /// that left a rank's cell to their new owners and builds every pulse, with small all-gathers
     /// between the processes (`KeptGather` buffers across PEs). The plan equals the one the host
-    /// would build from the whole system. The system's positions and velocities are updated only
-    /// for the atoms this process's ranks hold (what the local atoms are built from); under
-    /// routing the state saved for a rollback stays the last gathered one (a rollback runs again
-    /// from there, through the host).
-    fn redecompose(&mut self, t: &mut SearchTimes, start: Instant) -> Result<HaloPlan> {
+    /// would build from the whole system; the ranks' local atoms and home arrays are built from the
+    /// result itself ([`search::HostSearch::rank_searches_redecomposed`]). The system's positions
+    /// and velocities are not updated (nothing on this path reads them: a checked step gathers
+    /// every home coordinate first, and a search through the host gathers every home atom or
+    /// restores a saved state); under routing the state saved for a rollback stays the last
+    /// gathered one (a rollback runs again from there, through the host).
+    fn redecompose(&mut self, t: &mut SearchTimes, start: Instant) -> Result<Redecomposed> {
         let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
@@ -917,20 +924,9 @@ impl MdRun {
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
         t.plan_gathers = gathers;
-        for ((&r, home), local) in self.ids.iter().zip(&done.homes).zip(&done.local_positions) {
-            let ids = &done.plan.ranks[r].global_ids;
-            for (&id, &p) in ids.iter().zip(local) {
-                self.system.positions[id as usize] = p;
-            }
-            for (&id, &v) in home.ids.iter().zip(&home.velocities) {
-                self.system.velocities[id as usize] = v;
-            }
-        }
-        let Redecomposed { plan, homes, local_positions } = done;
-        self.host_search.recycle_atoms(homes, local_positions);
         t.plan = t1.elapsed();
         self.out.redecompositions += 1;
-        Ok(plan)
+        Ok(done)
     }
 
     /// Where a rank search builds the grid and lists: with [`MdConfig::resident_search`] both on

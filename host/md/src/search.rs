@@ -143,6 +143,17 @@ struct RankBuffers {
     atoms: LocalAtoms,
     /// The cluster grid's working arrays.
     grid: ZoneScratch,
+    /// The home arrays of the last search, back from [`HostSearch::recycle`] (emptied).
+    home: HomeArrays,
+}
+
+/// A rank's home arrays ([`RankSearch`]'s), kept between searches for their allocations.
+#[derive(Debug, Default)]
+struct HomeArrays {
+    x: Vec<Float3>,
+    v: Vec<Float3>,
+    inv_mass: Vec<f32>,
+    types: Vec<u32>,
 }
 
 impl HostSearch {
@@ -191,12 +202,19 @@ impl HostSearch {
     }
 
     /// Takes back the local atoms' arrays of a search's results (handed out with
-    /// [`ListsOn::GpuGrid`]) for the next search to reuse; `found` in the order it was returned.
+    /// [`ListsOn::GpuGrid`]) and every result's home arrays for the next search to reuse; `found`
+    /// in the order it was returned.
     pub fn recycle(&mut self, found: Vec<RankSearch>) {
         for (buf, r) in self.ranks.iter_mut().zip(found) {
             if let RankLists::GpuGrid(atoms) = r.lists {
                 buf.atoms = atoms;
             }
+            let mut home = HomeArrays { x: r.home_x, v: r.home_v, inv_mass: r.inv_mass, types: r.home_types };
+            home.x.clear();
+            home.v.clear();
+            home.inv_mass.clear();
+            home.types.clear();
+            buf.home = home;
         }
     }
 
@@ -205,21 +223,80 @@ impl HostSearch {
     pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn) -> Result<Vec<RankSearch>> {
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
-        let one = |(&rank, buf): (&usize, &mut RankBuffers)| rank_search(plan, system, rank, setup, on, workers, buf);
+        let one = |(&rank, buf): (&usize, &mut RankBuffers)| {
+            let t = Instant::now();
+            LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            let atoms_time = t.elapsed();
+            let home = &plan.ranks[rank].global_ids[..buf.atoms.home];
+            buf.home.v.clear();
+            buf.home.v.extend(home.iter().map(|&g| system.velocities[g as usize]));
+            rank_search(rank, system, setup, on, workers, buf, atoms_time)
+        };
         workers.map(ranks.iter().zip(self.ranks.iter_mut()).collect(), one).into_iter().collect()
+    }
+
+    /// [`Self::rank_searches`] for this process's ranks `ranks` (those `done` was built for, in
+    /// its order) straight from a [`Self::redecompose`]: the same searches, with each rank's
+    /// local atoms built from its own local positions ([`LocalAtoms::from_local_into`]) and its
+    /// home velocities taken from `done`, where the gathered path scatters both into a whole
+    /// system copy and gathers them back by id. `system` gives the atoms' types and masses only
+    /// (its positions and velocities are not read). `done`'s arrays go back to the scratch for
+    /// the next redecomposition; its plan is returned with the searches.
+    pub fn rank_searches_redecomposed(
+        &mut self, done: Redecomposed, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn,
+    ) -> Result<(HaloPlan, Vec<RankSearch>)> {
+        let Redecomposed { plan, mut homes, mut local_positions } = done;
+        if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
+            return Err(HaloError::InvalidInput(format!(
+                "a redecomposition of {} ranks ({} local position arrays) for {} ranks",
+                homes.len(),
+                local_positions.len(),
+                ranks.len()
+            )));
+        }
+        self.ranks.resize_with(ranks.len(), RankBuffers::default);
+        let workers = &self.workers;
+        let plan_ref = &plan;
+        let one = |(((&rank, buf), home), local): (((&usize, &mut RankBuffers), &mut HomeAtoms), &mut Vec<Float3>)| {
+            let t = Instant::now();
+            LocalAtoms::from_local_into(plan_ref, rank, local, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            let atoms_time = t.elapsed();
+            if home.velocities.len() != buf.atoms.home {
+                return Err(HaloError::InvalidInput(format!("rank {rank}: {} home velocities for {} home atoms", home.velocities.len(), buf.atoms.home)));
+            }
+            // The redecomposition's velocities are the home atoms' in order: swapped in, the spare
+            // array out to the scratch.
+            std::mem::swap(&mut buf.home.v, &mut home.velocities);
+            rank_search(rank, system, setup, on, workers, buf, atoms_time)
+        };
+        let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).collect();
+        let found = workers.map(parts, one).into_iter().collect::<Result<Vec<_>>>();
+        self.redecompose.recycle_atoms(homes, local_positions);
+        Ok((plan, found?))
     }
 }
 
-/// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, in `buf`'s arrays.
+/// A local atoms error as the search reports it.
+fn bad(e: crate::nbnxm::NbnxmError) -> HaloError {
+    HaloError::InvalidInput(e.to_string())
+}
+
+/// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, once `buf` holds its
+/// local atoms (built in `atoms_time`) and its home velocities: the grid and lists where `on`
+/// says, and the other home arrays, in `buf`'s arrays.
 fn rank_search(
-    plan: &HaloPlan, system: &MolecularSystem, rank: usize, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers,
+    rank: usize, system: &MolecularSystem, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers, atoms_time: Duration,
 ) -> Result<RankSearch> {
-    let bad = |e: crate::nbnxm::NbnxmError| HaloError::InvalidInput(e.to_string());
-    let t = Instant::now();
-    LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
-    let atoms_time = t.elapsed();
-    let r = &plan.ranks[rank];
-    let home_x = buf.atoms.positions[..r.home_atoms].to_vec();
+    let mut home = std::mem::take(&mut buf.home);
+    let n = buf.atoms.home;
+    home.x.extend_from_slice(&buf.atoms.positions[..n]);
+    home.types.extend_from_slice(&buf.atoms.types[..n]);
+    // `1 / m` per type, as `1 / system.mass(atom)` gives it per atom (the same bits).
+    let inv: Vec<f32> = system.atom_types.iter().map(|t| (1.0 / t.mass) as f32).collect();
+    for (k, &t) in home.types.iter().enumerate() {
+        let m = inv.get(t as usize).ok_or_else(|| HaloError::InvalidInput(format!("home atom {k} of rank {rank} has type {t} of {}", inv.len())))?;
+        home.inv_mass.push(*m);
+    }
     let atoms = &buf.atoms;
     let (lists, grid_time, lists_time) = match on {
         // The local atoms themselves (their arrays return through `HostSearch::recycle`).
@@ -235,13 +312,12 @@ fn rank_search(
             (RankLists::Host(search), g, l)
         }
     };
-    let home_ids = &r.global_ids[..r.home_atoms];
     Ok(RankSearch {
         rank,
-        home_x,
-        home_v: home_ids.iter().map(|&g| system.velocities[g as usize]).collect(),
-        inv_mass: home_ids.iter().map(|&g| (1.0 / system.mass(g as usize)) as f32).collect(),
-        home_types: home_ids.iter().map(|&g| u32::from(system.types[g as usize])).collect(),
+        home_x: home.x,
+        home_v: home.v,
+        inv_mass: home.inv_mass,
+        home_types: home.types,
         lists,
         atoms_time,
         grid_time,
@@ -323,5 +399,78 @@ mod tests {
                 assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{threads} threads, {dims:?}");
             }
         }
+    }
+
+    #[test]
+    fn searches_from_a_redecomposition_equal_those_from_the_gathered_system() {
+        use rand::{Rng, SeedableRng};
+        let sys = MolecularSystem::generate(8_000, 23).unwrap();
+        let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for threads in [1, 3] {
+            // One kept host search through several searches (its buffers recycled in between).
+            let (mut kept, mut gathered) = (HostSearch::new(threads).unwrap(), HostSearch::new(threads).unwrap());
+            for (dims, ranks, on) in [
+                ([2, 1, 1], vec![0, 1], ListsOn::GpuGrid),
+                ([2, 2, 1], vec![3, 0, 2, 1], ListsOn::GpuGrid),
+                ([2, 2, 2], (0..8).collect::<Vec<_>>(), ListsOn::Gpu),
+                ([3, 1, 1], vec![1, 2, 0], ListsOn::Host),
+                ([2, 1, 1], vec![1, 0], ListsOn::GpuGrid),
+            ] {
+                let grid = RankGrid::new(dims).unwrap();
+                let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, setup.rlist).unwrap();
+                // The atoms moved (some across cells and the periodic boundary) with new velocities.
+                let b = sys.box_size;
+                let positions: Vec<Float3> = sys
+                    .positions
+                    .iter()
+                    .map(|p| Float3::new(p.x + rng.random_range(-0.2..0.2) + b[0] * rng.random_range(-1..2) as f32, p.y + rng.random_range(-0.2..0.2), p.z))
+                    .collect();
+                let velocities: Vec<Float3> = sys.velocities.iter().map(|v| Float3::new(v.x, v.y + rng.random_range(-1.0..1.0), v.z)).collect();
+                let homes = ranks
+                    .iter()
+                    .map(|&r| {
+                        let ids = before.ranks[r].global_ids[..before.ranks[r].home_atoms].to_vec();
+                        let mut h = kept.home_arrays(ids.len());
+                        h.positions.extend(ids.iter().map(|&i| positions[i as usize]));
+                        h.velocities.extend(ids.iter().map(|&i| velocities[i as usize]));
+                        h.ids = ids;
+                        h
+                    })
+                    .collect();
+                // One process drives every rank: its blobs (in the order of `ranks`) are every rank's, by rank.
+                let mut one_process = |_: &str, mine: Vec<Vec<u8>>| {
+                    let mut all = vec![Vec::new(); ranks.len()];
+                    ranks.iter().zip(mine).for_each(|(&r, b)| all[r] = b);
+                    Ok(all)
+                };
+                let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process).unwrap();
+                // `sys` keeps its old positions and velocities: the redecomposed path must not read them.
+                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
+                let mut moved = MolecularSystem { positions, velocities, ..sys.clone() };
+                let want_plan = gathered.plan(&mut moved, grid, &setup).unwrap();
+                assert_eq!(plan, want_plan, "{dims:?}");
+                let want = gathered.rank_searches(&want_plan, &moved, &ranks, &setup, on).unwrap();
+                let bits = |r: &RankSearch| r.home_x.iter().chain(&r.home_v).map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect::<Vec<_>>();
+                assert_eq!(got.iter().map(bits).collect::<Vec<_>>(), want.iter().map(bits).collect::<Vec<_>>(), "{dims:?}, {threads} threads");
+                assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{dims:?}, {threads} threads");
+                kept.recycle(got);
+                kept.recycle_plan(plan);
+                gathered.recycle(want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_redecomposition_for_other_ranks_is_refused() {
+        let sys = MolecularSystem::generate(3_000, 24).unwrap();
+        let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let mut host = HostSearch::new(1).unwrap();
+        let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
+        let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()] };
+        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("for 2 ranks"), "{e}");
+        let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("local positions"), "{e}");
     }
 }

@@ -212,6 +212,22 @@ impl Decomposition {
         if c <= 0.0 { 0 } else { (c as usize).min(n - 1) }
     }
 
+    /// The smallest non-negative `f32` whose cell along `dim` is `i` or above (`0 < i < n`):
+    /// for a non-negative `f32` coordinate `x`, `cell_index(dim, x) >= i` exactly when
+    /// `x >= cell_threshold(dim, i)`, since `cell_index` never decreases as `x` grows and
+    /// non-negative floats are ordered as their bits. A comparison with it replaces a division
+    /// per atom where `f32` coordinates are placed in cells.
+    pub fn cell_threshold(&self, dim: usize, i: usize) -> f32 {
+        // Cell 0 at 0, the last cell at infinity.
+        let at = |bits: u32| self.cell_index(dim, f64::from(f32::from_bits(bits))) >= i;
+        let (mut below, mut above) = (0u32, f32::INFINITY.to_bits());
+        while above - below > 1 {
+            let mid = below + (above - below) / 2;
+            if at(mid) { above = mid } else { below = mid }
+        }
+        f32::from_bits(above)
+    }
+
     /// Grid coordinates of the cell holding a wrapped position.
     #[inline]
     pub fn cell_of(&self, p: [f64; 3]) -> [usize; 3] {
@@ -320,5 +336,24 @@ mod tests {
         assert_eq!(d.cell_index(0, 2.9999), 2);
         assert_eq!(d.cell_index(1, 2.9999), 0);
         assert_eq!(d.upper(0, 2), 3.0);
+    }
+
+    #[test]
+    fn cell_thresholds_split_coordinates_as_cell_index_does() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for (dims, edge) in [([2, 1, 1], 5.848_035_3), ([3, 2, 1], 7.0), ([4, 3, 5], 3.3), ([7, 2, 2], 10.123_457)] {
+            let d = Decomposition::new(RankGrid::new(dims).unwrap(), [edge; 3], 0.5).unwrap();
+            for dim in (0..3).filter(|&e| dims[e] > 1) {
+                let t: Vec<f32> = (1..dims[dim]).map(|i| d.cell_threshold(dim, i)).collect();
+                let by_threshold = |x: f32| t.iter().filter(|&&e| x >= e).count();
+                // Around every threshold, bit by bit, and random coordinates anywhere in the box.
+                let near = t.iter().flat_map(|e| (-3i32..=3).map(move |k| f32::from_bits(e.to_bits().wrapping_add_signed(k))));
+                let random = (0..2000).map(|_| rng.random_range(0.0..edge));
+                for x in near.chain(random).chain([0.0, -0.0, edge, f32::from_bits(edge.to_bits() - 1)]) {
+                    assert_eq!(by_threshold(x), d.cell_index(dim, f64::from(x)), "{dims:?} dim {dim} at {x:e}");
+                }
+            }
+        }
     }
 }

@@ -150,20 +150,8 @@ impl CellEdges {
     pub(super) fn new(geo: &Decomposition) -> Self {
         let n = geo.grid.dims;
         let stride = [1, n[0], n[0] * n[1]];
-        let dims = (0..3).filter(|&d| n[d] > 1).map(|d| (d, stride[d], (1..n[d]).map(|i| Self::first_in(geo, d, i)).collect())).collect();
+        let dims = (0..3).filter(|&d| n[d] > 1).map(|d| (d, stride[d], (1..n[d]).map(|i| geo.cell_threshold(d, i)).collect())).collect();
         Self { box_size: geo.box_size, dims }
-    }
-
-    /// The smallest non-negative `f32` whose cell along `d` is `i` or above (`0 < i < n`).
-    fn first_in(geo: &Decomposition, d: usize, i: usize) -> f32 {
-        // Non-negative floats are ordered as their bits; cell 0 at 0, the last cell at infinity.
-        let at = |bits: u32| geo.cell_index(d, f64::from(f32::from_bits(bits))) >= i;
-        let (mut below, mut above) = (0u32, f32::INFINITY.to_bits());
-        while above - below > 1 {
-            let mid = below + (above - below) / 2;
-            if at(mid) { above = mid } else { below = mid }
-        }
-        f32::from_bits(above)
     }
 
     /// [`home_of`]`(p, geo, atom)`.

@@ -327,7 +327,7 @@ pub fn redecompose_with(
     let gathered = if ranks.len() == nranks {
         vec![Vec::new(); nranks]
     } else {
-        let blobs = mine.iter().map(plan_blob).collect::<Result<Vec<_>, _>>()?;
+        let blobs = mine.iter().map(|p| plan_blob_into(p, Spare::any(&mut scratch.spare.bytes))).collect::<Result<Vec<_>, _>>()?;
         gather(all_gather, TAG_PLAN, blobs, nranks)?
     };
     let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
@@ -341,10 +341,11 @@ pub fn redecompose_with(
         .enumerate()
         .map(|(r, plan)| match plan {
             Some(plan) => Ok(plan),
-            None => read_plan(&gathered[r], r, &geo, &layout),
+            None => read_plan_with(&gathered[r], r, &geo, &layout, &mut scratch.spare),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
+    scratch.spare.give_blobs(gathered);
     check_homes(&plan, atoms, &mut scratch.seen)?;
     Ok(Redecomposed { plan, homes, local_positions })
 }
@@ -634,8 +635,15 @@ impl Working {
 /// A rank's plan as a blob: home and total atoms, pulse count, global ids, then per pulse its
 /// atom offset, peer atom offset, received atoms and index map (the rest of a pulse follows from
 /// the grid).
+#[cfg(test)]
 pub(super) fn plan_blob(plan: &RankPlan) -> Result<Vec<u8>, PlanError> {
-    let mut b = Blob::default();
+    plan_blob_into(plan, Vec::new())
+}
+
+/// [`plan_blob`] written into `spare`'s allocation.
+fn plan_blob_into(plan: &RankPlan, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
+    spare.clear();
+    let mut b = Blob(spare);
     b.0.reserve(4 * (3 + plan.global_ids.len() + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()));
     b.word(plan.home_atoms)?;
     b.word(plan.total_atoms)?;
@@ -653,7 +661,13 @@ pub(super) fn plan_blob(plan: &RankPlan) -> Result<Vec<u8>, PlanError> {
 
 /// Rank `rank`'s plan from its blob ([`plan_blob`]), its pulses filled in as the builders fill
 /// them.
+#[cfg(test)]
 pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)]) -> Result<RankPlan, PlanError> {
+    read_plan_with(blob, rank, geo, layout, &mut Spare::default())
+}
+
+/// [`read_plan`] into spare arrays (global ids, index maps, the pulse list) where `spare` has them.
+fn read_plan_with(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)], spare: &mut Spare) -> Result<RankPlan, PlanError> {
     let mut rd = Reader::new(blob, TAG_PLAN, rank);
     let home_atoms = rd.word()?;
     let total_atoms = rd.word()?;
@@ -661,14 +675,18 @@ pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &
     if home_atoms > total_atoms || npulses != layout.len() {
         return Err(rd.bad(format!("{home_atoms} home atoms of {total_atoms}, {npulses} pulses where the grid has {}", layout.len())));
     }
-    let global_ids = rd.take(total_atoms)?;
-    let mut pulses = Vec::with_capacity(npulses);
+    // A spare array only for a count the blob can hold (a malformed one allocates nothing).
+    let mut global_ids = if total_atoms <= rd.bytes.len() / 4 { Spare::take(&mut spare.ids, total_atoms) } else { Vec::new() };
+    rd.extend(total_atoms, &mut global_ids)?;
+    let mut pulses = Spare::any(&mut spare.pulses);
     for &at in layout {
         let atom_offset = rd.word()?;
         let peer_atom_offset = rd.word()?;
         let recv_size = rd.word()?;
         let n = rd.word()?;
-        let mut pulse = pulse_plan(geo, rank, at, rd.take(n)?, atom_offset, peer_atom_offset);
+        let mut map = Spare::any(&mut spare.maps);
+        rd.extend(n, &mut map)?;
+        let mut pulse = pulse_plan(geo, rank, at, map, atom_offset, peer_atom_offset);
         pulse.spec.recv_size = recv_size;
         pulses.push(pulse);
     }

@@ -13,7 +13,7 @@
 
 use super::{DIMS, NbnxmError};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, PlanError, wrap_position};
+use crate::decomp::{HaloPlan, PlanError, wrap_position, wrap_positions};
 use crate::workers::Workers;
 
 /// One rank's atoms for the pair search (see the module docs). The default holds no atom: a
@@ -56,49 +56,102 @@ impl LocalAtoms {
         if types.len() != positions.len() {
             return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
         }
-        let geo = plan.decomposition()?;
-        let coords = plan.grid.coords_of(rank);
-        let decomposed: [bool; 3] = std::array::from_fn(|d| plan.grid.dims[d] > 1);
-        let n = r.global_ids.len();
-        // Every entry is written below; resizing keeps the allocations of an earlier fill.
-        out.positions.resize(n, Float3::default());
-        out.types.resize(n, 0);
-        out.zones.resize(n, 0);
-        out.home = r.home_atoms;
-        out.box_size = plan.box_size;
-        out.periodic = std::array::from_fn(|d| plan.grid.dims[d] == 1);
-        out.ntypes = types.iter().copied().max().map_or(1, |t| usize::from(t) + 1);
+        let place = Placement::new(plan, rank)?;
+        out.prepare(plan, rank, types);
         // Local atoms `first..` of `ids` into the matching output slices.
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             for (k, &id) in ids.iter().enumerate() {
                 let local = first + k;
                 let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
-                let w = wrap_position(*p, plan.box_size);
                 ts[k] = u32::from(types[id as usize]);
-                // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
-                if local < r.home_atoms {
-                    xs[k] = w;
-                    zs[k] = 0;
-                    continue;
-                }
-                let w = [w.x, w.y, w.z];
-                // Only decomposed dimensions have a cell index other than 0; only an atom that came
-                // around the periodic boundary has a lower cell index than this rank's.
-                let cell: [usize; 3] = std::array::from_fn(|d| if decomposed[d] { geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
-                let p: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + plan.box_size[d] } else { w[d] });
-                xs[k] = Float3::new(p[0], p[1], p[2]);
-                zs[k] = (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d);
+                (xs[k], zs[k]) = place.at(local, *p);
             }
             Ok(())
         };
+        out.fill(&r.global_ids, workers, fill)?;
+        out.validate()
+    }
+
+    /// Rank `rank`'s atoms of `plan` from its own local positions, `positions[i]` being the
+    /// position of `plan.ranks[rank].global_ids[i]` (as [`crate::decomp::Redecomposed`]'s
+    /// `local_positions` hold them: wrapped, in the exchange's order), and every atom's type by
+    /// global id: the atoms [`Self::from_plan`] builds from a system holding those positions at
+    /// those ids, bit for bit, without a whole-system copy to scatter into and gather from.
+    ///
+    /// `positions` is swapped into `out` and transformed there (no copy): on return it holds
+    /// `out`'s earlier positions array (contents unspecified), for the caller to reuse. Workers,
+    /// errors and `out` as in [`Self::from_plan_into`]; an id beyond `types` is
+    /// [`PlanError::GlobalId`] (the first one), local positions that are not one per local atom
+    /// [`NbnxmError::Length`].
+    pub fn from_local_into(
+        plan: &HaloPlan, rank: usize, positions: &mut Vec<Float3>, types: &[u8], workers: &Workers, out: &mut Self,
+    ) -> Result<(), NbnxmError> {
+        let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
+        if positions.len() != r.global_ids.len() {
+            return Err(NbnxmError::Length { what: "local positions", found: positions.len(), expected: r.global_ids.len() });
+        }
+        let place = Placement::new(plan, rank)?;
+        std::mem::swap(&mut out.positions, positions);
+        out.prepare(plan, rank, types);
+        let (home, box_size) = (r.home_atoms, plan.box_size);
+        let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
+            // Types first, in one tight pass (the first bad id is the error).
+            for (k, (t, &id)) in ts.iter_mut().zip(ids).enumerate() {
+                *t = u32::from(*types.get(id as usize).ok_or(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() })?);
+            }
+            // Home atoms: zone 0, wrapped in place (their positions are in the box already when
+            // they come from a redecomposition: one branch-free check, nothing written).
+            let split = home.saturating_sub(first).min(ids.len());
+            zs[..split].fill(0);
+            wrap_positions(&mut xs[..split], box_size);
+            for (k, (x, z)) in xs[split..].iter_mut().zip(&mut zs[split..]).enumerate() {
+                (*x, *z) = place.at(first + split + k, *x);
+            }
+            Ok(())
+        };
+        out.fill(&r.global_ids, workers, fill)?;
+        out.validate()
+    }
+
+    /// [`Self::from_local_into`] into a new value, `positions` copied.
+    pub fn from_local(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8]) -> Result<Self, NbnxmError> {
+        let mut out = Self::default();
+        Self::from_local_into(plan, rank, &mut positions.to_vec(), types, &Workers::serial(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Sizes the arrays for rank `rank`'s local atoms of `plan` (every entry is then written;
+    /// resizing keeps the allocations of an earlier fill) and sets what follows from the plan and
+    /// the system's `types`.
+    fn prepare(&mut self, plan: &HaloPlan, rank: usize, types: &[u8]) {
+        let r = &plan.ranks[rank];
+        let n = r.global_ids.len();
+        self.positions.resize(n, Float3::default());
+        self.types.resize(n, 0);
+        self.zones.resize(n, 0);
+        self.home = r.home_atoms;
+        self.box_size = plan.box_size;
+        self.periodic = std::array::from_fn(|d| plan.grid.dims[d] == 1);
+        self.ntypes = types.iter().copied().max().map_or(1, |t| usize::from(t) + 1);
+    }
+
+    /// Runs `fill(first, ids, positions, types, zones)` over contiguous runs of the local atoms
+    /// (`ids` their global ids) on `workers`; the first run's error first (the error a single
+    /// thread meets).
+    fn fill<F>(&mut self, ids: &[u32], workers: &Workers, fill: F) -> Result<(), NbnxmError>
+    where
+        F: Fn(usize, &[u32], &mut [Float3], &mut [u32], &mut [u8]) -> Result<(), NbnxmError> + Sync,
+    {
         // Threads only pay for themselves with a few thousand atoms each.
+        let n = ids.len();
         let parts = workers.threads().clamp(1, n.div_ceil(4096).max(1));
         let chunk = n.div_ceil(parts).max(1);
+        if parts == 1 {
+            return fill(0, ids, &mut self.positions, &mut self.types, &mut self.zones);
+        }
         let work: Vec<_> =
-            r.global_ids.chunks(chunk).zip(out.positions.chunks_mut(chunk)).zip(out.types.chunks_mut(chunk)).zip(out.zones.chunks_mut(chunk)).enumerate().collect();
-        // The first chunk's error first: the error a single thread meets.
-        workers.map(work, |(c, (((ids, xs), ts), zs))| fill(c * chunk, ids, xs, ts, zs)).into_iter().collect::<Result<(), _>>()?;
-        out.validate()
+            ids.chunks(chunk).zip(self.positions.chunks_mut(chunk)).zip(self.types.chunks_mut(chunk)).zip(self.zones.chunks_mut(chunk)).enumerate().collect();
+        workers.map(work, |(c, (((ids, xs), ts), zs))| fill(c * chunk, ids, xs, ts, zs)).into_iter().collect()
     }
 
     /// An undecomposed system: every atom home, every dimension periodic, positions wrapped.
@@ -171,7 +224,9 @@ impl LocalAtoms {
                 }
             }
         }
-        let zones_ok = self.zones[..self.home].iter().all(|&z| z == 0) && self.zones[self.home..].iter().all(|&z| z != 0 && z < 8);
+        // Branch-free passes first (the common case); the loops below find the first bad entry.
+        let zones_ok = self.zones[..self.home].iter().fold(0, |a, &z| a | z) == 0
+            && self.zones[self.home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8));
         if !zones_ok {
             for (atom, &zone) in self.zones.iter().enumerate() {
                 if (atom < self.home) != (zone == 0) || zone >= 8 {
@@ -179,10 +234,50 @@ impl LocalAtoms {
                 }
             }
         }
-        if let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
+        let beyond = self.types.iter().fold(0, |m, &t| m.max(t)) as usize >= self.ntypes;
+        if beyond && let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
             return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
         }
         Ok(())
+    }
+}
+
+/// Where a rank puts a local atom: its position in the rank's frame and its zone, from its global
+/// position (the rule of [`LocalAtoms::from_plan`], shared by every way of building local atoms).
+struct Placement {
+    geo: crate::decomp::Decomposition,
+    coords: [usize; 3],
+    decomposed: [bool; 3],
+    box_size: [f32; 3],
+    home: usize,
+}
+
+impl Placement {
+    fn new(plan: &HaloPlan, rank: usize) -> Result<Self, NbnxmError> {
+        Ok(Self {
+            geo: plan.decomposition()?,
+            coords: plan.grid.coords_of(rank),
+            decomposed: std::array::from_fn(|d| plan.grid.dims[d] > 1),
+            box_size: plan.box_size,
+            home: plan.ranks[rank].home_atoms,
+        })
+    }
+
+    /// Local atom `local` at global position `p` (wrapped or not): its position in the rank's
+    /// frame and its zone.
+    #[inline]
+    fn at(&self, local: usize, p: Float3) -> (Float3, u8) {
+        let w = wrap_position(p, self.box_size);
+        // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
+        if local < self.home {
+            return (w, 0);
+        }
+        let (coords, w) = (self.coords, [w.x, w.y, w.z]);
+        // Only decomposed dimensions have a cell index other than 0; only an atom that came
+        // around the periodic boundary has a lower cell index than this rank's.
+        let cell: [usize; 3] = std::array::from_fn(|d| if self.decomposed[d] { self.geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
+        let p: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + self.box_size[d] } else { w[d] });
+        (Float3::new(p[0], p[1], p[2]), (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d))
     }
 }
 
@@ -288,5 +383,87 @@ mod tests {
         assert_eq!(a.validate(), Ok(()));
         a.positions[1].x = f32::INFINITY;
         assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 1, dim: "x", .. })));
+    }
+
+
+    /// Every rank's local positions as [`crate::decomp::redecompose`] hands them over (aligned
+    /// with the plan's global ids, wrapped), or `unwrapped`: each id's position as given.
+    fn local_positions(plan: &HaloPlan, positions: &[Float3], wrapped: bool) -> Vec<Vec<Float3>> {
+        let at = |g: u32| if wrapped { wrap_position(positions[g as usize], plan.box_size) } else { positions[g as usize] };
+        plan.ranks.iter().map(|r| r.global_ids.iter().map(|&g| at(g)).collect()).collect()
+    }
+
+    /// Positions moved off the lattice: some by whole boxes, some onto a cell edge or the box edge.
+    fn moved(sys: &MolecularSystem, seed: u64) -> Vec<Float3> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let b = sys.box_size;
+        sys.positions
+            .iter()
+            .map(|p| {
+                let mut x = [p.x, p.y, p.z];
+                match rng.random_range(0..50) {
+                    0 => x[0] = 0.0,
+                    1 => x[1] = b[1] * 0.5,
+                    2 => x[2] = -b[2],
+                    3 => x[0] += b[0] * rng.random_range(-2..3) as f32,
+                    _ => x.iter_mut().for_each(|v| *v += rng.random_range(-0.2..0.2)),
+                }
+                Float3::new(x[0], x[1], x[2])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn local_atoms_from_the_ranks_own_positions_equal_those_from_the_system() {
+        let sys = MolecularSystem::generate(6_000, 9).unwrap();
+        let positions = moved(&sys, 2);
+        let mut buf = LocalAtoms::default();
+        for dims in [[2, 1, 1], [1, 3, 1], [2, 2, 1], [3, 2, 2], [1, 1, 1]] {
+            let plan = HaloPlan::from_positions(&positions, sys.box_size, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for wrapped in [true, false] {
+                let locals = local_positions(&plan, &positions, wrapped);
+                for (r, local) in locals.iter().enumerate() {
+                    let want = LocalAtoms::from_plan(&plan, r, &positions, &sys.types).unwrap();
+                    let got = LocalAtoms::from_local(&plan, r, local, &sys.types).unwrap();
+                    // Bit for bit: `PartialEq` on floats would let 0.0 equal -0.0.
+                    let bits = |a: &LocalAtoms| a.positions.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{dims:?} rank {r}");
+                    assert_eq!(got, want, "{dims:?} rank {r}");
+                    for w in [Workers::serial(), Workers::new(3).unwrap()] {
+                        let mut mine = local.clone();
+                        LocalAtoms::from_local_into(&plan, r, &mut mine, &sys.types, &w, &mut buf).unwrap();
+                        assert_eq!(buf, want, "{dims:?} rank {r}, {} workers", w.threads());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn local_atoms_from_the_ranks_own_positions_name_bad_inputs() {
+        let sys = MolecularSystem::generate(20_000, 5).unwrap();
+        let mut plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
+        let local = local_positions(&plan, &sys.positions, true).swap_remove(0);
+        let e = LocalAtoms::from_local(&plan, 0, &local[1..], &sys.types).unwrap_err();
+        assert!(matches!(e, NbnxmError::Length { what: "local positions", .. }), "{e}");
+        let e = LocalAtoms::from_local(&plan, 2, &local, &sys.types).unwrap_err();
+        assert!(matches!(e, NbnxmError::NoSuchRank { rank: 2, .. }), "{e}");
+        // A global id beyond the types: the first bad atom, on any number of workers.
+        let n = plan.ranks[0].global_ids.len();
+        plan.ranks[0].global_ids[n - 10] = 99_999;
+        plan.ranks[0].global_ids[n - 3] = 99_998;
+        let one = LocalAtoms::from_local(&plan, 0, &local, &sys.types).unwrap_err();
+        assert!(one.to_string().contains("99999"), "{one}");
+        for t in [2, 5] {
+            let e = LocalAtoms::from_local_into(&plan, 0, &mut local.clone(), &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default()).unwrap_err();
+            assert_eq!(e, one);
+        }
+        // A non-finite position: whatever `from_plan` makes of it at that id (wrapping takes NaN to 0).
+        let plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
+        let (mut bad, mut system) = (local.clone(), sys.positions.clone());
+        bad[5].y = f32::NAN;
+        system[plan.ranks[0].global_ids[5] as usize].y = f32::NAN;
+        assert_eq!(LocalAtoms::from_local(&plan, 0, &bad, &sys.types), LocalAtoms::from_plan(&plan, 0, &system, &sys.types));
     }
 }

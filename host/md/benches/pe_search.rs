@@ -1,0 +1,288 @@
+//! Host cost of ONE PE's redecomposing search step (`MdRun::redecompose` and the rank search that
+//! follows it, `--resident-search` with several ranks): rank 0 of a 2x1x1 grid at 45,000 atoms of
+//! the synthetic liquid, one search thread (the PE default). `cargo bench -p halo-md --bench pe_search`.
+//! No GPU.
+//!
+//! The atoms moved since the last plan (a search interval's displacement, some across the cell
+//! boundary). The other PE (rank 1) is emulated: its blobs of every collective are recorded once
+//! from a run of both processes in two threads, and the bench's collective hands them back beside
+//! rank 0's own (a copy, as a real all-gather makes one), so every iteration does the same work.
+//!
+//! Before the criterion runs it prints a breakdown per phase (median of 101 runs, buffers reused as
+//! an MD run reuses them): the home arrays filled (what the read-back writes), the redecomposition
+//! (and of it the emulated collectives), then the rank's local atoms and home arrays, both the way
+//! the gathered path builds them (the local positions scattered into a whole-system copy, gathered
+//! back by id) and directly from the redecomposition.
+
+use criterion::{Criterion, black_box, criterion_group, criterion_main};
+use halo::abi::Float3;
+use halo::decomp::{HaloPlan, HomeAtoms, RankGrid, Redecomposed, redecompose};
+use halo::error::{HaloError, Result};
+use halo::system::MolecularSystem;
+use halo::workers::Workers;
+use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms};
+use halo_md::search::{HostSearch, ListsOn, RankSearch};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+const ATOMS: usize = 45_000;
+const DIMS: [usize; 3] = [2, 1, 1];
+
+/// Everything one PE's search starts from.
+struct Case {
+    /// The system as the PE holds it (positions and velocities as of the last search).
+    sys: MolecularSystem,
+    setup: ListSetup,
+    grid: RankGrid,
+    /// Rank 0's home atoms as its GPU holds them now (ids of the last plan, moved positions).
+    home: HomeAtoms,
+    /// Rank 1's blob of each collective, by tag.
+    others: HashMap<String, Vec<u8>>,
+    /// The plan the global builder makes from the moved positions.
+    want: HaloPlan,
+}
+
+fn case() -> Case {
+    let mut sys = MolecularSystem::generate(ATOMS, 13).expect("system");
+    halo::decomp::wrap_positions(&mut sys.positions, sys.box_size);
+    let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).expect("setup");
+    let grid = RankGrid::new(DIMS).expect("grid");
+    let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, setup.rlist).expect("plan");
+    // A search interval's motion (100 steps of 2 fs at ~0.5 nm/ps: up to about a tenth of a nm),
+    // some atoms across the periodic boundary (left unwrapped, as the GPU leaves them).
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let moved: Vec<Float3> = sys
+        .positions
+        .iter()
+        .map(|p| Float3::new(p.x + rng.random_range(-0.1..0.1), p.y + rng.random_range(-0.1..0.1), p.z + rng.random_range(-0.1..0.1)))
+        .collect();
+    let velocities: Vec<Float3> = sys.velocities.iter().map(|v| Float3::new(v.x + rng.random_range(-0.1..0.1), v.y, v.z)).collect();
+    let homes: Vec<HomeAtoms> = before
+        .ranks
+        .iter()
+        .map(|r| {
+            let ids = r.global_ids[..r.home_atoms].to_vec();
+            HomeAtoms {
+                positions: ids.iter().map(|&i| moved[i as usize]).collect(),
+                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
+                ids,
+            }
+        })
+        .collect();
+    let want = HaloPlan::from_positions(&moved, sys.box_size, grid, setup.rlist).expect("plan");
+    let others = record_rank1(grid, sys.box_size, setup.rlist, &homes);
+    let home = homes.into_iter().next().expect("rank 0");
+    Case { sys, setup, grid, home, others, want }
+}
+
+/// Runs both processes (one rank each) in two threads over a shared-memory collective and keeps
+/// rank 1's blob of every collective.
+fn record_rank1(grid: RankGrid, box_size: [f32; 3], cutoff: f32, homes: &[HomeAtoms]) -> HashMap<String, Vec<u8>> {
+    let slots: Mutex<[Vec<u8>; 2]> = Mutex::new([Vec::new(), Vec::new()]);
+    let recorded = Mutex::new(HashMap::new());
+    let barrier = Barrier::new(2);
+    std::thread::scope(|scope| {
+        for (rank, home) in homes.iter().enumerate() {
+            let (slots, recorded, barrier) = (&slots, &recorded, &barrier);
+            let mine = vec![home.clone()];
+            scope.spawn(move || {
+                let bad = |e: String| HaloError::InvalidInput(e);
+                let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                    let blob = blobs.into_iter().next().ok_or_else(|| bad("no blob".into()))?;
+                    if rank == 1 {
+                        recorded.lock().map_err(|e| bad(e.to_string()))?.insert(tag.to_string(), blob.clone());
+                    }
+                    slots.lock().map_err(|e| bad(e.to_string()))?[rank] = blob;
+                    barrier.wait();
+                    let all = slots.lock().map_err(|e| bad(e.to_string()))?.to_vec();
+                    barrier.wait();
+                    Ok(all)
+                };
+                redecompose(grid, box_size, cutoff, ATOMS, &[rank], mine, &mut gather).expect("redecompose");
+            });
+        }
+    });
+    recorded.into_inner().expect("recorded")
+}
+
+/// One PE's search state across searches: the host search (one thread) and the collective's time.
+struct Pe<'a> {
+    case: &'a Case,
+    host: HostSearch,
+    /// The system copy the gathered path scatters into and gathers from.
+    sys: MolecularSystem,
+    gathers: Duration,
+}
+
+impl<'a> Pe<'a> {
+    fn new(case: &'a Case) -> Self {
+        Self { case, host: HostSearch::new(1).expect("workers"), sys: case.sys.clone(), gathers: Duration::ZERO }
+    }
+
+    /// The read-back: rank 0's home atoms into the host search's spare arrays.
+    fn homes(&mut self) -> Vec<HomeAtoms> {
+        let h = &self.case.home;
+        let mut s = self.host.home_arrays(h.ids.len());
+        s.ids.extend_from_slice(&h.ids);
+        s.positions.extend_from_slice(&h.positions);
+        s.velocities.extend_from_slice(&h.velocities);
+        vec![s]
+    }
+
+    fn redecompose(&mut self, homes: Vec<HomeAtoms>) -> Redecomposed {
+        let (others, gathers) = (&self.case.others, &mut self.gathers);
+        let mut all_gather = |tag: &str, mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+            let t = Instant::now();
+            let other = others.get(tag).ok_or_else(|| HaloError::InvalidInput(format!("no recorded blob for {tag}")))?.clone();
+            let mut all = mine;
+            all.push(other);
+            *gathers += t.elapsed();
+            Ok(all)
+        };
+        let c = self.case;
+        self.host.redecompose(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], homes, &mut all_gather).expect("redecompose")
+    }
+
+    /// The gathered path of `MdRun::redecompose` and `HostSearch::rank_searches`: the local
+    /// positions and home velocities scattered into the system, the local atoms gathered back.
+    fn gathered(&mut self, done: Redecomposed) -> (HaloPlan, Vec<RankSearch>) {
+        for (home, local) in done.homes.iter().zip(&done.local_positions) {
+            for (&id, &p) in done.plan.ranks[0].global_ids.iter().zip(local) {
+                self.sys.positions[id as usize] = p;
+            }
+            for (&id, &v) in home.ids.iter().zip(&home.velocities) {
+                self.sys.velocities[id as usize] = v;
+            }
+        }
+        let Redecomposed { plan, homes, local_positions } = done;
+        self.host.recycle_atoms(homes, local_positions);
+        let found = self.host.rank_searches(&plan, &self.sys, &[0], &self.case.setup, ListsOn::GpuGrid).expect("search");
+        (plan, found)
+    }
+
+    /// The path `MdRun::search` takes: the local atoms and home arrays straight from the
+    /// redecomposition ([`HostSearch::rank_searches_redecomposed`]).
+    fn direct(&mut self, done: Redecomposed) -> (HaloPlan, Vec<RankSearch>) {
+        self.host.rank_searches_redecomposed(done, &self.case.sys, &[0], &self.case.setup, ListsOn::GpuGrid).expect("search")
+    }
+
+    /// What a search leaves for the next: the plan and the rank searches' arrays back.
+    fn recycle(&mut self, plan: HaloPlan, found: Vec<RankSearch>) {
+        self.host.recycle(found);
+        self.host.recycle_plan(plan);
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1e6
+}
+
+/// Per-phase medians (µs) of 101 searches on one PE state, after a few to warm its buffers, on
+/// the gathered (`direct == false`) or the direct path.
+fn breakdown(case: &Case, direct: bool) {
+    let mut pe = Pe::new(case);
+    let (mut read, mut plan_t, mut gathers, mut atoms_t, mut local_t, mut total) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut check = None;
+    for i in 0..111 {
+        let t0 = Instant::now();
+        let homes = pe.homes();
+        let t1 = Instant::now();
+        pe.gathers = Duration::ZERO;
+        let done = pe.redecompose(homes);
+        let t2 = Instant::now();
+        let (plan, found) = if direct { pe.direct(done) } else { pe.gathered(done) };
+        let t3 = Instant::now();
+        if i == 0 {
+            assert_eq!(plan, case.want, "the redecomposed plan is the global builder's");
+            check = Some(found.iter().map(|f| (f.home_x.len(), f.lists.atoms())).collect::<Vec<_>>());
+        }
+        let local = found.iter().map(|f| f.atoms_time).max().unwrap_or_default();
+        pe.recycle(plan, found);
+        if i >= 10 {
+            local_t.push(local);
+            read.push(t1 - t0);
+            plan_t.push(t2 - t1);
+            gathers.push(pe.gathers);
+            atoms_t.push(t3 - t2);
+            total.push(t3 - t0);
+        }
+    }
+    let (g, p) = (median(gathers), median(plan_t));
+    let path = if direct { "direct (local atoms + home arrays from the redecomposition)" } else { "gathered (scatter + local atoms + home arrays)" };
+    println!(
+        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, rlist {:.3} nm ({:?} home/local atoms), medians in us: home arrays filled {:.0}, \
+         redecompose {p:.0} (of it emulated collectives {g:.0}, own arithmetic {:.0}), {path} {:.0} (of it the local atoms {:.0}); total {:.0}",
+        case.setup.rlist,
+        check.unwrap_or_default(),
+        median(read),
+        p - g,
+        median(atoms_t),
+        median(local_t),
+        median(total),
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    let case = case();
+    breakdown(&case, false);
+    breakdown(&case, true);
+    let mut g = c.benchmark_group("pe search 45k 2x1x1 rank 0");
+    g.sample_size(30);
+    let mut pe = Pe::new(&case);
+    g.bench_function("redecompose", |b| {
+        b.iter(|| {
+            let homes = pe.homes();
+            let done = pe.redecompose(homes);
+            let Redecomposed { plan, homes, local_positions } = done;
+            pe.host.recycle_atoms(homes, local_positions);
+            pe.host.recycle_plan(black_box(plan));
+        })
+    });
+    g.bench_function("redecompose + gathered local atoms", |b| {
+        b.iter(|| {
+            let homes = pe.homes();
+            let done = pe.redecompose(homes);
+            let (plan, found) = pe.gathered(done);
+            pe.recycle(plan, black_box(found));
+        })
+    });
+    g.bench_function("redecompose + direct local atoms", |b| {
+        b.iter(|| {
+            let homes = pe.homes();
+            let done = pe.redecompose(homes);
+            let (plan, found) = pe.direct(done);
+            pe.recycle(plan, black_box(found));
+        })
+    });
+    // The local atoms alone, from one redecomposition: gathered from a system copy by id, or
+    // from the rank's own local positions.
+    let homes = pe.homes();
+    let done = pe.redecompose(homes);
+    let (plan, local) = (&done.plan, &done.local_positions[0]);
+    let mut sys = case.sys.clone();
+    for (&id, &p) in plan.ranks[0].global_ids.iter().zip(local) {
+        sys.positions[id as usize] = p;
+    }
+    let (workers, mut out, mut spare) = (Workers::serial(), LocalAtoms::default(), local.clone());
+    g.bench_function("local atoms: from_plan_into", |b| {
+        b.iter(|| LocalAtoms::from_plan_into(plan, 0, &sys.positions, &sys.types, &workers, &mut out).expect("atoms"))
+    });
+    g.bench_function("local atoms: from_local_into", |b| {
+        b.iter(|| {
+            // The copy stands for the redecomposition's fresh local positions.
+            spare.clear();
+            spare.extend_from_slice(local);
+            LocalAtoms::from_local_into(plan, 0, &mut spare, &sys.types, &workers, &mut out).expect("atoms")
+        })
+    });
+    LocalAtoms::from_plan_into(plan, 0, &sys.positions, &sys.types, &workers, &mut out).expect("atoms");
+    g.bench_function("local atoms: validate alone", |b| b.iter(|| black_box(&out).validate().expect("valid")));
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
