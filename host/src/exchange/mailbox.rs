@@ -49,8 +49,9 @@ pub struct Mailbox {
     unlinked: bool,
 }
 
-/// Where the inbox files go: `/dev/shm` (memory) when it is there, the temporary folder otherwise.
-fn folder() -> PathBuf {
+/// Where the inbox files (and the node gather's segments) go: `/dev/shm` (memory) when it is
+/// there, the temporary folder otherwise.
+pub(crate) fn folder() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() }
 }

@@ -109,7 +109,7 @@ mod blob {
 }
 
 /// What identifies this machine's running kernel: two PEs with the same boot id share host memory.
-fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map_or_else(|_| crate::route::gpu_facts::hostname(), |s| s.trim().to_string())
 }
 

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod kept_gather;
-pub use kept_gather::KeptGather;
+mod node_gather;
+pub use kept_gather::{ENV_KEPT_GATHER, GatherRoute, KeptGather};
 
 /// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).
 static ABANDONED: AtomicBool = AtomicBool::new(false);
