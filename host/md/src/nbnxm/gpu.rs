@@ -420,7 +420,10 @@ impl NbnxmGpu {
     /// No launch of this object may still be running.
     pub fn set_order_identity(&mut self, kind: ListKind) -> Result<()> {
         let l = &self.lists[kind as usize];
-        l.order.copy_from_host(&(0..l.n_entries as u32).collect::<Vec<_>>())
+        l.order.copy_from_host(&(0..l.n_entries as u32).collect::<Vec<_>>())?;
+        // A copy from pageable memory may still be in flight when it returns: complete it before
+        // the next launch on any stream.
+        self.module.context().synchronize().during("uploading the identity launch order")
     }
 
     /// Local atoms the lists index: `x` and `f` must hold at least this many.
