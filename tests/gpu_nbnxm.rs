@@ -496,7 +496,8 @@ fn gpu_order_equals_the_host_order() {
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let got = out.to_host().unwrap();
         if let Some(b) = (0..n).find(|&b| got[b] != want[b]) {
-            panic!("{name}: block {b} runs entry {}, the host's order {} (of length {})", got[b], want[b], entries[want[b] as usize].j_end - entries[want[b] as usize].j_start);
+            let len = |i: u32| entries[i as usize].j_end - entries[i as usize].j_start;
+            panic!("{name}: block {b} runs entry {} (length {}), the host's order {} (length {})", got[b], len(got[b].min(n as u32 - 1)), want[b], len(want[b]));
         }
         assert!(got[n..].iter().all(|&v| v == u32::MAX), "{name}: a place written past the {n} entries");
         eprintln!("gpu order {name}: {n} entries, {ms:.3} ms");

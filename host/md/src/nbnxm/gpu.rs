@@ -11,8 +11,9 @@
 //! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
 //! and add forces into the exchange's force array, so nothing is scattered after them. Each launch
 //! runs one block of `32 W` threads per list entry, `W` from [`WarpsPerEntry`] (by default its rule
-//! for the list's length), in the list's launch order (longest entries first, [`super::entry_order`]:
-//! computed on the host for lists searched there, on the GPU for lists searched there). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
+//! for the list's length), in the list's launch order (longest entries first,
+//! [`super::entry_order`]: computed on the host for lists searched there, on the GPU for lists
+//! searched there). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
 //! (synchronously: no launch of this object may still be running); [`NbnxmGpu::update_on_gpu`]
 //! uploads a host-sorted grid and searches on the GPU; on one rank, [`NbnxmGpu::update_resident`]
 //! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates, and on
@@ -461,7 +462,8 @@ impl NbnxmGpu {
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
             let mut px = x.device_ptr();
-            let (mut idx, mut ent, mut ord, mut n) = (self.grid.atom_index.device_ptr(), l.entries.device_ptr(), l.order.device_ptr(), l.n_entries as u32);
+            let (mut idx, mut ent, mut ord) = (self.grid.atom_index.device_ptr(), l.entries.device_ptr(), l.order.device_ptr());
+            let mut n = l.n_entries as u32;
             let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
@@ -498,8 +500,8 @@ impl NbnxmGpu {
         }
         let words = if l.pruned { &l.inner } else { &l.outer };
         let mut px = x.device_ptr();
-        let (mut idx, mut ty, mut ent, mut ord) = (self.grid.atom_index.device_ptr(), self.grid.atom_type.device_ptr(), l.entries.device_ptr(), l.order.device_ptr());
-        let mut n = l.n_entries as u32;
+        let (mut idx, mut ty) = (self.grid.atom_index.device_ptr(), self.grid.atom_type.device_ptr());
+        let (mut ent, mut ord, mut n) = (l.entries.device_ptr(), l.order.device_ptr(), l.n_entries as u32);
         let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
         let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
         let [mut bx, mut by, mut bz] = self.box_size;

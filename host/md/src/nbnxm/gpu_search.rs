@@ -4,9 +4,10 @@
 //! counts ([`DeviceLayout`], the `nbnxm_layout_*` kernels: word offsets and entries, exactly
 //! [`layout`]'s), writes the words there, and sorts each list's launch order from its entries
 //! ([`DeviceOrder`], the `nbnxm_order_*` kernels: exactly [`super::entry_order`]'s). Only the
-//! lists' totals cross to the host (one synchronisation, to make room for them). The lists equal [`super::PairSearch`]'s word for word
-//! (same rule, same `f32` arithmetic, same order), which `tests/gpu_nbnxm.rs` and
-//! `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout against [`layout`].
+//! lists' totals cross to the host (one synchronisation, to make room for them). The lists equal
+//! [`super::PairSearch`]'s word for word (same rule, same `f32` arithmetic, same order), which
+//! `tests/gpu_nbnxm.rs` and `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout
+//! against [`layout`] and the GPU order against [`super::entry_order`].
 
 use super::NbnxmError;
 use super::gpu_grid::DeviceGrid;
@@ -231,8 +232,14 @@ impl DeviceLayout {
     ) -> Result<LayoutTotals> {
         let totals = self.totals(module, counts, items, max_j, stream)?;
         // The words are not written here: room for them is not needed.
-        let room =
-            |e: &DeviceBuffer<NbnxmEntry>| ListRoom { entries: e.device_ptr(), entry_room: e.len(), words: 0, word_room: usize::MAX, order: 0, order_room: 0 };
+        let room = |e: &DeviceBuffer<NbnxmEntry>| ListRoom {
+            entries: e.device_ptr(),
+            entry_room: e.len(),
+            words: 0,
+            word_room: usize::MAX,
+            order: 0,
+            order_room: 0,
+        };
         self.write(module, counts, items, max_j, shifts, n_shifts, &totals, offsets, [room(entries[0]), room(entries[1])], stream)?;
         stream.synchronize().during("waiting for the GPU list layout")?;
         Ok(totals)

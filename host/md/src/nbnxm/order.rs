@@ -69,7 +69,9 @@ impl DeviceOrder {
     /// # Safety
     /// `entries` holds `n_entries` entries (written before, in `stream` order) and `order` room for
     /// `n_entries` `u32`s; both stay allocated until the passes ran.
-    pub(crate) unsafe fn enqueue(&self, module: &KernelModule, entries: u64, n_entries: usize, max_j: u32, order: u64, stream: &CudaStream) -> Result<()> {
+    pub(crate) unsafe fn enqueue(
+        &self, module: &KernelModule, entries: u64, n_entries: usize, max_j: u32, order: u64, stream: &CudaStream,
+    ) -> Result<()> {
         if n_entries == 0 {
             return Ok(());
         }
