@@ -223,6 +223,7 @@ fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem,
             panic!("{test} {kind:?}: word {w} is {:#x}, the host's {:#x}", words[w], list.j_list[w]);
         }
         assert_eq!(entries, list.entries, "{test} {kind:?}: entries");
+        assert_eq!(nb.read_order(kind).unwrap(), halo_md::nbnxm::entry_order(&list.entries), "{test} {kind:?}: launch order");
     }
     assert!(search.nonlocal.is_empty() && r.words[1] == 0 && r.entries[1] == 0, "{test}: one rank has no halo");
     assert_eq!((r.words[0], r.entries[0]), (search.local.j_list.len(), search.local.entries.len()));
@@ -415,6 +416,7 @@ fn check_local_search(test: &str, g: &Gpu, nb: &mut NbnxmGpu, atoms: &LocalAtoms
             panic!("{test} {kind:?}: word {w} is {:#x}, the host's {:#x}", words[w], list.j_list[w]);
         }
         assert_eq!(entries, list.entries, "{test} {kind:?}: entries");
+        assert_eq!(nb.read_order(kind).unwrap(), halo_md::nbnxm::entry_order(&list.entries), "{test} {kind:?}: launch order");
         assert_eq!((r.words[k], r.entries[k]), (list.j_list.len(), list.entries.len()), "{test} {kind:?}");
     }
     eprintln!(

@@ -7,6 +7,8 @@
 //! per entry, 3 among them, and the host's rule), also on lists from the GPU search, which must
 //! first equal the host's word for word; so the interleaved share of each warp is checked
 //! with more warps than words, with one word per warp and with several rounds of 32 words per warp.
+//! Every list's launch order on the GPU (longest entry first) must equal the host's `entry_order`
+//! of its entries; the GPU's order kernels are also checked alone on random entry lists.
 //! Outputs are poisoned: forces start from known nonzero values with NaN guards after the array,
 //! the energy accumulator starts at 1000, the inner list at all ones. `kernel_times` prints every
 //! design's and warp count's GPU times as a table (no assertion on them).
@@ -17,7 +19,9 @@ use halo::gpu::{DeviceBuffer, DeviceMemory};
 use halo::system::{AtomType, MolecularSystem};
 use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
 use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
-use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry, lj_table};
+use halo_md::nbnxm::{
+    DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry, entry_order, lj_table,
+};
 use std::sync::Arc;
 
 /// Relative force tolerance, as `halo verify`: of max(|F| of the atom, RMS force).
@@ -102,6 +106,10 @@ fn check_with(
     } else {
         NbnxmGpu::new(g.module.clone(), &search, &lj_table(sys), setup, atoms.box_size).unwrap_or_else(|e| panic!("{test}: {e}"))
     };
+    // The launch order, sorted on the GPU or on the host: longest entry first, stable.
+    for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
+        assert_eq!(nb.read_order(kind).unwrap(), entry_order(&list.entries), "{test} {kind:?}: launch order");
+    }
     let n = atoms.len();
     let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions).unwrap();
 
@@ -305,6 +313,7 @@ fn gpu_search_equals_the_host_search() {
                 for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
                     assert_eq!(nb.read_entries(kind).unwrap(), list.entries, "{test} {kind:?}");
                     assert_eq!(nb.read_j_list(kind, false).unwrap(), list.j_list, "{test} {kind:?}");
+                    assert_eq!(nb.read_order(kind).unwrap(), entry_order(&list.entries), "{test} {kind:?}: the GPU's launch order");
                 }
                 eprintln!(
                     "{test}: {} + {} words; GPU search {gpu_ms:.2} ms (upload, both passes, GPU layout), host lists {:.2} ms",
@@ -428,6 +437,87 @@ fn gpu_layout_equals_the_host_layout() {
     g.ctx.synchronize().unwrap();
     let e = dl.lay_out(&g.module, &huge, 3, &d_shifts, 1, 32, &offsets, [&fine, &fine], &stream).unwrap_err().to_string();
     assert!(e.contains("4294967296") && e.contains("u32"), "{e}");
+}
+
+/// The launch order on the GPU (`DeviceOrder::build`, the `nbnxm_order_*` kernels) against the
+/// host's `entry_order` of the same entries, the output poisoned (with a guard after it, which must
+/// stay poisoned): 0 and 1 entries, entry counts on and off the tile size, up to 100,000 entries,
+/// random lengths `1..=max_j` for `max_j` 1, 5, 32 and 64 (the most the kernels sort), all of one
+/// length (the identity), lengths 1 and `max_j` only, runs of one length (whole warps of one key);
+/// the count buffer is reused from case to case. Then the errors: `max_j` beyond 64, buffers
+/// shorter than the entries.
+#[test]
+fn gpu_order_equals_the_host_order() {
+    use halo::abi::{NBNXM_ORDER_MAX_J, NBNXM_ORDER_TILE, NbnxmEntry};
+    use halo_md::nbnxm::DeviceOrder;
+    use rand::{Rng, SeedableRng};
+    let Some(g) = gpu("nbnxm_gpu_order") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let mut order = DeviceOrder::new(&g.module).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x0de7);
+    let tile = NBNXM_ORDER_TILE as usize;
+    // Entries of the given lengths, at random places of a list (the order reads only the lengths).
+    let entries_of = |lengths: Vec<u32>, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<NbnxmEntry> {
+        lengths
+            .into_iter()
+            .map(|len| {
+                let start = rng.random_range(0..1_000_000u32);
+                NbnxmEntry { sci: rng.random_range(0..5000), shift: rng.random_range(0..27), j_start: start, j_end: start + len }
+            })
+            .collect()
+    };
+    let max = NBNXM_ORDER_MAX_J;
+    // (name, lengths, max_j)
+    let mut cases: Vec<(String, Vec<u32>, u32)> = vec![
+        ("no entries".into(), vec![], 32),
+        ("one entry".into(), vec![7], 32),
+        ("one entry of max_j".into(), vec![max], max),
+        ("all of one length".into(), vec![32; 3 * tile + 5], 32),
+        ("lengths 1 and max_j".into(), (0..5000).map(|_| if rng.random_bool(0.5) { 1 } else { 32 }).collect(), 32),
+        ("runs of one length".into(), (0..4000u32).map(|i| if (i / 96) % 2 == 0 { 32 } else { 1 + i % 4 }).collect(), 32),
+    ];
+    for (n, max_j) in [(100_000, 32), (3 * tile + 17, 32), (tile + 1, max), (tile, 5), (tile - 1, 32), (31, 1), (33, 64), (20_000, 64), (4321, 2)] {
+        cases.push((format!("random, {n} entries, max_j {max_j}"), (0..n).map(|_| rng.random_range(1..=max_j)).collect(), max_j));
+    }
+    const GUARD: usize = 8;
+    for (name, lengths, max_j) in cases {
+        let entries = entries_of(lengths, &mut rng);
+        let n = entries.len();
+        let want = entry_order(&entries);
+        let d_entries = DeviceBuffer::from_host(&g.ctx, &entries).unwrap();
+        let out = DeviceBuffer::<u32>::uninit(&g.ctx, n + GUARD).unwrap();
+        out.fill_bytes(0xff).unwrap();
+        // The upload and the poisoning are synchronous copies that may still be in flight: order
+        // them before the stream's passes.
+        g.ctx.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        order.build(&g.module, &d_entries, n, max_j as usize, &out, &stream).unwrap_or_else(|e| panic!("{name}: {e}"));
+        stream.synchronize().unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let got = out.to_host().unwrap();
+        if let Some(b) = (0..n).find(|&b| got[b] != want[b]) {
+            let len = |i: u32| entries[i as usize].j_end - entries[i as usize].j_start;
+            panic!("{name}: block {b} runs entry {} (length {}), the host's order {} (length {})", got[b], len(got[b].min(n as u32 - 1)), want[b], len(want[b]));
+        }
+        assert!(got[n..].iter().all(|&v| v == u32::MAX), "{name}: a place written past the {n} entries");
+        eprintln!("gpu order {name}: {n} entries, {ms:.3} ms");
+    }
+
+    // Entries longer than the kernels sort, and buffers too short: errors, nothing written.
+    let entries = entries_of(vec![3; 100], &mut rng);
+    let d_entries = DeviceBuffer::from_host(&g.ctx, &entries).unwrap();
+    let out = DeviceBuffer::<u32>::uninit(&g.ctx, 100).unwrap();
+    out.fill_bytes(0xff).unwrap();
+    let short = DeviceBuffer::<u32>::uninit(&g.ctx, 99).unwrap();
+    g.ctx.synchronize().unwrap();
+    let e = order.build(&g.module, &d_entries, 100, max as usize + 1, &out, &stream).unwrap_err().to_string();
+    assert!(e.contains("at most 64 words"), "{e}");
+    let e = order.build(&g.module, &d_entries, 100, 32, &short, &stream).unwrap_err().to_string();
+    assert!(e.contains("room for 99"), "{e}");
+    let e = order.build(&g.module, &d_entries, 101, 32, &out, &stream).unwrap_err().to_string();
+    assert!(e.contains("100 entries"), "{e}");
+    stream.synchronize().unwrap();
+    assert!(out.to_host().unwrap().iter().all(|&v| v == u32::MAX), "written after an error");
 }
 
 /// The whole search step on the GPU (`update_resident`: wrap in place, grid, lists) on one rank,
@@ -690,12 +780,14 @@ fn kernel_times() {
     }
 }
 
-/// How the list's entry shape changes the force kernel's time (no assertion on the times): the
-/// 45,000-atom lists (one rank, and rank 0 of 2x1x1) split at 8, 16, 32 (the default) and 64
-/// words per entry, each in the search's order and sorted longest first (a launch's blocks start
-/// in entry order, so long entries last make a tail), the default design at the host rule's warp
-/// count and at 1 to 8 warps; prune first, then forces back to back (see [`back_to_back_us`]).
-/// The sorted list is also checked to give the same forces as the search's order (within the
+/// How the list's entry shape and launch order change the force kernel's time (no assertion on the
+/// times): the 45,000-atom lists (one rank, and rank 0 of 2x1x1) split at 8, 16, 32 (the default)
+/// and 64 words per entry, each launched in the product's launch order (longest entry first,
+/// `entry_order`: GPU run 40 measured it 5–7 % faster than the search's order at 32 words, when
+/// it was still a sorted copy of the list) and in the search's order (`set_order_identity`: block
+/// `b` runs entry `b`, so long entries that come late make a tail), the default design at the host
+/// rule's warp count and at 1 to 8 warps; prune first, then forces back to back (see
+/// [`back_to_back_us`]). The two orders are also checked to give the same forces (within the
 /// tolerance: the atomics add in another order).
 #[test]
 fn entry_shape_times() {
@@ -712,13 +804,14 @@ fn entry_shape_times() {
         for max_j in [8, 16, 32, 64] {
             let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(s.rlist) };
             let search = PairSearch::build(&atoms, &opts).unwrap();
-            let mut sorted = search.clone();
-            for list in [&mut sorted.local, &mut sorted.nonlocal] {
-                list.entries.sort_by_key(|e| std::cmp::Reverse(e.j_end - e.j_start));
-            }
+            let mut nb = NbnxmGpu::new(g.module.clone(), &search, &lj_table(&sys), &s, sys.box_size).unwrap();
+            assert_eq!(nb.read_order(ListKind::Local).unwrap(), entry_order(&search.local.entries), "max_j {max_j}: the launch order");
             let mut forces = Vec::new();
-            for (order, found) in [("search", &search), ("longest-first", &sorted)] {
-                let mut nb = NbnxmGpu::new(g.module.clone(), found, &lj_table(&sys), &s, sys.box_size).unwrap();
+            for order in ["longest-first", "search"] {
+                if order == "search" {
+                    nb.set_order_identity(ListKind::Local).unwrap();
+                    assert_eq!(nb.read_order(ListKind::Local).unwrap(), (0..search.local.entries.len() as u32).collect::<Vec<_>>());
+                }
                 let mut cells = String::new();
                 for w in [None, Some(1), Some(2), Some(4), Some(8)] {
                     nb.set_warps(w.map_or(WarpsPerEntry::Auto, WarpsPerEntry::Fixed)).unwrap();
@@ -732,8 +825,8 @@ fn entry_shape_times() {
                     dims[0],
                     dims[1],
                     dims[2],
-                    found.local.entries.len(),
-                    found.local.j_list.len()
+                    search.local.entries.len(),
+                    search.local.j_list.len()
                 );
                 // One clean launch for the comparison of the two orders.
                 nb.set_warps(WarpsPerEntry::Auto).unwrap();
@@ -748,7 +841,7 @@ fn entry_shape_times() {
                 .zip(&forces[1])
                 .map(|(a, b)| f64::from((a.x - b.x).abs().max((a.y - b.y).abs()).max((a.z - b.z).abs())) / rms)
                 .fold(0.0, f64::max);
-            assert!(worst < FORCE_TOL, "max_j {max_j}: sorted entries change the forces by {worst:e} of the RMS force");
+            assert!(worst < FORCE_TOL, "max_j {max_j}: the launch order changes the forces by {worst:e} of the RMS force");
         }
     }
 }

@@ -451,3 +451,24 @@ fn the_gpu_layout_scans_in_shared_memory_without_atomics() {
     // One 16-byte store per entry.
     assert_lowers(&b, abi::NBNXM_LAYOUT_WRITE, &["st.global.v4.b32"]);
 }
+
+#[test]
+fn the_gpu_launch_order_ranks_with_match_any_without_atomics() {
+    let b = entries(&ptx_text());
+    // Deterministic: a warp's lanes of one key by `match.any` and ranked by a population count, the
+    // per-warp counts scanned in shared memory; the tiles' counts by one block scan. No atomics,
+    // nothing in local memory.
+    for k in [abi::NBNXM_ORDER_TILES, abi::NBNXM_ORDER_WRITE] {
+        assert_lowers(&b, k, &["match.any.sync.b32", "popc.b32", "bar.sync", "st.shared.b32", "ld.shared.b32"]);
+    }
+    assert_lowers(&b, abi::NBNXM_ORDER_SCAN, &["bar.sync", "st.shared.b32", "ld.shared.b32"]);
+    for k in [abi::NBNXM_ORDER_TILES, abi::NBNXM_ORDER_SCAN, abi::NBNXM_ORDER_WRITE] {
+        assert_absent(&b, k, &["atom.", "red.relaxed", "red.global", ".local"]);
+    }
+    // Blocks of 1,024 threads launch only with at most 64 registers per thread.
+    let r = ptxas_resources();
+    for k in [abi::NBNXM_ORDER_TILES, abi::NBNXM_ORDER_SCAN, abi::NBNXM_ORDER_WRITE] {
+        let (regs, frame) = *r.get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+        assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
+    }
+}

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 11;
+pub const ABI_VERSION: u32 = 12;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -69,6 +69,9 @@ kernel_entries! {
         "nbnxm_layout_tiles",
         "nbnxm_layout_scan",
         "nbnxm_layout_write",
+        "nbnxm_order_tiles",
+        "nbnxm_order_scan",
+        "nbnxm_order_write",
     ],
 }
 
@@ -219,18 +222,20 @@ pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 /// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading
 /// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early.
 ///
-/// - forces: `(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x,
-///   box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list, added to `f`
-///   (`energy` is not touched);
+/// - forces: `(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy,
+///   box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list, added to
+///   `f` (`energy` is not touched);
 /// - forces + energy: the same arguments, and the potential-shifted LJ energy of the list added
 ///   to the `f64` at `energy` (one atomic per block);
-/// - prune: `(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2)`:
-///   the inner (pruned) j-list from the outer one and the current coordinates.
+/// - prune: `(x, atom_index, entries, order, n_entries, j_outer, j_inner, box_x, box_y, box_z,
+///   rlist2)`: the inner (pruned) j-list from the outer one and the current coordinates.
 ///
 /// Launch: one block per [`NbnxmEntry`] (`grid.x = n_entries`), `32 W` threads for `W` warps per
 /// entry (1 to [`NBNXM_MAX_WARPS_PER_ENTRY`]; warp `w` takes the entry's j-list words
 /// `j_start + w`, `j_start + w + W`, ...), and [`nbnxm_force_shared_bytes`]`(ntypes, W)` (forces)
-/// or [`NBNXM_PRUNE_SHARED_BYTES`] (prune) of dynamic shared memory.
+/// or [`NBNXM_PRUNE_SHARED_BYTES`] (prune) of dynamic shared memory. Block `b` runs entry
+/// `entries[order[b]]`: `order` is a permutation of `0..n_entries` (the launch order, longest
+/// entries first: [`NBNXM_ORDER_TILES`]), so the blocks that start last are short ones.
 pub const NBNXM_KERNELS: [[&str; 3]; 2] = [
     ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"],
     ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"],
@@ -317,6 +322,49 @@ pub const NBNXM_LAYOUT_TILE: u32 = NBNXM_LAYOUT_THREADS * NBNXM_LAYOUT_ITEMS_PER
 pub const NBNXM_LAYOUT_SUMS: usize = 4;
 /// Dynamic shared memory of a layout block: [`NBNXM_LAYOUT_SUMS`] `u64` running sums per thread.
 pub const NBNXM_LAYOUT_SHARED_BYTES: u32 = NBNXM_LAYOUT_THREADS * NBNXM_LAYOUT_SUMS as u32 * 8;
+
+/// `nbnxm_order_tiles(entries, n_entries, max_j, tile_counts)`: the launch order of a list on the
+/// GPU (`host/md/src/nbnxm/order.rs`), first pass: a stable counting sort of the entries by length,
+/// longest first (key [`nbnxm_order_key`]). One block of [`NBNXM_ORDER_TILE`] threads, one entry
+/// each, [`NBNXM_ORDER_SHARED_BYTES`] of dynamic shared memory, per tile of [`NBNXM_ORDER_TILE`]
+/// entries (`grid.x = n_tiles = ceil(n_entries / NBNXM_ORDER_TILE)`): the tile's number of
+/// entries of each key `k <= max_j` to `tile_counts[k n_tiles + tile]`. `max_j` at most
+/// [`NBNXM_ORDER_MAX_J`] (a larger one is read as that).
+pub const NBNXM_ORDER_TILES: &str = "nbnxm_order_tiles";
+/// `nbnxm_order_scan(tile_counts, n)`: one block of [`NBNXM_ORDER_SCAN_THREADS`] threads,
+/// [`NBNXM_ORDER_SCAN_SHARED_BYTES`]: the `n = (max_j + 1) n_tiles` counts become in place their
+/// exclusive scan (key by key, tile by tile within a key): where each tile's entries of each key
+/// start in the order.
+pub const NBNXM_ORDER_SCAN: &str = "nbnxm_order_scan";
+/// `nbnxm_order_write(entries, n_entries, max_j, tile_starts, order)`: same tiles and blocks as
+/// [`NBNXM_ORDER_TILES`], after [`NBNXM_ORDER_SCAN`] (`tile_starts`): entry `e` of key `k` to
+/// `order[tile_starts[k n_tiles + tile] + r]`, `r` the entries of its tile with key `k` before it.
+/// Deterministic (no atomics): the order is the stable sort of the entries by length, longest
+/// first, entry for entry the host's `entry_order`.
+pub const NBNXM_ORDER_WRITE: &str = "nbnxm_order_write";
+/// Entries per tile of the order passes, and threads per block (one entry each).
+pub const NBNXM_ORDER_TILE: u32 = 1024;
+/// Warps per block of [`NBNXM_ORDER_TILES`] and [`NBNXM_ORDER_WRITE`].
+pub const NBNXM_ORDER_WARPS: u32 = NBNXM_ORDER_TILE / 32;
+/// The longest entry (`max_j`) the GPU's launch order sorts: keys `0..=NBNXM_ORDER_MAX_J` (the
+/// search splits entries at 32 words).
+pub const NBNXM_ORDER_MAX_J: u32 = 64;
+/// Keys of the order's counting sort, at most.
+pub const NBNXM_ORDER_KEYS: u32 = NBNXM_ORDER_MAX_J + 1;
+/// Dynamic shared memory of an [`NBNXM_ORDER_TILES`] or [`NBNXM_ORDER_WRITE`] block: per warp and
+/// key a `u32` count.
+pub const NBNXM_ORDER_SHARED_BYTES: u32 = NBNXM_ORDER_WARPS * NBNXM_ORDER_KEYS * 4;
+/// Threads of the one block of [`NBNXM_ORDER_SCAN`].
+pub const NBNXM_ORDER_SCAN_THREADS: u32 = 1024;
+/// Dynamic shared memory of the [`NBNXM_ORDER_SCAN`] block: one running sum per thread.
+pub const NBNXM_ORDER_SCAN_SHARED_BYTES: u32 = NBNXM_ORDER_SCAN_THREADS * 4;
+
+/// The order's sort key of an entry of `len` words for entries of at most `max_j` words:
+/// `max_j - len`, so ascending keys are descending lengths (a length above `max_j` counts as
+/// `max_j`).
+pub const fn nbnxm_order_key(len: u32, max_j: u32) -> u32 {
+    max_j - if len < max_j { len } else { max_j }
+}
 
 /// How a list splits one item's `count` words into entries of at most `max_j` words (0 counts as
 /// 1), evenly: `[entries, words of each entry]` (the last entry takes what is left); no entry for
@@ -941,4 +989,7 @@ const _: () = {
     assert!(NBNXM_GRID_SCAN_THREADS.is_power_of_two() && NBNXM_GRID_SORT_THREADS.is_multiple_of(32));
     // The layout passes scan with one block (a power of two of threads, whole warps).
     assert!(NBNXM_LAYOUT_THREADS.is_power_of_two() && NBNXM_LAYOUT_THREADS >= 32 && NBNXM_LAYOUT_SHARED_BYTES <= 48 * 1024);
+    // The order passes: one entry per thread, whole warps, blocks a launch can take; the scan with one block.
+    assert!(NBNXM_ORDER_TILE.is_multiple_of(32) && NBNXM_ORDER_TILE <= 1024 && NBNXM_ORDER_SHARED_BYTES <= 48 * 1024);
+    assert!(NBNXM_ORDER_SCAN_THREADS.is_power_of_two() && NBNXM_ORDER_SCAN_THREADS <= 1024);
 };

@@ -86,6 +86,8 @@ unsafe extern "C" {
     fn shfl_sync_idx_i32(mask: u32, value: u32, src_lane: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.redux.sync.or"]
     fn redux_sync_or(value: u32, mask: u32) -> u32;
+    #[link_name = "llvm.nvvm.match.any.sync.i32"]
+    fn match_any_sync_i32(mask: u32, value: u32) -> u32;
 }
 
 /// Block-wide barrier that also returns whether any thread's `predicate` was true
@@ -164,6 +166,19 @@ pub mod warp {
     pub unsafe fn reduce_or_u32(mask: u32, value: u32) -> u32 {
         // SAFETY: forwarded to the caller's contract.
         unsafe { super::redux_sync_or(value, mask) }
+    }
+
+    /// The lanes of `mask` whose `value` equals this lane's (`match.any.sync.b32`, sm_70 and
+    /// newer): a bit per lane, this lane's own included. With `popc(peers & lanes below)` it
+    /// ranks a lane among the warp's lanes of the same value, in lane order (a stable counting
+    /// sort's rank without atomics). Registers only, no memory.
+    ///
+    /// # Safety
+    /// Every lane in `mask` must execute this same call, and the calling lane must be in `mask`.
+    #[inline(always)]
+    pub unsafe fn match_any_u32(mask: u32, value: u32) -> u32 {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { super::match_any_sync_i32(mask, value) }
     }
 
     /// Reconverge the lanes in `mask` and order their memory accesses (`bar.warp.sync`):

@@ -31,6 +31,7 @@ mod md;
 mod nbnxm;
 mod nbnxm_grid;
 mod nbnxm_layout;
+mod nbnxm_order;
 mod nbnxm_search;
 mod pack;
 mod probe;

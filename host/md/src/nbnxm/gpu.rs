@@ -11,7 +11,9 @@
 //! exchange's coordinate array (home atoms, then the halo) through the grid's slot → atom index,
 //! and add forces into the exchange's force array, so nothing is scattered after them. Each launch
 //! runs one block of `32 W` threads per list entry, `W` from [`WarpsPerEntry`] (by default its rule
-//! for the list's length). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
+//! for the list's length), in the list's launch order (longest entries first,
+//! [`super::entry_order`]: computed on the host for lists searched there, on the GPU for lists
+//! searched there). At a search step, [`NbnxmGpu::update`] uploads the new grid and lists
 //! (synchronously: no launch of this object may still be running); [`NbnxmGpu::update_on_gpu`]
 //! uploads a host-sorted grid and searches on the GPU; on one rank, [`NbnxmGpu::update_resident`]
 //! does the whole search step on the GPU (wrap, grid, lists) from the device coordinates, and on
@@ -21,6 +23,7 @@
 use super::gpu_grid::{DeviceGrid, GridInfo};
 use super::gpu_search::{GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
+use super::order::entry_order;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
 use super::{ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
@@ -75,6 +78,8 @@ impl<'a> EnergySlot<'a> {
 
 struct GpuList {
     entries: DeviceBuffer<NbnxmEntry>,
+    /// The launch order: block `b` runs entry `order[b]`.
+    order: DeviceBuffer<u32>,
     outer: DeviceBuffer<u32>,
     inner: DeviceBuffer<u32>,
     n_entries: usize,
@@ -87,6 +92,7 @@ impl GpuList {
         let ctx = module.context();
         Ok(Self {
             entries: DeviceBuffer::uninit(ctx, 1)?,
+            order: DeviceBuffer::uninit(ctx, 1)?,
             outer: DeviceBuffer::uninit(ctx, 1)?,
             inner: DeviceBuffer::uninit(ctx, 1)?,
             n_entries: 0,
@@ -95,22 +101,26 @@ impl GpuList {
         })
     }
 
-    /// Makes room for `entries` entries and `words` outer and inner words (reusing the allocations
-    /// that fit; the contents are the caller's to fill) and takes those sizes; returns where the
-    /// entries and the outer words go (for the GPU search to fill).
+    /// Makes room for `entries` entries (and their launch order) and `words` outer and inner words
+    /// (reusing the allocations that fit; the contents are the caller's to fill) and takes those
+    /// sizes; returns where the entries, the outer words and the order go (for the GPU search to
+    /// fill).
     fn reserve(&mut self, module: &KernelModule, entries: usize, words: usize) -> Result<ListRoom> {
         grow(module, &mut self.entries, entries)?;
+        grow(module, &mut self.order, entries)?;
         grow(module, &mut self.outer, words)?;
         grow(module, &mut self.inner, words)?;
         self.n_entries = entries;
         self.n_words = words;
         self.pruned = false;
-        Ok(ListRoom::of(&self.entries, &self.outer))
+        Ok(ListRoom::of(&self.entries, &self.outer, &self.order))
     }
 
+    /// A host search's list, with its launch order from [`entry_order`].
     fn update(&mut self, module: &KernelModule, l: &ClusterPairList) -> Result<()> {
         self.reserve(module, l.entries.len(), l.j_list.len())?;
         self.entries.copy_from_host(&l.entries)?;
+        self.order.copy_from_host(&entry_order(&l.entries))?;
         self.outer.copy_from_host(&l.j_list)
     }
 
@@ -396,6 +406,27 @@ impl NbnxmGpu {
         Ok(v)
     }
 
+    /// The launch order of list `kind` on the GPU (block `b` runs entry `order[b]`), read
+    /// synchronously (for checks): [`super::entry_order`] of [`Self::read_entries`], unless
+    /// [`Self::set_order_identity`] replaced it.
+    pub fn read_order(&self, kind: ListKind) -> Result<Vec<u32>> {
+        let l = &self.lists[kind as usize];
+        let mut v = l.order.to_host()?;
+        v.truncate(l.n_entries);
+        Ok(v)
+    }
+
+    /// Launches list `kind`'s entries in the search's order (block `b` runs entry `b`) until the
+    /// next update, synchronously; for measurements against the launch order (longest first).
+    /// No launch of this object may still be running.
+    pub fn set_order_identity(&mut self, kind: ListKind) -> Result<()> {
+        let l = &self.lists[kind as usize];
+        l.order.copy_from_host(&(0..l.n_entries as u32).collect::<Vec<_>>())?;
+        // A copy from pageable memory may still be in flight when it returns: complete it before
+        // the next launch on any stream.
+        self.module.context().synchronize().during("uploading the identity launch order")
+    }
+
     /// Local atoms the lists index: `x` and `f` must hold at least this many.
     pub fn atoms(&self) -> usize {
         self.atoms
@@ -431,15 +462,17 @@ impl NbnxmGpu {
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
             let mut px = x.device_ptr();
-            let (mut idx, mut ent, mut n) = (self.grid.atom_index.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+            let (mut idx, mut ent, mut ord) = (self.grid.atom_index.device_ptr(), l.entries.device_ptr(), l.order.device_ptr());
+            let mut n = l.n_entries as u32;
             let (mut outer, mut inner) = (l.outer.device_ptr(), l.inner.device_ptr());
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
-            let mut args = kernel_args![px, idx, ent, n, outer, inner, bx, by, bz, rl2];
+            let mut args = kernel_args![px, idx, ent, ord, n, outer, inner, bx, by, bz, rl2];
             let shape = l.shape(self.warps_per_entry(kind), abi::NBNXM_PRUNE_SHARED_BYTES);
             // SAFETY: arguments match `nbnxm_prune_*`, launched as `abi::NBNXM_KERNELS` says; the
             // list indexes this grid's slots, whose atoms are inside `x` (checked above); `inner`
-            // has as many words as `outer`.
+            // has as many words as `outer`; the order is a permutation of the entries (the host's
+            // `entry_order`, the GPU's order of the same entries, or the identity).
             unsafe { self.module.launch(self.kernel.entries()[2], shape, stream, &mut args)? };
         }
         self.lists[kind as usize].pruned = true;
@@ -467,19 +500,21 @@ impl NbnxmGpu {
         }
         let words = if l.pruned { &l.inner } else { &l.outer };
         let mut px = x.device_ptr();
-        let (mut idx, mut ty, mut ent, mut n) = (self.grid.atom_index.device_ptr(), self.grid.atom_type.device_ptr(), l.entries.device_ptr(), l.n_entries as u32);
+        let (mut idx, mut ty) = (self.grid.atom_index.device_ptr(), self.grid.atom_type.device_ptr());
+        let (mut ent, mut ord, mut n) = (l.entries.device_ptr(), l.order.device_ptr(), l.n_entries as u32);
         let pe_ptr = energy.map_or(self.energy.device_ptr(), |e| e.ptr());
         let (mut jl, mut lj, mut nt, mut pf, mut pe) = (words.device_ptr(), self.lj.device_ptr(), self.ntypes, f.device_ptr(), pe_ptr);
         let [mut bx, mut by, mut bz] = self.box_size;
         let rc = f64::from(self.setup.cutoff);
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
-        let mut args = kernel_args![px, idx, ty, ent, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
+        let mut args = kernel_args![px, idx, ty, ent, ord, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
         let name = self.kernel.entries()[usize::from(energy.is_some())];
         let warps = self.warps_per_entry(kind);
         let shape = l.shape(warps, abi::nbnxm_force_shared_bytes(self.ntypes, warps));
         // SAFETY: arguments match `nbnxm_forces[_energy]_*`, launched as `abi::NBNXM_KERNELS` says
         // (1 to 16 warps: `WarpsPerEntry`); slots index atoms inside `x` and `f`
-        // (checked above), types are below `ntypes` (checked at upload), the table has ntypes².
+        // (checked above), types are below `ntypes` (checked at upload), the table has ntypes²;
+        // the order is a permutation of the entries (as for the prune).
         unsafe { self.module.launch(name, shape, stream, &mut args) }
     }
 

@@ -2,13 +2,16 @@
 //! device memory ([`DeviceGrid`]: uploaded from the host's sort, or built on the GPU): the GPU
 //! counts the j-cluster words of every (i-supercluster, shift) item, lays the lists out from the
 //! counts ([`DeviceLayout`], the `nbnxm_layout_*` kernels: word offsets and entries, exactly
-//! [`layout`]'s), and writes the words there. Only the lists' totals cross to the host (one
-//! synchronisation, to make room for them). The lists equal [`super::PairSearch`]'s word for word
-//! (same rule, same `f32` arithmetic, same order), which `tests/gpu_nbnxm.rs` and
-//! `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout against [`layout`].
+//! [`layout`]'s), writes the words there, and sorts each list's launch order from its entries
+//! ([`DeviceOrder`], the `nbnxm_order_*` kernels: exactly [`super::entry_order`]'s). Only the
+//! lists' totals cross to the host (one synchronisation, to make room for them). The lists equal
+//! [`super::PairSearch`]'s word for word (same rule, same `f32` arithmetic, same order), which
+//! `tests/gpu_nbnxm.rs` and `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout
+//! against [`layout`] and the GPU order against [`super::entry_order`].
 
 use super::NbnxmError;
 use super::gpu_grid::DeviceGrid;
+use super::order::{DeviceOrder, order_max_j};
 use super::pairlist::{list_cutoff2, shifts_of, split_entries};
 use crate::abi::{self, NbnxmEntry, NbnxmShift};
 use crate::error::{CudaContextExt, HaloError, Result};
@@ -83,8 +86,8 @@ impl LayoutTotals {
     }
 }
 
-/// Where the GPU writes one list: its entries and its words (device addresses), and how many of
-/// each the memory there holds.
+/// Where the GPU writes one list: its entries, its words and its launch order (device
+/// addresses), and how many of each the memory there holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ListRoom {
     /// Entries' address (16-byte aligned).
@@ -95,12 +98,23 @@ pub(crate) struct ListRoom {
     pub(crate) words: u64,
     /// Words it holds.
     pub(crate) word_room: usize,
+    /// The launch order's address (one `u32` per entry).
+    pub(crate) order: u64,
+    /// Places it holds.
+    pub(crate) order_room: usize,
 }
 
 impl ListRoom {
-    /// Room for a list in `entries` and `words`.
-    pub(crate) fn of(entries: &DeviceBuffer<NbnxmEntry>, words: &DeviceBuffer<u32>) -> Self {
-        Self { entries: entries.device_ptr(), entry_room: entries.len(), words: words.device_ptr(), word_room: words.len() }
+    /// Room for a list in `entries`, `words` and `order`.
+    pub(crate) fn of(entries: &DeviceBuffer<NbnxmEntry>, words: &DeviceBuffer<u32>, order: &DeviceBuffer<u32>) -> Self {
+        Self {
+            entries: entries.device_ptr(),
+            entry_room: entries.len(),
+            words: words.device_ptr(),
+            word_room: words.len(),
+            order: order.device_ptr(),
+            order_room: order.len(),
+        }
     }
 }
 
@@ -218,7 +232,14 @@ impl DeviceLayout {
     ) -> Result<LayoutTotals> {
         let totals = self.totals(module, counts, items, max_j, stream)?;
         // The words are not written here: room for them is not needed.
-        let room = |e: &DeviceBuffer<NbnxmEntry>| ListRoom { entries: e.device_ptr(), entry_room: e.len(), words: 0, word_room: usize::MAX };
+        let room = |e: &DeviceBuffer<NbnxmEntry>| ListRoom {
+            entries: e.device_ptr(),
+            entry_room: e.len(),
+            words: 0,
+            word_room: usize::MAX,
+            order: 0,
+            order_room: 0,
+        };
         self.write(module, counts, items, max_j, shifts, n_shifts, &totals, offsets, [room(entries[0]), room(entries[1])], stream)?;
         stream.synchronize().during("waiting for the GPU list layout")?;
         Ok(totals)
@@ -226,7 +247,7 @@ impl DeviceLayout {
 }
 
 /// The search's own buffers (the grid's are a [`DeviceGrid`]'s): the shifts, the items' counts
-/// and word offsets, and the layout's.
+/// and word offsets, the layout's and the launch order's.
 pub(crate) struct GpuSearch {
     shifts: DeviceBuffer<NbnxmShift>,
     /// The shifts `shifts` holds (uploaded again only when they change).
@@ -234,6 +255,7 @@ pub(crate) struct GpuSearch {
     counts: DeviceBuffer<u32>,
     offsets: DeviceBuffer<u32>,
     layout: DeviceLayout,
+    order: DeviceOrder,
 }
 
 impl GpuSearch {
@@ -245,6 +267,7 @@ impl GpuSearch {
             counts: DeviceBuffer::uninit(ctx, 1)?,
             offsets: DeviceBuffer::uninit(ctx, 1)?,
             layout: DeviceLayout::new(module)?,
+            order: DeviceOrder::new(module)?,
         })
     }
 
@@ -256,15 +279,17 @@ impl GpuSearch {
     /// Runs the search on the grid `grid` holds (uploaded from the host, or built on the GPU) at
     /// list cutoff `rl` on `stream`, entries of at most `max_j` words: the count pass, the layout's
     /// scan, one synchronisation to read the lists' totals, then `out(totals)` makes room for the
-    /// two lists (home–home, with halo) and says where they go, and the layout's entries and the
-    /// write pass fill them. Returns the totals; the lists are complete when this returns
-    /// (`stream` is synchronised; the context too, before the count pass, when the grid or the
-    /// shifts were just uploaded from pageable host memory).
+    /// two lists (home–home, with halo) and says where they go, and the layout's entries, the
+    /// write pass and each list's launch order (from its entries) fill them. Returns the totals;
+    /// the lists are complete when this returns (`stream` is synchronised; the context too, before
+    /// the count pass, when the grid or the shifts were just uploaded from pageable host memory).
+    /// An error, before anything runs, when `max_j` is beyond what the launch order sorts.
     pub(crate) fn run(
         &mut self, module: &KernelModule, grid: &DeviceGrid, rl: f32, max_j: usize, stream: &CudaStream,
         out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
         let held = grid.held().ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
+        let order_j = order_max_j(max_j)?;
         let shifts = shifts_of(held.periodic, held.box_size);
         let n_super = held.superclusters;
         let items = n_super * shifts.len();
@@ -298,10 +323,18 @@ impl GpuSearch {
         unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
         let totals = self.layout.totals(module, &self.counts, items, max_j, stream)?;
         let rooms = out(&totals)?;
-        if rooms.iter().zip(totals.words).any(|(r, w)| r.word_room < w) {
+        if rooms.iter().zip(totals.words).zip(totals.entries).any(|((r, w), e)| r.word_room < w || r.order_room < e) {
             return Err(HaloError::InvalidInput(format!("GPU search: the lists have room for {rooms:?}, the totals are {totals:?}")));
         }
+        // The last search synchronised its stream: the counts may move.
+        self.order.reserve(module, totals.entries[0].max(totals.entries[1]), order_j)?;
         self.layout.write(module, &self.counts, items, max_j, &self.shifts, shifts.len(), &totals, &self.offsets, rooms, stream)?;
+        for (room, n) in rooms.iter().zip(totals.entries) {
+            // SAFETY: the layout just wrote the list's `n` entries there (same stream, so before),
+            // and its order has room for `n` places (checked); both outlive the synchronisation
+            // below. The two lists' orders share the counts one after the other on the stream.
+            unsafe { self.order.enqueue(module, room.entries, n, order_j, room.order, stream)? };
+        }
         let (mut offsets, mut jl, mut jn) = (self.offsets.device_ptr(), rooms[0].words, rooms[1].words);
         let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, offsets, jl, jn];
         // SAFETY: arguments match `nbnxm_search_write`; as above, `offsets` from the layout of

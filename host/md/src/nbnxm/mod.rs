@@ -12,6 +12,7 @@
 //! | [`NbnxmGpu`] | the lists on the GPU and the launches of one step (prune, forces, energy) |
 //! | [`DeviceGrid`] | the cluster grid in device memory; on one rank built there from the device coordinates |
 //! | [`NbnxmKernel`], [`WarpsPerEntry`] | which kernel design the launches use, and how many warps share a list entry |
+//! | [`entry_order`], [`DeviceOrder`] | the launch order of a list's entries (longest first), on the host and on the GPU |
 //!
 //! Use at a search step, per rank (see [`NbnxmGpu`] for the per-step calls):
 //! ```no_run
@@ -32,6 +33,7 @@ pub mod gpu_search;
 mod grid;
 mod kernel;
 mod local;
+mod order;
 mod pairlist;
 
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
@@ -40,6 +42,7 @@ pub use gpu_grid::{DeviceGrid, GridInfo};
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
+pub use order::{DeviceOrder, entry_order, order_max_j};
 pub use gpu_search::fit;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
@@ -131,6 +134,14 @@ pub enum NbnxmError {
         words: u64,
         /// The limit.
         max: u64,
+    },
+    /// Entries longer than the GPU's launch order sorts.
+    #[error("entries of up to {max_j} words, but the GPU's launch order sorts entries of at most {most} words")]
+    EntryTooLong {
+        /// The longest entry the search makes.
+        max_j: usize,
+        /// The most the order kernels take ([`crate::abi::NBNXM_ORDER_MAX_J`]).
+        most: u32,
     },
     /// Inconsistent cutoffs, lifetimes or physical inputs.
     #[error("invalid list setup: {0}")]

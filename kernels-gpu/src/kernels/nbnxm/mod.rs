@@ -2,7 +2,9 @@
 //! slots, an i-entry pairs an i-supercluster (8 clusters, 64 slots) under one periodic shift with a
 //! list of j-clusters, and a mask word per j-cluster says which of the 8 i-clusters interact with it.
 //!
-//! One block per i-entry, `W` warps (chosen at launch): the entry's 64 i-atoms, shifted once, are
+//! One block per i-entry, `W` warps (chosen at launch), block `b` running entry `order[b]` (the
+//! host's launch order, longest entries first: blocks start in block order, and long entries
+//! started last would leave a tail of busy multiprocessors): the entry's 64 i-atoms, shifted once, are
 //! staged in shared memory by the whole block, and warp `w` walks the entry's j-list words
 //! `w, w + W, w + 2W, ...` (interleaved: neighbouring words, whose masks and distances are alike,
 //! go to different warps). With one warp per entry a warp walks up to 32 words one after the other,
@@ -84,19 +86,20 @@ struct Block {
 }
 
 impl Block {
-    /// The block's entry (`blockIdx.x`); `None`, for the whole block, past the last one.
+    /// The block's entry (`entries[order[blockIdx.x]]`); `None`, for the whole block, past the
+    /// last one.
     ///
     /// # Safety
-    /// `entries` holds `n_entries`.
+    /// `entries` and `order` hold `n_entries`, every `order` value below `n_entries`.
     #[inline(always)]
-    unsafe fn of(entries: *const NbnxmEntry, n_entries: u32) -> Option<Self> {
-        let entry = thread::block_idx_x();
-        if entry >= n_entries {
+    unsafe fn of(entries: *const NbnxmEntry, order: *const u32, n_entries: u32) -> Option<Self> {
+        let block = thread::block_idx_x();
+        if block >= n_entries {
             return None;
         }
         let (tid, threads) = (thread::thread_idx_x(), thread::block_dim_x());
-        // SAFETY: entry < n_entries.
-        let e = unsafe { *entries.add(entry as usize) };
+        // SAFETY: block < n_entries, and the order's values index the entries.
+        let e = unsafe { *entries.add(*order.add(block as usize) as usize) };
         Some(Self { e, tid, threads, warp: warp::warp_id(), warps: threads / warp::WARP_SIZE, lane: warp::lane_id() })
     }
 

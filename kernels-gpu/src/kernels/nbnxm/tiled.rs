@@ -293,19 +293,20 @@ fn own_super(e: &NbnxmEntry, cj: u32) -> Option<u32> {
 /// # Safety
 /// A list built by the host for these arrays: slots `sci * 64 ..` and `cj * 8 ..` inside
 /// `atom_index` / `atom_type`, indices inside `x` and `f`, types below `ntypes`, `lj` holding
-/// `ntypes²` entries; launched as [`crate::abi::NBNXM_KERNELS`] says (one block per entry, a whole
-/// number of warps, [`crate::abi::nbnxm_force_shared_bytes`]`(ntypes, warps)`).
+/// `ntypes²` entries, `order` a permutation of `0..n_entries`; launched as
+/// [`crate::abi::NBNXM_KERNELS`] says (one block per entry, a whole number of warps,
+/// [`crate::abi::nbnxm_force_shared_bytes`]`(ntypes, warps)`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
-    x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_list: *const u32,
-    lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64, box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32,
-    sh12: f32,
+    x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, order: *const u32, n_entries: u32,
+    j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64, box_x: f32, box_y: f32, box_z: f32, rc2: f32,
+    sh6: f32, sh12: f32,
 ) {
     // SAFETY: the host's contract (above) covers every access; the whole block leaves together
     // (block-uniform entry test) or reaches both barriers (the loops below are warp-uniform).
     unsafe {
-        let Some(b) = Block::of(entries, n_entries) else { return };
+        let Some(b) = Block::of(entries, order, n_entries) else { return };
         let (ti, tj) = (b.lane % CL, b.lane / CL);
         let src = Source::<true> { x, atom_index, atom_type };
         load_table(&b, lj, ntypes);
@@ -349,12 +350,12 @@ unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn prune<const PREFETCH: bool>(
-    x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32, j_outer: *const u32, j_inner: *mut u32, box_x: f32,
-    box_y: f32, box_z: f32, rlist2: f32,
+    x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, order: *const u32, n_entries: u32, j_outer: *const u32,
+    j_inner: *mut u32, box_x: f32, box_y: f32, box_z: f32, rlist2: f32,
 ) {
     // SAFETY: as in `forces`; the one barrier is reached by every thread of a block that has an entry.
     unsafe {
-        let Some(b) = Block::of(entries, n_entries) else { return };
+        let Some(b) = Block::of(entries, order, n_entries) else { return };
         let (ti, tj) = (b.lane % CL, b.lane / CL);
         let src = Source::<false> { x, atom_index, atom_type: core::ptr::null() };
         src.stage_i(&b, shift_vector(b.e.shift, box_x, box_y, box_z), 0);
@@ -393,37 +394,37 @@ macro_rules! nbnxm_kernels {
         kernel! {
             #[doc = concat!("Forces of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $forces(
-                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
-                j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
+                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, order: *const u32,
+                n_entries: u32, j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
                 box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32, sh12: f32,
             ) {
                 // SAFETY: forwarded; the host's contract is on `forces`.
                 unsafe {
-                    forces::<false, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<false, $pf>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
         kernel! {
             #[doc = concat!("Forces and energy of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $energy(
-                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, n_entries: u32,
-                j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
+                x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, order: *const u32,
+                n_entries: u32, j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64,
                 box_x: f32, box_y: f32, box_z: f32, rc2: f32, sh6: f32, sh12: f32,
             ) {
                 // SAFETY: forwarded.
                 unsafe {
-                    forces::<true, $pf>(x, atom_index, atom_type, entries, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<true, $pf>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
         kernel! {
             #[doc = concat!("The inner list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $prune(
-                x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, n_entries: u32,
+                x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, order: *const u32, n_entries: u32,
                 j_outer: *const u32, j_inner: *mut u32, box_x: f32, box_y: f32, box_z: f32, rlist2: f32,
             ) {
                 // SAFETY: forwarded.
-                unsafe { prune::<$pf>(x, atom_index, entries, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2) }
+                unsafe { prune::<$pf>(x, atom_index, entries, order, n_entries, j_outer, j_inner, box_x, box_y, box_z, rlist2) }
             }
         }
     };
