@@ -155,6 +155,7 @@ impl CellEdges {
     }
 
     /// [`home_of`]`(p, geo, atom)`.
+    #[cfg(test)]
     #[inline]
     pub(super) fn home_of(&self, p: Float3, atom: usize) -> Result<(Float3, usize), PlanError> {
         if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
@@ -177,6 +178,40 @@ impl CellEdges {
 
     pub(super) fn box_size(&self) -> [f32; 3] {
         self.box_size
+    }
+
+    /// The owner rule as [`TwoCells`] when every decomposed dimension has two cells (the common
+    /// grids: `2x1x1`, `2x2x1`, `2x2x2`), else `None`.
+    pub(super) fn two_cells(&self) -> Option<TwoCells> {
+        let mut t = TwoCells { edge: [f32::INFINITY; 3], stride: [0; 3] };
+        for (d, stride, edges) in &self.dims {
+            match edges[..] {
+                [e] => (t.edge[*d], t.stride[*d]) = (e, *stride),
+                _ => return None,
+            }
+        }
+        Some(t)
+    }
+}
+
+/// [`CellEdges::rank_of`] where every decomposed dimension has two cells: one comparison per
+/// dimension and no loop, branch-free (a dimension of one rank compares with infinity, which no
+/// wrapped coordinate reaches, and adds nothing either way).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TwoCells {
+    /// Per dimension: the upper cell's lower edge, infinity where the dimension is not decomposed.
+    edge: [f32; 3],
+    /// Per dimension: its rank stride, 0 where it is not decomposed.
+    stride: [usize; 3],
+}
+
+impl TwoCells {
+    /// [`CellEdges::rank_of`]`(w)` for a wrapped position `w`.
+    #[inline]
+    pub(super) fn rank_of(&self, w: Float3) -> usize {
+        self.stride[0] * usize::from(w.x >= self.edge[0])
+            + self.stride[1] * usize::from(w.y >= self.edge[1])
+            + self.stride[2] * usize::from(w.z >= self.edge[2])
     }
 }
 
@@ -573,7 +608,14 @@ mod tests {
     fn cell_edges_give_the_owner_of_home_of() {
         // Boxes and grids whose edges are not exact in f32, positions on, just below and just
         // above every cell edge, the box edges, and outside the box.
-        let cases = [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])];
+        let cases = [
+            ([2, 1, 1], [5.1f32, 4.7, 3.3]),
+            ([3, 2, 2], [4.3, 3.7, 6.1]),
+            ([4, 3, 1], [7.77, 5.03, 2.9]),
+            ([1, 1, 3], [3.0, 3.0, 3.3]),
+            ([2, 2, 2], [4.3, 3.7, 6.1]),
+            ([1, 2, 1], [3.1, 5.3, 3.3]),
+        ];
         for (dims, box_size) in cases {
             let geo = Decomposition::new(RankGrid::new(dims).unwrap(), box_size, 0.5).unwrap();
             let edges = CellEdges::new(&geo);
@@ -594,6 +636,11 @@ mod tests {
                 let (want, got) = (home_of(p, &geo, k).unwrap(), edges.home_of(p, k).unwrap());
                 let bits = |(w, r): (Float3, usize)| (w.x.to_bits(), w.y.to_bits(), w.z.to_bits(), r);
                 assert_eq!(bits(want), bits(got), "{p:?}");
+                // The two-cell rule where it applies (every decomposed dimension in two), the same owner.
+                if let Some(two) = edges.two_cells() {
+                    assert_eq!(two.rank_of(got.0), got.1, "{dims:?} {p:?}");
+                }
+                assert_eq!(edges.two_cells().is_some(), dims.iter().all(|&n| n <= 2), "{dims:?}");
             }
             let bad = Float3::new(0.0, f32::NAN, 0.0);
             assert_eq!(format!("{:?}", home_of(bad, &geo, 3)), format!("{:?}", edges.home_of(bad, 3)));

@@ -174,14 +174,30 @@ impl Spare {
 /// One local rank's working arrays.
 #[derive(Debug, Default)]
 struct RankScratch {
-    /// Wrapped position of every input atom (input order).
+    /// The atoms that stay, in input order: ids, wrapped positions and velocities.
+    ids: Vec<u32>,
     wrapped: Vec<Float3>,
-    /// Input indices of the atoms that stay.
-    stay: Vec<u32>,
+    velocities: Vec<Float3>,
     /// Per local atom: the dimensions along which it came around the periodic boundary.
     crossed: Vec<u8>,
     /// Per local atom: its position in the rank's frame, as the global builder has it.
     pos: Vec<[f64; 3]>,
+}
+
+impl RankScratch {
+    /// The stayers put in id order (an input not in the order of the last plan: rare).
+    fn sort_stayers(&mut self) {
+        let mut all: Vec<Moving> = self.ids.iter().zip(&self.wrapped).zip(&self.velocities).map(|((&i, &p), &v)| (i, p, v)).collect();
+        all.sort_unstable_by_key(|a| a.0);
+        self.ids.clear();
+        self.wrapped.clear();
+        self.velocities.clear();
+        for (i, p, v) in all {
+            self.ids.push(i);
+            self.wrapped.push(p);
+            self.velocities.push(v);
+        }
+    }
 }
 
 /// The collective a redecomposition runs on: `(tag, mine)` to every rank's blob, indexed by rank,
@@ -268,7 +284,7 @@ pub fn redecompose_with(
         .iter()
         .zip(&arrivals)
         .map(|(sc, a)| {
-            let n = sc.stay.len() + a.len();
+            let n = sc.ids.len() + a.len();
             Arrays {
                 ids: Spare::take(&mut spare.ids, n + n / 2),
                 wrapped: Spare::take(&mut spare.float3, n + n / 2),
@@ -277,8 +293,8 @@ pub fn redecompose_with(
             }
         })
         .collect();
-    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
-    let mut work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
+    let parts = ranks.iter().zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
+    let mut work: Vec<Working> = workers.map(parts, |(((&s, sc), a), arrays)| Working::new(s, sc, a, arrays, box_size));
     let spare = &mut scratch.spare;
     homes.into_iter().for_each(|h| spare.give_home(h));
 
@@ -400,43 +416,69 @@ struct Leaving {
 impl Leaving {
     fn sort_out(edges: &CellEdges, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
         let n = h.ids.len();
+        sc.ids.clear();
         sc.wrapped.clear();
-        sc.wrapped.reserve(n);
-        sc.stay.clear();
-        sc.stay.reserve(n);
+        sc.velocities.clear();
         let mut out = Self { dest: Vec::new(), ids: Vec::new(), positions: Vec::new(), velocities: Vec::new(), count: n, error: None };
         if h.positions.len() != n || h.velocities.len() != n {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
             return out;
         }
-        // The first non-finite position is the error (found where there is one: rare).
-        let finite = |p: &Float3| p.x.is_finite() & p.y.is_finite() & p.z.is_finite();
-        if !h.positions.iter().fold(true, |ok, p| ok & finite(p))
-            && let Some(e) = h.ids.iter().zip(&h.positions).find_map(|(&id, &p)| edges.home_of(p, id as usize).err())
-        {
+        // One pass per owner rule, each with its rule inlined: the common grids' without a loop.
+        let done = match edges.two_cells() {
+            Some(two) => out.sort_with(h, rank, edges.box_size(), |w| two.rank_of(w), sc),
+            None => out.sort_with(h, rank, edges.box_size(), |w| edges.rank_of(w), sc),
+        };
+        if let Err(e) = done {
             out.error = Some(e);
-            return out;
         }
-        // Wrapped, then owned: two plain passes (the stayers' indices stored unconditionally and
-        // counted, the leavers' few branches taken rarely).
-        let box_size = edges.box_size();
-        sc.wrapped.extend(h.positions.iter().map(|&p| wrap_position(p, box_size)));
-        sc.stay.resize(n, 0);
+        out
+    }
+
+    /// Wraps every atom of `h`, finds its owner with `owner` and sorts it out, in one pass: the
+    /// stayers into `sc`'s arrays (each written unconditionally at the stayers' count, which grows
+    /// only when it stays: no branch for the common case), the leavers into `self`. Errors on the
+    /// first non-finite position (in input order), which only a position outside the box can be.
+    #[inline(always)]
+    fn sort_with(
+        &mut self, h: &HomeAtoms, rank: usize, box_size: [f32; 3], owner: impl Fn(Float3) -> usize, sc: &mut RankScratch,
+    ) -> Result<(), PlanError> {
+        let n = h.ids.len();
+        sc.ids.reserve(n);
+        sc.wrapped.reserve(n);
+        sc.velocities.reserve(n);
+        let (ids, wrapped, velocities) =
+            (&mut sc.ids.spare_capacity_mut()[..n], &mut sc.wrapped.spare_capacity_mut()[..n], &mut sc.velocities.spare_capacity_mut()[..n]);
+        // A coordinate in `[+0, L)` has the bits of a non-negative float below L's; any other (-0.0
+        // included, which is inside) goes the slow way, where `wrap_position` settles it exactly.
+        let bits = box_size.map(f32::to_bits);
         let mut stayers = 0;
-        for (k, (&w, &id)) in sc.wrapped.iter().zip(&h.ids).enumerate() {
-            let owner = edges.rank_of(w);
-            sc.stay[stayers] = k as u32;
-            if owner == rank {
+        for ((&id, &p), &v) in h.ids.iter().zip(&h.positions).zip(&h.velocities) {
+            let outside = (p.x.to_bits() >= bits[0]) | (p.y.to_bits() >= bits[1]) | (p.z.to_bits() >= bits[2]);
+            let w = if outside { wrap_outside(p, id, box_size)? } else { p };
+            let o = owner(w);
+            // `stayers` is at most the atoms seen before this one: within the arrays' `n` slots.
+            ids[stayers].write(id);
+            wrapped[stayers].write(w);
+            velocities[stayers].write(v);
+            if o == rank {
                 stayers += 1;
             } else {
-                out.dest.push(owner as u32);
-                out.ids.push(id);
-                out.positions.push(w);
-                out.velocities.push(h.velocities[k]);
+                self.dest.push(o as u32);
+                self.ids.push(id);
+                self.positions.push(w);
+                self.velocities.push(v);
             }
         }
-        sc.stay.truncate(stayers);
-        out
+        // SAFETY: slots `0..stayers` of each array's spare capacity were written (slot `s` at the
+        // atom that raised the count past `s`), the arrays hold nothing before them (cleared), and
+        // `stayers <= n <= capacity` (reserved); the items are plain data.
+        unsafe {
+            sc.ids.set_len(stayers);
+            sc.wrapped.set_len(stayers);
+            sc.velocities.set_len(stayers);
+        }
+        Ok(())
     }
 
     /// The rank's blob of the migration: its error, or its atom count and its leavers.
@@ -523,16 +565,14 @@ struct Working {
 }
 
 impl Working {
-    /// The rank's new home atoms in id order: its stayers (`sc.stay`, input indices into `h` and
-    /// `sc.wrapped`) and its arrivals, merged (the stayers of an input that came from the last
+    /// The rank's new home atoms in id order: its stayers (`sc`'s arrays) and its arrivals, merged (the stayers of an input that came from the last
     /// plan are in order already, and arrivals are few), with room for a halo.
-    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, arrays: Arrays, box_size: [f32; 3]) -> Self {
-        let id = |k: u32| h.ids[k as usize];
-        if !sc.stay.windows(2).all(|w| id(w[0]) < id(w[1])) {
-            sc.stay.sort_unstable_by_key(|&k| id(k));
+    fn new(rank: usize, sc: &mut RankScratch, mut arrivals: Vec<Moving>, arrays: Arrays, box_size: [f32; 3]) -> Self {
+        if !sc.ids.windows(2).all(|w| w[0] < w[1]) {
+            sc.sort_stayers();
         }
         arrivals.sort_unstable_by_key(|a| a.0);
-        let n = sc.stay.len() + arrivals.len();
+        let n = sc.ids.len() + arrivals.len();
         let mut w = Self {
             rank,
             ids: arrays.ids,
@@ -543,32 +583,32 @@ impl Working {
             pulses: arrays.pulses,
             box_size,
         };
-        // Runs of stayers (each copied in one pass per array), an arrival after the stayers of
-        // ids up to its own.
-        let (stay, wrapped) = (&sc.stay[..], &sc.wrapped[..]);
+        w.pos.clear();
+        w.pos.reserve(n + n / 2);
+        // Runs of stayers (each copied whole, its rank-frame positions converted as they go: a
+        // home atom has crossed no boundary), an arrival after the stayers of ids up to its own.
+        let f64s = |p: &Float3| [f64::from(p.x), f64::from(p.y), f64::from(p.z)];
         let mut at = 0;
         for a in arrivals.into_iter().map(Some).chain([None]) {
             let end = match a {
-                Some((a, _, _)) => at + stay[at..].partition_point(|&k| id(k) <= a),
-                None => stay.len(),
+                Some((a, _, _)) => at + sc.ids[at..].partition_point(|&k| k <= a),
+                None => sc.ids.len(),
             };
-            let run = &stay[at..end];
-            w.ids.extend(run.iter().map(|&k| h.ids[k as usize]));
-            w.wrapped.extend(run.iter().map(|&k| wrapped[k as usize]));
-            w.velocities.extend(run.iter().map(|&k| h.velocities[k as usize]));
+            w.ids.extend_from_slice(&sc.ids[at..end]);
+            w.wrapped.extend_from_slice(&sc.wrapped[at..end]);
+            w.velocities.extend_from_slice(&sc.velocities[at..end]);
+            w.pos.extend(sc.wrapped[at..end].iter().map(f64s));
             if let Some((a, p, v)) = a {
                 w.ids.push(a);
                 w.wrapped.push(p);
                 w.velocities.push(v);
+                w.pos.push(f64s(&p));
             }
             at = end;
         }
         w.crossed.clear();
         w.crossed.reserve(n + n / 2);
         w.crossed.resize(n, 0);
-        w.pos.clear();
-        w.pos.reserve(n + n / 2);
-        w.extend_positions(0);
         w
     }
 
@@ -783,5 +823,17 @@ impl<'a> Reader<'a> {
 
     fn finish(self) -> Result<(), PlanError> {
         if self.bytes.is_empty() { Ok(()) } else { Err(self.bad(format!("{} bytes left over", self.bytes.len()))) }
+    }
+}
+
+/// [`wrap_position`] of a position outside the box, or the error of a non-finite one: out of
+/// line, so that the loop over atoms (most of them inside) keeps its values in registers.
+#[cold]
+#[inline(never)]
+fn wrap_outside(p: Float3, id: u32, box_size: [f32; 3]) -> Result<Float3, PlanError> {
+    if p.x.is_finite() & p.y.is_finite() & p.z.is_finite() {
+        Ok(wrap_position(p, box_size))
+    } else {
+        Err(PlanError::NonFinitePosition { atom: id as usize, position: [p.x, p.y, p.z] })
     }
 }
