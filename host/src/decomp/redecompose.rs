@@ -174,7 +174,14 @@ impl Spare {
 /// One local rank's working arrays.
 #[derive(Debug, Default)]
 struct RankScratch {
-    /// The atoms that stay, in input order: ids, wrapped positions and velocities.
+    /// The input atoms that are not stayers as they are, in input order: input index, and the
+    /// wrapped position of a stayer outside the box (`None`: a leaver).
+    special: Vec<(u32, Option<Float3>)>,
+    /// Whether the input's ids ascend (the stayers are then merged straight from it), else the
+    /// stayers in id order: ids, wrapped positions and velocities.
+    in_order: bool,
+    /// How many stay.
+    stayers: usize,
     ids: Vec<u32>,
     wrapped: Vec<Float3>,
     velocities: Vec<Float3>,
@@ -185,9 +192,19 @@ struct RankScratch {
 }
 
 impl RankScratch {
-    /// The stayers put in id order (an input not in the order of the last plan: rare).
-    fn sort_stayers(&mut self) {
-        let mut all: Vec<Moving> = self.ids.iter().zip(&self.wrapped).zip(&self.velocities).map(|((&i, &p), &v)| (i, p, v)).collect();
+    /// The stayers of `h` (`self.special` applied) in id order, into `self`'s arrays (an input
+    /// not in the order of the last plan: rare).
+    fn sort_stayers(&mut self, h: &HomeAtoms) {
+        let mut all: Vec<Moving> = Vec::with_capacity(h.ids.len());
+        let mut at = 0;
+        for &(e, fix) in self.special.iter().chain([&(h.ids.len() as u32, None)]) {
+            let e = e as usize;
+            all.extend((at..e).map(|k| (h.ids[k], h.positions[k], h.velocities[k])));
+            if let Some(w) = fix {
+                all.push((h.ids[e], w, h.velocities[e]));
+            }
+            at = e + 1;
+        }
         all.sort_unstable_by_key(|a| a.0);
         self.ids.clear();
         self.wrapped.clear();
@@ -284,7 +301,7 @@ pub fn redecompose_with(
         .iter()
         .zip(&arrivals)
         .map(|(sc, a)| {
-            let n = sc.ids.len() + a.len();
+            let n = sc.stayers + a.len();
             Arrays {
                 ids: Spare::take(&mut spare.ids, n + n / 2),
                 wrapped: Spare::take(&mut spare.float3, n + n / 2),
@@ -293,8 +310,8 @@ pub fn redecompose_with(
             }
         })
         .collect();
-    let parts = ranks.iter().zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
-    let mut work: Vec<Working> = workers.map(parts, |(((&s, sc), a), arrays)| Working::new(s, sc, a, arrays, box_size));
+    let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
+    let mut work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
     let spare = &mut scratch.spare;
     homes.into_iter().for_each(|h| spare.give_home(h));
 
@@ -416,9 +433,8 @@ struct Leaving {
 impl Leaving {
     fn sort_out(edges: &CellEdges, rank: usize, h: &HomeAtoms, sc: &mut RankScratch) -> Self {
         let n = h.ids.len();
-        sc.ids.clear();
-        sc.wrapped.clear();
-        sc.velocities.clear();
+        sc.special.clear();
+        sc.stayers = 0;
         let mut out = Self { dest: Vec::new(), ids: Vec::new(), positions: Vec::new(), velocities: Vec::new(), count: n, error: None };
         if h.positions.len() != n || h.velocities.len() != n {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
@@ -435,48 +451,40 @@ impl Leaving {
         out
     }
 
-    /// Wraps every atom of `h`, finds its owner with `owner` and sorts it out, in one pass: the
-    /// stayers into `sc`'s arrays (each written unconditionally at the stayers' count, which grows
-    /// only when it stays: no branch for the common case), the leavers into `self`. Errors on the
-    /// first non-finite position (in input order), which only a position outside the box can be.
+    /// Finds the owner (with `owner`) of every atom of `h` and records in `sc.special`, in input
+    /// order, the atoms that are not stayers as they are: the leavers (also into `self`) and the
+    /// stayers outside the box (with their wrapped positions). A read-only pass with one rarely
+    /// taken branch: the stayers themselves are copied in runs by the merge. An input not in id
+    /// order has its stayers put in order in `sc`'s arrays instead. Errors on the first non-finite
+    /// position (in input order), which only a position outside the box can be.
     #[inline(always)]
     fn sort_with(
         &mut self, h: &HomeAtoms, rank: usize, box_size: [f32; 3], owner: impl Fn(Float3) -> usize, sc: &mut RankScratch,
     ) -> Result<(), PlanError> {
-        let n = h.ids.len();
-        sc.ids.reserve(n);
-        sc.wrapped.reserve(n);
-        sc.velocities.reserve(n);
-        let (ids, wrapped, velocities) =
-            (&mut sc.ids.spare_capacity_mut()[..n], &mut sc.wrapped.spare_capacity_mut()[..n], &mut sc.velocities.spare_capacity_mut()[..n]);
+        sc.special.clear();
         // A coordinate in `[+0, L)` has the bits of a non-negative float below L's; any other (-0.0
         // included, which is inside) goes the slow way, where `wrap_position` settles it exactly.
         let bits = box_size.map(f32::to_bits);
-        let mut stayers = 0;
-        for ((&id, &p), &v) in h.ids.iter().zip(&h.positions).zip(&h.velocities) {
+        for (k, (&id, &p)) in h.ids.iter().zip(&h.positions).enumerate() {
             let outside = (p.x.to_bits() >= bits[0]) | (p.y.to_bits() >= bits[1]) | (p.z.to_bits() >= bits[2]);
-            let w = if outside { wrap_outside(p, id, box_size)? } else { p };
-            let o = owner(w);
-            // `stayers` is at most the atoms seen before this one: within the arrays' `n` slots.
-            ids[stayers].write(id);
-            wrapped[stayers].write(w);
-            velocities[stayers].write(v);
-            if o == rank {
-                stayers += 1;
-            } else {
-                self.dest.push(o as u32);
-                self.ids.push(id);
-                self.positions.push(w);
-                self.velocities.push(v);
+            if outside | (owner(p) != rank) {
+                let w = if outside { wrap_outside(p, id, box_size)? } else { p };
+                let o = owner(w);
+                if o == rank {
+                    sc.special.push((k as u32, Some(w)));
+                } else {
+                    sc.special.push((k as u32, None));
+                    self.dest.push(o as u32);
+                    self.ids.push(id);
+                    self.positions.push(w);
+                    self.velocities.push(h.velocities[k]);
+                }
             }
         }
-        // SAFETY: slots `0..stayers` of each array's spare capacity were written (slot `s` at the
-        // atom that raised the count past `s`), the arrays hold nothing before them (cleared), and
-        // `stayers <= n <= capacity` (reserved); the items are plain data.
-        unsafe {
-            sc.ids.set_len(stayers);
-            sc.wrapped.set_len(stayers);
-            sc.velocities.set_len(stayers);
+        sc.stayers = h.ids.len() - self.ids.len();
+        sc.in_order = h.ids.windows(2).all(|w| w[0] < w[1]);
+        if !sc.in_order {
+            sc.sort_stayers(h);
         }
         Ok(())
     }
@@ -567,12 +575,9 @@ struct Working {
 impl Working {
     /// The rank's new home atoms in id order: its stayers (`sc`'s arrays) and its arrivals, merged (the stayers of an input that came from the last
     /// plan are in order already, and arrivals are few), with room for a halo.
-    fn new(rank: usize, sc: &mut RankScratch, mut arrivals: Vec<Moving>, arrays: Arrays, box_size: [f32; 3]) -> Self {
-        if !sc.ids.windows(2).all(|w| w[0] < w[1]) {
-            sc.sort_stayers();
-        }
+    fn new(rank: usize, h: &HomeAtoms, sc: &mut RankScratch, mut arrivals: Vec<Moving>, arrays: Arrays, box_size: [f32; 3]) -> Self {
         arrivals.sort_unstable_by_key(|a| a.0);
-        let n = sc.ids.len() + arrivals.len();
+        let n = sc.stayers + arrivals.len();
         let mut w = Self {
             rank,
             ids: arrays.ids,
@@ -585,24 +590,33 @@ impl Working {
         };
         w.pos.clear();
         w.pos.reserve(n + n / 2);
+        // The stayers: the input but its special atoms (an input in id order), else sorted apart.
+        let (ids, wrapped, velocities, special): (&[u32], &[Float3], &[Float3], &[(u32, Option<Float3>)]) =
+            if sc.in_order { (&h.ids, &h.positions, &h.velocities, &sc.special) } else { (&sc.ids, &sc.wrapped, &sc.velocities, &[]) };
         // Runs of stayers (each copied whole, its rank-frame positions converted as they go: a
-        // home atom has crossed no boundary), an arrival after the stayers of ids up to its own.
-        let f64s = |p: &Float3| [f64::from(p.x), f64::from(p.y), f64::from(p.z)];
+        // home atom has crossed no boundary) between the special atoms, an arrival after the
+        // input atoms of ids up to its own.
+        let mut special = special.iter().peekable();
         let mut at = 0;
         for a in arrivals.into_iter().map(Some).chain([None]) {
             let end = match a {
-                Some((a, _, _)) => at + sc.ids[at..].partition_point(|&k| k <= a),
-                None => sc.ids.len(),
+                Some((a, _, _)) => at + ids[at..].partition_point(|&k| k <= a),
+                None => ids.len(),
             };
-            w.ids.extend_from_slice(&sc.ids[at..end]);
-            w.wrapped.extend_from_slice(&sc.wrapped[at..end]);
-            w.velocities.extend_from_slice(&sc.velocities[at..end]);
-            w.pos.extend(sc.wrapped[at..end].iter().map(f64s));
+            while let Some(&&(e, fix)) = special.peek()
+                && (e as usize) < end
+            {
+                let e = e as usize;
+                w.push_run(&ids[at..e], &wrapped[at..e], &velocities[at..e]);
+                if let Some(p) = fix {
+                    w.push_run(&ids[e..=e], &[p], &velocities[e..=e]);
+                }
+                at = e + 1;
+                special.next();
+            }
+            w.push_run(&ids[at..end], &wrapped[at..end], &velocities[at..end]);
             if let Some((a, p, v)) = a {
-                w.ids.push(a);
-                w.wrapped.push(p);
-                w.velocities.push(v);
-                w.pos.push(f64s(&p));
+                w.push_run(&[a], &[p], &[v]);
             }
             at = end;
         }
@@ -610,6 +624,14 @@ impl Working {
         w.crossed.reserve(n + n / 2);
         w.crossed.resize(n, 0);
         w
+    }
+
+    /// Home atoms appended: ids, wrapped positions (which are their rank-frame ones) and velocities.
+    fn push_run(&mut self, ids: &[u32], wrapped: &[Float3], velocities: &[Float3]) {
+        self.ids.extend_from_slice(ids);
+        self.wrapped.extend_from_slice(wrapped);
+        self.velocities.extend_from_slice(velocities);
+        self.pos.extend(wrapped.iter().map(|p| [f64::from(p.x), f64::from(p.y), f64::from(p.z)]));
     }
 
     fn len(&self) -> usize {
