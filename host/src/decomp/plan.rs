@@ -180,38 +180,23 @@ impl CellEdges {
         self.box_size
     }
 
-    /// The owner rule as [`TwoCells`] when every decomposed dimension has two cells (the common
-    /// grids: `2x1x1`, `2x2x1`, `2x2x2`), else `None`.
-    pub(super) fn two_cells(&self) -> Option<TwoCells> {
-        let mut t = TwoCells { edge: [f32::INFINITY; 3], stride: [0; 3] };
+    /// The bits of the coordinates a wrapped position owned by `rank` may have, per dimension:
+    /// `(lo, width)` with `x.to_bits() - lo < width` (wrapping) exactly for the `f32`s `x` of the
+    /// rank's cell in the box (non-negative floats order as their bits; -0.0, a negative or a
+    /// non-finite coordinate falls outside). A rank's atoms are then told from the rest with
+    /// integer comparisons only, which the compiler vectorizes.
+    pub(super) fn cell_bits(&self, rank: usize) -> ([u32; 3], [u32; 3]) {
+        let (mut lo, mut hi) = ([0u32; 3], self.box_size.map(f32::to_bits));
         for (d, stride, edges) in &self.dims {
-            match edges[..] {
-                [e] => (t.edge[*d], t.stride[*d]) = (e, *stride),
-                _ => return None,
+            let c = (rank / stride) % (edges.len() + 1);
+            if c > 0 {
+                lo[*d] = edges[c - 1].to_bits();
+            }
+            if c < edges.len() {
+                hi[*d] = edges[c].to_bits();
             }
         }
-        Some(t)
-    }
-}
-
-/// [`CellEdges::rank_of`] where every decomposed dimension has two cells: one comparison per
-/// dimension and no loop, branch-free (a dimension of one rank compares with infinity, which no
-/// wrapped coordinate reaches, and adds nothing either way).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct TwoCells {
-    /// Per dimension: the upper cell's lower edge, infinity where the dimension is not decomposed.
-    edge: [f32; 3],
-    /// Per dimension: its rank stride, 0 where it is not decomposed.
-    stride: [usize; 3],
-}
-
-impl TwoCells {
-    /// [`CellEdges::rank_of`]`(w)` for a wrapped position `w`.
-    #[inline]
-    pub(super) fn rank_of(&self, w: Float3) -> usize {
-        self.stride[0] * usize::from(w.x >= self.edge[0])
-            + self.stride[1] * usize::from(w.y >= self.edge[1])
-            + self.stride[2] * usize::from(w.z >= self.edge[2])
+        (lo, std::array::from_fn(|d| hi[d].saturating_sub(lo[d])))
     }
 }
 
@@ -636,11 +621,13 @@ mod tests {
                 let (want, got) = (home_of(p, &geo, k).unwrap(), edges.home_of(p, k).unwrap());
                 let bits = |(w, r): (Float3, usize)| (w.x.to_bits(), w.y.to_bits(), w.z.to_bits(), r);
                 assert_eq!(bits(want), bits(got), "{p:?}");
-                // The two-cell rule where it applies (every decomposed dimension in two), the same owner.
-                if let Some(two) = edges.two_cells() {
-                    assert_eq!(two.rank_of(got.0), got.1, "{dims:?} {p:?}");
+                // The bit ranges of each rank's cell: exactly the positions it owns as they are (but -0.0).
+                for r in 0..geo.grid.num_ranks() {
+                    let (lo, width) = edges.cell_bits(r);
+                    let fast = [p.x, p.y, p.z].iter().enumerate().all(|(d, c)| c.to_bits().wrapping_sub(lo[d]) < width[d]);
+                    let exact = bits(got) == bits((p, r)) && ![p.x, p.y, p.z].iter().any(|c| c.to_bits() == (-0.0f32).to_bits());
+                    assert_eq!(fast, exact, "{dims:?} rank {r} {p:?}");
                 }
-                assert_eq!(edges.two_cells().is_some(), dims.iter().all(|&n| n <= 2), "{dims:?}");
             }
             let bad = Float3::new(0.0, f32::NAN, 0.0);
             assert_eq!(format!("{:?}", home_of(bad, &geo, 3)), format!("{:?}", edges.home_of(bad, 3)));

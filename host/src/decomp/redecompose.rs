@@ -440,44 +440,38 @@ impl Leaving {
             out.error = Some(PlanError::HomeArrays { rank, ids: n, positions: h.positions.len(), velocities: h.velocities.len() });
             return out;
         }
-        // One pass per owner rule, each with its rule inlined: the common grids' without a loop.
-        let done = match edges.two_cells() {
-            Some(two) => out.sort_with(h, rank, edges.box_size(), |w| two.rank_of(w), sc),
-            None => out.sort_with(h, rank, edges.box_size(), |w| edges.rank_of(w), sc),
-        };
-        if let Err(e) = done {
+        if let Err(e) = out.sort_with(h, rank, edges, sc) {
             out.error = Some(e);
         }
         out
     }
 
-    /// Finds the owner (with `owner`) of every atom of `h` and records in `sc.special`, in input
-    /// order, the atoms that are not stayers as they are: the leavers (also into `self`) and the
-    /// stayers outside the box (with their wrapped positions). A read-only pass with one rarely
-    /// taken branch: the stayers themselves are copied in runs by the merge. An input not in id
-    /// order has its stayers put in order in `sc`'s arrays instead. Errors on the first non-finite
-    /// position (in input order), which only a position outside the box can be.
-    #[inline(always)]
-    fn sort_with(
-        &mut self, h: &HomeAtoms, rank: usize, box_size: [f32; 3], owner: impl Fn(Float3) -> usize, sc: &mut RankScratch,
-    ) -> Result<(), PlanError> {
+    /// Records in `sc.special`, in input order, the atoms of `h` that are not stayers as they
+    /// are: the leavers (also into `self`, with their owners) and the stayers outside the box
+    /// (with their wrapped positions). A read-only pass: a block of atoms all inside the rank's
+    /// cell (the common case) is told by integer comparisons of the coordinates' bits
+    /// ([`CellEdges::cell_bits`]), which the compiler vectorizes, and only a block with another
+    /// atom is looked at atom by atom. The stayers themselves are copied in runs by the merge; an
+    /// input not in id order has its stayers put in order in `sc`'s arrays instead. Errors on the
+    /// first non-finite position (in input order), which the bit ranges never hold.
+    fn sort_with(&mut self, h: &HomeAtoms, rank: usize, edges: &CellEdges, sc: &mut RankScratch) -> Result<(), PlanError> {
+        /// Atoms per block.
+        const BLOCK: usize = 16;
         sc.special.clear();
-        // A coordinate in `[+0, L)` has the bits of a non-negative float below L's; any other (-0.0
-        // included, which is inside) goes the slow way, where `wrap_position` settles it exactly.
-        let bits = box_size.map(f32::to_bits);
-        for (k, (&id, &p)) in h.ids.iter().zip(&h.positions).enumerate() {
-            let outside = (p.x.to_bits() >= bits[0]) | (p.y.to_bits() >= bits[1]) | (p.z.to_bits() >= bits[2]);
-            if outside | (owner(p) != rank) {
-                let w = if outside { wrap_outside(p, id, box_size)? } else { p };
-                let o = owner(w);
-                if o == rank {
-                    sc.special.push((k as u32, Some(w)));
-                } else {
-                    sc.special.push((k as u32, None));
-                    self.dest.push(o as u32);
-                    self.ids.push(id);
-                    self.positions.push(w);
-                    self.velocities.push(h.velocities[k]);
+        let (lo, width) = edges.cell_bits(rank);
+        // The ranges repeated along a block's coordinates (x, y, z, x, ...).
+        let lo_block: [u32; 3 * BLOCK] = std::array::from_fn(|i| lo[i % 3]);
+        let width_block: [u32; 3 * BLOCK] = std::array::from_fn(|i| width[i % 3]);
+        let out_of_cell = |coords: &[u32], lo: &[u32], width: &[u32]| {
+            coords.iter().zip(lo).zip(width).fold(false, |any, ((&c, &l), &w)| any | (c.wrapping_sub(l) >= w))
+        };
+        let coords: &[u32] = bytemuck::cast_slice(&h.positions);
+        for (b, block) in coords.chunks(3 * BLOCK).enumerate() {
+            if out_of_cell(block, &lo_block, &width_block) {
+                for (i, c) in block.chunks_exact(3).enumerate() {
+                    if out_of_cell(c, &lo, &width) {
+                        self.special(h, b * BLOCK + i, rank, edges, sc)?;
+                    }
                 }
             }
         }
@@ -485,6 +479,29 @@ impl Leaving {
         sc.in_order = h.ids.windows(2).all(|w| w[0] < w[1]);
         if !sc.in_order {
             sc.sort_stayers(h);
+        }
+        Ok(())
+    }
+
+    /// Input atom `k` of `h`, not in the rank's cell as it is: wrapped, and recorded as a stayer
+    /// outside the box or as a leaver.
+    #[cold]
+    #[inline(never)]
+    fn special(&mut self, h: &HomeAtoms, k: usize, rank: usize, edges: &CellEdges, sc: &mut RankScratch) -> Result<(), PlanError> {
+        let (id, p) = (h.ids[k], h.positions[k]);
+        if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+            return Err(PlanError::NonFinitePosition { atom: id as usize, position: [p.x, p.y, p.z] });
+        }
+        let w = wrap_position(p, edges.box_size());
+        let o = edges.rank_of(w);
+        if o == rank {
+            sc.special.push((k as u32, Some(w)));
+        } else {
+            sc.special.push((k as u32, None));
+            self.dest.push(o as u32);
+            self.ids.push(id);
+            self.positions.push(w);
+            self.velocities.push(h.velocities[k]);
         }
         Ok(())
     }
@@ -845,17 +862,5 @@ impl<'a> Reader<'a> {
 
     fn finish(self) -> Result<(), PlanError> {
         if self.bytes.is_empty() { Ok(()) } else { Err(self.bad(format!("{} bytes left over", self.bytes.len()))) }
-    }
-}
-
-/// [`wrap_position`] of a position outside the box, or the error of a non-finite one: out of
-/// line, so that the loop over atoms (most of them inside) keeps its values in registers.
-#[cold]
-#[inline(never)]
-fn wrap_outside(p: Float3, id: u32, box_size: [f32; 3]) -> Result<Float3, PlanError> {
-    if p.x.is_finite() & p.y.is_finite() & p.z.is_finite() {
-        Ok(wrap_position(p, box_size))
-    } else {
-        Err(PlanError::NonFinitePosition { atom: id as usize, position: [p.x, p.y, p.z] })
     }
 }
