@@ -176,7 +176,7 @@ impl Spare {
 struct RankScratch {
     /// The input atoms that are not stayers as they are, in input order: input index, and the
     /// wrapped position of a stayer outside the box (`None`: a leaver).
-    special: Vec<(u32, Option<Float3>)>,
+    special: Vec<Special>,
     /// Whether the input's ids ascend (the stayers are then merged straight from it), else the
     /// stayers in id order: ids, wrapped positions and velocities.
     in_order: bool,
@@ -223,6 +223,9 @@ pub type Collective<'a> = dyn FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> 
 
 /// An atom on its way to a new owner: global id, wrapped position, velocity.
 type Moving = (u32, Float3, Float3);
+
+/// An input atom that is not a stayer as it is: its index, and its wrapped position if it stays.
+type Special = (u32, Option<Float3>);
 
 /// Tag of the collective that moves atoms to their new owners.
 pub const TAG_MIGRATE: &str = "redecompose/migrate";
@@ -608,7 +611,7 @@ impl Working {
         w.pos.clear();
         w.pos.reserve(n + n / 2);
         // The stayers: the input but its special atoms (an input in id order), else sorted apart.
-        let (ids, wrapped, velocities, special): (&[u32], &[Float3], &[Float3], &[(u32, Option<Float3>)]) =
+        let (ids, wrapped, velocities, special): (&[u32], &[Float3], &[Float3], &[Special]) =
             if sc.in_order { (&h.ids, &h.positions, &h.velocities, &sc.special) } else { (&sc.ids, &sc.wrapped, &sc.velocities, &[]) };
         // Runs of stayers (each copied whole, its rank-frame positions converted as they go: a
         // home atom has crossed no boundary) between the special atoms, an arrival after the
