@@ -50,7 +50,8 @@ run 300 $H launch -n 2 -- verify --atoms 45000 --ranks 2x1x1 --steps 100 --check
 run 300 $H verify --atoms 6000 --ranks 2x2x2 --steps 100 --check-every 25 --nve-steps 10000 --energy-every 100
 
 # 5. The targets. Every step counted (searches included), median of 5 repeats of 1000 steps;
-#    GPU-initiated transports also with their plain steps replayed as CUDA graphs (`fused+graph`).
+#    GPU-initiated transports also with their steps replayed as CUDA graphs (`fused+graph`: plain and
+#    prune steps, every step md-bench runs after a search).
 M="md-bench --steps 1000 --repeats 5 --warmup 200"
 run 400 $H launch -n 2 -- $M --atoms 45000 --transport fused,$BASE --graph --json "$OUT/md-45k-2gpu.json"
 run 400 $H launch -n 2 -- $M --atoms 6000,180000 --transport fused,$BASE --graph --json "$OUT/md-2gpu-pe.json"
