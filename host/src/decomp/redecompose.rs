@@ -680,13 +680,21 @@ impl Working {
         b.word(self.len())?;
         b.word(map.len())?;
         let bit = if crosses { 1u8 << d } else { 0 };
-        for &k in map {
-            b.put(&[self.ids[k as usize]]);
+        // The three arrays sized at once, then filled atom by atom with plain stores (no
+        // capacity check per atom).
+        let at = b.0.len();
+        b.0.resize(at + map.len() * 17, 0);
+        let (ids, rest) = b.0[at..].split_at_mut(4 * map.len());
+        let (wrapped, crossed) = rest.split_at_mut(12 * map.len());
+        for (out, &k) in ids.chunks_exact_mut(4).zip(map) {
+            out.copy_from_slice(&self.ids[k as usize].to_ne_bytes());
         }
-        for &k in map {
-            b.put(std::slice::from_ref(&self.wrapped[k as usize]));
+        for (out, &k) in wrapped.chunks_exact_mut(12).zip(map) {
+            out.copy_from_slice(bytemuck::bytes_of(&self.wrapped[k as usize]));
         }
-        b.0.extend(map.iter().map(|&k| self.crossed[k as usize] | bit));
+        for (out, &k) in crossed.iter_mut().zip(map) {
+            *out = self.crossed[k as usize] | bit;
+        }
         Ok(b.0)
     }
 
