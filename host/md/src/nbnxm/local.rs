@@ -62,7 +62,7 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             for (k, &id) in ids.iter().enumerate() {
                 let local = first + k;
-                let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
+                let p = positions.get(id as usize).ok_or_else(|| PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
                 ts[k] = u32::from(types[id as usize]);
                 (xs[k], zs[k]) = place.at(local, *p);
             }
@@ -97,7 +97,7 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             // Types first, in one tight pass (the first bad id is the error).
             for (k, (t, &id)) in ts.iter_mut().zip(ids).enumerate() {
-                *t = u32::from(*types.get(id as usize).ok_or(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() })?);
+                *t = u32::from(*types.get(id as usize).ok_or_else(|| PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() })?);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
             // they come from a redecomposition: one branch-free check, nothing written).
@@ -245,7 +245,10 @@ impl LocalAtoms {
 /// Where a rank puts a local atom: its position in the rank's frame and its zone, from its global
 /// position (the rule of [`LocalAtoms::from_plan`], shared by every way of building local atoms).
 struct Placement {
-    geo: crate::decomp::Decomposition,
+    /// Per dimension, the smallest coordinate of each cell but the first
+    /// ([`crate::decomp::Decomposition::cell_threshold`]; none along a dimension not decomposed):
+    /// a wrapped coordinate's cell is the number at or below it, without a division.
+    thresholds: [Vec<f32>; 3],
     coords: [usize; 3],
     decomposed: [bool; 3],
     box_size: [f32; 3],
@@ -254,8 +257,9 @@ struct Placement {
 
 impl Placement {
     fn new(plan: &HaloPlan, rank: usize) -> Result<Self, NbnxmError> {
+        let geo = plan.decomposition()?;
         Ok(Self {
-            geo: plan.decomposition()?,
+            thresholds: std::array::from_fn(|d| (1..plan.grid.dims[d]).map(|i| geo.cell_threshold(d, i)).collect()),
             coords: plan.grid.coords_of(rank),
             decomposed: std::array::from_fn(|d| plan.grid.dims[d] > 1),
             box_size: plan.box_size,
@@ -273,9 +277,11 @@ impl Placement {
             return (w, 0);
         }
         let (coords, w) = (self.coords, [w.x, w.y, w.z]);
-        // Only decomposed dimensions have a cell index other than 0; only an atom that came
-        // around the periodic boundary has a lower cell index than this rank's.
-        let cell: [usize; 3] = std::array::from_fn(|d| if self.decomposed[d] { self.geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
+        // Only decomposed dimensions have a cell index other than 0 (`cell_index` of the wrapped
+        // coordinate, which is never negative but for -0.0, in cell 0 either way); only an atom
+        // that came around the periodic boundary has a lower cell index than this rank's.
+        let cell: [usize; 3] =
+            std::array::from_fn(|d| if self.decomposed[d] { self.thresholds[d].iter().filter(|&&e| w[d] >= e).count() } else { coords[d] });
         let p: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + self.box_size[d] } else { w[d] });
         (Float3::new(p[0], p[1], p[2]), (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d))
     }
@@ -309,6 +315,43 @@ mod tests {
                 let decomposed: u8 = (0..3).filter(|&d| dims[d] > 1).map(|d| 1u8 << d).sum();
                 assert!(a.zones.iter().all(|z| z & !decomposed == 0));
                 assert!(a.zones[a.home..].iter().all(|&z| z != 0));
+            }
+        }
+    }
+
+    #[test]
+    fn halo_placement_by_thresholds_is_the_placement_by_cell_index() {
+        // Grids and boxes whose cell edges are not exact in f32; coordinates on, just below and
+        // just above every cell edge and box edge, zeros of both signs, outside the box, NaN.
+        for (dims, box_size) in
+            [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])]
+        {
+            let grid = RankGrid::new(dims).unwrap();
+            let mut xs: Vec<f32> = vec![0.0, -0.0, f32::NAN, f32::INFINITY, -1e-30];
+            for d in 0..3 {
+                for i in 0..=dims[d] {
+                    let e = i as f32 * box_size[d] / dims[d] as f32;
+                    xs.extend([e, e.next_down(), e.next_up(), -e, e + box_size[d]]);
+                }
+            }
+            let plan = HaloPlan::from_positions(&[Float3::new(0.1, 0.1, 0.1)], box_size, grid, 0.5).unwrap();
+            let geo = plan.decomposition().unwrap();
+            for rank in 0..grid.num_ranks() {
+                let place = Placement::new(&plan, rank).unwrap();
+                let coords = grid.coords_of(rank);
+                for (k, &a) in xs.iter().enumerate() {
+                    let (b, c) = (xs[(k * 7 + 3) % xs.len()], xs[(k * 13 + 5) % xs.len()]);
+                    let p = Float3::new(a, b, c);
+                    // The rule as first written: `cell_index` of the wrapped coordinate, a division.
+                    let w = wrap_position(p, box_size);
+                    let w = [w.x, w.y, w.z];
+                    let cell: [usize; 3] = std::array::from_fn(|d| if dims[d] > 1 { geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
+                    let want: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + box_size[d] } else { w[d] });
+                    let zone = (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d);
+                    let (got, got_zone) = place.at(plan.ranks[rank].home_atoms, p);
+                    assert_eq!([got.x.to_bits(), got.y.to_bits(), got.z.to_bits()], want.map(f32::to_bits), "{dims:?} rank {rank} {p:?}");
+                    assert_eq!(got_zone, zone, "{dims:?} rank {rank} {p:?}");
+                }
             }
         }
     }
