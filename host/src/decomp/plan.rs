@@ -242,26 +242,54 @@ fn max_or_second(a: f64, b: f64) -> f64 {
     if a > b { a } else { b }
 }
 
-/// Local atoms `range` of `pos` within `rc2` (squared) of the box `lo..hi` over the `N`
-/// decomposed dimensions `dims`: the squared excesses summed in the order of `dims`.
+/// Positions a pulse's selection reads: local atoms in the rank's frame, in `f64`, handed out a
+/// block at a time (a builder may hold them in another form and convert each block as it goes).
+pub(super) trait RankFrame {
+    /// Atoms held.
+    fn len(&self) -> usize;
+    /// Coordinates `dims` of atoms `at..at + out.len()` into `out`.
+    fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]);
+}
+
+impl RankFrame for [[f64; 3]] {
+    fn len(&self) -> usize {
+        <[[f64; 3]]>::len(self)
+    }
+
+    #[inline]
+    fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]) {
+        for (o, x) in out.iter_mut().zip(&self[at..]) {
+            *o = dims.map(|e| x[e]);
+        }
+    }
+}
+
+/// Local atoms of `pos` within `rc2` (squared) of the box `lo..hi` over the `N` decomposed
+/// dimensions `dims`, their indices counted from `first`: the squared excesses summed in the order
+/// of `dims`.
 ///
 /// In blocks of [`SELECT_BLOCK`] atoms: first whether each is sent (no branch; the compiler
 /// vectorizes it), then the block's sent indices written without a branch per atom to a buffer
 /// that grows by one only when an atom is sent, appended to the map at once.
-fn select<const N: usize>(pos: &[[f64; 3]], first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>) {
+fn select<const N: usize, P: RankFrame + ?Sized>(
+    pos: &P, first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
+) {
     let mut buf = [0u32; SELECT_BLOCK];
-    for (b, block) in pos.chunks(SELECT_BLOCK).enumerate() {
+    let mut x = [[0.0f64; N]; SELECT_BLOCK];
+    for at in (0..pos.len()).step_by(SELECT_BLOCK) {
+        let block = &mut x[..SELECT_BLOCK.min(pos.len() - at)];
+        pos.block(at, dims, block);
         let mut keep = [false; SELECT_BLOCK];
-        for (keep, x) in keep.iter_mut().zip(block) {
+        for (keep, x) in keep.iter_mut().zip(&*block) {
             let mut dist2 = 0.0;
             for i in 0..N {
-                let v = x[dims[i]];
+                let v = x[i];
                 let excess = max_or_second(max_or_second(lo[i] - v, v - hi[i]), 0.0);
                 dist2 += excess * excess;
             }
             *keep = dist2 < rc2;
         }
-        let base = (first + b * SELECT_BLOCK) as u32;
+        let base = (first + at) as u32;
         let mut n = 0;
         for (k, &keep) in keep[..block.len()].iter().enumerate() {
             // `n <= k < SELECT_BLOCK` here: the mask only tells the compiler so.
@@ -291,7 +319,8 @@ pub(super) fn select_for_pulse(
 /// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn select_for_pulse_into(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64, map: &mut Vec<u32>,
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let c = geo.grid.coords_of(rank);
     let bounds =
@@ -651,20 +680,20 @@ mod tests {
             let pos: Vec<[f64; 3]> = (0..len).map(|_| [coord(&mut rng), coord(&mut rng), coord(&mut rng)]).collect();
             for first in [0, 7] {
                 let mut got = vec![99];
-                select(&pos, first, [1], [lo[1]], [hi[1]], rc2, &mut got);
+                select(&pos[..], first, [1], [lo[1]], [hi[1]], rc2, &mut got);
                 assert_eq!(got[1..], select_reference(&pos, first, [1], [lo[1]], [hi[1]], rc2), "{len} atoms");
                 got.clear();
-                select(&pos, first, [2, 0], [lo[2], lo[0]], [hi[2], hi[0]], rc2, &mut got);
+                select(&pos[..], first, [2, 0], [lo[2], lo[0]], [hi[2], hi[0]], rc2, &mut got);
                 assert_eq!(got, select_reference(&pos, first, [2, 0], [lo[2], lo[0]], [hi[2], hi[0]], rc2), "{len} atoms");
                 got.clear();
-                select(&pos, first, [0, 1, 2], lo, hi, rc2, &mut got);
+                select(&pos[..], first, [0, 1, 2], lo, hi, rc2, &mut got);
                 assert_eq!(got, select_reference(&pos, first, [0, 1, 2], lo, hi, rc2), "{len} atoms");
             }
         }
         // On the cutoff exactly: not sent; a hair inside: sent; on the bound, and -0.0 on a bound at 0.
         let pos = [[hi[0] + rc, 0.0, 0.0], [(hi[0] + rc).next_down(), 0.0, 0.0], [hi[0], 0.0, 0.0], [-0.0, 0.0, 0.0]];
         let mut got = Vec::new();
-        select(&pos, 0, [0], [0.0], [hi[0]], rc2, &mut got);
+        select(&pos[..], 0, [0], [0.0], [hi[0]], rc2, &mut got);
         assert_eq!(got, [1, 2, 3]);
     }
 
