@@ -728,11 +728,15 @@ impl RankFrame for Frame<'_> {
     fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]) {
         let (bit, edge) = (dims.map(|e| 1u8 << e), dims.map(|e| self.edge[e]));
         let n = out.len();
-        for ((o, w), &c) in out.iter_mut().zip(&self.wrapped[at..at + n]).zip(&self.crossed[at..at + n]) {
-            let w = [w.x, w.y, w.z];
+        // The coordinates read straight from memory (a position copied out first and indexed by
+        // dimension goes through the stack).
+        let coords: &[f32] = bytemuck::cast_slice(&self.wrapped[at..at + n]);
+        for ((o, w), &c) in out.iter_mut().zip(coords.chunks_exact(3)).zip(&self.crossed[at..at + n]) {
             *o = std::array::from_fn(|i| {
-                let x = f64::from(w[dims[i]]);
-                if c & bit[i] != 0 { x + edge[i] } else { x }
+                // The edge or zero added: `x + 0.0` is `x` but for the sign of a zero, which the
+                // selection cannot see (its excesses are squared), and no branch.
+                let add = if c & bit[i] != 0 { edge[i] } else { 0.0 };
+                f64::from(w[dims[i]]) + add
             });
         }
     }
