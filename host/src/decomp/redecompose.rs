@@ -713,10 +713,10 @@ impl Working {
 /// frame, which the global builder holds as they are, made block by block from the wrapped
 /// positions (exact in `f64`) with the box edge added (in `f64`, as the global builder adds the
 /// shift) along the dimensions where an atom crossed.
-struct Frame<'a> {
-    wrapped: &'a [Float3],
-    crossed: &'a [u8],
-    edge: [f64; 3],
+pub(super) struct Frame<'a> {
+    pub(super) wrapped: &'a [Float3],
+    pub(super) crossed: &'a [u8],
+    pub(super) edge: [f64; 3],
 }
 
 impl RankFrame for Frame<'_> {
