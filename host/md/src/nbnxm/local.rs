@@ -62,7 +62,11 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             for (k, &id) in ids.iter().enumerate() {
                 let local = first + k;
-                let p = positions.get(id as usize).ok_or_else(|| PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
+                // The error built only for a bad id (built and dropped per atom, it costs more
+                // than the rest of the loop).
+                let Some(p) = positions.get(id as usize) else {
+                    return Err(PlanError::GlobalId { rank, local, id, atoms: positions.len() }.into());
+                };
                 ts[k] = u32::from(types[id as usize]);
                 (xs[k], zs[k]) = place.at(local, *p);
             }
@@ -97,7 +101,10 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             // Types first, in one tight pass (the first bad id is the error).
             for (k, (t, &id)) in ts.iter_mut().zip(ids).enumerate() {
-                *t = u32::from(*types.get(id as usize).ok_or_else(|| PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() })?);
+                let Some(&ty) = types.get(id as usize) else {
+                    return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
+                };
+                *t = u32::from(ty);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
             // they come from a redecomposition: one branch-free check, nothing written).
@@ -294,7 +301,8 @@ impl Placement {
     fn halo_at(&self, p: Float3) -> (Float3, u8) {
         let w = wrap_position(p, self.box_size);
         let w = [w.x, w.y, w.z];
-        let below: [bool; 3] = std::array::from_fn(|d| !(w[d] >= self.below[d]));
+        // A wrapped coordinate is never NaN.
+        let below: [bool; 3] = std::array::from_fn(|d| w[d] < self.below[d]);
         let above: [bool; 3] = std::array::from_fn(|d| w[d] >= self.above[d]);
         let x: [f32; 3] = std::array::from_fn(|d| if below[d] { w[d] + self.box_size[d] } else { w[d] });
         let zone = (0..3).fold(0u8, |z, d| z | (u8::from(below[d] | above[d]) << d));
