@@ -229,19 +229,74 @@ fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: u
     Ok(counts)
 }
 
-/// Local atoms `range` of `pos` within `rc2` (squared) of the box `lo..hi` over the `N`
-/// decomposed dimensions `dims`: the squared excesses summed in the order of `dims`.
-fn select<const N: usize>(pos: &[[f64; 3]], first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>) {
-    for (k, x) in pos.iter().enumerate() {
-        let mut dist2 = 0.0;
-        for i in 0..N {
-            let v = x[dims[i]];
-            let excess = (lo[i] - v).max(v - hi[i]).max(0.0);
-            dist2 += excess * excess;
+/// Atoms per block of [`select`].
+const SELECT_BLOCK: usize = 64;
+
+/// The larger of `a` and `b`, `b` when they are equal or either is NaN (one `maxsd`, where
+/// `f64::max` adds NaN handling). In [`select`] it gives the squared excess `f64::max` gives for
+/// every input: the two can differ only in the sign of a zero, which squaring drops, or where
+/// exactly one operand is NaN, which finite cell bounds rule out (`lo - v` and `v - hi` are NaN
+/// together, when `v` is, and both maxima then give `0.0` against the final `0.0`).
+#[inline(always)]
+fn max_or_second(a: f64, b: f64) -> f64 {
+    if a > b { a } else { b }
+}
+
+/// Positions a pulse's selection reads: local atoms in the rank's frame, in `f64`, handed out a
+/// block at a time (a builder may hold them in another form and convert each block as it goes).
+pub(super) trait RankFrame {
+    /// Atoms held.
+    fn len(&self) -> usize;
+    /// Coordinates `dims` of atoms `at..at + out.len()` into `out`.
+    fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]);
+}
+
+impl RankFrame for [[f64; 3]] {
+    fn len(&self) -> usize {
+        <[[f64; 3]]>::len(self)
+    }
+
+    #[inline]
+    fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]) {
+        for (o, x) in out.iter_mut().zip(&self[at..]) {
+            *o = dims.map(|e| x[e]);
         }
-        if dist2 < rc2 {
-            map.push((first + k) as u32);
+    }
+}
+
+/// Local atoms of `pos` within `rc2` (squared) of the box `lo..hi` over the `N` decomposed
+/// dimensions `dims`, their indices counted from `first`: the squared excesses summed in the order
+/// of `dims`.
+///
+/// In blocks of [`SELECT_BLOCK`] atoms: first whether each is sent (no branch; the compiler
+/// vectorizes it), then the block's sent indices written without a branch per atom to a buffer
+/// that grows by one only when an atom is sent, appended to the map at once.
+fn select<const N: usize, P: RankFrame + ?Sized>(
+    pos: &P, first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
+) {
+    let mut buf = [0u32; SELECT_BLOCK];
+    let mut x = [[0.0f64; N]; SELECT_BLOCK];
+    for at in (0..pos.len()).step_by(SELECT_BLOCK) {
+        let block = &mut x[..SELECT_BLOCK.min(pos.len() - at)];
+        pos.block(at, dims, block);
+        let mut keep = [false; SELECT_BLOCK];
+        for (keep, x) in keep.iter_mut().zip(&*block) {
+            let mut dist2 = 0.0;
+            for i in 0..N {
+                let v = x[i];
+                let excess = max_or_second(max_or_second(lo[i] - v, v - hi[i]), 0.0);
+                dist2 += excess * excess;
+            }
+            *keep = dist2 < rc2;
         }
+        let base = (first + at) as u32;
+        let mut n = 0;
+        for (k, &keep) in keep[..block.len()].iter().enumerate() {
+            // `n <= k < SELECT_BLOCK` here: the mask only tells the compiler so.
+            buf[n & (SELECT_BLOCK - 1)] = base + k as u32;
+            n += usize::from(keep);
+        }
+        map.extend_from_slice(&buf[..n]);
     }
 }
 
@@ -264,7 +319,8 @@ pub(super) fn select_for_pulse(
 /// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn select_for_pulse_into(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64, map: &mut Vec<u32>,
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let c = geo.grid.coords_of(rank);
     let bounds =
@@ -583,6 +639,62 @@ mod tests {
             let got = HaloPlan::from_positions_with(&positions, box_size, grid, cutoff, &Workers::new(threads).unwrap(), &mut PlanScratch::default());
             prop_assert_eq!(got, want);
         }
+    }
+
+    /// [`select`] as it was written first: `f64::max`, a branch and a push per atom.
+    fn select_reference<const N: usize>(pos: &[[f64; 3]], first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64) -> Vec<u32> {
+        let mut map = Vec::new();
+        for (k, x) in pos.iter().enumerate() {
+            let mut dist2 = 0.0;
+            for i in 0..N {
+                let v = x[dims[i]];
+                let excess = (lo[i] - v).max(v - hi[i]).max(0.0);
+                dist2 += excess * excess;
+            }
+            if dist2 < rc2 {
+                map.push((first + k) as u32);
+            }
+        }
+        map
+    }
+
+    #[test]
+    fn the_block_selection_sends_what_the_atom_by_atom_one_sends() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        let (lo, hi, rc) = ([1.0f64, 0.5, 2.0], [2.5f64, 3.0, 2.0], 0.75f64);
+        let rc2 = rc * rc;
+        // Coordinates on and next to the bounds and the cutoff (exactly at `rc2`: not sent), zeros
+        // of both signs, NaN and the infinities, and random ones.
+        let mut special = vec![0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        for e in lo.iter().chain(&hi) {
+            for x in [*e, e - rc, e + rc] {
+                special.extend([x, x.next_down(), x.next_up()]);
+            }
+        }
+        let coord = |rng: &mut rand_chacha::ChaCha8Rng| {
+            if rng.random_range(0..3) == 0 { special[rng.random_range(0..special.len())] } else { rng.random_range(-1.0..4.0) }
+        };
+        // Lengths around the block size (and none at all).
+        for len in [0, 1, 63, 64, 65, 128, 200] {
+            let pos: Vec<[f64; 3]> = (0..len).map(|_| [coord(&mut rng), coord(&mut rng), coord(&mut rng)]).collect();
+            for first in [0, 7] {
+                let mut got = vec![99];
+                select(&pos[..], first, [1], [lo[1]], [hi[1]], rc2, &mut got);
+                assert_eq!(got[1..], select_reference(&pos, first, [1], [lo[1]], [hi[1]], rc2), "{len} atoms");
+                got.clear();
+                select(&pos[..], first, [2, 0], [lo[2], lo[0]], [hi[2], hi[0]], rc2, &mut got);
+                assert_eq!(got, select_reference(&pos, first, [2, 0], [lo[2], lo[0]], [hi[2], hi[0]], rc2), "{len} atoms");
+                got.clear();
+                select(&pos[..], first, [0, 1, 2], lo, hi, rc2, &mut got);
+                assert_eq!(got, select_reference(&pos, first, [0, 1, 2], lo, hi, rc2), "{len} atoms");
+            }
+        }
+        // On the cutoff exactly: not sent; a hair inside: sent; on the bound, and -0.0 on a bound at 0.
+        let pos = [[hi[0] + rc, 0.0, 0.0], [(hi[0] + rc).next_down(), 0.0, 0.0], [hi[0], 0.0, 0.0], [-0.0, 0.0, 0.0]];
+        let mut got = Vec::new();
+        select(&pos[..], 0, [0], [0.0], [hi[0]], rc2, &mut got);
+        assert_eq!(got, [1, 2, 3]);
     }
 
     fn line(xs: &[f32]) -> Vec<Float3> {

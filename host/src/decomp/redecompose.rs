@@ -16,7 +16,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::plan::{CellEdges, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
+use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
 use crate::workers::Workers;
@@ -187,8 +187,6 @@ struct RankScratch {
     velocities: Vec<Float3>,
     /// Per local atom: the dimensions along which it came around the periodic boundary.
     crossed: Vec<u8>,
-    /// Per local atom: its position in the rank's frame, as the global builder has it.
-    pos: Vec<[f64; 3]>,
 }
 
 impl RankScratch {
@@ -331,7 +329,7 @@ pub fn redecompose_with(
             let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
             let spares: Vec<_> = work.iter().map(|_| (Spare::any(&mut spare.maps), Spare::any(&mut spare.bytes))).collect();
             let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
-                select_for_pulse_into(&geo, &decomposed, w.rank, d, &w.pos[range.clone()], range.start, rc2, &mut map);
+                select_for_pulse_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
                 let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });
@@ -356,7 +354,7 @@ pub fn redecompose_with(
         ids.extend_from_slice(&w.ids[..home_atoms]);
         homes.push(HomeAtoms { ids, positions: Vec::new(), velocities: w.velocities });
         local_positions.push(w.wrapped);
-        (sc.crossed, sc.pos) = (w.crossed, w.pos);
+        sc.crossed = w.crossed;
         mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
     }
     // A process that drives every rank is the only one: it has nothing to learn or to tell.
@@ -578,7 +576,8 @@ struct Arrays {
 
 /// One local rank while its pulses are simulated: its local atoms so far (home atoms first, in id
 /// order) with their wrapped positions, the dimensions along which each came around the periodic
-/// boundary and their positions in the rank's frame; the home atoms' velocities; its pulses.
+/// boundary (their positions in the rank's frame follow: [`Frame`]); the home atoms' velocities;
+/// its pulses.
 struct Working {
     rank: usize,
     ids: Vec<u32>,
@@ -587,7 +586,6 @@ struct Working {
     /// Bit `d` set: the atom's position in this rank's frame is the box edge above its wrapped one
     /// along `d` (an atom comes around the boundary along a dimension at most once).
     crossed: Vec<u8>,
-    pos: Vec<[f64; 3]>,
     pulses: Vec<PulsePlan>,
     box_size: [f32; 3],
 }
@@ -604,12 +602,9 @@ impl Working {
             wrapped: arrays.wrapped,
             velocities: arrays.velocities,
             crossed: std::mem::take(&mut sc.crossed),
-            pos: std::mem::take(&mut sc.pos),
             pulses: arrays.pulses,
             box_size,
         };
-        w.pos.clear();
-        w.pos.reserve(n + n / 2);
         // The stayers: the input but its special atoms (an input in id order), else sorted apart.
         let (ids, wrapped, velocities, special): (&[u32], &[Float3], &[Float3], &[Special]) =
             if sc.in_order { (&h.ids, &h.positions, &h.velocities, &sc.special) } else { (&sc.ids, &sc.wrapped, &sc.velocities, &[]) };
@@ -651,22 +646,15 @@ impl Working {
         self.ids.extend_from_slice(ids);
         self.wrapped.extend_from_slice(wrapped);
         self.velocities.extend_from_slice(velocities);
-        self.pos.extend(wrapped.iter().map(|p| [f64::from(p.x), f64::from(p.y), f64::from(p.z)]));
     }
 
     fn len(&self) -> usize {
         self.ids.len()
     }
 
-    /// The rank-frame positions of the atoms from `from` on, from their wrapped positions: the
-    /// box edge added (in `f64`, as the global builder adds the shift) where they crossed.
-    fn extend_positions(&mut self, from: usize) {
-        let l = self.box_size.map(f64::from);
-        let new = self.wrapped[from..].iter().zip(&self.crossed[from..]).map(|(w, &c)| {
-            let x = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
-            std::array::from_fn(|e| if c >> e & 1 == 1 { x[e] + l[e] } else { x[e] })
-        });
-        self.pos.extend(new);
+    /// Local atoms `range` in the rank's frame, as a pulse's selection reads them.
+    fn frame(&self, range: std::ops::Range<usize>) -> Frame<'_> {
+        Frame { wrapped: &self.wrapped[range.clone()], crossed: &self.crossed[range], edge: self.box_size.map(f64::from) }
     }
 
     /// This rank's blob of a pulse along `d`: its local length before the pulse (its receiver's
@@ -680,13 +668,21 @@ impl Working {
         b.word(self.len())?;
         b.word(map.len())?;
         let bit = if crosses { 1u8 << d } else { 0 };
-        for &k in map {
-            b.put(&[self.ids[k as usize]]);
+        // The three arrays sized at once, then filled atom by atom with plain stores (no
+        // capacity check per atom).
+        let at = b.0.len();
+        b.0.resize(at + map.len() * 17, 0);
+        let (ids, rest) = b.0[at..].split_at_mut(4 * map.len());
+        let (wrapped, crossed) = rest.split_at_mut(12 * map.len());
+        for (out, &k) in ids.chunks_exact_mut(4).zip(map) {
+            out.copy_from_slice(&self.ids[k as usize].to_ne_bytes());
         }
-        for &k in map {
-            b.put(std::slice::from_ref(&self.wrapped[k as usize]));
+        for (out, &k) in wrapped.chunks_exact_mut(12).zip(map) {
+            out.copy_from_slice(bytemuck::bytes_of(&self.wrapped[k as usize]));
         }
-        b.0.extend(map.iter().map(|&k| self.crossed[k as usize] | bit));
+        for (out, &k) in crossed.iter_mut().zip(map) {
+            *out = self.crossed[k as usize] | bit;
+        }
         Ok(b.0)
     }
 
@@ -706,11 +702,43 @@ impl Working {
         rd.extend(n, &mut self.wrapped)?;
         rd.extend(n, &mut self.crossed)?;
         rd.finish()?;
-        self.extend_positions(start);
         let mut pulse = pulse_plan(geo, self.rank, (dim, pulse_in_dim), map, start, peer_atom_offset);
         pulse.spec.recv_size = n;
         self.pulses.push(pulse);
         Ok(n)
+    }
+}
+
+/// Local atoms of a [`Working`] as a pulse's selection reads them: their positions in the rank's
+/// frame, which the global builder holds as they are, made block by block from the wrapped
+/// positions (exact in `f64`) with the box edge added (in `f64`, as the global builder adds the
+/// shift) along the dimensions where an atom crossed.
+pub(super) struct Frame<'a> {
+    pub(super) wrapped: &'a [Float3],
+    pub(super) crossed: &'a [u8],
+    pub(super) edge: [f64; 3],
+}
+
+impl RankFrame for Frame<'_> {
+    fn len(&self) -> usize {
+        self.wrapped.len()
+    }
+
+    #[inline]
+    fn block<const N: usize>(&self, at: usize, dims: [usize; N], out: &mut [[f64; N]]) {
+        let (bit, edge) = (dims.map(|e| 1u8 << e), dims.map(|e| self.edge[e]));
+        let n = out.len();
+        // The coordinates read straight from memory (a position copied out first and indexed by
+        // dimension goes through the stack).
+        let coords: &[f32] = bytemuck::cast_slice(&self.wrapped[at..at + n]);
+        for ((o, w), &c) in out.iter_mut().zip(coords.chunks_exact(3)).zip(&self.crossed[at..at + n]) {
+            *o = std::array::from_fn(|i| {
+                // The edge or zero added: `x + 0.0` is `x` but for the sign of a zero, which the
+                // selection cannot see (its excesses are squared), and no branch.
+                let add = if c & bit[i] != 0 { edge[i] } else { 0.0 };
+                f64::from(w[dims[i]]) + add
+            });
+        }
     }
 }
 

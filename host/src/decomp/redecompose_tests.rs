@@ -459,3 +459,61 @@ fn redecompose_timing() {
          build_with serial {serial:.0} us, 4 threads {four:.0} us"
     );
 }
+
+/// The selection over a rank's wrapped positions and crossings ([`redecompose::Frame`], made to
+/// `f64` block by block) sends what it sends over the rank-frame positions the global builder
+/// holds: on and next to every cell edge and box edge, zeros of both signs (crossed or not),
+/// random coordinates, lengths around the selection's block, every rank and pulse direction.
+#[test]
+fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
+    use super::plan::{select_for_pulse, select_for_pulse_into, send_range2};
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let cases = [([2, 2, 2], [4.3f32, 3.7, 6.1], 1.1f32), ([3, 1, 1], [5.1, 4.7, 3.3], 1.4), ([1, 2, 3], [3.0, 5.03, 7.77], 0.9)];
+    for (dims, box_size, cutoff) in cases {
+        let grid = RankGrid::new(dims).unwrap();
+        let geo = Decomposition::new(grid, box_size, cutoff).unwrap();
+        let decomposed = grid.decomposed_dims();
+        let mut special: Vec<Vec<f32>> = (0..3).map(|_| vec![0.0, -0.0]).collect();
+        for d in 0..3 {
+            let l = box_size[d];
+            for i in 0..=dims[d] {
+                let e = i as f32 * l / dims[d] as f32;
+                for x in [e, e - cutoff, e + cutoff] {
+                    special[d].extend([x, x.next_down(), x.next_up()].into_iter().filter(|v| (0.0..l).contains(v)));
+                }
+            }
+            special[d].push(l.next_down());
+        }
+        for len in [0, 1, 63, 64, 65, 200] {
+            let wrapped: Vec<Float3> = (0..len)
+                .map(|_| {
+                    let c: [f32; 3] = std::array::from_fn(|d| {
+                        let pick = rng.random_range(0..2 * special[d].len());
+                        special[d].get(pick).copied().unwrap_or_else(|| rng.random_range(0.0..box_size[d]))
+                    });
+                    Float3::new(c[0], c[1], c[2])
+                })
+                .collect();
+            let crossed: Vec<u8> = (0..len).map(|_| rng.random_range(0..8u8)).collect();
+            let edge = box_size.map(f64::from);
+            // The rank-frame positions as the global builder holds them (the edge added only where crossed).
+            let pos: Vec<[f64; 3]> = wrapped
+                .iter()
+                .zip(&crossed)
+                .map(|(w, &c)| {
+                    let x = [f64::from(w.x), f64::from(w.y), f64::from(w.z)];
+                    std::array::from_fn(|e| if c >> e & 1 == 1 { x[e] + edge[e] } else { x[e] })
+                })
+                .collect();
+            let frame = redecompose::Frame { wrapped: &wrapped, crossed: &crossed, edge };
+            for rank in 0..grid.num_ranks() {
+                for &d in &decomposed {
+                    let want = select_for_pulse(&geo, &decomposed, rank, d, &pos[..], 5, send_range2(cutoff));
+                    let mut got = vec![];
+                    select_for_pulse_into(&geo, &decomposed, rank, d, &frame, 5, send_range2(cutoff), &mut got);
+                    assert_eq!(got, want, "{dims:?} rank {rank} along {d}, {len} atoms");
+                }
+            }
+        }
+    }
+}

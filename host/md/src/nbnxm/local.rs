@@ -62,7 +62,11 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             for (k, &id) in ids.iter().enumerate() {
                 let local = first + k;
-                let p = positions.get(id as usize).ok_or(PlanError::GlobalId { rank, local, id, atoms: positions.len() })?;
+                // The error built only for a bad id (built and dropped per atom, it costs more
+                // than the rest of the loop).
+                let Some(p) = positions.get(id as usize) else {
+                    return Err(PlanError::GlobalId { rank, local, id, atoms: positions.len() }.into());
+                };
                 ts[k] = u32::from(types[id as usize]);
                 (xs[k], zs[k]) = place.at(local, *p);
             }
@@ -97,15 +101,20 @@ impl LocalAtoms {
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             // Types first, in one tight pass (the first bad id is the error).
             for (k, (t, &id)) in ts.iter_mut().zip(ids).enumerate() {
-                *t = u32::from(*types.get(id as usize).ok_or(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() })?);
+                let Some(&ty) = types.get(id as usize) else {
+                    return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
+                };
+                *t = u32::from(ty);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
             // they come from a redecomposition: one branch-free check, nothing written).
             let split = home.saturating_sub(first).min(ids.len());
             zs[..split].fill(0);
-            wrap_positions(&mut xs[..split], box_size);
-            for (k, (x, z)) in xs[split..].iter_mut().zip(&mut zs[split..]).enumerate() {
-                (*x, *z) = place.at(first + split + k, *x);
+            if !all_in(&xs[..split], [0.0; 3], box_size) {
+                wrap_positions(&mut xs[..split], box_size);
+            }
+            for (x, z) in xs[split..].iter_mut().zip(&mut zs[split..]) {
+                (*x, *z) = place.halo_at(*x);
             }
             Ok(())
         };
@@ -192,9 +201,7 @@ impl LocalAtoms {
         // `lo <= v < hi` rejects NaN and the infinities too.
         let lo: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { 0.0 } else { -f32::MAX });
         let hi: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { self.box_size[d] } else { f32::INFINITY });
-        self.positions.iter().fold(true, |ok, p| {
-            ok & (p.x >= lo[0]) & (p.x < hi[0]) & (p.y >= lo[1]) & (p.y < hi[1]) & (p.z >= lo[2]) & (p.z < hi[2])
-        })
+        all_in(&self.positions, lo, hi)
     }
 
     /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
@@ -242,42 +249,75 @@ impl LocalAtoms {
     }
 }
 
+/// Whether every position lies in `lo..hi` along every dimension (`lo <= v < hi`: false for NaN),
+/// without a branch: the coordinates read as one flat array, [`ALL_IN_BLOCK`] positions at a
+/// time against bounds repeated as the coordinates are laid out (x, y, z, x, ...), so that the
+/// compiler vectorizes the comparisons (it does not over the fields of each position).
+fn all_in(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> bool {
+    let lo_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| lo[i % 3]);
+    let hi_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| hi[i % 3]);
+    let coords: &[f32] = bytemuck::cast_slice(positions);
+    let in_block = |c: &[f32], lo: &[f32], hi: &[f32]| c.iter().zip(lo).zip(hi).fold(true, |ok, ((&v, &l), &h)| ok & (v >= l) & (v < h));
+    let blocks = coords.chunks_exact(3 * ALL_IN_BLOCK);
+    let rest = blocks.remainder();
+    blocks.fold(true, |ok, c| ok & in_block(c, &lo_block, &hi_block)) & in_block(rest, &lo_block, &hi_block)
+}
+
+/// Positions per block of [`all_in`].
+const ALL_IN_BLOCK: usize = 16;
+
 /// Where a rank puts a local atom: its position in the rank's frame and its zone, from its global
 /// position (the rule of [`LocalAtoms::from_plan`], shared by every way of building local atoms).
 struct Placement {
-    geo: crate::decomp::Decomposition,
-    coords: [usize; 3],
-    decomposed: [bool; 3],
+    /// Per dimension, the lowest coordinate of the rank's cell, and the lowest of the cells above
+    /// it (`-inf` and `inf` where there is no cell below or above, or the dimension is whole): the
+    /// cell thresholds ([`crate::decomp::Decomposition::cell_threshold`]) around the rank's cell.
+    below: [f32; 3],
+    above: [f32; 3],
     box_size: [f32; 3],
     home: usize,
 }
 
 impl Placement {
     fn new(plan: &HaloPlan, rank: usize) -> Result<Self, NbnxmError> {
+        let geo = plan.decomposition()?;
+        // Along a dimension not decomposed there are no thresholds, and the rank's cell is 0.
+        let thresholds: [Vec<f32>; 3] = std::array::from_fn(|d| (1..plan.grid.dims[d]).map(|i| geo.cell_threshold(d, i)).collect());
+        let coords = plan.grid.coords_of(rank);
         Ok(Self {
-            geo: plan.decomposition()?,
-            coords: plan.grid.coords_of(rank),
-            decomposed: std::array::from_fn(|d| plan.grid.dims[d] > 1),
+            below: std::array::from_fn(|d| if coords[d] > 0 { thresholds[d][coords[d] - 1] } else { f32::NEG_INFINITY }),
+            above: std::array::from_fn(|d| thresholds[d].get(coords[d]).copied().unwrap_or(f32::INFINITY)),
             box_size: plan.box_size,
             home: plan.ranks[rank].home_atoms,
         })
+    }
+
+    /// A halo atom at global position `p` (wrapped or not): its position in the rank's frame and
+    /// its zone; [`Self::at`] of a local atom past the home atoms, without a branch. With `t` the
+    /// rank's cell's thresholds along a decomposed dimension, the wrapped coordinate's cell is
+    /// below the rank's exactly when it is below `t[c - 1]`, and above exactly when it is at or
+    /// above `t[c]` (`below` and `above`; none along a dimension not decomposed).
+    #[inline(always)]
+    fn halo_at(&self, p: Float3) -> (Float3, u8) {
+        let w = wrap_position(p, self.box_size);
+        let w = [w.x, w.y, w.z];
+        // A wrapped coordinate is never NaN.
+        let below: [bool; 3] = std::array::from_fn(|d| w[d] < self.below[d]);
+        let above: [bool; 3] = std::array::from_fn(|d| w[d] >= self.above[d]);
+        let x: [f32; 3] = std::array::from_fn(|d| if below[d] { w[d] + self.box_size[d] } else { w[d] });
+        let zone = (0..3).fold(0u8, |z, d| z | (u8::from(below[d] | above[d]) << d));
+        (Float3::new(x[0], x[1], x[2]), zone)
     }
 
     /// Local atom `local` at global position `p` (wrapped or not): its position in the rank's
     /// frame and its zone.
     #[inline]
     fn at(&self, local: usize, p: Float3) -> (Float3, u8) {
-        let w = wrap_position(p, self.box_size);
         // Home atoms lie in this rank's cell by the plan's own test: zone 0, no shift.
         if local < self.home {
-            return (w, 0);
+            return (wrap_position(p, self.box_size), 0);
         }
-        let (coords, w) = (self.coords, [w.x, w.y, w.z]);
-        // Only decomposed dimensions have a cell index other than 0; only an atom that came
-        // around the periodic boundary has a lower cell index than this rank's.
-        let cell: [usize; 3] = std::array::from_fn(|d| if self.decomposed[d] { self.geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
-        let p: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + self.box_size[d] } else { w[d] });
-        (Float3::new(p[0], p[1], p[2]), (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d))
+        self.halo_at(p)
     }
 }
 
@@ -309,6 +349,71 @@ mod tests {
                 let decomposed: u8 = (0..3).filter(|&d| dims[d] > 1).map(|d| 1u8 << d).sum();
                 assert!(a.zones.iter().all(|z| z & !decomposed == 0));
                 assert!(a.zones[a.home..].iter().all(|&z| z != 0));
+            }
+        }
+    }
+
+    #[test]
+    fn halo_placement_by_thresholds_is_the_placement_by_cell_index() {
+        // Grids and boxes whose cell edges are not exact in f32; coordinates on, just below and
+        // just above every cell edge and box edge, zeros of both signs, outside the box, NaN.
+        for (dims, box_size) in
+            [([2, 1, 1], [5.1f32, 4.7, 3.3]), ([3, 2, 2], [4.3, 3.7, 6.1]), ([4, 3, 1], [7.77, 5.03, 2.9]), ([1, 1, 3], [3.0, 3.0, 3.3])]
+        {
+            let grid = RankGrid::new(dims).unwrap();
+            let mut xs: Vec<f32> = vec![0.0, -0.0, f32::NAN, f32::INFINITY, -1e-30];
+            for d in 0..3 {
+                for i in 0..=dims[d] {
+                    let e = i as f32 * box_size[d] / dims[d] as f32;
+                    xs.extend([e, e.next_down(), e.next_up(), -e, e + box_size[d]]);
+                }
+            }
+            let plan = HaloPlan::from_positions(&[Float3::new(0.1, 0.1, 0.1)], box_size, grid, 0.5).unwrap();
+            let geo = plan.decomposition().unwrap();
+            for rank in 0..grid.num_ranks() {
+                let place = Placement::new(&plan, rank).unwrap();
+                let coords = grid.coords_of(rank);
+                for (k, &a) in xs.iter().enumerate() {
+                    let (b, c) = (xs[(k * 7 + 3) % xs.len()], xs[(k * 13 + 5) % xs.len()]);
+                    let p = Float3::new(a, b, c);
+                    // The rule as first written: `cell_index` of the wrapped coordinate, a division.
+                    let w = wrap_position(p, box_size);
+                    let w = [w.x, w.y, w.z];
+                    let cell: [usize; 3] = std::array::from_fn(|d| if dims[d] > 1 { geo.cell_index(d, f64::from(w[d])) } else { coords[d] });
+                    let want: [f32; 3] = std::array::from_fn(|d| if cell[d] < coords[d] { w[d] + box_size[d] } else { w[d] });
+                    let zone = (0..3).filter(|&d| cell[d] != coords[d]).fold(0u8, |z, d| z | 1 << d);
+                    let (got, got_zone) = place.at(plan.ranks[rank].home_atoms, p);
+                    assert_eq!([got.x.to_bits(), got.y.to_bits(), got.z.to_bits()], want.map(f32::to_bits), "{dims:?} rank {rank} {p:?}");
+                    assert_eq!(got_zone, zone, "{dims:?} rank {rank} {p:?}");
+                    let (got, got_zone) = place.halo_at(p);
+                    assert_eq!([got.x.to_bits(), got.y.to_bits(), got.z.to_bits()], want.map(f32::to_bits), "{dims:?} rank {rank} {p:?}");
+                    assert_eq!(got_zone, zone, "{dims:?} rank {rank} {p:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_flat_range_check_is_the_check_position_by_position() {
+        let (lo, hi) = ([0.0f32, -f32::MAX, 0.0], [2.5f32, f32::INFINITY, 3.0]);
+        let one = |p: &Float3| (p.x >= lo[0]) & (p.x < hi[0]) & (p.y >= lo[1]) & (p.y < hi[1]) & (p.z >= lo[2]) & (p.z < hi[2]);
+        let good = Float3::new(1.0, -7.0, 2.9);
+        // On the bounds and next to them, zeros of both signs, NaN and the infinities.
+        let bad = [0.0f32, -0.0, 2.5, 2.5f32.next_down(), -1e-30, 3.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::MAX, f32::MAX];
+        // Lengths around the block (and none), one odd coordinate anywhere.
+        for len in [0, 1, 15, 16, 17, 40] {
+            let all = vec![good; len];
+            assert!(all_in(&all, lo, hi));
+            for at in 0..len {
+                for d in 0..3 {
+                    for &v in &bad {
+                        let mut ps = all.clone();
+                        let mut c = [ps[at].x, ps[at].y, ps[at].z];
+                        c[d] = v;
+                        ps[at] = Float3::new(c[0], c[1], c[2]);
+                        assert_eq!(all_in(&ps, lo, hi), ps.iter().all(one), "{len} positions, {v} along {d} at {at}");
+                    }
+                }
             }
         }
     }
