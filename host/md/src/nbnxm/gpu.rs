@@ -251,12 +251,7 @@ impl NbnxmGpu {
     }
 
     fn set_grid(&mut self, grid: &ClusterGrid, box_size: [f32; 3]) -> Result<()> {
-        if grid.ntypes > self.ntypes as usize {
-            return Err(HaloError::InvalidInput(format!(
-                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
-                grid.ntypes, self.ntypes
-            )));
-        }
+        lj_table_holds(grid.ntypes > self.ntypes as usize, grid.ntypes, self.ntypes)?;
         self.grid.upload_slots(&self.module, grid)?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
@@ -322,12 +317,7 @@ impl NbnxmGpu {
     pub fn update_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream) -> Result<ResidentSearch> {
         let ntypes = self.ntypes;
         self.search_on_gpu_grid(atoms.len(), box_size, stream, |grid, module| {
-            if atoms.ntypes > ntypes as usize {
-                return Err(HaloError::InvalidInput(format!(
-                    "atom types up to {} but the LJ table has {ntypes} (it must hold every type of the atoms)",
-                    atoms.ntypes
-                )));
-            }
+            lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
             grid.build_local(module, atoms, stream)
         })
     }
@@ -346,12 +336,7 @@ impl NbnxmGpu {
             l.n_words = 0;
         }
         let grid = build(&mut self.grid, &self.module)?;
-        if atoms > 0 && grid.max_type >= self.ntypes {
-            return Err(HaloError::InvalidInput(format!(
-                "atom types up to {} but the LJ table has {} (it must hold every type of the atoms)",
-                grid.max_type, self.ntypes
-            )));
-        }
+        lj_table_holds(atoms > 0 && grid.max_type >= self.ntypes, grid.max_type as usize, self.ntypes)?;
         let t1 = Instant::now();
         self.search_lists(stream)?;
         self.box_size = box_size;
@@ -554,6 +539,17 @@ fn check_setup(rlist: f32, setup: &ListSetup) -> Result<()> {
     if rlist < setup.rlist {
         let e = NbnxmError::Setup(format!("lists searched with {rlist} nm but the setup needs {} nm", setup.rlist));
         return Err(HaloError::InvalidInput(e.to_string()));
+    }
+    Ok(())
+}
+
+/// The error when atom types go beyond the LJ table (`beyond`), naming the types found (`found`,
+/// as the caller counts them) and the table's `ntypes`.
+fn lj_table_holds(beyond: bool, found: usize, ntypes: u32) -> Result<()> {
+    if beyond {
+        return Err(HaloError::InvalidInput(format!(
+            "atom types up to {found} but the LJ table has {ntypes} (it must hold every type of the atoms)"
+        )));
     }
     Ok(())
 }
