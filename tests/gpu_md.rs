@@ -3,12 +3,13 @@
 //! every checked step, on 1-D, 2-D and 3-D rank grids with one and two pulses per dimension, at
 //! 6,000 and 45,000 atoms, with searches (re-decomposition, new lists, the exchange replanned in its
 //! buffers) every `nstlist` steps. Coordinates after the halo are bit-exact. Also: the leapfrog
-//! kernels against their CPU reference, and energy conservation of an NVE run on one and two ranks.
+//! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, and
+//! the page-locked staging that a search step uploads through.
 
 use halo::abi::{self, Float3};
 use halo::decomp::RankGrid;
 use halo::exchange::Transport;
-use halo::gpu::{DeviceBuffer, DeviceMemory, LaunchShape};
+use halo::gpu::{DeviceBuffer, DeviceMemory, LaunchShape, Staging};
 use halo::kernel_args;
 use halo::testing::gpu_or_skip;
 use halo_md::{self as md, MdConfig, MdOutcome};
@@ -264,6 +265,52 @@ fn nve_drift_is_small_on_one_and_two_ranks() {
         assert!(d.per_atom_kj_mol_ns.abs() < 0.5, "{test}: drift {d:?}");
         assert!(out.energies.iter().all(|e| e.kinetic > 0.0 && e.potential.is_finite()), "{test}");
     }
+}
+
+/// The page-locked staging of a search's uploads (`halo::gpu::Staging`): a copy enqueued behind
+/// long work on its stream lands in stream order, and the next upload through the same staging
+/// (other data, another buffer) waits for that copy before it overwrites the memory. Three rounds
+/// with different data and sizes (the third grows the staging while the second's copies may
+/// still be queued); each buffer's bytes must be exactly its own round's data, and the elements
+/// past a shorter upload keep what the buffer held. Were the staging reused too early, the first
+/// buffer would hold the second upload's data (the stream is still busy with 8 GiB of memsets
+/// when the host writes it).
+#[test]
+fn staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early() {
+    let Some(g) = gpu_or_skip("staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let busy = DeviceBuffer::<u8>::uninit(&g.ctx, 1 << 30).unwrap();
+    let n = 300_000usize;
+    let a = DeviceBuffer::<Float3>::uninit(&g.ctx, 2 * n).unwrap();
+    let b = DeviceBuffer::<Float3>::uninit(&g.ctx, 2 * n).unwrap();
+    // Poison on the legacy default stream, then wait for it (the new stream does not follow it).
+    a.fill_bytes(0xFF).unwrap();
+    b.fill_bytes(0xFF).unwrap();
+    g.ctx.synchronize().unwrap();
+    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    let mut staging = Staging::<Float3>::new();
+    let (mut held_a, mut held_b) = (a.to_host().unwrap(), b.to_host().unwrap());
+    for (round, len) in [(0u32, n), (1, n - 1234), (2, 2 * n)] {
+        let value = |i: usize, which: f32| Float3::new(i as f32 + 0.5, round as f32 * 10.0 + which, -(i as f32));
+        let da: Vec<Float3> = (0..len).map(|i| value(i, 1.0)).collect();
+        let db: Vec<Float3> = (0..len.min(n) - 17).map(|i| value(i, 2.0)).collect();
+        // About 8 GiB of memsets first: the copies below start milliseconds after they are enqueued.
+        for _ in 0..8 {
+            busy.fill_bytes_async(round as u8, &stream).unwrap();
+        }
+        staging.upload(&da, &a, &stream).unwrap();
+        staging.upload(&db, &b, &stream).unwrap();
+        assert!(staging.capacity() >= len, "round {round}: capacity {} for {len}", staging.capacity());
+        stream.synchronize().unwrap();
+        held_a[..len].copy_from_slice(&da);
+        held_b[..db.len()].copy_from_slice(&db);
+        assert_eq!(bits(&a.to_host().unwrap()), bits(&held_a), "round {round}: the first upload's buffer");
+        assert_eq!(bits(&b.to_host().unwrap()), bits(&held_b), "round {round}: the second upload's buffer");
+    }
+    // An upload larger than its buffer is refused before anything is enqueued.
+    let too_many = vec![Float3::default(); 2 * n + 1];
+    let e = staging.upload(&too_many, &a, &stream).unwrap_err().to_string();
+    assert!(e.contains("600001 elements into a buffer of 600000"), "{e}");
 }
 
 /// `leapfrog` and `leapfrog_energy` against the CPU update and kinetic energy (`f64`), on random

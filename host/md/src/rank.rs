@@ -6,12 +6,13 @@ use crate::abi::{self, Float3};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
 use crate::exchange::Transport;
-use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
-use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, ResidentSearch, fit};
+use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
+use crate::nbnxm::gpu_search::grow;
 use crate::search::{RankLists, RankSearch};
 use std::time::{Duration, Instant};
 use std::sync::Arc;
@@ -67,6 +68,20 @@ pub struct MdRank {
     /// zeroing and force-halo events.
     fork: CudaEvent,
     captured: [CudaEvent; 2],
+    /// Page-locked staging of a search's uploads, kept for the whole run.
+    staging: HomeStaging,
+}
+
+/// Page-locked staging, one per array a search uploads (home coordinates into the exchange's
+/// `x`, velocities, `1 / m`, types): each upload is a host copy into memory kept between searches
+/// and a copy enqueued on the local stream (no host wait per copy). One per array, so that no
+/// upload of a search waits for another of the same search to land.
+#[derive(Default)]
+struct HomeStaging {
+    x: Staging<Float3>,
+    v: Staging<Float3>,
+    inv_mass: Staging<f32>,
+    types: Staging<u32>,
 }
 
 /// Which event set a step's launches use.
@@ -104,6 +119,7 @@ impl MdRank {
             coordinates_ready: event()?,
             fork: event()?,
             captured: [event()?, event()?],
+            staging: HomeStaging::default(),
             local,
             module,
         };
@@ -121,9 +137,17 @@ impl MdRank {
                 found.home_types.len()
             )));
         }
-        fit(&self.module, &mut self.v, &found.home_v)?;
-        fit(&self.module, &mut self.inv_mass, &found.inv_mass)?;
-        fit(&self.module, &mut self.types, &found.home_types)?;
+        // Grown first (a reallocation frees buffers that no copy or kernel uses any more: the
+        // rank is idle at a search), then enqueued on the local stream, where every kernel that
+        // reads them runs (the leapfrog; the types in a later search on the GPU alone), after the
+        // copies. The staging memory outlives its copy (`Staging::upload`); the device buffers
+        // live as long as the rank, past the search's synchronisation.
+        grow(&self.module, &mut self.v, home)?;
+        grow(&self.module, &mut self.inv_mass, home)?;
+        grow(&self.module, &mut self.types, home)?;
+        self.staging.v.upload(&found.home_v, &self.v, &self.local)?;
+        self.staging.inv_mass.upload(&found.inv_mass, &self.inv_mass, &self.local)?;
+        self.staging.types.upload(&found.home_types, &self.types, &self.local)?;
         self.home = home;
         self.total = found.lists.atoms();
         self.forces_clear = false;
@@ -132,8 +156,10 @@ impl MdRank {
 
     /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities,
     /// masses and types with those of a new search `found`; returns the time of the GPU search
-    /// (zero for uploaded lists). Synchronous; the rank must be idle (the search step synchronised
-    /// its streams).
+    /// (zero for uploaded lists). The rank must be idle (the search step synchronised its
+    /// streams). The velocities, masses and types are enqueued on the local stream, not waited
+    /// for: the search step synchronises once after every rank's uploads
+    /// ([`Self::upload_coordinates`]).
     pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
         let t = Instant::now();
         let searched = match &found.lists {
@@ -152,6 +178,21 @@ impl MdRank {
         };
         self.set_atoms(found)?;
         Ok(searched)
+    }
+
+    /// Enqueues the home coordinates of a new search into the exchange's `x` on the local stream
+    /// (through page-locked staging kept for the run, no host wait) and records the event that
+    /// the halo stream's next coordinate halo waits for ([`Self::begin_step`]), so that the halo
+    /// stream cannot read home coordinates before they landed even without the search step's
+    /// synchronisation; the local stream's own kernels run after the copy in its order. Call it
+    /// after [`Self::update`] (or [`Self::new`]) with the exchange the next steps use, whose rank
+    /// must be idle.
+    pub fn upload_coordinates(&mut self, ex: &RankExchange, x: &[Float3]) -> Result<()> {
+        if x.len() != self.home {
+            return Err(HaloError::InvalidInput(format!("rank {}: {} home coordinates for {} home atoms", ex.rank(), x.len(), self.home)));
+        }
+        ex.upload_coordinates_async(x, &mut self.staging.x, &self.local)?;
+        self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
     /// A search of a rank that has every atom (one rank, no halo) entirely on the GPU, on the

@@ -816,14 +816,24 @@ impl MdRun {
             if rank.rank() != r.rank {
                 return Err(HaloError::InvalidInput(format!("the exchange drives rank {} where the search built rank {}", rank.rank(), r.rank)));
             }
-            rank.upload_coordinates(&r.home_x)?;
             match self.ranks.get_mut(i) {
                 Some(m) => gpu_search += m.update(r, self.system.box_size)?,
                 None => self.ranks.push(MdRank::new(rank.module().clone(), r, &self.lj, &self.setup, self.system.box_size, records)?),
             }
+            // After the rank's lists and home arrays: its local stream exists, and the coordinates
+            // are enqueued there behind the other uploads (a GPU search reads none of them).
+            let m = self.ranks.get_mut(i).ok_or_else(|| HaloError::InvalidInput(format!("no MD state for local rank {i}")))?;
+            m.upload_coordinates(rank, &r.home_x)?;
         }
-        // Synchronous uploads from pageable memory may return before their DMA lands; kernels on
-        // other streams must not start before it has.
+        // The one wait of the uploads. The home arrays (coordinates, velocities, masses, types) and
+        // the replan's maps and metadata were enqueued from page-locked staging on the streams
+        // that read them (the local stream; the exchange stream), and the halo stream waits for
+        // the local stream's event before its first coordinate halo, so those need no host wait.
+        // But the lists a host search uploads (`NbnxmGpu::update`) and a new exchange's set-up are
+        // still synchronous copies from pageable memory on the legacy default stream, which may
+        // return before their DMA lands and which the (non-blocking) local and halo streams do not
+        // follow: wait for every stream of each GPU once, here. The staging memory needs no wait
+        // (each upload waits for its staging's previous copy before writing it again).
         let mut synced: Vec<usize> = Vec::new();
         for r in ex.local_ranks() {
             if !synced.contains(&r.context().ordinal()) {

@@ -178,8 +178,10 @@ impl<T: Element> LocalRanks<T> {
         for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
             rank.wait_idle(stream, "waiting for a rank's stream before a replan", None, || None)?;
         }
-        for (rank, halo) in self.ranks.iter_mut().zip(halos.iter().cloned()) {
-            rank.set_halo(halo)?;
+        // Each rank's new maps are enqueued on its stream (idle since the wait above), where its
+        // launches run after them.
+        for ((rank, halo), stream) in self.ranks.iter_mut().zip(halos.iter().cloned()).zip(&self.streams) {
+            rank.set_halo(halo, stream)?;
         }
         self.install(&halos)?;
         // The host-driven transports' waits follow the new pulses; their events and views stay

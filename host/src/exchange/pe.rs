@@ -228,8 +228,9 @@ impl<T: Element> PeExchange<T> {
     }
 
     /// Writes this PE's metadata for its current halo (`self.halos`): peers by `nvshmem_ptr` as
-    /// the policy allows, puts elsewhere, bulk copies where the plan chose `nvlink-tma`; caps the
-    /// grids for residency.
+    /// the policy allows, puts elsewhere, bulk copies where the plan chose `nvlink-tma`, uploaded
+    /// in one copy enqueued on the exchange stream (the kernels that read it launch there, after
+    /// it); caps the grids for residency.
     fn install(&mut self) -> Result<()> {
         let (me, policy, nvshmem) = (self.nvshmem.my_pe(), self.policy, self.nvshmem.clone());
         let local = self.rank.local_view();
@@ -254,7 +255,7 @@ impl<T: Element> PeExchange<T> {
             }
             mapped
         };
-        self.rank.install(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
+        self.rank.install_deferred(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
         if let PathPolicy::Planned(paths) = policy {
             // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
             // installed (stores where mapped, puts elsewhere).
@@ -262,9 +263,10 @@ impl<T: Element> PeExchange<T> {
             // receiver's plan names nvlink-tma for that sender (and both are mapped).
             let mapped: Vec<bool> = self.rank.coord_paths().iter().map(|p| *p != kernels_gpu::abi::CoordPath::Put).collect();
             let bulk: Vec<bool> = paths.bulk_pulses(&self.halos[me]).iter().zip(&mapped).map(|(b, m)| *b && *m).collect();
-            self.rank.set_bulk_pulses(&bulk, &paths.bulk_receives(&self.halos[me]))?;
+            self.rank.set_bulk_pulses_deferred(&bulk, &paths.bulk_receives(&self.halos[me]))?;
             self.routes = Some(paths.summary()?);
         }
+        self.rank.upload_metadata(&self.stream)?;
         if self.rank.any_put() && !self.rank.module().nvshmem_registered() {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
@@ -304,7 +306,11 @@ impl<T: Element> PeExchange<T> {
         self.wait_idle("waiting for the halo stream before a replan")?;
         self.nvshmem.barrier_all()?;
         let me = self.nvshmem.my_pe();
-        self.rank.set_halo(halos[me].clone())?;
+        // The new maps and metadata are enqueued on the exchange stream, idle since the wait above:
+        // this PE's next launches (there, after the copies) are the first to read them, and no
+        // peer reads them (peers reach only `x`, the signals and the receive slots). What peers
+        // may write from here on, this PE's new halo region, no copy of the replan touches.
+        self.rank.set_halo(halos[me].clone(), &self.stream)?;
         // The host-driven transports: their IPC events and mailbox serve the same pulses and
         // neighbours (kept, the step counters going on), or are set up again for the new ones
         // (collective; every PE decides alike from the same halos).

@@ -11,7 +11,7 @@ use super::spec::RankHalo;
 use super::watch::{self, StateWatch, StuckStream, WaitTarget};
 use super::{Transport, WaitTimeout};
 use crate::error::{CudaContextExt, HaloError, Result};
-use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use crate::kernel_args;
 use super::Element;
 use kernels_gpu::abi::{
@@ -169,6 +169,13 @@ pub struct RankExchange<T: Element = Float3> {
     map_offsets: Vec<usize>,
     meta: DeviceBuffer<PulseMeta>,
     host_meta: Vec<PulseMeta>,
+    /// Whether `host_meta` changed since it was last uploaded ([`Self::upload_metadata`]): a launch
+    /// refuses to read stale metadata.
+    meta_pending: bool,
+    /// Page-locked staging of the index maps and the metadata a replan uploads on the exchange
+    /// stream, kept between searches.
+    map_staging: Staging<u32>,
+    meta_staging: Staging<PulseMeta>,
     state: DeviceBuffer<ProtocolState>,
     counters: DeviceBuffer<u32>,
     status: DeviceBuffer<WaitStatus>,
@@ -228,6 +235,9 @@ impl<T: Element> RankExchange<T> {
             map_offsets,
             meta,
             host_meta: Vec::new(),
+            meta_pending: false,
+            map_staging: Staging::new(),
+            meta_staging: Staging::new(),
             state,
             counters,
             status,
@@ -280,12 +290,15 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// Replaces this rank's halo with `halo` in the existing buffers (a new decomposition of the
-    /// same grid, after atoms migrated): uploads the new index maps (reusing their allocation when
-    /// it is large enough) and recomputes the grids under the same residency cap. The metadata is
-    /// stale until [`Self::install`] runs again; signals, step counters and credits are kept, so
-    /// the protocol continues where it was (counters stay monotonic). The rank must be idle.
-    /// Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
-    pub fn set_halo(&mut self, halo: RankHalo) -> Result<()> {
+    /// same grid, after atoms migrated): enqueues the upload of the new index maps on `stream`
+    /// (through page-locked staging kept between calls; the allocation is reused when it is large
+    /// enough) and recomputes the grids under the same residency cap. The metadata is stale until
+    /// [`Self::install`] runs again; signals, step counters and credits are kept, so the protocol
+    /// continues where it was (counters stay monotonic). The rank must be idle (`stream` and every
+    /// other stream that launched its kernels). `stream` is the one its launches use: they run
+    /// after the copy in its order; anything on another stream must be ordered after it by the
+    /// caller. Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
+    pub fn set_halo(&mut self, halo: RankHalo, stream: &CudaStream) -> Result<()> {
         let need = SharedSizes::of(std::slice::from_ref(&halo));
         if !self.sizes.holds(&need) {
             return Err(HaloError::InvalidInput(format!(
@@ -306,9 +319,13 @@ impl<T: Element> RankExchange<T> {
             flat.extend_from_slice(&p.index_map);
         }
         if self.maps.len() < flat.len() {
+            // The old maps are no copy's target any more: the rank is idle (the last upload into
+            // them ran on the idle stream).
             self.maps = DeviceBuffer::uninit(self.module.context(), flat.len() + flat.len() / 4)?;
         }
-        self.maps.copy_from_host(&flat)?;
+        // The kernels that read the maps (coordinate and force halos, the staged path's pack and
+        // unpack) launch on `stream`, after this copy.
+        self.map_staging.upload(&flat, &self.maps, stream)?;
         let cap = self.grids.cap;
         self.grids = Grids::for_halo(halo.max_send().max(halo.max_recv()), halo.max_send(), size_of::<T>()).capped(cap);
         self.halo = halo;
@@ -414,8 +431,17 @@ impl<T: Element> RankExchange<T> {
     /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
     /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
     /// decide alike (a direct pair in one direction is direct in the other). `flags` are this
-    /// rank's [`super::credits::flags`]; `signal_mode` says how put-path pulses signal.
+    /// rank's [`super::credits::flags`]; `signal_mode` says how put-path pulses signal. Uploads it
+    /// synchronously (set-up; [`Self::install_deferred`] and [`Self::upload_metadata`] enqueue it).
     pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
+        self.install_deferred(peer, flags, signal_mode)?;
+        self.upload_metadata_now()
+    }
+
+    /// [`Self::install`] on the host only: the metadata reaches the GPU with the next
+    /// [`Self::upload_metadata`] (launches refuse to run before it), so that one copy carries it
+    /// with the changes of [`Self::set_bulk_pulses_deferred`].
+    pub fn install_deferred(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
         let size = size_of::<T>() as u64;
         let n = self.halo.pulses.len();
         if flags.len() != n {
@@ -473,10 +499,38 @@ impl<T: Element> RankExchange<T> {
             }
             metas.push(meta);
         }
-        if !metas.is_empty() {
-            self.meta.copy_from_host(&metas)?;
-        }
         self.host_meta = metas;
+        self.meta_pending = true;
+        Ok(())
+    }
+
+    /// Enqueues on `stream` the upload of the metadata that [`Self::install_deferred`] and
+    /// [`Self::set_bulk_pulses_deferred`] wrote, through page-locked staging kept between calls.
+    /// `stream` must be the one this rank's launches use (they run after the copy in its order;
+    /// the kernels read the metadata at launch), and the rank idle on every other stream. The
+    /// staging memory outlives the copy (see [`Staging::upload`]).
+    pub fn upload_metadata(&mut self, stream: &CudaStream) -> Result<()> {
+        if !self.host_meta.is_empty() {
+            self.meta_staging.upload(&self.host_meta, &self.meta, stream)?;
+        }
+        self.meta_pending = false;
+        Ok(())
+    }
+
+    /// The metadata uploaded synchronously (set-up and tests; the legacy default stream).
+    fn upload_metadata_now(&mut self) -> Result<()> {
+        if !self.host_meta.is_empty() {
+            self.meta.copy_from_host(&self.host_meta)?;
+        }
+        self.meta_pending = false;
+        Ok(())
+    }
+
+    /// An error when the metadata changed on the host since its last upload.
+    fn check_metadata(&self) -> Result<()> {
+        if self.meta_pending {
+            return Err(HaloError::InvalidInput(format!("rank {}: a launch before the new pulse metadata was uploaded", self.rank)));
+        }
         Ok(())
     }
 
@@ -487,8 +541,15 @@ impl<T: Element> RankExchange<T> {
     /// so that this rank waits for a signal there instead of polling words: every rank's flags
     /// must mirror its senders' (the router's plans are symmetric per pair). A pulse can only copy
     /// in bulk to a mapped peer: asking for one whose peer is reached by puts is an error. Call it
-    /// after `install`, between steps (the kernels read the metadata at launch).
+    /// after `install`, between steps (the kernels read the metadata at launch). Uploads it
+    /// synchronously, as [`Self::install`].
     pub fn set_bulk_pulses(&mut self, bulk: &[bool], recv_bulk: &[bool]) -> Result<()> {
+        self.set_bulk_pulses_deferred(bulk, recv_bulk)?;
+        self.upload_metadata_now()
+    }
+
+    /// [`Self::set_bulk_pulses`] on the host only, uploaded by the next [`Self::upload_metadata`].
+    pub fn set_bulk_pulses_deferred(&mut self, bulk: &[bool], recv_bulk: &[bool]) -> Result<()> {
         let n = self.host_meta.len();
         if bulk.len() != n || recv_bulk.len() != n {
             return Err(HaloError::InvalidInput(format!("{} bulk and {} receive-bulk flags for {n} pulses", bulk.len(), recv_bulk.len())));
@@ -503,9 +564,7 @@ impl<T: Element> RankExchange<T> {
             meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
             meta.flags = with_receive_words(meta, rb);
         }
-        if !self.host_meta.is_empty() {
-            self.meta.copy_from_host(&self.host_meta)?;
-        }
+        self.meta_pending = true;
         Ok(())
     }
 
@@ -542,6 +601,7 @@ impl<T: Element> RankExchange<T> {
         if n == 0 {
             return Ok(());
         }
+        self.check_metadata()?;
         let (mut meta, mut pulses, mut x, mut signals, mut state) =
             (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut dep, mut timeout, mut status) =
@@ -591,6 +651,7 @@ impl<T: Element> RankExchange<T> {
         if n == 0 {
             return Ok(());
         }
+        self.check_metadata()?;
         let (mut meta, mut pulses, mut f, mut signals, mut state) =
             (self.meta.device_ptr(), n, self.f.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut timeout, mut status) = (self.counters.device_ptr(), self.timeout_ns, self.status.device_ptr());
@@ -761,9 +822,29 @@ impl<T: Element> RankExchange<T> {
         self.signals.copy_from_host(&vec![value; self.signals.len()])
     }
 
-    /// Copies `data` into the start of the coordinate array (home atoms).
+    /// Copies `data` into the start of the coordinate array (home atoms), synchronously (set-up
+    /// and tests; a search step enqueues it: [`Self::upload_coordinates_async`]).
     pub fn upload_coordinates(&self, data: &[T]) -> Result<()> {
         self.x.copy_from_host(data)
+    }
+
+    /// Enqueues on `stream` the copy of `data` into the start of the coordinate array (at most
+    /// [`RankHalo::home_atoms`] values) through `staging` (page-locked, kept by the caller between
+    /// searches) and returns without waiting. Only home elements are written: peers may already
+    /// store into this rank's halo region (after a replan's barrier) without conflict. Ordering is the
+    /// caller's: the kernels that read home coordinates on another stream (the halo stream's
+    /// coordinate halo) must wait for an event recorded on `stream` after this call, or for a
+    /// synchronisation; the rank must not be replanned or dropped before `stream` ran the copy.
+    pub fn upload_coordinates_async(&self, data: &[T], staging: &mut Staging<T>, stream: &CudaStream) -> Result<()> {
+        if data.len() > self.halo.home_atoms {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: {} home coordinates for a layout of {} home atoms",
+                self.rank,
+                data.len(),
+                self.halo.home_atoms
+            )));
+        }
+        staging.upload(data, &self.x, stream)
     }
 
     /// Number of SMs and the co-resident blocks per SM of the spinning kernels.

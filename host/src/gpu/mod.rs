@@ -5,11 +5,13 @@
 
 mod memory;
 mod module;
+mod staging;
 pub mod wait;
 
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use memory::{DeviceBuffer, DeviceMemory};
 pub use module::{KernelModule, LaunchShape};
+pub use staging::{Staging, grown_capacity};
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use std::sync::Arc;

@@ -77,6 +77,7 @@ impl RankExchange<Float3> {
         if n == 0 {
             return Ok(());
         }
+        self.check_metadata()?;
         let (mut meta, mut pulses, mut x, mut signals, mut state) =
             (self.meta.device_ptr(), n, self.x.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut dep, mut timeout, mut status) =
@@ -96,6 +97,7 @@ impl RankExchange<Float3> {
         if n == 0 {
             return Ok(());
         }
+        self.check_metadata()?;
         let (mut meta, mut pulses, mut f, mut signals, mut state) =
             (self.meta.device_ptr(), n, self.f.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
         let (mut counters, mut timeout, mut status) = (self.counters.device_ptr(), self.timeout_ns, self.status.device_ptr());

@@ -1,0 +1,158 @@
+//! Page-locked staging for host-to-device uploads that are enqueued on a stream, not waited for.
+//!
+//! A synchronous copy from ordinary (pageable) memory blocks the host for the whole transfer and
+//! still may return before its DMA lands. A search step uploads several arrays per rank (home
+//! coordinates, velocities, masses, types, the exchange's index maps and metadata): through a
+//! [`Staging`] each is one host `memcpy` into page-locked memory that is kept between searches and
+//! one asynchronous copy in the stream's order, so the host waits at most once, where ordering is
+//! actually needed (the caller's synchronisation or event).
+//!
+//! The memory is cudarc's [`PinnedHostSlice`] (the mechanism of the MD's page-locked home
+//! read-back, `halo_md::gather`), allocated portable. Its event marks the last copy out of it:
+//! [`Staging::upload`] records it after each copy, and the next upload (or the drop, or a growth)
+//! waits for it before the host writes the memory again, so a staged upload never reads data of
+//! a later one.
+
+use crate::error::{CudaContextExt, HaloError, Result};
+use bytemuck::Pod;
+use cudarc::driver::{CudaContext, CudaStream, HostSlice, PinnedHostSlice, result, sys};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::DeviceMemory;
+
+/// The byte capacity a staging buffer of `capacity` bytes needs for an upload of `need` bytes:
+/// `None` when it holds them already, otherwise `need` with a quarter of headroom (as the device
+/// buffers a search refits grow), so that the slowly changing home counts of later searches fit.
+pub fn grown_capacity(capacity: usize, need: usize) -> Option<usize> {
+    (need > capacity).then(|| need.saturating_add(need / 4))
+}
+
+/// Page-locked host memory, kept and reused, through which uploads of `T`s are enqueued on a
+/// stream ([`Self::upload`]). Empty until the first upload; grown (never shrunk) when an upload
+/// needs more. One staging serves one stream's uploads of one array at a time: the next upload
+/// waits until the previous copy out of it has landed (usually long done), so use one per array
+/// that is uploaded in the same step.
+pub struct Staging<T: Pod> {
+    host: Option<PinnedHostSlice<u8>>,
+    _marker: PhantomData<T>,
+}
+
+impl<T: Pod> Default for Staging<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Pod> std::fmt::Debug for Staging<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging").field("capacity", &self.capacity()).finish()
+    }
+}
+
+impl<T: Pod> Staging<T> {
+    /// An empty staging (allocates nothing until the first upload).
+    pub fn new() -> Self {
+        Self { host: None, _marker: PhantomData }
+    }
+
+    /// Elements it holds without growing.
+    pub fn capacity(&self) -> usize {
+        self.host.as_ref().map_or(0, |h| h.len() / size_of::<T>().max(1))
+    }
+
+    /// Enqueues on `stream` the copy of `data` into elements `0..data.len()` of `dst`, through this
+    /// page-locked memory, and returns without waiting for it. The host waits only for the
+    /// previous copy out of this staging (before overwriting it) and when the memory must grow.
+    ///
+    /// Ordering is the caller's: the copy runs in `stream`'s order, so work later on `stream` sees
+    /// the data, and work on any other stream (or the legacy default stream) must be ordered after
+    /// it by an event recorded on `stream` or a synchronisation. `dst` must stay allocated until the
+    /// copy has run (free it only after `stream` is idle). `stream` must belong to `dst`'s context.
+    pub fn upload(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), stream: &CudaStream) -> Result<()> {
+        if data.len() > dst.len() {
+            return Err(HaloError::InvalidInput(format!("staged upload of {} elements into a buffer of {}", data.len(), dst.len())));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let ctx = stream.context();
+        if ctx.cu_ctx() != dst.context().cu_ctx() {
+            return Err(HaloError::InvalidInput(format!(
+                "staged upload into GPU {}'s memory on a stream of GPU {}",
+                dst.context().ordinal(),
+                ctx.ordinal()
+            )));
+        }
+        ctx.bind_to_thread().during("binding the context")?;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let host = self.reserve(ctx, bytes.len())?;
+        // Waits for the event of the last copy out of this memory (a no-op when none is pending).
+        let room = host.as_mut_slice().during("waiting for the last upload out of the staging memory")?;
+        room[..bytes.len()].copy_from_slice(bytes);
+        // SAFETY: the slice is used with `stream` only (the copy below); the guard makes `stream`
+        // wait for the staging's event first (already done on the host above) and records it on
+        // `stream` when dropped, after the copy is enqueued, so that the next host write waits for
+        // this copy. The source is page-locked memory owned by `self`, which outlives the copy:
+        // every later write, a growth and the drop of `PinnedHostSlice` wait for that event first.
+        let (src, record) = unsafe { host.stream_synced_slice(stream) };
+        // SAFETY: `dst` holds at least `data.len()` elements (checked above) and, by this method's
+        // contract, stays allocated until `stream` has run the copy; `src` holds `bytes.len()`.
+        let copied = unsafe { result::memcpy_htod_async(dst.device_ptr(), &src[..bytes.len()], stream.cu_stream()) };
+        drop(record);
+        copied.during("enqueuing a staged upload to the GPU")
+    }
+
+    /// The page-locked memory, holding at least `bytes` and of `ctx` (its event is recorded on
+    /// `ctx`'s streams): reallocated when too small or of another context, after the copies out of
+    /// the old memory have landed.
+    fn reserve(&mut self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<&mut PinnedHostSlice<u8>> {
+        let have = self.host.as_ref().filter(|h| h.context().cu_ctx() == ctx.cu_ctx()).map_or(0, PinnedHostSlice::len);
+        if let Some(len) = grown_capacity(have, bytes) {
+            if let Some(old) = self.host.take() {
+                // Its drop would wait too, but could not report a failure.
+                old.as_ptr().during("waiting for the last upload out of the staging memory")?;
+            }
+            // SAFETY: the contents are written (by `upload`) before any copy reads them.
+            let fresh = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                .during_with(|| format!("allocating {len} bytes of page-locked staging memory"))?;
+            self.host = Some(fresh);
+        }
+        self.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no staging memory after reserving it".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_grows_with_a_quarter_of_headroom_only_when_an_upload_needs_more() {
+        assert_eq!(grown_capacity(0, 0), None, "nothing to stage allocates nothing");
+        assert_eq!(grown_capacity(0, 1), Some(1));
+        assert_eq!(grown_capacity(0, 270_000), Some(337_500));
+        assert_eq!(grown_capacity(337_500, 270_000), None, "a later, smaller search reuses the memory");
+        assert_eq!(grown_capacity(337_500, 337_500), None);
+        assert_eq!(grown_capacity(337_500, 337_501), Some(421_876));
+        assert_eq!(grown_capacity(10, usize::MAX), Some(usize::MAX), "saturates instead of overflowing");
+        // A home count that drifts by a few percent between searches allocates once.
+        let mut cap = 0;
+        let mut allocations = 0;
+        for need in [270_000usize, 275_000, 262_000, 280_000, 300_000, 290_000, 310_000] {
+            if let Some(c) = grown_capacity(cap, need) {
+                cap = c;
+                allocations += 1;
+            }
+            assert!(cap >= need);
+        }
+        assert_eq!(allocations, 1);
+    }
+
+    #[test]
+    fn an_empty_staging_holds_nothing_and_allocates_nothing() {
+        let s = Staging::<[f32; 3]>::new();
+        assert_eq!(s.capacity(), 0);
+        assert_eq!(format!("{s:?}"), "Staging { capacity: 0 }");
+        assert_eq!(Staging::<u32>::default().capacity(), 0);
+    }
+}
