@@ -364,7 +364,8 @@ impl NbnxmGpu {
             None => self.search.insert(GpuSearch::new(&self.module)?),
         };
         let (module, lists, grid) = (&self.module, &mut self.lists, &self.grid);
-        let max_j = SearchOptions::new(self.setup.rlist).max_j_per_entry;
+        // The entry length alone (options would count the cores, which this search does not use).
+        let max_j = SearchOptions::MAX_J_PER_ENTRY;
         let done = search.run(module, grid, self.setup.rlist, max_j, stream, &mut |t| {
             Ok([lists[0].reserve(module, t.entries[0], t.words[0])?, lists[1].reserve(module, t.entries[1], t.words[1])?])
         });

@@ -18,6 +18,7 @@
 
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
+use super::local::ZoneFacts;
 use super::{LocalAtoms, NbnxmError};
 use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
@@ -116,27 +117,26 @@ impl ZonePlan {
         Self::new((n > 0).then_some((0, n, BBox { lo: [0.0; 3], hi: box_size })))
     }
 
-    /// The zones of `atoms` (validated: every zone below 8), each with the extent the host grid
-    /// gives it: the whole box along periodic dimensions, the bounding box of its atoms along the
-    /// others, in the same `f32::min`/`max` over its atoms in the same (ascending) order.
+    /// The zones of valid atoms with these facts ([`LocalAtoms::zone_facts`]): every zone with
+    /// atoms, with the extent the host grid gives it (the whole box along periodic dimensions, the
+    /// bounding box of its atoms along the others).
+    fn of(facts: &ZoneFacts) -> Self {
+        Self::new((0..8u8).filter(|&z| facts.count[usize::from(z)] > 0).map(|z| (z, facts.count[usize::from(z)], facts.extent[usize::from(z)])))
+    }
+
+    /// The zones of `atoms` (validated: every zone below 8), atom by atom in ascending order: the
+    /// reference of [`Self::checked`] ([`LocalAtoms::zone_facts_by_atom`], the `f32::min`/`max` fold
+    /// the host grid takes its extents from).
+    #[cfg(test)]
     pub(crate) fn local(atoms: &LocalAtoms) -> Self {
-        let mut count = [0usize; 8];
-        let mut extent = [BBox::EMPTY; 8];
-        let open: Vec<usize> = (0..3).filter(|&d| !atoms.periodic[d]).collect();
-        for (p, &z) in atoms.positions.iter().zip(&atoms.zones) {
-            let (z, v) = (usize::from(z), [p.x, p.y, p.z]);
-            count[z] += 1;
-            for &d in &open {
-                extent[z].lo[d] = extent[z].lo[d].min(v[d]);
-                extent[z].hi[d] = extent[z].hi[d].max(v[d]);
-            }
-        }
-        for e in &mut extent {
-            for d in (0..3).filter(|&d| atoms.periodic[d]) {
-                (e.lo[d], e.hi[d]) = (0.0, atoms.box_size[d]);
-            }
-        }
-        Self::new((0..8u8).filter(|&z| count[usize::from(z)] > 0).map(|z| (z, count[usize::from(z)], extent[usize::from(z)])))
+        Self::of(&atoms.zone_facts_by_atom())
+    }
+
+    /// The zones of `atoms`, checked as [`LocalAtoms::validate`] checks them (the same error for
+    /// invalid atoms), in one pass over the atoms ([`LocalAtoms::zone_facts`]): the plan of
+    /// [`LocalAtoms::zone_facts_by_atom`] for valid atoms.
+    pub(crate) fn checked(atoms: &LocalAtoms) -> std::result::Result<Self, NbnxmError> {
+        Ok(Self::of(&atoms.zone_facts()?))
     }
 }
 
@@ -357,12 +357,12 @@ impl DeviceGrid {
     pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
         self.held = None;
         self.built = None;
-        atoms.validate().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        // The checks and the zones' shape in one pass over the atoms.
+        let plan = ZonePlan::checked(atoms).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let n = atoms.len();
         if n >= u32::MAX as usize {
             return Err(HaloError::InvalidInput(format!("GPU cluster grid: {n} atoms, more than a u32 index holds")));
         }
-        let plan = ZonePlan::local(atoms);
         let s = &mut self.scratch;
         grow(module, &mut s.x, n)?;
         grow(module, &mut s.types, n)?;
@@ -690,6 +690,8 @@ mod tests {
     fn check_local(what: &str, a: &LocalAtoms) {
         let want = ClusterGrid::build(a).unwrap();
         let (got, table, flat) = passes(a, &ZonePlan::local(a));
+        // The plan `build_local` makes in one pass is the atom-by-atom one.
+        assert_eq!(ZonePlan::checked(a).unwrap(), ZonePlan::local(a), "{what}: one-pass plan");
         assert_eq!(got, want, "{what}");
         assert_eq!((table, flat), DeviceGrid::search_tables(&want), "{what}: search tables");
     }

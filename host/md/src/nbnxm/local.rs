@@ -11,6 +11,7 @@
 //! `md_reference::assign_pairs` (see `docs/nbnxm.md`). Zones are integers from the plan's cells,
 //! so no rounding can make two ranks disagree.
 
+use super::grid::BBox;
 use super::{DIMS, NbnxmError};
 use crate::abi::Float3;
 use crate::decomp::{HaloPlan, PlanError, wrap_position, wrap_positions};
@@ -195,18 +196,35 @@ impl LocalAtoms {
         self.positions.is_empty()
     }
 
+    /// The bounds every coordinate must lie in (`lo <= v < hi`, which rejects NaN and the
+    /// infinities too): `[0, edge)` along periodic dimensions, any finite value along the others.
+    fn bounds(&self) -> ([f32; 3], [f32; 3]) {
+        let lo: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { 0.0 } else { -f32::MAX });
+        let hi: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { self.box_size[d] } else { f32::INFINITY });
+        (lo, hi)
+    }
+
     /// Whether every coordinate is finite, and inside `[0, edge)` along periodic dimensions: one
     /// branch-free pass (the common case); [`Self::validate`] then looks for the first bad one.
     fn positions_in_range(&self) -> bool {
-        // `lo <= v < hi` rejects NaN and the infinities too.
-        let lo: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { 0.0 } else { -f32::MAX });
-        let hi: [f32; 3] = std::array::from_fn(|d| if self.periodic[d] { self.box_size[d] } else { f32::INFINITY });
+        let (lo, hi) = self.bounds();
         all_in(&self.positions, lo, hi)
     }
 
-    /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
-    /// consistent with the home count, and types below `ntypes`.
-    pub fn validate(&self) -> Result<(), NbnxmError> {
+    /// Whether the home atoms are zone 0 and the others zones 1 to 7: branch-free passes (the
+    /// common case); [`Self::validate`] then looks for the first bad one.
+    fn zones_ok(&self) -> bool {
+        self.zones[..self.home].iter().fold(0, |a, &z| a | z) == 0 && self.zones[self.home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8))
+    }
+
+    /// Whether every type is below `ntypes`: a branch-free pass.
+    fn types_ok(&self) -> bool {
+        (self.types.iter().fold(0, |m, &t| m.max(t)) as usize) < self.ntypes
+    }
+
+    /// The checks of [`Self::validate`] before any per-atom one: lengths, the home count, the box
+    /// (what the per-atom passes rely on).
+    fn check_shape(&self) -> Result<(), NbnxmError> {
         let n = self.positions.len();
         for (what, found) in [("atom types", self.types.len()), ("zones", self.zones.len())] {
             if found != n {
@@ -219,6 +237,13 @@ impl LocalAtoms {
         if !self.box_size.iter().all(|l| l.is_finite() && *l > 0.0) {
             return Err(NbnxmError::Setup(format!("box {:?} must have positive finite edges", self.box_size)));
         }
+        Ok(())
+    }
+
+    /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
+    /// consistent with the home count, and types below `ntypes`.
+    pub fn validate(&self) -> Result<(), NbnxmError> {
+        self.check_shape()?;
         if !self.positions_in_range() {
             for (atom, p) in self.positions.iter().enumerate() {
                 for (d, value) in [p.x, p.y, p.z].into_iter().enumerate() {
@@ -231,23 +256,150 @@ impl LocalAtoms {
                 }
             }
         }
-        // Branch-free passes first (the common case); the loops below find the first bad entry.
-        let zones_ok = self.zones[..self.home].iter().fold(0, |a, &z| a | z) == 0
-            && self.zones[self.home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8));
-        if !zones_ok {
+        if !self.zones_ok() {
             for (atom, &zone) in self.zones.iter().enumerate() {
                 if (atom < self.home) != (zone == 0) || zone >= 8 {
                     return Err(NbnxmError::Zone { atom, zone, home: self.home });
                 }
             }
         }
-        let beyond = self.types.iter().fold(0, |m, &t| m.max(t)) as usize >= self.ntypes;
-        if beyond && let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
+        if !self.types_ok() && let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
             return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
         }
         Ok(())
     }
+
+    /// [`Self::validate`] and, for valid atoms, their [`ZoneFacts`] (what [`Self::zone_facts_by_atom`]
+    /// gives, bit for bit) in one pass over the coordinates: the atoms in runs of one zone (the
+    /// home atoms are one run), each run's coordinates checked against the bounds and folded into
+    /// its lowest and highest coordinate per dimension, a block of positions at a time without a
+    /// branch (see [`scan`]). Invalid atoms are the error [`Self::validate`] gives, found by it.
+    ///
+    /// The runs' minima and maxima are values of the zone's coordinates, so where one is not zero
+    /// it is the atom-by-atom fold's to the bit (two equal floats other than zeros have one
+    /// encoding); a zero bound (which of `0.0` and `-0.0` the fold keeps depends on the atoms'
+    /// order) is taken from the atom-by-atom fold instead.
+    pub(crate) fn zone_facts(&self) -> Result<ZoneFacts, NbnxmError> {
+        self.check_shape()?;
+        let (lo, hi) = self.bounds();
+        let (n, home) = (self.len(), self.home);
+        let mut facts = ZoneFacts { count: [0; 8], extent: [BBox::EMPTY; 8] };
+        let mut fine = self.zones_ok() && self.types_ok();
+        let mut start = 0;
+        // Zones checked: the home atoms are zone 0, every other one a zone from 1 to 7.
+        while fine && start < n {
+            let z = self.zones[start];
+            let end = if start < home { home } else { start + self.zones[start..].iter().position(|&y| y != z).unwrap_or(n - start) };
+            let s = scan(&self.positions[start..end], lo, hi);
+            fine &= s.in_range;
+            let (count, e) = (&mut facts.count[usize::from(z)], &mut facts.extent[usize::from(z)]);
+            *count += end - start;
+            for d in 0..3 {
+                e.lo[d] = if s.lo[d] < e.lo[d] { s.lo[d] } else { e.lo[d] };
+                e.hi[d] = if s.hi[d] > e.hi[d] { s.hi[d] } else { e.hi[d] };
+            }
+            start = end;
+        }
+        if !fine {
+            // The first bad entry, as `validate` names it (it finds one: the flags above are its).
+            self.validate()?;
+            return Ok(self.zone_facts_by_atom());
+        }
+        let mut zero = false;
+        for (e, &count) in facts.extent.iter_mut().zip(&facts.count) {
+            for d in 0..3 {
+                if self.periodic[d] {
+                    (e.lo[d], e.hi[d]) = (0.0, self.box_size[d]);
+                } else {
+                    zero |= count > 0 && (e.lo[d] == 0.0 || e.hi[d] == 0.0);
+                }
+            }
+        }
+        Ok(if zero { self.zone_facts_by_atom() } else { facts })
+    }
+
+    /// The [`ZoneFacts`] of valid atoms atom by atom, in ascending order: the reference of
+    /// [`Self::zone_facts`], in the `f32::min`/`max` fold over each zone's atoms that the host grid
+    /// takes its zones' extents from.
+    pub(crate) fn zone_facts_by_atom(&self) -> ZoneFacts {
+        let mut facts = ZoneFacts { count: [0; 8], extent: [BBox::EMPTY; 8] };
+        let open: Vec<usize> = (0..3).filter(|&d| !self.periodic[d]).collect();
+        for (p, &z) in self.positions.iter().zip(&self.zones) {
+            let (z, v) = (usize::from(z), [p.x, p.y, p.z]);
+            facts.count[z] += 1;
+            for &d in &open {
+                facts.extent[z].lo[d] = facts.extent[z].lo[d].min(v[d]);
+                facts.extent[z].hi[d] = facts.extent[z].hi[d].max(v[d]);
+            }
+        }
+        for e in &mut facts.extent {
+            for d in (0..3).filter(|&d| self.periodic[d]) {
+                (e.lo[d], e.hi[d]) = (0.0, self.box_size[d]);
+            }
+        }
+        facts
+    }
 }
+
+/// What the grid needs to know of valid atoms' zones before it sorts them: atoms per zone, and
+/// each zone's extent: the whole box `[0, edge]` along periodic dimensions, the bounding box of the
+/// zone's atoms along the others ([`BBox::EMPTY`] there for a zone without atoms).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ZoneFacts {
+    /// Atoms of every zone.
+    pub(crate) count: [usize; 8],
+    /// Extent of every zone.
+    pub(crate) extent: [BBox; 8],
+}
+
+/// What [`scan`] finds of a run of positions.
+struct Scan {
+    /// Whether every coordinate lies in the bounds.
+    in_range: bool,
+    /// The lowest coordinate along each dimension (`inf` without positions).
+    lo: [f32; 3],
+    /// The highest (`-inf` without positions).
+    hi: [f32; 3],
+}
+
+/// [`all_in`] of `positions`, and their lowest and highest coordinates per dimension, in one
+/// branch-free pass: [`SCAN_BLOCK`] positions at a time, each lane of the block (one coordinate
+/// of one position) keeping its own out-of-range word (a `u32`: it vectorizes better than a
+/// `bool`), minimum and maximum, so that the compiler vectorizes the loop; the lanes of a dimension
+/// are folded at the end. A minimum or maximum is a value of
+/// the coordinates (`v < m` selects, NaN never; with NaN among them `in_range` is false).
+fn scan(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> Scan {
+    const LANES: usize = 3 * SCAN_BLOCK;
+    let lo_block: [f32; LANES] = std::array::from_fn(|i| lo[i % 3]);
+    let hi_block: [f32; LANES] = std::array::from_fn(|i| hi[i % 3]);
+    let (mut ok, mut min, mut max) = ([0u32; LANES], [f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
+    let coords: &[f32] = bytemuck::cast_slice(positions);
+    let blocks = coords.chunks_exact(LANES);
+    // The rest is a whole number of positions: its lanes are the same dimensions.
+    let rest = blocks.remainder();
+    let mut lane = |i: usize, v: f32| {
+        ok[i] |= u32::from(!((v >= lo_block[i]) & (v < hi_block[i])));
+        min[i] = if v < min[i] { v } else { min[i] };
+        max[i] = if v > max[i] { v } else { max[i] };
+    };
+    for c in blocks {
+        // Always a whole block (`chunks_exact`): a fixed length, unrolled and vectorized.
+        if let Ok(c) = <&[f32; LANES]>::try_from(c) {
+            (0..LANES).for_each(|i| lane(i, c[i]));
+        }
+    }
+    rest.iter().enumerate().for_each(|(i, &v)| lane(i, v));
+    let mut s = Scan { in_range: ok.iter().fold(0, |a, &o| a | o) == 0, lo: [f32::INFINITY; 3], hi: [f32::NEG_INFINITY; 3] };
+    for i in 0..LANES {
+        let d = i % 3;
+        s.lo[d] = if min[i] < s.lo[d] { min[i] } else { s.lo[d] };
+        s.hi[d] = if max[i] > s.hi[d] { max[i] } else { s.hi[d] };
+    }
+    s
+}
+
+/// Positions per block of [`scan`].
+const SCAN_BLOCK: usize = 8;
 
 /// Whether every position lies in `lo..hi` along every dimension (`lo <= v < hi`: false for NaN),
 /// without a branch: the coordinates read as one flat array, [`ALL_IN_BLOCK`] positions at a
@@ -490,6 +642,145 @@ mod tests {
         assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 1, dim: "x", .. })));
     }
 
+
+    /// Facts as bits (`PartialEq` on floats would let 0.0 equal -0.0).
+    fn fact_bits(f: &ZoneFacts) -> ([usize; 8], Vec<u32>) {
+        (f.count, f.extent.iter().flat_map(|e| e.lo.iter().chain(&e.hi).map(|v| v.to_bits())).collect())
+    }
+
+    /// Random valid atoms: `n` atoms, `home` of them home, the halo in runs of one zone (or one
+    /// zone per atom), coordinates inside the box along periodic dimensions and anywhere finite
+    /// along the others, with zeros of both signs, box edges and repeated values mixed in.
+    fn random_atoms(rng: &mut rand_chacha::ChaCha8Rng, n: usize, periodic: [bool; 3]) -> LocalAtoms {
+        use rand::Rng;
+        let b = [3.0f32, 2.5, 4.0];
+        let home = if rng.random_range(0..4) == 0 { 0 } else { rng.random_range(0..=n) };
+        let mut zones = vec![0u8; n];
+        let mut i = home;
+        while i < n {
+            let run = if rng.random_range(0..3) == 0 { 1 } else { rng.random_range(1..40) };
+            let z = rng.random_range(1..8u8);
+            zones[i..(i + run).min(n)].fill(z);
+            i += run;
+        }
+        let special = |rng: &mut rand_chacha::ChaCha8Rng, d: usize| -> f32 {
+            let open = [0.0f32, -0.0, b[d], -b[d], 1e-30, -1e-30, 1.25, -f32::MAX, f32::MAX];
+            let inside = [0.0f32, -0.0, b[d].next_down(), 1e-30, 1.25];
+            if periodic[d] { inside[rng.random_range(0..inside.len())] } else { open[rng.random_range(0..open.len())] }
+        };
+        let positions = (0..n)
+            .map(|_| {
+                let v: [f32; 3] = std::array::from_fn(|d| match rng.random_range(0..6) {
+                    0 => special(rng, d),
+                    _ if periodic[d] => rng.random::<f32>() * b[d].next_down(),
+                    _ => rng.random_range(-2.0..2.0) * b[d],
+                });
+                Float3::new(v[0], v[1], v[2])
+            })
+            .collect();
+        let types = (0..n).map(|_| rng.random_range(0..3)).collect();
+        LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3 }
+    }
+
+    #[test]
+    fn zone_facts_are_the_atom_by_atom_facts() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        // Lengths around the scan's block and runs, every mix of periodic dimensions.
+        for &n in &[0usize, 1, 2, 7, 8, 9, 23, 24, 25, 100, 517] {
+            for k in 0..24 {
+                let periodic = [k & 1 != 0, k & 2 != 0, k & 4 != 0];
+                let a = random_atoms(&mut rng, n, periodic);
+                a.validate().unwrap();
+                assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{n} atoms, {periodic:?}");
+                // Without the zeros and edges too (the fast bounds, no fallback), and with every
+                // coordinate one value (ties everywhere).
+                let mut b = a.clone();
+                for p in &mut b.positions {
+                    let f = |v: f32| if v == 0.0 { 0.5 } else { v };
+                    *p = Float3::new(f(p.x), f(p.y), f(p.z));
+                }
+                assert_eq!(fact_bits(&b.zone_facts().unwrap()), fact_bits(&b.zone_facts_by_atom()), "{n} atoms, {periodic:?}, no zeros");
+                b.positions.iter_mut().for_each(|p| *p = Float3::new(1.5, 1.5, 1.5));
+                assert_eq!(fact_bits(&b.zone_facts().unwrap()), fact_bits(&b.zone_facts_by_atom()), "{n} atoms, {periodic:?}, one value");
+            }
+        }
+        // Zeros of both signs in either order, alone in a zone and among others.
+        for (xs, periodic) in [(&[-0.0f32, 0.0][..], [false; 3]), (&[0.0, -0.0], [false; 3]), (&[0.0, 1.0, -0.0, -1.0], [false, true, true])] {
+            let n = xs.len();
+            let positions: Vec<Float3> = xs.iter().map(|&x| Float3::new(x, 0.5, -0.0)).collect();
+            let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic, ntypes: 1 };
+            assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{xs:?}");
+        }
+        // Zeros of both signs as the lowest (or highest) coordinate at any two places, in either
+        // order: the scan's lanes meet them in another order than the atoms come.
+        let n = 20;
+        for (i, j) in (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))) {
+            for (first, sign) in [(0.0f32, 1.0f32), (-0.0, 1.0), (0.0, -1.0), (-0.0, -1.0)] {
+                let mut x = vec![sign; n];
+                (x[i], x[j]) = (first, -first);
+                let positions: Vec<Float3> = x.iter().map(|&v| Float3::new(v, 0.5, v)).collect();
+                let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic: [false, true, false], ntypes: 1 };
+                assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "zeros at {i} and {j}, {first} first");
+            }
+        }
+        // Every rank's atoms of real plans.
+        let sys = MolecularSystem::generate(6_000, 3).unwrap();
+        for dims in [[1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [3, 1, 2]] {
+            let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for r in 0..plan.ranks.len() {
+                let a = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
+                assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{dims:?} rank {r}");
+            }
+        }
+        let _ = rng.random::<u8>();
+    }
+
+    #[test]
+    fn zone_facts_refuse_what_validate_refuses_with_its_error() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
+        let bad_values = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1e-30, 2.5, 4.0, 7.0, -f32::MAX];
+        for round in 0..400 {
+            let periodic = [rng.random::<bool>(), rng.random::<bool>(), rng.random::<bool>()];
+            let n = rng.random_range(1..80);
+            let mut a = random_atoms(&mut rng, n, periodic);
+            // One to three faults anywhere: a coordinate, a zone, a type, the shape.
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..n);
+                match rng.random_range(0..8) {
+                    0..=2 => {
+                        let mut c = [a.positions[at].x, a.positions[at].y, a.positions[at].z];
+                        c[rng.random_range(0..3)] = bad_values[rng.random_range(0..bad_values.len())];
+                        a.positions[at] = Float3::new(c[0], c[1], c[2]);
+                    }
+                    3 => a.zones[at] = [0u8, 1, 7, 8, 200][rng.random_range(0..5)],
+                    4 => {
+                        // (The types may be one short already.)
+                        if let Some(t) = a.types.get_mut(at) {
+                            *t = rng.random_range(3..9);
+                        }
+                    }
+                    5 => a.ntypes = rng.random_range(0..3),
+                    6 => match rng.random_range(0..4) {
+                        0 => a.home = n + 1,
+                        1 => {
+                            a.types.pop();
+                        }
+                        2 => a.zones.push(0),
+                        _ => a.box_size[rng.random_range(0..3)] = [0.0, -1.0, f32::NAN, f32::INFINITY][rng.random_range(0..4)],
+                    },
+                    _ => a.home = rng.random_range(0..=n),
+                }
+            }
+            match (a.validate(), a.zone_facts()) {
+                (Ok(()), Ok(f)) => assert_eq!(fact_bits(&f), fact_bits(&a.zone_facts_by_atom()), "round {round}"),
+                // Compared as text: a NaN in an error is not equal to itself.
+                (Err(e), Err(f)) => assert_eq!(format!("{e:?}"), format!("{f:?}"), "round {round}"),
+                (v, f) => panic!("round {round}: validate {v:?}, zone facts {f:?}"),
+            }
+        }
+    }
 
     /// Every rank's local positions as [`crate::decomp::redecompose`] hands them over (aligned
     /// with the plan's global ids, wrapped), or `unwrapped`: each id's position as given.

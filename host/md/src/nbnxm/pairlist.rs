@@ -22,6 +22,7 @@ use super::grid::{BBox, ClusterGrid, ZoneScratch};
 use super::local::LocalAtoms;
 use crate::abi::{NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_MASK_BITS, NbnxmEntry, nbnxm_entry_split};
 use crate::workers::Workers;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const SC: usize = NBNXM_CLUSTERS_PER_SUPER as usize;
@@ -41,10 +42,17 @@ pub struct SearchOptions {
 }
 
 impl SearchOptions {
-    /// `rlist` with 32 j-clusters per entry and one thread per core (at most 16).
+    /// The longest j-list of one entry by default ([`Self::new`]'s, the GPU search's).
+    pub const MAX_J_PER_ENTRY: usize = 32;
+
+    /// `rlist` with [`Self::MAX_J_PER_ENTRY`] j-clusters per entry and one thread per core (at
+    /// most 16; the cores counted once per process: `available_parallelism` reads the cgroup's
+    /// quota files on every call, tens of microseconds, and a search step makes options at every
+    /// search).
     pub fn new(rlist: f32) -> Self {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-        Self { rlist, max_j_per_entry: 32, threads }
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let threads = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(16));
+        Self { rlist, max_j_per_entry: Self::MAX_J_PER_ENTRY, threads }
     }
 }
 
