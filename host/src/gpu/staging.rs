@@ -8,14 +8,16 @@
 //! actually needed (the caller's synchronisation or event).
 //!
 //! The memory is cudarc's [`PinnedHostSlice`] (the mechanism of the MD's page-locked home
-//! read-back, `halo_md::gather`), allocated portable. Its event marks the last copy out of it:
-//! [`Staging::upload`] records it after each copy, and the next upload (or the drop, or a growth)
-//! waits for it before the host writes the memory again, so a staged upload never reads data of
-//! a later one.
+//! read-back, `halo_md::gather`), allocated portable. An event of the staging's own marks the last
+//! copy out of it: [`Staging::upload`] records it after each copy, and the next upload (or the
+//! drop, or a growth) waits for it before the host writes or frees the memory again, so a staged
+//! upload never reads data of a later one. (Not the slice's built-in event: cudarc records that
+//! only in contexts that track events, and halo's contexts do not, `gpu::open`; waiting on it
+//! would wait for nothing.)
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use bytemuck::Pod;
-use cudarc::driver::{CudaContext, CudaStream, HostSlice, PinnedHostSlice, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice, result, sys};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -34,8 +36,29 @@ pub fn grown_capacity(capacity: usize, need: usize) -> Option<usize> {
 /// waits until the previous copy out of it has landed (usually long done), so use one per array
 /// that is uploaded in the same step.
 pub struct Staging<T: Pod> {
-    host: Option<PinnedHostSlice<u8>>,
+    host: Option<Held>,
     _marker: PhantomData<T>,
+}
+
+/// The page-locked memory and the event recorded after the last copy out of it.
+struct Held {
+    mem: PinnedHostSlice<u8>,
+    copied: CudaEvent,
+}
+
+impl Held {
+    /// Waits until the last copy out of the memory has run (at once when none was enqueued).
+    fn wait(&self) -> Result<()> {
+        self.copied.synchronize().during("waiting for the last upload out of the staging memory")
+    }
+}
+
+impl Drop for Held {
+    /// Frees the memory only after the last copy out of it ran (a failed wait cannot be reported
+    /// here; the context is then broken anyway).
+    fn drop(&mut self) {
+        let _ = self.copied.synchronize();
+    }
 }
 
 impl<T: Pod> Default for Staging<T> {
@@ -58,7 +81,7 @@ impl<T: Pod> Staging<T> {
 
     /// Elements it holds without growing.
     pub fn capacity(&self) -> usize {
-        self.host.as_ref().map_or(0, |h| h.len() / size_of::<T>().max(1))
+        self.host.as_ref().map_or(0, |h| h.mem.len() / size_of::<T>().max(1))
     }
 
     /// Enqueues on `stream` the copy of `data` into elements `0..data.len()` of `dst`, through this
@@ -86,37 +109,35 @@ impl<T: Pod> Staging<T> {
         }
         ctx.bind_to_thread().during("binding the context")?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let host = self.reserve(ctx, bytes.len())?;
-        // Waits for the event of the last copy out of this memory (a no-op when none is pending).
-        let room = host.as_mut_slice().during("waiting for the last upload out of the staging memory")?;
+        let held = self.reserve(ctx, bytes.len())?;
+        // The last copy out of this memory must have run before the host overwrites it.
+        held.wait()?;
+        let room = held.mem.as_mut_slice().during("reaching the staging memory")?;
         room[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY: the slice is used with `stream` only (the copy below); the guard makes `stream`
-        // wait for the staging's event first (already done on the host above) and records it on
-        // `stream` when dropped, after the copy is enqueued, so that the next host write waits for
-        // this copy. The source is page-locked memory owned by `self`, which outlives the copy:
-        // every later write, a growth and the drop of `PinnedHostSlice` wait for that event first.
-        let (src, record) = unsafe { host.stream_synced_slice(stream) };
         // SAFETY: `dst` holds at least `data.len()` elements (checked above) and, by this method's
-        // contract, stays allocated until `stream` has run the copy; `src` holds `bytes.len()`.
-        let copied = unsafe { result::memcpy_htod_async(dst.device_ptr(), &src[..bytes.len()], stream.cu_stream()) };
-        drop(record);
-        copied.during("enqueuing a staged upload to the GPU")
+        // contract, stays allocated until `stream` has run the copy. The source is page-locked
+        // memory owned by `self` holding `bytes.len()` bytes; it outlives the copy, since every
+        // later write, a growth and the drop wait for the event recorded just after it.
+        unsafe { result::memcpy_htod_async(dst.device_ptr(), &room[..bytes.len()], stream.cu_stream()) }
+            .during("enqueuing a staged upload to the GPU")?;
+        held.copied.record(stream).during("recording the staged upload's event")
     }
 
     /// The page-locked memory, holding at least `bytes` and of `ctx` (its event is recorded on
     /// `ctx`'s streams): reallocated when too small or of another context, after the copies out of
     /// the old memory have landed.
-    fn reserve(&mut self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<&mut PinnedHostSlice<u8>> {
-        let have = self.host.as_ref().filter(|h| h.context().cu_ctx() == ctx.cu_ctx()).map_or(0, PinnedHostSlice::len);
+    fn reserve(&mut self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<&mut Held> {
+        let have = self.host.as_ref().filter(|h| h.mem.context().cu_ctx() == ctx.cu_ctx()).map_or(0, |h| h.mem.len());
         if let Some(len) = grown_capacity(have, bytes) {
             if let Some(old) = self.host.take() {
                 // Its drop would wait too, but could not report a failure.
-                old.as_ptr().during("waiting for the last upload out of the staging memory")?;
+                old.wait()?;
             }
             // SAFETY: the contents are written (by `upload`) before any copy reads them.
-            let fresh = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
+            let mem = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
                 .during_with(|| format!("allocating {len} bytes of page-locked staging memory"))?;
-            self.host = Some(fresh);
+            let copied = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).during("creating the staging's event")?;
+            self.host = Some(Held { mem, copied });
         }
         self.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no staging memory after reserving it".into()))
     }
