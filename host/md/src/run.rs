@@ -104,7 +104,7 @@ pub struct MdConfig {
 
 impl MdConfig {
     /// `atoms` atoms on `grid` with the defaults: cutoff 1 nm, nstlist 100 with the buffer rule
-    /// (drift tolerance [`DEFAULT_DRIFT_TOLERANCE`]), inner lists pruned every 10 steps, lists searched
+    /// (drift tolerance [`DEFAULT_DRIFT_TOLERANCE`]), inner lists pruned every 50 steps, lists searched
     /// on the GPU (entirely, on one rank), 2 fs, fused transport, every step checked, no energy
     /// records.
     pub fn new(atoms: usize, grid: RankGrid) -> Self {
@@ -116,7 +116,7 @@ impl MdConfig {
             inner_buffer: None,
             buffer_tolerance: DEFAULT_DRIFT_TOLERANCE,
             nstlist: 100,
-            nstprune: 10,
+            nstprune: 50,
             dt: 0.002,
             steps: 100,
             seed: 1,
@@ -1182,9 +1182,9 @@ mod tests {
         let sys = MolecularSystem::generate(6000, 1).unwrap();
         let mut cfg = MdConfig::new(6000, RankGrid::new([2, 1, 1]).unwrap());
         let rule = cfg.list_setup(&sys).unwrap();
-        assert_eq!((rule.nstlist, rule.nstprune), (100, 10));
+        assert_eq!((rule.nstlist, rule.nstprune), (100, 50));
         // The drift-based buffer at DEFAULT_DRIFT_TOLERANCE (docs/nbnxm.md: 0.063 nm at nstlist
-        // 100, none for the inner list at nstprune 10); a stricter tolerance buys a larger buffer.
+        // 100, none for the inner list at nstprune 50); a stricter tolerance buys a larger buffer.
         assert!(rule.rlist > 1.04 && rule.rlist < 1.09 && rule.rlist_inner == 1.0, "{rule:?}");
         let strict = MdConfig { buffer_tolerance: 1e-3, ..cfg.clone() }.list_setup(&sys).unwrap();
         assert!(strict.rlist > rule.rlist + 0.05, "{strict:?} vs {rule:?}");

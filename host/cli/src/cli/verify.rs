@@ -29,8 +29,9 @@ pub struct StepArgs {
     /// Steps between searches (re-decomposition and new cluster-pair lists).
     #[arg(long, default_value_t = 100)]
     pub nstlist: u64,
-    /// Steps between GPU prunes of the inner lists.
-    #[arg(long, default_value_t = 10)]
+    /// Steps between GPU prunes of the inner lists (the buffer rule sizes the inner list for it;
+    /// 50 was fastest on an H200 at 6,000 to 180,000 atoms: docs/benchmarks.md).
+    #[arg(long, default_value_t = 50)]
     pub nstprune: u64,
     /// Time step (ps).
     #[arg(long, default_value_t = 0.002)]
@@ -63,7 +64,7 @@ impl Default for StepArgs {
             cutoff: 1.0,
             buffer_tolerance: DEFAULT_DRIFT_TOLERANCE,
             nstlist: 100,
-            nstprune: 10,
+            nstprune: 50,
             dt: 0.002,
             search_threads: 0,
             host_search: false,
