@@ -15,8 +15,10 @@ use halo::testing::gpu_or_skip;
 use halo_md::{self as md, MdConfig, MdOutcome};
 use rand::{Rng, SeedableRng};
 
+/// A checked run's configuration. Pruned every 10 steps (the default is 50): the short runs here
+/// then prune between searches too, so the prune kernels' inner lists are checked at every size.
 fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstlist: u64) -> MdConfig {
-    MdConfig { steps, nstlist, seed: 5, transport, ..MdConfig::new(atoms, RankGrid::new(grid).unwrap()) }
+    MdConfig { steps, nstlist, nstprune: 10, seed: 5, transport, ..MdConfig::new(atoms, RankGrid::new(grid).unwrap()) }
 }
 
 fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
@@ -166,7 +168,8 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
                 c0.iter().zip(&r.global_ids).map(|(p, &g)| moved(g, p)).collect()
             })
             .collect();
-        if step % cfg.nstprune == 0 {
+        // Pruned at the search and every nstprune steps after it, as the MD step does.
+        if (step % cfg.nstlist) % u64::from(setup.nstprune) == 0 {
             *inner = searches
                 .iter()
                 .zip(&coords)
