@@ -154,17 +154,20 @@ fn bad_maps_are_rejected_before_launch() {
     assert!(err.to_string().contains("3 needed"), "{err}");
 }
 
-/// The leapfrog update `v += f / m * dt; x += v * dt` on the first `n` atoms (the kernel then
-/// clears those forces), as the kernel does
-/// it: the same binary32 operations in the same order (the kernel's PTX uses `mul.rn`/`add.rn`,
-/// which ptxas does not contract, and Rust on x86-64 does not contract either), so bit-exact.
-fn leapfrog_reference(x: &mut [Float3], v: &mut [Float3], f: &[Float3], inv_mass: &[f32], n: usize, dt: f32) {
+/// The leapfrog update `v += f / m * dt; x += v * dt; f = 0` on the first `n` atoms, and `f = 0` on
+/// the `clear_n` forces from `clear_from` on (the halo forces), as the kernel does it: the same
+/// binary32 operations in the same order (the kernel's PTX uses `mul.rn`/`add.rn`, which ptxas
+/// does not contract, and Rust on x86-64 does not contract either), so bit-exact.
+#[allow(clippy::too_many_arguments)]
+fn leapfrog_reference(x: &mut [Float3], v: &mut [Float3], f: &mut [Float3], inv_mass: &[f32], n: usize, dt: f32, clear_from: usize, clear_n: usize) {
     for i in 0..n {
         let a = inv_mass[i] * dt;
         let vn = Float3::new(v[i].x + f[i].x * a, v[i].y + f[i].y * a, v[i].z + f[i].z * a);
         v[i] = vn;
         x[i] = Float3::new(x[i].x + vn.x * dt, x[i].y + vn.y * dt, x[i].z + vn.z * dt);
+        f[i] = Float3::new(0.0, 0.0, 0.0);
     }
+    f[clear_from..clear_from + clear_n].fill(Float3::new(0.0, 0.0, 0.0));
 }
 
 #[test]
@@ -174,37 +177,47 @@ fn leapfrog_matches_its_cpu_reference_and_leaves_other_atoms_alone() {
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     let dt = 0.002f32;
     // Sizes around a block (512 threads) and a large one; grids of 1 and 3 blocks make the
-    // grid-stride loop run several rounds, `for_items` covers every atom in one.
+    // grid-stride loop run several rounds, `for_items` covers every item in one. Halo ranges to
+    // clear: none, a few, more than the home atoms, and one that starts after a gap (as the MD
+    // never does, but the kernel allows).
     for &n in &[0usize, 1, 511, 512, 513, 5000, 200_000] {
-        let total = n + 37; // atoms past `n` (the halo) must not change
-        let x0 = random_coords(&mut rng, total);
-        let v0 = random_coords(&mut rng, total);
-        let f: Vec<Float3> = random_coords(&mut rng, total).into_iter().map(|c| Float3::new(c.x * 100.0, c.y * 100.0, c.z * 100.0)).collect();
-        let inv_mass: Vec<f32> = (0..total).map(|_| rng.random_range(0.01f32..1.0)).collect();
-        for grid in [Some(1u32), Some(3), None] {
-            let (xd, vd) = (DeviceBuffer::from_host(&g.ctx, &x0).unwrap(), DeviceBuffer::from_host(&g.ctx, &v0).unwrap());
-            let (fd, md) = (DeviceBuffer::from_host(&g.ctx, &f).unwrap(), DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap());
-            let (mut xp, mut vp, mut fp, mut mp, mut nn, mut dtt) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md.device_ptr(), n as u32, dt);
-            let mut args = halo::kernel_args![xp, vp, fp, mp, nn, dtt];
-            let shape = match grid {
-                Some(blocks) => halo::gpu::LaunchShape { grid: (blocks, 1), block: halo::abi::BLOCK_SIZE, shared_bytes: 0 },
-                None => halo::gpu::LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
-            };
-            // SAFETY: arguments match `leapfrog(x, v, f, inv_mass, n, dt)`; every buffer holds at
-            // least `n` elements and outlives the synchronised launch.
-            unsafe { g.module.launch(halo::abi::LEAPFROG, shape, &stream, &mut args) }.unwrap();
-            stream.synchronize().unwrap();
-            let (mut want_x, mut want_v) = (x0.clone(), v0.clone());
-            leapfrog_reference(&mut want_x, &mut want_v, &f, &inv_mass, n, dt);
-            assert_eq!(bits(&vd.to_host().unwrap()), bits(&want_v), "velocities, n = {n}, grid {grid:?}");
-            assert_eq!(bits(&xd.to_host().unwrap()), bits(&want_x), "coordinates, n = {n}, grid {grid:?}");
-            // The update clears the forces it used (the next step adds into zeros) and no others.
-            let mut want_f = f.clone();
-            want_f[..n].fill(Float3::new(0.0, 0.0, 0.0));
-            assert_eq!(bits(&fd.to_host().unwrap()), bits(&want_f), "forces cleared up to n and kept beyond, n = {n}");
+        for (gap, clear_n) in [(0usize, 0usize), (0, 37), (0, 2 * n + 3), (5, 600)] {
+            let clear_from = n + gap;
+            let total = clear_from + clear_n + 9; // atoms past the cleared range must not change
+            let x0 = random_coords(&mut rng, total);
+            let v0 = random_coords(&mut rng, total);
+            // Poisoned forces everywhere: the cleared ones must come back as zero bits.
+            let f: Vec<Float3> = random_coords(&mut rng, total).into_iter().map(|c| Float3::new(c.x * 100.0, c.y * 100.0, c.z * 100.0)).collect();
+            let inv_mass: Vec<f32> = (0..total).map(|_| rng.random_range(0.01f32..1.0)).collect();
+            let (mut want_x, mut want_v, mut want_f) = (x0.clone(), v0.clone(), f.clone());
+            leapfrog_reference(&mut want_x, &mut want_v, &mut want_f, &inv_mass, n, dt, clear_from, clear_n);
+            for grid in [Some(1u32), Some(3), None] {
+                let (xd, vd) = (DeviceBuffer::from_host(&g.ctx, &x0).unwrap(), DeviceBuffer::from_host(&g.ctx, &v0).unwrap());
+                let (fd, md) = (DeviceBuffer::from_host(&g.ctx, &f).unwrap(), DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap());
+                let (mut xp, mut vp, mut fp, mut mp, mut nn, mut dtt) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md.device_ptr(), n as u32, dt);
+                let (mut from, mut count) = (clear_from as u32, clear_n as u32);
+                let mut args = halo::kernel_args![xp, vp, fp, mp, nn, dtt, from, count];
+                let shape = match grid {
+                    Some(blocks) => halo::gpu::LaunchShape { grid: (blocks, 1), block: halo::abi::BLOCK_SIZE, shared_bytes: 0 },
+                    None => halo::gpu::LaunchShape::for_items(n + clear_n, halo::kernels::MAX_GATHER_BLOCKS),
+                };
+                // SAFETY: arguments match `leapfrog(x, v, f, inv_mass, n, dt, clear_from, clear_n)`;
+                // every buffer holds `total` elements, past both ranges, which do not overlap; the
+                // buffers outlive the synchronised launch.
+                unsafe { g.module.launch(halo::abi::LEAPFROG, shape, &stream, &mut args) }.unwrap();
+                stream.synchronize().unwrap();
+                let case = format!("n = {n}, clear {clear_from}..{}, grid {grid:?}", clear_from + clear_n);
+                assert_eq!(bits(&vd.to_host().unwrap()), bits(&want_v), "velocities, {case}");
+                assert_eq!(bits(&xd.to_host().unwrap()), bits(&want_x), "coordinates, {case}");
+                // The update clears the forces it used (the next step adds into zeros) and the
+                // halo range, and no others.
+                assert_eq!(bits(&fd.to_host().unwrap()), bits(&want_f), "forces cleared up to n and in the halo range, kept elsewhere, {case}");
+            }
             if n > 0 {
                 assert_ne!(bits(&want_x[..1]), bits(&x0[..1]), "the test must move atoms");
             }
+            assert!(want_f[clear_from..clear_from + clear_n].iter().all(|c| c.x.to_bits() == 0 && c.y.to_bits() == 0 && c.z.to_bits() == 0));
+            assert_eq!(bits(&want_f[clear_from + clear_n..]), bits(&f[clear_from + clear_n..]), "the reference keeps forces past the range");
         }
     }
 }

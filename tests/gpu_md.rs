@@ -317,65 +317,71 @@ fn staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early() {
 }
 
 /// `leapfrog` and `leapfrog_energy` against the CPU update and kinetic energy (`f64`), on random
-/// inputs with a count that leaves partial warps and blocks; the forces of the `n` atoms come back
-/// cleared, atoms past `n` must stay untouched.
+/// inputs with counts that leave partial warps and blocks: the forces of the `n` atoms and of the
+/// halo range after them come back cleared (poisoned before), atoms past the halo must stay
+/// untouched. Halo ranges: none, fewer than the home atoms, more, and a halo without home atoms.
 #[test]
 fn leapfrog_kernels_match_the_cpu_reference() {
     let Some(g) = gpu_or_skip("leapfrog_kernels_match_the_cpu_reference") else { return };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let n = 10_007usize;
     let extra = 5;
-    let mut f3 = |s: f32| Float3::new(rng.random_range(-s..s), rng.random_range(-s..s), rng.random_range(-s..s));
-    let x: Vec<Float3> = (0..n + extra).map(|_| f3(5.0)).collect();
-    let v: Vec<Float3> = (0..n + extra).map(|_| f3(1.0)).collect();
-    let f: Vec<Float3> = (0..n + extra).map(|_| f3(500.0)).collect();
-    let inv_mass: Vec<f32> = (0..n + extra).map(|i| 1.0 / if i % 3 == 0 { 15.999 } else { 14.027 }).collect();
     let dt = 0.002f32;
     let stream = g.ctx.new_stream().unwrap();
-    for energy in [false, true] {
-        let (xd, vd, fd) = (DeviceBuffer::from_host(&g.ctx, &x).unwrap(), DeviceBuffer::from_host(&g.ctx, &v).unwrap(), DeviceBuffer::from_host(&g.ctx, &f).unwrap());
-        let md_ = DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap();
-        let ke = DeviceBuffer::from_host(&g.ctx, &[1000.0f64]).unwrap();
-        let (mut px, mut pv, mut pf, mut pm, mut pn, mut pdt, mut pke) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md_.device_ptr(), n as u32, dt, ke.device_ptr());
-        // Fewer blocks than atoms: the grid-stride loop sums several atoms per thread.
-        let shape = LaunchShape { grid: (7, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
-        // SAFETY: arguments match the kernels; every buffer holds at least n elements.
-        unsafe {
+    for (n, halo) in [(10_007usize, 0usize), (10_007, 3_001), (517, 10_007), (0, 777), (0, 0)] {
+        let total = n + halo;
+        let mut f3 = |s: f32| Float3::new(rng.random_range(-s..s), rng.random_range(-s..s), rng.random_range(-s..s));
+        let x: Vec<Float3> = (0..total + extra).map(|_| f3(5.0)).collect();
+        let v: Vec<Float3> = (0..total + extra).map(|_| f3(1.0)).collect();
+        let f: Vec<Float3> = (0..total + extra).map(|_| f3(500.0)).collect();
+        let inv_mass: Vec<f32> = (0..total + extra).map(|i| 1.0 / if i % 3 == 0 { 15.999 } else { 14.027 }).collect();
+        for energy in [false, true] {
+            let case = format!("n = {n}, halo {halo}, energy {energy}");
+            let (xd, vd, fd) = (DeviceBuffer::from_host(&g.ctx, &x).unwrap(), DeviceBuffer::from_host(&g.ctx, &v).unwrap(), DeviceBuffer::from_host(&g.ctx, &f).unwrap());
+            let md_ = DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap();
+            let ke = DeviceBuffer::from_host(&g.ctx, &[1000.0f64]).unwrap();
+            let (mut px, mut pv, mut pf, mut pm, mut pn, mut pdt, mut pke) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md_.device_ptr(), n as u32, dt, ke.device_ptr());
+            let (mut from, mut count) = (n as u32, halo as u32);
+            // Fewer blocks than items: the grid-stride loop takes several atoms per thread.
+            let shape = LaunchShape { grid: (7, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+            // SAFETY: arguments match the kernels; every buffer holds `total + extra` elements; the
+            // ranges `..n` and `n..total` do not overlap.
+            unsafe {
+                if energy {
+                    let mut args = kernel_args![px, pv, pf, pm, pn, pdt, from, count, pke];
+                    g.module.launch(abi::LEAPFROG_ENERGY, shape, &stream, &mut args).unwrap();
+                } else {
+                    let mut args = kernel_args![px, pv, pf, pm, pn, pdt, from, count];
+                    g.module.launch(abi::LEAPFROG, shape, &stream, &mut args).unwrap();
+                }
+            }
+            stream.synchronize().unwrap();
+            let (gx, gv) = (xd.to_host().unwrap(), vd.to_host().unwrap());
+            let mut want_ke = 0.0f64;
+            for i in 0..n {
+                let a = f64::from(inv_mass[i]) * f64::from(dt);
+                let c = |v: f32, f: f32| f64::from(v) + f64::from(f) * a;
+                let vn = [c(v[i].x, f[i].x), c(v[i].y, f[i].y), c(v[i].z, f[i].z)];
+                let xn = [f64::from(x[i].x) + vn[0] * f64::from(dt), f64::from(x[i].y) + vn[1] * f64::from(dt), f64::from(x[i].z) + vn[2] * f64::from(dt)];
+                for (k, (got, want)) in [(gv[i].x, vn[0]), (gv[i].y, vn[1]), (gv[i].z, vn[2]), (gx[i].x, xn[0]), (gx[i].y, xn[1]), (gx[i].z, xn[2])].into_iter().enumerate() {
+                    assert!((f64::from(got) - want).abs() <= 1e-6 * want.abs().max(1.0), "{case}: atom {i} value {k}: GPU {got}, CPU {want}");
+                }
+                let m = 1.0 / f64::from(inv_mass[i]);
+                let vo = [v[i].x, v[i].y, v[i].z].map(f64::from);
+                want_ke += 0.25 * m * (vo.iter().map(|c| c * c).sum::<f64>() + vn.iter().map(|c| c * c).sum::<f64>());
+            }
+            assert_eq!(&gx[n..], &x[n..], "{case}: atoms past n are not moved");
+            assert_eq!(&gv[n..], &v[n..], "{case}");
+            // The forces it used and the halo forces are cleared for the next step; the others kept.
+            let gf = fd.to_host().unwrap();
+            assert!(gf[..total].iter().all(|p| p.x.to_bits() == 0 && p.y.to_bits() == 0 && p.z.to_bits() == 0), "{case}: forces up to n and the halo cleared");
+            assert_eq!(&gf[total..], &f[total..], "{case}: forces past the halo kept");
+            let got_ke = ke.to_host().unwrap()[0] - 1000.0;
             if energy {
-                let mut args = kernel_args![px, pv, pf, pm, pn, pdt, pke];
-                g.module.launch(abi::LEAPFROG_ENERGY, shape, &stream, &mut args).unwrap();
+                assert!((got_ke - want_ke).abs() <= 1e-5 * want_ke, "{case}: kinetic energy: GPU {got_ke}, CPU {want_ke}");
+                eprintln!("leapfrog_energy, {case}: kinetic energy {got_ke:.4} vs {want_ke:.4} kJ/mol");
             } else {
-                let mut args = kernel_args![px, pv, pf, pm, pn, pdt];
-                g.module.launch(abi::LEAPFROG, shape, &stream, &mut args).unwrap();
+                assert_eq!(got_ke, 0.0, "{case}: the plain leapfrog touches no energy");
             }
-        }
-        stream.synchronize().unwrap();
-        let (gx, gv) = (xd.to_host().unwrap(), vd.to_host().unwrap());
-        let mut want_ke = 0.0f64;
-        for i in 0..n {
-            let a = f64::from(inv_mass[i]) * f64::from(dt);
-            let c = |v: f32, f: f32| f64::from(v) + f64::from(f) * a;
-            let vn = [c(v[i].x, f[i].x), c(v[i].y, f[i].y), c(v[i].z, f[i].z)];
-            let xn = [f64::from(x[i].x) + vn[0] * f64::from(dt), f64::from(x[i].y) + vn[1] * f64::from(dt), f64::from(x[i].z) + vn[2] * f64::from(dt)];
-            for (k, (got, want)) in [(gv[i].x, vn[0]), (gv[i].y, vn[1]), (gv[i].z, vn[2]), (gx[i].x, xn[0]), (gx[i].y, xn[1]), (gx[i].z, xn[2])].into_iter().enumerate() {
-                assert!((f64::from(got) - want).abs() <= 1e-6 * want.abs().max(1.0), "energy {energy}: atom {i} value {k}: GPU {got}, CPU {want}");
-            }
-            let m = 1.0 / f64::from(inv_mass[i]);
-            let vo = [v[i].x, v[i].y, v[i].z].map(f64::from);
-            want_ke += 0.25 * m * (vo.iter().map(|c| c * c).sum::<f64>() + vn.iter().map(|c| c * c).sum::<f64>());
-        }
-        assert_eq!(&gx[n..], &x[n..], "atoms past n are not moved");
-        assert_eq!(&gv[n..], &v[n..]);
-        // The forces it used are cleared for the next step; the others kept.
-        let gf = fd.to_host().unwrap();
-        assert!(gf[..n].iter().all(|p| p.x.to_bits() == 0 && p.y.to_bits() == 0 && p.z.to_bits() == 0), "energy {energy}: forces up to n cleared");
-        assert_eq!(&gf[n..], &f[n..], "energy {energy}: forces past n kept");
-        let got_ke = ke.to_host().unwrap()[0] - 1000.0;
-        if energy {
-            assert!((got_ke - want_ke).abs() <= 1e-5 * want_ke, "kinetic energy: GPU {got_ke}, CPU {want_ke}");
-            eprintln!("leapfrog_energy: kinetic energy {got_ke:.4} vs {want_ke:.4} kJ/mol");
-        } else {
-            assert_eq!(got_ke, 0.0, "the plain leapfrog touches no energy");
         }
     }
 }

@@ -384,6 +384,11 @@ fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
     for ins in ["red.", "atom.", "shfl."] {
         assert!(!b[abi::LEAPFROG].contains(ins), "the plain leapfrog contains `{ins}`");
     }
+    // The ABI: `(x, v, f, inv_mass, n, dt, clear_from, clear_n)`, and `kinetic` for the energy
+    // update (the host launches them with exactly these arguments).
+    for (k, params) in [(abi::LEAPFROG, 8), (abi::LEAPFROG_ENERGY, 9)] {
+        assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), params, "{k}'s parameters");
+    }
 }
 
 #[test]

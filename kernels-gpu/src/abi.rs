@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 12;
+pub const ABI_VERSION: u32 = 13;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -211,12 +211,16 @@ pub const FUSED_FORCES: &str = "fused_forces";
 /// `signal_ping_pong(own_flag, peer_flag, rounds, initiator, timeout_ns, status)`: the latency probe.
 pub const SIGNAL_PING_PONG: &str = "signal_ping_pong";
 
-/// `leapfrog(x, v, f, inv_mass, n, dt)`: `v += f / m * dt; x += v * dt`, then `f = 0` (ready for
-/// the next step's forces), for `n` home atoms.
+/// `leapfrog(x, v, f, inv_mass, n, dt, clear_from, clear_n)`: `v += f / m * dt; x += v * dt`, then
+/// `f = 0` (ready for the next step's forces), for `n` home atoms; and `f = 0` for the `clear_n`
+/// forces from `clear_from` on (the halo atoms' forces, when the force halo was their last reader:
+/// `Transport::halo_forces_read_by_peer` on the host), in the same launch. The ranges must not
+/// overlap; items `0..n + clear_n` share one grid-stride loop (`n + clear_n` must fit in `u32`).
 pub const LEAPFROG: &str = "leapfrog";
-/// `leapfrog_energy(x, v, f, inv_mass, n, dt, kinetic)`: [`LEAPFROG`] that also adds the kinetic
-/// energy at the force's time, `sum m (|v_old|² + |v_new|²) / 4` (the average of the two half-step
-/// kinetic energies), to the `f64` at `kinetic` (one atomic per warp).
+/// `leapfrog_energy(x, v, f, inv_mass, n, dt, clear_from, clear_n, kinetic)`: [`LEAPFROG`] that also
+/// adds the kinetic energy of the `n` atoms at the force's time, `sum m (|v_old|² + |v_new|²) / 4`
+/// (the average of the two half-step kinetic energies), to the `f64` at `kinetic` (one atomic per
+/// warp).
 pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 
 /// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading

@@ -5,8 +5,11 @@
 //! decomposed forces and energy must equal those of the undecomposed system computed on the CPU.
 //!
 //! Per step and rank (see docs/architecture.md):
-//! local stream: zero home forces → (prune) → home–home forces ───────────────────────────────┐
-//! halo stream:  coordinate halo → zero halo forces → (prune) → forces with halo atoms → force halo → integrate (local stream)
+//! local stream: (zero home forces) → (prune) → home–home forces ─────────────────────────────┐
+//! halo stream:  coordinate halo → (zero halo forces) → (prune) → forces with halo atoms → force halo → integrate (local stream)
+//!
+//! The integration clears the forces it leaves behind (the halo forces where the transport lets
+//! it), so the memsets run only after a search ([`zeroing`]).
 
 // The modules here moved from the `halo` crate and name its items `crate::…`.
 use halo::*;
@@ -17,6 +20,7 @@ pub mod nbnxm;
 pub mod rank;
 pub mod run;
 pub mod search;
+pub mod zeroing;
 
 pub use rank::{EnergyRecord, MdRank, StepWork};
 pub use run::{Drift, EnergyPoint, ListSizes, MdConfig, MdOutcome, MdRun, StepCheck, run, run_local, run_pe};

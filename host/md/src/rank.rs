@@ -14,6 +14,7 @@ use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::nbnxm::gpu_search::grow;
 use crate::search::{RankLists, RankSearch};
+use crate::zeroing::{StepZeroing, integration_clears_halo};
 use std::time::{Duration, Instant};
 use std::sync::Arc;
 
@@ -56,9 +57,14 @@ pub struct MdRank {
     /// interval starts without a memset; a search (new lists, maybe a new exchange and home count)
     /// clears this, and its first step zeroes them itself.
     forces_clear: bool,
-    /// Whether this step's local work zeroed anything (home forces, an energy record) that the
-    /// halo stream's force kernel must wait for.
-    zeroed_on_local: bool,
+    /// Whether the last integration also cleared the halo forces `f[home..total]` (its transport
+    /// lets it: [`Transport::halo_forces_read_by_peer`] is `false`), so that a plain step needs no
+    /// memset at all. Counts only together with `forces_clear`, which every search resets and the
+    /// same integration sets ([`StepZeroing::plan`]).
+    halo_clear: bool,
+    /// This step's memsets, planned by its local work; the halo work zeroes the halo forces when
+    /// they say so and waits for the local stream's zeroing when there was any.
+    zeroing: StepZeroing,
     /// The local stream (home–home forces, integration), normal priority.
     pub local: Arc<CudaStream>,
     home_forces_zeroed: CudaEvent,
@@ -113,7 +119,8 @@ impl MdRank {
             home: 0,
             total: 0,
             forces_clear: false,
-            zeroed_on_local: true,
+            halo_clear: false,
+            zeroing: StepZeroing::plan(false, false, false),
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
@@ -247,7 +254,8 @@ impl MdRank {
     /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
     /// the last integration cleared them (and zero the energy record), prune the local list on
     /// prune steps, home–home forces. The halo stream then waits for the previous step's
-    /// integration (the coordinate halo reads home coordinates).
+    /// integration (the coordinate halo reads home coordinates; the forces with halo atoms add
+    /// into the halo forces that integration may have cleared).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Events::Step)?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
@@ -255,8 +263,8 @@ impl MdRank {
 
     fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
         self.check_exchange(ex)?;
-        let zeroes = !self.forces_clear || work.energy.is_some();
-        if !self.forces_clear {
+        let zeroing = StepZeroing::plan(self.forces_clear, self.halo_clear, work.energy.is_some());
+        if zeroing.home {
             ex.f.zero_range_async(0, self.home, &self.local)?;
         }
         if let Some(r) = work.energy {
@@ -266,8 +274,8 @@ impl MdRank {
         // waits for this event. With nothing zeroed here (the last integration cleared the forces,
         // no energy) the halo stream is already ordered after that integration
         // (`coordinates_ready`), and the event and its wait would be two host calls for nothing.
-        self.zeroed_on_local = zeroes;
-        if zeroes {
+        self.zeroing = zeroing;
+        if zeroing.on_local() {
             self.event(events, 0).record(&self.local).during("recording an event")?;
         }
         if work.prune {
@@ -288,16 +296,19 @@ impl MdRank {
         }
     }
 
-    /// After the coordinate halo, on the halo stream: zero the halo forces (a peer may read them
-    /// until it has sent us this step's coordinates), wait for the home-force zeroing, prune the
-    /// non-local list on prune steps, then the forces of pairs with a halo atom.
+    /// After the coordinate halo, on the halo stream: zero the halo forces unless the last
+    /// integration cleared them (a transport whose peers read them keeps this memset, which the
+    /// coordinate halo orders after the peers' previous force halo), wait for the home-force
+    /// zeroing, prune the non-local list on prune steps, then the forces of pairs with a halo atom.
     pub fn nonlocal_forces(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.halo_work(ex, halo, work, Events::Step)
     }
 
     fn halo_work(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork, events: Events) -> Result<()> {
-        ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
-        if self.zeroed_on_local {
+        if self.zeroing.halo {
+            ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
+        }
+        if self.zeroing.on_local() {
             halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
         }
         if work.prune {
@@ -308,40 +319,57 @@ impl MdRank {
     }
 
     /// After the force halo: the local stream waits for it (and, by stream order, for the local
-    /// forces) and integrates the home atoms (adding the kinetic energy on energy steps); the next
-    /// step's halo work waits for that.
-    pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork) -> Result<()> {
-        self.update_work(ex, halo, dt, work, Events::Step)?;
+    /// forces) and integrates the home atoms (adding the kinetic energy on energy steps), clearing
+    /// the home forces and, where `transport` lets it, the halo forces; the next step's halo work
+    /// waits for that.
+    pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
+        self.update_work(ex, halo, transport, dt, work, Events::Step)?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
-    fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, dt: f32, work: StepWork, events: Events) -> Result<()> {
+    fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork, events: Events) -> Result<()> {
         let done = self.event(events, 1);
         done.record(halo).during("recording an event")?;
         self.local.wait(done).during("ordering integration after the force halo")?;
-        if self.home > 0 {
+        // The halo forces too, in the same launch, where only this rank's force halo (done by now)
+        // reads them.
+        let clears_halo = integration_clears_halo(transport);
+        let halo_atoms = if clears_halo { self.total - self.home } else { 0 };
+        let items = self.home + halo_atoms;
+        if items > 0 {
+            // The kernel's one index space `0..home + halo_atoms` is a `u32`.
+            if u32::try_from(items).is_err() {
+                return Err(HaloError::InvalidInput(format!("rank {}: {items} atoms to integrate and clear do not fit in u32", ex.rank())));
+            }
             let (mut x, mut v, mut f, mut m, mut n, mut dt) =
                 (ex.x.device_ptr(), self.v.device_ptr(), ex.f.device_ptr(), self.inv_mass.device_ptr(), self.home as u32, dt);
-            let shape = LaunchShape::for_items(self.home, MAX_GATHER_BLOCKS);
+            let (mut clear_from, mut clear_n) = (self.home as u32, halo_atoms as u32);
+            let shape = LaunchShape::for_items(items, MAX_GATHER_BLOCKS);
             match work.energy {
                 None => {
-                    let mut args = kernel_args![x, v, f, m, n, dt];
-                    // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements;
-                    // nothing else touches the home forces until the next step's force kernels,
-                    // which the local stream orders after this one (the halo stream's through the
-                    // zeroing event, recorded after it).
+                    let mut args = kernel_args![x, v, f, m, n, dt, clear_from, clear_n];
+                    // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements
+                    // and `f` at least `total` (`check_exchange`); the ranges `..home` and
+                    // `home..total` do not overlap. Nothing else touches these forces until the next
+                    // step's force kernels, which the local stream orders after this one (the halo
+                    // stream's through `coordinates_ready` or the zeroing event, both recorded after
+                    // it, or a graph's order); their last readers, this step's force halo and the
+                    // check between it and here, are done (the wait above; no peer reads the halo
+                    // forces when `clears_halo`).
                     unsafe { self.module.launch(abi::LEAPFROG, shape, &self.local, &mut args)? };
                 }
                 Some(r) => {
                     let mut ke = self.slot(r, 1)?.ptr();
-                    let mut args = kernel_args![x, v, f, m, n, dt, ke];
+                    let mut args = kernel_args![x, v, f, m, n, dt, clear_from, clear_n, ke];
                     // SAFETY: arguments match `leapfrog_energy`; as above, `ke` is inside `energies`.
                     unsafe { self.module.launch(abi::LEAPFROG_ENERGY, shape, &self.local, &mut args)? };
                 }
             }
         }
-        // The update cleared the home forces; with no home atoms there is nothing to clear.
+        // The update cleared the home forces (with no home atoms there is nothing to clear), and
+        // the halo forces where the transport lets it.
         self.forces_clear = true;
+        self.halo_clear = clears_halo;
         Ok(())
     }
 
@@ -352,6 +380,12 @@ impl MdRank {
     /// local stream. Nothing runs now; [`Self::launch_graph`] replays it. Valid until the next
     /// search (new lists and launch shapes): capture again then. GPU-initiated transports only
     /// (the exchange's launches carry no step counter: docs/protocol.md, "Graphs").
+    ///
+    /// The graph holds the memsets this step needs now ([`StepZeroing::plan`]): captured right
+    /// after a search, those of both force ranges (redundant on later replays); captured after an
+    /// integration that cleared the forces, none, relying on the integration before each replay,
+    /// which every step of the search interval ends with (the graph's own included), so the
+    /// graph must not be replayed after the next search (`crate::zeroing`).
     pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32, work: StepWork) -> Result<CudaGraph> {
         if !transport.gpu_initiated() {
             return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
@@ -370,7 +404,7 @@ impl MdRank {
             ex.launch_coordinates(transport, halo)?;
             self.halo_work(ex, halo, work, Events::Captured)?;
             ex.launch_forces(halo)?;
-            self.update_work(ex, halo, dt, work, Events::Captured)
+            self.update_work(ex, halo, transport, dt, work, Events::Captured)
         };
         let queued = queue();
         // Always end the capture, or the stream stays in capture mode.

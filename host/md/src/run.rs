@@ -731,7 +731,7 @@ impl MdRun {
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         for (i, m) in self.ranks.iter_mut().enumerate() {
-            m.integrate(&ex.local_ranks()[i], &ex.streams()[i], self.cfg.dt, work)?;
+            m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
         }
         self.step += 1;
         self.out.steps += 1;

@@ -130,6 +130,33 @@ impl Transport {
         self == Transport::PerPulse
     }
 
+    /// Whether another rank (or the host on its behalf) may read this rank's halo forces
+    /// `f[home..total]` after the force halo's work on this rank's halo stream has completed. When
+    /// `false`, the only readers are this rank's own stream-ordered work inside the force halo, so
+    /// anything ordered after that work on the rank's streams (the MD's integration, which waits
+    /// for the halo stream) may clear them for the next step; when `true`, the halo forces must
+    /// stay until the peer is known to be done (the MD zeroes them after the next coordinate halo).
+    ///
+    /// Today every transport pushes: the holder of the halo forces sends them into the owner's
+    /// receive slot (`PeerView` carries no force array, so no rank can address another's `f`):
+    /// - `per-pulse`, `per-pulse-direct`, `fused`, `fused-tma`: all run `fused_forces`, whose blocks
+    ///   read this rank's `f` (as low-latency words into the owner's slot, or copied into the
+    ///   local `f_stage`, which the NVSHMEM put then reads), inside the launch;
+    /// - `staged`: `cuMemcpyAsync` from this rank's `f` into the owner's slot on this rank's halo
+    ///   stream (and a host wait for it before "done");
+    /// - `direct-copy`: the same copy on this rank's halo stream, followed by the event the owner
+    ///   waits for.
+    ///
+    /// (Before protocol v4 the owner read the halo forces straight from the holder's `f`; a
+    /// transport that pulls again, or an NCCL path whose send could outlive its stream's order,
+    /// must answer `true`.)
+    pub fn halo_forces_read_by_peer(self) -> bool {
+        match self {
+            Transport::Staged | Transport::DirectCopy => false,
+            Transport::PerPulse | Transport::PerPulseDirect | Transport::Fused | Transport::FusedTma => false,
+        }
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -224,5 +251,24 @@ mod tests {
         assert_eq!(Transport::ALL.iter().filter(|t| t.host_syncs_in_step()).count(), 1, "staged only");
         let e = "carrier-pigeon".parse::<Transport>().unwrap_err().to_string();
         assert!(e.contains("`carrier-pigeon`") && e.contains("possible values: staged, direct-copy, per-pulse, per-pulse-direct, fused, fused-tma"), "{e}");
+    }
+
+    /// Who reads a rank's halo forces after its force halo, per transport (see
+    /// `Transport::halo_forces_read_by_peer`): listed one by one, so a new transport must be
+    /// placed here too.
+    #[test]
+    fn every_transport_reads_its_halo_forces_only_in_its_own_force_halo() {
+        let readers = [
+            (Transport::Staged, false, "own halo stream: the copy into the owner's slot, waited for by the host"),
+            (Transport::DirectCopy, false, "own halo stream: the copy into the owner's slot, then the owner's event"),
+            (Transport::PerPulse, false, "own fused_forces: staged locally, the put reads the stage"),
+            (Transport::PerPulseDirect, false, "own fused_forces: pushed into the owner's slot"),
+            (Transport::Fused, false, "own fused_forces: pushed as words into the owner's slot"),
+            (Transport::FusedTma, false, "own fused_forces: pushed into the owner's slot"),
+        ];
+        assert_eq!(readers.map(|r| r.0), Transport::ALL, "every transport, in order");
+        for (t, by_peer, why) in readers {
+            assert_eq!(t.halo_forces_read_by_peer(), by_peer, "{t}: {why}");
+        }
     }
 }
