@@ -249,6 +249,33 @@ fn two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers() {
     assert_eq!(run.count("0 mismatches"), 1, "{}", run.text());
 }
 
+/// Two PEs on one GPU whose searches (after the first) neither build an exchange nor copy from
+/// pageable memory, so the search step does not synchronise the context: the steps are ordered
+/// after the home uploads and the replan's copies on the GPU alone (the exchange stream's order
+/// and the event the local stream waits for, `MdRank::update`). With `--graph` the first step
+/// after a search at 10, 20, ... is a captured step launched on the local stream (check every 7:
+/// search steps are not checked), with direct-copy the host-driven transport's cross-process
+/// events; the checks that follow must still be bit-exact and agree with the CPU reference.
+#[test]
+fn two_pes_step_right_after_a_search_without_a_host_wait() {
+    let test = "two_pes_step_right_after_a_search_without_a_host_wait";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    for (extra, checks) in [(&["--transport", "fused", "--check-every", "7", "--graph"][..], 9), (&["--transport", "direct-copy", "--check-every", "5"][..], 12)] {
+        let mut args = vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "60", "--nstlist", "10"];
+        args.extend_from_slice(extra);
+        let run = halo(&args, &[], Duration::from_secs(300));
+        run.assert_ok(&format!("verify {extra:?} on 2 PEs"));
+        let want = format!("{checks} steps checked against the CPU reference: coordinates after the halo bit-exact");
+        assert_eq!(run.count(&want), 1, "{extra:?}: {}", run.text());
+        assert_eq!(run.count("0 mismatches"), 1, "{extra:?}: {}", run.text());
+        if extra.contains(&"--graph") {
+            assert!(run.count("steps replayed as CUDA graphs") >= 1, "{extra:?}: {}", run.text());
+        }
+    }
+}
+
 #[test]
 fn a_ring_of_four_pes_on_two_gpus_runs_checked() {
     if two_gpus("a_ring_of_four_pes_on_two_gpus_runs_checked") {

@@ -46,12 +46,11 @@ impl Pinned {
         Ok(Self(slice))
     }
 
-    /// The first `n` elements of `mem`, copied through this buffer.
+    /// The first `n` elements of `mem`, copied through this buffer (synchronous: for reads with
+    /// no stream at hand).
     fn read<'a>(&'a mut self, mem: &(impl DeviceMemory<Float3> + ?Sized), n: usize) -> Result<&'a [Float3]> {
-        if n > mem.len() || 3 * n > self.0.len() {
-            return Err(HaloError::InvalidInput(format!("reading {n} atoms of a buffer of {} through {}", mem.len(), self.0.len() / 3)));
-        }
-        let host = self.0.as_mut_slice().during("waiting for page-locked memory")?;
+        read_fits(n, mem.len(), self.0.len() / 3)?;
+        let host = self.0.as_mut_slice().during("reaching page-locked memory")?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host[..3 * n]);
         if n > 0 {
             mem.context().bind_to_thread().during("binding the context")?;
@@ -60,6 +59,60 @@ impl Pinned {
         }
         Ok(bytemuck::cast_slice(&host[..3 * n]))
     }
+
+    /// Enqueues on `stream` the copy of the first `n` elements of `mem` into this buffer, without
+    /// waiting: the host must not read the buffer (nor start another copy into it) before
+    /// `stream` ran the copy, and must keep the buffer alive until then ([`read_pair`] waits).
+    fn enqueue(&mut self, mem: &(impl DeviceMemory<Float3> + ?Sized), n: usize, stream: &CudaStream) -> Result<()> {
+        read_fits(n, mem.len(), self.0.len() / 3)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // Not cudarc's wait: the slice's own event is never recorded here (halo's contexts do not
+        // track events, `gpu::open`), so `as_mut_slice` orders nothing; the caller's stream
+        // synchronisation does.
+        let host = self.0.as_mut_slice().during("reaching page-locked memory")?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host[..3 * n]);
+        stream.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: `bytes` holds exactly `n` elements and the device buffer at least `n` (checked
+        // above); the destination is page-locked memory owned by `self`, which the caller neither
+        // reads nor frees before it synchronised `stream` (see `read_pair`).
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(bytes, mem.device_ptr(), stream.cu_stream()) }.during("copying from the GPU")
+    }
+
+    /// The first `n` elements, after a copy into them ran.
+    fn landed(&self, n: usize) -> Result<&[Float3]> {
+        let host = self.0.as_slice().during("reaching page-locked memory")?;
+        host.get(..3 * n)
+            .map(bytemuck::cast_slice)
+            .ok_or_else(|| HaloError::InvalidInput(format!("reading {n} atoms of page-locked memory for {}", host.len() / 3)))
+    }
+}
+
+/// An error unless `n` elements can be read from a device buffer of `device` elements into page-
+/// locked memory of `host` elements (what the GPU holds may be fewer than the plan says).
+fn read_fits(n: usize, device: usize, host: usize) -> Result<()> {
+    if n > device || n > host {
+        return Err(HaloError::InvalidInput(format!("reading {n} atoms of a buffer of {device} through {host}")));
+    }
+    Ok(())
+}
+
+/// The first `n` elements of `x` and of `v` through `hx` and `hv`: both copies enqueued on
+/// `stream` (idle, of their GPU), then one wait for the stream, instead of a synchronous copy
+/// and a wait each. The stream is synchronised also when enqueuing the second copy failed, so no
+/// copy into the page-locked memory is in flight when this returns.
+fn read_pair<'a>(
+    hx: &'a mut Pinned, hv: &'a mut Pinned, x: &(impl DeviceMemory<Float3> + ?Sized), v: &(impl DeviceMemory<Float3> + ?Sized), n: usize,
+    stream: &CudaStream,
+) -> Result<(&'a [Float3], &'a [Float3])> {
+    // Both checked before anything is enqueued.
+    read_fits(n, x.len().min(v.len()), (hx.0.len() / 3).min(hv.0.len() / 3))?;
+    let enqueued = hx.enqueue(x, n, stream).and_then(|()| hv.enqueue(v, n, stream));
+    let waited = stream.synchronize().during("waiting for the home atoms' read-back");
+    enqueued?;
+    waited?;
+    Ok((hx.landed(n)?, hv.landed(n)?))
 }
 
 /// One local rank's home arrays on its GPU: coordinates (the exchange's `x`) and velocities, each
@@ -124,20 +177,26 @@ impl HomeGather {
     }
 
     /// The first `n` coordinates and velocities of one rank's arrays (idle), copied through the
-    /// page-locked buffers: a search step that plans from the ranks' own atoms reads them so.
-    pub fn read_home(&mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize) -> Result<(Vec<Float3>, Vec<Float3>)> {
+    /// page-locked buffers on `stream` (a stream of their GPU, idle), with one wait: a search step
+    /// that plans from the ranks' own atoms reads them so. An error, before any copy, when either
+    /// array holds fewer than `n`.
+    pub fn read_home(
+        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, stream: &CudaStream,
+    ) -> Result<(Vec<Float3>, Vec<Float3>)> {
         let (mut positions, mut velocities) = (Vec::new(), Vec::new());
-        self.read_home_into(x, v, n, &mut positions, &mut velocities)?;
+        self.read_home_into(x, v, n, stream, &mut positions, &mut velocities)?;
         Ok((positions, velocities))
     }
 
     /// [`Self::read_home`] appended to `positions` and `velocities` (arrays a caller reuses).
     pub fn read_home_into(
-        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, positions: &mut Vec<Float3>, velocities: &mut Vec<Float3>,
+        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, stream: &CudaStream, positions: &mut Vec<Float3>,
+        velocities: &mut Vec<Float3>,
     ) -> Result<()> {
         let [hx, hv] = &mut self.host;
-        positions.extend_from_slice(hx.read(x, n)?);
-        velocities.extend_from_slice(hv.read(v, n)?);
+        let (x, v) = read_pair(hx, hv, x, v, n, stream)?;
+        positions.extend_from_slice(x);
+        velocities.extend_from_slice(v);
         Ok(())
     }
 
@@ -164,7 +223,7 @@ impl HomeGather {
         match &self.path {
             Path::Local => {
                 for m in mine {
-                    let (x, v) = (hx.read(m.x, m.home)?, hv.read(m.v, m.home)?);
+                    let (x, v) = read_pair(hx, hv, m.x, m.v, m.home, m.stream)?;
                     place(system, m.rank, x, v);
                 }
             }
@@ -231,5 +290,22 @@ impl HomeGather {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_back_fits_both_the_device_buffer_and_the_page_locked_memory() {
+        assert!(read_fits(0, 0, 0).is_ok(), "nothing to read");
+        assert!(read_fits(22_500, 28_125, 45_000).is_ok());
+        assert!(read_fits(45_000, 45_000, 45_000).is_ok(), "exactly full");
+        // The GPU holds fewer atoms than the plan says.
+        let e = read_fits(22_501, 22_500, 45_000).unwrap_err().to_string();
+        assert!(e.contains("reading 22501 atoms of a buffer of 22500"), "{e}");
+        // More than the page-locked memory holds (a plan of more atoms than the system).
+        assert!(read_fits(45_001, 60_000, 45_000).is_err());
     }
 }

@@ -70,6 +70,9 @@ pub struct MdRank {
     home_forces_zeroed: CudaEvent,
     forces_done: CudaEvent,
     coordinates_ready: CudaEvent,
+    /// Recorded on the exchange's stream after a search's home uploads ([`Self::stage_uploads`]);
+    /// the local stream waits for it before the steps ([`Self::order_after_uploads`]).
+    uploaded: CudaEvent,
     /// The captured step's own events: the graph's start (the halo stream forks there), and its
     /// zeroing and force-halo events.
     fork: CudaEvent,
@@ -80,7 +83,7 @@ pub struct MdRank {
 
 /// Page-locked staging, one per array a search uploads (home coordinates into the exchange's
 /// `x`, velocities, `1 / m`, types): each upload is a host copy into memory kept between searches
-/// and a copy enqueued on the local stream (no host wait per copy). One per array, so that no
+/// and a copy enqueued on the exchange's stream of the rank (no host wait per copy). One per array, so that no
 /// upload of a search waits for another of the same search to land.
 #[derive(Default)]
 struct HomeStaging {
@@ -99,9 +102,14 @@ enum Events {
 
 impl MdRank {
     /// A rank's GPU state for its first search `found`: its lists (uploaded, or searched on the
-    /// GPU from its grid), the home atoms' velocities, `1 / m` and types, the LJ table, and room
-    /// for `records` energy records per search interval.
-    pub fn new(module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], records: usize) -> Result<Self> {
+    /// GPU from its grid), the LJ table, room for `records` energy records per search interval,
+    /// and the home arrays of `found` (coordinates into `ex`'s `x`, velocities, `1 / m`, types)
+    /// enqueued on `halo`, the stream of `ex`, as [`Self::update`] does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], records: usize, ex: &RankExchange,
+        halo: &CudaStream,
+    ) -> Result<Self> {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
@@ -124,82 +132,117 @@ impl MdRank {
             home_forces_zeroed: event()?,
             forces_done: event()?,
             coordinates_ready: event()?,
+            uploaded: event()?,
             fork: event()?,
             captured: [event()?, event()?],
             staging: HomeStaging::default(),
             local,
             module,
         };
-        me.set_atoms(found)?;
+        // The first search's lists are complete (built synchronously above); only the home arrays
+        // remain, ordered as in `update`.
+        let staged = me.stage_uploads(found, ex, halo);
+        let ordered = me.order_after_uploads();
+        staged?;
+        ordered?;
         Ok(me)
     }
 
-    fn set_atoms(&mut self, found: &RankSearch) -> Result<()> {
-        let home = found.lists.home_atoms();
-        if found.home_v.len() != home || found.inv_mass.len() != home || found.home_types.len() != home {
-            return Err(HaloError::InvalidInput(format!(
-                "{} velocities, {} masses and {} types for {home} home atoms",
-                found.home_v.len(),
-                found.inv_mass.len(),
-                found.home_types.len()
-            )));
-        }
-        // Grown first (a reallocation frees buffers that no copy or kernel uses any more: the
-        // rank is idle at a search), then enqueued on the local stream, where every kernel that
-        // reads them runs (the leapfrog; the types in a later search on the GPU alone), after the
-        // copies. The staging memory outlives its copy (`Staging::upload`); the device buffers
-        // live as long as the rank, past the search's synchronisation.
-        grow(&self.module, &mut self.v, home)?;
-        grow(&self.module, &mut self.inv_mass, home)?;
-        grow(&self.module, &mut self.types, home)?;
-        self.staging.v.upload(&found.home_v, &self.v, &self.local)?;
-        self.staging.inv_mass.upload(&found.inv_mass, &self.inv_mass, &self.local)?;
-        self.staging.types.upload(&found.home_types, &self.types, &self.local)?;
+    /// Enqueues the home arrays of `found` on `halo` (the stream of `ex`, where the replan
+    /// enqueued the exchange's maps and metadata): the coordinates into `ex`'s `x`, the
+    /// velocities, `1 / m` and types into this rank's buffers, each through page-locked staging
+    /// kept for the run (no host wait); then records [`Self::uploaded`] on `halo`, also when an
+    /// upload failed (so that [`Self::order_after_uploads`] covers whatever was enqueued).
+    ///
+    /// Why this may run before the rank's search: no part of any search reads these arrays. The
+    /// host-lists path uploads the host's grid and lists; the GPU paths sort their own copies of
+    /// the atoms (`DeviceGrid::build_local` copies the local atoms' coordinates, types and zones
+    /// into its own scratch buffers; `update_on_gpu` uploads the host's grid) and search the grid's
+    /// buffers. Only the steps read them, and those are ordered after the copies by
+    /// [`Self::order_after_uploads`] (local stream) and by stream order (`halo`).
+    ///
+    /// Why the growths are safe: they happen before this search enqueues anything, on an idle rank
+    /// (the search step waited for the local stream, which waited for the last search's
+    /// [`Self::uploaded`]), so a freed buffer is no queued copy's target; the search itself grows
+    /// only the grid's, the search's and the lists' own buffers, never these.
+    fn stage_uploads(&mut self, found: &RankSearch, ex: &RankExchange, halo: &CudaStream) -> Result<()> {
+        let home = home_arrays_fit(found.lists.home_atoms(), [found.home_x.len(), found.home_v.len(), found.inv_mass.len(), found.home_types.len()])?;
+        let enqueued = (|| -> Result<()> {
+            grow(&self.module, &mut self.v, home)?;
+            grow(&self.module, &mut self.inv_mass, home)?;
+            grow(&self.module, &mut self.types, home)?;
+            // Only home elements of `x` are written: peers may already store into this rank's halo
+            // region (after the replan's barrier) without conflict.
+            ex.upload_coordinates_async(&found.home_x, &mut self.staging.x, halo)?;
+            self.staging.v.upload(&found.home_v, &self.v, halo)?;
+            self.staging.inv_mass.upload(&found.inv_mass, &self.inv_mass, halo)?;
+            self.staging.types.upload(&found.home_types, &self.types, halo)
+        })();
+        let recorded = self.uploaded.record(halo).during("recording the search's uploads");
+        enqueued?;
+        recorded?;
         self.home = home;
         self.total = found.lists.atoms();
         self.forces_clear = false;
         Ok(())
     }
 
-    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), velocities,
-    /// masses and types with those of a new search `found`; returns the time of the GPU search
-    /// (zero for uploaded lists). The rank must be idle (the search step synchronised its
-    /// streams). The velocities, masses and types are enqueued on the local stream, not waited
-    /// for: the search step synchronises once after every rank's uploads
-    /// ([`Self::upload_coordinates`]).
-    pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
-        let t = Instant::now();
-        let searched = match &found.lists {
-            RankLists::Host(search) => {
-                self.nb.update(search, box_size)?;
-                Duration::ZERO
-            }
-            RankLists::Gpu(grid) => {
-                self.nb.update_on_gpu(grid, box_size, &self.local)?;
-                t.elapsed()
-            }
-            RankLists::GpuGrid(atoms) => {
-                self.nb.update_local(atoms, box_size, &self.local)?;
-                t.elapsed()
-            }
+    /// After the rank's search: the local stream waits for [`Self::uploaded`] (the home arrays
+    /// and, recorded after them on the same stream, the replan's maps and metadata), so every
+    /// later launch there sees them: the steps' force and update kernels, and a captured step,
+    /// whose halo branch forks from the local stream inside the graph and so is ordered after
+    /// this wait too. Then [`Self::coordinates_ready`] is recorded after that wait, for the halo
+    /// stream's next coordinate halo ([`Self::begin_step`]); the halo stream follows its own
+    /// copies by stream order anyway. Enqueued after the search, so that the copies overlap the
+    /// grid and list kernels on the local stream instead of delaying them.
+    fn order_after_uploads(&self) -> Result<()> {
+        self.local.wait(&self.uploaded).during("ordering the local stream after the search's uploads")?;
+        self.coordinates_ready.record(&self.local).during("recording an event")
+    }
+
+    /// Replaces the lists (uploaded, or searched on the GPU on the local stream), home
+    /// coordinates (in `ex`'s `x`), velocities, masses and types with those of a new search
+    /// `found`; returns the time of the GPU search (zero for uploaded lists). The rank must be
+    /// idle (the search step synchronised its streams), and `ex` the exchange the next steps use,
+    /// replanned (or built) for `found`, with `halo` its stream for this rank.
+    ///
+    /// The home arrays are enqueued on `halo` first ([`Self::stage_uploads`]; no search reads
+    /// them), so their DMA runs while the local stream builds the grid and lists; the local stream
+    /// then waits for them ([`Self::order_after_uploads`]). Nothing here waits for the copies on
+    /// the host: the steps are ordered after them on the GPU. A search through pageable
+    /// synchronous copies (host lists, a grid from the host) still needs the caller's context
+    /// synchronisation before the steps (`run.rs`).
+    pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
+        let staged = self.stage_uploads(found, ex, halo);
+        let searched = match staged {
+            Ok(()) => self.search_lists(found, box_size),
+            Err(_) => Ok(Duration::ZERO),
         };
-        self.set_atoms(found)?;
+        // Always: whatever was enqueued on `halo` is then covered by the local stream's order.
+        let ordered = self.order_after_uploads();
+        staged?;
+        let searched = searched?;
+        ordered?;
         Ok(searched)
     }
 
-    /// Enqueues the home coordinates of a new search into the exchange's `x` on the local stream
-    /// (through page-locked staging kept for the run, no host wait) and records the event that
-    /// the halo stream's next coordinate halo waits for ([`Self::begin_step`]), so that the halo
-    /// stream cannot read home coordinates before they landed even without the search step's
-    /// synchronisation; the local stream's own kernels run after the copy in its order. Call it
-    /// after [`Self::update`] (or [`Self::new`]) with the exchange the next steps use, whose rank
-    /// must be idle.
-    pub fn upload_coordinates(&mut self, ex: &RankExchange, x: &[Float3]) -> Result<()> {
-        if x.len() != self.home {
-            return Err(HaloError::InvalidInput(format!("rank {}: {} home coordinates for {} home atoms", ex.rank(), x.len(), self.home)));
+    /// The new lists of `found` (see [`Self::update`]); the time of a GPU search.
+    fn search_lists(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
+        let t = Instant::now();
+        match &found.lists {
+            RankLists::Host(search) => {
+                self.nb.update(search, box_size)?;
+                Ok(Duration::ZERO)
+            }
+            RankLists::Gpu(grid) => {
+                self.nb.update_on_gpu(grid, box_size, &self.local)?;
+                Ok(t.elapsed())
+            }
+            RankLists::GpuGrid(atoms) => {
+                self.nb.update_local(atoms, box_size, &self.local)?;
+                Ok(t.elapsed())
+            }
         }
-        ex.upload_coordinates_async(x, &mut self.staging.x, &self.local)?;
-        self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
     /// A search of a rank that has every atom (one rank, no halo) entirely on the GPU, on the
@@ -436,5 +479,35 @@ impl MdRank {
     /// Waits for the local stream.
     pub fn synchronize(&self) -> Result<()> {
         self.local.synchronize().during("waiting for the local stream")
+    }
+}
+
+/// The home count of a search whose home arrays hold `lens` = [coordinates, velocities, `1 / m`,
+/// types] elements for `home` home atoms: an error unless every array holds exactly `home`
+/// (checked before anything of the search is enqueued or grown).
+fn home_arrays_fit(home: usize, lens: [usize; 4]) -> Result<usize> {
+    if lens.iter().any(|&n| n != home) {
+        let [x, v, m, t] = lens;
+        return Err(HaloError::InvalidInput(format!("{x} coordinates, {v} velocities, {m} masses and {t} types for {home} home atoms")));
+    }
+    Ok(home)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_arrays_must_all_hold_the_home_atoms() {
+        assert_eq!(home_arrays_fit(0, [0; 4]).unwrap(), 0);
+        assert_eq!(home_arrays_fit(22_500, [22_500; 4]).unwrap(), 22_500);
+        for short in 0..4 {
+            let mut lens = [7; 4];
+            lens[short] = 6;
+            let e = home_arrays_fit(7, lens).unwrap_err().to_string();
+            assert!(e.contains("for 7 home atoms"), "{e}");
+            lens[short] = 8;
+            assert!(home_arrays_fit(7, lens).is_err(), "one array too long");
+        }
     }
 }

@@ -811,34 +811,53 @@ impl MdRun {
             None => ex.routes(),
         };
         let records = self.cfg.nstlist as usize;
+        // Whether this search left a synchronous copy from pageable memory that the steps'
+        // (non-blocking) streams do not follow ([`uploads_need_context_sync`]).
+        let mut facts = SearchSyncFacts {
+            new_exchange: !replanned,
+            replan_staged: matches!(self.placement, Placement::Pe { .. }),
+            new_rank: false,
+            pageable_lists: false,
+        };
         for (i, r) in found.iter().enumerate() {
             let rank = &ex.local_ranks()[i];
             if rank.rank() != r.rank {
                 return Err(HaloError::InvalidInput(format!("the exchange drives rank {} where the search built rank {}", rank.rank(), r.rank)));
             }
+            // The rank's exchange stream: the replan enqueued the rank's maps and metadata there,
+            // and the rank's home arrays follow them on it, before its search (`MdRank::update`).
+            let halo = ex.streams().get(i).ok_or_else(|| HaloError::InvalidInput(format!("no exchange stream for local rank {i}")))?;
+            facts.pageable_lists |= !matches!(r.lists, search::RankLists::GpuGrid(_));
             match self.ranks.get_mut(i) {
-                Some(m) => gpu_search += m.update(r, self.system.box_size)?,
-                None => self.ranks.push(MdRank::new(rank.module().clone(), r, &self.lj, &self.setup, self.system.box_size, records)?),
+                Some(m) => gpu_search += m.update(r, self.system.box_size, rank, halo)?,
+                None => {
+                    facts.new_rank = true;
+                    self.ranks.push(MdRank::new(rank.module().clone(), r, &self.lj, &self.setup, self.system.box_size, records, rank, halo)?);
+                }
             }
-            // After the rank's lists and home arrays: its local stream exists, and the coordinates
-            // are enqueued there behind the other uploads (a GPU search reads none of them).
-            let m = self.ranks.get_mut(i).ok_or_else(|| HaloError::InvalidInput(format!("no MD state for local rank {i}")))?;
-            m.upload_coordinates(rank, &r.home_x)?;
         }
-        // The one wait of the uploads. The home arrays (coordinates, velocities, masses, types) and
-        // the replan's maps and metadata were enqueued from page-locked staging on the streams
-        // that read them (the local stream; the exchange stream), and the halo stream waits for
-        // the local stream's event before its first coordinate halo, so those need no host wait.
-        // But the lists a host search uploads (`NbnxmGpu::update`) and a new exchange's set-up are
-        // still synchronous copies from pageable memory on the legacy default stream, which may
-        // return before their DMA lands and which the (non-blocking) local and halo streams do not
-        // follow: wait for every stream of each GPU once, here. The staging memory needs no wait
-        // (each upload waits for its staging's previous copy before writing it again).
-        let mut synced: Vec<usize> = Vec::new();
-        for r in ex.local_ranks() {
-            if !synced.contains(&r.context().ordinal()) {
-                r.context().synchronize().during("waiting for the search step's uploads")?;
-                synced.push(r.context().ordinal());
+        // The uploads' ordering. Each rank's home arrays (coordinates, velocities, masses, types)
+        // were enqueued from page-locked staging on its exchange stream, after the replan's maps
+        // and metadata (same stream), and its local stream waits for an event recorded after all
+        // of them (`MdRank::update`). So every consumer is ordered after every upload it reads
+        // without a host wait: the exchange's launches and the halo stream's force kernels by
+        // stream order; the local stream's force, prune and update kernels by that wait; a
+        // captured step, launched on the local stream, by the same wait (its halo branch forks
+        // from the local stream inside the graph); the next search's read-back and the checks by
+        // the local stream's synchronisation (`settle`); no peer reads this rank's home arrays or
+        // maps (peers store into its halo region, signals and receive slots only). What stream
+        // order cannot cover is a synchronous copy from pageable memory on the legacy default
+        // stream, which may return before its DMA lands and which the non-blocking streams do not
+        // follow: the lists a host search uploads, a host grid, a new rank's or a new exchange's
+        // set-up, a replan of ranks in one process (their metadata). Only then wait for every
+        // stream of each GPU once, here.
+        if uploads_need_context_sync(&facts) {
+            let mut synced: Vec<usize> = Vec::new();
+            for r in ex.local_ranks() {
+                if !synced.contains(&r.context().ordinal()) {
+                    r.context().synchronize().during("waiting for the search step's uploads")?;
+                    synced.push(r.context().ordinal());
+                }
             }
         }
         // The GPU searches ran one rank after another inside the uploads: count them as the lists'.
@@ -917,7 +936,8 @@ impl MdRun {
                 }
                 let mut h = host_search.home_arrays(home);
                 h.ids.extend_from_slice(ids);
-                gather.read_home_into(&r.x, m.velocity_buffer(), home, &mut h.positions, &mut h.velocities)?;
+                // One wait for both copies, on the rank's local stream (idle since the settle above).
+                gather.read_home_into(&r.x, m.velocity_buffer(), home, &m.local, &mut h.positions, &mut h.velocities)?;
                 Ok(h)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -1108,6 +1128,34 @@ impl Drop for MdRun {
 }
 
 /// Sizes of this process's grids and lists at the search just done.
+/// What a search step did that decides whether its uploads need a host wait
+/// ([`uploads_need_context_sync`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SearchSyncFacts {
+    /// The exchange was built at this search (its set-up copies synchronously from pageable
+    /// memory), not replanned.
+    new_exchange: bool,
+    /// A replan enqueues all of its copies on the exchange's streams (`PeExchange::replan`: maps
+    /// and metadata through staging; a new set-up of the host-driven links writes only a record
+    /// that the hosts read). A replan of ranks in one process (`LocalRanks::replan`) uploads the
+    /// metadata synchronously instead.
+    replan_staged: bool,
+    /// Some rank's GPU state was made at this search (`MdRank::new`: the LJ table and the first
+    /// buffers, synchronous copies).
+    new_rank: bool,
+    /// Some rank's lists or grid came from the host (`NbnxmGpu::update`, `update_on_gpu`:
+    /// synchronous copies from pageable memory), not from its local atoms on the GPU.
+    pageable_lists: bool,
+}
+
+/// Whether the search step must synchronise the contexts before its first step: whenever
+/// anything of it crossed in a synchronous copy from pageable memory (the legacy default stream,
+/// which the steps' non-blocking streams do not follow, and whose DMA may land after the call
+/// returned). Otherwise every upload is ordered before its readers on the GPU (see the call).
+fn uploads_need_context_sync(f: &SearchSyncFacts) -> bool {
+    f.new_exchange || !f.replan_staged || f.new_rank || f.pageable_lists
+}
+
 fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
     let mut s = ListSizes::default();
     for (r, m) in found.iter().zip(ranks) {
@@ -1204,6 +1252,23 @@ mod tests {
         assert_eq!(cfg.list_setup(&sys).unwrap().nstprune, 100, "nstprune is capped at nstlist");
         cfg.nstlist = 0;
         assert!(cfg.list_setup(&sys).unwrap_err().to_string().contains("nstlist"));
+    }
+
+    #[test]
+    fn only_a_search_with_pageable_copies_waits_for_its_uploads() {
+        // The fast path: a replan across PEs, the ranks kept, the lists searched from the local atoms.
+        let fast = SearchSyncFacts { new_exchange: false, replan_staged: true, new_rank: false, pageable_lists: false };
+        assert!(!uploads_need_context_sync(&fast));
+        for slow in [
+            SearchSyncFacts { new_exchange: true, ..fast },
+            SearchSyncFacts { replan_staged: false, ..fast },
+            SearchSyncFacts { new_rank: true, ..fast },
+            SearchSyncFacts { pageable_lists: true, ..fast },
+        ] {
+            assert!(uploads_need_context_sync(&slow), "{slow:?}");
+        }
+        // The first search builds everything.
+        assert!(uploads_need_context_sync(&SearchSyncFacts { new_exchange: true, replan_staged: true, new_rank: true, pageable_lists: false }));
     }
 
     #[test]
