@@ -206,9 +206,9 @@ impl MdRank {
     /// idle (the search step synchronised its streams), and `ex` the exchange the next steps use,
     /// replanned (or built) for `found`, with `halo` its stream for this rank.
     ///
-    /// The home arrays are enqueued on `halo` first ([`Self::stage_uploads`]; no search reads
+    /// The home arrays are enqueued on `halo` first (`stage_uploads`; no search reads
     /// them), so their DMA runs while the local stream builds the grid and lists; the local stream
-    /// then waits for them ([`Self::order_after_uploads`]). Nothing here waits for the copies on
+    /// then waits for them (`order_after_uploads`). Nothing here waits for the copies on
     /// the host: the steps are ordered after them on the GPU. A search through pageable
     /// synchronous copies (host lists, a grid from the host) still needs the caller's context
     /// synchronisation before the steps (`run.rs`).
