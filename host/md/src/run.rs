@@ -1127,7 +1127,6 @@ impl Drop for MdRun {
     }
 }
 
-/// Sizes of this process's grids and lists at the search just done.
 /// What a search step did that decides whether its uploads need a host wait
 /// ([`uploads_need_context_sync`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1156,6 +1155,7 @@ fn uploads_need_context_sync(f: &SearchSyncFacts) -> bool {
     f.new_exchange || !f.replan_staged || f.new_rank || f.pageable_lists
 }
 
+/// Sizes of this process's grids and lists at the search just done.
 fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
     let mut s = ListSizes::default();
     for (r, m) in found.iter().zip(ranks) {
