@@ -180,6 +180,10 @@ fn non_finite_coordinates_are_named() {
     let e = nb.update_resident(&xd, &td, x.len(), b, &stream).unwrap_err().to_string();
     assert!(e.contains("atom 1234"), "{e}");
     assert_eq!((nb.entries(ListKind::Local), nb.atoms()), (0, 0));
+    // The search ran its first passes on the grid before its one read-back found the bad atom: no
+    // grid is recorded, no list written.
+    assert!(nb.read_grid().is_err(), "a failed resident search leaves no grid");
+    assert!(nb.read_entries(ListKind::Local).unwrap().is_empty());
     x[1234].y = 1.0;
     x[3000].x = 1.0;
     x[4321].z = 1.0;
@@ -216,6 +220,11 @@ fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem,
     );
     assert_eq!(nb.read_grid().unwrap(), search.grid, "{test}: grid");
     assert_eq!(nb.atoms(), n);
+    // The search step's grid facts (checked after its one read-back) are those of a synchronous
+    // build of the same (now wrapped) coordinates.
+    let mut alone = DeviceGrid::new(&g.module).unwrap();
+    let built = alone.build(&g.module, &xd, &td, n, sys.box_size, true, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    assert_eq!(r.grid, built, "{test}: grid info");
     for (kind, list) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)] {
         let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
         assert_eq!(words.len(), list.j_list.len(), "{test} {kind:?}: words");
@@ -409,6 +418,9 @@ fn check_local_search(test: &str, g: &Gpu, nb: &mut NbnxmGpu, atoms: &LocalAtoms
     // The read-back grid takes the LJ table's type count.
     assert_eq!(ClusterGrid { ntypes: search.grid.ntypes, ..nb.read_grid().unwrap() }, search.grid, "{test}: grid");
     assert_eq!(nb.atoms(), atoms.len());
+    // The search step's grid facts are those of a synchronous build of the same atoms.
+    let mut alone = DeviceGrid::new(&g.module).unwrap();
+    assert_eq!(r.grid, alone.build_local(&g.module, atoms, &stream).unwrap_or_else(|e| panic!("{test}: {e}")), "{test}: grid info");
     for (k, (kind, list)) in [(ListKind::Local, &search.local), (ListKind::NonLocal, &search.nonlocal)].into_iter().enumerate() {
         let (entries, words) = (nb.read_entries(kind).unwrap(), nb.read_j_list(kind, false).unwrap());
         assert_eq!(words.len(), list.j_list.len(), "{test} {kind:?}: words");

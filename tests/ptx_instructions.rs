@@ -401,6 +401,12 @@ fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
         assert_lowers(&b, k, &["div.rn.f32", "cvt.rzi.u32.f32", "max.f32", "vote.sync.ballot.b32", "bar.warp.sync", "st.shared.b32", "popc.b32"]);
         assert!(!b[k].contains("div.approx"), "{k}: an approximate division");
     }
+    // The ABI (14): `(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
+    // n_shifts, n_super, info, rl, rl2, counts)`, and `(.., offsets, j_local, j_nonlocal)` for the
+    // write pass: the grid's count comes from the device's `info` word, `n_super` is the bound.
+    for (k, params) in [(abi::NBNXM_SEARCH_COUNT, 13), (abi::NBNXM_SEARCH_WRITE, 15)] {
+        assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), params, "{k}'s parameters");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 13;
+pub const ABI_VERSION: u32 = 14;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -240,10 +240,8 @@ pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 /// or [`NBNXM_PRUNE_SHARED_BYTES`] (prune) of dynamic shared memory. Block `b` runs entry
 /// `entries[order[b]]`: `order` is a permutation of `0..n_entries` (the launch order, longest
 /// entries first: [`NBNXM_ORDER_TILES`]), so the blocks that start last are short ones.
-pub const NBNXM_KERNELS: [[&str; 3]; 2] = [
-    ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"],
-    ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"],
-];
+pub const NBNXM_KERNELS: [[&str; 3]; 2] =
+    [["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"], ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"]];
 /// Most atom types the nbnxm kernels take (their LJ table lives in shared memory).
 pub const NBNXM_MAX_TYPES: u32 = 32;
 /// Most warps per list entry (block size 512: the force kernels' registers fit twice over).
@@ -284,17 +282,31 @@ pub const fn nbnxm_force_shared_bytes(ntypes: u32, warps: u32) -> u32 {
 /// a rank's launch, it skews that rank's GPU timeline against its peers'.
 pub const SPIN_DELAY: &str = "spin_delay";
 /// `nbnxm_search_count(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
-/// n_shifts, n_super, rl, rl2, counts)`: the cluster-pair search on the GPU, first pass. One warp
-/// per (i-supercluster, shift) item `sci * n_shifts + s`; writes the item's number of j-list words
-/// of the home–home list to `counts[2 item]` and of the list with halo clusters to
-/// `counts[2 item + 1]`. The rule is the host search's (`host/md/src/nbnxm/pairlist.rs`), in the
-/// same `f32` arithmetic, so both find the same words.
+/// n_shifts, n_super, info, rl, rl2, counts)`: the cluster-pair search on the GPU, first pass. One
+/// warp per (i-supercluster, shift) item `sci * n_shifts + s` for `n_super * n_shifts` items:
+/// `n_super` is an upper bound on the grid's superclusters the host knows without reading the
+/// device (a GPU build's plan bound, or the count of an uploaded grid), the grid's own count is
+/// `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` on the device ([`nbnxm_search_superclusters`] of
+/// both). Writes the item's number of j-list words of the home–home list to `counts[2 item]` and
+/// of the list with halo clusters to `counts[2 item + 1]`; an item of a supercluster at or above
+/// the grid's count has none (its two counts are 0, and it reads nothing of the grid). The rule
+/// is the host search's (`host/md/src/nbnxm/pairlist.rs`), in the same `f32` arithmetic, so both
+/// find the same words.
 pub const NBNXM_SEARCH_COUNT: &str = "nbnxm_search_count";
 /// `nbnxm_search_write(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts,
-/// n_shifts, n_super, rl, rl2, offsets, j_local, j_nonlocal)`: the second pass, same items: writes
-/// each item's words, in the host search's order, to `j_local[offsets[2 item] ..]` and
-/// `j_nonlocal[offsets[2 item + 1] ..]`.
+/// n_shifts, n_super, info, rl, rl2, offsets, j_local, j_nonlocal)`: the second pass, same items
+/// (same `n_super` and `info` as the count pass): writes each item's words, in the host search's
+/// order, to `j_local[offsets[2 item] ..]` and `j_nonlocal[offsets[2 item + 1] ..]`; an item of a
+/// supercluster at or above the grid's count writes nothing.
 pub const NBNXM_SEARCH_WRITE: &str = "nbnxm_search_write";
+
+/// The superclusters the search passes take, from the launch's bound `n_super` and the grid's
+/// count `info[`[`NBNXM_GRID_INFO_SUPERCLUSTERS`]`]` on the device: the count, never above the
+/// bound (the bound sizes the items, their counts and offsets, so no item beyond it is read
+/// whatever the device word says). Items of superclusters at or above it produce nothing.
+pub const fn nbnxm_search_superclusters(n_super: u32, info_count: u32) -> u32 {
+    if info_count < n_super { info_count } else { n_super }
+}
 
 /// `nbnxm_layout_tiles(counts, n_items, max_j, tile_sums)`: the lists' layout on the GPU, first
 /// pass (`host/md/src/nbnxm/gpu_search.rs`). One block of [`NBNXM_LAYOUT_THREADS`] threads,

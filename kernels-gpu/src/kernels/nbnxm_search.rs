@@ -5,7 +5,10 @@
 //! GPU lists equal the host lists word for word.
 //!
 //! Two passes over the same items: `nbnxm_search_count` counts each item's words per list (the
-//! host turns the counts into offsets and entries), `nbnxm_search_write` writes them there.
+//! layout turns the counts into offsets and entries), `nbnxm_search_write` writes them there. The
+//! host launches them over an upper bound `n_super` of the grid's superclusters (it does not wait
+//! for a GPU build to read its count back); each warp reads the grid's count from the device's
+//! `info` word and an item beyond it counts nothing (its counts are 0) and writes nothing.
 //!
 //! Per item (uniform across the warp): for every zone whose clusters may pair with the
 //! i-supercluster's zone (no common zone bit) and that has superclusters at or after it (half
@@ -18,7 +21,8 @@
 //! lane order, which is the host's (j-supercluster, then j-cluster) order.
 
 use crate::abi::{
-    NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_MASK_BITS, NBNXM_SEARCH_WARPS_PER_BLOCK, NbnxmBox, NbnxmShift, NbnxmZone,
+    NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_GRID_INFO_SUPERCLUSTERS, NBNXM_MASK_BITS, NBNXM_SEARCH_WARPS_PER_BLOCK, NbnxmBox,
+    NbnxmShift, NbnxmZone, nbnxm_search_superclusters,
 };
 use crate::device::{shared, thread, warp};
 
@@ -68,18 +72,20 @@ fn same_super_mask(kj: u32, shift: u32) -> u32 {
 /// else the counts to `counts[2 item + kind]`.
 ///
 /// # Safety
-/// A grid built by the host: `super_bbox` has `n_super` boxes, `cluster_bbox` `8 n_super`,
-/// `super_zone` `n_super` zones, `zones` `n_zones` grids whose `column_start` ranges are inside it
-/// and index superclusters below `n_super`, `shifts` `n_shifts` entries; `counts` (count pass) or
-/// `offsets` (write pass) has `2 n_super n_shifts` entries and the lists room for every word; launched
+/// `n_super * n_shifts` fits a `u32`; `info` has [`crate::abi::NBNXM_GRID_INFO_WORDS`] words, and
+/// with `g` = [`nbnxm_search_superclusters`]`(n_super, info[NBNXM_GRID_INFO_SUPERCLUSTERS])` a
+/// complete grid of `g` superclusters: `super_bbox` has `g` boxes, `cluster_bbox` `8 g`,
+/// `super_zone` `g` zones, `zones` `n_zones` grids whose `column_start` ranges are inside it and
+/// index superclusters below `g`, `shifts` `n_shifts` entries; `counts` (count pass) or `offsets`
+/// (write pass) has `2 n_super n_shifts` entries and the lists room for every word; launched
 /// with [`NBNXM_SEARCH_WARPS_PER_BLOCK`] warps per block and
 /// [`crate::abi::NBNXM_SEARCH_SHARED_BYTES`] of dynamic shared memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn search<const WRITE: bool>(
     super_bbox: *const NbnxmBox, cluster_bbox: *const NbnxmBox, super_zone: *const u32, zones: *const NbnxmZone, n_zones: u32,
-    column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, rl: f32, rl2: f32, counts_or_offsets: *mut u32,
-    out_local: *mut u32, out_nonlocal: *mut u32,
+    column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, info: *const u32, rl: f32, rl2: f32,
+    counts_or_offsets: *mut u32, out_local: *mut u32, out_nonlocal: *mut u32,
 ) {
     let warp_in_block = warp::warp_id();
     let item = thread::block_idx_x() * NBNXM_SEARCH_WARPS_PER_BLOCK + warp_in_block;
@@ -91,6 +97,14 @@ unsafe fn search<const WRITE: bool>(
     let (sci, s) = (item / n_shifts, item % n_shifts);
     // SAFETY: every index below is inside the arrays by the host's contract.
     unsafe {
+        // Beyond the grid's own count: no word (warp-uniform, like the item).
+        if sci >= nbnxm_search_superclusters(n_super, *info.add(NBNXM_GRID_INFO_SUPERCLUSTERS)) {
+            if !WRITE && lane == 0 {
+                *counts_or_offsets.add(2 * item as usize) = 0;
+                *counts_or_offsets.add(2 * item as usize + 1) = 0;
+            }
+            return;
+        }
         let sh = *shifts.add(s as usize);
         let zi = *super_zone.add(sci as usize);
         let bi = shifted(&*super_bbox.add(sci as usize), sh.v);
@@ -203,12 +217,13 @@ kernel! {
     /// The search's first pass. See [`crate::abi::NBNXM_SEARCH_COUNT`].
     fn nbnxm_search_count(
         super_bbox: *const NbnxmBox, cluster_bbox: *const NbnxmBox, super_zone: *const u32, zones: *const NbnxmZone, n_zones: u32,
-        column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, rl: f32, rl2: f32, counts: *mut u32,
+        column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, info: *const u32, rl: f32, rl2: f32,
+        counts: *mut u32,
     ) {
         // SAFETY: forwarded; the host's contract is on `search`.
         unsafe {
-            search::<false>(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts, n_shifts, n_super, rl, rl2, counts,
-                core::ptr::null_mut(), core::ptr::null_mut())
+            search::<false>(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts, n_shifts, n_super, info, rl, rl2,
+                counts, core::ptr::null_mut(), core::ptr::null_mut())
         }
     }
 }
@@ -217,13 +232,13 @@ kernel! {
     /// The search's second pass. See [`crate::abi::NBNXM_SEARCH_WRITE`].
     fn nbnxm_search_write(
         super_bbox: *const NbnxmBox, cluster_bbox: *const NbnxmBox, super_zone: *const u32, zones: *const NbnxmZone, n_zones: u32,
-        column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, rl: f32, rl2: f32, offsets: *mut u32,
-        j_local: *mut u32, j_nonlocal: *mut u32,
+        column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, info: *const u32, rl: f32, rl2: f32,
+        offsets: *mut u32, j_local: *mut u32, j_nonlocal: *mut u32,
     ) {
         // SAFETY: forwarded.
         unsafe {
-            search::<true>(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts, n_shifts, n_super, rl, rl2, offsets,
-                j_local, j_nonlocal)
+            search::<true>(super_bbox, cluster_bbox, super_zone, zones, n_zones, column_start, shifts, n_shifts, n_super, info, rl, rl2,
+                offsets, j_local, j_nonlocal)
         }
     }
 }

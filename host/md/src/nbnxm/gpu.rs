@@ -20,7 +20,7 @@
 //! any rank [`NbnxmGpu::update_local`] builds the grid (every zone) and lists on the GPU from the
 //! rank's [`LocalAtoms`].
 
-use super::gpu_grid::{DeviceGrid, GridInfo};
+use super::gpu_grid::{DeviceGrid, GridInfo, PendingGrid};
 use super::gpu_search::{GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::order::entry_order;
@@ -33,6 +33,9 @@ use crate::kernel_args;
 use crate::system::MolecularSystem;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The coordinate of a local atom, for the error that names an atom with a non-finite one.
+type Coordinate<'a> = &'a dyn Fn(usize) -> Result<Float3>;
 
 /// Which of a rank's two lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,16 +134,19 @@ impl GpuList {
 }
 
 /// What [`NbnxmGpu::update_resident`] or [`NbnxmGpu::update_local`] did: the grid it built, the
-/// lists' sizes, and the time of each part (host wall clock around synchronous GPU work).
+/// lists' sizes, and the time of each part (host wall clock; the grid's GPU work is waited for in
+/// the lists' part, the search step's one synchronisation before the lists are written).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ResidentSearch {
     /// The grid built on the GPU.
     pub grid: GridInfo,
-    /// Building the grid (copies, wrapping on one rank, five passes, one synchronisation, three
-    /// words read back).
+    /// Enqueueing the grid: the host's checks and zone plan, the copies of the local atoms
+    /// (`update_local`), the zone table and the five passes' launches (wrapping on one rank). No
+    /// wait for the GPU: the passes run while the host enqueues the lists' first passes.
     pub grid_time: Duration,
-    /// Searching both lists (the count pass, the lists' layout on the GPU, one synchronisation
-    /// reading back the lists' sizes, the entries and the write pass).
+    /// Everything after: the count pass, the lists' layout scan, one synchronisation (waiting for
+    /// the grid's passes too) reading back the lists' sizes and the grid's three words, the grid's
+    /// checks, the entries, the launch order, the write pass and the final synchronisation.
     pub lists_time: Duration,
     /// j-list words of the home–home and the non-local list (the latter empty on one rank).
     pub words: [usize; 2],
@@ -273,7 +279,7 @@ impl NbnxmGpu {
     pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
         self.set_grid(grid, box_size)?;
         self.grid.upload_boxes(&self.module, grid)?;
-        self.search_lists(stream)
+        self.search_lists(stream, None).map(|_| ())
     }
 
     /// An object with no grid and empty lists, for [`Self::update_resident`] to fill; the LJ table
@@ -290,10 +296,19 @@ impl NbnxmGpu {
     /// and lists [`PairSearch::build`] finds on `LocalAtoms::single_rank` of the wrapped atoms.
     /// The force and prune kernels then read the new grid's slots. A non-finite coordinate is an
     /// error naming the first such atom (the lists are then empty).
+    ///
+    /// One host synchronisation of `stream` between the grid and the lists (the grid's three info
+    /// words and the lists' totals read back together), and one at the end, after the write pass.
+    /// That last one stays: the lists' readers are not all ordered after `stream` on the GPU
+    /// (`read_entries`, `read_order` and `set_order_identity` copy synchronously on the legacy
+    /// stream; the next search step reallocates the list and count buffers from the host), and the
+    /// callers (`MdRank::search_resident`, the tests) rely on complete lists when this returns.
     pub fn update_resident(
         &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        self.search_on_gpu_grid(atoms, box_size, stream, |grid, module| grid.build(module, x, types, atoms, box_size, true, stream))
+        self.search_on_gpu_grid(box_size, stream, |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream), &|atom| {
+            Ok(x.to_host()?.get(atom).copied().unwrap_or_default())
+        })
     }
 
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
@@ -316,18 +331,26 @@ impl NbnxmGpu {
     /// then empty).
     pub fn update_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream) -> Result<ResidentSearch> {
         let ntypes = self.ntypes;
-        self.search_on_gpu_grid(atoms.len(), box_size, stream, |grid, module| {
-            lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
-            grid.build_local(module, atoms, stream)
-        })
+        self.search_on_gpu_grid(
+            box_size,
+            stream,
+            |grid, module| {
+                lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
+                grid.enqueue_build_local(module, atoms, stream)
+            },
+            &|atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()),
+        )
     }
 
-    /// A search on a grid that `build` sorts on the GPU (on `stream`, synchronised before
-    /// returning): the lists are emptied first (a failed build or search leaves none), the grid
-    /// built, its largest atom type checked against the LJ table, and both lists searched on it
-    /// for `atoms` atoms in a box of `box_size`; the time of each half.
+    /// A search on a grid that `enqueue` sorts on the GPU (on `stream`, synchronised before
+    /// returning): the lists are emptied first (a failed build or search leaves none), the grid's
+    /// passes enqueued, both lists' first passes enqueued on it, and after the one synchronisation
+    /// the grid checked (its info words: a bad atom, named with `coordinate(atom)`; too many
+    /// clusters; its largest atom type against the LJ table) before any list is written; the time
+    /// of each half (see [`ResidentSearch`]).
     fn search_on_gpu_grid(
-        &mut self, atoms: usize, box_size: [f32; 3], stream: &CudaStream, build: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<GridInfo>,
+        &mut self, box_size: [f32; 3], stream: &CudaStream, enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
+        coordinate: Coordinate<'_>,
     ) -> Result<ResidentSearch> {
         let t0 = Instant::now();
         self.atoms = 0;
@@ -335,12 +358,12 @@ impl NbnxmGpu {
             l.n_entries = 0;
             l.n_words = 0;
         }
-        let grid = build(&mut self.grid, &self.module)?;
-        lj_table_holds(atoms > 0 && grid.max_type >= self.ntypes, grid.max_type as usize, self.ntypes)?;
+        let pending = enqueue(&mut self.grid, &self.module)?;
         let t1 = Instant::now();
-        self.search_lists(stream)?;
+        let grid = self.search_lists(stream, Some((&pending, coordinate)))?;
+        let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
         self.box_size = box_size;
-        self.atoms = atoms;
+        self.atoms = grid.atoms;
         Ok(ResidentSearch {
             grid,
             grid_time: t1 - t0,
@@ -356,19 +379,44 @@ impl NbnxmGpu {
         self.grid.to_host(self.ntypes as usize)
     }
 
-    /// Searches both lists on the GPU on the grid the device buffers hold (at `setup.rlist`, 32
-    /// words per entry), on `stream`, which is synchronised before returning.
-    fn search_lists(&mut self, stream: &CudaStream) -> Result<()> {
+    /// Searches both lists on the GPU (at `setup.rlist`, 32 words per entry), on `stream`, which
+    /// is synchronised before returning: on the grid the device buffers hold, or on `pending`'s,
+    /// enqueued on `stream` and not yet checked: the search's one read-back brings its info words,
+    /// which are checked (`DeviceGrid::settle`, then the largest type against the LJ table) before
+    /// any list is written; returns its [`GridInfo`] then.
+    fn search_lists(&mut self, stream: &CudaStream, pending: Option<(&PendingGrid, Coordinate<'_>)>) -> Result<Option<GridInfo>> {
         let search = match self.search.as_mut() {
             Some(s) => s,
             None => self.search.insert(GpuSearch::new(&self.module)?),
         };
-        let (module, lists, grid) = (&self.module, &mut self.lists, &self.grid);
+        let (module, lists, grid, ntypes) = (&self.module, &mut self.lists, &mut self.grid, self.ntypes);
         // The entry length alone (options would count the cores, which this search does not use).
         let max_j = SearchOptions::MAX_J_PER_ENTRY;
-        let done = search.run(module, grid, self.setup.rlist, max_j, stream, &mut |t| {
-            Ok([lists[0].reserve(module, t.entries[0], t.words[0])?, lists[1].reserve(module, t.entries[1], t.words[1])?])
-        });
+        let mut settled = None;
+        let done = match grid.search_grid(pending.map(|(p, _)| p)) {
+            None => Err(HaloError::InvalidInput("the GPU search needs a grid on the device".into())),
+            Some(on) => search.run(
+                module,
+                on,
+                self.setup.rlist,
+                max_j,
+                stream,
+                &mut |words| {
+                    let Some((p, coordinate)) = pending else { return Ok(()) };
+                    // Without an item nothing ran, nor read back: the grid has no atom (its default
+                    // words), or (never, `ZonePlan::most` is at least 1 with atoms) the words alone.
+                    let words = match words {
+                        Some(w) => w,
+                        None => grid.read_words(p, stream)?,
+                    };
+                    let info = grid.settle(p, words, coordinate)?;
+                    lj_table_holds(info.atoms > 0 && info.max_type >= ntypes, info.max_type as usize, ntypes)?;
+                    settled = Some(info);
+                    Ok(())
+                },
+                &mut |t| Ok([lists[0].reserve(module, t.entries[0], t.words[0])?, lists[1].reserve(module, t.entries[1], t.words[1])?]),
+            ),
+        };
         if done.is_err() {
             // The lists may have taken sizes whose entries and words were never written.
             for l in lists.iter_mut() {
@@ -376,7 +424,7 @@ impl NbnxmGpu {
                 l.n_words = 0;
             }
         }
-        done.map(|_| ())
+        done.map(|_| settled)
     }
 
     /// j-list words (j-clusters of the entries) of list `kind`.

@@ -12,9 +12,15 @@
 //! of all zones as one column array (each zone's columns numbered after those of the zones before
 //! it, plus one empty column that closes the zone), so superclusters are numbered zone by zone,
 //! home first, as on the host. A build enqueues a copy of the zone table and the five passes on the
-//! caller's stream and synchronises once, to read back three words: the superclusters, the first
-//! atom with a non-finite coordinate, the largest atom type. The buffers are reused from one build
-//! to the next, grown with headroom when a build needs more.
+//! caller's stream; three words tell the host what they found: the superclusters, the first atom
+//! with a non-finite coordinate, the largest atom type. [`DeviceGrid::build`] and
+//! [`DeviceGrid::build_local`] synchronise the stream to read them back; the search step
+//! (`NbnxmGpu::update_resident`, `update_local`) does not: it enqueues the search's count pass on
+//! the grid at once, sized by the plan's bound on the superclusters (`ZonePlan::most`; the kernels
+//! read the count from the device's word), and reads the three words back together with the
+//! lists' totals, in the search's one synchronisation, then checks them ([`DeviceGrid::settle`])
+//! before any list is written. The buffers are reused from one build to the next, grown with
+//! headroom when a build needs more.
 
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
@@ -60,7 +66,9 @@ pub struct GridInfo {
 /// What the search kernels need to know of the grid the buffers hold.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Held {
-    /// Superclusters.
+    /// At most this many superclusters: the count of an uploaded or checked grid, the plan's bound
+    /// (`ZonePlan::most`) of a build whose words were not read yet ([`PendingGrid`]). The device's
+    /// info word holds the count either way (the search kernels read it there).
     pub(crate) superclusters: usize,
     /// Zones with atoms (entries of `zones`).
     pub(crate) zones: usize,
@@ -140,6 +148,46 @@ impl ZonePlan {
     }
 }
 
+/// A GPU build enqueued on a stream and not yet checked ([`DeviceGrid::settle`] does, from the
+/// info words read back after the stream): what the host knew before the passes.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingGrid {
+    plan: ZonePlan,
+    /// Atoms (home and halo), home atoms.
+    n: usize,
+    home: usize,
+    box_size: [f32; 3],
+    periodic: [bool; 3],
+    /// The passes ran (atoms to sort): the info words are on the device. Without atoms the words
+    /// are their defaults and nothing was enqueued.
+    launched: bool,
+    /// The one-rank build from device coordinates: no extent without atoms, but `[0, box)`.
+    resident: bool,
+}
+
+impl PendingGrid {
+    /// What the search kernels need of the pending grid: the plan's bound on its superclusters.
+    pub(crate) fn held(&self) -> Held {
+        Held { superclusters: self.plan.most, zones: self.plan.table.len(), periodic: self.periodic, box_size: self.box_size, uploaded: false }
+    }
+}
+
+/// Where the search kernels find a grid (device addresses into a [`DeviceGrid`]'s buffers) and
+/// what they need to know of it, so that a search can run while the grid's record is updated
+/// ([`DeviceGrid::settle`] touches no buffer). Valid while the [`DeviceGrid`] lives and until its
+/// next build or upload (which may reallocate the buffers): the search that takes it runs between.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SearchGrid {
+    pub(crate) super_bbox: u64,
+    pub(crate) cluster_bbox: u64,
+    pub(crate) super_zone: u64,
+    pub(crate) zones: u64,
+    pub(crate) column_start: u64,
+    /// The info words ([`abi::NBNXM_GRID_INFO_WORDS`]); the search kernels read the count there.
+    pub(crate) info: u64,
+    pub(crate) held: Held,
+}
+
 /// The working arrays of a GPU build.
 struct Scratch {
     /// Column of every atom.
@@ -198,10 +246,9 @@ fn upload_async<T: Pod>(buf: &DeviceBuffer<T>, data: &[T], stream: &CudaStream) 
     buf.context().bind_to_thread().during("binding the context")?;
     // SAFETY: the range is inside the allocation (checked above). From pageable memory the driver
     // copies `data` to a staging buffer before returning (CUDA's "API synchronization behavior"
-    // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards (and on success the build
-    // synchronises `stream` before its sources go away anyway); the copy into `buf` runs in
-    // `stream`'s order, and `buf` is reallocated (freed) only by a later build, after this build
-    // synchronised the stream.
+    // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards; the copy into `buf` runs in
+    // `stream`'s order, and `buf` is reallocated (freed) only by a later build, after this build's
+    // search step (or `build_local`) synchronised the stream.
     unsafe { cudarc::driver::result::memcpy_htod_async(buf.device_ptr(), bytemuck::cast_slice::<T, u8>(data), stream.cu_stream()) }
         .during("copying to the GPU")
 }
@@ -235,9 +282,19 @@ impl DeviceGrid {
         })
     }
 
-    /// The grid the search buffers hold, if any.
-    pub(crate) fn held(&self) -> Option<Held> {
-        self.held
+    /// Where the search kernels find the grid the buffers hold, or the grid of `pending` (enqueued
+    /// on the stream the search then uses, not yet checked); `None` without either.
+    pub(crate) fn search_grid(&self, pending: Option<&PendingGrid>) -> Option<SearchGrid> {
+        let held = pending.map(PendingGrid::held).or(self.held)?;
+        Some(SearchGrid {
+            super_bbox: self.super_bbox.device_ptr(),
+            cluster_bbox: self.cluster_bbox.device_ptr(),
+            super_zone: self.super_zone.device_ptr(),
+            zones: self.zones.device_ptr(),
+            column_start: self.column_start.device_ptr(),
+            info: self.scratch.info.device_ptr(),
+            held,
+        })
     }
 
     /// The last GPU build's shape, while its grid is held.
@@ -303,6 +360,13 @@ impl DeviceGrid {
         let (zones, flat) = Self::search_tables(grid);
         fit(module, &mut self.zones, &zones)?;
         fit(module, &mut self.column_start, &flat)?;
+        // The search kernels read the count from the device's info words (a GPU build's, else these).
+        let count = u32::try_from(grid.superclusters())
+            .map_err(|_| HaloError::InvalidInput(format!("{} superclusters, more than a u32 counts", grid.superclusters())))?;
+        let mut words = [0u32; abi::NBNXM_GRID_INFO_WORDS];
+        words[abi::NBNXM_GRID_INFO_BAD_ATOM] = u32::MAX;
+        words[abi::NBNXM_GRID_INFO_SUPERCLUSTERS] = count;
+        self.scratch.info.copy_from_host(&words)?;
         self.held =
             Some(Held { superclusters: grid.superclusters(), zones: zones.len(), periodic: grid.periodic, box_size: grid.box_size, uploaded: true });
         Ok(())
@@ -319,6 +383,25 @@ impl DeviceGrid {
         &mut self, module: &KernelModule, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, n: usize, box_size: [f32; 3], wrap: bool,
         stream: &CudaStream,
     ) -> Result<GridInfo> {
+        let pending = self.enqueue_build(module, x, types, n, box_size, wrap, stream)?;
+        let words = self.read_words(&pending, stream)?;
+        self.settle(&pending, words, |atom| Ok(x.to_host()?.get(atom).copied().unwrap_or_default()))
+    }
+
+    /// [`Self::build`]'s checks and passes, enqueued on `stream` without waiting for them: the
+    /// grid to [`Self::settle`] once the info words are read back after `stream` (the buffers hold
+    /// no grid until then; `x` and `types` must stay valid until the passes ran).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn enqueue_build(
+        &mut self,
+        module: &KernelModule,
+        x: &impl DeviceMemory<Float3>,
+        types: &DeviceBuffer<u32>,
+        n: usize,
+        box_size: [f32; 3],
+        wrap: bool,
+        stream: &CudaStream,
+    ) -> Result<PendingGrid> {
         self.held = None;
         self.built = None;
         let bad = |m: String| Err(HaloError::InvalidInput(format!("GPU cluster grid: {m}")));
@@ -332,19 +415,8 @@ impl DeviceGrid {
             return bad(format!("{n} atoms, more than a u32 index holds"));
         }
         let plan = ZonePlan::single(n, box_size);
-        let words = self.passes(module, Atoms { x: x.device_ptr(), types: types.device_ptr(), zone_ids: 0, n }, box_size, wrap, &plan, stream)?;
-        if let Some(atom) = Some(words[abi::NBNXM_GRID_INFO_BAD_ATOM] as usize).filter(|&a| a < n) {
-            let p = x.to_host()?.get(atom).copied().unwrap_or_default();
-            let (d, value) = [p.x, p.y, p.z].into_iter().enumerate().find(|(_, v)| !v.is_finite()).unwrap_or((0, p.x));
-            let e = NbnxmError::NonFinite { atom, dim: super::DIMS[d], value };
-            return Err(HaloError::InvalidInput(e.to_string()));
-        }
-        let mut info = self.finish(words, &plan, n, n, box_size, [true; 3])?;
-        if n == 0 {
-            info.extent = BBox { lo: [0.0; 3], hi: box_size };
-            self.built = Some(info);
-        }
-        Ok(info)
+        self.passes(module, Atoms { x: x.device_ptr(), types: types.device_ptr(), zone_ids: 0, n }, box_size, wrap, &plan, stream)?;
+        Ok(PendingGrid { plan, n, home: n, box_size, periodic: [true; 3], launched: n > 0, resident: true })
     }
 
     /// Builds the cluster grid of `atoms` (any rank's local atoms: home atoms and halo zones,
@@ -355,6 +427,16 @@ impl DeviceGrid {
     /// atoms are refused as the host's build refuses them (`LocalAtoms::validate`), before any
     /// copy (the buffers then hold no grid).
     pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
+        let pending = self.enqueue_build_local(module, atoms, stream)?;
+        let words = self.read_words(&pending, stream)?;
+        self.settle(&pending, words, |atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()))
+    }
+
+    /// [`Self::build_local`]'s checks, copies and passes, enqueued on `stream` without waiting for
+    /// them: the grid to [`Self::settle`] once the info words are read back after `stream` (the
+    /// buffers hold no grid until then). The copies are from pageable memory, staged by the driver
+    /// before they return (`upload_async`), so `atoms` may go away afterwards.
+    pub(crate) fn enqueue_build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<PendingGrid> {
         self.held = None;
         self.built = None;
         // The checks and the zones' shape in one pass over the atoms.
@@ -371,9 +453,49 @@ impl DeviceGrid {
         upload_async(&s.types, &atoms.types, stream)?;
         upload_async(&s.zone_ids, &atoms.zones, stream)?;
         let on = Atoms { x: s.x.device_ptr(), types: s.types.device_ptr(), zone_ids: s.zone_ids.device_ptr(), n };
-        let words = self.passes(module, on, atoms.box_size, false, &plan, stream)?;
-        // Validated coordinates are finite: no atom can be bad.
-        self.finish(words, &plan, n, atoms.home, atoms.box_size, atoms.periodic)
+        self.passes(module, on, atoms.box_size, false, &plan, stream)?;
+        Ok(PendingGrid { plan, n, home: atoms.home, box_size: atoms.box_size, periodic: atoms.periodic, launched: n > 0, resident: false })
+    }
+
+    /// The info words of `pending`'s passes, read back after synchronising `stream` (the
+    /// defaults without atoms, without waiting: nothing was enqueued).
+    pub(crate) fn read_words(&self, pending: &PendingGrid, stream: &CudaStream) -> Result<[u32; abi::NBNXM_GRID_INFO_WORDS]> {
+        if !pending.launched {
+            return Ok(default_words());
+        }
+        stream.synchronize().during("waiting for the GPU cluster grid")?;
+        let back = self.scratch.info.to_host()?;
+        let mut words = [0u32; abi::NBNXM_GRID_INFO_WORDS];
+        words.copy_from_slice(&back[..abi::NBNXM_GRID_INFO_WORDS]);
+        Ok(words)
+    }
+
+    /// Checks the info words `words` of `pending`'s passes, read back after them, and records the
+    /// grid (what [`Self::build`] or [`Self::build_local`] return): an atom with a non-finite
+    /// coordinate is an error naming the first such atom and its coordinate (`coordinate(atom)`),
+    /// as are more clusters than a list word addresses; the buffers then hold no grid. Touches no
+    /// device buffer (a search may hold a [`SearchGrid`] of them).
+    pub(crate) fn settle(
+        &mut self,
+        pending: &PendingGrid,
+        words: [u32; abi::NBNXM_GRID_INFO_WORDS],
+        coordinate: impl FnOnce(usize) -> Result<Float3>,
+    ) -> Result<GridInfo> {
+        self.held = None;
+        self.built = None;
+        let n = pending.n;
+        if let Some(atom) = Some(words[abi::NBNXM_GRID_INFO_BAD_ATOM] as usize).filter(|&a| a < n) {
+            let p = coordinate(atom)?;
+            let (d, value) = [p.x, p.y, p.z].into_iter().enumerate().find(|(_, v)| !v.is_finite()).unwrap_or((0, p.x));
+            let e = NbnxmError::NonFinite { atom, dim: super::DIMS[d], value };
+            return Err(HaloError::InvalidInput(e.to_string()));
+        }
+        let mut info = self.finish(words, &pending.plan, n, pending.home, pending.box_size, pending.periodic)?;
+        if n == 0 && pending.resident {
+            info.extent = BBox { lo: [0.0; 3], hi: pending.box_size };
+            self.built = Some(info);
+        }
+        Ok(info)
     }
 
     /// The coordinates the last [`Self::build_local`] copied (the atoms its grid's slots index):
@@ -384,8 +506,13 @@ impl DeviceGrid {
     }
 
     /// Checks a build's words and records the grid: its [`GridInfo`] and what the search needs.
+    /// The count never exceeds the plan's bound (`ZonePlan::most`, what the buffers and the search
+    /// were sized for); a count above it would be a defect of the passes, refused here.
     fn finish(&mut self, words: [u32; 3], plan: &ZonePlan, n: usize, home: usize, box_size: [f32; 3], periodic: [bool; 3]) -> Result<GridInfo> {
         let superclusters = words[abi::NBNXM_GRID_INFO_SUPERCLUSTERS] as usize;
+        if superclusters > plan.most {
+            return Err(HaloError::InvalidInput(format!("GPU cluster grid: {superclusters} superclusters, above the bound {}", plan.most)));
+        }
         let max_clusters = 1usize << (32 - NBNXM_MASK_BITS);
         if superclusters * SC > max_clusters {
             let e = NbnxmError::TooManyClusters { clusters: superclusters * SC, max: max_clusters };
@@ -410,15 +537,20 @@ impl DeviceGrid {
         Ok(info)
     }
 
-    /// The five passes over `on`'s atoms in the zones of `plan` (see the module docs), on `stream`,
-    /// which is synchronised; returns the info words (untouched defaults without atoms: no bad
-    /// atom, no supercluster, type 0).
-    fn passes(&mut self, module: &KernelModule, on: Atoms, box_size: [f32; 3], wrap: bool, plan: &ZonePlan, stream: &CudaStream) -> Result<[u32; 3]> {
+    /// Enqueues the five passes over `on`'s atoms in the zones of `plan` (see the module docs) on
+    /// `stream`, with no wait: the info words are on the device when `stream` gets past them
+    /// (nothing is enqueued without atoms: the words are then [`default_words`]). The buffers
+    /// grown here may be freed (reallocated) only because the last build's or search's work on
+    /// them is complete: every search step synchronises its stream before returning.
+    ///
+    /// A bad atom (non-finite coordinate) leaves a consistent grid of the other atoms: it gets no
+    /// column (`u32::MAX`), is not counted, scattered, sorted nor filled, so every pass and the
+    /// search after them stay inside their buffers (sized for all `n` atoms and the plan's bound)
+    /// until the host sees the error.
+    fn passes(&mut self, module: &KernelModule, on: Atoms, box_size: [f32; 3], wrap: bool, plan: &ZonePlan, stream: &CudaStream) -> Result<()> {
         let n = on.n;
-        let mut words = [0u32; abi::NBNXM_GRID_INFO_WORDS];
-        words[abi::NBNXM_GRID_INFO_BAD_ATOM] = u32::MAX;
         if n == 0 {
-            return Ok(words);
+            return Ok(());
         }
         let (ncol, most) = (plan.columns, plan.most);
         grow(module, &mut self.atom_index, most * SS)?;
@@ -490,12 +622,7 @@ impl DeviceGrid {
         // SAFETY: arguments match `nbnxm_grid_fill`: warps for `most` superclusters, at least the
         // total the scan found (`ZonePlan::most`); the outputs hold `most` superclusters; the
         // zones' empty closing columns own no supercluster.
-        unsafe { module.launch(abi::NBNXM_GRID_FILL, per_super, stream, &mut args)? };
-        stream.synchronize().during("waiting for the GPU cluster grid")?;
-
-        let back = s.info.to_host()?;
-        words.copy_from_slice(&back[..abi::NBNXM_GRID_INFO_WORDS]);
-        Ok(words)
+        unsafe { module.launch(abi::NBNXM_GRID_FILL, per_super, stream, &mut args) }
     }
 
     /// The grid of the last GPU build ([`Self::build`] or [`Self::build_local`]) read back, as the
@@ -547,6 +674,13 @@ impl DeviceGrid {
     pub fn zone(&self) -> Result<NbnxmZone> {
         Ok(self.zones.to_host()?[0])
     }
+}
+
+/// The info words of passes that did not run (no atoms): no bad atom, no supercluster, type 0.
+fn default_words() -> [u32; abi::NBNXM_GRID_INFO_WORDS] {
+    let mut words = [0u32; abi::NBNXM_GRID_INFO_WORDS];
+    words[abi::NBNXM_GRID_INFO_BAD_ATOM] = u32::MAX;
+    words
 }
 
 /// The atoms of a build, by device address: coordinates, types and zones (0: all home), `n` each.
@@ -694,6 +828,8 @@ mod tests {
         assert_eq!(ZonePlan::checked(a).unwrap(), ZonePlan::local(a), "{what}: one-pass plan");
         assert_eq!(got, want, "{what}");
         assert_eq!((table, flat), DeviceGrid::search_tables(&want), "{what}: search tables");
+        // The bound the search step launches its passes over (and the fill over) holds the count.
+        assert!(want.superclusters() <= ZonePlan::local(a).most, "{what}: {} superclusters, bound {}", want.superclusters(), ZonePlan::local(a).most);
     }
 
     fn check(what: &str, positions: &[Float3], box_size: [f32; 3]) {
@@ -794,6 +930,30 @@ mod tests {
             zs[n - 1] = zones[zones.len() - 1];
             let a = LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2 };
             check_local(&format!("made-up zones {zones:?}"), &a);
+        }
+    }
+
+    #[test]
+    fn the_bound_holds_the_superclusters_without_bad_atoms() {
+        // A resident build with bad atoms sorts the others in the plan of all `n` atoms (a bad atom
+        // gets no column): the plan's bound, which sized the buffers and the search's items, still
+        // holds their superclusters, however many atoms drop out and wherever the others crowd.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        let b = [3.0f32, 2.5, 4.0];
+        for (n, blob) in [(1, false), (64, false), (65, true), (1000, false), (3000, true), (6000, false)] {
+            let x: Vec<Float3> = (0..n)
+                .map(|_| {
+                    let s = if blob { 0.01 } else { 1.0 };
+                    Float3::new(rng.random::<f32>() * b[0] * s, rng.random::<f32>() * b[1] * s, rng.random::<f32>() * b[2])
+                })
+                .collect();
+            let plan = ZonePlan::single(n, b);
+            for keep in [n, n - n / 3, n / 2, 1] {
+                let good: Vec<Float3> = x.iter().copied().filter(|_| rng.random_range(0..n) < keep).collect();
+                let a = LocalAtoms::single_rank(&good, &vec![0; good.len()], 1, b).unwrap();
+                let (g, _, _) = passes(&a, &plan);
+                assert!(g.superclusters() <= plan.most, "{n} atoms, {} good: {} superclusters, bound {}", good.len(), g.superclusters(), plan.most);
+            }
         }
     }
 

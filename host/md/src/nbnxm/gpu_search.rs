@@ -1,16 +1,18 @@
 //! The cluster-pair search on the GPU (`nbnxm_search_count`, `nbnxm_search_write`) on a grid in
-//! device memory ([`DeviceGrid`]: uploaded from the host's sort, or built on the GPU): the GPU
+//! device memory ([`super::DeviceGrid`]: uploaded from the host's sort, or built on the GPU): the GPU
 //! counts the j-cluster words of every (i-supercluster, shift) item, lays the lists out from the
 //! counts ([`DeviceLayout`], the `nbnxm_layout_*` kernels: word offsets and entries, exactly
 //! [`layout`]'s), writes the words there, and sorts each list's launch order from its entries
 //! ([`DeviceOrder`], the `nbnxm_order_*` kernels: exactly [`super::entry_order`]'s). Only the
-//! lists' totals cross to the host (one synchronisation, to make room for them). The lists equal
+//! lists' totals cross to the host, with a GPU build's three info words beside them (one
+//! synchronisation, to make room for the lists and check the grid; the count pass runs over the
+//! grid's bound on its superclusters, the kernels reading the count on the device). The lists equal
 //! [`super::PairSearch`]'s word for word (same rule, same `f32` arithmetic, same order), which
 //! `tests/gpu_nbnxm.rs` and `tests/gpu_grid.rs` check; `tests/gpu_nbnxm.rs` checks the GPU layout
 //! against [`layout`] and the GPU order against [`super::entry_order`].
 
 use super::NbnxmError;
-use super::gpu_grid::DeviceGrid;
+use super::gpu_grid::SearchGrid;
 use super::order::{DeviceOrder, order_max_j};
 use super::pairlist::{list_cutoff2, shifts_of, split_entries};
 use crate::abi::{self, NbnxmEntry, NbnxmShift};
@@ -86,6 +88,17 @@ impl LayoutTotals {
     }
 }
 
+/// `u64`s of the buffer the host reads back after the layout's scan: the totals, then the grid's
+/// info words ([`abi::NBNXM_GRID_INFO_WORDS`] `u32`s, two per `u64`).
+const READ_BACK: usize = abi::NBNXM_LAYOUT_SUMS + abi::NBNXM_GRID_INFO_WORDS.div_ceil(2);
+
+/// The totals and the info words of the buffer read back (`READ_BACK` `u64`s, or fewer: zeros).
+fn split_read_back(back: &[u64]) -> ([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS]) {
+    let sums = std::array::from_fn(|v| back.get(v).copied().unwrap_or(0));
+    let rest: &[u32] = bytemuck::cast_slice(back.get(abi::NBNXM_LAYOUT_SUMS..).unwrap_or(&[]));
+    (sums, std::array::from_fn(|w| rest.get(w).copied().unwrap_or(0)))
+}
+
 /// Where the GPU writes one list: its entries, its words and its launch order (device
 /// addresses), and how many of each the memory there holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +139,8 @@ pub struct DeviceLayout {
     /// [`abi::NBNXM_LAYOUT_SUMS`] sums per tile of [`abi::NBNXM_LAYOUT_TILE`] items, then the
     /// sums of the tiles before each.
     tiles: DeviceBuffer<u64>,
-    /// The lists' totals ([`abi::NBNXM_LAYOUT_SUMS`]).
+    /// The lists' totals ([`abi::NBNXM_LAYOUT_SUMS`]), then room for a grid's info words, copied
+    /// there on the stream so that one read-back takes both.
     totals: DeviceBuffer<u64>,
 }
 
@@ -134,7 +148,7 @@ impl DeviceLayout {
     /// Empty buffers, grown by the first layout.
     pub fn new(module: &KernelModule) -> Result<Self> {
         let ctx = module.context();
-        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, abi::NBNXM_LAYOUT_SUMS)? })
+        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, READ_BACK)? })
     }
 
     /// `max_j` as the kernels take it (at least 1; `split_entries` reads a larger one as `u32::MAX`).
@@ -169,21 +183,57 @@ impl DeviceLayout {
         if items == 0 {
             return Ok(LayoutTotals::default());
         }
+        self.enqueue_scan(module, counts, items, max_j, stream)?;
+        stream.synchronize().during("waiting for the GPU list layout's totals")?;
+        LayoutTotals::from_sums(split_read_back(&self.totals.to_host()?).0)
+    }
+
+    /// [`Self::totals`]' scan, with a grid's [`abi::NBNXM_GRID_INFO_WORDS`] info words at device
+    /// address `words` copied beside the totals after it on `stream` (a device-to-device copy in
+    /// stream order, after the passes that wrote them), then one synchronisation of `stream` and
+    /// one read-back of both: the raw sums (for [`LayoutTotals::from_sums`], which the caller
+    /// applies after checking the grid) and the words. `items` must be above 0.
+    pub(crate) fn sums_and_words(
+        &mut self,
+        module: &KernelModule,
+        counts: &DeviceBuffer<u32>,
+        items: usize,
+        max_j: usize,
+        words: u64,
+        stream: &CudaStream,
+    ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
+        Self::check_items(counts, items)?;
+        if items == 0 {
+            return Err(HaloError::InvalidInput("GPU list layout: no item to scan".into()));
+        }
+        self.enqueue_scan(module, counts, items, max_j, stream)?;
+        let bytes = abi::NBNXM_GRID_INFO_WORDS * size_of::<u32>();
+        self.totals.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: the destination is inside `totals` (`READ_BACK` u64s: the sums, then room for the
+        // words); the source is the caller's `NBNXM_GRID_INFO_WORDS` words, alive (a grid's scratch,
+        // never freed while the grid lives) until the synchronisation below; in `stream`'s order.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(self.totals.device_ptr_at(abi::NBNXM_LAYOUT_SUMS), words, bytes, stream.cu_stream()) }
+            .during("copying the grid's info words")?;
+        stream.synchronize().during("waiting for the GPU grid and the list layout's totals")?;
+        Ok(split_read_back(&self.totals.to_host()?))
+    }
+
+    /// Enqueues the layout's first two passes (tiles, scan) on `stream`: the tile starts and the
+    /// totals of the first `items` (at least one, checked) items' counts.
+    fn enqueue_scan(&mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, stream: &CudaStream) -> Result<()> {
         let shape = Self::per_tile(items);
         grow(module, &mut self.tiles, abi::NBNXM_LAYOUT_SUMS * shape.grid.0 as usize)?;
         let (mut c, mut n, mut mj, mut tiles, mut nt, mut tot) =
             (counts.device_ptr(), items as u32, Self::max_j(max_j), self.tiles.device_ptr(), shape.grid.0, self.totals.device_ptr());
         let mut args = kernel_args![c, n, mj, tiles];
-        // SAFETY: arguments match `nbnxm_layout_tiles`: `counts` holds `2 items` counts (checked),
-        // `tiles` 4 sums per block, blocks and shared memory as the ABI says.
+        // SAFETY: arguments match `nbnxm_layout_tiles`: `counts` holds `2 items` counts (the
+        // callers' `check_items`), `tiles` 4 sums per block, blocks and shared memory as the ABI says.
         unsafe { module.launch(abi::NBNXM_LAYOUT_TILES, shape, stream, &mut args)? };
         let one = LaunchShape { grid: (1, 1), ..shape };
         let mut args = kernel_args![tiles, nt, tot];
-        // SAFETY: arguments match `nbnxm_layout_scan`: the sums of `nt` tiles, 4 totals, one block.
-        unsafe { module.launch(abi::NBNXM_LAYOUT_SCAN, one, stream, &mut args)? };
-        stream.synchronize().during("waiting for the GPU list layout's totals")?;
-        let sums = self.totals.to_host()?;
-        LayoutTotals::from_sums(std::array::from_fn(|v| sums.get(v).copied().unwrap_or(0)))
+        // SAFETY: arguments match `nbnxm_layout_scan`: the sums of `nt` tiles, 4 totals (the
+        // buffer holds `READ_BACK >= 4`), one block.
+        unsafe { module.launch(abi::NBNXM_LAYOUT_SCAN, one, stream, &mut args) }
     }
 
     /// Enqueues on `stream` the writing of the first `items` items' word offsets
@@ -276,27 +326,39 @@ impl GpuSearch {
         LaunchShape { grid: (blocks, 1), block: abi::NBNXM_SEARCH_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SEARCH_SHARED_BYTES }
     }
 
-    /// Runs the search on the grid `grid` holds (uploaded from the host, or built on the GPU) at
-    /// list cutoff `rl` on `stream`, entries of at most `max_j` words: the count pass, the layout's
-    /// scan, one synchronisation to read the lists' totals, then `out(totals)` makes room for the
-    /// two lists (home–home, with halo) and says where they go, and the layout's entries, the
-    /// write pass and each list's launch order (from its entries) fill them. Returns the totals;
-    /// the lists are complete when this returns (`stream` is synchronised; the context too, before
-    /// the count pass, when the grid or the shifts were just uploaded from pageable host memory).
-    /// An error, before anything runs, when `max_j` is beyond what the launch order sorts.
+    /// Runs the search on `grid` (uploaded from the host, or built on the GPU, its passes possibly
+    /// still enqueued on `stream`) at list cutoff `rl` on `stream`, entries of at most `max_j`
+    /// words: the count pass over `grid.held.superclusters` (a bound: the kernels take the grid's
+    /// count from its device info words, and items beyond it count 0), the layout's scan, the info
+    /// words copied beside the totals, one synchronisation and one read-back of both; then
+    /// `settle(words)` checks the grid (`None`: nothing ran, no item), the totals are checked, and
+    /// `out(totals)` makes room for the two lists (home–home, with halo) and says where they go,
+    /// and the layout's entries, the write pass and each list's launch order (from its entries)
+    /// fill them. Returns the totals; the lists are complete when this returns (`stream` is
+    /// synchronised; the context too, before the count pass, when the grid or the shifts were just
+    /// uploaded from pageable host memory). An error from `settle`, the totals or `out` leaves
+    /// the lists unwritten (nothing after the read-back is enqueued). An error, before anything
+    /// runs, when `max_j` is beyond what the launch order sorts or the items overflow a `u32`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
-        &mut self, module: &KernelModule, grid: &DeviceGrid, rl: f32, max_j: usize, stream: &CudaStream,
+        &mut self, module: &KernelModule, grid: SearchGrid, rl: f32, max_j: usize, stream: &CudaStream,
+        settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>,
         out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
-        let held = grid.held().ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
+        let held = grid.held;
         let order_j = order_max_j(max_j)?;
         let shifts = shifts_of(held.periodic, held.box_size);
         let n_super = held.superclusters;
         let items = n_super * shifts.len();
         if items == 0 {
+            settle(None)?;
             let totals = LayoutTotals::default();
             out(&totals)?;
             return Ok(totals);
+        }
+        // The kernels index items with a u32 (`n_super * n_shifts`), the layout's tiles too.
+        if items > (u32::MAX - abi::NBNXM_LAYOUT_TILE) as usize {
+            return Err(HaloError::InvalidInput(format!("GPU search: {items} items ({n_super} superclusters at most), more than a u32 index holds")));
         }
         let mut pageable = held.uploaded;
         if self.uploaded != shifts {
@@ -304,24 +366,30 @@ impl GpuSearch {
             self.uploaded = shifts.clone();
             pageable = true;
         }
+        // Sized for the bound; the last search synchronised its stream, so these may move.
         grow(module, &mut self.counts, 2 * items)?;
         grow(module, &mut self.offsets, 2 * items)?;
-        let (mut sb, mut cb, mut sz, mut zp) =
-            (grid.super_bbox.device_ptr(), grid.cluster_bbox.device_ptr(), grid.super_zone.device_ptr(), grid.zones.device_ptr());
-        let (mut nz, mut cs, mut sp, mut ns) = (held.zones as u32, grid.column_start.device_ptr(), self.shifts.device_ptr(), shifts.len() as u32);
-        let (mut nsc, mut rlv, mut rl2, mut counts) = (n_super as u32, rl, list_cutoff2(rl), self.counts.device_ptr());
+        let (mut sb, mut cb, mut sz, mut zp) = (grid.super_bbox, grid.cluster_bbox, grid.super_zone, grid.zones);
+        let (mut nz, mut cs, mut sp, mut ns) = (held.zones as u32, grid.column_start, self.shifts.device_ptr(), shifts.len() as u32);
+        let (mut nsc, mut info, mut rlv, mut rl2, mut counts) = (n_super as u32, grid.info, rl, list_cutoff2(rl), self.counts.device_ptr());
         if pageable {
             // Synchronous copies from pageable memory (the grid's, the shifts) may still be in
-            // flight: order them first. A grid built on the GPU is complete (its build synchronised
-            // its stream), so the resident search skips this.
+            // flight: order them first. A grid built on the GPU is on `stream` (its passes come
+            // before the count pass in stream order), so the resident search skips this.
             module.context().synchronize().during("waiting for the grid's upload")?;
         }
-        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, counts];
-        // SAFETY: arguments match `nbnxm_search_count`; the grid's arrays describe `n_super`
-        // superclusters in `nz` zones (every column range and supercluster index inside them),
-        // `counts` holds 2 per item.
+        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, info, rlv, rl2, counts];
+        // SAFETY: arguments match `nbnxm_search_count`; `info` holds the grid's count, at most
+        // `n_super` (a GPU build's plan bound, `ZonePlan::most`, or an upload's exact count), and the
+        // grid's arrays describe that many superclusters in `nz` zones (every column range and
+        // supercluster index inside them; a GPU build's passes come first on `stream`, and a bad
+        // atom leaves them consistent, without it); `counts` holds 2 per item of the bound, and the
+        // items fit a u32 (checked).
         unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
-        let totals = self.layout.totals(module, &self.counts, items, max_j, stream)?;
+        // The one synchronisation: the grid's words and the lists' totals together.
+        let (sums, words) = self.layout.sums_and_words(module, &self.counts, items, max_j, grid.info, stream)?;
+        settle(Some(words))?;
+        let totals = LayoutTotals::from_sums(sums)?;
         let rooms = out(&totals)?;
         if rooms.iter().zip(totals.words).zip(totals.entries).any(|((r, w), e)| r.word_room < w || r.order_room < e) {
             return Err(HaloError::InvalidInput(format!("GPU search: the lists have room for {rooms:?}, the totals are {totals:?}")));
@@ -336,10 +404,14 @@ impl GpuSearch {
             unsafe { self.order.enqueue(module, room.entries, n, order_j, room.order, stream)? };
         }
         let (mut offsets, mut jl, mut jn) = (self.offsets.device_ptr(), rooms[0].words, rooms[1].words);
-        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, rlv, rl2, offsets, jl, jn];
-        // SAFETY: arguments match `nbnxm_search_write`; as above, `offsets` from the layout of
-        // this grid's counts (same stream, so after it), and room for every word (checked).
+        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, info, rlv, rl2, offsets, jl, jn];
+        // SAFETY: arguments match `nbnxm_search_write`; as above (same bound, same device count),
+        // `offsets` from the layout of this grid's counts (same stream, so after it), and room for
+        // every word (checked).
         unsafe { module.launch(abi::NBNXM_SEARCH_WRITE, Self::shape(items), stream, &mut args)? };
+        // Kept: the lists' readers include synchronous copies on the legacy stream (`read_entries`,
+        // `read_order`, `set_order_identity`) and the next search's reallocations, which stream
+        // order on `stream` does not cover (see `NbnxmGpu::update_resident`'s docs).
         stream.synchronize().during("waiting for the search's words")?;
         Ok(totals)
     }
@@ -450,6 +522,64 @@ mod tests {
             let shifts: Vec<u32> = (0..27).collect();
             assert_eq!(passes(&counts, &shifts, max_j), layout(&counts, &shifts, max_j), "{items} items, max_j {max_j}");
         }
+    }
+
+    /// The count pass over a bound of `bound` superclusters (`n_shifts` items each) on a grid of
+    /// `exact`'s (`2 items` counts of the grid's own items), the device's count word saying
+    /// `device_count`: the kernels' rule, item `i` of supercluster `i / n_shifts` counts its words
+    /// below [`abi::nbnxm_search_superclusters`] of both and none from there on.
+    fn counts_over_bound(exact: &[u32], n_shifts: usize, bound: usize, device_count: u32) -> Vec<u32> {
+        let g = abi::nbnxm_search_superclusters(bound as u32, device_count) as usize;
+        (0..2 * bound * n_shifts).map(|k| if k / 2 / n_shifts < g { exact[k] } else { 0 }).collect()
+    }
+
+    #[test]
+    fn items_beyond_the_grids_count_add_nothing_to_the_lists() {
+        use crate::nbnxm::gpu_grid::ZonePlan;
+        let s = MolecularSystem::generate(3000, 9).unwrap();
+        let types: Vec<u32> = s.types.iter().map(|&t| u32::from(t)).collect();
+        let one = LocalAtoms::single_rank(&s.positions, &types, 2, s.box_size).unwrap();
+        let plan = crate::decomp::HaloPlan::build(&s, crate::decomp::RankGrid::new([2, 2, 1]).unwrap(), 1.2).unwrap();
+        let corner = LocalAtoms::from_plan(&plan, 3, &s.positions, &s.types).unwrap();
+        for (a, max_j) in [(&one, 32), (&corner, 5)] {
+            let search = PairSearch::build(a, &SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(1.2) }).unwrap();
+            let sh: Vec<u32> = shifts(&search.grid).iter().map(|s| s.0).collect();
+            let supers = search.grid.superclusters();
+            let mut counts = vec![0u32; 2 * supers * sh.len()];
+            for (kind, list) in [&search.local, &search.nonlocal].into_iter().enumerate() {
+                for e in &list.entries {
+                    let s_slot = sh.iter().position(|&i| i == e.shift).unwrap();
+                    counts[2 * (e.sci as usize * sh.len() + s_slot) + kind] += e.j_end - e.j_start;
+                }
+            }
+            // The bound the search step launches over: the grid build's plan.
+            let bound = ZonePlan::local(a).most;
+            assert!(bound > supers, "the bound ({bound}) is above the count ({supers}): items beyond it exist");
+            let over = counts_over_bound(&counts, sh.len(), bound, supers as u32);
+            let (want, got) = (layout(&counts, &sh, max_j), layout(&over, &sh, max_j));
+            assert_eq!(got.entries, want.entries, "max_j {max_j}: entries");
+            assert_eq!(got.words, want.words, "max_j {max_j}: words");
+            assert_eq!(got.offsets[..counts.len()], want.offsets[..], "max_j {max_j}: offsets of the grid's items");
+            assert!(got.offsets[counts.len()..].chunks_exact(2).all(|o| o == want.words.map(|w| w as u32)), "beyond: at the lists' ends");
+            // The GPU's layout passes on the bound's counts, as the search step runs them.
+            assert_eq!(passes(&over, &sh, max_j), got, "max_j {max_j}: GPU layout over the bound");
+        }
+        // The device's count, never above the bound whatever the word says.
+        for (bound, word, want) in [(10, 7, 7), (10, 10, 10), (10, 11, 10), (10, u32::MAX, 10), (0, 5, 0), (5, 0, 0)] {
+            assert_eq!(abi::nbnxm_search_superclusters(bound, word), want, "bound {bound}, word {word}");
+        }
+        // A corrupted word above the bound still reads only the bound's items.
+        assert_eq!(counts_over_bound(&[1; 8], 2, 2, u32::MAX), vec![1; 8]);
+    }
+
+    #[test]
+    fn the_read_back_holds_the_totals_then_the_grids_words() {
+        let mut back = [0u64; READ_BACK];
+        back[..4].copy_from_slice(&[11, 12, 13, 14]);
+        bytemuck::cast_slice_mut::<u64, u32>(&mut back[4..])[..3].copy_from_slice(&[u32::MAX, 77, 5]);
+        assert_eq!(split_read_back(&back), ([11, 12, 13, 14], [u32::MAX, 77, 5]));
+        assert_eq!(abi::NBNXM_GRID_INFO_BAD_ATOM, 0);
+        assert_eq!(split_read_back(&back[..4]).1, [0; 3], "a short read-back has no words");
     }
 
     #[test]
