@@ -320,7 +320,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         .filter_map(|r| {
             let [g, p, a, l, u] = r.search_parts_ms?;
             Some(if r.list_search == "gpu-resident" {
-                format!("  {} atoms, {}: all on the GPU: grid {a:.2}, lists {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
+                format!("  {} atoms, {}: all on the GPU: grid enqueued {a:.2}, grid built + lists searched {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
             } else if r.list_search == "gpu-redecomposed" {
                 format!(
                     "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
