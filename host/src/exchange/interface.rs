@@ -49,8 +49,9 @@ pub enum ReplanFence {
     /// 2. every PE has returned from that collective, or this PE is returning from it: a PE
     ///    leaves an all-gather only after every PE entered it, so by (1) no PE still runs a step
     ///    of the old layout;
-    /// 3. since it entered the collective, no PE launched anything of this exchange, or anything
-    ///    that writes into a peer's memory (its own copies, searches and uploads are fine).
+    /// 3. since it entered the collective, no PE launched anything of this exchange or wrote
+    ///    into a peer's buffers of it (further collectives, and a PE's copies, searches and
+    ///    uploads of its own, are fine).
     ///
     /// The exchange still waits (bounded) for this PE's stream. What the collective need not give
     /// is the completion of NVSHMEM operations that a finished kernel may leave in flight through
