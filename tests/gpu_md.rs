@@ -34,6 +34,10 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     // Several ranks plan from their own atoms after the first search (no rollback happens here).
     let redecomposed = cfg.resident_search && cfg.gpu_search && cfg.grid.num_ranks() > 1;
     assert_eq!(out.redecompositions, if redecomposed { out.searches - 1 } else { 0 }, "{test}: searches planned from the ranks");
+    // Every later search that does not stay on the GPU replans; ranks in one process need no
+    // barrier for it, whichever fence the search asked for.
+    assert_eq!(out.replans, out.searches.saturating_sub(1 + out.resident_searches), "{test}: replans");
+    assert_eq!(out.replan_barriers, 0, "{test}: replan barriers in one process");
     if checks > 0 {
         assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
         assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);

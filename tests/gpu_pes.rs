@@ -273,6 +273,40 @@ fn two_pes_step_right_after_a_search_without_a_host_wait() {
         if extra.contains(&"--graph") {
             assert!(run.count("steps replayed as CUDA graphs") >= 1, "{extra:?}: {}", run.text());
         }
+        // The five searches after the first replan after the redecomposition's all-gathers, which
+        // fence them: no replan barrier (`ReplanFence::AfterCollective`, both PEs map each other).
+        assert_eq!(run.count("6 searches (1 exchange builds, 5 replans, 0 replan barriers)"), 1, "{extra:?}: {}", run.text());
+    }
+}
+
+/// Two PEs on one GPU: a search that plans from the ranks' own atoms replans without the host
+/// barrier (its all-gathers, entered after every PE settled, are the fence:
+/// `ReplanFence::AfterCollective`), and a search through the gathered system (`--host-grid`)
+/// keeps it (its gather buffers' reuse relies on it); both stay bit-exact against the CPU
+/// reference, with the GPU-initiated transport and with a host-driven one (whose links a replan
+/// keeps or sets up again).
+#[test]
+fn two_pes_replan_without_a_barrier_only_after_the_redecomposition_gathers() {
+    let test = "two_pes_replan_without_a_barrier_only_after_the_redecomposition_gathers";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    for transport in ["fused", "staged"] {
+        for (host_grid, barriers) in [(false, 0), (true, 7)] {
+            let mut args = vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "80"];
+            args.extend(["--nstlist", "10", "--transport", transport, "--check-every", "3"]);
+            if host_grid {
+                args.push("--host-grid");
+            }
+            let what = format!("verify {transport}{} on 2 PEs", if host_grid { " --host-grid" } else { "" });
+            let run = halo(&args, &[], Duration::from_secs(300));
+            run.assert_ok(&what);
+            let checked = "27 steps checked against the CPU reference: coordinates after the halo bit-exact";
+            assert_eq!(run.count(checked), 1, "{what}: {}", run.text());
+            assert_eq!(run.count("0 mismatches"), 1, "{what}: {}", run.text());
+            let want = format!("8 searches (1 exchange builds, 7 replans, {barriers} replan barriers)");
+            assert_eq!(run.count(&want), 1, "{what}: {want}\n{}", run.text());
+        }
     }
 }
 

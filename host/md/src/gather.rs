@@ -266,7 +266,8 @@ impl HomeGather {
                 }
                 // No PE writes these buffers again before this read is done: the next writes come
                 // at the next search, after the exchange's replan (or rebuild) of this one, which
-                // is fenced by a barrier that this PE enters only after this read.
+                // is fenced by a barrier that this PE enters only after this read (why a search
+                // through this gather keeps `ReplanFence::Barrier`: `run.rs`, `replan_fence`).
             }
             Path::Rendezvous => {
                 let bytes = mine

@@ -172,7 +172,7 @@ impl MdRank {
             grow(&self.module, &mut self.inv_mass, home)?;
             grow(&self.module, &mut self.types, home)?;
             // Only home elements of `x` are written: peers may already store into this rank's halo
-            // region (after the replan's barrier) without conflict.
+            // region (after the replan's fence: its barrier, or the search's all-gathers) without conflict.
             ex.upload_coordinates_async(&found.home_x, &mut self.staging.x, halo)?;
             self.staging.v.upload(&found.home_v, &self.v, halo)?;
             self.staging.inv_mass.upload(&found.inv_mass, &self.inv_mass, halo)?;

@@ -18,7 +18,7 @@ use crate::abi::Float3;
 use crate::decomp::{HaloPlan, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
-use crate::exchange::{Exchange, Placement, RankExchange, Routing, Transport, reference};
+use crate::exchange::{Exchange, Placement, RankExchange, ReplanFence, Routing, Transport, reference};
 use crate::gpu::KernelModule;
 use crate::integrity::{self, RankChecksums};
 use crate::md_reference;
@@ -257,6 +257,13 @@ pub struct MdOutcome {
     /// Times the exchange was built (the first search, and any search whose decomposition did not
     /// fit the buffers).
     pub exchange_builds: u64,
+    /// Searches that moved the exchange to the new decomposition in its buffers
+    /// ([`Exchange::replan_fenced`]).
+    pub replans: u64,
+    /// Of the replans' fences, the host barriers across PEs (0 in one process; none where a
+    /// search planned from the ranks' own atoms after all-gathers that fence it already and every
+    /// PE maps every other: [`ReplanFence::AfterCollective`]).
+    pub replan_barriers: u64,
     /// Host time of the steps from the first to the end ([`MdRun::finish`]), checks included.
     pub wall: Duration,
     /// Where the search steps' time went.
@@ -760,7 +767,8 @@ impl MdRun {
         if self.resident() {
             return self.search_resident(start);
         }
-        let (plan, found) = if self.redecomposes() {
+        let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
+        let (plan, found) = if path == SearchPath::Redecomposed {
             let done = self.redecompose(&mut t, start)?;
             let t2 = Instant::now();
             let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on())?;
@@ -788,8 +796,24 @@ impl MdRun {
             None => None,
         };
         let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
+        // How the replan is fenced across PEs (`replan_fence`): on the redecomposed path every PE
+        // settled its streams above (`settle`, or the safe point's) before it entered the
+        // redecomposition's all-gathers (`TAG_MIGRATE` always runs across PEs, then one per pulse
+        // and `TAG_PLAN`; under routing the plans' all-gather follows), a PE leaves an all-gather
+        // only after every PE entered it, and nothing since launched a step or wrote into a peer
+        // (the home read-back came before the gathers; the lists and uploads come after the
+        // replan): the contract of `ReplanFence::AfterCollective`. The gathered path keeps the
+        // barrier: its gather buffers are written by peers at the next search, and that reuse is
+        // fenced by this barrier (`HomeGather::gather`). Ranks in one process have no barrier.
+        let fence = replan_fence(path);
         let replanned = match self.exchange.as_mut() {
-            Some(ex) if same_paths => ex.replan(halos.clone())?,
+            Some(ex) if same_paths => {
+                let barriers = ex.replan_barriers();
+                let replanned = ex.replan_fenced(halos.clone(), fence)?;
+                self.out.replans += u64::from(replanned);
+                self.out.replan_barriers += ex.replan_barriers().saturating_sub(barriers);
+                replanned
+            }
             _ => false,
         };
         if !replanned {
@@ -1127,6 +1151,35 @@ impl Drop for MdRun {
     }
 }
 
+/// How a search step built its new plan, which decides how its replan is fenced
+/// ([`replan_fence`]). (A search on the GPU alone keeps its exchange and does not replan.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SearchPath {
+    /// From each process's own ranks (`MdRun::redecompose`): all-gathers across the PEs after
+    /// every PE settled its streams.
+    Redecomposed,
+    /// From the whole system gathered on every process (`MdRun::gather_and_plan`).
+    Gathered,
+}
+
+/// The fence of a search step's replan on `path`:
+/// - [`SearchPath::Redecomposed`]: [`ReplanFence::AfterCollective`]. Every PE waited for its
+///   streams at the start of the search (`MdRun::settle`, or the safe point's) and then entered
+///   the redecomposition's all-gathers, of which `decomp::TAG_MIGRATE` runs across the PEs at
+///   every call (one per pulse and `TAG_PLAN` follow; only a process that drives every rank
+///   skips the last, and it has no peer process); a PE leaves one only after every PE entered
+///   it, and none launches anything of the exchange or writes a peer before its replan.
+/// - [`SearchPath::Gathered`]: [`ReplanFence::Barrier`]. Its gather is collective too (a barrier
+///   after the device copies into every PE's gather buffers), but those buffers are written
+///   again by peers at the next search, and what keeps that write after this PE's read of them
+///   is this replan's barrier, which the PE enters only after reading (`HomeGather::gather`).
+fn replan_fence(path: SearchPath) -> ReplanFence {
+    match path {
+        SearchPath::Redecomposed => ReplanFence::AfterCollective,
+        SearchPath::Gathered => ReplanFence::Barrier,
+    }
+}
+
 /// What a search step did that decides whether its uploads need a host wait
 /// ([`uploads_need_context_sync`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1269,6 +1322,14 @@ mod tests {
         }
         // The first search builds everything.
         assert!(uploads_need_context_sync(&SearchSyncFacts { new_exchange: true, replan_staged: true, new_rank: true, pageable_lists: false }));
+    }
+
+    #[test]
+    fn only_a_search_planned_from_the_ranks_lets_its_all_gathers_fence_the_replan() {
+        // The redecomposition's all-gathers follow every PE's settle: they are the fence.
+        assert_eq!(replan_fence(SearchPath::Redecomposed), ReplanFence::AfterCollective);
+        // The gathered path's buffers rely on the replan's barrier for their reuse: kept.
+        assert_eq!(replan_fence(SearchPath::Gathered), ReplanFence::Barrier);
     }
 
     #[test]

@@ -25,6 +25,43 @@ use kernels_gpu::abi::Float3;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What orders a replan ([`Exchange::replan_fenced`]) after every PE's last step of the old layout.
+///
+/// A replan changes this PE's layout (index maps, metadata, the halo region peers store into);
+/// no PE may do that while a peer still runs a step of the old layout, or while a write of one
+/// (a signal, a credit, halo data) is still on its way to it. Ranks in one process need neither
+/// (the one host waits for every rank's stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReplanFence {
+    /// The exchange fences the replan itself: a bounded wait for this PE's stream, then a host
+    /// barrier across PEs (NVSHMEM's, which also completes the NVSHMEM operations still in
+    /// flight). Always safe; what [`Exchange::replan`] does.
+    #[default]
+    Barrier,
+    /// The caller already established the fence with a host collective. Its contract, which
+    /// every PE must meet, at the same replan (the choice is the caller's and must be the same
+    /// on every PE, as the barrier it replaces is collective):
+    ///
+    /// 1. before entering the collective, every PE waited for all of its streams that run steps
+    ///    of this exchange (the halo stream and any stream that launches or replays its kernels)
+    ///    and saw them idle, with no device wait that timed out (an exchange that failed is
+    ///    refused anyway);
+    /// 2. every PE has returned from that collective, or this PE is returning from it: a PE
+    ///    leaves an all-gather only after every PE entered it, so by (1) no PE still runs a step
+    ///    of the old layout;
+    /// 3. since it entered the collective, no PE launched anything of this exchange or wrote
+    ///    into a peer's buffers of it (further collectives, and a PE's copies, searches and
+    ///    uploads of its own, are fine).
+    ///
+    /// The exchange still waits (bounded) for this PE's stream. What the collective need not give
+    /// is the completion of NVSHMEM operations that a finished kernel may leave in flight through
+    /// a remote transport (a credit's `nvshmem_uint64_p` to a peer that `nvshmem_ptr` does not
+    /// map): [`PeExchange`] leaves its barrier out only where every PE maps every other PE (then
+    /// every write of a step is one of its kernel's own stores, done when the kernel is), a fact
+    /// its set-up agreed on every PE alike, and keeps the barrier otherwise.
+    AfterCollective,
+}
+
 /// The per-step operations every driver needs, over the ranks of this process.
 pub trait Exchange<T: Element = Float3> {
     /// The ranks this process drives (all of them, or this PE's one).
@@ -57,6 +94,22 @@ pub trait Exchange<T: Element = Float3> {
     /// local rank must be idle; across PEs it is collective and fenced by a barrier. Home values
     /// must be uploaded again for the new layout.
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool>;
+
+    /// [`Self::replan`] with the fence across PEs that the caller can vouch for ([`ReplanFence`]):
+    /// [`ReplanFence::Barrier`] is [`Self::replan`]; [`ReplanFence::AfterCollective`] lets an
+    /// exchange across PEs leave out its barrier where the caller's contract (stated there) holds.
+    /// Ranks in one process have no peer process to fence against: both are the same. The
+    /// provided version ignores the fence and replans with the barrier, which is never weaker.
+    fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
+        let _ = fence;
+        self.replan(halos)
+    }
+
+    /// Host barriers across PEs that replans ran so far (0 in one process): how many fences a
+    /// [`ReplanFence::AfterCollective`] left out shows as replans without one.
+    fn replan_barriers(&self) -> u64 {
+        0
+    }
 
     /// What the router chose for each local rank (empty when no router decided: `Auto`,
     /// `ForcePut`, [`LocalRanks::direct`]).
@@ -154,6 +207,12 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     }
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         PeExchange::replan(self, halos)
+    }
+    fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
+        PeExchange::replan_fenced(self, halos, fence)
+    }
+    fn replan_barriers(&self) -> u64 {
+        PeExchange::replan_barriers(self)
     }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         PeExchange::routes(self).cloned().into_iter().collect()

@@ -59,7 +59,7 @@ pub mod spec;
 pub mod synthetic;
 pub mod watch;
 
-pub use interface::{Exchange, Placement};
+pub use interface::{Exchange, Placement, ReplanFence};
 pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};

@@ -6,6 +6,7 @@ use super::memory::MemoryKind;
 use super::pe_links::PeLinks;
 use super::rank::{PeerView, RankExchange, SharedSizes};
 use super::spec::{RankHalo, validate};
+use super::interface::ReplanFence;
 use super::{Element, Transport};
 use super::reset::ResetStep;
 use crate::error::{HaloError, Result};
@@ -120,6 +121,8 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     halos: Vec<RankHalo>,
     stream: Arc<CudaStream>,
     host_syncs: u64,
+    /// Host barriers of the replans so far ([`Self::replan_barriers`]).
+    replan_barriers: u64,
     /// `NVSHMEM_REMOTE_TRANSPORT` when the exchange was built (for messages).
     remote_transport: Option<String>,
     /// Why the exchange cannot be trusted any more (a wait that expired, a stuck stream), until a
@@ -220,8 +223,21 @@ impl<T: Element> PeExchange<T> {
         // Collective, as the allocations: the host-driven transports' events and mailbox.
         let links = PeLinks::setup(&nvshmem, &rank, &halos)?;
         let host = HostDriven::new(&halos);
-        let mut this =
-            Self { rank, nvshmem, halos, stream, host_syncs: 0, remote_transport, failed: None, policy, mode, routes: None, host, links };
+        let mut this = Self {
+            rank,
+            nvshmem,
+            halos,
+            stream,
+            host_syncs: 0,
+            replan_barriers: 0,
+            remote_transport,
+            failed: None,
+            policy,
+            mode,
+            routes: None,
+            host,
+            links,
+        };
         this.install()?;
         this.reset_protocol()?;
         Ok(this)
@@ -293,6 +309,18 @@ impl<T: Element> PeExchange<T> {
     /// new halo region at once, so this PE must not read its old layout any more (upload the home
     /// values for the new one). Refused on an exchange that failed until it is reset.
     pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
+        self.replan_fenced(halos, ReplanFence::Barrier)
+    }
+
+    /// [`Self::replan`] fenced as `fence` says. [`ReplanFence::Barrier`] is [`Self::replan`].
+    /// [`ReplanFence::AfterCollective`] (the caller meets its contract, on every PE at this
+    /// replan) keeps the bounded wait for this PE's stream and leaves the barrier out when
+    /// [`Self::every_pe_maps_every_pe`]; otherwise the barrier stays, to complete what a remote
+    /// transport may still carry ([`replan_needs_barrier`]). Either way every PE decides alike.
+    /// After the fence (the barrier; for a collective fence, once a peer has left the collective
+    /// and replanned) peers may write into this PE's new halo region, so this PE must not read
+    /// its old layout after it entered the collective.
+    pub fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         validate(&halos)?;
         if halos.len() != self.halos.len() || !self.rank.sizes().holds(&SharedSizes::of(&halos)) {
             return Ok(false);
@@ -304,7 +332,10 @@ impl<T: Element> PeExchange<T> {
             )));
         }
         self.wait_idle("waiting for the halo stream before a replan")?;
-        self.nvshmem.barrier_all()?;
+        if replan_needs_barrier(fence, self.every_pe_maps_every_pe()) {
+            self.nvshmem.barrier_all()?;
+            self.replan_barriers += 1;
+        }
         let me = self.nvshmem.my_pe();
         // The new maps and metadata are enqueued on the exchange stream, idle since the wait above:
         // this PE's next launches (there, after the copies) are the first to read them, and no
@@ -349,6 +380,24 @@ impl<T: Element> PeExchange<T> {
     /// Host synchronisations so far.
     pub fn host_syncs(&self) -> u64 {
         self.host_syncs
+    }
+
+    /// Host barriers the replans ran so far (one per [`Self::replan`]; none for a
+    /// [`ReplanFence::AfterCollective`] where [`Self::every_pe_maps_every_pe`]).
+    pub fn replan_barriers(&self) -> u64 {
+        self.replan_barriers
+    }
+
+    /// Whether every PE maps every other PE's symmetric memory (`nvshmem_ptr`), so that every
+    /// write a step makes into a peer, NVSHMEM puts and credits included, is a store of the
+    /// kernel that makes it (NVSHMEM's P2P transport) and has landed once that kernel is done:
+    /// none can still be in flight through a remote transport after the PEs' streams went idle.
+    /// Taken from the host-driven links' set-up, which succeeds only where every PE mapped every
+    /// PE (and all run on one machine), and whose outcome every PE takes from every PE's
+    /// verdict: the same answer on every PE (false also where the links failed for another
+    /// reason, which only keeps a barrier).
+    pub fn every_pe_maps_every_pe(&self) -> bool {
+        self.links.is_ok()
     }
 
     /// Checks that `transport` can run with this PE's peers.
@@ -493,6 +542,19 @@ impl<T: Element> Drop for PeExchange<T> {
     }
 }
 
+/// Whether a replan fenced as `fence` runs the host barrier across PEs: always for
+/// [`ReplanFence::Barrier`]; for [`ReplanFence::AfterCollective`] only when some PE does not map
+/// every other (`every_pe_mapped` false), as then a finished step's NVSHMEM operations may still
+/// be in flight through a remote transport, and the barrier (NVSHMEM's completes them) is what
+/// lands them before any PE replans. Both inputs are the same on every PE, so every PE enters
+/// the barrier or none does.
+pub fn replan_needs_barrier(fence: ReplanFence, every_pe_mapped: bool) -> bool {
+    match fence {
+        ReplanFence::Barrier => true,
+        ReplanFence::AfterCollective => !every_pe_mapped,
+    }
+}
+
 /// Blocks per pulse for this PE's spinning kernels: every spinning block of every PE on the GPU
 /// must fit at once (`sms * per_sm` resident blocks) when the PEs' kernels run concurrently, as
 /// under MPS, so the capacity is shared by `pes_per_gpu` PEs of `pulses` pulses each. Without MPS
@@ -523,6 +585,18 @@ mod tests {
         assert_eq!(blocks_per_pulse(132, 1, 6, 22).unwrap(), 1);
         let e = blocks_per_pulse(132, 1, 6, 23).unwrap_err().to_string();
         assert!(e.contains("23 PEs per GPU x 6 pulses") && e.contains("MPS"), "{e}");
+    }
+
+    #[test]
+    fn only_a_collective_fence_between_mapped_pes_leaves_the_replan_barrier_out() {
+        // The default keeps the barrier whatever the mapping.
+        assert!(replan_needs_barrier(ReplanFence::Barrier, true));
+        assert!(replan_needs_barrier(ReplanFence::Barrier, false));
+        assert_eq!(ReplanFence::default(), ReplanFence::Barrier);
+        // A collective the caller vouches for replaces it only where no remote transport can
+        // still carry a finished step's writes (a credit put to an unmapped peer).
+        assert!(!replan_needs_barrier(ReplanFence::AfterCollective, true));
+        assert!(replan_needs_barrier(ReplanFence::AfterCollective, false));
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! builds (the MD step replans, or rebuilds, its exchange at search steps), one per forward exchange.
 //! Captured graphs replay without the wrapper, so they run unperturbed.
 
-use super::interface::Exchange;
+use super::interface::{Exchange, ReplanFence};
 use super::rank::RankExchange;
 use super::spec::RankHalo;
 use super::{Element, Transport};
@@ -543,6 +543,14 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
         // The grids keep the cap that left room for delay kernels (a replan keeps every cap).
         self.inner.replan(halos)
     }
+    fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
+        // The fence is the inner exchange's: a delay kernel runs on the stream of the launch it
+        // delays, so the caller's wait for its streams covers it.
+        self.inner.replan_fenced(halos, fence)
+    }
+    fn replan_barriers(&self) -> u64 {
+        self.inner.replan_barriers()
+    }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         self.inner.routes()
     }
@@ -593,6 +601,12 @@ impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {
     }
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         (**self).replan(halos)
+    }
+    fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
+        (**self).replan_fenced(halos, fence)
+    }
+    fn replan_barriers(&self) -> u64 {
+        (**self).replan_barriers()
     }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         (**self).routes()

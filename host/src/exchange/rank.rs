@@ -831,7 +831,7 @@ impl<T: Element> RankExchange<T> {
     /// Enqueues on `stream` the copy of `data` into the start of the coordinate array (at most
     /// [`RankHalo::home_atoms`] values) through `staging` (page-locked, kept by the caller between
     /// searches) and returns without waiting. Only home elements are written: peers may already
-    /// store into this rank's halo region (after a replan's barrier) without conflict. Ordering is the
+    /// store into this rank's halo region (after a replan's fence) without conflict. Ordering is the
     /// caller's: the kernels that read home coordinates on another stream (the halo stream's
     /// coordinate halo) must wait for an event recorded on `stream` after this call, or for a
     /// synchronisation; the rank must not be replanned or dropped before `stream` ran the copy.

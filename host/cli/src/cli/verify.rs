@@ -192,7 +192,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         format!(", rlist {:.3} nm (nstlist {}), inner {:.3} nm (prune every {})", s.rlist, s.nstlist, s.rlist_inner, s.nstprune)
     });
     let mut lines = vec![format!(
-        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds){setup}; lists of this process: {} + {} j-cluster words \
+        "{who}: {} atoms, {} ranks ({}), {}: {} steps, {} searches ({} exchange builds, {} replans, {} replan barriers){setup}; lists of this process: {} + {} j-cluster words \
          (home-home + with halo, outer), {} + {} warps",
         args.atoms,
         args.ranks.num_ranks(),
@@ -201,6 +201,8 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         o.steps,
         o.searches,
         o.exchange_builds,
+        o.replans,
+        o.replan_barriers,
         o.lists.local_words,
         o.lists.nonlocal_words,
         o.lists.local_entries,
@@ -307,6 +309,8 @@ fn json(args: &VerifyArgs, who: &str, o: &MdOutcome, machine: &MachineInfo) -> s
         "energy_max_rel_err": checked.then_some(o.worst.energy_rel),
         "searches": o.searches,
         "exchange_builds": o.exchange_builds,
+        "replans": o.replans,
+        "replan_barriers": o.replan_barriers,
         "step_us_host": o.step_us().filter(|_| !checked),
         "search_share": o.search_share(),
         "graph_steps": o.graph_steps,
