@@ -187,6 +187,9 @@ pub struct RankExchange<T: Element = Float3> {
     /// Reads the counters beside a stuck stream (made up front: allocating pinned memory later,
     /// while a kernel is stuck, could block).
     watch: StateWatch,
+    /// [`Self::residency`], asked of the driver once: it depends on the module and the device
+    /// alone, and every replan asks again.
+    residency: std::sync::OnceLock<(u32, u32)>,
 }
 
 impl<T: Element> RankExchange<T> {
@@ -247,6 +250,7 @@ impl<T: Element> RankExchange<T> {
             halo,
             last_launch: None,
             watch,
+            residency: std::sync::OnceLock::new(),
         };
         // The zeroing above ran on the default stream: done before anything else can run.
         this.wait_default_stream("zeroing the new exchange's buffers")?;
@@ -847,8 +851,17 @@ impl<T: Element> RankExchange<T> {
         staging.upload(data, &self.x, stream)
     }
 
-    /// Number of SMs and the co-resident blocks per SM of the spinning kernels.
+    /// Number of SMs and the co-resident blocks per SM of the spinning kernels (asked of the
+    /// driver at the first call, then kept: six queries a replan saved on a slow host).
     pub fn residency(&self) -> Result<(u32, u32)> {
+        if let Some(&r) = self.residency.get() {
+            return Ok(r);
+        }
+        let r = self.query_residency()?;
+        Ok(*self.residency.get_or_init(|| r))
+    }
+
+    fn query_residency(&self) -> Result<(u32, u32)> {
         let ctx = self.context();
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).during("reading SM count")? as u32;
         let per_sm = [abi::FUSED_COORDS, abi::FUSED_FORCES, abi::PULSE_PACK_STORE_SIGNAL]
