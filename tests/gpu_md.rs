@@ -173,7 +173,7 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
             })
             .collect();
         // Pruned at the search and every nstprune steps after it, as the MD step does.
-        if (step % cfg.nstlist) % u64::from(setup.nstprune) == 0 {
+        if (step % cfg.nstlist).is_multiple_of(u64::from(setup.nstprune)) {
             *inner = searches
                 .iter()
                 .zip(&coords)

@@ -265,7 +265,7 @@ impl RankChecksums {
 
     /// The inverse of [`Self::to_words`] for rank `rank`.
     pub fn from_words(rank: usize, words: &[u64]) -> Result<Self, IntegrityError> {
-        if words.len() < 2 || words.len() % 2 != 0 {
+        if words.len() < 2 || !words.len().is_multiple_of(2) {
             return Err(IntegrityError::Shape(format!(
                 "rank {rank} sent {} checksum words; expected 2 plus 2 per pulse",
                 words.len()

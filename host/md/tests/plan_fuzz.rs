@@ -252,7 +252,7 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, kind: u8, a: Index, b: Index, c: In
             }
         }
         17 => {
-            if vz % 2 == 0 {
+            if vz.is_multiple_of(2) {
                 plan.ranks.remove(r);
             } else {
                 let extra = plan.ranks[r].clone();

@@ -349,7 +349,7 @@ fn check(
         let mut step = 0u64;
         while step < args.steps {
             let v = run.variant; // its name only for messages
-            let check = step % args.check_every == 0;
+            let check = step.is_multiple_of(args.check_every);
             let (home, forces) = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
@@ -411,7 +411,7 @@ fn check(
                 }
                 run.s.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
             }
-            let safe_point = failover && ((step + 1) % every == 0 || step + 1 == args.steps);
+            let safe_point = failover && ((step + 1).is_multiple_of(every) || step + 1 == args.steps);
             if !safe_point {
                 step += 1;
                 continue;
