@@ -145,15 +145,15 @@ pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
 }
 
 pub fn run(args: ExchangeCheckArgs) -> Result<()> {
-    if let Some(j) = args.perturb.install()?.and_then(|p| p.jitter()) {
-        if u64::from(j.max_us) >= args.wait_timeout_ms.saturating_mul(1000) {
-            bail!(
-                "the jitter (up to {} µs) is not shorter than the device wait deadline (--wait-timeout-ms {}): a delayed rank would look dead; \
-                 use less jitter or a longer deadline",
-                j.max_us,
-                args.wait_timeout_ms
-            );
-        }
+    if let Some(j) = args.perturb.install()?.and_then(|p| p.jitter())
+        && u64::from(j.max_us) >= args.wait_timeout_ms.saturating_mul(1000)
+    {
+        bail!(
+            "the jitter (up to {} µs) is not shorter than the device wait deadline (--wait-timeout-ms {}): a delayed rank would look dead; \
+             use less jitter or a longer deadline",
+            j.max_us,
+            args.wait_timeout_ms
+        );
     }
     let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
     let halos = synthetic::halos(shape, args.seed);
