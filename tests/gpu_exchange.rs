@@ -131,7 +131,7 @@ fn edge_shapes_empty_pulses_and_tiny_ranks() {
 fn a_missing_signal_times_out_with_a_clear_error() {
     let Some(g) = gpu_or_skip("a_missing_signal_times_out_with_a_clear_error") else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
-    let mut ranks = LocalRanks::<Float3>::new(halos, &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos, std::slice::from_ref(&g.module)).unwrap();
     for r in ranks.ranks_mut() {
         r.set_wait_timeout(Duration::from_millis(200));
     }
@@ -162,7 +162,7 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
     let test = "stale_larger_signals_cannot_satisfy_a_new_phase";
     let Some(g) = gpu_or_skip(test) else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
-    let mut ranks = LocalRanks::<Float3>::new(halos, &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos, std::slice::from_ref(&g.module)).unwrap();
     ranks.set_wait_timeout(Duration::from_millis(300));
     let stream0 = ranks.stream(0).clone();
     // Low-latency words carry their step in every word: a stale signal value does not make rank 0
@@ -200,7 +200,7 @@ fn stale_larger_signals_cannot_satisfy_a_new_phase() {
 #[test]
 fn per_pulse_put_needs_nvshmem() {
     let Some(g) = gpu_or_skip("per_pulse_put_needs_nvshmem") else { return };
-    let mut ranks = LocalRanks::<Float3>::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(synthetic::halos(shape([2, 1, 1], 1, 10), 7), std::slice::from_ref(&g.module)).unwrap();
     let err = ranks.launch_coordinates(Transport::PerPulse).unwrap_err();
     assert!(err.to_string().contains("needs NVSHMEM"), "{err}");
 }
@@ -215,7 +215,7 @@ fn random_elements<T: Element>(halos: &[RankHalo], seed: u64, home_only: bool, m
 /// The generic kernels for `T`: forward exchange bit-exact, reverse accumulation within rounding.
 fn run_element<T: Element>(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64, make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
     let Some(g) = gpu_or_skip(test) else { return };
-    let mut ranks = LocalRanks::<T>::new(halos.clone(), &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<T>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
     for step in 0..steps {
         let home = random_elements(&halos, 100 + step, true, &make);
         let forces = random_elements(&halos, 900 + step, false, &make);
@@ -337,7 +337,7 @@ fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
         // Not staged: it waits on the host for every stream, rank 2's included, inside the step.
         for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::DirectCopy] {
             let test = format!("ring of 3, {pulses} pulse(s), {transport:?}");
-            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
             for r in ranks.ranks_mut() {
                 r.set_wait_timeout(Duration::from_secs(3));
             }
@@ -382,7 +382,7 @@ fn one_direction_loops_with_changing_data_end_right() {
     ] {
         for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::DirectCopy, Transport::Staged] {
             let test = format!("{name}, {transport:?}");
-            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+            let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
             let home0 = integer_values(&halos, 5, true);
             let f0 = integer_values(&halos, 6, false);
             let mut bumps = Vec::new();
@@ -429,7 +429,7 @@ fn changing_the_grid_between_steps_keeps_the_force_chain_in_step() {
     for (name, halos) in
         [("2 ranks", synthetic::halos(shape([2, 1, 1], 2, 20_000), 41)), ("2x2x1", synthetic::halos(shape([2, 2, 1], 1, 12_000), 42))]
     {
-        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
         let start = ranks.ranks()[0].grids();
         assert!(start.1 > 2, "{name}: the test needs a force grid above 2 blocks, got {start:?}");
         for r in ranks.ranks_mut() {
@@ -468,7 +468,7 @@ fn a_captured_step_replays_a_thousand_times_without_resets() {
     for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
         let halos = synthetic::halos(shape([2, 2, 2], 1, 1500), 71);
         let test = format!("2x2x2 graph, {transport:?}");
-        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+        let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
         let home = integer_values(&halos, 7, true);
         let f0 = integer_values(&halos, 8, false);
         let pristine: Vec<_> = ranks.ranks().iter().zip(&f0).map(|(r, f)| halo::gpu::DeviceBuffer::from_host(r.context(), f).unwrap()).collect();
@@ -535,7 +535,7 @@ fn replanning_between_steps_keeps_the_protocol_in_step() {
     ] {
         let first = synthetic::halos(shape(grid, pulses, 1200), 90);
         let sizes = halo::exchange::SharedSizes::of(&first).with_headroom(0.5);
-        let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), &[module.clone()], sizes).unwrap();
+        let mut ranks = LocalRanks::<Float3>::with_sizes(first.clone(), std::slice::from_ref(&module), sizes).unwrap();
         let mut layouts = vec![first];
         for (k, (home, fraction)) in [(1000, 0.3), (1300, 0.35), (800, 0.25)].into_iter().enumerate() {
             let mut s = shape(grid, pulses, home);
@@ -611,7 +611,7 @@ fn a_replan_after_a_reset_under_gpu_jitter_restarts_every_rank_from_step_one() {
             assert_eq!(bits(&got_f), bits(&want_f[r]), "{test}: forces of rank {r}");
         }
     };
-    let epochs = |x: &Box<dyn Exchange>| x.local_ranks().iter().map(|r| r.protocol_state().map(|s| (s.x_epoch, s.f_epoch)).unwrap()).collect::<Vec<_>>();
+    let epochs = |x: &dyn Exchange| x.local_ranks().iter().map(|r| r.protocol_state().map(|s| (s.x_epoch, s.f_epoch)).unwrap()).collect::<Vec<_>>();
     for k in 0..4 {
         step(&mut x, &first, 10 + k, &format!("first layout, step {k}"));
     }
@@ -654,7 +654,7 @@ fn pulses_of_one_rank_take_different_paths_in_one_fused_launch() {
         // rank 0, shifted ones on the others, so ranks mix differently.
         for pattern in 0..(1u32 << pulses) {
             let test = format!("{name}, pattern {pattern:b}");
-            let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), &[module.clone()]).unwrap();
+            let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), std::slice::from_ref(&module)).unwrap();
             let bulk: Vec<Vec<bool>> = (0..halos.len())
                 .map(|r| {
                     let bits = pattern.wrapping_add(r as u32);
@@ -685,7 +685,7 @@ fn mixed_paths_for_every_element_type() {
     let halos = synthetic::halos(shape([2, 1, 1], 2, 3001), 86);
     fn mixed<T: Element>(test: &str, halos: &[RankHalo], make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
         let Some(g) = gpu_or_skip(test) else { return };
-        let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), &[g.module.clone()]).unwrap();
+        let mut ranks = LocalRanks::<T>::direct(halos.to_vec(), std::slice::from_ref(&g.module)).unwrap();
         let bulk: Vec<Vec<bool>> = (0..halos.len()).map(|r| vec![r == 0, r == 1]).collect();
         ranks.set_bulk_pulses(&bulk).unwrap();
         for step in 0..10 {
@@ -729,7 +729,7 @@ fn routed_plans_mix_paths_per_pulse_in_one_process() {
     let mut routers = halo::route::local_routers(&facts, &config).unwrap();
     let plans = halo::route::plan_local_with::<Float3>(&mut routers, &halos).unwrap();
     assert_eq!((plans[0].transport(1), plans[0].transport(2)), (Some(T::NvlinkTma), Some(T::NvlinkStore)));
-    let mut ranks = LocalRanks::<Float3>::with_plans(halos.clone(), &[module.clone()], &plans).unwrap();
+    let mut ranks = LocalRanks::<Float3>::with_plans(halos.clone(), std::slice::from_ref(&module), &plans).unwrap();
     let paths = ranks.ranks()[0].coord_paths();
     for (p, spec) in halos[0].pulses.iter().enumerate() {
         let want = if spec.send_rank == 1 { CoordPath::Bulk } else { CoordPath::Store };

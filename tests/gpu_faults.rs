@@ -137,7 +137,7 @@ fn the_footprint_is_what_an_exchange_allocates() {
     let sizes = SharedSizes::of(&halos);
     let before = halo::exchange::memory::allocated_on_this_thread();
     let module = g.module.clone();
-    let ranks = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).unwrap();
+    let ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
     let allocated = halo::exchange::memory::allocated_on_this_thread() - before;
     let footprint: u64 = halos.iter().map(|h| Footprint::of::<Float3>(sizes, h).symmetric_requested()).sum();
     assert_eq!(allocated, footprint, "LocalRanks allocated {allocated} bytes of exchange buffers, the footprint says {footprint}");
@@ -171,7 +171,7 @@ fn a_full_gpu_refuses_the_exchange_with_the_need_and_the_fix() {
         .expect("could not fill the GPU");
     let (left, _) = g.ctx.mem_get_info().unwrap();
     assert!((left as u64) < need, "the GPU still has {left} bytes free, the exchange needs {need}: the test cannot fill it");
-    let e = LocalRanks::<Float3>::new(halos.clone(), &[module.clone()]).err().expect("the exchange must not fit").to_string();
+    let e = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).err().expect("the exchange must not fit").to_string();
     for part in ["GPU 0 is out of memory for the halo exchange of ranks 0, 1: it needs", "each rank: coordinates", "fewer atoms on each rank"] {
         assert!(e.contains(part), "missing `{part}`: {e}");
     }

@@ -23,7 +23,7 @@ fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstl
 
 fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     let g = gpu_or_skip(test)?;
-    let out = md::run_local(&cfg, &[g.module.clone()], |_, _| {}).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let out = md::run_local(&cfg, std::slice::from_ref(&g.module), |_, _| {}).unwrap_or_else(|e| panic!("{test}: {e}"));
     let checks = if cfg.check_every == 0 { 0 } else { cfg.steps.div_ceil(cfg.check_every) };
     assert_eq!(out.checked_steps, checks, "{test}");
     assert_eq!(out.searches, cfg.steps.div_ceil(cfg.nstlist), "{test}");
@@ -173,7 +173,7 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
             })
             .collect();
         // Pruned at the search and every nstprune steps after it, as the MD step does.
-        if (step % cfg.nstlist) % u64::from(setup.nstprune) == 0 {
+        if (step % cfg.nstlist).is_multiple_of(u64::from(setup.nstprune)) {
             *inner = searches
                 .iter()
                 .zip(&coords)

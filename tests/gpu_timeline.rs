@@ -143,7 +143,7 @@ fn read(rings: &[TimelineRing], launches: usize, test: &str) -> Vec<Vec<Record>>
 
 fn stamped_steps_match_the_reference(test: &str, halos: Vec<RankHalo>) {
     let Some(g) = gpu_or_skip(test) else { return };
-    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
     const STEPS: u64 = 60;
     let ring = |_| TimelineRing::new(&g.ctx, STEPS as usize).unwrap();
     let (xr, fr): (Vec<_>, Vec<_>) = (ranks.ranks().iter().map(ring).collect(), ranks.ranks().iter().map(ring).collect());
@@ -199,7 +199,7 @@ fn replayed_stamped_steps_write_one_record_per_replay() {
     let test = "timeline graph replays";
     let Some(g) = gpu_or_skip(test) else { return };
     let halos = synthetic::halos(shape([2, 1, 1], 1, 3000), 4);
-    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[g.module.clone()]).unwrap();
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
     const REPLAYS: usize = 40;
     let ring = |_| TimelineRing::new(&g.ctx, REPLAYS).unwrap();
     let (xr, fr): (Vec<_>, Vec<_>) = (ranks.ranks().iter().map(ring).collect(), ranks.ranks().iter().map(ring).collect());

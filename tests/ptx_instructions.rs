@@ -308,10 +308,10 @@ fn ptxas_resources() -> HashMap<String, (u32, u32)> {
             if let Some((_, f)) = current.as_mut() {
                 *f = frame.trim().parse().unwrap_or(u32::MAX);
             }
-        } else if let Some(regs) = line.split("Used ").nth(1).and_then(|r| r.split(" registers").next()) {
-            if let Some((name, frame)) = current.take() {
-                out.insert(name, (regs.trim().parse().unwrap_or(u32::MAX), frame));
-            }
+        } else if let Some(regs) = line.split("Used ").nth(1).and_then(|r| r.split(" registers").next())
+            && let Some((name, frame)) = current.take()
+        {
+            out.insert(name, (regs.trim().parse().unwrap_or(u32::MAX), frame));
         }
     }
     out

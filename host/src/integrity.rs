@@ -265,7 +265,7 @@ impl RankChecksums {
 
     /// The inverse of [`Self::to_words`] for rank `rank`.
     pub fn from_words(rank: usize, words: &[u64]) -> Result<Self, IntegrityError> {
-        if words.len() < 2 || words.len() % 2 != 0 {
+        if words.len() < 2 || !words.len().is_multiple_of(2) {
             return Err(IntegrityError::Shape(format!(
                 "rank {rank} sent {} checksum words; expected 2 plus 2 per pulse",
                 words.len()
@@ -471,8 +471,8 @@ mod tests {
         let (mut x, f, global_f) = state(&sys, &halos, &ids);
         // A stale halo: rank 0's received atoms still hold last step's values (shifted by 0.01 nm).
         let p = &halos[0].pulses[0];
-        for k in p.atom_offset..p.atom_offset + p.recv_size {
-            x[0][k].x -= 0.01;
+        for a in &mut x[0][p.atom_offset..p.atom_offset + p.recv_size] {
+            a.x -= 0.01;
         }
         assert!(matches!(compare_across_ranks(&halos, &all_sums(&halos, &ids, &x, &f)), Err(IntegrityError::HaloMismatch { rank: 0, pulse: 0, .. })));
 

@@ -152,26 +152,6 @@ pub fn run_captured(mut cmd: std::process::Command, limit: std::time::Duration) 
     Ok(Captured { code, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default(), timed_out })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::process::Command;
-    use std::time::Duration;
-
-    #[test]
-    fn a_child_is_captured_and_one_that_hangs_is_killed() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
-        let c = run_captured(cmd, Duration::from_secs(10)).unwrap();
-        assert_eq!((c.code, c.stdout.as_str(), c.stderr.as_str(), c.timed_out), (Some(3), "out\n", "err\n", false));
-        let mut cmd = Command::new("sleep");
-        cmd.arg("10");
-        let started = std::time::Instant::now();
-        let c = run_captured(cmd, Duration::from_millis(200)).unwrap();
-        assert!(c.timed_out && c.code.is_none() && started.elapsed() < Duration::from_secs(5), "{c:?}");
-    }
-}
-
 /// The smallest valid halo for tests of validation: a ring of `n` ranks of 4 home atoms each, one
 /// pulse that sends atoms 0 and 3 to the next rank and receives 2 atoms from the previous one.
 /// Tests corrupt one field and check the error that names it.
@@ -192,4 +172,24 @@ pub fn ring_halos(n: usize) -> Vec<crate::exchange::RankHalo> {
             }],
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::time::Duration;
+
+    #[test]
+    fn a_child_is_captured_and_one_that_hangs_is_killed() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let c = run_captured(cmd, Duration::from_secs(10)).unwrap();
+        assert_eq!((c.code, c.stdout.as_str(), c.stderr.as_str(), c.timed_out), (Some(3), "out\n", "err\n", false));
+        let mut cmd = Command::new("sleep");
+        cmd.arg("10");
+        let started = std::time::Instant::now();
+        let c = run_captured(cmd, Duration::from_millis(200)).unwrap();
+        assert!(c.timed_out && c.code.is_none() && started.elapsed() < Duration::from_secs(5), "{c:?}");
+    }
 }

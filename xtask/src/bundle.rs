@@ -126,10 +126,11 @@ fn test_executables(ptx: &PtxArgs, root: &Path) -> Result<Vec<(String, PathBuf)>
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let name = msg["target"]["name"].as_str().unwrap_or_default();
-        if msg["reason"] == "compiler-artifact" && GPU_TESTS.contains(&name) {
-            if let Some(exe) = msg["executable"].as_str() {
-                found.push((name.to_string(), PathBuf::from(exe)));
-            }
+        if msg["reason"] == "compiler-artifact"
+            && GPU_TESTS.contains(&name)
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            found.push((name.to_string(), PathBuf::from(exe)));
         }
     }
     if found.len() != GPU_TESTS.len() {

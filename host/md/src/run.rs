@@ -152,11 +152,11 @@ impl MdConfig {
     }
 
     fn checks_step(&self, step: u64) -> bool {
-        self.check_every > 0 && step % self.check_every == 0
+        self.check_every > 0 && step.is_multiple_of(self.check_every)
     }
 
     fn energy_step(&self, step: u64) -> bool {
-        (self.energy_every > 0 && step % self.energy_every == 0) || self.checks_step(step)
+        (self.energy_every > 0 && step.is_multiple_of(self.energy_every)) || self.checks_step(step)
     }
 }
 
@@ -671,7 +671,7 @@ impl MdRun {
             return Ok(()); // rolled back: the run goes on from the last search step
         }
         let energy = self.cfg.energy_step(s);
-        let work = StepWork { prune: since % self.cfg.nstprune == 0, energy: energy.then_some(since as usize) };
+        let work = StepWork { prune: since.is_multiple_of(self.cfg.nstprune), energy: energy.then_some(since as usize) };
         if energy {
             self.pending.push((s, since as usize));
         }

@@ -460,10 +460,10 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Ok(mut held) = HELD_FOR_TEST.lock() {
-            if let Some(i) = held.iter().position(|&(g, b)| g == self.gpu && b == self.bytes) {
-                held.swap_remove(i);
-            }
+        if let Ok(mut held) = HELD_FOR_TEST.lock()
+            && let Some(i) = held.iter().position(|&(g, b)| g == self.gpu && b == self.bytes)
+        {
+            held.swap_remove(i);
         }
     }
 }

@@ -354,15 +354,16 @@ impl Perturbation {
     /// Refuses a fault that cannot be injected into an exchange of the local ranks `ranks`: a
     /// kill ends the whole process, so its rank must be the only one here.
     pub fn check_layout(&self, ranks: &[usize]) -> Result<()> {
-        if let Some(Fault::Kill { rank, .. }) = self.fault {
-            if ranks.contains(&rank) && ranks.len() > 1 {
-                let others: Vec<String> = ranks.iter().filter(|&&r| r != rank).map(ToString::to_string).collect();
-                return Err(HaloError::InvalidInput(format!(
-                    "{FAULT_ENV}=kill@..:{rank}: rank {rank} shares this process with rank(s) {}, and killing it would kill them too: \
-                     run one rank per process (`halo launch -n N -- ...`, mpiexec or srun)",
-                    others.join(", ")
-                )));
-            }
+        if let Some(Fault::Kill { rank, .. }) = self.fault
+            && ranks.contains(&rank)
+            && ranks.len() > 1
+        {
+            let others: Vec<String> = ranks.iter().filter(|&&r| r != rank).map(ToString::to_string).collect();
+            return Err(HaloError::InvalidInput(format!(
+                "{FAULT_ENV}=kill@..:{rank}: rank {rank} shares this process with rank(s) {}, and killing it would kill them too: \
+                 run one rank per process (`halo launch -n N -- ...`, mpiexec or srun)",
+                others.join(", ")
+            )));
         }
         Ok(())
     }

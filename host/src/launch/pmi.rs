@@ -48,7 +48,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// The bytes of hex text, or `None` when it is not hex.
 pub fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()

@@ -227,8 +227,10 @@ mod tests {
 
         // The router picks the measured-fastest transport per size: stores for small messages,
         // TMA for large ones.
-        let mut config = RouteConfig::default();
-        config.calibration = Some(crate::route::Sourced { value: path.clone(), source: crate::route::WeightSource::Default });
+        let config = RouteConfig {
+            calibration: Some(crate::route::Sourced { value: path.clone(), source: crate::route::WeightSource::Default }),
+            ..RouteConfig::default()
+        };
         let mut r = Router::new(0, Arc::new(single_node(2).expect("topology")), config).expect("router");
         assert_eq!(r.route(1, Op::Put, 64).map(|x| x.transport).ok(), Some(Transport::NvlinkStore));
         assert_eq!(r.route(1, Op::Put, 4 << 20).map(|x| x.transport).ok(), Some(Transport::NvlinkTma));

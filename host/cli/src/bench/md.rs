@@ -33,7 +33,7 @@ impl MdBenchConfig {
     /// Checks the step counts: `steps` a positive multiple of `nstlist`, at least one repeat.
     pub fn validate(&self) -> Result<()> {
         let nstlist = self.step.nstlist;
-        if nstlist == 0 || self.steps == 0 || self.steps % nstlist != 0 {
+        if nstlist == 0 || self.steps == 0 || !self.steps.is_multiple_of(nstlist) {
             return Err(HaloError::InvalidInput(format!(
                 "--steps {} must be a positive multiple of --nstlist {nstlist} (so every repeat holds the same number of search steps)",
                 self.steps

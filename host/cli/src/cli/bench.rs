@@ -225,14 +225,14 @@ mod tests {
 
     #[derive(clap::Subcommand)]
     enum Cmd {
-        Bench(BenchArgs),
+        Bench(Box<BenchArgs>),
         BenchKernels(BenchKernelsArgs),
     }
 
     fn bench(args: &[&str]) -> Result<BenchArgs, clap::Error> {
         let cli = Cli::try_parse_from(["halo", "bench"].iter().chain(args))?;
         match cli.cmd {
-            Cmd::Bench(b) => Ok(b),
+            Cmd::Bench(b) => Ok(*b),
             Cmd::BenchKernels(_) => unreachable!("parsed as bench"),
         }
     }

@@ -145,15 +145,15 @@ pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
 }
 
 pub fn run(args: ExchangeCheckArgs) -> Result<()> {
-    if let Some(j) = args.perturb.install()?.and_then(|p| p.jitter()) {
-        if u64::from(j.max_us) >= args.wait_timeout_ms.saturating_mul(1000) {
-            bail!(
-                "the jitter (up to {} µs) is not shorter than the device wait deadline (--wait-timeout-ms {}): a delayed rank would look dead; \
-                 use less jitter or a longer deadline",
-                j.max_us,
-                args.wait_timeout_ms
-            );
-        }
+    if let Some(j) = args.perturb.install()?.and_then(|p| p.jitter())
+        && u64::from(j.max_us) >= args.wait_timeout_ms.saturating_mul(1000)
+    {
+        bail!(
+            "the jitter (up to {} µs) is not shorter than the device wait deadline (--wait-timeout-ms {}): a delayed rank would look dead; \
+             use less jitter or a longer deadline",
+            j.max_us,
+            args.wait_timeout_ms
+        );
     }
     let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
     let halos = synthetic::halos(shape, args.seed);
@@ -349,7 +349,7 @@ fn check(
         let mut step = 0u64;
         while step < args.steps {
             let v = run.variant; // its name only for messages
-            let check = step % args.check_every == 0;
+            let check = step.is_multiple_of(args.check_every);
             let (home, forces) = if check {
                 // Between checks only the exchange runs; the X -> F chain of consecutive steps
                 // orders the ranks without a host barrier.
@@ -411,7 +411,7 @@ fn check(
                 }
                 run.s.x.barrier()?; // nobody overwrites a peer's halo before it has been checked
             }
-            let safe_point = failover && ((step + 1) % every == 0 || step + 1 == args.steps);
+            let safe_point = failover && ((step + 1).is_multiple_of(every) || step + 1 == args.steps);
             if !safe_point {
                 step += 1;
                 continue;

@@ -82,9 +82,9 @@ pub fn cluster_list_forces(grid: &ClusterGrid, list: &ClusterPairList, coords: &
         if p.r2 < cutoff * cutoff {
             let (c6, c12) = table[ty[p.i as usize] * nt + ty[p.j as usize]];
             let s = lj_force_over_r(p.r2, c6, c12);
-            for c in 0..3 {
-                f[p.i as usize][c] -= s * p.d[c];
-                f[p.j as usize][c] += s * p.d[c];
+            for (c, &d) in p.d.iter().enumerate() {
+                f[p.i as usize][c] -= s * d;
+                f[p.j as usize][c] += s * d;
             }
             energy += lj_potential_shifted(p.r2, c6, c12, cutoff);
         }

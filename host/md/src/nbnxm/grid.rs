@@ -59,9 +59,9 @@ impl BBox {
 
     /// Grows the box to hold `p`.
     pub fn include(&mut self, p: [f32; 3]) {
-        for d in 0..3 {
-            self.lo[d] = self.lo[d].min(p[d]);
-            self.hi[d] = self.hi[d].max(p[d]);
+        for ((lo, hi), v) in self.lo.iter_mut().zip(&mut self.hi).zip(p) {
+            *lo = lo.min(v);
+            *hi = hi.max(v);
         }
     }
 

@@ -490,13 +490,16 @@ mod tests {
             let homes: Vec<Vec<Float3>> =
                 plan.ranks.iter().map(|r| r.global_ids[..r.home_atoms].iter().map(|&g| sys.positions[g as usize]).collect()).collect();
             let want = crate::exchange::reference::coordinates(&plan.rank_halos(), &homes);
-            for r in 0..plan.ranks.len() {
+            // One entry per rank: `coordinates` zips the plan's rank halos with one home list per rank.
+            for (r, want) in want.iter().enumerate() {
                 let a = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
-                let same = a.positions.iter().zip(&want[r]).all(|(p, q)| {
-                    p.x.to_bits() == q.x.to_bits() && p.y.to_bits() == q.y.to_bits() && p.z.to_bits() == q.z.to_bits()
-                });
+                let same = a
+                    .positions
+                    .iter()
+                    .zip(want)
+                    .all(|(p, q)| p.x.to_bits() == q.x.to_bits() && p.y.to_bits() == q.y.to_bits() && p.z.to_bits() == q.z.to_bits());
                 assert!(same, "{dims:?} rank {r}");
-                assert_eq!(a.positions.len(), want[r].len());
+                assert_eq!(a.positions.len(), want.len());
                 // Zone bits only along decomposed dimensions; every halo atom has one.
                 let decomposed: u8 = (0..3).filter(|&d| dims[d] > 1).map(|d| 1u8 << d).sum();
                 assert!(a.zones.iter().all(|z| z & !decomposed == 0));
