@@ -985,11 +985,11 @@ const _: () = {
     assert!(size_of::<ProtocolState>() == 32 && align_of::<ProtocolState>() == 8);
     assert!(offset_of!(ProtocolState, last_direction) == 16);
     // Bulk copies move whole chunks: a multiple of 16 bytes, 32 lanes x whole elements.
-    assert!(TMA_CHUNK_BYTES % 16 == 0);
-    assert!(TMA_CHUNK_BYTES % (32 * 4) == 0 && TMA_CHUNK_BYTES % (32 * 8) == 0);
-    assert!(TMA_CHUNK_BYTES % (32 * 12) == 0 && TMA_CHUNK_BYTES % (32 * 16) == 0);
-    assert!(TMA_SHARED_BYTES % 16 == 0);
-    assert!(BLOCK_SIZE % 32 == 0);
+    assert!(TMA_CHUNK_BYTES.is_multiple_of(16));
+    assert!(TMA_CHUNK_BYTES.is_multiple_of(32 * 4) && TMA_CHUNK_BYTES.is_multiple_of(32 * 8));
+    assert!(TMA_CHUNK_BYTES.is_multiple_of(32 * 12) && TMA_CHUNK_BYTES.is_multiple_of(32 * 16));
+    assert!(TMA_SHARED_BYTES.is_multiple_of(16));
+    assert!(BLOCK_SIZE.is_multiple_of(32));
     assert!(size_of::<NbnxmEntry>() == 16 && align_of::<NbnxmEntry>() == 4);
     // One warp covers the i-cluster atoms x 4 j-lanes; the mask fits the low bits of a j word.
     assert!(NBNXM_CLUSTER_SIZE * 4 == 32 && NBNXM_MASK_BITS <= 8);
