@@ -3,8 +3,9 @@
 //! every checked step, on 1-D, 2-D and 3-D rank grids with one and two pulses per dimension, at
 //! 6,000 and 45,000 atoms, with searches (re-decomposition, new lists, the exchange replanned in its
 //! buffers) every `nstlist` steps. Coordinates after the halo are bit-exact. Also: the leapfrog
-//! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, and
-//! the page-locked staging that a search step uploads through.
+//! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, the
+//! page-locked staging that a search step uploads through, and the home coordinates and types that
+//! a search with the grid sorted on the GPU copies on the device.
 
 use halo::abi::{self, Float3};
 use halo::decomp::RankGrid;

@@ -98,7 +98,8 @@ pub struct SearchTimes {
     /// Cluster grid (slowest rank).
     pub grid: Duration,
     /// Cluster-pair lists: the slowest rank's host search, or the GPU searches (both passes, the
-    /// grid's upload and the host's layout between them).
+    /// grid's upload and the host's layout between them; with the grid sorted on the GPU also the
+    /// staging of the home velocities and masses, which overlaps the passes).
     pub pairs: Duration,
     /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
