@@ -14,7 +14,8 @@
 //! `ClusterGrid::build(&LocalAtoms::from_plan(..))` on every rank of 1x1x1 to 2x2x2 and 4x2x2 plans
 //! (0 to 45,000 local atoms, ranks and zones without atoms, after poisoning), with the zone table
 //! and column starts the search reads; then `NbnxmGpu::update_local`: lists equal to the host's
-//! `PairSearch::build` entry for entry and word for word, on every rank.
+//! `PairSearch::build` entry for entry and word for word, on every rank; and `update_local_into`,
+//! which also copies the home atoms' coordinates and types on the device for the MD step.
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid, wrap_position};
@@ -472,4 +473,68 @@ fn local_search_equals_the_host_search() {
         assert_eq!((nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms()), (0, 0, 0));
         check_local_search(&format!("local search {n} atoms {dims:?} rank 0 again"), &g, &mut nb, &ranks[0], &s);
     }
+}
+
+/// `update_local_into`: the lists of `update_local`, the home atoms' coordinates and types copied
+/// on the device into the caller's buffers (poisoned first) bit for bit as `positions[..home]` and
+/// `types[..home]`, nothing past `home` written, and the caller's hook run exactly once; a hook
+/// that fails ends the search with its error and leaves no lists. Every rank of a 2x2x1 plan.
+#[test]
+fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
+    use halo_md::nbnxm::HomeCopies;
+    let Some(g) = gpu("gpu_local_search_into") else { return };
+    let sys = MolecularSystem::generate(6000, 65).unwrap();
+    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+    let lj = lj_table(&sys);
+    let stream = g.ctx.new_stream().unwrap();
+    let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    let mut plain = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    for (r, atoms) in ranks_of(&sys, [2, 2, 1], s.rlist).iter().enumerate() {
+        let (home, extra) = (atoms.home, 7);
+        assert!(home > 0 && atoms.len() > home, "rank {r}: {home} home of {} atoms", atoms.len());
+        let x = DeviceBuffer::<Float3>::uninit(&g.ctx, atoms.len() + extra).unwrap();
+        let ty = DeviceBuffer::<u32>::uninit(&g.ctx, atoms.len() + extra).unwrap();
+        x.fill_bytes(0xFF).unwrap();
+        ty.fill_bytes(0xFF).unwrap();
+        g.ctx.synchronize().unwrap();
+        let mut calls = 0;
+        let got = nb
+            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty }, &mut || {
+                calls += 1;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(calls, 1, "rank {r}: the hook runs once");
+        let want = plain.update_local(atoms, sys.box_size, &stream).unwrap();
+        assert_eq!((got.grid, got.words, got.entries), (want.grid, want.words, want.entries), "rank {r}");
+        for kind in [ListKind::Local, ListKind::NonLocal] {
+            assert_eq!(nb.read_entries(kind).unwrap(), plain.read_entries(kind).unwrap(), "rank {r} {kind:?}");
+            assert_eq!(nb.read_j_list(kind, false).unwrap(), plain.read_j_list(kind, false).unwrap(), "rank {r} {kind:?}");
+        }
+        // Complete when the search returns (its stream was synchronised).
+        let (gx, gt) = (x.to_host().unwrap(), ty.to_host().unwrap());
+        assert_eq!(bits(&gx[..home]), bits(&atoms.positions[..home]), "rank {r}: home coordinates");
+        assert_eq!(gt[..home], atoms.types[..home], "rank {r}: home types");
+        assert!(bits(&gx[home..]).iter().all(|&b| b == u32::MAX), "rank {r}: coordinates past home written");
+        assert!(gt[home..].iter().all(|&t| t == u32::MAX), "rank {r}: types past home written");
+        // A failing hook: its error, and no lists.
+        let e = nb
+            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty }, &mut || {
+                Err(halo::error::HaloError::InvalidInput("staging failed".into()))
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("staging failed"), "rank {r}: {e}");
+        assert_eq!((nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms()), (0, 0, 0), "rank {r}");
+        // The work enqueued before the failure must finish before the buffers go.
+        stream.synchronize().unwrap();
+    }
+    // Destinations too small for the home atoms are refused.
+    let atoms = &ranks_of(&sys, [2, 1, 1], s.rlist)[0];
+    let short = DeviceBuffer::<Float3>::uninit(&g.ctx, atoms.home - 1).unwrap();
+    let ty = DeviceBuffer::<u32>::uninit(&g.ctx, atoms.len()).unwrap();
+    let e = nb.update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &short, types: &ty }, &mut || Ok(())).unwrap_err().to_string();
+    assert!(e.contains("device copy of"), "{e}");
+    stream.synchronize().unwrap();
 }

@@ -3,8 +3,9 @@
 //! every checked step, on 1-D, 2-D and 3-D rank grids with one and two pulses per dimension, at
 //! 6,000 and 45,000 atoms, with searches (re-decomposition, new lists, the exchange replanned in its
 //! buffers) every `nstlist` steps. Coordinates after the halo are bit-exact. Also: the leapfrog
-//! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, and
-//! the page-locked staging that a search step uploads through.
+//! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, the
+//! page-locked staging that a search step uploads through, and the home coordinates and types that
+//! a search with the grid sorted on the GPU copies on the device.
 
 use halo::abi::{self, Float3};
 use halo::decomp::RankGrid;
@@ -388,4 +389,84 @@ fn leapfrog_kernels_match_the_cpu_reference() {
             }
         }
     }
+}
+
+/// A search of several ranks with the grid built on the GPU (`MdRank::new` at the first, then
+/// `MdRank::update` after the atoms moved and the exchange was replanned in its buffers) fills
+/// each rank's home coordinates (the exchange's `x[..home]`) and home types on the device by
+/// copies from the grid's own upload of the local atoms: bit for bit the local atoms' home
+/// positions and types, with `x` and the rank's buffers poisoned before every search (the first
+/// search's rank buffers are new). The halo region of `x` stays as it was (only home elements are
+/// written: peers may store there), and velocities and `1 / m` equal the host's arrays. 2x2x1 ranks
+/// on one GPU, 6,000 atoms, three searches.
+#[test]
+fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
+    use halo::exchange::{Exchange, Placement};
+    use md::nbnxm::lj_table;
+    use md::search::{HostSearch, ListsOn, RankLists};
+    let test = "a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let mut sys = halo::system::MolecularSystem::generate(6000, 31).unwrap();
+    let setup = MdConfig::new(6000, grid).list_setup(&sys).unwrap();
+    let lj = lj_table(&sys);
+    let ids: Vec<usize> = (0..grid.num_ranks()).collect();
+    let mut host = HostSearch::new(2).unwrap();
+    let mut plan = host.plan(&mut sys, grid, &setup).unwrap();
+    let mut ex: Box<dyn Exchange> = Placement::Local(vec![g.module.clone()]).exchange_with_headroom::<Float3>(plan.rank_halos(), 0.5).unwrap();
+    let mut ranks: Vec<md::MdRank> = Vec::new();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    for search in 0..3 {
+        if search > 0 {
+            // A search interval's motion, some atoms across cell boundaries and the periodic box.
+            for p in &mut sys.positions {
+                *p = Float3::new(p.x + rng.random_range(-0.3..0.3), p.y + rng.random_range(-0.3..0.3), p.z + rng.random_range(-0.3..0.3));
+            }
+            plan = host.plan(&mut sys, grid, &setup).unwrap();
+            // Replanned in its buffers as the MD step does (a new exchange where they do not fit).
+            if !ex.replan(plan.rank_halos()).unwrap() {
+                drop(ex);
+                ex = Placement::Local(vec![g.module.clone()]).exchange_with_headroom::<Float3>(plan.rank_halos(), 0.5).unwrap();
+            }
+        }
+        let found = host.rank_searches(&plan, &sys, &ids, &setup, ListsOn::GpuGrid).unwrap();
+        for r in ex.local_ranks() {
+            r.x.fill_bytes(0xFF).unwrap();
+        }
+        for m in &ranks {
+            m.type_buffer().fill_bytes(0xFF).unwrap();
+            m.velocity_buffer().fill_bytes(0xFF).unwrap();
+            m.inv_mass_buffer().fill_bytes(0xFF).unwrap();
+        }
+        // The poison went on the legacy default stream, which the ranks' streams do not follow.
+        g.ctx.synchronize().unwrap();
+        for (i, r) in found.iter().enumerate() {
+            assert!(r.home_x.is_empty() && r.home_types.is_empty(), "{test}: the host builds no home coordinates or types");
+            let (rank, halo) = (&ex.local_ranks()[i], &ex.streams()[i]);
+            if search == 0 {
+                ranks.push(md::MdRank::new(g.module.clone(), r, &lj, &setup, sys.box_size, 1, rank, halo).unwrap());
+            } else {
+                ranks[i].update(r, sys.box_size, rank, halo).unwrap();
+            }
+        }
+        g.ctx.synchronize().unwrap();
+        for ((r, m), rank) in found.iter().zip(&ranks).zip(ex.local_ranks()) {
+            let case = format!("{test}: search {search}, rank {}", r.rank);
+            let RankLists::GpuGrid(atoms) = &r.lists else { panic!("{case}: not a GPU grid search") };
+            let home = atoms.home;
+            assert!(home > 0 && atoms.len() > home, "{case}: {home} home of {} local atoms", atoms.len());
+            assert_eq!(m.home_atoms(), home, "{case}");
+            let x = rank.x.to_host().unwrap();
+            assert_eq!(bits(&x[..home]), bits(&atoms.positions[..home]), "{case}: home coordinates");
+            assert!(bits(&x[home..]).iter().all(|&b| b == u32::MAX), "{case}: the halo region of x was written");
+            assert_eq!(m.type_buffer().to_host().unwrap()[..home], atoms.types[..home], "{case}: home types");
+            assert_eq!(bits(&m.velocity_buffer().to_host().unwrap()[..home]), bits(&r.home_v), "{case}: velocities");
+            let inv: Vec<u32> = m.inv_mass_buffer().to_host().unwrap()[..home].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(inv, r.inv_mass.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{case}: 1 / m");
+        }
+        host.recycle(found);
+    }
+    // The ranks' streams are idle (synchronised above); the ranks go before the exchange.
+    drop(ranks);
 }

@@ -198,7 +198,7 @@ fn breakdown(case: &Case, direct: bool) {
         let t3 = Instant::now();
         if i == 0 {
             assert_eq!(plan, case.want, "the redecomposed plan is the global builder's");
-            check = Some(found.iter().map(|f| (f.home_x.len(), f.lists.atoms())).collect::<Vec<_>>());
+            check = Some(found.iter().map(|f| (f.lists.home_atoms(), f.lists.atoms())).collect::<Vec<_>>());
         }
         let local = found.iter().map(|f| f.atoms_time).max().unwrap_or_default();
         pe.recycle(plan, found);

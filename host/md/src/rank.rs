@@ -11,7 +11,7 @@ use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
-use crate::nbnxm::{EnergySlot, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
+use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::nbnxm::gpu_search::grow;
 use crate::search::{RankLists, RankSearch};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
@@ -70,7 +70,7 @@ pub struct MdRank {
     home_forces_zeroed: CudaEvent,
     forces_done: CudaEvent,
     coordinates_ready: CudaEvent,
-    /// Recorded on the exchange's stream after a search's home uploads ([`Self::stage_uploads`]);
+    /// Recorded on the exchange's stream after a search's staged home uploads ([`Self::update`]);
     /// the local stream waits for it before the steps ([`Self::order_after_uploads`]).
     uploaded: CudaEvent,
     /// The captured step's own events: the graph's start (the halo stream forks there), and its
@@ -81,16 +81,36 @@ pub struct MdRank {
     staging: HomeStaging,
 }
 
-/// Page-locked staging, one per array a search uploads (home coordinates into the exchange's
-/// `x`, velocities, `1 / m`, types): each upload is a host copy into memory kept between searches
-/// and a copy enqueued on the exchange's stream of the rank (no host wait per copy). One per array, so that no
-/// upload of a search waits for another of the same search to land.
+/// Page-locked staging, one per array a search uploads from the host (home coordinates into the
+/// exchange's `x`, velocities, `1 / m`, types; with the grid built on the GPU only velocities and
+/// `1 / m`, [`MdRank::update`]): each upload is a host copy into memory kept between searches and
+/// a copy enqueued on the exchange's stream of the rank (no host wait per copy). One per array, so
+/// that no upload of a search waits for another of the same search to land.
 #[derive(Default)]
 struct HomeStaging {
     x: Staging<Float3>,
     v: Staging<Float3>,
     inv_mass: Staging<f32>,
     types: Staging<u32>,
+}
+
+impl HomeStaging {
+    /// Enqueues every home array of `found` on `halo`, the stream of `ex`: the coordinates into
+    /// `ex`'s `x` (home elements only), the rest into the rank's buffers (grown for them).
+    fn all(
+        &mut self, found: &RankSearch, ex: &RankExchange, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, types: &DeviceBuffer<u32>,
+        halo: &CudaStream,
+    ) -> Result<()> {
+        ex.upload_coordinates_async(&found.home_x, &mut self.x, halo)?;
+        self.velocities_and_masses(found, v, inv_mass, halo)?;
+        self.types.upload(&found.home_types, types, halo)
+    }
+
+    /// Enqueues the home velocities and `1 / m` of `found` on `halo`.
+    fn velocities_and_masses(&mut self, found: &RankSearch, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, halo: &CudaStream) -> Result<()> {
+        self.v.upload(&found.home_v, v, halo)?;
+        self.inv_mass.upload(&found.inv_mass, inv_mass, halo)
+    }
 }
 
 /// Which event set a step's launches use.
@@ -103,8 +123,8 @@ enum Events {
 impl MdRank {
     /// A rank's GPU state for its first search `found`: its lists (uploaded, or searched on the
     /// GPU from its grid), the LJ table, room for `records` energy records per search interval,
-    /// and the home arrays of `found` (coordinates into `ex`'s `x`, velocities, `1 / m`, types)
-    /// enqueued on `halo`, the stream of `ex`, as [`Self::update`] does.
+    /// and the home arrays of `found` (coordinates into `ex`'s `x`, velocities, `1 / m`, types),
+    /// all as [`Self::update`] does, from empty lists.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], records: usize, ex: &RankExchange,
@@ -113,16 +133,14 @@ impl MdRank {
         let ctx = module.context().clone();
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
-        let nb = match &found.lists {
-            RankLists::Host(search) => NbnxmGpu::new(module.clone(), search, lj, setup, box_size)?,
-            RankLists::Gpu(grid) => NbnxmGpu::new_on_gpu(module.clone(), grid, lj, setup, box_size, &local)?,
-            RankLists::GpuGrid(atoms) => NbnxmGpu::new_local(module.clone(), atoms, lj, setup, box_size, &local)?,
-        };
+        let home = found.lists.home_atoms().max(1);
+        // No grid and no lists yet: `update` below searches (or uploads) them.
+        let nb = NbnxmGpu::new_resident(module.clone(), lj, setup, box_size)?;
         let mut me = Self {
             nb,
-            v: DeviceBuffer::uninit(&ctx, found.home_v.len().max(1))?,
-            inv_mass: DeviceBuffer::uninit(&ctx, found.inv_mass.len().max(1))?,
-            types: DeviceBuffer::uninit(&ctx, found.home_types.len().max(1))?,
+            v: DeviceBuffer::uninit(&ctx, home)?,
+            inv_mass: DeviceBuffer::uninit(&ctx, home)?,
+            types: DeviceBuffer::uninit(&ctx, home)?,
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
             home: 0,
             total: 0,
@@ -139,62 +157,46 @@ impl MdRank {
             local,
             module,
         };
-        // The first search's lists are complete (built synchronously above); only the home arrays
-        // remain, ordered as in `update`.
-        let staged = me.stage_uploads(found, ex, halo);
-        let ordered = me.order_after_uploads();
-        staged?;
-        ordered?;
+        me.update(found, box_size, ex, halo)?;
         Ok(me)
     }
 
-    /// Enqueues the home arrays of `found` on `halo` (the stream of `ex`, where the replan
-    /// enqueued the exchange's maps and metadata): the coordinates into `ex`'s `x`, the
-    /// velocities, `1 / m` and types into this rank's buffers, each through page-locked staging
-    /// kept for the run (no host wait); then records [`Self::uploaded`] on `halo`, also when an
-    /// upload failed (so that [`Self::order_after_uploads`] covers whatever was enqueued).
-    ///
-    /// Why this may run before the rank's search: no part of any search reads these arrays. The
-    /// host-lists path uploads the host's grid and lists; the GPU paths sort their own copies of
-    /// the atoms (`DeviceGrid::build_local` copies the local atoms' coordinates, types and zones
-    /// into its own scratch buffers; `update_on_gpu` uploads the host's grid) and search the grid's
-    /// buffers. Only the steps read them, and those are ordered after the copies by
-    /// [`Self::order_after_uploads`] (local stream) and by stream order (`halo`).
+    /// Checks the home arrays of `found` against its home count and the exchange `ex`, and grows
+    /// this rank's buffers for them; enqueues nothing. Then records the new counts.
     ///
     /// Why the growths are safe: they happen before this search enqueues anything, on an idle rank
     /// (the search step waited for the local stream, which waited for the last search's
     /// [`Self::uploaded`]), so a freed buffer is no queued copy's target; the search itself grows
     /// only the grid's, the search's and the lists' own buffers, never these.
-    fn stage_uploads(&mut self, found: &RankSearch, ex: &RankExchange, halo: &CudaStream) -> Result<()> {
-        let home = home_arrays_fit(found.lists.home_atoms(), [found.home_x.len(), found.home_v.len(), found.inv_mass.len(), found.home_types.len()])?;
-        let enqueued = (|| -> Result<()> {
-            grow(&self.module, &mut self.v, home)?;
-            grow(&self.module, &mut self.inv_mass, home)?;
-            grow(&self.module, &mut self.types, home)?;
-            // Only home elements of `x` are written: peers may already store into this rank's halo
-            // region (after the replan's fence: its barrier, or the search's all-gathers) without conflict.
-            ex.upload_coordinates_async(&found.home_x, &mut self.staging.x, halo)?;
-            self.staging.v.upload(&found.home_v, &self.v, halo)?;
-            self.staging.inv_mass.upload(&found.inv_mass, &self.inv_mass, halo)?;
-            self.staging.types.upload(&found.home_types, &self.types, halo)
-        })();
-        let recorded = self.uploaded.record(halo).during("recording the search's uploads");
-        enqueued?;
-        recorded?;
+    fn fit_home(&mut self, found: &RankSearch, ex: &RankExchange) -> Result<()> {
+        let from_device = matches!(found.lists, RankLists::GpuGrid(_));
+        let lens = [found.home_x.len(), found.home_v.len(), found.inv_mass.len(), found.home_types.len()];
+        let home = home_arrays_fit(found.lists.home_atoms(), lens, from_device)?;
+        if home > ex.halo().home_atoms {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: {home} home coordinates for a layout of {} home atoms",
+                ex.rank(),
+                ex.halo().home_atoms
+            )));
+        }
+        grow(&self.module, &mut self.v, home)?;
+        grow(&self.module, &mut self.inv_mass, home)?;
+        grow(&self.module, &mut self.types, home)?;
         self.home = home;
         self.total = found.lists.atoms();
         self.forces_clear = false;
         Ok(())
     }
 
-    /// After the rank's search: the local stream waits for [`Self::uploaded`] (the home arrays
-    /// and, recorded after them on the same stream, the replan's maps and metadata), so every
-    /// later launch there sees them: the steps' force and update kernels, and a captured step,
-    /// whose halo branch forks from the local stream inside the graph and so is ordered after
-    /// this wait too. Then [`Self::coordinates_ready`] is recorded after that wait, for the halo
-    /// stream's next coordinate halo ([`Self::begin_step`]); the halo stream follows its own
-    /// copies by stream order anyway. Enqueued after the search, so that the copies overlap the
-    /// grid and list kernels on the local stream instead of delaying them.
+    /// After the rank's search: the local stream waits for [`Self::uploaded`] (the staged home
+    /// arrays and, recorded after them on the same stream, the replan's maps and metadata), so
+    /// every later launch there sees them: the steps' force and update kernels, and a captured
+    /// step, whose halo branch forks from the local stream inside the graph and so is ordered
+    /// after this wait too. Then [`Self::coordinates_ready`] is recorded after that wait (and
+    /// after the search's device copies of the home coordinates and types, earlier on the local
+    /// stream), for the halo stream's next coordinate halo ([`Self::begin_step`]); the halo stream
+    /// follows its own copies by stream order anyway. Enqueued after the search, so that the
+    /// copies overlap the grid and list kernels on the local stream instead of delaying them.
     fn order_after_uploads(&self) -> Result<()> {
         self.local.wait(&self.uploaded).during("ordering the local stream after the search's uploads")?;
         self.coordinates_ready.record(&self.local).during("recording an event")
@@ -202,44 +204,66 @@ impl MdRank {
 
     /// Replaces the lists (uploaded, or searched on the GPU on the local stream), home
     /// coordinates (in `ex`'s `x`), velocities, masses and types with those of a new search
-    /// `found`; returns the time of the GPU search (zero for uploaded lists). The rank must be
-    /// idle (the search step synchronised its streams), and `ex` the exchange the next steps use,
-    /// replanned (or built) for `found`, with `halo` its stream for this rank.
+    /// `found`; returns the time of the GPU search (zero for uploaded lists; with the grid built
+    /// on the GPU it includes the host's staging of the velocities and masses, which overlaps
+    /// the GPU's passes). The rank must be idle (the search step synchronised its streams), and
+    /// `ex` the exchange the next steps use, replanned (or built) for `found`, with `halo` its
+    /// stream for this rank.
     ///
-    /// The home arrays are enqueued on `halo` first (`stage_uploads`; no search reads
-    /// them), so their DMA runs while the local stream builds the grid and lists; the local stream
-    /// then waits for them (`order_after_uploads`). Nothing here waits for the copies on
-    /// the host: the steps are ordered after them on the GPU. A search through pageable
-    /// synchronous copies (host lists, a grid from the host) still needs the caller's context
-    /// synchronisation before the steps (`run.rs`).
+    /// Where each home array comes from ([`Self::search_and_stage`]):
+    /// - lists from the host, or a grid from the host (`RankLists::Host`, `RankLists::Gpu`): all
+    ///   four from `found`'s host arrays, through page-locked staging on `halo` (no host wait),
+    ///   enqueued before the search, whose kernels never read them, so the DMA runs while the
+    ///   local stream searches;
+    /// - the grid built on the GPU (`RankLists::GpuGrid`): the coordinates and types by
+    ///   device-to-device copies on the local stream from the grid's own upload of the local
+    ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`), so they
+    ///   cross the bus once; the velocities and masses staged on `halo` while the GPU runs the
+    ///   grid's and the lists' first passes (before the search's first host wait).
+    ///
+    /// Then, also after a failure: [`Self::uploaded`] is recorded on `halo` and the local stream
+    /// waits for it (`order_after_uploads`). Nothing here waits for the copies on the host: the
+    /// steps are ordered after them on the GPU (the local stream by stream order and that wait,
+    /// the halo stream through `coordinates_ready`). A search through pageable synchronous copies
+    /// (host lists, a grid from the host) still needs the caller's context synchronisation before
+    /// the steps (`run.rs`).
     pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
-        let staged = self.stage_uploads(found, ex, halo);
-        let searched = match staged {
-            Ok(()) => self.search_lists(found, box_size),
-            Err(_) => Ok(Duration::ZERO),
+        let searched = match self.fit_home(found, ex) {
+            Ok(()) => self.search_and_stage(found, box_size, ex, halo),
+            Err(e) => Err(e),
         };
         // Always: whatever was enqueued on `halo` is then covered by the local stream's order.
+        let recorded = self.uploaded.record(halo).during("recording the search's uploads");
         let ordered = self.order_after_uploads();
-        staged?;
         let searched = searched?;
+        recorded?;
         ordered?;
         Ok(searched)
     }
 
-    /// The new lists of `found` (see [`Self::update`]); the time of a GPU search.
-    fn search_lists(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
+    /// The new lists of `found` and its home arrays (see [`Self::update`]); the time of a GPU
+    /// search. Stops at the first error (whatever was enqueued stays enqueued: `update` orders
+    /// it).
+    fn search_and_stage(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let t = Instant::now();
+        let Self { nb, staging, v, inv_mass, types, local, .. } = self;
         match &found.lists {
             RankLists::Host(search) => {
-                self.nb.update(search, box_size)?;
+                staging.all(found, ex, v, inv_mass, types, halo)?;
+                nb.update(search, box_size)?;
                 Ok(Duration::ZERO)
             }
             RankLists::Gpu(grid) => {
-                self.nb.update_on_gpu(grid, box_size, &self.local)?;
+                staging.all(found, ex, v, inv_mass, types, halo)?;
+                nb.update_on_gpu(grid, box_size, local)?;
                 Ok(t.elapsed())
             }
             RankLists::GpuGrid(atoms) => {
-                self.nb.update_local(atoms, box_size, &self.local)?;
+                // Only home elements of `x` are written: peers may already store into this rank's
+                // halo region (after the replan's fence: its barrier, or the search's all-gathers)
+                // without conflict.
+                let home = HomeCopies { x: &ex.x, types: &*types };
+                nb.update_local_into(atoms, box_size, local, home, &mut || staging.velocities_and_masses(found, v, inv_mass, halo))?;
                 Ok(t.elapsed())
             }
         }
@@ -297,8 +321,9 @@ impl MdRank {
     /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
     /// the last integration cleared them (and zero the energy record), prune the local list on
     /// prune steps, home–home forces. The halo stream then waits for the previous step's
-    /// integration (the coordinate halo reads home coordinates; the forces with halo atoms add
-    /// into the halo forces that integration may have cleared).
+    /// integration, or after a search for its home coordinates on the local stream (the
+    /// coordinate halo reads home coordinates; the forces with halo atoms add into the halo
+    /// forces that integration may have cleared).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Events::Step)?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
@@ -476,6 +501,16 @@ impl MdRank {
         &self.v
     }
 
+    /// The device buffer of the home atoms' types (its first [`Self::home_atoms`] elements).
+    pub fn type_buffer(&self) -> &DeviceBuffer<u32> {
+        &self.types
+    }
+
+    /// The device buffer of the home atoms' `1 / m` (its first [`Self::home_atoms`] elements).
+    pub fn inv_mass_buffer(&self) -> &DeviceBuffer<f32> {
+        &self.inv_mass
+    }
+
     /// Waits for the local stream.
     pub fn synchronize(&self) -> Result<()> {
         self.local.synchronize().during("waiting for the local stream")
@@ -483,12 +518,16 @@ impl MdRank {
 }
 
 /// The home count of a search whose home arrays hold `lens` = [coordinates, velocities, `1 / m`,
-/// types] elements for `home` home atoms: an error unless every array holds exactly `home`
-/// (checked before anything of the search is enqueued or grown).
-fn home_arrays_fit(home: usize, lens: [usize; 4]) -> Result<usize> {
-    if lens.iter().any(|&n| n != home) {
-        let [x, v, m, t] = lens;
-        return Err(HaloError::InvalidInput(format!("{x} coordinates, {v} velocities, {m} masses and {t} types for {home} home atoms")));
+/// types] elements for `home` home atoms: an error unless every array holds exactly `home`, or,
+/// `from_device` (the GPU copies the coordinates and types from its grid's upload), unless the
+/// velocities and `1 / m` hold `home` and the coordinates and types none (checked before anything
+/// of the search is enqueued or grown).
+fn home_arrays_fit(home: usize, lens: [usize; 4], from_device: bool) -> Result<usize> {
+    let host = if from_device { 0 } else { home };
+    let [x, v, m, t] = lens;
+    if [x, t] != [host; 2] || [v, m] != [home; 2] {
+        let source = if from_device { ", coordinates and types from the GPU's grid" } else { "" };
+        return Err(HaloError::InvalidInput(format!("{x} coordinates, {v} velocities, {m} masses and {t} types for {home} home atoms{source}")));
     }
     Ok(home)
 }
@@ -499,15 +538,28 @@ mod tests {
 
     #[test]
     fn home_arrays_must_all_hold_the_home_atoms() {
-        assert_eq!(home_arrays_fit(0, [0; 4]).unwrap(), 0);
-        assert_eq!(home_arrays_fit(22_500, [22_500; 4]).unwrap(), 22_500);
+        assert_eq!(home_arrays_fit(0, [0; 4], false).unwrap(), 0);
+        assert_eq!(home_arrays_fit(22_500, [22_500; 4], false).unwrap(), 22_500);
         for short in 0..4 {
             let mut lens = [7; 4];
             lens[short] = 6;
-            let e = home_arrays_fit(7, lens).unwrap_err().to_string();
+            let e = home_arrays_fit(7, lens, false).unwrap_err().to_string();
             assert!(e.contains("for 7 home atoms"), "{e}");
             lens[short] = 8;
-            assert!(home_arrays_fit(7, lens).is_err(), "one array too long");
+            assert!(home_arrays_fit(7, lens, false).is_err(), "one array too long");
         }
+    }
+
+    #[test]
+    fn with_the_grid_on_the_gpu_only_velocities_and_masses_come_from_the_host() {
+        assert_eq!(home_arrays_fit(0, [0; 4], true).unwrap(), 0);
+        assert_eq!(home_arrays_fit(22_500, [0, 22_500, 22_500, 0], true).unwrap(), 22_500);
+        // Host coordinates or types would be ignored: refused instead.
+        let e = home_arrays_fit(7, [7; 4], true).unwrap_err().to_string();
+        assert!(e.contains("7 coordinates") && e.contains("from the GPU's grid"), "{e}");
+        assert!(home_arrays_fit(7, [0, 7, 7, 7], true).is_err(), "types from the host");
+        assert!(home_arrays_fit(7, [0, 6, 7, 0], true).is_err(), "a velocity short");
+        assert!(home_arrays_fit(7, [0, 7, 8, 0], true).is_err(), "a mass too many");
+        assert!(home_arrays_fit(7, [0, 7, 7, 0], false).is_err(), "host lists need host coordinates");
     }
 }

@@ -849,7 +849,7 @@ impl MdRun {
                 return Err(HaloError::InvalidInput(format!("the exchange drives rank {} where the search built rank {}", rank.rank(), r.rank)));
             }
             // The rank's exchange stream: the replan enqueued the rank's maps and metadata there,
-            // and the rank's home arrays follow them on it, before its search (`MdRank::update`).
+            // and the rank's staged home arrays follow them on it (`MdRank::update`).
             let halo = ex.streams().get(i).ok_or_else(|| HaloError::InvalidInput(format!("no exchange stream for local rank {i}")))?;
             facts.pageable_lists |= !matches!(r.lists, search::RankLists::GpuGrid(_));
             match self.ranks.get_mut(i) {
@@ -860,13 +860,18 @@ impl MdRun {
                 }
             }
         }
-        // The uploads' ordering. Each rank's home arrays (coordinates, velocities, masses, types)
-        // were enqueued from page-locked staging on its exchange stream, after the replan's maps
-        // and metadata (same stream), and its local stream waits for an event recorded after all
-        // of them (`MdRank::update`). So every consumer is ordered after every upload it reads
-        // without a host wait: the exchange's launches and the halo stream's force kernels by
-        // stream order; the local stream's force, prune and update kernels by that wait; a
-        // captured step, launched on the local stream, by the same wait (its halo branch forks
+        // The uploads' ordering. Each rank's home arrays staged from the host (velocities and
+        // masses; with host lists or a host grid also the coordinates and types) were enqueued
+        // from page-locked staging on its exchange stream, after the replan's maps and metadata
+        // (same stream), and its local stream waits for an event recorded after all of them
+        // (`MdRank::update`). With the grid built on the GPU the home coordinates (into the
+        // exchange's `x[..home]`) and types were copied on the local stream instead, from the
+        // grid's own upload of the local atoms, before that wait. So every consumer is ordered
+        // after every upload it reads without a host wait: the local stream's force, prune and
+        // update kernels by stream order and that wait; the exchange's launches and the halo
+        // stream's force kernels by stream order (what was staged there) and by their wait for
+        // `coordinates_ready` (`MdRank::begin_step`), recorded on the local stream after both;
+        // a captured step, launched on the local stream, by the same order (its halo branch forks
         // from the local stream inside the graph); the next search's read-back and the checks by
         // the local stream's synchronisation (`settle`); no peer reads this rank's home arrays or
         // maps (peers store into its halo region, signals and receive slots only). What stream

@@ -60,13 +60,15 @@ pub struct RankSearch {
     pub rank: usize,
     /// Grid, and lists when searched on the host.
     pub lists: RankLists,
-    /// Home coordinates (wrapped: what the exchange expects in `x[0..home)`).
+    /// Home coordinates (wrapped: what the exchange expects in `x[0..home)`). Empty with
+    /// [`RankLists::GpuGrid`]: the local atoms hold them (`positions[..home]`), and the GPU copies
+    /// them from its grid's upload of those ([`crate::nbnxm::NbnxmGpu::update_local_into`]).
     pub home_x: Vec<Float3>,
     /// Home velocities.
     pub home_v: Vec<Float3>,
     /// `1 / m` of the home atoms.
     pub inv_mass: Vec<f32>,
-    /// Atom types of the home atoms.
+    /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
     pub home_types: Vec<u32>,
     /// Time to build the local atoms.
     pub atoms_time: Duration,
@@ -96,7 +98,8 @@ pub struct SearchTimes {
     /// Cluster grid (slowest rank).
     pub grid: Duration,
     /// Cluster-pair lists: the slowest rank's host search, or the GPU searches (both passes, the
-    /// grid's upload and the host's layout between them).
+    /// grid's upload and the host's layout between them; with the grid sorted on the GPU also the
+    /// staging of the home velocities and masses, which overlaps the passes).
     pub pairs: Duration,
     /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
@@ -283,17 +286,22 @@ fn bad(e: crate::nbnxm::NbnxmError) -> HaloError {
 
 /// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, once `buf` holds its
 /// local atoms (built in `atoms_time`) and its home velocities: the grid and lists where `on`
-/// says, and the other home arrays, in `buf`'s arrays.
+/// says, and the other home arrays, in `buf`'s arrays: `1 / m`, and the coordinates and types
+/// unless the GPU builds the grid (it copies those from its own upload of the local atoms).
 fn rank_search(
     rank: usize, system: &MolecularSystem, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers, atoms_time: Duration,
 ) -> Result<RankSearch> {
     let mut home = std::mem::take(&mut buf.home);
     let n = buf.atoms.home;
-    home.x.extend_from_slice(&buf.atoms.positions[..n]);
-    home.types.extend_from_slice(&buf.atoms.types[..n]);
+    let home_types = &buf.atoms.types[..n];
+    if on != ListsOn::GpuGrid {
+        home.x.extend_from_slice(&buf.atoms.positions[..n]);
+        home.types.extend_from_slice(home_types);
+    }
     // `1 / m` per type, as `1 / system.mass(atom)` gives it per atom (the same bits).
     let inv: Vec<f32> = system.atom_types.iter().map(|t| (1.0 / t.mass) as f32).collect();
-    for (k, &t) in home.types.iter().enumerate() {
+    home.inv_mass.reserve(n);
+    for (k, &t) in home_types.iter().enumerate() {
         let m = inv.get(t as usize).ok_or_else(|| HaloError::InvalidInput(format!("home atom {k} of rank {rank} has type {t} of {}", inv.len())))?;
         home.inv_mass.push(*m);
     }
@@ -458,6 +466,37 @@ mod tests {
                 kept.recycle_plan(plan);
                 gathered.recycle(want);
             }
+        }
+    }
+
+    /// The home arrays each path hands the GPU: velocities and `1 / m` always (those of the home
+    /// atoms, by global id), coordinates and types only where the GPU does not build the grid
+    /// from the local atoms (it copies them from its own upload of those there).
+    #[test]
+    fn home_coordinates_and_types_come_from_the_host_unless_the_gpu_builds_the_grid() {
+        let sys = MolecularSystem::generate(3_000, 25).unwrap();
+        let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+        let mut host = HostSearch::new(2).unwrap();
+        let mut moved = sys.clone();
+        let plan = host.plan(&mut moved, RankGrid::new([2, 2, 1]).unwrap(), &setup).unwrap();
+        for on in [ListsOn::GpuGrid, ListsOn::Gpu, ListsOn::Host, ListsOn::GpuGrid] {
+            let found = host.rank_searches(&plan, &moved, &[2, 0], &setup, on).unwrap();
+            for r in &found {
+                let ids = &plan.ranks[r.rank].global_ids[..r.lists.home_atoms()];
+                let atoms = LocalAtoms::from_plan(&plan, r.rank, &moved.positions, &moved.types).unwrap();
+                assert!(!ids.is_empty());
+                let want_v: Vec<Float3> = ids.iter().map(|&g| moved.velocities[g as usize]).collect();
+                let want_m: Vec<u32> = ids.iter().map(|&g| ((1.0 / moved.mass(g as usize)) as f32).to_bits()).collect();
+                assert_eq!(r.home_v, want_v, "{on:?}");
+                assert_eq!(r.inv_mass.iter().map(|m| m.to_bits()).collect::<Vec<_>>(), want_m, "{on:?}");
+                if on == ListsOn::GpuGrid {
+                    assert!(r.home_x.is_empty() && r.home_types.is_empty(), "{on:?}: the GPU copies them");
+                } else {
+                    assert_eq!(r.home_x, atoms.positions[..atoms.home], "{on:?}");
+                    assert_eq!(r.home_types, atoms.types[..atoms.home], "{on:?}");
+                }
+            }
+            host.recycle(found);
         }
     }
 

@@ -76,6 +76,33 @@ pub trait DeviceMemory<T: Pod> {
             .during("zeroing device memory")
     }
 
+    /// Enqueues on `stream` the copy of elements `0..n` of `src` into elements `0..n` of this
+    /// memory (device to device, in `stream`'s order; no host wait). Both must be of `stream`'s
+    /// context and hold at least `n` elements (checked, before anything is enqueued). Ordering is
+    /// the caller's: work on `stream` after this sees the copy, work on other streams needs an
+    /// event recorded after it; `src` must not be written, and neither freed, until it has run.
+    fn copy_prefix_from_async(&self, src: &dyn DeviceMemory<T>, n: usize, stream: &CudaStream) -> Result<()> {
+        prefix_copy_fits(n, src.len(), self.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let ctx = stream.context();
+        if ctx.cu_ctx() != self.context().cu_ctx() || ctx.cu_ctx() != src.context().cu_ctx() {
+            return Err(HaloError::InvalidInput(format!(
+                "device copy from GPU {}'s memory into GPU {}'s on a stream of GPU {}",
+                src.context().ordinal(),
+                self.context().ordinal(),
+                ctx.ordinal()
+            )));
+        }
+        ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: both ranges are inside their allocations (checked above) and of the stream's
+        // context; the copy runs in `stream`'s order, and by this method's contract neither buffer
+        // is freed before it has run.
+        unsafe { result::memcpy_dtod_async(self.device_ptr(), src.device_ptr(), n * size_of::<T>(), stream.cu_stream()) }
+            .during("copying on the GPU")
+    }
+
     /// Sets every byte to `byte` on `stream`, in stream order.
     fn fill_bytes_async(&self, byte: u8, stream: &CudaStream) -> Result<()> {
         if self.is_empty() {
@@ -86,6 +113,15 @@ pub trait DeviceMemory<T: Pod> {
         unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), stream.cu_stream()) }
             .during("filling device memory")
     }
+}
+
+/// An error unless a copy of the first `n` elements fits a source of `src` and a destination of
+/// `dst` elements ([`DeviceMemory::copy_prefix_from_async`]).
+fn prefix_copy_fits(n: usize, src: usize, dst: usize) -> Result<()> {
+    if n > src || n > dst {
+        return Err(HaloError::InvalidInput(format!("device copy of {n} elements from a buffer of {src} into one of {dst}")));
+    }
+    Ok(())
 }
 
 /// An ordinary device allocation of `len` elements of `T` (`cuMemAlloc`), freed on drop.
@@ -158,5 +194,20 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
         self.ctx.record_err(self.ctx.bind_to_thread());
         // SAFETY: allocated by malloc_sync and freed once.
         self.ctx.record_err(unsafe { result::free_sync(self.ptr) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_copy_must_fit_both_buffers() {
+        assert!(prefix_copy_fits(0, 0, 0).is_ok());
+        assert!(prefix_copy_fits(22_500, 22_500, 30_000).is_ok());
+        assert!(prefix_copy_fits(22_500, 45_000, 22_500).is_ok());
+        let e = prefix_copy_fits(22_501, 22_500, 30_000).unwrap_err().to_string();
+        assert!(e.contains("22501 elements from a buffer of 22500 into one of 30000"), "{e}");
+        assert!(prefix_copy_fits(7, 8, 6).is_err(), "the destination is too short");
     }
 }

@@ -146,12 +146,25 @@ pub struct ResidentSearch {
     pub grid_time: Duration,
     /// Everything after: the count pass, the lists' layout scan, one synchronisation (waiting for
     /// the grid's passes too) reading back the lists' sizes and the grid's three words, the grid's
-    /// checks, the entries, the launch order, the write pass and the final synchronisation.
+    /// checks, the entries, the launch order, the write pass and the final synchronisation; with
+    /// [`NbnxmGpu::update_local_into`] also the caller's host work before that first wait.
     pub lists_time: Duration,
     /// j-list words of the home–home and the non-local list (the latter empty on one rank).
     pub words: [usize; 2],
     /// Entries of the two lists.
     pub entries: [usize; 2],
+}
+
+/// Where [`NbnxmGpu::update_local_into`] copies the home atoms' coordinates and types on the
+/// device (the MD step: the exchange's coordinate array and the rank's types). Only elements
+/// `0..home` of each are written, so peers may store into the rest (an exchange's halo region)
+/// meanwhile.
+#[derive(Clone, Copy)]
+pub struct HomeCopies<'a> {
+    /// Coordinates, `Float3` as the local atoms hold them.
+    pub x: &'a dyn DeviceMemory<Float3>,
+    /// Atom types (`u32`, as the local atoms and the grid's copies hold them).
+    pub types: &'a dyn DeviceMemory<u32>,
 }
 
 /// One rank's cluster grid and lists on its GPU (see the module docs for the per-step calls).
@@ -279,7 +292,7 @@ impl NbnxmGpu {
     pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
         self.set_grid(grid, box_size)?;
         self.grid.upload_boxes(&self.module, grid)?;
-        self.search_lists(stream, None).map(|_| ())
+        self.search_lists(stream, None, &mut || Ok(())).map(|_| ())
     }
 
     /// An object with no grid and empty lists, for [`Self::update_resident`] to fill; the LJ table
@@ -306,9 +319,13 @@ impl NbnxmGpu {
     pub fn update_resident(
         &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        self.search_on_gpu_grid(box_size, stream, |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream), &|atom| {
-            Ok(x.to_host()?.get(atom).copied().unwrap_or_default())
-        })
+        self.search_on_gpu_grid(
+            box_size,
+            stream,
+            |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream),
+            &|atom| Ok(x.to_host()?.get(atom).copied().unwrap_or_default()),
+            &mut || Ok(()),
+        )
     }
 
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
@@ -330,15 +347,44 @@ impl NbnxmGpu {
     /// coordinate array). Invalid atoms, or types beyond the LJ table, are an error (the lists are
     /// then empty).
     pub fn update_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream) -> Result<ResidentSearch> {
+        self.local_search(atoms, box_size, stream, None, &mut || Ok(()))
+    }
+
+    /// [`Self::update_local`] that also fills `home` from the atoms' device copies the build makes
+    /// (no second upload): device-to-device copies of the home atoms' coordinates and types
+    /// (elements `0..atoms.home` of each, bit for bit `atoms.positions[..home]` and
+    /// `atoms.types[..home]`), enqueued on `stream` after the build's own uploads and passes
+    /// (which only read those copies), so they are complete when this returns (and, on the GPU,
+    /// before any later work on `stream`).
+    /// `before_wait` runs once on the host after the grid's passes and the lists' first passes are
+    /// enqueued, before the search's first wait for `stream`: host work of the caller's (the MD
+    /// step's other staged uploads) that then overlaps them. An error (of the build, of
+    /// `before_wait`, of the search) may come before or after the copies or `before_wait`; the
+    /// lists are then empty.
+    pub fn update_local_into(
+        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: HomeCopies<'_>, before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<ResidentSearch> {
+        self.local_search(atoms, box_size, stream, Some(home), before_wait)
+    }
+
+    fn local_search(
+        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: Option<HomeCopies<'_>>,
+        before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<ResidentSearch> {
         let ntypes = self.ntypes;
         self.search_on_gpu_grid(
             box_size,
             stream,
             |grid, module| {
                 lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
-                grid.enqueue_build_local(module, atoms, stream)
+                let pending = grid.enqueue_build_local(module, atoms, stream)?;
+                if let Some(h) = home {
+                    grid.enqueue_home_copies(atoms.home, h.x, h.types, stream)?;
+                }
+                Ok(pending)
             },
             &|atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()),
+            before_wait,
         )
     }
 
@@ -347,10 +393,11 @@ impl NbnxmGpu {
     /// passes enqueued, both lists' first passes enqueued on it, and after the one synchronisation
     /// the grid checked (its info words: a bad atom, named with `coordinate(atom)`; too many
     /// clusters; its largest atom type against the LJ table) before any list is written; the time
-    /// of each half (see [`ResidentSearch`]).
+    /// of each half (see [`ResidentSearch`]). `before_wait` runs between the enqueueing and that
+    /// synchronisation (`GpuSearch::run`).
     fn search_on_gpu_grid(
         &mut self, box_size: [f32; 3], stream: &CudaStream, enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
-        coordinate: Coordinate<'_>,
+        coordinate: Coordinate<'_>, before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
         let t0 = Instant::now();
         self.atoms = 0;
@@ -360,7 +407,7 @@ impl NbnxmGpu {
         }
         let pending = enqueue(&mut self.grid, &self.module)?;
         let t1 = Instant::now();
-        let grid = self.search_lists(stream, Some((&pending, coordinate)))?;
+        let grid = self.search_lists(stream, Some((&pending, coordinate)), before_wait)?;
         let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
@@ -383,8 +430,10 @@ impl NbnxmGpu {
     /// is synchronised before returning: on the grid the device buffers hold, or on `pending`'s,
     /// enqueued on `stream` and not yet checked: the search's one read-back brings its info words,
     /// which are checked (`DeviceGrid::settle`, then the largest type against the LJ table) before
-    /// any list is written; returns its [`GridInfo`] then.
-    fn search_lists(&mut self, stream: &CudaStream, pending: Option<(&PendingGrid, Coordinate<'_>)>) -> Result<Option<GridInfo>> {
+    /// any list is written; returns its [`GridInfo`] then. `before_wait` as `GpuSearch::run` runs it.
+    fn search_lists(
+        &mut self, stream: &CudaStream, pending: Option<(&PendingGrid, Coordinate<'_>)>, before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<GridInfo>> {
         let search = match self.search.as_mut() {
             Some(s) => s,
             None => self.search.insert(GpuSearch::new(&self.module)?),
@@ -401,6 +450,7 @@ impl NbnxmGpu {
                 self.setup.rlist,
                 max_j,
                 stream,
+                before_wait,
                 &mut |words| {
                     let Some((p, coordinate)) = pending else { return Ok(()) };
                     // Without an item nothing ran, nor read back: the grid has no atom (its default

@@ -457,6 +457,19 @@ impl DeviceGrid {
         Ok(PendingGrid { plan, n, home: atoms.home, box_size: atoms.box_size, periodic: atoms.periodic, launched: n > 0, resident: false })
     }
 
+    /// Enqueues on `stream` device-to-device copies of the first `home` atoms' coordinates and
+    /// types that the last [`Self::enqueue_build_local`] copied into this grid's own buffers
+    /// (enqueued on the same `stream` before, so in its order after them) into elements `0..home`
+    /// of `x` and `types`: bit for bit the local atoms' `positions[..home]` and `types[..home]`
+    /// (the passes only read these buffers). Nothing past `home` is written. The source buffers
+    /// are reallocated only by a later build, after this search synchronised `stream`.
+    pub(crate) fn enqueue_home_copies(
+        &self, home: usize, x: &dyn DeviceMemory<Float3>, types: &dyn DeviceMemory<u32>, stream: &CudaStream,
+    ) -> Result<()> {
+        x.copy_prefix_from_async(&self.scratch.x, home, stream)?;
+        types.copy_prefix_from_async(&self.scratch.types, home, stream)
+    }
+
     /// The info words of `pending`'s passes, read back after synchronising `stream` (the
     /// defaults without atoms, without waiting: nothing was enqueued).
     pub(crate) fn read_words(&self, pending: &PendingGrid, stream: &CudaStream) -> Result<[u32; abi::NBNXM_GRID_INFO_WORDS]> {

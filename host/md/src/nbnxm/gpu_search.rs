@@ -192,7 +192,10 @@ impl DeviceLayout {
     /// address `words` copied beside the totals after it on `stream` (a device-to-device copy in
     /// stream order, after the passes that wrote them), then one synchronisation of `stream` and
     /// one read-back of both: the raw sums (for [`LayoutTotals::from_sums`], which the caller
-    /// applies after checking the grid) and the words. `items` must be above 0.
+    /// applies after checking the grid) and the words. `before_wait` runs once everything is
+    /// enqueued, just before the host waits (host work of the caller's that overlaps the passes;
+    /// its error is returned without waiting). `items` must be above 0.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sums_and_words(
         &mut self,
         module: &KernelModule,
@@ -201,6 +204,7 @@ impl DeviceLayout {
         max_j: usize,
         words: u64,
         stream: &CudaStream,
+        before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
         Self::check_items(counts, items)?;
         if items == 0 {
@@ -214,6 +218,7 @@ impl DeviceLayout {
         // never freed while the grid lives) until the synchronisation below; in `stream`'s order.
         unsafe { cudarc::driver::result::memcpy_dtod_async(self.totals.device_ptr_at(abi::NBNXM_LAYOUT_SUMS), words, bytes, stream.cu_stream()) }
             .during("copying the grid's info words")?;
+        before_wait()?;
         stream.synchronize().during("waiting for the GPU grid and the list layout's totals")?;
         Ok(split_read_back(&self.totals.to_host()?))
     }
@@ -334,7 +339,10 @@ impl GpuSearch {
     /// `settle(words)` checks the grid (`None`: nothing ran, no item), the totals are checked, and
     /// `out(totals)` makes room for the two lists (home–home, with halo) and says where they go,
     /// and the layout's entries, the write pass and each list's launch order (from its entries)
-    /// fill them. Returns the totals; the lists are complete when this returns (`stream` is
+    /// fill them. `before_wait` runs once, after the count pass and the scan are enqueued and
+    /// before the host first waits for `stream` (or, without items, before `settle`): host work of
+    /// the caller's that overlaps the grid's and the count pass's GPU time; its error ends the
+    /// search there. Returns the totals; the lists are complete when this returns (`stream` is
     /// synchronised; the context too, before the count pass, when the grid or the shifts were just
     /// uploaded from pageable host memory). An error from `settle`, the totals or `out` leaves
     /// the lists unwritten (nothing after the read-back is enqueued). An error, before anything
@@ -342,6 +350,7 @@ impl GpuSearch {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &mut self, module: &KernelModule, grid: SearchGrid, rl: f32, max_j: usize, stream: &CudaStream,
+        before_wait: &mut dyn FnMut() -> Result<()>,
         settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>,
         out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
@@ -351,6 +360,7 @@ impl GpuSearch {
         let n_super = held.superclusters;
         let items = n_super * shifts.len();
         if items == 0 {
+            before_wait()?;
             settle(None)?;
             let totals = LayoutTotals::default();
             out(&totals)?;
@@ -387,7 +397,7 @@ impl GpuSearch {
         // items fit a u32 (checked).
         unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
         // The one synchronisation: the grid's words and the lists' totals together.
-        let (sums, words) = self.layout.sums_and_words(module, &self.counts, items, max_j, grid.info, stream)?;
+        let (sums, words) = self.layout.sums_and_words(module, &self.counts, items, max_j, grid.info, stream, before_wait)?;
         settle(Some(words))?;
         let totals = LayoutTotals::from_sums(sums)?;
         let rooms = out(&totals)?;
