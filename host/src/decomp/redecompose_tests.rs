@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
 use std::sync::{Barrier, Mutex};
 
 /// The collective of one process driving every rank: its blobs are everyone's.
@@ -98,7 +99,12 @@ fn homes_again(got: &Redecomposed) -> Vec<HomeAtoms> {
 /// each in its own thread, with a collective over shared memory that also checks that every
 /// process names the same collective at the same time.
 fn on_processes(
-    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+    processes: &[Vec<usize>],
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
     let slots: Mutex<(Vec<Vec<u8>>, Vec<String>)> = Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new()));
     let barrier = Barrier::new(processes.len());
@@ -458,6 +464,106 @@ fn redecompose_timing() {
          cloning the input); steady state (result recycled, input copied into spare arrays) {steady_one:.0} us, 2 workers {steady_two:.0} us; \
          build_with serial {serial:.0} us, 4 threads {four:.0} us"
     );
+}
+
+/// Every collective of a redecomposition on one emulated process per rank of `grid` (threads over
+/// shared memory, as [`on_processes`]): per tag, every rank's blob.
+fn record_collectives(grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms]) -> HashMap<String, Vec<Vec<u8>>> {
+    let n = grid.num_ranks();
+    let slots: Mutex<Vec<Vec<u8>>> = Mutex::new(vec![Vec::new(); n]);
+    let record: Mutex<HashMap<String, Vec<Vec<u8>>>> = Mutex::new(HashMap::new());
+    let barrier = Barrier::new(n);
+    std::thread::scope(|scope| {
+        for rank in 0..n {
+            let (slots, record, barrier, mine) = (&slots, &record, &barrier, vec![homes[rank].clone()]);
+            scope.spawn(move || {
+                let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                    slots.lock().unwrap()[rank] = blobs.into_iter().next().unwrap();
+                    barrier.wait();
+                    let all = slots.lock().unwrap().clone();
+                    if barrier.wait().is_leader() {
+                        record.lock().unwrap().insert(tag.to_string(), all.clone());
+                    }
+                    Ok(all)
+                };
+                redecompose(grid, box_size, cutoff, atoms, &[rank], mine, &mut gather).unwrap();
+            });
+        }
+    });
+    record.into_inner().unwrap()
+}
+
+/// Host time of one PE's redecomposition: rank 0 driven alone by its process, one worker, in the
+/// steady state (the result recycled, the input filled into the scratch's spare arrays), the
+/// other ranks' blobs replayed from a run of one emulated process per rank (so the time is this
+/// PE's own work, not the other processes' or a wait for them). Medians of 201 calls, with the
+/// replayed collectives' time (a clone of the recorded blobs) apart.
+/// `cargo test -p halo --release --lib redecompose_pe_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing: run it in release"]
+fn redecompose_pe_timing() {
+    use std::time::{Duration, Instant};
+    let cutoff = 1.06;
+    for (atoms, dims) in [(45_000, [2, 1, 1]), (45_000, [2, 2, 2]), (6_000, [2, 1, 1]), (6_000, [2, 2, 2])] {
+        let sys = MolecularSystem::generate(atoms, 1).unwrap();
+        let grid = RankGrid::new(dims).unwrap();
+        let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+        // A search interval's motion: a few hundredths of a nm.
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let positions: Vec<Float3> = sys
+            .positions
+            .iter()
+            .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
+            .collect();
+        let homes = homes_of(&before, &positions, &sys.velocities);
+        let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        let recorded = record_collectives(grid, sys.box_size, cutoff, atoms, &homes);
+        let (serial, mut rs) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+        let (mut total, mut collectives) = (vec![], vec![]);
+        for i in 0..211 {
+            let input = vec![{
+                let mut s = rs.home_arrays(homes[0].ids.len());
+                s.ids.extend_from_slice(&homes[0].ids);
+                s.positions.extend_from_slice(&homes[0].positions);
+                s.velocities.extend_from_slice(&homes[0].velocities);
+                s
+            }];
+            let mut in_gather = Duration::ZERO;
+            let mut replay = |tag: &str, mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                let t = Instant::now();
+                let all = recorded[tag].clone();
+                if i == 0 {
+                    assert_eq!(mine[0], all[0], "{tag}: rank 0 sends what it sent among the other processes");
+                }
+                in_gather += t.elapsed();
+                Ok(all)
+            };
+            let t = Instant::now();
+            let got = redecompose_with(grid, sys.box_size, cutoff, atoms, &[0], input, &mut replay, &serial, &mut rs).unwrap();
+            let elapsed = t.elapsed();
+            if i == 0 {
+                assert_eq!(got.plan, want);
+            }
+            rs.recycle(got);
+            if i >= 10 {
+                total.push(elapsed);
+                collectives.push(in_gather);
+            }
+        }
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1e6
+        };
+        let own: Vec<Duration> = total.iter().zip(&collectives).map(|(t, c)| *t - *c).collect();
+        println!(
+            "pe redecompose, {atoms} atoms, {dims:?} rank 0 of {} (one per process), cutoff {cutoff}, 1 worker, medians of 201 in us: \
+             own work {:.0}, replayed collectives {:.0}, total {:.0}",
+            grid.num_ranks(),
+            median(own),
+            median(collectives),
+            median(total),
+        );
+    }
 }
 
 /// The selection over a rank's wrapped positions and crossings ([`redecompose::Frame`], made to
