@@ -271,8 +271,9 @@ pub fn redecompose_with(
     let local_index = local_index(ranks, homes.len(), nranks)?;
     scratch.ranks.resize_with(ranks.len(), RankScratch::default);
     // Each local rank takes up to three id arrays and four position arrays, with its input and
-    // its result (and a caller that hands both back gives as many back).
-    scratch.spare.large = 4 * ranks.len() + 2;
+    // its result, and each other rank's plan one id array (a caller that hands them all back
+    // gives as many back).
+    scratch.spare.large = 4 * ranks.len() + 2 + (nranks - ranks.len().min(nranks));
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
     let edges = CellEdges::new(&geo);
@@ -882,12 +883,19 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    /// Appends the next `n` items to `out` (the blob need not be aligned for `T`).
+    /// Appends the next `n` items to `out` (the blob need not be aligned for `T`): copied straight
+    /// where the bytes are aligned for `T` (a blob's allocation is, and its arrays lie at multiples
+    /// of 4 bytes), else through zeroed room.
     fn extend<T: Pod>(&mut self, n: usize, out: &mut Vec<T>) -> Result<(), PlanError> {
         let bytes = self.next::<T>(n)?;
-        let at = out.len();
-        out.resize(at + n, T::zeroed());
-        bytemuck::cast_slice_mut::<T, u8>(&mut out[at..]).copy_from_slice(bytes);
+        match bytemuck::try_cast_slice::<u8, T>(bytes) {
+            Ok(items) => out.extend_from_slice(items),
+            Err(_) => {
+                let at = out.len();
+                out.resize(at + n, T::zeroed());
+                bytemuck::cast_slice_mut::<T, u8>(&mut out[at..]).copy_from_slice(bytes);
+            }
+        }
         Ok(())
     }
 
