@@ -16,7 +16,8 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
+use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
+use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
 use crate::workers::Workers;
@@ -330,7 +331,7 @@ pub fn redecompose_with(
             let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
             let spares: Vec<_> = work.iter().map(|_| (Spare::any(&mut spare.maps), Spare::any(&mut spare.bytes))).collect();
             let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
-                select_for_pulse_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
+                select_wrapped_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
                 let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });

@@ -99,12 +99,7 @@ fn homes_again(got: &Redecomposed) -> Vec<HomeAtoms> {
 /// each in its own thread, with a collective over shared memory that also checks that every
 /// process names the same collective at the same time.
 fn on_processes(
-    processes: &[Vec<usize>],
-    grid: RankGrid,
-    box_size: [f32; 3],
-    cutoff: f32,
-    atoms: usize,
-    homes: &[HomeAtoms],
+    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
     let slots: Mutex<(Vec<Vec<u8>>, Vec<String>)> = Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new()));
     let barrier = Barrier::new(processes.len());
@@ -569,7 +564,8 @@ fn redecompose_pe_timing() {
 /// The selection over a rank's wrapped positions and crossings ([`redecompose::Frame`], made to
 /// `f64` block by block) sends what it sends over the rank-frame positions the global builder
 /// holds: on and next to every cell edge and box edge, zeros of both signs (crossed or not),
-/// random coordinates, lengths around the selection's block, every rank and pulse direction.
+/// random coordinates, lengths around the selection's block, every rank and pulse direction; the
+/// same by the coordinates' bits ([`super::select`], whose own tests try its ranges' ends).
 #[test]
 fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
     use super::plan::{select_for_pulse, select_for_pulse_into, send_range2};
@@ -618,6 +614,10 @@ fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
                     let mut got = vec![];
                     select_for_pulse_into(&geo, &decomposed, rank, d, &frame, 5, send_range2(cutoff), &mut got);
                     assert_eq!(got, want, "{dims:?} rank {rank} along {d}, {len} atoms");
+                    // And by the coordinates' bits, as the redecomposition selects.
+                    got.clear();
+                    super::select::select_wrapped_into(&geo, &decomposed, rank, d, &frame, 5, send_range2(cutoff), &mut got);
+                    assert_eq!(got, want, "{dims:?} rank {rank} along {d}, {len} atoms, by ranges");
                 }
             }
         }
