@@ -826,7 +826,8 @@ fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<()
                 seen[id as usize] = true;
             }
         }
-        if seen.iter().map(|&s| usize::from(s)).sum::<usize>() == atoms {
+        // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
+        if seen.iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
             return Ok(());
         }
         seen.iter_mut().for_each(|s| *s = false);
