@@ -810,28 +810,28 @@ fn read_plan_with(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usiz
 
 /// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).
 /// `atoms` ids all below `atoms` that set `atoms` flags are each of `0..atoms` once: that is told
-/// with plain stores and sums, which the compiler vectorizes; only where it fails are the ids
-/// looked at one by one, for the first that is out of range or repeated.
-fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
+/// in one pass of plain stores (an id at or beyond `atoms` marks the spare flag at `atoms`, so no
+/// store needs a check) and a sum, which the compiler vectorizes; only where it fails are the
+/// ids looked at one by one, for the first that is out of range or repeated.
+pub(super) fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
     let found: usize = plan.ranks.iter().map(|r| r.home_atoms).sum();
     if found != atoms {
         return Err(PlanError::HomeTotal { found, expected: atoms });
     }
-    let homes = || plan.ranks.iter().map(|r| &r.global_ids[..r.home_atoms]);
+    seen.clear();
+    seen.resize(atoms + 1, false);
+    let flags = &mut seen[..=atoms];
+    for r in &plan.ranks {
+        for &id in &r.global_ids[..r.home_atoms] {
+            flags[(id as usize).min(atoms)] = true;
+        }
+    }
+    // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
+    if !flags[atoms] && flags[..atoms].iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
+        return Ok(());
+    }
     seen.clear();
     seen.resize(atoms, false);
-    if homes().all(|ids| ids.iter().fold(0, |m, &id| m.max(id)) < atoms as u32 || ids.is_empty()) {
-        for ids in homes() {
-            for &id in ids {
-                seen[id as usize] = true;
-            }
-        }
-        // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
-        if seen.iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
-            return Ok(());
-        }
-        seen.iter_mut().for_each(|s| *s = false);
-    }
     for r in &plan.ranks {
         for (local, &id) in r.global_ids[..r.home_atoms].iter().enumerate() {
             match seen.get_mut(id as usize) {

@@ -301,6 +301,34 @@ fn bad_inputs_are_errors_on_every_process() {
     }
 }
 
+/// The home atoms' check: `0..atoms` once each passes; an id at `atoms`, far beyond, or repeated
+/// (with another missing) is the error the id-by-id check names, wherever it lies.
+#[test]
+fn the_home_check_names_the_first_bad_id() {
+    let plan = |homes: [&[u32]; 2]| HaloPlan {
+        grid: RankGrid::new([2, 1, 1]).unwrap(),
+        box_size: [4.0; 3],
+        cutoff: 1.0,
+        ranks: homes
+            .iter()
+            .enumerate()
+            .map(|(rank, h)| RankPlan { rank, home_atoms: h.len(), total_atoms: h.len() + 1, global_ids: [h, &[0][..]].concat(), pulses: vec![] })
+            .collect(),
+    };
+    let mut seen = vec![true; 3];
+    assert_eq!(redecompose::check_homes(&plan([&[0, 2, 4], &[1, 3]]), 5, &mut seen), Ok(()));
+    assert_eq!(redecompose::check_homes(&plan([&[], &[]]), 0, &mut seen), Ok(()));
+    for (homes, want) in [
+        ([&[0, 2, 5][..], &[1, 3][..]], PlanError::GlobalId { rank: 0, local: 2, id: 5, atoms: 5 }),
+        ([&[0, 2, 4], &[u32::MAX, 3]], PlanError::GlobalId { rank: 1, local: 0, id: u32::MAX, atoms: 5 }),
+        ([&[0, 2, 4], &[2, 3]], PlanError::HomeCount { atom: 2, count: 2 }),
+        ([&[0, 2, 4], &[1, 3, 3]], PlanError::HomeCount { atom: 3, count: 2 }),
+    ] {
+        let atoms = homes[0].len() + homes[1].len();
+        assert_eq!(redecompose::check_homes(&plan(homes), atoms, &mut seen), Err(want), "{homes:?}");
+    }
+}
+
 #[test]
 fn malformed_blobs_are_errors() {
     let sys = MolecularSystem::generate(2000, 2).unwrap();
