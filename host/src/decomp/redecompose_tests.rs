@@ -497,8 +497,8 @@ fn record_collectives(grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: us
     let record: Mutex<HashMap<String, Vec<Vec<u8>>>> = Mutex::new(HashMap::new());
     let barrier = Barrier::new(n);
     std::thread::scope(|scope| {
-        for rank in 0..n {
-            let (slots, record, barrier, mine) = (&slots, &record, &barrier, vec![homes[rank].clone()]);
+        for (rank, home) in homes.iter().enumerate().take(n) {
+            let (slots, record, barrier, mine) = (&slots, &record, &barrier, vec![home.clone()]);
             scope.spawn(move || {
                 let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
                     slots.lock().unwrap()[rank] = blobs.into_iter().next().unwrap();

@@ -94,7 +94,8 @@ fn select_wrapped<const N: usize, const D0: usize, const D1: usize, const D2: us
     frame: &Frame<'_>, first: usize, lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
 ) {
     let dims: [usize; N] = std::array::from_fn(|i| [D0, D1, D2][i]);
-    if !(rc2 > 0.0) {
+    // A sum of 0 is sent only below a positive `rc2` (never the case, but then the exact way).
+    if rc2.is_nan() || rc2 <= 0.0 {
         return select(frame, first, dims, lo, hi, rc2, map);
     }
     let r = Ranges::new(frame.edge, dims, lo, hi, rc2);
@@ -147,9 +148,19 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    /// Every range of every rank's pulses of `geo` for `rc2`: per decomposed dimension `e` (index
-    /// into `decomposed`), the ranges' `(dim, crossed, near, inside)` and the exact bounds.
-    fn all_ranges(geo: &Decomposition, rc2: f64) -> Vec<(usize, usize, (u32, u32), (u32, u32), f64, f64, f64)> {
+    /// One dimension's ranges for one crossing, and the exact bounds and shift they stand for.
+    struct DimRanges {
+        dim: usize,
+        near: (u32, u32),
+        inside: (u32, u32),
+        lo: f64,
+        hi: f64,
+        add: f64,
+    }
+
+    /// Every range of every rank's pulses of `geo` for `rc2`, along every decomposed dimension,
+    /// crossed and not.
+    fn all_ranges(geo: &Decomposition, rc2: f64) -> Vec<DimRanges> {
         let decomposed = geo.grid.decomposed_dims();
         let edge = geo.box_size.map(f64::from);
         let mut out = vec![];
@@ -160,7 +171,7 @@ mod tests {
                     let r = Ranges::new(edge, [e], [lo], [hi], rc2);
                     for c in 0..2 {
                         let add = if c == 1 { edge[e] } else { 0.0 };
-                        out.push((e, c, r.near[0][c], r.inside[0][c], lo, hi, add));
+                        out.push(DimRanges { dim: e, near: r.near[0][c], inside: r.inside[0][c], lo, hi, add });
                     }
                 }
             }
@@ -172,7 +183,7 @@ mod tests {
     fn range_ends(geo: &Decomposition, rc2: f64) -> Vec<Vec<f32>> {
         let mut ends: Vec<Vec<f32>> = vec![vec![0.0, -0.0, geo.box_size[0].next_down()]; 3];
         ends.iter_mut().enumerate().for_each(|(e, v)| v[2] = geo.box_size[e].next_down());
-        for (e, _, near, inside, ..) in all_ranges(geo, rc2) {
+        for DimRanges { dim: e, near, inside, .. } in all_ranges(geo, rc2) {
             for (start, width) in [near, inside] {
                 for b in [start, start + width] {
                     ends[e].extend([b.wrapping_sub(1), b, b + 1].map(f32::from_bits).into_iter().filter(|x| (0.0..geo.box_size[e]).contains(x)));
@@ -192,7 +203,7 @@ mod tests {
         {
             let geo = Decomposition::new(RankGrid::new(dims).unwrap(), box_size, cutoff).unwrap();
             let rc2 = send_range2(cutoff);
-            for (e, _, near, inside, lo, hi, add) in all_ranges(&geo, rc2) {
+            for DimRanges { dim: e, near, inside, lo, hi, add } in all_ranges(&geo, rc2) {
                 let top = box_size[e].to_bits();
                 for ((start, width), below) in [(near, rc2), (inside, f64::from_bits(1))] {
                     assert!(start <= top && width <= top - start);
