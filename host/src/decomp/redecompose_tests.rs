@@ -364,6 +364,9 @@ fn malformed_blobs_are_errors() {
     for r in &plan.ranks {
         let blob = redecompose::plan_blob(r).unwrap();
         assert_eq!(&redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), r);
+        // Read from bytes not aligned for its words, too (copied through zeroed room).
+        let odd = [&[0u8][..], &blob].concat();
+        assert_eq!(&redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), r);
         for cut in [1, 4, blob.len() / 2, blob.len()] {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
             assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");

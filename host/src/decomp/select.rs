@@ -1,6 +1,7 @@
 //! A pulse's selection over a rank's wrapped positions ([`Frame`]), told for most atoms by integer
-//! comparisons of their coordinates' bits: the atoms [`select_for_pulse_into`] sends over the same
-//! frame, for any input.
+//! comparisons of their coordinates' bits: the atoms
+//! [`select_for_pulse_into`](super::plan::select_for_pulse_into) sends over the same frame, for
+//! any input.
 //!
 //! Why it is the same. Along one decomposed dimension with bounds `lo..hi`, the exact selection
 //! ([`sent`]) adds for an atom the term `t = fl(x * x)`, `x = max(lo - v, v - hi, 0)`, with
@@ -19,7 +20,9 @@
 //!   a sum, or a term to 0, leaves it as it is), so `t < rc2` decides the atom (with one dimension,
 //!   every atom).
 //! - The rest (every term below `rc2` and two or more above 0: atoms near an edge or corner of
-//!   the receiver's cell) go the exact way one by one; so does a whole block with a
+//!   the receiver's cell) go the exact way one by one. So does a whole block (64 atoms) whose
+//!   atoms did not all cross along the same of the selection's dimensions (the ranges are picked
+//!   per block; home atoms crossed nowhere, and atoms received together crossed alike), or with a
 //!   coordinate outside `[+0, box)` (`-0.0`, which the exact way treats as `+0.0`, or anything a
 //!   wrapped position never is), so that bits are compared only where they order as the floats.
 
