@@ -19,6 +19,7 @@ mod plan;
 mod redecompose;
 #[cfg(test)]
 mod redecompose_tests;
+mod select;
 mod validate;
 
 pub use error::PlanError;

@@ -230,7 +230,7 @@ fn owners(positions: &[Float3], geo: &Decomposition, workers: &Workers, parts: u
 }
 
 /// Atoms per block of [`select`].
-const SELECT_BLOCK: usize = 64;
+pub(super) const SELECT_BLOCK: usize = 64;
 
 /// The larger of `a` and `b`, `b` when they are equal or either is NaN (one `maxsd`, where
 /// `f64::max` adds NaN handling). In [`select`] it gives the squared excess `f64::max` gives for
@@ -238,7 +238,7 @@ const SELECT_BLOCK: usize = 64;
 /// exactly one operand is NaN, which finite cell bounds rule out (`lo - v` and `v - hi` are NaN
 /// together, when `v` is, and both maxima then give `0.0` against the final `0.0`).
 #[inline(always)]
-fn max_or_second(a: f64, b: f64) -> f64 {
+pub(super) fn max_or_second(a: f64, b: f64) -> f64 {
     if a > b { a } else { b }
 }
 
@@ -271,7 +271,7 @@ impl RankFrame for [[f64; 3]] {
 /// In blocks of [`SELECT_BLOCK`] atoms: first whether each is sent (no branch; the compiler
 /// vectorizes it), then the block's sent indices written without a branch per atom to a buffer
 /// that grows by one only when an atom is sent, appended to the map at once.
-fn select<const N: usize, P: RankFrame + ?Sized>(
+pub(super) fn select<const N: usize, P: RankFrame + ?Sized>(
     pos: &P, first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
 ) {
     let mut buf = [0u32; SELECT_BLOCK];
@@ -281,23 +281,42 @@ fn select<const N: usize, P: RankFrame + ?Sized>(
         pos.block(at, dims, block);
         let mut keep = [false; SELECT_BLOCK];
         for (keep, x) in keep.iter_mut().zip(&*block) {
-            let mut dist2 = 0.0;
-            for i in 0..N {
-                let v = x[i];
-                let excess = max_or_second(max_or_second(lo[i] - v, v - hi[i]), 0.0);
-                dist2 += excess * excess;
-            }
-            *keep = dist2 < rc2;
+            *keep = sent(x, lo, hi, rc2);
         }
-        let base = (first + at) as u32;
-        let mut n = 0;
-        for (k, &keep) in keep[..block.len()].iter().enumerate() {
-            // `n <= k < SELECT_BLOCK` here: the mask only tells the compiler so.
-            buf[n & (SELECT_BLOCK - 1)] = base + k as u32;
-            n += usize::from(keep);
-        }
-        map.extend_from_slice(&buf[..n]);
+        append_kept(&keep[..block.len()], (first + at) as u32, &mut buf, map);
     }
+}
+
+/// Whether an atom at `x` (over the `N` dimensions of `lo..hi`) is within `rc2` (squared) of the
+/// box `lo..hi`: its squared excesses summed from 0 in the order of the dimensions, below `rc2`.
+/// The one rule of every selection.
+#[inline(always)]
+pub(super) fn sent<const N: usize>(x: &[f64; N], lo: [f64; N], hi: [f64; N], rc2: f64) -> bool {
+    let mut dist2 = 0.0;
+    for i in 0..N {
+        dist2 += excess2(x[i], lo[i], hi[i]);
+    }
+    dist2 < rc2
+}
+
+/// The squared excess of `v` over `lo..hi` (0 inside), as [`sent`] sums it.
+#[inline(always)]
+pub(super) fn excess2(v: f64, lo: f64, hi: f64) -> f64 {
+    let excess = max_or_second(max_or_second(lo - v, v - hi), 0.0);
+    excess * excess
+}
+
+/// The indices `base + k` of the `keep` flags set appended to `map`, written without a branch per
+/// atom to `buf`, which grows by one only where an atom is kept.
+#[inline(always)]
+pub(super) fn append_kept(keep: &[bool], base: u32, buf: &mut [u32; SELECT_BLOCK], map: &mut Vec<u32>) {
+    let mut n = 0;
+    for (k, &keep) in keep.iter().enumerate() {
+        // `n <= k < SELECT_BLOCK` here: the mask only tells the compiler so.
+        buf[n & (SELECT_BLOCK - 1)] = base + k as u32;
+        n += usize::from(keep);
+    }
+    map.extend_from_slice(&buf[..n]);
 }
 
 /// The squared distance below which an atom is sent: the squared cutoff with [`SEND_MARGIN`].
@@ -322,15 +341,21 @@ pub(super) fn select_for_pulse_into(
     geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64,
     map: &mut Vec<u32>,
 ) {
-    let c = geo.grid.coords_of(rank);
-    let bounds =
-        |e: usize| if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) };
+    let bounds = |e: usize| pulse_bounds(geo, rank, d, e);
     match *decomposed {
         [a] => select(pos, first, [a], [bounds(a).0], [bounds(a).1], rc2, map),
         [a, b] => select(pos, first, [a, b], [bounds(a).0, bounds(b).0], [bounds(a).1, bounds(b).1], rc2, map),
         [a, b, e] => select(pos, first, [a, b, e], [bounds(a).0, bounds(b).0, bounds(e).0], [bounds(a).1, bounds(b).1, bounds(e).1], rc2, map),
         _ => unreachable!("a pulse runs along a decomposed dimension, and there are at most three"),
     }
+}
+
+/// The bounds along `e` of the cell a pulse of rank `rank` along `d` sends to, in `rank`'s frame:
+/// its own cell one step down along `d`.
+#[inline]
+pub(super) fn pulse_bounds(geo: &Decomposition, rank: usize, d: usize, e: usize) -> (f64, f64) {
+    let c = geo.grid.coords_of(rank);
+    if e == d { (geo.lower(e, c[e]) - geo.cell_width(d), geo.lower(e, c[e])) } else { (geo.lower(e, c[e]), geo.upper(e, c[e])) }
 }
 
 /// Pulse `pulse_in_dim` along `dim` of rank `rank` sending the atoms `index_map`, receiving at

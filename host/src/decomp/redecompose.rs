@@ -16,7 +16,8 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, select_for_pulse_into, send_range2};
+use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
+use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
 use crate::error::Result;
 use crate::workers::Workers;
@@ -271,8 +272,9 @@ pub fn redecompose_with(
     let local_index = local_index(ranks, homes.len(), nranks)?;
     scratch.ranks.resize_with(ranks.len(), RankScratch::default);
     // Each local rank takes up to three id arrays and four position arrays, with its input and
-    // its result (and a caller that hands both back gives as many back).
-    scratch.spare.large = 4 * ranks.len() + 2;
+    // its result, and each other rank's plan one id array (a caller that hands them all back
+    // gives as many back).
+    scratch.spare.large = 4 * ranks.len() + 2 + (nranks - ranks.len().min(nranks));
 
     // 1. Owners; leavers out, arrivals in; the new home atoms in id order.
     let edges = CellEdges::new(&geo);
@@ -329,7 +331,7 @@ pub fn redecompose_with(
             let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
             let spares: Vec<_> = work.iter().map(|_| (Spare::any(&mut spare.maps), Spare::any(&mut spare.bytes))).collect();
             let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
-                select_for_pulse_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
+                select_wrapped_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
                 let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });
@@ -477,7 +479,9 @@ impl Leaving {
             }
         }
         sc.stayers = h.ids.len() - self.ids.len();
-        sc.in_order = h.ids.windows(2).all(|w| w[0] < w[1]);
+        // Folded over every pair without stopping early, which the compiler vectorizes (an input
+        // is in order nearly always, so stopping early gains nothing).
+        sc.in_order = h.ids.iter().zip(h.ids.iter().skip(1)).fold(true, |ok, (a, b)| ok & (a < b));
         if !sc.in_order {
             sc.sort_stayers(h);
         }
@@ -805,10 +809,26 @@ fn read_plan_with(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usiz
 }
 
 /// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).
-fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
+/// `atoms` ids all below `atoms` that set `atoms` flags are each of `0..atoms` once: that is told
+/// in one pass of plain stores (an id at or beyond `atoms` marks the spare flag at `atoms`, so no
+/// store needs a check) and a sum, which the compiler vectorizes; only where it fails are the
+/// ids looked at one by one, for the first that is out of range or repeated.
+pub(super) fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
     let found: usize = plan.ranks.iter().map(|r| r.home_atoms).sum();
     if found != atoms {
         return Err(PlanError::HomeTotal { found, expected: atoms });
+    }
+    seen.clear();
+    seen.resize(atoms + 1, false);
+    let flags = &mut seen[..=atoms];
+    for r in &plan.ranks {
+        for &id in &r.global_ids[..r.home_atoms] {
+            flags[(id as usize).min(atoms)] = true;
+        }
+    }
+    // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
+    if !flags[atoms] && flags[..atoms].iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
+        return Ok(());
     }
     seen.clear();
     seen.resize(atoms, false);
@@ -882,12 +902,19 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    /// Appends the next `n` items to `out` (the blob need not be aligned for `T`).
+    /// Appends the next `n` items to `out` (the blob need not be aligned for `T`): copied straight
+    /// where the bytes are aligned for `T` (a blob's allocation is, and its arrays lie at multiples
+    /// of 4 bytes), else through zeroed room.
     fn extend<T: Pod>(&mut self, n: usize, out: &mut Vec<T>) -> Result<(), PlanError> {
         let bytes = self.next::<T>(n)?;
-        let at = out.len();
-        out.resize(at + n, T::zeroed());
-        bytemuck::cast_slice_mut::<T, u8>(&mut out[at..]).copy_from_slice(bytes);
+        match bytemuck::try_cast_slice::<u8, T>(bytes) {
+            Ok(items) => out.extend_from_slice(items),
+            Err(_) => {
+                let at = out.len();
+                out.resize(at + n, T::zeroed());
+                bytemuck::cast_slice_mut::<T, u8>(&mut out[at..]).copy_from_slice(bytes);
+            }
+        }
         Ok(())
     }
 

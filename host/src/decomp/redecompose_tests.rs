@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
 use std::sync::{Barrier, Mutex};
 
 /// The collective of one process driving every rank: its blobs are everyone's.
@@ -300,6 +301,34 @@ fn bad_inputs_are_errors_on_every_process() {
     }
 }
 
+/// The home atoms' check: `0..atoms` once each passes; an id at `atoms`, far beyond, or repeated
+/// (with another missing) is the error the id-by-id check names, wherever it lies.
+#[test]
+fn the_home_check_names_the_first_bad_id() {
+    let plan = |homes: [&[u32]; 2]| HaloPlan {
+        grid: RankGrid::new([2, 1, 1]).unwrap(),
+        box_size: [4.0; 3],
+        cutoff: 1.0,
+        ranks: homes
+            .iter()
+            .enumerate()
+            .map(|(rank, h)| RankPlan { rank, home_atoms: h.len(), total_atoms: h.len() + 1, global_ids: [h, &[0][..]].concat(), pulses: vec![] })
+            .collect(),
+    };
+    let mut seen = vec![true; 3];
+    assert_eq!(redecompose::check_homes(&plan([&[0, 2, 4], &[1, 3]]), 5, &mut seen), Ok(()));
+    assert_eq!(redecompose::check_homes(&plan([&[], &[]]), 0, &mut seen), Ok(()));
+    for (homes, want) in [
+        ([&[0, 2, 5][..], &[1, 3][..]], PlanError::GlobalId { rank: 0, local: 2, id: 5, atoms: 5 }),
+        ([&[0, 2, 4], &[u32::MAX, 3]], PlanError::GlobalId { rank: 1, local: 0, id: u32::MAX, atoms: 5 }),
+        ([&[0, 2, 4], &[2, 3]], PlanError::HomeCount { atom: 2, count: 2 }),
+        ([&[0, 2, 4], &[1, 3, 3]], PlanError::HomeCount { atom: 3, count: 2 }),
+    ] {
+        let atoms = homes[0].len() + homes[1].len();
+        assert_eq!(redecompose::check_homes(&plan(homes), atoms, &mut seen), Err(want), "{homes:?}");
+    }
+}
+
 #[test]
 fn malformed_blobs_are_errors() {
     let sys = MolecularSystem::generate(2000, 2).unwrap();
@@ -335,6 +364,9 @@ fn malformed_blobs_are_errors() {
     for r in &plan.ranks {
         let blob = redecompose::plan_blob(r).unwrap();
         assert_eq!(&redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), r);
+        // Read from bytes not aligned for its words, too (copied through zeroed room).
+        let odd = [&[0u8][..], &blob].concat();
+        assert_eq!(&redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), r);
         for cut in [1, 4, blob.len() / 2, blob.len()] {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
             assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");
@@ -460,10 +492,111 @@ fn redecompose_timing() {
     );
 }
 
+/// Every collective of a redecomposition on one emulated process per rank of `grid` (threads over
+/// shared memory, as [`on_processes`]): per tag, every rank's blob.
+fn record_collectives(grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms]) -> HashMap<String, Vec<Vec<u8>>> {
+    let n = grid.num_ranks();
+    let slots: Mutex<Vec<Vec<u8>>> = Mutex::new(vec![Vec::new(); n]);
+    let record: Mutex<HashMap<String, Vec<Vec<u8>>>> = Mutex::new(HashMap::new());
+    let barrier = Barrier::new(n);
+    std::thread::scope(|scope| {
+        for (rank, home) in homes.iter().enumerate().take(n) {
+            let (slots, record, barrier, mine) = (&slots, &record, &barrier, vec![home.clone()]);
+            scope.spawn(move || {
+                let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                    slots.lock().unwrap()[rank] = blobs.into_iter().next().unwrap();
+                    barrier.wait();
+                    let all = slots.lock().unwrap().clone();
+                    if barrier.wait().is_leader() {
+                        record.lock().unwrap().insert(tag.to_string(), all.clone());
+                    }
+                    Ok(all)
+                };
+                redecompose(grid, box_size, cutoff, atoms, &[rank], mine, &mut gather).unwrap();
+            });
+        }
+    });
+    record.into_inner().unwrap()
+}
+
+/// Host time of one PE's redecomposition: rank 0 driven alone by its process, one worker, in the
+/// steady state (the result recycled, the input filled into the scratch's spare arrays), the
+/// other ranks' blobs replayed from a run of one emulated process per rank (so the time is this
+/// PE's own work, not the other processes' or a wait for them). Medians of 201 calls, with the
+/// replayed collectives' time (a clone of the recorded blobs) apart.
+/// `cargo test -p halo --release --lib redecompose_pe_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing: run it in release"]
+fn redecompose_pe_timing() {
+    use std::time::{Duration, Instant};
+    let cutoff = 1.06;
+    for (atoms, dims) in [(45_000, [2, 1, 1]), (45_000, [2, 2, 2]), (6_000, [2, 1, 1]), (6_000, [2, 2, 2])] {
+        let sys = MolecularSystem::generate(atoms, 1).unwrap();
+        let grid = RankGrid::new(dims).unwrap();
+        let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+        // A search interval's motion: a few hundredths of a nm.
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let positions: Vec<Float3> = sys
+            .positions
+            .iter()
+            .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
+            .collect();
+        let homes = homes_of(&before, &positions, &sys.velocities);
+        let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        let recorded = record_collectives(grid, sys.box_size, cutoff, atoms, &homes);
+        let (serial, mut rs) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+        let (mut total, mut collectives) = (vec![], vec![]);
+        for i in 0..211 {
+            let input = vec![{
+                let mut s = rs.home_arrays(homes[0].ids.len());
+                s.ids.extend_from_slice(&homes[0].ids);
+                s.positions.extend_from_slice(&homes[0].positions);
+                s.velocities.extend_from_slice(&homes[0].velocities);
+                s
+            }];
+            let mut in_gather = Duration::ZERO;
+            let mut replay = |tag: &str, mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
+                let t = Instant::now();
+                let all = recorded[tag].clone();
+                if i == 0 {
+                    assert_eq!(mine[0], all[0], "{tag}: rank 0 sends what it sent among the other processes");
+                }
+                in_gather += t.elapsed();
+                Ok(all)
+            };
+            let t = Instant::now();
+            let got = redecompose_with(grid, sys.box_size, cutoff, atoms, &[0], input, &mut replay, &serial, &mut rs).unwrap();
+            let elapsed = t.elapsed();
+            if i == 0 {
+                assert_eq!(got.plan, want);
+            }
+            rs.recycle(got);
+            if i >= 10 {
+                total.push(elapsed);
+                collectives.push(in_gather);
+            }
+        }
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1e6
+        };
+        let own: Vec<Duration> = total.iter().zip(&collectives).map(|(t, c)| *t - *c).collect();
+        println!(
+            "pe redecompose, {atoms} atoms, {dims:?} rank 0 of {} (one per process), cutoff {cutoff}, 1 worker, medians of 201 in us: \
+             own work {:.0}, replayed collectives {:.0}, total {:.0}",
+            grid.num_ranks(),
+            median(own),
+            median(collectives),
+            median(total),
+        );
+    }
+}
+
 /// The selection over a rank's wrapped positions and crossings ([`redecompose::Frame`], made to
 /// `f64` block by block) sends what it sends over the rank-frame positions the global builder
 /// holds: on and next to every cell edge and box edge, zeros of both signs (crossed or not),
-/// random coordinates, lengths around the selection's block, every rank and pulse direction.
+/// random coordinates, lengths around the selection's block, every rank and pulse direction; the
+/// same by the coordinates' bits ([`super::select`], whose own tests try its ranges' ends).
 #[test]
 fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
     use super::plan::{select_for_pulse, select_for_pulse_into, send_range2};
@@ -512,6 +645,10 @@ fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
                     let mut got = vec![];
                     select_for_pulse_into(&geo, &decomposed, rank, d, &frame, 5, send_range2(cutoff), &mut got);
                     assert_eq!(got, want, "{dims:?} rank {rank} along {d}, {len} atoms");
+                    // And by the coordinates' bits, as the redecomposition selects.
+                    got.clear();
+                    super::select::select_wrapped_into(&geo, &decomposed, rank, d, &frame, 5, send_range2(cutoff), &mut got);
+                    assert_eq!(got, want, "{dims:?} rank {rank} along {d}, {len} atoms, by ranges");
                 }
             }
         }
