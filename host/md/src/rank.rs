@@ -210,7 +210,7 @@ impl MdRank {
     /// `ex` the exchange the next steps use, replanned (or built) for `found`, with `halo` its
     /// stream for this rank.
     ///
-    /// Where each home array comes from ([`Self::search_and_stage`]):
+    /// Where each home array comes from (`search_and_stage`):
     /// - lists from the host, or a grid from the host (`RankLists::Host`, `RankLists::Gpu`): all
     ///   four from `found`'s host arrays, through page-locked staging on `halo` (no host wait),
     ///   enqueued before the search, whose kernels never read them, so the DMA runs while the
@@ -221,7 +221,7 @@ impl MdRank {
     ///   cross the bus once; the velocities and masses staged on `halo` while the GPU runs the
     ///   grid's and the lists' first passes (before the search's first host wait).
     ///
-    /// Then, also after a failure: [`Self::uploaded`] is recorded on `halo` and the local stream
+    /// Then, also after a failure: `uploaded` is recorded on `halo` and the local stream
     /// waits for it (`order_after_uploads`). Nothing here waits for the copies on the host: the
     /// steps are ordered after them on the GPU (the local stream by stream order and that wait,
     /// the halo stream through `coordinates_ready`). A search through pageable synchronous copies
