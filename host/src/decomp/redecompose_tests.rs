@@ -33,6 +33,15 @@ fn homes_of(plan: &HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec
         .collect()
 }
 
+/// `positions` moved as in a search interval: a few hundredths of a nm each (seed 4).
+fn interval_motion(positions: &[Float3]) -> Vec<Float3> {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    positions
+        .iter()
+        .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
+        .collect()
+}
+
 /// `positions` moved: small steps for most atoms, some across the periodic boundary and left
 /// outside the box (by whole boxes, too), a few teleported anywhere; and new velocities.
 fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
@@ -427,13 +436,7 @@ fn redecompose_timing() {
     let grid = RankGrid::new([2, 1, 1]).unwrap();
     let cutoff = 1.2;
     let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
-    // A search interval's motion: a few hundredths of a nm.
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let positions: Vec<Float3> = sys
-        .positions
-        .iter()
-        .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
-        .collect();
+    let positions = interval_motion(&sys.positions);
     let homes = homes_of(&before, &positions, &sys.velocities);
     let moved = MolecularSystem { positions: positions.clone(), ..sys.clone() };
     let median = |mut t: Vec<f64>| {
@@ -534,13 +537,7 @@ fn redecompose_pe_timing() {
         let sys = MolecularSystem::generate(atoms, 1).unwrap();
         let grid = RankGrid::new(dims).unwrap();
         let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
-        // A search interval's motion: a few hundredths of a nm.
-        let mut rng = ChaCha8Rng::seed_from_u64(4);
-        let positions: Vec<Float3> = sys
-            .positions
-            .iter()
-            .map(|p| Float3::new(p.x + rng.random_range(-0.03..0.03), p.y + rng.random_range(-0.03..0.03), p.z + rng.random_range(-0.03..0.03)))
-            .collect();
+        let positions = interval_motion(&sys.positions);
         let homes = homes_of(&before, &positions, &sys.velocities);
         let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
         let recorded = record_collectives(grid, sys.box_size, cutoff, atoms, &homes);
