@@ -1,0 +1,114 @@
+//! The GPU migration's host side without a GPU: the kernels' geometry against the host's
+//! `CellEdges` (every rank, positions on and beside every threshold), the CPU reference against
+//! the host's own first phase of a redecomposition (`Leaving::sort_out`), and the error paths.
+
+use super::gpu_migrate::{migrate_geometry, migrate_reference, owner_in};
+use super::plan::CellEdges;
+use super::redecompose::sort_out_home;
+use super::*;
+use crate::testing::migration_atoms;
+use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES};
+
+/// The grids the GPU tests use, and a larger one.
+const GRIDS: [[usize; 3]; 7] = [[1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [3, 1, 1], [1, 3, 2], [4, 3, 2]];
+
+fn geometry_of(dims: [usize; 3]) -> Decomposition {
+    Decomposition::new(RankGrid::new(dims).unwrap(), [7.3, 6.1, 5.7], 0.9).unwrap()
+}
+
+#[test]
+fn the_geometry_holds_the_hosts_thresholds_and_strides() {
+    for dims in GRIDS {
+        let geo = geometry_of(dims);
+        for rank in 0..geo.grid.num_ranks() {
+            let g = migrate_geometry(&geo, rank).unwrap();
+            assert_eq!((g.rank, g.box_size), (rank as u32, geo.box_size));
+            assert_eq!(g.stride, [1, dims[0] as u32, (dims[0] * dims[1]) as u32]);
+            for d in 0..3 {
+                assert_eq!(g.n_edges[d] as usize, dims[d] - 1, "{dims:?}");
+                let want: Vec<u32> = (1..dims[d]).map(|i| geo.cell_threshold(d, i).to_bits()).collect();
+                let got: Vec<u32> = g.edges[d][..dims[d] - 1].iter().map(|e| e.to_bits()).collect();
+                assert_eq!(got, want, "{dims:?} dimension {d}");
+                assert!(g.edges[d][dims[d] - 1..].iter().all(|&e| e == 0.0), "unused thresholds are zero");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_kernels_owner_rule_on_the_geometry_is_the_hosts_rank_of() {
+    for dims in GRIDS {
+        let geo = geometry_of(dims);
+        let edges = CellEdges::new(&geo);
+        let g = migrate_geometry(&geo, 0).unwrap();
+        let (x, _, _) = migration_atoms(&geo, 3000, 11);
+        for p in x {
+            let w = wrap_position(p, geo.box_size);
+            assert_eq!(owner_in(&g, w) as usize, edges.rank_of(w), "{dims:?}: {p:?} wrapped to {w:?}");
+        }
+    }
+}
+
+#[test]
+fn the_reference_is_the_hosts_first_phase_of_a_redecomposition() {
+    for dims in GRIDS {
+        let geo = geometry_of(dims);
+        for rank in 0..geo.grid.num_ranks() {
+            for (n, seed) in [(0, 1), (1, 2), (255, 3), (256, 4), (257, 5), (2000, 6)] {
+                let (x, v, ids) = migration_atoms(&geo, n, seed + rank as u64);
+                let want = sort_out_home(&geo, rank, &HomeAtoms { ids: ids.clone(), positions: x.clone(), velocities: v.clone() }).unwrap();
+                let got = migrate_reference(&x, &v, &ids, &geo, rank).unwrap();
+                let bits = |p: &Float3| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()];
+                let stayers: Vec<_> = got.ids.iter().zip(&got.positions).zip(&got.velocities).map(|((&i, p), v)| (i, bits(p), bits(v))).collect();
+                let host: Vec<_> = want.0.iter().map(|(i, p, v)| (*i, bits(p), bits(v))).collect();
+                assert_eq!(stayers, host, "{dims:?} rank {rank}, {n} atoms: stayers");
+                let leavers: Vec<_> = got.leavers.iter().map(|l| (l.owner, l.id, bits(&l.x), bits(&l.v))).collect();
+                let host: Vec<_> = want.1.iter().map(|(o, i, p, v)| (*o, *i, bits(p), bits(v))).collect();
+                assert_eq!(leavers, host, "{dims:?} rank {rank}, {n} atoms: leavers");
+                // The stayers are the input's atoms of this rank, in input order.
+                let order: Vec<u32> = ids.iter().copied().filter(|i| !got.leavers.iter().any(|l| l.id == *i)).collect();
+                assert_eq!(got.ids, order);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_non_finite_atom_is_named_by_its_id_as_the_host_names_it() {
+    let geo = geometry_of([2, 2, 1]);
+    let (mut x, v, ids) = migration_atoms(&geo, 600, 9);
+    x[417].z = f32::NAN;
+    x[500].x = f32::INFINITY;
+    let want = sort_out_home(&geo, 1, &HomeAtoms { ids: ids.clone(), positions: x.clone(), velocities: v.clone() }).unwrap_err();
+    let got = migrate_reference(&x, &v, &ids, &geo, 1).unwrap_err();
+    match (&got, &want) {
+        (PlanError::NonFinitePosition { atom, position }, PlanError::NonFinitePosition { atom: a, position: p }) => {
+            assert_eq!((*atom, *a), (ids[417] as usize, ids[417] as usize));
+            assert_eq!(position.map(f32::to_bits), p.map(f32::to_bits));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_inputs_are_refused_with_what_to_change() {
+    let geo = geometry_of([2, 1, 1]);
+    match migrate_geometry(&geo, 2) {
+        Err(PlanError::LocalRanks { ranks, reason }) => assert!(ranks == [2] && reason.contains("ranks 0..2"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let wide = Decomposition::new(RankGrid::new([1, MIGRATE_MAX_EDGES + 2, 1]).unwrap(), [4.0, 80.0, 4.0], 1.0).unwrap();
+    let e = migrate_geometry(&wide, 0).unwrap_err();
+    assert_eq!(e, PlanError::GpuMigrateGrid { dim: "y", ranks: MIGRATE_MAX_EDGES + 2, max: MIGRATE_MAX_EDGES + 1 });
+    assert!(e.to_string().contains("at most 17 ranks along y"), "{e}");
+    let most = Decomposition::new(RankGrid::new([1, MIGRATE_MAX_EDGES + 1, 1]).unwrap(), [4.0, 80.0, 4.0], 1.0).unwrap();
+    assert_eq!(migrate_geometry(&most, 16).unwrap().n_edges, [0, MIGRATE_MAX_EDGES as u32, 0]);
+    let one = [Float3::default()];
+    let e = migrate_reference(&one, &[], &[7], &geo, 0).unwrap_err();
+    assert_eq!(e, PlanError::HomeArrays { rank: 0, ids: 1, positions: 1, velocities: 0 });
+}
+
+#[test]
+fn the_launch_has_a_block_even_without_atoms() {
+    assert_eq!([0, 1, 256, 257, 45_000].map(abi::migrate_blocks), [1, 1, 1, 2, 176]);
+}
