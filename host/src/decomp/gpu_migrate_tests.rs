@@ -7,7 +7,7 @@ use super::plan::CellEdges;
 use super::redecompose::sort_out_home;
 use super::*;
 use crate::testing::migration_atoms;
-use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES};
+use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES, MigrateGeometry, MigrateLeaver};
 
 /// The grids the GPU tests use, and a larger one.
 const GRIDS: [[usize; 3]; 7] = [[1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [3, 1, 1], [1, 3, 2], [4, 3, 2]];
@@ -111,4 +111,105 @@ fn bad_inputs_are_refused_with_what_to_change() {
 #[test]
 fn the_launch_has_a_block_even_without_atoms() {
     assert_eq!([0, 1, 256, 257, 45_000].map(abi::migrate_blocks), [1, 1, 1, 2, 176]);
+}
+
+/// The three passes replayed on the CPU as the kernels run them, thread by thread: blocks of
+/// `MIGRATE_THREADS`, warps of 32 with their ballots, the warps' counts, the one-block scan with
+/// each thread's run of blocks, and the places; owners by the kernels' rule on the geometry. Each
+/// place must be written once. Returns the stayers (id, wrapped position, velocity) and leavers.
+#[allow(clippy::type_complexity)]
+fn replay(g: &MigrateGeometry, x: &[Float3], v: &[Float3], ids: &[u32]) -> (Vec<(u32, Float3, Float3)>, Vec<MigrateLeaver>) {
+    const T: usize = abi::MIGRATE_THREADS as usize;
+    const S: usize = abi::MIGRATE_SCAN_THREADS as usize;
+    let n = x.len();
+    // 0: stays, 1: leaves, 2: neither (non-finite, or past the last atom).
+    let sort = |i: usize| -> (usize, Float3, u32) {
+        let Some(&p) = x.get(i) else { return (2, Float3::default(), 0) };
+        if !(p.x.is_finite() && p.y.is_finite() && p.z.is_finite()) {
+            return (2, p, 0);
+        }
+        let w = wrap_position(p, g.box_size);
+        let owner = owner_in(g, w);
+        (if owner == g.rank { 0 } else { 1 }, w, owner)
+    };
+    let blocks = abi::migrate_blocks(n as u32) as usize;
+    // Per block, per warp: the two ballots.
+    let ballots: Vec<Vec<[u32; 2]>> = (0..blocks)
+        .map(|b| {
+            (0..T / 32)
+                .map(|w| {
+                    let mut m = [0u32; 2];
+                    for lane in 0..32 {
+                        let (kind, _, _) = sort(b * T + w * 32 + lane);
+                        if kind < 2 {
+                            m[kind] |= 1 << lane;
+                        }
+                    }
+                    m
+                })
+                .collect()
+        })
+        .collect();
+    // Pass 1: the blocks' counts.
+    let mut counts: Vec<[u32; 2]> =
+        ballots.iter().map(|ws| ws.iter().fold([0, 0], |c, m| [c[0] + m[0].count_ones(), c[1] + m[1].count_ones()])).collect();
+    // Pass 2: each scan thread a run of blocks, the runs scanned, each run written.
+    let per = blocks.div_ceil(S);
+    let runs: Vec<(usize, usize)> = (0..S).map(|t| ((t * per).min(blocks), (t * per + per).min(blocks))).collect();
+    let mut at = [0u32; 2];
+    for &(b0, b1) in &runs {
+        for c in &mut counts[b0..b1] {
+            let here = *c;
+            *c = at;
+            at = [at[0] + here[0], at[1] + here[1]];
+        }
+    }
+    // Pass 3: the places.
+    let mut stayers = vec![None; at[0] as usize];
+    let mut leavers = vec![None; at[1] as usize];
+    for (b, ws) in ballots.iter().enumerate() {
+        for (w, _) in ws.iter().enumerate() {
+            for lane in 0..32 {
+                let i = b * T + w * 32 + lane;
+                let (kind, p, owner) = sort(i);
+                if kind == 2 {
+                    continue;
+                }
+                let place = (ws[w][kind] & ((1u32 << lane) - 1)).count_ones() + ws[..w].iter().map(|m| m[kind].count_ones()).sum::<u32>();
+                let slot = (counts[b][kind] + place) as usize;
+                if kind == 0 {
+                    assert!(stayers[slot].replace((ids[i], p, v[i])).is_none(), "stayer place {slot} written twice");
+                } else {
+                    assert!(leavers[slot].replace(MigrateLeaver { id: ids[i], x: p, v: v[i], owner }).is_none(), "leaver place {slot} twice");
+                }
+            }
+        }
+    }
+    (stayers.into_iter().map(|s| s.expect("every stayer place written")).collect(), leavers.into_iter().map(|l| l.expect("written")).collect())
+}
+
+#[test]
+fn the_passes_replayed_on_the_cpu_split_as_the_host_does() {
+    for (dims, rank) in [([2, 2, 1], 0), ([3, 1, 1], 1), ([2, 2, 2], 7)] {
+        let geo = geometry_of(dims);
+        let g = migrate_geometry(&geo, rank).unwrap();
+        for (n, seed) in [(0, 1), (1, 2), (31, 3), (32, 4), (33, 5), (255, 6), (256, 7), (257, 8), (513, 9), (262_145, 10)] {
+            let (x, v, ids) = migration_atoms(&geo, n, seed);
+            let want = migrate_reference(&x, &v, &ids, &geo, rank).unwrap();
+            let (stayers, leavers) = replay(&g, &x, &v, &ids);
+            let bits = |p: &Float3| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()];
+            let got: Vec<_> = stayers.iter().map(|(i, p, v)| (*i, bits(p), bits(v))).collect();
+            let host: Vec<_> = want.ids.iter().zip(&want.positions).zip(&want.velocities).map(|((&i, p), v)| (i, bits(p), bits(v))).collect();
+            assert_eq!(got, host, "{dims:?} rank {rank}, {n} atoms");
+            let cast = |l: &[MigrateLeaver]| bytemuck::cast_slice::<MigrateLeaver, u32>(l).to_vec();
+            assert_eq!(cast(&leavers), cast(&want.leavers), "{dims:?} rank {rank}, {n} atoms");
+        }
+    }
+    // Non-finite atoms are in neither list.
+    let geo = geometry_of([2, 1, 1]);
+    let (mut x, v, ids) = migration_atoms(&geo, 700, 5);
+    x[300].y = f32::NAN;
+    let (stayers, leavers) = replay(&migrate_geometry(&geo, 0).unwrap(), &x, &v, &ids);
+    assert_eq!(stayers.len() + leavers.len(), 699);
+    assert!(stayers.iter().all(|s| s.0 != ids[300]) && leavers.iter().all(|l| l.id != ids[300]));
 }
