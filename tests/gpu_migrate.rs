@@ -170,8 +170,8 @@ fn a_non_finite_atom_is_named_like_the_host_names_it() {
 }
 
 #[test]
-fn short_arrays_are_refused_before_anything_runs() {
-    let Some(g) = gpu("short_arrays_are_refused_before_anything_runs") else { return };
+fn short_or_overlapping_arrays_are_refused_before_anything_runs() {
+    let Some(g) = gpu("short_or_overlapping_arrays_are_refused_before_anything_runs") else { return };
     let stream = g.ctx.new_stream().unwrap();
     let geo = geometry([2, 1, 1]);
     let mut mig = GpuMigrate::new(&g.ctx, &geo, 0).unwrap();
@@ -182,5 +182,10 @@ fn short_arrays_are_refused_before_anything_runs() {
     let short = DeviceBuffer::<u32>::uninit(&g.ctx, 50).unwrap();
     let e = mig.run(&g.module, &stream, &MigrateArrays { ids_out: &short, ..d.view() }, 100).unwrap_err().to_string();
     assert!(e.contains("`ids_out` holds 50"), "{e}");
+    let e = mig.run(&g.module, &stream, &MigrateArrays { x_out: &d.x, ..d.view() }, 100).unwrap_err().to_string();
+    assert!(e.contains("`x_out` overlaps `x`"), "{e}");
     assert!(GpuMigrate::new(&g.ctx, &geo, 2).is_err(), "rank 2 of a 2x1x1 grid");
+    // Nothing ran: the outputs are still poisoned, and the object migrates as before.
+    assert!(d.ids_out.to_host().unwrap().iter().all(|&i| i == u32::MAX));
+    check("after refusals", &g, &stream, &mut mig, &geo, 0, &x, &v, &ids);
 }

@@ -61,7 +61,7 @@ fn key(v: f32, atom: u32) -> u64 {
 }
 
 /// One coordinate wrapped into `[0, l)`: the host's `wrap_position` per dimension, operation for
-/// operation.
+/// operation. The home atoms' migration (`migrate.rs`) wraps with it too.
 #[inline(always)]
 pub(super) fn wrap(x: f32, l: f32) -> f32 {
     if x >= 0.0 && x < l {
