@@ -223,6 +223,7 @@ impl GpuMigrate {
         a.check(n)?;
         let n32 = u32::try_from(n).map_err(|_| HaloError::Plan(PlanError::TooManyAtoms { atoms: n }))?;
         let ctx = stream.context();
+        ctx.bind_to_thread().during("binding the context")?;
         let blocks = abi::migrate_blocks(n32) as usize;
         if let Some(cap) = grown_capacity(self.block_counts.len(), 2 * blocks) {
             self.block_counts = DeviceBuffer::uninit(ctx, cap)?;
