@@ -483,3 +483,50 @@ fn the_gpu_launch_order_ranks_with_match_any_without_atomics() {
         assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
     }
 }
+
+#[test]
+fn the_gpu_migration_wraps_and_assigns_like_the_host_and_compacts_in_order() {
+    let b = entries(&ptx_text());
+    let passes = [abi::MIGRATE_COUNT, abi::MIGRATE_SCAN, abi::MIGRATE_SCATTER];
+    for k in passes {
+        // The host's f32 arithmetic exactly: separate roundings, IEEE divisions, nothing flushed;
+        // nothing in local memory.
+        assert!(!b[k].contains("fma.rn"), "{k}: a fused multiply-add differs from the host's rounding");
+        assert!(!b[k].contains("div.approx") && !b[k].contains(".ftz"), "{k}: approximate or flushed arithmetic");
+        assert_absent(&b, k, &[".local"]);
+    }
+    // The wrap (`decomp::wrap_position`: one IEEE division and one floor per coordinate) and the
+    // owner (`CellEdges::rank_of`: `x >= threshold`, an ordered f32 comparison), in both passes
+    // that decide, so both decide alike; the ranks by ballot and population count.
+    for k in [abi::MIGRATE_COUNT, abi::MIGRATE_SCATTER] {
+        assert_lowers(&b, k, &[
+            "div.rn.f32",
+            "mul.rn.f32",
+            "sub.rn.f32",
+            "add.rn.f32",
+            "cvt.rmi.f32.f32",
+            "setp.ge.f32",
+            "vote.sync.ballot.b32",
+            "popc.b32",
+            "bar.sync",
+        ]);
+        assert_eq!(b[k].matches("div.rn.f32").count(), 3, "{k}: one division per coordinate");
+        assert_eq!(b[k].matches("cvt.rmi.f32.f32").count(), 3, "{k}: one floor per coordinate");
+    }
+    // Only the first bad atom is an atomic (a min); places come from the scan, never from atomics.
+    assert_lowers(&b, abi::MIGRATE_COUNT, &["red.relaxed.gpu.global.min.u32"]);
+    let atomics = |k: &str| ["atom.", "red.relaxed", "red.global"].iter().map(|ins| b[k].matches(ins).count()).sum::<usize>();
+    assert_eq!(atomics(abi::MIGRATE_COUNT), 1, "{}", abi::MIGRATE_COUNT);
+    assert_eq!(atomics(abi::MIGRATE_SCAN) + atomics(abi::MIGRATE_SCATTER), 0);
+    assert_lowers(&b, abi::MIGRATE_SCAN, &["bar.sync", "st.shared.b32", "ld.shared.b32"]);
+    // The ABI (15): `(x, n, geo, block_counts, info)`, `(block_counts, n_blocks, info)` and
+    // `(x, v, ids, n, geo, block_starts, x_out, v_out, ids_out, leavers)`.
+    for (k, params) in [(abi::MIGRATE_COUNT, 5), (abi::MIGRATE_SCAN, 3), (abi::MIGRATE_SCATTER, 10)] {
+        assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), params, "{k}'s parameters");
+    }
+    let r = ptxas_resources();
+    for k in passes {
+        let (regs, frame) = *r.get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+        assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
+    }
+}

@@ -8,6 +8,7 @@
 
 use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use crate::gpu::{self, CudaContext, KernelModule};
+use kernels_gpu::abi::Float3;
 use std::sync::Arc;
 
 /// A GPU, its context and the loaded halo module.
@@ -172,6 +173,64 @@ pub fn ring_halos(n: usize) -> Vec<crate::exchange::RankHalo> {
             }],
         })
         .collect()
+}
+
+/// Home atoms for tests of the GPU migration ([`crate::decomp::GpuMigrate`]) in `geo`: positions,
+/// velocities and ids of `n` atoms. A generated liquid scaled to `geo`'s box, ids a shuffled
+/// sparse set, and moved as the hard cases need: every third atom by whole boxes (-3 to +3, the
+/// wrap's division and floor), every seventh a little outside a face; then, while atoms last, the
+/// special positions: exactly on each cell threshold of `geo` and one float either side, 0, -0.0,
+/// the box's last float, the box edge itself, one float outside, a threshold plus whole boxes,
+/// far away and tiny negatives. No non-finite position (tests add their own).
+pub fn migration_atoms(geo: &crate::decomp::Decomposition, n: usize, seed: u64) -> (Vec<Float3>, Vec<Float3>, Vec<u32>) {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let b = geo.box_size;
+    let liquid = crate::system::MolecularSystem::generate(n.max(1), seed).map(|s| (s.positions, s.box_size)).unwrap_or_default();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x6d16);
+    // The liquid scaled to this box (its own box differs), or uniform where it has no atoms.
+    let mut x: Vec<Float3> = (0..n)
+        .map(|i| match liquid.0.get(i) {
+            Some(p) => Float3::new(p.x / liquid.1[0] * b[0], p.y / liquid.1[1] * b[1], p.z / liquid.1[2] * b[2]),
+            None => Float3::new(rng.random_range(0.0..b[0]), rng.random_range(0.0..b[1]), rng.random_range(0.0..b[2])),
+        })
+        .collect();
+    for (i, p) in x.iter_mut().enumerate() {
+        if i % 3 == 0 {
+            let k = [rng.random_range(-3..4) as f32, rng.random_range(-3..4) as f32, rng.random_range(-3..4) as f32];
+            *p = Float3::new(p.x + k[0] * b[0], p.y + k[1] * b[1], p.z + k[2] * b[2]);
+        } else if i % 7 == 0 {
+            p.y = if i % 2 == 0 { -rng.random_range(0.0..0.05f32) } else { b[1] + rng.random_range(0.0..0.05f32) };
+        }
+    }
+    let mut special = Vec::new();
+    let mid = [0.5 * b[0], 0.5 * b[1], 0.5 * b[2]];
+    let at = |d: usize, v: f32| {
+        let mut c = mid;
+        c[d] = v;
+        Float3::new(c[0], c[1], c[2])
+    };
+    for (d, &l) in b.iter().enumerate() {
+        for i in 1..geo.grid.dims[d] {
+            let t = geo.cell_threshold(d, i);
+            special.extend([at(d, t), at(d, t.next_down()), at(d, t.next_up()), at(d, t + l), at(d, t - 2.0 * l)]);
+        }
+        special.extend([at(d, 0.0), at(d, -0.0), at(d, l.next_down()), at(d, l), at(d, l.next_up()), at(d, -l), at(d, 3.0 * l), at(d, -1e-7)]);
+        special.extend([at(d, -1e-30), at(d, 1e6), at(d, -3e5), at(d, (-l).next_up()), at(d, (2.0 * l).next_down())]);
+    }
+    special.push(Float3::new(-0.0, -0.0, -0.0));
+    special.push(Float3::new(b[0].next_down(), b[1].next_down(), b[2].next_down()));
+    // Spread over the input, so they fall in different blocks and warps.
+    let stride = (n / special.len().max(1)).max(1);
+    for (k, p) in special.into_iter().enumerate() {
+        if let Some(slot) = x.get_mut(k * stride) {
+            *slot = p;
+        }
+    }
+    let v = (0..n).map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0))).collect();
+    let mut ids: Vec<u32> = (0..n as u32).map(|i| 3 * i + 1).collect();
+    ids.shuffle(&mut rng);
+    (x, v, ids)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 14;
+pub const ABI_VERSION: u32 = 15;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -72,6 +72,9 @@ kernel_entries! {
         "nbnxm_order_tiles",
         "nbnxm_order_scan",
         "nbnxm_order_write",
+        "migrate_count",
+        "migrate_scan",
+        "migrate_scatter",
     ],
 }
 
@@ -470,6 +473,87 @@ pub const NBNXM_GRID_INFO_BAD_ATOM: usize = 0;
 pub const NBNXM_GRID_INFO_SUPERCLUSTERS: usize = 1;
 /// `info` word: the largest atom type (0 as the host sets it before the passes).
 pub const NBNXM_GRID_INFO_MAX_TYPE: usize = 2;
+
+/// `migrate_count(x, n, geo, block_counts, info)`: the first pass of the home atoms' migration on
+/// the GPU (`kernels/migrate.rs`; host: `halo::decomp::GpuMigrate`). One thread per atom, blocks of
+/// [`MIGRATE_THREADS`] threads with [`MIGRATE_SHARED_BYTES`] of dynamic shared memory,
+/// `grid.x = `[`migrate_blocks`]`(n)`: each atom's position wrapped into the box (the host's
+/// `decomp::wrap_position`, operation for operation) and its owner (the host's `CellEdges::rank_of`:
+/// per decomposed dimension the thresholds at or below the coordinate, times the stride); the
+/// block's stayers (owner == `geo.rank`) at `block_counts[2 block]`, its leavers at
+/// `block_counts[2 block + 1]`. An atom with a non-finite coordinate is neither: the lowest such
+/// index goes to `info[`[`MIGRATE_INFO_BAD_ATOM`]`]` (the host sets it to `u32::MAX` first).
+pub const MIGRATE_COUNT: &str = "migrate_count";
+/// `migrate_scan(block_counts, n_blocks, info)`: one block of [`MIGRATE_SCAN_THREADS`] threads with
+/// [`MIGRATE_SCAN_SHARED_BYTES`]: the exclusive scan of the blocks' stayers and leavers, in place
+/// (where each block's stayers and leavers start), and the totals to
+/// `info[`[`MIGRATE_INFO_STAYERS`]`]` and `info[`[`MIGRATE_INFO_LEAVERS`]`]`.
+pub const MIGRATE_SCAN: &str = "migrate_scan";
+/// `migrate_scatter(x, v, ids, n, geo, block_starts, x_out, v_out, ids_out, leavers)`: the last
+/// pass, same launch as [`MIGRATE_COUNT`]: each stayer's wrapped position, velocity and id to its
+/// place among the stayers (input order), each leaver to its place in `leavers` (input order) as a
+/// [`MigrateLeaver`]. Non-finite atoms are written nowhere.
+pub const MIGRATE_SCATTER: &str = "migrate_scatter";
+/// Threads per block of [`MIGRATE_COUNT`] and [`MIGRATE_SCATTER`] (whole warps).
+pub const MIGRATE_THREADS: u32 = 256;
+/// Dynamic shared memory of a count or scatter block: two counts per warp.
+pub const MIGRATE_SHARED_BYTES: u32 = (MIGRATE_THREADS / 32) * 2 * 4;
+/// Threads of the one [`MIGRATE_SCAN`] block (a power of two).
+pub const MIGRATE_SCAN_THREADS: u32 = 1024;
+/// Dynamic shared memory of the [`MIGRATE_SCAN`] block: two running sums per thread.
+pub const MIGRATE_SCAN_SHARED_BYTES: u32 = MIGRATE_SCAN_THREADS * 2 * 4;
+/// Most cell thresholds per dimension [`MigrateGeometry`] holds (17 ranks along a dimension).
+pub const MIGRATE_MAX_EDGES: usize = 16;
+/// `info` word of the migration: the stayers.
+pub const MIGRATE_INFO_STAYERS: usize = 0;
+/// `info` word of the migration: the leavers.
+pub const MIGRATE_INFO_LEAVERS: usize = 1;
+/// `info` word of the migration: the lowest index of an atom with a non-finite coordinate
+/// (`u32::MAX`: none).
+pub const MIGRATE_INFO_BAD_ATOM: usize = 2;
+/// `info` words of the migration (padded to 16 bytes).
+pub const MIGRATE_INFO_WORDS: usize = 4;
+
+/// Blocks of [`MIGRATE_COUNT`] and [`MIGRATE_SCATTER`] for `n` atoms (at least one, so the passes
+/// write their counts for `n = 0` too).
+pub const fn migrate_blocks(n: u32) -> u32 {
+    let b = n.div_ceil(MIGRATE_THREADS);
+    if b == 0 { 1 } else { b }
+}
+
+/// The geometry the migration kernels read (one small device buffer, uploaded once per
+/// decomposition and rank): the box, this rank, and per dimension the rank stride and the cell
+/// thresholds (`Decomposition::cell_threshold(d, 1..n)`; none along a dimension of one rank).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct MigrateGeometry {
+    /// Box edges (nm).
+    pub box_size: [f32; 3],
+    /// The rank whose home atoms these are (owner == rank: a stayer).
+    pub rank: u32,
+    /// Rank stride per dimension (`1, A, A B`).
+    pub stride: [u32; 3],
+    /// Thresholds used per dimension (at most [`MIGRATE_MAX_EDGES`]).
+    pub n_edges: [u32; 3],
+    /// Per dimension, the thresholds `0..n_edges[d]` (ascending; the rest unused).
+    pub edges: [[f32; MIGRATE_MAX_EDGES]; 3],
+}
+
+/// One atom leaving this rank, as [`MIGRATE_SCATTER`] writes it: 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct MigrateLeaver {
+    /// Global atom id.
+    pub id: u32,
+    /// Its position wrapped into the box.
+    pub x: Float3,
+    /// Its velocity, unchanged.
+    pub v: Float3,
+    /// The rank that owns it now.
+    pub owner: u32,
+}
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
@@ -1008,4 +1092,9 @@ const _: () = {
     // The order passes: one entry per thread, whole warps, blocks a launch can take; the scan with one block.
     assert!(NBNXM_ORDER_TILE.is_multiple_of(32) && NBNXM_ORDER_TILE <= 1024 && NBNXM_ORDER_SHARED_BYTES <= 48 * 1024);
     assert!(NBNXM_ORDER_SCAN_THREADS.is_power_of_two() && NBNXM_ORDER_SCAN_THREADS <= 1024);
+    // The migration: whole warps (ballots), a one-block scan, the geometry and leavers' layouts.
+    assert!(MIGRATE_THREADS.is_multiple_of(32) && MIGRATE_THREADS <= 1024);
+    assert!(MIGRATE_SCAN_THREADS.is_power_of_two() && MIGRATE_SCAN_THREADS <= 1024 && MIGRATE_SCAN_SHARED_BYTES <= 48 * 1024);
+    assert!(size_of::<MigrateLeaver>() == 32 && align_of::<MigrateLeaver>() == 4);
+    assert!(size_of::<MigrateGeometry>() == 40 + 12 * MIGRATE_MAX_EDGES && offset_of!(MigrateGeometry, edges) == 40);
 };

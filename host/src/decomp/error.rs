@@ -337,6 +337,18 @@ pub enum PlanError {
         /// Ranks in the grid.
         expected: usize,
     },
+    /// A grid with more ranks along a dimension than the GPU migration's geometry holds.
+    #[error(
+        "the GPU migration takes at most {max} ranks along {dim}, the grid has {ranks}: use fewer ranks along {dim}, or the host's redecomposition"
+    )]
+    GpuMigrateGrid {
+        /// The dimension concerned.
+        dim: &'static str,
+        /// Ranks along it.
+        ranks: usize,
+        /// The most the GPU migration takes.
+        max: usize,
+    },
     /// An atom appears twice in one rank's local array.
     #[error("rank {rank} holds atom {atom} twice")]
     DuplicateAtom {

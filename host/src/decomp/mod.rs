@@ -11,9 +11,13 @@
 //! | [`Decomposition`] | cell geometry and pulses per dimension for a box and cutoff |
 //! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
 //! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
+//! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU (not yet in the MD step) |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
+mod gpu_migrate;
+#[cfg(test)]
+mod gpu_migrate_tests;
 mod grid;
 mod plan;
 mod redecompose;
@@ -23,6 +27,7 @@ mod select;
 mod validate;
 
 pub use error::PlanError;
+pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
 pub use redecompose::{Collective, HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};

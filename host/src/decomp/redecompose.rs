@@ -539,6 +539,33 @@ impl Leaving {
     }
 }
 
+/// The first phase of a redecomposition on its own ([`Leaving::sort_out`]), for the tests of the
+/// GPU migration: rank `rank`'s stayers in input order (id, wrapped position, velocity) and its
+/// leavers in input order (owner, id, wrapped position, velocity), or the error in its input.
+#[cfg(test)]
+#[allow(clippy::type_complexity)]
+pub(super) fn sort_out_home(
+    geo: &Decomposition, rank: usize, h: &HomeAtoms,
+) -> Result<(Vec<(u32, Float3, Float3)>, Vec<(u32, u32, Float3, Float3)>), PlanError> {
+    let mut sc = RankScratch::default();
+    let l = Leaving::sort_out(&CellEdges::new(geo), rank, h, &mut sc);
+    if let Some(e) = l.error {
+        return Err(e);
+    }
+    // The atoms the pass looked at (leavers, and stayers outside the box with their wrapped
+    // positions); every other atom stays as it is.
+    let special: std::collections::HashMap<u32, Option<Float3>> = sc.special.iter().copied().collect();
+    let stayers = (0..h.ids.len())
+        .filter_map(|k| match special.get(&(k as u32)) {
+            Some(None) => None,
+            Some(Some(w)) => Some((h.ids[k], *w, h.velocities[k])),
+            None => Some((h.ids[k], h.positions[k], h.velocities[k])),
+        })
+        .collect();
+    let leavers = (0..l.ids.len()).map(|k| (l.dest[k], l.ids[k], l.positions[k], l.velocities[k])).collect();
+    Ok((stayers, leavers))
+}
+
 /// Rank `rank`'s migration blob: its atom count and its leavers with their destinations, or the
 /// error in its input.
 fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, Moving)>), PlanError> {

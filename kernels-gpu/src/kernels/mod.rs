@@ -28,6 +28,7 @@ mod fused_coords_tma;
 mod fused_forces;
 mod ll;
 mod md;
+mod migrate;
 mod nbnxm;
 mod nbnxm_grid;
 mod nbnxm_layout;

@@ -61,9 +61,9 @@ fn key(v: f32, atom: u32) -> u64 {
 }
 
 /// One coordinate wrapped into `[0, l)`: the host's `wrap_position` per dimension, operation for
-/// operation.
+/// operation. The home atoms' migration (`migrate.rs`) wraps with it too.
 #[inline(always)]
-fn wrap(x: f32, l: f32) -> f32 {
+pub(super) fn wrap(x: f32, l: f32) -> f32 {
     if x >= 0.0 && x < l {
         return x;
     }
