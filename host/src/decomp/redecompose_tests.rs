@@ -110,39 +110,68 @@ fn homes_again(got: &Redecomposed) -> Vec<HomeAtoms> {
 fn on_processes(
     processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
-    let slots: Mutex<(Vec<Vec<u8>>, Vec<String>)> = Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new()));
-    let barrier = Barrier::new(processes.len());
+    run_processes(&SharedCollective::new(grid, processes.len(), false), processes, grid, box_size, cutoff, atoms, homes)
+}
+
+/// [`on_processes`] over `collective`.
+fn run_processes(
+    collective: &SharedCollective, processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+) -> Vec<Result<Redecomposed>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = processes
             .iter()
             .map(|ranks| {
-                let (slots, barrier) = (&slots, &barrier);
                 let mine = ranks.iter().map(|&r| homes[r].clone()).collect();
                 scope.spawn(move || {
-                    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
-                        {
-                            let mut s = slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-                            ranks.iter().zip(blobs).for_each(|(&r, b)| s.0[r] = b);
-                            s.1.push(tag.to_string());
-                        }
-                        barrier.wait();
-                        let all = {
-                            let s = slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-                            assert!(s.1.iter().all(|t| t == tag), "collectives out of step: {:?}", s.1);
-                            s.0.clone()
-                        };
-                        if barrier.wait().is_leader() {
-                            slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?.1.clear();
-                        }
-                        barrier.wait();
-                        Ok(all)
-                    };
+                    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
                     redecompose(grid, box_size, cutoff, atoms, ranks, mine, &mut gather)
                 })
             })
             .collect();
         threads.into_iter().map(|t| t.join().expect("a process panicked")).collect()
     })
+}
+
+/// The all-gather of processes emulated by threads, over shared memory: every rank's blob, once
+/// every process has given its own, with a check that every process names the same collective at
+/// the same time; with `record`, every collective's blobs kept by tag.
+struct SharedCollective {
+    slots: Mutex<(Vec<Vec<u8>>, Vec<String>)>,
+    barrier: Barrier,
+    record: Option<Mutex<HashMap<String, Vec<Vec<u8>>>>>,
+}
+
+impl SharedCollective {
+    fn new(grid: RankGrid, processes: usize, record: bool) -> Self {
+        Self {
+            slots: Mutex::new((vec![Vec::new(); grid.num_ranks()], Vec::new())),
+            barrier: Barrier::new(processes),
+            record: record.then(|| Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The collective `tag` of a process driving `ranks`, which gives `blobs` (one per rank).
+    fn gather(&self, ranks: &[usize], tag: &str, blobs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        {
+            let mut s = self.slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+            ranks.iter().zip(blobs).for_each(|(&r, b)| s.0[r] = b);
+            s.1.push(tag.to_string());
+        }
+        self.barrier.wait();
+        let all = {
+            let s = self.slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+            assert!(s.1.iter().all(|t| t == tag), "collectives out of step: {:?}", s.1);
+            s.0.clone()
+        };
+        if self.barrier.wait().is_leader() {
+            self.slots.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?.1.clear();
+            if let Some(record) = &self.record {
+                record.lock().map_err(|e| HaloError::InvalidInput(e.to_string()))?.insert(tag.to_string(), all.clone());
+            }
+        }
+        self.barrier.wait();
+        Ok(all)
+    }
 }
 
 /// Grids and cutoffs: one to three decomposed dimensions, one pulse and two.
@@ -499,27 +528,12 @@ fn redecompose_timing() {
 /// shared memory, as [`on_processes`]): per tag, every rank's blob.
 fn record_collectives(grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms]) -> HashMap<String, Vec<Vec<u8>>> {
     let n = grid.num_ranks();
-    let slots: Mutex<Vec<Vec<u8>>> = Mutex::new(vec![Vec::new(); n]);
-    let record: Mutex<HashMap<String, Vec<Vec<u8>>>> = Mutex::new(HashMap::new());
-    let barrier = Barrier::new(n);
-    std::thread::scope(|scope| {
-        for (rank, home) in homes.iter().enumerate().take(n) {
-            let (slots, record, barrier, mine) = (&slots, &record, &barrier, vec![home.clone()]);
-            scope.spawn(move || {
-                let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
-                    slots.lock().unwrap()[rank] = blobs.into_iter().next().unwrap();
-                    barrier.wait();
-                    let all = slots.lock().unwrap().clone();
-                    if barrier.wait().is_leader() {
-                        record.lock().unwrap().insert(tag.to_string(), all.clone());
-                    }
-                    Ok(all)
-                };
-                redecompose(grid, box_size, cutoff, atoms, &[rank], mine, &mut gather).unwrap();
-            });
-        }
-    });
-    record.into_inner().unwrap()
+    let collective = SharedCollective::new(grid, n, true);
+    let processes: Vec<Vec<usize>> = (0..n).map(|r| vec![r]).collect();
+    for got in run_processes(&collective, &processes, grid, box_size, cutoff, atoms, homes) {
+        got.unwrap();
+    }
+    collective.record.unwrap().into_inner().unwrap()
 }
 
 /// Host time of one PE's redecomposition: rank 0 driven alone by its process, one worker, in the
