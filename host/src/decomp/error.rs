@@ -149,9 +149,7 @@ pub enum PlanError {
         expected: Option<[f32; 3]>,
     },
     /// Two neighbours disagree on how many atoms a pulse carries.
-    #[error(
-        "rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}"
-    )]
+    #[error("rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}")]
     SizeMismatch {
         /// The sending rank.
         rank: usize,
@@ -177,9 +175,7 @@ pub enum PlanError {
         peer_source: usize,
     },
     /// `peer_atom_offset` differs from the receiving rank's `atom_offset`.
-    #[error(
-        "rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}"
-    )]
+    #[error("rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}")]
     PeerOffset {
         /// The sending rank.
         rank: usize,

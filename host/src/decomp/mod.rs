@@ -30,4 +30,7 @@ pub use error::PlanError;
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
-pub use redecompose::{Collective, HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};
+pub use redecompose::{
+    Collective, HomeAtoms, HomeDevice, MergedHome, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_on_devices,
+    redecompose_with,
+};
