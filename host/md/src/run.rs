@@ -15,7 +15,7 @@ use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, RankGrid, Redecomposed};
+use crate::decomp::{HaloPlan, HomeDevice, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, ReplanFence, Routing, Transport, reference};
@@ -96,6 +96,13 @@ pub struct MdConfig {
     /// all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
     /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
+    /// With `resident_search` and several ranks: each rank's home atoms are wrapped, moved to
+    /// their new owners, merged and their first pulses selected on its GPU
+    /// (`decomp::redecompose_on_devices` over `decomp::GpuHome`): only the leavers, the
+    /// selections and the new home atoms' ids and positions cross to the host, the velocities
+    /// stay on the GPU. The same plan as the host's redecomposition (false), which reads every
+    /// home atom's position and velocity back and does those passes on the host.
+    pub gpu_redecompose: bool,
     /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
@@ -128,6 +135,7 @@ impl MdConfig {
             search_threads: 0,
             gpu_search: true,
             resident_search: true,
+            gpu_redecompose: true,
             graph: false,
         }
     }
@@ -318,6 +326,20 @@ impl MdOutcome {
     pub fn search_share(&self) -> f64 {
         let w = self.wall.as_secs_f64();
         if w > 0.0 { self.search.total.as_secs_f64() / w } else { 0.0 }
+    }
+}
+
+/// The all-gather of a redecomposition's collectives across the processes
+/// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
+/// added to `spent`.
+fn redecompose_gather<'a>(
+    placement: &'a Placement, kept: &'a mut Option<crate::nvshmem::KeptGather>, tag: &'a str, step: u64, spent: &'a mut Duration,
+) -> impl FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a {
+    move |what, mine| {
+        let t = Instant::now();
+        let all = placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
+        *spent += t.elapsed();
+        all
     }
 }
 
@@ -769,9 +791,10 @@ impl MdRun {
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
         let (plan, found) = if path == SearchPath::Redecomposed {
-            let done = self.redecompose(&mut t, start)?;
+            let on_gpus = self.cfg.gpu_redecompose;
+            let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
-            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on())?;
+            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus)?;
             t.lists = t2.elapsed();
             searched
         } else {
@@ -972,16 +995,42 @@ impl MdRun {
             .collect::<Result<Vec<_>>>()?;
         t.gather = start.elapsed();
         let t1 = Instant::now();
-        let (placement, kept, tag, step) = (&self.placement, &mut self.kept_gather, &self.tag, self.step);
         let mut gathers = Duration::ZERO;
-        let mut all_gather = |what: &str, mine: Vec<Vec<u8>>| {
-            let t = Instant::now();
-            let all = placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
-            gathers += t.elapsed();
-            all
-        };
         let (box_size, atoms) = (self.system.box_size, self.system.len());
-        let done = self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+        let done = {
+            let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
+            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+        };
+        t.plan_gathers = gathers;
+        t.plan = t1.elapsed();
+        self.out.redecompositions += 1;
+        Ok(done)
+    }
+
+    /// [`Self::redecompose`] with the per-atom passes on the ranks' GPUs
+    /// ([`MdConfig::gpu_redecompose`]): each rank's home coordinates are read on its GPU (the
+    /// exchange's `x`) with its velocities and the last plan's home ids; the leavers, the first
+    /// pulses' selections and the new home atoms' ids and positions come back; the velocities
+    /// stay there for the rank's update. The same plan and the same collectives as the host's.
+    fn redecompose_on_gpus(&mut self, t: &mut SearchTimes, start: Instant) -> Result<Redecomposed> {
+        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
+            return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
+        };
+        let mut devices = Vec::with_capacity(self.ranks.len());
+        for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
+            let home = m.home_atoms();
+            let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
+            devices.push(m.home_device(r.rank(), &r.x, ids)?);
+        }
+        let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+        t.gather = start.elapsed();
+        let t1 = Instant::now();
+        let mut gathers = Duration::ZERO;
+        let (box_size, atoms) = (self.system.box_size, self.system.len());
+        let done = {
+            let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
+            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather)?;
+        };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
         self.out.redecompositions += 1;

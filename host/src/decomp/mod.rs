@@ -15,6 +15,7 @@
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
+mod gpu_home;
 mod gpu_migrate;
 #[cfg(test)]
 mod gpu_migrate_tests;
@@ -27,6 +28,7 @@ mod select;
 mod validate;
 
 pub use error::PlanError;
+pub use gpu_home::{GpuHome, GpuRank};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};

@@ -95,6 +95,11 @@ pub struct MdBenchRow {
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
     /// sorts the grid and searches the lists) or `host`.
     pub list_search: String,
+    /// With `gpu-redecomposed`: where the per-atom passes of the redecomposition ran, `gpu`
+    /// (wrap, owners, merge and first-pulse selection on each rank's GPU, the velocities left
+    /// there) or `host` (every home atom read back: `--host-redecompose`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redecompose: Option<String>,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
     /// Steps between searches.
@@ -158,6 +163,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_parts_ms: None,
         plan_gathers_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
+        redecompose: None,
         graph: cfg.graph,
         nstlist: cfg.step.nstlist,
         nstprune: cfg.step.nstprune,
@@ -206,6 +212,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         row.list_search = "gpu-resident".into();
     } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-redecomposed".into();
+        row.redecompose = Some(if cfg.step.host_redecompose { "host" } else { "gpu" }.into());
     }
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
@@ -322,10 +329,13 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             Some(if r.list_search == "gpu-resident" {
                 format!("  {} atoms, {}: all on the GPU: grid enqueued {a:.2}, grid built + lists searched {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
             } else if r.list_search == "gpu-redecomposed" {
+                let on_gpus = r.redecompose.as_deref() == Some("gpu");
                 format!(
-                    "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    "  {} atoms, {}: {} {g:.2}, plan from the ranks{} {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
                     r.atoms,
                     variant(r),
+                    if on_gpus { "inputs set up" } else { "home atoms read back" },
+                    if on_gpus { " (per-atom passes on the GPUs)" } else { "" },
                     r.plan_gathers_ms.unwrap_or(0.0)
                 )
             } else {
@@ -372,6 +382,7 @@ mod tests {
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
             plan_gathers_ms: None,
             list_search: "gpu".into(),
+            redecompose: None,
             graph: false,
             nstlist: 100,
             nstprune: 10,

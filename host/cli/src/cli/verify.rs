@@ -46,6 +46,11 @@ pub struct StepArgs {
     /// upload) instead of searching entirely on the GPU (the same grid and lists).
     #[arg(long)]
     pub host_grid: bool,
+    /// With several ranks, redecompose on the host at every search (every home atom's position
+    /// and velocity read back; wrap, owners, merge and selection there) instead of on the GPUs
+    /// (the same plan).
+    #[arg(long)]
+    pub host_redecompose: bool,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -69,6 +74,7 @@ impl Default for StepArgs {
             search_threads: 0,
             host_search: false,
             host_grid: false,
+            host_redecompose: false,
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
         }
@@ -87,6 +93,7 @@ impl StepArgs {
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
             resident_search: !self.host_grid,
+            gpu_redecompose: !self.host_redecompose,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
             ..cfg
