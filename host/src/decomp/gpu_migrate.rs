@@ -7,8 +7,9 @@
 //! device buffer of which only the used part is read back, with the counts.
 //!
 //! This is the first building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost").
-//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers and the pulse
-//! selection on the GPU are still to come, and the MD step still redecomposes on the host.
+//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers follows it
+//! ([`super::GpuMerge`]), the pulse selection on the GPU is still to come, and the MD step still
+//! redecomposes on the host.
 //! `tests/gpu_migrate.rs` checks it against [`migrate_reference`] and the host's own phase.
 //!
 //! | item | what it is |
