@@ -530,3 +530,25 @@ fn the_gpu_migration_wraps_and_assigns_like_the_host_and_compacts_in_order() {
         assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
     }
 }
+
+#[test]
+fn the_gpu_merge_places_by_binary_search_without_atomics() {
+    let b = entries(&ptx_text());
+    let k = abi::MIGRATE_MERGE;
+    // Places from two binary searches (a stayer's in the arrivals, an arrival's in the stayers),
+    // inlined in the entry (no calls): each a loop halving its range (`shr.u32`) on an unsigned
+    // comparison of ids, branch-free inside. No atomics decide a place or set a flag (plain stores
+    // of 1), no barriers, nothing in shared or local memory.
+    assert_lowers(&b, k, &["shr.u32", "setp.lt.u32", "selp.b32", "st.global.b32", "ld.global.b32"]);
+    assert_eq!(b[k].matches("shr.u32").count(), 2, "{k}: one binary search per kind of thread");
+    assert_absent(&b, k, &["atom.", "red.", "bar.sync", ".local", ".shared"]);
+    assert!(!b[k].lines().any(|l| l.trim_start().starts_with("call")), "{k}: a search is called, not inlined");
+    // The order checks: neighbours compared (`<=`), an arrival's found stayer compared (`!=`), the
+    // three flags stored as constants.
+    assert_lowers(&b, k, &["setp.le.u32", "setp.ne.b32"]);
+    assert_eq!(b[k].lines().filter(|l| l.contains("st.global.b32") && l.trim_end().ends_with(", 1;")).count(), 3, "{k}: three flags");
+    // The ABI (16): `(stay_ids, stay_x, stay_v, n_stay, arrivals, n_arrivals, ids_out, x_out, v_out, info)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 10, "{k}'s parameters");
+    let (regs, frame) = *ptxas_resources().get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+    assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
+}

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 15;
+pub const ABI_VERSION: u32 = 16;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -75,6 +75,7 @@ kernel_entries! {
         "migrate_count",
         "migrate_scan",
         "migrate_scatter",
+        "migrate_merge",
     ],
 }
 
@@ -521,6 +522,35 @@ pub const fn migrate_blocks(n: u32) -> u32 {
     if b == 0 { 1 } else { b }
 }
 
+/// `migrate_merge(stay_ids, stay_x, stay_v, n_stay, arrivals, n_arrivals, ids_out, x_out, v_out, info)`:
+/// the second step of the home atoms' migration on the GPU (`kernels/migrate_merge.rs`; host:
+/// `halo::decomp::GpuMerge`): a rank's stayers (ids ascending, wrapped positions, velocities, as
+/// [`MIGRATE_SCATTER`] leaves them from an input in id order) and its arrivals ([`MigrateLeaver`]s
+/// sorted by id; `owner` unread) merged into its new home atoms in id order, the host's
+/// `Working::new`. One thread per output atom, blocks of [`MIGRATE_MERGE_THREADS`], no shared
+/// memory, `grid.x = `[`migrate_merge_blocks`]`(n_stay + n_arrivals)`: stayer `i` goes to `i` plus
+/// the arrivals of smaller id, arrival `j` to `j` plus the stayers of smaller id (binary searches;
+/// no atomics). Order violations set `info` words to 1 (the host zeroes them first):
+/// [`MIGRATE_MERGE_INFO_STAYERS`], [`MIGRATE_MERGE_INFO_ARRIVALS`], [`MIGRATE_MERGE_INFO_REPEATED`];
+/// the outputs are then unspecified (every write stays inside `0..n_stay + n_arrivals`).
+pub const MIGRATE_MERGE: &str = "migrate_merge";
+/// Threads per block of [`MIGRATE_MERGE`] (whole warps).
+pub const MIGRATE_MERGE_THREADS: u32 = 256;
+/// `info` word of the merge: 1 when two neighbouring stayers' ids do not ascend strictly.
+pub const MIGRATE_MERGE_INFO_STAYERS: usize = 0;
+/// `info` word of the merge: 1 when two neighbouring arrivals' ids do not ascend strictly.
+pub const MIGRATE_MERGE_INFO_ARRIVALS: usize = 1;
+/// `info` word of the merge: 1 when an arrival's id is also a stayer's.
+pub const MIGRATE_MERGE_INFO_REPEATED: usize = 2;
+/// `info` words of the merge (padded to 16 bytes).
+pub const MIGRATE_MERGE_INFO_WORDS: usize = 4;
+
+/// Blocks of [`MIGRATE_MERGE`] for `n` merged atoms (at least one).
+pub const fn migrate_merge_blocks(n: u32) -> u32 {
+    let b = n.div_ceil(MIGRATE_MERGE_THREADS);
+    if b == 0 { 1 } else { b }
+}
+
 /// The geometry the migration kernels read (one small device buffer, uploaded once per
 /// decomposition and rank): the box, this rank, and per dimension the rank stride and the cell
 /// thresholds (`Decomposition::cell_threshold(d, 1..n)`; none along a dimension of one rank).
@@ -540,7 +570,8 @@ pub struct MigrateGeometry {
     pub edges: [[f32; MIGRATE_MAX_EDGES]; 3],
 }
 
-/// One atom leaving this rank, as [`MIGRATE_SCATTER`] writes it: 32 bytes.
+/// One atom leaving this rank, as [`MIGRATE_SCATTER`] writes it, and one arriving at its new
+/// owner, as [`MIGRATE_MERGE`] reads it (`owner` unread there): 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -1096,5 +1127,7 @@ const _: () = {
     assert!(MIGRATE_THREADS.is_multiple_of(32) && MIGRATE_THREADS <= 1024);
     assert!(MIGRATE_SCAN_THREADS.is_power_of_two() && MIGRATE_SCAN_THREADS <= 1024 && MIGRATE_SCAN_SHARED_BYTES <= 48 * 1024);
     assert!(size_of::<MigrateLeaver>() == 32 && align_of::<MigrateLeaver>() == 4);
+    assert!(MIGRATE_MERGE_THREADS.is_multiple_of(32) && MIGRATE_MERGE_THREADS <= 1024);
+    assert!(MIGRATE_MERGE_INFO_REPEATED < MIGRATE_MERGE_INFO_WORDS && MIGRATE_MERGE_INFO_WORDS.is_multiple_of(4));
     assert!(size_of::<MigrateGeometry>() == 40 + 12 * MIGRATE_MAX_EDGES && offset_of!(MigrateGeometry, edges) == 40);
 };

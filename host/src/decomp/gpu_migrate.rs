@@ -7,8 +7,9 @@
 //! device buffer of which only the used part is read back, with the counts.
 //!
 //! This is the first building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost").
-//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers and the pulse
-//! selection on the GPU are still to come, and the MD step still redecomposes on the host.
+//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers follows it
+//! ([`super::GpuMerge`]), the pulse selection on the GPU is still to come, and the MD step still
+//! redecomposes on the host.
 //! `tests/gpu_migrate.rs` checks it against [`migrate_reference`] and the host's own phase.
 //!
 //! | item | what it is |
@@ -22,7 +23,7 @@ use super::grid::{DIM_NAMES, Decomposition, wrap_position};
 use super::plan::CellEdges;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, grown_capacity};
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::CudaContext;
 use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES, MigrateGeometry, MigrateLeaver};
 use std::sync::Arc;
 
@@ -250,28 +251,14 @@ impl GpuMigrate {
 
     /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
     fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>) -> Result<Migrated> {
-        let info: Vec<u32> = read_prefix(&self.info, abi::MIGRATE_INFO_WORDS, 0, stream)?;
+        let info: Vec<u32> = self.info.read_range(0, abi::MIGRATE_INFO_WORDS, stream)?;
         let bad = info[abi::MIGRATE_INFO_BAD_ATOM];
         if bad != u32::MAX {
-            let p: Vec<Float3> = read_prefix(a.x, 1, bad as usize, stream)?;
-            let id: Vec<u32> = read_prefix(a.ids, 1, bad as usize, stream)?;
+            let p: Vec<Float3> = a.x.read_range(bad as usize, 1, stream)?;
+            let id: Vec<u32> = a.ids.read_range(bad as usize, 1, stream)?;
             return Err(PlanError::NonFinitePosition { atom: id[0] as usize, position: [p[0].x, p[0].y, p[0].z] }.into());
         }
         let leavers = info[abi::MIGRATE_INFO_LEAVERS] as usize;
-        Ok(Migrated { stayers: info[abi::MIGRATE_INFO_STAYERS] as usize, leavers: read_prefix(&self.leavers, leavers, 0, stream)? })
+        Ok(Migrated { stayers: info[abi::MIGRATE_INFO_STAYERS] as usize, leavers: self.leavers.read_range(0, leavers, stream)? })
     }
-}
-
-/// Elements `at..at + len` of `buf`, copied in `stream`'s order and waited for.
-fn read_prefix<T: bytemuck::Pod>(buf: &dyn DeviceMemory<T>, len: usize, at: usize, stream: &CudaStream) -> Result<Vec<T>> {
-    check_lengths(at + len, &[("read-back", buf.len())])?;
-    let mut out = vec![T::zeroed(); len];
-    if len > 0 {
-        stream.context().bind_to_thread().during("binding the context")?;
-        // SAFETY: the range is inside the buffer (checked); `out` has exactly its size and lives
-        // until the stream is synchronised below.
-        unsafe { result::memcpy_dtoh_async(&mut out, buf.device_ptr_at(at), stream.cu_stream()) }.during("reading the migration back")?;
-    }
-    stream.synchronize().during("waiting for the GPU migration")?;
-    Ok(out)
 }

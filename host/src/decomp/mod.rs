@@ -12,10 +12,14 @@
 //! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
 //! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
 //! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU (not yet in the MD step) |
+//! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] (not yet in the MD step) |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
 mod gpu_home;
+mod gpu_merge;
+#[cfg(test)]
+mod gpu_merge_tests;
 mod gpu_migrate;
 #[cfg(test)]
 mod gpu_migrate_tests;
@@ -29,6 +33,7 @@ mod validate;
 
 pub use error::PlanError;
 pub use gpu_home::{GpuHome, GpuRank};
+pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};

@@ -610,6 +610,25 @@ pub(super) fn sort_out_home(
     Ok((stayers, leavers))
 }
 
+/// The first two phases of a redecomposition on their own ([`Leaving::sort_out`], then
+/// [`Working::new`]), for the tests of the GPU merge: rank `rank`'s new home atoms (ids, wrapped
+/// positions, velocities) from its input `h` and its `arrivals` (id, wrapped position, velocity,
+/// any order), or the error in its input.
+#[cfg(test)]
+#[allow(clippy::type_complexity)]
+pub(super) fn merge_home(
+    geo: &Decomposition, rank: usize, h: &HomeAtoms, arrivals: Vec<(u32, Float3, Float3)>,
+) -> Result<(Vec<u32>, Vec<Float3>, Vec<Float3>), PlanError> {
+    let mut sc = RankScratch::default();
+    let l = Leaving::sort_out(&CellEdges::new(geo), rank, h, &mut sc);
+    if let Some(e) = l.error {
+        return Err(e);
+    }
+    let arrays = Arrays { ids: Vec::new(), wrapped: Vec::new(), velocities: Vec::new(), pulses: Vec::new() };
+    let w = Working::new(rank, h, &mut sc, arrivals, arrays, geo.box_size);
+    Ok((w.ids, w.wrapped, w.velocities))
+}
+
 /// Rank `rank`'s migration blob: its atom count and its leavers with their destinations, or the
 /// error in its input.
 fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, Moving)>), PlanError> {

@@ -53,6 +53,23 @@ pub trait DeviceMemory<T: Pod> {
         Ok(out)
     }
 
+    /// Elements `start..start + len`, copied back in `stream`'s order; waits for `stream` (all
+    /// work enqueued on it so far). For small read-backs of counts and flags.
+    fn read_range(&self, start: usize, len: usize, stream: &CudaStream) -> Result<Vec<T>> {
+        if start.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(HaloError::InvalidInput(format!("reading {start}..{} of a buffer of {}", start.saturating_add(len), self.len())));
+        }
+        let mut out = vec![T::zeroed(); len];
+        if len > 0 {
+            stream.context().bind_to_thread().during("binding the context")?;
+            // SAFETY: the range is inside the allocation (checked above); `out` has exactly its
+            // size and lives until the stream is synchronised below.
+            unsafe { result::memcpy_dtoh_async(&mut out, self.device_ptr_at(start), stream.cu_stream()) }.during("copying from the GPU")?;
+        }
+        stream.synchronize().during("waiting for a read-back from the GPU")?;
+        Ok(out)
+    }
+
     /// Sets every byte to `byte`, synchronously (0xFF poisons floats to NaN, `u64`s to `u64::MAX`).
     fn fill_bytes(&self, byte: u8) -> Result<()> {
         if self.is_empty() {

@@ -29,6 +29,7 @@ mod fused_forces;
 mod ll;
 mod md;
 mod migrate;
+mod migrate_merge;
 mod nbnxm;
 mod nbnxm_grid;
 mod nbnxm_layout;
