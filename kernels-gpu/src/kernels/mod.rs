@@ -38,6 +38,7 @@ mod pack;
 mod probe;
 mod pulse;
 mod scan;
+mod select;
 mod stencil;
 mod timeline;
 
