@@ -106,10 +106,11 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
         let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
         let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
         let mut scratch = RedecomposeScratch::default();
-        let (mut positions, mut velocities) = (sys.positions.clone(), sys.velocities.clone());
+        let mut positions = sys.positions.clone();
         let mut plan = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
         for search in 0..3u64 {
-            (positions, velocities) = moved(&positions, sys.box_size, search + 10 * dims.iter().sum::<usize>() as u64);
+            let (moved_to, velocities) = moved(&positions, sys.box_size, search + 10 * dims.iter().sum::<usize>() as u64);
+            positions = moved_to;
             let homes = homes_of(&plan, &positions, &velocities);
             let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
             let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();

@@ -36,6 +36,7 @@ const GPU_TESTS: &[&str] = &[
     "gpu_migrate",
     "gpu_merge",
     "gpu_redecompose",
+    "gpu_select",
     "stencil3d_gpu",
     "gpu_pes",
     "gpu_multiprocess",

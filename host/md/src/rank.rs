@@ -318,10 +318,10 @@ impl MdRank {
         if ids.len() != self.home {
             return Err(HaloError::InvalidInput(format!("rank {rank}: {} home ids for {} home atoms on its GPU", ids.len(), self.home)));
         }
-        let g = match &mut self.gpu_home {
-            Some(g) if g.rank() == rank => g,
-            slot => slot.insert(GpuHome::new(self.module.context(), rank)?),
-        };
+        if self.gpu_home.as_ref().is_none_or(|g| g.rank() != rank) {
+            self.gpu_home = Some(GpuHome::new(self.module.context(), rank)?);
+        }
+        let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
         Ok(g.with(&self.module, &self.local, x, &self.v, ids))
     }
 

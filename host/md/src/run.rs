@@ -999,7 +999,7 @@ impl MdRun {
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = {
             let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
-            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
@@ -1029,7 +1029,7 @@ impl MdRun {
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = {
             let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
-            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather)?;
+            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather)?
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();

@@ -471,7 +471,7 @@ mod tests {
                 };
                 let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process).unwrap();
                 // `sys` keeps its old positions and velocities: the redecomposed path must not read them.
-                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
+                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on, false).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
                 let mut moved = MolecularSystem { positions, velocities, ..sys.clone() };
                 let want_plan = gathered.plan(&mut moved, grid, &setup).unwrap();
                 assert_eq!(plan, want_plan, "{dims:?}");
@@ -524,9 +524,9 @@ mod tests {
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
         let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()] };
-        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("for 2 ranks"), "{e}");
-        let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("local positions"), "{e}");
     }
 }

@@ -13,6 +13,7 @@
 //! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
 //! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU (not yet in the MD step) |
 //! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] (not yet in the MD step) |
+//! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU (not yet in the MD step) |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
@@ -23,6 +24,9 @@ mod gpu_merge_tests;
 mod gpu_migrate;
 #[cfg(test)]
 mod gpu_migrate_tests;
+mod gpu_select;
+#[cfg(test)]
+mod gpu_select_tests;
 mod grid;
 mod plan;
 mod redecompose;
@@ -35,6 +39,8 @@ pub use error::PlanError;
 pub use gpu_home::{GpuHome, GpuRank};
 pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
+pub(crate) use gpu_select::selection_edges;
+pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_reference, selected_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
 pub use redecompose::{

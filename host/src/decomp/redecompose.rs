@@ -421,7 +421,7 @@ fn plan_pulses(
         .enumerate()
         .map(|(r, plan)| match plan {
             Some(plan) => Ok(plan),
-            None => read_plan_with(&gathered[r], r, &geo, &layout, &mut scratch.spare),
+            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };

@@ -39,6 +39,7 @@ mod pack;
 mod probe;
 mod pulse;
 mod scan;
+mod select;
 mod stencil;
 mod timeline;
 
