@@ -18,7 +18,7 @@ use super::grid::{Decomposition, RankGrid};
 use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::{CudaContext, PinnedHostSlice};
 use kernels_gpu::abi::{Float3, MigrateLeaver};
 use std::sync::Arc;
 
@@ -55,6 +55,9 @@ pub struct GpuHome {
     new_ids: DeviceBuffer<u32>,
     new_x: DeviceBuffer<Float3>,
     new_v: DeviceBuffer<Float3>,
+    /// Page-locked room for what comes back after the merge, in one wait: the new home atoms'
+    /// ids and positions, the selection's counts and indices (`u32` words).
+    host: Option<PinnedHostSlice<u32>>,
     /// Stayers of the last migration.
     stayers: usize,
     /// New home atoms of the last merge.
@@ -79,6 +82,7 @@ impl GpuHome {
             new_ids: u()?,
             new_x: f3()?,
             new_v: f3()?,
+            host: None,
             stayers: 0,
             home: 0,
         })
@@ -139,24 +143,6 @@ fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: u
     Ok(())
 }
 
-/// Elements `..n` of `buf` appended to `out`, copied in `stream`'s order (not waited for).
-///
-/// # Safety
-/// `out` must not be touched until `stream` has been synchronised.
-unsafe fn enqueue_read<T: bytemuck::Pod>(buf: &dyn DeviceMemory<T>, n: usize, out: &mut Vec<T>, stream: &CudaStream) -> Result<()> {
-    if n > buf.len() {
-        return Err(HaloError::InvalidInput(format!("reading {n} home atoms back from an array of {}", buf.len())));
-    }
-    let at = out.len();
-    out.resize(at + n, T::zeroed());
-    if n > 0 {
-        // SAFETY: the range is inside the buffer (checked) and `out[at..]` has exactly its size;
-        // the caller keeps `out` untouched until the stream is synchronised.
-        unsafe { result::memcpy_dtoh_async(&mut out[at..], buf.device_ptr(), stream.cu_stream()) }.during("reading the new home atoms back")?;
-    }
-    Ok(())
-}
-
 impl HomeDevice for GpuRank<'_> {
     fn rank(&self) -> usize {
         self.home.rank
@@ -195,20 +181,36 @@ impl HomeDevice for GpuRank<'_> {
         let p = h.passes.as_mut().filter(|p| p.made == made).ok_or_else(|| {
             HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank))
         })?;
-        // Waits for the merge too (the same stream).
-        let selected = p.select.run(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
+        p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
+        // Everything that comes back, in one wait: ids, positions, the selection's counts and
+        // every slot's whole room of indices.
+        let (info_words, map_words) = p.select.read_back_words(n);
+        let need = 4 * n + info_words + map_words;
+        if h.host.as_ref().is_none_or(|m| m.len() < need) {
+            let cap = grown_capacity(0, need).unwrap_or(need);
+            // SAFETY: the contents are written by the copies below before they are read (after
+            // the stream's synchronisation).
+            h.host = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.during("allocating the GPU redecomposition's read-back")?);
+        }
+        let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
+        let words = &mut host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?[..need];
+        let (ids, rest) = words.split_at_mut(n);
+        let (x, rest) = rest.split_at_mut(3 * n);
+        let (info, maps) = rest.split_at_mut(info_words);
+        let x: &mut [Float3] = bytemuck::cast_slice_mut(x);
+        // SAFETY: the arrays are untouched until the synchronisation below.
+        let enqueued = unsafe {
+            h.new_ids.enqueue_read(0, ids, self.stream).and_then(|()| h.new_x.enqueue_read(0, x, self.stream)).and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
+        };
+        let waited = self.stream.synchronize().during("waiting for the GPU redecomposition");
+        enqueued.and(waited)?;
         h.merge.check()?;
         h.home = n;
         into.ids.clear();
+        into.ids.extend_from_slice(ids);
         into.wrapped.clear();
-        // SAFETY: `into`'s arrays are untouched until the synchronisation below.
-        let enqueued = unsafe { enqueue_read(&h.new_ids, n, &mut into.ids, self.stream).and_then(|()| enqueue_read(&h.new_x, n, &mut into.wrapped, self.stream)) };
-        let waited = self.stream.synchronize().during("waiting for the new home atoms' read-back");
-        enqueued.and(waited)?;
-        into.first_pulse.resize_with(selected.per_dim.len(), Vec::new);
-        for (map, s) in into.first_pulse.iter_mut().zip(selected.per_dim) {
-            *map = s.map;
-        }
+        into.wrapped.extend_from_slice(x);
+        p.select.maps_from(info, maps, n, &mut into.first_pulse)?;
         Ok(into)
     }
 }

@@ -177,6 +177,10 @@ fn shapes(n: u32) -> [LaunchShape; 3] {
     [per_atom, scan, per_atom]
 }
 
+/// Leavers read back with the counts, before their number is known (32 bytes each): a search's
+/// leavers are far fewer (hundreds at 45,000 atoms on two ranks); more take a second read.
+const LEAVERS_READ_AHEAD: usize = 2048;
+
 /// One rank's migration on the GPU: its geometry on the device and the passes' scratch (the
 /// blocks' counts, the counts and first bad atom, the leavers), kept and grown between calls.
 pub struct GpuMigrate {
@@ -216,7 +220,7 @@ impl GpuMigrate {
     /// unspecified).
     pub fn run(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
         self.enqueue(module, stream, a, n)?;
-        self.finish(stream, a)
+        self.finish(stream, a, n)
     }
 
     /// Enqueues the passes (see [`Self::run`]).
@@ -250,15 +254,30 @@ impl GpuMigrate {
     }
 
     /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
-    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>) -> Result<Migrated> {
-        let info: Vec<u32> = self.info.read_range(0, abi::MIGRATE_INFO_WORDS, stream)?;
+    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
+        // The counts and the first leavers in one wait: a search's leavers are a few hundred, so
+        // most migrations need no second round trip for them.
+        let mut info = [0u32; abi::MIGRATE_INFO_WORDS];
+        let mut first = vec![MigrateLeaver::default(); n.min(LEAVERS_READ_AHEAD)];
+        // SAFETY: `info` and `first` live until the wait, which follows whatever was enqueued.
+        let enqueued = unsafe { self.info.enqueue_read(0, &mut info, stream).and_then(|()| self.leavers.enqueue_read(0, &mut first, stream)) };
+        let waited = stream.synchronize().during("waiting for the GPU migration");
+        enqueued.and(waited)?;
         let bad = info[abi::MIGRATE_INFO_BAD_ATOM];
         if bad != u32::MAX {
             let p: Vec<Float3> = a.x.read_range(bad as usize, 1, stream)?;
             let id: Vec<u32> = a.ids.read_range(bad as usize, 1, stream)?;
             return Err(PlanError::NonFinitePosition { atom: id[0] as usize, position: [p[0].x, p[0].y, p[0].z] }.into());
         }
-        let leavers = info[abi::MIGRATE_INFO_LEAVERS] as usize;
-        Ok(Migrated { stayers: info[abi::MIGRATE_INFO_STAYERS] as usize, leavers: self.leavers.read_range(0, leavers, stream)? })
+        let (stayers, leavers) = (info[abi::MIGRATE_INFO_STAYERS] as usize, info[abi::MIGRATE_INFO_LEAVERS] as usize);
+        if stayers.checked_add(leavers) != Some(n) {
+            return Err(HaloError::InvalidInput(format!("GPU migration of {n} atoms: the kernels counted {stayers} stayers and {leavers} leavers")));
+        }
+        if leavers > first.len() {
+            let rest = self.leavers.read_range(first.len(), leavers - first.len(), stream)?;
+            first.extend_from_slice(&rest);
+        }
+        first.truncate(leavers);
+        Ok(Migrated { stayers, leavers: first })
     }
 }

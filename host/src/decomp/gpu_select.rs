@@ -31,7 +31,7 @@ use super::redecompose::Frame;
 use super::select::{Ranges, select_wrapped_into};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, grown_capacity};
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::CudaContext;
 use kernels_gpu::abi::{self, Float3, SELECT_SLOTS, SelectGeometry, SelectedAtom};
 use std::ops::Range;
 use std::sync::Arc;
@@ -248,8 +248,9 @@ impl GpuSelect {
         self.finish(stream, n)
     }
 
-    /// Enqueues the passes (see [`Self::run`]).
-    fn enqueue(
+    /// Enqueues the passes (see [`Self::run`]) without waiting: for a caller that reads the
+    /// selection back together with other arrays ([`Self::enqueue_read_maps`], one wait).
+    pub fn enqueue(
         &mut self, module: &KernelModule, stream: &CudaStream, x: &dyn DeviceMemory<Float3>, ids: &dyn DeviceMemory<u32>, n: usize,
     ) -> Result<()> {
         self.slots.clear();
@@ -302,49 +303,93 @@ impl GpuSelect {
         stream.context().bind_to_thread().during("binding the context")?;
         let mut info = [0u32; abi::SELECT_INFO_WORDS];
         // SAFETY: `info` lives until the wait, which follows whatever the enqueue gave.
-        let enqueued = unsafe { enqueue_read(&self.info, &mut info, stream) };
+        let enqueued = unsafe { self.info.enqueue_read(0, &mut info, stream) };
         let waited = stream.synchronize().during("waiting for the GPU selection");
         enqueued.and(waited)?;
-        let dims = self.geometry.n_dims as usize;
-        let counts: Vec<usize> = info[..dims].iter().map(|&c| c as usize).collect();
-        if let Some(c) = counts.iter().find(|&&c| c > n) {
-            return Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: the kernels counted {c} in one dimension")));
-        }
+        let counts = self.counts(&info, n)?;
         let total: usize = counts.iter().sum();
         let mut map = vec![0u32; total];
         let mut atoms = vec![SelectedAtom::default(); total];
         // SAFETY: `map` and `atoms` live until the wait, which follows whatever the enqueues gave.
-        let enqueued = unsafe { enqueue_read(&self.maps, &mut map, stream).and_then(|()| enqueue_read(&self.atoms, &mut atoms, stream)) };
+        let enqueued = unsafe { self.maps.enqueue_read(0, &mut map, stream).and_then(|()| self.atoms.enqueue_read(0, &mut atoms, stream)) };
         let waited = stream.synchronize().during("reading the GPU selection back");
         enqueued.and(waited)?;
-        let mut at = 0;
-        let mut per_dim = Vec::with_capacity(dims);
-        for (s, &c) in counts.iter().enumerate() {
-            let slot = at..at + c;
+        let mut per_dim = Vec::with_capacity(counts.len());
+        for (s, slot) in self.slots_of(&counts).into_iter().enumerate() {
             per_dim.push(SelectedDim {
                 dim: self.geometry.dims[s] as usize,
                 map: map[slot.clone()].to_vec(),
                 ids: atoms[slot.clone()].iter().map(|a| a.id).collect(),
-                positions: atoms[slot.clone()].iter().map(|a| a.x).collect(),
+                positions: atoms[slot].iter().map(|a| a.x).collect(),
             });
-            self.slots.push(slot);
-            at += c;
         }
         Ok(Selected { per_dim })
     }
+
+    /// Each slot's count from the counts' words `info` of a selection of `n` atoms; an error for
+    /// a count the kernels cannot have made (or never wrote: they are poisoned first).
+    fn counts(&self, info: &[u32], n: usize) -> Result<Vec<usize>> {
+        let dims = self.geometry.n_dims as usize;
+        let counts: Vec<usize> = info[..dims.min(info.len())].iter().map(|&c| c as usize).collect();
+        match counts.iter().find(|&&c| c > n) {
+            Some(c) => Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: the kernels counted {c} in one dimension"))),
+            None => Ok(counts),
+        }
+    }
+
+    /// Where each slot's indices sit for `counts` (one after another), recorded for
+    /// [`Self::slot_range`].
+    fn slots_of(&mut self, counts: &[usize]) -> Vec<Range<usize>> {
+        self.slots.clear();
+        let mut at = 0;
+        for &c in counts {
+            self.slots.push(at..at + c);
+            at += c;
+        }
+        self.slots.clone()
+    }
+
+    /// Words of the counts and of the indices that [`Self::enqueue_read_maps`] copies for `n`
+    /// atoms: every slot's whole room, so that nothing waits for the counts first.
+    pub fn read_back_words(&self, n: usize) -> (usize, usize) {
+        (abi::SELECT_INFO_WORDS, self.geometry.n_dims as usize * n)
+    }
+
+    /// Enqueues, after [`Self::enqueue`] of `n` atoms on `stream`, the copies of the counts into
+    /// `info` and of the indices' whole room into `maps` (the sizes of
+    /// [`Self::read_back_words`]); once the stream is synchronised, [`Self::maps_from`] splits
+    /// them. Errors (nothing enqueued): arrays of other sizes.
+    ///
+    /// # Safety
+    /// `info` and `maps` must stay alive and untouched until `stream` has been synchronised.
+    pub unsafe fn enqueue_read_maps(&self, n: usize, info: &mut [u32], maps: &mut [u32], stream: &CudaStream) -> Result<()> {
+        if (info.len(), maps.len()) != self.read_back_words(n) {
+            return Err(HaloError::InvalidInput(format!(
+                "GPU selection of {n} atoms: read-back arrays of {} and {} words for {:?}",
+                info.len(),
+                maps.len(),
+                self.read_back_words(n)
+            )));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.info.enqueue_read(0, info, stream).and_then(|()| self.maps.enqueue_read(0, maps, stream)) }
+    }
+
+    /// The selected home indices of each decomposed dimension (in order) from what
+    /// [`Self::enqueue_read_maps`] copied for `n` atoms, into `out` (one array per dimension,
+    /// their allocations reused).
+    pub fn maps_from(&mut self, info: &[u32], maps: &[u32], n: usize, out: &mut Vec<Vec<u32>>) -> Result<()> {
+        let counts = self.counts(info, n)?;
+        let slots = self.slots_of(&counts);
+        if slots.last().is_some_and(|s| s.end > maps.len()) {
+            return Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: {} indices read back for counts {counts:?}", maps.len())));
+        }
+        out.resize_with(slots.len(), Vec::new);
+        for (o, slot) in out.iter_mut().zip(slots) {
+            o.clear();
+            o.extend_from_slice(&maps[slot]);
+        }
+        Ok(())
+    }
 }
 
-/// Enqueues the copy of `buf`'s first `out.len()` elements into `out` in `stream`'s order (the
-/// stream's context bound by the caller). An error when `buf` is shorter.
-///
-/// # Safety
-/// `out` must stay alive and untouched until `stream` has been synchronised.
-unsafe fn enqueue_read<T: bytemuck::Pod>(buf: &dyn DeviceMemory<T>, out: &mut [T], stream: &CudaStream) -> Result<()> {
-    check_lengths(out.len(), &[("read-back", buf.len())])?;
-    if out.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: the range is inside the buffer (checked); `out` has exactly its size and outlives
-    // the copy (the caller's contract).
-    unsafe { result::memcpy_dtoh_async(out, buf.device_ptr(), stream.cu_stream()) }.during("reading the selection back")
-}
