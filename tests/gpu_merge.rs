@@ -10,7 +10,7 @@
 //! Then the chain: `GpuMigrate` on every rank of 2x2x1, 2x2x2 and 3x1x1 grids, the leavers routed
 //! to their owners rank by rank as the host's migration collective delivers them, `GpuMerge` on
 //! every rank, against `decomp::redecompose` (its home ids and velocities, and its local positions'
-//! home part). Not yet part of the MD step.
+//! home part). The MD step runs it inside `decomp::GpuHome` (`tests/gpu_redecompose.rs`).
 
 use halo::HaloError;
 use halo::abi::{Float3, MigrateLeaver};

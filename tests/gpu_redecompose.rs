@@ -76,7 +76,10 @@ struct RankArrays {
 impl RankArrays {
     fn new(g: &Gpu, h: &HomeAtoms) -> Self {
         let pad = |a: &[Float3]| a.iter().copied().chain(std::iter::repeat_n(Float3::new(f32::NAN, f32::NAN, f32::NAN), 29)).collect::<Vec<_>>();
-        let a = Self { x: DeviceBuffer::from_host(&g.ctx, &pad(&h.positions)).unwrap(), v: DeviceBuffer::from_host(&g.ctx, &pad(&h.velocities)).unwrap() };
+        let a = Self {
+            x: DeviceBuffer::from_host(&g.ctx, &pad(&h.positions)).unwrap(),
+            v: DeviceBuffer::from_host(&g.ctx, &pad(&h.velocities)).unwrap(),
+        };
         g.ctx.synchronize().unwrap();
         a
     }
@@ -152,10 +155,21 @@ fn a_non_finite_position_fails_the_gpu_redecomposition_as_it_fails_the_hosts() {
     let ranks: Vec<usize> = (0..4).collect();
     let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
     let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
-    let mut devices: Vec<_> = homes_gpu.iter_mut().zip(&arrays).zip(&homes).map(|((d, a), h)| d.with(&g.module, &stream, &a.x, &a.v, &h.ids)).collect();
+    let mut devices: Vec<_> =
+        homes_gpu.iter_mut().zip(&arrays).zip(&homes).map(|((d, a), h)| d.with(&g.module, &stream, &a.x, &a.v, &h.ids)).collect();
     let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
-    let e = redecompose_on_devices(grid, sys.box_size, 1.0, sys.positions.len(), &ranks, &mut dyns, &mut identity, &Workers::serial(), &mut RedecomposeScratch::default())
-        .map(|_| ())
-        .unwrap_err();
+    let e = redecompose_on_devices(
+        grid,
+        sys.box_size,
+        1.0,
+        sys.positions.len(),
+        &ranks,
+        &mut dyns,
+        &mut identity,
+        &Workers::serial(),
+        &mut RedecomposeScratch::default(),
+    )
+    .map(|_| ())
+    .unwrap_err();
     assert!(matches!(e, HaloError::Plan(PlanError::NonFinitePosition { atom: a, .. }) if a == atom), "{e}");
 }

@@ -7,7 +7,8 @@
 //! scan-run boundaries), atoms anywhere in the box, in the rank's cell, near its faces, and with
 //! coordinates exactly where the host's test changes and one float either side
 //! (`testing::selection_atoms`), after poisoning the selection's outputs; one `GpuSelect` per rank
-//! reused from larger runs to smaller ones. Not yet part of the MD step.
+//! reused from larger runs to smaller ones. The MD step runs it inside `decomp::GpuHome`
+//! (`tests/gpu_redecompose.rs`).
 
 use halo::abi::Float3;
 use halo::decomp::{Decomposition, GpuSelect, RankGrid, Selected, select_reference};

@@ -15,7 +15,7 @@ use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, HomeDevice, RankGrid, Redecomposed};
+use crate::decomp::{GpuRank, HaloPlan, HomeDevice, MergedHome, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, ReplanFence, Routing, Transport, reference};
@@ -91,9 +91,9 @@ pub struct MdConfig {
     /// With `gpu_search`: the cluster grid sorted on the GPU too, and no process sees the whole
     /// system after the first search. A single rank searches entirely on the GPU (coordinates
     /// wrapped in place, cluster grid and lists there; nothing crosses to the host, the atoms keep
-    /// their order). Several ranks plan from their own atoms: each process reads its ranks' home
-    /// atoms back and `decomp::redecompose` moves the leavers and builds the pulses with small
-    /// all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
+    /// their order). Several ranks plan from their own atoms: `decomp::redecompose` (or, with
+    /// `gpu_redecompose`, its per-atom passes on the GPUs) moves the leavers and builds the pulses
+    /// with small all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
     /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
     /// With `resident_search` and several ranks: each rank's home atoms are wrapped, moved to
@@ -326,6 +326,35 @@ impl MdOutcome {
     pub fn search_share(&self) -> f64 {
         let w = self.wall.as_secs_f64();
         if w > 0.0 { self.search.total.as_secs_f64() / w } else { 0.0 }
+    }
+}
+
+/// A rank's GPU in a redecomposition, the time of its per-atom passes added to `spent`.
+struct Timed<'a, 'b> {
+    inner: &'a mut GpuRank<'b>,
+    spent: &'a std::cell::Cell<Duration>,
+}
+
+impl Timed<'_, '_> {
+    fn time<T>(&mut self, f: impl FnOnce(&mut GpuRank<'_>) -> T) -> T {
+        let t = Instant::now();
+        let out = f(self.inner);
+        self.spent.set(self.spent.get() + t.elapsed());
+        out
+    }
+}
+
+impl HomeDevice for Timed<'_, '_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn migrate(&mut self, geo: &crate::decomp::Decomposition) -> Result<(usize, Vec<crate::abi::MigrateLeaver>)> {
+        self.time(|d| d.migrate(geo))
+    }
+
+    fn merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
+        self.time(|d| d.merge_and_select(geo, arrivals, into))
     }
 }
 
@@ -1022,7 +1051,9 @@ impl MdRun {
             let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
             devices.push(m.home_device(r.rank(), &r.x, ids)?);
         }
-        let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+        let spent = std::cell::Cell::new(Duration::ZERO);
+        let mut timed: Vec<Timed<'_, '_>> = devices.iter_mut().map(|d| Timed { inner: d, spent: &spent }).collect();
+        let mut dyns: Vec<&mut dyn HomeDevice> = timed.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
         t.gather = start.elapsed();
         let t1 = Instant::now();
         let mut gathers = Duration::ZERO;
@@ -1033,6 +1064,7 @@ impl MdRun {
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
+        t.plan_device = spent.get();
         self.out.redecompositions += 1;
         Ok(done)
     }

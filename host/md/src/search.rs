@@ -109,6 +109,9 @@ pub struct SearchTimes {
     /// Of `plan`, when planned from the ranks' own atoms: the time inside the all-gathers between
     /// processes (their waits for the slowest process included).
     pub plan_gathers: Duration,
+    /// Of `plan`, when the per-atom passes ran on the GPUs: the time in them (enqueues, the
+    /// waits for the GPUs and the read-backs; every local rank's).
+    pub plan_device: Duration,
 }
 
 impl SearchTimes {
@@ -124,6 +127,7 @@ impl SearchTimes {
         self.pairs += o.pairs;
         self.upload += o.upload;
         self.plan_gathers += o.plan_gathers;
+        self.plan_device += o.plan_device;
     }
 }
 

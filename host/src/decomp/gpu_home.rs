@@ -108,7 +108,8 @@ impl GpuHome {
     /// and velocities `v` (device, at least `ids.len()` each), their global ids `ids` (the last
     /// plan's home ids, host), and the module and stream of its GPU to run on.
     pub fn with<'a>(
-        &'a mut self, module: &'a KernelModule, stream: &'a CudaStream, x: &'a dyn DeviceMemory<Float3>, v: &'a dyn DeviceMemory<Float3>, ids: &'a [u32],
+        &'a mut self, module: &'a KernelModule, stream: &'a CudaStream, x: &'a dyn DeviceMemory<Float3>, v: &'a dyn DeviceMemory<Float3>,
+        ids: &'a [u32],
     ) -> GpuRank<'a> {
         GpuRank { home: self, module, stream, x, v, ids }
     }
@@ -178,9 +179,11 @@ impl HomeDevice for GpuRank<'_> {
         let a = MergeArrays { ids: &h.stay_ids, x: &h.stay_x, v: &h.stay_v, ids_out: &h.new_ids, x_out: &h.new_x, v_out: &h.new_v };
         let n = h.merge.enqueue(self.module, self.stream, &a, h.stayers, &arrivals)?;
         let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
-        let p = h.passes.as_mut().filter(|p| p.made == made).ok_or_else(|| {
-            HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank))
-        })?;
+        let p = h
+            .passes
+            .as_mut()
+            .filter(|p| p.made == made)
+            .ok_or_else(|| HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank)))?;
         p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
         // Everything that comes back, in one wait: ids, positions, the selection's counts and
         // every slot's whole room of indices.
@@ -200,7 +203,10 @@ impl HomeDevice for GpuRank<'_> {
         let x: &mut [Float3] = bytemuck::cast_slice_mut(x);
         // SAFETY: the arrays are untouched until the synchronisation below.
         let enqueued = unsafe {
-            h.new_ids.enqueue_read(0, ids, self.stream).and_then(|()| h.new_x.enqueue_read(0, x, self.stream)).and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
+            h.new_ids
+                .enqueue_read(0, ids, self.stream)
+                .and_then(|()| h.new_x.enqueue_read(0, x, self.stream))
+                .and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
         };
         let waited = self.stream.synchronize().during("waiting for the GPU redecomposition");
         enqueued.and(waited)?;

@@ -13,9 +13,8 @@
 //! ([`PlanError::GpuMergeOrder`]: the caller then redecomposes on the host, [`super::redecompose`],
 //! which takes any order). An input that did not come from the last plan (rare) fails so.
 //!
-//! This is the second building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost").
-//! It is **not wired into the MD step yet**: the pulse selection on the GPU is still to come, and
-//! the MD step still redecomposes on the host. `tests/gpu_merge.rs` checks it against
+//! This is the second block of the GPU redecomposition (docs/nbnxm.md, "Search step cost"), which
+//! [`super::GpuHome`] runs for the MD step. `tests/gpu_merge.rs` checks it against
 //! [`merge_reference`] (tied to the host's `Working::new` by the unit tests) and, chained after
 //! [`super::GpuMigrate`] on every rank of a grid, against [`super::redecompose`]'s home atoms.
 //!

@@ -6,10 +6,9 @@
 //! in input order, to device arrays that stay on the device, and the leavers, in input order, to a
 //! device buffer of which only the used part is read back, with the counts.
 //!
-//! This is the first building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost").
-//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers follows it
-//! ([`super::GpuMerge`]), the pulse selection on the GPU is still to come, and the MD step still
-//! redecomposes on the host.
+//! This is the first block of the GPU redecomposition (docs/nbnxm.md, "Search step cost"), which
+//! [`super::GpuHome`] runs for the MD step: the merge of arrivals into the stayers follows it
+//! ([`super::GpuMerge`]), then the first pulses' selection ([`super::GpuSelect`]).
 //! `tests/gpu_migrate.rs` checks it against [`migrate_reference`] and the host's own phase.
 //!
 //! | item | what it is |

@@ -13,8 +13,8 @@
 //! dimension's first map is known before any pulse: all of them in one pass over the home atoms.
 //! The host keeps selecting the received atoms (few), and later pulses.
 //!
-//! This is a building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost"). It is
-//! **not wired into the MD step yet**. `tests/gpu_select.rs` checks it against
+//! This is the third block of the GPU redecomposition (docs/nbnxm.md, "Search step cost"), which
+//! [`super::GpuHome`] runs for the MD step. `tests/gpu_select.rs` checks it against
 //! [`select_reference`], which the unit tests tie to the maps of [`super::redecompose`].
 //!
 //! | item | what it is |
@@ -392,4 +392,3 @@ impl GpuSelect {
         Ok(())
     }
 }
-

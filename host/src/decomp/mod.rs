@@ -11,9 +11,11 @@
 //! | [`Decomposition`] | cell geometry and pulses per dimension for a box and cutoff |
 //! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
 //! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
-//! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU (not yet in the MD step) |
-//! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] (not yet in the MD step) |
-//! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU (not yet in the MD step) |
+//! | [`redecompose_on_devices`] | the same plan with each rank's per-atom passes where its home atoms are ([`HomeDevice`]) |
+//! | [`GpuHome`] | a rank's home atoms redecomposed on its GPU: the three blocks below, one wait after each collective |
+//! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU |
+//! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] |
+//! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;

@@ -1,7 +1,7 @@
 //! The home atoms' migration on the GPU, first building block of a GPU redecomposition
 //! (docs/nbnxm.md, "Search step cost"): the host's `Leaving::sort_out`
-//! (`host/src/decomp/redecompose.rs`) for one rank's home atoms, as device passes. Not yet part of
-//! the MD step: `halo::decomp::GpuMigrate` drives it, `tests/gpu_migrate.rs` checks it against the
+//! (`host/src/decomp/redecompose.rs`) for one rank's home atoms, as device passes.
+//! `halo::decomp::GpuMigrate` drives it (for the MD step, inside `halo::decomp::GpuHome`), `tests/gpu_migrate.rs` checks it against the
 //! host bit for bit.
 //!
 //! Each atom's position is wrapped into the box ([`super::nbnxm_grid::wrap`], the host's

@@ -2,7 +2,7 @@
 //! redecomposition (docs/nbnxm.md, "Search step cost"): the host's `Working::new`
 //! (`host/src/decomp/redecompose.rs`), which builds the new home atoms in global-id order from the
 //! stayers (in id order when the input came from the last plan) and the arrivals (sorted by id).
-//! Not yet part of the MD step: `halo::decomp::GpuMerge` drives it, `tests/gpu_merge.rs` checks it
+//! `halo::decomp::GpuMerge` drives it (for the MD step, inside `halo::decomp::GpuHome`), `tests/gpu_merge.rs` checks it
 //! against the host bit for bit.
 //!
 //! `migrate_merge`, one thread per output atom, one pass: the first `n_stay` threads take a

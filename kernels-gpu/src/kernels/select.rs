@@ -1,8 +1,8 @@
 //! The home atoms' first-pulse selection on the GPU, a building block of a GPU redecomposition
 //! (docs/nbnxm.md, "Search step cost"): for each decomposed dimension, which of a rank's home
 //! atoms pulse 0 along it sends, as the host's `select_for_pulse_into`
-//! (`host/src/decomp/plan.rs`) decides for atoms that crossed nothing. Not yet part of the MD
-//! step: `halo::decomp::GpuSelect` drives it, `tests/gpu_select.rs` checks it against the host
+//! (`host/src/decomp/plan.rs`) decides for atoms that crossed nothing.
+//! `halo::decomp::GpuSelect` drives it (for the MD step, inside `halo::decomp::GpuHome`), `tests/gpu_select.rs` checks it against the host
 //! bit for bit.
 //!
 //! The test is the host's `sent` over `excess2`, operation for operation in `f64`: per decomposed

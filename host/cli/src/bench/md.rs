@@ -90,6 +90,9 @@ pub struct MdBenchRow {
     /// Of the plan, when planned from the ranks' own atoms: the time inside the all-gathers between
     /// processes (ms, mean).
     pub plan_gathers_ms: Option<f64>,
+    /// Of the plan, when its per-atom passes ran on the GPUs: the time in them (ms, mean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_device_ms: Option<f64>,
     /// Where the cluster-pair lists were searched: `gpu` (the grid sorted on the host),
     /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank),
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
@@ -162,6 +165,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_ms: None,
         search_parts_ms: None,
         plan_gathers_ms: None,
+        plan_device_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         redecompose: None,
         graph: cfg.graph,
@@ -247,6 +251,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         ms(after.upload - before.upload) / n,
     ]);
     row.plan_gathers_ms = (row.list_search == "gpu-redecomposed").then(|| ms(after.plan_gathers - before.plan_gathers) / n);
+    row.plan_device_ms = (row.redecompose.as_deref() == Some("gpu")).then(|| ms(after.plan_device - before.plan_device) / n);
     row.home_atoms = lists.home_atoms;
     row.local_atoms = lists.local_atoms;
     Ok(())
@@ -331,12 +336,12 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             } else if r.list_search == "gpu-redecomposed" {
                 let on_gpus = r.redecompose.as_deref() == Some("gpu");
                 format!(
-                    "  {} atoms, {}: {} {g:.2}, plan from the ranks{} {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    "  {} atoms, {}: {} {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}{}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
                     r.atoms,
                     variant(r),
                     if on_gpus { "inputs set up" } else { "home atoms read back" },
-                    if on_gpus { " (per-atom passes on the GPUs)" } else { "" },
-                    r.plan_gathers_ms.unwrap_or(0.0)
+                    r.plan_gathers_ms.unwrap_or(0.0),
+                    r.plan_device_ms.map(|d| format!(", passes on the GPUs {d:.2}")).unwrap_or_default()
                 )
             } else {
                 format!(
@@ -381,6 +386,7 @@ mod tests {
             search_ms: Some(0.6),
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
             plan_gathers_ms: None,
+            plan_device_ms: None,
             list_search: "gpu".into(),
             redecompose: None,
             graph: false,
