@@ -96,17 +96,65 @@ pub struct MdConfig {
     /// with small all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
     /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
-    /// With `resident_search` and several ranks: each rank's home atoms are wrapped, moved to
-    /// their new owners, merged and their first pulses selected on its GPU
-    /// (`decomp::redecompose_on_devices` over `decomp::GpuHome`): only the leavers, the
-    /// selections and the new home atoms' ids and positions cross to the host, the velocities
-    /// stay on the GPU. The same plan as the host's redecomposition (false), which reads every
-    /// home atom's position and velocity back and does those passes on the host.
-    pub gpu_redecompose: bool,
+    /// With `resident_search` and several ranks, where the redecomposition's per-atom passes run
+    /// ([`Redecompose`]); every choice gives the same plan.
+    pub redecompose: Redecompose,
     /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
     pub graph: bool,
+}
+
+/// Where a redecomposition's per-atom passes run (wrap, owners, the merge of stayers and
+/// arrivals, the first pulses' selection of the home atoms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Redecompose {
+    /// On the GPUs from [`GPU_REDECOMPOSE_MIN_HOME`] home atoms per rank on average, else on the
+    /// host: the faster of the two at both sizes measured.
+    #[default]
+    Auto,
+    /// On each rank's GPU (`decomp::redecompose_on_devices` over `decomp::GpuHome`): only the
+    /// leavers, the selections and the new home atoms' ids and positions cross to the host; the
+    /// velocities stay on the GPU.
+    Gpu,
+    /// On the host (`decomp::redecompose`): every home atom's position and velocity read back.
+    Host,
+}
+
+/// Home atoms per rank from which [`Redecompose::Auto`] runs the passes on the GPUs. Two PEs
+/// sharing one H200 (docs/benchmarks.md, runs 76–77): with 22,500 home atoms a rank the GPUs'
+/// passes saved 0.1–0.3 ms of a search, with 3,000 they cost 0.05–0.15 ms more (two waits for
+/// the GPU against the host's passes over few atoms); between the two it was not measured.
+pub const GPU_REDECOMPOSE_MIN_HOME: usize = 10_000;
+
+impl Redecompose {
+    /// Whether `atoms` atoms on `ranks` ranks redecompose on the GPUs.
+    pub fn on_gpus(self, atoms: usize, ranks: usize) -> bool {
+        match self {
+            Self::Gpu => true,
+            Self::Host => false,
+            Self::Auto => atoms / ranks.max(1) >= GPU_REDECOMPOSE_MIN_HOME,
+        }
+    }
+
+    /// The choice named `auto`, `gpu` or `host`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "gpu" => Ok(Self::Gpu),
+            "host" => Ok(Self::Host),
+            other => Err(HaloError::InvalidInput(format!("redecompose on `{other}`: choose auto, gpu or host"))),
+        }
+    }
+
+    /// The name [`Self::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Gpu => "gpu",
+            Self::Host => "host",
+        }
+    }
 }
 
 impl MdConfig {
@@ -135,7 +183,7 @@ impl MdConfig {
             search_threads: 0,
             gpu_search: true,
             resident_search: true,
-            gpu_redecompose: true,
+            redecompose: Redecompose::Auto,
             graph: false,
         }
     }
@@ -820,7 +868,7 @@ impl MdRun {
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
         let (plan, found) = if path == SearchPath::Redecomposed {
-            let on_gpus = self.cfg.gpu_redecompose;
+            let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
             let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
             let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus)?;
@@ -1037,7 +1085,7 @@ impl MdRun {
     }
 
     /// [`Self::redecompose`] with the per-atom passes on the ranks' GPUs
-    /// ([`MdConfig::gpu_redecompose`]): each rank's home coordinates are read on its GPU (the
+    /// ([`MdConfig::redecompose`]): each rank's home coordinates are read on its GPU (the
     /// exchange's `x`) with its velocities and the last plan's home ids; the leavers, the first
     /// pulses' selections and the new home atoms' ids and positions come back; the velocities
     /// stay there for the rank's update. The same plan and the same collectives as the host's.
@@ -1344,6 +1392,19 @@ fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redecompose_auto_uses_the_gpus_from_ten_thousand_home_atoms_a_rank() {
+        assert!(Redecompose::Auto.on_gpus(45_000, 2), "22,500 a rank: measured faster on the GPUs");
+        assert!(!Redecompose::Auto.on_gpus(6000, 2), "3,000 a rank: measured faster on the host");
+        assert!(!Redecompose::Auto.on_gpus(45_000, 8) && Redecompose::Auto.on_gpus(180_000, 8));
+        assert!(Redecompose::Gpu.on_gpus(6000, 2) && !Redecompose::Host.on_gpus(180_000, 2));
+        for r in [Redecompose::Auto, Redecompose::Gpu, Redecompose::Host] {
+            assert_eq!(Redecompose::parse(r.name()).unwrap(), r);
+        }
+        let e = Redecompose::parse("cpu").unwrap_err().to_string();
+        assert!(e.contains("`cpu`") && e.contains("auto, gpu or host"), "{e}");
+    }
 
     #[test]
     fn drift_is_the_least_squares_slope_per_atom() {

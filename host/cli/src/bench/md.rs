@@ -100,7 +100,7 @@ pub struct MdBenchRow {
     pub list_search: String,
     /// With `gpu-redecomposed`: where the per-atom passes of the redecomposition ran, `gpu`
     /// (wrap, owners, merge and first-pulse selection on each rank's GPU, the velocities left
-    /// there) or `host` (every home atom read back: `--host-redecompose`).
+    /// there) or `host` (every home atom read back), as `--redecompose` chose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redecompose: Option<String>,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
@@ -191,6 +191,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
 }
 
 fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
+    let md_ranks = md.grid.num_ranks();
     let mut run = MdRun::new(md, target.placement.clone())?;
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
@@ -216,7 +217,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         row.list_search = "gpu-resident".into();
     } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-redecomposed".into();
-        row.redecompose = Some(if cfg.step.host_redecompose { "host" } else { "gpu" }.into());
+        row.redecompose = Some(if cfg.step.redecompose.on_gpus(row.atoms, md_ranks) { "gpu" } else { "host" }.into());
     }
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
