@@ -13,7 +13,7 @@ use halo::exchange::Transport;
 use halo::gpu::{DeviceBuffer, DeviceMemory, LaunchShape, Staging};
 use halo::kernel_args;
 use halo::testing::gpu_or_skip;
-use halo_md::{self as md, MdConfig, MdOutcome};
+use halo_md::{self as md, MdConfig, MdOutcome, Redecompose};
 use rand::{Rng, SeedableRng};
 
 /// A checked run's configuration. Pruned every 10 steps (the default is 50): the short runs here
@@ -75,13 +75,15 @@ fn one_rank_searching_on_the_gpu_alone_or_through_the_host() {
 /// on 1-D, 2-D and 3-D grids and two pulses along x.
 #[test]
 fn several_ranks_planning_from_their_own_atoms_or_from_the_whole_system() {
+    // Redecomposed with the per-atom passes on the GPU and on the host, and gathered.
     for grid in [[2, 1, 1], [2, 2, 1], [2, 2, 2], [4, 1, 1]] {
-        for resident in [true, false] {
+        for (resident, on) in [(true, Redecompose::Gpu), (true, Redecompose::Host), (false, Redecompose::Auto)] {
             let mut c = config(6000, grid, Transport::Fused, 120, 10);
             c.check_every = 5;
             c.resident_search = resident;
-            let name = format!("md_{}x{}x{}_{}", grid[0], grid[1], grid[2], if resident { "redecomposed" } else { "gathered" });
-            run(&name, c);
+            c.redecompose = on;
+            let how = if resident { format!("redecomposed_{}", on.name()) } else { "gathered".into() };
+            run(&format!("md_{}x{}x{}_{how}", grid[0], grid[1], grid[2]), c);
         }
     }
 }

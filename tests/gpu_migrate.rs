@@ -7,7 +7,8 @@
 //! box, exactly on every cell threshold and one float either side, at 0, -0.0, the box's last
 //! float and its edge (`testing::migration_atoms`), after poisoning every output; one
 //! `GpuMigrate` per rank reused from larger runs to smaller ones. Non-finite positions: the first
-//! in input order named by its id and position, as the host names it. Not yet part of the MD step.
+//! in input order named by its id and position, as the host names it. The MD step runs it inside
+//! `decomp::GpuHome` (`tests/gpu_redecompose.rs`).
 
 use halo::HaloError;
 use halo::abi::{Float3, MigrateLeaver};

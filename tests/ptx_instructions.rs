@@ -519,9 +519,85 @@ fn the_gpu_migration_wraps_and_assigns_like_the_host_and_compacts_in_order() {
     assert_eq!(atomics(abi::MIGRATE_COUNT), 1, "{}", abi::MIGRATE_COUNT);
     assert_eq!(atomics(abi::MIGRATE_SCAN) + atomics(abi::MIGRATE_SCATTER), 0);
     assert_lowers(&b, abi::MIGRATE_SCAN, &["bar.sync", "st.shared.b32", "ld.shared.b32"]);
-    // The ABI (15): `(x, n, geo, block_counts, info)`, `(block_counts, n_blocks, info)` and
+    // The ABI (15, unchanged in 17): `(x, n, geo, block_counts, info)`, `(block_counts, n_blocks, info)` and
     // `(x, v, ids, n, geo, block_starts, x_out, v_out, ids_out, leavers)`.
     for (k, params) in [(abi::MIGRATE_COUNT, 5), (abi::MIGRATE_SCAN, 3), (abi::MIGRATE_SCATTER, 10)] {
+        assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), params, "{k}'s parameters");
+    }
+    let r = ptxas_resources();
+    for k in passes {
+        let (regs, frame) = *r.get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+        assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
+    }
+}
+
+#[test]
+fn the_gpu_merge_places_by_binary_search_without_atomics() {
+    let b = entries(&ptx_text());
+    let k = abi::MIGRATE_MERGE;
+    // Places from two binary searches (a stayer's in the arrivals, an arrival's in the stayers),
+    // inlined in the entry (no calls): each a loop halving its range (`shr.u32`) on an unsigned
+    // comparison of ids, branch-free inside. No atomics decide a place or set a flag (plain stores
+    // of 1), no barriers, nothing in shared or local memory.
+    assert_lowers(&b, k, &["shr.u32", "setp.lt.u32", "selp.b32", "st.global.b32", "ld.global.b32"]);
+    assert_eq!(b[k].matches("shr.u32").count(), 2, "{k}: one binary search per kind of thread");
+    assert_absent(&b, k, &["atom.", "red.", "bar.sync", ".local", ".shared"]);
+    assert!(!b[k].lines().any(|l| l.trim_start().starts_with("call")), "{k}: a search is called, not inlined");
+    // The order checks: neighbours compared (`<=`), an arrival's found stayer compared (`!=`), the
+    // three flags stored as constants.
+    assert_lowers(&b, k, &["setp.le.u32", "setp.ne.b32"]);
+    assert_eq!(b[k].lines().filter(|l| l.contains("st.global.b32") && l.trim_end().ends_with(", 1;")).count(), 3, "{k}: three flags");
+    // The ABI (16): `(stay_ids, stay_x, stay_v, n_stay, arrivals, n_arrivals, ids_out, x_out, v_out, info)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 10, "{k}'s parameters");
+    let (regs, frame) = *ptxas_resources().get(k).unwrap_or_else(|| panic!("{k} not in the ptxas report"));
+    assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
+}
+
+#[test]
+fn the_gpu_selection_tests_like_the_host_in_f64_and_compacts_in_order() {
+    let b = entries(&ptx_text());
+    let passes = [abi::SELECT_COUNT, abi::SELECT_SCAN, abi::SELECT_SCATTER];
+    for k in passes {
+        // No fused multiply-add (the host rounds the square and the sum apart), nothing
+        // approximate or flushed, nothing in local memory, no atomics (places come from the scan).
+        assert_absent(&b, k, &["fma.rn", "fma.", ".approx", ".ftz", ".local", "atom.", "red.relaxed", "red.global"]);
+    }
+    // The host's `sent` over `excess2`, in both passes that decide, so both decide alike: per slot
+    // and dimension `lo - v` and `v - hi` (`sub.rn.f64`), the larger by an ordered comparison and
+    // a select (`max_or_second`; `max.f64` differs where the second is NaN), the larger of that
+    // and 0 (`max.f64` with 0, which is `max_or_second` for every input but the sign of a zero
+    // result, which the square erases), the square (`mul.rn.f64`), the sum in order
+    // (`add.rn.f64`; the first term added to 0.0 is the term), below `rc2` (`setp.lt.f64`).
+    for k in [abi::SELECT_COUNT, abi::SELECT_SCATTER] {
+        assert_lowers(&b, k, &[
+            "cvt.f64.f32",
+            "sub.rn.f64",
+            "setp.gt.f64",
+            "selp.f64",
+            "mul.rn.f64",
+            "add.rn.f64",
+            "setp.lt.f64",
+            "vote.sync.ballot.b32",
+            "popc.b32",
+            "bar.sync",
+        ]);
+        let count = |ins: &str| b[k].matches(ins).count();
+        // Three slots of three dimensions (the kernel takes up to three decomposed dimensions).
+        assert_eq!(count("cvt.f64.f32"), 3, "{k}: one exact widening per coordinate");
+        assert_eq!(count("sub.rn.f64"), 18, "{k}: two differences per slot and dimension");
+        assert_eq!((count("setp.gt.f64"), count("selp.f64")), (9, 9), "{k}: the larger difference by comparison and select");
+        assert_eq!(count("mul.rn.f64"), 9, "{k}: one square per slot and dimension");
+        assert_eq!(count("add.rn.f64"), 6, "{k}: the terms summed");
+        assert_eq!(count("setp.lt.f64"), 3, "{k}: one test against rc2 per slot");
+        for line in b[k].lines().filter(|l| l.contains("max.f64")) {
+            assert!(line.trim_end().ends_with(", 0d0000000000000000;"), "{k}: a max.f64 other than with 0: {line}");
+        }
+        assert!(count("max.f64") <= 9, "{k}");
+    }
+    assert_lowers(&b, abi::SELECT_SCAN, &["bar.sync", "st.shared.b32", "ld.shared.b32"]);
+    // The ABI (17): `(x, n, geo, block_counts)`, `(block_counts, n_blocks, info)` and
+    // `(x, ids, n, geo, block_starts, map, atoms)`.
+    for (k, params) in [(abi::SELECT_COUNT, 4), (abi::SELECT_SCAN, 3), (abi::SELECT_SCATTER, 7)] {
         assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), params, "{k}'s parameters");
     }
     let r = ptxas_resources();

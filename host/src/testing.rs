@@ -233,6 +233,53 @@ pub fn migration_atoms(geo: &crate::decomp::Decomposition, n: usize, seed: u64) 
     (x, v, ids)
 }
 
+/// `n` home atoms of `rank` for the GPU selection's tests (`decomp::GpuSelect`): wrapped
+/// positions and ids (`3 i + 1`, shuffled), seeded. A quarter anywhere in the box, a quarter in
+/// the rank's cell, a quarter within 1.5 cutoffs of its cell's faces (wrapped), and a quarter with
+/// every decomposed coordinate where a first pulse's test changes (the term reaching the squared
+/// range or leaving 0, and the floats either side: `decomp/select.rs`'s bit ranges) or at 0, the
+/// box's last float or `-0.0` (which a wrap leaves as it is), spread over blocks and warps.
+pub fn selection_atoms(geo: &crate::decomp::Decomposition, rank: usize, n: usize, seed: u64) -> (Vec<Float3>, Vec<u32>) {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let b = geo.box_size;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5e1e);
+    let edges = crate::decomp::selection_edges(geo, rank);
+    let cell = geo.grid.coords_of(rank);
+    let (lo, hi) = (|d: usize| geo.lower(d, cell[d]) as f32, |d: usize| geo.upper(d, cell[d]) as f32);
+    let x = (0..n)
+        .map(|i| {
+            let c: [f32; 3] = std::array::from_fn(|d| {
+                let v = match i % 4 {
+                    0 => rng.random_range(0.0..b[d]),
+                    1 => rng.random_range(lo(d)..hi(d)),
+                    2 => {
+                        let face = if rng.random_bool(0.5) { lo(d) } else { hi(d) };
+                        let mut p = [0.0f32; 3];
+                        p[d] = face + rng.random_range(-1.5..1.5) * geo.cutoff;
+                        let w = crate::decomp::wrap_position(Float3::new(p[0], p[1], p[2]), b);
+                        [w.x, w.y, w.z][d]
+                    }
+                    _ => match edges[d].len() {
+                        0 => rng.random_range(0.0..b[d]),
+                        k => match rng.random_range(0..k + 4) {
+                            j if j < k => edges[d][j],
+                            j if j == k => -0.0,
+                            _ => rng.random_range(0.0..b[d]),
+                        },
+                    },
+                };
+                // A wrapped coordinate is in [0, box) (or -0.0).
+                if (0.0..b[d]).contains(&v) { v } else { 0.0 }
+            });
+            Float3::new(c[0], c[1], c[2])
+        })
+        .collect();
+    let mut ids: Vec<u32> = (0..n as u32).map(|i| 3 * i + 1).collect();
+    ids.shuffle(&mut rng);
+    (x, ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 15;
+pub const ABI_VERSION: u32 = 17;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -75,6 +75,10 @@ kernel_entries! {
         "migrate_count",
         "migrate_scan",
         "migrate_scatter",
+        "migrate_merge",
+        "select_count",
+        "select_scan",
+        "select_scatter",
     ],
 }
 
@@ -521,6 +525,35 @@ pub const fn migrate_blocks(n: u32) -> u32 {
     if b == 0 { 1 } else { b }
 }
 
+/// `migrate_merge(stay_ids, stay_x, stay_v, n_stay, arrivals, n_arrivals, ids_out, x_out, v_out, info)`:
+/// the second step of the home atoms' migration on the GPU (`kernels/migrate_merge.rs`; host:
+/// `halo::decomp::GpuMerge`): a rank's stayers (ids ascending, wrapped positions, velocities, as
+/// [`MIGRATE_SCATTER`] leaves them from an input in id order) and its arrivals ([`MigrateLeaver`]s
+/// sorted by id; `owner` unread) merged into its new home atoms in id order, the host's
+/// `Working::new`. One thread per output atom, blocks of [`MIGRATE_MERGE_THREADS`], no shared
+/// memory, `grid.x = `[`migrate_merge_blocks`]`(n_stay + n_arrivals)`: stayer `i` goes to `i` plus
+/// the arrivals of smaller id, arrival `j` to `j` plus the stayers of smaller id (binary searches;
+/// no atomics). Order violations set `info` words to 1 (the host zeroes them first):
+/// [`MIGRATE_MERGE_INFO_STAYERS`], [`MIGRATE_MERGE_INFO_ARRIVALS`], [`MIGRATE_MERGE_INFO_REPEATED`];
+/// the outputs are then unspecified (every write stays inside `0..n_stay + n_arrivals`).
+pub const MIGRATE_MERGE: &str = "migrate_merge";
+/// Threads per block of [`MIGRATE_MERGE`] (whole warps).
+pub const MIGRATE_MERGE_THREADS: u32 = 256;
+/// `info` word of the merge: 1 when two neighbouring stayers' ids do not ascend strictly.
+pub const MIGRATE_MERGE_INFO_STAYERS: usize = 0;
+/// `info` word of the merge: 1 when two neighbouring arrivals' ids do not ascend strictly.
+pub const MIGRATE_MERGE_INFO_ARRIVALS: usize = 1;
+/// `info` word of the merge: 1 when an arrival's id is also a stayer's.
+pub const MIGRATE_MERGE_INFO_REPEATED: usize = 2;
+/// `info` words of the merge (padded to 16 bytes).
+pub const MIGRATE_MERGE_INFO_WORDS: usize = 4;
+
+/// Blocks of [`MIGRATE_MERGE`] for `n` merged atoms (at least one).
+pub const fn migrate_merge_blocks(n: u32) -> u32 {
+    let b = n.div_ceil(MIGRATE_MERGE_THREADS);
+    if b == 0 { 1 } else { b }
+}
+
 /// The geometry the migration kernels read (one small device buffer, uploaded once per
 /// decomposition and rank): the box, this rank, and per dimension the rank stride and the cell
 /// thresholds (`Decomposition::cell_threshold(d, 1..n)`; none along a dimension of one rank).
@@ -540,7 +573,8 @@ pub struct MigrateGeometry {
     pub edges: [[f32; MIGRATE_MAX_EDGES]; 3],
 }
 
-/// One atom leaving this rank, as [`MIGRATE_SCATTER`] writes it: 32 bytes.
+/// One atom leaving this rank, as [`MIGRATE_SCATTER`] writes it, and one arriving at its new
+/// owner, as [`MIGRATE_MERGE`] reads it (`owner` unread there): 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -553,6 +587,78 @@ pub struct MigrateLeaver {
     pub v: Float3,
     /// The rank that owns it now.
     pub owner: u32,
+}
+
+/// `select_count(x, n, geo, block_counts)`: the first pass of the home atoms' first-pulse
+/// selection on the GPU (`kernels/select.rs`; host: `halo::decomp::GpuSelect`). One thread per
+/// atom, blocks of [`SELECT_THREADS`] threads with [`SELECT_SHARED_BYTES`] of dynamic shared
+/// memory, `grid.x = `[`select_blocks`]`(n)`: for each wrapped position `x[i]` and each slot `s`
+/// of `geo` (a decomposed dimension, [`SelectGeometry`]), whether the host's exact test
+/// (`decomp::plan`'s `sent` over `excess2`, in the same `f64` operations) sends the atom in
+/// pulse 0 along that dimension; the block's count per slot at `block_counts[SELECT_SLOTS block + s]`
+/// (0 for the slots at or above `geo.n_dims`).
+pub const SELECT_COUNT: &str = "select_count";
+/// `select_scan(block_counts, n_blocks, info)`: one block of [`SELECT_SCAN_THREADS`] threads with
+/// [`SELECT_SCAN_SHARED_BYTES`]: where each block's selected atoms of each slot start, in place,
+/// in one output array of every slot after another (slot `s` starts after the atoms of the slots
+/// below it), and each slot's count to `info[s]` (`s < `[`SELECT_SLOTS`]).
+pub const SELECT_SCAN: &str = "select_scan";
+/// `select_scatter(x, ids, n, geo, block_starts, map, atoms)`: the last pass, same launch as
+/// [`SELECT_COUNT`]: each atom selected in slot `s` written to its place (index order within the
+/// slot): its index `i` to `map`, its id and wrapped position to `atoms` as a [`SelectedAtom`].
+/// `map` and `atoms` hold the slots' atoms one slot after another (at most `n` per slot).
+pub const SELECT_SCATTER: &str = "select_scatter";
+/// Threads per block of [`SELECT_COUNT`] and [`SELECT_SCATTER`] (whole warps).
+pub const SELECT_THREADS: u32 = 256;
+/// Slots of a [`SelectGeometry`]: at most three decomposed dimensions, each a pulse's selection.
+pub const SELECT_SLOTS: usize = 3;
+/// Dynamic shared memory of a count or scatter block: one count per warp and slot.
+pub const SELECT_SHARED_BYTES: u32 = (SELECT_THREADS / 32) * SELECT_SLOTS as u32 * 4;
+/// Threads of the one [`SELECT_SCAN`] block (a power of two).
+pub const SELECT_SCAN_THREADS: u32 = 1024;
+/// Dynamic shared memory of the [`SELECT_SCAN`] block: one running sum per thread and slot.
+pub const SELECT_SCAN_SHARED_BYTES: u32 = SELECT_SCAN_THREADS * SELECT_SLOTS as u32 * 4;
+/// `info` words of the selection: the count of each slot, padded to 16 bytes.
+pub const SELECT_INFO_WORDS: usize = 4;
+
+/// Blocks of [`SELECT_COUNT`] and [`SELECT_SCATTER`] for `n` atoms (at least one, so the passes
+/// write their counts for `n = 0` too).
+pub const fn select_blocks(n: u32) -> u32 {
+    let b = n.div_ceil(SELECT_THREADS);
+    if b == 0 { 1 } else { b }
+}
+
+/// What the selection kernels read (one small device buffer, uploaded once per decomposition and
+/// rank): the decomposed dimensions, and per slot `s` (pulse 0 along `dims[s]`) the bounds of the
+/// receiver's cell in this rank's frame along each decomposed dimension, and the squared range.
+/// An atom at wrapped `w` is selected in slot `s` when, from `0.0`, the sum over `e < n_dims` (in
+/// that order) of `x * x`, `x = max(lo[s][e] - v, v - hi[s][e], 0)`, `v = f64(w[dims[e]])`, is
+/// below `rc2` (the host's `sent`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SelectGeometry {
+    /// Decomposed dimensions (1 to [`SELECT_SLOTS`]); the slots used.
+    pub n_dims: u32,
+    /// The decomposed dimensions, ascending (0 = x, 1 = y, 2 = z); the rest unused.
+    pub dims: [u32; 3],
+    /// The squared distance below which an atom is sent (the host's `send_range2(cutoff)`).
+    pub rc2: f64,
+    /// `lo[s][e]`: lower bound along `dims[e]` of the cell slot `s` sends to.
+    pub lo: [[f64; 3]; 3],
+    /// `hi[s][e]`: upper bound along `dims[e]` of the cell slot `s` sends to.
+    pub hi: [[f64; 3]; 3],
+}
+
+/// One selected atom as [`SELECT_SCATTER`] packs it for the read-back: 16 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SelectedAtom {
+    /// Global atom id.
+    pub id: u32,
+    /// Its wrapped position.
+    pub x: Float3,
 }
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
@@ -1096,5 +1202,12 @@ const _: () = {
     assert!(MIGRATE_THREADS.is_multiple_of(32) && MIGRATE_THREADS <= 1024);
     assert!(MIGRATE_SCAN_THREADS.is_power_of_two() && MIGRATE_SCAN_THREADS <= 1024 && MIGRATE_SCAN_SHARED_BYTES <= 48 * 1024);
     assert!(size_of::<MigrateLeaver>() == 32 && align_of::<MigrateLeaver>() == 4);
+    assert!(MIGRATE_MERGE_THREADS.is_multiple_of(32) && MIGRATE_MERGE_THREADS <= 1024);
+    assert!(MIGRATE_MERGE_INFO_REPEATED < MIGRATE_MERGE_INFO_WORDS && MIGRATE_MERGE_INFO_WORDS.is_multiple_of(4));
     assert!(size_of::<MigrateGeometry>() == 40 + 12 * MIGRATE_MAX_EDGES && offset_of!(MigrateGeometry, edges) == 40);
+    // The selection: whole warps (ballots), a one-block scan, the geometry and packed atoms' layouts.
+    assert!(SELECT_THREADS.is_multiple_of(32) && SELECT_THREADS <= 1024 && SELECT_SLOTS <= SELECT_INFO_WORDS);
+    assert!(SELECT_SCAN_THREADS.is_power_of_two() && SELECT_SCAN_THREADS <= 1024 && SELECT_SCAN_SHARED_BYTES <= 48 * 1024);
+    assert!(size_of::<SelectGeometry>() == 168 && align_of::<SelectGeometry>() == 8 && offset_of!(SelectGeometry, lo) == 24);
+    assert!(size_of::<SelectedAtom>() == 16 && align_of::<SelectedAtom>() == 4);
 };

@@ -26,8 +26,21 @@ const MAX_CARRIED_BYTES: u64 = 62 << 20;
 pub const ARCHIVE: &str = "target/bundle.tar.xz";
 /// Integration tests that need a GPU (each skips loudly without one, and fails instead when
 /// `HALO_REQUIRE_GPU=1`, as run-gpu-tests.sh sets).
-const GPU_TESTS: &[&str] =
-    &["gpu_kernels", "gpu_exchange", "gpu_faults", "gpu_md", "gpu_nbnxm", "gpu_grid", "gpu_migrate", "stencil3d_gpu", "gpu_pes", "gpu_multiprocess"];
+const GPU_TESTS: &[&str] = &[
+    "gpu_kernels",
+    "gpu_exchange",
+    "gpu_faults",
+    "gpu_md",
+    "gpu_nbnxm",
+    "gpu_grid",
+    "gpu_migrate",
+    "gpu_merge",
+    "gpu_redecompose",
+    "gpu_select",
+    "stencil3d_gpu",
+    "gpu_pes",
+    "gpu_multiprocess",
+];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
 

@@ -166,7 +166,7 @@ impl<'a> Pe<'a> {
     /// The path `MdRun::search` takes: the local atoms and home arrays straight from the
     /// redecomposition ([`HostSearch::rank_searches_redecomposed`]).
     fn direct(&mut self, done: Redecomposed) -> (HaloPlan, Vec<RankSearch>) {
-        self.host.rank_searches_redecomposed(done, &self.case.sys, &[0], &self.case.setup, ListsOn::GpuGrid).expect("search")
+        self.host.rank_searches_redecomposed(done, &self.case.sys, &[0], &self.case.setup, ListsOn::GpuGrid, false).expect("search")
     }
 
     /// What a search leaves for the next: the plan and the rank searches' arrays back.

@@ -14,6 +14,7 @@ use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::nbnxm::gpu_search::grow;
 use crate::search::{RankLists, RankSearch};
+use crate::decomp::{GpuHome, GpuRank};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
 use std::time::{Duration, Instant};
 use std::sync::Arc;
@@ -79,6 +80,9 @@ pub struct MdRank {
     captured: [CudaEvent; 2],
     /// Page-locked staging of a search's uploads, kept for the whole run.
     staging: HomeStaging,
+    /// The home atoms' redecomposition on this GPU (made at the first search that uses it): the
+    /// new home atoms' velocities stay there and are copied into `v` ([`Self::update`]).
+    gpu_home: Option<GpuHome>,
 }
 
 /// Page-locked staging, one per array a search uploads from the host (home coordinates into the
@@ -106,9 +110,12 @@ impl HomeStaging {
         self.types.upload(&found.home_types, types, halo)
     }
 
-    /// Enqueues the home velocities and `1 / m` of `found` on `halo`.
+    /// Enqueues the home velocities (unless they are on the GPU already: `found.home_v_on_device`)
+    /// and `1 / m` of `found` on `halo`.
     fn velocities_and_masses(&mut self, found: &RankSearch, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, halo: &CudaStream) -> Result<()> {
-        self.v.upload(&found.home_v, v, halo)?;
+        if !found.home_v_on_device {
+            self.v.upload(&found.home_v, v, halo)?;
+        }
         self.inv_mass.upload(&found.inv_mass, inv_mass, halo)
     }
 }
@@ -154,6 +161,7 @@ impl MdRank {
             fork: event()?,
             captured: [event()?, event()?],
             staging: HomeStaging::default(),
+            gpu_home: None,
             local,
             module,
         };
@@ -170,7 +178,18 @@ impl MdRank {
     /// only the grid's, the search's and the lists' own buffers, never these.
     fn fit_home(&mut self, found: &RankSearch, ex: &RankExchange) -> Result<()> {
         let from_device = matches!(found.lists, RankLists::GpuGrid(_));
-        let lens = [found.home_x.len(), found.home_v.len(), found.inv_mass.len(), found.home_types.len()];
+        // Velocities left on the GPU by its redecomposition count as the home atoms'.
+        let v_len = match (found.home_v_on_device, &self.gpu_home) {
+            (false, _) => found.home_v.len(),
+            (true, Some(g)) if from_device && found.home_v.is_empty() => g.home_atoms(),
+            (true, _) => {
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {}: velocities said to be on the GPU without its redecomposition, a grid on the GPU and no host velocities",
+                    ex.rank()
+                )));
+            }
+        };
+        let lens = [found.home_x.len(), v_len, found.inv_mass.len(), found.home_types.len()];
         let home = home_arrays_fit(found.lists.home_atoms(), lens, from_device)?;
         if home > ex.halo().home_atoms {
             return Err(HaloError::InvalidInput(format!(
@@ -246,7 +265,7 @@ impl MdRank {
     /// it).
     fn search_and_stage(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let t = Instant::now();
-        let Self { nb, staging, v, inv_mass, types, local, .. } = self;
+        let Self { nb, staging, v, inv_mass, types, local, gpu_home, home, .. } = self;
         match &found.lists {
             RankLists::Host(search) => {
                 staging.all(found, ex, v, inv_mass, types, halo)?;
@@ -259,6 +278,11 @@ impl MdRank {
                 Ok(t.elapsed())
             }
             RankLists::GpuGrid(atoms) => {
+                // Velocities merged on this GPU by its redecomposition: copied on the local stream,
+                // which ran that redecomposition and runs the steps (`fit_home` checked the count).
+                if let (true, Some(g)) = (found.home_v_on_device, &*gpu_home) {
+                    v.copy_prefix_from_async(g.velocities(), *home, local)?;
+                }
                 // Only home elements of `x` are written: peers may already store into this rank's
                 // halo region (after the replan's fence: its barrier, or the search's all-gathers)
                 // without conflict.
@@ -283,6 +307,22 @@ impl MdRank {
         }
         self.forces_clear = false;
         self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
+    }
+
+    /// This rank's home atoms as the device of a redecomposition on its GPU
+    /// (`halo::decomp::redecompose_on_devices`), on the local stream: `x` the exchange's
+    /// coordinates of rank `rank` (home atoms first), `ids` their global ids (the last plan's).
+    /// The rank must be idle. The new home atoms' velocities stay on the GPU; the next
+    /// [`Self::update`] with `RankSearch::home_v_on_device` copies them into place.
+    pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a dyn DeviceMemory<Float3>, ids: &'a [u32]) -> Result<GpuRank<'a>> {
+        if ids.len() != self.home {
+            return Err(HaloError::InvalidInput(format!("rank {rank}: {} home ids for {} home atoms on its GPU", ids.len(), self.home)));
+        }
+        if self.gpu_home.as_ref().is_none_or(|g| g.rank() != rank) {
+            self.gpu_home = Some(GpuHome::new(self.module.context(), rank)?);
+        }
+        let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
+        Ok(g.with(&self.module, &self.local, x, &self.v, ids))
     }
 
     /// The nbnxm lists on the GPU.

@@ -15,7 +15,7 @@ use super::gather::{HomeArrays, HomeGather};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, RankGrid, Redecomposed};
+use crate::decomp::{GpuRank, HaloPlan, HomeDevice, MergedHome, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, ReplanFence, Routing, Transport, reference};
@@ -91,15 +91,70 @@ pub struct MdConfig {
     /// With `gpu_search`: the cluster grid sorted on the GPU too, and no process sees the whole
     /// system after the first search. A single rank searches entirely on the GPU (coordinates
     /// wrapped in place, cluster grid and lists there; nothing crosses to the host, the atoms keep
-    /// their order). Several ranks plan from their own atoms: each process reads its ranks' home
-    /// atoms back and `decomp::redecompose` moves the leavers and builds the pulses with small
-    /// all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
+    /// their order). Several ranks plan from their own atoms: `decomp::redecompose` (or, with
+    /// `gpu_redecompose`, its per-atom passes on the GPUs) moves the leavers and builds the pulses
+    /// with small all-gathers; the host lays out the local atoms and the GPU sorts them. False: every
     /// process gathers the whole system, plans it and sorts the grids on the host at every search.
     pub resident_search: bool,
+    /// With `resident_search` and several ranks, where the redecomposition's per-atom passes run
+    /// ([`Redecompose`]); every choice gives the same plan.
+    pub redecompose: Redecompose,
     /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
     pub graph: bool,
+}
+
+/// Where a redecomposition's per-atom passes run (wrap, owners, the merge of stayers and
+/// arrivals, the first pulses' selection of the home atoms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Redecompose {
+    /// On the GPUs from [`GPU_REDECOMPOSE_MIN_HOME`] home atoms per rank on average, else on the
+    /// host: the faster of the two at both sizes measured.
+    #[default]
+    Auto,
+    /// On each rank's GPU (`decomp::redecompose_on_devices` over `decomp::GpuHome`): only the
+    /// leavers, the selections and the new home atoms' ids and positions cross to the host; the
+    /// velocities stay on the GPU.
+    Gpu,
+    /// On the host (`decomp::redecompose`): every home atom's position and velocity read back.
+    Host,
+}
+
+/// Home atoms per rank from which [`Redecompose::Auto`] runs the passes on the GPUs. Two PEs
+/// sharing one H200 (docs/benchmarks.md, runs 76–77): with 22,500 home atoms a rank the GPUs'
+/// passes saved 0.1–0.3 ms of a search, with 3,000 they cost 0.05–0.15 ms more (two waits for
+/// the GPU against the host's passes over few atoms); between the two it was not measured.
+pub const GPU_REDECOMPOSE_MIN_HOME: usize = 10_000;
+
+impl Redecompose {
+    /// Whether `atoms` atoms on `ranks` ranks redecompose on the GPUs.
+    pub fn on_gpus(self, atoms: usize, ranks: usize) -> bool {
+        match self {
+            Self::Gpu => true,
+            Self::Host => false,
+            Self::Auto => atoms / ranks.max(1) >= GPU_REDECOMPOSE_MIN_HOME,
+        }
+    }
+
+    /// The choice named `auto`, `gpu` or `host`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "gpu" => Ok(Self::Gpu),
+            "host" => Ok(Self::Host),
+            other => Err(HaloError::InvalidInput(format!("redecompose on `{other}`: choose auto, gpu or host"))),
+        }
+    }
+
+    /// The name [`Self::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Gpu => "gpu",
+            Self::Host => "host",
+        }
+    }
 }
 
 impl MdConfig {
@@ -128,6 +183,7 @@ impl MdConfig {
             search_threads: 0,
             gpu_search: true,
             resident_search: true,
+            redecompose: Redecompose::Auto,
             graph: false,
         }
     }
@@ -318,6 +374,49 @@ impl MdOutcome {
     pub fn search_share(&self) -> f64 {
         let w = self.wall.as_secs_f64();
         if w > 0.0 { self.search.total.as_secs_f64() / w } else { 0.0 }
+    }
+}
+
+/// A rank's GPU in a redecomposition, the time of its per-atom passes added to `spent`.
+struct Timed<'a, 'b> {
+    inner: &'a mut GpuRank<'b>,
+    spent: &'a std::cell::Cell<Duration>,
+}
+
+impl Timed<'_, '_> {
+    fn time<T>(&mut self, f: impl FnOnce(&mut GpuRank<'_>) -> T) -> T {
+        let t = Instant::now();
+        let out = f(self.inner);
+        self.spent.set(self.spent.get() + t.elapsed());
+        out
+    }
+}
+
+impl HomeDevice for Timed<'_, '_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn migrate(&mut self, geo: &crate::decomp::Decomposition) -> Result<(usize, Vec<crate::abi::MigrateLeaver>)> {
+        self.time(|d| d.migrate(geo))
+    }
+
+    fn merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
+        self.time(|d| d.merge_and_select(geo, arrivals, into))
+    }
+}
+
+/// The all-gather of a redecomposition's collectives across the processes
+/// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
+/// added to `spent`.
+fn redecompose_gather<'a>(
+    placement: &'a Placement, kept: &'a mut Option<crate::nvshmem::KeptGather>, tag: &'a str, step: u64, spent: &'a mut Duration,
+) -> impl FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a {
+    move |what, mine| {
+        let t = Instant::now();
+        let all = placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
+        *spent += t.elapsed();
+        all
     }
 }
 
@@ -769,9 +868,10 @@ impl MdRun {
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
         let (plan, found) = if path == SearchPath::Redecomposed {
-            let done = self.redecompose(&mut t, start)?;
+            let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
+            let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
-            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on())?;
+            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus)?;
             t.lists = t2.elapsed();
             searched
         } else {
@@ -972,18 +1072,47 @@ impl MdRun {
             .collect::<Result<Vec<_>>>()?;
         t.gather = start.elapsed();
         let t1 = Instant::now();
-        let (placement, kept, tag, step) = (&self.placement, &mut self.kept_gather, &self.tag, self.step);
         let mut gathers = Duration::ZERO;
-        let mut all_gather = |what: &str, mine: Vec<Vec<u8>>| {
-            let t = Instant::now();
-            let all = placement.all_gather_kept(&format!("{tag}{what}-{step}"), mine, kept, KEPT_GATHER_BYTES);
-            gathers += t.elapsed();
-            all
-        };
         let (box_size, atoms) = (self.system.box_size, self.system.len());
-        let done = self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?;
+        let done = {
+            let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
+            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?
+        };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
+        self.out.redecompositions += 1;
+        Ok(done)
+    }
+
+    /// [`Self::redecompose`] with the per-atom passes on the ranks' GPUs
+    /// ([`MdConfig::redecompose`]): each rank's home coordinates are read on its GPU (the
+    /// exchange's `x`) with its velocities and the last plan's home ids; the leavers, the first
+    /// pulses' selections and the new home atoms' ids and positions come back; the velocities
+    /// stay there for the rank's update. The same plan and the same collectives as the host's.
+    fn redecompose_on_gpus(&mut self, t: &mut SearchTimes, start: Instant) -> Result<Redecomposed> {
+        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
+            return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
+        };
+        let mut devices = Vec::with_capacity(self.ranks.len());
+        for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
+            let home = m.home_atoms();
+            let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
+            devices.push(m.home_device(r.rank(), &r.x, ids)?);
+        }
+        let spent = std::cell::Cell::new(Duration::ZERO);
+        let mut timed: Vec<Timed<'_, '_>> = devices.iter_mut().map(|d| Timed { inner: d, spent: &spent }).collect();
+        let mut dyns: Vec<&mut dyn HomeDevice> = timed.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+        t.gather = start.elapsed();
+        let t1 = Instant::now();
+        let mut gathers = Duration::ZERO;
+        let (box_size, atoms) = (self.system.box_size, self.system.len());
+        let done = {
+            let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
+            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather)?
+        };
+        t.plan_gathers = gathers;
+        t.plan = t1.elapsed();
+        t.plan_device = spent.get();
         self.out.redecompositions += 1;
         Ok(done)
     }
@@ -1263,6 +1392,19 @@ fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redecompose_auto_uses_the_gpus_from_ten_thousand_home_atoms_a_rank() {
+        assert!(Redecompose::Auto.on_gpus(45_000, 2), "22,500 a rank: measured faster on the GPUs");
+        assert!(!Redecompose::Auto.on_gpus(6000, 2), "3,000 a rank: measured faster on the host");
+        assert!(!Redecompose::Auto.on_gpus(45_000, 8) && Redecompose::Auto.on_gpus(180_000, 8));
+        assert!(Redecompose::Gpu.on_gpus(6000, 2) && !Redecompose::Host.on_gpus(180_000, 2));
+        for r in [Redecompose::Auto, Redecompose::Gpu, Redecompose::Host] {
+            assert_eq!(Redecompose::parse(r.name()).unwrap(), r);
+        }
+        let e = Redecompose::parse("cpu").unwrap_err().to_string();
+        assert!(e.contains("`cpu`") && e.contains("auto, gpu or host"), "{e}");
+    }
 
     #[test]
     fn drift_is_the_least_squares_slope_per_atom() {

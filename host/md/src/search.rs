@@ -4,7 +4,7 @@
 //! time of each part is kept.
 
 use crate::abi::Float3;
-use crate::decomp::{Collective, HaloPlan, HomeAtoms, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions};
+use crate::decomp::{Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions};
 use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use crate::system::MolecularSystem;
@@ -64,8 +64,11 @@ pub struct RankSearch {
     /// [`RankLists::GpuGrid`]: the local atoms hold them (`positions[..home]`), and the GPU copies
     /// them from its grid's upload of those ([`crate::nbnxm::NbnxmGpu::update_local_into`]).
     pub home_x: Vec<Float3>,
-    /// Home velocities.
+    /// Home velocities. Empty when [`Self::home_v_on_device`].
     pub home_v: Vec<Float3>,
+    /// The home velocities are on the rank's GPU already, merged there by its redecomposition
+    /// (`halo::decomp::GpuHome`), not in [`Self::home_v`].
+    pub home_v_on_device: bool,
     /// `1 / m` of the home atoms.
     pub inv_mass: Vec<f32>,
     /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
@@ -106,6 +109,9 @@ pub struct SearchTimes {
     /// Of `plan`, when planned from the ranks' own atoms: the time inside the all-gathers between
     /// processes (their waits for the slowest process included).
     pub plan_gathers: Duration,
+    /// Of `plan`, when the per-atom passes ran on the GPUs: the time in them (enqueues, the
+    /// waits for the GPUs and the read-backs; every local rank's).
+    pub plan_device: Duration,
 }
 
 impl SearchTimes {
@@ -121,6 +127,7 @@ impl SearchTimes {
         self.pairs += o.pairs;
         self.upload += o.upload;
         self.plan_gathers += o.plan_gathers;
+        self.plan_device += o.plan_device;
     }
 }
 
@@ -186,6 +193,16 @@ impl HostSearch {
         redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
     }
 
+    /// [`Self::redecompose`] with the per-atom phases on the ranks' GPUs (`devices`, one per
+    /// entry of `ranks`): the same plan; the home velocities stay on the GPUs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn redecompose_on_devices(
+        &mut self, grid: RankGrid, box_size: [f32; 3], setup: &ListSetup, atoms: usize, ranks: &[usize], devices: &mut [&mut dyn HomeDevice],
+        all_gather: &mut Collective<'_>,
+    ) -> Result<Redecomposed> {
+        crate::decomp::redecompose_on_devices(grid, box_size, setup.rlist, atoms, ranks, devices, all_gather, &self.workers, &mut self.redecompose)
+    }
+
     /// Empty home atom arrays with room for `n` atoms, for the next [`Self::redecompose`]'s input
     /// (spare arrays of earlier ones where there are: their allocations are reused).
     pub fn home_arrays(&mut self, n: usize) -> HomeAtoms {
@@ -246,7 +263,7 @@ impl HostSearch {
     /// (its positions and velocities are not read). `done`'s arrays go back to the scratch for
     /// the next redecomposition; its plan is returned with the searches.
     pub fn rank_searches_redecomposed(
-        &mut self, done: Redecomposed, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn,
+        &mut self, done: Redecomposed, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn, v_on_device: bool,
     ) -> Result<(HaloPlan, Vec<RankSearch>)> {
         let Redecomposed { plan, mut homes, mut local_positions } = done;
         if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
@@ -264,13 +281,16 @@ impl HostSearch {
             let t = Instant::now();
             LocalAtoms::from_local_into(plan_ref, rank, local, &system.types, workers, &mut buf.atoms).map_err(bad)?;
             let atoms_time = t.elapsed();
-            if home.velocities.len() != buf.atoms.home {
-                return Err(HaloError::InvalidInput(format!("rank {rank}: {} home velocities for {} home atoms", home.velocities.len(), buf.atoms.home)));
+            let want = if v_on_device { 0 } else { buf.atoms.home };
+            if home.velocities.len() != want {
+                return Err(HaloError::InvalidInput(format!("rank {rank}: {} home velocities on the host for {} home atoms", home.velocities.len(), buf.atoms.home)));
             }
             // The redecomposition's velocities are the home atoms' in order: swapped in, the spare
             // array out to the scratch.
             std::mem::swap(&mut buf.home.v, &mut home.velocities);
-            rank_search(rank, system, setup, on, workers, buf, atoms_time)
+            let mut found = rank_search(rank, system, setup, on, workers, buf, atoms_time)?;
+            found.home_v_on_device = v_on_device;
+            Ok(found)
         };
         let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).collect();
         let found = workers.map(parts, one).into_iter().collect::<Result<Vec<_>>>();
@@ -323,6 +343,7 @@ fn rank_search(
     Ok(RankSearch {
         rank,
         home_x: home.x,
+        home_v_on_device: false,
         home_v: home.v,
         inv_mass: home.inv_mass,
         home_types: home.types,
@@ -454,7 +475,7 @@ mod tests {
                 };
                 let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process).unwrap();
                 // `sys` keeps its old positions and velocities: the redecomposed path must not read them.
-                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
+                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on, false).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
                 let mut moved = MolecularSystem { positions, velocities, ..sys.clone() };
                 let want_plan = gathered.plan(&mut moved, grid, &setup).unwrap();
                 assert_eq!(plan, want_plan, "{dims:?}");
@@ -507,9 +528,9 @@ mod tests {
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
         let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()] };
-        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("for 2 ranks"), "{e}");
-        let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("local positions"), "{e}");
     }
 }

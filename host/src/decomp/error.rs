@@ -149,9 +149,7 @@ pub enum PlanError {
         expected: Option<[f32; 3]>,
     },
     /// Two neighbours disagree on how many atoms a pulse carries.
-    #[error(
-        "rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}"
-    )]
+    #[error("rank {rank} pulse {pulse} sends {send_size} atoms to rank {peer}, which expects {peer_recv_size}")]
     SizeMismatch {
         /// The sending rank.
         rank: usize,
@@ -177,9 +175,7 @@ pub enum PlanError {
         peer_source: usize,
     },
     /// `peer_atom_offset` differs from the receiving rank's `atom_offset`.
-    #[error(
-        "rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}"
-    )]
+    #[error("rank {rank} pulse {pulse}: peer_atom_offset is {found}, but rank {peer} places the atoms at {expected}")]
     PeerOffset {
         /// The sending rank.
         rank: usize,
@@ -349,6 +345,27 @@ pub enum PlanError {
         /// The most the GPU migration takes.
         max: usize,
     },
+    /// The ids a GPU merge of a rank's arrivals into its stayers relies on are out of order: the
+    /// merged home atoms are unusable.
+    #[error(
+        "rank {rank}: the GPU merge of {arrivals} arrivals into {stayers} stayers needs ids that ascend strictly and are held once, but {}; redecompose this step on the host (decomp::redecompose), which takes the home atoms in any order",
+        merge_order_problem(*.stayers_unordered, *.arrivals_unordered, *.repeated)
+    )]
+    GpuMergeOrder {
+        /// The rank.
+        rank: usize,
+        /// Stayers merged.
+        stayers: usize,
+        /// Arrivals merged.
+        arrivals: usize,
+        /// The stayers' ids do not ascend strictly (the home atoms did not come from the last
+        /// plan, or an id repeats among them).
+        stayers_unordered: bool,
+        /// An id repeats among the arrivals (sorted by id before the merge).
+        arrivals_unordered: bool,
+        /// An arrival's id is also a stayer's.
+        repeated: bool,
+    },
     /// An atom appears twice in one rank's local array.
     #[error("rank {rank} holds atom {atom} twice")]
     DuplicateAtom {
@@ -357,4 +374,17 @@ pub enum PlanError {
         /// Global atom id.
         atom: u32,
     },
+}
+
+/// What [`PlanError::GpuMergeOrder`] found, in words.
+fn merge_order_problem(stayers_unordered: bool, arrivals_unordered: bool, repeated: bool) -> String {
+    let found: Vec<&str> = [
+        (stayers_unordered, "the stayers' ids do not ascend strictly (home atoms not in the last plan's order)"),
+        (arrivals_unordered, "an arrival's id repeats"),
+        (repeated, "an arrival's id is also a stayer's"),
+    ]
+    .into_iter()
+    .filter_map(|(set, what)| set.then_some(what))
+    .collect();
+    if found.is_empty() { "no problem was named".to_string() } else { found.join(", and ") }
 }

@@ -6,9 +6,9 @@
 //! in input order, to device arrays that stay on the device, and the leavers, in input order, to a
 //! device buffer of which only the used part is read back, with the counts.
 //!
-//! This is the first building block of a GPU redecomposition (docs/nbnxm.md, "Search step cost").
-//! It is **not wired into the MD step yet**: the merge of arrivals into the stayers and the pulse
-//! selection on the GPU are still to come, and the MD step still redecomposes on the host.
+//! This is the first block of the GPU redecomposition (docs/nbnxm.md, "Search step cost"), which
+//! [`super::GpuHome`] runs for the MD step: the merge of arrivals into the stayers follows it
+//! ([`super::GpuMerge`]), then the first pulses' selection ([`super::GpuSelect`]).
 //! `tests/gpu_migrate.rs` checks it against [`migrate_reference`] and the host's own phase.
 //!
 //! | item | what it is |
@@ -22,7 +22,7 @@ use super::grid::{DIM_NAMES, Decomposition, wrap_position};
 use super::plan::CellEdges;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, grown_capacity};
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::CudaContext;
 use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES, MigrateGeometry, MigrateLeaver};
 use std::sync::Arc;
 
@@ -176,6 +176,10 @@ fn shapes(n: u32) -> [LaunchShape; 3] {
     [per_atom, scan, per_atom]
 }
 
+/// Leavers read back with the counts, before their number is known (32 bytes each): a search's
+/// leavers are far fewer (hundreds at 45,000 atoms on two ranks); more take a second read.
+const LEAVERS_READ_AHEAD: usize = 2048;
+
 /// One rank's migration on the GPU: its geometry on the device and the passes' scratch (the
 /// blocks' counts, the counts and first bad atom, the leavers), kept and grown between calls.
 pub struct GpuMigrate {
@@ -215,7 +219,7 @@ impl GpuMigrate {
     /// unspecified).
     pub fn run(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
         self.enqueue(module, stream, a, n)?;
-        self.finish(stream, a)
+        self.finish(stream, a, n)
     }
 
     /// Enqueues the passes (see [`Self::run`]).
@@ -249,29 +253,30 @@ impl GpuMigrate {
     }
 
     /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
-    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>) -> Result<Migrated> {
-        let info: Vec<u32> = read_prefix(&self.info, abi::MIGRATE_INFO_WORDS, 0, stream)?;
+    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
+        // The counts and the first leavers in one wait: a search's leavers are a few hundred, so
+        // most migrations need no second round trip for them.
+        let mut info = [0u32; abi::MIGRATE_INFO_WORDS];
+        let mut first = vec![MigrateLeaver::default(); n.min(LEAVERS_READ_AHEAD)];
+        // SAFETY: `info` and `first` live until the wait, which follows whatever was enqueued.
+        let enqueued = unsafe { self.info.enqueue_read(0, &mut info, stream).and_then(|()| self.leavers.enqueue_read(0, &mut first, stream)) };
+        let waited = stream.synchronize().during("waiting for the GPU migration");
+        enqueued.and(waited)?;
         let bad = info[abi::MIGRATE_INFO_BAD_ATOM];
         if bad != u32::MAX {
-            let p: Vec<Float3> = read_prefix(a.x, 1, bad as usize, stream)?;
-            let id: Vec<u32> = read_prefix(a.ids, 1, bad as usize, stream)?;
+            let p: Vec<Float3> = a.x.read_range(bad as usize, 1, stream)?;
+            let id: Vec<u32> = a.ids.read_range(bad as usize, 1, stream)?;
             return Err(PlanError::NonFinitePosition { atom: id[0] as usize, position: [p[0].x, p[0].y, p[0].z] }.into());
         }
-        let leavers = info[abi::MIGRATE_INFO_LEAVERS] as usize;
-        Ok(Migrated { stayers: info[abi::MIGRATE_INFO_STAYERS] as usize, leavers: read_prefix(&self.leavers, leavers, 0, stream)? })
+        let (stayers, leavers) = (info[abi::MIGRATE_INFO_STAYERS] as usize, info[abi::MIGRATE_INFO_LEAVERS] as usize);
+        if stayers.checked_add(leavers) != Some(n) {
+            return Err(HaloError::InvalidInput(format!("GPU migration of {n} atoms: the kernels counted {stayers} stayers and {leavers} leavers")));
+        }
+        if leavers > first.len() {
+            let rest = self.leavers.read_range(first.len(), leavers - first.len(), stream)?;
+            first.extend_from_slice(&rest);
+        }
+        first.truncate(leavers);
+        Ok(Migrated { stayers, leavers: first })
     }
-}
-
-/// Elements `at..at + len` of `buf`, copied in `stream`'s order and waited for.
-fn read_prefix<T: bytemuck::Pod>(buf: &dyn DeviceMemory<T>, len: usize, at: usize, stream: &CudaStream) -> Result<Vec<T>> {
-    check_lengths(at + len, &[("read-back", buf.len())])?;
-    let mut out = vec![T::zeroed(); len];
-    if len > 0 {
-        stream.context().bind_to_thread().during("binding the context")?;
-        // SAFETY: the range is inside the buffer (checked); `out` has exactly its size and lives
-        // until the stream is synchronised below.
-        unsafe { result::memcpy_dtoh_async(&mut out, buf.device_ptr_at(at), stream.cu_stream()) }.during("reading the migration back")?;
-    }
-    stream.synchronize().during("waiting for the GPU migration")?;
-    Ok(out)
 }

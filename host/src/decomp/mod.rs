@@ -11,13 +11,24 @@
 //! | [`Decomposition`] | cell geometry and pulses per dimension for a box and cutoff |
 //! | [`HaloPlan`] | per-rank local layout and per-pulse index maps, sizes and offsets |
 //! | [`redecompose`] | the same plan built from each process's own ranks' atoms, with small collectives |
-//! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU (not yet in the MD step) |
+//! | [`redecompose_on_devices`] | the same plan with each rank's per-atom passes where its home atoms are ([`HomeDevice`]) |
+//! | [`GpuHome`] | a rank's home atoms redecomposed on its GPU: the three blocks below, one wait after each collective |
+//! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU |
+//! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] |
+//! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
+mod gpu_home;
+mod gpu_merge;
+#[cfg(test)]
+mod gpu_merge_tests;
 mod gpu_migrate;
 #[cfg(test)]
 mod gpu_migrate_tests;
+mod gpu_select;
+#[cfg(test)]
+mod gpu_select_tests;
 mod grid;
 mod plan;
 mod redecompose;
@@ -27,7 +38,14 @@ mod select;
 mod validate;
 
 pub use error::PlanError;
+pub use gpu_home::{GpuHome, GpuRank};
+pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
+pub(crate) use gpu_select::selection_edges;
+pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_reference, selected_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
-pub use redecompose::{Collective, HomeAtoms, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_with};
+pub use redecompose::{
+    Collective, HomeAtoms, HomeDevice, MergedHome, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_on_devices,
+    redecompose_with,
+};

@@ -338,8 +338,7 @@ pub(super) fn select_for_pulse(
 /// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn select_for_pulse_into(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64,
-    map: &mut Vec<u32>,
+    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64, map: &mut Vec<u32>,
 ) {
     let bounds = |e: usize| pulse_bounds(geo, rank, d, e);
     match *decomposed {
@@ -420,7 +419,9 @@ impl HaloPlan {
     }
 
     /// [`Self::build`] on `workers`, reusing `scratch` (the same plan for any workers and scratch).
-    pub fn build_with(system: &MolecularSystem, grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch) -> Result<Self, PlanError> {
+    pub fn build_with(
+        system: &MolecularSystem, grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch,
+    ) -> Result<Self, PlanError> {
         Self::from_positions_with(&system.positions, system.box_size, grid, cutoff, workers, scratch)
     }
 

@@ -24,6 +24,9 @@ use crate::workers::Workers;
 use bytemuck::Pod;
 use kernels_gpu::abi::Float3;
 
+mod device;
+pub use device::{HomeDevice, MergedHome, redecompose_on_devices};
+
 /// One rank's home atoms as its GPU holds them between searches: global ids, positions (in the
 /// box or not) and velocities, one of each per atom, in any order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -280,25 +283,9 @@ pub fn redecompose_with(
     let edges = CellEdges::new(&geo);
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).collect();
     let leaving: Vec<Leaving> = workers.map(parts, |((&s, h), sc)| Leaving::sort_out(&edges, s, h, sc));
-    let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
-    let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
-    let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); ranks.len()];
-    let spare = &mut scratch.spare;
-    let mut total = 0;
-    for (r, blob) in gathered.iter().enumerate() {
-        let (count, moving) = read_migration(blob, r, nranks)?;
-        total += count;
-        for (t, atom) in moving {
-            if let Some(i) = local_index[t] {
-                arrivals[i].push(atom);
-            }
-        }
-    }
-    spare.give_blobs(gathered);
-    if total != atoms {
-        return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
-    }
+    let arrivals = migrate(&leaving, &local_index, atoms, all_gather, &mut scratch.spare)?;
     // The arrays each rank fills, taken here (the workers share nothing).
+    let spare = &mut scratch.spare;
     let arrays: Vec<Arrays> = scratch
         .ranks
         .iter()
@@ -314,30 +301,87 @@ pub fn redecompose_with(
         })
         .collect();
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
-    let mut work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
-    let spare = &mut scratch.spare;
-    homes.into_iter().for_each(|h| spare.give_home(h));
+    let work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
+    homes.into_iter().for_each(|h| scratch.spare.give_home(h));
+    plan_pulses(&geo, atoms, ranks, work, &[], all_gather, workers, scratch)
+}
 
+/// The migration's collective: every local rank's `leaving` out, and per local rank (the order
+/// of `local_index`'s ranks) the atoms that arrive, in the order the ranks sent them. Errors: a
+/// rank's input error (every process reports the same), a malformed blob, or home atoms that do
+/// not add up to `atoms`.
+fn migrate(
+    leaving: &[Leaving], local_index: &[Option<usize>], atoms: usize, all_gather: &mut Collective<'_>, spare: &mut Spare,
+) -> Result<Vec<Vec<Moving>>> {
+    let nranks = local_index.len();
+    let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
+    let gathered = gather(all_gather, TAG_MIGRATE, blobs, nranks)?;
+    let mut arrivals: Vec<Vec<Moving>> = vec![Vec::new(); leaving.len()];
+    let mut total = 0;
+    for (r, blob) in gathered.iter().enumerate() {
+        let (count, moving) = read_migration(blob, r, nranks)?;
+        total += count;
+        for (t, atom) in moving {
+            if let Some(i) = local_index[t] {
+                arrivals[i].push(atom);
+            }
+        }
+    }
+    spare.give_blobs(gathered);
+    if total != atoms {
+        return Err(PlanError::HomeTotal { found: total, expected: atoms }.into());
+    }
+    Ok(arrivals)
+}
+
+/// Steps 2 and 3 of a redecomposition, once every local rank's new home atoms are in its
+/// [`Working`]: the pulses, the homes and local positions out, every rank's plan to every
+/// process. `home_maps`, when not empty, holds per local rank and decomposed dimension the home
+/// part of that dimension's first pulse's selection (home indices, ascending; the GPU's), which
+/// is then not selected again: the host selects only the atoms received along earlier
+/// dimensions.
+#[allow(clippy::too_many_arguments)]
+fn plan_pulses(
+    geo: &Decomposition, atoms: usize, ranks: &[usize], mut work: Vec<Working>, home_maps: &[Vec<Vec<u32>>], all_gather: &mut Collective<'_>,
+    workers: &Workers, scratch: &mut RedecomposeScratch,
+) -> Result<Redecomposed> {
+    let (grid, box_size, cutoff) = (geo.grid, geo.box_size, geo.cutoff);
+    let nranks = grid.num_ranks();
+    let spare = &mut scratch.spare;
     // 2. The pulses, dimension-major, as the global builder runs them.
     let decomposed = grid.decomposed_dims();
     let rc2 = send_range2(cutoff);
-    for &d in &decomposed {
+    for (k, &d) in decomposed.iter().enumerate() {
         // Pulse 0 scans everything present when the dimension starts; pulse p > 0 what p - 1 received.
         let dim_start: Vec<usize> = work.iter().map(Working::len).collect();
         let mut prev = vec![(0, 0); ranks.len()];
         for p in 0..geo.pulses[d] {
             let tag = pulse_tag(d, p);
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
-            let ranges: Vec<_> = (0..ranks.len()).map(|i| if p == 0 { 0..dim_start[i] } else { prev[i].0..prev[i].0 + prev[i].1 }).collect();
-            let spares: Vec<_> = work.iter().map(|_| (Spare::any(&mut spare.maps), Spare::any(&mut spare.bytes))).collect();
+            // A first pulse whose home part was selected already starts after the home atoms.
+            let given = |i: usize| if p == 0 { home_maps.get(i).map(|m| (m[k].as_slice(), work[i].home)) } else { None };
+            let ranges: Vec<_> = (0..ranks.len())
+                .map(|i| match (p, given(i)) {
+                    (0, Some((_, home))) => home..dim_start[i],
+                    (0, None) => 0..dim_start[i],
+                    _ => prev[i].0..prev[i].0 + prev[i].1,
+                })
+                .collect();
+            let spares: Vec<_> = (0..ranks.len())
+                .map(|i| {
+                    let mut map = Spare::any(&mut spare.maps);
+                    map.extend_from_slice(given(i).map_or(&[][..], |(m, _)| m));
+                    (map, Spare::any(&mut spare.bytes))
+                })
+                .collect();
             let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
-                select_wrapped_into(&geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
-                let blob = w.pulse_blob(&map, crossing_shift(&geo, w.rank, d) != 0.0, d, blob)?;
+                select_wrapped_into(geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
+                let blob = w.pulse_blob(&map, crossing_shift(geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });
             let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
             let gathered = gather(all_gather, &tag, blobs, nranks)?;
-            let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(&geo, (d, p), map, &gathered, &tag));
+            let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(geo, (d, p), map, &gathered, &tag));
             spare.give_blobs(gathered);
             for (i, n) in received.into_iter().enumerate() {
                 prev[i] = (offsets[i], n?);
@@ -351,7 +395,7 @@ pub fn redecompose_with(
     let mut local_positions = Vec::with_capacity(ranks.len());
     let mut mine = Vec::with_capacity(ranks.len());
     for ((&rank, w), sc) in ranks.iter().zip(work).zip(&mut scratch.ranks) {
-        let home_atoms = w.velocities.len();
+        let home_atoms = w.home;
         let mut ids = Spare::take(&mut scratch.spare.ids, home_atoms);
         ids.extend_from_slice(&w.ids[..home_atoms]);
         homes.push(HomeAtoms { ids, positions: Vec::new(), velocities: w.velocities });
@@ -377,7 +421,7 @@ pub fn redecompose_with(
         .enumerate()
         .map(|(r, plan)| match plan {
             Some(plan) => Ok(plan),
-            None => read_plan_with(&gathered[r], r, &geo, &layout, &mut scratch.spare),
+            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
@@ -566,6 +610,25 @@ pub(super) fn sort_out_home(
     Ok((stayers, leavers))
 }
 
+/// The first two phases of a redecomposition on their own ([`Leaving::sort_out`], then
+/// [`Working::new`]), for the tests of the GPU merge: rank `rank`'s new home atoms (ids, wrapped
+/// positions, velocities) from its input `h` and its `arrivals` (id, wrapped position, velocity,
+/// any order), or the error in its input.
+#[cfg(test)]
+#[allow(clippy::type_complexity)]
+pub(super) fn merge_home(
+    geo: &Decomposition, rank: usize, h: &HomeAtoms, arrivals: Vec<(u32, Float3, Float3)>,
+) -> Result<(Vec<u32>, Vec<Float3>, Vec<Float3>), PlanError> {
+    let mut sc = RankScratch::default();
+    let l = Leaving::sort_out(&CellEdges::new(geo), rank, h, &mut sc);
+    if let Some(e) = l.error {
+        return Err(e);
+    }
+    let arrays = Arrays { ids: Vec::new(), wrapped: Vec::new(), velocities: Vec::new(), pulses: Vec::new() };
+    let w = Working::new(rank, h, &mut sc, arrivals, arrays, geo.box_size);
+    Ok((w.ids, w.wrapped, w.velocities))
+}
+
 /// Rank `rank`'s migration blob: its atom count and its leavers with their destinations, or the
 /// error in its input.
 fn read_migration(blob: &[u8], rank: usize, nranks: usize) -> Result<(usize, Vec<(usize, Moving)>), PlanError> {
@@ -611,6 +674,8 @@ struct Arrays {
 /// its pulses.
 struct Working {
     rank: usize,
+    /// Home atoms (the first local atoms).
+    home: usize,
     ids: Vec<u32>,
     wrapped: Vec<Float3>,
     velocities: Vec<Float3>,
@@ -629,6 +694,7 @@ impl Working {
         let n = sc.stayers + arrivals.len();
         let mut w = Self {
             rank,
+            home: n,
             ids: arrays.ids,
             wrapped: arrays.wrapped,
             velocities: arrays.velocities,

@@ -1,6 +1,9 @@
 //! [`redecompose`] against the global builder: the same plan, bit for bit, from each process's
 //! own ranks' atoms after they moved, on one process and on several emulated ones.
 
+use super::plan::send_range2;
+use super::redecompose::Frame;
+use super::select::select_wrapped_into;
 use super::*;
 use crate::error::{HaloError, Result};
 use crate::system::MolecularSystem;
@@ -663,5 +666,123 @@ fn the_selection_over_wrapped_positions_is_the_one_over_rank_frame_positions() {
                 }
             }
         }
+    }
+}
+
+/// A rank's home atoms on a model device: the per-atom phases of [`redecompose_on_devices`] with
+/// the host's own functions ([`migrate_reference`], a merge by id, [`select_wrapped_into`] over
+/// the home atoms), so that the device path's plumbing is checked against [`redecompose`] here
+/// and the GPU's phases against these in `tests/gpu_redecompose.rs`.
+struct CpuHome {
+    rank: usize,
+    home: HomeAtoms,
+    stayers: MigrateReference,
+    /// The merged home atoms' velocities (what stays on a device).
+    velocities: Vec<Float3>,
+}
+
+impl CpuHome {
+    fn new(rank: usize, home: HomeAtoms) -> Self {
+        Self { rank, home, stayers: MigrateReference::default(), velocities: Vec::new() }
+    }
+}
+
+impl HomeDevice for CpuHome {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<kernels_gpu::abi::MigrateLeaver>)> {
+        let h = &self.home;
+        self.stayers = migrate_reference(&h.positions, &h.velocities, &h.ids, geo, self.rank)?;
+        Ok((h.ids.len(), std::mem::take(&mut self.stayers.leavers)))
+    }
+
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+        let s = &self.stayers;
+        let mut all: Vec<(u32, Float3, Float3)> =
+            s.ids.iter().zip(&s.positions).zip(&s.velocities).map(|((&i, &p), &v)| (i, p, v)).chain(arrivals.iter().copied()).collect();
+        all.sort_by_key(|a| a.0);
+        into.ids.clear();
+        into.wrapped.clear();
+        self.velocities.clear();
+        for (i, p, v) in all {
+            into.ids.push(i);
+            into.wrapped.push(p);
+            self.velocities.push(v);
+        }
+        let crossed = vec![0u8; into.ids.len()];
+        let frame = Frame { wrapped: &into.wrapped, crossed: &crossed, edge: geo.box_size.map(f64::from) };
+        let decomposed = geo.grid.decomposed_dims();
+        into.first_pulse.resize_with(decomposed.len(), Vec::new);
+        for (map, &d) in into.first_pulse.iter_mut().zip(&decomposed) {
+            map.clear();
+            select_wrapped_into(geo, &decomposed, self.rank, d, &frame, 0, send_range2(geo.cutoff), map);
+        }
+        Ok(into)
+    }
+}
+
+/// [`redecompose_on_devices`] over model devices, one emulated process per entry of `processes`.
+fn on_devices(
+    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
+    let collective = SharedCollective::new(grid, processes.len(), false);
+    let collective = &collective;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = processes
+            .iter()
+            .map(|ranks| {
+                let mut devices: Vec<CpuHome> = ranks.iter().map(|&r| CpuHome::new(r, homes[r].clone())).collect();
+                scope.spawn(move || {
+                    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
+                    let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+                    let (w, mut s) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+                    let got = redecompose_on_devices(grid, box_size, cutoff, atoms, ranks, &mut dyns, &mut gather, &w, &mut s)?;
+                    Ok((got, devices.into_iter().map(|d| d.velocities).collect()))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("a process panicked")).collect()
+    })
+}
+
+#[test]
+fn the_device_path_gives_the_hosts_plan() {
+    let sys = MolecularSystem::generate(4000, 13).unwrap();
+    for (k, (dims, cutoff)) in CASES.into_iter().enumerate() {
+        let grid = RankGrid::new(dims).unwrap();
+        let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+        let (positions, velocities) = moved(&sys.positions, sys.box_size, 50 + k as u64);
+        let want = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        let homes = homes_of(&before, &positions, &velocities);
+        let n = grid.num_ranks();
+        // One process, and the ranks split over two (odd and even ranks).
+        let splits = [vec![(0..n).collect::<Vec<_>>()], vec![(0..n).step_by(2).collect(), (1..n).step_by(2).collect()]];
+        for processes in splits.iter().filter(|p| p.iter().all(|r| !r.is_empty())) {
+            for (ranks, got) in processes.iter().zip(on_devices(processes, grid, sys.box_size, cutoff, positions.len(), &homes)) {
+                let (mut got, device_velocities) = got.unwrap();
+                assert!(got.homes.iter().all(|h| h.velocities.is_empty()), "the velocities stay on the devices");
+                // The host path's velocities are the devices'; with them the result is the host's.
+                for (h, v) in got.homes.iter_mut().zip(device_velocities) {
+                    h.velocities = v;
+                }
+                check(&got, ranks, &positions, &velocities, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_device_path_reports_a_non_finite_position_on_every_process() {
+    let sys = MolecularSystem::generate(2000, 2).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let mut homes = homes_of(&plan, &sys.positions, &sys.velocities);
+    homes[2].positions[5].z = f32::INFINITY;
+    let atom = homes[2].ids[5];
+    for got in on_devices(&[vec![0, 3], vec![1], vec![2]], grid, sys.box_size, 1.0, sys.positions.len(), &homes) {
+        let e = got.map(|_| ()).unwrap_err();
+        assert!(matches!(e, HaloError::Plan(PlanError::NonFinitePosition { atom: a, .. }) if a == atom as usize), "{e}");
     }
 }

@@ -80,7 +80,13 @@ impl HaloPlan {
                     });
                 }
                 if p.spec.peer_atom_offset != peer.spec.atom_offset {
-                    return Err(PlanError::PeerOffset { rank, pulse, found: p.spec.peer_atom_offset, peer: p.spec.send_rank, expected: peer.spec.atom_offset });
+                    return Err(PlanError::PeerOffset {
+                        rank,
+                        pulse,
+                        found: p.spec.peer_atom_offset,
+                        peer: p.spec.send_rank,
+                        expected: peer.spec.atom_offset,
+                    });
                 }
                 if p.spec.atom_offset != end {
                     return Err(PlanError::Offset { rank, pulse, found: p.spec.atom_offset, expected: end });
@@ -137,12 +143,7 @@ impl HaloPlan {
                 for (entry, &index) in p.spec.index_map.iter().enumerate() {
                     let slot = landing + entry;
                     let (Some(&sent_id), Some(&received_id)) = (r.global_ids.get(index as usize), received.get(slot)) else {
-                        return Err(PlanError::AtomCount {
-                            rank: peer,
-                            what: "global_ids.len()",
-                            found: received.len(),
-                            expected: slot + 1,
-                        });
+                        return Err(PlanError::AtomCount { rank: peer, what: "global_ids.len()", found: received.len(), expected: slot + 1 });
                     };
                     if sent_id != received_id {
                         return Err(PlanError::HaloIdentity { rank: r.rank, pulse, entry, index, sent_id, peer, slot, received_id });
@@ -188,11 +189,7 @@ impl HaloPlan {
     /// The largest send or receive count of any pulse on any rank: size of each pulse's slot in
     /// the unified send and receive buffers.
     pub fn max_pulse_extent(&self) -> usize {
-        self.ranks
-            .iter()
-            .flat_map(|r| r.pulses.iter().map(|p| p.send_size().max(p.spec.recv_size)))
-            .max()
-            .unwrap_or(0)
+        self.ranks.iter().flat_map(|r| r.pulses.iter().map(|p| p.send_size().max(p.spec.recv_size))).max().unwrap_or(0)
     }
 }
 

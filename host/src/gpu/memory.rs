@@ -53,6 +53,36 @@ pub trait DeviceMemory<T: Pod> {
         Ok(out)
     }
 
+    /// Elements `start..start + len`, copied back in `stream`'s order; waits for `stream` (all
+    /// work enqueued on it so far). For small read-backs of counts and flags.
+    fn read_range(&self, start: usize, len: usize, stream: &CudaStream) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); len];
+        // SAFETY: `out` lives until the stream is synchronised below.
+        unsafe { self.enqueue_read(start, &mut out, stream) }?;
+        stream.synchronize().during("waiting for a read-back from the GPU")?;
+        Ok(out)
+    }
+
+    /// Enqueues the copy of elements `start..start + out.len()` into `out` in `stream`'s order,
+    /// without waiting (`out` may be page-locked memory, for a copy that overlaps nothing of the
+    /// host's). An error, before anything is enqueued, when the range is outside the buffer.
+    ///
+    /// # Safety
+    /// `out` must stay alive and untouched until `stream` has been synchronised.
+    unsafe fn enqueue_read(&self, start: usize, out: &mut [T], stream: &CudaStream) -> Result<()> {
+        let len = out.len();
+        if start.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(HaloError::InvalidInput(format!("reading {start}..{} of a buffer of {}", start.saturating_add(len), self.len())));
+        }
+        if len > 0 {
+            stream.context().bind_to_thread().during("binding the context")?;
+            // SAFETY: the range is inside the allocation (checked above); `out` has exactly its
+            // size and outlives the copy (the caller's contract).
+            unsafe { result::memcpy_dtoh_async(out, self.device_ptr_at(start), stream.cu_stream()) }.during("copying from the GPU")?;
+        }
+        Ok(())
+    }
+
     /// Sets every byte to `byte`, synchronously (0xFF poisons floats to NaN, `u64`s to `u64::MAX`).
     fn fill_bytes(&self, byte: u8) -> Result<()> {
         if self.is_empty() {

@@ -1,7 +1,7 @@
 //! The home atoms' migration on the GPU, first building block of a GPU redecomposition
 //! (docs/nbnxm.md, "Search step cost"): the host's `Leaving::sort_out`
-//! (`host/src/decomp/redecompose.rs`) for one rank's home atoms, as device passes. Not yet part of
-//! the MD step: `halo::decomp::GpuMigrate` drives it, `tests/gpu_migrate.rs` checks it against the
+//! (`host/src/decomp/redecompose.rs`) for one rank's home atoms, as device passes.
+//! `halo::decomp::GpuMigrate` drives it (for the MD step, inside `halo::decomp::GpuHome`), `tests/gpu_migrate.rs` checks it against the
 //! host bit for bit.
 //!
 //! Each atom's position is wrapped into the box ([`super::nbnxm_grid::wrap`], the host's
@@ -11,13 +11,13 @@
 //! comparisons, the same thresholds), times the dimension's stride. Then a stable compaction:
 //! 1. `migrate_count`, one thread per atom: the block's stayers and leavers (a ballot per warp,
 //!    the warps' counts in shared memory); the lowest index of a non-finite atom (an atomic min);
-//! 2. `migrate_scan`, one block: where each block's stayers and leavers start ([`block_exclusive_scan`]);
+//! 2. `migrate_scan`, one block: where each block's stayers and leavers start ([`scan_block_counts`]);
 //! 3. `migrate_scatter`, the launch of pass 1: the same decisions again, each atom's rank among its
 //!    block's atoms of its kind (warps before it, lanes before it: `popc(ballot & lanes below)`),
 //!    and the atom written to its place. No atomics decide a place, so the order is the input's.
 
 use super::nbnxm_grid::wrap;
-use super::scan::block_exclusive_scan;
+use super::scan::scan_block_counts;
 use crate::abi::{
     Float3, MIGRATE_INFO_BAD_ATOM, MIGRATE_INFO_LEAVERS, MIGRATE_INFO_STAYERS, MIGRATE_MAX_EDGES, MIGRATE_SCAN_THREADS, MIGRATE_THREADS,
     MigrateGeometry, MigrateLeaver,
@@ -131,34 +131,18 @@ unsafe fn count(x: *const Float3, n: u32, g: *const MigrateGeometry, block_count
     }
 }
 
-/// Pass 2 (see [`crate::abi::MIGRATE_SCAN`]): each thread a contiguous run of blocks.
+/// Pass 2 (see [`crate::abi::MIGRATE_SCAN`]): each thread a contiguous run of blocks
+/// ([`scan_block_counts`]; the stayers and the leavers go to separate arrays, so both start at 0).
 ///
 /// # Safety
 /// One block of [`MIGRATE_SCAN_THREADS`] threads with [`crate::abi::MIGRATE_SCAN_SHARED_BYTES`];
 /// `counts` has `2 n_blocks` entries, `info` [`crate::abi::MIGRATE_INFO_WORDS`].
 #[inline(always)]
 unsafe fn scan(counts: *mut u32, n_blocks: u32, info: *mut u32) {
-    const T: u32 = MIGRATE_SCAN_THREADS;
     let tid = thread::thread_idx_x();
-    let per = n_blocks.div_ceil(T);
-    let b0 = (tid * per).min(n_blocks) as usize;
-    let b1 = (b0 + per as usize).min(n_blocks as usize);
-    // SAFETY: blocks `b0..b1` are this thread's alone (each read before it is overwritten); every
-    // thread reaches the scan.
+    // SAFETY: the contract; every thread reaches the scan.
     unsafe {
-        let mut run = [0u32; 2];
-        for b in b0..b1 {
-            run[0] += *counts.add(2 * b);
-            run[1] += *counts.add(2 * b + 1);
-        }
-        let ([mut s, mut l], total) = block_exclusive_scan(run, shared::dynamic_shared_mem() as *mut u32, tid, T);
-        for b in b0..b1 {
-            let (cs, cl) = (*counts.add(2 * b), *counts.add(2 * b + 1));
-            *counts.add(2 * b) = s;
-            *counts.add(2 * b + 1) = l;
-            s += cs;
-            l += cl;
-        }
+        let total = scan_block_counts::<2>(counts, n_blocks, shared::dynamic_shared_mem() as *mut u32, tid, MIGRATE_SCAN_THREADS, |_| [0; 2]);
         if tid == 0 {
             *info.add(MIGRATE_INFO_STAYERS) = total[0];
             *info.add(MIGRATE_INFO_LEAVERS) = total[1];

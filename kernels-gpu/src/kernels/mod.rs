@@ -29,6 +29,7 @@ mod fused_forces;
 mod ll;
 mod md;
 mod migrate;
+mod migrate_merge;
 mod nbnxm;
 mod nbnxm_grid;
 mod nbnxm_layout;
@@ -38,6 +39,7 @@ mod pack;
 mod probe;
 mod pulse;
 mod scan;
+mod select;
 mod stencil;
 mod timeline;
 

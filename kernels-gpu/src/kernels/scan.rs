@@ -62,3 +62,53 @@ where
         (exclusive, total)
     }
 }
+
+/// Where each of `n_blocks` blocks' `K` counts start (block `b`'s count `k` at `counts[K b + k]`),
+/// in place, scanned by one block of `threads` threads: each thread takes a contiguous run of
+/// blocks, sums it, [`block_exclusive_scan`] gives the run's starts, and the run is written back
+/// as running sums from them, plus `base(totals)[k]` for count `k` (0 when the counts' outputs
+/// are separate arrays; the totals of the counts before `k` when they share one). Returns the
+/// totals. The compactions' second passes (`migrate.rs`, `select.rs`) are this.
+///
+/// # Safety
+/// As [`block_exclusive_scan`] (every thread of the block, `scratch` `K threads` words);
+/// `counts` has `K n_blocks` entries, which no other block touches; the sums (with the bases)
+/// must not overflow `u32`.
+#[inline(always)]
+pub(crate) unsafe fn scan_block_counts<const K: usize>(
+    counts: *mut u32, n_blocks: u32, scratch: *mut u32, tid: u32, threads: u32, base: impl Fn(&[u32; K]) -> [u32; K],
+) -> [u32; K] {
+    let per = n_blocks.div_ceil(threads);
+    let b0 = (tid * per).min(n_blocks) as usize;
+    let b1 = (b0 + per as usize).min(n_blocks as usize);
+    // SAFETY: blocks `b0..b1` are this thread's alone (each read before it is overwritten); every
+    // thread reaches the scan. Indexed `while` loops, as in `block_exclusive_scan`: iterators over
+    // the arrays would put them on the stack.
+    unsafe {
+        let mut run = [0u32; K];
+        for b in b0..b1 {
+            let mut k = 0;
+            while k < K {
+                run[k] += *counts.add(K * b + k);
+                k += 1;
+            }
+        }
+        let (mut start, total) = block_exclusive_scan(run, scratch, tid, threads);
+        let add = base(&total);
+        let mut k = 0;
+        while k < K {
+            start[k] += add[k];
+            k += 1;
+        }
+        for b in b0..b1 {
+            let mut k = 0;
+            while k < K {
+                let c = *counts.add(K * b + k);
+                *counts.add(K * b + k) = start[k];
+                start[k] += c;
+                k += 1;
+            }
+        }
+        total
+    }
+}

@@ -90,11 +90,19 @@ pub struct MdBenchRow {
     /// Of the plan, when planned from the ranks' own atoms: the time inside the all-gathers between
     /// processes (ms, mean).
     pub plan_gathers_ms: Option<f64>,
+    /// Of the plan, when its per-atom passes ran on the GPUs: the time in them (ms, mean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_device_ms: Option<f64>,
     /// Where the cluster-pair lists were searched: `gpu` (the grid sorted on the host),
     /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank),
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
     /// sorts the grid and searches the lists) or `host`.
     pub list_search: String,
+    /// With `gpu-redecomposed`: where the per-atom passes of the redecomposition ran, `gpu`
+    /// (wrap, owners, merge and first-pulse selection on each rank's GPU, the velocities left
+    /// there) or `host` (every home atom read back), as `--redecompose` chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redecompose: Option<String>,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
     /// Steps between searches.
@@ -157,7 +165,9 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_ms: None,
         search_parts_ms: None,
         plan_gathers_ms: None,
+        plan_device_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
+        redecompose: None,
         graph: cfg.graph,
         nstlist: cfg.step.nstlist,
         nstprune: cfg.step.nstprune,
@@ -181,6 +191,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
 }
 
 fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
+    let md_ranks = md.grid.num_ranks();
     let mut run = MdRun::new(md, target.placement.clone())?;
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
@@ -206,6 +217,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         row.list_search = "gpu-resident".into();
     } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-redecomposed".into();
+        row.redecompose = Some(if cfg.step.redecompose.on_gpus(row.atoms, md_ranks) { "gpu" } else { "host" }.into());
     }
     run.finish()?;
     // Across PEs: a repeat takes as long as its slowest PE.
@@ -240,6 +252,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         ms(after.upload - before.upload) / n,
     ]);
     row.plan_gathers_ms = (row.list_search == "gpu-redecomposed").then(|| ms(after.plan_gathers - before.plan_gathers) / n);
+    row.plan_device_ms = (row.redecompose.as_deref() == Some("gpu")).then(|| ms(after.plan_device - before.plan_device) / n);
     row.home_atoms = lists.home_atoms;
     row.local_atoms = lists.local_atoms;
     Ok(())
@@ -322,11 +335,14 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             Some(if r.list_search == "gpu-resident" {
                 format!("  {} atoms, {}: all on the GPU: grid enqueued {a:.2}, grid built + lists searched {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
             } else if r.list_search == "gpu-redecomposed" {
+                let on_gpus = r.redecompose.as_deref() == Some("gpu");
                 format!(
-                    "  {} atoms, {}: home atoms read back {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    "  {} atoms, {}: {} {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}{}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
                     r.atoms,
                     variant(r),
-                    r.plan_gathers_ms.unwrap_or(0.0)
+                    if on_gpus { "inputs set up" } else { "home atoms read back" },
+                    r.plan_gathers_ms.unwrap_or(0.0),
+                    r.plan_device_ms.map(|d| format!(", passes on the GPUs {d:.2}")).unwrap_or_default()
                 )
             } else {
                 format!(
@@ -371,7 +387,9 @@ mod tests {
             search_ms: Some(0.6),
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
             plan_gathers_ms: None,
+            plan_device_ms: None,
             list_search: "gpu".into(),
+            redecompose: None,
             graph: false,
             nstlist: 100,
             nstprune: 10,

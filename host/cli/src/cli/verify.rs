@@ -11,7 +11,7 @@ use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
-use halo_md::{self as md, MdConfig, MdOutcome};
+use halo_md::{self as md, MdConfig, MdOutcome, Redecompose};
 use crate::machine::MachineInfo;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,12 @@ pub struct StepArgs {
     /// upload) instead of searching entirely on the GPU (the same grid and lists).
     #[arg(long)]
     pub host_grid: bool,
+    /// With several ranks, where a search's redecomposition runs its per-atom passes (wrap,
+    /// owners, merge, first-pulse selection): `gpu` (only leavers, selections, ids and positions
+    /// cross to the host), `host` (every home atom read back) or `auto` (the GPUs from 10,000 home
+    /// atoms per rank). The same plan either way.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| Redecompose::parse(s).map_err(|e| e.to_string()))]
+    pub redecompose: Redecompose,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -69,6 +75,7 @@ impl Default for StepArgs {
             search_threads: 0,
             host_search: false,
             host_grid: false,
+            redecompose: Redecompose::Auto,
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
         }
@@ -87,6 +94,7 @@ impl StepArgs {
             search_threads: self.search_threads,
             gpu_search: !self.host_search,
             resident_search: !self.host_grid,
+            redecompose: self.redecompose,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
             ..cfg

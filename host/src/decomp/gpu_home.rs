@@ -1,0 +1,222 @@
+//! A rank's home atoms redecomposed on its GPU: the [`HomeDevice`] of
+//! [`super::redecompose_on_devices`] made of [`GpuMigrate`], [`GpuMerge`] and [`GpuSelect`].
+//!
+//! Per search, on the rank's stream: the last plan's home ids are staged up (4 bytes an atom);
+//! the migration wraps the home atoms, finds their owners and keeps the stayers on the device
+//! (one wait, the leavers come back); after the migration's collective the arrivals are merged
+//! into the stayers by id and every decomposed dimension's first pulse is selected over the new
+//! home atoms (one wait for the counts, the selections come back); then the new home atoms' ids
+//! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
+//! need). The velocities stay on the device ([`GpuHome::velocities`]), merged in the new order.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`GpuHome`] | one rank's passes and device arrays, kept between searches |
+//! | [`GpuRank`] | a [`GpuHome`] with its rank's inputs for one search: the [`HomeDevice`] |
+
+use super::grid::{Decomposition, RankGrid};
+use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays};
+use crate::error::{CudaContextExt, HaloError, Result};
+use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
+use cudarc::driver::{CudaContext, PinnedHostSlice};
+use kernels_gpu::abi::{Float3, MigrateLeaver};
+use std::sync::Arc;
+
+/// The geometry a [`GpuHome`]'s passes were made for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Made {
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+}
+
+/// The passes of one geometry.
+struct Passes {
+    made: Made,
+    migrate: GpuMigrate,
+    select: GpuSelect,
+}
+
+/// One rank's home atoms on its GPU between searches: the passes (made for the decomposition of
+/// the first search, again when it changes) and their device arrays (grown, never shrunk).
+pub struct GpuHome {
+    rank: usize,
+    ctx: Arc<CudaContext>,
+    passes: Option<Passes>,
+    merge: GpuMerge,
+    /// The last plan's home ids, staged up at each search.
+    ids: DeviceBuffer<u32>,
+    ids_staging: Staging<u32>,
+    /// The stayers (the migration's outputs, the merge's inputs).
+    stay_ids: DeviceBuffer<u32>,
+    stay_x: DeviceBuffer<Float3>,
+    stay_v: DeviceBuffer<Float3>,
+    /// The new home atoms (the merge's outputs).
+    new_ids: DeviceBuffer<u32>,
+    new_x: DeviceBuffer<Float3>,
+    new_v: DeviceBuffer<Float3>,
+    /// Page-locked room for what comes back after the merge, in one wait: the new home atoms'
+    /// ids and positions, the selection's counts and indices (`u32` words).
+    host: Option<PinnedHostSlice<u32>>,
+    /// Stayers of the last migration.
+    stayers: usize,
+    /// New home atoms of the last merge.
+    home: usize,
+}
+
+impl GpuHome {
+    /// Rank `rank`'s home atoms on `ctx`'s GPU (the passes are made at the first search).
+    pub fn new(ctx: &Arc<CudaContext>, rank: usize) -> Result<Self> {
+        let f3 = || DeviceBuffer::<Float3>::uninit(ctx, 0);
+        let u = || DeviceBuffer::<u32>::uninit(ctx, 0);
+        Ok(Self {
+            rank,
+            ctx: ctx.clone(),
+            passes: None,
+            merge: GpuMerge::new(ctx, rank)?,
+            ids: u()?,
+            ids_staging: Staging::new(),
+            stay_ids: u()?,
+            stay_x: f3()?,
+            stay_v: f3()?,
+            new_ids: u()?,
+            new_x: f3()?,
+            new_v: f3()?,
+            host: None,
+            stayers: 0,
+            home: 0,
+        })
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The new home atoms' velocities after the last redecomposition (`0..`[`Self::home_atoms`]),
+    /// in the order of its plan's home atoms; valid until the next one.
+    pub fn velocities(&self) -> &DeviceBuffer<Float3> {
+        &self.new_v
+    }
+
+    /// Home atoms after the last redecomposition.
+    pub fn home_atoms(&self) -> usize {
+        self.home
+    }
+
+    /// This rank's inputs for one search: its home atoms' positions `x` as the steps leave them
+    /// and velocities `v` (device, at least `ids.len()` each), their global ids `ids` (the last
+    /// plan's home ids, host), and the module and stream of its GPU to run on.
+    pub fn with<'a>(
+        &'a mut self, module: &'a KernelModule, stream: &'a CudaStream, x: &'a dyn DeviceMemory<Float3>, v: &'a dyn DeviceMemory<Float3>,
+        ids: &'a [u32],
+    ) -> GpuRank<'a> {
+        GpuRank { home: self, module, stream, x, v, ids }
+    }
+
+    /// Makes the passes for `geo` when there are none or they were made for another geometry.
+    fn make_passes(&mut self, geo: &Decomposition) -> Result<()> {
+        let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
+        if self.passes.as_ref().is_none_or(|p| p.made != made) {
+            self.passes = None;
+            let (migrate, select) = (GpuMigrate::new(&self.ctx, geo, self.rank)?, GpuSelect::new(&self.ctx, geo, self.rank)?);
+            self.passes = Some(Passes { made, migrate, select });
+        }
+        Ok(())
+    }
+}
+
+/// A [`GpuHome`] with its rank's inputs of one search ([`GpuHome::with`]).
+pub struct GpuRank<'a> {
+    home: &'a mut GpuHome,
+    module: &'a KernelModule,
+    stream: &'a CudaStream,
+    x: &'a dyn DeviceMemory<Float3>,
+    v: &'a dyn DeviceMemory<Float3>,
+    ids: &'a [u32],
+}
+
+/// `buf` grown to hold `n` (its contents are then lost).
+fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: usize) -> Result<()> {
+    if let Some(cap) = grown_capacity(buf.len(), n) {
+        *buf = DeviceBuffer::uninit(ctx, cap)?;
+    }
+    Ok(())
+}
+
+impl HomeDevice for GpuRank<'_> {
+    fn rank(&self) -> usize {
+        self.home.rank
+    }
+
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
+        let n = self.ids.len();
+        self.home.make_passes(geo)?;
+        let h = &mut *self.home;
+        let ctx = self.stream.context();
+        ctx.bind_to_thread().during("binding the context")?;
+        fit(ctx, &mut h.ids, n)?;
+        fit(ctx, &mut h.stay_ids, n)?;
+        fit(ctx, &mut h.stay_x, n)?;
+        fit(ctx, &mut h.stay_v, n)?;
+        h.ids_staging.upload(self.ids, &h.ids, self.stream)?;
+        let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
+        let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
+        let migrated = p.migrate.run(self.module, self.stream, &a, n)?;
+        h.stayers = migrated.stayers;
+        Ok((n, migrated.leavers))
+    }
+
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+        let rank = self.home.rank as u32;
+        let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: rank }).collect();
+        let h = &mut *self.home;
+        let ctx = self.stream.context();
+        let total = h.stayers + arrivals.len();
+        fit(ctx, &mut h.new_ids, total)?;
+        fit(ctx, &mut h.new_x, total)?;
+        fit(ctx, &mut h.new_v, total)?;
+        let a = MergeArrays { ids: &h.stay_ids, x: &h.stay_x, v: &h.stay_v, ids_out: &h.new_ids, x_out: &h.new_x, v_out: &h.new_v };
+        let n = h.merge.enqueue(self.module, self.stream, &a, h.stayers, &arrivals)?;
+        let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
+        let p = h
+            .passes
+            .as_mut()
+            .filter(|p| p.made == made)
+            .ok_or_else(|| HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank)))?;
+        p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
+        // Everything that comes back, in one wait: ids, positions, the selection's counts and
+        // every slot's whole room of indices.
+        let (info_words, map_words) = p.select.read_back_words(n);
+        let need = 4 * n + info_words + map_words;
+        if h.host.as_ref().is_none_or(|m| m.len() < need) {
+            let cap = grown_capacity(0, need).unwrap_or(need);
+            // SAFETY: the contents are written by the copies below before they are read (after
+            // the stream's synchronisation).
+            h.host = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.during("allocating the GPU redecomposition's read-back")?);
+        }
+        let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
+        let words = &mut host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?[..need];
+        let (ids, rest) = words.split_at_mut(n);
+        let (x, rest) = rest.split_at_mut(3 * n);
+        let (info, maps) = rest.split_at_mut(info_words);
+        let x: &mut [Float3] = bytemuck::cast_slice_mut(x);
+        // SAFETY: the arrays are untouched until the synchronisation below.
+        let enqueued = unsafe {
+            h.new_ids
+                .enqueue_read(0, ids, self.stream)
+                .and_then(|()| h.new_x.enqueue_read(0, x, self.stream))
+                .and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
+        };
+        let waited = self.stream.synchronize().during("waiting for the GPU redecomposition");
+        enqueued.and(waited)?;
+        h.merge.check()?;
+        h.home = n;
+        into.ids.clear();
+        into.ids.extend_from_slice(ids);
+        into.wrapped.clear();
+        into.wrapped.extend_from_slice(x);
+        p.select.maps_from(info, maps, n, &mut into.first_pulse)?;
+        Ok(into)
+    }
+}

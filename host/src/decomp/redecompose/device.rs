@@ -1,0 +1,156 @@
+//! A redecomposition whose per-atom passes run where each rank's home atoms are (its GPU): the
+//! same plan as [`super::redecompose_with`], bit for bit, with the host doing only what is
+//! O(leavers + halo): the migration's collective, the selection of atoms received along earlier
+//! dimensions, the later pulses and the plan's collective.
+//!
+//! A rank's device ([`HomeDevice`]) does the two per-atom phases:
+//! 1. [`HomeDevice::migrate`]: wrap every home atom, find its owner, keep the stayers (in input
+//!    order) on the device and hand back only the leavers (`Leaving::sort_out`'s work);
+//! 2. [`HomeDevice::merge_and_select`]: merge the arrivals (sorted by id) into the stayers by
+//!    global id (`Working::new`'s work), select every decomposed dimension's first pulse over the
+//!    new home atoms (`select_wrapped_into` over the home part of the frame), and hand back the
+//!    new home atoms' ids and wrapped positions and the selections.
+//!
+//! The velocities never come back: they stay on the device, merged in the order of the ids
+//! (the [`super::Redecomposed`] of this path has empty `velocities`).
+
+use super::{Leaving, RedecomposeScratch, Redecomposed, Spare, Working, local_index, migrate, plan_pulses};
+use crate::decomp::grid::{Decomposition, RankGrid};
+use crate::decomp::{PlanError, PulsePlan};
+use crate::error::{HaloError, Result};
+use crate::workers::Workers;
+use kernels_gpu::abi::{Float3, MigrateLeaver};
+
+/// A rank's new home atoms as its device leaves them after [`HomeDevice::merge_and_select`]:
+/// global ids ascending and wrapped positions (read back into the arrays handed in), and per
+/// decomposed dimension (ascending) the home indices its first pulse sends, ascending.
+#[derive(Debug, Default)]
+pub struct MergedHome {
+    /// Global ids of the new home atoms, ascending.
+    pub ids: Vec<u32>,
+    /// Their positions wrapped into the box.
+    pub wrapped: Vec<Float3>,
+    /// Per decomposed dimension, the home atoms its first pulse sends (indices into `ids`).
+    pub first_pulse: Vec<Vec<u32>>,
+}
+
+/// Where one rank's home atoms are held between searches (its GPU, or a CPU model of it): the
+/// two per-atom phases of a redecomposition. Both are the host's own arithmetic bit for bit:
+/// the wrap and owner of `wrap_position` and `CellEdges::rank_of`, and the selection of
+/// `select_for_pulse_into`.
+pub trait HomeDevice {
+    /// The rank (global index in the grid).
+    fn rank(&self) -> usize;
+
+    /// Phase 1: sorts out the home atoms, keeps the stayers, returns how many atoms the rank
+    /// held and the leavers (input order). Errors: [`PlanError::NonFinitePosition`] for the
+    /// first non-finite position in input order (it travels to every process), or a failure of
+    /// the device (which does not).
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)>;
+
+    /// Phase 2: merges `arrivals` (sorted by id, unique, none a stayer's) into the stayers by
+    /// id, selects the first pulses over the result, and returns them in `into`'s arrays
+    /// (cleared first; their allocations reused).
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome>;
+}
+
+/// [`super::redecompose_with`] for the ranks whose home atoms `devices` hold (one per entry of
+/// `ranks`, in that order): the same plan and local positions, with the home atoms' velocities
+/// left on the devices (`Redecomposed::homes[i].velocities` is empty; its ids are the new home
+/// atoms'). Collective across processes as `redecompose_with` is, with the same collectives.
+#[allow(clippy::too_many_arguments)]
+pub fn redecompose_on_devices(
+    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], devices: &mut [&mut dyn HomeDevice],
+    all_gather: &mut super::Collective<'_>, workers: &Workers, scratch: &mut RedecomposeScratch,
+) -> Result<Redecomposed> {
+    let geo = Decomposition::new(grid, box_size, cutoff)?;
+    if atoms > (u32::MAX / 2) as usize {
+        return Err(PlanError::TooManyAtoms { atoms }.into());
+    }
+    let nranks = grid.num_ranks();
+    let local_index = local_index(ranks, devices.len(), nranks)?;
+    if let Some((&r, d)) = ranks.iter().zip(devices.iter()).find(|(r, d)| **r != d.rank()) {
+        return Err(HaloError::InvalidInput(format!("the device given for rank {r} holds rank {}", d.rank())));
+    }
+    scratch.ranks.resize_with(ranks.len(), Default::default);
+    scratch.spare.large = 4 * ranks.len() + 2 + (nranks - ranks.len().min(nranks));
+
+    // 1. Owners on the devices; leavers out, arrivals in.
+    let mut leaving = Vec::with_capacity(devices.len());
+    for d in devices.iter_mut() {
+        leaving.push(match d.migrate(&geo) {
+            Ok((count, leavers)) => Leaving::from_leavers(count, &leavers),
+            Err(HaloError::Plan(e @ PlanError::NonFinitePosition { .. })) => Leaving::failed(e),
+            Err(e) => return Err(e),
+        });
+    }
+    let mut arrivals = migrate(&leaving, &local_index, atoms, all_gather, &mut scratch.spare)?;
+
+    // The new home atoms in id order, merged and selected on the devices.
+    let mut work = Vec::with_capacity(devices.len());
+    let mut home_maps = Vec::with_capacity(devices.len());
+    for (d, a) in devices.iter_mut().zip(&mut arrivals) {
+        a.sort_unstable_by_key(|m| m.0);
+        let spare = &mut scratch.spare;
+        let into = MergedHome {
+            ids: Spare::any(&mut spare.ids),
+            wrapped: Spare::any(&mut spare.float3),
+            first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
+        };
+        let merged = d.merge_and_select(&geo, a, into)?;
+        if merged.wrapped.len() != merged.ids.len() || merged.first_pulse.len() != geo.grid.decomposed_dims().len() {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: the device merged {} ids, {} positions and {} first pulses for {} decomposed dimensions",
+                d.rank(),
+                merged.ids.len(),
+                merged.wrapped.len(),
+                merged.first_pulse.len(),
+                geo.grid.decomposed_dims().len()
+            )));
+        }
+        let (w, maps) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
+        work.push(w);
+        home_maps.push(maps);
+    }
+    let done = plan_pulses(&geo, atoms, ranks, work, &home_maps, all_gather, workers, scratch);
+    for maps in home_maps {
+        for m in maps {
+            Spare::give(&mut scratch.spare.maps, m, super::SPARE_SMALL);
+        }
+    }
+    done
+}
+
+impl Leaving {
+    /// A rank's migration as its device sorted it out: `count` atoms held, `leavers` leaving.
+    fn from_leavers(count: usize, leavers: &[MigrateLeaver]) -> Self {
+        Self {
+            dest: leavers.iter().map(|l| l.owner).collect(),
+            ids: leavers.iter().map(|l| l.id).collect(),
+            positions: leavers.iter().map(|l| l.x).collect(),
+            velocities: leavers.iter().map(|l| l.v).collect(),
+            count,
+            error: None,
+        }
+    }
+
+    /// A rank whose input failed with `e` (which travels in the migration's collective).
+    fn failed(e: PlanError) -> Self {
+        Self { dest: Vec::new(), ids: Vec::new(), positions: Vec::new(), velocities: Vec::new(), count: 0, error: Some(e) }
+    }
+}
+
+impl Working {
+    /// A rank's working state from its device's merged home atoms (no velocities: they stay on
+    /// the device) and the home parts of its first pulses, handed back apart.
+    fn from_merged(rank: usize, merged: MergedHome, pulses: Vec<PulsePlan>, box_size: [f32; 3]) -> (Self, Vec<Vec<u32>>) {
+        let MergedHome { mut ids, mut wrapped, first_pulse } = merged;
+        let n = ids.len();
+        // Room for a halo, as `Working::new` makes.
+        ids.reserve(n / 2);
+        wrapped.reserve(n / 2);
+        let mut crossed = Vec::with_capacity(n + n / 2);
+        crossed.resize(n, 0);
+        (Self { rank, home: n, ids, wrapped, velocities: Vec::new(), crossed, pulses, box_size }, first_pulse)
+    }
+}

@@ -1,0 +1,175 @@
+//! The redecomposition on the GPUs (`decomp::redecompose_on_devices` over `decomp::GpuHome`:
+//! migration, merge and first-pulse selection on each rank's GPU) against the host's
+//! (`decomp::redecompose`), bit for bit: the same plan (every rank's ids, pulses and index
+//! maps), the same local positions, the same home ids, and each rank's velocities on its GPU in
+//! the new order. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
+//! process on one GPU, through several searches in a row (each from the last one's plan, the
+//! atoms moved in between, some across the box and whole boxes away), one `GpuHome` per rank
+//! reused throughout; a non-finite position is named as the host names it.
+
+use halo::HaloError;
+use halo::abi::Float3;
+use halo::decomp::{GpuHome, HaloPlan, HomeAtoms, HomeDevice, PlanError, RankGrid, RedecomposeScratch, redecompose, redecompose_on_devices};
+use halo::gpu::{DeviceBuffer, DeviceMemory};
+use halo::system::MolecularSystem;
+use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
+use halo::workers::Workers;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
+    v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
+}
+
+fn identity(_tag: &str, mine: Vec<Vec<u8>>) -> halo::Result<Vec<Vec<u8>>> {
+    Ok(mine)
+}
+
+/// `positions` moved as between searches, with a few atoms across the boundary, whole boxes away
+/// or anywhere; new velocities.
+fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let x = positions
+        .iter()
+        .map(|p| {
+            let mut x = [p.x, p.y, p.z];
+            match rng.random_range(0..200) {
+                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
+                1..4 => {
+                    let d = rng.random_range(0..3);
+                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
+                }
+                _ => {}
+            }
+            for c in &mut x {
+                *c += rng.random_range(-0.15..0.15);
+            }
+            Float3::new(x[0], x[1], x[2])
+        })
+        .collect();
+    let v = positions.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random())).collect();
+    (x, v)
+}
+
+/// Each rank's home atoms from `plan` at `positions` / `velocities`, on the host.
+fn homes_of(plan: &HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec<HomeAtoms> {
+    plan.ranks
+        .iter()
+        .map(|r| {
+            let ids = r.global_ids[..r.home_atoms].to_vec();
+            HomeAtoms {
+                positions: ids.iter().map(|&i| positions[i as usize]).collect(),
+                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
+                ids,
+            }
+        })
+        .collect()
+}
+
+/// One rank's home atoms on the GPU as the MD step leaves them (positions unwrapped), with slack
+/// after them that the passes must not read.
+struct RankArrays {
+    x: DeviceBuffer<Float3>,
+    v: DeviceBuffer<Float3>,
+}
+
+impl RankArrays {
+    fn new(g: &Gpu, h: &HomeAtoms) -> Self {
+        let pad = |a: &[Float3]| a.iter().copied().chain(std::iter::repeat_n(Float3::new(f32::NAN, f32::NAN, f32::NAN), 29)).collect::<Vec<_>>();
+        let a = Self {
+            x: DeviceBuffer::from_host(&g.ctx, &pad(&h.positions)).unwrap(),
+            v: DeviceBuffer::from_host(&g.ctx, &pad(&h.velocities)).unwrap(),
+        };
+        g.ctx.synchronize().unwrap();
+        a
+    }
+}
+
+#[test]
+fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
+    let Some(g) = gpu("the_gpu_redecomposition_gives_the_hosts_plan_search_after_search") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let sys = MolecularSystem::generate(45_000, 21).unwrap();
+    let cases: [([usize; 3], f32); 8] = [
+        ([2, 1, 1], 1.2),
+        ([1, 2, 1], 1.0),
+        ([4, 1, 1], 1.2),
+        ([8, 1, 1], 1.1),
+        ([2, 2, 1], 1.1),
+        ([2, 2, 2], 1.2),
+        ([3, 3, 1], 1.2),
+        ([6, 2, 1], 1.4),
+    ];
+    let workers = Workers::serial();
+    let mut two_pulses = false;
+    for (dims, cutoff) in cases {
+        let grid = RankGrid::new(dims).unwrap();
+        let geo = halo::decomp::Decomposition::new(grid, sys.box_size, cutoff).unwrap();
+        two_pulses |= geo.pulses.contains(&2);
+        let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
+        let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
+        let mut scratch = RedecomposeScratch::default();
+        let mut positions = sys.positions.clone();
+        let mut plan = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+        for search in 0..3u64 {
+            let (moved_to, velocities) = moved(&positions, sys.box_size, search + 10 * dims.iter().sum::<usize>() as u64);
+            positions = moved_to;
+            let homes = homes_of(&plan, &positions, &velocities);
+            let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
+            let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
+            let got = {
+                let mut devices: Vec<_> =
+                    homes_gpu.iter_mut().zip(&arrays).zip(&homes).map(|((d, a), h)| d.with(&g.module, &stream, &a.x, &a.v, &h.ids)).collect();
+                let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+                redecompose_on_devices(grid, sys.box_size, cutoff, positions.len(), &ranks, &mut dyns, &mut identity, &workers, &mut scratch).unwrap()
+            };
+            let test = format!("{dims:?} cutoff {cutoff}, search {search}");
+            assert_eq!(got.plan, want.plan, "{test}: the plan");
+            for (r, ((gh, wh), d)) in got.homes.iter().zip(&want.homes).zip(&homes_gpu).enumerate() {
+                assert_eq!(gh.ids, wh.ids, "{test} rank {r}: the home ids");
+                assert!(gh.velocities.is_empty(), "{test} rank {r}: the velocities stay on the GPU");
+                assert_eq!(d.home_atoms(), wh.ids.len(), "{test} rank {r}: home atoms on the GPU");
+                let v = d.velocities().to_host().unwrap();
+                assert_eq!(bits(&v[..wh.ids.len()]), bits(&wh.velocities), "{test} rank {r}: the velocities on the GPU");
+            }
+            for (r, (gl, wl)) in got.local_positions.iter().zip(&want.local_positions).enumerate() {
+                assert_eq!(bits(gl), bits(wl), "{test} rank {r}: the local positions");
+            }
+            plan = got.plan;
+        }
+        eprintln!("{dims:?} cutoff {cutoff} (pulses {:?}): three searches equal the host's", geo.pulses);
+    }
+    assert!(two_pulses, "a case with two pulses");
+}
+
+#[test]
+fn a_non_finite_position_fails_the_gpu_redecomposition_as_it_fails_the_hosts() {
+    let Some(g) = gpu("a_non_finite_position_fails_the_gpu_redecomposition_as_it_fails_the_hosts") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let sys = MolecularSystem::generate(6000, 3).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, 1.0).unwrap();
+    let mut homes = homes_of(&plan, &sys.positions, &sys.velocities);
+    homes[3].positions[17].x = f32::NAN;
+    let atom = homes[3].ids[17] as usize;
+    let ranks: Vec<usize> = (0..4).collect();
+    let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
+    let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
+    let mut devices: Vec<_> =
+        homes_gpu.iter_mut().zip(&arrays).zip(&homes).map(|((d, a), h)| d.with(&g.module, &stream, &a.x, &a.v, &h.ids)).collect();
+    let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+    let e = redecompose_on_devices(
+        grid,
+        sys.box_size,
+        1.0,
+        sys.positions.len(),
+        &ranks,
+        &mut dyns,
+        &mut identity,
+        &Workers::serial(),
+        &mut RedecomposeScratch::default(),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(e, HaloError::Plan(PlanError::NonFinitePosition { atom: a, .. }) if a == atom), "{e}");
+}
