@@ -20,7 +20,7 @@ use halo::decomp::{
 };
 use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
 use halo::system::MolecularSystem;
-use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
+use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu, homes_of, moved_positions};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -323,30 +323,6 @@ fn bad_arrays_are_refused_and_a_merge_is_checked_later() {
     compare("enqueued and checked", &d.ids_out, &d.x_out, &d.v_out, &want);
 }
 
-/// `positions` moved as in a few search intervals: small steps, some atoms across the periodic
-/// boundary by whole boxes, a few anywhere.
-fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> Vec<Float3> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    positions
-        .iter()
-        .map(|p| {
-            let mut x = [p.x, p.y, p.z];
-            match rng.random_range(0..100) {
-                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
-                1..4 => {
-                    let d = rng.random_range(0..3);
-                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
-                }
-                _ => {}
-            }
-            for c in &mut x {
-                *c += rng.random_range(-0.3..0.3);
-            }
-            Float3::new(x[0], x[1], x[2])
-        })
-        .collect()
-}
-
 #[test]
 fn gpu_migration_and_merge_on_every_rank_equal_redecompose() {
     let Some(g) = gpu("gpu_migration_and_merge_on_every_rank_equal_redecompose") else { return };
@@ -356,18 +332,11 @@ fn gpu_migration_and_merge_on_every_rank_equal_redecompose() {
         let (grid, cutoff) = (RankGrid::new(dims).unwrap(), 0.9);
         let geo = Decomposition::new(grid, sys.box_size, cutoff).unwrap();
         let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
-        let x = moved(&sys.positions, sys.box_size, k as u64);
+        let x = moved_positions(&sys.positions, sys.box_size, k as u64);
         let mut rng = ChaCha8Rng::seed_from_u64(k as u64);
         let v: Vec<Float3> = x.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random(), rng.random())).collect();
         // Every rank's home atoms as the last plan left them (id order), moved since.
-        let homes: Vec<HomeAtoms> = before
-            .ranks
-            .iter()
-            .map(|r| {
-                let ids = r.global_ids[..r.home_atoms].to_vec();
-                HomeAtoms { positions: ids.iter().map(|&i| x[i as usize]).collect(), velocities: ids.iter().map(|&i| v[i as usize]).collect(), ids }
-            })
-            .collect();
+        let homes: Vec<HomeAtoms> = homes_of(&before, &x, &v);
         let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
         let want = redecompose(grid, sys.box_size, cutoff, atoms, &ranks, homes.clone(), &mut |_, mine| Ok(mine)).unwrap();
         // Each rank's migration on the GPU: the stayers stay on the device, the leavers come back.

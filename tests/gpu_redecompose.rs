@@ -12,10 +12,8 @@ use halo::abi::Float3;
 use halo::decomp::{GpuHome, HaloPlan, HomeAtoms, HomeDevice, PlanError, RankGrid, RedecomposeScratch, redecompose, redecompose_on_devices};
 use halo::gpu::{DeviceBuffer, DeviceMemory};
 use halo::system::MolecularSystem;
-use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
+use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu, homes_of, moved_atoms as moved};
 use halo::workers::Workers;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
@@ -23,47 +21,6 @@ fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
 
 fn identity(_tag: &str, mine: Vec<Vec<u8>>) -> halo::Result<Vec<Vec<u8>>> {
     Ok(mine)
-}
-
-/// `positions` moved as between searches, with a few atoms across the boundary, whole boxes away
-/// or anywhere; new velocities.
-fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let x = positions
-        .iter()
-        .map(|p| {
-            let mut x = [p.x, p.y, p.z];
-            match rng.random_range(0..200) {
-                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
-                1..4 => {
-                    let d = rng.random_range(0..3);
-                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
-                }
-                _ => {}
-            }
-            for c in &mut x {
-                *c += rng.random_range(-0.15..0.15);
-            }
-            Float3::new(x[0], x[1], x[2])
-        })
-        .collect();
-    let v = positions.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random())).collect();
-    (x, v)
-}
-
-/// Each rank's home atoms from `plan` at `positions` / `velocities`, on the host.
-fn homes_of(plan: &HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec<HomeAtoms> {
-    plan.ranks
-        .iter()
-        .map(|r| {
-            let ids = r.global_ids[..r.home_atoms].to_vec();
-            HomeAtoms {
-                positions: ids.iter().map(|&i| positions[i as usize]).collect(),
-                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
-                ids,
-            }
-        })
-        .collect()
 }
 
 /// One rank's home atoms on the GPU as the MD step leaves them (positions unwrapped), with slack

@@ -175,6 +175,57 @@ pub fn ring_halos(n: usize) -> Vec<crate::exchange::RankHalo> {
         .collect()
 }
 
+/// Each rank's home atoms as its GPU holds them between searches when the atoms moved to
+/// `positions` (with `velocities`, both by global id) after `plan` placed them: the plan's home ids
+/// in its order. For tests of redecompositions and their GPU passes.
+pub fn homes_of(plan: &crate::decomp::HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec<crate::decomp::HomeAtoms> {
+    plan.ranks
+        .iter()
+        .map(|r| {
+            let ids = r.global_ids[..r.home_atoms].to_vec();
+            crate::decomp::HomeAtoms {
+                positions: ids.iter().map(|&i| positions[i as usize]).collect(),
+                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
+                ids,
+            }
+        })
+        .collect()
+}
+
+/// `positions` moved as in a few search intervals (seeded): every atom by up to 0.3 nm along each
+/// axis, 3 % also across the periodic boundary by whole boxes (-2 to +3), 1 % anywhere from one
+/// box below to two above. For tests of redecompositions and their GPU passes.
+pub fn moved_positions(positions: &[Float3], box_size: [f32; 3], seed: u64) -> Vec<Float3> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    positions
+        .iter()
+        .map(|p| {
+            let mut x = [p.x, p.y, p.z];
+            match rng.random_range(0..100) {
+                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
+                1..4 => {
+                    let d = rng.random_range(0..3);
+                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
+                }
+                _ => {}
+            }
+            for c in &mut x {
+                *c += rng.random_range(-0.3..0.3);
+            }
+            Float3::new(x[0], x[1], x[2])
+        })
+        .collect()
+}
+
+/// [`moved_positions`] and new velocities (seeded, up to 2 nm/ps along x and y, 1 along z).
+pub fn moved_atoms(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7e1);
+    let v = positions.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random())).collect();
+    (moved_positions(positions, box_size, seed), v)
+}
+
 /// Home atoms for tests of the GPU migration ([`crate::decomp::GpuMigrate`]) in `geo`: positions,
 /// velocities and ids of `n` atoms. A generated liquid scaled to `geo`'s box, ids a shuffled
 /// sparse set, and moved as the hard cases need: every third atom by whole boxes (-3 to +3, the

@@ -8,7 +8,7 @@ use super::gpu_migrate::migrate_reference;
 use super::redecompose::merge_home;
 use super::*;
 use crate::system::MolecularSystem;
-use crate::testing::migration_atoms;
+use crate::testing::{homes_of, migration_atoms, moved_positions};
 use kernels_gpu::abi::{Float3, MigrateLeaver};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -186,30 +186,6 @@ fn order_problems_are_named_with_the_fix() {
     }
 }
 
-/// Positions moved as in a few search intervals: small steps, some atoms across the periodic
-/// boundary by whole boxes, a few anywhere.
-fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> Vec<Float3> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    positions
-        .iter()
-        .map(|p| {
-            let mut x = [p.x, p.y, p.z];
-            match rng.random_range(0..100) {
-                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
-                1..4 => {
-                    let d = rng.random_range(0..3);
-                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
-                }
-                _ => {}
-            }
-            for c in &mut x {
-                *c += rng.random_range(-0.3..0.3);
-            }
-            Float3::new(x[0], x[1], x[2])
-        })
-        .collect()
-}
-
 #[test]
 fn migration_routing_and_merge_on_every_rank_are_redecompose() {
     let sys = MolecularSystem::generate(3000, 7).unwrap();
@@ -218,17 +194,10 @@ fn migration_routing_and_merge_on_every_rank_are_redecompose() {
         let cutoff = 0.9;
         let geo = Decomposition::new(grid, sys.box_size, cutoff).unwrap();
         let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
-        let x = moved(&sys.positions, sys.box_size, k as u64);
+        let x = moved_positions(&sys.positions, sys.box_size, k as u64);
         let mut rng = ChaCha8Rng::seed_from_u64(k as u64);
         let v: Vec<Float3> = x.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random(), rng.random())).collect();
-        let homes: Vec<HomeAtoms> = before
-            .ranks
-            .iter()
-            .map(|r| {
-                let ids = r.global_ids[..r.home_atoms].to_vec();
-                HomeAtoms { positions: ids.iter().map(|&i| x[i as usize]).collect(), velocities: ids.iter().map(|&i| v[i as usize]).collect(), ids }
-            })
-            .collect();
+        let homes: Vec<HomeAtoms> = homes_of(&before, &x, &v);
         let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
         let want = redecompose(grid, sys.box_size, cutoff, x.len(), &ranks, homes.clone(), &mut |_, mine| Ok(mine)).unwrap();
         // Each rank's migration; the leavers to their owners, rank by rank in order; each merge.

@@ -7,6 +7,7 @@ use super::select::select_wrapped_into;
 use super::*;
 use crate::error::{HaloError, Result};
 use crate::system::MolecularSystem;
+use crate::testing::{homes_of, moved_atoms as moved};
 use kernels_gpu::abi::Float3;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
@@ -20,22 +21,6 @@ fn identity(_tag: &str, mine: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
     Ok(mine)
 }
 
-/// Every rank's home atoms as its GPU would hold them after the atoms moved from where `plan` put
-/// them to `positions` (with `velocities`).
-fn homes_of(plan: &HaloPlan, positions: &[Float3], velocities: &[Float3]) -> Vec<HomeAtoms> {
-    plan.ranks
-        .iter()
-        .map(|r| {
-            let ids = r.global_ids[..r.home_atoms].to_vec();
-            HomeAtoms {
-                positions: ids.iter().map(|&i| positions[i as usize]).collect(),
-                velocities: ids.iter().map(|&i| velocities[i as usize]).collect(),
-                ids,
-            }
-        })
-        .collect()
-}
-
 /// `positions` moved as in a search interval: a few hundredths of a nm each (seed 4).
 fn interval_motion(positions: &[Float3]) -> Vec<Float3> {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
@@ -45,31 +30,6 @@ fn interval_motion(positions: &[Float3]) -> Vec<Float3> {
         .collect()
 }
 
-/// `positions` moved: small steps for most atoms, some across the periodic boundary and left
-/// outside the box (by whole boxes, too), a few teleported anywhere; and new velocities.
-fn moved(positions: &[Float3], box_size: [f32; 3], seed: u64) -> (Vec<Float3>, Vec<Float3>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let moved = positions
-        .iter()
-        .map(|p| {
-            let mut x = [p.x, p.y, p.z];
-            match rng.random_range(0..100) {
-                0 => x = std::array::from_fn(|d| rng.random_range(-1.0..2.0) * box_size[d]),
-                1..5 => {
-                    let d = rng.random_range(0..3);
-                    x[d] += box_size[d] * [-2.0, -1.0, 1.0, 3.0][rng.random_range(0..4)];
-                }
-                _ => {}
-            }
-            for v in &mut x {
-                *v += rng.random_range(-0.3..0.3);
-            }
-            Float3::new(x[0], x[1], x[2])
-        })
-        .collect();
-    let velocities = positions.iter().map(|_| Float3::new(rng.random_range(-2.0..2.0), rng.random_range(-2.0..2.0), rng.random())).collect();
-    (moved, velocities)
-}
 
 fn push(h: &mut HomeAtoms, (id, p, v): (u32, Float3, Float3)) {
     h.ids.push(id);
