@@ -25,7 +25,7 @@
 //! | [`merge_reference`] | the same merge on the CPU, with the same order checks |
 
 use super::PlanError;
-use super::gpu_migrate::{check_disjoint, check_lengths};
+use super::gpu_checks::{check_disjoint, check_lengths};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging, grown_capacity};
 use cudarc::driver::{CudaContext, CudaEvent, PinnedHostSlice, result, sys};
@@ -120,6 +120,9 @@ pub fn merge_reference(
     Ok(out)
 }
 
+/// The pass's name in errors.
+const PASS: &str = "GPU merge";
+
 /// The device arrays of one merge: the stayers (`ids` ascending, `x` wrapped, `v`: what
 /// [`super::GpuMigrate`] writes to its outputs) and where the merged home atoms go (`ids_out`,
 /// `x_out`, `v_out`). The stayers' arrays hold at least the call's stayers, the outputs the
@@ -142,13 +145,13 @@ pub struct MergeArrays<'a> {
 impl MergeArrays<'_> {
     /// An error unless the stayers' arrays hold `stayers` atoms and the outputs `total`, apart.
     fn check(&self, stayers: usize, total: usize) -> Result<()> {
-        check_lengths(stayers, &[("ids", self.ids.len()), ("x", self.x.len()), ("v", self.v.len())])?;
-        check_lengths(total, &[("ids_out", self.ids_out.len()), ("x_out", self.x_out.len()), ("v_out", self.v_out.len())])?;
+        check_lengths(PASS, stayers, &[("ids", self.ids.len()), ("x", self.x.len()), ("v", self.v.len())])?;
+        check_lengths(PASS, total, &[("ids_out", self.ids_out.len()), ("x_out", self.x_out.len()), ("v_out", self.v_out.len())])?;
         let f3 = |b: &dyn DeviceMemory<Float3>, n: usize| (b.device_ptr(), (n * size_of::<Float3>()) as u64);
         let inputs = [("ids", (self.ids.device_ptr(), (stayers * 4) as u64)), ("x", f3(self.x, stayers)), ("v", f3(self.v, stayers))];
         let outputs =
             [("ids_out", (self.ids_out.device_ptr(), (total * 4) as u64)), ("x_out", f3(self.x_out, total)), ("v_out", f3(self.v_out, total))];
-        check_disjoint(&inputs, &outputs)
+        check_disjoint(PASS, "the merged home atoms", &inputs, &outputs)
     }
 }
 

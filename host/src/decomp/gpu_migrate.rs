@@ -18,6 +18,7 @@
 //! | [`migrate_reference`] | the same migration on the CPU, with the host's own functions |
 
 use super::PlanError;
+use super::gpu_checks::{check_disjoint, check_lengths};
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
 use super::plan::CellEdges;
 use crate::error::{CudaContextExt, HaloError, Result};
@@ -112,6 +113,9 @@ pub struct Migrated {
     pub leavers: Vec<MigrateLeaver>,
 }
 
+/// The pass's name in errors.
+const PASS: &str = "GPU migration";
+
 /// The device arrays of one migration: the home atoms (`x` unwrapped as the MD step leaves them,
 /// `v`, `ids`) and where the stayers go (`x_out` wrapped, `v_out`, `ids_out`). Each holds at least
 /// the `n` atoms of the call; no output may overlap an input or another output (checked).
@@ -141,31 +145,11 @@ impl MigrateArrays<'_> {
             ("v_out", self.v_out.len()),
             ("ids_out", self.ids_out.len()),
         ];
-        check_lengths(n, &lens)?;
+        check_lengths(PASS, n, &lens)?;
         let input = |b: &dyn DeviceMemory<Float3>| (b.device_ptr(), (n * size_of::<Float3>()) as u64);
         let inputs = [("x", input(self.x)), ("v", input(self.v)), ("ids", (self.ids.device_ptr(), (n * 4) as u64))];
         let outputs = [("x_out", input(self.x_out)), ("v_out", input(self.v_out)), ("ids_out", (self.ids_out.device_ptr(), (n * 4) as u64))];
-        check_disjoint(&inputs, &outputs)
-    }
-}
-
-/// An error naming the first output whose bytes `(address, length)` overlap an input's or another
-/// output's: the passes read the inputs while other blocks write the outputs.
-pub(super) fn check_disjoint(inputs: &[(&str, (u64, u64))], outputs: &[(&str, (u64, u64))]) -> Result<()> {
-    let overlap = |(a, la): (u64, u64), (b, lb): (u64, u64)| la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la);
-    for (k, (out, range)) in outputs.iter().enumerate() {
-        if let Some((other, _)) = inputs.iter().chain(&outputs[..k]).find(|(_, r)| overlap(*range, *r)) {
-            return Err(HaloError::InvalidInput(format!("GPU migration: `{out}` overlaps `{other}`; give the stayers arrays of their own")));
-        }
-    }
-    Ok(())
-}
-
-/// An error naming the first array shorter than `n`.
-pub(super) fn check_lengths(n: usize, lens: &[(&str, usize)]) -> Result<()> {
-    match lens.iter().find(|(_, len)| *len < n) {
-        Some((name, len)) => Err(HaloError::InvalidInput(format!("GPU migration of {n} atoms: `{name}` holds {len}"))),
-        None => Ok(()),
+        check_disjoint(PASS, "the stayers", &inputs, &outputs)
     }
 }
 

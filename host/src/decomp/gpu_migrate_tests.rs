@@ -2,7 +2,8 @@
 //! `CellEdges` (every rank, positions on and beside every threshold), the CPU reference against
 //! the host's own first phase of a redecomposition (`Leaving::sort_out`), and the error paths.
 
-use super::gpu_migrate::{check_disjoint, check_lengths, migrate_geometry, migrate_reference, owner_in};
+use super::gpu_checks::{check_disjoint, check_lengths};
+use super::gpu_migrate::{migrate_geometry, migrate_reference, owner_in};
 use super::plan::CellEdges;
 use super::redecompose::sort_out_home;
 use super::*;
@@ -110,17 +111,20 @@ fn bad_inputs_are_refused_with_what_to_change() {
 
 #[test]
 fn short_or_overlapping_arrays_are_refused() {
-    let e = check_lengths(100, &[("x", 100), ("v", 99), ("ids", 50)]).unwrap_err().to_string();
+    let e = check_lengths("GPU migration", 100, &[("x", 100), ("v", 99), ("ids", 50)]).unwrap_err().to_string();
     assert!(e.contains("GPU migration of 100 atoms: `v` holds 99"), "{e}");
-    assert!(check_lengths(0, &[("x", 0)]).is_ok());
+    assert!(check_lengths("GPU migration", 0, &[("x", 0)]).is_ok());
     let inputs = [("x", (1000, 120)), ("v", (2000, 120)), ("ids", (3000, 40))];
-    assert!(check_disjoint(&inputs, &[("x_out", (4000, 120)), ("v_out", (5000, 120)), ("ids_out", (1120, 40))]).is_ok(), "touching is fine");
-    let e = check_disjoint(&inputs, &[("x_out", (1000, 120))]).unwrap_err().to_string();
+    assert!(
+        check_disjoint("GPU migration", "the stayers", &inputs, &[("x_out", (4000, 120)), ("v_out", (5000, 120)), ("ids_out", (1120, 40))]).is_ok(),
+        "touching is fine"
+    );
+    let e = check_disjoint("GPU migration", "the stayers", &inputs, &[("x_out", (1000, 120))]).unwrap_err().to_string();
     assert!(e.contains("`x_out` overlaps `x`"), "{e}");
-    let e = check_disjoint(&inputs, &[("x_out", (4000, 120)), ("v_out", (4119, 120))]).unwrap_err().to_string();
+    let e = check_disjoint("GPU migration", "the stayers", &inputs, &[("x_out", (4000, 120)), ("v_out", (4119, 120))]).unwrap_err().to_string();
     assert!(e.contains("`v_out` overlaps `x_out`"), "{e}");
     // No atoms: nothing is read or written.
-    assert!(check_disjoint(&[("x", (1000, 0))], &[("x_out", (1000, 0))]).is_ok());
+    assert!(check_disjoint("GPU migration", "the stayers", &[("x", (1000, 0))], &[("x_out", (1000, 0))]).is_ok());
 }
 
 #[test]

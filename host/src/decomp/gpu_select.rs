@@ -25,6 +25,7 @@
 //! | [`selected_in`] | the kernels' rule on a [`SelectGeometry`], on the CPU (for tests of the geometry) |
 
 use super::PlanError;
+use super::gpu_checks::{check_lengths, overlap};
 use super::grid::Decomposition;
 use super::plan::{excess2, pulse_bounds, send_range2};
 use super::redecompose::Frame;
@@ -157,18 +158,9 @@ pub(crate) fn selection_edges(geo: &Decomposition, rank: usize) -> [Vec<f32>; 3]
     out
 }
 
-/// An error naming the first array shorter than `n`.
-fn check_lengths(n: usize, lens: &[(&str, usize)]) -> Result<()> {
-    match lens.iter().find(|(_, len)| *len < n) {
-        Some((name, len)) => Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: `{name}` holds {len}"))),
-        None => Ok(()),
-    }
-}
-
 /// An error naming the first input whose bytes `(address, length)` overlap one of the
 /// selection's own outputs: other blocks write those while the passes read the inputs.
 pub(super) fn check_disjoint(inputs: &[(&str, (u64, u64))], outputs: &[(&str, (u64, u64))]) -> Result<()> {
-    let overlap = |(a, la): (u64, u64), (b, lb): (u64, u64)| la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la);
     for (input, range) in inputs {
         if let Some((out, _)) = outputs.iter().find(|(_, r)| overlap(*range, *r)) {
             return Err(HaloError::InvalidInput(format!(
@@ -254,7 +246,7 @@ impl GpuSelect {
         &mut self, module: &KernelModule, stream: &CudaStream, x: &dyn DeviceMemory<Float3>, ids: &dyn DeviceMemory<u32>, n: usize,
     ) -> Result<()> {
         self.slots.clear();
-        check_lengths(n, &[("x", x.len()), ("ids", ids.len())])?;
+        check_lengths("GPU selection", n, &[("x", x.len()), ("ids", ids.len())])?;
         // Every slot's atoms share the outputs: `SELECT_SLOTS n` places must be `u32`s.
         let n32 = u32::try_from(n)
             .ok()

@@ -19,6 +19,7 @@
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod error;
+mod gpu_checks;
 mod gpu_home;
 mod gpu_merge;
 #[cfg(test)]
