@@ -554,6 +554,26 @@ pub const fn migrate_merge_blocks(n: u32) -> u32 {
     if b == 0 { 1 } else { b }
 }
 
+/// The number of `ids[0..n]` below `key` (`n` when all are): a lower bound by halving, in as many
+/// steps as `n` has bits, as [`MIGRATE_MERGE`] places each atom (and as the host's model of it
+/// replays). Ascending `ids` assumed; any `ids` gives a count in `0..=n`, and `ids` is called only
+/// below `n`.
+#[inline(always)]
+pub fn ids_below(n: u32, key: u32, ids: impl Fn(u32) -> u32) -> u32 {
+    let (mut lo, mut len) = (0u32, n);
+    while len > 0 {
+        let half = len / 2;
+        // `lo + half < lo + len <= n`.
+        if ids(lo + half) < key {
+            lo += half + 1;
+            len -= half + 1;
+        } else {
+            len = half;
+        }
+    }
+    lo
+}
+
 /// The geometry the migration kernels read (one small device buffer, uploaded once per
 /// decomposition and rank): the box, this rank, and per dimension the rank stride and the cell
 /// thresholds (`Decomposition::cell_threshold(d, 1..n)`; none along a dimension of one rank).

@@ -43,20 +43,11 @@ pub struct MergeReference {
     pub velocities: Vec<Float3>,
 }
 
-/// The number of `ids[..n]` below `key`, by the kernel's halving (the same steps, so the same
-/// answer for ids in any order, which the order checks read).
+/// The number of `ids[..n]` below `key`, by the kernel's own halving ([`abi::ids_below`], the same
+/// steps, so the same answer for ids in any order, which the order checks read).
 pub(super) fn below(n: usize, key: u32, ids: impl Fn(usize) -> u32) -> usize {
-    let (mut lo, mut len) = (0, n);
-    while len > 0 {
-        let half = len / 2;
-        if ids(lo + half) < key {
-            lo += half + 1;
-            len -= half + 1;
-        } else {
-            len = half;
-        }
-    }
-    lo
+    // The merge refuses more than `u32::MAX` atoms before it runs.
+    abi::ids_below(u32::try_from(n).unwrap_or(u32::MAX), key, |k| ids(k as usize)) as usize
 }
 
 /// `arrivals` sorted by id (stably), unless they are in strict id order already (`None`).

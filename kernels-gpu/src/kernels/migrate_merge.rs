@@ -2,8 +2,8 @@
 //! redecomposition (docs/nbnxm.md, "Search step cost"): the host's `Working::new`
 //! (`host/src/decomp/redecompose.rs`), which builds the new home atoms in global-id order from the
 //! stayers (in id order when the input came from the last plan) and the arrivals (sorted by id).
-//! `halo::decomp::GpuMerge` drives it (for the MD step, inside `halo::decomp::GpuHome`), `tests/gpu_merge.rs` checks it
-//! against the host bit for bit.
+//! `halo::decomp::GpuMerge` drives it (for the MD step, inside `halo::decomp::GpuHome`),
+//! `tests/gpu_merge.rs` checks it against the host bit for bit.
 //!
 //! `migrate_merge`, one thread per output atom, one pass: the first `n_stay` threads take a
 //! stayer each, the others an arrival. Ids are unique, so an atom's place in the merged order is
@@ -14,27 +14,8 @@
 //! check a plain store of 1 to its `info` word (every writer writes the same value): each thread
 //! compares its id with its array's next one, and each arrival the stayer its search found.
 
-use crate::abi::{Float3, MIGRATE_MERGE_INFO_ARRIVALS, MIGRATE_MERGE_INFO_REPEATED, MIGRATE_MERGE_INFO_STAYERS, MigrateLeaver};
+use crate::abi::{Float3, MIGRATE_MERGE_INFO_ARRIVALS, MIGRATE_MERGE_INFO_REPEATED, MIGRATE_MERGE_INFO_STAYERS, MigrateLeaver, ids_below};
 use crate::device::thread;
-
-/// The number of `ids[0..n]` below `key` (`n` when all are): a lower bound by halving, in as many
-/// steps as `n` has bits. Ascending `ids` assumed; any `ids` gives a count in `0..=n`, and `ids`
-/// is called only below `n`.
-#[inline(always)]
-fn below(n: u32, key: u32, ids: impl Fn(u32) -> u32) -> u32 {
-    let (mut lo, mut len) = (0u32, n);
-    while len > 0 {
-        let half = len / 2;
-        // `lo + half < lo + len <= n`.
-        if ids(lo + half) < key {
-            lo += half + 1;
-            len -= half + 1;
-        } else {
-            len = half;
-        }
-    }
-    lo
-}
 
 /// The merge (see [`crate::abi::MIGRATE_MERGE`]).
 ///
@@ -59,7 +40,7 @@ unsafe fn merge(
             if t + 1 < n_stay && *stay_ids.add(i + 1) <= id {
                 *info.add(MIGRATE_MERGE_INFO_STAYERS) = 1;
             }
-            let at = i + below(n_arrivals, id, |k| (*arrivals.add(k as usize)).id) as usize;
+            let at = i + ids_below(n_arrivals, id, |k| (*arrivals.add(k as usize)).id) as usize;
             *ids_out.add(at) = id;
             *x_out.add(at) = *stay_x.add(i);
             *v_out.add(at) = *stay_v.add(i);
@@ -70,7 +51,7 @@ unsafe fn merge(
             if j + 1 < n_arrivals && (*a.add(1)).id <= id {
                 *info.add(MIGRATE_MERGE_INFO_ARRIVALS) = 1;
             }
-            let before = below(n_stay, id, |k| *stay_ids.add(k as usize));
+            let before = ids_below(n_stay, id, |k| *stay_ids.add(k as usize));
             if before < n_stay && *stay_ids.add(before as usize) == id {
                 *info.add(MIGRATE_MERGE_INFO_REPEATED) = 1;
             }
