@@ -320,11 +320,7 @@ fn rank_search(
     }
     // `1 / m` per type, as `1 / system.mass(atom)` gives it per atom (the same bits).
     let inv: Vec<f32> = system.atom_types.iter().map(|t| (1.0 / t.mass) as f32).collect();
-    home.inv_mass.reserve(n);
-    for (k, &t) in home_types.iter().enumerate() {
-        let m = inv.get(t as usize).ok_or_else(|| HaloError::InvalidInput(format!("home atom {k} of rank {rank} has type {t} of {}", inv.len())))?;
-        home.inv_mass.push(*m);
-    }
+    inverse_masses_into(rank, home_types, &inv, &mut home.inv_mass)?;
     let atoms = &buf.atoms;
     let (lists, grid_time, lists_time) = match on {
         // The local atoms themselves (their arrays return through `HostSearch::recycle`).
@@ -352,6 +348,19 @@ fn rank_search(
         grid_time,
         lists_time,
     })
+}
+
+/// Appends `inv[t]` for every type `t` of rank `rank`'s home atoms `types` to `out`: one branch-free
+/// pass for the largest type, then a plain gather (a checked push per atom cost the PE's search
+/// about as much as its local atoms). A type beyond `inv` is an error naming the first such atom.
+fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f32>) -> Result<()> {
+    let largest = types.iter().fold(0, |m, &t| m.max(t));
+    if !types.is_empty() && largest as usize >= inv.len() {
+        let (k, t) = types.iter().enumerate().find(|(_, t)| **t as usize >= inv.len()).map_or((0, largest), |(k, &t)| (k, t));
+        return Err(HaloError::InvalidInput(format!("home atom {k} of rank {rank} has type {t} of {}", inv.len())));
+    }
+    out.extend(types.iter().map(|&t| inv[t as usize]));
+    Ok(())
 }
 
 /// The default number of search threads of a process that runs one PE: one. Measured on two H200s
@@ -392,6 +401,20 @@ mod tests {
             RankLists::GpuGrid(a) => (None, Some(a.clone()), None),
         };
         (r.rank, grid, atoms, lists, r.home_x.clone(), r.home_v.clone(), r.inv_mass.clone(), r.home_types.clone())
+    }
+
+    #[test]
+    fn inverse_masses_follow_the_types_and_a_type_beyond_the_table_names_its_atom() {
+        let inv = [0.5f32, 0.25, 0.125];
+        let mut out = vec![9.0];
+        inverse_masses_into(3, &[2, 0, 1, 1, 0], &inv, &mut out).unwrap();
+        assert_eq!(out, [9.0, 0.125, 0.5, 0.25, 0.25, 0.5], "appended, in the atoms' order");
+        inverse_masses_into(3, &[], &[], &mut out).unwrap();
+        assert_eq!(out.len(), 6, "no atoms, no table: nothing to do");
+        let e = inverse_masses_into(3, &[1, 0, 7, 3], &inv, &mut out).unwrap_err().to_string();
+        assert!(e.contains("home atom 2 of rank 3 has type 7 of 3"), "{e}");
+        let e = inverse_masses_into(0, &[0], &[], &mut out).unwrap_err().to_string();
+        assert!(e.contains("home atom 0 of rank 0 has type 0 of 0"), "{e}");
     }
 
     #[test]
