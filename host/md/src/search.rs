@@ -245,7 +245,8 @@ impl HostSearch {
         let workers = &self.workers;
         let one = |(&rank, buf): (&usize, &mut RankBuffers)| {
             let t = Instant::now();
-            LocalAtoms::from_plan_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            // Unvalidated: every grid build below validates the atoms itself.
+            LocalAtoms::from_plan_unvalidated_into(plan, rank, &system.positions, &system.types, workers, &mut buf.atoms).map_err(bad)?;
             let atoms_time = t.elapsed();
             let home = &plan.ranks[rank].global_ids[..buf.atoms.home];
             buf.home.v.clear();
@@ -279,7 +280,8 @@ impl HostSearch {
         let plan_ref = &plan;
         let one = |(((&rank, buf), home), local): (((&usize, &mut RankBuffers), &mut HomeAtoms), &mut Vec<Float3>)| {
             let t = Instant::now();
-            LocalAtoms::from_local_into(plan_ref, rank, local, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            // Unvalidated: every grid build below validates the atoms itself.
+            LocalAtoms::from_local_unvalidated_into(plan_ref, rank, local, &system.types, workers, &mut buf.atoms).map_err(bad)?;
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };
             if home.velocities.len() != want {

@@ -53,6 +53,17 @@ impl LocalAtoms {
     /// atoms, at least a few thousand each); the same atoms, and the same first error, for any
     /// workers and whatever `out` held. After an error `out`'s contents are unspecified.
     pub fn from_plan_into(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], workers: &Workers, out: &mut Self) -> Result<(), NbnxmError> {
+        Self::from_plan_unvalidated_into(plan, rank, positions, types, workers, out)?;
+        out.validate()
+    }
+
+    /// [`Self::from_plan_into`] without its last pass, [`Self::validate`]: for a search that hands
+    /// the atoms straight to a grid build, which validates them itself (`ClusterGrid::build_into`,
+    /// and the GPU grid's zone plan, `LocalAtoms::zone_facts`, with the same errors), so that the
+    /// search pays for one pass over the atoms, not two. Every other error is the same.
+    pub(crate) fn from_plan_unvalidated_into(
+        plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], workers: &Workers, out: &mut Self,
+    ) -> Result<(), NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if types.len() != positions.len() {
             return Err(NbnxmError::Length { what: "atom types", found: types.len(), expected: positions.len() });
@@ -73,8 +84,7 @@ impl LocalAtoms {
             }
             Ok(())
         };
-        out.fill(&r.global_ids, workers, fill)?;
-        out.validate()
+        out.fill(&r.global_ids, workers, fill)
     }
 
     /// Rank `rank`'s atoms of `plan` from its own local positions, `positions[i]` being the
@@ -91,6 +101,15 @@ impl LocalAtoms {
     pub fn from_local_into(
         plan: &HaloPlan, rank: usize, positions: &mut Vec<Float3>, types: &[u8], workers: &Workers, out: &mut Self,
     ) -> Result<(), NbnxmError> {
+        Self::from_local_unvalidated_into(plan, rank, positions, types, workers, out)?;
+        out.validate()
+    }
+
+    /// [`Self::from_local_into`] without its last pass, [`Self::validate`], as
+    /// [`Self::from_plan_unvalidated_into`] is [`Self::from_plan_into`]'s.
+    pub(crate) fn from_local_unvalidated_into(
+        plan: &HaloPlan, rank: usize, positions: &mut Vec<Float3>, types: &[u8], workers: &Workers, out: &mut Self,
+    ) -> Result<(), NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if positions.len() != r.global_ids.len() {
             return Err(NbnxmError::Length { what: "local positions", found: positions.len(), expected: r.global_ids.len() });
@@ -100,12 +119,15 @@ impl LocalAtoms {
         out.prepare(plan, rank, types);
         let (home, box_size) = (r.home_atoms, plan.box_size);
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
-            // Types first, in one tight pass (the first bad id is the error).
-            for (k, (t, &id)) in ts.iter_mut().zip(ids).enumerate() {
-                let Some(&ty) = types.get(id as usize) else {
-                    return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
-                };
-                *t = u32::from(ty);
+            // Types first: the largest id in one branch-free pass (the first bad id is the error,
+            // looked for only then), then a plain gather (a checked load per atom cost about a
+            // third of this closure).
+            if ids.iter().fold(0, |m, &id| m.max(id)) as usize >= types.len() {
+                let (k, &id) = ids.iter().enumerate().find(|(_, id)| **id as usize >= types.len()).unwrap_or((0, &0));
+                return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
+            }
+            for (t, &id) in ts.iter_mut().zip(ids) {
+                *t = u32::from(types[id as usize]);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
             // they come from a redecomposition: one branch-free check, nothing written).
@@ -119,8 +141,7 @@ impl LocalAtoms {
             }
             Ok(())
         };
-        out.fill(&r.global_ids, workers, fill)?;
-        out.validate()
+        out.fill(&r.global_ids, workers, fill)
     }
 
     /// [`Self::from_local_into`] into a new value, `positions` copied.
@@ -864,5 +885,39 @@ mod tests {
         bad[5].y = f32::NAN;
         system[plan.ranks[0].global_ids[5] as usize].y = f32::NAN;
         assert_eq!(LocalAtoms::from_local(&plan, 0, &bad, &sys.types), LocalAtoms::from_plan(&plan, 0, &system, &sys.types));
+    }
+
+    /// The search's builders skip the last pass, `validate`, because every grid build repeats it:
+    /// on valid atoms they give the same atoms; on invalid ones the grid builds (host and GPU zone
+    /// plan) refuse them with the error the validating builders give.
+    #[test]
+    fn unvalidated_local_atoms_are_the_same_and_the_grid_builds_refuse_bad_ones_alike() {
+        use crate::nbnxm::ClusterGrid;
+        let sys = MolecularSystem::generate(6_000, 8).unwrap();
+        let plan = HaloPlan::build(&sys, RankGrid::new([2, 2, 1]).unwrap(), 1.1).unwrap();
+        let locals = local_positions(&plan, &sys.positions, true);
+        let workers = Workers::new(2).unwrap();
+        for (r, local) in locals.iter().enumerate() {
+            let (mut a, mut b) = (LocalAtoms::default(), LocalAtoms::default());
+            LocalAtoms::from_local_into(&plan, r, &mut local.clone(), &sys.types, &workers, &mut a).unwrap();
+            LocalAtoms::from_local_unvalidated_into(&plan, r, &mut local.clone(), &sys.types, &workers, &mut b).unwrap();
+            assert_eq!(a, b, "rank {r}, from local positions");
+            LocalAtoms::from_plan_into(&plan, r, &sys.positions, &sys.types, &workers, &mut a).unwrap();
+            LocalAtoms::from_plan_unvalidated_into(&plan, r, &sys.positions, &sys.types, &workers, &mut b).unwrap();
+            assert_eq!(a, b, "rank {r}, from the system");
+        }
+        // A halo atom inside the rank's own cell (zone 0 past the home atoms): the validating
+        // builder refuses it. (Positions cannot be non-finite here: the builders wrap them.)
+        let r = 1;
+        let at = plan.ranks[r].home_atoms + 3;
+        let mut bad = locals[r].clone();
+        bad[at] = bad[0];
+        let want = LocalAtoms::from_local_into(&plan, r, &mut bad.clone(), &sys.types, &workers, &mut LocalAtoms::default()).unwrap_err();
+        assert!(matches!(want, NbnxmError::Zone { .. }), "{want}");
+        let mut atoms = LocalAtoms::default();
+        LocalAtoms::from_local_unvalidated_into(&plan, r, &mut bad, &sys.types, &workers, &mut atoms).unwrap();
+        assert_eq!(atoms.validate().unwrap_err(), want);
+        assert_eq!(atoms.zone_facts().unwrap_err(), want, "the GPU grid's zone plan");
+        assert_eq!(ClusterGrid::build(&atoms).unwrap_err(), want, "the host grid");
     }
 }
