@@ -312,8 +312,7 @@ impl MdRank {
     /// This rank's home atoms as the device of a redecomposition on its GPU
     /// (`halo::decomp::redecompose_on_devices`), on the local stream: `x` the exchange's
     /// coordinates of rank `rank` (home atoms first), `ids` their global ids (the last plan's).
-    /// The rank must be idle, except to enqueue its migration ahead behind the step on the local
-    /// stream (`GpuRank::enqueue_migration`). The new home atoms' velocities stay on the GPU; the next
+    /// The rank must be idle. The new home atoms' velocities stay on the GPU; the next
     /// [`Self::update`] with `RankSearch::home_v_on_device` copies them into place.
     pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a dyn DeviceMemory<Float3>, ids: &'a [u32]) -> Result<GpuRank<'a>> {
         if ids.len() != self.home {
@@ -324,14 +323,6 @@ impl MdRank {
         }
         let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
         Ok(g.with(&self.module, &self.local, x, &self.v, ids))
-    }
-
-    /// Forgets a migration enqueued ahead of a search that did not collect it
-    /// (`GpuHome::discard_migration_ahead`).
-    pub fn discard_migration_ahead(&mut self) {
-        if let Some(g) = self.gpu_home.as_mut() {
-            g.discard_migration_ahead();
-        }
     }
 
     /// The nbnxm lists on the GPU.

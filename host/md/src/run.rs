@@ -572,9 +572,6 @@ pub struct MdRun {
     host_search: search::HostSearch,
     /// The symmetric buffers of the search steps' all-gathers across PEs (made at the first).
     kept_gather: Option<crate::nvshmem::KeptGather>,
-    /// The search step whose migration every local rank enqueued ahead on its GPU, behind the
-    /// step before it ([`Self::migrate_ahead`]).
-    migrated_ahead: Option<u64>,
 }
 
 impl MdRun {
@@ -638,7 +635,6 @@ impl MdRun {
             rollback: Rollback::default(),
             host_search,
             kept_gather: None,
-            migrated_ahead: None,
         })
     }
 
@@ -799,7 +795,6 @@ impl MdRun {
             }
             self.unsettled = true;
             self.out.graph_steps += 1;
-            self.migrate_ahead(s)?;
             self.step += 1;
             self.out.steps += 1;
             return Ok(());
@@ -846,32 +841,8 @@ impl MdRun {
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
         }
-        self.migrate_ahead(s)?;
         self.step += 1;
         self.out.steps += 1;
-        Ok(())
-    }
-
-    /// After step `s`, the last of a list's lifetime, when the coming search redecomposes on the
-    /// GPUs: every local rank's migration enqueued on its local stream behind this step
-    /// (`GpuRank::enqueue_migration`: the ids' upload and three kernels), so that its host calls
-    /// overlap the step on the GPU and its kernels follow the integration at once, instead of
-    /// both following the search's wait for the step. Nothing writes the home coordinates or
-    /// velocities until that search, which collects it ([`Self::redecompose_on_gpus`]); a
-    /// search that goes another way (a rollback, the host's passes) discards it.
-    fn migrate_ahead(&mut self, s: u64) -> Result<()> {
-        let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
-        if !(s + 1).is_multiple_of(self.cfg.nstlist) || !on_gpus || !self.redecomposes() {
-            return Ok(());
-        }
-        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else { return Ok(()) };
-        let geo = crate::decomp::Decomposition::new(self.cfg.grid, self.system.box_size, self.setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-        for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
-            let home = m.home_atoms();
-            let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
-            m.home_device(r.rank(), &r.x, ids)?.enqueue_migration(&geo)?;
-        }
-        self.migrated_ahead = Some(s + 1);
         Ok(())
     }
 
@@ -898,13 +869,8 @@ impl MdRun {
             return self.search_resident(start);
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
-        let on_gpus = path == SearchPath::Redecomposed && self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
-        // A migration enqueued ahead is collected only by the search it was enqueued for, on the
-        // GPUs' path; any other search forgets it (the next one runs its own).
-        if self.migrated_ahead.take() != Some(self.step) || !on_gpus {
-            self.ranks.iter_mut().for_each(MdRank::discard_migration_ahead);
-        }
         let (plan, found) = if path == SearchPath::Redecomposed {
+            let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
             let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
             let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus)?;

@@ -13,11 +13,6 @@
 //! |---|---|
 //! | [`GpuHome`] | one rank's passes and device arrays, kept between searches |
 //! | [`GpuRank`] | a [`GpuHome`] with its rank's inputs for one search: the [`HomeDevice`] |
-//!
-//! The migration can also be enqueued ahead ([`GpuRank::enqueue_migration`]), behind the last
-//! step before the search on the same stream: the search's [`HomeDevice::migrate`] then only
-//! waits for it and reads it back, so its launches and upload overlap the step on the GPU
-//! instead of following the step's end.
 
 use super::grid::{Decomposition, RankGrid};
 use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays};
@@ -33,17 +28,6 @@ struct Made {
     grid: RankGrid,
     box_size: [f32; 3],
     cutoff: f32,
-}
-
-/// A migration enqueued ahead of its search ([`GpuRank::enqueue_migration`]): for which geometry,
-/// which ids (the host array's address and length) and where the positions and velocities were
-/// read.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Ahead {
-    made: Made,
-    ids: (usize, usize),
-    x: u64,
-    v: u64,
 }
 
 /// The passes of one geometry.
@@ -78,8 +62,6 @@ pub struct GpuHome {
     stayers: usize,
     /// New home atoms of the last merge.
     home: usize,
-    /// A migration enqueued ahead and not yet collected.
-    ahead: Option<Ahead>,
 }
 
 impl GpuHome {
@@ -103,7 +85,6 @@ impl GpuHome {
             host: None,
             stayers: 0,
             home: 0,
-            ahead: None,
         })
     }
 
@@ -131,19 +112,6 @@ impl GpuHome {
         ids: &'a [u32],
     ) -> GpuRank<'a> {
         GpuRank { home: self, module, stream, x, v, ids }
-    }
-
-    /// Whether a migration was enqueued ahead and not yet collected.
-    pub fn has_migration_ahead(&self) -> bool {
-        self.ahead.is_some()
-    }
-
-    /// Forgets a migration enqueued ahead (its search went another way, or a rollback made it
-    /// stale): the next [`HomeDevice::migrate`] runs one of its own. Its kernels may still run
-    /// on the stream; they write only this object's arrays, which the next migration's passes,
-    /// enqueued after them on the same stream, write again.
-    pub fn discard_migration_ahead(&mut self) {
-        self.ahead = None;
     }
 
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
@@ -176,16 +144,13 @@ fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: u
     Ok(())
 }
 
-impl GpuRank<'_> {
-    /// Enqueues phase 1 ([`HomeDevice::migrate`]'s passes for `geo`: the ids' upload and the
-    /// three kernels) on the rank's stream now, behind whatever runs there (the last step before
-    /// the search), without waiting; the search's `migrate` then collects it. Until then nothing
-    /// may write the home atoms' positions and velocities on another stream, and the search must
-    /// hand the same ids and arrays: a `migrate` for another geometry, count or arrays, or after
-    /// [`GpuHome::discard_migration_ahead`], runs one of its own.
-    pub fn enqueue_migration(&mut self, geo: &Decomposition) -> Result<()> {
+impl HomeDevice for GpuRank<'_> {
+    fn rank(&self) -> usize {
+        self.home.rank
+    }
+
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
         let n = self.ids.len();
-        self.home.ahead = None;
         self.home.make_passes(geo)?;
         let h = &mut *self.home;
         let ctx = self.stream.context();
@@ -197,36 +162,7 @@ impl GpuRank<'_> {
         h.ids_staging.upload(self.ids, &h.ids, self.stream)?;
         let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
-        p.migrate.enqueue(self.module, self.stream, &a, n)?;
-        self.home.ahead = Some(self.ahead_for(geo));
-        Ok(())
-    }
-
-    /// What a migration of these inputs for `geo` is, to tell one enqueued ahead for them.
-    fn ahead_for(&self, geo: &Decomposition) -> Ahead {
-        let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
-        Ahead { made, ids: (self.ids.as_ptr() as usize, self.ids.len()), x: self.x.device_ptr(), v: self.v.device_ptr() }
-    }
-}
-
-impl HomeDevice for GpuRank<'_> {
-    fn rank(&self) -> usize {
-        self.home.rank
-    }
-
-    /// Phase 1. With a migration enqueued ahead for this geometry, these ids and these arrays
-    /// ([`GpuRank::enqueue_migration`]) only its wait and read-back; otherwise the whole of it.
-    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
-        let n = self.ids.len();
-        let ahead = self.home.ahead.take();
-        if ahead != Some(self.ahead_for(geo)) {
-            self.enqueue_migration(geo)?;
-            self.home.ahead = None;
-        }
-        let h = &mut *self.home;
-        let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
-        let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
-        let migrated = p.migrate.finish(self.stream, &a, n)?;
+        let migrated = p.migrate.run(self.module, self.stream, &a, n)?;
         h.stayers = migrated.stayers;
         Ok((n, migrated.leavers))
     }

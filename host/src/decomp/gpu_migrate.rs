@@ -206,10 +206,8 @@ impl GpuMigrate {
         self.finish(stream, a, n)
     }
 
-    /// Enqueues the passes (see [`Self::run`]): the first half of it, for a caller that enqueues
-    /// the migration behind other work on `stream` and collects it later with [`Self::finish`]
-    /// (nothing may write `a`'s arrays in between).
-    pub fn enqueue(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<()> {
+    /// Enqueues the passes (see [`Self::run`]).
+    fn enqueue(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<()> {
         a.check(n)?;
         let n32 = u32::try_from(n).map_err(|_| HaloError::Plan(PlanError::TooManyAtoms { atoms: n }))?;
         let ctx = stream.context();
@@ -238,9 +236,8 @@ impl GpuMigrate {
         }
     }
 
-    /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]): the
-    /// second half, after [`Self::enqueue`] with the same arrays, stream and count.
-    pub fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
+    /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
+    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
         // The counts and the first leavers in one wait: a search's leavers are a few hundred, so
         // most migrations need no second round trip for them.
         let mut info = [0u32; abi::MIGRATE_INFO_WORDS];
