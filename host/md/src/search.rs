@@ -353,8 +353,8 @@ fn rank_search(
 }
 
 /// Appends `inv[t]` for every type `t` of rank `rank`'s home atoms `types` to `out`: one branch-free
-/// pass for the largest type, then a plain gather (a checked push per atom cost the PE's search
-/// about as much as its local atoms). A type beyond `inv` is an error naming the first such atom.
+/// pass for the largest type, then a plain gather (a checked push per atom was most of the home
+/// arrays' host time). A type beyond `inv` is an error naming the first such atom.
 fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f32>) -> Result<()> {
     let largest = types.iter().fold(0, |m, &t| m.max(t));
     if !types.is_empty() && largest as usize >= inv.len() {
