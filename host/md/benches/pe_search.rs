@@ -12,11 +12,18 @@
 //! an MD run reuses them): the home arrays filled (what the read-back writes), the redecomposition
 //! (and of it the emulated collectives), then the rank's local atoms and home arrays, both the way
 //! the gathered path builds them (the local positions scattered into a whole-system copy, gathered
-//! back by id) and directly from the redecomposition.
+//! back by id) and directly from the redecomposition. Then the same for the GPU passes' path
+//! (`--redecompose gpu`): the passes' results (computed once with the host's references, what the
+//! GPU gives bit for bit) handed back as the GPU's read-back is, so that only the host's part of
+//! that path is timed, the part a search step spends after the merge's read-back.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::abi::Float3;
-use halo::decomp::{HaloPlan, HomeAtoms, RankGrid, Redecomposed, redecompose};
+use halo::abi::MigrateLeaver;
+use halo::decomp::{
+    Decomposition, HaloPlan, HomeAtoms, HomeDevice, MergedHome, MigrateReference, RankGrid, Redecomposed, merge_reference, migrate_reference,
+    redecompose, select_reference,
+};
 use halo::error::{HaloError, Result};
 use halo::system::MolecularSystem;
 use halo::workers::Workers;
@@ -108,6 +115,21 @@ fn record_rank1(grid: RankGrid, box_size: [f32; 3], cutoff: f32, homes: &[HomeAt
     recorded.into_inner().expect("recorded")
 }
 
+/// The collective of rank 0's process: its blob and rank 1's recorded one (`others`, by tag),
+/// the time in it added to `gathers`.
+fn emulated_gather<'a>(
+    others: &'a HashMap<String, Vec<u8>>, gathers: &'a mut Duration,
+) -> impl FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a {
+    move |tag, mine| {
+        let t = Instant::now();
+        let other = others.get(tag).ok_or_else(|| HaloError::InvalidInput(format!("no recorded blob for {tag}")))?.clone();
+        let mut all = mine;
+        all.push(other);
+        *gathers += t.elapsed();
+        Ok(all)
+    }
+}
+
 /// One PE's search state across searches: the host search (one thread) and the collective's time.
 struct Pe<'a> {
     case: &'a Case,
@@ -133,15 +155,7 @@ impl<'a> Pe<'a> {
     }
 
     fn redecompose(&mut self, homes: Vec<HomeAtoms>) -> Redecomposed {
-        let (others, gathers) = (&self.case.others, &mut self.gathers);
-        let mut all_gather = |tag: &str, mine: Vec<Vec<u8>>| -> Result<Vec<Vec<u8>>> {
-            let t = Instant::now();
-            let other = others.get(tag).ok_or_else(|| HaloError::InvalidInput(format!("no recorded blob for {tag}")))?.clone();
-            let mut all = mine;
-            all.push(other);
-            *gathers += t.elapsed();
-            Ok(all)
-        };
+        let mut all_gather = emulated_gather(&self.case.others, &mut self.gathers);
         let c = self.case;
         self.host.redecompose(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], homes, &mut all_gather).expect("redecompose")
     }
@@ -174,6 +188,112 @@ impl<'a> Pe<'a> {
         self.host.recycle(found);
         self.host.recycle_plan(plan);
     }
+}
+
+/// Rank 0's GPU after its passes: the migration's leavers and the merged, selected home atoms,
+/// computed at the first search with the host's references and handed back at every search the
+/// way the GPU's read-back is (copied into the search's arrays).
+struct PassesDone {
+    count: usize,
+    stayers: MigrateReference,
+    merged: Option<Merged>,
+}
+
+/// The merged home atoms' ids and positions, and each decomposed dimension's first pulse.
+struct Merged {
+    ids: Vec<u32>,
+    x: Vec<Float3>,
+    first_pulse: Vec<Vec<u32>>,
+}
+
+impl PassesDone {
+    fn new(case: &Case) -> Self {
+        let geo = Decomposition::new(case.grid, case.sys.box_size, case.setup.rlist).expect("geometry");
+        let h = &case.home;
+        let stayers = migrate_reference(&h.positions, &h.velocities, &h.ids, &geo, 0).expect("migration");
+        Self { count: h.ids.len(), stayers, merged: None }
+    }
+}
+
+impl HomeDevice for PassesDone {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn migrate(&mut self, _geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
+        Ok((self.count, self.stayers.leavers.clone()))
+    }
+
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+        if self.merged.is_none() {
+            let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: 0 }).collect();
+            let s = &self.stayers;
+            let m = merge_reference(&s.ids, &s.positions, &s.velocities, &arrivals, 0)?;
+            let selected = select_reference(&m.positions, &m.ids, geo, 0)?;
+            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse: selected.per_dim.into_iter().map(|d| d.map).collect() });
+        }
+        let m = self.merged.as_ref().ok_or_else(|| HaloError::InvalidInput("no merge".into()))?;
+        into.ids.clear();
+        into.ids.extend_from_slice(&m.ids);
+        into.wrapped.clear();
+        into.wrapped.extend_from_slice(&m.x);
+        for (to, from) in into.first_pulse.iter_mut().zip(&m.first_pulse) {
+            to.clear();
+            to.extend_from_slice(from);
+        }
+        Ok(into)
+    }
+}
+
+impl Pe<'_> {
+    /// [`Pe::redecompose`] through the GPU passes' path, the passes already done (`device`).
+    fn redecompose_after_passes(&mut self, device: &mut PassesDone) -> Redecomposed {
+        let mut all_gather = emulated_gather(&self.case.others, &mut self.gathers);
+        let c = self.case;
+        let mut devices: [&mut dyn HomeDevice; 1] = [device];
+        self.host.redecompose_on_devices(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], &mut devices, &mut all_gather).expect("redecompose")
+    }
+
+    /// [`Pe::direct`] with the velocities on the GPU.
+    fn direct_velocities_on_gpu(&mut self, done: Redecomposed) -> (HaloPlan, Vec<RankSearch>) {
+        self.host.rank_searches_redecomposed(done, &self.case.sys, &[0], &self.case.setup, ListsOn::GpuGrid, true).expect("search")
+    }
+}
+
+/// [`breakdown`] of the GPU passes' path: the host's part after the passes (the collectives, the
+/// pulses, the plan and its checks, then the local atoms and home arrays).
+fn breakdown_after_passes(case: &Case) {
+    let (mut pe, mut device) = (Pe::new(case), PassesDone::new(case));
+    let (mut plan_t, mut gathers, mut atoms_t, mut local_t, mut total) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..111 {
+        let t1 = Instant::now();
+        pe.gathers = Duration::ZERO;
+        let done = pe.redecompose_after_passes(&mut device);
+        let t2 = Instant::now();
+        let (plan, found) = pe.direct_velocities_on_gpu(done);
+        let t3 = Instant::now();
+        if i == 0 {
+            assert_eq!(plan, case.want, "the plan after the GPU passes is the global builder's");
+        }
+        let local = found.iter().map(|f| f.atoms_time).max().unwrap_or_default();
+        pe.recycle(plan, found);
+        if i >= 10 {
+            local_t.push(local);
+            plan_t.push(t2 - t1);
+            gathers.push(pe.gathers);
+            atoms_t.push(t3 - t2);
+            total.push(t3 - t1);
+        }
+    }
+    let (g, p) = (median(gathers), median(plan_t));
+    println!(
+        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, after the GPU passes, medians in us: redecompose {p:.0} (of it emulated collectives {g:.0}, \
+         own arithmetic {:.0}), local atoms + home arrays {:.0} (of it the local atoms {:.0}); total {:.0}",
+        p - g,
+        median(atoms_t),
+        median(local_t),
+        median(total),
+    );
 }
 
 fn median(mut v: Vec<Duration>) -> f64 {
@@ -230,6 +350,7 @@ fn bench(c: &mut Criterion) {
     let case = case();
     breakdown(&case, false);
     breakdown(&case, true);
+    breakdown_after_passes(&case);
     let mut g = c.benchmark_group("pe search 45k 2x1x1 rank 0");
     g.sample_size(30);
     let mut pe = Pe::new(&case);
@@ -255,6 +376,14 @@ fn bench(c: &mut Criterion) {
             let homes = pe.homes();
             let done = pe.redecompose(homes);
             let (plan, found) = pe.direct(done);
+            pe.recycle(plan, black_box(found));
+        })
+    });
+    let mut device = PassesDone::new(&case);
+    g.bench_function("after the GPU passes: redecompose + local atoms", |b| {
+        b.iter(|| {
+            let done = pe.redecompose_after_passes(&mut device);
+            let (plan, found) = pe.direct_velocities_on_gpu(done);
             pe.recycle(plan, black_box(found));
         })
     });
