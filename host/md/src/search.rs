@@ -6,7 +6,7 @@
 use crate::abi::Float3;
 use crate::decomp::{Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions};
 use crate::error::{HaloError, Result};
-use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
+use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
 use crate::system::MolecularSystem;
 use crate::workers::Workers;
 use std::time::{Duration, Instant};
@@ -352,13 +352,11 @@ fn rank_search(
     })
 }
 
-/// Appends `inv[t]` for every type `t` of rank `rank`'s home atoms `types` to `out`: one branch-free
-/// pass for the largest type, then a plain gather (a checked push per atom was most of the home
-/// arrays' host time). A type beyond `inv` is an error naming the first such atom.
+/// Appends `inv[t]` for every type `t` of rank `rank`'s home atoms `types` to `out`: the types
+/// checked at once, then a plain gather (a checked push per atom was most of the home arrays'
+/// host time). A type beyond `inv` is an error naming the first such atom.
 fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f32>) -> Result<()> {
-    let largest = types.iter().fold(0, |m, &t| m.max(t));
-    if !types.is_empty() && largest as usize >= inv.len() {
-        let (k, t) = types.iter().enumerate().find(|(_, t)| **t as usize >= inv.len()).map_or((0, largest), |(k, &t)| (k, t));
+    if let Some((k, t)) = first_at_or_above(types, inv.len()) {
         return Err(HaloError::InvalidInput(format!("home atom {k} of rank {rank} has type {t} of {}", inv.len())));
     }
     out.extend(types.iter().map(|&t| inv[t as usize]));

@@ -119,10 +119,9 @@ impl LocalAtoms {
         out.prepare(plan, rank, types);
         let (home, box_size) = (r.home_atoms, plan.box_size);
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
-            // Types first: the largest id in one branch-free pass (the first bad id is the error,
-            // looked for only then), then a plain gather, cheaper than a checked load per atom.
-            if ids.iter().fold(0, |m, &id| m.max(id)) as usize >= types.len() {
-                let (k, &id) = ids.iter().enumerate().find(|(_, id)| **id as usize >= types.len()).unwrap_or((0, &0));
+            // Types first: the ids checked at once (the first bad one is the error), then a plain
+            // gather, cheaper than a checked load per atom.
+            if let Some((k, id)) = first_at_or_above(ids, types.len()) {
                 return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
             }
             for (t, &id) in ts.iter_mut().zip(ids) {
@@ -283,7 +282,7 @@ impl LocalAtoms {
                 }
             }
         }
-        if !self.types_ok() && let Some((atom, &ty)) = self.types.iter().enumerate().find(|(_, t)| **t as usize >= self.ntypes) {
+        if let Some((atom, ty)) = first_at_or_above(&self.types, self.ntypes) {
             return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
         }
         Ok(())
@@ -425,6 +424,15 @@ const SCAN_BLOCK: usize = 8;
 /// without a branch: the coordinates read as one flat array, [`ALL_IN_BLOCK`] positions at a
 /// time against bounds repeated as the coordinates are laid out (x, y, z, x, ...), so that the
 /// compiler vectorizes the comparisons (it does not over the fields of each position).
+/// The first of `values` at or above `bound`, with its index: one branch-free pass for the
+/// largest (the common case finds none), and only then a search for the first.
+pub(crate) fn first_at_or_above(values: &[u32], bound: usize) -> Option<(usize, u32)> {
+    if (values.iter().fold(0, |m, &v| m.max(v)) as usize) < bound {
+        return None;
+    }
+    values.iter().copied().enumerate().find(|&(_, v)| v as usize >= bound)
+}
+
 fn all_in(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> bool {
     let lo_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| lo[i % 3]);
     let hi_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| hi[i % 3]);
@@ -884,6 +892,15 @@ mod tests {
         bad[5].y = f32::NAN;
         system[plan.ranks[0].global_ids[5] as usize].y = f32::NAN;
         assert_eq!(LocalAtoms::from_local(&plan, 0, &bad, &sys.types), LocalAtoms::from_plan(&plan, 0, &system, &sys.types));
+    }
+
+    #[test]
+    fn the_first_value_at_or_above_a_bound_is_found_with_its_index() {
+        assert_eq!(first_at_or_above(&[3, 9, 1, 12, 9], 9), Some((1, 9)));
+        assert_eq!(first_at_or_above(&[3, 8, 1], 9), None);
+        assert_eq!(first_at_or_above(&[], 0), None);
+        assert_eq!(first_at_or_above(&[0], 0), Some((0, 0)));
+        assert_eq!(first_at_or_above(&[u32::MAX, 0], 5), Some((0, u32::MAX)));
     }
 
     /// The search's builders skip the last pass, `validate`, because every grid build repeats it:
