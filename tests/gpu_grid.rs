@@ -15,7 +15,8 @@
 //! (0 to 45,000 local atoms, ranks and zones without atoms, after poisoning), with the zone table
 //! and column starts the search reads; then `NbnxmGpu::update_local`: lists equal to the host's
 //! `PairSearch::build` entry for entry and word for word, on every rank; and `update_local_into`,
-//! which also copies the home atoms' coordinates and types on the device for the MD step.
+//! which also copies the home atoms' coordinates and types on the device for the MD step (and can
+//! take the home coordinates from the device, as after a redecomposition on the GPU).
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid, wrap_position};
@@ -500,7 +501,7 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
         g.ctx.synchronize().unwrap();
         let mut calls = 0;
         let got = nb
-            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty }, &mut || {
+            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty, from: None }, &mut || {
                 calls += 1;
                 Ok(())
             })
@@ -520,7 +521,7 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
         assert!(gt[home..].iter().all(|&t| t == u32::MAX), "rank {r}: types past home written");
         // A failing hook: its error, and no lists.
         let e = nb
-            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty }, &mut || {
+            .update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &x, types: &ty, from: None }, &mut || {
                 Err(halo::error::HaloError::InvalidInput("staging failed".into()))
             })
             .unwrap_err()
@@ -534,7 +535,65 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
     let atoms = &ranks_of(&sys, [2, 1, 1], s.rlist)[0];
     let short = DeviceBuffer::<Float3>::uninit(&g.ctx, atoms.home - 1).unwrap();
     let ty = DeviceBuffer::<u32>::uninit(&g.ctx, atoms.len()).unwrap();
-    let e = nb.update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &short, types: &ty }, &mut || Ok(())).unwrap_err().to_string();
+    let e = nb.update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &short, types: &ty, from: None }, &mut || Ok(())).unwrap_err().to_string();
     assert!(e.contains("device copy of"), "{e}");
     stream.synchronize().unwrap();
+}
+
+/// `update_local_into` with the home coordinates already on the GPU (`HomeCopies::from`, what a
+/// redecomposition on the GPU leaves): the same grid and lists as the upload of every coordinate,
+/// the home coordinates copied from that array on the device (with two home atoms' coordinates
+/// swapped there, the copies into the MD's array hold the swapped ones, not the host's), and a
+/// source shorter than the home atoms refused before anything is enqueued. Every rank of a 2x2x1
+/// plan and of a 2x1x1 plan.
+#[test]
+fn local_search_into_takes_the_home_coordinates_from_the_device() {
+    use halo_md::nbnxm::HomeCopies;
+    let Some(g) = gpu("gpu_local_search_from_device") else { return };
+    let sys = MolecularSystem::generate(6000, 66).unwrap();
+    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+    let lj = lj_table(&sys);
+    let stream = g.ctx.new_stream().unwrap();
+    let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    let mut plain = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    for dims in [[2, 2, 1], [2, 1, 1]] {
+        for (r, atoms) in ranks_of(&sys, dims, s.rlist).iter().enumerate() {
+            let home = atoms.home;
+            assert!(home > 1 && atoms.len() > home, "{dims:?} rank {r}: {home} home of {} atoms", atoms.len());
+            let x = DeviceBuffer::<Float3>::uninit(&g.ctx, atoms.len()).unwrap();
+            let ty = DeviceBuffer::<u32>::uninit(&g.ctx, atoms.len()).unwrap();
+            x.fill_bytes(0xFF).unwrap();
+            let src = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home]).unwrap();
+            g.ctx.synchronize().unwrap();
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(&src) };
+            let got = nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_or_else(|e| panic!("{dims:?} rank {r}: {e}"));
+            let want = plain.update_local(atoms, sys.box_size, &stream).unwrap();
+            assert_eq!((got.grid, got.words, got.entries), (want.grid, want.words, want.entries), "{dims:?} rank {r}");
+            for kind in [ListKind::Local, ListKind::NonLocal] {
+                assert_eq!(nb.read_entries(kind).unwrap(), plain.read_entries(kind).unwrap(), "{dims:?} rank {r} {kind:?}");
+                assert_eq!(nb.read_j_list(kind, false).unwrap(), plain.read_j_list(kind, false).unwrap(), "{dims:?} rank {r} {kind:?}");
+            }
+            let gx = x.to_host().unwrap();
+            assert_eq!(bits(&gx[..home]), bits(&atoms.positions[..home]), "{dims:?} rank {r}: home coordinates");
+            assert!(bits(&gx[home..]).iter().all(|&b| b == u32::MAX), "{dims:?} rank {r}: coordinates past home written");
+
+            // The device's coordinates are the ones used: two of them swapped there show up in the
+            // MD's array (the host's atoms are unchanged, so the zones' shape is the same).
+            let mut swapped = atoms.positions[..home].to_vec();
+            swapped.swap(0, home - 1);
+            src.copy_from_host(&swapped).unwrap();
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(&src) };
+            nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_or_else(|e| panic!("{dims:?} rank {r}: {e}"));
+            assert_eq!(bits(&x.to_host().unwrap()[..home]), bits(&swapped), "{dims:?} rank {r}: home coordinates from the device");
+
+            // Too few coordinates on the device: refused, nothing enqueued, no lists.
+            let short = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home - 1]).unwrap();
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(&short) };
+            let e = nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_err().to_string();
+            assert!(e.contains(&format!("{} home coordinates on the GPU for {home} home atoms", home - 1)), "{dims:?} rank {r}: {e}");
+            assert_eq!((nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms()), (0, 0, 0), "{dims:?} rank {r}");
+            stream.synchronize().unwrap();
+        }
+    }
 }

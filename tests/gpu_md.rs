@@ -284,7 +284,8 @@ fn nve_drift_is_small_on_one_and_two_ranks() {
 /// still be queued); each buffer's bytes must be exactly its own round's data, and the elements
 /// past a shorter upload keep what the buffer held. Were the staging reused too early, the first
 /// buffer would hold the second upload's data (the stream is still busy with 8 GiB of memsets
-/// when the host writes it).
+/// when the host writes it). Then an upload at an offset (`Staging::upload_at`) writes exactly
+/// its range, and uploads past the buffer are refused.
 #[test]
 fn staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early() {
     let Some(g) = gpu_or_skip("staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early") else { return };
@@ -317,10 +318,23 @@ fn staged_uploads_land_in_stream_order_and_the_staging_is_not_reused_early() {
         assert_eq!(bits(&a.to_host().unwrap()), bits(&held_a), "round {round}: the first upload's buffer");
         assert_eq!(bits(&b.to_host().unwrap()), bits(&held_b), "round {round}: the second upload's buffer");
     }
-    // An upload larger than its buffer is refused before anything is enqueued.
+    // An upload at an offset writes exactly its range: the elements before and after keep what
+    // the buffer held.
+    let mid: Vec<Float3> = (0..1000).map(|i| Float3::new(-1.0 - i as f32, 7.0, 8.0)).collect();
+    staging.upload_at(&mid, &a, 4321, &stream).unwrap();
+    stream.synchronize().unwrap();
+    held_a[4321..5321].copy_from_slice(&mid);
+    assert_eq!(bits(&a.to_host().unwrap()), bits(&held_a), "an upload at element 4321");
+    // An upload past its buffer's end is refused before anything is enqueued.
     let too_many = vec![Float3::default(); 2 * n + 1];
     let e = staging.upload(&too_many, &a, &stream).unwrap_err().to_string();
-    assert!(e.contains("600001 elements into a buffer of 600000"), "{e}");
+    assert!(e.contains("600001 elements at element 0 of a buffer of 600000"), "{e}");
+    let e = staging.upload_at(&mid, &a, 2 * n - 999, &stream).unwrap_err().to_string();
+    assert!(e.contains("1000 elements at element 599001 of a buffer of 600000"), "{e}");
+    let e = staging.upload_at(&mid, &a, usize::MAX, &stream).unwrap_err().to_string();
+    assert!(e.contains("1000 elements at element"), "{e}");
+    stream.synchronize().unwrap();
+    assert_eq!(bits(&a.to_host().unwrap()), bits(&held_a), "refused uploads write nothing");
 }
 
 /// `leapfrog` and `leapfrog_energy` against the CPU update and kinetic energy (`f64`), on random

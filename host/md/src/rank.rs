@@ -110,10 +110,10 @@ impl HomeStaging {
         self.types.upload(&found.home_types, types, halo)
     }
 
-    /// Enqueues the home velocities (unless they are on the GPU already: `found.home_v_on_device`)
+    /// Enqueues the home velocities (unless they are on the GPU already: `found.home_on_device`)
     /// and `1 / m` of `found` on `halo`.
     fn velocities_and_masses(&mut self, found: &RankSearch, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, halo: &CudaStream) -> Result<()> {
-        if !found.home_v_on_device {
+        if !found.home_on_device {
             self.v.upload(&found.home_v, v, halo)?;
         }
         self.inv_mass.upload(&found.inv_mass, inv_mass, halo)
@@ -179,7 +179,7 @@ impl MdRank {
     fn fit_home(&mut self, found: &RankSearch, ex: &RankExchange) -> Result<()> {
         let from_device = matches!(found.lists, RankLists::GpuGrid(_));
         // Velocities left on the GPU by its redecomposition count as the home atoms'.
-        let v_len = match (found.home_v_on_device, &self.gpu_home) {
+        let v_len = match (found.home_on_device, &self.gpu_home) {
             (false, _) => found.home_v.len(),
             (true, Some(g)) if from_device && found.home_v.is_empty() => g.home_atoms(),
             (true, _) => {
@@ -278,15 +278,18 @@ impl MdRank {
                 Ok(t.elapsed())
             }
             RankLists::GpuGrid(atoms) => {
-                // Velocities merged on this GPU by its redecomposition: copied on the local stream,
-                // which ran that redecomposition and runs the steps (`fit_home` checked the count).
-                if let (true, Some(g)) = (found.home_v_on_device, &*gpu_home) {
+                // Home atoms merged on this GPU by its redecomposition: the velocities copied on
+                // the local stream, which ran that redecomposition and runs the steps (`fit_home`
+                // checked the count), and the positions taken from there by the grid's build.
+                let merged = gpu_home.as_ref().filter(|_| found.home_on_device);
+                if let Some(g) = merged {
                     v.copy_prefix_from_async(g.velocities(), *home, local)?;
                 }
                 // Only home elements of `x` are written: peers may already store into this rank's
                 // halo region (after the replan's fence: its barrier, or the search's all-gathers)
                 // without conflict.
-                let home = HomeCopies { x: &ex.x, types: &*types };
+                let from = merged.map(|g| g.positions() as &dyn DeviceMemory<Float3>);
+                let home = HomeCopies { x: &ex.x, types: &*types, from };
                 nb.update_local_into(atoms, box_size, local, home, &mut || staging.velocities_and_masses(found, v, inv_mass, halo))?;
                 Ok(t.elapsed())
             }
@@ -313,7 +316,7 @@ impl MdRank {
     /// (`halo::decomp::redecompose_on_devices`), on the local stream: `x` the exchange's
     /// coordinates of rank `rank` (home atoms first), `ids` their global ids (the last plan's).
     /// The rank must be idle. The new home atoms' velocities stay on the GPU; the next
-    /// [`Self::update`] with `RankSearch::home_v_on_device` copies them into place.
+    /// [`Self::update`] with `RankSearch::home_on_device` copies them into place.
     pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a dyn DeviceMemory<Float3>, ids: &'a [u32]) -> Result<GpuRank<'a>> {
         if ids.len() != self.home {
             return Err(HaloError::InvalidInput(format!("rank {rank}: {} home ids for {} home atoms on its GPU", ids.len(), self.home)));

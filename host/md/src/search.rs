@@ -64,11 +64,13 @@ pub struct RankSearch {
     /// [`RankLists::GpuGrid`]: the local atoms hold them (`positions[..home]`), and the GPU copies
     /// them from its grid's upload of those ([`crate::nbnxm::NbnxmGpu::update_local_into`]).
     pub home_x: Vec<Float3>,
-    /// Home velocities. Empty when [`Self::home_v_on_device`].
+    /// Home velocities. Empty when [`Self::home_on_device`].
     pub home_v: Vec<Float3>,
-    /// The home velocities are on the rank's GPU already, merged there by its redecomposition
-    /// (`halo::decomp::GpuHome`), not in [`Self::home_v`].
-    pub home_v_on_device: bool,
+    /// The home atoms are on the rank's GPU already, merged there by its redecomposition
+    /// (`halo::decomp::GpuHome`): their velocities, not in [`Self::home_v`], and their positions,
+    /// bit for bit the local atoms' `positions[..home]` (with [`RankLists::GpuGrid`] the grid
+    /// copies them on the device instead of uploading them).
+    pub home_on_device: bool,
     /// `1 / m` of the home atoms.
     pub inv_mass: Vec<f32>,
     /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
@@ -291,7 +293,7 @@ impl HostSearch {
             // array out to the scratch.
             std::mem::swap(&mut buf.home.v, &mut home.velocities);
             let mut found = rank_search(rank, system, setup, on, workers, buf, atoms_time)?;
-            found.home_v_on_device = v_on_device;
+            found.home_on_device = v_on_device;
             Ok(found)
         };
         let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).collect();
@@ -341,7 +343,7 @@ fn rank_search(
     Ok(RankSearch {
         rank,
         home_x: home.x,
-        home_v_on_device: false,
+        home_on_device: false,
         home_v: home.v,
         inv_mass: home.inv_mass,
         home_types: home.types,

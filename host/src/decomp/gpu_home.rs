@@ -99,6 +99,14 @@ impl GpuHome {
         &self.new_v
     }
 
+    /// The new home atoms' wrapped positions after the last redecomposition
+    /// (`0..`[`Self::home_atoms`]), in the order of its plan's home atoms: bit for bit what it read
+    /// back (`MergedHome::wrapped`), and so the plan's home local positions; valid until the next
+    /// one.
+    pub fn positions(&self) -> &DeviceBuffer<Float3> {
+        &self.new_x
+    }
+
     /// Home atoms after the last redecomposition.
     pub fn home_atoms(&self) -> usize {
         self.home

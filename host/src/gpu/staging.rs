@@ -85,16 +85,28 @@ impl<T: Pod> Staging<T> {
     }
 
     /// Enqueues on `stream` the copy of `data` into elements `0..data.len()` of `dst`, through this
-    /// page-locked memory, and returns without waiting for it. The host waits only for the
+    /// page-locked memory, and returns without waiting for it: [`Self::upload_at`] at element 0.
+    pub fn upload(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), stream: &CudaStream) -> Result<()> {
+        self.upload_at(data, dst, 0, stream)
+    }
+
+    /// Enqueues on `stream` the copy of `data` into elements `at..at + data.len()` of `dst`, through
+    /// this page-locked memory, and returns without waiting for it. The host waits only for the
     /// previous copy out of this staging (before overwriting it) and when the memory must grow.
+    /// Elements of `dst` outside that range are not written.
     ///
     /// Ordering is the caller's: the copy runs in `stream`'s order, so work later on `stream` sees
     /// the data, and work on any other stream (or the legacy default stream) must be ordered after
     /// it by an event recorded on `stream` or a synchronisation. `dst` must stay allocated until the
     /// copy has run (free it only after `stream` is idle). `stream` must belong to `dst`'s context.
-    pub fn upload(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), stream: &CudaStream) -> Result<()> {
-        if data.len() > dst.len() {
-            return Err(HaloError::InvalidInput(format!("staged upload of {} elements into a buffer of {}", data.len(), dst.len())));
+    /// Errors (nothing enqueued): a range past `dst`'s end, or a stream of another context.
+    pub fn upload_at(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), at: usize, stream: &CudaStream) -> Result<()> {
+        if at.checked_add(data.len()).is_none_or(|end| end > dst.len()) {
+            return Err(HaloError::InvalidInput(format!(
+                "staged upload of {} elements at element {at} of a buffer of {}",
+                data.len(),
+                dst.len()
+            )));
         }
         if data.is_empty() {
             return Ok(());
@@ -114,11 +126,11 @@ impl<T: Pod> Staging<T> {
         held.wait()?;
         let room = held.mem.as_mut_slice().during("reaching the staging memory")?;
         room[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY: `dst` holds at least `data.len()` elements (checked above) and, by this method's
+        // SAFETY: `dst` holds elements `at..at + data.len()` (checked above) and, by this method's
         // contract, stays allocated until `stream` has run the copy. The source is page-locked
         // memory owned by `self` holding `bytes.len()` bytes; it outlives the copy, since every
         // later write, a growth and the drop wait for the event recorded just after it.
-        unsafe { result::memcpy_htod_async(dst.device_ptr(), &room[..bytes.len()], stream.cu_stream()) }
+        unsafe { result::memcpy_htod_async(dst.device_ptr_at(at), &room[..bytes.len()], stream.cu_stream()) }
             .during("enqueuing a staged upload to the GPU")?;
         held.copied.record(stream).during("recording the staged upload's event")
     }

@@ -156,15 +156,19 @@ pub struct ResidentSearch {
 }
 
 /// Where [`NbnxmGpu::update_local_into`] copies the home atoms' coordinates and types on the
-/// device (the MD step: the exchange's coordinate array and the rank's types). Only elements
-/// `0..home` of each are written, so peers may store into the rest (an exchange's halo region)
-/// meanwhile.
+/// device (the MD step: the exchange's coordinate array and the rank's types), and where the home
+/// coordinates may come from. Only elements `0..home` of `x` and `types` are written, so peers may
+/// store into the rest (an exchange's halo region) meanwhile.
 #[derive(Clone, Copy)]
 pub struct HomeCopies<'a> {
     /// Coordinates, `Float3` as the local atoms hold them.
     pub x: &'a dyn DeviceMemory<Float3>,
     /// Atom types (`u32`, as the local atoms and the grid's copies hold them).
     pub types: &'a dyn DeviceMemory<u32>,
+    /// The home atoms' coordinates on this GPU already, bit for bit `atoms.positions[..home]`
+    /// (a redecomposition on the GPU leaves them there: `halo::decomp::GpuHome::positions`): the
+    /// grid copies them on the device instead of uploading them. `None`: uploaded.
+    pub from: Option<&'a dyn DeviceMemory<Float3>>,
 }
 
 /// One rank's cluster grid and lists on its GPU (see the module docs for the per-step calls).
@@ -355,7 +359,8 @@ impl NbnxmGpu {
     /// (elements `0..atoms.home` of each, bit for bit `atoms.positions[..home]` and
     /// `atoms.types[..home]`), enqueued on `stream` after the build's own uploads and passes
     /// (which only read those copies), so they are complete when this returns (and, on the GPU,
-    /// before any later work on `stream`).
+    /// before any later work on `stream`). With `home.from` the build takes the home coordinates
+    /// from there on the device and uploads only the halo atoms'.
     /// `before_wait` runs once on the host after the grid's passes and the lists' first passes are
     /// enqueued, before the search's first wait for `stream`: host work of the caller's (the MD
     /// step's other staged uploads) that then overlaps them. An error (of the build, of
@@ -377,7 +382,7 @@ impl NbnxmGpu {
             stream,
             |grid, module| {
                 lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
-                let pending = grid.enqueue_build_local(module, atoms, stream)?;
+                let pending = grid.enqueue_build_local(module, atoms, home.and_then(|h| h.from), stream)?;
                 if let Some(h) = home {
                     grid.enqueue_home_copies(atoms.home, h.x, h.types, stream)?;
                 }

@@ -28,7 +28,7 @@ use super::local::ZoneFacts;
 use super::{LocalAtoms, NbnxmError};
 use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
-use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use crate::kernel_args;
 use bytemuck::Pod;
 
@@ -210,6 +210,10 @@ struct Scratch {
     types: DeviceBuffer<u32>,
     /// Their zones.
     zone_ids: DeviceBuffer<u8>,
+    /// Page-locked staging of the three uploads of [`DeviceGrid::enqueue_build_local`].
+    x_staging: Staging<Float3>,
+    types_staging: Staging<u32>,
+    zones_staging: Staging<u8>,
 }
 
 /// One rank's cluster grid in device memory (see the module docs).
@@ -276,6 +280,9 @@ impl DeviceGrid {
                 x: DeviceBuffer::uninit(ctx, 1)?,
                 types: DeviceBuffer::uninit(ctx, 1)?,
                 zone_ids: DeviceBuffer::uninit(ctx, 1)?,
+                x_staging: Staging::new(),
+                types_staging: Staging::new(),
+                zones_staging: Staging::new(),
             },
             held: None,
             built: None,
@@ -427,16 +434,25 @@ impl DeviceGrid {
     /// atoms are refused as the host's build refuses them (`LocalAtoms::validate`), before any
     /// copy (the buffers then hold no grid).
     pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
-        let pending = self.enqueue_build_local(module, atoms, stream)?;
+        let pending = self.enqueue_build_local(module, atoms, None, stream)?;
         let words = self.read_words(&pending, stream)?;
         self.settle(&pending, words, |atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()))
     }
 
     /// [`Self::build_local`]'s checks, copies and passes, enqueued on `stream` without waiting for
     /// them: the grid to [`Self::settle`] once the info words are read back after `stream` (the
-    /// buffers hold no grid until then). The copies are from pageable memory, staged by the driver
-    /// before they return (`upload_async`), so `atoms` may go away afterwards.
-    pub(crate) fn enqueue_build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<PendingGrid> {
+    /// buffers hold no grid until then). The copies go through page-locked staging kept with the
+    /// grid (one host `memcpy` each, the DMA in `stream`'s order), so `atoms` may go away
+    /// afterwards.
+    ///
+    /// `home_x`, when given, holds the home atoms' coordinates on this GPU already, bit for bit
+    /// `atoms.positions[..atoms.home]` (a redecomposition on the GPU leaves them there: its merged
+    /// home atoms): they are copied on the device and only the halo atoms' coordinates cross the
+    /// bus. It must not be written until `stream` has run the copy. The host's checks and the
+    /// zones' shape still read `atoms.positions` whole.
+    pub(crate) fn enqueue_build_local(
+        &mut self, module: &KernelModule, atoms: &LocalAtoms, home_x: Option<&dyn DeviceMemory<Float3>>, stream: &CudaStream,
+    ) -> Result<PendingGrid> {
         self.held = None;
         self.built = None;
         // The checks and the zones' shape in one pass over the atoms.
@@ -445,13 +461,26 @@ impl DeviceGrid {
         if n >= u32::MAX as usize {
             return Err(HaloError::InvalidInput(format!("GPU cluster grid: {n} atoms, more than a u32 index holds")));
         }
+        if let Some(src) = home_x.filter(|src| src.len() < atoms.home) {
+            return Err(HaloError::InvalidInput(format!(
+                "GPU cluster grid: {} home coordinates on the GPU for {} home atoms",
+                src.len(),
+                atoms.home
+            )));
+        }
         let s = &mut self.scratch;
         grow(module, &mut s.x, n)?;
         grow(module, &mut s.types, n)?;
         grow(module, &mut s.zone_ids, n)?;
-        upload_async(&s.x, &atoms.positions, stream)?;
-        upload_async(&s.types, &atoms.types, stream)?;
-        upload_async(&s.zone_ids, &atoms.zones, stream)?;
+        match home_x {
+            Some(src) => {
+                s.x.copy_prefix_from_async(src, atoms.home, stream)?;
+                s.x_staging.upload_at(&atoms.positions[atoms.home..], &s.x, atoms.home, stream)?;
+            }
+            None => s.x_staging.upload(&atoms.positions, &s.x, stream)?,
+        }
+        s.types_staging.upload(&atoms.types, &s.types, stream)?;
+        s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
         let on = Atoms { x: s.x.device_ptr(), types: s.types.device_ptr(), zone_ids: s.zone_ids.device_ptr(), n };
         self.passes(module, on, atoms.box_size, false, &plan, stream)?;
         Ok(PendingGrid { plan, n, home: atoms.home, box_size: atoms.box_size, periodic: atoms.periodic, launched: n > 0, resident: false })
