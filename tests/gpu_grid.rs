@@ -535,7 +535,8 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
     let atoms = &ranks_of(&sys, [2, 1, 1], s.rlist)[0];
     let short = DeviceBuffer::<Float3>::uninit(&g.ctx, atoms.home - 1).unwrap();
     let ty = DeviceBuffer::<u32>::uninit(&g.ctx, atoms.len()).unwrap();
-    let e = nb.update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &short, types: &ty, from: None }, &mut || Ok(())).unwrap_err().to_string();
+    let e =
+        nb.update_local_into(atoms, sys.box_size, &stream, HomeCopies { x: &short, types: &ty, from: None }, &mut || Ok(())).unwrap_err().to_string();
     assert!(e.contains("device copy of"), "{e}");
     stream.synchronize().unwrap();
 }

@@ -102,11 +102,7 @@ impl<T: Pod> Staging<T> {
     /// Errors (nothing enqueued): a range past `dst`'s end, or a stream of another context.
     pub fn upload_at(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), at: usize, stream: &CudaStream) -> Result<()> {
         if at.checked_add(data.len()).is_none_or(|end| end > dst.len()) {
-            return Err(HaloError::InvalidInput(format!(
-                "staged upload of {} elements at element {at} of a buffer of {}",
-                data.len(),
-                dst.len()
-            )));
+            return Err(HaloError::InvalidInput(format!("staged upload of {} elements at element {at} of a buffer of {}", data.len(), dst.len())));
         }
         if data.is_empty() {
             return Ok(());
