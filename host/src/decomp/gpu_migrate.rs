@@ -23,7 +23,7 @@ use super::grid::{DIM_NAMES, Decomposition, wrap_position};
 use super::plan::CellEdges;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, grown_capacity};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, PinnedHostSlice};
 use kernels_gpu::abi::{self, Float3, MIGRATE_MAX_EDGES, MigrateGeometry, MigrateLeaver};
 use std::sync::Arc;
 
@@ -172,7 +172,13 @@ pub struct GpuMigrate {
     block_counts: DeviceBuffer<u32>,
     info: DeviceBuffer<u32>,
     leavers: DeviceBuffer<MigrateLeaver>,
+    /// Page-locked room for what comes back in the one wait: the counts' words, then the first
+    /// [`LEAVERS_READ_AHEAD`] leavers (allocated by the first run).
+    back: Option<PinnedHostSlice<u32>>,
 }
+
+/// `u32` words of [`GpuMigrate`]'s read-back room: the counts' words, then the read-ahead leavers.
+const BACK_WORDS: usize = abi::MIGRATE_INFO_WORDS + LEAVERS_READ_AHEAD * size_of::<MigrateLeaver>() / 4;
 
 impl GpuMigrate {
     /// The migration of `rank`'s home atoms in `geo` on `ctx`'s GPU (the geometry uploaded once).
@@ -187,6 +193,7 @@ impl GpuMigrate {
             block_counts: DeviceBuffer::uninit(ctx, 2)?,
             info: DeviceBuffer::uninit(ctx, abi::MIGRATE_INFO_WORDS)?,
             leavers: DeviceBuffer::uninit(ctx, 0)?,
+            back: None,
         })
     }
 
@@ -237,13 +244,25 @@ impl GpuMigrate {
     }
 
     /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
-    fn finish(&self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
-        // The counts and the first leavers in one wait: a search's leavers are a few hundred, so
-        // most migrations need no second round trip for them.
-        let mut info = [0u32; abi::MIGRATE_INFO_WORDS];
-        let mut first = vec![MigrateLeaver::default(); n.min(LEAVERS_READ_AHEAD)];
-        // SAFETY: `info` and `first` live until the wait, which follows whatever was enqueued.
-        let enqueued = unsafe { self.info.enqueue_read(0, &mut info, stream).and_then(|()| self.leavers.enqueue_read(0, &mut first, stream)) };
+    fn finish(&mut self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
+        // The counts and the first leavers in one wait, into page-locked memory (a copy into
+        // pageable memory is staged by the driver and holds the host): a search's leavers are a
+        // few hundred, so most migrations need no second round trip for them.
+        let ctx = stream.context();
+        if self.back.is_none() {
+            // SAFETY: the contents are written by the copies below before they are read (after
+            // the stream's synchronisation).
+            self.back = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(BACK_WORDS, 0) }.during("allocating the GPU migration's read-back")?);
+        }
+        let back = self.back.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
+        let words = &mut back.as_mut_slice().during("reaching the GPU migration's read-back")?[..BACK_WORDS];
+        let (info, first) = words.split_at_mut(abi::MIGRATE_INFO_WORDS);
+        let first: &mut [MigrateLeaver] =
+            bytemuck::try_cast_slice_mut(first).map_err(|e| HaloError::InvalidInput(format!("the GPU migration's read-back room: {e}")))?;
+        let first = &mut first[..n.min(LEAVERS_READ_AHEAD)];
+        // SAFETY: the room is `self`'s and is neither read nor freed before the stream is
+        // synchronised, just below, whether the copies were enqueued or not.
+        let enqueued = unsafe { self.info.enqueue_read(0, info, stream).and_then(|()| self.leavers.enqueue_read(0, first, stream)) };
         let waited = stream.synchronize().during("waiting for the GPU migration");
         enqueued.and(waited)?;
         let bad = info[abi::MIGRATE_INFO_BAD_ATOM];
@@ -256,11 +275,10 @@ impl GpuMigrate {
         if stayers.checked_add(leavers) != Some(n) {
             return Err(HaloError::InvalidInput(format!("GPU migration of {n} atoms: the kernels counted {stayers} stayers and {leavers} leavers")));
         }
+        let mut all = first[..leavers.min(first.len())].to_vec();
         if leavers > first.len() {
-            let rest = self.leavers.read_range(first.len(), leavers - first.len(), stream)?;
-            first.extend_from_slice(&rest);
+            all.extend_from_slice(&self.leavers.read_range(first.len(), leavers - first.len(), stream)?);
         }
-        first.truncate(leavers);
-        Ok(Migrated { stayers, leavers: first })
+        Ok(Migrated { stayers, leavers: all })
     }
 }

@@ -20,6 +20,7 @@ use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use bytemuck::Pod;
+use cudarc::driver::PinnedHostSlice;
 
 /// Where each list's words go and its entries, from the per-item counts: the host's layout, the
 /// reference of the GPU's ([`DeviceLayout`]).
@@ -142,13 +143,36 @@ pub struct DeviceLayout {
     /// The lists' totals ([`abi::NBNXM_LAYOUT_SUMS`]), then room for a grid's info words, copied
     /// there on the stream so that one read-back takes both.
     totals: DeviceBuffer<u64>,
+    /// Page-locked memory the totals (and words) are read back into, enqueued before the wait:
+    /// no synchronous copy from the device after it.
+    back: PinnedHostSlice<u64>,
 }
 
 impl DeviceLayout {
     /// Empty buffers, grown by the first layout.
     pub fn new(module: &KernelModule) -> Result<Self> {
         let ctx = module.context();
-        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, READ_BACK)? })
+        // SAFETY: the contents are written by a read-back before the host reads them (after the
+        // stream's synchronisation).
+        let back = unsafe { ctx.alloc_pinned_with_flags::<u64>(READ_BACK, 0) }.during("allocating the list layout's read-back")?;
+        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, READ_BACK)?, back })
+    }
+
+    /// Enqueues the read-back of the totals (and words) into the page-locked memory, runs
+    /// `before_wait` (host work that overlaps the GPU's), synchronises `stream` (also after a
+    /// failure: nothing may still copy into the memory when this returns), and returns what came
+    /// back.
+    fn read_back(&mut self, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>) -> Result<[u64; READ_BACK]> {
+        let back = &mut self.back.as_mut_slice().during("reaching the list layout's read-back")?[..READ_BACK];
+        // SAFETY: the memory is `self`'s and is neither read nor freed before the stream is
+        // synchronised, just below, whatever was enqueued.
+        let enqueued = unsafe { self.totals.enqueue_read(0, back, stream) };
+        let hooked = enqueued.and_then(|()| before_wait());
+        let waited = stream.synchronize().during("waiting for the GPU grid and the list layout's totals");
+        hooked.and(waited)?;
+        let mut out = [0u64; READ_BACK];
+        out.copy_from_slice(back);
+        Ok(out)
     }
 
     /// `max_j` as the kernels take it (at least 1; `split_entries` reads a larger one as `u32::MAX`).
@@ -184,8 +208,7 @@ impl DeviceLayout {
             return Ok(LayoutTotals::default());
         }
         self.enqueue_scan(module, counts, items, max_j, stream)?;
-        stream.synchronize().during("waiting for the GPU list layout's totals")?;
-        LayoutTotals::from_sums(split_read_back(&self.totals.to_host()?).0)
+        LayoutTotals::from_sums(split_read_back(&self.read_back(stream, &mut || Ok(()))?).0)
     }
 
     /// [`Self::totals`]' scan, with a grid's [`abi::NBNXM_GRID_INFO_WORDS`] info words at device
@@ -194,7 +217,7 @@ impl DeviceLayout {
     /// one read-back of both: the raw sums (for [`LayoutTotals::from_sums`], which the caller
     /// applies after checking the grid) and the words. `before_wait` runs once everything is
     /// enqueued, just before the host waits (host work of the caller's that overlaps the passes;
-    /// its error is returned without waiting). `items` must be above 0.
+    /// its error is returned after the wait). `items` must be above 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn sums_and_words(
         &mut self,
@@ -218,9 +241,7 @@ impl DeviceLayout {
         // never freed while the grid lives) until the synchronisation below; in `stream`'s order.
         unsafe { cudarc::driver::result::memcpy_dtod_async(self.totals.device_ptr_at(abi::NBNXM_LAYOUT_SUMS), words, bytes, stream.cu_stream()) }
             .during("copying the grid's info words")?;
-        before_wait()?;
-        stream.synchronize().during("waiting for the GPU grid and the list layout's totals")?;
-        Ok(split_read_back(&self.totals.to_host()?))
+        Ok(split_read_back(&self.read_back(stream, before_wait)?))
     }
 
     /// Enqueues the layout's first two passes (tiles, scan) on `stream`: the tile starts and the
