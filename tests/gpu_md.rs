@@ -407,13 +407,74 @@ fn leapfrog_kernels_match_the_cpu_reference() {
     }
 }
 
+/// `inverse_masses`: `inv_mass[i] = inv_by_type[types[i]]` for the first `n` atoms, NaN for a type
+/// at or past the table, and nothing written past `n` (poisoned outputs). The tables: the MD
+/// step's own (`md::search::inverse_masses_by_type` of a generated system, whose lookups must
+/// give `1 / mass(atom)`'s bits) and random ones of 1 to 40 types; the types random, in range or
+/// out of it, and the edge values `ntypes - 1`, `ntypes`, `u32::MAX`.
+#[test]
+fn inverse_masses_match_the_host_table_lookup() {
+    let Some(g) = gpu_or_skip("inverse_masses_match_the_host_table_lookup") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
+    let sys = halo::system::MolecularSystem::generate(3000, 5).unwrap();
+    let md_table = md::search::inverse_masses_by_type(&sys);
+    let by_mass: Vec<u32> = (0..sys.len()).map(|i| ((1.0 / sys.mass(i)) as f32).to_bits()).collect();
+    let by_table: Vec<u32> = sys.types.iter().map(|&t| md_table[usize::from(t)].to_bits()).collect();
+    assert_eq!(by_table, by_mass, "the table gives the host's 1 / mass(atom)");
+    let poison = f32::from_bits(0x7f7f_7f7f);
+    let mut cases: Vec<(Vec<f32>, Vec<u32>)> = vec![(md_table.clone(), sys.types.iter().map(|&t| u32::from(t)).collect())];
+    for &n in &[0usize, 1, 511, 512, 513, 5000, 200_000] {
+        let ntypes = rng.random_range(1..=40usize);
+        let table: Vec<f32> = (0..ntypes).map(|_| rng.random_range(0.01f32..1.0)).collect();
+        let edges = [ntypes as u32 - 1, ntypes as u32, u32::MAX];
+        let types: Vec<u32> = (0..n)
+            .map(|i| {
+                if i % 97 == 5 {
+                    edges[i % 3]
+                } else if rng.random_bool(0.1) {
+                    rng.random_range(ntypes as u32..2 * ntypes as u32 + 3)
+                } else {
+                    rng.random_range(0..ntypes as u32)
+                }
+            })
+            .collect();
+        cases.push((table, types));
+    }
+    for (table, types) in &cases {
+        let n = types.len();
+        let want: Vec<u32> = types.iter().map(|&t| table.get(t as usize).copied().unwrap_or(f32::NAN).to_bits()).collect();
+        for grid in [Some(1u32), Some(3), None] {
+            let td = DeviceBuffer::from_host(&g.ctx, &[types.as_slice(), &[7, 7]].concat()).unwrap();
+            let tab = DeviceBuffer::from_host(&g.ctx, table).unwrap();
+            let out = DeviceBuffer::from_host(&g.ctx, &vec![poison; n + 9]).unwrap();
+            let (mut tp, mut nn, mut tabp, mut nt, mut op) = (td.device_ptr(), n as u32, tab.device_ptr(), table.len() as u32, out.device_ptr());
+            let mut args = kernel_args![tp, nn, tabp, nt, op];
+            let shape = match grid {
+                Some(blocks) => LaunchShape { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 },
+                None => LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
+            };
+            // SAFETY: arguments match `inverse_masses(types, n, inv_by_type, ntypes, inv_mass)`;
+            // `types` holds n + 2 elements, the output n + 9, the table `ntypes`; the buffers
+            // outlive the synchronised launch.
+            unsafe { g.module.launch(abi::INVERSE_MASSES, shape, &stream, &mut args) }.unwrap();
+            stream.synchronize().unwrap();
+            let got: Vec<u32> = out.to_host().unwrap().iter().map(|v| v.to_bits()).collect();
+            let case = format!("n = {n}, {} types, grid {grid:?}", table.len());
+            assert_eq!(got[..n], want[..], "{case}");
+            assert!(got[n..].iter().all(|&b| b == poison.to_bits()), "{case}: written past n");
+        }
+    }
+}
+
 /// A search of several ranks with the grid built on the GPU (`MdRank::new` at the first, then
 /// `MdRank::update` after the atoms moved and the exchange was replanned in its buffers) fills
 /// each rank's home coordinates (the exchange's `x[..home]`) and home types on the device by
 /// copies from the grid's own upload of the local atoms: bit for bit the local atoms' home
 /// positions and types, with `x` and the rank's buffers poisoned before every search (the first
 /// search's rank buffers are new). The halo region of `x` stays as it was (only home elements are
-/// written: peers may store there), and velocities and `1 / m` equal the host's arrays. 2x2x1 ranks
+/// written: peers may store there), velocities equal the host's arrays and `1 / m`, made on the
+/// device from the types, the host's `1 / mass(atom)` by global id. 2x2x1 ranks
 /// on one GPU, 6,000 atoms, three searches.
 #[test]
 fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
@@ -426,6 +487,7 @@ fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
     let mut sys = halo::system::MolecularSystem::generate(6000, 31).unwrap();
     let setup = MdConfig::new(6000, grid).list_setup(&sys).unwrap();
     let lj = lj_table(&sys);
+    let inv_by_type = md::search::inverse_masses_by_type(&sys);
     let ids: Vec<usize> = (0..grid.num_ranks()).collect();
     let mut host = HostSearch::new(2).unwrap();
     let mut plan = host.plan(&mut sys, grid, &setup).unwrap();
@@ -458,10 +520,11 @@ fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
         // The poison went on the legacy default stream, which the ranks' streams do not follow.
         g.ctx.synchronize().unwrap();
         for (i, r) in found.iter().enumerate() {
-            assert!(r.home_x.is_empty() && r.home_types.is_empty(), "{test}: the host builds no home coordinates or types");
+            let empty = r.home_x.is_empty() && r.home_types.is_empty() && r.inv_mass.is_empty();
+            assert!(empty, "{test}: the host builds no home coordinates, types or masses");
             let (rank, halo) = (&ex.local_ranks()[i], &ex.streams()[i]);
             if search == 0 {
-                ranks.push(md::MdRank::new(g.module.clone(), r, &lj, &setup, sys.box_size, 1, rank, halo).unwrap());
+                ranks.push(md::MdRank::new(g.module.clone(), r, &lj, &inv_by_type, &setup, sys.box_size, 1, rank, halo).unwrap());
             } else {
                 ranks[i].update(r, sys.box_size, rank, halo).unwrap();
             }
@@ -478,8 +541,10 @@ fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
             assert!(bits(&x[home..]).iter().all(|&b| b == u32::MAX), "{case}: the halo region of x was written");
             assert_eq!(m.type_buffer().to_host().unwrap()[..home], atoms.types[..home], "{case}: home types");
             assert_eq!(bits(&m.velocity_buffer().to_host().unwrap()[..home]), bits(&r.home_v), "{case}: velocities");
+            // `1 / m` made on the device from the types: the host's `1 / mass(atom)` by global id.
             let inv: Vec<u32> = m.inv_mass_buffer().to_host().unwrap()[..home].iter().map(|v| v.to_bits()).collect();
-            assert_eq!(inv, r.inv_mass.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{case}: 1 / m");
+            let want: Vec<u32> = plan.ranks[r.rank].global_ids[..home].iter().map(|&g| ((1.0 / sys.mass(g as usize)) as f32).to_bits()).collect();
+            assert_eq!(inv, want, "{case}: 1 / m");
         }
         host.recycle(found);
     }

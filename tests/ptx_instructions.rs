@@ -392,6 +392,26 @@ fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
 }
 
 #[test]
+fn inverse_masses_is_a_plain_gather_with_its_bound_checked() {
+    let b = entries(&ptx_text());
+    let k = abi::INVERSE_MASSES;
+    // A plain table load per atom: no atomics, no shuffles, no shared memory.
+    for ins in ["red.", "atom.", "shfl.", ".shared"] {
+        assert!(!b[k].contains(ins), "{k} contains `{ins}`");
+    }
+    // Unsigned compares only: the grid-stride loop's two (entry and back edge) and the type's
+    // against `ntypes` before the table is read (so no index past it, however large, is read);
+    // the NaN for a type past the table is a constant. Two global loads: the type, the table.
+    let unsigned = b[k].matches("setp.ge.u32").count() + b[k].matches("setp.lt.u32").count();
+    assert!(unsigned >= 3, "{k}: {unsigned} unsigned compares, the type's bound check missing");
+    assert!(!b[k].contains("setp.ge.s32") && !b[k].contains("setp.lt.s32"), "{k}: a signed compare");
+    assert!(b[k].contains("0f7FC00000"), "{k}: no NaN constant for a type past the table");
+    assert_eq!(b[k].matches("ld.global").count(), 2, "{k}: the type and the table entry, nothing else");
+    // The ABI: `(types, n, inv_by_type, ntypes, inv_mass)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 5, "{k}'s parameters");
+}
+
+#[test]
 fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
     let b = entries(&ptx_text());
     for k in [abi::NBNXM_SEARCH_COUNT, abi::NBNXM_SEARCH_WRITE] {

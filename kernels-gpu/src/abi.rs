@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 17;
+pub const ABI_VERSION: u32 = 18;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -48,6 +48,7 @@ kernel_entries! {
         "signal_ping_pong",
         "leapfrog",
         "leapfrog_energy",
+        "inverse_masses",
         "jacobi7",
         "nbnxm_forces_ind",
         "nbnxm_forces_energy_ind",
@@ -229,6 +230,11 @@ pub const LEAPFROG: &str = "leapfrog";
 /// (the average of the two half-step kinetic energies), to the `f64` at `kinetic` (one atomic per
 /// warp).
 pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
+/// `inverse_masses(types, n, inv_by_type, ntypes, inv_mass)`: `inv_mass[i] = inv_by_type[types[i]]`
+/// for the `n` home atoms (grid-stride), NaN for a type at or past `ntypes` (a search refuses such
+/// a type before any step reads the masses). The MD step's `1 / m` per home atom, made on the GPU
+/// from the types a search on the GPU copied there, instead of gathered and uploaded by the host.
+pub const INVERSE_MASSES: &str = "inverse_masses";
 
 /// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading
 /// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early.

@@ -49,6 +49,9 @@ pub struct MdRank {
     inv_mass: DeviceBuffer<f32>,
     /// Atom types of the home atoms (what a search on the GPU sorts into the grid's slots).
     types: DeviceBuffer<u32>,
+    /// `1 / m` per atom type (`search::inverse_masses_by_type`): with the grid built on the GPU
+    /// the home atoms' `inv_mass` is made from `types` on the device ([`enqueue_inverse_masses`]).
+    inv_by_type: DeviceBuffer<f32>,
     /// `[potential, kinetic]` per record.
     energies: DeviceBuffer<f64>,
     home: usize,
@@ -86,8 +89,8 @@ pub struct MdRank {
 }
 
 /// Page-locked staging, one per array a search uploads from the host (home coordinates into the
-/// exchange's `x`, velocities, `1 / m`, types; with the grid built on the GPU only velocities and
-/// `1 / m`, [`MdRank::update`]): each upload is a host copy into memory kept between searches and
+/// exchange's `x`, velocities, `1 / m`, types; with the grid built on the GPU only velocities, and
+/// those only when the GPU's redecomposition did not leave them there, [`MdRank::update`]): each upload is a host copy into memory kept between searches and
 /// a copy enqueued on the exchange's stream of the rank (no host wait per copy). One per array, so
 /// that no upload of a search waits for another of the same search to land.
 #[derive(Default)]
@@ -106,18 +109,41 @@ impl HomeStaging {
         halo: &CudaStream,
     ) -> Result<()> {
         ex.upload_coordinates_async(&found.home_x, &mut self.x, halo)?;
-        self.velocities_and_masses(found, v, inv_mass, halo)?;
+        self.velocities(found, v, halo)?;
+        self.inv_mass.upload(&found.inv_mass, inv_mass, halo)?;
         self.types.upload(&found.home_types, types, halo)
     }
 
-    /// Enqueues the home velocities (unless they are on the GPU already: `found.home_on_device`)
-    /// and `1 / m` of `found` on `halo`.
-    fn velocities_and_masses(&mut self, found: &RankSearch, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, halo: &CudaStream) -> Result<()> {
+    /// Enqueues the home velocities of `found` on `halo`, unless they are on the GPU already
+    /// (`found.home_on_device`).
+    fn velocities(&mut self, found: &RankSearch, v: &DeviceBuffer<Float3>, halo: &CudaStream) -> Result<()> {
         if !found.home_on_device {
             self.v.upload(&found.home_v, v, halo)?;
         }
-        self.inv_mass.upload(&found.inv_mass, inv_mass, halo)
+        Ok(())
     }
+}
+
+/// Enqueues `inv_mass[i] = inv_by_type[types[i]]` for the `home` home atoms on `stream`
+/// (`abi::INVERSE_MASSES`), after what `stream` holds (the home types' copy). A type beyond the
+/// table gives NaN; the search that copied the types refuses such a type (the grid's largest type
+/// against the LJ table, of the same type count) before any step reads the masses.
+fn enqueue_inverse_masses(
+    module: &KernelModule, types: &DeviceBuffer<u32>, inv_by_type: &DeviceBuffer<f32>, inv_mass: &DeviceBuffer<f32>, home: usize, stream: &CudaStream,
+) -> Result<()> {
+    if home == 0 {
+        return Ok(());
+    }
+    if types.len() < home || inv_mass.len() < home {
+        return Err(HaloError::InvalidInput(format!("{home} home atoms, room for {} types and {} masses", types.len(), inv_mass.len())));
+    }
+    let (mut t, mut n, mut table, mut ntypes, mut out) =
+        (types.device_ptr(), home as u32, inv_by_type.device_ptr(), inv_by_type.len() as u32, inv_mass.device_ptr());
+    let mut args = kernel_args![t, n, table, ntypes, out];
+    // SAFETY: arguments match `inverse_masses`; `types` and `inv_mass` hold at least `home`
+    // elements (checked), the table `ntypes`; the buffers outlive the launch (the rank's own,
+    // freed only after its streams are idle).
+    unsafe { module.launch(abi::INVERSE_MASSES, LaunchShape::for_items(home, MAX_GATHER_BLOCKS), stream, &mut args) }
 }
 
 /// Which event set a step's launches use.
@@ -129,15 +155,27 @@ enum Events {
 
 impl MdRank {
     /// A rank's GPU state for its first search `found`: its lists (uploaded, or searched on the
-    /// GPU from its grid), the LJ table, room for `records` energy records per search interval,
+    /// GPU from its grid), the LJ table and `1 / m` per type (`inv_by_type`,
+    /// `search::inverse_masses_by_type`), room for `records` energy records per search interval,
     /// and the home arrays of `found` (coordinates into `ex`'s `x`, velocities, `1 / m`, types),
     /// all as [`Self::update`] does, from empty lists.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], records: usize, ex: &RankExchange,
-        halo: &CudaStream,
+        module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], inv_by_type: &[f32], setup: &ListSetup, box_size: [f32; 3], records: usize,
+        ex: &RankExchange, halo: &CudaStream,
     ) -> Result<Self> {
         let ctx = module.context().clone();
+        if inv_by_type.is_empty() || inv_by_type.len() * inv_by_type.len() != lj.len() {
+            return Err(HaloError::InvalidInput(format!(
+                "{} inverse masses for an LJ table of {} entries: give one per atom type (search::inverse_masses_by_type)",
+                inv_by_type.len(),
+                lj.len()
+            )));
+        }
+        let inv_table = DeviceBuffer::from_host(&ctx, inv_by_type)?;
+        // A synchronous copy from pageable memory may return before its DMA lands, and the local
+        // stream (non-blocking) would not follow it: wait once, here, before any search reads it.
+        ctx.synchronize().during("waiting for the inverse masses' upload")?;
         let local = ctx.new_stream().during("creating the local stream")?;
         let event = || ctx.new_event(None).during("creating an event");
         let home = found.lists.home_atoms().max(1);
@@ -148,6 +186,7 @@ impl MdRank {
             v: DeviceBuffer::uninit(&ctx, home)?,
             inv_mass: DeviceBuffer::uninit(&ctx, home)?,
             types: DeviceBuffer::uninit(&ctx, home)?,
+            inv_by_type: inv_table,
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
             home: 0,
             total: 0,
@@ -224,8 +263,8 @@ impl MdRank {
     /// Replaces the lists (uploaded, or searched on the GPU on the local stream), home
     /// coordinates (in `ex`'s `x`), velocities, masses and types with those of a new search
     /// `found`; returns the time of the GPU search (zero for uploaded lists; with the grid built
-    /// on the GPU it includes the host's staging of the velocities and masses, which overlaps
-    /// the GPU's passes). The rank must be idle (the search step synchronised its streams), and
+    /// on the GPU it includes the host's staging of the velocities and the masses' launch, which
+    /// overlap the GPU's passes). The rank must be idle (the search step synchronised its streams), and
     /// `ex` the exchange the next steps use, replanned (or built) for `found`, with `halo` its
     /// stream for this rank.
     ///
@@ -237,8 +276,10 @@ impl MdRank {
     /// - the grid built on the GPU (`RankLists::GpuGrid`): the coordinates and types by
     ///   device-to-device copies on the local stream from the grid's own upload of the local
     ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`), so they
-    ///   cross the bus once; the velocities and masses staged on `halo` while the GPU runs the
-    ///   grid's and the lists' first passes (before the search's first host wait).
+    ///   cross the bus once; `1 / m` made from those types on the local stream
+    ///   ([`enqueue_inverse_masses`]); the velocities copied there from the GPU's redecomposition,
+    ///   or staged on `halo`, while the GPU runs the grid's and the lists' first passes (before the
+    ///   search's first host wait).
     ///
     /// Then, also after a failure: `uploaded` is recorded on `halo` and the local stream
     /// waits for it (`order_after_uploads`). Nothing here waits for the copies on the host: the
@@ -265,7 +306,7 @@ impl MdRank {
     /// it).
     fn search_and_stage(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let t = Instant::now();
-        let Self { nb, staging, v, inv_mass, types, local, gpu_home, home, .. } = self;
+        let Self { module, nb, staging, v, inv_mass, types, inv_by_type, local, gpu_home, home, .. } = self;
         match &found.lists {
             RankLists::Host(search) => {
                 staging.all(found, ex, v, inv_mass, types, halo)?;
@@ -289,8 +330,15 @@ impl MdRank {
                 // halo region (after the replan's fence: its barrier, or the search's all-gathers)
                 // without conflict.
                 let from = merged.map(|g| g.positions() as &dyn DeviceMemory<Float3>);
-                let home = HomeCopies { x: &ex.x, types: &*types, from };
-                nb.update_local_into(atoms, box_size, local, home, &mut || staging.velocities_and_masses(found, v, inv_mass, halo))?;
+                let n = *home;
+                let copies = HomeCopies { x: &ex.x, types: &*types, from };
+                // The masses after the types' copy on the local stream, enqueued while the GPU runs
+                // the grid's passes.
+                let mut before_wait = || {
+                    staging.velocities(found, v, halo)?;
+                    enqueue_inverse_masses(module, types, inv_by_type, inv_mass, n, local)
+                };
+                nb.update_local_into(atoms, box_size, local, copies, &mut before_wait)?;
                 Ok(t.elapsed())
             }
         }
@@ -562,14 +610,14 @@ impl MdRank {
 
 /// The home count of a search whose home arrays hold `lens` = [coordinates, velocities, `1 / m`,
 /// types] elements for `home` home atoms: an error unless every array holds exactly `home`, or,
-/// `from_device` (the GPU copies the coordinates and types from its grid's upload), unless the
-/// velocities and `1 / m` hold `home` and the coordinates and types none (checked before anything
-/// of the search is enqueued or grown).
+/// `from_device` (the GPU copies the coordinates and types from its grid's upload and makes the
+/// masses from the types), unless the velocities hold `home` and the others none (checked before
+/// anything of the search is enqueued or grown).
 fn home_arrays_fit(home: usize, lens: [usize; 4], from_device: bool) -> Result<usize> {
     let host = if from_device { 0 } else { home };
     let [x, v, m, t] = lens;
-    if [x, t] != [host; 2] || [v, m] != [home; 2] {
-        let source = if from_device { ", coordinates and types from the GPU's grid" } else { "" };
+    if [x, m, t] != [host; 3] || v != home {
+        let source = if from_device { ", coordinates, types and masses from the GPU's grid" } else { "" };
         return Err(HaloError::InvalidInput(format!("{x} coordinates, {v} velocities, {m} masses and {t} types for {home} home atoms{source}")));
     }
     Ok(home)
@@ -594,15 +642,16 @@ mod tests {
     }
 
     #[test]
-    fn with_the_grid_on_the_gpu_only_velocities_and_masses_come_from_the_host() {
+    fn with_the_grid_on_the_gpu_only_velocities_come_from_the_host() {
         assert_eq!(home_arrays_fit(0, [0; 4], true).unwrap(), 0);
-        assert_eq!(home_arrays_fit(22_500, [0, 22_500, 22_500, 0], true).unwrap(), 22_500);
-        // Host coordinates or types would be ignored: refused instead.
+        assert_eq!(home_arrays_fit(22_500, [0, 22_500, 0, 0], true).unwrap(), 22_500);
+        // Host coordinates, masses or types would be ignored: refused instead.
         let e = home_arrays_fit(7, [7; 4], true).unwrap_err().to_string();
         assert!(e.contains("7 coordinates") && e.contains("from the GPU's grid"), "{e}");
-        assert!(home_arrays_fit(7, [0, 7, 7, 7], true).is_err(), "types from the host");
-        assert!(home_arrays_fit(7, [0, 6, 7, 0], true).is_err(), "a velocity short");
-        assert!(home_arrays_fit(7, [0, 7, 8, 0], true).is_err(), "a mass too many");
-        assert!(home_arrays_fit(7, [0, 7, 7, 0], false).is_err(), "host lists need host coordinates");
+        assert!(home_arrays_fit(7, [0, 7, 0, 7], true).is_err(), "types from the host");
+        assert!(home_arrays_fit(7, [0, 7, 7, 0], true).is_err(), "masses from the host");
+        assert!(home_arrays_fit(7, [0, 6, 0, 0], true).is_err(), "a velocity short");
+        assert!(home_arrays_fit(7, [0, 8, 0, 0], true).is_err(), "a velocity too many");
+        assert!(home_arrays_fit(7, [0, 7, 0, 0], false).is_err(), "host lists need host coordinates");
     }
 }

@@ -541,6 +541,8 @@ pub struct MdRun {
     system: MolecularSystem,
     setup: ListSetup,
     lj: Vec<[f32; 2]>,
+    /// `1 / m` per atom type (`search::inverse_masses_by_type`), for each rank's GPU.
+    inv_by_type: Vec<f32>,
     /// The global ranks this process drives, in the exchange's order.
     ids: Vec<usize>,
     /// Field order is drop order, the same on every PE (symmetric buffers are freed collectively):
@@ -611,6 +613,7 @@ impl MdRun {
         };
         let gather = HomeGather::new(&placement, system.len(), &tag)?;
         let lj = lj_table(&system);
+        let inv_by_type = search::inverse_masses_by_type(&system);
         Ok(Self {
             out: MdOutcome { setup: Some(setup), ..MdOutcome::default() },
             cfg,
@@ -618,6 +621,7 @@ impl MdRun {
             system,
             setup,
             lj,
+            inv_by_type,
             ids,
             exchange: None,
             gather,
@@ -958,7 +962,8 @@ impl MdRun {
                 Some(m) => gpu_search += m.update(r, self.system.box_size, rank, halo)?,
                 None => {
                     facts.new_rank = true;
-                    self.ranks.push(MdRank::new(rank.module().clone(), r, &self.lj, &self.setup, self.system.box_size, records, rank, halo)?);
+                    let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
+                    self.ranks.push(MdRank::new(rank.module().clone(), r, lj, inv, setup, self.system.box_size, records, rank, halo)?);
                 }
             }
         }

@@ -71,7 +71,8 @@ pub struct RankSearch {
     /// bit for bit the local atoms' `positions[..home]` (with [`RankLists::GpuGrid`] the grid
     /// copies them on the device instead of uploading them).
     pub home_on_device: bool,
-    /// `1 / m` of the home atoms.
+    /// `1 / m` of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`]: the GPU
+    /// makes them from the home types it copied ([`inverse_masses_by_type`], `MdRank::update`).
     pub inv_mass: Vec<f32>,
     /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
     pub home_types: Vec<u32>,
@@ -104,7 +105,8 @@ pub struct SearchTimes {
     pub grid: Duration,
     /// Cluster-pair lists: the slowest rank's host search, or the GPU searches (both passes, the
     /// grid's upload and the host's layout between them; with the grid sorted on the GPU also the
-    /// staging of the home velocities and masses, which overlaps the passes).
+    /// staging or copy of the home velocities and the launch that makes their masses, which
+    /// overlap the passes).
     pub pairs: Duration,
     /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
@@ -310,8 +312,9 @@ fn bad(e: crate::nbnxm::NbnxmError) -> HaloError {
 
 /// Rank `rank`'s search (see [`HostSearch::rank_searches`]) on `workers`, once `buf` holds its
 /// local atoms (built in `atoms_time`) and its home velocities: the grid and lists where `on`
-/// says, and the other home arrays, in `buf`'s arrays: `1 / m`, and the coordinates and types
-/// unless the GPU builds the grid (it copies those from its own upload of the local atoms).
+/// says, and the other home arrays, in `buf`'s arrays: the coordinates, types and `1 / m` unless
+/// the GPU builds the grid (it copies the first two from its own upload of the local atoms and
+/// makes the masses from the types).
 fn rank_search(
     rank: usize, system: &MolecularSystem, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers, atoms_time: Duration,
 ) -> Result<RankSearch> {
@@ -321,10 +324,8 @@ fn rank_search(
     if on != ListsOn::GpuGrid {
         home.x.extend_from_slice(&buf.atoms.positions[..n]);
         home.types.extend_from_slice(home_types);
+        inverse_masses_into(rank, home_types, &inverse_masses_by_type(system), &mut home.inv_mass)?;
     }
-    // `1 / m` per type, as `1 / system.mass(atom)` gives it per atom (the same bits).
-    let inv: Vec<f32> = system.atom_types.iter().map(|t| (1.0 / t.mass) as f32).collect();
-    inverse_masses_into(rank, home_types, &inv, &mut home.inv_mass)?;
     let atoms = &buf.atoms;
     let (lists, grid_time, lists_time) = match on {
         // The local atoms themselves (their arrays return through `HostSearch::recycle`).
@@ -352,6 +353,12 @@ fn rank_search(
         grid_time,
         lists_time,
     })
+}
+
+/// `1 / m` per atom type, as `1 / system.mass(atom)` gives it per atom (the same bits): the table
+/// the host's home arrays and the GPU's (`abi::INVERSE_MASSES`) both look the types up in.
+pub fn inverse_masses_by_type(system: &MolecularSystem) -> Vec<f32> {
+    system.atom_types.iter().map(|t| (1.0 / t.mass) as f32).collect()
 }
 
 /// Appends `inv[t]` for every type `t` of rank `rank`'s home atoms `types` to `out`: the types
@@ -515,9 +522,10 @@ mod tests {
         }
     }
 
-    /// The home arrays each path hands the GPU: velocities and `1 / m` always (those of the home
-    /// atoms, by global id), coordinates and types only where the GPU does not build the grid
-    /// from the local atoms (it copies them from its own upload of those there).
+    /// The home arrays each path hands the GPU: velocities always (those of the home atoms, by
+    /// global id), coordinates, types and `1 / m` only where the GPU does not build the grid from
+    /// the local atoms (it copies the first two from its own upload of those there and makes the
+    /// masses from the types with [`inverse_masses_by_type`], which gives the host's bits).
     #[test]
     fn home_coordinates_and_types_come_from_the_host_unless_the_gpu_builds_the_grid() {
         let sys = MolecularSystem::generate(3_000, 25).unwrap();
@@ -534,10 +542,13 @@ mod tests {
                 let want_v: Vec<Float3> = ids.iter().map(|&g| moved.velocities[g as usize]).collect();
                 let want_m: Vec<u32> = ids.iter().map(|&g| ((1.0 / moved.mass(g as usize)) as f32).to_bits()).collect();
                 assert_eq!(r.home_v, want_v, "{on:?}");
-                assert_eq!(r.inv_mass.iter().map(|m| m.to_bits()).collect::<Vec<_>>(), want_m, "{on:?}");
+                let table = inverse_masses_by_type(&moved);
+                let by_table: Vec<u32> = atoms.types[..atoms.home].iter().map(|&t| table[t as usize].to_bits()).collect();
+                assert_eq!(by_table, want_m, "{on:?}: the table the GPU reads gives the host's bits");
                 if on == ListsOn::GpuGrid {
-                    assert!(r.home_x.is_empty() && r.home_types.is_empty(), "{on:?}: the GPU copies them");
+                    assert!(r.home_x.is_empty() && r.home_types.is_empty() && r.inv_mass.is_empty(), "{on:?}: the GPU makes them");
                 } else {
+                    assert_eq!(r.inv_mass.iter().map(|m| m.to_bits()).collect::<Vec<_>>(), want_m, "{on:?}");
                     assert_eq!(r.home_x, atoms.positions[..atoms.home], "{on:?}");
                     assert_eq!(r.home_types, atoms.types[..atoms.home], "{on:?}");
                 }

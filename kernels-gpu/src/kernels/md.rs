@@ -100,3 +100,20 @@ kernel! {
         unsafe { leapfrog_impl::<true>(x, v, f, inv_mass, n, dt, clear_from, clear_n, kinetic) }
     }
 }
+
+kernel! {
+    /// `inv_mass[i] = inv_by_type[types[i]]` for the first `n` (home) atoms, NaN for a type at or
+    /// past `ntypes`. See [`crate::abi::INVERSE_MASSES`].
+    fn inverse_masses(types: *const u32, n: u32, inv_by_type: *const f32, ntypes: u32, inv_mass: *mut f32) {
+        let mut i = thread::index_1d();
+        while i < n {
+            // SAFETY: the host sizes `types` and `inv_mass` for `n` atoms and `inv_by_type` for
+            // `ntypes` types; the table is read only below `ntypes`.
+            unsafe {
+                let t = *types.add(i as usize);
+                *inv_mass.add(i as usize) = if t < ntypes { *inv_by_type.add(t as usize) } else { f32::NAN };
+            }
+            i += thread::grid_stride_x();
+        }
+    }
+}
