@@ -476,6 +476,31 @@ fn local_search_equals_the_host_search() {
     }
 }
 
+/// A 6,000-atom liquid (`seed`), its list setup, a stream, and two GPU searches on it: `nb` for
+/// the path under test, `plain` for `update_local`'s lists to compare with.
+struct Searches {
+    sys: MolecularSystem,
+    s: ListSetup,
+    stream: std::sync::Arc<halo::gpu::CudaStream>,
+    nb: NbnxmGpu,
+    plain: NbnxmGpu,
+}
+
+fn two_searches(g: &Gpu, seed: u64) -> Searches {
+    let sys = MolecularSystem::generate(6000, seed).unwrap();
+    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
+    let lj = lj_table(&sys);
+    let stream = g.ctx.new_stream().unwrap();
+    let nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    let plain = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
+    Searches { sys, s, stream, nb, plain }
+}
+
+/// The bits of coordinates, for exact comparisons.
+fn bits(v: &[Float3]) -> Vec<u32> {
+    bytemuck::cast_slice::<Float3, u32>(v).to_vec()
+}
+
 /// `update_local_into`: the lists of `update_local`, the home atoms' coordinates and types copied
 /// on the device into the caller's buffers (poisoned first) bit for bit as `positions[..home]` and
 /// `types[..home]`, nothing past `home` written, and the caller's hook run exactly once; a hook
@@ -484,13 +509,7 @@ fn local_search_equals_the_host_search() {
 fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
     use halo_md::nbnxm::HomeCopies;
     let Some(g) = gpu("gpu_local_search_into") else { return };
-    let sys = MolecularSystem::generate(6000, 65).unwrap();
-    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
-    let lj = lj_table(&sys);
-    let stream = g.ctx.new_stream().unwrap();
-    let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
-    let mut plain = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
-    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    let Searches { sys, s, stream, mut nb, mut plain } = two_searches(&g, 65);
     for (r, atoms) in ranks_of(&sys, [2, 2, 1], s.rlist).iter().enumerate() {
         let (home, extra) = (atoms.home, 7);
         assert!(home > 0 && atoms.len() > home, "rank {r}: {home} home of {} atoms", atoms.len());
@@ -551,13 +570,7 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
 fn local_search_into_takes_the_home_coordinates_from_the_device() {
     use halo_md::nbnxm::HomeCopies;
     let Some(g) = gpu("gpu_local_search_from_device") else { return };
-    let sys = MolecularSystem::generate(6000, 66).unwrap();
-    let s = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
-    let lj = lj_table(&sys);
-    let stream = g.ctx.new_stream().unwrap();
-    let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
-    let mut plain = NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap();
-    let bits = |v: &[Float3]| bytemuck::cast_slice::<Float3, u32>(v).to_vec();
+    let Searches { sys, s, stream, mut nb, mut plain } = two_searches(&g, 66);
     for dims in [[2, 2, 1], [2, 1, 1]] {
         for (r, atoms) in ranks_of(&sys, dims, s.rlist).iter().enumerate() {
             let home = atoms.home;

@@ -90,9 +90,10 @@ pub struct MdRank {
 
 /// Page-locked staging, one per array a search uploads from the host (home coordinates into the
 /// exchange's `x`, velocities, `1 / m`, types; with the grid built on the GPU only velocities, and
-/// those only when the GPU's redecomposition did not leave them there, [`MdRank::update`]): each upload is a host copy into memory kept between searches and
-/// a copy enqueued on the exchange's stream of the rank (no host wait per copy). One per array, so
-/// that no upload of a search waits for another of the same search to land.
+/// those only when the GPU's redecomposition did not leave them there, [`MdRank::update`]): each
+/// upload is a host copy into memory kept between searches and a copy enqueued on the exchange's
+/// stream of the rank (no host wait per copy). One per array, so that no upload of a search waits
+/// for another of the same search to land.
 #[derive(Default)]
 struct HomeStaging {
     x: Staging<Float3>,
@@ -264,9 +265,9 @@ impl MdRank {
     /// coordinates (in `ex`'s `x`), velocities, masses and types with those of a new search
     /// `found`; returns the time of the GPU search (zero for uploaded lists; with the grid built
     /// on the GPU it includes the host's staging of the velocities and the masses' launch, which
-    /// overlap the GPU's passes). The rank must be idle (the search step synchronised its streams), and
-    /// `ex` the exchange the next steps use, replanned (or built) for `found`, with `halo` its
-    /// stream for this rank.
+    /// overlap the GPU's passes). The rank must be idle (the search step synchronised its
+    /// streams), and `ex` the exchange the next steps use, replanned (or built) for `found`, with
+    /// `halo` its stream for this rank.
     ///
     /// Where each home array comes from (`search_and_stage`):
     /// - lists from the host, or a grid from the host (`RankLists::Host`, `RankLists::Gpu`): all
