@@ -278,7 +278,7 @@ impl MdRank {
     ///   device-to-device copies on the local stream from the grid's own upload of the local
     ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`), so they
     ///   cross the bus once; `1 / m` made from those types on the local stream
-    ///   ([`enqueue_inverse_masses`]); the velocities copied there from the GPU's redecomposition,
+    ///   (`enqueue_inverse_masses`); the velocities copied there from the GPU's redecomposition,
     ///   or staged on `halo`, while the GPU runs the grid's and the lists' first passes (before the
     ///   search's first host wait).
     ///
