@@ -611,3 +611,90 @@ fn local_search_into_takes_the_home_coordinates_from_the_device() {
         }
     }
 }
+
+/// `begin_local` and `finish_local`, the two halves the MD step splits a search into (the host's
+/// router and replan run between): every rank of a 2x2x1 plan begun on its own object and stream
+/// before any is finished (all four searches' passes in flight together), then finished in
+/// reverse order: the lists of `update_local`, the home copies bit for bit as
+/// `update_local_into`'s (nothing past `home` written) and the hook run once. Misuse is refused
+/// with the fix named and leaves the object usable: finishing with nothing begun, finishing on
+/// other atoms or on another stream (the begun search waited for and dropped, no lists), a second
+/// begin over a begun search (the first abandoned, the second's lists kept), `update_local` over
+/// a begun search, and dropping an object with a search begun.
+#[test]
+fn a_search_begun_and_finished_later_equals_update_local() {
+    let Some(g) = gpu("gpu_local_search_halves") else { return };
+    let Searches { sys, s, stream, mut nb, mut plain } = two_searches(&g, 67);
+    let ranks = ranks_of(&sys, [2, 2, 1], s.rlist);
+    let lj = lj_table(&sys);
+    let mut objs: Vec<_> = ranks
+        .iter()
+        .map(|a| {
+            let x = DeviceBuffer::<Float3>::uninit(&g.ctx, a.len() + 5).unwrap();
+            let ty = DeviceBuffer::<u32>::uninit(&g.ctx, a.len() + 5).unwrap();
+            x.fill_bytes(0xFF).unwrap();
+            ty.fill_bytes(0xFF).unwrap();
+            (NbnxmGpu::new_resident(g.module.clone(), &lj, &s, sys.box_size).unwrap(), g.ctx.new_stream().unwrap(), x, ty)
+        })
+        .collect();
+    g.ctx.synchronize().unwrap();
+    for (r, ((nb, st, _, _), atoms)) in objs.iter_mut().zip(&ranks).enumerate() {
+        nb.begin_local(atoms, sys.box_size, st, None).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(nb.begun(), "rank {r}");
+    }
+    for (r, ((nb, st, x, ty), atoms)) in objs.iter_mut().zip(&ranks).enumerate().rev() {
+        let mut calls = 0;
+        let got = nb
+            .finish_local(atoms, st, Some((&*x, &*ty)), &mut || {
+                calls += 1;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(calls, 1, "rank {r}: the hook runs once");
+        assert!(!nb.begun(), "rank {r}");
+        let want = plain.update_local(atoms, sys.box_size, &stream).unwrap();
+        assert_eq!((got.grid, got.words, got.entries), (want.grid, want.words, want.entries), "rank {r}");
+        for kind in [ListKind::Local, ListKind::NonLocal] {
+            assert_eq!(nb.read_entries(kind).unwrap(), plain.read_entries(kind).unwrap(), "rank {r} {kind:?}");
+            assert_eq!(nb.read_order(kind).unwrap(), plain.read_order(kind).unwrap(), "rank {r} {kind:?}");
+            assert_eq!(nb.read_j_list(kind, false).unwrap(), plain.read_j_list(kind, false).unwrap(), "rank {r} {kind:?}");
+        }
+        let (home, gx, gt) = (atoms.home, x.to_host().unwrap(), ty.to_host().unwrap());
+        assert_eq!(bits(&gx[..home]), bits(&atoms.positions[..home]), "rank {r}: home coordinates");
+        assert_eq!(gt[..home], atoms.types[..home], "rank {r}: home types");
+        assert!(bits(&gx[home..]).iter().all(|&b| b == u32::MAX), "rank {r}: coordinates past home written");
+        assert!(gt[home..].iter().all(|&t| t == u32::MAX), "rank {r}: types past home written");
+    }
+
+    let (atoms, other) = (&ranks[0], &ranks[3]);
+    assert_ne!((atoms.len(), atoms.home), (other.len(), other.home), "the misuse cases need ranks of different sizes");
+    let none = |nb: &NbnxmGpu| (nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms(), nb.begun());
+    let e = nb.finish_local(atoms, &stream, None, &mut || Ok(())).unwrap_err().to_string();
+    assert!(e.contains("begin_local first"), "{e}");
+    nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
+    let e = nb.finish_local(other, &stream, None, &mut || Ok(())).unwrap_err().to_string();
+    assert!(e.contains("begun on") && e.contains("finished with"), "{e}");
+    assert_eq!(none(&nb), (0, 0, 0, false));
+    nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
+    let e = nb.finish_local(atoms, &g.ctx.new_stream().unwrap(), None, &mut || Ok(())).unwrap_err().to_string();
+    assert!(e.contains("another stream"), "{e}");
+    assert_eq!(none(&nb), (0, 0, 0, false));
+    let check = |nb: &NbnxmGpu, plain: &mut NbnxmGpu, a: &LocalAtoms, what: &str| {
+        plain.update_local(a, sys.box_size, &stream).unwrap();
+        for kind in [ListKind::Local, ListKind::NonLocal] {
+            assert_eq!(nb.read_entries(kind).unwrap(), plain.read_entries(kind).unwrap(), "{what} {kind:?}");
+            assert_eq!(nb.read_j_list(kind, false).unwrap(), plain.read_j_list(kind, false).unwrap(), "{what} {kind:?}");
+        }
+    };
+    nb.begin_local(other, sys.box_size, &stream, None).unwrap();
+    nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
+    nb.finish_local(atoms, &stream, None, &mut || Ok(())).unwrap();
+    check(&nb, &mut plain, atoms, "begun twice");
+    nb.begin_local(other, sys.box_size, &stream, None).unwrap();
+    nb.update_local(atoms, sys.box_size, &stream).unwrap();
+    assert!(!nb.begun());
+    check(&nb, &mut plain, atoms, "update_local over a begun search");
+    nb.begin_local(other, sys.box_size, &stream, None).unwrap();
+    drop(nb);
+    stream.synchronize().unwrap();
+}

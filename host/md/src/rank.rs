@@ -276,15 +276,17 @@ impl MdRank {
     ///   local stream searches;
     /// - the grid built on the GPU (`RankLists::GpuGrid`): the coordinates and types by
     ///   device-to-device copies on the local stream from the grid's own upload of the local
-    ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`), so they
-    ///   cross the bus once; `1 / m` made from those types on the local stream
-    ///   (`enqueue_inverse_masses`); the velocities copied there from the GPU's redecomposition,
+    ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`, or its
+    ///   second half when [`Self::begin_search`] enqueued the first, which leaves the lists' write
+    ///   pass running on the local stream), so they cross the bus once; `1 / m` made from those
+    ///   types on the local stream (`enqueue_inverse_masses`); the velocities copied there from the GPU's redecomposition,
     ///   or staged on `halo`, while the GPU runs the grid's and the lists' first passes (before the
     ///   search's first host wait).
     ///
     /// Then, also after a failure: `uploaded` is recorded on `halo` and the local stream
-    /// waits for it (`order_after_uploads`). Nothing here waits for the copies on the host: the
-    /// steps are ordered after them on the GPU (the local stream by stream order and that wait,
+    /// waits for it (`order_after_uploads`). Nothing here waits on the host for the copies (nor,
+    /// with the grid on the GPU, for the lists' write pass): the steps are ordered after them on
+    /// the GPU (the local stream by stream order and that wait,
     /// the halo stream through `coordinates_ready`). A search through pageable synchronous copies
     /// (host lists, a grid from the host) still needs the caller's context synchronisation before
     /// the steps (`run.rs`).
@@ -339,10 +341,30 @@ impl MdRank {
                     staging.velocities(found, v, halo)?;
                     enqueue_inverse_masses(module, types, inv_by_type, inv_mass, n, local)
                 };
-                nb.update_local_into(atoms, box_size, local, copies, &mut before_wait)?;
+                if nb.begun() {
+                    nb.finish_local(atoms, local, Some((copies.x, copies.types)), &mut before_wait)?;
+                } else {
+                    nb.update_local_into(atoms, box_size, local, copies, &mut before_wait)?;
+                }
                 Ok(t.elapsed())
             }
         }
+    }
+
+    /// The first half of a search whose grid is built on the GPU (`RankLists::GpuGrid`), on the
+    /// local stream without a host wait: the grid of `found`'s local atoms (the home coordinates
+    /// taken on the device from the GPU's redecomposition when `found.home_on_device`) and the
+    /// lists' first passes enqueued up to the search's one read-back
+    /// ([`NbnxmGpu::begin_local`]); the time it took. It needs nothing of the exchange, so the
+    /// search step runs it before the router and the replan, which then overlap these passes;
+    /// [`Self::update`] with the same `found` completes it. Other lists: nothing to begin
+    /// ([`Self::update`] does the whole search). The rank must be idle.
+    pub fn begin_search(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
+        let RankLists::GpuGrid(atoms) = &found.lists else { return Ok(Duration::ZERO) };
+        let t = Instant::now();
+        let from = self.gpu_home.as_ref().filter(|_| found.home_on_device).map(|g| g.positions() as &dyn DeviceMemory<Float3>);
+        self.nb.begin_local(atoms, box_size, &self.local, from)?;
+        Ok(t.elapsed())
     }
 
     /// A search of a rank that has every atom (one rank, no halo) entirely on the GPU, on the

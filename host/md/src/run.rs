@@ -894,6 +894,13 @@ impl MdRun {
         }
         let mut gpu_search = std::time::Duration::ZERO;
         let t3 = Instant::now();
+        // The GPU grids' and lists' first passes, enqueued now on each rank's local stream (grids
+        // built on the GPU; nothing for other lists): they need nothing of the exchange, so the
+        // router's collective and the replan below run on the host while the GPUs run them, and
+        // each rank's `update` finishes its search after them.
+        for (m, r) in self.ranks.iter_mut().zip(&found) {
+            gpu_search += m.begin_search(r, self.system.box_size)?;
+        }
         let halos = plan.rank_halos();
         // Under routing every rank's paths for the new halos (collective; the same plans on every
         // PE). The exchange keeps its buffers only while every pair keeps its transport.
@@ -907,8 +914,9 @@ impl MdRun {
         // redecomposition's all-gathers (`TAG_MIGRATE` always runs across PEs, then one per pulse
         // and `TAG_PLAN`; under routing the plans' all-gather follows), a PE leaves an all-gather
         // only after every PE entered it, and nothing since launched a step or wrote into a peer
-        // (the home read-back came before the gathers; the lists and uploads come after the
-        // replan): the contract of `ReplanFence::AfterCollective`. The gathered path keeps the
+        // (the home read-back came before the gathers; the grids' and lists' first passes, begun
+        // above, touch only each rank's own search buffers; the lists' writes and the uploads come
+        // after the replan): the contract of `ReplanFence::AfterCollective`. The gathered path keeps the
         // barrier: its gather buffers are written by peers at the next search, and that reuse is
         // fenced by this barrier (`HomeGather::gather`). Ranks in one process have no barrier.
         let fence = replan_fence(path);

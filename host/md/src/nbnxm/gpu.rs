@@ -21,14 +21,14 @@
 //! rank's [`LocalAtoms`].
 
 use super::gpu_grid::{DeviceGrid, GridInfo, PendingGrid};
-use super::gpu_search::{GpuSearch, ListRoom, grow};
+use super::gpu_search::{BegunLists, GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::order::entry_order;
 use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
 use super::{ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{CudaContextExt, HaloError, Result};
-use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
+use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
 use crate::kernel_args;
 use crate::system::MolecularSystem;
 use std::sync::Arc;
@@ -189,6 +189,27 @@ pub struct NbnxmGpu {
     warps: WarpsPerEntry,
     /// Multiprocessors of the GPU (for [`WarpsPerEntry::Auto`]).
     sms: u32,
+    /// A search [`Self::begin_local`] enqueued and [`Self::finish_local`] has not yet waited for.
+    begun: Option<BegunLocal>,
+    /// Recorded on a GPU search's stream after its write pass and launch orders
+    /// ([`Self::finish_local`] returns without waiting for them): this object's synchronous
+    /// readers and its next search wait for it ([`Self::lists_complete`]).
+    written: CudaEvent,
+}
+
+/// What [`NbnxmGpu::begin_local`] enqueued, for [`NbnxmGpu::finish_local`].
+struct BegunLocal {
+    grid: PendingGrid,
+    lists: BegunLists,
+    /// The local atoms and home atoms of the search (the same atoms must finish it).
+    atoms: usize,
+    home: usize,
+    box_size: [f32; 3],
+    /// The stream it was enqueued on (`CUstream` as an address; the same stream must finish it).
+    stream: usize,
+    grid_time: Duration,
+    /// The host time of the lists' part so far (the count pass and the scan enqueued).
+    lists_time: Duration,
 }
 
 impl NbnxmGpu {
@@ -227,6 +248,8 @@ impl NbnxmGpu {
             kernel: NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::DEFAULT),
             warps: WarpsPerEntry::from_env()?.unwrap_or(WarpsPerEntry::Auto),
             sms: sms.max(1) as u32,
+            begun: None,
+            written: ctx.new_event(None).during("creating an event")?,
             module,
         })
     }
@@ -284,6 +307,7 @@ impl NbnxmGpu {
     /// Replaces the grid and lists with those of a new search (reusing the allocations that fit).
     /// Synchronous: no launch of this object may still be running.
     pub fn update(&mut self, search: &PairSearch, box_size: [f32; 3]) -> Result<()> {
+        self.before_search()?;
         check_setup(search.rlist, &self.setup)?;
         self.set_grid(&search.grid, box_size)?;
         self.lists[0].update(&self.module, &search.local)?;
@@ -294,9 +318,10 @@ impl NbnxmGpu {
     /// per entry), on `stream`, which is synchronised before returning. No launch of this object
     /// may still be running.
     pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
+        self.before_search()?;
         self.set_grid(grid, box_size)?;
         self.grid.upload_boxes(&self.module, grid)?;
-        self.search_lists(stream, None, &mut || Ok(())).map(|_| ())
+        self.search_lists(stream)
     }
 
     /// An object with no grid and empty lists, for [`Self::update_resident`] to fill; the LJ table
@@ -315,11 +340,9 @@ impl NbnxmGpu {
     /// error naming the first such atom (the lists are then empty).
     ///
     /// One host synchronisation of `stream` between the grid and the lists (the grid's three info
-    /// words and the lists' totals read back together), and one at the end, after the write pass.
-    /// That last one stays: the lists' readers are not all ordered after `stream` on the GPU
-    /// (`read_entries`, `read_order` and `set_order_identity` copy synchronously on the legacy
-    /// stream; the next search step reallocates the list and count buffers from the host), and the
-    /// callers (`MdRank::search_resident`, the tests) rely on complete lists when this returns.
+    /// words and the lists' totals read back together), and one at the end, after the write pass:
+    /// the callers (`MdRank::search_resident`, the tests) rely on complete lists when this returns.
+    /// ([`Self::finish_local`], the MD step's search of a decomposed rank, leaves out the last.)
     pub fn update_resident(
         &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
     ) -> Result<ResidentSearch> {
@@ -328,7 +351,6 @@ impl NbnxmGpu {
             stream,
             |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream),
             &|atom| Ok(x.to_host()?.get(atom).copied().unwrap_or_default()),
-            &mut || Ok(()),
         )
     }
 
@@ -365,7 +387,8 @@ impl NbnxmGpu {
     /// enqueued, before the search's first wait for `stream`: host work of the caller's (the MD
     /// step's other staged uploads) that then overlaps them. An error (of the build, of
     /// `before_wait`, of the search) may come before or after the copies or `before_wait`; the
-    /// lists are then empty.
+    /// lists are then empty. [`Self::begin_local`] and [`Self::finish_local`] are its two halves,
+    /// for callers with more host work to overlap.
     pub fn update_local_into(
         &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: HomeCopies<'_>, before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
@@ -376,21 +399,138 @@ impl NbnxmGpu {
         &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: Option<HomeCopies<'_>>,
         before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
-        let ntypes = self.ntypes;
-        self.search_on_gpu_grid(
+        self.begin_local(atoms, box_size, stream, home.and_then(|h| h.from))?;
+        let searched = self.finish_local(atoms, stream, home.map(|h| (h.x, h.types)), before_wait)?;
+        stream.synchronize().during("waiting for the search's lists")?;
+        Ok(searched)
+    }
+
+    /// The first half of [`Self::update_local_into`], on `stream` without a host wait: the lists
+    /// emptied, the grid of `atoms` (home coordinates from `from` on the device when given, as
+    /// [`HomeCopies::from`]) and the lists' first passes enqueued, up to the search's one
+    /// read-back. [`Self::finish_local`] with the same atoms and stream completes it; the host may
+    /// do other work between while the GPU runs these passes (the MD step's search: its router
+    /// and replan), but nothing of this object may run there. A search begun before and not
+    /// finished is abandoned first (the context synchronised). An error (the lists then empty)
+    /// leaves nothing of this search in flight.
+    pub fn begin_local(
+        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, from: Option<&dyn DeviceMemory<Float3>>,
+    ) -> Result<()> {
+        self.before_search()?;
+        let t0 = Instant::now();
+        self.forget_lists();
+        lj_table_holds(atoms.ntypes > self.ntypes as usize, atoms.ntypes, self.ntypes)?;
+        let enqueued = self.grid.enqueue_build_local(&self.module, atoms, from, stream);
+        let pending = enqueued.inspect_err(|_| {
+            // The build's copies may have been enqueued before its error.
+            let _ = stream.synchronize();
+        })?;
+        let t1 = Instant::now();
+        let lists = self.begin_lists(stream, Some(&pending)).inspect_err(|_| {
+            let _ = stream.synchronize();
+        })?;
+        self.begun = Some(BegunLocal {
+            grid: pending,
+            lists,
+            atoms: atoms.len(),
+            home: atoms.home,
             box_size,
-            stream,
-            |grid, module| {
-                lj_table_holds(atoms.ntypes > ntypes as usize, atoms.ntypes, ntypes)?;
-                let pending = grid.enqueue_build_local(module, atoms, home.and_then(|h| h.from), stream)?;
-                if let Some(h) = home {
-                    grid.enqueue_home_copies(atoms.home, h.x, h.types, stream)?;
-                }
-                Ok(pending)
-            },
-            &|atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()),
-            before_wait,
-        )
+            stream: stream.cu_stream() as usize,
+            grid_time: t1 - t0,
+            lists_time: t1.elapsed(),
+        });
+        Ok(())
+    }
+
+    /// Completes the search [`Self::begin_local`] began on `atoms` and `stream`: the device copies
+    /// of the home atoms' coordinates and types into `home` (`x`, `types`, as
+    /// [`Self::update_local_into`] makes them) when given, `before_wait`, the one wait, the grid's
+    /// checks, and the lists' write pass and launch orders, enqueued on `stream` without a second
+    /// wait: later work on `stream` (the MD step's local stream) is ordered after them, work on
+    /// another stream must wait for `stream` first (the MD step's halo stream does, through
+    /// `coordinates_ready`), and this object's synchronous readers and next search wait for them
+    /// themselves ([`Self::lists_complete`]). What [`Self::update_local_into`] returns (its times
+    /// include the first half's). An error when no search was begun, or it was begun on other
+    /// atoms or another stream (that search is then waited for and dropped).
+    pub fn finish_local(
+        &mut self, atoms: &LocalAtoms, stream: &CudaStream, home: Option<(&dyn DeviceMemory<Float3>, &dyn DeviceMemory<u32>)>,
+        before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<ResidentSearch> {
+        let t1 = Instant::now();
+        let Some(begun) = self.begun.take() else {
+            return Err(HaloError::InvalidInput("nbnxm: no GPU search was begun to finish (begin_local first)".into()));
+        };
+        let same = begun.atoms == atoms.len() && begun.home == atoms.home && begun.stream == stream.cu_stream() as usize;
+        let copied = match home {
+            _ if !same => Err(HaloError::InvalidInput(format!(
+                "nbnxm: the GPU search was begun on {} atoms ({} home) on another stream or atoms than it is finished with ({} atoms, {} home)",
+                begun.atoms,
+                begun.home,
+                atoms.len(),
+                atoms.home
+            ))),
+            Some((x, types)) => self.grid.enqueue_home_copies(atoms.home, x, types, stream),
+            None => Ok(()),
+        };
+        if let Err(e) = copied {
+            // Nothing of the begun search may still copy into this object's memory.
+            self.module.context().synchronize().during("abandoning a GPU search")?;
+            self.forget_lists();
+            return Err(e);
+        }
+        let coordinate = |atom: usize| Ok(atoms.positions.get(atom).copied().unwrap_or_default());
+        let grid = self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), before_wait)?;
+        let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
+        self.box_size = begun.box_size;
+        self.atoms = grid.atoms;
+        Ok(self.searched(grid, begun.grid_time, begun.lists_time + t1.elapsed()))
+    }
+
+    /// Whether a search [`Self::begin_local`] enqueued awaits [`Self::finish_local`].
+    pub fn begun(&self) -> bool {
+        self.begun.is_some()
+    }
+
+    /// Waits until the lists of the last GPU search are written (its write pass and launch orders,
+    /// which [`Self::finish_local`] leaves running on its stream); at once otherwise.
+    pub fn lists_complete(&self) -> Result<()> {
+        self.written.synchronize().during("waiting for the search's lists")
+    }
+
+    /// Before a search replaces the lists: the last one complete ([`Self::lists_complete`]: its
+    /// buffers may be reallocated), one begun and never finished abandoned.
+    fn before_search(&mut self) -> Result<()> {
+        self.lists_complete()?;
+        self.abandon()
+    }
+
+    /// A search begun and never finished: waited for (the whole context: its stream is not
+    /// held) and dropped, the lists empty.
+    fn abandon(&mut self) -> Result<()> {
+        if self.begun.take().is_some() {
+            self.forget_lists();
+            self.module.context().synchronize().during("abandoning a GPU search")?;
+        }
+        Ok(())
+    }
+
+    /// No lists and no atoms (before a search, and after a failed one).
+    fn forget_lists(&mut self) {
+        self.atoms = 0;
+        for l in &mut self.lists {
+            l.n_entries = 0;
+            l.n_words = 0;
+        }
+    }
+
+    fn searched(&self, grid: GridInfo, grid_time: Duration, lists_time: Duration) -> ResidentSearch {
+        ResidentSearch {
+            grid,
+            grid_time,
+            lists_time,
+            words: [self.lists[0].n_words, self.lists[1].n_words],
+            entries: [self.lists[0].n_entries, self.lists[1].n_entries],
+        }
     }
 
     /// A search on a grid that `enqueue` sorts on the GPU (on `stream`, synchronised before
@@ -398,31 +538,23 @@ impl NbnxmGpu {
     /// passes enqueued, both lists' first passes enqueued on it, and after the one synchronisation
     /// the grid checked (its info words: a bad atom, named with `coordinate(atom)`; too many
     /// clusters; its largest atom type against the LJ table) before any list is written; the time
-    /// of each half (see [`ResidentSearch`]). `before_wait` runs between the enqueueing and that
-    /// synchronisation (`GpuSearch::run`).
+    /// of each half (see [`ResidentSearch`]).
     fn search_on_gpu_grid(
         &mut self, box_size: [f32; 3], stream: &CudaStream, enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
-        coordinate: Coordinate<'_>, before_wait: &mut dyn FnMut() -> Result<()>,
+        coordinate: Coordinate<'_>,
     ) -> Result<ResidentSearch> {
+        self.before_search()?;
         let t0 = Instant::now();
-        self.atoms = 0;
-        for l in &mut self.lists {
-            l.n_entries = 0;
-            l.n_words = 0;
-        }
+        self.forget_lists();
         let pending = enqueue(&mut self.grid, &self.module)?;
         let t1 = Instant::now();
-        let grid = self.search_lists(stream, Some((&pending, coordinate)), before_wait)?;
+        let begun = self.begin_lists(stream, Some(&pending))?;
+        let grid = self.finish_lists(stream, begun, Some((&pending, coordinate)), &mut || Ok(()))?;
+        stream.synchronize().during("waiting for the search's lists")?;
         let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
-        Ok(ResidentSearch {
-            grid,
-            grid_time: t1 - t0,
-            lists_time: t1.elapsed(),
-            words: [self.lists[0].n_words, self.lists[1].n_words],
-            entries: [self.lists[0].n_entries, self.lists[1].n_entries],
-        })
+        Ok(self.searched(grid, t1 - t0, t1.elapsed()))
     }
 
     /// The GPU grid the last [`Self::update_resident`] or [`Self::update_local`] built, read back as
@@ -431,29 +563,43 @@ impl NbnxmGpu {
         self.grid.to_host(self.ntypes as usize)
     }
 
-    /// Searches both lists on the GPU (at `setup.rlist`, 32 words per entry), on `stream`, which
-    /// is synchronised before returning: on the grid the device buffers hold, or on `pending`'s,
-    /// enqueued on `stream` and not yet checked: the search's one read-back brings its info words,
-    /// which are checked (`DeviceGrid::settle`, then the largest type against the LJ table) before
-    /// any list is written; returns its [`GridInfo`] then. `before_wait` as `GpuSearch::run` runs it.
-    fn search_lists(
-        &mut self, stream: &CudaStream, pending: Option<(&PendingGrid, Coordinate<'_>)>, before_wait: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Option<GridInfo>> {
-        let search = match self.search.as_mut() {
-            Some(s) => s,
+    /// Searches both lists on the GPU (at `setup.rlist`, 32 words per entry) on the grid the
+    /// device buffers hold, on `stream`, which is synchronised before returning.
+    fn search_lists(&mut self, stream: &CudaStream) -> Result<()> {
+        let begun = self.begin_lists(stream, None)?;
+        self.finish_lists(stream, begun, None, &mut || Ok(()))?;
+        stream.synchronize().during("waiting for the search's lists")
+    }
+
+    /// The lists' first half on the grid the device buffers hold, or on `pending`'s, enqueued on
+    /// `stream` after its passes (`GpuSearch::begin`: the count pass, the layout's scan and the
+    /// read-back); at `setup.rlist`, 32 words per entry (the entry length alone: options would
+    /// count the cores, which this search does not use).
+    fn begin_lists(&mut self, stream: &CudaStream, pending: Option<&PendingGrid>) -> Result<BegunLists> {
+        let grid = self.grid.search_grid(pending).ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
+        let search = match self.search {
+            Some(ref mut s) => s,
             None => self.search.insert(GpuSearch::new(&self.module)?),
         };
-        let (module, lists, grid, ntypes) = (&self.module, &mut self.lists, &mut self.grid, self.ntypes);
-        // The entry length alone (options would count the cores, which this search does not use).
-        let max_j = SearchOptions::MAX_J_PER_ENTRY;
+        search.begin(&self.module, grid, self.setup.rlist, SearchOptions::MAX_J_PER_ENTRY, stream)
+    }
+
+    /// The lists' second half after [`Self::begin_lists`] (`begun`) on the same grid and stream
+    /// (`GpuSearch::finish`): `before_wait`, the one synchronisation; with `pending`, the grid's
+    /// info words checked (`DeviceGrid::settle`, then the largest type against the LJ table) before
+    /// any list is written, and its [`GridInfo`] returned; then the lists written and `stream`
+    /// synchronised. A failure leaves the lists empty.
+    fn finish_lists(
+        &mut self, stream: &CudaStream, begun: BegunLists, pending: Option<(&PendingGrid, Coordinate<'_>)>,
+        before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<GridInfo>> {
+        let (module, lists, grid, ntypes, search) = (&self.module, &mut self.lists, &mut self.grid, self.ntypes, &mut self.search);
         let mut settled = None;
-        let done = match grid.search_grid(pending.map(|(p, _)| p)) {
-            None => Err(HaloError::InvalidInput("the GPU search needs a grid on the device".into())),
-            Some(on) => search.run(
+        let done = match (search.as_mut(), grid.search_grid(pending.map(|(p, _)| p))) {
+            (Some(search), Some(on)) => search.finish(
                 module,
                 on,
-                self.setup.rlist,
-                max_j,
+                begun,
                 stream,
                 before_wait,
                 &mut |words| {
@@ -471,15 +617,24 @@ impl NbnxmGpu {
                 },
                 &mut |t| Ok([lists[0].reserve(module, t.entries[0], t.words[0])?, lists[1].reserve(module, t.entries[1], t.words[1])?]),
             ),
+            _ => {
+                // Never after a `begin_lists` (which made the buffers and had the grid): still,
+                // nothing of it may be left in flight.
+                let _ = stream.synchronize();
+                Err(HaloError::InvalidInput("the GPU search needs a grid on the device".into()))
+            }
         };
-        if done.is_err() {
-            // The lists may have taken sizes whose entries and words were never written.
-            for l in lists.iter_mut() {
-                l.n_entries = 0;
-                l.n_words = 0;
+        match done {
+            Ok(_) => {
+                self.written.record(stream).during("recording the search's lists")?;
+                Ok(settled)
+            }
+            Err(e) => {
+                // The lists may have taken sizes whose entries and words were never written.
+                self.forget_lists();
+                Err(e)
             }
         }
-        done.map(|_| settled)
     }
 
     /// j-list words (j-clusters of the entries) of list `kind`.
@@ -489,6 +644,7 @@ impl NbnxmGpu {
 
     /// The entries of list `kind` on the GPU, read synchronously (for checks).
     pub fn read_entries(&self, kind: ListKind) -> Result<Vec<NbnxmEntry>> {
+        self.lists_complete()?;
         let l = &self.lists[kind as usize];
         let mut v = l.entries.to_host()?;
         v.truncate(l.n_entries);
@@ -499,6 +655,7 @@ impl NbnxmGpu {
     /// synchronously (for checks): [`super::entry_order`] of [`Self::read_entries`], unless
     /// [`Self::set_order_identity`] replaced it.
     pub fn read_order(&self, kind: ListKind) -> Result<Vec<u32>> {
+        self.lists_complete()?;
         let l = &self.lists[kind as usize];
         let mut v = l.order.to_host()?;
         v.truncate(l.n_entries);
@@ -509,6 +666,7 @@ impl NbnxmGpu {
     /// next update, synchronously; for measurements against the launch order (longest first).
     /// No launch of this object may still be running.
     pub fn set_order_identity(&mut self, kind: ListKind) -> Result<()> {
+        self.lists_complete()?;
         let l = &self.lists[kind as usize];
         l.order.copy_from_host(&(0..l.n_entries as u32).collect::<Vec<_>>())?;
         // A copy from pageable memory may still be in flight when it returns: complete it before
@@ -610,6 +768,7 @@ impl NbnxmGpu {
     /// The j-list words of list `kind` on the GPU, the inner (pruned) list or the outer one, read
     /// synchronously (for checks).
     pub fn read_j_list(&self, kind: ListKind, inner: bool) -> Result<Vec<u32>> {
+        self.lists_complete()?;
         let l = &self.lists[kind as usize];
         let mut v = if inner { &l.inner } else { &l.outer }.to_host()?;
         v.truncate(l.n_words);
@@ -619,6 +778,7 @@ impl NbnxmGpu {
     /// Sets every word of list `kind`'s inner list to `u32::MAX`, synchronously (for checks:
     /// poison before a prune, which must write every word).
     pub fn poison_inner(&mut self, kind: ListKind) -> Result<()> {
+        self.lists_complete()?;
         self.lists[kind as usize].inner.fill_bytes(0xff)
     }
 
@@ -636,6 +796,14 @@ impl NbnxmGpu {
     /// The device accumulator (one `f64`), for a caller that reduces it on the GPU.
     pub fn energy_buffer(&self) -> &DeviceBuffer<f64> {
         &self.energy
+    }
+}
+
+impl Drop for NbnxmGpu {
+    /// A search begun and never finished still copies into this object's page-locked memory:
+    /// it completes first.
+    fn drop(&mut self) {
+        let _ = self.abandon();
     }
 }
 

@@ -163,15 +163,33 @@ impl DeviceLayout {
     /// failure: nothing may still copy into the memory when this returns), and returns what came
     /// back.
     fn read_back(&mut self, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>) -> Result<[u64; READ_BACK]> {
+        let enqueued = self.enqueue_read_back(stream);
+        self.wait_read_back(enqueued, stream, before_wait)
+    }
+
+    /// Enqueues the read-back of the totals (and words) into the page-locked memory on `stream`.
+    /// [`Self::wait_read_back`] must follow before the memory is read, freed or written again
+    /// (whether this succeeded or not).
+    fn enqueue_read_back(&mut self, stream: &CudaStream) -> Result<()> {
         let back = &mut self.back.as_mut_slice().during("reaching the list layout's read-back")?[..READ_BACK];
         // SAFETY: the memory is `self`'s and is neither read nor freed before the stream is
-        // synchronised, just below, whatever was enqueued.
-        let enqueued = unsafe { self.totals.enqueue_read(0, back, stream) };
+        // synchronised: by `wait_read_back`, which the callers run next on this object (or, for
+        // a search begun and never finished, the context's synchronisation that drops it,
+        // `NbnxmGpu::abandon`).
+        unsafe { self.totals.enqueue_read(0, back, stream) }
+    }
+
+    /// After [`Self::enqueue_read_back`] (`enqueued`: its result) on `stream`: runs `before_wait`
+    /// (not after a failed enqueue), synchronises `stream` (always) and returns what came back.
+    fn wait_read_back(
+        &mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<[u64; READ_BACK]> {
         let hooked = enqueued.and_then(|()| before_wait());
         let waited = stream.synchronize().during("waiting for the GPU grid and the list layout's totals");
         hooked.and(waited)?;
+        let back = self.back.as_slice().during("reaching the list layout's read-back")?;
         let mut out = [0u64; READ_BACK];
-        out.copy_from_slice(back);
+        out.copy_from_slice(&back[..READ_BACK]);
         Ok(out)
     }
 
@@ -213,22 +231,13 @@ impl DeviceLayout {
 
     /// [`Self::totals`]' scan, with a grid's [`abi::NBNXM_GRID_INFO_WORDS`] info words at device
     /// address `words` copied beside the totals after it on `stream` (a device-to-device copy in
-    /// stream order, after the passes that wrote them), then one synchronisation of `stream` and
-    /// one read-back of both: the raw sums (for [`LayoutTotals::from_sums`], which the caller
-    /// applies after checking the grid) and the words. `before_wait` runs once everything is
-    /// enqueued, just before the host waits (host work of the caller's that overlaps the passes;
-    /// its error is returned after the wait). `items` must be above 0.
+    /// stream order, after the passes that wrote them), and the read-back of both enqueued, in
+    /// page-locked memory: [`Self::wait_sums_and_words`] must follow on this object (also after
+    /// an error here) before anything else of it runs. `items` must be above 0.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sums_and_words(
-        &mut self,
-        module: &KernelModule,
-        counts: &DeviceBuffer<u32>,
-        items: usize,
-        max_j: usize,
-        words: u64,
-        stream: &CudaStream,
-        before_wait: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
+    pub(crate) fn enqueue_sums_and_words(
+        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, words: u64, stream: &CudaStream,
+    ) -> Result<()> {
         Self::check_items(counts, items)?;
         if items == 0 {
             return Err(HaloError::InvalidInput("GPU list layout: no item to scan".into()));
@@ -238,10 +247,22 @@ impl DeviceLayout {
         self.totals.context().bind_to_thread().during("binding the context")?;
         // SAFETY: the destination is inside `totals` (`READ_BACK` u64s: the sums, then room for the
         // words); the source is the caller's `NBNXM_GRID_INFO_WORDS` words, alive (a grid's scratch,
-        // never freed while the grid lives) until the synchronisation below; in `stream`'s order.
+        // never freed while the grid lives) until the stream's synchronisation in
+        // `wait_sums_and_words`; in `stream`'s order.
         unsafe { cudarc::driver::result::memcpy_dtod_async(self.totals.device_ptr_at(abi::NBNXM_LAYOUT_SUMS), words, bytes, stream.cu_stream()) }
             .during("copying the grid's info words")?;
-        Ok(split_read_back(&self.read_back(stream, before_wait)?))
+        self.enqueue_read_back(stream)
+    }
+
+    /// After [`Self::enqueue_sums_and_words`] (`enqueued`: its result) on `stream`: one
+    /// synchronisation of `stream` (always) and what came back: the raw sums (for
+    /// [`LayoutTotals::from_sums`], which the caller applies after checking the grid) and the
+    /// words. `before_wait` runs first, unless the enqueueing failed (host work of the caller's
+    /// that overlaps the passes; its error is returned after the wait).
+    pub(crate) fn wait_sums_and_words(
+        &mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
+        Ok(split_read_back(&self.wait_read_back(enqueued, stream, before_wait)?))
     }
 
     /// Enqueues the layout's first two passes (tiles, scan) on `stream`: the tile starts and the
@@ -352,34 +373,92 @@ impl GpuSearch {
         LaunchShape { grid: (blocks, 1), block: abi::NBNXM_SEARCH_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SEARCH_SHARED_BYTES }
     }
 
-    /// Runs the search on `grid` (uploaded from the host, or built on the GPU, its passes possibly
-    /// still enqueued on `stream`) at list cutoff `rl` on `stream`, entries of at most `max_j`
-    /// words: the count pass over `grid.held.superclusters` (a bound: the kernels take the grid's
-    /// count from its device info words, and items beyond it count 0), the layout's scan, the info
-    /// words copied beside the totals, one synchronisation and one read-back of both; then
-    /// `settle(words)` checks the grid (`None`: nothing ran, no item), the totals are checked, and
-    /// `out(totals)` makes room for the two lists (home–home, with halo) and says where they go,
-    /// and the layout's entries, the write pass and each list's launch order (from its entries)
-    /// fill them. `before_wait` runs once, after the count pass and the scan are enqueued and
-    /// before the host first waits for `stream` (or, without items, before `settle`): host work of
-    /// the caller's that overlaps the grid's and the count pass's GPU time; its error ends the
-    /// search there. Returns the totals; the lists are complete when this returns (`stream` is
-    /// synchronised; the context too, before the count pass, when the grid or the shifts were just
-    /// uploaded from pageable host memory). An error from `settle`, the totals or `out` leaves
-    /// the lists unwritten (nothing after the read-back is enqueued). An error, before anything
-    /// runs, when `max_j` is beyond what the launch order sorts or the items overflow a `u32`.
+    /// The search's first half, on `stream` without a host wait: the count pass over
+    /// `grid.held.superclusters` (a bound: the kernels take the grid's count from its device info
+    /// words, and items beyond it count 0), the layout's scan, the info words copied beside the
+    /// totals, and the read-back of both enqueued. [`Self::finish`] on the same `grid` and
+    /// `stream` must come next on this object (it waits for the read-back). When the grid or the
+    /// shifts were just uploaded from pageable host memory, the context is synchronised before
+    /// the count pass. An error, before anything runs, when `max_j` is beyond what the launch
+    /// order sorts or the items overflow a `u32`; an error after something was enqueued
+    /// synchronises `stream` first, so nothing is left in flight.
+    pub(crate) fn begin(&mut self, module: &KernelModule, grid: SearchGrid, rl: f32, max_j: usize, stream: &CudaStream) -> Result<BegunLists> {
+        let held = grid.held;
+        let order_j = order_max_j(max_j)?;
+        let shifts = shifts_of(held.periodic, held.box_size);
+        let items = held.superclusters * shifts.len();
+        let begun = BegunLists { items, n_shifts: shifts.len(), max_j, order_j, rl };
+        if items == 0 {
+            return Ok(begun);
+        }
+        // The kernels index items with a u32 (`n_super * n_shifts`), the layout's tiles too.
+        if items > (u32::MAX - abi::NBNXM_LAYOUT_TILE) as usize {
+            let n_super = held.superclusters;
+            return Err(HaloError::InvalidInput(format!("GPU search: {items} items ({n_super} superclusters at most), more than a u32 index holds")));
+        }
+        let mut pageable = held.uploaded;
+        if self.uploaded != shifts {
+            fit(module, &mut self.shifts, &shifts.iter().map(|&(index, v)| NbnxmShift { v, index }).collect::<Vec<_>>())?;
+            self.uploaded = shifts;
+            pageable = true;
+        }
+        // Sized for the bound; the last search is complete (the owner waits for it before the next,
+        // `NbnxmGpu::lists_complete`), so these may move.
+        grow(module, &mut self.counts, 2 * items)?;
+        grow(module, &mut self.offsets, 2 * items)?;
+        if pageable {
+            // Synchronous copies from pageable memory (the grid's, the shifts) may still be in
+            // flight: order them first. A grid built on the GPU is on `stream` (its passes come
+            // before the count pass in stream order), so the resident search skips this.
+            module.context().synchronize().during("waiting for the grid's upload")?;
+        }
+        let enqueued = self.enqueue_count(module, grid, &begun, stream);
+        match enqueued.and_then(|()| self.layout.enqueue_sums_and_words(module, &self.counts, items, max_j, grid.info, stream)) {
+            Ok(()) => Ok(begun),
+            Err(e) => {
+                // Whatever was enqueued (the read-back into page-locked memory among it) completes
+                // before the error returns.
+                let _ = stream.synchronize();
+                Err(e)
+            }
+        }
+    }
+
+    /// Enqueues the count pass of `begun` on `grid` (see [`Self::begin`]).
+    fn enqueue_count(&self, module: &KernelModule, grid: SearchGrid, begun: &BegunLists, stream: &CudaStream) -> Result<()> {
+        let (mut sb, mut cb, mut sz, mut zp) = (grid.super_bbox, grid.cluster_bbox, grid.super_zone, grid.zones);
+        let (mut nz, mut cs, mut sp, mut ns) = (grid.held.zones as u32, grid.column_start, self.shifts.device_ptr(), begun.n_shifts as u32);
+        let (mut nsc, mut info, mut rlv, mut rl2) = (grid.held.superclusters as u32, grid.info, begun.rl, list_cutoff2(begun.rl));
+        let mut counts = self.counts.device_ptr();
+        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, info, rlv, rl2, counts];
+        // SAFETY: arguments match `nbnxm_search_count`; `info` holds the grid's count, at most
+        // `n_super` (a GPU build's plan bound, `ZonePlan::most`, or an upload's exact count), and the
+        // grid's arrays describe that many superclusters in `nz` zones (every column range and
+        // supercluster index inside them; a GPU build's passes come first on `stream`, and a bad
+        // atom leaves them consistent, without it); `counts` holds 2 per item of the bound (`begin`
+        // grew it), and the items fit a u32 (checked there).
+        unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(begun.items), stream, &mut args) }
+    }
+
+    /// The search's second half after [`Self::begin`] (`begun`, on the same `grid` and `stream`):
+    /// `before_wait` (host work of the caller's that overlaps the grid's and the count pass's GPU
+    /// time; its error ends the search after the wait), one synchronisation of `stream` and the
+    /// read-back; then `settle(words)` checks the grid (`None`: nothing ran, no item), the totals
+    /// are checked, and `out(totals)` makes room for the two lists (home–home, with halo) and says
+    /// where they go, and the layout's entries, the write pass and each list's launch order (from
+    /// its entries) fill them, enqueued on `stream` without a second wait. Returns the totals; the
+    /// lists are complete once `stream` is: work on `stream` is ordered after them, anything else
+    /// (another stream, a synchronous copy, this object's next search, which may reallocate the
+    /// counts and offsets) must wait for it first. An error from `settle`, the totals or `out`
+    /// leaves the lists unwritten (nothing after the read-back is enqueued).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run(
-        &mut self, module: &KernelModule, grid: SearchGrid, rl: f32, max_j: usize, stream: &CudaStream,
+    pub(crate) fn finish(
+        &mut self, module: &KernelModule, grid: SearchGrid, begun: BegunLists, stream: &CudaStream,
         before_wait: &mut dyn FnMut() -> Result<()>,
         settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>,
         out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
-        let held = grid.held;
-        let order_j = order_max_j(max_j)?;
-        let shifts = shifts_of(held.periodic, held.box_size);
-        let n_super = held.superclusters;
-        let items = n_super * shifts.len();
+        let BegunLists { items, n_shifts, max_j, order_j, rl } = begun;
         if items == 0 {
             before_wait()?;
             settle(None)?;
@@ -387,65 +466,48 @@ impl GpuSearch {
             out(&totals)?;
             return Ok(totals);
         }
-        // The kernels index items with a u32 (`n_super * n_shifts`), the layout's tiles too.
-        if items > (u32::MAX - abi::NBNXM_LAYOUT_TILE) as usize {
-            return Err(HaloError::InvalidInput(format!("GPU search: {items} items ({n_super} superclusters at most), more than a u32 index holds")));
-        }
-        let mut pageable = held.uploaded;
-        if self.uploaded != shifts {
-            fit(module, &mut self.shifts, &shifts.iter().map(|&(index, v)| NbnxmShift { v, index }).collect::<Vec<_>>())?;
-            self.uploaded = shifts.clone();
-            pageable = true;
-        }
-        // Sized for the bound; the last search synchronised its stream, so these may move.
-        grow(module, &mut self.counts, 2 * items)?;
-        grow(module, &mut self.offsets, 2 * items)?;
-        let (mut sb, mut cb, mut sz, mut zp) = (grid.super_bbox, grid.cluster_bbox, grid.super_zone, grid.zones);
-        let (mut nz, mut cs, mut sp, mut ns) = (held.zones as u32, grid.column_start, self.shifts.device_ptr(), shifts.len() as u32);
-        let (mut nsc, mut info, mut rlv, mut rl2, mut counts) = (n_super as u32, grid.info, rl, list_cutoff2(rl), self.counts.device_ptr());
-        if pageable {
-            // Synchronous copies from pageable memory (the grid's, the shifts) may still be in
-            // flight: order them first. A grid built on the GPU is on `stream` (its passes come
-            // before the count pass in stream order), so the resident search skips this.
-            module.context().synchronize().during("waiting for the grid's upload")?;
-        }
-        let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, info, rlv, rl2, counts];
-        // SAFETY: arguments match `nbnxm_search_count`; `info` holds the grid's count, at most
-        // `n_super` (a GPU build's plan bound, `ZonePlan::most`, or an upload's exact count), and the
-        // grid's arrays describe that many superclusters in `nz` zones (every column range and
-        // supercluster index inside them; a GPU build's passes come first on `stream`, and a bad
-        // atom leaves them consistent, without it); `counts` holds 2 per item of the bound, and the
-        // items fit a u32 (checked).
-        unsafe { module.launch(abi::NBNXM_SEARCH_COUNT, Self::shape(items), stream, &mut args)? };
         // The one synchronisation: the grid's words and the lists' totals together.
-        let (sums, words) = self.layout.sums_and_words(module, &self.counts, items, max_j, grid.info, stream, before_wait)?;
+        let (sums, words) = self.layout.wait_sums_and_words(Ok(()), stream, before_wait)?;
         settle(Some(words))?;
         let totals = LayoutTotals::from_sums(sums)?;
         let rooms = out(&totals)?;
         if rooms.iter().zip(totals.words).zip(totals.entries).any(|((r, w), e)| r.word_room < w || r.order_room < e) {
             return Err(HaloError::InvalidInput(format!("GPU search: the lists have room for {rooms:?}, the totals are {totals:?}")));
         }
-        // The last search synchronised its stream: the counts may move.
+        // The last search is complete and this one's stream was just synchronised: the order's
+        // counts may move.
         self.order.reserve(module, totals.entries[0].max(totals.entries[1]), order_j)?;
-        self.layout.write(module, &self.counts, items, max_j, &self.shifts, shifts.len(), &totals, &self.offsets, rooms, stream)?;
+        self.layout.write(module, &self.counts, items, max_j, &self.shifts, n_shifts, &totals, &self.offsets, rooms, stream)?;
         for (room, n) in rooms.iter().zip(totals.entries) {
             // SAFETY: the layout just wrote the list's `n` entries there (same stream, so before),
             // and its order has room for `n` places (checked); both outlive the synchronisation
             // below. The two lists' orders share the counts one after the other on the stream.
             unsafe { self.order.enqueue(module, room.entries, n, order_j, room.order, stream)? };
         }
+        let (mut sb, mut cb, mut sz, mut zp) = (grid.super_bbox, grid.cluster_bbox, grid.super_zone, grid.zones);
+        let (mut nz, mut cs, mut sp, mut ns) = (grid.held.zones as u32, grid.column_start, self.shifts.device_ptr(), n_shifts as u32);
+        let (mut nsc, mut info, mut rlv, mut rl2) = (grid.held.superclusters as u32, grid.info, rl, list_cutoff2(rl));
         let (mut offsets, mut jl, mut jn) = (self.offsets.device_ptr(), rooms[0].words, rooms[1].words);
         let mut args = kernel_args![sb, cb, sz, zp, nz, cs, sp, ns, nsc, info, rlv, rl2, offsets, jl, jn];
-        // SAFETY: arguments match `nbnxm_search_write`; as above (same bound, same device count),
-        // `offsets` from the layout of this grid's counts (same stream, so after it), and room for
-        // every word (checked).
+        // SAFETY: arguments match `nbnxm_search_write`; as for the count pass (same grid, same
+        // bound, same device count), `offsets` from the layout of this grid's counts (same stream,
+        // so after it), and room for every word (checked).
         unsafe { module.launch(abi::NBNXM_SEARCH_WRITE, Self::shape(items), stream, &mut args)? };
-        // Kept: the lists' readers include synchronous copies on the legacy stream (`read_entries`,
-        // `read_order`, `set_order_identity`) and the next search's reallocations, which stream
-        // order on `stream` does not cover (see `NbnxmGpu::update_resident`'s docs).
-        stream.synchronize().during("waiting for the search's words")?;
         Ok(totals)
     }
+}
+
+/// A search [`GpuSearch::begin`] enqueued up to its read-back, for [`GpuSearch::finish`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct BegunLists {
+    /// `(i-supercluster, shift)` items of the grid's bound; 0: nothing was enqueued.
+    items: usize,
+    n_shifts: usize,
+    max_j: usize,
+    /// `max_j` as the launch order takes it.
+    order_j: u32,
+    /// The list cutoff.
+    rl: f32,
 }
 
 #[cfg(test)]
