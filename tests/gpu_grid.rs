@@ -673,11 +673,11 @@ fn a_search_begun_and_finished_later_equals_update_local() {
     assert!(e.contains("begin_local first"), "{e}");
     nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
     let e = nb.finish_local(other, &stream, None, &mut || Ok(())).unwrap_err().to_string();
-    assert!(e.contains("begun on") && e.contains("finished with"), "{e}");
+    assert!(e.contains("begun on") && e.contains("finished with") && e.contains("the same stream"), "{e}");
     assert_eq!(none(&nb), (0, 0, 0, false));
     nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
     let e = nb.finish_local(atoms, &g.ctx.new_stream().unwrap(), None, &mut || Ok(())).unwrap_err().to_string();
-    assert!(e.contains("another stream"), "{e}");
+    assert!(e.contains("on another stream") && e.contains("the stream that began it"), "{e}");
     assert_eq!(none(&nb), (0, 0, 0, false));
     let check = |nb: &NbnxmGpu, plain: &mut NbnxmGpu, a: &LocalAtoms, what: &str| {
         plain.update_local(a, sys.box_size, &stream).unwrap();

@@ -346,12 +346,9 @@ impl NbnxmGpu {
     pub fn update_resident(
         &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        self.search_on_gpu_grid(
-            box_size,
-            stream,
-            |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream),
-            &|atom| Ok(x.to_host()?.get(atom).copied().unwrap_or_default()),
-        )
+        self.search_on_gpu_grid(box_size, stream, |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream), &|atom| {
+            Ok(x.to_host()?.get(atom).copied().unwrap_or_default())
+        })
     }
 
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
@@ -460,14 +457,17 @@ impl NbnxmGpu {
         let Some(begun) = self.begun.take() else {
             return Err(HaloError::InvalidInput("nbnxm: no GPU search was begun to finish (begin_local first)".into()));
         };
-        let same = begun.atoms == atoms.len() && begun.home == atoms.home && begun.stream == stream.cu_stream() as usize;
+        let same_stream = begun.stream == stream.cu_stream() as usize;
+        let same = begun.atoms == atoms.len() && begun.home == atoms.home && same_stream;
         let copied = match home {
             _ if !same => Err(HaloError::InvalidInput(format!(
-                "nbnxm: the GPU search was begun on {} atoms ({} home) on another stream or atoms than it is finished with ({} atoms, {} home)",
+                "nbnxm: a GPU search begun on {} atoms ({} home) is finished with {} atoms ({} home) on {} stream; \
+                 finish it with the atoms and the stream that began it",
                 begun.atoms,
                 begun.home,
                 atoms.len(),
-                atoms.home
+                atoms.home,
+                if same_stream { "the same" } else { "another" }
             ))),
             Some((x, types)) => self.grid.enqueue_home_copies(atoms.home, x, types, stream),
             None => Ok(()),
@@ -587,8 +587,9 @@ impl NbnxmGpu {
     /// The lists' second half after [`Self::begin_lists`] (`begun`) on the same grid and stream
     /// (`GpuSearch::finish`): `before_wait`, the one synchronisation; with `pending`, the grid's
     /// info words checked (`DeviceGrid::settle`, then the largest type against the LJ table) before
-    /// any list is written, and its [`GridInfo`] returned; then the lists written and `stream`
-    /// synchronised. A failure leaves the lists empty.
+    /// any list is written, and its [`GridInfo`] returned; then the lists' writes enqueued and
+    /// `written` recorded after them (no second wait). A failure leaves the lists empty
+    /// (and records `written` too, after whatever was enqueued).
     fn finish_lists(
         &mut self, stream: &CudaStream, begun: BegunLists, pending: Option<(&PendingGrid, Coordinate<'_>)>,
         before_wait: &mut dyn FnMut() -> Result<()>,
@@ -630,7 +631,9 @@ impl NbnxmGpu {
                 Ok(settled)
             }
             Err(e) => {
-                // The lists may have taken sizes whose entries and words were never written.
+                // The lists may have taken sizes whose entries and words were never written; a
+                // failed launch may leave earlier ones running, which the next search waits for.
+                let _ = self.written.record(stream);
                 self.forget_lists();
                 Err(e)
             }

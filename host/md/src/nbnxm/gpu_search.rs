@@ -181,9 +181,7 @@ impl DeviceLayout {
 
     /// After [`Self::enqueue_read_back`] (`enqueued`: its result) on `stream`: runs `before_wait`
     /// (not after a failed enqueue), synchronises `stream` (always) and returns what came back.
-    fn wait_read_back(
-        &mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<[u64; READ_BACK]> {
+    fn wait_read_back(&mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>) -> Result<[u64; READ_BACK]> {
         let hooked = enqueued.and_then(|()| before_wait());
         let waited = stream.synchronize().during("waiting for the GPU grid and the list layout's totals");
         hooked.and(waited)?;
@@ -453,10 +451,8 @@ impl GpuSearch {
     /// leaves the lists unwritten (nothing after the read-back is enqueued).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish(
-        &mut self, module: &KernelModule, grid: SearchGrid, begun: BegunLists, stream: &CudaStream,
-        before_wait: &mut dyn FnMut() -> Result<()>,
-        settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>,
-        out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
+        &mut self, module: &KernelModule, grid: SearchGrid, begun: BegunLists, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
+        settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>, out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
         let BegunLists { items, n_shifts, max_j, order_j, rl } = begun;
         if items == 0 {
