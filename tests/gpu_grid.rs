@@ -618,7 +618,8 @@ fn local_search_into_takes_the_home_coordinates_from_the_device() {
 /// reverse order: the lists of `update_local`, the home copies bit for bit as
 /// `update_local_into`'s (nothing past `home` written) and the hook run once. Misuse is refused
 /// with the fix named and leaves the object usable: finishing with nothing begun, finishing on
-/// other atoms or on another stream (the begun search waited for and dropped, no lists), a second
+/// other atoms (other sizes, or a copy of the same) or on another stream (the begun search waited
+/// for and dropped, no lists), a second
 /// begin over a begun search (the first abandoned, the second's lists kept), `update_local` over
 /// a begun search, and dropping an object with a search begun.
 #[test]
@@ -674,6 +675,11 @@ fn a_search_begun_and_finished_later_equals_update_local() {
     nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
     let e = nb.finish_local(other, &stream, None, &mut || Ok(())).unwrap_err().to_string();
     assert!(e.contains("begun on") && e.contains("finished with") && e.contains("the same stream"), "{e}");
+    assert_eq!(none(&nb), (0, 0, 0, false));
+    // The same sizes in another array (a copy): not the atoms that began it either.
+    nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
+    let e = nb.finish_local(&atoms.clone(), &stream, None, &mut || Ok(())).unwrap_err().to_string();
+    assert!(e.contains("another array or box") && e.contains("the same stream"), "{e}");
     assert_eq!(none(&nb), (0, 0, 0, false));
     nb.begin_local(atoms, sys.box_size, &stream, None).unwrap();
     let e = nb.finish_local(atoms, &g.ctx.new_stream().unwrap(), None, &mut || Ok(())).unwrap_err().to_string();

@@ -212,10 +212,12 @@ impl MdRank {
     /// Checks the home arrays of `found` against its home count and the exchange `ex`, and grows
     /// this rank's buffers for them; enqueues nothing. Then records the new counts.
     ///
-    /// Why the growths are safe: they happen before this search enqueues anything, on an idle rank
-    /// (the search step waited for the local stream, which waited for the last search's
-    /// [`Self::uploaded`]), so a freed buffer is no queued copy's target; the search itself grows
-    /// only the grid's, the search's and the lists' own buffers, never these.
+    /// Why the growths are safe: the rank was idle when this search began (the search step waited
+    /// for the local stream, which waited for the last search's [`Self::uploaded`]), and since then
+    /// only [`Self::begin_search`]'s grid and count passes may have been enqueued, which read and
+    /// write the grid's, the search's and the lists' own buffers, never these; so a freed buffer
+    /// is no queued copy's target (a free may wait for those passes on the host, which costs
+    /// nothing but that wait, and happens only when a buffer grows).
     fn fit_home(&mut self, found: &RankSearch, ex: &RankExchange) -> Result<()> {
         let from_device = matches!(found.lists, RankLists::GpuGrid(_));
         // Velocities left on the GPU by its redecomposition count as the home atoms'.
@@ -266,8 +268,9 @@ impl MdRank {
     /// `found`; returns the time of the GPU search (zero for uploaded lists; with the grid built
     /// on the GPU it includes the host's staging of the velocities and the masses' launch, which
     /// overlap the GPU's passes). The rank must be idle (the search step synchronised its
-    /// streams), and `ex` the exchange the next steps use, replanned (or built) for `found`, with
-    /// `halo` its stream for this rank.
+    /// streams) but for a search [`Self::begin_search`] began with the same `found`, and `ex` the
+    /// exchange the next steps use, replanned (or built) for `found`, with `halo` its stream for
+    /// this rank.
     ///
     /// Where each home array comes from (`search_and_stage`):
     /// - lists from the host, or a grid from the host (`RankLists::Host`, `RankLists::Gpu`): all

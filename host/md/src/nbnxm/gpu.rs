@@ -146,8 +146,10 @@ pub struct ResidentSearch {
     pub grid_time: Duration,
     /// Everything after: the count pass, the lists' layout scan, one synchronisation (waiting for
     /// the grid's passes too) reading back the lists' sizes and the grid's three words, the grid's
-    /// checks, the entries, the launch order, the write pass and the final synchronisation; with
-    /// [`NbnxmGpu::update_local_into`] also the caller's host work before that first wait.
+    /// checks, the entries, the launch order, the write pass and the final synchronisation (which
+    /// [`NbnxmGpu::finish_local`] leaves out: its time stops at the write pass's launch); with
+    /// [`NbnxmGpu::update_local_into`] or `finish_local` also the caller's host work before that
+    /// first wait.
     pub lists_time: Duration,
     /// j-list words of the home–home and the non-local list (the latter empty on one rank).
     pub words: [usize; 2],
@@ -201,9 +203,12 @@ pub struct NbnxmGpu {
 struct BegunLocal {
     grid: PendingGrid,
     lists: BegunLists,
-    /// The local atoms and home atoms of the search (the same atoms must finish it).
+    /// The local atoms and home atoms of the search, where their positions are and their box
+    /// (the same atoms must finish it).
     atoms: usize,
     home: usize,
+    positions: usize,
+    atoms_box: [f32; 3],
     box_size: [f32; 3],
     /// The stream it was enqueued on (`CUstream` as an address; the same stream must finish it).
     stream: usize,
@@ -397,8 +402,11 @@ impl NbnxmGpu {
         before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
         self.begin_local(atoms, box_size, stream, home.and_then(|h| h.from))?;
-        let searched = self.finish_local(atoms, stream, home.map(|h| (h.x, h.types)), before_wait)?;
+        let mut searched = self.finish_local(atoms, stream, home.map(|h| (h.x, h.types)), before_wait)?;
+        // The final wait counts as the lists' time too (`ResidentSearch::lists_time`).
+        let t = Instant::now();
         stream.synchronize().during("waiting for the search's lists")?;
+        searched.lists_time += t.elapsed();
         Ok(searched)
     }
 
@@ -431,6 +439,8 @@ impl NbnxmGpu {
             lists,
             atoms: atoms.len(),
             home: atoms.home,
+            positions: atoms.positions.as_ptr() as usize,
+            atoms_box: atoms.box_size,
             box_size,
             stream: stream.cu_stream() as usize,
             grid_time: t1 - t0,
@@ -458,15 +468,17 @@ impl NbnxmGpu {
             return Err(HaloError::InvalidInput("nbnxm: no GPU search was begun to finish (begin_local first)".into()));
         };
         let same_stream = begun.stream == stream.cu_stream() as usize;
-        let same = begun.atoms == atoms.len() && begun.home == atoms.home && same_stream;
+        let same_atoms = begun.positions == atoms.positions.as_ptr() as usize && begun.atoms_box == atoms.box_size;
+        let same = begun.atoms == atoms.len() && begun.home == atoms.home && same_atoms && same_stream;
         let copied = match home {
             _ if !same => Err(HaloError::InvalidInput(format!(
-                "nbnxm: a GPU search begun on {} atoms ({} home) is finished with {} atoms ({} home) on {} stream; \
+                "nbnxm: a GPU search begun on {} atoms ({} home) is finished with {} atoms ({} home{}) on {} stream; \
                  finish it with the atoms and the stream that began it",
                 begun.atoms,
                 begun.home,
                 atoms.len(),
                 atoms.home,
+                if same_atoms { "" } else { ", another array or box" },
                 if same_stream { "the same" } else { "another" }
             ))),
             Some((x, types)) => self.grid.enqueue_home_copies(atoms.home, x, types, stream),
@@ -626,10 +638,16 @@ impl NbnxmGpu {
             }
         };
         match done {
-            Ok(_) => {
-                self.written.record(stream).during("recording the search's lists")?;
-                Ok(settled)
-            }
+            Ok(_) => match self.written.record(stream) {
+                Ok(()) => Ok(settled),
+                Err(e) => {
+                    // Without the event nothing would order the next search after this one's
+                    // writes: wait for them here, and keep no lists.
+                    let _ = stream.synchronize();
+                    self.forget_lists();
+                    Err(e).during("recording the search's lists")
+                }
+            },
             Err(e) => {
                 // The lists may have taken sizes whose entries and words were never written; a
                 // failed launch may leave earlier ones running, which the next search waits for.
@@ -803,9 +821,11 @@ impl NbnxmGpu {
 }
 
 impl Drop for NbnxmGpu {
-    /// A search begun and never finished still copies into this object's page-locked memory:
-    /// it completes first.
+    /// A search begun and never finished still copies into this object's page-locked memory, and
+    /// a finished one's write pass may still run: both complete first.
     fn drop(&mut self) {
+        // And a finished search's write pass may still run: the buffers go only after it.
+        let _ = self.lists_complete();
         let _ = self.abandon();
     }
 }

@@ -252,7 +252,8 @@ fn upload_async<T: Pod>(buf: &DeviceBuffer<T>, data: &[T], stream: &CudaStream) 
     // copies `data` to a staging buffer before returning (CUDA's "API synchronization behavior"
     // of `cuMemcpyHtoDAsync`), so `data` may go away afterwards; the copy into `buf` runs in
     // `stream`'s order, and `buf` is reallocated (freed) only by a later build, after this build's
-    // search step (or `build_local`) synchronised the stream.
+    // search is complete (`build_local` synchronises the stream; a search waits for the last
+    // one's lists, `NbnxmGpu::lists_complete`, before it builds again).
     unsafe { cudarc::driver::result::memcpy_htod_async(buf.device_ptr(), bytemuck::cast_slice::<T, u8>(data), stream.cu_stream()) }
         .during("copying to the GPU")
 }
@@ -491,7 +492,8 @@ impl DeviceGrid {
     /// (enqueued on the same `stream` before, so in its order after them) into elements `0..home`
     /// of `x` and `types`: bit for bit the local atoms' `positions[..home]` and `types[..home]`
     /// (the passes only read these buffers). Nothing past `home` is written. The source buffers
-    /// are reallocated only by a later build, after this search synchronised `stream`.
+    /// are reallocated only by a later build, after this search is complete (`NbnxmGpu` waits
+    /// for the last search's lists, `lists_complete`, before the next build).
     pub(crate) fn enqueue_home_copies(
         &self, home: usize, x: &dyn DeviceMemory<Float3>, types: &dyn DeviceMemory<u32>, stream: &CudaStream,
     ) -> Result<()> {
@@ -583,7 +585,8 @@ impl DeviceGrid {
     /// `stream`, with no wait: the info words are on the device when `stream` gets past them
     /// (nothing is enqueued without atoms: the words are then [`default_words`]). The buffers
     /// grown here may be freed (reallocated) only because the last build's or search's work on
-    /// them is complete: every search step synchronises its stream before returning.
+    /// them is complete: a build alone synchronises its stream, and `NbnxmGpu` waits for the last
+    /// search's lists (`lists_complete`) before it builds again.
     ///
     /// A bad atom (non-finite coordinate) leaves a consistent grid of the other atoms: it gets no
     /// column (`u32::MAX`), is not counted, scattered, sorted nor filled, so every pass and the
