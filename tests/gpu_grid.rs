@@ -653,6 +653,7 @@ fn a_search_begun_and_finished_later_equals_update_local() {
             .unwrap_or_else(|e| panic!("rank {r}: {e}"));
         assert_eq!(calls, 1, "rank {r}: the hook runs once");
         assert!(!nb.begun(), "rank {r}");
+        assert!(got.wait_time <= got.lists_time, "rank {r}: the wait is part of the lists' time: {got:?}");
         let want = plain.update_local(atoms, sys.box_size, &stream).unwrap();
         assert_eq!((got.grid, got.words, got.entries), (want.grid, want.words, want.entries), "rank {r}");
         for kind in [ListKind::Local, ListKind::NonLocal] {

@@ -86,6 +86,9 @@ pub struct MdRank {
     /// The home atoms' redecomposition on this GPU (made at the first search that uses it): the
     /// new home atoms' velocities stay there and are copied into `v` ([`Self::update`]).
     gpu_home: Option<GpuHome>,
+    /// The last search's host wait for the GPU grid's and lists' first passes
+    /// ([`Self::search_wait`]).
+    search_wait: Duration,
 }
 
 /// Page-locked staging, one per array a search uploads from the host (home coordinates into the
@@ -202,6 +205,7 @@ impl MdRank {
             captured: [event()?, event()?],
             staging: HomeStaging::default(),
             gpu_home: None,
+            search_wait: Duration::ZERO,
             local,
             module,
         };
@@ -312,7 +316,8 @@ impl MdRank {
     /// it).
     fn search_and_stage(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let t = Instant::now();
-        let Self { module, nb, staging, v, inv_mass, types, inv_by_type, local, gpu_home, home, .. } = self;
+        let Self { module, nb, staging, v, inv_mass, types, inv_by_type, local, gpu_home, home, search_wait, .. } = self;
+        *search_wait = Duration::ZERO;
         match &found.lists {
             RankLists::Host(search) => {
                 staging.all(found, ex, v, inv_mass, types, halo)?;
@@ -344,11 +349,12 @@ impl MdRank {
                     staging.velocities(found, v, halo)?;
                     enqueue_inverse_masses(module, types, inv_by_type, inv_mass, n, local)
                 };
-                if nb.begun() {
-                    nb.finish_local(atoms, local, Some((copies.x, copies.types)), &mut before_wait)?;
+                let searched = if nb.begun() {
+                    nb.finish_local(atoms, local, Some((copies.x, copies.types)), &mut before_wait)?
                 } else {
-                    nb.update_local_into(atoms, box_size, local, copies, &mut before_wait)?;
-                }
+                    nb.update_local_into(atoms, box_size, local, copies, &mut before_wait)?
+                };
+                *search_wait = searched.wait_time;
                 Ok(t.elapsed())
             }
         }
@@ -400,6 +406,12 @@ impl MdRank {
         }
         let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
         Ok(g.with(&self.module, &self.local, x, &self.v, ids))
+    }
+
+    /// Of the last [`Self::update`]'s search time, the host's wait for the GPU grid's and lists'
+    /// first passes ([`ResidentSearch::wait_time`]; zero for lists from the host).
+    pub fn search_wait(&self) -> Duration {
+        self.search_wait
     }
 
     /// The nbnxm lists on the GPU.

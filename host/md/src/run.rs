@@ -967,7 +967,10 @@ impl MdRun {
             let halo = ex.streams().get(i).ok_or_else(|| HaloError::InvalidInput(format!("no exchange stream for local rank {i}")))?;
             facts.pageable_lists |= !matches!(r.lists, search::RankLists::GpuGrid(_));
             match self.ranks.get_mut(i) {
-                Some(m) => gpu_search += m.update(r, self.system.box_size, rank, halo)?,
+                Some(m) => {
+                    gpu_search += m.update(r, self.system.box_size, rank, halo)?;
+                    t.pairs_wait += m.search_wait();
+                }
                 None => {
                     facts.new_rank = true;
                     let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
@@ -1169,7 +1172,15 @@ impl MdRun {
             _ => return Err(HaloError::InvalidInput("a search on the GPU needs the rank of a previous search".into())),
         };
         let found = m.search_resident(&rank.x, self.system.box_size)?;
-        let t = SearchTimes { count: 1, total: start.elapsed(), lists: found.grid_time, grid: found.grid_time, pairs: found.lists_time, ..SearchTimes::default() };
+        let t = SearchTimes {
+            count: 1,
+            total: start.elapsed(),
+            lists: found.grid_time,
+            grid: found.grid_time,
+            pairs: found.lists_time,
+            pairs_wait: found.wait_time,
+            ..SearchTimes::default()
+        };
         self.out.search.add(&t);
         self.out.searches += 1;
         self.out.resident_searches += 1;

@@ -108,6 +108,9 @@ pub struct SearchTimes {
     /// staging or copy of the home velocities and the launch that makes their masses, which
     /// overlap the passes).
     pub pairs: Duration,
+    /// Of `pairs`, with lists searched on the GPU: the host's waits for the grid's and the lists'
+    /// first passes (their GPU time that no host work hid; every local rank's).
+    pub pairs_wait: Duration,
     /// Exchange replan (or rebuild) and the other uploads.
     pub upload: Duration,
     /// Of `plan`, when planned from the ranks' own atoms: the time inside the all-gathers between
@@ -129,6 +132,7 @@ impl SearchTimes {
         self.atoms += o.atoms;
         self.grid += o.grid;
         self.pairs += o.pairs;
+        self.pairs_wait += o.pairs_wait;
         self.upload += o.upload;
         self.plan_gathers += o.plan_gathers;
         self.plan_device += o.plan_device;

@@ -93,6 +93,10 @@ pub struct MdBenchRow {
     /// Of the plan, when its per-atom passes ran on the GPUs: the time in them (ms, mean).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_device_ms: Option<f64>,
+    /// Of the GPU lists, when searched on the GPU: the host's wait for the grid's and the lists'
+    /// first passes (their GPU time that no host work hid; ms, mean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lists_wait_ms: Option<f64>,
     /// Where the cluster-pair lists were searched: `gpu` (the grid sorted on the host),
     /// `gpu-resident` (grid and lists on the GPU, nothing through the host: one rank),
     /// `gpu-redecomposed` (several ranks: each process plans from its own ranks' atoms, the GPU
@@ -166,6 +170,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         search_parts_ms: None,
         plan_gathers_ms: None,
         plan_device_ms: None,
+        lists_wait_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         redecompose: None,
         graph: cfg.graph,
@@ -253,6 +258,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     ]);
     row.plan_gathers_ms = (row.list_search == "gpu-redecomposed").then(|| ms(after.plan_gathers - before.plan_gathers) / n);
     row.plan_device_ms = (row.redecompose.as_deref() == Some("gpu")).then(|| ms(after.plan_device - before.plan_device) / n);
+    row.lists_wait_ms = (row.list_search != "host").then(|| ms(after.pairs_wait - before.pairs_wait) / n);
     row.home_atoms = lists.home_atoms;
     row.local_atoms = lists.local_atoms;
     Ok(())
@@ -272,6 +278,12 @@ pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> 
 /// The transport, `+graph` when its steps were replayed as CUDA graphs.
 fn variant(r: &MdBenchRow) -> String {
     if r.graph { format!("{}+graph", r.transport) } else { r.transport.clone() }
+}
+
+/// The host's wait for the GPU's grid and list passes, as a search part's suffix (empty when
+/// not measured).
+fn waits(r: &MdBenchRow) -> String {
+    r.lists_wait_ms.map(|w| format!(" (waits for the GPU {w:.2})")).unwrap_or_default()
 }
 
 /// The rows as an aligned table with a header.
@@ -333,16 +345,22 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         .filter_map(|r| {
             let [g, p, a, l, u] = r.search_parts_ms?;
             Some(if r.list_search == "gpu-resident" {
-                format!("  {} atoms, {}: all on the GPU: grid enqueued {a:.2}, grid built + lists searched {l:.2} (nothing gathered, planned or uploaded)", r.atoms, variant(r))
+                format!(
+                    "  {} atoms, {}: all on the GPU: grid enqueued {a:.2}, grid built + lists searched {l:.2}{} (nothing gathered, planned or uploaded)",
+                    r.atoms,
+                    variant(r),
+                    waits(r)
+                )
             } else if r.list_search == "gpu-redecomposed" {
                 let on_gpus = r.redecompose.as_deref() == Some("gpu");
                 format!(
-                    "  {} atoms, {}: {} {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}{}), local atoms {a:.2}, GPU grid + lists {l:.2}, upload {u:.2}",
+                    "  {} atoms, {}: {} {g:.2}, plan from the ranks {p:.2} (all-gathers {:.2}{}), local atoms {a:.2}, GPU grid + lists {l:.2}{}, upload {u:.2}",
                     r.atoms,
                     variant(r),
                     if on_gpus { "inputs set up" } else { "home atoms read back" },
                     r.plan_gathers_ms.unwrap_or(0.0),
-                    r.plan_device_ms.map(|d| format!(", passes on the GPUs {d:.2}")).unwrap_or_default()
+                    r.plan_device_ms.map(|d| format!(", passes on the GPUs {d:.2}")).unwrap_or_default(),
+                    waits(r)
                 )
             } else {
                 format!(
@@ -388,6 +406,7 @@ mod tests {
             search_parts_ms: Some([0.1, 0.1, 0.2, 0.1, 0.1]),
             plan_gathers_ms: None,
             plan_device_ms: None,
+            lists_wait_ms: None,
             list_search: "gpu".into(),
             redecompose: None,
             graph: false,
@@ -430,6 +449,21 @@ mod tests {
         assert!(t.contains("search steps included"), "{t}");
         // 50 us per 2 fs step: 86400 / 50e-6 * 2e-6 = 3456 ns/day.
         assert!(t.lines().any(|l| l.starts_with("45000") && l.contains("fused") && l.contains("3456") && l.contains("10.0")), "{t}");
+    }
+
+    #[test]
+    fn the_search_parts_name_the_wait_for_the_gpus_passes_where_measured() {
+        let mut r = row("fused", 45_000, 50.0);
+        r.list_search = "gpu-redecomposed".into();
+        r.plan_gathers_ms = Some(0.05);
+        let without = table(std::slice::from_ref(&r));
+        assert!(without.contains("GPU grid + lists 0.10, upload") && !without.contains("waits"), "{without}");
+        r.lists_wait_ms = Some(0.04);
+        let with = table(std::slice::from_ref(&r));
+        assert!(with.contains("GPU grid + lists 0.10 (waits for the GPU 0.04), upload 0.10"), "{with}");
+        r.list_search = "gpu-resident".into();
+        let resident = table(&[r]);
+        assert!(resident.contains("grid built + lists searched 0.10 (waits for the GPU 0.04) (nothing gathered"), "{resident}");
     }
 
     #[test]

@@ -151,6 +151,9 @@ pub struct ResidentSearch {
     /// [`NbnxmGpu::update_local_into`] or `finish_local` also the caller's host work before that
     /// first wait.
     pub lists_time: Duration,
+    /// Of `lists_time`: the host's wait in the one synchronisation before the lists are written,
+    /// for the grid's and the lists' first passes (their GPU time that no host work hid).
+    pub wait_time: Duration,
     /// j-list words of the home–home and the non-local list (the latter empty on one rank).
     pub words: [usize; 2],
     /// Entries of the two lists.
@@ -540,6 +543,7 @@ impl NbnxmGpu {
             grid,
             grid_time,
             lists_time,
+            wait_time: self.search.as_ref().map_or(Duration::ZERO, GpuSearch::waited),
             words: [self.lists[0].n_words, self.lists[1].n_words],
             entries: [self.lists[0].n_entries, self.lists[1].n_entries],
         }

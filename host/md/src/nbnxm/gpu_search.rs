@@ -21,6 +21,7 @@ use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchSha
 use crate::kernel_args;
 use bytemuck::Pod;
 use cudarc::driver::PinnedHostSlice;
+use std::time::{Duration, Instant};
 
 /// Where each list's words go and its entries, from the per-item counts: the host's layout, the
 /// reference of the GPU's ([`DeviceLayout`]).
@@ -146,6 +147,9 @@ pub struct DeviceLayout {
     /// Page-locked memory the totals (and words) are read back into, enqueued before the wait:
     /// no synchronous copy from the device after it.
     back: PinnedHostSlice<u64>,
+    /// How long the host last waited in [`Self::wait_read_back`]'s synchronisation (the GPU work
+    /// before the read-back that no host work hid).
+    waited: Duration,
 }
 
 impl DeviceLayout {
@@ -155,7 +159,7 @@ impl DeviceLayout {
         // SAFETY: the contents are written by a read-back before the host reads them (after the
         // stream's synchronisation).
         let back = unsafe { ctx.alloc_pinned_with_flags::<u64>(READ_BACK, 0) }.during("allocating the list layout's read-back")?;
-        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, READ_BACK)?, back })
+        Ok(Self { tiles: DeviceBuffer::uninit(ctx, 1)?, totals: DeviceBuffer::uninit(ctx, READ_BACK)?, back, waited: Duration::ZERO })
     }
 
     /// Enqueues the read-back of the totals (and words) into the page-locked memory, runs
@@ -183,7 +187,9 @@ impl DeviceLayout {
     /// (not after a failed enqueue), synchronises `stream` (always) and returns what came back.
     fn wait_read_back(&mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>) -> Result<[u64; READ_BACK]> {
         let hooked = enqueued.and_then(|()| before_wait());
+        let t = Instant::now();
         let waited = stream.synchronize().during("waiting for the GPU grid and the list layout's totals");
+        self.waited = t.elapsed();
         hooked.and(waited)?;
         let back = self.back.as_slice().during("reaching the list layout's read-back")?;
         let mut out = [0u64; READ_BACK];
@@ -366,6 +372,12 @@ impl GpuSearch {
         })
     }
 
+    /// How long the host waited for the GPU in the last [`Self::finish`]'s one synchronisation
+    /// (zero without items: nothing was waited for).
+    pub(crate) fn waited(&self) -> Duration {
+        self.layout.waited
+    }
+
     fn shape(items: usize) -> LaunchShape {
         let blocks = items.div_ceil(abi::NBNXM_SEARCH_WARPS_PER_BLOCK as usize).max(1) as u32;
         LaunchShape { grid: (blocks, 1), block: abi::NBNXM_SEARCH_WARPS_PER_BLOCK * 32, shared_bytes: abi::NBNXM_SEARCH_SHARED_BYTES }
@@ -455,6 +467,7 @@ impl GpuSearch {
         settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>, out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
         let BegunLists { items, n_shifts, max_j, order_j, rl } = begun;
+        self.layout.waited = Duration::ZERO;
         if items == 0 {
             before_wait()?;
             settle(None)?;
