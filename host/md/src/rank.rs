@@ -286,17 +286,17 @@ impl MdRank {
     ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`, or its
     ///   second half when [`Self::begin_search`] enqueued the first, which leaves the lists' write
     ///   pass running on the local stream), so they cross the bus once; `1 / m` made from those
-    ///   types on the local stream (`enqueue_inverse_masses`); the velocities copied there from the GPU's redecomposition,
-    ///   or staged on `halo`, while the GPU runs the grid's and the lists' first passes (before the
-    ///   search's first host wait).
+    ///   types on the local stream (`enqueue_inverse_masses`); the velocities copied there from
+    ///   the GPU's redecomposition, or staged on `halo`, while the GPU runs the grid's and the
+    ///   lists' first passes (before the search's first host wait).
     ///
     /// Then, also after a failure: `uploaded` is recorded on `halo` and the local stream
     /// waits for it (`order_after_uploads`). Nothing here waits on the host for the copies (nor,
     /// with the grid on the GPU, for the lists' write pass): the steps are ordered after them on
-    /// the GPU (the local stream by stream order and that wait,
-    /// the halo stream through `coordinates_ready`). A search through pageable synchronous copies
-    /// (host lists, a grid from the host) still needs the caller's context synchronisation before
-    /// the steps (`run.rs`).
+    /// the GPU (the local stream by stream order and that wait, the halo stream through
+    /// `coordinates_ready`). A search through pageable synchronous copies (host lists, a grid
+    /// from the host) still needs the caller's context synchronisation before the steps
+    /// (`run.rs`).
     pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let searched = match self.fit_home(found, ex) {
             Ok(()) => self.search_and_stage(found, box_size, ex, halo),

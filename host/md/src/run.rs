@@ -916,9 +916,10 @@ impl MdRun {
         // only after every PE entered it, and nothing since launched a step or wrote into a peer
         // (the home read-back came before the gathers; the grids' and lists' first passes, begun
         // above, touch only each rank's own search buffers; the lists' writes and the uploads come
-        // after the replan): the contract of `ReplanFence::AfterCollective`. The gathered path keeps the
-        // barrier: its gather buffers are written by peers at the next search, and that reuse is
-        // fenced by this barrier (`HomeGather::gather`). Ranks in one process have no barrier.
+        // after the replan): the contract of `ReplanFence::AfterCollective`. The gathered path
+        // keeps the barrier: its gather buffers are written by peers at the next search, and that
+        // reuse is fenced by this barrier (`HomeGather::gather`). Ranks in one process have no
+        // barrier.
         let fence = replan_fence(path);
         let replanned = match self.exchange.as_mut() {
             Some(ex) if same_paths => {
