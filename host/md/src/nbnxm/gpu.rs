@@ -206,12 +206,9 @@ pub struct NbnxmGpu {
 struct BegunLocal {
     grid: PendingGrid,
     lists: BegunLists,
-    /// The local atoms and home atoms of the search, where their positions are and their box
-    /// (the same atoms must finish it).
-    atoms: usize,
-    home: usize,
+    /// Where the local atoms' positions are (the same atoms must finish it; the grid holds their
+    /// sizes and box).
     positions: usize,
-    atoms_box: [f32; 3],
     box_size: [f32; 3],
     /// The stream it was enqueued on (`CUstream` as an address; the same stream must finish it).
     stream: usize,
@@ -440,10 +437,7 @@ impl NbnxmGpu {
         self.begun = Some(BegunLocal {
             grid: pending,
             lists,
-            atoms: atoms.len(),
-            home: atoms.home,
             positions: atoms.positions.as_ptr() as usize,
-            atoms_box: atoms.box_size,
             box_size,
             stream: stream.cu_stream() as usize,
             grid_time: t1 - t0,
@@ -471,17 +465,18 @@ impl NbnxmGpu {
             return Err(HaloError::InvalidInput("nbnxm: no GPU search was begun to finish (begin_local first)".into()));
         };
         let same_stream = begun.stream == stream.cu_stream() as usize;
-        let same_atoms = begun.positions == atoms.positions.as_ptr() as usize && begun.atoms_box == atoms.box_size;
-        let same = begun.atoms == atoms.len() && begun.home == atoms.home && same_atoms && same_stream;
+        let same_atoms = begun.positions == atoms.positions.as_ptr() as usize && begun.grid.fits(atoms);
+        let same = same_atoms && same_stream;
+        let (begun_atoms, begun_home) = begun.grid.sizes();
         let copied = match home {
             _ if !same => Err(HaloError::InvalidInput(format!(
                 "nbnxm: a GPU search begun on {} atoms ({} home) is finished with {} atoms ({} home{}) on {} stream; \
                  finish it with the atoms and the stream that began it",
-                begun.atoms,
-                begun.home,
+                begun_atoms,
+                begun_home,
                 atoms.len(),
                 atoms.home,
-                if same_atoms { "" } else { ", another array or box" },
+                if same_atoms { "" } else { ", not the atoms that began it" },
                 if same_stream { "the same" } else { "another" }
             ))),
             Some((x, types)) => self.grid.enqueue_home_copies(atoms.home, x, types, stream),

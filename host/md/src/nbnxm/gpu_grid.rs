@@ -166,6 +166,16 @@ pub(crate) struct PendingGrid {
 }
 
 impl PendingGrid {
+    /// Atoms (home and halo) and home atoms of the build.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        (self.n, self.home)
+    }
+
+    /// Whether `atoms` have this build's sizes and box.
+    pub(crate) fn fits(&self, atoms: &LocalAtoms) -> bool {
+        (self.n, self.home, self.box_size) == (atoms.len(), atoms.home, atoms.box_size)
+    }
+
     /// What the search kernels need of the pending grid: the plan's bound on its superclusters.
     pub(crate) fn held(&self) -> Held {
         Held { superclusters: self.plan.most, zones: self.plan.table.len(), periodic: self.periodic, box_size: self.box_size, uploaded: false }
