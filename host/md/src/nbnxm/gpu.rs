@@ -823,7 +823,6 @@ impl Drop for NbnxmGpu {
     /// A search begun and never finished still copies into this object's page-locked memory, and
     /// a finished one's write pass may still run: both complete first.
     fn drop(&mut self) {
-        // And a finished search's write pass may still run: the buffers go only after it.
         let _ = self.lists_complete();
         let _ = self.abandon();
     }

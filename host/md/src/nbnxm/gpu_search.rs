@@ -236,8 +236,9 @@ impl DeviceLayout {
     /// [`Self::totals`]' scan, with a grid's [`abi::NBNXM_GRID_INFO_WORDS`] info words at device
     /// address `words` copied beside the totals after it on `stream` (a device-to-device copy in
     /// stream order, after the passes that wrote them), and the read-back of both enqueued, in
-    /// page-locked memory: [`Self::wait_sums_and_words`] must follow on this object (also after
-    /// an error here) before anything else of it runs. `items` must be above 0.
+    /// page-locked memory: [`Self::wait_sums_and_words`] must follow on this object before
+    /// anything else of it runs (after an error here, the caller's synchronisation of `stream`).
+    /// `items` must be above 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn enqueue_sums_and_words(
         &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, words: u64, stream: &CudaStream,
@@ -258,15 +259,15 @@ impl DeviceLayout {
         self.enqueue_read_back(stream)
     }
 
-    /// After [`Self::enqueue_sums_and_words`] (`enqueued`: its result) on `stream`: one
-    /// synchronisation of `stream` (always) and what came back: the raw sums (for
+    /// After [`Self::enqueue_sums_and_words`] succeeded on `stream`: `before_wait` (host work of
+    /// the caller's that overlaps the passes; its error is returned after the wait), one
+    /// synchronisation of `stream` and what came back: the raw sums (for
     /// [`LayoutTotals::from_sums`], which the caller applies after checking the grid) and the
-    /// words. `before_wait` runs first, unless the enqueueing failed (host work of the caller's
-    /// that overlaps the passes; its error is returned after the wait).
+    /// words.
     pub(crate) fn wait_sums_and_words(
-        &mut self, enqueued: Result<()>, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
+        &mut self, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
-        Ok(split_read_back(&self.wait_read_back(enqueued, stream, before_wait)?))
+        Ok(split_read_back(&self.wait_read_back(Ok(()), stream, before_wait)?))
     }
 
     /// Enqueues the layout's first two passes (tiles, scan) on `stream`: the tile starts and the
@@ -476,7 +477,7 @@ impl GpuSearch {
             return Ok(totals);
         }
         // The one synchronisation: the grid's words and the lists' totals together.
-        let (sums, words) = self.layout.wait_sums_and_words(Ok(()), stream, before_wait)?;
+        let (sums, words) = self.layout.wait_sums_and_words(stream, before_wait)?;
         settle(Some(words))?;
         let totals = LayoutTotals::from_sums(sums)?;
         let rooms = out(&totals)?;
@@ -489,8 +490,9 @@ impl GpuSearch {
         self.layout.write(module, &self.counts, items, max_j, &self.shifts, n_shifts, &totals, &self.offsets, rooms, stream)?;
         for (room, n) in rooms.iter().zip(totals.entries) {
             // SAFETY: the layout just wrote the list's `n` entries there (same stream, so before),
-            // and its order has room for `n` places (checked); both outlive the synchronisation
-            // below. The two lists' orders share the counts one after the other on the stream.
+            // and its order has room for `n` places (checked); both outlive the order's kernels (the
+            // owner waits for the lists, `NbnxmGpu::lists_complete`, before it reallocates them).
+            // The two lists' orders share the counts one after the other on the stream.
             unsafe { self.order.enqueue(module, room.entries, n, order_j, room.order, stream)? };
         }
         let (mut sb, mut cb, mut sz, mut zp) = (grid.super_bbox, grid.cluster_bbox, grid.super_zone, grid.zones);
