@@ -367,6 +367,52 @@ fn a_fast_neighbour_one_step_ahead_does_not_strand_a_late_rank() {
     }
 }
 
+/// Words defect 1: rank 0 sends 1100 atoms to rank 1, whose pulse back is empty, so no word of
+/// rank 1's ever reaches rank 0. Coordinate-only loop with rank 1 held back: before the fix
+/// nothing held rank 0 (the credit rule took the empty pulse for a synchronisation), it ran its
+/// launches ahead and overwrote the slot of the pair that rank 1 was about to poll, and rank 1
+/// timed out. Force-only loop with rank 0 held back: the mirror image (rank 1 pushes, hears
+/// nothing back). Now the writer waits for the reader's credit; checked against the CPU reference.
+#[test]
+fn empty_reverse_pulse() {
+    const STEPS: usize = 6;
+    let Some(g) = gpu_or_skip("empty_reverse_pulse") else { return };
+    let module = g.module.clone();
+    let halos = synthetic::one_way_pair(3000, 1100);
+    for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect, Transport::DirectCopy] {
+        let test = format!("empty_reverse_pulse, {transport:?}");
+        // Stores to every peer: the fused kernel moves the pulse as low-latency words.
+        let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), std::slice::from_ref(&module)).unwrap();
+        assert_eq!(ranks.ranks()[1].receives_words(), vec![true], "{test}: rank 1 should poll words");
+        for r in ranks.ranks_mut() {
+            r.set_wait_timeout(Duration::from_secs(3));
+        }
+        let home = integer_values(&halos, 7, true);
+        let f0 = integer_values(&halos, 8, false);
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.x.fill_bytes(0xFF).unwrap();
+            rank.upload_coordinates(&home[r]).unwrap();
+            rank.f.copy_from_host(&f0[r]).unwrap();
+        }
+        // `late` starts late; the other queues STEPS launches of one direction and runs ahead as
+        // far as the protocol lets it.
+        let mut held_back = |late: usize, forces: bool| {
+            let gate = Gate::close(&module, ranks.stream(late));
+            for _ in 0..STEPS {
+                if forces { ranks.launch_forces(transport) } else { ranks.launch_coordinates(transport) }.unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            gate.open();
+            ranks.finish().unwrap_or_else(|e| panic!("{test}, rank {late} late, forces only {forces}: {e}"));
+            gate.check();
+        };
+        held_back(1, false);
+        held_back(0, true);
+        check_coordinates(&test, &ranks, &halos, &home);
+        check_forces(&test, &ranks, &forces_after(&halos, &f0, STEPS));
+    }
+}
+
 /// One direction at a time for many steps, the home values changing every step on the GPU (no
 /// host work in between): rings of three and 2x2x2, where credits bound the fast senders, and two
 /// ranks, where the step's own signals do. Checked at the end against the CPU reference.

@@ -94,6 +94,29 @@ pub fn halos(shape: SyntheticShape, seed: u64) -> Vec<RankHalo> {
     out
 }
 
+/// Two ranks and one pulse that goes one way only: rank 0 sends `sent` of its `home_atoms` atoms
+/// (spread evenly over them, at most all of them) to rank 1, and rank 1's pulse back to rank 0 is
+/// empty. The layout where an empty pulse must not be taken for a synchronisation
+/// ([`super::credits`]).
+pub fn one_way_pair(home_atoms: usize, sent: usize) -> Vec<RankHalo> {
+    let sent = sent.min(home_atoms);
+    let map: Vec<u32> = (0..sent).map(|i| (i * home_atoms / sent.max(1)) as u32).collect();
+    let pulse = |send_rank, recv_rank, index_map: Vec<u32>, recv_size| PulseSpec {
+        send_rank,
+        recv_rank,
+        index_map,
+        recv_size,
+        atom_offset: home_atoms,
+        peer_atom_offset: home_atoms,
+        shift: None,
+        accumulate_forces: true,
+    };
+    vec![
+        RankHalo { home_atoms, total_atoms: home_atoms, pulses: vec![pulse(1, 1, map, 0)] },
+        RankHalo { home_atoms, total_atoms: home_atoms + sent, pulses: vec![pulse(0, 0, Vec::new(), sent)] },
+    ]
+}
+
 /// Random values for the first `len` atoms of each rank, in a box-sized range.
 pub fn random_values(halos: &[RankHalo], seed: u64, home_only: bool) -> Vec<Vec<Float3>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
