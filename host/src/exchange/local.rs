@@ -194,18 +194,17 @@ impl<T: Element> LocalRanks<T> {
     fn fit_residency(&mut self, gpus: usize) -> Result<()> {
         let Some(first) = self.ranks.first() else { return Ok(()) };
         let (sms, per_sm) = first.residency()?;
-        let capacity = sms * per_sm;
         let ranks_per_gpu = self.ranks.len().div_ceil(gpus) as u32;
-        let pulses = first.halo().pulses.len().max(1) as u32;
-        let per_pulse = capacity / (ranks_per_gpu * pulses);
-        if per_pulse == 0 {
+        let pulses = first.halo().pulses.len().max(1);
+        // Two grids per rank where the fused launches overlap (see `residency`).
+        let Some(fit) = super::residency::fit(sms * per_sm, 0, ranks_per_gpu, pulses) else {
             return Err(HaloError::InvalidInput(format!(
                 "{ranks_per_gpu} ranks x {pulses} pulses of spinning blocks cannot all be resident on one GPU \
                  ({sms} SMs x {per_sm} blocks): this could deadlock. Use fewer ranks per GPU or more GPUs"
             )));
-        }
+        };
         for r in &mut self.ranks {
-            r.cap_grids(per_pulse);
+            r.fit_grids(fit);
         }
         Ok(())
     }

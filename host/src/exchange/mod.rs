@@ -54,6 +54,7 @@ pub mod proxy;
 pub mod rank;
 pub mod reference;
 pub mod reset;
+pub mod residency;
 pub mod routing;
 pub mod spec;
 pub mod synthetic;

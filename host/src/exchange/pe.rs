@@ -287,8 +287,8 @@ impl<T: Element> PeExchange<T> {
             return Err(HaloError::InvalidInput("the put path needs the kernel module registered with NVSHMEM".into()));
         }
         let (sms, per_sm) = self.rank.residency()?;
-        let per_pulse = blocks_per_pulse(sms, per_sm, self.halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
-        self.rank.cap_grids(per_pulse);
+        let fit = blocks_per_pulse(sms, per_sm, self.halos[me].pulses.len(), crate::launch::env::pes_per_gpu())?;
+        self.rank.fit_grids(fit);
         Ok(())
     }
 
@@ -555,21 +555,20 @@ pub fn replan_needs_barrier(fence: ReplanFence, every_pe_mapped: bool) -> bool {
     }
 }
 
-/// Blocks per pulse for this PE's spinning kernels: every spinning block of every PE on the GPU
-/// must fit at once (`sms * per_sm` resident blocks) when the PEs' kernels run concurrently, as
-/// under MPS, so the capacity is shared by `pes_per_gpu` PEs of `pulses` pulses each. Without MPS
-/// the PEs of a GPU are time-sliced and one PE's kernels never wait for another's to be resident,
-/// but the cap costs little and keeps MPS safe.
-pub fn blocks_per_pulse(sms: u32, per_sm: u32, pulses: usize, pes_per_gpu: usize) -> Result<u32> {
-    let demand = pulses.max(1) as u32 * pes_per_gpu.max(1) as u32;
-    let per_pulse = (sms * per_sm) / demand;
-    if per_pulse == 0 {
-        return Err(HaloError::InvalidInput(format!(
+/// Blocks per pulse for this PE's spinning kernels, and whether its fused kernels overlap the
+/// kernel before them: every spinning block of every PE on the GPU must fit at once
+/// (`sms * per_sm` resident blocks) when the PEs' kernels run concurrently, as under MPS, so the
+/// capacity is shared by `pes_per_gpu` PEs of `pulses` pulses each, two grids per PE where its
+/// launches overlap ([`super::residency::fit`]). Without MPS the PEs of a GPU are time-sliced and
+/// one PE's kernels never wait for another's to be resident, but the cap costs little and keeps
+/// MPS safe.
+pub fn blocks_per_pulse(sms: u32, per_sm: u32, pulses: usize, pes_per_gpu: usize) -> Result<super::residency::ResidentGrids> {
+    super::residency::fit(sms * per_sm, 0, pes_per_gpu.max(1) as u32, pulses).ok_or_else(|| {
+        HaloError::InvalidInput(format!(
             "{pes_per_gpu} PEs per GPU x {pulses} pulses of spinning blocks cannot all be resident on one GPU \
              ({sms} SMs x {per_sm} blocks): this could deadlock under MPS. Use fewer PEs per GPU or more GPUs"
-        )));
-    }
-    Ok(per_pulse)
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -578,11 +577,16 @@ mod tests {
 
     #[test]
     fn several_pes_per_gpu_share_the_resident_blocks() {
-        assert_eq!(blocks_per_pulse(132, 2, 3, 1).unwrap(), 88);
-        assert_eq!(blocks_per_pulse(132, 2, 3, 2).unwrap(), 44);
-        assert_eq!(blocks_per_pulse(132, 2, 1, 4).unwrap(), 66);
-        // Every PE's every pulse keeps at least one block, or the layout is refused.
-        assert_eq!(blocks_per_pulse(132, 1, 6, 22).unwrap(), 1);
+        // Two grids per PE (the running one and its overlapped successor).
+        let overlapped = |per_pulse| super::super::residency::ResidentGrids { per_pulse, overlapped: true };
+        assert_eq!(blocks_per_pulse(132, 2, 3, 1).unwrap(), overlapped(44));
+        assert_eq!(blocks_per_pulse(132, 2, 3, 2).unwrap(), overlapped(22));
+        assert_eq!(blocks_per_pulse(132, 2, 1, 4).unwrap(), overlapped(33));
+        // Every PE's every pulse keeps at least one block, without overlap where two grids per PE
+        // do not fit, or the layout is refused.
+        assert_eq!(blocks_per_pulse(132, 1, 6, 11).unwrap(), overlapped(1));
+        let alone = blocks_per_pulse(132, 1, 6, 22).unwrap();
+        assert_eq!((alone.per_pulse, alone.overlapped), (1, false));
         let e = blocks_per_pulse(132, 1, 6, 23).unwrap_err().to_string();
         assert!(e.contains("23 PEs per GPU x 6 pulses") && e.contains("MPS"), "{e}");
     }

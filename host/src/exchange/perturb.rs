@@ -489,16 +489,16 @@ fn leave_room_for_delay_kernels<T: Element>(ranks: &mut [RankExchange<T>]) -> Re
     for (i, rank) in ranks.iter_mut().enumerate() {
         let sharing = ordinals.iter().filter(|&&o| o == ordinals[i]).count() as u32;
         let (sms, per_sm) = rank.residency()?;
-        let pulses = rank.halo().pulses.len().max(1) as u32;
-        let per_pulse = (sms * per_sm).saturating_sub(sharing) / (sharing * pulses);
-        if per_pulse == 0 {
+        let pulses = rank.halo().pulses.len().max(1);
+        // Two grids per rank where the fused launches overlap (see `residency`).
+        let Some(fit) = super::residency::fit(sms * per_sm, sharing, sharing, pulses) else {
             return Err(HaloError::InvalidInput(format!(
                 "{sharing} ranks x {pulses} pulses of spinning blocks and a delay kernel per rank cannot all be resident on GPU {} \
                  ({sms} SMs x {per_sm} blocks): turn GPU jitter off ({JITTER_ENV}=MAX:SEED:host) or use fewer ranks per GPU",
                 ordinals[i]
             )));
-        }
-        rank.cap_grids(per_pulse);
+        };
+        rank.fit_grids(fit);
     }
     Ok(())
 }

@@ -182,6 +182,9 @@ pub struct RankExchange<T: Element = Float3> {
     sizes: SharedSizes,
     timeout_ns: u64,
     grids: Grids,
+    /// Whether the fused kernels are launched to overlap the previous kernel of the stream
+    /// ([`Self::fit_grids`]; true until a residency cap says two grids per rank do not fit).
+    overlapped: bool,
     /// The last launch (transport, forces?), for the message of a stuck wait.
     last_launch: Option<(Transport, bool)>,
     /// Reads the counters beside a stuck stream (made up front: allocating pinned memory later,
@@ -247,6 +250,7 @@ impl<T: Element> RankExchange<T> {
             sizes,
             timeout_ns: 5_000_000_000,
             grids,
+            overlapped: true,
             halo,
             last_launch: None,
             watch,
@@ -347,6 +351,31 @@ impl<T: Element> RankExchange<T> {
     /// next launch may use another grid.
     pub fn cap_grids(&mut self, max_blocks_per_pulse: u32) {
         self.grids = self.grids.capped(max_blocks_per_pulse);
+    }
+
+    /// Caps the grids as `fit` says ([`super::residency::fit`] for the ranks sharing this GPU) and
+    /// launches the fused kernels to overlap the previous kernel only where `fit` counted two grids
+    /// per rank (a parked successor holds blocks a peer's grid may need). Between steps.
+    pub fn fit_grids(&mut self, fit: super::residency::ResidentGrids) {
+        self.cap_grids(fit.per_pulse);
+        self.overlapped = fit.overlapped;
+    }
+
+    /// Whether the fused kernels overlap the previous kernel of the stream ([`Self::fit_grids`]).
+    pub fn overlapped_launches(&self) -> bool {
+        self.overlapped
+    }
+
+    /// Launches fused kernel `name`, which waits for the previous kernel first thing: to overlap
+    /// that kernel's end where [`Self::fit_grids`] allows it, after it otherwise.
+    ///
+    /// # Safety
+    /// As [`KernelModule::launch`] for `name` and `args`.
+    unsafe fn launch_fused(&self, name: &str, shape: LaunchShape, stream: &CudaStream, args: &mut [*mut std::ffi::c_void]) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.overlapped { self.module.launch_overlapping(name, shape, stream, args) } else { self.module.launch(name, shape, stream, args) }
+        }
     }
 
     /// Deadline of every device spin-wait (and of the host-driven transports' host waits).
@@ -626,7 +655,7 @@ impl<T: Element> RankExchange<T> {
                     unsafe { self.module.launch(&name, shape, stream, &mut args) }
                 } else {
                     // SAFETY: as above; `fused_coords` waits for the previous kernel first thing.
-                    unsafe { self.module.launch_overlapping(&name, shape, stream, &mut args) }
+                    unsafe { self.launch_fused(&name, shape, stream, &mut args) }
                 }
             }
             Transport::PerPulse | Transport::PerPulseDirect => {
@@ -665,7 +694,7 @@ impl<T: Element> RankExchange<T> {
         self.last_launch = Some((self.last_launch.map_or(Transport::Fused, |(t, _)| t), true));
         // SAFETY: arguments match `fused_forces`; metadata from `install`; it waits for the
         // previous kernel first thing, so it may overlap that kernel's end.
-        unsafe { self.module.launch_overlapping(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
+        unsafe { self.launch_fused(&entry::<T>(abi::FUSED_FORCES), shape, stream, &mut args) }
     }
 
     /// The fused coordinate kernel's shape: with a bulk pulse in the launch, the TMA kernel's

@@ -88,7 +88,7 @@ impl RankExchange<Float3> {
         // SAFETY: arguments match `fused_coords_timeline` (`fused_coords` plus the ring); metadata
         // from `install`; the ring holds `records` records. Launched as the exchange launches
         // `fused_coords`: overlapping the previous kernel, which it waits for first thing.
-        unsafe { self.module.launch_overlapping(layout::FUSED_COORDS_TIMELINE, self.coord_shape(), stream, &mut args) }
+        unsafe { self.launch_fused(layout::FUSED_COORDS_TIMELINE, self.coord_shape(), stream, &mut args) }
     }
 
     /// [`Self::launch_forces`], stamped into `ring`.
@@ -106,7 +106,7 @@ impl RankExchange<Float3> {
         let mut args = kernel_args![meta, pulses, f, signals, state, counters, timeout, status, ring_ptr, records];
         let shape = LaunchShape { grid: (self.grids.forces(), n), block: kernels_gpu::abi::BLOCK_SIZE, shared_bytes: 0 };
         // SAFETY: arguments match `fused_forces_timeline`; as above.
-        unsafe { self.module.launch_overlapping(layout::FUSED_FORCES_TIMELINE, shape, stream, &mut args) }
+        unsafe { self.launch_fused(layout::FUSED_FORCES_TIMELINE, shape, stream, &mut args) }
     }
 }
 
