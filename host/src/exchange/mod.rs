@@ -49,6 +49,7 @@ pub mod mailbox;
 pub mod memory;
 pub mod pe;
 pub mod pe_links;
+pub mod peer_map;
 pub mod perturb;
 pub mod proxy;
 pub mod rank;

@@ -27,11 +27,13 @@ pub enum PathPolicy {
     Routed,
     /// Per peer as a router decided from each pulse's size ([`crate::route::RoutedPaths::plan`]):
     /// `nvlink-store` stores and `nvlink-tma` copies in bulk (per pulse, inside one fused launch)
-    /// through the peer's `nvshmem_ptr` view, `staged` uses the view too (falling back to puts,
-    /// with a warning, where NVSHMEM maps no address), `nvshmem-put` uses puts. A `'static`
+    /// through the peer's `nvshmem_ptr` view, `staged` uses the view too (falling back to puts at
+    /// both ends of the pair, with a warning, where NVSHMEM maps no address at either end),
+    /// `nvshmem-put` uses puts. A `'static`
     /// reference ([`crate::route::RoutedPaths::leak`], made once per plan) keeps the policy `Copy`.
     Planned(&'static crate::route::RoutedPaths),
-    /// Direct loads/stores wherever `nvshmem_ptr` maps the peer, puts elsewhere (no router).
+    /// Direct loads/stores wherever `nvshmem_ptr` maps the pair both ways, puts elsewhere (no
+    /// router).
     Auto,
     /// NVSHMEM put + signal for every pulse, even between NVLink peers (exercises the network path).
     ForcePut,
@@ -135,6 +137,9 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     policy: PathPolicy,
     /// The put path's signalling (kept for [`Self::replan`]).
     mode: SignalMode,
+    /// `mapped[pe]`: this PE reaches `pe` by loads and stores, as both ends of the pair agreed when
+    /// the exchange was built ([`super::peer_map`]; the buffers and the policy stay across replans).
+    mapped: Vec<bool>,
     routes: Option<crate::route::RoutedSummary>,
     /// The host-driven transports' step state (staged, direct-copy).
     host: HostDriven,
@@ -223,6 +228,11 @@ impl<T: Element> PeExchange<T> {
         // Collective, as the allocations: the host-driven transports' events and mailbox.
         let links = PeLinks::setup(&nvshmem, &rank, &halos)?;
         let host = HostDriven::new(&halos);
+        // Collective: both ends of every pair agree whether it is mapped, so that no pulse is
+        // stored as words at one end and awaited as a put's signal at the other.
+        let local = rank.local_view();
+        let own: Vec<bool> = (0..halos.len()).map(|peer| own_view(&policy, &nvshmem, &local, peer).is_some()).collect();
+        let mapped = super::peer_map::agree(&nvshmem, &own)?;
         let mut this = Self {
             rank,
             nvshmem,
@@ -234,6 +244,7 @@ impl<T: Element> PeExchange<T> {
             failed: None,
             policy,
             mode,
+            mapped,
             routes: None,
             host,
             links,
@@ -250,27 +261,9 @@ impl<T: Element> PeExchange<T> {
     fn install(&mut self) -> Result<()> {
         let (me, policy, nvshmem) = (self.nvshmem.my_pe(), self.policy, self.nvshmem.clone());
         let local = self.rank.local_view();
-        let view = |peer: usize| -> Option<PeerView> {
-            match &policy {
-                PathPolicy::ForcePut => return None,
-                PathPolicy::Planned(paths) => {
-                    // A plan made for another PE would pair the wrong peers: a caller bug.
-                    debug_assert_eq!(paths.self_pe, me, "routed paths planned for another PE");
-                    if !paths.direct(peer) {
-                        return None;
-                    }
-                }
-                PathPolicy::Auto | PathPolicy::Routed => {}
-            }
-            let mapped = local.translated(|addr| nvshmem.peer_ptr(addr, peer));
-            if let (None, PathPolicy::Planned(paths)) = (&mapped, &policy) {
-                tracing::warn!(
-                    "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
-                    paths.transport(peer).map_or("-", |t| t.name())
-                );
-            }
-            mapped
-        };
+        // Only the pairs both ends map ([`super::peer_map`]); puts for the others.
+        let mapped = &self.mapped;
+        let view = |peer: usize| -> Option<PeerView> { if mapped.get(peer).copied().unwrap_or(false) { own_view(&policy, &nvshmem, &local, peer) } else { None } };
         self.rank.install_deferred(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
         if let PathPolicy::Planned(paths) = policy {
             // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
@@ -279,7 +272,10 @@ impl<T: Element> PeExchange<T> {
             // receiver's plan names nvlink-tma for that sender (and both are mapped).
             let mapped: Vec<bool> = self.rank.coord_paths().iter().map(|p| *p != kernels_gpu::abi::CoordPath::Put).collect();
             let bulk: Vec<bool> = paths.bulk_pulses(&self.halos[me]).iter().zip(&mapped).map(|(b, m)| *b && *m).collect();
-            self.rank.set_bulk_pulses_deferred(&bulk, &paths.bulk_receives(&self.halos[me]))?;
+            // A receiver expects a bulk copy only from a pair that stayed mapped (agreed at both ends).
+            let recv_bulk: Vec<bool> =
+                paths.bulk_receives(&self.halos[me]).iter().zip(&self.halos[me].pulses).map(|(b, spec)| *b && self.mapped[spec.recv_rank]).collect();
+            self.rank.set_bulk_pulses_deferred(&bulk, &recv_bulk)?;
             self.routes = Some(paths.summary()?);
         }
         self.rank.upload_metadata(&self.stream)?;
@@ -540,6 +536,32 @@ impl<T: Element> Drop for PeExchange<T> {
             crate::nvshmem::abandon_collectives(&format!("rank {}'s exchange was dropped after a failure: {why}", self.rank.rank()));
         }
     }
+}
+
+/// How this PE (`nvshmem.my_pe()`, buffers `local`) would reach `peer` by itself under `policy`:
+/// its buffers through `nvshmem_ptr` where the policy allows loads and stores, `None` for puts.
+/// The two ends of a pair may see it differently; [`super::peer_map`] makes them agree.
+fn own_view(policy: &PathPolicy, nvshmem: &Nvshmem, local: &PeerView, peer: usize) -> Option<PeerView> {
+    let me = nvshmem.my_pe();
+    match policy {
+        PathPolicy::ForcePut => return None,
+        PathPolicy::Planned(paths) => {
+            // A plan made for another PE would pair the wrong peers: a caller bug.
+            debug_assert_eq!(paths.self_pe, me, "routed paths planned for another PE");
+            if !paths.direct(peer) {
+                return None;
+            }
+        }
+        PathPolicy::Auto | PathPolicy::Routed => {}
+    }
+    let mapped = local.translated(|addr| nvshmem.peer_ptr(addr, peer));
+    if let (None, PathPolicy::Planned(paths)) = (&mapped, policy) {
+        tracing::warn!(
+            "route: PE {me} -> PE {peer}: the router chose {} but NVSHMEM maps no address for the peer; using puts",
+            paths.transport(peer).map_or("-", |t| t.name())
+        );
+    }
+    mapped
 }
 
 /// Whether a replan fenced as `fence` runs the host barrier across PEs: always for

@@ -53,6 +53,31 @@ impl PeerView {
     }
 }
 
+/// Which of one rank's pulse's transfers are low-latency words, from whether the rank maps the
+/// pulse's `send_rank` and its `recv_rank` (the rule of [`RankExchange::install`]; the others go by
+/// NVSHMEM puts and signals). Coordinates go to `send_rank` and forces come back from it; forces
+/// go to `recv_rank` and coordinates come from it. An end decides from its own view only, so the
+/// two ends of a pulse agree only where each maps the other ([`super::peer_map`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WordPaths {
+    /// Coordinates stored into `send_rank`'s receive slot as words.
+    pub sends_x_words: bool,
+    /// Coordinates from `recv_rank` polled as words (unless it copies them in bulk).
+    pub receives_x_words: bool,
+    /// Forces pushed into `recv_rank`'s receive slot as words.
+    pub sends_f_words: bool,
+    /// Forces from `send_rank` polled as words.
+    pub receives_f_words: bool,
+}
+
+impl WordPaths {
+    /// The paths of a pulse whose `send_rank` this rank maps or not (`maps_send_rank`), and whose
+    /// `recv_rank` likewise.
+    pub fn of(maps_send_rank: bool, maps_recv_rank: bool) -> Self {
+        Self { sends_x_words: maps_send_rank, receives_x_words: maps_recv_rank, sends_f_words: maps_recv_rank, receives_f_words: maps_send_rank }
+    }
+}
+
 /// `flags` with [`pulse_flags::RECV_X_LL`] set exactly when the pulse's coordinates arrive as
 /// low-latency words: `recv_pe` is mapped (`remote_recv_slots`, where this rank pushes its forces;
 /// both ends of a pair decide alike) and does not copy the pulse in bulk (`recv_bulk`).
@@ -489,6 +514,10 @@ impl<T: Element> RankExchange<T> {
         for (p, spec) in self.halo.pulses.iter().enumerate() {
             let to = peer(spec.send_rank);
             let from = peer(spec.recv_rank);
+            // The kernels take words where the peer's address is there: `remote_x_slots` (`to`)
+            // for coordinates, `remote_recv_slots` (`from`) for forces and, through
+            // `with_receive_words`, for the coordinates polled.
+            let words = WordPaths::of(to.is_some(), from.is_some());
             let meta = PulseMeta {
                 index_map: self.maps.device_ptr_at(self.map_offsets[p]),
                 x_stage: pair(self.x_stage.device_ptr(), p),
@@ -511,9 +540,9 @@ impl<T: Element> RankExchange<T> {
                 slot_bytes: slot_bytes as u32,
                 // Forces arrive as words where `send_pe` is mapped (it pushes them; both ends decide
                 // alike); coordinates below.
-                flags: flags[p] | if to.is_some() { pulse_flags::RECV_F_LL } else { 0 },
+                flags: flags[p] | if words.receives_f_words { pulse_flags::RECV_F_LL } else { 0 },
                 signal_mode: signal_mode as u32,
-                path: if to.is_some() { CoordPath::Store } else { CoordPath::Put } as u32,
+                path: if words.sends_x_words { CoordPath::Store } else { CoordPath::Put } as u32,
                 recv_slot_bytes: recv_slot_bytes as u32,
                 reserved: 0,
                 x_recv_slots: recv_pair(self.x_recv_buf.device_ptr(), p),
