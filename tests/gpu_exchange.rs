@@ -413,6 +413,25 @@ fn empty_reverse_pulse() {
     }
 }
 
+/// The fused kernels launched after the kernel before them instead of overlapping it (what the
+/// residency cap chooses where two grids per rank do not fit on the GPU, `residency::fit`), at one
+/// block per pulse: every step still checks against the CPU reference.
+#[test]
+fn fused_kernels_without_overlap_exchange_alike() {
+    let test = "fused_kernels_without_overlap_exchange_alike";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(shape([2, 2, 2], 1, 800), 41);
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
+    for r in ranks.ranks_mut() {
+        assert!(r.overlapped_launches(), "one GPU holds two grids of eight small ranks");
+        r.fit_grids(halo::exchange::residency::ResidentGrids { per_pulse: 1, overlapped: false });
+        assert!(!r.overlapped_launches());
+    }
+    for step in 0..50 {
+        exchange_and_check(test, &mut ranks, &halos, Transport::Fused, step, 7000 + step);
+    }
+}
+
 /// One direction at a time for many steps, the home values changing every step on the GPU (no
 /// host work in between): rings of three and 2x2x2, where credits bound the fast senders, and two
 /// ranks, where the step's own signals do. Checked at the end against the CPU reference.
