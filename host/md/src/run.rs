@@ -122,7 +122,7 @@ pub enum Redecompose {
 }
 
 /// Home atoms per rank from which [`Redecompose::Auto`] runs the passes on the GPUs. Two PEs
-/// sharing one H200 (docs/benchmarks.md, runs 76–77 and 80): with 22,500 home atoms a rank the
+/// sharing one H200 (docs/nbnxm.md, "The redecomposition on the GPUs"): with 22,500 home atoms a rank the
 /// GPUs' passes saved 0.1–0.3 ms of a search and with 12,000 up to 0.1, with 6,000 they were even
 /// with the host's (0.68–0.71 against 0.62–0.71 ms) and with 3,000 cost 0.05–0.15 ms more (two
 /// waits for the GPU against the host's passes over few atoms): the crossover lies between 6,000

@@ -45,7 +45,7 @@ enum Command {
     Route(route::RouteArgs),
     /// Measure every transport per distance level and message size; write the router's calibration file.
     Calibrate(calibrate::CalibrateArgs),
-    /// Every halo transport side by side with the hardware floor (issue 6).
+    /// Every halo transport side by side with the hardware floor.
     Bench(bench::BenchArgs),
     /// The pack and unpack-accumulate kernels alone at 1M atoms, beside device copy bandwidth.
     BenchKernels(bench::BenchKernelsArgs),
@@ -58,6 +58,12 @@ enum Command {
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
+}
+
+/// The whole command line interface as a clap [`clap::Command`] (every subcommand with its help),
+/// for tools and tests that read the help text without running `halo`.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// `--transport` values: the exchange's transport names, listed in `--help` and in the error for
