@@ -6,6 +6,7 @@
 
 use crate::bench::runner::{self, BenchConfig};
 use crate::bench::{HaloSource, Method, report::BenchReport};
+use super::verify::{StepArgs, VerifyArgs};
 use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
@@ -54,7 +55,9 @@ impl DemoArgs {
     /// The demo's runs: two ranks (2x1x1) over the GPUs present, in this process.
     pub fn plan(&self) -> DemoPlan {
         let grid = RankGrid { dims: [2, 1, 1] };
-        let md = MdConfig { steps: self.md_steps, check_every: 1, nstlist: 5, nstprune: 5, ..MdConfig::new(self.md_atoms, grid) };
+        // `halo verify`'s defaults, with fewer steps and a search every 5 (so one runs within them).
+        let v = VerifyArgs { step: StepArgs { nstlist: 5, nstprune: 5, ..StepArgs::default() }, steps: self.md_steps, ..VerifyArgs::new(self.md_atoms, grid) };
+        let md = v.step.apply(MdConfig { steps: v.steps, seed: v.seed, transport: v.transport, check_every: v.check_every, ..MdConfig::new(v.atoms, v.ranks) });
         let bench = BenchConfig {
             atoms: vec![self.atoms],
             grid: grid.dims,
@@ -249,6 +252,7 @@ mod tests {
         assert!(p.md.steps <= 20 && p.md.atoms <= 10_000, "{:?}", p.md);
         assert_eq!(p.md.check_every, 1);
         assert_eq!(p.md.grid.dims, [2, 1, 1]);
+        assert_eq!((p.md.nstlist, p.md.nstprune, p.md.transport), (5, 5, halo::exchange::Transport::Fused));
         assert_eq!(p.bench.atoms, vec![45_000]);
         assert_eq!(p.bench.methods, DEMO_METHODS.to_vec());
         assert_eq!(p.bench.methods[0], Method::Fused);
