@@ -113,7 +113,7 @@ impl BenchArgs {
 
 /// NCCL reads its settings when it initialises: NVLink multicast (NVLS) stays off on these
 /// shared machines unless the user chose otherwise.
-fn nccl_defaults() {
+pub(super) fn nccl_defaults() {
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         // SAFETY: called first thing in the subcommand, before this process starts any thread
         // (no CUDA, NVSHMEM or NCCL yet), so nothing reads the environment concurrently.
