@@ -717,6 +717,91 @@ mod tests {
         assert_eq!((r.coords_per_floor, r.step_per_floor), (None, None));
     }
 
+    /// An exchange with no rank that logs its calls where the test can read them after the
+    /// runner owns it.
+    struct Logged(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+    impl Logged {
+        fn log(&self, call: &'static str) {
+            self.0.lock().unwrap().push(call);
+        }
+    }
+
+    impl crate::exchange::Exchange for Logged {
+        fn local_ranks(&self) -> &[crate::exchange::RankExchange] {
+            &[]
+        }
+        fn local_ranks_mut(&mut self) -> &mut [crate::exchange::RankExchange] {
+            &mut []
+        }
+        fn streams(&self) -> &[Arc<crate::gpu::CudaStream>] {
+            &[]
+        }
+        fn check_transport(&self, _: crate::exchange::Transport) -> Result<()> {
+            Ok(())
+        }
+        fn exchange_forward(&mut self, _: crate::exchange::Transport) -> Result<()> {
+            self.log("x");
+            Ok(())
+        }
+        fn exchange_reverse_accumulate(&mut self, _: crate::exchange::Transport) -> Result<()> {
+            self.log("f");
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<()> {
+            self.log("wait");
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+        fn host_syncs(&self) -> u64 {
+            0
+        }
+        fn reset_protocol(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn replan(&mut self, _: Vec<RankHalo>) -> Result<bool> {
+            Ok(true)
+        }
+        fn routes(&self) -> Vec<halo::route::RoutedSummary> {
+            Vec::new()
+        }
+    }
+
+    /// A variant's checked steps come before and after its timed loops, never inside them: the
+    /// first calls are a full step and its wait, and so are the last; between them the loops.
+    #[test]
+    fn every_variant_is_checked_before_and_after_its_timed_loops() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut b = Stepper::new(Box::new(Logged(log.clone())), None);
+        let cfg = BenchConfig {
+            atoms: vec![6000],
+            grid: [2, 1, 1],
+            methods: vec![Method::Fused],
+            graph: false,
+            repeats: 1,
+            warmup: 0,
+            steps: 2,
+            halos: HaloSource::Synthetic,
+            cutoff: 1.0,
+            seed: 1,
+            gpus: 0,
+            wait_timeout: Duration::from_secs(1),
+            progress: false,
+            command: String::new(),
+            nvshmem_lib: None,
+            paths: PathPolicy::Routed,
+        };
+        let halos = build_halos(HaloSource::Synthetic, 600, [2, 1, 1], 1.0, 1).unwrap();
+        let out = bench_variant(&mut b, Variant { method: Method::Fused, graph: false }, &[], &halos, &cfg, &Group::Local, &indicatif::ProgressBar::hidden()).unwrap();
+        let (samples, _) = out.expect("no rank, nothing to differ");
+        assert_eq!(samples.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        let calls = log.lock().unwrap().join(" ");
+        // checked step | the timed data written | X loop | F loop | X+F loop | coordinates read | checked step
+        assert_eq!(calls, "wait x f wait | wait | x x wait | f f wait | x f x f wait | wait | wait x f wait".replace("| ", ""), "{calls}");
+    }
+
     #[test]
     fn a_failed_check_names_when_it_failed() {
         assert_eq!(agreed(&Group::Local, Err("rank 1: coordinate of atom 3".into()), "before").unwrap(), Err("before: rank 1: coordinate of atom 3".into()));
