@@ -181,7 +181,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let t = Instant::now();
     let machine = MachineInfo::collect(None);
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
-    let n = gpu::device_count().max(1);
+    // The two ranks need at most two GPUs.
+    let n = gpu::device_count().clamp(1, 2);
     let modules = (0..n).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     for line in machine_lines(&machine) {
         say(line);
