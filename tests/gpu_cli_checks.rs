@@ -100,5 +100,5 @@ fn the_demo_checks_times_and_points_to_the_full_benchmark() {
         assert!(out.lines().any(|l| l.starts_with(baseline)), "{test}: no {baseline}row\n{all}");
     }
     assert!(out.contains("halo bench --json") && out.contains("halo md-bench"), "{test}\n{all}");
-    assert!(out.lines().any(|l| l.starts_with("demo: ") && l.contains(" s (machine ")), "{test}\n{all}");
+    assert!(out.lines().any(|l| l.starts_with("demo: ") && l.contains(" s (machine and kernels ")), "{test}\n{all}");
 }

@@ -224,7 +224,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!("full benchmark with the hardware floor, JSON, CSV and plot: halo bench --json bench.json --csv bench.csv --plot bench.png");
     println!("the whole MD step per transport: halo md-bench; one rank per GPU: halo launch -n 2 -- bench");
     println!(
-        "demo: {:.1} s (machine {:.1} s, checked MD steps {:.1} s, timings {:.1} s)",
+        "demo: {:.1} s (machine and kernels {:.1} s, checked MD steps {:.1} s, timings {:.1} s)",
         start.elapsed().as_secs_f64(),
         t_machine.as_secs_f64(),
         t_md.as_secs_f64(),
