@@ -10,6 +10,11 @@
 //! each test says `SKIPPED`; `HALO_REQUIRE_GPU=1` turns that into a failure.
 
 use halo::testing::{Captured, gpus_or_skip, run_captured};
+
+/// The measuring commands' checks in one process: their own file, this binary (one fewer test
+/// binary in the GPU bundle). Run them alone with the filter `cli_checks::`.
+#[path = "gpu_cli_checks.rs"]
+mod cli_checks;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -125,7 +130,7 @@ fn the_bench_pe_runner_checks_every_variant_after_timing_it() {
             continue;
         }
         assert!(row["skipped"].is_null(), "{test}: {want} skipped: {row}");
-        assert!(row["check"].as_str().is_some_and(|c| c.starts_with("ok")), "{test}: {want} check: {row}");
+        assert!(row["check"].as_str().is_some_and(|c| c.starts_with("ok")) && row["checked"] == true, "{test}: {want} check: {row}");
         assert!(row["step_us"]["median"].as_f64().is_some_and(|t| t > 0.0), "{test}: {want}: {row}");
     }
     assert!(report["machine"]["topology"].is_string() && report["machine"]["nccl"].is_string(), "{test}: machine info missing");

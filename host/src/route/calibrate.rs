@@ -40,6 +40,30 @@ pub struct Sample {
     pub one_way_us: f64,
     /// Repetitions measured (after warm-up).
     pub samples: u64,
+    /// The timed step's results matched a reference (the measurer's check passed). A sample that
+    /// is not checked never enters the file.
+    pub checked: bool,
+}
+
+/// Why a point has no number.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NotMeasured {
+    /// Not possible here, with the reason (a transport that cannot run, an allocation that failed).
+    Skipped(String),
+    /// The step that was timed did not give the reference's results: its time is not a result.
+    CheckFailed(String),
+}
+
+impl From<String> for NotMeasured {
+    fn from(reason: String) -> Self {
+        Self::Skipped(reason)
+    }
+}
+
+impl From<&str> for NotMeasured {
+    fn from(reason: &str) -> Self {
+        Self::Skipped(reason.into())
+    }
 }
 
 /// Measures transports on real (or, in tests, fake) hardware.
@@ -48,8 +72,8 @@ pub trait Measurer {
     fn gpu_names(&self) -> Vec<String>;
     /// What this measurer will measure and what it skips.
     fn plan(&self) -> Vec<Planned>;
-    /// Measures one message size; `Err` skips that point with a reason.
-    fn measure(&mut self, transport: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, String>;
+    /// Measures one message size (checked against a reference); `Err` says why there is no number.
+    fn measure(&mut self, transport: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, NotMeasured>;
 }
 
 /// A calibration run's outcome: the file plus everything that was not measured.
@@ -60,6 +84,9 @@ pub struct CalibrationReport {
     /// `(transport, level, bytes, reason)` of every point not measured (level/bytes `None` when
     /// the whole transport was skipped).
     pub skipped: Vec<(Transport, Option<DistanceLevel>, Option<u64>, String)>,
+    /// `(transport, level, bytes, what failed)` of every point whose check failed (or that was
+    /// not checked): measured, but no result. A calibration with any is not to be used.
+    pub failed: Vec<(Transport, DistanceLevel, u64, String)>,
 }
 
 /// Runs every planned measurement at every size and builds the file.
@@ -74,6 +101,7 @@ pub fn calibrate(m: &mut dyn Measurer, sizes: &[u64], host: &str, created: &str)
     sizes.dedup();
     let mut entries = Vec::new();
     let mut skipped = Vec::new();
+    let mut failed = Vec::new();
     for planned in m.plan() {
         let (transport, level) = match planned {
             Planned::Measure { transport, level } => (transport, level),
@@ -88,6 +116,7 @@ pub fn calibrate(m: &mut dyn Measurer, sizes: &[u64], host: &str, created: &str)
         }
         for &bytes in &sizes {
             match m.measure(transport, level, bytes) {
+                Ok(s) if !s.checked => failed.push((transport, level, bytes, "the timed step was not checked against a reference".into())),
                 Ok(s) if s.one_way_us.is_finite() && s.one_way_us > 0.0 => entries.push(CalibrationEntry {
                     transport,
                     level,
@@ -99,13 +128,15 @@ pub fn calibrate(m: &mut dyn Measurer, sizes: &[u64], host: &str, created: &str)
                     source: source.clone(),
                 }),
                 Ok(s) => skipped.push((transport, Some(level), Some(bytes), format!("unusable time {} µs", s.one_way_us))),
-                Err(reason) => skipped.push((transport, Some(level), Some(bytes), reason)),
+                Err(NotMeasured::Skipped(reason)) => skipped.push((transport, Some(level), Some(bytes), reason)),
+                Err(NotMeasured::CheckFailed(why)) => failed.push((transport, level, bytes, why)),
             }
         }
     }
     CalibrationReport {
         file: CalibrationFile { format: CALIBRATION_FORMAT.into(), host: host.into(), gpus, created: created.into(), entries },
         skipped,
+        failed,
     }
 }
 
@@ -167,6 +198,9 @@ mod tests {
     struct FakeMeasurer {
         model: Vec<(Transport, f64, f64)>,
         calls: usize,
+        /// (transport, bytes) whose check fails, and whose sample comes back unchecked.
+        wrong: Option<(Transport, u64)>,
+        unchecked: Option<(Transport, u64)>,
     }
 
     impl Measurer for FakeMeasurer {
@@ -178,13 +212,16 @@ mod tests {
             p.push(Planned::Skip { transport: Transport::Nccl, reason: "NCCL is not installed here".into() });
             p
         }
-        fn measure(&mut self, t: Transport, _l: DistanceLevel, bytes: u64) -> Result<Sample, String> {
+        fn measure(&mut self, t: Transport, _l: DistanceLevel, bytes: u64) -> Result<Sample, NotMeasured> {
             self.calls += 1;
+            if self.wrong == Some((t, bytes)) {
+                return Err(NotMeasured::CheckFailed("rank 1: coordinate of atom 3 differs".into()));
+            }
             if t == Transport::Staged && bytes > 100_000 {
                 return Err("out of memory".into());
             }
             let &(_, lat, bw) = self.model.iter().find(|m| m.0 == t).ok_or("not modelled")?;
-            Ok(Sample { one_way_us: lat + bytes as f64 / (bw * 1000.0), samples: 20 })
+            Ok(Sample { one_way_us: lat + bytes as f64 / (bw * 1000.0), samples: 20, checked: self.unchecked != Some((t, bytes)) })
         }
     }
 
@@ -197,7 +234,26 @@ mod tests {
                 (Transport::Staged, 20.0, 300.0),
             ],
             calls: 0,
+            wrong: None,
+            unchecked: None,
         }
+    }
+
+    /// A point whose check failed, and a sample that was not checked, give no entry: they are
+    /// failures, apart from the skips.
+    #[test]
+    fn failed_or_unchecked_points_never_enter_the_file() {
+        let mut m = FakeMeasurer { wrong: Some((Transport::NvlinkTma, 1024)), unchecked: Some((Transport::NvlinkStore, 64)), ..fake() };
+        let report = calibrate(&mut m, &[64, 1024], "gpu001", "2026-05-01T12:00:00Z");
+        let has = |t: Transport, b: u64| report.file.entries.iter().any(|e| e.transport == t && e.bytes == b);
+        assert!(!has(Transport::NvlinkTma, 1024) && !has(Transport::NvlinkStore, 64));
+        assert!(has(Transport::NvlinkTma, 64) && has(Transport::NvlinkStore, 1024));
+        assert_eq!(report.file.entries.len(), 4 * 2 - 2);
+        assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
+        assert!(report.failed.iter().any(|f| f.0 == Transport::NvlinkTma && f.2 == 1024 && f.3.contains("atom 3")));
+        assert!(report.failed.iter().any(|f| f.0 == Transport::NvlinkStore && f.2 == 64 && f.3.contains("not checked")));
+        assert!(report.skipped.iter().all(|s| s.2 != Some(1024) || s.0 != Transport::NvlinkTma));
+        assert!(calibrate(&mut fake(), &[64], "h", "2026-05-01T12:00:00Z").failed.is_empty());
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub struct LatencyRow {
 
 /// Whether a row ran and passed its check.
 fn usable(r: &VariantResult) -> bool {
-    r.skipped.is_none() && !r.check_failed() && r.step_us.is_some()
+    r.is_result() && r.step_us.is_some()
 }
 
 /// The summary of `reports` (see [`LatencySummary`]).

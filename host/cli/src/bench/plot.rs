@@ -14,10 +14,11 @@ fn register_font() -> Result<()> {
         .map_err(|_| HaloError::InvalidInput("the embedded plot font could not be read".into()))
 }
 
-/// (variant, [(atoms, µs)]) for one quantity, variants in report order.
+/// (variant, [(atoms, µs)]) for one quantity, variants in report order; checked rows only (a
+/// row that is not checked has no times to plot, whatever it holds).
 fn series(report: &BenchReport, pick: impl Fn(&super::report::VariantResult) -> Option<f64>) -> Vec<(String, Vec<(f64, f64)>)> {
     let mut out: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in &report.results {
+    for r in report.results.iter().filter(|r| r.is_result()) {
         let Some(v) = pick(r).filter(|v| v.is_finite() && *v > 0.0) else { continue };
         match out.iter_mut().find(|(name, _)| *name == r.variant) {
             Some((_, pts)) => pts.push((r.atoms as f64, v)),
@@ -110,8 +111,13 @@ pub fn write_png(report: &BenchReport, path: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The step-time series the plot draws.
+    pub(crate) fn series_of(r: &BenchReport) -> Vec<(String, Vec<(f64, f64)>)> {
+        series(r, |v| v.step_us.map(|s| s.median))
+    }
 
     #[test]
     fn writes_a_png() {

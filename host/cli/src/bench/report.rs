@@ -22,31 +22,48 @@ pub struct VariantResult {
     /// Coordinates the busiest rank sends per step.
     pub halo_atoms: usize,
     /// Coordinate halo per step (µs, GPU timeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coords_us: Option<Summary>,
     /// Force halo per step (µs, GPU timeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forces_us: Option<Summary>,
     /// Full exchange per step, both halos (µs, GPU timeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_us: Option<Summary>,
     /// Host CPU time per step of the launching thread (µs, median).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cpu_us: Option<f64>,
     /// Host synchronisations per step and rank (each wait of the host for a rank's stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_syncs_per_step: Option<f64>,
     /// ns/day at 2 fs of a step made of this exchange alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_per_day_exchange_only: Option<f64>,
     /// Floor of the coordinate halo (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_coords_us: Option<f64>,
     /// Floor of the force halo (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_forces_us: Option<f64>,
     /// Floor of the full exchange (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_step_us: Option<f64>,
     /// Whether the floor held for every repeat (`bound`) or a repeat beat it (`model`: the
     /// floor's model was wrong for this variant, and no ratio is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor: Option<FloorCheck>,
     /// Coordinate halo (median) / its floor, when the floor is a bound (never below 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coords_per_floor: Option<f64>,
     /// Full exchange (median) / its floor, when the floor is a bound (never below 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_per_floor: Option<f64>,
-    /// The checked step after the timed loops: `ok: ...` or `FAILED: ...`; `None` when skipped.
+    /// Whether every check of the row passed (a step before the timed loops, the coordinates the
+    /// timed steps left, a step after them, each against the CPU reference). Only then does the
+    /// row carry times; a row that is not checked is a failure or a skip, never a result.
+    #[serde(default)]
+    pub checked: bool,
+    /// The checks' outcome: `ok: ...`, or what failed and when; `None` when skipped.
     pub check: Option<String>,
     /// Why the variant did not run here, when it did not.
     pub skipped: Option<String>,
@@ -74,20 +91,78 @@ impl VariantResult {
             floor: None,
             coords_per_floor: None,
             step_per_floor: None,
+            checked: false,
             check: None,
             skipped: Some(reason),
         }
     }
 
-    /// Whether the row's checked step failed.
-    pub fn check_failed(&self) -> bool {
-        self.check.as_deref().is_some_and(|c| !c.starts_with("ok"))
+    /// A row whose check failed (`why`: what and when): its sizes and the reason, no times.
+    pub fn failed(atoms: usize, variant: super::Variant, sizes: &super::HaloSizes, why: String) -> Self {
+        Self { pulses: sizes.pulses, halo_atoms: sizes.atoms_x, check: Some(format!("FAILED: {why}")), skipped: None, ..Self::skipped(atoms, variant, String::new()) }
     }
+
+    /// Whether the row ran but is not a checked result (a check failed, or none passed): such a
+    /// row's times are never written, and it fails the command.
+    pub fn check_failed(&self) -> bool {
+        self.skipped.is_none() && !self.is_result()
+    }
+
+    /// Whether the row is a result: it ran, and every check passed.
+    pub fn is_result(&self) -> bool {
+        self.skipped.is_none() && self.checked && self.check.as_deref().is_some_and(|c| c.starts_with("ok"))
+    }
+
+    /// The row as it may be published: a row that is not checked loses every time and floor
+    /// figure, whatever it held.
+    pub fn published(&self) -> Self {
+        if !self.check_failed() {
+            return self.clone();
+        }
+        Self {
+            coords_us: None,
+            forces_us: None,
+            step_us: None,
+            host_cpu_us: None,
+            host_syncs_per_step: None,
+            ns_per_day_exchange_only: None,
+            floor_coords_us: None,
+            floor_forces_us: None,
+            floor_step_us: None,
+            floor: None,
+            coords_per_floor: None,
+            step_per_floor: None,
+            checked: false,
+            check: Some(self.check.clone().filter(|c| !c.starts_with("ok")).unwrap_or_else(|| "FAILED: not checked".into())),
+            ..self.clone()
+        }
+    }
+}
+
+/// The version of the `halo bench --json` document: 2 since rows carry `checked` and a row that is
+/// not checked carries no times (documents without the field are version 1).
+pub const SCHEMA_VERSION: u32 = 2;
+
+fn schema_v1() -> u32 {
+    1
+}
+
+/// Every row that ran but is not a checked result, as `variant at N atoms: why`: the command
+/// fails when there is any.
+pub fn failures(r: &BenchReport) -> Vec<String> {
+    r.results
+        .iter()
+        .filter(|v| v.check_failed())
+        .map(|v| format!("{} at {} atoms: {}", v.variant, v.atoms, v.check.as_deref().unwrap_or("FAILED: not checked")))
+        .collect()
 }
 
 /// A whole `halo bench` run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
+    /// The document's version ([`SCHEMA_VERSION`] when written by this program).
+    #[serde(default = "schema_v1")]
+    pub schema_version: u32,
     /// `one process` or `N processes (NVSHMEM)`.
     pub mode: String,
     /// Rank grid, e.g. `2x1x1`.
@@ -173,7 +248,7 @@ pub fn table(r: &BenchReport) -> String {
         }
     }
     let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
-    let _ = writeln!(s, "syncs/step: host waits for a rank's stream per step and rank; check: one full step after the timed loops vs the CPU reference.");
+    let _ = writeln!(s, "syncs/step: host waits for a rank's stream per step and rank; check: a step before and after the timed loops and the timed steps' coordinates vs the CPU reference.");
     let header = [
         "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "coords/floor", "step/floor", "ns/day*", "host CPU us",
         "syncs/step", "check",
@@ -184,15 +259,16 @@ pub fn table(r: &BenchReport) -> String {
             rows.push(vec![v.atoms.to_string(), v.variant.clone(), format!("skipped: {why}")]);
             continue;
         }
+        if v.check_failed() {
+            // No times for a row that is not checked: they are not results.
+            rows.push(vec![v.atoms.to_string(), v.variant.clone(), "FAILED (no times: see below)".into()]);
+            continue;
+        }
         let floor = match v.floor {
             Some(FloorCheck::Model) => format!("{} model!", opt_num(v.floor_step_us, 1)),
             _ => opt_num(v.floor_step_us, 1),
         };
-        let check = match v.check.as_deref() {
-            Some(c) if c.starts_with("ok") => "ok".to_string(),
-            Some(_) => "FAILED".to_string(),
-            None => "-".to_string(),
-        };
+        let check = "ok".to_string();
         rows.push(vec![
             v.atoms.to_string(),
             v.variant.clone(),
@@ -215,7 +291,7 @@ pub fn table(r: &BenchReport) -> String {
         let line: Vec<String> = if row.len() == cols {
             row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) }).collect()
         } else {
-            // Skipped rows: atoms and variant aligned, then the reason.
+            // Skipped and failed rows: atoms and variant aligned, then the reason.
             row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
         };
         let _ = writeln!(s, "{}", line.join("  ").trim_end());
@@ -223,19 +299,25 @@ pub fn table(r: &BenchReport) -> String {
     if r.results.iter().any(|v| v.floor == Some(FloorCheck::Model)) {
         let _ = writeln!(s, "model!: a repeat of this variant was faster than its floor, so that floor is a model, not a bound (no ratio shown).");
     }
-    for v in r.results.iter().filter(|v| v.check_failed()) {
-        let _ = writeln!(s, "CHECK FAILED: {} at {} atoms: {}", v.variant, v.atoms, v.check.as_deref().unwrap_or_default());
+    for f in failures(r) {
+        let _ = writeln!(s, "CHECK FAILED: {f}");
     }
     s
 }
 
-/// The report as pretty JSON.
-pub fn json(r: &BenchReport) -> serde_json::Result<String> {
-    serde_json::to_string_pretty(r)
+/// The report as it may be published: every row [`VariantResult::published`], this version.
+pub fn published(r: &BenchReport) -> BenchReport {
+    BenchReport { schema_version: SCHEMA_VERSION, results: r.results.iter().map(VariantResult::published).collect(), ..r.clone() }
 }
 
-/// The results as CSV, one row per variant and size (floor values repeated on every row so each
-/// row stands alone). Times in µs.
+/// The report as pretty JSON ([`published`]: a row that is not checked has `"checked": false`,
+/// the reason in `check`, and no time fields).
+pub fn json(r: &BenchReport) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(&published(r))
+}
+
+/// The results as CSV, one row per checked (or skipped) variant and size (floor values repeated on
+/// every row so each row stands alone); rows that are not checked are left out. Times in µs.
 pub fn csv(r: &BenchReport) -> String {
     let mut s = String::from(
         "atoms,variant,pulses,halo_atoms,coords_us_median,coords_us_min,coords_us_max,forces_us_median,forces_us_min,forces_us_max,\
@@ -249,7 +331,7 @@ pub fn csv(r: &BenchReport) -> String {
         None => ",,".into(),
     };
     let f = &r.floor;
-    for v in &r.results {
+    for v in r.results.iter().filter(|v| !v.check_failed()) {
         // Quoted, and without commas, so every line splits into the same columns.
         let skipped = v.skipped.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
         let check = v.check.as_deref().unwrap_or("").replace(['"', '\n'], " ").replace(',', ";");
@@ -334,6 +416,7 @@ pub(crate) mod tests {
                     floor: Some(FloorCheck::Bound),
                     coords_per_floor: Some(step / 2.0 / 3.0),
                     step_per_floor: Some(step / 6.0),
+                    checked: true,
                     check: Some("ok: coordinates bit-exact, forces max rel err 1.2e-7".into()),
                     skipped: None,
                 });
@@ -342,6 +425,7 @@ pub(crate) mod tests {
         let skipped = crate::bench::Variant { method: crate::bench::Method::PerPulse, graph: false };
         results.push(VariantResult::skipped(6000, skipped, "needs NVSHMEM".into()));
         BenchReport {
+            schema_version: SCHEMA_VERSION,
             mode: "one process".into(),
             ranks: "2x1x1".into(),
             gpus: vec!["H200".into(), "H200".into()],
@@ -426,6 +510,61 @@ pub(crate) mod tests {
                 assert!(c == 0.0, "a ratio below 1 in {line}");
             }
         }
+    }
+
+    /// A row that ran but failed its check (as the runner filled it before: times beside a
+    /// FAILED check) publishes no time anywhere: not in the JSON, the CSV, the plot's series or
+    /// the table, and it is listed as a failure.
+    #[test]
+    fn a_failed_row_writes_no_times() {
+        let mut r = sample_report();
+        r.results[1].checked = false;
+        r.results[1].check = Some("FAILED: checked step before the timed loops: rank 1: coordinate of atom 7 is NaN".into());
+        assert!(r.results[1].step_us.is_some(), "the row holds times");
+        let v: serde_json::Value = serde_json::from_str(&json(&r).unwrap()).unwrap();
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        let row = &v["results"][1];
+        assert_eq!((row["variant"].as_str(), row["atoms"].as_u64(), row["checked"].as_bool()), (Some("fused"), Some(6000), Some(false)), "{row}");
+        assert!(row["check"].as_str().unwrap().contains("coordinate of atom 7"), "{row}");
+        for k in ["coords_us", "forces_us", "step_us", "host_cpu_us", "host_syncs_per_step", "ns_per_day_exchange_only", "floor_step_us", "step_per_floor", "coords_per_floor"] {
+            assert!(row.get(k).is_none_or(|x| x.is_null()), "{k} written for a failed row: {row}");
+        }
+        assert_eq!(v["results"][0]["checked"], true);
+        assert!(v["results"][0]["step_us"]["median"].is_number());
+        let c = csv(&r);
+        assert!(!c.lines().any(|l| l.starts_with("6000,fused,")), "{c}");
+        assert!(c.lines().any(|l| l.starts_with("45000,fused,")), "{c}");
+        let series = super::super::plot::tests::series_of(&r);
+        let fused = series.iter().find(|(n, _)| n == "fused").unwrap();
+        assert_eq!(fused.1, vec![(45000.0, 16.0)], "{series:?}");
+        let t = table(&r);
+        let line = t.lines().find(|l| l.starts_with("6000") && l.contains(" fused ")).unwrap();
+        assert!(line.contains("FAILED") && !line.contains("8.0"), "{line}");
+        assert_eq!(failures(&r), vec!["fused at 6000 atoms: FAILED: checked step before the timed loops: rank 1: coordinate of atom 7 is NaN".to_string()]);
+        assert!(failures(&sample_report()).is_empty());
+    }
+
+    /// A row that claims `checked` without an `ok` check, or that ran with no check at all, is not
+    /// a result either.
+    #[test]
+    fn a_row_without_a_passed_check_is_not_a_result() {
+        let mut r = sample_report();
+        r.results[0].check = None;
+        r.results[2].checked = false;
+        assert!(r.results[0].check_failed() && r.results[2].check_failed() && !r.results[6].check_failed(), "skipped rows are not failures");
+        assert_eq!(failures(&r).len(), 2);
+        let p = published(&r);
+        assert!(p.results[0].step_us.is_none() && !p.results[0].checked && p.results[0].check.as_deref() == Some("FAILED: not checked"));
+        assert!(p.results[2].step_us.is_none() && p.results[1].step_us.is_some());
+        // Version 1 documents (no `checked`, no version) load, and their rows are not results.
+        let mut old: serde_json::Value = serde_json::from_str(&json(&sample_report()).unwrap()).unwrap();
+        old.as_object_mut().unwrap().remove("schema_version");
+        for row in old["results"].as_array_mut().unwrap() {
+            row.as_object_mut().unwrap().remove("checked");
+        }
+        let back: BenchReport = serde_json::from_value(old).unwrap();
+        assert_eq!(back.schema_version, 1);
+        assert!(back.results.iter().all(|v| !v.is_result()));
     }
 
     #[test]

@@ -6,9 +6,11 @@
 //! Per variant and size, each repeat times three loops of `steps` steps: coordinates only, forces
 //! only, and the full exchange, each between two events on every rank stream (the slowest rank
 //! counts). Host CPU time (of the launching thread) and host syncs (per rank) are counted over
-//! the full-exchange loop, excluding the final wait. After the timed loops every variant runs one
-//! checked step against the CPU reference ([`super::step`]); its outcome is in the row, and a
-//! failed check fails the command. Under a launcher every rank runs the same list (checked at
+//! the full-exchange loop, excluding the final wait. The timed loops run on random coordinates and
+//! forces; before them and after them every variant runs a checked step against the CPU reference
+//! ([`super::step`]), and the coordinates the timed steps left are compared with the reference too.
+//! A row whose checks all passed carries its times and `checked: true`; a failed row carries the
+//! reason and no times, and fails the command. Under a launcher every rank runs the same list (checked at
 //! start-up), every skip is decided collectively, and rank 0 gathers the slowest rank's numbers.
 
 use super::floor::{self, EmptyLaunch, FloorReport, Link};
@@ -17,7 +19,7 @@ use super::nccl;
 use super::pecomm::PeComm;
 use super::report::{BenchReport, SizeRoutes, VariantResult};
 use super::stats::{Summary, ns_per_day};
-use super::step::Stepper;
+use super::step::{self, Checked, Stepper};
 use super::{HaloSizes, HaloSource, Method, TIME_STEP_FS, Variant, build_halos};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
@@ -142,16 +144,39 @@ fn measure(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], phase: Pha
     Ok(Sample { gpu_s: gpu / n, cpu_s: cpu / n, syncs: syncs as f64 / n / ranks })
 }
 
-/// What one variant gave: `samples[phase][repeat]`, and its checked step (`Ok(largest force
-/// error)` or what was wrong) on this process's ranks.
-struct Measured {
-    samples: Vec<Vec<Sample>>,
-    check: std::result::Result<f64, String>,
+/// What one variant gave when every check passed: `samples[phase][repeat]` on this process's
+/// ranks and the largest force error of its checked steps; or what failed (agreed by every process).
+type Measured = std::result::Result<(Vec<Vec<Sample>>, f64), String>;
+
+/// One check's outcome on every process: this process's, unless another process failed.
+fn agreed(group: &Group, mine: Checked, when: &str) -> Result<Checked> {
+    let all_ok = group.all(mine.is_ok())?;
+    Ok(match (mine, all_ok) {
+        (Ok(worst), true) => Ok(worst),
+        (Err(why), _) => Err(format!("{when}: {why}")),
+        (Ok(_), false) => Err(format!("{when}: failed on another rank (see its message)")),
+    })
 }
 
-/// Warm-up and timed repeats of one variant, then one checked step (the same graphs replayed
-/// for `+graph` variants).
-fn bench_variant(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halos: &[RankHalo], cfg: &BenchConfig, bar: &indicatif::ProgressBar) -> Result<Measured> {
+/// One variant: a checked step, the warm-up and timed repeats on non-trivial data (the same
+/// random values as the checked steps, not zeros), the coordinates those timed steps left checked,
+/// and a checked step again (the same graphs replayed for `+graph` variants). Every check outside
+/// the timed loops; a failed check before them skips the loops. Collective (`group`).
+fn bench_variant(
+    b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halos: &[RankHalo], cfg: &BenchConfig, group: &Group, bar: &indicatif::ProgressBar,
+) -> Result<Measured> {
+    let replayed = variant.graph.then_some(graphs);
+    let seed = cfg.seed.wrapping_add(77);
+    let before = b.checked_step(variant.method, replayed, halos, seed)?;
+    let before = match agreed(group, before, "checked step before the timed loops")? {
+        Ok(w) => w,
+        Err(why) => {
+            bar.inc((cfg.warmup + cfg.repeats) as u64);
+            return Ok(Err(why));
+        }
+    };
+    let (home, forces) = step::check_inputs(halos, seed.wrapping_add(1));
+    b.fill(&home, &forces)?;
     let mut samples = vec![Vec::with_capacity(cfg.repeats); Phase::ALL.len()];
     for rep in 0..cfg.warmup + cfg.repeats {
         for (i, &phase) in Phase::ALL.iter().enumerate() {
@@ -162,17 +187,16 @@ fn bench_variant(b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halo
         }
         bar.inc(1);
     }
-    let check = b.checked_step(variant.method, variant.graph.then_some(graphs), halos, cfg.seed.wrapping_add(77))?;
-    Ok(Measured { samples, check })
+    let timed = step::compare_coordinates(b.x.as_mut(), halos, &home)?;
+    let timed = agreed(group, timed, "coordinates after the timed loops")?;
+    let after = b.checked_step(variant.method, replayed, halos, seed.wrapping_add(2))?;
+    let after = agreed(group, after, "checked step after the timed loops")?;
+    Ok(timed.and(after).map(|worst| (samples, worst.max(before))))
 }
 
-/// The row's check text from every process's outcome.
-fn check_text(mine: &std::result::Result<f64, String>, all_ok: bool) -> String {
-    match (mine, all_ok) {
-        (Ok(worst), true) => format!("ok: coordinates bit-exact, forces max rel err {worst:.1e}"),
-        (Err(why), _) => format!("FAILED: {why}"),
-        (Ok(_), false) => "FAILED on another rank (see its message)".into(),
-    }
+/// The text of a row whose checks passed.
+fn check_ok_text(worst: f64) -> String {
+    format!("ok: coordinates bit-exact, forces max rel err {worst:.1e} (a step before and after timing, and the timed steps' coordinates)")
 }
 
 /// Flattens samples for a gather: phase-major, then repeat, then (gpu, cpu, syncs).
@@ -191,7 +215,7 @@ fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
 }
 
 /// The report row of a variant from its samples (and its check's text).
-fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, check: String) -> VariantResult {
+fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, worst: f64) -> VariantResult {
     let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
     let (coords, forces, step) = (us(0), us(1), us(2));
     let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
@@ -218,7 +242,8 @@ fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<
         floor: Some(kind),
         coords_per_floor: coords.and_then(|c| floor::ratio(c.median * 1e-6, vf.coords_s, kind)),
         step_per_floor: step.and_then(|c| floor::ratio(c.median * 1e-6, vf.step_s, kind)),
-        check: Some(check),
+        checked: true,
+        check: Some(check_ok_text(worst)),
         skipped: None,
     }
 }
@@ -377,6 +402,7 @@ fn report(
     cfg: &BenchConfig, mode: String, gpus: Vec<String>, machine: MachineInfo, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
 ) -> BenchReport {
     BenchReport {
+        schema_version: super::report::SCHEMA_VERSION,
         machine,
         mode,
         ranks: grid_text(cfg.grid),
@@ -493,10 +519,14 @@ fn run_variants(
                 continue;
             }
             let graphs = graphs.unwrap_or_default();
-            let measured = bench_variant(&mut b, variant, &graphs, &halos, cfg, bar)?;
-            let samples = group.slowest(measured.samples, cfg.repeats)?;
-            let all_ok = group.all(measured.check.is_ok())?;
-            results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, check_text(&measured.check, all_ok)));
+            match bench_variant(&mut b, variant, &graphs, &halos, cfg, group, bar)? {
+                Ok((samples, worst)) => {
+                    let samples = group.slowest(samples, cfg.repeats)?;
+                    results.push(result_row(atoms, variant, &sizes, &samples, inputs, link, worst));
+                }
+                // Every process agreed on the failure: no times, on any of them.
+                Err(why) => results.push(VariantResult::failed(atoms, variant, &sizes, why)),
+            }
             drop(graphs);
             drop(b); // symmetric buffers are freed collectively, in the same order on every rank
         }
@@ -664,7 +694,7 @@ mod tests {
         let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
         let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, overlapping_launch_s: 2e-6, host_sync_s: 5e-6 };
-        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, check_text(&Ok(1e-7), true));
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, 1e-7);
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
         assert!((r.coords_us.unwrap().median - 3.0).abs() < 1e-9);
@@ -678,14 +708,103 @@ mod tests {
         assert_eq!(r.floor, Some(floor::FloorCheck::Bound));
         assert!((r.step_per_floor.unwrap() - 2.0).abs() < 1e-9 && (r.coords_per_floor.unwrap() - 1.5).abs() < 1e-9, "{r:?}");
         assert_eq!((r.transport.as_str(), r.graph), ("fused", false));
-        assert!(r.check.as_deref().unwrap().starts_with("ok: coordinates bit-exact"));
+        assert!(r.check.as_deref().unwrap().starts_with("ok: coordinates bit-exact") && r.checked, "{r:?}");
         // A fastest repeat below the floor makes the floor a model: no ratio.
         let mut fast = samples.clone();
         fast[0][0].gpu_s = 1e-6;
-        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &fast, &f, Link::Peer, check_text(&Err("x".into()), true));
+        let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &fast, &f, Link::Peer, 0.0);
         assert_eq!(r.floor, Some(floor::FloorCheck::Model));
         assert_eq!((r.coords_per_floor, r.step_per_floor), (None, None));
-        assert_eq!(r.check.as_deref(), Some("FAILED: x"));
-        assert_eq!(check_text(&Ok(0.0), false), "FAILED on another rank (see its message)");
+    }
+
+    /// An exchange with no rank that logs its calls where the test can read them after the
+    /// runner owns it.
+    struct Logged(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+    impl Logged {
+        fn log(&self, call: &'static str) {
+            self.0.lock().unwrap().push(call);
+        }
+    }
+
+    impl crate::exchange::Exchange for Logged {
+        fn local_ranks(&self) -> &[crate::exchange::RankExchange] {
+            &[]
+        }
+        fn local_ranks_mut(&mut self) -> &mut [crate::exchange::RankExchange] {
+            &mut []
+        }
+        fn streams(&self) -> &[Arc<crate::gpu::CudaStream>] {
+            &[]
+        }
+        fn check_transport(&self, _: crate::exchange::Transport) -> Result<()> {
+            Ok(())
+        }
+        fn exchange_forward(&mut self, _: crate::exchange::Transport) -> Result<()> {
+            self.log("x");
+            Ok(())
+        }
+        fn exchange_reverse_accumulate(&mut self, _: crate::exchange::Transport) -> Result<()> {
+            self.log("f");
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<()> {
+            self.log("wait");
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+        fn host_syncs(&self) -> u64 {
+            0
+        }
+        fn reset_protocol(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn replan(&mut self, _: Vec<RankHalo>) -> Result<bool> {
+            Ok(true)
+        }
+        fn routes(&self) -> Vec<halo::route::RoutedSummary> {
+            Vec::new()
+        }
+    }
+
+    /// A variant's checked steps come before and after its timed loops, never inside them: the
+    /// first calls are a full step and its wait, and so are the last; between them the loops.
+    #[test]
+    fn every_variant_is_checked_before_and_after_its_timed_loops() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut b = Stepper::new(Box::new(Logged(log.clone())), None);
+        let cfg = BenchConfig {
+            atoms: vec![6000],
+            grid: [2, 1, 1],
+            methods: vec![Method::Fused],
+            graph: false,
+            repeats: 1,
+            warmup: 0,
+            steps: 2,
+            halos: HaloSource::Synthetic,
+            cutoff: 1.0,
+            seed: 1,
+            gpus: 0,
+            wait_timeout: Duration::from_secs(1),
+            progress: false,
+            command: String::new(),
+            nvshmem_lib: None,
+            paths: PathPolicy::Routed,
+        };
+        let halos = build_halos(HaloSource::Synthetic, 600, [2, 1, 1], 1.0, 1).unwrap();
+        let out = bench_variant(&mut b, Variant { method: Method::Fused, graph: false }, &[], &halos, &cfg, &Group::Local, &indicatif::ProgressBar::hidden()).unwrap();
+        let (samples, _) = out.expect("no rank, nothing to differ");
+        assert_eq!(samples.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        let calls = log.lock().unwrap().join(" ");
+        // checked step | the timed data written | X loop | F loop | X+F loop | coordinates read | checked step
+        assert_eq!(calls, "wait x f wait | wait | x x wait | f f wait | x f x f wait | wait | wait x f wait".replace("| ", ""), "{calls}");
+    }
+
+    #[test]
+    fn a_failed_check_names_when_it_failed() {
+        assert_eq!(agreed(&Group::Local, Err("rank 1: coordinate of atom 3".into()), "before").unwrap(), Err("before: rank 1: coordinate of atom 3".into()));
+        assert_eq!(agreed(&Group::Local, Ok(2e-7), "after").unwrap(), Ok(2e-7));
     }
 }

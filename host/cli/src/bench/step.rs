@@ -81,8 +81,7 @@ impl Stepper {
     /// from `graphs`. `Ok(Ok(largest force error))`, `Ok(Err(the first wrong value))`, or an
     /// error when the step itself failed.
     pub fn checked_step(&mut self, method: Method, graphs: Option<&[PhaseGraphs]>, halos: &[RankHalo], seed: u64) -> Result<Checked> {
-        let home = synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true);
-        let forces = synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false);
+        let (home, forces) = check_inputs(halos, seed);
         self.fill(&home, &forces)?;
         match graphs {
             Some(g) => Self::replay(g, Phase::Step, 1)?,
@@ -102,37 +101,106 @@ impl Stepper {
     /// written between two barriers, so no PE writes before every PE is idle, and none exchanges
     /// before every PE's inputs are in place.
     pub fn upload(&mut self, home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<()> {
-        self.x.barrier()?;
-        for rank in self.x.local_ranks() {
-            rank.x.fill_bytes(0xFF)?;
-            rank.upload_coordinates(&home[rank.rank()])?;
-            rank.f.copy_from_host(&forces[rank.rank()])?;
-        }
-        self.x.barrier()
+        upload(self.x.as_ref(), home, forces)
     }
 
     /// Waits for the step, then compares every local rank with the CPU reference of the inputs
     /// [`Self::fill`] wrote. Ends with a barrier that every PE reaches whatever it found, so no
     /// PE overwrites a halo another is still reading and the collectives stay in step.
     pub fn compare_step(&mut self, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<Checked> {
-        let outcome = (|| -> Result<Checked> {
-            self.x.finish()?;
-            let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
-            let (xs, fs) = (self.x.read_forward()?, self.x.read_reverse()?);
-            let mut worst = 0.0f64;
-            for (i, rank) in self.x.local_ranks().iter().enumerate() {
-                let r = rank.rank();
-                match compare(r, &xs[i], Some(&want_x[r]), &fs[i], Some(&want_f[r])) {
-                    Ok(w) => worst = worst.max(w),
-                    Err(why) => return Ok(Err(why)),
-                }
-            }
-            Ok(Ok(worst))
-        })();
-        // Every PE reaches this barrier, whatever its outcome: the collectives stay in step.
-        self.x.barrier()?;
-        outcome
+        compare_step(self.x.as_mut(), halos, home, forces)
     }
+}
+
+/// Waits for `x`, then compares every local rank's coordinates (home and halo) with the CPU
+/// reference of `home`: what any number of coordinate exchanges after [`upload`] of `home` must
+/// leave (the halo is a function of the home atoms alone). Forces are not compared (a loop of
+/// steps accumulates them). Ends with a barrier every PE reaches, as [`compare_step`].
+pub fn compare_coordinates(x: &mut dyn Exchange, halos: &[RankHalo], home: &[Vec<Float3>]) -> Result<Checked> {
+    let outcome = (|| -> Result<Checked> {
+        x.finish()?;
+        let want_x = reference::coordinates(halos, home);
+        let xs = x.read_forward()?;
+        for (i, rank) in x.local_ranks().iter().enumerate() {
+            let r = rank.rank();
+            if let Err(why) = compare(r, &xs[i], Some(&want_x[r]), &[], None) {
+                return Ok(Err(why));
+            }
+        }
+        Ok(Ok(0.0))
+    })();
+    x.barrier()?;
+    outcome
+}
+
+/// The inputs of a checked step written into every local rank of `x` between two barriers (so no
+/// PE writes before every PE is idle, and none exchanges before every PE's inputs are in place):
+/// the halo poisoned with NaN, `home` coordinates, `forces` (halo entries included).
+pub fn upload(x: &dyn Exchange, home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<()> {
+    x.barrier()?;
+    for rank in x.local_ranks() {
+        rank.x.fill_bytes(0xFF)?;
+        rank.upload_coordinates(&home[rank.rank()])?;
+        rank.f.copy_from_host(&forces[rank.rank()])?;
+    }
+    x.barrier()
+}
+
+/// Waits for `x`, then compares every local rank with the CPU reference of the inputs [`upload`]
+/// wrote. Ends with a barrier that every PE reaches whatever it found, so no PE overwrites a halo
+/// another is still reading and the collectives stay in step.
+pub fn compare_step(x: &mut dyn Exchange, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>]) -> Result<Checked> {
+    let outcome = (|| -> Result<Checked> {
+        x.finish()?;
+        let (want_x, want_f) = (reference::coordinates(halos, home), reference::forces(halos, forces));
+        let (xs, fs) = (x.read_forward()?, x.read_reverse()?);
+        let mut worst = 0.0f64;
+        for (i, rank) in x.local_ranks().iter().enumerate() {
+            let r = rank.rank();
+            match compare(r, &xs[i], Some(&want_x[r]), &fs[i], Some(&want_f[r])) {
+                Ok(w) => worst = worst.max(w),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        Ok(Ok(worst))
+    })();
+    // Every PE reaches this barrier, whatever its outcome: the collectives stay in step.
+    x.barrier()?;
+    outcome
+}
+
+/// The inputs of the checked step of `seed`: home coordinates and forces (halo entries included),
+/// random values in [-5, 5) as the GPU exchange tests use, a function of the seed alone (so every
+/// PE knows every rank's inputs).
+pub fn check_inputs(halos: &[RankHalo], seed: u64) -> (Vec<Vec<Float3>>, Vec<Vec<Float3>>) {
+    (synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true), synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false))
+}
+
+/// One checked full step on `x` made by `step` (coordinates out, forces back, on every local rank):
+/// fresh inputs from `seed` ([`check_inputs`]), the step, the comparison with the CPU reference.
+/// For the commands that time steps their own way (`calibrate`, `timeline`).
+pub fn checked_step_with(x: &mut dyn Exchange, halos: &[RankHalo], seed: u64, step: impl FnOnce(&mut dyn Exchange) -> Result<()>) -> Result<Checked> {
+    let (home, forces) = check_inputs(halos, seed);
+    x.finish()?;
+    upload(x, &home, &forces)?;
+    step(x)?;
+    compare_step(x, halos, &home, &forces)
+}
+
+/// Every process's verdict on one check, agreed through `placement` (collective: every process
+/// calls it with the same `tag`): the first failure any rank saw, or the largest force error.
+pub fn agree(placement: &crate::exchange::Placement, tag: &str, mine: &Checked) -> Result<Checked> {
+    let bytes = serde_json::to_vec(mine).map_err(|e| HaloError::InvalidInput(format!("encoding a check's verdict: {e}")))?;
+    let all = placement.all_gather(tag, vec![bytes])?;
+    let mut worst = 0.0f64;
+    for b in &all {
+        let v: Checked = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a process's check verdict does not parse: {e}")))?;
+        match v {
+            Ok(w) => worst = worst.max(w),
+            Err(why) => return Ok(Err(why)),
+        }
+    }
+    Ok(Ok(worst))
 }
 
 /// A checked step's verdict: the largest force error, or what was wrong.

@@ -12,15 +12,19 @@
 //! update period single intervals are quantised, and the means (over hundreds of steps, out of
 //! phase with the timer) are the numbers to read.
 //!
+//! Before the loops and after them, one step of the plain and one of the stamped kernels on random
+//! data is compared with the CPU reference (coordinates bit-exact, forces within 1e-5); a mismatch
+//! ends the run with no timeline.
+//!
 //! The analysis ([`analyse`], [`render`]) is pure and tested on synthetic stamps.
 
 use super::graph::{self, Phase};
-use super::{HaloSource, build_halos, floor};
+use super::{HaloSource, build_halos, floor, step};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::rank::timeline::{Record, TimelineRing, TimerResolution, globaltimer_resolution};
-use crate::exchange::{Exchange, Placement, Transport};
-use crate::gpu::{self, DeviceMemory, KernelModule};
+use crate::exchange::{Exchange, Placement, RankHalo, Transport};
+use crate::gpu::{self, KernelModule};
 use crate::launch::RankEnv;
 use crate::session::PeSession;
 use kernels_gpu::abi::Float3;
@@ -557,17 +561,49 @@ fn run_loop(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, phase: Pha
     Ok((host, us))
 }
 
-/// Every loop on the ranks `placement` puts here; every rank's data on every process.
-fn measure(cfg: &TimelineConfig, placement: &Placement, halos: Vec<crate::exchange::RankHalo>) -> Result<Vec<LoopRun>> {
-    let mut x = placement.exchange::<Float3>(halos)?;
+/// One full step (coordinates, then forces) of the fused kernels, stamped into `rings` when given,
+/// on fresh random data from `seed`, compared with the CPU reference; the verdict agreed by every
+/// process (collective). A mismatch is an error: the timeline then reports nothing.
+fn check_step(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, halos: &[RankHalo], placement: &Placement, seed: u64, when: &str) -> Result<()> {
+    x.finish()?;
+    if let Some(rings) = rings {
+        for (rx, rf) in rings {
+            rx.clear()?;
+            rf.clear()?;
+        }
+    }
+    let mine = step::checked_step_with(x.as_mut(), halos, seed, |x| {
+        let streams = x.streams().to_vec();
+        for forces in [false, true] {
+            for (r, rank) in x.local_ranks_mut().iter_mut().enumerate() {
+                match (rings, forces) {
+                    (Some(rings), false) => rank.launch_coordinates_timeline(&streams[r], &rings[r].0)?,
+                    (Some(rings), true) => rank.launch_forces_timeline(&streams[r], &rings[r].1)?,
+                    (None, false) => rank.launch_coordinates(Transport::Fused, &streams[r])?,
+                    (None, true) => rank.launch_forces(&streams[r])?,
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let kernels = if rings.is_some() { "stamped" } else { "plain" };
+    step::agree(placement, &format!("timeline-check-{when}"), &mine)?.map(|_| ()).map_err(|why| {
+        HaloError::InvalidInput(format!("the {kernels} fused step {when} the measured loops does not match the CPU reference, so no timeline is reported: {why}"))
+    })
+}
+
+/// Every loop on the ranks `placement` puts here; every rank's data on every process. Before the
+/// loops and after them one step of the plain and of the stamped kernels is checked against the
+/// CPU reference; the loops run on the random data the checks leave.
+fn measure(cfg: &TimelineConfig, placement: &Placement, halos: Vec<RankHalo>) -> Result<Vec<LoopRun>> {
+    let mut x = placement.exchange::<Float3>(halos.clone())?;
     x.set_wait_timeout(cfg.wait_timeout);
     x.check_transport(Transport::Fused)?;
-    for rank in x.local_ranks() {
-        rank.x.fill_bytes(0)?;
-        rank.f.fill_bytes(0)?;
-    }
     let launches = cfg.warmup + cfg.steps;
     let rings: Rings = x.local_ranks().iter().map(|r| Ok((TimelineRing::new(r.context(), launches)?, TimelineRing::new(r.context(), launches)?))).collect::<Result<_>>()?;
+    let seed = cfg.seed.wrapping_add(77);
+    check_step(&mut x, None, &halos, placement, seed, "before")?;
+    check_step(&mut x, Some(&rings), &halos, placement, seed.wrapping_add(1), "before")?;
     let mut loops = Vec::new();
     for replay in [false, true] {
         for phase in Phase::ALL {
@@ -599,6 +635,8 @@ fn measure(cfg: &TimelineConfig, placement: &Placement, halos: Vec<crate::exchan
             loops.push(LoopRun { coords: phase != Phase::Forces, forces: phase != Phase::Coordinates, graph: replay, warmup: cfg.warmup, steps: cfg.steps, ranks });
         }
     }
+    check_step(&mut x, None, &halos, placement, seed.wrapping_add(2), "after")?;
+    check_step(&mut x, Some(&rings), &halos, placement, seed.wrapping_add(3), "after")?;
     drop(rings);
     Ok(loops)
 }

@@ -113,7 +113,7 @@ impl BenchArgs {
 
 /// NCCL reads its settings when it initialises: NVLink multicast (NVLS) stays off on these
 /// shared machines unless the user chose otherwise.
-fn nccl_defaults() {
+pub(super) fn nccl_defaults() {
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         // SAFETY: called first thing in the subcommand, before this process starts any thread
         // (no CUDA, NVSHMEM or NCCL yet), so nothing reads the environment concurrently.
@@ -144,9 +144,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         plot::write_png(&report, path).with_context(|| format!("plotting to {}", path.display()))?;
         println!("wrote {}", path.display());
     }
-    let failed: Vec<String> = report.results.iter().filter(|v| v.check_failed()).map(|v| format!("{} at {} atoms", v.variant, v.atoms)).collect();
+    verdict(&report)
+}
+
+/// The command's exit: an error naming every row that ran but is not a checked result.
+fn verdict(report: &report::BenchReport) -> Result<()> {
+    let failed = report::failures(report);
     if !failed.is_empty() {
-        anyhow::bail!("the checked step failed for {}: those rows' times are not results", failed.join(", "));
+        anyhow::bail!("{} row(s) failed their checks, so they have no times: {}", failed.len(), failed.join("; "));
     }
     Ok(())
 }
@@ -266,6 +271,20 @@ mod tests {
         assert!(bench(&["--ranks", "2x1"]).is_err());
         assert!(bench(&["--transport", "warp"]).unwrap_err().to_string().contains("unknown transport"));
         assert!(bench(&["--atoms", "many"]).is_err());
+    }
+
+    #[test]
+    fn a_failed_row_fails_the_command() {
+        let mut r = report::tests::sample_report();
+        verdict(&r).unwrap();
+        r.results[1].checked = false;
+        r.results[1].check = Some("FAILED: coordinates after the timed loops: rank 0: coordinate of atom 2".into());
+        let e = verdict(&r).unwrap_err().to_string();
+        assert!(e.contains("fused at 6000 atoms") && e.contains("atom 2"), "{e}");
+        // A row that ran with no check at all fails it too.
+        let mut r = report::tests::sample_report();
+        r.results[0].check = None;
+        assert!(verdict(&r).unwrap_err().to_string().contains("staged at 6000 atoms: FAILED: not checked"));
     }
 
     #[test]

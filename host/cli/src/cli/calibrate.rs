@@ -13,6 +13,11 @@
 //! unpack-accumulate for forces) on the same synthetic halo, so its numbers are comparable with
 //! the others'. When NCCL cannot be loaded or initialised it is skipped with NCCL's reason, and
 //! the router does not let its default numbers compete with the measured transports.
+//!
+//! Every point is checked: before its warm-up and after its timed steps, one step of the same
+//! transport on fresh random data is compared with the CPU reference (coordinates bit-exact,
+//! forces within 1e-5), agreed by both PEs under a launcher. A point that fails has no number, and
+//! the command then writes no file and fails.
 
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
@@ -20,8 +25,9 @@ use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
 use crate::bench::nccl::{self, Nccl, NcclComm};
 use halo::exchange::{Exchange, Placement, RankHalo, Transport as X};
-use halo::gpu::{self, CudaStream, DeviceMemory, KernelModule};
-use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, Planned, Sample};
+use halo::gpu::{self, CudaStream, KernelModule};
+use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, NotMeasured, Planned, Sample};
+use crate::bench::step;
 use halo::route::{DistanceLevel, Transport, gpu_facts, topology_from_facts};
 use crate::machine::MachineInfo;
 use std::path::PathBuf;
@@ -86,7 +92,8 @@ fn time_steps(stream: &CudaStream, warmup: usize, repeats: usize, mut step: impl
     }
     let median = calibrate::median(&ms).context("no repeats")?;
     // One step is two one-way messages back to back (coordinates, then forces).
-    Ok(Sample { one_way_us: median * 1000.0 / 2.0, samples: repeats as u64 })
+    // Checked by the caller, before and after.
+    Ok(Sample { one_way_us: median * 1000.0 / 2.0, samples: repeats as u64, checked: true })
 }
 
 /// Measures on two ranks: in this process (both on GPU 0 for same-GPU, on GPUs 0 and 1 for their
@@ -112,8 +119,8 @@ impl Measurer for ExchangeMeasurer {
     fn plan(&self) -> Vec<Planned> {
         self.plan.clone()
     }
-    fn measure(&mut self, t: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, String> {
-        let run = || -> Result<Sample> {
+    fn measure(&mut self, t: Transport, level: DistanceLevel, bytes: u64) -> Result<Sample, NotMeasured> {
+        let run = || -> Result<Checked<Sample>> {
             let placement = self.placements.iter().find(|(l, _)| *l == level).map(|(_, p)| p).context("no ranks placed at that level")?;
             if t == Transport::Nccl {
                 let (api, comms) = self.nccl.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -130,9 +137,16 @@ impl Measurer for ExchangeMeasurer {
                 x.exchange_reverse_accumulate(kernel)
             })
         };
-        run().map_err(|e| format!("{e:#}"))
+        match run() {
+            Ok(Ok(sample)) => Ok(sample),
+            Ok(Err(why)) => Err(NotMeasured::CheckFailed(why)),
+            Err(e) => Err(NotMeasured::Skipped(format!("{e:#}"))),
+        }
     }
 }
+
+/// A measurement, or what its check found wrong.
+type Checked<T> = std::result::Result<T, String>;
 
 impl ExchangeMeasurer {
     /// One message of `bytes` each way per step on a fresh two-rank exchange: `step` on every
@@ -144,26 +158,36 @@ impl ExchangeMeasurer {
         kernel: Option<X>,
         bytes: u64,
         mut step: impl FnMut(&mut dyn Exchange) -> halo::Result<()>,
-    ) -> Result<Sample> {
+    ) -> Result<Checked<Sample>> {
         let halos = halo_for(bytes);
         let mut x = placement.exchange::<Float3>(halos.clone())?;
         if let Some(kernel) = kernel {
             // Both PEs reach the same verdict (same peers, same rules), so neither waits alone.
             x.check_transport(kernel)?;
         }
-        let home = synthetic::random_values(&halos, 1, true);
-        for rank in x.local_ranks() {
-            rank.upload_coordinates(&home[rank.rank()])?;
-            rank.f.fill_bytes(0)?;
+        if let Err(why) = check_point(x.as_mut(), &halos, placement, 11, "before", &mut step)? {
+            return Ok(Err(why));
         }
+        // The timed steps run on the random data the check left.
         let stream = x.streams()[0].clone();
-        time_steps(&stream, self.warmup, self.repeats, |_| {
+        let sample = time_steps(&stream, self.warmup, self.repeats, |_| {
             x.barrier()?; // every PE starts the step together
             step(x.as_mut())?;
             x.finish()?;
             Ok(())
-        })
+        })?;
+        Ok(check_point(x.as_mut(), &halos, placement, 12, "after", &mut step)?.map(|()| sample))
     }
+}
+
+/// One step of `step` on fresh random data from `seed`, compared with the CPU reference, the
+/// verdict agreed by every PE (collective).
+fn check_point(
+    x: &mut dyn Exchange, halos: &[RankHalo], placement: &Placement, seed: u64, when: &str, step: &mut dyn FnMut(&mut dyn Exchange) -> halo::Result<()>,
+) -> Result<Checked<()>> {
+    let mine = step::checked_step_with(x, halos, seed, step)?;
+    let agreed = step::agree(placement, &format!("calibrate-check-{when}"), &mine)?;
+    Ok(agreed.map(|_| ()).map_err(|why| format!("the step {when} timing does not match the CPU reference: {why}")))
 }
 
 /// NCCL communicators for GPUs 0 and 1 of this process, made once for every size.
@@ -290,6 +314,12 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
             _ => String::new(),
         };
         println!("{:>12}{at}: not measured: {why}", t.name());
+    }
+    for (t, level, bytes, why) in &report.failed {
+        println!("{:>12} at {level} {}: check FAILED: {why}", t.name(), halo::route::format_size(*bytes));
+    }
+    if !report.failed.is_empty() {
+        bail!("{} point(s) failed their check against the CPU reference: no calibration file written (their times are not results)", report.failed.len());
     }
     if writer {
         calibrate::write_calibration(&args.out, &report.file).with_context(|| format!("writing {}", args.out.display()))?;

@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// GPUs, peer access, kernel artifacts and NVSHMEM as this process sees them.
     Info(info::InfoArgs),
-    /// The default run on the GPUs present (what `cargo xtask demo` starts).
+    /// What halo does on the GPUs present, in about 20 s: a few MD steps checked against the CPU
+    /// reference, then `fused` timed beside the baselines (what `cargo xtask demo` starts).
     Demo(demo::DemoArgs),
     /// Run the halo exchange alone on synthetic halos, checking every step against the CPU reference.
     ExchangeCheck(exchange_check::ExchangeCheckArgs),
