@@ -268,8 +268,13 @@ impl StepCheck {
     /// beyond tolerance, pulse ranges whose two ends disagree, and the energy when beyond its
     /// tolerance (1).
     pub fn mismatches(&self) -> u64 {
-        let energy = !(self.energy_rel <= ENERGY_TOLERANCE);
+        let energy = !self.energy_passed();
         self.coord_mismatches + self.force_mismatches + self.halo_mismatches + u64::from(energy)
+    }
+
+    /// Whether the potential energy is within [`ENERGY_TOLERANCE`] of the reference (false for NaN).
+    pub fn energy_passed(&self) -> bool {
+        self.energy_rel <= ENERGY_TOLERANCE
     }
 
     /// Whether nothing differed ([`Self::mismatches`] is 0).
@@ -1451,7 +1456,7 @@ impl MdRun {
         // The potential energy of every rank's pairs against the undecomposed system.
         let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
-        if !(c.energy_rel <= ENERGY_TOLERANCE) {
+        if !c.energy_passed() {
             first.get_or_insert_with(|| {
                 format!("the GPU potential energy is {gpu:.4} kJ/mol, the undecomposed reference {want_e:.4} (relative error {:.2e})", c.energy_rel)
             });
@@ -1709,7 +1714,9 @@ mod tests {
 
     /// A decomposed system as a correct checked step sees it: the plan and halos, the coordinates
     /// the halo must deliver, the undecomposed forces, and each rank's forces rounded from them.
-    fn checked_state(grid: [usize; 3]) -> (HaloPlan, Vec<RankHalo>, Vec<Vec<Float3>>, Vec<[f64; 3]>, Vec<Vec<Float3>>) {
+    type CheckedState = (HaloPlan, Vec<RankHalo>, Vec<Vec<Float3>>, Vec<[f64; 3]>, Vec<Vec<Float3>>);
+
+    fn checked_state(grid: [usize; 3]) -> CheckedState {
         let sys = MolecularSystem::generate(3000, 3).unwrap();
         let plan = HaloPlan::build(&sys, RankGrid::new(grid).unwrap(), 1.0).unwrap();
         let halos = plan.rank_halos();
