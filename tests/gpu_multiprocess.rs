@@ -2,8 +2,9 @@
 //! `halo launch -n 2` (one per GPU, or both on GPU 0 when only one is present), every transport
 //! — GPU-initiated, forced put with both signalling modes, `staged`, `direct-copy`, `nccl` — and
 //! their captured graphs, each step checked against the CPU reference by `halo exchange-check`;
-//! the benchmark's PE runner, whose every variant ends with a checked step; and the mini-MD step
-//! over PEs. A test passes only when every expected line says OK on both PEs and `halo` exits 0.
+//! the benchmark's PE runner, whose every variant ends with a checked step; the mini-MD step
+//! over PEs; and `halo md-bench`, whose every row runs checked steps. A test passes only when
+//! every expected line says OK on both PEs (or every row says checked) and `halo` exits 0.
 //!
 //! The binary is `$HALO_BIN` (the bundle's `run-gpu-tests.sh` sets it), else the one Cargo built
 //! for these tests, else `../halo` beside the test executable (the bundle's layout). Without a GPU
