@@ -40,7 +40,18 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     assert_eq!(out.replans, out.searches.saturating_sub(1 + out.resident_searches), "{test}: replans");
     assert_eq!(out.replan_barriers, 0, "{test}: replan barriers in one process");
     if checks > 0 {
-        assert_eq!(out.worst.coord_max_abs, 0.0, "{test}");
+        // Measured over every local atom of every rank (a run ends at a check that differs, so
+        // these hold for any run that got here; what makes them meaningful is the coverage below).
+        assert_eq!((out.worst.coord_max_abs, out.worst.coord_mismatches), (0.0, 0), "{test}: coordinates after the halo bit-exact");
+        assert_eq!((out.worst.mismatches(), out.failed_checks), (0, 0), "{test}: {:?}", out.worst);
+        let ranks = cfg.grid.num_ranks() as u64;
+        if ranks > 1 {
+            // Every checked step compared halo atoms, and both ends of every rank's pulses.
+            assert!(out.worst.halo_atoms_checked >= checks * ranks, "{test}: {:?}", out.worst);
+            assert!(out.worst.pulses_checked >= checks * ranks, "{test}: {:?}", out.worst);
+        } else {
+            assert_eq!((out.worst.halo_atoms_checked, out.worst.pulses_checked), (0, 0), "{test}: one rank has no halo");
+        }
         assert!(out.worst.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: {:?}", out.worst);
         assert!(out.worst.energy_rel <= md::run::ENERGY_TOLERANCE, "{test}: {:?}", out.worst);
         assert_eq!(out.energies.len() as u64, checks, "{test}: every checked step records its energy");
@@ -251,6 +262,39 @@ fn graph_replay_between_checks() {
         let launched = (0..c.steps).filter(|&s| s % c.check_every != 0 && (c.energy_every == 0 || s % c.energy_every != 0)).count() as u64;
         let Some(out) = run(&test, c) else { return };
         assert_eq!(out.graph_steps, launched, "{test}: steps replayed as graphs");
+    }
+}
+
+/// What `halo md-bench` does to every row: a run with `check_every` 0 (plain steps replayed as
+/// graphs or launched) checks stretches of steps on demand (`MdRun::run_checked_steps`) between
+/// unchecked ones, on every transport kind it benchmarks by default; each stretch measures the
+/// halo atoms and pulses of every rank, bit-exact.
+#[test]
+fn checked_stretches_between_unchecked_steps() {
+    let Some(g) = gpu_or_skip("md_checked_stretches") else { return };
+    for (t, graph) in [(Transport::Fused, false), (Transport::Fused, true), (Transport::Staged, false)] {
+        let test = format!("md_checked_stretches_{t}{}", if graph { "_graph" } else { "" });
+        let mut c = config(6000, [2, 1, 1], t, 0, 20);
+        (c.check_every, c.graph) = (0, graph);
+        let placement = halo::exchange::Placement::Local(vec![g.module.clone()]).with_policy(c.path_policy);
+        let mut run = md::MdRun::new(c, placement).unwrap_or_else(|e| panic!("{test}: {e}"));
+        let mut none = |_: u64, _: &md::StepCheck| {};
+        run.run_steps(20, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        assert_eq!(run.outcome().checked_steps, 0, "{test}: check_every 0 checks nothing by itself");
+        let before = run.run_checked_steps(2, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        run.run_steps(40, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        let after = run.run_checked_steps(1, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        for (c, steps) in [(before, 2), (after, 1)] {
+            assert!(c.passed() && c.coord_max_abs == 0.0 && c.coord_mismatches == 0, "{test}: {c:?}");
+            assert!(c.halo_atoms_checked >= 2 * steps && c.pulses_checked >= 2 * steps, "{test}: both ranks' halos compared: {c:?}");
+            assert!(c.force_max_rel > 0.0 && c.force_max_rel <= md::run::FORCE_TOLERANCE, "{test}: forces compared: {c:?}");
+        }
+        let out = run.finish().unwrap_or_else(|e| panic!("{test}: {e}"));
+        assert_eq!((out.steps, out.checked_steps, out.failed_checks), (63, 3, 0), "{test}");
+        if graph {
+            assert!(out.graph_steps > 0, "{test}: the unchecked steps ran as graphs");
+        }
+        eprintln!("{test}: {before:?} then {after:?}");
     }
 }
 

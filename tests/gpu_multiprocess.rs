@@ -2,8 +2,9 @@
 //! `halo launch -n 2` (one per GPU, or both on GPU 0 when only one is present), every transport
 //! — GPU-initiated, forced put with both signalling modes, `staged`, `direct-copy`, `nccl` — and
 //! their captured graphs, each step checked against the CPU reference by `halo exchange-check`;
-//! the benchmark's PE runner, whose every variant ends with a checked step; and the mini-MD step
-//! over PEs. A test passes only when every expected line says OK on both PEs and `halo` exits 0.
+//! the benchmark's PE runner, whose every variant ends with a checked step; the mini-MD step
+//! over PEs; and `halo md-bench`, whose every row runs checked steps. A test passes only when
+//! every expected line says OK on both PEs (or every row says checked) and `halo` exits 0.
 //!
 //! The binary is `$HALO_BIN` (the bundle's `run-gpu-tests.sh` sets it), else the one Cargo built
 //! for these tests, else `../halo` beside the test executable (the bundle's layout). Without a GPU
@@ -140,18 +141,65 @@ fn the_bench_pe_runner_checks_every_variant_after_timing_it() {
 fn the_md_step_over_two_pes_matches_the_undecomposed_forces_with_host_driven_transports() {
     let test = "the_md_step_over_two_pes_matches_the_undecomposed_forces_with_host_driven_transports";
     let Some(gpus) = gpus_or_skip(test, 1) else { return };
+    let dir = tempfile::tempdir().expect("a temporary folder");
     for transport in ["staged", "direct-copy", "fused"] {
+        let json = dir.path().join(format!("verify-{transport}.json"));
+        let json_arg = json.to_string_lossy().into_owned();
         let mut args = launch(gpus);
-        args.extend(["verify", "--ranks", "2x1x1", "--atoms", "6000", "--steps", "30", "--nstlist", "10", "--transport", transport]);
+        args.extend(["verify", "--ranks", "2x1x1", "--atoms", "6000", "--steps", "30", "--nstlist", "10", "--transport", transport, "--json", &json_arg]);
         let run = halo(&args, &[], Duration::from_secs(300));
         let all = format!("--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
         assert_eq!(run.code, Some(0), "{test} {transport}\n{all}");
-        // PE 0 reports for both (a wrong value on either PE ends the run with an error): every
-        // step checked, two searches after the first (a replan of the host-driven links each).
+        // PE 0 reports what every rank's checks measured (gathered from both PEs): every step
+        // checked, two searches after the first (a replan of the host-driven links each).
         let ok = run.stdout.lines().any(|l| {
-            l.starts_with("[rank 0]") && l.contains("PE 0: 30 steps checked against the CPU reference") && l.contains("max abs err 0.0e0")
+            l.starts_with("[rank 0]") && l.contains("PE 0: 30 steps checked against the CPU reference: coordinates after the halo bit-exact (max abs err 0.0e0, ")
         });
         assert!(ok, "{test} {transport}: PE 0 did not report 30 steps checked bit-exact\n{all}");
         assert!(run.stdout.lines().any(|l| l.starts_with("[rank 0]") && l.contains(&format!(", {transport}: 30 steps, 3 searches"))), "{test} {transport}: searches\n{all}");
+        assert!(run.stdout.lines().any(|l| l.starts_with("[rank 0]") && l.contains("(60 pulse ranges) and results against the CPU references: 0 mismatches")), "{test} {transport}: integrity\n{all}");
+        // The measured values: bit-exact over halo atoms of both ranks at every step, every pulse
+        // range compared, nothing differing.
+        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test} {transport}: {e}\n{all}"));
+        assert_eq!((j["checked"].as_bool(), j["checked_steps"].as_u64(), j["failed_checks"].as_u64()), (Some(true), Some(30), Some(0)), "{test} {transport}: {j}");
+        assert_eq!((j["coord_max_abs_err"].as_f64(), j["coord_mismatches"].as_u64(), j["mismatches"].as_u64()), (Some(0.0), Some(0), Some(0)), "{test} {transport}: {j}");
+        assert_eq!((j["integrity_mismatches"].as_u64(), j["pulses_checked"].as_u64()), (Some(0), Some(60)), "{test} {transport}: one pulse a rank, two ranks, 30 steps: {j}");
+        assert!(j["halo_atoms_checked"].as_u64().is_some_and(|n| n >= 60), "{test} {transport}: halo atoms of both ranks compared: {j}");
+    }
+}
+
+/// `halo md-bench` in one process and over two PEs: every row runs checked steps outside its
+/// timed ones and says so (`checked`, with what the checks measured), and the command exits 0
+/// only because every row passed.
+#[test]
+fn md_bench_rows_are_checked_in_one_process_and_over_two_pes() {
+    let test = "md_bench_rows_are_checked_in_one_process_and_over_two_pes";
+    let Some(gpus) = gpus_or_skip(test, 1) else { return };
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let bench = ["md-bench", "--ranks", "2x1x1", "--atoms", "6000", "--transport", "fused,staged", "--nstlist", "20", "--steps", "40", "--repeats", "2", "--warmup", "20"];
+    for (how, mut args) in [("one process", vec!["--gpus", "1"]), ("two PEs", launch(gpus))] {
+        let json = dir.path().join(format!("md-bench-{}.json", how.replace(' ', "-")));
+        let json_arg = json.to_string_lossy().into_owned();
+        if how == "one process" {
+            args = bench.iter().copied().chain(args).collect();
+        } else {
+            args.extend(bench);
+        }
+        args.extend(["--json", &json_arg]);
+        let run = halo(&args, &[], Duration::from_secs(300));
+        let all = format!("--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
+        assert_eq!(run.code, Some(0), "{test}, {how}\n{all}");
+        assert!(run.stdout.contains("check: 2 steps before and 1 after each row's timed steps"), "{test}, {how}\n{all}");
+        let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}, {how}: {e}\n{all}"));
+        let rows = rows.as_array().cloned().unwrap_or_default();
+        assert_eq!(rows.len(), 2, "{test}, {how}: {rows:?}");
+        for r in &rows {
+            let c = &r["check"];
+            assert_eq!(r["checked"].as_bool(), Some(true), "{test}, {how}: {r}");
+            assert!(r["check_failure"].is_null() && r["skipped"].is_null() && r["step_us_median"].as_f64().is_some_and(|t| t > 0.0), "{test}, {how}: {r}");
+            assert_eq!((c["steps"].as_u64(), c["coord_max_abs_err"].as_f64(), c["mismatches"].as_u64()), (Some(3), Some(0.0), Some(0)), "{test}, {how}: {r}");
+            assert!(c["halo_atoms_checked"].as_u64().is_some_and(|n| n >= 6) && c["pulses_checked"].as_u64() == Some(6), "{test}, {how}: {r}");
+            assert!(c["force_max_rel_err"].as_f64().is_some_and(|e| e > 0.0 && e <= 1e-4), "{test}, {how}: {r}");
+        }
     }
 }

@@ -84,6 +84,15 @@ pub enum HaloError {
     /// An argument a user or caller passed is invalid.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A checked step's results differ from their references: coordinates after the halo, the
+    /// two ends of a pulse, or forces and energy against the undecomposed system.
+    #[error("verification failed at step {step}: {detail}")]
+    Verification {
+        /// The step checked.
+        step: u64,
+        /// What differed, and where.
+        detail: String,
+    },
     /// Reading a file failed.
     #[error("{what} {path}: {source}")]
     Io {

@@ -301,8 +301,20 @@ pub fn total_home(sums: &[RankChecksums]) -> StateChecksum {
 /// Pairs the two ends of every pulse: what rank `r` sent in pulse `p` must be exactly what its
 /// `send_rank` holds in that pulse's receive range. `sums[i]` must be rank `i`'s. The first
 /// disagreement, in pulse order and then rank order (the earliest pulse is the likeliest cause,
-/// as later pulses forward what earlier ones delivered), is reported with its atom range.
+/// as later pulses forward what earlier ones delivered), is reported with its atom range
+/// ([`halo_mismatches`] lists them all).
 pub fn compare_across_ranks(halos: &[RankHalo], sums: &[RankChecksums]) -> Result<(), IntegrityError> {
+    match halo_mismatches(halos, sums)?.into_iter().next() {
+        Some(first) => Err(first),
+        None => Ok(()),
+    }
+}
+
+/// Every pulse receive range whose checksum differs from what its sender sent, as
+/// [`IntegrityError::HaloMismatch`]es in pulse order and then rank order (empty: every pulse of
+/// every rank agrees; its length is the count a checked step reports). `Err` only when the
+/// checksums do not fit the halos.
+pub fn halo_mismatches(halos: &[RankHalo], sums: &[RankChecksums]) -> Result<Vec<IntegrityError>, IntegrityError> {
     if halos.len() != sums.len() {
         return Err(IntegrityError::Shape(format!("{} ranks' halos but {} ranks' checksums", halos.len(), sums.len())));
     }
@@ -317,6 +329,7 @@ pub fn compare_across_ranks(halos: &[RankHalo], sums: &[RankChecksums]) -> Resul
         }
     }
     let pulses = halos.iter().map(|h| h.pulses.len()).max().unwrap_or(0);
+    let mut found = Vec::new();
     for pulse in 0..pulses {
         for (from, h) in halos.iter().enumerate() {
             let Some(p) = h.pulses.get(pulse) else { continue };
@@ -326,7 +339,7 @@ pub fn compare_across_ranks(halos: &[RankHalo], sums: &[RankChecksums]) -> Resul
             };
             let (sent, received) = (sums[from].pulses[pulse].sent, sums[to].pulses[pulse].received);
             if sent != received {
-                return Err(IntegrityError::HaloMismatch {
+                found.push(IntegrityError::HaloMismatch {
                     rank: to,
                     pulse,
                     from,
@@ -338,7 +351,7 @@ pub fn compare_across_ranks(halos: &[RankHalo], sums: &[RankChecksums]) -> Resul
             }
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Checks the home atoms of all ranks together against `expected` (for example
@@ -463,6 +476,25 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("rank 3 holds atoms") && msg.contains("pulse 1"), "{msg}");
+    }
+
+    #[test]
+    fn integrity_counts_every_mismatched_pulse_range() {
+        let (sys, halos, ids) = plan_halos(900, [2, 2, 1]);
+        let (mut x, f, _) = state(&sys, &halos, &ids);
+        assert!(halo_mismatches(&halos, &all_sums(&halos, &ids, &x, &f)).expect("sums fit").is_empty(), "a correct halo");
+        // One bit of one atom in two different receive ranges, and a second atom in the first.
+        let (a, b) = (&halos[3].pulses[1], &halos[0].pulses[0]);
+        assert!(a.recv_size > 1 && b.recv_size > 0);
+        x[3][a.atom_offset].x = f32::from_bits(x[3][a.atom_offset].x.to_bits() ^ 1);
+        x[3][a.atom_offset + 1].z += 0.5;
+        x[0][b.atom_offset].y = f32::from_bits(x[0][b.atom_offset].y.to_bits() ^ 1);
+        let found = halo_mismatches(&halos, &all_sums(&halos, &ids, &x, &f)).expect("sums fit");
+        assert_eq!(found.len(), 2, "two ranges differ: {found:?}");
+        // Pulse order first: rank 0's pulse 0, then rank 3's pulse 1; the first is what compare_across_ranks reports.
+        assert!(matches!(found[0], IntegrityError::HaloMismatch { rank: 0, pulse: 0, .. }), "{found:?}");
+        assert!(matches!(found[1], IntegrityError::HaloMismatch { rank: 3, pulse: 1, .. }), "{found:?}");
+        assert_eq!(compare_across_ranks(&halos, &all_sums(&halos, &ids, &x, &f)).expect_err("two ranges differ"), found[0]);
     }
 
     #[test]

@@ -2,17 +2,27 @@
 //! included: each repeat is `steps` consecutive steps (a whole number of list lifetimes) timed by
 //! the host clock from an idle GPU to an idle GPU; the median over repeats after a warm-up is
 //! reported, with the share of the time the search steps' host work took.
+//!
+//! Every row is checked outside its timed steps: [`CHECKED_BEFORE`] steps after the warm-up and
+//! [`CHECKED_AFTER`] after the last repeat run checked (coordinates after the halo bit-exact
+//! against the CPU reference of the halo, forces and potential energy against the undecomposed
+//! CPU reference, both ends of every pulse agreeing: `MdRun::run_checked_steps`). A row carries
+//! its times and `checked: true` only when all of them passed.
 
 use crate::machine::MachineInfo;
 use super::stats::{Summary, ns_per_day};
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
 use crate::exchange::{Placement, Transport};
-use halo_md::{MdConfig, MdRun};
+use halo_md::{MdConfig, MdOutcome, MdRun};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+/// Checked steps of every row after its warm-up, before the timed repeats (not timed).
+pub const CHECKED_BEFORE: u64 = 2;
+/// Checked steps of every row after its timed repeats (not timed).
+pub const CHECKED_AFTER: u64 = 1;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -127,8 +137,63 @@ pub struct MdBenchRow {
     pub local_atoms: usize,
     /// Why it did not run, when it did not.
     pub skipped: Option<String>,
+    /// Whether every checked step of the row ([`CHECKED_BEFORE`] before its timed steps,
+    /// [`CHECKED_AFTER`] after them) ran and passed; only then does the row carry times.
+    #[serde(default)]
+    pub checked: bool,
+    /// Why `checked` is false: the check that failed, or why the row did not complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_failure: Option<String>,
+    /// What the checked steps measured (also those of a failed check); absent when none ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<MdBenchCheck>,
     /// Where it ran.
     pub machine: MachineInfo,
+}
+
+/// What a row's checked steps measured, over all of them (every rank, every PE).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MdBenchCheck {
+    /// Steps checked (before and after the timed ones; more when routed paths ran steps again).
+    pub steps: u64,
+    /// Largest |coordinate after the halo - CPU reference| (nm; 0: bit-exact).
+    pub coord_max_abs_err: f64,
+    /// Atoms whose coordinates after the halo differ in any bit from the reference.
+    pub coord_mismatches: u64,
+    /// Halo atoms compared.
+    pub halo_atoms_checked: u64,
+    /// Largest force error relative to max(|F| of the atom, RMS force) against the undecomposed
+    /// CPU reference (tolerance `halo_md::run::FORCE_TOLERANCE`).
+    pub force_max_rel_err: f64,
+    /// Largest absolute force error (kJ/mol/nm).
+    pub force_max_abs_err: f64,
+    /// Largest relative error of the potential energy against the undecomposed reference.
+    pub energy_max_rel_err: f64,
+    /// Pulse receive ranges whose checksum differs from what their sender sent.
+    pub integrity_mismatches: u64,
+    /// Pulse receive ranges compared across ranks.
+    pub pulses_checked: u64,
+    /// Everything compared that differed (0 for a passed row).
+    pub mismatches: u64,
+}
+
+impl MdBenchCheck {
+    /// The checks of `o` (`None` when no step was checked).
+    fn of(o: &MdOutcome) -> Option<Self> {
+        let w = &o.worst;
+        (o.checked_steps > 0).then(|| Self {
+            steps: o.checked_steps,
+            coord_max_abs_err: w.coord_max_abs,
+            coord_mismatches: w.coord_mismatches,
+            halo_atoms_checked: w.halo_atoms_checked,
+            force_max_rel_err: w.force_max_rel,
+            force_max_abs_err: w.force_max_abs,
+            energy_max_rel_err: w.energy_rel,
+            integrity_mismatches: w.halo_mismatches,
+            pulses_checked: w.pulses_checked,
+            mismatches: w.mismatches(),
+        })
+    }
 }
 
 /// Where the ranks run.
@@ -183,25 +248,70 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         home_atoms: 0,
         local_atoms: 0,
         skipped: None,
+        checked: false,
+        check_failure: None,
+        check: None,
         machine: target.machine.clone(),
     };
     // Every PE measures the same rows in the same order, so a count names each row's all-gather
     // alike everywhere (the rendezvous takes a tag once), even when a row fails.
     static ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tag = format!("md-bench-times-{}", ROWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    if let Err(e) = measure_into(cfg, target, md, &mut row, &tag) {
-        row.skipped = Some(e.to_string());
-    }
+    let result = measure_into(cfg, target, md, &mut row, &tag);
+    conclude(&mut row, result);
     row
 }
 
+/// Marks `row` by how its measurement ended: checked (its checks passed and its times are
+/// written), failed its check, or skipped (it did not complete: no times, not checked).
+fn conclude(row: &mut MdBenchRow, result: Result<()>) {
+    row.checked = false;
+    match result {
+        Ok(()) if row.step_us_median.is_some() => row.checked = true,
+        Ok(()) => row.check_failure = Some("no time was measured".into()),
+        Err(e @ HaloError::Verification { .. }) => row.check_failure = Some(e.to_string()),
+        Err(e) => {
+            row.check_failure = Some(format!("the row did not complete: {e}"));
+            row.skipped = Some(e.to_string());
+        }
+    }
+}
+
+/// Measures the row; `Ok` only when every checked step passed (the times are written only then).
 fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
     let md_ranks = md.grid.num_ranks();
     let mut run = MdRun::new(md, target.placement.clone())?;
+    let timed = timed_and_checked(cfg, &mut run, md_ranks, row);
+    row.check = MdBenchCheck::of(run.outcome());
+    let timed = timed?;
+    let checked = run.outcome().checked_steps;
+    let outcome = run.finish()?;
+    if checked < CHECKED_BEFORE + CHECKED_AFTER || outcome.failed_checks > 0 || !outcome.worst.passed() {
+        // run_checked_steps ends the run at a failed check; this guards the count, so that no
+        // row is called checked with fewer checked steps than it claims.
+        return Err(HaloError::Verification { step: outcome.steps, detail: format!("{checked} steps checked of {}", CHECKED_BEFORE + CHECKED_AFTER) });
+    }
+    record(target, timed, row, tag)
+}
+
+/// What the timed repeats measured, before the slowest PE's are taken.
+struct Timed {
+    times: Vec<f64>,
+    shares: Vec<f64>,
+    before: halo_md::SearchTimes,
+    after: halo_md::SearchTimes,
+    lists: halo_md::ListSizes,
+}
+
+/// The warm-up, [`CHECKED_BEFORE`] checked steps, the timed repeats (unchecked), then
+/// [`CHECKED_AFTER`] checked steps.
+fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, row: &mut MdBenchRow) -> Result<Timed> {
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
     let mut none = |_: u64, _: &halo_md::StepCheck| {};
     run.run_steps(row.warmup_steps, &mut none)?;
+    // Outside the timed steps: a repeat is a whole number of list lifetimes wherever it starts.
+    run.run_checked_steps(CHECKED_BEFORE, &mut none)?;
     run.synchronize()?;
     let mut times = Vec::with_capacity(cfg.repeats);
     let mut shares = Vec::with_capacity(cfg.repeats);
@@ -224,7 +334,13 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
         row.list_search = "gpu-redecomposed".into();
         row.redecompose = Some(if cfg.step.redecompose.on_gpus(row.atoms, md_ranks) { "gpu" } else { "host" }.into());
     }
-    run.finish()?;
+    run.run_checked_steps(CHECKED_AFTER, &mut none)?;
+    Ok(Timed { times, shares, before, after, lists })
+}
+
+/// Writes the timed repeats into `row`, each repeat as long as its slowest PE.
+fn record(target: &Target<'_>, timed: Timed, row: &mut MdBenchRow, tag: &str) -> Result<()> {
+    let Timed { mut times, mut shares, before, after, lists } = timed;
     // Across PEs: a repeat takes as long as its slowest PE.
     let mine: Vec<f64> = times.iter().chain(&shares).copied().collect();
     let all = target.placement.all_gather(tag, vec![bytemuck::cast_slice(&mine).to_vec()])?;
@@ -268,7 +384,7 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
 pub fn speedup_over_host_orchestrated(rows: &[MdBenchRow], row: &MdBenchRow) -> Option<f64> {
     let best = rows
         .iter()
-        .filter(|r| r.atoms == row.atoms && r.gpus == row.gpus && r.ranks == row.ranks)
+        .filter(|r| r.checked && r.atoms == row.atoms && r.gpus == row.gpus && r.ranks == row.ranks)
         .filter(|r| r.transport.parse::<Transport>().is_ok_and(|t| !t.gpu_initiated()))
         .filter_map(|r| r.ns_per_day)
         .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))?;
@@ -286,6 +402,28 @@ fn waits(r: &MdBenchRow) -> String {
     r.lists_wait_ms.map(|w| format!(" (waits for the GPU {w:.2})")).unwrap_or_default()
 }
 
+/// A checked row's check column: `ok`, the steps checked and the worst force error.
+fn check_cell(r: &MdBenchRow) -> String {
+    match &r.check {
+        Some(c) => format!("ok {} steps, F {:.1e}", c.steps, c.force_max_rel_err),
+        None => "ok".into(),
+    }
+}
+
+/// The rows that did not pass their checks (failed or skipped), each named with its reason; `None`
+/// when every row passed.
+pub fn failures(rows: &[MdBenchRow]) -> Option<String> {
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.checked)
+        .map(|r| {
+            let why = r.check_failure.as_deref().or(r.skipped.as_deref()).unwrap_or("not checked");
+            format!("{} atoms, {}, {} ranks ({}): {why}", r.atoms, variant(r), r.ranks, r.mode)
+        })
+        .collect();
+    (!bad.is_empty()).then(|| format!("{} of {} rows did not pass their checks, so they give no result:\n  {}", bad.len(), rows.len(), bad.join("\n  ")))
+}
+
 /// The rows as an aligned table with a header.
 pub fn table(rows: &[MdBenchRow]) -> String {
     let mut s = String::new();
@@ -299,12 +437,24 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.steps, r.repeats, r.warmup_steps
         );
         let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
+        let _ = writeln!(
+            s,
+            "check: {CHECKED_BEFORE} steps before and {CHECKED_AFTER} after each row's timed steps (not timed): coordinates after the halo bit-exact, \
+             forces and energy vs the undecomposed CPU reference (tolerance {:.0e}), pulse checksums across ranks",
+            halo_md::run::FORCE_TOLERANCE
+        );
     }
-    let header = ["atoms", "transport", "gpus", "ranks", "rlist nm", "step us", "ns/day", "search %", "ms/search", "vs host-orch."];
+    let header = ["atoms", "transport", "gpus", "ranks", "rlist nm", "step us", "ns/day", "search %", "ms/search", "vs host-orch.", "check"];
     let mut table: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for r in rows {
-        if let Some(why) = &r.skipped {
-            table.push(vec![r.atoms.to_string(), variant(r), r.gpus.to_string(), r.ranks.clone(), format!("skipped: {why}")]);
+        let failed = match (&r.skipped, &r.check_failure) {
+            (Some(why), _) => Some(format!("skipped: {why}")),
+            (None, Some(why)) => Some(format!("FAILED check: {why}")),
+            (None, None) if !r.checked => Some("not checked".to_string()),
+            (None, None) => None,
+        };
+        if let Some(why) = failed {
+            table.push(vec![r.atoms.to_string(), variant(r), r.gpus.to_string(), r.ranks.clone(), why]);
             continue;
         }
         let cell = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
@@ -324,6 +474,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             cell(r.search_share.map(|v| 100.0 * v), 1),
             cell(r.search_ms, 2),
             vs.map_or_else(|| "-".into(), |v| format!("{v:.2}x")),
+            check_cell(r),
         ]);
     }
     let cols = header.len();
@@ -342,6 +493,7 @@ pub fn table(rows: &[MdBenchRow]) -> String {
     }
     let parts: Vec<String> = rows
         .iter()
+        .filter(|r| r.checked)
         .filter_map(|r| {
             let [g, p, a, l, u] = r.search_parts_ms?;
             Some(if r.list_search == "gpu-resident" {
@@ -419,6 +571,9 @@ mod tests {
             home_atoms: 22_500,
             local_atoms: 31_000,
             skipped: None,
+            checked: true,
+            check_failure: None,
+            check: Some(MdBenchCheck { steps: 3, halo_atoms_checked: 25_000, force_max_rel_err: 2.1e-6, pulses_checked: 6, ..MdBenchCheck::default() }),
             machine: crate::machine::tests::sample(),
         }
     }
@@ -436,6 +591,7 @@ mod tests {
     fn the_speedup_is_over_the_best_host_orchestrated_transport_at_the_same_size() {
         let mut skipped = row("fused", 45_000, 1.0);
         skipped.skipped = Some("no".into());
+        skipped.checked = false;
         skipped.ns_per_day = None;
         let rows = vec![row("fused", 45_000, 50.0), row("staged", 45_000, 80.0), row("fused", 6000, 30.0), row("staged", 6000, 60.0)];
         assert!((speedup_over_host_orchestrated(&rows, &rows[0]).unwrap() - 1.6).abs() < 1e-9);
@@ -474,7 +630,55 @@ mod tests {
             assert!(o.get(key).is_some(), "missing {key}: {o}");
         }
         assert_eq!(o["search_included"], serde_json::Value::Bool(true));
+        assert_eq!(o["checked"], serde_json::Value::Bool(true));
+        assert_eq!((o["check"]["coord_max_abs_err"].as_f64(), o["check"]["mismatches"].as_u64()), (Some(0.0), Some(0)), "{o}");
         let back: Vec<MdBenchRow> = serde_json::from_value(v).unwrap();
         assert_eq!(back[0].atoms, 45_000);
+        // A row written before rows were checked reads as not checked.
+        let mut old = serde_json::to_value(row("fused", 6000, 30.0)).unwrap();
+        for key in ["checked", "check", "check_failure"] {
+            old.as_object_mut().unwrap().remove(key);
+        }
+        let old: MdBenchRow = serde_json::from_value(old).unwrap();
+        assert!(!old.checked && old.check.is_none());
+    }
+
+    #[test]
+    fn a_row_is_checked_only_when_its_checks_passed_and_a_failed_or_skipped_one_is_named() {
+        let mut r = row("fused", 6000, 30.0);
+        r.checked = false;
+        conclude(&mut r, Ok(()));
+        assert!(r.checked && r.check_failure.is_none());
+        // A failed check: no times were written (measure_into returns before them).
+        let mut failed = row("fused", 45_000, 50.0);
+        (failed.checked, failed.step_us_median, failed.step_us_min, failed.step_us_max, failed.ns_per_day) = (false, None, None, None, None);
+        failed.check = Some(MdBenchCheck { coord_max_abs_err: 0.125, coord_mismatches: 1, integrity_mismatches: 1, mismatches: 2, ..MdBenchCheck::default() });
+        let detail = "rank 1 local atom 4000 (global 17, received in pulse 0 from rank 0) has coordinates".to_string();
+        conclude(&mut failed, Err(HaloError::Verification { step: 201, detail }));
+        assert!(!failed.checked && failed.skipped.is_none());
+        assert!(failed.check_failure.as_deref().is_some_and(|f| f.starts_with("verification failed at step 201: rank 1 local atom 4000")), "{failed:?}");
+        let mut skipped = row("staged", 45_000, 80.0);
+        skipped.step_us_median = None;
+        conclude(&mut skipped, Err(HaloError::InvalidInput("no NCCL".into())));
+        assert!(!skipped.checked && skipped.skipped.as_deref() == Some("invalid input: no NCCL"), "{skipped:?}");
+        assert!(skipped.check_failure.as_deref().is_some_and(|f| f.contains("did not complete: invalid input: no NCCL")));
+        // Times without a passed check are never called checked.
+        let mut untimed = row("fused", 6000, 30.0);
+        (untimed.checked, untimed.step_us_median) = (false, None);
+        conclude(&mut untimed, Ok(()));
+        assert!(!untimed.checked);
+
+        let rows = vec![r.clone(), failed.clone(), skipped.clone()];
+        let t = table(&rows);
+        assert!(t.lines().any(|l| l.trim_start().starts_with("6000") && l.contains("ok 3 steps, F 2.1e-6")), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("45000") && l.contains("FAILED check: verification failed at step 201")), "{t}");
+        assert!(t.contains("skipped: invalid input: no NCCL") && t.contains("check: 2 steps before and 1 after"), "{t}");
+        assert!(t.contains("6000 atoms, fused: gather") && !t.contains("45000 atoms, fused: gather"), "no search times of a failed row: {t}");
+        let why = failures(&rows).expect("two rows did not pass");
+        assert!(why.starts_with("2 of 3 rows did not pass their checks"), "{why}");
+        assert!(why.contains("45000 atoms, fused, 2x1x1 ranks") && why.contains("45000 atoms, staged, 2x1x1 ranks") && !why.contains("6000 atoms"), "{why}");
+        assert!(failures(std::slice::from_ref(&r)).is_none());
+        let v = serde_json::to_value(&failed).unwrap();
+        assert_eq!((v["checked"].as_bool(), v["step_us_median"].is_null(), v["check"]["coord_max_abs_err"].as_f64()), (Some(false), true, Some(0.125)), "{v}");
     }
 }

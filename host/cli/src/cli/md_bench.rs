@@ -1,7 +1,8 @@
 //! `halo md-bench`: ns/day of the whole MD step per transport and system size, every step counted
 //! (search steps included). In one process on the visible GPUs (one rank per GPU), or under
 //! `halo launch -n N -- md-bench` with one PE per GPU (rank 0 prints; every rank gets the same
-//! options).
+//! options). Every row runs checked steps outside its timed ones; a row that fails them or does not
+//! complete makes the command fail, naming the row, after the table and the JSON are written.
 
 use crate::machine::MachineInfo;
 use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
@@ -72,9 +73,10 @@ fn measure_all(args: &MdBenchArgs, target: &Target<'_>, grid: RankGrid, print: b
             let row = md::measure(&MdBenchConfig { graph, ..cfg.clone() }, target, grid, atoms, t);
             if print {
                 let name = if graph { format!("{t}+graph") } else { t.to_string() };
-                match (&row.skipped, row.step_us_median) {
-                    (Some(why), _) => eprintln!("md-bench: {atoms} atoms, {name}: skipped: {why}"),
-                    (None, Some(us)) => eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step"),
+                match (&row.skipped, &row.check_failure, row.step_us_median) {
+                    (Some(why), _, _) => eprintln!("md-bench: {atoms} atoms, {name}: skipped: {why}"),
+                    (None, Some(why), _) => eprintln!("md-bench: {atoms} atoms, {name}: FAILED check: {why}"),
+                    (None, None, Some(us)) if row.checked => eprintln!("md-bench: {atoms} atoms, {name}: {us:.1} us per step, checked"),
                     _ => {}
                 }
             }
@@ -122,7 +124,7 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         if rank == 0 {
             write(&args, &rows)?;
         }
-        return Ok(());
+        return passed(&rows).with_context(|| format!("rank {rank}"));
     }
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo md-bench needs an NVIDIA GPU: {reason}");
@@ -135,5 +137,14 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
     let machine = MachineInfo::collect(None);
     let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), mode: "one process".into(), machine: &machine };
     let rows = measure_all(&args, &target, grid, true);
-    write(&args, &rows)
+    write(&args, &rows)?;
+    passed(&rows)
+}
+
+/// An error naming every row that failed its checks or did not complete.
+fn passed(rows: &[MdBenchRow]) -> Result<()> {
+    match md::failures(rows) {
+        Some(why) => bail!("md-bench: {why}"),
+        None => Ok(()),
+    }
 }

@@ -54,7 +54,8 @@ enum Command {
     BenchLatency(bench::BenchLatencyArgs),
     /// Where the time of the fused halo goes: stamped kernels, per-phase intervals, launch gaps.
     Timeline(timeline::TimelineArgs),
-    /// ns/day of the whole MD step per transport and size, every step counted (searches included).
+    /// ns/day of the whole MD step per transport and size, every step counted (searches included);
+    /// every row checked against the CPU references outside its timed steps.
     MdBench(md_bench::MdBenchArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]

@@ -11,7 +11,7 @@ use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
-use halo_md::{self as md, MdConfig, MdOutcome, Redecompose};
+use halo_md::{self as md, MdConfig, MdOutcome, MdRun, Redecompose};
 use crate::machine::MachineInfo;
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,12 +219,15 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
     if o.checked_steps == 0 {
         lines.push(format!("{who}: not checked (--check-every 0): no coordinate, force or energy was compared with a reference"));
     } else {
+        let w = &o.worst;
+        let exact = if w.coord_mismatches == 0 { "bit-exact".to_string() } else { format!("NOT bit-exact ({} atoms differ)", w.coord_mismatches) };
         lines.push(format!(
-            "{who}: {} steps checked against the CPU reference: coordinates after the halo bit-exact (max abs err {:.1e}); \
+            "{who}: {} steps checked against the CPU reference: coordinates after the halo {exact} (max abs err {:.1e}, {} halo atoms compared); \
              forces vs undecomposed: max rel err {:.2e} (tolerance {:.0e}), max abs err {:.2e} kJ/mol/nm; \
              potential energy vs undecomposed: max rel err {:.2e} (tolerance {:.0e})",
             o.checked_steps,
-            o.worst.coord_max_abs,
+            w.coord_max_abs,
+            w.halo_atoms_checked,
             o.worst.force_max_rel,
             md::run::FORCE_TOLERANCE,
             o.worst.force_max_abs,
@@ -232,7 +235,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
             md::run::ENERGY_TOLERANCE,
         ));
     }
-    lines.push(format!("{who}: {}", integrity_summary(o.checked_steps)));
+    lines.push(format!("{who}: {}", integrity_summary(o)));
     if o.reruns > 0 {
         lines.push(format!("{who}: {} stretch(es) of steps ran again after agreed failures (routed paths)", o.reruns));
     }
@@ -267,18 +270,35 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
     if o.graph_steps > 0 {
         lines.push(format!("{who}: {} steps replayed as CUDA graphs ({:.2} ms capturing)", o.graph_steps, ms(o.graph_capture)));
     }
-    lines.push(format!("{who}: {:.2} s", o.wall.as_secs_f64()));
+    if o.failed_checks == 0 {
+        lines.push(format!("{who}: {:.2} s", o.wall.as_secs_f64()));
+    }
     lines.join("\n")
 }
 
-/// The soak's summary line (issue 18): every checked step compares the checksums of every pulse
-/// across ranks (`halo::integrity`) and the coordinates, forces and energy with the CPU references,
-/// and a mismatch ends the run with an error; so a run that gets here had none.
-fn integrity_summary(checked: u64) -> String {
-    if checked == 0 {
+/// The soak's summary line: every checked step compares the checksums of every pulse across ranks
+/// (`halo::integrity`) and the coordinates, forces and energy with the CPU references; the count is
+/// what those comparisons found ([`md::StepCheck::mismatches`]: a mismatch ends the run, after
+/// this report).
+fn integrity_summary(o: &MdOutcome) -> String {
+    if o.checked_steps == 0 {
         return "integrity: not checked (--check-every 0)".into();
     }
-    format!("integrity: {checked} checked steps, pulse checksums compared across ranks and results against the CPU references: 0 mismatches")
+    let w = &o.worst;
+    let mut line = format!(
+        "integrity: {} checked steps, pulse checksums compared across ranks ({} pulse ranges) and results against the CPU references: {} mismatches",
+        o.checked_steps,
+        w.pulses_checked,
+        w.mismatches()
+    );
+    if !w.passed() {
+        let energy = w.mismatches() - w.halo_mismatches - w.coord_mismatches - w.force_mismatches;
+        line += &format!(
+            " ({} pulse ranges, {} atoms' coordinates, {} force components, {energy} potential energy)",
+            w.halo_mismatches, w.coord_mismatches, w.force_mismatches
+        );
+    }
+    line
 }
 
 fn ms(d: Duration) -> f64 {
@@ -298,9 +318,11 @@ fn drift_line(args: &VerifyArgs, what: &str, o: &MdOutcome) -> String {
 }
 
 /// `--json`: the run's configuration, outcome and machine. Nothing compared, nothing claimed:
-/// the error fields are null when no step was checked.
+/// the error fields are null when no step was checked; `checked` is true only when steps were
+/// checked and none differed (a failed run writes its file too, with the failed step's errors).
 fn json(args: &VerifyArgs, who: &str, o: &MdOutcome, machine: &MachineInfo) -> serde_json::Value {
-    let checked = o.checked_steps > 0;
+    let ran = o.checked_steps > 0;
+    let w = &o.worst;
     serde_json::json!({
         "machine": machine,
         "who": who,
@@ -310,21 +332,36 @@ fn json(args: &VerifyArgs, who: &str, o: &MdOutcome, machine: &MachineInfo) -> s
         "graph": args.graph,
         "steps": o.steps,
         "checked_steps": o.checked_steps,
-        "checked": checked,
-        "coordinates_bit_exact": checked.then_some(o.worst.coord_max_abs == 0.0),
-        "force_max_rel_err": checked.then_some(o.worst.force_max_rel),
-        "force_max_abs_err": checked.then_some(o.worst.force_max_abs),
-        "energy_max_rel_err": checked.then_some(o.worst.energy_rel),
+        "checked": ran && o.failed_checks == 0 && w.passed(),
+        "failed_checks": o.failed_checks,
+        "coordinates_bit_exact": ran.then_some(w.coord_mismatches == 0),
+        "coord_max_abs_err": ran.then_some(w.coord_max_abs),
+        "coord_mismatches": ran.then_some(w.coord_mismatches),
+        "halo_atoms_checked": ran.then_some(w.halo_atoms_checked),
+        "force_max_rel_err": ran.then_some(w.force_max_rel),
+        "force_max_abs_err": ran.then_some(w.force_max_abs),
+        "force_mismatches": ran.then_some(w.force_mismatches),
+        "energy_max_rel_err": ran.then_some(w.energy_rel),
+        "integrity_mismatches": ran.then_some(w.halo_mismatches),
+        "pulses_checked": ran.then_some(w.pulses_checked),
+        "mismatches": ran.then_some(w.mismatches()),
         "searches": o.searches,
         "exchange_builds": o.exchange_builds,
         "replans": o.replans,
         "replan_barriers": o.replan_barriers,
-        "step_us_host": o.step_us().filter(|_| !checked),
+        "step_us_host": o.step_us().filter(|_| !ran),
         "search_share": o.search_share(),
         "graph_steps": o.graph_steps,
         "reruns": o.reruns,
         "wall_s": o.wall.as_secs_f64(),
     })
+}
+
+fn write_json(path: &std::path::Path, v: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).context("serialising the outcome")?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
 }
 
 /// The checked run, then (with `--nve-steps`) the NVE runs on `placement` and on one rank (`single`).
@@ -336,7 +373,20 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
         print!("{}", m.text());
     }
     let cfg = args.config();
-    let outcome = md::run(&cfg, placement, |_, _| {})?;
+    let mut run = MdRun::new(cfg.clone(), placement.clone())?;
+    if let Err(e) = run.run_steps(cfg.steps, &mut |_, _| {}) {
+        // A failed check: what it measured (every PE holds every rank's), then the error.
+        if run.outcome().failed_checks > 0 {
+            if print {
+                println!("{}", report(args, who, run.outcome()));
+            }
+            if let (Some(path), Some(m)) = (&args.json, machine) {
+                write_json(path, &json(args, who, run.outcome(), m))?;
+            }
+        }
+        return Err(e.into());
+    }
+    let outcome = run.finish()?;
     // Every PE: the paths of its own ranks.
     for r in &outcome.routes {
         println!("route: {r}");
@@ -345,9 +395,7 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
         println!("{}", report(args, who, &outcome));
     }
     if let (Some(path), Some(m)) = (&args.json, machine) {
-        let text = serde_json::to_string_pretty(&json(args, who, &outcome, m)).context("serialising the outcome")?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
+        write_json(path, &json(args, who, &outcome, m))?;
     }
     if let Some(steps) = args.nve_steps {
         let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
@@ -462,5 +510,26 @@ mod tests {
         assert_eq!((j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()), (Some(true), Some(true)));
         assert_eq!(j["force_max_rel_err"], 2e-6);
         assert!(j["step_us_host"].is_null(), "a checked run is not timed: {j}");
+    }
+
+    #[test]
+    fn a_failed_check_reports_the_coordinate_error_and_the_mismatches_it_measured() {
+        let args = VerifyArgs::new(6000, RankGrid { dims: [2, 1, 1] });
+        let good = md::StepCheck { halo_atoms_checked: 3000, pulses_checked: 4, force_max_rel: 2e-6, ..md::StepCheck::default() };
+        let mut o = MdOutcome { steps: 3, checked_steps: 3, worst: good, ..MdOutcome::default() };
+        let text = report(&args, "PE 0", &o);
+        assert!(text.contains("coordinates after the halo bit-exact (max abs err 0.0e0, 3000 halo atoms compared)"), "{text}");
+        assert!(text.contains("(4 pulse ranges) and results against the CPU references: 0 mismatches"), "{text}");
+        // The third step found one halo atom 0.125 nm off, and its pulse range's checksum differs.
+        o.worst = md::StepCheck { coord_max_abs: 0.125, coord_mismatches: 1, halo_mismatches: 1, ..good };
+        o.failed_checks = 1;
+        let text = report(&args, "PE 0", &o);
+        assert!(text.contains("coordinates after the halo NOT bit-exact (1 atoms differ) (max abs err 1.2e-1, 3000 halo atoms compared)"), "{text}");
+        assert!(text.contains("against the CPU references: 2 mismatches (1 pulse ranges, 1 atoms' coordinates, 0 force components, 0 potential energy)"), "{text}");
+        assert!(!text.contains("0 mismatches") && !text.contains(" s\n") && !text.ends_with(" s"), "{text}");
+        let j = json(&args, "PE 0", &o, &crate::machine::tests::sample());
+        assert_eq!((j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()), (Some(false), Some(false)), "{j}");
+        assert_eq!((j["coord_max_abs_err"].as_f64(), j["coord_mismatches"].as_u64()), (Some(0.125), Some(1)), "{j}");
+        assert_eq!((j["integrity_mismatches"].as_u64(), j["mismatches"].as_u64(), j["failed_checks"].as_u64()), (Some(1), Some(2), Some(1)), "{j}");
     }
 }
