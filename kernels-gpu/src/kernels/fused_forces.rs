@@ -22,8 +22,8 @@
 //! so the grid may change between launches.
 
 use super::common::{
-    DeviceElement, Step, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, wait_local_counter,
-    wait_signal,
+    DeviceElement, Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, timed_out,
+    wait_local_counter, wait_signal,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -71,8 +71,9 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     //    needs it, once recv_pe has accumulated the push that last used the slot: the previous
     //    one for a put into the pair's slot, the one before for words, which alternate slots),
     //    copy the halo forces out.
+    let credit = step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT);
     if tid0 {
-        if step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT) {
+        if credit {
             let site = WaitSite { pulse, kind: WaitKind::ForceCredit, peer: meta.recv_pe };
             let lag = if words { 2 } else { 1 };
             // SAFETY: own credit slot of this pulse.
@@ -85,8 +86,13 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
             unsafe { wait_local_counter(done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
         }
     }
-    // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
-    unsafe { device::sync_threads() };
+    // A later pulse whose receive timed out counted itself done all the same (its acq-rel count
+    // orders the report before this acquire): its forces are missing from the halo forces of this
+    // pulse, which then go nowhere, so recv_pe's wait times out and reports too instead of taking
+    // them as the step's. Thread 0 looks (only when it waited), the barrier tells the block.
+    // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f;
+    // `status` valid.
+    let failed = unsafe { device::sync_threads_or(tid0 && (credit || pulse + 1 < num_pulses) && timed_out(status)) };
     tl.mark0(pulse_slot(pulse, point::CHAIN));
     // Pulse 0's row waited for every other row: once all its blocks are past that wait, no block
     // reads a done counter any more, and the last of them resets them for the next launch (which
@@ -108,7 +114,7 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     if words {
         let dest = ll::slot(meta.remote_recv_slots, parity, meta.recv_slot_bytes);
         let mut i = thread::index_1d();
-        while i < meta.recv_size {
+        while i < meta.recv_size && !failed {
             // SAFETY: the halo range lies in f; the peer's slot holds recv_size elements.
             unsafe { ll::store(dest, i, *f.add(halo + i as usize), flag) };
             i += thread::grid_stride_x();
@@ -126,12 +132,17 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
         if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
             tl.mark0(pulse_slot(pulse, point::PUSHED));
             tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
-            // SAFETY: all threads of the last block; receive slots and signals are symmetric.
-            unsafe {
-                let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
-                put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize, slot,
-                    step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
-            };
+            // Nothing goes out when a block of the row saw a later pulse time out (the arrivals
+            // ordered its look before this one; thread 0 decides for the collective put).
+            // SAFETY: every thread of the last block reaches the barrier; `status` valid.
+            if !unsafe { device::sync_threads_or(tid0 && timed_out(status)) } {
+                // SAFETY: all threads of the last block; receive slots and signals are symmetric.
+                unsafe {
+                    let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
+                    put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize,
+                        slot, step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
+                };
+            }
             tl.mark0(pulse_slot(pulse, point::SIGNALLED));
         }
     }
@@ -146,10 +157,18 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     let src = ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes);
     let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
     if meta.has(pulse_flags::RECV_F_LL) {
+        // One wait per thread: all its elements against one deadline. An element that did not
+        // come in time (a timeout, reported) adds nothing; the host discards the step, and the
+        // pulses this one feeds push nothing (the chain's look at `status` above).
+        let mut clock = WaitClock::new();
         let mut i = thread::index_1d();
         while i < count {
             // SAFETY: the local slot holds `count` elements as words; map targets are in range of f.
-            unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), ll::load(src, i, flag, timeout_ns, status, site)) };
+            unsafe {
+                if let Some(v) = ll::load(src, i, step.epoch, &mut clock, timeout_ns, status, site) {
+                    T::atomic_accumulate(f.add(*map.add(i as usize) as usize), v);
+                }
+            }
             i += thread::grid_stride_x();
         }
         tl.mark0(pulse_slot(pulse, point::RECEIVED));

@@ -3,10 +3,12 @@
 //! Launched pulse after pulse in stream order, so later pulses see earlier pulses' atoms without
 //! any dependency wait inside the kernel.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, wait_signal};
+use super::common::{
+    Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, timed_out, wait_signal,
+};
 use super::fused_coords::await_coord_credit;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
-use crate::device::thread;
+use crate::device::{self, thread};
 
 /// Pulse `pulse` (of `num_pulses`) of the forward (coordinate) halo. `direct`: pack straight into
 /// the peer's array (`remote_x`, reachable by stores over NVLink or on the same GPU), then one
@@ -49,8 +51,13 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
     // SAFETY: all threads call it; `counters[pulse]` is this pulse's zeroed device counter.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
+        // An earlier pulse's wait (or the credit's) timed out: forwarded atoms in `x` may be stale,
+        // so no signal vouches for them and the peer times out too. Thread 0 decides for the
+        // block (the put is collective).
+        // SAFETY: every thread of the last block reaches the barrier; `status` valid.
+        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && timed_out(status)) };
         // SAFETY: all threads of the last block call it; pointers from the validated plan.
-        unsafe {
+        if !failed { unsafe {
             deliver(
                 meta.remote_x_signal as *mut u64,
                 direct,
@@ -62,7 +69,7 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
                 meta.send_pe,
                 SignalMode::from_u32(meta.signal_mode),
             )
-        };
+        } };
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
