@@ -294,6 +294,15 @@ pub unsafe fn timed_out(status: *const WaitStatus) -> bool {
     unsafe { device::load_relaxed_gpu_u32(&raw const (*status).timed_out) != 0 }
 }
 
+/// Whether coordinate pulse `pulse` sends anything that depends on a wait of this step: the atoms
+/// it forwards (every pulse after the first may) or a slot it may write only after the credit
+/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). Only such a pulse looks at the
+/// timeout flag ([`timed_out`]) before its signal; pulse 0 of a fresh direction never pays it.
+#[inline(always)]
+pub fn coord_pulse_depends_on_waits(pulse: u32, meta: &PulseMeta, step: Step) -> bool {
+    pulse > 0 || (step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT))
+}
+
 /// Device-wide arrival: thread 0 of each block increments `counter` (acq-rel, wrapping after
 /// `gridDim.x` arrivals); returns, to every thread of the block, whether this block arrived last
 /// and so sees all the other blocks' writes (and reads: the release orders both).

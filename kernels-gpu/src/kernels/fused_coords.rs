@@ -24,7 +24,8 @@
 //! Pulses whose peers differ take different paths in one launch.
 
 use super::common::{
-    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, timed_out,
+    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, coord_pulse_depends_on_waits, deliver, pack_subset, send_previous_credit,
+    shift_of, shifted, timed_out,
     wait_signal,
 };
 use super::ll;
@@ -211,7 +212,7 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
         // the staged values may be stale or missing, so no signal vouches for them and the peer
         // times out too. Thread 0 decides for the block (the put is collective).
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
-        if unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && timed_out(status)) } {
+        if unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) } {
             return;
         }
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };

@@ -17,7 +17,9 @@
 //! The per-pulse body, [`bulk_pulse`], is also what the fused kernel runs for the pulses whose
 //! path is [`crate::abi::CoordPath::Bulk`], so one launch can mix bulk copies with stores and puts.
 
-use super::common::{Step, WaitClock, WaitSite, finish_coordinates, send_previous_credit, shift_of, shifted, timed_out, wait_signal};
+use super::common::{
+    Step, WaitClock, WaitSite, coord_pulse_depends_on_waits, finish_coordinates, send_previous_credit, shift_of, shifted, timed_out, wait_signal,
+};
 use super::ll;
 use crate::abi::{
     Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
@@ -264,7 +266,7 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
             // peer's wait then times out and reports too.
             // SAFETY: mapped peer slot; release.sys publishes what this thread observed; `status` valid.
             unsafe {
-                if !timed_out(status) {
+                if !(coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) {
                     device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch);
                 }
             }

@@ -4,7 +4,8 @@
 //! any dependency wait inside the kernel.
 
 use super::common::{
-    Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, timed_out, wait_signal,
+    Step, WaitSite, arrive_is_last_block, coord_pulse_depends_on_waits, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of,
+    timed_out, wait_signal,
 };
 use super::fused_coords::await_coord_credit;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
@@ -55,7 +56,7 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
         // so no signal vouches for them and the peer times out too. Thread 0 decides for the
         // block (the put is collective).
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
-        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && timed_out(status)) };
+        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
         // SAFETY: all threads of the last block call it; pointers from the validated plan.
         if !failed { unsafe {
             deliver(
