@@ -903,7 +903,7 @@ fn one_deadline_per_wait() {
     let rank0 = &mut ranks.ranks_mut()[0];
     rank0.cap_grids(1);
     rank0.set_wait_timeout(timeout);
-    assert!(rank0.halo().pulses[0].recv_size > 0 && rank0.receives_words().iter().all(|&w| w), "{test}: forces must arrive as words");
+    assert!(rank0.all_direct() && rank0.receives_words().iter().all(|&w| w), "{test}: the peers must be mapped (forces then arrive as words)");
     let epoch = rank0.protocol_state().unwrap().f_epoch + 1;
     let flag = halo::abi::ll::flag(epoch);
     let slot = rank0.recv_slot_at(0, (epoch & 1) as usize);

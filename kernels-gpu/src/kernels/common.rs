@@ -194,17 +194,17 @@ pub unsafe fn spin(
 }
 
 /// The bounded spin of the counter waits: `relaxed()` until it returns at least `expected`, then
-/// one `acquire()` ([`spin`]).
+/// one `acquire()` ([`spin`], against `clock`'s deadline).
 ///
 /// # Safety
 /// `status` valid; `relaxed` and `acquire` read a valid location.
 #[inline(always)]
 unsafe fn spin_until(
-    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+    clock: &mut WaitClock, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
 ) -> bool {
     // SAFETY: forwarded.
     unsafe {
-        spin(&mut WaitClock::new(), expected, timeout_ns, status, site, || {
+        spin(clock, expected, timeout_ns, status, site, || {
             let seen = relaxed();
             if seen >= expected {
                 acquire();
@@ -236,9 +236,20 @@ unsafe fn spin_until(
 /// `slot` valid and 8-byte aligned (local or a peer's); `status` valid. One thread per wait.
 #[inline(always)]
 pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
+    // SAFETY: forwarded.
+    unsafe { wait_signal_on(&mut WaitClock::new(), slot, expected, timeout_ns, status, site) }
+}
+
+/// [`wait_signal`] as one of several signals a thread awaits in one wait (the signals of the
+/// earlier pulses a pulse forwards from): against `clock`'s deadline, shared by all of them.
+///
+/// # Safety
+/// As [`wait_signal`].
+#[inline(always)]
+pub unsafe fn wait_signal_on(clock: &mut WaitClock, slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
     // SAFETY: the caller guarantees `slot` and `status`; the acquire's value is not needed.
     unsafe {
-        spin_until(expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
+        spin_until(clock, expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
             device::load_acquire_sys_u64(slot);
         })
     }
@@ -246,16 +257,19 @@ pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, stat
 
 /// Spin until the u32 counter at `ptr` reaches `expected` (arrivals of blocks of this launch,
 /// each an acq-rel atomic), then acquire at GPU scope; bounded like [`wait_signal`]: a relaxed
-/// GPU-scope spin, the clock every [`WAIT_CHECK_INTERVAL`] polls, one `ld.acquire.gpu` at the end.
+/// GPU-scope spin, the clock every [`WAIT_CHECK_INTERVAL`] polls (`clock`'s deadline: one for
+/// all the counters a thread awaits in one wait), one `ld.acquire.gpu` at the end.
 ///
 /// # Safety
 /// `ptr` valid and on this device; `status` valid.
 #[inline(always)]
-pub unsafe fn wait_local_counter(ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32) -> bool {
+pub unsafe fn wait_local_counter(
+    clock: &mut WaitClock, ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32,
+) -> bool {
     let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
     // SAFETY: the caller guarantees `ptr` and `status`.
     unsafe {
-        spin_until(expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
+        spin_until(clock, expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
             device::load_acquire_gpu_u32(ptr);
         })
     }

@@ -25,8 +25,7 @@
 
 use super::common::{
     Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, coord_pulse_depends_on_waits, deliver, pack_subset, send_previous_credit,
-    shift_of, shifted, timed_out,
-    wait_signal,
+    shift_of, shifted, timed_out, wait_signal, wait_signal_on,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -76,12 +75,15 @@ pub unsafe fn await_coord_credit(
 #[inline(always)]
 unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, timeout_ns: u64, status: *mut WaitStatus) {
     if thread::thread_idx_x() == 0 {
+        // One wait for all of them: one deadline.
+        let mut clock = WaitClock::new();
         for earlier in 0..pulse {
             // SAFETY: own receive-X slots, `num_pulses` of them.
             let meta_e = unsafe { &*pulses.add(earlier as usize) };
             if !ll::arrives_as_words(meta_e) {
                 let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                // SAFETY: own receive-X slot of pulse `earlier`.
+                unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
             }
         }
     }

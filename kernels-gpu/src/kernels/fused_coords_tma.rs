@@ -19,6 +19,7 @@
 
 use super::common::{
     Step, WaitClock, WaitSite, coord_pulse_depends_on_waits, finish_coordinates, send_previous_credit, shift_of, shifted, timed_out, wait_signal,
+    wait_signal_on,
 };
 use super::ll;
 use crate::abi::{
@@ -186,7 +187,8 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
                         continue;
                     }
                     let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                    unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                    // SAFETY: own receive-X slot of pulse `earlier`; the thread's one clock (its words below use it too).
+                    unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
                 }
             }
             waited = true;

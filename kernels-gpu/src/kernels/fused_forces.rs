@@ -23,7 +23,7 @@
 
 use super::common::{
     DeviceElement, Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, timed_out,
-    wait_local_counter, wait_signal,
+    wait_local_counter, wait_signal, wait_signal_on,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -78,17 +78,19 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     //    nothing failed: the waits' own results, told to the block by the barrier.
     let mut waited = true;
     if tid0 {
+        // One wait (the credit, then every later pulse): one deadline.
+        let mut clock = WaitClock::new();
         if step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::ForceCredit, peer: meta.recv_pe };
             let lag = if words { 2 } else { 1 };
             // SAFETY: own credit slot of this pulse.
             waited &= unsafe {
-                wait_signal(signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+                wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
             };
         }
         for later in pulse + 1..num_pulses {
             // SAFETY: done counters on this device.
-            waited &= unsafe { wait_local_counter(done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
+            waited &= unsafe { wait_local_counter(&mut clock, done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
         }
     }
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
