@@ -57,20 +57,22 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
         // block (the put is collective).
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
         let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
-        // SAFETY: all threads of the last block call it; pointers from the validated plan.
-        if !failed { unsafe {
-            deliver(
-                meta.remote_x_signal as *mut u64,
-                direct,
-                x.add(meta.peer_atom_offset as usize),
-                dest,
-                meta.send_size,
-                own_slot,
-                step.epoch,
-                meta.send_pe,
-                SignalMode::from_u32(meta.signal_mode),
-            )
-        } };
+        if !failed {
+            // SAFETY: all threads of the last block call it; pointers from the validated plan.
+            unsafe {
+                deliver(
+                    meta.remote_x_signal as *mut u64,
+                    direct,
+                    x.add(meta.peer_atom_offset as usize),
+                    dest,
+                    meta.send_size,
+                    own_slot,
+                    step.epoch,
+                    meta.send_pe,
+                    SignalMode::from_u32(meta.signal_mode),
+                )
+            };
+        }
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
