@@ -810,3 +810,194 @@ fn routed_plans_mix_paths_per_pulse_in_one_process() {
     assert_eq!(routed.routes().len(), halos.len());
     assert!(routed.routes().iter().all(|s| s.peers.iter().all(|p| p.transport != T::NvshmemPut)));
 }
+
+/// Each rank's own verdict on the step (its device wait status), after `finish`.
+fn verdicts(ranks: &LocalRanks<Float3>) -> Vec<Result<(), HaloError>> {
+    ranks.ranks().iter().map(|r| r.check_status()).collect()
+}
+
+/// The timeout a rank reported, or a panic naming what it reported instead.
+#[track_caller]
+fn timeout_of(test: &str, rank: usize, verdict: &Result<(), HaloError>) -> halo::exchange::WaitTimeout {
+    match verdict {
+        Err(HaloError::WaitTimeout(t)) => t.clone(),
+        Ok(()) => panic!("{test}: rank {rank} reported Ok; it was expected to time out"),
+        Err(e) => panic!("{test}: rank {rank}: expected a wait timeout, got {e}"),
+    }
+}
+
+/// Issue 39, defect 2 (`timed_out_word`): a rank whose word wait timed out must not hand what it
+/// has on as valid. On a 2x2 grid, rank A forwards in pulse 1 (to C) atoms it receives in pulse 0
+/// (from B). B is held back on the GPU past A's short timeout (C and the others wait longer, and B
+/// then runs): before the fix A stored zeros for the atoms it never got, with the step's flag, so
+/// C finished Ok holding wrong coordinates. Now A sends nothing of them and C times out too. The
+/// same for forces: A's pulse-1 forces come from C' (held back), and A pushes its pulse-0 halo
+/// forces, which they feed, to B'; before the fix B' accumulated the incomplete push and said Ok.
+/// Every rank that reports Ok must hold exact values; the ranks downstream of the timeout report.
+#[test]
+fn timed_out_word() {
+    let test = "timed_out_word";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let module = g.module.clone();
+    let halos = synthetic::halos(shape([2, 2, 1], 1, 400), 39);
+    let a = 0;
+    let (p0, p1) = (&halos[a].pulses[0], &halos[a].pulses[1]);
+    assert!(
+        p1.index_map.iter().any(|&i| (i as usize) >= p0.atom_offset && (i as usize) < p0.atom_offset + p0.recv_size),
+        "{test}: the layout must forward pulse 0's atoms in pulse 1"
+    );
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
+    let timeouts = |ranks: &mut LocalRanks<Float3>| {
+        ranks.set_wait_timeout(Duration::from_secs(2));
+        ranks.ranks_mut()[a].set_wait_timeout(Duration::from_millis(200));
+    };
+
+    // Coordinates: B is late, A times out, C must not take A's forwarded atoms: as words (fused),
+    // behind a withheld signal (the TMA kernel's bulk copies, the per-pulse kernels' stores).
+    let (b, c) = (p0.recv_rank, p1.send_rank);
+    assert_ne!(b, c, "{test}: B and C must differ");
+    let home = integer_values(&halos, 5, true);
+    let f0 = integer_values(&halos, 6, false);
+    for transport in [Transport::Fused, Transport::FusedTma, Transport::PerPulseDirect] {
+        let test = format!("{test}, coordinates, {transport:?}");
+        timeouts(&mut ranks);
+        upload_poisoned(ranks.ranks(), &home, &f0);
+        let gate = Gate::close(&module, ranks.stream(b));
+        ranks.launch_coordinates(transport).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        gate.open();
+        let _ = ranks.finish();
+        gate.check();
+        let verdict = verdicts(&ranks);
+        let want = reference::coordinates(&halos, &home);
+        for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
+            if verdict[r].is_ok() {
+                assert_eq!(bits(got), bits(&want[r]), "{test}: rank {r} reported Ok holding wrong coordinates");
+            }
+        }
+        let t = timeout_of(&test, a, &verdict[a]);
+        assert_eq!((t.peer, t.pulse), (b as i32, 0), "{test}: rank {a}: {t}");
+        let t = timeout_of(&test, c, &verdict[c]);
+        assert_eq!((t.peer, t.pulse), (a as i32, 1), "{test}: rank {c}: {t}");
+        ranks.reset_protocol().unwrap();
+        ranks.set_wait_timeout(Duration::from_secs(3));
+        exchange_and_check(&test, &mut ranks, &halos, transport, 0, 77);
+        ranks.reset_protocol().unwrap();
+    }
+
+    // Forces: C' is late, A's pulse-1 receive times out, B' must not take A's pulse-0 push.
+    let (c2, b2) = (p1.send_rank, p0.recv_rank);
+    ranks.launch_coordinates(Transport::Fused).unwrap();
+    ranks.finish().unwrap();
+    timeouts(&mut ranks);
+    upload_poisoned(ranks.ranks(), &home, &f0);
+    let gate = Gate::close(&module, ranks.stream(c2));
+    ranks.launch_forces(Transport::Fused).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    gate.open();
+    let _ = ranks.finish();
+    gate.check();
+    let verdict = verdicts(&ranks);
+    let want = forces_after(&halos, &f0, 1);
+    for (r, got) in ranks.forces().unwrap().iter().enumerate() {
+        if verdict[r].is_ok() {
+            assert_eq!(bits(got), bits(&want[r]), "{test}: rank {r} reported Ok holding wrong forces");
+        }
+    }
+    // A's pulse-1 receive, or its pulse-0 row's wait for that receive (the same deadline), reports.
+    let t = timeout_of(test, a, &verdict[a]);
+    assert!(t.pulse == 1 && (t.peer == c2 as i32 || t.kind == Some(halo::abi::WaitKind::LocalBlocks)), "{test}: rank {a}: {t}");
+    let t = timeout_of(test, b2, &verdict[b2]);
+    assert_eq!((t.peer, t.pulse), (a as i32, 0), "{test}: rank {b2}: {t}");
+    ranks.reset_protocol().unwrap();
+    ranks.set_wait_timeout(Duration::from_secs(3));
+    exchange_and_check(test, &mut ranks, &halos, Transport::Fused, 1, 78);
+}
+
+/// Issue 39, defect 5 (`word_timeout_reports_step`): a word wait that times out names the step it
+/// waited for and the step the slot still held, not their flags (`step | 1`: step 2 read as 3, 4
+/// as 5). Two ranks, coordinates as words; rank 1 skips one launch.
+#[test]
+fn word_timeout_reports_step() {
+    let test = "word_timeout_reports_step";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(shape([2, 1, 1], 1, 100), 6);
+    let mut ranks = LocalRanks::<Float3>::new(halos, std::slice::from_ref(&g.module)).unwrap();
+    ranks.set_wait_timeout(Duration::from_millis(200));
+    assert!(ranks.ranks()[0].receives_words().iter().all(|&w| w), "{test}: the pulse must arrive as words");
+    let stream0 = ranks.stream(0).clone();
+    // (clean steps before it, the step rank 0 then waits for alone, the step its slot holds:
+    // the one two back, or none).
+    for (clean, want_step, want_seen) in [(3u64, 4u64, 2u64), (1, 2, 0)] {
+        for _ in 0..clean {
+            ranks.launch_coordinates(Transport::Fused).unwrap();
+            ranks.finish().unwrap_or_else(|e| panic!("{test}: clean step: {e}"));
+        }
+        ranks.ranks_mut()[0].launch_coordinates(Transport::Fused, &stream0).unwrap();
+        let result = ranks.finish();
+        let t = timeout_of(test, 0, &result);
+        let msg = t.to_string();
+        assert_eq!((t.rank, t.peer, t.kind, t.step_counter, t.seen), (0, 1, Some(halo::abi::WaitKind::CoordSignal), want_step, want_seen), "{test}: {msg}");
+        assert!(msg.contains(&format!("at step {want_step}")), "{test}: {msg}");
+        ranks.reset_protocol().unwrap();
+    }
+}
+
+/// Issue 39, defect 6 (`one_deadline_per_wait`): a thread that takes several elements in one wait
+/// gives up one timeout after it started waiting, not one timeout per element. Two ranks, forces
+/// as words, one block per pulse: thread 0 of rank 0 takes elements 0, S, 2S, ... (S the block
+/// size). Rank 1 never launches; the test writes every word of the push itself, all at once except
+/// thread 0's first four elements, which arrive one by one, 0.45 timeouts apart. Before the fix
+/// every element restarted the clock, so rank 0 finished Ok after 1.8 timeouts; now it times out
+/// once, after about one timeout.
+#[test]
+fn one_deadline_per_wait() {
+    let test = "one_deadline_per_wait";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(shape([2, 1, 1], 1, 12_000), 8);
+    let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
+    ranks.set_wait_timeout(Duration::from_secs(3));
+    // One clean step of each direction (the protocol's state as any later step finds it).
+    ranks.launch_coordinates(Transport::Fused).unwrap();
+    ranks.launch_forces(Transport::Fused).unwrap();
+    ranks.finish().unwrap();
+    let timeout = Duration::from_millis(500);
+    let stride = halo::abi::BLOCK_SIZE as usize;
+    let count = halos[0].pulses[0].index_map.len();
+    assert!(count > 4 * stride, "{test}: {count} elements: thread 0 needs more than four");
+    let rank0 = &mut ranks.ranks_mut()[0];
+    rank0.cap_grids(1);
+    rank0.set_wait_timeout(timeout);
+    assert!(rank0.all_direct() && rank0.receives_words().iter().all(|&w| w), "{test}: the peers must be mapped (forces then arrive as words)");
+    let epoch = rank0.protocol_state().unwrap().f_epoch + 1;
+    let flag = halo::abi::ll::flag(epoch);
+    let slot = rank0.recv_slot_at(0, (epoch & 1) as usize);
+    let ctx = rank0.context().clone();
+    // Element i as words: 3 u64 per Float3, value and flag.
+    let words = |i: usize| -> Vec<u64> {
+        let v = (i as f32).to_bits();
+        (0..3).map(|_| halo::abi::ll::word(v, flag)).collect()
+    };
+    let write = |first: usize, elems: &[u64]| {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: inside rank 0's receive slot of this parity (room for a pulse as words).
+        unsafe { cudarc::driver::result::memcpy_htod_sync(slot + (first * 3 * 8) as u64, bytemuck::cast_slice::<u64, u8>(elems)) }.unwrap();
+    };
+    let late = [0, stride, 2 * stride, 3 * stride];
+    let early: Vec<u64> = (0..count).flat_map(|i| if late.contains(&i) { vec![0; 3] } else { words(i) }).collect();
+    write(0, &early);
+    let stream0 = ranks.stream(0).clone();
+    let started = std::time::Instant::now();
+    ranks.ranks_mut()[0].launch_forces(&stream0).unwrap();
+    for &i in &late {
+        std::thread::sleep(timeout.mul_f64(0.45));
+        write(i, &words(i));
+    }
+    let result = ranks.finish();
+    let took = started.elapsed();
+    let t = timeout_of(test, 0, &result);
+    assert_eq!((t.peer, t.kind), (1, Some(halo::abi::WaitKind::ForceSignal)), "{test}: {t}");
+    // One timeout (plus a check interval's polls), not one per element.
+    assert!(t.waited_ns >= timeout.as_nanos() as u64 && t.waited_ns < timeout.mul_f64(1.4).as_nanos() as u64, "{test}: waited {} ms: {t}", t.waited_ns / 1_000_000);
+    assert!(took >= timeout, "{test}: finished after {took:?}");
+}

@@ -79,6 +79,121 @@ fn assert_absent(bodies: &HashMap<String, String>, kernel: &str, instructions: &
     }
 }
 
+/// The instructions of a PTX body in order, each without its predicate guard (`@%p1`), comment
+/// or `;`: directives (`.reg`, `.param`, ...), labels and braces left out.
+fn instructions(body: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in body.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        for stmt in code.split(';') {
+            let mut s = stmt.trim().trim_start_matches(['{', '}']).trim();
+            if let Some(rest) = s.strip_prefix('@') {
+                s = rest.split_once(char::is_whitespace).map_or("", |(_, ins)| ins.trim());
+            }
+            if s.is_empty() || s.starts_with('.') || s.starts_with(')') || s.ends_with(':') {
+                continue;
+            }
+            out.push(s.to_string());
+        }
+    }
+    out
+}
+
+/// Whether `ins` may touch global memory: a load, store, atomic, reduction, bulk copy or
+/// prefetch in the global or the generic state space (a generic address may be global), or a
+/// call (its callee may). `.param`, `.shared`, `.local` and `.const` accesses do not.
+fn touches_global_memory(ins: &str) -> bool {
+    let opcode = ins.split_whitespace().next().unwrap_or("");
+    let mut parts = opcode.split('.');
+    let base = parts.next().unwrap_or("");
+    if base.starts_with("call") {
+        return true;
+    }
+    if !["ld", "ldu", "st", "atom", "red", "cp", "prefetch", "prefetchu", "multimem"].contains(&base) {
+        return false;
+    }
+    let spaces: Vec<&str> = parts.collect();
+    if spaces.contains(&"global") {
+        return true;
+    }
+    !spaces.iter().any(|p| ["param", "shared", "local", "const"].iter().any(|s| p.starts_with(s)))
+}
+
+/// `kernel` waits for the kernel it may overlap (`griddepcontrol.wait`) before its first access
+/// to global or generic memory (any [`touches_global_memory`] instruction), in instruction order.
+#[track_caller]
+fn assert_nothing_touches_memory_before_the_wait(kernel: &str, body: &str) {
+    let ins = instructions(body);
+    let wait = ins.iter().position(|i| i.starts_with("griddepcontrol.wait")).unwrap_or_else(|| panic!("{kernel} never waits for the previous kernel"));
+    if let Some(early) = ins[..wait].iter().find(|i| touches_global_memory(i)) {
+        panic!("{kernel} touches memory before it waits for the previous kernel: `{early}`");
+    }
+}
+
+/// `kernel` loads low-latency words, each with a relaxed system-scope 8-byte load (the tag
+/// `// ll word` marks the word wrapper's instruction in the PTX).
+#[track_caller]
+fn assert_word_loads(bodies: &HashMap<String, String>, kernel: &str) {
+    let body = bodies.get(kernel).unwrap_or_else(|| panic!("kernel {kernel} missing from the PTX"));
+    let words: Vec<&str> = body.lines().filter(|l| l.contains("// ll word")).map(str::trim).collect();
+    assert!(!words.is_empty(), "{kernel} loads no low-latency words");
+    for w in words {
+        assert!(w.starts_with("ld.relaxed.sys.global.u64 "), "{kernel}: a word load lowers to `{w}`");
+    }
+}
+
+#[test]
+fn the_instruction_scan_sees_every_early_memory_access() {
+    // The check above must be able to fail: each kind of access before the wait is caught,
+    // whatever its position on the line, and the harmless ones are not.
+    let wait = "\tgriddepcontrol.wait;\n\tld.global.u32 %r1, [%rd1];\n";
+    for early in [
+        "st.global.u32 [%rd1], %r2;",
+        "@%p1 st.relaxed.sys.global.u64 [%rd1], %rd2;",
+        "atom.global.add.u32 %r3, [%rd1], 1;",
+        "red.relaxed.gpu.global.add.f32 [%rd1], %f1;",
+        "ld.u64 %rd3, [%rd2];",
+        "st.b64 [%rd4], %rd8;",
+        "mov.b64 %rd1, %rd2; ld.volatile.u32 %r1, [%rd1];",
+        "cp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r1], 16;",
+        "call.uni f, ();",
+    ] {
+        let body = format!("\tmov.u32 %r9, %tid.x;\n\t{early}\n{wait}");
+        let caught = std::panic::catch_unwind(|| assert_nothing_touches_memory_before_the_wait("k", &body));
+        assert!(caught.is_err(), "`{early}` before the wait went unnoticed");
+    }
+    let fine = format!(
+        "\tld.param.b64 %rd1, [k_param_0];\n\tcvta.to.global.u64 %rd2, %rd1;\n\tst.shared.u32 [%r1], 0;\n\tld.const.b32 %r2, [s+32];\n\
+         \t{{ // callseq\n\t.param .b64 param0;\n\t}}\n$L__BB0_1:\n{wait}"
+    );
+    assert_nothing_touches_memory_before_the_wait("k", &fine);
+}
+
+/// Issue 39, defect 7 (`fence_before_put_credit`): a credit that goes by NVSHMEM put (the
+/// per-pulse put kernel's, at its start and at the end of the launch) releases the reads of the
+/// data it frees with a `fence.acq_rel.sys` of its own before `nvshmem_fence` (whose `membar.sys`
+/// NVSHMEM promises only for the ordering of puts) and the put.
+#[test]
+fn fence_before_put_credit() {
+    let b = entries(&ptx_text());
+    for sfx in ["", "_f32", "_f64", "_f32x4"] {
+        let k = format!("{}{sfx}", abi::PULSE_PACK_PUT_SIGNAL);
+        let ins = instructions(&b[&k]);
+        let fences: Vec<usize> = ins.iter().enumerate().filter(|(_, i)| i.starts_with("fence.acq_rel.sys")).map(|(n, _)| n).collect();
+        // One before the credit of the previous launch, one before the end-of-launch credit.
+        assert!(fences.len() >= 2, "{k}: {} `fence.acq_rel.sys` before its put credits", fences.len());
+        for at in fences {
+            // Then nvshmem_fence (its membar.sys, the transfer fence's call before it), then the
+            // 8-byte put: a store for a mapped PE or the transport's call.
+            let rest = &ins[at + 1..];
+            let membar = rest.iter().position(|i| i.starts_with("membar.sys")).unwrap_or_else(|| panic!("{k}: no nvshmem_fence after the fence"));
+            assert!(rest[..membar].iter().all(|i| !touches_global_memory(i) || i.contains("nvshmemi_transfer_fence")), "{k}: memory access between the fence and nvshmem_fence");
+            let put = rest[membar + 1..].iter().find(|i| touches_global_memory(i) && !i.starts_with("ld")).unwrap_or_else(|| panic!("{k}: no put after the fence"));
+            assert!(put.starts_with("st.b64") || put.contains("nvshmemi_transfer_rma_p"), "{k}: the fence is followed by `{put}`, not the credit's put");
+        }
+    }
+}
+
 /// The bounded wait (`wait_signal`): a relaxed system-scope spin, `%globaltimer` and the timeout
 /// flag (a relaxed GPU-scope load) looked at between batches of polls, one acquire re-read at the
 /// end, and the CAS that reports a timeout.
@@ -118,23 +233,30 @@ fn signalling_wrappers_keep_their_memory_order() {
         "st.release.sys.global.u64",
     ]);
     assert_lowers(&b, "fused_forces_f64", &["red.relaxed.gpu.global.add.f64"]);
-    // Low-latency words between mapped peers: one strong 8-byte store per word, polled with a
-    // relaxed load (the flag rides in the same word: no fence, no acquire on that path).
+    // Low-latency words between mapped peers: one strong 8-byte store per word, and the word
+    // loads themselves (their wrapper tags them `// ll word`: a signal wait's spin lowers to the
+    // same instruction) relaxed too (the flag rides in the same word: no fence, no acquire on
+    // that path).
     for base in [abi::FUSED_COORDS, abi::FUSED_FORCES] {
         for sfx in ["", "_f32", "_f64", "_f32x4"] {
-            assert_lowers(&b, &format!("{base}{sfx}"), &["st.relaxed.sys.global.u64", "ld.relaxed.sys.global.u64"]);
+            let k = format!("{base}{sfx}");
+            assert_lowers(&b, &k, &["st.relaxed.sys.global.u64"]);
+            assert_word_loads(&b, &k);
         }
     }
     // The fused kernels may overlap the kernel before them: they wait for it before anything
     // else, and let the next one start its blocks.
     for base in [abi::FUSED_COORDS, abi::FUSED_FORCES] {
-        for sfx in ["", "_f32", "_f64", "_f32x4"] {
+        for sfx in ["", "_f32", "_f64", "_f32x4", "_timeline"] {
             let k = format!("{base}{sfx}");
-            assert_lowers(&b, &k, &["griddepcontrol.wait", "griddepcontrol.launch_dependents"]);
-            let body = &b[&k];
-            let wait = body.find("griddepcontrol.wait").unwrap();
-            let first_load = ["ld.global", "ld.relaxed", "ld.acquire", "ld.volatile"].iter().filter_map(|i| body.find(i)).min().unwrap();
-            assert!(wait < first_load, "{k} reads memory before it waits for the previous kernel");
+            assert_lowers(&b, &k, &["griddepcontrol.launch_dependents"]);
+            assert_nothing_touches_memory_before_the_wait(&k, &b[&k]);
+        }
+    }
+    // And so does every other kernel that waits for the kernel before it.
+    for (k, body) in &b {
+        if body.contains("griddepcontrol.wait") {
+            assert_nothing_touches_memory_before_the_wait(k, body);
         }
     }
     // The kernels that send plain values behind a release signal store no words.

@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 18;
+pub const ABI_VERSION: u32 = 19;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -789,6 +789,22 @@ pub mod ll {
         (epoch as u32) | 1
     }
 
+    /// The step whose words carry `flag`, read in a slot of `epoch`'s parity while waiting for step
+    /// `epoch`: the step nearest `epoch` (within 2^31) of that parity whose flag is `flag`, or 0 when
+    /// `flag` is 0 (nothing stored since the slot was zeroed). A word timeout records it as the step
+    /// seen (and `epoch` as the step expected), so the host reports steps, not flags.
+    #[inline(always)]
+    pub const fn step_of_flag(flag: u32, epoch: u64) -> u64 {
+        if flag == 0 {
+            return 0;
+        }
+        // A slot of parity `epoch & 1` only ever holds steps of that parity: bit 0 comes from it.
+        let low = (flag & !1) | (epoch as u32 & 1);
+        let delta = low.wrapping_sub(epoch as u32) as i32 as i64;
+        let step = epoch as i64 + delta;
+        if step < 0 { 0 } else { step as u64 }
+    }
+
     /// The 8-byte word carrying `value` (4 bytes of an element) for the step of `flag`.
     #[inline(always)]
     pub const fn word(value: u32, flag: u32) -> u64 {
@@ -1237,3 +1253,28 @@ const _: () = {
     assert!(size_of::<SelectGeometry>() == 168 && align_of::<SelectGeometry>() == 8 && offset_of!(SelectGeometry, lo) == 24);
     assert!(size_of::<SelectedAtom>() == 16 && align_of::<SelectedAtom>() == 4);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::ll;
+
+    /// A word timeout reports steps: the flag a slot held, read back as the step that stored it.
+    #[test]
+    fn a_words_flag_reads_back_as_its_step() {
+        // Nothing stored yet (a zeroed slot).
+        assert_eq!(ll::step_of_flag(0, 1), 0);
+        assert_eq!(ll::step_of_flag(0, 2), 0);
+        // Waiting for step 3 or 4, the slot still holds step 1 or 2 (two steps back): odd and even
+        // steps share a flag (2 and 3 both have flag 3), the slot's parity tells them apart.
+        assert_eq!(ll::step_of_flag(ll::flag(1), 3), 1);
+        assert_eq!(ll::step_of_flag(ll::flag(2), 4), 2);
+        assert_eq!(ll::step_of_flag(ll::flag(2), 2), 2);
+        assert_eq!(ll::step_of_flag(ll::flag(3), 3), 3);
+        // Every step, near the 32-bit wrap of the flag and far past it, two back and two ahead.
+        for epoch in [2u64, 3, 9, 10, (1 << 32) - 2, (1 << 32) - 1, 1 << 32, (1 << 32) + 1, (5 << 32) + 6, (5 << 32) + 7] {
+            for other in [epoch - 2, epoch, epoch + 2] {
+                assert_eq!(ll::step_of_flag(ll::flag(other), epoch), other, "flag of step {other} read while waiting for step {epoch}");
+            }
+        }
+    }
+}

@@ -342,6 +342,35 @@ pub unsafe fn store_relaxed_sys_u64(ptr: *mut u64, value: u64) {
     unsafe { asm!("st.relaxed.sys.global.u64 [{p}], {v};", p = in(reg64) ptr, v = in(reg64) value, options(nostack)) };
 }
 
+/// `ld.relaxed.sys.global.u64`, tagged `// ll word` in the PTX: the load of a low-latency word
+/// ([`crate::abi::ll`]), the same instruction and contract as [`load_relaxed_sys_u64`] (a strong
+/// load, single-copy atomic with the `st.relaxed.sys` that stored the word, ordering nothing). The
+/// value and its step flag come in one load, so no acquire follows. Its own wrapper so the PTX
+/// tests can find the word path's loads (a signal wait's spin lowers to the same instruction).
+///
+/// # Safety
+/// `ptr` must be a valid, 8-byte-aligned global address (local or a peer's mapped memory).
+#[inline(always)]
+pub unsafe fn load_word_relaxed_sys_u64(ptr: *const u64) -> u64 {
+    let v: u64;
+    // SAFETY: the caller guarantees `ptr`; no `nomem`: the compiler must not move accesses across.
+    unsafe { asm!("ld.relaxed.sys.global.u64 {v}, [{p}]; // ll word", v = out(reg64) v, p = in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `fence.acq_rel.sys`: a fence at system scope. Together with a later store by this thread (any
+/// kind, a peer's memory or an NVSHMEM put's), it forms a release pattern: every memory access
+/// this thread made before the fence, and every write it observed (cumulativity), is ordered
+/// before that store for any thread, on any GPU or the host, that observes the store and then
+/// acquires. Used before a credit that goes by NVSHMEM put: `nvshmem_fence` (a `membar.sys` in
+/// 3.4.5) is only specified to order puts to one PE, not the reads of the data the credit releases.
+/// Off the fast path: only the put-path credit pays it.
+#[inline(always)]
+pub fn fence_acq_rel_sys() {
+    // SAFETY: no operands; ordering memory is its purpose (no `nomem`).
+    unsafe { asm!("fence.acq_rel.sys;", options(nostack)) };
+}
+
 /// `griddepcontrol.wait`: blocks until the kernel this one was launched to overlap (programmatic
 /// dependent launch, `halo::gpu::KernelModule::launch_overlapping`) has completed and its memory
 /// operations are visible; returns at once for a kernel launched plainly. Every kernel that may

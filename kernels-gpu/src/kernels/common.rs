@@ -121,18 +121,40 @@ pub struct WaitSite {
 /// as an unbounded acquire spin: the bound costs nothing on the fast path.
 pub const WAIT_CHECK_INTERVAL: u32 = 256;
 
-/// The slow path of a bounded wait, entered every [`WAIT_CHECK_INTERVAL`] polls: starts the clock
-/// on the first call (so a wait that succeeds within the first polls never reads it) and says
-/// whether to give up (deadline passed, or another waiter already timed out), recording the
-/// failure in `status` when it does.
+/// The clock of one wait: started the first time the wait looks at `%globaltimer` (after
+/// [`WAIT_CHECK_INTERVAL`] polls without success, so a wait that succeeds sooner never reads the
+/// clock) and never restarted. A wait made of several spins (a thread polling the words of every
+/// element it owns) passes the same clock to each, so it gives up `timeout_ns` after its first
+/// slow poll, not `timeout_ns` after each spin's.
+#[derive(Clone, Copy)]
+pub struct WaitClock {
+    started: Option<u64>,
+}
+
+impl WaitClock {
+    /// A clock not started yet.
+    #[inline(always)]
+    pub const fn new() -> Self {
+        Self { started: None }
+    }
+
+    /// Starts the clock at `now` unless it runs already; returns the nanoseconds since it started.
+    #[inline(always)]
+    fn waited(&mut self, now: u64) -> u64 {
+        let start = *self.started.get_or_insert(now);
+        now.wrapping_sub(start)
+    }
+}
+
+/// The slow path of a bounded wait, entered every [`WAIT_CHECK_INTERVAL`] polls: starts `clock`
+/// on its first call ([`WaitClock`]) and says whether to give up (deadline passed, or another
+/// waiter already timed out), recording the failure in `status` when it does.
 ///
 /// # Safety
 /// `status` valid.
 #[inline(always)]
-unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, expected: u64, seen: u64) -> bool {
-    let now = device::global_timer_ns();
-    let start = *started.get_or_insert(now);
-    let waited = now.wrapping_sub(start);
+unsafe fn wait_expired(clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, expected: u64, seen: u64) -> bool {
+    let waited = clock.waited(device::global_timer_ns());
     // SAFETY: `status` valid; another waiter's CAS on the flag is a GPU-scope atomic.
     let other_failed = unsafe { device::load_relaxed_gpu_u32(&raw const (*status).timed_out) } != 0;
     if waited > timeout_ns || other_failed {
@@ -144,14 +166,16 @@ unsafe fn wait_expired(started: &mut Option<u64>, timeout_ns: u64, status: *mut 
 }
 
 /// The bounded spin of every wait: `poll()` until it returns `Ok`, the clock and the timeout flag
-/// only every [`WAIT_CHECK_INTERVAL`] polls. `poll` returns `Err(seen)` while not ready (`seen`,
-/// with `expected`, goes into the timeout report).
+/// only every [`WAIT_CHECK_INTERVAL`] polls, the deadline `clock`'s ([`WaitClock`]: one per wait,
+/// however many spins it takes). `poll` returns `Err(seen)` while not ready (`seen`, with
+/// `expected`, goes into the timeout report).
 ///
 /// # Safety
 /// `status` valid; `poll` reads valid locations.
 #[inline(always)]
-pub unsafe fn spin(expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, mut poll: impl FnMut() -> Result<(), u64>) -> bool {
-    let mut started = None;
+pub unsafe fn spin(
+    clock: &mut WaitClock, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, mut poll: impl FnMut() -> Result<(), u64>,
+) -> bool {
     loop {
         let mut polls = WAIT_CHECK_INTERVAL;
         let mut seen = 0;
@@ -163,24 +187,24 @@ pub unsafe fn spin(expected: u64, timeout_ns: u64, status: *mut WaitStatus, site
             polls -= 1;
         }
         // SAFETY: `status` valid.
-        if unsafe { wait_expired(&mut started, timeout_ns, status, site, expected, seen) } {
+        if unsafe { wait_expired(clock, timeout_ns, status, site, expected, seen) } {
             return false;
         }
     }
 }
 
 /// The bounded spin of the counter waits: `relaxed()` until it returns at least `expected`, then
-/// one `acquire()` ([`spin`]).
+/// one `acquire()` ([`spin`], against `clock`'s deadline).
 ///
 /// # Safety
 /// `status` valid; `relaxed` and `acquire` read a valid location.
 #[inline(always)]
 unsafe fn spin_until(
-    expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+    clock: &mut WaitClock, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
 ) -> bool {
     // SAFETY: forwarded.
     unsafe {
-        spin(expected, timeout_ns, status, site, || {
+        spin(clock, expected, timeout_ns, status, site, || {
             let seen = relaxed();
             if seen >= expected {
                 acquire();
@@ -212,9 +236,20 @@ unsafe fn spin_until(
 /// `slot` valid and 8-byte aligned (local or a peer's); `status` valid. One thread per wait.
 #[inline(always)]
 pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
+    // SAFETY: forwarded.
+    unsafe { wait_signal_on(&mut WaitClock::new(), slot, expected, timeout_ns, status, site) }
+}
+
+/// [`wait_signal`] as one of several signals a thread awaits in one wait (the signals of the
+/// earlier pulses a pulse forwards from): against `clock`'s deadline, shared by all of them.
+///
+/// # Safety
+/// As [`wait_signal`].
+#[inline(always)]
+pub unsafe fn wait_signal_on(clock: &mut WaitClock, slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
     // SAFETY: the caller guarantees `slot` and `status`; the acquire's value is not needed.
     unsafe {
-        spin_until(expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
+        spin_until(clock, expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
             device::load_acquire_sys_u64(slot);
         })
     }
@@ -222,16 +257,19 @@ pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, stat
 
 /// Spin until the u32 counter at `ptr` reaches `expected` (arrivals of blocks of this launch,
 /// each an acq-rel atomic), then acquire at GPU scope; bounded like [`wait_signal`]: a relaxed
-/// GPU-scope spin, the clock every [`WAIT_CHECK_INTERVAL`] polls, one `ld.acquire.gpu` at the end.
+/// GPU-scope spin, the clock every [`WAIT_CHECK_INTERVAL`] polls (`clock`'s deadline: one for
+/// all the counters a thread awaits in one wait), one `ld.acquire.gpu` at the end.
 ///
 /// # Safety
 /// `ptr` valid and on this device; `status` valid.
 #[inline(always)]
-pub unsafe fn wait_local_counter(ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32) -> bool {
+pub unsafe fn wait_local_counter(
+    clock: &mut WaitClock, ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32,
+) -> bool {
     let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
     // SAFETY: the caller guarantees `ptr` and `status`.
     unsafe {
-        spin_until(expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
+        spin_until(clock, expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
             device::load_acquire_gpu_u32(ptr);
         })
     }
@@ -253,6 +291,30 @@ unsafe fn report_timeout(status: *mut WaitStatus, site: WaitSite, expected: u64,
             (*status).waited_ns = waited;
         }
     }
+}
+
+/// Whether a wait of this launch (or of an earlier launch the host has not reset) has timed out:
+/// one relaxed GPU-scope load of `status.timed_out`. A thread that sends data which depends on a
+/// wait (forwarded atoms, accumulated forces, a signal that vouches for them) checks it after an
+/// acquire that follows the waits (its own, or its block's through a barrier and an acq-rel
+/// arrival), and sends nothing when it is set: a timed-out wait never makes its zeros or stale
+/// values look valid downstream, whose own wait then times out and reports too.
+///
+/// # Safety
+/// `status` valid.
+#[inline(always)]
+pub unsafe fn timed_out(status: *const WaitStatus) -> bool {
+    // SAFETY: `status` valid; the reporters' CAS is a GPU-scope atomic.
+    unsafe { device::load_relaxed_gpu_u32(&raw const (*status).timed_out) != 0 }
+}
+
+/// Whether coordinate pulse `pulse` sends anything that depends on a wait of this step: the atoms
+/// it forwards (every pulse after the first may) or a slot it may write only after the credit
+/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). Only such a pulse looks at the
+/// timeout flag ([`timed_out`]) before its signal; pulse 0 of a fresh direction never pays it.
+#[inline(always)]
+pub fn coord_pulse_depends_on_waits(pulse: u32, meta: &PulseMeta, step: Step) -> bool {
+    pulse > 0 || (step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT))
 }
 
 /// Device-wide arrival: thread 0 of each block increments `counter` (acq-rel, wrapping after
@@ -421,9 +483,11 @@ pub unsafe fn send_previous_credit(meta: &PulseMeta, pulse: u32, num_pulses: u32
 
 /// One thread tells a peer that this rank has finished with what it sent (a credit SET to the
 /// step counter): a `st.release.sys` into the peer's slot when it is mapped (`remote != 0`, always
-/// the case when `puts` is false); an `nvshmem_fence` (a `membar.sys`, ordering this rank's
-/// earlier accesses) and an 8-byte put of the counter into the symmetric `slot` on `pe` otherwise
-/// (no remote atomic needed).
+/// the case when `puts` is false); otherwise a `fence.acq_rel.sys` ([`device::fence_acq_rel_sys`]:
+/// with the put after it, a release of every earlier access of this thread and of what it observed,
+/// the reads of the data the credit frees included, which `nvshmem_fence` alone does not promise:
+/// it orders puts to one PE), an `nvshmem_fence` (puts to `pe` before it land first) and an 8-byte
+/// put of the counter into the symmetric `slot` on `pe` (no remote atomic needed).
 ///
 /// # Safety
 /// `remote` mapped and valid when nonzero or `puts` is false; otherwise NVSHMEM initialised, this
@@ -435,6 +499,7 @@ pub unsafe fn send_credit(remote: u64, slot: *mut u64, value: u64, pe: i32, puts
         if remote != 0 || !puts {
             device::store_release_sys_u64(remote as *mut u64, value);
         } else {
+            device::fence_acq_rel_sys();
             nvshmem::nvshmem_fence();
             nvshmem::nvshmem_uint64_p(slot, value, pe);
         }

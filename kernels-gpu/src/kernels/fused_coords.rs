@@ -24,7 +24,8 @@
 //! Pulses whose peers differ take different paths in one launch.
 
 use super::common::{
-    Step, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, wait_signal,
+    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, coord_pulse_depends_on_waits, deliver, pack_subset, send_previous_credit,
+    shift_of, shifted, timed_out, wait_signal, wait_signal_on,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -74,12 +75,15 @@ pub unsafe fn await_coord_credit(
 #[inline(always)]
 unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, timeout_ns: u64, status: *mut WaitStatus) {
     if thread::thread_idx_x() == 0 {
+        // One wait for all of them: one deadline.
+        let mut clock = WaitClock::new();
         for earlier in 0..pulse {
             // SAFETY: own receive-X slots, `num_pulses` of them.
             let meta_e = unsafe { &*pulses.add(earlier as usize) };
             if !ll::arrives_as_words(meta_e) {
                 let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                // SAFETY: own receive-X slot of pulse `earlier`.
+                unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
             }
         }
     }
@@ -206,6 +210,13 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
     // SAFETY: all threads of the block call it.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         tl.mark0(pulse_slot(pulse, point::ELECTED));
+        // A wait of this launch timed out (the arrivals ordered every block's waits before this):
+        // the staged values may be stale or missing, so no signal vouches for them and the peer
+        // times out too. Thread 0 decides for the block (the put is collective).
+        // SAFETY: every thread of the last block reaches the barrier; `status` valid.
+        if unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) } {
+            return;
+        }
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
         // SAFETY: all threads of the last block; plan pointers validated by the host.
         unsafe {
@@ -218,8 +229,10 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
 
 /// Pass 2 of a pulse after the first: for every map entry `i` of this thread that forwards an atom
 /// received in an earlier pulse (index at or above `dep_offset`), `put(i, value)` with the value
-/// taken as it arrives ([`ll::received`]) and the pulse's shift added. Puts and bulk copies among
-/// the earlier pulses must have been awaited ([`await_signalled_earlier`]).
+/// taken as it arrives ([`ll::received`]) and the pulse's shift added; nothing for an atom that did
+/// not arrive in time (a timeout, reported in `status`), so no zero or stale value goes on as the
+/// step's. One wait per thread: all its atoms against one deadline. Puts and bulk copies among the
+/// earlier pulses must have been awaited ([`await_signalled_earlier`]).
 ///
 /// # Safety
 /// As [`fused_coords`]; `put` may write entry `i` of the pulse's destination.
@@ -229,14 +242,17 @@ unsafe fn each_forwarded<T: HaloElement>(
     pulses: *const PulseMeta, pulse: u32, meta: &PulseMeta, x: *const T, dep_offset: u32, step: Step, timeout_ns: u64,
     status: *mut WaitStatus, mut put: impl FnMut(u32, T),
 ) {
-    let (map, shift, parity, flag) = (meta.index_map as *const u32, shift_of(meta), step.parity(), ll::flag_of(step));
+    let (map, shift) = (meta.index_map as *const u32, shift_of(meta));
+    let mut clock = WaitClock::new();
     let mut i = thread::index_1d();
     while i < meta.send_size {
         // SAFETY: i < send_size; a forwarded atom was received in an earlier pulse.
         unsafe {
             let atom = *map.add(i as usize);
-            if atom >= dep_offset {
-                put(i, shifted(ll::received(pulses, pulse, atom, x, parity, flag, timeout_ns, status), shift));
+            if atom >= dep_offset
+                && let Some(v) = ll::received(pulses, pulse, atom, x, step, &mut clock, timeout_ns, status)
+            {
+                put(i, shifted(v, shift));
             }
         }
         i += thread::grid_stride_x();
@@ -244,8 +260,9 @@ unsafe fn each_forwarded<T: HaloElement>(
 }
 
 /// Takes in this rank's own incoming pulse `pulse`: polls and unpacks its low-latency words into
-/// `x` (each block of the row its share), or waits (block 0, thread 0) for the signal behind a put
-/// or a bulk copy.
+/// `x` (each block of the row its share, each thread its elements against one deadline; an element
+/// that did not come in time is left as it was, the host discards the step), or waits (block 0,
+/// thread 0) for the signal behind a put or a bulk copy.
 ///
 /// # Safety
 /// All threads of the block; as [`fused_coords`].
@@ -257,11 +274,16 @@ unsafe fn receive_pulse<T: HaloElement, L: Timeline>(
     let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
     if ll::arrives_as_words(meta) {
         let src = ll::slot(meta.x_recv_slots, step.parity(), meta.recv_slot_bytes);
-        let (dst, flag) = (meta.atom_offset as usize, ll::flag_of(step));
+        let dst = meta.atom_offset as usize;
+        let mut clock = WaitClock::new();
         let mut i = thread::index_1d();
         while i < meta.recv_size {
             // SAFETY: the own receive slot holds recv_size elements; the pulse's range lies in `x`.
-            unsafe { *x.add(dst + i as usize) = ll::load(src, i, flag, timeout_ns, status, site) };
+            unsafe {
+                if let Some(v) = ll::load(src, i, step.epoch, &mut clock, timeout_ns, status, site) {
+                    *x.add(dst + i as usize) = v;
+                }
+            }
             i += thread::grid_stride_x();
         }
         tl.mark0(pulse_slot(pulse, point::RECEIVED));

@@ -17,7 +17,10 @@
 //! The per-pulse body, [`bulk_pulse`], is also what the fused kernel runs for the pulses whose
 //! path is [`crate::abi::CoordPath::Bulk`], so one launch can mix bulk copies with stores and puts.
 
-use super::common::{Step, WaitSite, finish_coordinates, send_previous_credit, shift_of, shifted, wait_signal};
+use super::common::{
+    Step, WaitClock, WaitSite, coord_pulse_depends_on_waits, finish_coordinates, send_previous_credit, shift_of, shifted, timed_out, wait_signal,
+    wait_signal_on,
+};
 use super::ll;
 use crate::abi::{
     Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
@@ -145,6 +148,7 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
     // Work items: 0 = head, 1..=full_chunks = bulk chunks, full_chunks + 1 = tail.
     let items = full_chunks + 2;
     let mut waited = false;
+    let mut clock = WaitClock::new();
     let mut copying = false;
     let mut values = [T::default(); K];
     let mut item = global_warp;
@@ -183,7 +187,8 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
                         continue;
                     }
                     let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
-                    unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                    // SAFETY: own receive-X slot of pulse `earlier`; the thread's one clock (its words below use it too).
+                    unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
                 }
             }
             waited = true;
@@ -194,8 +199,10 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
                     // SAFETY: as above; a forwarded atom was received in an earlier pulse.
                     values[j] = unsafe {
                         let atom = *map.add((start + j as u32 * warp::WARP_SIZE + lane) as usize);
+                        // An atom that did not come in time (a timeout, reported) goes out as 0:
+                        // the pulse's signal is then withheld (below), so the peer never takes it.
                         let v = if FUSED {
-                            ll::received(pulses, pulse, atom, x, step.parity(), ll::flag_of(step), timeout_ns, status)
+                            ll::received(pulses, pulse, atom, x, step, &mut clock, timeout_ns, status).unwrap_or_default()
                         } else {
                             *x.add(atom as usize)
                         };
@@ -256,8 +263,15 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
             old == warps_per_block - 1 && device::atomic_inc_acq_rel_gpu(counters.add(pulse as usize), limit) == limit
         };
         if last {
-            // SAFETY: mapped peer slot; release.sys publishes what this thread observed.
-            unsafe { device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch) };
+            // No signal vouches for the pulse when a wait of this launch timed out (the arrivals
+            // ordered every warp's waits before this): a forwarded value may be 0 or stale. The
+            // peer's wait then times out and reports too.
+            // SAFETY: mapped peer slot; release.sys publishes what this thread observed; `status` valid.
+            unsafe {
+                if !(coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) {
+                    device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch);
+                }
+            }
             // The fused kernel receives and arrives after this for every block; the TMA kernel's
             // pulse ends here, overlapping its arrival with the hop.
             if !FUSED {

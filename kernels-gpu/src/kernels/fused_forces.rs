@@ -22,8 +22,8 @@
 //! so the grid may change between launches.
 
 use super::common::{
-    DeviceElement, Step, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, wait_local_counter,
-    wait_signal,
+    DeviceElement, Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, copy_words, put_and_signal, send_previous_credit, timed_out,
+    wait_local_counter, wait_signal, wait_signal_on,
 };
 use super::ll;
 use super::timeline::Timeline;
@@ -71,22 +71,30 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     //    needs it, once recv_pe has accumulated the push that last used the slot: the previous
     //    one for a put into the pair's slot, the one before for words, which alternate slots),
     //    copy the halo forces out.
+    //    A block of a later pulse whose receive timed out does not count itself done (step 3), so
+    //    the wait for that pulse fails too (at once: the timeout flag is set), and then this
+    //    pulse's halo forces, which miss its contributions, go nowhere: recv_pe's wait times out
+    //    and reports too instead of taking them as the step's. No extra look at memory when
+    //    nothing failed: the waits' own results, told to the block by the barrier.
+    let mut waited = true;
     if tid0 {
+        // One wait (the credit, then every later pulse): one deadline.
+        let mut clock = WaitClock::new();
         if step.repeat && meta.has(pulse_flags::WAIT_FORCE_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::ForceCredit, peer: meta.recv_pe };
             let lag = if words { 2 } else { 1 };
             // SAFETY: own credit slot of this pulse.
-            unsafe {
-                wait_signal(signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+            waited &= unsafe {
+                wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
             };
         }
         for later in pulse + 1..num_pulses {
             // SAFETY: done counters on this device.
-            unsafe { wait_local_counter(done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
+            waited &= unsafe { wait_local_counter(&mut clock, done.add(later as usize), thread::grid_dim_x(), timeout_ns, status, later) };
         }
     }
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
-    unsafe { device::sync_threads() };
+    let failed = unsafe { device::sync_threads_or(!waited) };
     tl.mark0(pulse_slot(pulse, point::CHAIN));
     // Pulse 0's row waited for every other row: once all its blocks are past that wait, no block
     // reads a done counter any more, and the last of them resets them for the next launch (which
@@ -108,7 +116,7 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     if words {
         let dest = ll::slot(meta.remote_recv_slots, parity, meta.recv_slot_bytes);
         let mut i = thread::index_1d();
-        while i < meta.recv_size {
+        while i < meta.recv_size && !failed {
             // SAFETY: the halo range lies in f; the peer's slot holds recv_size elements.
             unsafe { ll::store(dest, i, *f.add(halo + i as usize), flag) };
             i += thread::grid_stride_x();
@@ -126,12 +134,18 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
         if unsafe { arrive_is_last_block(push_counters.add(pulse as usize)) } {
             tl.mark0(pulse_slot(pulse, point::PUSHED));
             tl.keep0(pulse_slot(pulse, point::ELECTED_ENTRY), entered);
-            // SAFETY: all threads of the last block; receive slots and signals are symmetric.
-            unsafe {
-                let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
-                put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize, slot,
-                    step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
-            };
+            // Nothing goes out when a block of the row saw its waits fail: a later pulse or the
+            // credit timed out (every block's wait was ordered before this by the arrivals, and
+            // its failure set the timeout flag; thread 0 decides for the collective put).
+            // SAFETY: every thread of the last block reaches the barrier; `status` valid.
+            if !unsafe { device::sync_threads_or(tid0 && timed_out(status)) } {
+                // SAFETY: all threads of the last block; receive slots and signals are symmetric.
+                unsafe {
+                    let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
+                    put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize,
+                        slot, step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
+                };
+            }
             tl.mark0(pulse_slot(pulse, point::SIGNALLED));
         }
     }
@@ -145,18 +159,28 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     let (map, count) = (meta.index_map as *const u32, meta.send_size);
     let src = ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes);
     let site = WaitSite { pulse, kind: WaitKind::ForceSignal, peer: meta.send_pe };
+    let mut received = true;
     if meta.has(pulse_flags::RECV_F_LL) {
+        // One wait per thread: all its elements against one deadline. An element that did not
+        // come in time (a timeout, reported) adds nothing; the host discards the step, and the
+        // block does not count itself done (step 3), so the pulses it feeds push nothing.
+        let mut clock = WaitClock::new();
         let mut i = thread::index_1d();
         while i < count {
             // SAFETY: the local slot holds `count` elements as words; map targets are in range of f.
-            unsafe { T::atomic_accumulate(f.add(*map.add(i as usize) as usize), ll::load(src, i, flag, timeout_ns, status, site)) };
+            unsafe {
+                match ll::load(src, i, step.epoch, &mut clock, timeout_ns, status, site) {
+                    Some(v) => T::atomic_accumulate(f.add(*map.add(i as usize) as usize), v),
+                    None => received = false,
+                }
+            }
             i += thread::grid_stride_x();
         }
         tl.mark0(pulse_slot(pulse, point::RECEIVED));
     } else {
         if tid0 {
             // SAFETY: own receive-F slot.
-            unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
+            received = unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
             tl.mark(pulse_slot(pulse, point::RECEIVED));
         }
         // SAFETY: every thread reaches it (block-uniform branch); orders thread 0's acquire before the reads below.
@@ -171,11 +195,13 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     }
 
     // 3. Done: rows after the first count themselves, so that earlier pulses may push (the
-    //    reverse chain); the block's atomics come before thread 0's release.
+    //    reverse chain); the block's atomics come before thread 0's release. A block in which
+    //    a wait timed out does not: its forces are incomplete, and the earlier pulses' wait for
+    //    it fails (the timeout flag is set) instead of pushing them on.
     // SAFETY: every thread reaches the barrier (the condition is block-uniform).
-    unsafe { device::sync_threads() };
+    let incomplete = unsafe { device::sync_threads_or(!received) };
     tl.mark0(pulse_slot(pulse, point::ACCUMULATED));
-    if pulse > 0 && tid0 {
+    if pulse > 0 && tid0 && !incomplete {
         // SAFETY: done counters on this device.
         let old = unsafe { device::atomic_add_acq_rel_gpu_u32(done.add(pulse as usize), 1) };
         if old + 1 == thread::grid_dim_x() {

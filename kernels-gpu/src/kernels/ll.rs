@@ -3,7 +3,7 @@
 //! back. No fence, no signal, no acquire: the flag travels in the same single-copy-atomic store as
 //! the value it vouches for.
 
-use super::common::{Step, WaitSite, spin};
+use super::common::{Step, WaitClock, WaitSite, spin, timed_out};
 use crate::abi::{HaloElement, PulseMeta, WaitKind, WaitStatus, ll, pulse_flags};
 use crate::device;
 
@@ -48,16 +48,23 @@ pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
     }
 }
 
-/// Element `i` of the low-latency slot `slot` for the step of `flag`: every word read once with
+/// Element `i` of the low-latency slot `slot` for step `epoch`: every word read once with
 /// `ld.relaxed.sys`, back to back (independent loads in flight together), then each word that did
-/// not carry `flag` yet polled until it does ([`poll_word`]). On a timeout (recorded in `status`
-/// for `site`) the words not yet seen read as 0; the host discards the step.
+/// not carry the step's flag yet polled until it does ([`poll_word`]), all against one deadline,
+/// `clock`'s (the caller's wait: pass the same clock for every element a thread takes in one
+/// wait). `None` on a timeout (recorded in `status` for `site`, with `epoch` as the step expected
+/// and the step of the flag last seen): the element is incomplete, and the caller must neither
+/// use it nor send on anything made from it.
 ///
 /// # Safety
 /// `slot` 8-byte aligned with room for element `i`; `status` valid.
 #[inline(always)]
-pub unsafe fn load<T: HaloElement>(slot: *const u64, i: u32, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> T {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn load<T: HaloElement>(
+    slot: *const u64, i: u32, epoch: u64, clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite,
+) -> Option<T> {
     const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
+    let flag = ll::flag(epoch);
     let mut out = T::default();
     let mut got = [0u64; MAX_WORDS];
     // SAFETY: the caller guarantees the slot and `status`.
@@ -65,37 +72,37 @@ pub unsafe fn load<T: HaloElement>(slot: *const u64, i: u32, flag: u32, timeout_
         let src = slot.add(i as usize * words::<T>());
         let mut k = 0;
         while k < words::<T>() {
-            got[k] = device::load_relaxed_sys_u64(src.add(k));
+            got[k] = device::load_word_relaxed_sys_u64(src.add(k));
             k += 1;
         }
         let mut k = 0;
         while k < words::<T>() {
             if ll::value(got[k], flag).is_none() {
-                match poll_word(src.add(k), flag, timeout_ns, status, site) {
-                    Some(w) => got[k] = w,
-                    None => return out,
-                }
+                got[k] = poll_word(src.add(k), epoch, clock, timeout_ns, status, site)?;
             }
             out = out.with_word(k, got[k] as u32);
             k += 1;
         }
     }
-    out
+    Some(out)
 }
 
-/// Polls the word at `word` until it carries `flag`, bounded like every wait ([`spin`]: the clock
-/// and the timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls); `None` on a timeout.
+/// Polls the word at `word` until it carries step `epoch`'s flag, bounded like every wait
+/// ([`spin`]: the clock and the timeout flag every [`super::common::WAIT_CHECK_INTERVAL`] polls,
+/// the deadline `clock`'s); `None` on a timeout, which reports `epoch` as expected and the step of
+/// the flag last seen ([`ll::step_of_flag`], 0 for a word never stored).
 ///
 /// # Safety
 /// `word` valid and 8-byte aligned; `status` valid.
 #[inline(always)]
-unsafe fn poll_word(word: *const u64, flag: u32, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> Option<u64> {
+unsafe fn poll_word(word: *const u64, epoch: u64, clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> Option<u64> {
+    let flag = ll::flag(epoch);
     let mut last = 0;
     // SAFETY: the caller's contract.
     let seen = unsafe {
-        spin(flag as u64, timeout_ns, status, site, || {
-            last = device::load_relaxed_sys_u64(word);
-            if ll::value(last, flag).is_some() { Ok(()) } else { Err(last >> 32) }
+        spin(clock, epoch, timeout_ns, status, site, || {
+            last = device::load_word_relaxed_sys_u64(word);
+            if ll::value(last, flag).is_some() { Ok(()) } else { Err(ll::step_of_flag((last >> 32) as u32, epoch)) }
         })
     };
     seen.then_some(last)
@@ -119,29 +126,33 @@ pub unsafe fn all_arrive_as_words(pulses: *const PulseMeta, n: u32) -> bool {
 
 /// The received coordinate of `atom` (at or past the home atoms), to forward in a pulse after
 /// `earlier` pulses: taken from the low-latency slot of the earlier pulse that brought it when
-/// that pulse came as words ([`arrives_as_words`]), else read from `x`, where a put or a bulk copy
-/// left it (the caller has waited for those pulses' signals). `parity` and `flag` are the step's.
+/// that pulse came as words ([`arrives_as_words`]; `clock` is the caller's wait, as in [`load`]),
+/// else read from `x`, where a put or a bulk copy left it (the caller has waited for those pulses'
+/// signals). `None` when the words did not come in time or a wait of this launch has timed out
+/// ([`timed_out`]: `x` may hold an older step's value): the caller forwards nothing then.
 ///
 /// # Safety
 /// `pulses[0..earlier]` valid; `atom` inside `x` and received in one of them (the plan's rule,
-/// checked by `spec::validate`); `status` valid.
+/// checked by `spec::validate`); `status` valid; the waits for the signalled pulses ordered before
+/// this thread (a barrier after them).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn received<T: HaloElement>(
-    pulses: *const PulseMeta, earlier: u32, atom: u32, x: *const T, parity: u64, flag: u32, timeout_ns: u64, status: *mut WaitStatus,
-) -> T {
+    pulses: *const PulseMeta, earlier: u32, atom: u32, x: *const T, step: Step, clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus,
+) -> Option<T> {
     for q in 0..earlier {
         // SAFETY: the caller's contract.
         let m = unsafe { &*pulses.add(q as usize) };
         if atom >= m.atom_offset && atom - m.atom_offset < m.recv_size {
             if arrives_as_words(m) {
                 let site = WaitSite { pulse: q, kind: WaitKind::CoordSignal, peer: m.recv_pe };
+                let slot = slot(m.x_recv_slots, step.parity(), m.recv_slot_bytes);
                 // SAFETY: the pulse's own receive pair; element `atom - atom_offset` < recv_size.
-                return unsafe { load(slot(m.x_recv_slots, parity, m.recv_slot_bytes), atom - m.atom_offset, flag, timeout_ns, status, site) };
+                return unsafe { load(slot, atom - m.atom_offset, step.epoch, clock, timeout_ns, status, site) };
             }
             break;
         }
     }
     // SAFETY: the caller's contract.
-    unsafe { *x.add(atom as usize) }
+    unsafe { if timed_out(status) { None } else { Some(*x.add(atom as usize)) } }
 }

@@ -3,10 +3,13 @@
 //! Launched pulse after pulse in stream order, so later pulses see earlier pulses' atoms without
 //! any dependency wait inside the kernel.
 
-use super::common::{Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, wait_signal};
+use super::common::{
+    Step, WaitSite, arrive_is_last_block, coord_pulse_depends_on_waits, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of,
+    timed_out, wait_signal,
+};
 use super::fused_coords::await_coord_credit;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
-use crate::device::thread;
+use crate::device::{self, thread};
 
 /// Pulse `pulse` (of `num_pulses`) of the forward (coordinate) halo. `direct`: pack straight into
 /// the peer's array (`remote_x`, reachable by stores over NVLink or on the same GPU), then one
@@ -49,20 +52,27 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
     // SAFETY: all threads call it; `counters[pulse]` is this pulse's zeroed device counter.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
-        // SAFETY: all threads of the last block call it; pointers from the validated plan.
-        unsafe {
-            deliver(
-                meta.remote_x_signal as *mut u64,
-                direct,
-                x.add(meta.peer_atom_offset as usize),
-                dest,
-                meta.send_size,
-                own_slot,
-                step.epoch,
-                meta.send_pe,
-                SignalMode::from_u32(meta.signal_mode),
-            )
-        };
+        // An earlier pulse's wait (or the credit's) timed out: forwarded atoms in `x` may be stale,
+        // so no signal vouches for them and the peer times out too. Thread 0 decides for the
+        // block (the put is collective).
+        // SAFETY: every thread of the last block reaches the barrier; `status` valid.
+        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
+        if !failed {
+            // SAFETY: all threads of the last block call it; pointers from the validated plan.
+            unsafe {
+                deliver(
+                    meta.remote_x_signal as *mut u64,
+                    direct,
+                    x.add(meta.peer_atom_offset as usize),
+                    dest,
+                    meta.send_size,
+                    own_slot,
+                    step.epoch,
+                    meta.send_pe,
+                    SignalMode::from_u32(meta.signal_mode),
+                )
+            };
+        }
         if thread::thread_idx_x() == 0 {
             let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
             // SAFETY: state on this device; own_slot is this rank's receive-X slot for the pulse.
