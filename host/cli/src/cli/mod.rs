@@ -9,6 +9,7 @@ pub use verify::StepArgs;
 mod exchange_check;
 mod info;
 mod launch;
+mod logging;
 mod md_bench;
 mod perturb;
 mod plan;
@@ -69,10 +70,7 @@ fn transport_parser() -> impl clap::builder::TypedValueParser<Value = halo::exch
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HALO_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(args) => info::run(args),
