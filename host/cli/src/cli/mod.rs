@@ -59,6 +59,17 @@ enum Command {
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
+    /// Writes docs/cli.md and docs/environment.md into DIR (what `cargo xtask docs` runs).
+    #[command(hide = true)]
+    WriteReference {
+        /// The docs folder.
+        dir: std::path::PathBuf,
+    },
+}
+
+/// The `halo` command's clap definition (for the generated reference, [`crate::reference`]).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// `--transport` values: the exchange's transport names, listed in `--help` and in the error for
@@ -85,6 +96,7 @@ pub fn main() -> ExitCode {
         Command::BenchLatency(args) => bench::run_latency(args),
         Command::Timeline(args) => timeline::run(args),
         Command::MdBench(args) => md_bench::run(args),
+        Command::WriteReference { dir } => crate::reference::write(&dir).map_err(anyhow::Error::from),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),
