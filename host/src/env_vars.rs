@@ -93,7 +93,6 @@ pub const VARS: &[EnvVar] = &[
     var(crate::watchdog::STARTUP_TIMEOUT_ENV, Scope::Library, "60", "Seconds a rank may spend in a start-up or collective step (NVSHMEM init, barriers, gathers) before the watchdog ends it with a message naming the step."),
     var(watch::HOST_WAIT_ENV, Scope::Library, "the device wait deadline plus 3 s", "Seconds a host wait on the exchange's kernels may go without progress before it fails with a snapshot of the device state (above 0, at most 1e6)."),
     var(proxy::ENV_PIN_LAUNCHER, Scope::Library, "on", "`0`: leave the launching thread's CPU affinity alone. Otherwise, after NVSHMEM starts, the thread that launches the kernels is moved off the CPUs NVSHMEM pinned its proxy threads to."),
-    var(ucx::ENV_UCX_DIR, Scope::Library, "unset", "A folder with the UCX libraries that NVSHMEM's UCX transport loads (`cargo xtask fetch-ucx` writes `target/ucx/`; a bundle carries `ucx/`)."),
     var(routing::SAFE_POINT_ENV, Scope::Library, "the driver's own interval (`halo exchange-check`: `--check-every`)", "Steps between safe points (where a routed exchange may fail over to another transport) for drivers that take no flag for it; a whole number, at least 1."),
     // Router.
     var(route::CONFIG, Scope::Router, "unset", "A router config file (TOML: `[weights]`, `[reliability]`, overrides); the environment variables below beat its values."),
@@ -130,6 +129,7 @@ pub const VARS: &[EnvVar] = &[
     var(perturb::FAULT_ENV, Scope::Testing, "off", "`kill@STEP:RANK`: rank RANK kills itself (SIGKILL) right after enqueueing step STEP's coordinate halo. `--fault` beats it."),
     var(feedback::INJECT_ENV, Scope::Testing, "off", "A transport failure injected on purpose: `transport[:step][@pe,pe...]` (every step, or one step; every PE, or the ones listed)."),
     var(heap::RESERVE_ENV, Scope::Testing, "unset", "`G[:RANK]`: `halo exchange-check` holds G GiB of device memory (on every rank, or only RANK) before it builds the exchange, to test the out-of-memory checks."),
+    var(ucx::ENV_UCX_DIR, Scope::Testing, "unset: the UCX test cases skip", "A folder with the UCX libraries that NVSHMEM's UCX transport loads (`cargo xtask fetch-ucx` writes `target/ucx/`; a bundle carries `ucx/`): the multi-PE GPU tests then also run the put path through that transport over TCP loopback, as between nodes."),
     var("HALO_REQUIRE_GPU", Scope::Testing, "unset: GPU tests skip without a GPU", "`1`: a GPU test that finds no usable GPU fails instead of skipping (the bundle's `run-gpu-tests.sh` sets it)."),
     var("HALO_REQUIRE_MPI", Scope::Testing, "unset: the MPI test skips without `mpiexec`", "Set: the test under a real process manager fails when it finds no `mpiexec` (`cargo xtask test` sets it)."),
     var("HALO_MPIEXEC", Scope::Testing, "`target/mpi/mpich/bin/mpiexec` (`cargo xtask fetch-mpi`)", "The `mpiexec` the MPI test starts its ranks with."),
