@@ -40,6 +40,9 @@ pub const EMBEDDED: Option<Embedded> = embedded::KERNELS;
 /// The default architecture (H100/H200).
 pub const DEFAULT_ARCH: &str = "sm_90";
 
+/// The variable naming a folder of kernels to load instead of the embedded ones.
+pub const PTX_DIR_ENV: &str = "HALO_PTX_DIR";
+
 /// What the PTX build recorded about a module.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
@@ -83,7 +86,7 @@ impl KernelArtifacts {
     /// the executable (a bundle) and in the workspace's `target/ptx/`, and otherwise says how to
     /// provide them.
     pub fn locate(arch: &str) -> Result<Self> {
-        let ptx_dir = std::env::var_os("HALO_PTX_DIR").map(PathBuf::from);
+        let ptx_dir = std::env::var_os(PTX_DIR_ENV).map(PathBuf::from);
         Self::locate_in(arch, ptx_dir.as_deref(), EMBEDDED, || search_dirs(arch))
     }
 

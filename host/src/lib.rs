@@ -18,6 +18,7 @@
 //! | [`route`] | topology discovery and the transport router |
 //! | [`integrity`] | order-independent checksums for cross-rank checks |
 //! | [`mod@reference`], [`testing`] | CPU references of every kernel's effect; GPU-or-skip for tests |
+//! | [`env_vars`] | every `HALO_*` environment variable halo reads: who reads it, its default, what it does |
 //!
 //! The `halo` command, benchmarks and the launcher are in the `halo-cli` crate, the mini-MD
 //! application in `halo-md`. Nothing here needs a GPU or NVSHMEM to build: the CUDA driver and
@@ -25,6 +26,7 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod artifacts;
+pub mod env_vars;
 pub mod error;
 pub mod gpu;
 pub mod kernels;

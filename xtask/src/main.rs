@@ -2,12 +2,14 @@
 //!
 //! - `build-ptx`: Rust kernels -> LLVM bitcode -> linked with NVSHMEM's device bitcode -> PTX and a
 //!   cubin, through `halo-builder` (see `docs/toolchain.md`), copied into `target/ptx/`.
-//! - `test`: everything CI runs (the PTX build, the workspace tests, the docs, and the downstream
-//!   fixture crate built with plain `cargo build`).
+//! - `test`: everything CI runs (the PTX build, clippy, the workspace tests, the docs, the
+//!   downstream fixture crate built with plain `cargo build`, and `msrv`).
+//! - `msrv`: checks the workspace with the toolchain of its declared `rust-version`.
 //! - `demo`: builds what is stale and runs the default halo run on the GPUs present.
 //! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network
 //!   (`--with-ucx`: with the UCX libraries for the emulated-network tests; `--mpi`: with MPICH's
 //!   `mpiexec` and Open MPI's `mpirun` in `mpi/`).
+//! - `docs`: writes the generated references, `docs/cli.md` and `docs/environment.md`.
 //! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
 //! - `fetch-mpi`: the pinned MPICH and Open MPI wheels, checked and unpacked into `target/mpi/`.
 //!
@@ -16,6 +18,7 @@
 
 mod bundle;
 mod mpi;
+mod msrv;
 mod ucx;
 
 use anyhow::Result;
@@ -73,7 +76,8 @@ impl PtxArgs {
 enum Task {
     /// Compile kernels-gpu to PTX (linked with NVSHMEM's device bitcode) and a cubin.
     BuildPtx(PtxArgs),
-    /// Build the PTX, then run every workspace test and build the downstream fixture (what CI runs).
+    /// Build the PTX, then run clippy, every workspace test and the docs, build the downstream
+    /// fixture, and check the declared rust-version (what CI runs).
     Test {
         #[command(flatten)]
         ptx: PtxArgs,
@@ -108,6 +112,12 @@ enum Task {
         #[arg(long, value_parser = ["mpich", "openmpi"])]
         only: Option<String>,
     },
+    /// Check the workspace with the toolchain of its declared rust-version (installed with rustup
+    /// when missing); part of `test`.
+    Msrv,
+    /// Write the generated references, docs/cli.md (every command's --help) and
+    /// docs/environment.md (halo::env_vars::VARS); a test fails when the committed ones differ.
+    Docs,
     /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
     /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
     FetchUcx,
@@ -121,6 +131,7 @@ fn main() -> Result<()> {
         }
         Task::Test { ptx } => {
             ptx.build()?;
+            clippy(&ptx)?;
             // The CPU-only test under a real process manager needs MPICH's mpiexec (pinned wheel).
             let mpich = mpi::fetch(&[mpi::MPICH])?.remove(0);
             halo_builder::run(
@@ -138,7 +149,9 @@ fn main() -> Result<()> {
             // `cargo build`, no HALO_PTX_DIR, then run (without a GPU it says it skipped the run).
             let fixture = build_downstream(&ptx, false)?;
             halo_builder::run(Command::new(&fixture).env_remove("HALO_PTX_DIR"), "the downstream fixture")?;
+            msrv::check(&workspace_root())?;
         }
+        Task::Msrv => msrv::check(&workspace_root())?,
         Task::Demo { ptx } => {
             ptx.build()?;
             halo_builder::run(ptx.cargo().args(["build", "--release", "--locked", "-p", "halo-cli"]), "cargo build --release")?;
@@ -153,6 +166,14 @@ fn main() -> Result<()> {
             }
             bundle::assemble(&ptx, &artifacts, ucx.as_deref(), with_mpi, archive)?;
         }
+        Task::Docs => {
+            let docs = workspace_root().join("docs");
+            halo_builder::run(
+                cargo().args(["run", "--quiet", "--locked", "-p", "halo-cli", "--bin", "halo", "--", "write-reference"]).arg(&docs),
+                "halo write-reference",
+            )?;
+            eprintln!("xtask: wrote {0}/cli.md and {0}/environment.md", docs.display());
+        }
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;
             println!("{}", dir.display());
@@ -164,6 +185,20 @@ fn main() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `cargo clippy` over every workspace target, warnings as errors (adds rustup's clippy
+/// component to this toolchain when it is missing).
+fn clippy(ptx: &PtxArgs) -> Result<()> {
+    let present = cargo().args(["clippy", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !present {
+        halo_builder::run(Command::new("rustup").args(["component", "add", "clippy"]), "rustup component add clippy")?;
+    }
+    halo_builder::run(
+        ptx.cargo().args(["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]),
+        "cargo clippy (warnings are errors)",
+    )?;
     Ok(())
 }
 

@@ -38,6 +38,9 @@ pub fn output(cmd: &mut Command, what: &str) -> Result<String> {
 pub struct Nightly {
     /// `rustc --print sysroot` of the toolchain.
     pub sysroot: PathBuf,
+    /// The target triple the toolchain runs on (`host:` of its `rustc -vV`), e.g.
+    /// `x86_64-unknown-linux-gnu`, or `aarch64-unknown-linux-gnu` on a Grace Hopper node.
+    pub host: String,
 }
 
 impl Nightly {
@@ -52,14 +55,20 @@ impl Nightly {
         self.sysroot.join("bin/rustc")
     }
 
-    /// Where rustup's `llvm-tools` component puts `llvm-link`, `opt` and `llc`.
+    /// Where rustup's `llvm-tools` component puts `llvm-link`, `opt` and `llc`: under the host
+    /// triple of the machine the toolchain runs on.
     pub fn llvm_bin(&self) -> PathBuf {
-        self.sysroot.join("lib/rustlib/x86_64-unknown-linux-gnu/bin")
+        self.sysroot.join("lib/rustlib").join(&self.host).join("bin")
     }
 
     fn complete(&self) -> bool {
         self.cargo().exists() && self.llvm_bin().join("llc").exists() && self.sysroot.join("lib/rustlib/src/rust/library/core").exists()
     }
+}
+
+/// The `host:` line of `rustc -vV`: the target triple the compiler runs on.
+pub fn host_triple(verbose_version: &str) -> Option<&str> {
+    verbose_version.lines().find_map(|l| l.strip_prefix("host:")).map(str::trim).filter(|h| !h.is_empty())
 }
 
 /// `rustup`: on the PATH, else in `CARGO_HOME/bin` or `~/.cargo/bin` (a build script may run with
@@ -83,7 +92,13 @@ pub fn ensure_nightly() -> Result<Nightly> {
         if quiet {
             cmd.stderr(std::process::Stdio::null());
         }
-        Ok(Nightly { sysroot: PathBuf::from(output(&mut cmd, "rustc --print sysroot")?.trim()) })
+        let sysroot = PathBuf::from(output(&mut cmd, "rustc --print sysroot")?.trim());
+        let version = output(Command::new(sysroot.join("bin/rustc")).arg("-vV"), "rustc -vV")?;
+        let host = host_triple(&version).ok_or_else(|| BuildError::Missing {
+            what: format!("the host triple of {NIGHTLY}"),
+            hint: format!("its `rustc -vV` printed no `host:` line:\n{version}"),
+        })?;
+        Ok(Nightly { sysroot, host: host.to_owned() })
     };
     if let Some(nightly) = sysroot(true).ok().filter(Nightly::complete) {
         return Ok(nightly);
@@ -149,4 +164,28 @@ pub fn ptxas(cache: &Path) -> Result<PathBuf> {
         return Ok(p);
     }
     Ok(pip_install(cache, CUDA_NVCC_WHEEL)?.join("nvidia/cu13/bin/ptxas"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_llvm_tools_sit_under_the_toolchains_host_triple() {
+        let vv = "rustc 1.97.0-nightly (abcdef 2026-05-19)\nbinary: rustc\ncommit-hash: abcdef\nhost: aarch64-unknown-linux-gnu\nrelease: 1.97.0-nightly\nLLVM version: 22.1.0\n";
+        let host = host_triple(vv).expect("a host line");
+        assert_eq!(host, "aarch64-unknown-linux-gnu");
+        let nightly = Nightly { sysroot: PathBuf::from("/toolchains/nightly"), host: host.to_owned() };
+        assert_eq!(nightly.llvm_bin(), Path::new("/toolchains/nightly/lib/rustlib/aarch64-unknown-linux-gnu/bin"));
+        assert_eq!(host_triple("rustc 1.88.0\nhost:\n"), None);
+        assert_eq!(host_triple("rustc 1.88.0\n"), None);
+    }
+
+    #[test]
+    fn this_machines_rustc_reports_this_machines_architecture() {
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let vv = output(Command::new(rustc).arg("-vV"), "rustc -vV").expect("rustc -vV runs");
+        let host = host_triple(&vv).expect("a host line");
+        assert!(host.starts_with(std::env::consts::ARCH), "{host} on {}", std::env::consts::ARCH);
+    }
 }

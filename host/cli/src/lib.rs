@@ -7,6 +7,7 @@ pub mod cli;
 pub mod crash;
 pub mod launch;
 pub mod machine;
+pub mod reference;
 
 // `bench` and `launch` moved here from the `halo` library and name its items `crate::…`.
 use halo::*;

@@ -9,6 +9,7 @@ pub use verify::StepArgs;
 mod exchange_check;
 mod info;
 mod launch;
+mod logging;
 mod md_bench;
 mod perturb;
 mod plan;
@@ -60,6 +61,17 @@ enum Command {
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
+    /// Writes docs/cli.md and docs/environment.md into DIR (what `cargo xtask docs` runs).
+    #[command(hide = true)]
+    WriteReference {
+        /// The docs folder.
+        dir: std::path::PathBuf,
+    },
+}
+
+/// The `halo` command's clap definition (for the generated reference, [`crate::reference`]).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// The whole command line interface as a clap [`clap::Command`] (every subcommand with its help),
@@ -77,10 +89,7 @@ fn transport_parser() -> impl clap::builder::TypedValueParser<Value = halo::exch
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HALO_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(args) => info::run(args),
@@ -95,6 +104,7 @@ pub fn main() -> ExitCode {
         Command::BenchLatency(args) => bench::run_latency(args),
         Command::Timeline(args) => timeline::run(args),
         Command::MdBench(args) => md_bench::run(args),
+        Command::WriteReference { dir } => crate::reference::write(&dir).map_err(anyhow::Error::from),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
         Command::SelftestChild(args) => return selftest::main(args),
