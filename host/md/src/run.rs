@@ -103,6 +103,11 @@ pub struct MdConfig {
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
     pub graph: bool,
+    /// Test only: a fault every exchange of this run carries (a negative control:
+    /// [`Fault::CorruptAtom`](crate::exchange::perturb::Fault::CorruptAtom) and `DropAtom` change
+    /// one received atom on the GPU, and the checked steps must fail naming it). `None`: only the
+    /// process's own `HALO_FAULT`, if any.
+    pub fault: Option<Arc<crate::exchange::perturb::Perturbation>>,
 }
 
 /// Where a redecomposition's per-atom passes run (wrap, owners, the merge of stayers and
@@ -187,6 +192,7 @@ impl MdConfig {
             resident_search: true,
             redecompose: Redecompose::Auto,
             graph: false,
+            fault: None,
         }
     }
 
@@ -938,6 +944,9 @@ impl MdRun {
                 Some(p) => self.placement.exchange_planned_with_headroom::<Float3>(halos, p, EXCHANGE_HEADROOM)?,
                 None => self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?,
             };
+            if let Some(p) = &self.cfg.fault {
+                ex = Box::new(crate::exchange::perturb::Perturbed::new(ex, p.clone())?);
+            }
             ex.set_wait_timeout(self.cfg.wait_timeout);
             ex.check_transport(self.cfg.transport)?;
             self.exchange = Some(ex);
@@ -1263,7 +1272,13 @@ impl MdRun {
         let ref_f = md_reference::lj_forces(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let mut c = StepCheck::default();
         for (i, &r) in ids.iter().enumerate() {
-            c.merge(check_rank(plan, r, &xs[i], &want[r], &fs[i], &ref_f, step)?);
+            // A failed comparison names the first differing atom by pulse and sender, with the
+            // rank's largest coordinate error.
+            let checked = check_rank(plan, r, &xs[i], &want[r], &fs[i], &ref_f, step).map_err(|e| match reference::coordinate_differences(&halos[r], &xs[i], &want[r]) {
+                d if d.atoms > 0 => HaloError::InvalidInput(format!("{e}; rank {r}: {d}")),
+                _ => e,
+            });
+            c.merge(checked?);
         }
         // The potential energy of every rank's pairs against the undecomposed system.
         let mine: f64 = self.ranks.iter().map(|m| m.read_energies(record + 1).map(|e| e[record].potential)).sum::<Result<f64>>()?;
