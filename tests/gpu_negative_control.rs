@@ -51,10 +51,13 @@ fn pick_slot(halos: &[RankHalo], rank: usize, pulse: usize, forwarded: bool) -> 
     sent.index_map.iter().position(|&i| (i as usize >= sender.home_atoms) == forwarded).unwrap_or_else(|| panic!("rank {rank} pulse {pulse} has no slot with forwarded = {forwarded}"))
 }
 
+/// Every rank's coordinates after one step's halo, and the CPU reference's.
+type Step = (Vec<Vec<Float3>>, Vec<Vec<Float3>>);
+
 /// Runs the coordinate halo of the control layout with `fault` on one GPU in one process, steps
 /// `0..steps`, fresh random home coordinates each step; per step, what every rank holds after the
 /// halo and the CPU reference.
-fn faulted_exchange(g: &GpuFixture, halos: &[RankHalo], fault: Fault, steps: u64) -> (Vec<InjectedAtom>, Vec<(Vec<Vec<Float3>>, Vec<Vec<Float3>>)>) {
+fn faulted_exchange(g: &GpuFixture, halos: &[RankHalo], fault: Fault, steps: u64) -> (Vec<InjectedAtom>, Vec<Step>) {
     let p = Perturbation::new(None, Some(fault)).expect("a fault");
     let inner = Placement::Local(vec![g.module.clone()]).exchange::<Float3>(halos.to_vec()).expect("the exchange");
     let mut x = Perturbed::new(inner, p.clone()).expect("the wrapper");

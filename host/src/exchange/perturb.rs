@@ -634,7 +634,7 @@ impl<E> Perturbed<E> {
         }
         let local = p.atom_offset + k;
         let bytes = size_of::<T>();
-        if bytes < 4 || bytes % 4 != 0 {
+        if bytes < 4 || !bytes.is_multiple_of(4) {
             return Err(HaloError::InvalidInput(format!("{FAULT_ENV}: an element of {bytes} bytes has no 32-bit component to change")));
         }
         let atom = r.x.device_ptr_at(local);
