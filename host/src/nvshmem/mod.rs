@@ -133,7 +133,8 @@ impl Nvshmem {
     ///
     /// A failure NVSHMEM prints during init but never returns from (its proxy thread dying, as over
     /// UCX without a GPU-CPU mapping: [`startup`]) ends this call at once with
-    /// [`HaloError::NvshmemStartup`], naming the cause and the fix.
+    /// [`HaloError::NvshmemStartup`], naming the cause and the fix (not under NVSHMEM's MPI bootstrap,
+    /// whose init stays on the calling thread for MPI's sake: the watchdog's deadline bounds it there).
     pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap, timeout: Duration) -> Result<Arc<Self>> {
         ctx.bind_to_thread().during("binding the context for NVSHMEM")?;
         let (major, minor, _) = lib.version();
@@ -169,10 +170,18 @@ impl Nvshmem {
             // stays loaded while the call runs (leaked if it is abandoned).
             Ok(unsafe { init_fn(flags, &mut attr.0) })
         };
-        let watched = watchdog::bounded(steps::NVSHMEM_INIT, timeout, || {
-            startup::run_watched(call, |on_line| startup::StderrTap::start(on_line), timeout + Duration::from_secs(5))
-        })
-        .map_err(|e| HaloError::Nvshmem(format!("could not watch NVSHMEM's init (a pipe for its messages, or a thread): {e}")))?;
+        // Under NVSHMEM's MPI bootstrap init may initialise MPI, whose later calls (NVSHMEM's
+        // collectives, from this thread) must come from the thread that did: init stays here,
+        // bounded by the watchdog alone.
+        let mpi = std::env::var("NVSHMEM_BOOTSTRAP").is_ok_and(|b| b.trim().eq_ignore_ascii_case("mpi"));
+        let watched = if matches!(bootstrap, Bootstrap::FromEnvironment) && mpi {
+            startup::Watched::Done(watchdog::bounded(steps::NVSHMEM_INIT, timeout, call))
+        } else {
+            watchdog::bounded(steps::NVSHMEM_INIT, timeout, || {
+                startup::run_watched(call, |on_line| startup::StderrTap::start(on_line), timeout + Duration::from_secs(5))
+            })
+            .map_err(|e| HaloError::Nvshmem(format!("could not watch NVSHMEM's init (a pipe for its messages, or a thread): {e}")))?
+        };
         let rc = match watched {
             startup::Watched::Done(Ok(rc)) => rc,
             startup::Watched::Done(Err(e)) => return Err(HaloError::Nvshmem(e)),

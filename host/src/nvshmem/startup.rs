@@ -10,6 +10,7 @@
 //! ([`StderrTap`]) that forwards every byte unchanged and hands each line to [`recognise`]; init
 //! itself runs on a thread of its own ([`run_watched`]), so the caller gets a typed error
 //! ([`StartupFailure`]) as soon as such a line appears instead of waiting out the start-up deadline.
+//! (Not under NVSHMEM's MPI bootstrap: MPI wants its calls from the thread that initialised it.)
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
