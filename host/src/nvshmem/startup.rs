@@ -67,7 +67,7 @@ impl std::fmt::Display for StartupFailure {
 /// The failure one line of NVSHMEM's output reports, if it is one that stops init for good.
 pub fn recognise(line: &str) -> Option<StartupFailure> {
     let l = line.to_ascii_lowercase();
-    let kind = if (l.contains("amo") && l.contains("not supported") && (l.contains("gdrcopy disabled") || l.contains("_amo")))
+    let kind = if (l.contains("amo") && l.contains("not supported") && (l.contains("gdrcopy disabled") || l.contains("ucx_local_amo")))
         || (l.contains("atomic verb") && l.contains("unsupported without a gpu cpu mapping"))
     {
         FailureKind::AtomicsNeedGpuCpuMapping
@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(amo.kind, FailureKind::AtomicsNeedGpuCpuMapping);
         assert_eq!(recognise(NVSHMEM_380).map(|f| f.kind), Some(FailureKind::AtomicsNeedGpuCpuMapping), "3.8.0's verb line");
         assert_eq!(recognise(NVSHMEM_345[1]).map(|f| f.kind), Some(FailureKind::ProxyAborted));
-        for quiet in ["[rank 0] PE 0 of 2 started", "NVSHMEM_DEBUG: transport ucx selected", "", "WARN: GDRCopy not found, falling back"] {
+        for quiet in ["[rank 0] PE 0 of 2 started", "NVSHMEM_DEBUG: transport ucx selected", "", "WARN: GDRCopy not found, falling back", "ibrc_amo: AMO fetch-add not supported by this HCA, emulated"] {
             assert_eq!(recognise(quiet), None, "{quiet}");
         }
         // The message names the cause, NVSHMEM's own words and every fix.
