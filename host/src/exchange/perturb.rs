@@ -608,10 +608,11 @@ impl<E> Perturbed<E> {
     where
         E: Exchange<T>,
     {
-        let (rank, pulse, slot, at, drop) = match self.p.fault {
-            Some(Fault::CorruptAtom { rank, pulse, slot, step: at }) => (rank, pulse, slot, at, false),
-            Some(Fault::DropAtom { rank, pulse, slot, step: at }) => (rank, pulse, slot, at, true),
-            _ => return Ok(()),
+        let Some(fault) = self.p.fault else { return Ok(()) };
+        let (rank, pulse, slot, at, drop) = match fault {
+            Fault::CorruptAtom { rank, pulse, slot, step: at } => (rank, pulse, slot, at, false),
+            Fault::DropAtom { rank, pulse, slot, step: at } => (rank, pulse, slot, at, true),
+            Fault::Kill { .. } => return Ok(()),
         };
         let (save, change) = (drop && step + 1 == at, step == at);
         if !save && !change {
@@ -665,7 +666,7 @@ impl<E> Perturbed<E> {
                 .during("overwriting a halo slot")?;
         }
         let place = halo.place_of(local);
-        self.p.injected.lock().unwrap_or_else(|e| e.into_inner()).push(InjectedAtom { fault: self.p.fault.unwrap_or(Fault::CorruptAtom { rank, pulse, slot, step }), rank, step, place });
+        self.p.injected.lock().unwrap_or_else(|e| e.into_inner()).push(InjectedAtom { fault, rank, step, place });
         Ok(())
     }
 }
