@@ -16,6 +16,11 @@ use halo::testing::gpu_or_skip;
 use halo_md::{self as md, MdConfig, MdOutcome, Redecompose};
 use rand::{Rng, SeedableRng};
 
+/// The negative control (a corrupted and a dropped halo atom, which every check must catch): its own
+/// file, this binary. Run it alone with the filter `negative_control::`.
+#[path = "gpu_negative_control.rs"]
+mod negative_control;
+
 /// A checked run's configuration. Pruned every 10 steps (the default is 50): the short runs here
 /// then prune between searches too, so the prune kernels' inner lists are checked at every size.
 fn config(atoms: usize, grid: [usize; 3], transport: Transport, steps: u64, nstlist: u64) -> MdConfig {

@@ -382,6 +382,40 @@ fn a_dying_proxy_ends_the_run_within_10_s() {
     assert!(text.contains("halo launch: rank"), "no launcher summary naming the failed rank:\n{text}");
 }
 
+/// NVSHMEM's proxy dies inside its own init over UCX without a GPU–CPU mapping (3.4.5: "AMO 8 not
+/// supported ... (GDRCopy Disabled)"; 3.8.0: "UCX atomic verb 8 is unsupported without a GPU CPU
+/// mapping"): halo reads NVSHMEM's lines during init, and every rank must end within 10 s of the
+/// failure with the cause and the fix, not at the start-up deadline with a guess. Two PEs on GPU 0
+/// (under MPS on a one-GPU machine). Where NVSHMEM can run UCX's atomics (GDRCopy loaded, or 3.8
+/// with driver R610) there is nothing to provoke, and the test says it skipped.
+#[test]
+fn a_proxy_that_dies_in_init_ends_every_rank_within_10_s() {
+    let test = "a_proxy_that_dies_in_init_ends_every_rank_within_10_s";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    let Some(env) = ucx_env(test) else { return };
+    let args = ["launch", "-n", "2", "--gpus", "0", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused"];
+    let run = halo(&args, &env, Duration::from_secs(120));
+    let text = run.text();
+    assert!(!run.killed, "the run did not end by itself within 120 s:\n{text}");
+    let refusal = ["not supported with the current configuration", "unsupported without a GPU CPU mapping", "aborting due to error"];
+    let Some(failure) = run.first(&refusal) else {
+        assert_eq!(run.code, Some(0), "the run failed without NVSHMEM's proxy failure:\n{text}");
+        note(&format!("SKIPPED (NVSHMEM runs UCX's atomics here: GDRCopy or its DMA-BUF backend is present, so no proxy dies) {test}"));
+        return;
+    };
+    assert_ne!(run.code, Some(0), "NVSHMEM's proxy failed but the run passed:\n{text}");
+    let to_exit = run.took.saturating_sub(failure);
+    assert!(to_exit < FAIL_BOUND, "the run took {to_exit:?} from NVSHMEM's failure to its end:\n{text}");
+    assert!(text.contains("NVSHMEM start-up failed on rank"), "halo names the failure:\n{text}");
+    for fix in ["gdrdrv", "R610", "P2P"] {
+        assert!(text.contains(fix), "the fix names {fix}:\n{text}");
+    }
+    assert!(!text.contains("did not finish within"), "no rank waited out the start-up deadline:\n{text}");
+    note(&format!("  {test}: NVSHMEM's proxy failed after {:.1} s; every rank had ended {:.1} s later (exit {:?})", failure.as_secs_f64(), to_exit.as_secs_f64(), run.code));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 17 in the MD step (issues 13 and 17 merged): an injected failure is agreed at the next
 // safe point and every PE rolls back to the last search step, resets and drops its exchange, and

@@ -75,6 +75,15 @@ pub enum HaloError {
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),
+    /// NVSHMEM's initialisation can never finish: halo recognised a fatal failure in NVSHMEM's own
+    /// output (its proxy thread died) and returns at once instead of waiting out the start-up deadline.
+    #[error("NVSHMEM start-up failed on {who}: {failure}")]
+    NvshmemStartup {
+        /// The rank, e.g. `rank 1 of 2 (GPU 0)`.
+        who: String,
+        /// What NVSHMEM printed, the cause and the fix.
+        failure: crate::nvshmem::startup::StartupFailure,
+    },
     /// The router could not plan the exchange's paths (or the PEs' plans disagree).
     #[error("routing: {0}")]
     Route(#[from] crate::route::PathError),

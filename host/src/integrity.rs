@@ -277,6 +277,53 @@ impl RankChecksums {
     }
 }
 
+
+/// The per-atom hashes of one pulse ([`RankChecksums::pulse_atoms`]): what a rank sent, in map
+/// order, and what it holds in the pulse's receive range, in slot order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PulseAtoms {
+    /// One hash per atom sent (the pulse's checksum `sent` is their sum).
+    pub sent: Vec<u64>,
+    /// One hash per atom received (the pulse's checksum `received` is their sum).
+    pub received: Vec<u64>,
+}
+
+impl RankChecksums {
+    /// The per-atom hashes behind rank `rank`'s checksums of `pulse` (same inputs as
+    /// [`Self::compute`]). Slot `k` of the receiving rank holds what the sender packed `k`-th, so
+    /// after a [`IntegrityError::HaloMismatch`] the sender's `sent` and the receiver's `received`
+    /// name the atoms that differ ([`differing_atoms`]): a few words per atom of one pulse, only
+    /// when a mismatch was found.
+    pub fn pulse_atoms(rank: usize, halo: &RankHalo, pulse: usize, global_ids: &[u32], x: &[Float3]) -> Result<PulseAtoms, IntegrityError> {
+        let n = halo.total_atoms;
+        need(rank, "global_ids", global_ids.len(), n)?;
+        need(rank, "coordinates", x.len(), n)?;
+        let p = halo.pulses.get(pulse).ok_or_else(|| IntegrityError::Shape(format!("rank {rank} has no pulse {pulse}")))?;
+        let mut sent = Vec::with_capacity(p.index_map.len());
+        for &index in &p.index_map {
+            let i = index as usize;
+            if i >= n {
+                return Err(IntegrityError::IndexOutOfRange { rank, pulse, index, atoms: n });
+            }
+            let v = match p.shift {
+                Some(s) => Float3::new(x[i].x + s.x, x[i].y + s.y, x[i].z + s.z),
+                None => x[i],
+            };
+            sent.push(atom_hash(Quantity::Coordinates, global_ids[i], v));
+        }
+        let hi = p.atom_offset.checked_add(p.recv_size).filter(|&hi| hi <= n).ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
+        let received = (p.atom_offset..hi).map(|k| atom_hash(Quantity::Coordinates, global_ids[k], x[k])).collect();
+        Ok(PulseAtoms { sent, received })
+    }
+}
+
+/// The local indices, on the receiving rank, of the atoms of one pulse that differ between what
+/// the sender sent (`sent`, its [`PulseAtoms::sent`]) and what the receiver holds (`received`,
+/// its [`PulseAtoms::received`]); `lo` is the start of the receive range
+/// ([`IntegrityError::HaloMismatch`]'s `lo`). Slots one side has and the other lacks differ too.
+pub fn differing_atoms(lo: usize, sent: &[u64], received: &[u64]) -> Vec<usize> {
+    (0..sent.len().max(received.len())).filter(|&k| sent.get(k) != received.get(k)).map(|k| lo + k).collect()
+}
 /// The checksum of an undecomposed system whose atom `i` has global id `i`.
 pub fn system_checksum(x: &[Float3], f: &[Float3]) -> Result<StateChecksum, IntegrityError> {
     if x.len() != f.len() {
@@ -533,5 +580,26 @@ mod tests {
         assert!(matches!(RankChecksums::compute(0, &bad, &ids[0], &x[0], &f[0]), Err(IntegrityError::IndexOutOfRange { .. })));
         assert!(matches!(compare_across_ranks(&halos, &sums[..1]), Err(IntegrityError::Shape(_))));
         assert!(system_checksum(&x[0], &f[0][..1]).is_err());
+    }
+
+    #[test]
+    fn integrity_per_atom_hashes_name_the_changed_atom() {
+        let (sys, halos, ids) = plan_halos(900, [2, 2, 1]);
+        let (mut x, f, _) = state(&sys, &halos, &ids);
+        let (to, pulse) = (3, 1);
+        let p = &halos[to].pulses[pulse];
+        let k = p.atom_offset + p.recv_size / 3;
+        x[to][k].z += 0.5;
+        let err = compare_across_ranks(&halos, &all_sums(&halos, &ids, &x, &f)).expect_err("an atom changed");
+        let IntegrityError::HaloMismatch { rank, pulse: at, from, lo, .. } = err else { panic!("{err}") };
+        assert_eq!((rank, at, from), (to, pulse, p.recv_rank));
+        let sent = RankChecksums::pulse_atoms(from, &halos[from], at, &ids[from], &x[from]).expect("sender");
+        let received = RankChecksums::pulse_atoms(rank, &halos[rank], at, &ids[rank], &x[rank]).expect("receiver");
+        assert_eq!(differing_atoms(lo, &sent.sent, &received.received), vec![k]);
+        // The per-atom hashes sum to the pulse's checksums.
+        let sums = all_sums(&halos, &ids, &x, &f);
+        assert_eq!(Checksum(sent.sent.iter().fold(0u64, |a, &h| a.wrapping_add(h))), sums[from].pulses[at].sent);
+        assert_eq!(Checksum(received.received.iter().fold(0u64, |a, &h| a.wrapping_add(h))), sums[rank].pulses[at].received);
+        assert_eq!(differing_atoms(10, &[1, 2], &[1, 2, 3]), vec![12], "a slot only one side has differs");
     }
 }

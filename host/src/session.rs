@@ -36,6 +36,8 @@ impl PeSession {
     /// registration and every later collective of this PE run under the [`watchdog`] with the
     /// deadline `HALO_STARTUP_TIMEOUT_S` (default 60 s); a rank stuck in one of them prints which
     /// step, the likely cause and the fix, and ends with [`watchdog::EXIT_CODE`].
+    /// NVSHMEM's proxy thread dying inside its init is recognised from NVSHMEM's own lines and
+    /// returned at once ([`HaloError::NvshmemStartup`]) instead.
     pub fn start(env: RankEnv, nvshmem_lib: Option<&Path>) -> Result<Self> {
         let timeout = watchdog::startup_timeout()?;
         watchdog::set_identity(env.rank, env.nranks, env.device);

@@ -148,6 +148,12 @@ pub fn set_identity(rank: usize, nranks: usize, device: usize) {
     state().who = Some(format!("rank {rank} of {nranks} (GPU {device})"));
 }
 
+/// How this process is named in messages: `rank 1 of 3 (GPU 1)` once [`set_identity`] ran, else its
+/// process id.
+pub fn identity() -> String {
+    state().who.clone().unwrap_or_else(|| format!("process {}", std::process::id()))
+}
+
 /// The deadline of start-up and collective steps: [`STARTUP_TIMEOUT_ENV`] seconds (fractions
 /// allowed), or [`DEFAULT_STARTUP_TIMEOUT`].
 pub fn startup_timeout() -> Result<Duration> {
@@ -268,14 +274,27 @@ fn watch() {
     }
 }
 
+/// Where the watchdog writes its messages: standard error (fd 2), or the descriptor that standard
+/// error was copied to while NVSHMEM's init reads fd 2 through a pipe
+/// ([`crate::nvshmem::startup::StderrTap`]), so a message written just before `_exit` is not left
+/// in the pipe.
+static MESSAGE_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(2);
+
+/// Sends the watchdog's messages to `fd` (2: standard error) from now on.
+#[doc(hidden)]
+pub fn write_messages_to(fd: i32) {
+    MESSAGE_FD.store(fd, std::sync::atomic::Ordering::Release);
+}
+
 /// Writes `message` to stderr and ends the process at once. Uses the raw file descriptor and
 /// `_exit`: the thread that is stuck may hold Rust's stderr lock or locks `exit` would take.
 fn fire(message: &str) -> ! {
     let line = format!("{message}\n");
     let mut bytes = line.as_bytes();
     while !bytes.is_empty() {
-        // SAFETY: writes from a valid buffer of the given length to fd 2.
-        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        // SAFETY: writes from a valid buffer of the given length to a descriptor (one that is
+        // closed makes the write fail, and the message is lost, nothing else).
+        let n = unsafe { libc::write(MESSAGE_FD.load(std::sync::atomic::Ordering::Acquire), bytes.as_ptr().cast(), bytes.len()) };
         if n <= 0 {
             break;
         }

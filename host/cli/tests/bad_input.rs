@@ -153,6 +153,8 @@ fn bad_jitter_fault_and_phase_options_are_refused_before_the_gpu() {
     fails_with(&["exchange-check", "--jitter-us", "3000", "--wait-timeout-ms", "2"], &[], &["(up to 3000 µs) is not shorter than the device wait deadline (--wait-timeout-ms 2)", "use less jitter or a longer deadline"]);
     fails_with(&["exchange-check", "--fault", "kill@5"], &[], &["--fault=\"kill@5\"", "kill@STEP:RANK"]);
     fails_with(&["bench", "--fault", "explode@1:1"], &[], &["`explode` is not a fault"]);
+    fails_with(&["exchange-check", "--fault", "corrupt-atom:rank=1"], &[], &["--fault=\"corrupt-atom:rank=1\"", "corrupt-atom names no pulse"]);
+    fails_with(&["verify", "--fault", "drop-atom:rank=1,pulse=0,step=0"], &[], &["no previous halo to leave in place"]);
     // The variables, when no flag stands for them.
     fails_with(&["exchange-check"], &[("HALO_JITTER_US", Path::new("1:2:gpu:4"))], &["HALO_JITTER_US=\"1:2:gpu:4\"", "unexpected `:4`"]);
     fails_with(&["exchange-check"], &[("HALO_FAULT", Path::new("kill@x:1"))], &["HALO_FAULT=\"kill@x:1\"", "`x` is not a step number"]);

@@ -103,6 +103,11 @@ pub struct MdConfig {
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
     pub graph: bool,
+    /// Test only: a fault every exchange of this run carries (a negative control:
+    /// [`Fault::CorruptAtom`](crate::exchange::perturb::Fault::CorruptAtom) and `DropAtom` change
+    /// one received atom on the GPU, and the checked steps must fail naming it). `None`: only the
+    /// process's own `HALO_FAULT`, if any.
+    pub fault: Option<Arc<crate::exchange::perturb::Perturbation>>,
 }
 
 /// Where a redecomposition's per-atom passes run (wrap, owners, the merge of stayers and
@@ -187,6 +192,7 @@ impl MdConfig {
             resident_search: true,
             redecompose: Redecompose::Auto,
             graph: false,
+            fault: None,
         }
     }
 
@@ -554,18 +560,6 @@ pub const FORCE_TOLERANCE: f64 = 1e-4;
 /// energies summed in `f32` per lane, then per warp in `f64`).
 pub const ENERGY_TOLERANCE: f64 = 1e-4;
 
-/// Where local atom `i` of a rank with `halo` came from, for a failure's text: its own, or the
-/// pulse (flat index, as the integrity check numbers them) and rank it arrived from.
-fn atom_origin(halo: &RankHalo, i: usize) -> String {
-    if i < halo.home_atoms {
-        return "a home atom".into();
-    }
-    match halo.pulses.iter().enumerate().find(|(_, p)| (p.atom_offset..p.atom_offset + p.recv_size).contains(&i)) {
-        Some((pulse, p)) => format!("received in pulse {pulse} from rank {}", p.recv_rank),
-        None => "outside every pulse's receive range".into(),
-    }
-}
-
 /// Compares one rank's coordinates (all local atoms, [`coordinate_errors`]) and home forces with
 /// the references: the errors, and the first difference described (`None`: the rank passed).
 /// Nothing returns early, so that every PE reaches the check's all-gathers.
@@ -584,13 +578,13 @@ fn check_rank(plan: &HaloPlan, halo: &RankHalo, r: usize, x: &[Float3], want_x: 
     if let Some(i) = e.first {
         first.get_or_insert_with(|| {
             format!(
-                "rank {r} local atom {i} (global {}, {}) has coordinates {:?} after the halo, the reference {:?} \
-                 ({} atom(s) of rank {r} differ, max abs err {:.2e} nm)",
+                "rank {r}: {} atom(s) differ from the reference, the first is {} (global {}: {:?} after the halo, the reference {:?}); \
+                 max abs coordinate error {:.3e} nm",
+                e.mismatches,
+                halo.place_of(i),
                 id(i),
-                atom_origin(halo, i),
                 x[i],
                 want_x[i],
-                e.mismatches,
                 e.max_abs
             )
         });
@@ -1107,6 +1101,9 @@ impl MdRun {
                 Some(p) => self.placement.exchange_planned_with_headroom::<Float3>(halos, p, EXCHANGE_HEADROOM)?,
                 None => self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?,
             };
+            if let Some(p) = &self.cfg.fault {
+                ex = Box::new(crate::exchange::perturb::Perturbed::new(ex, p.clone())?);
+            }
             ex.set_wait_timeout(self.cfg.wait_timeout);
             ex.check_transport(self.cfg.transport)?;
             self.exchange = Some(ex);
@@ -1771,7 +1768,9 @@ mod tests {
         assert!(!c.passed() && c.mismatches() == 1, "{c:?}");
         let first = first.expect("a difference is described");
         let g = plan.ranks[1].global_ids[k];
-        assert!(first.contains(&format!("rank 1 local atom {k} (global {g}, received in pulse 0 from rank {})", p.recv_rank)), "{first}");
+        let slot = k - p.atom_offset;
+        let named = format!("rank 1: 1 atom(s) differ from the reference, the first is local atom {k} (received in pulse 0 from rank {}, slot {slot} of that pulse) (global {g}", p.recv_rank);
+        assert!(first.contains(&named) && first.contains("max abs coordinate error 1.250e-1 nm"), "{first}");
         // A dropped atom: the receive slot still holds last step's value (0.002 nm behind).
         let mut stale = x[1].clone();
         stale[p.atom_offset].x -= 0.002;

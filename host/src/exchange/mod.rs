@@ -66,7 +66,7 @@ pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};
 pub use rank::{PeerView, RankExchange, SharedSizes};
 pub use routing::{Routing, SafeOutcome};
-pub use spec::{PulseSpec, RankHalo};
+pub use spec::{AtomPlace, PulseSpec, RankHalo, ReceivedAt};
 pub use watch::StuckStream;
 
 use kernels_gpu::abi::{HaloElement, WaitKind};

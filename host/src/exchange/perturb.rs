@@ -25,7 +25,8 @@ use super::rank::RankExchange;
 use super::spec::RankHalo;
 use super::{Element, Transport};
 use crate::error::{HaloError, Result};
-use crate::gpu::CudaStream;
+use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
+use crate::error::CudaContextExt;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::fmt;
@@ -175,34 +176,139 @@ pub enum Fault {
         /// The rank that dies.
         rank: usize,
     },
+    /// A negative control: right after the coordinate halo of `step`, one atom that `rank`
+    /// received in `pulse` is overwritten on the GPU (its first component becomes
+    /// [`CORRUPT_VALUE`]), as a halo that delivered a wrong value would leave it. Every check
+    /// that compares the halo must fail and name the atom.
+    CorruptAtom {
+        /// The receiving rank.
+        rank: usize,
+        /// The pulse that delivers the atom.
+        pulse: usize,
+        /// The atom's place in the pulse's receive range (`None`: the middle one).
+        slot: Option<usize>,
+        /// The step.
+        step: u64,
+    },
+    /// A negative control: the coordinate halo of `step` leaves one atom that `rank` receives in
+    /// `pulse` at the value the previous step's halo left there, on the GPU (the slot is saved
+    /// after step `step - 1`'s halo and written back after step `step`'s), as a store that never
+    /// landed would. `step` is at least 1.
+    DropAtom {
+        /// The receiving rank.
+        rank: usize,
+        /// The pulse that should deliver the atom.
+        pulse: usize,
+        /// The atom's place in the pulse's receive range (`None`: the middle one).
+        slot: Option<usize>,
+        /// The step.
+        step: u64,
+    },
 }
 
+/// The bits a [`Fault::CorruptAtom`] writes into the first 32-bit component of its atom: 1234.5
+/// (a coordinate far outside any box halo runs, so the error is plain in every report).
+pub const CORRUPT_VALUE: f32 = 1234.5;
+
 impl Fault {
-    /// Parses `kill@STEP:RANK`. `Ok(None)` for an empty value.
+    /// Parses `kill@STEP:RANK`, `corrupt-atom:rank=R,pulse=P[,slot=K][,step=S]` or
+    /// `drop-atom:rank=R,pulse=P[,slot=K][,step=S]`. `Ok(None)` for an empty value.
     pub fn parse(s: &str) -> std::result::Result<Option<Self>, String> {
-        const FORM: &str = "write kill@STEP:RANK, for example kill@5500:1 (rank 1 kills itself right after enqueueing step 5500's coordinate halo)";
+        const FORM: &str = "write kill@STEP:RANK, for example kill@5500:1 (rank 1 kills itself right after enqueueing step 5500's coordinate halo), \
+                            or, as a negative control, corrupt-atom:rank=R,pulse=P[,slot=K][,step=S] or drop-atom:rank=R,pulse=P[,slot=K][,step=S]";
         let s = s.trim();
         if s.is_empty() {
             return Ok(None);
         }
+        if let Some((kind, args)) = s.split_once(':').filter(|(k, _)| matches!(k.trim(), "corrupt-atom" | "drop-atom")) {
+            return Self::parse_atom(kind.trim(), args, FORM).map(Some);
+        }
         let (kind, at) = s.split_once('@').ok_or_else(|| format!("`{s}` names no step: {FORM}"))?;
         if kind.trim() != "kill" {
-            return Err(format!("`{}` is not a fault halo can inject (only kill): {FORM}", kind.trim()));
+            return Err(format!("`{}` is not a fault halo can inject (kill, corrupt-atom, drop-atom): {FORM}", kind.trim()));
         }
         let (step, rank) = at.split_once(':').ok_or_else(|| format!("`{at}` names no rank: {FORM}"))?;
         let step = step.trim().parse().map_err(|_| format!("`{}` is not a step number: {FORM}", step.trim()))?;
         let rank = rank.trim().parse().map_err(|_| format!("`{}` is not a rank number: {FORM}", rank.trim()))?;
         Ok(Some(Fault::Kill { step, rank }))
     }
+
+    /// `rank=R,pulse=P[,slot=K][,step=S]` of `corrupt-atom` or `drop-atom`.
+    fn parse_atom(kind: &str, args: &str, form: &str) -> std::result::Result<Self, String> {
+        let (mut rank, mut pulse, mut slot, mut step) = (None, None, None, None);
+        for part in args.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| format!("`{part}` is not KEY=VALUE: {form}"))?;
+            let number: u64 = value.trim().parse().map_err(|_| format!("`{}` is not a whole number ({}): {form}", value.trim(), key.trim()))?;
+            match key.trim() {
+                "rank" => rank = Some(number as usize),
+                "pulse" => pulse = Some(number as usize),
+                "slot" => slot = Some(number as usize),
+                "step" => step = Some(number),
+                other => return Err(format!("`{other}` is not a setting of {kind} (rank, pulse, slot, step): {form}")),
+            }
+        }
+        let rank = rank.ok_or_else(|| format!("{kind} names no rank: {form}"))?;
+        let pulse = pulse.ok_or_else(|| format!("{kind} names no pulse: {form}"))?;
+        if kind == "drop-atom" {
+            let step = step.unwrap_or(1);
+            if step == 0 {
+                return Err(format!("drop-atom at step 0 has no previous halo to leave in place: give step=1 or later ({form})"));
+            }
+            Ok(Fault::DropAtom { rank, pulse, slot, step })
+        } else {
+            Ok(Fault::CorruptAtom { rank, pulse, slot, step: step.unwrap_or(0) })
+        }
+    }
 }
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let slot = |s: &Option<usize>| s.map_or_else(|| "the middle atom".to_string(), |k| format!("atom {k}"));
+        let slot_arg = |s: &Option<usize>| s.map_or_else(String::new, |k| format!(",slot={k}"));
         match self {
             Fault::Kill { step, rank } => {
                 write!(f, "fault: rank {rank} kills itself (SIGKILL) right after enqueueing step {step}'s coordinate halo ({FAULT_ENV}=kill@{step}:{rank})")
             }
+            Fault::CorruptAtom { rank, pulse, slot: s, step } => write!(
+                f,
+                "fault (negative control): after step {step}'s coordinate halo, {} of those rank {rank} received in pulse {pulse} is overwritten on the GPU \
+                 (x = {CORRUPT_VALUE}) ({FAULT_ENV}=corrupt-atom:rank={rank},pulse={pulse}{},step={step})",
+                slot(s),
+                slot_arg(s)
+            ),
+            Fault::DropAtom { rank, pulse, slot: s, step } => write!(
+                f,
+                "fault (negative control): step {step}'s coordinate halo leaves {} of those rank {rank} receives in pulse {pulse} at its value of step {} on the GPU \
+                 ({FAULT_ENV}=drop-atom:rank={rank},pulse={pulse}{},step={step})",
+                slot(s),
+                step - 1,
+                slot_arg(s)
+            ),
         }
+    }
+}
+
+/// An atom a [`Fault::CorruptAtom`] or [`Fault::DropAtom`] changed, for the run's report and for
+/// tests that check that every comparison names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InjectedAtom {
+    /// The fault.
+    pub fault: Fault,
+    /// The receiving rank.
+    pub rank: usize,
+    /// The step (forward exchanges of this perturbation, 0-based).
+    pub step: u64,
+    /// Where the atom sits on the rank (pulse, sender, slot).
+    pub place: super::spec::AtomPlace,
+}
+
+impl fmt::Display for InjectedAtom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.fault {
+            Fault::DropAtom { .. } => "dropped (left at the previous step's value)",
+            _ => "corrupted",
+        };
+        write!(f, "injected: rank {}'s {} {what} on the GPU at step {}", self.rank, self.place, self.step)
     }
 }
 
@@ -277,6 +383,8 @@ pub struct Perturbation {
     host_ns: AtomicU64,
     gpu_delays: AtomicU64,
     gpu_ns: AtomicU64,
+    /// The atoms a negative-control fault changed so far.
+    injected: std::sync::Mutex<Vec<InjectedAtom>>,
 }
 
 impl Perturbation {
@@ -307,6 +415,12 @@ impl Perturbation {
     /// The fault, if any.
     pub fn fault(&self) -> Option<Fault> {
         self.fault
+    }
+
+    /// The atoms a [`Fault::CorruptAtom`] or [`Fault::DropAtom`] changed so far (rank, step,
+    /// local index, pulse, sender), in the order they were changed.
+    pub fn injected(&self) -> Vec<InjectedAtom> {
+        self.injected.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What the perturbation does, one line per part.
@@ -427,6 +541,9 @@ pub struct Perturbed<E> {
     inner: E,
     p: Arc<Perturbation>,
     ranks: Vec<usize>,
+    /// A [`Fault::DropAtom`]'s slot as the previous step's halo left it: (local rank index, local
+    /// atom, its bytes on the GPU).
+    saved: Option<(usize, usize, DeviceBuffer<u8>)>,
 }
 
 impl<E> Perturbed<E> {
@@ -450,7 +567,7 @@ impl<E> Perturbed<E> {
     /// [`Exchange::local_ranks`] lists).
     pub fn with_ranks(inner: E, p: Arc<Perturbation>, ranks: Vec<usize>) -> Result<Self> {
         p.check_layout(&ranks)?;
-        Ok(Self { inner, p, ranks })
+        Ok(Self { inner, p, ranks, saved: None })
     }
 
     /// The wrapped exchange.
@@ -480,6 +597,77 @@ impl<E> Perturbed<E> {
             }
         }
         Ok(plan)
+    }
+
+    /// A negative-control fault's work after the coordinate halo of `step` has been enqueued on
+    /// the local ranks' streams: a corrupted atom is overwritten, a dropped one saved (after the
+    /// step before its own) or written back to that saved value (after its own), each on the
+    /// rank's stream, so the GPU changes the atom after the halo's kernels and before anything
+    /// later on that stream reads it.
+    fn inject_after_halo<T: Element>(&mut self, step: u64) -> Result<()>
+    where
+        E: Exchange<T>,
+    {
+        let Some(fault) = self.p.fault else { return Ok(()) };
+        let (rank, pulse, slot, at, drop) = match fault {
+            Fault::CorruptAtom { rank, pulse, slot, step: at } => (rank, pulse, slot, at, false),
+            Fault::DropAtom { rank, pulse, slot, step: at } => (rank, pulse, slot, at, true),
+            Fault::Kill { .. } => return Ok(()),
+        };
+        let (save, change) = (drop && step + 1 == at, step == at);
+        if !save && !change {
+            return Ok(());
+        }
+        let (ranks, streams): (&[RankExchange<T>], &[Arc<CudaStream>]) = (self.inner.local_ranks(), self.inner.streams());
+        let Some(i) = ranks.iter().position(|r| r.rank() == rank) else { return Ok(()) };
+        let (r, stream) = (&ranks[i], &streams[i]);
+        let halo = r.halo();
+        let Some(p) = halo.pulses.get(pulse) else {
+            return Err(HaloError::InvalidInput(format!("{FAULT_ENV}: rank {rank} has {} pulses, no pulse {pulse}", halo.pulses.len())));
+        };
+        let k = slot.unwrap_or(p.recv_size / 2);
+        if k >= p.recv_size {
+            return Err(HaloError::InvalidInput(format!(
+                "{FAULT_ENV}: rank {rank} receives {} atoms in pulse {pulse}, so it has no slot {k} to change (slots 0..{})",
+                p.recv_size,
+                p.recv_size
+            )));
+        }
+        let local = p.atom_offset + k;
+        let bytes = size_of::<T>();
+        if bytes < 4 || !bytes.is_multiple_of(4) {
+            return Err(HaloError::InvalidInput(format!("{FAULT_ENV}: an element of {bytes} bytes has no 32-bit component to change")));
+        }
+        let atom = r.x.device_ptr_at(local);
+        r.context().bind_to_thread().during("binding the context")?;
+        if save {
+            let keep = DeviceBuffer::<u8>::uninit(r.context(), bytes)?;
+            // SAFETY: both ranges lie inside their allocations (`local` < total atoms, checked by the
+            // layout; `keep` holds `bytes`); the copy runs in the rank's stream order, and `keep`
+            // lives in `self` until after the write-back, which is enqueued on the same stream.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(keep.device_ptr(), atom, bytes, stream.cu_stream()) }.during("saving a halo slot")?;
+            self.saved = Some((i, local, keep));
+            return Ok(());
+        }
+        if drop {
+            let Some((_, kept, keep)) = self.saved.as_ref().filter(|(j, kept, _)| *j == i && *kept == local) else {
+                return Err(HaloError::InvalidInput(format!(
+                    "{FAULT_ENV}: rank {rank}'s slot {k} of pulse {pulse} was not saved after step {}'s halo (the layout changed in between)",
+                    at - 1
+                )));
+            };
+            // SAFETY: as above; the same stream orders the save before this write-back.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(r.x.device_ptr_at(*kept), keep.device_ptr(), bytes, stream.cu_stream()) }
+                .during("writing back a halo slot")?;
+        } else {
+            // SAFETY: four bytes at the start of element `local`, inside the coordinate buffer.
+            unsafe { cudarc::driver::sys::cuMemsetD32Async(atom, CORRUPT_VALUE.to_bits(), 1, stream.cu_stream()) }
+                .result()
+                .during("overwriting a halo slot")?;
+        }
+        let place = halo.place_of(local);
+        self.p.injected.lock().unwrap_or_else(|e| e.into_inner()).push(InjectedAtom { fault, rank, step, place });
+        Ok(())
     }
 }
 
@@ -522,6 +710,7 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
         if let Some(rank) = plan.kill {
             kill_self(rank, plan.step);
         }
+        self.inject_after_halo::<T>(plan.step)?;
         Ok(())
     }
     fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()> {
@@ -676,6 +865,35 @@ mod tests {
         assert!(Perturbation::parse(Some("0"), Some(""), (JITTER_ENV, FAULT_ENV)).unwrap().is_none(), "both off: no wrapper at all");
     }
 
+
+    #[test]
+    fn negative_control_faults_parse_with_their_defaults_and_refuse_the_rest() {
+        assert_eq!(Fault::parse("corrupt-atom:rank=1,pulse=0").unwrap(), Some(Fault::CorruptAtom { rank: 1, pulse: 0, slot: None, step: 0 }));
+        assert_eq!(
+            Fault::parse(" corrupt-atom: rank=3 , pulse=1, slot=7, step=4 ").unwrap(),
+            Some(Fault::CorruptAtom { rank: 3, pulse: 1, slot: Some(7), step: 4 })
+        );
+        assert_eq!(Fault::parse("drop-atom:rank=2,pulse=1").unwrap(), Some(Fault::DropAtom { rank: 2, pulse: 1, slot: None, step: 1 }));
+        for (bad, says) in [
+            ("corrupt-atom:pulse=0", "names no rank"),
+            ("drop-atom:rank=1", "names no pulse"),
+            ("drop-atom:rank=1,pulse=0,step=0", "no previous halo"),
+            ("corrupt-atom:rank=1,pulse=x", "`x` is not a whole number (pulse)"),
+            ("corrupt-atom:rank=1,pulse=0,atom=3", "`atom` is not a setting of corrupt-atom"),
+            ("corrupt-atom:rank=1,pulse", "is not KEY=VALUE"),
+        ] {
+            let e = Fault::parse(bad).unwrap_err();
+            assert!(e.contains(says) && e.contains("corrupt-atom:rank=R,pulse=P"), "{bad}: {e}");
+        }
+        let p = Perturbation::parse(None, Some("drop-atom:rank=2,pulse=1,slot=4,step=3"), (JITTER_ENV, FAULT_ENV)).unwrap().unwrap();
+        let d = p.describe().join("\n");
+        assert!(d.contains("negative control") && d.contains("atom 4 of those rank 2 receives in pulse 1") && d.contains("value of step 2"), "{d}");
+        assert!(d.contains("HALO_FAULT=drop-atom:rank=2,pulse=1,slot=4,step=3"), "the line gives the variable back: {d}");
+        assert!(p.injected().is_empty(), "nothing injected before an exchange ran");
+        // Neither kills, and neither is refused beside other ranks in one process.
+        assert_eq!(p.plan(Direction::Forward, &[2]).kill, None);
+        p.check_layout(&[0, 1, 2, 3]).unwrap();
+    }
     #[test]
     fn delays_are_reproducible_bounded_and_about_half_the_launches() {
         let j = Jitter { max_us: 40, seed: 11, side: JitterSide::Both };

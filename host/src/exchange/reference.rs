@@ -1,7 +1,7 @@
 //! The exchange's effect computed on the CPU, for any set of [`RankHalo`]s.
 
 use super::spec::RankHalo;
-use kernels_gpu::abi::HaloElement;
+use kernels_gpu::abi::{Float3, HaloElement};
 
 /// Every rank's coordinates after the full coordinate halo: `home[r]` (length `home_atoms`)
 /// followed by each pulse's received atoms, shifted where the pulse crosses the boundary.
@@ -50,4 +50,46 @@ pub fn forces<T: HaloElement>(halos: &[RankHalo], f: &[Vec<T>]) -> Vec<Vec<T>> {
         }
     }
     f
+}
+
+/// How one rank's coordinates after the halo differ from the reference's
+/// ([`coordinate_differences`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CoordinateDifferences {
+    /// Atoms whose coordinates are not bit-identical to the reference's.
+    pub atoms: usize,
+    /// The first of them, with where it sits in the rank's halo (pulse and sender).
+    pub first: Option<super::spec::AtomPlace>,
+    /// The largest absolute difference of a component (nm; infinite where one side is not a
+    /// number; 0 when bit-exact).
+    pub max_abs: f64,
+}
+
+impl std::fmt::Display for CoordinateDifferences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.first {
+            None => write!(f, "coordinates bit-exact"),
+            Some(first) => write!(f, "{} atom(s) differ from the reference, the first is {first}; max abs coordinate error {:.3e} nm", self.atoms, self.max_abs),
+        }
+    }
+}
+
+/// Compares one rank's coordinates after the halo (`got`, laid out as `halo`) with the reference
+/// `want` bit by bit: how many atoms differ, the first (named by pulse and sender), and the
+/// largest error. Only the common length is compared (callers check the lengths).
+pub fn coordinate_differences(halo: &RankHalo, got: &[Float3], want: &[Float3]) -> CoordinateDifferences {
+    let mut d = CoordinateDifferences::default();
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let pairs = [(a.x, b.x), (a.y, b.y), (a.z, b.z)];
+        if pairs.iter().all(|(u, v)| u.to_bits() == v.to_bits()) {
+            continue;
+        }
+        d.atoms += 1;
+        d.first.get_or_insert_with(|| halo.place_of(i));
+        for (u, v) in pairs {
+            let e = (f64::from(u) - f64::from(v)).abs();
+            d.max_abs = d.max_abs.max(if e.is_nan() { f64::INFINITY } else { e });
+        }
+    }
+    d
 }

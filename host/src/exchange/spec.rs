@@ -89,6 +89,43 @@ impl RankHalo {
     pub fn max_recv(&self) -> usize {
         self.pulses.iter().map(|p| p.recv_size).max().unwrap_or(0)
     }
+
+    /// Where local atom `local` sits in this layout: a home atom, or a slot of one pulse's receive
+    /// range (so a wrong value can be named by the pulse that carried it and the rank that sent it).
+    pub fn place_of(&self, local: usize) -> AtomPlace {
+        let pulse = self.pulses.iter().position(|p| (p.atom_offset..p.atom_offset + p.recv_size).contains(&local));
+        let received = pulse.map(|i| ReceivedAt { pulse: i, from: self.pulses[i].recv_rank, slot: local - self.pulses[i].atom_offset });
+        AtomPlace { local, received }
+    }
+}
+
+/// Where one local atom of a rank sits ([`RankHalo::place_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomPlace {
+    /// Its local index.
+    pub local: usize,
+    /// The pulse that delivered it, or `None` for a home atom (or an index past the layout).
+    pub received: Option<ReceivedAt>,
+}
+
+/// The pulse, sender and slot of a received atom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceivedAt {
+    /// The pulse (execution order).
+    pub pulse: usize,
+    /// The rank that sent it.
+    pub from: usize,
+    /// Its place in the pulse's receive range (0: the first atom received).
+    pub slot: usize,
+}
+
+impl std::fmt::Display for AtomPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.received {
+            Some(r) => write!(f, "local atom {} (received in pulse {} from rank {}, slot {} of that pulse)", self.local, r.pulse, r.from, r.slot),
+            None => write!(f, "local atom {} (a home atom)", self.local),
+        }
+    }
 }
 
 /// Checks that the ranks' halos fit together and obey the rules the kernels rely on: equal pulse
@@ -291,5 +328,32 @@ mod tests {
         h[1].pulses[0].accumulate_forces = false;
         let msg = validate(&h).unwrap_err().to_string();
         assert!(msg.contains("rank 1 pulse 0") && msg.contains("accumulate_forces"), "{msg}");
+    }
+
+    #[test]
+    fn places_name_the_pulse_the_sender_and_the_slot() {
+        let halos = crate::exchange::synthetic::halos(crate::exchange::synthetic::SyntheticShape { grid: [2, 2, 1], pulses_per_dim: 1, home_atoms: 200, send_fraction: 0.35, box_len: 7.7 }, 3);
+        let h = &halos[3];
+        assert_eq!(h.place_of(0), AtomPlace { local: 0, received: None });
+        assert!(h.place_of(0).to_string().contains("a home atom"));
+        for (i, p) in h.pulses.iter().enumerate().filter(|(_, p)| p.recv_size > 2) {
+            let place = h.place_of(p.atom_offset + 2);
+            assert_eq!(place.received, Some(ReceivedAt { pulse: i, from: p.recv_rank, slot: 2 }));
+            assert!(place.to_string().contains(&format!("received in pulse {i} from rank {}", p.recv_rank)), "{place}");
+        }
+        // The reference comparison names the first differing atom by that place.
+        let want: Vec<Float3> = (0..h.total_atoms).map(|i| Float3::new(i as f32, 0.5, -1.0)).collect();
+        let mut got = want.clone();
+        assert_eq!(crate::exchange::reference::coordinate_differences(h, &got, &want).atoms, 0);
+        let k = h.pulses[1].atom_offset + 1;
+        got[k].y = 2.5;
+        got[k + 1].z = f32::NAN;
+        let d = crate::exchange::reference::coordinate_differences(h, &got, &want);
+        assert_eq!((d.atoms, d.first), (2, Some(h.place_of(k))));
+        assert!(d.max_abs.is_infinite(), "a NaN is an infinite error, never a small one");
+        got[k + 1] = want[k + 1];
+        let d = crate::exchange::reference::coordinate_differences(h, &got, &want);
+        assert_eq!(d.max_abs, 2.0);
+        assert!(d.to_string().contains("received in pulse 1") && d.to_string().contains("2.000e0"), "{d}");
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 mod kept_gather;
 mod node_gather;
+pub mod startup;
 pub use kept_gather::{ENV_KEPT_GATHER, GatherRoute, KeptGather};
 
 /// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).
@@ -129,6 +130,11 @@ impl Nvshmem {
     /// call (allocation, free, barrier, module registration, finalisation) run under the
     /// [`watchdog`] with a deadline of `timeout` each: a PE that hangs in one ends with a message
     /// naming the step instead of hanging the job.
+    ///
+    /// A failure NVSHMEM prints during init but never returns from (its proxy thread dying, as over
+    /// UCX without a GPU-CPU mapping: [`startup`]) ends this call at once with
+    /// [`HaloError::NvshmemStartup`], naming the cause and the fix (not under NVSHMEM's MPI bootstrap,
+    /// whose init stays on the calling thread for MPI's sake: the watchdog's deadline bounds it there).
     pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap, timeout: Duration) -> Result<Arc<Self>> {
         ctx.bind_to_thread().during("binding the context for NVSHMEM")?;
         let (major, minor, _) = lib.version();
@@ -149,8 +155,46 @@ impl Nvshmem {
             }
             Bootstrap::FromEnvironment => 0,
         };
-        // SAFETY: attr is fully initialised for this library's struct version.
-        let rc = watchdog::bounded(steps::NVSHMEM_INIT, timeout, || unsafe { (lib.api.nvshmemx_hostlib_init_attr)(flags, &mut attr) });
+        // Init runs on a thread of its own while NVSHMEM's output is read ([`startup`]): a proxy
+        // thread that dies inside init (NVSHMEM never returns then) ends this call at once with
+        // the cause and the fix, instead of at the watchdog's deadline.
+        struct SendAttr(sys::nvshmemx_init_attr_t);
+        // SAFETY: the attributes hold pointers to `id` (kept alive below, and leaked if init is
+        // abandoned) and are used by the one thread they are moved to.
+        unsafe impl Send for SendAttr {}
+        let (init_fn, attr, init_ctx) = (lib.api.nvshmemx_hostlib_init_attr, SendAttr(attr), ctx.clone());
+        let call = move || -> std::result::Result<i32, String> {
+            let mut attr = attr;
+            init_ctx.bind_to_thread().map_err(|e| format!("binding the context for NVSHMEM: {e}"))?;
+            // SAFETY: attr is fully initialised for this library's struct version; the library
+            // stays loaded while the call runs (leaked if it is abandoned).
+            Ok(unsafe { init_fn(flags, &mut attr.0) })
+        };
+        // Under NVSHMEM's MPI bootstrap init may initialise MPI, whose later calls (NVSHMEM's
+        // collectives, from this thread) must come from the thread that did: init stays here,
+        // bounded by the watchdog alone.
+        let mpi = std::env::var("NVSHMEM_BOOTSTRAP").is_ok_and(|b| b.trim().eq_ignore_ascii_case("mpi"));
+        let watched = if matches!(bootstrap, Bootstrap::FromEnvironment) && mpi {
+            startup::Watched::Done(watchdog::bounded(steps::NVSHMEM_INIT, timeout, call))
+        } else {
+            watchdog::bounded(steps::NVSHMEM_INIT, timeout, || {
+                startup::run_watched(call, |on_line| startup::StderrTap::start(on_line), timeout + Duration::from_secs(5))
+            })
+            .map_err(|e| HaloError::Nvshmem(format!("could not watch NVSHMEM's init (a pipe for its messages, or a thread): {e}")))?
+        };
+        let rc = match watched {
+            startup::Watched::Done(Ok(rc)) => rc,
+            startup::Watched::Done(Err(e)) => return Err(HaloError::Nvshmem(e)),
+            abandoned => {
+                // The init thread is still inside NVSHMEM: the library and the id it reads stay.
+                std::mem::forget(lib);
+                Box::leak(id);
+                return Err(match abandoned {
+                    startup::Watched::Failed(failure) => HaloError::NvshmemStartup { who: watchdog::identity(), failure },
+                    _ => HaloError::Nvshmem(format!("nvshmemx_hostlib_init_attr did not return within {:.1} s", timeout.as_secs_f64())),
+                });
+            }
+        };
         if rc != 0 {
             return Err(HaloError::Nvshmem(format!(
                 "nvshmemx_hostlib_init_attr failed ({rc}); rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's reason"

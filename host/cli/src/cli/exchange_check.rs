@@ -396,7 +396,12 @@ fn check(
                         for (i, rank) in run.s.x.local_ranks().iter().enumerate() {
                             let r = rank.rank();
                             let (wx, wf) = (want_x.as_ref().map(|w| w[r].as_slice()), want_f.as_ref().map(|w| w[r].as_slice()));
-                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {why}", v.name())) {
+                            // A wrong coordinate is named by its pulse and sender too.
+                            let named = |why: String| match wx.map(|w| reference::coordinate_differences(&halos[r], &xs[i], w)) {
+                                Some(d) if d.atoms > 0 => format!("{why}; rank {r}: {d}"),
+                                _ => why,
+                            };
+                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {}", v.name(), named(why))) {
                                 Ok(w) => window.worst = window.worst.max(w),
                                 // With failover the safe point tells whether a failure on another
                                 // PE explains the mismatch; without, it ends the run.

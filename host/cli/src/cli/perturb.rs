@@ -13,8 +13,12 @@ pub struct PerturbArgs {
     #[arg(long, value_name = "MAX_US[:SEED[:SIDE]]")]
     pub jitter_us: Option<String>,
     /// Test only: kill@STEP:RANK makes rank RANK kill itself (SIGKILL) right after enqueueing step
-    /// STEP's coordinate halo. Overrides HALO_FAULT.
-    #[arg(long, value_name = "kill@STEP:RANK")]
+    /// STEP's coordinate halo. Negative controls, which every check must catch:
+    /// corrupt-atom:rank=R,pulse=P[,slot=K][,step=S] overwrites one atom rank R received in pulse P
+    /// (slot K of that pulse, default the middle one) on the GPU after step S's halo (default 0);
+    /// drop-atom:... leaves it at the previous step's value instead (step S >= 1, default 1).
+    /// Overrides HALO_FAULT.
+    #[arg(long, value_name = "FAULT")]
     pub fault: Option<String>,
 }
 

@@ -151,6 +151,10 @@ pub struct VerifyArgs {
     /// Write the outcome and the machine as JSON (PE 0 under a launcher).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Test only: jitter and faults (`--fault corrupt-atom:...` and `drop-atom:...` are negative
+    /// controls: the checked steps must fail and name the atom).
+    #[command(flatten)]
+    pub perturb: super::perturb::PerturbArgs,
 }
 
 impl VerifyArgs {
@@ -171,6 +175,7 @@ impl VerifyArgs {
             gpus: None,
             graph: false,
             json: None,
+            perturb: super::perturb::PerturbArgs::default(),
         }
     }
 
@@ -410,6 +415,9 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
 }
 
 pub fn run(args: VerifyArgs) -> Result<()> {
+    if args.perturb.jitter_us.is_some() || args.perturb.fault.is_some() {
+        args.perturb.install()?;
+    }
     if args.nve_steps == Some(0) {
         bail!("--nve-steps 0 runs nothing: give at least 2 energy intervals of steps, e.g. --nve-steps 10000");
     }
