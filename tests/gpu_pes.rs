@@ -2,8 +2,9 @@
 //! node (issue 19), run as a user would: the built `halo` binary under `halo launch`.
 //!
 //! The binary is `$HALO_BIN`, else a `halo` next to this test executable or one folder up (the
-//! bundle: `tests/gpu_pes` beside `halo`), else the one cargo built. These tests need two GPUs:
-//! with fewer they say they skipped; with no GPU at all and `HALO_REQUIRE_GPU=1` they fail. The
+//! bundle: `tests/gpu_pes` beside `halo`), else the one cargo built. The tests of several PEs
+//! per GPU need two GPUs: with fewer they say they skipped (`SKIPPED (needs 2 GPUs)`), and fail
+//! when `HALO_REQUIRE_GPUS=2` (or more) promised two. The
 //! UCX tests also need the UCX libraries (`HALO_UCX_DIR`, which the bundle's runner sets when the
 //! bundle carries them: `cargo xtask bundle --with-ucx`); without them they say they skipped.
 //!
@@ -42,18 +43,10 @@ fn halo_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_halo"))
 }
 
-/// Whether two GPUs are here. Without any GPU this is `gpus_or_skip`'s rule (a failure under
-/// `HALO_REQUIRE_GPU=1`); with one GPU the test skips loudly either way (it needs two).
+/// Whether two GPUs are here: `gpus_or_skip`'s rule (not run, said by name, when fewer are present
+/// and the machine was promised fewer; a failure when `HALO_REQUIRE_GPUS` promised two).
 fn two_gpus(test: &str) -> bool {
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
-        return false;
-    }
-    let n = halo::gpu::device_count();
-    if n < 2 {
-        note(&format!("SKIPPED (needs 2 GPUs, {n} present) {test}"));
-        return false;
-    }
-    true
+    halo::testing::gpus_or_skip(test, 2).is_some()
 }
 
 /// The UCX environment, or `None` (after saying so) when no UCX libraries are configured.
@@ -61,10 +54,11 @@ fn ucx_env(test: &str) -> Option<Vec<(String, OsString)>> {
     match ucx::dir_from_env() {
         Ok(Some(dir)) => Some(ucx::emulated_network_env(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref())),
         Ok(None) => {
-            note(&format!(
-                "SKIPPED (no UCX libraries: set {} to a folder from `cargo xtask fetch-ucx`, or use a bundle built with --with-ucx) {test}",
-                ucx::ENV_UCX_DIR
-            ));
+            halo::testing::say_not_run(
+                "no UCX libraries",
+                test,
+                &format!("set {} to a folder from `cargo xtask fetch-ucx`, or use a bundle built with --with-ucx", ucx::ENV_UCX_DIR),
+            );
             None
         }
         Err(e) => panic!("{test}: {e}"),
