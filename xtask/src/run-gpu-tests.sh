@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Runs halo's GPU tests from this bundle: no Rust toolchain or network needed, only the NVIDIA driver.
+#
+#   run-gpu-tests.sh [--bin NAME]... [-- TEST-ARGS...]
+#
+# Without --bin: halo-downstream and every binary in tests/; with --bin, those (tests/NAME, or
+# halo-downstream). TEST-ARGS go to every test binary (filters, --skip, --ignored, --nocapture).
+#
+# HALO_REQUIRE_GPUS=N says how many GPUs this machine was promised (default 1): a test that needs
+# at most N GPUs fails when they are missing; one that needs more is listed at the end as
+# "not run (needs G GPUs)". HALO_TEST_TIER=long also runs the long cases (the default tier lists
+# them as "not run (long tier)"). Every binary is bounded by GPU_TEST_TIMEOUT_S seconds (default
+# 1200). Output goes to the terminal and under $GPU_TEST_LOGS (default $OUT/tests, or
+# ./gpu-logs/tests). The run ends with a summary (passed, failed by name, not run by reason and
+# name) and the line `gpu tests: N passed, M failed`; it exits 1 when anything failed.
+#
+# Every binary uses the kernels embedded in it: HALO_PTX_DIR is unset (ptx/ holds the same
+# kernels, for `HALO_PTX_DIR=ptx ./halo ...` and for reading).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bins=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin) [ $# -ge 2 ] || { echo "run-gpu-tests.sh: --bin needs a test name" >&2; exit 2; }; bins+=("$2"); shift 2 ;;
+        --) shift; break ;;
+        *) break ;;
+    esac
+done
+unset HALO_PTX_DIR
+export HALO_REQUIRE_GPUS="${HALO_REQUIRE_GPUS:-1}"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+# The tests that launch ranks (gpu_pes, gpu_multiprocess: halo launch -n 2 -- ...) run this
+# bundle's halo; the UCX ones need ucx/ (--with-ucx).
+export HALO_BIN="${HALO_BIN:-$here/halo}"
+if [ -d "$here/ucx" ] && [ -z "${HALO_UCX_DIR:-}" ]; then export HALO_UCX_DIR="$here/ucx"; fi
+limit="${GPU_TEST_TIMEOUT_S:-1200}"
+logs="${GPU_TEST_LOGS:-${OUT:-./gpu-logs}/tests}"
+mkdir -p "$logs"
+if [ ${#bins[@]} -eq 0 ]; then
+    bins=(halo-downstream)
+    for t in "$here"/tests/*; do bins+=("$(basename "$t")"); done
+fi
+echo "run-gpu-tests: HALO_REQUIRE_GPUS=$HALO_REQUIRE_GPUS HALO_TEST_TIER=${HALO_TEST_TIER:-default} ($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') GPU(s) listed by nvidia-smi); logs in $logs"
+
+passed=0; failed=0; ignored=0
+failures=(); notrun=(); ignores=(); times=()
+for name in "${bins[@]}"; do
+    if [ "$name" = halo-downstream ]; then exe="$here/halo-downstream"; args=(); else exe="$here/tests/$name"; args=(--test-threads=1 "$@"); fi
+    if [ ! -x "$exe" ]; then
+        echo "== $name: not in this bundle"; failed=$((failed + 1)); failures+=("$name (no such binary)"); continue
+    fi
+    echo "== $name"
+    out="$logs/$name.stdout"; err="$logs/$name.stderr"
+    start=$(date +%s)
+    # stdout (the harness's result lines) and stderr (SKIPPED lines, notes) apart, so that one
+    # never splits the other's lines; both are shown after the binary ends.
+    timeout -k 10 "$limit" "$exe" "${args[@]}" >"$out" 2>"$err"
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    cat "$out"; cat "$err" >&2
+    times+=("$name ${took}s rc=$rc")
+    if [ "$name" = halo-downstream ]; then
+        if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("halo-downstream (rc=$rc)"); fi
+    else
+        ok=$(grep -cE '^test .* \.\.\. ok$' "$out")
+        bad=$(grep -E '^test .* \.\.\. FAILED$' "$out" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/')
+        ign=$(grep -E '^test .* \.\.\. ignored' "$out" | sed -E 's/^test ([^ ]*) \.\.\. ignored.*/\1/')
+        passed=$((passed + ok))
+        while IFS= read -r t; do [ -n "$t" ] && { failed=$((failed + 1)); failures+=("$name::$t"); }; done <<<"$bad"
+        while IFS= read -r t; do [ -n "$t" ] && { ignored=$((ignored + 1)); ignores+=("$name::$t"); }; done <<<"$ign"
+        if [ $rc -eq 0 ] && [ "$ok" -eq 0 ] && [ -z "$ign" ] && ! grep -q '^SKIPPED (' "$err"; then
+            failed=$((failed + 1)); failures+=("$name (ran no test: does a filter match nothing?)")
+        fi
+        if [ $rc -ne 0 ] && [ -z "$bad" ]; then
+            # Killed by the limit, crashed, or refused its arguments: the test it was in, if any.
+            cur=$(grep -E '^test .* \.\.\. $' "$out" | tail -1 | sed -E 's/^test (.*) \.\.\. $/\1/')
+            why="rc=$rc"; [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="killed after ${limit} s"
+            failed=$((failed + 1)); failures+=("$name${cur:+::$cur} ($why)")
+        fi
+    fi
+    while IFS= read -r l; do notrun+=("$l"); done < <(sed -nE 's/^SKIPPED \(([^)]*)\) \[([^]]*)\].*/\1|'"$name"': \2/p' "$err")
+done
+
+echo
+echo "== summary"
+for t in "${times[@]}"; do echo "  $t"; done
+echo "passed: $passed"
+echo "failed: $failed"
+for f in "${failures[@]}"; do echo "  FAILED $f"; done
+if [ ${#notrun[@]} -gt 0 ]; then
+    printf '%s\n' "${notrun[@]}" | sort -t'|' -k1,1 -s | awk -F'|' '{ if ($1 != last) { print "not run: " $1 ":"; last = $1 } print "  " $2 }'
+fi
+if [ $ignored -gt 0 ]; then
+    echo "ignored (benchmarks, run with --ignored): $ignored"
+    for t in "${ignores[@]}"; do echo "  $t"; done
+fi
+echo "gpu tests: $passed passed, $failed failed"
+[ $failed -eq 0 ]
