@@ -73,6 +73,17 @@ sigkill_one_rank() {
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$left" -eq 0 ]
 }
 
+# A heap too small is refused with a size to set; that size must then work.
+heap_size_the_message_suggests() {
+    local h="$OUT/heap-too-small.log" size
+    NVSHMEM_SYMMETRIC_SIZE=1M timeout -k 10 60 "$B/halo" launch -n 2 --gpus "$GPULIST" -- exchange-check --grid 2x1x1 --transport fused --steps 10 --home-atoms 200000 >"$h" 2>&1
+    echo "too small: rc=$?"; grep -i -m3 'symmetric' "$h"
+    size=$(grep -o 'for example NVSHMEM_SYMMETRIC_SIZE=[0-9]*[MG]' "$h" | head -1 | cut -d= -f2)
+    [ -n "$size" ] || { echo "the refusal suggests no NVSHMEM_SYMMETRIC_SIZE"; tail -20 "$h"; return 1; }
+    echo "suggested NVSHMEM_SYMMETRIC_SIZE=$size"
+    NVSHMEM_SYMMETRIC_SIZE=$size timeout -k 10 50 "$B/halo" launch -n 2 --gpus "$GPULIST" -- exchange-check --grid 2x1x1 --transport fused --steps 10 --home-atoms 200000
+}
+
 # The benchmark targets from bench CSVs (columns: 1 atoms, 2 variant, 5 coords median, 11 step
 # median, last: check): fused X+F >= 2.0x direct-copy and >= 2.5x staged at 6k and 45k atoms,
 # fused at least as fast as nccl at every size; every row's check must say ok.
