@@ -9,7 +9,8 @@
 //! bundle carries them: `cargo xtask bundle --with-ucx`); without them they say they skipped.
 //!
 //! Every run is bounded (a hard limit kills the launcher, whose ranks die with it) and prints its
-//! wall time on stderr, so a slow configuration shows up in the log.
+//! wall time on stderr, so a slow configuration shows up in the log. The 180,000-atom run and the
+//! staged half of the replan test run in the long tier only (`HALO_TEST_TIER=long`).
 
 use halo::launch::ucx;
 use std::ffi::OsString;
@@ -229,7 +230,8 @@ fn ring(n: usize) {
 #[test]
 fn two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers() {
     let test = "two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers";
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
+    // About a minute of time-sliced 180,000-atom steps: the long tier.
+    if !halo::testing::long_tier(test) || halo::testing::gpus_or_skip(test, 1).is_none() {
         return;
     }
     let args = [
@@ -285,7 +287,12 @@ fn two_pes_replan_without_a_barrier_only_after_the_redecomposition_gathers() {
     if halo::testing::gpus_or_skip(test, 1).is_none() {
         return;
     }
+    // The host-driven transport's half (links kept or set up again) in the long tier.
+    let staged = halo::testing::long_tier(&format!("{test}: staged"));
     for transport in ["fused", "staged"] {
+        if transport == "staged" && !staged {
+            continue;
+        }
         for (host_grid, barriers) in [(false, 0), (true, 7)] {
             let mut args = vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "80"];
             args.extend(["--nstlist", "10", "--transport", transport, "--check-every", "3"]);

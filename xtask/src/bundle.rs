@@ -499,4 +499,69 @@ mod tests {
         assert!(out.status.success() && text.contains("gpu tests: 1 passed, 0 failed"), "{text}");
         let _ = fs::remove_dir_all(&dir);
     }
+
+    /// Runs `gpu-suite.sh` of a fake bundle (a `halo` that passes, fails or hangs as told, an
+    /// `nvidia-smi` that lists one GPU) on `table`; returns its exit status and output.
+    fn run_suite(tag: &str, table: &str, args: &[&str], promise: &str) -> (i32, String) {
+        let dir = std::env::temp_dir().join(format!("halo-suite-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("bin")).unwrap();
+        let write = |p: PathBuf, body: &str| {
+            fs::write(&p, body).unwrap();
+            set_executable(&p).unwrap();
+        };
+        write(dir.join("gpu-suite.sh"), GPU_SUITE);
+        fs::write(dir.join("gpu-suites.txt"), table).unwrap();
+        write(dir.join("halo"), "#!/usr/bin/env bash\ncase $1 in ok) echo fine;; fail) echo refused >&2; exit 3;; hang) sleep 30;; esac\n");
+        write(dir.join("bin/nvidia-smi"), "#!/usr/bin/env bash\n[ \"$1\" = -L ] && echo 'GPU 0: Fake H200 (UUID: GPU-0)'\nexit 0\n");
+        let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+        let out = std::process::Command::new("bash")
+            .arg(dir.join("gpu-suite.sh"))
+            .args(args)
+            .env("PATH", path)
+            .env("OUT", dir.join("logs"))
+            .env("HALO_REQUIRE_GPUS", promise)
+            .env_remove("HALO_TEST_TIER")
+            .output()
+            .unwrap();
+        let log = fs::read_to_string(dir.join("logs").join(format!("{}.log", args.first().unwrap_or(&"correctness")))).unwrap_or_default();
+        let _ = fs::remove_dir_all(&dir);
+        (out.status.code().unwrap_or(-1), format!("{}{}\n--- log\n{log}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+
+    #[test]
+    fn a_suite_passes_fails_and_leaves_out_commands_by_the_gpus_promised() {
+        let table = "# a comment\n\
+            s default 10 1 0  halo ok\n\
+            s default 10 1 nz halo fail\n\
+            s default 10 1 0  halo fail\n\
+            s default 10 2 0  halo ok two\n\
+            s long    10 1 0  halo ok long\n\
+            s default 1  1 0  halo hang\n\
+            s default 10 1 0  call md_rows missing\n\
+            t default 10 1 0  halo fail other-suite\n";
+        let (code, out) = run_suite("promise1", table, &["s"], "1");
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("# HALO_REQUIRE_GPUS=1, 1 GPU(s) listed by nvidia-smi"), "the machine block: {out}");
+        assert!(out.contains("\ns: 2 passed, 3 failed\n"), "{out}");
+        assert!(out.contains("FAILED [3] halo fail (rc=3, expected 0)"), "{out}");
+        assert!(out.contains("FAILED [6] halo hang (killed after 1 s)"), "{out}");
+        assert!(out.contains("FAILED [7] call md_rows missing"), "{out}");
+        assert!(out.contains("not run: needs 2 GPU(s):\n  [4] halo ok two"), "{out}");
+        assert!(out.contains("not run: long tier (--long):\n  [5] halo ok long"), "{out}");
+        assert!(!out.contains("other-suite"), "another suite's command ran: {out}");
+        assert!(out.contains("--- log\n# gpu-suite s (tier default)"), "the log starts with the machine block: {out}");
+        // Promised two GPUs, the two-GPU command fails instead of being left out; --long runs the
+        // long tier.
+        let (code, out) = run_suite("promise2", table, &["s", "--long"], "2");
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("FAILED [4] halo ok two (needs 2 GPUs, 1 present)"), "{out}");
+        assert!(out.contains("\ns: 3 passed, 4 failed\n"), "{out}");
+        // A suite that passes exits 0; an unknown one is refused with the list.
+        let (code, out) = run_suite("pass", "s default 10 1 0 halo ok\ns default 10 1 nz halo fail\n", &["s"], "1");
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("\ns: 2 passed, 0 failed\n"), "{out}");
+        let (code, out) = run_suite("unknown", "s default 10 1 0 halo ok\n", &["nope"], "1");
+        assert!(code == 2 && out.contains("no suite `nope`; the suites are: s"), "{out}");
+    }
 }

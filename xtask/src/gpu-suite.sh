@@ -120,8 +120,8 @@ failures=(); notrun=()
 n=0
 while read -r s t secs need expect rest; do
     [ "$s" = "$suite" ] || continue
-    [ "$t" = default ] || [ "$tier" = long ] || { notrun+=("long tier (--long)|$rest"); continue; }
     n=$((n + 1))
+    [ "$t" = default ] || [ "$tier" = long ] || { notrun+=("long tier (--long)|[$n] $rest"); continue; }
     [ "$tier" = long ] && secs=$((secs * 3))
     rest=${rest//@OUT/$OUT}; rest=${rest//@B/$B}; rest=${rest//@GPUS/$GPULIST}
     read -r -a words <<<"$rest"
