@@ -461,17 +461,24 @@ mod tests {
         let dir = fake_bundle(
             "mixed",
             &[
-                ("gpu_a", "echo 'test one ... ok'; echo 'test two ... ok'; echo 'SKIPPED (needs 2 GPUs) [two_pes_on_two_gpus]: 1 present' >&2; echo 'test three ... ok'"),
-                ("gpu_b", "echo 'test good ... ok'; echo 'test bad ... FAILED'; echo 'SKIPPED (long tier) [nve_drift]: set HALO_TEST_TIER=long to run it' >&2; echo 'test kernel_times ... ignored, benchmark'; exit 101"),
+                // As a test binary on one thread prints: `test NAME ... `, what the test wrote to
+                // stderr itself (a SKIPPED line), then the result.
+                ("gpu_a", "echo 'test one ... ok'; printf 'test two ... '; echo 'SKIPPED (needs 2 GPUs) [two_pes_on_two_gpus]: 1 present' >&2; echo ok; echo 'test three ... ok'"),
+                (
+                    "gpu_b",
+                    "echo 'test good ... ok'; printf 'test nve ... '; echo 'SKIPPED (long tier) [nve_drift]: set HALO_TEST_TIER=long to run it' >&2; echo ok; \
+                     echo 'test bad ... FAILED'; echo 'test kernel_times ... ignored, benchmark'; exit 101",
+                ),
             ],
         );
         let (code, out) = run_runner(&dir, &[]);
         assert_eq!(code, 1, "{out}");
         assert!(out.contains("HALO_REQUIRE_GPUS=1"), "the promise defaults to one GPU: {out}");
-        assert!(out.contains("\ngpu tests: 5 passed, 1 failed\n"), "{out}");
+        assert!(out.contains("\ngpu-tests: 4 passed, 1 failed, 2 skipped\n"), "a test that said SKIPPED is not counted as passed: {out}");
         assert!(out.contains("FAILED gpu_b::bad"), "{out}");
-        assert!(out.contains("not run: needs 2 GPUs:\n  gpu_a: two_pes_on_two_gpus"), "{out}");
+        assert!(out.contains("  gpu_a::two\n") && out.contains("  gpu_b::nve\n"), "the skipped tests by name: {out}");
         assert!(out.contains("not run: long tier:\n  gpu_b: nve_drift"), "{out}");
+        assert!(out.contains("not run: needs 2 GPUs:\n  gpu_a: two_pes_on_two_gpus"), "{out}");
         assert!(out.contains("gpu_b::kernel_times"), "ignored benchmarks are listed: {out}");
         let _ = fs::remove_dir_all(&dir);
     }
@@ -491,12 +498,12 @@ mod tests {
         assert!(out.contains("FAILED gpu_crash::second (rc=139)"), "{out}");
         assert!(out.contains("FAILED gpu_hang::slow (killed after 1 s)"), "{out}");
         assert!(out.contains("FAILED gpu_none (ran no test"), "{out}");
-        assert!(out.contains("\ngpu tests: 2 passed, 3 failed\n"), "downstream and gpu_crash::first passed: {out}");
+        assert!(out.contains("\ngpu-tests: 2 passed, 3 failed, 0 skipped\n"), "downstream and gpu_crash::first passed: {out}");
         // Only the passing one, by --bin: exit 0.
         let mut cmd = std::process::Command::new("bash");
         let out = cmd.arg(dir.join("run-gpu-tests.sh")).args(["--bin", "halo-downstream"]).env("OUT", dir.join("logs")).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("gpu tests: 1 passed, 0 failed"), "{text}");
+        assert!(out.status.success() && text.contains("gpu-tests: 1 passed, 0 failed, 0 skipped"), "{text}");
         let _ = fs::remove_dir_all(&dir);
     }
 

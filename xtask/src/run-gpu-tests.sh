@@ -12,7 +12,7 @@
 # them as "not run (long tier)"). Every binary is bounded by GPU_TEST_TIMEOUT_S seconds (default
 # 1200). Output goes to the terminal and under $GPU_TEST_LOGS (default $OUT/tests, or
 # ./gpu-logs/tests). The run ends with a summary (passed, failed by name, not run by reason and
-# name) and the line `gpu tests: N passed, M failed`; it exits 1 when anything failed.
+# name) and the line `gpu-tests: N passed, M failed`; it exits 1 when anything failed.
 #
 # Every binary uses the kernels embedded in it: HALO_PTX_DIR is unset (ptx/ holds the same
 # kernels, for `HALO_PTX_DIR=ptx ./halo ...` and for reading).
@@ -42,43 +42,64 @@ if [ ${#bins[@]} -eq 0 ]; then
 fi
 echo "run-gpu-tests: HALO_REQUIRE_GPUS=$HALO_REQUIRE_GPUS HALO_TEST_TIER=${HALO_TEST_TIER:-default} ($(nvidia-smi -L 2>/dev/null | grep -c '^GPU') GPU(s) listed by nvidia-smi); logs in $logs"
 
-passed=0; failed=0; ignored=0
-failures=(); notrun=(); ignores=(); times=()
+passed=0; failed=0; skipped=0; ignored=0
+failures=(); notrun=(); partial=(); ignores=(); times=()
+# Reads one test binary's output (the harness's lines and the tests' own stderr lines in the order
+# they came, one thread) and prints a line per test: P (passed), S (passed but said SKIPPED: it,
+# or a part of it, did not run), F (failed), I (ignored), R (still running when the binary ended).
+results() {
+    awk 'function done(r) { if (cur != "") print r "\t" cur; cur = "" }
+        {
+            line = $0
+            if (match(line, /^test .* \.\.\. /)) { done("R"); cur = substr(line, 6, RLENGTH - 10); said = 0; line = substr(line, RLENGTH + 1) }
+            if (cur == "") next
+            if (index(line, "SKIPPED (") == 1) said = 1
+            else if (line == "ok") done(said ? "S" : "P")
+            else if (line == "FAILED") done("F")
+            else if (index(line, "ignored") == 1) { why = line; sub(/^ignored,? */, "", why); if (why != "") cur = cur " (" why ")"; done("I") }
+        }
+        END { done("R") }' "$1"
+}
 for name in "${bins[@]}"; do
     if [ "$name" = halo-downstream ]; then exe="$here/halo-downstream"; args=(); else exe="$here/tests/$name"; args=(--test-threads=1 "$@"); fi
     if [ ! -x "$exe" ]; then
         echo "== $name: not in this bundle"; failed=$((failed + 1)); failures+=("$name (no such binary)"); continue
     fi
     echo "== $name"
-    out="$logs/$name.stdout"; err="$logs/$name.stderr"
+    out="$logs/$name.log"
     start=$(date +%s)
-    # stdout (the harness's result lines) and stderr (SKIPPED lines, notes) apart, so that one
-    # never splits the other's lines; both are shown after the binary ends.
-    timeout -k 10 "$limit" "$exe" "${args[@]}" >"$out" 2>"$err"
+    # One thread, stdout and stderr into one file in the order they come: a SKIPPED line then sits
+    # between its test's `test NAME ... ` and its result.
+    timeout -k 10 "$limit" "$exe" "${args[@]}" >"$out" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
-    cat "$out"; cat "$err" >&2
+    cat "$out"
     times+=("$name ${took}s rc=$rc")
     if [ "$name" = halo-downstream ]; then
         if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("halo-downstream (rc=$rc)"); fi
     else
-        ok=$(grep -cE '^test .* \.\.\. ok$' "$out")
-        bad=$(grep -E '^test .* \.\.\. FAILED$' "$out" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/')
-        ign=$(grep -E '^test .* \.\.\. ignored' "$out" | sed -E 's/^test ([^ ]*) \.\.\. ignored.*/\1/')
-        passed=$((passed + ok))
-        while IFS= read -r t; do [ -n "$t" ] && { failed=$((failed + 1)); failures+=("$name::$t"); }; done <<<"$bad"
-        while IFS= read -r t; do [ -n "$t" ] && { ignored=$((ignored + 1)); ignores+=("$name::$t"); }; done <<<"$ign"
-        if [ $rc -eq 0 ] && [ "$ok" -eq 0 ] && [ -z "$ign" ] && ! grep -q '^SKIPPED (' "$err"; then
+        why="rc=$rc"; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && why="killed after ${limit} s"
+        n=0
+        while IFS=$'\t' read -r r t; do
+            [ -n "$r" ] || continue
+            n=$((n + 1))
+            case "$r" in
+                P) passed=$((passed + 1)) ;;
+                S) skipped=$((skipped + 1)); partial+=("$name::$t") ;;
+                F) failed=$((failed + 1)); failures+=("$name::$t") ;;
+                I) ignored=$((ignored + 1)); ignores+=("$name::$t") ;;
+                R) failed=$((failed + 1)); failures+=("$name::$t ($why)") ;;
+            esac
+        done < <(results "$out")
+        if [ $rc -ne 0 ] && ! results "$out" | grep -q $'^[FR]\t'; then
+            # Crashed or refused its arguments before or between tests.
+            failed=$((failed + 1)); failures+=("$name ($why)")
+        fi
+        if [ $rc -eq 0 ] && [ $n -eq 0 ]; then
             failed=$((failed + 1)); failures+=("$name (ran no test: does a filter match nothing?)")
         fi
-        if [ $rc -ne 0 ] && [ -z "$bad" ]; then
-            # Killed by the limit, crashed, or refused its arguments: the test it was in, if any.
-            cur=$(grep -E '^test .* \.\.\. $' "$out" | tail -1 | sed -E 's/^test (.*) \.\.\. $/\1/')
-            why="rc=$rc"; [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="killed after ${limit} s"
-            failed=$((failed + 1)); failures+=("$name${cur:+::$cur} ($why)")
-        fi
     fi
-    while IFS= read -r l; do notrun+=("$l"); done < <(sed -nE 's/^SKIPPED \(([^)]*)\) \[([^]]*)\].*/\1|'"$name"': \2/p' "$err")
+    while IFS= read -r l; do notrun+=("$l"); done < <(grep -o 'SKIPPED ([^)]*) \[[^]]*\]' "$out" | sed -E 's/^SKIPPED \(([^)]*)\) \[(.*)\]$/\1|'"$name"': \2/')
 done
 
 echo
@@ -87,12 +108,14 @@ for t in "${times[@]}"; do echo "  $t"; done
 echo "passed: $passed"
 echo "failed: $failed"
 for f in "${failures[@]}"; do echo "  FAILED $f"; done
+echo "skipped (passed what ran, but said SKIPPED: the test or a part of it did not run): $skipped"
+for t in "${partial[@]}"; do echo "  $t"; done
 if [ ${#notrun[@]} -gt 0 ]; then
     printf '%s\n' "${notrun[@]}" | sort -t'|' -k1,1 -s | awk -F'|' '{ if ($1 != last) { print "not run: " $1 ":"; last = $1 } print "  " $2 }'
 fi
 if [ $ignored -gt 0 ]; then
-    echo "ignored (benchmarks, run with --ignored): $ignored"
+    echo "ignored (benchmarks and blocked tests: run with --ignored): $ignored"
     for t in "${ignores[@]}"; do echo "  $t"; done
 fi
-echo "gpu tests: $passed passed, $failed failed"
+echo "gpu-tests: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]
