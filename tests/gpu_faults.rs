@@ -2,7 +2,7 @@
 //! under jitter in every phase (the GPU test of the signal-reuse defect fixed by protocol v4:
 //! monotonic waits and credits), and the memory checks that run before an exchange allocates.
 //! The multi-process faults (a PE killed mid-step, a heap too small, a GPU out of memory across
-//! PEs) are commands in `scripts/h200-faults.sh`.
+//! PEs) are commands of the `faults` GPU suite (`gpu-suite.sh faults` in the bundle).
 
 use halo::abi::Float3;
 use halo::exchange::heap::{self, Footprint};
@@ -113,7 +113,7 @@ fn jittered_rings_of_three_and_four_stay_exact_in_every_phase() {
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH).unwrap();
     let modules: Vec<Arc<KernelModule>> = (0..n.min(2)).map(|i| Arc::new(KernelModule::load(&gpu::open_device(i).unwrap(), &artifacts).unwrap())).collect();
     let mut placements = vec![("one GPU", Placement::Local(modules[..1].to_vec()))];
-    if modules.len() > 1 {
+    if gpus_or_skip("jittered_rings_of_three_and_four_stay_exact_in_every_phase: the rings over two GPUs", 2).is_some() {
         placements.push(("two GPUs", Placement::Local(modules.clone())));
     }
     for (where_, placement) in &placements {

@@ -7,7 +7,7 @@
 //! bad atom, never a hang). Then the whole single-rank search step on the GPU
 //! (`NbnxmGpu::update_resident`): lists equal to the host's `PairSearch::build` entry for entry and
 //! word for word. `resident_search_times` prints the GPU grid and list times beside the host's
-//! search (no assertion on them). The forces on the resident lists are checked in
+//! search: a benchmark (`#[ignore]`d, run by `gpu-suite.sh kernel-times` with `--ignored`). The forces on the resident lists are checked in
 //! `tests/gpu_nbnxm.rs` (`resident_search_forces`).
 //!
 //! Any rank's grid (`DeviceGrid::build_local`, home atoms and halo zones) against
@@ -268,6 +268,7 @@ fn resident_search_equals_the_host_search() {
 }
 
 #[test]
+#[ignore = "benchmark: prints GPU times and checks no result; the gpu-suite `kernel-times` suite runs it (--ignored)"]
 fn resident_search_times() {
     let Some(g) = gpu("gpu_resident_times") else { return };
     for n in [6000, 45_000, 180_000] {

@@ -1,6 +1,6 @@
 //! Gather/scatter kernels against their CPU references on a real GPU.
 //! Outputs are poisoned (all bits set: NaN) before every launch, so an unwritten element fails.
-//! Without a GPU each test says it skipped; `HALO_REQUIRE_GPU=1` turns that into a failure.
+//! Without a GPU each test says it skipped; `HALO_REQUIRE_GPUS=1` turns that into a failure.
 
 use approx::assert_relative_eq;
 use halo::abi::{Float3, PackMode};

@@ -6,13 +6,17 @@
 //! kernels against their CPU reference, energy conservation of an NVE run on one and two ranks, the
 //! page-locked staging that a search step uploads through, and the home coordinates and types that
 //! a search with the grid sorted on the GPU copies on the device.
+//!
+//! The long cases (45,000 atoms, the NVE drift, the 1-D and 2-D grids of the redecomposition) run
+//! in the long tier only (`HALO_TEST_TIER=long`); the default tier says `SKIPPED (long tier)` for
+//! each, by name.
 
 use halo::abi::{self, Float3};
 use halo::decomp::RankGrid;
 use halo::exchange::Transport;
 use halo::gpu::{DeviceBuffer, DeviceMemory, LaunchShape, Staging};
 use halo::kernel_args;
-use halo::testing::gpu_or_skip;
+use halo::testing::{gpu_or_skip, long_tier};
 use halo_md::{self as md, MdConfig, MdOutcome, Redecompose};
 use rand::{Rng, SeedableRng};
 
@@ -76,6 +80,9 @@ fn one_rank_matches_the_undecomposed_forces() {
 #[test]
 fn one_rank_searching_on_the_gpu_alone_or_through_the_host() {
     for (atoms, every) in [(6000, 3), (45_000, 10)] {
+        if atoms > 6000 && !long_tier("md_1x1x1_45000 (gpu_resident, host_grid)") {
+            continue;
+        }
         for resident in [true, false] {
             let mut c = config(atoms, [1, 1, 1], Transport::Fused, 90, 10);
             c.check_every = every;
@@ -91,8 +98,14 @@ fn one_rank_searching_on_the_gpu_alone_or_through_the_host() {
 /// on 1-D, 2-D and 3-D grids and two pulses along x.
 #[test]
 fn several_ranks_planning_from_their_own_atoms_or_from_the_whole_system() {
-    // Redecomposed with the per-atom passes on the GPU and on the host, and gathered.
+    // Redecomposed with the per-atom passes on the GPU and on the host, and gathered. The default
+    // tier runs the 3-D grid (forwarding in every dimension); the long tier the 1-D, 2-D and
+    // two-pulse grids too.
+    let long = long_tier("md_2x1x1, md_2x2x1, md_4x1x1 (redecomposed_gpu, redecomposed_host, gathered)");
     for grid in [[2, 1, 1], [2, 2, 1], [2, 2, 2], [4, 1, 1]] {
+        if grid != [2, 2, 2] && !long {
+            continue;
+        }
         for (resident, on) in [(true, Redecompose::Gpu), (true, Redecompose::Host), (false, Redecompose::Auto)] {
             let mut c = config(6000, grid, Transport::Fused, 120, 10);
             c.check_every = 5;
@@ -238,6 +251,9 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
 
 #[test]
 fn forty_five_thousand_atoms_1d_2d_3d() {
+    if !long_tier("forty_five_thousand_atoms_1d_2d_3d") {
+        return;
+    }
     for grid in [[2, 1, 1], [2, 2, 1], [2, 2, 2]] {
         let mut c = config(45_000, grid, Transport::Fused, 30, 15);
         c.check_every = 10;
@@ -308,6 +324,9 @@ fn checked_stretches_between_unchecked_steps() {
 /// 5 kJ/mol/ns per atom); both numbers are printed.
 #[test]
 fn nve_drift_is_small_on_one_and_two_ranks() {
+    if !long_tier("nve_drift_is_small_on_one_and_two_ranks") {
+        return;
+    }
     // Two ranks with the plain steps as CUDA graphs (the energy steps between them are not).
     for (grid, graph) in [([1, 1, 1], false), ([2, 1, 1], true)] {
         let mut c = config(6000, grid, Transport::Fused, 2000, 100);

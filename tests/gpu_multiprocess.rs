@@ -8,7 +8,8 @@
 //!
 //! The binary is `$HALO_BIN` (the bundle's `run-gpu-tests.sh` sets it), else the one Cargo built
 //! for these tests, else `../halo` beside the test executable (the bundle's layout). Without a GPU
-//! each test says `SKIPPED`; `HALO_REQUIRE_GPU=1` turns that into a failure.
+//! each test says `SKIPPED`; `HALO_REQUIRE_GPUS=N` turns that into a failure for tests (and the nccl
+//! parts) that need at most N GPUs.
 
 use halo::testing::{Captured, gpus_or_skip, run_captured};
 
@@ -77,11 +78,8 @@ fn two_pes_every_transport_and_its_graph_match_the_cpu_reference() {
     let Some(gpus) = gpus_or_skip(test, 1) else { return };
     // NCCL allows one rank per GPU: on one GPU it cannot run two PEs.
     let mut methods = vec!["staged", "direct-copy", "per-pulse", "per-pulse-direct", "fused", "fused-tma"];
-    if gpus >= 2 {
+    if gpus_or_skip(&format!("{test}: nccl (NCCL runs one rank per GPU)"), 2).is_some() {
         methods.push("nccl");
-    } else {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED (one GPU) {test}: nccl (NCCL runs one rank per GPU)");
     }
     let (steps, every) = steps(gpus);
     let list = methods.join(",");
@@ -110,6 +108,8 @@ fn two_pes_forced_put_in_both_signalling_modes_matches_the_cpu_reference() {
 fn the_bench_pe_runner_checks_every_variant_after_timing_it() {
     let test = "the_bench_pe_runner_checks_every_variant_after_timing_it";
     let Some(gpus) = gpus_or_skip(test, 1) else { return };
+    // NCCL runs one rank per GPU: on one GPU bench reports its rows skipped.
+    let nccl = gpus_or_skip(&format!("{test}: nccl rows (NCCL runs one rank per GPU)"), 2).is_some();
     let dir = tempfile::tempdir().expect("a temporary folder");
     let json = dir.path().join("bench.json");
     let json_arg = json.to_string_lossy().into_owned();
@@ -126,7 +126,7 @@ fn the_bench_pe_runner_checks_every_variant_after_timing_it() {
     let rows = report["results"].as_array().cloned().unwrap_or_default();
     for want in ["staged", "direct-copy", "nccl", "nccl+graph", "fused", "fused+graph"] {
         let row = rows.iter().find(|r| r["variant"] == want).unwrap_or_else(|| panic!("{test}: no row {want}\n{all}"));
-        if want.starts_with("nccl") && gpus < 2 {
+        if want.starts_with("nccl") && !nccl {
             assert!(row["skipped"].is_string(), "{test}: {want} on one GPU should be skipped: {row}");
             continue;
         }

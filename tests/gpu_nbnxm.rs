@@ -11,7 +11,9 @@
 //! of its entries; the GPU's order kernels are also checked alone on random entry lists.
 //! Outputs are poisoned: forces start from known nonzero values with NaN guards after the array,
 //! the energy accumulator starts at 1000, the inner list at all ones. `kernel_times` prints every
-//! design's and warp count's GPU times as a table (no assertion on them).
+//! design's and warp count's GPU times as a table and `entry_shape_times` the force kernel's time
+//! per entry shape and launch order: benchmarks, not tests (`#[ignore]`d: they check no result
+//! against a reference), run by `gpu-suite.sh kernel-times` with `--ignored`.
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid};
@@ -672,6 +674,7 @@ struct Times {
 /// host rule's count marked `*`), then per list the fastest design and warp count of the forces
 /// (back to back) beside the rule's.
 #[test]
+#[ignore = "benchmark: prints GPU times and checks no result; the gpu-suite `kernel-times` suite runs it (--ignored)"]
 fn kernel_times() {
     let Some(g) = gpu("nbnxm_times") else { return };
     const WARPS: [u32; 5] = [1, 2, 4, 8, 16];
@@ -790,6 +793,7 @@ fn kernel_times() {
 /// [`back_to_back_us`]). The two orders are also checked to give the same forces (within the
 /// tolerance: the atomics add in another order).
 #[test]
+#[ignore = "benchmark: prints GPU times and checks no result; the gpu-suite `kernel-times` suite runs it (--ignored)"]
 fn entry_shape_times() {
     let Some(g) = gpu("nbnxm_entry_shapes") else { return };
     const REPS: usize = 25;

@@ -2,13 +2,15 @@
 //! node (issue 19), run as a user would: the built `halo` binary under `halo launch`.
 //!
 //! The binary is `$HALO_BIN`, else a `halo` next to this test executable or one folder up (the
-//! bundle: `tests/gpu_pes` beside `halo`), else the one cargo built. These tests need two GPUs:
-//! with fewer they say they skipped; with no GPU at all and `HALO_REQUIRE_GPU=1` they fail. The
+//! bundle: `tests/gpu_pes` beside `halo`), else the one cargo built. The tests of several PEs
+//! per GPU need two GPUs: with fewer they say they skipped (`SKIPPED (needs 2 GPUs)`), and fail
+//! when `HALO_REQUIRE_GPUS=2` (or more) promised two. The
 //! UCX tests also need the UCX libraries (`HALO_UCX_DIR`, which the bundle's runner sets when the
 //! bundle carries them: `cargo xtask bundle --with-ucx`); without them they say they skipped.
 //!
 //! Every run is bounded (a hard limit kills the launcher, whose ranks die with it) and prints its
-//! wall time on stderr, so a slow configuration shows up in the log.
+//! wall time on stderr, so a slow configuration shows up in the log. The 180,000-atom run and the
+//! staged half of the replan test run in the long tier only (`HALO_TEST_TIER=long`).
 
 use halo::launch::ucx;
 use std::ffi::OsString;
@@ -42,18 +44,10 @@ fn halo_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_halo"))
 }
 
-/// Whether two GPUs are here. Without any GPU this is `gpus_or_skip`'s rule (a failure under
-/// `HALO_REQUIRE_GPU=1`); with one GPU the test skips loudly either way (it needs two).
+/// Whether two GPUs are here: `gpus_or_skip`'s rule (not run, said by name, when fewer are present
+/// and the machine was promised fewer; a failure when `HALO_REQUIRE_GPUS` promised two).
 fn two_gpus(test: &str) -> bool {
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
-        return false;
-    }
-    let n = halo::gpu::device_count();
-    if n < 2 {
-        note(&format!("SKIPPED (needs 2 GPUs, {n} present) {test}"));
-        return false;
-    }
-    true
+    halo::testing::gpus_or_skip(test, 2).is_some()
 }
 
 /// The UCX environment, or `None` (after saying so) when no UCX libraries are configured.
@@ -61,10 +55,11 @@ fn ucx_env(test: &str) -> Option<Vec<(String, OsString)>> {
     match ucx::dir_from_env() {
         Ok(Some(dir)) => Some(ucx::emulated_network_env(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref())),
         Ok(None) => {
-            note(&format!(
-                "SKIPPED (no UCX libraries: set {} to a folder from `cargo xtask fetch-ucx`, or use a bundle built with --with-ucx) {test}",
-                ucx::ENV_UCX_DIR
-            ));
+            halo::testing::say_not_run(
+                "no UCX libraries",
+                test,
+                &format!("set {} to a folder from `cargo xtask fetch-ucx`, or use a bundle built with --with-ucx", ucx::ENV_UCX_DIR),
+            );
             None
         }
         Err(e) => panic!("{test}: {e}"),
@@ -235,7 +230,8 @@ fn ring(n: usize) {
 #[test]
 fn two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers() {
     let test = "two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers";
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
+    // About a minute of time-sliced 180,000-atom steps: the long tier.
+    if !halo::testing::long_tier(test) || halo::testing::gpus_or_skip(test, 1).is_none() {
         return;
     }
     let args = [
@@ -291,7 +287,12 @@ fn two_pes_replan_without_a_barrier_only_after_the_redecomposition_gathers() {
     if halo::testing::gpus_or_skip(test, 1).is_none() {
         return;
     }
+    // The host-driven transport's half (links kept or set up again) in the long tier.
+    let staged = halo::testing::long_tier(&format!("{test}: staged"));
     for transport in ["fused", "staged"] {
+        if transport == "staged" && !staged {
+            continue;
+        }
         for (host_grid, barriers) in [(false, 0), (true, 7)] {
             let mut args = vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "80"];
             args.extend(["--nstlist", "10", "--transport", transport, "--check-every", "3"]);

@@ -1,13 +1,20 @@
-//! Support for GPU tests: find a GPU or say loudly why the test cannot run.
+//! Support for GPU tests: find the GPUs a test needs or say loudly why the test cannot run.
 //!
-//! Without a GPU a test prints `SKIPPED (no GPU): <reason>` and passes, so CI machines without
-//! GPUs stay green; with `HALO_REQUIRE_GPU=1` (set by the bundle's `run-gpu-tests.sh`) the same
-//! situation fails the test instead, so a GPU run can never report a skipped check as a pass.
+//! Every GPU-count decision goes through [`gpu_verdict`]. A test (or a part of one) that needs `G`
+//! GPUs runs when `G` are present. Otherwise it depends on what the machine was promised,
+//! `HALO_REQUIRE_GPUS=N` (`HALO_REQUIRE_GPU=1`, the older spelling, promises one): with `G <= N`
+//! the missing GPUs are a broken machine and the test fails; with `G > N` (CI machines without
+//! GPUs promise none) it prints one line, `SKIPPED (needs G GPUs) [test]: P present (...)`, and
+//! passes. The bundle's `run-gpu-tests.sh` sets the promise and lists those lines by name at the
+//! end ("not run"), so a GPU run can never report a skipped check as a pass.
 //! A GPU whose driver is loaded but fails to initialise ([`gpu::GpuStatus::DriverFailed`]) fails
 //! the test whatever the setting: that machine is broken, not GPU-less.
+//!
+//! Long cases run only in the long tier (`HALO_TEST_TIER=long`, [`long_tier`]); in the default
+//! tier they print `SKIPPED (long tier) [test]: ...`, which the runner lists the same way.
 
 use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
-use crate::gpu::{self, CudaContext, KernelModule};
+use crate::gpu::{self, CudaContext, GpuStatus, KernelModule};
 use kernels_gpu::abi::Float3;
 use std::sync::Arc;
 
@@ -19,28 +26,123 @@ pub struct GpuFixture {
     pub module: Arc<KernelModule>,
 }
 
-/// Whether a missing GPU must fail the test (`HALO_REQUIRE_GPU=1`).
-pub fn gpu_required() -> bool {
-    std::env::var("HALO_REQUIRE_GPU").is_ok_and(|v| v == "1")
+/// The variable that states how many GPUs the machine was promised.
+pub const ENV_REQUIRE_GPUS: &str = "HALO_REQUIRE_GPUS";
+/// The older spelling: `HALO_REQUIRE_GPU=1` promises one GPU.
+pub const ENV_REQUIRE_GPU: &str = "HALO_REQUIRE_GPU";
+/// The variable that picks the test tier: `long` runs the long cases too.
+pub const ENV_TEST_TIER: &str = "HALO_TEST_TIER";
+
+/// How many GPUs the machine was promised, from the values of `HALO_REQUIRE_GPUS` and
+/// `HALO_REQUIRE_GPU` (the larger promise wins). Pure, for the tests; [`promised_gpus`] reads the
+/// environment.
+pub fn promised_gpus_from(require_gpus: Option<&str>, require_gpu: Option<&str>) -> std::result::Result<usize, String> {
+    let n = match require_gpus.map(str::trim).filter(|v| !v.is_empty()) {
+        None => 0,
+        Some(v) => v.parse::<usize>().map_err(|_| format!("{ENV_REQUIRE_GPUS}={v:?} is not a number of GPUs: set it to the GPUs this machine should have, e.g. {ENV_REQUIRE_GPUS}=2"))?,
+    };
+    Ok(n.max(usize::from(require_gpu == Some("1"))))
 }
 
-/// The number of GPUs, or `None` (after printing why, or panicking under `HALO_REQUIRE_GPU=1`)
-/// when there are fewer than `min`.
-pub fn gpus_or_skip(test: &str, min: usize) -> Option<usize> {
-    let reason = match gpu::gpu_status() {
-        gpu::GpuStatus::Present(n) if n >= min => return Some(n),
-        gpu::GpuStatus::Present(n) => format!("{min} GPUs needed, {n} present"),
-        gpu::GpuStatus::Absent(r) => r,
-        gpu::GpuStatus::DriverFailed(r) => panic!("{test}: a GPU is present but unusable: {r}"),
+/// How many GPUs the machine was promised (`HALO_REQUIRE_GPUS=N`, or 1 for `HALO_REQUIRE_GPU=1`,
+/// else 0). Panics on a value that is not a number: a test run must not guess the promise.
+pub fn promised_gpus() -> usize {
+    let (a, b) = (std::env::var(ENV_REQUIRE_GPUS).ok(), std::env::var(ENV_REQUIRE_GPU).ok());
+    promised_gpus_from(a.as_deref(), b.as_deref()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Whether a missing GPU must fail the test (some GPU was promised).
+pub fn gpu_required() -> bool {
+    promised_gpus() > 0
+}
+
+/// What a test that needs some GPUs does ([`gpu_verdict`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuVerdict {
+    /// Enough GPUs: run, with this many present.
+    Run(usize),
+    /// Fewer than it needs, and more than the machine was promised: not run (said by name).
+    NotRun {
+        /// GPUs the test needs.
+        needs: usize,
+        /// GPUs present.
+        present: usize,
+        /// Why there are not more (the driver's word, or the count).
+        why: String,
+    },
+    /// Fewer than it needs although the machine was promised them, or a broken driver: fail.
+    Fail(String),
+}
+
+/// The one rule for every GPU-count decision of the tests: a test that needs `needs` GPUs on a
+/// machine with `status` that was promised `promised` GPUs runs, is not run, or fails (see the
+/// module's documentation). Pure, so every case is tested without a GPU.
+pub fn gpu_verdict(needs: usize, status: &GpuStatus, promised: usize) -> GpuVerdict {
+    let (present, why) = match status {
+        GpuStatus::Present(n) if *n >= needs => return GpuVerdict::Run(*n),
+        GpuStatus::Present(n) => (*n, format!("{n} present")),
+        GpuStatus::Absent(r) => (0, format!("0 present ({r})")),
+        GpuStatus::DriverFailed(r) => return GpuVerdict::Fail(format!("a GPU is present but unusable: {r}")),
     };
-    if gpu_required() {
-        panic!("{test}: HALO_REQUIRE_GPU=1 but {reason}");
+    if needs <= promised {
+        return GpuVerdict::Fail(format!(
+            "{ENV_REQUIRE_GPUS}={promised} promises {promised} GPU(s) and this needs {needs}, but {why}: the machine lost GPUs, or lower {ENV_REQUIRE_GPUS} to the GPUs it has"
+        ));
     }
-    // Written to the stderr handle directly: the test harness captures `eprintln!` of passing
-    // tests, and a skip must stay visible in CI logs.
+    GpuVerdict::NotRun { needs, present, why }
+}
+
+/// The line a test that is not run prints: `SKIPPED (<reason>) [<test>]: <detail>`.
+/// `run-gpu-tests.sh` reads these lines (the marker is `SKIPPED (`, the name between brackets).
+pub fn not_run_line(reason: &str, test: &str, detail: &str) -> String {
+    format!("SKIPPED ({reason}) [{test}]: {detail}")
+}
+
+/// Prints a [`not_run_line`] on the stderr handle directly: the test harness captures `eprintln!`
+/// of passing tests, and a skip must stay visible in every log.
+pub fn say_not_run(reason: &str, test: &str, detail: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED (no GPU) {test}: {reason}");
-    None
+    let _ = writeln!(std::io::stderr().lock(), "{}", not_run_line(reason, test, detail));
+}
+
+fn gpus_word(n: usize) -> &'static str {
+    if n == 1 { "GPU" } else { "GPUs" }
+}
+
+/// The number of GPUs when at least `min` are present; `None` (after printing a
+/// [`not_run_line`]) when fewer are and the machine was not promised `min`; panics when it was
+/// ([`gpu_verdict`]). For a whole test and for a part of one alike: name the part in `test`.
+pub fn gpus_or_skip(test: &str, min: usize) -> Option<usize> {
+    match gpu_verdict(min, &gpu::gpu_status(), promised_gpus()) {
+        GpuVerdict::Run(n) => Some(n),
+        GpuVerdict::Fail(why) => panic!("{test}: {why}"),
+        GpuVerdict::NotRun { needs, why, .. } => {
+            say_not_run(&format!("needs {needs} {}", gpus_word(needs)), test, &why);
+            None
+        }
+    }
+}
+
+/// Whether the long cases run (`HALO_TEST_TIER=long`) from the variable's value; anything but
+/// unset, empty, `default` or `long` is an error naming the choices. Pure, for the tests.
+pub fn long_tier_from(tier: Option<&str>) -> std::result::Result<bool, String> {
+    match tier.map(str::trim) {
+        None | Some("") | Some("default") => Ok(false),
+        Some("long") => Ok(true),
+        Some(v) => Err(format!("{ENV_TEST_TIER}={v:?} is not a tier: use `default` or `long`")),
+    }
+}
+
+/// Whether the long case `test` runs: in the long tier yes; in the default tier it prints a
+/// [`not_run_line`] (`SKIPPED (long tier) [test]`) and returns false. A GPU run of the default
+/// tier therefore lists every long case it left out.
+pub fn long_tier(test: &str) -> bool {
+    let tier = std::env::var(ENV_TEST_TIER).ok();
+    if long_tier_from(tier.as_deref()).unwrap_or_else(|e| panic!("{test}: {e}")) {
+        return true;
+    }
+    say_not_run("long tier", test, &format!("set {ENV_TEST_TIER}=long to run it"));
+    false
 }
 
 /// GPU 0 with the kernels loaded, or `None` as [`gpus_or_skip`]. Panics if a GPU is present but
@@ -348,5 +450,65 @@ mod tests {
         let started = std::time::Instant::now();
         let c = run_captured(cmd, Duration::from_millis(200)).unwrap();
         assert!(c.timed_out && c.code.is_none() && started.elapsed() < Duration::from_secs(5), "{c:?}");
+    }
+
+    #[test]
+    fn the_promise_comes_from_either_variable_and_a_bad_one_is_an_error() {
+        assert_eq!(promised_gpus_from(None, None), Ok(0));
+        assert_eq!(promised_gpus_from(None, Some("1")), Ok(1));
+        assert_eq!(promised_gpus_from(None, Some("0")), Ok(0));
+        assert_eq!(promised_gpus_from(Some("2"), None), Ok(2));
+        assert_eq!(promised_gpus_from(Some(" 8 "), Some("1")), Ok(8));
+        assert_eq!(promised_gpus_from(Some("0"), Some("1")), Ok(1));
+        assert_eq!(promised_gpus_from(Some(""), None), Ok(0));
+        let e = promised_gpus_from(Some("two"), None).unwrap_err();
+        assert!(e.contains("HALO_REQUIRE_GPUS=\"two\"") && e.contains("HALO_REQUIRE_GPUS=2"), "{e}");
+        assert!(promised_gpus_from(Some("-1"), None).is_err());
+    }
+
+    #[test]
+    fn a_test_runs_fails_or_is_not_run_by_what_it_needs_and_what_was_promised() {
+        let absent = GpuStatus::Absent("the CUDA driver found no GPU".into());
+        let one = GpuStatus::Present(1);
+        let two = GpuStatus::Present(2);
+        // Enough GPUs: run, whatever the promise.
+        assert_eq!(gpu_verdict(1, &one, 0), GpuVerdict::Run(1));
+        assert_eq!(gpu_verdict(2, &two, 8), GpuVerdict::Run(2));
+        assert_eq!(gpu_verdict(1, &two, 1), GpuVerdict::Run(2));
+        // Nothing promised (CI without GPUs): not run, with the count and the driver's reason.
+        match gpu_verdict(1, &absent, 0) {
+            GpuVerdict::NotRun { needs: 1, present: 0, why } => assert!(why.contains("found no GPU"), "{why}"),
+            v => panic!("{v:?}"),
+        }
+        // One GPU promised and one present: a two-GPU test is not run, a one-GPU test runs.
+        assert!(matches!(gpu_verdict(2, &one, 1), GpuVerdict::NotRun { needs: 2, present: 1, .. }));
+        // Two promised, one present: the two-GPU test fails (before: it skipped and passed).
+        match gpu_verdict(2, &one, 2) {
+            GpuVerdict::Fail(why) => assert!(why.contains("HALO_REQUIRE_GPUS=2") && why.contains("needs 2") && why.contains("1 present"), "{why}"),
+            v => panic!("{v:?}"),
+        }
+        // Promised GPUs and none present: even a one-GPU test fails.
+        assert!(matches!(gpu_verdict(1, &absent, 1), GpuVerdict::Fail(_)));
+        // A test needing more than promised, with none present, is not run.
+        assert!(matches!(gpu_verdict(4, &absent, 2), GpuVerdict::NotRun { needs: 4, present: 0, .. }));
+        // A broken driver fails whatever the promise.
+        assert!(matches!(gpu_verdict(1, &GpuStatus::DriverFailed("cuInit: 999".into()), 0), GpuVerdict::Fail(w) if w.contains("unusable")));
+    }
+
+    #[test]
+    fn a_not_run_line_carries_the_reason_and_the_name_the_runner_reads() {
+        // run-gpu-tests.sh reads `SKIPPED (<reason>) [<test>]` (xtask's runner tests feed it such lines).
+        let l = not_run_line("needs 2 GPUs", "ring of 4 on two GPUs, phase x", "1 present");
+        assert_eq!(l, "SKIPPED (needs 2 GPUs) [ring of 4 on two GPUs, phase x]: 1 present");
+    }
+
+    #[test]
+    fn the_tier_is_default_or_long_and_nothing_else() {
+        assert_eq!(long_tier_from(None), Ok(false));
+        assert_eq!(long_tier_from(Some("")), Ok(false));
+        assert_eq!(long_tier_from(Some("default")), Ok(false));
+        assert_eq!(long_tier_from(Some("long")), Ok(true));
+        let e = long_tier_from(Some("full")).unwrap_err();
+        assert!(e.contains("HALO_TEST_TIER=\"full\"") && e.contains("long"), "{e}");
     }
 }

@@ -88,7 +88,7 @@ enum Task {
         ptx: PtxArgs,
     },
     /// Assemble target/bundle/: release `halo`, PTX/cubin, GPU test binaries, the downstream
-    /// fixture, stencil3d, run-gpu-tests.sh.
+    /// fixture, stencil3d, run-gpu-tests.sh, gpu-suite.sh and its table of suites.
     Bundle {
         #[command(flatten)]
         ptx: PtxArgs,

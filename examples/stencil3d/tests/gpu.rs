@@ -1,6 +1,6 @@
 //! The stencil on a GPU: 2x2x2 ranks in one process, 50 steps, every transport that runs in one
 //! process, compared bit for bit with the undecomposed grid on the CPU. Without a GPU it says
-//! `SKIPPED` and passes (fails under HALO_REQUIRE_GPU=1, as the bundle's runner sets).
+//! `SKIPPED` and passes (fails under HALO_REQUIRE_GPUS=1 or more, as the bundle's runner sets).
 
 use halo::exchange::Transport;
 use stencil3d::gpu::{RunConfig, run_local, runs_in_one_process};

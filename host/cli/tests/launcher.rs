@@ -52,6 +52,8 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// Every rank is gone (an orphan would live on forever: `within` only bounds the wait for the
+/// kernel to show it, not a speed).
 fn assert_all_dead(pids: &[i32], within: Duration) {
     let deadline = Instant::now() + within;
     loop {
@@ -97,15 +99,16 @@ fn one_failing_rank_stops_the_others() {
         "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "1",
         "--exit-code", "1", "--others-hang",
     ];
-    let (out, took) = run_within(halo(&args), STOP_BOUND);
+    let (out, _) = run_within(halo(&args), STOP_BOUND);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert!(stderr.contains("rank 1 exited with code 1; stopped ranks 0, 2"), "stderr: {stderr}");
-    // The hanging ranks die of SIGTERM at once, long before the 5 s grace period.
-    assert!(took < Duration::from_secs(4), "took {took:?}");
+    // The hanging ranks die of SIGTERM: none needed the SIGKILL that ends the 5 s grace period
+    // (the launcher names every rank it had to kill).
+    assert!(!stderr.contains("got SIGKILL"), "stderr: {stderr}");
     let pids = pids(&stdout);
     assert_eq!(pids.len(), 3, "stdout: {stdout}");
-    assert_all_dead(&pids, Duration::from_secs(1));
+    assert_all_dead(&pids, STOP_BOUND);
 }
 
 #[test]
@@ -118,7 +121,7 @@ fn a_rank_killed_by_sigkill_is_named() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {stderr}");
     assert!(stderr.contains("rank 2 was killed by signal 9 (SIGKILL); stopped ranks 0, 1"), "stderr: {stderr}");
-    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
+    assert_all_dead(&pids(&text(&out.stdout)), STOP_BOUND);
 }
 
 /// Issue 18: `HALO_FAULT=kill@STEP:RANK` kills that rank in the middle of a step, through the same
@@ -128,7 +131,7 @@ fn a_rank_killed_mid_step_by_halo_fault_is_named() {
     let args = ["launch", "-n", "3", "--", "selftest-child", "--print-pid", "--null-exchange-steps", "300"];
     let mut cmd = halo(&args);
     cmd.env("HALO_FAULT", "kill@20:1").env("HALO_JITTER_US", "200:3:host");
-    let (out, took) = run_within(cmd, STOP_BOUND);
+    let (out, _) = run_within(cmd, STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + 9), "stderr: {stderr}");
     assert!(
@@ -137,9 +140,9 @@ fn a_rank_killed_mid_step_by_halo_fault_is_named() {
     );
     assert!(stderr.contains("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2"), "stderr: {stderr}");
     assert!(!text(&out.stdout).contains("ran 300 steps"), "the others were stopped, not left to finish");
-    // 300 steps take at least 3 s; the kill comes after about 20 of them.
-    assert!(took < Duration::from_secs(3), "took {took:?}");
-    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
+    // The others were stopped by the launcher at the kill, not ended by SIGKILL after the grace.
+    assert!(!stderr.contains("got SIGKILL"), "stderr: {stderr}");
+    assert_all_dead(&pids(&text(&out.stdout)), STOP_BOUND);
 }
 
 #[test]
@@ -162,7 +165,7 @@ fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(stderr.contains("rank 1 ignored SIGTERM and got SIGKILL"), "stderr: {stderr}");
     assert!(took >= Duration::from_secs(1), "SIGKILL came before the grace period ended: {took:?}");
-    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
+    assert_all_dead(&pids(&text(&out.stdout)), STOP_BOUND);
 }
 
 #[test]
@@ -224,14 +227,13 @@ fn ranks_get_their_environment() {
 #[test]
 fn uneven_gpu_layouts_are_refused_before_any_rank_starts() {
     // 3 ranks on 2 GPUs: NVSHMEM 3.4.5 would hang in its initialisation (issue 20).
-    let (out, took) = run_within(halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "selftest-child", "--print-pid"]), STOP_BOUND);
+    let (out, _) = run_within(halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "selftest-child", "--print-pid"]), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     for part in ["would put 2 on GPU 0, 1 on GPU 1", "cannot start an uneven number of PEs per GPU", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
         assert!(stderr.contains(part), "missing {part:?} in {stderr}");
     }
     assert!(pids(&text(&out.stdout)).is_empty(), "a rank was started: {}", text(&out.stdout));
-    assert!(took < Duration::from_secs(2), "took {took:?}");
     // The override starts it, and every rank knows how many share its GPU.
     let args = ["launch", "-n", "3", "--gpus", "0,1", "--allow-uneven-gpus", "--", "selftest-child", "--print-env", "HALO_PES_PER_GPU"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
@@ -255,8 +257,11 @@ fn a_rank_stuck_in_startup_is_ended_by_the_watchdog() {
     assert!(stderr.contains("[rank 1] halo: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"), "stderr: {stderr}");
     assert!(stderr.contains("uneven number of PEs per GPU") && stderr.contains("NVSHMEM_DEBUG=INFO"), "stderr: {stderr}");
     assert!(stderr.contains("rank 1 exited with code 86 (halo's watchdog"), "stderr: {stderr}");
-    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(5), "took {took:?}");
-    assert_all_dead(&pids(&text(&out.stdout)), Duration::from_secs(1));
+    // Not before the watchdog's second (a lower bound: a loaded machine only makes it later); that
+    // the watchdog, not the grace period's SIGKILL, ended it is in the messages above.
+    assert!(took >= Duration::from_secs(1), "took {took:?}");
+    assert!(!stderr.contains("got SIGKILL"), "stderr: {stderr}");
+    assert_all_dead(&pids(&text(&out.stdout)), STOP_BOUND);
 }
 
 /// The rendezvous directory named in the children's output.
@@ -349,7 +354,7 @@ fn sigterm_to_the_launcher_stops_all_ranks() {
         std::io::Read::read_to_string(&mut e, &mut stderr).expect("stderr");
     }
     assert!(stderr.contains("interrupted by SIGTERM; stopped ranks 0, 1, 2"), "stderr: {stderr}");
-    assert_all_dead(&pids, Duration::from_secs(1));
+    assert_all_dead(&pids, STOP_BOUND);
 }
 
 #[test]
@@ -358,7 +363,7 @@ fn ranks_die_with_a_killed_launcher() {
     // SIGKILL cannot be caught: only PR_SET_PDEATHSIG stands between the ranks and orphanhood.
     launcher.kill().expect("kill the launcher");
     let _ = launcher.wait();
-    assert_all_dead(&pids, Duration::from_secs(3));
+    assert_all_dead(&pids, STOP_BOUND);
 }
 
 #[test]

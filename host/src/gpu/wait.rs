@@ -111,8 +111,23 @@ mod tests {
 
     #[test]
     fn finished_work_returns_at_once_and_pending_work_when_done() {
-        let out = poll_until_done(|| Ok(true), || None, Duration::from_secs(10), None).unwrap();
-        assert!(matches!(out, WaitOutcome::Done(d) if d < Duration::from_millis(50)), "{out:?}");
+        // At once: one query, no progress sample, no pause.
+        let (queries, samples) = (Cell::new(0), Cell::new(0));
+        let out = poll_until_done(
+            || {
+                queries.set(queries.get() + 1);
+                Ok(true)
+            },
+            || {
+                samples.set(samples.get() + 1);
+                None
+            },
+            Duration::from_secs(10),
+            None,
+        )
+        .unwrap();
+        assert!(matches!(out, WaitOutcome::Done(_)), "{out:?}");
+        assert_eq!((queries.get(), samples.get()), (1, 0));
         let calls = Cell::new(0);
         let out = poll_until_done(
             || {
@@ -130,24 +145,39 @@ mod tests {
 
     #[test]
     fn work_without_progress_expires_after_the_budget() {
+        // Progress is sampled every quarter budget (20 ms): the wait ends at its first look after
+        // the budget, so it takes at most 4 samples whatever the machine's load (a late sample
+        // only means fewer). A wait that outlived its budget (ran on to a second one, say) would
+        // take more; a wall-clock bound would measure the load instead.
         let budget = Duration::from_millis(80);
-        let out = poll_until_done(|| Ok(false), || Some(7), budget, None).unwrap();
+        let samples = Cell::new(0);
+        let probe = || {
+            samples.set(samples.get() + 1);
+            Some(7)
+        };
+        let out = poll_until_done(|| Ok(false), probe, budget, None).unwrap();
         let WaitOutcome::Expired { waited, since_progress } = out else { panic!("{out:?}") };
         assert!(waited >= budget && since_progress >= budget, "{out:?}");
-        assert!(waited < budget + Duration::from_millis(100), "{out:?}");
+        assert!((1..=4).contains(&samples.get()), "{} progress samples for a budget of 4 sample periods: {out:?}", samples.get());
     }
 
     #[test]
     fn progress_moves_the_deadline() {
-        // The work advances for 300 ms, then stops: with a budget of 100 ms the wait must outlive
-        // the progress and expire about 100 ms after the last change, not 100 ms after the start.
+        // The work advances at each of the first 10 samples (one every 25 ms, a quarter budget),
+        // then stops: the wait must outlive the progress (its 10th sample comes 250 ms or more
+        // after the start, and a budget after that) and then end within the 4 samples of one
+        // budget, not 100 ms after the start (4 samples in all) nor never.
         let budget = Duration::from_millis(100);
-        let start = Instant::now();
-        let probe = || Some((start.elapsed().as_millis().min(300) / 10) as u64);
+        let samples = Cell::new(0u64);
+        let probe = || {
+            samples.set(samples.get() + 1);
+            Some(samples.get().min(10))
+        };
         let out = poll_until_done(|| Ok(false), probe, budget, None).unwrap();
         let WaitOutcome::Expired { waited, since_progress } = out else { panic!("{out:?}") };
-        assert!(waited >= Duration::from_millis(380), "expired before the progress stopped: {out:?}");
-        assert!(since_progress >= budget && since_progress < budget + Duration::from_millis(100), "{out:?}");
+        assert!(waited >= Duration::from_millis(350), "expired before the progress stopped: {out:?}");
+        assert!(since_progress >= budget, "{out:?}");
+        assert!((11..=14).contains(&samples.get()), "{} samples: 10 with progress, then at most 4: {out:?}", samples.get());
     }
 
     #[test]

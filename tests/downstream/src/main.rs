@@ -4,7 +4,8 @@
 //!
 //! Eight ranks of a synthetic 2x2x2 halo in one process on GPU 0: coordinates forward, forces back
 //! (accumulated), checked against the library's CPU reference (`halo::exchange::reference`).
-//! Without a GPU it says so and exits 0 (the build is what CI checks), unless `HALO_REQUIRE_GPU=1`.
+//! Without a GPU it says so and exits 0 (the build is what CI checks), unless GPUs were promised
+//! (`HALO_REQUIRE_GPUS=N` with N >= 1, or `HALO_REQUIRE_GPU=1`).
 
 use halo::abi::Float3;
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
@@ -29,8 +30,11 @@ fn run() -> Result<(), String> {
     let ptx_dir = std::env::var("HALO_PTX_DIR").map_or_else(|_| "unset".to_string(), |d| format!("set to {d}"));
     println!("halo-downstream: kernels {} (HALO_PTX_DIR {ptx_dir})", artifacts.describe());
     if let Some(reason) = gpu::gpu_unavailable_reason() {
-        if std::env::var("HALO_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-            return Err(format!("HALO_REQUIRE_GPU=1 but there is no GPU: {reason}"));
+        // A machine promised GPUs (`HALO_REQUIRE_GPUS=N`, N >= 1, or `HALO_REQUIRE_GPU=1`, as the
+        // bundle's runner sets) must not pass without one.
+        let promised = std::env::var("HALO_REQUIRE_GPUS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+        if promised > 0 || std::env::var("HALO_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            return Err(format!("this machine was promised GPUs (HALO_REQUIRE_GPUS / HALO_REQUIRE_GPU) but there is none: {reason}"));
         }
         println!("halo-downstream: no GPU: built OK, skipped the run ({reason})");
         return Ok(());
