@@ -7,7 +7,7 @@
 //! = 40 B per atom. Printed beside the device copy bandwidth (read + write), the ceiling.
 //!
 //! The kernels run on random coordinates, and before and after each kernel's timed launches one
-//! launch on fresh random data is compared with the CPU reference ([`crate::reference`]): pack
+//! launch on fresh random data is compared with the CPU reference ([`halo::reference`]): pack
 //! bit for bit, unpack-accumulate bit for bit (the indices are distinct, so each entry is one
 //! addition). A kernel that fails its check gives no times: the run ends with the mismatch.
 
@@ -16,7 +16,7 @@ use super::stats::Summary;
 use crate::error::{HaloError, Result};
 use crate::gpu::{self, CudaStream, DeviceBuffer, DeviceMemory, KernelModule};
 use crate::kernels::{IndexMap, pack_coords, unpack};
-use crate::reference;
+use halo::reference;
 use kernels_gpu::abi::Float3;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};

@@ -69,11 +69,6 @@ enum Command {
     },
 }
 
-/// The `halo` command's clap definition (for the generated reference, [`crate::reference`]).
-pub fn command() -> clap::Command {
-    <Cli as clap::CommandFactory>::command()
-}
-
 /// The whole command line interface as a clap [`clap::Command`] (every subcommand with its help),
 /// for tools and tests that read the help text without running `halo`.
 pub fn command() -> clap::Command {
