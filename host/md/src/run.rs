@@ -1442,14 +1442,20 @@ impl MdRun {
             .collect();
         let all = self.placement.all_gather(&format!("{}check-errors-{step}", self.tag), mine)?;
         let mut c = StepCheck::default();
-        let mut first = None;
+        // The first difference named is a rank's wrong coordinate where there is one (the cause),
+        // before any rank's force error (its effect on the neighbours' pairs).
+        let (mut first, mut first_coordinate) = (None, None);
         let mut gpu = 0.0;
         for b in &all {
             let (rc, e, why) = decode_rank_check(b)?;
+            if rc.coord_mismatches > 0 {
+                first_coordinate = first_coordinate.or_else(|| why.clone());
+            }
             c.merge(rc);
             gpu += e;
             first = first.or(why);
         }
+        let mut first = first_coordinate.or(first);
         // The potential energy of every rank's pairs against the undecomposed system.
         let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
