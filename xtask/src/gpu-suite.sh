@@ -48,7 +48,7 @@ machine_block() {
     nvidia-smi --query-gpu=index,name,memory.total,compute_mode,clocks.max.sm,pcie.link.gen.max --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
     nvidia-smi -q 2>/dev/null | grep -E '^(Driver Version|CUDA Version)' | sed 's/  */ /g; s/^/# /'
     nvidia-smi topo -m 2>/dev/null | sed -n '1,/^$/p' | grep -v '^$' | sed 's/^/# topo: /'
-    if pgrep -x nvidia-cuda-mps-control >/dev/null 2>&1; then echo "# MPS: running"; else echo "# MPS: not running (PEs sharing a GPU are time-sliced)"; fi
+    if pgrep -f nvidia-cuda-mps-control >/dev/null 2>&1; then echo "# MPS: running"; else echo "# MPS: not running (PEs sharing a GPU are time-sliced)"; fi
     echo "# host: $(uname -sr), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
     "$B/halo" info 2>&1 | grep -iE 'nvshmem|nccl|cuda|driver|version' | head -8 | sed 's/^/# info: /'
     [ -d "$U" ] && echo "# UCX: $U" || echo "# UCX: none in this bundle (--with-ucx)"
