@@ -287,6 +287,23 @@ impl<T: Element> LocalRanks<T> {
             return self.host_driven(transport, Direction::Forward);
         }
         self.host.note(Direction::Forward);
+        if matches!(transport, Transport::PerPulse | Transport::PerPulseDirect) {
+            // Pulse-major: pulse `p` on every rank before pulse `p + 1` on any. A pulse's launch
+            // waits in its stream for the rank's previous pulse, whose kernel waits for its peer's
+            // launch of the same pulse; enqueued rank after rank, rank 0's pulse 1 would come
+            // before rank 1's pulse 0, and where the driver serves both streams from one hardware
+            // queue (more streams than queues), that queue would hold rank 1's pulse 0 behind a
+            // launch that cannot start before it: a cycle only the device deadline breaks. In this
+            // order every launch that waits, in a stream or in a kernel, waits only for launches
+            // enqueued before it.
+            let pulses = self.ranks.iter().map(|r| r.halo().pulses.len()).max().unwrap_or(0);
+            for p in 0..pulses {
+                for (r, rank) in self.ranks.iter_mut().enumerate() {
+                    rank.launch_coordinate_pulse(transport, p, &self.streams[r])?;
+                }
+            }
+            return Ok(());
+        }
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             rank.launch_coordinates(transport, &self.streams[r])?;
         }

@@ -688,14 +688,8 @@ impl<T: Element> RankExchange<T> {
                 }
             }
             Transport::PerPulse | Transport::PerPulseDirect => {
-                let name = entry::<T>(if transport == Transport::PerPulseDirect { abi::PULSE_PACK_STORE_SIGNAL } else { abi::PULSE_PACK_PUT_SIGNAL });
                 for p in 0..n {
-                    let send = self.halo.pulses[p as usize].index_map.len();
-                    let shape = LaunchShape { grid: (self.grids.per_pulse(send, n as usize), 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
-                    let mut pulse = p;
-                    let mut args = kernel_args![meta, pulse, pulses, x, signals, state, counters, timeout, status];
-                    // SAFETY: arguments match the per-pulse kernels; see above.
-                    unsafe { self.module.launch(&name, shape, stream, &mut args)? };
+                    self.launch_coordinate_pulse(transport, p as usize, stream)?;
                 }
                 Ok(())
             }
@@ -704,6 +698,32 @@ impl<T: Element> RankExchange<T> {
                 transport.name()
             ))),
         }
+    }
+
+    /// Launches pulse `pulse` of one step's coordinate halo with a per-pulse `transport`
+    /// ([`Transport::PerPulse`] or [`Transport::PerPulseDirect`]) on `stream`: the launches of a
+    /// step go pulse after pulse, each after the previous one in stream order. Nothing for a pulse
+    /// this rank does not have. [`Self::launch_coordinates`] launches every pulse; ranks that share
+    /// a process enqueue pulse `p` on every rank before pulse `p + 1` on any
+    /// ([`super::LocalRanks::launch_coordinates`]).
+    pub fn launch_coordinate_pulse(&mut self, transport: Transport, pulse: usize, stream: &CudaStream) -> Result<()> {
+        let name = match transport {
+            Transport::PerPulseDirect => entry::<T>(abi::PULSE_PACK_STORE_SIGNAL),
+            Transport::PerPulse => entry::<T>(abi::PULSE_PACK_PUT_SIGNAL),
+            other => return Err(HaloError::InvalidInput(format!("the {} transport has no per-pulse launches", other.name()))),
+        };
+        let n = self.halo.pulses.len();
+        let Some(spec) = self.halo.pulses.get(pulse) else { return Ok(()) };
+        self.check_metadata()?;
+        let shape = LaunchShape { grid: (self.grids.per_pulse(spec.index_map.len(), n), 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
+        let (mut meta, mut p, mut pulses, mut x, mut signals, mut state) =
+            (self.meta.device_ptr(), pulse as u32, n as u32, self.x.device_ptr(), self.signals.device_ptr(), self.state.device_ptr());
+        let (mut counters, mut timeout, mut status) = (self.counters.device_ptr(), self.timeout_ns, self.status.device_ptr());
+        self.last_launch = Some((transport, false));
+        let mut args = kernel_args![meta, p, pulses, x, signals, state, counters, timeout, status];
+        // SAFETY: arguments match the per-pulse kernels (`pulse_exchange`); the metadata was built
+        // by `install` from a validated plan and live buffers; `pulse < n`.
+        unsafe { self.module.launch(&name, shape, stream, &mut args) }
     }
 
     /// Launches the force halo of one step (reverse chain, pushed to the owners, accumulated) on
