@@ -8,6 +8,7 @@
 //! | module | what it does |
 //! |---|---|
 //! | [`artifacts`] | the embedded kernels, or a folder of them; checks they match this build (ABI, architecture) |
+//! | [`desc`] | the descriptions every layer shares, below all of them: a rank's halo ([`desc::RankHalo`]), the exchange's [`desc::Transport`], the errors a halo wait raises ([`desc::WaitTimeout`], [`desc::StuckStream`]) |
 //! | [`gpu`] | cudarc-based plumbing: contexts, device memory, the kernel module, launches |
 //! | [`kernels`] | typed launchers for every kernel entry |
 //! | [`exchange`] | the halo exchange: ranks in one process ([`exchange::LocalRanks`]) or one per NVSHMEM PE ([`exchange::PeExchange`]) behind one [`exchange::Exchange`] interface |
@@ -26,6 +27,7 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod artifacts;
+pub mod desc;
 pub mod env_vars;
 pub mod error;
 pub mod gpu;

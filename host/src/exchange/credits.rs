@@ -16,7 +16,7 @@
 //! halos alone; counting no empty pulse keeps the rule the same on every rank and only adds a
 //! credit wait where an empty pulse would have served.)
 
-use super::spec::{PulseSpec, RankHalo};
+use crate::desc::{PulseSpec, RankHalo};
 use kernels_gpu::abi::pulse_flags;
 
 /// Whether rank `a`'s coordinates of pulse `p` need a credit from their receiver `b` (`send_rank`).
