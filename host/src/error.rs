@@ -86,7 +86,7 @@ pub enum HaloError {
     },
     /// The router could not plan the exchange's paths (or the PEs' plans disagree).
     #[error("routing: {0}")]
-    Route(#[from] crate::route::PathError),
+    Route(#[from] crate::desc::route::PathError),
     /// A decomposition cannot be built, or a halo plan is inconsistent.
     #[error(transparent)]
     Plan(#[from] crate::decomp::PlanError),

@@ -1,13 +1,17 @@
 //! The descriptions the layers share, below all of them: what a rank's halo is ([`halo`]), how a
-//! halo moves ([`transport`]), and what a halo wait that gave up reports ([`wait`]).
+//! halo moves ([`transport`]), what a halo wait that gave up reports ([`wait`]), and the router's
+//! vocabulary with the errors routing raises ([`route`]).
 //!
-//! The GPU layer ([`crate::gpu`], [`crate::kernels`], [`crate::error`]) and the router
-//! ([`crate::route`]) take these from here, never from the exchange, which is built on top of
-//! them; the exchange re-exports them at their old paths (`halo::exchange::RankHalo`,
-//! `halo::exchange::Transport`, `halo::exchange::WaitTimeout`, ...). A test scans the sources to
-//! keep it that way.
+//! The layers point one way: the GPU layer ([`crate::gpu`], [`crate::kernels`]) and the error
+//! type ([`crate::error`]) never name the exchange or the router and take what they share with
+//! them from here; the router (`halo::route`) never names the exchange; the exchange is built on
+//! all of them. The exchange and the router re-export what moved here at their old paths
+//! (`halo::exchange::RankHalo`, `halo::exchange::Transport`, `halo::exchange::WaitTimeout`,
+//! `halo::route::Transport`, `halo::route::PathError`, ...). A test scans the sources to keep it
+//! that way.
 
 pub mod halo;
+pub mod route;
 pub mod transport;
 pub mod wait;
 
@@ -19,9 +23,11 @@ pub use wait::{DeviceSnapshot, JITTER_MAX_US, STUCK_EXIT_GRACE, StuckStream, Wai
 mod tests {
     use std::path::{Path, PathBuf};
 
-    /// The files below the exchange: the GPU layer, the error type, the router and these
-    /// descriptions. None of them may name the exchange.
-    const BELOW_THE_EXCHANGE: &[&str] = &["gpu", "kernels.rs", "error.rs", "route", "desc"];
+    /// Each upper layer, and the files below it (under `host/src/`) that may never name it.
+    const LAYERS: &[(&str, &[&str])] = &[
+        ("exchange", &["gpu", "kernels.rs", "error.rs", "route", "desc"]),
+        ("route", &["gpu", "kernels.rs", "error.rs", "desc"]),
+    ];
 
     fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
         if path.is_file() {
@@ -39,19 +45,19 @@ mod tests {
     }
 
     /// The lines of `text` outside its unit tests (a test may build its fixtures from any layer)
-    /// that name the exchange: in code any path to it, in comments an intra-doc link to it.
-    fn upward_references(text: &str) -> Vec<(usize, String)> {
+    /// that name the module `upper` of this crate: in code any path to it, in comments an
+    /// intra-doc link to it.
+    fn upward_references(text: &str, upper: &str) -> Vec<(usize, String)> {
         let code_end = text.find("#[cfg(test)]\nmod tests").unwrap_or(text.len());
+        let in_crate = format!("crate::{upper}");
+        let paths = [in_crate.clone(), format!("super::super::{upper}"), format!("halo::{upper}")];
         let mut found = Vec::new();
         for (i, line) in text[..code_end].lines().enumerate() {
-            let trimmed = line.trim_start();
-            let comment = trimmed.starts_with("//");
-            let names = if comment {
-                line.contains("crate::exchange")
+            let names = if line.trim_start().starts_with("//") {
+                line.contains(&in_crate)
             } else {
                 let code = line.split("//").next().unwrap_or_default();
-                ["crate::exchange", "super::super::exchange", "halo::exchange"].iter().any(|p| code.contains(p))
-                    || (code.contains("crate::{") && code.contains("exchange"))
+                paths.iter().any(|p| code.contains(p.as_str())) || (code.contains("crate::{") && code.contains(upper))
             };
             if names {
                 found.push((i + 1, line.trim().to_owned()));
@@ -61,30 +67,32 @@ mod tests {
     }
 
     #[test]
-    fn the_layers_below_the_exchange_never_name_it() {
+    fn the_layers_below_the_exchange_and_the_router_never_name_them() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        for part in BELOW_THE_EXCHANGE {
-            rust_files(&src.join(part), &mut files);
-        }
-        assert!(files.len() >= 25, "found only {} files under {}", files.len(), src.display());
         let mut wrong = Vec::new();
-        for file in &files {
-            let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
-            for (line, what) in upward_references(&text) {
-                wrong.push(format!("{}:{line}: {what}", file.strip_prefix(&src).unwrap_or(file).display()));
+        for (upper, below) in LAYERS {
+            let mut files = Vec::new();
+            for part in *below {
+                rust_files(&src.join(part), &mut files);
+            }
+            assert!(files.len() >= 12, "found only {} files below {upper} under {}", files.len(), src.display());
+            for file in &files {
+                let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+                for (line, what) in upward_references(&text, upper) {
+                    wrong.push(format!("{}:{line} names {upper}: {what}", file.strip_prefix(&src).unwrap_or(file).display()));
+                }
             }
         }
         assert!(
             wrong.is_empty(),
-            "these lines below the exchange name it (the GPU layer, the error type and the router take the shared \
-             descriptions from crate::desc, never from the exchange; move what they need into crate::desc):\n{}",
+            "these lines point up a layer (the GPU layer and the error type use only crate::desc; the router uses \
+             crate::desc and the GPU layer, never the exchange; move what they need into crate::desc):\n{}",
             wrong.join("\n")
         );
     }
 
     #[test]
-    fn the_scan_sees_every_way_of_naming_the_exchange() {
+    fn the_scan_sees_every_way_of_naming_an_upper_layer() {
         let named = [
             "use crate::exchange::RankHalo;",
             "fn f<T: crate::exchange::Element>() {}",
@@ -93,13 +101,14 @@ mod tests {
             "/// Placed as [`crate::exchange::LocalRanks`] does.",
         ];
         for line in named {
-            assert_eq!(upward_references(line).len(), 1, "missed {line:?}");
+            assert_eq!(upward_references(line, "exchange").len(), 1, "missed {line:?}");
         }
+        assert_eq!(upward_references("    Route(#[from] crate::route::PathError),", "route").len(), 1);
         let fine = ["use crate::desc::RankHalo;", "/// As the exchange's `LocalRanks` places them.", "let x = 1; // see crate::exchange"];
         for line in fine {
-            assert!(upward_references(line).is_empty(), "flagged {line:?}");
+            assert!(upward_references(line, "exchange").is_empty(), "flagged {line:?}");
         }
         let with_tests = "use crate::desc::RankHalo;\n#[cfg(test)]\nmod tests {\n    use crate::exchange::synthetic;\n}\n";
-        assert!(upward_references(with_tests).is_empty(), "a unit test may use the exchange's fixtures");
+        assert!(upward_references(with_tests, "exchange").is_empty(), "a unit test may use the exchange's fixtures");
     }
 }
