@@ -63,11 +63,11 @@ pub enum HaloError {
     },
     /// A device spin-wait expired: a peer never signalled (see the message for which one).
     #[error("halo exchange timed out: {0}")]
-    WaitTimeout(crate::exchange::WaitTimeout),
+    WaitTimeout(crate::desc::WaitTimeout),
     /// A host wait on an exchange stream saw no progress for its whole budget: a kernel is stuck
     /// where no halo deadline reaches (see the message for the rank, path and GPU state).
     #[error("halo exchange stuck: {0}")]
-    StreamStuck(Box<crate::exchange::watch::StuckStream>),
+    StreamStuck(Box<crate::desc::StuckStream>),
     /// A host-side handshake of a host-driven transport expired: a peer process never posted
     /// (see the message for which one, what and at which step).
     #[error("halo exchange timed out on the host: {0}")]
@@ -86,7 +86,7 @@ pub enum HaloError {
     },
     /// The router could not plan the exchange's paths (or the PEs' plans disagree).
     #[error("routing: {0}")]
-    Route(#[from] crate::route::PathError),
+    Route(#[from] crate::desc::route::PathError),
     /// A decomposition cannot be built, or a halo plan is inconsistent.
     #[error(transparent)]
     Plan(#[from] crate::decomp::PlanError),

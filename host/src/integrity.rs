@@ -21,7 +21,7 @@
 //! that no other rank holds, so forces are checked against an undecomposed or reference run with
 //! [`compare_with_system`] (exact where that run is bit-reproducible, as the coordinate path is).
 
-use crate::exchange::RankHalo;
+use crate::desc::RankHalo;
 use kernels_gpu::abi::Float3;
 use std::fmt;
 

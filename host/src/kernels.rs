@@ -140,10 +140,10 @@ pub fn counter(ctx: &Arc<CudaContext>) -> Result<DeviceBuffer<u32>> {
 }
 
 /// Holds `stream` for `ns` nanoseconds on the GPU (`spin_delay`, one thread): the GPU half of the
-/// exchange's jitter ([`crate::exchange::perturb`]). `ns` is capped at [`Jitter::MAX_US`](crate::exchange::perturb::Jitter::MAX_US),
+/// exchange's jitter. `ns` is capped at [`JITTER_MAX_US`](crate::desc::JITTER_MAX_US),
 /// the longest jitter accepted, so the kernel is bounded whatever the caller passes.
 pub fn spin_delay(module: &KernelModule, stream: &CudaStream, ns: u64) -> Result<()> {
-    let mut ns = ns.min(u64::from(crate::exchange::perturb::Jitter::MAX_US) * 1000);
+    let mut ns = ns.min(u64::from(crate::desc::JITTER_MAX_US) * 1000);
     let mut args = kernel_args![ns];
     let shape = LaunchShape { grid: (1, 1), block: 1, shared_bytes: 0 };
     // SAFETY: `spin_delay(ns: u64)` takes one value and touches no memory.

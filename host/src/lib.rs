@@ -8,6 +8,7 @@
 //! | module | what it does |
 //! |---|---|
 //! | [`artifacts`] | the embedded kernels, or a folder of them; checks they match this build (ABI, architecture) |
+//! | [`desc`] | the descriptions every layer shares, below all of them: a rank's halo ([`desc::RankHalo`]), the exchange's [`desc::Transport`], the errors a halo wait raises ([`desc::WaitTimeout`], [`desc::StuckStream`]), the router's vocabulary and errors ([`desc::route`]) |
 //! | [`gpu`] | cudarc-based plumbing: contexts, device memory, the kernel module, launches |
 //! | [`kernels`] | typed launchers for every kernel entry |
 //! | [`exchange`] | the halo exchange: ranks in one process ([`exchange::LocalRanks`]) or one per NVSHMEM PE ([`exchange::PeExchange`]) behind one [`exchange::Exchange`] interface |
@@ -23,9 +24,15 @@
 //! The `halo` command, benchmarks and the launcher are in the `halo-cli` crate, the mini-MD
 //! application in `halo-md`. Nothing here needs a GPU or NVSHMEM to build: the CUDA driver and
 //! NVSHMEM are loaded at run time.
+//!
+//! The layers point one way: the shared descriptions ([`desc`]: halos, transports, the errors of
+//! waits and routing) lie below everything; [`gpu`], [`kernels`] and [`error`] never name
+//! [`exchange`] or [`route`], and [`route`] never names [`exchange`], which is built on all of
+//! them. A unit test in [`desc`] scans the sources to keep it so.
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod artifacts;
+pub mod desc;
 pub mod env_vars;
 pub mod error;
 pub mod gpu;

@@ -176,14 +176,14 @@ impl crate::exchange::Exchange for NullExchange {
     fn streams(&self) -> &[Arc<crate::gpu::CudaStream>] {
         &[]
     }
-    fn check_transport(&self, _: crate::exchange::Transport) -> crate::Result<()> {
+    fn check_transport(&self, _: crate::desc::Transport) -> crate::Result<()> {
         Ok(())
     }
-    fn exchange_forward(&mut self, _: crate::exchange::Transport) -> crate::Result<()> {
+    fn exchange_forward(&mut self, _: crate::desc::Transport) -> crate::Result<()> {
         self.calls.push("forward");
         Ok(())
     }
-    fn exchange_reverse_accumulate(&mut self, _: crate::exchange::Transport) -> crate::Result<()> {
+    fn exchange_reverse_accumulate(&mut self, _: crate::desc::Transport) -> crate::Result<()> {
         self.calls.push("reverse");
         Ok(())
     }
@@ -201,7 +201,7 @@ impl crate::exchange::Exchange for NullExchange {
         self.calls.push("reset");
         Ok(())
     }
-    fn replan(&mut self, _: Vec<crate::exchange::spec::RankHalo>) -> crate::Result<bool> {
+    fn replan(&mut self, _: Vec<crate::desc::RankHalo>) -> crate::Result<bool> {
         self.calls.push("replan");
         Ok(true)
     }
@@ -258,12 +258,12 @@ pub fn run_captured(mut cmd: std::process::Command, limit: std::time::Duration) 
 /// The smallest valid halo for tests of validation: a ring of `n` ranks of 4 home atoms each, one
 /// pulse that sends atoms 0 and 3 to the next rank and receives 2 atoms from the previous one.
 /// Tests corrupt one field and check the error that names it.
-pub fn ring_halos(n: usize) -> Vec<crate::exchange::RankHalo> {
+pub fn ring_halos(n: usize) -> Vec<crate::desc::RankHalo> {
     (0..n)
-        .map(|r| crate::exchange::RankHalo {
+        .map(|r| crate::desc::RankHalo {
             home_atoms: 4,
             total_atoms: 6,
-            pulses: vec![crate::exchange::PulseSpec {
+            pulses: vec![crate::desc::PulseSpec {
                 send_rank: (r + n - 1) % n,
                 recv_rank: (r + 1) % n,
                 index_map: vec![0, 3],

@@ -3,7 +3,7 @@
 
 use super::grid::{Decomposition, wrap_position};
 use super::{PlanError, RankGrid};
-use crate::exchange::{PulseSpec, RankHalo};
+use crate::desc::{PulseSpec, RankHalo};
 use crate::system::MolecularSystem;
 use crate::workers::Workers;
 use kernels_gpu::abi::Float3;

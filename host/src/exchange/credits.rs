@@ -16,7 +16,7 @@
 //! halos alone; counting no empty pulse keeps the rule the same on every rank and only adds a
 //! credit wait where an empty pulse would have served.)
 
-use super::spec::{PulseSpec, RankHalo};
+use crate::desc::{PulseSpec, RankHalo};
 use kernels_gpu::abi::pulse_flags;
 
 /// Whether rank `a`'s coordinates of pulse `p` need a credit from their receiver `b` (`send_rank`).
@@ -28,7 +28,7 @@ use kernels_gpu::abi::pulse_flags;
 /// - `b` sends at least one atom to `a` in some pulse (so `a`'s launch of step `n + 1` ends after
 ///   `b` started step `n + 1`, i.e. after `b` finished step `n`, including the arrival of `a`'s put
 ///   of step `n`, whose staging slot `a` reuses in step `n + 2`). A pulse that sends nothing does
-///   not count: `a` waits for none of its words ([`synchronises`]).
+///   not count: `a` waits for none of its words (`synchronises`).
 pub fn coordinate_credit_needed(halos: &[RankHalo], a: usize, p: usize) -> bool {
     let b = halos[a].pulses[p].send_rank;
     let hb = &halos[b];
@@ -52,7 +52,7 @@ fn synchronises(pulse: &PulseSpec) -> bool {
 /// coordinates there): then `a`'s force launch of step `n + 1` ends after `b` started step
 /// `n + 1`, i.e. after `b` accumulated step `n`; with receive (and staging) slots alternating by
 /// step parity, `a` writes the slot of step `n` again only in step `n + 2`. An empty push does not
-/// count ([`synchronises`]).
+/// count (`synchronises`).
 pub fn force_credit_needed(halos: &[RankHalo], a: usize, y: usize) -> bool {
     let b = halos[a].pulses[y].recv_rank;
     !halos[a].pulses.iter().any(|q| q.send_rank == b && synchronises(q))

@@ -22,7 +22,7 @@
 //!   GPU first ([`reserve_for_test`]), so exhausted device memory can be tried on an H200.
 
 use super::rank::SharedSizes;
-use super::spec::RankHalo;
+use crate::desc::RankHalo;
 use super::Element;
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaContext, DeviceBuffer, KernelModule};

@@ -51,8 +51,8 @@
 
 use super::credits;
 use super::rank::{PeerView, RankExchange};
-use super::spec::{PulseSpec, RankHalo};
-use super::{Element, Transport};
+use crate::desc::{PulseSpec, RankHalo};
+use crate::desc::{Element, Transport};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaEvent, CudaStream};
 use std::sync::Arc;

@@ -15,8 +15,8 @@
 use super::local::LocalRanks;
 use super::pe::{PathPolicy, PeExchange};
 use super::rank::{RankExchange, SharedSizes};
-use super::spec::RankHalo;
-use super::{Element, Transport};
+use crate::desc::RankHalo;
+use crate::desc::{Element, Transport};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
 use crate::nvshmem::Nvshmem;

@@ -14,7 +14,7 @@ use super::host_driven::{Channel, Links};
 use super::mailbox::Mailbox;
 use super::memory::{Mem, MemoryKind};
 use super::rank::{PeerView, RankExchange};
-use super::spec::RankHalo;
+use crate::desc::RankHalo;
 use super::Element;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory};

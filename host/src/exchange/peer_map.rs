@@ -67,7 +67,7 @@ mod tests {
 
     /// Every pulse's two ends against each other: what `a` sends as words `b` polls as words, for
     /// coordinates (to `send_rank`) and forces (from it).
-    fn mismatches(halos: &[crate::exchange::RankHalo], mapped: &[Vec<bool>]) -> Vec<String> {
+    fn mismatches(halos: &[crate::desc::RankHalo], mapped: &[Vec<bool>]) -> Vec<String> {
         let mut out = Vec::new();
         for (a, h) in halos.iter().enumerate() {
             for (p, spec) in h.pulses.iter().enumerate() {

@@ -22,8 +22,8 @@
 
 use super::interface::{Exchange, ReplanFence};
 use super::rank::RankExchange;
-use super::spec::RankHalo;
-use super::{Element, Transport};
+use crate::desc::RankHalo;
+use crate::desc::{Element, Transport};
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
 use crate::error::CudaContextExt;
@@ -93,7 +93,7 @@ pub struct Delays {
 impl Jitter {
     /// The longest delay accepted (1 s): a longer one would look like a dead peer to a device
     /// wait with the default 5 s deadline after a few delayed steps in a row.
-    pub const MAX_US: u32 = 1_000_000;
+    pub const MAX_US: u32 = crate::desc::JITTER_MAX_US;
     /// The seed when none is given.
     pub const DEFAULT_SEED: u64 = 1;
 
@@ -299,7 +299,7 @@ pub struct InjectedAtom {
     /// The step (forward exchanges of this perturbation, 0-based).
     pub step: u64,
     /// Where the atom sits on the rank (pulse, sender, slot).
-    pub place: super::spec::AtomPlace,
+    pub place: crate::desc::AtomPlace,
 }
 
 impl fmt::Display for InjectedAtom {

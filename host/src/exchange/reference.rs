@@ -1,6 +1,6 @@
 //! The exchange's effect computed on the CPU, for any set of [`RankHalo`]s.
 
-use super::spec::RankHalo;
+use crate::desc::RankHalo;
 use kernels_gpu::abi::{Float3, HaloElement};
 
 /// Every rank's coordinates after the full coordinate halo: `home[r]` (length `home_atoms`)
@@ -59,7 +59,7 @@ pub struct CoordinateDifferences {
     /// Atoms whose coordinates are not bit-identical to the reference's.
     pub atoms: usize,
     /// The first of them, with where it sits in the rank's halo (pulse and sender).
-    pub first: Option<super::spec::AtomPlace>,
+    pub first: Option<crate::desc::AtomPlace>,
     /// The largest absolute difference of a component (nm; infinite where one side is not a
     /// number; 0 when bit-exact).
     pub max_abs: f64,

@@ -21,7 +21,7 @@
 //!    since its last good state again.
 
 use super::interface::Placement;
-use super::{Element, RankHalo, Transport};
+use crate::desc::{Element, RankHalo, Transport};
 use crate::error::{HaloError, Result};
 use crate::nvshmem::{KeptGather, Nvshmem};
 use crate::route::{

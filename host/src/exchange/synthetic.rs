@@ -4,7 +4,7 @@
 //! go to the lower neighbour and come from the upper one; crossing the boundary adds a shift.
 //! Used by the GPU tests and benchmarks of the exchange itself, independent of the MD system.
 
-use super::spec::{PulseSpec, RankHalo};
+use crate::desc::{PulseSpec, RankHalo};
 use kernels_gpu::abi::Float3;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};

@@ -2,13 +2,14 @@
 //! counters, read on a side stream so that a stuck halo stream cannot block the read, and the
 //! error that names what was stuck.
 
-use super::{Transport, WaitTimeout};
+use super::Transport;
+pub use crate::desc::wait::{DeviceSnapshot, STUCK_EXIT_GRACE, StuckStream};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::wait::{WaitOutcome, poll_until_done, stream_idle};
 use crate::gpu::{CudaContext, CudaStream};
 use crate::watchdog::{self, steps};
 use cudarc::driver::sys;
-use kernels_gpu::abi::{ProtocolState, WaitKind, WaitStatus};
+use kernels_gpu::abi::{ProtocolState, WaitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,10 +24,6 @@ pub const HOST_WAIT_MARGIN: Duration = Duration::from_secs(3);
 /// call inside the wait's loop blocks.
 pub const BACKSTOP_MARGIN: Duration = Duration::from_secs(2);
 
-/// How long a process whose stream is stuck may take to end after the error (its orderly
-/// teardown may block on the stuck kernel; the watchdog ends it then).
-pub const STUCK_EXIT_GRACE: Duration = Duration::from_secs(5);
-
 /// The budget of a host wait: [`HOST_WAIT_ENV`] seconds when set (and valid), else the device wait
 /// deadline plus [`HOST_WAIT_MARGIN`].
 pub fn host_wait_budget(device_wait: Duration, env_value: Option<&str>) -> Duration {
@@ -34,26 +31,6 @@ pub fn host_wait_budget(device_wait: Duration, env_value: Option<&str>) -> Durat
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0 && *s <= 1e6)
         .map_or(device_wait + HOST_WAIT_MARGIN, Duration::from_secs_f64)
-}
-
-/// What the GPU holds for one rank, read while its kernels may still run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceSnapshot {
-    /// Coordinate halos completed.
-    pub x_epoch: u64,
-    /// Force halos completed.
-    pub f_epoch: u64,
-    /// Pulses of the running coordinate launch delivered (per-pulse launches move it).
-    pub x_finished: u32,
-    /// The first expired device wait, if any.
-    pub status: WaitStatus,
-}
-
-impl DeviceSnapshot {
-    /// A number that changes whenever a launch of this rank completes a pulse or a direction.
-    pub fn progress(&self) -> u64 {
-        self.x_epoch.wrapping_mul(1_000_003).wrapping_add(self.f_epoch.wrapping_mul(7)).wrapping_add(u64::from(self.x_finished))
-    }
 }
 
 const STATE_BYTES: usize = size_of::<ProtocolState>();
@@ -142,66 +119,6 @@ impl Drop for StateWatch {
     }
 }
 
-/// A host wait on a rank's stream that saw no progress for its whole budget: the stream is stuck
-/// where no halo deadline reaches (most likely inside NVSHMEM, when its proxy thread died).
-#[derive(Clone, Debug)]
-pub struct StuckStream {
-    /// The rank whose stream is stuck.
-    pub rank: usize,
-    /// What the host was waiting for.
-    pub what: String,
-    /// How long it waited in all.
-    pub waited: Duration,
-    /// How long nothing moved.
-    pub since_progress: Duration,
-    /// The last launch on the stream, e.g. `coordinate halo (fused)`.
-    pub last_launch: Option<String>,
-    /// How the rank's pulses reach their peers (see `RankExchange::path_description`).
-    pub path: String,
-    /// What the GPU held when the wait gave up (`None`: the side read did not land either).
-    pub device: Option<DeviceSnapshot>,
-    /// NVSHMEM's state, when the rank is a PE.
-    pub nvshmem: Option<String>,
-}
-
-impl std::fmt::Display for StuckStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "rank {}: nothing moved for {:.1} s while {}", self.rank, self.since_progress.as_secs_f64(), self.what)?;
-        write!(f, " (waited {:.1} s; last launch: {}", self.waited.as_secs_f64(), self.last_launch.as_deref().unwrap_or("none"))?;
-        write!(f, "; path: {}", self.path)?;
-        match &self.device {
-            Some(d) => {
-                write!(f, "; step counters on the GPU: {} coordinate and {} force halos completed", d.x_epoch, d.f_epoch)?;
-                if d.status.timed_out != 0 {
-                    let t = WaitTimeout {
-                        rank: self.rank,
-                        peer: d.status.peer,
-                        pulse: d.status.pulse,
-                        kind: WaitKind::from_u32(d.status.kind),
-                        step_counter: d.status.expected,
-                        seen: d.status.seen,
-                        waited_ns: d.status.waited_ns,
-                    };
-                    write!(f, "; a device wait expired: {t}")?;
-                } else {
-                    write!(f, "; no halo wait has expired on the GPU")?;
-                }
-            }
-            None => write!(f, "; the GPU's counters could not be read either")?,
-        }
-        if let Some(n) = &self.nvshmem {
-            write!(f, "; {n}")?;
-        }
-        write!(
-            f,
-            "). A kernel is stuck where no halo deadline reaches it, most likely inside NVSHMEM (a proxy thread or \
-             remote transport that died: look above for NVSHMEM's own messages, e.g. `proxy.cpp ... aborting`). \
-             This process cannot free its GPU resources; it ends within {} s",
-            STUCK_EXIT_GRACE.as_secs()
-        )
-    }
-}
-
 /// A short name of a launch for [`StuckStream::last_launch`].
 pub fn launch_name(transport: Transport, forces: bool) -> String {
     format!("{} halo ({})", if forces { "force" } else { "coordinate" }, transport.name())
@@ -249,6 +166,7 @@ pub fn wait_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernels_gpu::abi::WaitKind;
 
     #[test]
     fn the_budget_is_the_device_deadline_plus_a_margin_unless_set() {

@@ -35,7 +35,7 @@ use super::paths::PathError;
 use super::reliability::{Count, Decay};
 use super::transport::TRANSPORTS;
 use super::{Outcome, RouteError, RoutedPaths, Router, Transport};
-use crate::exchange::RankHalo;
+use crate::desc::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;

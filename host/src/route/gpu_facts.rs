@@ -599,7 +599,7 @@ fn discover_with(probe: &DriverProbe, ordinal: usize, host: &str, placement: Opt
 }
 
 /// Facts for `n_ranks` ranks in this process, rank `r` on GPU `r % gpus` (as
-/// [`crate::exchange::LocalRanks`] places them), probed with `probe`.
+/// `exchange::LocalRanks` places them), probed with `probe`.
 pub fn local_rank_facts_with(probe: &dyn GpuProbe, host: &str, n_ranks: usize, gpus: usize) -> Result<Vec<PeFacts>, DiscoveryError> {
     if gpus == 0 {
         return Err(DiscoveryError::NoGpu("no GPU to place ranks on".into()));

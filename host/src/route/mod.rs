@@ -29,10 +29,9 @@ pub mod bitmap;
 pub mod calibrate;
 pub mod config;
 pub mod discover;
-mod error;
 pub mod feedback;
 pub mod gpu_facts;
-pub mod level;
+pub use crate::desc::route::level;
 mod log;
 pub mod overrides;
 pub mod paths;
@@ -41,7 +40,7 @@ pub mod router;
 pub mod score;
 pub mod size;
 pub mod slurm;
-pub mod transport;
+pub use crate::desc::route::transport;
 
 pub use bitmap::{ClaimSet, DistanceInfo, NO_GROUP, PeBitmap, PeCoord, Topology};
 pub use config::{EffectiveWeights, LIMITS, Limit, Limits, RouteConfig, Sourced, WeightSource, Weights};
@@ -49,7 +48,7 @@ pub use discover::{
     Fabric, IntraNodeLink, NvlinkDomain, PeFacts, Placement, TopologyFile, load_fabric, single_node,
     synthetic_facts, topology_from_facts, topology_from_file,
 };
-pub use error::RouteError;
+pub use crate::desc::route::RouteError;
 pub use feedback::{
     AgreementChange, AllGather, Agreement, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint,
     SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via, safe_point_local,

@@ -18,7 +18,8 @@
 //! | `nccl` | none in the exchange yet: not a candidate (`EXCHANGE_TRANSPORTS`); forcing it is an error naming the override |
 
 use super::{DistanceLevel, Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
-use crate::exchange::RankHalo;
+pub use crate::desc::route::PathError;
+use crate::desc::RankHalo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
@@ -33,7 +34,7 @@ pub const EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[
     Transport::Staged,
 ]);
 
-/// The transports ranks sharing one process can run ([`crate::exchange::LocalRanks`]): direct
+/// The transports ranks sharing one process can run (the exchange's `LocalRanks`): direct
 /// stores, bulk copies and host-staged copies through peer mappings. No NVSHMEM runs there, so
 /// `nvshmem-put` is not a candidate ([`plan_local_ranks`] asks among these).
 pub const LOCAL_EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[Transport::NvlinkStore, Transport::NvlinkTma, Transport::Staged]);
@@ -208,32 +209,6 @@ impl fmt::Display for RoutedSummary {
     }
 }
 
-/// Why routed paths cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum PathError {
-    /// The router failed to decide.
-    #[error(transparent)]
-    Route(#[from] RouteError),
-    /// The router chose something the exchange cannot do.
-    #[error("PE {self_pe} -> PE {peer}: the router chose {transport}, which the halo exchange cannot use: {why}")]
-    Unsupported {
-        /// Deciding PE.
-        self_pe: usize,
-        /// Peer.
-        peer: usize,
-        /// Chosen transport.
-        transport: Transport,
-        /// Why not.
-        why: String,
-    },
-    /// The two ends of a pair chose differently.
-    #[error("the two ends of a pair disagree: {0}")]
-    Asymmetric(String),
-    /// No PE's plan was given.
-    #[error("no routed plans to combine")]
-    Empty,
-}
-
 /// Which message of a pulse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -303,13 +278,13 @@ impl RoutedPaths {
     /// Asks `router` about every message of its PE's pulses (`halos` is every rank's halo), each
     /// sized as `T` values (`f32` fields move a third of the bytes of coordinates), among
     /// [`EXCHANGE_TRANSPORTS`] (one PE per process).
-    pub fn plan_for<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
+    pub fn plan_for<T: crate::desc::Element>(router: &mut dyn RouteSource, halos: &[RankHalo]) -> Result<Self, PathError> {
         Self::plan_among::<T>(router, halos, EXCHANGE_TRANSPORTS)
     }
 
     /// [`Self::plan_for`] among the transports the caller can run: [`EXCHANGE_TRANSPORTS`] for one
     /// PE per process, [`LOCAL_EXCHANGE_TRANSPORTS`] for ranks sharing a process.
-    pub fn plan_among<T: crate::exchange::Element>(router: &mut dyn RouteSource, halos: &[RankHalo], allowed: TransportSet) -> Result<Self, PathError> {
+    pub fn plan_among<T: crate::desc::Element>(router: &mut dyn RouteSource, halos: &[RankHalo], allowed: TransportSet) -> Result<Self, PathError> {
         Self::plan_sized(router, halos, size_of::<T>(), allowed)
     }
 
@@ -374,7 +349,7 @@ impl RoutedPaths {
         Self::plan_sized(router, halos, self.element_bytes, self.allowed)
     }
 
-    /// A `'static` reference for [`crate::exchange::pe::PathPolicy::Routed`], which stays `Copy`.
+    /// A `'static` reference for the exchange's `PathPolicy::Routed`, which stays `Copy`.
     /// The plan is made once per run and lives as long as the process; it is a few bytes per peer.
     pub fn leak(self) -> &'static RoutedPaths {
         Box::leak(Box::new(self))
@@ -532,8 +507,8 @@ impl RoutedPaths {
     /// `staged` everywhere → the staged transport; `nvlink-tma` everywhere → the fused TMA
     /// kernel (direct peers only); otherwise the fused kernel, which stores directly where the
     /// path is direct and puts elsewhere. `puts_possible` is false for ranks in one process.
-    pub fn exchange_transport(all: &[RoutedPaths], puts_possible: bool) -> Result<crate::exchange::Transport, PathError> {
-        use crate::exchange::Transport as X;
+    pub fn exchange_transport(all: &[RoutedPaths], puts_possible: bool) -> Result<crate::desc::Transport, PathError> {
+        use crate::desc::Transport as X;
         let chosen: Vec<(usize, usize, Transport)> = all
             .iter()
             .flat_map(|p| p.peers.iter().enumerate().filter_map(move |(q, t)| t.map(|t| (p.self_pe, q, t))))
@@ -591,7 +566,7 @@ pub struct LocalPlan {
     /// Rank `r`'s paths.
     pub plans: Vec<RoutedPaths>,
     /// The exchange kernel every rank runs.
-    pub transport: crate::exchange::Transport,
+    pub transport: crate::desc::Transport,
     /// Rank `r`'s router.
     pub routers: Vec<Router>,
 }
@@ -601,7 +576,7 @@ pub struct LocalPlan {
 /// one process can run ([`LOCAL_EXCHANGE_TRANSPORTS`]: no `nvshmem-put`), and checks that both
 /// ends of every pair agree. Ranks on GPUs without peer access to each other cannot exchange in
 /// one process at all: that is an error naming the pair and the fix (one rank per GPU).
-pub fn plan_local_ranks<T: crate::exchange::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
+pub fn plan_local_ranks<T: crate::desc::Element>(facts: &[super::PeFacts], halos: &[RankHalo], config: &RouteConfig) -> Result<LocalPlan, PathError> {
     let mut routers = local_routers(facts, config)?;
     let plans = plan_local_with::<T>(&mut routers, halos)?;
     let transport = RoutedPaths::exchange_transport(&plans, false)?;
@@ -623,7 +598,7 @@ pub fn local_routers(facts: &[super::PeFacts], config: &RouteConfig) -> Result<V
 /// Plans every rank of one process with its router (`routers[r]` serves rank `r`) among
 /// [`LOCAL_EXCHANGE_TRANSPORTS`] and checks both ends of every pair agree. Ranks on GPUs without
 /// peer access to each other are an error.
-pub fn plan_local_with<T: crate::exchange::Element>(routers: &mut [Router], halos: &[RankHalo]) -> Result<Vec<RoutedPaths>, PathError> {
+pub fn plan_local_with<T: crate::desc::Element>(routers: &mut [Router], halos: &[RankHalo]) -> Result<Vec<RoutedPaths>, PathError> {
     if routers.len() != halos.len() {
         return Err(PathError::Asymmetric(format!("{} routers for {} ranks", routers.len(), halos.len())));
     }
@@ -751,7 +726,7 @@ mod tests {
         let plans = |t: Transport| -> Vec<RoutedPaths> {
             (0..4).map(|r| RoutedPaths::plan(&mut fake(r, t, t, 0), &h).expect("plan")).collect()
         };
-        use crate::exchange::Transport as X;
+        use crate::desc::Transport as X;
         assert!(RoutedPaths::check_symmetric(&plans(Transport::NvlinkStore)).is_ok());
         assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvlinkStore), false).ok(), Some(X::Fused));
         assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvlinkTma), false).ok(), Some(X::FusedTma));
@@ -811,7 +786,7 @@ mod tests {
             }
         }
         assert!(seen.contains(&PulsePath::Put) && seen.iter().any(|p| p.direct()), "{seen:?}");
-        assert_eq!(RoutedPaths::exchange_transport(&plans, true).ok(), Some(crate::exchange::Transport::Fused));
+        assert_eq!(RoutedPaths::exchange_transport(&plans, true).ok(), Some(crate::desc::Transport::Fused));
 
         let summary = plans[0].summary().expect("summary");
         assert_eq!(summary.topology.as_ref().map(|t| t.hash.clone()), Some(topo.hash_hex()));
@@ -838,7 +813,7 @@ mod tests {
                 assert_ne!(*t, Transport::NvshmemPut, "{plan:?}");
             }
         }
-        assert_ne!(local.transport, crate::exchange::Transport::Staged, "GPU-initiated over PCIe P2P");
+        assert_ne!(local.transport, crate::desc::Transport::Staged, "GPU-initiated over PCIe P2P");
         // Without peer access no transport works in one process: a clear error, not a put.
         let none = crate::route::synthetic_facts(&["n0".into()], 2, 1, crate::route::IntraNodeLink::NoP2p);
         let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&none, &big, &RouteConfig::default()).expect_err("no P2P");

@@ -128,12 +128,12 @@ impl fmt::Display for Transport {
 }
 
 /// A set of transports: the candidates a caller can actually use (see
-/// [`super::Router::route_among`]). A one-byte bit set, so it is a cheap cache key.
+/// the router's `Router::route_among`). A one-byte bit set, so it is a cheap cache key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TransportSet(u8);
 
 impl TransportSet {
-    /// Every transport (what [`super::Router::route`] scores).
+    /// Every transport (what the router's `Router::route` scores).
     pub const ALL: TransportSet = TransportSet((1 << TRANSPORTS) - 1);
     /// No transport.
     pub const EMPTY: TransportSet = TransportSet(0);

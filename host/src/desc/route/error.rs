@@ -47,7 +47,7 @@ pub enum RouteError {
         /// What to set instead, naming the variable and the config-file key.
         fix: String,
     },
-    /// The PEs' failure records cannot be agreed on (see [`super::feedback`]).
+    /// The PEs' failure records cannot be agreed on (see the router's `feedback` module).
     #[error("failure agreement: {0}")]
     Agreement(String),
     /// The topology or the facts it is built from are inconsistent.
