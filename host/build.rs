@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     let root = halo_builder::source_root();
-    for var in ["HALO_SKIP_KERNEL_BUILD", "HALO_KERNEL_ARCH", "HALO_NVSHMEM", "HALO_CACHE_DIR", "NVSHMEM_HOME", "PTXAS", "CUDA_HOME", "CUDA_PATH", "DOCS_RS"] {
+    for var in
+        ["HALO_SKIP_KERNEL_BUILD", "HALO_KERNEL_ARCH", "HALO_NVSHMEM", "HALO_CACHE_DIR", "NVSHMEM_HOME", "PTXAS", "CUDA_HOME", "CUDA_PATH", "DOCS_RS"]
+    {
         println!("cargo:rerun-if-env-changed={var}");
     }
     for input in ["kernels-gpu/src", "kernels-gpu/Cargo.toml", "Cargo.toml", "Cargo.lock"] {

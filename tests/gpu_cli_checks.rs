@@ -20,13 +20,31 @@ fn bench_rows_in_one_process_are_checked_and_say_so() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let (json, csv) = (dir.path().join("bench.json"), dir.path().join("bench.csv"));
     let args = [
-        "bench", "--ranks", "2x1x1", "--atoms", "6000", "--transport", "staged,direct-copy,nccl,fused", "--graph", "--repeats", "2", "--warmup", "1",
-        "--steps", "50", "--quiet", "--json", json.to_str().unwrap(), "--csv", csv.to_str().unwrap(),
+        "bench",
+        "--ranks",
+        "2x1x1",
+        "--atoms",
+        "6000",
+        "--transport",
+        "staged,direct-copy,nccl,fused",
+        "--graph",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "50",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
     ];
     let run = halo(&args, &[], Duration::from_secs(300));
     let all = output(&run);
     assert_eq!(run.code, Some(0), "{test}: halo bench failed\n{all}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
     assert_eq!(report["schema_version"], 2, "{test}");
     for row in report["results"].as_array().cloned().unwrap_or_default() {
         if row["skipped"].is_string() {
@@ -48,11 +66,16 @@ fn bench_kernels_match_the_cpu_reference_before_reporting() {
     let Some(_) = gpus_or_skip(test, 1) else { return };
     let dir = tempfile::tempdir().expect("a temporary folder");
     let json = dir.path().join("kernels.json");
-    let run = halo(&["bench-kernels", "--atoms", "262144", "--array-atoms", "1048576", "--repeats", "5", "--json", json.to_str().unwrap()], &[], Duration::from_secs(120));
+    let run = halo(
+        &["bench-kernels", "--atoms", "262144", "--array-atoms", "1048576", "--repeats", "5", "--json", json.to_str().unwrap()],
+        &[],
+        Duration::from_secs(120),
+    );
     let all = output(&run);
     assert_eq!(run.code, Some(0), "{test}\n{all}");
     assert!(run.stdout.contains("every kernel matched the CPU reference before and after its timed launches"), "{test}\n{all}");
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
     assert_eq!(report["schema_version"], 2);
     let rows = report["results"].as_array().cloned().unwrap_or_default();
     assert_eq!(rows.len(), 4, "{test}\n{all}");
@@ -65,11 +88,13 @@ fn calibrate_checks_every_point_before_writing_the_file() {
     let Some(_) = gpus_or_skip(test, 1) else { return };
     let dir = tempfile::tempdir().expect("a temporary folder");
     let out = dir.path().join("calibration.json");
-    let run = halo(&["calibrate", "--sizes", "64,16384", "--repeats", "5", "--warmup", "1", "--out", out.to_str().unwrap()], &[], Duration::from_secs(180));
+    let run =
+        halo(&["calibrate", "--sizes", "64,16384", "--repeats", "5", "--warmup", "1", "--out", out.to_str().unwrap()], &[], Duration::from_secs(180));
     let all = output(&run);
     assert_eq!(run.code, Some(0), "{test}\n{all}");
     assert!(!all.contains("check FAILED"), "{test}\n{all}");
-    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}: {e}\n{all}"));
     assert!(file["entries"].as_array().is_some_and(|e| e.len() >= 2), "{test}: {file}");
 }
 

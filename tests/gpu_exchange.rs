@@ -2,15 +2,14 @@
 //! pointers and device signals, every transport, checked against the CPU reference every step.
 //! Halo regions are poisoned (NaN) before every step, so a pulse that did not land fails.
 
-
+use halo::HaloError;
 use halo::abi::Float3;
 use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::{Element, Exchange, LocalRanks, RankHalo, Transport, reference};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use halo::gpu::DeviceMemory;
 use halo::testing::gpu_or_skip;
-use halo::HaloError;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
 /// The timeline probe's GPU tests (issue 15): their own file, this binary (one fewer test binary in
@@ -205,7 +204,6 @@ fn per_pulse_put_needs_nvshmem() {
     assert!(err.to_string().contains("needs NVSHMEM"), "{err}");
 }
 
-
 /// Random values of any element type, for every local element of each rank (or home ones only).
 fn random_elements<T: Element>(halos: &[RankHalo], seed: u64, home_only: bool, make: impl Fn(&mut ChaCha8Rng) -> T) -> Vec<Vec<T>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -213,7 +211,14 @@ fn random_elements<T: Element>(halos: &[RankHalo], seed: u64, home_only: bool, m
 }
 
 /// The generic kernels for `T`: forward exchange bit-exact, reverse accumulation within rounding.
-fn run_element<T: Element>(test: &str, halos: Vec<RankHalo>, transport: Transport, steps: u64, make: impl Fn(&mut ChaCha8Rng) -> T, close: impl Fn(T, T) -> bool) {
+fn run_element<T: Element>(
+    test: &str,
+    halos: Vec<RankHalo>,
+    transport: Transport,
+    steps: u64,
+    make: impl Fn(&mut ChaCha8Rng) -> T,
+    close: impl Fn(T, T) -> bool,
+) {
     let Some(g) = gpu_or_skip(test) else { return };
     let mut ranks = LocalRanks::<T>::new(halos.clone(), std::slice::from_ref(&g.module)).unwrap();
     for step in 0..steps {
@@ -230,7 +235,11 @@ fn run_element<T: Element>(test: &str, halos: Vec<RankHalo>, transport: Transpor
         let want_x = reference::coordinates(&halos, &home);
         let want_f = reference::forces(&halos, &forces);
         for (r, (x, f)) in ranks.coordinates().unwrap().iter().zip(ranks.forces().unwrap()).enumerate() {
-            assert_eq!(bytemuck::cast_slice::<T, u8>(x), bytemuck::cast_slice::<T, u8>(&want_x[r]), "{test} {transport:?}: values of rank {r} at step {step}");
+            assert_eq!(
+                bytemuck::cast_slice::<T, u8>(x),
+                bytemuck::cast_slice::<T, u8>(&want_x[r]),
+                "{test} {transport:?}: values of rank {r} at step {step}"
+            );
             for (i, (a, b)) in f.iter().zip(&want_f[r]).enumerate() {
                 assert!(close(*a, *b), "{test} {transport:?}: accumulated {i} of rank {r} at step {step}: {a:?} vs {b:?}");
             }
@@ -244,8 +253,22 @@ fn generic_element_types_exchange_like_coordinates() {
     for (name, halos) in [("2x2x2", synthetic::halos(shape([2, 2, 2], 1, 700), 11)), ("2x1x1x2", synthetic::halos(shape([2, 1, 1], 2, 1001), 12))] {
         for t in TRANSPORTS {
             run_element(&format!("f32 {name}"), halos.clone(), t, 20, |r| r.random_range(-5.0f32..5.0), near);
-            run_element(&format!("f64 {name}"), halos.clone(), t, 20, |r| r.random_range(-5.0f64..5.0), |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs()));
-            run_element(&format!("f32x4 {name}"), halos.clone(), t, 20, |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0], |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])));
+            run_element(
+                &format!("f64 {name}"),
+                halos.clone(),
+                t,
+                20,
+                |r| r.random_range(-5.0f64..5.0),
+                |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+            );
+            run_element(
+                &format!("f32x4 {name}"),
+                halos.clone(),
+                t,
+                20,
+                |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0],
+                |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])),
+            );
         }
     }
 }
@@ -796,7 +819,12 @@ fn mixed_paths_for_every_element_type() {
     }
     mixed("mixed f32", &halos, |r| r.random_range(-5.0f32..5.0), near);
     mixed("mixed f64", &halos, |r| r.random_range(-5.0f64..5.0), |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs()));
-    mixed("mixed f32x4", &halos, |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0], |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])));
+    mixed(
+        "mixed f32x4",
+        &halos,
+        |r| [r.random_range(-5.0f32..5.0), r.random(), r.random(), -1.0],
+        |a: [f32; 4], b: [f32; 4]| (0..4).all(|k| near(a[k], b[k])),
+    );
 }
 
 /// The router's plans drive the per-pulse paths of ranks in one process: with pair 0-1 forced to
@@ -813,7 +841,12 @@ fn routed_plans_mix_paths_per_pulse_in_one_process() {
     let facts = halo::route::gpu_facts::gpu_facts_of(&[module.context().ordinal()]).unwrap();
     let facts: Vec<_> = (0..halos.len()).map(|_| facts[0].clone()).collect();
     let mut config = RouteConfig::default();
-    config.add_cli_overrides("--route-override", &["0-1=nvlink-tma".into(), "0-2=nvlink-store".into(), "1-3=nvlink-store".into(), "2-3=nvlink-store".into()]).unwrap();
+    config
+        .add_cli_overrides(
+            "--route-override",
+            &["0-1=nvlink-tma".into(), "0-2=nvlink-store".into(), "1-3=nvlink-store".into(), "2-3=nvlink-store".into()],
+        )
+        .unwrap();
     let mut routers = halo::route::local_routers(&facts, &config).unwrap();
     let plans = halo::route::plan_local_with::<Float3>(&mut routers, &halos).unwrap();
     assert_eq!((plans[0].transport(1), plans[0].transport(2)), (Some(T::NvlinkTma), Some(T::NvlinkStore)));
@@ -960,7 +993,11 @@ fn word_timeout_reports_step() {
         let result = ranks.finish();
         let t = timeout_of(test, 0, &result);
         let msg = t.to_string();
-        assert_eq!((t.rank, t.peer, t.kind, t.step_counter, t.seen), (0, 1, Some(halo::abi::WaitKind::CoordSignal), want_step, want_seen), "{test}: {msg}");
+        assert_eq!(
+            (t.rank, t.peer, t.kind, t.step_counter, t.seen),
+            (0, 1, Some(halo::abi::WaitKind::CoordSignal), want_step, want_seen),
+            "{test}: {msg}"
+        );
         assert!(msg.contains(&format!("at step {want_step}")), "{test}: {msg}");
         ranks.reset_protocol().unwrap();
     }
@@ -1024,6 +1061,10 @@ fn one_deadline_per_wait() {
     let t = timeout_of(test, 0, &result);
     assert_eq!((t.peer, t.kind), (1, Some(halo::abi::WaitKind::ForceSignal)), "{test}: {t}");
     // One timeout (plus a check interval's polls), not one per element.
-    assert!(t.waited_ns >= timeout.as_nanos() as u64 && t.waited_ns < timeout.mul_f64(1.4).as_nanos() as u64, "{test}: waited {} ms: {t}", t.waited_ns / 1_000_000);
+    assert!(
+        t.waited_ns >= timeout.as_nanos() as u64 && t.waited_ns < timeout.mul_f64(1.4).as_nanos() as u64,
+        "{test}: waited {} ms: {t}",
+        t.waited_ns / 1_000_000
+    );
     assert!(took >= timeout, "{test}: finished after {took:?}");
 }

@@ -111,7 +111,8 @@ fn jittered_rings_of_three_and_four_stay_exact_in_every_phase() {
     let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let Some(n) = gpus_or_skip("jittered_rings_of_three_and_four_stay_exact_in_every_phase", 1) else { return };
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH).unwrap();
-    let modules: Vec<Arc<KernelModule>> = (0..n.min(2)).map(|i| Arc::new(KernelModule::load(&gpu::open_device(i).unwrap(), &artifacts).unwrap())).collect();
+    let modules: Vec<Arc<KernelModule>> =
+        (0..n.min(2)).map(|i| Arc::new(KernelModule::load(&gpu::open_device(i).unwrap(), &artifacts).unwrap())).collect();
     let mut placements = vec![("one GPU", Placement::Local(modules[..1].to_vec()))];
     if gpus_or_skip("jittered_rings_of_three_and_four_stay_exact_in_every_phase: the rings over two GPUs", 2).is_some() {
         placements.push(("two GPUs", Placement::Local(modules.clone())));

@@ -194,7 +194,8 @@ fn leapfrog_matches_its_cpu_reference_and_leaves_other_atoms_alone() {
             for grid in [Some(1u32), Some(3), None] {
                 let (xd, vd) = (DeviceBuffer::from_host(&g.ctx, &x0).unwrap(), DeviceBuffer::from_host(&g.ctx, &v0).unwrap());
                 let (fd, md) = (DeviceBuffer::from_host(&g.ctx, &f).unwrap(), DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap());
-                let (mut xp, mut vp, mut fp, mut mp, mut nn, mut dtt) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md.device_ptr(), n as u32, dt);
+                let (mut xp, mut vp, mut fp, mut mp, mut nn, mut dtt) =
+                    (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md.device_ptr(), n as u32, dt);
                 let (mut from, mut count) = (clear_from as u32, clear_n as u32);
                 let mut args = halo::kernel_args![xp, vp, fp, mp, nn, dtt, from, count];
                 let shape = match grid {

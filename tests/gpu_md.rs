@@ -210,7 +210,10 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
                 .iter()
                 .zip(&coords)
                 .map(|(s, c)| {
-                    let prune = |l: &ClusterPairList| ClusterPairList { entries: l.entries.clone(), j_list: prune_reference(&s.grid, l, c, f64::from(setup.rlist_inner)) };
+                    let prune = |l: &ClusterPairList| ClusterPairList {
+                        entries: l.entries.clone(),
+                        j_list: prune_reference(&s.grid, l, c, f64::from(setup.rlist_inner)),
+                    };
                     (prune(&s.local), prune(&s.nonlocal))
                 })
                 .collect();
@@ -236,7 +239,11 @@ fn mixed_pulse_lists_miss_no_pair_on_the_cpu() {
                 let (got, w) = (fr[k], want[g as usize]);
                 let norm = w.iter().map(|c| c * c).sum::<f64>().sqrt().max(rms);
                 let err = (0..3).map(|c| (got[c] - w[c]).abs()).fold(0.0, f64::max);
-                assert!(err <= md::run::FORCE_TOLERANCE * norm, "step {step}: atom {g} has force {got:?} from the lists, {w:?} undecomposed (error {err:.2e}, {:.2e} of {norm:.1})", err / norm);
+                assert!(
+                    err <= md::run::FORCE_TOLERANCE * norm,
+                    "step {step}: atom {g} has force {got:?} from the lists, {w:?} undecomposed (error {err:.2e}, {:.2e} of {norm:.1})",
+                    err / norm
+                );
                 f[g as usize] = got;
             }
         }
@@ -274,7 +281,9 @@ fn forty_five_thousand_atoms_1d_2d_3d() {
 /// (search and prune steps included) ran from a graph.
 #[test]
 fn graph_replay_between_checks() {
-    for (grid, t) in [([2, 2, 2], Transport::Fused), ([2, 1, 1], Transport::FusedTma), ([2, 2, 1], Transport::PerPulseDirect), ([1, 1, 1], Transport::Fused)] {
+    for (grid, t) in
+        [([2, 2, 2], Transport::Fused), ([2, 1, 1], Transport::FusedTma), ([2, 2, 1], Transport::PerPulseDirect), ([1, 1, 1], Transport::Fused)]
+    {
         let mut c = config(6000, grid, t, 100, 25);
         c.check_every = 7;
         c.nstprune = 5;
@@ -425,10 +434,15 @@ fn leapfrog_kernels_match_the_cpu_reference() {
         let inv_mass: Vec<f32> = (0..total + extra).map(|i| 1.0 / if i % 3 == 0 { 15.999 } else { 14.027 }).collect();
         for energy in [false, true] {
             let case = format!("n = {n}, halo {halo}, energy {energy}");
-            let (xd, vd, fd) = (DeviceBuffer::from_host(&g.ctx, &x).unwrap(), DeviceBuffer::from_host(&g.ctx, &v).unwrap(), DeviceBuffer::from_host(&g.ctx, &f).unwrap());
+            let (xd, vd, fd) = (
+                DeviceBuffer::from_host(&g.ctx, &x).unwrap(),
+                DeviceBuffer::from_host(&g.ctx, &v).unwrap(),
+                DeviceBuffer::from_host(&g.ctx, &f).unwrap(),
+            );
             let md_ = DeviceBuffer::from_host(&g.ctx, &inv_mass).unwrap();
             let ke = DeviceBuffer::from_host(&g.ctx, &[1000.0f64]).unwrap();
-            let (mut px, mut pv, mut pf, mut pm, mut pn, mut pdt, mut pke) = (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md_.device_ptr(), n as u32, dt, ke.device_ptr());
+            let (mut px, mut pv, mut pf, mut pm, mut pn, mut pdt, mut pke) =
+                (xd.device_ptr(), vd.device_ptr(), fd.device_ptr(), md_.device_ptr(), n as u32, dt, ke.device_ptr());
             let (mut from, mut count) = (n as u32, halo as u32);
             // Fewer blocks than items: the grid-stride loop takes several atoms per thread.
             let shape = LaunchShape { grid: (7, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 };
@@ -450,8 +464,12 @@ fn leapfrog_kernels_match_the_cpu_reference() {
                 let a = f64::from(inv_mass[i]) * f64::from(dt);
                 let c = |v: f32, f: f32| f64::from(v) + f64::from(f) * a;
                 let vn = [c(v[i].x, f[i].x), c(v[i].y, f[i].y), c(v[i].z, f[i].z)];
-                let xn = [f64::from(x[i].x) + vn[0] * f64::from(dt), f64::from(x[i].y) + vn[1] * f64::from(dt), f64::from(x[i].z) + vn[2] * f64::from(dt)];
-                for (k, (got, want)) in [(gv[i].x, vn[0]), (gv[i].y, vn[1]), (gv[i].z, vn[2]), (gx[i].x, xn[0]), (gx[i].y, xn[1]), (gx[i].z, xn[2])].into_iter().enumerate() {
+                let xn =
+                    [f64::from(x[i].x) + vn[0] * f64::from(dt), f64::from(x[i].y) + vn[1] * f64::from(dt), f64::from(x[i].z) + vn[2] * f64::from(dt)];
+                for (k, (got, want)) in [(gv[i].x, vn[0]), (gv[i].y, vn[1]), (gv[i].z, vn[2]), (gx[i].x, xn[0]), (gx[i].y, xn[1]), (gx[i].z, xn[2])]
+                    .into_iter()
+                    .enumerate()
+                {
                     assert!((f64::from(got) - want).abs() <= 1e-6 * want.abs().max(1.0), "{case}: atom {i} value {k}: GPU {got}, CPU {want}");
                 }
                 let m = 1.0 / f64::from(inv_mass[i]);
@@ -462,7 +480,10 @@ fn leapfrog_kernels_match_the_cpu_reference() {
             assert_eq!(&gv[n..], &v[n..], "{case}");
             // The forces it used and the halo forces are cleared for the next step; the others kept.
             let gf = fd.to_host().unwrap();
-            assert!(gf[..total].iter().all(|p| p.x.to_bits() == 0 && p.y.to_bits() == 0 && p.z.to_bits() == 0), "{case}: forces up to n and the halo cleared");
+            assert!(
+                gf[..total].iter().all(|p| p.x.to_bits() == 0 && p.y.to_bits() == 0 && p.z.to_bits() == 0),
+                "{case}: forces up to n and the halo cleared"
+            );
             assert_eq!(&gf[total..], &f[total..], "{case}: forces past the halo kept");
             let got_ke = ke.to_host().unwrap()[0] - 1000.0;
             if energy {

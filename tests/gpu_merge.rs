@@ -157,7 +157,15 @@ fn compare(test: &str, ids_out: &DeviceBuffer<u32>, x_out: &DeviceBuffer<Float3>
 /// Merges `arrivals` into the stayers on `rank` and checks it against the host, bit for bit.
 #[allow(clippy::too_many_arguments)]
 fn check(
-    test: &str, g: &Gpu, stream: &CudaStream, merge: &mut GpuMerge, rank: usize, ids: &[u32], x: &[Float3], v: &[Float3], arrivals: &[MigrateLeaver],
+    test: &str,
+    g: &Gpu,
+    stream: &CudaStream,
+    merge: &mut GpuMerge,
+    rank: usize,
+    ids: &[u32],
+    x: &[Float3],
+    v: &[Float3],
+    arrivals: &[MigrateLeaver],
 ) {
     let want = merge_reference(ids, x, v, arrivals, rank).unwrap_or_else(|e| panic!("{test}: the host: {e}"));
     let n = ids.len() + arrivals.len();

@@ -72,7 +72,14 @@ enum Lists<'a> {
 /// wrapped coordinates and the grid) must first equal the host's word for word and entry for entry.
 #[allow(clippy::too_many_arguments)]
 fn check_with(
-    test: &str, g: &Gpu, sys: &MolecularSystem, atoms: &LocalAtoms, coords: &[[f64; 3]], setup: &ListSetup, prune: bool, max_j: usize,
+    test: &str,
+    g: &Gpu,
+    sys: &MolecularSystem,
+    atoms: &LocalAtoms,
+    coords: &[[f64; 3]],
+    setup: &ListSetup,
+    prune: bool,
+    max_j: usize,
     lists: Lists<'_>,
 ) {
     let opts = SearchOptions { max_j_per_entry: max_j, ..SearchOptions::new(setup.rlist) };
@@ -127,7 +134,8 @@ fn check_with(
     want_e += enl;
     let rms = (want.iter().map(|v| v.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / n.max(1) as f64).sqrt();
     let ri = f64::from(setup.rlist_inner);
-    let inner_bounds = |list| (prune_reference(&search.grid, list, coords, ri * (1.0 - 1e-5)), prune_reference(&search.grid, list, coords, ri * (1.0 + 1e-5)));
+    let inner_bounds =
+        |list| (prune_reference(&search.grid, list, coords, ri * (1.0 - 1e-5)), prune_reference(&search.grid, list, coords, ri * (1.0 + 1e-5)));
     let bounds = [inner_bounds(&search.local), inner_bounds(&search.nonlocal)];
     let outer = [&search.local.j_list, &search.nonlocal.j_list];
 
@@ -260,7 +268,12 @@ fn random_types(ntypes: u8, seed: u64) -> MolecularSystem {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut sys = MolecularSystem::generate(6000, 23).unwrap();
     sys.atom_types = (0..ntypes)
-        .map(|k| AtomType { name: format!("T{k}"), mass: 12.0 + 4.0 * rng.random::<f64>(), sigma: 0.17 + 0.03 * rng.random::<f64>(), epsilon: 0.3 + 0.6 * rng.random::<f64>() })
+        .map(|k| AtomType {
+            name: format!("T{k}"),
+            mass: 12.0 + 4.0 * rng.random::<f64>(),
+            sigma: 0.17 + 0.03 * rng.random::<f64>(),
+            epsilon: 0.3 + 0.6 * rng.random::<f64>(),
+        })
         .collect();
     for t in &mut sys.types {
         *t = rng.random_range(0..ntypes);
@@ -352,15 +365,22 @@ fn gpu_layout_equals_the_host_layout() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x1a70);
     let tile = NBNXM_LAYOUT_TILE as usize;
     let all_shifts: Vec<u32> = (0..27).collect();
-    let edges = |m: u32| move |r: &mut rand_chacha::ChaCha8Rng| {
-        let e = [0, 1, m.saturating_sub(1), m, m + 1, 2 * m, 2 * m + 1, r.random_range(0..200)];
-        e[r.random_range(0..e.len())]
+    let edges = |m: u32| {
+        move |r: &mut rand_chacha::ChaCha8Rng| {
+            let e = [0, 1, m.saturating_sub(1), m, m + 1, 2 * m, 2 * m + 1, r.random_range(0..200)];
+            e[r.random_range(0..e.len())]
+        }
     };
     // (name, counts, shift indices, max_j)
     let mut cases: Vec<(String, Vec<u32>, Vec<u32>, usize)> = vec![
         ("1e6 items, small counts".into(), layout_counts(1_000_000, &mut rng, &|r| r.random_range(0..6)), vec![13], 32),
         ("80k items (180k atoms)".into(), layout_counts(80_000, &mut rng, &|r| r.random_range(0..120)), all_shifts.clone(), 32),
-        ("20k items, mostly empty".into(), layout_counts(20_007, &mut rng, &|r| if r.random_range(0..10) == 0 { r.random_range(1..300) } else { 0 }), vec![4, 13, 22], 32),
+        (
+            "20k items, mostly empty".into(),
+            layout_counts(20_007, &mut rng, &|r| if r.random_range(0..10) == 0 { r.random_range(1..300) } else { 0 }),
+            vec![4, 13, 22],
+            32,
+        ),
         ("one item".into(), vec![5, 0], vec![13], 32),
         ("one empty item".into(), vec![0, 0], vec![13], 32),
         ("one item, both lists long".into(), vec![65, 64], vec![7], 32),
@@ -499,7 +519,13 @@ fn gpu_order_equals_the_host_order() {
         let got = out.to_host().unwrap();
         if let Some(b) = (0..n).find(|&b| got[b] != want[b]) {
             let len = |i: u32| entries[i as usize].j_end - entries[i as usize].j_start;
-            panic!("{name}: block {b} runs entry {} (length {}), the host's order {} (length {})", got[b], len(got[b].min(n as u32 - 1)), want[b], len(want[b]));
+            panic!(
+                "{name}: block {b} runs entry {} (length {}), the host's order {} (length {})",
+                got[b],
+                len(got[b].min(n as u32 - 1)),
+                want[b],
+                len(want[b])
+            );
         }
         assert!(got[n..].iter().all(|&v| v == u32::MAX), "{name}: a place written past the {n} entries");
         eprintln!("gpu order {name}: {n} entries, {ms:.3} ms");
@@ -750,7 +776,8 @@ fn kernel_times() {
                 }
                 let best = times.iter().min_by(|a, b| a.back_to_back[1].total_cmp(&b.back_to_back[1])).unwrap();
                 let best_prune = times.iter().min_by(|a, b| a.back_to_back[0].total_cmp(&b.back_to_back[0])).unwrap();
-                let at_auto = |k: NbnxmKernel, i: usize| times.iter().find(|t| t.kernel == k && t.warps == auto).map_or(f64::NAN, |t| t.back_to_back[i]);
+                let at_auto =
+                    |k: NbnxmKernel, i: usize| times.iter().find(|t| t.kernel == k && t.warps == auto).map_or(f64::NAN, |t| t.back_to_back[i]);
                 let (auto_f, auto_p) = (at_auto(NbnxmKernel::DEFAULT, 1), at_auto(NbnxmKernel::DEFAULT, 0));
                 summary.push(format!(
                     "nbnxm_times best {atoms} {dims_s} {kind:?} ({} entries, {inner} inner cluster pairs): forces {} W={} {:.1} us ({:.2} Tpair/s), prune {} W={} {:.1} us; \
@@ -770,9 +797,16 @@ fn kernel_times() {
             }
         }
     }
-    eprintln!("nbnxm_times: GPU time per launch (us), a column per warp count W (block = 32 W threads per list entry); * = the host rule's W for the list.");
-    eprintln!("  b2b: {REPS} launches back to back between ONE pair of events, queued behind a {} ms spin so that the host's launch latency is hidden (as in the MD step); total / {REPS}. `!`: the host took longer to queue them than the spin (latency not hidden).", HOLD_NS / 1_000_000);
-    eprintln!("  event: each launch between its own pair of events, median of {REPS}: includes the host's launch latency whenever the GPU waits for the launch.");
+    eprintln!(
+        "nbnxm_times: GPU time per launch (us), a column per warp count W (block = 32 W threads per list entry); * = the host rule's W for the list."
+    );
+    eprintln!(
+        "  b2b: {REPS} launches back to back between ONE pair of events, queued behind a {} ms spin so that the host's launch latency is hidden (as in the MD step); total / {REPS}. `!`: the host took longer to queue them than the spin (latency not hidden).",
+        HOLD_NS / 1_000_000
+    );
+    eprintln!(
+        "  event: each launch between its own pair of events, median of {REPS}: includes the host's launch latency whenever the GPU waits for the launch."
+    );
     let header: String = WARPS.iter().map(|w| format!(" {:>9}", format!("W={w}"))).collect();
     eprintln!("{:>7} {:>5} {:>8} {:>6} {:>7} {:>4} {:>8} {:>5}{header}", "atoms", "dims", "list", "blocks", "words", "kern", "kernel", "time");
     for r in &table {

@@ -31,7 +31,11 @@ fn control_halos() -> Vec<RankHalo> {
 /// Global ids of every local atom: home atom `k` of rank `r` is `r * 1_000_000 + k`; a received
 /// atom carries the id of what its pulse sent there (pulses in order, as the halo moves them).
 fn control_ids(halos: &[RankHalo]) -> Vec<Vec<u32>> {
-    let mut ids: Vec<Vec<u32>> = halos.iter().enumerate().map(|(r, h)| (0..h.total_atoms).map(|k| if k < h.home_atoms { (r * 1_000_000 + k) as u32 } else { u32::MAX }).collect()).collect();
+    let mut ids: Vec<Vec<u32>> = halos
+        .iter()
+        .enumerate()
+        .map(|(r, h)| (0..h.total_atoms).map(|k| if k < h.home_atoms { (r * 1_000_000 + k) as u32 } else { u32::MAX }).collect())
+        .collect();
     for p in 0..halos[0].pulses.len() {
         for r in 0..halos.len() {
             let spec = &halos[r].pulses[p];
@@ -48,7 +52,10 @@ fn pick_slot(halos: &[RankHalo], rank: usize, pulse: usize, forwarded: bool) -> 
     let from = halos[rank].pulses[pulse].recv_rank;
     let (sender, sent) = (&halos[from], &halos[from].pulses[pulse]);
     assert_eq!(sent.send_rank, rank, "rank {from}'s pulse {pulse} feeds rank {rank}");
-    sent.index_map.iter().position(|&i| (i as usize >= sender.home_atoms) == forwarded).unwrap_or_else(|| panic!("rank {rank} pulse {pulse} has no slot with forwarded = {forwarded}"))
+    sent.index_map
+        .iter()
+        .position(|&i| (i as usize >= sender.home_atoms) == forwarded)
+        .unwrap_or_else(|| panic!("rank {rank} pulse {pulse} has no slot with forwarded = {forwarded}"))
 }
 
 /// Every rank's coordinates after one step's halo, and the CPU reference's.
@@ -88,7 +95,13 @@ fn assert_caught(test: &str, halos: &[RankHalo], got: &[Vec<Float3>], want: &[Ve
         if r == injected.rank {
             assert_eq!((d.atoms, d.first), (1, Some(injected.place)), "{test}: the reference comparison finds the injected atom alone: {d}");
             let text = d.to_string();
-            assert!(text.contains(&format!("local atom {} (received in pulse {} from rank {}, slot {} of that pulse)", injected.place.local, at.pulse, at.from, at.slot)), "{test}: {text}");
+            assert!(
+                text.contains(&format!(
+                    "local atom {} (received in pulse {} from rank {}, slot {} of that pulse)",
+                    injected.place.local, at.pulse, at.from, at.slot
+                )),
+                "{test}: {text}"
+            );
             worst = d.max_abs;
         } else {
             assert_eq!(d.atoms, 0, "{test}: rank {r} is untouched: {d}");
@@ -96,7 +109,8 @@ fn assert_caught(test: &str, halos: &[RankHalo], got: &[Vec<Float3>], want: &[Ve
     }
     // The integrity checksums (forces are not compared across ranks; the coordinates stand in).
     let ids = control_ids(halos);
-    let sums: Vec<RankChecksums> = (0..halos.len()).map(|r| RankChecksums::compute(r, &halos[r], &ids[r], &got[r], &got[r]).expect("checksums")).collect();
+    let sums: Vec<RankChecksums> =
+        (0..halos.len()).map(|r| RankChecksums::compute(r, &halos[r], &ids[r], &got[r], &got[r]).expect("checksums")).collect();
     let err = integrity::compare_across_ranks(halos, &sums).expect_err("the integrity checksums must see the injected atom");
     let IntegrityError::HaloMismatch { rank, pulse, from, lo, hi, .. } = err.clone() else { panic!("{test}: {err}") };
     assert_eq!((rank, pulse, from), (injected.rank, at.pulse, at.from), "{test}: {err}");
@@ -126,11 +140,30 @@ fn assert_exchange_check_fails(test: &str, fault: &str, injected: &InjectedAtom,
     let at = injected.place.received.expect("a received atom");
     let mut cmd = std::process::Command::new(halo_bin(test));
     let (seed, home, steps) = (SEED.to_string(), HOME.to_string(), steps.to_string());
-    cmd.args(["exchange-check", "--grid", "2x2x1", "--seed", &seed, "--home-atoms", &home, "--transport", "fused", "--phase", "x", "--steps", &steps, "--fault", fault]);
+    cmd.args([
+        "exchange-check",
+        "--grid",
+        "2x2x1",
+        "--seed",
+        &seed,
+        "--home-atoms",
+        &home,
+        "--transport",
+        "fused",
+        "--phase",
+        "x",
+        "--steps",
+        &steps,
+        "--fault",
+        fault,
+    ]);
     let run = run_captured(cmd, Duration::from_secs(120)).expect("starting halo");
     let all = format!("--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
     assert!(run.code.is_some_and(|c| c != 0), "{test}: exchange-check must fail\n{all}");
-    let named = format!("rank {}: 1 atom(s) differ from the reference, the first is local atom {} (received in pulse {} from rank {}, slot {} of that pulse)", injected.rank, injected.place.local, at.pulse, at.from, at.slot);
+    let named = format!(
+        "rank {}: 1 atom(s) differ from the reference, the first is local atom {} (received in pulse {} from rank {}, slot {} of that pulse)",
+        injected.rank, injected.place.local, at.pulse, at.from, at.slot
+    );
     assert!(run.stderr.contains(&named), "{test}: exchange-check names the atom ({named})\n{all}");
     assert!(run.stderr.contains("fused step"), "{test}: and the step\n{all}");
     eprintln!("{test}: exchange-check failed as it must:\n{}", run.stderr.trim());
@@ -148,7 +181,10 @@ fn assert_md_fails(test: &str, g: &GpuFixture, fault: Fault, steps: u64) -> Stri
     let injected = p.injected();
     assert_eq!(injected.len(), 1, "{test}: one atom injected: {injected:?}\n{e}");
     let (i, at) = (injected[0], injected[0].place.received.expect("a received atom"));
-    let named = format!("rank {}: 1 atom(s) differ from the reference, the first is local atom {} (received in pulse {} from rank {}, slot", i.rank, i.place.local, at.pulse, at.from);
+    let named = format!(
+        "rank {}: 1 atom(s) differ from the reference, the first is local atom {} (received in pulse {} from rank {}, slot",
+        i.rank, i.place.local, at.pulse, at.from
+    );
     assert!(e.contains("verification failed") && e.contains(&named), "{test}: the MD check names the atom ({named}): {e}");
     eprintln!("{test}: the MD checks failed as they must: {e}");
     e

@@ -96,7 +96,14 @@ impl Run {
     }
 
     fn assert_ok(&self, what: &str) {
-        assert!(!self.killed && self.code == Some(0), "{what}: exit {:?} after {:?} (killed: {})\n{}", self.code, self.took, self.killed, self.text());
+        assert!(
+            !self.killed && self.code == Some(0),
+            "{what}: exit {:?} after {:?} (killed: {})\n{}",
+            self.code,
+            self.took,
+            self.killed,
+            self.text()
+        );
     }
 }
 
@@ -111,18 +118,19 @@ fn halo(args: &[&str], env: &[(String, OsString)], limit: Duration) -> Run {
     let start = Instant::now();
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", halo_bin().display()));
     let (tx, rx) = mpsc::channel::<(Duration, String)>();
-    let readers: Vec<_> = [child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)]
-        .into_iter()
-        .flatten()
-        .map(|pipe| {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    let _ = tx.send((start.elapsed(), line));
-                }
+    let readers: Vec<_> =
+        [child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)]
+            .into_iter()
+            .flatten()
+            .map(|pipe| {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        let _ = tx.send((start.elapsed(), line));
+                    }
+                })
             })
-        })
-        .collect();
+            .collect();
     drop(tx);
     let mut killed = false;
     let status = loop {
@@ -143,7 +151,13 @@ fn halo(args: &[&str], env: &[(String, OsString)], limit: Duration) -> Run {
     }
     let mut lines: Vec<(Duration, String)> = rx.into_iter().collect();
     lines.sort_by_key(|(t, _)| *t);
-    note(&format!("  halo {} -> {:?} in {:.1} s{}", args.join(" "), status.and_then(|s| s.code()), took.as_secs_f64(), if killed { " (KILLED)" } else { "" }));
+    note(&format!(
+        "  halo {} -> {:?} in {:.1} s{}",
+        args.join(" "),
+        status.and_then(|s| s.code()),
+        took.as_secs_f64(),
+        if killed { " (KILLED)" } else { "" }
+    ));
     Run { code: status.and_then(|s| s.code()), took, killed, lines }
 }
 
@@ -170,7 +184,23 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
     // Every halo transport (`--paths auto`: with routed paths, the default, only the router's
     // kernel runs). Not NCCL: it refuses two ranks on one GPU (`ncclCommInitRank`: invalid usage).
     let transports = "staged,direct-copy,per-pulse,per-pulse-direct,fused,fused-tma";
-    let args = ["launch", "-n", "4", "--gpus", "0,1", "--", "exchange-check", "--grid", "4x1x1", "--steps", "20", "--paths", "auto", "--transport", transports];
+    let args = [
+        "launch",
+        "-n",
+        "4",
+        "--gpus",
+        "0,1",
+        "--",
+        "exchange-check",
+        "--grid",
+        "4x1x1",
+        "--steps",
+        "20",
+        "--paths",
+        "auto",
+        "--transport",
+        transports,
+    ];
     let check = halo(&args, &[], Duration::from_secs(300));
     check.assert_ok("exchange-check 4x1x1");
     // Every transport on every PE (the PEs of a GPU map each other, so none is skipped).
@@ -178,8 +208,28 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
     assert_eq!(check.count("skipped here"), 0, "{}", check.text());
     // The issue's bench command, with one repeat and no warm-up (each phase still 2000 steps).
     let bench = [
-        "launch", "-n", "4", "--gpus", "0,1", "--", "bench", "--ranks", "4x1x1", "--transport", "fused,per-pulse-direct", "--atoms", "6000,45000",
-        "--steps", "2000", "--wait-timeout-ms", "3000", "--quiet", "--repeats", "1", "--warmup", "0",
+        "launch",
+        "-n",
+        "4",
+        "--gpus",
+        "0,1",
+        "--",
+        "bench",
+        "--ranks",
+        "4x1x1",
+        "--transport",
+        "fused,per-pulse-direct",
+        "--atoms",
+        "6000,45000",
+        "--steps",
+        "2000",
+        "--wait-timeout-ms",
+        "3000",
+        "--quiet",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
     ];
     let run = halo(&bench, &[], Duration::from_secs(600));
     run.assert_ok("bench 4x1x1");
@@ -188,9 +238,11 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
 
 /// Whether a CUDA MPS daemon runs here (then PEs that share a GPU may use every NVSHMEM collective).
 fn mps_running() -> bool {
-    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
-        std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end().starts_with("nvidia-cuda-mps"))
-    })
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end().starts_with("nvidia-cuda-mps")))
 }
 
 /// Rings of `n` PEs on two GPUs with one and two pulses: the exchange checked every 250 steps of
@@ -199,8 +251,25 @@ fn ring(n: usize) {
     let grid = format!("{n}x1x1");
     for pulses in ["1", "2"] {
         let args = [
-            "launch", "-n", &n.to_string(), "--gpus", "0,1", "--", "exchange-check", "--grid", &grid, "--pulses", pulses, "--steps", "2000",
-            "--check-every", "250", "--transport", "fused", "--home-atoms", "1500",
+            "launch",
+            "-n",
+            &n.to_string(),
+            "--gpus",
+            "0,1",
+            "--",
+            "exchange-check",
+            "--grid",
+            &grid,
+            "--pulses",
+            pulses,
+            "--steps",
+            "2000",
+            "--check-every",
+            "250",
+            "--transport",
+            "fused",
+            "--home-atoms",
+            "1500",
         ];
         let run = halo(&args, &[], Duration::from_secs(600));
         run.assert_ok(&format!("exchange-check {grid}, {pulses} pulse(s)"));
@@ -215,8 +284,26 @@ fn ring(n: usize) {
     // of 180,000 atoms one and of 45,000 two (`halo plan`).
     let atoms = if n == 4 { "45000,6000" } else { "180000,45000" };
     let args = [
-        "launch", "-n", &n.to_string(), "--gpus", "0,1", "--", "bench", "--ranks", &grid, "--transport", "fused", "--atoms", atoms, "--steps",
-        "2000", "--repeats", "1", "--warmup", "0", "--quiet",
+        "launch",
+        "-n",
+        &n.to_string(),
+        "--gpus",
+        "0,1",
+        "--",
+        "bench",
+        "--ranks",
+        &grid,
+        "--transport",
+        "fused",
+        "--atoms",
+        atoms,
+        "--steps",
+        "2000",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--quiet",
     ];
     let run = halo(&args, &[], Duration::from_secs(600));
     run.assert_ok(&format!("bench {grid}"));
@@ -235,7 +322,22 @@ fn two_pes_on_one_gpu_plan_from_their_atoms_and_grow_the_kept_gathers() {
         return;
     }
     let args = [
-        "launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "180000", "--ranks", "2x1x1", "--steps", "30", "--nstlist", "10", "--check-every",
+        "launch",
+        "-n",
+        "2",
+        "--gpus",
+        "0",
+        "--",
+        "verify",
+        "--atoms",
+        "180000",
+        "--ranks",
+        "2x1x1",
+        "--steps",
+        "30",
+        "--nstlist",
+        "10",
+        "--check-every",
         "15",
     ];
     let run = halo(&args, &[], Duration::from_secs(300));
@@ -258,8 +360,11 @@ fn two_pes_step_right_after_a_search_without_a_host_wait() {
     if halo::testing::gpus_or_skip(test, 1).is_none() {
         return;
     }
-    for (extra, checks) in [(&["--transport", "fused", "--check-every", "7", "--graph"][..], 9), (&["--transport", "direct-copy", "--check-every", "5"][..], 12)] {
-        let mut args = vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "60", "--nstlist", "10"];
+    for (extra, checks) in
+        [(&["--transport", "fused", "--check-every", "7", "--graph"][..], 9), (&["--transport", "direct-copy", "--check-every", "5"][..], 12)]
+    {
+        let mut args =
+            vec!["launch", "-n", "2", "--gpus", "0", "--", "verify", "--atoms", "6000", "--ranks", "2x1x1", "--steps", "60", "--nstlist", "10"];
         args.extend_from_slice(extra);
         let run = halo(&args, &[], Duration::from_secs(300));
         run.assert_ok(&format!("verify {extra:?} on 2 PEs"));
@@ -336,14 +441,37 @@ fn ucx_exchange_check_verify_and_bench_pass_with_fenced_puts() {
         return;
     }
     let Some(env) = ucx_env(test) else { return };
-    let run = halo(&["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused,per-pulse"], &env, Duration::from_secs(180));
+    let run = halo(
+        &["launch", "-n", "2", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused,per-pulse"],
+        &env,
+        Duration::from_secs(180),
+    );
     run.assert_ok("exchange-check over UCX");
     assert_eq!(run.count_ok(10, 10), 2 * 2, "{}", run.text());
     for (n, grid) in [("2", "2x1x1"), ("4", "4x1x1"), ("4", "2x2x1")] {
         let run = halo(&["launch", "-n", n, "--gpus", "0,1", "--", "verify", "--ranks", grid, "--steps", "20"], &env, Duration::from_secs(300));
         run.assert_ok(&format!("verify {grid} over UCX"));
     }
-    let bench = ["launch", "-n", "2", "--", "bench", "--ranks", "2x1x1", "--transport", "fused,per-pulse", "--atoms", "6000", "--steps", "200", "--repeats", "3", "--warmup", "1", "--quiet"];
+    let bench = [
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "bench",
+        "--ranks",
+        "2x1x1",
+        "--transport",
+        "fused,per-pulse",
+        "--atoms",
+        "6000",
+        "--steps",
+        "200",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+        "--quiet",
+    ];
     let run = halo(&bench, &env, Duration::from_secs(300));
     run.assert_ok("bench over UCX");
     assert!(run.count("not mapped into each other") >= 1 && run.count("skipped") == 0, "{}", run.text());
@@ -414,7 +542,12 @@ fn a_proxy_that_dies_in_init_ends_every_rank_within_10_s() {
         assert!(text.contains(fix), "the fix names {fix}:\n{text}");
     }
     assert!(!text.contains("did not finish within"), "no rank waited out the start-up deadline:\n{text}");
-    note(&format!("  {test}: NVSHMEM's proxy failed after {:.1} s; every rank had ended {:.1} s later (exit {:?})", failure.as_secs_f64(), to_exit.as_secs_f64(), run.code));
+    note(&format!(
+        "  {test}: NVSHMEM's proxy failed after {:.1} s; every rank had ended {:.1} s later (exit {:?})",
+        failure.as_secs_f64(),
+        to_exit.as_secs_f64(),
+        run.code
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------

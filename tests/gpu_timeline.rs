@@ -121,7 +121,10 @@ fn check_records(test: &str, halos: &[RankHalo], xs: &[Vec<Record>], fs: &[Vec<R
             }
             for (k, rec) in fs[r].iter().enumerate() {
                 let sent = at(&fs[from_f][k], p, fp::SIGNALLED, test);
-                assert!(sent <= at(rec, p, fp::RECEIVED, test), "{test}: rank {r} saw the forces of pulse {p} of step {k} before rank {from_f} pushed them");
+                assert!(
+                    sent <= at(rec, p, fp::RECEIVED, test),
+                    "{test}: rank {r} saw the forces of pulse {p} of step {k} before rank {from_f} pushed them"
+                );
             }
         }
     }

@@ -2,8 +2,8 @@
 //! its contract names: a silent change of memory ordering or scope fails here, without a GPU.
 //! Needs the PTX (`cargo xtask build-ptx`; `cargo xtask test` builds it first).
 
-use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::abi;
+use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use std::collections::HashMap;
 
 fn artifacts() -> KernelArtifacts {
@@ -124,7 +124,8 @@ fn touches_global_memory(ins: &str) -> bool {
 #[track_caller]
 fn assert_nothing_touches_memory_before_the_wait(kernel: &str, body: &str) {
     let ins = instructions(body);
-    let wait = ins.iter().position(|i| i.starts_with("griddepcontrol.wait")).unwrap_or_else(|| panic!("{kernel} never waits for the previous kernel"));
+    let wait =
+        ins.iter().position(|i| i.starts_with("griddepcontrol.wait")).unwrap_or_else(|| panic!("{kernel} never waits for the previous kernel"));
     if let Some(early) = ins[..wait].iter().find(|i| touches_global_memory(i)) {
         panic!("{kernel} touches memory before it waits for the previous kernel: `{early}`");
     }
@@ -187,9 +188,18 @@ fn fence_before_put_credit() {
             // 8-byte put: a store for a mapped PE or the transport's call.
             let rest = &ins[at + 1..];
             let membar = rest.iter().position(|i| i.starts_with("membar.sys")).unwrap_or_else(|| panic!("{k}: no nvshmem_fence after the fence"));
-            assert!(rest[..membar].iter().all(|i| !touches_global_memory(i) || i.contains("nvshmemi_transfer_fence")), "{k}: memory access between the fence and nvshmem_fence");
-            let put = rest[membar + 1..].iter().find(|i| touches_global_memory(i) && !i.starts_with("ld")).unwrap_or_else(|| panic!("{k}: no put after the fence"));
-            assert!(put.starts_with("st.b64") || put.contains("nvshmemi_transfer_rma_p"), "{k}: the fence is followed by `{put}`, not the credit's put");
+            assert!(
+                rest[..membar].iter().all(|i| !touches_global_memory(i) || i.contains("nvshmemi_transfer_fence")),
+                "{k}: memory access between the fence and nvshmem_fence"
+            );
+            let put = rest[membar + 1..]
+                .iter()
+                .find(|i| touches_global_memory(i) && !i.starts_with("ld"))
+                .unwrap_or_else(|| panic!("{k}: no put after the fence"));
+            assert!(
+                put.starts_with("st.b64") || put.contains("nvshmemi_transfer_rma_p"),
+                "{k}: the fence is followed by `{put}`, not the credit's put"
+            );
         }
     }
 }
@@ -197,13 +207,8 @@ fn fence_before_put_credit() {
 /// The bounded wait (`wait_signal`): a relaxed system-scope spin, `%globaltimer` and the timeout
 /// flag (a relaxed GPU-scope load) looked at between batches of polls, one acquire re-read at the
 /// end, and the CAS that reports a timeout.
-const WAIT: &[&str] = &[
-    "ld.relaxed.sys.global.u64",
-    "ld.acquire.sys.global.u64",
-    "%globaltimer",
-    "ld.relaxed.gpu.global.u32",
-    "atom.relaxed.gpu.global.cas.b32",
-];
+const WAIT: &[&str] =
+    &["ld.relaxed.sys.global.u64", "ld.acquire.sys.global.u64", "%globaltimer", "ld.relaxed.gpu.global.u32", "atom.relaxed.gpu.global.cas.b32"];
 
 /// No full fence on the signalling path of the kernels that only store to mapped peers (the
 /// put-path kernels contain NVSHMEM's `membar.sys`, off the direct path).
@@ -224,14 +229,18 @@ fn signalling_wrappers_keep_their_memory_order() {
     assert_lowers(&b, abi::FUSED_COORDS, &["bar.red.or.pred"]);
     // Reverse chain: per-pulse completion counters waited for with a relaxed spin and one acquire,
     // forces pushed with 16-byte stores, accumulated with atomics.
-    assert_lowers(&b, abi::FUSED_FORCES, &[
-        "atom.acq_rel.gpu.global.add.u32",
-        "ld.relaxed.gpu.global.u32",
-        "ld.acquire.gpu.global.u32",
-        "st.global.v4.b32",
-        "red.relaxed.gpu.global.add.f32",
-        "st.release.sys.global.u64",
-    ]);
+    assert_lowers(
+        &b,
+        abi::FUSED_FORCES,
+        &[
+            "atom.acq_rel.gpu.global.add.u32",
+            "ld.relaxed.gpu.global.u32",
+            "ld.acquire.gpu.global.u32",
+            "st.global.v4.b32",
+            "red.relaxed.gpu.global.add.f32",
+            "st.release.sys.global.u64",
+        ],
+    );
     assert_lowers(&b, "fused_forces_f64", &["red.relaxed.gpu.global.add.f64"]);
     // Low-latency words between mapped peers: one strong 8-byte store per word, and the word
     // loads themselves (their wrapper tags them `// ll word`: a signal wait's spin lowers to the
@@ -288,21 +297,25 @@ fn the_delay_kernel_only_reads_the_global_timer() {
 #[test]
 fn bulk_copy_wrappers_lower_to_hopper_instructions() {
     let b = entries(&ptx_text());
-    assert_lowers(&b, abi::FUSED_COORDS_TMA, &[
-        "fence.proxy.async.shared::cta;",
-        "cp.async.bulk.global.shared::cta.bulk_group",
-        "cp.async.bulk.commit_group;",
-        "cp.async.bulk.wait_group.read 0;",
-        "cp.async.bulk.wait_group 0;",
-        "cvta.to.shared.u64",
-        "vote.sync.any.pred",
-        "bar.warp.sync",
-        "%laneid",
-        // Warps aggregate their arrival per block in shared memory, then one GPU-scope arrival.
-        "atom.acq_rel.cta.shared::cta.add.u32",
-        "atom.acq_rel.gpu.global.inc.u32",
-        "st.release.sys.global.u64",
-    ]);
+    assert_lowers(
+        &b,
+        abi::FUSED_COORDS_TMA,
+        &[
+            "fence.proxy.async.shared::cta;",
+            "cp.async.bulk.global.shared::cta.bulk_group",
+            "cp.async.bulk.commit_group;",
+            "cp.async.bulk.wait_group.read 0;",
+            "cp.async.bulk.wait_group 0;",
+            "cvta.to.shared.u64",
+            "vote.sync.any.pred",
+            "bar.warp.sync",
+            "%laneid",
+            // Warps aggregate their arrival per block in shared memory, then one GPU-scope arrival.
+            "atom.acq_rel.cta.shared::cta.add.u32",
+            "atom.acq_rel.gpu.global.inc.u32",
+            "st.release.sys.global.u64",
+        ],
+    );
 }
 
 /// The instructions of the bulk-copy path (`bulk_pulse`), in whichever kernel runs it.
@@ -344,13 +357,11 @@ fn put_variants_call_nvshmem() {
     // (`putmem_signal_nbi_block`), and the fenced put (`putmem_nbi_block`, `nvshmem_fence`, which
     // is a `membar.sys` plus a proxy fence, and `nvshmem_uint64_p`), which also carries credits.
     for k in [abi::PULSE_PACK_PUT_SIGNAL, abi::FUSED_COORDS, abi::FUSED_FORCES] {
-        assert_lowers(&b, k, &[
-            "nvshmemi_transfer_put_signal",
-            "nvshmemi_transfer_rma_nbi",
-            "nvshmemi_transfer_fence",
-            "membar.sys",
-            "nvshmemi_transfer_rma_p",
-        ]);
+        assert_lowers(
+            &b,
+            k,
+            &["nvshmemi_transfer_put_signal", "nvshmemi_transfer_rma_nbi", "nvshmemi_transfer_fence", "membar.sys", "nvshmemi_transfer_rma_p"],
+        );
     }
     // And the direct-store-only kernels do not.
     for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::PACK_COORDS, abi::SIGNAL_PING_PONG] {
@@ -562,21 +573,25 @@ fn the_gpu_grid_wraps_and_bins_like_the_host() {
         assert!(!b[k].contains("div.approx") && !b[k].contains(".ftz"), "{k}: approximate or flushed arithmetic");
         assert_absent(&b, k, &[".local"]);
     }
-    assert_lowers(&b, abi::NBNXM_GRID_BIN, &[
-        "div.rn.f32",
-        "mul.rn.f32",
-        "sub.rn.f32",
-        "add.rn.f32",
-        "cvt.rmi.f32.f32",
-        "cvt.rzi.s32.f32",
-        // Counts, the first bad atom and the largest type, each one reduction without a return.
-        "red.relaxed.gpu.global.add.u32",
-        "red.relaxed.gpu.global.min.u32",
-        "red.relaxed.gpu.global.max.u32",
-        // The atom's zone (a byte) and its entry among the zones present (a population count).
-        "ld.global.b8",
-        "popc.b32",
-    ]);
+    assert_lowers(
+        &b,
+        abi::NBNXM_GRID_BIN,
+        &[
+            "div.rn.f32",
+            "mul.rn.f32",
+            "sub.rn.f32",
+            "add.rn.f32",
+            "cvt.rmi.f32.f32",
+            "cvt.rzi.s32.f32",
+            // Counts, the first bad atom and the largest type, each one reduction without a return.
+            "red.relaxed.gpu.global.add.u32",
+            "red.relaxed.gpu.global.min.u32",
+            "red.relaxed.gpu.global.max.u32",
+            // The atom's zone (a byte) and its entry among the zones present (a population count).
+            "ld.global.b8",
+            "popc.b32",
+        ],
+    );
     // Each supercluster's zone from its first atom's.
     assert_lowers(&b, abi::NBNXM_GRID_FILL, &["ld.global.b8"]);
     // Places claimed with a returning atomic; sorted by rank through a shared tile; the chunk's
@@ -641,17 +656,21 @@ fn the_gpu_migration_wraps_and_assigns_like_the_host_and_compacts_in_order() {
     // owner (`CellEdges::rank_of`: `x >= threshold`, an ordered f32 comparison), in both passes
     // that decide, so both decide alike; the ranks by ballot and population count.
     for k in [abi::MIGRATE_COUNT, abi::MIGRATE_SCATTER] {
-        assert_lowers(&b, k, &[
-            "div.rn.f32",
-            "mul.rn.f32",
-            "sub.rn.f32",
-            "add.rn.f32",
-            "cvt.rmi.f32.f32",
-            "setp.ge.f32",
-            "vote.sync.ballot.b32",
-            "popc.b32",
-            "bar.sync",
-        ]);
+        assert_lowers(
+            &b,
+            k,
+            &[
+                "div.rn.f32",
+                "mul.rn.f32",
+                "sub.rn.f32",
+                "add.rn.f32",
+                "cvt.rmi.f32.f32",
+                "setp.ge.f32",
+                "vote.sync.ballot.b32",
+                "popc.b32",
+                "bar.sync",
+            ],
+        );
         assert_eq!(b[k].matches("div.rn.f32").count(), 3, "{k}: one division per coordinate");
         assert_eq!(b[k].matches("cvt.rmi.f32.f32").count(), 3, "{k}: one floor per coordinate");
     }
@@ -711,18 +730,22 @@ fn the_gpu_selection_tests_like_the_host_in_f64_and_compacts_in_order() {
     // result, which the square erases), the square (`mul.rn.f64`), the sum in order
     // (`add.rn.f64`; the first term added to 0.0 is the term), below `rc2` (`setp.lt.f64`).
     for k in [abi::SELECT_COUNT, abi::SELECT_SCATTER] {
-        assert_lowers(&b, k, &[
-            "cvt.f64.f32",
-            "sub.rn.f64",
-            "setp.gt.f64",
-            "selp.f64",
-            "mul.rn.f64",
-            "add.rn.f64",
-            "setp.lt.f64",
-            "vote.sync.ballot.b32",
-            "popc.b32",
-            "bar.sync",
-        ]);
+        assert_lowers(
+            &b,
+            k,
+            &[
+                "cvt.f64.f32",
+                "sub.rn.f64",
+                "setp.gt.f64",
+                "selp.f64",
+                "mul.rn.f64",
+                "add.rn.f64",
+                "setp.lt.f64",
+                "vote.sync.ballot.b32",
+                "popc.b32",
+                "bar.sync",
+            ],
+        );
         let count = |ins: &str| b[k].matches(ins).count();
         // Three slots of three dimensions (the kernel takes up to three decomposed dimensions).
         assert_eq!(count("cvt.f64.f32"), 3, "{k}: one exact widening per coordinate");

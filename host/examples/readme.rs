@@ -2,6 +2,8 @@
 //! stays true (`host/cli/tests/user_text.rs` checks that every line of the README's block is here).
 //! Eight ranks of a synthetic 2x2x2 halo on GPU 0; needs a GPU to run.
 
+// Kept as the README prints it (its lines are checked against the README), not as rustfmt folds it.
+#[rustfmt::skip]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     use halo::exchange::{LocalRanks, Transport, reference, synthetic::{self, SyntheticShape}};
     use halo::{artifacts::{DEFAULT_ARCH, KernelArtifacts}, gpu::{self, DeviceMemory, KernelModule}};

@@ -130,8 +130,8 @@ impl KernelArtifacts {
     /// Parses a manifest and checks it belongs to this build (ABI version, every entry).
     fn check(text: &str, path: &Path) -> Result<Manifest> {
         let path = path.to_path_buf();
-        let manifest: Manifest = serde_json::from_str(text)
-            .map_err(|e| HaloError::StalePtx { path: path.clone(), detail: format!("unreadable manifest ({e})") })?;
+        let manifest: Manifest =
+            serde_json::from_str(text).map_err(|e| HaloError::StalePtx { path: path.clone(), detail: format!("unreadable manifest ({e})") })?;
         if manifest.abi_version != abi::ABI_VERSION {
             return Err(HaloError::StalePtx {
                 path,

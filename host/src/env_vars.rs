@@ -6,7 +6,7 @@
 //! Where the code reads a variable through a named constant, the table uses that constant, so the
 //! name lives in one place.
 
-use crate::exchange::{heap, perturb, pe, proxy, routing, watch};
+use crate::exchange::{heap, pe, perturb, proxy, routing, watch};
 use crate::launch::{env as rank_env, ucx};
 use crate::route::{config::env as route, feedback};
 
@@ -52,7 +52,9 @@ impl Scope {
         match self {
             Scope::Build => "the `halo` crate's build script and `cargo xtask` (the kernel build, `halo-builder`)",
             Scope::Library => "the `halo` library, in every program that uses it (`halo` and your own)",
-            Scope::Router => "the `halo` library's router (`halo::route`); a config file (`HALO_ROUTE_CONFIG`) sets the same values, the environment beats it",
+            Scope::Router => {
+                "the `halo` library's router (`halo::route`); a config file (`HALO_ROUTE_CONFIG`) sets the same values, the environment beats it"
+            }
             Scope::Launch => "the `halo` library; `halo launch` sets them for each rank it starts",
             Scope::Md => "the mini-MD (`halo-md`, used by `halo verify` and `halo md-bench`)",
             Scope::Cli => "the `halo` command",
@@ -81,55 +83,195 @@ const fn var(name: &'static str, scope: Scope, default: &'static str, meaning: &
 /// Every `HALO_*` variable, grouped by [`Scope`] in the order of [`Scope::ALL`].
 pub const VARS: &[EnvVar] = &[
     // Build.
-    var("HALO_SKIP_KERNEL_BUILD", Scope::Build, "unset", "Any value but empty or `0`: build the `halo` library without its GPU kernels (no nightly toolchain or NVSHMEM bitcode needed); at run time the kernels then come from `HALO_PTX_DIR`, `ptx/` next to the executable, or the workspace's `target/ptx/`."),
-    var("HALO_KERNEL_ARCH", Scope::Build, "`sm_90`", "The GPU architecture the embedded kernels are compiled for (`llc` and `ptxas`). `cargo xtask` sets it from `--arch`."),
-    var("HALO_NVSHMEM", Scope::Build, "`NVSHMEM_HOME`, else the pinned NVSHMEM wheel", "Where the kernel build takes NVSHMEM's device bitcode: an NVSHMEM install or unpacked wheel folder, the `.bc` file, or a version to fetch. `cargo xtask` sets it from `--nvshmem`."),
-    var("HALO_CACHE_DIR", Scope::Build, "`target/` of the halo checkout, else `$CARGO_HOME/halo-cache`, else `~/.cache/halo`", "Folder for built kernels, the nested nvptx build and the fetched toolchain wheels, shared by every build of this checkout."),
+    var(
+        "HALO_SKIP_KERNEL_BUILD",
+        Scope::Build,
+        "unset",
+        "Any value but empty or `0`: build the `halo` library without its GPU kernels (no nightly toolchain or NVSHMEM bitcode needed); at run time the kernels then come from `HALO_PTX_DIR`, `ptx/` next to the executable, or the workspace's `target/ptx/`.",
+    ),
+    var(
+        "HALO_KERNEL_ARCH",
+        Scope::Build,
+        "`sm_90`",
+        "The GPU architecture the embedded kernels are compiled for (`llc` and `ptxas`). `cargo xtask` sets it from `--arch`.",
+    ),
+    var(
+        "HALO_NVSHMEM",
+        Scope::Build,
+        "`NVSHMEM_HOME`, else the pinned NVSHMEM wheel",
+        "Where the kernel build takes NVSHMEM's device bitcode: an NVSHMEM install or unpacked wheel folder, the `.bc` file, or a version to fetch. `cargo xtask` sets it from `--nvshmem`.",
+    ),
+    var(
+        "HALO_CACHE_DIR",
+        Scope::Build,
+        "`target/` of the halo checkout, else `$CARGO_HOME/halo-cache`, else `~/.cache/halo`",
+        "Folder for built kernels, the nested nvptx build and the fetched toolchain wheels, shared by every build of this checkout.",
+    ),
     // Library.
-    var(crate::artifacts::PTX_DIR_ENV, Scope::Library, "unset: the kernels embedded in the library", "A folder holding `halo_kernels.<arch>.{ptx,cubin,manifest.json}` to load instead of the embedded kernels (`cargo xtask build-ptx` writes `target/ptx/`; a bundle has `ptx/`)."),
-    var("HALO_NVSHMEM_LIB", Scope::Library, "`NVSHMEM_HOME/lib`, then the python3 package `nvidia-nvshmem-cu13`, then the system loader", "Path of the NVSHMEM host library (`libnvshmem_host.so.3`) to load. When set, it is the only one tried."),
-    var(pe::PutSignaling::ENV, Scope::Library, "`auto`", "How pulses on the NVSHMEM put path signal their peer: `put-signal` (put with a remote signal atomic), `fenced-put` (put, fence, then a put of the step counter; works on every transport) or `auto` (`fenced-put` when NVSHMEM's remote transport is UCX, else `put-signal`)."),
-    var(crate::nvshmem::ENV_KEPT_GATHER, Scope::Library, "`auto`", "How repeated all-gathers between PEs travel: `node` (shared host memory; every PE must be on this machine), `symmetric` (NVSHMEM symmetric buffers) or `auto` (`node` when every PE is on this machine)."),
-    var(crate::watchdog::STARTUP_TIMEOUT_ENV, Scope::Library, "60", "Seconds a rank may spend in a start-up or collective step (NVSHMEM init, barriers, gathers) before the watchdog ends it with a message naming the step."),
-    var(watch::HOST_WAIT_ENV, Scope::Library, "the device wait deadline plus 3 s", "Seconds a host wait on the exchange's kernels may go without progress before it fails with a snapshot of the device state (above 0, at most 1e6)."),
-    var(proxy::ENV_PIN_LAUNCHER, Scope::Library, "on", "`0`: leave the launching thread's CPU affinity alone. Otherwise, after NVSHMEM starts, the thread that launches the kernels is moved off the CPUs NVSHMEM pinned its proxy threads to."),
-    var(routing::SAFE_POINT_ENV, Scope::Library, "the driver's own interval (`halo exchange-check`: `--check-every`)", "Steps between safe points (where a routed exchange may fail over to another transport) for drivers that take no flag for it; a whole number, at least 1."),
+    var(
+        crate::artifacts::PTX_DIR_ENV,
+        Scope::Library,
+        "unset: the kernels embedded in the library",
+        "A folder holding `halo_kernels.<arch>.{ptx,cubin,manifest.json}` to load instead of the embedded kernels (`cargo xtask build-ptx` writes `target/ptx/`; a bundle has `ptx/`).",
+    ),
+    var(
+        "HALO_NVSHMEM_LIB",
+        Scope::Library,
+        "`NVSHMEM_HOME/lib`, then the python3 package `nvidia-nvshmem-cu13`, then the system loader",
+        "Path of the NVSHMEM host library (`libnvshmem_host.so.3`) to load. When set, it is the only one tried.",
+    ),
+    var(
+        pe::PutSignaling::ENV,
+        Scope::Library,
+        "`auto`",
+        "How pulses on the NVSHMEM put path signal their peer: `put-signal` (put with a remote signal atomic), `fenced-put` (put, fence, then a put of the step counter; works on every transport) or `auto` (`fenced-put` when NVSHMEM's remote transport is UCX, else `put-signal`).",
+    ),
+    var(
+        crate::nvshmem::ENV_KEPT_GATHER,
+        Scope::Library,
+        "`auto`",
+        "How repeated all-gathers between PEs travel: `node` (shared host memory; every PE must be on this machine), `symmetric` (NVSHMEM symmetric buffers) or `auto` (`node` when every PE is on this machine).",
+    ),
+    var(
+        crate::watchdog::STARTUP_TIMEOUT_ENV,
+        Scope::Library,
+        "60",
+        "Seconds a rank may spend in a start-up or collective step (NVSHMEM init, barriers, gathers) before the watchdog ends it with a message naming the step.",
+    ),
+    var(
+        watch::HOST_WAIT_ENV,
+        Scope::Library,
+        "the device wait deadline plus 3 s",
+        "Seconds a host wait on the exchange's kernels may go without progress before it fails with a snapshot of the device state (above 0, at most 1e6).",
+    ),
+    var(
+        proxy::ENV_PIN_LAUNCHER,
+        Scope::Library,
+        "on",
+        "`0`: leave the launching thread's CPU affinity alone. Otherwise, after NVSHMEM starts, the thread that launches the kernels is moved off the CPUs NVSHMEM pinned its proxy threads to.",
+    ),
+    var(
+        routing::SAFE_POINT_ENV,
+        Scope::Library,
+        "the driver's own interval (`halo exchange-check`: `--check-every`)",
+        "Steps between safe points (where a routed exchange may fail over to another transport) for drivers that take no flag for it; a whole number, at least 1.",
+    ),
     // Router.
-    var(route::CONFIG, Scope::Router, "unset", "A router config file (TOML: `[weights]`, `[reliability]`, overrides); the environment variables below beat its values."),
+    var(
+        route::CONFIG,
+        Scope::Router,
+        "unset",
+        "A router config file (TOML: `[weights]`, `[reliability]`, overrides); the environment variables below beat its values.",
+    ),
     var(route::W_LATENCY, Scope::Router, "3", "Weight of latency in a transport's score for small messages."),
     var(route::W_BANDWIDTH, Scope::Router, "3", "Weight of bandwidth in a transport's score for large messages."),
     var(route::W_TOPOLOGY, Scope::Router, "1", "Weight of topological distance in a transport's score."),
     var(route::W_CAPABILITY, Scope::Router, "1", "Weight of what a transport can do on this pair (capability) in its score."),
     var(route::W_RELIABILITY, Scope::Router, "2", "Weight of a transport's recent failures in its score."),
-    var(route::RATIO, Scope::Router, "3", "Ratio of the dominant weight to the other at either end of the size range (latency below `HALO_ROUTE_SMALL_BYTES`, bandwidth above `HALO_ROUTE_LARGE_BYTES`); at least 1."),
+    var(
+        route::RATIO,
+        Scope::Router,
+        "3",
+        "Ratio of the dominant weight to the other at either end of the size range (latency below `HALO_ROUTE_SMALL_BYTES`, bandwidth above `HALO_ROUTE_LARGE_BYTES`); at least 1.",
+    ),
     var(route::SMALL_BYTES, Scope::Router, "`2KiB`", "Message size up to which latency dominates the score (bytes, or with a unit such as `KiB`)."),
     var(route::LARGE_BYTES, Scope::Router, "`64KiB`", "Message size from which bandwidth dominates the score (bytes, or with a unit such as `KiB`)."),
     var(route::HALF_LIFE_S, Scope::Router, "30", "Half-life, in seconds, of a transport's failure count. Must be the same on every PE."),
     var(route::SKIP_THRESHOLD, Scope::Router, "1", "Decayed failure count at which the router skips a transport. Must be the same on every PE."),
-    var(route::FORCE, Scope::Router, "unset: the router decides", "One transport for every PE pair, by name: `nvlink-store`, `nvlink-tma`, `nvshmem-put`, `staged` or `nccl`."),
-    var(route::OVERRIDE, Scope::Router, "unset", "Per-pair transports, comma separated `A-B=name` (both directions of PEs A and B), e.g. `0-1=nvshmem-put,2-3=staged`; `--route-override` beats it."),
+    var(
+        route::FORCE,
+        Scope::Router,
+        "unset: the router decides",
+        "One transport for every PE pair, by name: `nvlink-store`, `nvlink-tma`, `nvshmem-put`, `staged` or `nccl`.",
+    ),
+    var(
+        route::OVERRIDE,
+        Scope::Router,
+        "unset",
+        "Per-pair transports, comma separated `A-B=name` (both directions of PEs A and B), e.g. `0-1=nvshmem-put,2-3=staged`; `--route-override` beats it.",
+    ),
     var(route::DEBUG, Scope::Router, "`0`", "`1`: write one block per routing decision to stderr, every candidate with its numbers and the reason."),
-    var(route::CALIBRATION, Scope::Router, "unset: built-in performance numbers", "A calibration file written by `halo calibrate`: the router scores transports with its measured latencies and bandwidths."),
-    var(route::TOPOLOGY, Scope::Router, "unset: node placement from each PE's facts", "Where the nodes sit: a halo topology file (TOML), or Slurm's `topology.conf` or `scontrol show topology` output."),
+    var(
+        route::CALIBRATION,
+        Scope::Router,
+        "unset: built-in performance numbers",
+        "A calibration file written by `halo calibrate`: the router scores transports with its measured latencies and bandwidths.",
+    ),
+    var(
+        route::TOPOLOGY,
+        Scope::Router,
+        "unset: node placement from each PE's facts",
+        "Where the nodes sit: a halo topology file (TOML), or Slurm's `topology.conf` or `scontrol show topology` output.",
+    ),
     // Launch.
-    var(rank_env::ENV_RANK, Scope::Launch, "unset: the rank comes from MPI, PMI or Slurm variables, else this is rank 0 of 1", "This process's rank."),
+    var(
+        rank_env::ENV_RANK,
+        Scope::Launch,
+        "unset: the rank comes from MPI, PMI or Slurm variables, else this is rank 0 of 1",
+        "This process's rank.",
+    ),
     var(rank_env::ENV_NRANKS, Scope::Launch, "unset (see `HALO_RANK`)", "The number of ranks; required when `HALO_RANK` is set."),
     var(rank_env::ENV_LOCAL_RANK, Scope::Launch, "`HALO_RANK`", "This rank's index among the ranks of its node."),
-    var(rank_env::ENV_DEVICE, Scope::Launch, "the local rank (modulo the `CUDA_VISIBLE_DEVICES` entries when that is set)", "The CUDA device ordinal this rank uses; honoured under any launcher."),
-    var(rank_env::ENV_PES_PER_GPU, Scope::Launch, "1", "How many ranks share this rank's GPU; set it yourself under `mpirun` or `srun` when several ranks share a GPU."),
-    var(rank_env::ENV_RENDEZVOUS_DIR, Scope::Launch, "unset: no `halo launch` rendezvous", "The private folder through which the ranks of one `halo launch` exchange their start-up data; set by `halo launch` only."),
+    var(
+        rank_env::ENV_DEVICE,
+        Scope::Launch,
+        "the local rank (modulo the `CUDA_VISIBLE_DEVICES` entries when that is set)",
+        "The CUDA device ordinal this rank uses; honoured under any launcher.",
+    ),
+    var(
+        rank_env::ENV_PES_PER_GPU,
+        Scope::Launch,
+        "1",
+        "How many ranks share this rank's GPU; set it yourself under `mpirun` or `srun` when several ranks share a GPU.",
+    ),
+    var(
+        rank_env::ENV_RENDEZVOUS_DIR,
+        Scope::Launch,
+        "unset: no `halo launch` rendezvous",
+        "The private folder through which the ranks of one `halo launch` exchange their start-up data; set by `halo launch` only.",
+    ),
     // Md.
     var("HALO_NBNXM_KERNEL", Scope::Md, "`pf`", "The non-bonded (nbnxm) force kernel design: `ind` (indirect) or `pf` (prefetch)."),
     var("HALO_NBNXM_WARPS", Scope::Md, "`auto`", "Warps per nbnxm list entry: `auto` (sized to the list and the GPU) or 1 to 16."),
     // Cli.
-    var("HALO_LOG", Scope::Cli, "`RUST_LOG`, else `warn`", "The log filter (`tracing` directives, e.g. `info` or `halo::route=debug`); beats `RUST_LOG` when both are set."),
+    var(
+        "HALO_LOG",
+        Scope::Cli,
+        "`RUST_LOG`, else `warn`",
+        "The log filter (`tracing` directives, e.g. `info` or `halo::route=debug`); beats `RUST_LOG` when both are set.",
+    ),
     var("HALO_NCCL_LIB", Scope::Cli, "`libnccl.so.2`, then `libnccl.so`", "Path of the NCCL library that `halo bench` loads for its NCCL baseline."),
     // Testing.
-    var(perturb::JITTER_ENV, Scope::Testing, "off", "Random delays before about half of every rank's launches: `MAX_US[:SEED[:host|gpu|both]]`. `--jitter-us` beats it."),
-    var(perturb::FAULT_ENV, Scope::Testing, "off", "`kill@STEP:RANK`: rank RANK kills itself (SIGKILL) right after enqueueing step STEP's coordinate halo. `--fault` beats it."),
-    var(feedback::INJECT_ENV, Scope::Testing, "off", "A transport failure injected on purpose: `transport[:step][@pe,pe...]` (every step, or one step; every PE, or the ones listed)."),
-    var(heap::RESERVE_ENV, Scope::Testing, "unset", "`G[:RANK]`: `halo exchange-check` holds G GiB of device memory (on every rank, or only RANK) before it builds the exchange, to test the out-of-memory checks."),
-    var(ucx::ENV_UCX_DIR, Scope::Testing, "unset: the UCX test cases skip", "A folder with the UCX libraries that NVSHMEM's UCX transport loads (`cargo xtask fetch-ucx` writes `target/ucx/`; a bundle carries `ucx/`): the multi-PE GPU tests then also run the put path through that transport over TCP loopback, as between nodes."),
+    var(
+        perturb::JITTER_ENV,
+        Scope::Testing,
+        "off",
+        "Random delays before about half of every rank's launches: `MAX_US[:SEED[:host|gpu|both]]`. `--jitter-us` beats it.",
+    ),
+    var(
+        perturb::FAULT_ENV,
+        Scope::Testing,
+        "off",
+        "`kill@STEP:RANK`: rank RANK kills itself (SIGKILL) right after enqueueing step STEP's coordinate halo. `--fault` beats it.",
+    ),
+    var(
+        feedback::INJECT_ENV,
+        Scope::Testing,
+        "off",
+        "A transport failure injected on purpose: `transport[:step][@pe,pe...]` (every step, or one step; every PE, or the ones listed).",
+    ),
+    var(
+        heap::RESERVE_ENV,
+        Scope::Testing,
+        "unset",
+        "`G[:RANK]`: `halo exchange-check` holds G GiB of device memory (on every rank, or only RANK) before it builds the exchange, to test the out-of-memory checks.",
+    ),
+    var(
+        ucx::ENV_UCX_DIR,
+        Scope::Testing,
+        "unset: the UCX test cases skip",
+        "A folder with the UCX libraries that NVSHMEM's UCX transport loads (`cargo xtask fetch-ucx` writes `target/ucx/`; a bundle carries `ucx/`): the multi-PE GPU tests then also run the put path through that transport over TCP loopback, as between nodes.",
+    ),
     var("HALO_REQUIRE_GPU", Scope::Testing, "unset: GPU tests skip without a GPU", "`1`: the older spelling of `HALO_REQUIRE_GPUS=1`."),
     var(
         "HALO_REQUIRE_GPUS",
@@ -143,9 +285,24 @@ pub const VARS: &[EnvVar] = &[
         "`default`",
         "`long`: GPU tests also run their long cases (45k-atom grids, the NVE drift); otherwise those print `SKIPPED (long tier)`.",
     ),
-    var("HALO_REQUIRE_MPI", Scope::Testing, "unset: the MPI test skips without `mpiexec`", "Set: the test under a real process manager fails when it finds no `mpiexec` (`cargo xtask test` sets it)."),
-    var("HALO_MPIEXEC", Scope::Testing, "`target/mpi/mpich/bin/mpiexec` (`cargo xtask fetch-mpi`)", "The `mpiexec` the MPI test starts its ranks with."),
-    var("HALO_BIN", Scope::Testing, "the `halo` built with the tests", "The `halo` executable the multi-process GPU tests start (the bundle's runner points it at its own `halo`)."),
+    var(
+        "HALO_REQUIRE_MPI",
+        Scope::Testing,
+        "unset: the MPI test skips without `mpiexec`",
+        "Set: the test under a real process manager fails when it finds no `mpiexec` (`cargo xtask test` sets it).",
+    ),
+    var(
+        "HALO_MPIEXEC",
+        Scope::Testing,
+        "`target/mpi/mpich/bin/mpiexec` (`cargo xtask fetch-mpi`)",
+        "The `mpiexec` the MPI test starts its ranks with.",
+    ),
+    var(
+        "HALO_BIN",
+        Scope::Testing,
+        "the `halo` built with the tests",
+        "The `halo` executable the multi-process GPU tests start (the bundle's runner points it at its own `halo`).",
+    ),
     var("HALO_BAD_INPUT_CHILD", Scope::Testing, "unset", "Internal to the `bad_input` test: marks the child process it re-runs itself as."),
 ];
 

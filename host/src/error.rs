@@ -146,10 +146,20 @@ mod tests {
     fn during_with_builds_its_text_only_on_error() {
         let mut built = 0;
         let ok: std::result::Result<u32, DriverError> = Ok(7);
-        assert_eq!(ok.during_with(|| { built += 1; "launching k".to_string() }).ok(), Some(7));
+        assert_eq!(
+            ok.during_with(|| {
+                built += 1;
+                "launching k".to_string()
+            })
+            .ok(),
+            Some(7)
+        );
         assert_eq!(built, 0, "the success path formatted the description");
         let err: std::result::Result<u32, DriverError> = Err(DriverError(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES));
-        match err.during_with(|| { built += 1; format!("launching {} {:?}", "k", (1, 2)) }) {
+        match err.during_with(|| {
+            built += 1;
+            format!("launching {} {:?}", "k", (1, 2))
+        }) {
             Err(HaloError::Cuda { what, source }) => {
                 assert_eq!(what, "launching k (1, 2)");
                 assert_eq!(source.0, CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);

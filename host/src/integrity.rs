@@ -241,9 +241,11 @@ impl RankChecksums {
                 };
                 sent.add_atom(Quantity::Coordinates, global_ids[i], v);
             }
-            let hi = p.atom_offset.checked_add(p.recv_size).filter(|&hi| hi <= n).ok_or_else(|| {
-                IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms"))
-            })?;
+            let hi = p
+                .atom_offset
+                .checked_add(p.recv_size)
+                .filter(|&hi| hi <= n)
+                .ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
             let mut received = Checksum::default();
             for k in p.atom_offset..hi {
                 received.add_atom(Quantity::Coordinates, global_ids[k], x[k]);
@@ -266,17 +268,13 @@ impl RankChecksums {
     /// The inverse of [`Self::to_words`] for rank `rank`.
     pub fn from_words(rank: usize, words: &[u64]) -> Result<Self, IntegrityError> {
         if words.len() < 2 || !words.len().is_multiple_of(2) {
-            return Err(IntegrityError::Shape(format!(
-                "rank {rank} sent {} checksum words; expected 2 plus 2 per pulse",
-                words.len()
-            )));
+            return Err(IntegrityError::Shape(format!("rank {rank} sent {} checksum words; expected 2 plus 2 per pulse", words.len())));
         }
         let home = StateChecksum { x: Checksum(words[0]), f: Checksum(words[1]) };
         let pulses = words[2..].chunks_exact(2).map(|c| PulseChecksum { sent: Checksum(c[0]), received: Checksum(c[1]) }).collect();
         Ok(Self { rank, home, pulses })
     }
 }
-
 
 /// The per-atom hashes of one pulse ([`RankChecksums::pulse_atoms`]): what a rank sent, in map
 /// order, and what it holds in the pulse's receive range, in slot order.
@@ -311,7 +309,11 @@ impl RankChecksums {
             };
             sent.push(atom_hash(Quantity::Coordinates, global_ids[i], v));
         }
-        let hi = p.atom_offset.checked_add(p.recv_size).filter(|&hi| hi <= n).ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
+        let hi = p
+            .atom_offset
+            .checked_add(p.recv_size)
+            .filter(|&hi| hi <= n)
+            .ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
         let received = (p.atom_offset..hi).map(|k| atom_hash(Quantity::Coordinates, global_ids[k], x[k])).collect();
         Ok(PulseAtoms { sent, received })
     }
@@ -432,11 +434,8 @@ mod tests {
     /// Exchanged coordinates (the CPU reference of the halo) and per-atom forces derived from ids.
     fn state(sys: &MolecularSystem, halos: &[RankHalo], ids: &[Vec<u32>]) -> (Vec<Vec<Float3>>, Vec<Vec<Float3>>, Vec<Float3>) {
         let force_of = |id: u32| Float3::new(id as f32 * 0.5, -(id as f32), 1.0 / (1.0 + id as f32));
-        let home: Vec<Vec<Float3>> = ids
-            .iter()
-            .zip(halos)
-            .map(|(ids, h)| ids[..h.home_atoms].iter().map(|&i| sys.positions[i as usize]).collect())
-            .collect();
+        let home: Vec<Vec<Float3>> =
+            ids.iter().zip(halos).map(|(ids, h)| ids[..h.home_atoms].iter().map(|&i| sys.positions[i as usize]).collect()).collect();
         let x = crate::exchange::reference::coordinates(halos, &home);
         let f = ids.iter().map(|ids| ids.iter().map(|&i| force_of(i)).collect()).collect();
         let global_f = (0..sys.len() as u32).map(force_of).collect();
@@ -459,13 +458,16 @@ mod tests {
             b.add_atom(Quantity::Coordinates, i as u32, p);
         }
         assert_eq!(a, b);
-        let halves: Checksum = [0..20usize, 20..50].into_iter().map(|r| {
-            let mut c = Checksum::default();
-            for i in r {
-                c.add_atom(Quantity::Coordinates, i as u32, v[i]);
-            }
-            c
-        }).sum();
+        let halves: Checksum = [0..20usize, 20..50]
+            .into_iter()
+            .map(|r| {
+                let mut c = Checksum::default();
+                for i in r {
+                    c.add_atom(Quantity::Coordinates, i as u32, v[i]);
+                }
+                c
+            })
+            .sum();
         assert_eq!(a, halves);
     }
 

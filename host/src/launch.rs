@@ -119,4 +119,3 @@ pub fn rank_list(ranks: &[usize]) -> String {
     let list: Vec<String> = ranks.iter().map(ToString::to_string).collect();
     format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, list.join(", "))
 }
-

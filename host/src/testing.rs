@@ -39,7 +39,9 @@ pub const ENV_TEST_TIER: &str = "HALO_TEST_TIER";
 pub fn promised_gpus_from(require_gpus: Option<&str>, require_gpu: Option<&str>) -> std::result::Result<usize, String> {
     let n = match require_gpus.map(str::trim).filter(|v| !v.is_empty()) {
         None => 0,
-        Some(v) => v.parse::<usize>().map_err(|_| format!("{ENV_REQUIRE_GPUS}={v:?} is not a number of GPUs: set it to the GPUs this machine should have, e.g. {ENV_REQUIRE_GPUS}=2"))?,
+        Some(v) => v.parse::<usize>().map_err(|_| {
+            format!("{ENV_REQUIRE_GPUS}={v:?} is not a number of GPUs: set it to the GPUs this machine should have, e.g. {ENV_REQUIRE_GPUS}=2")
+        })?,
     };
     Ok(n.max(usize::from(require_gpu == Some("1"))))
 }

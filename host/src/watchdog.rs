@@ -80,11 +80,8 @@ pub mod steps {
         "check the other ranks' messages and start every rank with the same arguments",
     );
     /// `nvshmem_free`: collective, with a barrier.
-    pub const SYMMETRIC_FREE: Step = Step::new(
-        "symmetric free",
-        "another rank did not reach the same free (it failed or hangs)",
-        FIND_THE_FIRST_FAILURE,
-    );
+    pub const SYMMETRIC_FREE: Step =
+        Step::new("symmetric free", "another rank did not reach the same free (it failed or hangs)", FIND_THE_FIRST_FAILURE);
     /// `nvshmemx_cumodule_init`.
     pub const MODULE_REGISTRATION: Step = Step::new(
         "module registration",
@@ -92,11 +89,8 @@ pub mod steps {
         "rerun with NVSHMEM_DEBUG=INFO; check `halo info` on this GPU",
     );
     /// `nvshmem_barrier_all`.
-    pub const BARRIER: Step = Step::new(
-        "barrier",
-        "another rank did not reach the barrier: it failed, hangs, or is stuck on its GPU",
-        FIND_THE_FIRST_FAILURE,
-    );
+    pub const BARRIER: Step =
+        Step::new("barrier", "another rank did not reach the barrier: it failed, hangs, or is stuck on its GPU", FIND_THE_FIRST_FAILURE);
     /// An all-gather of small host data across PEs (NVSHMEM's fcollect, or host puts and a barrier).
     pub const GATHER: Step = Step::new(
         "all-gather",
@@ -104,11 +98,8 @@ pub mod steps {
         "check the other ranks' messages and start every rank with the same arguments",
     );
     /// `nvshmemx_hostlib_finalize`.
-    pub const FINALIZE: Step = Step::new(
-        "NVSHMEM finalize",
-        "another rank did not reach its own finalisation (it failed or hangs)",
-        FIND_THE_FIRST_FAILURE,
-    );
+    pub const FINALIZE: Step =
+        Step::new("NVSHMEM finalize", "another rank did not reach its own finalisation (it failed or hangs)", FIND_THE_FIRST_FAILURE);
     /// The host waiting for an exchange stream, as a backstop when a driver call blocks.
     pub const HOST_WAIT: Step = Step::new(
         "waiting for the halo stream",

@@ -6,9 +6,7 @@
 //! The proptest runs from a fixed seed (or `PROPTEST_RNG_SEED`) with no failure files, so CI
 //! runs the same cases every time; `PROPTEST_CASES` raises the count for a longer local run.
 
-use halo::route::{
-    FailureInjection, ManualClock, Op, Outcome, RouteConfig, RouteError, Router, Transport, single_node,
-};
+use halo::route::{FailureInjection, ManualClock, Op, Outcome, RouteConfig, RouteError, Router, Transport, single_node};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use std::path::Path;

@@ -8,8 +8,8 @@ use halo::exchange::RankHalo;
 use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::launch::{Rendezvous, RendezvousDir};
 use halo::route::{
-    FailureInjection, FailureReport, Feedback, ManualClock, Outcome, RouteConfig, RouteError, RoutedPaths, Router,
-    SafePointRecord, Transport, agree, agree_local, agree_via, safe_point_local, safe_point_via, single_node,
+    FailureInjection, FailureReport, Feedback, ManualClock, Outcome, RouteConfig, RouteError, RoutedPaths, Router, SafePointRecord, Transport, agree,
+    agree_local, agree_via, safe_point_local, safe_point_via, single_node,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,15 +150,7 @@ fn wait_timeouts_on_both_ends_count_as_one_failure() {
 }
 
 fn record(pe: usize, round: u64, reports: Vec<FailureReport>) -> SafePointRecord {
-    SafePointRecord {
-        pe,
-        round,
-        clock: Duration::from_secs(1),
-        topology: "00000000000000aa".into(),
-        half_life_s: 30.0,
-        skip_threshold: 1.0,
-        reports,
-    }
+    SafePointRecord { pe, round, clock: Duration::from_secs(1), topology: "00000000000000aa".into(), half_life_s: 30.0, skip_threshold: 1.0, reports }
 }
 
 fn fail(peer: usize, transport: Transport, outcome: Outcome) -> FailureReport {

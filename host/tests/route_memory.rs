@@ -5,10 +5,7 @@
 //! running in parallel do not see each other's allocations; everything measured is built and
 //! dropped on the measuring thread.
 
-use halo::route::{
-    DistanceLevel, IntraNodeLink, Op, PeFacts, Placement, RouteConfig, Router, Topology, synthetic_facts,
-    topology_from_facts,
-};
+use halo::route::{DistanceLevel, IntraNodeLink, Op, PeFacts, Placement, RouteConfig, Router, Topology, synthetic_facts, topology_from_facts};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -111,8 +108,11 @@ fn topology_of_4096_pes_fits_in_one_mib_per_process() {
     );
     assert!(retained <= MIB, "topology keeps {retained} B at 4096 PEs, over 1 MiB");
     // The structure's own accounting agrees with the allocator (within a little bookkeeping).
-    assert!(topo.heap_bytes() <= retained && retained - topo.heap_bytes() <= retained / 8 + 4096,
-        "heap_bytes {} vs allocator {retained}", topo.heap_bytes());
+    assert!(
+        topo.heap_bytes() <= retained && retained - topo.heap_bytes() <= retained / 8 + 4096,
+        "heap_bytes {} vs allocator {retained}",
+        topo.heap_bytes()
+    );
     // It still answers every level.
     assert_eq!(topo.distance(0, 7).ok(), Some(DistanceLevel::NvLink));
     assert_eq!(topo.distance(0, 8).ok(), Some(DistanceLevel::Rack));

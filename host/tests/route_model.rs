@@ -3,9 +3,8 @@
 //! unmeasured defaults against a real calibration file. No GPU needed.
 
 use halo::route::{
-    DistanceLevel, EXCHANGE_TRANSPORTS, Exclusion, IntraNodeLink, ManualClock, Op, Outcome,
-    Placement, RouteConfig, RouteError, RouteReason, Router, Topology, TopologyFile,
-    Transport, TransportSet, WeightSource, single_node, synthetic_facts, topology_from_facts,
+    DistanceLevel, EXCHANGE_TRANSPORTS, Exclusion, IntraNodeLink, ManualClock, Op, Outcome, Placement, RouteConfig, RouteError, RouteReason, Router,
+    Topology, TopologyFile, Transport, TransportSet, WeightSource, single_node, synthetic_facts, topology_from_facts,
 };
 use std::io::Write;
 use std::path::Path;
@@ -19,19 +18,12 @@ const KIB: u64 = 1024;
 fn cluster_toml(link: &str) -> String {
     let mut s = format!("[node]\ngpus = 8\npes_per_gpu = 1\nlink = \"{link}\"\n");
     for spine in 0..4 {
-        s += &format!(
-            "\n[[spine]]\nname = \"s{spine}\"\ncluster = \"c{}\"\n",
-            spine / 2
-        );
+        s += &format!("\n[[spine]]\nname = \"s{spine}\"\ncluster = \"c{}\"\n", spine / 2);
         for leaf in 0..2 {
             s += &format!("[[spine.leaf]]\nname = \"l{leaf}\"\n");
             for rack in 0..2 {
                 let first = ((spine * 2 + leaf) * 2 + rack) * 4 + 1;
-                s += &format!(
-                    "[[spine.leaf.rack]]\nname = \"r{rack}\"\nnodes = [\"gpu[{:03}-{:03}]\"]\n",
-                    first,
-                    first + 3
-                );
+                s += &format!("[[spine.leaf.rack]]\nname = \"r{rack}\"\nnodes = [\"gpu[{:03}-{:03}]\"]\n", first, first + 3);
             }
         }
     }
@@ -47,14 +39,8 @@ fn cluster_topology() -> Topology {
 }
 
 fn config_with(vars: &[(&str, &str)]) -> RouteConfig {
-    let vars: Vec<(String, String)> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    RouteConfig::load(None, &move |k| {
-        vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-    })
-    .expect("valid config")
+    let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    RouteConfig::load(None, &move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())).expect("valid config")
 }
 
 fn router(topo: Topology, self_pe: usize, config: RouteConfig) -> Router {
@@ -89,43 +75,17 @@ fn cluster_levels() {
     assert_eq!(d(0, 0), DistanceLevel::SameGpu);
     assert_eq!(d(0, 7), DistanceLevel::NvLink);
     assert_eq!(d(0, 8), DistanceLevel::Rack, "node 1, same rack");
-    assert_eq!(
-        d(0, 4 * 8),
-        DistanceLevel::Leaf,
-        "node 4, next rack under the same leaf"
-    );
-    assert_eq!(
-        d(0, 8 * 8),
-        DistanceLevel::Spine,
-        "node 8, next leaf under the same spine"
-    );
-    assert_eq!(
-        d(0, 16 * 8),
-        DistanceLevel::Spine,
-        "node 16, another spine of the same cluster"
-    );
-    assert_eq!(
-        d(0, 32 * 8),
-        DistanceLevel::CrossCluster,
-        "node 32, another cluster"
-    );
+    assert_eq!(d(0, 4 * 8), DistanceLevel::Leaf, "node 4, next rack under the same leaf");
+    assert_eq!(d(0, 8 * 8), DistanceLevel::Spine, "node 8, next leaf under the same spine");
+    assert_eq!(d(0, 16 * 8), DistanceLevel::Spine, "node 16, another spine of the same cluster");
+    assert_eq!(d(0, 32 * 8), DistanceLevel::CrossCluster, "node 32, another cluster");
     for (a, b) in [(3, 300), (17, 100), (511, 0)] {
-        assert_eq!(
-            d(a, b),
-            d(b, a),
-            "distance is symmetric for consistent views"
-        );
+        assert_eq!(d(a, b), d(b, a), "distance is symmetric for consistent views");
     }
     // The router picks GPU-initiated stores inside a node and NVSHMEM across the network.
     let mut r = router(t, 0, RouteConfig::default());
-    assert_eq!(
-        r.route(7, Op::Put, KIB).map(|x| x.transport).ok(),
-        Some(Transport::NvlinkStore)
-    );
-    assert_eq!(
-        r.route(7, Op::Put, 1 << 20).map(|x| x.transport).ok(),
-        Some(Transport::NvlinkTma)
-    );
+    assert_eq!(r.route(7, Op::Put, KIB).map(|x| x.transport).ok(), Some(Transport::NvlinkStore));
+    assert_eq!(r.route(7, Op::Put, 1 << 20).map(|x| x.transport).ok(), Some(Transport::NvlinkTma));
     for peer in [8, 32, 64, 128, 256] {
         let route = r.route(peer, Op::Signal, 64 * KIB).expect("routable");
         assert_eq!(route.transport, Transport::NvshmemPut, "peer {peer}");
@@ -135,38 +95,19 @@ fn cluster_levels() {
 #[test]
 fn intra_node_links() {
     let hosts = vec!["a".to_owned(), "b".to_owned()];
-    let pcie = topology_from_facts(&synthetic_facts(&hosts, 4, 2, IntraNodeLink::PcieP2p), None)
-        .expect("valid");
-    assert_eq!(
-        pcie.distance(0, 1).ok(),
-        Some(DistanceLevel::SameGpu),
-        "two PEs per GPU"
-    );
+    let pcie = topology_from_facts(&synthetic_facts(&hosts, 4, 2, IntraNodeLink::PcieP2p), None).expect("valid");
+    assert_eq!(pcie.distance(0, 1).ok(), Some(DistanceLevel::SameGpu), "two PEs per GPU");
     assert_eq!(pcie.distance(0, 2).ok(), Some(DistanceLevel::Pcie));
-    assert_eq!(
-        pcie.distance(0, 8).ok(),
-        Some(DistanceLevel::Spine),
-        "no fabric: one spine for the job"
-    );
-    let none = topology_from_facts(&synthetic_facts(&hosts, 4, 1, IntraNodeLink::NoP2p), None)
-        .expect("valid");
+    assert_eq!(pcie.distance(0, 8).ok(), Some(DistanceLevel::Spine), "no fabric: one spine for the job");
+    let none = topology_from_facts(&synthetic_facts(&hosts, 4, 1, IntraNodeLink::NoP2p), None).expect("valid");
     assert_eq!(none.distance(0, 1).ok(), Some(DistanceLevel::SameNodeNoP2p));
     let mut r = router(none, 0, RouteConfig::default());
     let d = r.decide(1, Op::Put, KIB).expect("routable");
-    assert!(matches!(
-        d.scoring.candidate(Transport::NvlinkStore).excluded,
-        Some(Exclusion::Unreachable { .. })
-    ));
-    assert!(
-        d.scoring.candidate(Transport::Staged).excluded.is_none(),
-        "staged serves a node without P2P"
-    );
+    assert!(matches!(d.scoring.candidate(Transport::NvlinkStore).excluded, Some(Exclusion::Unreachable { .. })));
+    assert!(d.scoring.candidate(Transport::Staged).excluded.is_none(), "staged serves a node without P2P");
     assert!(r.route(5, Op::Put, KIB).is_ok());
     let d = r.decide(5, Op::Put, KIB).expect("routable");
-    assert!(matches!(
-        d.scoring.candidate(Transport::Staged).excluded,
-        Some(Exclusion::Unreachable { .. })
-    ));
+    assert!(matches!(d.scoring.candidate(Transport::Staged).excluded, Some(Exclusion::Unreachable { .. })));
 }
 
 #[test]
@@ -188,10 +129,7 @@ fn topology_of_4096_pes_is_small_and_routes_every_peer() {
     // Linear in the PEs: a coordinate table, not 4096 bitmaps per level (16 MiB); the allocator's
     // count is in route_memory.rs.
     assert!(t.heap_bytes() <= 1 << 20, "{} B", t.heap_bytes());
-    assert_eq!(
-        t.bitmap(0, DistanceLevel::Rack).expect("in range").count(),
-        64
-    );
+    assert_eq!(t.bitmap(0, DistanceLevel::Rack).expect("in range").count(), 64);
     assert_eq!(t.distance(0, 4095).ok(), Some(DistanceLevel::Spine), "another spine, one cluster");
     assert_eq!(t.distance(0, 1023).ok(), Some(DistanceLevel::Spine));
     let mut r = router(t, 0, RouteConfig::default());
@@ -213,35 +151,20 @@ fn one_sided_claim_falls_to_next_level_with_warning() {
     let t = topology_from_facts(&facts, None).expect("valid");
     let logs = Captured::default();
     let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let (level, info) = tracing::subscriber::with_default(subscriber, || {
-        (
-            t.distance(0, 1).expect("in range"),
-            t.distance_info(1, 0).expect("in range"),
-        )
-    });
+    let subscriber = tracing_subscriber::fmt().with_writer(move || sink.clone()).with_ansi(false).finish();
+    let (level, info) =
+        tracing::subscriber::with_default(subscriber, || (t.distance(0, 1).expect("in range"), t.distance_info(1, 0).expect("in range")));
     assert_eq!(level, DistanceLevel::Pcie);
     assert_eq!(info.one_sided, Some((DistanceLevel::NvLink, 0)));
     assert_eq!(info.hit, Some(DistanceLevel::Pcie));
     let text = logs.text();
-    assert!(
-        text.contains("WARN") && text.contains("does not agree"),
-        "{text}"
-    );
+    assert!(text.contains("WARN") && text.contains("does not agree"), "{text}");
 
     let debug = Captured::default();
     let mut r = router(t, 1, RouteConfig::default()).with_debug_writer(Box::new(debug.clone()));
     r.route(0, Op::Put, KIB).expect("routable");
     let block = debug.text();
-    assert!(
-        block.contains(
-            "level=pcie (bitmap hit at level 2: pcie); PE 0 alone claims nvlink, not trusted"
-        ),
-        "{block}"
-    );
+    assert!(block.contains("level=pcie (bitmap hit at level 2: pcie); PE 0 alone claims nvlink, not trusted"), "{block}");
 }
 
 #[test]
@@ -249,10 +172,7 @@ fn epoch_change_invalidates_cache() {
     let t = cluster_topology();
     let (epoch, hash) = (t.epoch(), t.hash());
     let mut r = router(t.clone(), 0, RouteConfig::default());
-    assert_eq!(
-        r.route(8, Op::Put, KIB).map(|x| x.level).ok(),
-        Some(DistanceLevel::Rack)
-    );
+    assert_eq!(r.route(8, Op::Put, KIB).map(|x| x.level).ok(), Some(DistanceLevel::Rack));
     r.route(8, Op::Put, KIB).expect("cached");
     assert_eq!((r.summary().lookups, r.summary().computed), (2, 1));
 
@@ -274,17 +194,10 @@ fn epoch_change_invalidates_cache() {
     r.set_topology(changed).expect("valid");
     assert!(r.topology().epoch() > epoch);
     assert_ne!(r.topology().hash(), hash);
-    assert_eq!(
-        r.route(8, Op::Put, KIB).map(|x| x.level).ok(),
-        Some(DistanceLevel::NvLink)
-    );
+    assert_eq!(r.route(8, Op::Put, KIB).map(|x| x.level).ok(), Some(DistanceLevel::NvLink));
     let s = r.summary();
     assert_eq!(s.computed, 2);
-    assert_eq!(
-        s.switches,
-        vec![(8, 1)],
-        "nvshmem-put -> nvlink-store is one switch"
-    );
+    assert_eq!(s.switches, vec![(8, 1)], "nvshmem-put -> nvlink-store is one switch");
     assert_eq!(s.topology_hash, r.topology().hash_hex());
     assert!(s.to_string().contains("0-8: 1"), "{s}");
 }
@@ -300,10 +213,7 @@ fn weights_interpolate_with_size() {
     assert_eq!(at(2 * KIB), (3.0, 1.0), "2 KiB: still latency 3x");
     let t = (16.0 * 1024.0 - 2048.0) / (65536.0 - 2048.0);
     let (l, b) = at(16 * KIB);
-    assert!(
-        (l - (3.0 - 2.0 * t)).abs() < 1e-12 && (b - (1.0 + 2.0 * t)).abs() < 1e-12,
-        "16 KiB: ({l}, {b})"
-    );
+    assert!((l - (3.0 - 2.0 * t)).abs() < 1e-12 && (b - (1.0 + 2.0 * t)).abs() < 1e-12, "16 KiB: ({l}, {b})");
     assert!(l > b, "16 KiB is nearer the small end");
     assert_eq!(at(64 * KIB), (1.0, 3.0), "64 KiB: bandwidth 3x latency");
     assert_eq!(at(1 << 20), (1.0, 3.0), "1 MiB: bandwidth 3x");
@@ -318,89 +228,40 @@ fn weights_interpolate_with_size() {
 fn capabilities_exclude_transports() {
     let r = router(cluster_topology(), 0, RouteConfig::default());
     let d = r.decide(1, Op::Amo, 8).expect("routable");
-    assert!(matches!(
-        d.scoring.candidate(Transport::NvlinkTma).excluded,
-        Some(Exclusion::MissingCapability { .. })
-    ));
-    assert!(matches!(
-        d.scoring.candidate(Transport::Staged).excluded,
-        Some(Exclusion::MissingCapability { .. })
-    ));
+    assert!(matches!(d.scoring.candidate(Transport::NvlinkTma).excluded, Some(Exclusion::MissingCapability { .. })));
+    assert!(matches!(d.scoring.candidate(Transport::Staged).excluded, Some(Exclusion::MissingCapability { .. })));
     assert_eq!(d.scoring.candidate(Transport::NvlinkTma).score, 0.0);
     assert_eq!(d.route.transport, Transport::NvlinkStore);
     let d = r.decide(8, Op::Get, 8).expect("routable");
-    assert!(matches!(
-        d.scoring.candidate(Transport::Nccl).excluded,
-        Some(Exclusion::MissingCapability { .. })
-    ));
+    assert!(matches!(d.scoring.candidate(Transport::Nccl).excluded, Some(Exclusion::MissingCapability { .. })));
     assert_eq!(d.route.transport, Transport::NvshmemPut);
     let d = r.decide(8, Op::Amo, 8).expect("routable");
-    let usable: Vec<_> = d
-        .scoring
-        .candidates
-        .iter()
-        .filter(|c| c.excluded.is_none())
-        .map(|c| c.transport)
-        .collect();
-    assert_eq!(
-        usable,
-        vec![Transport::NvshmemPut],
-        "only NVSHMEM does remote atomics across nodes"
-    );
-    assert!(
-        d.to_string()
-            .contains("candidate=staged       score=0.000 excluded: lacks atomics"),
-        "{d}"
-    );
+    let usable: Vec<_> = d.scoring.candidates.iter().filter(|c| c.excluded.is_none()).map(|c| c.transport).collect();
+    assert_eq!(usable, vec![Transport::NvshmemPut], "only NVSHMEM does remote atomics across nodes");
+    assert!(d.to_string().contains("candidate=staged       score=0.000 excluded: lacks atomics"), "{d}");
 }
 
 #[test]
 fn forced_overrides_global_and_per_pair() {
-    let cfg = config_with(&[
-        ("HALO_FORCE_TRANSPORT", "nccl"),
-        ("HALO_ROUTE_OVERRIDE", "0-1=nvlink-tma,2-0=staged"),
-    ]);
-    assert_eq!(
-        cfg.overrides.global.as_ref().map(|g| g.source.clone()),
-        Some(WeightSource::Env("HALO_FORCE_TRANSPORT".into()))
-    );
+    let cfg = config_with(&[("HALO_FORCE_TRANSPORT", "nccl"), ("HALO_ROUTE_OVERRIDE", "0-1=nvlink-tma,2-0=staged")]);
+    assert_eq!(cfg.overrides.global.as_ref().map(|g| g.source.clone()), Some(WeightSource::Env("HALO_FORCE_TRANSPORT".into())));
     let mut r = router(cluster_topology(), 0, cfg.clone());
     let got = |r: &mut Router, peer| r.route(peer, Op::Put, KIB).expect("routable");
-    assert_eq!(
-        (got(&mut r, 1).transport, got(&mut r, 1).reason),
-        (Transport::NvlinkTma, RouteReason::Forced)
-    );
-    assert_eq!(
-        got(&mut r, 2).transport,
-        Transport::Staged,
-        "pairs are unordered"
-    );
-    assert_eq!(
-        got(&mut r, 3).transport,
-        Transport::Nccl,
-        "global force for the rest"
-    );
+    assert_eq!((got(&mut r, 1).transport, got(&mut r, 1).reason), (Transport::NvlinkTma, RouteReason::Forced));
+    assert_eq!(got(&mut r, 2).transport, Transport::Staged, "pairs are unordered");
+    assert_eq!(got(&mut r, 3).transport, Transport::Nccl, "global force for the rest");
     assert_eq!(got(&mut r, 300).transport, Transport::Nccl);
     let d = r.decide(3, Op::Put, KIB).expect("routable");
-    assert!(
-        d.to_string()
-            .contains("(forced by env HALO_FORCE_TRANSPORT)"),
-        "{d}"
-    );
+    assert!(d.to_string().contains("(forced by env HALO_FORCE_TRANSPORT)"), "{d}");
 
     // Command line beats environment for the same pair.
     let mut cli = cfg.clone();
-    cli.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()])
-        .expect("valid");
+    cli.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("valid");
     let mut r = router(cluster_topology(), 0, cli);
     assert_eq!(got(&mut r, 1).transport, Transport::NvshmemPut);
 
     // A forced transport that cannot serve the pair is an error naming the override, not a hang.
-    let mut r = router(
-        cluster_topology(),
-        0,
-        config_with(&[("HALO_FORCE_TRANSPORT", "nvlink-store")]),
-    );
+    let mut r = router(cluster_topology(), 0, config_with(&[("HALO_FORCE_TRANSPORT", "nvlink-store")]));
     assert_eq!(got(&mut r, 1).transport, Transport::NvlinkStore);
     match r.route(8, Op::Put, KIB) {
         Err(RouteError::ForcedUnusable { transport, by, .. }) => {
@@ -416,37 +277,20 @@ fn failover_and_recovery_after_decay() {
     let clock = ManualClock::new();
     let cfg = config_with(&[("HALO_ROUTE_HALF_LIFE_S", "10")]);
     let debug = Captured::default();
-    let mut r = router(cluster_topology(), 0, cfg)
-        .with_clock(Arc::new(clock.clone()))
-        .with_debug_writer(Box::new(debug.clone()));
+    let mut r = router(cluster_topology(), 0, cfg).with_clock(Arc::new(clock.clone())).with_debug_writer(Box::new(debug.clone()));
     let pick = |r: &mut Router| r.route(1, Op::Put, KIB).expect("never aborts");
     assert_eq!(pick(&mut r).transport, Transport::NvlinkStore);
 
     r.record(1, Transport::NvlinkStore, Outcome::Failure);
-    assert_eq!(
-        pick(&mut r).transport,
-        Transport::NvlinkTma,
-        "next best after a failure"
-    );
-    assert!(
-        debug.text().contains("excluded: recently failed"),
-        "{}",
-        debug.text()
-    );
-    assert_eq!(
-        r.route(2, Op::Put, KIB).map(|x| x.transport).ok(),
-        Some(Transport::NvlinkStore),
-        "other peers unaffected"
-    );
+    assert_eq!(pick(&mut r).transport, Transport::NvlinkTma, "next best after a failure");
+    assert!(debug.text().contains("excluded: recently failed"), "{}", debug.text());
+    assert_eq!(r.route(2, Op::Put, KIB).map(|x| x.transport).ok(), Some(Transport::NvlinkStore), "other peers unaffected");
 
     r.record(1, Transport::NvlinkTma, Outcome::Failure);
     r.record(1, Transport::NvshmemPut, Outcome::Timeout);
     r.record(1, Transport::NvshmemPut, Outcome::Timeout);
     let third = pick(&mut r).transport;
-    assert!(
-        matches!(third, Transport::Staged | Transport::Nccl),
-        "got {third}"
-    );
+    assert!(matches!(third, Transport::Staged | Transport::Nccl), "got {third}");
 
     // Everything usable failed: still a route (the least-failed best), never an abort.
     r.record(1, Transport::Staged, Outcome::Failure);
@@ -456,10 +300,7 @@ fn failover_and_recovery_after_decay() {
     // Ten half-lives later the counts are ~0.001 and the first choice is back, via the recheck.
     clock.advance(Duration::from_secs(100));
     let back = pick(&mut r);
-    assert_eq!(
-        (back.transport, back.reason),
-        (Transport::NvlinkStore, RouteReason::Scored)
-    );
+    assert_eq!((back.transport, back.reason), (Transport::NvlinkStore, RouteReason::Scored));
     let s = r.summary();
     assert_eq!(s.switches.first().map(|(p, _)| *p), Some(1));
     assert!(s.switches[0].1 >= 3, "{s}");
@@ -471,24 +312,13 @@ fn cached_decision_is_rechecked_as_failures_decay() {
     let cfg = config_with(&[("HALO_ROUTE_HALF_LIFE_S", "8")]);
     let mut r = router(cluster_topology(), 0, cfg).with_clock(Arc::new(clock.clone()));
     r.record(1, Transport::NvlinkStore, Outcome::Failure);
-    assert_eq!(
-        r.route(1, Op::Put, KIB).map(|x| x.transport).ok(),
-        Some(Transport::NvlinkTma)
-    );
+    assert_eq!(r.route(1, Op::Put, KIB).map(|x| x.transport).ok(), Some(Transport::NvlinkTma));
     let computed = r.summary().computed;
     r.route(1, Op::Put, KIB).expect("cached");
-    assert_eq!(
-        r.summary().computed,
-        computed,
-        "a hit within the recheck interval"
-    );
+    assert_eq!(r.summary().computed, computed, "a hit within the recheck interval");
     clock.advance(Duration::from_secs(3));
     r.route(1, Op::Put, KIB).expect("rechecked");
-    assert_eq!(
-        r.summary().computed,
-        computed + 1,
-        "recheck after a quarter half-life"
-    );
+    assert_eq!(r.summary().computed, computed + 1, "recheck after a quarter half-life");
 }
 
 #[test]
@@ -510,76 +340,30 @@ fn config_file_env_precedence_with_sources() {
     };
     let c = RouteConfig::load(Some(&file), &env).expect("valid");
     let w = &c.weights;
-    assert_eq!(
-        (w.latency.value, &w.latency.source),
-        (6.0, &WeightSource::Env("HALO_ROUTE_W_LATENCY".into()))
-    );
-    assert_eq!(
-        (w.bandwidth.value, &w.bandwidth.source),
-        (4.0, &WeightSource::File(file.clone()))
-    );
-    assert_eq!(
-        (w.small_bytes.value, &w.small_bytes.source),
-        (4096, &WeightSource::File(file.clone()))
-    );
-    assert_eq!(
-        (w.large_bytes.value, &w.large_bytes.source),
-        (131072, &WeightSource::Env("HALO_ROUTE_LARGE_BYTES".into()))
-    );
-    assert_eq!(
-        (w.topology.value, &w.topology.source),
-        (1.0, &WeightSource::Default)
-    );
+    assert_eq!((w.latency.value, &w.latency.source), (6.0, &WeightSource::Env("HALO_ROUTE_W_LATENCY".into())));
+    assert_eq!((w.bandwidth.value, &w.bandwidth.source), (4.0, &WeightSource::File(file.clone())));
+    assert_eq!((w.small_bytes.value, &w.small_bytes.source), (4096, &WeightSource::File(file.clone())));
+    assert_eq!((w.large_bytes.value, &w.large_bytes.source), (131072, &WeightSource::Env("HALO_ROUTE_LARGE_BYTES".into())));
+    assert_eq!((w.topology.value, &w.topology.source), (1.0, &WeightSource::Default));
     assert_eq!(c.half_life_s.source, WeightSource::File(file.clone()));
-    assert_eq!(
-        c.overrides.global.as_ref().map(|g| g.value),
-        Some(Transport::NvshmemPut),
-        "env beats file"
-    );
+    assert_eq!(c.overrides.global.as_ref().map(|g| g.value), Some(Transport::NvshmemPut), "env beats file");
     assert_eq!(c.overrides.pairs.len(), 1);
-    assert_eq!(
-        c.calibration.as_ref().map(|p| p.value.clone()),
-        Some(dir.join("cal.json")),
-        "relative to the file"
-    );
+    assert_eq!(c.calibration.as_ref().map(|p| p.value.clone()), Some(dir.join("cal.json")), "relative to the file");
     let lines = c.describe().join("\n");
-    assert!(
-        lines.contains("latency weight (small messages) = 6 (env HALO_ROUTE_W_LATENCY)"),
-        "{lines}"
-    );
-    assert!(
-        lines.contains(&format!(
-            "bandwidth weight (large messages) = 4 (file {})",
-            file.display()
-        )),
-        "{lines}"
-    );
+    assert!(lines.contains("latency weight (small messages) = 6 (env HALO_ROUTE_W_LATENCY)"), "{lines}");
+    assert!(lines.contains(&format!("bandwidth weight (large messages) = 4 (file {})", file.display())), "{lines}");
     assert!(lines.contains("topology weight = 1 (default)"), "{lines}");
 
     // HALO_ROUTE_CONFIG names the file when the caller passes none.
     let via_env = |k: &str| (k == "HALO_ROUTE_CONFIG").then(|| file.display().to_string());
-    assert_eq!(
-        RouteConfig::load(None, &via_env)
-            .expect("valid")
-            .weights
-            .latency
-            .value,
-        5.0
-    );
+    assert_eq!(RouteConfig::load(None, &via_env).expect("valid").weights.latency.value, 5.0);
     // The calibration file it names does not exist: the router says so instead of running on defaults.
-    assert!(matches!(
-        Router::new(0, Arc::new(cluster_topology()), c),
-        Err(RouteError::Io { .. })
-    ));
+    assert!(matches!(Router::new(0, Arc::new(cluster_topology()), c), Err(RouteError::Io { .. })));
 
     // Bad values are errors that name the variable.
-    let bad = RouteConfig::load(None, &|k| {
-        (k == "HALO_ROUTE_W_TOPOLOGY").then(|| "-1".to_owned())
-    });
+    let bad = RouteConfig::load(None, &|k| (k == "HALO_ROUTE_W_TOPOLOGY").then(|| "-1".to_owned()));
     assert!(bad.is_err());
-    let bad = RouteConfig::load(None, &|k| {
-        (k == "HALO_FORCE_TRANSPORT").then(|| "tcp".to_owned())
-    });
+    let bad = RouteConfig::load(None, &|k| (k == "HALO_FORCE_TRANSPORT").then(|| "tcp".to_owned()));
     assert!(matches!(bad, Err(RouteError::Env { ref var, .. }) if var == "HALO_FORCE_TRANSPORT"));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -596,15 +380,9 @@ fn calibration_file_changes_the_choice() {
             {"transport":"nvshmem-put","level":"nvlink","bytes":0,"latency_us":0.4,"bandwidth_gbs":500.0,"samples":10}]}"#,
     )
     .expect("write calibration");
-    let cfg = config_with(&[(
-        "HALO_ROUTE_CALIBRATION",
-        cal.to_str().expect("utf-8 temp path"),
-    )]);
+    let cfg = config_with(&[("HALO_ROUTE_CALIBRATION", cal.to_str().expect("utf-8 temp path"))]);
     let mut r = router(cluster_topology(), 0, cfg);
-    assert_eq!(
-        r.route(1, Op::Put, 1 << 20).map(|x| x.transport).ok(),
-        Some(Transport::NvshmemPut)
-    );
+    assert_eq!(r.route(1, Op::Put, 1 << 20).map(|x| x.transport).ok(), Some(Transport::NvshmemPut));
     let d = r.decide(1, Op::Put, 1 << 20).expect("routable");
     assert!(d.scoring.candidate(Transport::NvshmemPut).calibrated);
     assert!(!d.scoring.candidate(Transport::NvlinkTma).calibrated);
@@ -615,14 +393,8 @@ fn calibration_file_changes_the_choice() {
 #[test]
 fn topology_file_errors_are_specific() {
     let p = Path::new("t.toml");
-    let e = TopologyFile::parse(
-        "[[spine]]\nname = \"s\"\n[[spine.leaf]]\nname = \"l\"\nnodez = []\n",
-        p,
-    );
-    assert!(
-        matches!(e, Err(RouteError::BadFile { .. })),
-        "unknown keys are errors"
-    );
+    let e = TopologyFile::parse("[[spine]]\nname = \"s\"\n[[spine.leaf]]\nname = \"l\"\nnodez = []\n", p);
+    assert!(matches!(e, Err(RouteError::BadFile { .. })), "unknown keys are errors");
     let dup = "[[spine]]\nname = \"s\"\n[[spine.leaf]]\nname = \"l\"\nnodes = [\"a\", \"a\"]\n";
     let f = TopologyFile::parse(dup, p).expect("parses");
     assert!(f.fabric(p).is_err(), "a node listed twice");
@@ -652,10 +424,7 @@ fn real_h200_calibration_unmeasured_defaults_do_not_win() {
         assert_eq!(nccl.excluded, Some(Exclusion::NotMeasured), "{bytes} B:\n{d}");
         assert!(!nccl.calibrated && nccl.score == 0.0);
         assert!(d.scoring.candidate(d.route.transport).calibrated);
-        assert!(
-            d.to_string().contains("candidate=nccl         score=0.000 excluded: default, not measured"),
-            "{d}"
-        );
+        assert!(d.to_string().contains("candidate=nccl         score=0.000 excluded: default, not measured"), "{d}");
         assert_eq!(r.route(1, Op::Put, bytes).map(|x| x.transport).ok(), Some(d.route.transport));
     }
     // Nothing measured at the same GPU: the defaults compete there as before.
@@ -665,9 +434,7 @@ fn real_h200_calibration_unmeasured_defaults_do_not_win() {
 
     // An unmeasured transport still serves a pair no measured one can: here, a caller that has
     // only NCCL.
-    let only = r
-        .decide_among(1, Op::Put, KIB, TransportSet::of(&[Transport::Nccl]))
-        .expect("nccl alone can route");
+    let only = r.decide_among(1, Op::Put, KIB, TransportSet::of(&[Transport::Nccl])).expect("nccl alone can route");
     assert_eq!((only.route.transport, only.route.reason), (Transport::Nccl, RouteReason::Scored));
     // ... and is the failover when every measured transport failed recently.
     let mut f = router(topo.clone(), 0, h200_calibration());

@@ -402,9 +402,7 @@ pub fn allow_next_kernel() {
 pub unsafe fn atomic_inc_acq_rel_gpu(ptr: *mut u32, limit: u32) -> u32 {
     let old: u32;
     // SAFETY: the caller guarantees `ptr`.
-    unsafe {
-        asm!("atom.acq_rel.gpu.global.inc.u32 {o}, [{p}], {l};", o = out(reg32) old, p = in(reg64) ptr, l = in(reg32) limit, options(nostack))
-    };
+    unsafe { asm!("atom.acq_rel.gpu.global.inc.u32 {o}, [{p}], {l};", o = out(reg32) old, p = in(reg64) ptr, l = in(reg32) limit, options(nostack)) };
     old
 }
 
@@ -417,9 +415,7 @@ pub unsafe fn atomic_inc_acq_rel_gpu(ptr: *mut u32, limit: u32) -> u32 {
 pub unsafe fn atomic_add_acq_rel_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
     let old: u32;
     // SAFETY: the caller guarantees `ptr`.
-    unsafe {
-        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack))
-    };
+    unsafe { asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
     old
 }
 
@@ -479,9 +475,7 @@ pub unsafe fn atomic_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) {
 pub unsafe fn atomic_fetch_add_relaxed_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
     let old: u32;
     // SAFETY: the caller guarantees `ptr`.
-    unsafe {
-        asm!("atom.relaxed.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack))
-    };
+    unsafe { asm!("atom.relaxed.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) ptr, v = in(reg32) value, options(nostack)) };
     old
 }
 

@@ -8,15 +8,7 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(
-        abi_ptx,
-        asm_experimental_arch,
-        stdarch_nvptx,
-        link_llvm_intrinsics,
-        gpu_intrinsics,
-        gpu_launch_sized_workgroup_mem,
-        core_intrinsics
-    ),
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, link_llvm_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem, core_intrinsics),
     allow(internal_features)
 )]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]

@@ -263,7 +263,13 @@ pub fn parse_suites(table: &str) -> std::result::Result<Vec<SuiteLine<'_>>, Stri
             "nz" => None,
             e => Some(e.parse().map_err(|_| bad("EXPECT is an exit status or `nz`"))?),
         };
-        let words: Vec<&str> = w[5..].iter().copied().skip_while(|x| x.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))).collect();
+        let words: Vec<&str> = w[5..]
+            .iter()
+            .copied()
+            .skip_while(|x| {
+                x.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            })
+            .collect();
         if words.is_empty() {
             return Err(bad("no command after the environment"));
         }
@@ -325,13 +331,15 @@ mod tests {
                 let name = l.split(['(', ',', ' ', '{']).next()?;
                 (!l.starts_with("//") && !l.starts_with('#') && name.chars().next()?.is_ascii_uppercase()).then_some(name)
             })
-            .map(|n| n.chars().enumerate().fold(String::new(), |mut s, (i, c)| {
-                if c.is_ascii_uppercase() && i > 0 {
-                    s.push('-');
-                }
-                s.push(c.to_ascii_lowercase());
-                s
-            }))
+            .map(|n| {
+                n.chars().enumerate().fold(String::new(), |mut s, (i, c)| {
+                    if c.is_ascii_uppercase() && i > 0 {
+                        s.push('-');
+                    }
+                    s.push(c.to_ascii_lowercase());
+                    s
+                })
+            })
             .collect()
     }
 
@@ -360,7 +368,10 @@ mod tests {
             let at = format!("{} ({:?})", l.suite, l.words);
             for w in &l.words {
                 if let Some(i) = w.find('@') {
-                    assert!(placeholders.iter().any(|p| w[i..].starts_with(p)) || w.contains(":3@") || w[..i].contains(':'), "{at}: unknown placeholder in {w}");
+                    assert!(
+                        placeholders.iter().any(|p| w[i..].starts_with(p)) || w.contains(":3@") || w[..i].contains(':'),
+                        "{at}: unknown placeholder in {w}"
+                    );
                 }
             }
             let rest = &l.words[1..];
@@ -369,7 +380,10 @@ mod tests {
                     let bins: Vec<&&str> = rest.iter().take_while(|w| **w != "--").collect();
                     assert!(!bins.is_empty(), "{at}: `tests` names no binary");
                     for b in bins {
-                        assert!(*b == "all" || *b == "halo-downstream" || GPU_TESTS.contains(b), "{at}: {b} is not a GPU test binary of the bundle ({GPU_TESTS:?})");
+                        assert!(
+                            *b == "all" || *b == "halo-downstream" || GPU_TESTS.contains(b),
+                            "{at}: {b} is not a GPU test binary of the bundle ({GPU_TESTS:?})"
+                        );
                     }
                 }
                 "halo" => check_halo(rest, &subs).unwrap_or_else(|e| panic!("{at}: {e}")),
@@ -463,7 +477,10 @@ mod tests {
             &[
                 // As a test binary on one thread prints: `test NAME ... `, what the test wrote to
                 // stderr itself (a SKIPPED line), then the result.
-                ("gpu_a", "echo 'test one ... ok'; printf 'test two ... '; echo 'SKIPPED (needs 2 GPUs) [two_pes_on_two_gpus]: 1 present' >&2; echo ok; echo 'test three ... ok'"),
+                (
+                    "gpu_a",
+                    "echo 'test one ... ok'; printf 'test two ... '; echo 'SKIPPED (needs 2 GPUs) [two_pes_on_two_gpus]: 1 present' >&2; echo ok; echo 'test three ... ok'",
+                ),
                 (
                     "gpu_b",
                     "echo 'test good ... ok'; printf 'test nve ... '; echo 'SKIPPED (long tier) [nve_drift]: set HALO_TEST_TIER=long to run it' >&2; echo ok; \

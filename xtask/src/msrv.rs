@@ -11,7 +11,10 @@ pub fn declared(manifest: &str) -> Result<String> {
     for line in manifest.lines().map(str::trim) {
         if line.starts_with('[') {
             in_package = line == "[workspace.package]";
-        } else if in_package && let Some((key, value)) = line.split_once('=') && key.trim() == "rust-version" {
+        } else if in_package
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim() == "rust-version"
+        {
             let version = value.trim().trim_matches('"');
             if version.is_empty() || !version.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
                 bail!("rust-version = {} in [workspace.package] is not a Rust version such as \"1.88\"", value.trim());

@@ -136,9 +136,7 @@ impl Decomposition {
     pub fn new(grid: [usize; 3], ranks: [usize; 3]) -> Result<Self> {
         for d in 0..3 {
             if grid[d] == 0 || ranks[d] == 0 {
-                return Err(HaloError::InvalidInput(format!(
-                    "grid {grid:?} and rank grid {ranks:?} need positive sizes"
-                )));
+                return Err(HaloError::InvalidInput(format!("grid {grid:?} and rank grid {ranks:?} need positive sizes")));
             }
             if ranks[d] > grid[d] {
                 return Err(HaloError::InvalidInput(format!(
@@ -152,29 +150,14 @@ impl Decomposition {
         let nranks = ranks.iter().product::<usize>();
         let blocks: Vec<Block> = (0..nranks)
             .map(|r| {
-                let coords = [
-                    r % ranks[0],
-                    (r / ranks[0]) % ranks[1],
-                    r / (ranks[0] * ranks[1]),
-                ];
+                let coords = [r % ranks[0], (r / ranks[0]) % ranks[1], r / (ranks[0] * ranks[1])];
                 let bound = |d: usize, c: usize| c * grid[d] / ranks[d];
-                let start = [
-                    bound(0, coords[0]),
-                    bound(1, coords[1]),
-                    bound(2, coords[2]),
-                ];
+                let start = [bound(0, coords[0]), bound(1, coords[1]), bound(2, coords[2])];
                 let extent = [0, 1, 2].map(|d| bound(d, coords[d] + 1) - start[d]);
-                Block {
-                    coords,
-                    start,
-                    extent,
-                }
+                Block { coords, start, extent }
             })
             .collect();
-        let pulses: Vec<(usize, Direction)> = (0..3)
-            .filter(|&d| ranks[d] > 1)
-            .flat_map(|d| [(d, Direction::Down), (d, Direction::Up)])
-            .collect();
+        let pulses: Vec<(usize, Direction)> = (0..3).filter(|&d| ranks[d] > 1).flat_map(|d| [(d, Direction::Down), (d, Direction::Up)]).collect();
         // Where each pulse's received cells start, per rank.
         let offsets: Vec<Vec<usize>> = blocks
             .iter()
@@ -190,25 +173,11 @@ impl Decomposition {
                     .collect()
             })
             .collect();
-        let mut this = Self {
-            grid,
-            ranks,
-            blocks,
-            pulses,
-            halos: Vec::new(),
-            neighbours: Vec::new(),
-        };
+        let mut this = Self { grid, ranks, blocks, pulses, halos: Vec::new(), neighbours: Vec::new() };
         for (r, b) in this.blocks.iter().enumerate() {
-            let total = b.cells()
-                + this
-                    .pulses
-                    .iter()
-                    .map(|&(d, _)| b.face_cells(d))
-                    .sum::<usize>();
+            let total = b.cells() + this.pulses.iter().map(|&(d, _)| b.face_cells(d)).sum::<usize>();
             if total > u32::MAX as usize {
-                return Err(HaloError::InvalidInput(format!(
-                    "rank {r} holds {total} cells, more than u32 indices reach"
-                )));
+                return Err(HaloError::InvalidInput(format!("rank {r} holds {total} cells, more than u32 indices reach")));
             }
             let specs = this
                 .pulses
@@ -216,16 +185,8 @@ impl Decomposition {
                 .enumerate()
                 .map(|(p, &(d, dir))| {
                     let (to, from, at) = match dir {
-                        Direction::Down => (
-                            this.neighbour_rank(r, d, -1),
-                            this.neighbour_rank(r, d, 1),
-                            0,
-                        ),
-                        Direction::Up => (
-                            this.neighbour_rank(r, d, 1),
-                            this.neighbour_rank(r, d, -1),
-                            b.extent[d] - 1,
-                        ),
+                        Direction::Down => (this.neighbour_rank(r, d, -1), this.neighbour_rank(r, d, 1), 0),
+                        Direction::Up => (this.neighbour_rank(r, d, 1), this.neighbour_rank(r, d, -1), b.extent[d] - 1),
                     };
                     PulseSpec {
                         send_rank: to,
@@ -239,15 +200,9 @@ impl Decomposition {
                     }
                 })
                 .collect();
-            this.halos.push(RankHalo {
-                home_atoms: b.cells(),
-                total_atoms: total,
-                pulses: specs,
-            });
+            this.halos.push(RankHalo { home_atoms: b.cells(), total_atoms: total, pulses: specs });
         }
-        this.neighbours = (0..nranks)
-            .map(|r| this.neighbour_table(r, &offsets[r]))
-            .collect();
+        this.neighbours = (0..nranks).map(|r| this.neighbour_table(r, &offsets[r])).collect();
         halo::exchange::spec::validate(&this.halos)?;
         Ok(this)
     }
@@ -288,13 +243,7 @@ impl Decomposition {
 
     /// Each rank's interior values cut out of a global field.
     pub fn scatter<T: Copy>(&self, global: &[T]) -> Vec<Vec<T>> {
-        (0..self.nranks())
-            .map(|r| {
-                (0..self.blocks[r].cells())
-                    .map(|i| global[self.global_of(r, i)])
-                    .collect()
-            })
-            .collect()
+        (0..self.nranks()).map(|r| (0..self.blocks[r].cells()).map(|i| global[self.global_of(r, i)]).collect()).collect()
     }
 
     /// The global field put together from every rank's interior values (`local[r]` may be longer:
@@ -334,11 +283,7 @@ impl Decomposition {
                     }
                     // Below the block: the lower ghost plane, which the *up* pulse fills (the lower
                     // neighbour sends its upper face). Above: the upper ghost plane, from *down*.
-                    let dir = if n < 0 {
-                        Direction::Up
-                    } else {
-                        Direction::Down
-                    };
+                    let dir = if n < 0 { Direction::Up } else { Direction::Down };
                     // `d` is decomposed (ranks[d] > 1), so both of its pulses exist.
                     let p = self.pulse_index(d, dir).unwrap_or_default();
                     (offsets[p] + b.face_index(c, d)) as u32
@@ -377,9 +322,7 @@ mod tests {
             // Every cell carries its global index + 1 (0 = never written).
             let mut f: Vec<Vec<u64>> = (0..d.nranks())
                 .map(|r| {
-                    let mut v: Vec<u64> = (0..d.blocks[r].cells())
-                        .map(|i| d.global_of(r, i) as u64 + 1)
-                        .collect();
+                    let mut v: Vec<u64> = (0..d.blocks[r].cells()).map(|i| d.global_of(r, i) as u64 + 1).collect();
                     v.resize(d.halos[r].total_atoms, 0);
                     v
                 })
@@ -387,15 +330,8 @@ mod tests {
             let writes = exchange_forward(&d.halos, &mut f);
             for r in 0..d.nranks() {
                 let (home, total) = (d.halos[r].home_atoms, d.halos[r].total_atoms);
-                assert!(
-                    writes[r][..home].iter().all(|&w| w == 0),
-                    "{grid:?}/{ranks:?} rank {r}: an interior cell was overwritten"
-                );
-                assert!(
-                    writes[r][home..total].iter().all(|&w| w == 1),
-                    "{grid:?}/{ranks:?} rank {r}: a ghost cell written {:?}",
-                    &writes[r][home..]
-                );
+                assert!(writes[r][..home].iter().all(|&w| w == 0), "{grid:?}/{ranks:?} rank {r}: an interior cell was overwritten");
+                assert!(writes[r][home..total].iter().all(|&w| w == 1), "{grid:?}/{ranks:?} rank {r}: a ghost cell written {:?}", &writes[r][home..]);
                 let b = &d.blocks[r];
                 for i in 0..b.cells() {
                     let l = b.local_coords(i);
@@ -404,24 +340,15 @@ mod tests {
                         g[dim] = (g[dim] as i64 + step).rem_euclid(grid[dim] as i64) as usize;
                         let want = d.global_index(g) as u64 + 1;
                         let got = f[r][d.neighbours[r][i][k] as usize];
-                        assert_eq!(
-                            got, want,
-                            "{grid:?}/{ranks:?} rank {r} cell {l:?} direction {k}"
-                        );
+                        assert_eq!(got, want, "{grid:?}/{ranks:?} rank {r} cell {l:?} direction {k}");
                     }
                 }
             }
             // Ghost cells are exactly what the neighbour tables read: nothing is sent in vain.
             for r in 0..d.nranks() {
                 let mut read = vec![false; d.halos[r].total_atoms];
-                d.neighbours[r]
-                    .iter()
-                    .flatten()
-                    .for_each(|&j| read[j as usize] = true);
-                assert!(
-                    read[d.halos[r].home_atoms..].iter().all(|&x| x),
-                    "{grid:?}/{ranks:?} rank {r}: an unread ghost cell"
-                );
+                d.neighbours[r].iter().flatten().for_each(|&j| read[j as usize] = true);
+                assert!(read[d.halos[r].home_atoms..].iter().all(|&x| x), "{grid:?}/{ranks:?} rank {r}: an unread ghost cell");
             }
         }
     }
@@ -432,10 +359,7 @@ mod tests {
             let d = Decomposition::new(grid, ranks).unwrap();
             let decomposed = ranks.iter().filter(|&&r| r > 1).count();
             assert_eq!(d.pulses.len(), 2 * decomposed);
-            assert_eq!(
-                d.blocks.iter().map(Block::cells).sum::<usize>(),
-                d.global_cells()
-            );
+            assert_eq!(d.blocks.iter().map(Block::cells).sum::<usize>(), d.global_cells());
             for (r, h) in d.halos.iter().enumerate() {
                 assert_eq!(h.pulses.len(), 2 * decomposed);
                 // Ghosts are appended pulse by pulse, right after the interior.
@@ -448,11 +372,7 @@ mod tests {
                 assert_eq!(at, h.total_atoms);
                 let extents = &d.blocks[r].extent;
                 assert!(
-                    extents
-                        .iter()
-                        .zip(&ranks)
-                        .zip(&grid)
-                        .all(|((&e, &n), &g)| e == g / n || e == g / n + 1),
+                    extents.iter().zip(&ranks).zip(&grid).all(|((&e, &n), &g)| e == g / n || e == g / n + 1),
                     "block sizes differ by at most one"
                 );
             }
@@ -467,21 +387,14 @@ mod tests {
                 let u0 = init.values(grid);
                 let want = reference::run_global(grid, &u0, 0.15, 5);
                 let got = d.gather(&reference::run_decomposed(&d, &u0, 0.15, 5));
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{grid:?}/{ranks:?} {init:?}"
-                );
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{grid:?}/{ranks:?} {init:?}");
             }
         }
     }
 
     #[test]
     fn bad_shapes_are_refused_with_a_reason() {
-        let e = Decomposition::new([4, 4, 4], [5, 1, 1])
-            .unwrap_err()
-            .to_string();
+        let e = Decomposition::new([4, 4, 4], [5, 1, 1]).unwrap_err().to_string();
         assert!(e.contains("5 ranks along x but only 4 cells"), "{e}");
         assert!(Decomposition::new([0, 4, 4], [1, 1, 1]).is_err());
         assert!(Decomposition::new([4, 4, 4], [1, 0, 1]).is_err());

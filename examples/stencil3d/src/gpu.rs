@@ -67,15 +67,7 @@ pub struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
-        Self {
-            grid: [64, 64, 64],
-            ranks: [2, 2, 2],
-            iterations: 100,
-            alpha: 0.1,
-            init: InitialField::Random(1),
-            repeats: 5,
-            tolerance: 0.0,
-        }
+        Self { grid: [64, 64, 64], ranks: [2, 2, 2], iterations: 100, alpha: 0.1, init: InitialField::Random(1), repeats: 5, tolerance: 0.0 }
     }
 }
 
@@ -216,10 +208,7 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
             let ctx = ex.module(r).context().clone();
             let ev = |timing: bool| {
                 let flags = timing.then_some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                ctx.new_event(flags).map_err(|source| HaloError::Cuda {
-                    what: "creating an event".into(),
-                    source,
-                })
+                ctx.new_event(flags).map_err(|source| HaloError::Cuda { what: "creating an event".into(), source })
             };
             ranks.push(RankState {
                 rank: r,
@@ -230,13 +219,7 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
                 end: ev(true)?,
             });
         }
-        Ok(Self {
-            ex,
-            decomp,
-            ranks,
-            alpha,
-            step: 0,
-        })
+        Ok(Self { ex, decomp, ranks, alpha, step: 0 })
     }
 
     /// Uploads every driven rank's interior of `u0` into the buffer step 0 reads.
@@ -255,33 +238,19 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
         if self.step > 0 {
             for s in &self.ranks {
                 let stream = self.ex.stream(e, s.rank);
-                stream.wait(&s.done[o]).map_err(|source| HaloError::Cuda {
-                    what: "ordering the two exchange streams".into(),
-                    source,
-                })?;
+                stream.wait(&s.done[o]).map_err(|source| HaloError::Cuda { what: "ordering the two exchange streams".into(), source })?;
             }
         }
         self.ex.exchange_forward(e, transport)?;
         for s in &self.ranks {
             let stream = self.ex.stream(e, s.rank);
-            let (mut u_in, mut u_out, mut nb, mut n, mut alpha) = (
-                self.ex.field(e, s.rank).device_ptr(),
-                self.ex.field(o, s.rank).device_ptr(),
-                s.neighbours.device_ptr(),
-                s.interior,
-                self.alpha,
-            );
+            let (mut u_in, mut u_out, mut nb, mut n, mut alpha) =
+                (self.ex.field(e, s.rank).device_ptr(), self.ex.field(o, s.rank).device_ptr(), s.neighbours.device_ptr(), s.interior, self.alpha);
             let mut args = halo::kernel_args![u_in, u_out, nb, n, alpha];
             let shape = LaunchShape::for_items(s.interior as usize, MAX_GATHER_BLOCKS);
             let module = self.ex.module(s.rank);
             // Ranks may sit on different GPUs: launch in this rank's context.
-            module
-                .context()
-                .bind_to_thread()
-                .map_err(|source| HaloError::Cuda {
-                    what: "binding the context".into(),
-                    source,
-                })?;
+            module.context().bind_to_thread().map_err(|source| HaloError::Cuda { what: "binding the context".into(), source })?;
             debug_assert_eq!(shape.block, BLOCK_SIZE);
             // SAFETY: the arguments match `jacobi7(u_in: *const f32, u_out: *mut f32,
             // neighbours: *const [u32; 6], n: u32, alpha: f32)`. Every neighbour index is below the
@@ -292,10 +261,7 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
             // are dropped after `finish` synchronised the streams (on an error path, `cuMemFree`
             // waits for the device before releasing memory).
             unsafe { module.launch(abi::JACOBI7, shape, stream, &mut args)? };
-            s.done[e].record(stream).map_err(|source| HaloError::Cuda {
-                what: "recording an event".into(),
-                source,
-            })?;
+            s.done[e].record(stream).map_err(|source| HaloError::Cuda { what: "recording an event".into(), source })?;
         }
         self.step += 1;
         Ok(())
@@ -305,15 +271,7 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
     fn interiors(&mut self) -> Result<Vec<(usize, Vec<f32>)>> {
         self.ex.finish()?;
         let e = self.step % 2;
-        self.ranks
-            .iter()
-            .map(|s| {
-                Ok((
-                    s.rank,
-                    self.ex.field(e, s.rank).to_host()?[..s.interior as usize].to_vec(),
-                ))
-            })
-            .collect()
+        self.ranks.iter().map(|s| Ok((s.rank, self.ex.field(e, s.rank).to_host()?[..s.interior as usize].to_vec()))).collect()
     }
 
     /// Milliseconds per step over `steps` steps: the slowest driven rank's events.
@@ -321,35 +279,24 @@ impl<'a, E: PairedExchange> Stencil<'a, E> {
         self.ex.finish()?;
         self.ex.barrier()?;
         fn cuda(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> HaloError {
-            move |source| HaloError::Cuda {
-                what: what.to_string(),
-                source,
-            }
+            move |source| HaloError::Cuda { what: what.to_string(), source }
         }
         let first = self.step % 2;
         for s in &self.ranks {
-            s.start
-                .record(self.ex.stream(first, s.rank))
-                .map_err(cuda("recording a timing event"))?;
+            s.start.record(self.ex.stream(first, s.rank)).map_err(cuda("recording a timing event"))?;
         }
         for _ in 0..steps {
             self.step(transport)?;
         }
         let last = (self.step + 1) % 2; // the stream of the last step
         for s in &self.ranks {
-            s.end
-                .record(self.ex.stream(last, s.rank))
-                .map_err(cuda("recording a timing event"))?;
+            s.end.record(self.ex.stream(last, s.rank)).map_err(cuda("recording a timing event"))?;
         }
         let mut worst = 0.0f64;
         for s in &self.ranks {
             // The start event of a rank sits on one of its streams, the end on the other; the end
             // transitively follows the start through the per-step events.
-            worst = worst.max(
-                s.start
-                    .elapsed_ms(&s.end)
-                    .map_err(cuda("reading a timing event"))? as f64,
-            );
+            worst = worst.max(s.start.elapsed_ms(&s.end).map_err(cuda("reading a timing event"))? as f64);
         }
         self.ex.finish()?;
         Ok(worst / steps.max(1) as f64)
@@ -379,11 +326,7 @@ fn run_transport<E: PairedExchange>(
             if a.to_bits() != b.to_bits() {
                 differ += 1;
                 let d = (a - b).abs();
-                worst = if d.is_nan() {
-                    f32::INFINITY
-                } else {
-                    worst.max(d)
-                };
+                worst = if d.is_nan() { f32::INFINITY } else { worst.max(d) };
             }
         }
         errors.push((r, worst, differ));
@@ -402,11 +345,7 @@ fn run_transport<E: PairedExchange>(
         ms_per_step.push(st.timed_window(transport, cfg.iterations.max(1))?);
     }
     st.ex.finish()?;
-    Ok(TransportReport {
-        transport,
-        errors,
-        ms_per_step,
-    })
+    Ok(TransportReport { transport, errors, ms_per_step })
 }
 
 /// Whether `transport` can run with every rank in one process (the NVSHMEM put path cannot).
@@ -435,11 +374,7 @@ pub fn cpu_reference(decomp: &Decomposition, cfg: &RunConfig) -> (Vec<f32>, Vec<
 /// }
 /// # Ok::<(), halo::HaloError>(())
 /// ```
-pub fn run_local(
-    cfg: &RunConfig,
-    modules: &[Arc<KernelModule>],
-    transports: &[Transport],
-) -> Result<Vec<TransportReport>> {
+pub fn run_local(cfg: &RunConfig, modules: &[Arc<KernelModule>], transports: &[Transport]) -> Result<Vec<TransportReport>> {
     let decomp = Decomposition::new(cfg.grid, cfg.ranks)?;
     let (u0, want) = cpu_reference(&decomp, cfg);
     let mut out = Vec::new();
@@ -450,10 +385,7 @@ pub fn run_local(
                 t.name()
             )));
         }
-        let mut ex = [
-            LocalRanks::<f32>::new(decomp.halos.clone(), modules)?,
-            LocalRanks::<f32>::new(decomp.halos.clone(), modules)?,
-        ];
+        let mut ex = [LocalRanks::<f32>::new(decomp.halos.clone(), modules)?, LocalRanks::<f32>::new(decomp.halos.clone(), modules)?];
         if t == transports[0] {
             for r in ex[0].routes() {
                 println!("route: {r}");
@@ -467,17 +399,7 @@ pub fn run_local(
                 r.cap_grids((coord.max(force) / 2).max(1));
             }
         }
-        out.push(run_transport(
-            Local {
-                ex,
-                modules: modules.to_vec(),
-            },
-            &decomp,
-            cfg,
-            &u0,
-            &want,
-            t,
-        )?);
+        out.push(run_transport(Local { ex, modules: modules.to_vec() }, &decomp, cfg, &u0, &want, t)?);
     }
     Ok(out)
 }
@@ -503,14 +425,7 @@ pub fn run_pe(
     let (u0, want) = cpu_reference(&decomp, cfg);
     let mut out = Vec::new();
     for &t in transports {
-        let new = || {
-            PeExchange::<f32>::new(
-                nvshmem.clone(),
-                session.module.clone(),
-                decomp.halos.clone(),
-                PathPolicy::Routed,
-            )
-        };
+        let new = || PeExchange::<f32>::new(nvshmem.clone(), session.module.clone(), decomp.halos.clone(), PathPolicy::Routed);
         let mut ex = [new()?, new()?];
         if let Some(r) = ex[0].routes() {
             println!("route: {r}");
@@ -524,18 +439,7 @@ pub fn run_pe(
             continue;
         }
         let me = nvshmem.my_pe();
-        out.push(Ok(run_transport(
-            Pe {
-                ex,
-                module: session.module.clone(),
-                me,
-            },
-            &decomp,
-            cfg,
-            &u0,
-            &want,
-            t,
-        )?));
+        out.push(Ok(run_transport(Pe { ex, module: session.module.clone(), me }, &decomp, cfg, &u0, &want, t)?));
     }
     Ok(out)
 }

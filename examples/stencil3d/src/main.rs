@@ -19,10 +19,7 @@ use stencil3d::gpu::{RunConfig, TransportReport};
 use stencil3d::reference::InitialField;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "stencil3d",
-    about = "3-D Jacobi stencil over halo's exchange, checked against the CPU"
-)]
+#[command(name = "stencil3d", about = "3-D Jacobi stencil over halo's exchange, checked against the CPU")]
 struct Args {
     /// Global grid, NXxNYxNZ.
     #[arg(long, default_value = "64x64x64", value_parser = parse_triple)]
@@ -59,11 +56,8 @@ struct Args {
 }
 
 fn parse_triple(s: &str) -> Result<[usize; 3], String> {
-    let parts: Vec<usize> = s
-        .split('x')
-        .map(|p| p.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| format!("`{s}` is not like 64x64x64"))?;
+    let parts: Vec<usize> =
+        s.split('x').map(|p| p.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not like 64x64x64"))?;
     match parts.as_slice() {
         [a, b, c] if *a > 0 && *b > 0 && *c > 0 => Ok([*a, *b, *c]),
         _ => Err(format!("`{s}` is not three positive sizes like 64x64x64")),
@@ -90,10 +84,7 @@ fn config(args: &Args) -> Result<RunConfig> {
         bail!("--alpha must be a positive number, not {}", args.alpha);
     }
     if !(args.tolerance.is_finite() && args.tolerance >= 0.0) {
-        bail!(
-            "--tolerance must be a non-negative number, not {}",
-            args.tolerance
-        );
+        bail!("--tolerance must be a non-negative number, not {}", args.tolerance);
     }
     Ok(RunConfig {
         grid: args.grid,
@@ -123,10 +114,7 @@ fn transports(args: &Args, nvshmem: bool) -> Vec<Transport> {
     if !args.transport.is_empty() {
         return args.transport.clone();
     }
-    Transport::ALL
-        .into_iter()
-        .filter(|t| nvshmem || !t.needs_nvshmem())
-        .collect()
+    Transport::ALL.into_iter().filter(|t| nvshmem || !t.needs_nvshmem()).collect()
 }
 
 fn run_local(args: &Args, cfg: &RunConfig, nranks: usize) -> Result<()> {
@@ -135,20 +123,13 @@ fn run_local(args: &Args, cfg: &RunConfig, nranks: usize) -> Result<()> {
         bail!("--gpus {}: {present} GPU(s) present", args.gpus);
     }
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
-    let modules = (0..args.gpus)
-        .map(|i| {
-            Ok(Arc::new(halo::gpu::KernelModule::load(
-                &halo::gpu::open_device(i)?,
-                &artifacts,
-            )?))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let modules =
+        (0..args.gpus).map(|i| Ok(Arc::new(halo::gpu::KernelModule::load(&halo::gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     println!(
         "stencil3d: grid {:?}, {nranks} ranks {:?} in one process on {} GPU(s), {} steps, alpha {}, {:?}",
         cfg.grid, cfg.ranks, args.gpus, cfg.iterations, cfg.alpha, cfg.init
     );
-    let reports = stencil3d::gpu::run_local(cfg, &modules, &transports(args, false))
-        .context("stencil run")?;
+    let reports = stencil3d::gpu::run_local(cfg, &modules, &transports(args, false)).context("stencil run")?;
     print_reports(&reports, cfg);
     Ok(())
 }
@@ -164,8 +145,7 @@ fn run_pes(args: &Args, cfg: &RunConfig, env: RankEnv) -> Result<()> {
         cfg.ranks,
         cfg.iterations
     );
-    let results =
-        stencil3d::gpu::run_pe(cfg, &session, &transports(args, true)).context("stencil run")?;
+    let results = stencil3d::gpu::run_pe(cfg, &session, &transports(args, true)).context("stencil run")?;
     let mut ok = Vec::new();
     for r in results {
         match r {
@@ -178,35 +158,17 @@ fn run_pes(args: &Args, cfg: &RunConfig, env: RankEnv) -> Result<()> {
 }
 
 fn print_reports(reports: &[TransportReport], cfg: &RunConfig) {
-    let staged = reports
-        .iter()
-        .find(|r| r.transport == Transport::Staged)
-        .and_then(TransportReport::median_ms);
+    let staged = reports.iter().find(|r| r.transport == Transport::Staged).and_then(TransportReport::median_ms);
     for r in reports {
-        let check = if r.bit_exact() {
-            "bit-exact".to_string()
-        } else {
-            format!(
-                "max abs err {:e} (tolerance {:e})",
-                r.max_abs_err(),
-                cfg.tolerance
-            )
-        };
+        let check =
+            if r.bit_exact() { "bit-exact".to_string() } else { format!("max abs err {:e} (tolerance {:e})", r.max_abs_err(), cfg.tolerance) };
         let time = match (r.median_ms(), staged) {
-            (Some(t), Some(s)) if r.transport != Transport::Staged => format!(
-                "{:.4} ms/step (median of {}), {:.2}x faster than staged",
-                t,
-                r.ms_per_step.len(),
-                s / t
-            ),
+            (Some(t), Some(s)) if r.transport != Transport::Staged => {
+                format!("{:.4} ms/step (median of {}), {:.2}x faster than staged", t, r.ms_per_step.len(), s / t)
+            }
             (Some(t), _) => format!("{:.4} ms/step (median of {})", t, r.ms_per_step.len()),
             (None, _) => "not timed".into(),
         };
-        println!(
-            "{:>16}: OK on {} rank(s) after {} steps, {check}; {time}",
-            r.transport.name(),
-            r.errors.len(),
-            cfg.iterations
-        );
+        println!("{:>16}: OK on {} rank(s) after {} steps, {check}; {time}", r.transport.name(), r.errors.len(), cfg.iterations);
     }
 }

@@ -77,11 +77,7 @@ pub fn exchange_forward<T: Copy>(halos: &[RankHalo], fields: &mut [Vec<T>]) -> V
     for p in 0..pulses {
         for r in 0..halos.len() {
             let spec = &halos[r].pulses[p];
-            let packed: Vec<T> = spec
-                .index_map
-                .iter()
-                .map(|&i| fields[r][i as usize])
-                .collect();
+            let packed: Vec<T> = spec.index_map.iter().map(|&i| fields[r][i as usize]).collect();
             for (k, v) in packed.into_iter().enumerate() {
                 fields[spec.send_rank][spec.peer_atom_offset + k] = v;
                 writes[spec.send_rank][spec.peer_atom_offset + k] += 1;
@@ -93,12 +89,7 @@ pub fn exchange_forward<T: Copy>(halos: &[RankHalo], fields: &mut [Vec<T>]) -> V
 
 /// `iterations` Jacobi steps on the decomposed grid, on the CPU: exchange, then every rank's
 /// interior through its neighbour table. Returns each rank's interior values.
-pub fn run_decomposed(
-    decomp: &Decomposition,
-    u0: &[f32],
-    alpha: f32,
-    iterations: usize,
-) -> Vec<Vec<f32>> {
+pub fn run_decomposed(decomp: &Decomposition, u0: &[f32], alpha: f32, iterations: usize) -> Vec<Vec<f32>> {
     let mut fields: Vec<Vec<f32>> = decomp
         .scatter(u0)
         .into_iter()
@@ -111,11 +102,7 @@ pub fn run_decomposed(
     for _ in 0..iterations {
         exchange_forward(&decomp.halos, &mut fields);
         for (u, nb) in fields.iter_mut().zip(&decomp.neighbours) {
-            let next: Vec<f32> = nb
-                .iter()
-                .enumerate()
-                .map(|(i, n)| jacobi_point(u[i], n.map(|j| u[j as usize]), alpha))
-                .collect();
+            let next: Vec<f32> = nb.iter().enumerate().map(|(i, n)| jacobi_point(u[i], n.map(|j| u[j as usize]), alpha)).collect();
             u[..next.len()].copy_from_slice(&next);
         }
     }

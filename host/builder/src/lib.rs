@@ -187,7 +187,16 @@ mod tests {
         ] {
             assert!(leaks_into_nested_cargo(leak), "{leak} must be cleared");
         }
-        for keep in ["CARGO_HOME", "CARGO_NET_OFFLINE", "CARGO_HTTP_PROXY", "CARGO_REGISTRIES_CRATES_IO_PROTOCOL", "CARGO_MAKEFLAGS", "PATH", "HOME", "RUSTUP_HOME"] {
+        for keep in [
+            "CARGO_HOME",
+            "CARGO_NET_OFFLINE",
+            "CARGO_HTTP_PROXY",
+            "CARGO_REGISTRIES_CRATES_IO_PROTOCOL",
+            "CARGO_MAKEFLAGS",
+            "PATH",
+            "HOME",
+            "RUSTUP_HOME",
+        ] {
             assert!(!leaks_into_nested_cargo(keep), "{keep} must pass");
         }
     }

@@ -211,12 +211,7 @@ fn build_into(
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| BuildError::Invalid(format!("encoding the manifest: {e}")))?;
     fs::write(&artifacts.manifest, text).at("writing", &artifacts.manifest)?;
-    eprintln!(
-        "halo-builder: built {} and {} in {:.1} s",
-        file_name(&artifacts.ptx),
-        file_name(&artifacts.cubin),
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("halo-builder: built {} and {} in {:.1} s", file_name(&artifacts.ptx), file_name(&artifacts.cubin), started.elapsed().as_secs_f64());
     Ok(Built { stamp, linked, optimized })
 }
 
@@ -249,7 +244,17 @@ fn compile_bitcode(root: &Path, nightly: &Nightly, arch: &str, target_dir: &Path
     }
     let out = cmd
         .current_dir(root)
-        .args(["build", "--release", "--locked", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core", "-p", "kernels-gpu", "--message-format=json-render-diagnostics"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "-Zbuild-std=core",
+            "-p",
+            "kernels-gpu",
+            "--message-format=json-render-diagnostics",
+        ])
         .env("RUSTUP_AUTO_INSTALL", "0")
         .env("RUSTC", nightly.rustc())
         .env("CARGO_TARGET_DIR", target_dir)
@@ -302,11 +307,7 @@ fn compile_bitcode(root: &Path, nightly: &Nightly, arch: &str, target_dir: &Path
 
 /// Every listed kernel must be a PTX `.entry`, and every `.entry` must be listed.
 fn check_entries(ptx: &str) -> Result<()> {
-    let found: Vec<&str> = ptx
-        .lines()
-        .filter_map(|l| l.split(".entry").nth(1))
-        .map(|rest| rest.trim().trim_end_matches('(').trim())
-        .collect();
+    let found: Vec<&str> = ptx.lines().filter_map(|l| l.split(".entry").nth(1)).map(|rest| rest.trim().trim_end_matches('(').trim()).collect();
     let listed = kernels_gpu::abi::KERNEL_ENTRIES;
     let missing: Vec<_> = listed.iter().filter(|e| !found.contains(e)).collect();
     let unlisted: Vec<_> = found.iter().filter(|e| !listed.contains(e)).collect();
@@ -321,7 +322,10 @@ fn nvshmem_bitcode(choice: Option<&str>, cache: &Path) -> Result<(PathBuf, Strin
     let from_root = |root: &Path| -> Result<(PathBuf, String)> {
         let bc = if root.is_file() { root.to_path_buf() } else { root.join("lib/libnvshmem_device.bc") };
         if !bc.exists() {
-            return Err(BuildError::Missing { what: format!("libnvshmem_device.bc at {}", bc.display()), hint: "point --nvshmem or NVSHMEM_HOME at an NVSHMEM install, or unset it to fetch the pinned wheel".into() });
+            return Err(BuildError::Missing {
+                what: format!("libnvshmem_device.bc at {}", bc.display()),
+                hint: "point --nvshmem or NVSHMEM_HOME at an NVSHMEM install, or unset it to fetch the pinned wheel".into(),
+            });
         }
         let header = bc.parent().and_then(Path::parent).map(|r| r.join("include/non_abi/nvshmem_version.h"));
         let version = header.and_then(|h| fs::read_to_string(h).ok()).and_then(|t| parse_version_header(&t));
@@ -348,10 +352,5 @@ fn parse_version_header(text: &str) -> Option<String> {
             (it.next() == Some("#define") && it.next() == Some(key)).then(|| it.next().map(str::to_owned)).flatten()
         })
     };
-    Some(format!(
-        "{}.{}.{}",
-        get("NVSHMEM_VENDOR_MAJOR_VERSION")?,
-        get("NVSHMEM_VENDOR_MINOR_VERSION")?,
-        get("NVSHMEM_VENDOR_PATCH_VERSION")?
-    ))
+    Some(format!("{}.{}.{}", get("NVSHMEM_VENDOR_MAJOR_VERSION")?, get("NVSHMEM_VENDOR_MINOR_VERSION")?, get("NVSHMEM_VENDOR_PATCH_VERSION")?))
 }

@@ -2,8 +2,8 @@
 //! folder in the cache.
 
 use crate::ptx::file_name;
-use crate::tools::NIGHTLY;
 use crate::ptx::{PIPELINE_VERSION, PTX_ISA};
+use crate::tools::NIGHTLY;
 use crate::{BuildError, IoContext, Result};
 use sha2::{Digest, Sha256};
 use std::fs;

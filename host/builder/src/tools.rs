@@ -78,7 +78,9 @@ fn rustup() -> Result<PathBuf> {
     let homes = [std::env::var_os("CARGO_HOME").map(PathBuf::from), std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo"))];
     on_path.or_else(|| homes.into_iter().flatten().map(|h| h.join("bin/rustup")).find(|p| p.is_file())).ok_or_else(|| BuildError::Missing {
         what: "rustup".into(),
-        hint: format!("the kernels need the pinned {NIGHTLY} with rust-src and llvm-tools, which the build installs through rustup (https://rustup.rs)"),
+        hint: format!(
+            "the kernels need the pinned {NIGHTLY} with rust-src and llvm-tools, which the build installs through rustup (https://rustup.rs)"
+        ),
     })
 }
 
@@ -105,7 +107,9 @@ pub fn ensure_nightly() -> Result<Nightly> {
     }
     eprintln!("halo-builder: installing {NIGHTLY} with rust-src and llvm-tools (once)");
     run(
-        Command::new(&rustup).args(["toolchain", "install", NIGHTLY, "--profile", "minimal", "-c", "rust-src", "-c", "llvm-tools"]).env_remove("RUSTUP_TOOLCHAIN"),
+        Command::new(&rustup)
+            .args(["toolchain", "install", NIGHTLY, "--profile", "minimal", "-c", "rust-src", "-c", "llvm-tools"])
+            .env_remove("RUSTUP_TOOLCHAIN"),
         "rustup toolchain install",
     )
     .map_err(|e| BuildError::Missing {
@@ -132,7 +136,10 @@ pub fn pip_install(cache: &Path, requirement: &str) -> Result<PathBuf> {
     eprintln!("halo-builder: fetching {requirement} with pip (once)");
     std::fs::create_dir_all(&dir).at("creating", &dir)?;
     run(
-        Command::new("python3").args(["-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check", "--target"]).arg(&dir).arg(requirement),
+        Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check", "--target"])
+            .arg(&dir)
+            .arg(requirement),
         &format!("pip install {requirement}"),
     )
     .map_err(|e| BuildError::Missing {

@@ -275,7 +275,17 @@ pub(crate) mod tests {
     fn the_text_names_everything_and_json_round_trips() {
         let m = sample();
         let t = m.text();
-        for want in ["h200-1", "2026-12-01T10:00:00Z", "NVIDIA H200 (0000:19:00.0, 140 GiB)", "NVIDIA driver 580.159.04, CUDA driver 13.0", "NCCL 2.28.9", "NVSHMEM 3.4.5", "topo -m:", "    GPU0\t X \tNV18", "command: halo bench"] {
+        for want in [
+            "h200-1",
+            "2026-12-01T10:00:00Z",
+            "NVIDIA H200 (0000:19:00.0, 140 GiB)",
+            "NVIDIA driver 580.159.04, CUDA driver 13.0",
+            "NCCL 2.28.9",
+            "NVSHMEM 3.4.5",
+            "topo -m:",
+            "    GPU0\t X \tNV18",
+            "command: halo bench",
+        ] {
             assert!(t.contains(want), "{want} missing in\n{t}");
         }
         let back: MachineInfo = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();

@@ -26,8 +26,10 @@ pub fn cli_markdown() -> String {
     let mut top = crate::cli::command();
     top.build();
     let mut out = String::from("# The `halo` command\n\n");
-    out.push_str(&format!("{GENERATED} The text is each command's `--help` (clap definitions in `host/cli/src/cli/`); \
-         the environment variables are in [environment.md](environment.md).\n\n"));
+    out.push_str(&format!(
+        "{GENERATED} The text is each command's `--help` (clap definitions in `host/cli/src/cli/`); \
+         the environment variables are in [environment.md](environment.md).\n\n"
+    ));
     out.push_str("| command | what it does |\n|---|---|\n");
     let mut sections = String::new();
     section(&mut sections, &top, "halo");

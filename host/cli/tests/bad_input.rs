@@ -147,10 +147,18 @@ fn unknown_transports_and_flags_are_usage_errors() {
 /// Issue 18: the jitter, fault and phase options are checked before any GPU work.
 #[test]
 fn bad_jitter_fault_and_phase_options_are_refused_before_the_gpu() {
-    fails_with(&["exchange-check", "--jitter-us", "fast"], &[], &["--jitter-us=\"fast\"", "`fast` is not a number of microseconds", "MAX_US[:SEED[:host|gpu|both]]"]);
+    fails_with(
+        &["exchange-check", "--jitter-us", "fast"],
+        &[],
+        &["--jitter-us=\"fast\"", "`fast` is not a number of microseconds", "MAX_US[:SEED[:host|gpu|both]]"],
+    );
     fails_with(&["exchange-check", "--jitter-us", "2000000"], &[], &["longer than the 1000000 µs"]);
     fails_with(&["exchange-check", "--jitter-us", "30:1:sideways"], &[], &["`sideways` is not a side"]);
-    fails_with(&["exchange-check", "--jitter-us", "3000", "--wait-timeout-ms", "2"], &[], &["(up to 3000 µs) is not shorter than the device wait deadline (--wait-timeout-ms 2)", "use less jitter or a longer deadline"]);
+    fails_with(
+        &["exchange-check", "--jitter-us", "3000", "--wait-timeout-ms", "2"],
+        &[],
+        &["(up to 3000 µs) is not shorter than the device wait deadline (--wait-timeout-ms 2)", "use less jitter or a longer deadline"],
+    );
     fails_with(&["exchange-check", "--fault", "kill@5"], &[], &["--fault=\"kill@5\"", "kill@STEP:RANK"]);
     fails_with(&["bench", "--fault", "explode@1:1"], &[], &["`explode` is not a fault"]);
     fails_with(&["exchange-check", "--fault", "corrupt-atom:rank=1"], &[], &["--fault=\"corrupt-atom:rank=1\"", "corrupt-atom names no pulse"]);

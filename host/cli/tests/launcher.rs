@@ -95,10 +95,8 @@ fn success_is_zero_and_quiet() {
 
 #[test]
 fn one_failing_rank_stops_the_others() {
-    let args = [
-        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "1",
-        "--exit-code", "1", "--others-hang",
-    ];
+    let args =
+        ["launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "1", "--exit-code", "1", "--others-hang"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
@@ -114,8 +112,19 @@ fn one_failing_rank_stops_the_others() {
 #[test]
 fn a_rank_killed_by_sigkill_is_named() {
     let args = [
-        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--sleep-ms", "300", "--only-rank", "2",
-        "--signal-self", "KILL", "--others-hang",
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "selftest-child",
+        "--print-pid",
+        "--sleep-ms",
+        "300",
+        "--only-rank",
+        "2",
+        "--signal-self",
+        "KILL",
+        "--others-hang",
     ];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     let stderr = text(&out.stderr);
@@ -157,8 +166,22 @@ fn a_fault_on_a_rank_that_is_not_running_changes_nothing() {
 #[test]
 fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
     let args = [
-        "launch", "-n", "2", "--kill-grace-secs", "1", "--", "selftest-child", "--print-pid", "--ignore-sigterm",
-        "--sleep-ms", "300", "--only-rank", "0", "--exit-code", "2", "--others-hang",
+        "launch",
+        "-n",
+        "2",
+        "--kill-grace-secs",
+        "1",
+        "--",
+        "selftest-child",
+        "--print-pid",
+        "--ignore-sigterm",
+        "--sleep-ms",
+        "300",
+        "--only-rank",
+        "0",
+        "--exit-code",
+        "2",
+        "--others-hang",
     ];
     let (out, took) = run_within(halo(&args), STOP_BOUND);
     let stderr = text(&out.stderr);
@@ -171,19 +194,13 @@ fn ranks_ignoring_sigterm_get_sigkill_after_the_grace_period() {
 #[test]
 fn output_lines_are_prefixed_and_whole() {
     let long = "x".repeat(20_000);
-    let args = [
-        "launch", "-n", "4", "--", "selftest-child", "--print", "hello world", "--print", &long, "--eprint",
-        "to stderr", "--repeat", "20",
-    ];
+    let args = ["launch", "-n", "4", "--", "selftest-child", "--print", "hello world", "--print", &long, "--eprint", "to stderr", "--repeat", "20"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     assert_eq!(out.status.code(), Some(0));
     let stdout = text(&out.stdout);
     let mut counts = [0usize; 4];
     for line in stdout.lines() {
-        let (rank, rest) = line
-            .strip_prefix("[rank ")
-            .and_then(|l| l.split_once("] "))
-            .unwrap_or_else(|| panic!("unprefixed line: {:.80}", line));
+        let (rank, rest) = line.strip_prefix("[rank ").and_then(|l| l.split_once("] ")).unwrap_or_else(|| panic!("unprefixed line: {:.80}", line));
         let rank: usize = rank.parse().expect("rank number");
         assert!(rest == "hello world" || rest == long, "mixed line from rank {rank}: {:.80}…", rest);
         counts[rank] += 1;
@@ -198,10 +215,29 @@ fn output_lines_are_prefixed_and_whole() {
 #[test]
 fn ranks_get_their_environment() {
     let mut cmd = halo(&[
-        "launch", "-n", "4", "--gpus", "4,6", "--", "selftest-child", "--print-env", "HALO_RANK", "--print-env",
-        "HALO_NRANKS", "--print-env", "HALO_LOCAL_RANK", "--print-env", "HALO_DEVICE", "--print-env",
-        "NVSHMEM_DISABLE_NVLS", "--print-env", "NCCL_NVLS_ENABLE", "--print-env", "CUDA_VISIBLE_DEVICES",
-        "--print-env", "HALO_PES_PER_GPU",
+        "launch",
+        "-n",
+        "4",
+        "--gpus",
+        "4,6",
+        "--",
+        "selftest-child",
+        "--print-env",
+        "HALO_RANK",
+        "--print-env",
+        "HALO_NRANKS",
+        "--print-env",
+        "HALO_LOCAL_RANK",
+        "--print-env",
+        "HALO_DEVICE",
+        "--print-env",
+        "NVSHMEM_DISABLE_NVLS",
+        "--print-env",
+        "NCCL_NVLS_ENABLE",
+        "--print-env",
+        "CUDA_VISIBLE_DEVICES",
+        "--print-env",
+        "HALO_PES_PER_GPU",
     ]);
     // A value the user set is kept; CUDA_VISIBLE_DEVICES passes through untouched.
     cmd.env("NCCL_NVLS_ENABLE", "7").env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7");
@@ -230,7 +266,9 @@ fn uneven_gpu_layouts_are_refused_before_any_rank_starts() {
     let (out, _) = run_within(halo(&["launch", "-n", "3", "--gpus", "0,1", "--", "selftest-child", "--print-pid"]), STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    for part in ["would put 2 on GPU 0, 1 on GPU 1", "cannot start an uneven number of PEs per GPU", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"] {
+    for part in
+        ["would put 2 on GPU 0, 1 on GPU 1", "cannot start an uneven number of PEs per GPU", "-n 2 or -n 4 with --gpus 0,1", "--allow-uneven-gpus"]
+    {
         assert!(stderr.contains(part), "missing {part:?} in {stderr}");
     }
     assert!(pids(&text(&out.stdout)).is_empty(), "a rank was started: {}", text(&out.stdout));
@@ -246,9 +284,7 @@ fn uneven_gpu_layouts_are_refused_before_any_rank_starts() {
 
 #[test]
 fn a_rank_stuck_in_startup_is_ended_by_the_watchdog() {
-    let args = [
-        "launch", "-n", "3", "--", "selftest-child", "--print-pid", "--only-rank", "1", "--stall-startup", "--others-hang",
-    ];
+    let args = ["launch", "-n", "3", "--", "selftest-child", "--print-pid", "--only-rank", "1", "--stall-startup", "--others-hang"];
     let mut cmd = halo(&args);
     cmd.env("HALO_STARTUP_TIMEOUT_S", "1");
     let (out, took) = run_within(cmd, STOP_BOUND);
@@ -287,8 +323,7 @@ fn rendezvous_round_trip_across_three_ranks() {
 
 #[test]
 fn rendezvous_dir_is_removed_after_a_failure() {
-    let args =
-        ["launch", "-n", "2", "--", "selftest-child", "--rendezvous", "--only-rank", "1", "--exit-code", "5", "--others-hang"];
+    let args = ["launch", "-n", "2", "--", "selftest-child", "--rendezvous", "--only-rank", "1", "--exit-code", "5", "--others-hang"];
     let (out, _) = run_within(halo(&args), STOP_BOUND);
     assert_eq!(out.status.code(), Some(5));
     let dir = rendezvous_dir(&text(&out.stdout));

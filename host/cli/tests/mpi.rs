@@ -43,7 +43,17 @@ fn mpiexec_two_ranks_detect_their_environment_and_gather_facts_over_pmi() {
     let mut cmd = Command::new(&mpiexec);
     cmd.args(["-n", "2"]).arg(HALO).args(["route", "--gather", "--size", "16KiB"]);
     // Inherited launcher variables would describe the test runner, not the ranks.
-    for v in ["HALO_RANK", "HALO_NRANKS", "HALO_LOCAL_RANK", "HALO_DEVICE", "HALO_RENDEZVOUS_DIR", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "PMI_FD"] {
+    for v in [
+        "HALO_RANK",
+        "HALO_NRANKS",
+        "HALO_LOCAL_RANK",
+        "HALO_DEVICE",
+        "HALO_RENDEZVOUS_DIR",
+        "OMPI_COMM_WORLD_RANK",
+        "SLURM_PROCID",
+        "PMI_RANK",
+        "PMI_FD",
+    ] {
         cmd.env_remove(v);
     }
     let started = Instant::now();

@@ -190,7 +190,11 @@ fn every_result_file_is_listed_in_the_results_index() {
         .filter(|f| **f != index && !f.canonicalize().is_ok_and(|c| linked.contains(&c)))
         .map(|f| f.strip_prefix(&results).unwrap_or(f).display().to_string())
         .collect();
-    assert!(unlisted.is_empty(), "docs/results/index.md must link every result file (date, commit, machine, command); not linked:\n{}", unlisted.join("\n"));
+    assert!(
+        unlisted.is_empty(),
+        "docs/results/index.md must link every result file (date, commit, machine, command); not linked:\n{}",
+        unlisted.join("\n")
+    );
 }
 
 #[test]

@@ -7,9 +7,9 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::decomp::{HaloPlan, PlanScratch, RankGrid, wrap_position};
+use halo::system::MolecularSystem;
 use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch};
 use halo_md::search::HostSearch;
-use halo::system::MolecularSystem;
 use std::time::{Duration, Instant};
 
 fn system() -> (MolecularSystem, ListSetup) {

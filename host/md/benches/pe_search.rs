@@ -118,7 +118,8 @@ fn record_rank1(grid: RankGrid, box_size: [f32; 3], cutoff: f32, homes: &[HomeAt
 /// The collective of rank 0's process: its blob and rank 1's recorded one (`others`, by tag),
 /// the time in it added to `gathers`.
 fn emulated_gather<'a>(
-    others: &'a HashMap<String, Vec<u8>>, gathers: &'a mut Duration,
+    others: &'a HashMap<String, Vec<u8>>,
+    gathers: &'a mut Duration,
 ) -> impl FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a {
     move |tag, mine| {
         let t = Instant::now();

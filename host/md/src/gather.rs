@@ -103,7 +103,11 @@ fn read_fits(n: usize, device: usize, host: usize) -> Result<()> {
 /// and a wait each. The stream is synchronised also when enqueuing the second copy failed, so no
 /// copy into the page-locked memory is in flight when this returns.
 fn read_pair<'a>(
-    hx: &'a mut Pinned, hv: &'a mut Pinned, x: &(impl DeviceMemory<Float3> + ?Sized), v: &(impl DeviceMemory<Float3> + ?Sized), n: usize,
+    hx: &'a mut Pinned,
+    hv: &'a mut Pinned,
+    x: &(impl DeviceMemory<Float3> + ?Sized),
+    v: &(impl DeviceMemory<Float3> + ?Sized),
+    n: usize,
     stream: &CudaStream,
 ) -> Result<(&'a [Float3], &'a [Float3])> {
     // Both checked before anything is enqueued.
@@ -158,7 +162,9 @@ impl HomeGather {
     /// allocation, and one all-gather, tagged `<tag>gather-path`, to agree on the path).
     pub fn new(placement: &Placement, atoms: usize, tag: &str) -> Result<Self> {
         let ctx = match placement {
-            Placement::Local(modules) | Placement::LocalDirect(modules) => modules.first().ok_or_else(|| HaloError::InvalidInput("no GPU module".into()))?.context().clone(),
+            Placement::Local(modules) | Placement::LocalDirect(modules) => {
+                modules.first().ok_or_else(|| HaloError::InvalidInput("no GPU module".into()))?.context().clone()
+            }
             Placement::Pe { module, .. } => module.context().clone(),
         };
         let host = [Pinned::new(&ctx, atoms)?, Pinned::new(&ctx, atoms)?];
@@ -181,7 +187,11 @@ impl HomeGather {
     /// that plans from the ranks' own atoms reads them so. An error, before any copy, when either
     /// array holds fewer than `n`.
     pub fn read_home(
-        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, stream: &CudaStream,
+        &mut self,
+        x: &dyn DeviceMemory<Float3>,
+        v: &dyn DeviceMemory<Float3>,
+        n: usize,
+        stream: &CudaStream,
     ) -> Result<(Vec<Float3>, Vec<Float3>)> {
         let (mut positions, mut velocities) = (Vec::new(), Vec::new());
         self.read_home_into(x, v, n, stream, &mut positions, &mut velocities)?;
@@ -190,7 +200,12 @@ impl HomeGather {
 
     /// [`Self::read_home`] appended to `positions` and `velocities` (arrays a caller reuses).
     pub fn read_home_into(
-        &mut self, x: &dyn DeviceMemory<Float3>, v: &dyn DeviceMemory<Float3>, n: usize, stream: &CudaStream, positions: &mut Vec<Float3>,
+        &mut self,
+        x: &dyn DeviceMemory<Float3>,
+        v: &dyn DeviceMemory<Float3>,
+        n: usize,
+        stream: &CudaStream,
+        positions: &mut Vec<Float3>,
         velocities: &mut Vec<Float3>,
     ) -> Result<()> {
         let [hx, hv] = &mut self.host;
@@ -204,9 +219,7 @@ impl HomeGather {
     /// velocities by global id), from `mine` (this process's ranks, all idle) and `plan` (the
     /// layout they hold: home atoms first, `global_ids`). Collective across PEs; `tag` names the
     /// rendezvous all-gather where one is needed (unique per call).
-    pub fn gather(
-        &mut self, placement: &Placement, plan: &HaloPlan, mine: &[HomeArrays<'_>], system: &mut MolecularSystem, tag: &str,
-    ) -> Result<()> {
+    pub fn gather(&mut self, placement: &Placement, plan: &HaloPlan, mine: &[HomeArrays<'_>], system: &mut MolecularSystem, tag: &str) -> Result<()> {
         for m in mine {
             if plan.ranks.get(m.rank).is_none_or(|r| r.home_atoms != m.home) {
                 return Err(HaloError::InvalidInput(format!("rank {} holds {} home atoms, not what the plan says", m.rank, m.home)));

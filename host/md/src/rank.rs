@@ -3,21 +3,21 @@
 //! halo exchange without any host synchronisation (docs/architecture.md, "One MD step").
 
 use crate::abi::{self, Float3};
+use crate::decomp::{GpuHome, GpuRank};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
 use crate::exchange::Transport;
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
-use cudarc::driver::CudaGraph;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
-use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::nbnxm::gpu_search::grow;
+use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::search::{RankLists, RankSearch};
-use crate::decomp::{GpuHome, GpuRank};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
-use std::time::{Duration, Instant};
+use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What one step does beyond the forces and the update.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,7 +109,12 @@ impl HomeStaging {
     /// Enqueues every home array of `found` on `halo`, the stream of `ex`: the coordinates into
     /// `ex`'s `x` (home elements only), the rest into the rank's buffers (grown for them).
     fn all(
-        &mut self, found: &RankSearch, ex: &RankExchange, v: &DeviceBuffer<Float3>, inv_mass: &DeviceBuffer<f32>, types: &DeviceBuffer<u32>,
+        &mut self,
+        found: &RankSearch,
+        ex: &RankExchange,
+        v: &DeviceBuffer<Float3>,
+        inv_mass: &DeviceBuffer<f32>,
+        types: &DeviceBuffer<u32>,
         halo: &CudaStream,
     ) -> Result<()> {
         ex.upload_coordinates_async(&found.home_x, &mut self.x, halo)?;
@@ -133,7 +138,12 @@ impl HomeStaging {
 /// table gives NaN; the search that copied the types refuses such a type (the grid's largest type
 /// against the LJ table, of the same type count) before any step reads the masses.
 fn enqueue_inverse_masses(
-    module: &KernelModule, types: &DeviceBuffer<u32>, inv_by_type: &DeviceBuffer<f32>, inv_mass: &DeviceBuffer<f32>, home: usize, stream: &CudaStream,
+    module: &KernelModule,
+    types: &DeviceBuffer<u32>,
+    inv_by_type: &DeviceBuffer<f32>,
+    inv_mass: &DeviceBuffer<f32>,
+    home: usize,
+    stream: &CudaStream,
 ) -> Result<()> {
     if home == 0 {
         return Ok(());
@@ -165,8 +175,15 @@ impl MdRank {
     /// all as [`Self::update`] does, from empty lists.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        module: Arc<KernelModule>, found: &RankSearch, lj: &[[f32; 2]], inv_by_type: &[f32], setup: &ListSetup, box_size: [f32; 3], records: usize,
-        ex: &RankExchange, halo: &CudaStream,
+        module: Arc<KernelModule>,
+        found: &RankSearch,
+        lj: &[[f32; 2]],
+        inv_by_type: &[f32],
+        setup: &ListSetup,
+        box_size: [f32; 3],
+        records: usize,
+        ex: &RankExchange,
+        halo: &CudaStream,
     ) -> Result<Self> {
         let ctx = module.context().clone();
         if inv_by_type.is_empty() || inv_by_type.len() * inv_by_type.len() != lj.len() {
@@ -583,7 +600,14 @@ impl MdRank {
     /// integration that cleared the forces, none, relying on the integration before each replay,
     /// which every step of the search interval ends with (the graph's own included), so the
     /// graph must not be replayed after the next search (`crate::zeroing`).
-    pub fn capture_step(&mut self, ex: &mut RankExchange, halo: &Arc<CudaStream>, transport: Transport, dt: f32, work: StepWork) -> Result<CudaGraph> {
+    pub fn capture_step(
+        &mut self,
+        ex: &mut RankExchange,
+        halo: &Arc<CudaStream>,
+        transport: Transport,
+        dt: f32,
+        work: StepWork,
+    ) -> Result<CudaGraph> {
         if !transport.gpu_initiated() {
             return Err(HaloError::InvalidInput(format!("the {} transport is host-driven and cannot be captured", transport.name())));
         }

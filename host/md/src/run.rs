@@ -448,7 +448,14 @@ impl MdOutcome {
         let slope = pts.iter().map(|p| (p.0 - mt) * (p.1 - me)).sum::<f64>() / stt;
         let resid = (pts.iter().map(|p| (p.1 - me - slope * (p.0 - mt)).powi(2)).sum::<f64>() / n).sqrt();
         let span = (pts[pts.len() - 1].0 - pts[0].0) * 1e3;
-        Some(Drift { per_atom_kj_mol_ns: slope / atoms.max(1) as f64, total_kj_mol_ns: slope, fluctuation: resid, mean: me, points: pts.len(), span_ps: span })
+        Some(Drift {
+            per_atom_kj_mol_ns: slope / atoms.max(1) as f64,
+            total_kj_mol_ns: slope,
+            fluctuation: resid,
+            mean: me,
+            points: pts.len(),
+            span_ps: span,
+        })
     }
 
     /// Host time per step over the whole run (search steps and any checks included), µs.
@@ -496,7 +503,11 @@ impl HomeDevice for Timed<'_, '_> {
 /// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
 /// added to `spent`.
 fn redecompose_gather<'a>(
-    placement: &'a Placement, kept: &'a mut Option<crate::nvshmem::KeptGather>, tag: &'a str, step: u64, spent: &'a mut Duration,
+    placement: &'a Placement,
+    kept: &'a mut Option<crate::nvshmem::KeptGather>,
+    tag: &'a str,
+    step: u64,
+    spent: &'a mut Duration,
 ) -> impl FnMut(&str, Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> + 'a {
     move |what, mine| {
         let t = Instant::now();
@@ -534,8 +545,13 @@ impl Rollback {
         if self.saved.as_ref().is_some_and(|s| s.step != step) {
             self.attempts = 0; // a new stretch of steps
         }
-        self.saved =
-            Some(Saved { positions: system.positions.clone(), velocities: system.velocities.clone(), out: out.clone(), energy_points: partial.len(), step });
+        self.saved = Some(Saved {
+            positions: system.positions.clone(),
+            velocities: system.velocities.clone(),
+            out: out.clone(),
+            energy_points: partial.len(),
+            step,
+        });
     }
 
     /// Puts `system`, `out` and `partial` back to the saved search step and returns it; an error
@@ -544,7 +560,10 @@ impl Rollback {
         let s = self.saved.as_ref().ok_or_else(|| HaloError::InvalidInput("a safe point before any state was saved".into()))?;
         self.attempts += 1;
         if self.attempts > crate::exchange::routing::MAX_RERUNS {
-            return Err(HaloError::InvalidInput(format!("steps {}..{now} failed {} times in a row after agreed failovers; giving up", s.step, self.attempts)));
+            return Err(HaloError::InvalidInput(format!(
+                "steps {}..{now} failed {} times in a row after agreed failovers; giving up",
+                s.step, self.attempts
+            )));
         }
         system.positions.clone_from(&s.positions);
         system.velocities.clone_from(&s.velocities);
@@ -563,7 +582,15 @@ pub const ENERGY_TOLERANCE: f64 = 1e-4;
 /// Compares one rank's coordinates (all local atoms, [`coordinate_errors`]) and home forces with
 /// the references: the errors, and the first difference described (`None`: the rank passed).
 /// Nothing returns early, so that every PE reaches the check's all-gathers.
-fn check_rank(plan: &HaloPlan, halo: &RankHalo, r: usize, x: &[Float3], want_x: &[Float3], f: &[Float3], ref_f: &[[f64; 3]]) -> (StepCheck, Option<String>) {
+fn check_rank(
+    plan: &HaloPlan,
+    halo: &RankHalo,
+    r: usize,
+    x: &[Float3],
+    want_x: &[Float3],
+    f: &[Float3],
+    ref_f: &[[f64; 3]],
+) -> (StepCheck, Option<String>) {
     let ids = &plan.ranks[r].global_ids;
     let id = |i: usize| ids.get(i).map_or_else(|| "?".into(), u32::to_string);
     let home = plan.ranks[r].home_atoms;
@@ -640,7 +667,9 @@ fn encode_rank_check(c: &StepCheck, energy: f64, first: Option<&str>) -> Vec<u8>
 /// The inverse of [`encode_rank_check`] (the energy and the cross-rank counts are the caller's).
 fn decode_rank_check(b: &[u8]) -> Result<(StepCheck, f64, Option<String>)> {
     const WORDS: usize = 7;
-    let (head, text) = b.split_at_checked(8 * WORDS).ok_or_else(|| HaloError::InvalidInput(format!("a PE sent a check of {} bytes, expected at least {}", b.len(), 8 * WORDS)))?;
+    let (head, text) = b
+        .split_at_checked(8 * WORDS)
+        .ok_or_else(|| HaloError::InvalidInput(format!("a PE sent a check of {} bytes, expected at least {}", b.len(), 8 * WORDS)))?;
     let w: Vec<u64> = head.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
     let c = StepCheck {
         coord_max_abs: f64::from_bits(w[0]),
@@ -1422,7 +1451,8 @@ impl MdRun {
         let ids: Vec<usize> = ex.local_ranks().iter().map(RankExchange::rank).collect();
         let (xs, fs) = (ex.read_forward()?, ex.read_reverse()?);
         let mine = xs.iter().zip(&ids).map(|(v, &r)| vec![v[..halos[r].home_atoms].to_vec()]).collect();
-        let homes: Vec<Vec<Float3>> = gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
+        let homes: Vec<Vec<Float3>> =
+            gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
         let want = reference::coordinates(&halos, &homes);
         for (r, h) in homes.iter().enumerate() {
             for (i, v) in h.iter().enumerate() {
@@ -1478,7 +1508,9 @@ impl MdRun {
         let found = all
             .iter()
             .enumerate()
-            .map(|(r, b)| RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>()))
+            .map(|(r, b)| {
+                RankChecksums::from_words(r, &b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect::<Vec<_>>())
+            })
             .collect::<Result<Vec<_>, _>>()
             .and_then(|sums| integrity::halo_mismatches(&halos, &sums))
             .map_err(|e| HaloError::InvalidInput(format!("step {step}: {e}")))?;
@@ -1723,7 +1755,8 @@ mod tests {
         let sys = MolecularSystem::generate(3000, 3).unwrap();
         let plan = HaloPlan::build(&sys, RankGrid::new(grid).unwrap(), 1.0).unwrap();
         let halos = plan.rank_halos();
-        let homes: Vec<Vec<Float3>> = plan.ranks.iter().map(|r| r.global_ids[..r.home_atoms].iter().map(|&g| sys.positions[g as usize]).collect()).collect();
+        let homes: Vec<Vec<Float3>> =
+            plan.ranks.iter().map(|r| r.global_ids[..r.home_atoms].iter().map(|&g| sys.positions[g as usize]).collect()).collect();
         let x = reference::coordinates(&halos, &homes);
         let ref_f = md_reference::lj_forces(&sys, 1.0).unwrap();
         let f32s = |v: [f64; 3]| Float3::new(v[0] as f32, v[1] as f32, v[2] as f32);
@@ -1775,7 +1808,10 @@ mod tests {
         let first = first.expect("a difference is described");
         let g = plan.ranks[1].global_ids[k];
         let slot = k - p.atom_offset;
-        let named = format!("rank 1: 1 atom(s) differ from the reference, the first is local atom {k} (received in pulse 0 from rank {}, slot {slot} of that pulse) (global {g}", p.recv_rank);
+        let named = format!(
+            "rank 1: 1 atom(s) differ from the reference, the first is local atom {k} (received in pulse 0 from rank {}, slot {slot} of that pulse) (global {g}",
+            p.recv_rank
+        );
         assert!(first.contains(&named) && first.contains("max abs coordinate error 1.250e-1 nm"), "{first}");
         // A dropped atom: the receive slot still holds last step's value (0.002 nm behind).
         let mut stale = x[1].clone();

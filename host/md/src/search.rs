@@ -4,7 +4,9 @@
 //! time of each part is kept.
 
 use crate::abi::Float3;
-use crate::decomp::{Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions};
+use crate::decomp::{
+    Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions,
+};
 use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
 use crate::system::MolecularSystem;
@@ -196,7 +198,14 @@ impl HostSearch {
     /// `atoms` atoms in a box of `box_size`.
     #[allow(clippy::too_many_arguments)]
     pub fn redecompose(
-        &mut self, grid: RankGrid, box_size: [f32; 3], setup: &ListSetup, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+        &mut self,
+        grid: RankGrid,
+        box_size: [f32; 3],
+        setup: &ListSetup,
+        atoms: usize,
+        ranks: &[usize],
+        homes: Vec<HomeAtoms>,
+        all_gather: &mut Collective<'_>,
     ) -> Result<Redecomposed> {
         redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
     }
@@ -205,7 +214,13 @@ impl HostSearch {
     /// entry of `ranks`): the same plan; the home velocities stay on the GPUs.
     #[allow(clippy::too_many_arguments)]
     pub fn redecompose_on_devices(
-        &mut self, grid: RankGrid, box_size: [f32; 3], setup: &ListSetup, atoms: usize, ranks: &[usize], devices: &mut [&mut dyn HomeDevice],
+        &mut self,
+        grid: RankGrid,
+        box_size: [f32; 3],
+        setup: &ListSetup,
+        atoms: usize,
+        ranks: &[usize],
+        devices: &mut [&mut dyn HomeDevice],
         all_gather: &mut Collective<'_>,
     ) -> Result<Redecomposed> {
         crate::decomp::redecompose_on_devices(grid, box_size, setup.rlist, atoms, ranks, devices, all_gather, &self.workers, &mut self.redecompose)
@@ -248,7 +263,14 @@ impl HostSearch {
 
     /// Local atoms, the grid and lists where `on` says, and home arrays of each rank in `ranks`,
     /// the ranks and each rank's phases sharing the workers.
-    pub fn rank_searches(&mut self, plan: &HaloPlan, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn) -> Result<Vec<RankSearch>> {
+    pub fn rank_searches(
+        &mut self,
+        plan: &HaloPlan,
+        system: &MolecularSystem,
+        ranks: &[usize],
+        setup: &ListSetup,
+        on: ListsOn,
+    ) -> Result<Vec<RankSearch>> {
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
         let one = |(&rank, buf): (&usize, &mut RankBuffers)| {
@@ -272,7 +294,13 @@ impl HostSearch {
     /// (its positions and velocities are not read). `done`'s arrays go back to the scratch for
     /// the next redecomposition; its plan is returned with the searches.
     pub fn rank_searches_redecomposed(
-        &mut self, done: Redecomposed, system: &MolecularSystem, ranks: &[usize], setup: &ListSetup, on: ListsOn, v_on_device: bool,
+        &mut self,
+        done: Redecomposed,
+        system: &MolecularSystem,
+        ranks: &[usize],
+        setup: &ListSetup,
+        on: ListsOn,
+        v_on_device: bool,
     ) -> Result<(HaloPlan, Vec<RankSearch>)> {
         let Redecomposed { plan, mut homes, mut local_positions } = done;
         if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
@@ -293,7 +321,11 @@ impl HostSearch {
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };
             if home.velocities.len() != want {
-                return Err(HaloError::InvalidInput(format!("rank {rank}: {} home velocities on the host for {} home atoms", home.velocities.len(), buf.atoms.home)));
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {rank}: {} home velocities on the host for {} home atoms",
+                    home.velocities.len(),
+                    buf.atoms.home
+                )));
             }
             // The redecomposition's velocities are the home atoms' in order: swapped in, the spare
             // array out to the scratch.
@@ -320,7 +352,13 @@ fn bad(e: crate::nbnxm::NbnxmError) -> HaloError {
 /// the GPU builds the grid (it copies the first two from its own upload of the local atoms and
 /// makes the masses from the types).
 fn rank_search(
-    rank: usize, system: &MolecularSystem, setup: &ListSetup, on: ListsOn, workers: &Workers, buf: &mut RankBuffers, atoms_time: Duration,
+    rank: usize,
+    system: &MolecularSystem,
+    setup: &ListSetup,
+    on: ListsOn,
+    workers: &Workers,
+    buf: &mut RankBuffers,
+    atoms_time: Duration,
 ) -> Result<RankSearch> {
     let mut home = std::mem::take(&mut buf.home);
     let n = buf.atoms.home;
@@ -407,7 +445,10 @@ mod tests {
 
     /// What a rank's search found, without its times.
     #[allow(clippy::type_complexity)]
-    fn found(r: &RankSearch) -> (usize, Option<ClusterGrid>, Option<LocalAtoms>, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>, Vec<u32>) {
+    fn found(
+        r: &RankSearch,
+    ) -> (usize, Option<ClusterGrid>, Option<LocalAtoms>, Option<[crate::nbnxm::ClusterPairList; 2]>, Vec<Float3>, Vec<Float3>, Vec<f32>, Vec<u32>)
+    {
         let (grid, atoms, lists) = match &r.lists {
             RankLists::Host(s) => (Some(s.grid.clone()), None, Some([s.local.clone(), s.nonlocal.clone()])),
             RankLists::Gpu(g) => (Some(g.clone()), None, None),
@@ -489,7 +530,9 @@ mod tests {
                 let positions: Vec<Float3> = sys
                     .positions
                     .iter()
-                    .map(|p| Float3::new(p.x + rng.random_range(-0.2..0.2) + b[0] * rng.random_range(-1..2) as f32, p.y + rng.random_range(-0.2..0.2), p.z))
+                    .map(|p| {
+                        Float3::new(p.x + rng.random_range(-0.2..0.2) + b[0] * rng.random_range(-1..2) as f32, p.y + rng.random_range(-0.2..0.2), p.z)
+                    })
                     .collect();
                 let velocities: Vec<Float3> = sys.velocities.iter().map(|v| Float3::new(v.x, v.y + rng.random_range(-1.0..1.0), v.z)).collect();
                 let homes = ranks
@@ -511,12 +554,14 @@ mod tests {
                 };
                 let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process).unwrap();
                 // `sys` keeps its old positions and velocities: the redecomposed path must not read them.
-                let (plan, got) = kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on, false).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
+                let (plan, got) =
+                    kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on, false).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
                 let mut moved = MolecularSystem { positions, velocities, ..sys.clone() };
                 let want_plan = gathered.plan(&mut moved, grid, &setup).unwrap();
                 assert_eq!(plan, want_plan, "{dims:?}");
                 let want = gathered.rank_searches(&want_plan, &moved, &ranks, &setup, on).unwrap();
-                let bits = |r: &RankSearch| r.home_x.iter().chain(&r.home_v).map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect::<Vec<_>>();
+                let bits =
+                    |r: &RankSearch| r.home_x.iter().chain(&r.home_v).map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect::<Vec<_>>();
                 assert_eq!(got.iter().map(bits).collect::<Vec<_>>(), want.iter().map(bits).collect::<Vec<_>>(), "{dims:?}, {threads} threads");
                 assert_eq!(got.iter().map(found).collect::<Vec<_>>(), want.iter().map(found).collect::<Vec<_>>(), "{dims:?}, {threads} threads");
                 kept.recycle(got);
@@ -568,7 +613,11 @@ mod tests {
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
         let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()] };
-        let e = host.rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = host
+            .rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains("for 2 ranks"), "{e}");
         let e = host.rank_searches_redecomposed(done, &sys, &[0], &setup, ListsOn::GpuGrid, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("local positions"), "{e}");

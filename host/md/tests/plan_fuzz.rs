@@ -17,8 +17,8 @@
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, PlanError, RankGrid};
-use halo_md::md_reference::exchange_coordinates;
 use halo::system::MolecularSystem;
+use halo_md::md_reference::exchange_coordinates;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::RngSeed;
@@ -253,8 +253,14 @@ fn mutate(plan: &mut HaloPlan, atoms: usize, edit: Edit) -> bool {
                     dim: 0,
                     pulse_in_dim: 0,
                     spec: halo::exchange::PulseSpec {
-                        send_rank: 0, recv_rank: 0, index_map: vec![], recv_size: 0,
-                        atom_offset: 0, peer_atom_offset: 0, shift: None, accumulate_forces: true,
+                        send_rank: 0,
+                        recv_rank: 0,
+                        index_map: vec![],
+                        recv_size: 0,
+                        atom_offset: 0,
+                        peer_atom_offset: 0,
+                        shift: None,
+                        accumulate_forces: true,
                     },
                 });
             } else {
@@ -513,10 +519,7 @@ fn degenerate_systems_plan() {
     one.validate().expect("valid");
     one.validate_atoms(1).expect("valid");
     // Every atom at a cell corner, the box edge and the origin included.
-    let corners: Vec<Float3> = [0.0f32, 2.0, 4.0, 6.0, -0.0]
-        .iter()
-        .flat_map(|&x| [Float3::new(x, x, x), Float3::new(x, 0.0, 6.0)])
-        .collect();
+    let corners: Vec<Float3> = [0.0f32, 2.0, 4.0, 6.0, -0.0].iter().flat_map(|&x| [Float3::new(x, x, x), Float3::new(x, 0.0, 6.0)]).collect();
     let p = HaloPlan::from_positions(&corners, [6.0; 3], grid, 1.9).expect("corners");
     p.validate().expect("valid");
     p.validate_atoms(corners.len()).expect("valid");

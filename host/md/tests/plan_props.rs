@@ -17,11 +17,11 @@
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, PlanError, RankGrid, wrap_position};
+use halo::system::MolecularSystem;
 use halo_md::md_reference::{
     ReferenceError, assign_pairs, exchange_coordinates, exchange_coordinates_f64, exchange_forces, exchange_forces_f64, lj_forces,
     pair_within_cutoff, rank_pair_forces, wrapped_positions,
 };
-use halo::system::MolecularSystem;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 

@@ -218,9 +218,8 @@ impl NvshmemLib {
     pub fn load(path: &Path) -> Result<Self, String> {
         use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
         // SAFETY: loading runs the library's initialisers; NVSHMEM's are safe to run once.
-        let lib: libloading::Library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?
-            .into();
+        let lib: libloading::Library =
+            unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| format!("cannot open {}: {e}", path.display()))?.into();
         // SAFETY: this is NVSHMEM's host library; the signatures above follow its headers.
         let api = unsafe { NvshmemApi::resolve(&lib) }.map_err(|e| format!("{} lacks a symbol: {e}", path.display()))?;
         Ok(Self { api, path: path.to_path_buf(), _lib: lib })

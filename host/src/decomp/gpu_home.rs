@@ -116,7 +116,11 @@ impl GpuHome {
     /// and velocities `v` (device, at least `ids.len()` each), their global ids `ids` (the last
     /// plan's home ids, host), and the module and stream of its GPU to run on.
     pub fn with<'a>(
-        &'a mut self, module: &'a KernelModule, stream: &'a CudaStream, x: &'a dyn DeviceMemory<Float3>, v: &'a dyn DeviceMemory<Float3>,
+        &'a mut self,
+        module: &'a KernelModule,
+        stream: &'a CudaStream,
+        x: &'a dyn DeviceMemory<Float3>,
+        v: &'a dyn DeviceMemory<Float3>,
         ids: &'a [u32],
     ) -> GpuRank<'a> {
         GpuRank { home: self, module, stream, x, v, ids }

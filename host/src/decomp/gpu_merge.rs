@@ -78,7 +78,11 @@ pub(super) fn order_flags(stay_ids: &[u32], arrivals: &[MigrateLeaver]) -> (bool
 /// Errors: stayer arrays of different lengths ([`PlanError::HomeArrays`]), and the order problems
 /// [`GpuMerge::check`] reports, the same ([`PlanError::GpuMergeOrder`]).
 pub fn merge_reference(
-    stay_ids: &[u32], stay_x: &[Float3], stay_v: &[Float3], arrivals: &[MigrateLeaver], rank: usize,
+    stay_ids: &[u32],
+    stay_x: &[Float3],
+    stay_v: &[Float3],
+    arrivals: &[MigrateLeaver],
+    rank: usize,
 ) -> std::result::Result<MergeReference, PlanError> {
     let ns = stay_ids.len();
     if stay_x.len() != ns || stay_v.len() != ns {
@@ -189,7 +193,12 @@ impl GpuMerge {
     /// [`Self::check`]): the home atoms in id order at `a.ids_out[..n]` (and `x_out`, `v_out`),
     /// where `n`, returned, is `stayers + arrivals.len()`.
     pub fn run(
-        &mut self, module: &KernelModule, stream: &CudaStream, a: &MergeArrays<'_>, stayers: usize, arrivals: &[MigrateLeaver],
+        &mut self,
+        module: &KernelModule,
+        stream: &CudaStream,
+        a: &MergeArrays<'_>,
+        stayers: usize,
+        arrivals: &[MigrateLeaver],
     ) -> Result<usize> {
         self.enqueue(module, stream, a, stayers, arrivals)?;
         self.check()
@@ -208,7 +217,12 @@ impl GpuMerge {
     /// for the previous merge's flags (a merge not checked is dropped). Errors, before anything is
     /// enqueued: arrays too short or overlapping, more than `u32::MAX` atoms; then a CUDA failure.
     pub fn enqueue(
-        &mut self, module: &KernelModule, stream: &CudaStream, a: &MergeArrays<'_>, stayers: usize, arrivals: &[MigrateLeaver],
+        &mut self,
+        module: &KernelModule,
+        stream: &CudaStream,
+        a: &MergeArrays<'_>,
+        stayers: usize,
+        arrivals: &[MigrateLeaver],
     ) -> Result<usize> {
         let total = stayers.saturating_add(arrivals.len());
         a.check(stayers, total)?;

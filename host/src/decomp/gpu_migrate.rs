@@ -78,7 +78,11 @@ pub struct MigrateReference {
 /// bit for bit. Errors as the host: arrays of different lengths, or the first atom (input order)
 /// with a non-finite coordinate, named by its id.
 pub fn migrate_reference(
-    x: &[Float3], v: &[Float3], ids: &[u32], geo: &Decomposition, rank: usize,
+    x: &[Float3],
+    v: &[Float3],
+    ids: &[u32],
+    geo: &Decomposition,
+    rank: usize,
 ) -> std::result::Result<MigrateReference, PlanError> {
     if x.len() != ids.len() || v.len() != ids.len() {
         return Err(PlanError::HomeArrays { rank, ids: ids.len(), positions: x.len(), velocities: v.len() });

@@ -234,7 +234,12 @@ impl GpuSelect {
     /// input overlapping the selection's own outputs, more atoms than the kernels index, or a
     /// CUDA failure.
     pub fn run(
-        &mut self, module: &KernelModule, stream: &CudaStream, x: &dyn DeviceMemory<Float3>, ids: &dyn DeviceMemory<u32>, n: usize,
+        &mut self,
+        module: &KernelModule,
+        stream: &CudaStream,
+        x: &dyn DeviceMemory<Float3>,
+        ids: &dyn DeviceMemory<u32>,
+        n: usize,
     ) -> Result<Selected> {
         self.enqueue(module, stream, x, ids, n)?;
         self.finish(stream, n)
@@ -243,7 +248,12 @@ impl GpuSelect {
     /// Enqueues the passes (see [`Self::run`]) without waiting: for a caller that reads the
     /// selection back together with other arrays ([`Self::enqueue_read_maps`], one wait).
     pub fn enqueue(
-        &mut self, module: &KernelModule, stream: &CudaStream, x: &dyn DeviceMemory<Float3>, ids: &dyn DeviceMemory<u32>, n: usize,
+        &mut self,
+        module: &KernelModule,
+        stream: &CudaStream,
+        x: &dyn DeviceMemory<Float3>,
+        ids: &dyn DeviceMemory<u32>,
+        n: usize,
     ) -> Result<()> {
         self.slots.clear();
         check_lengths("GPU selection", n, &[("x", x.len()), ("ids", ids.len())])?;

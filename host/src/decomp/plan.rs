@@ -272,7 +272,13 @@ impl RankFrame for [[f64; 3]] {
 /// vectorizes it), then the block's sent indices written without a branch per atom to a buffer
 /// that grows by one only when an atom is sent, appended to the map at once.
 pub(super) fn select<const N: usize, P: RankFrame + ?Sized>(
-    pos: &P, first: usize, dims: [usize; N], lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
+    pos: &P,
+    first: usize,
+    dims: [usize; N],
+    lo: [f64; N],
+    hi: [f64; N],
+    rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let mut buf = [0u32; SELECT_BLOCK];
     let mut x = [[0.0f64; N]; SELECT_BLOCK];
@@ -328,7 +334,13 @@ pub(super) fn send_range2(cutoff: f32) -> f64 {
 /// of its atoms at `pos` (in its frame) within `rc2` of the receiver's cell, which in this rank's
 /// frame is its own cell one step down along `d`, over the `decomposed` dimensions in order.
 pub(super) fn select_for_pulse(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &[[f64; 3]], first: usize, rc2: f64,
+    geo: &Decomposition,
+    decomposed: &[usize],
+    rank: usize,
+    d: usize,
+    pos: &[[f64; 3]],
+    first: usize,
+    rc2: f64,
 ) -> Vec<u32> {
     let mut map = Vec::new();
     select_for_pulse_into(geo, decomposed, rank, d, pos, first, rc2, &mut map);
@@ -338,7 +350,14 @@ pub(super) fn select_for_pulse(
 /// [`select_for_pulse`] appending to `map` (whose allocation a caller may reuse).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn select_for_pulse_into(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, pos: &(impl RankFrame + ?Sized), first: usize, rc2: f64, map: &mut Vec<u32>,
+    geo: &Decomposition,
+    decomposed: &[usize],
+    rank: usize,
+    d: usize,
+    pos: &(impl RankFrame + ?Sized),
+    first: usize,
+    rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let bounds = |e: usize| pulse_bounds(geo, rank, d, e);
     match *decomposed {
@@ -361,7 +380,12 @@ pub(super) fn pulse_bounds(geo: &Decomposition, rank: usize, d: usize, e: usize)
 /// `atom_offset` and landing at `peer_atom_offset` on the receiver; `recv_size` is left 0 for the
 /// caller (it is the sender's selection, known once every rank has selected).
 pub(super) fn pulse_plan(
-    geo: &Decomposition, rank: usize, (dim, pulse_in_dim): (usize, usize), index_map: Vec<u32>, atom_offset: usize, peer_atom_offset: usize,
+    geo: &Decomposition,
+    rank: usize,
+    (dim, pulse_in_dim): (usize, usize),
+    index_map: Vec<u32>,
+    atom_offset: usize,
+    peer_atom_offset: usize,
 ) -> PulsePlan {
     let grid = geo.grid;
     let shift = crossing_shift(geo, rank, dim);
@@ -420,7 +444,11 @@ impl HaloPlan {
 
     /// [`Self::build`] on `workers`, reusing `scratch` (the same plan for any workers and scratch).
     pub fn build_with(
-        system: &MolecularSystem, grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch,
+        system: &MolecularSystem,
+        grid: RankGrid,
+        cutoff: f32,
+        workers: &Workers,
+        scratch: &mut PlanScratch,
     ) -> Result<Self, PlanError> {
         Self::from_positions_with(&system.positions, system.box_size, grid, cutoff, workers, scratch)
     }
@@ -429,7 +457,12 @@ impl HaloPlan {
     /// owners, and the ranks to select what each pulse sends; `scratch`'s arrays are reused. The
     /// same plan for any number of workers and any scratch.
     pub fn from_positions_with(
-        positions: &[Float3], box_size: [f32; 3], grid: RankGrid, cutoff: f32, workers: &Workers, scratch: &mut PlanScratch,
+        positions: &[Float3],
+        box_size: [f32; 3],
+        grid: RankGrid,
+        cutoff: f32,
+        workers: &Workers,
+        scratch: &mut PlanScratch,
     ) -> Result<Self, PlanError> {
         let geo = Decomposition::new(grid, box_size, cutoff)?;
         if positions.len() > (u32::MAX / 2) as usize {

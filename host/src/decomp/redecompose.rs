@@ -255,7 +255,13 @@ fn pulse_tag(d: usize, p: usize) -> String {
 /// [`PlanError::HomeCount`]); `ranks` outside the grid or repeated; malformed blobs; and whatever
 /// `all_gather` returns.
 pub fn redecompose(
-    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    ranks: &[usize],
+    homes: Vec<HomeAtoms>,
+    all_gather: &mut Collective<'_>,
 ) -> Result<Redecomposed> {
     redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &Workers::serial(), &mut RedecomposeScratch::default())
 }
@@ -264,8 +270,15 @@ pub fn redecompose(
 /// selections), reusing `scratch`'s arrays: the same result for any workers and scratch.
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_with(
-    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], homes: Vec<HomeAtoms>, all_gather: &mut Collective<'_>,
-    workers: &Workers, scratch: &mut RedecomposeScratch,
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    ranks: &[usize],
+    homes: Vec<HomeAtoms>,
+    all_gather: &mut Collective<'_>,
+    workers: &Workers,
+    scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
     if atoms > (u32::MAX / 2) as usize {
@@ -311,7 +324,11 @@ pub fn redecompose_with(
 /// rank's input error (every process reports the same), a malformed blob, or home atoms that do
 /// not add up to `atoms`.
 fn migrate(
-    leaving: &[Leaving], local_index: &[Option<usize>], atoms: usize, all_gather: &mut Collective<'_>, spare: &mut Spare,
+    leaving: &[Leaving],
+    local_index: &[Option<usize>],
+    atoms: usize,
+    all_gather: &mut Collective<'_>,
+    spare: &mut Spare,
 ) -> Result<Vec<Vec<Moving>>> {
     let nranks = local_index.len();
     let blobs = leaving.iter().map(Leaving::blob).collect::<Result<Vec<_>, _>>()?;
@@ -342,8 +359,14 @@ fn migrate(
 /// dimensions.
 #[allow(clippy::too_many_arguments)]
 fn plan_pulses(
-    geo: &Decomposition, atoms: usize, ranks: &[usize], mut work: Vec<Working>, home_maps: &[Vec<Vec<u32>>], all_gather: &mut Collective<'_>,
-    workers: &Workers, scratch: &mut RedecomposeScratch,
+    geo: &Decomposition,
+    atoms: usize,
+    ranks: &[usize],
+    mut work: Vec<Working>,
+    home_maps: &[Vec<Vec<u32>>],
+    all_gather: &mut Collective<'_>,
+    workers: &Workers,
+    scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
     let (grid, box_size, cutoff) = (geo.grid, geo.box_size, geo.cutoff);
     let nranks = grid.num_ranks();
@@ -589,7 +612,9 @@ impl Leaving {
 #[cfg(test)]
 #[allow(clippy::type_complexity)]
 pub(super) fn sort_out_home(
-    geo: &Decomposition, rank: usize, h: &HomeAtoms,
+    geo: &Decomposition,
+    rank: usize,
+    h: &HomeAtoms,
 ) -> Result<(Vec<(u32, Float3, Float3)>, Vec<(u32, u32, Float3, Float3)>), PlanError> {
     let mut sc = RankScratch::default();
     let l = Leaving::sort_out(&CellEdges::new(geo), rank, h, &mut sc);
@@ -617,7 +642,10 @@ pub(super) fn sort_out_home(
 #[cfg(test)]
 #[allow(clippy::type_complexity)]
 pub(super) fn merge_home(
-    geo: &Decomposition, rank: usize, h: &HomeAtoms, arrivals: Vec<(u32, Float3, Float3)>,
+    geo: &Decomposition,
+    rank: usize,
+    h: &HomeAtoms,
+    arrivals: Vec<(u32, Float3, Float3)>,
 ) -> Result<(Vec<u32>, Vec<Float3>, Vec<Float3>), PlanError> {
     let mut sc = RankScratch::default();
     let l = Leaving::sort_out(&CellEdges::new(geo), rank, h, &mut sc);
@@ -787,7 +815,12 @@ impl Working {
     /// `gathered`: appends what the rank above sent and records the pulse; returns how many
     /// atoms arrived.
     fn receive(
-        &mut self, geo: &Decomposition, (dim, pulse_in_dim): (usize, usize), map: Vec<u32>, gathered: &[Vec<u8>], tag: &str,
+        &mut self,
+        geo: &Decomposition,
+        (dim, pulse_in_dim): (usize, usize),
+        map: Vec<u32>,
+        gathered: &[Vec<u8>],
+        tag: &str,
     ) -> Result<usize, PlanError> {
         let (to, from) = (geo.grid.neighbour(self.rank, dim, -1), geo.grid.neighbour(self.rank, dim, 1));
         let peer_atom_offset = Reader::new(&gathered[to], tag, to).word()?;

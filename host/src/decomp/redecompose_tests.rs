@@ -30,7 +30,6 @@ fn interval_motion(positions: &[Float3]) -> Vec<Float3> {
         .collect()
 }
 
-
 fn push(h: &mut HomeAtoms, (id, p, v): (u32, Float3, Float3)) {
     h.ids.push(id);
     h.positions.push(p);
@@ -71,14 +70,25 @@ fn homes_again(got: &Redecomposed) -> Vec<HomeAtoms> {
 /// each in its own thread, with a collective over shared memory that also checks that every
 /// process names the same collective at the same time.
 fn on_processes(
-    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+    processes: &[Vec<usize>],
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
     run_processes(&SharedCollective::new(grid, processes.len(), false), processes, grid, box_size, cutoff, atoms, homes)
 }
 
 /// [`on_processes`] over `collective`.
 fn run_processes(
-    collective: &SharedCollective, processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+    collective: &SharedCollective,
+    processes: &[Vec<usize>],
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = processes
@@ -685,7 +695,12 @@ impl HomeDevice for CpuHome {
 
 /// [`redecompose_on_devices`] over model devices, one emulated process per entry of `processes`.
 fn on_devices(
-    processes: &[Vec<usize>], grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, homes: &[HomeAtoms],
+    processes: &[Vec<usize>],
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    homes: &[HomeAtoms],
 ) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
     let collective = SharedCollective::new(grid, processes.len(), false);
     let collective = &collective;

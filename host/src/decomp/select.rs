@@ -35,7 +35,14 @@ use super::redecompose::Frame;
 /// `rank` sends in a pulse along `d`, appended to `map`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn select_wrapped_into(
-    geo: &Decomposition, decomposed: &[usize], rank: usize, d: usize, frame: &Frame<'_>, first: usize, rc2: f64, map: &mut Vec<u32>,
+    geo: &Decomposition,
+    decomposed: &[usize],
+    rank: usize,
+    d: usize,
+    frame: &Frame<'_>,
+    first: usize,
+    rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let b = |e: usize| pulse_bounds(geo, rank, d, e);
     // The dimensions as constants (the coordinates' offsets in a position are then known).
@@ -94,7 +101,12 @@ fn first(top: u32, p: impl Fn(u32) -> bool) -> u32 {
 /// [`select`] over a [`Frame`] by [`Ranges`], block by block, each atom told by its bits alone or
 /// (not decided by them) the exact way; the dimensions are `[D0, D1, D2][..N]`.
 fn select_wrapped<const N: usize, const D0: usize, const D1: usize, const D2: usize>(
-    frame: &Frame<'_>, first: usize, lo: [f64; N], hi: [f64; N], rc2: f64, map: &mut Vec<u32>,
+    frame: &Frame<'_>,
+    first: usize,
+    lo: [f64; N],
+    hi: [f64; N],
+    rc2: f64,
+    map: &mut Vec<u32>,
 ) {
     let dims: [usize; N] = std::array::from_fn(|i| [D0, D1, D2][i]);
     // A sum of 0 is sent only below a positive `rc2` (never the case, but then the exact way).

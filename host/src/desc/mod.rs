@@ -24,10 +24,8 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     /// Each upper layer, and the files below it (under `host/src/`) that may never name it.
-    const LAYERS: &[(&str, &[&str])] = &[
-        ("exchange", &["gpu", "kernels.rs", "error.rs", "route", "desc"]),
-        ("route", &["gpu", "kernels.rs", "error.rs", "desc"]),
-    ];
+    const LAYERS: &[(&str, &[&str])] =
+        &[("exchange", &["gpu", "kernels.rs", "error.rs", "route", "desc"]), ("route", &["gpu", "kernels.rs", "error.rs", "desc"])];
 
     fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
         if path.is_file() {

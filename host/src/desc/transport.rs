@@ -137,7 +137,10 @@ mod tests {
         assert!(Transport::ALL.iter().all(|t| t.gpu_initiated() != t.host_driven()));
         assert_eq!(Transport::ALL.iter().filter(|t| t.host_syncs_in_step()).count(), 1, "staged only");
         let e = "carrier-pigeon".parse::<Transport>().unwrap_err().to_string();
-        assert!(e.contains("`carrier-pigeon`") && e.contains("possible values: staged, direct-copy, per-pulse, per-pulse-direct, fused, fused-tma"), "{e}");
+        assert!(
+            e.contains("`carrier-pigeon`") && e.contains("possible values: staged, direct-copy, per-pulse, per-pulse-direct, fused, fused-tma"),
+            "{e}"
+        );
     }
 
     /// Who reads a rank's halo forces after its force halo, per transport (see

@@ -74,7 +74,10 @@ impl std::fmt::Display for WaitTimeout {
                     Some(WaitKind::ForceSignal) => "the force halo",
                     _ => "other blocks of the force halo",
                 };
-                write!(f, "rank {rank} waited {waited:.1} s for pulse {pulse} of {what} from rank {peer} at step {counter} (signal {seen}, expected {counter})")
+                write!(
+                    f,
+                    "rank {rank} waited {waited:.1} s for pulse {pulse} of {what} from rank {peer} at step {counter} (signal {seen}, expected {counter})"
+                )
             }
         }
     }

@@ -33,9 +33,8 @@ pub fn coordinate_credit_needed(halos: &[RankHalo], a: usize, p: usize) -> bool 
     let b = halos[a].pulses[p].send_rank;
     let hb = &halos[b];
     let received = hb.pulses[p].atom_offset..hb.pulses[p].atom_offset + hb.pulses[p].recv_size;
-    let forwards_elsewhere = hb.pulses[p + 1..]
-        .iter()
-        .any(|later| later.send_rank != a && later.index_map.iter().any(|&m| received.contains(&(m as usize))));
+    let forwards_elsewhere =
+        hb.pulses[p + 1..].iter().any(|later| later.send_rank != a && later.index_map.iter().any(|&m| received.contains(&(m as usize))));
     let b_signals_a = hb.pulses.iter().any(|q| q.send_rank == a && synchronises(q));
     forwards_elsewhere || !b_signals_a
 }

@@ -21,9 +21,9 @@
 //! - **Tests.** `HALO_TEST_RESERVE_GIB=G[:RANK]` makes `halo exchange-check` hold `G` GiB of the
 //!   GPU first ([`reserve_for_test`]), so exhausted device memory can be tried on an H200.
 
+use super::Element;
 use super::rank::SharedSizes;
 use crate::desc::RankHalo;
-use super::Element;
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaContext, DeviceBuffer, KernelModule};
 use crate::launch::{LaunchError, Rendezvous};
@@ -631,12 +631,18 @@ mod tests {
         assert!(!e.contains("NVSHMEM_CUMEM_GRANULARITY"), "no heap growth in one process: {e}");
         // A growing heap may need a whole new step: 512 MiB more than the buffers.
         let e = check_device(room(total + (100 << 20)), &[0], std::slice::from_ref(&need), Some(DEFAULT_GRANULARITY)).unwrap_err();
-        assert!(e.contains("grows in steps of 512.0 MiB (NVSHMEM_CUMEM_GRANULARITY)") && e.contains("a smaller NVSHMEM_CUMEM_GRANULARITY (e.g. 2M)"), "{e}");
+        assert!(
+            e.contains("grows in steps of 512.0 MiB (NVSHMEM_CUMEM_GRANULARITY)") && e.contains("a smaller NVSHMEM_CUMEM_GRANULARITY (e.g. 2M)"),
+            "{e}"
+        );
         check_device(room(1 << 30), &[0], std::slice::from_ref(&need), Some(DEFAULT_GRANULARITY)).unwrap();
         // Several ranks on one GPU add up; a test reservation is named.
         let two = [need.clone(), need.clone()];
         let e = check_device(DeviceRoom { gpu: 0, free: total + 1, held_for_test: 140 << 30 }, &[0, 2], &two, None).unwrap_err();
-        assert!(e.contains("ranks 0, 2") && e.contains("each rank: coordinates") && e.contains("HALO_TEST_RESERVE_GIB holds 140.00 GiB of it"), "{e}");
+        assert!(
+            e.contains("ranks 0, 2") && e.contains("each rank: coordinates") && e.contains("HALO_TEST_RESERVE_GIB holds 140.00 GiB of it"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -667,7 +673,9 @@ mod tests {
             let handles: Vec<_> = (0..3)
                 .map(|pe| {
                     let dir = dir.clone();
-                    s.spawn(move || agree_through(&Rendezvous::new(dir, pe, 3), "exchange-memory-test", verdict(pe), std::time::Duration::from_secs(10)))
+                    s.spawn(move || {
+                        agree_through(&Rendezvous::new(dir, pe, 3), "exchange-memory-test", verdict(pe), std::time::Duration::from_secs(10))
+                    })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()

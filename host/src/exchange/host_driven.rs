@@ -51,8 +51,8 @@
 
 use super::credits;
 use super::rank::{PeerView, RankExchange};
-use crate::desc::{PulseSpec, RankHalo};
 use crate::desc::{Element, Transport};
+use crate::desc::{PulseSpec, RankHalo};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaEvent, CudaStream};
 use std::sync::Arc;
@@ -253,12 +253,9 @@ impl HostPlan {
             }
             f_credit.push(forces);
         }
-        let waiters_of = |owner: usize, lists: &dyn Fn(usize) -> Vec<usize>| -> Vec<usize> {
-            (0..n).filter(|&w| lists(w).contains(&owner)).collect()
-        };
-        let x_waiters = (0..n)
-            .map(|r| [0, 1].map(|mode| waiters_of(r, &|w| x_credit[w][mode].iter().flatten().copied().collect())))
-            .collect();
+        let waiters_of =
+            |owner: usize, lists: &dyn Fn(usize) -> Vec<usize>| -> Vec<usize> { (0..n).filter(|&w| lists(w).contains(&owner)).collect() };
+        let x_waiters = (0..n).map(|r| [0, 1].map(|mode| waiters_of(r, &|w| x_credit[w][mode].iter().flatten().copied().collect()))).collect();
         let f_waiters = (0..n).map(|r| waiters_of(r, &|w| f_credit[w].iter().flatten().copied().collect())).collect();
         Self { x_waiters, x_credit, f_waiters, f_credit }
     }

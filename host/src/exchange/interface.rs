@@ -294,7 +294,10 @@ impl Placement {
     /// [`Self::exchange_planned`] with `headroom` as [`Self::exchange_with_headroom`] (the MD step,
     /// which replans at search steps).
     pub fn exchange_planned_with_headroom<T: Element>(
-        &self, halos: Vec<RankHalo>, plans: &[crate::route::RoutedPaths], headroom: f64,
+        &self,
+        halos: Vec<RankHalo>,
+        plans: &[crate::route::RoutedPaths],
+        headroom: f64,
     ) -> Result<Box<dyn Exchange<T>>> {
         self.build(halos, Some(plans), headroom)
     }
@@ -334,12 +337,17 @@ impl Placement {
     /// `kept`'s symmetric buffers ([`KeptGather`](crate::nvshmem::KeptGather), made by the first
     /// call, `initial` bytes per PE, grown when needed), one put per PE and a barrier instead of
     /// allocations. Every PE makes the same calls with its own `kept`.
-    pub fn all_gather_kept(&self, tag: &str, mine: Vec<Vec<u8>>, kept: &mut Option<crate::nvshmem::KeptGather>, initial: usize) -> Result<Vec<Vec<u8>>> {
+    pub fn all_gather_kept(
+        &self,
+        tag: &str,
+        mine: Vec<Vec<u8>>,
+        kept: &mut Option<crate::nvshmem::KeptGather>,
+        initial: usize,
+    ) -> Result<Vec<Vec<u8>>> {
         match self {
             Placement::Local(_) | Placement::LocalDirect(_) => Ok(mine),
             Placement::Pe { nvshmem, .. } => {
-                let [one] = <[Vec<u8>; 1]>::try_from(mine)
-                    .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
+                let [one] = <[Vec<u8>; 1]>::try_from(mine).map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
                 let gather = match kept {
                     Some(g) => g,
                     None => kept.insert(crate::nvshmem::KeptGather::new(nvshmem, initial)?),
@@ -357,8 +365,7 @@ impl Placement {
         match self {
             Placement::Local(_) | Placement::LocalDirect(_) => Ok(mine),
             Placement::Pe { nvshmem, .. } => {
-                let [one] = <[Vec<u8>; 1]>::try_from(mine)
-                    .map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
+                let [one] = <[Vec<u8>; 1]>::try_from(mine).map_err(|m| HaloError::InvalidInput(format!("a PE drives one rank, not {}", m.len())))?;
                 nvshmem.all_gather_bytes(&one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
             }
         }

@@ -63,7 +63,10 @@ impl<T: Element> LocalRanks<T> {
 
     /// [`Self::with_plans`] with buffers of `sizes` (see [`Self::with_sizes`]).
     pub fn with_plans_and_sizes(
-        halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], plans: &[crate::route::RoutedPaths], sizes: SharedSizes,
+        halos: Vec<RankHalo>,
+        modules: &[Arc<KernelModule>],
+        plans: &[crate::route::RoutedPaths],
+        sizes: SharedSizes,
     ) -> Result<Self> {
         if plans.len() != halos.len() || plans.iter().enumerate().any(|(r, p)| p.self_pe != r) {
             return Err(HaloError::InvalidInput(format!("{} plans for {} ranks (plan r must be rank r's)", plans.len(), halos.len())));
@@ -155,7 +158,8 @@ impl<T: Element> LocalRanks<T> {
             return Err(HaloError::InvalidInput(format!("bulk flags for {} ranks, but there are {}", bulk.len(), self.ranks.len())));
         }
         for (r, rank) in self.ranks.iter_mut().enumerate() {
-            let recv: Vec<bool> = rank.halo().pulses.iter().enumerate().map(|(p, spec)| bulk[spec.recv_rank].get(p).copied().unwrap_or(false)).collect();
+            let recv: Vec<bool> =
+                rank.halo().pulses.iter().enumerate().map(|(p, spec)| bulk[spec.recv_rank].get(p).copied().unwrap_or(false)).collect();
             rank.set_bulk_pulses(&bulk[r], &recv)?;
         }
         Ok(())

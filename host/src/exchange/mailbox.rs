@@ -26,8 +26,11 @@ impl Words {
     fn map(file: &File, len: usize, path: &Path) -> Result<Self> {
         // SAFETY: the file is a private shared-memory file of this run, sized to `len` words by
         // its creator before its path was published; every access goes through atomics.
-        let map = unsafe { memmap2::MmapOptions::new().len(len * 8).map_mut(file) }
-            .map_err(|source| HaloError::Io { what: "mapping the mailbox", path: path.to_path_buf(), source })?;
+        let map = unsafe { memmap2::MmapOptions::new().len(len * 8).map_mut(file) }.map_err(|source| HaloError::Io {
+            what: "mapping the mailbox",
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(Self { map, len })
     }
 

@@ -2,14 +2,14 @@
 //! `nvshmem_ptr` where NVLink allows loads and stores, by NVSHMEM puts otherwise (or when forced).
 
 use super::host_driven::{Direction, HostDriven};
+use super::interface::ReplanFence;
 use super::memory::MemoryKind;
 use super::pe_links::PeLinks;
 use super::rank::{PeerView, RankExchange, SharedSizes};
+use super::reset::ResetStep;
 use super::spec::validate;
 use crate::desc::RankHalo;
-use super::interface::ReplanFence;
 use crate::desc::{Element, Transport};
-use super::reset::ResetStep;
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
 use crate::nvshmem::Nvshmem;
@@ -48,7 +48,9 @@ impl PathPolicy {
             "routed" | "" => Ok(Self::Routed),
             "auto" => Ok(Self::Auto),
             "force-put" => Ok(Self::ForcePut),
-            other => Err(HaloError::InvalidInput(format!("--paths {other:?}: use routed (the router decides, the default), auto (stores wherever mapped) or force-put"))),
+            other => Err(HaloError::InvalidInput(format!(
+                "--paths {other:?}: use routed (the router decides, the default), auto (stores wherever mapped) or force-put"
+            ))),
         }
     }
 
@@ -89,10 +91,9 @@ impl PutSignaling {
             "auto" | "" => Ok(Self::Auto),
             "put-signal" => Ok(Self::PutSignal),
             "fenced-put" => Ok(Self::FencedPut),
-            other => Err(HaloError::InvalidInput(format!(
-                "{}={other:?} is not a put signalling mode: use put-signal, fenced-put or auto",
-                Self::ENV
-            ))),
+            other => {
+                Err(HaloError::InvalidInput(format!("{}={other:?} is not a put signalling mode: use put-signal, fenced-put or auto", Self::ENV)))
+            }
         }
     }
 
@@ -264,7 +265,9 @@ impl<T: Element> PeExchange<T> {
         let local = self.rank.local_view();
         // Only the pairs both ends map ([`super::peer_map`]); puts for the others.
         let mapped = &self.mapped;
-        let view = |peer: usize| -> Option<PeerView> { if mapped.get(peer).copied().unwrap_or(false) { own_view(&policy, &nvshmem, &local, peer) } else { None } };
+        let view = |peer: usize| -> Option<PeerView> {
+            if mapped.get(peer).copied().unwrap_or(false) { own_view(&policy, &nvshmem, &local, peer) } else { None }
+        };
         self.rank.install_deferred(&view, &super::credits::flags(&self.halos)[me], self.mode)?;
         if let PathPolicy::Planned(paths) = policy {
             // Bulk copies where the pair chose nvlink-tma and NVSHMEM maps the peer; the others as
@@ -414,7 +417,8 @@ impl<T: Element> PeExchange<T> {
     /// Runs one direction of a host-driven transport. A failure (a host wait for the stream that
     /// saw no progress, a peer that never posted) marks the exchange failed like a device wait.
     fn host_driven(&mut self, transport: Transport, direction: Direction) -> Result<()> {
-        let links = self.links.as_mut().map_err(|why| HaloError::InvalidInput(format!("the {} transport cannot run here: {why}", transport.name())))?;
+        let links =
+            self.links.as_mut().map_err(|why| HaloError::InvalidInput(format!("the {} transport cannot run here: {why}", transport.name())))?;
         let ran = self.host.run(transport, direction, std::slice::from_mut(&mut self.rank), std::slice::from_ref(&self.stream), links);
         match ran {
             Ok(syncs) => {

@@ -10,12 +10,12 @@
 //! (a PE on another node, no IPC, no `/dev/shm`), every PE gets the same reason and the staged and
 //! direct-copy transports report it from `check_transport` instead of running.
 
+use super::Element;
 use super::host_driven::{Channel, Links};
 use super::mailbox::Mailbox;
 use super::memory::{Mem, MemoryKind};
 use super::rank::{PeerView, RankExchange};
 use crate::desc::RankHalo;
-use super::Element;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory};
 use crate::nvshmem::Nvshmem;
@@ -210,7 +210,8 @@ impl PeLinks {
         let ok = linked.is_ok() as u64;
         ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: 8 bytes inside this PE's own symmetric record.
-        unsafe { cudarc::driver::result::memcpy_htod_sync(buf.device_ptr() + blob::AGREED as u64, &ok.to_le_bytes()) }.during("publishing the link verdict")?;
+        unsafe { cudarc::driver::result::memcpy_htod_sync(buf.device_ptr() + blob::AGREED as u64, &ok.to_le_bytes()) }
+            .during("publishing the link verdict")?;
         nvshmem.barrier_all()?;
         // Round 3: every PE's verdict.
         let mut failed = Vec::new();
@@ -253,7 +254,8 @@ impl PeLinks {
             .map(|_| Ok([Event::create(ctx)?, Event::create(ctx)?]))
             .collect::<Result<Vec<_>>>()
             .map_err(|e| format!("no interprocess events: {e}"))?;
-        let handles = own.iter().flat_map(|pair| pair.iter().map(Event::handle)).collect::<Result<Vec<_>>>().map_err(|e| format!("no IPC handles: {e}"))?;
+        let handles =
+            own.iter().flat_map(|pair| pair.iter().map(Event::handle)).collect::<Result<Vec<_>>>().map_err(|e| format!("no IPC handles: {e}"))?;
         let mailbox = Mailbox::create(me, n, Channel::slots(pulses)).map_err(|e| e.to_string())?;
         Ok((own, mailbox, handles))
     }
@@ -282,7 +284,10 @@ impl PeLinks {
                 return Err(format!("PE {pe} could not create its events or mailbox (see its message)"));
             }
             if p.boot != boot {
-                return Err(format!("PE {pe} runs on another machine (boot id {} here, {} there): staged and direct-copy need one node", boot, p.boot));
+                return Err(format!(
+                    "PE {pe} runs on another machine (boot id {} here, {} there): staged and direct-copy need one node",
+                    boot, p.boot
+                ));
             }
             mailbox.open_peer(pe, &p.path).map_err(|e| e.to_string())?;
             let opened = (0..events)
@@ -337,7 +342,8 @@ impl Links for PeLinks {
         let event = if owner == self.me {
             &self.own[e][parity]
         } else {
-            let events = self.imported[owner].as_ref().ok_or_else(|| HaloError::InvalidInput(format!("PE {owner} is not a neighbour of PE {}", self.me)))?;
+            let events =
+                self.imported[owner].as_ref().ok_or_else(|| HaloError::InvalidInput(format!("PE {owner} is not a neighbour of PE {}", self.me)))?;
             &events[e][parity]
         };
         // SAFETY: a live event (own, or opened from the owner's handle) and a stream of this context.

@@ -79,7 +79,10 @@ mod tests {
                     out.push(format!("pulse {p}: rank {a} stores words {} but rank {b} polls words {}", mine.sends_x_words, theirs.receives_x_words));
                 }
                 if mine.receives_f_words != theirs.sends_f_words {
-                    out.push(format!("pulse {p}: rank {b} pushes force words {} but rank {a} polls words {}", theirs.sends_f_words, mine.receives_f_words));
+                    out.push(format!(
+                        "pulse {p}: rank {b} pushes force words {} but rank {a} polls words {}",
+                        theirs.sends_f_words, mine.receives_f_words
+                    ));
                 }
             }
         }

@@ -24,9 +24,9 @@ use super::interface::{Exchange, ReplanFence};
 use super::rank::RankExchange;
 use crate::desc::RankHalo;
 use crate::desc::{Element, Transport};
+use crate::error::CudaContextExt;
 use crate::error::{HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
-use crate::error::CudaContextExt;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::fmt;
@@ -100,7 +100,8 @@ impl Jitter {
     /// Parses `MAX_US[:SEED[:host|gpu|both]]` (`device` is accepted for `gpu`). `Ok(None)` for
     /// `0` or an empty value: jitter off.
     pub fn parse(s: &str) -> std::result::Result<Option<Self>, String> {
-        const FORM: &str = "write MAX_US[:SEED[:host|gpu|both]], for example 30:7 (up to 30 µs before about half of the launches, seed 7, host and GPU)";
+        const FORM: &str =
+            "write MAX_US[:SEED[:host|gpu|both]], for example 30:7 (up to 30 µs before about half of the launches, seed 7, host and GPU)";
         let s = s.trim();
         if s.is_empty() {
             return Ok(None);
@@ -161,7 +162,15 @@ impl fmt::Display for Jitter {
             JitterSide::Gpu => "on the GPU",
             JitterSide::Both => "on the host and on the GPU",
         };
-        write!(f, "jitter: up to {} µs before about half of the launches of every rank, {side} (seed {}; {JITTER_ENV}={}:{}:{})", self.max_us, self.seed, self.max_us, self.seed, self.side.name())
+        write!(
+            f,
+            "jitter: up to {} µs before about half of the launches of every rank, {side} (seed {}; {JITTER_ENV}={}:{}:{})",
+            self.max_us,
+            self.seed,
+            self.max_us,
+            self.seed,
+            self.side.name()
+        )
     }
 }
 
@@ -267,7 +276,10 @@ impl fmt::Display for Fault {
         let slot_arg = |s: &Option<usize>| s.map_or_else(String::new, |k| format!(",slot={k}"));
         match self {
             Fault::Kill { step, rank } => {
-                write!(f, "fault: rank {rank} kills itself (SIGKILL) right after enqueueing step {step}'s coordinate halo ({FAULT_ENV}=kill@{step}:{rank})")
+                write!(
+                    f,
+                    "fault: rank {rank} kills itself (SIGKILL) right after enqueueing step {step}'s coordinate halo ({FAULT_ENV}=kill@{step}:{rank})"
+                )
             }
             Fault::CorruptAtom { rank, pulse, slot: s, step } => write!(
                 f,
@@ -489,7 +501,9 @@ static PROCESS: OnceLock<std::result::Result<Option<Arc<Perturbation>>, String>>
 /// Fixes this process's perturbation (a command-line flag), before any exchange is built.
 /// Refused once [`for_process`] has read the environment or another `install` ran.
 pub fn install(p: Option<Arc<Perturbation>>) -> Result<()> {
-    PROCESS.set(Ok(p)).map_err(|_| HaloError::InvalidInput("the jitter and fault of this process were already fixed before the flags were read".into()))
+    PROCESS
+        .set(Ok(p))
+        .map_err(|_| HaloError::InvalidInput("the jitter and fault of this process were already fixed before the flags were read".into()))
 }
 
 /// This process's perturbation: what [`install`] set, or else what [`JITTER_ENV`] and
@@ -636,8 +650,7 @@ impl<E> Perturbed<E> {
         if k >= p.recv_size {
             return Err(HaloError::InvalidInput(format!(
                 "{FAULT_ENV}: rank {rank} receives {} atoms in pulse {pulse}, so it has no slot {k} to change (slots 0..{})",
-                p.recv_size,
-                p.recv_size
+                p.recv_size, p.recv_size
             )));
         }
         let local = p.atom_offset + k;
@@ -871,7 +884,6 @@ mod tests {
         assert!(e.contains("HALO_JITTER_US=\"x\""), "the variable is named: {e}");
         assert!(Perturbation::parse(Some("0"), Some(""), (JITTER_ENV, FAULT_ENV)).unwrap().is_none(), "both off: no wrapper at all");
     }
-
 
     #[test]
     fn negative_control_faults_parse_with_their_defaults_and_refuse_the_rest() {

@@ -113,13 +113,8 @@ pub fn keep_launcher_off_proxy(before: &[i32]) -> Option<String> {
     if std::env::var(ENV_PIN_LAUNCHER).is_ok_and(|v| v.trim() == "0") {
         return None;
     }
-    let proxy_cpus: BTreeSet<usize> = threads()
-        .into_iter()
-        .filter(|t| before.binary_search(t).is_err())
-        .filter_map(affinity)
-        .filter(|cpus| cpus.len() == 1)
-        .flatten()
-        .collect();
+    let proxy_cpus: BTreeSet<usize> =
+        threads().into_iter().filter(|t| before.binary_search(t).is_err()).filter_map(affinity).filter(|cpus| cpus.len() == 1).flatten().collect();
     if proxy_cpus.is_empty() {
         return None;
     }

@@ -6,6 +6,7 @@
 //! the rank's [`ProtocolState`] on the GPU and advance inside each launch, so one captured step
 //! replays any number of times (docs/protocol.md, "Graphs").
 
+use super::Element;
 use super::memory::{Mem, MemoryKind};
 use super::spec::RankHalo;
 use super::watch::{self, StateWatch, StuckStream, WaitTarget};
@@ -13,7 +14,6 @@ use super::{Transport, WaitTimeout};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use crate::kernel_args;
-use super::Element;
 use kernels_gpu::abi::{
     self, COUNTERS_PER_PULSE, CoordPath, Float3, ProtocolState, PulseMeta, SIGNAL_SLOTS_PER_PULSE, SignalMode, SignalSlot, WaitKind, WaitStatus,
     pulse_flags, signal_index,
@@ -623,7 +623,13 @@ impl<T: Element> RankExchange<T> {
                     self.rank, meta.send_pe
                 )));
             }
-            meta.path = if b { CoordPath::Bulk } else if meta.remote_x != 0 { CoordPath::Store } else { CoordPath::Put } as u32;
+            meta.path = if b {
+                CoordPath::Bulk
+            } else if meta.remote_x != 0 {
+                CoordPath::Store
+            } else {
+                CoordPath::Put
+            } as u32;
             meta.flags = with_receive_words(meta, rb);
         }
         self.meta_pending = true;
@@ -672,11 +678,8 @@ impl<T: Element> RankExchange<T> {
         match transport {
             Transport::Fused | Transport::FusedTma => {
                 let tma = transport == Transport::FusedTma;
-                let (name, shape) = if tma {
-                    (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape())
-                } else {
-                    (entry::<T>(abi::FUSED_COORDS), self.coord_shape())
-                };
+                let (name, shape) =
+                    if tma { (entry::<T>(abi::FUSED_COORDS_TMA), self.tma_shape()) } else { (entry::<T>(abi::FUSED_COORDS), self.coord_shape()) };
                 let mut args = kernel_args![meta, pulses, x, signals, state, counters, dep, timeout, status];
                 if tma {
                     // SAFETY: arguments match the fused coordinate kernels; the metadata was built by
@@ -693,10 +696,9 @@ impl<T: Element> RankExchange<T> {
                 }
                 Ok(())
             }
-            Transport::Staged | Transport::DirectCopy => Err(HaloError::InvalidInput(format!(
-                "the {} transport is host-driven: run it through LocalRanks or PeExchange",
-                transport.name()
-            ))),
+            Transport::Staged | Transport::DirectCopy => {
+                Err(HaloError::InvalidInput(format!("the {} transport is host-driven: run it through LocalRanks or PeExchange", transport.name())))
+            }
         }
     }
 
@@ -796,7 +798,14 @@ impl<T: Element> RankExchange<T> {
         let (mut sx, mut sy, mut sz, mut use_shift) = (s.x, s.y, s.z, spec.shift.is_some() as u32);
         let mut args = kernel_args![xp, mp, n, op, sx, sy, sz, use_shift];
         // SAFETY: arguments match `pack_coords`; map entries validated against the arrays.
-        unsafe { self.module.launch(&entry::<T>(abi::PACK_COORDS), LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+        unsafe {
+            self.module.launch(
+                &entry::<T>(abi::PACK_COORDS),
+                LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS),
+                stream,
+                &mut args,
+            )
+        }
     }
 
     /// Host-driven copy of pulse `p`'s send slot into the peer's coordinates (staged path).
@@ -808,9 +817,7 @@ impl<T: Element> RankExchange<T> {
         }
         let dst = peer.x + (spec.peer_atom_offset * size_of::<T>()) as u64;
         // SAFETY: both ranges lie inside live allocations (validated plan); UVA resolves the peer.
-        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_slot(p), bytes, stream.cu_stream()) }
-            .result()
-            .during("staged coordinate copy")
+        unsafe { cudarc::driver::sys::cuMemcpyAsync(dst, self.send_slot(p), bytes, stream.cu_stream()) }.result().during("staged coordinate copy")
     }
 
     /// Host-driven copy of this rank's halo forces of pulse `p` into the owner's receive slot.
@@ -864,7 +871,14 @@ impl<T: Element> RankExchange<T> {
         let mut args = kernel_args![bp, mp, n, dp];
         // Forces are always accumulated (`spec::validate` rejects storing).
         // SAFETY: arguments match `unpack_accumulate`; validated plan.
-        unsafe { self.module.launch(&entry::<T>(abi::UNPACK_ACCUMULATE), LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
+        unsafe {
+            self.module.launch(
+                &entry::<T>(abi::UNPACK_ACCUMULATE),
+                LaunchShape::for_items(n as usize, crate::kernels::MAX_GATHER_BLOCKS),
+                stream,
+                &mut args,
+            )
+        }
     }
 
     /// Resets the device-side protocol state (signals, step counters, block counters, status) so

@@ -21,10 +21,14 @@ pub fn coordinates<T: HaloElement>(halos: &[RankHalo], home: &[Vec<T>]) -> Vec<V
     for p in 0..pulses {
         for r in 0..halos.len() {
             let spec = &halos[r].pulses[p];
-            let packed: Vec<T> = spec.index_map.iter().map(|&i| match spec.shift {
-                Some(s) => x[r][i as usize].shifted(s),
-                None => x[r][i as usize],
-            }).collect();
+            let packed: Vec<T> = spec
+                .index_map
+                .iter()
+                .map(|&i| match spec.shift {
+                    Some(s) => x[r][i as usize].shifted(s),
+                    None => x[r][i as usize],
+                })
+                .collect();
             let dst = &mut x[spec.send_rank][spec.peer_atom_offset..spec.peer_atom_offset + packed.len()];
             dst.copy_from_slice(&packed);
         }
@@ -69,7 +73,9 @@ impl std::fmt::Display for CoordinateDifferences {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.first {
             None => write!(f, "coordinates bit-exact"),
-            Some(first) => write!(f, "{} atom(s) differ from the reference, the first is {first}; max abs coordinate error {:.3e} nm", self.atoms, self.max_abs),
+            Some(first) => {
+                write!(f, "{} atom(s) differ from the reference, the first is {first}; max abs coordinate error {:.3e} nm", self.atoms, self.max_abs)
+            }
         }
     }
 }

@@ -24,9 +24,7 @@ use super::interface::Placement;
 use crate::desc::{Element, RankHalo, Transport};
 use crate::error::{HaloError, Result};
 use crate::nvshmem::{KeptGather, Nvshmem};
-use crate::route::{
-    FailureInjection, Feedback, Outcome, PathError, PeFacts, RouteError, RoutedPaths, RoutedSummary, Router, gpu_facts, paths,
-};
+use crate::route::{FailureInjection, Feedback, Outcome, PathError, PeFacts, RouteError, RoutedPaths, RoutedSummary, Router, gpu_facts, paths};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -96,7 +94,9 @@ fn pe_facts(nvshmem: &Arc<Nvshmem>, ordinal: usize) -> Result<Vec<PeFacts>> {
         .all_gather_bytes(&bytes)?
         .iter()
         .enumerate()
-        .map(|(pe, b)| serde_json::from_slice::<PeFacts>(b).map_err(|e| HaloError::InvalidInput(format!("routing: PE {pe}'s facts do not parse: {e}"))))
+        .map(|(pe, b)| {
+            serde_json::from_slice::<PeFacts>(b).map_err(|e| HaloError::InvalidInput(format!("routing: PE {pe}'s facts do not parse: {e}")))
+        })
         .collect::<Result<Vec<_>>>()?;
     *held = Some(all.clone());
     Ok(all)
@@ -280,7 +280,8 @@ impl Routing {
     pub fn record_failed_launch(&mut self, e: &HaloError) {
         tracing::warn!("route: a launch of the exchange failed: {e}");
         for rank in self.local_ranks() {
-            let peers: Vec<usize> = self.plans.get(rank).map_or_else(Vec::new, |p| (0..p.peers.len()).filter(|&q| p.transport(q).is_some() && q != rank).collect());
+            let peers: Vec<usize> =
+                self.plans.get(rank).map_or_else(Vec::new, |p| (0..p.peers.len()).filter(|&q| p.transport(q).is_some() && q != rank).collect());
             self.record_launch_failure(rank, &peers);
         }
         self.failed = true;
@@ -370,10 +371,7 @@ impl Routing {
     /// `route summary` lines of the local routers (lookups, switches, topology), for the end of a run.
     pub fn finish_lines(&self) -> Vec<String> {
         let (sp, reruns) = self.counts();
-        self.routers
-            .iter()
-            .map(|r| format!("{}; {sp} safe points, {reruns} re-runs, agreement round {}", r.summary(), r.agreement().round))
-            .collect()
+        self.routers.iter().map(|r| format!("{}; {sp} safe points, {reruns} re-runs, agreement round {}", r.summary(), r.agreement().round)).collect()
     }
 }
 

@@ -1,8 +1,8 @@
 //! The cross-rank check of the ranks' halos ([`validate`]). The halo description itself
 //! ([`RankHalo`], [`PulseSpec`], [`AtomPlace`]) lives in [`crate::desc::halo`] and is re-exported here.
 
-use crate::error::{HaloError, Result};
 pub use crate::desc::halo::{AtomPlace, PulseSpec, RankHalo, ReceivedAt};
+use crate::error::{HaloError, Result};
 
 /// Checks that the ranks' halos fit together and obey the rules the kernels rely on: equal pulse
 /// counts, matching sizes and offsets between the two ends of every pulse, received ranges after
@@ -209,7 +209,10 @@ mod tests {
 
     #[test]
     fn places_name_the_pulse_the_sender_and_the_slot() {
-        let halos = crate::exchange::synthetic::halos(crate::exchange::synthetic::SyntheticShape { grid: [2, 2, 1], pulses_per_dim: 1, home_atoms: 200, send_fraction: 0.35, box_len: 7.7 }, 3);
+        let halos = crate::exchange::synthetic::halos(
+            crate::exchange::synthetic::SyntheticShape { grid: [2, 2, 1], pulses_per_dim: 1, home_atoms: 200, send_fraction: 0.35, box_len: 7.7 },
+            3,
+        );
         let h = &halos[3];
         assert_eq!(h.place_of(0), AtomPlace { local: 0, received: None });
         assert!(h.place_of(0).to_string().contains("a home atom"));

@@ -100,10 +100,7 @@ impl StateWatch {
         // SAFETY: the copies into these bytes completed (the stream is idle); the buffer is
         // aligned (page-locked allocations are page aligned) and the types are plain data.
         let (state, status) = unsafe {
-            (
-                std::ptr::read_volatile(self.host.cast::<ProtocolState>()),
-                std::ptr::read_volatile(self.host.add(STATUS_OFFSET).cast::<WaitStatus>()),
-            )
+            (std::ptr::read_volatile(self.host.cast::<ProtocolState>()), std::ptr::read_volatile(self.host.add(STATUS_OFFSET).cast::<WaitStatus>()))
         };
         DeviceSnapshot { x_epoch: state.x_epoch, f_epoch: state.f_epoch, x_finished: state.x_finished, status }
     }
@@ -150,7 +147,8 @@ pub fn wait_stream(
     let backstop = target.budget + BACKSTOP_MARGIN;
     let guard = watchdog::arm(steps::HOST_WAIT, backstop);
     let (state, status, watch) = (target.state, target.status, target.watch);
-    let outcome = poll_until_done(|| stream_idle(stream), || watch.sample(state, status).map(|s| s.progress()), target.budget, Some((&guard, backstop)))?;
+    let outcome =
+        poll_until_done(|| stream_idle(stream), || watch.sample(state, status).map(|s| s.progress()), target.budget, Some((&guard, backstop)))?;
     match outcome {
         WaitOutcome::Done(_) => Ok(()),
         WaitOutcome::Expired { waited, since_progress } => {
@@ -191,7 +189,16 @@ mod tests {
             nvshmem: Some("NVSHMEM init status 2".into()),
         };
         let m = stuck.to_string();
-        for part in ["rank 1: nothing moved for 10.0 s", "coordinate halo (fused)", "`ucx`", "put-signal", "3 coordinate and 2 force", "no halo wait has expired", "proxy.cpp", "NVSHMEM init status 2"] {
+        for part in [
+            "rank 1: nothing moved for 10.0 s",
+            "coordinate halo (fused)",
+            "`ucx`",
+            "put-signal",
+            "3 coordinate and 2 force",
+            "no halo wait has expired",
+            "proxy.cpp",
+            "NVSHMEM init status 2",
+        ] {
             assert!(m.contains(part), "missing {part:?} in {m}");
         }
         status.timed_out = 1;

@@ -48,8 +48,7 @@ pub trait DeviceMemory<T: Pod> {
         }
         self.context().bind_to_thread().during("binding the context")?;
         // SAFETY: `out` has exactly the buffer's size.
-        unsafe { result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<T, u8>(&mut out), self.device_ptr()) }
-            .during("copying from the GPU")?;
+        unsafe { result::memcpy_dtoh_sync(bytemuck::cast_slice_mut::<T, u8>(&mut out), self.device_ptr()) }.during("copying from the GPU")?;
         Ok(out)
     }
 
@@ -102,8 +101,7 @@ pub trait DeviceMemory<T: Pod> {
             return Ok(());
         }
         // SAFETY: the range is inside the allocation (checked above); stream discipline as below.
-        unsafe { result::memset_d8_async(self.device_ptr_at(start), 0, len * size_of::<T>(), stream.cu_stream()) }
-            .during("zeroing device memory")
+        unsafe { result::memset_d8_async(self.device_ptr_at(start), 0, len * size_of::<T>(), stream.cu_stream()) }.during("zeroing device memory")
     }
 
     /// Enqueues on `stream` the copy of elements `0..n` of `src` into elements `0..n` of this
@@ -129,8 +127,7 @@ pub trait DeviceMemory<T: Pod> {
         // SAFETY: both ranges are inside their allocations (checked above) and of the stream's
         // context; the copy runs in `stream`'s order, and by this method's contract neither buffer
         // is freed before it has run.
-        unsafe { result::memcpy_dtod_async(self.device_ptr(), src.device_ptr(), n * size_of::<T>(), stream.cu_stream()) }
-            .during("copying on the GPU")
+        unsafe { result::memcpy_dtod_async(self.device_ptr(), src.device_ptr(), n * size_of::<T>(), stream.cu_stream()) }.during("copying on the GPU")
     }
 
     /// Sets every byte to `byte` on `stream`, in stream order.
@@ -140,8 +137,7 @@ pub trait DeviceMemory<T: Pod> {
         }
         // SAFETY: the whole allocation; the buffer outlives the queued operation by the caller's
         // stream discipline (buffers are dropped only after their streams are synchronised).
-        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), stream.cu_stream()) }
-            .during("filling device memory")
+        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), stream.cu_stream()) }.during("filling device memory")
     }
 }
 

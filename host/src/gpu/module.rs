@@ -59,17 +59,14 @@ impl KernelModule {
         }
         ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: `image` is a complete cubin or NUL-terminated PTX and outlives the call.
-        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .during(format!("loading {}", path.display()))?;
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.during(format!("loading {}", path.display()))?;
         let mut this = Self { module, functions: HashMap::new(), ctx: ctx.clone(), path, nvshmem: None };
         this.check_abi_version()?;
         for &name in abi::KERNEL_ENTRIES {
             let c_name = CString::new(name).expect("entry names have no NUL");
             // SAFETY: the module is loaded; the name is a C string.
-            let f = unsafe { result::module::get_function(module, c_name) }.map_err(|_| HaloError::StalePtx {
-                path: this.path.clone(),
-                detail: format!("kernel {name} is missing"),
-            })?;
+            let f = unsafe { result::module::get_function(module, c_name) }
+                .map_err(|_| HaloError::StalePtx { path: this.path.clone(), detail: format!("kernel {name} is missing") })?;
             this.functions.insert(name, f);
         }
         Ok(this)
@@ -134,10 +131,8 @@ impl KernelModule {
     pub unsafe fn launch(&self, name: &str, shape: LaunchShape, stream: &CudaStream, args: &mut [*mut c_void]) -> Result<()> {
         let f = self.function(name)?;
         // SAFETY: forwarded to the caller's contract.
-        unsafe {
-            result::launch_kernel(f, (shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1), shape.shared_bytes, stream.cu_stream(), args)
-        }
-        .during_with(|| format!("launching {name} {shape:?}"))
+        unsafe { result::launch_kernel(f, (shape.grid.0, shape.grid.1, 1), (shape.block, 1, 1), shape.shared_bytes, stream.cu_stream(), args) }
+            .during_with(|| format!("launching {name} {shape:?}"))
     }
 
     /// Launches kernel `name` on `stream` so that it may overlap the end of the kernel before it on
@@ -179,8 +174,8 @@ impl KernelModule {
     pub fn max_blocks_per_sm(&self, name: &str, block: u32, shared_bytes: u32) -> Result<u32> {
         let f = self.function(name)?;
         // SAFETY: a valid function handle.
-        let n = unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, shared_bytes as usize) }
-            .during("querying occupancy")?;
+        let n =
+            unsafe { result::occupancy::max_active_block_per_multiprocessor(f, block as i32, shared_bytes as usize) }.during("querying occupancy")?;
         Ok(n as u32)
     }
 }
@@ -212,12 +207,7 @@ pub enum ModuleChoice {
 pub fn check_arch(device_arch: &str, built_arch: &str, ptx_path: &Path, ordinal: usize) -> Result<ModuleChoice> {
     let (device_sm, built_sm) = (sm_number(device_arch), sm_number(built_arch));
     if device_sm < built_sm {
-        return Err(HaloError::WrongArch {
-            path: ptx_path.to_path_buf(),
-            built: built_arch.to_string(),
-            device: device_arch.to_string(),
-            ordinal,
-        });
+        return Err(HaloError::WrongArch { path: ptx_path.to_path_buf(), built: built_arch.to_string(), device: device_arch.to_string(), ordinal });
     }
     Ok(if device_sm == built_sm { ModuleChoice::Cubin } else { ModuleChoice::Ptx })
 }

@@ -94,13 +94,7 @@ struct Flavour {
 }
 
 const FLAVOURS: &[Flavour] = &[
-    Flavour {
-        source: "halo launch",
-        rank: ENV_RANK,
-        size: ENV_NRANKS,
-        local_rank: Some(ENV_LOCAL_RANK),
-        bootstrap: Bootstrap::UniqueId,
-    },
+    Flavour { source: "halo launch", rank: ENV_RANK, size: ENV_NRANKS, local_rank: Some(ENV_LOCAL_RANK), bootstrap: Bootstrap::UniqueId },
     Flavour {
         source: "Open MPI",
         rank: "OMPI_COMM_WORLD_RANK",
@@ -116,21 +110,9 @@ const FLAVOURS: &[Flavour] = &[
         bootstrap: Bootstrap::Mpi,
     },
     // MPICH's Hydra and Intel MPI export PMI_RANK/PMI_SIZE and the node-local rank as MPI_LOCALRANKID.
-    Flavour {
-        source: "PMI (MPICH Hydra)",
-        rank: "PMI_RANK",
-        size: "PMI_SIZE",
-        local_rank: Some("MPI_LOCALRANKID"),
-        bootstrap: Bootstrap::Pmi,
-    },
+    Flavour { source: "PMI (MPICH Hydra)", rank: "PMI_RANK", size: "PMI_SIZE", local_rank: Some("MPI_LOCALRANKID"), bootstrap: Bootstrap::Pmi },
     // srun: the bootstrap (PMI vs PMIx) depends on its --mpi plugin, decided in `slurm_bootstrap`.
-    Flavour {
-        source: "Slurm",
-        rank: "SLURM_PROCID",
-        size: "SLURM_NTASKS",
-        local_rank: Some("SLURM_LOCALID"),
-        bootstrap: Bootstrap::Pmi,
-    },
+    Flavour { source: "Slurm", rank: "SLURM_PROCID", size: "SLURM_NTASKS", local_rank: Some("SLURM_LOCALID"), bootstrap: Bootstrap::Pmi },
 ];
 
 impl RankEnv {
@@ -332,19 +314,9 @@ mod tests {
 
     #[test]
     fn one_visible_gpu_per_task_means_device_zero() {
-        let env = ok(&[
-            ("SLURM_PROCID", "7"),
-            ("SLURM_NTASKS", "8"),
-            ("SLURM_LOCALID", "3"),
-            ("CUDA_VISIBLE_DEVICES", "3"),
-        ]);
+        let env = ok(&[("SLURM_PROCID", "7"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "3"), ("CUDA_VISIBLE_DEVICES", "3")]);
         assert_eq!((env.local_rank, env.device), (3, 0));
-        let env = ok(&[
-            ("SLURM_PROCID", "7"),
-            ("SLURM_NTASKS", "8"),
-            ("SLURM_LOCALID", "3"),
-            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
-        ]);
+        let env = ok(&[("SLURM_PROCID", "7"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "3"), ("CUDA_VISIBLE_DEVICES", "0,1,2,3")]);
         assert_eq!(env.device, 3);
         // HALO_DEVICE overrides under any launcher.
         let env = ok(&[("SLURM_PROCID", "7"), ("SLURM_NTASKS", "8"), ("HALO_DEVICE", "2")]);

@@ -65,7 +65,11 @@ impl PmiClient {
             reason: "not a file descriptor number".into(),
         })?;
         let index = |var: &'static str| -> Result<usize, LaunchError> {
-            let v = std::env::var(var).map_err(|_| LaunchError::BadRankEnv { variable: var, value: String::new(), reason: "PMI_FD is set but this is not".into() })?;
+            let v = std::env::var(var).map_err(|_| LaunchError::BadRankEnv {
+                variable: var,
+                value: String::new(),
+                reason: "PMI_FD is set but this is not".into(),
+            })?;
             v.trim().parse().map_err(|_| LaunchError::BadRankEnv { variable: var, value: v.clone(), reason: "not a non-negative integer".into() })
         };
         let (rank, size) = (index("PMI_RANK")?, index("PMI_SIZE")?);
@@ -94,9 +98,10 @@ impl PmiClient {
     fn command(&mut self, line: &str, expect: &str) -> Result<HashMap<String, String>, LaunchError> {
         writeln!(self.writer, "{line}").map_err(|e| pmi_err(format!("sending `{line}`: {e}")))?;
         let mut answer = String::new();
-        let n = self.reader.read_line(&mut answer).map_err(|e| {
-            pmi_err(format!("no answer to `{line}` within {} s: {e} (did another rank fail?)", PMI_TIMEOUT.as_secs()))
-        })?;
+        let n = self
+            .reader
+            .read_line(&mut answer)
+            .map_err(|e| pmi_err(format!("no answer to `{line}` within {} s: {e} (did another rank fail?)", PMI_TIMEOUT.as_secs())))?;
         if n == 0 {
             return Err(pmi_err(format!("the launcher closed the PMI socket before answering `{line}`")));
         }
@@ -137,7 +142,8 @@ impl PmiClient {
         }
         let hex = to_hex(mine);
         let chunk = (self.vallen_max.saturating_sub(16) / 2 * 2).max(2);
-        let chunks: Vec<&str> = if hex.is_empty() { Vec::new() } else { (0..hex.len()).step_by(chunk).map(|i| &hex[i..(i + chunk).min(hex.len())]).collect() };
+        let chunks: Vec<&str> =
+            if hex.is_empty() { Vec::new() } else { (0..hex.len()).step_by(chunk).map(|i| &hex[i..(i + chunk).min(hex.len())]).collect() };
         for (i, c) in chunks.iter().enumerate() {
             self.put(&format!("{tag}-{}-{i}", self.rank), c)?;
         }
@@ -145,7 +151,8 @@ impl PmiClient {
         self.barrier()?;
         let mut all = Vec::with_capacity(self.size);
         for r in 0..self.size {
-            let n: usize = self.get(&format!("{tag}-{r}-n"))?.parse().map_err(|_| pmi_err(format!("rank {r}'s chunk count for {tag} is not a number")))?;
+            let n: usize =
+                self.get(&format!("{tag}-{r}-n"))?.parse().map_err(|_| pmi_err(format!("rank {r}'s chunk count for {tag} is not a number")))?;
             let mut text = String::new();
             for i in 0..n {
                 text.push_str(&self.get(&format!("{tag}-{r}-{i}"))?);

@@ -108,12 +108,7 @@ impl Rendezvous {
                 Err(source) => return Err(LaunchError::RendezvousIo { what: "reading", path, source }),
             }
             if Instant::now() >= deadline {
-                return Err(LaunchError::RendezvousTimeout {
-                    what: "NVSHMEM's unique id".into(),
-                    missing: vec![0],
-                    timeout,
-                    dir: self.dir.clone(),
-                });
+                return Err(LaunchError::RendezvousTimeout { what: "NVSHMEM's unique id".into(), missing: vec![0], timeout, dir: self.dir.clone() });
             }
             pause = sleep_step(pause, deadline);
         }
@@ -146,12 +141,7 @@ impl Rendezvous {
                 return Ok(gathered.into_iter().flatten().collect());
             }
             if Instant::now() >= deadline {
-                return Err(LaunchError::RendezvousTimeout {
-                    what: format!("all-gather `{tag}`"),
-                    missing,
-                    timeout,
-                    dir: self.dir.clone(),
-                });
+                return Err(LaunchError::RendezvousTimeout { what: format!("all-gather `{tag}`"), missing, timeout, dir: self.dir.clone() });
             }
             pause = sleep_step(pause, deadline);
         }
@@ -165,12 +155,7 @@ impl Rendezvous {
         }
         // The leading dot keeps readers from ever matching the temporary name.
         let tmp = self.dir.join(format!(".{name}.tmp.{}", std::process::id()));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_error("creating", &tmp))?;
+        let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io_error("creating", &tmp))?;
         file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io_error("writing", &tmp))?;
         drop(file);
         fs::rename(&tmp, &path).map_err(io_error("renaming into place", &path))
@@ -214,8 +199,10 @@ impl RendezvousDir {
                 Ok(()) => {
                     let dir = RendezvousDir { path };
                     // The umask can only take bits away; set 0700 exactly so the owner can always write.
-                    fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o700)).map_err(|source| {
-                        LaunchError::RendezvousIo { what: "setting permissions of", path: dir.path.clone(), source }
+                    fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o700)).map_err(|source| LaunchError::RendezvousIo {
+                        what: "setting permissions of",
+                        path: dir.path.clone(),
+                        source,
                     })?;
                     return Ok(dir);
                 }

@@ -25,7 +25,11 @@ const MARKER: &str = "libucx/lib/libucp.so.0";
 
 /// Why `dir` does not hold the UCX libraries, or `None` when it does.
 pub fn check_dir(dir: &Path) -> Option<String> {
-    for (what, path) in [("UCX's protocol library", dir.join(MARKER)), ("UCX's modules", dir.join("libucx/lib/ucx")), ("the wheel's bundled libraries", dir.join("libucx_cu13.libs"))] {
+    for (what, path) in [
+        ("UCX's protocol library", dir.join(MARKER)),
+        ("UCX's modules", dir.join("libucx/lib/ucx")),
+        ("the wheel's bundled libraries", dir.join("libucx_cu13.libs")),
+    ] {
         if !path.exists() {
             return Some(format!(
                 "{} has no {what} ({} is missing): fetch them with `cargo xtask fetch-ucx` (target/ucx) or build the bundle with `cargo xtask bundle --with-ucx`",

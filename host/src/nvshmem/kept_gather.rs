@@ -131,7 +131,11 @@ fn node_gather(nvshmem: &Arc<Nvshmem>, bytes: usize) -> Result<std::result::Resu
     let connected = match (why, made) {
         (None, Ok(g)) => {
             let paths: Vec<[PathBuf; 2]> = decoded.into_iter().filter_map(|(_, p)| p).collect();
-            if paths.len() == n { g.connect(&paths).map_err(|e| format!("PE {me} could not open its peers' segments: {e}")) } else { Err("a PE's record was lost".into()) }
+            if paths.len() == n {
+                g.connect(&paths).map_err(|e| format!("PE {me} could not open its peers' segments: {e}"))
+            } else {
+                Err("a PE's record was lost".into())
+            }
         }
         (Some(why), _) => Err(why),
         (None, Err(e)) => Err(e.to_string()),

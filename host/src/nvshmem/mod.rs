@@ -4,9 +4,9 @@
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
+use crate::watchdog::{self, steps};
 use bytemuck::Pod;
 use nvshmem_sys::{self as sys, NvshmemLib};
-use crate::watchdog::{self, steps};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -196,9 +196,7 @@ impl Nvshmem {
             }
         };
         if rc != 0 {
-            return Err(HaloError::Nvshmem(format!(
-                "nvshmemx_hostlib_init_attr failed ({rc}); rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's reason"
-            )));
+            return Err(HaloError::Nvshmem(format!("nvshmemx_hostlib_init_attr failed ({rc}); rerun with NVSHMEM_DEBUG=INFO for NVSHMEM's reason")));
         }
         // SAFETY: initialised above.
         let (status, my_pe, n_pes) = unsafe { ((lib.api.nvshmemx_init_status)(), (lib.api.nvshmem_my_pe)(), (lib.api.nvshmem_n_pes)()) };
@@ -273,9 +271,8 @@ impl Nvshmem {
         check_nvshmem_versions(device, self.version(), self.library_path())?;
         self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals.
-        let rc = watchdog::bounded(steps::MODULE_REGISTRATION, self.timeout, || unsafe {
-            (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _)
-        });
+        let rc =
+            watchdog::bounded(steps::MODULE_REGISTRATION, self.timeout, || unsafe { (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _) });
         if rc != 0 {
             return Err(HaloError::Nvshmem(format!("nvshmemx_cumodule_init failed ({rc})")));
         }
@@ -474,7 +471,16 @@ pub fn check_nvshmem_versions(device: (i32, i32, i32), host: (i32, i32, i32), li
         return Err(HaloError::Nvshmem(format!(
             "the kernels were built against NVSHMEM {}.{}.{} but the host library {} is {}.{}.{}: \
              rebuild with `cargo xtask build-ptx --nvshmem {}.{}.{}` or load a matching library (HALO_NVSHMEM_LIB)",
-            device.0, device.1, device.2, library.display(), host.0, host.1, host.2, host.0, host.1, host.2
+            device.0,
+            device.1,
+            device.2,
+            library.display(),
+            host.0,
+            host.1,
+            host.2,
+            host.0,
+            host.1,
+            host.2
         )));
     }
     Ok(())

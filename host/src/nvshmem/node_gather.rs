@@ -69,7 +69,8 @@ struct Segment {
 impl Segment {
     fn create(path: PathBuf, bytes: usize) -> Result<Self> {
         let io = |what, source| HaloError::Io { what, path: path.clone(), source };
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(|e| io("creating a gather segment", e))?;
+        let file =
+            OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(|e| io("creating a gather segment", e))?;
         file.set_len((HEADER + bytes) as u64).map_err(|e| io("sizing a gather segment", e))?;
         // SAFETY: a new private file of this run, sized above; only this PE writes it, readers
         // order their reads of the message by the header's atomics.
@@ -95,7 +96,9 @@ impl Segment {
         // SAFETY: as in `create`/`open`: the owner only grows the file, and reads of the message
         // are ordered by the header's atomics.
         self.map = match self.map {
-            Mapping::Own(_) => Mapping::Own(unsafe { MmapOptions::new().len(len).map_mut(&self.file) }.map_err(|e| io("mapping a gather segment", e))?),
+            Mapping::Own(_) => {
+                Mapping::Own(unsafe { MmapOptions::new().len(len).map_mut(&self.file) }.map_err(|e| io("mapping a gather segment", e))?)
+            }
             Mapping::Peer(_) => Mapping::Peer(unsafe { MmapOptions::new().len(len).map(&self.file) }.map_err(|e| io("mapping a gather segment", e))?),
         };
         Ok(())
@@ -109,11 +112,11 @@ impl Segment {
 
 /// A one-page anonymous mapping, the placeholder of a mapping about to be made.
 fn empty_map() -> Result<Mmap> {
-    MmapOptions::new()
-        .len(HEADER)
-        .map_anon()
-        .and_then(|m| m.make_read_only())
-        .map_err(|source| HaloError::Io { what: "mapping a placeholder", path: PathBuf::new(), source })
+    MmapOptions::new().len(HEADER).map_anon().and_then(|m| m.make_read_only()).map_err(|source| HaloError::Io {
+        what: "mapping a placeholder",
+        path: PathBuf::new(),
+        source,
+    })
 }
 
 /// This PE's segments before the peers are known ([`NodeGather::create`]), then the gather
@@ -186,7 +189,11 @@ impl NodeGather {
             let seg = &mut self.segments[me][parity];
             if mine.len() > seg.capacity() {
                 let bytes = mine.len() + mine.len() / 2;
-                seg.file.set_len((HEADER + bytes) as u64).map_err(|source| HaloError::Io { what: "growing a gather segment", path: seg.path.clone(), source })?;
+                seg.file.set_len((HEADER + bytes) as u64).map_err(|source| HaloError::Io {
+                    what: "growing a gather segment",
+                    path: seg.path.clone(),
+                    source,
+                })?;
                 seg.remap()?;
             }
             let Mapping::Own(map) = &mut seg.map else {

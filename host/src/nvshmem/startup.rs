@@ -46,7 +46,9 @@ impl StartupFailure {
                 "NVSHMEM's remote transport (UCX) cannot run the proxy thread's atomic operations without a GPU-CPU mapping of device memory \
                  (GDRCopy is not loaded, and this NVSHMEM or driver has no CUDA DMA-BUF backend), so the proxy thread aborted and NVSHMEM's init can never finish"
             }
-            FailureKind::ProxyAborted => "NVSHMEM's proxy thread aborted during init (see NVSHMEM's lines above for why), so NVSHMEM's init can never finish",
+            FailureKind::ProxyAborted => {
+                "NVSHMEM's proxy thread aborted during init (see NVSHMEM's lines above for why), so NVSHMEM's init can never finish"
+            }
         }
     }
 
@@ -273,7 +275,13 @@ mod tests {
         assert_eq!(amo.kind, FailureKind::AtomicsNeedGpuCpuMapping);
         assert_eq!(recognise(NVSHMEM_380).map(|f| f.kind), Some(FailureKind::AtomicsNeedGpuCpuMapping), "3.8.0's verb line");
         assert_eq!(recognise(NVSHMEM_345[1]).map(|f| f.kind), Some(FailureKind::ProxyAborted));
-        for quiet in ["[rank 0] PE 0 of 2 started", "NVSHMEM_DEBUG: transport ucx selected", "", "WARN: GDRCopy not found, falling back", "ibrc_amo: AMO fetch-add not supported by this HCA, emulated"] {
+        for quiet in [
+            "[rank 0] PE 0 of 2 started",
+            "NVSHMEM_DEBUG: transport ucx selected",
+            "",
+            "WARN: GDRCopy not found, falling back",
+            "ibrc_amo: AMO fetch-add not supported by this HCA, emulated",
+        ] {
             assert_eq!(recognise(quiet), None, "{quiet}");
         }
         // The message names the cause, NVSHMEM's own words and every fix.
@@ -300,7 +308,9 @@ mod tests {
         .expect("watching");
         assert!(started.elapsed() < limit);
         match out {
-            Watched::Failed(f) => assert_eq!((f.kind, f.line.as_str()), (FailureKind::AtomicsNeedGpuCpuMapping, NVSHMEM_345[0]), "the first fatal line names the cause"),
+            Watched::Failed(f) => {
+                assert_eq!((f.kind, f.line.as_str()), (FailureKind::AtomicsNeedGpuCpuMapping, NVSHMEM_345[0]), "the first fatal line names the cause")
+            }
             other => panic!("expected the recognised failure, got {other:?}"),
         }
         drop(hold); // the abandoned call's thread ends here

@@ -29,9 +29,7 @@ pub struct PeBitmap {
 impl PeBitmap {
     /// An empty set with room for `n_pes` PEs.
     pub fn new(n_pes: usize) -> Self {
-        Self {
-            words: vec![0; n_pes.div_ceil(64)],
-        }
+        Self { words: vec![0; n_pes.div_ceil(64)] }
     }
 
     /// The set of all `n_pes` PEs.
@@ -62,9 +60,7 @@ impl PeBitmap {
     /// Whether `pe` is in the set (false beyond its end).
     #[inline]
     pub fn contains(&self, pe: usize) -> bool {
-        self.words
-            .get(pe / 64)
-            .is_some_and(|w| w & (1 << (pe % 64)) != 0)
+        self.words.get(pe / 64).is_some_and(|w| w & (1 << (pe % 64)) != 0)
     }
 
     /// Adds every PE of `other`.
@@ -84,11 +80,7 @@ impl PeBitmap {
 
     /// The PEs in the set, ascending.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        self.words.iter().enumerate().flat_map(|(wi, &w)| {
-            (0..64)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| wi * 64 + b)
-        })
+        self.words.iter().enumerate().flat_map(|(wi, &w)| (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| wi * 64 + b))
     }
 
     /// The raw words (bit `j % 64` of word `j / 64` is PE `j`).
@@ -190,11 +182,7 @@ impl Topology {
             return Err(RouteError::InvalidTopology(format!("{} PEs is more than this router supports", coords.len())));
         }
         if let Some((pe, c)) = coords.iter().enumerate().find(|(_, c)| c.claims as usize >= claims.len()) {
-            return Err(RouteError::InvalidTopology(format!(
-                "PE {pe} names claim set {}, but there are only {}",
-                c.claims,
-                claims.len()
-            )));
+            return Err(RouteError::InvalidTopology(format!("PE {pe} names claim set {}, but there are only {}", c.claims, claims.len())));
         }
         let mut claim_spans = Vec::with_capacity(claims.len());
         let mut claim_gpus = Vec::new();
@@ -384,11 +372,7 @@ mod tests {
         // PEs 0, 1 on host 0 (GPUs 0, 1, NVLink both ways); PE 2 on host 1 (GPU 2) claims NVLink
         // to GPU 0, which does not claim it back; PE 3 on host 2 shares PE 0's rack; PE 4 shares
         // GPU 0.
-        let claims = vec![
-            ClaimSet { nvlink: vec![0, 1], p2p: vec![] },
-            ClaimSet { nvlink: vec![2, 0], p2p: vec![] },
-            ClaimSet::default(),
-        ];
+        let claims = vec![ClaimSet { nvlink: vec![0, 1], p2p: vec![] }, ClaimSet { nvlink: vec![2, 0], p2p: vec![] }, ClaimSet::default()];
         let coords = vec![at(0, 0, 0, 7), at(1, 0, 0, 7), at(2, 1, 1, NO_GROUP), at(3, 2, 2, 7), at(0, 0, 0, 7)];
         let t = Topology::from_parts(coords, claims).expect("valid");
         assert_eq!(t.distance(0, 1).ok(), Some(DistanceLevel::NvLink));

@@ -208,7 +208,8 @@ mod tests {
             vec!["Fake H200".into(), "Fake H200".into()]
         }
         fn plan(&self) -> Vec<Planned> {
-            let mut p: Vec<Planned> = self.model.iter().map(|&(transport, ..)| Planned::Measure { transport, level: DistanceLevel::NvLink }).collect();
+            let mut p: Vec<Planned> =
+                self.model.iter().map(|&(transport, ..)| Planned::Measure { transport, level: DistanceLevel::NvLink }).collect();
             p.push(Planned::Skip { transport: Transport::Nccl, reason: "NCCL is not installed here".into() });
             p
         }

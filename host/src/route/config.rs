@@ -47,10 +47,7 @@ pub struct Sourced<T> {
 impl<T> Sourced<T> {
     /// A built-in value.
     pub fn default_value(value: T) -> Self {
-        Self {
-            value,
-            source: WeightSource::Default,
-        }
+        Self { value, source: WeightSource::Default }
     }
 }
 
@@ -290,10 +287,7 @@ impl Limit {
             setting: self.origin(&format_number(value), source),
             what: self.what,
             problem: if value.is_finite() { "out of range".into() } else { "not a finite number".into() },
-            fix: format!(
-                "set {} (or `{}` in the route config file) to {}, e.g. {}={}",
-                self.env, self.key, self.range, self.env, self.example
-            ),
+            fix: format!("set {} (or `{}` in the route config file) to {}, e.g. {}={}", self.env, self.key, self.range, self.env, self.example),
         })
     }
 
@@ -311,11 +305,7 @@ impl Limit {
 
 /// A number as a user would have written it: `1e300`, not three hundred digits.
 fn format_number(v: f64) -> String {
-    if v != 0.0 && v.is_finite() && !(1e-3..1e7).contains(&v.abs()) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
+    if v != 0.0 && v.is_finite() && !(1e-3..1e7).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
 }
 
 /// The ranges of the numeric settings ([`RouteConfig::validate`]).
@@ -413,14 +403,9 @@ impl RouteConfig {
     /// Defaults, then `file` (or the one `env` names in `HALO_ROUTE_CONFIG`), then `env`.
     ///
     /// `env` is a lookup so that tests need not touch the process environment.
-    pub fn load(
-        file: Option<&Path>,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Self, RouteError> {
+    pub fn load(file: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, RouteError> {
         let mut cfg = Self::default();
-        let from_env = env(env::CONFIG)
-            .filter(|s| !s.trim().is_empty())
-            .map(PathBuf::from);
+        let from_env = env(env::CONFIG).filter(|s| !s.trim().is_empty()).map(PathBuf::from);
         if let Some(path) = file.map(Path::to_owned).or(from_env) {
             cfg.apply_file(&path)?;
         }
@@ -431,29 +416,18 @@ impl RouteConfig {
 
     /// Applies the settings of a config file (they beat defaults; later calls beat earlier ones).
     pub fn apply_file(&mut self, path: &Path) -> Result<(), RouteError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io {
-            what: "route config",
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io { what: "route config", path: path.to_owned(), source })?;
         self.apply_file_text(&text, path)
     }
 
     /// Applies a config file's text; `path` is recorded as the source.
     pub fn apply_file_text(&mut self, text: &str, path: &Path) -> Result<(), RouteError> {
-        let bad = |reason: String| RouteError::BadFile {
-            what: "route config",
-            path: path.to_owned(),
-            reason,
-        };
+        let bad = |reason: String| RouteError::BadFile { what: "route config", path: path.to_owned(), reason };
         let f: FileConfig = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
         let src = || WeightSource::File(path.to_owned());
         let set = |slot: &mut Sourced<f64>, v: Option<f64>| {
             if let Some(value) = v {
-                *slot = Sourced {
-                    value,
-                    source: src(),
-                };
+                *slot = Sourced { value, source: src() };
             }
         };
         let w = &mut self.weights;
@@ -466,30 +440,18 @@ impl RouteConfig {
         set(&mut self.half_life_s, f.reliability.half_life_s);
         set(&mut self.skip_threshold, f.reliability.skip_threshold);
         if let Some(value) = f.weights.small_bytes {
-            w.small_bytes = Sourced {
-                value,
-                source: src(),
-            };
+            w.small_bytes = Sourced { value, source: src() };
         }
         if let Some(value) = f.weights.large_bytes {
-            w.large_bytes = Sourced {
-                value,
-                source: src(),
-            };
+            w.large_bytes = Sourced { value, source: src() };
         }
         if let Some(name) = f.force_transport {
             let value = name.parse::<Transport>().map_err(|e| bad(e.to_string()))?;
-            self.overrides.global = Some(Sourced {
-                value,
-                source: src(),
-            });
+            self.overrides.global = Some(Sourced { value, source: src() });
         }
         for spec in &f.overrides {
             let value = parse_route_override(spec).map_err(|e| bad(e.to_string()))?;
-            self.overrides.pairs.push(Sourced {
-                value,
-                source: src(),
-            });
+            self.overrides.pairs.push(Sourced { value, source: src() });
         }
         // Relative paths are relative to the config file, not to the working directory.
         let beside = |value: PathBuf| match path.parent() {
@@ -503,10 +465,7 @@ impl RouteConfig {
             self.topology = Some(Sourced { value: beside(value), source: src() });
         }
         if let Some(value) = f.debug {
-            self.debug = Sourced {
-                value,
-                source: src(),
-            };
+            self.debug = Sourced { value, source: src() };
         }
         Ok(())
     }
@@ -514,21 +473,11 @@ impl RouteConfig {
     /// Applies the `HALO_ROUTE_*` and `HALO_FORCE_TRANSPORT` variables found by `env`.
     pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), RouteError> {
         let get = |var: &str| env(var).filter(|v| !v.trim().is_empty());
-        let bad = |var: &str, value: &str, reason: String| RouteError::Env {
-            var: var.to_owned(),
-            value: value.to_owned(),
-            reason,
-        };
+        let bad = |var: &str, value: &str, reason: String| RouteError::Env { var: var.to_owned(), value: value.to_owned(), reason };
         let float = |slot: &mut Sourced<f64>, var: &str| -> Result<(), RouteError> {
             if let Some(v) = get(var) {
-                let value = v
-                    .trim()
-                    .parse::<f64>()
-                    .map_err(|e| bad(var, &v, e.to_string()))?;
-                *slot = Sourced {
-                    value,
-                    source: WeightSource::Env(var.to_owned()),
-                };
+                let value = v.trim().parse::<f64>().map_err(|e| bad(var, &v, e.to_string()))?;
+                *slot = Sourced { value, source: WeightSource::Env(var.to_owned()) };
             }
             Ok(())
         };
@@ -541,35 +490,19 @@ impl RouteConfig {
         float(&mut w.ratio, env::RATIO)?;
         float(&mut self.half_life_s, env::HALF_LIFE_S)?;
         float(&mut self.skip_threshold, env::SKIP_THRESHOLD)?;
-        for (slot, var) in [
-            (&mut w.small_bytes, env::SMALL_BYTES),
-            (&mut w.large_bytes, env::LARGE_BYTES),
-        ] {
+        for (slot, var) in [(&mut w.small_bytes, env::SMALL_BYTES), (&mut w.large_bytes, env::LARGE_BYTES)] {
             if let Some(v) = get(var) {
                 let value = super::parse_size(&v).map_err(|e| bad(var, &v, e.to_string()))?;
-                *slot = Sourced {
-                    value,
-                    source: WeightSource::Env(var.to_owned()),
-                };
+                *slot = Sourced { value, source: WeightSource::Env(var.to_owned()) };
             }
         }
         if let Some(v) = get(env::FORCE) {
-            let value = v
-                .parse::<Transport>()
-                .map_err(|e| bad(env::FORCE, &v, e.to_string()))?;
-            self.overrides.global = Some(Sourced {
-                value,
-                source: WeightSource::Env(env::FORCE.into()),
-            });
+            let value = v.parse::<Transport>().map_err(|e| bad(env::FORCE, &v, e.to_string()))?;
+            self.overrides.global = Some(Sourced { value, source: WeightSource::Env(env::FORCE.into()) });
         }
         if let Some(v) = get(env::OVERRIDE) {
-            for value in
-                parse_route_overrides(&v).map_err(|e| bad(env::OVERRIDE, &v, e.to_string()))?
-            {
-                self.overrides.pairs.push(Sourced {
-                    value,
-                    source: WeightSource::Env(env::OVERRIDE.into()),
-                });
+            for value in parse_route_overrides(&v).map_err(|e| bad(env::OVERRIDE, &v, e.to_string()))? {
+                self.overrides.pairs.push(Sourced { value, source: WeightSource::Env(env::OVERRIDE.into()) });
             }
         }
         if let Some(v) = get(env::DEBUG) {
@@ -578,10 +511,7 @@ impl RouteConfig {
                 "0" | "false" | "no" | "off" => false,
                 _ => return Err(bad(env::DEBUG, &v, "expected 1 or 0".into())),
             };
-            self.debug = Sourced {
-                value,
-                source: WeightSource::Env(env::DEBUG.into()),
-            };
+            self.debug = Sourced { value, source: WeightSource::Env(env::DEBUG.into()) };
         }
         for (slot, var) in [(&mut self.calibration, env::CALIBRATION), (&mut self.topology, env::TOPOLOGY)] {
             if let Some(v) = get(var) {
@@ -595,10 +525,7 @@ impl RouteConfig {
     pub fn add_cli_overrides(&mut self, flag: &str, specs: &[String]) -> Result<(), RouteError> {
         for spec in specs {
             for value in parse_route_overrides(spec)? {
-                self.overrides.pairs.push(Sourced {
-                    value,
-                    source: WeightSource::Cli(flag.to_owned()),
-                });
+                self.overrides.pairs.push(Sourced { value, source: WeightSource::Cli(flag.to_owned()) });
             }
         }
         Ok(())
@@ -638,10 +565,7 @@ impl RouteConfig {
                 ),
                 what: "message sizes where latency hands over to bandwidth",
                 problem: "the small threshold must be below the large one".into(),
-                fix: format!(
-                    "set {} below {} (defaults 2KiB and 64KiB), or `small_bytes` below `large_bytes` in [weights]",
-                    small.env, large.env
-                ),
+                fix: format!("set {} below {} (defaults 2KiB and 64KiB), or `small_bytes` below `large_bytes` in [weights]", small.env, large.env),
             });
         }
         if w.at(0).sum() <= 0.0 || w.at(u64::MAX).sum() <= 0.0 {
@@ -659,53 +583,21 @@ impl RouteConfig {
     pub fn describe(&self) -> Vec<String> {
         let w = &self.weights;
         let mut out = vec![
-            format!(
-                "latency weight (small messages) = {} ({})",
-                w.latency.value, w.latency.source
-            ),
-            format!(
-                "bandwidth weight (large messages) = {} ({})",
-                w.bandwidth.value, w.bandwidth.source
-            ),
+            format!("latency weight (small messages) = {} ({})", w.latency.value, w.latency.source),
+            format!("bandwidth weight (large messages) = {} ({})", w.bandwidth.value, w.bandwidth.source),
             format!("size ratio = {} ({})", w.ratio.value, w.ratio.source),
-            format!(
-                "small_bytes = {} ({})",
-                w.small_bytes.value, w.small_bytes.source
-            ),
-            format!(
-                "large_bytes = {} ({})",
-                w.large_bytes.value, w.large_bytes.source
-            ),
-            format!(
-                "topology weight = {} ({})",
-                w.topology.value, w.topology.source
-            ),
-            format!(
-                "capability weight = {} ({})",
-                w.capability.value, w.capability.source
-            ),
-            format!(
-                "reliability weight = {} ({})",
-                w.reliability.value, w.reliability.source
-            ),
-            format!(
-                "failure half-life = {} s ({})",
-                self.half_life_s.value, self.half_life_s.source
-            ),
-            format!(
-                "skip threshold = {} ({})",
-                self.skip_threshold.value, self.skip_threshold.source
-            ),
+            format!("small_bytes = {} ({})", w.small_bytes.value, w.small_bytes.source),
+            format!("large_bytes = {} ({})", w.large_bytes.value, w.large_bytes.source),
+            format!("topology weight = {} ({})", w.topology.value, w.topology.source),
+            format!("capability weight = {} ({})", w.capability.value, w.capability.source),
+            format!("reliability weight = {} ({})", w.reliability.value, w.reliability.source),
+            format!("failure half-life = {} s ({})", self.half_life_s.value, self.half_life_s.source),
+            format!("skip threshold = {} ({})", self.skip_threshold.value, self.skip_threshold.source),
             format!("debug = {} ({})", self.debug.value, self.debug.source),
         ];
         match &self.calibration {
-            Some(c) => out.push(format!(
-                "calibration = {} ({})",
-                c.value.display(),
-                c.source
-            )),
-            None => out
-                .push("calibration = none: performance numbers are defaults, not measured".into()),
+            Some(c) => out.push(format!("calibration = {} ({})", c.value.display(), c.source)),
+            None => out.push("calibration = none: performance numbers are defaults, not measured".into()),
         }
         if let Some(t) = &self.topology {
             out.push(format!("topology = {} ({})", t.value.display(), t.source));
@@ -738,9 +630,7 @@ mod tests {
 
     #[test]
     fn defaults_validate() {
-        RouteConfig::default()
-            .validate()
-            .expect("defaults are valid");
+        RouteConfig::default().validate().expect("defaults are valid");
         let w = Weights::default().at(1024);
         assert_eq!((w.latency, w.bandwidth), (3.0, 1.0));
     }
@@ -753,10 +643,6 @@ mod tests {
         let env = |k: &str| (k == env::W_LATENCY).then(|| "fast".to_owned());
         assert!(RouteConfig::load(None, &env).is_err());
         let mut c = RouteConfig::default();
-        assert!(
-            c.apply_file_text("[weights]\nlatncy = 1.0\n", Path::new("x.toml"))
-                .is_err(),
-            "typos are errors"
-        );
+        assert!(c.apply_file_text("[weights]\nlatncy = 1.0\n", Path::new("x.toml")).is_err(), "typos are errors");
     }
 }

@@ -66,10 +66,7 @@ pub const DEFAULT_CLUSTER: &str = "default";
 impl Placement {
     /// The placement of a node nothing is known about: the job's one cluster.
     pub fn unknown() -> Self {
-        Self {
-            cluster: DEFAULT_CLUSTER.into(),
-            ..Self::default()
-        }
+        Self { cluster: DEFAULT_CLUSTER.into(), ..Self::default() }
     }
 
     /// Reads a Slurm topology address such as `s0.s3.node17` with pattern `switch.switch.node`
@@ -83,19 +80,14 @@ impl Placement {
         let parts: Vec<&str> = addr.split('.').collect();
         let kinds: Vec<&str> = pattern.split('.').collect();
         if parts.len() != kinds.len() || parts.iter().any(|p| p.is_empty()) {
-            return Err(RouteError::Slurm(format!(
-                "SLURM_TOPOLOGY_ADDR={addr:?} does not match SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}"
-            )));
+            return Err(RouteError::Slurm(format!("SLURM_TOPOLOGY_ADDR={addr:?} does not match SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}")));
         }
         let host = parts[parts.len() - 1].to_owned();
         if kinds == ["block", "node"] {
             return Ok((host, Placement { rack: Some(parts[0].to_owned()), ..Placement::unknown() }));
         }
-        if kinds.last() != Some(&"node") || kinds[..kinds.len() - 1].iter().any(|k| *k != "switch")
-        {
-            return Err(RouteError::Slurm(format!(
-                "SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node (tree) or block.node (block)"
-            )));
+        if kinds.last() != Some(&"node") || kinds[..kinds.len() - 1].iter().any(|k| *k != "switch") {
+            return Err(RouteError::Slurm(format!("SLURM_TOPOLOGY_ADDR_PATTERN={pattern:?}: expected switch.….node (tree) or block.node (block)")));
         }
         let switches: Vec<String> = parts[..parts.len() - 1].iter().rev().map(|s| (*s).to_owned()).collect();
         Ok((host, Placement::from_switch_chain(&switches)))
@@ -118,17 +110,10 @@ impl Placement {
     /// This process's placement from Slurm's environment, or `None` when Slurm sets none.
     ///
     /// `env` is a lookup so that tests need not touch the process environment.
-    pub fn from_slurm_env(
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Option<(String, Placement)>, RouteError> {
-        match (
-            env("SLURM_TOPOLOGY_ADDR"),
-            env("SLURM_TOPOLOGY_ADDR_PATTERN"),
-        ) {
+    pub fn from_slurm_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<(String, Placement)>, RouteError> {
+        match (env("SLURM_TOPOLOGY_ADDR"), env("SLURM_TOPOLOGY_ADDR_PATTERN")) {
             (Some(addr), Some(pattern)) => Self::from_slurm(&addr, &pattern).map(Some),
-            (Some(_), None) => Err(RouteError::Slurm(
-                "SLURM_TOPOLOGY_ADDR is set without SLURM_TOPOLOGY_ADDR_PATTERN".into(),
-            )),
+            (Some(_), None) => Err(RouteError::Slurm("SLURM_TOPOLOGY_ADDR is set without SLURM_TOPOLOGY_ADDR_PATTERN".into())),
             _ => Ok(None),
         }
     }
@@ -138,17 +123,10 @@ impl Placement {
         format!("{}/{}", self.cluster, self.spine.as_deref().unwrap_or("*"))
     }
     fn leaf_key(&self) -> Option<String> {
-        self.leaf
-            .as_ref()
-            .map(|l| format!("{}/{l}", self.spine_key()))
+        self.leaf.as_ref().map(|l| format!("{}/{l}", self.spine_key()))
     }
     fn rack_key(&self) -> Option<String> {
-        self.rack.as_ref().map(|r| {
-            format!(
-                "{}/{r}",
-                self.leaf_key().unwrap_or_else(|| self.spine_key())
-            )
-        })
+        self.rack.as_ref().map(|r| format!("{}/{r}", self.leaf_key().unwrap_or_else(|| self.spine_key())))
     }
 }
 
@@ -164,19 +142,13 @@ pub struct Fabric {
 impl Fabric {
     /// An empty fabric (every node in one unnamed cluster).
     pub fn new(source: impl Into<String>) -> Self {
-        Self {
-            source: source.into(),
-            ..Self::default()
-        }
+        Self { source: source.into(), ..Self::default() }
     }
 
     /// Places a host; a host placed twice is an error.
     pub fn insert(&mut self, host: String, placement: Placement) -> Result<(), RouteError> {
         if self.placements.contains_key(&host) {
-            return Err(RouteError::InvalidTopology(format!(
-                "node {host} is listed twice in {}",
-                self.source
-            )));
+            return Err(RouteError::InvalidTopology(format!("node {host} is listed twice in {}", self.source)));
         }
         self.order.push(host.clone());
         self.placements.insert(host, placement);
@@ -262,11 +234,7 @@ fn default_one() -> usize {
 
 impl Default for NodeShape {
     fn default() -> Self {
-        Self {
-            gpus: default_gpus(),
-            pes_per_gpu: 1,
-            link: IntraNodeLink::Nvlink,
-        }
+        Self { gpus: default_gpus(), pes_per_gpu: 1, link: IntraNodeLink::Nvlink }
     }
 }
 
@@ -310,21 +278,14 @@ pub struct RackSpec {
 impl TopologyFile {
     /// Reads and parses a topology file.
     pub fn load(path: &Path) -> Result<Self, RouteError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io {
-            what: "topology file",
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io { what: "topology file", path: path.to_owned(), source })?;
         Self::parse(&text, path)
     }
 
     /// Parses a topology file's text (`path` only names it in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self, RouteError> {
-        let f: TopologyFile = toml::from_str(text).map_err(|e| RouteError::BadFile {
-            what: "topology file",
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let f: TopologyFile =
+            toml::from_str(text).map_err(|e| RouteError::BadFile { what: "topology file", path: path.to_owned(), reason: e.to_string() })?;
         if f.node.gpus == 0 || f.node.pes_per_gpu == 0 {
             return Err(RouteError::BadFile {
                 what: "topology file",
@@ -341,24 +302,13 @@ impl TopologyFile {
         for s in &self.spine {
             let cluster = s.cluster.clone().unwrap_or_else(|| DEFAULT_CLUSTER.into());
             for l in &s.leaf {
-                let base = Placement {
-                    cluster: cluster.clone(),
-                    spine: Some(s.name.clone()),
-                    leaf: Some(l.name.clone()),
-                    rack: None,
-                };
+                let base = Placement { cluster: cluster.clone(), spine: Some(s.name.clone()), leaf: Some(l.name.clone()), rack: None };
                 for host in expand_all(&l.nodes)? {
                     fabric.insert(host, base.clone())?;
                 }
                 for r in &l.rack {
                     for host in expand_all(&r.nodes)? {
-                        fabric.insert(
-                            host,
-                            Placement {
-                                rack: Some(r.name.clone()),
-                                ..base.clone()
-                            },
-                        )?;
+                        fabric.insert(host, Placement { rack: Some(r.name.clone()), ..base.clone() })?;
                     }
                 }
             }
@@ -368,12 +318,7 @@ impl TopologyFile {
 
     /// Facts for every PE of every node in the file, in file order, as [`synthetic_facts`] makes them.
     pub fn synthetic_facts(&self, fabric: &Fabric) -> Vec<PeFacts> {
-        synthetic_facts(
-            fabric.hosts(),
-            self.node.gpus,
-            self.node.pes_per_gpu,
-            self.node.link,
-        )
+        synthetic_facts(fabric.hosts(), self.node.gpus, self.node.pes_per_gpu, self.node.link)
     }
 }
 
@@ -389,11 +334,7 @@ fn expand_all(lists: &[String]) -> Result<Vec<String>, RouteError> {
 /// several bracket groups multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2). Zero padding
 /// follows the width of each range's first number. At most a million names.
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>, RouteError> {
-    let bad = |reason: &str| RouteError::Parse {
-        what: "host list",
-        value: list.to_owned(),
-        reason: reason.to_owned(),
-    };
+    let bad = |reason: &str| RouteError::Parse { what: "host list", value: list.to_owned(), reason: reason.to_owned() };
     if list.trim().is_empty() {
         return Err(bad("empty"));
     }
@@ -458,22 +399,12 @@ fn expand_groups(s: &str, bad: &dyn Fn(&str) -> RouteError) -> Result<Vec<String
 
 /// Facts for `gpus` GPUs × `pes_per_gpu` PEs on each host, all connected by `link` inside a node
 /// (UUIDs `GPU-<host>-<index>`). The stand-in until real GPU discovery feeds [`topology_from_facts`].
-pub fn synthetic_facts(
-    hosts: &[String],
-    gpus: usize,
-    pes_per_gpu: usize,
-    link: IntraNodeLink,
-) -> Vec<PeFacts> {
+pub fn synthetic_facts(hosts: &[String], gpus: usize, pes_per_gpu: usize, link: IntraNodeLink) -> Vec<PeFacts> {
     let mut out = Vec::with_capacity(hosts.len() * gpus * pes_per_gpu);
     for host in hosts {
         let uuids: Vec<String> = (0..gpus).map(|g| format!("GPU-{host}-{g}")).collect();
         for (g, uuid) in uuids.iter().enumerate() {
-            let others: Vec<String> = uuids
-                .iter()
-                .enumerate()
-                .filter(|(o, _)| *o != g)
-                .map(|(_, u)| u.clone())
-                .collect();
+            let others: Vec<String> = uuids.iter().enumerate().filter(|(o, _)| *o != g).map(|(_, u)| u.clone()).collect();
             let (nvlink_peers, p2p_peers) = match link {
                 IntraNodeLink::Nvlink => (others.clone(), others),
                 IntraNodeLink::PcieP2p => (Vec::new(), others),
@@ -502,10 +433,7 @@ pub fn synthetic_facts(
 /// cluster (placement from the fabric, else from the facts, else unknown: one cluster for the
 /// whole job); cross-cluster = all. Names are interned into the small ids of a [`PeCoord`], so
 /// the result takes memory linear in the PEs (see [`Topology`]).
-pub fn topology_from_facts(
-    facts: &[PeFacts],
-    fabric: Option<&Fabric>,
-) -> Result<Topology, RouteError> {
+pub fn topology_from_facts(facts: &[PeFacts], fabric: Option<&Fabric>) -> Result<Topology, RouteError> {
     if facts.is_empty() {
         return Err(RouteError::InvalidTopology("no PE facts".into()));
     }
@@ -513,14 +441,11 @@ pub fn topology_from_facts(
     let mut gpus = Interner::default();
     for (pe, f) in facts.iter().enumerate() {
         if f.gpu_uuid.is_empty() || f.host.is_empty() {
-            return Err(RouteError::InvalidTopology(format!(
-                "PE {pe} reported no host or no GPU UUID"
-            )));
+            return Err(RouteError::InvalidTopology(format!("PE {pe} reported no host or no GPU UUID")));
         }
         gpus.id(&f.gpu_uuid);
     }
-    let (mut hosts, mut racks, mut leaves, mut clusters, mut domains) =
-        <(Interner, Interner, Interner, Interner, Interner)>::default();
+    let (mut hosts, mut racks, mut leaves, mut clusters, mut domains) = <(Interner, Interner, Interner, Interner, Interner)>::default();
     let mut claim_ids: HashMap<ClaimSet, u32> = HashMap::new();
     let mut claims = Vec::new();
     let mut coords = Vec::with_capacity(facts.len());
@@ -545,10 +470,7 @@ pub fn topology_from_facts(
         coords.push(PeCoord {
             gpu,
             claims: claim,
-            nvlink_domain: f
-                .nvlink_domain
-                .as_ref()
-                .map_or(NO_GROUP, |d| domains.id(&format!("{}/{}", d.cluster_uuid, d.clique_id))),
+            nvlink_domain: f.nvlink_domain.as_ref().map_or(NO_GROUP, |d| domains.id(&format!("{}/{}", d.cluster_uuid, d.clique_id))),
             host: hosts.id(&f.host),
             rack: p.rack_key().map_or(NO_GROUP, |k| racks.id(&k)),
             leaf: p.leaf_key().map_or(NO_GROUP, |k| leaves.id(&k)),
@@ -594,11 +516,7 @@ pub fn topology_from_file(path: &Path) -> Result<(Topology, TopologyFile, Fabric
     let file = TopologyFile::load(path)?;
     let fabric = file.fabric(path)?;
     if fabric.hosts().is_empty() {
-        return Err(RouteError::BadFile {
-            what: "topology file",
-            path: PathBuf::from(path),
-            reason: "lists no nodes".into(),
-        });
+        return Err(RouteError::BadFile { what: "topology file", path: PathBuf::from(path), reason: "lists no nodes".into() });
     }
     let facts = file.synthetic_facts(&fabric);
     let topo = topology_from_facts(&facts, Some(&fabric))?;
@@ -620,10 +538,7 @@ pub fn load_fabric(path: &Path) -> Result<Fabric, RouteError> {
 
 /// One node of `pes` PEs, one per GPU, all NVLink-connected: the model `halo route` uses without a file.
 pub fn single_node(pes: usize) -> Result<Topology, RouteError> {
-    topology_from_facts(
-        &synthetic_facts(&["localhost".to_owned()], pes, 1, IntraNodeLink::Nvlink),
-        None,
-    )
+    topology_from_facts(&synthetic_facts(&["localhost".to_owned()], pes, 1, IntraNodeLink::Nvlink), None)
 }
 
 #[cfg(test)]
@@ -633,25 +548,14 @@ mod tests {
 
     #[test]
     fn hostlists() {
-        assert_eq!(
-            expand_hostlist("gpu[001-003,7]").ok(),
-            Some(vec![
-                "gpu001".into(),
-                "gpu002".into(),
-                "gpu003".into(),
-                "gpu7".into()
-            ])
-        );
+        assert_eq!(expand_hostlist("gpu[001-003,7]").ok(), Some(vec!["gpu001".into(), "gpu002".into(), "gpu003".into(), "gpu7".into()]));
         assert_eq!(expand_hostlist("login").ok(), Some(vec!["login".into()]));
         assert!(expand_hostlist("gpu[3-1]").is_err());
         assert!(expand_hostlist("gpu[1-2").is_err());
         assert!(expand_hostlist("gpu1-2]").is_err());
         assert!(expand_hostlist("a[[1]]").is_err());
         assert!(expand_hostlist("n[0-99999999]").is_err(), "too many");
-        assert_eq!(
-            expand_hostlist("r[1-2]n[08-09]").ok(),
-            Some(vec!["r1n08".into(), "r1n09".into(), "r2n08".into(), "r2n09".into()])
-        );
+        assert_eq!(expand_hostlist("r[1-2]n[08-09]").ok(), Some(vec!["r1n08".into(), "r1n09".into(), "r2n08".into(), "r2n09".into()]));
         assert_eq!(
             expand_hostlists("tux[0-1,12],login, gpu[01-02]").ok(),
             Some(vec!["tux0".into(), "tux1".into(), "tux12".into(), "login".into(), "gpu01".into(), "gpu02".into()])
@@ -660,13 +564,9 @@ mod tests {
 
     #[test]
     fn slurm_addresses() {
-        let (host, p) =
-            Placement::from_slurm("top.s1.l3.node7", "switch.switch.switch.node").expect("valid");
+        let (host, p) = Placement::from_slurm("top.s1.l3.node7", "switch.switch.switch.node").expect("valid");
         assert_eq!(host, "node7");
-        assert_eq!(
-            (p.cluster.as_str(), p.spine.as_deref(), p.leaf.as_deref()),
-            ("top", Some("s1"), Some("l3"))
-        );
+        assert_eq!((p.cluster.as_str(), p.spine.as_deref(), p.leaf.as_deref()), ("top", Some("s1"), Some("l3")));
         let (_, p) = Placement::from_slurm("l3.n1", "switch.node").expect("valid");
         assert_eq!((p.spine, p.leaf.as_deref()), (None, Some("l3")));
         // Four tiers: the root names the cluster, the tier under it is the cluster's core.
@@ -681,13 +581,7 @@ mod tests {
             "SLURM_TOPOLOGY_ADDR_PATTERN" => Some("switch.switch.node".to_owned()),
             _ => None,
         };
-        assert_eq!(
-            Placement::from_slurm_env(&env)
-                .ok()
-                .flatten()
-                .map(|(h, _)| h),
-            Some("n9".into())
-        );
+        assert_eq!(Placement::from_slurm_env(&env).ok().flatten().map(|(h, _)| h), Some("n9".into()));
         assert!(matches!(Placement::from_slurm_env(&|_| None), Ok(None)));
     }
 
@@ -700,19 +594,9 @@ mod tests {
 
     #[test]
     fn slurm_placements_in_facts() {
-        let mut facts = synthetic_facts(
-            &["a".into(), "b".into(), "c".into()],
-            1,
-            1,
-            IntraNodeLink::Nvlink,
-        );
+        let mut facts = synthetic_facts(&["a".into(), "b".into(), "c".into()], 1, 1, IntraNodeLink::Nvlink);
         for (f, leaf) in facts.iter_mut().zip(["l0", "l0", "l1"]) {
-            f.placement = Some(Placement {
-                cluster: "x".into(),
-                spine: Some("s".into()),
-                leaf: Some(leaf.into()),
-                rack: None,
-            });
+            f.placement = Some(Placement { cluster: "x".into(), spine: Some("s".into()), leaf: Some(leaf.into()), rack: None });
         }
         let t = topology_from_facts(&facts, None).expect("valid");
         assert_eq!(t.distance(0, 1).ok(), Some(DistanceLevel::Leaf));

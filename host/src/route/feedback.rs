@@ -236,10 +236,7 @@ fn reports_in(records: &[SafePointRecord]) -> usize {
 /// One safe point for this PE's router, with `all_gather(tag, bytes)` returning every PE's bytes
 /// indexed by PE (the bootstrap's all-gather; `tag` differs per round). Collective: every PE must
 /// call it at the same point of the run.
-pub fn agree_via(
-    router: &mut Router,
-    all_gather: &mut AllGather<'_>,
-) -> Result<AgreementChange, RouteError> {
+pub fn agree_via(router: &mut Router, all_gather: &mut AllGather<'_>) -> Result<AgreementChange, RouteError> {
     let mine = router.safe_point_record();
     let tag = format!("route-failures-{}", mine.round);
     let bytes = serde_json::to_vec(&mine).map_err(|e| RouteError::Agreement(format!("encoding this PE's record: {e}")))?;
@@ -328,11 +325,7 @@ pub fn safe_point_through_bootstrap(router: &mut Router, halos: &[RankHalo], cur
 /// plans again, the plans are checked symmetric, and the pairs that switched are listed.
 pub fn safe_point_local(routers: &mut [Router], halos: &[RankHalo], current: &[RoutedPaths]) -> Result<SafePoint, PathError> {
     let changes = agree_local(routers)?;
-    let plans = routers
-        .iter_mut()
-        .zip(current)
-        .map(|(r, p)| p.replan(r, halos))
-        .collect::<Result<Vec<_>, _>>()?;
+    let plans = routers.iter_mut().zip(current).map(|(r, p)| p.replan(r, halos)).collect::<Result<Vec<_>, _>>()?;
     RoutedPaths::check_symmetric(&plans)?;
     let change = changes.into_iter().next().unwrap_or_default();
     Ok(SafePoint { change, switched: switched_pairs(current, &plans), plans })
@@ -375,10 +368,10 @@ impl FailureInjection {
         };
         let (rest, pes) = match spec.trim().split_once('@') {
             Some((r, list)) => {
-                let pes = list
-                    .split(',')
-                    .map(|p| p.trim().parse::<usize>().map_err(|_| bad(format!("{p:?} is not a PE number"))))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let pes =
+                    list.split(',')
+                        .map(|p| p.trim().parse::<usize>().map_err(|_| bad(format!("{p:?} is not a PE number"))))
+                        .collect::<Result<Vec<_>, _>>()?;
                 (r, Some(pes))
             }
             None => (spec.trim(), None),
@@ -409,12 +402,7 @@ impl FailureInjection {
     /// injection does not fire there): the driver skips the step's launch when this is not empty
     /// and records [`Outcome::Failure`] for each of them.
     pub fn failing_peers(&self, plan: &RoutedPaths, step: u64) -> Vec<usize> {
-        plan.peers
-            .iter()
-            .enumerate()
-            .filter(|&(_, t)| t.is_some_and(|t| self.fires(plan.self_pe, t, step)))
-            .map(|(peer, _)| peer)
-            .collect()
+        plan.peers.iter().enumerate().filter(|&(_, t)| t.is_some_and(|t| self.fires(plan.self_pe, t, step))).map(|(peer, _)| peer).collect()
     }
 }
 

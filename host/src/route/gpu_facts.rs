@@ -103,7 +103,13 @@ impl fmt::Display for PeerLink {
             if self.p2p.can_access { "yes" } else { "no" },
             if self.p2p.native_atomics { "yes" } else { "no" },
             self.p2p.performance_rank,
-            if self.nvlink { "NVLink" } else if self.p2p.can_access { "PCIe" } else { "no P2P" },
+            if self.nvlink {
+                "NVLink"
+            } else if self.p2p.can_access {
+                "PCIe"
+            } else {
+                "no P2P"
+            },
             self.evidence
         )
     }
@@ -148,10 +154,8 @@ impl FabricInfo {
     /// and names a cluster (a GPU without multi-node NVLink reports "not supported" or a zero
     /// UUID).
     pub fn domain(&self) -> Option<NvlinkDomain> {
-        (self.state == Self::STATE_COMPLETED && self.status == 0 && self.cluster_uuid != [0; 16]).then(|| NvlinkDomain {
-            cluster_uuid: self.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect(),
-            clique_id: self.clique_id,
-        })
+        (self.state == Self::STATE_COMPLETED && self.status == 0 && self.cluster_uuid != [0; 16])
+            .then(|| NvlinkDomain { cluster_uuid: self.cluster_uuid.iter().map(|b| format!("{b:02x}")).collect(), clique_id: self.clique_id })
     }
 }
 
@@ -247,9 +251,7 @@ impl DriverProbe {
         let mut buf = [0 as c_char; 32];
         // SAFETY: `buf` is writable for its full length, which is what we pass; the driver writes a
         // NUL-terminated string no longer than that.
-        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev) }
-            .result()
-            .map_err(cuda("cuDeviceGetPCIBusId"))?;
+        unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev) }.result().map_err(cuda("cuDeviceGetPCIBusId"))?;
         // SAFETY: the buffer is NUL-terminated (zero-initialised and the driver terminates it).
         let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
         PciAddr::parse(&text).ok_or_else(|| DiscoveryError::NoGpu(format!("unexpected PCI bus id {text:?}")))
@@ -279,9 +281,7 @@ impl GpuProbe for DriverProbe {
         let attr = |which: sys::CUdevice_P2PAttribute| -> Result<i32, DiscoveryError> {
             let mut v = 0 as c_int;
             // SAFETY: `v` is a valid out-pointer; both devices came from cuDeviceGet and differ.
-            unsafe { sys::cuDeviceGetP2PAttribute(&mut v, which, a, b) }
-                .result()
-                .map_err(cuda(format!("cuDeviceGetP2PAttribute({which:?})")))?;
+            unsafe { sys::cuDeviceGetP2PAttribute(&mut v, which, a, b) }.result().map_err(cuda(format!("cuDeviceGetP2PAttribute({which:?})")))?;
             Ok(v)
         };
         use sys::CUdevice_P2PAttribute as A;
@@ -322,14 +322,7 @@ impl GpuProbe for DriverProbe {
 /// `GPU-` and the 16 bytes in the 8-4-4-4-12 hex grouping.
 pub fn format_uuid(b: &[u8; 16]) -> String {
     let hex: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex[0..4].concat(),
-        hex[4..6].concat(),
-        hex[6..8].concat(),
-        hex[8..10].concat(),
-        hex[10..16].concat()
-    )
+    format!("GPU-{}-{}-{}-{}-{}", hex[0..4].concat(), hex[4..6].concat(), hex[6..8].concat(), hex[8..10].concat(), hex[10..16].concat())
 }
 
 /// PCI domain, bus and device (function ignored: GPUs are function 0).
@@ -430,9 +423,7 @@ impl Nvml {
             let r = Self::load();
             match &r {
                 Ok(_) => tracing::info!("route: NVML loaded; NVLink is read from it"),
-                Err(e) => tracing::warn!(
-                    "route: NVML not available ({e}); NVLink is inferred from P2P with native atomics"
-                ),
+                Err(e) => tracing::warn!("route: NVML not available ({e}); NVLink is inferred from P2P with native atomics"),
             }
             r
         })
@@ -447,8 +438,7 @@ impl Nvml {
         // SAFETY: each symbol is looked up with the signature nvml.h declares for it; the pointers
         // are used only while `lib` (moved into the returned struct) stays loaded.
         unsafe {
-            let init: libloading::Symbol<unsafe extern "C" fn() -> NvmlReturn> =
-                lib.get(b"nvmlInit_v2\0").map_err(|e| e.to_string())?;
+            let init: libloading::Symbol<unsafe extern "C" fn() -> NvmlReturn> = lib.get(b"nvmlInit_v2\0").map_err(|e| e.to_string())?;
             let rc = init();
             if rc != NVML_SUCCESS {
                 return Err(format!("nvmlInit_v2 returned {rc}"));
@@ -498,8 +488,12 @@ impl Nvml {
         let f = self.fabric_v1?;
         let mut info = NvmlGpuFabricInfoV1::default();
         // SAFETY: valid handle; `info` has nvml.h's layout of the unversioned struct.
-        (unsafe { f(dev, &mut info) } == NVML_SUCCESS)
-            .then_some(FabricInfo { cluster_uuid: info.cluster_uuid, clique_id: info.clique_id, state: info.state, status: info.status })
+        (unsafe { f(dev, &mut info) } == NVML_SUCCESS).then_some(FabricInfo {
+            cluster_uuid: info.cluster_uuid,
+            clique_id: info.clique_id,
+            state: info.state,
+            status: info.status,
+        })
     }
 
     /// The active links of the GPU with `uuid` (or at `pci`), `None` when NVML cannot find it.
@@ -604,9 +598,8 @@ pub fn local_rank_facts_with(probe: &dyn GpuProbe, host: &str, n_ranks: usize, g
     if gpus == 0 {
         return Err(DiscoveryError::NoGpu("no GPU to place ranks on".into()));
     }
-    let per_gpu: Vec<PeFacts> = (0..gpus)
-        .map(|g| Ok(probed_facts(probe, g, host, &probe.uuid(g)?, &probe_links(probe, g)?, None)))
-        .collect::<Result<_, DiscoveryError>>()?;
+    let per_gpu: Vec<PeFacts> =
+        (0..gpus).map(|g| Ok(probed_facts(probe, g, host, &probe.uuid(g)?, &probe_links(probe, g)?, None))).collect::<Result<_, DiscoveryError>>()?;
     Ok((0..n_ranks).map(|r| per_gpu[r % gpus].clone()).collect())
 }
 
@@ -630,10 +623,7 @@ pub fn gpu_facts_of(ordinals: &[usize]) -> Result<Vec<PeFacts>, DiscoveryError> 
     let probe = DriverProbe::new()?;
     let host = hostname();
     let placement = slurm_placement();
-    ordinals
-        .iter()
-        .map(|&g| Ok(probed_facts(&probe, g, &host, &probe.uuid(g)?, &probe_links(&probe, g)?, placement.clone())))
-        .collect()
+    ordinals.iter().map(|&g| Ok(probed_facts(&probe, g, &host, &probe.uuid(g)?, &probe_links(&probe, g)?, placement.clone()))).collect()
 }
 
 /// Every PE's facts, indexed by PE, exchanged over the launch's CPU channel under `tag`

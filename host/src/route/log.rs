@@ -2,9 +2,9 @@
 //!
 //! Fixed `key=value` lines with a `[route]` prefix so that scripts can grep and split them.
 
+use super::TransportSet;
 use super::router::{Decision, RouteReason};
 use super::size::format_size;
-use super::TransportSet;
 use std::fmt;
 
 impl fmt::Display for Decision {
@@ -22,17 +22,8 @@ impl fmt::Display for Decision {
             self.topology_hash
         )?;
         match d.hit {
-            Some(hit) => write!(
-                f,
-                "[route]   level={} (bitmap hit at level {}: {hit})",
-                d.level,
-                hit.index()
-            )?,
-            None => write!(
-                f,
-                "[route]   level={} (no bitmap level agreed; default)",
-                d.level
-            )?,
+            Some(hit) => write!(f, "[route]   level={} (bitmap hit at level {}: {hit})", d.level, hit.index())?,
+            None => write!(f, "[route]   level={} (no bitmap level agreed; default)", d.level)?,
         }
         if let Some((claimed, by)) = d.one_sided {
             write!(f, "; PE {by} alone claims {claimed}, not trusted")?;
@@ -52,11 +43,7 @@ impl fmt::Display for Decision {
         for c in &self.scoring.candidates {
             match c.excluded {
                 Some(e) if !(self.forced_by.is_some() && c.transport == self.route.transport) => {
-                    writeln!(
-                        f,
-                        "[route]   candidate={:<12} score=0.000 excluded: {e}",
-                        c.transport.name()
-                    )?
+                    writeln!(f, "[route]   candidate={:<12} score=0.000 excluded: {e}", c.transport.name())?
                 }
                 _ => {
                     let x = &c.factors;
@@ -73,20 +60,14 @@ impl fmt::Display for Decision {
                         x.topology,
                         x.capability,
                         x.reliability,
-                        if c.calibrated {
-                            "calibrated"
-                        } else {
-                            "default, not measured"
-                        }
+                        if c.calibrated { "calibrated" } else { "default, not measured" }
                     )?
                 }
             }
         }
         let why = match (self.route.reason, &self.forced_by) {
             (RouteReason::Forced, Some(by)) => format!(" (forced by {by})"),
-            (RouteReason::AllFailed, _) => {
-                " (every usable transport failed recently; best of them)".to_owned()
-            }
+            (RouteReason::AllFailed, _) => " (every usable transport failed recently; best of them)".to_owned(),
             _ => String::new(),
         };
         writeln!(

@@ -42,34 +42,26 @@ pub mod size;
 pub mod slurm;
 pub use crate::desc::route::transport;
 
+pub use crate::desc::route::RouteError;
 pub use bitmap::{ClaimSet, DistanceInfo, NO_GROUP, PeBitmap, PeCoord, Topology};
 pub use config::{EffectiveWeights, LIMITS, Limit, Limits, RouteConfig, Sourced, WeightSource, Weights};
 pub use discover::{
-    Fabric, IntraNodeLink, NvlinkDomain, PeFacts, Placement, TopologyFile, load_fabric, single_node,
-    synthetic_facts, topology_from_facts, topology_from_file,
+    Fabric, IntraNodeLink, NvlinkDomain, PeFacts, Placement, TopologyFile, load_fabric, single_node, synthetic_facts, topology_from_facts,
+    topology_from_file,
 };
-pub use crate::desc::route::RouteError;
 pub use feedback::{
-    AgreementChange, AllGather, Agreement, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint,
-    SafePointRecord, agree, agree_local, agree_through_bootstrap, agree_via, safe_point_local,
-    safe_point_through_bootstrap, safe_point_via,
+    Agreement, AgreementChange, AllGather, FailureInjection, FailureReport, Feedback, PairRecord, SafePoint, SafePointRecord, agree, agree_local,
+    agree_through_bootstrap, agree_via, safe_point_local, safe_point_through_bootstrap, safe_point_via,
 };
 pub use level::{DistanceLevel, LEVELS};
-pub use paths::{
-    EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, PeerRoute, PulseChoice,
-    PulsePath, RouteSource, RoutedPaths, RoutedSummary, TopologyStamp, local_routers, plan_local_ranks,
-    plan_local_with,
-};
 pub use overrides::{Overrides, PairOverride, parse_route_override, parse_route_overrides};
+pub use paths::{
+    EXCHANGE_TRANSPORTS, LOCAL_EXCHANGE_TRANSPORTS, LocalPlan, PathError, PeerRoute, PulseChoice, PulsePath, RouteSource, RoutedPaths, RoutedSummary,
+    TopologyStamp, local_routers, plan_local_ranks, plan_local_with,
+};
 pub use reliability::{Clock, Count, Decay, ManualClock, Outcome, Reliability, SystemClock};
 pub use router::{Decision, Route, RouteReason, RouteSummary, Router};
-pub use score::{
-    Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates,
-    score_candidates_among,
-};
+pub use score::{Candidate, Exclusion, Factors, ReliabilityState, Scoring, score_candidates, score_candidates_among};
 pub use size::{class_bytes, format_size, parse_size, size_class};
 pub use slurm::parse_slurm_topology;
-pub use transport::{
-    CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport,
-    TransportSet,
-};
+pub use transport::{CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport, TransportSet};

@@ -41,32 +41,16 @@ pub fn parse_route_override(spec: &str) -> Result<PairOverride, RouteError> {
         value: spec.to_owned(),
         reason: format!("{reason}; write PE-PE=transport, e.g. 0-1=nvshmem-put"),
     };
-    let (pair, name) = spec
-        .trim()
-        .split_once('=')
-        .ok_or_else(|| bad("no '='".into()))?;
-    let (a, b) = pair
-        .split_once('-')
-        .ok_or_else(|| bad("no '-' between the two PEs".into()))?;
-    let pe = |s: &str| {
-        s.trim()
-            .parse::<usize>()
-            .map_err(|_| bad(format!("{s:?} is not a PE number")))
-    };
+    let (pair, name) = spec.trim().split_once('=').ok_or_else(|| bad("no '='".into()))?;
+    let (a, b) = pair.split_once('-').ok_or_else(|| bad("no '-' between the two PEs".into()))?;
+    let pe = |s: &str| s.trim().parse::<usize>().map_err(|_| bad(format!("{s:?} is not a PE number")));
     let transport = name.parse::<Transport>().map_err(|e| bad(e.to_string()))?;
-    Ok(PairOverride {
-        a: pe(a)?,
-        b: pe(b)?,
-        transport,
-    })
+    Ok(PairOverride { a: pe(a)?, b: pe(b)?, transport })
 }
 
 /// Parses a comma-separated list of overrides (the form of `HALO_ROUTE_OVERRIDE`); empty items are skipped.
 pub fn parse_route_overrides(list: &str) -> Result<Vec<PairOverride>, RouteError> {
-    list.split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(parse_route_override)
-        .collect()
+    list.split(',').filter(|s| !s.trim().is_empty()).map(parse_route_override).collect()
 }
 
 /// The overrides in force, each with where it came from.
@@ -102,24 +86,12 @@ mod tests {
     #[test]
     fn parses_and_rejects() {
         let o = parse_route_override("0-1=nvshmem-put").expect("valid");
-        assert_eq!(
-            o,
-            PairOverride {
-                a: 0,
-                b: 1,
-                transport: Transport::NvshmemPut
-            }
-        );
+        assert_eq!(o, PairOverride { a: 0, b: 1, transport: Transport::NvshmemPut });
         assert!(o.matches(1, 0) && !o.matches(0, 2));
         assert_eq!(o.to_string(), "0-1=nvshmem-put");
         for bad in ["0-1", "0=staged", "x-1=staged", "0-1=tcp", ""] {
             assert!(parse_route_override(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(
-            parse_route_overrides("0-1=staged, 2-3=nccl,")
-                .map(|v| v.len())
-                .ok(),
-            Some(2)
-        );
+        assert_eq!(parse_route_overrides("0-1=staged, 2-3=nccl,").map(|v| v.len()).ok(), Some(2));
     }
 }

@@ -18,8 +18,8 @@
 //! | `nccl` | none in the exchange yet: not a candidate (`EXCHANGE_TRANSPORTS`); forcing it is an error naming the override |
 
 use super::{DistanceLevel, Op, Route, RouteConfig, RouteError, Router, Transport, TransportSet};
-pub use crate::desc::route::PathError;
 use crate::desc::RankHalo;
+pub use crate::desc::route::PathError;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
@@ -27,12 +27,8 @@ use std::sync::Arc;
 /// The transports the halo exchange implements: the only candidates [`RoutedPaths::plan`] asks
 /// the router about. NCCL is left out because the exchange has no NCCL path (only the benchmark
 /// baseline in `bench::nccl` uses it).
-pub const EXCHANGE_TRANSPORTS: TransportSet = TransportSet::of(&[
-    Transport::NvlinkStore,
-    Transport::NvlinkTma,
-    Transport::NvshmemPut,
-    Transport::Staged,
-]);
+pub const EXCHANGE_TRANSPORTS: TransportSet =
+    TransportSet::of(&[Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged]);
 
 /// The transports ranks sharing one process can run (the exchange's `LocalRanks`): direct
 /// stores, bulk copies and host-staged copies through peer mappings. No NVSHMEM runs there, so
@@ -293,10 +289,9 @@ impl RoutedPaths {
         let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
         let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
         for (p, spec) in halo.pulses.iter().enumerate() {
-            for (message, peer, atoms) in [
-                (Message::Coordinates, spec.send_rank, spec.index_map.len()),
-                (Message::Forces, spec.recv_rank, spec.recv_size),
-            ] {
+            for (message, peer, atoms) in
+                [(Message::Coordinates, spec.send_rank, spec.index_map.len()), (Message::Forces, spec.recv_rank, spec.recv_size)]
+            {
                 let bytes = (atoms * element_bytes) as u64;
                 let route = router.route_among(peer, Op::Put, bytes, allowed)?;
                 // The router honours the set; this guards other sources of routes (the trait is open).
@@ -327,11 +322,7 @@ impl RoutedPaths {
                 tracing::info!("route: PE {me} -> PE {peer}: messages of different sizes prefer different transports; the largest decides: {t}");
             }
         }
-        let failure_epochs = (0..peers.len())
-            .filter(|&q| peers[q].is_some())
-            .map(|q| (q, router.failure_epoch(q)))
-            .filter(|&(_, e)| e > 0)
-            .collect();
+        let failure_epochs = (0..peers.len()).filter(|&q| peers[q].is_some()).map(|q| (q, router.failure_epoch(q))).filter(|&(_, e)| e > 0).collect();
         Ok(Self {
             self_pe: me,
             peers: peers.into_iter().map(|s| s.map(|(_, t)| t)).collect(),
@@ -404,7 +395,9 @@ impl RoutedPaths {
         let mut out: Vec<PulseChoice> = Vec::new();
         for m in &self.pulses {
             match m.message {
-                Message::Coordinates => out.push(PulseChoice { pulse: m.pulse, send_peer: m.peer, send: path(m.peer)?, recv_peer: m.peer, recv: path(m.peer)? }),
+                Message::Coordinates => {
+                    out.push(PulseChoice { pulse: m.pulse, send_peer: m.peer, send: path(m.peer)?, recv_peer: m.peer, recv: path(m.peer)? })
+                }
                 Message::Forces => {
                     if let Some(c) = out.iter_mut().rev().find(|c| c.pulse == m.pulse) {
                         c.recv_peer = m.peer;
@@ -509,10 +502,8 @@ impl RoutedPaths {
     /// path is direct and puts elsewhere. `puts_possible` is false for ranks in one process.
     pub fn exchange_transport(all: &[RoutedPaths], puts_possible: bool) -> Result<crate::desc::Transport, PathError> {
         use crate::desc::Transport as X;
-        let chosen: Vec<(usize, usize, Transport)> = all
-            .iter()
-            .flat_map(|p| p.peers.iter().enumerate().filter_map(move |(q, t)| t.map(|t| (p.self_pe, q, t))))
-            .collect();
+        let chosen: Vec<(usize, usize, Transport)> =
+            all.iter().flat_map(|p| p.peers.iter().enumerate().filter_map(move |(q, t)| t.map(|t| (p.self_pe, q, t)))).collect();
         if all.is_empty() {
             return Err(PathError::Empty);
         }
@@ -618,10 +609,8 @@ pub fn plan_local_with<T: crate::desc::Element>(routers: &mut [Router], halos: &
             }
         }
     }
-    let plans = routers
-        .iter_mut()
-        .map(|router| RoutedPaths::plan_among::<T>(router, halos, LOCAL_EXCHANGE_TRANSPORTS))
-        .collect::<Result<Vec<_>, _>>()?;
+    let plans =
+        routers.iter_mut().map(|router| RoutedPaths::plan_among::<T>(router, halos, LOCAL_EXCHANGE_TRANSPORTS)).collect::<Result<Vec<_>, _>>()?;
     RoutedPaths::check_symmetric(&plans)?;
     Ok(plans)
 }
@@ -666,11 +655,8 @@ mod tests {
         let h = halos([2, 1, 1]);
         let mut r = fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0);
         let plan = RoutedPaths::plan_for::<f32>(&mut r, &h).expect("plan");
-        let want: Vec<(usize, u64)> = h[0]
-            .pulses
-            .iter()
-            .flat_map(|p| [(p.send_rank, 4 * p.index_map.len() as u64), (p.recv_rank, 4 * p.recv_size as u64)])
-            .collect();
+        let want: Vec<(usize, u64)> =
+            h[0].pulses.iter().flat_map(|p| [(p.send_rank, 4 * p.index_map.len() as u64), (p.recv_rank, 4 * p.recv_size as u64)]).collect();
         assert_eq!(r.asked, want);
         assert_eq!(plan.element_bytes, 4);
     }
@@ -680,11 +666,8 @@ mod tests {
         let h = halos([2, 1, 1]);
         let mut r = fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0);
         let plan = RoutedPaths::plan(&mut r, &h).expect("plan");
-        let want: Vec<(usize, u64)> = h[0]
-            .pulses
-            .iter()
-            .flat_map(|p| [(p.send_rank, 12 * p.index_map.len() as u64), (p.recv_rank, 12 * p.recv_size as u64)])
-            .collect();
+        let want: Vec<(usize, u64)> =
+            h[0].pulses.iter().flat_map(|p| [(p.send_rank, 12 * p.index_map.len() as u64), (p.recv_rank, 12 * p.recv_size as u64)]).collect();
         assert_eq!(r.asked, want);
         assert_eq!(plan.pulses.len(), 2 * h[0].pulses.len());
         assert_eq!(plan.transport(1), Some(Transport::NvlinkStore));
@@ -695,12 +678,7 @@ mod tests {
     #[test]
     fn per_peer_mapping_direct_put_and_largest_message_decides() {
         let h = halos([2, 1, 1]);
-        for (t, direct) in [
-            (Transport::NvlinkStore, true),
-            (Transport::NvlinkTma, true),
-            (Transport::Staged, true),
-            (Transport::NvshmemPut, false),
-        ] {
+        for (t, direct) in [(Transport::NvlinkStore, true), (Transport::NvlinkTma, true), (Transport::Staged, true), (Transport::NvshmemPut, false)] {
             let plan = RoutedPaths::plan(&mut fake(1, t, t, 0), &h).expect("plan");
             assert_eq!(plan.direct(0), direct, "{t}");
         }
@@ -723,9 +701,7 @@ mod tests {
     #[test]
     fn symmetry_and_exchange_transport() {
         let h = halos([2, 2, 1]);
-        let plans = |t: Transport| -> Vec<RoutedPaths> {
-            (0..4).map(|r| RoutedPaths::plan(&mut fake(r, t, t, 0), &h).expect("plan")).collect()
-        };
+        let plans = |t: Transport| -> Vec<RoutedPaths> { (0..4).map(|r| RoutedPaths::plan(&mut fake(r, t, t, 0), &h).expect("plan")).collect() };
         use crate::desc::Transport as X;
         assert!(RoutedPaths::check_symmetric(&plans(Transport::NvlinkStore)).is_ok());
         assert_eq!(RoutedPaths::exchange_transport(&plans(Transport::NvlinkStore), false).ok(), Some(X::Fused));

@@ -28,9 +28,7 @@ pub struct SystemClock {
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
+        Self { origin: Instant::now() }
     }
 }
 
@@ -60,10 +58,7 @@ impl ManualClock {
 
     /// Moves time forward.
     pub fn advance(&self, by: Duration) {
-        self.nanos.fetch_add(
-            by.as_nanos().min(u128::from(u64::MAX)) as u64,
-            Ordering::Relaxed,
-        );
+        self.nanos.fetch_add(by.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
     }
 }
 
@@ -258,7 +253,6 @@ impl Reliability {
     pub fn recheck_after(&self) -> Duration {
         self.decay.recheck_after()
     }
-
 }
 
 #[cfg(test)]
@@ -271,10 +265,7 @@ mod tests {
         let mut r = Reliability::new(2, Duration::from_secs(10), 1.0);
         r.record(1, Transport::NvlinkStore, Outcome::Failure, clock.now());
         assert!(r.skipped(1, Transport::NvlinkStore, clock.now()));
-        assert!(
-            !r.skipped(0, Transport::NvlinkStore, clock.now()),
-            "other peers are unaffected"
-        );
+        assert!(!r.skipped(0, Transport::NvlinkStore, clock.now()), "other peers are unaffected");
         // Held until the recheck, a quarter half-life later, although the count decays at once.
         clock.advance(Duration::from_nanos(1));
         assert!(r.count(1, Transport::NvlinkStore, clock.now()) < 1.0);
@@ -287,15 +278,9 @@ mod tests {
         assert!(!r.skipped(1, Transport::NvlinkStore, clock.now()));
         assert!((r.factor(1, Transport::NvlinkStore, clock.now()) - 1.0 / 1.5).abs() < 1e-9);
         r.record(1, Transport::NvlinkStore, Outcome::Timeout, clock.now());
-        assert!(
-            r.skipped(1, Transport::NvlinkStore, clock.now()),
-            "0.5 + 0.5 reaches the threshold"
-        );
+        assert!(r.skipped(1, Transport::NvlinkStore, clock.now()), "0.5 + 0.5 reaches the threshold");
         r.record(1, Transport::NvlinkStore, Outcome::Success, clock.now());
-        assert!(
-            r.skipped(1, Transport::NvlinkStore, clock.now()),
-            "success does not erase failures"
-        );
+        assert!(r.skipped(1, Transport::NvlinkStore, clock.now()), "success does not erase failures");
         r.record(7, Transport::Nccl, Outcome::Failure, clock.now());
         assert_eq!(r.count(7, Transport::Nccl, clock.now()), 0.0, "outside the topology: ignored");
     }

@@ -7,15 +7,12 @@
 //! writes one block describing it.
 
 use super::config::{EffectiveWeights, RouteConfig, WeightSource};
+use super::feedback::{Agreement, AgreementChange, FailureReport, Feedback, SafePointRecord};
 use super::reliability::Reliability;
 use super::score::{ReliabilityState, Scoring, score_candidates_among};
 use super::size::{class_bytes, size_class};
 use super::transport::TRANSPORTS;
-use super::feedback::{Agreement, AgreementChange, Feedback, FailureReport, SafePointRecord};
-use super::{
-    Clock, DistanceInfo, DistanceLevel, Exclusion, Op, Outcome, PerfTable, RouteError, SystemClock,
-    Topology, Transport, TransportSet,
-};
+use super::{Clock, DistanceInfo, DistanceLevel, Exclusion, Op, Outcome, PerfTable, RouteError, SystemClock, Topology, Transport, TransportSet};
 use std::fmt;
 use std::io::Write;
 use std::sync::Arc;
@@ -103,11 +100,7 @@ impl fmt::Display for RouteSummary {
         if self.switches.is_empty() {
             return f.write_str("none");
         }
-        let pairs: Vec<String> = self
-            .switches
-            .iter()
-            .map(|(p, n)| format!("{}-{p}: {n}", self.self_pe))
-            .collect();
+        let pairs: Vec<String> = self.switches.iter().map(|(p, n)| format!("{}-{p}: {n}", self.self_pe)).collect();
         f.write_str(&pairs.join(", "))
     }
 }
@@ -154,10 +147,7 @@ pub struct Router {
 
 impl fmt::Debug for Router {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Router")
-            .field("self_pe", &self.self_pe)
-            .field("topology", &self.topo.to_string())
-            .finish()
+        f.debug_struct("Router").field("self_pe", &self.self_pe).field("topology", &self.topo.to_string()).finish()
     }
 }
 
@@ -166,11 +156,7 @@ impl Router {
     ///
     /// Logs the topology (epoch, hash) and every setting with its source at info level, and
     /// writes the same to stderr when debug output is on.
-    pub fn new(
-        self_pe: usize,
-        topo: Arc<Topology>,
-        config: RouteConfig,
-    ) -> Result<Self, RouteError> {
+    pub fn new(self_pe: usize, topo: Arc<Topology>, config: RouteConfig) -> Result<Self, RouteError> {
         let perf = match &config.calibration {
             Some(c) => PerfTable::load_calibration(&c.value)?,
             None => PerfTable::defaults(),
@@ -179,23 +165,14 @@ impl Router {
     }
 
     /// A router with an already loaded performance table (shared between routers of one process).
-    pub fn with_perf(
-        self_pe: usize,
-        topo: Arc<Topology>,
-        config: RouteConfig,
-        perf: Arc<PerfTable>,
-    ) -> Result<Self, RouteError> {
+    pub fn with_perf(self_pe: usize, topo: Arc<Topology>, config: RouteConfig, perf: Arc<PerfTable>) -> Result<Self, RouteError> {
         config.validate()?;
         let n = topo.n_pes();
         if self_pe >= n {
-            return Err(RouteError::PeOutOfRange {
-                pe: self_pe,
-                n_pes: n,
-            });
+            return Err(RouteError::PeOutOfRange { pe: self_pe, n_pes: n });
         }
         let half_life = Duration::from_secs_f64(config.half_life_s.value);
-        let debug: Option<Box<dyn Write + Send>> =
-            config.debug.value.then(|| Box::new(std::io::stderr()) as _);
+        let debug: Option<Box<dyn Write + Send>> = config.debug.value.then(|| Box::new(std::io::stderr()) as _);
         let mut r = Self {
             self_pe,
             reliability: Reliability::new(n, half_life, config.skip_threshold.value),
@@ -263,21 +240,12 @@ impl Router {
     /// ones. A transport forced outside `allowed` is [`RouteError::ForcedUnusable`]. Cached like
     /// [`Router::route`], with `allowed` part of the key.
     #[inline]
-    pub fn route_among(
-        &mut self,
-        peer: usize,
-        op: Op,
-        bytes: u64,
-        allowed: TransportSet,
-    ) -> Result<Route, RouteError> {
+    pub fn route_among(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
         self.lookups += 1;
         let class = size_class(bytes);
         let epoch = self.topo.epoch();
         if let Some(st) = self.peers.get(peer)
-            && let Some(e) = st
-                .entries
-                .iter()
-                .find(|e| e.op == op && e.class == class && e.allowed == allowed)
+            && let Some(e) = st.entries.iter().find(|e| e.op == op && e.class == class && e.allowed == allowed)
             && e.epoch == epoch
             && e.generation == st.generation
             && e.recheck_at.is_none_or(|t| self.clock.now() < t)
@@ -288,13 +256,7 @@ impl Router {
     }
 
     #[cold]
-    fn route_slow(
-        &mut self,
-        peer: usize,
-        op: Op,
-        bytes: u64,
-        allowed: TransportSet,
-    ) -> Result<Route, RouteError> {
+    fn route_slow(&mut self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Route, RouteError> {
         let n = self.topo.n_pes();
         if peer >= n {
             return Err(RouteError::PeOutOfRange { pe: peer, n_pes: n });
@@ -315,10 +277,7 @@ impl Router {
         let now = self.clock.now();
         // Recheck while failures decay, and exactly when a hold ends so that the transport comes
         // back on time rather than up to a recheck interval late.
-        let periodic = self
-            .reliability
-            .has_history(peer, now)
-            .then(|| now + self.reliability.recheck_after());
+        let periodic = self.reliability.has_history(peer, now).then(|| now + self.reliability.recheck_after());
         let recheck_at = match (periodic, self.reliability.next_release(peer, now)) {
             // Agreed choices change only when an agreement is applied, never by the local clock.
             _ if self.feedback == Feedback::Agreed => None,
@@ -327,20 +286,8 @@ impl Router {
         };
         let class = size_class(bytes);
         let st = &mut self.peers[peer];
-        let entry = CacheEntry {
-            op,
-            class,
-            allowed,
-            epoch,
-            generation: st.generation,
-            recheck_at,
-            route: decision.route,
-        };
-        match st
-            .entries
-            .iter_mut()
-            .find(|e| e.op == op && e.class == class && e.allowed == allowed)
-        {
+        let entry = CacheEntry { op, class, allowed, epoch, generation: st.generation, recheck_at, route: decision.route };
+        match st.entries.iter_mut().find(|e| e.op == op && e.class == class && e.allowed == allowed) {
             Some(old) => {
                 if old.route.transport != decision.route.transport {
                     st.switches += 1;
@@ -370,25 +317,12 @@ impl Router {
     }
 
     /// [`Router::decide`] among the transports of `allowed` (what [`Router::route_among`] runs).
-    pub fn decide_among(
-        &self,
-        peer: usize,
-        op: Op,
-        bytes: u64,
-        allowed: TransportSet,
-    ) -> Result<Decision, RouteError> {
+    pub fn decide_among(&self, peer: usize, op: Op, bytes: u64, allowed: TransportSet) -> Result<Decision, RouteError> {
         let distance = self.topo.distance_info(self.self_pe, peer)?;
         self.decide_with(peer, op, bytes, allowed, distance)
     }
 
-    fn decide_with(
-        &self,
-        peer: usize,
-        op: Op,
-        bytes: u64,
-        allowed: TransportSet,
-        distance: DistanceInfo,
-    ) -> Result<Decision, RouteError> {
+    fn decide_with(&self, peer: usize, op: Op, bytes: u64, allowed: TransportSet, distance: DistanceInfo) -> Result<Decision, RouteError> {
         let class_bytes = class_bytes(size_class(bytes));
         let weights = self.config.weights.at(class_bytes);
         let now = self.clock.now();
@@ -402,8 +336,7 @@ impl Router {
             }
         };
         let level = distance.level;
-        let scoring =
-            score_candidates_among(level, op, class_bytes, &weights, &self.perf, &rel, allowed);
+        let scoring = score_candidates_among(level, op, class_bytes, &weights, &self.perf, &rel, allowed);
         let forced = self.config.overrides.forced(self.self_pe, peer);
         let route = match forced {
             Some((t, by)) => {
@@ -411,12 +344,9 @@ impl Router {
                 match c.excluded {
                     // A user's order is followed even after failures, and without measurements:
                     // they asked for this transport.
-                    None | Some(Exclusion::RecentlyFailed { .. } | Exclusion::NotMeasured) => Route {
-                        transport: t,
-                        level,
-                        score: c.score,
-                        reason: RouteReason::Forced,
-                    },
+                    None | Some(Exclusion::RecentlyFailed { .. } | Exclusion::NotMeasured) => {
+                        Route { transport: t, level, score: c.score, reason: RouteReason::Forced }
+                    }
                     Some(e) => {
                         return Err(RouteError::ForcedUnusable {
                             transport: t,
@@ -440,17 +370,8 @@ impl Router {
                     level,
                     reasons: scoring.exclusion_reasons(),
                 })?;
-                let reason = if scoring.all_failed {
-                    RouteReason::AllFailed
-                } else {
-                    RouteReason::Scored
-                };
-                Route {
-                    transport: t,
-                    level,
-                    score: scoring.candidate(t).score,
-                    reason,
-                }
+                let reason = if scoring.all_failed { RouteReason::AllFailed } else { RouteReason::Scored };
+                Route { transport: t, level, score: scoring.candidate(t).score, reason }
             }
         };
         Ok(Decision {
@@ -620,10 +541,7 @@ impl Router {
             return Ok(());
         }
         if self.self_pe >= topo.n_pes() {
-            return Err(RouteError::PeOutOfRange {
-                pe: self.self_pe,
-                n_pes: topo.n_pes(),
-            });
+            return Err(RouteError::PeOutOfRange { pe: self.self_pe, n_pes: topo.n_pes() });
         }
         topo.set_epoch(self.topo.epoch().max(topo.epoch()) + 1);
         self.peers.resize(topo.n_pes(), PeerState::default());
@@ -641,13 +559,7 @@ impl Router {
             topology_hash: self.topo.hash_hex(),
             lookups: self.lookups,
             computed: self.computed,
-            switches: self
-                .peers
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.switches > 0)
-                .map(|(i, p)| (i, p.switches))
-                .collect(),
+            switches: self.peers.iter().enumerate().filter(|(_, p)| p.switches > 0).map(|(i, p)| (i, p.switches)).collect(),
         };
         tracing::info!("{s}");
         s
@@ -658,11 +570,7 @@ impl Router {
         let calibrated = self.perf.calibrated_pairs();
         tracing::info!(
             "route: performance numbers: {}",
-            if calibrated == 0 {
-                "default, not measured".to_owned()
-            } else {
-                format!("{calibrated} transport/level pairs calibrated")
-            }
+            if calibrated == 0 { "default, not measured".to_owned() } else { format!("{calibrated} transport/level pairs calibrated") }
         );
         self.config.log();
         if let Some(w) = self.debug.as_mut() {

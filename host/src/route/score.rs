@@ -77,9 +77,9 @@ impl fmt::Display for Exclusion {
                 write!(f, "recently failed (decayed count {count:.2})")
             }
             Exclusion::NotUsable => f.write_str("not usable by this caller"),
-            Exclusion::NotMeasured => f.write_str(
-                "default, not measured, while measured transports can serve this pair (calibrate it to let it compete)",
-            ),
+            Exclusion::NotMeasured => {
+                f.write_str("default, not measured, while measured transports can serve this pair (calibrate it to let it compete)")
+            }
         }
     }
 }
@@ -97,11 +97,7 @@ pub struct ReliabilityState {
 
 impl Default for ReliabilityState {
     fn default() -> Self {
-        Self {
-            factor: 1.0,
-            count: 0.0,
-            skipped: false,
-        }
+        Self { factor: 1.0, count: 0.0, skipped: false }
     }
 }
 
@@ -143,11 +139,7 @@ impl Scoring {
 
     /// The reasons of all excluded transports, `name: reason; ...`.
     pub fn exclusion_reasons(&self) -> String {
-        self.candidates
-            .iter()
-            .filter_map(|c| c.excluded.map(|e| format!("{}: {e}", c.transport)))
-            .collect::<Vec<_>>()
-            .join("; ")
+        self.candidates.iter().filter_map(|c| c.excluded.map(|e| format!("{}: {e}", c.transport))).collect::<Vec<_>>().join("; ")
     }
 }
 
@@ -199,17 +191,13 @@ pub fn score_candidates_among(
             c.bandwidth_gbs = p.bandwidth_gbs;
             c.calibrated = matches!(p.source, PerfSource::Calibrated(_));
             let r = reliability[t.index()];
-            r.skipped
-                .then_some(Exclusion::RecentlyFailed { count: r.count })
+            r.skipped.then_some(Exclusion::RecentlyFailed { count: r.count })
         } else {
             Some(Exclusion::NoPerfData)
         };
     }
     let usable = |c: &Candidate| c.excluded.is_none();
-    let all_failed = !candidates.iter().any(usable)
-        && candidates
-            .iter()
-            .any(|c| matches!(c.excluded, Some(Exclusion::RecentlyFailed { .. })));
+    let all_failed = !candidates.iter().any(usable) && candidates.iter().any(|c| matches!(c.excluded, Some(Exclusion::RecentlyFailed { .. })));
     if all_failed {
         for c in &mut candidates {
             if matches!(c.excluded, Some(Exclusion::RecentlyFailed { .. })) {
@@ -245,35 +233,19 @@ pub fn score_candidates_among(
             *m = m.max(v);
         }
     }
-    let w = [
-        weights.latency,
-        weights.bandwidth,
-        weights.topology,
-        weights.capability,
-        weights.reliability,
-    ];
+    let w = [weights.latency, weights.bandwidth, weights.topology, weights.capability, weights.reliability];
     let wsum = weights.sum().max(f64::MIN_POSITIVE);
     let mut best: Option<(Transport, f64)> = None;
     for c in candidates.iter_mut().filter(|c| c.excluded.is_none()) {
         let r = raw(c);
         let f: [f64; 5] = std::array::from_fn(|k| if max[k] > 0.0 { r[k] / max[k] } else { 0.0 });
-        c.factors = Factors {
-            latency: f[0],
-            bandwidth: f[1],
-            topology: f[2],
-            capability: f[3],
-            reliability: f[4],
-        };
+        c.factors = Factors { latency: f[0], bandwidth: f[1], topology: f[2], capability: f[3], reliability: f[4] };
         c.score = f.iter().zip(w).map(|(f, w)| f * w).sum::<f64>() / wsum;
         if best.is_none_or(|(_, s)| c.score > s) {
             best = Some((c.transport, c.score));
         }
     }
-    Scoring {
-        candidates,
-        best: best.map(|(t, _)| t),
-        all_failed,
-    }
+    Scoring { candidates, best: best.map(|(t, _)| t), all_failed }
 }
 
 #[cfg(test)]
@@ -283,22 +255,12 @@ mod tests {
 
     fn run(level: DistanceLevel, op: Op, bytes: u64) -> Scoring {
         let w = Weights::default().at(bytes);
-        score_candidates(
-            level,
-            op,
-            bytes,
-            &w,
-            &PerfTable::defaults(),
-            &[ReliabilityState::default(); TRANSPORTS],
-        )
+        score_candidates(level, op, bytes, &w, &PerfTable::defaults(), &[ReliabilityState::default(); TRANSPORTS])
     }
 
     #[test]
     fn small_prefers_latency_large_prefers_bandwidth() {
-        assert_eq!(
-            run(DistanceLevel::NvLink, Op::Put, 1024).best,
-            Some(Transport::NvlinkStore)
-        );
+        assert_eq!(run(DistanceLevel::NvLink, Op::Put, 1024).best, Some(Transport::NvlinkStore));
         // Over PCIe the bulk copies' bandwidth wins for large messages.
         assert_eq!(run(DistanceLevel::Pcie, Op::Put, 1024).best, Some(Transport::NvlinkStore));
         let large = run(DistanceLevel::Pcie, Op::Put, 1 << 20);
@@ -306,10 +268,7 @@ mod tests {
         // Over NVLink the stores of low-latency words keep up with them (GPU run 16: a 75 KB
         // coordinate halo in 6.0 µs per step by words, 8.6 µs by bulk copies).
         assert_eq!(run(DistanceLevel::NvLink, Op::Put, 75_000).best, Some(Transport::NvlinkStore));
-        assert_eq!(
-            run(DistanceLevel::Rack, Op::Put, 1024).best,
-            Some(Transport::NvshmemPut)
-        );
+        assert_eq!(run(DistanceLevel::Rack, Op::Put, 1024).best, Some(Transport::NvshmemPut));
     }
 
     #[test]
@@ -321,10 +280,7 @@ mod tests {
                 assert_eq!(c.score, 0.0);
             }
         }
-        assert!(matches!(
-            s.candidate(Transport::NvlinkTma).excluded,
-            Some(Exclusion::MissingCapability { .. })
-        ));
+        assert!(matches!(s.candidate(Transport::NvlinkTma).excluded, Some(Exclusion::MissingCapability { .. })));
         assert!(s.exclusion_reasons().contains("nvlink-tma: lacks atomics"));
     }
 
@@ -332,19 +288,8 @@ mod tests {
     fn all_failed_lets_them_back_in() {
         let w = Weights::default().at(8);
         let mut rel = [ReliabilityState::default(); TRANSPORTS];
-        rel[Transport::NvshmemPut.index()] = ReliabilityState {
-            factor: 0.3,
-            count: 2.0,
-            skipped: true,
-        };
-        let s = score_candidates(
-            DistanceLevel::Rack,
-            Op::Amo,
-            8,
-            &w,
-            &PerfTable::defaults(),
-            &rel,
-        );
+        rel[Transport::NvshmemPut.index()] = ReliabilityState { factor: 0.3, count: 2.0, skipped: true };
+        let s = score_candidates(DistanceLevel::Rack, Op::Amo, 8, &w, &PerfTable::defaults(), &rel);
         assert!(s.all_failed);
         assert_eq!(s.best, Some(Transport::NvshmemPut));
     }

@@ -27,11 +27,8 @@ pub fn parse_size(text: &str) -> Result<u64, RouteError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let bad = |reason: &str| RouteError::Parse {
-        what: "size",
-        value: text.to_owned(),
-        reason: format!("{reason}; write bytes like 1024, 16KiB, 1MiB"),
-    };
+    let bad =
+        |reason: &str| RouteError::Parse { what: "size", value: text.to_owned(), reason: format!("{reason}; write bytes like 1024, 16KiB, 1MiB") };
     let n: u64 = digits.parse().map_err(|_| bad("no leading number"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,

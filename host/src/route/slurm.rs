@@ -14,8 +14,8 @@
 //! Host lists use Slurm's syntax (`tux[0-3,12],gpu[01-04]`). Switch cycles, a switch listed twice
 //! and a text with no switch or block are errors.
 
-use super::discover::{DEFAULT_CLUSTER, Fabric, Placement, expand_hostlists};
 use super::RouteError;
+use super::discover::{DEFAULT_CLUSTER, Fabric, Placement, expand_hostlists};
 use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, Default)]
@@ -30,11 +30,8 @@ struct Switch {
 /// Parses a `topology.conf` or `scontrol show topology` text (`source` names it in errors and in
 /// the fabric) into node placements.
 pub fn parse_slurm_topology(text: &str, source: &str) -> Result<Fabric, RouteError> {
-    let bad = |line: usize, reason: String| RouteError::BadFile {
-        what: "Slurm topology",
-        path: source.into(),
-        reason: format!("line {line}: {reason}"),
-    };
+    let bad =
+        |line: usize, reason: String| RouteError::BadFile { what: "Slurm topology", path: source.into(), reason: format!("line {line}: {reason}") };
     let mut switches: BTreeMap<String, Switch> = BTreeMap::new();
     let mut blocks: Vec<(String, Vec<String>)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -50,9 +47,7 @@ pub fn parse_slurm_topology(text: &str, source: &str) -> Result<Fabric, RouteErr
         }
         let list = |key: &str| -> Result<Vec<String>, RouteError> {
             match fields.get(key) {
-                Some(v) if !v.is_empty() && !v.eq_ignore_ascii_case("(null)") => {
-                    expand_hostlists(v).map_err(|e| bad(line_no, e.to_string()))
-                }
+                Some(v) if !v.is_empty() && !v.eq_ignore_ascii_case("(null)") => expand_hostlists(v).map_err(|e| bad(line_no, e.to_string())),
                 _ => Ok(Vec::new()),
             }
         };
@@ -79,11 +74,7 @@ pub fn parse_slurm_topology(text: &str, source: &str) -> Result<Fabric, RouteErr
         // Other lines (BlockSizes=, headers of newer scontrol output) carry no placement.
     }
     if switches.is_empty() && blocks.is_empty() {
-        return Err(RouteError::BadFile {
-            what: "Slurm topology",
-            path: source.into(),
-            reason: "no SwitchName= or BlockName= line".into(),
-        });
+        return Err(RouteError::BadFile { what: "Slurm topology", path: source.into(), reason: "no SwitchName= or BlockName= line".into() });
     }
     let mut placements: BTreeMap<String, Placement> = tree_placements(&switches, source)?;
     for (block, nodes) in blocks {
@@ -116,12 +107,7 @@ fn tree_placements(switches: &BTreeMap<String, Switch>, source: &str) -> Result<
     }
     // Levels: given, or 0 for a switch without child switches and one more than its highest child.
     let mut levels: HashMap<&str, u32> = HashMap::new();
-    fn level_of<'a>(
-        name: &'a str,
-        switches: &'a BTreeMap<String, Switch>,
-        levels: &mut HashMap<&'a str, u32>,
-        depth: usize,
-    ) -> Option<u32> {
+    fn level_of<'a>(name: &'a str, switches: &'a BTreeMap<String, Switch>, levels: &mut HashMap<&'a str, u32>, depth: usize) -> Option<u32> {
         if let Some(&l) = levels.get(name) {
             return Some(l);
         }

@@ -3,8 +3,8 @@
 //! delivering a pulse (direct stores, NVSHMEM put with a signal or a fenced put), and credits.
 
 use crate::abi::{
-    Direction, Float3, HaloElement, NVSHMEM_SIGNAL_SET, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind,
-    WaitStatus, pulse_flags, signal_index,
+    Direction, Float3, HaloElement, NVSHMEM_SIGNAL_SET, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus,
+    pulse_flags, signal_index,
 };
 use crate::device::{self, nvshmem, thread};
 
@@ -174,7 +174,12 @@ unsafe fn wait_expired(clock: &mut WaitClock, timeout_ns: u64, status: *mut Wait
 /// `status` valid; `poll` reads valid locations.
 #[inline(always)]
 pub unsafe fn spin(
-    clock: &mut WaitClock, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, mut poll: impl FnMut() -> Result<(), u64>,
+    clock: &mut WaitClock,
+    expected: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    site: WaitSite,
+    mut poll: impl FnMut() -> Result<(), u64>,
 ) -> bool {
     loop {
         let mut polls = WAIT_CHECK_INTERVAL;
@@ -200,7 +205,13 @@ pub unsafe fn spin(
 /// `status` valid; `relaxed` and `acquire` read a valid location.
 #[inline(always)]
 unsafe fn spin_until(
-    clock: &mut WaitClock, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite, relaxed: impl Fn() -> u64, acquire: impl Fn(),
+    clock: &mut WaitClock,
+    expected: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    site: WaitSite,
+    relaxed: impl Fn() -> u64,
+    acquire: impl Fn(),
 ) -> bool {
     // SAFETY: forwarded.
     unsafe {
@@ -246,12 +257,27 @@ pub unsafe fn wait_signal(slot: *const u64, expected: u64, timeout_ns: u64, stat
 /// # Safety
 /// As [`wait_signal`].
 #[inline(always)]
-pub unsafe fn wait_signal_on(clock: &mut WaitClock, slot: *const u64, expected: u64, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite) -> bool {
+pub unsafe fn wait_signal_on(
+    clock: &mut WaitClock,
+    slot: *const u64,
+    expected: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    site: WaitSite,
+) -> bool {
     // SAFETY: the caller guarantees `slot` and `status`; the acquire's value is not needed.
     unsafe {
-        spin_until(clock, expected, timeout_ns, status, site, || device::load_relaxed_sys_u64(slot), || {
-            device::load_acquire_sys_u64(slot);
-        })
+        spin_until(
+            clock,
+            expected,
+            timeout_ns,
+            status,
+            site,
+            || device::load_relaxed_sys_u64(slot),
+            || {
+                device::load_acquire_sys_u64(slot);
+            },
+        )
     }
 }
 
@@ -264,14 +290,27 @@ pub unsafe fn wait_signal_on(clock: &mut WaitClock, slot: *const u64, expected: 
 /// `ptr` valid and on this device; `status` valid.
 #[inline(always)]
 pub unsafe fn wait_local_counter(
-    clock: &mut WaitClock, ptr: *const u32, expected: u32, timeout_ns: u64, status: *mut WaitStatus, pulse: u32,
+    clock: &mut WaitClock,
+    ptr: *const u32,
+    expected: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    pulse: u32,
 ) -> bool {
     let site = WaitSite { pulse, kind: WaitKind::LocalBlocks, peer: -1 };
     // SAFETY: the caller guarantees `ptr` and `status`.
     unsafe {
-        spin_until(clock, expected as u64, timeout_ns, status, site, || device::load_relaxed_gpu_u32(ptr) as u64, || {
-            device::load_acquire_gpu_u32(ptr);
-        })
+        spin_until(
+            clock,
+            expected as u64,
+            timeout_ns,
+            status,
+            site,
+            || device::load_relaxed_gpu_u32(ptr) as u64,
+            || {
+                device::load_acquire_gpu_u32(ptr);
+            },
+        )
     }
 }
 

@@ -27,13 +27,12 @@ use super::common::{
     Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, coord_pulse_depends_on_waits, deliver, pack_subset, send_previous_credit,
     shift_of, shifted, timed_out, wait_signal, wait_signal_on,
 };
+use super::fused_coords_tma::bulk_pulse;
 use super::ll;
 use super::timeline::Timeline;
 use crate::abi::timeline::{self as tl_layout, coords as point, pulse_slot};
-use super::fused_coords_tma::bulk_pulse;
 use crate::abi::{
-    CoordPath, Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags,
-    signal_index,
+    CoordPath, Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, pulse_flags, signal_index,
 };
 use crate::device::{self, thread};
 
@@ -50,7 +49,14 @@ use crate::device::{self, thread};
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn await_coord_credit(
-    meta: &PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, lag: u64, timeout_ns: u64, status: *mut WaitStatus,
+    meta: &PulseMeta,
+    pulse: u32,
+    num_pulses: u32,
+    signals: *mut u64,
+    step: Step,
+    lag: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
 ) {
     if !(step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT)) {
         return;
@@ -59,7 +65,13 @@ pub unsafe fn await_coord_credit(
         let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
         // SAFETY: own credit slot of this pulse.
         unsafe {
-            wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+            wait_signal(
+                signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)),
+                step.epoch.saturating_sub(lag),
+                timeout_ns,
+                status,
+                site,
+            )
         };
     }
     // SAFETY: block-uniform condition; orders thread 0's acquire before the block's stores.
@@ -73,7 +85,15 @@ pub unsafe fn await_coord_credit(
 /// # Safety
 /// All threads of the block call it; `pulses[0..pulse]` and `signals` valid; `status` valid.
 #[inline(always)]
-unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_pulses: u32, signals: *mut u64, step: Step, timeout_ns: u64, status: *mut WaitStatus) {
+unsafe fn await_signalled_earlier(
+    pulses: *const PulseMeta,
+    pulse: u32,
+    num_pulses: u32,
+    signals: *mut u64,
+    step: Step,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+) {
     if thread::thread_idx_x() == 0 {
         // One wait for all of them: one deadline.
         let mut clock = WaitClock::new();
@@ -83,7 +103,16 @@ unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_puls
             if !ll::arrives_as_words(meta_e) {
                 let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
                 // SAFETY: own receive-X slot of pulse `earlier`.
-                unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                unsafe {
+                    wait_signal_on(
+                        &mut clock,
+                        signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)),
+                        step.epoch,
+                        timeout_ns,
+                        status,
+                        site,
+                    )
+                };
             }
         }
     }
@@ -104,8 +133,16 @@ unsafe fn await_signalled_earlier(pulses: *const PulseMeta, pulse: u32, num_puls
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
-    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    x: *mut T,
+    signals: *mut u64,
+    state: *mut ProtocolState,
+    counters: *mut u32,
+    dep_offset: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    tl: L,
 ) {
     // Launched to overlap the previous kernel: nothing it writes (the step counters, `x`, `f`)
     // is read before it has completed. Then the next kernel may start its blocks (this kernel's
@@ -146,8 +183,18 @@ pub unsafe fn fused_coords<T: HaloElement, L: Timeline>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn send_pulse<T: HaloElement, L: Timeline>(
-    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
-    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    pulse: u32,
+    meta: &PulseMeta,
+    step: Step,
+    x: *mut T,
+    signals: *mut u64,
+    counters: *mut u32,
+    dep_offset: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    tl: L,
 ) {
     let words = CoordPath::from_u32(meta.path) == CoordPath::Store && meta.remote_x_slots != 0;
     // SAFETY: all threads of the block.
@@ -220,8 +267,17 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
         // SAFETY: all threads of the last block; plan pointers validated by the host.
         unsafe {
-            deliver(meta.remote_x_signal as *mut u64, false, x.add(meta.peer_atom_offset as usize), dest, meta.send_size, own_slot, step.epoch,
-                meta.send_pe, SignalMode::from_u32(meta.signal_mode))
+            deliver(
+                meta.remote_x_signal as *mut u64,
+                false,
+                x.add(meta.peer_atom_offset as usize),
+                dest,
+                meta.send_size,
+                own_slot,
+                step.epoch,
+                meta.send_pe,
+                SignalMode::from_u32(meta.signal_mode),
+            )
         };
         tl.mark0(pulse_slot(pulse, point::DELIVERED));
     }
@@ -239,8 +295,15 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn each_forwarded<T: HaloElement>(
-    pulses: *const PulseMeta, pulse: u32, meta: &PulseMeta, x: *const T, dep_offset: u32, step: Step, timeout_ns: u64,
-    status: *mut WaitStatus, mut put: impl FnMut(u32, T),
+    pulses: *const PulseMeta,
+    pulse: u32,
+    meta: &PulseMeta,
+    x: *const T,
+    dep_offset: u32,
+    step: Step,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    mut put: impl FnMut(u32, T),
 ) {
     let (map, shift) = (meta.index_map as *const u32, shift_of(meta));
     let mut clock = WaitClock::new();
@@ -269,7 +332,15 @@ unsafe fn each_forwarded<T: HaloElement>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn receive_pulse<T: HaloElement, L: Timeline>(
-    pulse: u32, num_pulses: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+    pulse: u32,
+    num_pulses: u32,
+    meta: &PulseMeta,
+    step: Step,
+    x: *mut T,
+    signals: *mut u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    tl: L,
 ) {
     let site = WaitSite { pulse, kind: WaitKind::CoordSignal, peer: meta.recv_pe };
     if ll::arrives_as_words(meta) {

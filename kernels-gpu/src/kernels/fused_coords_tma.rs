@@ -23,11 +23,9 @@ use super::common::{
 };
 use super::ll;
 use crate::abi::{
-    Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index,
-    tma_chunk_atoms,
+    Direction, HaloElement, ProtocolState, PulseMeta, SignalSlot, TMA_CHUNK_BYTES, WaitKind, WaitStatus, pulse_flags, signal_index, tma_chunk_atoms,
 };
 use crate::device::{self, bulk, shared, thread, warp};
-
 
 /// Elements before the first 16-byte-aligned destination: the smallest `i` with
 /// `(remote + i * size_of::<T>()) % 16 == 0` (`remote` is `T`-aligned, and every supported size
@@ -53,8 +51,15 @@ fn alignment_head<T>(remote: u64) -> u32 {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_coords_tma<T: HaloElement>(
-    pulses: *const PulseMeta, num_pulses: u32, x: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    x: *mut T,
+    signals: *mut u64,
+    state: *mut ProtocolState,
+    counters: *mut u32,
+    dep_offset: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
 ) {
     let pulse = thread::block_idx_y();
     if pulse >= num_pulses {
@@ -86,8 +91,18 @@ pub unsafe fn fused_coords_tma<T: HaloElement>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn bulk_pulse<T: HaloElement, const FUSED: bool>(
-    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
-    state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    pulse: u32,
+    meta: &PulseMeta,
+    step: Step,
+    x: *mut T,
+    signals: *mut u64,
+    state: *mut ProtocolState,
+    counters: *mut u32,
+    dep_offset: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
 ) {
     // Elements per lane and chunk as a constant, so the lane's values stay in registers.
     // SAFETY: forwarded; exactly one arm survives monomorphisation.
@@ -108,8 +123,18 @@ pub unsafe fn bulk_pulse<T: HaloElement, const FUSED: bool>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
-    pulses: *const PulseMeta, num_pulses: u32, pulse: u32, meta: &PulseMeta, step: Step, x: *mut T, signals: *mut u64,
-    state: *mut ProtocolState, counters: *mut u32, dep_offset: u32, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    pulse: u32,
+    meta: &PulseMeta,
+    step: Step,
+    x: *mut T,
+    signals: *mut u64,
+    state: *mut ProtocolState,
+    counters: *mut u32,
+    dep_offset: u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
 ) {
     let dest = meta.remote_x as *mut T;
     let map = meta.index_map as *const u32;
@@ -188,7 +213,16 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
                     }
                     let site = WaitSite { pulse: earlier, kind: WaitKind::CoordSignal, peer: meta_e.recv_pe };
                     // SAFETY: own receive-X slot of pulse `earlier`; the thread's one clock (its words below use it too).
-                    unsafe { wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)), step.epoch, timeout_ns, status, site) };
+                    unsafe {
+                        wait_signal_on(
+                            &mut clock,
+                            signals.add(signal_index(SignalSlot::CoordData, earlier, num_pulses)),
+                            step.epoch,
+                            timeout_ns,
+                            status,
+                            site,
+                        )
+                    };
                 }
             }
             waited = true;

@@ -42,8 +42,15 @@ use crate::device::{self, thread};
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
-    pulses: *const PulseMeta, num_pulses: u32, f: *mut T, signals: *mut u64, state: *mut ProtocolState,
-    counters: *mut u32, timeout_ns: u64, status: *mut WaitStatus, tl: L,
+    pulses: *const PulseMeta,
+    num_pulses: u32,
+    f: *mut T,
+    signals: *mut u64,
+    state: *mut ProtocolState,
+    counters: *mut u32,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    tl: L,
 ) {
     // Launched to overlap the previous kernel: nothing it writes (the step counters, `x`, `f`)
     // is read before it has completed. Then the next kernel may start its blocks (this kernel's
@@ -85,7 +92,14 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
             let lag = if words { 2 } else { 1 };
             // SAFETY: own credit slot of this pulse.
             waited &= unsafe {
-                wait_signal_on(&mut clock, signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+                wait_signal_on(
+                    &mut clock,
+                    signals.add(signal_index(SignalSlot::ForceCredit, pulse, num_pulses)),
+                    step.epoch.saturating_sub(lag),
+                    timeout_ns,
+                    status,
+                    site,
+                )
             };
         }
         for later in pulse + 1..num_pulses {
@@ -142,8 +156,15 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
                 // SAFETY: all threads of the last block; receive slots and signals are symmetric.
                 unsafe {
                     let slot = signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses));
-                    put_and_signal(ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8, stage as *const u8, bytes as usize,
-                        slot, step.epoch, meta.recv_pe, SignalMode::from_u32(meta.signal_mode))
+                    put_and_signal(
+                        ll::slot(meta.recv_slots, parity, meta.recv_slot_bytes) as *mut u8,
+                        stage as *const u8,
+                        bytes as usize,
+                        slot,
+                        step.epoch,
+                        meta.recv_pe,
+                        SignalMode::from_u32(meta.signal_mode),
+                    )
                 };
             }
             tl.mark0(pulse_slot(pulse, point::SIGNALLED));
@@ -180,7 +201,8 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     } else {
         if tid0 {
             // SAFETY: own receive-F slot.
-            received = unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
+            received =
+                unsafe { wait_signal(signals.add(signal_index(SignalSlot::ForceData, pulse, num_pulses)), step.epoch, timeout_ns, status, site) };
             tl.mark(pulse_slot(pulse, point::RECEIVED));
         }
         // SAFETY: every thread reaches it (block-uniform branch); orders thread 0's acquire before the reads below.

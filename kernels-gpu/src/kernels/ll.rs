@@ -61,7 +61,13 @@ pub unsafe fn store<T: HaloElement>(slot: *mut u64, i: u32, v: T, flag: u32) {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load<T: HaloElement>(
-    slot: *const u64, i: u32, epoch: u64, clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus, site: WaitSite,
+    slot: *const u64,
+    i: u32,
+    epoch: u64,
+    clock: &mut WaitClock,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+    site: WaitSite,
 ) -> Option<T> {
     const { assert!(size_of::<T>() % 4 == 0 && size_of::<T>() <= 4 * MAX_WORDS) };
     let flag = ll::flag(epoch);
@@ -138,7 +144,14 @@ pub unsafe fn all_arrive_as_words(pulses: *const PulseMeta, n: u32) -> bool {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn received<T: HaloElement>(
-    pulses: *const PulseMeta, earlier: u32, atom: u32, x: *const T, step: Step, clock: &mut WaitClock, timeout_ns: u64, status: *mut WaitStatus,
+    pulses: *const PulseMeta,
+    earlier: u32,
+    atom: u32,
+    x: *const T,
+    step: Step,
+    clock: &mut WaitClock,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
 ) -> Option<T> {
     for q in 0..earlier {
         // SAFETY: the caller's contract.

@@ -158,8 +158,16 @@ unsafe fn scan(counts: *mut u32, n_blocks: u32, info: *mut u32) {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn scatter(
-    x: *const Float3, v: *const Float3, ids: *const u32, n: u32, g: *const MigrateGeometry, starts: *const u32, x_out: *mut Float3,
-    v_out: *mut Float3, ids_out: *mut u32, leavers: *mut MigrateLeaver,
+    x: *const Float3,
+    v: *const Float3,
+    ids: *const u32,
+    n: u32,
+    g: *const MigrateGeometry,
+    starts: *const u32,
+    x_out: *mut Float3,
+    v_out: *mut Float3,
+    ids_out: *mut u32,
+    leavers: *mut MigrateLeaver,
 ) {
     let i = thread::index_1d();
     // SAFETY: the starts are an exclusive scan of every block's counts, so each atom's place is

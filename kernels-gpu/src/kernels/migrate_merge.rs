@@ -26,8 +26,16 @@ use crate::device::thread;
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn merge(
-    stay_ids: *const u32, stay_x: *const Float3, stay_v: *const Float3, n_stay: u32, arrivals: *const MigrateLeaver, n_arrivals: u32,
-    ids_out: *mut u32, x_out: *mut Float3, v_out: *mut Float3, info: *mut u32,
+    stay_ids: *const u32,
+    stay_x: *const Float3,
+    stay_v: *const Float3,
+    n_stay: u32,
+    arrivals: *const MigrateLeaver,
+    n_arrivals: u32,
+    ids_out: *mut u32,
+    x_out: *mut Float3,
+    v_out: *mut Float3,
+    info: *mut u32,
 ) {
     let t = thread::index_1d();
     // SAFETY: every read index is below its array's length (a search reads below its `n`), every

@@ -31,12 +31,12 @@
 //! `add.rn`, which ptxas never contracts into an FMA; `tests/ptx_instructions.rs` pins it), `floor`
 //! as `cvt.rmi`, the saturating conversion of Rust's `as i32` as `cvt.rzi.s32.f32`.
 
+use super::scan::block_exclusive_scan;
 use crate::abi::{
     Float3, NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_GRID_FILL_WARP_BYTES, NBNXM_GRID_FILL_WARPS, NBNXM_GRID_INFO_BAD_ATOM,
     NBNXM_GRID_INFO_MAX_TYPE, NBNXM_GRID_INFO_SUPERCLUSTERS, NBNXM_GRID_SCAN_THREADS, NBNXM_GRID_SORT_THREADS, NBNXM_SUPER_SIZE, NbnxmBox, NbnxmZone,
     nbnxm_cluster_atoms,
 };
-use super::scan::block_exclusive_scan;
 use crate::device::{self, math, shared, sync_threads, thread, warp};
 
 const FULL: u32 = warp::FULL_MASK;
@@ -95,8 +95,17 @@ fn column_of(v: f32, lo: f32, cell: f32, columns: u32) -> u32 {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bin(
-    x: *mut Float3, n: u32, b: [f32; 3], wrap_in_place: bool, zone_ids: *const u8, zone_mask: u32, zones: *const NbnxmZone, atom_column: *mut u32,
-    counts: *mut u32, info: *mut u32, types: *const u32,
+    x: *mut Float3,
+    n: u32,
+    b: [f32; 3],
+    wrap_in_place: bool,
+    zone_ids: *const u8,
+    zone_mask: u32,
+    zones: *const NbnxmZone,
+    atom_column: *mut u32,
+    counts: *mut u32,
+    info: *mut u32,
+    types: *const u32,
 ) {
     let i = thread::index_1d();
     if i >= n {
@@ -142,7 +151,13 @@ unsafe fn bin(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn columns(
-    counts: *const u32, n_columns: u32, atom_start: *mut u32, cursor: *mut u32, column_start: *mut u32, zones: *mut NbnxmZone, n_zones: u32,
+    counts: *const u32,
+    n_columns: u32,
+    atom_start: *mut u32,
+    cursor: *mut u32,
+    column_start: *mut u32,
+    zones: *mut NbnxmZone,
+    n_zones: u32,
     info: *mut u32,
 ) {
     const T: u32 = NBNXM_GRID_SCAN_THREADS;
@@ -160,8 +175,7 @@ unsafe fn columns(
             atoms += m;
             supers += m.div_ceil(SS);
         }
-        let ([mut at, mut sc], [total_atoms, total]) =
-            block_exclusive_scan([atoms, supers], shared::dynamic_shared_mem() as *mut u32, tid, T);
+        let ([mut at, mut sc], [total_atoms, total]) = block_exclusive_scan([atoms, supers], shared::dynamic_shared_mem() as *mut u32, tid, T);
         for c in c0..c1 {
             let m = *counts.add(c as usize);
             *atom_start.add(c as usize) = at;
@@ -261,8 +275,19 @@ unsafe fn sort(atom_start: *const u32, keys: *const u64, sorted: *mut u64) {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn fill(
-    x: *const Float3, types: *const u32, zone_ids: *const u8, sorted: *const u64, atom_start: *const u32, column_start: *const u32, n_columns: u32,
-    info: *const u32, atom_index: *mut u32, atom_type: *mut u32, cluster_bbox: *mut NbnxmBox, super_bbox: *mut NbnxmBox, super_zone: *mut u32,
+    x: *const Float3,
+    types: *const u32,
+    zone_ids: *const u8,
+    sorted: *const u64,
+    atom_start: *const u32,
+    column_start: *const u32,
+    n_columns: u32,
+    info: *const u32,
+    atom_index: *mut u32,
+    atom_type: *mut u32,
+    cluster_bbox: *mut NbnxmBox,
+    super_bbox: *mut NbnxmBox,
+    super_zone: *mut u32,
 ) {
     let w = warp::warp_id();
     let lane = warp::lane_id();

@@ -151,8 +151,15 @@ unsafe fn write_item(count: u32, word: u32, max_j: u32, sci: u32, shift: u32, of
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn write(
-    counts: *const u32, n_items: u32, max_j: u32, shifts: *const NbnxmShift, n_shifts: u32, tile_starts: *const u64, offsets: *mut u32,
-    entries_local: *mut NbnxmEntry, entries_nonlocal: *mut NbnxmEntry,
+    counts: *const u32,
+    n_items: u32,
+    max_j: u32,
+    shifts: *const NbnxmShift,
+    n_shifts: u32,
+    tile_starts: *const u64,
+    offsets: *mut u32,
+    entries_local: *mut NbnxmEntry,
+    entries_nonlocal: *mut NbnxmEntry,
 ) {
     // SAFETY: every index is inside its array by the contract (the totals bound every start, and
     // they fit a `u32`); every thread reaches the scan before any returns.

@@ -83,9 +83,21 @@ fn same_super_mask(kj: u32, shift: u32) -> u32 {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn search<const WRITE: bool>(
-    super_bbox: *const NbnxmBox, cluster_bbox: *const NbnxmBox, super_zone: *const u32, zones: *const NbnxmZone, n_zones: u32,
-    column_start: *const u32, shifts: *const NbnxmShift, n_shifts: u32, n_super: u32, info: *const u32, rl: f32, rl2: f32,
-    counts_or_offsets: *mut u32, out_local: *mut u32, out_nonlocal: *mut u32,
+    super_bbox: *const NbnxmBox,
+    cluster_bbox: *const NbnxmBox,
+    super_zone: *const u32,
+    zones: *const NbnxmZone,
+    n_zones: u32,
+    column_start: *const u32,
+    shifts: *const NbnxmShift,
+    n_shifts: u32,
+    n_super: u32,
+    info: *const u32,
+    rl: f32,
+    rl2: f32,
+    counts_or_offsets: *mut u32,
+    out_local: *mut u32,
+    out_nonlocal: *mut u32,
 ) {
     let warp_in_block = warp::warp_id();
     let item = thread::block_idx_x() * NBNXM_SEARCH_WARPS_PER_BLOCK + warp_in_block;

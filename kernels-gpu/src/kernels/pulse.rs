@@ -56,7 +56,8 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
         // so no signal vouches for them and the peer times out too. Thread 0 decides for the
         // block (the put is collective).
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
-        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
+        let failed =
+            unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
         if !failed {
             // SAFETY: all threads of the last block call it; pointers from the validated plan.
             unsafe {

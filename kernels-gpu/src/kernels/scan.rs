@@ -76,7 +76,12 @@ where
 /// must not overflow `u32`.
 #[inline(always)]
 pub(crate) unsafe fn scan_block_counts<const K: usize>(
-    counts: *mut u32, n_blocks: u32, scratch: *mut u32, tid: u32, threads: u32, base: impl Fn(&[u32; K]) -> [u32; K],
+    counts: *mut u32,
+    n_blocks: u32,
+    scratch: *mut u32,
+    tid: u32,
+    threads: u32,
+    base: impl Fn(&[u32; K]) -> [u32; K],
 ) -> [u32; K] {
     let per = n_blocks.div_ceil(threads);
     let b0 = (tid * per).min(n_blocks) as usize;

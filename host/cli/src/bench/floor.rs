@@ -151,7 +151,8 @@ impl FloorInputs {
             let packs = if forward { p * self.host_sync_s } else { 0.0 };
             return packs + self.transfer(bytes, shape);
         }
-        let launch = if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.per_launch_s(method) };
+        let launch =
+            if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { Self::launches(method, p) * self.per_launch_s(method) };
         launch.max(self.transfer(bytes, shape))
     }
 
@@ -163,8 +164,11 @@ impl FloorInputs {
             return VariantFloor { coords_s, forces_s, step_s: coords_s + forces_s };
         }
         let p = shape.pulses.max(1) as f64;
-        let launches =
-            if graph { self.graph_launch_s / shape.steps_per_graph.max(1) as f64 } else { 2.0 * Self::launches(method, p) * self.per_launch_s(method) };
+        let launches = if graph {
+            self.graph_launch_s / shape.steps_per_graph.max(1) as f64
+        } else {
+            2.0 * Self::launches(method, p) * self.per_launch_s(method)
+        };
         let step_s = launches.max(self.transfer(shape.bytes_x, shape) + self.transfer(shape.bytes_f, shape));
         VariantFloor { coords_s, forces_s, step_s }
     }
@@ -476,7 +480,15 @@ mod tests {
     fn the_new_floors_stay_below_the_h200_measurements() {
         // docs/benchmarks.md, 2x1x1 over two PEs, 6000 atoms (1578 atoms per direction): the
         // measured floor inputs and every variant's fastest repeat must give a bound.
-        let f = FloorInputs { one_way_latency_s: 1.95e-6, peer_bw: Some(388.7e9), device_bw: 3887e9, launch_s: 5.03e-6, graph_launch_s: 2.01e-6, overlapping_launch_s: 5.03e-6, host_sync_s: 10.41e-6 };
+        let f = FloorInputs {
+            one_way_latency_s: 1.95e-6,
+            peer_bw: Some(388.7e9),
+            device_bw: 3887e9,
+            launch_s: 5.03e-6,
+            graph_launch_s: 2.01e-6,
+            overlapping_launch_s: 5.03e-6,
+            host_sync_s: 10.41e-6,
+        };
         let s = shape(1578 * 12, 1, Link::Peer);
         let s = HaloShape { steps_per_graph: 1, ..s };
         for (method, graph, fastest) in [

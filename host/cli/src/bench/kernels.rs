@@ -137,7 +137,15 @@ pub fn first_difference(what: &str, got: &[Float3], want: &[Float3]) -> std::res
 
 /// One launch of `kernel` (`pack` or `unpack-accumulate`) on fresh random data from `seed`,
 /// compared with the CPU reference; `x` and `buf` hold that data afterwards.
-fn check_kernel(module: &KernelModule, stream: &CudaStream, kernel: &str, map: &IndexMap, host_map: &[u32], (x, buf): (&DeviceBuffer<Float3>, &DeviceBuffer<Float3>), seed: u64) -> Result<std::result::Result<(), String>> {
+fn check_kernel(
+    module: &KernelModule,
+    stream: &CudaStream,
+    kernel: &str,
+    map: &IndexMap,
+    host_map: &[u32],
+    (x, buf): (&DeviceBuffer<Float3>, &DeviceBuffer<Float3>),
+    seed: u64,
+) -> Result<std::result::Result<(), String>> {
     let xs = random_coords(x.len(), seed);
     x.copy_from_host(&xs)?;
     let wait = |what: &str| stream.synchronize().map_err(|source| HaloError::Cuda { what: what.into(), source });
@@ -177,8 +185,11 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
         for (kernel, bytes) in [("pack", PACK_BYTES_PER_ATOM), ("unpack-accumulate", UNPACK_BYTES_PER_ATOM)] {
             let seed = cfg.seed.wrapping_mul(31).wrapping_add(results.len() as u64 * 2);
             let check = |seed: u64, when: &str| -> Result<()> {
-                check_kernel(&module, &stream, kernel, &map, host_map, (&x, &buf), seed)?
-                    .map_err(|why| HaloError::InvalidInput(format!("{kernel} with the {name} map {when} its timed launches differs from the CPU reference, so it has no times: {why}")))
+                check_kernel(&module, &stream, kernel, &map, host_map, (&x, &buf), seed)?.map_err(|why| {
+                    HaloError::InvalidInput(format!(
+                        "{kernel} with the {name} map {when} its timed launches differs from the CPU reference, so it has no times: {why}"
+                    ))
+                })
             };
             // The timed launches run on the random data the check leaves.
             check(seed, "before")?;
@@ -198,13 +209,25 @@ pub fn run(cfg: &KernelBenchConfig) -> Result<KernelReport> {
         }
     }
     stream.synchronize().map_err(|source| HaloError::Cuda { what: "finishing the kernels".into(), source })?;
-    Ok(KernelReport { schema_version: SCHEMA_VERSION, machine: crate::machine::MachineInfo::collect(None), gpu: ctx.name().unwrap_or_else(|_| "GPU".into()), map_len: cfg.map_len, array_len: cfg.array_len, device_bw_gbs, results })
+    Ok(KernelReport {
+        schema_version: SCHEMA_VERSION,
+        machine: crate::machine::MachineInfo::collect(None),
+        gpu: ctx.name().unwrap_or_else(|_| "GPU".into()),
+        map_len: cfg.map_len,
+        array_len: cfg.array_len,
+        device_bw_gbs,
+        results,
+    })
 }
 
 /// The kernel report as a table.
 pub fn table(r: &KernelReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "halo bench-kernels on {}: {} map entries (distinct) into {} float3 atoms; every kernel matched the CPU reference before and after its timed launches", r.gpu, r.map_len, r.array_len);
+    let _ = writeln!(
+        s,
+        "halo bench-kernels on {}: {} map entries (distinct) into {} float3 atoms; every kernel matched the CPU reference before and after its timed launches",
+        r.gpu, r.map_len, r.array_len
+    );
     let _ = writeln!(s, "device copy bandwidth {} GB/s (read + write)", r.device_bw_gbs.cell(0));
     let _ = writeln!(s, "{:<18} {:<7} {:>24} {:>10} {:>9} {:>8}", "kernel", "map", "us median [min-max]", "GB/s eff", "% of copy", "target");
     for k in &r.results {

@@ -9,11 +9,11 @@
 //! CPU reference, both ends of every pulse agreeing: `MdRun::run_checked_steps`). A row carries
 //! its times and `checked: true` only when all of them passed.
 
-use crate::machine::MachineInfo;
 use super::stats::{Summary, ns_per_day};
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
 use crate::exchange::{Placement, Transport};
+use crate::machine::MachineInfo;
 use halo_md::{MdConfig, MdOutcome, MdRun};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -289,7 +289,10 @@ fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mu
     if checked < CHECKED_BEFORE + CHECKED_AFTER || outcome.failed_checks > 0 || !outcome.worst.passed() {
         // run_checked_steps ends the run at a failed check; this guards the count, so that no
         // row is called checked with fewer checked steps than it claims.
-        return Err(HaloError::Verification { step: outcome.steps, detail: format!("{checked} steps checked of {}", CHECKED_BEFORE + CHECKED_AFTER) });
+        return Err(HaloError::Verification {
+            step: outcome.steps,
+            detail: format!("{checked} steps checked of {}", CHECKED_BEFORE + CHECKED_AFTER),
+        });
     }
     record(target, timed, row, tag)
 }
@@ -421,7 +424,8 @@ pub fn failures(rows: &[MdBenchRow]) -> Option<String> {
             format!("{} atoms, {}, {} ranks ({}): {why}", r.atoms, variant(r), r.ranks, r.mode)
         })
         .collect();
-    (!bad.is_empty()).then(|| format!("{} of {} rows did not pass their checks, so they give no result:\n  {}", bad.len(), rows.len(), bad.join("\n  ")))
+    (!bad.is_empty())
+        .then(|| format!("{} of {} rows did not pass their checks, so they give no result:\n  {}", bad.len(), rows.len(), bad.join("\n  ")))
 }
 
 /// The rows as an aligned table with a header.
@@ -573,7 +577,13 @@ mod tests {
             skipped: None,
             checked: true,
             check_failure: None,
-            check: Some(MdBenchCheck { steps: 3, halo_atoms_checked: 25_000, force_max_rel_err: 2.1e-6, pulses_checked: 6, ..MdBenchCheck::default() }),
+            check: Some(MdBenchCheck {
+                steps: 3,
+                halo_atoms_checked: 25_000,
+                force_max_rel_err: 2.1e-6,
+                pulses_checked: 6,
+                ..MdBenchCheck::default()
+            }),
             machine: crate::machine::tests::sample(),
         }
     }
@@ -652,11 +662,15 @@ mod tests {
         // A failed check: no times were written (measure_into returns before them).
         let mut failed = row("fused", 45_000, 50.0);
         (failed.checked, failed.step_us_median, failed.step_us_min, failed.step_us_max, failed.ns_per_day) = (false, None, None, None, None);
-        failed.check = Some(MdBenchCheck { coord_max_abs_err: 0.125, coord_mismatches: 1, integrity_mismatches: 1, mismatches: 2, ..MdBenchCheck::default() });
+        failed.check =
+            Some(MdBenchCheck { coord_max_abs_err: 0.125, coord_mismatches: 1, integrity_mismatches: 1, mismatches: 2, ..MdBenchCheck::default() });
         let detail = "rank 1 local atom 4000 (global 17, received in pulse 0 from rank 0) has coordinates".to_string();
         conclude(&mut failed, Err(HaloError::Verification { step: 201, detail }));
         assert!(!failed.checked && failed.skipped.is_none());
-        assert!(failed.check_failure.as_deref().is_some_and(|f| f.starts_with("verification failed at step 201: rank 1 local atom 4000")), "{failed:?}");
+        assert!(
+            failed.check_failure.as_deref().is_some_and(|f| f.starts_with("verification failed at step 201: rank 1 local atom 4000")),
+            "{failed:?}"
+        );
         let mut skipped = row("staged", 45_000, 80.0);
         skipped.step_us_median = None;
         conclude(&mut skipped, Err(HaloError::InvalidInput("no NCCL".into())));
@@ -676,9 +690,16 @@ mod tests {
         assert!(t.contains("6000 atoms, fused: gather") && !t.contains("45000 atoms, fused: gather"), "no search times of a failed row: {t}");
         let why = failures(&rows).expect("two rows did not pass");
         assert!(why.starts_with("2 of 3 rows did not pass their checks"), "{why}");
-        assert!(why.contains("45000 atoms, fused, 2x1x1 ranks") && why.contains("45000 atoms, staged, 2x1x1 ranks") && !why.contains("6000 atoms"), "{why}");
+        assert!(
+            why.contains("45000 atoms, fused, 2x1x1 ranks") && why.contains("45000 atoms, staged, 2x1x1 ranks") && !why.contains("6000 atoms"),
+            "{why}"
+        );
         assert!(failures(std::slice::from_ref(&r)).is_none());
         let v = serde_json::to_value(&failed).unwrap();
-        assert_eq!((v["checked"].as_bool(), v["step_us_median"].is_null(), v["check"]["coord_max_abs_err"].as_f64()), (Some(false), true, Some(0.125)), "{v}");
+        assert_eq!(
+            (v["checked"].as_bool(), v["step_us_median"].is_null(), v["check"]["coord_max_abs_err"].as_f64()),
+            (Some(false), true, Some(0.125)),
+            "{v}"
+        );
     }
 }

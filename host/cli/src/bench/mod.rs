@@ -134,9 +134,8 @@ pub fn parse_methods(s: &str) -> std::result::Result<Vec<Method>, String> {
         if part == "all" {
             return Ok(Method::ALL.to_vec());
         }
-        let m = Method::parse(part).ok_or_else(|| {
-            format!("unknown transport `{part}` (possible values: all, {})", Method::ALL.map(Method::name).join(", "))
-        })?;
+        let m = Method::parse(part)
+            .ok_or_else(|| format!("unknown transport `{part}` (possible values: all, {})", Method::ALL.map(Method::name).join(", ")))?;
         if !out.contains(&m) {
             out.push(m);
         }
@@ -235,9 +234,11 @@ pub fn synthetic_md_shape(atoms: usize, grid: [usize; 3], cutoff: f64) -> Synthe
 pub fn build_halos(source: HaloSource, atoms: usize, grid: [usize; 3], cutoff: f32, seed: u64) -> Result<Vec<RankHalo>> {
     match source {
         HaloSource::Md => {
-            let system = MolecularSystem::generate(atoms, seed).map_err(|e| HaloError::InvalidInput(format!("building the {atoms}-atom system: {e}")))?;
+            let system =
+                MolecularSystem::generate(atoms, seed).map_err(|e| HaloError::InvalidInput(format!("building the {atoms}-atom system: {e}")))?;
             let grid = RankGrid::new(grid).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
-            let plan = HaloPlan::build(&system, grid, cutoff).map_err(|e| HaloError::InvalidInput(format!("decomposing {atoms} atoms on {grid}: {e}")))?;
+            let plan =
+                HaloPlan::build(&system, grid, cutoff).map_err(|e| HaloError::InvalidInput(format!("decomposing {atoms} atoms on {grid}: {e}")))?;
             Ok(plan.rank_halos())
         }
         HaloSource::Synthetic => Ok(synthetic::halos(synthetic_md_shape(atoms, grid, cutoff as f64), seed)),

@@ -80,8 +80,7 @@ impl Nccl {
     fn resolve(lib: libloading::Library, path: String) -> Result<Self> {
         fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T> {
             // SAFETY: `T` is the documented C signature of `name` in nccl.h (see the module docs).
-            unsafe { lib.get::<T>(name.as_bytes()).map(|s| *s) }
-                .map_err(|e| HaloError::InvalidInput(format!("NCCL library lacks {name}: {e}")))
+            unsafe { lib.get::<T>(name.as_bytes()).map(|s| *s) }.map_err(|e| HaloError::InvalidInput(format!("NCCL library lacks {name}: {e}")))
         }
         let api = Api {
             get_unique_id: sym(&lib, "ncclGetUniqueId")?,
@@ -181,7 +180,9 @@ impl NcclComm {
     /// until the send completes in stream order.
     pub unsafe fn send(&self, buf: u64, atoms: usize, peer: usize, stream: &CudaStream) -> Result<()> {
         // SAFETY: the caller's contract; count is in floats.
-        let code = unsafe { (self.nccl.api.send)(buf as *const c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void) };
+        let code = unsafe {
+            (self.nccl.api.send)(buf as *const c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void)
+        };
         self.nccl.check(code, "ncclSend")
     }
 
@@ -192,7 +193,8 @@ impl NcclComm {
     /// by anything else until the receive completes in stream order.
     pub unsafe fn recv(&self, buf: u64, atoms: usize, peer: usize, stream: &CudaStream) -> Result<()> {
         // SAFETY: the caller's contract.
-        let code = unsafe { (self.nccl.api.recv)(buf as *mut c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void) };
+        let code =
+            unsafe { (self.nccl.api.recv)(buf as *mut c_void, 3 * atoms, NCCL_FLOAT32, peer as c_int, self.comm, stream.cu_stream() as *mut c_void) };
         self.nccl.check(code, "ncclRecv")
     }
 }

@@ -93,4 +93,3 @@ impl PeComm {
         Ok(out)
     }
 }
-

@@ -99,7 +99,13 @@ impl VariantResult {
 
     /// A row whose check failed (`why`: what and when): its sizes and the reason, no times.
     pub fn failed(atoms: usize, variant: super::Variant, sizes: &super::HaloSizes, why: String) -> Self {
-        Self { pulses: sizes.pulses, halo_atoms: sizes.atoms_x, check: Some(format!("FAILED: {why}")), skipped: None, ..Self::skipped(atoms, variant, String::new()) }
+        Self {
+            pulses: sizes.pulses,
+            halo_atoms: sizes.atoms_x,
+            check: Some(format!("FAILED: {why}")),
+            skipped: None,
+            ..Self::skipped(atoms, variant, String::new())
+        }
     }
 
     /// Whether the row ran but is not a checked result (a check failed, or none passed): such a
@@ -248,10 +254,24 @@ pub fn table(r: &BenchReport) -> String {
         }
     }
     let _ = writeln!(s, "ns/day*: a 2 fs step made of this exchange alone (no force computation yet): an upper bound.");
-    let _ = writeln!(s, "syncs/step: host waits for a rank's stream per step and rank; check: a step before and after the timed loops and the timed steps' coordinates vs the CPU reference.");
+    let _ = writeln!(
+        s,
+        "syncs/step: host waits for a rank's stream per step and rank; check: a step before and after the timed loops and the timed steps' coordinates vs the CPU reference."
+    );
     let header = [
-        "atoms", "variant", "halo atoms", "coords us", "forces us", "step us", "floor us", "coords/floor", "step/floor", "ns/day*", "host CPU us",
-        "syncs/step", "check",
+        "atoms",
+        "variant",
+        "halo atoms",
+        "coords us",
+        "forces us",
+        "step us",
+        "floor us",
+        "coords/floor",
+        "step/floor",
+        "ns/day*",
+        "host CPU us",
+        "syncs/step",
+        "check",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for v in &r.results {
@@ -289,7 +309,10 @@ pub fn table(r: &BenchReport) -> String {
     let widths: Vec<usize> = (0..cols).map(|c| rows.iter().filter(|r| r.len() == cols).map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     for row in &rows {
         let line: Vec<String> = if row.len() == cols {
-            row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) }).collect()
+            row.iter()
+                .enumerate()
+                .map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { format!("{cell:>w$}", w = widths[c]) })
+                .collect()
         } else {
             // Skipped and failed rows: atoms and variant aligned, then the reason.
             row.iter().enumerate().map(|(c, cell)| if c < 2 { format!("{cell:<w$}", w = widths[c]) } else { cell.clone() }).collect()
@@ -457,7 +480,8 @@ pub(crate) mod tests {
         assert!(t.starts_with("machine: h200-1"), "{t}");
         assert!(!t.contains("model!") && !t.contains("CHECK FAILED"), "{t}");
         // Data rows are aligned: every full row has the same width.
-        let widths: Vec<usize> = t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
+        let widths: Vec<usize> =
+            t.lines().filter(|l| l.starts_with("6000 ") || l.starts_with("45000")).filter(|l| !l.contains("skipped")).map(|l| l.len()).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
     }
 
@@ -465,7 +489,7 @@ pub(crate) mod tests {
     /// the JSON's `routes` field (every rank's summary), which round-trips.
     #[test]
     fn routes_appear_in_the_table_and_the_json() {
-        use halo::route::{RouteConfig, RoutedPaths, Router, synthetic_facts, topology_from_facts, IntraNodeLink};
+        use halo::route::{IntraNodeLink, RouteConfig, RoutedPaths, Router, synthetic_facts, topology_from_facts};
         let halos = halo::exchange::synthetic::halos(
             halo::exchange::synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 500, send_fraction: 0.3, box_len: 5.0 },
             1,
@@ -526,7 +550,17 @@ pub(crate) mod tests {
         let row = &v["results"][1];
         assert_eq!((row["variant"].as_str(), row["atoms"].as_u64(), row["checked"].as_bool()), (Some("fused"), Some(6000), Some(false)), "{row}");
         assert!(row["check"].as_str().unwrap().contains("coordinate of atom 7"), "{row}");
-        for k in ["coords_us", "forces_us", "step_us", "host_cpu_us", "host_syncs_per_step", "ns_per_day_exchange_only", "floor_step_us", "step_per_floor", "coords_per_floor"] {
+        for k in [
+            "coords_us",
+            "forces_us",
+            "step_us",
+            "host_cpu_us",
+            "host_syncs_per_step",
+            "ns_per_day_exchange_only",
+            "floor_step_us",
+            "step_per_floor",
+            "coords_per_floor",
+        ] {
             assert!(row.get(k).is_none_or(|x| x.is_null()), "{k} written for a failed row: {row}");
         }
         assert_eq!(v["results"][0]["checked"], true);
@@ -540,7 +574,10 @@ pub(crate) mod tests {
         let t = table(&r);
         let line = t.lines().find(|l| l.starts_with("6000") && l.contains(" fused ")).unwrap();
         assert!(line.contains("FAILED") && !line.contains("8.0"), "{line}");
-        assert_eq!(failures(&r), vec!["fused at 6000 atoms: FAILED: checked step before the timed loops: rank 1: coordinate of atom 7 is NaN".to_string()]);
+        assert_eq!(
+            failures(&r),
+            vec!["fused at 6000 atoms: FAILED: checked step before the timed loops: rank 1: coordinate of atom 7 is NaN".to_string()]
+        );
         assert!(failures(&sample_report()).is_empty());
     }
 

@@ -75,7 +75,8 @@ impl BenchConfig {
     fn fingerprint(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&self.atoms, self.grid, &self.methods, self.graph, self.repeats, self.warmup, self.steps, self.halos, self.cutoff.to_bits(), self.seed).hash(&mut h);
+        (&self.atoms, self.grid, &self.methods, self.graph, self.repeats, self.warmup, self.steps, self.halos, self.cutoff.to_bits(), self.seed)
+            .hash(&mut h);
         h.finish()
     }
 
@@ -163,7 +164,13 @@ fn agreed(group: &Group, mine: Checked, when: &str) -> Result<Checked> {
 /// and a checked step again (the same graphs replayed for `+graph` variants). Every check outside
 /// the timed loops; a failed check before them skips the loops. Collective (`group`).
 fn bench_variant(
-    b: &mut Stepper, variant: Variant, graphs: &[PhaseGraphs], halos: &[RankHalo], cfg: &BenchConfig, group: &Group, bar: &indicatif::ProgressBar,
+    b: &mut Stepper,
+    variant: Variant,
+    graphs: &[PhaseGraphs],
+    halos: &[RankHalo],
+    cfg: &BenchConfig,
+    group: &Group,
+    bar: &indicatif::ProgressBar,
 ) -> Result<Measured> {
     let replayed = variant.graph.then_some(graphs);
     let seed = cfg.seed.wrapping_add(77);
@@ -207,15 +214,27 @@ fn flatten(samples: &[Vec<Sample>]) -> Vec<f64> {
 /// The inverse of [`flatten`] for `repeats` repeats.
 fn unflatten(v: &[f64], repeats: usize) -> Vec<Vec<Sample>> {
     (0..Phase::ALL.len())
-        .map(|p| (0..repeats).map(|r| {
-            let i = 3 * (p * repeats + r);
-            Sample { gpu_s: v[i], cpu_s: v[i + 1], syncs: v[i + 2] }
-        }).collect())
+        .map(|p| {
+            (0..repeats)
+                .map(|r| {
+                    let i = 3 * (p * repeats + r);
+                    Sample { gpu_s: v[i], cpu_s: v[i + 1], syncs: v[i + 2] }
+                })
+                .collect()
+        })
         .collect()
 }
 
 /// The report row of a variant from its samples (and its check's text).
-fn result_row(atoms: usize, variant: Variant, sizes: &HaloSizes, samples: &[Vec<Sample>], floor: &floor::FloorInputs, link: Link, worst: f64) -> VariantResult {
+fn result_row(
+    atoms: usize,
+    variant: Variant,
+    sizes: &HaloSizes,
+    samples: &[Vec<Sample>],
+    floor: &floor::FloorInputs,
+    link: Link,
+    worst: f64,
+) -> VariantResult {
     let us = |p: usize| Summary::of(&samples[p].iter().map(|s| s.gpu_s).collect::<Vec<_>>()).map(|s| s.scaled(1e6));
     let (coords, forces, step) = (us(0), us(1), us(2));
     let median = |f: fn(&Sample) -> f64| Summary::of(&samples[2].iter().map(f).collect::<Vec<_>>()).map(|s| s.median);
@@ -399,7 +418,12 @@ fn run_local(cfg: &BenchConfig) -> Result<BenchReport> {
 
 /// The report of a run: what ran where, the floor, every variant's row, the routes.
 fn report(
-    cfg: &BenchConfig, mode: String, gpus: Vec<String>, machine: MachineInfo, floor: FloorReport, (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
+    cfg: &BenchConfig,
+    mode: String,
+    gpus: Vec<String>,
+    machine: MachineInfo,
+    floor: FloorReport,
+    (results, routes): (Vec<VariantResult>, Vec<SizeRoutes>),
 ) -> BenchReport {
     BenchReport {
         schema_version: super::report::SCHEMA_VERSION,
@@ -541,7 +565,8 @@ fn gather_routes(placement: &Placement, atoms: usize, mine: Vec<halo::route::Rou
     let all = placement.all_gather(&format!("routes-{atoms}"), vec![bytes])?;
     let mut ranks = Vec::new();
     for b in &all {
-        let part: Vec<halo::route::RoutedSummary> = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a rank's routes do not parse: {e}")))?;
+        let part: Vec<halo::route::RoutedSummary> =
+            serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a rank's routes do not parse: {e}")))?;
         ranks.extend(part);
     }
     Ok((!ranks.is_empty()).then_some(SizeRoutes { atoms, ranks }))
@@ -570,7 +595,8 @@ fn pe_pair_probes(session: &PeSession, comm: &PeComm, repeats: usize) -> Result<
     let other = if me == 0 { 1 } else { 0 };
     let peer_flag = flag.peer_ptr(other).ok_or_else(|| HaloError::Nvshmem("PE 1 is not reachable by loads and stores from PE 0".into()));
     let mapped = comm.all(peer_flag.is_ok())?;
-    let peer_flag = if mapped { peer_flag? } else { return Err(HaloError::Nvshmem("PEs 0 and 1 cannot map each other's memory: no latency probe".into())) };
+    let peer_flag =
+        if mapped { peer_flag? } else { return Err(HaloError::Nvshmem("PEs 0 and 1 cannot map each other's memory: no latency probe".into())) };
     let mut latency = Vec::with_capacity(repeats);
     for rep in 0..repeats + 1 {
         flag.fill_bytes(0)?;
@@ -632,7 +658,10 @@ fn run_pes(cfg: &BenchConfig, env: RankEnv) -> Result<Option<BenchReport>> {
     let floor = match (me, &pair) {
         (0, Some((latency, peer_bw))) => Some(floor_report("PE 0 and PE 1 (NVSHMEM)".into(), Some(latency), Some(peer_bw), &probes)?),
         (0, None) => Some(floor_report(
-            format!("PE 0 and PE 1 (NVSHMEM, not mapped into each other: remote transport {})", std::env::var("NVSHMEM_REMOTE_TRANSPORT").unwrap_or_else(|_| "?".into())),
+            format!(
+                "PE 0 and PE 1 (NVSHMEM, not mapped into each other: remote transport {})",
+                std::env::var("NVSHMEM_REMOTE_TRANSPORT").unwrap_or_else(|_| "?".into())
+            ),
             None,
             None,
             &probes,
@@ -676,9 +705,8 @@ mod tests {
 
     #[test]
     fn flatten_round_trips() {
-        let s: Vec<Vec<Sample>> = (0..3)
-            .map(|p| (0..4).map(|r| Sample { gpu_s: (p * 10 + r) as f64, cpu_s: 0.5, syncs: p as f64 }).collect())
-            .collect();
+        let s: Vec<Vec<Sample>> =
+            (0..3).map(|p| (0..4).map(|r| Sample { gpu_s: (p * 10 + r) as f64, cpu_s: 0.5, syncs: p as f64 }).collect()).collect();
         let back = unflatten(&flatten(&s), 4);
         for p in 0..3 {
             for r in 0..4 {
@@ -691,9 +719,18 @@ mod tests {
     #[test]
     fn rows_use_the_step_loop_for_host_numbers() {
         let mk = |g: f64, syncs: f64| Sample { gpu_s: g, cpu_s: 2e-6, syncs };
-        let samples = vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
+        let samples =
+            vec![vec![mk(3e-6, 0.0); 5], vec![mk(4e-6, 0.0); 5], vec![mk(8e-6, 0.0), mk(9e-6, 0.0), mk(7e-6, 0.0), mk(8e-6, 0.0), mk(10e-6, 0.0)]];
         let sizes = HaloSizes { pulses: 1, atoms_x: 1500, atoms_f: 1500 };
-        let f = floor::FloorInputs { one_way_latency_s: 1e-6, peer_bw: Some(4e11), device_bw: 4e12, launch_s: 2e-6, graph_launch_s: 2e-6, overlapping_launch_s: 2e-6, host_sync_s: 5e-6 };
+        let f = floor::FloorInputs {
+            one_way_latency_s: 1e-6,
+            peer_bw: Some(4e11),
+            device_bw: 4e12,
+            launch_s: 2e-6,
+            graph_launch_s: 2e-6,
+            overlapping_launch_s: 2e-6,
+            host_sync_s: 5e-6,
+        };
         let r = result_row(6000, Variant { method: Method::Fused, graph: false }, &sizes, &samples, &f, Link::Peer, 1e-7);
         let step = r.step_us.unwrap();
         assert!((step.median - 8.0).abs() < 1e-9 && (step.min - 7.0).abs() < 1e-9 && (step.max - 10.0).abs() < 1e-9);
@@ -794,7 +831,16 @@ mod tests {
             paths: PathPolicy::Routed,
         };
         let halos = build_halos(HaloSource::Synthetic, 600, [2, 1, 1], 1.0, 1).unwrap();
-        let out = bench_variant(&mut b, Variant { method: Method::Fused, graph: false }, &[], &halos, &cfg, &Group::Local, &indicatif::ProgressBar::hidden()).unwrap();
+        let out = bench_variant(
+            &mut b,
+            Variant { method: Method::Fused, graph: false },
+            &[],
+            &halos,
+            &cfg,
+            &Group::Local,
+            &indicatif::ProgressBar::hidden(),
+        )
+        .unwrap();
         let (samples, _) = out.expect("no rank, nothing to differ");
         assert_eq!(samples.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
         let calls = log.lock().unwrap().join(" ");
@@ -804,7 +850,10 @@ mod tests {
 
     #[test]
     fn a_failed_check_names_when_it_failed() {
-        assert_eq!(agreed(&Group::Local, Err("rank 1: coordinate of atom 3".into()), "before").unwrap(), Err("before: rank 1: coordinate of atom 3".into()));
+        assert_eq!(
+            agreed(&Group::Local, Err("rank 1: coordinate of atom 3".into()), "before").unwrap(),
+            Err("before: rank 1: coordinate of atom 3".into())
+        );
         assert_eq!(agreed(&Group::Local, Ok(2e-7), "after").unwrap(), Ok(2e-7));
     }
 }

@@ -173,7 +173,10 @@ pub fn compare_step(x: &mut dyn Exchange, halos: &[RankHalo], home: &[Vec<Float3
 /// random values in [-5, 5) as the GPU exchange tests use, a function of the seed alone (so every
 /// PE knows every rank's inputs).
 pub fn check_inputs(halos: &[RankHalo], seed: u64) -> (Vec<Vec<Float3>>, Vec<Vec<Float3>>) {
-    (synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true), synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false))
+    (
+        synthetic::random_values(halos, seed.wrapping_mul(1_000_003), true),
+        synthetic::random_values(halos, seed.wrapping_mul(7_000_003).wrapping_add(1), false),
+    )
 }
 
 /// One checked full step on `x` made by `step` (coordinates out, forces back, on every local rank):

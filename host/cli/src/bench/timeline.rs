@@ -326,7 +326,14 @@ fn launch_rows(table: &[(&str, Word, Word)], per_rank: &[Vec<&Record>], pulses: 
 /// peer's clock) to its arrival here (`seen`, on this GPU's clock), which includes the two clocks'
 /// offset; where the peer's own pulse comes back from this rank, the mean of both directions
 /// (offset cancelled) and half their difference (the offset, this GPU minus the peer's).
-fn cross_rows(per_rank: &[Vec<&Record>], peer_of: &dyn Fn(usize, usize) -> Option<usize>, pulses: u32, sent: usize, seen: usize, prefix: &str) -> Vec<Row> {
+fn cross_rows(
+    per_rank: &[Vec<&Record>],
+    peer_of: &dyn Fn(usize, usize) -> Option<usize>,
+    pulses: u32,
+    sent: usize,
+    seen: usize,
+    prefix: &str,
+) -> Vec<Row> {
     let n = per_rank.len();
     let mut rows = Vec::new();
     for p in 0..pulses {
@@ -448,7 +455,8 @@ pub fn render(data: &TimelineData) -> std::result::Result<String, String> {
     for t in &data.timers {
         let smallest = t.smallest_step_ns.map_or("never changed".into(), |s| format!("{s} ns"));
         let mean = t.mean_step_ns.map_or("-".into(), |m| format!("{m:.0} ns"));
-        let _ = writeln!(out, "%globaltimer, rank {}'s GPU: smallest nonzero step {smallest}, mean update period {mean} ({} changes)", t.rank, t.changes);
+        let _ =
+            writeln!(out, "%globaltimer, rank {}'s GPU: smallest nonzero step {smallest}, mean update period {mean} ({} changes)", t.rank, t.changes);
     }
     let _ = writeln!(
         out,
@@ -458,7 +466,11 @@ pub fn render(data: &TimelineData) -> std::result::Result<String, String> {
     for run in &data.loops {
         let s = analyse(run, &data.peers)?;
         let width = s.rows.iter().map(|r| r.label.chars().count()).max().unwrap_or(0) + 2;
-        let _ = writeln!(out, "\n== {}; per step (events, slowest rank): plain kernels {:.2} µs, stamped {:.2} µs", s.title, s.per_step_us.0, s.per_step_us.1);
+        let _ = writeln!(
+            out,
+            "\n== {}; per step (events, slowest rank): plain kernels {:.2} µs, stamped {:.2} µs",
+            s.title, s.per_step_us.0, s.per_step_us.1
+        );
         let _ = write!(out, "{:width$}", "µs: median / mean / p90");
         for r in &run.ranks {
             let _ = write!(out, "  {:>26}", format!("rank {}", r.rank));
@@ -490,10 +502,12 @@ fn realtime_ns() -> u64 {
 /// The directions of one step of `phase` (`true`: forces), in launch order.
 fn directions(phase: Phase) -> Vec<bool> {
     let mut v = Vec::new();
-    phase.repeat(1, |forces| {
-        v.push(forces);
-        Ok::<(), ()>(())
-    }).ok();
+    phase
+        .repeat(1, |forces| {
+            v.push(forces);
+            Ok::<(), ()>(())
+        })
+        .ok();
     v
 }
 
@@ -507,7 +521,13 @@ fn per_step_us(starts: &[cudarc::driver::CudaEvent], ends: &[cudarc::driver::Cud
 
 /// Runs `warmup + steps` steps of `phase` (stamped into `rings` when given), launched or replayed;
 /// returns each local rank's host launches and µs per measured step.
-fn run_loop(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, phase: Phase, replay: bool, cfg: &TimelineConfig) -> Result<(Vec<Vec<HostLaunch>>, Vec<f64>)> {
+fn run_loop(
+    x: &mut Box<dyn Exchange<Float3>>,
+    rings: Option<&Rings>,
+    phase: Phase,
+    replay: bool,
+    cfg: &TimelineConfig,
+) -> Result<(Vec<Vec<HostLaunch>>, Vec<f64>)> {
     x.finish()?;
     if let Some(rings) = rings {
         for (rx, rf) in rings {
@@ -528,7 +548,11 @@ fn run_loop(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, phase: Pha
     };
     let graphs = if replay {
         let ranks = x.local_ranks_mut();
-        ranks.iter_mut().enumerate().map(|(r, rank)| graph::capture_with(&streams[r], || dirs.iter().try_for_each(|&f| enqueue(rank, r, f)))).collect::<Result<Vec<_>>>()?
+        ranks
+            .iter_mut()
+            .enumerate()
+            .map(|(r, rank)| graph::capture_with(&streams[r], || dirs.iter().try_for_each(|&f| enqueue(rank, r, f))))
+            .collect::<Result<Vec<_>>>()?
     } else {
         Vec::new()
     };
@@ -564,7 +588,14 @@ fn run_loop(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, phase: Pha
 /// One full step (coordinates, then forces) of the fused kernels, stamped into `rings` when given,
 /// on fresh random data from `seed`, compared with the CPU reference; the verdict agreed by every
 /// process (collective). A mismatch is an error: the timeline then reports nothing.
-fn check_step(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, halos: &[RankHalo], placement: &Placement, seed: u64, when: &str) -> Result<()> {
+fn check_step(
+    x: &mut Box<dyn Exchange<Float3>>,
+    rings: Option<&Rings>,
+    halos: &[RankHalo],
+    placement: &Placement,
+    seed: u64,
+    when: &str,
+) -> Result<()> {
     x.finish()?;
     if let Some(rings) = rings {
         for (rx, rf) in rings {
@@ -588,7 +619,9 @@ fn check_step(x: &mut Box<dyn Exchange<Float3>>, rings: Option<&Rings>, halos: &
     })?;
     let kernels = if rings.is_some() { "stamped" } else { "plain" };
     step::agree(placement, &format!("timeline-check-{when}"), &mine)?.map(|_| ()).map_err(|why| {
-        HaloError::InvalidInput(format!("the {kernels} fused step {when} the measured loops does not match the CPU reference, so no timeline is reported: {why}"))
+        HaloError::InvalidInput(format!(
+            "the {kernels} fused step {when} the measured loops does not match the CPU reference, so no timeline is reported: {why}"
+        ))
     })
 }
 
@@ -600,7 +633,11 @@ fn measure(cfg: &TimelineConfig, placement: &Placement, halos: Vec<RankHalo>) ->
     x.set_wait_timeout(cfg.wait_timeout);
     x.check_transport(Transport::Fused)?;
     let launches = cfg.warmup + cfg.steps;
-    let rings: Rings = x.local_ranks().iter().map(|r| Ok((TimelineRing::new(r.context(), launches)?, TimelineRing::new(r.context(), launches)?))).collect::<Result<_>>()?;
+    let rings: Rings = x
+        .local_ranks()
+        .iter()
+        .map(|r| Ok((TimelineRing::new(r.context(), launches)?, TimelineRing::new(r.context(), launches)?)))
+        .collect::<Result<_>>()?;
     let seed = cfg.seed.wrapping_add(77);
     check_step(&mut x, None, &halos, placement, seed, "before")?;
     check_step(&mut x, Some(&rings), &halos, placement, seed.wrapping_add(1), "before")?;
@@ -632,7 +669,14 @@ fn measure(cfg: &TimelineConfig, placement: &Placement, halos: Vec<RankHalo>) ->
                 .iter()
                 .map(|b| serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("decoding a rank's timeline: {e}"))))
                 .collect::<Result<Vec<RankLoop>>>()?;
-            loops.push(LoopRun { coords: phase != Phase::Forces, forces: phase != Phase::Coordinates, graph: replay, warmup: cfg.warmup, steps: cfg.steps, ranks });
+            loops.push(LoopRun {
+                coords: phase != Phase::Forces,
+                forces: phase != Phase::Coordinates,
+                graph: replay,
+                warmup: cfg.warmup,
+                steps: cfg.steps,
+                ranks,
+            });
         }
     }
     check_step(&mut x, None, &halos, placement, seed.wrapping_add(2), "after")?;
@@ -719,7 +763,12 @@ mod tests {
     /// A coordinate launch at `t0`: packed +300, elected +500, delivered +600, received +2600,
     /// end +2700 (credit +100, no dependency wait).
     fn x_launch(t0: u64, received: u64) -> Record {
-        record(t0, 40, received + 100, &[(xp::CREDIT, 100), (xp::PACKED, 300), (xp::ELECTED, 500), (xp::ELECTED_ENTRY, 20), (xp::DELIVERED, 600), (xp::RECEIVED, received)])
+        record(
+            t0,
+            40,
+            received + 100,
+            &[(xp::CREDIT, 100), (xp::PACKED, 300), (xp::ELECTED, 500), (xp::ELECTED_ENTRY, 20), (xp::DELIVERED, 600), (xp::RECEIVED, received)],
+        )
     }
 
     fn rank_loop(rank: usize, coords: Vec<Record>, forces: Vec<Record>, host: Vec<HostLaunch>) -> RankLoop {
@@ -727,7 +776,10 @@ mod tests {
     }
 
     fn row<'a>(s: &'a Section, label: &str) -> &'a Row {
-        s.rows.iter().find(|r| r.label == label).unwrap_or_else(|| panic!("no row `{label}` in {:#?}", s.rows.iter().map(|r| &r.label).collect::<Vec<_>>()))
+        s.rows
+            .iter()
+            .find(|r| r.label == label)
+            .unwrap_or_else(|| panic!("no row `{label}` in {:#?}", s.rows.iter().map(|r| &r.label).collect::<Vec<_>>()))
     }
 
     /// Asserts the median of `label` on `rank` is `want` µs.
@@ -751,7 +803,9 @@ mod tests {
                     x_launch(t0 + rank * offset, 1_900)
                 })
                 .collect();
-            let host = (0..(warmup + steps) as u64).map(|k| HostLaunch { call_ns: 1_000_000 + k * 10_000 - 3_000, return_ns: 1_000_000 + k * 10_000 - 1_000, kernels: 1 }).collect();
+            let host = (0..(warmup + steps) as u64)
+                .map(|k| HostLaunch { call_ns: 1_000_000 + k * 10_000 - 3_000, return_ns: 1_000_000 + k * 10_000 - 1_000, kernels: 1 })
+                .collect();
             ranks.push(rank_loop(rank as usize, coords, vec![], host));
         }
         LoopRun { coords: true, forces: false, graph: false, warmup, steps, ranks }
@@ -834,7 +888,20 @@ mod tests {
         for k in 0..(warmup + steps) as u64 {
             let t0 = 50_000 + k * 20_000;
             coords.push(x_launch(t0, 1_900));
-            let f = record(t0 + 2_500, 10, 3_000, &[(fp::CHAIN, 100), (fp::PUSHED, 400), (fp::ELECTED_ENTRY, 5), (fp::SIGNALLED, 450), (fp::RECEIVED, 2_000), (fp::ACCUMULATED, 2_300), (fp::ROW_DONE, 2_400)]);
+            let f = record(
+                t0 + 2_500,
+                10,
+                3_000,
+                &[
+                    (fp::CHAIN, 100),
+                    (fp::PUSHED, 400),
+                    (fp::ELECTED_ENTRY, 5),
+                    (fp::SIGNALLED, 450),
+                    (fp::RECEIVED, 2_000),
+                    (fp::ACCUMULATED, 2_300),
+                    (fp::ROW_DONE, 2_400),
+                ],
+            );
             forces.push(f);
             host.push(HostLaunch { call_ns: t0 - 4_000, return_ns: t0 - 2_500, kernels: 2 });
         }
@@ -889,7 +956,12 @@ mod tests {
         };
         let text = render(&data).unwrap();
         assert!(text.contains("smallest nonzero step 32 ns, mean update period 1000 ns (900 changes)"), "{text}");
-        assert!(text.contains("== X only, plain launches: 4 steps after 1 warm-up; per step (events, slowest rank): plain kernels 7.50 µs, stamped 8.00 µs"), "{text}");
+        assert!(
+            text.contains(
+                "== X only, plain launches: 4 steps after 1 warm-up; per step (events, slowest rank): plain kernels 7.50 µs, stamped 8.00 µs"
+            ),
+            "{text}"
+        );
         assert!(text.contains("rank 0") && text.contains("rank 1"), "{text}");
         assert!(text.lines().any(|l| l.starts_with("X: delivered -> own pulse in") && l.contains("1.300 / 1.300 / 1.300")), "{text}");
         // The raw data round-trips through JSON (what --json writes and the PEs exchange).

@@ -2,9 +2,9 @@
 //! and the pack/unpack kernels alone. In one process, or under `halo launch -n 2 -- bench`
 //! (rank 0 prints; every rank must get the same options).
 
-use anyhow::{Context, Result};
 use crate::bench::runner::{self, BenchConfig};
 use crate::bench::{self, HaloSource, Method, kernels, plot, report};
+use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -179,7 +179,13 @@ pub struct BenchKernelsArgs {
 }
 
 pub fn run_kernels(args: BenchKernelsArgs) -> Result<()> {
-    let cfg = kernels::KernelBenchConfig { map_len: args.atoms, array_len: args.array_atoms, repeats: args.repeats.max(1), device: args.device, seed: args.seed };
+    let cfg = kernels::KernelBenchConfig {
+        map_len: args.atoms,
+        array_len: args.array_atoms,
+        repeats: args.repeats.max(1),
+        device: args.device,
+        seed: args.seed,
+    };
     let report = kernels::run(&cfg).context("running the kernel benchmark")?;
     print!("{}{}", report.machine.text(), kernels::table(&report));
     if let Some(path) = &args.json {
@@ -206,8 +212,7 @@ pub fn run_latency(args: BenchLatencyArgs) -> Result<()> {
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            serde_json::from_str::<report::BenchReport>(&text)
-                .with_context(|| format!("{} is not a `halo bench --json` report", p.display()))
+            serde_json::from_str::<report::BenchReport>(&text).with_context(|| format!("{} is not a `halo bench --json` report", p.display()))
         })
         .collect::<Result<Vec<_>>>()?;
     let summary = bench::latency::summarise(&reports);
@@ -254,7 +259,26 @@ mod tests {
 
     #[test]
     fn options_parse() {
-        let b = bench(&["--atoms", "6000,45000", "--ranks", "2x2x2", "--transport", "fused,nccl", "--graph", "--repeats", "5", "--halos", "synthetic", "--json", "r.json", "--csv", "r.csv", "--plot", "p.png"]).unwrap();
+        let b = bench(&[
+            "--atoms",
+            "6000,45000",
+            "--ranks",
+            "2x2x2",
+            "--transport",
+            "fused,nccl",
+            "--graph",
+            "--repeats",
+            "5",
+            "--halos",
+            "synthetic",
+            "--json",
+            "r.json",
+            "--csv",
+            "r.csv",
+            "--plot",
+            "p.png",
+        ])
+        .unwrap();
         assert_eq!(b.atoms, vec![6000, 45000]);
         assert_eq!(b.ranks, [2, 2, 2]);
         assert_eq!(b.transport.0, vec![Method::Fused, Method::Nccl]);

@@ -19,17 +19,17 @@
 //! forces within 1e-5), agreed by both PEs under a launcher. A point that fails has no number, and
 //! the command then writes no file and fails.
 
+use crate::bench::nccl::{self, Nccl, NcclComm};
+use crate::bench::step;
+use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::abi::Float3;
 use halo::exchange::pe::PathPolicy;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use crate::bench::nccl::{self, Nccl, NcclComm};
 use halo::exchange::{Exchange, Placement, RankHalo, Transport as X};
 use halo::gpu::{self, CudaStream, KernelModule};
 use halo::route::calibrate::{self, DEFAULT_SIZES, Measurer, NotMeasured, Planned, Sample};
-use crate::bench::step;
 use halo::route::{DistanceLevel, Transport, gpu_facts, topology_from_facts};
-use crate::machine::MachineInfo;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -183,7 +183,12 @@ impl ExchangeMeasurer {
 /// One step of `step` on fresh random data from `seed`, compared with the CPU reference, the
 /// verdict agreed by every PE (collective).
 fn check_point(
-    x: &mut dyn Exchange, halos: &[RankHalo], placement: &Placement, seed: u64, when: &str, step: &mut dyn FnMut(&mut dyn Exchange) -> halo::Result<()>,
+    x: &mut dyn Exchange,
+    halos: &[RankHalo],
+    placement: &Placement,
+    seed: u64,
+    when: &str,
+    step: &mut dyn FnMut(&mut dyn Exchange) -> halo::Result<()>,
 ) -> Result<Checked<()>> {
     let mine = step::checked_step_with(x, halos, seed, step)?;
     let agreed = step::agree(placement, &format!("calibrate-check-{when}"), &mine)?;
@@ -268,7 +273,12 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         _ => {
             let n = gpu::device_count();
             let modules = (0..n.min(2))
-                .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?)?)))
+                .map(|i| {
+                    Ok(Arc::new(KernelModule::load(
+                        &gpu::open_device(i)?,
+                        &halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?,
+                    )?))
+                })
                 .collect::<Result<Vec<_>>>()?;
             let (facts, found) = gpu_facts::local_rank_facts(modules.len(), modules.len())?;
             let pair_level = if modules.len() >= 2 { Some(topology_from_facts(&facts, None)?.distance(0, 1)?) } else { None };
@@ -285,12 +295,17 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
                     plan.push(Planned::Measure { transport, level: *level });
                 }
             }
-            plan.push(Planned::Skip { transport: Transport::NvshmemPut, reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into() });
+            plan.push(Planned::Skip {
+                transport: Transport::NvshmemPut,
+                reason: "needs one process per GPU: run under `halo launch -n 2 -- calibrate`".into(),
+            });
             // NCCL allows one rank per GPU: measured between GPUs 0 and 1 only.
             plan.push(match (&nccl, pair_level) {
                 (Ok(_), Some(level)) => Planned::Measure { transport: Transport::Nccl, level },
                 (Err(why), _) => Planned::Skip { transport: Transport::Nccl, reason: format!("{why}; {NCCL_SKIP_EFFECT}") },
-                (Ok(_), None) => Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") },
+                (Ok(_), None) => {
+                    Planned::Skip { transport: Transport::Nccl, reason: format!("NCCL needs two GPUs (one rank per GPU); {NCCL_SKIP_EFFECT}") }
+                }
             });
             let mut m = ExchangeMeasurer { names, plan, placements, nccl, warmup: args.warmup, repeats: args.repeats };
             (calibrate::calibrate(&mut m, &sizes, &host, &created), true, Some(machine))
@@ -319,16 +334,14 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         println!("{:>12} at {level} {}: check FAILED: {why}", t.name(), halo::route::format_size(*bytes));
     }
     if !report.failed.is_empty() {
-        bail!("{} point(s) failed their check against the CPU reference: no calibration file written (their times are not results)", report.failed.len());
+        bail!(
+            "{} point(s) failed their check against the CPU reference: no calibration file written (their times are not results)",
+            report.failed.len()
+        );
     }
     if writer {
         calibrate::write_calibration(&args.out, &report.file).with_context(|| format!("writing {}", args.out.display()))?;
-        println!(
-            "wrote {} ({} points); use it with HALO_ROUTE_CALIBRATION={}",
-            args.out.display(),
-            report.file.entries.len(),
-            args.out.display()
-        );
+        println!("wrote {} ({} points); use it with HALO_ROUTE_CALIBRATION={}", args.out.display(), report.file.entries.len(), args.out.display());
         // The machine beside the calibration (its format belongs to the router).
         if let Some(m) = machine {
             let path = machine_path(&args.out);

@@ -4,15 +4,15 @@
 //! as `halo bench` does); then the commands of the full benchmarks. Each phase says how long it
 //! took; a spinner shows progress on a terminal.
 
+use super::verify::{StepArgs, VerifyArgs};
 use crate::bench::runner::{self, BenchConfig};
 use crate::bench::{HaloSource, Method, report::BenchReport};
-use super::verify::{StepArgs, VerifyArgs};
 use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
-use halo::exchange::pe::PathPolicy;
 use halo::exchange::Placement;
+use halo::exchange::pe::PathPolicy;
 use halo::gpu::{self, KernelModule};
 use halo_md::MdConfig;
 use std::sync::Arc;
@@ -56,8 +56,18 @@ impl DemoArgs {
     pub fn plan(&self) -> DemoPlan {
         let grid = RankGrid { dims: [2, 1, 1] };
         // `halo verify`'s defaults, with fewer steps and a search every 5 (so one runs within them).
-        let v = VerifyArgs { step: StepArgs { nstlist: 5, nstprune: 5, ..StepArgs::default() }, steps: self.md_steps, ..VerifyArgs::new(self.md_atoms, grid) };
-        let md = v.step.apply(MdConfig { steps: v.steps, seed: v.seed, transport: v.transport, check_every: v.check_every, ..MdConfig::new(v.atoms, v.ranks) });
+        let v = VerifyArgs {
+            step: StepArgs { nstlist: 5, nstprune: 5, ..StepArgs::default() },
+            steps: self.md_steps,
+            ..VerifyArgs::new(self.md_atoms, grid)
+        };
+        let md = v.step.apply(MdConfig {
+            steps: v.steps,
+            seed: v.seed,
+            transport: v.transport,
+            check_every: v.check_every,
+            ..MdConfig::new(v.atoms, v.ranks)
+        });
         let bench = BenchConfig {
             atoms: vec![self.atoms],
             grid: grid.dims,
@@ -131,7 +141,11 @@ pub fn machine_lines(m: &MachineInfo) -> [String; 3] {
             None => names.push((g.name.clone(), 1, g.memory_gib)),
         }
     }
-    let gpus = if names.is_empty() { "no GPU".into() } else { names.iter().map(|(n, c, mem)| format!("{c} x {n} ({mem:.0} GiB)")).collect::<Vec<_>>().join(", ") };
+    let gpus = if names.is_empty() {
+        "no GPU".into()
+    } else {
+        names.iter().map(|(n, c, mem)| format!("{c} x {n} ({mem:.0} GiB)")).collect::<Vec<_>>().join(", ")
+    };
     [
         format!("machine: {} on {}", gpus, m.hostname),
         format!("software: NVIDIA driver {}, CUDA {}, {}", m.nvidia_driver, m.cuda_driver, m.halo),

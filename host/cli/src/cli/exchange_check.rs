@@ -137,7 +137,8 @@ fn start_routing(args: &ExchangeCheckArgs, halos: &[RankHalo], placement: &Place
 
 /// `2x2x1` -> `[2, 2, 1]`.
 pub fn parse_grid(s: &str) -> Result<[usize; 3], String> {
-    let parts: Vec<usize> = s.split('x').map(|p| p.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not a rank grid like 2x2x1"))?;
+    let parts: Vec<usize> =
+        s.split('x').map(|p| p.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| format!("`{s}` is not a rank grid like 2x2x1"))?;
     match parts.as_slice() {
         [a, b, c] if *a > 0 && *b > 0 && *c > 0 => Ok([*a, *b, *c]),
         _ => Err(format!("`{s}` is not a rank grid like 2x2x1 (three positive counts)")),
@@ -155,7 +156,8 @@ pub fn run(args: ExchangeCheckArgs) -> Result<()> {
             args.wait_timeout_ms
         );
     }
-    let shape = SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
+    let shape =
+        SyntheticShape { grid: args.grid, pulses_per_dim: args.pulses, home_atoms: args.home_atoms, send_fraction: args.fraction, box_len: 7.7 };
     let halos = synthetic::halos(shape, args.seed);
     let env = RankEnv::from_env();
     match env {
@@ -177,15 +179,16 @@ fn run_local(args: &ExchangeCheckArgs, halos: Vec<RankHalo>) -> Result<()> {
         bail!("halo exchange-check needs a GPU: {reason}");
     }
     if args.inject_skip_rank.is_some() {
-        bail!("--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together");
+        bail!(
+            "--inject-skip-rank needs one process per rank (`halo launch -n N -- exchange-check ...`): in one process every rank launches together"
+        );
     }
     if args.policy() == PathPolicy::ForcePut {
         bail!("--paths force-put needs NVSHMEM: run one rank per GPU (`halo launch -n N -- exchange-check --paths force-put`)");
     }
     let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
-    let modules = (0..gpu::device_count())
-        .map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?)))
-        .collect::<Result<Vec<_>>>()?;
+    let modules =
+        (0..gpu::device_count()).map(|i| Ok(Arc::new(KernelModule::load(&gpu::open_device(i)?, &artifacts)?))).collect::<Result<Vec<_>>>()?;
     // Test only (HALO_TEST_RESERVE_GIB=G[:R]): hold device memory first; in one process R names the GPU.
     let _held = modules.iter().enumerate().map(|(g, m)| heap::reserve_for_test(m.context(), g)).collect::<halo::Result<Vec<_>>>()?;
     print!("{}", crate::machine::MachineInfo::collect(None).text());
@@ -380,7 +383,10 @@ fn check(
             }
             if let Some(r) = routing.as_mut() {
                 for (rank, peers) in &injected {
-                    println!("route: injected failure: rank {rank} skips step {step}'s launch towards {peers:?} ({})", halo::route::feedback::INJECT_ENV);
+                    println!(
+                        "route: injected failure: rank {rank} skips step {step}'s launch towards {peers:?} ({})",
+                        halo::route::feedback::INJECT_ENV
+                    );
                     r.record_launch_failure(*rank, peers);
                 }
             }
@@ -401,7 +407,8 @@ fn check(
                                 Some(d) if d.atoms > 0 => format!("{why}; rank {r}: {d}"),
                                 _ => why,
                             };
-                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {}", v.name(), named(why))) {
+                            match step::compare(r, &xs[i], wx, &fs[i], wf).map_err(|why| anyhow::anyhow!("{} step {step}: {}", v.name(), named(why)))
+                            {
                                 Ok(w) => window.worst = window.worst.max(w),
                                 // With failover the safe point tells whether a failure on another
                                 // PE explains the mismatch; without, it ends the run.

@@ -1,9 +1,9 @@
 //! `halo info`: what this process can use.
 
 use anyhow::{Result, bail};
-use halo::gpu::DeviceMemory;
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::gpu;
+use halo::gpu::DeviceMemory;
 
 #[derive(clap::Args)]
 pub struct InfoArgs {

@@ -4,8 +4,8 @@
 //! options). Every row runs checked steps outside its timed ones; a row that fails them or does not
 //! complete makes the command fail, naming the row, after the table and the JSON are written.
 
-use crate::machine::MachineInfo;
 use crate::bench::md::{self, MdBenchConfig, MdBenchRow, Target};
+use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
@@ -118,7 +118,8 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         distinct.sort();
         distinct.dedup();
         let machine = MachineInfo::collect(Some(&session.nvshmem));
-        let mode = if distinct.len() == n { format!("{n} PEs (NVSHMEM), one per GPU") } else { format!("{n} PEs (NVSHMEM) on {} GPU(s)", distinct.len()) };
+        let mode =
+            if distinct.len() == n { format!("{n} PEs (NVSHMEM), one per GPU") } else { format!("{n} PEs (NVSHMEM) on {} GPU(s)", distinct.len()) };
         let target = Target { placement: &placement, gpus: distinct.len(), mode, machine: &machine };
         let rows = measure_all(&args, &target, grid, rank == 0);
         if rank == 0 {

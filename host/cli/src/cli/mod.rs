@@ -1,7 +1,7 @@
 //! Command-line front end: one module per subcommand, errors reported with `anyhow` context.
 
-mod calibrate;
 mod bench;
+mod calibrate;
 mod demo;
 mod verify;
 

@@ -42,10 +42,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let grid = RankGrid::parse(&args.ranks).context("reading --ranks")?;
     let system = MolecularSystem::generate(args.atoms, args.seed).context("generating the system (--atoms)")?;
     let plan = HaloPlan::build(&system, grid, args.cutoff).with_context(|| {
-        format!(
-            "planning the halo of {} atoms ({:.3} nm box) on {grid} ranks with a {} nm cutoff",
-            args.atoms, system.box_size[0], args.cutoff
-        )
+        format!("planning the halo of {} atoms ({:.3} nm box) on {grid} ranks with a {} nm cutoff", args.atoms, system.box_size[0], args.cutoff)
     })?;
     plan.validate().context("validating the plan")?;
     plan.validate_atoms(system.len()).context("validating the plan against the system")?;
@@ -111,7 +108,11 @@ fn table(system: &MolecularSystem, plan: &HaloPlan, pulses: [usize; 3]) -> Strin
             let _ = writeln!(s, "  no pulses (nothing is decomposed)");
             continue;
         }
-        let _ = writeln!(s, "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  shift", "pulse", "dim", "p", "to", "from", "send", "recv", "offset", "peer-offset");
+        let _ = writeln!(
+            s,
+            "  {:>5} {:>3} {:>2} {:>6} {:>6} {:>8} {:>8} {:>8} {:>11}  shift",
+            "pulse", "dim", "p", "to", "from", "send", "recv", "offset", "peer-offset"
+        );
         for (k, p) in r.pulses.iter().enumerate() {
             let shift = if p.spec.shift.is_some() { format!("+{:.3} {}", p.shift_along_dim(), DIM_NAMES[p.dim]) } else { "-".into() };
             let _ = writeln!(

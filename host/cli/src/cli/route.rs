@@ -2,9 +2,8 @@
 
 use anyhow::{Context, Result};
 use halo::route::{
-    Decision, DistanceLevel, EXCHANGE_TRANSPORTS, Op, PerfTable, RouteConfig, Router, Topology,
-    Transport, TransportSet, format_size, gpu_facts, parse_size, single_node, topology_from_facts,
-    topology_from_file,
+    Decision, DistanceLevel, EXCHANGE_TRANSPORTS, Op, PerfTable, RouteConfig, Router, Topology, Transport, TransportSet, format_size, gpu_facts,
+    parse_size, single_node, topology_from_facts, topology_from_file,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -69,8 +68,7 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 fn parse_op_arg(s: &str) -> Result<Op, String> {
-    s.parse()
-        .map_err(|e: halo::route::RouteError| e.to_string())
+    s.parse().map_err(|e: halo::route::RouteError| e.to_string())
 }
 
 /// One cell of the table: the decision, or why there is none.
@@ -80,21 +78,13 @@ type Cell = Result<Decision, String>;
 /// description, and whether this process prints the table (one rank of a launch does).
 fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
     if let Some(path) = &args.topology {
-        let (t, _, fabric) =
-            topology_from_file(path).with_context(|| format!("loading {}", path.display()))?;
+        let (t, _, fabric) = topology_from_file(path).with_context(|| format!("loading {}", path.display()))?;
         let hosts = fabric.hosts().len();
         return Ok((t, format!("{} ({hosts} nodes)", path.display()), true));
     }
     let synthetic = |why: &str| -> Result<(Topology, String, bool)> {
         anyhow::ensure!(args.pes >= 1, "--pes must be at least 1");
-        Ok((
-            single_node(args.pes)?,
-            format!(
-                "synthetic: one node, {} PEs all NVLink-connected ({why})",
-                args.pes
-            ),
-            true,
-        ))
+        Ok((single_node(args.pes)?, format!("synthetic: one node, {} PEs all NVLink-connected ({why})", args.pes), true))
     };
     if args.gather {
         return gathered_synthetic(args);
@@ -107,21 +97,15 @@ fn topology(args: &RouteArgs) -> Result<(Topology, String, bool)> {
     }
     match halo::launch::RankEnv::from_env() {
         Some(env) if env.nranks > 1 => {
-            let found = gpu_facts::discover(env.device)
-                .with_context(|| format!("discovering GPU {}", env.device))?;
+            let found = gpu_facts::discover(env.device).with_context(|| format!("discovering GPU {}", env.device))?;
             print_discovery(&format!("PE {} of {}: ", env.rank, env.nranks), &found);
             let facts = gpu_facts::gather("route-facts", &found.facts)?;
             let topo = topology_from_facts(&facts, fabric(args)?.as_ref())?;
-            Ok((
-                topo,
-                format!("discovered: {} PEs under {}", env.nranks, env.source),
-                env.rank == 0,
-            ))
+            Ok((topo, format!("discovered: {} PEs under {}", env.nranks, env.source), env.rank == 0))
         }
         _ => {
             let gpus = halo::gpu::device_count();
-            let (facts, found) = gpu_facts::local_rank_facts(gpus, gpus)
-                .context("discovering the GPUs")?;
+            let (facts, found) = gpu_facts::local_rank_facts(gpus, gpus).context("discovering the GPUs")?;
             for f in &found {
                 print_discovery("", f);
             }
@@ -196,8 +180,7 @@ pub fn run(args: RouteArgs) -> Result<()> {
     let n = topo.n_pes();
     let mut cells: Vec<Vec<Cell>> = Vec::with_capacity(n);
     for src in 0..n {
-        let mut router =
-            Router::with_perf(src, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
+        let mut router = Router::with_perf(src, Arc::clone(&topo), config.clone(), Arc::clone(&perf))?;
         let mut row = Vec::with_capacity(n);
         for dst in 0..n {
             // route() first so HALO_ROUTE_DEBUG prints its block and a one-sided bitmap warns.
@@ -213,17 +196,8 @@ pub fn run(args: RouteArgs) -> Result<()> {
     if args.json {
         print_json(&topo, &described, &config, &args, &cells)?;
     } else {
-        let text = render_text(
-            &topo,
-            &described,
-            &config,
-            &args,
-            &cells,
-            perf.calibrated_pairs(),
-        )?;
-        std::io::stdout()
-            .write_all(text.as_bytes())
-            .context("writing the table")?;
+        let text = render_text(&topo, &described, &config, &args, &cells, perf.calibrated_pairs())?;
+        std::io::stdout().write_all(text.as_bytes()).context("writing the table")?;
     }
     Ok(())
 }
@@ -238,9 +212,7 @@ fn render_text(
 ) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     let n = topo.n_pes();
-    let w = config
-        .weights
-        .at(halo::route::class_bytes(halo::route::size_class(args.size)));
+    let w = config.weights.at(halo::route::class_bytes(halo::route::size_class(args.size)));
     writeln!(out, "topology: {described}")?;
     writeln!(out, "  {topo}")?;
     writeln!(
@@ -255,10 +227,7 @@ fn render_text(
         w.reliability
     )?;
     if calibrated == 0 {
-        writeln!(
-            out,
-            "performance numbers: default, not measured (run `halo calibrate` on the GPUs)"
-        )?;
+        writeln!(out, "performance numbers: default, not measured (run `halo calibrate` on the GPUs)")?;
     } else {
         writeln!(
             out,
@@ -269,35 +238,19 @@ fn render_text(
     if args.among != TransportSet::ALL {
         writeln!(out, "candidates: {} (--among)", args.among)?;
     }
-    for line in config
-        .describe()
-        .iter()
-        .filter(|l| !l.contains("(default)") && !l.starts_with("calibration = none"))
-    {
+    for line in config.describe().iter().filter(|l| !l.contains("(default)") && !l.starts_with("calibration = none")) {
         writeln!(out, "  {line}")?;
     }
     writeln!(out)?;
     if n <= MATRIX_MAX_PES {
-        write_matrix(&mut out, "level (row: source PE, column: destination PE)", cells, |d| {
-            format!(" {:>17}", d.distance.level.name())
-        })?;
+        write_matrix(&mut out, "level (row: source PE, column: destination PE)", cells, |d| format!(" {:>17}", d.distance.level.name()))?;
         writeln!(out)?;
-        write_matrix(&mut out, "transport score", cells, |d| {
-            format!(" {:>12} {:.2}{}", d.route.transport.name(), d.route.score, mark(d))
-        })?;
-        if cells
-            .iter()
-            .flatten()
-            .any(|c| c.as_ref().is_ok_and(|d| d.forced_by.is_some()))
-        {
+        write_matrix(&mut out, "transport score", cells, |d| format!(" {:>12} {:.2}{}", d.route.transport.name(), d.route.score, mark(d)))?;
+        if cells.iter().flatten().any(|c| c.as_ref().is_ok_and(|d| d.forced_by.is_some())) {
             writeln!(out, "(* forced by an override)")?;
         }
     } else {
-        writeln!(
-            out,
-            "{:>6} {:>6} {:>17} {:>12} {:>6}",
-            "src", "dst", "level", "transport", "score"
-        )?;
+        writeln!(out, "{:>6} {:>6} {:>17} {:>12} {:>6}", "src", "dst", "level", "transport", "score")?;
         for (src, row) in cells.iter().enumerate() {
             for (dst, c) in row.iter().enumerate() {
                 match c {
@@ -319,11 +272,7 @@ fn render_text(
     for (src, row) in cells.iter().enumerate() {
         for (dst, c) in row.iter().enumerate() {
             match c {
-                Ok(d) => {
-                    *counts
-                        .entry((d.distance.level, d.route.transport))
-                        .or_default() += 1
-                }
+                Ok(d) => *counts.entry((d.distance.level, d.route.transport)).or_default() += 1,
                 Err(e) => errors.push(format!("{src} -> {dst}: {e}")),
             }
         }
@@ -368,13 +317,7 @@ fn mark(d: &Decision) -> &'static str {
     if d.forced_by.is_some() { "*" } else { " " }
 }
 
-fn print_json(
-    topo: &Topology,
-    described: &str,
-    config: &RouteConfig,
-    args: &RouteArgs,
-    cells: &[Vec<Cell>],
-) -> Result<()> {
+fn print_json(topo: &Topology, described: &str, config: &RouteConfig, args: &RouteArgs, cells: &[Vec<Cell>]) -> Result<()> {
     let mut pairs = Vec::new();
     for (src, row) in cells.iter().enumerate() {
         for (dst, c) in row.iter().enumerate() {
@@ -412,8 +355,6 @@ fn print_json(
     });
     let mut text = serde_json::to_string_pretty(&out)?;
     text.push('\n');
-    std::io::stdout()
-        .write_all(text.as_bytes())
-        .context("writing JSON")?;
+    std::io::stdout().write_all(text.as_bytes()).context("writing JSON")?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! the total energy from the GPU and (with `--nve-steps`) the energy drift of an NVE run beside the
 //! same run on one rank.
 
+use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::decomp::RankGrid;
@@ -12,7 +13,6 @@ use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
 use halo_md::{self as md, MdConfig, MdOutcome, MdRun, Redecompose};
-use crate::machine::MachineInfo;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -406,7 +406,11 @@ fn verify(args: &VerifyArgs, who: &str, placement: &Placement, single: &Placemen
         let decomposed = md::run(&args.nve_config(steps, args.ranks), placement, |_, _| {}).context("the decomposed NVE run")?;
         let one = md::run(&args.nve_config(steps, RankGrid { dims: [1, 1, 1] }), single, |_, _| {}).context("the one-rank NVE run")?;
         if print {
-            println!("{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):", args.step.dt * 1000.0, args.nve_config(steps, args.ranks).energy_every);
+            println!(
+                "{who}: NVE, {steps} steps of {} fs, energies every {} steps (GPU potential + kinetic):",
+                args.step.dt * 1000.0,
+                args.nve_config(steps, args.ranks).energy_every
+            );
             println!("  {}", drift_line(args, &format!("{} ranks ({}, {})", args.ranks.num_ranks(), args.ranks, args.transport.name()), &decomposed));
             println!("  {}", drift_line(args, "1 rank", &one));
         }
@@ -533,7 +537,10 @@ mod tests {
         o.failed_checks = 1;
         let text = report(&args, "PE 0", &o);
         assert!(text.contains("coordinates after the halo NOT bit-exact (1 atoms differ) (max abs err 1.2e-1, 3000 halo atoms compared)"), "{text}");
-        assert!(text.contains("against the CPU references: 2 mismatches (1 pulse ranges, 1 atoms' coordinates, 0 force components, 0 potential energy)"), "{text}");
+        assert!(
+            text.contains("against the CPU references: 2 mismatches (1 pulse ranges, 1 atoms' coordinates, 0 force components, 0 potential energy)"),
+            "{text}"
+        );
         assert!(!text.contains("0 mismatches") && !text.contains(" s\n") && !text.ends_with(" s"), "{text}");
         let j = json(&args, "PE 0", &o, &crate::machine::tests::sample());
         assert_eq!((j["checked"].as_bool(), j["coordinates_bit_exact"].as_bool()), (Some(false), Some(false)), "{j}");

@@ -118,9 +118,7 @@ impl LaunchConfig {
             return Err(LaunchError::InvalidConfig("the number of ranks must be at least 1".into()));
         }
         if self.args.is_empty() && self.needs_args {
-            return Err(LaunchError::InvalidConfig(
-                "no command to run: give the halo subcommand after `--`, e.g. `halo launch -n 2 -- info`".into(),
-            ));
+            return Err(LaunchError::InvalidConfig("no command to run: give the halo subcommand after `--`, e.g. `halo launch -n 2 -- info`".into()));
         }
         if !self.allow_uneven_gpus
             && let Some(why) = uneven_layout(self.nranks, &self.ranks_per_gpu())
@@ -352,11 +350,7 @@ impl Drop for Ranks {
 pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     config.validate()?;
     // Installed before the first spawn so a Ctrl-C during start-up is not lost.
-    let signals = if config.handle_signals {
-        Some(sys::SignalGuard::install().map_err(LaunchError::Signals)?)
-    } else {
-        None
-    };
+    let signals = if config.handle_signals { Some(sys::SignalGuard::install().map_err(LaunchError::Signals)?) } else { None };
     // Declared before the ranks so that it is dropped (removed) after they are gone.
     let rendezvous = RendezvousDir::create()?;
     let mut forwarders = Forwarders::new();
@@ -447,14 +441,7 @@ pub fn launch(config: &LaunchConfig) -> Result<LaunchReport, LaunchError> {
     let outcomes = ranks
         .0
         .iter()
-        .map(|r| RankOutcome {
-            rank: r.rank,
-            pid: r.child.id(),
-            device: r.device,
-            end: r.end,
-            stopped: r.stopped,
-            needed_kill: r.needed_kill,
-        })
+        .map(|r| RankOutcome { rank: r.rank, pid: r.child.id(), device: r.device, end: r.end, stopped: r.stopped, needed_kill: r.needed_kill })
         .collect();
     drop(ranks);
     drop(rendezvous);
@@ -468,11 +455,7 @@ fn notice(cause: &str, ranks: &Ranks, grace: Duration) {
     if running.is_empty() {
         eprintln!("halo launch: {cause}");
     } else {
-        eprintln!(
-            "halo launch: {cause}; stopping {} (SIGTERM, SIGKILL after {:.1} s)",
-            rank_list(&running),
-            grace.as_secs_f64()
-        );
+        eprintln!("halo launch: {cause}; stopping {} (SIGTERM, SIGKILL after {:.1} s)", rank_list(&running), grace.as_secs_f64());
     }
 }
 
@@ -543,10 +526,7 @@ mod tests {
             stop: Some(StopReason::RankFailed(vec![1])),
         };
         assert_eq!(report.exit_code(), 128 + 9);
-        assert_eq!(
-            report.summary().as_deref(),
-            Some("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2")
-        );
+        assert_eq!(report.summary().as_deref(), Some("rank 1 was killed by signal 9 (SIGKILL); stopped ranks 0, 2"));
     }
 
     #[test]

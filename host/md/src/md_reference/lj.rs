@@ -197,9 +197,12 @@ pub fn rank_pair_forces(
                 found: local as usize + 1,
                 expected: r.total_atoms,
             })?;
-            system.types.get(id as usize).map(|&t| usize::from(t)).ok_or(ReferenceError::Plan(
-                crate::decomp::PlanError::GlobalId { rank: r.rank, local: local as usize, id, atoms: system.types.len() },
-            ))
+            system.types.get(id as usize).map(|&t| usize::from(t)).ok_or(ReferenceError::Plan(crate::decomp::PlanError::GlobalId {
+                rank: r.rank,
+                local: local as usize,
+                id,
+                atoms: system.types.len(),
+            }))
         };
         let mut f = vec![[0.0; 3]; r.total_atoms];
         for &[i, j] in rp.local.iter().chain(&rp.nonlocal) {

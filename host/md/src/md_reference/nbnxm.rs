@@ -68,7 +68,13 @@ pub fn list_atom_pairs(grid: &ClusterGrid, list: &ClusterPairList, coords: &[[f6
 
 /// Forces on every local atom and the potential-shifted energy of the pairs of `list` closer than
 /// `cutoff`, with `table[ti * ntypes + tj] = (c6, c12)` and the grid's slot types.
-pub fn cluster_list_forces(grid: &ClusterGrid, list: &ClusterPairList, coords: &[[f64; 3]], table: &[(f64, f64)], cutoff: f64) -> (Vec<[f64; 3]>, f64) {
+pub fn cluster_list_forces(
+    grid: &ClusterGrid,
+    list: &ClusterPairList,
+    coords: &[[f64; 3]],
+    table: &[(f64, f64)],
+    cutoff: f64,
+) -> (Vec<[f64; 3]>, f64) {
     let nt = (table.len() as f64).sqrt().round() as usize;
     let mut ty = vec![0usize; grid.atoms];
     for (slot, &a) in grid.atom_index.iter().enumerate() {
@@ -109,8 +115,10 @@ mod tests {
     use super::super::lj::{for_each_pair, pair_table, wrapped_positions};
     use super::*;
     use crate::decomp::{HaloPlan, RankGrid};
+    use crate::md_reference::{
+        exchange_coordinates_f64, exchange_forces_f64, lj_energy, lj_force_over_r, lj_forces, lj_potential_shifted, min_image,
+    };
     use crate::nbnxm::{BufferModel, DEFAULT_DRIFT_TOLERANCE, LocalAtoms, PairSearch, SearchOptions};
-    use crate::md_reference::{exchange_coordinates_f64, exchange_forces_f64, lj_energy, lj_force_over_r, lj_forces, lj_potential_shifted, min_image};
     use crate::system::MolecularSystem;
 
     struct Rank {

@@ -16,8 +16,8 @@
 //! or extra. Which copies form the minimum-image pair is an integer question (image counts), so
 //! it cannot round differently.
 
-use super::lj::{check_cutoff, for_each_pair, image_fold, wrapped_positions};
 use super::ReferenceError;
+use super::lj::{check_cutoff, for_each_pair, image_fold, wrapped_positions};
 use crate::decomp::HaloPlan;
 use crate::system::MolecularSystem;
 use serde::{Deserialize, Serialize};
@@ -128,8 +128,7 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
             let (ki, kj) = (image[rank][li as usize], image[rank][lj as usize]);
             // Along a dimension with one rank, a rank spans the whole box and kernels fold to the
             // minimum image themselves, so any copies will do there.
-            let min_image_pair =
-                decomposed.iter().all(|&k| f64::from(i32::from(kj[k]) - i32::from(ki[k])) == -fold[k]);
+            let min_image_pair = decomposed.iter().all(|&k| f64::from(i32::from(kj[k]) - i32::from(ki[k])) == -fold[k]);
             if !min_image_pair {
                 continue;
             }
@@ -149,9 +148,7 @@ pub fn assign_pairs(plan: &HaloPlan, system: &MolecularSystem, cutoff: f32) -> R
                 if *li < home && *lj < home { rp.local.push([*li, *lj]) } else { rp.nonlocal.push([*li, *lj]) }
             }
             [] => result = Err(ReferenceError::PairMissing { i: i as u32, j: j as u32 }),
-            many => {
-                result = Err(ReferenceError::PairDuplicated { i: i as u32, j: j as u32, ranks: many.iter().map(|o| o.0).collect() })
-            }
+            many => result = Err(ReferenceError::PairDuplicated { i: i as u32, j: j as u32, ranks: many.iter().map(|o| o.0).collect() }),
         }
     });
     result.map(|()| out)

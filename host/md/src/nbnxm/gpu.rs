@@ -294,7 +294,12 @@ impl NbnxmGpu {
     /// A rank's lists searched on the GPU from `grid` (sorted on the host): the same lists as
     /// [`PairSearch::build`] with `setup.rlist` and 32 words per entry finds on the host.
     pub fn new_on_gpu(
-        module: Arc<KernelModule>, grid: &ClusterGrid, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], stream: &CudaStream,
+        module: Arc<KernelModule>,
+        grid: &ClusterGrid,
+        lj: &[[f32; 2]],
+        setup: &ListSetup,
+        box_size: [f32; 3],
+        stream: &CudaStream,
     ) -> Result<Self> {
         let mut me = Self::empty(module, lj, setup, box_size)?;
         me.update_on_gpu(grid, box_size, stream)?;
@@ -349,7 +354,12 @@ impl NbnxmGpu {
     /// the callers (`MdRank::search_resident`, the tests) rely on complete lists when this returns.
     /// ([`Self::finish_local`], the MD step's search of a decomposed rank, leaves out the last.)
     pub fn update_resident(
-        &mut self, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, atoms: usize, box_size: [f32; 3], stream: &CudaStream,
+        &mut self,
+        x: &impl DeviceMemory<Float3>,
+        types: &DeviceBuffer<u32>,
+        atoms: usize,
+        box_size: [f32; 3],
+        stream: &CudaStream,
     ) -> Result<ResidentSearch> {
         self.search_on_gpu_grid(box_size, stream, |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream), &|atom| {
             Ok(x.to_host()?.get(atom).copied().unwrap_or_default())
@@ -359,7 +369,12 @@ impl NbnxmGpu {
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
     /// table as for [`Self::new`].
     pub fn new_local(
-        module: Arc<KernelModule>, atoms: &LocalAtoms, lj: &[[f32; 2]], setup: &ListSetup, box_size: [f32; 3], stream: &CudaStream,
+        module: Arc<KernelModule>,
+        atoms: &LocalAtoms,
+        lj: &[[f32; 2]],
+        setup: &ListSetup,
+        box_size: [f32; 3],
+        stream: &CudaStream,
     ) -> Result<Self> {
         let mut me = Self::empty(module, lj, setup, box_size)?;
         me.update_local(atoms, box_size, stream)?;
@@ -392,13 +407,22 @@ impl NbnxmGpu {
     /// lists are then empty. [`Self::begin_local`] and [`Self::finish_local`] are its two halves,
     /// for callers with more host work to overlap.
     pub fn update_local_into(
-        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: HomeCopies<'_>, before_wait: &mut dyn FnMut() -> Result<()>,
+        &mut self,
+        atoms: &LocalAtoms,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+        home: HomeCopies<'_>,
+        before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
         self.local_search(atoms, box_size, stream, Some(home), before_wait)
     }
 
     fn local_search(
-        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, home: Option<HomeCopies<'_>>,
+        &mut self,
+        atoms: &LocalAtoms,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+        home: Option<HomeCopies<'_>>,
         before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
         self.begin_local(atoms, box_size, stream, home.and_then(|h| h.from))?;
@@ -419,7 +443,11 @@ impl NbnxmGpu {
     /// finished is abandoned first (the context synchronised). An error (the lists then empty)
     /// leaves nothing of this search in flight.
     pub fn begin_local(
-        &mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, from: Option<&dyn DeviceMemory<Float3>>,
+        &mut self,
+        atoms: &LocalAtoms,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+        from: Option<&dyn DeviceMemory<Float3>>,
     ) -> Result<()> {
         self.before_search()?;
         let t0 = Instant::now();
@@ -457,7 +485,10 @@ impl NbnxmGpu {
     /// include the first half's). An error when no search was begun, or it was begun on other
     /// atoms or another stream (that search is then waited for and dropped).
     pub fn finish_local(
-        &mut self, atoms: &LocalAtoms, stream: &CudaStream, home: Option<(&dyn DeviceMemory<Float3>, &dyn DeviceMemory<u32>)>,
+        &mut self,
+        atoms: &LocalAtoms,
+        stream: &CudaStream,
+        home: Option<(&dyn DeviceMemory<Float3>, &dyn DeviceMemory<u32>)>,
         before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ResidentSearch> {
         let t1 = Instant::now();
@@ -551,7 +582,10 @@ impl NbnxmGpu {
     /// clusters; its largest atom type against the LJ table) before any list is written; the time
     /// of each half (see [`ResidentSearch`]).
     fn search_on_gpu_grid(
-        &mut self, box_size: [f32; 3], stream: &CudaStream, enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
+        &mut self,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+        enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
         coordinate: Coordinate<'_>,
     ) -> Result<ResidentSearch> {
         self.before_search()?;
@@ -602,7 +636,10 @@ impl NbnxmGpu {
     /// `written` recorded after them (no second wait). A failure leaves the lists empty
     /// (and records `written` too, after whatever was enqueued).
     fn finish_lists(
-        &mut self, stream: &CudaStream, begun: BegunLists, pending: Option<(&PendingGrid, Coordinate<'_>)>,
+        &mut self,
+        stream: &CudaStream,
+        begun: BegunLists,
+        pending: Option<(&PendingGrid, Coordinate<'_>)>,
         before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Option<GridInfo>> {
         let (module, lists, grid, ntypes, search) = (&self.module, &mut self.lists, &mut self.grid, self.ntypes, &mut self.search);
@@ -710,9 +747,8 @@ impl NbnxmGpu {
     }
 
     fn check_arrays(&self, x: &impl DeviceMemory<Float3>, f: Option<&dyn DeviceMemory<Float3>>) -> Result<()> {
-        let short = |what: &str, n: usize| {
-            Err(HaloError::InvalidInput(format!("nbnxm: {what} holds {n} atoms, the lists index {} local atoms", self.atoms)))
-        };
+        let short =
+            |what: &str, n: usize| Err(HaloError::InvalidInput(format!("nbnxm: {what} holds {n} atoms, the lists index {} local atoms", self.atoms)));
         if x.len() < self.atoms {
             return short("the coordinate array", x.len());
         }
@@ -750,7 +786,14 @@ impl NbnxmGpu {
     /// `setup.cutoff`) at coordinates `x` to `f` and, with `energy`, its potential-shifted LJ energy
     /// to the accumulator ([`Self::energy`]). Uses the inner list once [`Self::prune`] ran since the
     /// last update, else the outer one.
-    pub fn forces(&self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: bool) -> Result<()> {
+    pub fn forces(
+        &self,
+        kind: ListKind,
+        x: &impl DeviceMemory<Float3>,
+        f: &impl DeviceMemory<Float3>,
+        stream: &CudaStream,
+        energy: bool,
+    ) -> Result<()> {
         let slot = EnergySlot { buffer: &self.energy, index: 0 };
         self.forces_into(kind, x, f, stream, energy.then_some(slot))
     }
@@ -758,7 +801,12 @@ impl NbnxmGpu {
     /// [`Self::forces`] adding the energy (when `energy` is given) to an accumulator of the
     /// caller's (the MD step keeps one per energy step, read back at the next search).
     pub fn forces_into(
-        &self, kind: ListKind, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>, stream: &CudaStream, energy: Option<EnergySlot<'_>>,
+        &self,
+        kind: ListKind,
+        x: &impl DeviceMemory<Float3>,
+        f: &impl DeviceMemory<Float3>,
+        stream: &CudaStream,
+        energy: Option<EnergySlot<'_>>,
     ) -> Result<()> {
         self.check_arrays(x, Some(f))?;
         let l = &self.lists[kind as usize];

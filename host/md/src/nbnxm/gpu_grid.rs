@@ -398,7 +398,13 @@ impl DeviceGrid {
     /// (the buffers then hold no grid; the finite atoms' coordinates may be wrapped already).
     #[allow(clippy::too_many_arguments)]
     pub fn build(
-        &mut self, module: &KernelModule, x: &impl DeviceMemory<Float3>, types: &DeviceBuffer<u32>, n: usize, box_size: [f32; 3], wrap: bool,
+        &mut self,
+        module: &KernelModule,
+        x: &impl DeviceMemory<Float3>,
+        types: &DeviceBuffer<u32>,
+        n: usize,
+        box_size: [f32; 3],
+        wrap: bool,
         stream: &CudaStream,
     ) -> Result<GridInfo> {
         let pending = self.enqueue_build(module, x, types, n, box_size, wrap, stream)?;
@@ -462,7 +468,11 @@ impl DeviceGrid {
     /// bus. It must not be written until `stream` has run the copy. The host's checks and the
     /// zones' shape still read `atoms.positions` whole.
     pub(crate) fn enqueue_build_local(
-        &mut self, module: &KernelModule, atoms: &LocalAtoms, home_x: Option<&dyn DeviceMemory<Float3>>, stream: &CudaStream,
+        &mut self,
+        module: &KernelModule,
+        atoms: &LocalAtoms,
+        home_x: Option<&dyn DeviceMemory<Float3>>,
+        stream: &CudaStream,
     ) -> Result<PendingGrid> {
         self.held = None;
         self.built = None;
@@ -505,7 +515,11 @@ impl DeviceGrid {
     /// are reallocated only by a later build, after this search is complete (`NbnxmGpu` waits
     /// for the last search's lists, `lists_complete`, before the next build).
     pub(crate) fn enqueue_home_copies(
-        &self, home: usize, x: &dyn DeviceMemory<Float3>, types: &dyn DeviceMemory<u32>, stream: &CudaStream,
+        &self,
+        home: usize,
+        x: &dyn DeviceMemory<Float3>,
+        types: &dyn DeviceMemory<u32>,
+        stream: &CudaStream,
     ) -> Result<()> {
         x.copy_prefix_from_async(&self.scratch.x, home, stream)?;
         types.copy_prefix_from_async(&self.scratch.types, home, stream)

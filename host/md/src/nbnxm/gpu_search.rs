@@ -223,7 +223,12 @@ impl DeviceLayout {
     /// `stream` (after what `stream` already holds, the count pass), synchronises it and reads
     /// back the lists' totals. An error when a list has more words than a `u32` addresses.
     pub(crate) fn totals(
-        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, stream: &CudaStream,
+        &mut self,
+        module: &KernelModule,
+        counts: &DeviceBuffer<u32>,
+        items: usize,
+        max_j: usize,
+        stream: &CudaStream,
     ) -> Result<LayoutTotals> {
         Self::check_items(counts, items)?;
         if items == 0 {
@@ -241,7 +246,13 @@ impl DeviceLayout {
     /// `items` must be above 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn enqueue_sums_and_words(
-        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, words: u64, stream: &CudaStream,
+        &mut self,
+        module: &KernelModule,
+        counts: &DeviceBuffer<u32>,
+        items: usize,
+        max_j: usize,
+        words: u64,
+        stream: &CudaStream,
     ) -> Result<()> {
         Self::check_items(counts, items)?;
         if items == 0 {
@@ -265,7 +276,9 @@ impl DeviceLayout {
     /// [`LayoutTotals::from_sums`], which the caller applies after checking the grid) and the
     /// words.
     pub(crate) fn wait_sums_and_words(
-        &mut self, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
+        &mut self,
+        stream: &CudaStream,
+        before_wait: &mut dyn FnMut() -> Result<()>,
     ) -> Result<([u64; abi::NBNXM_LAYOUT_SUMS], [u32; abi::NBNXM_GRID_INFO_WORDS])> {
         Ok(split_read_back(&self.wait_read_back(Ok(()), stream, before_wait)?))
     }
@@ -295,8 +308,17 @@ impl DeviceLayout {
     /// enqueued, when a buffer is too small for what `totals` announced.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
-        &self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, max_j: usize, shifts: &DeviceBuffer<NbnxmShift>, n_shifts: usize,
-        totals: &LayoutTotals, offsets: &DeviceBuffer<u32>, rooms: [ListRoom; 2], stream: &CudaStream,
+        &self,
+        module: &KernelModule,
+        counts: &DeviceBuffer<u32>,
+        items: usize,
+        max_j: usize,
+        shifts: &DeviceBuffer<NbnxmShift>,
+        n_shifts: usize,
+        totals: &LayoutTotals,
+        offsets: &DeviceBuffer<u32>,
+        rooms: [ListRoom; 2],
+        stream: &CudaStream,
     ) -> Result<()> {
         Self::check_items(counts, items)?;
         if items == 0 {
@@ -329,8 +351,16 @@ impl DeviceLayout {
     /// from pageable memory, synchronise the context first.
     #[allow(clippy::too_many_arguments)]
     pub fn lay_out(
-        &mut self, module: &KernelModule, counts: &DeviceBuffer<u32>, items: usize, shifts: &DeviceBuffer<NbnxmShift>, n_shifts: usize,
-        max_j: usize, offsets: &DeviceBuffer<u32>, entries: [&DeviceBuffer<NbnxmEntry>; 2], stream: &CudaStream,
+        &mut self,
+        module: &KernelModule,
+        counts: &DeviceBuffer<u32>,
+        items: usize,
+        shifts: &DeviceBuffer<NbnxmShift>,
+        n_shifts: usize,
+        max_j: usize,
+        offsets: &DeviceBuffer<u32>,
+        entries: [&DeviceBuffer<NbnxmEntry>; 2],
+        stream: &CudaStream,
     ) -> Result<LayoutTotals> {
         let totals = self.totals(module, counts, items, max_j, stream)?;
         // The words are not written here: room for them is not needed.
@@ -464,8 +494,14 @@ impl GpuSearch {
     /// leaves the lists unwritten (nothing after the read-back is enqueued).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish(
-        &mut self, module: &KernelModule, grid: SearchGrid, begun: BegunLists, stream: &CudaStream, before_wait: &mut dyn FnMut() -> Result<()>,
-        settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>, out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
+        &mut self,
+        module: &KernelModule,
+        grid: SearchGrid,
+        begun: BegunLists,
+        stream: &CudaStream,
+        before_wait: &mut dyn FnMut() -> Result<()>,
+        settle: &mut dyn FnMut(Option<[u32; abi::NBNXM_GRID_INFO_WORDS]>) -> Result<()>,
+        out: &mut dyn FnMut(&LayoutTotals) -> Result<[ListRoom; 2]>,
     ) -> Result<LayoutTotals> {
         let BegunLists { items, n_shifts, max_j, order_j, rl } = begun;
         self.layout.waited = Duration::ZERO;
@@ -587,7 +623,8 @@ mod tests {
             starts[t] = std::array::from_fn(|v| starts[t - 1][v] + tiles[t - 1][v]);
         }
         let total: [u64; 4] = std::array::from_fn(|v| tiles.iter().map(|s| s[v]).sum());
-        let mut out = Layout { offsets: vec![u32::MAX; counts.len()], entries: [Vec::new(), Vec::new()], words: [total[0] as usize, total[1] as usize] };
+        let mut out =
+            Layout { offsets: vec![u32::MAX; counts.len()], entries: [Vec::new(), Vec::new()], words: [total[0] as usize, total[1] as usize] };
         let mut entries = [vec![NbnxmEntry::default(); total[2] as usize], vec![NbnxmEntry::default(); total[3] as usize]];
         let n_shifts = shift_index.len().max(1);
         for (t, start) in starts.iter().enumerate() {

@@ -88,10 +88,7 @@ impl WarpsPerEntry {
         if (1..=abi::NBNXM_MAX_WARPS_PER_ENTRY).contains(&warps) {
             Ok(Self::Fixed(warps))
         } else {
-            Err(HaloError::InvalidInput(format!(
-                "{warps} warps per nbnxm list entry: use 1 to {} (or auto)",
-                abi::NBNXM_MAX_WARPS_PER_ENTRY
-            )))
+            Err(HaloError::InvalidInput(format!("{warps} warps per nbnxm list entry: use 1 to {} (or auto)", abi::NBNXM_MAX_WARPS_PER_ENTRY)))
         }
     }
 

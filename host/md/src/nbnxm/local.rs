@@ -52,7 +52,14 @@ impl LocalAtoms {
     /// [`Self::from_plan`] into `out` (its arrays reused), on `workers` (contiguous runs of local
     /// atoms, at least a few thousand each); the same atoms, and the same first error, for any
     /// workers and whatever `out` held. After an error `out`'s contents are unspecified.
-    pub fn from_plan_into(plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], workers: &Workers, out: &mut Self) -> Result<(), NbnxmError> {
+    pub fn from_plan_into(
+        plan: &HaloPlan,
+        rank: usize,
+        positions: &[Float3],
+        types: &[u8],
+        workers: &Workers,
+        out: &mut Self,
+    ) -> Result<(), NbnxmError> {
         Self::from_plan_unvalidated_into(plan, rank, positions, types, workers, out)?;
         out.validate()
     }
@@ -62,7 +69,12 @@ impl LocalAtoms {
     /// and the GPU grid's zone plan, `LocalAtoms::zone_facts`, with the same errors), so that the
     /// search pays for one pass over the atoms, not two. Every other error is the same.
     pub(crate) fn from_plan_unvalidated_into(
-        plan: &HaloPlan, rank: usize, positions: &[Float3], types: &[u8], workers: &Workers, out: &mut Self,
+        plan: &HaloPlan,
+        rank: usize,
+        positions: &[Float3],
+        types: &[u8],
+        workers: &Workers,
+        out: &mut Self,
     ) -> Result<(), NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if types.len() != positions.len() {
@@ -99,7 +111,12 @@ impl LocalAtoms {
     /// [`PlanError::GlobalId`] (the first one), local positions that are not one per local atom
     /// [`NbnxmError::Length`].
     pub fn from_local_into(
-        plan: &HaloPlan, rank: usize, positions: &mut Vec<Float3>, types: &[u8], workers: &Workers, out: &mut Self,
+        plan: &HaloPlan,
+        rank: usize,
+        positions: &mut Vec<Float3>,
+        types: &[u8],
+        workers: &Workers,
+        out: &mut Self,
     ) -> Result<(), NbnxmError> {
         Self::from_local_unvalidated_into(plan, rank, positions, types, workers, out)?;
         out.validate()
@@ -108,7 +125,12 @@ impl LocalAtoms {
     /// [`Self::from_local_into`] without its last pass, [`Self::validate`], as
     /// [`Self::from_plan_unvalidated_into`] is [`Self::from_plan_into`]'s.
     pub(crate) fn from_local_unvalidated_into(
-        plan: &HaloPlan, rank: usize, positions: &mut Vec<Float3>, types: &[u8], workers: &Workers, out: &mut Self,
+        plan: &HaloPlan,
+        rank: usize,
+        positions: &mut Vec<Float3>,
+        types: &[u8],
+        workers: &Workers,
+        out: &mut Self,
     ) -> Result<(), NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         if positions.len() != r.global_ids.len() {
@@ -178,8 +200,13 @@ impl LocalAtoms {
         if parts == 1 {
             return fill(0, ids, &mut self.positions, &mut self.types, &mut self.zones);
         }
-        let work: Vec<_> =
-            ids.chunks(chunk).zip(self.positions.chunks_mut(chunk)).zip(self.types.chunks_mut(chunk)).zip(self.zones.chunks_mut(chunk)).enumerate().collect();
+        let work: Vec<_> = ids
+            .chunks(chunk)
+            .zip(self.positions.chunks_mut(chunk))
+            .zip(self.types.chunks_mut(chunk))
+            .zip(self.zones.chunks_mut(chunk))
+            .enumerate()
+            .collect();
         workers.map(work, |(c, (((ids, xs), ts), zs))| fill(c * chunk, ids, xs, ts, zs)).into_iter().collect()
     }
 
@@ -623,7 +650,8 @@ mod tests {
         let one = LocalAtoms::from_plan(&plan, 0, &sys.positions, &sys.types).unwrap_err();
         assert!(one.to_string().contains("99999"), "{one}");
         for t in [2, 5] {
-            let e = LocalAtoms::from_plan_into(&plan, 0, &sys.positions, &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default()).unwrap_err();
+            let e =
+                LocalAtoms::from_plan_into(&plan, 0, &sys.positions, &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default()).unwrap_err();
             assert_eq!(e, one);
         }
     }
@@ -672,7 +700,6 @@ mod tests {
         a.positions[1].x = f32::INFINITY;
         assert!(matches!(a.validate(), Err(NbnxmError::NonFinite { atom: 1, dim: "x", .. })));
     }
-
 
     /// Facts as bits (`PartialEq` on floats would let 0.0 equal -0.0).
     fn fact_bits(f: &ZoneFacts) -> ([usize; 8], Vec<u32>) {
@@ -751,7 +778,15 @@ mod tests {
                 let mut x = vec![sign; n];
                 (x[i], x[j]) = (first, -first);
                 let positions: Vec<Float3> = x.iter().map(|&v| Float3::new(v, 0.5, v)).collect();
-                let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic: [false, true, false], ntypes: 1 };
+                let a = LocalAtoms {
+                    positions,
+                    types: vec![0; n],
+                    zones: vec![0; n],
+                    home: n,
+                    box_size: [2.0; 3],
+                    periodic: [false, true, false],
+                    ntypes: 1,
+                };
                 assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "zeros at {i} and {j}, {first} first");
             }
         }
@@ -883,7 +918,8 @@ mod tests {
         let one = LocalAtoms::from_local(&plan, 0, &local, &sys.types).unwrap_err();
         assert!(one.to_string().contains("99999"), "{one}");
         for t in [2, 5] {
-            let e = LocalAtoms::from_local_into(&plan, 0, &mut local.clone(), &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default()).unwrap_err();
+            let e = LocalAtoms::from_local_into(&plan, 0, &mut local.clone(), &sys.types, &Workers::new(t).unwrap(), &mut LocalAtoms::default())
+                .unwrap_err();
             assert_eq!(e, one);
         }
         // A non-finite position: whatever `from_plan` makes of it at that id (wrapping takes NaN to 0).

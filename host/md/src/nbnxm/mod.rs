@@ -39,12 +39,12 @@ mod pairlist;
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{EnergySlot, HomeCopies, ListKind, NbnxmGpu, ResidentSearch, lj_table};
 pub use gpu_grid::{DeviceGrid, GridInfo};
+pub use gpu_search::fit;
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
 pub(crate) use local::first_at_or_above;
 pub use order::{DeviceOrder, entry_order, order_max_j};
-pub use gpu_search::fit;
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
 use crate::decomp::PlanError;

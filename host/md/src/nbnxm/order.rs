@@ -70,7 +70,13 @@ impl DeviceOrder {
     /// `entries` holds `n_entries` entries (written before, in `stream` order) and `order` room for
     /// `n_entries` `u32`s; both stay allocated until the passes ran.
     pub(crate) unsafe fn enqueue(
-        &self, module: &KernelModule, entries: u64, n_entries: usize, max_j: u32, order: u64, stream: &CudaStream,
+        &self,
+        module: &KernelModule,
+        entries: u64,
+        n_entries: usize,
+        max_j: u32,
+        order: u64,
+        stream: &CudaStream,
     ) -> Result<()> {
         if n_entries == 0 {
             return Ok(());
@@ -109,7 +115,12 @@ impl DeviceOrder {
     /// this object may still be running (its counts may be reallocated); the caller synchronises
     /// `stream` before reading `order`.
     pub fn build(
-        &mut self, module: &KernelModule, entries: &DeviceBuffer<NbnxmEntry>, n_entries: usize, max_j: usize, order: &DeviceBuffer<u32>,
+        &mut self,
+        module: &KernelModule,
+        entries: &DeviceBuffer<NbnxmEntry>,
+        n_entries: usize,
+        max_j: usize,
+        order: &DeviceBuffer<u32>,
         stream: &CudaStream,
     ) -> Result<()> {
         let max_j = order_max_j(max_j)?;

@@ -203,7 +203,12 @@ fn same_super_mask(kj: usize, shift: u32) -> u32 {
 }
 
 fn search_block(
-    grid: &ClusterGrid, shifts: &[(u32, [f32; 3])], rl: f32, rl2: f32, max_j: usize, scis: std::ops::Range<usize>,
+    grid: &ClusterGrid,
+    shifts: &[(u32, [f32; 3])],
+    rl: f32,
+    rl2: f32,
+    max_j: usize,
+    scis: std::ops::Range<usize>,
 ) -> [ClusterPairList; 2] {
     let mut out = [ClusterPairList::default(), ClusterPairList::default()];
     let mut words: [Vec<u32>; 2] = [Vec::new(), Vec::new()];

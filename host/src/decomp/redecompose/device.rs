@@ -60,8 +60,15 @@ pub trait HomeDevice {
 /// atoms'). Collective across processes as `redecompose_with` is, with the same collectives.
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_on_devices(
-    grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: usize, ranks: &[usize], devices: &mut [&mut dyn HomeDevice],
-    all_gather: &mut super::Collective<'_>, workers: &Workers, scratch: &mut RedecomposeScratch,
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    ranks: &[usize],
+    devices: &mut [&mut dyn HomeDevice],
+    all_gather: &mut super::Collective<'_>,
+    workers: &Workers,
+    scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
     let geo = Decomposition::new(grid, box_size, cutoff)?;
     if atoms > (u32::MAX / 2) as usize {

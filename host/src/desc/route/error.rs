@@ -78,9 +78,7 @@ pub enum RouteError {
     #[error("Slurm topology: {0}")]
     Slurm(String),
     /// No transport can carry this operation to this peer.
-    #[error(
-        "no transport can carry {op} from PE {self_pe} to PE {peer} at distance {level}: {reasons}"
-    )]
+    #[error("no transport can carry {op} from PE {self_pe} to PE {peer} at distance {level}: {reasons}")]
     NoRoute {
         /// The calling PE.
         self_pe: usize,

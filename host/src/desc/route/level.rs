@@ -88,14 +88,11 @@ impl FromStr for DistanceLevel {
     type Err = RouteError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|l| l.name() == s)
-            .ok_or_else(|| RouteError::Parse {
-                what: "distance level",
-                value: s.to_owned(),
-                reason: format!("expected one of {}", Self::ALL.map(|l| l.name()).join(", ")),
-            })
+        Self::ALL.into_iter().find(|l| l.name() == s).ok_or_else(|| RouteError::Parse {
+            what: "distance level",
+            value: s.to_owned(),
+            reason: format!("expected one of {}", Self::ALL.map(|l| l.name()).join(", ")),
+        })
     }
 }
 

@@ -12,7 +12,4 @@ pub mod transport;
 pub use error::RouteError;
 pub use level::{DistanceLevel, LEVELS};
 pub use path_error::PathError;
-pub use transport::{
-    CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport,
-    TransportSet,
-};
+pub use transport::{CalibrationEntry, CalibrationFile, Caps, Op, PerfPoint, PerfSource, PerfTable, Transport, TransportSet};

@@ -41,13 +41,8 @@ pub enum Transport {
 
 impl Transport {
     /// Every transport; ties in score go to the earlier one.
-    pub const ALL: [Transport; TRANSPORTS] = [
-        Transport::NvlinkStore,
-        Transport::NvlinkTma,
-        Transport::NvshmemPut,
-        Transport::Staged,
-        Transport::Nccl,
-    ];
+    pub const ALL: [Transport; TRANSPORTS] =
+        [Transport::NvlinkStore, Transport::NvlinkTma, Transport::NvshmemPut, Transport::Staged, Transport::Nccl];
 
     /// Position in [`Transport::ALL`].
     pub const fn index(self) -> usize {
@@ -68,22 +63,12 @@ impl Transport {
     /// What this transport can do.
     pub const fn caps(self) -> Caps {
         match self {
-            Transport::NvlinkStore => Caps(
-                Caps::LOAD_STORE.0
-                    | Caps::PUT.0
-                    | Caps::PUT_SIGNAL.0
-                    | Caps::ATOMICS.0
-                    | Caps::GET.0,
-            ),
+            Transport::NvlinkStore => Caps(Caps::LOAD_STORE.0 | Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::ATOMICS.0 | Caps::GET.0),
             // Bulk copies have no atomic form; the signal is a store after the copy completes.
             Transport::NvlinkTma => Caps(Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::GET.0),
-            Transport::NvshmemPut => {
-                Caps(Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::ATOMICS.0 | Caps::GET.0)
-            }
+            Transport::NvshmemPut => Caps(Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::ATOMICS.0 | Caps::GET.0),
             // The host can copy and then write a flag, and read back; it has no remote atomics.
-            Transport::Staged => {
-                Caps(Caps::HOST_COPY.0 | Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::GET.0)
-            }
+            Transport::Staged => Caps(Caps::HOST_COPY.0 | Caps::PUT.0 | Caps::PUT_SIGNAL.0 | Caps::GET.0),
             // Send/recv completes as a pair, which serves as the signal; there is no one-sided get.
             Transport::Nccl => Caps(Caps::HOST_COPY.0 | Caps::PUT.0 | Caps::PUT_SIGNAL.0),
         }
@@ -235,17 +220,13 @@ impl FromStr for Transport {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        Self::ALL
-            .into_iter()
-            .find(|t| {
-                t.name().eq_ignore_ascii_case(s)
-                    || t.name().replace('-', "_").eq_ignore_ascii_case(s)
-            })
-            .ok_or_else(|| RouteError::Parse {
+        Self::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s) || t.name().replace('-', "_").eq_ignore_ascii_case(s)).ok_or_else(|| {
+            RouteError::Parse {
                 what: "transport",
                 value: s.to_owned(),
                 reason: format!("expected one of {}", Self::ALL.map(|t| t.name()).join(", ")),
-            })
+            }
+        })
     }
 }
 
@@ -301,16 +282,8 @@ impl Caps {
 
 impl fmt::Display for Caps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<_> = Self::NAMES
-            .iter()
-            .filter(|(c, _)| self.contains(*c))
-            .map(|(_, n)| *n)
-            .collect();
-        if names.is_empty() {
-            f.write_str("none")
-        } else {
-            f.write_str(&names.join("+"))
-        }
+        let names: Vec<_> = Self::NAMES.iter().filter(|(c, _)| self.contains(*c)).map(|(_, n)| *n).collect();
+        if names.is_empty() { f.write_str("none") } else { f.write_str(&names.join("+")) }
     }
 }
 
@@ -368,14 +341,11 @@ impl FromStr for Op {
     type Err = RouteError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|o| o.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| RouteError::Parse {
-                what: "operation",
-                value: s.to_owned(),
-                reason: "expected put, signal, amo or get".into(),
-            })
+        Self::ALL.into_iter().find(|o| o.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| RouteError::Parse {
+            what: "operation",
+            value: s.to_owned(),
+            reason: "expected put, signal, amo or get".into(),
+        })
     }
 }
 
@@ -424,27 +394,9 @@ const DEFAULTS: [[Option<(f64, f64)>; LEVELS]; TRANSPORTS] = [
     // (75 KB) against 8.6 µs with bulk copies, so up to halo sizes its effective rate is set
     // beside nvlink-tma's; from [`WORDS_BANDWIDTH_BOUND_BYTES`] on, half the link's (the words
     // double the bytes once bandwidth decides).
-    [
-        Some((0.5, 1500.0)),
-        Some((1.0, 380.0)),
-        Some((2.5, 20.0)),
-        None,
-        None,
-        None,
-        None,
-        None,
-    ],
+    [Some((0.5, 1500.0)), Some((1.0, 380.0)), Some((2.5, 20.0)), None, None, None, None, None],
     // nvlink-tma: a little more setup, close to link rate for bulk data.
-    [
-        Some((0.8, 2000.0)),
-        Some((1.5, 370.0)),
-        Some((3.0, 22.0)),
-        None,
-        None,
-        None,
-        None,
-        None,
-    ],
+    [Some((0.8, 2000.0)), Some((1.5, 370.0)), Some((3.0, 22.0)), None, None, None, None, None],
     // nvshmem-put: P2P inside a node, proxy/IBGDA over 400 Gb/s InfiniBand outside.
     [
         Some((1.0, 1200.0)),
@@ -457,16 +409,7 @@ const DEFAULTS: [[Option<(f64, f64)>; LEVELS]; TRANSPORTS] = [
         Some((20.0, 12.0)),
     ],
     // staged: a host round trip (stream sync) before and after the copy.
-    [
-        Some((8.0, 1500.0)),
-        Some((10.0, 350.0)),
-        Some((12.0, 24.0)),
-        Some((20.0, 20.0)),
-        None,
-        None,
-        None,
-        None,
-    ],
+    [Some((8.0, 1500.0)), Some((10.0, 350.0)), Some((12.0, 24.0)), Some((20.0, 20.0)), None, None, None, None],
     // nccl: host launch plus protocol handshakes.
     [
         Some((10.0, 1000.0)),
@@ -491,12 +434,7 @@ impl PerfTable {
         for t in Transport::ALL {
             for l in DistanceLevel::ALL {
                 if let Some((latency_us, bandwidth_gbs)) = DEFAULTS[t.index()][l.index()] {
-                    points[t.index() * LEVELS + l.index()].push(PerfPoint {
-                        min_bytes: 0,
-                        latency_us,
-                        bandwidth_gbs,
-                        source: PerfSource::Default,
-                    });
+                    points[t.index() * LEVELS + l.index()].push(PerfPoint { min_bytes: 0, latency_us, bandwidth_gbs, source: PerfSource::Default });
                 }
             }
         }
@@ -508,17 +446,9 @@ impl PerfTable {
 
     /// The point for a transport, level and message size: the entry with the largest
     /// `min_bytes <= bytes` (or the smallest entry when all start above `bytes`).
-    pub fn lookup(
-        &self,
-        transport: Transport,
-        level: DistanceLevel,
-        bytes: u64,
-    ) -> Option<&PerfPoint> {
+    pub fn lookup(&self, transport: Transport, level: DistanceLevel, bytes: u64) -> Option<&PerfPoint> {
         let list = &self.points[transport.index() * LEVELS + level.index()];
-        list.iter()
-            .rev()
-            .find(|p| p.min_bytes <= bytes)
-            .or_else(|| list.first())
+        list.iter().rev().find(|p| p.min_bytes <= bytes).or_else(|| list.first())
     }
 
     /// Adds or replaces the point at (`transport`, `level`, `point.min_bytes`).
@@ -536,53 +466,28 @@ impl PerfTable {
     /// A calibrated (transport, level) replaces the default points of that pair entirely, so a
     /// single default entry does not shadow measured sizes; other pairs keep their defaults.
     pub fn load_calibration(path: &Path) -> Result<Self, RouteError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| RouteError::Io { what: "calibration file", path: path.to_owned(), source })?;
+        let file: CalibrationFile = serde_json::from_str(&text).map_err(|e| RouteError::BadFile {
             what: "calibration file",
             path: path.to_owned(),
-            source,
+            reason: e.to_string(),
         })?;
-        let file: CalibrationFile =
-            serde_json::from_str(&text).map_err(|e| RouteError::BadFile {
-                what: "calibration file",
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })?;
         Self::defaults().with_calibration(&file, path)
     }
 
     /// The table overlaid with a parsed calibration file; `path` is recorded as each value's source.
-    pub fn with_calibration(
-        mut self,
-        file: &CalibrationFile,
-        path: &Path,
-    ) -> Result<Self, RouteError> {
-        let bad = |reason: String| RouteError::BadFile {
-            what: "calibration file",
-            path: path.to_owned(),
-            reason,
-        };
+    pub fn with_calibration(mut self, file: &CalibrationFile, path: &Path) -> Result<Self, RouteError> {
+        let bad = |reason: String| RouteError::BadFile { what: "calibration file", path: path.to_owned(), reason };
         if file.format != CALIBRATION_FORMAT {
-            return Err(bad(format!(
-                "format {:?}, expected {CALIBRATION_FORMAT:?}; rerun `halo calibrate`",
-                file.format
-            )));
+            return Err(bad(format!("format {:?}, expected {CALIBRATION_FORMAT:?}; rerun `halo calibrate`", file.format)));
         }
         let mut cleared = [[false; LEVELS]; TRANSPORTS];
         for (i, e) in file.entries.iter().enumerate() {
             if !e.transport.reaches(e.level) {
-                return Err(bad(format!(
-                    "entry {i}: {} does not reach {}",
-                    e.transport, e.level
-                )));
+                return Err(bad(format!("entry {i}: {} does not reach {}", e.transport, e.level)));
             }
-            if !(e.latency_us.is_finite()
-                && e.latency_us > 0.0
-                && e.bandwidth_gbs.is_finite()
-                && e.bandwidth_gbs > 0.0)
-            {
-                return Err(bad(format!(
-                    "entry {i}: latency and bandwidth must be positive numbers"
-                )));
+            if !(e.latency_us.is_finite() && e.latency_us > 0.0 && e.bandwidth_gbs.is_finite() && e.bandwidth_gbs > 0.0) {
+                return Err(bad(format!("entry {i}: latency and bandwidth must be positive numbers")));
             }
             let slot = &mut cleared[e.transport.index()][e.level.index()];
             if !*slot {
@@ -605,13 +510,7 @@ impl PerfTable {
 
     /// How many (transport, level) pairs carry calibrated numbers.
     pub fn calibrated_pairs(&self) -> usize {
-        self.points
-            .iter()
-            .filter(|l| {
-                l.iter()
-                    .any(|p| matches!(p.source, PerfSource::Calibrated(_)))
-            })
-            .count()
+        self.points.iter().filter(|l| l.iter().any(|p| matches!(p.source, PerfSource::Calibrated(_)))).count()
     }
 }
 
@@ -681,17 +580,11 @@ mod tests {
         for t in Transport::ALL {
             assert_eq!(t.name().parse::<Transport>().ok(), Some(t));
         }
-        assert_eq!(
-            "NVSHMEM_PUT".parse::<Transport>().ok(),
-            Some(Transport::NvshmemPut)
-        );
+        assert_eq!("NVSHMEM_PUT".parse::<Transport>().ok(), Some(Transport::NvshmemPut));
         assert!("tcp".parse::<Transport>().is_err());
         assert!(!Transport::NvlinkTma.caps().contains(Op::Amo.required()));
         assert!(!Transport::Nccl.caps().contains(Op::Get.required()));
-        assert_eq!(
-            Transport::Staged.caps().to_string(),
-            "put+put-signal+get+host-copy"
-        );
+        assert_eq!(Transport::Staged.caps().to_string(), "put+put-signal+get+host-copy");
         for t in Transport::ALL {
             for l in DistanceLevel::ALL {
                 let p = PerfTable::defaults();
@@ -725,36 +618,20 @@ mod tests {
         )
         .expect("valid JSON");
         let path = Path::new("cal.json");
-        let t = PerfTable::defaults()
-            .with_calibration(&file, path)
-            .expect("valid");
-        let small = t
-            .lookup(Transport::NvlinkTma, DistanceLevel::NvLink, 1024)
-            .expect("present");
+        let t = PerfTable::defaults().with_calibration(&file, path).expect("valid");
+        let small = t.lookup(Transport::NvlinkTma, DistanceLevel::NvLink, 1024).expect("present");
         assert_eq!(small.bandwidth_gbs, 100.0);
         assert_eq!(small.source, PerfSource::Calibrated(path.to_owned()));
-        let big = t
-            .lookup(Transport::NvlinkTma, DistanceLevel::NvLink, 1 << 20)
-            .expect("present");
+        let big = t.lookup(Transport::NvlinkTma, DistanceLevel::NvLink, 1 << 20).expect("present");
         assert_eq!(big.bandwidth_gbs, 400.0);
-        let other = t
-            .lookup(Transport::NvlinkStore, DistanceLevel::NvLink, 1024)
-            .expect("present");
+        let other = t.lookup(Transport::NvlinkStore, DistanceLevel::NvLink, 1024).expect("present");
         assert_eq!(other.source, PerfSource::Default);
         assert_eq!(t.calibrated_pairs(), 1);
         let mut wrong = file.clone();
         wrong.format = "v0".into();
-        assert!(
-            PerfTable::defaults()
-                .with_calibration(&wrong, path)
-                .is_err()
-        );
+        assert!(PerfTable::defaults().with_calibration(&wrong, path).is_err());
         wrong = file;
         wrong.entries[0].level = DistanceLevel::Rack;
-        assert!(
-            PerfTable::defaults()
-                .with_calibration(&wrong, path)
-                .is_err()
-        );
+        assert!(PerfTable::defaults().with_calibration(&wrong, path).is_err());
     }
 }

@@ -32,9 +32,7 @@ impl TimelineRing {
     /// cleared.
     pub fn new(ctx: &Arc<CudaContext>, launches: usize) -> Result<Self> {
         if launches == 0 || launches > MAX_RECORDS {
-            return Err(HaloError::InvalidInput(format!(
-                "a timeline ring holds 1 to {MAX_RECORDS} launches, {launches} asked for: run fewer steps"
-            )));
+            return Err(HaloError::InvalidInput(format!("a timeline ring holds 1 to {MAX_RECORDS} launches, {launches} asked for: run fewer steps")));
         }
         let records = launches.next_power_of_two();
         let ring = Self { buf: DeviceBuffer::uninit(ctx, records * RECORD_WORDS)?, records: records as u32 };

@@ -53,14 +53,38 @@ const _: () = assert!(NBNXM_CLUSTERS_PER_SUPER == 8 && NBNXM_CLUSTER_SIZE == 8);
 /// indexed by it are promoted to registers (a loop would leave that to the unroller's mood).
 macro_rules! each_i_cluster {
     ($k:ident => $body:block) => {{
-        { const $k: usize = 0; $body }
-        { const $k: usize = 1; $body }
-        { const $k: usize = 2; $body }
-        { const $k: usize = 3; $body }
-        { const $k: usize = 4; $body }
-        { const $k: usize = 5; $body }
-        { const $k: usize = 6; $body }
-        { const $k: usize = 7; $body }
+        {
+            const $k: usize = 0;
+            $body
+        }
+        {
+            const $k: usize = 1;
+            $body
+        }
+        {
+            const $k: usize = 2;
+            $body
+        }
+        {
+            const $k: usize = 3;
+            $body
+        }
+        {
+            const $k: usize = 4;
+            $body
+        }
+        {
+            const $k: usize = 5;
+            $body
+        }
+        {
+            const $k: usize = 6;
+            $body
+        }
+        {
+            const $k: usize = 7;
+            $body
+        }
     }};
 }
 
@@ -140,7 +164,10 @@ impl Block {
     #[inline(always)]
     unsafe fn partials(&self, ntypes: u32, w: u32) -> *mut f32 {
         // SAFETY: forwarded.
-        unsafe { ((shared::dynamic_shared_mem() as *mut u8).add(nbnxm_partials_offset(ntypes) as usize) as *mut f32).add((w * NBNXM_PARTIAL_FLOATS) as usize) }
+        unsafe {
+            ((shared::dynamic_shared_mem() as *mut u8).add(nbnxm_partials_offset(ntypes) as usize) as *mut f32)
+                .add((w * NBNXM_PARTIAL_FLOATS) as usize)
+        }
     }
 }
 
@@ -180,9 +207,7 @@ fn pick(i: u32, a: f32, b: f32, c: f32) -> f32 {
 #[inline(always)]
 unsafe fn butterfly(v: Float3, m: u32) -> Float3 {
     // SAFETY: forwarded to the caller.
-    unsafe {
-        Float3::new(v.x + warp::shfl_xor_f32(FULL, v.x, m), v.y + warp::shfl_xor_f32(FULL, v.y, m), v.z + warp::shfl_xor_f32(FULL, v.z, m))
-    }
+    unsafe { Float3::new(v.x + warp::shfl_xor_f32(FULL, v.x, m), v.y + warp::shfl_xor_f32(FULL, v.y, m), v.z + warp::shfl_xor_f32(FULL, v.z, m)) }
 }
 
 /// Reduces the forces on this lane's two j-atoms over the 8 i-lanes and adds them to `f`: the
@@ -228,7 +253,14 @@ unsafe fn add_j_forces(f: *mut Float3, ti: u32, fa: Float3, fb: Float3, ia: u32,
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn add_i_forces_and_energy<const ENERGY: bool>(
-    b: &Block, ntypes: u32, f: *mut Float3, energy: *mut f64, ti: u32, tj: u32, fi: &[Float3; CLUSTERS], mut e: f32,
+    b: &Block,
+    ntypes: u32,
+    f: *mut Float3,
+    energy: *mut f64,
+    ti: u32,
+    tj: u32,
+    fi: &[Float3; CLUSTERS],
+    mut e: f32,
 ) {
     // SAFETY: all threads run the shuffles and the barrier; shared accesses stay in the block's
     // partials (w < warps) and staged slots; the caller covers `f` and `energy`.

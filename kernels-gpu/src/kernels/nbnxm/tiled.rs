@@ -172,7 +172,15 @@ fn pair<const ENERGY: bool, const EXCL: bool>(p: &Lj, xi: [f32; 4], xj: [f32; 4]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn j_cluster<const ENERGY: bool, const DIAG: bool>(
-    p: &Lj, staged: *const Staged, mask: u32, kj: u32, ti: u32, tj: u32, j: &JAtoms, fi: &mut [Float3; CLUSTERS], e: &mut f32,
+    p: &Lj,
+    staged: *const Staged,
+    mask: u32,
+    kj: u32,
+    ti: u32,
+    tj: u32,
+    j: &JAtoms,
+    fi: &mut [Float3; CLUSTERS],
+    e: &mut f32,
 ) -> (Float3, Float3) {
     let (mut fa, mut fb) = (Float3::default(), Float3::default());
     each_i_cluster!(K => {
@@ -299,9 +307,23 @@ fn own_super(e: &NbnxmEntry, cj: u32) -> Option<u32> {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
-    x: *const Float3, atom_index: *const u32, atom_type: *const u32, entries: *const NbnxmEntry, order: *const u32, n_entries: u32,
-    j_list: *const u32, lj: *const [f32; 2], ntypes: u32, f: *mut Float3, energy: *mut f64, box_x: f32, box_y: f32, box_z: f32, rc2: f32,
-    sh6: f32, sh12: f32,
+    x: *const Float3,
+    atom_index: *const u32,
+    atom_type: *const u32,
+    entries: *const NbnxmEntry,
+    order: *const u32,
+    n_entries: u32,
+    j_list: *const u32,
+    lj: *const [f32; 2],
+    ntypes: u32,
+    f: *mut Float3,
+    energy: *mut f64,
+    box_x: f32,
+    box_y: f32,
+    box_z: f32,
+    rc2: f32,
+    sh6: f32,
+    sh12: f32,
 ) {
     // SAFETY: the host's contract (above) covers every access; the whole block leaves together
     // (block-uniform entry test) or reaches both barriers (the loops below are warp-uniform).
@@ -350,8 +372,17 @@ unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn prune<const PREFETCH: bool>(
-    x: *const Float3, atom_index: *const u32, entries: *const NbnxmEntry, order: *const u32, n_entries: u32, j_outer: *const u32,
-    j_inner: *mut u32, box_x: f32, box_y: f32, box_z: f32, rlist2: f32,
+    x: *const Float3,
+    atom_index: *const u32,
+    entries: *const NbnxmEntry,
+    order: *const u32,
+    n_entries: u32,
+    j_outer: *const u32,
+    j_inner: *mut u32,
+    box_x: f32,
+    box_y: f32,
+    box_z: f32,
+    rlist2: f32,
 ) {
     // SAFETY: as in `forces`; the one barrier is reached by every thread of a block that has an entry.
     unsafe {
