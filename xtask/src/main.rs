@@ -130,15 +130,13 @@ fn main() -> Result<()> {
             ptx.build()?;
         }
         Task::Test { ptx } => {
+            fmt_check()?;
             ptx.build()?;
             clippy(&ptx)?;
             // The CPU-only test under a real process manager needs MPICH's mpiexec (pinned wheel).
             let mpich = mpi::fetch(&[mpi::MPICH])?.remove(0);
             halo_builder::run(
-                ptx.cargo()
-                    .args(["test", "--workspace", "--locked"])
-                    .env("HALO_REQUIRE_MPI", "1")
-                    .env("HALO_MPIEXEC", mpich.join("bin/mpiexec")),
+                ptx.cargo().args(["test", "--workspace", "--locked"]).env("HALO_REQUIRE_MPI", "1").env("HALO_MPIEXEC", mpich.join("bin/mpiexec")),
                 "cargo test --workspace",
             )?;
             halo_builder::run(
@@ -190,6 +188,21 @@ fn main() -> Result<()> {
 
 /// `cargo clippy` over every workspace target, warnings as errors (adds rustup's clippy
 /// component to this toolchain when it is missing).
+/// `cargo fmt --check` over the workspace and the downstream fixture, at the house width
+/// (rustfmt.toml); the component is added where rustup lacks it.
+fn fmt_check() -> Result<()> {
+    let present = cargo().args(["fmt", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !present {
+        halo_builder::run(Command::new("rustup").args(["component", "add", "rustfmt"]), "rustup component add rustfmt")?;
+    }
+    halo_builder::run(cargo().args(["fmt", "--all", "--check"]), "cargo fmt --check (run `cargo fmt --all` to fix)")?;
+    halo_builder::run(
+        cargo().current_dir(workspace_root().join("tests/downstream")).args(["fmt", "--all", "--check"]),
+        "cargo fmt --check of tests/downstream (run `cargo fmt --all` there to fix)",
+    )?;
+    Ok(())
+}
+
 fn clippy(ptx: &PtxArgs) -> Result<()> {
     let present = cargo().args(["clippy", "--version"]).output().is_ok_and(|o| o.status.success());
     if !present {
