@@ -18,12 +18,17 @@
 //! | [`decomp`], [`system`] | the MD domain decomposition and its halo plan; a synthetic liquid |
 //! | [`route`] | topology discovery and the transport router |
 //! | [`integrity`] | order-independent checksums for cross-rank checks |
-//! | [`mod@reference`], [`testing`] | CPU references of every kernel's effect; GPU-or-skip for tests |
+//! | [`mod@reference`] | CPU references of every kernel's effect |
 //! | [`env_vars`] | every `HALO_*` environment variable halo reads: who reads it, its default, what it does |
 //!
 //! The `halo` command, benchmarks and the launcher are in the `halo-cli` crate, the mini-MD
 //! application in `halo-md`. Nothing here needs a GPU or NVSHMEM to build: the CUDA driver and
 //! NVSHMEM are loaded at run time.
+//!
+//! Two features, off by default, add APIs that tests and tools need: `test-support` adds `testing`
+//! (GPU-or-skip for tests, test doubles and fixtures); `diagnostics` adds `exchange::perturb`
+//! (jitter and injected faults around any exchange) and `exchange::rank::timeline` (the timeline
+//! probe). Without `diagnostics` the exchanges still honour `HALO_FAULT` and `HALO_JITTER_US`.
 //!
 //! The layers point one way: the shared descriptions ([`desc`]: halos, transports, the errors of
 //! waits and routing) lie below everything; [`gpu`], [`kernels`] and [`error`] never name
@@ -40,6 +45,9 @@ pub mod kernels;
 pub mod reference;
 
 pub use error::{HaloError, Result};
+// The host-device ABI (`Float3`, kernel arguments, protocol words): documented in `kernels-gpu`,
+// linked from here rather than copied.
+#[doc(no_inline)]
 pub use kernels_gpu::abi;
 pub mod decomp;
 pub mod exchange;
@@ -49,6 +57,8 @@ pub mod nvshmem;
 pub mod route;
 pub mod session;
 pub mod system;
+// Test support: GPU-or-skip, test doubles, fixtures (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod watchdog;
 pub mod workers;

@@ -29,7 +29,9 @@ use super::gpu_checks::{check_lengths, overlap};
 use super::grid::Decomposition;
 use super::plan::{excess2, pulse_bounds, send_range2};
 use super::redecompose::Frame;
-use super::select::{Ranges, select_wrapped_into};
+#[cfg(any(test, feature = "test-support"))]
+use super::select::Ranges;
+use super::select::select_wrapped_into;
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, grown_capacity};
 use cudarc::driver::CudaContext;
@@ -132,6 +134,7 @@ pub fn select_reference(x: &[Float3], ids: &[u32], geo: &Decomposition, rank: us
 /// term of the host's test reaches `rc2` and where it leaves 0 (the bit ranges of
 /// `decomp/select.rs`, found on the exact arithmetic), with the two floats either side of each;
 /// and 0, the box's last float. Coordinates in `[0, box)`; empty along a dimension not decomposed.
+#[cfg(any(test, feature = "test-support"))]
 pub(crate) fn selection_edges(geo: &Decomposition, rank: usize) -> [Vec<f32>; 3] {
     let mut out: [Vec<f32>; 3] = Default::default();
     let Ok(g) = select_geometry(geo, rank) else { return out };

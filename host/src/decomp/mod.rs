@@ -42,6 +42,7 @@ pub use error::PlanError;
 pub use gpu_home::{GpuHome, GpuRank};
 pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
+#[cfg(any(test, feature = "test-support"))]
 pub(crate) use gpu_select::selection_edges;
 pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_reference, selected_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};

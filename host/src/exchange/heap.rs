@@ -199,7 +199,7 @@ impl Footprint {
 
     /// What `PeExchange::new` allocates on this PE's symmetric heap: [`Self::of`] plus the
     /// record the host-driven transports' links publish while they are set up
-    /// ([`super::pe_links::record_bytes`]; freed at the end of the set-up, and of a replan that
+    /// (`pe_links::record_bytes`; freed at the end of the set-up, and of a replan that
     /// sets the links up again).
     pub fn of_pe<T: Element>(sizes: SharedSizes, halo: &RankHalo) -> Self {
         let mut f = Self::of::<T>(sizes, halo);

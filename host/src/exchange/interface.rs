@@ -270,7 +270,7 @@ impl Placement {
 
     /// The exchange of `halos` (every rank's, the same complete list on every PE) for the ranks
     /// placed here, with this process's jitter and fault if it asked for any
-    /// ([`super::perturb::for_process`]): in one process with the router's paths, across PEs as the
+    /// (`perturb::for_process`): in one process with the router's paths, across PEs as the
     /// placement's policy says (the router's by default). Collective across PEs.
     pub fn exchange<T: Element>(&self, halos: Vec<RankHalo>) -> Result<Box<dyn Exchange<T>>> {
         self.exchange_with_headroom(halos, 0.0)

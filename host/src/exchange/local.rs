@@ -251,7 +251,7 @@ impl<T: Element> LocalRanks<T> {
     }
 
     /// Resets every rank's device-side protocol so the exchange can run again from step 0: the
-    /// reset of [`super::reset`], each step applied to every rank before the next (every stream
+    /// reset of `reset`, each step applied to every rank before the next (every stream
     /// idle, then every rank's slots zeroed on its stream, then every stream idle again).
     pub fn reset_protocol(&mut self) -> Result<()> {
         let (ranks, streams) = (&mut self.ranks, &self.streams);

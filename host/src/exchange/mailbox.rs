@@ -108,6 +108,7 @@ impl Mailbox {
     }
 
     /// The word `from` last posted into `slot` of this PE's inbox (acquire).
+    #[cfg(test)]
     pub fn read(&self, from: usize, slot: usize) -> u64 {
         self.inbox.word(from * self.slots + slot).load(Ordering::Acquire)
     }

@@ -7,10 +7,10 @@
 //! - [`interface`]: the one interface over both ([`Exchange`]), built from a [`Placement`], so a
 //!   per-step driver is written once.
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
-//! - [`reset`]: the collective reset every exchange runs when built and after a failure;
-//!   [`watch`]: the bounded host waits on its streams.
-//! - [`perturb`]: jitter and injected faults around any exchange, for the reliability tests;
-//!   [`heap`]: the memory an exchange needs, checked on every rank before anything is allocated.
+//! - Every exchange bounds its host waits on its streams (a stuck one is a [`StuckStream`]) and
+//!   runs a collective reset when built and after a failure.
+//! - `perturb` (feature `diagnostics`): jitter and injected faults around any exchange, for the
+//!   reliability tests; [`heap`]: the memory an exchange needs, checked on every rank before anything is allocated.
 //!
 //! Adopting it (see docs/library.md): describe each rank's halo as pulses, build the exchange,
 //! fill the owned values, then exchange forward (gather chain) and reverse (accumulate chain):
@@ -40,26 +40,32 @@
 //! # }
 //! ```
 
-pub mod credits;
+pub(crate) mod credits;
 pub mod heap;
-pub mod host_driven;
+pub(crate) mod host_driven;
 pub mod interface;
 pub mod local;
-pub mod mailbox;
+pub(crate) mod mailbox;
 pub mod memory;
 pub mod pe;
-pub mod pe_links;
-pub mod peer_map;
+pub(crate) mod pe_links;
+pub(crate) mod peer_map;
+// The API of the fault injection is public with feature `diagnostics`; without it the exchanges
+// still honour `HALO_FAULT`/`HALO_JITTER_US` (through `Placement::build`).
+#[cfg(feature = "diagnostics")]
 pub mod perturb;
-pub mod proxy;
+#[cfg(not(feature = "diagnostics"))]
+#[allow(dead_code)]
+pub(crate) mod perturb;
+pub(crate) mod proxy;
 pub mod rank;
 pub mod reference;
-pub mod reset;
+pub(crate) mod reset;
 pub mod residency;
 pub mod routing;
 pub mod spec;
 pub mod synthetic;
-pub mod watch;
+pub(crate) mod watch;
 
 pub use interface::{Exchange, Placement, ReplanFence};
 pub use local::LocalRanks;

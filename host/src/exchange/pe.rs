@@ -140,7 +140,7 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     /// The put path's signalling (kept for [`Self::replan`]).
     mode: SignalMode,
     /// `mapped[pe]`: this PE reaches `pe` by loads and stores, as both ends of the pair agreed when
-    /// the exchange was built ([`super::peer_map`]; the buffers and the policy stay across replans).
+    /// the exchange was built (`peer_map`; the buffers and the policy stay across replans).
     mapped: Vec<bool>,
     routes: Option<crate::route::RoutedSummary>,
     /// The host-driven transports' step state (staged, direct-copy).
@@ -151,7 +151,7 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
 
 impl<T: Element> PeExchange<T> {
     /// Sets up this PE's side of `halos` (every PE passes the same, complete list; allocation is
-    /// collective). Ends with the collective protocol reset ([`super::reset`]): no PE launches
+    /// collective). Ends with the collective protocol reset (`reset`): no PE launches
     /// before every PE zeroed its slots, and nothing an earlier exchange left in reused symmetric
     /// memory, or still had in flight, can satisfy a wait of this one.
     ///
@@ -263,7 +263,7 @@ impl<T: Element> PeExchange<T> {
     fn install(&mut self) -> Result<()> {
         let (me, policy, nvshmem) = (self.nvshmem.my_pe(), self.policy, self.nvshmem.clone());
         let local = self.rank.local_view();
-        // Only the pairs both ends map ([`super::peer_map`]); puts for the others.
+        // Only the pairs both ends map (`peer_map`); puts for the others.
         let mapped = &self.mapped;
         let view = |peer: usize| -> Option<PeerView> {
             if mapped.get(peer).copied().unwrap_or(false) { own_view(&policy, &nvshmem, &local, peer) } else { None }
@@ -499,7 +499,7 @@ impl<T: Element> PeExchange<T> {
     }
 
     /// Resets this PE's device-side protocol so the exchange can run again from step 0: the
-    /// collective reset of [`super::reset`] (bounded wait, barrier, zero, bounded wait, barrier).
+    /// collective reset of `reset` (bounded wait, barrier, zero, bounded wait, barrier).
     /// Every PE must call it; the exchange's constructor does.
     pub fn reset_protocol(&mut self) -> Result<()> {
         super::reset::run(|step| match step {
@@ -545,7 +545,7 @@ impl<T: Element> Drop for PeExchange<T> {
 
 /// How this PE (`nvshmem.my_pe()`, buffers `local`) would reach `peer` by itself under `policy`:
 /// its buffers through `nvshmem_ptr` where the policy allows loads and stores, `None` for puts.
-/// The two ends of a pair may see it differently; [`super::peer_map`] makes them agree.
+/// The two ends of a pair may see it differently; `peer_map` makes them agree.
 fn own_view(policy: &PathPolicy, nvshmem: &Nvshmem, local: &PeerView, peer: usize) -> Option<PeerView> {
     let me = nvshmem.my_pe();
     match policy {

@@ -775,7 +775,7 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
     }
 }
 
-/// A boxed exchange is an exchange (so [`Perturbed`] can wrap what
+/// A boxed exchange is an exchange (so `perturb::Perturbed` can wrap what
 /// [`Placement::exchange`](super::Placement::exchange) builds). Every method is passed through,
 /// the provided ones too, so an implementation's own versions are kept.
 impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {

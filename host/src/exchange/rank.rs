@@ -21,6 +21,8 @@ use kernels_gpu::abi::{
 use std::sync::Arc;
 use std::time::Duration;
 
+// The timeline probe (`halo timeline`, its GPU test): feature `diagnostics`.
+#[cfg(feature = "diagnostics")]
 pub mod timeline;
 
 /// A receive slot holds a pulse as low-latency words: this many times its plain bytes.
@@ -57,7 +59,7 @@ impl PeerView {
 /// pulse's `send_rank` and its `recv_rank` (the rule of [`RankExchange::install`]; the others go by
 /// NVSHMEM puts and signals). Coordinates go to `send_rank` and forces come back from it; forces
 /// go to `recv_rank` and coordinates come from it. An end decides from its own view only, so the
-/// two ends of a pulse agree only where each maps the other ([`super::peer_map`]).
+/// two ends of a pulse agree only where each maps the other (`peer_map`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WordPaths {
     /// Coordinates stored into `send_rank`'s receive slot as words.
@@ -414,7 +416,7 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// How long a host wait on this rank's stream may see no progress before it gives up: the
-    /// device deadline plus a margin, or `HALO_HOST_WAIT_TIMEOUT_S` ([`watch::host_wait_budget`]).
+    /// device deadline plus a margin, or `HALO_HOST_WAIT_TIMEOUT_S` (`host_wait_budget`).
     pub fn host_wait_budget(&self) -> Duration {
         watch::host_wait_budget(self.wait_timeout(), std::env::var(watch::HOST_WAIT_ENV).ok().as_deref())
     }
@@ -441,7 +443,7 @@ impl<T: Element> RankExchange<T> {
     /// Waits, bounded by [`Self::host_wait_budget`] without progress, until `stream` (this rank's
     /// exchange stream) is idle. On expiry: [`HaloError::StreamStuck`] naming this rank, `what`,
     /// the last launch, [`Self::path_description`] and `nvshmem()` (NVSHMEM's state, for a PE); the
-    /// process is then ended within [`watch::STUCK_EXIT_GRACE`] (its GPU resources cannot be freed).
+    /// process is then ended within [`STUCK_EXIT_GRACE`](crate::desc::STUCK_EXIT_GRACE) (its GPU resources cannot be freed).
     pub fn wait_idle(
         &mut self,
         stream: &CudaStream,
@@ -457,7 +459,7 @@ impl<T: Element> RankExchange<T> {
         let path = self.path_description(remote_transport);
         let (rank, last_launch) = (self.rank, self.last_launch.map(|(t, f)| watch::launch_name(t, f)));
         let (state, status) = (self.state.device_ptr(), self.status.device_ptr());
-        let target = WaitTarget { rank, state, status, watch: &mut self.watch, budget };
+        let target = WaitTarget { state, status, watch: &mut self.watch, budget };
         watch::wait_stream(stream, target, |waited, since_progress, device| StuckStream {
             rank,
             what: what.to_string(),
@@ -474,7 +476,7 @@ impl<T: Element> RankExchange<T> {
     /// counters, block counters and wait status (every value a peer or a launch may have left), and
     /// its receive slots (the step counters start again, so words of an old step 3 would pass for
     /// the new step 3's).
-    /// Part of the collective reset ([`super::reset`]); the caller waits for the stream.
+    /// Part of the collective reset (`reset`); the caller waits for the stream.
     pub fn zero_protocol(&self, stream: &CudaStream) -> Result<()> {
         // The stream's context must be current (ranks in one process may live on several GPUs).
         self.context().bind_to_thread().during("binding the context")?;
@@ -489,7 +491,7 @@ impl<T: Element> RankExchange<T> {
     /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
     /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
     /// decide alike (a direct pair in one direction is direct in the other). `flags` are this
-    /// rank's [`super::credits::flags`]; `signal_mode` says how put-path pulses signal. Uploads it
+    /// rank's `credits::flags`; `signal_mode` says how put-path pulses signal. Uploads it
     /// synchronously (set-up; [`Self::install_deferred`] and [`Self::upload_metadata`] enqueue it).
     pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
         self.install_deferred(peer, flags, signal_mode)?;

@@ -97,7 +97,7 @@ pub fn halos(shape: SyntheticShape, seed: u64) -> Vec<RankHalo> {
 /// Two ranks and one pulse that goes one way only: rank 0 sends `sent` of its `home_atoms` atoms
 /// (spread evenly over them, at most all of them) to rank 1, and rank 1's pulse back to rank 0 is
 /// empty. The layout where an empty pulse must not be taken for a synchronisation
-/// ([`super::credits`]).
+/// (`credits`).
 pub fn one_way_pair(home_atoms: usize, sent: usize) -> Vec<RankHalo> {
     let sent = sent.min(home_atoms);
     let map: Vec<u32> = (0..sent).map(|i| (i * home_atoms / sent.max(1)) as u32).collect();

@@ -123,8 +123,6 @@ pub fn launch_name(transport: Transport, forces: bool) -> String {
 
 /// The parts of a rank a bounded wait needs.
 pub struct WaitTarget<'a> {
-    /// The rank.
-    pub rank: usize,
     /// Its protocol state and wait status (device addresses).
     pub state: u64,
     /// See `state`.
