@@ -274,21 +274,40 @@ fn gpus_to_use(asked: Option<usize>, visible: usize) -> Result<usize> {
 }
 
 /// Rows of the 2 PEs: `halo launch -n 2 ... -- md-bench --json TMP` as a child of this process
-/// (its output passes through); the rows it wrote, or why there are none.
-fn pe_rows(args: &MdScalingArgs, gpus: usize) -> Result<Vec<MdBenchRow>, String> {
+/// (its output passes through); the rows it wrote, and what went wrong when anything did.
+fn pe_rows(args: &MdScalingArgs, gpus: usize) -> (Vec<MdBenchRow>, Option<String>) {
     let tmp = std::env::temp_dir().join(format!("halo-md-scaling-{}.json", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let exe = std::env::current_exe().map_err(|e| format!("finding the halo executable: {e}"))?;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return (Vec::new(), Some(format!("finding the halo executable: {e}"))),
+    };
     let words = args.launch_words(gpus, &tmp);
     eprintln!("md-scaling: {} {}", exe.display(), words.iter().map(|w| w.to_string_lossy()).collect::<Vec<_>>().join(" "));
-    let status = std::process::Command::new(&exe).args(&words).status().map_err(|e| format!("starting {}: {e}", exe.display()))?;
-    let text = std::fs::read_to_string(&tmp);
-    let _ = std::fs::remove_file(&tmp);
-    match text {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("reading the 2-PE rows of {}: {e}", tmp.display())),
-        Err(_) if !status.success() => Err(format!("the 2-PE run ended with {status} and wrote no rows")),
-        Err(e) => Err(format!("the 2-PE run wrote no rows to {}: {e}", tmp.display())),
-    }
+    child_rows(&exe, &words, &tmp)
+}
+
+/// Runs `program words`, which writes md-bench rows to `json`; the rows read back (none when it
+/// wrote none), and the problem when it failed, wrote none or wrote what does not read as rows.
+fn child_rows(program: &Path, words: &[OsString], json: &Path) -> (Vec<MdBenchRow>, Option<String>) {
+    let _ = std::fs::remove_file(json);
+    let status = match std::process::Command::new(program).args(words).status() {
+        Ok(status) => status,
+        Err(e) => return (Vec::new(), Some(format!("starting {}: {e}", program.display()))),
+    };
+    let text = std::fs::read_to_string(json);
+    let _ = std::fs::remove_file(json);
+    let rows = match text.map(|t| serde_json::from_str::<Vec<MdBenchRow>>(&t)) {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return (Vec::new(), Some(format!("the 2-PE rows it wrote do not read as md-bench rows: {e}"))),
+        Err(_) => Vec::new(),
+    };
+    let problem = match (status.success(), rows.is_empty()) {
+        (true, false) => None,
+        (true, true) => Some("the 2-PE run wrote no rows".to_string()),
+        (false, true) => Some(format!("the 2-PE run ended with {status} and wrote no rows")),
+        (false, false) => Some(format!("the 2-PE run ended with {status}")),
+    };
+    (rows, problem)
 }
 
 pub fn run(args: MdScalingArgs) -> Result<()> {
@@ -317,15 +336,18 @@ pub fn run(args: MdScalingArgs) -> Result<()> {
         eprintln!("md-scaling: note: {n}");
     }
     let mut parts = vec![md_bench::local_rows(&single)?, md_bench::local_rows(&split)?];
-    match pe_rows(&args, gpus) {
-        Ok(rows) => parts.push(rows),
-        Err(why) => notes.push(format!("no 2-PE rows: {why}")),
-    }
+    let (pe, problem) = pe_rows(&args, gpus);
+    parts.push(pe);
+    notes.extend(problem.iter().map(|p| format!("2-PE rows: {p}")));
     let doc = merge(gpus, mps, notes, parts);
     print!("{}", doc.text());
     std::fs::write(&args.out, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {}", args.out.display()))?;
     println!("wrote {}", args.out.display());
-    doc.passed(3 * args.atoms.len() * args.transport.len())
+    doc.passed(3 * args.atoms.len() * args.transport.len())?;
+    match problem {
+        Some(p) => bail!("md-scaling: {p}"),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -483,7 +505,7 @@ mod tests {
         assert!(doc.text().contains("FAILED check: verification failed at step 201"));
         let mut rows = one_gpu_rows();
         rows.pop();
-        let doc = merge(1, MpsState::default(), vec!["no 2-PE rows: the 2-PE run ended with exit status: 1 and wrote no rows".into()], rows);
+        let doc = merge(1, MpsState::default(), vec!["2-PE rows: the 2-PE run ended with exit status: 1 and wrote no rows".into()], rows);
         let e = doc.passed(6).unwrap_err().to_string();
         assert!(e.contains("4 of the 6 rows were measured"), "{e}");
     }
@@ -503,5 +525,36 @@ mod tests {
         let here = MpsState::detect();
         assert_eq!(here.running(), here.daemon || here.pipe_present);
         assert!(!here.pipe_dir.is_empty());
+    }
+
+    #[test]
+    fn the_child_rows_are_read_back_and_a_failed_or_silent_child_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, json) = (dir.path().join("src.json"), dir.path().join("rows.json"));
+        let pes = one_gpu_rows().pop().unwrap();
+        std::fs::write(&src, serde_json::to_string(&pes).unwrap()).unwrap();
+        let sh = |script: &str| -> (Vec<MdBenchRow>, Option<String>) {
+            let words: Vec<OsString> = vec!["-c".into(), script.into(), src.clone().into(), json.clone().into()];
+            child_rows(Path::new("/bin/sh"), &words, &json)
+        };
+        let (rows, problem) = sh(r#"cp "$0" "$1""#);
+        assert_eq!((rows.len(), rows[1].atoms, rows[1].mode.as_str(), problem), (2, 180_000, PES, None));
+        assert!(!json.exists(), "the child's file is removed once read");
+        let (rows, problem) = sh(r#"cp "$0" "$1"; exit 3"#);
+        assert_eq!((rows.len(), problem.as_deref()), (2, Some("the 2-PE run ended with exit status: 3")));
+        let (rows, problem) = sh("exit 1");
+        assert_eq!((rows.len(), problem.as_deref()), (0, Some("the 2-PE run ended with exit status: 1 and wrote no rows")));
+        let (rows, problem) = sh("true");
+        assert_eq!((rows.len(), problem.as_deref()), (0, Some("the 2-PE run wrote no rows")));
+        // A file left by an earlier run is not read as this run's rows.
+        std::fs::copy(&src, &json).unwrap();
+        assert_eq!(sh("true").0.len(), 0);
+        let (rows, problem) = sh(r#"echo '{"rows": 1}' > "$1""#);
+        assert!(
+            rows.is_empty() && problem.as_deref().is_some_and(|p| p.starts_with("the 2-PE rows it wrote do not read as md-bench rows")),
+            "{problem:?}"
+        );
+        let (_, problem) = child_rows(&dir.path().join("no-such-halo"), &[], &json);
+        assert!(problem.as_deref().is_some_and(|p| p.starts_with("starting ") && p.contains("no-such-halo")), "{problem:?}");
     }
 }
