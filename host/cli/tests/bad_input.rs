@@ -171,6 +171,15 @@ fn bad_jitter_fault_and_phase_options_are_refused_before_the_gpu() {
     assert!(text(&out.stderr).contains("`y` is not a phase: x (coordinates only), f (forces only) or xf (both)"), "{}", text(&out.stderr));
 }
 
+#[test]
+fn bad_scaling_options_are_refused_before_the_gpu() {
+    fails_with(&["md-scaling", "--gpus", "3"], &[], &["--gpus 3: the 2-rank rows use 1 GPU (both ranks on it) or 2"]);
+    fails_with(&["md-scaling", "--gpus", "0"], &[], &["--gpus 0"]);
+    fails_with(&["md-scaling", "--steps", "1050"], &[], &["--steps 1050 must be a positive multiple of --nstlist 100"]);
+    fails_with(&["md-scaling", "--repeats", "0"], &[], &["--repeats must be at least 1"]);
+    fails_with(&["md-scaling", "--out", "/proc/halo-none/md-scaling.json"], &[], &["creating /proc/halo-none"]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inconsistent plans (library): neighbours that disagree, maps out of range
 // ---------------------------------------------------------------------------------------------

@@ -538,10 +538,10 @@ pub fn table(rows: &[MdBenchRow]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn row(transport: &str, atoms: usize, us: f64) -> MdBenchRow {
+    pub(crate) fn row(transport: &str, atoms: usize, us: f64) -> MdBenchRow {
         MdBenchRow {
             transport: transport.into(),
             atoms,

@@ -55,6 +55,11 @@ pub struct MdBenchArgs {
 }
 
 impl MdBenchArgs {
+    /// Checks the step counts (as `halo md-bench` does before it starts).
+    pub(super) fn validate(&self) -> Result<()> {
+        Ok(self.config().validate()?)
+    }
+
     fn config(&self) -> MdBenchConfig {
         MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false }
     }
@@ -127,6 +132,13 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
         }
         return passed(&rows).with_context(|| format!("rank {rank}"));
     }
+    let rows = local_rows(&args)?;
+    write(&args, &rows)?;
+    passed(&rows)
+}
+
+/// Every row of `args` in this process on its GPUs (printing progress), without writing them.
+pub(super) fn local_rows(args: &MdBenchArgs) -> Result<Vec<MdBenchRow>> {
     if let Some(reason) = gpu::gpu_unavailable_reason() {
         bail!("halo md-bench needs an NVIDIA GPU: {reason}");
     }
@@ -137,9 +149,7 @@ pub fn run(args: MdBenchArgs) -> Result<()> {
     let placement = Placement::Local(modules).with_policy(args.step.paths);
     let machine = MachineInfo::collect(None);
     let target = Target { placement: &placement, gpus: n.min(grid.num_ranks()), mode: "one process".into(), machine: &machine };
-    let rows = measure_all(&args, &target, grid, true);
-    write(&args, &rows)?;
-    passed(&rows)
+    Ok(measure_all(args, &target, grid, true))
 }
 
 /// An error naming every row that failed its checks or did not complete.

@@ -11,6 +11,7 @@ mod info;
 mod launch;
 mod logging;
 mod md_bench;
+mod md_scaling;
 mod perturb;
 mod plan;
 mod route;
@@ -58,6 +59,9 @@ enum Command {
     /// ns/day of the whole MD step per transport and size, every step counted (searches included);
     /// every row checked against the CPU references outside its timed steps.
     MdBench(md_bench::MdBenchArgs),
+    /// The strong-scaling table of the MD step in one JSON file: md-bench rows of 1 rank, 2 ranks in one
+    /// process and 2 PEs (`halo launch -n 2`) on the GPUs present, with each 2-rank step over the 1-rank one.
+    MdScaling(md_scaling::MdScalingArgs),
     /// Test-only rank for the launcher's tests (no GPU needed).
     #[command(hide = true)]
     SelftestChild(selftest::SelftestArgs),
@@ -99,6 +103,7 @@ pub fn main() -> ExitCode {
         Command::BenchLatency(args) => bench::run_latency(args),
         Command::Timeline(args) => timeline::run(args),
         Command::MdBench(args) => md_bench::run(args),
+        Command::MdScaling(args) => md_scaling::run(args),
         Command::WriteReference { dir } => crate::reference::write(&dir).map_err(anyhow::Error::from),
         // Both decide their own exit code (the worst rank's, or the one asked for).
         Command::Launch(args) => return launch::main(args),
