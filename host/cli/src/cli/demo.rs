@@ -184,7 +184,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     // First thing, before CUDA or the spinner start threads.
     super::bench::nccl_defaults();
     if let Some(reason) = gpu::gpu_unavailable_reason() {
-        bail!("halo demo needs an NVIDIA GPU (compute capability 7.0 or newer, driver 580 or newer), but {reason}");
+        bail!(
+            "halo demo needs an NVIDIA GPU of compute capability 9.0 (H100, H200; newer GPUs JIT the kernels) and a driver of R580 or newer, but {reason}"
+        );
     }
     let start = Instant::now();
     let plan = args.plan();
