@@ -309,18 +309,10 @@ pub struct CoordinateErrors {
 pub fn coordinate_errors(x: &[Float3], want: &[Float3], home: usize) -> CoordinateErrors {
     let mut e = CoordinateErrors { halo_atoms: x.len().min(want.len()).saturating_sub(home) as u64, ..CoordinateErrors::default() };
     for (i, (a, b)) in x.iter().zip(want).enumerate() {
-        let pairs = [(a.x, b.x), (a.y, b.y), (a.z, b.z)];
-        if pairs.iter().all(|(u, v)| u.to_bits() == v.to_bits()) {
-            continue;
-        }
+        let Some(d) = halo::exchange::reference::atom_difference(*a, *b) else { continue };
         e.mismatches += 1;
         e.first.get_or_insert(i);
-        for (u, v) in pairs {
-            if u.to_bits() != v.to_bits() {
-                let d = (f64::from(u) - f64::from(v)).abs();
-                e.max_abs = e.max_abs.max(if d.is_nan() { f64::INFINITY } else { d });
-            }
-        }
+        e.max_abs = e.max_abs.max(d);
     }
     e
 }

@@ -86,16 +86,20 @@ impl std::fmt::Display for CoordinateDifferences {
 pub fn coordinate_differences(halo: &RankHalo, got: &[Float3], want: &[Float3]) -> CoordinateDifferences {
     let mut d = CoordinateDifferences::default();
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let pairs = [(a.x, b.x), (a.y, b.y), (a.z, b.z)];
-        if pairs.iter().all(|(u, v)| u.to_bits() == v.to_bits()) {
-            continue;
-        }
+        let Some(e) = atom_difference(*a, *b) else { continue };
         d.atoms += 1;
         d.first.get_or_insert_with(|| halo.place_of(i));
-        for (u, v) in pairs {
-            let e = (f64::from(u) - f64::from(v)).abs();
-            d.max_abs = d.max_abs.max(if e.is_nan() { f64::INFINITY } else { e });
-        }
+        d.max_abs = d.max_abs.max(e);
     }
     d
+}
+
+/// How far the coordinate `got` is from the reference `want`, compared bit for bit (the halo moves
+/// bits): `None` when all three components are bit-identical, else the largest absolute difference
+/// of a component whose bits differ (0 for a sign of zero; infinite where one side is not a number).
+/// The one rule of [`coordinate_differences`] and the MD checks.
+pub fn atom_difference(got: Float3, want: Float3) -> Option<f64> {
+    let pairs = [(got.x, want.x), (got.y, want.y), (got.z, want.z)];
+    let differing = pairs.into_iter().filter(|(u, v)| u.to_bits() != v.to_bits());
+    differing.map(|(u, v)| (f64::from(u) - f64::from(v)).abs()).map(|e| if e.is_nan() { f64::INFINITY } else { e }).reduce(f64::max)
 }
