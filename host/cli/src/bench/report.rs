@@ -6,8 +6,8 @@ use crate::machine::MachineInfo;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
-/// One variant at one size.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One variant at one size. `Default` is a row with no sizes, times, floor or check.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VariantResult {
     /// Atoms in the whole system.
     pub atoms: usize,
@@ -77,23 +77,8 @@ impl VariantResult {
             variant: variant.name(),
             transport: variant.method.name().into(),
             graph: variant.graph,
-            pulses: 0,
-            halo_atoms: 0,
-            coords_us: None,
-            forces_us: None,
-            step_us: None,
-            host_cpu_us: None,
-            host_syncs_per_step: None,
-            ns_per_day_exchange_only: None,
-            floor_coords_us: None,
-            floor_forces_us: None,
-            floor_step_us: None,
-            floor: None,
-            coords_per_floor: None,
-            step_per_floor: None,
-            checked: false,
-            check: None,
             skipped: Some(reason),
+            ..Self::default()
         }
     }
 
@@ -126,21 +111,15 @@ impl VariantResult {
             return self.clone();
         }
         Self {
-            coords_us: None,
-            forces_us: None,
-            step_us: None,
-            host_cpu_us: None,
-            host_syncs_per_step: None,
-            ns_per_day_exchange_only: None,
-            floor_coords_us: None,
-            floor_forces_us: None,
-            floor_step_us: None,
-            floor: None,
-            coords_per_floor: None,
-            step_per_floor: None,
-            checked: false,
+            atoms: self.atoms,
+            variant: self.variant.clone(),
+            transport: self.transport.clone(),
+            graph: self.graph,
+            pulses: self.pulses,
+            halo_atoms: self.halo_atoms,
             check: Some(self.check.clone().filter(|c| !c.starts_with("ok")).unwrap_or_else(|| "FAILED: not checked".into())),
-            ..self.clone()
+            skipped: self.skipped.clone(),
+            ..Self::default()
         }
     }
 }
