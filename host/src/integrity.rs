@@ -227,27 +227,11 @@ impl RankChecksums {
             home.f.add_atom(Quantity::Forces, global_ids[k], f[k]);
         }
         let mut pulses = Vec::with_capacity(halo.pulses.len());
-        for (pulse, p) in halo.pulses.iter().enumerate() {
+        for pulse in 0..halo.pulses.len() {
             let mut sent = Checksum::default();
-            for &index in &p.index_map {
-                let i = index as usize;
-                if i >= n {
-                    return Err(IntegrityError::IndexOutOfRange { rank, pulse, index, atoms: n });
-                }
-                // The same f32 additions as the pack kernels, so a correct halo copy has these bits.
-                let v = match p.shift {
-                    Some(s) => Float3::new(x[i].x + s.x, x[i].y + s.y, x[i].z + s.z),
-                    None => x[i],
-                };
-                sent.add_atom(Quantity::Coordinates, global_ids[i], v);
-            }
-            let hi = p
-                .atom_offset
-                .checked_add(p.recv_size)
-                .filter(|&hi| hi <= n)
-                .ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
+            let range = each_sent_coordinate(rank, halo, pulse, global_ids, x, |id, v| sent.add_atom(Quantity::Coordinates, id, v))?;
             let mut received = Checksum::default();
-            for k in p.atom_offset..hi {
+            for k in range {
                 received.add_atom(Quantity::Coordinates, global_ids[k], x[k]);
             }
             pulses.push(PulseChecksum { sent, received });
@@ -298,25 +282,42 @@ impl RankChecksums {
         need(rank, "coordinates", x.len(), n)?;
         let p = halo.pulses.get(pulse).ok_or_else(|| IntegrityError::Shape(format!("rank {rank} has no pulse {pulse}")))?;
         let mut sent = Vec::with_capacity(p.index_map.len());
-        for &index in &p.index_map {
-            let i = index as usize;
-            if i >= n {
-                return Err(IntegrityError::IndexOutOfRange { rank, pulse, index, atoms: n });
-            }
-            let v = match p.shift {
-                Some(s) => Float3::new(x[i].x + s.x, x[i].y + s.y, x[i].z + s.z),
-                None => x[i],
-            };
-            sent.push(atom_hash(Quantity::Coordinates, global_ids[i], v));
-        }
-        let hi = p
-            .atom_offset
-            .checked_add(p.recv_size)
-            .filter(|&hi| hi <= n)
-            .ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
-        let received = (p.atom_offset..hi).map(|k| atom_hash(Quantity::Coordinates, global_ids[k], x[k])).collect();
+        let range = each_sent_coordinate(rank, halo, pulse, global_ids, x, |id, v| sent.push(atom_hash(Quantity::Coordinates, id, v)))?;
+        let received = range.map(|k| atom_hash(Quantity::Coordinates, global_ids[k], x[k])).collect();
         Ok(PulseAtoms { sent, received })
     }
+}
+
+/// Calls `sent(global id, coordinate)` for every atom pulse `pulse` of `rank` sends, the coordinate
+/// made by the same f32 additions of the pulse's shift as the pack kernels (so a correct halo copy
+/// has these bits), and returns the pulse's receive range in the rank's atoms; refuses a map entry
+/// or a receive range past the rank's `total_atoms`. `global_ids` and `x` hold at least that many.
+fn each_sent_coordinate(
+    rank: usize,
+    halo: &RankHalo,
+    pulse: usize,
+    global_ids: &[u32],
+    x: &[Float3],
+    mut sent: impl FnMut(u32, Float3),
+) -> Result<std::ops::Range<usize>, IntegrityError> {
+    let (n, p) = (halo.total_atoms, &halo.pulses[pulse]);
+    for &index in &p.index_map {
+        let i = index as usize;
+        if i >= n {
+            return Err(IntegrityError::IndexOutOfRange { rank, pulse, index, atoms: n });
+        }
+        let v = match p.shift {
+            Some(s) => Float3::new(x[i].x + s.x, x[i].y + s.y, x[i].z + s.z),
+            None => x[i],
+        };
+        sent(global_ids[i], v);
+    }
+    let hi = p
+        .atom_offset
+        .checked_add(p.recv_size)
+        .filter(|&hi| hi <= n)
+        .ok_or_else(|| IntegrityError::Shape(format!("rank {rank} pulse {pulse} receives past its {n} atoms")))?;
+    Ok(p.atom_offset..hi)
 }
 
 /// The local indices, on the receiving rank, of the atoms of one pulse that differ between what
