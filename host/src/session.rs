@@ -96,7 +96,67 @@ impl PeSession {
         nvshmem.register_module(&mut module)?;
         Ok(Self { env, ctx, nvshmem, module: Arc::new(module) })
     }
+
+    /// A session on the NVSHMEM the application already initialised ([`Nvshmem::attach`]):
+    /// opens GPU `device` (the one the application initialised NVSHMEM on), attaches, loads the
+    /// kernels and registers them. No launcher variable is read: the rank is NVSHMEM's PE
+    /// (`env.source` says `"the application's NVSHMEM"`). Dropping the session never finalises
+    /// NVSHMEM; the application does, after dropping every halo object.
+    ///
+    /// `nvshmem_lib` names the host library the application loaded (`None`: NVSHMEM's soname).
+    /// Later collectives are bounded by `HALO_STARTUP_TIMEOUT_S` (default 60 s) each.
+    pub fn attach(device: usize, nvshmem_lib: Option<&Path>) -> Result<Self> {
+        let timeout = watchdog::startup_timeout()?;
+        watchdog::ensure_started();
+        let ctx = gpu::open_device(device)?;
+        let nvshmem = Nvshmem::attach(nvshmem_lib, &ctx, timeout)?;
+        let (rank, nranks) = (nvshmem.my_pe(), nvshmem.n_pes());
+        watchdog::set_identity(rank, nranks, device);
+        let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
+        let mut module = KernelModule::load(&ctx, &artifacts)?;
+        nvshmem.register_module(&mut module)?;
+        let env = RankEnv { rank, nranks, local_rank: rank, device, bootstrap: Launcher::None, source: ATTACHED };
+        Ok(Self { env, ctx, nvshmem, module: Arc::new(module) })
+    }
 }
+
+#[cfg(feature = "mpi")]
+impl PeSession {
+    /// A session started over the caller's MPI communicator (feature `mpi`): the GPU from the
+    /// rank's node-local rank ([`nvshmem::mpi::device_from_communicator`]; `HALO_DEVICE` overrides it), the kernels, NVSHMEM
+    /// bootstrapped by the unique id broadcast over `comm` ([`Nvshmem::init_with_mpi`]; PE = rank
+    /// in `comm`), and the module registered. No launcher variable is read. halo owns NVSHMEM's
+    /// lifetime here: drop the session (and everything built on it) before finalising MPI.
+    /// NVSHMEM's own settings (`NVSHMEM_*`) come from the caller's environment as it is.
+    /// Collective over `comm`; NVSHMEM's init and later collectives are bounded by
+    /// `HALO_STARTUP_TIMEOUT_S` (default 60 s) each.
+    pub fn init_with_mpi<C: ::mpi::traits::Communicator>(comm: &C, nvshmem_lib: Option<&Path>) -> Result<Self> {
+        let timeout = watchdog::startup_timeout()?;
+        let (rank, nranks) = (comm.rank() as usize, comm.size() as usize);
+        let local_rank = nvshmem::mpi::local_rank(comm);
+        let device = nvshmem::mpi::device_of_local_rank(local_rank);
+        // Every rank's own preparation first, agreed over `comm`: a rank that fails here must not
+        // leave the others waiting in the unique id's broadcast.
+        let prepared = device.and_then(|device| {
+            watchdog::set_identity(rank, nranks, device);
+            watchdog::ensure_started();
+            let ctx = gpu::open_device(device)?;
+            let module = KernelModule::load(&ctx, &KernelArtifacts::locate(DEFAULT_ARCH)?)?;
+            Ok((device, ctx, module, nvshmem::load_library(nvshmem_lib)?))
+        });
+        let (device, ctx, mut module, lib) = nvshmem::mpi::all_ready(comm, "to open their GPU, kernels or NVSHMEM library", prepared)?;
+        let nvshmem = Nvshmem::init_with_mpi(lib, &ctx, comm, timeout)?;
+        nvshmem.register_module(&mut module)?;
+        let env = RankEnv { rank, nranks, local_rank, device, bootstrap: Launcher::None, source: MPI_COMMUNICATOR };
+        Ok(Self { env, ctx, nvshmem, module: Arc::new(module) })
+    }
+}
+
+/// [`RankEnv::source`] of a session made by `PeSession::init_with_mpi` (feature `mpi`).
+pub const MPI_COMMUNICATOR: &str = "the caller's MPI communicator";
+
+/// [`RankEnv::source`] of a session made by [`PeSession::attach`].
+pub const ATTACHED: &str = "the application's NVSHMEM";
 
 /// Sets an environment variable for NVSHMEM unless the user already chose a value.
 fn set_default_env(key: &str, value: &str) {

@@ -1,6 +1,7 @@
 //! Safe NVSHMEM runtime over `nvshmem-sys`: initialisation (unique id from our launcher, or
 //! NVSHMEM's own MPI/PMI bootstrap under mpirun/srun), symmetric buffers, peer pointers, barriers
-//! and module registration. Finalised when the last handle goes.
+//! and module registration. Finalised when the last handle goes, unless the application started
+//! it and halo only attached ([`Nvshmem::attach`]).
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
@@ -13,9 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod attach;
 mod kept_gather;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod node_gather;
 pub mod startup;
+pub use attach::{Lifetime, not_initialised, resident_library};
 pub use kept_gather::{ENV_KEPT_GATHER, GatherRoute, KeptGather};
 
 /// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).
@@ -106,7 +111,8 @@ fn bytemuck_id(id: &sys::nvshmemx_uniqueid_t) -> [u8; 128] {
     out
 }
 
-/// An initialised NVSHMEM PE. Dropping the last handle finalises NVSHMEM.
+/// An initialised NVSHMEM PE. Dropping the last handle finalises NVSHMEM when halo started it
+/// ([`Lifetime::Halo`]), never when it is attached to the application's ([`Lifetime::Application`]).
 pub struct Nvshmem {
     lib: NvshmemLib,
     ctx: Arc<CudaContext>,
@@ -116,6 +122,8 @@ pub struct Nvshmem {
     timeout: Duration,
     // NVSHMEM keeps a pointer to the id it was initialised with.
     _id: Box<sys::nvshmemx_uniqueid_t>,
+    /// Whether dropping the last handle finalises NVSHMEM.
+    lifetime: Lifetime,
 }
 
 // SAFETY: NVSHMEM's host API may be called from any thread with the context bound; halo calls it
@@ -203,7 +211,7 @@ impl Nvshmem {
         if status < sys::NVSHMEM_STATUS_IS_INITIALIZED {
             return Err(HaloError::Nvshmem(format!("NVSHMEM init status is {status} after init")));
         }
-        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, timeout, _id: id }))
+        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, timeout, _id: id, lifetime: Lifetime::Halo }))
     }
 
     /// This PE.
@@ -453,6 +461,9 @@ impl Nvshmem {
 
 impl Drop for Nvshmem {
     fn drop(&mut self) {
+        if self.lifetime == Lifetime::Application {
+            return; // the application initialised NVSHMEM and finalises it
+        }
         if collectives_abandoned() {
             return; // the peers may be gone: finalising would wait for them (see abandon_collectives)
         }
