@@ -44,12 +44,7 @@ impl Nvshmem {
     /// registration ([`Nvshmem::register_module`]), symmetric allocations and barriers work as
     /// with [`Nvshmem::init`]; collective calls are bounded by `timeout` each.
     pub fn attach(library: Option<&Path>, ctx: &Arc<CudaContext>, timeout: Duration) -> Result<Arc<Self>> {
-        let lib = resident_library(library)?;
-        // SAFETY: a plain query, valid once the library is loaded.
-        let status = unsafe { (lib.api.nvshmemx_init_status)() };
-        if let Some(why) = not_initialised(status, lib.path()) {
-            return Err(HaloError::Nvshmem(why));
-        }
+        let lib = attachable_library(library)?;
         let kernels = KernelArtifacts::locate(DEFAULT_ARCH)?;
         let device = parse_version(&kernels.manifest.nvshmem_version).ok_or_else(|| {
             HaloError::Nvshmem(format!("the kernels' manifest names NVSHMEM `{}`, not a version major.minor.patch", kernels.manifest.nvshmem_version))
@@ -77,6 +72,18 @@ impl Nvshmem {
     /// finalised by halo).
     pub fn lifetime(&self) -> Lifetime {
         self.lifetime
+    }
+}
+
+/// The application's NVSHMEM host library ([`resident_library`]), if it is initialised: the
+/// checks [`Nvshmem::attach`] makes before it touches the GPU.
+pub fn attachable_library(library: Option<&Path>) -> Result<NvshmemLib> {
+    let lib = resident_library(library)?;
+    // SAFETY: a plain query, valid once the library is loaded.
+    let status = unsafe { (lib.api.nvshmemx_init_status)() };
+    match not_initialised(status, lib.path()) {
+        Some(why) => Err(HaloError::Nvshmem(why)),
+        None => Ok(lib),
     }
 }
 

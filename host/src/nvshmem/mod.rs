@@ -20,7 +20,7 @@ mod kept_gather;
 pub mod mpi;
 mod node_gather;
 pub mod startup;
-pub use attach::{Lifetime, not_initialised, resident_library};
+pub use attach::{Lifetime, attachable_library, not_initialised, resident_library};
 pub use kept_gather::{ENV_KEPT_GATHER, GatherRoute, KeptGather};
 
 /// Set once this process gave up NVSHMEM's collective teardown (see [`abandon_collectives`]).

@@ -14,7 +14,7 @@
 
 use super::{Bootstrap, Nvshmem, UniqueId};
 use crate::error::{HaloError, Result};
-use crate::exchange::{PulseSpec, RankHalo};
+use crate::exchange::RankHalo;
 use crate::gpu::CudaContext;
 use ::mpi::datatype::PartitionMut;
 use ::mpi::traits::{Communicator, CommunicatorCollectives, Root};
@@ -123,27 +123,16 @@ pub fn all_gather_bytes<C: Communicator>(comm: &C, mine: &[u8]) -> Result<Vec<Ve
     Ok(lens.iter().zip(&displs).map(|(&n, &at)| all[at as usize..(at + n) as usize].to_vec()).collect())
 }
 
-/// [`RankHalo`] on the wire (serde JSON; the halo type itself stays free of serde).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct WireHalo {
-    home_atoms: usize,
-    total_atoms: usize,
-    pulses: Vec<PulseSpec>,
-}
-
 /// Every rank's halo, in rank order, from each rank's own (`mine`): what
-/// [`crate::exchange::pe::PeExchange::new`] takes. Serde JSON bytes all-gathered over `comm`
+/// [`crate::exchange::pe::PeExchange::new`] takes (and the CPU reference needs). Serde JSON bytes all-gathered over `comm`
 /// ([`all_gather_bytes`]). Collective over `comm`.
 pub fn all_gather_halos<C: Communicator>(comm: &C, mine: &RankHalo) -> Result<Vec<RankHalo>> {
-    let wire = WireHalo { home_atoms: mine.home_atoms, total_atoms: mine.total_atoms, pulses: mine.pulses.clone() };
-    let bytes = serde_json::to_vec(&wire).map_err(|e| HaloError::InvalidInput(format!("encoding rank {}'s halo: {e}", comm.rank())))?;
+    let bytes = serde_json::to_vec(mine).map_err(|e| HaloError::InvalidInput(format!("encoding rank {}'s halo: {e}", comm.rank())))?;
     all_gather_bytes(comm, &bytes)?
         .into_iter()
         .enumerate()
         .map(|(rank, b)| {
-            let w: WireHalo =
-                serde_json::from_slice(&b).map_err(|e| HaloError::InvalidInput(format!("rank {rank}'s halo, as gathered over MPI, does not decode: {e}")))?;
-            Ok(RankHalo { home_atoms: w.home_atoms, total_atoms: w.total_atoms, pulses: w.pulses })
+            serde_json::from_slice(&b).map_err(|e| HaloError::InvalidInput(format!("rank {rank}'s halo, as gathered over MPI, does not decode: {e}")))
         })
         .collect()
 }
