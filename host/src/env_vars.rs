@@ -288,14 +288,26 @@ pub const VARS: &[EnvVar] = &[
     var(
         "HALO_REQUIRE_MPI",
         Scope::Testing,
-        "unset: the MPI test skips without `mpiexec`",
-        "Set: the test under a real process manager fails when it finds no `mpiexec` (`cargo xtask test` sets it).",
+        "unset: the MPI tests skip without `mpiexec`",
+        "Set: the tests under a real process manager fail when they find no `mpiexec` (`cargo xtask test` sets it).",
     ),
     var(
         "HALO_MPIEXEC",
         Scope::Testing,
         "`target/mpi/mpich/bin/mpiexec` (`cargo xtask fetch-mpi`)",
-        "The `mpiexec` the MPI test starts its ranks with.",
+        "The `mpiexec` the MPI tests start their ranks with (`halo-cli`'s `mpi` test, and `halo`'s `mpi_runtime` test with feature `mpi`).",
+    ),
+    var(
+        "HALO_TEST_MPI_RANK_CHILD",
+        Scope::Testing,
+        "unset",
+        "Set by the `mpi_runtime` test (feature `mpi`) in the environment of the ranks it starts under `mpiexec`; not for users.",
+    ),
+    var(
+        "HALO_REQUIRE_NVSHMEM_LIB",
+        Scope::Testing,
+        "unset: the attach test's loaded-library half skips without NVSHMEM's host library",
+        "Set: the `nvshmem_attach` test fails when it finds no NVSHMEM host library (`HALO_NVSHMEM_LIB`, or the wheel the kernel build fetches into `target/toolchains`).",
     ),
     var(
         "HALO_BIN",
