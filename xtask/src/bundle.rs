@@ -17,9 +17,10 @@ use std::path::{Path, PathBuf};
 /// and cubin), so the folder is about 65 MiB now; the GPU machines' copy limit is 64 MiB, working
 /// tree included, so a folder this large travels compressed (`--archive`: `tar -cJf`, about 6 MB).
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
-/// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB, Open MPI's
-/// launcher, libraries and data about 17 MiB); the whole must still travel.
-const MAX_MPI_BYTES: u64 = 22 << 20;
+/// With `--mpi`, the MPI launchers' own budget on top (MPICH's launcher is 2 MiB and its MPI
+/// library with what it loads 19 MiB, Open MPI's launcher, libraries and data about 17 MiB); the
+/// whole must still travel.
+const MAX_MPI_BYTES: u64 = 42 << 20;
 /// The copy limit of the GPU machines, working tree included: what travels (the folder, or with
 /// `--archive` the compressed archive) must stay under it.
 const MAX_CARRIED_BYTES: u64 = 62 << 20;
@@ -41,6 +42,7 @@ const GPU_TESTS: &[&str] = &[
     "stencil3d_gpu",
     "gpu_pes",
     "gpu_multiprocess",
+    "gpu_attach",
 ];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
@@ -83,6 +85,14 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_m
     }
     let mut total = size;
     if with_mpi {
+        // The `mpi` feature's example, run as `mpi/mpich/bin/mpiexec -n 2 mpi_exchange` with
+        // LD_LIBRARY_PATH=mpi/mpich/lib.
+        let env = crate::mpi::feature_env()?;
+        let mut build = ptx.cargo();
+        build.args(["build", "--release", "--locked", "-p", "halo", "--features", "mpi", "--example", "mpi_exchange"]).envs(env);
+        run(&mut build, "cargo build --release --example mpi_exchange --features mpi")?;
+        copy_stripped(&root.join("target/release/examples/mpi_exchange"), &bundle.join("mpi_exchange"))?;
+        total += fs::metadata(bundle.join("mpi_exchange"))?.len();
         let mpi = crate::mpi::copy_for_bundle(&bundle.join("mpi"))?;
         if mpi > MAX_MPI_BYTES {
             bail!("the MPI launchers take {} MiB, over their {} MiB budget", mpi >> 20, MAX_MPI_BYTES >> 20);

@@ -12,6 +12,7 @@
 //! - `docs`: writes the generated references, `docs/cli.md` and `docs/environment.md`.
 //! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
 //! - `fetch-mpi`: the pinned MPICH and Open MPI wheels, checked and unpacked into `target/mpi/`.
+//! - `mpi-env`: the environment for halo's `mpi` feature (MPICH's `mpicc`, libclang for bindgen).
 //!
 //! The `halo` library's build script embeds the same kernels: it calls the same builder, finds the
 //! artifacts `build-ptx` left in the cache under the same stamp, and builds nothing twice.
@@ -118,6 +119,10 @@ enum Task {
     /// Write the generated references, docs/cli.md (every command's --help) and
     /// docs/environment.md (halo::env_vars::VARS); a test fails when the committed ones differ.
     Docs,
+    /// Print the environment (`export` lines for a POSIX shell) that builds and runs halo's `mpi`
+    /// feature with the pinned MPICH and libclang wheels (fetched once into target/mpi/):
+    /// `eval "$(cargo xtask mpi-env)"`, then `cargo build -p halo --features mpi`.
+    MpiEnv,
     /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
     /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
     FetchUcx,
@@ -139,6 +144,19 @@ fn main() -> Result<()> {
                 ptx.cargo().args(["test", "--workspace", "--locked"]).env("HALO_REQUIRE_MPI", "1").env("HALO_MPIEXEC", mpich.join("bin/mpiexec")),
                 "cargo test --workspace",
             )?;
+            // halo's `mpi` feature (off in the workspace build): rsmpi built against the pinned
+            // MPICH with the pinned libclang, linted, and its collectives run under `mpiexec -n 2`.
+            let started = std::time::Instant::now();
+            let env = mpi::feature_env()?;
+            halo_builder::run(
+                ptx.cargo().args(["clippy", "-p", "halo", "--features", "mpi", "--all-targets", "--locked", "--", "-D", "warnings"]).envs(env.clone()),
+                "cargo clippy -p halo --features mpi (warnings are errors)",
+            )?;
+            halo_builder::run(
+                ptx.cargo().args(["test", "-p", "halo", "--features", "mpi", "--locked", "--test", "mpi_runtime"]).envs(env).env("HALO_REQUIRE_MPI", "1"),
+                "cargo test -p halo --features mpi --test mpi_runtime",
+            )?;
+            eprintln!("xtask: the mpi feature's build, lint and test took {:.0} s", started.elapsed().as_secs_f64());
             halo_builder::run(
                 ptx.cargo().args(["doc", "--workspace", "--no-deps", "--locked"]).env("RUSTDOCFLAGS", "-D warnings"),
                 "cargo doc (warnings are errors)",
@@ -175,6 +193,13 @@ fn main() -> Result<()> {
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;
             println!("{}", dir.display());
+        }
+        Task::MpiEnv => {
+            let (mpich, libclang) = mpi::feature_dirs()?;
+            println!("export PATH=\"{}:$PATH\"", mpich.join("bin").display());
+            println!("export LD_LIBRARY_PATH=\"{}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\"", mpich.join("lib").display());
+            println!("export LIBCLANG_PATH=\"{}\"", libclang.display());
+            println!("export HALO_MPIEXEC=\"{}\"", mpich.join("bin/mpiexec").display());
         }
         Task::FetchMpi { only } => {
             let pins: Vec<mpi::Pin> = mpi::ALL.into_iter().filter(|p| only.as_deref().is_none_or(|o| o == p.folder)).collect();
