@@ -68,7 +68,10 @@ fn run(world: &rsmpi::topology::SimpleCommunicator) -> Result<(), Box<dyn std::e
     let ctx = &session.ctx;
     // SAFETY: `x` and `f` outlive the exchange (dropped after it below) and nothing else writes them meanwhile.
     let buffers = unsafe {
-        CallerBuffers { x: CallerSlice::from_raw(ctx, x.device_ptr(), halos[me].total_atoms)?, f: CallerSlice::from_raw(ctx, f.device_ptr(), halos[me].total_atoms)? }
+        CallerBuffers {
+            x: CallerSlice::from_raw(ctx, x.device_ptr(), halos[me].total_atoms)?,
+            f: CallerSlice::from_raw(ctx, f.device_ptr(), halos[me].total_atoms)?,
+        }
     };
     let mut exchange = PeExchange::<Float3>::with_buffers(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;
     exchange.exchange_forward(Transport::Fused)?;

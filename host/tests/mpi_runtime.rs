@@ -54,7 +54,14 @@ fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
     assert!(!c.timed_out, "mpiexec did not finish within {BOUND:?}\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
     assert_eq!(c.code, Some(0), "mpiexec failed\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
     for rank in 0..2 {
-        for check in ["unique id from rank 0", "failed unique id stops every rank", "gathered 2 halos equal to the plan", "bytes of every length", "local rank", "all_ready"] {
+        for check in [
+            "unique id from rank 0",
+            "failed unique id stops every rank",
+            "gathered 2 halos equal to the plan",
+            "bytes of every length",
+            "local rank",
+            "all_ready",
+        ] {
             let line = format!("rank {rank} of 2: ok: {check}");
             assert!(c.stdout.contains(&line), "missing `{line}`\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
         }
