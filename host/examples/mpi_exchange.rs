@@ -28,6 +28,12 @@ use rsmpi::traits::{Communicator, CommunicatorCollectives};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // NVLink multicast stays off on shared machines (NVSHMEM reads this at init). Set before MPI
+    // starts any thread; a value in the environment wins.
+    if std::env::var_os("NVSHMEM_DISABLE_NVLS").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("NVSHMEM_DISABLE_NVLS", "1") };
+    }
     let Some(universe) = rsmpi::initialize() else {
         eprintln!("mpi_exchange: error: MPI was already initialised");
         return ExitCode::FAILURE;

@@ -149,12 +149,21 @@ fn main() -> Result<()> {
             let started = std::time::Instant::now();
             let env = mpi::feature_env()?;
             halo_builder::run(
-                ptx.cargo().args(["clippy", "-p", "halo", "--features", "mpi", "--all-targets", "--locked", "--", "-D", "warnings"]).envs(env.clone()),
+                ptx.cargo()
+                    .args(["clippy", "-p", "halo", "--features", "mpi", "--all-targets", "--locked", "--", "-D", "warnings"])
+                    .envs(env.clone()),
                 "cargo clippy -p halo --features mpi (warnings are errors)",
             )?;
             halo_builder::run(
-                ptx.cargo().args(["test", "-p", "halo", "--features", "mpi", "--locked", "--test", "mpi_runtime"]).envs(env).env("HALO_REQUIRE_MPI", "1"),
+                ptx.cargo()
+                    .args(["test", "-p", "halo", "--features", "mpi", "--locked", "--test", "mpi_runtime"])
+                    .envs(env.clone())
+                    .env("HALO_REQUIRE_MPI", "1"),
                 "cargo test -p halo --features mpi --test mpi_runtime",
+            )?;
+            halo_builder::run(
+                ptx.cargo().args(["doc", "-p", "halo", "--features", "mpi", "--no-deps", "--locked"]).envs(env).env("RUSTDOCFLAGS", "-D warnings"),
+                "cargo doc -p halo --features mpi (warnings are errors)",
             )?;
             eprintln!("xtask: the mpi feature's build, lint and test took {:.0} s", started.elapsed().as_secs_f64());
             halo_builder::run(

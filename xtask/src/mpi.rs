@@ -37,12 +37,22 @@ pub struct Pin {
 }
 
 /// MPICH's Hydra `mpiexec` (PMI).
-pub const MPICH: Pin =
-    Pin { folder: "mpich", project: "mpich", version: "5.0.2", sha256: "8fed465ebff269ea2ebac179a25de02671ddf8df476e0f115be089015015cfd4", data: "data" };
+pub const MPICH: Pin = Pin {
+    folder: "mpich",
+    project: "mpich",
+    version: "5.0.2",
+    sha256: "8fed465ebff269ea2ebac179a25de02671ddf8df476e0f115be089015015cfd4",
+    data: "data",
+};
 
 /// Open MPI's `mpirun` (PMIx; `libmpi.so.40` for NVSHMEM's MPI bootstrap).
-pub const OPENMPI: Pin =
-    Pin { folder: "openmpi", project: "openmpi", version: "5.0.11", sha256: "838de0ec7fd719af19cde664cd6bf76eb170ed4769c279040c2db434d6db11b9", data: "data" };
+pub const OPENMPI: Pin = Pin {
+    folder: "openmpi",
+    project: "openmpi",
+    version: "5.0.11",
+    sha256: "838de0ec7fd719af19cde664cd6bf76eb170ed4769c279040c2db434d6db11b9",
+    data: "data",
+};
 
 /// libclang (LLVM 18.1.1's `libclang.so`, from the Python bindings' wheel), for bindgen when the
 /// `mpi` feature's `mpi-sys` generates its bindings: this machine has no libclang otherwise.
@@ -60,8 +70,10 @@ pub const ALL: [Pin; 2] = [MPICH, OPENMPI];
 /// What the bundle carries of each install (the rest is headers and compiler wrappers): MPICH's
 /// launcher and its MPI library (`libmpi.so.12` and what it loads, for the `mpi` feature's
 /// `mpi_exchange`), Open MPI's launcher, libraries and data files.
-pub const BUNDLED: [(&str, &[&str]); 2] =
-    [("mpich", &["bin/mpiexec", "bin/mpiexec.hydra", "bin/hydra_pmi_proxy", "lib/libmpi.so.12", "lib/mpich"]), ("openmpi", &["bin", "lib", "etc", "share"])];
+pub const BUNDLED: [(&str, &[&str]); 2] = [
+    ("mpich", &["bin/mpiexec", "bin/mpiexec.hydra", "bin/hydra_pmi_proxy", "lib/libmpi.so.12", "lib/mpich"]),
+    ("openmpi", &["bin", "lib", "etc", "share"]),
+];
 
 /// `target/mpi`.
 pub fn root() -> PathBuf {
