@@ -2,7 +2,8 @@
 //! pinned wheel `cargo xtask fetch-mpi --only mpich` unpacks into `target/mpi/mpich`, or
 //! `HALO_MPIEXEC`) starts this test binary twice as the two ranks of
 //! `each_rank_of_an_mpi_job` (run only that way). Each rank checks:
-//! - the unique-id broadcast: rank 0's id (made from its process id, which rank 1 cannot guess)
+//! - the unique-id broadcast: rank 0's id (made from its process id, which rank 1 cannot guess;
+//!   then a real one from NVSHMEM's host library, whose `nvshmemx_get_uniqueid` needs no GPU)
 //!   arrives byte for byte on every rank, and a failure to make it on rank 0 becomes an error on
 //!   every rank instead of a hang;
 //! - the halo all-gather: each rank passes only its own `RankHalo` and gets every rank's, equal to
@@ -34,6 +35,21 @@ fn mpiexec() -> Option<PathBuf> {
     fetched.is_file().then_some(fetched)
 }
 
+/// NVSHMEM's real host library on this machine, if any: `HALO_NVSHMEM_LIB`, else the wheel the
+/// kernel build fetches into `target/toolchains`.
+fn real_library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HALO_NVSHMEM_LIB") {
+        return Some(PathBuf::from(p));
+    }
+    let toolchains = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/toolchains");
+    std::fs::read_dir(toolchains)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia-nvshmem-cu13-")))
+        .map(|p| p.join("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
+        .find(|p| p.is_file())
+}
+
 #[test]
 fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
     let Some(mpiexec) = mpiexec() else {
@@ -53,9 +69,14 @@ fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
     let c = halo::testing::run_captured(cmd, BOUND).expect("start mpiexec");
     assert!(!c.timed_out, "mpiexec did not finish within {BOUND:?}\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
     assert_eq!(c.code, Some(0), "mpiexec failed\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
+    let real_id = real_library().is_some();
+    if !real_id {
+        eprintln!("SKIPPED the broadcast of NVSHMEM's own unique id: no NVSHMEM host library here (build halo, or set HALO_NVSHMEM_LIB)");
+    }
     for rank in 0..2 {
         for check in [
             "unique id from rank 0",
+            if real_id { "NVSHMEM's unique id from rank 0" } else { "unique id from rank 0" },
             "failed unique id stops every rank",
             "gathered 2 halos equal to the plan",
             "bytes of every length",
@@ -66,7 +87,7 @@ fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
             assert!(c.stdout.contains(&line), "missing `{line}`\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
         }
     }
-    assert_eq!(c.stdout.matches(": ok: ").count(), 12, "{}", c.stdout);
+    assert_eq!(c.stdout.matches(": ok: ").count(), 2 * if real_id { 7 } else { 6 }, "{}", c.stdout);
 }
 
 /// One rank of the job above (`mpiexec` runs it; alone it has nothing to check).
@@ -99,6 +120,26 @@ fn each_rank_of_an_mpi_job() {
     assert_ne!(pids[0], pids[1], "two processes");
     assert_eq!(id, made_by_0(pid_of_0), "rank {rank} holds rank 0's id");
     ok("unique id from rank 0");
+
+    // NVSHMEM's own unique id (the call needs no GPU), as `Nvshmem::init_with_mpi` makes and sends it.
+    match real_library() {
+        Some(path) => {
+            let id = broadcast_unique_id(&world, || {
+                let lib = nvshmem_sys::NvshmemLib::load(&path).map_err(halo::HaloError::Nvshmem)?;
+                halo::nvshmem::unique_id(&lib)
+            })
+            .expect("broadcast of NVSHMEM's unique id");
+            let all = all_gather_bytes(&world, &id.0).expect("gather the ids");
+            assert_eq!(all[0], all[1], "both ranks hold rank 0's id");
+            assert_eq!(all[0][..4], nvshmem_sys::NVSHMEMX_UNIQUEID_VERSION.to_ne_bytes(), "an NVSHMEM unique id starts with its version");
+            assert!(all[0][4..].iter().any(|&b| b != 0), "NVSHMEM filled the id in");
+            ok("NVSHMEM's unique id from rank 0");
+        }
+        None => {
+            assert!(std::env::var_os("HALO_REQUIRE_NVSHMEM_LIB").is_none(), "HALO_REQUIRE_NVSHMEM_LIB is set but no NVSHMEM host library was found");
+            println!("rank {rank} of {size}: SKIPPED: no NVSHMEM host library here (build halo, or set HALO_NVSHMEM_LIB)");
+        }
+    }
 
     // Rank 0 fails to make it: rank 0 returns its own error, every other rank one naming rank 0.
     let failed = broadcast_unique_id(&world, || Err(halo::HaloError::Nvshmem("no NVSHMEM on rank 0".into()))).expect_err("must fail everywhere");
