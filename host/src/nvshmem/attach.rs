@@ -141,6 +141,7 @@ fn loaded_path(handle: *mut libc::c_void) -> Option<PathBuf> {
     if addr.is_null() {
         return None;
     }
+    // SAFETY: Dl_info is plain pointers, for which all-zero is a valid (null) value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: `addr` lies in a loaded object; `info` is written on success.
     if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
