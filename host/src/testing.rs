@@ -193,6 +193,12 @@ impl crate::exchange::Exchange for NullExchange {
         self.calls.push("finish");
         Ok(())
     }
+    fn use_streams(&mut self, streams: &[Arc<crate::gpu::CudaStream>]) -> crate::Result<()> {
+        match streams {
+            [] => Ok(()),
+            _ => Err(crate::HaloError::InvalidInput(format!("{} streams for an exchange with no rank", streams.len()))),
+        }
+    }
     fn barrier(&self) -> crate::Result<()> {
         Ok(())
     }

@@ -68,7 +68,7 @@ mod shift_as_array {
 /// let x = reference::coordinates(&halos, &[vec![1.0f32, 2.0, 3.0, 4.0], vec![5.0, 6.0, 7.0, 8.0]]);
 /// assert_eq!(x[0], vec![1.0, 2.0, 3.0, 4.0, 5.0, 8.0]);
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RankHalo {
     /// Atoms this rank owns; map entries below it are independent of earlier pulses.
     pub home_atoms: usize,

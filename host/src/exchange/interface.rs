@@ -80,6 +80,12 @@ pub trait Exchange<T: Element = Float3> {
     fn exchange_reverse_accumulate(&mut self, transport: Transport) -> Result<()>;
     /// Waits for every local stream and turns a device wait timeout into an error.
     fn finish(&mut self) -> Result<()>;
+    /// Local rank `i` enqueues every later launch, copy and wait on `streams[i]` (one per local
+    /// rank, on its GPU; each rank its own): the caller's streams, so that the exchange falls
+    /// into the caller's stream order with no event of its own. The first work on a new stream
+    /// runs after everything already enqueued on the old one. Halo never destroys a stream it did
+    /// not create; one the caller wraps ([`crate::gpu::borrow_stream`]) must outlive the exchange.
+    fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()>;
     /// Host barrier across PEs; nothing to wait for in one process.
     fn barrier(&self) -> Result<()>;
     /// Host synchronisations so far (the staged path's cost; `finish` counts too).
@@ -157,6 +163,9 @@ impl<T: Element> Exchange<T> for LocalRanks<T> {
     fn finish(&mut self) -> Result<()> {
         LocalRanks::finish(self)
     }
+    fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        LocalRanks::use_streams(self, streams)
+    }
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
@@ -195,6 +204,12 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     }
     fn finish(&mut self) -> Result<()> {
         PeExchange::finish(self)
+    }
+    fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        match streams {
+            [one] => self.use_stream(one.clone()),
+            _ => Err(HaloError::InvalidInput(format!("{} streams for a PE, which drives one rank: pass one", streams.len()))),
+        }
     }
     fn barrier(&self) -> Result<()> {
         PeExchange::barrier(self)

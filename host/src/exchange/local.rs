@@ -6,6 +6,7 @@
 //! starve the block it waits for: [`LocalRanks::new`] sizes the grids to fit and refuses a
 //! configuration that cannot.
 
+use super::caller::CallerBuffers;
 use super::host_driven::{Direction, HostDriven, LocalLinks};
 use super::memory::MemoryKind;
 use super::rank::{PeerView, RankExchange, SharedSizes, enable_peer_access};
@@ -48,10 +49,71 @@ impl<T: Element> LocalRanks<T> {
     /// [`Self::new`] with buffers of `sizes` (at least [`SharedSizes::of`]`(&halos)`; larger sizes
     /// let [`Self::replan`] keep the buffers when a later decomposition grows).
     pub fn with_sizes(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes) -> Result<Self> {
+        Self::routed(halos, modules, sizes, None)
+    }
+
+    /// [`Self::new`] on the caller's coordinates and forces: `buffers[r]` is rank `r`'s (on rank
+    /// `r`'s GPU, `modules[r % modules.len()]`'s, at least its `total_atoms` long; see
+    /// [`super::caller`]). Only the protocol state is allocated. The exchange writes the ghosts
+    /// into `x` and accumulates received forces into `f` in place; run it on the caller's streams
+    /// with [`super::Exchange::use_streams`].
+    ///
+    /// ```no_run
+    /// use halo::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, Transport, synthetic};
+    /// use halo::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
+    /// use halo::abi::Float3;
+    /// use std::sync::Arc;
+    ///
+    /// # fn main() -> halo::Result<()> {
+    /// let ctx = gpu::open_device(0)?;
+    /// let module = Arc::new(KernelModule::load(&ctx, &halo::artifacts::KernelArtifacts::locate("sm_90")?)?);
+    /// let halos = synthetic::halos(
+    ///     synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 1000, send_fraction: 0.3, box_len: 5.0 },
+    ///     1,
+    /// );
+    /// // The application's own memory (any allocator: cudaMalloc, cudarc, ...).
+    /// let mine: Vec<(DeviceBuffer<Float3>, DeviceBuffer<Float3>)> = halos
+    ///     .iter()
+    ///     .map(|h| Ok((DeviceBuffer::zeroed(&ctx, h.total_atoms)?, DeviceBuffer::zeroed(&ctx, h.total_atoms)?)))
+    ///     .collect::<halo::Result<_>>()?;
+    /// let buffers = mine
+    ///     .iter()
+    ///     .map(|(x, f)| {
+    ///         // SAFETY: `mine` outlives the exchange below.
+    ///         Ok(unsafe {
+    ///             CallerBuffers { x: CallerSlice::from_raw(&ctx, x.device_ptr(), x.len())?, f: CallerSlice::from_raw(&ctx, f.device_ptr(), f.len())? }
+    ///         })
+    ///     })
+    ///     .collect::<halo::Result<Vec<_>>>()?;
+    /// let mut ranks = LocalRanks::<Float3>::with_buffers(halos, &[module], buffers)?;
+    /// // The application's streams, one per rank.
+    /// let streams = [ctx.new_stream(), ctx.new_stream()].map(|s| s.map_err(|e| halo::HaloError::Cuda { what: "a stream".into(), source: e }));
+    /// let [a, b] = streams;
+    /// ranks.use_streams(&[a?, b?])?;
+    /// ranks.exchange_forward(Transport::Fused)?; // ghosts land in the application's x
+    /// ranks.exchange_reverse_accumulate(Transport::Fused)?; // halo forces added into its f
+    /// Exchange::finish(&mut ranks)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_buffers(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], buffers: Vec<CallerBuffers<T>>) -> Result<Self> {
+        if buffers.len() != halos.len() {
+            return Err(HaloError::InvalidInput(format!(
+                "caller buffers for {} ranks, but the decomposition has {} ranks",
+                buffers.len(),
+                halos.len()
+            )));
+        }
+        let sizes = SharedSizes::of(&halos);
+        Self::routed(halos, modules, sizes, Some(buffers))
+    }
+
+    /// The router's paths for `halos`, on `buffers` when the caller gives them.
+    fn routed(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes, buffers: Option<Vec<CallerBuffers<T>>>) -> Result<Self> {
         let placement = super::Placement::Local(modules.to_vec());
         let mut routing = super::routing::Routing::new(&placement, halos.len(), &[])?;
         let plans = routing.plan::<T>(&halos)?.to_vec();
-        Self::with_plans_and_sizes(halos, modules, &plans, sizes)
+        Self::planned(halos, modules, &plans, sizes, buffers)
     }
 
     /// [`Self::new`] with every rank's plan given (`plans[r]` is rank `r`'s, from a
@@ -68,13 +130,23 @@ impl<T: Element> LocalRanks<T> {
         plans: &[crate::route::RoutedPaths],
         sizes: SharedSizes,
     ) -> Result<Self> {
+        Self::planned(halos, modules, plans, sizes, None)
+    }
+
+    fn planned(
+        halos: Vec<RankHalo>,
+        modules: &[Arc<KernelModule>],
+        plans: &[crate::route::RoutedPaths],
+        sizes: SharedSizes,
+        buffers: Option<Vec<CallerBuffers<T>>>,
+    ) -> Result<Self> {
         if plans.len() != halos.len() || plans.iter().enumerate().any(|(r, p)| p.self_pe != r) {
             return Err(HaloError::InvalidInput(format!("{} plans for {} ranks (plan r must be rank r's)", plans.len(), halos.len())));
         }
         if let Some(plan) = plans.iter().find(|p| p.peers.iter().flatten().any(|t| *t == crate::route::Transport::NvshmemPut)) {
             return Err(HaloError::InvalidInput(format!("rank {}: ranks in one process have no NVSHMEM, but the plan puts", plan.self_pe)));
         }
-        let mut this = Self::direct_with_sizes(halos, modules, sizes)?;
+        let mut this = Self::built(halos, modules, sizes, buffers)?;
         this.plans = plans.to_vec();
         this.apply_plans()?;
         this.routes = plans.iter().map(|p| p.summary()).collect::<std::result::Result<_, _>>()?;
@@ -90,6 +162,12 @@ impl<T: Element> LocalRanks<T> {
 
     /// [`Self::direct`] with buffers of `sizes` (see [`Self::with_sizes`]).
     pub fn direct_with_sizes(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes) -> Result<Self> {
+        Self::built(halos, modules, sizes, None)
+    }
+
+    /// Every rank with direct stores (the router's plans are laid over by the callers), on the
+    /// caller's `buffers` when given.
+    fn built(halos: Vec<RankHalo>, modules: &[Arc<KernelModule>], sizes: SharedSizes, buffers: Option<Vec<CallerBuffers<T>>>) -> Result<Self> {
         validate(&halos)?;
         if modules.is_empty() {
             return Err(HaloError::InvalidInput("no GPU module to run the ranks on".into()));
@@ -112,11 +190,15 @@ impl<T: Element> LocalRanks<T> {
         super::heap::precheck_local::<T>(modules, &halos, sizes)?;
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
+        let mut buffers = buffers.map(Vec::into_iter);
         for (r, halo) in halos.iter().cloned().enumerate() {
             let module = modules[r % modules.len()].clone();
             let ctx: Arc<CudaContext> = module.context().clone();
             streams.push(super::rank::halo_stream(&ctx)?);
-            ranks.push(RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?);
+            ranks.push(match buffers.as_mut().and_then(Iterator::next) {
+                Some(mine) => RankExchange::with_buffers(r, halo, module, &MemoryKind::Plain, sizes, mine)?,
+                None => RankExchange::new(r, halo, module, &MemoryKind::Plain, sizes)?,
+            });
         }
         let links = LocalLinks::new(&ranks)?;
         let host = HostDriven::new(&halos);
@@ -236,6 +318,33 @@ impl<T: Element> LocalRanks<T> {
     /// Every rank's stream, by rank.
     pub fn streams(&self) -> &[Arc<CudaStream>] {
         &self.streams
+    }
+
+    /// Rank `r` enqueues on `streams[r]` from now on (the caller's streams: see
+    /// [`super::Exchange::use_streams`]). Each rank needs a stream of its own: the GPU-initiated
+    /// kernels of one rank spin until their peers' kernels run, which could never start behind
+    /// them on a shared stream, so a stream given twice is refused.
+    pub fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        if streams.len() != self.ranks.len() {
+            return Err(HaloError::InvalidInput(format!(
+                "{} streams for {} ranks in this process: pass one per rank",
+                streams.len(),
+                self.ranks.len()
+            )));
+        }
+        for (i, a) in streams.iter().enumerate() {
+            if let Some(j) = streams[..i].iter().position(|b| b.cu_stream() == a.cu_stream()) {
+                return Err(HaloError::InvalidInput(format!(
+                    "ranks {j} and {i} were given the same stream: each rank needs its own (the GPU-initiated kernels of one rank wait for its peers' kernels, \
+                     which could never start behind them on one stream)"
+                )));
+            }
+        }
+        for (r, (old, new)) in self.streams.iter().zip(streams).enumerate() {
+            super::rank::switch_stream(r, self.ranks[r].context().ordinal(), old, new)?;
+        }
+        self.streams = streams.to_vec();
+        Ok(())
     }
 
     /// Whether `transport` runs with ranks in one process: every transport but the NVSHMEM put

@@ -1,6 +1,8 @@
 //! Where a rank's exchange buffers live: ordinary device memory when all ranks share one process,
-//! NVSHMEM's symmetric heap when they are separate processes (PEs).
+//! NVSHMEM's symmetric heap when they are separate processes (PEs), or the caller's own memory
+//! ([`super::caller`]) for the coordinates and forces of a code that owns them.
 
+use super::caller::CallerSlice;
 use crate::error::Result;
 use crate::gpu::{CudaContext, DeviceBuffer, DeviceMemory};
 use crate::nvshmem::{Nvshmem, SymmetricBuffer};
@@ -16,12 +18,14 @@ pub enum MemoryKind {
     Symmetric(Arc<Nvshmem>),
 }
 
-/// A buffer from either allocator.
+/// A buffer from either allocator, or the caller's.
 pub enum Mem<T: Pod> {
     /// Ordinary device memory.
     Plain(DeviceBuffer<T>),
     /// Symmetric memory.
     Symmetric(SymmetricBuffer<T>),
+    /// The caller's memory: never allocated or freed here.
+    Caller(CallerSlice<T>),
 }
 
 impl<T: Pod> Mem<T> {
@@ -72,18 +76,21 @@ impl<T: Pod> DeviceMemory<T> for Mem<T> {
         match self {
             Self::Plain(b) => b.device_ptr(),
             Self::Symmetric(b) => b.device_ptr(),
+            Self::Caller(b) => b.device_ptr(),
         }
     }
     fn len(&self) -> usize {
         match self {
             Self::Plain(b) => b.len(),
             Self::Symmetric(b) => b.len(),
+            Self::Caller(b) => b.len(),
         }
     }
     fn context(&self) -> &Arc<CudaContext> {
         match self {
             Self::Plain(b) => b.context(),
             Self::Symmetric(b) => b.context(),
+            Self::Caller(b) => b.context(),
         }
     }
 }

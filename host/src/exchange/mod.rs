@@ -4,6 +4,8 @@
 //! - [`rank`]: one rank's buffers, metadata and launches ([`RankExchange`]).
 //! - [`local`]: several ranks in one process, on one or more GPUs ([`LocalRanks`]).
 //! - [`pe`]: one rank per NVSHMEM PE ([`PeExchange`]).
+//! - [`caller`]: the caller's own coordinate and force memory ([`CallerBuffers`]), for a code that
+//!   already holds them on the GPU; with [`Exchange::use_streams`], its own streams too.
 //! - [`interface`]: the one interface over both ([`Exchange`]), built from a [`Placement`], so a
 //!   per-step driver is written once.
 //! - [`synthetic`]: random halos for tests and benchmarks; [`mod@reference`]: their CPU result.
@@ -40,6 +42,7 @@
 //! # }
 //! ```
 
+pub mod caller;
 pub(crate) mod credits;
 pub mod heap;
 pub(crate) mod host_driven;
@@ -67,6 +70,7 @@ pub mod spec;
 pub mod synthetic;
 pub(crate) mod watch;
 
+pub use caller::{CallerBuffers, CallerSlice};
 pub use interface::{Exchange, Placement, ReplanFence};
 pub use local::LocalRanks;
 pub use pe::{PathPolicy, PeExchange};

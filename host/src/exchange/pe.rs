@@ -1,6 +1,7 @@
 //! One rank per process (an NVSHMEM PE): buffers on the symmetric heap, peers reached by
 //! `nvshmem_ptr` where NVLink allows loads and stores, by NVSHMEM puts otherwise (or when forced).
 
+use super::caller::CallerBuffers;
 use super::host_driven::{Direction, HostDriven};
 use super::interface::ReplanFence;
 use super::memory::MemoryKind;
@@ -118,6 +119,13 @@ impl PutSignaling {
     }
 }
 
+/// One PE's halo as [`PeExchange::with_buffers`] gathers it, with why its buffers cannot be used.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct GatheredHalo {
+    halo: RankHalo,
+    refusal: Option<String>,
+}
+
 /// This PE's exchange of values of type `T`.
 pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     rank: RankExchange<T>,
@@ -203,6 +211,75 @@ impl<T: Element> PeExchange<T> {
         signaling: PutSignaling,
         sizes: SharedSizes,
     ) -> Result<Self> {
+        Self::built(nvshmem, module, halos, policy, signaling, sizes, None)
+    }
+
+    /// This PE's side of the exchange on the caller's coordinates and forces (`buffers`, see
+    /// [`super::caller`]), from this PE's own halo: every PE's halo is all-gathered here (the
+    /// caller need not know its peers'), then the exchange is built as [`Self::new`] builds it.
+    /// Only the protocol state is allocated.
+    ///
+    /// Peers store into and put to these buffers, so across PEs they must be on NVSHMEM's
+    /// symmetric heap at the same offset on every PE: allocate them with `nvshmem_malloc` (or
+    /// [`Nvshmem::alloc`]) in the same order on every PE, as GROMACS allocates its coordinates
+    /// for its NVSHMEM halo exchange. Every PE must call this (not [`Self::new`]) for the same
+    /// exchange; a PE whose buffers do not qualify makes every PE return the same error, naming it.
+    pub fn with_buffers(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        mine: RankHalo,
+        policy: PathPolicy,
+        buffers: CallerBuffers<T>,
+    ) -> Result<Self> {
+        let me = nvshmem.my_pe();
+        let symmetric = |p: u64| nvshmem.peer_ptr(p, me) == Some(p);
+        let refusal = match buffers.check(me, mine.total_atoms, module.context().ordinal()) {
+            Err(e) => Some(e.to_string()),
+            Ok(()) => (!symmetric(buffers.x.device_ptr()) || !symmetric(buffers.f.device_ptr())).then(|| {
+                format!(
+                    "PE {me}: the caller's `x` ({:#x}) or `f` ({:#x}) is not on NVSHMEM's symmetric heap: peers store into them, so allocate them \
+                     with nvshmem_malloc (or halo's Nvshmem::alloc) on every PE in the same order",
+                    buffers.x.device_ptr(),
+                    buffers.f.device_ptr()
+                )
+            }),
+        };
+        let ours = GatheredHalo { halo: mine, refusal };
+        let bytes = serde_json::to_vec(&ours).map_err(|e| HaloError::InvalidInput(format!("encoding PE {me}'s halo: {e}")))?;
+        let all = nvshmem.all_gather_bytes(&bytes)?;
+        let mut halos = Vec::with_capacity(all.len());
+        for (pe, b) in all.iter().enumerate() {
+            let theirs: GatheredHalo = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("decoding PE {pe}'s halo: {e}")))?;
+            if let Some(why) = theirs.refusal {
+                return Err(HaloError::InvalidInput(format!("the caller's buffers cannot be used (every PE stops here): {why}")));
+            }
+            halos.push(theirs.halo);
+        }
+        let sizes = SharedSizes::of(&halos);
+        let this = Self::built(nvshmem, module, halos, policy, PutSignaling::from_env()?, sizes, Some(buffers))?;
+        // Same heap offset on every PE: each buffer's distance from this exchange's own
+        // (symmetric) signal slots must agree, or a peer's store would land elsewhere.
+        let view = this.rank.local_view();
+        let distance = |p: u64| p.wrapping_sub(view.signals);
+        let mine = [distance(this.rank.x.device_ptr()), distance(this.rank.f.device_ptr())];
+        let all = this.nvshmem.all_gather_bytes(bytemuck::cast_slice(&mine))?;
+        if let Some(pe) = all.iter().position(|b| b.as_slice() != bytemuck::cast_slice::<u64, u8>(&mine)) {
+            return Err(HaloError::InvalidInput(format!(
+                "the caller's `x`/`f` of PE {pe} sit at another symmetric-heap offset than PE {me}'s: allocate them in the same order and sizes on every PE"
+            )));
+        }
+        Ok(this)
+    }
+
+    fn built(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        halos: Vec<RankHalo>,
+        policy: PathPolicy,
+        signaling: PutSignaling,
+        sizes: SharedSizes,
+        buffers: Option<CallerBuffers<T>>,
+    ) -> Result<Self> {
         validate(&halos)?;
         if halos.len() != nvshmem.n_pes() {
             return Err(HaloError::InvalidInput(format!("the decomposition has {} ranks but {} PEs are running", halos.len(), nvshmem.n_pes())));
@@ -223,7 +300,11 @@ impl<T: Element> PeExchange<T> {
             }
             p => p,
         };
-        let rank = RankExchange::new(me, halos[me].clone(), module.clone(), &MemoryKind::Symmetric(nvshmem.clone()), sizes)?;
+        let kind = MemoryKind::Symmetric(nvshmem.clone());
+        let rank = match buffers {
+            Some(b) => RankExchange::with_buffers(me, halos[me].clone(), module.clone(), &kind, sizes, b)?,
+            None => RankExchange::new(me, halos[me].clone(), module.clone(), &kind, sizes)?,
+        };
         let remote_transport = std::env::var("NVSHMEM_REMOTE_TRANSPORT").ok();
         let mode = signaling.resolve(remote_transport.as_deref());
         let stream = super::rank::halo_stream(module.context())?;
@@ -370,6 +451,14 @@ impl<T: Element> PeExchange<T> {
     /// The stream the exchange runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Enqueues on `stream` from now on (the caller's: see [`super::Exchange::use_streams`]); the
+    /// first work there runs after everything already enqueued on the old stream.
+    pub fn use_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
+        super::rank::switch_stream(self.rank.rank(), self.rank.context().ordinal(), &self.stream, &stream)?;
+        self.stream = stream;
+        Ok(())
     }
 
     /// Every rank's halo.

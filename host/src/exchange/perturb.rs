@@ -740,6 +740,9 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
     fn finish(&mut self) -> Result<()> {
         self.inner.finish()
     }
+    fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        self.inner.use_streams(streams)
+    }
     fn barrier(&self) -> Result<()> {
         self.inner.barrier()
     }
@@ -799,6 +802,9 @@ impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {
     }
     fn finish(&mut self) -> Result<()> {
         (**self).finish()
+    }
+    fn use_streams(&mut self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        (**self).use_streams(streams)
     }
     fn barrier(&self) -> Result<()> {
         (**self).barrier()

@@ -7,6 +7,7 @@
 //! replays any number of times (docs/protocol.md, "Graphs").
 
 use super::Element;
+use super::caller::CallerBuffers;
 use super::memory::{Mem, MemoryKind};
 use super::spec::RankHalo;
 use super::watch::{self, StateWatch, StuckStream, WaitTarget};
@@ -227,11 +228,40 @@ impl<T: Element> RankExchange<T> {
     /// this with the same `sizes`) and uploads its index maps. Signals start at
     /// [`abi::SIGNAL_UNSET`], the protocol state and counters at zero.
     pub fn new(rank: usize, halo: RankHalo, module: Arc<KernelModule>, kind: &MemoryKind, sizes: SharedSizes) -> Result<Self> {
+        Self::build(rank, halo, module, kind, sizes, None)
+    }
+
+    /// [`Self::new`] on the caller's coordinates and forces (`buffers`, at least the halo's
+    /// `total_atoms` long, on the module's GPU): only the protocol state is allocated (from `kind`:
+    /// every rank must make the same choice, as symmetric allocation is collective). Across PEs
+    /// the caller's buffers must be symmetric too ([`super::PeExchange::with_buffers`] checks).
+    pub fn with_buffers(
+        rank: usize,
+        halo: RankHalo,
+        module: Arc<KernelModule>,
+        kind: &MemoryKind,
+        sizes: SharedSizes,
+        buffers: CallerBuffers<T>,
+    ) -> Result<Self> {
+        buffers.check(rank, halo.total_atoms, module.context().ordinal())?;
+        Self::build(rank, halo, module, kind, sizes, Some(buffers))
+    }
+
+    fn build(
+        rank: usize,
+        halo: RankHalo,
+        module: Arc<KernelModule>,
+        kind: &MemoryKind,
+        sizes: SharedSizes,
+        caller: Option<CallerBuffers<T>>,
+    ) -> Result<Self> {
         let ctx = module.context().clone();
         let n = sizes.pulses.max(1);
         let alloc = |len| Mem::<T>::new(kind, &ctx, len);
-        let x = alloc(sizes.atoms)?;
-        let f = alloc(sizes.atoms)?;
+        let (x, f) = match caller {
+            Some(CallerBuffers { x, f }) => (Mem::Caller(x), Mem::Caller(f)),
+            None => (alloc(sizes.atoms)?, alloc(sizes.atoms)?),
+        };
         // A pair of slots per pulse (step parity) in every staging and receive buffer; receive
         // slots hold a pulse as low-latency words, twice its bytes.
         let x_stage = alloc(2 * n * sizes.slot_atoms)?;
@@ -335,6 +365,14 @@ impl<T: Element> RankExchange<T> {
     /// caller. Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
     pub fn set_halo(&mut self, halo: RankHalo, stream: &CudaStream) -> Result<()> {
         let need = SharedSizes::of(std::slice::from_ref(&halo));
+        let held = self.x.len().min(self.f.len());
+        if halo.total_atoms > held {
+            // The caller's buffers may be shorter than the shared sizes (they hold this rank's atoms only).
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: a halo of {} atoms does not fit the coordinate and force buffers of {held} atoms; build a new exchange with larger buffers",
+                self.rank, halo.total_atoms
+            )));
+        }
         if !self.sizes.holds(&need) {
             return Err(HaloError::InvalidInput(format!(
                 "rank {}: a halo of {} atoms, {} pulses and {}-atom slots does not fit buffers of {} atoms, {} pulses and {}-atom slots",
@@ -983,6 +1021,25 @@ pub fn halo_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
     ctx.bind_to_thread().during("binding the context")?;
     let (_least, greatest) = cudarc::driver::result::stream::get_priority_range().during("reading stream priorities")?;
     ctx.new_stream_with_priority(greatest).during("creating the halo stream")
+}
+
+/// Moves a rank's work from stream `old` to `new` (the caller's, [`super::Exchange::use_streams`]):
+/// whatever is enqueued on `new` from now on runs after everything already enqueued on `old` (an
+/// event recorded there, waited on by `new`; nothing when they are the same stream). `new` must
+/// belong to the rank's GPU (`ordinal`), since its kernels launch there.
+pub fn switch_stream(rank: usize, ordinal: usize, old: &CudaStream, new: &CudaStream) -> Result<()> {
+    if new.context().ordinal() != ordinal {
+        return Err(HaloError::InvalidInput(format!(
+            "rank {rank} runs on GPU {ordinal} but the stream given for it belongs to GPU {}; pass a stream of the rank's GPU",
+            new.context().ordinal()
+        )));
+    }
+    if old.cu_stream() == new.cu_stream() {
+        return Ok(());
+    }
+    old.context().bind_to_thread().during("binding the context")?;
+    let done = old.record_event(None).during("recording the end of the old stream's work")?;
+    new.wait(&done).during("ordering the new stream after the old one")
 }
 
 /// Makes this context able to access `peer`'s memory (no-op when already enabled or same device).

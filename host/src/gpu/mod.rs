@@ -16,6 +16,20 @@ pub use staging::{Staging, grown_capacity};
 use crate::error::{CudaContextExt, HaloError, Result};
 use std::sync::Arc;
 
+/// The caller's CUDA stream `raw` (a `CUstream`, the same handle as the runtime's `cudaStream_t`)
+/// as a stream halo can enqueue on ([`crate::exchange::Exchange::use_streams`]). Halo never
+/// destroys it.
+///
+/// # Safety
+/// `raw` must be a valid stream of `ctx` (for the runtime API: created while `ctx`'s device was
+/// current, which is its primary context, the one [`open_device`] retains), or null for the
+/// context's legacy default stream, and must stay valid while the returned stream, or anything
+/// holding it (an exchange), is used.
+pub unsafe fn borrow_stream(ctx: &Arc<CudaContext>, raw: cudarc::driver::sys::CUstream) -> Arc<CudaStream> {
+    // SAFETY: the caller's contract, as cudarc's.
+    unsafe { ctx.wrap_borrowed_stream(raw) }
+}
+
 /// What this machine offers: GPUs, none, or GPUs the driver cannot bring up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GpuStatus {

@@ -789,6 +789,9 @@ mod tests {
             self.log("wait");
             Ok(())
         }
+        fn use_streams(&mut self, _: &[Arc<crate::gpu::CudaStream>]) -> Result<()> {
+            Ok(())
+        }
         fn barrier(&self) -> Result<()> {
             Ok(())
         }
