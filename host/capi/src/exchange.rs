@@ -59,7 +59,8 @@ fn ordinal(device: i32) -> Result<usize, Failure> {
     usize::try_from(device).map_err(|_| Failure::invalid(format!("device is {device}: pass a GPU ordinal (0 or more)")))
 }
 
-/// One rank's `x`/`f` as the exchange's caller-owned buffers, after checking what the host can.
+/// One rank's `x`/`f` as the exchange's caller-owned buffers (their lengths, GPU and overlap are
+/// checked by the exchange).
 ///
 /// # Safety
 /// `x` and `f` must be device pointers of `ctx`'s GPU to `len` atoms (3 floats each) that stay
@@ -68,12 +69,6 @@ unsafe fn caller_buffers(ctx: &Arc<CudaContext>, halo: &RankHalo, who: &str, x: 
     if x.is_null() || f.is_null() {
         let which = if x.is_null() { "x" } else { "f" };
         return Err(Failure::invalid(format!("{who}: {which} is null: pass the device pointer of its {} atoms (3 floats each)", halo.total_atoms)));
-    }
-    if len < halo.total_atoms {
-        return Err(Failure::invalid(format!(
-            "{who}: x and f hold {len} atoms, but its plan has {} (home atoms plus every received atom)",
-            halo.total_atoms
-        )));
     }
     // SAFETY: device pointers of `ctx`'s GPU to `len` atoms, kept alive by the caller (the caller's contract).
     let (x, f) = unsafe { (CallerSlice::from_raw(ctx, x as u64, len)?, CallerSlice::from_raw(ctx, f as u64, len)?) };

@@ -14,6 +14,6 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod error;
-// TEMP until the caller-owned API lands: pub mod exchange;
+pub mod exchange;
 pub mod plan;
 pub mod status;

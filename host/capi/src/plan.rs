@@ -242,7 +242,8 @@ mod tests {
             let p = &halo.pulses[0];
             assert_eq!((p.send_rank, p.recv_rank, &p.index_map[..], p.recv_size, p.atom_offset), (1, 1, &[0u32, 3][..], 2, 4));
             assert_eq!(p.shift, Some(Float3::new(10.0, 0.0, 0.0)));
-            assert_eq!((&(*b).halo).pulses[0].shift, None);
+            let other = &(*b).halo;
+            assert_eq!(other.pulses[0].shift, None);
             let plans = [a as *const halo_plan, b];
             assert_eq!(halo_plan_validate(plans.as_ptr(), 2), halo_status::HALO_OK);
             halo_plan_destroy(a);
@@ -285,7 +286,8 @@ mod tests {
     #[test]
     fn a_pulse_one_rank_can_see_is_wrong_is_refused_with_its_index() {
         let a = plan(4, 6);
-        let cases: [(fn(&mut halo_pulse_desc), &str); 5] = [
+        type Change = fn(&mut halo_pulse_desc);
+        let cases: [(Change, &str); 5] = [
             (|d| d.send_rank = -1, "pulse 0: send_rank -1 and recv_rank 1 must be ranks"),
             (|d| d.atom_offset = 5, "receives 2 atoms at atom_offset 5, past this rank's 6 atoms"),
             (|d| d.atom_offset = 3, "atom_offset 3 is inside the 4 home atoms"),
@@ -307,7 +309,8 @@ mod tests {
         }
         // SAFETY: a live plan.
         unsafe {
-            assert!((&(*a).halo).pulses.is_empty(), "a refused pulse is not added");
+            let halo = &(*a).halo;
+            assert!(halo.pulses.is_empty(), "a refused pulse is not added");
             halo_plan_destroy(a);
         }
     }
