@@ -65,7 +65,14 @@ fn ordinal(device: i32) -> Result<usize, Failure> {
 /// # Safety
 /// `x` and `f` must be device pointers of `ctx`'s GPU to `len` atoms (3 floats each) that stay
 /// allocated while the exchange lives.
-unsafe fn caller_buffers(ctx: &Arc<CudaContext>, halo: &RankHalo, who: &str, x: *mut f32, f: *mut f32, len: usize) -> Result<CallerBuffers<Float3>, Failure> {
+unsafe fn caller_buffers(
+    ctx: &Arc<CudaContext>,
+    halo: &RankHalo,
+    who: &str,
+    x: *mut f32,
+    f: *mut f32,
+    len: usize,
+) -> Result<CallerBuffers<Float3>, Failure> {
     if x.is_null() || f.is_null() {
         let which = if x.is_null() { "x" } else { "f" };
         return Err(Failure::invalid(format!("{who}: {which} is null: pass the device pointer of its {} atoms (3 floats each)", halo.total_atoms)));
@@ -228,7 +235,14 @@ pub unsafe extern "C" fn halo_pe_free(pe: *mut halo_pe, ptr: *mut f32) -> halo_s
 /// # Safety
 /// `pe` and `plan` null or live; `x`/`f` symmetric device memory of `len` atoms; `out` null or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn halo_pe_create(pe: *const halo_pe, plan: *const halo_plan, x: *mut f32, f: *mut f32, len: usize, out: *mut *mut halo_exchange) -> halo_status {
+pub unsafe extern "C" fn halo_pe_create(
+    pe: *const halo_pe,
+    plan: *const halo_plan,
+    x: *mut f32,
+    f: *mut f32,
+    len: usize,
+    out: *mut *mut halo_exchange,
+) -> halo_status {
     guard("halo_pe_create", || {
         // SAFETY: the caller's contract.
         let pe = unsafe { pe.as_ref() }.ok_or_else(|| Failure::invalid("`pe` is null: start it with halo_pe_start"))?;
@@ -296,7 +310,11 @@ impl halo_exchange {
     /// `streams` null or `n` live CUDA streams of the exchange's GPU(s).
     unsafe fn select_streams(&mut self, streams: *const CUstream, n: i32) -> Result<(), Failure> {
         if streams.is_null() {
-            return if n == 0 { Ok(()) } else { Err(Failure::invalid(format!("`streams` is null but n is {n}: pass n streams, or null and 0 to keep the streams in use"))) };
+            return if n == 0 {
+                Ok(())
+            } else {
+                Err(Failure::invalid(format!("`streams` is null but n is {n}: pass n streams, or null and 0 to keep the streams in use")))
+            };
         }
         let ranks = self.inner.local_ranks().len();
         if usize::try_from(n).ok() != Some(ranks) {
@@ -456,19 +474,35 @@ mod tests {
         let mut ex = null_mut();
         // SAFETY: every array has two elements; nothing reaches a GPU (the checks come first).
         unsafe {
-            assert_eq!(halo_local_create(0, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), null_mut()), halo_status::HALO_INVALID_ARGUMENT);
+            assert_eq!(
+                halo_local_create(0, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), null_mut()),
+                halo_status::HALO_INVALID_ARGUMENT
+            );
             assert!(last_error().contains("`out` is null"));
             assert_eq!(halo_local_create(0, plans.as_ptr(), 2, null(), bufs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
             assert!(last_error().contains("`x` is null: pass an array of 2"), "{}", last_error());
             assert_eq!(halo_local_create(0, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), null(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
             assert!(last_error().contains("`lens` is null"));
             assert_eq!(halo_local_create(0, null(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
-            assert_eq!(halo_local_create(0, plans.as_ptr(), -1, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
+            assert_eq!(
+                halo_local_create(0, plans.as_ptr(), -1, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex),
+                halo_status::HALO_INVALID_ARGUMENT
+            );
             assert!(last_error().contains("nranks is -1"));
             // One plan names a rank that is not there.
-            assert_eq!(halo_local_create(0, plans.as_ptr(), 1, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
-            assert!(last_error().starts_with("halo_local_create: invalid input: inconsistent halo plan: rank 0 pulse 0 names rank 1 of 1"), "{}", last_error());
-            assert_eq!(halo_local_create(-3, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
+            assert_eq!(
+                halo_local_create(0, plans.as_ptr(), 1, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex),
+                halo_status::HALO_INVALID_ARGUMENT
+            );
+            assert!(
+                last_error().starts_with("halo_local_create: invalid input: inconsistent halo plan: rank 0 pulse 0 names rank 1 of 1"),
+                "{}",
+                last_error()
+            );
+            assert_eq!(
+                halo_local_create(-3, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex),
+                halo_status::HALO_INVALID_ARGUMENT
+            );
             assert!(last_error().contains("device is -3"));
             assert!(ex.is_null(), "no exchange on failure");
             halo_plan_destroy(a);
@@ -489,7 +523,11 @@ mod tests {
         let present = gpu::gpu_unavailable_reason().is_none();
         let check = halo_check_device(0);
         // SAFETY: two-element arrays; without a GPU the device is never touched.
-        let create = if present { None } else { Some(unsafe { halo_local_create(0, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex) }) };
+        let create = if present {
+            None
+        } else {
+            Some(unsafe { halo_local_create(0, plans.as_ptr(), 2, bufs.as_ptr(), bufs.as_ptr(), lens.as_ptr(), &mut ex) })
+        };
         if present {
             assert_eq!(check, halo_status::HALO_OK, "{}", last_error());
         } else {

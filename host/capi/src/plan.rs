@@ -21,7 +21,7 @@ pub struct halo_plan {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct halo_pulse_desc {
-    /// The rank this pulse's coordinates are sent to (0 ≤ send_rank < number of ranks).
+    /// The rank this pulse's coordinates are sent to (0 <= send_rank < number of ranks).
     pub send_rank: i32,
     /// The rank this pulse's coordinates come from.
     pub recv_rank: i32,
@@ -121,17 +121,12 @@ fn pulse_spec(desc: &halo_pulse_desc, halo: &RankHalo, p: usize) -> Result<Pulse
         ));
     }
     if desc.recv_count > 0 && desc.atom_offset < halo.home_atoms {
-        return bad(format!(
-            "atom_offset {} is inside the {} home atoms: received atoms go after them",
-            desc.atom_offset, halo.home_atoms
-        ));
+        return bad(format!("atom_offset {} is inside the {} home atoms: received atoms go after them", desc.atom_offset, halo.home_atoms));
     }
     if desc.accumulate_forces == 0 {
-        return bad(
-            "accumulate_forces is 0: received forces must be added (a stored force would race with the other pulses' additions); \
+        return bad("accumulate_forces is 0: received forces must be added (a stored force would race with the other pulses' additions); \
              zero the forces of the received atoms and accumulate"
-                .into(),
-        );
+            .into());
     }
     let [x, y, z] = desc.shift;
     Ok(PulseSpec {
@@ -328,7 +323,10 @@ mod tests {
             let plans = [a as *const halo_plan, b];
             assert_eq!(halo_plan_validate(plans.as_ptr(), 2), halo_status::HALO_INVALID_ARGUMENT);
             let msg = last_error();
-            assert!(msg.starts_with("halo_plan_validate: invalid input: inconsistent halo plan: rank 1 pulse 0 sends 1 atoms, rank 0 expects 2"), "{msg}");
+            assert!(
+                msg.starts_with("halo_plan_validate: invalid input: inconsistent halo plan: rank 1 pulse 0 sends 1 atoms, rank 0 expects 2"),
+                "{msg}"
+            );
             // A rank named that does not exist.
             assert_eq!(halo_plan_validate(plans.as_ptr(), 1), halo_status::HALO_INVALID_ARGUMENT);
             assert!(last_error().contains("names rank 1 of 1"), "{}", last_error());
