@@ -220,9 +220,9 @@ fn snippets() -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// Builds `examples/capi-cpp` with CMake against the package installed in `prefix`, into `build`;
-/// returns the program.
-pub fn build_example(prefix: &Path, build: &Path) -> Result<PathBuf> {
+/// Builds `examples/capi-cpp` with CMake against the package installed in `prefix`, into `build`,
+/// with `extra` CMake arguments; returns the program.
+pub fn build_example(prefix: &Path, build: &Path, extra: &[&str]) -> Result<PathBuf> {
     let cmake = cmake()?;
     let cudart = cuda_runtime()?;
     let source = crate::workspace_root().join("examples/capi-cpp");
@@ -234,7 +234,8 @@ pub fn build_example(prefix: &Path, build: &Path) -> Result<PathBuf> {
             .arg(build)
             .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
             .arg(format!("-DCUDART_ROOT={}", cudart.display()))
-            .args(["-DCMAKE_CXX_COMPILER=g++", "-DCMAKE_BUILD_TYPE=Release"]),
+            .args(["-DCMAKE_CXX_COMPILER=g++", "-DCMAKE_BUILD_TYPE=Release"])
+            .args(extra),
         "cmake configure of examples/capi-cpp",
     )?;
     halo_builder::run(Command::new(&cmake).arg("--build").arg(build).arg("--parallel"), "cmake --build of examples/capi-cpp")?;
@@ -262,10 +263,23 @@ pub fn check(ptx: &crate::PtxArgs) -> Result<()> {
             &format!("gcc {}", snippet.display()),
         )?;
     }
-    let exe = build_example(&prefix, &root().join("example-build"))?;
+    let exe = build_example(&prefix, &root().join("example-build"), &[])?;
     expect_no_gpu(&exe)?;
     eprintln!("xtask: capi check passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The C API for the GPU bundle, in `dest`: the release `libhalo.so` and `capi-cpp` built against
+/// it (C++ runtime linked statically, so only the driver and `libhalo.so`, found next to it, are
+/// needed there); returns the bytes copied.
+pub fn for_bundle(ptx: &crate::PtxArgs, dest: &Path) -> Result<u64> {
+    let prefix = root().join("bundle-prefix");
+    let lib = install(ptx, &prefix, true)?;
+    let exe = build_example(&prefix, &root().join("bundle-example-build"), &["-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc"])?;
+    fs::create_dir_all(dest)?;
+    crate::bundle::copy_stripped(&lib.join("libhalo.so"), &dest.join("libhalo.so"))?;
+    crate::bundle::copy_stripped(&exe, &dest.join("capi-cpp"))?;
+    Ok(fs::metadata(dest.join("libhalo.so"))?.len() + fs::metadata(dest.join("capi-cpp"))?.len())
 }
 
 /// Runs the example: on a machine without a GPU it must fail with halo's `HALO_NO_GPU` message
