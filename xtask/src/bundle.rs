@@ -42,9 +42,10 @@ const GPU_TESTS: &[&str] = &[
     "stencil3d_gpu",
     "gpu_pes",
     "gpu_multiprocess",
+    "gpu_capi",
 ];
 /// The packages those tests belong to.
-const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
+const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli", "halo-capi"];
 
 pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_mpi: bool, archive: bool) -> Result<()> {
     let root = crate::workspace_root();

@@ -34,9 +34,10 @@ pub struct halo_exchange {
 /// allocation of it.
 #[allow(non_camel_case_types)]
 pub struct halo_pe {
-    session: PeSession,
-    /// Symmetric allocations made by `halo_pe_alloc`, freed by `halo_pe_free` or with the PE.
+    /// Symmetric allocations made by `halo_pe_alloc`, freed by `halo_pe_free` or with the PE
+    /// (before the session: fields drop in order).
     allocations: Vec<SymmetricBuffer<Float3>>,
+    session: PeSession,
 }
 
 /// The exchange behind a handle, or why there is none.
@@ -77,9 +78,14 @@ unsafe fn caller_buffers(
         let which = if x.is_null() { "x" } else { "f" };
         return Err(Failure::invalid(format!("{who}: {which} is null: pass the device pointer of its {} atoms (3 floats each)", halo.total_atoms)));
     }
-    // SAFETY: device pointers of `ctx`'s GPU to `len` atoms, kept alive by the caller (the caller's contract).
-    let (x, f) = unsafe { (CallerSlice::from_raw(ctx, x as u64, len)?, CallerSlice::from_raw(ctx, f as u64, len)?) };
-    Ok(CallerBuffers { x, f })
+    let slice = |name: &str, ptr: *mut f32| {
+        // SAFETY: a device pointer of `ctx`'s GPU to `len` atoms, kept alive by the caller (the caller's contract).
+        unsafe { CallerSlice::from_raw(ctx, ptr as u64, len) }.map_err(|e| {
+            let failure = Failure::from(e);
+            Failure { message: format!("{who}'s {name}: {}", failure.message), ..failure }
+        })
+    };
+    Ok(CallerBuffers { x: slice("x", x)?, f: slice("f", f)? })
 }
 
 /// Checks that GPU `device` can run halo: a CUDA driver, the GPU itself, and halo's kernels for
@@ -161,7 +167,7 @@ pub unsafe extern "C" fn halo_pe_start(out: *mut *mut halo_pe) -> halo_status {
         })?;
         let session = PeSession::start(env, None)?;
         // SAFETY: `out` is non-null and writable (the caller's contract).
-        unsafe { *out = Box::into_raw(Box::new(halo_pe { session, allocations: Vec::new() })) };
+        unsafe { *out = Box::into_raw(Box::new(halo_pe { allocations: Vec::new(), session })) };
         Ok(())
     })
 }
