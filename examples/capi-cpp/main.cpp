@@ -12,7 +12,8 @@
 //
 //   capi-cpp [--atoms N] [--steps N] [--warmup N] [--transport NAME] [--device N] [--pe]
 //
-// One process runs both ranks (halo_local_create); with --pe, under `halo launch -n 2`, each
+// One process runs both ranks (halo_local_create); with --pe, under
+// `halo launch -n 2 --exe capi-cpp -- --pe`, each
 // process is one NVSHMEM PE with its rank's plan only (halo_pe_create). Exit code 0 and the line
 // "capi-cpp: PASS" on success; on any error the call, its halo_status and halo_last_error.
 
@@ -358,7 +359,7 @@ int run_pe(const Options& o, const Decomposition& d, halo_plan* const* plans) {
     HALO(halo_pe_info(pe, &rank, &nranks, &device));
     if (nranks != kRanks) {
         HALO(halo_pe_destroy(pe));
-        throw Failure("--pe needs exactly 2 PEs (halo launch -n 2), this run has " + std::to_string(nranks));
+        throw Failure("--pe needs exactly 2 PEs (halo launch -n 2 --exe capi-cpp -- --pe), this run has " + std::to_string(nranks));
     }
     CUDA(cudaSetDevice(device));
     // The same allocations in the same order on every PE (the symmetric heap); sized for the

@@ -190,7 +190,7 @@ halo_status halo_check_device(int32_t device);
 halo_status halo_local_create(int32_t device, const halo_plan *const *plans, int32_t nranks, float *const *x, float *const *f, const size_t *lens, halo_exchange **out);
 
 /**
- * Starts this process as one NVSHMEM PE of a multi-process run started by `halo launch -n N`
+ * Starts this process as one NVSHMEM PE of a multi-process run started by `halo launch -n N --exe PROGRAM`
  * (or mpirun/srun, whose environment says the rank): opens its GPU, initialises NVSHMEM and
  * loads the kernels. Collective: every PE calls it. Stores the PE in `*out`.
  *

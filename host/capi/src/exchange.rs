@@ -150,7 +150,7 @@ pub unsafe extern "C" fn halo_local_create(
     })
 }
 
-/// Starts this process as one NVSHMEM PE of a multi-process run started by `halo launch -n N`
+/// Starts this process as one NVSHMEM PE of a multi-process run started by `halo launch -n N --exe PROGRAM`
 /// (or mpirun/srun, whose environment says the rank): opens its GPU, initialises NVSHMEM and
 /// loads the kernels. Collective: every PE calls it. Stores the PE in `*out`.
 ///
@@ -163,7 +163,7 @@ pub unsafe extern "C" fn halo_pe_start(out: *mut *mut halo_pe) -> halo_status {
             return Err(Failure::invalid("`out` is null: pass the address of a `halo_pe*`"));
         }
         let env = halo_lib::launch::RankEnv::from_env().ok_or_else(|| {
-            Failure::invalid("this process was not started as one of several PEs: run it under `halo launch -n N -- PROGRAM` (or mpirun/srun)")
+            Failure::invalid("this process was not started as one of several PEs: run it under `halo launch -n N --exe PROGRAM` (or mpirun/srun)")
         })?;
         let session = PeSession::start(env, None)?;
         // SAFETY: `out` is non-null and writable (the caller's contract).
@@ -468,6 +468,18 @@ mod tests {
             assert!(last_error().contains("`pe` is null"));
             assert_eq!(halo_pe_start(null_mut()), halo_status::HALO_INVALID_ARGUMENT);
         }
+    }
+
+    #[test]
+    fn a_pe_outside_a_multi_process_launch_is_refused_with_the_launcher_to_use() {
+        if halo_lib::launch::RankEnv::from_env().is_some() {
+            return; // started by a launcher: halo_pe_start would start NVSHMEM (a GPU test's case)
+        }
+        let mut pe = null_mut();
+        // SAFETY: `pe` is writable.
+        assert_eq!(unsafe { halo_pe_start(&mut pe) }, halo_status::HALO_INVALID_ARGUMENT);
+        assert!(pe.is_null());
+        assert!(last_error().contains("run it under `halo launch -n N --exe PROGRAM`"), "{}", last_error());
     }
 
     #[test]
