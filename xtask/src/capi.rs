@@ -247,19 +247,15 @@ pub fn check(ptx: &crate::PtxArgs) -> Result<()> {
     let started = std::time::Instant::now();
     check_header()?;
     let prefix = root().join("prefix");
-    let lib = install(ptx, &prefix, false)?;
-    // The docs' C snippets: strict C11 against the installed header, linked against libhalo.so.
+    install(ptx, &prefix, false)?;
+    // The docs' C snippets: strict C11 against the installed header, linked against libhalo.so
+    // with the flags of the installed halo.pc (pkg-config), or the same flags spelled out where
+    // pkg-config is not installed.
+    let flags = pkg_config_flags(&prefix)?;
     for snippet in snippets()? {
         let exe = root().join(snippet.file_stem().context("a snippet has a name")?);
         halo_builder::run(
-            Command::new("gcc")
-                .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"])
-                .arg(format!("-I{}", prefix.join("include").display()))
-                .arg(&snippet)
-                .arg(format!("-L{}", lib.display()))
-                .arg(format!("-Wl,-rpath,{}", lib.display()))
-                .args(["-lhalo", "-o"])
-                .arg(&exe),
+            Command::new("gcc").args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]).arg(&snippet).args(&flags).arg("-o").arg(&exe),
             &format!("gcc {}", snippet.display()),
         )?;
     }
@@ -280,6 +276,30 @@ pub fn for_bundle(ptx: &crate::PtxArgs, dest: &Path) -> Result<u64> {
     crate::bundle::copy_stripped(&lib.join("libhalo.so"), &dest.join("libhalo.so"))?;
     crate::bundle::copy_stripped(&exe, &dest.join("capi-cpp"))?;
     Ok(fs::metadata(dest.join("libhalo.so"))?.len() + fs::metadata(dest.join("capi-cpp"))?.len())
+}
+
+/// The compiler and linker flags of halo's C API installed in `prefix`: `pkg-config --cflags --libs
+/// halo` on the installed halo.pc, or (no pkg-config) what that file says, spelled out.
+fn pkg_config_flags(prefix: &Path) -> Result<Vec<String>> {
+    let pc = prefix.join("lib/pkgconfig");
+    let out = Command::new("pkg-config").args(["--cflags", "--libs", "halo"]).env("PKG_CONFIG_PATH", &pc).output();
+    match out {
+        Ok(o) if o.status.success() => {
+            eprintln!("xtask: the C snippets take their flags from {}/halo.pc (pkg-config)", pc.display());
+            Ok(String::from_utf8(o.stdout)?.split_whitespace().map(String::from).collect())
+        }
+        Ok(o) => bail!("pkg-config --cflags --libs halo failed on {}/halo.pc: {}", pc.display(), String::from_utf8_lossy(&o.stderr)),
+        Err(_) => {
+            eprintln!("xtask: pkg-config is not installed: halo.pc is not exercised, the C snippets get its flags spelled out");
+            let lib = prefix.join("lib");
+            Ok(vec![
+                format!("-I{}", prefix.join("include").display()),
+                format!("-L{}", lib.display()),
+                format!("-Wl,-rpath,{}", lib.display()),
+                "-lhalo".into(),
+            ])
+        }
+    }
 }
 
 /// Runs the example: on a machine without a GPU it must fail with halo's `HALO_NO_GPU` message
