@@ -17,6 +17,10 @@ use std::time::Duration;
 #[path = "gpu_timeline.rs"]
 mod timeline;
 
+/// The exchange on the caller's own buffers and streams: this binary too; filter `caller::`.
+#[path = "gpu_caller.rs"]
+mod caller;
+
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|f| [f.x.to_bits(), f.y.to_bits(), f.z.to_bits()]).collect()
 }

@@ -579,3 +579,35 @@ fn the_md_step_fails_over_by_rolling_back_to_the_last_search_step() {
         assert!(run.count("failure epoch 1") >= 1, "{what}: the routes after the failover name the agreed failure:\n{text}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A code that owns its buffers and stream, one PE per process.
+
+/// The downstream fixture (`tests/downstream`, a crate that depends on halo as a user's would),
+/// beside `halo` in the bundle.
+fn downstream_bin(test: &str) -> PathBuf {
+    let halo = halo_bin();
+    let candidate = halo.with_file_name("halo-downstream");
+    assert!(
+        candidate.is_file(),
+        "{test}: no halo-downstream beside {} (the bundle ships it; in a workspace, build tests/downstream and set HALO_BIN to a folder with both)",
+        halo.display()
+    );
+    candidate
+}
+
+/// Two PEs on one GPU (under MPS when it runs, time-sliced otherwise), each a process that owns
+/// its coordinates and forces (symmetric, allocated from the NVSHMEM it runs) and its stream,
+/// and gives halo only its own rank's halo: both match the CPU reference.
+#[test]
+fn two_pes_exchange_on_their_own_buffers_and_stream() {
+    let test = "two_pes_exchange_on_their_own_buffers_and_stream";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    let exe = downstream_bin(test);
+    let exe = exe.to_string_lossy();
+    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--", &exe], &[], Duration::from_secs(120));
+    run.assert_ok("halo-downstream as 2 PEs");
+    assert_eq!(run.count("on its own symmetric buffers and stream matches the CPU reference"), 2, "{}", run.text());
+}

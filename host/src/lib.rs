@@ -62,3 +62,8 @@ pub mod system;
 pub mod testing;
 pub mod watchdog;
 pub mod workers;
+
+// The Rust snippets of docs/library.md, compiled by every `cargo test` (the runnable ones run).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/library.md")]
+mod library_guide {}

@@ -3,15 +3,20 @@
 //! variable and no file next to it.
 //!
 //! Eight ranks of a synthetic 2x2x2 halo in one process on GPU 0: coordinates forward, forces back
-//! (accumulated), checked against the library's CPU reference (`halo::exchange::reference`).
+//! (accumulated), checked against the library's CPU reference (`halo::exchange::reference`); once
+//! in halo's own buffers, once as a simulation code that owns its memory and streams runs it (its
+//! own x and f, its own streams, halo allocating only its protocol state).
+//! Under `halo launch -n N -- halo-downstream` each process is one PE and runs the second form:
+//! its own symmetric x and f, its own stream, only its own rank's halo given to halo.
 //! Without a GPU it says so and exits 0 (the build is what CI checks), unless GPUs were promised
 //! (`HALO_REQUIRE_GPUS=N` with N >= 1, or `HALO_REQUIRE_GPU=1`).
 
 use halo::abi::Float3;
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
+use halo::exchange::pe::{PathPolicy, PeExchange};
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{LocalRanks, Transport, reference};
-use halo::gpu::{self, DeviceMemory, KernelModule};
+use halo::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, RankHalo, Transport, reference};
+use halo::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -39,16 +44,122 @@ fn run() -> Result<(), String> {
         println!("halo-downstream: no GPU: built OK, skipped the run ({reason})");
         return Ok(());
     }
-    exchange(&artifacts).map_err(|e| e.to_string())
+    let env = halo::launch::RankEnv::from_env_or_single();
+    if env.nranks > 1 {
+        return pe_own_buffers(env).map_err(|e| e.to_string());
+    }
+    exchange(&artifacts).map_err(|e| e.to_string())?;
+    own_buffers(&artifacts).map_err(|e| e.to_string())
+}
+
+/// The synthetic halo both forms exchange, and its values.
+fn problem(ranks: [usize; 3]) -> (Vec<RankHalo>, Vec<Vec<Float3>>, Vec<Vec<Float3>>) {
+    let shape = SyntheticShape { grid: ranks, pulses_per_dim: 1, home_atoms: 2000, send_fraction: 0.3, box_len: 5.0 };
+    let halos = synthetic::halos(shape, 7);
+    let home = synthetic::random_values(&halos, 11, true);
+    let forces = synthetic::random_values(&halos, 13, false);
+    (halos, home, forces)
+}
+
+/// Checks rank `r`'s coordinates (bit-exact) and forces (to rounding) against the CPU reference;
+/// returns the largest relative force error.
+fn check_rank(r: usize, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<Float3>], x: &[Float3], f: &[Float3]) -> Result<f64, String> {
+    let (want_x, want_f) = (&reference::coordinates(halos, home)[r], &reference::forces(halos, forces)[r]);
+    let bits = |v: &Float3| [v.x.to_bits(), v.y.to_bits(), v.z.to_bits()];
+    if let Some(i) = (0..want_x.len()).find(|&i| x.get(i).map(bits) != Some(bits(&want_x[i]))) {
+        return Err(format!("rank {r}: coordinate {i} is {:?}, the CPU reference says {:?}", x.get(i), want_x[i]));
+    }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in f.iter().zip(want_f).enumerate() {
+        for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
+            // Accumulation order differs from the CPU's: relative to the terms' scale.
+            let err = f64::from((u - v).abs()) / f64::from(v.abs()).max(1.0);
+            if err.is_nan() || err > 1e-5 {
+                return Err(format!("rank {r}: force {i} is {a:?}, the CPU reference says {b:?}"));
+            }
+            worst = worst.max(err);
+        }
+    }
+    Ok(worst)
+}
+
+/// The application's x and f (its own allocations) lent to halo for one rank.
+fn lend(ctx: &Arc<gpu::CudaContext>, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>) -> halo::Result<CallerBuffers<Float3>> {
+    // SAFETY: the caller keeps `x` and `f` alive until the exchange built with them is dropped.
+    unsafe { Ok(CallerBuffers { x: CallerSlice::from_raw(ctx, x.device_ptr(), x.len())?, f: CallerSlice::from_raw(ctx, f.device_ptr(), f.len())? }) }
+}
+
+/// Every rank in this process on the application's own buffers and streams.
+fn own_buffers(artifacts: &KernelArtifacts) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = gpu::open_device(0)?;
+    let module = Arc::new(KernelModule::load(&ctx, artifacts)?);
+    let (halos, home, forces) = problem([2, 2, 2]);
+    // The application's memory: allocated, filled and read by it (NaN ghosts until the halo lands).
+    let mut xs = Vec::new();
+    let mut fs = Vec::new();
+    for (r, h) in halos.iter().enumerate() {
+        let x = DeviceBuffer::<Float3>::uninit(&ctx, h.total_atoms)?;
+        x.fill_bytes(0xFF)?;
+        x.copy_from_host(&home[r])?;
+        xs.push(x);
+        fs.push(DeviceBuffer::from_host(&ctx, &forces[r])?);
+    }
+    let streams = (0..halos.len()).map(|_| ctx.new_stream()).collect::<Result<Vec<_>, _>>()?;
+    let lent = xs.iter().zip(&fs).map(|(x, f)| lend(&ctx, x, f)).collect::<halo::Result<Vec<_>>>()?;
+    let mut ranks = LocalRanks::<Float3>::with_buffers(halos.clone(), &[module], lent)?;
+    ranks.use_streams(&streams)?;
+    ranks.exchange_forward(Transport::Fused)?;
+    ranks.exchange_reverse_accumulate(Transport::Fused)?;
+    Exchange::finish(&mut ranks)?;
+    let mut worst = 0.0f64;
+    for r in 0..halos.len() {
+        worst = worst.max(check_rank(r, &halos, &home, &forces, &xs[r].to_host()?, &fs[r].to_host()?)?);
+    }
+    drop(ranks); // before the application frees its memory
+    println!(
+        "halo-downstream: {} ranks on the application's own buffers and streams: fused exchange matches the CPU reference \
+         (coordinates bit-exact, forces max rel err {worst:.1e})",
+        halos.len()
+    );
+    Ok(())
+}
+
+/// This process as one PE of `halo launch -n N`: its own symmetric x and f (allocated from the
+/// NVSHMEM it runs, in the same order on every PE), its own stream, only its own halo given.
+fn pe_own_buffers(env: halo::launch::RankEnv) -> Result<(), Box<dyn std::error::Error>> {
+    let session = halo::session::PeSession::start(env.clone(), None)?;
+    let (halos, home, forces) = problem([env.nranks, 1, 1]);
+    let me = env.rank;
+    let most = halos.iter().map(|h| h.total_atoms).max().unwrap_or(0);
+    // Symmetric allocations are collective: every PE allocates the same sizes in the same order.
+    let x = session.nvshmem.alloc::<Float3>(most)?;
+    let f = session.nvshmem.alloc::<Float3>(most)?;
+    x.fill_bytes(0xFF)?;
+    x.copy_from_host(&home[me])?;
+    f.fill_bytes(0)?;
+    f.copy_from_host(&forces[me])?;
+    let stream = session.ctx.new_stream()?;
+    let lent = lend(&session.ctx, &x, &f)?;
+    let mut pe = PeExchange::<Float3>::with_buffers(session.nvshmem.clone(), session.module.clone(), halos[me].clone(), PathPolicy::Routed, lent)?;
+    pe.use_stream(stream)?;
+    pe.exchange_forward(Transport::Fused)?;
+    pe.exchange_reverse_accumulate(Transport::Fused)?;
+    pe.finish()?;
+    let total = halos[me].total_atoms;
+    let worst = check_rank(me, &halos, &home, &forces, &x.to_host()?[..total], &f.to_host()?[..total])?;
+    drop(pe); // before the symmetric buffers are freed (collectively)
+    println!(
+        "halo-downstream: PE {me} of {}: fused exchange on its own symmetric buffers and stream matches the CPU reference \
+         (coordinates bit-exact, forces max rel err {worst:.1e})",
+        env.nranks
+    );
+    Ok(())
 }
 
 fn exchange(artifacts: &KernelArtifacts) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = gpu::open_device(0)?;
     let module = Arc::new(KernelModule::load(&ctx, artifacts)?);
-    let shape = SyntheticShape { grid: [2, 2, 2], pulses_per_dim: 1, home_atoms: 2000, send_fraction: 0.3, box_len: 5.0 };
-    let halos = synthetic::halos(shape, 7);
-    let home = synthetic::random_values(&halos, 11, true);
-    let forces = synthetic::random_values(&halos, 13, false);
+    let (halos, home, forces) = problem([2, 2, 2]);
     let mut ranks = LocalRanks::<Float3>::new(halos.clone(), &[module])?;
     for (r, rank) in ranks.ranks().iter().enumerate() {
         rank.x.fill_bytes(0xFF)?; // poison: every ghost the exchange misses stays NaN
@@ -58,24 +169,10 @@ fn exchange(artifacts: &KernelArtifacts) -> Result<(), Box<dyn std::error::Error
     ranks.exchange_forward(Transport::Fused)?;
     ranks.exchange_reverse_accumulate(Transport::Fused)?;
     ranks.finish()?;
-    let (want_x, want_f) = (reference::coordinates(&halos, &home), reference::forces(&halos, &forces));
     let (xs, fs) = (ranks.coordinates()?, ranks.forces()?);
     let mut worst = 0.0f64;
     for r in 0..halos.len() {
-        let bits = |v: &Float3| [v.x.to_bits(), v.y.to_bits(), v.z.to_bits()];
-        if let Some(i) = (0..xs[r].len()).find(|&i| bits(&xs[r][i]) != bits(&want_x[r][i])) {
-            return Err(format!("rank {r}: coordinate {i} is {:?}, the CPU reference says {:?}", xs[r][i], want_x[r][i]).into());
-        }
-        for (i, (a, b)) in fs[r].iter().zip(&want_f[r]).enumerate() {
-            for (u, v) in [(a.x, b.x), (a.y, b.y), (a.z, b.z)] {
-                // Accumulation order differs from the CPU's: relative to the terms' scale.
-                let err = f64::from((u - v).abs()) / f64::from(v.abs()).max(1.0);
-                if !(err <= 1e-5) {
-                    return Err(format!("rank {r}: force {i} is {a:?}, the CPU reference says {b:?}").into());
-                }
-                worst = worst.max(err);
-            }
-        }
+        worst = worst.max(check_rank(r, &halos, &home, &forces, &xs[r], &fs[r])?);
     }
     println!(
         "halo-downstream: {} ranks on {} ({}): fused exchange from the embedded kernels matches the CPU reference \
