@@ -7,7 +7,8 @@
 //!   `lib/pkgconfig/halo.pc`.
 //! - the `capi` check of `cargo xtask test` ([`check`]): the header is current, the C snippets and
 //!   `examples/capi-cpp` (configured with CMake against an installed package, built with g++)
-//!   compile and link, and the example, run without a GPU, fails with halo's `HALO_NO_GPU` message.
+//!   compile and link (the example on `libhalo.so` and on `libhalo.a`), and the example, run without
+//!   a GPU, fails with halo's `HALO_NO_GPU` message.
 //!
 //! CI has no CUDA toolkit and maybe no CMake: the CUDA runtime's headers and `libcudart_static.a`
 //! and CMake come from pinned PyPI wheels ([`CUDA_RUNTIME`], [`CUDA_CRT`], [`CMAKE`]), SHA-256
@@ -260,6 +261,9 @@ pub fn check(ptx: &crate::PtxArgs) -> Result<()> {
         )?;
     }
     let exe = build_example(&prefix, &root().join("example-build"), &[])?;
+    expect_no_gpu(&exe)?;
+    // The same program on libhalo.a (halo::halo_static): the static library links on its own.
+    let exe = build_example(&prefix, &root().join("example-static-build"), &["-DHALO_LINK_STATIC=ON"])?;
     expect_no_gpu(&exe)?;
     eprintln!("xtask: capi check passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
