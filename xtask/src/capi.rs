@@ -83,8 +83,10 @@ pub fn install(ptx: &crate::PtxArgs, prefix: &Path, release: bool) -> Result<Pat
     for d in [&lib, &include, &cmake, &pkgconfig] {
         fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
-    for name in ["libhalo.so", "libhalo.a"] {
-        copy(&built.join(name), &lib.join(name))?;
+    // The crate's library is `halo_capi` in target/ (beside the Rust library `halo`'s outputs);
+    // C and C++ link it as libhalo (the shared library's soname is libhalo.so: host/capi/build.rs).
+    for (from, to) in [("libhalo_capi.so", "libhalo.so"), ("libhalo_capi.a", "libhalo.a")] {
+        copy(&built.join(from), &lib.join(to))?;
     }
     copy(&header_path(), &include.join("halo.h"))?;
     let templates = crate_dir().join("cmake");

@@ -2,7 +2,7 @@
 //! status code plus a message kept for `halo_last_error`, and a panic never crosses into C.
 
 use crate::status::{halo_status, status_of};
-use halo_lib::HaloError;
+use halo::HaloError;
 use std::cell::RefCell;
 use std::ffi::c_char;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -6,10 +6,10 @@
 use crate::error::{Failure, guard};
 use crate::plan::{collect_plans, halo_plan};
 use crate::status::halo_status;
-use halo_lib::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, PathPolicy, PeExchange, RankHalo, Transport, spec};
-use halo_lib::gpu::{self, CudaContext, KernelModule};
-use halo_lib::nvshmem::SymmetricBuffer;
-use halo_lib::session::PeSession;
+use halo::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, PathPolicy, PeExchange, RankHalo, Transport, spec};
+use halo::gpu::{self, CudaContext, KernelModule};
+use halo::nvshmem::SymmetricBuffer;
+use halo::session::PeSession;
 use kernels_gpu::abi::Float3;
 use std::ffi::{CStr, c_char};
 use std::sync::Arc;
@@ -51,7 +51,7 @@ unsafe fn exchange_mut<'a>(ex: *mut halo_exchange) -> Result<&'a mut halo_exchan
 
 /// The kernels loaded on `ctx`'s GPU.
 fn load_module(ctx: &Arc<CudaContext>) -> Result<KernelModule, Failure> {
-    let artifacts = halo_lib::artifacts::KernelArtifacts::locate(halo_lib::artifacts::DEFAULT_ARCH)?;
+    let artifacts = halo::artifacts::KernelArtifacts::locate(halo::artifacts::DEFAULT_ARCH)?;
     Ok(KernelModule::load(ctx, &artifacts)?)
 }
 
@@ -162,7 +162,7 @@ pub unsafe extern "C" fn halo_pe_start(out: *mut *mut halo_pe) -> halo_status {
         if out.is_null() {
             return Err(Failure::invalid("`out` is null: pass the address of a `halo_pe*`"));
         }
-        let env = halo_lib::launch::RankEnv::from_env().ok_or_else(|| {
+        let env = halo::launch::RankEnv::from_env().ok_or_else(|| {
             Failure::invalid("this process was not started as one of several PEs: run it under `halo launch -n N --exe PROGRAM` (or mpirun/srun)")
         })?;
         let session = PeSession::start(env, None)?;
@@ -301,7 +301,7 @@ pub unsafe extern "C" fn halo_exchange_set_transport(ex: *mut halo_exchange, nam
         }
         // SAFETY: a NUL-terminated string (the caller's contract).
         let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        let transport: Transport = name.parse().map_err(|e: halo_lib::exchange::UnknownTransport| Failure::invalid(e.to_string()))?;
+        let transport: Transport = name.parse().map_err(|e: halo::exchange::UnknownTransport| Failure::invalid(e.to_string()))?;
         ex.inner.check_transport(transport)?;
         ex.transport = transport;
         Ok(())
@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn a_pe_outside_a_multi_process_launch_is_refused_with_the_launcher_to_use() {
-        if halo_lib::launch::RankEnv::from_env().is_some() {
+        if halo::launch::RankEnv::from_env().is_some() {
             return; // started by a launcher: halo_pe_start would start NVSHMEM (a GPU test's case)
         }
         let mut pe = null_mut();

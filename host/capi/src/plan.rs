@@ -4,7 +4,7 @@
 
 use crate::error::{Failure, guard};
 use crate::status::halo_status;
-use halo_lib::exchange::{PulseSpec, RankHalo, spec};
+use halo::exchange::{PulseSpec, RankHalo, spec};
 use kernels_gpu::abi::Float3;
 
 /// One rank's halo plan: its home atoms, all its atoms, and its pulses in execution order. Made by

@@ -1,6 +1,6 @@
 //! `halo_status`: what every call returns, and which library error maps to which code.
 
-use halo_lib::HaloError;
+use halo::HaloError;
 use std::ffi::c_char;
 
 /// What a halo call returns. `HALO_OK` (0) is success; on any other value

@@ -3,14 +3,14 @@
 //! same exchange through the Rust API on the same buffers and streams, and the errors only a GPU
 //! can show (host memory passed as `x`, buffers too short). Without a GPU each test says it skipped.
 
-use halo::exchange::{CUstream, halo_exchange, halo_exchange_coordinates, halo_exchange_destroy, halo_exchange_finish, halo_exchange_forces};
-use halo::exchange::{halo_check_device, halo_exchange_set_transport, halo_local_create};
-use halo::plan::{halo_plan, halo_plan_add_pulse, halo_plan_create, halo_plan_destroy, halo_pulse_desc};
-use halo::status::halo_status;
-use halo_lib::exchange::synthetic::{self, SyntheticShape};
-use halo_lib::exchange::{CallerBuffers, CallerSlice, LocalRanks, RankHalo, Transport, reference};
-use halo_lib::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
-use halo_lib::testing::gpu_or_skip;
+use halo::exchange::synthetic::{self, SyntheticShape};
+use halo::exchange::{CallerBuffers, CallerSlice, LocalRanks, RankHalo, Transport, reference};
+use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
+use halo::testing::gpu_or_skip;
+use halo_capi::exchange::{CUstream, halo_exchange, halo_exchange_coordinates, halo_exchange_destroy, halo_exchange_finish, halo_exchange_forces};
+use halo_capi::exchange::{halo_check_device, halo_exchange_set_transport, halo_local_create};
+use halo_capi::plan::{halo_plan, halo_plan_add_pulse, halo_plan_create, halo_plan_destroy, halo_pulse_desc};
+use halo_capi::status::halo_status;
 use kernels_gpu::abi::Float3;
 use std::ptr::null_mut;
 use std::sync::Arc;
@@ -18,9 +18,9 @@ use std::time::Instant;
 
 /// The message of the last failed call on this thread.
 fn last_error() -> String {
-    let mut buf = vec![0 as std::ffi::c_char; halo::error::halo_last_error_length() + 1];
+    let mut buf = vec![0 as std::ffi::c_char; halo_capi::error::halo_last_error_length() + 1];
     // SAFETY: `buf` has that many writable bytes.
-    unsafe { halo::error::halo_last_error(buf.as_mut_ptr(), buf.len()) };
+    unsafe { halo_capi::error::halo_last_error(buf.as_mut_ptr(), buf.len()) };
     // SAFETY: NUL-terminated by halo_last_error.
     unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
