@@ -121,10 +121,10 @@ pub mod steps {
 /// hook gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Overrun {
-    /// This process as [`identity`] names it, e.g. `rank 1 of 3 (GPU 1)`.
-    pub who: String,
-    /// This rank, when [`set_identity`] ran.
-    pub rank: Option<usize>,
+    /// This process's rank, rank count and GPU, once [`set_identity`] ran.
+    pub identity: Option<Identity>,
+    /// This process's id (it names the process when there is no identity).
+    pub pid: u32,
     /// The step, with its likely cause and fix.
     pub step: Step,
     /// How long the step had run when it was given up on (or reported).
@@ -134,8 +134,17 @@ pub struct Overrun {
 impl Overrun {
     /// The overrun of `step` in this process after `waited`.
     pub fn now(step: Step, waited: Duration) -> Self {
-        let s = state();
-        Self { who: s.who.as_ref().map_or_else(|| format!("process {}", std::process::id()), Identity::to_string), rank: s.who.map(|w| w.rank), step, waited }
+        Self { identity: state().who, pid: std::process::id(), step, waited }
+    }
+
+    /// The rank, when known.
+    pub fn rank(&self) -> Option<usize> {
+        self.identity.map(|i| i.rank)
+    }
+
+    /// This process in words: `rank 1 of 3 (GPU 1)`, or `process 1234`.
+    pub fn who(&self) -> String {
+        self.identity.map_or_else(|| format!("process {}", self.pid), |i| i.to_string())
     }
 }
 
@@ -144,7 +153,7 @@ impl std::fmt::Display for Overrun {
         write!(
             f,
             "{}: `{}` did not finish within {:.1} s. Likely cause: {}. Fix: {}",
-            self.who,
+            self.who(),
             self.step.name,
             self.waited.as_secs_f64(),
             self.step.cause,
@@ -473,7 +482,9 @@ mod tests {
 
     #[test]
     fn overruns_name_the_rank_the_step_the_cause_and_the_fix() {
-        let o = Overrun { who: "rank 1 of 3 (GPU 1)".into(), rank: Some(1), step: steps::NVSHMEM_INIT, waited: Duration::from_secs(60) };
+        let identity = Some(Identity { rank: 1, nranks: 3, device: 1 });
+        let o = Overrun { identity, pid: 7, step: steps::NVSHMEM_INIT, waited: Duration::from_secs(60) };
+        assert_eq!(Overrun { identity: None, ..o.clone() }.who(), "process 7");
         let m = HaloError::Deadline(Box::new(o)).to_string();
         assert!(m.contains("rank 1 of 3 (GPU 1)") && m.contains("`NVSHMEM init`") && m.contains("60.0 s"), "{m}");
         assert!(m.contains("uneven number of PEs per GPU") && m.contains("NVSHMEM_DEBUG=INFO"), "{m}");
@@ -508,7 +519,7 @@ mod tests {
         let took = started.elapsed();
         match out {
             Err(HaloError::Deadline(o)) => {
-                assert_eq!((o.step, o.rank), (steps::BARRIER, Some(2)), "{o}");
+                assert_eq!((o.step, o.identity), (steps::BARRIER, Some(Identity { rank: 2, nranks: 4, device: 1 })), "{o}");
                 assert!(o.waited >= Duration::from_millis(200), "{o}");
                 let m = o.to_string();
                 assert!(m.contains("rank 2 of 4 (GPU 1)") && m.contains("`barrier`") && m.contains("Fix:"), "{m}");

@@ -105,7 +105,8 @@ mod tests {
     use halo::watchdog::steps;
 
     fn overrun() -> HaloError {
-        HaloError::Deadline(Box::new(Overrun { who: "rank 1 of 2 (GPU 0)".into(), rank: Some(1), step: steps::BARRIER, waited: Duration::from_secs(60) }))
+        let identity = Some(halo::watchdog::Identity { rank: 1, nranks: 2, device: 0 });
+        HaloError::Deadline(Box::new(Overrun { identity, pid: 1, step: steps::BARRIER, waited: Duration::from_secs(60) }))
     }
 
     #[test]
