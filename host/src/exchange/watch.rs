@@ -4,7 +4,7 @@
 //!
 //! A stream that is stuck makes its exchange unusable ([`StateWatch::usable`]: every later wait
 //! or launch fails at once with [`HaloError::ExchangeStuck`]) and its GPU context *stuck*
-//! ([`context_stuck`]) for as long as the work it had then has not ended: device memory and modules
+//! (`gpu::stuck`) for as long as the work it had then has not ended: device memory and modules
 //! on it are leaked instead of freed when dropped meanwhile, because freeing waits for the kernel.
 //! The process goes on; the program decides whether to end (the `halo` command does, with exit
 //! code 86).
@@ -17,8 +17,7 @@ use crate::gpu::{CudaContext, CudaStream};
 use crate::watchdog::{self, steps};
 use cudarc::driver::sys;
 use kernels_gpu::abi::{ProtocolState, WaitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The variable that overrides the budget of a host wait (seconds without progress).
@@ -155,7 +154,7 @@ pub struct WaitTarget<'a> {
 /// Waits for `stream` with [`poll_until_done`], progress from the rank's counters, and a watchdog
 /// backstop (a driver call inside the loop that blocks is reported: [`watchdog::arm`]). On expiry
 /// returns [`HaloError::StreamStuck`] (built by `describe`) and marks the exchange
-/// ([`StateWatch::usable`]) and the stream's context ([`context_stuck`]) stuck. An exchange
+/// ([`StateWatch::usable`]) and the stream's context (`gpu::stuck`) stuck. An exchange
 /// already stuck fails at once.
 pub fn wait_stream(
     stream: &CudaStream,
@@ -176,71 +175,10 @@ pub fn wait_stream(
             let stuck = describe(waited, since_progress, device);
             drop(guard);
             watch.stuck = Some((stuck.rank, stuck.to_string()));
-            mark_context_stuck(stream);
+            crate::gpu::stuck::mark(stream);
             Err(HaloError::StreamStuck(Box::new(stuck)))
         }
     }
-}
-
-/// Whether any context was marked stuck (the fast path of [`context_stuck`]: one load).
-static ANY_STUCK: AtomicBool = AtomicBool::new(false);
-/// The work found stuck: its context and an event recorded after it on its stream.
-static STUCK: Mutex<Vec<StuckWork>> = Mutex::new(Vec::new());
-
-struct StuckWork {
-    /// The context (`CUcontext` address).
-    ctx: usize,
-    /// Completes when the work enqueued before it ends; null if it could not be recorded (then the
-    /// context stays stuck).
-    done: sys::CUevent,
-}
-
-// SAFETY: an event handle may be queried and destroyed from any thread.
-unsafe impl Send for StuckWork {}
-
-/// Marks the work enqueued on `stream` so far as stuck: its context counts as stuck
-/// ([`context_stuck`]) until that work ends, if ever.
-pub fn mark_context_stuck(stream: &CudaStream) {
-    let mut done: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: creates an event and records it on a live stream (the caller bound its context);
-    // neither call waits for the stream.
-    let recorded = unsafe {
-        sys::cuEventCreate(&mut done, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32).result().is_ok()
-            && sys::cuEventRecord(done, stream.cu_stream()).result().is_ok()
-    };
-    if !recorded && !done.is_null() {
-        // SAFETY: created above, used by nobody else.
-        let _ = unsafe { sys::cuEventDestroy_v2(done) };
-        done = std::ptr::null_mut();
-    }
-    let mut stuck = STUCK.lock().unwrap_or_else(|p| p.into_inner());
-    stuck.push(StuckWork { ctx: stream.context().cu_ctx() as usize, done });
-    ANY_STUCK.store(true, Ordering::Release);
-}
-
-/// Whether work found stuck on `ctx` ([`mark_context_stuck`]) is still running: freeing device
-/// memory or unloading a module there (which waits for the device) would then block for as long
-/// as it runs, maybe forever, so their `Drop`s leak them instead. One atomic load while nothing was
-/// ever stuck; otherwise one event query per stuck stream.
-pub fn context_stuck(ctx: &CudaContext) -> bool {
-    if !ANY_STUCK.load(Ordering::Acquire) {
-        return false;
-    }
-    let mut stuck = STUCK.lock().unwrap_or_else(|p| p.into_inner());
-    stuck.retain(|w| {
-        // SAFETY: a query of an event this registry owns; it does not wait.
-        let ended = !w.done.is_null() && unsafe { sys::cuEventQuery(w.done) } == sys::CUresult::CUDA_SUCCESS;
-        if ended {
-            // SAFETY: owned here, and dropped from the registry now.
-            let _ = unsafe { sys::cuEventDestroy_v2(w.done) };
-        }
-        !ended
-    });
-    if stuck.is_empty() {
-        ANY_STUCK.store(false, Ordering::Release);
-    }
-    let key = ctx.cu_ctx() as usize;
-    stuck.iter().any(|w| w.ctx == key)
 }
 
 #[cfg(test)]

@@ -216,7 +216,7 @@ impl<T: Pod> DeviceMemory<T> for DeviceBuffer<T> {
 
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if crate::exchange::watch::context_stuck(&self.ctx) {
+        if crate::gpu::stuck::context_stuck(&self.ctx) {
             return; // freeing waits for the device, whose stuck kernel never ends: leaked instead
         }
         // Errors cannot propagate from drop; cudarc records them on the context instead.

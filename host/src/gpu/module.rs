@@ -182,7 +182,7 @@ impl KernelModule {
 
 impl Drop for KernelModule {
     fn drop(&mut self) {
-        if crate::exchange::watch::context_stuck(&self.ctx) {
+        if crate::gpu::stuck::context_stuck(&self.ctx) {
             // A kernel of this module never ends: unloading (and NVSHMEM's teardown) would wait for
             // it. The module, and the NVSHMEM it is registered with, stay until the process ends.
             std::mem::forget(self.nvshmem.take());
