@@ -79,6 +79,14 @@ pub enum HaloError {
     /// on ([`HaloError::NvshmemUnusable`]). A program may end on it (the `halo` command exits with 86).
     #[error("{0}")]
     Deadline(Box<crate::watchdog::Overrun>),
+    /// halo could not start, or lost, the thread a bounded call runs on (the system's thread limit).
+    #[error("halo's thread for `{step}`: {detail}; raise the process's thread limit (ulimit -u) or free threads")]
+    Thread {
+        /// The step that was to run on it.
+        step: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
     /// This process's NVSHMEM can no longer be used: an earlier collective call overran its
     /// deadline and may still be running (the peers are gone or stuck).
     #[error(

@@ -305,7 +305,7 @@ pub fn bounded<R: Send + 'static>(
 ) -> Result<R> {
     type Outcome<R> = std::thread::Result<Result<R>>;
     let started = Instant::now();
-    let worker = take_worker().map_err(|e| HaloError::InvalidInput(format!("could not start a thread for `{}`: {e}", step.name)))?;
+    let worker = take_worker().map_err(|e| HaloError::Thread { step: step.name, detail: format!("could not start it: {e}") })?;
     let (reply, answer) = mpsc::sync_channel::<Outcome<R>>(1);
     let ctx = ctx.cloned();
     let job: Job = Box::new(move || {
@@ -318,7 +318,7 @@ pub fn bounded<R: Send + 'static>(
         let _ = reply.send(out);
     });
     if worker.jobs.send(job).is_err() {
-        return Err(HaloError::InvalidInput(format!("the thread for `{}` ended unexpectedly", step.name)));
+        return Err(HaloError::Thread { step: step.name, detail: "it ended before it took the call".into() });
     }
     // A short call (a gather of a few hundred bytes) answers within microseconds: look for it
     // without sleeping first, so the handoff does not pay a wake-up of this thread too.
@@ -342,7 +342,7 @@ pub fn bounded<R: Send + 'static>(
     match outcome {
         Some(Ok(value)) => value,
         Some(Err(panic)) => std::panic::resume_unwind(panic),
-        None => Err(HaloError::InvalidInput(format!("the thread for `{}` ended without an answer", step.name))),
+        None => Err(HaloError::Thread { step: step.name, detail: "it ended without an answer".into() }),
     }
 }
 
