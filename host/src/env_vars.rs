@@ -136,7 +136,7 @@ pub const VARS: &[EnvVar] = &[
         crate::watchdog::STARTUP_TIMEOUT_ENV,
         Scope::Library,
         "60",
-        "Seconds a rank may spend in a start-up or collective step (NVSHMEM init, barriers, gathers) before the watchdog ends it with a message naming the step.",
+        "Seconds a rank may spend in a start-up or collective step (the unique-id rendezvous, NVSHMEM init, symmetric allocation and free, barriers, gathers, module registration, finalisation) before the call returns an error naming the rank, the step, the likely cause and the fix; that PE's NVSHMEM is unusable afterwards, and the `halo` command exits with code 86. Under NVSHMEM's MPI bootstrap these calls stay on the calling thread: an overrun is reported (the `halo` command exits with 86) but cannot be returned.",
     ),
     var(
         watch::HOST_WAIT_ENV,

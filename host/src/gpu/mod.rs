@@ -6,6 +6,7 @@
 mod memory;
 mod module;
 mod staging;
+pub(crate) mod stuck;
 pub mod wait;
 
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
