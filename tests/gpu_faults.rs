@@ -231,5 +231,9 @@ fn a_stuck_stream_is_an_error_and_the_process_goes_on() {
     while at_error.elapsed() < Duration::from_secs(7) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("{test}: StreamStuck after {:.2} s, refusals and drop at once, process alive {:.1} s after the error", (at_error - started).as_secs_f64(), at_error.elapsed().as_secs_f64());
+    println!(
+        "{test}: StreamStuck after {:.2} s, refusals and drop at once, process alive {:.1} s after the error",
+        (at_error - started).as_secs_f64(),
+        at_error.elapsed().as_secs_f64()
+    );
 }

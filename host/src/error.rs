@@ -101,7 +101,9 @@ pub enum HaloError {
     },
     /// An exchange whose stream did not make progress ([`HaloError::StreamStuck`]) was used again:
     /// its GPU work never ends, so it refuses every call.
-    #[error("the halo exchange of rank {rank} is unusable: its stream is stuck ({why}); build a new one (on a GPU that recovered) or end the program")]
+    #[error(
+        "the halo exchange of rank {rank} is unusable: its stream is stuck ({why}); build a new one (on a GPU that recovered) or end the program"
+    )]
     ExchangeStuck {
         /// The rank.
         rank: usize,

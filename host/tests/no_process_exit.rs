@@ -83,11 +83,7 @@ fn the_library_crates_never_end_the_process() {
         assert!(root.join(dir).is_dir(), "{dir} is missing: the scan would pass without looking");
     }
     let hits = hits(root);
-    assert!(
-        hits.is_empty(),
-        "the library must return errors, not end the process (only host/cli may exit):\n{}",
-        hits.join("\n")
-    );
+    assert!(hits.is_empty(), "the library must return errors, not end the process (only host/cli may exit):\n{}", hits.join("\n"));
 }
 
 #[test]

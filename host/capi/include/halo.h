@@ -73,6 +73,10 @@ typedef enum {
    * A bug in halo (a panic inside the library, caught at the boundary): please report the message.
    */
   HALO_INTERNAL = 11,
+  /**
+   * The operating system refused halo a resource it needs (a thread for a bounded call).
+   */
+  HALO_SYSTEM = 12,
 } halo_status;
 
 /**

@@ -36,6 +36,8 @@ pub enum halo_status {
     HALO_IO = 10,
     /// A bug in halo (a panic inside the library, caught at the boundary): please report the message.
     HALO_INTERNAL = 11,
+    /// The operating system refused halo a resource it needs (a thread for a bounded call).
+    HALO_SYSTEM = 12,
 }
 
 impl halo_status {
@@ -58,6 +60,7 @@ impl halo_status {
             halo_status::HALO_VERIFICATION => c"HALO_VERIFICATION",
             halo_status::HALO_IO => c"HALO_IO",
             halo_status::HALO_INTERNAL => c"HALO_INTERNAL",
+            halo_status::HALO_SYSTEM => c"HALO_SYSTEM",
         }
     }
 }
@@ -70,9 +73,13 @@ pub(crate) fn status_of(e: &HaloError) -> halo_status {
         HaloError::MissingPtx { .. } | HaloError::NoKernels { .. } | HaloError::StalePtx { .. } | HaloError::WrongArch { .. } => {
             halo_status::HALO_KERNELS
         }
-        HaloError::WaitTimeout(_) | HaloError::HostWaitTimeout(_) => halo_status::HALO_TIMEOUT,
-        HaloError::StreamStuck(_) => halo_status::HALO_STUCK,
-        HaloError::Nvshmem(_) | HaloError::NvshmemStartup { .. } => halo_status::HALO_NVSHMEM,
+        // A host call past its deadline (NVSHMEM's init, a collective) like a device wait.
+        HaloError::WaitTimeout(_) | HaloError::HostWaitTimeout(_) | HaloError::Deadline(_) => halo_status::HALO_TIMEOUT,
+        HaloError::StreamStuck(_) | HaloError::ExchangeStuck { .. } => halo_status::HALO_STUCK,
+        HaloError::Nvshmem(_) | HaloError::NvshmemStartup { .. } | HaloError::NvshmemUnusable { .. } => halo_status::HALO_NVSHMEM,
+        HaloError::Thread { .. } => halo_status::HALO_SYSTEM,
+        // HALO_FAULT asked for a simulated crash that only the halo command can perform.
+        HaloError::KillRequested { .. } => halo_status::HALO_INVALID_ARGUMENT,
         HaloError::Route(_) => halo_status::HALO_ROUTE,
         HaloError::Plan(_) | HaloError::InvalidInput(_) => halo_status::HALO_INVALID_ARGUMENT,
         HaloError::Verification { .. } => halo_status::HALO_VERIFICATION,
@@ -97,6 +104,7 @@ pub extern "C" fn halo_status_name(status: i32) -> *const c_char {
         halo_status::HALO_VERIFICATION,
         halo_status::HALO_IO,
         halo_status::HALO_INTERNAL,
+        halo_status::HALO_SYSTEM,
     ];
     match all.iter().find(|s| **s as i32 == status) {
         Some(s) => s.name_c().as_ptr(),

@@ -49,7 +49,10 @@ pub fn after_error(e: &anyhow::Error) -> ExitCode {
 pub fn end_within(grace: Duration, code: u8, reason: &'static str) {
     let spawned = std::thread::Builder::new().name("halo-exit".into()).spawn(move || {
         std::thread::sleep(grace);
-        end_now(&format!("halo: {reason}: the process did not end cleanly within {:.1} s and is ended now (exit code {code})", grace.as_secs_f64()), code);
+        end_now(
+            &format!("halo: {reason}: the process did not end cleanly within {:.1} s and is ended now (exit code {code})", grace.as_secs_f64()),
+            code,
+        );
     });
     if let Err(e) = spawned {
         eprintln!("halo: could not start the thread that bounds the exit ({e})");
