@@ -36,20 +36,26 @@ static int make_plan(int r, halo_plan **plan) {
     return 0;
 }
 
-/* Runs `steps` halo steps on the caller's device buffers (x[r], f[r]: 6 atoms of 3 floats each,
- * from cudaMalloc on GPU 0) and streams (one per rank). */
-int halo_steps(const halo_plan *const plans[2], float *x[2], float *f[2], CUstream streams[2], int steps) {
-    const size_t lens[2] = {6, 6};
-    halo_exchange *ex = NULL;
-    TRY(halo_local_create(0, plans, 2, x, f, lens, &ex));
+/* The per-step calls: coordinates, the program's force kernels, forces; then one bounded wait. */
+static int run_steps(halo_exchange *ex, CUstream streams[2], int steps) {
     for (int s = 0; s < steps; ++s) {
         TRY(halo_exchange_coordinates(ex, streams, 2)); /* enqueued on the streams, no host wait */
         /* ... the program's force kernels on the same streams ... */
         TRY(halo_exchange_forces(ex, streams, 2));
     }
     TRY(halo_exchange_finish(ex)); /* bounded wait: a lost peer is HALO_TIMEOUT, not a hang */
-    TRY(halo_exchange_destroy(ex));
     return 0;
+}
+
+/* Runs `steps` halo steps on the caller's device buffers (x[r], f[r]: 6 atoms of 3 floats each,
+ * from cudaMalloc on GPU 0) and streams (one per rank); the exchange is destroyed on every path. */
+int halo_steps(const halo_plan *const plans[2], float *x[2], float *f[2], CUstream streams[2], int steps) {
+    const size_t lens[2] = {6, 6};
+    halo_exchange *ex = NULL;
+    TRY(halo_local_create(0, plans, 2, x, f, lens, &ex));
+    int failed = run_steps(ex, streams, steps);
+    halo_status status = halo_exchange_destroy(ex);
+    return failed || (status != HALO_OK && report("halo_exchange_destroy", status));
 }
 
 int main(void) {
