@@ -408,7 +408,7 @@ mod tests {
             }
         }
         // The suites named by what they check, each with a default tier, and a long tier.
-        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "capi"] {
+        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption"] {
             assert!(lines.iter().any(|l| l.suite == s && !l.long), "suite {s} has no default-tier command");
         }
         assert!(lines.iter().any(|l| l.long), "no long tier");
