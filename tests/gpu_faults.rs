@@ -180,3 +180,60 @@ fn a_full_gpu_refuses_the_exchange_with_the_need_and_the_fix() {
     drop(hog);
     LocalRanks::<Float3>::new(halos, &[module]).unwrap();
 }
+
+/// A stream that makes no progress: the wait returns `StreamStuck`, the exchange refuses every later
+/// call at once (`ExchangeStuck`), dropping it does not wait for the stuck work (its device memory
+/// is leaked while that work runs, and freed normally again once it ended), and the process goes on:
+/// the library never ends it. Rank 0's stream is held by delay kernels for 6 s, with a host wait
+/// budget of 3.2 s (device deadline 200 ms + 3 s) and counters that never move.
+#[test]
+fn a_stuck_stream_is_an_error_and_the_process_goes_on() {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "a_stuck_stream_is_an_error_and_the_process_goes_on";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(shape([2, 1, 1], 1000), 6);
+    let mut ranks = LocalRanks::<Float3>::new(halos, std::slice::from_ref(&g.module)).unwrap();
+    ranks.set_wait_timeout(Duration::from_millis(200));
+    ranks.launch_coordinates(Transport::Fused).unwrap();
+    ranks.finish().unwrap_or_else(|e| panic!("{test}: a clean step: {e}"));
+    let stream0 = ranks.stream(0).clone();
+    let started = Instant::now();
+    for _ in 0..6 {
+        halo::kernels::spin_delay(&g.module, &stream0, 1_000_000_000).unwrap();
+    }
+    let stuck = ranks.finish().err().unwrap_or_else(|| panic!("{test}: a stream held for 6 s passed a 3.2 s budget"));
+    let at_error = Instant::now();
+    assert!(matches!(stuck, halo::HaloError::StreamStuck(_)), "{test}: {stuck}");
+    assert!(at_error - started < Duration::from_millis(5500), "{test}: the stuck wait took {:?}", at_error - started);
+    // Every later call fails at once, naming the stuck stream.
+    for (what, result) in [("finish", ranks.finish()), ("launch", ranks.launch_coordinates(Transport::Fused))] {
+        let e = result.err().unwrap_or_else(|| panic!("{test}: {what} on a stuck exchange passed"));
+        assert!(matches!(e, halo::HaloError::ExchangeStuck { rank: 0, .. }), "{test}: {what}: {e}");
+        assert!(e.to_string().contains("stream is stuck"), "{test}: {what}: {e}");
+    }
+    assert!(at_error.elapsed() < Duration::from_millis(500), "{test}: the refusals waited {:?}", at_error.elapsed());
+    // Device memory dropped while the stuck work runs is leaked (freeing would wait for it).
+    let (free_before, _) = g.ctx.mem_get_info().unwrap();
+    drop(DeviceBuffer::<u8>::uninit(&g.ctx, 2 << 30).unwrap());
+    let (free_leaked, _) = g.ctx.mem_get_info().unwrap();
+    assert!(free_leaked + (1 << 30) < free_before, "{test}: 2 GiB dropped while stuck came back ({free_before} -> {free_leaked} bytes free)");
+    let dropping = Instant::now();
+    drop(ranks);
+    assert!(dropping.elapsed() < Duration::from_millis(500), "{test}: dropping the stuck exchange took {:?}", dropping.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(6), "{test}: the checks ran after the stuck work ended ({:?})", started.elapsed());
+    // Once the work ended, memory is freed again; and the process is still here well past any
+    // grace a library that ended the process would have given it.
+    stream0.synchronize().unwrap();
+    let (free_after, _) = g.ctx.mem_get_info().unwrap();
+    drop(DeviceBuffer::<u8>::uninit(&g.ctx, 2 << 30).unwrap());
+    let (free_freed, _) = g.ctx.mem_get_info().unwrap();
+    assert!(free_freed + (1 << 30) >= free_after, "{test}: 2 GiB dropped after the stuck work ended was not freed ({free_after} -> {free_freed})");
+    while at_error.elapsed() < Duration::from_secs(7) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "{test}: StreamStuck after {:.2} s, refusals and drop at once, process alive {:.1} s after the error",
+        (at_error - started).as_secs_f64(),
+        at_error.elapsed().as_secs_f64()
+    );
+}

@@ -72,6 +72,59 @@ pub enum HaloError {
     /// (see the message for which one, what and at which step).
     #[error("halo exchange timed out on the host: {0}")]
     HostWaitTimeout(String),
+    /// A step with a deadline (NVSHMEM's init, a collective, a symmetric allocation or free, module
+    /// registration, finalisation, the unique-id rendezvous) did not finish in time: the message
+    /// names the rank, the step, its likely cause, the fix and the time waited. The call was left
+    /// running on a thread of its own; an NVSHMEM instance that overran one is unusable from then
+    /// on ([`HaloError::NvshmemUnusable`]). A program may end on it (the `halo` command exits with 86).
+    #[error("{0}")]
+    Deadline(Box<crate::watchdog::Overrun>),
+    /// halo could not start, or lost, the thread a bounded call runs on (the system's thread limit).
+    #[error("halo's thread for `{step}`: {detail}; raise the process's thread limit (ulimit -u) or free threads")]
+    Thread {
+        /// The step that was to run on it.
+        step: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// This process's NVSHMEM can no longer be used: an earlier collective call overran its
+    /// deadline and may still be running (the peers are gone or stuck).
+    #[error(
+        "NVSHMEM on {who} is unusable: an earlier call did not finish ({why}). Every PE must start again: end this program \
+         (or drop every handle) and check the other ranks' messages for the first failure"
+    )]
+    NvshmemUnusable {
+        /// The rank, e.g. `rank 1 of 2 (GPU 0)`.
+        who: String,
+        /// The deadline error that made it unusable.
+        why: String,
+    },
+    /// An exchange whose stream did not make progress ([`HaloError::StreamStuck`]) was used again:
+    /// its GPU work never ends, so it refuses every call.
+    #[error(
+        "the halo exchange of rank {rank} is unusable: its stream is stuck ({why}); build a new one (on a GPU that recovered) or end the program"
+    )]
+    ExchangeStuck {
+        /// The rank.
+        rank: usize,
+        /// The stuck-stream error.
+        why: String,
+    },
+    /// A fault injection asked this process to kill itself (`HALO_FAULT=kill@STEP:RANK`), but the
+    /// program installed no kill hook (`halo::exchange::perturb::set_kill_hook`): the library does
+    /// not end the process itself.
+    #[error(
+        "{fault} asks rank {rank} to kill itself at step {step}, but this program installed no kill hook \
+         (exchange::perturb::set_kill_hook): only the halo command and test programs simulate a crash; unset {fault}"
+    )]
+    KillRequested {
+        /// The variable or option that asked, e.g. `HALO_FAULT=kill@20:1`.
+        fault: String,
+        /// The rank.
+        rank: usize,
+        /// The step.
+        step: u64,
+    },
     /// NVSHMEM could not be loaded, initialised or used.
     #[error("NVSHMEM: {0}")]
     Nvshmem(String),

@@ -13,7 +13,7 @@
 //! | [`kernels`] | typed launchers for every kernel entry |
 //! | [`exchange`] | the halo exchange: ranks in one process ([`exchange::LocalRanks`]) or one per NVSHMEM PE ([`exchange::PeExchange`]) behind one [`exchange::Exchange`] interface |
 //! | [`nvshmem`], [`session`] | NVSHMEM loaded at run time; starting a rank (GPU, NVSHMEM, registered kernels) |
-//! | [`watchdog`] | deadlines for the calls halo cannot poll (NVSHMEM init, collectives): a rank stuck in one says where and ends |
+//! | [`watchdog`] | deadlines for the calls halo cannot poll (NVSHMEM init, collectives): a call stuck in one returns an error naming the rank and the step |
 //! | [`launch`] | what a rank of a multi-process run needs: its environment and the rendezvous |
 //! | [`decomp`], [`system`] | the MD domain decomposition and its halo plan; a synthetic liquid |
 //! | [`route`] | topology discovery and the transport router |

@@ -33,16 +33,18 @@ impl PeSession {
     /// Opens the rank's GPU, loads the kernels, initialises NVSHMEM and registers the module.
     ///
     /// Start-up is bounded: the unique-id rendezvous, NVSHMEM's initialisation, module
-    /// registration and every later collective of this PE run under the [`watchdog`] with the
-    /// deadline `HALO_STARTUP_TIMEOUT_S` (default 60 s); a rank stuck in one of them prints which
-    /// step, the likely cause and the fix, and ends with [`watchdog::EXIT_CODE`].
-    /// NVSHMEM's proxy thread dying inside its init is recognised from NVSHMEM's own lines and
-    /// returned at once ([`HaloError::NvshmemStartup`]) instead.
+    /// registration and every later collective of this PE run with the deadline
+    /// `HALO_STARTUP_TIMEOUT_S` (default 60 s, [`watchdog::bounded`]); a step that overruns it
+    /// returns [`HaloError::Deadline`] naming this rank, the step, the likely cause and the fix
+    /// (the process goes on; the `halo` command exits with 86 on it). Under NVSHMEM's MPI
+    /// bootstrap init and the collectives stay on the calling thread and an overrun is reported
+    /// instead ([`watchdog::set_overrun_hook`]). NVSHMEM's proxy thread dying inside its init is
+    /// recognised from NVSHMEM's own lines and returned at once ([`HaloError::NvshmemStartup`]).
     pub fn start(env: RankEnv, nvshmem_lib: Option<&Path>) -> Result<Self> {
         let timeout = watchdog::startup_timeout()?;
         watchdog::set_identity(env.rank, env.nranks, env.device);
         // NVSHMEM's settings first, while this process has no other thread (the watchdog's
-        // thread, started below, never reads the environment either).
+        // thread and the bounded-call worker, started below, never read the environment either).
         match env.bootstrap {
             Launcher::UniqueId | Launcher::None => set_default_env("NVSHMEM_REMOTE_TRANSPORT", "none"), // our launcher is single-node
             Launcher::Mpi => set_default_env("NVSHMEM_BOOTSTRAP", "MPI"),
@@ -71,7 +73,7 @@ impl PeSession {
                     }
                     id
                 } else {
-                    let fetched = watchdog::bounded(steps::UNIQUE_ID, timeout + UNIQUE_ID_MARGIN, || rendezvous::fetch(timeout));
+                    let fetched = watchdog::bounded(steps::UNIQUE_ID, timeout + UNIQUE_ID_MARGIN, None, move || rendezvous::fetch(timeout))?;
                     let bytes = fetched.map_err(|e| HaloError::Nvshmem(format!("waiting for rank 0's unique id: {e}")))?;
                     UniqueId(bytes.try_into().map_err(|b: Vec<u8>| HaloError::Nvshmem(format!("unique id of {} bytes, 128 expected", b.len())))?)
                 };

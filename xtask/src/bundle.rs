@@ -4,6 +4,7 @@
 //! `run-gpu-tests.sh` (every GPU test, with a summary), `gpu-suite.sh` and its table
 //! `gpu-suites.txt` (the GPU suites: `gpu-suite.sh NAME [--long]`), `COMMIT`, with `--with-ucx` the UCX libraries in `ucx/`, and with `--mpi` MPICH's and
 //! Open MPI's launchers in `mpi/` (outside the bundle's own budget, inside what travels). With
+//! `capi/` holds the C API's `libhalo.so` and the C++ example `capi-cpp` built against it. With
 //! `--archive` it also writes `target/bundle.tar.xz` (the system `tar -cJf`), which is what travels
 //! when the folder itself is too large: unpack it there with `tar -xJf bundle.tar.xz`.
 
@@ -43,9 +44,10 @@ const GPU_TESTS: &[&str] = &[
     "gpu_pes",
     "gpu_multiprocess",
     "gpu_attach",
+    "gpu_capi",
 ];
 /// The packages those tests belong to.
-const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli"];
+const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli", "halo-capi"];
 
 pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_mpi: bool, archive: bool) -> Result<()> {
     let root = crate::workspace_root();
@@ -60,6 +62,8 @@ pub fn assemble(ptx: &PtxArgs, artifacts: &Artifacts, ucx: Option<&Path>, with_m
         copy_stripped(&root.join("target/release").join(bin), &bundle.join(bin))?;
     }
     copy_stripped(&crate::build_downstream(ptx, true)?, &bundle.join("halo-downstream"))?;
+    let capi = crate::capi::for_bundle(ptx, &bundle.join("capi"))?;
+    eprintln!("xtask: the C API and its C++ example in {} ({:.1} MiB)", bundle.join("capi").display(), capi as f64 / (1 << 20) as f64);
     artifacts.copy_to(&bundle.join("ptx"))?;
     for (name, exe) in test_executables(ptx, &root)? {
         copy_stripped(&exe, &bundle.join("tests").join(&name))?;
@@ -171,7 +175,7 @@ fn test_executables(ptx: &PtxArgs, root: &Path) -> Result<Vec<(String, PathBuf)>
 }
 
 /// Copies a binary without its debug sections (`strip` when available, a plain copy otherwise).
-fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     let stripped = std::process::Command::new("strip").arg("-o").arg(to).arg(from).status().map(|s| s.success()).unwrap_or(false);
     if !stripped {
         fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
@@ -308,7 +312,7 @@ pub fn check_suites(table: &str, driver: &str) -> std::result::Result<String, St
                 Some(f) if driver.contains(&format!("\n{f}() {{")) => {}
                 _ => return Err(format!("{at}: gpu-suite.sh defines no such function")),
             },
-            "halo" | "ucx" | "mpich" | "ompi" | "stencil3d" | "halo-downstream" => {}
+            "halo" | "ucx" | "mpich" | "ompi" | "stencil3d" | "halo-downstream" | "capi-cpp" => {}
             other => return Err(format!("{at}: unknown command {other}")),
         }
     }
@@ -369,7 +373,7 @@ mod tests {
     #[test]
     fn the_suite_table_parses_and_every_command_names_what_the_bundle_holds() {
         let account = check_suites(GPU_SUITES, GPU_SUITE).unwrap_or_else(|e| panic!("{e}"));
-        assert!(account.contains("9 suites"), "{account}");
+        assert!(account.contains("10 suites"), "{account}");
         let lines = parse_suites(GPU_SUITES).unwrap_or_else(|e| panic!("{e}"));
         let subs = halo_subcommands();
         assert!(subs.iter().any(|s| s == "exchange-check") && subs.iter().any(|s| s == "md-bench"), "{subs:?}");
@@ -408,7 +412,7 @@ mod tests {
                         rest.iter().position(|w| *w == "@B/halo").unwrap_or_else(|| panic!("{at}: an MPI launcher runs @B/halo or @B/mpi_exchange"));
                     check_halo(&rest[exe + 1..], &subs).unwrap_or_else(|e| panic!("{at}: {e}"));
                 }
-                "stencil3d" | "halo-downstream" => {}
+                "stencil3d" | "halo-downstream" | "capi-cpp" => {}
                 "call" => {
                     let f = rest.first().unwrap_or_else(|| panic!("{at}: `call` names no function"));
                     assert!(GPU_SUITE.contains(&format!("\n{f}() {{")), "{at}: gpu-suite.sh defines no function {f}");
@@ -417,7 +421,7 @@ mod tests {
             }
         }
         // The suites named by what they check, each with a default tier, and a long tier.
-        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times"] {
+        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption"] {
             assert!(lines.iter().any(|l| l.suite == s && !l.long), "suite {s} has no default-tier command");
         }
         assert!(lines.iter().any(|l| l.long), "no long tier");

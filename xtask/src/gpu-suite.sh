@@ -140,6 +140,7 @@ while read -r s t secs need expect rest; do
                cmd=("$B/run-gpu-tests.sh" "${bins[@]}" "${args[@]}")
                [ -n "${GPU_TEST_TIMEOUT_S:-}" ] || envs+=("GPU_TEST_TIMEOUT_S=$((secs > 40 ? secs - 20 : secs))") ;;
         halo|stencil3d|halo-downstream) cmd=("$B/$what" "${args[@]}") ;;
+        capi-cpp) cmd=("$B/capi/capi-cpp" "${args[@]}") ;;
         mpich) [ -x "$MPI/mpich/bin/mpiexec" ] || { notrun+=("no MPICH in the bundle (cargo xtask bundle --mpi)|[$n] $rest"); continue; }
                cmd=("$MPI/mpich/bin/mpiexec" "${args[@]}") ;;
         ompi) [ -x "$MPI/openmpi/bin/mpirun" ] || { notrun+=("no Open MPI in the bundle (cargo xtask bundle --mpi)|[$n] $rest"); continue; }

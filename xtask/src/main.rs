@@ -3,7 +3,7 @@
 //! - `build-ptx`: Rust kernels -> LLVM bitcode -> linked with NVSHMEM's device bitcode -> PTX and a
 //!   cubin, through `halo-builder` (see `docs/toolchain.md`), copied into `target/ptx/`.
 //! - `test`: everything CI runs (the PTX build, clippy, the workspace tests, the docs, the
-//!   downstream fixture crate built with plain `cargo build`, and `msrv`).
+//!   downstream fixture crate built with plain `cargo build`, the C API check, and `msrv`).
 //! - `msrv`: checks the workspace with the toolchain of its declared `rust-version`.
 //! - `demo`: builds what is stale and runs the default halo run on the GPUs present.
 //! - `bundle`: a folder that runs the GPU tests on a machine with no Rust toolchain and no network
@@ -13,11 +13,14 @@
 //! - `fetch-ucx`: the UCX libraries NVSHMEM's UCX transport loads, into `target/ucx/`.
 //! - `fetch-mpi`: the pinned MPICH and Open MPI wheels, checked and unpacked into `target/mpi/`.
 //! - `mpi-env`: the environment for halo's `mpi` feature (MPICH's `mpicc`, libclang for bindgen).
+//! - `capi-header`: writes the C API's header `host/capi/include/halo.h` (cbindgen).
+//! - `capi-install --prefix DIR`: the C API's library, header, CMake package and pkg-config file.
 //!
 //! The `halo` library's build script embeds the same kernels: it calls the same builder, finds the
 //! artifacts `build-ptx` left in the cache under the same stamp, and builds nothing twice.
 
 mod bundle;
+mod capi;
 mod mpi;
 mod msrv;
 mod ucx;
@@ -123,6 +126,26 @@ enum Task {
     /// feature with the pinned MPICH and libclang wheels (fetched once into target/mpi/):
     /// `eval "$(cargo xtask mpi-env)"`, then `cargo build -p halo --features mpi`.
     MpiEnv,
+    /// Write the C API's header host/capi/include/halo.h from host/capi/src (cbindgen); a test
+    /// fails when the committed one differs.
+    CapiHeader,
+    /// Build the C API in release and install it under --prefix: lib/libhalo.so, lib/libhalo.a,
+    /// include/halo.h, lib/cmake/halo/ (find_package(halo CONFIG), target halo::halo) and
+    /// lib/pkgconfig/halo.pc.
+    CapiInstall {
+        #[command(flatten)]
+        ptx: PtxArgs,
+        /// Where to install.
+        #[arg(long)]
+        prefix: PathBuf,
+    },
+    /// The C API check of `test` alone: header current, the C snippets and examples/capi-cpp built
+    /// against an install in target/capi/prefix (CMake, g++, the CUDA runtime from pinned wheels),
+    /// the example run (without a GPU it must fail with HALO_NO_GPU).
+    CapiCheck {
+        #[command(flatten)]
+        ptx: PtxArgs,
+    },
     /// Fetch the pinned UCX wheel (libucx-cu13==1.22.0) with pip and keep the libraries NVSHMEM's
     /// UCX transport loads in target/ucx/ (HALO_UCX_DIR for the tests and docs/running.md).
     FetchUcx,
@@ -174,6 +197,9 @@ fn main() -> Result<()> {
             // `cargo build`, no HALO_PTX_DIR, then run (without a GPU it says it skipped the run).
             let fixture = build_downstream(&ptx, false)?;
             halo_builder::run(Command::new(&fixture).env_remove("HALO_PTX_DIR"), "the downstream fixture")?;
+            // The C API: header current, C snippets and the C++ example built against the installed
+            // package, the example failing cleanly without a GPU.
+            capi::check(&ptx)?;
             msrv::check(&workspace_root())?;
         }
         Task::Msrv => msrv::check(&workspace_root())?,
@@ -199,6 +225,15 @@ fn main() -> Result<()> {
             )?;
             eprintln!("xtask: wrote {0}/cli.md and {0}/environment.md", docs.display());
         }
+        Task::CapiHeader => {
+            let path = capi::write_header()?;
+            eprintln!("xtask: wrote {}", path.display());
+        }
+        Task::CapiInstall { ptx, prefix } => {
+            let prefix = if prefix.is_absolute() { prefix } else { std::env::current_dir()?.join(prefix) };
+            capi::install(&ptx, &prefix, true)?;
+        }
+        Task::CapiCheck { ptx } => capi::check(&ptx)?,
         Task::FetchUcx => {
             let dir = ucx::fetch(&workspace_root())?;
             println!("{}", dir.display());

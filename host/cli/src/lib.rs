@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cli;
 pub mod crash;
+pub mod exit;
 pub mod launch;
 pub mod machine;
 pub mod reference;

@@ -290,7 +290,7 @@ fn a_rank_stuck_in_startup_is_ended_by_the_watchdog() {
     let (out, took) = run_within(cmd, STOP_BOUND);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(86), "stderr: {stderr}");
-    assert!(stderr.contains("[rank 1] halo: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"), "stderr: {stderr}");
+    assert!(stderr.contains("[rank 1] halo: error: rank 1 of 3 (GPU 1): `NVSHMEM init` did not finish within 1.0 s"), "stderr: {stderr}");
     assert!(stderr.contains("uneven number of PEs per GPU") && stderr.contains("NVSHMEM_DEBUG=INFO"), "stderr: {stderr}");
     assert!(stderr.contains("rank 1 exited with code 86 (halo's watchdog"), "stderr: {stderr}");
     // Not before the watchdog's second (a lower bound: a loaded machine only makes it later); that

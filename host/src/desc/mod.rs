@@ -17,7 +17,7 @@ pub mod wait;
 
 pub use halo::{AtomPlace, PulseSpec, RankHalo, ReceivedAt};
 pub use transport::{Element, Transport, UnknownTransport};
-pub use wait::{DeviceSnapshot, JITTER_MAX_US, STUCK_EXIT_GRACE, StuckStream, WaitTimeout};
+pub use wait::{DeviceSnapshot, JITTER_MAX_US, StuckStream, WaitTimeout};
 
 #[cfg(test)]
 mod tests {

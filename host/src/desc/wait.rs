@@ -10,10 +10,6 @@ use std::time::Duration;
 /// exchange's jitter and the GPU delay kernel are both capped at it.
 pub const JITTER_MAX_US: u32 = 1_000_000;
 
-/// How long a process whose stream is stuck may take to end after the error (its orderly
-/// teardown may block on the stuck kernel; the watchdog ends it then).
-pub const STUCK_EXIT_GRACE: Duration = Duration::from_secs(5);
-
 /// What the GPU holds for one rank, read while its kernels may still run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceSnapshot {
@@ -137,8 +133,7 @@ impl std::fmt::Display for StuckStream {
             f,
             "). A kernel is stuck where no halo deadline reaches it, most likely inside NVSHMEM (a proxy thread or \
              remote transport that died: look above for NVSHMEM's own messages, e.g. `proxy.cpp ... aborting`). \
-             This process cannot free its GPU resources; it ends within {} s",
-            STUCK_EXIT_GRACE.as_secs()
+             The exchange cannot be used again, and its GPU memory stays allocated until the process ends"
         )
     }
 }

@@ -12,7 +12,9 @@
 //!   whether it runs in one process or as a PE.
 //! - **faults** ([`Fault`], `HALO_FAULT=kill@STEP:RANK`): rank `RANK` kills itself with SIGKILL
 //!   right after enqueueing step `STEP`'s coordinate halo, in the middle of a fused step, so its
-//!   peers are left waiting for signals that never come.
+//!   peers are left waiting for signals that never come. The library does not end the process
+//!   itself: it calls the program's kill hook ([`set_kill_hook`]; the `halo` command's raises
+//!   SIGKILL), and without one the exchange returns [`HaloError::KillRequested`].
 //!
 //! Off by default, at no cost: [`Placement::exchange`](super::Placement::exchange) wraps an
 //! exchange only when this process asked for a perturbation ([`for_process`]: the environment, or
@@ -540,20 +542,56 @@ fn asleep_part(d: Duration) -> Duration {
     if d > 2 * margin { d - margin } else { Duration::ZERO }
 }
 
-/// Ends this process the way a crash or the OOM killer would: SIGKILL, no cleanup, no message
-/// from the process itself after this line.
-fn kill_self(rank: usize, step: u64) -> ! {
-    use std::io::Write;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let _ = std::io::stdout().flush();
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "halo: {FAULT_ENV}: rank {rank} kills itself with SIGKILL right after enqueueing step {step}'s coordinate halo (at {:.6} s since the epoch)",
-        now.as_secs_f64()
-    );
-    // SAFETY: raising a signal is always allowed; SIGKILL cannot be caught, so this never returns.
-    unsafe { libc::raise(libc::SIGKILL) };
-    std::process::abort()
+/// A `kill` fault that is due: rank `rank` should die right after enqueueing step `step`'s
+/// coordinate halo, the way a crash or the OOM killer would end it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KillRequest {
+    /// The rank that dies.
+    pub rank: usize,
+    /// The step.
+    pub step: u64,
+}
+
+impl KillRequest {
+    /// The line a kill hook prints before it ends the process, with the time (for the tests that
+    /// measure how long the peers take to notice).
+    pub fn message(&self) -> String {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        format!(
+            "halo: {FAULT_ENV}: rank {} kills itself with SIGKILL right after enqueueing step {}'s coordinate halo (at {:.6} s since the epoch)",
+            self.rank,
+            self.step,
+            now.as_secs_f64()
+        )
+    }
+}
+
+/// What the program does with a due `kill` fault ([`set_kill_hook`]).
+static KILL_HOOK: std::sync::Mutex<Option<fn(&KillRequest)>> = std::sync::Mutex::new(None);
+
+/// Installs the program's `kill` fault: `hook` is called when a `kill@STEP:RANK` fault is due and
+/// should end the process the way a crash would (the `halo` command's prints
+/// [`KillRequest::message`] and raises SIGKILL). The library never ends the process itself: with
+/// no hook installed, the exchange returns [`HaloError::KillRequested`]. A hook that returns lets
+/// the exchange go on.
+pub fn set_kill_hook(hook: fn(&KillRequest)) {
+    *KILL_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+}
+
+/// Carries out a due `kill` fault through the program's hook, or refuses it without one.
+fn request_kill(request: KillRequest) -> Result<()> {
+    let hook = *KILL_HOOK.lock().unwrap_or_else(|p| p.into_inner());
+    match hook {
+        Some(hook) => {
+            hook(&request);
+            Ok(())
+        }
+        None => Err(HaloError::KillRequested {
+            fault: format!("{FAULT_ENV}=kill@{}:{}", request.step, request.rank),
+            rank: request.rank,
+            step: request.step,
+        }),
+    }
 }
 
 /// An exchange with this process's jitter and fault around every launch (see the module
@@ -728,7 +766,7 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
         let plan = self.before::<T>(Direction::Forward)?;
         self.inner.exchange_forward(transport)?;
         if let Some(rank) = plan.kill {
-            kill_self(rank, plan.step);
+            request_kill(KillRequest { rank, step: plan.step })?;
         }
         self.inject_after_halo::<T>(plan.step)?;
         Ok(())
@@ -977,6 +1015,32 @@ mod tests {
         assert_eq!(s.gpu_delays, plan.gpu.iter().filter(|d| !d.is_zero()).count() as u64);
         assert_eq!(s.gpu_total, plan.gpu.iter().sum::<Duration>());
         assert_eq!(s.host_delays, u64::from(!plan.host.is_zero()));
+    }
+
+    /// The library never kills the process: a due kill goes to the program's hook, and without one
+    /// the exchange returns an error naming the fault and the hook.
+    #[test]
+    fn a_due_kill_goes_to_the_hook_or_is_an_error_without_one() {
+        let p = Perturbation::new(None, Some(Fault::Kill { step: 1, rank: 3 })).unwrap();
+        let mut x = Perturbed::with_ranks(NullExchange::default(), p, vec![3]).unwrap();
+        Exchange::<Float3>::exchange_forward(&mut x, Transport::Fused).unwrap(); // step 0: nothing due
+        let e = Exchange::<Float3>::exchange_forward(&mut x, Transport::Fused).unwrap_err();
+        assert!(matches!(e, HaloError::KillRequested { rank: 3, step: 1, .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains("HALO_FAULT=kill@1:3") && m.contains("set_kill_hook"), "{m}");
+
+        static SEEN: std::sync::Mutex<Vec<KillRequest>> = std::sync::Mutex::new(Vec::new());
+        fn hook(r: &KillRequest) {
+            SEEN.lock().unwrap().push(*r);
+        }
+        set_kill_hook(hook);
+        let p = Perturbation::new(None, Some(Fault::Kill { step: 0, rank: 5 })).unwrap();
+        let mut x = Perturbed::with_ranks(NullExchange::default(), p, vec![5]).unwrap();
+        Exchange::<Float3>::exchange_forward(&mut x, Transport::Fused).unwrap();
+        assert_eq!(*SEEN.lock().unwrap(), [KillRequest { rank: 5, step: 0 }]);
+        let line = KillRequest { rank: 5, step: 0 }.message();
+        assert!(line.starts_with("halo: HALO_FAULT: rank 5 kills itself with SIGKILL right after enqueueing step 0's coordinate halo"), "{line}");
+        *KILL_HOOK.lock().unwrap() = None;
     }
 
     #[test]

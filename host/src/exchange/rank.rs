@@ -481,7 +481,7 @@ impl<T: Element> RankExchange<T> {
     /// Waits, bounded by [`Self::host_wait_budget`] without progress, until `stream` (this rank's
     /// exchange stream) is idle. On expiry: [`HaloError::StreamStuck`] naming this rank, `what`,
     /// the last launch, [`Self::path_description`] and `nvshmem()` (NVSHMEM's state, for a PE); the
-    /// process is then ended within [`STUCK_EXIT_GRACE`](crate::desc::STUCK_EXIT_GRACE) (its GPU resources cannot be freed).
+    /// exchange is unusable from then on and its GPU memory is leaked, not freed (its GPU context is marked stuck).
     pub fn wait_idle(
         &mut self,
         stream: &CudaStream,
@@ -630,6 +630,7 @@ impl<T: Element> RankExchange<T> {
 
     /// An error when the metadata changed on the host since its last upload.
     fn check_metadata(&self) -> Result<()> {
+        self.watch.usable()?; // a stuck stream never runs another launch
         if self.meta_pending {
             return Err(HaloError::InvalidInput(format!("rank {}: a launch before the new pulse metadata was uploaded", self.rank)));
         }

@@ -1,9 +1,16 @@
 //! The host's bounded waits on an exchange's streams (issue 19): progress from the rank's step
 //! counters, read on a side stream so that a stuck halo stream cannot block the read, and the
 //! error that names what was stuck.
+//!
+//! A stream that is stuck makes its exchange unusable ([`StateWatch::usable`]: every later wait
+//! or launch fails at once with [`HaloError::ExchangeStuck`]) and its GPU context *stuck*
+//! (`gpu::stuck`) for as long as the work it had then has not ended: device memory and modules
+//! on it are leaked instead of freed when dropped meanwhile, because freeing waits for the kernel.
+//! The process goes on; the program decides whether to end (the `halo` command does, with exit
+//! code 86).
 
 use super::Transport;
-pub use crate::desc::wait::{DeviceSnapshot, STUCK_EXIT_GRACE, StuckStream};
+pub use crate::desc::wait::{DeviceSnapshot, StuckStream};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::wait::{WaitOutcome, poll_until_done, stream_idle};
 use crate::gpu::{CudaContext, CudaStream};
@@ -43,6 +50,8 @@ pub struct StateWatch {
     stream: Arc<CudaStream>,
     host: *mut u8,
     pending: bool,
+    /// Set when a wait found the exchange's stream stuck: the rank and the error's text.
+    stuck: Option<(usize, String)>,
 }
 
 // SAFETY: the pinned buffer is owned by this value and only touched through `&mut self`.
@@ -58,7 +67,16 @@ impl StateWatch {
         ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: allocates SNAPSHOT_BYTES of page-locked host memory.
         unsafe { sys::cuMemAllocHost_v2(&mut host, SNAPSHOT_BYTES) }.result().during("allocating pinned memory")?;
-        Ok(Self { stream, host: host.cast(), pending: false })
+        Ok(Self { stream, host: host.cast(), pending: false, stuck: None })
+    }
+
+    /// `Ok` unless a wait found this exchange's stream stuck: then [`HaloError::ExchangeStuck`]
+    /// (its kernels never end, so no later launch or wait can succeed).
+    pub fn usable(&self) -> Result<()> {
+        match &self.stuck {
+            None => Ok(()),
+            Some((rank, why)) => Err(HaloError::ExchangeStuck { rank: *rank, why: why.clone() }),
+        }
     }
 
     /// The snapshot of the copy started by the previous call, if it has landed; otherwise starts
@@ -108,7 +126,7 @@ impl StateWatch {
 
 impl Drop for StateWatch {
     fn drop(&mut self) {
-        if self.pending && !stream_idle(&self.stream).unwrap_or(false) {
+        if self.stuck.is_some() || (self.pending && !stream_idle(&self.stream).unwrap_or(false)) {
             return; // a copy may still land: leak the 64 bytes rather than free them under it
         }
         // SAFETY: allocated by cuMemAllocHost and not in use.
@@ -134,13 +152,16 @@ pub struct WaitTarget<'a> {
 }
 
 /// Waits for `stream` with [`poll_until_done`], progress from the rank's counters, and a watchdog
-/// backstop. On expiry returns [`HaloError::StreamStuck`] (built by `describe`) and arms the
-/// process's end within [`STUCK_EXIT_GRACE`].
+/// backstop (a driver call inside the loop that blocks is reported: [`watchdog::arm`]). On expiry
+/// returns [`HaloError::StreamStuck`] (built by `describe`) and marks the exchange
+/// ([`StateWatch::usable`]) and the stream's context (`gpu::stuck`) stuck. An exchange
+/// already stuck fails at once.
 pub fn wait_stream(
     stream: &CudaStream,
     target: WaitTarget<'_>,
     describe: impl FnOnce(Duration, Duration, Option<DeviceSnapshot>) -> StuckStream,
 ) -> Result<()> {
+    target.watch.usable()?;
     stream.context().bind_to_thread().during("binding the context")?;
     let backstop = target.budget + BACKSTOP_MARGIN;
     let guard = watchdog::arm(steps::HOST_WAIT, backstop);
@@ -153,7 +174,8 @@ pub fn wait_stream(
             let device = watch.snapshot(state, status, Duration::from_millis(200));
             let stuck = describe(waited, since_progress, device);
             drop(guard);
-            watchdog::exit_within(stuck.to_string(), STUCK_EXIT_GRACE);
+            watch.stuck = Some((stuck.rank, stuck.to_string()));
+            crate::gpu::stuck::mark(stream);
             Err(HaloError::StreamStuck(Box::new(stuck)))
         }
     }

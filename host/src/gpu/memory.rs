@@ -216,6 +216,9 @@ impl<T: Pod> DeviceMemory<T> for DeviceBuffer<T> {
 
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        if crate::gpu::stuck::context_stuck(&self.ctx) {
+            return; // freeing waits for the device, whose stuck kernel never ends: leaked instead
+        }
         // Errors cannot propagate from drop; cudarc records them on the context instead.
         self.ctx.record_err(self.ctx.bind_to_thread());
         // SAFETY: allocated by malloc_sync and freed once.

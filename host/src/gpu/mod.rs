@@ -6,6 +6,7 @@
 mod memory;
 mod module;
 mod staging;
+pub(crate) mod stuck;
 pub mod wait;
 
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
@@ -17,8 +18,8 @@ use crate::error::{CudaContextExt, HaloError, Result};
 use std::sync::Arc;
 
 /// The caller's CUDA stream `raw` (a `CUstream`, the same handle as the runtime's `cudaStream_t`)
-/// as a stream halo can enqueue on ([`crate::exchange::Exchange::use_streams`]). Halo never
-/// destroys it.
+/// as a stream halo can enqueue on (hand it to an exchange's `use_streams`). Halo never destroys
+/// it.
 ///
 /// # Safety
 /// `raw` must be a valid stream of `ctx` (for the runtime API: created while `ctx`'s device was

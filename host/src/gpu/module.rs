@@ -182,6 +182,12 @@ impl KernelModule {
 
 impl Drop for KernelModule {
     fn drop(&mut self) {
+        if crate::gpu::stuck::context_stuck(&self.ctx) {
+            // A kernel of this module never ends: unloading (and NVSHMEM's teardown) would wait for
+            // it. The module, and the NVSHMEM it is registered with, stay until the process ends.
+            std::mem::forget(self.nvshmem.take());
+            return;
+        }
         self.ctx.record_err(self.ctx.bind_to_thread());
         if let Some(nvshmem) = self.nvshmem.take() {
             nvshmem.finalize_module(self.module);

@@ -7,14 +7,15 @@
 //! the PE count, and never initialises or finalises it: the application owns its lifetime
 //! ([`Lifetime::Application`]).
 
-use super::{Nvshmem, check_nvshmem_versions};
+use super::{Collectives, Nvshmem, check_nvshmem_versions};
 use crate::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::CudaContext;
 use nvshmem_sys::{self as sys, NvshmemLib, discover::LIBRARY_NAME};
 use std::ffi::{CStr, CString};
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Who starts and ends an [`Nvshmem`]'s runtime.
@@ -42,7 +43,9 @@ impl Nvshmem {
     /// The handle never initialises or finalises NVSHMEM ([`Lifetime::Application`]): the
     /// application finalises it after dropping every halo object that uses it. Module
     /// registration ([`Nvshmem::register_module`]), symmetric allocations and barriers work as
-    /// with [`Nvshmem::init`]; collective calls are bounded by `timeout` each.
+    /// with [`Nvshmem::init`]. halo's collective calls run on the calling thread, as the
+    /// application's own NVSHMEM calls do (its bootstrap may be MPI, which wants them there); one
+    /// that overruns `timeout` is reported by the watchdog, not interrupted.
     pub fn attach(library: Option<&Path>, ctx: &Arc<CudaContext>, timeout: Duration) -> Result<Arc<Self>> {
         let lib = attachable_library(library)?;
         let kernels = KernelArtifacts::locate(DEFAULT_ARCH)?;
@@ -57,11 +60,15 @@ impl Nvshmem {
             return Err(HaloError::Nvshmem(format!("the attached NVSHMEM says PE {my_pe} of {n_pes}")));
         }
         Ok(Arc::new(Self {
-            lib,
+            lib: ManuallyDrop::new(lib),
             ctx: ctx.clone(),
             my_pe: my_pe as usize,
             n_pes: n_pes as usize,
             timeout,
+            // On the calling thread, as the application's own NVSHMEM calls: its bootstrap may be
+            // MPI, whose calls must come from the thread that initialised it (overruns are
+            // reported by the watchdog, not interrupted).
+            collectives: Collectives { timeout, ctx: Some(ctx.clone()), on_calling_thread: true, unusable: OnceLock::new() },
             _id: Box::default(),
             lifetime: Lifetime::Application,
         }))

@@ -23,7 +23,7 @@ use super::node_gather::NodeGather;
 use super::{Nvshmem, SymmetricBuffer};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::DeviceMemory;
-use crate::watchdog::{self, steps};
+use crate::watchdog::steps;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -230,16 +230,17 @@ impl Symmetric {
         self.src.copy_from_host(&out)?;
         let dst = &self.dst[self.parity];
         let at = dst.device_ptr() + (me * self.slot) as u64;
-        nv.ctx.bind_to_thread().during("binding the context")?;
-        watchdog::bounded(steps::GATHER, nv.timeout, || {
+        let (put, from, len) = (nv.lib.api.nvshmem_putmem, self.src.device_ptr(), out.len());
+        nv.bounded(steps::GATHER, move || {
             for pe in 0..n {
                 // SAFETY: `src` and `dst` are symmetric (allocated on every PE with the same sizes, the
                 // allocation's barrier ensuring every PE has them); this PE's slot of `dst` holds `slot`
                 // bytes and `out` at most that many; the blocking put has completed locally when it
-                // returns, so `src` may be rewritten next call.
-                unsafe { (nv.lib.api.nvshmem_putmem)(at as *mut _, self.src.device_ptr() as *const _, out.len(), pe as i32) };
+                // returns, so `src` may be rewritten next call (if the call is abandoned, the PE is
+                // unusable and the buffers are never freed).
+                unsafe { put(at as *mut _, from as *const _, len, pe as i32) };
             }
-        });
+        })?;
         // Every PE's puts returned before it entered the barrier: all slots are written after it.
         nv.barrier_all()?;
         // Each slot's start in one copy: its length, and the whole of a short message.

@@ -5,13 +5,14 @@
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaContext, CudaStream, DeviceMemory, KernelModule};
-use crate::watchdog::{self, steps};
+use crate::watchdog::{self, Step, steps};
 use bytemuck::Pod;
 use nvshmem_sys::{self as sys, NvshmemLib};
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 mod attach;
@@ -112,14 +113,18 @@ fn bytemuck_id(id: &sys::nvshmemx_uniqueid_t) -> [u8; 128] {
 }
 
 /// An initialised NVSHMEM PE. Dropping the last handle finalises NVSHMEM when halo started it
-/// ([`Lifetime::Halo`]), never when it is attached to the application's ([`Lifetime::Application`]).
+/// ([`Lifetime::Halo`]; unless it became unusable: see [`Self::usable`]), never when it is attached
+/// to the application's ([`Lifetime::Application`]).
 pub struct Nvshmem {
-    lib: NvshmemLib,
+    /// Dropped after finalisation only: a call abandoned on its thread may still run its code.
+    lib: ManuallyDrop<NvshmemLib>,
     ctx: Arc<CudaContext>,
     my_pe: usize,
     n_pes: usize,
     /// Deadline of every collective call ([`watchdog::startup_timeout`]).
     timeout: Duration,
+    /// How the collective calls run, and whether they still may.
+    collectives: Collectives,
     // NVSHMEM keeps a pointer to the id it was initialised with.
     _id: Box<sys::nvshmemx_uniqueid_t>,
     /// Whether dropping the last handle finalises NVSHMEM.
@@ -135,14 +140,19 @@ unsafe impl Sync for Nvshmem {}
 impl Nvshmem {
     /// Initialises this process as one PE on `ctx`'s GPU (the context is made current first:
     /// NVSHMEM binds to the current context's device). Initialisation and every later collective
-    /// call (allocation, free, barrier, module registration, finalisation) run under the
-    /// [`watchdog`] with a deadline of `timeout` each: a PE that hangs in one ends with a message
-    /// naming the step instead of hanging the job.
+    /// call (allocation, free, barrier, all-gather, module registration, finalisation) run on a
+    /// thread of their own with a deadline of `timeout` each ([`watchdog::bounded`]): a call that
+    /// overruns it returns [`HaloError::Deadline`] naming the rank and the step, and leaves this
+    /// PE's NVSHMEM unusable ([`Self::usable`]) instead of hanging the job.
     ///
     /// A failure NVSHMEM prints during init but never returns from (its proxy thread dying, as over
     /// UCX without a GPU-CPU mapping: [`startup`]) ends this call at once with
-    /// [`HaloError::NvshmemStartup`], naming the cause and the fix (not under NVSHMEM's MPI bootstrap,
-    /// whose init stays on the calling thread for MPI's sake: the watchdog's deadline bounds it there).
+    /// [`HaloError::NvshmemStartup`], naming the cause and the fix.
+    ///
+    /// Under NVSHMEM's MPI bootstrap init stays on the calling thread (MPI wants its later calls
+    /// from the thread that initialised it), so nothing can return before NVSHMEM does: an init
+    /// that overruns `timeout` is only reported, through `tracing::error!` and the program's
+    /// overrun hook ([`watchdog::set_overrun_hook`]; the `halo` command's ends the process).
     pub fn init(lib: NvshmemLib, ctx: &Arc<CudaContext>, bootstrap: &Bootstrap, timeout: Duration) -> Result<Arc<Self>> {
         ctx.bind_to_thread().during("binding the context for NVSHMEM")?;
         let (major, minor, _) = lib.version();
@@ -165,7 +175,7 @@ impl Nvshmem {
         };
         // Init runs on a thread of its own while NVSHMEM's output is read ([`startup`]): a proxy
         // thread that dies inside init (NVSHMEM never returns then) ends this call at once with
-        // the cause and the fix, instead of at the watchdog's deadline.
+        // the cause and the fix, and an init that overruns `timeout` with the deadline error.
         struct SendAttr(sys::nvshmemx_init_attr_t);
         // SAFETY: the attributes hold pointers to `id` (kept alive below, and leaked if init is
         // abandoned) and are used by the one thread they are moved to.
@@ -180,15 +190,16 @@ impl Nvshmem {
         };
         // Under NVSHMEM's MPI bootstrap init may initialise MPI, whose later calls (NVSHMEM's
         // collectives, from this thread) must come from the thread that did: init stays here,
-        // bounded by the watchdog alone.
+        // watched (an overrun is reported, not returned: see above).
         let mpi = std::env::var("NVSHMEM_BOOTSTRAP").is_ok_and(|b| b.trim().eq_ignore_ascii_case("mpi"));
-        let watched = if matches!(bootstrap, Bootstrap::FromEnvironment) && mpi {
-            startup::Watched::Done(watchdog::bounded(steps::NVSHMEM_INIT, timeout, call))
+        let started = std::time::Instant::now();
+        let on_calling_thread = matches!(bootstrap, Bootstrap::FromEnvironment) && mpi;
+        let watched = if on_calling_thread {
+            let _watched = watchdog::arm(steps::NVSHMEM_INIT, timeout);
+            startup::Watched::Done(call())
         } else {
-            watchdog::bounded(steps::NVSHMEM_INIT, timeout, || {
-                startup::run_watched(call, |on_line| startup::StderrTap::start(on_line), timeout + Duration::from_secs(5))
-            })
-            .map_err(|e| HaloError::Nvshmem(format!("could not watch NVSHMEM's init (a pipe for its messages, or a thread): {e}")))?
+            startup::run_watched(call, |on_line| startup::StderrTap::start(on_line), timeout)
+                .map_err(|e| HaloError::Nvshmem(format!("could not watch NVSHMEM's init (a pipe for its messages, or a thread): {e}")))?
         };
         let rc = match watched {
             startup::Watched::Done(Ok(rc)) => rc,
@@ -199,7 +210,7 @@ impl Nvshmem {
                 Box::leak(id);
                 return Err(match abandoned {
                     startup::Watched::Failed(failure) => HaloError::NvshmemStartup { who: watchdog::identity(), failure },
-                    _ => HaloError::Nvshmem(format!("nvshmemx_hostlib_init_attr did not return within {:.1} s", timeout.as_secs_f64())),
+                    _ => HaloError::Deadline(Box::new(watchdog::Overrun::now(steps::NVSHMEM_INIT, started.elapsed()))),
                 });
             }
         };
@@ -211,7 +222,29 @@ impl Nvshmem {
         if status < sys::NVSHMEM_STATUS_IS_INITIALIZED {
             return Err(HaloError::Nvshmem(format!("NVSHMEM init status is {status} after init")));
         }
-        Ok(Arc::new(Self { lib, ctx: ctx.clone(), my_pe: my_pe as usize, n_pes: n_pes as usize, timeout, _id: id, lifetime: Lifetime::Halo }))
+        Ok(Arc::new(Self {
+            lib: ManuallyDrop::new(lib),
+            ctx: ctx.clone(),
+            my_pe: my_pe as usize,
+            n_pes: n_pes as usize,
+            timeout,
+            collectives: Collectives { timeout, ctx: Some(ctx.clone()), on_calling_thread, unusable: OnceLock::new() },
+            _id: id,
+            lifetime: Lifetime::Halo,
+        }))
+    }
+
+    /// `Ok` while this PE's NVSHMEM can run collectives; [`HaloError::NvshmemUnusable`] once one of
+    /// its calls overran its deadline (it may still be running, and the peers are gone or stuck):
+    /// every later collective is refused at once, and dropping the last handle skips the
+    /// finalisation and the frees (their memory and the library stay until the process ends).
+    pub fn usable(&self) -> Result<()> {
+        self.collectives.usable()
+    }
+
+    /// Runs NVSHMEM host call `f` for `step` ([`Collectives::run`]).
+    fn bounded<R: Send + 'static>(&self, step: Step, f: impl FnOnce() -> R + Send + 'static) -> Result<R> {
+        self.collectives.run(step, f)
     }
 
     /// This PE.
@@ -258,18 +291,19 @@ impl Nvshmem {
         self.timeout
     }
 
-    /// Host barrier across all PEs (also completes outstanding puts), under the watchdog.
+    /// Host barrier across all PEs (also completes outstanding puts), bounded by the collective deadline.
     pub fn barrier_all(&self) -> Result<()> {
-        self.ctx.bind_to_thread().during("binding the context")?;
+        let barrier = self.lib.api.nvshmem_barrier_all;
         // SAFETY: initialised; collective across PEs.
-        watchdog::bounded(steps::BARRIER, self.timeout, || unsafe { (self.lib.api.nvshmem_barrier_all)() });
-        Ok(())
+        self.bounded(steps::BARRIER, move || unsafe { barrier() })
     }
 
-    /// A barrier across all PEs enqueued on `stream`.
-    pub fn barrier_all_on_stream(&self, stream: &CudaStream) {
+    /// A barrier across all PEs enqueued on `stream` (refused when [`Self::usable`] is not).
+    pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.usable()?;
         // SAFETY: initialised; the stream belongs to this PE's context.
         unsafe { (self.lib.api.nvshmemx_barrier_all_on_stream)(stream.cu_stream() as *mut _) };
+        Ok(())
     }
 
     /// Registers `module`'s NVSHMEM device state (after checking the NVSHMEM version compiled into
@@ -277,10 +311,10 @@ impl Nvshmem {
     pub fn register_module(self: &Arc<Self>, module: &mut KernelModule) -> Result<()> {
         let device = module_nvshmem_version(module)?;
         check_nvshmem_versions(device, self.version(), self.library_path())?;
-        self.ctx.bind_to_thread().during("binding the context")?;
-        // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals.
-        let rc =
-            watchdog::bounded(steps::MODULE_REGISTRATION, self.timeout, || unsafe { (self.lib.api.nvshmemx_cumodule_init)(module.raw() as *mut _) });
+        let (init, raw) = (self.lib.api.nvshmemx_cumodule_init, module.raw() as usize);
+        // SAFETY: the module is loaded in this PE's context and holds NVSHMEM's module globals (if
+        // the call is abandoned, the module is not unloaded: an unusable PE skips its finalisation).
+        let rc = self.bounded(steps::MODULE_REGISTRATION, move || unsafe { init(raw as *mut _) })?;
         if rc != 0 {
             return Err(HaloError::Nvshmem(format!("nvshmemx_cumodule_init failed ({rc})")));
         }
@@ -290,6 +324,9 @@ impl Nvshmem {
 
     /// Undoes [`Self::register_module`]; called by the module before it unloads.
     pub(crate) fn finalize_module(&self, raw: cudarc::driver::sys::CUmodule) {
+        if self.usable().is_err() {
+            return; // NVSHMEM may still be inside a call: leave its module state alone
+        }
         // SAFETY: the module was registered by this PE and is still loaded.
         unsafe { (self.lib.api.nvshmemx_cumodule_finalize)(raw as *mut _) };
     }
@@ -297,15 +334,57 @@ impl Nvshmem {
     /// Allocates `len` elements of `T` on the symmetric heap. Collective: every PE must call it
     /// with the same size, in the same order.
     pub fn alloc<T: Pod>(self: &Arc<Self>, len: usize) -> Result<SymmetricBuffer<T>> {
-        self.ctx.bind_to_thread().during("binding the context")?;
         let bytes = (len * size_of::<T>()).max(1);
+        let align = self.lib.api.nvshmem_align;
         // SAFETY: collective allocation; the size is identical on every PE by the caller's contract.
-        let p = watchdog::bounded(steps::SYMMETRIC_ALLOC, self.timeout, || unsafe { (self.lib.api.nvshmem_align)(256, bytes) });
-        if p.is_null() {
+        let p = self.bounded(steps::SYMMETRIC_ALLOC, move || unsafe { align(256, bytes) as usize })?;
+        if p == 0 {
             let configured = std::env::var("NVSHMEM_SYMMETRIC_SIZE").ok();
             return Err(HaloError::Nvshmem(heap_too_small_message(bytes, configured.as_deref())));
         }
         Ok(SymmetricBuffer { ptr: p as u64, len, nvshmem: self.clone(), _marker: PhantomData })
+    }
+}
+
+/// How a PE's collective host calls run: bounded by `timeout` on the bounded-call worker with
+/// `ctx` bound ([`watchdog::bounded`]), or on the calling thread under NVSHMEM's MPI bootstrap
+/// (MPI wants its calls from the thread that initialised it; an overrun is only reported there:
+/// [`watchdog::arm`]). The first call that overruns its deadline makes the PE unusable: it gives
+/// up the collective teardown ([`abandon_collectives`]) and every later call is refused at once.
+struct Collectives {
+    timeout: Duration,
+    ctx: Option<Arc<CudaContext>>,
+    on_calling_thread: bool,
+    /// Set when a call overran its deadline: why.
+    unusable: OnceLock<String>,
+}
+
+impl Collectives {
+    /// `Ok` while no call overran its deadline, else [`HaloError::NvshmemUnusable`].
+    fn usable(&self) -> Result<()> {
+        match self.unusable.get() {
+            None => Ok(()),
+            Some(why) => Err(HaloError::NvshmemUnusable { who: watchdog::identity(), why: why.clone() }),
+        }
+    }
+
+    /// Runs `f` for `step` (see the type), or refuses it when the PE is unusable.
+    fn run<R: Send + 'static>(&self, step: Step, f: impl FnOnce() -> R + Send + 'static) -> Result<R> {
+        self.usable()?;
+        if self.on_calling_thread {
+            if let Some(ctx) = &self.ctx {
+                ctx.bind_to_thread().during("binding the context")?;
+            }
+            let _watched = watchdog::arm(step, self.timeout);
+            return Ok(f());
+        }
+        watchdog::bounded(step, self.timeout, self.ctx.as_ref(), f).inspect_err(|e| {
+            if matches!(e, HaloError::Deadline(_)) {
+                let why = e.to_string();
+                abandon_collectives(&why);
+                let _ = self.unusable.set(why);
+            }
+        })
     }
 }
 
@@ -411,17 +490,18 @@ impl Nvshmem {
         let src = self.alloc::<u8>(slot)?;
         let dst = self.alloc::<u8>(slot * self.n_pes)?;
         src.copy_from_host(mine)?;
-        self.ctx.bind_to_thread().during("binding the context")?;
         if path == GatherPath::PutsAndBarrier {
             let mine_at = dst.ptr + (self.my_pe * slot) as u64;
-            watchdog::bounded(steps::GATHER, self.timeout, || {
-                for pe in 0..self.n_pes {
+            let (put, from, n_pes) = (self.lib.api.nvshmem_putmem, src.ptr, self.n_pes);
+            self.bounded(steps::GATHER, move || {
+                for pe in 0..n_pes {
                     // SAFETY: both buffers are symmetric (allocated on every PE, same sizes, and
                     // the allocation's barrier ensures every PE has them); this PE's slot of `dst`
-                    // holds `slot` bytes; the blocking put has completed locally when it returns.
-                    unsafe { (self.lib.api.nvshmem_putmem)(mine_at as *mut _, src.ptr as *const _, slot, pe as i32) };
+                    // holds `slot` bytes; the blocking put has completed locally when it returns
+                    // (if it is abandoned, the PE is unusable and the buffers are never freed).
+                    unsafe { put(mine_at as *mut _, from as *const _, slot, pe as i32) };
                 }
-            });
+            })?;
             // Completes every PE's puts before anyone reads: each put returned before its PE
             // entered the barrier.
             self.barrier_all()?;
@@ -431,9 +511,8 @@ impl Nvshmem {
             }
             // SAFETY: as above; `dst` holds `slot` bytes of every PE; the host collective completes
             // before it returns.
-            let rc = watchdog::bounded(steps::GATHER, self.timeout, || unsafe {
-                (self.lib.api.nvshmem_uint8_fcollect)(sys::NVSHMEM_TEAM_WORLD, dst.ptr as *mut u8, src.ptr as *const u8, slot)
-            });
+            let (fcollect, to, from) = (self.lib.api.nvshmem_uint8_fcollect, dst.ptr, src.ptr);
+            let rc = self.bounded(steps::GATHER, move || unsafe { fcollect(sys::NVSHMEM_TEAM_WORLD, to as *mut u8, from as *const u8, slot) })?;
             if rc != 0 {
                 return Err(HaloError::Nvshmem(format!("nvshmem_uint8_fcollect failed ({rc})")));
             }
@@ -462,14 +541,26 @@ impl Nvshmem {
 impl Drop for Nvshmem {
     fn drop(&mut self) {
         if self.lifetime == Lifetime::Application {
-            return; // the application initialised NVSHMEM and finalises it
+            // The application initialised NVSHMEM and finalises it. Only halo's own reference to
+            // the library goes (the application holds its own), unless a call of ours may still run.
+            if self.usable().is_ok() {
+                // SAFETY: no call of halo's through this handle runs any more.
+                unsafe { ManuallyDrop::drop(&mut self.lib) };
+            }
+            return;
         }
-        if collectives_abandoned() {
-            return; // the peers may be gone: finalising would wait for them (see abandon_collectives)
+        if collectives_abandoned() || self.usable().is_err() {
+            // The peers may be gone (finalising would wait for them: see abandon_collectives), or
+            // a call is still inside NVSHMEM: the library stays loaded, nothing is finalised.
+            return;
         }
-        let _ = self.ctx.bind_to_thread();
+        let finalize = self.lib.api.nvshmemx_hostlib_finalize;
         // SAFETY: the last handle: every symmetric buffer (which holds an Arc) is already freed.
-        watchdog::bounded(steps::FINALIZE, self.timeout, || unsafe { (self.lib.api.nvshmemx_hostlib_finalize)() });
+        match self.bounded(steps::FINALIZE, move || unsafe { finalize() }) {
+            // SAFETY: finalised: no call of this library runs any more.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.lib) },
+            Err(e) => tracing::error!("{e}; NVSHMEM stays loaded"),
+        }
     }
 }
 
@@ -555,12 +646,14 @@ impl<T: Pod> DeviceMemory<T> for SymmetricBuffer<T> {
 
 impl<T: Pod> Drop for SymmetricBuffer<T> {
     fn drop(&mut self) {
-        if collectives_abandoned() {
-            return; // see abandon_collectives: leaked until the process ends, which it is about to
+        if collectives_abandoned() || self.nvshmem.usable().is_err() {
+            return; // see abandon_collectives and Nvshmem::usable: leaked until the process ends
         }
-        let _ = self.nvshmem.ctx.bind_to_thread();
+        let (free, ptr) = (self.nvshmem.lib.api.nvshmem_free, self.ptr);
         // SAFETY: allocated by nvshmem_align; collective free in matching order on every PE.
-        watchdog::bounded(steps::SYMMETRIC_FREE, self.nvshmem.timeout, || unsafe { (self.nvshmem.lib.api.nvshmem_free)(self.ptr as *mut _) });
+        if let Err(e) = self.nvshmem.bounded(steps::SYMMETRIC_FREE, move || unsafe { free(ptr as *mut _) }) {
+            tracing::error!("{e}; the buffer is not freed");
+        }
     }
 }
 
@@ -580,6 +673,29 @@ mod tests {
                 assert_eq!(gather_path(status, rendezvous), GatherPath::Fcollect, "status {status}, rendezvous {rendezvous}");
             }
         }
+    }
+
+    /// A collective that overruns its deadline returns the error in bounded time and leaves the PE
+    /// unusable: every later collective is refused at once, without running, and names why.
+    #[test]
+    fn a_pe_whose_collective_overran_refuses_every_later_one() {
+        let c = Collectives { timeout: Duration::from_millis(100), ctx: None, on_calling_thread: false, unusable: OnceLock::new() };
+        assert_eq!(c.run(steps::BARRIER, || 3).unwrap(), 3);
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let started = std::time::Instant::now();
+        let e = c.run(steps::BARRIER, move || held.recv_timeout(Duration::from_secs(30)).is_ok()).unwrap_err();
+        assert!(matches!(&e, HaloError::Deadline(o) if o.step == steps::BARRIER), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(collectives_abandoned(), "the teardown would wait for the stuck barrier");
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        let refused = c.run(steps::SYMMETRIC_ALLOC, move || flag.store(true, Ordering::SeqCst)).unwrap_err();
+        assert!(!ran.load(Ordering::SeqCst), "an unusable PE ran a collective");
+        let m = refused.to_string();
+        assert!(matches!(refused, HaloError::NvshmemUnusable { .. }), "{m}");
+        assert!(m.contains("unusable") && m.contains("`barrier` did not finish"), "{m}");
+        assert!(c.usable().is_err());
+        drop(release);
     }
 
     #[test]

@@ -89,6 +89,7 @@ fn transport_parser() -> impl clap::builder::TypedValueParser<Value = halo::exch
 
 pub fn main() -> ExitCode {
     logging::init();
+    crate::exit::install_hooks();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(args) => info::run(args),
@@ -111,13 +112,10 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("halo: error: {e:#}");
-            // A rank whose peers or GPU failed may block on its way out (NVSHMEM's or the
-            // driver's teardown, or an NVSHMEM proxy thread that is already exiting): it ends
-            // within 2 s whatever happens, so that `halo launch` can stop the others.
-            halo::watchdog::exit_within("exiting after the error above", std::time::Duration::from_secs(2));
-            ExitCode::FAILURE
-        }
+        // A rank whose peers or GPU failed may block on its way out (NVSHMEM's or the driver's
+        // teardown, a call left stuck on its thread, or an NVSHMEM proxy thread that is already
+        // exiting): it ends within 2 s whatever happens, so that `halo launch` can stop the others;
+        // with 86 when a deadline or a stuck stream caused the error.
+        Err(e) => crate::exit::after_error(&e),
     }
 }

@@ -52,9 +52,9 @@ pub struct SelftestArgs {
     /// With --only-rank: the other ranks hang (bounded).
     #[arg(long)]
     others_hang: bool,
-    /// Behave like a rank stuck in NVSHMEM's initialisation: arm halo's start-up watchdog
-    /// (`HALO_STARTUP_TIMEOUT_S`) for the `NVSHMEM init` step and never return from it (bounded by
-    /// --hang-max-secs). Only on --only-rank when given.
+    /// Behave like a rank stuck in NVSHMEM's initialisation: run a call that never returns (bounded
+    /// by --hang-max-secs) as halo's bounded `NVSHMEM init` step (`HALO_STARTUP_TIMEOUT_S`), which
+    /// gives up on it with the deadline error (exit code 86). Only on --only-rank when given.
     #[arg(long)]
     stall_startup: bool,
     /// Exercise the rendezvous: rank 0 publishes a random 128-byte id, the others fetch it, then all
@@ -70,6 +70,8 @@ pub struct SelftestArgs {
 pub fn main(args: SelftestArgs) -> ExitCode {
     match run(&args) {
         Ok(code) => ExitCode::from(code),
+        // A deadline (--stall-startup) ends it as it would any `halo` command: exit code 86.
+        Err(e) if crate::exit::code_for(&e) == crate::exit::DEADLINE_EXIT_CODE => crate::exit::after_error(&e),
         Err(e) => {
             eprintln!("halo selftest-child: error: {e:#}");
             ExitCode::FAILURE
@@ -126,7 +128,7 @@ fn run(args: &SelftestArgs) -> Result<u8> {
     if args.stall_startup {
         let timeout = halo::watchdog::startup_timeout()?;
         halo::watchdog::set_identity(env.rank, env.nranks, env.device);
-        return Ok(halo::watchdog::bounded(halo::watchdog::steps::NVSHMEM_INIT, timeout, || hang(hang_limit)));
+        return Ok(halo::watchdog::bounded(halo::watchdog::steps::NVSHMEM_INIT, timeout, None, move || hang(hang_limit))?);
     }
     if args.hang {
         return Ok(hang(hang_limit));

@@ -183,7 +183,7 @@ impl RankEnd {
 impl std::fmt::Display for RankEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
-            RankEnd::Exited(c) if c == halo::watchdog::EXIT_CODE => {
+            RankEnd::Exited(c) if c == i32::from(crate::exit::DEADLINE_EXIT_CODE) => {
                 write!(f, "exited with code {c} (halo's watchdog: a start-up, collective or GPU wait did not finish in time; see its message)")
             }
             RankEnd::Exited(c) => write!(f, "exited with code {c}"),
@@ -588,7 +588,7 @@ mod tests {
 
     #[test]
     fn the_watchdogs_exit_code_is_explained() {
-        let end = RankEnd::Exited(halo::watchdog::EXIT_CODE);
+        let end = RankEnd::Exited(i32::from(crate::exit::DEADLINE_EXIT_CODE));
         assert!(end.to_string().contains("watchdog"), "{end}");
         assert_eq!(RankEnd::Exited(3).to_string(), "exited with code 3");
     }
