@@ -119,13 +119,13 @@ mod tests {
 
     #[test]
     fn every_code_is_named_and_unknown_values_say_so() {
-        for code in 0..12 {
+        for code in 0..13 {
             // SAFETY: halo_status_name returns a static NUL-terminated string.
             let name = unsafe { CStr::from_ptr(halo_status_name(code)) }.to_str().unwrap();
             assert!(name.starts_with("HALO_") && name != "HALO_UNKNOWN", "{code}: {name}");
         }
         // SAFETY: as above.
-        assert_eq!(unsafe { CStr::from_ptr(halo_status_name(12)) }.to_str().unwrap(), "HALO_UNKNOWN");
+        assert_eq!(unsafe { CStr::from_ptr(halo_status_name(13)) }.to_str().unwrap(), "HALO_UNKNOWN");
         assert_eq!(unsafe { CStr::from_ptr(halo_status_name(-1)) }.to_str().unwrap(), "HALO_UNKNOWN");
         assert_eq!(halo_status::HALO_STUCK.name(), "HALO_STUCK");
     }
@@ -137,5 +137,8 @@ mod tests {
         assert_eq!(status_of(&HaloError::HostWaitTimeout("late".into())), halo_status::HALO_TIMEOUT);
         assert_eq!(status_of(&HaloError::Nvshmem("down".into())), halo_status::HALO_NVSHMEM);
         assert_eq!(status_of(&HaloError::NoKernels { arch: "sm_90".into() }), halo_status::HALO_KERNELS);
+        assert_eq!(status_of(&HaloError::Thread { step: "barrier", detail: "no thread".into() }), halo_status::HALO_SYSTEM);
+        assert_eq!(status_of(&HaloError::ExchangeStuck { rank: 1, why: "stuck".into() }), halo_status::HALO_STUCK);
+        assert_eq!(status_of(&HaloError::NvshmemUnusable { who: "rank 0".into(), why: "late".into() }), halo_status::HALO_NVSHMEM);
     }
 }
