@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn the_suite_table_parses_and_every_command_names_what_the_bundle_holds() {
         let account = check_suites(GPU_SUITES, GPU_SUITE).unwrap_or_else(|e| panic!("{e}"));
-        assert!(account.contains("10 suites"), "{account}");
+        assert!(account.contains("11 suites"), "{account}");
         let lines = parse_suites(GPU_SUITES).unwrap_or_else(|e| panic!("{e}"));
         let subs = halo_subcommands();
         assert!(subs.iter().any(|s| s == "exchange-check") && subs.iter().any(|s| s == "md-bench"), "{subs:?}");
@@ -421,7 +421,7 @@ mod tests {
             }
         }
         // The suites named by what they check, each with a default tier, and a long tier.
-        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption"] {
+        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption", "words"] {
             assert!(lines.iter().any(|l| l.suite == s && !l.long), "suite {s} has no default-tier command");
         }
         assert!(lines.iter().any(|l| l.long), "no long tier");
