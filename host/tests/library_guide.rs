@@ -2,7 +2,8 @@
 //! crate (compiled, and run where they need no GPU); its `rust,ignore` blocks are excerpts of
 //! files CI builds, each naming its file on its first line: `// from PATH` (verbatim, checked here
 //! line for line, leading indentation aside) or `// simplified from PATH` (the file must exist).
-//! Its C blocks are checked by halo-capi's `doc_snippets` test.
+//! Its C blocks are verbatim in the C API's snippet, which the capi check of `cargo xtask test`
+//! compiles and links against the installed package.
 
 use std::path::Path;
 
@@ -50,10 +51,26 @@ fn every_ignored_rust_block_of_the_library_guide_is_an_excerpt_of_a_built_file()
 }
 
 #[test]
+fn every_c_block_of_the_library_guide_is_in_the_compiled_snippet() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("docs/library.md")).expect("docs/library.md");
+    let compiled = std::fs::read_to_string(root.join("host/capi/tests/snippets/two_ranks.c")).expect("the C snippet");
+    let c = blocks(&guide, "```c");
+    assert!(c.len() >= 3, "docs/library.md shows {} C blocks; its C section lost them", c.len());
+    for block in c {
+        assert!(
+            compiled.contains(block),
+            "this C block of docs/library.md is not in host/capi/tests/snippets/two_ranks.c (copy it from there):\n{block}"
+        );
+    }
+}
+
+#[test]
 fn excerpts_match_line_for_line_only() {
     let file = "fn f() {\n    let a = 1;\n    let b = 2;\n}\n";
     assert!(contains_lines(file, "let a = 1;\nlet b = 2;"));
     assert!(!contains_lines(file, "let a = 1;\nlet b = 3;"));
     assert!(!contains_lines(file, "let b = 2;\nlet a = 1;"));
     assert_eq!(blocks("```rust,ignore\nx\n```\n```rust\ny\n```\n", "```rust,ignore"), ["x"]);
+    assert_eq!(blocks("```c\nint x;\n```\n```cmake\nfoo\n```\n```c\nint z;\n```\n", "```c"), ["int x;", "int z;"]);
 }

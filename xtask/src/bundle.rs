@@ -421,7 +421,8 @@ mod tests {
             }
         }
         // The suites named by what they check, each with a default tier, and a long tier.
-        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption", "words"] {
+        for s in ["correctness", "md", "baselines", "faults", "multi-process", "scaling", "routing", "protocol", "kernel-times", "adoption", "words"]
+        {
             assert!(lines.iter().any(|l| l.suite == s && !l.long), "suite {s} has no default-tier command");
         }
         assert!(lines.iter().any(|l| l.long), "no long tier");

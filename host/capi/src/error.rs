@@ -51,6 +51,20 @@ pub(crate) fn guard(call: &str, body: impl FnOnce() -> Result<(), Failure>) -> h
     failure.status
 }
 
+/// The body of every `*_destroy` call: frees the handle `ptr` (null allowed) under [`guard`].
+///
+/// # Safety
+/// `ptr` is null or was made by `Box::into_raw` of a `T` and not freed before.
+pub(crate) unsafe fn destroy<T>(call: &str, ptr: *mut T) -> halo_status {
+    guard(call, || {
+        if !ptr.is_null() {
+            // SAFETY: the caller's contract.
+            drop(unsafe { Box::from_raw(ptr) });
+        }
+        Ok(())
+    })
+}
+
 /// Stores `message` as this thread's last error.
 pub(crate) fn set_last_error(message: String) {
     LAST_ERROR.with(|e| *e.borrow_mut() = message);

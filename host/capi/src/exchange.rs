@@ -276,13 +276,8 @@ pub unsafe extern "C" fn halo_pe_create(
 /// `pe` null or a PE of `halo_pe_start` not destroyed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn halo_pe_destroy(pe: *mut halo_pe) -> halo_status {
-    guard("halo_pe_destroy", || {
-        if !pe.is_null() {
-            // SAFETY: made by Box::into_raw in halo_pe_start (the caller's contract).
-            drop(unsafe { Box::from_raw(pe) });
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's contract (made by Box::into_raw in its create call, not freed before).
+    unsafe { crate::error::destroy("halo_pe_destroy", pe) }
 }
 
 /// Chooses how halos move from the next step on, by name: `fused` (the default), `fused-tma`,
@@ -410,13 +405,8 @@ pub unsafe extern "C" fn halo_exchange_finish(ex: *mut halo_exchange) -> halo_st
 /// `ex` null or an exchange not destroyed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn halo_exchange_destroy(ex: *mut halo_exchange) -> halo_status {
-    guard("halo_exchange_destroy", || {
-        if !ex.is_null() {
-            // SAFETY: made by Box::into_raw in a create call (the caller's contract).
-            drop(unsafe { Box::from_raw(ex) });
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's contract (made by Box::into_raw in its create call, not freed before).
+    unsafe { crate::error::destroy("halo_exchange_destroy", ex) }
 }
 
 #[cfg(test)]

@@ -147,13 +147,8 @@ fn pulse_spec(desc: &halo_pulse_desc, halo: &RankHalo, p: usize) -> Result<Pulse
 /// `plan` must be null or a plan from `halo_plan_create` not freed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn halo_plan_destroy(plan: *mut halo_plan) -> halo_status {
-    guard("halo_plan_destroy", || {
-        if !plan.is_null() {
-            // SAFETY: made by Box::into_raw in halo_plan_create, not freed before (the caller's contract).
-            drop(unsafe { Box::from_raw(plan) });
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's contract (made by Box::into_raw in its create call, not freed before).
+    unsafe { crate::error::destroy("halo_plan_destroy", plan) }
 }
 
 /// Checks that the plans of all `nranks` ranks (`plans[r]` is rank r's) fit together: equal pulse
