@@ -607,7 +607,7 @@ fn two_pes_exchange_on_their_own_buffers_and_stream() {
     }
     let exe = downstream_bin(test);
     let exe = exe.to_string_lossy();
-    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--", &exe], &[], Duration::from_secs(120));
+    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--exe", &exe], &[], Duration::from_secs(120));
     run.assert_ok("halo-downstream as 2 PEs");
     assert_eq!(run.count("on its own symmetric buffers and stream matches the CPU reference"), 2, "{}", run.text());
 }

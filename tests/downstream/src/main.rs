@@ -6,7 +6,7 @@
 //! (accumulated), checked against the library's CPU reference (`halo::exchange::reference`); once
 //! in halo's own buffers, once as a simulation code that owns its memory and streams runs it (its
 //! own x and f, its own streams, halo allocating only its protocol state).
-//! Under `halo launch -n N -- halo-downstream` each process is one PE and runs the second form:
+//! Under `halo launch -n N --exe halo-downstream` each process is one PE and runs the second form:
 //! its own symmetric x and f, its own stream, only its own rank's halo given to halo.
 //! Without a GPU it says so and exits 0 (the build is what CI checks), unless GPUs were promised
 //! (`HALO_REQUIRE_GPUS=N` with N >= 1, or `HALO_REQUIRE_GPU=1`).
