@@ -72,14 +72,14 @@ fn run(world: &rsmpi::topology::SimpleCommunicator) -> Result<(), Box<dyn std::e
     x.copy_from_host(&home[me])?;
     f.copy_from_host(&forces[me])?;
     let ctx = &session.ctx;
+    let n = halos[me].total_atoms;
     // SAFETY: `x` and `f` outlive the exchange (dropped after it below) and nothing else writes them meanwhile.
     let buffers = unsafe {
-        CallerBuffers {
-            x: CallerSlice::from_raw(ctx, x.device_ptr(), halos[me].total_atoms)?,
-            f: CallerSlice::from_raw(ctx, f.device_ptr(), halos[me].total_atoms)?,
-        }
+        CallerSlice::from_raw(ctx, x.device_ptr(), n).and_then(|x| Ok(CallerBuffers { x, f: CallerSlice::from_raw(ctx, f.device_ptr(), n)? }))
     };
-    let mut exchange = PeExchange::<Float3>::with_buffers(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;
+    // A rank whose buffers were refused tells every rank through the exchange's first all-gather.
+    let mut exchange =
+        PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;
     exchange.exchange_forward(Transport::Fused)?;
     exchange.exchange_reverse_accumulate(Transport::Fused)?;
     exchange.finish()?;

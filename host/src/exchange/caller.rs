@@ -49,9 +49,12 @@ impl<T: Pod> CallerSlice<T> {
     /// reads and writes of them with the exchange's work (the same stream, or events).
     pub unsafe fn from_raw(ctx: &Arc<CudaContext>, ptr: u64, len: usize) -> Result<Self> {
         check_address::<T>(ptr)?;
+        let bytes = len.checked_mul(size_of::<T>()).filter(|b| ptr.checked_add(*b as u64).is_some()).ok_or_else(|| {
+            HaloError::InvalidInput(format!("a caller buffer of {len} elements at {ptr:#x} does not fit the address space; pass its real length"))
+        })?;
         ctx.bind_to_thread().during("binding the context")?;
         let facts = PointerFacts::query(ptr)?;
-        check_facts(ptr, len * size_of::<T>(), ctx.ordinal(), &facts)?;
+        check_facts(ptr, bytes, ctx.ordinal(), &facts)?;
         Ok(Self { ptr, len, ctx: ctx.clone(), _marker: PhantomData })
     }
 }

@@ -155,6 +155,9 @@ pub struct PeExchange<T: Element = kernels_gpu::abi::Float3> {
     host: HostDriven,
     /// The host-driven transports' links, or why they cannot run here (the same on every PE).
     links: std::result::Result<PeLinks, String>,
+    /// Atoms every PE's `x` and `f` hold (`capacities[pe]`), known alike on every PE: the shared
+    /// sizes' for the exchange's own buffers, each PE's own for the caller's.
+    capacities: Vec<usize>,
 }
 
 impl<T: Element> PeExchange<T> {
@@ -231,18 +234,35 @@ impl<T: Element> PeExchange<T> {
         policy: PathPolicy,
         buffers: CallerBuffers<T>,
     ) -> Result<Self> {
+        Self::with_buffers_or_refusal(nvshmem, module, mine, policy, Ok(buffers))
+    }
+
+    /// [`Self::with_buffers`] for a PE that may have failed to describe its buffers (a
+    /// [`CallerSlice::from_raw`](super::CallerSlice::from_raw) that refused them): its error is
+    /// handed to every PE through the same all-gather, so that every PE returns it instead of the
+    /// others waiting in the gather for this one until the collective deadline. Collective.
+    pub fn with_buffers_or_refusal(
+        nvshmem: Arc<Nvshmem>,
+        module: Arc<KernelModule>,
+        mine: RankHalo,
+        policy: PathPolicy,
+        buffers: Result<CallerBuffers<T>>,
+    ) -> Result<Self> {
         let me = nvshmem.my_pe();
         let symmetric = |p: u64| nvshmem.peer_ptr(p, me) == Some(p);
-        let refusal = match buffers.check(me, mine.total_atoms, module.context().ordinal()) {
-            Err(e) => Some(e.to_string()),
-            Ok(()) => (!symmetric(buffers.x.device_ptr()) || !symmetric(buffers.f.device_ptr())).then(|| {
-                format!(
-                    "PE {me}: the caller's `x` ({:#x}) or `f` ({:#x}) is not on NVSHMEM's symmetric heap: peers store into them, so allocate them \
-                     with nvshmem_malloc (or halo's Nvshmem::alloc) on every PE in the same order",
-                    buffers.x.device_ptr(),
-                    buffers.f.device_ptr()
-                )
-            }),
+        let refusal = match &buffers {
+            Err(e) => Some(format!("PE {me}: {e}")),
+            Ok(b) => match b.check(me, mine.total_atoms, module.context().ordinal()) {
+                Err(e) => Some(e.to_string()),
+                Ok(()) => (!symmetric(b.x.device_ptr()) || !symmetric(b.f.device_ptr())).then(|| {
+                    format!(
+                        "PE {me}: the caller's `x` ({:#x}) or `f` ({:#x}) is not on NVSHMEM's symmetric heap: peers store into them, so allocate them \
+                         with nvshmem_malloc (or halo's Nvshmem::alloc) on every PE in the same order",
+                        b.x.device_ptr(),
+                        b.f.device_ptr()
+                    )
+                }),
+            },
         };
         let ours = GatheredHalo { halo: mine, refusal };
         let bytes = serde_json::to_vec(&ours).map_err(|e| HaloError::InvalidInput(format!("encoding PE {me}'s halo: {e}")))?;
@@ -255,19 +275,30 @@ impl<T: Element> PeExchange<T> {
             }
             halos.push(theirs.halo);
         }
+        // No PE refused, this one included: its buffers are there.
+        let buffers = buffers?;
         let sizes = SharedSizes::of(&halos);
-        let this = Self::built(nvshmem, module, halos, policy, PutSignaling::from_env()?, sizes, Some(buffers))?;
+        let mut this = Self::built(nvshmem, module, halos, policy, PutSignaling::from_env()?, sizes, Some(buffers))?;
         // Same heap offset on every PE: each buffer's distance from this exchange's own
-        // (symmetric) signal slots must agree, or a peer's store would land elsewhere.
+        // (symmetric) signal slots must agree, or a peer's store would land elsewhere. Every
+        // PE's capacity travels with them, for replans (`replan_fenced`).
         let view = this.rank.local_view();
         let distance = |p: u64| p.wrapping_sub(view.signals);
-        let mine = [distance(this.rank.x.device_ptr()), distance(this.rank.f.device_ptr())];
+        let mine = [distance(this.rank.x.device_ptr()), distance(this.rank.f.device_ptr()), this.rank.capacity() as u64];
         let all = this.nvshmem.all_gather_bytes(bytemuck::cast_slice(&mine))?;
-        if let Some(pe) = all.iter().position(|b| b.as_slice() != bytemuck::cast_slice::<u64, u8>(&mine)) {
-            return Err(HaloError::InvalidInput(format!(
-                "the caller's `x`/`f` of PE {pe} sit at another symmetric-heap offset than PE {me}'s: allocate them in the same order and sizes on every PE"
-            )));
+        let mut capacities = Vec::with_capacity(all.len());
+        for (pe, bytes) in all.iter().enumerate() {
+            let theirs: [u64; 3] = bytemuck::pod_read_unaligned(
+                bytes.get(..24).ok_or_else(|| HaloError::InvalidInput(format!("PE {pe} sent {} bytes of buffer facts, 24 expected", bytes.len())))?,
+            );
+            if theirs[..2] != mine[..2] {
+                return Err(HaloError::InvalidInput(format!(
+                    "the caller's `x`/`f` of PE {pe} sit at another symmetric-heap offset than PE {me}'s: allocate them in the same order and sizes on every PE"
+                )));
+            }
+            capacities.push(theirs[2] as usize);
         }
+        this.capacities = capacities;
         Ok(this)
     }
 
@@ -316,6 +347,7 @@ impl<T: Element> PeExchange<T> {
         let local = rank.local_view();
         let own: Vec<bool> = (0..halos.len()).map(|peer| own_view(&policy, &nvshmem, &local, peer).is_some()).collect();
         let mapped = super::peer_map::agree(&nvshmem, &own)?;
+        let capacities = vec![sizes.atoms; halos.len()];
         let mut this = Self {
             rank,
             nvshmem,
@@ -331,6 +363,7 @@ impl<T: Element> PeExchange<T> {
             routes: None,
             host,
             links,
+            capacities,
         };
         this.install()?;
         this.reset_protocol()?;
@@ -403,7 +436,12 @@ impl<T: Element> PeExchange<T> {
     /// its old layout after it entered the collective.
     pub fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         validate(&halos)?;
-        if halos.len() != self.halos.len() || !self.rank.sizes().holds(&SharedSizes::of(&halos)) {
+        // Every PE decides alike, from every PE's capacity (the caller's buffers may differ per
+        // PE and hold less than the shared sizes), before any of them waits or fences.
+        let fits = self.rank.sizes().holds(&SharedSizes::of(&halos))
+            && halos.len() == self.capacities.len()
+            && halos.iter().zip(&self.capacities).all(|(h, &held)| h.total_atoms <= held);
+        if halos.len() != self.halos.len() || !fits {
             return Ok(false);
         }
         if let Some(why) = &self.failed {

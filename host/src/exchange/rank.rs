@@ -354,6 +354,13 @@ impl<T: Element> RankExchange<T> {
         self.sizes
     }
 
+    /// Atoms this rank's `x` and `f` hold: [`SharedSizes::atoms`] for the exchange's own buffers,
+    /// the shorter of the caller's ([`super::caller`]), which may be less. A replan to a halo of
+    /// more `total_atoms` does not fit.
+    pub fn capacity(&self) -> usize {
+        self.x.len().min(self.f.len())
+    }
+
     /// Replaces this rank's halo with `halo` in the existing buffers (a new decomposition of the
     /// same grid, after atoms migrated): enqueues the upload of the new index maps on `stream`
     /// (through page-locked staging kept between calls; the allocation is reused when it is large
@@ -365,7 +372,7 @@ impl<T: Element> RankExchange<T> {
     /// caller. Errors when `halo` does not fit the buffers (see [`SharedSizes::holds`]).
     pub fn set_halo(&mut self, halo: RankHalo, stream: &CudaStream) -> Result<()> {
         let need = SharedSizes::of(std::slice::from_ref(&halo));
-        let held = self.x.len().min(self.f.len());
+        let held = self.capacity();
         if halo.total_atoms > held {
             // The caller's buffers may be shorter than the shared sizes (they hold this rank's atoms only).
             return Err(HaloError::InvalidInput(format!(

@@ -19,16 +19,36 @@ use std::sync::Arc;
 
 /// The caller's CUDA stream `raw` (a `CUstream`, the same handle as the runtime's `cudaStream_t`)
 /// as a stream halo can enqueue on (hand it to an exchange's `use_streams`). Halo never destroys
-/// it.
+/// it. A stream of another context than `ctx` (another GPU, or a context the caller created
+/// itself) is refused: halo's kernels are loaded in `ctx`, the device's primary context, which is
+/// the one the CUDA runtime uses.
 ///
 /// # Safety
-/// `raw` must be a valid stream of `ctx` (for the runtime API: created while `ctx`'s device was
-/// current, which is its primary context, the one [`open_device`] retains), or null for the
-/// context's legacy default stream, and must stay valid while the returned stream, or anything
-/// holding it (an exchange), is used.
-pub unsafe fn borrow_stream(ctx: &Arc<CudaContext>, raw: cudarc::driver::sys::CUstream) -> Arc<CudaStream> {
+/// `raw` must be a valid stream, or null for the context's legacy default stream, and must stay
+/// valid while the returned stream, or anything holding it (an exchange), is used.
+pub unsafe fn borrow_stream(ctx: &Arc<CudaContext>, raw: cudarc::driver::sys::CUstream) -> Result<Arc<CudaStream>> {
+    use cudarc::driver::sys;
+    if !raw.is_null() {
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a query on a valid stream (the caller's contract) into a local.
+        let rc = unsafe { sys::cuStreamGetCtx(raw, &mut owner) };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(HaloError::Cuda {
+                what: "asking the driver which context owns the caller's stream".into(),
+                source: cudarc::driver::DriverError(rc),
+            });
+        }
+        if owner != ctx.cu_ctx() {
+            return Err(HaloError::InvalidInput(format!(
+                "the stream given for GPU {} belongs to another CUDA context (another GPU, or a context of the caller's own): \
+                 create it while GPU {} is current (cudaSetDevice), in its primary context",
+                ctx.ordinal(),
+                ctx.ordinal()
+            )));
+        }
+    }
     // SAFETY: the caller's contract, as cudarc's.
-    unsafe { ctx.wrap_borrowed_stream(raw) }
+    Ok(unsafe { ctx.wrap_borrowed_stream(raw) })
 }
 
 /// What this machine offers: GPUs, none, or GPUs the driver cannot bring up.
