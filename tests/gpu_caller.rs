@@ -39,13 +39,15 @@ impl Owned {
     }
 
     /// Poisoned (NaN) buffers with the owned coordinates and the initial forces in place, written
-    /// by the application, not by the exchange.
-    fn fill(&self, home: &[Vec<Float3>], forces: &[Vec<Float3>]) {
+    /// by the application, not by the exchange. The writes go through the legacy stream, which the
+    /// application's non-blocking streams do not wait for: the device is synchronised after them.
+    fn fill(&self, ctx: &CudaContext, home: &[Vec<Float3>], forces: &[Vec<Float3>]) {
         for r in 0..self.x.len() {
             self.x[r].fill_bytes(0xFF).unwrap();
             self.x[r].copy_from_host(&home[r]).unwrap();
             self.f[r].copy_from_host(&forces[r]).unwrap();
         }
+        ctx.synchronize().unwrap();
     }
 }
 
@@ -53,7 +55,7 @@ impl Owned {
 fn app_streams(ctx: &Arc<CudaContext>, n: usize) -> (Vec<Arc<CudaStream>>, Vec<Arc<CudaStream>>) {
     let owned: Vec<Arc<CudaStream>> = (0..n).map(|_| ctx.new_stream().unwrap()).collect();
     // SAFETY: `owned` keeps the streams alive for as long as the borrowed handles are used.
-    let borrowed = owned.iter().map(|s| unsafe { gpu::borrow_stream(ctx, s.cu_stream()) }).collect();
+    let borrowed = owned.iter().map(|s| unsafe { gpu::borrow_stream(ctx, s.cu_stream()) }.unwrap()).collect();
     (owned, borrowed)
 }
 
@@ -96,7 +98,7 @@ fn an_exchange_on_the_callers_buffers_and_streams_matches_the_reference() {
         for step in 0..3u64 {
             let seed = 100 * t as u64 + step;
             let (home, forces) = (synthetic::random_values(&halos, seed, true), synthetic::random_values(&halos, seed + 50, false));
-            owned.fill(&home, &forces);
+            owned.fill(&g.ctx, &home, &forces);
             ranks.exchange_forward(transport).unwrap();
             ranks.exchange_reverse_accumulate(transport).unwrap();
             Exchange::finish(&mut ranks).unwrap_or_else(|e| panic!("{test} {transport:?} step {step}: {e}"));
@@ -123,6 +125,7 @@ fn the_exchange_falls_into_the_callers_stream_order() {
     for r in 0..halos.len() {
         owned.x[r].fill_bytes(0xFF).unwrap();
     }
+    g.ctx.synchronize().unwrap(); // the poison, on the legacy stream, lands before the streams' work
     let mut staging: Vec<halo::gpu::Staging<Float3>> = (0..halos.len()).map(|_| halo::gpu::Staging::new()).collect();
     for (r, rank) in ranks.ranks().iter().enumerate() {
         rank.upload_coordinates_async(&home[r], &mut staging[r], &streams[r]).unwrap();

@@ -611,3 +611,21 @@ fn two_pes_exchange_on_their_own_buffers_and_stream() {
     run.assert_ok("halo-downstream as 2 PEs");
     assert_eq!(run.count("on its own symmetric buffers and stream matches the CPU reference"), 2, "{}", run.text());
 }
+
+/// The same two PEs where PE 1 lends ordinary device memory (not symmetric: peers could not store
+/// into it): both PEs stop with the same error naming PE 1 and the fix, in bounded time, instead
+/// of one returning and the other waiting in a collective.
+#[test]
+fn a_pe_with_non_symmetric_buffers_stops_every_pe_with_the_same_error() {
+    let test = "a_pe_with_non_symmetric_buffers_stops_every_pe_with_the_same_error";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    let exe = downstream_bin(test);
+    let exe = exe.to_string_lossy();
+    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--exe", &exe, "--", "--plain-buffers-on-pe", "1"], &[], Duration::from_secs(120));
+    assert!(!run.killed && run.code.is_some_and(|c| c != 0), "{test}: the run must fail, on its own: {:?}\n{}", run.code, run.text());
+    let refusal = "every PE stops here): PE 1: the caller's `x`";
+    assert_eq!(run.count(refusal), 2, "{test}: both PEs name PE 1's buffers:\n{}", run.text());
+    assert!(run.count("not on NVSHMEM's symmetric heap") >= 2 && run.took < Duration::from_secs(60), "{test}:\n{}", run.text());
+}

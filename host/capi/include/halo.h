@@ -266,8 +266,17 @@ halo_status halo_exchange_set_transport(halo_exchange *ex, const char *name);
  * `halo_exchange_finish`). Null `streams` with n = 0 keeps the streams in use (first the
  * exchange's own). The caller orders its own writes of `x` before this on the same stream.
  *
+ * The streams must belong to the exchange's GPU (its primary context, the CUDA runtime's) and
+ * should be non-blocking (`cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)`): work on the
+ * legacy default stream, from any thread, waits for a blocking stream's halo kernels, which wait
+ * for their peers. halo keeps using the streams after this call returns: `halo_exchange_finish`
+ * and `halo_exchange_destroy` wait on them, so they must stay valid until the exchange is
+ * destroyed or a later call passes others. `halo_exchange_finish` waits for everything on them,
+ * the caller's own work after the halo included.
+ *
  * # Safety
- * `ex` null or live; `streams` null or `n` live streams of the exchange's GPU that outlive their use.
+ * `ex` null or live; `streams` null or `n` streams of the exchange's GPU that stay valid until
+ * `halo_exchange_destroy(ex)` or until a later call passes others.
  */
 halo_status halo_exchange_coordinates(halo_exchange *ex, const CUstream *streams, int32_t n);
 

@@ -35,6 +35,7 @@ impl From<HaloError> for Failure {
 /// Runs one C call's body: `Ok` is `HALO_OK`; an error or a panic is stored as this thread's last
 /// error (prefixed with the call's name) and returned as its code (a panic as `HALO_INTERNAL`).
 pub(crate) fn guard(call: &str, body: impl FnOnce() -> Result<(), Failure>) -> halo_status {
+    let _current = KeepCurrentContext::save();
     let failure = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => return halo_status::HALO_OK,
         Ok(Err(f)) => f,
@@ -49,6 +50,36 @@ pub(crate) fn guard(call: &str, body: impl FnOnce() -> Result<(), Failure>) -> h
     };
     set_last_error(format!("{call}: {}", failure.message));
     failure.status
+}
+
+/// The CUDA context current on the calling thread when a C call starts, made current again when
+/// it ends: halo binds its GPU's context to work, and a C or C++ caller's thread must keep the
+/// device it had (its next `cudaMalloc` or launch goes there).
+struct KeepCurrentContext(Option<cudarc::driver::sys::CUcontext>);
+
+impl KeepCurrentContext {
+    fn save() -> Self {
+        use cudarc::driver::sys;
+        // SAFETY: only probes for the driver library; nothing is called through it.
+        if !unsafe { sys::is_culib_present() } {
+            return Self(None);
+        }
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes the calling thread's current context (or null) into a local; before
+        // cuInit it fails, and nothing is restored.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        Self((rc == sys::CUresult::CUDA_SUCCESS).then_some(current))
+    }
+}
+
+impl Drop for KeepCurrentContext {
+    fn drop(&mut self) {
+        if let Some(context) = self.0 {
+            // SAFETY: the context that was current when the call started (or null: none), which
+            // the call did not destroy (halo only retains primary contexts).
+            let _ = unsafe { cudarc::driver::sys::cuCtxSetCurrent(context) };
+        }
+    }
 }
 
 /// The body of every `*_destroy` call: frees the handle `ptr` (null allowed) under [`guard`].

@@ -260,8 +260,11 @@ pub unsafe extern "C" fn halo_pe_create(
         let s = &pe.session;
         let who = format!("PE {}", s.env.rank);
         // SAFETY: symmetric device memory of this GPU of `len` atoms (the caller's contract).
-        let buffers = unsafe { caller_buffers(&s.ctx, &plan.halo, &who, x, f, len) }?;
-        let inner = PeExchange::<Float3>::with_buffers(s.nvshmem.clone(), s.module.clone(), plan.halo.clone(), PathPolicy::Routed, buffers)?;
+        // A refusal goes through the exchange's first all-gather, so that every PE returns it
+        // (returning here would leave the others waiting in that gather).
+        let buffers = unsafe { caller_buffers(&s.ctx, &plan.halo, &who, x, f, len) }.map_err(|e| halo::HaloError::InvalidInput(e.message));
+        let inner =
+            PeExchange::<Float3>::with_buffers_or_refusal(s.nvshmem.clone(), s.module.clone(), plan.halo.clone(), PathPolicy::Routed, buffers)?;
         let ex = Box::new(halo_exchange { inner: Box::new(inner), transport: Transport::Fused, streams: Vec::new() });
         // SAFETY: `out` is non-null and writable (the caller's contract).
         unsafe { *out = Box::into_raw(ex) };
@@ -325,7 +328,7 @@ impl halo_exchange {
         let raw = unsafe { std::slice::from_raw_parts(streams, ranks) };
         if let Some(i) = raw.iter().position(|s| s.is_null()) {
             return Err(Failure::invalid(format!(
-                "streams[{i}] is null (the legacy default stream, which waits for every other stream and would stall the exchange's waits): pass a stream from cudaStreamCreate"
+                "streams[{i}] is null (the legacy default stream, which waits for every other stream and would stall the exchange's waits): pass a stream from cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)"
             )));
         }
         if raw == self.streams.as_slice() {
@@ -338,7 +341,7 @@ impl halo_exchange {
             .zip(raw)
             // SAFETY: live streams of the rank's GPU, owned and kept alive by the caller (the caller's contract).
             .map(|(rank, &s)| unsafe { gpu::borrow_stream(rank.context(), s) })
-            .collect();
+            .collect::<halo::Result<_>>()?;
         self.inner.use_streams(&borrowed)?;
         self.streams = raw.to_vec();
         Ok(())
@@ -352,8 +355,17 @@ impl halo_exchange {
 /// `halo_exchange_finish`). Null `streams` with n = 0 keeps the streams in use (first the
 /// exchange's own). The caller orders its own writes of `x` before this on the same stream.
 ///
+/// The streams must belong to the exchange's GPU (its primary context, the CUDA runtime's) and
+/// should be non-blocking (`cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)`): work on the
+/// legacy default stream, from any thread, waits for a blocking stream's halo kernels, which wait
+/// for their peers. halo keeps using the streams after this call returns: `halo_exchange_finish`
+/// and `halo_exchange_destroy` wait on them, so they must stay valid until the exchange is
+/// destroyed or a later call passes others. `halo_exchange_finish` waits for everything on them,
+/// the caller's own work after the halo included.
+///
 /// # Safety
-/// `ex` null or live; `streams` null or `n` live streams of the exchange's GPU that outlive their use.
+/// `ex` null or live; `streams` null or `n` streams of the exchange's GPU that stay valid until
+/// `halo_exchange_destroy(ex)` or until a later call passes others.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn halo_exchange_coordinates(ex: *mut halo_exchange, streams: *const CUstream, n: i32) -> halo_status {
     guard("halo_exchange_coordinates", || {

@@ -123,23 +123,9 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
         }
     }
 
-    // The same steps timed through both APIs on the same buffers and streams.
-    let (warmup, steps) = (100, 1000);
-    let mut c_times = Vec::new();
-    for s in 0..warmup + steps {
-        let t = Instant::now();
-        // SAFETY: as above.
-        unsafe {
-            ok(halo_exchange_coordinates(ex, raw.as_ptr(), 2), "halo_exchange_coordinates");
-            ok(halo_exchange_forces(ex, raw.as_ptr(), 2), "halo_exchange_forces");
-            ok(halo_exchange_finish(ex), "halo_exchange_finish");
-        }
-        if s >= warmup {
-            c_times.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-    }
-    // SAFETY: made above, not destroyed before.
-    ok(unsafe { halo_exchange_destroy(ex) }, "halo_exchange_destroy");
+    // The same steps timed through both APIs on the same buffers and streams, in alternating
+    // blocks (which API goes first alternates too), so that drift of the machine over the run
+    // (clocks, other tenants) falls on both alike.
     let buffers = (0..2)
         .map(|r| {
             // SAFETY: the test's device buffers, alive until the end of the test.
@@ -154,24 +140,54 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
         .collect();
     let mut rust = LocalRanks::<Float3>::with_buffers(halos.clone(), std::slice::from_ref(&g.module), buffers).unwrap();
     rust.use_streams(&streams).unwrap();
-    let mut rust_times = Vec::new();
-    for s in 0..warmup + steps {
-        let t = Instant::now();
+    let mut c_step = || {
+        // SAFETY: as above.
+        unsafe {
+            ok(halo_exchange_coordinates(ex, raw.as_ptr(), 2), "halo_exchange_coordinates");
+            ok(halo_exchange_forces(ex, raw.as_ptr(), 2), "halo_exchange_forces");
+            ok(halo_exchange_finish(ex), "halo_exchange_finish");
+        }
+    };
+    let mut rust_step = || {
         rust.exchange_forward(Transport::Fused).unwrap();
         rust.exchange_reverse_accumulate(Transport::Fused).unwrap();
         rust.finish().unwrap();
-        if s >= warmup {
-            rust_times.push(t.elapsed().as_secs_f64() * 1e6);
+    };
+    let (warmup, blocks, per_block) = (100, 10, 100);
+    for _ in 0..warmup {
+        c_step();
+        rust_step();
+    }
+    let (mut c_times, mut rust_times) = (Vec::new(), Vec::new());
+    let timed = |step: &mut dyn FnMut(), times: &mut Vec<f64>| {
+        for _ in 0..per_block {
+            let t = Instant::now();
+            step();
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    };
+    for block in 0..blocks {
+        if block % 2 == 0 {
+            timed(&mut c_step, &mut c_times);
+            timed(&mut rust_step, &mut rust_times);
+        } else {
+            timed(&mut rust_step, &mut rust_times);
+            timed(&mut c_step, &mut c_times);
         }
     }
+    let steps = blocks * per_block;
+    drop(rust);
+    // SAFETY: made above, not destroyed before.
+    ok(unsafe { halo_exchange_destroy(ex) }, "halo_exchange_destroy");
     let (c, r) = (median(c_times), median(rust_times));
     println!(
         "{test}: 45,000 atoms, 2 ranks in one process, fused, {steps} steps: per step (coordinates + forces + finish) C API median {c:.2} us, \
          Rust API median {r:.2} us, C/Rust {:.3}",
         c / r
     );
-    // The C API adds a handle check and a stream comparison per call: far below this bound, which
-    // only a per-step cost that the Rust API does not pay (a new event, a stream switch) would break.
+    // The target is C/Rust <= 1.05 (the printed ratio is the measurement); the test fails only
+    // beyond 1.25, which a per-step cost the Rust API does not pay (a new event, a stream switch)
+    // would break, so that a noisy machine does not fail it.
     assert!(c <= 1.25 * r, "{test}: the C API's step ({c:.2} us) costs more than 1.25x the Rust API's ({r:.2} us)");
 }
 
@@ -196,7 +212,11 @@ fn gpu_only_argument_errors_name_the_problem() {
         assert_eq!(halo_local_create(0, plan_ptrs.as_ptr(), 2, xs.as_ptr(), fs.as_ptr(), lens.as_ptr(), &mut ex), halo_status::HALO_INVALID_ARGUMENT);
         assert!(ex.is_null());
         let msg = last_error();
-        assert!(msg.starts_with("halo_local_create: rank 1's x: ") && msg.contains("not memory the CUDA driver knows"), "{msg}");
+        assert!(
+            msg.starts_with("halo_local_create: rank 1's x: ")
+                && (msg.contains("not memory the CUDA driver knows") || msg.contains("not device memory")),
+            "{msg}"
+        );
         xs[1] = x[1].device_ptr() as *mut f32;
         // Buffers shorter than the plan.
         let short = [lens[0], lens[1] - 1];

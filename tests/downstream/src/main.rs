@@ -7,7 +7,8 @@
 //! in halo's own buffers, once as a simulation code that owns its memory and streams runs it (its
 //! own x and f, its own streams, halo allocating only its protocol state).
 //! Under `halo launch -n N --exe halo-downstream` each process is one PE and runs the second form:
-//! its own symmetric x and f, its own stream, only its own rank's halo given to halo.
+//! its own symmetric x and f, its own stream, only its own rank's halo given to halo
+//! (`-- --plain-buffers-on-pe R`: PE R lends non-symmetric memory, and every PE must refuse).
 //! Without a GPU it says so and exits 0 (the build is what CI checks), unless GPUs were promised
 //! (`HALO_REQUIRE_GPUS=N` with N >= 1, or `HALO_REQUIRE_GPU=1`).
 
@@ -139,8 +140,18 @@ fn pe_own_buffers(env: halo::launch::RankEnv) -> Result<(), Box<dyn std::error::
     f.fill_bytes(0)?;
     f.copy_from_host(&forces[me])?;
     let stream = session.ctx.new_stream()?;
-    let lent = lend(&session.ctx, &x, &f)?;
-    let mut pe = PeExchange::<Float3>::with_buffers(session.nvshmem.clone(), session.module.clone(), halos[me].clone(), PathPolicy::Routed, lent)?;
+    // `--plain-buffers-on-pe R`: PE R lends ordinary device memory instead (a user's mistake, for
+    // the test that every PE then stops with the same error, naming it, instead of hanging).
+    let plain_on = std::env::args().skip_while(|a| a != "--plain-buffers-on-pe").nth(1).and_then(|r| r.parse::<usize>().ok());
+    let plain = (plain_on == Some(me)).then(|| DeviceBuffer::<Float3>::zeroed(&session.ctx, most)).transpose()?;
+    let lent = match &plain {
+        Some(p) => lend(&session.ctx, p, &f),
+        None => lend(&session.ctx, &x, &f),
+    };
+    // A PE whose buffers could not even be described hands its error to the others through the
+    // exchange's first all-gather (returning here would leave them waiting in it).
+    let mut pe =
+        PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), halos[me].clone(), PathPolicy::Routed, lent)?;
     pe.use_stream(stream)?;
     pe.exchange_forward(Transport::Fused)?;
     pe.exchange_reverse_accumulate(Transport::Fused)?;
