@@ -255,9 +255,9 @@ impl<T: Element> LocalRanks<T> {
     /// new layout.
     pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         validate(&halos)?;
-        let fits = self.ranks.first().is_some_and(|r| r.sizes().holds(&SharedSizes::of(&halos)))
-            // The caller's buffers may hold fewer atoms than the shared sizes: each rank its own.
-            && self.ranks.iter().zip(&halos).all(|(r, h)| h.total_atoms <= r.capacity());
+        // The caller's buffers may hold fewer atoms than the shared sizes: each rank its own.
+        let capacities: Vec<usize> = self.ranks.iter().map(RankExchange::<T>::capacity).collect();
+        let fits = self.ranks.first().is_some_and(|r| super::rank::halos_fit(&r.sizes(), &capacities, &halos));
         if !fits || halos.len() != self.ranks.len() {
             return Ok(false);
         }

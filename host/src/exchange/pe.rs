@@ -438,9 +438,7 @@ impl<T: Element> PeExchange<T> {
         validate(&halos)?;
         // Every PE decides alike, from every PE's capacity (the caller's buffers may differ per
         // PE and hold less than the shared sizes), before any of them waits or fences.
-        let fits = self.rank.sizes().holds(&SharedSizes::of(&halos))
-            && halos.len() == self.capacities.len()
-            && halos.iter().zip(&self.capacities).all(|(h, &held)| h.total_atoms <= held);
+        let fits = super::rank::halos_fit(&self.rank.sizes(), &self.capacities, &halos);
         if halos.len() != self.halos.len() || !fits {
             return Ok(false);
         }

@@ -124,6 +124,14 @@ impl SharedSizes {
     }
 }
 
+/// Whether a replan to `halos` keeps buffers of `sizes` whose `x` and `f` hold `capacities[r]`
+/// atoms for rank `r` ([`RankExchange::capacity`]: the caller's buffers may hold less than the
+/// shared sizes): the same pulse count, slots and sizes large enough, and every rank's
+/// `total_atoms` within its own capacity. Decided alike wherever the same arguments are known.
+pub fn halos_fit(sizes: &SharedSizes, capacities: &[usize], halos: &[RankHalo]) -> bool {
+    sizes.holds(&SharedSizes::of(halos)) && capacities.len() == halos.len() && halos.iter().zip(capacities).all(|(h, &held)| h.total_atoms <= held)
+}
+
 /// The entry name of generic kernel `base` for element type `T` (`fused_coords_f32`, ...).
 pub fn entry<T: Element>(base: &str) -> String {
     format!("{base}{}", T::SUFFIX)
@@ -1073,6 +1081,23 @@ pub fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replan_fits_only_where_every_rank_holds_its_own_atoms() {
+        let halos = crate::exchange::synthetic::halos(
+            crate::exchange::synthetic::SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 500, send_fraction: 0.3, box_len: 5.0 },
+            3,
+        );
+        let sizes = SharedSizes::of(&halos).with_headroom(0.2);
+        let owned = vec![sizes.atoms; 2];
+        assert!(halos_fit(&sizes, &owned, &halos), "the exchange's own buffers hold the halos they were sized for");
+        // The caller's buffers: rank 1's holds exactly its atoms, rank 0's one fewer than it needs.
+        let exact: Vec<usize> = halos.iter().map(|h| h.total_atoms).collect();
+        assert!(halos_fit(&sizes, &exact, &halos));
+        let short = vec![halos[0].total_atoms - 1, halos[1].total_atoms];
+        assert!(!halos_fit(&sizes, &short, &halos), "rank 0's buffers are one atom short: a replan must not keep them");
+        assert!(!halos_fit(&sizes, &owned[..1], &halos), "a capacity per rank");
+    }
 
     #[test]
     fn coordinates_arrive_as_words_only_from_a_mapped_sender_that_does_not_copy_in_bulk() {
