@@ -18,12 +18,25 @@ use crate::gpu::{self, CudaContext, GpuStatus, KernelModule};
 use kernels_gpu::abi::Float3;
 use std::sync::Arc;
 
-/// A GPU, its context and the loaded halo module.
+/// A GPU, its context and the loaded halo module. When the test ends (the fixture is dropped) it
+/// writes `TIME [test]: S s` to stderr, past the test harness's capture, so that every GPU run's
+/// log says what each test cost (what the suites' tiers are chosen by).
 pub struct GpuFixture {
     /// GPU 0's context.
     pub ctx: Arc<CudaContext>,
     /// The kernels (shared: the exchange and the MD types hold their module in an `Arc`).
     pub module: Arc<KernelModule>,
+    /// The test and when its fixture was made.
+    started: (String, std::time::Instant),
+}
+
+impl Drop for GpuFixture {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let (test, at) = &self.started;
+        // Straight to the stderr handle: the harness captures `eprintln!` of passing tests.
+        let _ = writeln!(std::io::stderr().lock(), "TIME [{test}]: {:.1} s", at.elapsed().as_secs_f64());
+    }
 }
 
 /// The variable that states how many GPUs the machine was promised.
@@ -151,10 +164,11 @@ pub fn long_tier(test: &str) -> bool {
 /// the kernels cannot be loaded: that is a failure, not a reason to skip.
 pub fn gpu_or_skip(test: &str) -> Option<GpuFixture> {
     gpus_or_skip(test, 1)?;
+    let started = std::time::Instant::now();
     let ctx = gpu::open_device(0).unwrap_or_else(|e| panic!("{test}: {e}"));
     let artifacts = KernelArtifacts::locate(DEFAULT_ARCH).unwrap_or_else(|e| panic!("{test}: {e}"));
     let module = KernelModule::load(&ctx, &artifacts).unwrap_or_else(|e| panic!("{test}: {e}"));
-    Some(GpuFixture { ctx, module: Arc::new(module) })
+    Some(GpuFixture { ctx, module: Arc::new(module), started: (test.to_string(), started) })
 }
 
 /// An [`Exchange`](crate::exchange::Exchange) with no GPU rank: it records the calls it gets and

@@ -117,5 +117,12 @@ if [ $ignored -gt 0 ]; then
     echo "ignored (benchmarks and blocked tests: run with --ignored): $ignored"
     for t in "${ignores[@]}"; do echo "  $t"; done
 fi
+# What each test cost (its GPU fixture writes `TIME [test]: S s` when it ends): the ten slowest,
+# by which the suites' default and long tiers are chosen.
+slowest=$(cat "$logs"/*.log 2>/dev/null | grep -o 'TIME \[[^]]*\]: [0-9.]* s' | sed -E 's/^TIME \[(.*)\]: ([0-9.]+) s$/\2 \1/' | sort -rn | head -n 10)
+if [ -n "$slowest" ]; then
+    echo "slowest GPU tests (seconds, from their fixtures):"
+    printf '%s\n' "$slowest" | sed 's/^/  /'
+fi
 echo "gpu-tests: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]

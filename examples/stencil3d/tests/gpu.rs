@@ -11,7 +11,7 @@ fn stencil_2x2x2_in_one_process_matches_the_cpu_bit_for_bit() {
     let Some(fx) = halo::testing::gpu_or_skip("stencil_2x2x2_in_one_process_matches_the_cpu_bit_for_bit") else {
         return;
     };
-    let module = fx.module;
+    let module = fx.module.clone();
     // Uneven blocks (13 = 6 + 7 along x) so ranks have different interiors and ghost offsets.
     for (grid, init) in [([13, 12, 10], InitialField::Random(5)), ([16, 16, 16], InitialField::HotSpot)] {
         let cfg = RunConfig { grid, ranks: [2, 2, 2], iterations: 50, alpha: 0.1, init, repeats: 1, tolerance: 0.0 };
