@@ -455,6 +455,21 @@ pub fn selection_atoms(geo: &crate::decomp::Decomposition, rank: usize, n: usize
     (x, ids)
 }
 
+/// NVSHMEM's real host library on this machine, if any, for CPU tests that load it without a GPU:
+/// `HALO_NVSHMEM_LIB`, else the wheel the kernel build fetched into `target/toolchains`.
+pub fn nvshmem_host_library() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("HALO_NVSHMEM_LIB") {
+        return Some(std::path::PathBuf::from(p));
+    }
+    let toolchains = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/toolchains");
+    std::fs::read_dir(toolchains)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia-nvshmem-cu13-")))
+        .map(|p| p.join("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
+        .find(|p| p.is_file())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,21 +35,6 @@ fn mpiexec() -> Option<PathBuf> {
     fetched.is_file().then_some(fetched)
 }
 
-/// NVSHMEM's real host library on this machine, if any: `HALO_NVSHMEM_LIB`, else the wheel the
-/// kernel build fetches into `target/toolchains`.
-fn real_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HALO_NVSHMEM_LIB") {
-        return Some(PathBuf::from(p));
-    }
-    let toolchains = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/toolchains");
-    std::fs::read_dir(toolchains)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia-nvshmem-cu13-")))
-        .map(|p| p.join("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
-        .find(|p| p.is_file())
-}
-
 #[test]
 fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
     let Some(mpiexec) = mpiexec() else {
@@ -69,7 +54,7 @@ fn mpiexec_two_ranks_broadcast_the_unique_id_and_gather_the_halos() {
     let c = halo::testing::run_captured(cmd, BOUND).expect("start mpiexec");
     assert!(!c.timed_out, "mpiexec did not finish within {BOUND:?}\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
     assert_eq!(c.code, Some(0), "mpiexec failed\nstdout:\n{}\nstderr:\n{}", c.stdout, c.stderr);
-    let real_id = real_library().is_some();
+    let real_id = halo::testing::nvshmem_host_library().is_some();
     if !real_id {
         eprintln!("SKIPPED the broadcast of NVSHMEM's own unique id: no NVSHMEM host library here (build halo, or set HALO_NVSHMEM_LIB)");
     }
@@ -122,7 +107,7 @@ fn each_rank_of_an_mpi_job() {
     ok("unique id from rank 0");
 
     // NVSHMEM's own unique id (the call needs no GPU), as `Nvshmem::init_with_mpi` makes and sends it.
-    match real_library() {
+    match halo::testing::nvshmem_host_library() {
         Some(path) => {
             let id = broadcast_unique_id(&world, || {
                 let lib = nvshmem_sys::NvshmemLib::load(&path).map_err(halo::HaloError::Nvshmem)?;

@@ -5,21 +5,6 @@
 //! wheel the kernel build fetches into `target/toolchains` (or `HALO_NVSHMEM_LIB`).
 
 use halo::nvshmem::{attachable_library, resident_library};
-use std::path::PathBuf;
-
-/// The real host library on this machine, if any.
-fn real_library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HALO_NVSHMEM_LIB") {
-        return Some(PathBuf::from(p));
-    }
-    let toolchains = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/toolchains");
-    std::fs::read_dir(toolchains)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("nvidia-nvshmem-cu13-")))
-        .map(|p| p.join("nvidia/nvshmem/lib/libnvshmem_host.so.3"))
-        .find(|p| p.is_file())
-}
 
 /// One test, in order: the process starts without NVSHMEM loaded, then loads it.
 #[test]
@@ -28,7 +13,7 @@ fn attach_refuses_an_nvshmem_that_is_not_loaded_or_not_initialised() {
     let err = attachable_library(None).err().expect("no NVSHMEM is loaded in this test process").to_string();
     assert!(err.contains("libnvshmem_host.so.3 is not loaded in this process"), "{err}");
     assert!(err.contains("load and initialise NVSHMEM before Nvshmem::attach") && err.contains("Nvshmem::init"), "{err}");
-    let Some(path) = real_library() else {
+    let Some(path) = halo::testing::nvshmem_host_library() else {
         assert!(
             std::env::var_os("HALO_REQUIRE_NVSHMEM_LIB").is_none(),
             "HALO_REQUIRE_NVSHMEM_LIB is set but no NVSHMEM host library was found (build halo first, or set HALO_NVSHMEM_LIB)"
