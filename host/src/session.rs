@@ -133,20 +133,22 @@ impl PeSession {
     /// Collective over `comm`; NVSHMEM's init and later collectives are bounded by
     /// `HALO_STARTUP_TIMEOUT_S` (default 60 s) each.
     pub fn init_with_mpi<C: ::mpi::traits::Communicator>(comm: &C, nvshmem_lib: Option<&Path>) -> Result<Self> {
-        let timeout = watchdog::startup_timeout()?;
         let (rank, nranks) = (comm.rank() as usize, comm.size() as usize);
         let local_rank = nvshmem::mpi::local_rank(comm);
         let device = nvshmem::mpi::device_of_local_rank(local_rank);
-        // Every rank's own preparation first, agreed over `comm`: a rank that fails here must not
-        // leave the others waiting in the unique id's broadcast.
+        // Every rank's own preparation first, agreed over `comm`: a rank that fails here (its
+        // settings, GPU, kernels or library) must not leave the others waiting in the unique id's
+        // broadcast.
         let prepared = device.and_then(|device| {
+            let timeout = watchdog::startup_timeout()?;
             watchdog::set_identity(rank, nranks, device);
             watchdog::ensure_started();
             let ctx = gpu::open_device(device)?;
             let module = KernelModule::load(&ctx, &KernelArtifacts::locate(DEFAULT_ARCH)?)?;
-            Ok((device, ctx, module, nvshmem::load_library(nvshmem_lib)?))
+            Ok((timeout, device, ctx, module, nvshmem::load_library(nvshmem_lib)?))
         });
-        let (device, ctx, mut module, lib) = nvshmem::mpi::all_ready(comm, "to open their GPU, kernels or NVSHMEM library", prepared)?;
+        let (timeout, device, ctx, mut module, lib) =
+            nvshmem::mpi::all_ready(comm, "to read their settings or open their GPU, kernels or NVSHMEM library", prepared)?;
         let nvshmem = Nvshmem::init_with_mpi(lib, &ctx, comm, timeout)?;
         nvshmem.register_module(&mut module)?;
         let env = RankEnv { rank, nranks, local_rank, device, bootstrap: Launcher::None, source: MPI_COMMUNICATOR };

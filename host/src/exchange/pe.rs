@@ -250,9 +250,12 @@ impl<T: Element> PeExchange<T> {
     ) -> Result<Self> {
         let me = nvshmem.my_pe();
         let symmetric = |p: u64| nvshmem.peer_ptr(p, me) == Some(p);
-        let refusal = match &buffers {
-            Err(e) => Some(format!("PE {me}: {e}")),
-            Ok(b) => match b.check(me, mine.total_atoms, module.context().ordinal()) {
+        // This PE's own settings too, before the first collective, so that a bad value stops
+        // every PE alike instead of this one alone.
+        let signaling = PutSignaling::from_env();
+        let refusal = match (&buffers, &signaling) {
+            (_, Err(e)) | (Err(e), _) => Some(format!("PE {me}: {e}")),
+            (Ok(b), Ok(_)) => match b.check(me, mine.total_atoms, module.context().ordinal()) {
                 Err(e) => Some(e.to_string()),
                 Ok(()) => (!symmetric(b.x.device_ptr()) || !symmetric(b.f.device_ptr())).then(|| {
                     format!(
@@ -275,10 +278,10 @@ impl<T: Element> PeExchange<T> {
             }
             halos.push(theirs.halo);
         }
-        // No PE refused, this one included: its buffers are there.
-        let buffers = buffers?;
+        // No PE refused, this one included: its buffers and settings are there.
+        let (buffers, signaling) = (buffers?, signaling?);
         let sizes = SharedSizes::of(&halos);
-        let mut this = Self::built(nvshmem, module, halos, policy, PutSignaling::from_env()?, sizes, Some(buffers))?;
+        let mut this = Self::built(nvshmem, module, halos, policy, signaling, sizes, Some(buffers))?;
         // Same heap offset on every PE: each buffer's distance from this exchange's own
         // (symmetric) signal slots must agree, or a peer's store would land elsewhere. Every
         // PE's capacity travels with them, for replans (`replan_fenced`).
