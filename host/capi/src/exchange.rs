@@ -425,23 +425,12 @@ pub unsafe extern "C" fn halo_exchange_destroy(ex: *mut halo_exchange) -> halo_s
 mod tests {
     use super::*;
     use crate::error::last_error;
-    use crate::plan::{halo_plan_add_pulse, halo_plan_create, halo_plan_destroy, halo_pulse_desc};
+    use crate::plan::{halo_plan_add_pulse, halo_plan_create, halo_plan_destroy};
     use std::ptr::{null, null_mut};
 
     fn ring_plan(peer: i32, map: &[i32]) -> *mut halo_plan {
         let mut p = null_mut();
-        let d = halo_pulse_desc {
-            send_rank: peer,
-            recv_rank: peer,
-            index_map: map.as_ptr(),
-            send_count: map.len(),
-            recv_count: 2,
-            atom_offset: 4,
-            peer_atom_offset: 4,
-            has_shift: 0,
-            shift: [0.0; 3],
-            accumulate_forces: 1,
-        };
+        let d = crate::plan::tests::desc(peer, map, false);
         // SAFETY: `p` writable, `d` over `map`.
         unsafe {
             assert_eq!(halo_plan_create(4, 6, &mut p), halo_status::HALO_OK);

@@ -190,14 +190,14 @@ pub(crate) unsafe fn collect_plans(plans: *const *const halo_plan, nranks: i32) 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::error::last_error;
     use std::ptr::{null, null_mut};
 
     /// Rank `r` of a two-rank ring as the C++ example builds it: pulse 0 sends atoms 0 and 3 to
     /// the other rank (shifted by +10 in x on rank 0), received at 4.
-    fn desc(peer: i32, map: &[i32], shifted: bool) -> halo_pulse_desc {
+    pub(crate) fn desc(peer: i32, map: &[i32], shifted: bool) -> halo_pulse_desc {
         halo_pulse_desc {
             send_rank: peer,
             recv_rank: peer,
