@@ -584,16 +584,23 @@ fn the_md_step_fails_over_by_rolling_back_to_the_last_search_step() {
 // A code that owns its buffers and stream, one PE per process.
 
 /// The downstream fixture (`tests/downstream`, a crate that depends on halo as a user's would),
-/// beside `halo` in the bundle.
-fn downstream_bin(test: &str) -> PathBuf {
-    let halo = halo_bin();
-    let candidate = halo.with_file_name("halo-downstream");
+/// beside `halo` in the bundle, run as two PEs on GPU 0 with `args`; `None` (said) without a GPU.
+fn downstream_as_two_pes(test: &str, args: &[&str]) -> Option<Run> {
+    halo::testing::gpus_or_skip(test, 1)?;
+    let halo_exe = halo_bin();
+    let exe = halo_exe.with_file_name("halo-downstream");
     assert!(
-        candidate.is_file(),
+        exe.is_file(),
         "{test}: no halo-downstream beside {} (the bundle ships it; in a workspace, build tests/downstream and set HALO_BIN to a folder with both)",
-        halo.display()
+        halo_exe.display()
     );
-    candidate
+    let exe = exe.to_string_lossy();
+    let mut launch = vec!["launch", "-n", "2", "--gpus", "0", "--exe", &exe];
+    if !args.is_empty() {
+        launch.push("--");
+        launch.extend_from_slice(args);
+    }
+    Some(halo(&launch, &[], Duration::from_secs(120)))
 }
 
 /// Two PEs on one GPU (under MPS when it runs, time-sliced otherwise), each a process that owns
@@ -601,13 +608,7 @@ fn downstream_bin(test: &str) -> PathBuf {
 /// and gives halo only its own rank's halo: both match the CPU reference.
 #[test]
 fn two_pes_exchange_on_their_own_buffers_and_stream() {
-    let test = "two_pes_exchange_on_their_own_buffers_and_stream";
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
-        return;
-    }
-    let exe = downstream_bin(test);
-    let exe = exe.to_string_lossy();
-    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--exe", &exe], &[], Duration::from_secs(120));
+    let Some(run) = downstream_as_two_pes("two_pes_exchange_on_their_own_buffers_and_stream", &[]) else { return };
     run.assert_ok("halo-downstream as 2 PEs");
     assert_eq!(run.count("on its own symmetric buffers and stream matches the CPU reference"), 2, "{}", run.text());
 }
@@ -618,12 +619,7 @@ fn two_pes_exchange_on_their_own_buffers_and_stream() {
 #[test]
 fn a_pe_with_non_symmetric_buffers_stops_every_pe_with_the_same_error() {
     let test = "a_pe_with_non_symmetric_buffers_stops_every_pe_with_the_same_error";
-    if halo::testing::gpus_or_skip(test, 1).is_none() {
-        return;
-    }
-    let exe = downstream_bin(test);
-    let exe = exe.to_string_lossy();
-    let run = halo(&["launch", "-n", "2", "--gpus", "0", "--exe", &exe, "--", "--plain-buffers-on-pe", "1"], &[], Duration::from_secs(120));
+    let Some(run) = downstream_as_two_pes(test, &["--plain-buffers-on-pe", "1"]) else { return };
     assert!(!run.killed && run.code.is_some_and(|c| c != 0), "{test}: the run must fail, on its own: {:?}\n{}", run.code, run.text());
     let refusal = "every PE stops here): PE 1: the caller's `x`";
     assert_eq!(run.count(refusal), 2, "{test}: both PEs name PE 1's buffers:\n{}", run.text());
