@@ -29,12 +29,7 @@ impl Owned {
             .iter()
             .zip(&self.f)
             // SAFETY: `self` outlives every exchange these build (each test drops the exchange first).
-            .map(|(x, f)| unsafe {
-                CallerBuffers {
-                    x: CallerSlice::from_raw(ctx, x.device_ptr(), x.len()).unwrap(),
-                    f: CallerSlice::from_raw(ctx, f.device_ptr(), f.len()).unwrap(),
-                }
-            })
+            .map(|(x, f)| unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), x.len()).unwrap() })
             .collect()
     }
 

@@ -20,7 +20,7 @@
 
 use halo::abi::Float3;
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{CallerBuffers, CallerSlice, PathPolicy, PeExchange, Transport, reference};
+use halo::exchange::{CallerBuffers, PathPolicy, PeExchange, Transport, reference};
 use halo::gpu::DeviceMemory;
 use halo::nvshmem::mpi::{all_gather_halos, rsmpi};
 use halo::session::PeSession;
@@ -74,9 +74,7 @@ fn run(world: &rsmpi::topology::SimpleCommunicator) -> Result<(), Box<dyn std::e
     let ctx = &session.ctx;
     let n = halos[me].total_atoms;
     // SAFETY: `x` and `f` outlive the exchange (dropped after it below) and nothing else writes them meanwhile.
-    let buffers = unsafe {
-        CallerSlice::from_raw(ctx, x.device_ptr(), n).and_then(|x| Ok(CallerBuffers { x, f: CallerSlice::from_raw(ctx, f.device_ptr(), n)? }))
-    };
+    let buffers = unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), n) };
     // A rank whose buffers were refused tells every rank through the exchange's first all-gather.
     let mut exchange =
         PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;

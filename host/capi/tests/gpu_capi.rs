@@ -4,7 +4,7 @@
 //! can show (host memory passed as `x`, buffers too short). Without a GPU each test says it skipped.
 
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{CallerBuffers, CallerSlice, LocalRanks, RankHalo, Transport, reference};
+use halo::exchange::{CallerBuffers, LocalRanks, RankHalo, Transport, reference};
 use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
 use halo::testing::gpu_or_skip;
 use halo_capi::exchange::{CUstream, halo_exchange, halo_exchange_coordinates, halo_exchange_destroy, halo_exchange_finish, halo_exchange_forces};
@@ -127,16 +127,8 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
     // blocks (which API goes first alternates too), so that drift of the machine over the run
     // (clocks, other tenants) falls on both alike.
     let buffers = (0..2)
-        .map(|r| {
-            // SAFETY: the test's device buffers, alive until the end of the test.
-            let (xr, fr) = unsafe {
-                (
-                    CallerSlice::from_raw(&g.ctx, x[r].device_ptr(), x[r].len()).unwrap(),
-                    CallerSlice::from_raw(&g.ctx, f[r].device_ptr(), f[r].len()).unwrap(),
-                )
-            };
-            CallerBuffers { x: xr, f: fr }
-        })
+        // SAFETY: the test's device buffers, alive until the end of the test.
+        .map(|r| unsafe { CallerBuffers::from_raw(&g.ctx, x[r].device_ptr(), f[r].device_ptr(), x[r].len()).unwrap() })
         .collect();
     let mut rust = LocalRanks::<Float3>::with_buffers(halos.clone(), std::slice::from_ref(&g.module), buffers).unwrap();
     rust.use_streams(&streams).unwrap();

@@ -88,6 +88,23 @@ pub struct CallerBuffers<T: Pod> {
 }
 
 impl<T: Pod> CallerBuffers<T> {
+    /// The caller's coordinates at `x` and forces at `f`, `len` elements each, on `ctx`'s GPU:
+    /// [`CallerSlice::from_raw`] for both, an error naming the array it refuses.
+    ///
+    /// # Safety
+    /// As [`CallerSlice::from_raw`], for both arrays.
+    pub unsafe fn from_raw(ctx: &Arc<CudaContext>, x: u64, f: u64, len: usize) -> Result<Self> {
+        let named = |name: &str, e: HaloError| match e {
+            HaloError::InvalidInput(why) => HaloError::InvalidInput(format!("`{name}`: {why}")),
+            other => other,
+        };
+        // SAFETY: the caller's contract, for each array.
+        let (x, f) = unsafe {
+            (CallerSlice::from_raw(ctx, x, len).map_err(|e| named("x", e))?, CallerSlice::from_raw(ctx, f, len).map_err(|e| named("f", e))?)
+        };
+        Ok(Self { x, f })
+    }
+
     /// Refuses buffers that cannot hold `rank`'s layout of `total_atoms`, that live on another GPU
     /// than the rank's (`ordinal`), or that overlap (the exchange writes both).
     pub(crate) fn check(&self, rank: usize, total_atoms: usize, ordinal: usize) -> Result<()> {

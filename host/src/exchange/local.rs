@@ -59,7 +59,7 @@ impl<T: Element> LocalRanks<T> {
     /// with [`super::Exchange::use_streams`].
     ///
     /// ```no_run
-    /// use halo::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, Transport, synthetic};
+    /// use halo::exchange::{CallerBuffers, Exchange, LocalRanks, Transport, synthetic};
     /// use halo::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
     /// use halo::abi::Float3;
     /// use std::sync::Arc;
@@ -78,12 +78,8 @@ impl<T: Element> LocalRanks<T> {
     ///     .collect::<halo::Result<_>>()?;
     /// let buffers = mine
     ///     .iter()
-    ///     .map(|(x, f)| {
-    ///         // SAFETY: `mine` outlives the exchange below.
-    ///         Ok(unsafe {
-    ///             CallerBuffers { x: CallerSlice::from_raw(&ctx, x.device_ptr(), x.len())?, f: CallerSlice::from_raw(&ctx, f.device_ptr(), f.len())? }
-    ///         })
-    ///     })
+    ///     // SAFETY: `mine` outlives the exchange below.
+    ///     .map(|(x, f)| unsafe { CallerBuffers::from_raw(&ctx, x.device_ptr(), f.device_ptr(), x.len()) })
     ///     .collect::<halo::Result<Vec<_>>>()?;
     /// let mut ranks = LocalRanks::<Float3>::with_buffers(halos, &[module], buffers)?;
     /// // The application's streams, one per rank.

@@ -16,7 +16,7 @@ use halo::abi::Float3;
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
 use halo::exchange::pe::{PathPolicy, PeExchange};
 use halo::exchange::synthetic::{self, SyntheticShape};
-use halo::exchange::{CallerBuffers, CallerSlice, Exchange, LocalRanks, RankHalo, Transport, reference};
+use halo::exchange::{CallerBuffers, Exchange, LocalRanks, RankHalo, Transport, reference};
 use halo::gpu::{self, DeviceBuffer, DeviceMemory, KernelModule};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -87,7 +87,7 @@ fn check_rank(r: usize, halos: &[RankHalo], home: &[Vec<Float3>], forces: &[Vec<
 /// The application's x and f (its own allocations) lent to halo for one rank.
 fn lend(ctx: &Arc<gpu::CudaContext>, x: &impl DeviceMemory<Float3>, f: &impl DeviceMemory<Float3>) -> halo::Result<CallerBuffers<Float3>> {
     // SAFETY: the caller keeps `x` and `f` alive until the exchange built with them is dropped.
-    unsafe { Ok(CallerBuffers { x: CallerSlice::from_raw(ctx, x.device_ptr(), x.len())?, f: CallerSlice::from_raw(ctx, f.device_ptr(), f.len())? }) }
+    unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), x.len()) }
 }
 
 /// Every rank in this process on the application's own buffers and streams.
