@@ -14,7 +14,7 @@
 //! and CMake come from pinned PyPI wheels ([`CUDA_RUNTIME`], [`CUDA_CRT`], [`CMAKE`]), SHA-256
 //! checked like the MPI wheels (`mpi.rs`), unpacked under `target/capi/`.
 
-use crate::mpi::{sha256_of, unpack_data};
+use crate::wheel::unpack_data;
 use anyhow::{Context, Result, bail};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -153,33 +153,11 @@ fn fetch(dest: &Path, wheels: &[Wheel]) -> Result<PathBuf> {
         return Ok(dest.to_path_buf());
     }
     let cache = root().join("wheels");
-    fs::create_dir_all(&cache)?;
     if dest.exists() {
         fs::remove_dir_all(dest).with_context(|| format!("clearing {}", dest.display()))?;
     }
     for w in wheels {
-        let wheel = match find_wheel(&cache, w) {
-            Some(found) => found,
-            None => {
-                eprintln!("xtask: fetching {}=={} with pip (once)", w.project, w.version);
-                let status = Command::new("python3")
-                    .args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:"])
-                    .args(["--python-version", "3.12", "--implementation", "cp"])
-                    .args(["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d"])
-                    .arg(&cache)
-                    .arg(format!("{}=={}", w.project, w.version))
-                    .status()
-                    .context("starting python3 -m pip (the C API check's CUDA runtime and CMake come from PyPI)")?;
-                if !status.success() {
-                    bail!("pip download {}=={} failed ({status}); it needs network access to PyPI the first time", w.project, w.version);
-                }
-                find_wheel(&cache, w).with_context(|| format!("pip left no {}-{} wheel in {}", w.project, w.version, cache.display()))?
-            }
-        };
-        let got = sha256_of(&wheel)?;
-        if got != w.sha256 {
-            bail!("{} has SHA-256 {got}, but {}=={} is pinned to {}: refusing to unpack it", wheel.display(), w.project, w.version, w.sha256);
-        }
+        let wheel = crate::wheel::download(&cache, w.project, w.version, w.sha256, "the C API check's CUDA runtime and CMake come from PyPI")?;
         let files = unpack_data(&wheel, &format!("{}/", w.inner), dest)?;
         if files == 0 {
             bail!("{} holds no {}/ files", wheel.display(), w.inner);
@@ -187,15 +165,6 @@ fn fetch(dest: &Path, wheels: &[Wheel]) -> Result<PathBuf> {
     }
     fs::write(&marker, want.join("\n"))?;
     Ok(dest.to_path_buf())
-}
-
-/// The downloaded wheel of `w` in `dir` (PyPI names it with underscores).
-fn find_wheel(dir: &Path, w: &Wheel) -> Option<PathBuf> {
-    let prefix = format!("{}-{}-", w.project.replace('-', "_"), w.version);
-    fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl")))
 }
 
 /// The CUDA runtime folder (`include/`, `lib/`) from its pinned wheels.

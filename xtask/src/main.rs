@@ -24,6 +24,7 @@ mod capi;
 mod mpi;
 mod msrv;
 mod ucx;
+mod wheel;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
