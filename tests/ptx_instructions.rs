@@ -392,6 +392,9 @@ fn ptxas_reports_no_spills() {
 fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
     let b = entries(&ptx_text());
     for [forces, energy, prune] in abi::NBNXM_KERNELS {
+        // `_pfw` adds its i-forces warp by warp: no barrier before them, an atomic site per
+        // i-cluster (8) and the energy's per warp.
+        let per_warp = forces.ends_with("_pfw");
         for k in [forces, energy] {
             // Pairs: the fast reciprocal and fused multiply-adds, no IEEE division; the LJ table in
             // shared memory, one 8-byte load per pair of the unrolled i-cluster loop (16 pairs, on
@@ -404,16 +407,23 @@ fn nbnxm_kernels_reduce_in_registers_and_add_once_per_cluster() {
             assert_eq!(count("ld.shared.b64"), 32, "{k}: 8-byte shared loads, not one per pair of both paths");
             assert_eq!(count("ld.shared.v4"), 16, "{k}: 16-byte i-atom loads");
             assert_eq!(count("st.shared.v4"), 1, "{k}: 16-byte staging stores");
-            // Two block barriers: after the staging, before the sum of the warps' partial i-forces.
-            assert_eq!(count("bar.sync"), 2, "{k}: block barriers");
+            // Two block barriers: after the staging, before the sum of the warps' partial i-forces
+            // (`_pfw`: the staging's only).
+            assert_eq!(count("bar.sync"), if per_warp { 1 } else { 2 }, "{k}: block barriers");
             // The reductions: 9 butterfly shuffles for a j-cluster's forces over the i-lanes (3
             // components x 3 steps, the first splitting the two j-atoms between even and odd
             // lanes), 48 for the i-forces over the j-lanes (8 i-clusters x 3 components x 2
             // steps), 5 for the energy. No atomic per pair: one atomic site for the j-forces, one
-            // for the block's summed i-forces, one f64 add per block for the energy.
+            // for the block's summed i-forces (`_pfw`: one per i-cluster, the warp's sums), one f64
+            // add per block (`_pfw`: per warp) for the energy.
             let energy_shuffles = if k == energy { 5 } else { 0 };
             assert_eq!(count("shfl.sync.bfly.b32"), 9 + 48 + energy_shuffles, "{k}: butterfly shuffles");
-            assert_eq!(count("red.relaxed.gpu.global.add.f32"), 2, "{k}: force atomic sites");
+            assert_eq!(count("red.relaxed.gpu.global.add.f32"), if per_warp { 1 + 8 } else { 2 }, "{k}: force atomic sites");
+            // The per-warp sums skip the partials in shared memory: the only 4-byte shared stores
+            // are the staging's slot indices and the LJ table's two columns (the block sums add 8
+            // per i-cluster's partials, and one for the energy).
+            let partial_stores = if per_warp { 0 } else { 8 + usize::from(k == energy) };
+            assert_eq!(count("st.shared.b32"), 3 + partial_stores, "{k}: 4-byte shared stores");
             let f64_adds = count("red.relaxed.gpu.global.add.f64");
             assert_eq!(f64_adds, usize::from(k == energy), "{k}: energy atomics (the force-only kernel touches no energy)");
             assert!(!b[k].contains("atom.") && !b[k].contains(".local"), "{k}: another atomic, or local memory");

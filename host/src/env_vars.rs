@@ -231,7 +231,12 @@ pub const VARS: &[EnvVar] = &[
         "The private folder through which the ranks of one `halo launch` exchange their start-up data; set by `halo launch` only.",
     ),
     // Md.
-    var("HALO_NBNXM_KERNEL", Scope::Md, "`pf`", "The non-bonded (nbnxm) force kernel design: `ind` (indirect) or `pf` (prefetch)."),
+    var(
+        "HALO_NBNXM_KERNEL",
+        Scope::Md,
+        "`pf`",
+        "The non-bonded (nbnxm) force kernel design: `ind` (indirect), `pf` (prefetch) or `pfw` (prefetch, i-forces added warp by warp).",
+    ),
     var("HALO_NBNXM_WARPS", Scope::Md, "`auto`", "Warps per nbnxm list entry: `auto` (sized to the list and the GPU) or 1 to 16."),
     // Cli.
     var(

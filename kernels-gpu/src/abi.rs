@@ -8,7 +8,7 @@
 /// Bumped whenever a kernel signature or a type below changes. The PTX build embeds it as the
 /// device global [`ABI_VERSION_SYMBOL`]; the host refuses a module whose value differs, so stale
 /// PTX fails loudly at load time instead of corrupting memory at launch time.
-pub const ABI_VERSION: u32 = 19;
+pub const ABI_VERSION: u32 = 20;
 
 /// Name of the device global that carries [`ABI_VERSION`] inside the PTX.
 pub const ABI_VERSION_SYMBOL: &str = "HALO_ABI_VERSION";
@@ -56,6 +56,8 @@ kernel_entries! {
         "nbnxm_forces_pf",
         "nbnxm_forces_energy_pf",
         "nbnxm_prune_pf",
+        "nbnxm_forces_pfw",
+        "nbnxm_forces_energy_pfw",
         "spin_delay",
         "fused_coords_timeline",
         "fused_forces_timeline",
@@ -237,13 +239,15 @@ pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 pub const INVERSE_MASSES: &str = "inverse_masses";
 
 /// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading
-/// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early.
+/// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early,
+/// `_pfw` `_pf` with each warp adding its i-forces and energy itself (no block barrier before
+/// them; its prune is `_pf`'s).
 ///
 /// - forces: `(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy,
 ///   box_x, box_y, box_z, rc2, sh6, sh12)`: Lennard-Jones forces of a cluster-pair list, added to
 ///   `f` (`energy` is not touched);
 /// - forces + energy: the same arguments, and the potential-shifted LJ energy of the list added
-///   to the `f64` at `energy` (one atomic per block);
+///   to the `f64` at `energy` (one atomic per block; one per warp with `_pfw`);
 /// - prune: `(x, atom_index, entries, order, n_entries, j_outer, j_inner, box_x, box_y, box_z,
 ///   rlist2)`: the inner (pruned) j-list from the outer one and the current coordinates.
 ///
@@ -253,8 +257,11 @@ pub const INVERSE_MASSES: &str = "inverse_masses";
 /// or [`NBNXM_PRUNE_SHARED_BYTES`] (prune) of dynamic shared memory. Block `b` runs entry
 /// `entries[order[b]]`: `order` is a permutation of `0..n_entries` (the launch order, longest
 /// entries first: [`NBNXM_ORDER_TILES`]), so the blocks that start last are short ones.
-pub const NBNXM_KERNELS: [[&str; 3]; 2] =
-    [["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"], ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"]];
+pub const NBNXM_KERNELS: [[&str; 3]; 3] = [
+    ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"],
+    ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"],
+    ["nbnxm_forces_pfw", "nbnxm_forces_energy_pfw", "nbnxm_prune_pf"],
+];
 /// Most atom types the nbnxm kernels take (their LJ table lives in shared memory).
 pub const NBNXM_MAX_TYPES: u32 = 32;
 /// Most warps per list entry (block size 512: the force kernels' registers fit twice over).

@@ -119,6 +119,10 @@ pub struct MdBenchRow {
     pub redecompose: Option<String>,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
+    /// The non-bonded kernel design the row ran (`halo_md::nbnxm::NbnxmKernel`'s name: `pf`,
+    /// `pfw`, `ind`; set by `HALO_NBNXM_KERNEL`).
+    #[serde(default)]
+    pub nbnxm_kernel: String,
     /// Steps between searches.
     pub nstlist: u64,
     /// Steps between prunes.
@@ -212,6 +216,16 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The non-bonded kernel design the MD ranks will run: `HALO_NBNXM_KERNEL`'s, else the default
+/// (a value that names no design is kept as given: the row's run then fails on it and says so).
+fn nbnxm_design() -> String {
+    use halo_md::nbnxm::NbnxmKernel;
+    match NbnxmKernel::from_env() {
+        Ok(k) => k.unwrap_or(NbnxmKernel::DEFAULT).name().into(),
+        Err(_) => std::env::var(NbnxmKernel::ENV).unwrap_or_default(),
+    }
+}
+
 /// Measures `transport` at `atoms` on `grid`. A failure becomes a skipped row with the reason.
 pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: usize, transport: Transport) -> MdBenchRow {
     let md = cfg.md(atoms, grid, transport);
@@ -239,6 +253,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         redecompose: None,
         graph: cfg.graph,
+        nbnxm_kernel: nbnxm_design(),
         nstlist: cfg.step.nstlist,
         nstprune: cfg.step.nstprune,
         rlist: 0.0,
@@ -437,8 +452,8 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
-            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs; {} steps x {} repeats after {} warm-up steps;",
-            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.steps, r.repeats, r.warmup_steps
+            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`; {} steps x {} repeats after {} warm-up steps;",
+            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.steps, r.repeats, r.warmup_steps
         );
         let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
         let _ = writeln!(
@@ -566,6 +581,7 @@ pub(crate) mod tests {
             list_search: "gpu".into(),
             redecompose: None,
             graph: false,
+            nbnxm_kernel: "pf".into(),
             nstlist: 100,
             nstprune: 10,
             rlist: 1.482,

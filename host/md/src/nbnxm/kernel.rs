@@ -1,4 +1,4 @@
-//! Which nbnxm kernels run, and how many warps share one list entry. Both designs compute the same
+//! Which nbnxm kernels run, and how many warps share one list entry. All designs compute the same
 //! forces, energy and inner list for every warp count (each combination is checked against the
 //! `f64` references in `tests/gpu_nbnxm.rs`); they differ in speed, which only a GPU timing can
 //! rank (`kernel_times` in the same file). Chosen per [`super::NbnxmGpu`] with
@@ -16,15 +16,19 @@ pub enum NbnxmKernel {
     Indirect,
     /// [`Self::Indirect`] with the next j-cluster's loads issued before the current one's pairs.
     Prefetch,
+    /// [`Self::Prefetch`] whose warps add their i-forces and energy themselves, with no block
+    /// barrier before the sum (a warp that runs out of j-list words leaves at once; the block
+    /// makes `W` times the i-force atomics). The prune is [`Self::Prefetch`]'s.
+    PerWarp,
 }
 
 impl NbnxmKernel {
     /// Every design, in the order the timing table prints them.
-    pub const ALL: [Self; 2] = [Self::Indirect, Self::Prefetch];
+    pub const ALL: [Self; 3] = [Self::Indirect, Self::Prefetch, Self::PerWarp];
     /// What a new [`super::NbnxmGpu`] uses when [`Self::ENV`] is not set: the faster one on the
     /// lists of two ranks when each entry had one warp (`docs/nbnxm.md`, "Kernels").
     pub const DEFAULT: Self = Self::Prefetch;
-    /// Environment variable naming the design for a run (`ind`, `pf`).
+    /// Environment variable naming the design for a run (`ind`, `pf`, `pfw`).
     pub const ENV: &'static str = "HALO_NBNXM_KERNEL";
 
     /// Short name, as [`Self::ENV`] takes it.
@@ -32,6 +36,7 @@ impl NbnxmKernel {
         match self {
             Self::Indirect => "ind",
             Self::Prefetch => "pf",
+            Self::PerWarp => "pfw",
         }
     }
 
@@ -161,8 +166,9 @@ mod tests {
         assert_eq!(NbnxmKernel::parse(" pf\n").unwrap(), NbnxmKernel::Prefetch);
         assert_eq!(NbnxmKernel::Indirect.entries(), ["nbnxm_forces_ind", "nbnxm_forces_energy_ind", "nbnxm_prune_ind"]);
         assert_eq!(NbnxmKernel::Prefetch.entries(), ["nbnxm_forces_pf", "nbnxm_forces_energy_pf", "nbnxm_prune_pf"]);
+        assert_eq!(NbnxmKernel::PerWarp.entries(), ["nbnxm_forces_pfw", "nbnxm_forces_energy_pfw", "nbnxm_prune_pf"]);
         let e = NbnxmKernel::parse("xq").unwrap_err().to_string();
-        assert!(e.contains("HALO_NBNXM_KERNEL") && e.contains("ind, pf"), "{e}");
+        assert!(e.contains("HALO_NBNXM_KERNEL") && e.contains("ind, pf, pfw"), "{e}");
     }
 
     #[test]

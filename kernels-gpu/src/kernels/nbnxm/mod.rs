@@ -20,6 +20,8 @@
 //!   and after a block barrier one thread per i-atom and component sums the `W` warps' partials
 //!   and adds the sum with one atomic (an i-supercluster appears in several entries: one per
 //!   shift, and long lists are split). The energy goes the same way: one `f64` atomic per block.
+//!   (Design `pfw` skips the partials and the barrier: each warp adds its sums itself,
+//!   [`add_i_forces_and_energy_per_warp`].)
 //! - The j-forces of one j-cluster are reduced over the 8 i-lanes with 9 butterfly shuffles (the
 //!   first step also splits the two j-atoms between even and odd lanes) and added with one atomic
 //!   per atom and component, by 24 lanes in one instruction. No atomic per pair.
@@ -307,6 +309,55 @@ unsafe fn add_i_forces_and_energy<const ENERGY: bool>(
                 sum += f64::from(*b.partials(ntypes, w).add(3 * NBNXM_PARTIAL_STRIDE as usize));
             }
             device::atomic_add_relaxed_gpu_f64(energy, sum);
+        }
+    }
+}
+
+/// [`add_i_forces_and_energy`] warp by warp, with no block barrier (design `pfw`): each warp sums
+/// `fi` over its 4 j-lanes (2 butterfly steps, as there), then j-lane `c < 3` adds component `c`
+/// of its i-atom of every i-cluster with one atomic each (not for padding slots, nor a zero sum),
+/// and lane 0 adds the warp's energy (5 butterfly steps, one `f64` atomic). A warp that runs out
+/// of j-list words first leaves at once instead of waiting at a barrier for its block's slowest
+/// warp; the price is `W` times the i-force and energy atomics of the block.
+///
+/// # Safety
+/// All lanes of the warp together (no block barrier: the warps need not arrive together), after
+/// the slots were staged and published by the block's barrier; a force launch; `energy` a valid
+/// `f64` when `ENERGY`; the slots' atoms inside `f`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn add_i_forces_and_energy_per_warp<const ENERGY: bool>(
+    b: &Block,
+    f: *mut Float3,
+    energy: *mut f64,
+    ti: u32,
+    tj: u32,
+    fi: &[Float3; CLUSTERS],
+    mut e: f32,
+) {
+    // SAFETY: all lanes run the shuffles; the staged slots are read only (published by the
+    // staging's barrier); the caller covers `f` and `energy`.
+    unsafe {
+        let slots = b.slots();
+        each_i_cluster!(K => {
+            let v = butterfly(butterfly(fi[K], 8), 16);
+            if tj < 3 {
+                let idx = *slots.add(K * CL as usize + ti as usize);
+                let c = pick(tj, v.x, v.y, v.z);
+                if idx != NBNXM_FILLER && c != 0.0 {
+                    add_component(f, idx, tj, c);
+                }
+            }
+        });
+        if ENERGY {
+            e += warp::shfl_xor_f32(FULL, e, 16);
+            e += warp::shfl_xor_f32(FULL, e, 8);
+            e += warp::shfl_xor_f32(FULL, e, 4);
+            e += warp::shfl_xor_f32(FULL, e, 2);
+            e += warp::shfl_xor_f32(FULL, e, 1);
+            if b.lane == 0 {
+                device::atomic_add_relaxed_gpu_f64(energy, f64::from(e));
+            }
         }
     }
 }

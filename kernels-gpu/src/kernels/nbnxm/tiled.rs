@@ -17,9 +17,13 @@
 //! Designs (one instantiation each, the host picks one, `NbnxmKernel`):
 //! - `_ind`: j-atoms through the slot index: `atom_index`, then `x` and the slot's type;
 //! - `_pf`: the same with the next j-cluster's loads issued before the current one is computed
-//!   (its indices and types before the i-cluster loop, its coordinates after it).
+//!   (its indices and types before the i-cluster loop, its coordinates after it);
+//! - `_pfw`: `_pf` whose warps add their i-forces and energy themselves, with no block barrier
+//!   (its prune is `_pf`'s).
 
-use super::{Block, CL, CLUSTERS, FAR_I, FAR_J, FULL, MASK, Staged, add_i_forces_and_energy, add_j_forces, shift_vector};
+use super::{
+    Block, CL, CLUSTERS, FAR_I, FAR_J, FULL, MASK, Staged, add_i_forces_and_energy, add_i_forces_and_energy_per_warp, add_j_forces, shift_vector,
+};
 use crate::abi::{Float3, NBNXM_CENTRAL_SHIFT, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_SUPER_SIZE, NbnxmEntry};
 use crate::device::{math, sync_threads, warp};
 
@@ -296,7 +300,9 @@ fn own_super(e: &NbnxmEntry, cj: u32) -> Option<u32> {
     (e.shift == NBNXM_CENTRAL_SHIFT && cj >= ci0 && cj < ci0 + NBNXM_CLUSTERS_PER_SUPER).then(|| cj - ci0)
 }
 
-/// The force kernels (see the module docs); `ENERGY` also sums the shifted potential.
+/// The force kernels (see the module docs); `ENERGY` also sums the shifted potential, `PER_WARP`
+/// adds the i-forces and energy warp by warp ([`add_i_forces_and_energy_per_warp`]) instead of
+/// once per block behind a barrier.
 ///
 /// # Safety
 /// A list built by the host for these arrays: slots `sci * 64 ..` and `cj * 8 ..` inside
@@ -306,7 +312,7 @@ fn own_super(e: &NbnxmEntry, cj: u32) -> Option<u32> {
 /// [`crate::abi::nbnxm_force_shared_bytes`]`(ntypes, warps)`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
+unsafe fn forces<const ENERGY: bool, const PREFETCH: bool, const PER_WARP: bool>(
     x: *const Float3,
     atom_index: *const u32,
     atom_type: *const u32,
@@ -326,7 +332,8 @@ unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
     sh12: f32,
 ) {
     // SAFETY: the host's contract (above) covers every access; the whole block leaves together
-    // (block-uniform entry test) or reaches both barriers (the loops below are warp-uniform).
+    // (block-uniform entry test) or reaches every barrier (the loops below are warp-uniform; with
+    // `PER_WARP` the staging's is the only one).
     unsafe {
         let Some(b) = Block::of(entries, order, n_entries) else { return };
         let (ti, tj) = (b.lane % CL, b.lane / CL);
@@ -357,7 +364,11 @@ unsafe fn forces<const ENERGY: bool, const PREFETCH: bool>(
                 add_j_forces(f, ti, fa, fb, j.ia, j.ib);
             });
         });
-        add_i_forces_and_energy::<ENERGY>(&b, ntypes, f, energy, ti, tj, &fi, e_sum);
+        if PER_WARP {
+            add_i_forces_and_energy_per_warp::<ENERGY>(&b, f, energy, ti, tj, &fi, e_sum);
+        } else {
+            add_i_forces_and_energy::<ENERGY>(&b, ntypes, f, energy, ti, tj, &fi, e_sum);
+        }
     }
 }
 
@@ -419,9 +430,9 @@ unsafe fn prune<const PREFETCH: bool>(
     }
 }
 
-/// Declares one force / force+energy / prune kernel triple.
-macro_rules! nbnxm_kernels {
-    ($forces:ident, $energy:ident, $prune:ident, prefetch: $pf:literal, $what:literal) => {
+/// Declares one force / force+energy kernel pair.
+macro_rules! nbnxm_force_kernels {
+    ($forces:ident, $energy:ident, prefetch: $pf:literal, per_warp: $pw:literal, $what:literal) => {
         kernel! {
             #[doc = concat!("Forces of a cluster-pair list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $forces(
@@ -431,7 +442,7 @@ macro_rules! nbnxm_kernels {
             ) {
                 // SAFETY: forwarded; the host's contract is on `forces`.
                 unsafe {
-                    forces::<false, $pf>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<false, $pf, $pw>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
@@ -444,10 +455,16 @@ macro_rules! nbnxm_kernels {
             ) {
                 // SAFETY: forwarded.
                 unsafe {
-                    forces::<true, $pf>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
+                    forces::<true, $pf, $pw>(x, atom_index, atom_type, entries, order, n_entries, j_list, lj, ntypes, f, energy, box_x, box_y, box_z, rc2, sh6, sh12)
                 }
             }
         }
+    };
+}
+
+/// Declares one prune kernel.
+macro_rules! nbnxm_prune_kernel {
+    ($prune:ident, prefetch: $pf:literal, $what:literal) => {
         kernel! {
             #[doc = concat!("The inner list, ", $what, ". See [`crate::abi::NBNXM_KERNELS`].")]
             fn $prune(
@@ -461,5 +478,14 @@ macro_rules! nbnxm_kernels {
     };
 }
 
-nbnxm_kernels!(nbnxm_forces_ind, nbnxm_forces_energy_ind, nbnxm_prune_ind, prefetch: false, "j-atoms through the slot index");
-nbnxm_kernels!(nbnxm_forces_pf, nbnxm_forces_energy_pf, nbnxm_prune_pf, prefetch: true, "j-atoms through the slot index, prefetched");
+nbnxm_force_kernels!(nbnxm_forces_ind, nbnxm_forces_energy_ind, prefetch: false, per_warp: false, "j-atoms through the slot index");
+nbnxm_prune_kernel!(nbnxm_prune_ind, prefetch: false, "j-atoms through the slot index");
+nbnxm_force_kernels!(nbnxm_forces_pf, nbnxm_forces_energy_pf, prefetch: true, per_warp: false, "j-atoms through the slot index, prefetched");
+nbnxm_prune_kernel!(nbnxm_prune_pf, prefetch: true, "j-atoms through the slot index, prefetched");
+nbnxm_force_kernels!(
+    nbnxm_forces_pfw,
+    nbnxm_forces_energy_pfw,
+    prefetch: true,
+    per_warp: true,
+    "j-atoms through the slot index, prefetched, i-forces added warp by warp"
+);
