@@ -736,6 +736,16 @@ pub struct MdRun {
     host_search: search::HostSearch,
     /// The symmetric buffers of the search steps' all-gathers across PEs (made at the first).
     kept_gather: Option<crate::nvshmem::KeptGather>,
+    /// The host threads of the checked steps' CPU reference ([`reference_threads`]), started at
+    /// the first checked step.
+    reference_workers: Option<crate::workers::Workers>,
+}
+
+/// Threads for the checked steps' CPU reference: the host's cores, shared by the PEs of the run
+/// (each PE computes the whole reference; the PEs are taken to share one node), at most 32.
+fn reference_threads(pes: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / pes.max(1)).clamp(1, 32)
 }
 
 impl MdRun {
@@ -801,6 +811,7 @@ impl MdRun {
             rollback: Rollback::default(),
             host_search,
             kept_gather: None,
+            reference_workers: None,
         })
     }
 
@@ -1451,7 +1462,14 @@ impl MdRun {
                 self.system.positions[plan.ranks[r].global_ids[i] as usize] = *v;
             }
         }
-        let ref_f = md_reference::lj_forces(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        // The undecomposed reference: forces and potential energy in one pass on the host's threads.
+        if self.reference_workers.is_none() {
+            let pes = if matches!(self.placement, Placement::Pe { .. }) { self.cfg.grid.num_ranks() } else { 1 };
+            self.reference_workers = Some(crate::workers::Workers::new(reference_threads(pes))?);
+        }
+        let workers = self.reference_workers.as_ref().ok_or_else(|| HaloError::InvalidInput("no reference threads".into()))?;
+        let (ref_f, want_e) =
+            md_reference::lj_forces_and_energy(&self.system, self.cfg.cutoff, workers).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         // Each local rank's coordinates, forces and potential energy; then every rank's, on every PE.
         let energies: Vec<f64> = self.ranks.iter().map(|m| m.read_energies(record + 1).map(|e| e[record].potential)).collect::<Result<_>>()?;
         let mine = ids
@@ -1479,7 +1497,6 @@ impl MdRun {
         }
         let mut first = first_coordinate.or(first);
         // The potential energy of every rank's pairs against the undecomposed system.
-        let want_e = md_reference::lj_energy(&self.system, self.cfg.cutoff).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         c.energy_rel = (gpu - want_e).abs() / want_e.abs().max(1e-9);
         if !c.energy_passed() {
             first.get_or_insert_with(|| {
