@@ -134,6 +134,29 @@ fn the_exchange_falls_into_the_callers_stream_order() {
     Exchange::finish(&mut ranks).unwrap();
 }
 
+/// Dropping an exchange whose launches (and the caller's work after them) still run on the
+/// caller's streams waits for those streams before it frees the buffers the kernels use: a
+/// 300 ms spin enqueued after a step's launches, with no `finish`, holds the drop that long.
+#[test]
+fn dropping_an_exchange_waits_for_the_work_on_its_streams() {
+    let test = "dropping_an_exchange_waits_for_the_work_on_its_streams";
+    let Some(g) = gpu_or_skip(test) else { return };
+    let halos = synthetic::halos(SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 2000, send_fraction: 0.3, box_len: 6.0 }, 3);
+    let owned = Owned::new(&g.ctx, &halos);
+    let mut ranks = LocalRanks::<Float3>::with_buffers(halos.clone(), std::slice::from_ref(&g.module), owned.lend(&g.ctx)).unwrap();
+    let (_owned_streams, streams) = app_streams(&g.ctx, halos.len());
+    ranks.use_streams(&streams).unwrap();
+    ranks.exchange_forward(Transport::Fused).unwrap();
+    ranks.exchange_reverse_accumulate(Transport::Fused).unwrap();
+    const HOLD_NS: u64 = 300_000_000;
+    halo::kernels::spin_delay(&g.module, &streams[1], HOLD_NS).unwrap();
+    let t = std::time::Instant::now();
+    drop(ranks);
+    let waited = t.elapsed();
+    assert!(halo::gpu::wait::stream_idle(&streams[1]).unwrap(), "{test}: the caller's stream still runs after the drop");
+    assert!(waited.as_nanos() >= u128::from(HOLD_NS) * 9 / 10, "{test}: the drop returned after {waited:?}, before the 300 ms of work on the stream");
+}
+
 /// Buffers that cannot hold a rank's layout, a stream given to two ranks, and a pointer the
 /// driver does not know are refused with errors that name the rank and the fix.
 #[test]

@@ -60,8 +60,8 @@ struct KeepCurrentContext(Option<cudarc::driver::sys::CUcontext>);
 impl KeepCurrentContext {
     fn save() -> Self {
         use cudarc::driver::sys;
-        // SAFETY: only probes for the driver library; nothing is called through it.
-        if !unsafe { sys::is_culib_present() } {
+        // Asked once per process: every C call, the per-step ones included, passes here.
+        if !halo::gpu::driver_library_present() {
             return Self(None);
         }
         let mut current: sys::CUcontext = std::ptr::null_mut();

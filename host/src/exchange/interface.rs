@@ -85,7 +85,7 @@ pub trait Exchange<T: Element = Float3> {
     /// into the caller's stream order with no event of its own. The first work on a new stream
     /// runs after everything already enqueued on the old one. Halo never destroys a stream it did
     /// not create; one the caller wraps ([`crate::gpu::borrow_stream`]) must outlive the exchange.
-    /// [`Self::finish`] (and a PE exchange's drop) then waits for everything on these streams,
+    /// [`Self::finish`] (and the exchange's drop) then waits for everything on these streams,
     /// the caller's own work after the halo included; caller work that runs longer than the host
     /// wait budget ([`RankExchange::host_wait_budget`]) without the halo moving reads as a stuck
     /// stream, so finish before enqueuing long work, or wait on an event of your own instead.

@@ -473,3 +473,16 @@ impl<T: Element> LocalRanks<T> {
         self.ranks.iter().map(|r| Ok(r.f.to_host()?[..r.halo().total_atoms].to_vec())).collect()
     }
 }
+
+impl<T: Element> Drop for LocalRanks<T> {
+    /// Waits for every rank's stream before the buffers its kernels use are freed: launches may
+    /// still run there (on the caller's streams, [`Self::use_streams`], also work enqueued after
+    /// them), for example when an error left a step without [`Self::finish`]. Each wait is bounded
+    /// as `finish`'s; a stream found stuck marks its GPU context, whose memory is then leaked
+    /// rather than freed under a kernel, and an exchange already found stuck does not wait.
+    fn drop(&mut self) {
+        for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
+            let _ = rank.wait_idle(stream, "waiting for a rank's stream before freeing the exchange", None, || None);
+        }
+    }
+}

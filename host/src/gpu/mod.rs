@@ -94,10 +94,18 @@ pub fn classify(
     }
 }
 
+/// Whether the CUDA driver library (`libcuda.so`) can be loaded, asked once per process: cudarc's
+/// probe opens and closes the library, after a search over up to 17 names, every time it is
+/// asked, which a call made at every step (the C API's) must not pay.
+pub fn driver_library_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: only probes for the library; nothing is called through it.
+    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+}
+
 /// What this machine offers (see [`classify`]).
 pub fn gpu_status() -> GpuStatus {
-    // SAFETY: only probes for the library; nothing is called through it.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_library_present() {
         return classify(false, Ok(()), Ok(0), false);
     }
     let init = cudarc::driver::result::init().map_err(|e| e.0);

@@ -229,8 +229,7 @@ pub struct DriverProbe {
 impl DriverProbe {
     /// Initialises the driver and tries NVML (its absence is not an error: see the module docs).
     pub fn new() -> Result<Self, DiscoveryError> {
-        // SAFETY: only checks whether libcuda can be opened; nothing is called through it.
-        if !unsafe { sys::is_culib_present() } {
+        if !crate::gpu::driver_library_present() {
             return Err(DiscoveryError::NoGpu("the CUDA driver library (libcuda.so) is not installed".into()));
         }
         result::init().map_err(cuda("cuInit"))?;
