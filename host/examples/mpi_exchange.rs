@@ -72,9 +72,9 @@ fn run(world: &rsmpi::topology::SimpleCommunicator) -> Result<(), Box<dyn std::e
     x.copy_from_host(&home[me])?;
     f.copy_from_host(&forces[me])?;
     let ctx = &session.ctx;
-    let n = halos[me].total_atoms;
+    let atoms = halos[me].total_atoms;
     // SAFETY: `x` and `f` outlive the exchange (dropped after it below) and nothing else writes them meanwhile.
-    let buffers = unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), n) };
+    let buffers = unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), atoms) };
     // A rank whose buffers were refused tells every rank through the exchange's first all-gather.
     let mut exchange =
         PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;

@@ -222,7 +222,7 @@ pub const VARS: &[EnvVar] = &[
         rank_env::ENV_PES_PER_GPU,
         Scope::Launch,
         "1",
-        "How many ranks share this rank's GPU; set it yourself under `mpirun` or `srun` when several ranks share a GPU.",
+        "How many ranks share this rank's GPU; set it yourself under `mpirun` or `srun` when several ranks share a GPU (a session started from an MPI communicator counts them itself).",
     ),
     var(
         rank_env::ENV_RENDEZVOUS_DIR,

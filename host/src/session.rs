@@ -134,8 +134,10 @@ impl PeSession {
     /// `HALO_STARTUP_TIMEOUT_S` (default 60 s) each.
     pub fn init_with_mpi<C: ::mpi::traits::Communicator>(comm: &C, nvshmem_lib: Option<&Path>) -> Result<Self> {
         let (rank, nranks) = (comm.rank() as usize, comm.size() as usize);
-        let local_rank = nvshmem::mpi::local_rank(comm);
+        let (local_rank, local_size) = nvshmem::mpi::local_rank_and_size(comm);
         let device = nvshmem::mpi::device_of_local_rank(local_rank);
+        // No launcher says how many ranks share a GPU: the node's ranks take the GPUs round robin.
+        crate::launch::env::set_pes_per_gpu(nvshmem::mpi::ranks_sharing_gpu(local_rank, local_size, gpu::device_count()));
         // Every rank's own preparation first, agreed over `comm`: a rank that fails here (its
         // settings, GPU, kernels or library) must not leave the others waiting in the unique id's
         // broadcast.
@@ -150,7 +152,10 @@ impl PeSession {
         let (timeout, device, ctx, mut module, lib) =
             nvshmem::mpi::all_ready(comm, "to read their settings or open their GPU, kernels or NVSHMEM library", prepared)?;
         let nvshmem = Nvshmem::init_with_mpi(lib, &ctx, comm, timeout)?;
-        nvshmem.register_module(&mut module)?;
+        // Agreed too: a rank that fails here must not go on to the caller's next MPI collective
+        // while the others enter another.
+        let registered = nvshmem.register_module(&mut module);
+        nvshmem::mpi::all_ready(comm, "to register halo's kernels with NVSHMEM", registered)?;
         let env = RankEnv { rank, nranks, local_rank, device, bootstrap: Launcher::None, source: MPI_COMMUNICATOR };
         Ok(Self { env, ctx, nvshmem, module: Arc::new(module) })
     }

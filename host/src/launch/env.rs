@@ -21,11 +21,25 @@ pub const ENV_RENDEZVOUS_DIR: &str = "HALO_RENDEZVOUS_DIR";
 /// under mpirun/srun when several ranks share a GPU (see [`pes_per_gpu`]).
 pub const ENV_PES_PER_GPU: &str = "HALO_PES_PER_GPU";
 
-/// How many ranks share this rank's GPU: [`ENV_PES_PER_GPU`], or 1 when it is unset or not a
-/// positive number. The exchange divides the GPU's resident blocks among them, so that the
-/// spinning kernels of every rank on the GPU fit at once when they run concurrently (MPS).
+/// How many ranks share this rank's GPU: [`ENV_PES_PER_GPU`] when set (1 when it is not a
+/// positive number), else what the process learnt itself ([`set_pes_per_gpu`]), else 1. The
+/// exchange divides the GPU's resident blocks among them, so that the spinning kernels of every
+/// rank on the GPU fit at once when they run concurrently (MPS).
 pub fn pes_per_gpu() -> usize {
-    parse_pes_per_gpu(std::env::var(ENV_PES_PER_GPU).ok().as_deref())
+    match std::env::var(ENV_PES_PER_GPU) {
+        Ok(v) => parse_pes_per_gpu(Some(&v)),
+        Err(_) => LEARNT_PES_PER_GPU.get().copied().unwrap_or(1),
+    }
+}
+
+/// The ranks sharing this rank's GPU as the process found them (its MPI communicator:
+/// `PeSession::init_with_mpi`, where no launcher sets [`ENV_PES_PER_GPU`]).
+static LEARNT_PES_PER_GPU: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Records that `n` ranks share this rank's GPU, for [`pes_per_gpu`] (the environment variable,
+/// when set, still wins). The first record of the process stays.
+pub fn set_pes_per_gpu(n: usize) {
+    let _ = LEARNT_PES_PER_GPU.set(n.max(1));
 }
 
 /// [`pes_per_gpu`] from the variable's value.

@@ -140,7 +140,23 @@ pub fn all_gather_halos<C: Communicator>(comm: &C, mine: &RankHalo) -> Result<Ve
 /// This rank's rank among the ranks of `comm` on its node (`MPI_Comm_split_type` with
 /// `MPI_COMM_TYPE_SHARED`, ordered by rank in `comm`). Collective over `comm`.
 pub fn local_rank<C: Communicator>(comm: &C) -> usize {
-    comm.split_shared(comm.rank()).rank() as usize
+    local_rank_and_size(comm).0
+}
+
+/// [`local_rank`] and how many ranks of `comm` share the node. Collective over `comm`.
+pub fn local_rank_and_size<C: Communicator>(comm: &C) -> (usize, usize) {
+    let node = comm.split_shared(comm.rank());
+    (node.rank() as usize, node.size() as usize)
+}
+
+/// How many of a node's `local_size` ranks share the GPU of node-local rank `local_rank` when
+/// they take the `visible` GPUs round robin ([`device_for_local_rank`]). Pure.
+pub fn ranks_sharing_gpu(local_rank: usize, local_size: usize, visible: usize) -> usize {
+    if visible == 0 {
+        return 1;
+    }
+    let device = local_rank % visible;
+    (local_size / visible + usize::from(device < local_size % visible)).max(1)
 }
 
 /// The GPU of the rank with node-local rank `local_rank` when `visible` GPUs are visible: the
@@ -182,5 +198,20 @@ mod tests {
         assert_eq!(device_for_local_rank(5, 8).unwrap(), 5);
         let err = device_for_local_rank(0, 0).unwrap_err().to_string();
         assert!(err.contains("none is visible"), "{err}");
+    }
+
+    #[test]
+    fn the_ranks_sharing_a_gpu_are_those_the_round_robin_puts_there() {
+        assert_eq!(ranks_sharing_gpu(0, 2, 1), 2, "two ranks on one GPU (MPS)");
+        assert_eq!(ranks_sharing_gpu(1, 2, 2), 1, "one rank per GPU");
+        // Five ranks on two GPUs: 0, 2, 4 on GPU 0; 1, 3 on GPU 1.
+        assert_eq!(ranks_sharing_gpu(4, 5, 2), 3);
+        assert_eq!(ranks_sharing_gpu(3, 5, 2), 2);
+        assert_eq!(ranks_sharing_gpu(0, 1, 8), 1, "fewer ranks than GPUs");
+        assert_eq!(ranks_sharing_gpu(0, 3, 0), 1, "no GPU: nothing to share");
+        for (size, visible) in [(7, 3), (8, 8), (16, 5)] {
+            let total: usize = (0..visible).map(|d| ranks_sharing_gpu(d, size, visible)).sum();
+            assert_eq!(total, size, "every rank counted once ({size} ranks, {visible} GPUs)");
+        }
     }
 }

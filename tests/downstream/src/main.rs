@@ -150,8 +150,21 @@ fn pe_own_buffers(env: halo::launch::RankEnv) -> Result<(), Box<dyn std::error::
     };
     // A PE whose buffers could not even be described hands its error to the others through the
     // exchange's first all-gather (returning here would leave them waiting in it).
-    let mut pe =
-        PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), halos[me].clone(), PathPolicy::Routed, lent)?;
+    // A refusal is printed here, before the teardown (collective frees, NVSHMEM's finalize): the
+    // launcher ends the other PEs soon after the first one exits with an error.
+    let mut pe = match PeExchange::<Float3>::with_buffers_or_refusal(
+        session.nvshmem.clone(),
+        session.module.clone(),
+        halos[me].clone(),
+        PathPolicy::Routed,
+        lent,
+    ) {
+        Ok(pe) => pe,
+        Err(e) => {
+            eprintln!("halo-downstream: PE {me}: the exchange refused: {e}");
+            return Err(e.into());
+        }
+    };
     pe.use_stream(stream)?;
     pe.exchange_forward(Transport::Fused)?;
     pe.exchange_reverse_accumulate(Transport::Fused)?;
