@@ -293,16 +293,28 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Runs the checked step, the timed steps and the final check over the local ranks `mine`.
+// The first difference of the local ranks `mine` from the reference after `steps` steps, said at
+// once on stderr (a PE that fails may be ended by the launcher before it reports at the end), or
+// "" when they match.
+std::string check_ranks(const char* when, const Decomposition& d, const std::vector<int>& mine, const std::vector<RankBuffers>& bufs, int steps) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+        const std::string bad = download_and_compare(d, mine[i], bufs[i], steps);
+        if (!bad.empty()) {
+            std::fprintf(stderr, "capi-cpp: MISMATCH %s: %s\n", when, bad.c_str());
+            return std::string(when) + ": " + bad;
+        }
+    }
+    return "";
+}
+
+// Runs the checked step, the timed steps and the final check over the local ranks `mine`. Every
+// rank runs every step whatever its check found: its peers wait for its launches.
 std::string run(halo_exchange* ex, const Decomposition& d, const std::vector<int>& mine, const std::vector<RankBuffers>& bufs, const Options& o,
                 double* median_us) {
     std::vector<cudaStream_t> streams;
     for (const RankBuffers& b : bufs) streams.push_back(b.stream);
     step(ex, streams);
-    for (size_t i = 0; i < mine.size(); ++i) {
-        std::string bad = download_and_compare(d, mine[i], bufs[i], 1);
-        if (!bad.empty()) return "after the first step: " + bad;
-    }
+    const std::string first = check_ranks("after the first step", d, mine, bufs, 1);
     std::vector<double> times;
     for (int s = 0; s < o.warmup + o.steps; ++s) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -311,11 +323,8 @@ std::string run(halo_exchange* ex, const Decomposition& d, const std::vector<int
         if (s >= o.warmup) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
     *median_us = median(times);
-    for (size_t i = 0; i < mine.size(); ++i) {
-        std::string bad = download_and_compare(d, mine[i], bufs[i], 1 + o.warmup + o.steps);
-        if (!bad.empty()) return "after the timed steps: " + bad;
-    }
-    return "";
+    const std::string last = check_ranks("after the timed steps", d, mine, bufs, 1 + o.warmup + o.steps);
+    return first.empty() ? last : first;
 }
 
 int run_local(const Options& o, const Decomposition& d, halo_plan* const* plans) {

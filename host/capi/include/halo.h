@@ -214,7 +214,9 @@ halo_status halo_pe_info(const halo_pe *pe, int32_t *rank, int32_t *nranks, int3
 /**
  * Allocates `atoms` atoms (3 floats each) on NVSHMEM's symmetric heap and stores the device
  * pointer in `*out`: what `halo_pe_create` needs for `x` and `f`. Collective: every PE makes the
- * same allocations in the same order. Freed by `halo_pe_free` or with the PE.
+ * same allocations in the same order (a null `out` is `HALO_INVALID_ARGUMENT` after the
+ * allocation, which stays with the PE, so that the other PEs are not left waiting). Freed by
+ * `halo_pe_free` or with the PE.
  *
  * # Safety
  * `pe` null or live; `out` null or writable.
@@ -232,7 +234,9 @@ halo_status halo_pe_free(halo_pe *pe, float *ptr);
 /**
  * Creates this PE's exchange: `plan` is this PE's own plan (every PE's plans are gathered over
  * NVSHMEM and checked to fit together), `x` and `f` its coordinates and forces on the symmetric
- * heap (`halo_pe_alloc`, same order on every PE), `len` atoms each. Collective: every PE calls it.
+ * heap (`halo_pe_alloc`, same order on every PE), `len` atoms each. Collective: every PE calls it,
+ * and a refusal on any PE (buffers that do not qualify, a null `plan` or `out`) is returned by
+ * every PE, naming the PE.
  *
  * # Safety
  * `pe` and `plan` null or live; `x`/`f` symmetric device memory of `len` atoms; `out` null or writable.

@@ -194,7 +194,9 @@ pub unsafe extern "C" fn halo_pe_info(pe: *const halo_pe, rank: *mut i32, nranks
 
 /// Allocates `atoms` atoms (3 floats each) on NVSHMEM's symmetric heap and stores the device
 /// pointer in `*out`: what `halo_pe_create` needs for `x` and `f`. Collective: every PE makes the
-/// same allocations in the same order. Freed by `halo_pe_free` or with the PE.
+/// same allocations in the same order (a null `out` is `HALO_INVALID_ARGUMENT` after the
+/// allocation, which stays with the PE, so that the other PEs are not left waiting). Freed by
+/// `halo_pe_free` or with the PE.
 ///
 /// # Safety
 /// `pe` null or live; `out` null or writable.
@@ -203,12 +205,16 @@ pub unsafe extern "C" fn halo_pe_alloc(pe: *mut halo_pe, atoms: usize, out: *mut
     guard("halo_pe_alloc", || {
         // SAFETY: the caller's contract.
         let pe = unsafe { pe.as_mut() }.ok_or_else(|| Failure::invalid("`pe` is null: start it with halo_pe_start"))?;
-        if out.is_null() {
-            return Err(Failure::invalid("`out` is null: pass the address of a `float*`"));
-        }
+        // The allocation is collective: made even when `out` is null, so that the other PEs are
+        // not left waiting in it (it is freed with the PE).
         let buffer = pe.session.nvshmem.alloc::<Float3>(atoms)?;
         let ptr = gpu::DeviceMemory::device_ptr(&buffer) as *mut f32;
         pe.allocations.push(buffer);
+        if out.is_null() {
+            return Err(Failure::invalid(
+                "`out` is null: pass the address of a `float*` (the allocation was made, as on the other PEs, and is freed with the PE)",
+            ));
+        }
         // SAFETY: non-null and writable (the caller's contract).
         unsafe { *out = ptr };
         Ok(())
@@ -236,7 +242,9 @@ pub unsafe extern "C" fn halo_pe_free(pe: *mut halo_pe, ptr: *mut f32) -> halo_s
 
 /// Creates this PE's exchange: `plan` is this PE's own plan (every PE's plans are gathered over
 /// NVSHMEM and checked to fit together), `x` and `f` its coordinates and forces on the symmetric
-/// heap (`halo_pe_alloc`, same order on every PE), `len` atoms each. Collective: every PE calls it.
+/// heap (`halo_pe_alloc`, same order on every PE), `len` atoms each. Collective: every PE calls it,
+/// and a refusal on any PE (buffers that do not qualify, a null `plan` or `out`) is returned by
+/// every PE, naming the PE.
 ///
 /// # Safety
 /// `pe` and `plan` null or live; `x`/`f` symmetric device memory of `len` atoms; `out` null or writable.
@@ -253,18 +261,22 @@ pub unsafe extern "C" fn halo_pe_create(
         // SAFETY: the caller's contract.
         let pe = unsafe { pe.as_ref() }.ok_or_else(|| Failure::invalid("`pe` is null: start it with halo_pe_start"))?;
         // SAFETY: the caller's contract.
-        let plan = unsafe { plan.as_ref() }.ok_or_else(|| Failure::invalid("`plan` is null: pass this PE's plan"))?;
-        if out.is_null() {
-            return Err(Failure::invalid("`out` is null: pass the address of a `halo_exchange*`"));
-        }
+        let plan = unsafe { plan.as_ref() };
         let s = &pe.session;
         let who = format!("PE {}", s.env.rank);
-        // SAFETY: symmetric device memory of this GPU of `len` atoms (the caller's contract).
-        // A refusal goes through the exchange's first all-gather, so that every PE returns it
-        // (returning here would leave the others waiting in that gather).
-        let buffers = unsafe { caller_buffers(&s.ctx, &plan.halo, &who, x, f, len) }.map_err(|e| halo::HaloError::InvalidInput(e.message));
-        let inner =
-            PeExchange::<Float3>::with_buffers_or_refusal(s.nvshmem.clone(), s.module.clone(), plan.halo.clone(), PathPolicy::Routed, buffers)?;
+        // Every refusal (a null `plan` or `out` too) goes through the exchange's first all-gather,
+        // so that every PE returns it (returning here would leave the others waiting in that
+        // gather). Without a plan this PE's halo there is an empty one.
+        let buffers = match (plan, out.is_null()) {
+            (None, _) => Err(halo::HaloError::InvalidInput("`plan` is null: pass this PE's plan".into())),
+            (Some(_), true) => Err(halo::HaloError::InvalidInput("`out` is null: pass the address of a `halo_exchange*`".into())),
+            // SAFETY: symmetric device memory of this GPU of `len` atoms (the caller's contract).
+            (Some(plan), false) => {
+                unsafe { caller_buffers(&s.ctx, &plan.halo, &who, x, f, len) }.map_err(|e| halo::HaloError::InvalidInput(e.message))
+            }
+        };
+        let halo = plan.map_or_else(|| RankHalo { home_atoms: 0, total_atoms: 0, pulses: Vec::new() }, |p| p.halo.clone());
+        let inner = PeExchange::<Float3>::with_buffers_or_refusal(s.nvshmem.clone(), s.module.clone(), halo, PathPolicy::Routed, buffers)?;
         let ex = Box::new(halo_exchange { inner: Box::new(inner), transport: Transport::Fused, streams: Vec::new() });
         // SAFETY: `out` is non-null and writable (the caller's contract).
         unsafe { *out = Box::into_raw(ex) };
