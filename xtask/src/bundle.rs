@@ -554,7 +554,15 @@ mod tests {
         };
         write(dir.join("gpu-suite.sh"), GPU_SUITE);
         fs::write(dir.join("gpu-suites.txt"), table).unwrap();
-        write(dir.join("halo"), "#!/usr/bin/env bash\ncase $1 in ok) echo fine;; fail) echo refused >&2; exit 3;; hang) sleep 30;; esac\n");
+        let row = r#"[{"transport": "fused", "atoms": 45000, "step_us_median": 64.8, "ns_per_day": 2667.0, "search_share": 0.03, "graph": false, "halo_atoms_checked": 9, "checked": true}]"#;
+        write(
+            dir.join("halo"),
+            &format!(
+                "#!/usr/bin/env bash\ncase $1 in ok) echo fine;; fail) echo refused >&2; exit 3;; hang) sleep 30;; json) echo '{row}' > \"$2\";; esac\n"
+            ),
+        );
+        // The fake runner takes 3 s, whatever it runs.
+        write(dir.join("run-gpu-tests.sh"), "#!/usr/bin/env bash\nsleep 3\necho \"ran $*\"\n");
         write(dir.join("bin/nvidia-smi"), "#!/usr/bin/env bash\n[ \"$1\" = -L ] && echo 'GPU 0: Fake H200 (UUID: GPU-0)'\nexit 0\n");
         let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap_or_default());
         let out = std::process::Command::new("bash")
@@ -605,5 +613,42 @@ mod tests {
         assert!(out.contains("\ns: 2 passed, 0 failed\n"), "{out}");
         let (code, out) = run_suite("unknown", "s default 10 1 0 halo ok\n", &["nope"], "1");
         assert!(code == 2 && out.contains("no suite `nope`; the suites are: s"), "{out}");
+    }
+
+    #[test]
+    fn md_rows_shows_the_files_written_and_says_which_were_not() {
+        // The fake `halo json FILE` writes one md-bench row into FILE.
+        let table = "s default 10 1 0  halo json @OUT/one.json\n\
+            s default 10 1 0  call md_rows one missing\n\
+            s default 10 1 0  call md_rows missing\n";
+        let (code, out) = run_suite("mdrows", table, &["s"], "1");
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("== missing: not written here"), "{out}");
+        let row = out.lines().find(|l| l.contains("\"atoms\": 45000")).unwrap_or_else(|| panic!("no row shown: {out}"));
+        assert!(row.contains("\"step_us_median\": 64.8") && row.contains("\"checked\": true") && !row.contains("halo_atoms_checked"), "{row}");
+        assert!(out.contains("\ns: 2 passed, 1 failed\n") && out.contains("FAILED [3] call md_rows missing"), "no file at all fails: {out}");
+    }
+
+    #[test]
+    fn a_line_of_several_test_binaries_gets_its_limit_once_per_binary() {
+        // 2 s a binary: one binary is killed after its 2 s, two binaries get 4 s together.
+        let table = "s default 2 1 0  tests a\ns default 2 1 0  tests a b\n";
+        let (code, out) = run_suite("tests-limit", table, &["s"], "1");
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("FAILED [1] tests a (killed after 2 s)"), "{out}");
+        assert!(out.contains("ran --bin a --bin b") && out.contains("\ns: 1 passed, 1 failed\n"), "{out}");
+    }
+
+    #[test]
+    fn the_words_suite_refuses_to_run_under_mps() {
+        // A process whose command line names the MPS control daemon, as pgrep sees it.
+        let mut mps = std::process::Command::new("bash").arg("-c").arg("exec -a nvidia-cuda-mps-control sleep 20").spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (code, out) = run_suite("mps", "words default 10 1 0 halo ok\ns default 10 1 0 halo ok\n", &["words"], "1");
+        let (other, other_out) = run_suite("mps2", "words default 10 1 0 halo ok\ns default 10 1 0 halo ok\n", &["s"], "1");
+        let _ = mps.kill();
+        let _ = mps.wait();
+        assert!(code == 2 && out.contains("runs without CUDA MPS"), "{out}");
+        assert_eq!(other, 0, "another suite runs under MPS: {other_out}");
     }
 }

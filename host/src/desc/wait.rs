@@ -57,11 +57,12 @@ impl std::fmt::Display for WaitTimeout {
         match self.kind {
             Some(WaitKind::CoordCredit) | Some(WaitKind::ForceCredit) => {
                 let what = if self.kind == Some(WaitKind::CoordCredit) { "read the coordinates" } else { "accumulate the forces" };
+                // Which step the sender was about to send depends on the pulse's slots (the next
+                // one, or the one after for low-latency words, which alternate two): not said.
                 write!(
                     f,
-                    "rank {rank} waited {waited:.1} s for rank {peer} to {what} of pulse {pulse} of step {counter} before sending step {} \
-                     (credit {seen}, expected {counter})",
-                    counter + 1
+                    "rank {rank} waited {waited:.1} s for rank {peer} to {what} of pulse {pulse} of step {counter}, whose memory its next send \
+                     reuses (credit {seen}, expected {counter})"
                 )
             }
             kind => {
@@ -135,5 +136,28 @@ impl std::fmt::Display for StuckStream {
              remote transport that died: look above for NVSHMEM's own messages, e.g. `proxy.cpp ... aborting`). \
              The exchange cannot be used again, and its GPU memory stays allocated until the process ends"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credit_timeout_names_the_step_read_and_no_step_it_cannot_know() {
+        let t = WaitTimeout {
+            rank: 0,
+            peer: 2,
+            pulse: 1,
+            kind: Some(WaitKind::CoordCredit),
+            step_counter: 5,
+            seen: kernels_gpu::abi::SIGNAL_UNSET,
+            waited_ns: 1_500_000_000,
+        };
+        let m = t.to_string();
+        assert!(m.contains("rank 0 waited 1.5 s for rank 2 to read the coordinates of pulse 1 of step 5,"), "{m}");
+        assert!(m.contains("credit never set, expected 5") && !m.contains("step 6"), "a word pulse's sender is two steps on, not one: {m}");
+        let f = WaitTimeout { kind: Some(WaitKind::ForceCredit), seen: 4, ..t };
+        assert!(f.to_string().contains("to accumulate the forces of pulse 1 of step 5") && f.to_string().contains("credit 4"), "{f}");
     }
 }

@@ -129,6 +129,9 @@ impl Drop for StateWatch {
         if self.stuck.is_some() || (self.pending && !stream_idle(&self.stream).unwrap_or(false)) {
             return; // a copy may still land: leak the 64 bytes rather than free them under it
         }
+        if crate::gpu::stuck::context_stuck(self.stream.context()) {
+            return; // another rank's stream is stuck: cuMemFreeHost would wait for the whole device
+        }
         // SAFETY: allocated by cuMemAllocHost and not in use.
         let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
     }

@@ -42,7 +42,8 @@ pub struct Staging<T: Pod> {
 
 /// The page-locked memory and the event recorded after the last copy out of it.
 struct Held {
-    mem: PinnedHostSlice<u8>,
+    /// Freed by hand in the drop (never while the context is stuck).
+    mem: std::mem::ManuallyDrop<PinnedHostSlice<u8>>,
     copied: CudaEvent,
 }
 
@@ -55,9 +56,16 @@ impl Held {
 
 impl Drop for Held {
     /// Frees the memory only after the last copy out of it ran (a failed wait cannot be reported
-    /// here; the context is then broken anyway).
+    /// here; the context is then broken anyway). While the context is stuck
+    /// ([`crate::gpu::stuck`]) it is leaked instead: the wait and the free (`cuMemFreeHost`
+    /// waits for the whole device) would wait for a kernel that never ends.
     fn drop(&mut self) {
+        if crate::gpu::stuck::context_stuck(self.mem.context()) {
+            return;
+        }
         let _ = self.copied.synchronize();
+        // SAFETY: dropped once, here; the field is not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.mem) };
     }
 }
 
@@ -145,7 +153,7 @@ impl<T: Pod> Staging<T> {
             let mem = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
                 .during_with(|| format!("allocating {len} bytes of page-locked staging memory"))?;
             let copied = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).during("creating the staging's event")?;
-            self.host = Some(Held { mem, copied });
+            self.host = Some(Held { mem: std::mem::ManuallyDrop::new(mem), copied });
         }
         self.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no staging memory after reserving it".into()))
     }
