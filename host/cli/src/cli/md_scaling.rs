@@ -336,6 +336,11 @@ pub fn run(args: MdScalingArgs) -> Result<()> {
         eprintln!("md-scaling: note: {n}");
     }
     let mut parts = vec![md_bench::local_rows(&single)?, md_bench::local_rows(&split)?];
+    // The rows so far are written before the 2 PEs start, so that a run ended during theirs (a
+    // time limit) still leaves them; the file is written again with every row below.
+    let pending = [notes.clone(), vec!["2-PE rows: not measured yet (the run ended before they were)".to_string()]].concat();
+    let partial = merge(gpus, mps.clone(), pending, parts.clone());
+    std::fs::write(&args.out, serde_json::to_string_pretty(&partial)?).with_context(|| format!("writing {}", args.out.display()))?;
     let (pe, problem) = pe_rows(&args, gpus);
     parts.push(pe);
     notes.extend(problem.iter().map(|p| format!("2-PE rows: {p}")));
