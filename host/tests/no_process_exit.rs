@@ -4,7 +4,10 @@
 //! (host/cli) may turn an error into an exit code. Build scripts are not library code; comments
 //! are skipped, so documentation may name the calls.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{code_part, rust_files};
+use std::path::Path;
 
 /// The library crates' source folders, relative to the workspace root.
 const LIBRARY_SOURCES: [&str; 5] = ["host/src", "host/md/src", "host/nvshmem-sys/src", "kernels-gpu/src", "host/capi/src"];
@@ -39,30 +42,14 @@ fn ends_the_process(code: &str) -> Option<&'static str> {
     None
 }
 
-/// The line without its `//` comment (a `//` inside a string literal also cuts it: this errs on
-/// the side of reporting nothing there, and no exit call is written that way).
-fn code_part(line: &str) -> &str {
-    line.find("//").map_or(line, |at| &line[..at])
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") && path.file_name().is_some_and(|n| n != "build.rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// Every `path:line: what` in the library sources under `root`.
 fn hits(root: &Path) -> Vec<String> {
     let mut files = Vec::new();
     for dir in LIBRARY_SOURCES {
         rust_files(&root.join(dir), &mut files);
     }
+    // Build scripts are not library code.
+    files.retain(|f| f.file_name().is_some_and(|n| n != "build.rs"));
     files.sort();
     let mut out = Vec::new();
     for file in files {

@@ -239,6 +239,24 @@ unsafe fn add_j_forces(f: *mut Float3, ti: u32, fa: Float3, fb: Float3, ia: u32,
     }
 }
 
+/// `e` summed over the warp (5 butterfly steps), on every lane. Written out: a loop over an array
+/// of offsets is not unrolled and lands in local memory.
+///
+/// # Safety
+/// All lanes together.
+#[inline(always)]
+unsafe fn warp_sum(mut e: f32) -> f32 {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        e += warp::shfl_xor_f32(FULL, e, 16);
+        e += warp::shfl_xor_f32(FULL, e, 8);
+        e += warp::shfl_xor_f32(FULL, e, 4);
+        e += warp::shfl_xor_f32(FULL, e, 2);
+        e += warp::shfl_xor_f32(FULL, e, 1);
+    }
+    e
+}
+
 /// Adds a force block's i-forces (each lane's `fi[k]`: i-atom `ti` of i-cluster `k`) and, with
 /// `ENERGY`, its energy (each lane's `e`):
 /// 1. each warp sums `fi` over its 4 j-lanes (2 butterfly steps) and j-lane `c < 3` writes
@@ -262,7 +280,7 @@ unsafe fn add_i_forces_and_energy<const ENERGY: bool>(
     ti: u32,
     tj: u32,
     fi: &[Float3; CLUSTERS],
-    mut e: f32,
+    e: f32,
 ) {
     // SAFETY: all threads run the shuffles and the barrier; shared accesses stay in the block's
     // partials (w < warps) and staged slots; the caller covers `f` and `energy`.
@@ -275,12 +293,7 @@ unsafe fn add_i_forces_and_energy<const ENERGY: bool>(
             }
         });
         if ENERGY {
-            // Written out: a loop over an array of offsets is not unrolled and lands in local memory.
-            e += warp::shfl_xor_f32(FULL, e, 16);
-            e += warp::shfl_xor_f32(FULL, e, 8);
-            e += warp::shfl_xor_f32(FULL, e, 4);
-            e += warp::shfl_xor_f32(FULL, e, 2);
-            e += warp::shfl_xor_f32(FULL, e, 1);
+            let e = warp_sum(e);
             if b.lane == 0 {
                 *mine.add(3 * NBNXM_PARTIAL_STRIDE as usize) = e;
             }
@@ -333,7 +346,7 @@ unsafe fn add_i_forces_and_energy_per_warp<const ENERGY: bool>(
     ti: u32,
     tj: u32,
     fi: &[Float3; CLUSTERS],
-    mut e: f32,
+    e: f32,
 ) {
     // SAFETY: all lanes run the shuffles; the staged slots are read only (published by the
     // staging's barrier); the caller covers `f` and `energy`.
@@ -350,11 +363,7 @@ unsafe fn add_i_forces_and_energy_per_warp<const ENERGY: bool>(
             }
         });
         if ENERGY {
-            e += warp::shfl_xor_f32(FULL, e, 16);
-            e += warp::shfl_xor_f32(FULL, e, 8);
-            e += warp::shfl_xor_f32(FULL, e, 4);
-            e += warp::shfl_xor_f32(FULL, e, 2);
-            e += warp::shfl_xor_f32(FULL, e, 1);
+            let e = warp_sum(e);
             if b.lane == 0 {
                 device::atomic_add_relaxed_gpu_f64(energy, f64::from(e));
             }
