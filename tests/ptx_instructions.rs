@@ -217,10 +217,22 @@ const NO_FULL_FENCE: &[&str] = &["fence.acq_rel.sys", "fence.sc.sys", "membar.sy
 #[test]
 fn signalling_wrappers_keep_their_memory_order() {
     let b = entries(&ptx_text());
-    // Last-block election, release signal to the peer, the bounded wait.
+    // Last-block election, release signal to the peer, the bounded wait, block barriers.
     for k in [abi::FUSED_COORDS, abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::FUSED_FORCES] {
-        assert_lowers(&b, k, &["atom.acq_rel.gpu.global.inc.u32", "st.release.sys.global.u64", "bar.sync"]);
+        assert_lowers(&b, k, &["atom.acq_rel.gpu.global.inc.u32", "st.release.sys.global.u64"]);
+        assert!(b[k].contains("bar.sync") || b[k].contains("bar.red.or.pred"), "{k}: no block barrier");
         assert_lowers(&b, k, WAIT);
+    }
+    // The coordinate credit gates the writes into the peer: the block votes on thread 0's wait
+    // (a barrier with an OR), and a credit that did not come writes nothing there. The per-pulse
+    // kernels vote three times (the credit, the last block's election, its signal decision), the
+    // bulk kernel once (the credit).
+    let votes = |k: &str| b[k].matches("bar.red.or.pred").count();
+    for sfx in ["", "_f32", "_f64", "_f32x4"] {
+        for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::PULSE_PACK_PUT_SIGNAL] {
+            assert_eq!(votes(&format!("{k}{sfx}")), 3, "{k}{sfx}: block votes");
+        }
+        assert_eq!(votes(&format!("{}{sfx}", abi::FUSED_COORDS_TMA)), 1, "fused_coords_tma{sfx}: the credit's vote");
     }
     for k in [abi::PULSE_PACK_STORE_SIGNAL, abi::FUSED_COORDS_TMA, abi::SIGNAL_PING_PONG] {
         assert_absent(&b, k, NO_FULL_FENCE);

@@ -62,20 +62,65 @@ pub unsafe fn await_coord_credit(
         return;
     }
     if thread::thread_idx_x() == 0 {
-        let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
-        // SAFETY: own credit slot of this pulse.
-        unsafe {
-            wait_signal(
-                signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)),
-                step.epoch.saturating_sub(lag),
-                timeout_ns,
-                status,
-                site,
-            )
-        };
+        // SAFETY: forwarded.
+        unsafe { wait_coord_credit(meta, pulse, num_pulses, signals, step, lag, timeout_ns, status) };
     }
     // SAFETY: block-uniform condition; orders thread 0's acquire before the block's stores.
     unsafe { device::sync_threads() };
+}
+
+/// [`await_coord_credit`] that tells every thread of the block whether the credit came: `false`
+/// when thread 0's wait expired (or gave up on another waiter's timeout). The peer may then still
+/// read the memory the pulse would write (its `x`, for the paths that store into it directly), so
+/// the caller writes nothing there; the pulse's signal is withheld anyway
+/// ([`coord_pulse_depends_on_waits`] holds when the credit is awaited), and the peer times out and
+/// reports too, instead of forwarding this step's values as the last step's.
+///
+/// # Safety
+/// As [`await_coord_credit`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn coord_credit_granted(
+    meta: &PulseMeta,
+    pulse: u32,
+    num_pulses: u32,
+    signals: *mut u64,
+    step: Step,
+    lag: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+) -> bool {
+    if !(step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT)) {
+        return true;
+    }
+    let granted = thread::thread_idx_x() != 0
+        // SAFETY: forwarded.
+        || unsafe { wait_coord_credit(meta, pulse, num_pulses, signals, step, lag, timeout_ns, status) };
+    // SAFETY: block-uniform condition; orders thread 0's acquire before the block's stores.
+    !unsafe { device::sync_threads_or(!granted) }
+}
+
+/// Thread 0's wait for the credit of `pulse` ([`await_coord_credit`]): `false` when it expired.
+///
+/// # Safety
+/// `signals` this rank's slots; `status` valid.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn wait_coord_credit(
+    meta: &PulseMeta,
+    pulse: u32,
+    num_pulses: u32,
+    signals: *mut u64,
+    step: Step,
+    lag: u64,
+    timeout_ns: u64,
+    status: *mut WaitStatus,
+) -> bool {
+    let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
+    // SAFETY: own credit slot of this pulse.
+    unsafe {
+        wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch.saturating_sub(lag), timeout_ns, status, site)
+    }
 }
 
 /// Waits, in thread 0 of the calling block, for the signals of the pulses before `pulse` that do

@@ -154,24 +154,28 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
         let base = shared::dynamic_shared_mem() as *mut u8;
         (base.add((warp_in_block * TMA_CHUNK_BYTES) as usize) as *mut T, base.add((warps_per_block * TMA_CHUNK_BYTES) as usize) as *mut u32)
     };
+    let mut granted = true;
     if thread::thread_idx_x() == 0 {
         // SAFETY: this block's counter, written before the barrier below.
         unsafe { *block_arrivals = 0 };
         if step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
             // SAFETY: own credit slot of this pulse.
-            unsafe { wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site) };
+            granted = unsafe {
+                wait_signal(signals.add(signal_index(SignalSlot::CoordCredit, pulse, num_pulses)), step.epoch - 1, timeout_ns, status, site)
+            };
         }
     }
     // SAFETY: every thread reaches it (nothing above returns): the counter is initialised and the
-    // credit acquired before any warp writes.
-    unsafe { device::sync_threads() };
+    // credit acquired before any warp writes. A credit that did not come leaves the peer's `x`
+    // alone (it may still read it): no warp copies, and the signal is withheld below.
+    let refused = unsafe { device::sync_threads_or(!granted) };
 
     // Atoms before the first 16-byte-aligned destination address.
     let head = alignment_head::<T>(meta.remote_x).min(n);
     let full_chunks = (n - head) / chunk_atoms;
-    // Work items: 0 = head, 1..=full_chunks = bulk chunks, full_chunks + 1 = tail.
-    let items = full_chunks + 2;
+    // Work items: 0 = head, 1..=full_chunks = bulk chunks, full_chunks + 1 = tail (none when refused).
+    let items = if refused { 0 } else { full_chunks + 2 };
     let mut waited = false;
     let mut clock = WaitClock::new();
     let mut copying = false;

@@ -7,7 +7,7 @@ use super::common::{
     Step, WaitSite, arrive_is_last_block, coord_pulse_depends_on_waits, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of,
     timed_out, wait_signal,
 };
-use super::fused_coords::await_coord_credit;
+use super::fused_coords::coord_credit_granted;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
 use crate::device::{self, thread};
 
@@ -43,12 +43,16 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
     // Also sent at the end of the step; this one serves a peer whose last launch was fused.
     // SAFETY: the pulse's peer as installed (mapped when `direct`).
     unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Coordinates, !direct) };
+    // A credit that did not come leaves the peer's memory alone (it may still read it); the
+    // signal is then withheld below.
     // SAFETY: all threads of the block.
-    unsafe { await_coord_credit(meta, pulse, num_pulses, signals, step, 1, timeout_ns, status) };
+    let granted = unsafe { coord_credit_granted(meta, pulse, num_pulses, signals, step, 1, timeout_ns, status) };
     let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
-    // SAFETY: map/x/dest valid per the plan the host validated.
-    unsafe { pack_subset(x, map, meta.send_size, dest, shift_of(meta), PackMode::All, 0) };
+    if granted {
+        // SAFETY: map/x/dest valid per the plan the host validated.
+        unsafe { pack_subset(x, map, meta.send_size, dest, shift_of(meta), PackMode::All, 0) };
+    }
     // SAFETY: all threads call it; `counters[pulse]` is this pulse's zeroed device counter.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
