@@ -640,6 +640,19 @@ mod tests {
     }
 
     #[test]
+    fn lines_runs_part_of_a_suite() {
+        let table = "s default 10 1 0  halo ok one\ns default 10 1 0  halo ok two\ns default 10 1 0  halo fail three\n";
+        let (code, out) = run_suite("lines", table, &["s", "--lines=2-2"], "1");
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("\ns: 1 passed, 0 failed\n") && out.contains("=== [2] halo ok two"), "{out}");
+        assert!(out.contains("not run: outside --lines=2-2:\n  [1] halo ok one\n  [3] halo fail three"), "{out}");
+        let (code, out) = run_suite("lines-one", table, &["s", "--lines=3"], "1");
+        assert!(code == 1 && out.contains("\ns: 0 passed, 1 failed\n"), "{out}");
+        let (code, out) = run_suite("lines-bad", table, &["s", "--lines=3-1"], "1");
+        assert!(code == 2 && out.contains("give A-B or N"), "{out}");
+    }
+
+    #[test]
     fn the_words_suite_refuses_to_run_under_mps() {
         // A process whose command line names the MPS control daemon, as pgrep sees it.
         let mut mps = std::process::Command::new("bash").arg("-c").arg("exec -a nvidia-cuda-mps-control sleep 20").spawn().unwrap();

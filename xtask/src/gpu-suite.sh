@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs one GPU suite of this bundle (the table is gpu-suites.txt beside this script):
 #
-#   gpu-suite.sh [SUITE] [--long]     (SUITE defaults to `correctness`; `--list` lists them)
+#   gpu-suite.sh [SUITE] [--long] [--lines=A-B]  (SUITE defaults to `correctness`; `--list` lists them)
 #
+# --lines=A-B (or =N) runs only the suite's commands [A] to [B] (numbered as its log numbers them),
+# to split a suite over several runs that each have a time limit.
 # Every command is bounded by `timeout`; logs go to $OUT (or ./gpu-logs): SUITE.log starts with
 # the machine block (GPUs, driver, CUDA, topology, MPS, library versions, the bundle's commit),
 # then every command with its exit status and wall time, then a summary (passed, failed, not run
@@ -12,6 +14,7 @@
 # --long also runs the table's long tier, sets HALO_TEST_TIER=long for the GPU tests (their long
 # cases) and triples every command's time limit.
 set -uo pipefail
+first=1 last=1000000
 B="$(cd "$(dirname "$0")" && pwd)"
 TABLE="$B/gpu-suites.txt"
 suite=correctness tier=default
@@ -19,8 +22,12 @@ for a in "$@"; do
     case "$a" in
         --long) tier=long ;;
         --list) awk '!/^#/ && NF { if (!seen[$1]++) print $1 }' "$TABLE"; exit 0 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-        -*) echo "gpu-suite.sh: unknown option $a (use --long or --list)" >&2; exit 2 ;;
+        --lines=*) r=${a#--lines=}; first=${r%%-*}; last=${r#*-}
+                   if ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] || [ "$first" -gt "$last" ]; then
+                       echo "gpu-suite.sh: --lines=$r: give A-B or N, the [n] numbers of the suite's commands" >&2; exit 2
+                   fi ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -*) echo "gpu-suite.sh: unknown option $a (use --long, --lines=A-B or --list)" >&2; exit 2 ;;
         *) suite=$a ;;
     esac
 done
@@ -132,6 +139,7 @@ n=0
 while read -r s t secs need expect rest; do
     [ "$s" = "$suite" ] || continue
     n=$((n + 1))
+    { [ "$n" -ge "$first" ] && [ "$n" -le "$last" ]; } || { notrun+=("outside --lines=$first-$last|[$n] $rest"); continue; }
     [ "$t" = default ] || [ "$tier" = long ] || { notrun+=("long tier (--long)|[$n] $rest"); continue; }
     [ "$tier" = long ] && secs=$((secs * 3))
     rest=${rest//@OUT/$OUT}; rest=${rest//@B/$B}; rest=${rest//@GPUS/$GPULIST}
