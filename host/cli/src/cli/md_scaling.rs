@@ -47,6 +47,10 @@ pub struct MdScalingArgs {
     /// NVSHMEM host library for the 2-PE rows (default: discovered).
     #[arg(long)]
     pub nvshmem_lib: Option<PathBuf>,
+    /// Measure the 2-PE rows on one GPU without CUDA MPS (time-sliced: they then do not measure
+    /// the split, and the document says so). Without it such a run is refused.
+    #[arg(long)]
+    pub allow_time_sliced: bool,
 }
 
 /// The whole table: every row `halo md-bench` measured, the ratios and what the reader must know.
@@ -127,6 +131,15 @@ pub fn mps_note(gpus: usize, mps: &MpsState) -> Option<String> {
             mps.pipe_dir
         )
     })
+}
+
+/// [`mps_note`] for rows that are allowed to be time-sliced (`allow`); otherwise such rows are
+/// refused before anything is measured.
+pub fn check_sharing(gpus: usize, mps: &MpsState, allow: bool) -> Result<Option<String>> {
+    match mps_note(gpus, mps) {
+        Some(n) if !allow => bail!("md-scaling: {n} (or pass --allow-time-sliced to measure them as they are)"),
+        note => Ok(note),
+    }
 }
 
 impl MdScalingArgs {
@@ -331,7 +344,7 @@ pub fn run(args: MdScalingArgs) -> Result<()> {
     let gpus = gpus_to_use(args.gpus, gpu::device_count())?;
     let split = MdScalingArgs::md_bench_args(args.md_bench_words(two, Some(gpus), None))?;
     let mps = MpsState::detect();
-    let mut notes: Vec<String> = mps_note(gpus, &mps).into_iter().collect();
+    let mut notes: Vec<String> = check_sharing(gpus, &mps, args.allow_time_sliced)?.into_iter().collect();
     for n in &notes {
         eprintln!("md-scaling: note: {n}");
     }
@@ -524,6 +537,11 @@ mod tests {
             "{note}"
         );
         assert_eq!(mps_note(2, &off), None, "PEs on their own GPUs need no MPS");
+        // Time-sliced rows are refused unless allowed, and then carry the note.
+        let e = check_sharing(1, &off, false).unwrap_err().to_string();
+        assert!(e.contains("time-sliced") && e.contains("--allow-time-sliced"), "{e}");
+        assert_eq!(check_sharing(1, &off, true).unwrap(), Some(note.clone()));
+        assert_eq!(check_sharing(2, &off, false).unwrap(), None);
         assert_eq!(mps_note(1, &MpsState { daemon: true, ..off.clone() }), None);
         assert_eq!(mps_note(1, &MpsState { pipe_present: true, ..off.clone() }), None);
         // Here (no MPS on the machine that builds), detection finds neither sign unless a daemon runs.
