@@ -207,6 +207,13 @@ impl Footprint {
         f
     }
 
+    /// This footprint without `x` and `f`: what an exchange on the caller's coordinates and forces
+    /// allocates (`RankExchange::with_buffers`).
+    pub fn without_caller_arrays(mut self) -> Self {
+        self.symmetric.retain(|b| b.what != "coordinates" && b.what != "forces");
+        self
+    }
+
     /// The symmetric buffers' bytes as allocated ([`charged`] each).
     pub fn symmetric_bytes(&self) -> u64 {
         self.symmetric.iter().map(|b| charged(b.bytes)).sum()
@@ -413,8 +420,10 @@ fn room(ctx: &CudaContext) -> Result<DeviceRoom> {
 /// The check `PeExchange::new` runs before it allocates anything: this PE's symmetric buffers
 /// against the heap budget (the same verdict on every PE), then its device memory, agreed across
 /// PEs ([`agree`]).
-pub fn precheck_pe<T: Element>(ctx: &CudaContext, halos: &[RankHalo], me: usize, sizes: SharedSizes) -> Result<()> {
+/// `caller_arrays`: `x` and `f` are the caller's, already allocated, and not counted.
+pub fn precheck_pe<T: Element>(ctx: &CudaContext, halos: &[RankHalo], me: usize, sizes: SharedSizes, caller_arrays: bool) -> Result<()> {
     let need = Footprint::of_pe::<T>(sizes, &halos[me]);
+    let need = if caller_arrays { need.without_caller_arrays() } else { need };
     let cfg = HeapConfig::from_env()?;
     check_heap(&cfg, symmetric_in_use(), &need, me).map_err(HaloError::Nvshmem)?;
     let grows = cfg.vmm.then_some(cfg.granularity);
@@ -422,11 +431,16 @@ pub fn precheck_pe<T: Element>(ctx: &CudaContext, halos: &[RankHalo], me: usize,
 }
 
 /// The check `LocalRanks::new` runs before it allocates anything: per GPU, the footprints of the
-/// ranks placed there (rank `r` on `modules[r % modules.len()]`) against its free memory.
-pub fn precheck_local<T: Element>(modules: &[Arc<KernelModule>], halos: &[RankHalo], sizes: SharedSizes) -> Result<()> {
+/// ranks placed there (rank `r` on `modules[r % modules.len()]`) against its free memory
+/// (`caller_arrays`: `x` and `f` are the caller's, already allocated, and not counted).
+pub fn precheck_local<T: Element>(modules: &[Arc<KernelModule>], halos: &[RankHalo], sizes: SharedSizes, caller_arrays: bool) -> Result<()> {
     for (g, module) in modules.iter().enumerate() {
         let ranks: Vec<usize> = (0..halos.len()).filter(|r| r % modules.len() == g).collect();
-        let needs: Vec<Footprint> = ranks.iter().map(|&r| Footprint::of::<T>(sizes, &halos[r])).collect();
+        let need = |r: usize| {
+            let f = Footprint::of::<T>(sizes, &halos[r]);
+            if caller_arrays { f.without_caller_arrays() } else { f }
+        };
+        let needs: Vec<Footprint> = ranks.iter().map(|&r| need(r)).collect();
         check_device(room(module.context())?, &ranks, &needs, None).map_err(HaloError::InvalidInput)?;
     }
     Ok(())
@@ -565,6 +579,11 @@ mod tests {
         let g = Footprint::of::<f64>(sizes, &halos[0]);
         assert_eq!(g.symmetric[0].bytes, sizes.atoms as u64 * 8);
         assert_eq!(g.symmetric[6], f.symmetric[6]);
+        // On the caller's arrays halo allocates neither x nor f.
+        let own = f.clone().without_caller_arrays();
+        assert_eq!(own.symmetric_requested(), f.symmetric_requested() - 2 * atoms);
+        assert!(!own.describe_symmetric().contains("coordinates") && !own.describe_symmetric().contains("forces "), "{own:?}");
+        assert_eq!(own.plain, f.plain);
     }
 
     #[test]

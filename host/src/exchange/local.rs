@@ -183,7 +183,7 @@ impl<T: Element> LocalRanks<T> {
             }
         }
         // The footprint of `sizes`, headroom included: what the ranks below allocate.
-        super::heap::precheck_local::<T>(modules, &halos, sizes)?;
+        super::heap::precheck_local::<T>(modules, &halos, sizes, buffers.is_some())?;
         let mut ranks = Vec::with_capacity(halos.len());
         let mut streams = Vec::with_capacity(halos.len());
         let mut buffers = buffers.map(Vec::into_iter);

@@ -323,7 +323,8 @@ impl<T: Element> PeExchange<T> {
         }
         let me = nvshmem.my_pe();
         // The footprint of `sizes`, headroom included: what `RankExchange::new` allocates.
-        super::heap::precheck_pe::<T>(module.context(), &halos, me, sizes)?; // every PE fails alike, before any collective
+        // every PE fails alike, before any collective
+        super::heap::precheck_pe::<T>(module.context(), &halos, me, sizes, buffers.is_some())?;
         let policy = match policy {
             PathPolicy::Routed => {
                 // Collective like the rest of the constructor: facts (once), plans all-gathered.
