@@ -463,6 +463,59 @@ fn empty_reverse_pulse() {
     }
 }
 
+/// A coordinate credit whose wait expired writes nothing into its receiver's `x`: on a ring of
+/// three (where the senders need credits in a loop of one direction), rank 2 is held behind a
+/// gate past rank 0's 300 ms wait timeout while rank 0 runs two coordinate steps, each on home
+/// coordinates bumped by 1 first. Rank 0's second step finds no credit (rank 2 has not read the
+/// first) and must leave rank 2's `x` as the first step wrote it; rank 2, released, takes the
+/// first step's values under the first step's signal. Before the fix the per-pulse and bulk-copy
+/// kernels wrote the second step's values anyway, and rank 2 read them as the first step's.
+#[test]
+fn an_expired_credit_writes_nothing_into_the_peer() {
+    let Some(g) = gpu_or_skip("an_expired_credit_writes_nothing_into_the_peer") else { return };
+    let module = g.module.clone();
+    let halos = synthetic::halos(shape([3, 1, 1], 1, 1200), 71);
+    // Rank 0 sends to rank 2, which sends to rank 1, not back: rank 0 needs rank 2's credit.
+    assert_eq!((halos[0].pulses[0].send_rank, halos[2].pulses[0].send_rank), (2, 1), "the ring's direction");
+    for transport in [Transport::PerPulseDirect, Transport::FusedTma] {
+        let test = format!("an_expired_credit_writes_nothing_into_the_peer, {transport:?}");
+        let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), std::slice::from_ref(&module)).unwrap();
+        for r in ranks.ranks_mut() {
+            r.set_wait_timeout(Duration::from_millis(300));
+        }
+        let home0 = integer_values(&halos, 73, true);
+        let mut bumps = Vec::new();
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.x.fill_bytes(0xFF).unwrap();
+            rank.upload_coordinates(&home0[r]).unwrap();
+            let n = halos[r].home_atoms;
+            let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
+            let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
+            bumps.push((ones, map));
+        }
+        let gate = Gate::close(&module, ranks.stream(2));
+        for _ in 0..2 {
+            for (r, (ones, map)) in bumps.iter().enumerate() {
+                halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
+            }
+            ranks.launch_coordinates(transport).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        gate.open();
+        let e = ranks.finish().err().unwrap_or_else(|| panic!("{test}: waits expired, yet finish passed"));
+        assert!(e.to_string().contains("waited"), "{test}: {e}");
+        gate.check();
+        // Rank 2's halo from rank 0 holds rank 0's home coordinates after one bump.
+        let once: Vec<Vec<Float3>> = home0.iter().map(|h| h.iter().map(|v| *v + Float3::new(1.0, 1.0, 1.0)).collect()).collect();
+        let want = reference::coordinates(&halos, &once);
+        let got = ranks.coordinates().unwrap();
+        let p = &halos[2].pulses[0];
+        let range = p.atom_offset..p.atom_offset + p.recv_size;
+        assert_eq!(p.recv_rank, 0, "{test}: rank 2 receives from rank 0");
+        assert_eq!(bits(&got[2][range.clone()]), bits(&want[2][range]), "{test}: rank 2's halo from rank 0 is not the first step's");
+    }
+}
+
 /// The fused kernels launched after the kernel before them instead of overlapping it (what the
 /// residency cap chooses where two grids per rank do not fit on the GPU, `residency::fit`), at one
 /// block per pulse: every step still checks against the CPU reference.
