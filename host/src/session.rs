@@ -136,8 +136,11 @@ impl PeSession {
         let (rank, nranks) = (comm.rank() as usize, comm.size() as usize);
         let (local_rank, local_size) = nvshmem::mpi::local_rank_and_size(comm);
         let device = nvshmem::mpi::device_of_local_rank(local_rank);
-        // No launcher says how many ranks share a GPU: the node's ranks take the GPUs round robin.
-        crate::launch::env::set_pes_per_gpu(nvshmem::mpi::ranks_sharing_gpu(local_rank, local_size, gpu::device_count()));
+        // No launcher says how many ranks share a GPU: the node's ranks take the GPUs round robin
+        // (unless `HALO_DEVICE` placed this one; `HALO_PES_PER_GPU` then says it, as under srun).
+        if std::env::var_os(crate::launch::env::ENV_DEVICE).is_none() {
+            crate::launch::env::set_pes_per_gpu(nvshmem::mpi::ranks_sharing_gpu(local_rank, local_size, gpu::device_count()));
+        }
         // Every rank's own preparation first, agreed over `comm`: a rank that fails here (its
         // settings, GPU, kernels or library) must not leave the others waiting in the unique id's
         // broadcast.

@@ -561,8 +561,8 @@ mod tests {
                 "#!/usr/bin/env bash\ncase $1 in ok) echo fine;; fail) echo refused >&2; exit 3;; hang) sleep 30;; json) echo '{row}' > \"$2\";; esac\n"
             ),
         );
-        // The fake runner takes 3 s, whatever it runs.
-        write(dir.join("run-gpu-tests.sh"), "#!/usr/bin/env bash\nsleep 3\necho \"ran $*\"\n");
+        // The fake runner takes 3 s, whatever it runs, and says what it was given.
+        write(dir.join("run-gpu-tests.sh"), "#!/usr/bin/env bash\nsleep 3\necho \"ran $* budget=$GPU_TEST_BUDGET_S each=$GPU_TEST_TIMEOUT_S\"\n");
         write(dir.join("bin/nvidia-smi"), "#!/usr/bin/env bash\n[ \"$1\" = -L ] && echo 'GPU 0: Fake H200 (UUID: GPU-0)'\nexit 0\n");
         let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap_or_default());
         let out = std::process::Command::new("bash")
@@ -630,13 +630,24 @@ mod tests {
     }
 
     #[test]
-    fn a_line_of_several_test_binaries_gets_its_limit_once_per_binary() {
-        // 2 s a binary: one binary is killed after its 2 s, two binaries get 4 s together.
-        let table = "s default 2 1 0  tests a\ns default 2 1 0  tests a b\n";
-        let (code, out) = run_suite("tests-limit", table, &["s"], "1");
+    fn a_tests_line_hands_its_limit_to_the_runner_as_the_binaries_budget() {
+        let table = "s default 60 1 0  tests a b\ns default 2 1 0  tests a\n";
+        let (code, out) = run_suite("tests-budget", table, &["s"], "1");
         assert_eq!(code, 1, "{out}");
-        assert!(out.contains("FAILED [1] tests a (killed after 2 s)"), "{out}");
-        assert!(out.contains("ran --bin a --bin b") && out.contains("\ns: 1 passed, 1 failed\n"), "{out}");
+        assert!(out.contains("ran --bin a --bin b budget=50 each=40"), "{out}");
+        assert!(out.contains("FAILED [2] tests a (killed after 2 s)"), "the line's own limit still holds: {out}");
+    }
+
+    #[test]
+    fn the_runner_starts_no_binary_its_budget_cannot_finish_and_still_sums_up() {
+        let dir = fake_bundle("budget", &[("gpu_a", "sleep 3; echo 'test slow ... ok'"), ("gpu_b", "echo 'test quick ... ok'")]);
+        // 27 s: downstream and gpu_a start (12 s left each, less the 15 s kept for the summary),
+        // gpu_b, with 9 s left after gpu_a's 3 s, does not.
+        let (code, out) = run_runner(&dir, &[("GPU_TEST_BUDGET_S", "27")]);
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("FAILED gpu_b (not started: the run's time budget ran out)"), "{out}");
+        assert!(out.contains("\ngpu-tests: 2 passed, 1 failed, 0 skipped\n"), "{out}");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -37,9 +37,16 @@ if ! awk -v s="$suite" '$1 == s { f = 1 } END { exit !f }' "$TABLE"; then
 fi
 # The words suite's timing-dependent tests need the GPU's own hardware queues, and a watchdog exit
 # under MPS breaks the server for later clients: it runs without MPS.
-if [ "$suite" = words ] && pgrep -f nvidia-cuda-mps-control >/dev/null 2>&1; then
-    echo "gpu-suite.sh: the words suite runs without CUDA MPS, which is running: quit it first (echo quit | nvidia-cuda-mps-control)" >&2
-    exit 2
+# The daemon is matched by its program name (a command line that merely names it, such as the
+# `echo quit | nvidia-cuda-mps-control` before this script, does not count), and given 5 s to end
+# after a quit.
+mps_running() { pgrep -f '^([^ ]*/)?nvidia-cuda-mps-control( |$)' >/dev/null 2>&1; }
+if [ "$suite" = words ] && mps_running; then
+    for _ in 1 2 3 4 5 6 7 8 9 10; do sleep 0.5; mps_running || break; done
+    if mps_running; then
+        echo "gpu-suite.sh: the words suite runs without CUDA MPS, which is running: quit it first (echo quit | nvidia-cuda-mps-control)" >&2
+        exit 2
+    fi
 fi
 OUT="${OUT:-./gpu-logs}"; mkdir -p "$OUT"; OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/$suite.log"
@@ -61,7 +68,7 @@ machine_block() {
     nvidia-smi --query-gpu=index,name,memory.total,compute_mode,clocks.max.sm,pcie.link.gen.max --format=csv,noheader 2>&1 | sed 's/^/# gpu: /'
     nvidia-smi -q 2>/dev/null | grep -E '^(Driver Version|CUDA Version)' | sed 's/  */ /g; s/^/# /'
     nvidia-smi topo -m 2>/dev/null | sed -n '1,/^$/p' | grep -v '^$' | sed 's/^/# topo: /'
-    if pgrep -f nvidia-cuda-mps-control >/dev/null 2>&1; then echo "# MPS: running"; else echo "# MPS: not running (PEs sharing a GPU are time-sliced)"; fi
+    if mps_running; then echo "# MPS: running"; else echo "# MPS: not running (PEs sharing a GPU are time-sliced)"; fi
     echo "# host: $(uname -sr), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
     "$B/halo" info 2>&1 | grep -iE 'nvshmem|nccl|cuda|driver|version' | head -8 | sed 's/^/# info: /'
     [ -d "$U" ] && echo "# UCX: $U" || echo "# UCX: none in this bundle (--with-ucx)"
@@ -155,16 +162,12 @@ while read -r s t secs need expect rest; do
         notrun+=("needs $need GPU(s)|[$n] $rest"); continue
     fi
     case "$what" in
-        tests) bins=(); nbins=0
-               while [ ${#args[@]} -gt 0 ] && [ "${args[0]}" != -- ]; do
-                   if [ "${args[0]}" = all ]; then nbins=$(find "$B/tests" -maxdepth 1 -type f -perm -u+x 2>/dev/null | wc -l)
-                   else bins+=(--bin "${args[0]}"); nbins=$((nbins + 1)); fi
-                   args=("${args[@]:1}")
-               done
+        tests) bins=(); while [ ${#args[@]} -gt 0 ] && [ "${args[0]}" != -- ]; do [ "${args[0]}" = all ] || bins+=(--bin "${args[0]}"); args=("${args[@]:1}"); done
                cmd=("$B/run-gpu-tests.sh" "${bins[@]}" "${args[@]}")
                [ -n "${GPU_TEST_TIMEOUT_S:-}" ] || envs+=("GPU_TEST_TIMEOUT_S=$((secs > 40 ? secs - 20 : secs))")
-               # SECONDS is each binary's limit: the line may take it once per binary.
-               [ "$nbins" -gt 1 ] && secs=$((secs * nbins)) ;;
+               # The line's binaries share its limit: the runner stops starting them when it runs
+               # out, and its summary (which says so) survives.
+               envs+=("GPU_TEST_BUDGET_S=$((secs > 40 ? secs - 10 : secs))") ;;
         halo|stencil3d|halo-downstream) cmd=("$B/$what" "${args[@]}") ;;
         capi-cpp) cmd=("$B/capi/capi-cpp" "${args[@]}") ;;
         mpich) [ -x "$MPI/mpich/bin/mpiexec" ] || { notrun+=("no MPICH in the bundle (cargo xtask bundle --mpi)|[$n] $rest"); continue; }

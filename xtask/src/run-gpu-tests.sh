@@ -10,7 +10,9 @@
 # at most N GPUs fails when they are missing; one that needs more is listed at the end as
 # "not run (needs G GPUs)". HALO_TEST_TIER=long also runs the long cases (the default tier lists
 # them as "not run (long tier)"). Every binary is bounded by GPU_TEST_TIMEOUT_S seconds (default
-# 1200). Output goes to the terminal and under $GPU_TEST_LOGS (default $OUT/tests, or
+# 1200), and with GPU_TEST_BUDGET_S the whole run by that many: each binary gets at most what is
+# left of it (less 15 s for the summary), and a binary with less than 10 s left is not started but
+# counted as failed ("the run's time budget ran out"), so the summary always comes. Output goes to the terminal and under $GPU_TEST_LOGS (default $OUT/tests, or
 # ./gpu-logs/tests). The run ends with a summary (passed, failed by name, not run by reason and
 # name) and the line `gpu-tests: N passed, M failed`; it exits 1 when anything failed.
 #
@@ -34,6 +36,8 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
 export HALO_BIN="${HALO_BIN:-$here/halo}"
 if [ -d "$here/ucx" ] && [ -z "${HALO_UCX_DIR:-}" ]; then export HALO_UCX_DIR="$here/ucx"; fi
 limit="${GPU_TEST_TIMEOUT_S:-1200}"
+deadline=""
+[ -n "${GPU_TEST_BUDGET_S:-}" ] && deadline=$(( $(date +%s) + GPU_TEST_BUDGET_S ))
 logs="${GPU_TEST_LOGS:-${OUT:-./gpu-logs}/tests}"
 mkdir -p "$logs"
 if [ ${#bins[@]} -eq 0 ]; then
@@ -68,9 +72,18 @@ for name in "${bins[@]}"; do
     echo "== $name"
     out="$logs/$name.log"
     start=$(date +%s)
+    this=$limit
+    if [ -n "$deadline" ]; then
+        left=$(( deadline - start - 15 ))
+        if [ "$left" -lt 10 ]; then
+            echo "not started: the run's time budget (GPU_TEST_BUDGET_S=$GPU_TEST_BUDGET_S) ran out"
+            failed=$((failed + 1)); failures+=("$name (not started: the run's time budget ran out)"); continue
+        fi
+        [ "$left" -lt "$this" ] && this=$left
+    fi
     # One thread, stdout and stderr into one file in the order they come: a SKIPPED line then sits
     # between its test's `test NAME ... ` and its result.
-    timeout -k 10 "$limit" "$exe" "${args[@]}" >"$out" 2>&1
+    timeout -k 10 "$this" "$exe" "${args[@]}" >"$out" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
     cat "$out"
@@ -78,7 +91,7 @@ for name in "${bins[@]}"; do
     if [ "$name" = halo-downstream ]; then
         if [ $rc -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("halo-downstream (rc=$rc)"); fi
     else
-        why="rc=$rc"; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && why="killed after ${limit} s"
+        why="rc=$rc"; { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && why="killed after ${this} s"
         n=0
         while IFS=$'\t' read -r r t; do
             [ -n "$r" ] || continue

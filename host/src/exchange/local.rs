@@ -479,10 +479,13 @@ impl<T: Element> Drop for LocalRanks<T> {
     /// still run there (on the caller's streams, [`Self::use_streams`], also work enqueued after
     /// them), for example when an error left a step without [`Self::finish`]. Each wait is bounded
     /// as `finish`'s; a stream found stuck marks its GPU context, whose memory is then leaked
-    /// rather than freed under a kernel, and an exchange already found stuck does not wait.
+    /// rather than freed under a kernel, so a rank whose context is stuck (an exchange found stuck,
+    /// or a rank before it on the same GPU) does not wait.
     fn drop(&mut self) {
         for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
-            let _ = rank.wait_idle(stream, "waiting for a rank's stream before freeing the exchange", None, || None);
+            if !crate::gpu::stuck::context_stuck(rank.context()) {
+                let _ = rank.wait_idle(stream, "waiting for a rank's stream before freeing the exchange", None, || None);
+            }
         }
     }
 }
