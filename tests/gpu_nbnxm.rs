@@ -692,7 +692,7 @@ struct Times {
     hidden: bool,
 }
 
-/// GPU times of both designs at every warp count from 1 to 16 (powers of two): 6,000, 45,000 and
+/// GPU times of every design at every warp count from 1 to 16 (powers of two): 6,000, 45,000 and
 /// 180,000 atoms, one rank and rank 0 of 2x1x1, buffers from the drift estimate (nstlist 100,
 /// nstprune 10, 0.005 kJ/mol/ps per atom). Per list: prune, forces on the inner list, forces and
 /// energy, each timed two ways (see [`per_launch_us`] and [`back_to_back_us`]), 25 launches each.

@@ -31,7 +31,7 @@
 //! cluster pair (same cluster, no shift) counts atom pairs `ti < tj` only. Everything else (the
 //! half list, which rank owns a pair, the zones) was decided by the host when it built the list.
 //!
-//! The kernels themselves, and the two designs (`_ind`, `_pf`), are in [`tiled`].
+//! The kernels themselves, and the designs (`_ind`, `_pf`, `_pfw`), are in [`tiled`].
 
 use crate::abi::{
     Float3, NBNXM_CLUSTER_SIZE, NBNXM_CLUSTERS_PER_SUPER, NBNXM_FILLER, NBNXM_MASK_BITS, NBNXM_PARTIAL_FLOATS, NBNXM_PARTIAL_STRIDE,
