@@ -133,6 +133,8 @@ fn the_exchange_falls_into_the_callers_stream_order() {
         assert_eq!(bits(&got[r]), bits(&want[r]), "{test}: rank {r}'s coordinates read in the application's stream order");
     }
     Exchange::finish(&mut ranks).unwrap();
+    // The exchange goes before the streams it was lent (its drop waits on them).
+    drop(ranks);
 }
 
 /// Dropping an exchange whose launches (and the caller's work after them) still run on the
