@@ -68,6 +68,34 @@ fn pack_adds_the_periodic_shift() {
     assert_eq!(bits(&run_pack(&g, &x, &map, shift)), bits(&reference::pack(&x, &map, shift)));
 }
 
+/// `fill_bytes` and `copy_from_host` have landed when they return, also for a kernel on a
+/// non-blocking stream (every stream halo makes): a check that poisons its output and then launches
+/// must not see the poison land after its kernel. Work queued ahead on the legacy default stream
+/// (a 50 ms spin) holds the fill back unless the call waits for it; before the fix, `cuMemsetD8`
+/// returned at once and `halo bench-kernels` read NaN after a correct pack.
+#[test]
+fn synchronous_fill_and_copy_have_landed_when_they_return() {
+    let Some(g) = gpu_or_skip("synchronous_fill_and_copy_have_landed_when_they_return") else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let n = 1 << 16;
+    let (legacy, stream) = (g.ctx.default_stream(), g.ctx.new_stream().unwrap());
+    let identity: Vec<u32> = (0..n as u32).collect();
+    let map = IndexMap::new(&g.ctx, &identity).unwrap();
+    let x = DeviceBuffer::from_host(&g.ctx, &random_coords(&mut rng, n)).unwrap();
+    let out = DeviceBuffer::<Float3>::zeroed(&g.ctx, n).unwrap();
+    for round in 0..3 {
+        let host = random_coords(&mut rng, n);
+        kernels::spin_delay(&g.module, &legacy, 50_000_000).unwrap();
+        x.copy_from_host(&host).unwrap();
+        kernels::spin_delay(&g.module, &legacy, 50_000_000).unwrap();
+        out.fill_bytes(POISON).unwrap();
+        kernels::pack_coords(&g.module, &stream, &x, &map, &out, None).unwrap();
+        stream.synchronize().unwrap();
+        legacy.synchronize().unwrap();
+        assert_eq!(bits(&out.to_host().unwrap()), bits(&host), "round {round}: the pack behind a fill and a copy read or left stale data");
+    }
+}
+
 #[test]
 fn unpack_store_scatters_through_the_map() {
     let Some(g) = gpu_or_skip("unpack_store_scatters_through_the_map") else { return };

@@ -27,7 +27,9 @@ pub trait DeviceMemory<T: Pod> {
         self.device_ptr() + (i * size_of::<T>()) as u64
     }
 
-    /// Copies `data` into elements `0..data.len()`, synchronously.
+    /// Copies `data` into elements `0..data.len()`, synchronously: the copy has landed when this
+    /// returns, so work on any stream launched afterwards reads it. (It runs in the legacy default
+    /// stream's order, after earlier work of the context's blocking streams, and waits for it.)
     fn copy_from_host(&self, data: &[T]) -> Result<()> {
         if data.len() > self.len() {
             return Err(HaloError::InvalidInput(format!("copy of {} elements into a buffer of {}", data.len(), self.len())));
@@ -36,8 +38,11 @@ pub trait DeviceMemory<T: Pod> {
             return Ok(());
         }
         self.context().bind_to_thread().during("binding the context")?;
-        // SAFETY: the range is inside the allocation (checked above).
-        unsafe { result::memcpy_htod_sync(self.device_ptr(), bytemuck::cast_slice::<T, u8>(data)) }.during("copying to the GPU")
+        // SAFETY: the range is inside the allocation (checked above); `data` outlives the copy,
+        // which has run when the wait below returns.
+        unsafe { result::memcpy_htod_async(self.device_ptr(), bytemuck::cast_slice::<T, u8>(data), result::stream::null()) }
+            .during("copying to the GPU")?;
+        wait_for_default_stream("copying to the GPU")
     }
 
     /// Copies the whole buffer back, synchronously.
@@ -82,14 +87,17 @@ pub trait DeviceMemory<T: Pod> {
         Ok(())
     }
 
-    /// Sets every byte to `byte`, synchronously (0xFF poisons floats to NaN, `u64`s to `u64::MAX`).
+    /// Sets every byte to `byte`, synchronously (0xFF poisons floats to NaN, `u64`s to `u64::MAX`):
+    /// filled when this returns, as [`DeviceMemory::copy_from_host`] says.
     fn fill_bytes(&self, byte: u8) -> Result<()> {
         if self.is_empty() {
             return Ok(());
         }
         self.context().bind_to_thread().during("binding the context")?;
         // SAFETY: the whole allocation.
-        unsafe { result::memset_d8_sync(self.device_ptr(), byte, self.len() * size_of::<T>()) }.during("filling device memory")
+        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), result::stream::null()) }
+            .during("filling device memory")?;
+        wait_for_default_stream("filling device memory")
     }
 
     /// Zeroes elements `start..start + len` on `stream`, in stream order.
@@ -139,6 +147,17 @@ pub trait DeviceMemory<T: Pod> {
         // stream discipline (buffers are dropped only after their streams are synchronised).
         unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), stream.cu_stream()) }.during("filling device memory")
     }
+}
+
+/// Waits until the legacy default stream of the current context has run what was enqueued on it.
+/// The driver's "synchronous" memset and host-to-device copy are not that: `cuMemsetD8` returns
+/// before the fill has run, and `cuMemcpyHtoD` from pageable memory may return before the data
+/// reach the device; neither orders anything before later work on a non-blocking stream (every
+/// stream halo makes is one). A check that poisons a buffer and then launches on such a stream
+/// could see the fill land after its kernel.
+fn wait_for_default_stream(what: &str) -> Result<()> {
+    // SAFETY: the null stream of the context bound to this thread by the caller.
+    unsafe { result::stream::synchronize(result::stream::null()) }.during(what)
 }
 
 /// An error unless a copy of the first `n` elements fits a source of `src` and a destination of
