@@ -516,6 +516,70 @@ fn an_expired_credit_writes_nothing_into_the_peer() {
     }
 }
 
+/// A rank whose wait timed out writes nothing more into its peer, and pushes no forces: two ranks
+/// (a pair, which needs no credits: each step's own waits order them), rank 1 held behind a gate
+/// past rank 0's 300 ms wait timeout while rank 0 runs two coordinate steps, each on home
+/// coordinates bumped by 1 first, then a force step. Rank 0's first step gives up on rank 1's
+/// pulse; its second must leave rank 1's `x` as the first wrote it (rank 1, released, takes the
+/// first step's values under the first step's signal), and its force step must push nothing
+/// (its halo may be stale), so rank 1's forces stay as they were and its own waits time out.
+/// Before the fix rank 0's second launch wrote the second step's values into rank 1's `x` and
+/// signalled them, and rank 1 took them as the first step's, then added rank 0's forces.
+#[test]
+fn a_timed_out_rank_writes_nothing_into_its_peer_later() {
+    let Some(g) = gpu_or_skip("a_timed_out_rank_writes_nothing_into_its_peer_later") else { return };
+    let module = g.module.clone();
+    let halos = synthetic::halos(shape([2, 1, 1], 1, 1200), 81);
+    for transport in [Transport::PerPulseDirect, Transport::FusedTma, Transport::Fused] {
+        let test = format!("a_timed_out_rank_writes_nothing_into_its_peer_later, {transport:?}");
+        let mut ranks = LocalRanks::<Float3>::direct(halos.clone(), std::slice::from_ref(&module)).unwrap();
+        for r in ranks.ranks_mut() {
+            r.set_wait_timeout(Duration::from_millis(300));
+        }
+        let home0 = integer_values(&halos, 83, true);
+        let f0 = integer_values(&halos, 84, false);
+        let mut bumps = Vec::new();
+        for (r, rank) in ranks.ranks().iter().enumerate() {
+            rank.x.fill_bytes(0xFF).unwrap();
+            rank.upload_coordinates(&home0[r]).unwrap();
+            rank.f.copy_from_host(&f0[r]).unwrap();
+            let n = halos[r].home_atoms;
+            let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
+            let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
+            bumps.push((ones, map));
+        }
+        let gate = Gate::close(&module, ranks.stream(1));
+        for _ in 0..2 {
+            for (r, (ones, map)) in bumps.iter().enumerate() {
+                halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
+            }
+            ranks.launch_coordinates(transport).unwrap();
+        }
+        ranks.launch_forces(transport).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        gate.open();
+        let e = ranks.finish().err().unwrap_or_else(|| panic!("{test}: waits expired, yet finish passed"));
+        assert!(e.to_string().contains("waited"), "{test}: {e}");
+        gate.check();
+        // Rank 1's halo from rank 0 holds rank 0's home coordinates after one bump. Over
+        // low-latency words (`Fused`) each word carries its step, so rank 0's second step may also
+        // have reached rank 1's second step, with the values of that step: one or two bumps.
+        let bumped = |k: f32| -> Vec<Vec<Float3>> {
+            let home: Vec<Vec<Float3>> = home0.iter().map(|h| h.iter().map(|v| *v + Float3::new(k, k, k)).collect()).collect();
+            reference::coordinates(&halos, &home)
+        };
+        let got = ranks.coordinates().unwrap();
+        let p = &halos[1].pulses[0];
+        let range = p.atom_offset..p.atom_offset + p.recv_size;
+        assert_eq!(p.recv_rank, 0, "{test}: rank 1 receives from rank 0");
+        let halo_bits = bits(&got[1][range.clone()]);
+        let once = halo_bits == bits(&bumped(1.0)[1][range.clone()]);
+        let twice = transport == Transport::Fused && halo_bits == bits(&bumped(2.0)[1][range]);
+        assert!(once || twice, "{test}: rank 1's halo from rank 0 is not the first step's");
+        assert_eq!(bits(&ranks.forces().unwrap()[1]), bits(&f0[1]), "{test}: rank 1 added forces that rank 0 pushed after its timeout");
+    }
+}
+
 /// The fused kernels launched after the kernel before them instead of overlapping it (what the
 /// residency cap chooses where two grids per rank do not fit on the GPU, `residency::fit`), at one
 /// block per pulse: every step still checks against the CPU reference.

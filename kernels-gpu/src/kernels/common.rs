@@ -333,11 +333,21 @@ unsafe fn report_timeout(status: *mut WaitStatus, site: WaitSite, expected: u64,
 }
 
 /// Whether a wait of this launch (or of an earlier launch the host has not reset) has timed out:
-/// one relaxed GPU-scope load of `status.timed_out`. A thread that sends data which depends on a
-/// wait (forwarded atoms, accumulated forces, a signal that vouches for them) checks it after an
-/// acquire that follows the waits (its own, or its block's through a barrier and an acq-rel
-/// arrival), and sends nothing when it is set: a timed-out wait never makes its zeros or stale
-/// values look valid downstream, whose own wait then times out and reports too.
+/// one relaxed GPU-scope load of `status.timed_out`. Two uses:
+/// - A thread that sends data which depends on a wait (forwarded atoms, accumulated forces, a
+///   signal that vouches for them) checks it after an acquire that follows the waits (its own, or
+///   its block's through a barrier and an acq-rel arrival), and sends nothing when it is set: a
+///   timed-out wait never makes its zeros or stale values look valid downstream, whose own wait
+///   then times out and reports too.
+/// - A launch that starts with it set (an earlier launch of this rank gave up on a wait) writes
+///   nothing into a peer's memory and signals nothing: the earlier waits that ordered its writes
+///   after the peer's reads of the last step are gone, so the peer may still be reading what it
+///   would overwrite, and a signal of any pulse, even one that forwards nothing, could be taken
+///   for the step the peer waits for. Forces go nowhere either: they were computed from a halo
+///   that may be stale. Coordinates sent as low-latency words need no gate (each word carries its
+///   step, and the home atoms of pulse 0 are right whatever the waits did). Not yet in the fused
+///   coordinate kernel's bulk and put paths, which keep [`coord_pulse_depends_on_waits`]: its
+///   default path, the words, would pay for the change in its code.
 ///
 /// # Safety
 /// `status` valid.
@@ -349,8 +359,9 @@ pub unsafe fn timed_out(status: *const WaitStatus) -> bool {
 
 /// Whether coordinate pulse `pulse` sends anything that depends on a wait of this step: the atoms
 /// it forwards (every pulse after the first may) or a slot it may write only after the credit
-/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). Only such a pulse looks at the
-/// timeout flag ([`timed_out`]) before its signal; pulse 0 of a fresh direction never pays it.
+/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). In the fused coordinate kernel,
+/// only such a pulse looks at the timeout flag ([`timed_out`]) before its signal; pulse 0 of a
+/// fresh direction never pays it (nor is it gated by an earlier launch's timeout, see there).
 #[inline(always)]
 pub fn coord_pulse_depends_on_waits(pulse: u32, meta: &PulseMeta, step: Step) -> bool {
     pulse > 0 || (step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT))

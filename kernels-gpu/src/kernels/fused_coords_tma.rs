@@ -158,7 +158,11 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
     if thread::thread_idx_x() == 0 {
         // SAFETY: this block's counter, written before the barrier below.
         unsafe { *block_arrivals = 0 };
-        if step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT) {
+        // A launch after a timeout writes nothing into the peer's `x` ([`timed_out`]); not yet
+        // in the fused kernel, which runs this path for its bulk pulses (see there).
+        // SAFETY: `status` valid.
+        granted = FUSED || !unsafe { timed_out(status) };
+        if granted && step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
             // SAFETY: own credit slot of this pulse.
             granted = unsafe {
@@ -167,8 +171,9 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
         }
     }
     // SAFETY: every thread reaches it (nothing above returns): the counter is initialised and the
-    // credit acquired before any warp writes. A credit that did not come leaves the peer's `x`
-    // alone (it may still read it): no warp copies, and the signal is withheld below.
+    // credit acquired before any warp writes. A credit that did not come, or a timeout before this
+    // launch, leaves the peer's `x` alone (it may still read it): no warp copies, and the signal is
+    // withheld below.
     let refused = unsafe { device::sync_threads_or(!granted) };
 
     // Atoms before the first 16-byte-aligned destination address.
@@ -301,12 +306,15 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
             old == warps_per_block - 1 && device::atomic_inc_acq_rel_gpu(counters.add(pulse as usize), limit) == limit
         };
         if last {
-            // No signal vouches for the pulse when a wait of this launch timed out (the arrivals
-            // ordered every warp's waits before this): a forwarded value may be 0 or stale. The
-            // peer's wait then times out and reports too.
+            // No signal vouches for the pulse when a wait timed out, of this launch (the arrivals
+            // ordered every warp's waits before this: a forwarded value may be 0 or stale) or of an
+            // earlier one (no warp copied; the fused kernel looks only where the pulse depends on
+            // a wait of its own, [`coord_pulse_depends_on_waits`]). The peer's wait then times out
+            // and reports too.
             // SAFETY: mapped peer slot; release.sys publishes what this thread observed; `status` valid.
             unsafe {
-                if !(coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) {
+                let withheld = if FUSED { coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status) } else { timed_out(status) };
+                if !withheld {
                     device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch);
                 }
             }

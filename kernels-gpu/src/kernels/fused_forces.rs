@@ -65,13 +65,16 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     // SAFETY: `num_pulses` valid entries; this rank's state.
     let (meta, step) = unsafe { (&*pulses.add(pulse as usize), Step::read(state, Direction::Forces)) };
     let tl = tl.entered(step.epoch, entered);
+    let tid0 = thread::thread_idx_x() == 0;
+    // Whether an earlier launch's wait timed out (see the push below), loaded beside the state.
+    // SAFETY: `status` valid.
+    let stale = tid0 && unsafe { timed_out(status) };
     // SAFETY: the pulse's peer as installed; this rank's slots.
     unsafe { send_previous_credit(meta, pulse, num_pulses, signals, step, Direction::Forces, true) };
     let n = num_pulses as usize;
     // SAFETY: `counters` holds `3 * num_pulses` counters on this device.
     let (push_counters, done) = unsafe { (counters.add(n), counters.add(2 * n)) };
     let (parity, flag) = (step.parity(), ll::flag_of(step));
-    let tid0 = thread::thread_idx_x() == 0;
     let words = meta.remote_recv_slots != 0;
 
     // 1. Push: once every later pulse is accumulated (and, in a force-only loop where the pulse
@@ -81,8 +84,10 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
     //    A block of a later pulse whose receive timed out does not count itself done (step 3), so
     //    the wait for that pulse fails too (at once: the timeout flag is set), and then this
     //    pulse's halo forces, which miss its contributions, go nowhere: recv_pe's wait times out
-    //    and reports too instead of taking them as the step's. No extra look at memory when
-    //    nothing failed: the waits' own results, told to the block by the barrier.
+    //    and reports too instead of taking them as the step's. The same when a wait of an earlier
+    //    launch timed out (a coordinate halo this step's forces were computed from, say): thread
+    //    0 looked at the flag as the launch started (`stale`, [`timed_out`]), beside its other
+    //    loads, and the barrier tells the block.
     let mut waited = true;
     if tid0 {
         // One wait (the credit, then every later pulse): one deadline.
@@ -108,7 +113,7 @@ pub unsafe fn fused_forces<T: DeviceElement, L: Timeline>(
         }
     }
     // SAFETY: every thread reaches it; orders thread 0's acquires before the block's reads of f.
-    let failed = unsafe { device::sync_threads_or(!waited) };
+    let failed = unsafe { device::sync_threads_or(!waited || stale) };
     tl.mark0(pulse_slot(pulse, point::CHAIN));
     // Pulse 0's row waited for every other row: once all its blocks are past that wait, no block
     // reads a done counter any more, and the last of them resets them for the next launch (which

@@ -4,8 +4,7 @@
 //! any dependency wait inside the kernel.
 
 use super::common::{
-    Step, WaitSite, arrive_is_last_block, coord_pulse_depends_on_waits, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of,
-    timed_out, wait_signal,
+    Step, WaitSite, arrive_is_last_block, deliver, finish_coordinates, pack_subset, send_previous_credit, shift_of, timed_out, wait_signal,
 };
 use super::fused_coords::coord_credit_granted;
 use crate::abi::{Direction, HaloElement, PackMode, ProtocolState, PulseMeta, SignalMode, SignalSlot, WaitKind, WaitStatus, signal_index};
@@ -49,19 +48,22 @@ pub unsafe fn pulse_exchange<T: HaloElement>(
     let granted = unsafe { coord_credit_granted(meta, pulse, num_pulses, signals, step, 1, timeout_ns, status) };
     let dest = if direct { meta.remote_x } else { meta.x_stage + step.parity() * meta.slot_bytes as u64 } as *mut T;
     let map = meta.index_map as *const u32;
-    if granted {
+    // Nor does a launch after a timeout write into the peer's `x` ([`timed_out`]); the put path
+    // packs into this rank's own staging slot, whose put the signal's check below withholds.
+    // SAFETY: `status` valid.
+    if granted && !(direct && unsafe { timed_out(status) }) {
         // SAFETY: map/x/dest valid per the plan the host validated.
         unsafe { pack_subset(x, map, meta.send_size, dest, shift_of(meta), PackMode::All, 0) };
     }
     // SAFETY: all threads call it; `counters[pulse]` is this pulse's zeroed device counter.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
-        // An earlier pulse's wait (or the credit's) timed out: forwarded atoms in `x` may be stale,
-        // so no signal vouches for them and the peer times out too. Thread 0 decides for the
-        // block (the put is collective).
+        // A wait timed out, in an earlier pulse (forwarded atoms in `x` may be stale), the credit's,
+        // or an earlier launch's (the blocks wrote nothing into the peer's `x`): no signal vouches
+        // for the pulse, and the peer times out too. Thread 0 decides for the block (the put is
+        // collective); the arrivals ordered every block's look at the flag before this one.
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
-        let failed =
-            unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) };
+        let failed = unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && timed_out(status)) };
         if !failed {
             // SAFETY: all threads of the last block call it; pointers from the validated plan.
             unsafe {
