@@ -545,9 +545,15 @@ mod tests {
     /// Runs `gpu-suite.sh` of a fake bundle (a `halo` that passes, fails or hangs as told, an
     /// `nvidia-smi` that lists one GPU) on `table`; returns its exit status and output.
     fn run_suite(tag: &str, table: &str, args: &[&str], promise: &str) -> (i32, String) {
+        run_suite_with(tag, table, args, promise, &[])
+    }
+
+    /// [`run_suite`] with more environment, in a bundle that also holds an (empty) `ucx/`.
+    fn run_suite_with(tag: &str, table: &str, args: &[&str], promise: &str, env: &[(&str, &str)]) -> (i32, String) {
         let dir = std::env::temp_dir().join(format!("halo-suite-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("bin")).unwrap();
+        fs::create_dir_all(dir.join("ucx")).unwrap();
         let write = |p: PathBuf, body: &str| {
             fs::write(&p, body).unwrap();
             set_executable(&p).unwrap();
@@ -572,6 +578,8 @@ mod tests {
             .env("OUT", dir.join("logs"))
             .env("HALO_REQUIRE_GPUS", promise)
             .env_remove("HALO_TEST_TIER")
+            .env_remove("HALO_UCX_ATOMICS")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         let log = fs::read_to_string(dir.join("logs").join(format!("{}.log", args.first().unwrap_or(&"correctness")))).unwrap_or_default();
@@ -613,6 +621,21 @@ mod tests {
         assert!(out.contains("\ns: 2 passed, 0 failed\n"), "{out}");
         let (code, out) = run_suite("unknown", "s default 10 1 0 halo ok\n", &["nope"], "1");
         assert!(code == 2 && out.contains("no suite `nope`; the suites are: s"), "{out}");
+    }
+
+    #[test]
+    fn ucx_lines_that_must_pass_need_a_gpu_cpu_mapping() {
+        let table = "s default 10 1 0  ucx halo ok\ns default 10 1 nz ucx halo fail\n";
+        // A machine with GDRCopy's device runs both lines whatever it is told.
+        if !std::path::Path::new("/dev/gdrdrv").exists() {
+            let (code, out) = run_suite("ucx-none", table, &["s"], "1");
+            assert_eq!(code, 0, "{out}");
+            assert!(out.contains("\ns: 1 passed, 0 failed\n"), "only the line that must fail runs: {out}");
+            assert!(out.contains("not run: UCX without a GPU-CPU mapping") && out.contains("  [1] ucx halo ok"), "{out}");
+        }
+        let (code, out) = run_suite_with("ucx-vouched", table, &["s"], "1", &[("HALO_UCX_ATOMICS", "1")]);
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("\ns: 2 passed, 0 failed\n") && !out.contains("not run: "), "{out}");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 # and why) ending in `SUITE: N passed, M failed`. Exits 1 when any command failed.
 # HALO_REQUIRE_GPUS=N (default 1) is the GPUs this machine was promised: a command that needs at
 # most N fails when they are missing; one that needs more is "not run (needs G GPUs)".
+# `ucx` lines that must pass need a GPU-CPU mapping for NVSHMEM's proxy atomics: without
+# /dev/gdrdrv they are "not run" unless HALO_UCX_ATOMICS=1 says NVSHMEM 3.8+ and driver R610+ give one.
 # --long also runs the table's long tier, sets HALO_TEST_TIER=long for the GPU tests (their long
 # cases) and triples every command's time limit.
 set -uo pipefail
@@ -26,7 +28,7 @@ for a in "$@"; do
                    if ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] || [ "$first" -gt "$last" ]; then
                        echo "gpu-suite.sh: --lines=$r: give A-B or N, the [n] numbers of the suite's commands" >&2; exit 2
                    fi ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         -*) echo "gpu-suite.sh: unknown option $a (use --long, --lines=A-B or --list)" >&2; exit 2 ;;
         *) suite=$a ;;
     esac
@@ -177,6 +179,12 @@ while read -r s t secs need expect rest; do
               envs+=("OPAL_PREFIX=$o" "LD_LIBRARY_PATH=$o/lib:${LD_LIBRARY_PATH:-}" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
               cmd=("$o/bin/mpirun" --bind-to none -x NVSHMEM_DISABLE_NVLS -x NCCL_NVLS_ENABLE "${args[@]}") ;;
         ucx) [ -d "$U" ] || { notrun+=("no UCX in the bundle (cargo xtask bundle --with-ucx)|[$n] $rest"); continue; }
+             # NVSHMEM's proxy needs a GPU-CPU mapping for UCX's atomics (GDRCopy's gdrdrv, or
+             # NVSHMEM 3.8+ with driver R610+, which HALO_UCX_ATOMICS=1 vouches for); without one
+             # only the lines that must fail can run.
+             if [ "$expect" != nz ] && [ ! -e /dev/gdrdrv ] && [ "${HALO_UCX_ATOMICS:-0}" != 1 ]; then
+                 notrun+=("UCX without a GPU-CPU mapping for NVSHMEM's proxy atomics (no /dev/gdrdrv; HALO_UCX_ATOMICS=1 where NVSHMEM 3.8+ and driver R610+ give one)|[$n] $rest"); continue
+             fi
              envs+=("LD_LIBRARY_PATH=$U/libucx/lib:$U/libucx_cu13.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "UCX_MODULE_DIR=$U/libucx/lib/ucx"
                     NVSHMEM_REMOTE_TRANSPORT=ucx NVSHMEM_DISABLE_P2P=1 UCX_TLS=tcp,cuda_copy,self UCX_NET_DEVICES=lo)
              cmd=("$B/${args[0]}" "${args[@]:1}") ;;
