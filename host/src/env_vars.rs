@@ -285,6 +285,12 @@ pub const VARS: &[EnvVar] = &[
         "`N`: the GPUs the machine was promised. A GPU test that needs at most `N` GPUs fails instead of skipping when they are missing; one that needs more is reported as not run (the bundle's `run-gpu-tests.sh` sets 1 unless told otherwise).",
     ),
     var(
+        "HALO_UCX_ATOMICS",
+        Scope::Testing,
+        "unset: without `/dev/gdrdrv` (GDRCopy), `gpu-suite.sh` leaves out the `ucx` lines that must pass",
+        "`1`: this machine's NVSHMEM can run UCX's atomics without GDRCopy (NVSHMEM 3.8 or later with driver R610 or later): `gpu-suite.sh` runs those lines too.",
+    ),
+    var(
         "HALO_TEST_TIER",
         Scope::Testing,
         "`default`",
