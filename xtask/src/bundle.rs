@@ -426,8 +426,17 @@ mod tests {
             assert!(lines.iter().any(|l| l.suite == s && !l.long), "suite {s} has no default-tier command");
         }
         assert!(lines.iter().any(|l| l.long), "no long tier");
-        // The default correctness suite runs every GPU test, on one GPU.
-        assert!(lines.iter().any(|l| l.suite == "correctness" && !l.long && l.words == ["tests", "all"] && l.gpus == 1));
+        // Every GPU test binary runs whole (no filter) in a default tier on one GPU: the
+        // correctness suite's, or the multi-process suite's for the binaries that start PEs.
+        let whole = |suite: &str, bin: &str| {
+            lines.iter().any(|l| {
+                l.suite == suite && !l.long && l.gpus == 1 && l.words[0] == "tests" && !l.words.contains(&"--") && l.words[1..].contains(&bin)
+            })
+        };
+        for bin in GPU_TESTS.iter().copied().chain(["halo-downstream"]) {
+            let suite = if ["gpu_multiprocess", "gpu_pes"].contains(&bin) { "multi-process" } else { "correctness" };
+            assert!(whole(suite, bin), "{bin} does not run whole in the default tier of the {suite} suite");
+        }
         // The benchmark tests run only where asked for, with --ignored.
         assert!(lines.iter().any(|l| l.suite == "kernel-times" && l.words.contains(&"--ignored")));
     }
