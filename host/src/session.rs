@@ -30,7 +30,7 @@ pub struct PeSession {
 }
 
 impl PeSession {
-    /// Opens the rank's GPU, loads the kernels, initialises NVSHMEM and registers the module.
+    /// Opens the rank's GPU, initialises NVSHMEM, loads the kernels and registers them.
     ///
     /// Start-up is bounded: the unique-id rendezvous, NVSHMEM's initialisation, module
     /// registration and every later collective of this PE run with the deadline
@@ -62,7 +62,6 @@ impl PeSession {
 
         let ctx = gpu::open_device(env.device)?;
         let artifacts = KernelArtifacts::locate(DEFAULT_ARCH)?;
-        let mut module = KernelModule::load(&ctx, &artifacts)?;
         let lib = nvshmem::load_library(nvshmem_lib)?;
         let bootstrap = match env.bootstrap {
             Launcher::UniqueId | Launcher::None => {
@@ -83,6 +82,10 @@ impl PeSession {
         };
         let threads_before = crate::exchange::proxy::threads();
         let nvshmem = Nvshmem::init(lib, &ctx, &bootstrap, timeout)?;
+        // The kernels are loaded only now: an init that failed is abandoned on its thread, which
+        // may still be inside the driver, and unloading a module there could wait for it, so the
+        // error would never reach the caller. Nothing of halo's on the GPU is torn down then.
+        let mut module = KernelModule::load(&ctx, &artifacts)?;
         if let Some(moved) = crate::exchange::proxy::keep_launcher_off_proxy(&threads_before) {
             tracing::info!("{moved}");
         }
