@@ -184,12 +184,35 @@ fn nvshmem_kernels() -> String {
     }
 }
 
+/// The matrix of `nvidia-smi topo -m`'s output: its terminal escapes (the header is underlined)
+/// and the fixed legend after it (`X = Self`, `NV# = ...`) left out, which every log repeated.
+pub fn topology_matrix(raw: &str) -> String {
+    let mut out = String::new();
+    for line in raw.lines() {
+        if line.trim() == "Legend:" {
+            break;
+        }
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' && chars.peek() == Some(&'[') {
+                // CSI: parameters up to the final byte (`@` to `~`).
+                chars.next();
+                while chars.next().is_some_and(|b| !('@'..='~').contains(&b)) {}
+            } else {
+                out.push(c);
+            }
+        }
+        out.push('\n');
+    }
+    out.trim_end().to_string()
+}
+
 impl MachineInfo {
     /// Looks everything up (a second or so: it runs `nvidia-smi`). `pe`: this process's NVSHMEM
     /// PE when it is one.
     pub fn collect(pe: Option<&halo::nvshmem::Nvshmem>) -> Self {
         let topology = match run_bounded("nvidia-smi", &["topo", "-m"], Duration::from_secs(20)) {
-            Ok(out) => out.trim_end().to_string(),
+            Ok(out) => topology_matrix(&out),
             Err(why) => absent(why),
         };
         Self {
@@ -233,6 +256,13 @@ impl MachineInfo {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn the_topology_keeps_the_matrix_without_escapes_or_legend() {
+        let raw = "\t\u{1b}[4mGPU0\tGPU1\tCPU Affinity\u{1b}[0m\nGPU0\t X \tNV18\t0-15\nGPU1\tNV18\t X \t0-15\n\nLegend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set of # NVLinks\n";
+        assert_eq!(topology_matrix(raw), "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV18\t0-15\nGPU1\tNV18\t X \t0-15");
+        assert_eq!(topology_matrix("no legend here\n"), "no legend here");
+    }
 
     pub(crate) fn sample() -> MachineInfo {
         MachineInfo {
