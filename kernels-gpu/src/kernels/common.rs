@@ -346,8 +346,9 @@ unsafe fn report_timeout(status: *mut WaitStatus, site: WaitSite, expected: u64,
 ///   for the step the peer waits for. Forces go nowhere either: they were computed from a halo
 ///   that may be stale. Coordinates sent as low-latency words need no gate (each word carries its
 ///   step, and the home atoms of pulse 0 are right whatever the waits did). Not yet in the fused
-///   coordinate kernel's bulk and put paths, which keep [`coord_pulse_depends_on_waits`]: its
-///   default path, the words, would pay for the change in its code.
+///   coordinate kernel's put path (remote PEs, through NVSHMEM's proxy), which keeps
+///   [`coord_pulse_depends_on_waits`]: the check there changed the code of the kernel's default
+///   path, the words.
 ///
 /// # Safety
 /// `status` valid.
@@ -359,9 +360,10 @@ pub unsafe fn timed_out(status: *const WaitStatus) -> bool {
 
 /// Whether coordinate pulse `pulse` sends anything that depends on a wait of this step: the atoms
 /// it forwards (every pulse after the first may) or a slot it may write only after the credit
-/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). In the fused coordinate kernel,
+/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). In the bulk-copy and put paths
 /// only such a pulse looks at the timeout flag ([`timed_out`]) before its signal; pulse 0 of a
-/// fresh direction never pays it (nor is it gated by an earlier launch's timeout, see there).
+/// fresh direction never pays it (an earlier launch's timeout is caught at the launch's start on
+/// the bulk path; on the fused kernel's put path not yet, see there).
 #[inline(always)]
 pub fn coord_pulse_depends_on_waits(pulse: u32, meta: &PulseMeta, step: Step) -> bool {
     pulse > 0 || (step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT))

@@ -116,6 +116,10 @@ pub unsafe fn bulk_pulse<T: HaloElement, const FUSED: bool>(
     }
 }
 
+/// Where a block's arrival count starts in a launch that began after a timeout: far past the
+/// `warps_per_block - 1` its last warp must see, so the block never counts as arrived.
+const STALE_ARRIVALS: u32 = u32::MAX / 2;
+
 /// [`bulk_pulse`] for `K = TMA_CHUNK_BYTES / 32 / size_of::<T>()` elements per lane and chunk.
 ///
 /// # Safety
@@ -156,12 +160,18 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
     };
     let mut granted = true;
     if thread::thread_idx_x() == 0 {
-        // SAFETY: this block's counter, written before the barrier below.
-        unsafe { *block_arrivals = 0 };
-        // A launch after a timeout writes nothing into the peer's `x` ([`timed_out`]); not yet
-        // in the fused kernel, which runs this path for its bulk pulses (see there).
-        // SAFETY: `status` valid.
-        granted = FUSED || !unsafe { timed_out(status) };
+        // A launch after a timeout ([`timed_out`]) writes nothing into the peer's `x` and signals
+        // nothing: its blocks copy nothing, and each starts its arrival count past any count its
+        // warps reach, so it never counts as arrived and the pulse's last arrival, which signals,
+        // never happens (the host's reset, which a timeout needs anyway, zeroes the pulse counter
+        // such a launch leaves behind). Looked at here, where the value dies at once, it leaves the
+        // rest of the kernel's code as it was (the fused kernel's words path included).
+        // SAFETY: `status` valid; this block's counter, written before the barrier below.
+        unsafe {
+            let stale = timed_out(status);
+            *block_arrivals = if stale { STALE_ARRIVALS } else { 0 };
+            granted = !stale;
+        }
         if granted && step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT) {
             let site = WaitSite { pulse, kind: WaitKind::CoordCredit, peer: meta.send_pe };
             // SAFETY: own credit slot of this pulse.
@@ -306,15 +316,13 @@ unsafe fn chunked<T: HaloElement, const K: usize, const FUSED: bool>(
             old == warps_per_block - 1 && device::atomic_inc_acq_rel_gpu(counters.add(pulse as usize), limit) == limit
         };
         if last {
-            // No signal vouches for the pulse when a wait timed out, of this launch (the arrivals
-            // ordered every warp's waits before this: a forwarded value may be 0 or stale) or of an
-            // earlier one (no warp copied; the fused kernel looks only where the pulse depends on
-            // a wait of its own, [`coord_pulse_depends_on_waits`]). The peer's wait then times out
-            // and reports too.
+            // No signal vouches for the pulse when a wait of this launch timed out (the arrivals
+            // ordered every warp's waits before this): a forwarded value may be 0 or stale. The
+            // peer's wait then times out and reports too. (A launch that started after a timeout
+            // never gets here: see the arrival count above.)
             // SAFETY: mapped peer slot; release.sys publishes what this thread observed; `status` valid.
             unsafe {
-                let withheld = if FUSED { coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status) } else { timed_out(status) };
-                if !withheld {
+                if !(coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) {
                     device::store_release_sys_u64(meta.remote_x_signal as *mut u64, step.epoch);
                 }
             }
