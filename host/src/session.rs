@@ -157,7 +157,17 @@ impl PeSession {
         });
         let (timeout, device, ctx, mut module, lib) =
             nvshmem::mpi::all_ready(comm, "to read their settings or open their GPU, kernels or NVSHMEM library", prepared)?;
-        let nvshmem = Nvshmem::init_with_mpi(lib, &ctx, comm, timeout)?;
+        let nvshmem = match Nvshmem::init_with_mpi(lib, &ctx, comm, timeout) {
+            Ok(nvshmem) => nvshmem,
+            Err(e) => {
+                // An init abandoned on its thread may still be inside the driver, where unloading
+                // the module could wait for it (see `start`, which loads after init): leave it.
+                if matches!(e, HaloError::NvshmemStartup { .. } | HaloError::Deadline(_)) {
+                    std::mem::forget(module);
+                }
+                return Err(e);
+            }
+        };
         // Agreed too: a rank that fails here must not go on to the caller's next MPI collective
         // while the others enter another.
         let registered = nvshmem.register_module(&mut module);

@@ -321,8 +321,7 @@ impl<T: Element> RankExchange<T> {
             watch,
             residency: std::sync::OnceLock::new(),
         };
-        // The zeroing above ran on the default stream: done before anything else can run.
-        this.wait_default_stream("zeroing the new exchange's buffers")?;
+        // The zeroing above has landed: `fill_bytes` and `zeroed` wait for it.
         Ok(this)
     }
 
@@ -943,18 +942,18 @@ impl<T: Element> RankExchange<T> {
     /// [`super::Exchange::reset_protocol`], which fences the reset on every rank. Not needed
     /// between steps or graph replays.
     pub fn reset_protocol(&mut self) -> Result<()> {
-        // `fill_bytes` runs on the legacy default stream and may return before the memset is done
-        // (the driver's memsets are asynchronous for device memory); wait for it, bounded.
-        self.signals.fill_bytes(0)?;
-        self.state.fill_bytes(0)?;
-        self.counters.fill_bytes(0)?;
-        self.status.fill_bytes(0)?;
+        // Queued on the legacy default stream, then waited for with a bound: after a failure the
+        // GPU may hold work that never ends (behind which a caller's blocking stream would hold
+        // the memsets), and the reset must then return an error, not hang.
+        self.signals.fill_bytes_queued(0)?;
+        self.state.fill_bytes_queued(0)?;
+        self.counters.fill_bytes_queued(0)?;
+        self.status.fill_bytes_queued(0)?;
         self.wait_default_stream("the protocol reset")
     }
 
-    /// Waits (bounded) for the legacy default stream, where `fill_bytes` and the allocation-time
-    /// zeroing run: the driver's memsets may return before they ran, and the exchange's own
-    /// streams are not ordered after them.
+    /// Waits (bounded) for the legacy default stream, where [`DeviceMemory::fill_bytes_queued`]
+    /// runs: the exchange's own streams are not ordered after it.
     fn wait_default_stream(&self, what: &str) -> Result<()> {
         self.context().bind_to_thread().during("binding the context")?;
         match crate::gpu::wait::poll_until_done(crate::gpu::wait::legacy_stream_idle, || None, self.host_wait_budget(), None)? {

@@ -100,6 +100,22 @@ pub trait DeviceMemory<T: Pod> {
         wait_for_default_stream("filling device memory")
     }
 
+    /// Enqueues the fill of every byte with `byte` on the legacy default stream and returns before
+    /// it has run: for a caller that then waits for that stream with a bound of its own (the
+    /// protocol reset after a failure, where the GPU may hold work that never ends and an
+    /// unbounded wait would hang instead of returning an error). Otherwise use
+    /// [`DeviceMemory::fill_bytes`].
+    fn fill_bytes_queued(&self, byte: u8) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        self.context().bind_to_thread().during("binding the context")?;
+        // SAFETY: the whole allocation; the caller waits for the legacy stream before the buffer
+        // is read or freed.
+        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), result::stream::null()) }
+            .during("filling device memory")
+    }
+
     /// Zeroes elements `start..start + len` on `stream`, in stream order.
     fn zero_range_async(&self, start: usize, len: usize, stream: &CudaStream) -> Result<()> {
         if start + len > self.len() {
