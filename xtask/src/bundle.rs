@@ -588,6 +588,7 @@ mod tests {
             .env("HALO_REQUIRE_GPUS", promise)
             .env_remove("HALO_TEST_TIER")
             .env_remove("HALO_UCX_ATOMICS")
+            .env_remove("HALO_UCX_DIR")
             .envs(env.iter().copied())
             .output()
             .unwrap();

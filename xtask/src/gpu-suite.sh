@@ -28,7 +28,7 @@ for a in "$@"; do
                    if ! [[ "$first" =~ ^[0-9]+$ && "$last" =~ ^[0-9]+$ ]] || [ "$first" -gt "$last" ]; then
                        echo "gpu-suite.sh: --lines=$r: give A-B or N, the [n] numbers of the suite's commands" >&2; exit 2
                    fi ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         -*) echo "gpu-suite.sh: unknown option $a (use --long, --lines=A-B or --list)" >&2; exit 2 ;;
         *) suite=$a ;;
     esac
