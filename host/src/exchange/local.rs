@@ -359,7 +359,10 @@ impl<T: Element> LocalRanks<T> {
 
     /// Resets every rank's device-side protocol so the exchange can run again from step 0: the
     /// reset of `reset`, each step applied to every rank before the next (every stream
-    /// idle, then every rank's slots zeroed on its stream, then every stream idle again).
+    /// idle, then every rank's slots zeroed on its stream, then every stream idle again). After a
+    /// wait timed out it is required before the exchange runs again: until then the rank that timed
+    /// out sends no halo data a peer would take as a step's, and its launches leave block counters
+    /// mid-count.
     pub fn reset_protocol(&mut self) -> Result<()> {
         let (ranks, streams) = (&mut self.ranks, &self.streams);
         super::reset::run(|step| {

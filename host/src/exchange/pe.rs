@@ -629,7 +629,9 @@ impl<T: Element> PeExchange<T> {
 
     /// Resets this PE's device-side protocol so the exchange can run again from step 0: the
     /// collective reset of `reset` (bounded wait, barrier, zero, bounded wait, barrier).
-    /// Every PE must call it; the exchange's constructor does.
+    /// Every PE must call it; the exchange's constructor does. After a wait timed out it is
+    /// required before the exchange runs again: until then the PE that timed out sends no halo
+    /// data a peer would take as a step's, and its launches leave block counters mid-count.
     pub fn reset_protocol(&mut self) -> Result<()> {
         super::reset::run(|step| match step {
             ResetStep::WaitIdle => self.wait_idle("waiting for the halo stream before a protocol reset"),
