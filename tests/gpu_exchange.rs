@@ -349,6 +349,35 @@ impl Gate {
     }
 }
 
+/// Each rank's "+1 on every home coordinate": a buffer of ones and the identity map over its home
+/// atoms, for [`bump_home`].
+type Bump = (halo::gpu::DeviceBuffer<Float3>, halo::kernels::IndexMap);
+
+/// Poisons every rank's coordinates, uploads its `home` coordinates (and `f0` as its forces when
+/// given), and returns each rank's [`Bump`].
+fn upload_with_bumps(ranks: &LocalRanks, halos: &[RankHalo], home: &[Vec<Float3>], f0: Option<&[Vec<Float3>]>) -> Vec<Bump> {
+    let mut bumps = Vec::new();
+    for (r, rank) in ranks.ranks().iter().enumerate() {
+        rank.x.fill_bytes(0xFF).unwrap();
+        rank.upload_coordinates(&home[r]).unwrap();
+        if let Some(f0) = f0 {
+            rank.f.copy_from_host(&f0[r]).unwrap();
+        }
+        let n = halos[r].home_atoms;
+        let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
+        let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
+        bumps.push((ones, map));
+    }
+    bumps
+}
+
+/// Adds 1 to every home coordinate of every rank, on the rank's stream (no host work between).
+fn bump_home(module: &halo::gpu::KernelModule, ranks: &LocalRanks, bumps: &[Bump]) {
+    for (r, (ones, map)) in bumps.iter().enumerate() {
+        halo::kernels::unpack(module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
+    }
+}
+
 fn check_coordinates(test: &str, ranks: &LocalRanks, halos: &[RankHalo], home: &[Vec<Float3>]) {
     let want = reference::coordinates(halos, home);
     for (r, got) in ranks.coordinates().unwrap().iter().enumerate() {
@@ -484,20 +513,10 @@ fn an_expired_credit_writes_nothing_into_the_peer() {
             r.set_wait_timeout(Duration::from_millis(300));
         }
         let home0 = integer_values(&halos, 73, true);
-        let mut bumps = Vec::new();
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.x.fill_bytes(0xFF).unwrap();
-            rank.upload_coordinates(&home0[r]).unwrap();
-            let n = halos[r].home_atoms;
-            let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
-            let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
-            bumps.push((ones, map));
-        }
+        let bumps = upload_with_bumps(&ranks, &halos, &home0, None);
         let gate = Gate::close(&module, ranks.stream(2));
         for _ in 0..2 {
-            for (r, (ones, map)) in bumps.iter().enumerate() {
-                halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
-            }
+            bump_home(&module, &ranks, &bumps);
             ranks.launch_coordinates(transport).unwrap();
         }
         std::thread::sleep(Duration::from_millis(1500));
@@ -544,21 +563,10 @@ fn a_timed_out_rank_writes_nothing_into_its_peer_later() {
         }
         let home0 = integer_values(&halos, 83, true);
         let f0 = integer_values(&halos, 84, false);
-        let mut bumps = Vec::new();
-        for (r, rank) in ranks.ranks().iter().enumerate() {
-            rank.x.fill_bytes(0xFF).unwrap();
-            rank.upload_coordinates(&home0[r]).unwrap();
-            rank.f.copy_from_host(&f0[r]).unwrap();
-            let n = halos[r].home_atoms;
-            let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
-            let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
-            bumps.push((ones, map));
-        }
+        let bumps = upload_with_bumps(&ranks, &halos, &home0, Some(&f0));
         let gate = Gate::close(&module, ranks.stream(1));
         for _ in 0..2 {
-            for (r, (ones, map)) in bumps.iter().enumerate() {
-                halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
-            }
+            bump_home(&module, &ranks, &bumps);
             ranks.launch_coordinates(transport).unwrap();
         }
         ranks.launch_forces(transport).unwrap();
@@ -624,21 +632,10 @@ fn one_direction_loops_with_changing_data_end_right() {
             let mut ranks = LocalRanks::<Float3>::new(halos.clone(), std::slice::from_ref(&module)).unwrap();
             let home0 = integer_values(&halos, 5, true);
             let f0 = integer_values(&halos, 6, false);
-            let mut bumps = Vec::new();
-            for (r, rank) in ranks.ranks().iter().enumerate() {
-                rank.x.fill_bytes(0xFF).unwrap();
-                rank.upload_coordinates(&home0[r]).unwrap();
-                rank.f.copy_from_host(&f0[r]).unwrap();
-                let n = halos[r].home_atoms;
-                let ones = halo::gpu::DeviceBuffer::from_host(rank.context(), &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
-                let map = halo::kernels::IndexMap::new(rank.context(), &(0..n as u32).collect::<Vec<_>>()).unwrap();
-                bumps.push((ones, map));
-            }
+            let bumps = upload_with_bumps(&ranks, &halos, &home0, Some(&f0));
             for _ in 0..STEPS {
                 // Every home coordinate += 1 on the rank's stream, then the coordinate halo.
-                for (r, (ones, map)) in bumps.iter().enumerate() {
-                    halo::kernels::unpack(&module, ranks.stream(r), ones, map, &ranks.ranks()[r].x, true).unwrap();
-                }
+                bump_home(&module, &ranks, &bumps);
                 ranks.launch_coordinates(transport).unwrap();
             }
             for _ in 0..STEPS / 4 {
