@@ -482,6 +482,10 @@ impl HomeDevice for Timed<'_, '_> {
         self.inner.rank()
     }
 
+    fn begin_migrate(&mut self, geo: &crate::decomp::Decomposition) -> Result<()> {
+        self.time(|d| d.begin_migrate(geo))
+    }
+
     fn migrate(&mut self, geo: &crate::decomp::Decomposition) -> Result<(usize, Vec<crate::abi::MigrateLeaver>)> {
         self.time(|d| d.migrate(geo))
     }

@@ -123,7 +123,7 @@ impl GpuHome {
         v: &'a dyn DeviceMemory<Float3>,
         ids: &'a [u32],
     ) -> GpuRank<'a> {
-        GpuRank { home: self, module, stream, x, v, ids }
+        GpuRank { home: self, module, stream, x, v, ids, begun: false }
     }
 
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
@@ -146,6 +146,8 @@ pub struct GpuRank<'a> {
     x: &'a dyn DeviceMemory<Float3>,
     v: &'a dyn DeviceMemory<Float3>,
     ids: &'a [u32],
+    /// The migration's passes are enqueued ([`HomeDevice::begin_migrate`]) and not yet finished.
+    begun: bool,
 }
 
 /// `buf` grown to hold `n` (its contents are then lost).
@@ -161,7 +163,7 @@ impl HomeDevice for GpuRank<'_> {
         self.home.rank
     }
 
-    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
+    fn begin_migrate(&mut self, geo: &Decomposition) -> Result<()> {
         let n = self.ids.len();
         self.home.make_passes(geo)?;
         let h = &mut *self.home;
@@ -174,7 +176,21 @@ impl HomeDevice for GpuRank<'_> {
         h.ids_staging.upload(self.ids, &h.ids, self.stream)?;
         let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
-        let migrated = p.migrate.run(self.module, self.stream, &a, n)?;
+        p.migrate.enqueue(self.module, self.stream, &a, n)?;
+        self.begun = true;
+        Ok(())
+    }
+
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
+        if !self.begun {
+            self.begin_migrate(geo)?;
+        }
+        self.begun = false;
+        let n = self.ids.len();
+        let h = &mut *self.home;
+        let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
+        let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
+        let migrated = p.migrate.finish(self.stream, &a, n)?;
         h.stayers = migrated.stayers;
         Ok((n, migrated.leavers))
     }

@@ -217,8 +217,9 @@ impl GpuMigrate {
         self.finish(stream, a, n)
     }
 
-    /// Enqueues the passes (see [`Self::run`]).
-    fn enqueue(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<()> {
+    /// Enqueues the passes and returns without waiting (see [`Self::run`]); [`Self::finish`]
+    /// with the same arrays and `n` completes them. The arrays must outlive the passes.
+    pub(crate) fn enqueue(&mut self, module: &KernelModule, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<()> {
         a.check(n)?;
         let n32 = u32::try_from(n).map_err(|_| HaloError::Plan(PlanError::TooManyAtoms { atoms: n }))?;
         let ctx = stream.context();
@@ -248,7 +249,7 @@ impl GpuMigrate {
     }
 
     /// Waits for the passes and reads back the counts, then the leavers (see [`Self::run`]).
-    fn finish(&mut self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
+    pub(crate) fn finish(&mut self, stream: &CudaStream, a: &MigrateArrays<'_>, n: usize) -> Result<Migrated> {
         // The counts and the first leavers in one wait, into page-locked memory (a copy into
         // pageable memory is staged by the driver and holds the host): a search's leavers are a
         // few hundred, so most migrations need no second round trip for them.

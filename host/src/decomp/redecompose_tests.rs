@@ -748,6 +748,56 @@ fn the_device_path_gives_the_hosts_plan() {
     }
 }
 
+/// A model device that logs its phase 1 calls, to see the order the redecomposition makes them.
+struct Logged<'a> {
+    inner: &'a mut CpuHome,
+    log: &'a std::cell::RefCell<Vec<(&'static str, usize)>>,
+}
+
+impl HomeDevice for Logged<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    fn begin_migrate(&mut self, geo: &Decomposition) -> Result<()> {
+        self.log.borrow_mut().push(("begin", self.inner.rank));
+        self.inner.begin_migrate(geo)
+    }
+
+    fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<kernels_gpu::abi::MigrateLeaver>)> {
+        self.log.borrow_mut().push(("migrate", self.inner.rank));
+        self.inner.migrate(geo)
+    }
+
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
+        self.inner.merge_and_select(geo, arrivals, into)
+    }
+}
+
+/// The devices of one process start their phase 1 together: every device's passes are begun
+/// before any is waited for, so ranks sharing a GPU (or several GPUs in one process) run them side
+/// by side rather than one after another.
+#[test]
+fn every_device_begins_its_migration_before_any_is_finished() {
+    let sys = MolecularSystem::generate(2000, 5).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 7);
+    let homes = homes_of(&plan, &positions, &velocities);
+    let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
+    let mut devices: Vec<CpuHome> = ranks.iter().map(|&r| CpuHome::new(r, homes[r].clone())).collect();
+    let log = std::cell::RefCell::new(Vec::new());
+    let mut logged: Vec<Logged<'_>> = devices.iter_mut().map(|d| Logged { inner: d, log: &log }).collect();
+    let mut dyns: Vec<&mut dyn HomeDevice> = logged.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+    let collective = SharedCollective::new(grid, 1, false);
+    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(&ranks, tag, blobs);
+    let (w, mut scratch) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+    redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, &w, &mut scratch).unwrap();
+    let log = log.into_inner();
+    let want: Vec<(&str, usize)> = ranks.iter().map(|&r| ("begin", r)).chain(ranks.iter().map(|&r| ("migrate", r))).collect();
+    assert_eq!(log, want, "phase 1's calls, in order");
+}
+
 #[test]
 fn the_device_path_reports_a_non_finite_position_on_every_process() {
     let sys = MolecularSystem::generate(2000, 2).unwrap();

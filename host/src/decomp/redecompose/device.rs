@@ -48,6 +48,15 @@ pub trait HomeDevice {
     /// the device (which does not).
     fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)>;
 
+    /// Phase 1's start, where the device runs it in the background: enqueues its per-atom passes
+    /// and returns without waiting, so that the devices of one process run them side by side
+    /// ([`redecompose_on_devices`] begins every device's phase 1 before it finishes any).
+    /// [`Self::migrate`] with the same `geo` then finishes what was begun (and runs all of it when
+    /// nothing was). The default begins nothing.
+    fn begin_migrate(&mut self, _geo: &Decomposition) -> Result<()> {
+        Ok(())
+    }
+
     /// Phase 2: merges `arrivals` (sorted by id, unique, none a stayer's) into the stayers by
     /// id, selects the first pulses over the result, and returns them in `into`'s arrays
     /// (cleared first; their allocations reused).
@@ -82,7 +91,12 @@ pub fn redecompose_on_devices(
     scratch.ranks.resize_with(ranks.len(), Default::default);
     scratch.spare.large = 4 * ranks.len() + 2 + (nranks - ranks.len().min(nranks));
 
-    // 1. Owners on the devices; leavers out, arrivals in.
+    // 1. Owners on the devices; leavers out, arrivals in. Every device's passes are enqueued
+    // before any is waited for: the devices of one process (ranks sharing a GPU, or several GPUs
+    // in one process) run them side by side instead of one after the other.
+    for d in devices.iter_mut() {
+        d.begin_migrate(&geo)?;
+    }
     let mut leaving = Vec::with_capacity(devices.len());
     for d in devices.iter_mut() {
         leaving.push(match d.migrate(&geo) {
