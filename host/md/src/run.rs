@@ -490,6 +490,10 @@ impl HomeDevice for Timed<'_, '_> {
         self.time(|d| d.migrate(geo))
     }
 
+    fn begin_merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+        self.time(|d| d.begin_merge_and_select(geo, arrivals))
+    }
+
     fn merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
         self.time(|d| d.merge_and_select(geo, arrivals, into))
     }

@@ -123,7 +123,7 @@ impl GpuHome {
         v: &'a dyn DeviceMemory<Float3>,
         ids: &'a [u32],
     ) -> GpuRank<'a> {
-        GpuRank { home: self, module, stream, x, v, ids, begun: false }
+        GpuRank { home: self, module, stream, x, v, ids, begun: false, merging: None }
     }
 
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
@@ -148,6 +148,18 @@ pub struct GpuRank<'a> {
     ids: &'a [u32],
     /// The migration's passes are enqueued ([`HomeDevice::begin_migrate`]) and not yet finished.
     begun: bool,
+    /// The merge, the selection and their read-backs are enqueued
+    /// ([`HomeDevice::begin_merge_and_select`]) and not yet waited for.
+    merging: Option<Merging>,
+}
+
+/// What a begun merge reads back into the page-locked room: `n` new home atoms, then the
+/// selection's info and map words.
+#[derive(Clone, Copy)]
+struct Merging {
+    n: usize,
+    info_words: usize,
+    map_words: usize,
 }
 
 /// `buf` grown to hold `n` (its contents are then lost).
@@ -195,7 +207,7 @@ impl HomeDevice for GpuRank<'_> {
         Ok((n, migrated.leavers))
     }
 
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
         let rank = self.home.rank as u32;
         let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: rank }).collect();
         let h = &mut *self.home;
@@ -205,6 +217,8 @@ impl HomeDevice for GpuRank<'_> {
         fit(ctx, &mut h.new_x, total)?;
         fit(ctx, &mut h.new_v, total)?;
         let a = MergeArrays { ids: &h.stay_ids, x: &h.stay_x, v: &h.stay_v, ids_out: &h.new_ids, x_out: &h.new_x, v_out: &h.new_v };
+        // The arrivals go up through the merge's own page-locked staging: nothing here is read
+        // after this returns.
         let n = h.merge.enqueue(self.module, self.stream, &a, h.stayers, &arrivals)?;
         let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
         let p = h
@@ -213,8 +227,9 @@ impl HomeDevice for GpuRank<'_> {
             .filter(|p| p.made == made)
             .ok_or_else(|| HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank)))?;
         p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
-        // Everything that comes back, in one wait: ids, positions, the selection's counts and
-        // every slot's whole room of indices.
+        // Everything that comes back, in one wait (in `merge_and_select`): ids, positions, the
+        // selection's counts and every slot's whole room of indices, into this rank's page-locked
+        // room, which outlives the copies.
         let (info_words, map_words) = p.select.read_back_words(n);
         let need = 4 * n + info_words + map_words;
         if h.host.as_ref().is_none_or(|m| m.len() < need) {
@@ -229,17 +244,42 @@ impl HomeDevice for GpuRank<'_> {
         let (x, rest) = rest.split_at_mut(3 * n);
         let (info, maps) = rest.split_at_mut(info_words);
         let x: &mut [Float3] = bytemuck::cast_slice_mut(x);
-        // SAFETY: the arrays are untouched until the synchronisation below.
+        // SAFETY: the room is `h`'s and is neither read nor freed nor replaced before the stream
+        // is synchronised: in `merge_and_select`, or, for a merge a failed search left unfinished,
+        // by the next search's migration on the same stream, which waits before any begin here
+        // can replace the room.
         let enqueued = unsafe {
             h.new_ids
                 .enqueue_read(0, ids, self.stream)
                 .and_then(|()| h.new_x.enqueue_read(0, x, self.stream))
                 .and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
         };
-        let waited = self.stream.synchronize().during("waiting for the GPU redecomposition");
-        enqueued.and(waited)?;
+        if let Err(e) = enqueued {
+            // The copies that were enqueued land in the room before anything can replace it.
+            let _ = self.stream.synchronize();
+            return Err(e);
+        }
+        self.merging = Some(Merging { n, info_words, map_words });
+        Ok(())
+    }
+
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+        if self.merging.is_none() {
+            self.begin_merge_and_select(geo, arrivals)?;
+        }
+        let Merging { n, info_words, map_words } =
+            self.merging.take().ok_or_else(|| HaloError::InvalidInput("the GPU merge was not begun".into()))?;
+        self.stream.synchronize().during("waiting for the GPU redecomposition")?;
+        let h = &mut *self.home;
         h.merge.check()?;
         h.home = n;
+        let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
+        let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
+        let words = &mut host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?[..4 * n + info_words + map_words];
+        let (ids, rest) = words.split_at_mut(n);
+        let (x, rest) = rest.split_at_mut(3 * n);
+        let (info, maps) = rest.split_at_mut(info_words);
+        let x: &[Float3] = bytemuck::cast_slice(x);
         into.ids.clear();
         into.ids.extend_from_slice(ids);
         into.wrapped.clear();

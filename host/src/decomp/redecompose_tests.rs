@@ -748,7 +748,7 @@ fn the_device_path_gives_the_hosts_plan() {
     }
 }
 
-/// A model device that logs its phase 1 calls, to see the order the redecomposition makes them.
+/// A model device that logs its calls, to see the order the redecomposition makes them.
 struct Logged<'a> {
     inner: &'a mut CpuHome,
     log: &'a std::cell::RefCell<Vec<(&'static str, usize)>>,
@@ -769,16 +769,22 @@ impl HomeDevice for Logged<'_> {
         self.inner.migrate(geo)
     }
 
+    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+        self.log.borrow_mut().push(("begin merge", self.inner.rank));
+        self.inner.begin_merge_and_select(geo, arrivals)
+    }
+
     fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
+        self.log.borrow_mut().push(("merge", self.inner.rank));
         self.inner.merge_and_select(geo, arrivals, into)
     }
 }
 
-/// The devices of one process start their phase 1 together: every device's passes are begun
-/// before any is waited for, so ranks sharing a GPU (or several GPUs in one process) run them side
-/// by side rather than one after another.
+/// The devices of one process start each phase together: every device's work is begun before any
+/// is waited for, so ranks sharing a GPU (or several GPUs in one process) run it side by side
+/// rather than one after another.
 #[test]
-fn every_device_begins_its_migration_before_any_is_finished() {
+fn every_device_begins_each_phase_before_any_is_finished() {
     let sys = MolecularSystem::generate(2000, 5).unwrap();
     let grid = RankGrid::new([2, 2, 1]).unwrap();
     let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
@@ -794,8 +800,9 @@ fn every_device_begins_its_migration_before_any_is_finished() {
     let (w, mut scratch) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
     redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, &w, &mut scratch).unwrap();
     let log = log.into_inner();
-    let want: Vec<(&str, usize)> = ranks.iter().map(|&r| ("begin", r)).chain(ranks.iter().map(|&r| ("migrate", r))).collect();
-    assert_eq!(log, want, "phase 1's calls, in order");
+    let want: Vec<(&str, usize)> =
+        ["begin", "migrate", "begin merge", "merge"].into_iter().flat_map(|call| ranks.iter().map(move |&r| (call, r))).collect();
+    assert_eq!(log, want, "the phases' calls, in order");
 }
 
 #[test]

@@ -61,6 +61,14 @@ pub trait HomeDevice {
     /// id, selects the first pulses over the result, and returns them in `into`'s arrays
     /// (cleared first; their allocations reused).
     fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome>;
+
+    /// Phase 2's start, as [`Self::begin_migrate`] is phase 1's: enqueues the merge of `arrivals`
+    /// (sorted by id, as for [`Self::merge_and_select`]), the selection and their read-back, and
+    /// returns without waiting. [`Self::merge_and_select`] with the same `geo` and `arrivals`
+    /// then finishes what was begun. The default begins nothing.
+    fn begin_merge_and_select(&mut self, _geo: &Decomposition, _arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// [`super::redecompose_with`] for the ranks whose home atoms `devices` hold (one per entry of
@@ -107,11 +115,15 @@ pub fn redecompose_on_devices(
     }
     let mut arrivals = migrate(&leaving, &local_index, atoms, all_gather, &mut scratch.spare)?;
 
-    // The new home atoms in id order, merged and selected on the devices.
+    // The new home atoms in id order, merged and selected on the devices: again every device's
+    // work begun before any is waited for.
+    for (d, a) in devices.iter_mut().zip(&mut arrivals) {
+        a.sort_unstable_by_key(|m| m.0);
+        d.begin_merge_and_select(&geo, a)?;
+    }
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
     for (d, a) in devices.iter_mut().zip(&mut arrivals) {
-        a.sort_unstable_by_key(|m| m.0);
         let spare = &mut scratch.spare;
         let into = MergedHome {
             ids: Spare::any(&mut spare.ids),
