@@ -162,6 +162,22 @@ struct Merging {
     map_words: usize,
 }
 
+impl Merging {
+    /// The room's words this merge uses.
+    fn words(&self) -> usize {
+        4 * self.n + self.info_words + self.map_words
+    }
+
+    /// The room's first [`Self::words`] split into the ids, the positions, the selection's info
+    /// and its maps, in the order they are read back.
+    fn split<'w>(&self, room: &'w mut [u32]) -> (&'w mut [u32], &'w mut [Float3], &'w mut [u32], &'w mut [u32]) {
+        let (ids, rest) = room[..self.words()].split_at_mut(self.n);
+        let (x, rest) = rest.split_at_mut(3 * self.n);
+        let (info, maps) = rest.split_at_mut(self.info_words);
+        (ids, bytemuck::cast_slice_mut(x), info, maps)
+    }
+}
+
 /// `buf` grown to hold `n` (its contents are then lost).
 fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: usize) -> Result<()> {
     if let Some(cap) = grown_capacity(buf.len(), n) {
@@ -231,7 +247,8 @@ impl HomeDevice for GpuRank<'_> {
         // selection's counts and every slot's whole room of indices, into this rank's page-locked
         // room, which outlives the copies.
         let (info_words, map_words) = p.select.read_back_words(n);
-        let need = 4 * n + info_words + map_words;
+        let merging = Merging { n, info_words, map_words };
+        let need = merging.words();
         if h.host.as_ref().is_none_or(|m| m.len() < need) {
             let cap = grown_capacity(0, need).unwrap_or(need);
             // SAFETY: the contents are written by the copies below before they are read (after
@@ -239,11 +256,7 @@ impl HomeDevice for GpuRank<'_> {
             h.host = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.during("allocating the GPU redecomposition's read-back")?);
         }
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let words = &mut host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?[..need];
-        let (ids, rest) = words.split_at_mut(n);
-        let (x, rest) = rest.split_at_mut(3 * n);
-        let (info, maps) = rest.split_at_mut(info_words);
-        let x: &mut [Float3] = bytemuck::cast_slice_mut(x);
+        let (ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
         // SAFETY: the room is `h`'s and is neither read nor freed nor replaced before the stream
         // is synchronised: in `merge_and_select`, or, for a merge a failed search left unfinished,
         // by the next search's migration on the same stream, which waits before any begin here
@@ -259,7 +272,7 @@ impl HomeDevice for GpuRank<'_> {
             let _ = self.stream.synchronize();
             return Err(e);
         }
-        self.merging = Some(Merging { n, info_words, map_words });
+        self.merging = Some(merging);
         Ok(())
     }
 
@@ -267,19 +280,15 @@ impl HomeDevice for GpuRank<'_> {
         if self.merging.is_none() {
             self.begin_merge_and_select(geo, arrivals)?;
         }
-        let Merging { n, info_words, map_words } =
-            self.merging.take().ok_or_else(|| HaloError::InvalidInput("the GPU merge was not begun".into()))?;
+        let merging = self.merging.take().ok_or_else(|| HaloError::InvalidInput("the GPU merge was not begun".into()))?;
         self.stream.synchronize().during("waiting for the GPU redecomposition")?;
         let h = &mut *self.home;
         h.merge.check()?;
+        let n = merging.n;
         h.home = n;
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let words = &mut host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?[..4 * n + info_words + map_words];
-        let (ids, rest) = words.split_at_mut(n);
-        let (x, rest) = rest.split_at_mut(3 * n);
-        let (info, maps) = rest.split_at_mut(info_words);
-        let x: &[Float3] = bytemuck::cast_slice(x);
+        let (ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
         into.ids.clear();
         into.ids.extend_from_slice(ids);
         into.wrapped.clear();

@@ -93,10 +93,7 @@ pub trait DeviceMemory<T: Pod> {
         if self.is_empty() {
             return Ok(());
         }
-        self.context().bind_to_thread().during("binding the context")?;
-        // SAFETY: the whole allocation.
-        unsafe { result::memset_d8_async(self.device_ptr(), byte, self.len() * size_of::<T>(), result::stream::null()) }
-            .during("filling device memory")?;
+        self.fill_bytes_queued(byte)?;
         wait_for_default_stream("filling device memory")
     }
 
