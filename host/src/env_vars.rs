@@ -234,7 +234,7 @@ pub const VARS: &[EnvVar] = &[
     var(
         "HALO_NBNXM_KERNEL",
         Scope::Md,
-        "`pf`",
+        "`pfw`",
         "The non-bonded (nbnxm) force kernel design: `ind` (indirect), `pf` (prefetch) or `pfw` (prefetch, i-forces added warp by warp).",
     ),
     var("HALO_NBNXM_WARPS", Scope::Md, "`auto`", "Warps per nbnxm list entry: `auto` (sized to the list and the GPU) or 1 to 16."),

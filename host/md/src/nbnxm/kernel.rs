@@ -25,9 +25,12 @@ pub enum NbnxmKernel {
 impl NbnxmKernel {
     /// Every design, in the order the timing table prints them.
     pub const ALL: [Self; 3] = [Self::Indirect, Self::Prefetch, Self::PerWarp];
-    /// What a new [`super::NbnxmGpu`] uses when [`Self::ENV`] is not set: the faster one on the
-    /// lists of two ranks when each entry had one warp (`docs/nbnxm.md`, "Kernels").
-    pub const DEFAULT: Self = Self::Prefetch;
+    /// What a new [`super::NbnxmGpu`] uses when [`Self::ENV`] is not set: the fastest in the checked
+    /// MD step on an H200 (`docs/nbnxm.md`, "Kernels"; one rank, 45,000 atoms: 62.2 µs per step
+    /// against [`Self::Prefetch`]'s 64.7, `docs/results/nbnxm/md-pf-pfw.log`), as fast or faster
+    /// with two ranks, and the fastest force kernel in 7 of `kernel_times`' 9 cases
+    /// (`docs/results/nbnxm/pf-pfw-2rank-kernel-times.log`).
+    pub const DEFAULT: Self = Self::PerWarp;
     /// Environment variable naming the design for a run (`ind`, `pf`, `pfw`).
     pub const ENV: &'static str = "HALO_NBNXM_KERNEL";
 
