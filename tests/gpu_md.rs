@@ -328,6 +328,47 @@ fn checked_stretches_between_unchecked_steps() {
     }
 }
 
+/// The step's phases timed by events (`MdRun::profile_phases`, what `halo md-bench --phases`
+/// prints): one summary per rank over the steps that are neither search nor checked steps, every
+/// phase a finite time, the two chains inside the step, the halo phases present only with a halo;
+/// graphs are off while profiling and on again after it, and the run stays right (checked after).
+#[test]
+fn profiled_phases_of_one_and_two_ranks() {
+    let Some(g) = gpu_or_skip("md_profiled_phases") else { return };
+    for grid in [[1, 1, 1], [2, 1, 1]] {
+        let test = format!("md_profiled_phases_{}x{}x{}", grid[0], grid[1], grid[2]);
+        let mut c = config(6000, grid, Transport::Fused, 0, 20);
+        (c.check_every, c.graph) = (0, true);
+        let placement = halo::exchange::Placement::Local(vec![g.module.clone()]).with_policy(c.path_policy);
+        let mut run = md::MdRun::new(c, placement).unwrap_or_else(|e| panic!("{test}: {e}"));
+        let mut none = |_: u64, _: &md::StepCheck| {};
+        run.run_steps(20, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        let graphs = run.outcome().graph_steps;
+        // 60 steps: three searches (left out), 57 kept across two chunks of events.
+        let phases = run.profile_phases(60).unwrap_or_else(|e| panic!("{test}: {e}"));
+        assert_eq!(run.outcome().graph_steps, graphs, "{test}: no profiled step is replayed as a graph");
+        assert_eq!(phases.len(), grid.iter().product::<usize>(), "{test}: one summary per rank");
+        for p in &phases {
+            assert_eq!(p.steps, 57, "{test}: the search steps are left out: {p:?}");
+            let parts = [p.local_prune, p.local_forces, p.coord_halo, p.nonlocal_prune, p.nonlocal_forces, p.force_halo, p.join, p.integrate];
+            assert!(parts.iter().all(|v| v.is_finite() && *v >= -1.0), "{test}: {p:?}");
+            assert!(p.local_forces > 0.5 && p.integrate > 0.0 && p.step > 0.0, "{test}: {p:?}");
+            assert!(p.local_prune + p.local_forces <= p.step + 1.0, "{test}: the local chain lies inside the step: {p:?}");
+            assert!(p.idle_before.is_some_and(|v| v >= 0.0), "{test}: {p:?}");
+            if grid[0] > 1 {
+                assert!(p.coord_halo > 0.0 && p.force_halo > 0.0 && p.nonlocal_forces > 0.0, "{test}: a rank with a halo: {p:?}");
+            }
+            for line in p.lines() {
+                eprintln!("{test}: {line}");
+            }
+        }
+        run.run_steps(20, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        assert!(run.outcome().graph_steps > graphs, "{test}: graphs again after the profile");
+        let c = run.run_checked_steps(1, &mut none).unwrap_or_else(|e| panic!("{test}: {e}"));
+        assert!(c.passed(), "{test}: {c:?}");
+    }
+}
+
 /// Energy conservation: 2,000 steps of NVE at 6,000 atoms on one rank and on two, energy every
 /// 20 steps. The drift must stay far below GROMACS's default tolerance (0.005 kJ/mol/ps per atom =
 /// 5 kJ/mol/ns per atom); both numbers are printed.

@@ -17,6 +17,7 @@ use halo::*;
 pub mod gather;
 pub mod md_reference;
 pub mod nbnxm;
+pub mod phases;
 pub mod rank;
 pub mod run;
 pub mod search;

@@ -12,6 +12,7 @@ use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::gpu_search::grow;
 use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
+use crate::phases::{Mark, PhaseProbe};
 use crate::search::{RankLists, RankSearch};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
 use cudarc::driver::CudaGraph;
@@ -89,6 +90,8 @@ pub struct MdRank {
     /// The last search's host wait for the GPU grid's and lists' first passes
     /// ([`Self::search_wait`]).
     search_wait: Duration,
+    /// While steps are profiled (`MdRun::profile_phases`): the timing events of their phases.
+    probe: Option<PhaseProbe>,
 }
 
 /// Page-locked staging, one per array a search uploads from the host (home coordinates into the
@@ -223,6 +226,7 @@ impl MdRank {
             staging: HomeStaging::default(),
             gpu_home: None,
             search_wait: Duration::ZERO,
+            probe: None,
             local,
             module,
         };
@@ -472,11 +476,13 @@ impl MdRank {
     /// forces that integration may have cleared).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Events::Step)?;
-        halo.wait(&self.coordinates_ready).during("ordering the halo after integration")
+        halo.wait(&self.coordinates_ready).during("ordering the halo after integration")?;
+        self.mark(Mark::HaloBegin, halo)
     }
 
     fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
         self.check_exchange(ex)?;
+        self.mark(Mark::Begin, &self.local)?;
         let zeroing = StepZeroing::plan(self.forces_clear, self.halo_clear, work.energy.is_some());
         if zeroing.home {
             ex.f.zero_range_async(0, self.home, &self.local)?;
@@ -495,8 +501,33 @@ impl MdRank {
         if work.prune {
             self.nb.prune(ListKind::Local, &ex.x, &self.local)?;
         }
+        self.mark(Mark::LocalPrune, &self.local)?;
         let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
-        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)
+        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)?;
+        self.mark(Mark::LocalForces, &self.local)
+    }
+
+    /// Records `mark` of the profiled step on `stream` (nothing when no step is profiled).
+    pub fn mark(&self, mark: Mark, stream: &CudaStream) -> Result<()> {
+        self.probe.as_ref().map_or(Ok(()), |p| p.mark(mark, stream))
+    }
+
+    /// Starts profiling this rank's uncaptured steps (timing events at every [`Mark`]), or ends it
+    /// and returns what was profiled (`on` false).
+    pub fn profile(&mut self, on: bool) -> Result<Option<PhaseProbe>> {
+        let mut was = self.probe.take();
+        if let Some(p) = was.as_mut() {
+            p.flush()?;
+        }
+        if on {
+            self.probe = Some(PhaseProbe::new(self.module.context())?);
+        }
+        Ok(was)
+    }
+
+    /// Ends the profiled step (after [`Self::integrate`]); `keep`: count it.
+    pub fn end_profiled_step(&mut self, keep: bool) -> Result<()> {
+        self.probe.as_mut().map_or(Ok(()), |p| p.end_step(keep))
     }
 
     /// The step's events: the zeroing, the force halo's end. A captured step has its own, so the
@@ -528,8 +559,10 @@ impl MdRank {
         if work.prune {
             self.nb.prune(ListKind::NonLocal, &ex.x, halo)?;
         }
+        self.mark(Mark::NonLocalPrune, halo)?;
         let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
-        self.nb.forces_into(ListKind::NonLocal, &ex.x, &ex.f, halo, slot)
+        self.nb.forces_into(ListKind::NonLocal, &ex.x, &ex.f, halo, slot)?;
+        self.mark(Mark::NonLocalForces, halo)
     }
 
     /// After the force halo: the local stream waits for it (and, by stream order, for the local
@@ -538,6 +571,7 @@ impl MdRank {
     /// waits for that.
     pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
         self.update_work(ex, halo, transport, dt, work, Events::Step)?;
+        self.mark(Mark::End, &self.local)?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
@@ -545,6 +579,7 @@ impl MdRank {
         let done = self.event(events, 1);
         done.record(halo).during("recording an event")?;
         self.local.wait(done).during("ordering integration after the force halo")?;
+        self.mark(Mark::Integrate, &self.local)?;
         // The halo forces too, in the same launch, where only this rank's force halo (done by now)
         // reads them.
         let clears_halo = integration_clears_halo(transport);
@@ -615,6 +650,9 @@ impl MdRank {
             return Err(HaloError::InvalidInput(
                 "a step that sums energies writes its own record and cannot be replayed from a graph; capture steps without energy".into(),
             ));
+        }
+        if self.probe.is_some() {
+            return Err(HaloError::InvalidInput("a profiled step is timed by events between its phases and cannot be captured as a graph".into()));
         }
         // Thread-local mode: other threads' CUDA calls stay legal during the capture.
         self.local.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).during("starting a graph capture")?;

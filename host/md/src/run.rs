@@ -12,6 +12,7 @@
 //! every PE).
 
 use super::gather::{HomeArrays, HomeGather};
+use super::phases::{Mark, PhaseSummary};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
@@ -855,6 +856,31 @@ impl MdRun {
         }
     }
 
+    /// Runs `n` more steps ([`Self::run_steps`]) with every step's phases timed on the GPU by events
+    /// on each rank's streams ([`crate::phases`]), none of them replayed as a graph, and returns
+    /// the medians of each of this process's ranks (in the order of its ranks) over the steps that
+    /// are neither search nor checked steps. The events end the overlap of consecutive kernels
+    /// on a stream, so these steps are no timing of the run: time steps without them.
+    pub fn profile_phases(&mut self, n: u64) -> Result<Vec<PhaseSummary>> {
+        for m in &mut self.ranks {
+            m.profile(true)?;
+        }
+        let graph = std::mem::replace(&mut self.cfg.graph, false);
+        let ran = self.run_steps(n, &mut |_, _| {});
+        self.cfg.graph = graph;
+        let mut out = Vec::new();
+        for (i, m) in self.ranks.iter_mut().enumerate() {
+            // Ends the profile whether or not the steps ran (the events are read back here).
+            let probe = m.profile(false)?;
+            let rank = self.exchange.as_ref().and_then(|ex| ex.local_ranks().get(i).map(|r| r.rank())).unwrap_or(i);
+            if let Some(s) = probe.and_then(|p| PhaseSummary::of(rank, p.steps())) {
+                out.push(s);
+            }
+        }
+        ran?;
+        Ok(out)
+    }
+
     /// Runs `n` more steps ([`Self::run_steps`]), every one of them checked against the references
     /// whatever [`MdConfig::check_every`] says (collective across PEs, like every step). Returns
     /// the worst errors and the counts over these steps; the first step that differs ends the run
@@ -1009,11 +1035,16 @@ impl MdRun {
         }
         let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         for (i, m) in self.ranks.iter_mut().enumerate() {
+            m.mark(Mark::CoordHalo, &ex.streams()[i])?;
             m.nonlocal_forces(&ex.local_ranks()[i], &ex.streams()[i], work)?;
         }
         if injected.is_empty() {
             let r = ex.exchange_reverse_accumulate(transport);
             self.launched(r)?;
+        }
+        let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        for (i, m) in self.ranks.iter().enumerate() {
+            m.mark(Mark::ForceHalo, &ex.streams()[i])?;
         }
         if let Some(r) = self.routing.as_mut() {
             for (rank, peers) in &injected {
@@ -1045,8 +1076,11 @@ impl MdRun {
             self.exchange.as_ref().map_or(Ok(()), |ex| ex.barrier())?;
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+        // A profiled step counts unless a search or a check's host work lies inside it.
+        let keep = since != 0 && !self.cfg.checks_step(s);
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
+            m.end_profiled_step(keep)?;
         }
         self.step += 1;
         self.out.steps += 1;

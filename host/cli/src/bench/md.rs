@@ -37,7 +37,13 @@ pub struct MdBenchConfig {
     pub step: crate::cli::StepArgs,
     /// Plain steps replayed as CUDA graphs.
     pub graph: bool,
+    /// After the timed repeats of a row without graphs, profile [`PHASE_LISTS`] list lifetimes'
+    /// steps ([`MdRun::profile_phases`]) into the row's `phases`.
+    pub phases: bool,
 }
+
+/// List lifetimes (`nstlist` steps each) of steps profiled by `--phases`.
+pub const PHASE_LISTS: u64 = 2;
 
 impl MdBenchConfig {
     /// Checks the step counts: `steps` a positive multiple of `nstlist`, at least one repeat.
@@ -151,6 +157,10 @@ pub struct MdBenchRow {
     /// What the checked steps measured (also those of a failed check); absent when none ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<MdBenchCheck>,
+    /// With `--phases`: where one step's time went on the GPU, per rank of this process (medians
+    /// of the profiled steps, µs; timing events between the phases, so not the row's step time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Vec<halo_md::phases::PhaseSummary>>,
     /// Where it ran.
     pub machine: MachineInfo,
 }
@@ -266,6 +276,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         checked: false,
         check_failure: None,
         check: None,
+        phases: None,
         machine: target.machine.clone(),
     };
     // Every PE measures the same rows in the same order, so a count names each row's all-gather
@@ -351,6 +362,9 @@ fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, row:
     } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-redecomposed".into();
         row.redecompose = Some(if cfg.step.redecompose.on_gpus(row.atoms, md_ranks) { "gpu" } else { "host" }.into());
+    }
+    if cfg.phases && !cfg.graph {
+        row.phases = Some(run.profile_phases(PHASE_LISTS * cfg.step.nstlist)?);
     }
     run.run_checked_steps(CHECKED_AFTER, &mut none)?;
     Ok(Timed { times, shares, before, after, lists })
@@ -549,6 +563,21 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             let _ = writeln!(s, "{p}");
         }
     }
+    let profiled: Vec<&MdBenchRow> = rows.iter().filter(|r| r.checked && r.phases.as_ref().is_some_and(|p| !p.is_empty())).collect();
+    if !profiled.is_empty() {
+        let _ = writeln!(
+            s,
+            "where one step's time goes on the GPU (us, medians of {} list lifetimes' steps after the timed ones, search steps left out; \
+             timing events between the phases end the overlap of consecutive kernels, so the phases ran apart and their step is not the row's):",
+            PHASE_LISTS
+        );
+        for r in profiled {
+            let _ = writeln!(s, "  {} atoms, {}, {}:", r.atoms, variant(r), r.ranks);
+            for line in r.phases.iter().flatten().flat_map(|p| p.lines()) {
+                let _ = writeln!(s, "    {line}");
+            }
+        }
+    }
     s
 }
 
@@ -600,13 +629,14 @@ pub(crate) mod tests {
                 pulses_checked: 6,
                 ..MdBenchCheck::default()
             }),
+            phases: None,
             machine: crate::machine::tests::sample(),
         }
     }
 
     #[test]
     fn steps_must_hold_whole_list_lifetimes() {
-        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false };
+        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false, phases: false };
         cfg.validate().unwrap();
         let e = MdBenchConfig { steps: 1050, ..cfg.clone() }.validate().unwrap_err().to_string();
         assert!(e.contains("multiple of --nstlist 100"), "{e}");
@@ -646,6 +676,27 @@ pub(crate) mod tests {
         r.list_search = "gpu-resident".into();
         let resident = table(&[r]);
         assert!(resident.contains("grid built + lists searched 0.10 (waits for the GPU 0.04) (nothing gathered"), "{resident}");
+    }
+
+    #[test]
+    fn profiled_rows_print_where_the_step_goes_and_keep_it_in_their_json() {
+        let mut r = row("fused", 45_000, 50.0);
+        assert!(!table(std::slice::from_ref(&r)).contains("where one step's time goes"), "no phases, no section");
+        let at = [0.0, 1.0, 25.0, 0.2, 6.2, 6.5, 16.5, 22.5, 26.0, 29.0];
+        let steps: Vec<_> = (0..4).map(|_| halo_md::phases::StepPhases::from_marks(&at, Some(2.5))).collect();
+        r.phases = Some(vec![halo_md::phases::PhaseSummary::of(1, &steps).expect("steps")]);
+        let t = table(std::slice::from_ref(&r));
+        assert!(t.contains("where one step's time goes on the GPU"), "{t}");
+        assert!(t.contains("rank 1: local stream: prune 1.0, home-home forces 24.0; after both chains: join 1.0, integrate 3.0"), "{t}");
+        assert!(t.contains("coordinate halo 6.0, memset/wait/prune 0.3, forces with halo atoms 10.0, force halo 6.0"), "{t}");
+        assert!(t.contains("step on the GPU 29.0, GPU idle before it 2.5"), "{t}");
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["phases"][0]["coord_halo"], 6.0);
+        let back: MdBenchRow = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        // A row that failed its checks prints no phases.
+        r.checked = false;
+        assert!(!table(std::slice::from_ref(&r)).contains("where one step's time goes"));
     }
 
     #[test]

@@ -46,6 +46,13 @@ pub struct MdBenchArgs {
     /// that sum energies or are checked: plain and prune steps, one graph each per search interval).
     #[arg(long)]
     pub graph: bool,
+    /// After each row's timed steps (without graphs), time the phases of two list lifetimes' steps
+    /// on the GPU with events on every rank's streams, and print where a step's time goes (local
+    /// and non-local forces, coordinate and force halo, integration, the GPU's idle time between
+    /// steps); in the JSON as each row's `phases`. Not timed: the events end the overlap of
+    /// consecutive kernels.
+    #[arg(long)]
+    pub phases: bool,
     /// Write the rows (a JSON list of objects) to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -61,7 +68,7 @@ impl MdBenchArgs {
     }
 
     fn config(&self) -> MdBenchConfig {
-        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false }
+        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false, phases: self.phases }
     }
 }
 

@@ -51,6 +51,10 @@ pub struct MdScalingArgs {
     /// the split, and the document says so). Without it such a run is refused.
     #[arg(long)]
     pub allow_time_sliced: bool,
+    /// Also time every row's phases on the GPU after its timed steps (`halo md-bench --phases`):
+    /// where the step's time goes with 1 rank, 2 ranks in one process and 2 PEs, side by side.
+    #[arg(long)]
+    pub phases: bool,
 }
 
 /// The whole table: every row `halo md-bench` measured, the ratios and what the reader must know.
@@ -173,6 +177,9 @@ impl MdScalingArgs {
         }
         if let Some(lib) = &self.nvshmem_lib {
             w.extend(["--nvshmem-lib".into(), lib.as_os_str().to_owned()]);
+        }
+        if self.phases {
+            w.push("--phases".into());
         }
         w
     }
@@ -429,6 +436,11 @@ mod tests {
         let one = MdScalingArgs::md_bench_args(a.md_bench_words(RankGrid { dims: [1, 1, 1] }, Some(1), None)).unwrap();
         assert_eq!((one.ranks.map(|g| g.dims), one.gpus, one.json), (Some([1, 1, 1]), Some(1), None));
         assert!(!one.graph && one.step.nstlist == crate::cli::StepArgs::default().nstlist);
+        assert!(!one.phases);
+        // `--phases` reaches every md-bench child.
+        let p = args(&["--phases"]);
+        assert!(words(p.launch_words(1, Path::new("o.json"))).ends_with("--json o.json --phases"));
+        assert!(MdScalingArgs::md_bench_args(p.md_bench_words(RankGrid { dims: [2, 1, 1] }, Some(1), None)).unwrap().phases);
     }
 
     #[test]
