@@ -5,7 +5,8 @@
 //! the new order. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
 //! process on one GPU, through several searches in a row (each from the last one's plan, the
 //! atoms moved in between, some across the box and whole boxes away), one `GpuHome` per rank
-//! reused throughout; a non-finite position is named as the host names it.
+//! reused throughout, each on a stream of its own; a non-finite position is named as the host names
+//! it.
 
 use halo::HaloError;
 use halo::abi::Float3;
@@ -45,7 +46,6 @@ impl RankArrays {
 #[test]
 fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
     let Some(g) = gpu("the_gpu_redecomposition_gives_the_hosts_plan_search_after_search") else { return };
-    let stream = g.ctx.new_stream().unwrap();
     let sys = MolecularSystem::generate(45_000, 21).unwrap();
     let cases: [([usize; 3], f32); 8] = [
         ([2, 1, 1], 1.2),
@@ -65,6 +65,9 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
         two_pulses |= geo.pulses.contains(&2);
         let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
         let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
+        // One stream per rank, as an MD run gives each rank its own: every rank's passes are
+        // enqueued before any is waited for, so they run side by side.
+        let streams: Vec<_> = ranks.iter().map(|_| g.ctx.new_stream().unwrap()).collect();
         let mut scratch = RedecomposeScratch::default();
         let mut positions = sys.positions.clone();
         let mut plan = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
@@ -75,8 +78,13 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
             let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
             let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
             let got = {
-                let mut devices: Vec<_> =
-                    homes_gpu.iter_mut().zip(&arrays).zip(&homes).map(|((d, a), h)| d.with(&g.module, &stream, &a.x, &a.v, &h.ids)).collect();
+                let mut devices: Vec<_> = homes_gpu
+                    .iter_mut()
+                    .zip(&arrays)
+                    .zip(&homes)
+                    .zip(&streams)
+                    .map(|(((d, a), h), stream)| d.with(&g.module, stream, &a.x, &a.v, &h.ids))
+                    .collect();
                 let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
                 redecompose_on_devices(grid, sys.box_size, cutoff, positions.len(), &ranks, &mut dyns, &mut identity, &workers, &mut scratch).unwrap()
             };

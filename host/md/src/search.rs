@@ -118,8 +118,11 @@ pub struct SearchTimes {
     /// Of `plan`, when planned from the ranks' own atoms: the time inside the all-gathers between
     /// processes (their waits for the slowest process included).
     pub plan_gathers: Duration,
-    /// Of `plan`, when the per-atom passes ran on the GPUs: the time in them (enqueues, the
-    /// waits for the GPUs and the read-backs; every local rank's).
+    /// Of `plan`, when the per-atom passes ran on the GPUs: the host's time in them (enqueues,
+    /// the waits for the GPUs and the read-backs), summed over the local ranks' calls. Every
+    /// rank's passes of a phase are enqueued before any is waited for, so with several local
+    /// ranks the first wait also covers the others' passes, which run meanwhile: this is about the
+    /// wall time of the overlapping passes, not the sum of each rank's alone.
     pub plan_device: Duration,
 }
 

@@ -21,6 +21,7 @@ use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, 
 use cudarc::driver::{CudaContext, PinnedHostSlice};
 use kernels_gpu::abi::{Float3, MigrateLeaver};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The geometry a [`GpuHome`]'s passes were made for.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -186,6 +187,23 @@ fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: u
     Ok(())
 }
 
+/// How long a [`GpuRank`] dropped with work still enqueued waits for its stream while that work
+/// makes no progress at all (a stuck GPU): then it gives up and the caller's later frees wait.
+const DROP_WAIT: Duration = Duration::from_secs(5);
+
+impl Drop for GpuRank<'_> {
+    /// A search that failed between a begin and its finish (another device's error, a collective's)
+    /// leaves this rank's passes and read-backs enqueued: they read the caller's `x` and `v` and
+    /// write this home's arrays and read-back room. Wait for them here, bounded, so that neither a
+    /// caller that frees its buffers next nor a next search on another stream races them.
+    fn drop(&mut self) {
+        if self.begun || self.merging.is_some() {
+            let stream = self.stream;
+            let _ = crate::gpu::wait::poll_until_done(|| crate::gpu::wait::stream_idle(stream), || None, DROP_WAIT, None);
+        }
+    }
+}
+
 impl HomeDevice for GpuRank<'_> {
     fn rank(&self) -> usize {
         self.home.rank
@@ -213,13 +231,14 @@ impl HomeDevice for GpuRank<'_> {
         if !self.begun {
             self.begin_migrate(geo)?;
         }
-        self.begun = false;
         let n = self.ids.len();
         let h = &mut *self.home;
         let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
         let migrated = p.migrate.finish(self.stream, &a, n)?;
         h.stayers = migrated.stayers;
+        // Waited for by the finish: nothing is left for the drop to wait for.
+        self.begun = false;
         Ok((n, migrated.leavers))
     }
 
