@@ -348,8 +348,9 @@ fn profiled_phases_of_one_and_two_ranks() {
         let phases = run.profile_phases(60).unwrap_or_else(|e| panic!("{test}: {e}"));
         assert_eq!(run.outcome().graph_steps, graphs, "{test}: no profiled step is replayed as a graph");
         assert_eq!(phases.len(), grid.iter().product::<usize>(), "{test}: one summary per rank");
-        for p in &phases {
-            assert_eq!(p.steps, 57, "{test}: the search steps are left out: {p:?}");
+        for s in &phases {
+            assert_eq!(s.steps, 57, "{test}: the search steps are left out: {s:?}");
+            let p = &s.medians;
             let parts = [p.local_prune, p.local_forces, p.coord_halo, p.nonlocal_prune, p.nonlocal_forces, p.force_halo, p.join, p.integrate];
             assert!(parts.iter().all(|v| v.is_finite() && *v >= -1.0), "{test}: {p:?}");
             assert!(p.local_forces > 0.5 && p.integrate > 0.0 && p.step > 0.0, "{test}: {p:?}");
@@ -358,7 +359,7 @@ fn profiled_phases_of_one_and_two_ranks() {
             if grid[0] > 1 {
                 assert!(p.coord_halo > 0.0 && p.force_halo > 0.0 && p.nonlocal_forces > 0.0, "{test}: a rank with a halo: {p:?}");
             }
-            for line in p.lines() {
+            for line in s.lines() {
                 eprintln!("{test}: {line}");
             }
         }

@@ -67,7 +67,7 @@ impl Mark {
 }
 
 /// One step's phases on one rank, in µs, from its marks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepPhases {
     /// From the previous step's end to this step's begin on the local stream: the GPU waiting for
     /// the host's launches. `None` for the first step of a chunk (its previous end was not kept).
@@ -122,25 +122,16 @@ impl StepPhases {
     }
 }
 
-/// The medians of a rank's profiled steps, in µs (see [`StepPhases`] for each).
+/// The medians of a rank's profiled steps.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PhaseSummary {
     /// Global rank.
     pub rank: usize,
     /// Steps summarised.
     pub steps: usize,
-    /// Median of the steps that have it ([`StepPhases::idle_before`]); `None` when none has.
-    pub idle_before: Option<f64>,
-    pub local_prune: f64,
-    pub local_forces: f64,
-    pub halo_start: f64,
-    pub coord_halo: f64,
-    pub nonlocal_prune: f64,
-    pub nonlocal_forces: f64,
-    pub force_halo: f64,
-    pub join: f64,
-    pub integrate: f64,
-    pub step: f64,
+    /// Each phase's median over the steps (µs; `idle_before` over the steps that have it,
+    /// `halo_critical` whether the halo chain was the longer in most steps).
+    pub medians: StepPhases,
     /// Share of the steps whose halo chain ended after the local one.
     pub halo_critical_share: f64,
 }
@@ -153,9 +144,8 @@ impl PhaseSummary {
         }
         let med = |f: fn(&StepPhases) -> f64| median(&steps.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN);
         let idle: Vec<f64> = steps.iter().filter_map(|s| s.idle_before).collect();
-        Some(Self {
-            rank,
-            steps: steps.len(),
+        let share = steps.iter().filter(|s| s.halo_critical).count() as f64 / steps.len() as f64;
+        let medians = StepPhases {
             idle_before: median(&idle),
             local_prune: med(|s| s.local_prune),
             local_forces: med(|s| s.local_forces),
@@ -167,26 +157,27 @@ impl PhaseSummary {
             join: med(|s| s.join),
             integrate: med(|s| s.integrate),
             step: med(|s| s.step),
-            halo_critical_share: steps.iter().filter(|s| s.halo_critical).count() as f64 / steps.len() as f64,
-        })
+            halo_critical: share > 0.5,
+        };
+        Some(Self { rank, steps: steps.len(), medians, halo_critical_share: share })
     }
 
     /// Three lines for a reader: each stream's chain, then the step.
     pub fn lines(&self) -> [String; 3] {
-        let idle = self.idle_before.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
+        let (r, m) = (self.rank, &self.medians);
+        let idle = m.idle_before.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         [
             format!(
-                "rank {}: local stream: prune {:.1}, home-home forces {:.1}; after both chains: join {:.1}, integrate {:.1}",
-                self.rank, self.local_prune, self.local_forces, self.join, self.integrate
+                "rank {r}: local stream: prune {:.1}, home-home forces {:.1}; after both chains: join {:.1}, integrate {:.1}",
+                m.local_prune, m.local_forces, m.join, m.integrate
             ),
             format!(
-                "rank {}: halo stream: starts at {:+.1}, coordinate halo {:.1}, memset/wait/prune {:.1}, forces with halo atoms {:.1}, force halo {:.1}",
-                self.rank, self.halo_start, self.coord_halo, self.nonlocal_prune, self.nonlocal_forces, self.force_halo
+                "rank {r}: halo stream: starts at {:+.1}, coordinate halo {:.1}, memset/wait/prune {:.1}, forces with halo atoms {:.1}, force halo {:.1}",
+                m.halo_start, m.coord_halo, m.nonlocal_prune, m.nonlocal_forces, m.force_halo
             ),
             format!(
-                "rank {}: step on the GPU {:.1}, GPU idle before it {idle} (waiting for launches); the halo chain is the longer in {:.0} % of {} steps",
-                self.rank,
-                self.step,
+                "rank {r}: step on the GPU {:.1}, GPU idle before it {idle} (waiting for launches); the halo chain is the longer in {:.0} % of {} steps",
+                m.step,
                 100.0 * self.halo_critical_share,
                 self.steps
             ),
@@ -301,10 +292,11 @@ mod tests {
         let steps = [step(30.0, 20.0, None), step(31.0, 35.0, Some(2.0)), step(29.0, 36.0, Some(4.0)), step(50.0, 21.0, Some(3.0))];
         let s = PhaseSummary::of(3, &steps).expect("steps");
         assert_eq!((s.rank, s.steps), (3, 4));
-        assert_eq!(s.local_forces, 30.5, "median of 29, 30, 31, 50");
-        assert_eq!(s.idle_before, Some(3.0), "median of the steps that have it");
+        assert_eq!(s.medians.local_forces, 30.5, "median of 29, 30, 31, 50");
+        assert_eq!(s.medians.idle_before, Some(3.0), "median of the steps that have it");
         assert_eq!(s.halo_critical_share, 0.5);
-        assert_eq!(s.step, 42.0);
+        assert!(!s.medians.halo_critical, "not in most steps");
+        assert_eq!(s.medians.step, 42.0);
         let lines = s.lines();
         assert!(lines[0].starts_with("rank 3: local stream: prune 0.0, home-home forces 30.5"), "{}", lines[0]);
         assert!(lines[2].contains("the halo chain is the longer in 50 % of 4 steps"), "{}", lines[2]);

@@ -691,7 +691,7 @@ pub(crate) mod tests {
         assert!(t.contains("coordinate halo 6.0, memset/wait/prune 0.3, forces with halo atoms 10.0, force halo 6.0"), "{t}");
         assert!(t.contains("step on the GPU 29.0, GPU idle before it 2.5"), "{t}");
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["phases"][0]["coord_halo"], 6.0);
+        assert_eq!(v["phases"][0]["medians"]["coord_halo"], 6.0);
         let back: MdBenchRow = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
         // A row that failed its checks prints no phases.
