@@ -20,8 +20,9 @@ use std::sync::Arc;
 pub enum Mark {
     /// Local stream: the step's first operation (before any memset).
     Begin,
-    /// Local stream: after the home–home list's prune (right after [`Self::Begin`] on steps
-    /// without a prune).
+    /// Local stream: after the home forces' memset (the first step after a search, energy steps)
+    /// and the home–home list's prune (prune steps); right after [`Self::Begin`] when the step
+    /// has neither.
     LocalPrune,
     /// Local stream: after the home–home forces.
     LocalForces,
@@ -72,9 +73,10 @@ pub struct StepPhases {
     /// From the previous step's end to this step's begin on the local stream: the GPU waiting for
     /// the host's launches. `None` for the first step of a chunk (its previous end was not kept).
     pub idle_before: Option<f64>,
-    /// Local stream: the prune of the home–home list.
+    /// Local stream: the memsets of the home forces and energy record, and the prune of the
+    /// home–home list (whichever the step has).
     pub local_prune: f64,
-    /// Local stream: the home–home forces (with the memsets before them).
+    /// Local stream: the home–home forces.
     pub local_forces: f64,
     /// Halo stream: from the step's begin to its own begin (its wait for the previous step's
     /// integration; negative when the halo stream got there first).
@@ -168,7 +170,7 @@ impl PhaseSummary {
         let idle = m.idle_before.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         [
             format!(
-                "rank {r}: local stream: prune {:.1}, home-home forces {:.1}; after both chains: join {:.1}, integrate {:.1}",
+                "rank {r}: local stream: memset/prune {:.1}, home-home forces {:.1}; after both chains: join {:.1}, integrate {:.1}",
                 m.local_prune, m.local_forces, m.join, m.integrate
             ),
             format!(
@@ -225,9 +227,11 @@ impl PhaseProbe {
         if self.kept.len() == CHUNK { self.flush() } else { Ok(()) }
     }
 
-    /// Reads back the steps recorded so far (a host wait for the last of them).
+    /// Reads back the steps recorded so far (a host wait for the last of them). After an error the
+    /// chunk is gone (its steps are not summarised) and the probe can go on.
     pub fn flush(&mut self) -> Result<()> {
-        for k in 0..self.kept.len() {
+        let kept = std::mem::take(&mut self.kept);
+        for (k, &keep) in kept.iter().enumerate() {
             let marks = &self.events[k];
             let mut at = [0.0; MARKS];
             for (i, e) in marks.iter().enumerate().skip(1) {
@@ -238,12 +242,17 @@ impl PhaseProbe {
             } else {
                 None
             };
-            if self.kept[k] {
+            if keep {
                 self.steps.push(StepPhases::from_marks(&at, idle));
             }
         }
-        self.kept.clear();
         Ok(())
+    }
+
+    /// Forgets every step recorded or summarised so far (the steps a rollback runs again).
+    pub fn restart(&mut self) {
+        self.kept.clear();
+        self.steps.clear();
     }
 
     /// The steps summarised so far (after [`Self::flush`]).
@@ -298,7 +307,7 @@ mod tests {
         assert!(!s.medians.halo_critical, "not in most steps");
         assert_eq!(s.medians.step, 42.0);
         let lines = s.lines();
-        assert!(lines[0].starts_with("rank 3: local stream: prune 0.0, home-home forces 30.5"), "{}", lines[0]);
+        assert!(lines[0].starts_with("rank 3: local stream: memset/prune 0.0, home-home forces 30.5"), "{}", lines[0]);
         assert!(lines[2].contains("the halo chain is the longer in 50 % of 4 steps"), "{}", lines[2]);
         assert!(PhaseSummary::of(0, &[]).is_none());
     }

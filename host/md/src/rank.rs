@@ -525,6 +525,19 @@ impl MdRank {
         Ok(was)
     }
 
+    /// Ends profiling without reading the events back (after a failed step: the error that
+    /// ended it is the one to report).
+    pub fn discard_profile(&mut self) {
+        self.probe = None;
+    }
+
+    /// Forgets what was profiled so far and goes on profiling (the steps a rollback runs again).
+    pub fn restart_profile(&mut self) {
+        if let Some(p) = self.probe.as_mut() {
+            p.restart();
+        }
+    }
+
     /// Ends the profiled step (after [`Self::integrate`]); `keep`: count it.
     pub fn end_profiled_step(&mut self, keep: bool) -> Result<()> {
         self.probe.as_mut().map_or(Ok(()), |p| p.end_step(keep))

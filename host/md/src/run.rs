@@ -868,16 +868,19 @@ impl MdRun {
         let graph = std::mem::replace(&mut self.cfg.graph, false);
         let ran = self.run_steps(n, &mut |_, _| {});
         self.cfg.graph = graph;
+        if let Err(e) = ran {
+            // The steps' error, not a later one of reading their events.
+            self.ranks.iter_mut().for_each(MdRank::discard_profile);
+            return Err(e);
+        }
         let mut out = Vec::new();
         for (i, m) in self.ranks.iter_mut().enumerate() {
-            // Ends the profile whether or not the steps ran (the events are read back here).
             let probe = m.profile(false)?;
             let rank = self.exchange.as_ref().and_then(|ex| ex.local_ranks().get(i).map(|r| r.rank())).unwrap_or(i);
             if let Some(s) = probe.and_then(|p| PhaseSummary::of(rank, p.steps())) {
                 out.push(s);
             }
         }
-        ran?;
         Ok(out)
     }
 
@@ -956,6 +959,8 @@ impl MdRun {
         let at = self.rollback.restore(self.step, &mut self.system, &mut self.out, &mut self.partial)?;
         eprintln!("route: a safe point before step {} found a failure; running again from step {at} with the agreed paths", self.step);
         self.graphs.iter_mut().for_each(Vec::clear);
+        // Profiled steps since that search run again: they count once.
+        self.ranks.iter_mut().for_each(MdRank::restart_profile);
         if let Some(mut ex) = self.exchange.take() {
             ex.reset_protocol()?;
         }
@@ -1076,10 +1081,13 @@ impl MdRun {
             self.exchange.as_ref().map_or(Ok(()), |ex| ex.barrier())?;
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-        // A profiled step counts unless a search or a check's host work lies inside it.
-        let keep = since != 0 && !self.cfg.checks_step(s);
         for (i, m) in self.ranks.iter_mut().enumerate() {
             m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
+        }
+        // A profiled step counts unless a search or a check's host work lies inside it. After
+        // every rank's integration: a chunk's read-back (a host wait) lies inside no rank's step.
+        let keep = since != 0 && !self.cfg.checks_step(s);
+        for m in &mut self.ranks {
             m.end_profiled_step(keep)?;
         }
         self.step += 1;

@@ -388,6 +388,20 @@ fn record(target: &Target<'_>, timed: Timed, row: &mut MdBenchRow, tag: &str) ->
             shares[k] = shares[k].max(*s);
         }
     }
+    // Every rank's phases, not only this process's: PE 0 writes the row.
+    if let Some(mine) = row.phases.take() {
+        let blob = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("the phases as JSON: {e}")))?;
+        let all = target.placement.all_gather(&format!("{tag}-phases"), vec![blob])?;
+        let mut phases = Vec::new();
+        for b in &all {
+            let theirs: Vec<halo_md::phases::PhaseSummary> =
+                serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a PE's phases: {e}")))?;
+            phases.extend(theirs);
+        }
+        phases.sort_by_key(|p| p.rank);
+        phases.dedup_by_key(|p| p.rank);
+        row.phases = Some(phases);
+    }
     let s = Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
     row.step_us_median = Some(s.median);
     row.step_us_min = Some(s.min);
@@ -687,7 +701,7 @@ pub(crate) mod tests {
         r.phases = Some(vec![halo_md::phases::PhaseSummary::of(1, &steps).expect("steps")]);
         let t = table(std::slice::from_ref(&r));
         assert!(t.contains("where one step's time goes on the GPU"), "{t}");
-        assert!(t.contains("rank 1: local stream: prune 1.0, home-home forces 24.0; after both chains: join 1.0, integrate 3.0"), "{t}");
+        assert!(t.contains("rank 1: local stream: memset/prune 1.0, home-home forces 24.0; after both chains: join 1.0, integrate 3.0"), "{t}");
         assert!(t.contains("coordinate halo 6.0, memset/wait/prune 0.3, forces with halo atoms 10.0, force halo 6.0"), "{t}");
         assert!(t.contains("step on the GPU 29.0, GPU idle before it 2.5"), "{t}");
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
