@@ -187,8 +187,8 @@ fn fit<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, buf: &mut DeviceBuffer<T>, n: u
     Ok(())
 }
 
-/// How long a [`GpuRank`] dropped with work still enqueued waits for its stream while that work
-/// makes no progress at all (a stuck GPU): then it gives up and the caller's later frees wait.
+/// The longest a [`GpuRank`] dropped with work still enqueued waits for its stream (its passes
+/// take far less; a GPU stuck longer is left to the caller's later frees, which wait anyway).
 const DROP_WAIT: Duration = Duration::from_secs(5);
 
 impl Drop for GpuRank<'_> {
@@ -197,7 +197,7 @@ impl Drop for GpuRank<'_> {
     /// write this home's arrays and read-back room. Wait for them here, bounded, so that neither a
     /// caller that frees its buffers next nor a next search on another stream races them.
     fn drop(&mut self) {
-        if self.begun || self.merging.is_some() {
+        if (self.begun || self.merging.is_some()) && !crate::gpu::stuck::context_stuck(self.stream.context()) {
             let stream = self.stream;
             let _ = crate::gpu::wait::poll_until_done(|| crate::gpu::wait::stream_idle(stream), || None, DROP_WAIT, None);
         }
@@ -219,11 +219,12 @@ impl HomeDevice for GpuRank<'_> {
         fit(ctx, &mut h.stay_ids, n)?;
         fit(ctx, &mut h.stay_x, n)?;
         fit(ctx, &mut h.stay_v, n)?;
+        // From the first enqueue on, a failure leaves work on the stream for the drop to wait for.
+        self.begun = true;
         h.ids_staging.upload(self.ids, &h.ids, self.stream)?;
         let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
         p.migrate.enqueue(self.module, self.stream, &a, n)?;
-        self.begun = true;
         Ok(())
     }
 
