@@ -238,6 +238,12 @@ pub const VARS: &[EnvVar] = &[
         "The non-bonded (nbnxm) force kernel design: `ind` (indirect), `pf` (prefetch) or `pfw` (prefetch, i-forces added warp by warp).",
     ),
     var("HALO_NBNXM_WARPS", Scope::Md, "`auto`", "Warps per nbnxm list entry: `auto` (sized to the list and the GPU) or 1 to 16."),
+    var(
+        "HALO_NBNXM_ENTRY_WORDS",
+        Scope::Md,
+        "`32`",
+        "The most j-cluster words per nbnxm list entry of the GPU searches (1 to 64; longer runs are split evenly): shorter entries give short lists, such as those of the halo atoms, more entries to spread over the GPU.",
+    ),
     // Cli.
     var(
         "HALO_LOG",

@@ -24,8 +24,8 @@ use super::gpu_grid::{DeviceGrid, GridInfo, PendingGrid};
 use super::gpu_search::{BegunLists, GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::order::entry_order;
-use super::pairlist::{ClusterPairList, PairSearch, SearchOptions};
-use super::{ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
+use super::pairlist::{ClusterPairList, PairSearch};
+use super::{EntryWords, ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -192,6 +192,9 @@ pub struct NbnxmGpu {
     atoms: usize,
     kernel: NbnxmKernel,
     warps: WarpsPerEntry,
+    /// The GPU searches' entry length: at construction [`EntryWords::ENV`]'s, else
+    /// [`EntryWords::DEFAULT`] (32 words, the host search's).
+    entry_words: EntryWords,
     /// Multiprocessors of the GPU (for [`WarpsPerEntry::Auto`]).
     sms: u32,
     /// A search [`Self::begin_local`] enqueued and [`Self::finish_local`] has not yet waited for.
@@ -252,6 +255,7 @@ impl NbnxmGpu {
             atoms: 0,
             kernel: NbnxmKernel::from_env()?.unwrap_or(NbnxmKernel::DEFAULT),
             warps: WarpsPerEntry::from_env()?.unwrap_or(WarpsPerEntry::Auto),
+            entry_words: EntryWords::from_env()?.unwrap_or(EntryWords::DEFAULT),
             sms: sms.max(1) as u32,
             begun: None,
             written: ctx.new_event(None).during("creating an event")?,
@@ -286,13 +290,26 @@ impl NbnxmGpu {
         Ok(())
     }
 
+    /// The most j-cluster words per list entry of the GPU searches from now on: at construction
+    /// [`EntryWords::ENV`]'s, else [`EntryWords::DEFAULT`], the host search's 32 (with another
+    /// length the GPU's lists hold the same pairs in other entries than the host's).
+    pub fn entry_words(&self) -> EntryWords {
+        self.entry_words
+    }
+
+    /// Sets the entry length of the GPU searches from the next one on.
+    pub fn set_entry_words(&mut self, words: EntryWords) {
+        self.entry_words = words;
+    }
+
     /// Warps per entry of the next launches of list `kind`.
     pub fn warps_per_entry(&self, kind: ListKind) -> u32 {
         self.warps.for_list(self.lists[kind as usize].n_entries, self.sms)
     }
 
     /// A rank's lists searched on the GPU from `grid` (sorted on the host): the same lists as
-    /// [`PairSearch::build`] with `setup.rlist` and 32 words per entry finds on the host.
+    /// [`PairSearch::build`] with `setup.rlist` finds on the host (the same entries with the
+    /// default [`Self::entry_words`]).
     pub fn new_on_gpu(
         module: Arc<KernelModule>,
         grid: &ClusterGrid,
@@ -324,7 +341,7 @@ impl NbnxmGpu {
         self.lists[1].update(&self.module, &search.nonlocal)
     }
 
-    /// Replaces the grid with `grid` and searches both lists on the GPU (at `setup.rlist`, 32 words
+    /// Replaces the grid with `grid` and searches both lists on the GPU (at `setup.rlist`, [`Self::entry_words`] words
     /// per entry), on `stream`, which is synchronised before returning. No launch of this object
     /// may still be running.
     pub fn update_on_gpu(&mut self, grid: &ClusterGrid, box_size: [f32; 3], stream: &CudaStream) -> Result<()> {
@@ -344,7 +361,7 @@ impl NbnxmGpu {
     /// returning; no launch of this object may still be running): wraps the first `atoms`
     /// coordinates of `x` into the box in place (as `decomp::wrap_position` does), builds their
     /// cluster grid with atom types `types` (one per atom, each below the LJ table's type count)
-    /// on the GPU, and searches both lists there at `setup.rlist` (32 words per entry): the grid
+    /// on the GPU, and searches both lists there at `setup.rlist` (at most [`Self::entry_words`] words per entry): the grid
     /// and lists [`PairSearch::build`] finds on `LocalAtoms::single_rank` of the wrapped atoms.
     /// The force and prune kernels then read the new grid's slots. A non-finite coordinate is an
     /// error naming the first such atom (the lists are then empty).
@@ -384,8 +401,8 @@ impl NbnxmGpu {
     /// The search step of any rank on the GPU, on `stream` (synchronised before returning; no
     /// launch of this object may still be running): builds the cluster grid of `atoms` (home atoms
     /// and halo zones, as they are) there ([`DeviceGrid::build_local`]), then searches both lists
-    /// there at `setup.rlist` (32 words per entry): the grid and lists [`PairSearch::build`] finds
-    /// on `atoms`. Only the atoms' coordinates, types and zones cross to the GPU. The force and
+    /// there at `setup.rlist` (at most [`Self::entry_words`] words per entry): the grid and lists
+    /// [`PairSearch::build`] finds on `atoms`. Only the atoms' coordinates, types and zones cross to the GPU. The force and
     /// prune kernels then read the new grid's slots, which index `atoms`' order (the exchange's
     /// coordinate array). Invalid atoms, or types beyond the LJ table, are an error (the lists are
     /// then empty).
@@ -608,7 +625,7 @@ impl NbnxmGpu {
         self.grid.to_host(self.ntypes as usize)
     }
 
-    /// Searches both lists on the GPU (at `setup.rlist`, 32 words per entry) on the grid the
+    /// Searches both lists on the GPU (at `setup.rlist`, at most [`Self::entry_words`] words per entry) on the grid the
     /// device buffers hold, on `stream`, which is synchronised before returning.
     fn search_lists(&mut self, stream: &CudaStream) -> Result<()> {
         let begun = self.begin_lists(stream, None)?;
@@ -618,15 +635,15 @@ impl NbnxmGpu {
 
     /// The lists' first half on the grid the device buffers hold, or on `pending`'s, enqueued on
     /// `stream` after its passes (`GpuSearch::begin`: the count pass, the layout's scan and the
-    /// read-back); at `setup.rlist`, 32 words per entry (the entry length alone: options would
-    /// count the cores, which this search does not use).
+    /// read-back); at `setup.rlist`, entries of at most [`Self::entry_words`] words (the entry
+    /// length alone: options would count the cores, which this search does not use).
     fn begin_lists(&mut self, stream: &CudaStream, pending: Option<&PendingGrid>) -> Result<BegunLists> {
         let grid = self.grid.search_grid(pending).ok_or_else(|| HaloError::InvalidInput("the GPU search needs a grid on the device".into()))?;
         let search = match self.search {
             Some(ref mut s) => s,
             None => self.search.insert(GpuSearch::new(&self.module)?),
         };
-        search.begin(&self.module, grid, self.setup.rlist, SearchOptions::MAX_J_PER_ENTRY, stream)
+        search.begin(&self.module, grid, self.setup.rlist, self.entry_words.get(), stream)
     }
 
     /// The lists' second half after [`Self::begin_lists`] (`begun`) on the same grid and stream

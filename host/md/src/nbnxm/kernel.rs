@@ -144,6 +144,51 @@ impl WarpsPerEntry {
     }
 }
 
+/// The most j-cluster words a list entry of a GPU search holds (`max_j`: a longer run of words of
+/// one i-super-cluster is split evenly into entries of at most this many). More, shorter entries
+/// give a short list more warps to spread over the GPU; fewer, longer ones less staging and
+/// reduction per word. `docs/nbnxm.md` ("What a profile shows") has the local list's measurements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryWords(u32);
+
+impl EntryWords {
+    /// Environment variable setting it for a run's GPU searches (1 to
+    /// [`abi::NBNXM_ORDER_MAX_J`]); the host searches keep [`super::SearchOptions::MAX_J_PER_ENTRY`].
+    pub const ENV: &'static str = "HALO_NBNXM_ENTRY_WORDS";
+    /// The default, [`super::SearchOptions::MAX_J_PER_ENTRY`]: the host search's.
+    pub const DEFAULT: Self = Self(super::SearchOptions::MAX_J_PER_ENTRY as u32);
+
+    /// `words` per entry, or an error naming the valid range (the GPU's launch order sorts entries
+    /// of at most [`abi::NBNXM_ORDER_MAX_J`] words).
+    pub fn new(words: u32) -> Result<Self> {
+        if (1..=abi::NBNXM_ORDER_MAX_J).contains(&words) {
+            Ok(Self(words))
+        } else {
+            Err(HaloError::InvalidInput(format!("{words} words per nbnxm list entry: use 1 to {}", abi::NBNXM_ORDER_MAX_J)))
+        }
+    }
+
+    /// A count, as [`Self::ENV`] takes it.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || HaloError::InvalidInput(format!("{}={text:?}: use a count of words from 1 to {}", Self::ENV, abi::NBNXM_ORDER_MAX_J));
+        let n: u32 = text.trim().parse().map_err(|_| bad())?;
+        Self::new(n).map_err(|_| bad())
+    }
+
+    /// [`Self::ENV`]'s count, `None` when it is unset or empty.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var(Self::ENV) {
+            Ok(v) if !v.trim().is_empty() => Self::parse(&v).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The count.
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
 impl std::fmt::Display for WarpsPerEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -172,6 +217,18 @@ mod tests {
         assert_eq!(NbnxmKernel::PerWarp.entries(), ["nbnxm_forces_pfw", "nbnxm_forces_energy_pfw", "nbnxm_prune_pf"]);
         let e = NbnxmKernel::parse("xq").unwrap_err().to_string();
         assert!(e.contains("HALO_NBNXM_KERNEL") && e.contains("ind, pf, pfw"), "{e}");
+    }
+
+    #[test]
+    fn entry_words_are_1_to_the_launch_orders_most_and_default_to_the_host_searchs() {
+        assert_eq!(EntryWords::DEFAULT.get(), crate::nbnxm::SearchOptions::MAX_J_PER_ENTRY);
+        assert_eq!(EntryWords::parse(" 8\n").unwrap().get(), 8);
+        assert_eq!(EntryWords::parse("1").unwrap().get(), 1);
+        assert_eq!(EntryWords::parse(&abi::NBNXM_ORDER_MAX_J.to_string()).unwrap().get(), abi::NBNXM_ORDER_MAX_J as usize);
+        for bad in ["0", "65", "-1", "eight", ""] {
+            let e = EntryWords::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("HALO_NBNXM_ENTRY_WORDS") && e.contains("from 1 to 64"), "{bad}: {e}");
+        }
     }
 
     #[test]

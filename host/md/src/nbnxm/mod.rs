@@ -41,7 +41,7 @@ pub use gpu::{EnergySlot, HomeCopies, ListKind, NbnxmGpu, ResidentSearch, lj_tab
 pub use gpu_grid::{DeviceGrid, GridInfo};
 pub use gpu_search::fit;
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
-pub use kernel::{NbnxmKernel, WarpsPerEntry};
+pub use kernel::{EntryWords, NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
 pub(crate) use local::first_at_or_above;
 pub use order::{DeviceOrder, entry_order, order_max_j};
