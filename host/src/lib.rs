@@ -31,7 +31,7 @@
 //! probe). Without `diagnostics` the exchanges still honour `HALO_FAULT` and `HALO_JITTER_US`.
 //!
 //! The layers point one way: the shared descriptions ([`desc`]: halos, transports, the errors of
-//! waits and routing) lie below everything; [`gpu`], [`kernels`] and [`error`] never name
+//! waits and routing) lie below everything; [`gpu`], [`kernels`], [`nvshmem`] and [`error`] never name
 //! [`exchange`] or [`route`], and [`route`] never names [`exchange`], which is built on all of
 //! them. A unit test in [`desc`] scans the sources to keep it so.
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
@@ -53,6 +53,7 @@ pub mod decomp;
 pub mod exchange;
 pub mod integrity;
 pub mod launch;
+pub(crate) mod node;
 pub mod nvshmem;
 pub mod route;
 pub mod session;

@@ -62,6 +62,29 @@ mod tests {
         assert!(v.starts_with("1.") && minor >= 88, "{v}");
     }
 
+    /// The members of the workspace manifest's `members = [...]` line.
+    fn members(manifest: &str) -> Vec<String> {
+        let line = manifest.lines().find(|l| l.trim_start().starts_with("members")).expect("a members line");
+        line.split('"').skip(1).step_by(2).map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn every_member_declares_the_workspace_rust_version() {
+        // A member without the key declares no MSRV at all: cargo would build it with any Rust,
+        // and a user of `halo` would see none on crates.io-style metadata.
+        let root = crate::workspace_root();
+        let text = std::fs::read_to_string(root.join("Cargo.toml")).expect("the workspace manifest");
+        let members = members(&text);
+        assert!(members.len() >= 8, "{members:?}");
+        for m in members {
+            let manifest = std::fs::read_to_string(root.join(&m).join("Cargo.toml")).unwrap_or_else(|e| panic!("{m}/Cargo.toml: {e}"));
+            assert!(
+                manifest.lines().any(|l| l.trim() == "rust-version.workspace = true"),
+                "{m}/Cargo.toml: add `rust-version.workspace = true` under [package]"
+            );
+        }
+    }
+
     #[test]
     fn only_the_workspace_package_table_counts() {
         let text = "[package]\nrust-version = \"1.60\"\n[workspace.package]\nedition = \"2024\"\nrust-version = \"1.88\"\n[x]\n";

@@ -52,18 +52,11 @@ pub struct Mailbox {
     unlinked: bool,
 }
 
-/// Where the inbox files (and the node gather's segments) go: `/dev/shm` (memory) when it is
-/// there, the temporary folder otherwise.
-pub(crate) fn folder() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() }
-}
-
 impl Mailbox {
     /// Creates this PE's inbox: `n_pes` rows of `slots` words, all zero.
     pub fn create(me: usize, n_pes: usize, slots: usize) -> Result<Self> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let path = folder().join(format!("halo-mailbox-{}-{nanos}-{me}", std::process::id()));
+        let path = crate::node::shared_folder().join(format!("halo-mailbox-{}-{nanos}-{me}", std::process::id()));
         let io = |what, source| HaloError::Io { what, path: path.clone(), source };
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(|e| io("creating the mailbox", e))?;
         let len = n_pes * slots;

@@ -108,11 +108,6 @@ mod blob {
     }
 }
 
-/// What identifies this machine's running kernel: two PEs with the same boot id share host memory.
-pub(crate) fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map_or_else(|_| crate::route::gpu_facts::hostname(), |s| s.trim().to_string())
-}
-
 /// This PE's published record.
 fn encode(ok: bool, boot: &str, path: &str, handles: &[[u8; 64]], events: usize) -> Vec<u8> {
     let mut b = vec![0u8; blob::size(events)];
@@ -198,7 +193,7 @@ impl PeLinks {
         };
         let all_mapped = (0..n).all(|pe| buf.peer_ptr(pe).is_some());
         let local = Self::create_own(me, n, pulses, &ctx, all_mapped);
-        let boot = boot_id();
+        let boot = crate::node::boot_id();
         let record = match &local {
             Ok((_, mailbox, handles)) => encode(true, &boot, &mailbox.path().to_string_lossy(), handles, events),
             Err(_) => encode(false, &boot, "", &[], events),

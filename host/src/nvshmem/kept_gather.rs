@@ -114,7 +114,7 @@ impl KeptGather {
 fn node_gather(nvshmem: &Arc<Nvshmem>, bytes: usize) -> Result<std::result::Result<NodeGather, String>> {
     let (me, n) = (nvshmem.my_pe(), nvshmem.n_pes());
     let made = NodeGather::create(me, bytes, nvshmem.timeout);
-    let boot = crate::exchange::pe_links::boot_id();
+    let boot = crate::node::boot_id();
     let record = match &made {
         Ok(g) => encode(&boot, Some(&g.paths())),
         Err(_) => encode(&boot, None),

@@ -35,7 +35,7 @@ static ABANDONED_WHY: Mutex<String> = Mutex::new(String::new());
 /// other PEs may be dead or stuck, so a collective `nvshmem_free` (which starts with a barrier)
 /// would wait for them forever; and symmetric memory a stuck kernel still uses must not be freed.
 /// The process is expected to end soon: its memory goes with it. The exchange calls this when it
-/// is dropped after a failure without a [`crate::exchange::Exchange::reset_protocol`].
+/// is dropped after a failure without a `reset_protocol` (the exchange's).
 pub fn abandon_collectives(why: &str) {
     if !ABANDONED.swap(true, Ordering::SeqCst) {
         tracing::warn!("NVSHMEM's collective teardown is skipped for the rest of this process: {why}");

@@ -5,7 +5,7 @@
 //!   as PE = its rank in the communicator. This works with any MPI implementation (NVSHMEM's own
 //!   MPI bootstrap plugin is built against Open MPI's `libmpi.so.40`).
 //! - [`all_gather_halos`]: every rank's [`RankHalo`] (serde JSON, `MPI_Allgatherv`), the list
-//!   [`crate::exchange::pe::PeExchange::new`] takes, without files or NVSHMEM.
+//!   the exchange's `PeExchange::new` takes, without files or NVSHMEM.
 //! - [`device_from_communicator`]: the rank's GPU from its rank on the node
 //!   (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`), so no launcher variable is needed.
 //!
@@ -13,8 +13,8 @@
 //! `universe.world()`); [`rsmpi`] re-exports the crate halo was built with.
 
 use super::{Bootstrap, Nvshmem, UniqueId};
+use crate::desc::RankHalo;
 use crate::error::{HaloError, Result};
-use crate::exchange::RankHalo;
 use crate::gpu::CudaContext;
 use ::mpi::datatype::PartitionMut;
 use ::mpi::traits::{Communicator, CommunicatorCollectives, Root};
@@ -124,7 +124,7 @@ pub fn all_gather_bytes<C: Communicator>(comm: &C, mine: &[u8]) -> Result<Vec<Ve
 }
 
 /// Every rank's halo, in rank order, from each rank's own (`mine`): what
-/// [`crate::exchange::pe::PeExchange::new`] takes (and the CPU reference needs). Serde JSON bytes all-gathered over `comm`
+/// the exchange's `PeExchange::new` takes (and the CPU reference needs). Serde JSON bytes all-gathered over `comm`
 /// ([`all_gather_bytes`]). Collective over `comm`.
 pub fn all_gather_halos<C: Communicator>(comm: &C, mine: &RankHalo) -> Result<Vec<RankHalo>> {
     let bytes = serde_json::to_vec(mine).map_err(|e| HaloError::InvalidInput(format!("encoding rank {}'s halo: {e}", comm.rank())))?;

@@ -18,7 +18,6 @@
 //! nothing is left behind, whatever happens to the processes.
 
 use crate::error::{HaloError, Result};
-use crate::exchange::mailbox::folder;
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -137,7 +136,7 @@ impl NodeGather {
     /// Returns them unconnected: publish [`Self::paths`], then [`Self::connect`].
     pub(crate) fn create(me: usize, bytes: usize, timeout: Duration) -> Result<Self> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let path = |p: usize| folder().join(format!("halo-gather-{}-{nanos}-{me}-{p}", std::process::id()));
+        let path = |p: usize| crate::node::shared_folder().join(format!("halo-gather-{}-{nanos}-{me}-{p}", std::process::id()));
         let first = Segment::create(path(0), bytes)?;
         let second = Segment::create(path(1), bytes).inspect_err(|_| {
             let _ = std::fs::remove_file(&first.path);

@@ -529,18 +529,7 @@ impl Nvml {
 }
 
 /// This machine's host name (`gethostname`), or `localhost` when it cannot be read.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is writable for the length passed; gethostname NUL-terminates within it when
-    // the name fits (it may not terminate on truncation, handled by the bounded search below).
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len() - 1);
-    let name = String::from_utf8_lossy(&buf[..end]).trim().to_owned();
-    if name.is_empty() { "localhost".into() } else { name }
-}
+pub use crate::node::hostname;
 
 /// Facts for a rank that has no GPU to probe (`halo route --gather` on CPU-only machines, the CI
 /// test of gathering under a real launcher): this host, a synthetic GPU per local rank
