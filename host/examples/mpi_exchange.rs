@@ -10,8 +10,9 @@
 //!    by the unique id broadcast over `MPI_COMM_WORLD`, the kernels registered.
 //! 3. Each rank knows only its own halo (a synthetic 2x1x1 decomposition); every rank's is
 //!    all-gathered over MPI (`all_gather_halos`) for the CPU reference.
-//! 4. The program owns its coordinates and forces: two allocations on NVSHMEM's symmetric heap,
-//!    the same sizes in the same order on every rank, handed to `PeExchange::with_buffers`.
+//! 4. The program owns its coordinates and forces (two allocations on NVSHMEM's symmetric heap,
+//!    the same sizes in the same order on every rank, handed to `PeExchange::with_buffers`) and
+//!    the stream the exchange runs on (`PeExchange::use_stream`).
 //! 5. Coordinates forward, forces back (accumulated), checked against the CPU reference
 //!    (`halo::exchange::reference`): coordinates bit for bit, forces to 1e-5 relative.
 //!
@@ -72,12 +73,15 @@ fn run(world: &rsmpi::topology::SimpleCommunicator) -> Result<(), Box<dyn std::e
     x.copy_from_host(&home[me])?;
     f.copy_from_host(&forces[me])?;
     let ctx = &session.ctx;
+    let stream = ctx.new_stream()?;
     let atoms = halos[me].total_atoms;
     // SAFETY: `x` and `f` outlive the exchange (dropped after it below) and nothing else writes them meanwhile.
     let buffers = unsafe { CallerBuffers::from_raw(ctx, x.device_ptr(), f.device_ptr(), atoms) };
     // A rank whose buffers were refused tells every rank through the exchange's first all-gather.
     let mut exchange =
         PeExchange::<Float3>::with_buffers_or_refusal(session.nvshmem.clone(), session.module.clone(), mine, PathPolicy::Routed, buffers)?;
+    // The program's own stream: the exchange's launches and its finish go there.
+    exchange.use_stream(stream.clone())?;
     exchange.exchange_forward(Transport::Fused)?;
     exchange.exchange_reverse_accumulate(Transport::Fused)?;
     exchange.finish()?;
