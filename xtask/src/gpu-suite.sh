@@ -127,6 +127,15 @@ bench_targets() {
     return $bad
 }
 
+# The C API's per-step cost over the Rust API's, from gpu_capi's log (the test fails only beyond
+# 1.25, so that a noisy machine does not fail it; this line holds the target, C/Rust <= 1.05).
+capi_ratio() {
+    local f="$GPU_TEST_LOGS/gpu_capi.log" r
+    r=$(grep -o 'C/Rust [0-9.]*' "$f" 2>/dev/null | tail -n 1 | cut -d' ' -f2)
+    [ -n "$r" ] || { echo "no C/Rust line in $f (did \`tests gpu_capi\` run in this suite?)"; return 1; }
+    awk -v r="$r" 'BEGIN { printf "C API step / Rust API step: %.3f (target <= 1.05): %s\n", r, (r <= 1.05 ? "met" : "MISSED"); exit !(r <= 1.05) }'
+}
+
 # The MD rows of md-bench JSON files: transport, atoms, step median, ns/day, search share, graph,
 # checked. A file whose command did not run here (its GPUs are missing) is said and left out; none
 # at all fails.
