@@ -45,6 +45,7 @@ const GPU_TESTS: &[&str] = &[
     "gpu_multiprocess",
     "gpu_attach",
     "gpu_capi",
+    "gpu_capi_attach",
 ];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli", "halo-capi"];

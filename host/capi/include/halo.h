@@ -87,8 +87,8 @@ typedef struct halo_exchange halo_exchange;
 
 /**
  * This process as one NVSHMEM PE (one rank of a multi-process run): its GPU, NVSHMEM and the
- * kernels. Made by `halo_pe_start`, freed by `halo_pe_destroy` after every exchange and
- * allocation of it.
+ * kernels. Made by `halo_pe_start` (halo starts NVSHMEM) or `halo_pe_attach` (the application
+ * did), freed by `halo_pe_destroy` after every exchange and allocation of it.
  */
 typedef struct halo_pe halo_pe;
 
@@ -204,6 +204,20 @@ halo_status halo_local_create(int32_t device, const halo_plan *const *plans, int
 halo_status halo_pe_start(halo_pe **out);
 
 /**
+ * Attaches to the NVSHMEM that this process started itself (as GROMACS and other codes do) on
+ * GPU `device`, the GPU that NVSHMEM runs on here: loads halo's kernels and registers them with
+ * that NVSHMEM, without a second init. The PE's rank and the number of PEs are NVSHMEM's
+ * (`halo_pe_info`). `halo_pe_destroy` then frees halo's allocations but never finalises NVSHMEM:
+ * the application does, after destroying every halo object. `nvshmem_lib` names the NVSHMEM host
+ * library the application loaded (a path), or null for NVSHMEM's soname. `HALO_INVALID_ARGUMENT`
+ * when NVSHMEM is not initialised in this process. Stores the PE in `*out`.
+ *
+ * # Safety
+ * `nvshmem_lib` null or a NUL-terminated string; `out` null or writable.
+ */
+halo_status halo_pe_attach(int32_t device, const char *nvshmem_lib, halo_pe **out);
+
+/**
  * This PE's rank, the number of PEs, and its GPU ordinal (each output may be null).
  *
  * # Safety
@@ -244,11 +258,12 @@ halo_status halo_pe_free(halo_pe *pe, float *ptr);
 halo_status halo_pe_create(const halo_pe *pe, const halo_plan *plan, float *x, float *f, size_t len, halo_exchange **out);
 
 /**
- * Ends this PE: frees its remaining allocations and finalises NVSHMEM. Destroy its exchanges
- * first. Collective. Null is allowed.
+ * Ends this PE: frees its remaining allocations and, for a PE of `halo_pe_start`, finalises
+ * NVSHMEM (a PE of `halo_pe_attach` leaves the application's NVSHMEM running). Destroy its
+ * exchanges first. Collective. Null is allowed.
  *
  * # Safety
- * `pe` null or a PE of `halo_pe_start` not destroyed before.
+ * `pe` null or a PE of `halo_pe_start` or `halo_pe_attach` not destroyed before.
  */
 halo_status halo_pe_destroy(halo_pe *pe);
 

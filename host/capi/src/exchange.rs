@@ -30,8 +30,8 @@ pub struct halo_exchange {
 }
 
 /// This process as one NVSHMEM PE (one rank of a multi-process run): its GPU, NVSHMEM and the
-/// kernels. Made by `halo_pe_start`, freed by `halo_pe_destroy` after every exchange and
-/// allocation of it.
+/// kernels. Made by `halo_pe_start` (halo starts NVSHMEM) or `halo_pe_attach` (the application
+/// did), freed by `halo_pe_destroy` after every exchange and allocation of it.
 #[allow(non_camel_case_types)]
 pub struct halo_pe {
     /// Symmetric allocations made by `halo_pe_alloc`, freed by `halo_pe_free` or with the PE
@@ -172,6 +172,37 @@ pub unsafe extern "C" fn halo_pe_start(out: *mut *mut halo_pe) -> halo_status {
     })
 }
 
+/// Attaches to the NVSHMEM that this process started itself (as GROMACS and other codes do) on
+/// GPU `device`, the GPU that NVSHMEM runs on here: loads halo's kernels and registers them with
+/// that NVSHMEM, without a second init. The PE's rank and the number of PEs are NVSHMEM's
+/// (`halo_pe_info`). `halo_pe_destroy` then frees halo's allocations but never finalises NVSHMEM:
+/// the application does, after destroying every halo object. `nvshmem_lib` names the NVSHMEM host
+/// library the application loaded (a path), or null for NVSHMEM's soname. `HALO_INVALID_ARGUMENT`
+/// when NVSHMEM is not initialised in this process. Stores the PE in `*out`.
+///
+/// # Safety
+/// `nvshmem_lib` null or a NUL-terminated string; `out` null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn halo_pe_attach(device: i32, nvshmem_lib: *const c_char, out: *mut *mut halo_pe) -> halo_status {
+    guard("halo_pe_attach", || {
+        if out.is_null() {
+            return Err(Failure::invalid("`out` is null: pass the address of a `halo_pe*`"));
+        }
+        let device = ordinal(device)?;
+        let lib = if nvshmem_lib.is_null() {
+            None
+        } else {
+            // SAFETY: non-null and NUL-terminated (the caller's contract).
+            let bytes = unsafe { CStr::from_ptr(nvshmem_lib) }.to_bytes();
+            Some(std::path::PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)))
+        };
+        let session = PeSession::attach(device, lib.as_deref())?;
+        // SAFETY: `out` is non-null and writable (the caller's contract).
+        unsafe { *out = Box::into_raw(Box::new(halo_pe { allocations: Vec::new(), session })) };
+        Ok(())
+    })
+}
+
 /// This PE's rank, the number of PEs, and its GPU ordinal (each output may be null).
 ///
 /// # Safety
@@ -284,11 +315,12 @@ pub unsafe extern "C" fn halo_pe_create(
     })
 }
 
-/// Ends this PE: frees its remaining allocations and finalises NVSHMEM. Destroy its exchanges
-/// first. Collective. Null is allowed.
+/// Ends this PE: frees its remaining allocations and, for a PE of `halo_pe_start`, finalises
+/// NVSHMEM (a PE of `halo_pe_attach` leaves the application's NVSHMEM running). Destroy its
+/// exchanges first. Collective. Null is allowed.
 ///
 /// # Safety
-/// `pe` null or a PE of `halo_pe_start` not destroyed before.
+/// `pe` null or a PE of `halo_pe_start` or `halo_pe_attach` not destroyed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn halo_pe_destroy(pe: *mut halo_pe) -> halo_status {
     // SAFETY: the caller's contract (made by Box::into_raw in its create call, not freed before).
