@@ -50,6 +50,9 @@ pub mod interface;
 pub mod local;
 pub(crate) mod mailbox;
 pub mod memory;
+// An exchange with no GPU rank, for the perturbations' tests and `halo selftest` (`diagnostics`).
+#[cfg(any(test, feature = "diagnostics"))]
+pub mod null;
 pub mod pe;
 pub(crate) mod pe_links;
 pub(crate) mod peer_map;

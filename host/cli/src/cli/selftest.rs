@@ -61,7 +61,7 @@ pub struct SelftestArgs {
     /// ranks all-gather `rank-<R>`; prints what each got.
     #[arg(long)]
     rendezvous: bool,
-    /// Drive this many steps of an exchange with no GPU (`halo::testing::NullExchange`), 10 ms
+    /// Drive this many steps of an exchange with no GPU (`halo::exchange::null::NullExchange`), 10 ms
     /// apart, through the process's jitter and fault (HALO_JITTER_US, HALO_FAULT).
     #[arg(long, value_name = "N")]
     null_exchange_steps: Option<u64>,
@@ -171,9 +171,9 @@ fn exercise_rendezvous(env: &RankEnv) -> Result<()> {
 /// `steps` forward and reverse exchanges of a [`NullExchange`] as rank `env.rank`, wrapped like
 /// a real exchange when the process asked for jitter or a fault.
 fn null_exchange(env: &RankEnv, steps: u64) -> Result<()> {
+    use halo::exchange::null::NullExchange;
     use halo::exchange::perturb::{self, Perturbed};
     use halo::exchange::{Exchange, Transport};
-    use halo::testing::NullExchange;
     let mut x: Box<dyn Exchange> = match perturb::process()? {
         Some(p) => Box::new(Perturbed::with_ranks(NullExchange::default(), p, vec![env.rank])?),
         None => Box::new(NullExchange::default()),
