@@ -290,7 +290,8 @@ fn md_bench_rows_are_checked_in_one_process_and_over_two_pes() {
         assert!(run.stdout.contains("check: 2 steps before and 1 after each row's timed steps"), "{test}, {how}\n{all}");
         let rows: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default()).unwrap_or_else(|e| panic!("{test}, {how}: {e}\n{all}"));
-        let rows = rows.as_array().cloned().unwrap_or_default();
+        assert_eq!(rows["schema_version"].as_u64(), Some(1), "{test}, {how}: {rows}");
+        let rows = rows["rows"].as_array().cloned().unwrap_or_default();
         assert_eq!(rows.len(), 2, "{test}, {how}: {rows:?}");
         for r in &rows {
             let c = &r["check"];

@@ -66,6 +66,29 @@ impl MdBenchConfig {
     }
 }
 
+/// The version of [`MdBenchDoc`]'s format (a bare list of rows, with no version, came before it).
+pub const MD_BENCH_SCHEMA_VERSION: u32 = 1;
+
+/// What `halo md-bench --json` writes: the format's version and the rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MdBenchDoc {
+    /// [`MD_BENCH_SCHEMA_VERSION`] when written.
+    pub schema_version: u32,
+    /// One per transport and size, in the order run.
+    pub rows: Vec<MdBenchRow>,
+}
+
+impl MdBenchDoc {
+    /// The rows of `text`, a document of this version (or the problem, naming the version found).
+    pub fn rows_of(text: &str) -> Result<Vec<MdBenchRow>, String> {
+        let doc: MdBenchDoc = serde_json::from_str(text).map_err(|e| format!("not an md-bench document: {e}"))?;
+        if doc.schema_version != MD_BENCH_SCHEMA_VERSION {
+            return Err(format!("md-bench document version {}, this halo reads version {MD_BENCH_SCHEMA_VERSION}", doc.schema_version));
+        }
+        Ok(doc.rows)
+    }
+}
+
 /// One transport at one size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MdBenchRow {
@@ -732,6 +755,23 @@ pub(crate) mod tests {
         }
         let old: MdBenchRow = serde_json::from_value(old).unwrap();
         assert!(!old.checked && old.check.is_none());
+    }
+
+    #[test]
+    fn the_json_document_carries_its_version_and_a_reader_refuses_others() {
+        let doc = MdBenchDoc { schema_version: MD_BENCH_SCHEMA_VERSION, rows: vec![row("fused", 45_000, 80.0), row("staged", 45_000, 90.0)] };
+        let text = serde_json::to_string_pretty(&doc).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["schema_version"], 1);
+        let back = MdBenchDoc::rows_of(&text).unwrap();
+        // serde_json's float parsing may differ in the last bit of a derived value (min, max).
+        let key = |r: &MdBenchRow| (r.transport.clone(), r.atoms, r.step_us_median, r.checked);
+        assert_eq!(back.iter().map(key).collect::<Vec<_>>(), doc.rows.iter().map(key).collect::<Vec<_>>());
+        let newer = text.replacen("\"schema_version\": 1", "\"schema_version\": 2", 1);
+        assert!(MdBenchDoc::rows_of(&newer).unwrap_err().contains("version 2"));
+        // The bare list of rows that came before the document is named as not one.
+        let old = serde_json::to_string(&doc.rows).unwrap();
+        assert!(MdBenchDoc::rows_of(&old).unwrap_err().contains("not an md-bench document"));
     }
 
     #[test]

@@ -316,7 +316,7 @@ fn child_rows(program: &Path, words: &[OsString], json: &Path) -> (Vec<MdBenchRo
     };
     let text = std::fs::read_to_string(json);
     let _ = std::fs::remove_file(json);
-    let rows = match text.map(|t| serde_json::from_str::<Vec<MdBenchRow>>(&t)) {
+    let rows = match text.map(|t| md::MdBenchDoc::rows_of(&t)) {
         Ok(Ok(rows)) => rows,
         Ok(Err(e)) => return (Vec::new(), Some(format!("the 2-PE rows it wrote do not read as md-bench rows: {e}"))),
         Err(_) => Vec::new(),
@@ -567,7 +567,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (src, json) = (dir.path().join("src.json"), dir.path().join("rows.json"));
         let pes = one_gpu_rows().pop().unwrap();
-        std::fs::write(&src, serde_json::to_string(&pes).unwrap()).unwrap();
+        let doc = md::MdBenchDoc { schema_version: md::MD_BENCH_SCHEMA_VERSION, rows: pes };
+        std::fs::write(&src, serde_json::to_string(&doc).unwrap()).unwrap();
         let sh = |script: &str| -> (Vec<MdBenchRow>, Option<String>) {
             let words: Vec<OsString> = vec!["-c".into(), script.into(), src.clone().into(), json.clone().into()];
             child_rows(Path::new("/bin/sh"), &words, &json)
