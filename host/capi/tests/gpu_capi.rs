@@ -17,18 +17,8 @@ use std::ptr::null_mut;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The message of the last failed call on this thread.
-fn last_error() -> String {
-    let mut buf = vec![0 as std::ffi::c_char; halo_capi::error::halo_last_error_length() + 1];
-    // SAFETY: `buf` has that many writable bytes.
-    unsafe { halo_capi::error::halo_last_error(buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: NUL-terminated by halo_last_error.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
-}
-
-fn ok(status: halo_status, call: &str) {
-    assert_eq!(status, halo_status::HALO_OK, "{call}: {}", last_error());
-}
+mod common;
+use common::{last_error, ok};
 
 /// Each rank's plan through the C API, from the library's description of it.
 fn plans_of(halos: &[RankHalo]) -> Vec<*mut halo_plan> {
