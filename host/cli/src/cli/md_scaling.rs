@@ -42,7 +42,7 @@ pub struct MdScalingArgs {
     #[arg(long)]
     pub gpus: Option<usize>,
     /// Where to write the rows, their ratios and the notes (JSON).
-    #[arg(long, default_value = "docs/results/md-scaling.json")]
+    #[arg(long, default_value = "docs/results/md-scaling/md-scaling.json")]
     pub out: PathBuf,
     /// NVSHMEM host library for the 2-PE rows (default: discovered).
     #[arg(long)]
@@ -410,7 +410,7 @@ mod tests {
     fn the_defaults_are_the_scaling_table() {
         let a = args(&[]);
         assert_eq!((a.atoms, a.transport, a.repeats, a.steps, a.warmup), (vec![45_000, 180_000], vec![Transport::Fused], 5, 1000, 200));
-        assert_eq!((a.out, a.gpus), (PathBuf::from("docs/results/md-scaling.json"), None));
+        assert_eq!((a.out, a.gpus), (PathBuf::from("docs/results/md-scaling/md-scaling.json"), None));
     }
 
     #[test]
