@@ -11,7 +11,9 @@ use halo::gpu::{self, CudaContext, KernelModule};
 use halo::nvshmem::SymmetricBuffer;
 use halo::session::PeSession;
 use kernels_gpu::abi::Float3;
-use std::ffi::{CStr, c_char};
+use std::ffi::{CStr, OsStr, c_char};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::Arc;
 
 /// A CUDA stream (`CUstream` of the driver API, the same type as the runtime's `cudaStream_t`).
@@ -189,14 +191,9 @@ pub unsafe extern "C" fn halo_pe_attach(device: i32, nvshmem_lib: *const c_char,
             return Err(Failure::invalid("`out` is null: pass the address of a `halo_pe*`"));
         }
         let device = ordinal(device)?;
-        let lib = if nvshmem_lib.is_null() {
-            None
-        } else {
-            // SAFETY: non-null and NUL-terminated (the caller's contract).
-            let bytes = unsafe { CStr::from_ptr(nvshmem_lib) }.to_bytes();
-            Some(std::path::PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)))
-        };
-        let session = PeSession::attach(device, lib.as_deref())?;
+        // SAFETY: null or NUL-terminated (the caller's contract).
+        let lib = (!nvshmem_lib.is_null()).then(|| unsafe { CStr::from_ptr(nvshmem_lib) });
+        let session = PeSession::attach(device, lib.map(|name| Path::new(OsStr::from_bytes(name.to_bytes()))))?;
         // SAFETY: `out` is non-null and writable (the caller's contract).
         unsafe { *out = Box::into_raw(Box::new(halo_pe { allocations: Vec::new(), session })) };
         Ok(())

@@ -3,8 +3,8 @@
 //! vocabulary with the errors routing raises ([`route`]).
 //!
 //! The layers point one way: the GPU layer ([`crate::gpu`], [`crate::kernels`], [`crate::nvshmem`]
-//! and the machine's facts in `node`) and the error type ([`crate::error`]) never name the exchange or the router and take what they share with
-//! them from here; the router (`halo::route`) never names the exchange; the exchange is built on
+//! and the machine's facts in `node`) and the error type ([`crate::error`]) never name the
+//! exchange or the router and take what they share with them from here; the router (`halo::route`) never names the exchange; the exchange is built on
 //! all of them. The exchange and the router re-export what moved here at their old paths
 //! (`halo::exchange::RankHalo`, `halo::exchange::Transport`, `halo::exchange::WaitTimeout`,
 //! `halo::route::Transport`, `halo::route::PathError`, ...). A test scans the sources to keep it

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 /// An [`Exchange`](super::Exchange) with no GPU rank: it records the calls it gets and does
-/// nothing else. For running code that drives an exchange where there is no GPU: the jitter and fault
-/// wrapper ([`super::perturb::Perturbed`]) in CPU tests and in `halo selftest`, `halo launch` with
-/// an injected fault.
+/// nothing else. For running code that drives an exchange where there is no GPU: the jitter and
+/// fault wrapper ([`super::perturb::Perturbed`]) in CPU tests and in `halo selftest`, `halo launch`
+/// with an injected fault.
 #[derive(Clone, Debug, Default)]
 pub struct NullExchange {
     /// Every call so far, in order: `forward`, `reverse`, `finish`, `barrier`, `reset`, `replan`.
