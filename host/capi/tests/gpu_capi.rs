@@ -1,7 +1,8 @@
 //! The C API on a GPU, called as a C program calls it (the extern functions), on buffers and
-//! streams the test owns: the exchange against the CPU reference, the per-step cost beside the
-//! same exchange through the Rust API on the same buffers and streams, and the errors only a GPU
-//! can show (host memory passed as `x`, buffers too short). Without a GPU each test says it skipped.
+//! streams the test owns: the exchange of `examples/capi-cpp` against the CPU reference, its
+//! per-step cost beside the same exchange through the Rust API on the same buffers and streams, and
+//! the errors only a GPU can show (host memory passed as `x`, buffers too short). Without a GPU
+//! each test says it skipped.
 
 use halo::exchange::synthetic::{self, SyntheticShape};
 use halo::exchange::{CallerBuffers, LocalRanks, RankHalo, Transport, reference};
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
+mod cpp_example;
 use common::{last_error, ok};
 
 /// Each rank's plan through the C API, from the library's description of it.
@@ -61,18 +63,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Two ranks on GPU 0 with 22,500 home atoms each, two pulses along x (the size of the C API's
-/// cost target: 45,000 atoms, 2 ranks in one process).
-fn halos() -> Vec<RankHalo> {
-    synthetic::halos(SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 2, home_atoms: 22_500, send_fraction: 0.1, box_len: 7.7 }, 11)
+/// The C++ example's halo at the C API's cost target: 45,000 atoms, 2 ranks in one process.
+const ATOMS: usize = 45_000;
+
+/// The port builds the halo the example built on an H200: the received counts it printed there
+/// (`capi-cpp: PASS: ... 400 home atoms (86 + 74 received)`, and 9154 + 9012 at 45,000), and a
+/// plan the library accepts.
+#[test]
+fn the_port_has_the_examples_halo() {
+    for (atoms, want) in [(400, [86, 74]), (ATOMS, [9154, 9012])] {
+        let (halos, home) = cpp_example::halos(atoms);
+        let got: Vec<usize> = halos.iter().map(|h| h.pulses.iter().map(|p| p.recv_size).sum()).collect();
+        assert_eq!(got, want, "received atoms per rank at {atoms} atoms");
+        assert_eq!(home.iter().map(Vec::len).sum::<usize>(), atoms);
+        halo::exchange::spec::validate(&halos).unwrap();
+    }
 }
 
 #[test]
 fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
     let test = "the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs";
     let Some(g) = gpu_or_skip(test) else { return };
-    let halos = halos();
-    let home = synthetic::random_values(&halos, 5, true);
+    let (halos, home) = cpp_example::halos(ATOMS);
     let forces = synthetic::random_values(&halos, 6, false);
     let padded = |h: &RankHalo, v: &[Float3]| {
         let mut all = v.to_vec();
@@ -167,7 +179,7 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
     // is the measurement the suites' logs must keep.
     let _ = writeln!(
         std::io::stderr().lock(),
-        "{test}: 45,000 atoms, 2 ranks in one process, fused, {steps} steps: per step (coordinates + forces + finish) C API median {c:.2} us, \
+        "{test}: the halo of examples/capi-cpp, {ATOMS} atoms, 2 ranks in one process, fused, {steps} steps: per step (coordinates + forces + finish) C API median {c:.2} us, \
          Rust API median {r:.2} us, C/Rust {:.3}",
         c / r
     );
