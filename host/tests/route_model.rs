@@ -407,7 +407,7 @@ fn topology_file_errors_are_specific() {
 /// The calibration file `halo calibrate` wrote on two H200s (NVLink, 2026-11-30): four transports
 /// measured at `nvlink`, NCCL not measured.
 fn h200_calibration() -> RouteConfig {
-    let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json");
+    let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/routing/calibration-2xH200.json");
     config_with(&[("HALO_ROUTE_CALIBRATION", cal)])
 }
 
@@ -479,7 +479,7 @@ fn callers_restrict_the_candidates() {
     // or for a caller that takes every transport, the order is followed (even unmeasured).
     let forced = config_with(&[
         ("HALO_FORCE_TRANSPORT", "nccl"),
-        ("HALO_ROUTE_CALIBRATION", concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json")),
+        ("HALO_ROUTE_CALIBRATION", concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/routing/calibration-2xH200.json")),
     ]);
     let mut f = router(topo, 0, forced);
     let ok = f.route(1, Op::Put, KIB).expect("forced");

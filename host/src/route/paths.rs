@@ -808,7 +808,7 @@ mod tests {
     fn real_router_never_hands_the_exchange_nccl() {
         let h = halos([2, 1, 1]);
         let topo = Arc::new(crate::route::single_node(2).expect("topology"));
-        let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/calibration-2xH200.json");
+        let cal = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/routing/calibration-2xH200.json");
         let perf = Arc::new(crate::route::PerfTable::load_calibration(std::path::Path::new(cal)).expect("the real calibration file loads"));
         for r in 0..2 {
             let mut router = Router::with_perf(r, Arc::clone(&topo), RouteConfig::default(), Arc::clone(&perf)).expect("router");
