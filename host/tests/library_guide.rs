@@ -3,7 +3,8 @@
 //! files CI builds, each naming its file on its first line: `// from PATH` (verbatim, checked here
 //! line for line, leading indentation aside) or `// simplified from PATH` (the file must exist).
 //! Its C blocks are verbatim in the C API's snippet, which the capi check of `cargo xtask test`
-//! compiles and links against the installed package.
+//! compiles and links against the installed package; its CMake block's commands are those of
+//! `examples/capi-cpp/CMakeLists.txt`, which that check configures and builds against the package.
 
 use std::path::Path;
 
@@ -65,6 +66,35 @@ fn every_c_block_of_the_library_guide_is_in_the_compiled_snippet() {
     }
 }
 
+/// The commands of a CMake block, comments and blank lines dropped, with the target `app` named
+/// `target` (the guide calls the reader's program `app`).
+fn cmake_commands(block: &str, target: &str) -> Vec<String> {
+    block
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.replace("(app ", &format!("({target} ")))
+        .collect()
+}
+
+#[test]
+fn the_cmake_block_of_the_library_guide_is_what_the_example_builds_with() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("docs/library.md")).expect("docs/library.md");
+    let example = std::fs::read_to_string(root.join("examples/capi-cpp/CMakeLists.txt")).expect("the C++ example's CMakeLists.txt");
+    let built: Vec<String> = cmake_commands(&example, "capi-cpp");
+    let cmake = blocks(&guide, "```cmake");
+    assert!(!cmake.is_empty(), "docs/library.md shows no CMake block; its C section lost it");
+    for block in cmake {
+        for command in cmake_commands(block, "capi-cpp") {
+            assert!(
+                built.iter().any(|b| b == &command),
+                "docs/library.md's CMake line `{command}` (app = capi-cpp) is not in examples/capi-cpp/CMakeLists.txt, which CI builds"
+            );
+        }
+    }
+}
+
 #[test]
 fn excerpts_match_line_for_line_only() {
     let file = "fn f() {\n    let a = 1;\n    let b = 2;\n}\n";
@@ -73,4 +103,8 @@ fn excerpts_match_line_for_line_only() {
     assert!(!contains_lines(file, "let b = 2;\nlet a = 1;"));
     assert_eq!(blocks("```rust,ignore\nx\n```\n```rust\ny\n```\n", "```rust,ignore"), ["x"]);
     assert_eq!(blocks("```c\nint x;\n```\n```cmake\nfoo\n```\n```c\nint z;\n```\n", "```c"), ["int x;", "int z;"]);
+    assert_eq!(
+        cmake_commands("# a\nfind_package(h)  # why\n\ntarget_link_libraries(app PRIVATE h::h)\n", "t"),
+        ["find_package(h)", "target_link_libraries(t PRIVATE h::h)"]
+    );
 }
