@@ -434,7 +434,7 @@ fn a_ring_of_eight_pes_on_two_gpus_runs_checked() {
 // Issue 19: the put path through NVSHMEM's proxy and UCX, emulated on one node.
 
 #[test]
-#[ignore = "blocked (issue 19): NVSHMEM 3.4.5 over UCX without GDRCopy cannot finish its own init (its init barrier is a remote atomic; docs/results/faults/fault-ucx-nvshmem-init-amo.log). Run with --ignored where GDRCopy is loaded"]
+#[ignore = "blocked: NVSHMEM 3.4.5 over UCX without GDRCopy cannot finish its own init (its init barrier is a remote atomic; docs/results/faults/fault-ucx-nvshmem-init-amo.log). Run with --ignored where GDRCopy is loaded"]
 fn ucx_exchange_check_verify_and_bench_pass_with_fenced_puts() {
     let test = "ucx_exchange_check_verify_and_bench_pass_with_fenced_puts";
     if !two_gpus(test) {
@@ -478,7 +478,7 @@ fn ucx_exchange_check_verify_and_bench_pass_with_fenced_puts() {
 }
 
 #[test]
-#[ignore = "blocked (issue 19): NVSHMEM 3.4.5 over UCX without GDRCopy cannot finish its own init (its init barrier is a remote atomic; docs/results/faults/fault-ucx-nvshmem-init-amo.log). Run with --ignored where GDRCopy is loaded"]
+#[ignore = "blocked: NVSHMEM 3.4.5 over UCX without GDRCopy cannot finish its own init (its init barrier is a remote atomic; docs/results/faults/fault-ucx-nvshmem-init-amo.log). Run with --ignored where GDRCopy is loaded"]
 fn a_dying_proxy_ends_the_run_within_10_s() {
     let test = "a_dying_proxy_ends_the_run_within_10_s";
     if !two_gpus(test) {

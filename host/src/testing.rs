@@ -6,7 +6,7 @@
 //! the missing GPUs are a broken machine and the test fails; with `G > N` (CI machines without
 //! GPUs promise none) it prints one line, `SKIPPED (needs G GPUs) [test]: P present (...)`, and
 //! passes. The bundle's `run-gpu-tests.sh` sets the promise and lists those lines by name at the
-//! end ("not run"), so a GPU run can never report a skipped check as a pass.
+//! end ("not run"), so a run on a GPU can never report a skipped check as a pass.
 //! A GPU whose driver is loaded but fails to initialise ([`gpu::GpuStatus::DriverFailed`]) fails
 //! the test whatever the setting: that machine is broken, not GPU-less.
 //!
@@ -19,7 +19,7 @@ use kernels_gpu::abi::Float3;
 use std::sync::Arc;
 
 /// A GPU, its context and the loaded halo module. When the test ends (the fixture is dropped) it
-/// writes `TIME [test]: S s` to stderr, past the test harness's capture, so that every GPU run's
+/// writes `TIME [test]: S s` to stderr, past the test harness's capture, so that every GPU suite's
 /// log says what each test cost (what the suites' tiers are chosen by).
 pub struct GpuFixture {
     /// GPU 0's context.
@@ -149,7 +149,7 @@ pub fn long_tier_from(tier: Option<&str>) -> std::result::Result<bool, String> {
 }
 
 /// Whether the long case `test` runs: in the long tier yes; in the default tier it prints a
-/// [`not_run_line`] (`SKIPPED (long tier) [test]`) and returns false. A GPU run of the default
+/// [`not_run_line`] (`SKIPPED (long tier) [test]`) and returns false. A run of the default
 /// tier therefore lists every long case it left out.
 pub fn long_tier(test: &str) -> bool {
     let tier = std::env::var(ENV_TEST_TIER).ok();

@@ -703,7 +703,7 @@ pub const JACOBI7: &str = "jacobi7";
 pub const BLOCK_SIZE: u32 = 512;
 /// Atoms one thread moves per launch in the fused kernels (GROMACS uses 4). One: a thread's
 /// loads (map, then `x`) and the receiver's polls of low-latency words are serial, so every atom
-/// a thread holds adds their latency (GPU run 15: 4 per thread took 2.2 µs to pack and 3.5 µs
+/// a thread holds adds their latency (on an H200, 4 per thread took 2.2 µs to pack and 3.5 µs
 /// to take in 6,254 atoms); the extra blocks are cheap below the residency cap.
 pub const ATOMS_PER_THREAD: u32 = 1;
 /// Bytes one warp moves with one bulk copy in the TMA kernel: 1.5 KB, the size from which a bulk

@@ -1,7 +1,9 @@
 //! User-facing text states what is true now. README.md, every page under docs/ (except
-//! docs/results/, the record of measurements, whose logs name their runs) and the `--help` of every
-//! `halo` subcommand must not tell the project's history: no run numbers (`run 12`, `runs 75–79`),
-//! no issue numbers (`issue 6`) and no `GPU run`. History belongs in the git log.
+//! docs/results/, the record of measurements, whose logs name their runs), the `--help` of every
+//! `halo` subcommand, the doc comments `cargo doc` renders for the published crates and the reasons
+//! the GPU test runner prints for ignored tests must not tell the project's history: no run numbers
+//! (`run 12`, `runs 75–79`), no issue numbers (`issue 6`) and no `GPU run`. History belongs in the
+//! git log.
 
 use std::path::{Path, PathBuf};
 
@@ -113,6 +115,46 @@ fn help_text_tells_no_history() {
     walk(&mut root, "halo", &mut problems, &mut seen);
     assert!(seen > 10, "expected every subcommand of `halo`, rendered {seen}");
     assert!(problems.is_empty(), "help text names runs or issues; say what is true now:\n{}", problems.join("\n"));
+}
+
+fn rust_files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files_under(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The doc comments (`///`, `//!`) of the crates users read on docs.rs and in `cargo doc`, and the
+/// `#[ignore = "..."]` reasons of the GPU tests (the runner prints them).
+#[test]
+fn doc_comments_and_ignore_reasons_tell_no_history() {
+    let root = repo_root();
+    let (mut sources, mut tests) = (Vec::new(), Vec::new());
+    for dir in ["host/src", "host/md/src", "host/capi/src", "host/cli/src", "kernels-gpu/src"] {
+        rust_files_under(&root.join(dir), &mut sources);
+    }
+    rust_files_under(&root.join("tests"), &mut tests);
+    assert!(sources.len() > 50 && tests.len() > 5, "expected the crates' sources and the GPU tests, found {} and {}", sources.len(), tests.len());
+    let mut problems = Vec::new();
+    for (file, is_test) in sources.iter().map(|f| (f, false)).chain(tests.iter().map(|f| (f, true))) {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        let shown: String = text
+            .lines()
+            .map(|l| l.trim_start())
+            .filter(|l| if is_test { l.starts_with("#[ignore") } else { l.starts_with("///") || l.starts_with("//!") })
+            .collect::<Vec<_>>()
+            .join("\n");
+        for hit in history_hits(&shown) {
+            // `history_hits` numbers the lines of the doc text alone; name the hit by its text.
+            let what = hit.split_once(": ").map_or(hit.as_str(), |(_, t)| t);
+            problems.push(format!("{}: {what}", file.strip_prefix(&root).unwrap_or(file).display()));
+        }
+    }
+    assert!(problems.is_empty(), "doc comments or ignore reasons name runs or issues; say what is true now:\n{}", problems.join("\n"));
 }
 
 /// The relative link targets of a markdown text (`[text](target)`), without their `#fragment`;

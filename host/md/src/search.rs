@@ -419,7 +419,7 @@ fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f3
 
 /// The default number of search threads of a process that runs one PE: one. Measured on two H200s
 /// (32-core host) with the pool of [`HostSearch`], 45,000 atoms, fused, one PE per GPU
-/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`, GPU run 9,
+/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`,
 /// docs/results/nbnxm/search-threads.log): 91.7–101.1 µs per step with 1 thread, 101.9 with 2,
 /// 96.2–100.1 with 4, 93.3 with 8: no count beats one thread beyond the run-to-run spread (before the
 /// pool, threads spawned per phase lost outright: 91.6 with 1, 110.6 with 4, 118.1 with 8).

@@ -1,6 +1,6 @@
 //! The memory an exchange needs, checked before anything is allocated, so that running out of
 //! it ends every rank at once with a message that names the need and the fix, instead of one PE
-//! failing inside a collective allocation while the others wait for it (issue 18).
+//! failing inside a collective allocation while the others wait for it.
 //!
 //! - **NVSHMEM's symmetric heap.** halo keeps its symmetric buffers within
 //!   `NVSHMEM_SYMMETRIC_SIZE` itself ([`HeapConfig`], [`check_heap`]). NVSHMEM 3.4.5 does not:

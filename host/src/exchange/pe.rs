@@ -66,7 +66,7 @@ impl PathPolicy {
     }
 }
 
-/// How pulses on the NVSHMEM put path signal their peer (issue 19). Only pulses whose peer is
+/// How pulses on the NVSHMEM put path signal their peer. Only pulses whose peer is
 /// not mapped (or every pulse under [`PathPolicy::ForcePut`]) use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PutSignaling {

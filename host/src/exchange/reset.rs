@@ -1,4 +1,4 @@
-//! The collective reset of the exchange protocol (issue 20): every exchange runs it when it is
+//! The collective reset of the exchange protocol: every exchange runs it when it is
 //! built, and [`super::Exchange::reset_protocol`] runs it after a failure, so a new phase can
 //! never start from values an earlier one left behind.
 //!

@@ -1,4 +1,4 @@
-//! The host's bounded waits on an exchange's streams (issue 19): progress from the rank's step
+//! The host's bounded waits on an exchange's streams: progress from the rank's step
 //! counters, read on a side stream so that a stuck halo stream cannot block the read, and the
 //! error that names what was stuck.
 //!

@@ -1,9 +1,9 @@
-//! Bounded host waits (issue 19): instead of an unbounded `cuStreamSynchronize`, the host polls
+//! Bounded host waits: instead of an unbounded `cuStreamSynchronize`, the host polls
 //! (`cuStreamQuery`) until the work is done, and gives up when the work has made **no progress**
 //! for a whole budget.
 //!
 //! Progress, not elapsed time, decides: a queue of thousands of healthy steps may take long (ranks
-//! that share a GPU run time-sliced), but each of them ends within the device wait deadline, so a
+//! that share a GPU are time-sliced), but each of them ends within the device wait deadline, so a
 //! wait only expires when nothing moved for longer than any healthy kernel can take (a kernel
 //! stuck where no halo deadline reaches it: inside NVSHMEM when its proxy thread died). Progress
 //! is sampled by the caller's cheap probe (the exchange reads its step counters on a side stream).

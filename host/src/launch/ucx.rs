@@ -1,5 +1,5 @@
 //! NVSHMEM's UCX transport on one node: the put path as it runs between nodes (NVSHMEM's proxy
-//! thread and a remote transport), emulated over TCP loopback (issue 19). One place builds the
+//! thread and a remote transport), emulated over TCP loopback. One place builds the
 //! environment a rank needs for it, for the tests, the scripts and the documentation
 //! (docs/running.md, "Several nodes, emulated on one").
 //!

@@ -661,7 +661,7 @@ impl<T: Pod> Drop for SymmetricBuffer<T> {
 mod tests {
     use super::*;
 
-    /// Issue 20: four PEs on two GPUs (limited MPG) died in `nvshmem_uint8_fcollect`. Such a run
+    /// Four PEs on two GPUs (limited MPG) died in `nvshmem_uint8_fcollect`. Such a run
     /// must gather another way under every launcher; every other run keeps fcollect.
     #[test]
     fn several_pes_per_gpu_without_mps_never_gather_by_fcollect() {

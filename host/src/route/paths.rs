@@ -774,7 +774,7 @@ mod tests {
         assert!(line.starts_with("PE 0: ") && line.contains("=nvshmem-put (put, spine, ") && line.contains(&topo.hash_hex()), "{line}");
     }
 
-    /// Issue 17: ranks in one process have no NVSHMEM, but the one-process planner asked among
+    /// Ranks in one process have no NVSHMEM, but the one-process planner asked among
     /// the exchange's transports including `nvshmem-put`, which wins on PCIe P2P GPUs with large
     /// halos (and between GPUs without P2P), so the run stopped with an error. The caller's
     /// capabilities must restrict the candidates.

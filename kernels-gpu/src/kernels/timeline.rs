@@ -1,4 +1,4 @@
-//! The timeline probe (issue 15: where do the microseconds of a halo go?): the fused coordinate
+//! The timeline probe (where do the microseconds of a halo go?): the fused coordinate
 //! and force kernels instrumented with `%globaltimer` stamps, and a kernel that measures the
 //! timer's resolution.
 //!

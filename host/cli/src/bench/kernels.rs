@@ -1,4 +1,4 @@
-//! `halo bench-kernels`: the gather and scatter kernels alone, at issue 6's size: 1M `float3`
+//! `halo bench-kernels`: the gather and scatter kernels alone, at 1M `float3`
 //! atoms through maps of 1M distinct indices into 4M atoms, sorted and random.
 //!
 //! Effective bandwidth counts the bytes each kernel must move at least:
@@ -54,7 +54,7 @@ pub struct KernelResult {
     pub time_us: Summary,
     /// Effective bandwidth at the median (GB/s).
     pub effective_gbs: f64,
-    /// Issue 6's target (µs).
+    /// The kernel's target for this map (µs).
     pub target_us: f64,
     /// The kernel matched the CPU reference on random data before and after its timed launches
     /// (a result is only made when it did: always true in a written report).
@@ -84,7 +84,7 @@ pub struct KernelReport {
     pub results: Vec<KernelResult>,
 }
 
-/// Issue 6's targets (µs): (kernel, map) -> time.
+/// The gather and scatter kernels' targets (µs) at 1M atoms: (kernel, map) -> time.
 pub fn target_us(kernel: &str, sorted: bool) -> f64 {
     match (kernel, sorted) {
         ("pack", true) => 22.0,

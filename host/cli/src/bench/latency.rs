@@ -1,4 +1,4 @@
-//! The latency summary of one or more `halo bench` reports (issue 15's `latency-2gpu.json`): the
+//! The latency summary of one or more `halo bench` reports (`latency-2gpu.json`): the
 //! one-way signal latency of each run's floor, and per mode, transport and size the medians of
 //! the coordinate halo, the force halo, the full step and the full step replayed as a graph.
 //! A pure function of the reports, so a committed report can be summarised without a GPU.

@@ -464,7 +464,7 @@ pub(crate) mod tests {
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{widths:?}");
     }
 
-    /// Issue 17: what the router chose is in every report: one table line per rank and size, and
+    /// What the router chose is in every report: one table line per rank and size, and
     /// the JSON's `routes` field (every rank's summary), which round-trips.
     #[test]
     fn routes_appear_in_the_table_and_the_json() {

@@ -1,4 +1,4 @@
-//! `halo timeline`: one run that says where the microseconds of the fused halo go (issue 15).
+//! `halo timeline`: one run that says where the microseconds of the fused halo go.
 //!
 //! The fused coordinate and force kernels are run in their instrumented instantiation
 //! (`fused_coords_timeline`, `fused_forces_timeline`: the same protocol, plus `%globaltimer`
@@ -789,7 +789,7 @@ mod tests {
         assert!((got - want).abs() < 1e-9, "`{label}` on rank {rank}: median {got} µs, expected {want}");
     }
 
-    /// Two ranks, X only, one pulse each way; rank 1's clock runs 5 µs ahead of rank 0's. Each
+    /// Two ranks, X only, one pulse each way; rank 1's clock is 5 µs ahead of rank 0's. Each
     /// step starts 10 µs after the previous one; the signal takes 1.3 µs from one GPU to the other.
     fn two_rank_x_loop(warmup: usize, steps: usize) -> LoopRun {
         let offset = 5_000u64;

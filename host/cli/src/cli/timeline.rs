@@ -1,5 +1,5 @@
 //! `halo timeline`: the fused halo's kernels with `%globaltimer` stamps, and where each step's
-//! time goes (issue 15). In one process, or under `halo launch -n 2 -- timeline` (rank 0 prints;
+//! time goes. In one process, or under `halo launch -n 2 -- timeline` (rank 0 prints;
 //! every rank must get the same options). The work is in `bench::timeline`.
 
 use crate::bench::timeline::{self, TimelineConfig};

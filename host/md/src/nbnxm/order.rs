@@ -2,8 +2,8 @@
 //! (`order[b]`). A launch's blocks start in block order, and the entries lie in the search's
 //! (supercluster) order, so long entries that come late leave a tail of a few busy multiprocessors
 //! at the end of the launch. Launched longest first, the short entries fill that tail: the force
-//! kernel is 5–7 % faster at 45,000 atoms on an H200 (GPU run 40,
-//! `docs/results/nbnxm/entry-order.log`). The entries themselves stay where the search
+//! kernel is 5–7 % faster at 45,000 atoms on an H200
+//! (`docs/results/nbnxm/entry-order.log`). The entries themselves stay where the search
 //! put them; only the order of the blocks changes (and with it the order of the float atomics).
 //!
 //! [`entry_order`] is the order, and the reference of the GPU's ([`DeviceOrder`], the

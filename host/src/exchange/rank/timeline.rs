@@ -1,4 +1,4 @@
-//! The timeline probe's launches (issue 15: where do the microseconds of a halo go?): the fused
+//! The timeline probe's launches (where do the microseconds of a halo go?): the fused
 //! coordinate and force kernels instantiated with `%globaltimer` stamps (`fused_coords_timeline`,
 //! `fused_forces_timeline`, `Float3` only), which run the same protocol as the exchange's own and
 //! interoperate with it step for step, and the timer's resolution. Record layout:
