@@ -46,6 +46,7 @@ const GPU_TESTS: &[&str] = &[
     "gpu_attach",
     "gpu_capi",
     "gpu_capi_attach",
+    "gpu_capi_pes",
 ];
 /// The packages those tests belong to.
 const GPU_TEST_PACKAGES: &[&str] = &["halo", "halo-md", "stencil3d", "halo-cli", "halo-capi"];
@@ -435,7 +436,7 @@ mod tests {
             })
         };
         for bin in GPU_TESTS.iter().copied().chain(["halo-downstream"]) {
-            let suite = if ["gpu_multiprocess", "gpu_pes"].contains(&bin) { "multi-process" } else { "correctness" };
+            let suite = if ["gpu_multiprocess", "gpu_pes", "gpu_capi_pes"].contains(&bin) { "multi-process" } else { "correctness" };
             assert!(whole(suite, bin), "{bin} does not run whole in the default tier of the {suite} suite");
         }
         // The benchmark tests run only where asked for, with --ignored.

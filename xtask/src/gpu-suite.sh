@@ -140,7 +140,21 @@ capi_ratio() {
     cpp=$(grep 'capi-cpp: PASS: 2 ranks in one process.* 45000 home atoms' "$LOG" | grep -o 'median [0-9.]*' | tail -n 1 | cut -d' ' -f2)
     [ -n "$cpp" ] && [ -n "$rust" ] &&
         awk -v c="$cpp" -v r="$rust" 'BEGIN { printf "examples/capi-cpp (its own process) %.2f us / Rust API %.2f us: %.3f\n", c, r, c / r }'
-    awk -v r="$r" 'BEGIN { printf "C API step / Rust API step, same process, same buffers and streams: %.3f (target <= 1.05): %s\n", r, (r <= 1.05 ? "met" : "MISSED"); exit !(r <= 1.05) }'
+    # Between 2 PEs (gpu_capi_pes, if it ran): each PE's ratio; the target holds them on a pair of
+    # GPUs, and on one GPU (PEs sharing it) they are shown for the record.
+    local pes=$(grep -o 'C API between PEs: PE [0-9]* of 2 on GPU [0-9]*.*C/Rust [0-9.]*' "$GPU_TEST_LOGS/gpu_capi_pes.log" 2>/dev/null | sort -u)
+    local pe_bad=0
+    if [ -n "$pes" ]; then
+        while read -r line; do
+            local pr=${line##*C/Rust }
+            if [ "$gpus" -ge 2 ]; then
+                awk -v r="$pr" -v l="${line%%, the halo*}" 'BEGIN { printf "%s: C/Rust %.3f (target <= 1.05): %s\n", l, r, (r <= 1.05 ? "met" : "MISSED"); exit !(r <= 1.05) }' || pe_bad=1
+            else
+                echo "${line%%, the halo*}: C/Rust $pr (two PEs sharing one GPU: for the record; the target holds on a pair of GPUs)"
+            fi
+        done <<<"$pes"
+    fi
+    awk -v r="$r" 'BEGIN { printf "C API step / Rust API step, same process, same buffers and streams: %.3f (target <= 1.05): %s\n", r, (r <= 1.05 ? "met" : "MISSED"); exit !(r <= 1.05) }' && [ "$pe_bad" -eq 0 ]
 }
 
 # The MD rows of md-bench JSON files: transport, atoms, step median, ns/day, search share, graph,

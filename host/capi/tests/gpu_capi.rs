@@ -10,7 +10,7 @@ use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory};
 use halo::testing::gpu_or_skip;
 use halo_capi::exchange::{CUstream, halo_exchange, halo_exchange_coordinates, halo_exchange_destroy, halo_exchange_finish, halo_exchange_forces};
 use halo_capi::exchange::{halo_check_device, halo_exchange_set_transport, halo_local_create};
-use halo_capi::plan::{halo_plan, halo_plan_add_pulse, halo_plan_create, halo_plan_destroy, halo_pulse_desc};
+use halo_capi::plan::{halo_plan, halo_plan_destroy};
 use halo_capi::status::halo_status;
 use kernels_gpu::abi::Float3;
 use std::io::Write;
@@ -19,39 +19,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod common;
-mod cpp_example;
+mod example;
 use common::{last_error, ok};
 
-/// Each rank's plan through the C API, from the library's description of it.
+/// Each rank's plan through the C API.
 fn plans_of(halos: &[RankHalo]) -> Vec<*mut halo_plan> {
-    halos
-        .iter()
-        .map(|h| {
-            let mut plan = null_mut();
-            // SAFETY: `plan` is writable; each descriptor's map lives through its call.
-            unsafe {
-                ok(halo_plan_create(h.home_atoms, h.total_atoms, &mut plan), "halo_plan_create");
-                for p in &h.pulses {
-                    let map: Vec<i32> = p.index_map.iter().map(|&m| m as i32).collect();
-                    let shift = p.shift.unwrap_or(Float3::new(0.0, 0.0, 0.0));
-                    let desc = halo_pulse_desc {
-                        send_rank: p.send_rank as i32,
-                        recv_rank: p.recv_rank as i32,
-                        index_map: map.as_ptr(),
-                        send_count: map.len(),
-                        recv_count: p.recv_size,
-                        atom_offset: p.atom_offset,
-                        peer_atom_offset: p.peer_atom_offset,
-                        has_shift: p.shift.is_some() as i32,
-                        shift: [shift.x, shift.y, shift.z],
-                        accumulate_forces: 1,
-                    };
-                    ok(halo_plan_add_pulse(plan, &desc), "halo_plan_add_pulse");
-                }
-            }
-            plan
-        })
-        .collect()
+    halos.iter().map(example::c_plan).collect()
 }
 
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
@@ -72,7 +45,7 @@ const ATOMS: usize = 45_000;
 #[test]
 fn the_port_has_the_examples_halo() {
     for (atoms, want) in [(400, [86, 74]), (ATOMS, [9154, 9012])] {
-        let (halos, home) = cpp_example::halos(atoms);
+        let (halos, home) = example::halos(atoms);
         let got: Vec<usize> = halos.iter().map(|h| h.pulses.iter().map(|p| p.recv_size).sum()).collect();
         assert_eq!(got, want, "received atoms per rank at {atoms} atoms");
         assert_eq!(home.iter().map(Vec::len).sum::<usize>(), atoms);
@@ -84,7 +57,7 @@ fn the_port_has_the_examples_halo() {
 fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
     let test = "the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs";
     let Some(g) = gpu_or_skip(test) else { return };
-    let (halos, home) = cpp_example::halos(ATOMS);
+    let (halos, home) = example::halos(ATOMS);
     let forces = synthetic::random_values(&halos, 6, false);
     let padded = |h: &RankHalo, v: &[Float3]| {
         let mut all = v.to_vec();

@@ -1,5 +1,6 @@
 //! The halo of `examples/capi-cpp`, built here the way that program builds it, so that the C API's
-//! cost is measured on the exchange the C++ example runs (not on a halo of the test's choosing).
+//! cost is measured on the exchange the C++ example runs (not on a halo of the test's choosing),
+//! and a rank's plan handed to the C API as a C program hands it.
 //!
 //! Two ranks split a periodic 10 x 3 x 3 nm box along x into slabs; each sends the atoms within
 //! 1 nm of its lower face to the rank below (pulse 0, shifted by +10 nm on rank 0) and those within
@@ -9,7 +10,9 @@
 //! example printed on an H200.
 
 use halo::exchange::{PulseSpec, RankHalo};
+use halo_capi::plan::{halo_plan, halo_plan_add_pulse, halo_plan_create, halo_pulse_desc};
 use kernels_gpu::abi::Float3;
+use std::ptr::null_mut;
 
 const RANKS: usize = 2;
 const BOX: [f32; 3] = [10.0, 3.0, 3.0];
@@ -81,4 +84,32 @@ pub fn halos(atoms: usize) -> (Vec<RankHalo>, Vec<Vec<Float3>>) {
         })
         .collect();
     (halos, home)
+}
+
+/// Rank `h`'s plan through the C API (`halo_plan_create`, one `halo_pulse_desc` per pulse), for the
+/// caller to destroy with `halo_plan_destroy`.
+pub fn c_plan(h: &RankHalo) -> *mut halo_plan {
+    let mut plan = null_mut();
+    // SAFETY: `plan` is writable; each descriptor's map lives through its call.
+    unsafe {
+        super::common::ok(halo_plan_create(h.home_atoms, h.total_atoms, &mut plan), "halo_plan_create");
+        for p in &h.pulses {
+            let map: Vec<i32> = p.index_map.iter().map(|&m| m as i32).collect();
+            let shift = p.shift.unwrap_or(Float3::new(0.0, 0.0, 0.0));
+            let desc = halo_pulse_desc {
+                send_rank: p.send_rank as i32,
+                recv_rank: p.recv_rank as i32,
+                index_map: map.as_ptr(),
+                send_count: map.len(),
+                recv_count: p.recv_size,
+                atom_offset: p.atom_offset,
+                peer_atom_offset: p.peer_atom_offset,
+                has_shift: p.shift.is_some() as i32,
+                shift: [shift.x, shift.y, shift.z],
+                accumulate_forces: 1,
+            };
+            super::common::ok(halo_plan_add_pulse(plan, &desc), "halo_plan_add_pulse");
+        }
+    }
+    plan
 }
