@@ -24,8 +24,8 @@
 //! Pulses whose peers differ take different paths in one launch.
 
 use super::common::{
-    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit,
-    shift_of, shifted, timed_out, wait_signal, wait_signal_on,
+    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, timed_out,
+    wait_signal, wait_signal_on,
 };
 use super::fused_coords_tma::bulk_pulse;
 use super::ll;
