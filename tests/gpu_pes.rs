@@ -13,6 +13,10 @@
 //! staged half of the replan test run in the long tier only (`HALO_TEST_TIER=long`).
 
 use halo::launch::ucx;
+
+/// A kernel that holds a stream until the host opens it (shared with `gpu_exchange`).
+#[path = "gpu_gate.rs"]
+mod gate;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -630,4 +634,117 @@ fn a_pe_with_non_symmetric_buffers_stops_every_pe_with_the_same_error() {
         assert!(named, "{test}: PE {pe} names PE 1's buffers:\n{}", run.text());
     }
     assert!(run.took < Duration::from_secs(60), "{test}:\n{}", run.text());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The put path after a timeout: a PE whose wait expired puts nothing more into its peer.
+
+/// The environment variable that tells [`pe_child_a_timed_out_pe_puts_nothing`] it was started by
+/// its parent test under `halo launch` (without it, run alone, it does nothing).
+const PE_CHILD: &str = "HALO_TEST_PE_CHILD";
+
+/// Two PEs over the forced put path (the `fused` kernel's puts through NVSHMEM, as between nodes):
+/// PE 1 is held behind a gate past PE 0's 300 ms wait timeout while PE 0 runs two coordinate steps,
+/// each on home coordinates bumped by 1 first, then a force step. PE 0's second step must put
+/// nothing (its first gave up on PE 1), so PE 1, released, takes the first step's values under the
+/// first step's signal, times out on the second step, and keeps its forces. Before the fix the
+/// fused kernel's pulse 0 was put again after the timeout, and PE 1 took the second step's values
+/// as the first's. Each PE is this test binary's [`pe_child_a_timed_out_pe_puts_nothing`], started
+/// by `halo launch`; both must say OK.
+#[test]
+fn a_timed_out_pe_puts_nothing_into_its_peer_later() {
+    let test = "a_timed_out_pe_puts_nothing_into_its_peer_later";
+    if halo::testing::gpus_or_skip(test, 1).is_none() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let exe = exe.to_string_lossy();
+    let args = [
+        "launch",
+        "-n",
+        "2",
+        "--gpus",
+        "0",
+        "--exe",
+        &exe,
+        "--",
+        "pe_child_a_timed_out_pe_puts_nothing",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let run = halo(&args, &[(PE_CHILD.to_string(), OsString::from("1"))], Duration::from_secs(120));
+    run.assert_ok(test);
+    for pe in 0..2 {
+        let ok = format!("PE {pe}: after PE 0's timeout on the put path: OK");
+        assert_eq!(run.count(&ok), 1, "{test}: no `{ok}` line:\n{}", run.text());
+    }
+}
+
+/// One PE of [`a_timed_out_pe_puts_nothing_into_its_peer_later`]; does nothing unless its parent
+/// started it ([`PE_CHILD`]).
+#[test]
+#[ignore = "a PE of a_timed_out_pe_puts_nothing_into_its_peer_later, which starts it under halo launch"]
+fn pe_child_a_timed_out_pe_puts_nothing() {
+    use halo::abi::Float3;
+    use halo::exchange::pe::{PathPolicy, PeExchange};
+    use halo::exchange::synthetic::{self, SyntheticShape};
+    use halo::exchange::{Transport, reference};
+    use halo::gpu::{DeviceBuffer, DeviceMemory};
+    use rand::{Rng, SeedableRng};
+    if std::env::var_os(PE_CHILD).is_none() {
+        return;
+    }
+    let env = halo::launch::RankEnv::from_env().expect("started by halo launch");
+    let me = env.rank;
+    let s = halo::session::PeSession::start(env, None).unwrap_or_else(|e| panic!("PE {me}: {e}"));
+    let shape = SyntheticShape { grid: [2, 1, 1], pulses_per_dim: 1, home_atoms: 1200, send_fraction: 0.35, box_len: 7.7 };
+    let halos = synthetic::halos(shape, 81);
+    let mut pe = PeExchange::<Float3>::new(s.nvshmem.clone(), s.module.clone(), halos.clone(), PathPolicy::ForcePut)
+        .unwrap_or_else(|e| panic!("PE {me}: {e}"));
+    pe.rank_mut().set_wait_timeout(Duration::from_millis(300));
+    // Integer values, the same on both PEs (every PE makes every rank's).
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(83);
+    let mut value = || Float3::new(rng.random_range(-8i32..=8) as f32, rng.random_range(-8i32..=8) as f32, rng.random_range(-8i32..=8) as f32);
+    let home0: Vec<Vec<Float3>> = halos.iter().map(|h| (0..h.home_atoms).map(|_| value()).collect()).collect();
+    let f0: Vec<Vec<Float3>> = halos.iter().map(|h| (0..h.total_atoms).map(|_| value()).collect()).collect();
+    let ctx = s.module.context();
+    let rank = pe.rank();
+    rank.x.fill_bytes(0xFF).unwrap();
+    rank.upload_coordinates(&home0[me]).unwrap();
+    rank.f.copy_from_host(&f0[me]).unwrap();
+    let n = halos[me].home_atoms;
+    let ones = DeviceBuffer::from_host(ctx, &vec![Float3::new(1.0, 1.0, 1.0); n]).unwrap();
+    let map = halo::kernels::IndexMap::new(ctx, &(0..n as u32).collect::<Vec<_>>()).unwrap();
+    pe.barrier().unwrap();
+    let gate = (me == 1).then(|| gate::Gate::close(&s.module, pe.stream()));
+    for _ in 0..2 {
+        halo::kernels::unpack(&s.module, pe.stream(), &ones, &map, &pe.rank().x, true).unwrap();
+        pe.launch_coordinates(Transport::Fused).unwrap_or_else(|e| panic!("PE {me}: {e}"));
+    }
+    pe.launch_forces(Transport::Fused).unwrap_or_else(|e| panic!("PE {me}: {e}"));
+    if let Some(g) = &gate {
+        std::thread::sleep(Duration::from_millis(1500));
+        g.open();
+    }
+    // PE 0 gave up on PE 1's first step; PE 1 on PE 0's second, which never came.
+    let e = pe.finish().err().unwrap_or_else(|| panic!("PE {me}: the waits expired, yet finish passed"));
+    assert!(e.to_string().contains("waited"), "PE {me}: {e}");
+    if let Some(g) = gate {
+        g.check();
+    }
+    if me == 1 {
+        let once: Vec<Vec<Float3>> = home0.iter().map(|h| h.iter().map(|v| *v + Float3::new(1.0, 1.0, 1.0)).collect()).collect();
+        let want = reference::coordinates(&halos, &once);
+        let got = pe.coordinates().unwrap();
+        let p = &halos[1].pulses[0];
+        assert_eq!(p.recv_rank, 0, "PE 1 receives from PE 0");
+        let range = p.atom_offset..p.atom_offset + p.recv_size;
+        let bits = |v: &[Float3]| v.iter().flat_map(|a| [a.x.to_bits(), a.y.to_bits(), a.z.to_bits()]).collect::<Vec<u32>>();
+        assert_eq!(bits(&got[range.clone()]), bits(&want[1][range]), "PE 1's halo from PE 0 is not the first step's");
+        assert_eq!(bits(&pe.forces().unwrap()), bits(&f0[1]), "PE 1 added forces that PE 0 pushed after its timeout");
+    }
+    pe.barrier().unwrap();
+    println!("PE {me}: after PE 0's timeout on the put path: OK");
 }

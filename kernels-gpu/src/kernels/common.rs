@@ -345,10 +345,8 @@ unsafe fn report_timeout(status: *mut WaitStatus, site: WaitSite, expected: u64,
 ///   would overwrite, and a signal of any pulse, even one that forwards nothing, could be taken
 ///   for the step the peer waits for. Forces go nowhere either: they were computed from a halo
 ///   that may be stale. Coordinates sent as low-latency words need no gate (each word carries its
-///   step, and the home atoms of pulse 0 are right whatever the waits did). Not yet in the fused
-///   coordinate kernel's put path (remote PEs, through NVSHMEM's proxy), which keeps
-///   [`coord_pulse_depends_on_waits`]: the check there changed the code of the kernel's default
-///   path, the words.
+///   step, and the home atoms of pulse 0 are right whatever the waits did). The fused coordinate
+///   kernel's put path looks at it once per pulse, in the block that puts.
 ///
 /// # Safety
 /// `status` valid.
@@ -360,10 +358,9 @@ pub unsafe fn timed_out(status: *const WaitStatus) -> bool {
 
 /// Whether coordinate pulse `pulse` sends anything that depends on a wait of this step: the atoms
 /// it forwards (every pulse after the first may) or a slot it may write only after the credit
-/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). In the bulk-copy and put paths
-/// only such a pulse looks at the timeout flag ([`timed_out`]) before its signal; pulse 0 of a
-/// fresh direction never pays it (an earlier launch's timeout is caught at the launch's start on
-/// the bulk path; on the fused kernel's put path not yet, see there).
+/// ([`pulse_flags::WAIT_COORD_CREDIT`] in a repeated direction). On the bulk-copy path only such
+/// a pulse looks at the timeout flag ([`timed_out`]) before its signal; pulse 0 of a fresh
+/// direction never pays it (an earlier launch's timeout is caught at the launch's start).
 #[inline(always)]
 pub fn coord_pulse_depends_on_waits(pulse: u32, meta: &PulseMeta, step: Step) -> bool {
     pulse > 0 || (step.repeat && meta.has(pulse_flags::WAIT_COORD_CREDIT))

@@ -24,8 +24,8 @@
 //! Pulses whose peers differ take different paths in one launch.
 
 use super::common::{
-    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, coord_pulse_depends_on_waits, deliver, pack_subset, send_previous_credit,
-    shift_of, shifted, timed_out, wait_signal, wait_signal_on,
+    Step, WaitClock, WaitSite, arrive_is_last_block, arrive_launch, deliver, pack_subset, send_previous_credit, shift_of, shifted, timed_out,
+    wait_signal, wait_signal_on,
 };
 use super::fused_coords_tma::bulk_pulse;
 use super::ll;
@@ -73,7 +73,7 @@ pub unsafe fn await_coord_credit(
 /// when thread 0's wait expired (or gave up on another waiter's timeout). The peer may then still
 /// read the memory the pulse would write (its `x`, for the paths that store into it directly), so
 /// the caller writes nothing there; the pulse's signal is withheld anyway
-/// ([`coord_pulse_depends_on_waits`] holds when the credit is awaited), and the peer times out and
+/// ([`super::common::coord_pulse_depends_on_waits`] holds when the credit is awaited), and the peer times out and
 /// reports too, instead of forwarding this step's values as the last step's.
 ///
 /// # Safety
@@ -302,11 +302,13 @@ unsafe fn send_pulse<T: HaloElement, L: Timeline>(
     // SAFETY: all threads of the block call it.
     if unsafe { arrive_is_last_block(counters.add(pulse as usize)) } {
         tl.mark0(pulse_slot(pulse, point::ELECTED));
-        // A wait of this launch timed out (the arrivals ordered every block's waits before this):
-        // the staged values may be stale or missing, so no signal vouches for them and the peer
-        // times out too. Thread 0 decides for the block (the put is collective).
+        // A wait timed out, of this launch (the arrivals ordered every block's waits before this:
+        // the staged values may be stale or missing) or of an earlier one the host has not reset
+        // (the waits that ordered this put after the peer's reads of the last step are gone): no
+        // put and no signal, for every pulse, pulse 0 included, and the peer times out too.
+        // Thread 0 decides for the block (the put is collective).
         // SAFETY: every thread of the last block reaches the barrier; `status` valid.
-        if unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && coord_pulse_depends_on_waits(pulse, meta, step) && timed_out(status)) } {
+        if unsafe { device::sync_threads_or(thread::thread_idx_x() == 0 && timed_out(status)) } {
             return;
         }
         let own_slot = unsafe { signals.add(signal_index(SignalSlot::CoordData, pulse, num_pulses)) };
