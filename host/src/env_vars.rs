@@ -297,6 +297,12 @@ pub const VARS: &[EnvVar] = &[
         "`1`: this machine's NVSHMEM can run UCX's atomics without GDRCopy (NVSHMEM 3.8 or later with driver R610 or later): `gpu-suite.sh` runs those lines too.",
     ),
     var(
+        "HALO_TEST_PE_CHILD",
+        Scope::Testing,
+        "unset",
+        "Set by a GPU test for the PEs it starts under `halo launch` from its own binary (`gpu_pes`'s put path after a timeout); unset, the child test does nothing.",
+    ),
+    var(
         "HALO_TEST_TIER",
         Scope::Testing,
         "`default`",
