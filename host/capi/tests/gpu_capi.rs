@@ -16,8 +16,8 @@ use kernels_gpu::abi::Float3;
 use std::io::Write;
 use std::ptr::null_mut;
 use std::sync::Arc;
-use std::time::Instant;
 
+mod ab;
 mod common;
 mod example;
 use common::{last_error, ok};
@@ -29,11 +29,6 @@ fn plans_of(halos: &[RankHalo]) -> Vec<*mut halo_plan> {
 
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|f| [f.x.to_bits(), f.y.to_bits(), f.z.to_bits()]).collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The C++ example's halo at the C API's cost target: 45,000 atoms, 2 ranks in one process.
@@ -121,33 +116,12 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
         rust.exchange_reverse_accumulate(Transport::Fused).unwrap();
         rust.finish().unwrap();
     };
-    let (warmup, blocks, per_block) = (100, 10, 100);
-    for _ in 0..warmup {
-        c_step();
-        rust_step();
-    }
-    let (mut c_times, mut rust_times) = (Vec::new(), Vec::new());
-    let timed = |step: &mut dyn FnMut(), times: &mut Vec<f64>| {
-        for _ in 0..per_block {
-            let t = Instant::now();
-            step();
-            times.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-    };
-    for block in 0..blocks {
-        if block % 2 == 0 {
-            timed(&mut c_step, &mut c_times);
-            timed(&mut rust_step, &mut rust_times);
-        } else {
-            timed(&mut rust_step, &mut rust_times);
-            timed(&mut c_step, &mut c_times);
-        }
-    }
-    let steps = blocks * per_block;
+    let (c_times, rust_times) = ab::alternating_blocks(&mut c_step, &mut rust_step);
+    let steps = ab::BLOCKS * ab::PER_BLOCK;
     drop(rust);
     // SAFETY: made above, not destroyed before.
     ok(unsafe { halo_exchange_destroy(ex) }, "halo_exchange_destroy");
-    let (c, r) = (median(c_times), median(rust_times));
+    let (c, r) = (ab::median(c_times), ab::median(rust_times));
     // Straight to the stderr handle: the harness hides the output of passing tests, and this line
     // is the measurement the suites' logs must keep.
     let _ = writeln!(

@@ -26,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
+mod ab;
 mod common;
 mod example;
 use common::ok;
@@ -38,11 +39,6 @@ const CHILD: &str = "one_pe_of_the_comparison";
 fn note(text: &str) {
     // Straight to the stderr handle: the harness hides the output of passing tests.
     let _ = writeln!(std::io::stderr().lock(), "{text}");
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The `halo` binary beside this test executable or one folder up (the bundle: `tests/` beside
@@ -184,28 +180,7 @@ fn one_pe_of_the_comparison() {
     };
     // Every PE runs the same schedule (the exchanges pair up across PEs): warm-up, then blocks in
     // alternating order, so that drift of the machine falls on both APIs alike.
-    let (warmup, blocks, per_block) = (100, 10, 100);
-    for _ in 0..warmup {
-        c_step();
-        rust_step();
-    }
-    let (mut c_times, mut rust_times) = (Vec::new(), Vec::new());
-    let timed = |step: &mut dyn FnMut(), times: &mut Vec<f64>| {
-        for _ in 0..per_block {
-            let t = Instant::now();
-            step();
-            times.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-    };
-    for block in 0..blocks {
-        if block % 2 == 0 {
-            timed(&mut c_step, &mut c_times);
-            timed(&mut rust_step, &mut rust_times);
-        } else {
-            timed(&mut rust_step, &mut rust_times);
-            timed(&mut c_step, &mut c_times);
-        }
-    }
+    let (c_times, rust_times) = ab::alternating_blocks(&mut c_step, &mut rust_step);
     drop(rust);
     // SAFETY: made above, not destroyed before; then the attached PE (the application's NVSHMEM
     // stays up until `session` drops).
@@ -214,12 +189,12 @@ fn one_pe_of_the_comparison() {
         ok(halo_pe_destroy(pe), "halo_pe_destroy");
     }
     drop((x, f));
-    let (c, r) = (median(c_times), median(rust_times));
+    let (c, r) = (ab::median(c_times), ab::median(rust_times));
     note(&format!(
         "{REPORT} {who} of 2 on GPU {}, the halo of examples/capi-cpp, {ATOMS} atoms, fused, {} steps: per step (coordinates + forces + \
          finish) C API median {c:.2} us, Rust API median {r:.2} us, C/Rust {:.3}",
         session.env.device,
-        blocks * per_block,
+        ab::BLOCKS * ab::PER_BLOCK,
         c / r
     ));
 }
