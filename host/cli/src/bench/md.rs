@@ -79,6 +79,11 @@ pub struct MdBenchDoc {
 }
 
 impl MdBenchDoc {
+    /// The document of `rows`, at this version.
+    pub fn new(rows: Vec<MdBenchRow>) -> Self {
+        Self { schema_version: MD_BENCH_SCHEMA_VERSION, rows }
+    }
+
     /// The rows of `text`, a document of this version (or the problem, naming the version found).
     pub fn rows_of(text: &str) -> Result<Vec<MdBenchRow>, String> {
         let doc: MdBenchDoc = serde_json::from_str(text).map_err(|e| format!("not an md-bench document: {e}"))?;
@@ -759,7 +764,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_json_document_carries_its_version_and_a_reader_refuses_others() {
-        let doc = MdBenchDoc { schema_version: MD_BENCH_SCHEMA_VERSION, rows: vec![row("fused", 45_000, 80.0), row("staged", 45_000, 90.0)] };
+        let doc = MdBenchDoc::new(vec![row("fused", 45_000, 80.0), row("staged", 45_000, 90.0)]);
         let text = serde_json::to_string_pretty(&doc).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["schema_version"], 1);

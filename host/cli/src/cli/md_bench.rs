@@ -4,7 +4,7 @@
 //! options). Every row runs checked steps outside its timed ones; a row that fails them or does not
 //! complete makes the command fail, naming the row, after the table and the JSON are written.
 
-use crate::bench::md::{self, MD_BENCH_SCHEMA_VERSION, MdBenchConfig, MdBenchDoc, MdBenchRow, Target};
+use crate::bench::md::{self, MdBenchConfig, MdBenchDoc, MdBenchRow, Target};
 use crate::machine::MachineInfo;
 use anyhow::{Context, Result, bail};
 use halo::artifacts::{DEFAULT_ARCH, KernelArtifacts};
@@ -104,7 +104,7 @@ fn write(args: &MdBenchArgs, rows: &[MdBenchRow]) -> Result<()> {
     }
     print!("{}", md::table(rows));
     if let Some(path) = &args.json {
-        let doc = MdBenchDoc { schema_version: MD_BENCH_SCHEMA_VERSION, rows: rows.to_vec() };
+        let doc = MdBenchDoc::new(rows.to_vec());
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());

@@ -567,7 +567,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (src, json) = (dir.path().join("src.json"), dir.path().join("rows.json"));
         let pes = one_gpu_rows().pop().unwrap();
-        let doc = md::MdBenchDoc { schema_version: md::MD_BENCH_SCHEMA_VERSION, rows: pes };
+        let doc = md::MdBenchDoc::new(pes);
         std::fs::write(&src, serde_json::to_string(&doc).unwrap()).unwrap();
         let sh = |script: &str| -> (Vec<MdBenchRow>, Option<String>) {
             let words: Vec<OsString> = vec!["-c".into(), script.into(), src.clone().into(), json.clone().into()];
