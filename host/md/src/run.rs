@@ -1200,12 +1200,7 @@ impl MdRun {
         let records = self.cfg.nstlist as usize;
         // Whether this search left a synchronous copy from pageable memory that the steps'
         // (non-blocking) streams do not follow ([`uploads_need_context_sync`]).
-        let mut facts = SearchSyncFacts {
-            new_exchange: !replanned,
-            replan_staged: matches!(self.placement, Placement::Pe { .. }),
-            new_rank: false,
-            pageable_lists: false,
-        };
+        let mut facts = SearchSyncFacts { new_exchange: !replanned, new_rank: false, pageable_lists: false };
         for (i, r) in found.iter().enumerate() {
             let rank = &ex.local_ranks()[i];
             if rank.rank() != r.rank {
@@ -1245,8 +1240,10 @@ impl MdRun {
         // order cannot cover is a synchronous copy from pageable memory on the legacy default
         // stream, which may return before its DMA lands and which the non-blocking streams do not
         // follow: the lists a host search uploads, a host grid, a new rank's or a new exchange's
-        // set-up, a replan of ranks in one process (their metadata). Only then wait for every
-        // stream of each GPU once, here.
+        // set-up. (A replan enqueues all of its copies on the exchange's streams, in one process
+        // as across PEs: maps and metadata through staging; a new set-up of the host-driven links
+        // writes only a record that the hosts read.) Only then wait for every stream of each GPU
+        // once, here.
         if uploads_need_context_sync(&facts) {
             let mut synced: Vec<usize> = Vec::new();
             for r in ex.local_ranks() {
@@ -1637,11 +1634,6 @@ struct SearchSyncFacts {
     /// The exchange was built at this search (its set-up copies synchronously from pageable
     /// memory), not replanned.
     new_exchange: bool,
-    /// A replan enqueues all of its copies on the exchange's streams (`PeExchange::replan`: maps
-    /// and metadata through staging; a new set-up of the host-driven links writes only a record
-    /// that the hosts read). A replan of ranks in one process (`LocalRanks::replan`) uploads the
-    /// metadata synchronously instead.
-    replan_staged: bool,
     /// Some rank's GPU state was made at this search (`MdRank::new`: the LJ table and the first
     /// buffers, synchronous copies).
     new_rank: bool,
@@ -1655,7 +1647,7 @@ struct SearchSyncFacts {
 /// which the steps' non-blocking streams do not follow, and whose DMA may land after the call
 /// returned). Otherwise every upload is ordered before its readers on the GPU (see the call).
 fn uploads_need_context_sync(f: &SearchSyncFacts) -> bool {
-    f.new_exchange || !f.replan_staged || f.new_rank || f.pageable_lists
+    f.new_exchange || f.new_rank || f.pageable_lists
 }
 
 /// Sizes of this process's grids and lists at the search just done.
@@ -1772,19 +1764,19 @@ mod tests {
 
     #[test]
     fn only_a_search_with_pageable_copies_waits_for_its_uploads() {
-        // The fast path: a replan across PEs, the ranks kept, the lists searched from the local atoms.
-        let fast = SearchSyncFacts { new_exchange: false, replan_staged: true, new_rank: false, pageable_lists: false };
+        // The fast path: a replan (in one process or across PEs), the ranks kept, the lists searched
+        // from the local atoms.
+        let fast = SearchSyncFacts { new_exchange: false, new_rank: false, pageable_lists: false };
         assert!(!uploads_need_context_sync(&fast));
         for slow in [
             SearchSyncFacts { new_exchange: true, ..fast },
-            SearchSyncFacts { replan_staged: false, ..fast },
             SearchSyncFacts { new_rank: true, ..fast },
             SearchSyncFacts { pageable_lists: true, ..fast },
         ] {
             assert!(uploads_need_context_sync(&slow), "{slow:?}");
         }
         // The first search builds everything.
-        assert!(uploads_need_context_sync(&SearchSyncFacts { new_exchange: true, replan_staged: true, new_rank: true, pageable_lists: false }));
+        assert!(uploads_need_context_sync(&SearchSyncFacts { new_exchange: true, new_rank: true, pageable_lists: false }));
     }
 
     #[test]

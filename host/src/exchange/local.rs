@@ -206,39 +206,62 @@ impl<T: Element> LocalRanks<T> {
     }
 
     /// Writes every rank's metadata for `halos` (the ranks' current halos), lays the routed paths
-    /// over them (bulk copies where a pair chose `nvlink-tma`) and caps the grids.
+    /// over them (bulk copies where a pair chose `nvlink-tma`), uploads it (enqueued on each
+    /// rank's stream: the rank's launches there are the first to read it) and caps the grids.
     fn install(&mut self, halos: &[RankHalo]) -> Result<()> {
         let views: Vec<PeerView> = self.ranks.iter().map(RankExchange::<T>::local_view).collect();
         let flags = super::credits::flags(halos);
         for (rank, flags) in self.ranks.iter_mut().zip(&flags) {
             // Every peer is reachable by stores here: the put path (and its signal mode) is unused.
-            rank.install(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
+            rank.install_deferred(&|peer| Some(views[peer]), flags, SignalMode::PutSignal)?;
         }
-        self.apply_plans()?;
+        self.plans_deferred()?;
+        self.upload_metadata()?;
         self.fit_residency(self.gpus)
     }
 
     /// Bulk copies for the pulses whose pair chose `nvlink-tma` in the ranks' plans (after
-    /// `install`, which sets stores; nothing without plans).
+    /// `install`, which sets stores; nothing without plans), uploaded.
     fn apply_plans(&mut self) -> Result<()> {
+        self.plans_deferred()?;
+        self.upload_metadata()
+    }
+
+    /// [`Self::apply_plans`] on the host only.
+    fn plans_deferred(&mut self) -> Result<()> {
         if self.plans.is_empty() {
             return Ok(());
         }
         let bulk: Vec<Vec<bool>> = self.ranks.iter().zip(&self.plans).map(|(rank, plan)| plan.bulk_pulses(rank.halo())).collect();
-        self.set_bulk_pulses(&bulk)
+        self.set_bulk_pulses_deferred(&bulk)
+    }
+
+    /// Every rank's metadata, enqueued on the rank's stream.
+    fn upload_metadata(&mut self) -> Result<()> {
+        for (rank, stream) in self.ranks.iter_mut().zip(&self.streams) {
+            rank.upload_metadata(stream)?;
+        }
+        Ok(())
     }
 
     /// Moves rank `r`'s pulse `p` with bulk copies in the fused kernel where `bulk[r][p]`, the
     /// others with low-latency words (every peer is mapped here), and tells each receiver how its
-    /// pulses arrive (pulse `p` of rank `r` comes from its `recv_rank`'s pulse `p`). Between steps.
+    /// pulses arrive (pulse `p` of rank `r` comes from its `recv_rank`'s pulse `p`). Between steps;
+    /// the metadata is uploaded on the ranks' streams, where their next launches read it.
     pub fn set_bulk_pulses(&mut self, bulk: &[Vec<bool>]) -> Result<()> {
+        self.set_bulk_pulses_deferred(bulk)?;
+        self.upload_metadata()
+    }
+
+    /// [`Self::set_bulk_pulses`] on the host only (the caller uploads).
+    fn set_bulk_pulses_deferred(&mut self, bulk: &[Vec<bool>]) -> Result<()> {
         if bulk.len() != self.ranks.len() {
             return Err(HaloError::InvalidInput(format!("bulk flags for {} ranks, but there are {}", bulk.len(), self.ranks.len())));
         }
         for (r, rank) in self.ranks.iter_mut().enumerate() {
             let recv: Vec<bool> =
                 rank.halo().pulses.iter().enumerate().map(|(p, spec)| bulk[spec.recv_rank].get(p).copied().unwrap_or(false)).collect();
-            rank.set_bulk_pulses(&bulk[r], &recv)?;
+            rank.set_bulk_pulses_deferred(&bulk[r], &recv)?;
         }
         Ok(())
     }
