@@ -117,6 +117,20 @@ fn several_ranks_planning_from_their_own_atoms_or_from_the_whole_system() {
     }
 }
 
+/// Atoms whose global ids carry no spatial locality (`shuffle_atoms`, as after a long run in which
+/// they diffused): one rank (its later searches on the GPU alone) and 2x2x1 (planned from the
+/// ranks, the redecomposition's passes on the GPUs) match the undecomposed reference as the
+/// lattice order does.
+#[test]
+fn atoms_in_a_shuffled_order_match_the_undecomposed_forces() {
+    for grid in [[1, 1, 1], [2, 2, 1]] {
+        let mut c = config(6000, grid, Transport::Fused, 60, 20);
+        c.shuffle_atoms = true;
+        c.redecompose = Redecompose::Gpu;
+        run(&format!("md_{}x{}x{}_shuffled", grid[0], grid[1], grid[2]), c);
+    }
+}
+
 #[test]
 fn two_ranks_one_pulse() {
     run("md_2x1x1", config(6000, [2, 1, 1], Transport::Fused, 60, 25));

@@ -4,7 +4,7 @@
 //! on every machine.
 
 use kernels_gpu::abi::Float3;
-use rand::seq::index;
+use rand::seq::{SliceRandom, index};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -142,6 +142,19 @@ impl MolecularSystem {
         Ok(Self { box_size: [l; 3], positions, velocities, types, atom_types, seed })
     }
 
+    /// The same atoms in an order drawn from `seed` (positions, velocities and types moved
+    /// together): global ids no longer follow the lattice, as after a long run in which the atoms
+    /// diffused away from their first neighbours. Ids that stay in lattice order keep neighbouring
+    /// atoms in neighbouring memory for as long as a run is short; this order measures what a
+    /// run pays once that locality is gone.
+    pub fn shuffle(&mut self, seed: u64) {
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+        self.positions = order.iter().map(|&i| self.positions[i]).collect();
+        self.velocities = order.iter().map(|&i| self.velocities[i]).collect();
+        self.types = order.iter().map(|&i| self.types[i]).collect();
+    }
+
     /// Number of atoms.
     pub fn len(&self) -> usize {
         self.positions.len()
@@ -236,6 +249,59 @@ mod tests {
         assert_ne!(a.positions, MolecularSystem::generate(500, 12).unwrap().positions);
         let ones = a.types.iter().filter(|&&t| t == 1).count();
         assert!((100..240).contains(&ones), "{ones}");
+    }
+
+    /// Mean distance (nm, nearest image) between atoms of consecutive ids.
+    fn consecutive_distance(s: &MolecularSystem) -> f64 {
+        let l = f64::from(s.box_size[0]);
+        let d: f64 = s
+            .positions
+            .windows(2)
+            .map(|w| {
+                [w[1].x - w[0].x, w[1].y - w[0].y, w[1].z - w[0].z]
+                    .iter()
+                    .map(|&d| {
+                        let d = f64::from(d);
+                        let d = d - l * (d / l).round();
+                        d * d
+                    })
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .sum();
+        d / (s.len() - 1) as f64
+    }
+
+    #[test]
+    fn a_shuffled_system_holds_the_same_atoms_in_an_order_without_locality() {
+        let lattice = MolecularSystem::generate(3000, 9).unwrap();
+        let mut shuffled = lattice.clone();
+        shuffled.shuffle(4);
+        // The same atoms: every (position, velocity, type) triple once.
+        let key = |s: &MolecularSystem| {
+            let mut k: Vec<_> = (0..s.len())
+                .map(|i| {
+                    let (p, v) = (s.positions[i], s.velocities[i]);
+                    ([p.x, p.y, p.z, v.x, v.y, v.z].map(f32::to_bits), s.types[i])
+                })
+                .collect();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(key(&lattice), key(&shuffled));
+        assert_ne!(lattice.positions, shuffled.positions);
+        // Deterministic per seed.
+        let mut again = lattice.clone();
+        again.shuffle(4);
+        assert_eq!(again, shuffled);
+        let mut other = lattice.clone();
+        other.shuffle(5);
+        assert_ne!(other.positions, shuffled.positions);
+        // Lattice order keeps consecutive ids a lattice spacing apart (0.215 nm); shuffled, they
+        // are about as far apart as two random atoms of the box (about half its edge).
+        let (near, far) = (consecutive_distance(&lattice), consecutive_distance(&shuffled));
+        assert!(near < 0.5, "lattice order: {near} nm");
+        assert!(far > 0.4 * f64::from(lattice.box_size[0]), "shuffled: {far} nm of a {} nm box", lattice.box_size[0]);
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub const EXCHANGE_HEADROOM: f64 = 0.25;
 /// room for a plan of about 50,000 local atoms per rank.
 const KEPT_GATHER_BYTES: usize = 1 << 18;
 
+/// Added to the system's seed for the order of a shuffled system ([`MdConfig::shuffle_atoms`]).
+const SHUFFLE_SEED: u64 = 0x5eed_0fa7;
+
 /// What to simulate and how.
 #[derive(Clone, Debug)]
 pub struct MdConfig {
@@ -72,6 +75,10 @@ pub struct MdConfig {
     pub steps: u64,
     /// Seed of the system.
     pub seed: u64,
+    /// Atoms in an order drawn from the seed ([`MolecularSystem::shuffle`]) instead of lattice
+    /// order: global ids without spatial locality, as after a long run (the ranks keep their home
+    /// atoms in id order, and the kernels read coordinates in that order).
+    pub shuffle_atoms: bool,
     /// Exchange transport.
     pub transport: Transport,
     /// Check every `check_every` steps against the CPU references (0: never).
@@ -183,6 +190,7 @@ impl MdConfig {
             dt: 0.002,
             steps: 100,
             seed: 1,
+            shuffle_atoms: false,
             transport: Transport::Fused,
             check_every: 1,
             energy_every: 0,
@@ -761,7 +769,10 @@ impl MdRun {
     /// Generates the system and prepares the run (collective across PEs: the gather buffers). The
     /// first search happens at the first step.
     pub fn new(cfg: MdConfig, placement: Placement) -> Result<Self> {
-        let system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let mut system = MolecularSystem::generate(cfg.atoms, cfg.seed).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        if cfg.shuffle_atoms {
+            system.shuffle(cfg.seed.wrapping_add(SHUFFLE_SEED));
+        }
         let setup = cfg.list_setup(&system)?;
         crate::decomp::Decomposition::new(cfg.grid, system.box_size, setup.rlist).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let ids = match &placement {

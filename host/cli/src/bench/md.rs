@@ -153,6 +153,10 @@ pub struct MdBenchRow {
     pub redecompose: Option<String>,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
+    /// The atoms' order: `lattice` (global ids follow the lattice, neighbours in neighbouring
+    /// memory) or `shuffled` (`--shuffle-atoms`: ids drawn at random, as after a long run).
+    #[serde(default = "lattice_order")]
+    pub atom_order: String,
     /// The non-bonded kernel design the row ran (`halo_md::nbnxm::NbnxmKernel`'s name: `pf`,
     /// `pfw`, `ind`; set by `HALO_NBNXM_KERNEL`).
     #[serde(default)]
@@ -291,6 +295,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         redecompose: None,
         graph: cfg.graph,
+        atom_order: if cfg.step.shuffle_atoms { "shuffled" } else { "lattice" }.into(),
         nbnxm_kernel: nbnxm_design(),
         nstlist: cfg.step.nstlist,
         nstprune: cfg.step.nstprune,
@@ -499,6 +504,11 @@ pub fn failures(rows: &[MdBenchRow]) -> Option<String> {
         .then(|| format!("{} of {} rows did not pass their checks, so they give no result:\n  {}", bad.len(), rows.len(), bad.join("\n  ")))
 }
 
+/// The atom order of rows written before md-bench recorded it.
+fn lattice_order() -> String {
+    "lattice".into()
+}
+
 /// The rows as an aligned table with a header.
 pub fn table(rows: &[MdBenchRow]) -> String {
     let mut s = String::new();
@@ -508,8 +518,8 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
-            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`; {} steps x {} repeats after {} warm-up steps;",
-            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.steps, r.repeats, r.warmup_steps
+            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`, atoms in {} order; {} steps x {} repeats after {} warm-up steps;",
+            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.atom_order, r.steps, r.repeats, r.warmup_steps
         );
         let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
         let _ = writeln!(
@@ -652,6 +662,7 @@ pub(crate) mod tests {
             list_search: "gpu".into(),
             redecompose: None,
             graph: false,
+            atom_order: "lattice".into(),
             nbnxm_kernel: "pf".into(),
             nstlist: 100,
             nstprune: 10,

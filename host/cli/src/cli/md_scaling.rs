@@ -55,6 +55,10 @@ pub struct MdScalingArgs {
     /// where the step's time goes with 1 rank, 2 ranks in one process and 2 PEs, side by side.
     #[arg(long)]
     pub phases: bool,
+    /// Every row on the same system with its atoms in an order drawn from the seed (`halo
+    /// md-bench --shuffle-atoms`: ids without spatial locality, as after a long run).
+    #[arg(long)]
+    pub shuffle_atoms: bool,
 }
 
 /// The whole table: every row `halo md-bench` measured, the ratios and what the reader must know.
@@ -180,6 +184,9 @@ impl MdScalingArgs {
         }
         if self.phases {
             w.push("--phases".into());
+        }
+        if self.shuffle_atoms {
+            w.push("--shuffle-atoms".into());
         }
         w
     }
@@ -441,6 +448,11 @@ mod tests {
         let p = args(&["--phases"]);
         assert!(words(p.launch_words(1, Path::new("o.json"))).ends_with("--json o.json --phases"));
         assert!(MdScalingArgs::md_bench_args(p.md_bench_words(RankGrid { dims: [2, 1, 1] }, Some(1), None)).unwrap().phases);
+        // So does `--shuffle-atoms`, and only when asked.
+        assert!(!one.step.shuffle_atoms);
+        let s = args(&["--shuffle-atoms"]);
+        assert!(words(s.launch_words(1, Path::new("o.json"))).ends_with("--json o.json --shuffle-atoms"));
+        assert!(MdScalingArgs::md_bench_args(s.md_bench_words(RankGrid { dims: [2, 1, 1] }, Some(1), None)).unwrap().step.shuffle_atoms);
     }
 
     #[test]

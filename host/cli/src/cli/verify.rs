@@ -61,6 +61,11 @@ pub struct StepArgs {
     /// HALO_ROUTE_OVERRIDE, HALO_FORCE_TRANSPORT; HALO_INJECT_FAILURE makes a transport fail.
     #[arg(long, default_value = "routed", value_parser = |s: &str| PathPolicy::parse(s).map_err(|e| e.to_string()))]
     pub paths: PathPolicy,
+    /// Put the atoms in an order drawn from the seed instead of lattice order: global ids then
+    /// carry no spatial locality, as after a long run in which the atoms diffused (the kernels
+    /// read coordinates in the ranks' id order). The same system otherwise.
+    #[arg(long)]
+    pub shuffle_atoms: bool,
 }
 
 impl Default for StepArgs {
@@ -78,6 +83,7 @@ impl Default for StepArgs {
             redecompose: Redecompose::Auto,
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
+            shuffle_atoms: false,
         }
     }
 }
@@ -97,6 +103,7 @@ impl StepArgs {
             redecompose: self.redecompose,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
+            shuffle_atoms: self.shuffle_atoms,
             ..cfg
         }
     }
