@@ -57,7 +57,7 @@ impl PeerView {
 }
 
 /// Which of one rank's pulse's transfers are low-latency words, from whether the rank maps the
-/// pulse's `send_rank` and its `recv_rank` (the rule of [`RankExchange::install`]; the others go by
+/// pulse's `send_rank` and its `recv_rank` (the rule of [`RankExchange::install_deferred`]; the others go by
 /// NVSHMEM puts and signals). Coordinates go to `send_rank` and forces come back from it; forces
 /// go to `recv_rank` and coordinates come from it. An end decides from its own view only, so the
 /// two ends of a pulse agree only where each maps the other (`peer_map`).
@@ -372,7 +372,7 @@ impl<T: Element> RankExchange<T> {
     /// same grid, after atoms migrated): enqueues the upload of the new index maps on `stream`
     /// (through page-locked staging kept between calls; the allocation is reused when it is large
     /// enough) and recomputes the grids under the same residency cap. The metadata is stale until
-    /// [`Self::install`] runs again; signals, step counters and credits are kept, so the protocol
+    /// [`Self::install_deferred`] runs again; signals, step counters and credits are kept, so the protocol
     /// continues where it was (counters stay monotonic). The rank must be idle (`stream` and every
     /// other stream that launched its kernels). `stream` is the one its launches use: they run
     /// after the copy in its order; anything on another stream must be ordered after it by the
@@ -540,19 +540,13 @@ impl<T: Element> RankExchange<T> {
         self.status.fill_bytes_async(0, stream)
     }
 
-    /// Writes the per-pulse metadata. `peer(r)` gives rank `r`'s addresses when this rank may
-    /// reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a pulse must
-    /// decide alike (a direct pair in one direction is direct in the other). `flags` are this
-    /// rank's `credits::flags`; `signal_mode` says how put-path pulses signal. Uploads it
-    /// synchronously (set-up; [`Self::install_deferred`] and [`Self::upload_metadata`] enqueue it).
-    pub fn install(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
-        self.install_deferred(peer, flags, signal_mode)?;
-        self.upload_metadata_now()
-    }
-
-    /// [`Self::install`] on the host only: the metadata reaches the GPU with the next
-    /// [`Self::upload_metadata`] (launches refuse to run before it), so that one copy carries it
-    /// with the changes of [`Self::set_bulk_pulses_deferred`].
+    /// Writes the per-pulse metadata on the host. `peer(r)` gives rank `r`'s addresses when this
+    /// rank may reach it with loads and stores, `None` for the NVSHMEM put path. Both ends of a
+    /// pulse must decide alike (a direct pair in one direction is direct in the other). `flags`
+    /// are this rank's `credits::flags`; `signal_mode` says how put-path pulses signal. The
+    /// metadata reaches the GPU with the next [`Self::upload_metadata`] (launches refuse to run
+    /// before it), so that one copy carries it with the changes of
+    /// [`Self::set_bulk_pulses_deferred`].
     pub fn install_deferred(&mut self, peer: &dyn Fn(usize) -> Option<PeerView>, flags: &[u32], signal_mode: SignalMode) -> Result<()> {
         let size = size_of::<T>() as u64;
         let n = self.halo.pulses.len();
@@ -633,15 +627,6 @@ impl<T: Element> RankExchange<T> {
         Ok(())
     }
 
-    /// The metadata uploaded synchronously (set-up and tests; the legacy default stream).
-    fn upload_metadata_now(&mut self) -> Result<()> {
-        if !self.host_meta.is_empty() {
-            self.meta.copy_from_host(&self.host_meta)?;
-        }
-        self.meta_pending = false;
-        Ok(())
-    }
-
     /// An error when the metadata changed on the host since its last upload.
     fn check_metadata(&self) -> Result<()> {
         self.watch.usable()?; // a stuck stream never runs another launch
@@ -652,20 +637,15 @@ impl<T: Element> RankExchange<T> {
     }
 
     /// Moves the coordinates of the pulses marked in `bulk` (one flag per pulse) with bulk copies
-    /// (TMA) inside the fused kernel ([`Transport::Fused`]), the others as [`Self::install`] set
-    /// them (low-latency words to mapped peers, puts elsewhere). `recv_bulk` says the same of the
-    /// pulses this rank receives (`recv_bulk[p]`: `recv_pe` copies pulse `p` to this rank in bulk),
-    /// so that this rank waits for a signal there instead of polling words: every rank's flags
-    /// must mirror its senders' (the router's plans are symmetric per pair). A pulse can only copy
-    /// in bulk to a mapped peer: asking for one whose peer is reached by puts is an error. Call it
-    /// after `install`, between steps (the kernels read the metadata at launch). Uploads it
-    /// synchronously, as [`Self::install`].
-    pub fn set_bulk_pulses(&mut self, bulk: &[bool], recv_bulk: &[bool]) -> Result<()> {
-        self.set_bulk_pulses_deferred(bulk, recv_bulk)?;
-        self.upload_metadata_now()
-    }
-
-    /// [`Self::set_bulk_pulses`] on the host only, uploaded by the next [`Self::upload_metadata`].
+    /// (TMA) inside the fused kernel ([`Transport::Fused`]), the others as
+    /// [`Self::install_deferred`] set them (low-latency words to mapped peers, puts elsewhere).
+    /// `recv_bulk` says the same of the pulses this rank receives (`recv_bulk[p]`: `recv_pe`
+    /// copies pulse `p` to this rank in bulk), so that this rank waits for a signal there instead
+    /// of polling words: every rank's flags must mirror its senders' (the router's plans are
+    /// symmetric per pair). A pulse can only copy in bulk to a mapped peer: asking for one whose
+    /// peer is reached by puts is an error. Call it after `install_deferred`, between steps; on the
+    /// host only, uploaded by the next [`Self::upload_metadata`] (the kernels read the metadata at
+    /// launch).
     pub fn set_bulk_pulses_deferred(&mut self, bulk: &[bool], recv_bulk: &[bool]) -> Result<()> {
         let n = self.host_meta.len();
         if bulk.len() != n || recv_bulk.len() != n {
