@@ -79,9 +79,7 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
             halo_plan_destroy(p);
         }
         ok(halo_exchange_set_transport(ex, c"fused".as_ptr()), "halo_exchange_set_transport");
-        ok(halo_exchange_coordinates(ex, raw.as_ptr(), 2), "halo_exchange_coordinates");
-        ok(halo_exchange_forces(ex, raw.as_ptr(), 2), "halo_exchange_forces");
-        ok(halo_exchange_finish(ex), "halo_exchange_finish");
+        ab::c_step(ex, &raw);
     }
     let want_x = reference::coordinates(&halos, &home);
     let want_f = reference::forces(&halos, &forces);
@@ -103,14 +101,8 @@ fn the_c_api_matches_the_reference_and_costs_what_the_rust_api_costs() {
         .collect();
     let mut rust = LocalRanks::<Float3>::with_buffers(halos.clone(), std::slice::from_ref(&g.module), buffers).unwrap();
     rust.use_streams(&streams).unwrap();
-    let mut c_step = || {
-        // SAFETY: as above.
-        unsafe {
-            ok(halo_exchange_coordinates(ex, raw.as_ptr(), 2), "halo_exchange_coordinates");
-            ok(halo_exchange_forces(ex, raw.as_ptr(), 2), "halo_exchange_forces");
-            ok(halo_exchange_finish(ex), "halo_exchange_finish");
-        }
-    };
+    // SAFETY: as above.
+    let mut c_step = || unsafe { ab::c_step(ex, &raw) };
     let mut rust_step = || {
         rust.exchange_forward(Transport::Fused).unwrap();
         rust.exchange_reverse_accumulate(Transport::Fused).unwrap();

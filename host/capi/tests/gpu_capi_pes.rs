@@ -15,7 +15,7 @@ use halo::exchange::{CallerBuffers, PathPolicy, PeExchange, RankHalo, Transport,
 use halo::gpu::DeviceMemory;
 use halo::launch::RankEnv;
 use halo::session::PeSession;
-use halo_capi::exchange::{halo_exchange, halo_exchange_coordinates, halo_exchange_destroy, halo_exchange_finish, halo_exchange_forces};
+use halo_capi::exchange::{halo_exchange, halo_exchange_destroy};
 use halo_capi::exchange::{halo_exchange_set_transport, halo_pe, halo_pe_attach, halo_pe_create, halo_pe_destroy};
 use halo_capi::plan::halo_plan_destroy;
 use kernels_gpu::abi::Float3;
@@ -142,9 +142,7 @@ fn one_pe_of_the_comparison() {
         ok(halo_pe_create(pe, plan, x.device_ptr() as *mut f32, f.device_ptr() as *mut f32, len, &mut ex), "halo_pe_create");
         halo_plan_destroy(plan);
         ok(halo_exchange_set_transport(ex, c"fused".as_ptr()), "halo_exchange_set_transport");
-        ok(halo_exchange_coordinates(ex, raw.as_ptr(), 1), "halo_exchange_coordinates");
-        ok(halo_exchange_forces(ex, raw.as_ptr(), 1), "halo_exchange_forces");
-        ok(halo_exchange_finish(ex), "halo_exchange_finish");
+        ab::c_step(ex, &raw);
     }
     let want_x = &reference::coordinates(&halos, &home)[rank];
     let want_f = &reference::forces(&halos, &forces)[rank];
@@ -165,14 +163,8 @@ fn one_pe_of_the_comparison() {
     let mut rust = PeExchange::<Float3>::with_buffers(session.nvshmem.clone(), session.module.clone(), mine.clone(), PathPolicy::Routed, buffers)
         .expect("the Rust exchange");
     rust.use_stream(stream.clone()).expect("use_stream");
-    let mut c_step = || {
-        // SAFETY: as above.
-        unsafe {
-            ok(halo_exchange_coordinates(ex, raw.as_ptr(), 1), "halo_exchange_coordinates");
-            ok(halo_exchange_forces(ex, raw.as_ptr(), 1), "halo_exchange_forces");
-            ok(halo_exchange_finish(ex), "halo_exchange_finish");
-        }
-    };
+    // SAFETY: as above.
+    let mut c_step = || unsafe { ab::c_step(ex, &raw) };
     let mut rust_step = || {
         rust.exchange_forward(Transport::Fused).expect("exchange_forward");
         rust.exchange_reverse_accumulate(Transport::Fused).expect("exchange_reverse_accumulate");

@@ -2,6 +2,7 @@
 //! (which API goes first alternates too), so that drift of the machine over the run (clocks, other
 //! tenants) falls on both alike.
 
+use halo_capi::exchange::{CUstream, halo_exchange, halo_exchange_coordinates, halo_exchange_finish, halo_exchange_forces};
 use std::time::Instant;
 
 /// Warm-up steps of each API, blocks of each, and steps per block.
@@ -40,4 +41,20 @@ pub fn alternating_blocks(a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> (Vec<f64>
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// One step through the C API: the coordinate halo and the force halo on `streams` (one per local
+/// rank of `ex`), then the finish, each asserted to return `HALO_OK` (with its last error).
+///
+/// # Safety
+/// `ex` is a live exchange and `streams` are live streams of its ranks' GPUs, as
+/// `halo_exchange_coordinates` requires.
+pub unsafe fn c_step(ex: *mut halo_exchange, streams: &[CUstream]) {
+    let n = i32::try_from(streams.len()).expect("a stream count that fits an int");
+    // SAFETY: the caller's contract.
+    unsafe {
+        crate::common::ok(halo_exchange_coordinates(ex, streams.as_ptr(), n), "halo_exchange_coordinates");
+        crate::common::ok(halo_exchange_forces(ex, streams.as_ptr(), n), "halo_exchange_forces");
+        crate::common::ok(halo_exchange_finish(ex), "halo_exchange_finish");
+    }
 }
