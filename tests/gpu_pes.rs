@@ -240,6 +240,33 @@ fn four_pes_on_two_gpus_pass_the_issue_commands() {
     assert!(run.count("hardware floor") == 1 && run.count("skipped") == 0, "{}", run.text());
 }
 
+/// Under CUDA MPS, a client that ends with its work cut short (a dead NVSHMEM proxy, a PE that gave
+/// up on its peer) can leave the server refusing the next clients for a moment: they fail to open
+/// the GPU (`CUDA_ERROR_LAUNCH_FAILED`), and the next test would inherit this test's fault. A test
+/// that ends PEs that way calls this after its run: it waits, at most 30 s, until a fresh process
+/// (`halo info`) opens the GPUs again, and fails the test if they stay closed. Nothing without MPS.
+fn wait_until_the_gpus_open(test: &str) {
+    if !mps_running() {
+        return;
+    }
+    let start = Instant::now();
+    loop {
+        let probe = halo(&["info"], &[], Duration::from_secs(30));
+        if probe.code == Some(0) && !probe.text().contains("CUDA error") {
+            if start.elapsed() > Duration::from_millis(100) {
+                note(&format!("  {test}: the GPUs opened again under MPS after {:.1} s", start.elapsed().as_secs_f64()));
+            }
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{test}: 30 s after the run, a new process still cannot open the GPUs under MPS (restart the MPS daemon):\n{}",
+            probe.text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// Whether a CUDA MPS daemon runs here (then PEs that share a GPU may use every NVSHMEM collective).
 fn mps_running() -> bool {
     std::fs::read_dir("/proc")
@@ -530,6 +557,7 @@ fn a_proxy_that_dies_in_init_ends_every_rank_within_10_s() {
     let Some(env) = ucx_env(test) else { return };
     let args = ["launch", "-n", "2", "--gpus", "0", "--", "exchange-check", "--grid", "2x1x1", "--steps", "10", "--transport", "fused"];
     let run = halo(&args, &env, Duration::from_secs(120));
+    wait_until_the_gpus_open(test);
     let text = run.text();
     assert!(!run.killed, "the run did not end by itself within 120 s:\n{text}");
     let refusal = ["not supported with the current configuration", "unsupported without a GPU CPU mapping", "aborting due to error"];
@@ -675,6 +703,7 @@ fn a_timed_out_pe_puts_nothing_into_its_peer_later() {
         "--test-threads=1",
     ];
     let run = halo(&args, &[(PE_CHILD.to_string(), OsString::from("1"))], Duration::from_secs(120));
+    wait_until_the_gpus_open(test);
     run.assert_ok(test);
     for pe in 0..2 {
         let ok = format!("PE {pe}: after PE 0's timeout on the put path: OK");
