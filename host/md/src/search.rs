@@ -426,9 +426,12 @@ fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f3
 pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 
 /// The default number of search threads of a process that runs every rank itself (one process,
-/// one or several GPUs): four. Same machine and run, one GPU, 45,000 atoms: 131.5–144.7 µs per step
-/// with 1 thread, 120.6–121.2 with 4 (the grid of 45,000 home atoms: 3.66 → 2.68 ms); 180,000 atoms:
-/// 439.2 → 389.4 µs.
+/// one or several GPUs): four. Chosen on that machine when the grid and the redecomposition's passes
+/// ran on the host: one GPU, 45,000 atoms, 131.5–144.7 µs per step with 1 thread, 120.6–121.2 with 4
+/// (the grid of 45,000 home atoms: 3.66 → 2.68 ms). With those passes on the GPU, checked rows on one
+/// H100 favour one thread for two ranks at 45,000 atoms (median 82.6 against 85.8 µs, 7 of 8 pairs;
+/// docs/results/nbnxm/search-choices-ab-h100.log), while runs at other sizes and rank counts spread
+/// too widely there to decide, so four stays the default until they are settled.
 pub const DEFAULT_SEARCH_THREADS_ONE_PROCESS: usize = 4;
 
 /// The search threads of a run: `asked`, or when it is 0 the default for how the ranks are driven
