@@ -417,21 +417,20 @@ fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f3
     Ok(())
 }
 
-/// The default number of search threads of a process that runs one PE: one. Measured on two H200s
-/// (32-core host) with the pool of [`HostSearch`], 45,000 atoms, fused, one PE per GPU
-/// (`halo launch -n 2 -- md-bench --atoms 45000 --search-threads N`,
-/// docs/results/nbnxm/search-threads.log): 91.7–101.1 µs per step with 1 thread, 101.9 with 2,
-/// 96.2–100.1 with 4, 93.3 with 8: no count beats one thread beyond the run-to-run spread (before the
-/// pool, threads spawned per phase lost outright: 91.6 with 1, 110.6 with 4, 118.1 with 8).
+/// The default number of search threads of a process that runs one PE: one. On two H200s no count
+/// beat one thread beyond the run-to-run spread (docs/results/nbnxm/search-threads.log, rows of a
+/// build that did not check them), and in checked rows of two PEs sharing one H100 at 45,000 atoms
+/// one thread gave 81.1–84.1 µs per step against 84.8–86.2 with four
+/// (docs/results/nbnxm/search-choices-ab-h100.log).
 pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 
 /// The default number of search threads of a process that runs every rank itself (one process,
-/// one or several GPUs): four. Chosen on that machine when the grid and the redecomposition's passes
-/// ran on the host: one GPU, 45,000 atoms, 131.5–144.7 µs per step with 1 thread, 120.6–121.2 with 4
-/// (the grid of 45,000 home atoms: 3.66 → 2.68 ms). With those passes on the GPU, checked rows on one
-/// H100 favour one thread for two ranks at 45,000 atoms (median 82.6 against 85.8 µs, 7 of 8 pairs;
-/// docs/results/nbnxm/search-choices-ab-h100.log), while runs at other sizes and rank counts spread
-/// too widely there to decide, so four stays the default until they are settled.
+/// one or several GPUs): four. Chosen on two H200s when the grid and the redecomposition's passes
+/// ran on the host (the host's grid of 45,000 home atoms took a quarter less with four threads).
+/// With those passes on the GPU, checked rows on one H100 favour one thread for two ranks at 45,000
+/// atoms (median 82.6 against 85.8 µs, 7 of 8 pairs; docs/results/nbnxm/search-choices-ab-h100.log),
+/// while runs at other sizes and rank counts spread too widely there to decide, so four stays the
+/// default until they are settled.
 pub const DEFAULT_SEARCH_THREADS_ONE_PROCESS: usize = 4;
 
 /// The search threads of a run: `asked`, or when it is 0 the default for how the ranks are driven
