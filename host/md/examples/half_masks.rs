@@ -3,7 +3,7 @@
 //! local and non-local lists, after the prune at `rlist_inner` (what the force kernel walks between
 //! prunes), it counts the slots whose j-atoms 0–3 or 4–7 have no atom pair closer than
 //! `rlist_inner` (a half a per-half mask would leave out), and the atom pairs within the cutoff.
-use halo::abi::{NBNXM_CLUSTER_SIZE, NBNXM_MASK_BITS};
+use halo::abi::NBNXM_CLUSTER_SIZE;
 use halo::decomp::{HaloPlan, RankGrid};
 use halo::system::MolecularSystem;
 use halo_md::md_reference::{exchange_coordinates_f64, list_atom_pairs, prune_reference};
@@ -33,12 +33,9 @@ fn main() {
         let (rin2, rc2) = (f64::from(setup.rlist_inner).powi(2), f64::from(setup.cutoff).powi(2));
         let mut within_cutoff = 0usize;
         list_atom_pairs(&search.grid, &inner, &coords[0], |p| {
-            let slot = (0..NBNXM_CLUSTER_SIZE as usize)
-                .find(|&t| search.grid.atom_index[((inner.j_list[p.word] >> NBNXM_MASK_BITS) as usize) * NBNXM_CLUSTER_SIZE as usize + t] == p.j)
-                .unwrap_or(0);
             let h = halves.entry((p.word, p.k)).or_insert([false; 2]);
             if p.r2 < rin2 {
-                h[slot / half] = true;
+                h[p.tj / half] = true;
             }
             if p.r2 < rc2 {
                 within_cutoff += 1;

@@ -28,6 +28,8 @@ pub struct ListPair {
     pub word: usize,
     /// i-cluster within the supercluster (the mask bit).
     pub k: usize,
+    /// Slot of the j-atom within its j-cluster (`0..NBNXM_CLUSTER_SIZE`).
+    pub tj: usize,
 }
 
 fn shift_vector(shift: u32, box_size: [f32; 3]) -> [f64; 3] {
@@ -58,7 +60,7 @@ pub fn list_atom_pairs(grid: &ClusterGrid, list: &ClusterPairList, coords: &[[f6
                             continue;
                         }
                         let d: [f64; 3] = std::array::from_fn(|c| coords[b as usize][c] - xi[c]);
-                        f(ListPair { i: a, j: b, d, r2: d[0] * d[0] + d[1] * d[1] + d[2] * d[2], word, k });
+                        f(ListPair { i: a, j: b, d, r2: d[0] * d[0] + d[1] * d[1] + d[2] * d[2], word, k, tj });
                     }
                 }
             }
