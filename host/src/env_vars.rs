@@ -249,7 +249,7 @@ pub const VARS: &[EnvVar] = &[
         "HALO_LOG",
         Scope::Cli,
         "`RUST_LOG`, else `warn`",
-        "The log filter (`tracing` directives, e.g. `info` or `halo::route=debug`); beats `RUST_LOG` when both are set.",
+        "The log filter (`tracing` directives, e.g. `info` or `halo::route=debug`); beats `RUST_LOG` when both are set. Spans it lets through print their busy time when they close: `halo=debug,halo_md=debug` shows every part of every search step (`search.*`).",
     ),
     var("HALO_NCCL_LIB", Scope::Cli, "`libnccl.so.2`, then `libnccl.so`", "Path of the NCCL library that `halo bench` loads for its NCCL baseline."),
     // Testing.

@@ -319,7 +319,9 @@ impl MdRank {
     /// from the host) still needs the caller's context synchronisation before the steps
     /// (`run.rs`).
     pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
-        let searched = match self.fit_home(found, ex) {
+        // The caller may run each rank's update on a host thread of its own.
+        let bound = self.module.context().bind_to_thread().during("binding the rank's GPU context");
+        let searched = match bound.and_then(|()| self.fit_home(found, ex)) {
             Ok(()) => self.search_and_stage(found, box_size, ex, halo),
             Err(e) => Err(e),
         };
@@ -392,6 +394,8 @@ impl MdRank {
     pub fn begin_search(&mut self, found: &RankSearch, box_size: [f32; 3]) -> Result<Duration> {
         let RankLists::GpuGrid(atoms) = &found.lists else { return Ok(Duration::ZERO) };
         let t = Instant::now();
+        // The caller may run each rank's begin on a host thread of its own.
+        self.module.context().bind_to_thread().during("binding the rank's GPU context")?;
         let from = self.gpu_home.as_ref().filter(|_| found.home_on_device).map(|g| g.positions() as &dyn DeviceMemory<Float3>);
         self.nb.begin_local(atoms, box_size, &self.local, from)?;
         Ok(t.elapsed())

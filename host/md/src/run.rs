@@ -1122,8 +1122,10 @@ impl MdRun {
         }
         // New lists and launch shapes: the captured steps are stale.
         self.graphs.iter_mut().for_each(Vec::clear);
-        // The GPUs are idle from here until the first launch of this step: all of it is the search's.
+        // The GPUs are idle from here until the first launch of this step: all of it is the search's
+        // (the span of the whole search step, whose parts are `search.*` spans).
         let start = Instant::now();
+        let _span = tracing::debug_span!("search", step = self.step).entered();
         self.collect_energies()?;
         if self.resident() {
             return self.search_resident(start);
@@ -1133,7 +1135,8 @@ impl MdRun {
             let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
             let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
-            let searched = self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus)?;
+            let searched = tracing::debug_span!("search.local_atoms")
+                .in_scope(|| self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus))?;
             t.lists = t2.elapsed();
             searched
         } else {
@@ -1154,9 +1157,16 @@ impl MdRun {
         // built on the GPU; nothing for other lists): they need nothing of the exchange, so the
         // router's collective and the replan below run on the host while the GPUs run them, and
         // each rank's `update` finishes its search after them.
-        for (m, r) in self.ranks.iter_mut().zip(&found) {
-            gpu_search += m.begin_search(r, self.system.box_size)?;
-        }
+        // Each rank's on its own host thread when this process drives several: their host parts
+        // (the zones' checks, the staged copies, the launches) run side by side.
+        // (Their wall time counts as the lists', not the sum of each rank's.)
+        let (box_size, t_begin) = (self.system.box_size, Instant::now());
+        let begun = self
+            .host_search
+            .workers()
+            .map(self.ranks.iter_mut().zip(&found).collect(), |(m, r)| tracing::debug_span!("search.begin").in_scope(|| m.begin_search(r, box_size)));
+        begun.into_iter().collect::<Result<Vec<_>>>()?;
+        gpu_search += t_begin.elapsed();
         let halos = plan.rank_halos();
         // Under routing every rank's paths for the new halos (collective; the same plans on every
         // PE). The exchange keeps its buffers only while every pair keeps its transport.
@@ -1212,8 +1222,9 @@ impl MdRun {
         // Whether this search left a synchronous copy from pageable memory that the steps'
         // (non-blocking) streams do not follow ([`uploads_need_context_sync`]).
         let mut facts = SearchSyncFacts { new_exchange: !replanned, new_rank: false, pageable_lists: false };
+        let mut sides = Vec::with_capacity(found.len());
         for (i, r) in found.iter().enumerate() {
-            let rank = &ex.local_ranks()[i];
+            let rank = ex.local_ranks().get(i).ok_or_else(|| HaloError::InvalidInput(format!("the exchange drives no local rank {i}")))?;
             if rank.rank() != r.rank {
                 return Err(HaloError::InvalidInput(format!("the exchange drives rank {} where the search built rank {}", rank.rank(), r.rank)));
             }
@@ -1221,17 +1232,22 @@ impl MdRun {
             // and the rank's staged home arrays follow them on it (`MdRank::update`).
             let halo = ex.streams().get(i).ok_or_else(|| HaloError::InvalidInput(format!("no exchange stream for local rank {i}")))?;
             facts.pageable_lists |= !matches!(r.lists, search::RankLists::GpuGrid(_));
-            match self.ranks.get_mut(i) {
-                Some(m) => {
-                    gpu_search += m.update(r, self.system.box_size, rank, halo)?;
-                    t.pairs_wait += m.search_wait();
-                }
-                None => {
-                    facts.new_rank = true;
-                    let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
-                    self.ranks.push(MdRank::new(rank.module().clone(), r, lj, inv, setup, self.system.box_size, records, rank, halo)?);
-                }
-            }
+            sides.push((r, rank, halo));
+        }
+        // The ranks of the last search finish theirs, each on a host thread of its own when this
+        // process drives several (as their begins above); new ones are made here.
+        let (box_size, t_update) = (self.system.box_size, Instant::now());
+        let kept = self.ranks.len().min(sides.len());
+        let updated = self.host_search.workers().map(self.ranks.iter_mut().zip(&sides[..kept]).collect(), |(m, &(r, rank, halo))| {
+            tracing::debug_span!("search.update").in_scope(|| m.update(r, box_size, rank, halo))
+        });
+        updated.into_iter().collect::<Result<Vec<_>>>()?;
+        gpu_search += t_update.elapsed();
+        t.pairs_wait += self.ranks.iter().map(MdRank::search_wait).sum::<Duration>();
+        for &(r, rank, halo) in &sides[kept..] {
+            facts.new_rank = true;
+            let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
+            self.ranks.push(MdRank::new(rank.module().clone(), r, lj, inv, setup, box_size, records, rank, halo)?);
         }
         // The uploads' ordering. Each rank's home arrays staged from the host (velocities and
         // masses; with host lists or a host grid also the coordinates and types) were enqueued
@@ -1256,6 +1272,7 @@ impl MdRun {
         // writes only a record that the hosts read.) Only then wait for every stream of each GPU
         // once, here.
         if uploads_need_context_sync(&facts) {
+            let _span = tracing::debug_span!("search.context_sync").entered();
             let mut synced: Vec<usize> = Vec::new();
             for r in ex.local_ranks() {
                 if !synced.contains(&r.context().ordinal()) {
@@ -1369,6 +1386,7 @@ impl MdRun {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
         let mut devices = Vec::with_capacity(self.ranks.len());
+        let _span = tracing::debug_span!("search.redecompose").entered();
         for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
             let home = m.home_atoms();
             let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();

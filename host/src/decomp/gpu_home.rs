@@ -236,7 +236,7 @@ impl HomeDevice for GpuRank<'_> {
         let h = &mut *self.home;
         let a = MigrateArrays { x: self.x, v: self.v, ids: &h.ids, x_out: &h.stay_x, v_out: &h.stay_v, ids_out: &h.stay_ids };
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
-        let migrated = p.migrate.finish(self.stream, &a, n)?;
+        let migrated = tracing::debug_span!("search.migrate.wait").in_scope(|| p.migrate.finish(self.stream, &a, n))?;
         h.stayers = migrated.stayers;
         // Waited for by the finish: nothing is left for the drop to wait for.
         self.begun = false;
@@ -301,7 +301,8 @@ impl HomeDevice for GpuRank<'_> {
             self.begin_merge_and_select(geo, arrivals)?;
         }
         let merging = self.merging.take().ok_or_else(|| HaloError::InvalidInput("the GPU merge was not begun".into()))?;
-        self.stream.synchronize().during("waiting for the GPU redecomposition")?;
+        tracing::debug_span!("search.merge.wait").in_scope(|| self.stream.synchronize()).during("waiting for the GPU redecomposition")?;
+        let _span = tracing::debug_span!("search.merge.host").entered();
         let h = &mut *self.home;
         h.merge.check()?;
         let n = merging.n;

@@ -379,6 +379,7 @@ fn plan_pulses(
         let dim_start: Vec<usize> = work.iter().map(Working::len).collect();
         let mut prev = vec![(0, 0); ranks.len()];
         for p in 0..geo.pulses[d] {
+            let _span = tracing::debug_span!("search.pulse", dim = d, pulse = p).entered();
             let tag = pulse_tag(d, p);
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
             // A first pulse whose home part was selected already starts after the home atoms.
@@ -414,6 +415,7 @@ fn plan_pulses(
 
     // 3. Homes and local positions out, the working arrays back to the scratch; every rank's plan
     // to every process.
+    let _span = tracing::debug_span!("search.plan_out").entered();
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
     let mut mine = Vec::with_capacity(ranks.len());
@@ -449,7 +451,7 @@ fn plan_pulses(
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
-    check_homes(&plan, atoms, &mut scratch.seen)?;
+    tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, atoms, &mut scratch.seen))?;
     Ok(Redecomposed { plan, homes, local_positions })
 }
 
@@ -472,6 +474,7 @@ fn local_index(ranks: &[usize], homes: usize, nranks: usize) -> Result<Vec<Optio
 
 /// `all_gather(tag, mine)`, checked to give one blob per rank.
 fn gather(all_gather: &mut Collective<'_>, tag: &str, mine: Vec<Vec<u8>>, nranks: usize) -> Result<Vec<Vec<u8>>> {
+    let _span = tracing::debug_span!("search.all_gather", tag).entered();
     let all = all_gather(tag, mine)?;
     if all.len() != nranks {
         return Err(PlanError::GatherCount { tag: tag.to_string(), found: all.len(), expected: nranks }.into());

@@ -452,6 +452,7 @@ impl<T: Element> PeExchange<T> {
                 self.rank.rank()
             )));
         }
+        let _span = tracing::debug_span!("search.replan").entered();
         self.wait_idle("waiting for the halo stream before a replan")?;
         if replan_needs_barrier(fence, self.every_pe_maps_every_pe()) {
             self.nvshmem.barrier_all()?;
@@ -462,7 +463,7 @@ impl<T: Element> PeExchange<T> {
         // this PE's next launches (there, after the copies) are the first to read them, and no
         // peer reads them (peers reach only `x`, the signals and the receive slots). What peers
         // may write from here on, this PE's new halo region, no copy of the replan touches.
-        self.rank.set_halo(halos[me].clone(), &self.stream)?;
+        tracing::debug_span!("search.replan.set_halo").in_scope(|| self.rank.set_halo(halos[me].clone(), &self.stream))?;
         // The host-driven transports: their IPC events and mailbox serve the same pulses and
         // neighbours (kept, the step counters going on), or are set up again for the new ones
         // (collective; every PE decides alike from the same halos).
@@ -474,7 +475,7 @@ impl<T: Element> PeExchange<T> {
             self.host = HostDriven::new(&halos);
         }
         self.halos = halos;
-        self.install()?;
+        tracing::debug_span!("search.replan.install").in_scope(|| self.install())?;
         Ok(true)
     }
 

@@ -9,6 +9,7 @@
 //! CPU reference, both ends of every pulse agreeing: `MdRun::run_checked_steps`). A row carries
 //! its times and `checked: true` only when all of them passed.
 
+use super::search_parts::{self, SearchPartsSummary};
 use super::stats::{Summary, ns_per_day};
 use crate::decomp::RankGrid;
 use crate::error::{HaloError, Result};
@@ -40,6 +41,9 @@ pub struct MdBenchConfig {
     /// After the timed repeats of a row without graphs, profile [`PHASE_LISTS`] list lifetimes'
     /// steps ([`MdRun::profile_phases`]) into the row's `phases`.
     pub phases: bool,
+    /// Record the timed repeats' search parts ([`crate::bench::search_parts`]) into the row's
+    /// `search_parts`.
+    pub search_parts: bool,
 }
 
 /// List lifetimes (`nstlist` steps each) of steps profiled by `--phases`.
@@ -193,6 +197,10 @@ pub struct MdBenchRow {
     /// of the profiled steps, µs; timing events between the phases, so not the row's step time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Vec<halo_md::phases::PhaseSummary>>,
+    /// With `--search-parts`: where a search step's host time went, part by part, per process
+    /// (the library's search spans over the timed repeats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search_parts: Option<Vec<SearchPartsSummary>>,
     /// Where it ran.
     pub machine: MachineInfo,
 }
@@ -310,6 +318,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         check_failure: None,
         check: None,
         phases: None,
+        search_parts: None,
         machine: target.machine.clone(),
     };
     // Every PE measures the same rows in the same order, so a count names each row's all-gather
@@ -336,11 +345,19 @@ fn conclude(row: &mut MdBenchRow, result: Result<()>) {
     }
 }
 
+/// This process's PE, or 0 when it drives every rank.
+fn process_rank(placement: &Placement) -> usize {
+    match placement {
+        Placement::Pe { nvshmem, .. } => nvshmem.my_pe(),
+        _ => 0,
+    }
+}
+
 /// Measures the row; `Ok` only when every checked step passed (the times are written only then).
 fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
     let md_ranks = md.grid.num_ranks();
     let mut run = MdRun::new(md, target.placement.clone())?;
-    let timed = timed_and_checked(cfg, &mut run, md_ranks, row);
+    let timed = timed_and_checked(cfg, &mut run, md_ranks, process_rank(target.placement), row);
     row.check = MdBenchCheck::of(run.outcome());
     let timed = timed?;
     let checked = run.outcome().checked_steps;
@@ -367,7 +384,8 @@ struct Timed {
 
 /// The warm-up, [`CHECKED_BEFORE`] checked steps, the timed repeats (unchecked), then
 /// [`CHECKED_AFTER`] checked steps.
-fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, row: &mut MdBenchRow) -> Result<Timed> {
+/// `process` names this process in the search parts (its PE, or 0 for one process).
+fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, process: usize, row: &mut MdBenchRow) -> Result<Timed> {
     row.rlist = run.setup().rlist;
     row.rlist_inner = run.setup().rlist_inner;
     let mut none = |_: u64, _: &halo_md::StepCheck| {};
@@ -379,6 +397,9 @@ fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, row:
     let mut shares = Vec::with_capacity(cfg.repeats);
     let before = run.outcome().search;
     let (resident_before, redecomposed_before) = (run.outcome().resident_searches, run.outcome().redecompositions);
+    if cfg.search_parts {
+        search_parts::start();
+    }
     for _ in 0..cfg.repeats {
         let searched = run.outcome().search.total;
         let t = Instant::now();
@@ -387,6 +408,9 @@ fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, row:
         let wall = t.elapsed();
         times.push(wall.as_secs_f64() * 1e6 / cfg.steps as f64);
         shares.push((run.outcome().search.total - searched).as_secs_f64() / wall.as_secs_f64());
+    }
+    if cfg.search_parts {
+        row.search_parts = Some(vec![search_parts::take(process)]);
     }
     let after = run.outcome().search;
     let lists = run.outcome().lists;
@@ -434,6 +458,19 @@ fn record(target: &Target<'_>, timed: Timed, row: &mut MdBenchRow, tag: &str) ->
         phases.sort_by_key(|p| p.rank);
         phases.dedup_by_key(|p| p.rank);
         row.phases = Some(phases);
+    }
+    if let Some(mine) = row.search_parts.take() {
+        let blob = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("the search parts as JSON: {e}")))?;
+        let all = target.placement.all_gather(&format!("{tag}-search-parts"), vec![blob])?;
+        let mut parts = Vec::new();
+        for b in &all {
+            let theirs: Vec<SearchPartsSummary> =
+                serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a PE's search parts: {e}")))?;
+            parts.extend(theirs);
+        }
+        parts.sort_by_key(|p| p.rank);
+        parts.dedup_by_key(|p| p.rank);
+        row.search_parts = Some(parts);
     }
     let s = Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
     row.step_us_median = Some(s.median);
@@ -630,6 +667,20 @@ pub fn table(rows: &[MdBenchRow]) -> String {
             }
         }
     }
+    let parted: Vec<&MdBenchRow> = rows.iter().filter(|r| r.checked && r.search_parts.as_ref().is_some_and(|p| !p.is_empty())).collect();
+    if !parted.is_empty() {
+        let _ = writeln!(
+            s,
+            "where a search step's host time goes, part by part (the library's search spans over the timed repeats; a part's pieces \
+             follow it by name and are inside it; `search` is the whole step from the GPUs' last step on):"
+        );
+        for r in parted {
+            let _ = writeln!(s, "  {} atoms, {}, {}:", r.atoms, variant(r), r.ranks);
+            for line in r.search_parts.iter().flatten().flat_map(|p| p.lines()) {
+                let _ = writeln!(s, "    {line}");
+            }
+        }
+    }
     s
 }
 
@@ -683,13 +734,22 @@ pub(crate) mod tests {
                 ..MdBenchCheck::default()
             }),
             phases: None,
+            search_parts: None,
             machine: crate::machine::tests::sample(),
         }
     }
 
     #[test]
     fn steps_must_hold_whole_list_lifetimes() {
-        let cfg = MdBenchConfig { steps: 1000, repeats: 3, warmup: 150, step: crate::cli::StepArgs::default(), graph: false, phases: false };
+        let cfg = MdBenchConfig {
+            steps: 1000,
+            repeats: 3,
+            warmup: 150,
+            step: crate::cli::StepArgs::default(),
+            graph: false,
+            phases: false,
+            search_parts: false,
+        };
         cfg.validate().unwrap();
         let e = MdBenchConfig { steps: 1050, ..cfg.clone() }.validate().unwrap_err().to_string();
         assert!(e.contains("multiple of --nstlist 100"), "{e}");
@@ -750,6 +810,28 @@ pub(crate) mod tests {
         // A row that failed its checks prints no phases.
         r.checked = false;
         assert!(!table(std::slice::from_ref(&r)).contains("where one step's time goes"));
+    }
+
+    #[test]
+    fn rows_with_search_parts_print_them_and_keep_them_in_their_json() {
+        let mut r = row("fused", 45_000, 50.0);
+        assert!(!table(std::slice::from_ref(&r)).contains("where a search step's host time goes"), "no parts, no section");
+        let times: std::collections::BTreeMap<&'static str, Vec<f64>> =
+            [("search", vec![900.0, 1000.0, 1100.0]), ("search.merge", vec![100.0, 140.0, 130.0]), ("search.update", vec![50.0; 6])]
+                .into_iter()
+                .collect();
+        r.search_parts = Some(vec![SearchPartsSummary::of(1, &times)]);
+        let t = table(std::slice::from_ref(&r));
+        assert!(t.contains("where a search step's host time goes"), "{t}");
+        assert!(t.contains("rank 1: 3 search steps recorded"), "{t}");
+        assert!(t.contains("search.merge                         130.0     123.3   1.0"), "{t}");
+        assert!(t.contains("search.update                         50.0     100.0   2.0"), "{t}");
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["search_parts"][0]["parts"][0]["median_us"], 1000.0);
+        let back: MdBenchRow = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        r.checked = false;
+        assert!(!table(std::slice::from_ref(&r)).contains("where a search step's host time goes"), "a failed row prints no parts");
     }
 
     #[test]

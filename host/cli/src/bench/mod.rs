@@ -14,6 +14,7 @@
 //! - [`kernels`]: pack and unpack-accumulate at 1M atoms.
 //! - [`timeline`]: `halo timeline`, where the time of the fused halo goes (stamped kernels).
 //! - [`md`]: `halo md-bench`, ns/day of the whole MD step per transport (search steps included).
+//! - [`search_parts`]: where a search step's host time goes, from the library's search spans.
 //!
 //! What a run ran on is [`crate::machine::MachineInfo`], in every result file and log.
 //!
@@ -31,6 +32,7 @@ pub mod pecomm;
 pub mod plot;
 pub mod report;
 pub mod runner;
+pub mod search_parts;
 pub mod stats;
 pub mod step;
 pub mod timeline;

@@ -1,7 +1,13 @@
 //! The `halo` command's log: `tracing` events on stderr, filtered by `HALO_LOG`, else by the usual
-//! `RUST_LOG`, else at `warn`.
+//! `RUST_LOG`, else at `warn`; spans the filter lets through are printed when they close, with the
+//! time they were busy (the library's search step and its parts are debug spans named `search` and
+//! `search.<part>`: `HALO_LOG=halo=debug,halo_md=debug`). A second layer records the search spans
+//! for `md-bench --search-parts` ([`crate::bench::search_parts`]).
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// halo's own filter variable; it beats [`RUST_LOG`] when both are set.
 pub const HALO_LOG: &str = "HALO_LOG";
@@ -34,7 +40,8 @@ pub fn init() {
         eprintln!("halo: {e}");
         EnvFilter::new(DEFAULT)
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let log = tracing_subscriber::fmt::layer().with_span_events(FmtSpan::CLOSE).with_writer(std::io::stderr).with_filter(filter);
+    tracing_subscriber::registry().with(log).with(crate::bench::search_parts::layer()).init();
 }
 
 #[cfg(test)]

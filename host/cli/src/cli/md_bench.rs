@@ -53,6 +53,12 @@ pub struct MdBenchArgs {
     /// consecutive kernels.
     #[arg(long)]
     pub phases: bool,
+    /// Record where each search step's host time goes during the timed repeats, part by part (the
+    /// library's `search.*` spans: the redecomposition and its collectives, local atoms, the GPU
+    /// grid and lists, the replan, the uploads), and print the medians per process; in the JSON
+    /// as each row's `search_parts`. Costs a clock read per part.
+    #[arg(long)]
+    pub search_parts: bool,
     /// Write the rows to this file (JSON: `schema_version` and `rows`, a list of objects).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -68,7 +74,15 @@ impl MdBenchArgs {
     }
 
     fn config(&self) -> MdBenchConfig {
-        MdBenchConfig { steps: self.steps, repeats: self.repeats, warmup: self.warmup, step: self.step.clone(), graph: false, phases: self.phases }
+        MdBenchConfig {
+            steps: self.steps,
+            repeats: self.repeats,
+            warmup: self.warmup,
+            step: self.step.clone(),
+            graph: false,
+            phases: self.phases,
+            search_parts: self.search_parts,
+        }
     }
 }
 

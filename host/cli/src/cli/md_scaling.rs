@@ -55,6 +55,10 @@ pub struct MdScalingArgs {
     /// where the step's time goes with 1 rank, 2 ranks in one process and 2 PEs, side by side.
     #[arg(long)]
     pub phases: bool,
+    /// Also record where every row's search steps spend their host time, part by part (`halo
+    /// md-bench --search-parts`).
+    #[arg(long)]
+    pub search_parts: bool,
     /// Every row on the same system with its atoms in an order drawn from the seed (`halo
     /// md-bench --shuffle-atoms`: ids without spatial locality, as after a long run).
     #[arg(long)]
@@ -184,6 +188,9 @@ impl MdScalingArgs {
         }
         if self.phases {
             w.push("--phases".into());
+        }
+        if self.search_parts {
+            w.push("--search-parts".into());
         }
         if self.shuffle_atoms {
             w.push("--shuffle-atoms".into());
@@ -448,6 +455,11 @@ mod tests {
         let p = args(&["--phases"]);
         assert!(words(p.launch_words(1, Path::new("o.json"))).ends_with("--json o.json --phases"));
         assert!(MdScalingArgs::md_bench_args(p.md_bench_words(RankGrid { dims: [2, 1, 1] }, Some(1), None)).unwrap().phases);
+        // So does `--search-parts`.
+        assert!(!one.search_parts);
+        let sp = args(&["--search-parts"]);
+        assert!(words(sp.launch_words(1, Path::new("o.json"))).ends_with("--json o.json --search-parts"));
+        assert!(MdScalingArgs::md_bench_args(sp.md_bench_words(RankGrid { dims: [2, 1, 1] }, Some(1), None)).unwrap().search_parts);
         // So does `--shuffle-atoms`, and only when asked.
         assert!(!one.step.shuffle_atoms);
         let s = args(&["--shuffle-atoms"]);

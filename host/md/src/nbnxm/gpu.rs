@@ -470,13 +470,13 @@ impl NbnxmGpu {
         let t0 = Instant::now();
         self.forget_lists();
         lj_table_holds(atoms.ntypes > self.ntypes as usize, atoms.ntypes, self.ntypes)?;
-        let enqueued = self.grid.enqueue_build_local(&self.module, atoms, from, stream);
+        let enqueued = tracing::debug_span!("search.grid_enqueue").in_scope(|| self.grid.enqueue_build_local(&self.module, atoms, from, stream));
         let pending = enqueued.inspect_err(|_| {
             // The build's copies may have been enqueued before its error.
             let _ = stream.synchronize();
         })?;
         let t1 = Instant::now();
-        let lists = self.begin_lists(stream, Some(&pending)).inspect_err(|_| {
+        let lists = tracing::debug_span!("search.lists_begin").in_scope(|| self.begin_lists(stream, Some(&pending))).inspect_err(|_| {
             let _ = stream.synchronize();
         })?;
         self.begun = Some(BegunLocal {
@@ -537,7 +537,8 @@ impl NbnxmGpu {
             return Err(e);
         }
         let coordinate = |atom: usize| Ok(atoms.positions.get(atom).copied().unwrap_or_default());
-        let grid = self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), before_wait)?;
+        let grid = tracing::debug_span!("search.lists_finish")
+            .in_scope(|| self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), before_wait))?;
         let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
         self.box_size = begun.box_size;
         self.atoms = grid.atoms;

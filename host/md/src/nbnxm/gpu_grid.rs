@@ -477,7 +477,9 @@ impl DeviceGrid {
         self.held = None;
         self.built = None;
         // The checks and the zones' shape in one pass over the atoms.
-        let plan = ZonePlan::checked(atoms).map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        let plan = tracing::debug_span!("search.grid.zone_plan")
+            .in_scope(|| ZonePlan::checked(atoms))
+            .map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let n = atoms.len();
         if n >= u32::MAX as usize {
             return Err(HaloError::InvalidInput(format!("GPU cluster grid: {n} atoms, more than a u32 index holds")));
@@ -490,6 +492,7 @@ impl DeviceGrid {
             )));
         }
         let s = &mut self.scratch;
+        let span = tracing::debug_span!("search.grid.stage").entered();
         grow(module, &mut s.x, n)?;
         grow(module, &mut s.types, n)?;
         grow(module, &mut s.zone_ids, n)?;
@@ -502,8 +505,9 @@ impl DeviceGrid {
         }
         s.types_staging.upload(&atoms.types, &s.types, stream)?;
         s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
+        drop(span);
         let on = Atoms { x: s.x.device_ptr(), types: s.types.device_ptr(), zone_ids: s.zone_ids.device_ptr(), n };
-        self.passes(module, on, atoms.box_size, false, &plan, stream)?;
+        tracing::debug_span!("search.grid.passes").in_scope(|| self.passes(module, on, atoms.box_size, false, &plan, stream))?;
         Ok(PendingGrid { plan, n, home: atoms.home, box_size: atoms.box_size, periodic: atoms.periodic, launched: n > 0, resident: false })
     }
 

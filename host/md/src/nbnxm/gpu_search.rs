@@ -513,7 +513,7 @@ impl GpuSearch {
             return Ok(totals);
         }
         // The one synchronisation: the grid's words and the lists' totals together.
-        let (sums, words) = self.layout.wait_sums_and_words(stream, before_wait)?;
+        let (sums, words) = tracing::debug_span!("search.lists_wait").in_scope(|| self.layout.wait_sums_and_words(stream, before_wait))?;
         settle(Some(words))?;
         let totals = LayoutTotals::from_sums(sums)?;
         let rooms = out(&totals)?;

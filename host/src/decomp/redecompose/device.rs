@@ -102,6 +102,7 @@ pub fn redecompose_on_devices(
     // 1. Owners on the devices; leavers out, arrivals in. Every device's passes are enqueued
     // before any is waited for: the devices of one process (ranks sharing a GPU, or several GPUs
     // in one process) run them side by side instead of one after the other.
+    let span = tracing::debug_span!("search.migrate").entered();
     for d in devices.iter_mut() {
         d.begin_migrate(&geo)?;
     }
@@ -113,10 +114,12 @@ pub fn redecompose_on_devices(
             Err(e) => return Err(e),
         });
     }
+    drop(span);
     let mut arrivals = migrate(&leaving, &local_index, atoms, all_gather, &mut scratch.spare)?;
 
     // The new home atoms in id order, merged and selected on the devices: again every device's
     // work begun before any is waited for.
+    let span = tracing::debug_span!("search.merge").entered();
     for (d, a) in devices.iter_mut().zip(&mut arrivals) {
         a.sort_unstable_by_key(|m| m.0);
         d.begin_merge_and_select(&geo, a)?;
@@ -145,6 +148,7 @@ pub fn redecompose_on_devices(
         work.push(w);
         home_maps.push(maps);
     }
+    drop(span);
     let done = plan_pulses(&geo, atoms, ranks, work, &home_maps, all_gather, workers, scratch);
     for maps in home_maps {
         for m in maps {
