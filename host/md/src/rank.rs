@@ -422,7 +422,7 @@ impl MdRank {
     /// coordinates of rank `rank` (home atoms first), `ids` their global ids (the last plan's).
     /// The rank must be idle. The new home atoms' velocities stay on the GPU; the next
     /// [`Self::update`] with `RankSearch::home_on_device` copies them into place.
-    pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a dyn DeviceMemory<Float3>, ids: &'a [u32]) -> Result<GpuRank<'a>> {
+    pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a (dyn DeviceMemory<Float3> + Sync), ids: &'a [u32]) -> Result<GpuRank<'a>> {
         if ids.len() != self.home {
             return Err(HaloError::InvalidInput(format!("rank {rank}: {} home ids for {} home atoms on its GPU", ids.len(), self.home)));
         }

@@ -471,19 +471,41 @@ impl MdOutcome {
     }
 }
 
-/// A rank's GPU in a redecomposition, the time of its per-atom passes added to `spent`.
+/// A rank's GPU in a redecomposition, the spans of its calls (its per-atom passes) added to
+/// `spans`. The ranks of one process run them on threads side by side: [`busy_time`] of the spans
+/// is the wall time spent in them.
 struct Timed<'a, 'b> {
     inner: &'a mut GpuRank<'b>,
-    spent: &'a std::cell::Cell<Duration>,
+    spans: &'a std::sync::Mutex<Vec<(Instant, Instant)>>,
 }
 
 impl Timed<'_, '_> {
     fn time<T>(&mut self, f: impl FnOnce(&mut GpuRank<'_>) -> T) -> T {
         let t = Instant::now();
         let out = f(self.inner);
-        self.spent.set(self.spent.get() + t.elapsed());
+        if let Ok(mut spans) = self.spans.lock() {
+            spans.push((t, Instant::now()));
+        }
         out
     }
+}
+
+/// The time covered by at least one of `spans` (start, end): the union's length.
+fn busy_time(spans: &mut [(Instant, Instant)]) -> Duration {
+    spans.sort_unstable_by_key(|s| s.0);
+    let mut total = Duration::ZERO;
+    let mut open: Option<(Instant, Instant)> = None;
+    for &(a, b) in spans.iter() {
+        open = match open {
+            Some((s, e)) if a <= e => Some((s, e.max(b))),
+            Some((s, e)) => {
+                total += e - s;
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    total + open.map_or(Duration::ZERO, |(s, e)| e.saturating_duration_since(s))
 }
 
 impl HomeDevice for Timed<'_, '_> {
@@ -1392,8 +1414,8 @@ impl MdRun {
             let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
             devices.push(m.home_device(r.rank(), &r.x, ids)?);
         }
-        let spent = std::cell::Cell::new(Duration::ZERO);
-        let mut timed: Vec<Timed<'_, '_>> = devices.iter_mut().map(|d| Timed { inner: d, spent: &spent }).collect();
+        let spans = std::sync::Mutex::new(Vec::new());
+        let mut timed: Vec<Timed<'_, '_>> = devices.iter_mut().map(|d| Timed { inner: d, spans: &spans }).collect();
         let mut dyns: Vec<&mut dyn HomeDevice> = timed.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
         t.gather = start.elapsed();
         let t1 = Instant::now();
@@ -1405,7 +1427,7 @@ impl MdRun {
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
-        t.plan_device = spent.get();
+        t.plan_device = spans.lock().map(|mut s| busy_time(&mut s)).unwrap_or_default();
         self.out.redecompositions += 1;
         Ok(done)
     }
@@ -1729,6 +1751,19 @@ fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_time_counts_overlapping_spans_once() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        assert_eq!(busy_time(&mut []), Duration::ZERO);
+        // Two ranks side by side (10-50 and 20-60), then one alone (100-130), given out of order.
+        let mut spans = vec![(at(100), at(130)), (at(20), at(60)), (at(10), at(50))];
+        assert_eq!(busy_time(&mut spans), Duration::from_micros(80));
+        // Touching spans join; a span inside another adds nothing.
+        let mut spans = vec![(at(0), at(10)), (at(10), at(20)), (at(2), at(5))];
+        assert_eq!(busy_time(&mut spans), Duration::from_micros(20));
+    }
 
     #[test]
     fn redecompose_auto_uses_the_gpus_from_ten_thousand_home_atoms_a_rank() {

@@ -119,10 +119,10 @@ pub struct SearchTimes {
     /// processes (their waits for the slowest process included).
     pub plan_gathers: Duration,
     /// Of `plan`, when the per-atom passes ran on the GPUs: the host's time in them (enqueues,
-    /// the waits for the GPUs and the read-backs), summed over the local ranks' calls. Every
-    /// rank's passes of a phase are enqueued before any is waited for, so with several local
-    /// ranks the first wait also covers the others' passes, which run meanwhile: this is about the
-    /// wall time of the overlapping passes, not the sum of each rank's alone.
+    /// the waits for the GPUs and the read-backs). With several local ranks their calls of a
+    /// phase run side by side on the search threads, and every rank's passes are enqueued before
+    /// any is waited for: this is the wall time covered by at least one rank's call, not the sum
+    /// of each rank's.
     pub plan_device: Duration,
 }
 

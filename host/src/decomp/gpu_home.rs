@@ -120,8 +120,8 @@ impl GpuHome {
         &'a mut self,
         module: &'a KernelModule,
         stream: &'a CudaStream,
-        x: &'a dyn DeviceMemory<Float3>,
-        v: &'a dyn DeviceMemory<Float3>,
+        x: &'a (dyn DeviceMemory<Float3> + Sync),
+        v: &'a (dyn DeviceMemory<Float3> + Sync),
         ids: &'a [u32],
     ) -> GpuRank<'a> {
         GpuRank { home: self, module, stream, x, v, ids, begun: false, merging: None }
@@ -144,8 +144,8 @@ pub struct GpuRank<'a> {
     home: &'a mut GpuHome,
     module: &'a KernelModule,
     stream: &'a CudaStream,
-    x: &'a dyn DeviceMemory<Float3>,
-    v: &'a dyn DeviceMemory<Float3>,
+    x: &'a (dyn DeviceMemory<Float3> + Sync),
+    v: &'a (dyn DeviceMemory<Float3> + Sync),
     ids: &'a [u32],
     /// The migration's passes are enqueued ([`HomeDevice::begin_migrate`]) and not yet finished.
     begun: bool,
@@ -229,6 +229,8 @@ impl HomeDevice for GpuRank<'_> {
     }
 
     fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<MigrateLeaver>)> {
+        // Each phase may run on another of the process's search threads.
+        self.stream.context().bind_to_thread().during("binding the context")?;
         if !self.begun {
             self.begin_migrate(geo)?;
         }
@@ -248,6 +250,7 @@ impl HomeDevice for GpuRank<'_> {
         let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: rank }).collect();
         let h = &mut *self.home;
         let ctx = self.stream.context();
+        ctx.bind_to_thread().during("binding the context")?;
         let total = h.stayers + arrivals.len();
         fit(ctx, &mut h.new_ids, total)?;
         fit(ctx, &mut h.new_x, total)?;
@@ -297,6 +300,7 @@ impl HomeDevice for GpuRank<'_> {
     }
 
     fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+        self.stream.context().bind_to_thread().during("binding the context")?;
         if self.merging.is_none() {
             self.begin_merge_and_select(geo, arrivals)?;
         }

@@ -751,7 +751,7 @@ fn the_device_path_gives_the_hosts_plan() {
 /// A model device that logs its calls, to see the order the redecomposition makes them.
 struct Logged<'a> {
     inner: &'a mut CpuHome,
-    log: &'a std::cell::RefCell<Vec<(&'static str, usize)>>,
+    log: &'a std::sync::Mutex<Vec<(&'static str, usize)>>,
 }
 
 impl HomeDevice for Logged<'_> {
@@ -760,29 +760,30 @@ impl HomeDevice for Logged<'_> {
     }
 
     fn begin_migrate(&mut self, geo: &Decomposition) -> Result<()> {
-        self.log.borrow_mut().push(("begin", self.inner.rank));
+        self.log.lock().unwrap().push(("begin", self.inner.rank));
         self.inner.begin_migrate(geo)
     }
 
     fn migrate(&mut self, geo: &Decomposition) -> Result<(usize, Vec<kernels_gpu::abi::MigrateLeaver>)> {
-        self.log.borrow_mut().push(("migrate", self.inner.rank));
+        self.log.lock().unwrap().push(("migrate", self.inner.rank));
         self.inner.migrate(geo)
     }
 
     fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
-        self.log.borrow_mut().push(("begin merge", self.inner.rank));
+        self.log.lock().unwrap().push(("begin merge", self.inner.rank));
         self.inner.begin_merge_and_select(geo, arrivals)
     }
 
     fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
-        self.log.borrow_mut().push(("merge", self.inner.rank));
+        self.log.lock().unwrap().push(("merge", self.inner.rank));
         self.inner.merge_and_select(geo, arrivals, into)
     }
 }
 
 /// The devices of one process start each phase together: every device's work is begun before any
 /// is waited for, so ranks sharing a GPU (or several GPUs in one process) run it side by side
-/// rather than one after another.
+/// rather than one after another; with search threads each device's calls of a phase run on
+/// threads side by side, in any order within the phase, and the plan is the same.
 #[test]
 fn every_device_begins_each_phase_before_any_is_finished() {
     let sys = MolecularSystem::generate(2000, 5).unwrap();
@@ -791,18 +792,32 @@ fn every_device_begins_each_phase_before_any_is_finished() {
     let (positions, velocities) = moved(&sys.positions, sys.box_size, 7);
     let homes = homes_of(&plan, &positions, &velocities);
     let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
-    let mut devices: Vec<CpuHome> = ranks.iter().map(|&r| CpuHome::new(r, homes[r].clone())).collect();
-    let log = std::cell::RefCell::new(Vec::new());
-    let mut logged: Vec<Logged<'_>> = devices.iter_mut().map(|d| Logged { inner: d, log: &log }).collect();
-    let mut dyns: Vec<&mut dyn HomeDevice> = logged.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
-    let collective = SharedCollective::new(grid, 1, false);
-    let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(&ranks, tag, blobs);
-    let (w, mut scratch) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
-    redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, &w, &mut scratch).unwrap();
-    let log = log.into_inner();
-    let want: Vec<(&str, usize)> =
-        ["begin", "migrate", "begin merge", "merge"].into_iter().flat_map(|call| ranks.iter().map(move |&r| (call, r))).collect();
-    assert_eq!(log, want, "the phases' calls, in order");
+    let mut plans = Vec::new();
+    for threads in [1, 3] {
+        let mut devices: Vec<CpuHome> = ranks.iter().map(|&r| CpuHome::new(r, homes[r].clone())).collect();
+        let log = std::sync::Mutex::new(Vec::new());
+        let mut logged: Vec<Logged<'_>> = devices.iter_mut().map(|d| Logged { inner: d, log: &log }).collect();
+        let mut dyns: Vec<&mut dyn HomeDevice> = logged.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+        let collective = SharedCollective::new(grid, 1, false);
+        let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(&ranks, tag, blobs);
+        let (w, mut scratch) = (crate::workers::Workers::new(threads).unwrap(), RedecomposeScratch::default());
+        let done = redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, &w, &mut scratch).unwrap();
+        plans.push(done.plan);
+        let log = log.into_inner().unwrap();
+        let phases = ["begin", "migrate", "begin merge", "merge"];
+        let want: Vec<(&str, usize)> = phases.into_iter().flat_map(|call| ranks.iter().map(move |&r| (call, r))).collect();
+        if threads == 1 {
+            assert_eq!(log, want, "the phases' calls, in order");
+        } else {
+            // Phase by phase; within a phase every rank once, in any order.
+            let phase_of = |call: &str| phases.iter().position(|p| *p == call).unwrap();
+            assert!(log.windows(2).all(|p| phase_of(p[0].0) <= phase_of(p[1].0)), "{log:?}");
+            let mut sorted = log.clone();
+            sorted.sort_by_key(|&(call, r)| (phase_of(call), r));
+            assert_eq!(sorted, want, "every rank's every call once");
+        }
+    }
+    assert_eq!(plans[0], plans[1], "the same plan on one thread and on three");
 }
 
 #[test]

@@ -38,7 +38,9 @@ pub struct MergedHome {
 /// two per-atom phases of a redecomposition. Both are the host's own arithmetic bit for bit:
 /// the wrap and owner of `wrap_position` and `CellEdges::rank_of`, and the selection of
 /// `select_for_pulse_into`.
-pub trait HomeDevice {
+/// A process's devices run each phase side by side on its search threads
+/// ([`redecompose_on_devices`]), hence `Send`.
+pub trait HomeDevice: Send {
     /// The rank (global index in the grid).
     fn rank(&self) -> usize;
 
@@ -102,13 +104,14 @@ pub fn redecompose_on_devices(
     // 1. Owners on the devices; leavers out, arrivals in. Every device's passes are enqueued
     // before any is waited for: the devices of one process (ranks sharing a GPU, or several GPUs
     // in one process) run them side by side instead of one after the other.
+    // Each device's host part (the enqueues, the wait, the read-back's copy) on a search thread of
+    // its own: with several devices they run side by side too.
     let span = tracing::debug_span!("search.migrate").entered();
-    for d in devices.iter_mut() {
-        d.begin_migrate(&geo)?;
-    }
+    let geo_ref = &geo;
+    workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.begin_migrate(geo_ref)).into_iter().collect::<Result<Vec<_>>>()?;
     let mut leaving = Vec::with_capacity(devices.len());
-    for d in devices.iter_mut() {
-        leaving.push(match d.migrate(&geo) {
+    for migrated in workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.migrate(geo_ref)) {
+        leaving.push(match migrated {
             Ok((count, leavers)) => Leaving::from_leavers(count, &leavers),
             Err(HaloError::Plan(e @ PlanError::NonFinitePosition { .. })) => Leaving::failed(e),
             Err(e) => return Err(e),
@@ -120,20 +123,28 @@ pub fn redecompose_on_devices(
     // The new home atoms in id order, merged and selected on the devices: again every device's
     // work begun before any is waited for.
     let span = tracing::debug_span!("search.merge").entered();
-    for (d, a) in devices.iter_mut().zip(&mut arrivals) {
+    for a in &mut arrivals {
         a.sort_unstable_by_key(|m| m.0);
-        d.begin_merge_and_select(&geo, a)?;
     }
+    let begun = workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(geo_ref, a));
+    begun.into_iter().collect::<Result<Vec<_>>>()?;
+    let intos: Vec<MergedHome> = (0..devices.len())
+        .map(|_| {
+            let spare = &mut scratch.spare;
+            MergedHome {
+                ids: Spare::any(&mut spare.ids),
+                wrapped: Spare::any(&mut spare.float3),
+                first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
+            }
+        })
+        .collect();
+    let parts = devices.iter_mut().map(|d| &mut **d).zip(&arrivals).zip(intos).map(|((d, a), into)| (d, a, into)).collect();
+    let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(geo_ref, a, into));
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
-    for (d, a) in devices.iter_mut().zip(&mut arrivals) {
+    for (d, merged) in devices.iter().zip(merges) {
+        let merged = merged?;
         let spare = &mut scratch.spare;
-        let into = MergedHome {
-            ids: Spare::any(&mut spare.ids),
-            wrapped: Spare::any(&mut spare.float3),
-            first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
-        };
-        let merged = d.merge_and_select(&geo, a, into)?;
         if merged.wrapped.len() != merged.ids.len() || merged.first_pulse.len() != geo.grid.decomposed_dims().len() {
             return Err(HaloError::InvalidInput(format!(
                 "rank {}: the device merged {} ids, {} positions and {} first pulses for {} decomposed dimensions",
