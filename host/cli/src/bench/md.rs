@@ -345,6 +345,26 @@ fn conclude(row: &mut MdBenchRow, result: Result<()>) {
     }
 }
 
+/// Every process's `mine` (its ranks' summaries of `what`), through one all-gather as JSON: by
+/// rank, each rank once.
+fn gather_by_rank<T: Serialize + serde::de::DeserializeOwned>(
+    target: &Target<'_>,
+    tag: &str,
+    what: &str,
+    mine: Vec<T>,
+    rank: impl Fn(&T) -> usize,
+) -> Result<Vec<T>> {
+    let blob = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("the {what} as JSON: {e}")))?;
+    let mut all = Vec::new();
+    for b in &target.placement.all_gather(tag, vec![blob])? {
+        let theirs: Vec<T> = serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a PE's {what}: {e}")))?;
+        all.extend(theirs);
+    }
+    all.sort_by_key(&rank);
+    all.dedup_by_key(|p| rank(p));
+    Ok(all)
+}
+
 /// This process's PE, or 0 when it drives every rank.
 fn process_rank(placement: &Placement) -> usize {
     match placement {
@@ -445,32 +465,12 @@ fn record(target: &Target<'_>, timed: Timed, row: &mut MdBenchRow, tag: &str) ->
             shares[k] = shares[k].max(*s);
         }
     }
-    // Every rank's phases, not only this process's: PE 0 writes the row.
+    // Every rank's phases and search parts, not only this process's: PE 0 writes the row.
     if let Some(mine) = row.phases.take() {
-        let blob = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("the phases as JSON: {e}")))?;
-        let all = target.placement.all_gather(&format!("{tag}-phases"), vec![blob])?;
-        let mut phases = Vec::new();
-        for b in &all {
-            let theirs: Vec<halo_md::phases::PhaseSummary> =
-                serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a PE's phases: {e}")))?;
-            phases.extend(theirs);
-        }
-        phases.sort_by_key(|p| p.rank);
-        phases.dedup_by_key(|p| p.rank);
-        row.phases = Some(phases);
+        row.phases = Some(gather_by_rank(target, &format!("{tag}-phases"), "phases", mine, |p| p.rank)?);
     }
     if let Some(mine) = row.search_parts.take() {
-        let blob = serde_json::to_vec(&mine).map_err(|e| HaloError::InvalidInput(format!("the search parts as JSON: {e}")))?;
-        let all = target.placement.all_gather(&format!("{tag}-search-parts"), vec![blob])?;
-        let mut parts = Vec::new();
-        for b in &all {
-            let theirs: Vec<SearchPartsSummary> =
-                serde_json::from_slice(b).map_err(|e| HaloError::InvalidInput(format!("a PE's search parts: {e}")))?;
-            parts.extend(theirs);
-        }
-        parts.sort_by_key(|p| p.rank);
-        parts.dedup_by_key(|p| p.rank);
-        row.search_parts = Some(parts);
+        row.search_parts = Some(gather_by_rank(target, &format!("{tag}-search-parts"), "search parts", mine, |p| p.rank)?);
     }
     let s = Summary::of(&times).ok_or_else(|| HaloError::InvalidInput("no finite step time".into()))?;
     row.step_us_median = Some(s.median);

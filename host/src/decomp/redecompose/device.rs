@@ -103,14 +103,12 @@ pub fn redecompose_on_devices(
 
     // 1. Owners on the devices; leavers out, arrivals in. Every device's passes are enqueued
     // before any is waited for: the devices of one process (ranks sharing a GPU, or several GPUs
-    // in one process) run them side by side instead of one after the other.
-    // Each device's host part (the enqueues, the wait, the read-back's copy) on a search thread of
-    // its own: with several devices they run side by side too.
+    // in one process) run them side by side instead of one after the other, and each device's
+    // host part (the enqueues, the wait, the read-back's copy) runs on a search thread of its own.
     let span = tracing::debug_span!("search.migrate").entered();
-    let geo_ref = &geo;
-    workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.begin_migrate(geo_ref)).into_iter().collect::<Result<Vec<_>>>()?;
+    workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.begin_migrate(&geo)).into_iter().collect::<Result<Vec<_>>>()?;
     let mut leaving = Vec::with_capacity(devices.len());
-    for migrated in workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.migrate(geo_ref)) {
+    for migrated in workers.map(devices.iter_mut().map(|d| &mut **d).collect(), |d| d.migrate(&geo)) {
         leaving.push(match migrated {
             Ok((count, leavers)) => Leaving::from_leavers(count, &leavers),
             Err(HaloError::Plan(e @ PlanError::NonFinitePosition { .. })) => Leaving::failed(e),
@@ -126,7 +124,7 @@ pub fn redecompose_on_devices(
     for a in &mut arrivals {
         a.sort_unstable_by_key(|m| m.0);
     }
-    let begun = workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(geo_ref, a));
+    let begun = workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(&geo, a));
     begun.into_iter().collect::<Result<Vec<_>>>()?;
     let intos: Vec<MergedHome> = (0..devices.len())
         .map(|_| {
@@ -139,7 +137,7 @@ pub fn redecompose_on_devices(
         })
         .collect();
     let parts = devices.iter_mut().map(|d| &mut **d).zip(&arrivals).zip(intos).map(|((d, a), into)| (d, a, into)).collect();
-    let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(geo_ref, a, into));
+    let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(&geo, a, into));
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
     for (d, merged) in devices.iter().zip(merges) {
