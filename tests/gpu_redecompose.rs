@@ -2,7 +2,8 @@
 //! migration, merge and first-pulse selection on each rank's GPU) against the host's
 //! (`decomp::redecompose`), bit for bit: the same plan (every rank's ids, pulses and index
 //! maps), the same local positions, the same home ids, and each rank's velocities on its GPU in
-//! the new order. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
+//! the new order, and each rank's scan of its home atoms (made as they are copied out) that of
+//! the home positions. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
 //! process on one GPU, through several searches in a row (each from the last one's plan, the
 //! atoms moved in between, some across the box and whole boxes away), one `GpuHome` per rank
 //! reused throughout, each on a stream of its own; a non-finite position is named as the host names
@@ -99,6 +100,12 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
             }
             for (r, (gl, wl)) in got.local_positions.iter().zip(&want.local_positions).enumerate() {
                 assert_eq!(bits(gl), bits(wl), "{test} rank {r}: the local positions");
+            }
+            // Each GPU's home atoms scanned as they were copied out: the scan of the home positions.
+            assert_eq!(got.home_scans.len(), want.homes.len(), "{test}: a scan per rank");
+            for (r, (scan, wh)) in got.home_scans.iter().zip(&want.homes).enumerate() {
+                let home = &want.local_positions[r][..wh.ids.len()];
+                assert_eq!(*scan, Some(halo::decomp::scan(home, [0.0; 3], sys.box_size)), "{test} rank {r}: the home atoms' scan");
             }
             plan = got.plan;
         }

@@ -172,7 +172,7 @@ impl<'a> Pe<'a> {
                 self.sys.velocities[id as usize] = v;
             }
         }
-        let Redecomposed { plan, homes, local_positions } = done;
+        let Redecomposed { plan, homes, local_positions, .. } = done;
         self.host.recycle_atoms(homes, local_positions);
         let found = self.host.rank_searches(&plan, &self.sys, &[0], &self.case.setup, ListsOn::GpuGrid).expect("search");
         (plan, found)
@@ -359,7 +359,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let homes = pe.homes();
             let done = pe.redecompose(homes);
-            let Redecomposed { plan, homes, local_positions } = done;
+            let Redecomposed { plan, homes, local_positions, .. } = done;
             pe.host.recycle_atoms(homes, local_positions);
             pe.host.recycle_plan(black_box(plan));
         })

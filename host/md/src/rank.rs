@@ -397,7 +397,7 @@ impl MdRank {
         // The caller may run each rank's begin on a host thread of its own.
         self.module.context().bind_to_thread().during("binding the rank's GPU context")?;
         let from = self.gpu_home.as_ref().filter(|_| found.home_on_device).map(|g| g.positions() as &dyn DeviceMemory<Float3>);
-        self.nb.begin_local(atoms, box_size, &self.local, from)?;
+        self.nb.begin_local_checked(atoms, box_size, &self.local, from, found.home_checked)?;
         Ok(t.elapsed())
     }
 

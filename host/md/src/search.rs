@@ -5,10 +5,10 @@
 
 use crate::abi::Float3;
 use crate::decomp::{
-    Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, redecompose_with, wrap_positions,
+    Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, Scan, redecompose_with, wrap_positions,
 };
 use crate::error::{HaloError, Result};
-use crate::nbnxm::{ClusterGrid, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
+use crate::nbnxm::{ClusterGrid, HomeChecked, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
 use crate::system::MolecularSystem;
 use crate::workers::Workers;
 use std::time::{Duration, Instant};
@@ -78,6 +78,9 @@ pub struct RankSearch {
     pub inv_mass: Vec<f32>,
     /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
     pub home_types: Vec<u32>,
+    /// The home atoms' zone checks, done where a redecomposition on the GPU copied them out
+    /// ([`RankLists::GpuGrid`] only): the GPU grid's checks then pass over the halo atoms alone.
+    pub(crate) home_checked: Option<HomeChecked>,
     /// Time to build the local atoms.
     pub atoms_time: Duration,
     /// Time to build the grid.
@@ -305,7 +308,7 @@ impl HostSearch {
         on: ListsOn,
         v_on_device: bool,
     ) -> Result<(HaloPlan, Vec<RankSearch>)> {
-        let Redecomposed { plan, mut homes, mut local_positions } = done;
+        let Redecomposed { plan, mut homes, mut local_positions, home_scans } = done;
         if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
             return Err(HaloError::InvalidInput(format!(
                 "a redecomposition of {} ranks ({} local position arrays) for {} ranks",
@@ -317,10 +320,11 @@ impl HostSearch {
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
         let plan_ref = &plan;
-        let one = |(((&rank, buf), home), local): (((&usize, &mut RankBuffers), &mut HomeAtoms), &mut Vec<Float3>)| {
+        let one = |((((&rank, buf), home), local), scan): ((((&usize, &mut RankBuffers), &mut HomeAtoms), &mut Vec<Float3>), Option<Scan>)| {
             let t = Instant::now();
-            // Unvalidated: every grid build below validates the atoms itself.
-            LocalAtoms::from_local_unvalidated_into(plan_ref, rank, local, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            // Unvalidated: every grid build below validates the atoms itself (a GPU grid's only
+            // the halo atoms where the redecomposition scanned the home atoms already).
+            let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, workers, &mut buf.atoms).map_err(bad)?;
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };
             if home.velocities.len() != want {
@@ -335,9 +339,11 @@ impl HostSearch {
             std::mem::swap(&mut buf.home.v, &mut home.velocities);
             let mut found = rank_search(rank, system, setup, on, workers, buf, atoms_time)?;
             found.home_on_device = v_on_device;
+            found.home_checked = checked.filter(|_| matches!(found.lists, RankLists::GpuGrid(_)));
             Ok(found)
         };
-        let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).collect();
+        let scans = (0..ranks.len()).map(|i| home_scans.get(i).copied().flatten());
+        let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).zip(scans).collect();
         let found = workers.map(parts, one).into_iter().collect::<Result<Vec<_>>>();
         self.redecompose.recycle_atoms(homes, local_positions);
         Ok((plan, found?))
@@ -394,6 +400,7 @@ fn rank_search(
         inv_mass: home.inv_mass,
         home_types: home.types,
         lists,
+        home_checked: None,
         atoms_time,
         grid_time,
         lists_time,
@@ -617,7 +624,7 @@ mod tests {
         let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
-        let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()] };
+        let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()], home_scans: Vec::new() };
         let e = host
             .rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false)
             .err()

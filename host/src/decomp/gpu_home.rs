@@ -15,7 +15,7 @@
 //! | [`GpuRank`] | a [`GpuHome`] with its rank's inputs for one search: the [`HomeDevice`] |
 
 use super::grid::{Decomposition, RankGrid};
-use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays};
+use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays, extend_scanned};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
 use cudarc::driver::{CudaContext, PinnedHostSlice};
@@ -317,7 +317,8 @@ impl HomeDevice for GpuRank<'_> {
         into.ids.clear();
         into.ids.extend_from_slice(ids);
         into.wrapped.clear();
-        into.wrapped.extend_from_slice(x);
+        // Scanned as they are copied (in cache), for the pair search's zone checks.
+        into.home_scan = Some(extend_scanned(&mut into.wrapped, x, [0.0; 3], geo.box_size));
         p.select.maps_from(info, maps, n, &mut into.first_pulse)?;
         Ok(into)
     }

@@ -53,6 +53,12 @@ pub struct Redecomposed {
     /// frame, no periodic shift) of every home and halo atom, aligned with
     /// `plan.ranks[r].global_ids`.
     pub local_positions: Vec<Vec<Float3>>,
+    /// Per rank of `ranks`, where its home atoms were merged on a device that scanned them as it
+    /// copied them out ([`MergedHome::home_scan`]): [`super::scan`] of the home positions
+    /// (`local_positions[i][..ids.len()]`) against `[0, edge)` along every dimension, so that the
+    /// pair search need not pass over them again. Empty, or `None` for a rank, where nothing
+    /// scanned them.
+    pub home_scans: Vec<Option<super::Scan>>,
 }
 
 /// Working arrays of a redecomposition, kept by a caller that redecomposes again and again so
@@ -452,7 +458,7 @@ fn plan_pulses(
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
     tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, atoms, &mut scratch.seen))?;
-    Ok(Redecomposed { plan, homes, local_positions })
+    Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new() })
 }
 
 /// For every rank of the grid, its index in `ranks` if this process drives it.

@@ -25,7 +25,7 @@ use super::gpu_search::{BegunLists, GpuSearch, ListRoom, grow};
 use super::grid::ClusterGrid;
 use super::order::entry_order;
 use super::pairlist::{ClusterPairList, PairSearch};
-use super::{EntryWords, ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
+use super::{EntryWords, HomeChecked, ListSetup, LocalAtoms, NbnxmError, NbnxmKernel, WarpsPerEntry};
 use crate::abi::{self, Float3, NbnxmEntry};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
@@ -466,11 +466,26 @@ impl NbnxmGpu {
         stream: &CudaStream,
         from: Option<&dyn DeviceMemory<Float3>>,
     ) -> Result<()> {
+        self.begin_local_checked(atoms, box_size, stream, from, None)
+    }
+
+    /// [`Self::begin_local`] with the home atoms' zone checks done already (`home`, the token of
+    /// the local atoms' build: `LocalAtoms::from_local_scanned_into`): the grid's zone checks pass
+    /// over the halo atoms only.
+    pub(crate) fn begin_local_checked(
+        &mut self,
+        atoms: &LocalAtoms,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+        from: Option<&dyn DeviceMemory<Float3>>,
+        home: Option<HomeChecked>,
+    ) -> Result<()> {
         self.before_search()?;
         let t0 = Instant::now();
         self.forget_lists();
         lj_table_holds(atoms.ntypes > self.ntypes as usize, atoms.ntypes, self.ntypes)?;
-        let enqueued = tracing::debug_span!("search.grid_enqueue").in_scope(|| self.grid.enqueue_build_local(&self.module, atoms, from, stream));
+        let enqueued =
+            tracing::debug_span!("search.grid_enqueue").in_scope(|| self.grid.enqueue_build_local(&self.module, atoms, from, home, stream));
         let pending = enqueued.inspect_err(|_| {
             // The build's copies may have been enqueued before its error.
             let _ = stream.synchronize();

@@ -24,7 +24,7 @@
 
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
-use super::local::ZoneFacts;
+use super::local::{HomeChecked, ZoneFacts};
 use super::{LocalAtoms, NbnxmError};
 use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
@@ -143,8 +143,15 @@ impl ZonePlan {
     /// The zones of `atoms`, checked as [`LocalAtoms::validate`] checks them (the same error for
     /// invalid atoms), in one pass over the atoms ([`LocalAtoms::zone_facts`]): the plan of
     /// [`LocalAtoms::zone_facts_by_atom`] for valid atoms.
+    #[cfg(test)]
     pub(crate) fn checked(atoms: &LocalAtoms) -> std::result::Result<Self, NbnxmError> {
-        Ok(Self::of(&atoms.zone_facts()?))
+        Self::checked_with(atoms, None)
+    }
+
+    /// [`Self::checked`], with the home atoms' part from `home` when given for these atoms
+    /// ([`LocalAtoms::zone_facts_with`]): the same plan and errors.
+    pub(crate) fn checked_with(atoms: &LocalAtoms, home: Option<HomeChecked>) -> std::result::Result<Self, NbnxmError> {
+        Ok(Self::of(&atoms.zone_facts_with(home)?))
     }
 }
 
@@ -451,7 +458,7 @@ impl DeviceGrid {
     /// atoms are refused as the host's build refuses them (`LocalAtoms::validate`), before any
     /// copy (the buffers then hold no grid).
     pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
-        let pending = self.enqueue_build_local(module, atoms, None, stream)?;
+        let pending = self.enqueue_build_local(module, atoms, None, None, stream)?;
         let words = self.read_words(&pending, stream)?;
         self.settle(&pending, words, |atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()))
     }
@@ -466,19 +473,21 @@ impl DeviceGrid {
     /// `atoms.positions[..atoms.home]` (a redecomposition on the GPU leaves them there: its merged
     /// home atoms): they are copied on the device and only the halo atoms' coordinates cross the
     /// bus. It must not be written until `stream` has run the copy. The host's checks and the
-    /// zones' shape still read `atoms.positions` whole.
+    /// zones' shape read `atoms.positions` whole, or only the halo atoms' when `home` hands them
+    /// the home atoms' part ([`ZonePlan::checked_with`]).
     pub(crate) fn enqueue_build_local(
         &mut self,
         module: &KernelModule,
         atoms: &LocalAtoms,
         home_x: Option<&dyn DeviceMemory<Float3>>,
+        home: Option<HomeChecked>,
         stream: &CudaStream,
     ) -> Result<PendingGrid> {
         self.held = None;
         self.built = None;
         // The checks and the zones' shape in one pass over the atoms.
         let plan = tracing::debug_span!("search.grid.zone_plan")
-            .in_scope(|| ZonePlan::checked(atoms))
+            .in_scope(|| ZonePlan::checked_with(atoms, home))
             .map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         let n = atoms.len();
         if n >= u32::MAX as usize {

@@ -14,7 +14,7 @@
 use super::grid::BBox;
 use super::{DIMS, NbnxmError};
 use crate::abi::Float3;
-use crate::decomp::{HaloPlan, PlanError, wrap_position, wrap_positions};
+use crate::decomp::{HaloPlan, PlanError, Scan, scan, wrap_position, wrap_positions};
 use crate::workers::Workers;
 
 /// One rank's atoms for the pair search (see the module docs). The default holds no atom: a
@@ -132,7 +132,27 @@ impl LocalAtoms {
         workers: &Workers,
         out: &mut Self,
     ) -> Result<(), NbnxmError> {
+        Self::from_local_scanned_into(plan, rank, positions, None, types, workers, out).map(drop)
+    }
+
+    /// [`Self::from_local_unvalidated_into`] where the home atoms' positions were scanned already:
+    /// `home_scan`, when given, must be [`crate::decomp::scan`] of `positions[..home]` against
+    /// `[0, edge)` along every dimension (a redecomposition on the GPU makes it as it copies them
+    /// out of its read-back: `halo::decomp::extend_scanned`). When it says they all lie there, they
+    /// are taken as they are (no pass to wrap them), and the token returned hands the zone checks
+    /// the home atoms' facts ([`Self::zone_facts_with`]), which then pass over the halo atoms only.
+    /// The same atoms, and the same errors, as without it.
+    pub(crate) fn from_local_scanned_into(
+        plan: &HaloPlan,
+        rank: usize,
+        positions: &mut Vec<Float3>,
+        home_scan: Option<Scan>,
+        types: &[u8],
+        workers: &Workers,
+        out: &mut Self,
+    ) -> Result<Option<HomeChecked>, NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
+        let home_scan = home_scan.filter(|s| s.in_range);
         if positions.len() != r.global_ids.len() {
             return Err(NbnxmError::Length { what: "local positions", found: positions.len(), expected: r.global_ids.len() });
         }
@@ -150,10 +170,11 @@ impl LocalAtoms {
                 *t = u32::from(types[id as usize]);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
-            // they come from a redecomposition: one branch-free check, nothing written).
+            // they come from a redecomposition: one branch-free check, nothing written; none at
+            // all when the scan handed in says so).
             let split = home.saturating_sub(first).min(ids.len());
             zs[..split].fill(0);
-            if !all_in(&xs[..split], [0.0; 3], box_size) {
+            if home_scan.is_none() && !all_in(&xs[..split], [0.0; 3], box_size) {
                 wrap_positions(&mut xs[..split], box_size);
             }
             for (x, z) in xs[split..].iter_mut().zip(&mut zs[split..]) {
@@ -161,7 +182,8 @@ impl LocalAtoms {
             }
             Ok(())
         };
-        out.fill(&r.global_ids, workers, fill)
+        out.fill(&r.global_ids, workers, fill)?;
+        Ok(home_scan.map(|s| HomeChecked { home, lo: s.lo, hi: s.hi }))
     }
 
     /// [`Self::from_local_into`] into a new value, `positions` copied.
@@ -260,12 +282,18 @@ impl LocalAtoms {
     /// Whether the home atoms are zone 0 and the others zones 1 to 7: branch-free passes (the
     /// common case); [`Self::validate`] then looks for the first bad one.
     fn zones_ok(&self) -> bool {
-        self.zones[..self.home].iter().fold(0, |a, &z| a | z) == 0 && self.zones[self.home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8))
+        self.zones_ok_from(0)
     }
 
-    /// Whether every type is below `ntypes`: a branch-free pass.
-    fn types_ok(&self) -> bool {
-        (self.types.iter().fold(0, |m, &t| m.max(t)) as usize) < self.ntypes
+    /// [`Self::zones_ok`] for the atoms from `from` on.
+    fn zones_ok_from(&self, from: usize) -> bool {
+        let home = self.home.max(from);
+        self.zones[from..home].iter().fold(0, |a, &z| a | z) == 0 && self.zones[home..].iter().fold(true, |ok, &z| ok & (z != 0) & (z < 8))
+    }
+
+    /// Whether every type of the atoms from `from` on is below `ntypes`: a branch-free pass.
+    fn types_ok_from(&self, from: usize) -> bool {
+        (self.types[from..].iter().fold(0, |m, &t| m.max(t)) as usize) < self.ntypes
     }
 
     /// The checks of [`Self::validate`] before any per-atom one: lengths, the home count, the box
@@ -325,13 +353,31 @@ impl LocalAtoms {
     /// it is the atom-by-atom fold's to the bit (two equal floats other than zeros have one
     /// encoding); a zero bound (which of `0.0` and `-0.0` the fold keeps depends on the atoms'
     /// order) is taken from the atom-by-atom fold instead.
+    #[cfg(test)]
     pub(crate) fn zone_facts(&self) -> Result<ZoneFacts, NbnxmError> {
+        self.zone_facts_with(None)
+    }
+
+    /// [`Self::zone_facts`], bit for bit, with the home atoms' part taken from `checked` where it
+    /// is given for these atoms (the token of [`Self::from_local_unvalidated_into`], whose home
+    /// atoms' positions were scanned where they were copied last): then only the halo atoms are
+    /// passed over.
+    pub(crate) fn zone_facts_with(&self, checked: Option<HomeChecked>) -> Result<ZoneFacts, NbnxmError> {
         self.check_shape()?;
         let (lo, hi) = self.bounds();
         let (n, home) = (self.len(), self.home);
         let mut facts = ZoneFacts { count: [0; 8], extent: [BBox::EMPTY; 8] };
-        let mut fine = self.zones_ok() && self.types_ok();
-        let mut start = 0;
+        let checked = checked.filter(|c| c.home == home && home > 0 && c.exact(self.periodic));
+        let from = match checked {
+            Some(c) => {
+                facts.count[0] = home;
+                facts.extent[0] = BBox { lo: c.lo, hi: c.hi };
+                home
+            }
+            None => 0,
+        };
+        let mut fine = self.zones_ok_from(from) && self.types_ok_from(from);
+        let mut start = from;
         // Zones checked: the home atoms are zone 0, every other one a zone from 1 to 7.
         while fine && start < n {
             let z = self.zones[start];
@@ -387,6 +433,26 @@ impl LocalAtoms {
     }
 }
 
+/// The home atoms' part of the zone checks, found where their positions were last copied: made by
+/// [`LocalAtoms::from_local_scanned_into`] for the atoms it built (home atoms `home`, every home
+/// coordinate inside `[0, edge)`, their zone 0 and their types the system's, and their lowest and
+/// highest coordinates `lo`, `hi`), taken by [`LocalAtoms::zone_facts_with`] for those atoms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct HomeChecked {
+    home: usize,
+    lo: [f32; 3],
+    hi: [f32; 3],
+}
+
+impl HomeChecked {
+    /// Whether the extent is the atom-by-atom fold's to the bit along the dimensions whose
+    /// extent is the atoms' (not `periodic`): no zero bound there (which of `0.0` and `-0.0` the
+    /// fold keeps depends on the atoms' order, see [`LocalAtoms::zone_facts`]).
+    fn exact(&self, periodic: [bool; 3]) -> bool {
+        (0..3).all(|d| periodic[d] || (self.lo[d] != 0.0 && self.hi[d] != 0.0))
+    }
+}
+
 /// What the grid needs to know of valid atoms' zones before it sorts them: atoms per zone, and
 /// each zone's extent: the whole box `[0, edge]` along periodic dimensions, the bounding box of the
 /// zone's atoms along the others ([`BBox::EMPTY`] there for a zone without atoms).
@@ -397,55 +463,6 @@ pub(crate) struct ZoneFacts {
     /// Extent of every zone.
     pub(crate) extent: [BBox; 8],
 }
-
-/// What [`scan`] finds of a run of positions.
-struct Scan {
-    /// Whether every coordinate lies in the bounds.
-    in_range: bool,
-    /// The lowest coordinate along each dimension (`inf` without positions).
-    lo: [f32; 3],
-    /// The highest (`-inf` without positions).
-    hi: [f32; 3],
-}
-
-/// [`all_in`] of `positions`, and their lowest and highest coordinates per dimension, in one
-/// branch-free pass: [`SCAN_BLOCK`] positions at a time, each lane of the block (one coordinate
-/// of one position) keeping its own out-of-range word (a `u32`: it vectorizes better than a
-/// `bool`), minimum and maximum, so that the compiler vectorizes the loop; the lanes of a dimension
-/// are folded at the end. A minimum or maximum is a value of
-/// the coordinates (`v < m` selects, NaN never; with NaN among them `in_range` is false).
-fn scan(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> Scan {
-    const LANES: usize = 3 * SCAN_BLOCK;
-    let lo_block: [f32; LANES] = std::array::from_fn(|i| lo[i % 3]);
-    let hi_block: [f32; LANES] = std::array::from_fn(|i| hi[i % 3]);
-    let (mut ok, mut min, mut max) = ([0u32; LANES], [f32::INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
-    let coords: &[f32] = bytemuck::cast_slice(positions);
-    let blocks = coords.chunks_exact(LANES);
-    // The rest is a whole number of positions: its lanes are the same dimensions.
-    let rest = blocks.remainder();
-    let mut lane = |i: usize, v: f32| {
-        ok[i] |= u32::from(!((v >= lo_block[i]) & (v < hi_block[i])));
-        min[i] = if v < min[i] { v } else { min[i] };
-        max[i] = if v > max[i] { v } else { max[i] };
-    };
-    for c in blocks {
-        // Always a whole block (`chunks_exact`): a fixed length, unrolled and vectorized.
-        if let Ok(c) = <&[f32; LANES]>::try_from(c) {
-            (0..LANES).for_each(|i| lane(i, c[i]));
-        }
-    }
-    rest.iter().enumerate().for_each(|(i, &v)| lane(i, v));
-    let mut s = Scan { in_range: ok.iter().fold(0, |a, &o| a | o) == 0, lo: [f32::INFINITY; 3], hi: [f32::NEG_INFINITY; 3] };
-    for i in 0..LANES {
-        let d = i % 3;
-        s.lo[d] = if min[i] < s.lo[d] { min[i] } else { s.lo[d] };
-        s.hi[d] = if max[i] > s.hi[d] { max[i] } else { s.hi[d] };
-    }
-    s
-}
-
-/// Positions per block of [`scan`].
-const SCAN_BLOCK: usize = 8;
 
 /// Whether every position lies in `lo..hi` along every dimension (`lo <= v < hi`: false for NaN),
 /// without a branch: the coordinates read as one flat array, [`ALL_IN_BLOCK`] positions at a
@@ -900,6 +917,65 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn home_atoms_scanned_where_they_were_copied_give_the_same_atoms_and_zone_facts() {
+        let sys = MolecularSystem::generate(6_000, 9).unwrap();
+        let positions = moved(&sys, 2);
+        let (mut buf, mut plain) = (LocalAtoms::default(), LocalAtoms::default());
+        let (mut used, mut refused) = (0, 0);
+        for dims in [[2, 1, 1], [1, 3, 1], [2, 2, 1], [3, 2, 2], [1, 1, 1]] {
+            let plan = HaloPlan::from_positions(&positions, sys.box_size, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for (r, local) in local_positions(&plan, &positions, true).iter().enumerate() {
+                let home = plan.ranks[r].home_atoms;
+                let whole = crate::decomp::scan(&local[..home], [0.0; 3], sys.box_size);
+                let mut mine = local.clone();
+                LocalAtoms::from_local_unvalidated_into(&plan, r, &mut mine, &sys.types, &Workers::serial(), &mut plain).unwrap();
+                let want = plain.zone_facts().unwrap();
+                let mut mine = local.clone();
+                let checked =
+                    LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(whole), &sys.types, &Workers::serial(), &mut buf).unwrap();
+                assert_eq!(buf, plain, "{dims:?} rank {r}: the same atoms");
+                let checked = checked.expect("wrapped home atoms lie in the box");
+                assert_eq!(fact_bits(&buf.zone_facts_with(Some(checked)).unwrap()), fact_bits(&want), "{dims:?} rank {r}");
+                if checked.exact(buf.periodic) {
+                    used += 1
+                } else {
+                    refused += 1
+                }
+                // A token for other atoms (another home count) is not taken.
+                let other = HomeChecked { home: home + 1, ..checked };
+                assert_eq!(fact_bits(&buf.zone_facts_with(Some(other)).unwrap()), fact_bits(&want), "{dims:?} rank {r}: other atoms");
+                // A zero bound is the fold's to the sign only: not taken either.
+                let zero = HomeChecked { lo: [-0.0; 3], ..checked };
+                assert!(!zero.exact([false; 3]));
+                // A scan that saw a coordinate outside the box gives no token.
+                let outside = crate::decomp::Scan { in_range: false, ..whole };
+                let mut mine = local.clone();
+                let none = LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(outside), &sys.types, &Workers::serial(), &mut buf).unwrap();
+                assert!(none.is_none() && buf == plain, "{dims:?} rank {r}");
+            }
+        }
+        // The moved positions put atoms on cell and box edges: both cases ran.
+        assert!(used > 0 && refused > 0, "{used} scans taken, {refused} refused");
+        // The halo atoms are still checked: a bad one is the error `validate` names.
+        let plan = HaloPlan::from_positions(&positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
+        let local = &local_positions(&plan, &positions, true)[0];
+        let home = plan.ranks[0].home_atoms;
+        let mut mine = local.clone();
+        let checked = LocalAtoms::from_local_scanned_into(
+            &plan,
+            0,
+            &mut mine,
+            Some(crate::decomp::scan(&local[..home], [0.0; 3], sys.box_size)),
+            &sys.types,
+            &Workers::serial(),
+            &mut buf,
+        )
+        .unwrap();
+        buf.positions[home + 3].y = f32::NAN;
+        assert_eq!(buf.zone_facts_with(checked).unwrap_err().to_string(), buf.validate().unwrap_err().to_string());
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub use gpu_search::fit;
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{EntryWords, NbnxmKernel, WarpsPerEntry};
 pub use local::LocalAtoms;
-pub(crate) use local::first_at_or_above;
+pub(crate) use local::{HomeChecked, first_at_or_above};
 pub use order::{DeviceOrder, entry_order, order_max_j};
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 

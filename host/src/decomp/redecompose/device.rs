@@ -16,7 +16,7 @@
 
 use super::{Leaving, RedecomposeScratch, Redecomposed, Spare, Working, local_index, migrate, plan_pulses};
 use crate::decomp::grid::{Decomposition, RankGrid};
-use crate::decomp::{PlanError, PulsePlan};
+use crate::decomp::{PlanError, PulsePlan, Scan};
 use crate::error::{HaloError, Result};
 use crate::workers::Workers;
 use kernels_gpu::abi::{Float3, MigrateLeaver};
@@ -32,6 +32,10 @@ pub struct MergedHome {
     pub wrapped: Vec<Float3>,
     /// Per decomposed dimension, the home atoms its first pulse sends (indices into `ids`).
     pub first_pulse: Vec<Vec<u32>>,
+    /// [`crate::decomp::scan`] of `wrapped` against `[0, edge)` along every dimension, when the
+    /// device made it (as it copied them out: [`crate::decomp::extend_scanned`]); handed on in
+    /// [`super::Redecomposed::home_scans`].
+    pub home_scan: Option<Scan>,
 }
 
 /// Where one rank's home atoms are held between searches (its GPU, or a CPU model of it): the
@@ -133,6 +137,7 @@ pub fn redecompose_on_devices(
                 ids: Spare::any(&mut spare.ids),
                 wrapped: Spare::any(&mut spare.float3),
                 first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
+                home_scan: None,
             }
         })
         .collect();
@@ -140,6 +145,7 @@ pub fn redecompose_on_devices(
     let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(&geo, a, into));
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
+    let mut home_scans = Vec::with_capacity(devices.len());
     for (d, merged) in devices.iter().zip(merges) {
         let merged = merged?;
         let spare = &mut scratch.spare;
@@ -153,6 +159,8 @@ pub fn redecompose_on_devices(
                 geo.grid.decomposed_dims().len()
             )));
         }
+        // A scan is the home atoms' only where it covers them all.
+        home_scans.push(merged.home_scan.filter(|_| merged.wrapped.len() == merged.ids.len()));
         let (w, maps) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
         work.push(w);
         home_maps.push(maps);
@@ -164,7 +172,7 @@ pub fn redecompose_on_devices(
             Spare::give(&mut scratch.spare.maps, m, super::SPARE_SMALL);
         }
     }
-    done
+    done.map(|d| Redecomposed { home_scans, ..d })
 }
 
 impl Leaving {
@@ -190,7 +198,7 @@ impl Working {
     /// A rank's working state from its device's merged home atoms (no velocities: they stay on
     /// the device) and the home parts of its first pulses, handed back apart.
     fn from_merged(rank: usize, merged: MergedHome, pulses: Vec<PulsePlan>, box_size: [f32; 3]) -> (Self, Vec<Vec<u32>>) {
-        let MergedHome { mut ids, mut wrapped, first_pulse } = merged;
+        let MergedHome { mut ids, mut wrapped, first_pulse, .. } = merged;
         let n = ids.len();
         // Room for a halo, as `Working::new` makes.
         ids.reserve(n / 2);
