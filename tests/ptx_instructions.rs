@@ -793,3 +793,17 @@ fn the_gpu_selection_tests_like_the_host_in_f64_and_compacts_in_order() {
         assert!(regs <= 64 && frame == 0, "{k}: {regs} registers, {frame} bytes of stack frame");
     }
 }
+
+#[test]
+fn the_gpu_extent_folds_per_warp_with_shuffles_and_no_shared_state() {
+    let b = entries(&ptx_text());
+    let k = abi::POSITION_EXTENT;
+    // Six values folded over the warp, five butterfly steps each, and one vote for NaN; the
+    // folds are ordered comparisons and selects, as the host scan's (no `min.f32`/`max.f32`,
+    // whose NaN and zero rules differ); NaN found by an unordered comparison.
+    assert_eq!(b[k].matches("shfl.sync.bfly.b32").count(), 30, "{k}: butterfly steps");
+    assert_lowers(&b, k, &["vote.sync.any.pred", "setp.lt.f32", "setp.gt.f32", "selp.f32", "setp.nan.f32"]);
+    assert_absent(&b, k, &["min.f32", "max.f32", "atom.", "red.", "bar.sync", ".local", ".shared"]);
+    // The ABI: `(x, n, parts)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 3, "{k}'s parameters");
+}

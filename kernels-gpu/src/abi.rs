@@ -82,6 +82,7 @@ kernel_entries! {
         "select_count",
         "select_scan",
         "select_scatter",
+        "position_extent",
     ],
 }
 
@@ -692,6 +693,35 @@ pub struct SelectedAtom {
     pub id: u32,
     /// Its wrapped position.
     pub x: Float3,
+}
+
+/// `position_extent(x, n, parts)`: the extent of `n` positions (`kernels/extent.rs`; host:
+/// `halo::decomp::GpuExtent`), [`EXTENT_BLOCKS`] blocks of [`EXTENT_THREADS`] threads,
+/// grid-strided, no shared memory: each warp's lowest and highest coordinate per dimension over
+/// its share of the positions and whether one of them is NaN, written by its lane 0 to
+/// `parts[warp]` ([`EXTENT_PARTS`] in all, every one written, `inf` / `-inf` for a warp without
+/// positions). The host folds the parts (`halo::decomp::fold_extent`).
+pub const POSITION_EXTENT: &str = "position_extent";
+/// Blocks of [`POSITION_EXTENT`].
+pub const EXTENT_BLOCKS: u32 = 16;
+/// Threads per block of [`POSITION_EXTENT`] (whole warps).
+pub const EXTENT_THREADS: u32 = 256;
+/// Parts [`POSITION_EXTENT`] writes: one per warp of its launch.
+pub const EXTENT_PARTS: usize = (EXTENT_BLOCKS * EXTENT_THREADS / 32) as usize;
+
+/// One warp's share of a [`POSITION_EXTENT`]: 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct ExtentPart {
+    /// The lowest coordinate per dimension (`v < m` keeps `v`: NaN never; `inf` without positions).
+    pub lo: [f32; 3],
+    /// The highest (`v > m`; `-inf` without positions).
+    pub hi: [f32; 3],
+    /// 1 when a coordinate was NaN, else 0.
+    pub nan: u32,
+    /// Padding to 32 bytes.
+    pub pad: u32,
 }
 
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a

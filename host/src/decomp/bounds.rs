@@ -1,8 +1,7 @@
 //! The bounds of a run of positions in one branch-free, vectorized pass: whether every coordinate
 //! lies in given bounds, and the lowest and highest coordinate per dimension. The pair search's
-//! zone checks run it over each zone's atoms; a redecomposition on the GPU runs it over the home
-//! atoms while it copies them out of the read-back ([`extend_scanned`]), where they are in cache
-//! anyway, so that the search need not pass over them again.
+//! zone checks run it over each zone's atoms; it is also the reference of the GPU's extent
+//! ([`super::GpuExtent`]), which a redecomposition on the GPU makes of the home atoms instead.
 
 use kernels_gpu::abi::Float3;
 
@@ -73,23 +72,6 @@ pub fn scan(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> Scan {
     s
 }
 
-/// Positions per piece of [`extend_scanned`]: 48 KiB, in the first-level cache after its copy.
-const PIECE: usize = 4096;
-
-/// Appends `from` to `to` and returns [`scan`]`(from, lo, hi)`: piece by piece, each piece
-/// scanned right after its copy, while it is still in cache, so that the scan costs little more
-/// than the copy.
-pub fn extend_scanned(to: &mut Vec<Float3>, from: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> Scan {
-    to.reserve(from.len());
-    let mut s = Scan::EMPTY;
-    for piece in from.chunks(PIECE) {
-        let at = to.len();
-        to.extend_from_slice(piece);
-        s = s.join(scan(&to[at..], lo, hi));
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,22 +123,6 @@ mod tests {
                     p[k] = keep;
                 }
             }
-        }
-    }
-
-    #[test]
-    fn extending_while_scanning_appends_and_scans_the_same() {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
-        let (lo, hi) = ([0.0; 3], [9.0; 3]);
-        for n in [0, 1, 100, PIECE - 1, PIECE, PIECE + 1, 3 * PIECE + 17] {
-            let from = random(&mut rng, n, 9.0);
-            // Into an array that holds something already (kept, and not scanned).
-            let mut to = vec![Float3::new(-5.0, 50.0, f32::NAN); 3];
-            let s = extend_scanned(&mut to, &from, lo, hi);
-            assert_eq!(s, scan(&from, lo, hi), "{n} positions");
-            assert_eq!(&to[3..], &from[..], "{n} positions copied");
-            assert_eq!(to.len(), n + 3);
-            assert!(to[0].z.is_nan() && to[2].x == -5.0, "the earlier contents kept");
         }
     }
 }

@@ -15,11 +15,11 @@
 //! | [`GpuRank`] | a [`GpuHome`] with its rank's inputs for one search: the [`HomeDevice`] |
 
 use super::grid::{Decomposition, RankGrid};
-use super::{GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays, extend_scanned};
+use super::{GpuExtent, GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays, fold_extent};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
 use cudarc::driver::{CudaContext, PinnedHostSlice};
-use kernels_gpu::abi::{Float3, MigrateLeaver};
+use kernels_gpu::abi::{EXTENT_PARTS, ExtentPart, Float3, MigrateLeaver};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,8 +56,10 @@ pub struct GpuHome {
     new_ids: DeviceBuffer<u32>,
     new_x: DeviceBuffer<Float3>,
     new_v: DeviceBuffer<Float3>,
+    /// The new home atoms' extent, made on the GPU after the merge.
+    extent: GpuExtent,
     /// Page-locked room for what comes back after the merge, in one wait: the new home atoms'
-    /// ids and positions, the selection's counts and indices (`u32` words).
+    /// ids and positions, the selection's counts and indices, their extent's parts (`u32` words).
     host: Option<PinnedHostSlice<u32>>,
     /// Stayers of the last migration.
     stayers: usize,
@@ -83,6 +85,7 @@ impl GpuHome {
             new_ids: u()?,
             new_x: f3()?,
             new_v: f3()?,
+            extent: GpuExtent::new(ctx)?,
             host: None,
             stayers: 0,
             home: 0,
@@ -164,18 +167,23 @@ struct Merging {
 }
 
 impl Merging {
+    /// Words of the extent's parts.
+    const EXTENT_WORDS: usize = EXTENT_PARTS * size_of::<ExtentPart>() / 4;
+
     /// The room's words this merge uses.
     fn words(&self) -> usize {
-        4 * self.n + self.info_words + self.map_words
+        Self::EXTENT_WORDS + 4 * self.n + self.info_words + self.map_words
     }
 
-    /// The room's first [`Self::words`] split into the ids, the positions, the selection's info
-    /// and its maps, in the order they are read back.
-    fn split<'w>(&self, room: &'w mut [u32]) -> (&'w mut [u32], &'w mut [Float3], &'w mut [u32], &'w mut [u32]) {
-        let (ids, rest) = room[..self.words()].split_at_mut(self.n);
+    /// The room's first [`Self::words`] split into the extent's parts, the ids, the positions, the
+    /// selection's info and its maps.
+    #[allow(clippy::type_complexity)]
+    fn split<'w>(&self, room: &'w mut [u32]) -> (&'w mut [ExtentPart], &'w mut [u32], &'w mut [Float3], &'w mut [u32], &'w mut [u32]) {
+        let (parts, rest) = room[..self.words()].split_at_mut(Self::EXTENT_WORDS);
+        let (ids, rest) = rest.split_at_mut(self.n);
         let (x, rest) = rest.split_at_mut(3 * self.n);
         let (info, maps) = rest.split_at_mut(self.info_words);
-        (ids, bytemuck::cast_slice_mut(x), info, maps)
+        (bytemuck::cast_slice_mut(parts), ids, bytemuck::cast_slice_mut(x), info, maps)
     }
 }
 
@@ -266,9 +274,10 @@ impl HomeDevice for GpuRank<'_> {
             .filter(|p| p.made == made)
             .ok_or_else(|| HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank)))?;
         p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
-        // Everything that comes back, in one wait (in `merge_and_select`): ids, positions, the
-        // selection's counts and every slot's whole room of indices, into this rank's page-locked
-        // room, which outlives the copies.
+        h.extent.enqueue(self.module, self.stream, &h.new_x, n)?;
+        // Everything that comes back, in one wait (in `merge_and_select`): the extent's parts, ids,
+        // positions, the selection's counts and every slot's whole room of indices, into this
+        // rank's page-locked room, which outlives the copies.
         let (info_words, map_words) = p.select.read_back_words(n);
         let merging = Merging { n, info_words, map_words };
         let need = merging.words();
@@ -279,14 +288,15 @@ impl HomeDevice for GpuRank<'_> {
             h.host = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.during("allocating the GPU redecomposition's read-back")?);
         }
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let (ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
+        let (parts, ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
         // SAFETY: the room is `h`'s and is neither read nor freed nor replaced before the stream
         // is synchronised: in `merge_and_select`, or, for a merge a failed search left unfinished,
         // by the next search's migration on the same stream, which waits before any begin here
         // can replace the room.
         let enqueued = unsafe {
-            h.new_ids
-                .enqueue_read(0, ids, self.stream)
+            h.extent
+                .enqueue_read(parts, self.stream)
+                .and_then(|()| h.new_ids.enqueue_read(0, ids, self.stream))
                 .and_then(|()| h.new_x.enqueue_read(0, x, self.stream))
                 .and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
         };
@@ -313,12 +323,13 @@ impl HomeDevice for GpuRank<'_> {
         h.home = n;
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let (ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
+        let (parts, ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
         into.ids.clear();
         into.ids.extend_from_slice(ids);
         into.wrapped.clear();
-        // Scanned as they are copied (in cache), for the pair search's zone checks.
-        into.home_scan = Some(extend_scanned(&mut into.wrapped, x, [0.0; 3], geo.box_size));
+        into.wrapped.extend_from_slice(x);
+        // The home atoms' extent, made on the GPU, for the pair search's zone checks.
+        into.home_scan = Some(fold_extent(parts, [0.0; 3], geo.box_size));
         p.select.maps_from(info, maps, n, &mut into.first_pulse)?;
         Ok(into)
     }

@@ -16,12 +16,13 @@
 //! | [`GpuMigrate`] | a rank's home atoms wrapped, assigned and split into stayers and leavers on the GPU |
 //! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] |
 //! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU |
-//! | [`scan`], [`extend_scanned`] | whether positions lie in bounds, and their extent, in one vectorized pass |
+//! | [`scan`], [`GpuExtent`] | whether positions lie in bounds, and their extent: on the host in one vectorized pass, or on the GPU |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod bounds;
 mod error;
 mod gpu_checks;
+mod gpu_extent;
 mod gpu_home;
 mod gpu_merge;
 #[cfg(test)]
@@ -40,8 +41,9 @@ mod redecompose_tests;
 mod select;
 mod validate;
 
-pub use bounds::{Scan, extend_scanned, scan};
+pub use bounds::{Scan, scan};
 pub use error::PlanError;
+pub use gpu_extent::{GpuExtent, fold_extent};
 pub use gpu_home::{GpuHome, GpuRank};
 pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};

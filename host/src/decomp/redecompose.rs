@@ -53,8 +53,8 @@ pub struct Redecomposed {
     /// frame, no periodic shift) of every home and halo atom, aligned with
     /// `plan.ranks[r].global_ids`.
     pub local_positions: Vec<Vec<Float3>>,
-    /// Per rank of `ranks`, where its home atoms were merged on a device that scanned them as it
-    /// copied them out ([`MergedHome::home_scan`]): [`super::scan`] of the home positions
+    /// Per rank of `ranks`, where its home atoms were merged on a device that found their extent
+    /// ([`MergedHome::home_scan`]): [`super::scan`] of the home positions
     /// (`local_positions[i][..ids.len()]`) against `[0, edge)` along every dimension, so that the
     /// pair search need not pass over them again. Empty, or `None` for a rank, where nothing
     /// scanned them.

@@ -23,6 +23,7 @@ macro_rules! kernel {
 
 mod common;
 mod delay;
+mod extent;
 mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;

@@ -137,8 +137,8 @@ impl LocalAtoms {
 
     /// [`Self::from_local_unvalidated_into`] where the home atoms' positions were scanned already:
     /// `home_scan`, when given, must be [`crate::decomp::scan`] of `positions[..home]` against
-    /// `[0, edge)` along every dimension (a redecomposition on the GPU makes it as it copies them
-    /// out of its read-back: `halo::decomp::extend_scanned`). When it says they all lie there, they
+    /// `[0, edge)` along every dimension (a redecomposition on the GPU makes it there:
+    /// `halo::decomp::GpuExtent`). When it says they all lie there, they
     /// are taken as they are (no pass to wrap them), and the token returned hands the zone checks
     /// the home atoms' facts ([`Self::zone_facts_with`]), which then pass over the halo atoms only.
     /// The same atoms, and the same errors, as without it.
@@ -433,7 +433,7 @@ impl LocalAtoms {
     }
 }
 
-/// The home atoms' part of the zone checks, found where their positions were last copied: made by
+/// The home atoms' part of the zone checks, found where they were merged (on the GPU): made by
 /// [`LocalAtoms::from_local_scanned_into`] for the atoms it built (home atoms `home`, every home
 /// coordinate inside `[0, edge)`, their zone 0 and their types the system's, and their lowest and
 /// highest coordinates `lo`, `hi`), taken by [`LocalAtoms::zone_facts_with`] for those atoms.

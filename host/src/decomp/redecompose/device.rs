@@ -33,7 +33,7 @@ pub struct MergedHome {
     /// Per decomposed dimension, the home atoms its first pulse sends (indices into `ids`).
     pub first_pulse: Vec<Vec<u32>>,
     /// [`crate::decomp::scan`] of `wrapped` against `[0, edge)` along every dimension, when the
-    /// device made it (as it copied them out: [`crate::decomp::extend_scanned`]); handed on in
+    /// device made it (on the GPU: [`crate::decomp::GpuExtent`]); handed on in
     /// [`super::Redecomposed::home_scans`].
     pub home_scan: Option<Scan>,
 }
