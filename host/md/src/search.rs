@@ -320,7 +320,7 @@ impl HostSearch {
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
         let plan_ref = &plan;
-        let one = |((((&rank, buf), home), local), scan): ((((&usize, &mut RankBuffers), &mut HomeAtoms), &mut Vec<Float3>), Option<Scan>)| {
+        let one = |RankPart { rank, buf, home, local, scan }: RankPart<'_>| {
             let t = Instant::now();
             // Unvalidated: every grid build below validates the atoms itself (a GPU grid's only
             // the halo atoms where the redecomposition scanned the home atoms already).
@@ -343,11 +343,29 @@ impl HostSearch {
             Ok(found)
         };
         let scans = (0..ranks.len()).map(|i| home_scans.get(i).copied().flatten());
-        let parts = ranks.iter().zip(self.ranks.iter_mut()).zip(homes.iter_mut()).zip(local_positions.iter_mut()).zip(scans).collect();
+        let parts = ranks
+            .iter()
+            .zip(self.ranks.iter_mut())
+            .zip(homes.iter_mut())
+            .zip(local_positions.iter_mut())
+            .zip(scans)
+            .map(|((((&rank, buf), home), local), scan)| RankPart { rank, buf, home, local, scan })
+            .collect();
         let found = workers.map(parts, one).into_iter().collect::<Result<Vec<_>>>();
         self.redecompose.recycle_atoms(homes, local_positions);
         Ok((plan, found?))
     }
+}
+
+/// One local rank's share of a redecomposed search ([`HostSearch::rank_searches_redecomposed`]):
+/// its buffers, its new home atoms and local positions, and its home atoms' scan when the
+/// redecomposition made one.
+struct RankPart<'a> {
+    rank: usize,
+    buf: &'a mut RankBuffers,
+    home: &'a mut HomeAtoms,
+    local: &'a mut Vec<Float3>,
+    scan: Option<Scan>,
 }
 
 /// A local atoms error as the search reports it.
