@@ -36,7 +36,7 @@ impl Scan {
 const SCAN_BLOCK: usize = 4;
 
 /// Whether every coordinate of `positions` lies in `lo..hi` (per dimension, `lo <= v < hi`), and
-/// their lowest and highest coordinates per dimension, in one branch-free pass: [`SCAN_BLOCK`]
+/// their lowest and highest coordinates per dimension, in one branch-free pass: four
 /// positions at a time, each lane of the block (one coordinate of one position) keeping its own
 /// out-of-range word (a `u32`: it vectorizes better than a `bool`), minimum and maximum, so that
 /// the compiler vectorizes the loop; the lanes of a dimension are folded at the end. A minimum or
