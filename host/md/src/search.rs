@@ -78,8 +78,8 @@ pub struct RankSearch {
     pub inv_mass: Vec<f32>,
     /// Atom types of the home atoms. Empty with [`RankLists::GpuGrid`], as [`Self::home_x`].
     pub home_types: Vec<u32>,
-    /// The home atoms' zone checks, done where a redecomposition on the GPU copied them out
-    /// ([`RankLists::GpuGrid`] only): the GPU grid's checks then pass over the halo atoms alone.
+    /// The home atoms' zone checks, done on the GPU by its redecomposition ([`RankLists::GpuGrid`]
+    /// only): the GPU grid's checks then pass over the halo atoms alone.
     pub(crate) home_checked: Option<HomeChecked>,
     /// Time to build the local atoms.
     pub atoms_time: Duration,
@@ -323,7 +323,7 @@ impl HostSearch {
         let one = |RankPart { rank, buf, home, local, scan }: RankPart<'_>| {
             let t = Instant::now();
             // Unvalidated: every grid build below validates the atoms itself (a GPU grid's only
-            // the halo atoms where the redecomposition scanned the home atoms already).
+            // the halo atoms where the redecomposition found the home atoms' extent on the GPU).
             let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, workers, &mut buf.atoms).map_err(bad)?;
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };

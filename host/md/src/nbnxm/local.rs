@@ -359,9 +359,8 @@ impl LocalAtoms {
     }
 
     /// [`Self::zone_facts`], bit for bit, with the home atoms' part taken from `checked` where it
-    /// is given for these atoms (the token of [`Self::from_local_unvalidated_into`], whose home
-    /// atoms' positions were scanned where they were copied last): then only the halo atoms are
-    /// passed over.
+    /// is given for these atoms (the token of [`Self::from_local_scanned_into`], whose home atoms'
+    /// positions were scanned before, on the GPU): then only the halo atoms are passed over.
     pub(crate) fn zone_facts_with(&self, checked: Option<HomeChecked>) -> Result<ZoneFacts, NbnxmError> {
         self.check_shape()?;
         let (lo, hi) = self.bounds();
@@ -920,7 +919,7 @@ mod tests {
     }
 
     #[test]
-    fn home_atoms_scanned_where_they_were_copied_give_the_same_atoms_and_zone_facts() {
+    fn home_atoms_scanned_beforehand_give_the_same_atoms_and_zone_facts() {
         let sys = MolecularSystem::generate(6_000, 9).unwrap();
         let positions = moved(&sys, 2);
         let (mut buf, mut plain) = (LocalAtoms::default(), LocalAtoms::default());

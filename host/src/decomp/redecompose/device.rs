@@ -159,8 +159,7 @@ pub fn redecompose_on_devices(
                 geo.grid.decomposed_dims().len()
             )));
         }
-        // A scan is the home atoms' only where it covers them all.
-        home_scans.push(merged.home_scan.filter(|_| merged.wrapped.len() == merged.ids.len()));
+        home_scans.push(merged.home_scan);
         let (w, maps) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
         work.push(w);
         home_maps.push(maps);
