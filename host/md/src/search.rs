@@ -454,8 +454,10 @@ pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 /// ran on the host (the host's grid of 45,000 home atoms took a quarter less with four threads).
 /// With those passes on the GPU, checked rows on one H100 favour one thread for two ranks at 45,000
 /// atoms (median 82.6 against 85.8 µs, 7 of 8 pairs; docs/results/nbnxm/search-choices-ab-h100.log),
-/// while runs at other sizes and rank counts spread too widely there to decide, so four stays the
-/// default until they are settled.
+/// but once the ranks' GPU calls ran on threads of their own, one and four threads were even on
+/// 2x1x1 and four ahead with more ranks: searches of 1.54–1.61 against 1.65–1.82 ms on 2x2x1 and
+/// 2.71–2.92 against 3.54–3.76 ms on 2x2x2 at 45,000 atoms on one H100
+/// (docs/results/nbnxm/search-threads-ranks-h100.log).
 pub const DEFAULT_SEARCH_THREADS_ONE_PROCESS: usize = 4;
 
 /// The search threads of a run: `asked`, or when it is 0 the default for how the ranks are driven
