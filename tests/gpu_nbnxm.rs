@@ -22,7 +22,8 @@ use halo::system::{AtomType, MolecularSystem};
 use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
 use halo_md::md_reference::{cluster_list_forces, exchange_coordinates_f64, prune_reference};
 use halo_md::nbnxm::{
-    DEFAULT_DRIFT_TOLERANCE, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry, entry_order, lj_table,
+    DEFAULT_DRIFT_TOLERANCE, EnergySlot, Launch, ListKind, ListSetup, LocalAtoms, NbnxmGpu, NbnxmKernel, PairSearch, SearchOptions, WarpsPerEntry,
+    entry_order, lj_table,
 };
 use std::sync::Arc;
 
@@ -149,18 +150,23 @@ fn check_with(
             .map(|i| if i < n { Float3::new(0.5 * (i % 7) as f32, -0.25 * (i % 5) as f32, 1.0) } else { Float3::new(f32::NAN, f32::NAN, f32::NAN) })
             .collect();
         let f = DeviceBuffer::from_host(&g.ctx, &start).unwrap();
-        nb.energy_buffer().copy_from_host(&[ENERGY_POISON]).unwrap();
         let stream = g.ctx.new_stream().unwrap();
+        // Every kernel launched to overlap the one before it, as the MD step's local stream
+        // launches them: the forces read the inner list the prune just wrote (poisoned before),
+        // and the next list's prune follows the forces, so a kernel that did not wait would show
+        // here.
+        let acc = DeviceBuffer::from_host(&g.ctx, &[ENERGY_POISON]).unwrap();
+        let slot = EnergySlot::new(&acc, 0).unwrap();
         for kind in [ListKind::Local, ListKind::NonLocal] {
             if prune {
                 nb.poison_inner(kind).unwrap();
-                nb.prune(kind, &x, &stream).unwrap();
+                nb.prune(kind, &x, &stream, Launch::AfterKernel).unwrap();
             }
-            nb.forces(kind, &x, &f, &stream, true).unwrap();
+            nb.forces_into(kind, &x, &f, &stream, Some(slot), Launch::AfterKernel).unwrap();
         }
         stream.synchronize().unwrap();
         let got = f.to_host().unwrap();
-        let energy = nb.energy().unwrap() - ENERGY_POISON;
+        let energy = acc.to_host().unwrap()[0] - ENERGY_POISON;
         let mut worst = 0.0f64;
         for i in 0..n {
             let norm = want[i].iter().map(|c| c * c).sum::<f64>().sqrt().max(rms).max(1e-6);
@@ -743,7 +749,7 @@ fn kernel_times() {
                         for k in 0..3 {
                             // The prune first: the force kernels then run on the inner list.
                             let mut body = || match k {
-                                0 => nb.prune(kind, &x, &stream).unwrap(),
+                                0 => nb.prune(kind, &x, &stream, Launch::Plain).unwrap(),
                                 _ => nb.forces(kind, &x, &f, &stream, k == 2).unwrap(),
                             };
                             t.per_launch[k] = per_launch_us(&g, &stream, REPS, &mut body);
@@ -854,7 +860,7 @@ fn entry_shape_times() {
                 for w in [None, Some(1), Some(2), Some(4), Some(8)] {
                     nb.set_warps(w.map_or(WarpsPerEntry::Auto, WarpsPerEntry::Fixed)).unwrap();
                     let label = w.map_or_else(|| format!("rule W={}", nb.warps_per_entry(ListKind::Local)), |w| format!("W={w}"));
-                    nb.prune(ListKind::Local, &x, &stream).unwrap();
+                    nb.prune(ListKind::Local, &x, &stream, Launch::Plain).unwrap();
                     let (t, hidden) = back_to_back_us(&g, &stream, REPS, &mut || nb.forces(ListKind::Local, &x, &f, &stream, false).unwrap());
                     cells.push_str(&format!("  {label} {t:6.1}{}", if hidden { "" } else { "!" }));
                 }

@@ -274,6 +274,15 @@ fn signalling_wrappers_keep_their_memory_order() {
             assert_nothing_touches_memory_before_the_wait(&k, &b[&k]);
         }
     }
+    // The MD step's local-stream kernels (every nbnxm design's forces, forces with energy and
+    // prune, and the integrator) may be launched to overlap the kernel before them: each waits
+    // for it before anything else. They let no kernel after them start early.
+    let step_kernels = abi::NBNXM_KERNELS.iter().flatten().copied().chain([abi::LEAPFROG, abi::LEAPFROG_ENERGY]);
+    for k in step_kernels {
+        let body = b.get(k).unwrap_or_else(|| panic!("kernel {k} missing from the PTX"));
+        assert_nothing_touches_memory_before_the_wait(k, body);
+        assert_absent(&b, k, &["griddepcontrol.launch_dependents"]);
+    }
     // And so does every other kernel that waits for the kernel before it.
     for (k, body) in &b {
         if body.contains("griddepcontrol.wait") {

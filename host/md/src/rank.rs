@@ -11,7 +11,7 @@ use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::gpu_search::grow;
-use crate::nbnxm::{EnergySlot, HomeCopies, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
+use crate::nbnxm::{EnergySlot, HomeCopies, Launch, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
 use crate::phases::{Mark, PhaseProbe};
 use crate::search::{RankLists, RankSearch};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
@@ -502,12 +502,15 @@ impl MdRank {
         if zeroing.on_local() {
             self.event(events, 0).record(&self.local).during("recording an event")?;
         }
+        // The local stream's kernels (the prune, the forces, the integration) let no kernel after
+        // them start early, and each waits for the one before it: each is launched to overlap the
+        // end of the one before (after a memset or an event it is a plain launch).
         if work.prune {
-            self.nb.prune(ListKind::Local, &ex.x, &self.local)?;
+            self.nb.prune(ListKind::Local, &ex.x, &self.local, Launch::AfterKernel)?;
         }
         self.mark(Mark::LocalPrune, &self.local)?;
         let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
-        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot)?;
+        self.nb.forces_into(ListKind::Local, &ex.x, &ex.f, &self.local, slot, Launch::AfterKernel)?;
         self.mark(Mark::LocalForces, &self.local)
     }
 
@@ -573,12 +576,14 @@ impl MdRank {
         if self.zeroing.on_local() {
             halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
         }
+        // Plain launches: the kernel before them on the halo stream is the coordinate halo, whose
+        // fused kernels let the next one start early (`Launch::AfterKernel`).
         if work.prune {
-            self.nb.prune(ListKind::NonLocal, &ex.x, halo)?;
+            self.nb.prune(ListKind::NonLocal, &ex.x, halo, Launch::Plain)?;
         }
         self.mark(Mark::NonLocalPrune, halo)?;
         let slot = work.energy.map(|r| self.slot(r, 0)).transpose()?;
-        self.nb.forces_into(ListKind::NonLocal, &ex.x, &ex.f, halo, slot)?;
+        self.nb.forces_into(ListKind::NonLocal, &ex.x, &ex.f, halo, slot, Launch::Plain)?;
         self.mark(Mark::NonLocalForces, halo)
     }
 
@@ -622,13 +627,15 @@ impl MdRank {
                     // it, or a graph's order); their last readers, this step's force halo and the
                     // check between it and here, are done (the wait above; no peer reads the halo
                     // forces when `clears_halo`).
-                    unsafe { self.module.launch(abi::LEAPFROG, shape, &self.local, &mut args)? };
+                    // Launched to overlap the local forces before it (`Launch::AfterKernel`): the
+                    // kernel waits for them first.
+                    unsafe { self.module.launch_overlapping(abi::LEAPFROG, shape, &self.local, &mut args)? };
                 }
                 Some(r) => {
                     let mut ke = self.slot(r, 1)?.ptr();
                     let mut args = kernel_args![x, v, f, m, n, dt, clear_from, clear_n, ke];
                     // SAFETY: arguments match `leapfrog_energy`; as above, `ke` is inside `energies`.
-                    unsafe { self.module.launch(abi::LEAPFROG_ENERGY, shape, &self.local, &mut args)? };
+                    unsafe { self.module.launch_overlapping(abi::LEAPFROG_ENERGY, shape, &self.local, &mut args)? };
                 }
             }
         }

@@ -39,6 +39,9 @@ unsafe fn leapfrog_impl<const ENERGY: bool>(
     clear_n: u32,
     kinetic: *mut f64,
 ) {
+    // Launched to overlap the force kernel before it: nothing is read or written before that
+    // kernel is done.
+    device::wait_for_previous_kernel();
     let items = n + clear_n;
     let mut i = thread::index_1d();
     let mut ke = 0.0f32;

@@ -46,6 +46,47 @@ pub enum ListKind {
     NonLocal = 1,
 }
 
+/// How [`NbnxmGpu::prune`] and [`NbnxmGpu::forces_into`] launch their kernel on the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// After whatever the stream holds, as any launch.
+    Plain,
+    /// To overlap the end of the kernel just before it on the stream (programmatic dependent
+    /// launch, `KernelModule::launch_overlapping`): its blocks start as that kernel's last blocks
+    /// leave, and wait for that kernel's completion before they touch memory
+    /// (`griddepcontrol.wait`, the first thing every nbnxm kernel does), so the launch's gap
+    /// overlaps the end of the kernel before. For a stream whose last kernel lets no dependent
+    /// start early (the MD step's local stream, whose kernels are these and the integrator), not
+    /// after the exchange's fused kernels, which let theirs start once all their blocks are
+    /// resident: blocks started that early would sit waiting on multiprocessors the other
+    /// stream's forces need. After anything but a kernel it is a plain launch.
+    AfterKernel,
+}
+
+impl Launch {
+    /// Launches kernel `name` this way.
+    ///
+    /// # Safety
+    /// As [`KernelModule::launch`]; with [`Launch::AfterKernel`] the kernel waits for the
+    /// kernel before it before it touches memory (as every nbnxm kernel does).
+    pub(crate) unsafe fn launch(
+        self,
+        module: &KernelModule,
+        name: &str,
+        shape: LaunchShape,
+        stream: &CudaStream,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe {
+            match self {
+                Self::Plain => module.launch(name, shape, stream, args),
+                Self::AfterKernel => module.launch_overlapping(name, shape, stream, args),
+            }
+        }
+    }
+}
+
 /// The nbnxm kernels' LJ table of `system`: `[6 c6, 12 c12]` per type pair, row-major.
 pub fn lj_table(system: &MolecularSystem) -> Vec<[f32; 2]> {
     let n = system.atom_types.len();
@@ -791,9 +832,10 @@ impl NbnxmGpu {
         }
     }
 
-    /// Enqueues the prune kernel of list `kind` on `stream`: the inner list (pairs within
-    /// `rlist_inner` at the current coordinates `x`), used by [`Self::forces`] from now on.
-    pub fn prune(&mut self, kind: ListKind, x: &impl DeviceMemory<Float3>, stream: &CudaStream) -> Result<()> {
+    /// Enqueues the prune kernel of list `kind` on `stream`, launched as `launch` says: the inner
+    /// list (pairs within `rlist_inner` at the current coordinates `x`), used by [`Self::forces`]
+    /// from now on.
+    pub fn prune(&mut self, kind: ListKind, x: &impl DeviceMemory<Float3>, stream: &CudaStream, launch: Launch) -> Result<()> {
         self.check_arrays(x, None)?;
         let l = &self.lists[kind as usize];
         if l.n_entries > 0 {
@@ -808,8 +850,9 @@ impl NbnxmGpu {
             // SAFETY: arguments match `nbnxm_prune_*`, launched as `abi::NBNXM_KERNELS` says; the
             // list indexes this grid's slots, whose atoms are inside `x` (checked above); `inner`
             // has as many words as `outer`; the order is a permutation of the entries (the host's
-            // `entry_order`, the GPU's order of the same entries, or the identity).
-            unsafe { self.module.launch(self.kernel.entries()[2], shape, stream, &mut args)? };
+            // `entry_order`, the GPU's order of the same entries, or the identity); the kernel
+            // waits for the kernel before it first, as `Launch::AfterKernel` needs.
+            unsafe { launch.launch(&self.module, self.kernel.entries()[2], shape, stream, &mut args)? };
         }
         self.lists[kind as usize].pruned = true;
         Ok(())
@@ -828,11 +871,12 @@ impl NbnxmGpu {
         energy: bool,
     ) -> Result<()> {
         let slot = EnergySlot { buffer: &self.energy, index: 0 };
-        self.forces_into(kind, x, f, stream, energy.then_some(slot))
+        self.forces_into(kind, x, f, stream, energy.then_some(slot), Launch::Plain)
     }
 
     /// [`Self::forces`] adding the energy (when `energy` is given) to an accumulator of the
-    /// caller's (the MD step keeps one per energy step, read back at the next search).
+    /// caller's (the MD step keeps one per energy step, read back at the next search), the kernel
+    /// launched as `launch` says.
     pub fn forces_into(
         &self,
         kind: ListKind,
@@ -840,6 +884,7 @@ impl NbnxmGpu {
         f: &impl DeviceMemory<Float3>,
         stream: &CudaStream,
         energy: Option<EnergySlot<'_>>,
+        launch: Launch,
     ) -> Result<()> {
         self.check_arrays(x, Some(f))?;
         let l = &self.lists[kind as usize];
@@ -862,8 +907,9 @@ impl NbnxmGpu {
         // SAFETY: arguments match `nbnxm_forces[_energy]_*`, launched as `abi::NBNXM_KERNELS` says
         // (1 to 16 warps: `WarpsPerEntry`); slots index atoms inside `x` and `f`
         // (checked above), types are below `ntypes` (checked at upload), the table has ntypes²;
-        // the order is a permutation of the entries (as for the prune).
-        unsafe { self.module.launch(name, shape, stream, &mut args) }
+        // the order is a permutation of the entries (as for the prune); the kernel waits for the
+        // kernel before it first, as `Launch::AfterKernel` needs.
+        unsafe { launch.launch(&self.module, name, shape, stream, &mut args) }
     }
 
     /// The j-list words of list `kind` on the GPU, the inner (pruned) list or the outer one, read

@@ -12,7 +12,9 @@
 //! - per pair (SASS of the common path): 3 subtractions, `r²` (1 multiply, 2 FMAs), compare, a
 //!   zero and a predicated `rcp`, `1/r⁶` and `1/r⁸` (3 multiplies), the table load and its
 //!   address, the force scalar (1 FMA, 1 multiply) and 6 FMAs into the i- and j-forces: 23
-//!   instructions, 17 of them FP32; per i-cluster one 16-byte shared load for two pairs.
+//!   instructions, 17 of them FP32; per i-cluster one 16-byte shared load for two pairs;
+//! - every kernel first waits for the kernel before it on its stream (`griddepcontrol.wait`), so
+//!   the host may launch it to overlap that kernel's end (programmatic dependent launch).
 //!
 //! Designs (one instantiation each, the host picks one, `NbnxmKernel`):
 //! - `_ind`: j-atoms through the slot index: `atom_index`, then `x` and the slot's type;
@@ -331,6 +333,9 @@ unsafe fn forces<const ENERGY: bool, const PREFETCH: bool, const PER_WARP: bool>
     sh6: f32,
     sh12: f32,
 ) {
+    // Launched to overlap the kernel before it (the MD step's local stream): nothing is read or
+    // written before that kernel is done.
+    crate::device::wait_for_previous_kernel();
     // SAFETY: the host's contract (above) covers every access; the whole block leaves together
     // (block-uniform entry test) or reaches every barrier (the loops below are warp-uniform; with
     // `PER_WARP` the staging's is the only one).
@@ -395,6 +400,8 @@ unsafe fn prune<const PREFETCH: bool>(
     box_z: f32,
     rlist2: f32,
 ) {
+    // As in `forces`.
+    crate::device::wait_for_previous_kernel();
     // SAFETY: as in `forces`; the one barrier is reached by every thread of a block that has an entry.
     unsafe {
         let Some(b) = Block::of(entries, order, n_entries) else { return };
