@@ -1,7 +1,7 @@
 //! The extent of a run of positions on the GPU: per dimension the lowest and highest coordinate,
 //! and whether one is NaN. A redecomposition on the GPU runs it over the merged home atoms, so
 //! that the pair search's zone checks need not pass over them on the host
-//! (`halo::decomp::GpuExtent`; `tests/gpu_kernels.rs` checks it against `halo::decomp::scan`).
+//! (`halo::decomp::GpuExtent`; `tests/gpu_redecompose.rs` checks it against `halo::decomp::scan`).
 //!
 //! Each thread folds its grid-strided share, each warp its threads' with butterfly shuffles (five
 //! steps per value), and lane 0 writes the warp's part: no shared memory, no barrier, no atomic.
