@@ -6,7 +6,8 @@
 //! that puts most atoms in one column, and non-finite coordinates (a clear error naming the first
 //! bad atom, never a hang). Then the whole single-rank search step on the GPU
 //! (`NbnxmGpu::update_resident`): lists equal to the host's `PairSearch::build` entry for entry and
-//! word for word. `resident_search_times` prints the GPU grid and list times beside the host's
+//! word for word, also where the search was begun ahead behind the copy of its coordinates
+//! (`NbnxmGpu::begin_resident`), for the same atoms or for others (then abandoned). `resident_search_times` prints the GPU grid and list times beside the host's
 //! search: a benchmark (`#[ignore]`d, run by `gpu-suite.sh kernel-times` with `--ignored`). The forces on the resident lists are checked in
 //! `tests/gpu_nbnxm.rs` (`resident_search_forces`).
 //!
@@ -20,7 +21,7 @@
 
 use halo::abi::Float3;
 use halo::decomp::{HaloPlan, RankGrid, wrap_position};
-use halo::gpu::{DeviceBuffer, DeviceMemory};
+use halo::gpu::{DeviceBuffer, DeviceMemory, Staging};
 use halo::system::MolecularSystem;
 use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu};
 use halo_md::nbnxm::{
@@ -203,18 +204,43 @@ fn non_finite_coordinates_are_named() {
     assert!(nb.update_resident(&xd, &td, x.len() + 1, b, &stream).is_err());
 }
 
+/// Whether a resident search is begun before `update_resident` (`NbnxmGpu::begin_resident`),
+/// behind the copy of its coordinates and without a wait, as the MD step begins it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ahead {
+    /// Not begun: `update_resident` runs all of it.
+    No,
+    /// Begun for the very same atoms: `update_resident` finishes it.
+    Same,
+    /// Begun for the first half of the atoms: `update_resident` abandons it and runs its own.
+    Other,
+}
+
 /// `update_resident` against the host search of the wrapped atoms: the wrapped coordinates, the
 /// grid and both lists.
-fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem, x: &[Float3], setup: &ListSetup) {
+fn check_resident(test: &str, g: &Gpu, nb: &mut NbnxmGpu, sys: &MolecularSystem, x: &[Float3], setup: &ListSetup, ahead: Ahead) {
     let n = x.len();
     let ty: Vec<u32> = sys.types[..n].iter().map(|&t| u32::from(t)).collect();
     let atoms = LocalAtoms::single_rank(x, &ty, sys.atom_types.len(), sys.box_size).unwrap();
     let search = PairSearch::build(&atoms, &SearchOptions::new(setup.rlist)).unwrap();
-    let (xd, td) = (DeviceBuffer::from_host(&g.ctx, x).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
-    // Pageable uploads may land after a kernel on another stream starts: wait for them.
-    g.ctx.synchronize().unwrap();
     let stream = g.ctx.new_stream().unwrap();
+    let (xd, td) = if ahead == Ahead::No {
+        let d = (DeviceBuffer::from_host(&g.ctx, x).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+        // Pageable uploads may land after a kernel on another stream starts: wait for them.
+        g.ctx.synchronize().unwrap();
+        d
+    } else {
+        // The coordinates still in flight on the stream when the search is begun behind them.
+        let (xd, td) = (DeviceBuffer::<Float3>::uninit(&g.ctx, n).unwrap(), DeviceBuffer::from_host(&g.ctx, &ty).unwrap());
+        g.ctx.synchronize().unwrap();
+        Staging::new().upload(x, &xd, &stream).unwrap();
+        let begun_atoms = if ahead == Ahead::Same { n } else { n / 2 };
+        nb.begin_resident(&xd, &td, begun_atoms, sys.box_size, &stream).unwrap_or_else(|e| panic!("{test}: begun ahead: {e}"));
+        assert!(nb.begun(), "{test}: a search is begun");
+        (xd, td)
+    };
     let r = nb.update_resident(&xd, &td, n, sys.box_size, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    assert!(!nb.begun(), "{test}: no search is left begun");
     let wrapped = xd.to_host().unwrap();
     assert!(
         wrapped.iter().zip(&atoms.positions).all(|(p, q)| [p.x, p.y, p.z].map(f32::to_bits) == [q.x, q.y, q.z].map(f32::to_bits)),
@@ -260,10 +286,13 @@ fn resident_search_equals_the_host_search() {
             .unwrap_or_else(|_| ListSetup::new(0.3, nstlist, 0.4, 10, 0.35).unwrap());
         let (x, _) = scrambled(n, seed);
         let mut nb = NbnxmGpu::new_resident(g.module.clone(), &lj_table(&sys), &s, sys.box_size).unwrap();
-        check_resident(&format!("resident {n} atoms nstlist {nstlist}"), &g, &mut nb, &sys, &x, &s);
-        // The same object again, on other atoms of the same system (moved by a fraction of a box).
+        check_resident(&format!("resident {n} atoms nstlist {nstlist}"), &g, &mut nb, &sys, &x, &s, Ahead::No);
+        // The same object again, on other atoms of the same system (moved by a fraction of a box),
+        // begun ahead of the search for them, then for only some of them.
         let moved: Vec<Float3> = x.iter().map(|p| Float3::new(p.x + 0.3, p.y - 0.7, p.z + 1.9)).collect();
-        check_resident(&format!("resident {n} atoms moved"), &g, &mut nb, &sys, &moved, &s);
+        check_resident(&format!("resident {n} atoms moved, begun ahead"), &g, &mut nb, &sys, &moved, &s, Ahead::Same);
+        let again: Vec<Float3> = x.iter().map(|p| Float3::new(p.x - 1.1, p.y + 0.2, p.z + 0.6)).collect();
+        check_resident(&format!("resident {n} atoms moved, begun for half"), &g, &mut nb, &sys, &again, &s, Ahead::Other);
     }
 }
 

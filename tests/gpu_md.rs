@@ -44,6 +44,10 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     // Several ranks plan from their own atoms after the first search (no rollback happens here).
     let redecomposed = cfg.resident_search && cfg.gpu_search && cfg.grid.num_ranks() > 1;
     assert_eq!(out.redecompositions, if redecomposed { out.searches - 1 } else { 0 }, "{test}: searches planned from the ranks");
+    // Each of those, searched on the GPU or redecomposed there, began its first GPU passes behind
+    // the steps before it and took them up.
+    let ahead = resident || (redecomposed && cfg.redecompose.on_gpus(cfg.atoms, cfg.grid.num_ranks()));
+    assert_eq!(out.searches_begun_ahead, if ahead { out.searches - 1 } else { 0 }, "{test}: searches begun ahead");
     // Every later search that does not stay on the GPU replans; ranks in one process need no
     // barrier for it, whichever fence the search asked for.
     assert_eq!(out.replans, out.searches.saturating_sub(1 + out.resident_searches), "{test}: replans");

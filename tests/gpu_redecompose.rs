@@ -6,19 +6,22 @@
 //! the home positions; the extent kernel alone against the host's scan. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
 //! process on one GPU, through several searches in a row (each from the last one's plan, the
 //! atoms moved in between, some across the box and whole boxes away), one `GpuHome` per rank
-//! reused throughout, each on a stream of its own; a non-finite position is named as the host names
-//! it.
+//! reused throughout, each on a stream of its own; a migration begun ahead of its search, behind
+//! the copy that writes its coordinates, is taken up only by the search it was begun for; a
+//! non-finite position is named as the host names it.
 
 use halo::HaloError;
 use halo::abi::Float3;
 use halo::decomp::{
-    GpuExtent, GpuHome, HaloPlan, HomeAtoms, HomeDevice, PlanError, RankGrid, RedecomposeScratch, redecompose, redecompose_on_devices, scan,
+    Decomposition, GpuExtent, GpuHome, HaloPlan, HomeAtoms, HomeDevice, PlanError, RankGrid, RedecomposeScratch, Redecomposed, redecompose,
+    redecompose_on_devices, scan,
 };
-use halo::gpu::{DeviceBuffer, DeviceMemory};
+use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory, Staging};
 use halo::system::MolecularSystem;
 use halo::testing::{GpuFixture as Gpu, gpu_or_skip as gpu, homes_of, moved_atoms as moved};
 use halo::workers::Workers;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 
 fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
@@ -47,6 +50,39 @@ impl RankArrays {
     }
 }
 
+/// Every rank's inputs of one search on the GPU: rank `i`'s atoms `arrays[i]` (ids `homes[i].ids`)
+/// on `streams[i]`.
+struct OnGpus<'a> {
+    g: &'a Gpu,
+    streams: &'a [Arc<CudaStream>],
+    arrays: &'a [RankArrays],
+    homes: &'a [HomeAtoms],
+}
+
+impl OnGpus<'_> {
+    /// `redecompose_on_devices` over every rank of `geo`'s grid, rank `i`'s home on the GPU
+    /// `homes_gpu[i]`.
+    fn redecompose(
+        &self,
+        homes_gpu: &mut [GpuHome],
+        geo: &Decomposition,
+        atoms: usize,
+        workers: &Workers,
+        scratch: &mut RedecomposeScratch,
+    ) -> Redecomposed {
+        let ranks: Vec<usize> = (0..geo.grid.num_ranks()).collect();
+        let mut devices: Vec<_> = homes_gpu
+            .iter_mut()
+            .zip(self.arrays)
+            .zip(self.homes)
+            .zip(self.streams)
+            .map(|(((d, a), h), stream)| d.with(&self.g.module, stream, &a.x, &a.v, &h.ids))
+            .collect();
+        let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
+        redecompose_on_devices(geo.grid, geo.box_size, geo.cutoff, atoms, &ranks, &mut dyns, &mut identity, workers, scratch).unwrap()
+    }
+}
+
 #[test]
 fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
     let Some(g) = gpu("the_gpu_redecomposition_gives_the_hosts_plan_search_after_search") else { return };
@@ -65,7 +101,7 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
     let mut two_pulses = false;
     for (dims, cutoff) in cases {
         let grid = RankGrid::new(dims).unwrap();
-        let geo = halo::decomp::Decomposition::new(grid, sys.box_size, cutoff).unwrap();
+        let geo = Decomposition::new(grid, sys.box_size, cutoff).unwrap();
         two_pulses |= geo.pulses.contains(&2);
         let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
         let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
@@ -81,17 +117,8 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
             let homes = homes_of(&plan, &positions, &velocities);
             let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
             let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
-            let got = {
-                let mut devices: Vec<_> = homes_gpu
-                    .iter_mut()
-                    .zip(&arrays)
-                    .zip(&homes)
-                    .zip(&streams)
-                    .map(|(((d, a), h), stream)| d.with(&g.module, stream, &a.x, &a.v, &h.ids))
-                    .collect();
-                let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
-                redecompose_on_devices(grid, sys.box_size, cutoff, positions.len(), &ranks, &mut dyns, &mut identity, &workers, &mut scratch).unwrap()
-            };
+            let on = OnGpus { g: &g, streams: &streams, arrays: &arrays, homes: &homes };
+            let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), &workers, &mut scratch);
             let test = format!("{dims:?} cutoff {cutoff}, search {search}");
             assert_eq!(got.plan, want.plan, "{test}: the plan");
             for (r, ((gh, wh), d)) in got.homes.iter().zip(&want.homes).zip(&homes_gpu).enumerate() {
@@ -115,6 +142,65 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
         eprintln!("{dims:?} cutoff {cutoff} (pulses {:?}): three searches equal the host's", geo.pulses);
     }
     assert!(two_pulses, "a case with two pulses");
+}
+
+/// A migration begun ahead (`GpuRank::begin_ahead`), enqueued behind a copy that writes its
+/// coordinates and not waited for, as an MD run begins it behind its last step: the search that
+/// follows takes it up when it is for the same geometry and inputs and gives the host's plan;
+/// one begun for another cutoff, or for another array of the same ids, is not taken up (the
+/// search enqueues its own migration) and the plan is the host's all the same.
+#[test]
+fn a_migration_begun_ahead_is_taken_up_only_by_its_own_search() {
+    let Some(g) = gpu("a_migration_begun_ahead_is_taken_up_only_by_its_own_search") else { return };
+    let sys = MolecularSystem::generate(45_000, 5).unwrap();
+    let (grid, cutoff) = (RankGrid::new([2, 2, 1]).unwrap(), 1.1);
+    let geo = Decomposition::new(grid, sys.box_size, cutoff).unwrap();
+    let other_geo = Decomposition::new(grid, sys.box_size, 1.3).unwrap();
+    let ranks: Vec<usize> = (0..grid.num_ranks()).collect();
+    let mut homes_gpu: Vec<GpuHome> = ranks.iter().map(|&r| GpuHome::new(&g.ctx, r).unwrap()).collect();
+    let streams: Vec<_> = ranks.iter().map(|_| g.ctx.new_stream().unwrap()).collect();
+    let mut staging: Vec<Staging<Float3>> = ranks.iter().map(|_| Staging::new()).collect();
+    let (workers, mut scratch) = (Workers::serial(), RedecomposeScratch::default());
+    let mut positions = sys.positions.clone();
+    let mut plan = HaloPlan::from_positions(&positions, sys.box_size, grid, cutoff).unwrap();
+    // Per search: begun ahead for this search, for another cutoff, for a copy of the ids.
+    let cases = [("this search's", true), ("another cutoff's", false), ("another ids array's", false), ("this search's again", true)];
+    for (search, (what, taken)) in cases.into_iter().enumerate() {
+        let (moved_to, velocities) = moved(&positions, sys.box_size, 700 + search as u64);
+        positions = moved_to;
+        let homes = homes_of(&plan, &positions, &velocities);
+        let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
+        // The last search's (stale) coordinates in place, the new ones still in flight on each
+        // rank's stream when the migration is begun behind them.
+        let old = homes_of(&plan, &sys.positions, &velocities);
+        let arrays: Vec<RankArrays> = old.iter().map(|h| RankArrays::new(&g, h)).collect();
+        let copies: Vec<Vec<u32>> = homes.iter().map(|h| h.ids.clone()).collect();
+        for (i, ((d, a), h)) in homes_gpu.iter_mut().zip(&arrays).zip(&homes).enumerate() {
+            staging[i].upload(&h.positions, &a.x, &streams[i]).unwrap();
+            let (ahead_geo, ids) = match search {
+                1 => (&other_geo, &h.ids),
+                2 => (&geo, &copies[i]),
+                _ => (&geo, &h.ids),
+            };
+            d.with(&g.module, &streams[i], &a.x, &a.v, ids).begin_ahead(ahead_geo).unwrap();
+        }
+        let before: Vec<u64> = homes_gpu.iter().map(GpuHome::ahead_taken).collect();
+        let on = OnGpus { g: &g, streams: &streams, arrays: &arrays, homes: &homes };
+        let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), &workers, &mut scratch);
+        let test = format!("search {search}, begun ahead as {what}");
+        for (r, d) in homes_gpu.iter().enumerate() {
+            assert_eq!(d.ahead_taken() - before[r], u64::from(taken), "{test}: rank {r} took the migration up");
+        }
+        assert_eq!(got.plan, want.plan, "{test}: the plan");
+        for (r, (gl, wl)) in got.local_positions.iter().zip(&want.local_positions).enumerate() {
+            assert_eq!(bits(gl), bits(wl), "{test} rank {r}: the local positions");
+        }
+        for (r, (d, wh)) in homes_gpu.iter().zip(&want.homes).enumerate() {
+            let v = d.velocities().to_host().unwrap();
+            assert_eq!(bits(&v[..wh.ids.len()]), bits(&wh.velocities), "{test} rank {r}: the velocities on the GPU");
+        }
+        plan = got.plan;
+    }
 }
 
 #[test]

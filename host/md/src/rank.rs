@@ -3,7 +3,7 @@
 //! halo exchange without any host synchronisation (docs/architecture.md, "One MD step").
 
 use crate::abi::{self, Float3};
-use crate::decomp::{GpuHome, GpuRank};
+use crate::decomp::{Decomposition, GpuHome, GpuRank};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::RankExchange;
 use crate::exchange::Transport;
@@ -405,22 +405,39 @@ impl MdRank {
     /// local stream: the home coordinates `x` wrapped into the box in place, the cluster grid
     /// sorted and both lists searched there ([`NbnxmGpu::update_resident`]). The atoms keep their
     /// order, so velocities, masses, types and the exchange's plan stay as they are. Synchronous;
-    /// the rank must be idle.
+    /// its passes run behind whatever the local stream holds (finishing the search begun by
+    /// [`Self::begin_search_resident_ahead`], where one was).
     pub fn search_resident(&mut self, x: &impl DeviceMemory<Float3>, box_size: [f32; 3]) -> Result<ResidentSearch> {
+        self.without_halo()?;
+        self.forces_clear = false;
+        self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
+    }
+
+    /// The first half of [`Self::search_resident`] with the same `x` and box, enqueued on the
+    /// local stream now, behind the steps enqueued so far and before anything waits for them
+    /// (`NbnxmGpu::begin_resident`): the coordinates' wrap, the grid and the lists' first passes
+    /// run right after the last step. The search then only finishes it.
+    pub fn begin_search_resident_ahead(&mut self, x: &impl DeviceMemory<Float3>, box_size: [f32; 3]) -> Result<()> {
+        self.without_halo()?;
+        self.nb.begin_resident(x, &self.types, self.home, box_size, &self.local)
+    }
+
+    /// A search on the GPU alone needs a rank without halo atoms.
+    fn without_halo(&self) -> Result<()> {
         if self.total != self.home {
             return Err(HaloError::InvalidInput(format!(
                 "a search on the GPU alone needs a rank without halo atoms; this one has {} home and {} local atoms",
                 self.home, self.total
             )));
         }
-        self.forces_clear = false;
-        self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
+        Ok(())
     }
 
     /// This rank's home atoms as the device of a redecomposition on its GPU
     /// (`halo::decomp::redecompose_on_devices`), on the local stream: `x` the exchange's
     /// coordinates of rank `rank` (home atoms first), `ids` their global ids (the last plan's).
-    /// The rank must be idle. The new home atoms' velocities stay on the GPU; the next
+    /// Its passes run behind whatever the local stream holds (the last steps, where the migration
+    /// was begun ahead: [`Self::begin_redecompose_ahead`]). The new home atoms' velocities stay on the GPU; the next
     /// [`Self::update`] with `RankSearch::home_on_device` copies them into place.
     pub fn home_device<'a>(&'a mut self, rank: usize, x: &'a (dyn DeviceMemory<Float3> + Sync), ids: &'a [u32]) -> Result<GpuRank<'a>> {
         if ids.len() != self.home {
@@ -431,6 +448,29 @@ impl MdRank {
         }
         let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
         Ok(g.with(&self.module, &self.local, x, &self.v, ids))
+    }
+
+    /// Enqueues this rank's part of the next redecomposition's migration on the local stream
+    /// now, behind the steps enqueued so far and before anything waits for them
+    /// ([`GpuRank::begin_ahead`]): the arguments are [`Self::home_device`]'s, and the search's
+    /// own `home_device` with the same ones takes it up. Until then the caller keeps `x` and `ids`
+    /// as they are.
+    pub fn begin_redecompose_ahead(&mut self, rank: usize, x: &(dyn DeviceMemory<Float3> + Sync), ids: &[u32], geo: &Decomposition) -> Result<()> {
+        self.home_device(rank, x, ids)?.begin_ahead(geo)
+    }
+
+    /// How many of this rank's redecompositions took their migration up from one begun ahead
+    /// ([`Self::begin_redecompose_ahead`]).
+    pub fn redecompose_ahead_taken(&self) -> u64 {
+        self.gpu_home.as_ref().map_or(0, GpuHome::ahead_taken)
+    }
+
+    /// Forgets a migration begun ahead ([`Self::begin_redecompose_ahead`]) that its search did not
+    /// take up.
+    pub fn discard_redecompose_ahead(&mut self) {
+        if let Some(g) = self.gpu_home.as_mut() {
+            g.discard_ahead();
+        }
     }
 
     /// Of the last [`Self::update`]'s search time, the host's wait for the GPU grid's and lists'

@@ -16,7 +16,7 @@ use super::phases::{Mark, PhaseSummary};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{GpuRank, HaloPlan, HomeDevice, MergedHome, RankGrid, Redecomposed};
+use crate::decomp::{Decomposition, GpuRank, HaloPlan, HomeDevice, MergedHome, RankGrid, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, RankHalo, ReplanFence, Routing, Transport, reference};
@@ -397,6 +397,11 @@ pub struct MdOutcome {
     /// Of which decomposed from each process's own ranks rather than from the gathered system
     /// (several ranks, [`MdConfig::resident_search`]).
     pub redecompositions: u64,
+    /// Of the searches on the GPU alone and the redecompositions on the GPUs, those whose first
+    /// GPU passes (the grid and the lists' first passes; every rank's migration) were enqueued
+    /// behind the steps before them, before the host waited for those steps, and taken up by
+    /// the search: every such search but the first, and one after a rollback.
+    pub searches_begun_ahead: u64,
     /// Times the exchange was built (the first search, and any search whose decomposition did not
     /// fit the buffers).
     pub exchange_builds: u64,
@@ -1132,6 +1137,44 @@ impl MdRun {
     /// atoms, decompose again, build the lists, move the exchange to the new layout (or build one
     /// on the router's paths) and upload. `Ok(false)`: the safe point rolled back instead.
     fn search(&mut self) -> Result<bool> {
+        let searched = self.begin_search_ahead().and_then(|()| self.search_behind());
+        // A migration begun ahead is taken up by the search or, where it failed first, dropped.
+        self.ranks.iter_mut().for_each(MdRank::discard_redecompose_ahead);
+        searched
+    }
+
+    /// Before a search waits for the steps before it, its first GPU passes enqueued on the local
+    /// streams behind those steps: on one rank searching on the GPU alone ([`Self::resident`])
+    /// the coordinates' wrap, the grid and the lists' first passes
+    /// ([`MdRank::begin_search_resident_ahead`]); where the ranks redecompose on the GPUs each
+    /// rank's migration ([`MdRank::begin_redecompose_ahead`]). They then run right after the last
+    /// step, while the host waits for it, and their host part (staging, launches) is done while
+    /// the GPUs are still busy, where it costs the step nothing. Under routing too: where the safe
+    /// point rolls the steps back, the passes' results are never read (`search` forgets a begun
+    /// migration, and the search from the saved system abandons a begun grid), and the exchange
+    /// whose coordinates they read is freed only after them.
+    fn begin_search_ahead(&mut self) -> Result<()> {
+        if self.resident() {
+            let (Some(ex), Some(m)) = (self.exchange.as_ref(), self.ranks.first_mut()) else { return Ok(()) };
+            let Some(rank) = ex.local_ranks().first() else { return Ok(()) };
+            let _span = tracing::debug_span!("search.ahead").entered();
+            return m.begin_search_resident_ahead(&rank.x, self.system.box_size);
+        }
+        if !self.redecomposes() || !self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks()) {
+            return Ok(());
+        }
+        let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else { return Ok(()) };
+        let geo = Decomposition::new(self.cfg.grid, self.system.box_size, self.setup.rlist)?;
+        let _span = tracing::debug_span!("search.ahead").entered();
+        for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
+            let ids = last_home_ids(plan, r.rank(), m.home_atoms());
+            m.begin_redecompose_ahead(r.rank(), &r.x, ids, &geo)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::search`] after its migration was begun ahead, where it was.
+    fn search_behind(&mut self) -> Result<bool> {
         let mut t = SearchTimes { count: 1, ..SearchTimes::default() };
         // Under routing a safe point first: the steps since the last search are settled before
         // anything of them leaves the GPUs, and a failure anywhere rolls back to that search.
@@ -1407,11 +1450,11 @@ impl MdRun {
         let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
+        let taken_before: Vec<u64> = self.ranks.iter().map(MdRank::redecompose_ahead_taken).collect();
         let mut devices = Vec::with_capacity(self.ranks.len());
         let _span = tracing::debug_span!("search.redecompose").entered();
         for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
-            let home = m.home_atoms();
-            let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
+            let ids = last_home_ids(plan, r.rank(), m.home_atoms());
             devices.push(m.home_device(r.rank(), &r.x, ids)?);
         }
         let spans = std::sync::Mutex::new(Vec::new());
@@ -1428,7 +1471,12 @@ impl MdRun {
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
         t.plan_device = spans.lock().map(|mut s| busy_time(&mut s)).unwrap_or_default();
+        drop(dyns);
+        drop(timed);
+        drop(devices);
         self.out.redecompositions += 1;
+        let taken = self.ranks.iter().zip(&taken_before).all(|(m, &before)| m.redecompose_ahead_taken() > before);
+        self.out.searches_begun_ahead += u64::from(taken && !self.ranks.is_empty());
         Ok(done)
     }
 
@@ -1469,6 +1517,7 @@ impl MdRun {
             _ => return Err(HaloError::InvalidInput("a search on the GPU needs the rank of a previous search".into())),
         };
         let found = m.search_resident(&rank.x, self.system.box_size)?;
+        self.out.searches_begun_ahead += u64::from(found.begun_ahead);
         let t = SearchTimes {
             count: 1,
             total: start.elapsed(),
@@ -1647,6 +1696,12 @@ impl Drop for MdRun {
             let _ = ex.finish();
         }
     }
+}
+
+/// Rank `rank`'s home atoms' global ids in the last `plan` (at most `home` of them; none where the
+/// plan has no such rank): the ids of the home coordinates its GPU holds.
+fn last_home_ids(plan: &HaloPlan, rank: usize, home: usize) -> &[u32] {
+    plan.ranks.get(rank).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default()
 }
 
 /// How a search step built its new plan, which decides how its replan is fenced

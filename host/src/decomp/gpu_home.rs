@@ -3,7 +3,9 @@
 //!
 //! Per search, on the rank's stream: the last plan's home ids are staged up (4 bytes an atom);
 //! the migration wraps the home atoms, finds their owners and keeps the stayers on the device
-//! (one wait, the leavers come back); after the migration's collective the arrivals are merged
+//! (one wait, the leavers come back). A caller that knows the search is next may enqueue the
+//! migration before it waits for the steps before it ([`GpuRank::begin_ahead`]): the passes then
+//! run right behind the last step, while the host still waits for it; after the migration's collective the arrivals are merged
 //! into the stayers by id and every decomposed dimension's first pulse is selected over the new
 //! home atoms (one wait for the counts, the selections come back); then the new home atoms' ids
 //! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
@@ -29,6 +31,19 @@ struct Made {
     grid: RankGrid,
     box_size: [f32; 3],
     cutoff: f32,
+}
+
+/// What a migration begun ahead of its search ([`GpuRank::begin_ahead`]) was enqueued for: the
+/// geometry, the home atoms' coordinates and velocities (device addresses), their ids (the host
+/// array's address and length) and the stream. The search's own begin finds it begun only when
+/// all of these are the same.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ahead {
+    made: Made,
+    x: u64,
+    v: u64,
+    ids: (usize, usize),
+    stream: usize,
 }
 
 /// The passes of one geometry.
@@ -65,6 +80,10 @@ pub struct GpuHome {
     stayers: usize,
     /// New home atoms of the last merge.
     home: usize,
+    /// A migration enqueued ahead of its search and not yet taken up by it.
+    ahead: Option<Ahead>,
+    /// Searches whose migration was taken up from one begun ahead.
+    ahead_taken: u64,
 }
 
 impl GpuHome {
@@ -89,6 +108,8 @@ impl GpuHome {
             host: None,
             stayers: 0,
             home: 0,
+            ahead: None,
+            ahead_taken: 0,
         })
     }
 
@@ -128,6 +149,19 @@ impl GpuHome {
         ids: &'a [u32],
     ) -> GpuRank<'a> {
         GpuRank { home: self, module, stream, x, v, ids, begun: false, merging: None }
+    }
+
+    /// How many searches took their migration up from one begun ahead ([`GpuRank::begin_ahead`])
+    /// instead of enqueueing it themselves.
+    pub fn ahead_taken(&self) -> u64 {
+        self.ahead_taken
+    }
+
+    /// Forgets a migration begun ahead ([`GpuRank::begin_ahead`]) that no search took up: the
+    /// next search's migration is enqueued again (behind it on the same stream). Its passes stay
+    /// enqueued; they write only this home's arrays.
+    pub fn discard_ahead(&mut self) {
+        self.ahead = None;
     }
 
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
@@ -212,12 +246,54 @@ impl Drop for GpuRank<'_> {
     }
 }
 
+impl GpuRank<'_> {
+    /// Phase 1 enqueued ahead of its search: [`HomeDevice::begin_migrate`] now, for a caller
+    /// that has enqueued the last steps before the search on this stream and has not waited for
+    /// them. The passes run right behind those steps, while the host waits for them; the search's
+    /// own [`HomeDevice::begin_migrate`] (on a [`GpuRank`] of the same home, geometry, inputs and
+    /// stream) then enqueues nothing again, and its [`HomeDevice::migrate`] only waits.
+    ///
+    /// The enqueued passes read `x`, `v` and the staged ids after the steps before them: the caller
+    /// keeps `x` and `v` alive and unchanged, and the ids array as it is, until the search (or a
+    /// synchronisation of the stream). A search that does not come ([`GpuHome::discard_ahead`])
+    /// costs the passes' GPU time only.
+    pub fn begin_ahead(mut self, geo: &Decomposition) -> Result<()> {
+        self.begin_migrate(geo)?;
+        self.home.ahead = Some(self.ahead_key(geo));
+        // The passes stay enqueued on purpose: the search takes them up, so the drop must not
+        // wait for them.
+        self.begun = false;
+        Ok(())
+    }
+
+    /// What this rank's migration for `geo` is enqueued for.
+    fn ahead_key(&self, geo: &Decomposition) -> Ahead {
+        Ahead {
+            made: Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff },
+            x: self.x.device_ptr(),
+            v: self.v.device_ptr(),
+            ids: (self.ids.as_ptr() as usize, self.ids.len()),
+            stream: self.stream.cu_stream() as usize,
+        }
+    }
+}
+
 impl HomeDevice for GpuRank<'_> {
     fn rank(&self) -> usize {
         self.home.rank
     }
 
     fn begin_migrate(&mut self, geo: &Decomposition) -> Result<()> {
+        if let Some(ahead) = self.home.ahead.take() {
+            if ahead == self.ahead_key(geo) {
+                // Enqueued ahead for these very inputs: only its wait is left.
+                self.begun = true;
+                self.home.ahead_taken += 1;
+                return Ok(());
+            }
+            // Begun for other inputs: let it finish before its arrays are refilled or regrown.
+            self.stream.synchronize().during("waiting for a migration begun ahead for other inputs")?;
+        }
         let n = self.ids.len();
         self.home.make_passes(geo)?;
         let h = &mut *self.home;

@@ -131,7 +131,9 @@ pub struct MdBenchRow {
     pub searches_per_repeat: u64,
     /// Median share of a repeat's time spent in the search steps' host work (0..1).
     pub search_share: Option<f64>,
-    /// Host time of one search step (ms, mean over the timed ones).
+    /// Host time of one search step (ms, mean over the timed ones), from the host's wait for the
+    /// steps before it on. A search's first GPU passes begun ahead (`searches_begun_ahead`) ran
+    /// before that: their GPU time is in the step time, not here.
     pub search_ms: Option<f64>,
     /// Of which: gather, plan, local atoms + grid (+ host lists), GPU lists, upload (ms, mean).
     pub search_parts_ms: Option<[f64; 5]>,
@@ -155,6 +157,11 @@ pub struct MdBenchRow {
     /// there) or `host` (every home atom read back), as `--redecompose` chose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redecompose: Option<String>,
+    /// Of the timed repeats' searches, those whose first GPU passes (a GPU-resident search's
+    /// grid and lists' first passes, every rank's migration on the GPUs) were enqueued behind
+    /// the steps before them, before the host waited for those steps.
+    #[serde(default)]
+    pub searches_begun_ahead: u64,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
     /// The atoms' order: `lattice` (global ids follow the lattice, neighbours in neighbouring
@@ -302,6 +309,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         lists_wait_ms: None,
         list_search: if cfg.step.host_search { "host" } else { "gpu" }.into(),
         redecompose: None,
+        searches_begun_ahead: 0,
         graph: cfg.graph,
         atom_order: if cfg.step.shuffle_atoms { "shuffled" } else { "lattice" }.into(),
         nbnxm_kernel: nbnxm_design(),
@@ -417,6 +425,7 @@ fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, proc
     let mut shares = Vec::with_capacity(cfg.repeats);
     let before = run.outcome().search;
     let (resident_before, redecomposed_before) = (run.outcome().resident_searches, run.outcome().redecompositions);
+    let ahead_before = run.outcome().searches_begun_ahead;
     if cfg.search_parts {
         search_parts::start();
     }
@@ -434,6 +443,7 @@ fn timed_and_checked(cfg: &MdBenchConfig, run: &mut MdRun, md_ranks: usize, proc
     }
     let after = run.outcome().search;
     let lists = run.outcome().lists;
+    row.searches_begun_ahead = run.outcome().searches_begun_ahead - ahead_before;
     if run.outcome().resident_searches - resident_before == after.count - before.count && after.count > before.count {
         row.list_search = "gpu-resident".into();
     } else if run.outcome().redecompositions - redecomposed_before == after.count - before.count && after.count > before.count {
@@ -712,6 +722,7 @@ pub(crate) mod tests {
             lists_wait_ms: None,
             list_search: "gpu".into(),
             redecompose: None,
+            searches_begun_ahead: 0,
             graph: false,
             atom_order: "lattice".into(),
             nbnxm_kernel: "pf".into(),

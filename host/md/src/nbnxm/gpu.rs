@@ -199,6 +199,9 @@ pub struct ResidentSearch {
     pub words: [usize; 2],
     /// Entries of the two lists.
     pub entries: [usize; 2],
+    /// Whether its first half ran ahead of it ([`NbnxmGpu::begin_resident`]): this search only
+    /// finished it.
+    pub begun_ahead: bool,
 }
 
 /// Where [`NbnxmGpu::update_local_into`] copies the home atoms' coordinates and types on the
@@ -250,15 +253,25 @@ pub struct NbnxmGpu {
 struct BegunLocal {
     grid: PendingGrid,
     lists: BegunLists,
-    /// Where the local atoms' positions are (the same atoms must finish it; the grid holds their
+    /// Whose atoms the grid is built from (the same atoms must finish it; the grid holds their
     /// sizes and box).
-    positions: usize,
+    source: BegunOn,
     box_size: [f32; 3],
     /// The stream it was enqueued on (`CUstream` as an address; the same stream must finish it).
     stream: usize,
     grid_time: Duration,
     /// The host time of the lists' part so far (the count pass and the scan enqueued).
     lists_time: Duration,
+}
+
+/// Whose atoms a begun search builds its grid from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BegunOn {
+    /// Local atoms on the host ([`NbnxmGpu::begin_local`]): the address of their positions.
+    Local(usize),
+    /// Coordinates and types on the device ([`NbnxmGpu::begin_resident`]): their addresses and
+    /// the atom count.
+    Resident { x: u64, types: u64, atoms: usize },
 }
 
 impl NbnxmGpu {
@@ -411,6 +424,10 @@ impl NbnxmGpu {
     /// words and the lists' totals read back together), and one at the end, after the write pass:
     /// the callers (`MdRank::search_resident`, the tests) rely on complete lists when this returns.
     /// ([`Self::finish_local`], the MD step's search of a decomposed rank, leaves out the last.)
+    ///
+    /// Where [`Self::begin_resident`] began this very search (the same `x`, `types`, `atoms`, box
+    /// and stream), only its second half is left: the one wait, the grid's checks, the write pass
+    /// and the final wait.
     pub fn update_resident(
         &mut self,
         x: &impl DeviceMemory<Float3>,
@@ -419,9 +436,64 @@ impl NbnxmGpu {
         box_size: [f32; 3],
         stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        self.search_on_gpu_grid(box_size, stream, |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream), &|atom| {
-            Ok(x.to_host()?.get(atom).copied().unwrap_or_default())
-        })
+        let coordinate = |atom: usize| Ok(x.to_host()?.get(atom).copied().unwrap_or_default());
+        let source = BegunOn::Resident { x: x.device_ptr(), types: types.device_ptr(), atoms };
+        let begun_here = |b: &BegunLocal| b.source == source && b.stream == stream.cu_stream() as usize && b.box_size == box_size;
+        let Some(begun) = self.begun.take_if(|b| begun_here(b)) else {
+            // Nothing begun for these atoms (a search begun for others is abandoned first).
+            return self.search_on_gpu_grid(
+                box_size,
+                stream,
+                |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream),
+                &coordinate,
+            );
+        };
+        let t1 = Instant::now();
+        let grid = self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), &mut || Ok(()))?;
+        stream.synchronize().during("waiting for the search's lists")?;
+        let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
+        self.box_size = box_size;
+        self.atoms = grid.atoms;
+        Ok(ResidentSearch { begun_ahead: true, ..self.searched(grid, begun.grid_time, begun.lists_time + t1.elapsed()) })
+    }
+
+    /// The first half of [`Self::update_resident`], on `stream` without a host wait: the lists
+    /// emptied, the coordinates wrapped in place, their grid and the lists' first passes enqueued
+    /// up to the search's one read-back. For a caller that has enqueued the steps before the
+    /// search on `stream` and has not waited for them yet (the MD step's search of one rank): the
+    /// passes run right behind those steps, and the host's enqueues are made while the GPU is
+    /// still busy. [`Self::update_resident`] with the same arguments completes it; nothing else of
+    /// this object may run before (any other search abandons it, the context synchronised), and
+    /// `x` and `types` stay allocated and unwritten until then. An error (the lists then empty)
+    /// leaves nothing of it in flight.
+    pub fn begin_resident(
+        &mut self,
+        x: &impl DeviceMemory<Float3>,
+        types: &DeviceBuffer<u32>,
+        atoms: usize,
+        box_size: [f32; 3],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.before_search()?;
+        let t0 = Instant::now();
+        self.forget_lists();
+        let pending = self.grid.enqueue_build(&self.module, x, types, atoms, box_size, true, stream).inspect_err(|_| {
+            let _ = stream.synchronize();
+        })?;
+        let t1 = Instant::now();
+        let lists = self.begin_lists(stream, Some(&pending)).inspect_err(|_| {
+            let _ = stream.synchronize();
+        })?;
+        self.begun = Some(BegunLocal {
+            grid: pending,
+            lists,
+            source: BegunOn::Resident { x: x.device_ptr(), types: types.device_ptr(), atoms },
+            box_size,
+            stream: stream.cu_stream() as usize,
+            grid_time: t1 - t0,
+            lists_time: t1.elapsed(),
+        });
+        Ok(())
     }
 
     /// A rank's grid and lists built on the GPU from `atoms` ([`Self::update_local`]); the LJ
@@ -538,7 +610,7 @@ impl NbnxmGpu {
         self.begun = Some(BegunLocal {
             grid: pending,
             lists,
-            positions: atoms.positions.as_ptr() as usize,
+            source: BegunOn::Local(atoms.positions.as_ptr() as usize),
             box_size,
             stream: stream.cu_stream() as usize,
             grid_time: t1 - t0,
@@ -569,7 +641,7 @@ impl NbnxmGpu {
             return Err(HaloError::InvalidInput("nbnxm: no GPU search was begun to finish (begin_local first)".into()));
         };
         let same_stream = begun.stream == stream.cu_stream() as usize;
-        let same_atoms = begun.positions == atoms.positions.as_ptr() as usize && begun.grid.fits(atoms);
+        let same_atoms = begun.source == BegunOn::Local(atoms.positions.as_ptr() as usize) && begun.grid.fits(atoms);
         let same = same_atoms && same_stream;
         let (begun_atoms, begun_home) = begun.grid.sizes();
         let copied = match home {
@@ -646,6 +718,7 @@ impl NbnxmGpu {
             wait_time: self.search.as_ref().map_or(Duration::ZERO, GpuSearch::waited),
             words: [self.lists[0].n_words, self.lists[1].n_words],
             entries: [self.lists[0].n_entries, self.lists[1].n_entries],
+            begun_ahead: false,
         }
     }
 
