@@ -158,8 +158,10 @@ impl GpuHome {
     }
 
     /// Forgets a migration begun ahead ([`GpuRank::begin_ahead`]) that no search took up: the
-    /// next search's migration is enqueued again (behind it on the same stream). Its passes stay
-    /// enqueued; they write only this home's arrays.
+    /// next search's migration is enqueued again. Its passes stay enqueued on their stream and
+    /// write this home's arrays: a next search on the same stream runs after them (as the MD
+    /// step's do, on each rank's local stream); one on another stream must synchronise theirs
+    /// first.
     pub fn discard_ahead(&mut self) {
         self.ahead = None;
     }
@@ -291,8 +293,9 @@ impl HomeDevice for GpuRank<'_> {
                 self.home.ahead_taken += 1;
                 return Ok(());
             }
-            // Begun for other inputs: let it finish before its arrays are refilled or regrown.
-            self.stream.synchronize().during("waiting for a migration begun ahead for other inputs")?;
+            // Begun for other inputs, perhaps on another stream: let it finish before its arrays
+            // are refilled or regrown.
+            self.stream.context().synchronize().during("waiting for a migration begun ahead for other inputs")?;
         }
         let n = self.ids.len();
         self.home.make_passes(geo)?;
