@@ -1160,7 +1160,7 @@ impl MdRun {
             let _span = tracing::debug_span!("search.ahead").entered();
             return m.begin_search_resident_ahead(&rank.x, self.system.box_size);
         }
-        if !self.redecomposes() || !self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks()) {
+        if !self.redecomposes() || !self.redecomposes_on_gpus() {
             return Ok(());
         }
         let (Some(ex), Some(plan)) = (self.exchange.as_ref(), self.plan.as_ref()) else { return Ok(()) };
@@ -1197,7 +1197,7 @@ impl MdRun {
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
         let (plan, found) = if path == SearchPath::Redecomposed {
-            let on_gpus = self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks());
+            let on_gpus = self.redecomposes_on_gpus();
             let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             let t2 = Instant::now();
             let searched = tracing::debug_span!("search.local_atoms")
@@ -1393,6 +1393,12 @@ impl MdRun {
             && self.cfg.grid.num_ranks() > 1
             && self.plan.is_some()
             && self.exchange.as_ref().is_some_and(|ex| ex.local_ranks().len() == self.ranks.len())
+    }
+
+    /// Whether a redecomposition runs its per-atom passes on the ranks' GPUs
+    /// ([`MdConfig::redecompose`] for this system and grid).
+    fn redecomposes_on_gpus(&self) -> bool {
+        self.cfg.redecompose.on_gpus(self.system.len(), self.cfg.grid.num_ranks())
     }
 
     /// The new plan from this process's ranks alone: each reads its home coordinates and

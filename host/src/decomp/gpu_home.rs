@@ -5,9 +5,10 @@
 //! the migration wraps the home atoms, finds their owners and keeps the stayers on the device
 //! (one wait, the leavers come back). A caller that knows the search is next may enqueue the
 //! migration before it waits for the steps before it ([`GpuRank::begin_ahead`]): the passes then
-//! run right behind the last step, while the host still waits for it; after the migration's collective the arrivals are merged
-//! into the stayers by id and every decomposed dimension's first pulse is selected over the new
-//! home atoms (one wait for the counts, the selections come back); then the new home atoms' ids
+//! run right behind the last step, while the host still waits for it. After the migration's
+//! collective the arrivals are merged into the stayers by id and every decomposed dimension's
+//! first pulse is selected over the new home atoms (one wait for the counts, the selections come
+//! back); then the new home atoms' ids
 //! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
 //! need). The velocities stay on the device ([`GpuHome::velocities`]), merged in the new order.
 //!
@@ -31,6 +32,13 @@ struct Made {
     grid: RankGrid,
     box_size: [f32; 3],
     cutoff: f32,
+}
+
+impl Made {
+    /// The geometry of `geo`.
+    fn of(geo: &Decomposition) -> Self {
+        Self { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff }
+    }
 }
 
 /// What a migration begun ahead of its search ([`GpuRank::begin_ahead`]) was enqueued for: the
@@ -168,7 +176,7 @@ impl GpuHome {
 
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
     fn make_passes(&mut self, geo: &Decomposition) -> Result<()> {
-        let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
+        let made = Made::of(geo);
         if self.passes.as_ref().is_none_or(|p| p.made != made) {
             self.passes = None;
             let (migrate, select) = (GpuMigrate::new(&self.ctx, geo, self.rank)?, GpuSelect::new(&self.ctx, geo, self.rank)?);
@@ -271,7 +279,7 @@ impl GpuRank<'_> {
     /// What this rank's migration for `geo` is enqueued for.
     fn ahead_key(&self, geo: &Decomposition) -> Ahead {
         Ahead {
-            made: Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff },
+            made: Made::of(geo),
             x: self.x.device_ptr(),
             v: self.v.device_ptr(),
             ids: (self.ids.as_ptr() as usize, self.ids.len()),
@@ -346,7 +354,7 @@ impl HomeDevice for GpuRank<'_> {
         // The arrivals go up through the merge's own page-locked staging: nothing here is read
         // after this returns.
         let n = h.merge.enqueue(self.module, self.stream, &a, h.stayers, &arrivals)?;
-        let made = Made { grid: geo.grid, box_size: geo.box_size, cutoff: geo.cutoff };
+        let made = Made::of(geo);
         let p = h
             .passes
             .as_mut()

@@ -436,25 +436,23 @@ impl NbnxmGpu {
         box_size: [f32; 3],
         stream: &CudaStream,
     ) -> Result<ResidentSearch> {
-        let coordinate = |atom: usize| Ok(x.to_host()?.get(atom).copied().unwrap_or_default());
         let source = BegunOn::Resident { x: x.device_ptr(), types: types.device_ptr(), atoms };
         let begun_here = |b: &BegunLocal| b.source == source && b.stream == stream.cu_stream() as usize && b.box_size == box_size;
-        let Some(begun) = self.begun.take_if(|b| begun_here(b)) else {
-            // Nothing begun for these atoms (a search begun for others is abandoned first).
-            return self.search_on_gpu_grid(
-                box_size,
-                stream,
-                |grid, module| grid.enqueue_build(module, x, types, atoms, box_size, true, stream),
-                &coordinate,
-            );
-        };
+        let begun_ahead = self.begun.as_ref().is_some_and(begun_here);
+        if !begun_ahead {
+            // Nothing begun for these atoms: its first half now (a search begun for others is
+            // abandoned first).
+            self.begin_resident(x, types, atoms, box_size, stream)?;
+        }
+        let begun = self.begun.take().ok_or_else(|| HaloError::InvalidInput("nbnxm: the resident search was not begun".into()))?;
+        let coordinate = |atom: usize| Ok(x.to_host()?.get(atom).copied().unwrap_or_default());
         let t1 = Instant::now();
         let grid = self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), &mut || Ok(()))?;
         stream.synchronize().during("waiting for the search's lists")?;
         let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
         self.box_size = box_size;
         self.atoms = grid.atoms;
-        Ok(ResidentSearch { begun_ahead: true, ..self.searched(grid, begun.grid_time, begun.lists_time + t1.elapsed()) })
+        Ok(ResidentSearch { begun_ahead, ..self.searched(grid, begun.grid_time, begun.lists_time + t1.elapsed()) })
     }
 
     /// The first half of [`Self::update_resident`], on `stream` without a host wait: the lists
@@ -720,33 +718,6 @@ impl NbnxmGpu {
             entries: [self.lists[0].n_entries, self.lists[1].n_entries],
             begun_ahead: false,
         }
-    }
-
-    /// A search on a grid that `enqueue` sorts on the GPU (on `stream`, synchronised before
-    /// returning): the lists are emptied first (a failed build or search leaves none), the grid's
-    /// passes enqueued, both lists' first passes enqueued on it, and after the one synchronisation
-    /// the grid checked (its info words: a bad atom, named with `coordinate(atom)`; too many
-    /// clusters; its largest atom type against the LJ table) before any list is written; the time
-    /// of each half (see [`ResidentSearch`]).
-    fn search_on_gpu_grid(
-        &mut self,
-        box_size: [f32; 3],
-        stream: &CudaStream,
-        enqueue: impl FnOnce(&mut DeviceGrid, &KernelModule) -> Result<PendingGrid>,
-        coordinate: Coordinate<'_>,
-    ) -> Result<ResidentSearch> {
-        self.before_search()?;
-        let t0 = Instant::now();
-        self.forget_lists();
-        let pending = enqueue(&mut self.grid, &self.module)?;
-        let t1 = Instant::now();
-        let begun = self.begin_lists(stream, Some(&pending))?;
-        let grid = self.finish_lists(stream, begun, Some((&pending, coordinate)), &mut || Ok(()))?;
-        stream.synchronize().during("waiting for the search's lists")?;
-        let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;
-        self.box_size = box_size;
-        self.atoms = grid.atoms;
-        Ok(self.searched(grid, t1 - t0, t1.elapsed()))
     }
 
     /// The GPU grid the last [`Self::update_resident`] or [`Self::update_local`] built, read back as
