@@ -4,7 +4,7 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::route::{
-    DistanceLevel, IntraNodeLink, Op, PerfTable, ReliabilityState, RouteConfig, Router, Transport, score_candidates, synthetic_facts,
+    DistanceLevel, IntraNodeLink, Op, PerfTable, ReliabilityState, RouteConfig, RoutedPaths, Router, Transport, score_candidates, synthetic_facts,
     topology_from_facts,
 };
 use std::sync::Arc;
@@ -32,6 +32,24 @@ fn bench(c: &mut Criterion) {
     let rel = [ReliabilityState::default(); Transport::ALL.len()];
     c.bench_function("route: scoring pass alone", |b| {
         b.iter(|| score_candidates(black_box(DistanceLevel::NvLink), black_box(Op::Put), black_box(16 * 1024), &weights, &perf, &rel))
+    });
+
+    // What a PE's search step asks of its router (`Routing::plan` on one PE of two on one node,
+    // 45,000 atoms on 2x1x1): the plan of its pulses, the mirror check of each peer's choice, and
+    // the JSON round trip of the plans' all-gather (the collective itself not included).
+    let mut sys = halo::system::MolecularSystem::generate(45_000, 13).expect("system");
+    halo::decomp::wrap_positions(&mut sys.positions, sys.box_size);
+    let plan = halo::decomp::HaloPlan::build(&sys, halo::decomp::RankGrid::new([2, 1, 1]).expect("grid"), 1.063).expect("plan");
+    let halos = plan.rank_halos();
+    let topo = Arc::new(topology_from_facts(&synthetic_facts(&["n00".to_string()], 2, 1, IntraNodeLink::Nvlink), None).expect("topology"));
+    let mut pe0 = Router::new(0, topo, RouteConfig::default()).expect("router");
+    c.bench_function("route: a search's plan on one PE of 2 (plan, mirror check, JSON round trip)", |b| {
+        b.iter(|| {
+            let p = RoutedPaths::plan_for::<halo::abi::Float3>(&mut pe0, black_box(&halos)).expect("plan");
+            p.mirror_check(&pe0, &halos).expect("mirror");
+            let bytes = serde_json::to_vec(&p).expect("encode");
+            serde_json::from_slice::<RoutedPaths>(&bytes).expect("decode")
+        })
     });
 }
 

@@ -1236,7 +1236,7 @@ impl MdRun {
         // Under routing every rank's paths for the new halos (collective; the same plans on every
         // PE). The exchange keeps its buffers only while every pair keeps its transport.
         let plans = match self.routing.as_mut() {
-            Some(r) => Some(r.plan::<Float3>(&halos)?.to_vec()),
+            Some(r) => Some(tracing::debug_span!("search.route").in_scope(|| r.plan::<Float3>(&halos).map(<[_]>::to_vec))?),
             None => None,
         };
         let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
@@ -1252,6 +1252,7 @@ impl MdRun {
         // reuse is fenced by this barrier (`HomeGather::gather`). Ranks in one process have no
         // barrier.
         let fence = replan_fence(path);
+        let exchange_span = tracing::debug_span!("search.exchange").entered();
         let replanned = match self.exchange.as_mut() {
             Some(ex) if same_paths => {
                 let barriers = ex.replan_barriers();
@@ -1278,11 +1279,12 @@ impl MdRun {
             self.exchange_plans = plans.unwrap_or_default();
             self.out.exchange_builds += 1;
         }
+        drop(exchange_span);
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-        self.out.routes = match &self.routing {
-            Some(r) => r.local_summaries()?,
-            None => ex.routes(),
-        };
+        self.out.routes = tracing::debug_span!("search.routes").in_scope(|| match &self.routing {
+            Some(r) => r.local_summaries(),
+            None => Ok(ex.routes()),
+        })?;
         let records = self.cfg.nstlist as usize;
         // Whether this search left a synchronous copy from pageable memory that the steps'
         // (non-blocking) streams do not follow ([`uploads_need_context_sync`]).
@@ -1352,6 +1354,7 @@ impl MdRun {
         t.total = start.elapsed();
         self.out.search.add(&t);
         self.out.searches += 1;
+        let _finish = tracing::debug_span!("search.finish").entered();
         self.out.lists = list_sizes(&found, &self.ranks);
         self.host_search.recycle(found);
         if let Some(old) = self.plan.replace(plan) {
