@@ -1,4 +1,5 @@
-//! Decision cost of the transport router: a cached lookup (the hot path) and a full scoring pass.
+//! Decision cost of the transport router: a cached lookup (the hot path), a full scoring pass, and
+//! the plan a PE's search step asks of it.
 //!
 //! `cargo bench -p halo --bench route`. No GPU needed.
 
