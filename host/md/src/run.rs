@@ -1425,7 +1425,7 @@ impl MdRun {
             .zip(&self.ranks)
             .map(|(r, m)| {
                 let home = m.home_atoms();
-                let ids = plan.ranks.get(r.rank()).map(|p| &p.global_ids[..home.min(p.global_ids.len())]).unwrap_or_default();
+                let ids = last_home_ids(plan, r.rank(), home);
                 if ids.len() != home {
                     return Err(HaloError::InvalidInput(format!("rank {}: the plan holds {} home atoms, its GPU {home}", r.rank(), ids.len())));
                 }
