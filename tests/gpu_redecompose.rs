@@ -79,7 +79,7 @@ impl OnGpus<'_> {
             .map(|(((d, a), h), stream)| d.with(&self.g.module, stream, &a.x, &a.v, &h.ids))
             .collect();
         let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
-        redecompose_on_devices(geo.grid, geo.box_size, geo.cutoff, atoms, &ranks, &mut dyns, &mut identity, workers, scratch).unwrap()
+        redecompose_on_devices(geo.grid, geo.box_size, geo.cutoff, atoms, &ranks, &mut dyns, &mut identity, None, workers, scratch).unwrap()
     }
 }
 
@@ -227,6 +227,7 @@ fn a_non_finite_position_fails_the_gpu_redecomposition_as_it_fails_the_hosts() {
         &ranks,
         &mut dyns,
         &mut identity,
+        None,
         &Workers::serial(),
         &mut RedecomposeScratch::default(),
     )

@@ -158,7 +158,7 @@ impl<'a> Pe<'a> {
     fn redecompose(&mut self, homes: Vec<HomeAtoms>) -> Redecomposed {
         let mut all_gather = emulated_gather(&self.case.others, &mut self.gathers);
         let c = self.case;
-        self.host.redecompose(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], homes, &mut all_gather).expect("redecompose")
+        self.host.redecompose(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], homes, &mut all_gather, None).expect("redecompose")
     }
 
     /// The gathered path of `MdRun::redecompose` and `HostSearch::rank_searches`: the local
@@ -252,7 +252,7 @@ impl Pe<'_> {
         let mut all_gather = emulated_gather(&self.case.others, &mut self.gathers);
         let c = self.case;
         let mut devices: [&mut dyn HomeDevice; 1] = [device];
-        self.host.redecompose_on_devices(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], &mut devices, &mut all_gather).expect("redecompose")
+        self.host.redecompose_on_devices(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], &mut devices, &mut all_gather, None).expect("redecompose")
     }
 
     /// [`Pe::direct`] with the velocities on the GPU.

@@ -16,7 +16,7 @@ use super::phases::{Mark, PhaseSummary};
 use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
-use crate::decomp::{Decomposition, GpuRank, HaloPlan, HomeDevice, MergedHome, RankGrid, Redecomposed};
+use crate::decomp::{Decomposition, GpuRank, HaloPlan, HomeDevice, MergedHome, PlanRider, RankGrid, RankPlan, Redecomposed};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::exchange::pe::PathPolicy;
 use crate::exchange::{Exchange, Placement, RankExchange, RankHalo, ReplanFence, Routing, Transport, reference};
@@ -538,6 +538,16 @@ impl HomeDevice for Timed<'_, '_> {
 /// The all-gather of a redecomposition's collectives across the processes
 /// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
 /// added to `spent`.
+/// Under routing across PEs, what a redecomposition's plans carry for the router
+/// (`decomp::PlanRider`): each local rank's paths for its new halo, made from its own plan, so
+/// that [`Routing::plan_gathered`] takes every PE's from the plans' all-gather instead of an
+/// all-gather of its own. None without routing or for ranks of one process (their router plans
+/// them all at once, with no collective).
+fn route_rider(routing: &mut Option<Routing>, nranks: usize) -> Option<impl FnMut(&RankPlan) -> Result<Vec<u8>> + '_> {
+    let routing = routing.as_mut().filter(|r| r.across_pes())?;
+    Some(move |p: &RankPlan| routing.own_paths::<Float3>(&p.halo(), nranks))
+}
+
 fn redecompose_gather<'a>(
     placement: &'a Placement,
     kept: &'a mut Option<crate::nvshmem::KeptGather>,
@@ -1196,9 +1206,14 @@ impl MdRun {
             return self.search_resident(start);
         }
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
+        // Under routing across PEs a redecomposition's plans carried every PE's paths (`route_rider`).
+        let mut carried_paths = None;
         let (plan, found) = if path == SearchPath::Redecomposed {
             let on_gpus = self.redecomposes_on_gpus();
-            let done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
+            let mut done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
+            if self.routing.as_ref().is_some_and(Routing::across_pes) {
+                carried_paths = Some(std::mem::take(&mut done.riders));
+            }
             let t2 = Instant::now();
             let searched = tracing::debug_span!("search.local_atoms")
                 .in_scope(|| self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus))?;
@@ -1233,11 +1248,15 @@ impl MdRun {
         begun.into_iter().collect::<Result<Vec<_>>>()?;
         gpu_search += t_begin.elapsed();
         let halos = plan.rank_halos();
-        // Under routing every rank's paths for the new halos (collective; the same plans on every
-        // PE). The exchange keeps its buffers only while every pair keeps its transport.
-        let plans = match self.routing.as_mut() {
-            Some(r) => Some(tracing::debug_span!("search.route").in_scope(|| r.plan::<Float3>(&halos).map(<[_]>::to_vec))?),
-            None => None,
+        // Under routing every rank's paths for the new halos (the same plans on every PE: across PEs
+        // carried by the redecomposition's plans where it ran, else gathered by the router's own
+        // collective). The exchange keeps its buffers only while every pair keeps its transport.
+        let plans = match (self.routing.as_mut(), &carried_paths) {
+            (Some(r), Some(gathered)) => {
+                Some(tracing::debug_span!("search.route").in_scope(|| r.plan_gathered(&halos, gathered).map(<[_]>::to_vec))?)
+            }
+            (Some(r), None) => Some(tracing::debug_span!("search.route").in_scope(|| r.plan::<Float3>(&halos).map(<[_]>::to_vec))?),
+            (None, _) => None,
         };
         let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
         // How the replan is fenced across PEs (`replan_fence`): on the redecomposed path every PE
@@ -1442,7 +1461,9 @@ impl MdRun {
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = {
             let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
-            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather)?
+            let mut rider = route_rider(&mut self.routing, self.cfg.grid.num_ranks());
+            let rider = rider.as_mut().map(|r| r as &mut PlanRider<'_>);
+            self.host_search.redecompose(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, homes, &mut all_gather, rider)?
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();
@@ -1475,7 +1496,9 @@ impl MdRun {
         let (box_size, atoms) = (self.system.box_size, self.system.len());
         let done = {
             let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
-            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather)?
+            let mut rider = route_rider(&mut self.routing, self.cfg.grid.num_ranks());
+            let rider = rider.as_mut().map(|r| r as &mut PlanRider<'_>);
+            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather, rider)?
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();

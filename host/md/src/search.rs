@@ -5,7 +5,8 @@
 
 use crate::abi::Float3;
 use crate::decomp::{
-    Collective, HaloPlan, HomeAtoms, HomeDevice, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, Scan, redecompose_with, wrap_positions,
+    Collective, HaloPlan, HomeAtoms, HomeDevice, PlanRider, PlanScratch, RankGrid, RedecomposeScratch, Redecomposed, Scan, redecompose_with,
+    wrap_positions,
 };
 use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, HomeChecked, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
@@ -201,7 +202,7 @@ impl HostSearch {
 
     /// The plan of `grid` for `setup.rlist` from this process's ranks `ranks` and their home atoms
     /// `homes` alone, with `all_gather` between processes ([`redecompose_with`]), for a system of
-    /// `atoms` atoms in a box of `box_size`.
+    /// `atoms` atoms in a box of `box_size`; `rider` as there.
     #[allow(clippy::too_many_arguments)]
     pub fn redecompose(
         &mut self,
@@ -212,8 +213,9 @@ impl HostSearch {
         ranks: &[usize],
         homes: Vec<HomeAtoms>,
         all_gather: &mut Collective<'_>,
+        rider: Option<&mut PlanRider<'_>>,
     ) -> Result<Redecomposed> {
-        redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, &self.workers, &mut self.redecompose)
+        redecompose_with(grid, box_size, setup.rlist, atoms, ranks, homes, all_gather, rider, &self.workers, &mut self.redecompose)
     }
 
     /// [`Self::redecompose`] with the per-atom phases on the ranks' GPUs (`devices`, one per
@@ -228,8 +230,20 @@ impl HostSearch {
         ranks: &[usize],
         devices: &mut [&mut dyn HomeDevice],
         all_gather: &mut Collective<'_>,
+        rider: Option<&mut PlanRider<'_>>,
     ) -> Result<Redecomposed> {
-        crate::decomp::redecompose_on_devices(grid, box_size, setup.rlist, atoms, ranks, devices, all_gather, &self.workers, &mut self.redecompose)
+        crate::decomp::redecompose_on_devices(
+            grid,
+            box_size,
+            setup.rlist,
+            atoms,
+            ranks,
+            devices,
+            all_gather,
+            rider,
+            &self.workers,
+            &mut self.redecompose,
+        )
     }
 
     /// Empty home atom arrays with room for `n` atoms, for the next [`Self::redecompose`]'s input
@@ -308,7 +322,7 @@ impl HostSearch {
         on: ListsOn,
         v_on_device: bool,
     ) -> Result<(HaloPlan, Vec<RankSearch>)> {
-        let Redecomposed { plan, mut homes, mut local_positions, home_scans } = done;
+        let Redecomposed { plan, mut homes, mut local_positions, home_scans, .. } = done;
         if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
             return Err(HaloError::InvalidInput(format!(
                 "a redecomposition of {} ranks ({} local position arrays) for {} ranks",
@@ -584,7 +598,7 @@ mod tests {
                     ranks.iter().zip(mine).for_each(|(&r, b)| all[r] = b);
                     Ok(all)
                 };
-                let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process).unwrap();
+                let done = kept.redecompose(grid, sys.box_size, &setup, sys.len(), &ranks, homes, &mut one_process, None).unwrap();
                 // `sys` keeps its old positions and velocities: the redecomposed path must not read them.
                 let (plan, got) =
                     kept.rank_searches_redecomposed(done, &sys, &ranks, &setup, on, false).map_err(|e| format!("{dims:?} {threads}: {e}")).unwrap();
@@ -644,7 +658,8 @@ mod tests {
         let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
-        let done = Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()], home_scans: Vec::new() };
+        let done =
+            Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()], home_scans: Vec::new(), riders: Vec::new() };
         let e = host
             .rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false)
             .err()

@@ -53,6 +53,6 @@ pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_r
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
 pub use redecompose::{
-    Collective, HomeAtoms, HomeDevice, MergedHome, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose, redecompose_on_devices,
-    redecompose_with,
+    Collective, HomeAtoms, HomeDevice, MergedHome, PlanRider, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose,
+    redecompose_on_devices, redecompose_with,
 };

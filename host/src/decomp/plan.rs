@@ -416,14 +416,18 @@ pub(super) fn crossing_shift(geo: &Decomposition, rank: usize, dim: usize) -> f3
     if geo.grid.coords_of(rank)[dim] == 0 { geo.box_size[dim] } else { 0.0 }
 }
 
+impl RankPlan {
+    /// This rank's part of [`HaloPlan::rank_halos`]: its halo as the exchange consumes it.
+    pub fn halo(&self) -> RankHalo {
+        RankHalo { home_atoms: self.home_atoms, total_atoms: self.total_atoms, pulses: self.pulses.iter().map(|p| p.spec.clone()).collect() }
+    }
+}
+
 impl HaloPlan {
     /// The plan as the exchange consumes it, one [`RankHalo`] per rank. Every received force is
     /// added (`accumulate_forces`): the MD step zeroes forces before computing them.
     pub fn rank_halos(&self) -> Vec<RankHalo> {
-        self.ranks
-            .iter()
-            .map(|r| RankHalo { home_atoms: r.home_atoms, total_atoms: r.total_atoms, pulses: r.pulses.iter().map(|p| p.spec.clone()).collect() })
-            .collect()
+        self.ranks.iter().map(RankPlan::halo).collect()
     }
 
     /// The plan for `system` on `grid` with `cutoff` (nm).

@@ -8,7 +8,10 @@
 //! 2. Each pulse is simulated as [`HaloPlan::from_positions`] simulates it (the same selection,
 //!    [`select_for_pulse`], on the same `f64` positions), with one collective per pulse carrying
 //!    each rank's selection and local length (its receiver's `peer_atom_offset`).
-//! 3. A last collective carries every rank's [`RankPlan`], so every process holds the whole plan.
+//! 3. A last collective carries every rank's [`RankPlan`], so every process holds the whole plan,
+//!    and with each plan what the caller's [`PlanRider`] made of it: a caller whose own decisions
+//!    follow from each rank's plan (the router's paths for its halo) gathers them here instead of
+//!    in a collective of its own.
 //!
 //! The collectives carry plain arrays in native byte order (little-endian on every target halo
 //! runs on): a process's share of the data is its ranks' atoms, never the whole system. An error
@@ -59,7 +62,18 @@ pub struct Redecomposed {
     /// pair search need not pass over them again. Empty, or `None` for a rank, where nothing
     /// scanned them.
     pub home_scans: Vec<Option<super::Scan>>,
+    /// Per rank of the grid, the bytes the redecomposition's [`PlanRider`] made of that rank's
+    /// plan, where it was given one (on every process alike: they travel with the plans); empty
+    /// without a rider.
+    pub riders: Vec<Vec<u8>>,
 }
+
+/// What a caller of a redecomposition makes of each of its own ranks' new plans, to travel with
+/// that plan in the plans' collective ([`TAG_PLAN`]) to every process
+/// ([`Redecomposed::riders`]): the caller then needs no collective of its own for it. Called once
+/// per local rank after the pulses, before the plans' collective. An error there is returned
+/// before that collective, as a rank's own failure to encode its plan would be.
+pub type PlanRider<'a> = dyn FnMut(&RankPlan) -> Result<Vec<u8>> + 'a;
 
 /// Working arrays of a redecomposition, kept by a caller that redecomposes again and again so
 /// that their allocations are reused (the result does not depend on them).
@@ -269,11 +283,13 @@ pub fn redecompose(
     homes: Vec<HomeAtoms>,
     all_gather: &mut Collective<'_>,
 ) -> Result<Redecomposed> {
-    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, &Workers::serial(), &mut RedecomposeScratch::default())
+    redecompose_with(grid, box_size, cutoff, atoms, ranks, homes, all_gather, None, &Workers::serial(), &mut RedecomposeScratch::default())
 }
 
 /// [`redecompose`] with this process's ranks shared out to `workers` (each rank's owners, merge and
-/// selections), reusing `scratch`'s arrays: the same result for any workers and scratch.
+/// selections), reusing `scratch`'s arrays: the same result for any workers and scratch; `rider`,
+/// when given, makes the bytes each local rank's plan carries to every process
+/// ([`Redecomposed::riders`]).
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_with(
     grid: RankGrid,
@@ -283,6 +299,7 @@ pub fn redecompose_with(
     ranks: &[usize],
     homes: Vec<HomeAtoms>,
     all_gather: &mut Collective<'_>,
+    rider: Option<&mut PlanRider<'_>>,
     workers: &Workers,
     scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
@@ -322,7 +339,7 @@ pub fn redecompose_with(
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
     let work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
     homes.into_iter().for_each(|h| scratch.spare.give_home(h));
-    plan_pulses(&geo, atoms, ranks, work, &[], all_gather, workers, scratch)
+    plan_pulses(&geo, atoms, ranks, work, &[], all_gather, rider, workers, scratch)
 }
 
 /// The migration's collective: every local rank's `leaving` out, and per local rank (the order
@@ -362,7 +379,7 @@ fn migrate(
 /// process. `home_maps`, when not empty, holds per local rank and decomposed dimension the home
 /// part of that dimension's first pulse's selection (home indices, ascending; the GPU's), which
 /// is then not selected again: the host selects only the atoms received along earlier
-/// dimensions.
+/// dimensions. `rider` makes each local rank's plan's [`Redecomposed::riders`] entry.
 #[allow(clippy::too_many_arguments)]
 fn plan_pulses(
     geo: &Decomposition,
@@ -371,6 +388,7 @@ fn plan_pulses(
     mut work: Vec<Working>,
     home_maps: &[Vec<Vec<u32>>],
     all_gather: &mut Collective<'_>,
+    mut rider: Option<&mut PlanRider<'_>>,
     workers: &Workers,
     scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
@@ -434,11 +452,17 @@ fn plan_pulses(
         sc.crossed = w.crossed;
         mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
     }
+    let mut riders = vec![Vec::new(); nranks];
+    if let Some(make) = rider.as_mut() {
+        for p in &mine {
+            riders[p.rank] = make(p)?;
+        }
+    }
     // A process that drives every rank is the only one: it has nothing to learn or to tell.
     let gathered = if ranks.len() == nranks {
         vec![Vec::new(); nranks]
     } else {
-        let blobs = mine.iter().map(|p| plan_blob_into(p, Spare::any(&mut scratch.spare.bytes))).collect::<Result<Vec<_>, _>>()?;
+        let blobs = mine.iter().map(|p| plan_blob_into(p, &riders[p.rank], Spare::any(&mut scratch.spare.bytes))).collect::<Result<Vec<_>, _>>()?;
         gather(all_gather, TAG_PLAN, blobs, nranks)?
     };
     let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
@@ -452,13 +476,16 @@ fn plan_pulses(
         .enumerate()
         .map(|(r, plan)| match plan {
             Some(plan) => Ok(plan),
-            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare),
+            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare).map(|(plan, carried)| {
+                riders[r] = carried;
+                plan
+            }),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
     tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, atoms, &mut scratch.seen))?;
-    Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new() })
+    Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new(), riders })
 }
 
 /// For every rank of the grid, its index in `ranks` if this process drives it.
@@ -883,17 +910,17 @@ impl RankFrame for Frame<'_> {
 
 /// A rank's plan as a blob: home and total atoms, pulse count, global ids, then per pulse its
 /// atom offset, peer atom offset, received atoms and index map (the rest of a pulse follows from
-/// the grid).
+/// the grid), then the rider's length and bytes.
 #[cfg(test)]
-pub(super) fn plan_blob(plan: &RankPlan) -> Result<Vec<u8>, PlanError> {
-    plan_blob_into(plan, Vec::new())
+pub(super) fn plan_blob(plan: &RankPlan, rider: &[u8]) -> Result<Vec<u8>, PlanError> {
+    plan_blob_into(plan, rider, Vec::new())
 }
 
 /// [`plan_blob`] written into `spare`'s allocation.
-fn plan_blob_into(plan: &RankPlan, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
+fn plan_blob_into(plan: &RankPlan, rider: &[u8], mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
     spare.clear();
     let mut b = Blob(spare);
-    b.0.reserve(4 * (3 + plan.global_ids.len() + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()));
+    b.0.reserve(4 * (4 + plan.global_ids.len() + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()) + rider.len());
     b.word(plan.home_atoms)?;
     b.word(plan.total_atoms)?;
     b.word(plan.pulses.len())?;
@@ -905,18 +932,28 @@ fn plan_blob_into(plan: &RankPlan, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanEr
         b.word(p.spec.index_map.len())?;
         b.put(&p.spec.index_map);
     }
+    // The rider last: its length, then its bytes (none without a rider).
+    b.word(rider.len())?;
+    b.put(rider);
     Ok(b.0)
 }
 
 /// Rank `rank`'s plan from its blob ([`plan_blob`]), its pulses filled in as the builders fill
-/// them.
+/// them, and the rider's bytes.
 #[cfg(test)]
-pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)]) -> Result<RankPlan, PlanError> {
+pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)]) -> Result<(RankPlan, Vec<u8>), PlanError> {
     read_plan_with(blob, rank, geo, layout, &mut Spare::default())
 }
 
-/// [`read_plan`] into spare arrays (global ids, index maps, the pulse list) where `spare` has them.
-fn read_plan_with(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)], spare: &mut Spare) -> Result<RankPlan, PlanError> {
+/// [`read_plan`] into spare arrays (global ids, index maps, the pulse list) where `spare` has them,
+/// with the rider's bytes the blob carried.
+fn read_plan_with(
+    blob: &[u8],
+    rank: usize,
+    geo: &Decomposition,
+    layout: &[(usize, usize)],
+    spare: &mut Spare,
+) -> Result<(RankPlan, Vec<u8>), PlanError> {
     let mut rd = Reader::new(blob, TAG_PLAN, rank);
     let home_atoms = rd.word()?;
     let total_atoms = rd.word()?;
@@ -939,8 +976,10 @@ fn read_plan_with(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usiz
         pulse.spec.recv_size = recv_size;
         pulses.push(pulse);
     }
+    let rider_len = rd.word()?;
+    let rider = rd.take::<u8>(rider_len)?;
     rd.finish()?;
-    Ok(RankPlan { rank, home_atoms, total_atoms, global_ids, pulses })
+    Ok((RankPlan { rank, home_atoms, total_atoms, global_ids, pulses }, rider))
 }
 
 /// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).

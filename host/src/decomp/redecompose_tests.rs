@@ -147,6 +147,55 @@ impl SharedCollective {
     }
 }
 
+/// What the rider test makes of a rank's plan: bytes that differ from rank to rank and from
+/// plan to plan (none for rank 1, whose plan then carries an empty rider).
+fn rider_of(p: &RankPlan) -> Vec<u8> {
+    if p.rank == 1 {
+        return Vec::new();
+    }
+    let words = [p.rank, p.home_atoms, p.total_atoms, p.pulses.len(), p.global_ids.iter().map(|&g| g as usize).sum()];
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Each rank's rider travels with its plan: every process, whatever ranks it drives, gets every
+/// rank's rider of the plan it got; without a rider every entry is empty.
+#[test]
+fn riders_travel_with_the_plans_to_every_process() {
+    let sys = MolecularSystem::generate(3000, 5).unwrap();
+    let (grid, cutoff) = (RankGrid::new([2, 2, 1]).unwrap(), 1.1);
+    let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, cutoff).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 3);
+    let homes = homes_of(&before, &positions, &velocities);
+    for processes in [vec![vec![0, 1, 2, 3]], vec![vec![0], vec![1], vec![2], vec![3]], vec![vec![2, 0], vec![3, 1]]] {
+        let collective = SharedCollective::new(grid, processes.len(), false);
+        let results: Vec<Result<Redecomposed>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = processes
+                .iter()
+                .map(|ranks| {
+                    let mine = ranks.iter().map(|&r| homes[r].clone()).collect();
+                    let (collective, positions) = (&collective, &positions);
+                    scope.spawn(move || {
+                        let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
+                        let mut rider = |p: &RankPlan| Ok(rider_of(p));
+                        let (w, mut sc) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+                        redecompose_with(grid, sys.box_size, cutoff, positions.len(), ranks, mine, &mut gather, Some(&mut rider), &w, &mut sc)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("a process panicked")).collect()
+        });
+        for (ranks, got) in processes.iter().zip(results) {
+            let got = got.unwrap();
+            let want: Vec<Vec<u8>> = got.plan.ranks.iter().map(rider_of).collect();
+            assert!(want.iter().filter(|w| !w.is_empty()).count() == 3, "the riders must be there to check");
+            assert_eq!(got.riders, want, "process of ranks {ranks:?}");
+        }
+    }
+    let ranks: Vec<usize> = (0..4).collect();
+    let got = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes, &mut identity).unwrap();
+    assert_eq!(got.riders, vec![Vec::<u8>::new(); 4]);
+}
+
 /// Grids and cutoffs: one to three decomposed dimensions, one pulse and two.
 const CASES: [([usize; 3], f32); 8] =
     [([2, 1, 1], 1.2), ([3, 1, 1], 1.0), ([2, 2, 1], 1.1), ([2, 2, 2], 1.2), ([1, 2, 1], 1.0), ([3, 1, 1], 1.2), ([4, 1, 1], 1.2), ([3, 3, 1], 1.2)];
@@ -171,7 +220,7 @@ fn one_process_gets_the_global_plan_after_the_atoms_moved() {
         check(&got, &ranks, &positions, &velocities, &want);
         // Again from there: homes that came from a plan, sorted, wrapped.
         let again = homes_again(&got);
-        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, again, &mut identity, &three, &mut scratch).unwrap();
+        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, again, &mut identity, None, &three, &mut scratch).unwrap();
         check(&got, &ranks, &positions, &velocities, &want);
         // And again with the result's arrays handed back, the input in the scratch's arrays.
         let again = homes_again(&got);
@@ -187,7 +236,7 @@ fn one_process_gets_the_global_plan_after_the_atoms_moved() {
             })
             .collect();
         let w = if k % 2 == 0 { &three } else { &crate::workers::Workers::serial() };
-        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, spared, &mut identity, w, &mut scratch).unwrap();
+        let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &ranks, spared, &mut identity, None, w, &mut scratch).unwrap();
         check(&got, &ranks, &positions, &velocities, &want);
         scratch.recycle(got);
     }
@@ -372,12 +421,12 @@ fn malformed_blobs_are_errors() {
     let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
     let geo = plan.decomposition().unwrap();
     let layout = geo.pulse_layout();
-    for r in &plan.ranks {
-        let blob = redecompose::plan_blob(r).unwrap();
-        assert_eq!(&redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), r);
+    for (r, rider) in plan.ranks.iter().zip([&b""[..], b"x", b"a rider of some bytes"].into_iter().cycle()) {
+        let blob = redecompose::plan_blob(r, rider).unwrap();
+        assert_eq!(redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), (r.clone(), rider.to_vec()));
         // Read from bytes not aligned for its words, too (copied through zeroed room).
         let odd = [&[0u8][..], &blob].concat();
-        assert_eq!(&redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), r);
+        assert_eq!(redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), (r.clone(), rider.to_vec()));
         for cut in [1, 4, blob.len() / 2, blob.len()] {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
             assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");
@@ -463,7 +512,9 @@ fn redecompose_timing() {
     let fresh = time(&mut || drop(redecompose(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity).unwrap()));
     let mut rs = RedecomposeScratch::default();
     let mut with = |w: &crate::workers::Workers| {
-        time(&mut || drop(redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity, w, &mut rs).unwrap()))
+        time(&mut || {
+            drop(redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], homes.clone(), &mut identity, None, w, &mut rs).unwrap())
+        })
     };
     let (local, two) = (with(&serial), with(&two));
     // The steady state: the result handed back, the input filled into the scratch's arrays.
@@ -480,7 +531,7 @@ fn redecompose_timing() {
                     s
                 })
                 .collect();
-            let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], input, &mut identity, w, &mut rs).unwrap();
+            let got = redecompose_with(grid, sys.box_size, cutoff, positions.len(), &[0, 1], input, &mut identity, None, w, &mut rs).unwrap();
             rs.recycle(got);
         })
     };
@@ -549,7 +600,7 @@ fn redecompose_pe_timing() {
                 Ok(all)
             };
             let t = Instant::now();
-            let got = redecompose_with(grid, sys.box_size, cutoff, atoms, &[0], input, &mut replay, &serial, &mut rs).unwrap();
+            let got = redecompose_with(grid, sys.box_size, cutoff, atoms, &[0], input, &mut replay, None, &serial, &mut rs).unwrap();
             let elapsed = t.elapsed();
             if i == 0 {
                 assert_eq!(got.plan, want);
@@ -713,7 +764,7 @@ fn on_devices(
                     let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
                     let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
                     let (w, mut s) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
-                    let got = redecompose_on_devices(grid, box_size, cutoff, atoms, ranks, &mut dyns, &mut gather, &w, &mut s)?;
+                    let got = redecompose_on_devices(grid, box_size, cutoff, atoms, ranks, &mut dyns, &mut gather, None, &w, &mut s)?;
                     Ok((got, devices.into_iter().map(|d| d.velocities).collect()))
                 })
             })
@@ -801,7 +852,7 @@ fn every_device_begins_each_phase_before_any_is_finished() {
         let collective = SharedCollective::new(grid, 1, false);
         let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(&ranks, tag, blobs);
         let (w, mut scratch) = (crate::workers::Workers::new(threads).unwrap(), RedecomposeScratch::default());
-        let done = redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, &w, &mut scratch).unwrap();
+        let done = redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, None, &w, &mut scratch).unwrap();
         plans.push(done.plan);
         let log = log.into_inner().unwrap();
         let phases = ["begin", "migrate", "begin merge", "merge"];

@@ -192,6 +192,43 @@ impl Routing {
         Ok(&self.plans)
     }
 
+    /// Whether [`Self::plan`] all-gathers the plans across PEs (one PE per process), so that a
+    /// caller with a collective of its own can carry them instead ([`Self::own_paths`],
+    /// [`Self::plan_gathered`]).
+    pub fn across_pes(&self) -> bool {
+        self.nvshmem.is_some()
+    }
+
+    /// This PE's paths for its own new halo `halo` (of `n_pes` PEs), encoded to travel in a
+    /// collective the caller runs anyway (a redecomposition's plans carry them:
+    /// `decomp::PlanRider`), instead of in [`Self::plan`]'s all-gather. [`Self::plan_gathered`]
+    /// then takes every PE's back. Across PEs only ([`Self::across_pes`]).
+    pub fn own_paths<T: Element>(&mut self, halo: &RankHalo, n_pes: usize) -> Result<Vec<u8>> {
+        if self.nvshmem.is_none() {
+            return Err(HaloError::InvalidInput("ranks of one process plan their paths together (Routing::plan), not one by one".into()));
+        }
+        let plan = RoutedPaths::plan_own_for::<T>(&mut self.routers[0], halo, n_pes)?;
+        encode_plan(&plan)
+    }
+
+    /// [`Self::plan`] from every PE's [`Self::own_paths`], gathered by the caller (`gathered[pe]`):
+    /// the same plans and the same checks (this PE's plan replayed for each peer against every
+    /// halo, then all compared), without a collective of its own.
+    pub fn plan_gathered(&mut self, halos: &[RankHalo], gathered: &[Vec<u8>]) -> Result<&[RoutedPaths]> {
+        if self.nvshmem.is_none() {
+            return Err(HaloError::InvalidInput("ranks of one process plan their paths together (Routing::plan), not from gathered plans".into()));
+        }
+        let all = adopt_gathered(&self.routers[0], halos, gathered)?;
+        if self.routers[0].config().debug.value {
+            for line in all[self.routers[0].self_pe()].describe() {
+                eprintln!("{line}");
+            }
+        }
+        self.halos = halos.to_vec();
+        self.plans = all;
+        Ok(&self.plans)
+    }
+
     /// Every rank's current plan (`plans()[r]` is rank `r`'s).
     pub fn plans(&self) -> &[RoutedPaths] {
         &self.plans
@@ -390,8 +427,29 @@ const KEPT_GATHER_BYTES: usize = 16 << 10;
 
 /// Every PE's plan, all-gathered through NVSHMEM as JSON (indexed by PE).
 fn gather_plans(nv: &Arc<Nvshmem>, kept: &mut Option<KeptGather>, plan: &RoutedPaths) -> Result<Vec<RoutedPaths>> {
-    let bytes = serde_json::to_vec(plan).map_err(|e| PathError::from(RouteError::Agreement(format!("encoding this PE's plan: {e}"))))?;
-    kept_gather(nv, kept, &bytes)?
+    decode_plans(&kept_gather(nv, kept, &encode_plan(plan)?)?)
+}
+
+/// Every PE's plan from `gathered` (what [`encode_plan`] made of each, indexed by PE), checked as
+/// [`Routing::plan`] checks them: `router`'s PE's own plan replayed for each of its peers against
+/// `halos` (the mirror check), then every pair compared.
+fn adopt_gathered(router: &Router, halos: &[RankHalo], gathered: &[Vec<u8>]) -> Result<Vec<RoutedPaths>> {
+    let all = decode_plans(gathered)?;
+    let me = router.self_pe();
+    let plan = all.get(me).ok_or(PathError::from(RouteError::PeOutOfRange { pe: me, n_pes: all.len() }))?;
+    plan.mirror_check(router, halos)?;
+    RoutedPaths::check_symmetric(&all)?;
+    Ok(all)
+}
+
+/// A PE's plan as it travels between PEs (JSON).
+fn encode_plan(plan: &RoutedPaths) -> Result<Vec<u8>> {
+    serde_json::to_vec(plan).map_err(|e| PathError::from(RouteError::Agreement(format!("encoding this PE's plan: {e}"))).into())
+}
+
+/// Every PE's plan from what [`encode_plan`] made of it (indexed by PE).
+fn decode_plans(gathered: &[Vec<u8>]) -> Result<Vec<RoutedPaths>> {
+    gathered
         .iter()
         .enumerate()
         .map(|(pe, b)| {
@@ -408,5 +466,59 @@ pub fn safe_point_every_from_env(default: u64) -> Result<u64> {
         Ok(v) => v.trim().parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| {
             HaloError::InvalidInput(format!("{SAFE_POINT_ENV}={v:?} is not a step count: set it to a whole number of steps, at least 1 (e.g. 10)"))
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::synthetic::{self, SyntheticShape};
+    use crate::route::{IntraNodeLink, RouteConfig, synthetic_facts, topology_from_facts};
+    use kernels_gpu::abi::Float3;
+
+    /// Four PEs on one node, PEs 0 and 1 forced to puts: each PE's router, and every PE's halo.
+    fn four_pes() -> (Vec<Router>, Vec<RankHalo>) {
+        let halos = synthetic::halos(SyntheticShape { grid: [2, 2, 1], pulses_per_dim: 2, home_atoms: 200, send_fraction: 0.3, box_len: 5.0 }, 7);
+        let facts = synthetic_facts(&["n0".into()], 4, 1, IntraNodeLink::Nvlink);
+        let topo = Arc::new(topology_from_facts(&facts, None).expect("topology"));
+        let mut config = RouteConfig::default();
+        config.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("override");
+        let routers = (0..4).map(|r| Router::new(r, Arc::clone(&topo), config.clone()).expect("router")).collect();
+        (routers, halos)
+    }
+
+    /// Each PE's paths made from its own halo alone and gathered by a caller are the plans
+    /// `Routing::plan` gathers itself (each PE's `plan_for` over every halo), checked alike: a PE
+    /// whose gathered plan disagrees with its peer, or does not parse, is an error on every PE.
+    #[test]
+    fn paths_gathered_by_the_caller_are_the_plans_gathered_here() {
+        let (mut routers, halos) = four_pes();
+        let n = halos.len();
+        let want: Vec<RoutedPaths> = routers.iter_mut().map(|r| RoutedPaths::plan_for::<Float3>(r, &halos).expect("plan")).collect();
+        let gathered: Vec<Vec<u8>> = routers
+            .iter_mut()
+            .zip(&halos)
+            .map(|(r, h)| encode_plan(&RoutedPaths::plan_own_for::<Float3>(r, h, n).expect("own plan")).expect("encode"))
+            .collect();
+        for r in &routers {
+            let got = adopt_gathered(r, &halos, &gathered).expect("adopted");
+            assert_eq!(serde_json::to_string(&got).ok(), serde_json::to_string(&want).ok(), "PE {}", r.self_pe());
+        }
+        assert!(!want[0].direct(1), "the override must take effect for the checks below to mean anything");
+        // PE 1 claims stores towards PE 0, which both ends were told to reach by puts.
+        let mut lying = gathered.clone();
+        let mut pe1 = want[1].clone();
+        pe1.peers[0] = Some(crate::route::Transport::NvlinkStore);
+        lying[1] = encode_plan(&pe1).expect("encode");
+        for r in &routers {
+            let e = adopt_gathered(r, &halos, &lying).expect_err("asymmetric plans");
+            assert!(e.to_string().contains("PE 0"), "PE {}: {e}", r.self_pe());
+        }
+        let mut garbled = gathered;
+        garbled[2].truncate(3);
+        for r in &routers {
+            let e = adopt_gathered(r, &halos, &garbled).expect_err("a plan that does not parse");
+            assert!(e.to_string().contains("PE 2's plan does not parse"), "{e}");
+        }
     }
 }

@@ -284,14 +284,38 @@ impl RoutedPaths {
         Self::plan_sized(router, halos, size_of::<T>(), allowed)
     }
 
+    /// [`Self::plan_for`] from this PE's own halo alone (`halo`, of `n_pes` PEs): the same plan, for a
+    /// PE that knows no other halo yet (each PE's paths follow from its own halo; only the mirror
+    /// check needs the others').
+    pub fn plan_own_for<T: crate::desc::Element>(router: &mut dyn RouteSource, halo: &RankHalo, n_pes: usize) -> Result<Self, PathError> {
+        Self::plan_halo(router, halo, n_pes, size_of::<T>(), EXCHANGE_TRANSPORTS)
+    }
+
     fn plan_sized(router: &mut dyn RouteSource, halos: &[RankHalo], element_bytes: usize, allowed: TransportSet) -> Result<Self, PathError> {
         let me = router.self_pe();
         let halo = halos.get(me).ok_or(RouteError::PeOutOfRange { pe: me, n_pes: halos.len() })?;
+        Self::plan_halo(router, halo, halos.len(), element_bytes, allowed)
+    }
+
+    fn plan_halo(
+        router: &mut dyn RouteSource,
+        halo: &RankHalo,
+        n_pes: usize,
+        element_bytes: usize,
+        allowed: TransportSet,
+    ) -> Result<Self, PathError> {
+        let me = router.self_pe();
+        if me >= n_pes {
+            return Err(RouteError::PeOutOfRange { pe: me, n_pes }.into());
+        }
         let mut pulses = Vec::with_capacity(2 * halo.pulses.len());
         for (p, spec) in halo.pulses.iter().enumerate() {
             for (message, peer, atoms) in
                 [(Message::Coordinates, spec.send_rank, spec.index_map.len()), (Message::Forces, spec.recv_rank, spec.recv_size)]
             {
+                if peer >= n_pes {
+                    return Err(RouteError::PeOutOfRange { pe: peer, n_pes }.into());
+                }
                 let bytes = (atoms * element_bytes) as u64;
                 let route = router.route_among(peer, Op::Put, bytes, allowed)?;
                 // The router honours the set; this guards other sources of routes (the trait is open).
@@ -306,7 +330,7 @@ impl RoutedPaths {
                 pulses.push(PulseRoute { pulse: p, message, peer, bytes, transport: route.transport, level: route.level });
             }
         }
-        let mut peers: Vec<Option<(u64, Transport)>> = vec![None; halos.len()];
+        let mut peers: Vec<Option<(u64, Transport)>> = vec![None; n_pes];
         for m in &pulses {
             let slot = &mut peers[m.peer];
             // Largest message wins; the tie-break must not depend on pulse numbering, which differs
@@ -620,6 +644,7 @@ mod tests {
     use super::*;
     use crate::exchange::synthetic::{self, SyntheticShape};
     use crate::route::RouteReason;
+    use kernels_gpu::abi::Float3;
 
     /// Answers from a table: (peer, bytes) → transport by a threshold, recording what was asked.
     struct FakeRouter {
@@ -659,6 +684,27 @@ mod tests {
             h[0].pulses.iter().flat_map(|p| [(p.send_rank, 4 * p.index_map.len() as u64), (p.recv_rank, 4 * p.recv_size as u64)]).collect();
         assert_eq!(r.asked, want);
         assert_eq!(plan.element_bytes, 4);
+    }
+
+    /// A PE's plan from its own halo alone is its plan from every halo; a pulse whose peer is
+    /// beyond the PEs named is an error, not a panic.
+    #[test]
+    fn a_plan_from_the_own_halo_alone_is_the_plan_from_every_halo() {
+        let h = halos([2, 2, 1]);
+        for r in 0..h.len() {
+            let want = RoutedPaths::plan(&mut fake(r, Transport::NvshmemPut, Transport::NvlinkStore, 3000), &h).expect("plan");
+            let got = RoutedPaths::plan_own_for::<Float3>(&mut fake(r, Transport::NvshmemPut, Transport::NvlinkStore, 3000), &h[r], h.len())
+                .expect("own plan");
+            assert_eq!(serde_json::to_string(&got).ok(), serde_json::to_string(&want).ok(), "PE {r}");
+        }
+        assert!(matches!(
+            RoutedPaths::plan_own_for::<Float3>(&mut fake(0, Transport::NvlinkStore, Transport::NvlinkStore, 0), &h[0], 1),
+            Err(PathError::Route(_))
+        ));
+        assert!(matches!(
+            RoutedPaths::plan_own_for::<Float3>(&mut fake(4, Transport::NvlinkStore, Transport::NvlinkStore, 0), &h[0], 4),
+            Err(PathError::Route(_))
+        ));
     }
 
     #[test]

@@ -80,7 +80,8 @@ pub trait HomeDevice: Send {
 /// [`super::redecompose_with`] for the ranks whose home atoms `devices` hold (one per entry of
 /// `ranks`, in that order): the same plan and local positions, with the home atoms' velocities
 /// left on the devices (`Redecomposed::homes[i].velocities` is empty; its ids are the new home
-/// atoms'). Collective across processes as `redecompose_with` is, with the same collectives.
+/// atoms'). Collective across processes as `redecompose_with` is, with the same collectives;
+/// `rider` as there.
 #[allow(clippy::too_many_arguments)]
 pub fn redecompose_on_devices(
     grid: RankGrid,
@@ -90,6 +91,7 @@ pub fn redecompose_on_devices(
     ranks: &[usize],
     devices: &mut [&mut dyn HomeDevice],
     all_gather: &mut super::Collective<'_>,
+    rider: Option<&mut super::PlanRider<'_>>,
     workers: &Workers,
     scratch: &mut RedecomposeScratch,
 ) -> Result<Redecomposed> {
@@ -165,7 +167,7 @@ pub fn redecompose_on_devices(
         home_maps.push(maps);
     }
     drop(span);
-    let done = plan_pulses(&geo, atoms, ranks, work, &home_maps, all_gather, workers, scratch);
+    let done = plan_pulses(&geo, atoms, ranks, work, &home_maps, all_gather, rider, workers, scratch);
     for maps in home_maps {
         for m in maps {
             Spare::give(&mut scratch.spare.maps, m, super::SPARE_SMALL);
