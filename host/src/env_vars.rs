@@ -239,12 +239,6 @@ pub const VARS: &[EnvVar] = &[
     ),
     var("HALO_NBNXM_WARPS", Scope::Md, "`auto`", "Warps per nbnxm list entry: `auto` (sized to the list and the GPU) or 1 to 16."),
     var(
-        "HALO_MD_STEP_ORDER",
-        Scope::Md,
-        "`local-first`",
-        "The order of a step's first launches: `local-first` (the local prune and home–home forces, then the coordinate halo) or `halo-first` (the coordinate halo first, so that its blocks find multiprocessors before the local forces fill them). The same kernels and dependencies either way; steps replayed as CUDA graphs (`--graph`) run as captured. `halo md-bench` rows record it (`step_order`).",
-    ),
-    var(
         "HALO_NBNXM_ENTRY_WORDS",
         Scope::Md,
         "`32`",
