@@ -31,50 +31,6 @@ pub struct StepWork {
     pub energy: Option<usize>,
 }
 
-/// In which order a step's first launches reach the GPU. Both orders run the same kernels with the
-/// same dependencies (the coordinate halo reads only home coordinates and writes only the halo
-/// region, which the local forces do not read); they differ in which kernels the GPU's block
-/// scheduler meets first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StepOrder {
-    /// The local stream's prune and home–home forces, then the coordinate halo.
-    #[default]
-    LocalFirst,
-    /// The coordinate halo first, so that its few blocks take multiprocessors before the local
-    /// forces fill every one; then the local work.
-    HaloFirst,
-}
-
-impl StepOrder {
-    /// Environment variable naming the order for a run (`local-first`, `halo-first`).
-    pub const ENV: &'static str = "HALO_MD_STEP_ORDER";
-    const ALL: [Self; 2] = [Self::LocalFirst, Self::HaloFirst];
-
-    /// Short name, as [`Self::ENV`] takes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::LocalFirst => "local-first",
-            Self::HaloFirst => "halo-first",
-        }
-    }
-
-    /// The order named `name` (see [`Self::name`]).
-    pub fn parse(name: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|o| o.name() == name.trim())
-            .ok_or_else(|| HaloError::InvalidInput(format!("{}={name:?} names no step order: use local-first or halo-first", Self::ENV)))
-    }
-
-    /// [`Self::ENV`]'s order, `None` when it is unset or empty.
-    pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(Self::ENV) {
-            Ok(v) if !v.trim().is_empty() => Self::parse(&v).map(Some),
-            _ => Ok(None),
-        }
-    }
-}
-
 /// One energy record of a rank: potential and kinetic energy of its pairs and home atoms (kJ/mol).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EnergyRecord {
@@ -563,20 +519,7 @@ impl MdRank {
     /// coordinate halo reads home coordinates; the forces with halo atoms add into the halo
     /// forces that integration may have cleared).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
-        self.begin_local(ex, work)?;
-        self.begin_halo(halo)
-    }
-
-    /// [`Self::begin_step`]'s local stream part alone (the zeroing, the local prune, the
-    /// home–home forces). With [`StepOrder::HaloFirst`] it follows [`Self::begin_halo`] and the
-    /// coordinate halo's launch.
-    pub fn begin_local(&mut self, ex: &RankExchange, work: StepWork) -> Result<()> {
-        self.local_work(ex, work, Events::Step)
-    }
-
-    /// [`Self::begin_step`]'s halo stream part alone: the wait for the previous integration (or a
-    /// search's home coordinates) before the coordinate halo.
-    pub fn begin_halo(&mut self, halo: &CudaStream) -> Result<()> {
+        self.local_work(ex, work, Events::Step)?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")?;
         self.mark(Mark::HaloBegin, halo)
     }
@@ -847,17 +790,6 @@ fn home_arrays_fit(home: usize, lens: [usize; 4], from_device: bool) -> Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn step_orders_parse_by_name() {
-        for o in StepOrder::ALL {
-            assert_eq!(StepOrder::parse(o.name()).unwrap(), o);
-        }
-        assert_eq!(StepOrder::parse(" halo-first\n").unwrap(), StepOrder::HaloFirst);
-        assert_eq!(StepOrder::default(), StepOrder::LocalFirst);
-        let e = StepOrder::parse("halo").unwrap_err().to_string();
-        assert!(e.contains("HALO_MD_STEP_ORDER") && e.contains("local-first or halo-first"), "{e}");
-    }
 
     #[test]
     fn home_arrays_must_all_hold_the_home_atoms() {

@@ -13,7 +13,7 @@
 
 use super::gather::{HomeArrays, HomeGather};
 use super::phases::{Mark, PhaseSummary};
-use super::rank::{MdRank, StepOrder, StepWork};
+use super::rank::{MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
 use crate::decomp::{Decomposition, GpuRank, HaloPlan, HomeDevice, MergedHome, PlanRider, RankGrid, RankPlan, Redecomposed};
@@ -793,8 +793,6 @@ pub struct MdRun {
     /// The host threads of the checked steps' CPU reference ([`reference_threads`]), started at
     /// the first checked step.
     reference_workers: Option<crate::workers::Workers>,
-    /// The order of a step's first launches ([`StepOrder::ENV`]).
-    step_order: StepOrder,
 }
 
 /// Threads for the checked steps' CPU reference: the host's cores, shared by the PEs of the run
@@ -845,7 +843,6 @@ impl MdRun {
         let gather = HomeGather::new(&placement, system.len(), &tag)?;
         let lj = lj_table(&system);
         let inv_by_type = search::inverse_masses_by_type(&system);
-        let step_order = StepOrder::from_env()?.unwrap_or_default();
         Ok(Self {
             out: MdOutcome { setup: Some(setup), ..MdOutcome::default() },
             cfg,
@@ -872,7 +869,6 @@ impl MdRun {
             host_search,
             kept_gather: None,
             reference_workers: None,
-            step_order,
         })
     }
 
@@ -1083,29 +1079,12 @@ impl MdRun {
             self.out.steps += 1;
             return Ok(());
         }
-        match self.step_order {
-            StepOrder::LocalFirst => {
-                for (i, m) in self.ranks.iter_mut().enumerate() {
-                    m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
-                }
-                if injected.is_empty() {
-                    let r = ex.exchange_forward(transport);
-                    self.launched(r)?;
-                }
-            }
-            StepOrder::HaloFirst => {
-                for (i, m) in self.ranks.iter_mut().enumerate() {
-                    m.begin_halo(&ex.streams()[i])?;
-                }
-                if injected.is_empty() {
-                    let r = ex.exchange_forward(transport);
-                    self.launched(r)?;
-                }
-                let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-                for (i, m) in self.ranks.iter_mut().enumerate() {
-                    m.begin_local(&ex.local_ranks()[i], work)?;
-                }
-            }
+        for (i, m) in self.ranks.iter_mut().enumerate() {
+            m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
+        }
+        if injected.is_empty() {
+            let r = ex.exchange_forward(transport);
+            self.launched(r)?;
         }
         let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         for (i, m) in self.ranks.iter_mut().enumerate() {

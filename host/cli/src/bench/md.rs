@@ -172,10 +172,6 @@ pub struct MdBenchRow {
     /// `pfw`, `ind`; set by `HALO_NBNXM_KERNEL`).
     #[serde(default)]
     pub nbnxm_kernel: String,
-    /// The order of a step's first launches (`halo_md::StepOrder`'s name: `local-first`,
-    /// `halo-first`; set by `HALO_MD_STEP_ORDER`).
-    #[serde(default = "local_first")]
-    pub step_order: String,
     /// Steps between searches.
     pub nstlist: u64,
     /// Steps between prunes.
@@ -279,21 +275,6 @@ fn ms(d: Duration) -> f64 {
 
 /// The non-bonded kernel design the MD ranks will run: `HALO_NBNXM_KERNEL`'s, else the default
 /// (a value that names no design is kept as given: the row's run then fails on it and says so).
-/// What rows written before the step order was recorded ran.
-fn local_first() -> String {
-    halo_md::StepOrder::LocalFirst.name().into()
-}
-
-/// The step order this process's rows run (`HALO_MD_STEP_ORDER`; what it says when it is bad: the
-/// run then fails with its error).
-fn step_order() -> String {
-    use halo_md::StepOrder;
-    match StepOrder::from_env() {
-        Ok(o) => o.unwrap_or_default().name().into(),
-        Err(_) => std::env::var(StepOrder::ENV).unwrap_or_default(),
-    }
-}
-
 fn nbnxm_design() -> String {
     use halo_md::nbnxm::NbnxmKernel;
     match NbnxmKernel::from_env() {
@@ -332,7 +313,6 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         graph: cfg.graph,
         atom_order: if cfg.step.shuffle_atoms { "shuffled" } else { "lattice" }.into(),
         nbnxm_kernel: nbnxm_design(),
-        step_order: step_order(),
         nstlist: cfg.step.nstlist,
         nstprune: cfg.step.nstprune,
         rlist: 0.0,
@@ -585,8 +565,8 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
-            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`, step order `{}`, atoms in {} order; {} steps x {} repeats after {} warm-up steps;",
-            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.step_order, r.atom_order, r.steps, r.repeats, r.warmup_steps
+            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`, atoms in {} order; {} steps x {} repeats after {} warm-up steps;",
+            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.atom_order, r.steps, r.repeats, r.warmup_steps
         );
         let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
         let _ = writeln!(
@@ -746,7 +726,6 @@ pub(crate) mod tests {
             graph: false,
             atom_order: "lattice".into(),
             nbnxm_kernel: "pf".into(),
-            step_order: "local-first".into(),
             nstlist: 100,
             nstprune: 10,
             rlist: 1.482,
