@@ -535,9 +535,6 @@ impl HomeDevice for Timed<'_, '_> {
     }
 }
 
-/// The all-gather of a redecomposition's collectives across the processes
-/// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
-/// added to `spent`.
 /// Under routing across PEs, what a redecomposition's plans carry for the router
 /// (`decomp::PlanRider`): each local rank's paths for its new halo, made from its own plan, so
 /// that [`Routing::plan_gathered`] takes every PE's from the plans' all-gather instead of an
@@ -548,6 +545,9 @@ fn route_rider(routing: &mut Option<Routing>, nranks: usize) -> Option<impl FnMu
     Some(move |p: &RankPlan| routing.own_paths::<Float3>(&p.halo(), nranks))
 }
 
+/// The all-gather of a redecomposition's collectives across the processes
+/// ([`Placement::all_gather_kept`], each tagged with the run's `tag` and the `step`), its time
+/// added to `spent`.
 fn redecompose_gather<'a>(
     placement: &'a Placement,
     kept: &'a mut Option<crate::nvshmem::KeptGather>,

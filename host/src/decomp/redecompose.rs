@@ -977,7 +977,8 @@ fn read_plan_with(
         pulses.push(pulse);
     }
     let rider_len = rd.word()?;
-    let rider = rd.take::<u8>(rider_len)?;
+    // Its bytes checked against what is left before anything is allocated for them.
+    let rider = rd.next::<u8>(rider_len)?.to_vec();
     rd.finish()?;
     Ok((RankPlan { rank, home_atoms, total_atoms, global_ids, pulses }, rider))
 }

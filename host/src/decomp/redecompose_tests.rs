@@ -431,6 +431,11 @@ fn malformed_blobs_are_errors() {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
             assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");
         }
+        // A rider length beyond the blob is an error, not an allocation of that length.
+        let mut huge = blob.clone();
+        let at = huge.len() - rider.len() - 4;
+        huge[at..at + 4].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert!(matches!(redecompose::read_plan(&huge, r.rank, &geo, &layout), Err(PlanError::Blob { .. })));
         let mut long = blob.clone();
         long.push(0);
         assert!(redecompose::read_plan(&long, r.rank, &geo, &layout).unwrap_err().to_string().contains("1 bytes left over"));
