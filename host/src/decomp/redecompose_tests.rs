@@ -77,10 +77,12 @@ fn on_processes(
     atoms: usize,
     homes: &[HomeAtoms],
 ) -> Vec<Result<Redecomposed>> {
-    run_processes(&SharedCollective::new(grid, processes.len(), false), processes, grid, box_size, cutoff, atoms, homes)
+    run_processes(&SharedCollective::new(grid, processes.len(), false), processes, grid, box_size, cutoff, atoms, homes, None)
 }
 
-/// [`on_processes`] over `collective`.
+/// [`on_processes`] over `collective`, each process's plans carrying what `rider` makes of them
+/// when given.
+#[allow(clippy::too_many_arguments)]
 fn run_processes(
     collective: &SharedCollective,
     processes: &[Vec<usize>],
@@ -89,6 +91,7 @@ fn run_processes(
     cutoff: f32,
     atoms: usize,
     homes: &[HomeAtoms],
+    rider: Option<fn(&RankPlan) -> Vec<u8>>,
 ) -> Vec<Result<Redecomposed>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = processes
@@ -97,7 +100,10 @@ fn run_processes(
                 let mine = ranks.iter().map(|&r| homes[r].clone()).collect();
                 scope.spawn(move || {
                     let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
-                    redecompose(grid, box_size, cutoff, atoms, ranks, mine, &mut gather)
+                    let Some(make) = rider else { return redecompose(grid, box_size, cutoff, atoms, ranks, mine, &mut gather) };
+                    let mut rider = |p: &RankPlan| Ok(make(p));
+                    let (w, mut sc) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
+                    redecompose_with(grid, box_size, cutoff, atoms, ranks, mine, &mut gather, Some(&mut rider), &w, &mut sc)
                 })
             })
             .collect();
@@ -168,22 +174,7 @@ fn riders_travel_with_the_plans_to_every_process() {
     let homes = homes_of(&before, &positions, &velocities);
     for processes in [vec![vec![0, 1, 2, 3]], vec![vec![0], vec![1], vec![2], vec![3]], vec![vec![2, 0], vec![3, 1]]] {
         let collective = SharedCollective::new(grid, processes.len(), false);
-        let results: Vec<Result<Redecomposed>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = processes
-                .iter()
-                .map(|ranks| {
-                    let mine = ranks.iter().map(|&r| homes[r].clone()).collect();
-                    let (collective, positions) = (&collective, &positions);
-                    scope.spawn(move || {
-                        let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
-                        let mut rider = |p: &RankPlan| Ok(rider_of(p));
-                        let (w, mut sc) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
-                        redecompose_with(grid, sys.box_size, cutoff, positions.len(), ranks, mine, &mut gather, Some(&mut rider), &w, &mut sc)
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().expect("a process panicked")).collect()
-        });
+        let results = run_processes(&collective, &processes, grid, sys.box_size, cutoff, positions.len(), &homes, Some(rider_of));
         for (ranks, got) in processes.iter().zip(results) {
             let got = got.unwrap();
             let want: Vec<Vec<u8>> = got.plan.ranks.iter().map(rider_of).collect();
@@ -559,7 +550,7 @@ fn record_collectives(grid: RankGrid, box_size: [f32; 3], cutoff: f32, atoms: us
     let n = grid.num_ranks();
     let collective = SharedCollective::new(grid, n, true);
     let processes: Vec<Vec<usize>> = (0..n).map(|r| vec![r]).collect();
-    for got in run_processes(&collective, &processes, grid, box_size, cutoff, atoms, homes) {
+    for got in run_processes(&collective, &processes, grid, box_size, cutoff, atoms, homes, None) {
         got.unwrap();
     }
     collective.record.unwrap().into_inner().unwrap()
