@@ -177,11 +177,7 @@ impl Routing {
                 let router = &mut self.routers[0];
                 let plan = RoutedPaths::plan_for::<T>(router, halos)?;
                 plan.mirror_check(router, halos)?;
-                if router.config().debug.value {
-                    for line in plan.describe() {
-                        eprintln!("{line}");
-                    }
-                }
+                describe_if_debug(router, &plan);
                 let all = gather_plans(nv, &mut self.kept, &plan)?;
                 RoutedPaths::check_symmetric(&all)?;
                 all
@@ -219,11 +215,7 @@ impl Routing {
             return Err(HaloError::InvalidInput("ranks of one process plan their paths together (Routing::plan), not from gathered plans".into()));
         }
         let all = adopt_gathered(&self.routers[0], halos, gathered)?;
-        if self.routers[0].config().debug.value {
-            for line in all[self.routers[0].self_pe()].describe() {
-                eprintln!("{line}");
-            }
-        }
+        describe_if_debug(&self.routers[0], &all[self.routers[0].self_pe()]);
         self.halos = halos.to_vec();
         self.plans = all;
         Ok(&self.plans)
@@ -428,6 +420,16 @@ const KEPT_GATHER_BYTES: usize = 16 << 10;
 /// Every PE's plan, all-gathered through NVSHMEM as JSON (indexed by PE).
 fn gather_plans(nv: &Arc<Nvshmem>, kept: &mut Option<KeptGather>, plan: &RoutedPaths) -> Result<Vec<RoutedPaths>> {
     decode_plans(&kept_gather(nv, kept, &encode_plan(plan)?)?)
+}
+
+/// `router`'s PE's own `plan`, a line per path, on standard error when its route configuration
+/// asks for the router's debug output (`HALO_ROUTE_DEBUG`), as the router writes its decisions.
+fn describe_if_debug(router: &Router, plan: &RoutedPaths) {
+    if router.config().debug.value {
+        for line in plan.describe() {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// Every PE's plan from `gathered` (what [`encode_plan`] made of each, indexed by PE), checked as
