@@ -52,6 +52,9 @@ fn run(test: &str, cfg: MdConfig) -> Option<MdOutcome> {
     // barrier for it, whichever fence the search asked for.
     assert_eq!(out.replans, out.searches.saturating_sub(1 + out.resident_searches), "{test}: replans");
     assert_eq!(out.replan_barriers, 0, "{test}: replan barriers in one process");
+    // One rank steps on its local stream alone (no halo work); several never do.
+    let alone = if cfg.grid.num_ranks() == 1 { out.steps - out.graph_steps } else { 0 };
+    assert_eq!(out.alone_steps, alone, "{test}: steps without halo work");
     if checks > 0 {
         // Measured over every local atom of every rank (a run ends at a check that differs, so
         // these hold for any run that got here; what makes them meaningful is the coverage below).

@@ -519,12 +519,52 @@ impl MdRank {
     /// coordinate halo reads home coordinates; the forces with halo atoms add into the halo
     /// forces that integration may have cleared).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
-        self.local_work(ex, work, Events::Step)?;
+        self.local_work(ex, work, Some(Events::Step))?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")?;
         self.mark(Mark::HaloBegin, halo)
     }
 
-    fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Events) -> Result<()> {
+    /// [`Self::begin_step`] of a rank alone: one rank in all, whose exchange has no pulse and
+    /// which has no halo atom. Only the local work, on the local stream: no halo stream, so no
+    /// event between the kernels, and each is launched to overlap the one before
+    /// (`Launch::AfterKernel`), across steps too ([`Self::integrate_alone`]). An error for a rank
+    /// with a halo.
+    pub fn begin_step_alone(&mut self, ex: &RankExchange, work: StepWork) -> Result<()> {
+        self.alone(ex)?;
+        self.local_work(ex, work, None)?;
+        // A profiled step records every mark: the halo's, empty, on the local stream.
+        for mark in [Mark::HaloBegin, Mark::CoordHalo, Mark::NonLocalPrune, Mark::NonLocalForces, Mark::ForceHalo] {
+            self.mark(mark, &self.local)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::integrate`] of a rank alone ([`Self::begin_step_alone`]): the integration right
+    /// after the local forces on the local stream, with no wait for a halo stream, and no event
+    /// recorded after it: nothing on another stream follows these steps (the search that ends
+    /// them synchronises the local stream first, `MdRun`'s settle).
+    pub fn integrate_alone(&mut self, ex: &RankExchange, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
+        self.alone(ex)?;
+        self.leapfrog(ex, transport, dt, work)?;
+        self.mark(Mark::End, &self.local)
+    }
+
+    /// An error unless this rank is alone: no pulse in `ex`, no halo atom.
+    fn alone(&self, ex: &RankExchange) -> Result<()> {
+        if !ex.halo().pulses.is_empty() || self.total != self.home {
+            return Err(HaloError::InvalidInput(format!(
+                "rank {}: a step without halo work for a rank with {} pulses and {} halo atoms",
+                ex.rank(),
+                ex.halo().pulses.len(),
+                self.total - self.home
+            )));
+        }
+        Ok(())
+    }
+
+    /// The local stream's part of a step. `events`: where the halo stream's force kernel waits
+    /// for this step's zeroing (`None`: no halo work follows, nothing to record).
+    fn local_work(&mut self, ex: &RankExchange, work: StepWork, events: Option<Events>) -> Result<()> {
         self.check_exchange(ex)?;
         self.mark(Mark::Begin, &self.local)?;
         let zeroing = StepZeroing::plan(self.forces_clear, self.halo_clear, work.energy.is_some());
@@ -539,7 +579,7 @@ impl MdRank {
         // no energy) the halo stream is already ordered after that integration
         // (`coordinates_ready`), and the event and its wait would be two host calls for nothing.
         self.zeroing = zeroing;
-        if zeroing.on_local() {
+        if let Some(events) = events.filter(|_| zeroing.on_local()) {
             self.event(events, 0).record(&self.local).during("recording an event")?;
         }
         // The local stream's kernels (the prune, the forces, the integration) let no kernel after
@@ -641,6 +681,11 @@ impl MdRank {
         let done = self.event(events, 1);
         done.record(halo).during("recording an event")?;
         self.local.wait(done).during("ordering integration after the force halo")?;
+        self.leapfrog(ex, transport, dt, work)
+    }
+
+    /// The integration on the local stream, after whatever orders it there.
+    fn leapfrog(&mut self, ex: &RankExchange, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
         self.mark(Mark::Integrate, &self.local)?;
         // The halo forces too, in the same launch, where only this rank's force halo (done by now)
         // reads them.
@@ -723,7 +768,7 @@ impl MdRank {
         let mut queue = || -> Result<()> {
             self.fork.record(&self.local).during("recording an event")?;
             halo.wait(&self.fork).during("forking the halo stream into the capture")?;
-            self.local_work(ex, work, Events::Captured)?;
+            self.local_work(ex, work, Some(Events::Captured))?;
             ex.launch_coordinates(transport, halo)?;
             self.halo_work(ex, halo, work, Events::Captured)?;
             ex.launch_forces(halo)?;

@@ -427,6 +427,9 @@ pub struct MdOutcome {
     pub host_syncs: u64,
     /// Steps replayed as CUDA graphs.
     pub graph_steps: u64,
+    /// Steps of a rank alone (one rank in all) that ran on its local stream only, with no halo
+    /// stream and no event between its kernels (`MdRank::begin_step_alone`).
+    pub alone_steps: u64,
     /// Host time spent capturing them (once per search interval and rank).
     pub graph_capture: Duration,
     /// What the router chose for the ranks of this process at the last search (empty when no
@@ -561,6 +564,12 @@ fn redecompose_gather<'a>(
         *spent += t.elapsed();
         all
     }
+}
+
+/// Whether a step has no halo work at all: one rank in the grid, driven by this process (`pulses`:
+/// each local rank's pulse count), with no pulse.
+fn alone(grid: RankGrid, mut pulses: impl ExactSizeIterator<Item = usize>) -> bool {
+    grid.num_ranks() == 1 && pulses.len() == 1 && pulses.all(|p| p == 0)
 }
 
 /// Whether every rank's plan in `a` chose the same transport for every peer as in `b` (message
@@ -1079,25 +1088,36 @@ impl MdRun {
             self.out.steps += 1;
             return Ok(());
         }
-        for (i, m) in self.ranks.iter_mut().enumerate() {
-            m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
-        }
-        if injected.is_empty() {
-            let r = ex.exchange_forward(transport);
-            self.launched(r)?;
-        }
-        let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-        for (i, m) in self.ranks.iter_mut().enumerate() {
-            m.mark(Mark::CoordHalo, &ex.streams()[i])?;
-            m.nonlocal_forces(&ex.local_ranks()[i], &ex.streams()[i], work)?;
-        }
-        if injected.is_empty() {
-            let r = ex.exchange_reverse_accumulate(transport);
-            self.launched(r)?;
-        }
-        let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
-        for (i, m) in self.ranks.iter().enumerate() {
-            m.mark(Mark::ForceHalo, &ex.streams()[i])?;
+        // A rank alone (one rank in all: no pulse, no halo atom) has no halo work: its local
+        // stream runs the whole step, each kernel overlapping the end of the one before.
+        let alone = alone(self.cfg.grid, ex.local_ranks().iter().map(|r| r.halo().pulses.len()));
+        if alone {
+            for (i, m) in self.ranks.iter_mut().enumerate() {
+                m.begin_step_alone(&ex.local_ranks()[i], work)?;
+            }
+            self.unsettled = true;
+            self.out.alone_steps += 1;
+        } else {
+            for (i, m) in self.ranks.iter_mut().enumerate() {
+                m.begin_step(&ex.local_ranks()[i], &ex.streams()[i], work)?;
+            }
+            if injected.is_empty() {
+                let r = ex.exchange_forward(transport);
+                self.launched(r)?;
+            }
+            let ex = self.exchange.as_mut().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+            for (i, m) in self.ranks.iter_mut().enumerate() {
+                m.mark(Mark::CoordHalo, &ex.streams()[i])?;
+                m.nonlocal_forces(&ex.local_ranks()[i], &ex.streams()[i], work)?;
+            }
+            if injected.is_empty() {
+                let r = ex.exchange_reverse_accumulate(transport);
+                self.launched(r)?;
+            }
+            let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
+            for (i, m) in self.ranks.iter().enumerate() {
+                m.mark(Mark::ForceHalo, &ex.streams()[i])?;
+            }
         }
         if let Some(r) = self.routing.as_mut() {
             for (rank, peers) in &injected {
@@ -1130,7 +1150,11 @@ impl MdRun {
         }
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         for (i, m) in self.ranks.iter_mut().enumerate() {
-            m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
+            if alone {
+                m.integrate_alone(&ex.local_ranks()[i], transport, self.cfg.dt, work)?;
+            } else {
+                m.integrate(&ex.local_ranks()[i], &ex.streams()[i], transport, self.cfg.dt, work)?;
+            }
         }
         // A profiled step counts unless a search or a check's host work lies inside it. After
         // every rank's integration: a chunk's read-back (a host wait) lies inside no rank's step.
@@ -2055,5 +2079,16 @@ mod tests {
         energy.merge(StepCheck::default());
         assert!(energy.energy_rel.is_nan() && !energy.passed(), "a NaN energy stays a failure");
         assert!(StepCheck::default().passed());
+    }
+
+    /// Only one rank in all, with no pulse, steps without halo work.
+    #[test]
+    fn a_step_has_no_halo_work_only_for_one_rank_without_pulses() {
+        let one = RankGrid::new([1, 1, 1]).unwrap();
+        assert!(alone(one, [0].into_iter()));
+        assert!(!alone(one, [1].into_iter()), "a pulse");
+        assert!(!alone(one, std::iter::empty()), "no local rank");
+        assert!(!alone(RankGrid::new([2, 1, 1]).unwrap(), [0].into_iter()), "another rank in the grid");
+        assert!(!alone(RankGrid::new([2, 1, 1]).unwrap(), [0, 0].into_iter()), "two ranks");
     }
 }
