@@ -427,11 +427,11 @@ pub struct MdOutcome {
     pub host_syncs: u64,
     /// Steps replayed as CUDA graphs.
     pub graph_steps: u64,
+    /// Host time spent capturing them (once per search interval and rank).
+    pub graph_capture: Duration,
     /// Steps of a rank alone (one rank in all) that ran on its local stream only, with no halo
     /// stream and no event between its kernels (`MdRank::begin_step_alone`).
     pub alone_steps: u64,
-    /// Host time spent capturing them (once per search interval and rank).
-    pub graph_capture: Duration,
     /// What the router chose for the ranks of this process at the last search (empty when no
     /// router decided).
     pub routes: Vec<crate::route::RoutedSummary>,
