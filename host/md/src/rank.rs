@@ -408,7 +408,7 @@ impl MdRank {
     /// its passes run behind whatever the local stream holds (finishing the search begun by
     /// [`Self::begin_search_resident_ahead`], where one was).
     pub fn search_resident(&mut self, x: &impl DeviceMemory<Float3>, box_size: [f32; 3]) -> Result<ResidentSearch> {
-        self.without_halo()?;
+        self.without_halo("a search on the GPU alone")?;
         self.forces_clear = false;
         self.nb.update_resident(x, &self.types, self.home, box_size, &self.local)
     }
@@ -418,15 +418,16 @@ impl MdRank {
     /// (`NbnxmGpu::begin_resident`): the coordinates' wrap, the grid and the lists' first passes
     /// run right after the last step. The search then only finishes it.
     pub fn begin_search_resident_ahead(&mut self, x: &impl DeviceMemory<Float3>, box_size: [f32; 3]) -> Result<()> {
-        self.without_halo()?;
+        self.without_halo("a search on the GPU alone")?;
         self.nb.begin_resident(x, &self.types, self.home, box_size, &self.local)
     }
 
-    /// A search on the GPU alone needs a rank without halo atoms.
-    fn without_halo(&self) -> Result<()> {
+    /// An error unless this rank has no halo atoms, which `what` (a search on the GPU alone, a
+    /// step without halo work) needs.
+    fn without_halo(&self, what: &str) -> Result<()> {
         if self.total != self.home {
             return Err(HaloError::InvalidInput(format!(
-                "a search on the GPU alone needs a rank without halo atoms; this one has {} home and {} local atoms",
+                "{what} needs a rank without halo atoms; this one has {} home and {} local atoms",
                 self.home, self.total
             )));
         }
@@ -551,15 +552,14 @@ impl MdRank {
 
     /// An error unless this rank is alone: no pulse in `ex`, no halo atom.
     fn alone(&self, ex: &RankExchange) -> Result<()> {
-        if !ex.halo().pulses.is_empty() || self.total != self.home {
+        if !ex.halo().pulses.is_empty() {
             return Err(HaloError::InvalidInput(format!(
-                "rank {}: a step without halo work for a rank with {} pulses and {} halo atoms",
+                "rank {}: a step without halo work for a rank with {} pulses",
                 ex.rank(),
-                ex.halo().pulses.len(),
-                self.total - self.home
+                ex.halo().pulses.len()
             )));
         }
-        Ok(())
+        self.without_halo("a step without halo work")
     }
 
     /// The local stream's part of a step. `events`: where the halo stream's force kernel waits
