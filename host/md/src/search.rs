@@ -460,7 +460,8 @@ fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f3
 /// beat one thread beyond the run-to-run spread (docs/results/nbnxm/search-threads.log, rows of a
 /// build that did not check them), and in checked rows of two PEs sharing one H100 at 45,000 atoms
 /// one thread gave 81.1–84.1 µs per step against 84.8–86.2 with four
-/// (docs/results/nbnxm/search-choices-ab-h100.log).
+/// (docs/results/nbnxm/search-choices-ab-h100.log). With the pool whose caller works, one, two and
+/// four threads stayed within one H100 host's spread (docs/results/nbnxm/search-workers-threads-h100.log).
 pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 
 /// The default number of search threads of a process that runs every rank itself (one process,
@@ -471,7 +472,9 @@ pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 /// but once the ranks' GPU calls ran on threads of their own, one and four threads were even on
 /// 2x1x1 and four ahead with more ranks: searches of 1.54–1.61 against 1.65–1.82 ms on 2x2x1 and
 /// 2.71–2.92 against 3.54–3.76 ms on 2x2x2 at 45,000 atoms on one H100
-/// (docs/results/nbnxm/search-threads-ranks-h100.log).
+/// (docs/results/nbnxm/search-threads-ranks-h100.log). With the pool whose caller works, two, four
+/// and eight threads stayed within 1.5 µs of one another on 2x1x1 at 45,000 atoms
+/// (docs/results/nbnxm/search-workers-threads-h100.log).
 pub const DEFAULT_SEARCH_THREADS_ONE_PROCESS: usize = 4;
 
 /// The search threads of a run: `asked`, or when it is 0 the default for how the ranks are driven
