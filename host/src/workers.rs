@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How long a caller whose parts are done spins for the helpers' before it sleeps: about a
-/// thread wake-up, so that a helper finishing a short part does not pay one more.
+/// How long a caller whose parts are done spins while helpers finish theirs, before it sleeps:
+/// about a thread wake-up, so that a helper finishing a short part costs the caller none.
 const CALLER_SPIN: Duration = Duration::from_micros(20);
 
 /// How long a helper stays awake after a call (yielding the core to any other thread): longer
@@ -92,12 +92,10 @@ impl Workers {
             }
         };
         let work: &(dyn Fn() + Sync) = &work;
-        // SAFETY: only the lifetime changes. A helper calls `work` only after entering the
-        // ticket while it is open (`Ticket::run`), and this frame closes it and returns (or
-        // unwinds) only once every helper that entered has left (`Ticket::close`), so no call
-        // outlives the borrows `work` holds.
-        let work: &'static (dyn Fn() + Sync) = unsafe { std::mem::transmute::<&(dyn Fn() + Sync), &'static (dyn Fn() + Sync)>(work) };
-        let ticket = Arc::new(Ticket { state: AtomicUsize::new(0), work, caller: std::thread::current(), panic: Mutex::new(None) });
+        // Only the pointer's lifetime bound changes: see `Ticket::work` for when it is called.
+        // SAFETY: a transmute between two raw pointers of the same layout; nothing is dereferenced.
+        let shared = unsafe { std::mem::transmute::<*const (dyn Fn() + Sync + '_), *const (dyn Fn() + Sync + 'static)>(work) };
+        let ticket = Arc::new(Ticket { state: AtomicUsize::new(0), work: shared, caller: std::thread::current(), panic: Mutex::new(None) });
         let mut wanted = n - 1;
         for h in &self.helpers {
             if wanted == 0 || next.load(Ordering::Relaxed) >= n {
@@ -134,13 +132,22 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 struct Ticket {
     /// [`CLOSED`], and the number of helpers inside the call.
     state: AtomicUsize,
-    /// Takes parts until none is left; borrows the caller's frame (see [`Workers::map`]).
-    work: &'static (dyn Fn() + Sync),
+    /// Takes parts until none is left. It borrows the caller's frame, so it is called only by a
+    /// helper that entered the ticket while it was open ([`Ticket::run`]); the caller closes it
+    /// and returns (or unwinds) only once every helper that entered has left ([`Ticket::close`]).
+    /// Once closed it may dangle, hence a raw pointer.
+    work: *const (dyn Fn() + Sync),
     /// The calling thread, woken by the last helper to leave a closed call.
     caller: Thread,
     /// The payload of a helper's panic.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
+
+// SAFETY: `work` is a `Sync` closure called only under the open ticket's rule (see `work`); the
+// other fields are `Send` and `Sync` themselves.
+unsafe impl Send for Ticket {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Ticket {}
 
 impl Ticket {
     /// Runs on a helper: enters the call unless it is closed, takes parts, marks the helper
@@ -148,8 +155,13 @@ impl Ticket {
     /// and leaves.
     fn run(&self, idle: &AtomicBool) {
         let entered = self.state.fetch_add(1, Ordering::AcqRel) & CLOSED == 0;
-        if entered && let Err(payload) = catch_unwind(AssertUnwindSafe(self.work)) {
-            lock(&self.panic).get_or_insert(payload);
+        if entered {
+            // SAFETY: entered while open, so the caller's frame that `work` borrows lives until
+            // this helper leaves below (see `work`).
+            let work = unsafe { &*self.work };
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(work)) {
+                lock(&self.panic).get_or_insert(payload);
+            }
         }
         idle.store(true, Ordering::Release);
         if self.state.fetch_sub(1, Ordering::AcqRel) == CLOSED | 1 {
@@ -313,6 +325,25 @@ mod tests {
             });
             assert_eq!(met, vec![true; 4]);
         }
+    }
+
+    #[test]
+    fn calls_from_several_threads_at_once_share_the_helpers() {
+        // Callers outside the pool race for the same helpers: each call still gets every result,
+        // in order, whichever helpers it won.
+        let w = Workers::new(3).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let w = &w;
+                s.spawn(move || {
+                    for k in 0..200u64 {
+                        let parts: Vec<u64> = (0..7).map(|i| 1000 * t + 10 * k + i).collect();
+                        let want: Vec<u64> = parts.iter().map(|p| p * 3).collect();
+                        assert_eq!(w.map(parts, |p| p * 3), want, "caller {t}, call {k}");
+                    }
+                });
+            }
+        });
     }
 
     #[test]
