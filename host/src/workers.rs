@@ -8,7 +8,7 @@
 //!
 //! The caller works too. A search hands the pool a few parts at a time (one per rank, a handful of
 //! chunks), about ten times per search, each part tens of microseconds; a pool whose caller only
-//! waits (`rayon`'s `install`, which this replaced) pays two thread wake-ups per call, the
+//! waits (as with `rayon`'s `install`) pays two thread wake-ups per call, the
 //! helper's and then the caller's, which can cost more than the parts. Here the caller takes
 //! parts from the same counter as the helpers it hands the call to, so a helper that wakes late
 //! finds the parts taken, and the caller never waits for one that took none (it closes the call:
@@ -20,7 +20,7 @@
 //!
 //! The tests below ran clean under Miri (nightly, two schedules each, `workers_handoff` skipped),
 //! which reports a data race on the results if the caller returns without waiting for the helpers
-//! inside its call (tried once, 2026-12-07). CI does not run Miri.
+//! inside its call. CI does not run Miri.
 
 use crate::error::{HaloError, Result};
 use std::any::Any;
