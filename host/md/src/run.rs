@@ -1660,9 +1660,21 @@ impl MdRun {
         let homes: Vec<Vec<Float3>> =
             gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
         let want = reference::coordinates(&halos, &homes);
-        for (r, h) in homes.iter().enumerate() {
-            for (i, v) in h.iter().enumerate() {
-                self.system.positions[plan.ranks[r].global_ids[i] as usize] = *v;
+        // Every rank's home ids too: after a redecomposition a process holds only its own ranks'.
+        let mine = ids.iter().map(|&r| plan.ranks[r].global_ids[..halos[r].home_atoms].iter().flat_map(|g| g.to_le_bytes()).collect()).collect();
+        let home_ids = self.placement.all_gather(&format!("{}check-ids-{step}", self.tag), mine)?;
+        for (r, (h, g)) in homes.iter().zip(&home_ids).enumerate() {
+            if g.len() != 4 * h.len() {
+                return Err(HaloError::InvalidInput(format!("rank {r} gave {} bytes of ids for {} home atoms", g.len(), h.len())));
+            }
+            for (v, g) in h.iter().zip(g.chunks_exact(4)) {
+                let id = u32::from_le_bytes([g[0], g[1], g[2], g[3]]) as usize;
+                let slot = self
+                    .system
+                    .positions
+                    .get_mut(id)
+                    .ok_or_else(|| HaloError::InvalidInput(format!("rank {r} holds atom {id}, beyond the system")))?;
+                *slot = *v;
             }
         }
         // The undecomposed reference: forces and potential energy in one pass on the host's threads.

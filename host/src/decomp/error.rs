@@ -285,6 +285,25 @@ pub enum PlanError {
         /// Ranks that hold it as a home atom.
         count: usize,
     },
+    /// A rank's home atoms are not in ascending id order (a redecomposition's output always is).
+    #[error("rank {rank}: home atom {local} has global id {id}, after {previous}: a rank's home atoms come in ascending id order")]
+    HomeOrder {
+        /// The rank.
+        rank: usize,
+        /// Its index among the rank's home atoms.
+        local: usize,
+        /// The id.
+        id: u32,
+        /// The id before it.
+        previous: u32,
+    },
+    /// The ranks' home atoms are as many as the system's, but not each of them once: their ids'
+    /// checksums differ.
+    #[error("the ranks' home atoms are {atoms}, as many as the system's, but not each of its atoms once: one is on two ranks and another on none")]
+    HomeSet {
+        /// Atoms in the system.
+        atoms: usize,
+    },
     /// A rank's home arrays (ids, positions, velocities) differ in length.
     #[error("rank {rank}: its home atoms have {ids} ids, {positions} positions and {velocities} velocities; give one of each per atom")]
     HomeArrays {

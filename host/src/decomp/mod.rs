@@ -34,6 +34,7 @@ mod gpu_select;
 #[cfg(test)]
 mod gpu_select_tests;
 mod grid;
+mod home_check;
 mod plan;
 mod redecompose;
 #[cfg(test)]
@@ -53,6 +54,6 @@ pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_r
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
 pub use redecompose::{
-    Collective, HomeAtoms, HomeDevice, MergedHome, PlanRider, RedecomposeScratch, Redecomposed, TAG_MIGRATE, TAG_PLAN, redecompose,
+    Collective, HomeAtoms, HomeDevice, MergedHome, PlanRider, RedecomposeScratch, Redecomposed, TAG_HOMES, TAG_MIGRATE, TAG_PLAN, redecompose,
     redecompose_on_devices, redecompose_with,
 };

@@ -37,7 +37,9 @@ pub struct RankPlan {
     pub home_atoms: usize,
     /// Home atoms plus every atom received in any pulse.
     pub total_atoms: usize,
-    /// Global atom id of each local atom (`total_atoms` entries).
+    /// Global atom id of each local atom (`total_atoms` entries); none (empty) for a rank that
+    /// another process drives in a plan from a redecomposition ([`super::Redecomposed::plan`]),
+    /// where no process receives another's ids.
     pub global_ids: Vec<u32>,
     /// Pulses flattened dim-major (x pulses, then y, then z).
     pub pulses: Vec<PulsePlan>,

@@ -8,10 +8,12 @@
 //! 2. Each pulse is simulated as [`HaloPlan::from_positions`] simulates it (the same selection,
 //!    [`select_for_pulse`], on the same `f64` positions), with one collective per pulse carrying
 //!    each rank's selection and local length (its receiver's `peer_atom_offset`).
-//! 3. A last collective carries every rank's [`RankPlan`], so every process holds the whole plan,
-//!    and with each plan what the caller's [`PlanRider`] made of it: a caller whose own decisions
-//!    follow from each rank's plan (the router's paths for its halo) gathers them here instead of
-//!    in a collective of its own.
+//! 3. A last collective carries every rank's [`RankPlan`] but its global ids, so every process
+//!    holds every rank's counts, pulses and maps, and with each plan what the caller's
+//!    [`PlanRider`] made of it: a caller whose own decisions follow from each rank's plan (the
+//!    router's paths for its halo) gathers them here instead of in a collective of its own. Each
+//!    rank's home ids are checked where they are, and only a count and a checksum of them travel
+//!    with its plan ([`home_check`](super::home_check)): no process receives another's ids.
 //!
 //! The collectives carry plain arrays in native byte order (little-endian on every target halo
 //! runs on): a process's share of the data is its ranks' atoms, never the whole system. An error
@@ -19,6 +21,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
+use super::home_check::{self, BadHome, Mismatch, RankHomes};
 use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
 use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
@@ -45,7 +48,9 @@ pub struct HomeAtoms {
 /// The outcome of [`redecompose`] on one process.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Redecomposed {
-    /// Every rank's plan: the plan [`HaloPlan::from_positions`] builds from all atoms' positions.
+    /// Every rank's plan: the plan [`HaloPlan::from_positions`] builds from all atoms' positions,
+    /// except that a rank another process drives has no global ids here (its `global_ids` is
+    /// empty; its counts, pulses and maps are all there).
     pub plan: HaloPlan,
     /// This process's ranks' new home atoms (in the order of `ranks`): ids ascending, equal to
     /// `plan.ranks[r].global_ids[..home_atoms]`, and velocities following their atoms. Their
@@ -88,8 +93,10 @@ pub struct RedecomposeScratch {
     ranks: Vec<RankScratch>,
     /// Spare arrays for the outputs and blobs.
     spare: Spare,
-    /// One flag per atom: whether it is some rank's home atom ([`check_homes`]).
+    /// One flag per atom: whether it is some rank's home atom (naming a repeated atom).
     seen: Vec<bool>,
+    /// The home check's sum over every atom, and the atom count it is for.
+    all_ids: Option<(usize, u64)>,
 }
 
 impl RedecomposeScratch {
@@ -253,6 +260,9 @@ type Special = (u32, Option<Float3>);
 pub const TAG_MIGRATE: &str = "redecompose/migrate";
 /// Tag of the collective that gathers every rank's plan.
 pub const TAG_PLAN: &str = "redecompose/plan";
+/// Tag of the collective that gathers every rank's home ids, only where the plans' checksums
+/// show an atom on two ranks (on every process alike), to name it.
+pub const TAG_HOMES: &str = "redecompose/homes";
 
 /// Tag of the collective of pulse `p` along `d`.
 fn pulse_tag(d: usize, p: usize) -> String {
@@ -265,15 +275,16 @@ fn pulse_tag(d: usize, p: usize) -> String {
 /// `all_gather(tag, mine)` is the collective ([`crate::exchange::Placement::all_gather`]'s
 /// contract): `mine` holds one blob per local rank, in the order of `ranks`, and it returns every
 /// rank's blob, indexed by rank. Every process calls it the same number of times with the same
-/// tags (distinct within one call: [`TAG_MIGRATE`], one per pulse, [`TAG_PLAN`]); a collective
-/// that needs tags unique over a run adds its step to them.
+/// tags (distinct within one call: [`TAG_MIGRATE`], one per pulse, [`TAG_PLAN`], and
+/// [`TAG_HOMES`] where the home check fails); a collective that needs tags unique over a run
+/// adds its step to them.
 ///
 /// Errors: the geometry as [`Decomposition::new`] reports it; a non-finite position
 /// ([`PlanError::NonFinitePosition`], naming the global atom id) or arrays of different lengths on
 /// any rank (every process reports the first rank's); home atoms over all ranks that are not
 /// `0..atoms` once each ([`PlanError::HomeTotal`], [`PlanError::GlobalId`],
-/// [`PlanError::HomeCount`]); `ranks` outside the grid or repeated; malformed blobs; and whatever
-/// `all_gather` returns.
+/// [`PlanError::HomeCount`], [`PlanError::HomeOrder`]); `ranks` outside the grid or repeated;
+/// malformed blobs; and whatever `all_gather` returns.
 pub fn redecompose(
     grid: RankGrid,
     box_size: [f32; 3],
@@ -438,8 +449,13 @@ fn plan_pulses(
     }
 
     // 3. Homes and local positions out, the working arrays back to the scratch; every rank's plan
-    // to every process.
+    // but its ids to every process, with its home check's numbers.
     let _span = tracing::debug_span!("search.plan_out").entered();
+    let local_homes = {
+        let _span = tracing::debug_span!("search.plan_out.home_sums").entered();
+        let ids: Vec<&[u32]> = work.iter().map(|w| &w.ids[..w.home]).collect();
+        home_check::local_homes(&ids, atoms, workers)
+    };
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
     let mut mine = Vec::with_capacity(ranks.len());
@@ -462,12 +478,18 @@ fn plan_pulses(
     let gathered = if ranks.len() == nranks {
         vec![Vec::new(); nranks]
     } else {
-        let blobs = mine.iter().map(|p| plan_blob_into(p, &riders[p.rank], Spare::any(&mut scratch.spare.bytes))).collect::<Result<Vec<_>, _>>()?;
+        let blobs = mine
+            .iter()
+            .zip(&local_homes)
+            .map(|(p, h)| plan_blob_into(p, h, &riders[p.rank], Spare::any(&mut scratch.spare.bytes)))
+            .collect::<Result<Vec<_>, _>>()?;
         gather(all_gather, TAG_PLAN, blobs, nranks)?
     };
     let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
-    for plan in mine {
+    let mut rank_homes = vec![RankHomes::default(); nranks];
+    for (plan, h) in mine.into_iter().zip(local_homes) {
         let r = plan.rank;
+        rank_homes[r] = h;
         plans[r] = Some(plan);
     }
     let layout = geo.pulse_layout();
@@ -476,7 +498,8 @@ fn plan_pulses(
         .enumerate()
         .map(|(r, plan)| match plan {
             Some(plan) => Ok(plan),
-            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare).map(|(plan, carried)| {
+            None => read_plan_with(&gathered[r], r, geo, &layout, &mut scratch.spare).map(|(plan, h, carried)| {
+                rank_homes[r] = h;
                 riders[r] = carried;
                 plan
             }),
@@ -484,8 +507,55 @@ fn plan_pulses(
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
-    tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, atoms, &mut scratch.seen))?;
+    tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, &homes, &rank_homes, atoms, all_gather, workers, scratch))?;
     Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new(), riders })
+}
+
+/// The home check ([`home_check`]) of every rank's [`RankHomes`] (indexed by rank), where this
+/// process's ranks hold `homes` (their ids in `plan` too): from the numbers alone, unless an atom
+/// is on two ranks, which every process then sees alike; the ids are then gathered
+/// ([`TAG_HOMES`]; a process that drives every rank has them) to name it.
+fn check_homes(
+    plan: &HaloPlan,
+    homes: &[HomeAtoms],
+    rank_homes: &[RankHomes],
+    atoms: usize,
+    all_gather: &mut Collective<'_>,
+    workers: &Workers,
+    scratch: &mut RedecomposeScratch,
+) -> Result<()> {
+    let expected = match scratch.all_ids {
+        Some((n, sum)) if n == atoms => sum,
+        _ => {
+            let sum = home_check::all_ids_sum(atoms, workers);
+            scratch.all_ids = Some((atoms, sum));
+            sum
+        }
+    };
+    match home_check::check(rank_homes, atoms, expected) {
+        Ok(()) => Ok(()),
+        Err(Mismatch::Named(e)) => Err(e.into()),
+        Err(Mismatch::Repeated) => {
+            let nranks = plan.ranks.len();
+            let gathered = if homes.len() == nranks {
+                Vec::new()
+            } else {
+                let blobs = homes.iter().map(|h| bytemuck::cast_slice::<u32, u8>(&h.ids).to_vec()).collect();
+                gather(all_gather, TAG_HOMES, blobs, nranks)?
+            };
+            let ids = plan
+                .ranks
+                .iter()
+                .enumerate()
+                .map(|(r, p)| match gathered.get(r) {
+                    Some(blob) => Reader::new(blob, TAG_HOMES, r).take::<u32>(blob.len() / 4),
+                    None => Ok(p.global_ids[..p.home_atoms].to_vec()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+            Err(home_check::name_repeated(&ids, atoms, &mut scratch.seen).unwrap_or(PlanError::HomeSet { atoms }).into())
+        }
+    }
 }
 
 /// For every rank of the grid, its index in `ranks` if this process drives it.
@@ -908,23 +978,27 @@ impl RankFrame for Frame<'_> {
     }
 }
 
-/// A rank's plan as a blob: home and total atoms, pulse count, global ids, then per pulse its
-/// atom offset, peer atom offset, received atoms and index map (the rest of a pulse follows from
-/// the grid), then the rider's length and bytes.
+/// A rank's plan as a blob, for the processes that do not drive it: home and total atoms, pulse
+/// count, the home check's numbers ([`RankHomes`]: the sum as two words, then whether an id is bad
+/// and its index, id and previous id), then per pulse its atom offset, peer atom offset, received
+/// atoms and index map (the rest of a pulse follows from the grid), then the rider's length and
+/// bytes. No global ids: no process needs another's.
 #[cfg(test)]
-pub(super) fn plan_blob(plan: &RankPlan, rider: &[u8]) -> Result<Vec<u8>, PlanError> {
-    plan_blob_into(plan, rider, Vec::new())
+pub(super) fn plan_blob(plan: &RankPlan, homes: &RankHomes, rider: &[u8]) -> Result<Vec<u8>, PlanError> {
+    plan_blob_into(plan, homes, rider, Vec::new())
 }
 
 /// [`plan_blob`] written into `spare`'s allocation.
-fn plan_blob_into(plan: &RankPlan, rider: &[u8], mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
+fn plan_blob_into(plan: &RankPlan, homes: &RankHomes, rider: &[u8], mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
     spare.clear();
     let mut b = Blob(spare);
-    b.0.reserve(4 * (4 + plan.global_ids.len() + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()) + rider.len());
+    b.0.reserve(4 * (10 + plan.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum::<usize>()) + rider.len());
     b.word(plan.home_atoms)?;
     b.word(plan.total_atoms)?;
     b.word(plan.pulses.len())?;
-    b.put(&plan.global_ids);
+    b.put(&[homes.sum as u32, (homes.sum >> 32) as u32]);
+    let bad = homes.bad.map_or([0; 4], |h| [1, h.local, h.id, h.previous]);
+    b.put(&bad);
     for p in &plan.pulses {
         b.word(p.spec.atom_offset)?;
         b.word(p.spec.peer_atom_offset)?;
@@ -938,22 +1012,26 @@ fn plan_blob_into(plan: &RankPlan, rider: &[u8], mut spare: Vec<u8>) -> Result<V
     Ok(b.0)
 }
 
-/// Rank `rank`'s plan from its blob ([`plan_blob`]), its pulses filled in as the builders fill
-/// them, and the rider's bytes.
+/// Rank `rank`'s plan from its blob ([`plan_blob`]): no global ids, its pulses filled in as the
+/// builders fill them; its home check's numbers; the rider's bytes.
 #[cfg(test)]
-pub(super) fn read_plan(blob: &[u8], rank: usize, geo: &Decomposition, layout: &[(usize, usize)]) -> Result<(RankPlan, Vec<u8>), PlanError> {
+pub(super) fn read_plan(
+    blob: &[u8],
+    rank: usize,
+    geo: &Decomposition,
+    layout: &[(usize, usize)],
+) -> Result<(RankPlan, RankHomes, Vec<u8>), PlanError> {
     read_plan_with(blob, rank, geo, layout, &mut Spare::default())
 }
 
-/// [`read_plan`] into spare arrays (global ids, index maps, the pulse list) where `spare` has them,
-/// with the rider's bytes the blob carried.
+/// [`read_plan`] into spare arrays (index maps, the pulse list) where `spare` has them.
 fn read_plan_with(
     blob: &[u8],
     rank: usize,
     geo: &Decomposition,
     layout: &[(usize, usize)],
     spare: &mut Spare,
-) -> Result<(RankPlan, Vec<u8>), PlanError> {
+) -> Result<(RankPlan, RankHomes, Vec<u8>), PlanError> {
     let mut rd = Reader::new(blob, TAG_PLAN, rank);
     let home_atoms = rd.word()?;
     let total_atoms = rd.word()?;
@@ -961,9 +1039,14 @@ fn read_plan_with(
     if home_atoms > total_atoms || npulses != layout.len() {
         return Err(rd.bad(format!("{home_atoms} home atoms of {total_atoms}, {npulses} pulses where the grid has {}", layout.len())));
     }
-    // A spare array only for a count the blob can hold (a malformed one allocates nothing).
-    let mut global_ids = if total_atoms <= rd.bytes.len() / 4 { Spare::take(&mut spare.ids, total_atoms) } else { Vec::new() };
-    rd.extend(total_atoms, &mut global_ids)?;
+    let sum = rd.take::<u32>(2)?;
+    let bad = rd.take::<u32>(4)?;
+    let bad = match bad[0] {
+        0 => None,
+        1 => Some(BadHome { local: bad[1], id: bad[2], previous: bad[3] }),
+        f => return Err(rd.bad(format!("{f} where a bad home id's flag (0 or 1) belongs"))),
+    };
+    let homes = RankHomes { count: home_atoms, sum: u64::from(sum[0]) | (u64::from(sum[1]) << 32), bad };
     let mut pulses = Spare::any(&mut spare.pulses);
     for &at in layout {
         let atom_offset = rd.word()?;
@@ -980,43 +1063,7 @@ fn read_plan_with(
     // Its bytes checked against what is left before anything is allocated for them.
     let rider = rd.next::<u8>(rider_len)?.to_vec();
     rd.finish()?;
-    Ok((RankPlan { rank, home_atoms, total_atoms, global_ids, pulses }, rider))
-}
-
-/// Checks that the home atoms of all ranks are `0..atoms`, each once (cheap: one flag per atom).
-/// `atoms` ids all below `atoms` that set `atoms` flags are each of `0..atoms` once: that is told
-/// in one pass of plain stores (an id at or beyond `atoms` marks the spare flag at `atoms`, so no
-/// store needs a check) and a sum, which the compiler vectorizes; only where it fails are the
-/// ids looked at one by one, for the first that is out of range or repeated.
-pub(super) fn check_homes(plan: &HaloPlan, atoms: usize, seen: &mut Vec<bool>) -> Result<(), PlanError> {
-    let found: usize = plan.ranks.iter().map(|r| r.home_atoms).sum();
-    if found != atoms {
-        return Err(PlanError::HomeTotal { found, expected: atoms });
-    }
-    seen.clear();
-    seen.resize(atoms + 1, false);
-    let flags = &mut seen[..=atoms];
-    for r in &plan.ranks {
-        for &id in &r.global_ids[..r.home_atoms] {
-            flags[(id as usize).min(atoms)] = true;
-        }
-    }
-    // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
-    if !flags[atoms] && flags[..atoms].iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
-        return Ok(());
-    }
-    seen.clear();
-    seen.resize(atoms, false);
-    for r in &plan.ranks {
-        for (local, &id) in r.global_ids[..r.home_atoms].iter().enumerate() {
-            match seen.get_mut(id as usize) {
-                None => return Err(PlanError::GlobalId { rank: r.rank, local, id, atoms }),
-                Some(true) => return Err(PlanError::HomeCount { atom: id as usize, count: 2 }),
-                Some(s) => *s = true,
-            }
-        }
-    }
-    Ok(())
+    Ok((RankPlan { rank, home_atoms, total_atoms, global_ids: Vec::new(), pulses }, homes, rider))
 }
 
 /// A blob being written: words and arrays of plain data, back to back.

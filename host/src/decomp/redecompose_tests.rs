@@ -1,6 +1,7 @@
 //! [`redecompose`] against the global builder: the same plan, bit for bit, from each process's
 //! own ranks' atoms after they moved, on one process and on several emulated ones.
 
+use super::home_check::{BadHome, RankHomes};
 use super::plan::send_range2;
 use super::redecompose::Frame;
 use super::select::select_wrapped_into;
@@ -40,10 +41,10 @@ fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
     v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect()
 }
 
-/// `got` (for `ranks`) is the global builder's plan at `positions`, with the homes and local
-/// positions that follow from it.
+/// `got` (for `ranks`) is the global builder's plan at `positions` (without the global ids of the
+/// ranks another process drives), with the homes and local positions that follow from it.
 fn check(got: &Redecomposed, ranks: &[usize], positions: &[Float3], velocities: &[Float3], want: &HaloPlan) {
-    assert_eq!(&got.plan, want);
+    assert_eq!(got.plan, without_others_ids(want, ranks));
     assert_eq!((got.homes.len(), got.local_positions.len()), (ranks.len(), ranks.len()));
     let wrapped = |i: u32| wrap_position(positions[i as usize], want.box_size);
     for ((&r, home), local) in ranks.iter().zip(&got.homes).zip(&got.local_positions) {
@@ -54,6 +55,14 @@ fn check(got: &Redecomposed, ranks: &[usize], positions: &[Float3], velocities: 
         assert_eq!(bits(&home.velocities), bits(&home.ids.iter().map(|&i| velocities[i as usize]).collect::<Vec<_>>()), "rank {r}");
         assert_eq!(bits(local), bits(&plan.global_ids.iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
     }
+}
+
+/// `plan` as a process that drives `ranks` holds it after a redecomposition: the other ranks'
+/// global ids are not there.
+fn without_others_ids(plan: &HaloPlan, ranks: &[usize]) -> HaloPlan {
+    let mut plan = plan.clone();
+    plan.ranks.iter_mut().filter(|r| !ranks.contains(&r.rank)).for_each(|r| r.global_ids.clear());
+    plan
 }
 
 /// The home atoms of a result as input again: ids, wrapped positions (from the local ones) and
@@ -159,7 +168,8 @@ fn rider_of(p: &RankPlan) -> Vec<u8> {
     if p.rank == 1 {
         return Vec::new();
     }
-    let words = [p.rank, p.home_atoms, p.total_atoms, p.pulses.len(), p.global_ids.iter().map(|&g| g as usize).sum()];
+    let maps: usize = p.pulses.iter().flat_map(|q| &q.spec.index_map).map(|&m| m as usize).sum();
+    let words = [p.rank, p.home_atoms, p.total_atoms, p.pulses.len(), maps];
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
@@ -352,34 +362,6 @@ fn bad_inputs_are_errors_on_every_process() {
     }
 }
 
-/// The home atoms' check: `0..atoms` once each passes; an id at `atoms`, far beyond, or repeated
-/// (with another missing) is the error the id-by-id check names, wherever it lies.
-#[test]
-fn the_home_check_names_the_first_bad_id() {
-    let plan = |homes: [&[u32]; 2]| HaloPlan {
-        grid: RankGrid::new([2, 1, 1]).unwrap(),
-        box_size: [4.0; 3],
-        cutoff: 1.0,
-        ranks: homes
-            .iter()
-            .enumerate()
-            .map(|(rank, h)| RankPlan { rank, home_atoms: h.len(), total_atoms: h.len() + 1, global_ids: [h, &[0][..]].concat(), pulses: vec![] })
-            .collect(),
-    };
-    let mut seen = vec![true; 3];
-    assert_eq!(redecompose::check_homes(&plan([&[0, 2, 4], &[1, 3]]), 5, &mut seen), Ok(()));
-    assert_eq!(redecompose::check_homes(&plan([&[], &[]]), 0, &mut seen), Ok(()));
-    for (homes, want) in [
-        ([&[0, 2, 5][..], &[1, 3][..]], PlanError::GlobalId { rank: 0, local: 2, id: 5, atoms: 5 }),
-        ([&[0, 2, 4], &[u32::MAX, 3]], PlanError::GlobalId { rank: 1, local: 0, id: u32::MAX, atoms: 5 }),
-        ([&[0, 2, 4], &[2, 3]], PlanError::HomeCount { atom: 2, count: 2 }),
-        ([&[0, 2, 4], &[1, 3, 3]], PlanError::HomeCount { atom: 3, count: 2 }),
-    ] {
-        let atoms = homes[0].len() + homes[1].len();
-        assert_eq!(redecompose::check_homes(&plan(homes), atoms, &mut seen), Err(want), "{homes:?}");
-    }
-}
-
 #[test]
 fn malformed_blobs_are_errors() {
     let sys = MolecularSystem::generate(2000, 2).unwrap();
@@ -412,12 +394,26 @@ fn malformed_blobs_are_errors() {
     let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
     let geo = plan.decomposition().unwrap();
     let layout = geo.pulse_layout();
-    for (r, rider) in plan.ranks.iter().zip([&b""[..], b"x", b"a rider of some bytes"].into_iter().cycle()) {
-        let blob = redecompose::plan_blob(r, rider).unwrap();
-        assert_eq!(redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), (r.clone(), rider.to_vec()));
+    let checked = [
+        RankHomes { count: 0, sum: 0x0123_4567_89ab_cdef, bad: None },
+        RankHomes { count: 0, sum: u64::MAX, bad: Some(BadHome { local: 3, id: 9, previous: 11 }) },
+    ];
+    for ((r, rider), homes) in plan.ranks.iter().zip([&b""[..], b"x", b"a rider of some bytes"].into_iter().cycle()).zip(checked.into_iter().cycle())
+    {
+        let homes = RankHomes { count: r.home_atoms, ..homes };
+        let blob = redecompose::plan_blob(r, &homes, rider).unwrap();
+        // Everything but the global ids, which no other process needs.
+        let want = (RankPlan { global_ids: Vec::new(), ..r.clone() }, homes, rider.to_vec());
+        assert_eq!(redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), want);
+        let maps: usize = r.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum();
+        assert_eq!(blob.len(), 4 * (3 + 6 + maps + 1) + rider.len(), "rank {}: counts, checksums, pulses and rider only", r.rank);
         // Read from bytes not aligned for its words, too (copied through zeroed room).
         let odd = [&[0u8][..], &blob].concat();
-        assert_eq!(redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), (r.clone(), rider.to_vec()));
+        assert_eq!(redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), want);
+        // A bad id's flag other than 0 or 1 is malformed.
+        let mut flag = blob.clone();
+        flag[20..24].copy_from_slice(&2u32.to_ne_bytes());
+        assert!(redecompose::read_plan(&flag, r.rank, &geo, &layout).unwrap_err().to_string().contains("bad home id's flag"));
         for cut in [1, 4, blob.len() / 2, blob.len()] {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
             assert!(matches!(&e, PlanError::Blob { tag, rank, .. } if tag == TAG_PLAN && *rank == r.rank), "{e}");
@@ -599,7 +595,7 @@ fn redecompose_pe_timing() {
             let got = redecompose_with(grid, sys.box_size, cutoff, atoms, &[0], input, &mut replay, None, &serial, &mut rs).unwrap();
             let elapsed = t.elapsed();
             if i == 0 {
-                assert_eq!(got.plan, want);
+                assert_eq!(got.plan, without_others_ids(&want, &[0]));
             }
             rs.recycle(got);
             if i >= 10 {

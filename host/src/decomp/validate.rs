@@ -19,6 +19,9 @@ impl HaloPlan {
     ///   `global_ids[index_map[i]]` equals the receiver's `global_ids[atom_offset + i]`
     ///   ([`PlanError::HaloIdentity`]). Without it, an index-map entry swapped for another
     ///   sendable atom, or a halo atom relabelled, gives a plan that is consistent but wrong.
+    ///
+    /// It needs every rank's ids: a redecomposition's plan on a process that drives only some
+    /// ranks has none of the others' ([`super::RankPlan::global_ids`]) and fails the counts here.
     pub fn validate(&self) -> Result<(), PlanError> {
         // A deserialized grid skips `RankGrid::new`: zero or overflowing counts would divide by
         // zero or overflow below.
