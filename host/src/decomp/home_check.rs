@@ -10,7 +10,9 @@
 //! injective, so one atom on two ranks (and, the count being right, another on none) always shows
 //! in the sum; several such errors at once go unseen only where their mixes cancel by chance
 //! (about one in 2^64). Where the sums differ, the caller gathers the ids after all to name the
-//! atom ([`name_repeated`]): only a failing run pays for that.
+//! atom ([`name_repeated`]): only a failing run pays for that. A process that drives every rank
+//! holds every id and checks them exactly with one flag per atom instead ([`name_repeated`]),
+//! which costs less than the sums.
 
 use super::PlanError;
 use crate::workers::Workers;
@@ -64,15 +66,18 @@ impl BadHome {
     }
 }
 
-/// Each of `ranks`' home ids checked and summed, their parts shared out to `workers`.
-pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, workers: &Workers) -> Vec<RankHomes> {
+/// Each of `ranks`' home ids checked, and with `sums` summed, their parts shared out to
+/// `workers` (without `sums` every sum is 0: a process that holds every rank's ids checks them
+/// exactly instead, [`name_repeated`], which costs less).
+pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &Workers) -> Vec<RankHomes> {
     let parts: Vec<(usize, usize)> = ranks.iter().enumerate().flat_map(|(r, ids)| (0..ids.len()).step_by(PART).map(move |at| (r, at))).collect();
     let sums = workers.map(parts.clone(), |(r, at)| {
         let ids = ranks[r];
         let end = (at + PART).min(ids.len());
         // Each part's ids with the one before them, so that every neighbouring pair is looked at.
         let ascending = ids[at.saturating_sub(1)..end].windows(2).fold(true, |ok, w| ok & (w[0] < w[1]));
-        (ascending, ids[at..end].iter().fold(0u64, |s, &id| s.wrapping_add(mix(id))))
+        let sum = if sums { ids[at..end].iter().fold(0u64, |s, &id| s.wrapping_add(mix(id))) } else { 0 };
+        (ascending, sum)
     });
     let mut out: Vec<RankHomes> = ranks.iter().map(|ids| RankHomes { count: ids.len(), ..RankHomes::default() }).collect();
     let mut clean = vec![true; ranks.len()];
@@ -106,47 +111,53 @@ pub(super) fn all_ids_sum(atoms: usize, workers: &Workers) -> u64 {
     sums.into_iter().fold(0, u64::wrapping_add)
 }
 
-/// Why the ranks' home atoms are not `0..atoms` once each.
-#[derive(Debug, PartialEq)]
-pub(super) enum Mismatch {
-    /// What is wrong, named from the numbers alone.
-    Named(PlanError),
-    /// The counts add up and every rank's ids are clean, but some id is on two ranks (and
-    /// another on none): the sums differ. Naming it takes the ids.
-    Repeated,
-}
-
-/// Checks every rank's [`RankHomes`] (indexed by rank) against a system of `atoms` whose
-/// [`all_ids_sum`] is `expected`: the count first, then each rank's ids in rank order, then the
-/// sum.
-pub(super) fn check(homes: &[RankHomes], atoms: usize, expected: u64) -> Result<(), Mismatch> {
+/// Checks every rank's [`RankHomes`] (indexed by rank) against a system of `atoms`: the count
+/// first, then each rank's ids in rank order. What is left to check after it passes is that no id
+/// is on two ranks: [`sums_match`] or [`name_repeated`].
+pub(super) fn check_counts(homes: &[RankHomes], atoms: usize) -> Result<(), PlanError> {
     let found: usize = homes.iter().map(|h| h.count).sum();
     if found != atoms {
-        return Err(Mismatch::Named(PlanError::HomeTotal { found, expected: atoms }));
+        return Err(PlanError::HomeTotal { found, expected: atoms });
     }
-    if let Some((rank, bad)) = homes.iter().enumerate().find_map(|(r, h)| h.bad.map(|b| (r, b))) {
-        return Err(Mismatch::Named(bad.error(rank, atoms)));
+    match homes.iter().enumerate().find_map(|(r, h)| h.bad.map(|b| (r, b))) {
+        Some((rank, bad)) => Err(bad.error(rank, atoms)),
+        None => Ok(()),
     }
-    let sum = homes.iter().fold(0u64, |s, h| s.wrapping_add(h.sum));
-    if sum == expected { Ok(()) } else { Err(Mismatch::Repeated) }
+}
+
+/// Whether the ranks' sums (of [`local_homes`] with sums) add up to `expected`, the
+/// [`all_ids_sum`] of the system: after [`check_counts`], whether no id is on two ranks (but by a
+/// chance of about 2^-64 where several are).
+pub(super) fn sums_match(homes: &[RankHomes], expected: u64) -> bool {
+    homes.iter().fold(0u64, |s, h| s.wrapping_add(h.sum)) == expected
 }
 
 /// The first atom (in rank order, then local order) whose id an earlier home atom already has,
-/// among every rank's home `ids` (indexed by rank; each clean and below `atoms`), with `seen` as
-/// one flag per atom.
+/// among every rank's home `ids` (indexed by rank; after [`check_counts`]: as many as `atoms`,
+/// each rank's ascending and below `atoms`), with `seen` as one flag per atom; `None` where
+/// every atom is there once. Exact: one pass of plain stores and a count, which the compiler
+/// vectorizes, and only where the count falls short a second pass for the first repeat.
 pub(super) fn name_repeated(ids: &[&[u32]], atoms: usize, seen: &mut Vec<bool>) -> Option<PlanError> {
     seen.clear();
+    // A spare flag at `atoms` takes any id at or beyond it, so that no store needs a check.
+    seen.resize(atoms + 1, false);
+    for &id in ids.iter().flat_map(|r| r.iter()) {
+        seen[(id as usize).min(atoms)] = true;
+    }
+    // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
+    if !seen[atoms] && seen[..atoms].iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
+        return None;
+    }
+    seen.clear();
     seen.resize(atoms, false);
-    for &rank in ids {
-        for &id in rank {
-            match seen.get_mut(id as usize) {
-                Some(true) => return Some(PlanError::HomeCount { atom: id as usize, count: 2 }),
-                Some(s) => *s = true,
-                None => return Some(PlanError::HomeSet { atoms }),
-            }
+    for &id in ids.iter().flat_map(|r| r.iter()) {
+        match seen.get_mut(id as usize) {
+            Some(true) => return Some(PlanError::HomeCount { atom: id as usize, count: 2 }),
+            Some(s) => *s = true,
+            None => return Some(PlanError::HomeSet { atoms }),
         }
     }
-    None
+    Some(PlanError::HomeSet { atoms })
 }
 
 #[cfg(test)]
@@ -154,7 +165,12 @@ mod tests {
     use super::*;
 
     fn homes(ranks: &[&[u32]], atoms: usize) -> Vec<RankHomes> {
-        local_homes(ranks, atoms, &Workers::serial())
+        local_homes(ranks, atoms, true, &Workers::serial())
+    }
+
+    /// The whole check as a process that holds only the numbers runs it.
+    fn check(homes: &[RankHomes], atoms: usize, expected: u64) -> Result<bool, PlanError> {
+        check_counts(homes, atoms).map(|()| sums_match(homes, expected))
     }
 
     #[test]
@@ -173,13 +189,18 @@ mod tests {
         assert_eq!(want, all_ids_sum(atoms, &Workers::new(3).unwrap()), "the sum on any workers");
         // Contiguous blocks, and every third atom to each of three ranks.
         let (a, b) = ids.split_at(12_345);
-        assert_eq!(check(&homes(&[a, b], atoms), atoms, want), Ok(()));
+        assert_eq!(check(&homes(&[a, b], atoms), atoms, want), Ok(true));
         let thirds: Vec<Vec<u32>> = (0..3).map(|r| ids.iter().copied().filter(|i| i % 3 == r).collect()).collect();
         let split: Vec<&[u32]> = thirds.iter().map(Vec::as_slice).collect();
-        let on_workers = local_homes(&split, atoms, &Workers::new(2).unwrap());
+        let on_workers = local_homes(&split, atoms, true, &Workers::new(2).unwrap());
         assert_eq!(on_workers, homes(&split, atoms), "the same on any workers");
-        assert_eq!(check(&on_workers, atoms, want), Ok(()));
-        assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sum(0, &Workers::serial())), Ok(()));
+        assert_eq!(check(&on_workers, atoms, want), Ok(true));
+        assert_eq!(name_repeated(&split, atoms, &mut Vec::new()), None);
+        // Without sums: the same checks, every sum 0.
+        let unsummed = local_homes(&split, atoms, false, &Workers::new(2).unwrap());
+        assert!(unsummed.iter().zip(&on_workers).all(|(u, s)| u.sum == 0 && u.bad == s.bad && u.count == s.count));
+        assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sum(0, &Workers::serial())), Ok(true));
+        assert_eq!(name_repeated(&[&[], &[]], 0, &mut vec![true; 4]), None);
     }
 
     /// Each way the ids can be wrong gives its error, in the check's order, wherever it lies
@@ -189,38 +210,47 @@ mod tests {
         let atoms = 50_000usize;
         let want = all_ids_sum(atoms, &Workers::serial());
         let ids: Vec<u32> = (0..atoms as u32).collect();
-        let run = |a: &[u32], b: &[u32]| check(&local_homes(&[a, b], atoms, &Workers::new(2).unwrap()), atoms, want);
+        let run = |a: &[u32], b: &[u32]| check(&local_homes(&[a, b], atoms, true, &Workers::new(2).unwrap()), atoms, want);
         let (a, b) = ids.split_at(20_000);
         // One atom lost.
-        assert_eq!(run(a, &b[1..]), Err(Mismatch::Named(PlanError::HomeTotal { found: atoms - 1, expected: atoms })));
+        assert_eq!(run(a, &b[1..]), Err(PlanError::HomeTotal { found: atoms - 1, expected: atoms }));
         for at in [0, 1, PART - 1, PART, PART + 1, a.len() - 1] {
             // A repeat inside rank 0 in place of the next id.
             let mut bad = a.to_vec();
             if at + 1 < bad.len() {
                 bad[at + 1] = bad[at];
-                assert_eq!(run(&bad, b), Err(Mismatch::Named(PlanError::HomeCount { atom: at, count: 2 })), "repeat at {at}");
+                assert_eq!(run(&bad, b), Err(PlanError::HomeCount { atom: at, count: 2 }), "repeat at {at}");
             }
-            // An id beyond the system, and two ids swapped.
+            // An id beyond the system (which comes first, before the order of the id after it).
             let mut bad = a.to_vec();
             bad[at] = atoms as u32 + 7;
-            // Beyond the system comes first, before the order of the id after it.
-            let e = PlanError::GlobalId { rank: 0, local: at, id: atoms as u32 + 7, atoms };
-            assert_eq!(run(&bad, b), Err(Mismatch::Named(e)), "beyond at {at}");
+            assert_eq!(run(&bad, b), Err(PlanError::GlobalId { rank: 0, local: at, id: atoms as u32 + 7, atoms }), "beyond at {at}");
+            // Two ids swapped.
             if at + 1 < a.len() {
                 let mut bad = a.to_vec();
                 bad.swap(at, at + 1);
                 let e = PlanError::HomeOrder { rank: 0, local: at + 1, id: at as u32, previous: at as u32 + 1 };
-                assert_eq!(run(&bad, b), Err(Mismatch::Named(e)), "swap at {at}");
+                assert_eq!(run(&bad, b), Err(e), "swap at {at}");
             }
         }
         // An atom of rank 1 also on rank 0, in place of one of rank 0's own: every rank's ids
-        // clean, the counts right, the sums not.
+        // clean, the counts right, the sums not; the flags name the atom.
         let mut dup = a.to_vec();
         dup[7] = b[3];
         dup.sort_unstable();
-        assert_eq!(run(&dup, b), Err(Mismatch::Repeated));
+        assert_eq!(run(&dup, b), Ok(false));
         let mut seen = vec![true; 3];
         assert_eq!(name_repeated(&[&dup, b], atoms, &mut seen), Some(PlanError::HomeCount { atom: b[3] as usize, count: 2 }));
         assert_eq!(name_repeated(&[a, b], atoms, &mut seen), None);
+        // Several pairs at once, on both ranks.
+        let (mut x, mut y) = (a.to_vec(), b.to_vec());
+        for k in [3, 900, 19_000] {
+            x[k] = b[k];
+            y[k + 5] = a[k + 1];
+        }
+        x.sort_unstable();
+        y.sort_unstable();
+        assert_eq!(run(&x, &y), Ok(false));
+        assert!(matches!(name_repeated(&[&x, &y], atoms, &mut seen), Some(PlanError::HomeCount { .. })));
     }
 }

@@ -21,7 +21,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::home_check::{self, BadHome, Mismatch, RankHomes};
+use super::home_check::{self, BadHome, RankHomes};
 use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
 use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
@@ -454,7 +454,8 @@ fn plan_pulses(
     let local_homes = {
         let _span = tracing::debug_span!("search.plan_out.home_sums").entered();
         let ids: Vec<&[u32]> = work.iter().map(|w| &w.ids[..w.home]).collect();
-        home_check::local_homes(&ids, atoms, workers)
+        // Sums only for other processes: one that drives every rank checks the ids exactly.
+        home_check::local_homes(&ids, atoms, ranks.len() < nranks, workers)
     };
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
@@ -512,9 +513,10 @@ fn plan_pulses(
 }
 
 /// The home check ([`home_check`]) of every rank's [`RankHomes`] (indexed by rank), where this
-/// process's ranks hold `homes` (their ids in `plan` too): from the numbers alone, unless an atom
-/// is on two ranks, which every process then sees alike; the ids are then gathered
-/// ([`TAG_HOMES`]; a process that drives every rank has them) to name it.
+/// process's ranks hold `homes` (their ids in `plan` too): the counts and each rank's first bad
+/// id; then, on a process that drives every rank, every id exactly (one flag per atom); else the
+/// sums, and only where they show an atom on two ranks (every process sees it alike) the ids
+/// gathered ([`TAG_HOMES`]) to name it.
 fn check_homes(
     plan: &HaloPlan,
     homes: &[HomeAtoms],
@@ -524,6 +526,12 @@ fn check_homes(
     workers: &Workers,
     scratch: &mut RedecomposeScratch,
 ) -> Result<()> {
+    home_check::check_counts(rank_homes, atoms)?;
+    let nranks = plan.ranks.len();
+    if homes.len() == nranks {
+        let ids: Vec<&[u32]> = plan.ranks.iter().map(|p| &p.global_ids[..p.home_atoms]).collect();
+        return home_check::name_repeated(&ids, atoms, &mut scratch.seen).map_or(Ok(()), |e| Err(e.into()));
+    }
     let expected = match scratch.all_ids {
         Some((n, sum)) if n == atoms => sum,
         _ => {
@@ -532,30 +540,17 @@ fn check_homes(
             sum
         }
     };
-    match home_check::check(rank_homes, atoms, expected) {
-        Ok(()) => Ok(()),
-        Err(Mismatch::Named(e)) => Err(e.into()),
-        Err(Mismatch::Repeated) => {
-            let nranks = plan.ranks.len();
-            let gathered = if homes.len() == nranks {
-                Vec::new()
-            } else {
-                let blobs = homes.iter().map(|h| bytemuck::cast_slice::<u32, u8>(&h.ids).to_vec()).collect();
-                gather(all_gather, TAG_HOMES, blobs, nranks)?
-            };
-            let ids = plan
-                .ranks
-                .iter()
-                .enumerate()
-                .map(|(r, p)| match gathered.get(r) {
-                    Some(blob) => Reader::new(blob, TAG_HOMES, r).take::<u32>(blob.len() / 4),
-                    None => Ok(p.global_ids[..p.home_atoms].to_vec()),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-            Err(home_check::name_repeated(&ids, atoms, &mut scratch.seen).unwrap_or(PlanError::HomeSet { atoms }).into())
-        }
+    if home_check::sums_match(rank_homes, expected) {
+        return Ok(());
     }
+    let blobs = homes.iter().map(|h| bytemuck::cast_slice::<u32, u8>(&h.ids).to_vec()).collect();
+    let gathered = gather(all_gather, TAG_HOMES, blobs, nranks)?;
+    let ids =
+        gathered.iter().enumerate().map(|(r, blob)| Reader::new(blob, TAG_HOMES, r).take::<u32>(blob.len() / 4)).collect::<Result<Vec<_>, _>>()?;
+    let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    // Ids that hold every atom once would have matched the sums: then some rank's numbers are not
+    // its ids', and the set is still in doubt.
+    Err(home_check::name_repeated(&ids, atoms, &mut scratch.seen).unwrap_or(PlanError::HomeSet { atoms }).into())
 }
 
 /// For every rank of the grid, its index in `ranks` if this process drives it.
