@@ -4,15 +4,15 @@
 //!
 //! Each rank's home ids are checked where they are held ([`local_homes`]): ascending with no
 //! repeat, all below `atoms`. Between processes only each rank's [`RankHomes`] crosses, with its
-//! plan: its home count, the sum of its ids' [`mix`]es and its first bad id, if any. With every
-//! rank's ids clean and the counts adding up to `atoms`, the ranks hold `0..atoms` once each
-//! exactly when no id is on two ranks, and then the sums add up to [`all_ids_sum`]. [`mix`] is
-//! injective, so one atom on two ranks (and, the count being right, another on none) always shows
-//! in the sum; several such errors at once go unseen only where their mixes cancel by chance
-//! (about one in 2^64). Where the sums differ, the caller gathers the ids after all to name the
-//! atom ([`name_repeated`]): only a failing run pays for that. A process that drives every rank
-//! holds every id and checks them exactly with one flag per atom instead ([`name_repeated`]),
-//! which costs less than the sums.
+//! plan: its home count, two sums over its ids ([`IdSums`]) and its first bad id, if any. With
+//! every rank's ids clean and the counts adding up to `atoms`, the ranks hold `0..atoms` once each
+//! exactly when no id is on two ranks, and then the sums add up to [`all_ids_sums`]. The sums are
+//! of [`scramble`]d ids and of their squares: one or two atoms on two ranks (and as many, the
+//! count being right, on none) always change them, and more go unseen only where both sums cancel
+//! by chance (far less than one in 2^64 for ids the scramble spreads). Where the sums differ, the
+//! caller gathers the ids after all to name the atom ([`name_repeated`]): only a failing run pays
+//! for that. A process that drives every rank holds every id and checks them exactly with one
+//! flag per atom instead ([`name_repeated`]), which costs less than the sums.
 
 use super::PlanError;
 use crate::workers::Workers;
@@ -20,14 +20,63 @@ use crate::workers::Workers;
 /// Ids per part of the sums shared out to the workers.
 const PART: usize = 16 * 1024;
 
-/// A 64-bit mix of a global id (SplitMix64's output function): a bijection of 64-bit words
-/// (an added constant, xor-shifts and multiplications by odd constants are each invertible), so
-/// two different ids never mix to the same word.
-pub(super) fn mix(id: u32) -> u64 {
-    let mut z = u64::from(id).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// A global id scrambled: a bijection of `0..2^31` (every id of a system halo takes), so that
+/// ids in arithmetic patterns give sums in none. Multiplications by odd constants modulo 2^31 and
+/// xor-shifts right, each invertible on 31-bit words; neither kind alone would do (each is linear
+/// in its own arithmetic).
+#[inline(always)]
+pub(super) fn scramble(id: u32) -> u32 {
+    const LOW31: u32 = 0x7fff_ffff;
+    let mut y = id.wrapping_mul(0x2c1b_3c6d) & LOW31;
+    y ^= y >> 15;
+    y = y.wrapping_mul(0x297a_2d39) & LOW31;
+    y ^ (y >> 16)
+}
+
+/// The sums over a set of ids of their [`scramble`]s `y` and of `y²` (the second wrapping). Both
+/// are exact for up to two ids changed: the first is below 2^62 for any set of distinct ids, and
+/// two pairs of numbers below 2^31 with equal sums and equal sums of squares are the same pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct IdSums {
+    /// `Σ y`.
+    pub first: u64,
+    /// `Σ y²`, wrapping.
+    pub second: u64,
+}
+
+impl IdSums {
+    /// The sums over `ids`.
+    #[inline(always)]
+    fn of(ids: impl Iterator<Item = u32>) -> Self {
+        ids.fold(Self::default(), |s, id| {
+            let y = u64::from(scramble(id));
+            Self { first: s.first.wrapping_add(y), second: s.second.wrapping_add(y * y) }
+        })
+    }
+
+    /// The sums over `ids`, in vector lanes of eight where the CPU has them: halo's baseline
+    /// target (x86-64's SSE2) multiplies 32-bit words one by one, AVX2 eight at once, about three
+    /// times as fast here.
+    fn of_slice(ids: &[u32]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above: all `of_slice_avx2` requires.
+            return unsafe { Self::of_slice_avx2(ids) };
+        }
+        Self::of(ids.iter().copied())
+    }
+
+    /// [`Self::of_slice`] compiled for AVX2 (the same arithmetic, so the same sums).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn of_slice_avx2(ids: &[u32]) -> Self {
+        Self::of(ids.iter().copied())
+    }
+
+    /// Both sums added.
+    pub fn add(self, o: Self) -> Self {
+        Self { first: self.first.wrapping_add(o.first), second: self.second.wrapping_add(o.second) }
+    }
 }
 
 /// What a rank's home ids tell the home check.
@@ -35,8 +84,8 @@ pub(super) fn mix(id: u32) -> u64 {
 pub(super) struct RankHomes {
     /// Home atoms.
     pub count: usize,
-    /// The wrapping sum of their ids' [`mix`]es.
-    pub sum: u64,
+    /// The sums over their ids.
+    pub sums: IdSums,
     /// The first id that is beyond the system, repeated or out of order.
     pub bad: Option<BadHome>,
 }
@@ -67,7 +116,7 @@ impl BadHome {
 }
 
 /// Each of `ranks`' home ids checked, and with `sums` summed, their parts shared out to
-/// `workers` (without `sums` every sum is 0: a process that holds every rank's ids checks them
+/// `workers` (without `sums` the sums are 0: a process that holds every rank's ids checks them
 /// exactly instead, [`name_repeated`], which costs less).
 pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &Workers) -> Vec<RankHomes> {
     let parts: Vec<(usize, usize)> = ranks.iter().enumerate().flat_map(|(r, ids)| (0..ids.len()).step_by(PART).map(move |at| (r, at))).collect();
@@ -76,13 +125,13 @@ pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &
         let end = (at + PART).min(ids.len());
         // Each part's ids with the one before them, so that every neighbouring pair is looked at.
         let ascending = ids[at.saturating_sub(1)..end].windows(2).fold(true, |ok, w| ok & (w[0] < w[1]));
-        let sum = if sums { ids[at..end].iter().fold(0u64, |s, &id| s.wrapping_add(mix(id))) } else { 0 };
+        let sum = if sums { IdSums::of_slice(&ids[at..end]) } else { IdSums::default() };
         (ascending, sum)
     });
     let mut out: Vec<RankHomes> = ranks.iter().map(|ids| RankHomes { count: ids.len(), ..RankHomes::default() }).collect();
     let mut clean = vec![true; ranks.len()];
     for (&(r, _), (ascending, sum)) in parts.iter().zip(sums) {
-        out[r].sum = out[r].sum.wrapping_add(sum);
+        out[r].sums = out[r].sums.add(sum);
         clean[r] &= ascending;
     }
     for ((h, ids), clean) in out.iter_mut().zip(ranks).zip(clean) {
@@ -103,12 +152,11 @@ fn first_bad(ids: &[u32], atoms: usize) -> Option<BadHome> {
     })
 }
 
-/// The wrapping sum of [`mix`] over `0..atoms`: what the ranks' sums add up to when they hold
-/// every atom once.
-pub(super) fn all_ids_sum(atoms: usize, workers: &Workers) -> u64 {
+/// The [`IdSums`] of `0..atoms`: what the ranks' sums add up to when they hold every atom once.
+pub(super) fn all_ids_sums(atoms: usize, workers: &Workers) -> IdSums {
     let parts: Vec<usize> = (0..atoms).step_by(PART).collect();
-    let sums = workers.map(parts, |at| (at..(at + PART).min(atoms)).fold(0u64, |s, id| s.wrapping_add(mix(id as u32))));
-    sums.into_iter().fold(0, u64::wrapping_add)
+    let sums = workers.map(parts, |at| IdSums::of((at..(at + PART).min(atoms)).map(|id| id as u32)));
+    sums.into_iter().fold(IdSums::default(), IdSums::add)
 }
 
 /// Checks every rank's [`RankHomes`] (indexed by rank) against a system of `atoms`: the count
@@ -126,10 +174,10 @@ pub(super) fn check_counts(homes: &[RankHomes], atoms: usize) -> Result<(), Plan
 }
 
 /// Whether the ranks' sums (of [`local_homes`] with sums) add up to `expected`, the
-/// [`all_ids_sum`] of the system: after [`check_counts`], whether no id is on two ranks (but by a
-/// chance of about 2^-64 where several are).
-pub(super) fn sums_match(homes: &[RankHomes], expected: u64) -> bool {
-    homes.iter().fold(0u64, |s, h| s.wrapping_add(h.sum)) == expected
+/// [`all_ids_sums`] of the system: after [`check_counts`], whether no id is on two ranks (exactly
+/// for one or two such ids; for more, but for a chance far below 2^-64).
+pub(super) fn sums_match(homes: &[RankHomes], expected: IdSums) -> bool {
+    homes.iter().fold(IdSums::default(), |s, h| s.add(h.sums)) == expected
 }
 
 /// The first atom (in rank order, then local order) whose id an earlier home atom already has,
@@ -169,24 +217,60 @@ mod tests {
     }
 
     /// The whole check as a process that holds only the numbers runs it.
-    fn check(homes: &[RankHomes], atoms: usize, expected: u64) -> Result<bool, PlanError> {
+    fn check(homes: &[RankHomes], atoms: usize, expected: IdSums) -> Result<bool, PlanError> {
         check_counts(homes, atoms).map(|()| sums_match(homes, expected))
     }
 
     #[test]
-    fn mixes_of_distinct_ids_differ() {
-        let mut all: Vec<u64> = (0..200_000u32).chain([u32::MAX - 1, u32::MAX]).map(mix).collect();
+    fn the_scramble_is_a_bijection_of_31_bit_ids() {
+        let top = 1u32 << 31;
+        let mut all: Vec<u32> = (0..300_000u32).chain(top - 300_000..top).map(scramble).collect();
+        assert!(all.iter().all(|&y| y < top), "31 bits in, 31 bits out");
         all.sort_unstable();
         all.dedup();
-        assert_eq!(all.len(), 200_002);
+        assert_eq!(all.len(), 600_000);
+        // Neighbouring ids land far apart.
+        assert!((0..1000u32).all(|i| scramble(i).abs_diff(scramble(i + 1)) > 64));
+    }
+
+    /// Any one or two ids swapped for others change the sums (a pseudo-random sample, and an
+    /// arithmetic pattern that fools plain power sums of the ids).
+    #[test]
+    fn one_or_two_changed_ids_change_the_sums() {
+        let atoms = 1u32 << 20;
+        let base = IdSums::of(0..atoms);
+        let changed = |out: &[u32], inn: &[u32]| {
+            let mut ids: Vec<u32> = (0..atoms).filter(|i| !out.contains(i)).collect();
+            ids.extend_from_slice(inn);
+            IdSums::of(ids.into_iter())
+        };
+        let mut x = 12345u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as u32 % atoms
+        };
+        for _ in 0..40 {
+            let (a, b, c, d) = (next(), next(), next(), next());
+            if a != b {
+                assert_ne!(changed(&[a], &[b]), base, "{a} for {b}");
+            }
+            if a != b && c != d && [a, b] != [c, d] && [a, b] != [d, c] {
+                assert_ne!(changed(&[a, b], &[c, d]), base, "{a}, {b} for {c}, {d}");
+            }
+        }
+        // The vector path's sums are the scalar path's.
+        let ids: Vec<u32> = (0..100_003).map(|_| next()).collect();
+        assert_eq!(IdSums::of_slice(&ids), IdSums::of(ids.iter().copied()));
+        // Equal sums and sums of squares of the ids themselves: {1, 5, 6} and {2, 3, 7}.
+        assert_ne!(changed(&[1, 5, 6], &[2, 3, 7]), base);
     }
 
     #[test]
     fn every_atom_once_passes_in_any_split() {
         let atoms = 40_000usize;
         let ids: Vec<u32> = (0..atoms as u32).collect();
-        let want = all_ids_sum(atoms, &Workers::serial());
-        assert_eq!(want, all_ids_sum(atoms, &Workers::new(3).unwrap()), "the sum on any workers");
+        let want = all_ids_sums(atoms, &Workers::serial());
+        assert_eq!(want, all_ids_sums(atoms, &Workers::new(3).unwrap()), "the sum on any workers");
         // Contiguous blocks, and every third atom to each of three ranks.
         let (a, b) = ids.split_at(12_345);
         assert_eq!(check(&homes(&[a, b], atoms), atoms, want), Ok(true));
@@ -198,8 +282,8 @@ mod tests {
         assert_eq!(name_repeated(&split, atoms, &mut Vec::new()), None);
         // Without sums: the same checks, every sum 0.
         let unsummed = local_homes(&split, atoms, false, &Workers::new(2).unwrap());
-        assert!(unsummed.iter().zip(&on_workers).all(|(u, s)| u.sum == 0 && u.bad == s.bad && u.count == s.count));
-        assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sum(0, &Workers::serial())), Ok(true));
+        assert!(unsummed.iter().zip(&on_workers).all(|(u, s)| u.sums == IdSums::default() && u.bad == s.bad && u.count == s.count));
+        assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sums(0, &Workers::serial())), Ok(true));
         assert_eq!(name_repeated(&[&[], &[]], 0, &mut vec![true; 4]), None);
     }
 
@@ -208,7 +292,7 @@ mod tests {
     #[test]
     fn each_wrong_id_is_named() {
         let atoms = 50_000usize;
-        let want = all_ids_sum(atoms, &Workers::serial());
+        let want = all_ids_sums(atoms, &Workers::serial());
         let ids: Vec<u32> = (0..atoms as u32).collect();
         let run = |a: &[u32], b: &[u32]| check(&local_homes(&[a, b], atoms, true, &Workers::new(2).unwrap()), atoms, want);
         let (a, b) = ids.split_at(20_000);

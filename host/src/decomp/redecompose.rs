@@ -21,7 +21,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::home_check::{self, BadHome, RankHomes};
+use super::home_check::{self, BadHome, IdSums, RankHomes};
 use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
 use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
@@ -95,8 +95,8 @@ pub struct RedecomposeScratch {
     spare: Spare,
     /// One flag per atom: whether it is some rank's home atom (naming a repeated atom).
     seen: Vec<bool>,
-    /// The home check's sum over every atom, and the atom count it is for.
-    all_ids: Option<(usize, u64)>,
+    /// The home check's sums over every atom, and the atom count they are for.
+    all_ids: Option<(usize, IdSums)>,
 }
 
 impl RedecomposeScratch {
@@ -535,7 +535,7 @@ fn check_homes(
     let expected = match scratch.all_ids {
         Some((n, sum)) if n == atoms => sum,
         _ => {
-            let sum = home_check::all_ids_sum(atoms, workers);
+            let sum = home_check::all_ids_sums(atoms, workers);
             scratch.all_ids = Some((atoms, sum));
             sum
         }
@@ -974,7 +974,7 @@ impl RankFrame for Frame<'_> {
 }
 
 /// A rank's plan as a blob, for the processes that do not drive it: home and total atoms, pulse
-/// count, the home check's numbers ([`RankHomes`]: the sum as two words, then whether an id is bad
+/// count, the home check's numbers ([`RankHomes`]: two sums of two words each, then whether an id is bad
 /// and its index, id and previous id), then per pulse its atom offset, peer atom offset, received
 /// atoms and index map (the rest of a pulse follows from the grid), then the rider's length and
 /// bytes. No global ids: no process needs another's.
@@ -991,7 +991,8 @@ fn plan_blob_into(plan: &RankPlan, homes: &RankHomes, rider: &[u8], mut spare: V
     b.word(plan.home_atoms)?;
     b.word(plan.total_atoms)?;
     b.word(plan.pulses.len())?;
-    b.put(&[homes.sum as u32, (homes.sum >> 32) as u32]);
+    let IdSums { first, second } = homes.sums;
+    b.put(&[first as u32, (first >> 32) as u32, second as u32, (second >> 32) as u32]);
     let bad = homes.bad.map_or([0; 4], |h| [1, h.local, h.id, h.previous]);
     b.put(&bad);
     for p in &plan.pulses {
@@ -1034,14 +1035,15 @@ fn read_plan_with(
     if home_atoms > total_atoms || npulses != layout.len() {
         return Err(rd.bad(format!("{home_atoms} home atoms of {total_atoms}, {npulses} pulses where the grid has {}", layout.len())));
     }
-    let sum = rd.take::<u32>(2)?;
+    let sum = rd.take::<u32>(4)?;
     let bad = rd.take::<u32>(4)?;
     let bad = match bad[0] {
         0 => None,
         1 => Some(BadHome { local: bad[1], id: bad[2], previous: bad[3] }),
         f => return Err(rd.bad(format!("{f} where a bad home id's flag (0 or 1) belongs"))),
     };
-    let homes = RankHomes { count: home_atoms, sum: u64::from(sum[0]) | (u64::from(sum[1]) << 32), bad };
+    let word = |k: usize| u64::from(sum[k]) | (u64::from(sum[k + 1]) << 32);
+    let homes = RankHomes { count: home_atoms, sums: IdSums { first: word(0), second: word(2) }, bad };
     let mut pulses = Spare::any(&mut spare.pulses);
     for &at in layout {
         let atom_offset = rd.word()?;

@@ -1,7 +1,7 @@
 //! [`redecompose`] against the global builder: the same plan, bit for bit, from each process's
 //! own ranks' atoms after they moved, on one process and on several emulated ones.
 
-use super::home_check::{BadHome, RankHomes};
+use super::home_check::{BadHome, IdSums, RankHomes};
 use super::plan::send_range2;
 use super::redecompose::Frame;
 use super::select::select_wrapped_into;
@@ -395,8 +395,8 @@ fn malformed_blobs_are_errors() {
     let geo = plan.decomposition().unwrap();
     let layout = geo.pulse_layout();
     let checked = [
-        RankHomes { count: 0, sum: 0x0123_4567_89ab_cdef, bad: None },
-        RankHomes { count: 0, sum: u64::MAX, bad: Some(BadHome { local: 3, id: 9, previous: 11 }) },
+        RankHomes { count: 0, sums: IdSums { first: 0x0123_4567_89ab_cdef, second: 7 }, bad: None },
+        RankHomes { count: 0, sums: IdSums { first: 5, second: u64::MAX }, bad: Some(BadHome { local: 3, id: 9, previous: 11 }) },
     ];
     for ((r, rider), homes) in plan.ranks.iter().zip([&b""[..], b"x", b"a rider of some bytes"].into_iter().cycle()).zip(checked.into_iter().cycle())
     {
@@ -406,13 +406,13 @@ fn malformed_blobs_are_errors() {
         let want = (RankPlan { global_ids: Vec::new(), ..r.clone() }, homes, rider.to_vec());
         assert_eq!(redecompose::read_plan(&blob, r.rank, &geo, &layout).unwrap(), want);
         let maps: usize = r.pulses.iter().map(|p| 4 + p.spec.index_map.len()).sum();
-        assert_eq!(blob.len(), 4 * (3 + 6 + maps + 1) + rider.len(), "rank {}: counts, checksums, pulses and rider only", r.rank);
+        assert_eq!(blob.len(), 4 * (3 + 8 + maps + 1) + rider.len(), "rank {}: counts, checksums, pulses and rider only", r.rank);
         // Read from bytes not aligned for its words, too (copied through zeroed room).
         let odd = [&[0u8][..], &blob].concat();
         assert_eq!(redecompose::read_plan(&odd[1..], r.rank, &geo, &layout).unwrap(), want);
         // A bad id's flag other than 0 or 1 is malformed.
         let mut flag = blob.clone();
-        flag[20..24].copy_from_slice(&2u32.to_ne_bytes());
+        flag[28..32].copy_from_slice(&2u32.to_ne_bytes());
         assert!(redecompose::read_plan(&flag, r.rank, &geo, &layout).unwrap_err().to_string().contains("bad home id's flag"));
         for cut in [1, 4, blob.len() / 2, blob.len()] {
             let e = redecompose::read_plan(&blob[..blob.len() - cut], r.rank, &geo, &layout).unwrap_err();
