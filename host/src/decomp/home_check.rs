@@ -1,5 +1,5 @@
 //! The check that ends a redecomposition: the home atoms of all ranks are the system's atoms
-//! `0..atoms`, each on exactly one rank, told from three numbers per rank instead of every
+//! `0..atoms`, each on exactly one rank, told from a few numbers per rank instead of every
 //! rank's ids.
 //!
 //! Each rank's home ids are checked where they are held ([`local_homes`]): ascending with no
@@ -20,7 +20,7 @@ use crate::workers::Workers;
 /// Ids per part of the sums shared out to the workers.
 const PART: usize = 16 * 1024;
 
-/// A global id scrambled: a bijection of `0..2^31` (every id of a system halo takes), so that
+/// A global id scrambled: a bijection of `0..2^31` (halo's systems have fewer atoms), so that
 /// ids in arithmetic patterns give sums in none. Multiplications by odd constants modulo 2^31 and
 /// xor-shifts right, each invertible on 31-bit words; neither kind alone would do (each is linear
 /// in its own arithmetic).

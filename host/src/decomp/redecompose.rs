@@ -545,8 +545,12 @@ fn check_homes(
     }
     let blobs = homes.iter().map(|h| bytemuck::cast_slice::<u32, u8>(&h.ids).to_vec()).collect();
     let gathered = gather(all_gather, TAG_HOMES, blobs, nranks)?;
-    let ids =
-        gathered.iter().enumerate().map(|(r, blob)| Reader::new(blob, TAG_HOMES, r).take::<u32>(blob.len() / 4)).collect::<Result<Vec<_>, _>>()?;
+    let read = |(r, blob): (usize, &Vec<u8>)| {
+        let mut rd = Reader::new(blob, TAG_HOMES, r);
+        let ids = rd.take::<u32>(blob.len() / 4)?;
+        rd.finish().map(|()| ids)
+    };
+    let ids = gathered.iter().enumerate().map(read).collect::<Result<Vec<_>, _>>()?;
     let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
     // Ids that hold every atom once would have matched the sums: then some rank's numbers are not
     // its ids', and the set is still in doubt.
@@ -974,10 +978,10 @@ impl RankFrame for Frame<'_> {
 }
 
 /// A rank's plan as a blob, for the processes that do not drive it: home and total atoms, pulse
-/// count, the home check's numbers ([`RankHomes`]: two sums of two words each, then whether an id is bad
-/// and its index, id and previous id), then per pulse its atom offset, peer atom offset, received
-/// atoms and index map (the rest of a pulse follows from the grid), then the rider's length and
-/// bytes. No global ids: no process needs another's.
+/// count, the home check's numbers ([`RankHomes`]: two sums of two words each, then whether an id
+/// is bad and its index, id and previous id), then per pulse its atom offset, peer atom offset,
+/// received atoms and index map (the rest of a pulse follows from the grid), then the rider's
+/// length and bytes. No global ids: no process needs another's.
 #[cfg(test)]
 pub(super) fn plan_blob(plan: &RankPlan, homes: &RankHomes, rider: &[u8]) -> Result<Vec<u8>, PlanError> {
     plan_blob_into(plan, homes, rider, Vec::new())

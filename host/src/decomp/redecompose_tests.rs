@@ -347,6 +347,9 @@ fn bad_inputs_are_errors_on_every_process() {
     for e in on_all(&twice, n + 1) {
         assert!(e.contains(&format!("atom {id} is a home atom on 2 ranks")), "{e}");
     }
+    // The same in one process, which checks every id with a flag instead of the sums.
+    let e = redecompose(grid, sys.box_size, 1.0, n + 1, &[0, 1, 2, 3], twice.clone(), &mut identity).unwrap_err();
+    assert!(matches!(e, HaloError::Plan(PlanError::HomeCount { atom, count: 2 }) if atom == id as usize), "{e}");
     let mut beyond = homes.clone();
     beyond[1].ids[0] = n as u32 + 5;
     for e in on_all(&beyond, n) {
