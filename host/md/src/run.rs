@@ -1661,14 +1661,15 @@ impl MdRun {
             gather(&self.placement, &format!("{}check-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
         let want = reference::coordinates(&halos, &homes);
         // Every rank's home ids too: after a redecomposition a process holds only its own ranks'.
-        let mine = ids.iter().map(|&r| plan.ranks[r].global_ids[..halos[r].home_atoms].iter().flat_map(|g| g.to_le_bytes()).collect()).collect();
-        let home_ids = self.placement.all_gather(&format!("{}check-ids-{step}", self.tag), mine)?;
+        let mine = ids.iter().map(|&r| vec![plan.ranks[r].global_ids[..halos[r].home_atoms].to_vec()]).collect();
+        let home_ids: Vec<Vec<u32>> =
+            gather(&self.placement, &format!("{}check-ids-{step}", self.tag), mine)?.into_iter().map(|mut p| p.swap_remove(0)).collect();
         for (r, (h, g)) in homes.iter().zip(&home_ids).enumerate() {
-            if g.len() != 4 * h.len() {
-                return Err(HaloError::InvalidInput(format!("rank {r} gave {} bytes of ids for {} home atoms", g.len(), h.len())));
+            if g.len() != h.len() {
+                return Err(HaloError::InvalidInput(format!("rank {r} gave {} ids for {} home atoms", g.len(), h.len())));
             }
-            for (v, g) in h.iter().zip(g.chunks_exact(4)) {
-                let id = u32::from_le_bytes([g[0], g[1], g[2], g[3]]) as usize;
+            for (v, &id) in h.iter().zip(g) {
+                let id = id as usize;
                 let slot = self
                     .system
                     .positions
@@ -1840,7 +1841,8 @@ fn list_sizes(found: &[search::RankSearch], ranks: &[MdRank]) -> ListSizes {
 
 /// Every rank's arrays (the same count per rank, any lengths) from each local rank's `mine`:
 /// serialised and gathered across PEs ([`Placement::all_gather`]), as they are in one process.
-fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Result<Vec<Vec<Vec<Float3>>>> {
+fn gather<T: bytemuck::Pod>(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<T>>>) -> Result<Vec<Vec<Vec<T>>>> {
+    let size = std::mem::size_of::<T>();
     let count = mine.first().map_or(0, Vec::len);
     let bytes = mine
         .iter()
@@ -1862,9 +1864,9 @@ fn gather(placement: &Placement, tag: &str, mine: Vec<Vec<Vec<Float3>>>) -> Resu
                 let len = b.get(at..at + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()) as usize);
                 let len = len.ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
                 at += 8;
-                let raw = b.get(at..at + 12 * len).ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
-                arrays.push(bytemuck::pod_collect_to_vec::<u8, Float3>(raw));
-                at += 12 * len;
+                let raw = b.get(at..at + size * len).ok_or_else(|| HaloError::InvalidInput("truncated gather".into()))?;
+                arrays.push(bytemuck::pod_collect_to_vec::<u8, T>(raw));
+                at += size * len;
             }
             Ok(arrays)
         })

@@ -120,17 +120,17 @@ impl BadHome {
 /// exactly instead, [`name_repeated`], which costs less).
 pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &Workers) -> Vec<RankHomes> {
     let parts: Vec<(usize, usize)> = ranks.iter().enumerate().flat_map(|(r, ids)| (0..ids.len()).step_by(PART).map(move |at| (r, at))).collect();
-    let sums = workers.map(parts.clone(), |(r, at)| {
+    let sums = workers.map(parts, |(r, at)| {
         let ids = ranks[r];
         let end = (at + PART).min(ids.len());
         // Each part's ids with the one before them, so that every neighbouring pair is looked at.
         let ascending = ids[at.saturating_sub(1)..end].windows(2).fold(true, |ok, w| ok & (w[0] < w[1]));
         let sum = if sums { IdSums::of_slice(&ids[at..end]) } else { IdSums::default() };
-        (ascending, sum)
+        (r, ascending, sum)
     });
     let mut out: Vec<RankHomes> = ranks.iter().map(|ids| RankHomes { count: ids.len(), ..RankHomes::default() }).collect();
     let mut clean = vec![true; ranks.len()];
-    for (&(r, _), (ascending, sum)) in parts.iter().zip(sums) {
+    for (r, ascending, sum) in sums {
         out[r].sums = out[r].sums.add(sum);
         clean[r] &= ascending;
     }
