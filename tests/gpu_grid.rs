@@ -598,7 +598,7 @@ fn local_search_into_copies_the_home_atoms_and_runs_the_hook_once() {
 /// plan and of a 2x1x1 plan.
 #[test]
 fn local_search_into_takes_the_home_coordinates_from_the_device() {
-    use halo_md::nbnxm::HomeCopies;
+    use halo_md::nbnxm::{HomeCopies, HomeOnDevice};
     let Some(g) = gpu("gpu_local_search_from_device") else { return };
     let Searches { sys, s, stream, mut nb, mut plain } = two_searches(&g, 66);
     for dims in [[2, 2, 1], [2, 1, 1]] {
@@ -610,7 +610,7 @@ fn local_search_into_takes_the_home_coordinates_from_the_device() {
             x.fill_bytes(0xFF).unwrap();
             let src = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home]).unwrap();
             g.ctx.synchronize().unwrap();
-            let copies = HomeCopies { x: &x, types: &ty, from: Some(&src) };
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(HomeOnDevice { x: &src, types: None }) };
             let got = nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_or_else(|e| panic!("{dims:?} rank {r}: {e}"));
             let want = plain.update_local(atoms, sys.box_size, &stream).unwrap();
             assert_eq!((got.grid, got.words, got.entries), (want.grid, want.words, want.entries), "{dims:?} rank {r}");
@@ -627,17 +627,90 @@ fn local_search_into_takes_the_home_coordinates_from_the_device() {
             let mut swapped = atoms.positions[..home].to_vec();
             swapped.swap(0, home - 1);
             src.copy_from_host(&swapped).unwrap();
-            let copies = HomeCopies { x: &x, types: &ty, from: Some(&src) };
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(HomeOnDevice { x: &src, types: None }) };
             nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_or_else(|e| panic!("{dims:?} rank {r}: {e}"));
             assert_eq!(bits(&x.to_host().unwrap()[..home]), bits(&swapped), "{dims:?} rank {r}: home coordinates from the device");
 
             // Too few coordinates on the device: refused, nothing enqueued, no lists.
             let short = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home - 1]).unwrap();
-            let copies = HomeCopies { x: &x, types: &ty, from: Some(&short) };
+            let copies = HomeCopies { x: &x, types: &ty, from: Some(HomeOnDevice { x: &short, types: None }) };
             let e = nb.update_local_into(atoms, sys.box_size, &stream, copies, &mut || Ok(())).unwrap_err().to_string();
             assert!(e.contains(&format!("{} home coordinates on the GPU for {home} home atoms", home - 1)), "{dims:?} rank {r}: {e}");
             assert_eq!((nb.entries(ListKind::Local), nb.entries(ListKind::NonLocal), nb.atoms()), (0, 0, 0), "{dims:?} rank {r}");
             stream.synchronize().unwrap();
+        }
+    }
+}
+
+/// `DeviceGrid::build_local_from`: the home atoms' coordinates, zones and types taken on the
+/// device (coordinates copied, zones zeroed, types made from the home ids and the system's types
+/// by id: kernel `types_by_id`, or uploaded without the ids), the halo atoms' uploaded: the
+/// host's grid slot for slot, type for type and zone for zone, with every buffer of the grid
+/// poisoned before each build, on every rank of 2x1x1, 2x2x1 and 2x2x2. With two home atoms' types
+/// changed in the table on the device, the grid holds the table's types (the device's are the ones
+/// used). Too few ids on the device are refused before anything is enqueued.
+#[test]
+fn a_local_grid_takes_the_home_atoms_from_the_device() {
+    use halo_md::nbnxm::{HomeOnDevice, TypesById};
+    let Some(g) = gpu("gpu_grid_home_from_device") else { return };
+    let sys = MolecularSystem::generate(6000, 12).unwrap();
+    let by_id: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
+    let ntypes = sys.atom_types.len() as u32;
+    assert!(ntypes >= 2, "a system of one type cannot show a changed type");
+    let table = DeviceBuffer::from_host(&g.ctx, &by_id).unwrap();
+    let stream = g.ctx.new_stream().unwrap();
+    let mut grid = DeviceGrid::new(&g.module).unwrap();
+    for dims in [[2, 1, 1], [2, 2, 1], [2, 2, 2]] {
+        let plan = HaloPlan::build(&sys, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+        for r in 0..plan.ranks.len() {
+            let case = format!("{dims:?} rank {r}");
+            let atoms = LocalAtoms::from_plan(&plan, r, &sys.positions, &sys.types).unwrap();
+            let home = atoms.home;
+            let home_ids = &plan.ranks[r].global_ids[..home];
+            assert!(home > 1 && atoms.len() > home, "{case}: {home} home of {} atoms", atoms.len());
+            let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home]).unwrap();
+            let ids = DeviceBuffer::from_host(&g.ctx, home_ids).unwrap();
+            g.ctx.synchronize().unwrap();
+            let host = ClusterGrid::build(&atoms).unwrap();
+            for with_types in [false, true] {
+                // Sized by a first build, then poisoned.
+                grid.build_local(&g.module, &atoms, &stream).unwrap();
+                grid.poison().unwrap();
+                let on = HomeOnDevice { x: &x, types: with_types.then_some(TypesById { ids: &ids, by_id: &table }) };
+                let info = grid.build_local_from(&g.module, &atoms, on, &stream).unwrap_or_else(|e| panic!("{case}: {e}"));
+                assert_eq!((info.atoms, info.home_atoms), (atoms.len(), home), "{case}");
+                assert_eq!(bits(&grid.local_coordinates().to_host().unwrap()[..atoms.len()]), bits(&atoms.positions), "{case}: coordinates");
+                let got = grid.to_host(atoms.ntypes).unwrap();
+                assert_eq!(got.zones, host.zones, "{case}, types on the GPU {with_types}: zones");
+                assert_eq!(got, host, "{case}, types on the GPU {with_types}");
+            }
+            // Two home atoms' types changed in the table on the device: the grid has them.
+            let mut changed = by_id.clone();
+            for &id in [home_ids[0], home_ids[home - 1]].iter() {
+                changed[id as usize] = (changed[id as usize] + 1) % ntypes;
+            }
+            let table2 = DeviceBuffer::from_host(&g.ctx, &changed).unwrap();
+            g.ctx.synchronize().unwrap();
+            grid.poison().unwrap();
+            let on = HomeOnDevice { x: &x, types: Some(TypesById { ids: &ids, by_id: &table2 }) };
+            grid.build_local_from(&g.module, &atoms, on, &stream).unwrap_or_else(|e| panic!("{case}: {e}"));
+            let got = grid.to_host(atoms.ntypes).unwrap();
+            let mut seen = 0;
+            for (slot, &atom) in host.atom_index.iter().enumerate() {
+                let want = match atom as usize {
+                    a if a == 0 || a == home - 1 => changed[home_ids[a] as usize],
+                    _ => host.atom_type[slot],
+                };
+                seen += usize::from(atom == 0 || atom as usize == home - 1);
+                assert_eq!(got.atom_type[slot], want, "{case}: slot {slot} (atom {atom}) with the changed table");
+            }
+            assert_eq!(seen, 2, "{case}: both changed atoms are in the grid");
+            // Too few ids: refused, nothing enqueued.
+            let short = DeviceBuffer::from_host(&g.ctx, &home_ids[..home - 1]).unwrap();
+            g.ctx.synchronize().unwrap();
+            let on = HomeOnDevice { x: &x, types: Some(TypesById { ids: &short, by_id: &table }) };
+            let e = grid.build_local_from(&g.module, &atoms, on, &stream).unwrap_err().to_string();
+            assert!(e.contains(&format!("{} home ids on the GPU for {home} home atoms", home - 1)), "{case}: {e}");
         }
     }
 }

@@ -619,6 +619,63 @@ fn inverse_masses_match_the_host_table_lookup() {
     }
 }
 
+/// `types_by_id`: `types[i] = by_id[ids[i]]` for the first `n` atoms, `u32::MAX` for an id at or
+/// past the table, nothing written past `n` (poisoned outputs). The table: a generated system's
+/// types by global id (what an MD rank uploads), with ascending home ids as a redecomposition
+/// leaves them; and random tables of 1 to 300,000 atoms with random ids, in range or out of it,
+/// and the edge values `atoms - 1`, `atoms`, `u32::MAX`.
+#[test]
+fn types_by_id_match_the_host_lookup() {
+    let Some(g) = gpu_or_skip("types_by_id_match_the_host_lookup") else { return };
+    let stream = g.ctx.default_stream();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
+    let sys = halo::system::MolecularSystem::generate(3000, 5).unwrap();
+    let by_id: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
+    let home: Vec<u32> = (0..3000u32).filter(|_| rng.random_bool(0.4)).collect();
+    let mut cases: Vec<(Vec<u32>, Vec<u32>)> = vec![(by_id, home)];
+    for &(atoms, n) in &[(1usize, 0usize), (1, 1), (7, 511), (3000, 512), (3000, 513), (45_000, 5000), (300_000, 200_000)] {
+        let table: Vec<u32> = (0..atoms).map(|_| rng.random_range(0..32u32)).collect();
+        let edges = [atoms as u32 - 1, atoms as u32, u32::MAX];
+        let ids: Vec<u32> = (0..n)
+            .map(|i| {
+                if i % 97 == 5 {
+                    edges[i % 3]
+                } else if rng.random_bool(0.1) {
+                    rng.random_range(atoms as u32..2 * atoms as u32 + 3)
+                } else {
+                    rng.random_range(0..atoms as u32)
+                }
+            })
+            .collect();
+        cases.push((table, ids));
+    }
+    let poison = 0x7f7f_7f7fu32;
+    for (table, ids) in &cases {
+        let n = ids.len();
+        let want: Vec<u32> = ids.iter().map(|&id| table.get(id as usize).copied().unwrap_or(u32::MAX)).collect();
+        for grid in [Some(1u32), Some(3), None] {
+            let idd = DeviceBuffer::from_host(&g.ctx, &[ids.as_slice(), &[7, 7]].concat()).unwrap();
+            let tab = DeviceBuffer::from_host(&g.ctx, table).unwrap();
+            let out = DeviceBuffer::from_host(&g.ctx, &vec![poison; n + 9]).unwrap();
+            let (mut ip, mut nn, mut tabp, mut na, mut op) = (idd.device_ptr(), n as u32, tab.device_ptr(), table.len() as u32, out.device_ptr());
+            let mut args = kernel_args![ip, nn, tabp, na, op];
+            let shape = match grid {
+                Some(blocks) => LaunchShape { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 },
+                None => LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
+            };
+            // SAFETY: arguments match `types_by_id(ids, n, by_id, atoms, types)`; `ids` holds
+            // n + 2 elements, the output n + 9, the table `atoms`; the buffers outlive the
+            // synchronised launch.
+            unsafe { g.module.launch(abi::TYPES_BY_ID, shape, &stream, &mut args) }.unwrap();
+            stream.synchronize().unwrap();
+            let got = out.to_host().unwrap();
+            let case = format!("n = {n}, {} atoms, grid {grid:?}", table.len());
+            assert_eq!(got[..n], want[..], "{case}");
+            assert!(got[n..].iter().all(|&b| b == poison), "{case}: written past n");
+        }
+    }
+}
+
 /// A search of several ranks with the grid built on the GPU (`MdRank::new` at the first, then
 /// `MdRank::update` after the atoms moved and the exchange was replanned in its buffers) fills
 /// each rank's home coordinates (the exchange's `x[..home]`) and home types on the device by

@@ -576,6 +576,25 @@ fn inverse_masses_is_a_plain_gather_with_its_bound_checked() {
 }
 
 #[test]
+fn types_by_id_is_a_plain_gather_with_its_bound_checked() {
+    let b = entries(&ptx_text());
+    let k = abi::TYPES_BY_ID;
+    // `inverse_masses`'s gather for `u32`: a plain load per atom, no atomics, no shuffles, no
+    // shared memory; the id checked unsigned against `atoms` before the table is read, so that
+    // no id, however large, reads past it; `u32::MAX` for an id past the table.
+    for ins in ["red.", "atom.", "shfl.", ".shared"] {
+        assert!(!b[k].contains(ins), "{k} contains `{ins}`");
+    }
+    let unsigned = b[k].matches("setp.ge.u32").count() + b[k].matches("setp.lt.u32").count();
+    assert!(unsigned >= 3, "{k}: {unsigned} unsigned compares, the id's bound check missing");
+    assert!(!b[k].contains("setp.ge.s32") && !b[k].contains("setp.lt.s32"), "{k}: a signed compare");
+    assert!(b[k].contains("-1;"), "{k}: no u32::MAX for an id past the table");
+    assert_eq!(b[k].matches("ld.global").count(), 2, "{k}: the id and the table entry, nothing else");
+    // The ABI: `(ids, n, by_id, atoms, types)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 5, "{k}'s parameters");
+}
+
+#[test]
 fn the_gpu_search_computes_like_the_host_and_compacts_with_a_ballot() {
     let b = entries(&ptx_text());
     for k in [abi::NBNXM_SEARCH_COUNT, abi::NBNXM_SEARCH_WRITE] {

@@ -49,6 +49,7 @@ kernel_entries! {
         "leapfrog",
         "leapfrog_energy",
         "inverse_masses",
+        "types_by_id",
         "jacobi7",
         "nbnxm_forces_ind",
         "nbnxm_forces_energy_ind",
@@ -238,6 +239,12 @@ pub const LEAPFROG_ENERGY: &str = "leapfrog_energy";
 /// a type before any step reads the masses). The MD step's `1 / m` per home atom, made on the GPU
 /// from the types a search on the GPU copied there, instead of gathered and uploaded by the host.
 pub const INVERSE_MASSES: &str = "inverse_masses";
+/// `types_by_id(ids, n, by_id, atoms, types)`: `types[i] = by_id[ids[i]]` for the `n` home atoms
+/// (grid-stride), `u32::MAX` for an id at or past `atoms` (a redecomposition refuses such an id
+/// before any search builds a grid from its home atoms). The home atoms' types of a search whose
+/// home atoms were merged on the GPU, made there from their ids and the system's types by global
+/// id (uploaded once), instead of gathered and uploaded by the host at every search.
+pub const TYPES_BY_ID: &str = "types_by_id";
 
 /// The nbnxm kernels, one triple per design: `[forces, forces + energy, prune]`, `_ind` reading
 /// j-atoms through the slot index, `_pf` the same with the next j-cluster's loads issued early,

@@ -11,7 +11,7 @@ use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
 use crate::nbnxm::gpu_search::grow;
-use crate::nbnxm::{EnergySlot, HomeCopies, Launch, ListKind, ListSetup, NbnxmGpu, ResidentSearch};
+use crate::nbnxm::{EnergySlot, HomeCopies, HomeOnDevice, Launch, ListKind, ListSetup, NbnxmGpu, ResidentSearch, TypesById};
 use crate::phases::{Mark, PhaseProbe};
 use crate::search::{RankLists, RankSearch};
 use crate::zeroing::{StepZeroing, integration_clears_halo};
@@ -53,6 +53,10 @@ pub struct MdRank {
     /// `1 / m` per atom type (`search::inverse_masses_by_type`): with the grid built on the GPU
     /// the home atoms' `inv_mass` is made from `types` on the device ([`enqueue_inverse_masses`]).
     inv_by_type: DeviceBuffer<f32>,
+    /// Every atom's type by global id ([`Self::set_types_by_id`]): with the home atoms merged on
+    /// the GPU by its redecomposition, a search makes their types there from their ids instead of
+    /// uploading them. `None`: uploaded.
+    types_by_id: Option<DeviceBuffer<u32>>,
     /// `[potential, kinetic]` per record.
     energies: DeviceBuffer<f64>,
     home: usize,
@@ -163,6 +167,13 @@ fn enqueue_inverse_masses(
     unsafe { module.launch(abi::INVERSE_MASSES, LaunchShape::for_items(home, MAX_GATHER_BLOCKS), stream, &mut args) }
 }
 
+/// The home atoms of `g`'s last redecomposition as a grid build takes them on the device: their
+/// coordinates, and their types from their ids where the rank has the table by id.
+fn home_on_device<'a>(g: &'a GpuHome, by_id: Option<&'a DeviceBuffer<u32>>) -> HomeOnDevice<'a> {
+    let types = by_id.map(|by_id| TypesById { ids: g.home_ids() as &dyn DeviceMemory<u32>, by_id: by_id as &dyn DeviceMemory<u32> });
+    HomeOnDevice { x: g.positions(), types }
+}
+
 /// Which event set a step's launches use.
 #[derive(Clone, Copy)]
 enum Events {
@@ -211,6 +222,7 @@ impl MdRank {
             inv_mass: DeviceBuffer::uninit(&ctx, home)?,
             types: DeviceBuffer::uninit(&ctx, home)?,
             inv_by_type: inv_table,
+            types_by_id: None,
             energies: DeviceBuffer::zeroed(&ctx, 2 * records.max(1))?,
             home: 0,
             total: 0,
@@ -339,7 +351,7 @@ impl MdRank {
     /// it).
     fn search_and_stage(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         let t = Instant::now();
-        let Self { module, nb, staging, v, inv_mass, types, inv_by_type, local, gpu_home, home, search_wait, .. } = self;
+        let Self { module, nb, staging, v, inv_mass, types, inv_by_type, types_by_id, local, gpu_home, home, search_wait, .. } = self;
         *search_wait = Duration::ZERO;
         match &found.lists {
             RankLists::Host(search) => {
@@ -363,7 +375,7 @@ impl MdRank {
                 // Only home elements of `x` are written: peers may already store into this rank's
                 // halo region (after the replan's fence: its barrier, or the search's all-gathers)
                 // without conflict.
-                let from = merged.map(|g| g.positions() as &dyn DeviceMemory<Float3>);
+                let from = merged.map(|g| home_on_device(g, types_by_id.as_ref()));
                 let n = *home;
                 let copies = HomeCopies { x: &ex.x, types: &*types, from };
                 // The masses after the types' copy on the local stream, enqueued while the GPU runs
@@ -396,7 +408,7 @@ impl MdRank {
         let t = Instant::now();
         // The caller may run each rank's begin on a host thread of its own.
         self.module.context().bind_to_thread().during("binding the rank's GPU context")?;
-        let from = self.gpu_home.as_ref().filter(|_| found.home_on_device).map(|g| g.positions() as &dyn DeviceMemory<Float3>);
+        let from = self.gpu_home.as_ref().filter(|_| found.home_on_device).map(|g| home_on_device(g, self.types_by_id.as_ref()));
         self.nb.begin_local_checked(atoms, box_size, &self.local, from, found.home_checked)?;
         Ok(t.elapsed())
     }
@@ -449,6 +461,26 @@ impl MdRank {
         }
         let g = self.gpu_home.as_mut().ok_or_else(|| HaloError::InvalidInput(format!("rank {rank}: no GPU redecomposition state")))?;
         Ok(g.with(&self.module, &self.local, x, &self.v, ids))
+    }
+
+    /// Gives this rank every atom's type by global id (the system's `types`), uploaded once: a
+    /// search whose home atoms a redecomposition merged on this GPU ([`Self::home_device`]) then
+    /// makes their types there from their ids (kernel `types_by_id`), and its grid uploads only the
+    /// halo atoms' types. The types must be the system's that the searches' local atoms are
+    /// built from; a type at or past the LJ table's is refused. Synchronous.
+    pub fn set_types_by_id(&mut self, types: &[u8]) -> Result<()> {
+        let ntypes = self.inv_by_type.len();
+        if let Some((id, &t)) = types.iter().enumerate().find(|&(_, &t)| usize::from(t) >= ntypes) {
+            return Err(HaloError::InvalidInput(format!("atom {id} has type {t}, beyond the {ntypes} types of the LJ table")));
+        }
+        let wide: Vec<u32> = types.iter().map(|&t| u32::from(t)).collect();
+        let ctx = self.module.context();
+        let table = DeviceBuffer::from_host(ctx, &wide)?;
+        // A synchronous copy from pageable memory may return before its DMA lands, and the local
+        // stream (non-blocking) would not follow it: wait once, here.
+        ctx.synchronize().during("waiting for the types' upload")?;
+        self.types_by_id = Some(table);
+        Ok(())
     }
 
     /// Enqueues this rank's part of the next redecomposition's migration on the local stream

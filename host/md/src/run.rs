@@ -1354,10 +1354,17 @@ impl MdRun {
         updated.into_iter().collect::<Result<Vec<_>>>()?;
         gpu_search += t_update.elapsed();
         t.pairs_wait += self.ranks.iter().map(MdRank::search_wait).sum::<Duration>();
+        // With the redecomposition on the GPUs, a rank makes its home atoms' types there from
+        // their ids at every later search: it keeps the types by global id for that.
+        let types_on_gpus = self.redecomposes_on_gpus();
         for &(r, rank, halo) in &sides[kept..] {
             facts.new_rank = true;
             let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
-            self.ranks.push(MdRank::new(rank.module().clone(), r, lj, inv, setup, box_size, records, rank, halo)?);
+            let mut m = MdRank::new(rank.module().clone(), r, lj, inv, setup, box_size, records, rank, halo)?;
+            if types_on_gpus {
+                m.set_types_by_id(&self.system.types)?;
+            }
+            self.ranks.push(m);
         }
         // The uploads' ordering. Each rank's home arrays staged from the host (velocities and
         // masses; with host lists or a host grid also the coordinates and types) were enqueued

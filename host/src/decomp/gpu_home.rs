@@ -140,6 +140,13 @@ impl GpuHome {
         &self.new_x
     }
 
+    /// The new home atoms' global ids after the last redecomposition
+    /// (`0..`[`Self::home_atoms`]), ascending: bit for bit what it read back, and so its plan's
+    /// home ids; valid until the next one.
+    pub fn home_ids(&self) -> &DeviceBuffer<u32> {
+        &self.new_ids
+    }
+
     /// Home atoms after the last redecomposition.
     pub fn home_atoms(&self) -> usize {
         self.home

@@ -104,19 +104,39 @@ kernel! {
     }
 }
 
+/// `out[i] = table[index[i]]` for the first `n` items, `missing` for an index at or past `len`
+/// (grid-stride): the table is read only below `len`, however large an index.
+///
+/// # Safety
+/// `index` and `out` hold at least `n` elements, `table` at least `len`.
+#[inline(always)]
+unsafe fn gather_bounded<T: Copy>(index: *const u32, n: u32, table: *const T, len: u32, out: *mut T, missing: T) {
+    let mut i = thread::index_1d();
+    while i < n {
+        // SAFETY: the caller's sizes; the table is read only below `len`.
+        unsafe {
+            let k = *index.add(i as usize);
+            *out.add(i as usize) = if k < len { *table.add(k as usize) } else { missing };
+        }
+        i += thread::grid_stride_x();
+    }
+}
+
 kernel! {
     /// `inv_mass[i] = inv_by_type[types[i]]` for the first `n` (home) atoms, NaN for a type at or
     /// past `ntypes`. See [`crate::abi::INVERSE_MASSES`].
     fn inverse_masses(types: *const u32, n: u32, inv_by_type: *const f32, ntypes: u32, inv_mass: *mut f32) {
-        let mut i = thread::index_1d();
-        while i < n {
-            // SAFETY: the host sizes `types` and `inv_mass` for `n` atoms and `inv_by_type` for
-            // `ntypes` types; the table is read only below `ntypes`.
-            unsafe {
-                let t = *types.add(i as usize);
-                *inv_mass.add(i as usize) = if t < ntypes { *inv_by_type.add(t as usize) } else { f32::NAN };
-            }
-            i += thread::grid_stride_x();
-        }
+        // SAFETY: the host sizes `types` and `inv_mass` for `n` atoms and `inv_by_type` for
+        // `ntypes` types.
+        unsafe { gather_bounded(types, n, inv_by_type, ntypes, inv_mass, f32::NAN) }
+    }
+}
+
+kernel! {
+    /// `types[i] = by_id[ids[i]]` for the first `n` (home) atoms, `u32::MAX` for an id at or past
+    /// `atoms`. See [`crate::abi::TYPES_BY_ID`].
+    fn types_by_id(ids: *const u32, n: u32, by_id: *const u32, atoms: u32, types: *mut u32) {
+        // SAFETY: the host sizes `ids` and `types` for `n` atoms and `by_id` for `atoms` atoms.
+        unsafe { gather_bounded(ids, n, by_id, atoms, types, u32::MAX) }
     }
 }

@@ -214,10 +214,35 @@ pub struct HomeCopies<'a> {
     pub x: &'a dyn DeviceMemory<Float3>,
     /// Atom types (`u32`, as the local atoms and the grid's copies hold them).
     pub types: &'a dyn DeviceMemory<u32>,
-    /// The home atoms' coordinates on this GPU already, bit for bit `atoms.positions[..home]`
-    /// (a redecomposition on the GPU leaves them there: `halo::decomp::GpuHome::positions`): the
-    /// grid copies them on the device instead of uploading them. `None`: uploaded.
-    pub from: Option<&'a dyn DeviceMemory<Float3>>,
+    /// The home atoms' arrays on this GPU already (what a redecomposition on the GPU leaves):
+    /// the grid takes them there instead of uploading them. `None`: uploaded.
+    pub from: Option<HomeOnDevice<'a>>,
+}
+
+/// A rank's home atoms where a redecomposition on the GPU merged them
+/// (`halo::decomp::GpuHome`): a grid built from local atoms with these copies their coordinates
+/// on the device, zeroes their zones there (home atoms are zone 0), makes their types there when
+/// `types` is given, and uploads only the rest, the halo atoms' arrays.
+#[derive(Clone, Copy)]
+pub struct HomeOnDevice<'a> {
+    /// The home atoms' coordinates, bit for bit `atoms.positions[..home]`
+    /// (`halo::decomp::GpuHome::positions`).
+    pub x: &'a dyn DeviceMemory<Float3>,
+    /// Their types as `by_id[ids[i]]`, bit for bit `atoms.types[..home]`; `None`: uploaded.
+    pub types: Option<TypesById<'a>>,
+}
+
+/// The home atoms' types on the device as their global ids and a table by global id (kernel
+/// `types_by_id`, `abi::TYPES_BY_ID`).
+#[derive(Clone, Copy)]
+pub struct TypesById<'a> {
+    /// The home atoms' global ids, in order (`halo::decomp::GpuHome::home_ids`).
+    pub ids: &'a dyn DeviceMemory<u32>,
+    /// Every atom's type by global id, each below the local atoms' `ntypes` (the caller's
+    /// contract: the grid does not check these on the host). An id at or past its end gives
+    /// `u32::MAX` on the device, which no grid may hold: a redecomposition refuses such an id
+    /// before any grid is built from its home atoms.
+    pub by_id: &'a dyn DeviceMemory<u32>,
 }
 
 /// One rank's cluster grid and lists on its GPU (see the module docs for the per-step calls).
@@ -526,8 +551,9 @@ impl NbnxmGpu {
     /// (elements `0..atoms.home` of each, bit for bit `atoms.positions[..home]` and
     /// `atoms.types[..home]`), enqueued on `stream` after the build's own uploads and passes
     /// (which only read those copies), so they are complete when this returns (and, on the GPU,
-    /// before any later work on `stream`). With `home.from` the build takes the home coordinates
-    /// from there on the device and uploads only the halo atoms'.
+    /// before any later work on `stream`). With `home.from` the build takes the home atoms'
+    /// coordinates, zones and (with [`HomeOnDevice::types`]) types on the device and uploads only
+    /// the halo atoms' ([`HomeOnDevice`]).
     /// `before_wait` runs once on the host after the grid's passes and the lists' first passes are
     /// enqueued, before the search's first wait for `stream`: host work of the caller's (the MD
     /// step's other staged uploads) that then overlaps them. An error (of the build, of
@@ -563,20 +589,14 @@ impl NbnxmGpu {
     }
 
     /// The first half of [`Self::update_local_into`], on `stream` without a host wait: the lists
-    /// emptied, the grid of `atoms` (home coordinates from `from` on the device when given, as
+    /// emptied, the grid of `atoms` (home atoms' arrays from `from` on the device when given, as
     /// [`HomeCopies::from`]) and the lists' first passes enqueued, up to the search's one
     /// read-back. [`Self::finish_local`] with the same atoms and stream completes it; the host may
     /// do other work between while the GPU runs these passes (the MD step's search: its router
     /// and replan), but nothing of this object may run there. A search begun before and not
     /// finished is abandoned first (the context synchronised). An error (the lists then empty)
     /// leaves nothing of this search in flight.
-    pub fn begin_local(
-        &mut self,
-        atoms: &LocalAtoms,
-        box_size: [f32; 3],
-        stream: &CudaStream,
-        from: Option<&dyn DeviceMemory<Float3>>,
-    ) -> Result<()> {
+    pub fn begin_local(&mut self, atoms: &LocalAtoms, box_size: [f32; 3], stream: &CudaStream, from: Option<HomeOnDevice<'_>>) -> Result<()> {
         self.begin_local_checked(atoms, box_size, stream, from, None)
     }
 
@@ -588,7 +608,7 @@ impl NbnxmGpu {
         atoms: &LocalAtoms,
         box_size: [f32; 3],
         stream: &CudaStream,
-        from: Option<&dyn DeviceMemory<Float3>>,
+        from: Option<HomeOnDevice<'_>>,
         home: Option<HomeChecked>,
     ) -> Result<()> {
         self.before_search()?;

@@ -22,6 +22,7 @@
 //! before any list is written. The buffers are reused from one build to the next, grown with
 //! headroom when a build needs more.
 
+use super::gpu::{HomeOnDevice, TypesById};
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
 use super::local::{HomeChecked, ZoneFacts};
@@ -458,7 +459,31 @@ impl DeviceGrid {
     /// atoms are refused as the host's build refuses them (`LocalAtoms::validate`), before any
     /// copy (the buffers then hold no grid).
     pub fn build_local(&mut self, module: &KernelModule, atoms: &LocalAtoms, stream: &CudaStream) -> Result<GridInfo> {
-        let pending = self.enqueue_build_local(module, atoms, None, None, stream)?;
+        self.build_local_with(module, atoms, None, stream)
+    }
+
+    /// [`Self::build_local`] with the home atoms' arrays taken on the device from `home_on`
+    /// ([`HomeOnDevice`]: coordinates copied, zones zeroed, types made from the ids where it has
+    /// them): the same grid, with only the halo atoms' arrays uploaded. `home_on` must hold
+    /// `atoms`' home part, bit for bit (checked only for its length).
+    pub fn build_local_from(
+        &mut self,
+        module: &KernelModule,
+        atoms: &LocalAtoms,
+        home_on: HomeOnDevice<'_>,
+        stream: &CudaStream,
+    ) -> Result<GridInfo> {
+        self.build_local_with(module, atoms, Some(home_on), stream)
+    }
+
+    fn build_local_with(
+        &mut self,
+        module: &KernelModule,
+        atoms: &LocalAtoms,
+        home_on: Option<HomeOnDevice<'_>>,
+        stream: &CudaStream,
+    ) -> Result<GridInfo> {
+        let pending = self.enqueue_build_local(module, atoms, home_on, None, stream)?;
         let words = self.read_words(&pending, stream)?;
         self.settle(&pending, words, |atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()))
     }
@@ -469,17 +494,18 @@ impl DeviceGrid {
     /// grid (one host `memcpy` each, the DMA in `stream`'s order), so `atoms` may go away
     /// afterwards.
     ///
-    /// `home_x`, when given, holds the home atoms' coordinates on this GPU already, bit for bit
-    /// `atoms.positions[..atoms.home]` (a redecomposition on the GPU leaves them there: its merged
-    /// home atoms): they are copied on the device and only the halo atoms' coordinates cross the
-    /// bus. It must not be written until `stream` has run the copy. The host's checks and the
-    /// zones' shape read `atoms.positions` whole, or only the halo atoms' when `home` hands them
-    /// the home atoms' part ([`ZonePlan::checked_with`]).
+    /// `home_on`, when given, holds the home atoms' arrays on this GPU already ([`HomeOnDevice`]:
+    /// a redecomposition on the GPU leaves them there): their coordinates are copied on the
+    /// device, their zones zeroed there, their types made there from their ids when it has them
+    /// (kernel `types_by_id`), and only the halo atoms' arrays cross the bus. Its buffers must not
+    /// be written until `stream` has run these passes. The host's checks and the zones' shape
+    /// read `atoms` whole, or only the halo atoms when `home` hands them the home atoms' part
+    /// ([`ZonePlan::checked_with`]).
     pub(crate) fn enqueue_build_local(
         &mut self,
         module: &KernelModule,
         atoms: &LocalAtoms,
-        home_x: Option<&dyn DeviceMemory<Float3>>,
+        home_on: Option<HomeOnDevice<'_>>,
         home: Option<HomeChecked>,
         stream: &CudaStream,
     ) -> Result<PendingGrid> {
@@ -493,27 +519,35 @@ impl DeviceGrid {
         if n >= u32::MAX as usize {
             return Err(HaloError::InvalidInput(format!("GPU cluster grid: {n} atoms, more than a u32 index holds")));
         }
-        if let Some(src) = home_x.filter(|src| src.len() < atoms.home) {
-            return Err(HaloError::InvalidInput(format!(
-                "GPU cluster grid: {} home coordinates on the GPU for {} home atoms",
-                src.len(),
-                atoms.home
-            )));
+        if let Some(on) = home_on {
+            check_home_on_device(on, atoms.home)?;
         }
         let s = &mut self.scratch;
         let span = tracing::debug_span!("search.grid.stage").entered();
         grow(module, &mut s.x, n)?;
         grow(module, &mut s.types, n)?;
         grow(module, &mut s.zone_ids, n)?;
-        match home_x {
-            Some(src) => {
-                s.x.copy_prefix_from_async(src, atoms.home, stream)?;
-                s.x_staging.upload_at(&atoms.positions[atoms.home..], &s.x, atoms.home, stream)?;
+        match home_on {
+            Some(on) => {
+                let home = atoms.home;
+                s.x.copy_prefix_from_async(on.x, home, stream)?;
+                s.x_staging.upload_at(&atoms.positions[home..], &s.x, home, stream)?;
+                s.zone_ids.zero_range_async(0, home, stream)?;
+                s.zones_staging.upload_at(&atoms.zones[home..], &s.zone_ids, home, stream)?;
+                match on.types {
+                    Some(t) => {
+                        enqueue_types_by_id(module, t, home, &s.types, stream)?;
+                        s.types_staging.upload_at(&atoms.types[home..], &s.types, home, stream)?;
+                    }
+                    None => s.types_staging.upload(&atoms.types, &s.types, stream)?,
+                }
             }
-            None => s.x_staging.upload(&atoms.positions, &s.x, stream)?,
+            None => {
+                s.x_staging.upload(&atoms.positions, &s.x, stream)?;
+                s.types_staging.upload(&atoms.types, &s.types, stream)?;
+                s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
+            }
         }
-        s.types_staging.upload(&atoms.types, &s.types, stream)?;
-        s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
         drop(span);
         let on = Atoms { x: s.x.device_ptr(), types: s.types.device_ptr(), zone_ids: s.zone_ids.device_ptr(), n };
         tracing::debug_span!("search.grid.passes").in_scope(|| self.passes(module, on, atoms.box_size, false, &plan, stream))?;
@@ -790,6 +824,41 @@ fn zone_grids(table: &[NbnxmZone], flat: &[u32]) -> Vec<ZoneGrid> {
             }
         })
         .collect()
+}
+
+/// An error unless `on` holds the arrays of `home` home atoms: coordinates, and ids when it has
+/// them (checked before anything is enqueued).
+fn check_home_on_device(on: HomeOnDevice<'_>, home: usize) -> Result<()> {
+    if on.x.len() < home {
+        return Err(HaloError::InvalidInput(format!("GPU cluster grid: {} home coordinates on the GPU for {home} home atoms", on.x.len())));
+    }
+    if let Some(t) = on.types {
+        if t.ids.len() < home {
+            return Err(HaloError::InvalidInput(format!("GPU cluster grid: {} home ids on the GPU for {home} home atoms", t.ids.len())));
+        }
+        if t.by_id.len() >= u32::MAX as usize {
+            return Err(HaloError::InvalidInput(format!("GPU cluster grid: a table of {} types by id, more than a u32 id reaches", t.by_id.len())));
+        }
+    }
+    Ok(())
+}
+
+/// Enqueues on `stream` `types[i] = t.by_id[t.ids[i]]` for the `home` home atoms (kernel
+/// `types_by_id`); `t` checked to hold them ([`check_home_on_device`]), `types` grown to them.
+fn enqueue_types_by_id(module: &KernelModule, t: TypesById<'_>, home: usize, types: &DeviceBuffer<u32>, stream: &CudaStream) -> Result<()> {
+    if home == 0 {
+        return Ok(());
+    }
+    if types.len() < home || t.ids.len() < home {
+        return Err(HaloError::InvalidInput(format!("{home} home atoms, room for {} ids and {} types", t.ids.len(), types.len())));
+    }
+    let (mut ids, mut n, mut by_id, mut atoms, mut out) =
+        (t.ids.device_ptr(), home as u32, t.by_id.device_ptr(), t.by_id.len() as u32, types.device_ptr());
+    let mut args = kernel_args![ids, n, by_id, atoms, out];
+    // SAFETY: arguments match `types_by_id(ids, n, by_id, atoms, types)`; `ids` and `types` hold
+    // at least `home` elements (checked), the table `atoms`; the caller keeps the buffers until
+    // `stream` has run the launch (the grid's own, and the redecomposition's, freed only after).
+    unsafe { module.launch(abi::TYPES_BY_ID, LaunchShape::for_items(home, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ mod order;
 mod pairlist;
 
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
-pub use gpu::{EnergySlot, HomeCopies, Launch, ListKind, NbnxmGpu, ResidentSearch, lj_table};
+pub use gpu::{EnergySlot, HomeCopies, HomeOnDevice, Launch, ListKind, NbnxmGpu, ResidentSearch, TypesById, lj_table};
 pub use gpu_grid::{DeviceGrid, GridInfo};
 pub use gpu_search::fit;
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
