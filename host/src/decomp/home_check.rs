@@ -183,17 +183,10 @@ pub(super) fn sums_match(homes: &[RankHomes], expected: IdSums) -> bool {
 /// The first atom (in rank order, then local order) whose id an earlier home atom already has,
 /// among every rank's home `ids` (indexed by rank; after [`check_counts`]: as many as `atoms`,
 /// each rank's ascending and below `atoms`), with `seen` as one flag per atom; `None` where
-/// every atom is there once. Exact: one pass of plain stores and a count, which the compiler
-/// vectorizes, and only where the count falls short a second pass for the first repeat.
-pub(super) fn name_repeated(ids: &[&[u32]], atoms: usize, seen: &mut Vec<bool>) -> Option<PlanError> {
-    seen.clear();
-    // A spare flag at `atoms` takes any id at or beyond it, so that no store needs a check.
-    seen.resize(atoms + 1, false);
-    for &id in ids.iter().flat_map(|r| r.iter()) {
-        seen[(id as usize).min(atoms)] = true;
-    }
-    // Counted in 32 bits (wider lanes vectorize worse), which hold `atoms` (below 2^31).
-    if !seen[atoms] && seen[..atoms].iter().map(|&s| u32::from(s)).sum::<u32>() as usize == atoms {
+/// every atom is there once. Exact: a pass of plain stores and counts on `workers`
+/// ([`all_once`]), and only where it finds an atom missing a second pass for the first repeat.
+pub(super) fn name_repeated(ids: &[&[u32]], atoms: usize, workers: &Workers, seen: &mut Vec<bool>) -> Option<PlanError> {
+    if all_once(ids, atoms, workers, seen) {
         return None;
     }
     seen.clear();
@@ -206,6 +199,56 @@ pub(super) fn name_repeated(ids: &[&[u32]], atoms: usize, seen: &mut Vec<bool>) 
         }
     }
     Some(PlanError::HomeSet { atoms })
+}
+
+/// Atoms per chunk of [`all_once`]'s flags: a chunk's flags, a byte each, stay in the cache of
+/// the worker that sets them.
+const CHUNK: usize = 16 * 1024;
+
+/// Whether `ids` (indexed by rank) hold every atom of `0..atoms` exactly once: the id space cut
+/// into chunks shared out to `workers`, each chunk's flags set from the ids in it and counted.
+/// Each rank's ids that a chunk takes are one run of them, found by a binary search, which is
+/// where they lie when each rank's ids ascend (the check's precondition). For any input, `true`
+/// means every atom once: every id lay in its run's chunk, there are `atoms` ids in all, and every
+/// chunk is full, so no id is there twice. Ids out of order may give `false` for a whole set (an
+/// id outside its run's chunk); with them ascending the answer is exact. `seen` is left
+/// unspecified.
+fn all_once(ids: &[&[u32]], atoms: usize, workers: &Workers, seen: &mut Vec<bool>) -> bool {
+    if ids.iter().map(|r| r.len()).sum::<usize>() != atoms {
+        return false;
+    }
+    let chunks = atoms.div_ceil(CHUNK);
+    // Per rank, where each chunk's run starts, made monotone so that the runs take every id
+    // once, in any order; the last run ends at the rank's last id.
+    let starts: Vec<Vec<usize>> = ids
+        .iter()
+        .map(|r| {
+            let mut at = Vec::with_capacity(chunks + 1);
+            for c in 0..chunks {
+                let first = r.partition_point(|&id| (id as usize) < c * CHUNK);
+                at.push(first.max(at.last().copied().unwrap_or(0)));
+            }
+            at.push(r.len());
+            at
+        })
+        .collect();
+    seen.clear();
+    seen.resize(atoms, false);
+    let parts: Vec<(usize, &mut [bool])> = seen.chunks_mut(CHUNK).enumerate().collect();
+    let full = workers.map(parts, |(c, flags)| {
+        let (lo, last) = (c * CHUNK, flags.len() - 1);
+        let mut inside = true;
+        for (r, at) in ids.iter().zip(&starts) {
+            for &id in &r[at[c]..at[c + 1]] {
+                let k = (id as usize).wrapping_sub(lo);
+                inside &= k <= last;
+                flags[k.min(last)] = true;
+            }
+        }
+        // Counted in 32 bits (wider lanes vectorize worse), which hold a chunk.
+        inside && flags.iter().map(|&f| u32::from(f)).sum::<u32>() as usize == flags.len()
+    });
+    full.into_iter().all(|f| f)
 }
 
 #[cfg(test)]
@@ -279,12 +322,74 @@ mod tests {
         let on_workers = local_homes(&split, atoms, true, &Workers::new(2).unwrap());
         assert_eq!(on_workers, homes(&split, atoms), "the same on any workers");
         assert_eq!(check(&on_workers, atoms, want), Ok(true));
-        assert_eq!(name_repeated(&split, atoms, &mut Vec::new()), None);
+        assert_eq!(name_repeated(&split, atoms, &Workers::new(2).unwrap(), &mut Vec::new()), None);
         // Without sums: the same checks, every sum 0.
         let unsummed = local_homes(&split, atoms, false, &Workers::new(2).unwrap());
         assert!(unsummed.iter().zip(&on_workers).all(|(u, s)| u.sums == IdSums::default() && u.bad == s.bad && u.count == s.count));
         assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sums(0, &Workers::serial())), Ok(true));
-        assert_eq!(name_repeated(&[&[], &[]], 0, &mut vec![true; 4]), None);
+        assert_eq!(name_repeated(&[&[], &[]], 0, &Workers::serial(), &mut vec![true; 4]), None);
+    }
+
+    /// [`all_once`] against a plain count per atom, on one worker and on three: sets of 0 to
+    /// 70,000 atoms over 1 to 4 ranks, whole and ascending (`true`), then with one id repeated in
+    /// place of another (in one rank or across two, at chunk edges and at random), one lost, one
+    /// beyond the system (each `false`), and two neighbours of one rank swapped (a whole set out
+    /// of order: never a wrong `true`, and `true` or `false` alike on any workers).
+    #[test]
+    fn all_once_is_exact_on_any_input() {
+        let reference = |ids: &[&[u32]], atoms: usize| {
+            let mut count = vec![0u32; atoms];
+            ids.iter().flat_map(|r| r.iter()).all(|&id| count.get_mut(id as usize).map(|c| *c += 1).is_some()) && count.iter().all(|&c| c == 1)
+        };
+        let (serial, three) = (Workers::serial(), Workers::new(3).unwrap());
+        let mut seen = vec![true; 5];
+        let mut state = 0x9e37_79b9u32;
+        let mut next = |below: usize| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as usize % below.max(1)
+        };
+        for (atoms, nranks) in [(0, 1), (1, 1), (5, 2), (CHUNK, 2), (CHUNK + 1, 3), (3 * CHUNK - 1, 4), (70_000, 2), (70_000, 3)] {
+            let owner: Vec<usize> = (0..atoms).map(|_| next(nranks)).collect();
+            let whole: Vec<Vec<u32>> = (0..nranks).map(|r| (0..atoms as u32).filter(|&i| owner[i as usize] == r).collect()).collect();
+            let mut cases = vec![("whole", whole.clone())];
+            let edges = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, atoms.saturating_sub(1), next(atoms)];
+            for &at in edges.iter().filter(|&&at| at < atoms) {
+                let r = owner[at];
+                let k = whole[r].iter().position(|&id| id as usize == at).unwrap();
+                let other = (at + 1 + next(atoms.saturating_sub(1))) % atoms;
+                if other != at {
+                    let mut c = whole.clone();
+                    c[r][k] = other as u32;
+                    c[r].sort_unstable();
+                    cases.push(("repeat", c));
+                }
+                let mut c = whole.clone();
+                c[r].remove(k);
+                cases.push(("lost", c.clone()));
+                c[r].push(atoms as u32 + next(9) as u32);
+                cases.push(("beyond", c));
+                if whole[r].len() > 1 {
+                    let mut c = whole.clone();
+                    let j = if k + 1 < c[r].len() { k + 1 } else { k - 1 };
+                    c[r].swap(k, j);
+                    cases.push(("swapped", c));
+                }
+            }
+            for (what, c) in &cases {
+                let ids: Vec<&[u32]> = c.iter().map(Vec::as_slice).collect();
+                let whole_set = reference(&ids, atoms);
+                assert_eq!(whole_set, matches!(*what, "whole" | "swapped"), "{what}, {atoms} atoms on {nranks} ranks: the reference");
+                let got = all_once(&ids, atoms, &serial, &mut seen);
+                assert_eq!(all_once(&ids, atoms, &three, &mut seen), got, "{what}, {atoms} atoms on {nranks} ranks: on three workers");
+                if *what == "swapped" {
+                    assert!(!got || whole_set, "{what}, {atoms} atoms on {nranks} ranks");
+                } else {
+                    assert_eq!(got, whole_set, "{what}, {atoms} atoms on {nranks} ranks");
+                }
+            }
+        }
     }
 
     /// Each way the ids can be wrong gives its error, in the check's order, wherever it lies
@@ -324,8 +429,8 @@ mod tests {
         dup.sort_unstable();
         assert_eq!(run(&dup, b), Ok(false));
         let mut seen = vec![true; 3];
-        assert_eq!(name_repeated(&[&dup, b], atoms, &mut seen), Some(PlanError::HomeCount { atom: b[3] as usize, count: 2 }));
-        assert_eq!(name_repeated(&[a, b], atoms, &mut seen), None);
+        assert_eq!(name_repeated(&[&dup, b], atoms, &Workers::serial(), &mut seen), Some(PlanError::HomeCount { atom: b[3] as usize, count: 2 }));
+        assert_eq!(name_repeated(&[a, b], atoms, &Workers::serial(), &mut seen), None);
         // Several pairs at once, on both ranks.
         let (mut x, mut y) = (a.to_vec(), b.to_vec());
         for k in [3, 900, 19_000] {
@@ -335,6 +440,6 @@ mod tests {
         x.sort_unstable();
         y.sort_unstable();
         assert_eq!(run(&x, &y), Ok(false));
-        assert!(matches!(name_repeated(&[&x, &y], atoms, &mut seen), Some(PlanError::HomeCount { .. })));
+        assert!(matches!(name_repeated(&[&x, &y], atoms, &Workers::new(3).unwrap(), &mut seen), Some(PlanError::HomeCount { .. })));
     }
 }

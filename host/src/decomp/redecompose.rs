@@ -530,7 +530,7 @@ fn check_homes(
     let nranks = plan.ranks.len();
     if homes.len() == nranks {
         let ids: Vec<&[u32]> = plan.ranks.iter().map(|p| &p.global_ids[..p.home_atoms]).collect();
-        return home_check::name_repeated(&ids, atoms, &mut scratch.seen).map_or(Ok(()), |e| Err(e.into()));
+        return home_check::name_repeated(&ids, atoms, workers, &mut scratch.seen).map_or(Ok(()), |e| Err(e.into()));
     }
     let expected = match scratch.all_ids {
         Some((n, sum)) if n == atoms => sum,
@@ -554,7 +554,7 @@ fn check_homes(
     let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
     // Ids that hold every atom once would have matched the sums: then some rank's numbers are not
     // its ids', and the set is still in doubt.
-    Err(home_check::name_repeated(&ids, atoms, &mut scratch.seen).unwrap_or(PlanError::HomeSet { atoms }).into())
+    Err(home_check::name_repeated(&ids, atoms, workers, &mut scratch.seen).unwrap_or(PlanError::HomeSet { atoms }).into())
 }
 
 /// For every rank of the grid, its index in `ranks` if this process drives it.
