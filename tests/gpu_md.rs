@@ -733,7 +733,12 @@ fn a_gpu_grid_search_fills_the_home_coordinates_and_types_on_the_device() {
             assert!(empty, "{test}: the host builds no home coordinates, types or masses");
             let (rank, halo) = (&ex.local_ranks()[i], &ex.streams()[i]);
             if search == 0 {
-                ranks.push(md::MdRank::new(g.module.clone(), r, &lj, &inv_by_type, &setup, sys.box_size, 1, rank, halo).unwrap());
+                let mut m = md::MdRank::new(g.module.clone(), r, &lj, &inv_by_type, &setup, sys.box_size, 1, rank, halo).unwrap();
+                // Types by id beyond the LJ table are refused, naming the atom.
+                let bad = [0u8, inv_by_type.len() as u8];
+                let e = m.set_types_by_id(&bad).unwrap_err().to_string();
+                assert!(e.contains(&format!("atom 1 has type {}", bad[1])), "{test}: {e}");
+                ranks.push(m);
             } else {
                 ranks[i].update(r, sys.box_size, rank, halo).unwrap();
             }
