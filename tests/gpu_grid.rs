@@ -642,9 +642,9 @@ fn local_search_into_takes_the_home_coordinates_from_the_device() {
     }
 }
 
-/// `DeviceGrid::build_local_from`: the home atoms' coordinates, zones and types taken on the
-/// device (coordinates copied, zones zeroed, types made from the home ids and the system's types
-/// by id: kernel `types_by_id`, or uploaded without the ids), the halo atoms' uploaded: the
+/// `DeviceGrid::build_local_from`: the home atoms' coordinates and types taken on the device
+/// (coordinates copied, types made from the home ids and the system's types by id: kernel
+/// `types_by_id`, or uploaded without the ids), the rest uploaded: the
 /// host's grid slot for slot, type for type and zone for zone, with every buffer of the grid
 /// poisoned before each build, on every rank of 2x1x1, 2x2x1 and 2x2x2. With two home atoms' types
 /// changed in the table on the device, the grid holds the table's types (the device's are the ones

@@ -221,8 +221,8 @@ pub struct HomeCopies<'a> {
 
 /// A rank's home atoms where a redecomposition on the GPU merged them
 /// (`halo::decomp::GpuHome`): a grid built from local atoms with these copies their coordinates
-/// on the device, zeroes their zones there (home atoms are zone 0), makes their types there when
-/// `types` is given, and uploads only the rest, the halo atoms' arrays.
+/// on the device and makes their types there when `types` is given; of the home atoms it uploads
+/// only their zones (a byte each), and the halo atoms' arrays.
 #[derive(Clone, Copy)]
 pub struct HomeOnDevice<'a> {
     /// The home atoms' coordinates, bit for bit `atoms.positions[..home]`
@@ -552,8 +552,7 @@ impl NbnxmGpu {
     /// `atoms.types[..home]`), enqueued on `stream` after the build's own uploads and passes
     /// (which only read those copies), so they are complete when this returns (and, on the GPU,
     /// before any later work on `stream`). With `home.from` the build takes the home atoms'
-    /// coordinates, zones and (with [`HomeOnDevice::types`]) types on the device and uploads only
-    /// the halo atoms' ([`HomeOnDevice`]).
+    /// coordinates and (with [`HomeOnDevice::types`]) types on the device ([`HomeOnDevice`]).
     /// `before_wait` runs once on the host after the grid's passes and the lists' first passes are
     /// enqueued, before the search's first wait for `stream`: host work of the caller's (the MD
     /// step's other staged uploads) that then overlaps them. An error (of the build, of

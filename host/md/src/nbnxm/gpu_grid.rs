@@ -463,8 +463,8 @@ impl DeviceGrid {
     }
 
     /// [`Self::build_local`] with the home atoms' arrays taken on the device from `home_on`
-    /// ([`HomeOnDevice`]: coordinates copied, zones zeroed, types made from the ids where it has
-    /// them): the same grid, with only the halo atoms' arrays uploaded. `home_on` must hold
+    /// ([`HomeOnDevice`]: coordinates copied, types made from the ids where it has them): the
+    /// same grid, with only the halo atoms' coordinates and types and every atom's zone uploaded. `home_on` must hold
     /// `atoms`' home part, bit for bit (checked only for its length).
     pub fn build_local_from(
         &mut self,
@@ -496,8 +496,8 @@ impl DeviceGrid {
     ///
     /// `home_on`, when given, holds the home atoms' arrays on this GPU already ([`HomeOnDevice`]:
     /// a redecomposition on the GPU leaves them there): their coordinates are copied on the
-    /// device, their zones zeroed there, their types made there from their ids when it has them
-    /// (kernel `types_by_id`), and only the halo atoms' arrays cross the bus. Its buffers must not
+    /// device and their types made there from their ids when it has them (kernel `types_by_id`),
+    /// so that of the home atoms only their zones cross the bus (a byte each). Its buffers must not
     /// be written until `stream` has run these passes. The host's checks and the zones' shape
     /// read `atoms` whole, or only the halo atoms when `home` hands them the home atoms' part
     /// ([`ZonePlan::checked_with`]).
@@ -532,8 +532,9 @@ impl DeviceGrid {
                 let home = atoms.home;
                 s.x.copy_prefix_from_async(on.x, home, stream)?;
                 s.x_staging.upload_at(&atoms.positions[home..], &s.x, home, stream)?;
-                s.zone_ids.zero_range_async(0, home, stream)?;
-                s.zones_staging.upload_at(&atoms.zones[home..], &s.zone_ids, home, stream)?;
+                // The zones whole, a byte an atom: one copy costs less than a memset of the home
+                // atoms' part and a copy of the rest.
+                s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
                 match on.types {
                     Some(t) => {
                         enqueue_types_by_id(module, t, home, &s.types, stream)?;
