@@ -345,12 +345,22 @@ fn ranks_of(sys: &MolecularSystem, dims: [usize; 3], rc: f32) -> Vec<LocalAtoms>
 /// which are then poisoned) and checks it against the host's: slots, boxes, zones, and the zone
 /// table and column starts the search reads.
 fn check_local_grid(test: &str, g: &Gpu, grid: &mut DeviceGrid, atoms: &LocalAtoms) {
+    check_local_grid_from(test, g, grid, atoms, None);
+}
+
+/// [`check_local_grid`] whose second build takes the home atoms from `from` on the device
+/// (`DeviceGrid::build_local_from`) where it is given.
+fn check_local_grid_from(test: &str, g: &Gpu, grid: &mut DeviceGrid, atoms: &LocalAtoms, from: Option<halo_md::nbnxm::HomeOnDevice<'_>>) {
     let host = ClusterGrid::build(atoms).unwrap();
     let stream = g.ctx.new_stream().unwrap();
     grid.build_local(&g.module, atoms, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
     grid.poison().unwrap();
     let t = std::time::Instant::now();
-    let info = grid.build_local(&g.module, atoms, &stream).unwrap_or_else(|e| panic!("{test}: {e}"));
+    let built = match from {
+        Some(on) => grid.build_local_from(&g.module, atoms, on, &stream),
+        None => grid.build_local(&g.module, atoms, &stream),
+    };
+    let info = built.unwrap_or_else(|e| panic!("{test}: {e}"));
     let ms = t.elapsed().as_secs_f64() * 1e3;
     assert_eq!(
         (info.atoms, info.home_atoms, info.superclusters, info.clusters),
@@ -671,19 +681,11 @@ fn a_local_grid_takes_the_home_atoms_from_the_device() {
             let x = DeviceBuffer::from_host(&g.ctx, &atoms.positions[..home]).unwrap();
             let ids = DeviceBuffer::from_host(&g.ctx, home_ids).unwrap();
             g.ctx.synchronize().unwrap();
-            let host = ClusterGrid::build(&atoms).unwrap();
             for with_types in [false, true] {
-                // Sized by a first build, then poisoned.
-                grid.build_local(&g.module, &atoms, &stream).unwrap();
-                grid.poison().unwrap();
                 let on = HomeOnDevice { x: &x, types: with_types.then_some(TypesById { ids: &ids, by_id: &table }) };
-                let info = grid.build_local_from(&g.module, &atoms, on, &stream).unwrap_or_else(|e| panic!("{case}: {e}"));
-                assert_eq!((info.atoms, info.home_atoms), (atoms.len(), home), "{case}");
-                assert_eq!(bits(&grid.local_coordinates().to_host().unwrap()[..atoms.len()]), bits(&atoms.positions), "{case}: coordinates");
-                let got = grid.to_host(atoms.ntypes).unwrap();
-                assert_eq!(got.zones, host.zones, "{case}, types on the GPU {with_types}: zones");
-                assert_eq!(got, host, "{case}, types on the GPU {with_types}");
+                check_local_grid_from(&format!("{case}, types on the GPU {with_types}"), &g, &mut grid, &atoms, Some(on));
             }
+            let host = ClusterGrid::build(&atoms).unwrap();
             // Two home atoms' types changed in the table on the device: the grid has them.
             let mut changed = by_id.clone();
             for &id in [home_ids[0], home_ids[home - 1]].iter() {

@@ -559,6 +559,58 @@ fn leapfrog_kernels_match_the_cpu_reference() {
     }
 }
 
+/// `n` indices into a table of `len` entries as the bounded gathers' tests draw them: mostly in
+/// range, a tenth past it, and every 97th one of the edge values `len - 1`, `len`, `u32::MAX`.
+fn gather_indices(rng: &mut impl Rng, len: usize, n: usize) -> Vec<u32> {
+    let len = len as u32;
+    let edges = [len - 1, len, u32::MAX];
+    (0..n)
+        .map(|i| {
+            if i % 97 == 5 {
+                edges[i % 3]
+            } else if rng.random_bool(0.1) {
+                rng.random_range(len..2 * len + 3)
+            } else {
+                rng.random_range(0..len)
+            }
+        })
+        .collect()
+}
+
+/// The bounded gather `kernel` (`(index, n, table, len, out)`: `out[i] = table[index[i]]` for the
+/// first `n` items, `missing` for an index at or past `len`) on every `(table, index)` case, with
+/// one block, three and the host's launch shape: the host's lookup bit for bit, and nothing
+/// written past `n` (poisoned outputs).
+fn check_bounded_gather<T: bytemuck::Pod>(g: &halo::testing::GpuFixture, kernel: &str, cases: &[(Vec<T>, Vec<u32>)], missing: T) {
+    let stream = g.ctx.default_stream();
+    let poison: T = bytemuck::cast(0x7f7f_7f7fu32);
+    let bits = |v: &[T]| bytemuck::cast_slice::<T, u32>(v).to_vec();
+    for (table, index) in cases {
+        let n = index.len();
+        let want: Vec<T> = index.iter().map(|&k| table.get(k as usize).copied().unwrap_or(missing)).collect();
+        for grid in [Some(1u32), Some(3), None] {
+            let id = DeviceBuffer::from_host(&g.ctx, &[index.as_slice(), &[7, 7]].concat()).unwrap();
+            let tab = DeviceBuffer::from_host(&g.ctx, table).unwrap();
+            let out = DeviceBuffer::from_host(&g.ctx, &vec![poison; n + 9]).unwrap();
+            let (mut ip, mut nn, mut tp, mut len, mut op) = (id.device_ptr(), n as u32, tab.device_ptr(), table.len() as u32, out.device_ptr());
+            let mut args = kernel_args![ip, nn, tp, len, op];
+            let shape = match grid {
+                Some(blocks) => LaunchShape { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 },
+                None => LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
+            };
+            // SAFETY: arguments match `kernel(index, n, table, len, out)`; `index` holds n + 2
+            // elements, the output n + 9, the table `len`; the buffers outlive the synchronised
+            // launch.
+            unsafe { g.module.launch(kernel, shape, &stream, &mut args) }.unwrap();
+            stream.synchronize().unwrap();
+            let got = bits(&out.to_host().unwrap());
+            let case = format!("{kernel}: n = {n}, a table of {}, grid {grid:?}", table.len());
+            assert_eq!(got[..n], bits(&want)[..], "{case}");
+            assert!(got[n..].iter().all(|&b| b == 0x7f7f_7f7f), "{case}: written past n");
+        }
+    }
+}
+
 /// `inverse_masses`: `inv_mass[i] = inv_by_type[types[i]]` for the first `n` atoms, NaN for a type
 /// at or past the table, and nothing written past `n` (poisoned outputs). The tables: the MD
 /// step's own (`md::search::inverse_masses_by_type` of a generated system, whose lookups must
@@ -567,56 +619,19 @@ fn leapfrog_kernels_match_the_cpu_reference() {
 #[test]
 fn inverse_masses_match_the_host_table_lookup() {
     let Some(g) = gpu_or_skip("inverse_masses_match_the_host_table_lookup") else { return };
-    let stream = g.ctx.default_stream();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
     let sys = halo::system::MolecularSystem::generate(3000, 5).unwrap();
     let md_table = md::search::inverse_masses_by_type(&sys);
     let by_mass: Vec<u32> = (0..sys.len()).map(|i| ((1.0 / sys.mass(i)) as f32).to_bits()).collect();
     let by_table: Vec<u32> = sys.types.iter().map(|&t| md_table[usize::from(t)].to_bits()).collect();
     assert_eq!(by_table, by_mass, "the table gives the host's 1 / mass(atom)");
-    let poison = f32::from_bits(0x7f7f_7f7f);
     let mut cases: Vec<(Vec<f32>, Vec<u32>)> = vec![(md_table.clone(), sys.types.iter().map(|&t| u32::from(t)).collect())];
     for &n in &[0usize, 1, 511, 512, 513, 5000, 200_000] {
         let ntypes = rng.random_range(1..=40usize);
         let table: Vec<f32> = (0..ntypes).map(|_| rng.random_range(0.01f32..1.0)).collect();
-        let edges = [ntypes as u32 - 1, ntypes as u32, u32::MAX];
-        let types: Vec<u32> = (0..n)
-            .map(|i| {
-                if i % 97 == 5 {
-                    edges[i % 3]
-                } else if rng.random_bool(0.1) {
-                    rng.random_range(ntypes as u32..2 * ntypes as u32 + 3)
-                } else {
-                    rng.random_range(0..ntypes as u32)
-                }
-            })
-            .collect();
-        cases.push((table, types));
+        cases.push((table, gather_indices(&mut rng, ntypes, n)));
     }
-    for (table, types) in &cases {
-        let n = types.len();
-        let want: Vec<u32> = types.iter().map(|&t| table.get(t as usize).copied().unwrap_or(f32::NAN).to_bits()).collect();
-        for grid in [Some(1u32), Some(3), None] {
-            let td = DeviceBuffer::from_host(&g.ctx, &[types.as_slice(), &[7, 7]].concat()).unwrap();
-            let tab = DeviceBuffer::from_host(&g.ctx, table).unwrap();
-            let out = DeviceBuffer::from_host(&g.ctx, &vec![poison; n + 9]).unwrap();
-            let (mut tp, mut nn, mut tabp, mut nt, mut op) = (td.device_ptr(), n as u32, tab.device_ptr(), table.len() as u32, out.device_ptr());
-            let mut args = kernel_args![tp, nn, tabp, nt, op];
-            let shape = match grid {
-                Some(blocks) => LaunchShape { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 },
-                None => LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
-            };
-            // SAFETY: arguments match `inverse_masses(types, n, inv_by_type, ntypes, inv_mass)`;
-            // `types` holds n + 2 elements, the output n + 9, the table `ntypes`; the buffers
-            // outlive the synchronised launch.
-            unsafe { g.module.launch(abi::INVERSE_MASSES, shape, &stream, &mut args) }.unwrap();
-            stream.synchronize().unwrap();
-            let got: Vec<u32> = out.to_host().unwrap().iter().map(|v| v.to_bits()).collect();
-            let case = format!("n = {n}, {} types, grid {grid:?}", table.len());
-            assert_eq!(got[..n], want[..], "{case}");
-            assert!(got[n..].iter().all(|&b| b == poison.to_bits()), "{case}: written past n");
-        }
-    }
+    check_bounded_gather(&g, abi::INVERSE_MASSES, &cases, f32::NAN);
 }
 
 /// `types_by_id`: `types[i] = by_id[ids[i]]` for the first `n` atoms, `u32::MAX` for an id at or
@@ -627,7 +642,6 @@ fn inverse_masses_match_the_host_table_lookup() {
 #[test]
 fn types_by_id_match_the_host_lookup() {
     let Some(g) = gpu_or_skip("types_by_id_match_the_host_lookup") else { return };
-    let stream = g.ctx.default_stream();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
     let sys = halo::system::MolecularSystem::generate(3000, 5).unwrap();
     let by_id: Vec<u32> = sys.types.iter().map(|&t| u32::from(t)).collect();
@@ -635,45 +649,9 @@ fn types_by_id_match_the_host_lookup() {
     let mut cases: Vec<(Vec<u32>, Vec<u32>)> = vec![(by_id, home)];
     for &(atoms, n) in &[(1usize, 0usize), (1, 1), (7, 511), (3000, 512), (3000, 513), (45_000, 5000), (300_000, 200_000)] {
         let table: Vec<u32> = (0..atoms).map(|_| rng.random_range(0..32u32)).collect();
-        let edges = [atoms as u32 - 1, atoms as u32, u32::MAX];
-        let ids: Vec<u32> = (0..n)
-            .map(|i| {
-                if i % 97 == 5 {
-                    edges[i % 3]
-                } else if rng.random_bool(0.1) {
-                    rng.random_range(atoms as u32..2 * atoms as u32 + 3)
-                } else {
-                    rng.random_range(0..atoms as u32)
-                }
-            })
-            .collect();
-        cases.push((table, ids));
+        cases.push((table, gather_indices(&mut rng, atoms, n)));
     }
-    let poison = 0x7f7f_7f7fu32;
-    for (table, ids) in &cases {
-        let n = ids.len();
-        let want: Vec<u32> = ids.iter().map(|&id| table.get(id as usize).copied().unwrap_or(u32::MAX)).collect();
-        for grid in [Some(1u32), Some(3), None] {
-            let idd = DeviceBuffer::from_host(&g.ctx, &[ids.as_slice(), &[7, 7]].concat()).unwrap();
-            let tab = DeviceBuffer::from_host(&g.ctx, table).unwrap();
-            let out = DeviceBuffer::from_host(&g.ctx, &vec![poison; n + 9]).unwrap();
-            let (mut ip, mut nn, mut tabp, mut na, mut op) = (idd.device_ptr(), n as u32, tab.device_ptr(), table.len() as u32, out.device_ptr());
-            let mut args = kernel_args![ip, nn, tabp, na, op];
-            let shape = match grid {
-                Some(blocks) => LaunchShape { grid: (blocks, 1), block: abi::BLOCK_SIZE, shared_bytes: 0 },
-                None => LaunchShape::for_items(n, halo::kernels::MAX_GATHER_BLOCKS),
-            };
-            // SAFETY: arguments match `types_by_id(ids, n, by_id, atoms, types)`; `ids` holds
-            // n + 2 elements, the output n + 9, the table `atoms`; the buffers outlive the
-            // synchronised launch.
-            unsafe { g.module.launch(abi::TYPES_BY_ID, shape, &stream, &mut args) }.unwrap();
-            stream.synchronize().unwrap();
-            let got = out.to_host().unwrap();
-            let case = format!("n = {n}, {} atoms, grid {grid:?}", table.len());
-            assert_eq!(got[..n], want[..], "{case}");
-            assert!(got[n..].iter().all(|&b| b == poison), "{case}: written past n");
-        }
-    }
+    check_bounded_gather(&g, abi::TYPES_BY_ID, &cases, u32::MAX);
 }
 
 /// A search of several ranks with the grid built on the GPU (`MdRank::new` at the first, then

@@ -556,42 +556,26 @@ fn leapfrog_energy_reduces_per_warp_and_the_plain_update_touches_no_energy() {
 }
 
 #[test]
-fn inverse_masses_is_a_plain_gather_with_its_bound_checked() {
+fn the_bounded_gathers_are_plain_gathers_with_their_bound_checked() {
     let b = entries(&ptx_text());
-    let k = abi::INVERSE_MASSES;
-    // A plain table load per atom: no atomics, no shuffles, no shared memory.
-    for ins in ["red.", "atom.", "shfl.", ".shared"] {
-        assert!(!b[k].contains(ins), "{k} contains `{ins}`");
+    // `inverse_masses` and `types_by_id` (one gather, instantiated for `f32` and `u32`), with the
+    // constant each writes for an index past its table: NaN, `u32::MAX`.
+    for (k, missing) in [(abi::INVERSE_MASSES, "0f7FC00000"), (abi::TYPES_BY_ID, "-1;")] {
+        // A plain table load per atom: no atomics, no shuffles, no shared memory.
+        for ins in ["red.", "atom.", "shfl.", ".shared"] {
+            assert!(!b[k].contains(ins), "{k} contains `{ins}`");
+        }
+        // Unsigned compares only: the grid-stride loop's two (entry and back edge) and the
+        // index's against the table's length before the table is read (so no index past it,
+        // however large, is read). Two global loads: the index, the table entry.
+        let unsigned = b[k].matches("setp.ge.u32").count() + b[k].matches("setp.lt.u32").count();
+        assert!(unsigned >= 3, "{k}: {unsigned} unsigned compares, the index's bound check missing");
+        assert!(!b[k].contains("setp.ge.s32") && !b[k].contains("setp.lt.s32"), "{k}: a signed compare");
+        assert!(b[k].contains(missing), "{k}: no `{missing}` constant for an index past the table");
+        assert_eq!(b[k].matches("ld.global").count(), 2, "{k}: the index and the table entry, nothing else");
+        // The ABI: `(index, n, table, len, out)`.
+        assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 5, "{k}'s parameters");
     }
-    // Unsigned compares only: the grid-stride loop's two (entry and back edge) and the type's
-    // against `ntypes` before the table is read (so no index past it, however large, is read);
-    // the NaN for a type past the table is a constant. Two global loads: the type, the table.
-    let unsigned = b[k].matches("setp.ge.u32").count() + b[k].matches("setp.lt.u32").count();
-    assert!(unsigned >= 3, "{k}: {unsigned} unsigned compares, the type's bound check missing");
-    assert!(!b[k].contains("setp.ge.s32") && !b[k].contains("setp.lt.s32"), "{k}: a signed compare");
-    assert!(b[k].contains("0f7FC00000"), "{k}: no NaN constant for a type past the table");
-    assert_eq!(b[k].matches("ld.global").count(), 2, "{k}: the type and the table entry, nothing else");
-    // The ABI: `(types, n, inv_by_type, ntypes, inv_mass)`.
-    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 5, "{k}'s parameters");
-}
-
-#[test]
-fn types_by_id_is_a_plain_gather_with_its_bound_checked() {
-    let b = entries(&ptx_text());
-    let k = abi::TYPES_BY_ID;
-    // `inverse_masses`'s gather for `u32`: a plain load per atom, no atomics, no shuffles, no
-    // shared memory; the id checked unsigned against `atoms` before the table is read, so that
-    // no id, however large, reads past it; `u32::MAX` for an id past the table.
-    for ins in ["red.", "atom.", "shfl.", ".shared"] {
-        assert!(!b[k].contains(ins), "{k} contains `{ins}`");
-    }
-    let unsigned = b[k].matches("setp.ge.u32").count() + b[k].matches("setp.lt.u32").count();
-    assert!(unsigned >= 3, "{k}: {unsigned} unsigned compares, the id's bound check missing");
-    assert!(!b[k].contains("setp.ge.s32") && !b[k].contains("setp.lt.s32"), "{k}: a signed compare");
-    assert!(b[k].contains("-1;"), "{k}: no u32::MAX for an id past the table");
-    assert_eq!(b[k].matches("ld.global").count(), 2, "{k}: the id and the table entry, nothing else");
-    // The ABI: `(ids, n, by_id, atoms, types)`.
-    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 5, "{k}'s parameters");
 }
 
 #[test]

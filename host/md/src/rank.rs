@@ -470,10 +470,10 @@ impl MdRank {
     /// built from; a type at or past the LJ table's is refused. Synchronous.
     pub fn set_types_by_id(&mut self, types: &[u8]) -> Result<()> {
         let ntypes = self.inv_by_type.len();
-        if let Some((id, &t)) = types.iter().enumerate().find(|&(_, &t)| usize::from(t) >= ntypes) {
+        let wide: Vec<u32> = types.iter().map(|&t| u32::from(t)).collect();
+        if let Some((id, t)) = crate::nbnxm::first_at_or_above(&wide, ntypes) {
             return Err(HaloError::InvalidInput(format!("atom {id} has type {t}, beyond the {ntypes} types of the LJ table")));
         }
-        let wide: Vec<u32> = types.iter().map(|&t| u32::from(t)).collect();
         let ctx = self.module.context();
         let table = DeviceBuffer::from_host(ctx, &wide)?;
         // A synchronous copy from pageable memory may return before its DMA lands, and the local
