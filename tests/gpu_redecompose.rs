@@ -3,7 +3,8 @@
 //! (`decomp::redecompose`), bit for bit: the same plan (every rank's ids, pulses and index
 //! maps), the same local positions, the same home ids, and each rank's velocities on its GPU in
 //! the new order, and each rank's extent of its home atoms (made on the GPU) the host's scan of
-//! the home positions; the extent kernel alone against the host's scan. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
+//! the home positions; the extent kernel alone against the host's scan, and the home id facts
+//! kernel alone and after a merge against the host's facts of the ids. Every rank of 1-D, 2-D and 3-D grids with one and two pulses driven from one
 //! process on one GPU, through several searches in a row (each from the last one's plan, the
 //! atoms moved in between, some across the box and whole boxes away), one `GpuHome` per rank
 //! reused throughout, each on a stream of its own; a migration begun ahead of its search, behind
@@ -13,8 +14,8 @@
 use halo::HaloError;
 use halo::abi::Float3;
 use halo::decomp::{
-    Decomposition, GpuExtent, GpuHome, HaloPlan, HomeAtoms, HomeDevice, PlanError, RankGrid, RedecomposeScratch, Redecomposed, redecompose,
-    redecompose_on_devices, scan,
+    Decomposition, GpuExtent, GpuHome, GpuIdFacts, HaloPlan, HomeAtoms, HomeDevice, HomeIdFacts, MergedHome, PlanError, RankGrid, RedecomposeScratch,
+    Redecomposed, redecompose, redecompose_on_devices, scan,
 };
 use halo::gpu::{CudaStream, DeviceBuffer, DeviceMemory, Staging};
 use halo::system::MolecularSystem;
@@ -271,4 +272,69 @@ fn the_gpu_extent_is_the_host_scan() {
         }
     }
     eprintln!("the GPU extent equals the host scan in {cases} cases");
+}
+
+/// The home id facts kernel against the host's facts of the same ids ([`HomeIdFacts::of`]): ids
+/// ascending with gaps, up to the largest 31-bit id, then with two neighbours swapped, an id
+/// repeated or one id below its predecessor at a thread's or a warp's first id (where the id
+/// before it is another thread's), from no id to many per thread; every part written (a short run
+/// after a long one sees none of the long one's parts). Then a rank's merge on the GPU hands back
+/// the facts of its merged ids.
+#[test]
+fn the_gpu_id_facts_are_the_hosts() {
+    let Some(g) = gpu("the_gpu_id_facts_are_the_hosts") else { return };
+    let stream = g.ctx.new_stream().unwrap();
+    let facts = GpuIdFacts::new(&g.ctx).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let (mut cases, mut unordered) = (0, 0);
+    for n in [0usize, 1, 2, 31, 32, 33, 255, 256, 257, 4095, 4096, 4097, 4098, 100_000, 3, 1] {
+        // Ascending ids with random gaps, the last ones near 2^31.
+        let mut ids: Vec<u32> = Vec::with_capacity(n);
+        let mut id = rng.random_range(0..1000u32);
+        for k in 0..n {
+            ids.push(id);
+            id += if k + 3 >= n { rng.random_range(1..(1u32 << 29)) } else { rng.random_range(1..40) };
+        }
+        for bad in ["none", "swap", "repeat", "drop at a thread's first id", "drop at a warp's first id"] {
+            let mut ids = ids.clone();
+            if n >= 2 {
+                let k = match bad {
+                    "drop at a thread's first id" => 4096.min(n - 1),
+                    "drop at a warp's first id" => 32.min(n - 1),
+                    _ => rng.random_range(1..n),
+                };
+                match bad {
+                    "swap" => ids.swap(k - 1, k),
+                    "repeat" => ids[k] = ids[k - 1],
+                    "none" => {}
+                    _ => ids[k] = ids[k - 1].saturating_sub(1),
+                }
+            }
+            let want = HomeIdFacts::of(&ids);
+            let got = facts.run(&g.module, &stream, &DeviceBuffer::from_host(&g.ctx, &ids).unwrap(), n).unwrap();
+            assert_eq!(got, want, "{n} ids, {bad}");
+            unordered += usize::from(!want.ascending);
+            cases += 1;
+        }
+    }
+    assert!(unordered > 30, "cases out of order: {unordered}");
+
+    // A merge on the GPU: its facts are those of the ids it merged.
+    let sys = MolecularSystem::generate(20_000, 31).unwrap();
+    let grid = RankGrid::new([2, 1, 1]).unwrap();
+    let geo = Decomposition::new(grid, sys.box_size, 1.1).unwrap();
+    let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, geo.cutoff).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 5);
+    let homes = homes_of(&plan, &positions, &velocities);
+    let arrays = RankArrays::new(&g, &homes[0]);
+    let mut home = GpuHome::new(&g.ctx, 0).unwrap();
+    let mut rank = home.with(&g.module, &stream, &arrays.x, &arrays.v, &homes[0].ids);
+    let (_, leavers) = rank.migrate(&geo).unwrap();
+    // The leavers of rank 0 come back to it (no other rank's atoms arrive): every id once.
+    let mut back: Vec<(u32, Float3, Float3)> = leavers.iter().map(|l| (l.id, l.x, l.v)).collect();
+    back.sort_unstable_by_key(|a| a.0);
+    let merged = rank.merge_and_select(&geo, &back, MergedHome::default()).unwrap();
+    assert_eq!(merged.ids.len(), homes[0].ids.len());
+    assert_eq!(merged.id_facts, Some(HomeIdFacts::of(&merged.ids)), "the merge's facts");
+    eprintln!("the GPU id facts equal the host's in {cases} cases ({unordered} out of order) and after a merge");
 }

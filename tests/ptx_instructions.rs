@@ -819,3 +819,17 @@ fn the_gpu_extent_folds_per_warp_with_shuffles_and_no_shared_state() {
     // The ABI: `(x, n, parts)`.
     assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 3, "{k}'s parameters");
 }
+
+#[test]
+fn the_gpu_id_facts_fold_per_warp_with_shuffles_and_no_shared_state() {
+    let b = entries(&ptx_text());
+    let k = abi::HOME_ID_FACTS;
+    // Two 64-bit sums folded over the warp, five butterfly steps each moving both 32-bit halves
+    // (`warp::sum_u64`), and one vote for an id out of order; the sums are integer arithmetic
+    // (64-bit adds of the 32-bit scrambles and of their 64-bit squares).
+    assert_eq!(b[k].matches("shfl.sync.bfly.b32").count(), 20, "{k}: butterfly steps");
+    assert_lowers(&b, k, &["vote.sync.any.pred", "add.s64", "mul.wide.u32"]);
+    assert_absent(&b, k, &["atom.", "red.", "bar.sync", ".local", ".shared", ".f32"]);
+    // The ABI: `(ids, n, parts)`.
+    assert_eq!(b[k].lines().filter(|l| l.trim_start().starts_with(".param ")).count(), 3, "{k}'s parameters");
+}

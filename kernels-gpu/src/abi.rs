@@ -84,6 +84,7 @@ kernel_entries! {
         "select_scan",
         "select_scatter",
         "position_extent",
+        "home_id_facts",
     ],
 }
 
@@ -731,6 +732,50 @@ pub struct ExtentPart {
     pub pad: u32,
 }
 
+/// A global atom id scrambled: a bijection of `0..2^31` (halo's systems have fewer atoms), so that
+/// ids in arithmetic patterns give sums in none. Multiplications by odd constants modulo 2^31 and
+/// xor-shifts right, each invertible on 31-bit words; neither kind alone would do (each is linear
+/// in its own arithmetic). The home check's sums (`halo::decomp`'s `home_check`) are over these,
+/// made on the host or by [`HOME_ID_FACTS`] with this one function.
+#[inline(always)]
+pub fn scramble_id(id: u32) -> u32 {
+    const LOW31: u32 = 0x7fff_ffff;
+    let mut y = id.wrapping_mul(0x2c1b_3c6d) & LOW31;
+    y ^= y >> 15;
+    y = y.wrapping_mul(0x297a_2d39) & LOW31;
+    y ^ (y >> 16)
+}
+
+/// `home_id_facts(ids, n, parts)`: what the home check needs of a rank's `n` home ids where they
+/// are (`kernels/home_ids.rs`; host: `halo::decomp::GpuIdFacts`), [`ID_FACTS_BLOCKS`] blocks of
+/// [`ID_FACTS_THREADS`] threads, grid-strided, no shared memory: each warp's sums over its share
+/// of the ids of [`scramble_id`]`(id)` and of its square (both wrapping in 64 bits) and whether
+/// one of its ids is not above the id before it, written by its lane 0 to `parts[warp]`
+/// ([`ID_FACTS_PARTS`] in all, every one written, zeros for a warp without ids). The host adds the
+/// parts up (`halo::decomp::fold_id_facts`).
+pub const HOME_ID_FACTS: &str = "home_id_facts";
+/// Blocks of [`HOME_ID_FACTS`].
+pub const ID_FACTS_BLOCKS: u32 = 16;
+/// Threads per block of [`HOME_ID_FACTS`] (whole warps).
+pub const ID_FACTS_THREADS: u32 = 256;
+/// Parts [`HOME_ID_FACTS`] writes: one per warp of its launch.
+pub const ID_FACTS_PARTS: usize = (ID_FACTS_BLOCKS * ID_FACTS_THREADS / 32) as usize;
+
+/// One warp's share of a [`HOME_ID_FACTS`]: 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "nvptx64"), derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct IdFactsPart {
+    /// `Σ scramble_id(id)` over the warp's ids (wrapping).
+    pub first: u64,
+    /// `Σ scramble_id(id)²` (wrapping).
+    pub second: u64,
+    /// 1 when one of the warp's ids is not above the id before it in the array, else 0.
+    pub unordered: u32,
+    /// Padding to 24 bytes.
+    pub pad: u32,
+}
+
 /// `jacobi7(u_in, u_out, neighbours, n, alpha)`: one Jacobi step of the 7-point stencil over a
 /// neighbour table (`examples/stencil3d`).
 pub const JACOBI7: &str = "jacobi7";
@@ -1296,6 +1341,9 @@ const _: () = {
     assert!(SELECT_SCAN_THREADS.is_power_of_two() && SELECT_SCAN_THREADS <= 1024 && SELECT_SCAN_SHARED_BYTES <= 48 * 1024);
     assert!(size_of::<SelectGeometry>() == 168 && align_of::<SelectGeometry>() == 8 && offset_of!(SelectGeometry, lo) == 24);
     assert!(size_of::<SelectedAtom>() == 16 && align_of::<SelectedAtom>() == 4);
+    // The home ids' facts: whole warps (each lane 0 writes its warp's part), 24-byte parts.
+    assert!(ID_FACTS_THREADS.is_multiple_of(32) && ID_FACTS_THREADS <= 1024);
+    assert!(size_of::<IdFactsPart>() == 24 && align_of::<IdFactsPart>() == 8);
 };
 
 #[cfg(test)]

@@ -82,6 +82,8 @@ unsafe extern "C" {
     fn bar_warp_sync(mask: u32);
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_sync_bfly_f32(mask: u32, value: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
+    fn shfl_sync_bfly_i32(mask: u32, value: u32, lane_mask: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn shfl_sync_idx_i32(mask: u32, value: u32, src_lane: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.redux.sync.or"]
@@ -202,6 +204,37 @@ pub mod warp {
     pub unsafe fn shfl_xor_f32(mask: u32, value: f32, lane_mask: u32) -> f32 {
         // SAFETY: forwarded to the caller's contract; clamp 0x1f spans the whole warp.
         unsafe { super::shfl_sync_bfly_f32(mask, value, lane_mask, 0x1f) }
+    }
+
+    /// [`shfl_xor_f32`] of a 32-bit word (`shfl.sync.bfly.b32`): the word of lane
+    /// `lane_id() ^ lane_mask`, bits as they are. Registers only, no memory.
+    ///
+    /// # Safety
+    /// As [`shfl_xor_f32`]: every lane in `mask` executes this same call, the calling lane and its
+    /// partner are in `mask`.
+    #[inline(always)]
+    pub unsafe fn shfl_xor_u32(mask: u32, value: u32, lane_mask: u32) -> u32 {
+        // SAFETY: forwarded to the caller's contract; clamp 0x1f spans the whole warp.
+        unsafe { super::shfl_sync_bfly_i32(mask, value, lane_mask, 0x1f) }
+    }
+
+    /// The wrapping sum of `value` over the 32 lanes, on every lane: five butterfly steps, each
+    /// moving the two 32-bit halves ([`shfl_xor_u32`] twice). Registers only, no memory.
+    ///
+    /// # Safety
+    /// All 32 lanes of the warp execute this same call.
+    #[inline(always)]
+    pub unsafe fn sum_u64(value: u64) -> u64 {
+        /// One butterfly step: this lane's value plus its partner's, both halves moved.
+        #[inline(always)]
+        unsafe fn step(v: u64, lane_mask: u32) -> u64 {
+            // SAFETY: all lanes together, full mask (`sum_u64`'s contract).
+            let (lo, hi) = unsafe { (shfl_xor_u32(FULL_MASK, v as u32, lane_mask), shfl_xor_u32(FULL_MASK, (v >> 32) as u32, lane_mask)) };
+            v.wrapping_add((u64::from(hi) << 32) | u64::from(lo))
+        }
+        // Written out: a loop over an array of offsets lands in local memory.
+        // SAFETY: all lanes together (the caller's contract).
+        unsafe { step(step(step(step(step(value, 16), 8), 4), 2), 1) }
     }
 }
 

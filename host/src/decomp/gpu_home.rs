@@ -10,7 +10,8 @@
 //! first pulse is selected over the new home atoms (one wait for the counts, the selections come
 //! back); then the new home atoms' ids
 //! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
-//! need). The velocities stay on the device ([`GpuHome::velocities`]), merged in the new order.
+//! need), with their extent and their ids' home check facts, both made on the GPU after the merge
+//! ([`super::GpuExtent`], [`super::GpuIdFacts`]). The velocities stay on the device ([`GpuHome::velocities`]), merged in the new order.
 //!
 //! | item | what it is |
 //! |---|---|
@@ -18,11 +19,11 @@
 //! | [`GpuRank`] | a [`GpuHome`] with its rank's inputs for one search: the [`HomeDevice`] |
 
 use super::grid::{Decomposition, RankGrid};
-use super::{GpuExtent, GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays, fold_extent};
+use super::{GpuExtent, GpuIdFacts, GpuMerge, GpuMigrate, GpuSelect, HomeDevice, MergeArrays, MergedHome, MigrateArrays, fold_extent, fold_id_facts};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
 use cudarc::driver::{CudaContext, PinnedHostSlice};
-use kernels_gpu::abi::{EXTENT_PARTS, ExtentPart, Float3, MigrateLeaver};
+use kernels_gpu::abi::{EXTENT_PARTS, ExtentPart, Float3, ID_FACTS_PARTS, IdFactsPart, MigrateLeaver};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,8 +82,11 @@ pub struct GpuHome {
     new_v: DeviceBuffer<Float3>,
     /// The new home atoms' extent, made on the GPU after the merge.
     extent: GpuExtent,
-    /// Page-locked room for what comes back after the merge, in one wait: the new home atoms'
-    /// ids and positions, the selection's counts and indices, their extent's parts (`u32` words).
+    /// The home check's facts of the new home ids, made on the GPU after the merge.
+    id_facts: GpuIdFacts,
+    /// Page-locked room for what comes back after the merge, in one wait: the facts' parts, the
+    /// extent's parts, the new home atoms' ids and positions, the selection's counts and indices
+    /// (`u32` words).
     host: Option<PinnedHostSlice<u32>>,
     /// Stayers of the last migration.
     stayers: usize,
@@ -113,6 +117,7 @@ impl GpuHome {
             new_x: f3()?,
             new_v: f3()?,
             extent: GpuExtent::new(ctx)?,
+            id_facts: GpuIdFacts::new(ctx)?,
             host: None,
             stayers: 0,
             home: 0,
@@ -217,24 +222,47 @@ struct Merging {
     map_words: usize,
 }
 
+/// The room of one begun merge, split by [`Merging::split`].
+struct Room<'w> {
+    /// The home id facts' parts.
+    facts: &'w mut [IdFactsPart],
+    /// The extent's parts.
+    extent: &'w mut [ExtentPart],
+    /// The new home atoms' ids.
+    ids: &'w mut [u32],
+    /// Their positions.
+    x: &'w mut [Float3],
+    /// The selection's counts.
+    info: &'w mut [u32],
+    /// The selection's indices.
+    maps: &'w mut [u32],
+}
+
 impl Merging {
+    /// Words of the home id facts' parts (first in the room: the page-locked room's start is
+    /// aligned for their 64-bit sums, and they are a whole number of those).
+    const FACTS_WORDS: usize = ID_FACTS_PARTS * size_of::<IdFactsPart>() / 4;
     /// Words of the extent's parts.
     const EXTENT_WORDS: usize = EXTENT_PARTS * size_of::<ExtentPart>() / 4;
 
     /// The room's words this merge uses.
     fn words(&self) -> usize {
-        Self::EXTENT_WORDS + 4 * self.n + self.info_words + self.map_words
+        Self::FACTS_WORDS + Self::EXTENT_WORDS + 4 * self.n + self.info_words + self.map_words
     }
 
-    /// The room's first [`Self::words`] split into the extent's parts, the ids, the positions, the
-    /// selection's info and its maps.
-    #[allow(clippy::type_complexity)]
-    fn split<'w>(&self, room: &'w mut [u32]) -> (&'w mut [ExtentPart], &'w mut [u32], &'w mut [Float3], &'w mut [u32], &'w mut [u32]) {
-        let (parts, rest) = room[..self.words()].split_at_mut(Self::EXTENT_WORDS);
+    /// The room's first [`Self::words`] split into the facts' parts, the extent's parts, the ids,
+    /// the positions, the selection's info and its maps.
+    fn split<'w>(&self, room: &'w mut [u32]) -> Result<Room<'w>> {
+        let (facts, rest) = room[..self.words()].split_at_mut(Self::FACTS_WORDS);
+        let (extent, rest) = rest.split_at_mut(Self::EXTENT_WORDS);
         let (ids, rest) = rest.split_at_mut(self.n);
         let (x, rest) = rest.split_at_mut(3 * self.n);
         let (info, maps) = rest.split_at_mut(self.info_words);
-        (bytemuck::cast_slice_mut(parts), ids, bytemuck::cast_slice_mut(x), info, maps)
+        // Page-locked memory starts on a page: the facts' 64-bit sums are aligned (refused, not
+        // a panic, should an allocation ever give less).
+        let facts = bytemuck::try_cast_slice_mut(facts)
+            .map_err(|e| HaloError::InvalidInput(format!("the GPU redecomposition's read-back room is not aligned for the id facts: {e}")))?;
+        Ok(Room { facts, extent: bytemuck::cast_slice_mut(extent), ids, x: bytemuck::cast_slice_mut(x), info, maps })
     }
 }
 
@@ -369,9 +397,10 @@ impl HomeDevice for GpuRank<'_> {
             .ok_or_else(|| HaloError::InvalidInput(format!("rank {}: a GPU merge for another decomposition than its migration's", h.rank)))?;
         p.select.enqueue(self.module, self.stream, &h.new_x, &h.new_ids, n)?;
         h.extent.enqueue(self.module, self.stream, &h.new_x, n)?;
-        // Everything that comes back, in one wait (in `merge_and_select`): the extent's parts, ids,
-        // positions, the selection's counts and every slot's whole room of indices, into this
-        // rank's page-locked room, which outlives the copies.
+        h.id_facts.enqueue(self.module, self.stream, &h.new_ids, n)?;
+        // Everything that comes back, in one wait (in `merge_and_select`): the facts' and the
+        // extent's parts, ids, positions, the selection's counts and every slot's whole room of
+        // indices, into this rank's page-locked room, which outlives the copies.
         let (info_words, map_words) = p.select.read_back_words(n);
         let merging = Merging { n, info_words, map_words };
         let need = merging.words();
@@ -382,17 +411,18 @@ impl HomeDevice for GpuRank<'_> {
             h.host = Some(unsafe { ctx.alloc_pinned_with_flags::<u32>(cap, 0) }.during("allocating the GPU redecomposition's read-back")?);
         }
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let (parts, ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
+        let room = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?)?;
         // SAFETY: the room is `h`'s and is neither read nor freed nor replaced before the stream
         // is synchronised: in `merge_and_select`, or, for a merge a failed search left unfinished,
         // by the next search's migration on the same stream, which waits before any begin here
         // can replace the room.
         let enqueued = unsafe {
-            h.extent
-                .enqueue_read(parts, self.stream)
-                .and_then(|()| h.new_ids.enqueue_read(0, ids, self.stream))
-                .and_then(|()| h.new_x.enqueue_read(0, x, self.stream))
-                .and_then(|()| p.select.enqueue_read_maps(n, info, maps, self.stream))
+            h.id_facts
+                .enqueue_read(room.facts, self.stream)
+                .and_then(|()| h.extent.enqueue_read(room.extent, self.stream))
+                .and_then(|()| h.new_ids.enqueue_read(0, room.ids, self.stream))
+                .and_then(|()| h.new_x.enqueue_read(0, room.x, self.stream))
+                .and_then(|()| p.select.enqueue_read_maps(n, room.info, room.maps, self.stream))
         };
         if let Err(e) = enqueued {
             // The copies that were enqueued land in the room before anything can replace it.
@@ -417,14 +447,16 @@ impl HomeDevice for GpuRank<'_> {
         h.home = n;
         let p = h.passes.as_mut().ok_or_else(|| HaloError::InvalidInput("the GPU redecomposition's passes were not made".into()))?;
         let host = h.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no read-back room".into()))?;
-        let (parts, ids, x, info, maps) = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?);
+        let room = merging.split(host.as_mut_slice().during("reaching the GPU redecomposition's read-back")?)?;
         into.ids.clear();
-        into.ids.extend_from_slice(ids);
+        into.ids.extend_from_slice(room.ids);
         into.wrapped.clear();
-        into.wrapped.extend_from_slice(x);
-        // The home atoms' extent, made on the GPU, for the pair search's zone checks.
-        into.home_scan = Some(fold_extent(parts, [0.0; 3], geo.box_size));
-        p.select.maps_from(info, maps, n, &mut into.first_pulse)?;
+        into.wrapped.extend_from_slice(room.x);
+        // The home atoms' extent, made on the GPU, for the pair search's zone checks, and their
+        // ids' facts for the home check.
+        into.home_scan = Some(fold_extent(room.extent, [0.0; 3], geo.box_size));
+        into.id_facts = Some(fold_id_facts(room.facts, n));
+        p.select.maps_from(room.info, room.maps, n, &mut into.first_pulse)?;
         Ok(into)
     }
 }

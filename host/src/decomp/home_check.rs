@@ -3,7 +3,9 @@
 //! rank's ids.
 //!
 //! Each rank's home ids are checked where they are held ([`local_homes`]): ascending with no
-//! repeat, all below `atoms`. Between processes only each rank's [`RankHomes`] crosses, with its
+//! repeat, all below `atoms`. Where a GPU redecomposition merged them, the GPU makes the sums and
+//! the order check with the merge ([`HomeIdFacts`], kernel `home_id_facts`) and the host takes
+//! those instead of passing over the ids. Between processes only each rank's [`RankHomes`] crosses, with its
 //! plan: its home count, two sums over its ids ([`IdSums`]) and its first bad id, if any. With
 //! every rank's ids clean and the counts adding up to `atoms`, the ranks hold `0..atoms` once each
 //! exactly when no id is on two ranks, and then the sums add up to [`all_ids_sums`]. The sums are
@@ -18,21 +20,16 @@
 
 use super::PlanError;
 use crate::workers::Workers;
+use kernels_gpu::abi::{self, IdFactsPart};
 
 /// Ids per part of the sums shared out to the workers.
 const PART: usize = 16 * 1024;
 
-/// A global id scrambled: a bijection of `0..2^31` (halo's systems have fewer atoms), so that
-/// ids in arithmetic patterns give sums in none. Multiplications by odd constants modulo 2^31 and
-/// xor-shifts right, each invertible on 31-bit words; neither kind alone would do (each is linear
-/// in its own arithmetic).
+/// A global id scrambled ([`abi::scramble_id`], the one function the GPU's sums use too): a
+/// bijection of `0..2^31`, so that ids in arithmetic patterns give sums in none.
 #[inline(always)]
 pub(super) fn scramble(id: u32) -> u32 {
-    const LOW31: u32 = 0x7fff_ffff;
-    let mut y = id.wrapping_mul(0x2c1b_3c6d) & LOW31;
-    y ^= y >> 15;
-    y = y.wrapping_mul(0x297a_2d39) & LOW31;
-    y ^ (y >> 16)
+    abi::scramble_id(id)
 }
 
 /// The sums over a set of ids of their [`scramble`]s `y` and of `y²` (the second wrapping). Both
@@ -81,6 +78,44 @@ impl IdSums {
     }
 }
 
+/// What a device found of one rank's home ids where they are: the home check's two sums over them
+/// and whether they ascend strictly. A redecomposition on the GPU makes them with its merge
+/// (kernel `home_id_facts`, folded by [`fold_id_facts`]); the host's check of each rank's ids
+/// then takes them in place of its own pass over those ids, and passes over them only to name a
+/// bad id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HomeIdFacts {
+    /// How many ids the facts are of.
+    pub count: usize,
+    /// `Σ y` over the ids' scrambles `y` ([`abi::scramble_id`]), wrapping.
+    pub first: u64,
+    /// `Σ y²`, wrapping.
+    pub second: u64,
+    /// Every id is above the one before it.
+    pub ascending: bool,
+}
+
+impl HomeIdFacts {
+    /// The facts of `ids`, made on the CPU with the host check's own sums: what the GPU's parts
+    /// must fold to.
+    pub fn of(ids: &[u32]) -> Self {
+        let IdSums { first, second } = IdSums::of_slice(ids);
+        Self { count: ids.len(), first, second, ascending: ids.windows(2).all(|w| w[0] < w[1]) }
+    }
+}
+
+/// The facts of `count` ids from the parts kernel `home_id_facts` wrote over them
+/// ([`abi::ID_FACTS_PARTS`]): the sums added up (wrapping, so in any order the host's), ascending
+/// when no part saw an id out of order.
+pub fn fold_id_facts(parts: &[IdFactsPart], count: usize) -> HomeIdFacts {
+    parts.iter().fold(HomeIdFacts { count, ascending: true, ..HomeIdFacts::default() }, |f, p| HomeIdFacts {
+        count,
+        first: f.first.wrapping_add(p.first),
+        second: f.second.wrapping_add(p.second),
+        ascending: f.ascending && p.unordered == 0,
+    })
+}
+
 /// What a rank's home ids tell the home check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RankHomes {
@@ -119,10 +154,19 @@ impl BadHome {
 
 /// Each of `ranks`' home ids checked, and with `sums` summed, their parts shared out to
 /// `workers` (without `sums` the sums are 0: a process that holds every rank's ids checks them
-/// exactly instead, [`name_repeated`]).
-pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &Workers) -> Vec<RankHomes> {
-    let parts: Vec<(usize, usize)> = ranks.iter().enumerate().flat_map(|(r, ids)| (0..ids.len()).step_by(PART).map(move |at| (r, at))).collect();
-    let sums = workers.map(parts, |(r, at)| {
+/// exactly instead, [`name_repeated`]). Where `facts` (indexed like `ranks`; missing entries are
+/// `None`) holds a device's [`HomeIdFacts`] of a rank's ids, those are taken instead of a pass
+/// over them; its ids are read only to name a bad one. The caller checks that the facts are of
+/// as many ids as the rank has.
+pub(super) fn local_homes(ranks: &[&[u32]], facts: &[Option<HomeIdFacts>], atoms: usize, sums: bool, workers: &Workers) -> Vec<RankHomes> {
+    let given = |r: usize| facts.get(r).copied().flatten();
+    let parts: Vec<(usize, usize)> = ranks
+        .iter()
+        .enumerate()
+        .filter(|&(r, _)| given(r).is_none())
+        .flat_map(|(r, ids)| (0..ids.len()).step_by(PART).map(move |at| (r, at)))
+        .collect();
+    let mut sums_of = workers.map(parts, |(r, at)| {
         let ids = ranks[r];
         let end = (at + PART).min(ids.len());
         // Each part's ids with the one before them, so that every neighbouring pair is looked at.
@@ -130,9 +174,13 @@ pub(super) fn local_homes(ranks: &[&[u32]], atoms: usize, sums: bool, workers: &
         let sum = if sums { IdSums::of_slice(&ids[at..end]) } else { IdSums::default() };
         (r, ascending, sum)
     });
+    sums_of.extend((0..ranks.len()).filter_map(|r| {
+        let f = given(r)?;
+        Some((r, f.ascending, if sums { IdSums { first: f.first, second: f.second } } else { IdSums::default() }))
+    }));
     let mut out: Vec<RankHomes> = ranks.iter().map(|ids| RankHomes { count: ids.len(), ..RankHomes::default() }).collect();
     let mut clean = vec![true; ranks.len()];
-    for (r, ascending, sum) in sums {
+    for (r, ascending, sum) in sums_of {
         out[r].sums = out[r].sums.add(sum);
         clean[r] &= ascending;
     }
@@ -258,7 +306,7 @@ mod tests {
     use super::*;
 
     fn homes(ranks: &[&[u32]], atoms: usize) -> Vec<RankHomes> {
-        local_homes(ranks, atoms, true, &Workers::serial())
+        local_homes(ranks, &[], atoms, true, &Workers::serial())
     }
 
     /// The whole check as a process that holds only the numbers runs it.
@@ -321,15 +369,72 @@ mod tests {
         assert_eq!(check(&homes(&[a, b], atoms), atoms, want), Ok(true));
         let thirds: Vec<Vec<u32>> = (0..3).map(|r| ids.iter().copied().filter(|i| i % 3 == r).collect()).collect();
         let split: Vec<&[u32]> = thirds.iter().map(Vec::as_slice).collect();
-        let on_workers = local_homes(&split, atoms, true, &Workers::new(2).unwrap());
+        let on_workers = local_homes(&split, &[], atoms, true, &Workers::new(2).unwrap());
         assert_eq!(on_workers, homes(&split, atoms), "the same on any workers");
         assert_eq!(check(&on_workers, atoms, want), Ok(true));
         assert_eq!(name_repeated(&split, atoms, &Workers::new(2).unwrap(), &mut Vec::new()), None);
         // Without sums: the same checks, every sum 0.
-        let unsummed = local_homes(&split, atoms, false, &Workers::new(2).unwrap());
+        let unsummed = local_homes(&split, &[], atoms, false, &Workers::new(2).unwrap());
         assert!(unsummed.iter().zip(&on_workers).all(|(u, s)| u.sums == IdSums::default() && u.bad == s.bad && u.count == s.count));
         assert_eq!(check(&homes(&[&[], &[]], 0), 0, all_ids_sums(0, &Workers::serial())), Ok(true));
         assert_eq!(name_repeated(&[&[], &[]], 0, &Workers::serial(), &mut vec![true; 4]), None);
+    }
+
+    /// A device's facts of a rank's ids stand in for the host's pass over them: the same
+    /// [`RankHomes`] where they are the ids' own ([`HomeIdFacts::of`], and the parts the kernel
+    /// writes folded), with the sums taken from the facts (**negative control:** other sums show
+    /// through) and a bad id named from the ids where the facts say they do not ascend.
+    #[test]
+    fn a_devices_id_facts_stand_in_for_the_hosts_pass() {
+        let atoms = 50_000usize;
+        let ids: Vec<u32> = (0..atoms as u32).collect();
+        let thirds: Vec<Vec<u32>> = (0..3).map(|r| ids.iter().copied().filter(|i| i % 3 == r).collect()).collect();
+        let split: Vec<&[u32]> = thirds.iter().map(Vec::as_slice).collect();
+        let workers = Workers::new(2).unwrap();
+        for sums in [true, false] {
+            let want = local_homes(&split, &[], atoms, sums, &workers);
+            let all: Vec<_> = split.iter().map(|ids| Some(HomeIdFacts::of(ids))).collect();
+            assert_eq!(local_homes(&split, &all, atoms, sums, &workers), want, "every rank's facts, sums {sums}");
+            let some = [None, all[1], None];
+            assert_eq!(local_homes(&split, &some, atoms, sums, &workers), want, "one rank's facts, sums {sums}");
+        }
+        // The kernel's parts: each warp's share summed, folded in any order.
+        let ids = split[1];
+        let parts: Vec<IdFactsPart> = ids
+            .chunks(97)
+            .map(|c| {
+                let f = HomeIdFacts::of(c);
+                IdFactsPart { first: f.first, second: f.second, unordered: 0, pad: 0 }
+            })
+            .chain(std::iter::repeat_n(IdFactsPart::default(), 5))
+            .rev()
+            .collect();
+        assert_eq!(fold_id_facts(&parts, ids.len()), HomeIdFacts::of(ids));
+        let mut flagged = parts.clone();
+        flagged[3].unordered = 1;
+        assert!(!fold_id_facts(&flagged, ids.len()).ascending);
+        assert_eq!(fold_id_facts(&[], 0), HomeIdFacts { count: 0, first: 0, second: 0, ascending: true });
+        // Negative control: the facts' sums are the ones used.
+        let mut wrong = HomeIdFacts::of(split[0]);
+        wrong.first ^= 1;
+        let got = local_homes(&split, &[Some(wrong)], atoms, true, &workers);
+        assert_ne!(got[0].sums, local_homes(&split, &[], atoms, true, &workers)[0].sums);
+        assert_eq!(check(&got, atoms, all_ids_sums(atoms, &workers)), Ok(false));
+        // Facts that say the ids do not ascend: the bad id named from the ids themselves, as
+        // without facts.
+        let mut swapped = thirds[2].clone();
+        swapped.swap(100, 101);
+        let bad: Vec<&[u32]> = vec![split[0], split[1], &swapped];
+        let facts = [None, None, Some(HomeIdFacts::of(&swapped))];
+        assert!(!HomeIdFacts::of(&swapped).ascending);
+        let with = local_homes(&bad, &facts, atoms, true, &workers);
+        assert_eq!(with, local_homes(&bad, &[], atoms, true, &workers));
+        assert_eq!(with[2].bad, Some(BadHome { local: 101, id: swapped[101], previous: swapped[100] }));
+        // An id beyond the system at the end of ids that ascend: named too.
+        let mut beyond = thirds[0].clone();
+        beyond.push(atoms as u32 + 3);
+        let with = local_homes(&[&beyond], &[Some(HomeIdFacts::of(&beyond))], atoms, true, &workers);
+        assert_eq!(with[0].bad.map(|b| b.id), Some(atoms as u32 + 3));
     }
 
     /// [`all_once`] against a plain count per atom, on one worker and on three: sets of 0 to
@@ -401,7 +506,7 @@ mod tests {
         let atoms = 50_000usize;
         let want = all_ids_sums(atoms, &Workers::serial());
         let ids: Vec<u32> = (0..atoms as u32).collect();
-        let run = |a: &[u32], b: &[u32]| check(&local_homes(&[a, b], atoms, true, &Workers::new(2).unwrap()), atoms, want);
+        let run = |a: &[u32], b: &[u32]| check(&local_homes(&[a, b], &[], atoms, true, &Workers::new(2).unwrap()), atoms, want);
         let (a, b) = ids.split_at(20_000);
         // One atom lost.
         assert_eq!(run(a, &b[1..]), Err(PlanError::HomeTotal { found: atoms - 1, expected: atoms }));

@@ -24,6 +24,7 @@ mod error;
 mod gpu_checks;
 mod gpu_extent;
 mod gpu_home;
+mod gpu_id_facts;
 mod gpu_merge;
 #[cfg(test)]
 mod gpu_merge_tests;
@@ -46,12 +47,14 @@ pub use bounds::{Scan, scan};
 pub use error::PlanError;
 pub use gpu_extent::{GpuExtent, fold_extent};
 pub use gpu_home::{GpuHome, GpuRank};
+pub use gpu_id_facts::GpuIdFacts;
 pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
 #[cfg(any(test, feature = "test-support"))]
 pub(crate) use gpu_select::selection_edges;
 pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_reference, selected_in};
 pub use grid::{DIM_NAMES, Decomposition, MAX_RANKS, RankGrid, pulses_needed, wrap_position, wrap_positions};
+pub use home_check::{HomeIdFacts, fold_id_facts};
 pub use plan::{HaloPlan, PlanScratch, PulsePlan, RankPlan, SEND_MARGIN};
 pub use redecompose::{
     Collective, HomeAtoms, HomeDevice, MergedHome, PlanRider, RedecomposeScratch, Redecomposed, TAG_HOMES, TAG_MIGRATE, TAG_PLAN, redecompose,

@@ -21,7 +21,7 @@
 //! collective, so that every process reports it, the same, instead of some waiting for others.
 
 use super::grid::{DIM_NAMES, Decomposition, wrap_position};
-use super::home_check::{self, BadHome, IdSums, RankHomes};
+use super::home_check::{self, BadHome, HomeIdFacts, IdSums, RankHomes};
 use super::plan::{CellEdges, RankFrame, crossing_shift, pulse_plan, send_range2};
 use super::select::select_wrapped_into;
 use super::{HaloPlan, PlanError, PulsePlan, RankGrid, RankPlan};
@@ -350,7 +350,7 @@ pub fn redecompose_with(
     let parts = ranks.iter().zip(&homes).zip(&mut scratch.ranks).zip(arrivals).zip(arrays).collect();
     let work: Vec<Working> = workers.map(parts, |((((&s, h), sc), a), arrays)| Working::new(s, h, sc, a, arrays, box_size));
     homes.into_iter().for_each(|h| scratch.spare.give_home(h));
-    plan_pulses(&geo, atoms, ranks, work, &[], all_gather, rider, workers, scratch)
+    plan_pulses(&geo, atoms, ranks, work, FromDevices::default(), all_gather, rider, workers, scratch)
 }
 
 /// The migration's collective: every local rank's `leaving` out, and per local rank (the order
@@ -385,19 +385,31 @@ fn migrate(
     Ok(arrivals)
 }
 
+/// What the devices that hold the local ranks' home atoms found of them, per local rank (empty
+/// where the host redecomposes): the home part of every decomposed dimension's first pulse's
+/// selection (home indices, ascending), and the home check's facts of the home ids.
+#[derive(Clone, Copy, Default)]
+struct FromDevices<'a> {
+    /// Per local rank and decomposed dimension, the home atoms the dimension's first pulse sends.
+    maps: &'a [Vec<Vec<u32>>],
+    /// Per local rank, the facts of its home ids ([`home_check::local_homes`] takes them).
+    facts: &'a [Option<HomeIdFacts>],
+}
+
 /// Steps 2 and 3 of a redecomposition, once every local rank's new home atoms are in its
 /// [`Working`]: the pulses, the homes and local positions out, every rank's plan to every
-/// process. `home_maps`, when not empty, holds per local rank and decomposed dimension the home
-/// part of that dimension's first pulse's selection (home indices, ascending; the GPU's), which
-/// is then not selected again: the host selects only the atoms received along earlier
-/// dimensions. `rider` makes each local rank's plan's [`Redecomposed::riders`] entry.
+/// process. `devices.maps`, when not empty, holds per local rank and decomposed dimension the
+/// home part of that dimension's first pulse's selection (the GPU's), which is then not selected
+/// again: the host selects only the atoms received along earlier dimensions; `devices.facts` the
+/// home ids' facts the home check takes instead of a pass over the ids. `rider` makes each local
+/// rank's plan's [`Redecomposed::riders`] entry.
 #[allow(clippy::too_many_arguments)]
 fn plan_pulses(
     geo: &Decomposition,
     atoms: usize,
     ranks: &[usize],
     mut work: Vec<Working>,
-    home_maps: &[Vec<Vec<u32>>],
+    devices: FromDevices<'_>,
     all_gather: &mut Collective<'_>,
     mut rider: Option<&mut PlanRider<'_>>,
     workers: &Workers,
@@ -418,7 +430,7 @@ fn plan_pulses(
             let tag = pulse_tag(d, p);
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
             // A first pulse whose home part was selected already starts after the home atoms.
-            let given = |i: usize| if p == 0 { home_maps.get(i).map(|m| (m[k].as_slice(), work[i].home)) } else { None };
+            let given = |i: usize| if p == 0 { devices.maps.get(i).map(|m| (m[k].as_slice(), work[i].home)) } else { None };
             let ranges: Vec<_> = (0..ranks.len())
                 .map(|i| match (p, given(i)) {
                     (0, Some((_, home))) => home..dim_start[i],
@@ -455,7 +467,7 @@ fn plan_pulses(
         let _span = tracing::debug_span!("search.plan_out.home_sums").entered();
         let ids: Vec<&[u32]> = work.iter().map(|w| &w.ids[..w.home]).collect();
         // Sums only for other processes: one that drives every rank checks the ids exactly.
-        home_check::local_homes(&ids, atoms, ranks.len() < nranks, workers)
+        home_check::local_homes(&ids, devices.facts, atoms, ranks.len() < nranks, workers)
     };
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());

@@ -695,11 +695,27 @@ struct CpuHome {
     stayers: MigrateReference,
     /// The merged home atoms' velocities (what stays on a device).
     velocities: Vec<Float3>,
+    /// What the device tells of its merged ids' home check facts.
+    facts: Facts,
+}
+
+/// The home id facts a [`CpuHome`] hands back with its merge.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Facts {
+    /// None: the host passes over the ids.
+    None,
+    /// Those of its ids ([`HomeIdFacts::of`], what the GPU's parts fold to).
+    Own,
+    /// Its ids' with the first sum off by one: a device whose sums are wrong.
+    Wrong,
 }
 
 impl CpuHome {
+    /// Rank `rank`'s model device; even ranks hand back their ids' facts and odd ones none, so
+    /// that a process of several ranks takes both paths of the home check at once.
     fn new(rank: usize, home: HomeAtoms) -> Self {
-        Self { rank, home, stayers: MigrateReference::default(), velocities: Vec::new() }
+        let facts = if rank.is_multiple_of(2) { Facts::Own } else { Facts::None };
+        Self { rank, home, stayers: MigrateReference::default(), velocities: Vec::new(), facts }
     }
 }
 
@@ -735,6 +751,11 @@ impl HomeDevice for CpuHome {
             map.clear();
             select_wrapped_into(geo, &decomposed, self.rank, d, &frame, 0, send_range2(geo.cutoff), map);
         }
+        into.id_facts = match self.facts {
+            Facts::None => None,
+            Facts::Own => Some(HomeIdFacts::of(&into.ids)),
+            Facts::Wrong => Some(HomeIdFacts { first: HomeIdFacts::of(&into.ids).first.wrapping_add(1), ..HomeIdFacts::of(&into.ids) }),
+        };
         Ok(into)
     }
 }
@@ -748,13 +769,33 @@ fn on_devices(
     atoms: usize,
     homes: &[HomeAtoms],
 ) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
+    on_devices_with(processes, grid, box_size, cutoff, atoms, homes, |_| None)
+}
+
+/// [`on_devices`] where `facts(rank)`, when given, sets what rank `rank`'s device tells of its ids'
+/// facts.
+fn on_devices_with(
+    processes: &[Vec<usize>],
+    grid: RankGrid,
+    box_size: [f32; 3],
+    cutoff: f32,
+    atoms: usize,
+    homes: &[HomeAtoms],
+    facts: impl Fn(usize) -> Option<Facts> + Sync,
+) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
     let collective = SharedCollective::new(grid, processes.len(), false);
     let collective = &collective;
     std::thread::scope(|scope| {
         let threads: Vec<_> = processes
             .iter()
             .map(|ranks| {
-                let mut devices: Vec<CpuHome> = ranks.iter().map(|&r| CpuHome::new(r, homes[r].clone())).collect();
+                let mut devices: Vec<CpuHome> = ranks
+                    .iter()
+                    .map(|&r| {
+                        let d = CpuHome::new(r, homes[r].clone());
+                        CpuHome { facts: facts(r).unwrap_or(d.facts), ..d }
+                    })
+                    .collect();
                 scope.spawn(move || {
                     let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
                     let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
@@ -791,6 +832,35 @@ fn the_device_path_gives_the_hosts_plan() {
                 check(&got, ranks, &positions, &velocities, &want);
             }
         }
+    }
+}
+
+/// The home check takes a device's facts of its ids across processes: with every rank's own
+/// facts (or none) the plan is the host's, and with one rank's sums wrong every process refuses
+/// the set of home atoms, as the ids alone would not have it (**negative control**: the facts are
+/// the numbers checked, not a pass over the ids).
+#[test]
+fn the_home_check_takes_the_devices_id_facts_across_processes() {
+    let sys = MolecularSystem::generate(3000, 17).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 9);
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, 1.0).unwrap();
+    let homes = homes_of(&plan, &positions, &velocities);
+    let processes = [vec![0, 3], vec![1], vec![2]];
+    for every in [Facts::Own, Facts::None] {
+        for (ranks, got) in processes.iter().zip(on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, |_| Some(every))) {
+            let (mut got, device_velocities) = got.unwrap();
+            for (h, v) in got.homes.iter_mut().zip(device_velocities) {
+                h.velocities = v;
+            }
+            check(&got, ranks, &positions, &velocities, &want);
+        }
+    }
+    let wrong = |r: usize| Some(if r == 3 { Facts::Wrong } else { Facts::Own });
+    for got in on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, wrong) {
+        let e = got.map(|_| ()).unwrap_err();
+        assert!(matches!(e, HaloError::Plan(PlanError::HomeSet { .. })), "{e}");
     }
 }
 

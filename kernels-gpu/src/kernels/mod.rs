@@ -27,6 +27,7 @@ mod extent;
 mod fused_coords;
 mod fused_coords_tma;
 mod fused_forces;
+mod home_ids;
 mod ll;
 mod md;
 mod migrate;

@@ -14,8 +14,9 @@
 //! The velocities never come back: they stay on the device, merged in the order of the ids
 //! (the [`super::Redecomposed`] of this path has empty `velocities`).
 
-use super::{Leaving, RedecomposeScratch, Redecomposed, Spare, Working, local_index, migrate, plan_pulses};
+use super::{FromDevices, Leaving, RedecomposeScratch, Redecomposed, Spare, Working, local_index, migrate, plan_pulses};
 use crate::decomp::grid::{Decomposition, RankGrid};
+use crate::decomp::home_check::HomeIdFacts;
 use crate::decomp::{PlanError, PulsePlan, Scan};
 use crate::error::{HaloError, Result};
 use crate::workers::Workers;
@@ -36,6 +37,10 @@ pub struct MergedHome {
     /// device made it (on the GPU: [`crate::decomp::GpuExtent`]); handed on in
     /// [`super::Redecomposed::home_scans`].
     pub home_scan: Option<Scan>,
+    /// The home check's facts of `ids` ([`HomeIdFacts`]), when the device made them (on the GPU:
+    /// kernel `home_id_facts`, with the merge); the host then passes over the ids only to name a
+    /// bad one.
+    pub id_facts: Option<HomeIdFacts>,
 }
 
 /// Where one rank's home atoms are held between searches (its GPU, or a CPU model of it): the
@@ -140,6 +145,7 @@ pub fn redecompose_on_devices(
                 wrapped: Spare::any(&mut spare.float3),
                 first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
                 home_scan: None,
+                id_facts: None,
             }
         })
         .collect();
@@ -148,12 +154,14 @@ pub fn redecompose_on_devices(
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
     let mut home_scans = Vec::with_capacity(devices.len());
+    let mut home_facts = Vec::with_capacity(devices.len());
     for (d, merged) in devices.iter().zip(merges) {
         let merged = merged?;
         let spare = &mut scratch.spare;
-        if merged.wrapped.len() != merged.ids.len() || merged.first_pulse.len() != geo.grid.decomposed_dims().len() {
+        let facts_of = merged.id_facts.map_or(merged.ids.len(), |f| f.count);
+        if merged.wrapped.len() != merged.ids.len() || merged.first_pulse.len() != geo.grid.decomposed_dims().len() || facts_of != merged.ids.len() {
             return Err(HaloError::InvalidInput(format!(
-                "rank {}: the device merged {} ids, {} positions and {} first pulses for {} decomposed dimensions",
+                "rank {}: the device merged {} ids, {} positions and {} first pulses for {} decomposed dimensions, with the facts of {facts_of} ids",
                 d.rank(),
                 merged.ids.len(),
                 merged.wrapped.len(),
@@ -162,12 +170,14 @@ pub fn redecompose_on_devices(
             )));
         }
         home_scans.push(merged.home_scan);
+        home_facts.push(merged.id_facts);
         let (w, maps) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
         work.push(w);
         home_maps.push(maps);
     }
     drop(span);
-    let done = plan_pulses(&geo, atoms, ranks, work, &home_maps, all_gather, rider, workers, scratch);
+    let found = FromDevices { maps: &home_maps, facts: &home_facts };
+    let done = plan_pulses(&geo, atoms, ranks, work, found, all_gather, rider, workers, scratch);
     for maps in home_maps {
         for m in maps {
             Spare::give(&mut scratch.spare.maps, m, super::SPARE_SMALL);
