@@ -21,8 +21,8 @@ use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::abi::Float3;
 use halo::abi::MigrateLeaver;
 use halo::decomp::{
-    Decomposition, HaloPlan, HomeAtoms, HomeDevice, MergedHome, MigrateReference, RankGrid, Redecomposed, merge_reference, migrate_reference,
-    redecompose, select_reference,
+    Decomposition, HaloPlan, HomeAtoms, HomeDevice, HomeIdFacts, MergedHome, MigrateReference, RankGrid, Redecomposed, merge_reference,
+    migrate_reference, redecompose, select_reference,
 };
 use halo::error::{HaloError, Result};
 use halo::system::MolecularSystem;
@@ -48,7 +48,8 @@ struct Case {
     home: HomeAtoms,
     /// Rank 1's blob of each collective, by tag.
     others: HashMap<String, Vec<u8>>,
-    /// The plan the global builder makes from the moved positions.
+    /// The plan the global builder makes from the moved positions, as rank 0's process holds it
+    /// (the other ranks' plans without their global ids).
     want: HaloPlan,
 }
 
@@ -79,7 +80,11 @@ fn case() -> Case {
             }
         })
         .collect();
-    let want = HaloPlan::from_positions(&moved, sys.box_size, grid, setup.rlist).expect("plan");
+    let mut want = HaloPlan::from_positions(&moved, sys.box_size, grid, setup.rlist).expect("plan");
+    // A process holds only its own ranks' global ids: the plans of the others carry none.
+    for r in want.ranks.iter_mut().filter(|r| r.rank != 0) {
+        r.global_ids.clear();
+    }
     let others = record_rank1(grid, sys.box_size, setup.rlist, &homes);
     let home = homes.into_iter().next().expect("rank 0");
     Case { sys, setup, grid, home, others, want }
@@ -200,11 +205,13 @@ struct PassesDone {
     merged: Option<Merged>,
 }
 
-/// The merged home atoms' ids and positions, and each decomposed dimension's first pulse.
+/// The merged home atoms' ids and positions, each decomposed dimension's first pulse, and the
+/// home check's facts of the ids (the GPU makes them with the merge).
 struct Merged {
     ids: Vec<u32>,
     x: Vec<Float3>,
     first_pulse: Vec<Vec<u32>>,
+    facts: HomeIdFacts,
 }
 
 impl PassesDone {
@@ -231,7 +238,8 @@ impl HomeDevice for PassesDone {
             let s = &self.stayers;
             let m = merge_reference(&s.ids, &s.positions, &s.velocities, &arrivals, 0)?;
             let selected = select_reference(&m.positions, &m.ids, geo, 0)?;
-            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse: selected.per_dim.into_iter().map(|d| d.map).collect() });
+            let facts = HomeIdFacts::of(&m.ids);
+            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse: selected.per_dim.into_iter().map(|d| d.map).collect(), facts });
         }
         let m = self.merged.as_ref().ok_or_else(|| HaloError::InvalidInput("no merge".into()))?;
         into.ids.clear();
@@ -242,6 +250,7 @@ impl HomeDevice for PassesDone {
             to.clear();
             to.extend_from_slice(from);
         }
+        into.id_facts = Some(m.facts);
         Ok(into)
     }
 }
