@@ -11,7 +11,8 @@
 //! back); then the new home atoms' ids
 //! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
 //! need), with their extent and their ids' home check facts, both made on the GPU after the merge
-//! ([`super::GpuExtent`], [`super::GpuIdFacts`]). The velocities stay on the device ([`GpuHome::velocities`]), merged in the new order.
+//! ([`super::GpuExtent`], [`super::GpuIdFacts`]). The velocities stay on the device
+//! ([`GpuHome::velocities`]), merged in the new order.
 //!
 //! | item | what it is |
 //! |---|---|

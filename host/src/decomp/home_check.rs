@@ -5,10 +5,11 @@
 //! Each rank's home ids are checked where they are held ([`local_homes`]): ascending with no
 //! repeat, all below `atoms`. Where a GPU redecomposition merged them, the GPU makes the sums and
 //! the order check with the merge ([`HomeIdFacts`], kernel `home_id_facts`) and the host takes
-//! those instead of passing over the ids. Between processes only each rank's [`RankHomes`] crosses, with its
-//! plan: its home count, two sums over its ids ([`IdSums`]) and its first bad id, if any. With
-//! every rank's ids clean and the counts adding up to `atoms`, the ranks hold `0..atoms` once each
-//! exactly when no id is on two ranks, and then the sums add up to [`all_ids_sums`]. The sums are
+//! those instead of passing over the ids. Between processes only each rank's [`RankHomes`]
+//! crosses, with its plan: its home count, two sums over its ids ([`IdSums`]) and its first bad
+//! id, if any. With every rank's ids clean and the counts adding up to `atoms`, the ranks hold
+//! `0..atoms` once each exactly when no id is on two ranks, and then the sums add up to
+//! [`all_ids_sums`]. The sums are
 //! of [`scramble`]d ids and of their squares: one or two atoms on two ranks (and as many, the
 //! count being right, on none) always change them, and more go unseen only where both sums cancel
 //! by chance (far less than one in 2^64 for ids the scramble spreads). Where the sums differ, the
