@@ -21,8 +21,8 @@ use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::abi::Float3;
 use halo::abi::MigrateLeaver;
 use halo::decomp::{
-    Decomposition, HaloPlan, HomeAtoms, HomeDevice, HomeIdFacts, MergedHome, MigrateReference, RankGrid, Redecomposed, merge_reference,
-    migrate_reference, redecompose, select_reference,
+    Decomposition, HaloPlan, HomeAtoms, HomeDevice, HomeIdFacts, MergedHome, MigrateReference, RankGrid, Redecomposed, Scan, merge_reference,
+    migrate_reference, redecompose, scan, select_reference,
 };
 use halo::error::{HaloError, Result};
 use halo::system::MolecularSystem;
@@ -206,12 +206,13 @@ struct PassesDone {
 }
 
 /// The merged home atoms' ids and positions, each decomposed dimension's first pulse, and the
-/// home check's facts of the ids (the GPU makes them with the merge).
+/// home check's facts of the ids and the positions' extent (the GPU makes both with the merge).
 struct Merged {
     ids: Vec<u32>,
     x: Vec<Float3>,
     first_pulse: Vec<Vec<u32>>,
     facts: HomeIdFacts,
+    scan: Scan,
 }
 
 impl PassesDone {
@@ -238,8 +239,9 @@ impl HomeDevice for PassesDone {
             let s = &self.stayers;
             let m = merge_reference(&s.ids, &s.positions, &s.velocities, &arrivals, 0)?;
             let selected = select_reference(&m.positions, &m.ids, geo, 0)?;
-            let facts = HomeIdFacts::of(&m.ids);
-            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse: selected.per_dim.into_iter().map(|d| d.map).collect(), facts });
+            let (facts, scan) = (HomeIdFacts::of(&m.ids), scan(&m.positions, [0.0; 3], geo.box_size));
+            let first_pulse = selected.per_dim.into_iter().map(|d| d.map).collect();
+            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse, facts, scan });
         }
         let m = self.merged.as_ref().ok_or_else(|| HaloError::InvalidInput("no merge".into()))?;
         into.ids.clear();
@@ -251,6 +253,7 @@ impl HomeDevice for PassesDone {
             to.extend_from_slice(from);
         }
         into.id_facts = Some(m.facts);
+        into.home_scan = Some(m.scan);
         Ok(into)
     }
 }

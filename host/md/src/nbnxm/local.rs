@@ -177,8 +177,15 @@ impl LocalAtoms {
             if home_scan.is_none() && !all_in(&xs[..split], [0.0; 3], box_size) {
                 wrap_positions(&mut xs[..split], box_size);
             }
-            for (x, z) in xs[split..].iter_mut().zip(&mut zs[split..]) {
-                (*x, *z) = place.halo_at(*x);
+            // Halo atoms: a redecomposition hands them wrapped, so one branch-free check usually
+            // lets the placement skip the wrap (the same results: a position in the box wraps to
+            // itself), which keeps its loop free of branches.
+            let wrapped = all_in(&xs[split..], [0.0; 3], box_size);
+            let halo = xs[split..].iter_mut().zip(&mut zs[split..]);
+            if wrapped {
+                halo.for_each(|(x, z)| (*x, *z) = place.halo_at_wrapped(*x));
+            } else {
+                halo.for_each(|(x, z)| (*x, *z) = place.halo_at(*x));
             }
             Ok(())
         };
@@ -522,7 +529,13 @@ impl Placement {
     /// above `t[c]` (`below` and `above`; none along a dimension not decomposed).
     #[inline(always)]
     fn halo_at(&self, p: Float3) -> (Float3, u8) {
-        let w = wrap_position(p, self.box_size);
+        self.halo_at_wrapped(wrap_position(p, self.box_size))
+    }
+
+    /// [`Self::halo_at`] of a position `w` inside the box (`wrap_position(w) == w`), without the
+    /// wrap.
+    #[inline(always)]
+    fn halo_at_wrapped(&self, w: Float3) -> (Float3, u8) {
         let w = [w.x, w.y, w.z];
         // A wrapped coordinate is never NaN.
         let below: [bool; 3] = std::array::from_fn(|d| w[d] < self.below[d]);
