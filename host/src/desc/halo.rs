@@ -126,3 +126,27 @@ impl std::fmt::Display for AtomPlace {
         }
     }
 }
+
+/// The first of `values` (index-map entries, global ids, atom types) at or above `bound`, with
+/// its index: one branch-free pass for the largest (the common case finds none), and only then a
+/// search for the first.
+pub fn first_at_or_above(values: &[u32], bound: usize) -> Option<(usize, u32)> {
+    if (values.iter().fold(0, |m, &v| m.max(v)) as usize) < bound {
+        return None;
+    }
+    values.iter().copied().enumerate().find(|&(_, v)| v as usize >= bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_value_at_or_above_a_bound_is_found_with_its_index() {
+        assert_eq!(first_at_or_above(&[3, 9, 1, 12, 9], 9), Some((1, 9)));
+        assert_eq!(first_at_or_above(&[3, 8, 1], 9), None);
+        assert_eq!(first_at_or_above(&[], 0), None);
+        assert_eq!(first_at_or_above(&[0], 0), Some((0, 0)));
+        assert_eq!(first_at_or_above(&[u32::MAX, 0], 5), Some((0, u32::MAX)));
+    }
+}

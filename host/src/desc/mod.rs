@@ -15,7 +15,7 @@ pub mod route;
 pub mod transport;
 pub mod wait;
 
-pub use halo::{AtomPlace, PulseSpec, RankHalo, ReceivedAt};
+pub use halo::{AtomPlace, PulseSpec, RankHalo, ReceivedAt, first_at_or_above};
 pub use transport::{Element, Transport, UnknownTransport};
 pub use wait::{DeviceSnapshot, JITTER_MAX_US, StuckStream, WaitTimeout};
 

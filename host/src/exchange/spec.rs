@@ -1,6 +1,7 @@
 //! The cross-rank check of the ranks' halos ([`validate`]). The halo description itself
 //! ([`RankHalo`], [`PulseSpec`], [`AtomPlace`]) lives in [`crate::desc::halo`] and is re-exported here.
 
+use crate::desc::halo::first_at_or_above;
 pub use crate::desc::halo::{AtomPlace, PulseSpec, RankHalo, ReceivedAt};
 use crate::error::{HaloError, Result};
 
@@ -47,11 +48,7 @@ pub fn validate(halos: &[RankHalo]) -> Result<()> {
                     pulse.atom_offset, h.home_atoms
                 ));
             }
-            // One vectorised pass for the largest entry; the first one out of range is looked
-            // for only when there is one.
-            if largest(&pulse.index_map).is_some_and(|m| m >= h.total_atoms)
-                && let Some(&m) = pulse.index_map.iter().find(|&&m| m as usize >= h.total_atoms)
-            {
+            if let Some((_, m)) = first_at_or_above(&pulse.index_map, h.total_atoms) {
                 return bad(format!("rank {r} pulse {p} map entry {m} is out of range of its {} atoms", h.total_atoms));
             }
             if !pulse.accumulate_forces {
@@ -88,7 +85,7 @@ fn check_map_sources(r: usize, h: &RankHalo) -> Result<()> {
     for (p, pulse) in h.pulses.iter().enumerate() {
         // A map of home atoms only (every first pulse, and every pulse of a 1-D grid) has nothing
         // to look up: one vectorised pass for its largest entry says so.
-        if largest(&pulse.index_map).is_none_or(|m| m < h.home_atoms) {
+        if first_at_or_above(&pulse.index_map, h.home_atoms).is_none() {
             continue;
         }
         for (i, &m) in pulse.index_map.iter().enumerate() {
@@ -115,11 +112,6 @@ fn check_map_sources(r: usize, h: &RankHalo) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The largest entry of `map` (`None` when empty), as an index.
-fn largest(map: &[u32]) -> Option<usize> {
-    map.iter().copied().max().map(|m| m as usize)
 }
 
 #[cfg(test)]

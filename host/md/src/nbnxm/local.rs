@@ -15,6 +15,7 @@ use super::grid::BBox;
 use super::{DIMS, NbnxmError};
 use crate::abi::Float3;
 use crate::decomp::{HaloPlan, PlanError, Scan, scan, wrap_position, wrap_positions};
+use crate::desc::first_at_or_above;
 use crate::workers::Workers;
 
 /// One rank's atoms for the pair search (see the module docs). The default holds no atom: a
@@ -474,15 +475,6 @@ pub(crate) struct ZoneFacts {
 /// without a branch: the coordinates read as one flat array, [`ALL_IN_BLOCK`] positions at a
 /// time against bounds repeated as the coordinates are laid out (x, y, z, x, ...), so that the
 /// compiler vectorizes the comparisons (it does not over the fields of each position).
-/// The first of `values` at or above `bound`, with its index: one branch-free pass for the
-/// largest (the common case finds none), and only then a search for the first.
-pub(crate) fn first_at_or_above(values: &[u32], bound: usize) -> Option<(usize, u32)> {
-    if (values.iter().fold(0, |m, &v| m.max(v)) as usize) < bound {
-        return None;
-    }
-    values.iter().copied().enumerate().find(|&(_, v)| v as usize >= bound)
-}
-
 fn all_in(positions: &[Float3], lo: [f32; 3], hi: [f32; 3]) -> bool {
     let lo_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| lo[i % 3]);
     let hi_block: [f32; 3 * ALL_IN_BLOCK] = std::array::from_fn(|i| hi[i % 3]);
@@ -1016,15 +1008,6 @@ mod tests {
         bad[5].y = f32::NAN;
         system[plan.ranks[0].global_ids[5] as usize].y = f32::NAN;
         assert_eq!(LocalAtoms::from_local(&plan, 0, &bad, &sys.types), LocalAtoms::from_plan(&plan, 0, &system, &sys.types));
-    }
-
-    #[test]
-    fn the_first_value_at_or_above_a_bound_is_found_with_its_index() {
-        assert_eq!(first_at_or_above(&[3, 9, 1, 12, 9], 9), Some((1, 9)));
-        assert_eq!(first_at_or_above(&[3, 8, 1], 9), None);
-        assert_eq!(first_at_or_above(&[], 0), None);
-        assert_eq!(first_at_or_above(&[0], 0), Some((0, 0)));
-        assert_eq!(first_at_or_above(&[u32::MAX, 0], 5), Some((0, u32::MAX)));
     }
 
     /// The search's builders skip the last pass, `validate`, because every grid build repeats it:

@@ -36,14 +36,15 @@ mod local;
 mod order;
 mod pairlist;
 
+pub(crate) use crate::desc::first_at_or_above;
 pub use buffer::{BufferModel, BufferType, DEFAULT_DRIFT_TOLERANCE, ListSetup, lj_taylor_coefficients};
 pub use gpu::{EnergySlot, HomeCopies, HomeOnDevice, Launch, ListKind, NbnxmGpu, ResidentSearch, TypesById, lj_table};
 pub use gpu_grid::{DeviceGrid, GridInfo};
 pub use gpu_search::fit;
 pub use grid::{BBox, ClusterGrid, ZoneGrid, ZoneScratch};
 pub use kernel::{EntryWords, NbnxmKernel, WarpsPerEntry};
+pub(crate) use local::HomeChecked;
 pub use local::LocalAtoms;
-pub(crate) use local::{HomeChecked, first_at_or_above};
 pub use order::{DeviceOrder, entry_order, order_max_j};
 pub use pairlist::{ClusterPairList, PairSearch, SearchOptions, SearchTiming};
 
