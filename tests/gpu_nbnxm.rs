@@ -143,7 +143,7 @@ fn check_with(
     for (kernel, warps) in NbnxmKernel::ALL.into_iter().flat_map(|k| warp_counts().into_iter().map(move |w| (k, w))) {
         nb.set_kernel(kernel);
         nb.set_warps(warps).unwrap();
-        let used = [ListKind::Local, ListKind::NonLocal].map(|k| nb.warps_per_entry(k));
+        let used = nb.warps_per_entry();
         let test = format!("{test} [{kernel}, {warps} warps: {used:?}]");
         // Forces start at known values; the guard entries after the array are NaN and must stay so.
         let start: Vec<Float3> = (0..n + GUARD)
@@ -738,7 +738,7 @@ fn kernel_times() {
                     continue;
                 }
                 nb.set_warps(WarpsPerEntry::Auto).unwrap();
-                let auto = nb.warps_per_entry(kind);
+                let auto = nb.warps_per_entry();
                 let mut inner = 0;
                 let mut times = Vec::new();
                 for kernel in NbnxmKernel::ALL {
@@ -859,7 +859,7 @@ fn entry_shape_times() {
                 let mut cells = String::new();
                 for w in [None, Some(1), Some(2), Some(4), Some(8)] {
                     nb.set_warps(w.map_or(WarpsPerEntry::Auto, WarpsPerEntry::Fixed)).unwrap();
-                    let label = w.map_or_else(|| format!("rule W={}", nb.warps_per_entry(ListKind::Local)), |w| format!("W={w}"));
+                    let label = w.map_or_else(|| format!("rule W={}", nb.warps_per_entry()), |w| format!("W={w}"));
                     nb.prune(ListKind::Local, &x, &stream, Launch::Plain).unwrap();
                     let (t, hidden) = back_to_back_us(&g, &stream, REPS, &mut || nb.forces(ListKind::Local, &x, &f, &stream, false).unwrap());
                     cells.push_str(&format!("  {label} {t:6.1}{}", if hidden { "" } else { "!" }));

@@ -381,9 +381,10 @@ impl NbnxmGpu {
         self.entry_words = words;
     }
 
-    /// Warps per entry of the next launches of list `kind`.
-    pub fn warps_per_entry(&self, kind: ListKind) -> u32 {
-        self.warps.for_list(self.lists[kind as usize].n_entries, self.sms)
+    /// Warps per entry of the next launches of both lists ([`WarpsPerEntry::for_lists`]: one
+    /// count from their entries together, since a step runs them at once).
+    pub fn warps_per_entry(&self) -> u32 {
+        self.warps.for_lists(&self.lists.each_ref().map(|l| l.n_entries), self.sms)
     }
 
     /// A rank's lists searched on the GPU from `grid` (sorted on the host): the same lists as
@@ -909,7 +910,7 @@ impl NbnxmGpu {
             let [mut bx, mut by, mut bz] = self.box_size;
             let mut rl2 = self.setup.rlist_inner * self.setup.rlist_inner;
             let mut args = kernel_args![px, idx, ent, ord, n, outer, inner, bx, by, bz, rl2];
-            let shape = l.shape(self.warps_per_entry(kind), abi::NBNXM_PRUNE_SHARED_BYTES);
+            let shape = l.shape(self.warps_per_entry(), abi::NBNXM_PRUNE_SHARED_BYTES);
             // SAFETY: arguments match `nbnxm_prune_*`, launched as `abi::NBNXM_KERNELS` says; the
             // list indexes this grid's slots, whose atoms are inside `x` (checked above); `inner`
             // has as many words as `outer`; the order is a permutation of the entries (the host's
@@ -965,7 +966,7 @@ impl NbnxmGpu {
         let (mut rc2, mut sh6, mut sh12) = (self.setup.cutoff * self.setup.cutoff, rc.powi(-6) as f32, rc.powi(-12) as f32);
         let mut args = kernel_args![px, idx, ty, ent, ord, n, jl, lj, nt, pf, pe, bx, by, bz, rc2, sh6, sh12];
         let name = self.kernel.entries()[usize::from(energy.is_some())];
-        let warps = self.warps_per_entry(kind);
+        let warps = self.warps_per_entry();
         let shape = l.shape(warps, abi::nbnxm_force_shared_bytes(self.ntypes, warps));
         // SAFETY: arguments match `nbnxm_forces[_energy]_*`, launched as `abi::NBNXM_KERNELS` says
         // (1 to 16 warps: `WarpsPerEntry`); slots index atoms inside `x` and `f`

@@ -128,6 +128,17 @@ impl WarpsPerEntry {
         }
     }
 
+    /// Warps per entry for the launches of a rank's lists, of `entries` entries each (its local
+    /// and non-local lists), on a GPU of `sms` multiprocessors: one count for all of them, the
+    /// count [`Self::for_list`] gives their entries together. A step runs the non-local list's
+    /// kernels on the halo stream while the local list's run, so a short non-local list need not
+    /// fill the GPU by itself, and more warps would only add its staging and reductions (at
+    /// 45,000 atoms on 2x1x1 the rule per list gave the non-local list 8 warps beside the local
+    /// list's 4, and the step was 4–5 µs slower than with 4 for both: docs/nbnxm.md).
+    pub fn for_lists(self, entries: &[usize], sms: u32) -> u32 {
+        self.for_list(entries.iter().sum(), sms)
+    }
+
     /// The rule: the fewest warps per entry, a power of two up to [`Self::AUTO_MAX`], that give the
     /// launch at least [`Self::TARGET_WARPS_PER_SM`] warps per multiprocessor. The kernels are
     /// latency-bound while a multiprocessor has few warps (each walks its words one dependent load
@@ -275,6 +286,20 @@ mod tests {
                 assert!(w.is_power_of_two() && w <= WarpsPerEntry::AUTO_MAX && w <= abi::NBNXM_MAX_WARPS_PER_ENTRY);
             }
         }
+    }
+
+    #[test]
+    fn a_ranks_lists_share_one_count_from_their_entries_together() {
+        // The lists of `kernel_times` on an H200: 45,000 atoms on 2x1x1 (the non-local list alone
+        // would get 8), 180,000 atoms on 2x1x1 (alone 4), 6,000 atoms on 2x1x1, one rank.
+        for (entries, want) in [([1_632, 335], 4), ([7_279, 1_125], 1), ([221, 172], 8), ([3_946, 0], 2)] {
+            assert_eq!(WarpsPerEntry::Auto.for_lists(&entries, 132), want, "{entries:?}");
+        }
+        assert_eq!(WarpsPerEntry::auto(335, 132), 8);
+        assert_eq!(WarpsPerEntry::auto(1_125, 132), 4);
+        // A fixed count stays fixed; no list at all is the rule's empty launch.
+        assert_eq!(WarpsPerEntry::Fixed(2).for_lists(&[1_632, 335], 132), 2);
+        assert_eq!(WarpsPerEntry::Auto.for_lists(&[], 132), WarpsPerEntry::auto(0, 132));
     }
 
     #[test]
