@@ -74,18 +74,22 @@ pub struct MdRank {
     /// This step's memsets, planned by its local work; the halo work zeroes the halo forces when
     /// they say so and waits for the local stream's zeroing when there was any.
     zeroing: StepZeroing,
-    /// The local stream (home–home forces, integration), normal priority.
+    /// The local stream (home–home forces; the integration of a rank alone), normal priority.
     pub local: Arc<CudaStream>,
     home_forces_zeroed: CudaEvent,
-    forces_done: CudaEvent,
+    /// Recorded on the local stream after the home–home forces; the halo stream waits for it
+    /// before the integration, which runs there ([`Self::integrate`]).
+    local_forces_done: CudaEvent,
+    /// Recorded after the integration (on the halo stream) and after a search's uploads (on the
+    /// local stream); the next step's local work and halo work are ordered after it.
     coordinates_ready: CudaEvent,
     /// Recorded on the exchange's stream after a search's staged home uploads ([`Self::update`]);
     /// the local stream waits for it before the steps ([`Self::order_after_uploads`]).
     uploaded: CudaEvent,
-    /// The captured step's own events: the graph's start (the halo stream forks there), and its
-    /// zeroing and force-halo events.
+    /// The captured step's own events: the graph's start (the halo stream forks there), its
+    /// zeroing, local-forces and integration events (the last joins the halo stream back).
     fork: CudaEvent,
-    captured: [CudaEvent; 2],
+    captured: [CudaEvent; 3],
     /// Page-locked staging of a search's uploads, kept for the whole run.
     staging: HomeStaging,
     /// The home atoms' redecomposition on this GPU (made at the first search that uses it): the
@@ -181,6 +185,17 @@ enum Events {
     Captured,
 }
 
+/// A step's events, in the order it records them.
+#[derive(Clone, Copy)]
+enum StepEvent {
+    /// On the local stream after its memsets; the halo stream's force kernel waits for it.
+    Zeroed,
+    /// On the local stream after the home–home forces; the integration waits for it.
+    LocalForcesDone,
+    /// On the halo stream after the integration; the local stream waits for it.
+    Integrated,
+}
+
 impl MdRank {
     /// A rank's GPU state for its first search `found`: its lists (uploaded, or searched on the
     /// GPU from its grid), the LJ table and `1 / m` per type (`inv_by_type`,
@@ -230,11 +245,11 @@ impl MdRank {
             halo_clear: false,
             zeroing: StepZeroing::plan(false, false, false),
             home_forces_zeroed: event()?,
-            forces_done: event()?,
+            local_forces_done: event()?,
             coordinates_ready: event()?,
             uploaded: event()?,
             fork: event()?,
-            captured: [event()?, event()?],
+            captured: [event()?, event()?, event()?],
             staging: HomeStaging::default(),
             gpu_home: None,
             search_wait: Duration::ZERO,
@@ -547,10 +562,11 @@ impl MdRank {
 
     /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
     /// the last integration cleared them (and zero the energy record), prune the local list on
-    /// prune steps, home–home forces. The halo stream then waits for the previous step's
-    /// integration, or after a search for its home coordinates on the local stream (the
-    /// coordinate halo reads home coordinates; the forces with halo atoms add into the halo
-    /// forces that integration may have cleared).
+    /// prune steps, home–home forces. The halo stream then waits for [`Self::coordinates_ready`]:
+    /// after a search for its home coordinates on the local stream (the coordinate halo reads
+    /// home coordinates), after a captured step for the graph on the local stream; after an
+    /// uncaptured step the integration recorded it on the halo stream itself, so the wait is
+    /// already met there.
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Some(Events::Step))?;
         halo.wait(&self.coordinates_ready).during("ordering the halo after integration")?;
@@ -578,7 +594,9 @@ impl MdRank {
     /// them synchronises the local stream first, `MdRun`'s settle).
     pub fn integrate_alone(&mut self, ex: &RankExchange, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
         self.alone(ex)?;
-        self.leapfrog(ex, transport, dt, work)?;
+        // Launched to overlap the local forces before it: the kernel waits for them first.
+        let local = self.local.clone();
+        self.leapfrog(ex, &local, Launch::AfterKernel, transport, dt, work)?;
         self.mark(Mark::End, &self.local)
     }
 
@@ -612,7 +630,7 @@ impl MdRank {
         // (`coordinates_ready`), and the event and its wait would be two host calls for nothing.
         self.zeroing = zeroing;
         if let Some(events) = events.filter(|_| zeroing.on_local()) {
-            self.event(events, 0).record(&self.local).during("recording an event")?;
+            self.event(events, StepEvent::Zeroed).record(&self.local).during("recording an event")?;
         }
         // The local stream's kernels (the prune, the forces, the integration) let no kernel after
         // them start early, and each waits for the one before it: each is launched to overlap the
@@ -662,14 +680,16 @@ impl MdRank {
         self.probe.as_mut().map_or(Ok(()), |p| p.end_step(keep))
     }
 
-    /// The step's events: the zeroing, the force halo's end. A captured step has its own, so the
-    /// events of uncaptured steps never belong to a graph.
-    fn event(&self, events: Events, which: usize) -> &CudaEvent {
-        match (events, which) {
-            (Events::Step, 0) => &self.home_forces_zeroed,
-            (Events::Step, _) => &self.forces_done,
-            (Events::Captured, 0) => &self.captured[0],
-            (Events::Captured, _) => &self.captured[1],
+    /// The step's event `which`. A captured step has its own, so the events of uncaptured steps
+    /// never belong to a graph.
+    fn event(&self, events: Events, which: StepEvent) -> &CudaEvent {
+        match events {
+            Events::Step => match which {
+                StepEvent::Zeroed => &self.home_forces_zeroed,
+                StepEvent::LocalForcesDone => &self.local_forces_done,
+                StepEvent::Integrated => &self.coordinates_ready,
+            },
+            Events::Captured => &self.captured[which as usize],
         }
     }
 
@@ -686,7 +706,7 @@ impl MdRank {
             ex.f.zero_range_async(self.home, self.total - self.home, halo)?;
         }
         if self.zeroing.on_local() {
-            halo.wait(self.event(events, 0)).during("ordering non-local forces after the zeroing")?;
+            halo.wait(self.event(events, StepEvent::Zeroed)).during("ordering non-local forces after the zeroing")?;
         }
         // Plain launches: the kernel before them on the halo stream is the coordinate halo, whose
         // fused kernels let the next one start early (`Launch::AfterKernel`).
@@ -699,26 +719,36 @@ impl MdRank {
         self.mark(Mark::NonLocalForces, halo)
     }
 
-    /// After the force halo: the local stream waits for it (and, by stream order, for the local
-    /// forces) and integrates the home atoms (adding the kinetic energy on energy steps), clearing
-    /// the home forces and, where `transport` lets it, the halo forces; the next step's halo work
-    /// waits for that.
+    /// After the force halo, on the halo stream: wait for the local forces and integrate the home
+    /// atoms (adding the kinetic energy on energy steps), clearing the home forces and, where
+    /// `transport` lets it, the halo forces; then the local stream waits for the integration, so
+    /// that it orders the whole step (the next step's local work, a search's read-back, the
+    /// checks). The integration runs on the halo stream because that chain (coordinate halo,
+    /// forces with halo atoms, force halo) is the step's longer one: there it follows the force
+    /// halo by stream order and the next coordinate halo follows it, and the cross-stream waits
+    /// fall on the local chain, whose forces are done by then.
     pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
-        self.update_work(ex, halo, transport, dt, work, Events::Step)?;
-        self.mark(Mark::End, &self.local)?;
-        self.coordinates_ready.record(&self.local).during("recording an event")
+        self.update_work(ex, halo, transport, dt, work, Events::Step)
     }
 
     fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork, events: Events) -> Result<()> {
-        let done = self.event(events, 1);
-        done.record(halo).during("recording an event")?;
-        self.local.wait(done).during("ordering integration after the force halo")?;
-        self.leapfrog(ex, transport, dt, work)
+        let local_done = self.event(events, StepEvent::LocalForcesDone);
+        local_done.record(&self.local).during("recording an event")?;
+        halo.wait(local_done).during("ordering integration after the local forces")?;
+        // A plain launch: the kernel before it on the halo stream is the force halo, whose fused
+        // kernel lets the next kernel start once its blocks are resident (blocks parked that early
+        // would hold room that the peers' spinning grids are counted on), and the wait above
+        // stands between them anyway.
+        self.leapfrog(ex, halo, Launch::Plain, transport, dt, work)?;
+        self.mark(Mark::End, halo)?;
+        let integrated = self.event(events, StepEvent::Integrated);
+        integrated.record(halo).during("recording an event")?;
+        self.local.wait(integrated).during("ordering the local stream after integration")
     }
 
-    /// The integration on the local stream, after whatever orders it there.
-    fn leapfrog(&mut self, ex: &RankExchange, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
-        self.mark(Mark::Integrate, &self.local)?;
+    /// The integration on `stream`, after whatever orders it there, launched as `launch` says.
+    fn leapfrog(&mut self, ex: &RankExchange, stream: &CudaStream, launch: Launch, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
+        self.mark(Mark::Integrate, stream)?;
         // The halo forces too, in the same launch, where only this rank's force halo (done by now)
         // reads them.
         let clears_halo = integration_clears_halo(transport);
@@ -739,20 +769,19 @@ impl MdRank {
                     // SAFETY: arguments match `leapfrog`; every buffer holds at least `home` elements
                     // and `f` at least `total` (`check_exchange`); the ranges `..home` and
                     // `home..total` do not overlap. Nothing else touches these forces until the next
-                    // step's force kernels, which the local stream orders after this one (the halo
-                    // stream's through `coordinates_ready` or the zeroing event, both recorded after
-                    // it, or a graph's order); their last readers, this step's force halo and the
-                    // check between it and here, are done (the wait above; no peer reads the halo
-                    // forces when `clears_halo`).
-                    // Launched to overlap the local forces before it (`Launch::AfterKernel`): the
-                    // kernel waits for them first.
-                    unsafe { self.module.launch_overlapping(abi::LEAPFROG, shape, &self.local, &mut args)? };
+                    // step's force kernels, which are ordered after this one: on `stream` by stream
+                    // order, on the other stream by its wait for the integration's event (or a
+                    // graph's order); their last readers, this step's force kernels, force halo and
+                    // the check between it and here, are done (stream order and the wait for the
+                    // local forces; no peer reads the halo forces when `clears_halo`).
+                    // With `Launch::AfterKernel` the kernel waits for the kernel before it first.
+                    unsafe { launch.launch(&self.module, abi::LEAPFROG, shape, stream, &mut args)? };
                 }
                 Some(r) => {
                     let mut ke = self.slot(r, 1)?.ptr();
                     let mut args = kernel_args![x, v, f, m, n, dt, clear_from, clear_n, ke];
                     // SAFETY: arguments match `leapfrog_energy`; as above, `ke` is inside `energies`.
-                    unsafe { self.module.launch_overlapping(abi::LEAPFROG_ENERGY, shape, &self.local, &mut args)? };
+                    unsafe { launch.launch(&self.module, abi::LEAPFROG_ENERGY, shape, stream, &mut args)? };
                 }
             }
         }
