@@ -83,6 +83,10 @@ pub struct MdRank {
     /// Recorded after the integration (on the halo stream) and after a search's uploads (on the
     /// local stream); the next step's local work and halo work are ordered after it.
     coordinates_ready: CudaEvent,
+    /// Whether [`Self::coordinates_ready`] was last recorded by an uncaptured step's integration,
+    /// on the halo stream: the next step's halo work then follows it by stream order and needs no
+    /// wait for it ([`Self::begin_step`]).
+    ready_on_halo: bool,
     /// Recorded on the exchange's stream after a search's staged home uploads ([`Self::update`]);
     /// the local stream waits for it before the steps ([`Self::order_after_uploads`]).
     uploaded: CudaEvent,
@@ -247,6 +251,7 @@ impl MdRank {
             home_forces_zeroed: event()?,
             local_forces_done: event()?,
             coordinates_ready: event()?,
+            ready_on_halo: false,
             uploaded: event()?,
             fork: event()?,
             captured: [event()?, event()?, event()?],
@@ -310,8 +315,9 @@ impl MdRank {
     /// stream), for the halo stream's next coordinate halo ([`Self::begin_step`]); the halo stream
     /// follows its own copies by stream order anyway. Enqueued after the search, so that the
     /// copies overlap the grid and list kernels on the local stream instead of delaying them.
-    fn order_after_uploads(&self) -> Result<()> {
+    fn order_after_uploads(&mut self) -> Result<()> {
         self.local.wait(&self.uploaded).during("ordering the local stream after the search's uploads")?;
+        self.ready_on_halo = false;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }
 
@@ -565,11 +571,13 @@ impl MdRank {
     /// prune steps, home–home forces. The halo stream then waits for [`Self::coordinates_ready`]:
     /// after a search for its home coordinates on the local stream (the coordinate halo reads
     /// home coordinates), after a captured step for the graph on the local stream; after an
-    /// uncaptured step the integration recorded it on the halo stream itself, so the wait is
-    /// already met there.
+    /// uncaptured step the integration recorded it on the halo stream itself, which follows it by
+    /// stream order: no wait then ([`Self::ready_on_halo`]).
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Some(Events::Step))?;
-        halo.wait(&self.coordinates_ready).during("ordering the halo after integration")?;
+        if !self.ready_on_halo {
+            halo.wait(&self.coordinates_ready).during("ordering the halo after the search or a captured step")?;
+        }
         self.mark(Mark::HaloBegin, halo)
     }
 
@@ -728,7 +736,10 @@ impl MdRank {
     /// halo by stream order and the next coordinate halo follows it, and the cross-stream waits
     /// fall on the local chain, whose forces are done by then.
     pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
-        self.update_work(ex, halo, transport, dt, work, Events::Step)
+        self.ready_on_halo = false;
+        self.update_work(ex, halo, transport, dt, work, Events::Step)?;
+        self.ready_on_halo = true;
+        Ok(())
     }
 
     fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork, events: Events) -> Result<()> {
@@ -846,7 +857,8 @@ impl MdRank {
 
     /// Replays a step captured by [`Self::capture_step`] on the local stream, then marks the
     /// integration done for the next uncaptured step's halo work.
-    pub fn launch_graph(&self, graph: &CudaGraph) -> Result<()> {
+    pub fn launch_graph(&mut self, graph: &CudaGraph) -> Result<()> {
+        self.ready_on_halo = false;
         graph.launch().during("launching a captured step")?;
         self.coordinates_ready.record(&self.local).during("recording an event")
     }

@@ -1079,7 +1079,7 @@ impl MdRun {
                 }
                 self.out.graph_capture += t.elapsed();
             }
-            for (m, g) in self.ranks.iter().zip(graphs.iter()) {
+            for (m, g) in self.ranks.iter_mut().zip(graphs.iter()) {
                 m.launch_graph(g)?;
             }
             self.unsettled = true;
