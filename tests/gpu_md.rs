@@ -316,6 +316,25 @@ fn graph_replay_between_checks() {
     }
 }
 
+/// The integration on either of a rank's streams (`MdConfig::integrate_on`): launched steps and
+/// steps replayed as graphs, on a GPU-initiated and a host-driven transport, all checked against
+/// the undecomposed reference (the checks read what the integration wrote, and the next steps'
+/// halos and forces follow it on both streams).
+#[test]
+fn integration_on_either_stream() {
+    for on in [md::IntegrationStream::Halo, md::IntegrationStream::Local] {
+        for (grid, t, graph) in [([2, 1, 1], Transport::Fused, false), ([2, 2, 2], Transport::Fused, true), ([2, 1, 1], Transport::Staged, false)] {
+            let mut c = config(6000, grid, t, 60, 20);
+            (c.check_every, c.graph, c.integrate_on) = (7, graph, on);
+            let test = format!("md_integrate_on_{}_{}x{}x{}_{t}{}", on.name(), grid[0], grid[1], grid[2], if graph { "_graph" } else { "" });
+            let Some(out) = run(&test, c) else { return };
+            if graph {
+                assert!(out.graph_steps > 0, "{test}: steps replayed as graphs");
+            }
+        }
+    }
+}
+
 /// What `halo md-bench` does to every row: a run with `check_every` 0 (plain steps replayed as
 /// graphs or launched) checks stretches of steps on demand (`MdRun::run_checked_steps`) between
 /// unchecked ones, on every transport kind it benchmarks by default; each stretch measures the

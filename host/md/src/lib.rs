@@ -23,6 +23,6 @@ pub mod run;
 pub mod search;
 pub mod zeroing;
 
-pub use rank::{EnergyRecord, MdRank, StepWork};
+pub use rank::{EnergyRecord, IntegrationStream, MdRank, StepWork};
 pub use run::{Drift, EnergyPoint, GPU_REDECOMPOSE_MIN_HOME, ListSizes, MdConfig, MdOutcome, MdRun, Redecompose, StepCheck, run, run_local, run_pe};
 pub use search::SearchTimes;

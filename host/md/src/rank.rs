@@ -77,9 +77,12 @@ pub struct MdRank {
     /// The local stream (home–home forces; the integration of a rank alone), normal priority.
     pub local: Arc<CudaStream>,
     home_forces_zeroed: CudaEvent,
-    /// Recorded on the local stream after the home–home forces; the halo stream waits for it
-    /// before the integration, which runs there ([`Self::integrate`]).
-    local_forces_done: CudaEvent,
+    /// Recorded by the stream that does not integrate after its last work of the step (the
+    /// home–home forces, or the force halo); the integrating stream waits for it
+    /// ([`Self::integrate`]).
+    join: CudaEvent,
+    /// Which stream integrates a step with halo work.
+    integrate_on: IntegrationStream,
     /// Recorded after the integration (on the halo stream) and after a search's uploads (on the
     /// local stream); the next step's local work and halo work are ordered after it.
     coordinates_ready: CudaEvent,
@@ -194,10 +197,52 @@ enum Events {
 enum StepEvent {
     /// On the local stream after its memsets; the halo stream's force kernel waits for it.
     Zeroed,
-    /// On the local stream after the home–home forces; the integration waits for it.
-    LocalForcesDone,
-    /// On the halo stream after the integration; the local stream waits for it.
+    /// On the stream that does not integrate, after its last work of the step; the integration
+    /// waits for it.
+    Join,
+    /// After the integration: on the halo stream when it integrates, and the local stream waits
+    /// for it; on the local stream otherwise, for the halo stream's next step.
     Integrated,
+}
+
+/// Which of a rank's two streams integrates a step with halo work ([`MdRank::integrate`]; a rank
+/// alone integrates on its local stream). Either way the local stream is ordered after the whole
+/// step. The integration needs both chains' forces, and the next step's two chains both start
+/// after it: one of them crosses streams at each end, the other follows it by stream order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IntegrationStream {
+    /// The halo stream, after a wait for the local forces: the force halo, the integration and
+    /// the next coordinate halo follow one another there, and the local stream waits for the
+    /// integration. For steps whose halo chain (coordinate halo, forces with halo atoms, force
+    /// halo) is the longer one: 2 PEs sharing one H100 at 45,000 atoms ran 2–5 µs a step faster
+    /// than with [`Self::Local`] (docs/benchmarks.md, "Strong scaling").
+    #[default]
+    Halo,
+    /// The local stream, after a wait for the force halo: the home–home forces, the integration
+    /// and the next home–home forces follow one another there (each launched to overlap the one
+    /// before), and the halo stream waits for the integration. For steps whose local chain is the
+    /// longer one: two ranks in one process on one H100 at 45,000 atoms ran 1–2.5 µs a step
+    /// faster than with [`Self::Halo`].
+    Local,
+}
+
+impl IntegrationStream {
+    /// The choice named `halo` or `local`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "halo" => Ok(Self::Halo),
+            "local" => Ok(Self::Local),
+            other => Err(HaloError::InvalidInput(format!("integrate on the `{other}` stream: choose halo or local"))),
+        }
+    }
+
+    /// `halo` or `local`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Halo => "halo",
+            Self::Local => "local",
+        }
+    }
 }
 
 impl MdRank {
@@ -249,7 +294,8 @@ impl MdRank {
             halo_clear: false,
             zeroing: StepZeroing::plan(false, false, false),
             home_forces_zeroed: event()?,
-            local_forces_done: event()?,
+            join: event()?,
+            integrate_on: IntegrationStream::default(),
             coordinates_ready: event()?,
             ready_on_halo: false,
             uploaded: event()?,
@@ -694,7 +740,7 @@ impl MdRank {
         match events {
             Events::Step => match which {
                 StepEvent::Zeroed => &self.home_forces_zeroed,
-                StepEvent::LocalForcesDone => &self.local_forces_done,
+                StepEvent::Join => &self.join,
                 StepEvent::Integrated => &self.coordinates_ready,
             },
             Events::Captured => &self.captured[which as usize],
@@ -727,34 +773,50 @@ impl MdRank {
         self.mark(Mark::NonLocalForces, halo)
     }
 
-    /// After the force halo, on the halo stream: wait for the local forces and integrate the home
-    /// atoms (adding the kinetic energy on energy steps), clearing the home forces and, where
-    /// `transport` lets it, the halo forces; then the local stream waits for the integration, so
-    /// that it orders the whole step (the next step's local work, a search's read-back, the
-    /// checks). The integration runs on the halo stream because that chain (coordinate halo,
-    /// forces with halo atoms, force halo) is the step's longer one: there it follows the force
-    /// halo by stream order and the next coordinate halo follows it, and the cross-stream waits
-    /// fall on the local chain, whose forces are done by then.
+    /// After the force halo: the integrating stream ([`Self::set_integration_stream`]) waits for
+    /// the other one's last work of the step and integrates the home atoms (adding the kinetic
+    /// energy on energy steps), clearing the home forces and, where `transport` lets it, the halo
+    /// forces; the local stream is then ordered after the integration (by stream order, or by its
+    /// wait for it), so that it orders the whole step (the next step's local work, a search's
+    /// read-back, the checks).
     pub fn integrate(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork) -> Result<()> {
         self.ready_on_halo = false;
         self.update_work(ex, halo, transport, dt, work, Events::Step)?;
-        self.ready_on_halo = true;
+        match self.integrate_on {
+            // Recorded on the halo stream by the integration there.
+            IntegrationStream::Halo => self.ready_on_halo = true,
+            IntegrationStream::Local => self.coordinates_ready.record(&self.local).during("recording an event")?,
+        }
         Ok(())
     }
 
+    /// Which stream integrates the steps with halo work from now on.
+    pub fn set_integration_stream(&mut self, on: IntegrationStream) {
+        self.integrate_on = on;
+    }
+
     fn update_work(&mut self, ex: &RankExchange, halo: &CudaStream, transport: Transport, dt: f32, work: StepWork, events: Events) -> Result<()> {
-        let local_done = self.event(events, StepEvent::LocalForcesDone);
-        local_done.record(&self.local).during("recording an event")?;
-        halo.wait(local_done).during("ordering integration after the local forces")?;
-        // A plain launch: the kernel before it on the halo stream is the force halo, whose fused
-        // kernel lets the next kernel start once its blocks are resident (blocks parked that early
-        // would hold room that the peers' spinning grids are counted on), and the wait above
-        // stands between them anyway.
-        self.leapfrog(ex, halo, Launch::Plain, transport, dt, work)?;
-        self.mark(Mark::End, halo)?;
-        let integrated = self.event(events, StepEvent::Integrated);
-        integrated.record(halo).during("recording an event")?;
-        self.local.wait(integrated).during("ordering the local stream after integration")
+        let local = self.local.clone();
+        // On the halo stream a plain launch: the kernel before it there is the force halo, whose
+        // fused kernel lets the next kernel start once its blocks are resident (blocks parked that
+        // early would hold room that the peers' spinning grids are counted on), and the wait
+        // stands between them anyway. On the local stream it overlaps the end of the local forces
+        // where the wait is met by then.
+        let (on, other, launch) = match self.integrate_on {
+            IntegrationStream::Halo => (halo, &*local, Launch::Plain),
+            IntegrationStream::Local => (&*local, halo, Launch::AfterKernel),
+        };
+        let join = self.event(events, StepEvent::Join);
+        join.record(other).during("recording an event")?;
+        on.wait(join).during("ordering integration after both chains")?;
+        self.leapfrog(ex, on, launch, transport, dt, work)?;
+        self.mark(Mark::End, on)?;
+        if self.integrate_on == IntegrationStream::Halo {
+            let integrated = self.event(events, StepEvent::Integrated);
+            integrated.record(halo).during("recording an event")?;
+            local.wait(integrated).during("ordering the local stream after integration")?;
+        }
+        Ok(())
     }
 
     /// The integration on `stream`, after whatever orders it there, launched as `launch` says.
@@ -908,6 +970,16 @@ fn home_arrays_fit(home: usize, lens: [usize; 4], from_device: bool) -> Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_integration_stream_is_named_halo_or_local() {
+        for on in [IntegrationStream::Halo, IntegrationStream::Local] {
+            assert_eq!(IntegrationStream::parse(on.name()).unwrap(), on);
+        }
+        assert_eq!(IntegrationStream::default(), IntegrationStream::Halo);
+        let e = IntegrationStream::parse("update").unwrap_err().to_string();
+        assert!(e.contains("`update`") && e.contains("choose halo or local"), "{e}");
+    }
 
     #[test]
     fn home_arrays_must_all_hold_the_home_atoms() {

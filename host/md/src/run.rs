@@ -13,7 +13,7 @@
 
 use super::gather::{HomeArrays, HomeGather};
 use super::phases::{Mark, PhaseSummary};
-use super::rank::{MdRank, StepWork};
+use super::rank::{IntegrationStream, MdRank, StepWork};
 use super::search::{self, SearchTimes};
 use crate::abi::Float3;
 use crate::decomp::{Decomposition, GpuRank, HaloPlan, HomeDevice, MergedHome, PlanRider, RankGrid, RankPlan, Redecomposed};
@@ -107,6 +107,8 @@ pub struct MdConfig {
     /// With `resident_search` and several ranks, where the redecomposition's per-atom passes run
     /// ([`Redecompose`]); every choice gives the same plan.
     pub redecompose: Redecompose,
+    /// Which of a rank's streams integrates a step with halo work ([`IntegrationStream`]).
+    pub integrate_on: IntegrationStream,
     /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
@@ -200,6 +202,7 @@ impl MdConfig {
             gpu_search: true,
             resident_search: true,
             redecompose: Redecompose::Auto,
+            integrate_on: IntegrationStream::Halo,
             graph: false,
             fault: None,
         }
@@ -1361,6 +1364,7 @@ impl MdRun {
             facts.new_rank = true;
             let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
             let mut m = MdRank::new(rank.module().clone(), r, lj, inv, setup, box_size, records, rank, halo)?;
+            m.set_integration_stream(self.cfg.integrate_on);
             if types_on_gpus {
                 m.set_types_by_id(&self.system.types)?;
             }

@@ -164,6 +164,11 @@ pub struct MdBenchRow {
     pub searches_begun_ahead: u64,
     /// Whether steps (all but energy and checked ones) were replayed as CUDA graphs.
     pub graph: bool,
+    /// Which stream integrated the steps with halo work (`--integrate-on`): `halo` or `local`
+    /// (rows written before the choice existed have none: up to `1bd2501` the local stream, from
+    /// `7e7e9c8` the halo stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrate_on: Option<String>,
     /// The atoms' order: `lattice` (global ids follow the lattice, neighbours in neighbouring
     /// memory) or `shuffled` (`--shuffle-atoms`: ids drawn at random, as after a long run).
     #[serde(default = "lattice_order")]
@@ -311,6 +316,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         redecompose: None,
         searches_begun_ahead: 0,
         graph: cfg.graph,
+        integrate_on: Some(cfg.step.integrate_on.name().into()),
         atom_order: if cfg.step.shuffle_atoms { "shuffled" } else { "lattice" }.into(),
         nbnxm_kernel: nbnxm_design(),
         nstlist: cfg.step.nstlist,
@@ -565,8 +571,17 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let _ = writeln!(s, "halo md-bench: {}, GPUs: {}; NVIDIA driver {}, CUDA driver {}", r.mode, gpus.join(", "), m.nvidia_driver, m.cuda_driver);
         let _ = writeln!(
             s,
-            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`, atoms in {} order; {} steps x {} repeats after {} warm-up steps;",
-            r.cutoff, r.nstlist, r.nstprune, r.dt_fs, r.nbnxm_kernel, r.atom_order, r.steps, r.repeats, r.warmup_steps
+            "LJ (cutoff {} nm, potential shift), nstlist {} with the buffer rule, GPU prune every {}, {} fs, nbnxm kernel `{}`, integration on the {} stream, atoms in {} order; {} steps x {} repeats after {} warm-up steps;",
+            r.cutoff,
+            r.nstlist,
+            r.nstprune,
+            r.dt_fs,
+            r.nbnxm_kernel,
+            r.integrate_on.as_deref().unwrap_or("unrecorded"),
+            r.atom_order,
+            r.steps,
+            r.repeats,
+            r.warmup_steps
         );
         let _ = writeln!(s, "every step timed, search steps included (host clock, idle GPU to idle GPU); median [min-max] over repeats");
         let _ = writeln!(
@@ -724,6 +739,7 @@ pub(crate) mod tests {
             redecompose: None,
             searches_begun_ahead: 0,
             graph: false,
+            integrate_on: Some("halo".into()),
             atom_order: "lattice".into(),
             nbnxm_kernel: "pf".into(),
             nstlist: 100,
@@ -783,6 +799,7 @@ pub(crate) mod tests {
         assert!(t.contains("1.60x") && t.contains("2.00x"), "{t}");
         assert!(t.contains("skipped: no"), "{t}");
         assert!(t.contains("search steps included"), "{t}");
+        assert!(t.contains("integration on the halo stream"), "{t}");
         // 50 us per 2 fs step: 86400 / 50e-6 * 2e-6 = 3456 ns/day.
         assert!(t.lines().any(|l| l.starts_with("45000") && l.contains("fused") && l.contains("3456") && l.contains("10.0")), "{t}");
     }

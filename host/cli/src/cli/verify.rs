@@ -12,7 +12,7 @@ use halo::gpu::{self, KernelModule};
 use halo::launch::RankEnv;
 use halo::session::PeSession;
 use halo_md::nbnxm::DEFAULT_DRIFT_TOLERANCE;
-use halo_md::{self as md, MdConfig, MdOutcome, MdRun, Redecompose};
+use halo_md::{self as md, IntegrationStream, MdConfig, MdOutcome, MdRun, Redecompose};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +52,13 @@ pub struct StepArgs {
     /// atoms per rank). The same plan either way.
     #[arg(long, default_value = "auto", value_parser = |s: &str| Redecompose::parse(s).map_err(|e| e.to_string()))]
     pub redecompose: Redecompose,
+    /// Which of a rank's two streams integrates a step with halo work: `halo` (the force halo, the
+    /// integration and the next coordinate halo follow one another there; faster where the halo
+    /// chain is the longer one, as with 2 PEs sharing one GPU at 45,000 atoms) or `local` (the
+    /// home–home forces and the integration follow one another there; faster where the local
+    /// chain is, as with two ranks in one process on one GPU). docs/benchmarks.md has the numbers.
+    #[arg(long, default_value = "halo", value_parser = |s: &str| IntegrationStream::parse(s).map_err(|e| e.to_string()))]
+    pub integrate_on: IntegrationStream,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -81,6 +88,7 @@ impl Default for StepArgs {
             host_search: false,
             host_grid: false,
             redecompose: Redecompose::Auto,
+            integrate_on: IntegrationStream::Halo,
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
             shuffle_atoms: false,
@@ -101,6 +109,7 @@ impl StepArgs {
             gpu_search: !self.host_search,
             resident_search: !self.host_grid,
             redecompose: self.redecompose,
+            integrate_on: self.integrate_on,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
             shuffle_atoms: self.shuffle_atoms,
@@ -488,6 +497,12 @@ mod tests {
         assert_eq!(v.config().path_policy, PathPolicy::ForcePut);
         let v = VerifyArgs { step: StepArgs { paths: PathPolicy::Auto, ..StepArgs::default() }, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
         assert_eq!(v.config().path_policy, PathPolicy::Auto);
+        // The integration's stream: the halo stream unless asked.
+        assert_eq!(StepArgs::default().apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, IntegrationStream::Halo);
+        let local = <Cli as clap::Parser>::try_parse_from(["halo", "--integrate-on", "local"]).unwrap().step;
+        assert_eq!(local.apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, IntegrationStream::Local);
+        let e = <Cli as clap::Parser>::try_parse_from(["halo", "--integrate-on", "update"]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("choose halo or local"), "{e}");
     }
 
     #[test]
