@@ -325,7 +325,7 @@ fn integration_on_either_stream() {
     for on in [md::IntegrationStream::Halo, md::IntegrationStream::Local] {
         for (grid, t, graph) in [([2, 1, 1], Transport::Fused, false), ([2, 2, 2], Transport::Fused, true), ([2, 1, 1], Transport::Staged, false)] {
             let mut c = config(6000, grid, t, 60, 20);
-            (c.check_every, c.graph, c.integrate_on) = (7, graph, on);
+            (c.check_every, c.graph, c.integrate_on) = (7, graph, Some(on));
             let test = format!("md_integrate_on_{}_{}x{}x{}_{t}{}", on.name(), grid[0], grid[1], grid[2], if graph { "_graph" } else { "" });
             let Some(out) = run(&test, c) else { return };
             if graph {

@@ -209,30 +209,44 @@ enum StepEvent {
 /// alone integrates on its local stream). Either way the local stream is ordered after the whole
 /// step. The integration needs both chains' forces, and the next step's two chains both start
 /// after it: one of them crosses streams at each end, the other follows it by stream order.
+/// [`Self::for_ranks`] chooses by how the ranks are driven; measured on one H100 at 45,000 atoms
+/// on 2x1x1, the same build alternated three times (docs/benchmarks.md, "Strong scaling").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IntegrationStream {
     /// The halo stream, after a wait for the local forces: the force halo, the integration and
     /// the next coordinate halo follow one another there, and the local stream waits for the
     /// integration. For steps whose halo chain (coordinate halo, forces with halo atoms, force
-    /// halo) is the longer one: 2 PEs sharing one H100 at 45,000 atoms ran 2–5 µs a step faster
-    /// than with [`Self::Local`] (docs/benchmarks.md, "Strong scaling").
+    /// halo) is the longer one: 2 PEs sharing the GPU ran 2.3–3.3 µs a step faster than with
+    /// [`Self::Local`].
     #[default]
     Halo,
     /// The local stream, after a wait for the force halo: the home–home forces, the integration
     /// and the next home–home forces follow one another there (each launched to overlap the one
     /// before), and the halo stream waits for the integration. For steps whose local chain is the
-    /// longer one: two ranks in one process on one H100 at 45,000 atoms ran 1–2.5 µs a step
-    /// faster than with [`Self::Halo`].
+    /// longer one: two ranks in one process ran 0.8–3.4 µs a step faster than with
+    /// [`Self::Halo`].
     Local,
 }
 
 impl IntegrationStream {
+    /// The default for ranks driven one per process (PEs: [`Self::Halo`]) or several by one
+    /// process ([`Self::Local`]), the faster of the two in each case where measured (one GPU
+    /// shared; no pair of GPUs was measured).
+    pub fn for_ranks(one_pe_per_process: bool) -> Self {
+        if one_pe_per_process { Self::Halo } else { Self::Local }
+    }
+
+    /// `auto` (`None`: [`Self::for_ranks`] decides), `halo` or `local`.
+    pub fn parse_choice(s: &str) -> Result<Option<Self>> {
+        if s == "auto" { Ok(None) } else { Self::parse(s).map(Some) }
+    }
+
     /// The choice named `halo` or `local`.
     pub fn parse(s: &str) -> Result<Self> {
         match s {
             "halo" => Ok(Self::Halo),
             "local" => Ok(Self::Local),
-            other => Err(HaloError::InvalidInput(format!("integrate on the `{other}` stream: choose halo or local"))),
+            other => Err(HaloError::InvalidInput(format!("integrate on the `{other}` stream: choose auto, halo or local"))),
         }
     }
 
@@ -978,7 +992,12 @@ mod tests {
         }
         assert_eq!(IntegrationStream::default(), IntegrationStream::Halo);
         let e = IntegrationStream::parse("update").unwrap_err().to_string();
-        assert!(e.contains("`update`") && e.contains("choose halo or local"), "{e}");
+        assert!(e.contains("`update`") && e.contains("choose auto, halo or local"), "{e}");
+        assert_eq!(IntegrationStream::parse_choice("auto").unwrap(), None);
+        assert_eq!(IntegrationStream::parse_choice("local").unwrap(), Some(IntegrationStream::Local));
+        assert!(IntegrationStream::parse_choice("update").is_err());
+        assert_eq!(IntegrationStream::for_ranks(true), IntegrationStream::Halo);
+        assert_eq!(IntegrationStream::for_ranks(false), IntegrationStream::Local);
     }
 
     #[test]

@@ -107,8 +107,9 @@ pub struct MdConfig {
     /// With `resident_search` and several ranks, where the redecomposition's per-atom passes run
     /// ([`Redecompose`]); every choice gives the same plan.
     pub redecompose: Redecompose,
-    /// Which of a rank's streams integrates a step with halo work ([`IntegrationStream`]).
-    pub integrate_on: IntegrationStream,
+    /// Which of a rank's streams integrates a step with halo work ([`IntegrationStream`]);
+    /// `None`: [`IntegrationStream::for_ranks`] chooses by how the ranks are driven.
+    pub integrate_on: Option<IntegrationStream>,
     /// Replay steps without energy or check as CUDA graphs, one per rank and kind of step (plain,
     /// and with the prune), each captured at its first use after a search (GPU-initiated
     /// transports; others launch as usual).
@@ -202,7 +203,7 @@ impl MdConfig {
             gpu_search: true,
             resident_search: true,
             redecompose: Redecompose::Auto,
-            integrate_on: IntegrationStream::Halo,
+            integrate_on: None,
             graph: false,
             fault: None,
         }
@@ -889,6 +890,12 @@ impl MdRun {
         &self.setup
     }
 
+    /// The stream that integrates this run's steps with halo work: the configuration's, else the
+    /// default for how its ranks are driven ([`IntegrationStream::for_ranks`]).
+    pub fn integration_stream(&self) -> IntegrationStream {
+        self.cfg.integrate_on.unwrap_or_else(|| IntegrationStream::for_ranks(matches!(self.placement, Placement::Pe { .. })))
+    }
+
     /// Steps run so far.
     pub fn steps_done(&self) -> u64 {
         self.step
@@ -1364,7 +1371,7 @@ impl MdRun {
             facts.new_rank = true;
             let (lj, inv, setup) = (&self.lj, &self.inv_by_type, &self.setup);
             let mut m = MdRank::new(rank.module().clone(), r, lj, inv, setup, box_size, records, rank, halo)?;
-            m.set_integration_stream(self.cfg.integrate_on);
+            m.set_integration_stream(self.integration_stream());
             if types_on_gpus {
                 m.set_types_by_id(&self.system.types)?;
             }

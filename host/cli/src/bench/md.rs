@@ -316,7 +316,7 @@ pub fn measure(cfg: &MdBenchConfig, target: &Target<'_>, grid: RankGrid, atoms: 
         redecompose: None,
         searches_begun_ahead: 0,
         graph: cfg.graph,
-        integrate_on: Some(cfg.step.integrate_on.name().into()),
+        integrate_on: None,
         atom_order: if cfg.step.shuffle_atoms { "shuffled" } else { "lattice" }.into(),
         nbnxm_kernel: nbnxm_design(),
         nstlist: cfg.step.nstlist,
@@ -391,6 +391,7 @@ fn process_rank(placement: &Placement) -> usize {
 fn measure_into(cfg: &MdBenchConfig, target: &Target<'_>, md: MdConfig, row: &mut MdBenchRow, tag: &str) -> Result<()> {
     let md_ranks = md.grid.num_ranks();
     let mut run = MdRun::new(md, target.placement.clone())?;
+    row.integrate_on = Some(run.integration_stream().name().into());
     let timed = timed_and_checked(cfg, &mut run, md_ranks, process_rank(target.placement), row);
     row.check = MdBenchCheck::of(run.outcome());
     let timed = timed?;

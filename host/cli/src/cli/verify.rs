@@ -54,11 +54,12 @@ pub struct StepArgs {
     pub redecompose: Redecompose,
     /// Which of a rank's two streams integrates a step with halo work: `halo` (the force halo, the
     /// integration and the next coordinate halo follow one another there; faster where the halo
-    /// chain is the longer one, as with 2 PEs sharing one GPU at 45,000 atoms) or `local` (the
+    /// chain is the longer one, as with 2 PEs sharing one GPU at 45,000 atoms), `local` (the
     /// home–home forces and the integration follow one another there; faster where the local
-    /// chain is, as with two ranks in one process on one GPU). docs/benchmarks.md has the numbers.
-    #[arg(long, default_value = "halo", value_parser = |s: &str| IntegrationStream::parse(s).map_err(|e| e.to_string()))]
-    pub integrate_on: IntegrationStream,
+    /// chain is, as with two ranks in one process on one GPU) or `auto` (`halo` for one PE per
+    /// process, `local` for one process driving several ranks). docs/benchmarks.md has the numbers.
+    #[arg(long, default_value = "auto", value_parser = |s: &str| IntegrationStream::parse_choice(s).map(IntegrateOn).map_err(|e| e.to_string()))]
+    pub integrate_on: IntegrateOn,
     /// Deadline of every device wait, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     pub wait_timeout_ms: u64,
@@ -75,6 +76,10 @@ pub struct StepArgs {
     pub shuffle_atoms: bool,
 }
 
+/// `--integrate-on`: a stream, or `None` for `auto` ([`IntegrationStream::for_ranks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntegrateOn(pub Option<IntegrationStream>);
+
 impl Default for StepArgs {
     /// The command-line defaults.
     fn default() -> Self {
@@ -88,7 +93,7 @@ impl Default for StepArgs {
             host_search: false,
             host_grid: false,
             redecompose: Redecompose::Auto,
-            integrate_on: IntegrationStream::Halo,
+            integrate_on: IntegrateOn(None),
             wait_timeout_ms: 5000,
             paths: PathPolicy::Routed,
             shuffle_atoms: false,
@@ -109,7 +114,7 @@ impl StepArgs {
             gpu_search: !self.host_search,
             resident_search: !self.host_grid,
             redecompose: self.redecompose,
-            integrate_on: self.integrate_on,
+            integrate_on: self.integrate_on.0,
             wait_timeout: Duration::from_millis(self.wait_timeout_ms),
             path_policy: self.paths,
             shuffle_atoms: self.shuffle_atoms,
@@ -497,12 +502,12 @@ mod tests {
         assert_eq!(v.config().path_policy, PathPolicy::ForcePut);
         let v = VerifyArgs { step: StepArgs { paths: PathPolicy::Auto, ..StepArgs::default() }, ..VerifyArgs::new(10, RankGrid { dims: [2, 1, 1] }) };
         assert_eq!(v.config().path_policy, PathPolicy::Auto);
-        // The integration's stream: the halo stream unless asked.
-        assert_eq!(StepArgs::default().apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, IntegrationStream::Halo);
+        // The integration's stream: chosen by how the ranks are driven unless asked.
+        assert_eq!(StepArgs::default().apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, None);
         let local = <Cli as clap::Parser>::try_parse_from(["halo", "--integrate-on", "local"]).unwrap().step;
-        assert_eq!(local.apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, IntegrationStream::Local);
+        assert_eq!(local.apply(MdConfig::new(10, RankGrid { dims: [2, 1, 1] })).integrate_on, Some(IntegrationStream::Local));
         let e = <Cli as clap::Parser>::try_parse_from(["halo", "--integrate-on", "update"]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e.contains("choose halo or local"), "{e}");
+        assert!(e.contains("choose auto, halo or local"), "{e}");
     }
 
     #[test]
