@@ -628,11 +628,11 @@ impl MdRank {
 
     /// First half of a step, before the coordinate halo. Local stream: zero the home forces unless
     /// the last integration cleared them (and zero the energy record), prune the local list on
-    /// prune steps, home–home forces. The halo stream then waits for [`Self::coordinates_ready`]:
-    /// after a search for its home coordinates on the local stream (the coordinate halo reads
-    /// home coordinates), after a captured step for the graph on the local stream; after an
-    /// uncaptured step the integration recorded it on the halo stream itself, which follows it by
-    /// stream order: no wait then ([`Self::ready_on_halo`]).
+    /// prune steps, home–home forces. The halo stream then waits for `coordinates_ready` (the
+    /// coordinate halo reads home coordinates): after a search for its home coordinates on the
+    /// local stream, after a captured step for the graph there, after an uncaptured step for the
+    /// integration, unless that ran on the halo stream itself ([`IntegrationStream::Halo`]),
+    /// which then follows it by stream order: no wait.
     pub fn begin_step(&mut self, ex: &RankExchange, halo: &CudaStream, work: StepWork) -> Result<()> {
         self.local_work(ex, work, Some(Events::Step))?;
         if !self.ready_on_halo {
