@@ -83,8 +83,9 @@ pub struct MdRank {
     join: CudaEvent,
     /// Which stream integrates a step with halo work.
     integrate_on: IntegrationStream,
-    /// Recorded after the integration (on the halo stream) and after a search's uploads (on the
-    /// local stream); the next step's local work and halo work are ordered after it.
+    /// Recorded after the integration (on the stream that integrates), after a search's uploads
+    /// and after a replayed graph (on the local stream); the next step's halo work is ordered
+    /// after it.
     coordinates_ready: CudaEvent,
     /// Whether [`Self::coordinates_ready`] was last recorded by an uncaptured step's integration,
     /// on the halo stream: the next step's halo work then follows it by stream order and needs no

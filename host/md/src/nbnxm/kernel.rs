@@ -134,7 +134,7 @@ impl WarpsPerEntry {
     /// kernels on the halo stream while the local list's run, so a short non-local list need not
     /// fill the GPU by itself, and more warps would only add its staging and reductions (at
     /// 45,000 atoms on 2x1x1 the rule per list gave the non-local list 8 warps beside the local
-    /// list's 4, and the step was 4–5 µs slower than with 4 for both: docs/nbnxm.md).
+    /// list's 4, and the step was 3.7–5.3 µs slower than with 4 for both: docs/nbnxm.md).
     pub fn for_lists(self, entries: &[usize], sms: u32) -> u32 {
         self.for_list(entries.iter().sum(), sms)
     }
