@@ -21,17 +21,12 @@
 
 use super::PlanError;
 use crate::workers::Workers;
-use kernels_gpu::abi::{self, IdFactsPart};
+// `scramble`: a global id scrambled, the one function the GPU's sums use too (a bijection of
+// `0..2^31`, so that ids in arithmetic patterns give sums in none).
+use kernels_gpu::abi::{IdFactsPart, scramble_id as scramble};
 
 /// Ids per part of the sums shared out to the workers.
 const PART: usize = 16 * 1024;
-
-/// A global id scrambled ([`abi::scramble_id`], the one function the GPU's sums use too): a
-/// bijection of `0..2^31`, so that ids in arithmetic patterns give sums in none.
-#[inline(always)]
-pub(super) fn scramble(id: u32) -> u32 {
-    abi::scramble_id(id)
-}
 
 /// The sums over a set of ids of their [`scramble`]s `y` and of `y²` (the second wrapping). Both
 /// are exact for up to two ids changed: the first is below 2^62 for any set of distinct ids, and
@@ -88,7 +83,7 @@ impl IdSums {
 pub struct HomeIdFacts {
     /// How many ids the facts are of.
     pub count: usize,
-    /// `Σ y` over the ids' scrambles `y` ([`abi::scramble_id`]), wrapping.
+    /// `Σ y` over the ids' scrambles `y` ([`kernels_gpu::abi::scramble_id`]), wrapping.
     pub first: u64,
     /// `Σ y²`, wrapping.
     pub second: u64,
@@ -106,7 +101,7 @@ impl HomeIdFacts {
 }
 
 /// The facts of `count` ids from the parts kernel `home_id_facts` wrote over them
-/// ([`abi::ID_FACTS_PARTS`]): the sums added up (wrapping, so in any order the host's), ascending
+/// ([`kernels_gpu::abi::ID_FACTS_PARTS`]): the sums added up (wrapping, so in any order the host's), ascending
 /// when no part saw an id out of order.
 pub fn fold_id_facts(parts: &[IdFactsPart], count: usize) -> HomeIdFacts {
     parts.iter().fold(HomeIdFacts { count, ascending: true, ..HomeIdFacts::default() }, |f, p| HomeIdFacts {
