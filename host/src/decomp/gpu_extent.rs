@@ -5,46 +5,15 @@
 //! checks pass over them for it.
 
 use super::Scan;
-use crate::error::{CudaContextExt, Result};
-use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape};
-use cudarc::driver::CudaContext;
-use kernels_gpu::abi::{self, EXTENT_PARTS, ExtentPart, Float3};
-use std::sync::Arc;
+use super::gpu_parts::{PositionExtent, WarpParts};
+use crate::error::Result;
+use crate::gpu::{CudaStream, DeviceMemory, KernelModule};
+use kernels_gpu::abi::{ExtentPart, Float3};
 
-/// The device parts of one extent (one per warp of the launch).
-pub struct GpuExtent {
-    parts: DeviceBuffer<ExtentPart>,
-}
+/// The device parts of one extent (one per warp of the launch; kernel `position_extent`).
+pub type GpuExtent = WarpParts<PositionExtent>;
 
 impl GpuExtent {
-    /// Room for one extent on `ctx`'s GPU.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        Ok(Self { parts: DeviceBuffer::uninit(ctx, EXTENT_PARTS)? })
-    }
-
-    /// Enqueues the extent of `x[..n]` on `stream` (every part written).
-    pub fn enqueue(&self, module: &KernelModule, stream: &CudaStream, x: &dyn DeviceMemory<Float3>, n: usize) -> Result<()> {
-        let n32 = u32::try_from(n)
-            .ok()
-            .filter(|_| n <= x.len())
-            .ok_or_else(|| crate::error::HaloError::InvalidInput(format!("the extent of {n} positions of an array of {}", x.len())))?;
-        let shape = LaunchShape { grid: (abi::EXTENT_BLOCKS, 1), block: abi::EXTENT_THREADS, shared_bytes: 0 };
-        let (mut xp, mut np, mut parts) = (x.device_ptr(), n32, self.parts.device_ptr());
-        // SAFETY: the arguments match `position_extent`'s; `x` holds `n` positions (checked), the
-        // parts one per warp of the launch (`EXTENT_PARTS`); both outlive the launch (the caller's
-        // `x` by its stream order, ours by `self`).
-        unsafe { module.launch(abi::POSITION_EXTENT, shape, stream, &mut crate::kernel_args![xp, np, parts]) }
-    }
-
-    /// Enqueues the copy of the parts into `out` ([`EXTENT_PARTS`] of them) on `stream`.
-    ///
-    /// # Safety
-    /// `out` must stay valid, and be neither read nor written, until `stream` has run the copy.
-    pub unsafe fn enqueue_read(&self, out: &mut [ExtentPart], stream: &CudaStream) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.parts.enqueue_read(0, out, stream) }
-    }
-
     /// The [`Scan`] of `x[..n]` against `lo..hi`, synchronously (enqueued on `stream`, waited for).
     pub fn run(
         &self,
@@ -55,9 +24,7 @@ impl GpuExtent {
         lo: [f32; 3],
         hi: [f32; 3],
     ) -> Result<Scan> {
-        self.enqueue(module, stream, x, n)?;
-        stream.synchronize().during("waiting for the GPU extent")?;
-        Ok(fold_extent(&self.parts.to_host()?, lo, hi))
+        Ok(fold_extent(&self.run_parts(module, stream, x, n)?, lo, hi))
     }
 }
 

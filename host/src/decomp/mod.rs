@@ -17,6 +17,7 @@
 //! | [`GpuMerge`] | a rank's arrivals merged into its stayers in id order on the GPU, after [`GpuMigrate`] |
 //! | [`GpuSelect`] | the home part of each decomposed dimension's first pulse, selected on the GPU |
 //! | [`scan`], [`GpuExtent`] | whether positions lie in bounds, and their extent: on the host in one vectorized pass, or on the GPU |
+//! | [`WarpParts`] | per-warp facts of a device array ([`GpuExtent`], [`GpuIdFacts`]), folded on the host |
 //! | [`PlanError`] | why a decomposition cannot be built or a plan is inconsistent |
 
 mod bounds;
@@ -31,6 +32,7 @@ mod gpu_merge_tests;
 mod gpu_migrate;
 #[cfg(test)]
 mod gpu_migrate_tests;
+mod gpu_parts;
 mod gpu_select;
 #[cfg(test)]
 mod gpu_select_tests;
@@ -50,6 +52,7 @@ pub use gpu_home::{GpuHome, GpuRank};
 pub use gpu_id_facts::GpuIdFacts;
 pub use gpu_merge::{GpuMerge, MergeArrays, MergeReference, merge_reference};
 pub use gpu_migrate::{GpuMigrate, MigrateArrays, MigrateReference, Migrated, migrate_geometry, migrate_reference, owner_in};
+pub use gpu_parts::{HomeIdFactsKernel, PartsKernel, PositionExtent, WarpParts};
 #[cfg(any(test, feature = "test-support"))]
 pub(crate) use gpu_select::selection_edges;
 pub use gpu_select::{GpuSelect, Selected, SelectedDim, select_geometry, select_reference, selected_in};
