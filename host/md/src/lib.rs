@@ -15,6 +15,7 @@
 use halo::*;
 
 pub mod gather;
+mod lookup;
 pub mod md_reference;
 pub mod nbnxm;
 pub mod phases;

@@ -10,6 +10,7 @@ use crate::exchange::Transport;
 use crate::gpu::{CudaEvent, CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use crate::kernel_args;
 use crate::kernels::MAX_GATHER_BLOCKS;
+use crate::lookup::{InverseMassesKernel, enqueue_lookup};
 use crate::nbnxm::gpu_search::grow;
 use crate::nbnxm::{EnergySlot, HomeCopies, HomeOnDevice, Launch, ListKind, ListSetup, NbnxmGpu, ResidentSearch, TypesById};
 use crate::phases::{Mark, PhaseProbe};
@@ -51,7 +52,7 @@ pub struct MdRank {
     /// Atom types of the home atoms (what a search on the GPU sorts into the grid's slots).
     types: DeviceBuffer<u32>,
     /// `1 / m` per atom type (`search::inverse_masses_by_type`): with the grid built on the GPU
-    /// the home atoms' `inv_mass` is made from `types` on the device ([`enqueue_inverse_masses`]).
+    /// the home atoms' `inv_mass` is made from `types` on the device (`enqueue_lookup::<InverseMassesKernel>`).
     inv_by_type: DeviceBuffer<f32>,
     /// Every atom's type by global id ([`Self::set_types_by_id`]): with the home atoms merged on
     /// the GPU by its redecomposition, a search makes their types there from their ids instead of
@@ -150,33 +151,6 @@ impl HomeStaging {
         }
         Ok(())
     }
-}
-
-/// Enqueues `inv_mass[i] = inv_by_type[types[i]]` for the `home` home atoms on `stream`
-/// (`abi::INVERSE_MASSES`), after what `stream` holds (the home types' copy). A type beyond the
-/// table gives NaN; the search that copied the types refuses such a type (the grid's largest type
-/// against the LJ table, of the same type count) before any step reads the masses.
-fn enqueue_inverse_masses(
-    module: &KernelModule,
-    types: &DeviceBuffer<u32>,
-    inv_by_type: &DeviceBuffer<f32>,
-    inv_mass: &DeviceBuffer<f32>,
-    home: usize,
-    stream: &CudaStream,
-) -> Result<()> {
-    if home == 0 {
-        return Ok(());
-    }
-    if types.len() < home || inv_mass.len() < home {
-        return Err(HaloError::InvalidInput(format!("{home} home atoms, room for {} types and {} masses", types.len(), inv_mass.len())));
-    }
-    let (mut t, mut n, mut table, mut ntypes, mut out) =
-        (types.device_ptr(), home as u32, inv_by_type.device_ptr(), inv_by_type.len() as u32, inv_mass.device_ptr());
-    let mut args = kernel_args![t, n, table, ntypes, out];
-    // SAFETY: arguments match `inverse_masses`; `types` and `inv_mass` hold at least `home`
-    // elements (checked), the table `ntypes`; the buffers outlive the launch (the rank's own,
-    // freed only after its streams are idle).
-    unsafe { module.launch(abi::INVERSE_MASSES, LaunchShape::for_items(home, MAX_GATHER_BLOCKS), stream, &mut args) }
 }
 
 /// The home atoms of `g`'s last redecomposition as a grid build takes them on the device: their
@@ -401,7 +375,7 @@ impl MdRank {
     ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`, or its
     ///   second half when [`Self::begin_search`] enqueued the first, which leaves the lists' write
     ///   pass running on the local stream), so they cross the bus once; `1 / m` made from those
-    ///   types on the local stream (`enqueue_inverse_masses`); the velocities copied there from
+    ///   types on the local stream (`enqueue_lookup::<InverseMassesKernel>`); the velocities copied there from
     ///   the GPU's redecomposition, or staged on `halo`, while the GPU runs the grid's and the
     ///   lists' first passes (before the search's first host wait).
     ///
@@ -464,7 +438,7 @@ impl MdRank {
                 // the grid's passes.
                 let mut before_wait = || {
                     staging.velocities(found, v, halo)?;
-                    enqueue_inverse_masses(module, types, inv_by_type, inv_mass, n, local)
+                    enqueue_lookup::<InverseMassesKernel>(module, types, inv_by_type, inv_mass, n, local)
                 };
                 let searched = if nb.begun() {
                     nb.finish_local(atoms, local, Some((copies.x, copies.types)), &mut before_wait)?

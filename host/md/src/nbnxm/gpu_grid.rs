@@ -22,7 +22,7 @@
 //! before any list is written. The buffers are reused from one build to the next, grown with
 //! headroom when a build needs more.
 
-use super::gpu::{HomeOnDevice, TypesById};
+use super::gpu::HomeOnDevice;
 use super::gpu_search::{fit, grow};
 use super::grid::{BBox, ClusterGrid, ZoneGrid, column_shape};
 use super::local::{HomeChecked, ZoneFacts};
@@ -31,6 +31,7 @@ use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
 use crate::kernel_args;
+use crate::lookup::{TypesByIdKernel, enqueue_lookup};
 use bytemuck::Pod;
 
 const SS: usize = abi::NBNXM_SUPER_SIZE as usize;
@@ -537,7 +538,7 @@ impl DeviceGrid {
                 s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
                 match on.types {
                     Some(t) => {
-                        enqueue_types_by_id(module, t, home, &s.types, stream)?;
+                        enqueue_lookup::<TypesByIdKernel>(module, t.ids, t.by_id, &s.types, home, stream)?;
                         s.types_staging.upload_at(&atoms.types[home..], &s.types, home, stream)?;
                     }
                     None => s.types_staging.upload(&atoms.types, &s.types, stream)?,
@@ -842,24 +843,6 @@ fn check_home_on_device(on: HomeOnDevice<'_>, home: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Enqueues on `stream` `types[i] = t.by_id[t.ids[i]]` for the `home` home atoms (kernel
-/// `types_by_id`); `t` checked to hold them ([`check_home_on_device`]), `types` grown to them.
-fn enqueue_types_by_id(module: &KernelModule, t: TypesById<'_>, home: usize, types: &DeviceBuffer<u32>, stream: &CudaStream) -> Result<()> {
-    if home == 0 {
-        return Ok(());
-    }
-    if types.len() < home || t.ids.len() < home {
-        return Err(HaloError::InvalidInput(format!("{home} home atoms, room for {} ids and {} types", t.ids.len(), types.len())));
-    }
-    let (mut ids, mut n, mut by_id, mut atoms, mut out) =
-        (t.ids.device_ptr(), home as u32, t.by_id.device_ptr(), t.by_id.len() as u32, types.device_ptr());
-    let mut args = kernel_args![ids, n, by_id, atoms, out];
-    // SAFETY: arguments match `types_by_id(ids, n, by_id, atoms, types)`; `ids` and `types` hold
-    // at least `home` elements (checked), the table `atoms`; the caller keeps the buffers until
-    // `stream` has run the launch (the grid's own, and the redecomposition's, freed only after).
-    unsafe { module.launch(abi::TYPES_BY_ID, LaunchShape::for_items(home, crate::kernels::MAX_GATHER_BLOCKS), stream, &mut args) }
 }
 
 #[cfg(test)]
