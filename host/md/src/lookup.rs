@@ -17,8 +17,9 @@ pub(crate) trait Lookup {
     type Value: Pod;
     /// The kernel's entry point.
     const KERNEL: &'static str;
-    /// What the keys and the values are, for errors ("ids", "types").
+    /// What the keys are, for errors ("ids").
     const KEYS: &'static str;
+    /// What the values are, for errors ("types").
     const VALUES: &'static str;
 }
 
@@ -32,7 +33,9 @@ impl Lookup for TypesByIdKernel {
     const VALUES: &'static str = "types";
 }
 
-/// `inverse_masses`: the home atoms' `1 / m` from their types (NaN past the table).
+/// `inverse_masses`: the home atoms' `1 / m` from their types (NaN past the table; the search that
+/// copied the types refuses such a type, the grid's largest type against the LJ table of the same
+/// type count, before any step reads the masses).
 pub(crate) struct InverseMassesKernel;
 
 impl Lookup for InverseMassesKernel {
@@ -44,8 +47,8 @@ impl Lookup for InverseMassesKernel {
 
 /// Enqueues kernel `K` on `stream` for the first `home` atoms: `out[i] = table[keys[i]]`, after
 /// what `stream` holds. Nothing for no atom; an error, before any launch, when `keys` or `out`
-/// hold fewer than `home` elements or `home` or the table's length exceed a `u32`. The caller keeps the
-/// three buffers until `stream` has run the launch.
+/// hold fewer than `home` elements, or `home` or the table's length exceed a `u32`. The caller
+/// keeps the three buffers until `stream` has run the launch.
 pub(crate) fn enqueue_lookup<K: Lookup>(
     module: &KernelModule,
     keys: &dyn DeviceMemory<u32>,

@@ -52,7 +52,8 @@ pub struct MdRank {
     /// Atom types of the home atoms (what a search on the GPU sorts into the grid's slots).
     types: DeviceBuffer<u32>,
     /// `1 / m` per atom type (`search::inverse_masses_by_type`): with the grid built on the GPU
-    /// the home atoms' `inv_mass` is made from `types` on the device (`enqueue_lookup::<InverseMassesKernel>`).
+    /// the home atoms' `inv_mass` is made from `types` on the device
+    /// (`enqueue_lookup::<InverseMassesKernel>`).
     inv_by_type: DeviceBuffer<f32>,
     /// Every atom's type by global id ([`Self::set_types_by_id`]): with the home atoms merged on
     /// the GPU by its redecomposition, a search makes their types there from their ids instead of
@@ -375,9 +376,9 @@ impl MdRank {
     ///   atoms (home atoms first, the exchange's order; `NbnxmGpu::update_local_into`, or its
     ///   second half when [`Self::begin_search`] enqueued the first, which leaves the lists' write
     ///   pass running on the local stream), so they cross the bus once; `1 / m` made from those
-    ///   types on the local stream (`enqueue_lookup::<InverseMassesKernel>`); the velocities copied there from
-    ///   the GPU's redecomposition, or staged on `halo`, while the GPU runs the grid's and the
-    ///   lists' first passes (before the search's first host wait).
+    ///   types on the local stream (`enqueue_lookup::<InverseMassesKernel>`); the velocities
+    ///   copied there from the GPU's redecomposition, or staged on `halo`, while the GPU runs the
+    ///   grid's and the lists' first passes (before the search's first host wait).
     ///
     /// Then, also after a failure: `uploaded` is recorded on `halo` and the local stream
     /// waits for it (`order_after_uploads`). Nothing here waits on the host for the copies (nor,
