@@ -185,22 +185,21 @@ enum StepEvent {
 /// alone integrates on its local stream). Either way the local stream is ordered after the whole
 /// step. The integration needs both chains' forces, and the next step's two chains both start
 /// after it: one of them crosses streams at each end, the other follows it by stream order.
-/// [`Self::for_ranks`] chooses by how the ranks are driven; measured on one H100 at 45,000 atoms
-/// on 2x1x1, the same build alternated three times (docs/benchmarks.md, "Strong scaling").
+/// [`Self::for_ranks`] chooses by how the ranks are driven, from the measurements in
+/// docs/benchmarks.md ("Strong scaling").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IntegrationStream {
     /// The halo stream, after a wait for the local forces: the force halo, the integration and
     /// the next coordinate halo follow one another there, and the local stream waits for the
-    /// integration. For steps whose halo chain (coordinate halo, forces with halo atoms, force
-    /// halo) is the longer one: 2 PEs sharing the GPU ran 2.3–3.3 µs a step faster than with
-    /// [`Self::Local`].
+    /// integration. The faster where measured with one PE per process (2 PEs sharing one GPU,
+    /// whose halo chain of coordinate halo, forces with halo atoms and force halo sets the step;
+    /// docs/benchmarks.md).
     #[default]
     Halo,
     /// The local stream, after a wait for the force halo: the home–home forces, the integration
     /// and the next home–home forces follow one another there (each launched to overlap the one
-    /// before), and the halo stream waits for the integration. For steps whose local chain is the
-    /// longer one: two ranks in one process ran 0.8–3.4 µs a step faster than with
-    /// [`Self::Halo`].
+    /// before), and the halo stream waits for the integration. The faster where measured with
+    /// several ranks in one process (two on one GPU; docs/benchmarks.md).
     Local,
 }
 

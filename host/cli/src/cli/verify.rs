@@ -53,11 +53,11 @@ pub struct StepArgs {
     #[arg(long, default_value = "auto", value_parser = |s: &str| Redecompose::parse(s).map_err(|e| e.to_string()))]
     pub redecompose: Redecompose,
     /// Which of a rank's two streams integrates a step with halo work: `halo` (the force halo, the
-    /// integration and the next coordinate halo follow one another there; faster where the halo
-    /// chain is the longer one, as with 2 PEs sharing one GPU at 45,000 atoms), `local` (the
-    /// home–home forces and the integration follow one another there; faster where the local
-    /// chain is, as with two ranks in one process on one GPU) or `auto` (`halo` for one PE per
-    /// process, `local` for one process driving several ranks). docs/benchmarks.md has the numbers.
+    /// integration and the next coordinate halo follow one another there; the faster as 2 PEs
+    /// sharing one GPU), `local` (the home–home forces and the integration follow one another
+    /// there; the faster with two ranks in one process on one GPU) or `auto` (`halo` for one PE
+    /// per process, `local` for one process driving several ranks). docs/benchmarks.md has the
+    /// numbers.
     #[arg(long, default_value = "auto", value_parser = |s: &str| IntegrationStream::parse_choice(s).map(IntegrateOn).map_err(|e| e.to_string()))]
     pub integrate_on: IntegrateOn,
     /// Deadline of every device wait, in milliseconds.
