@@ -14,8 +14,10 @@
 //! count being right, on none) always change them, and more go unseen only where both sums cancel
 //! by chance (far less than one in 2^64 for ids the scramble spreads). Where the sums differ, the
 //! caller gathers the ids after all to name the atom ([`name_repeated`]): only a failing run pays
-//! for that. A process that drives every rank holds every id and checks them exactly with one
-//! flag per atom instead ([`name_repeated`], the flags in chunks on the search's workers), which
+//! for that. A process that drives every rank holds every id: where its GPUs made every rank's
+//! sums it takes them as a process among others would, and checks the ids only where they differ;
+//! where they did not (the host redecomposes), it checks the ids exactly with one flag per atom
+//! instead of making sums ([`name_repeated`], the flags in chunks on the search's workers), which
 //! no set of repeats can fool, for a pass over the flags: about 20 µs a search at 45,000 atoms
 //! and 65 µs at 180,000 on an H100's host (docs/results/nbnxm/types-on-gpu-ab-h100.log).
 

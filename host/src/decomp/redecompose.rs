@@ -463,11 +463,14 @@ fn plan_pulses(
     // 3. Homes and local positions out, the working arrays back to the scratch; every rank's plan
     // but its ids to every process, with its home check's numbers.
     let _span = tracing::debug_span!("search.plan_out").entered();
+    // Sums for other processes, and wherever the devices made them (then they cost nothing): a
+    // process that drives every rank and has no such sums checks the ids exactly, and one that
+    // has them tries them first ([`check_homes`]).
+    let sums = ranks.len() < nranks || (!devices.facts.is_empty() && devices.facts.iter().all(Option::is_some));
     let local_homes = {
         let _span = tracing::debug_span!("search.plan_out.home_sums").entered();
         let ids: Vec<&[u32]> = work.iter().map(|w| &w.ids[..w.home]).collect();
-        // Sums only for other processes: one that drives every rank checks the ids exactly.
-        home_check::local_homes(&ids, devices.facts, atoms, ranks.len() < nranks, workers)
+        home_check::local_homes(&ids, devices.facts, atoms, sums, workers)
     };
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
@@ -520,19 +523,23 @@ fn plan_pulses(
         .collect::<Result<Vec<_>, _>>()?;
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
-    tracing::debug_span!("search.plan_out.check_homes").in_scope(|| check_homes(&plan, &homes, &rank_homes, atoms, all_gather, workers, scratch))?;
+    tracing::debug_span!("search.plan_out.check_homes")
+        .in_scope(|| check_homes(&plan, &homes, &rank_homes, sums, atoms, all_gather, workers, scratch))?;
     Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new(), riders })
 }
 
 /// The home check ([`home_check`]) of every rank's [`RankHomes`] (indexed by rank), where this
-/// process's ranks hold `homes` (their ids in `plan` too): the counts and each rank's first bad
-/// id; then, on a process that drives every rank, every id exactly (one flag per atom); else the
-/// sums, and only where they show an atom on two ranks (every process sees it alike) the ids
-/// gathered ([`TAG_HOMES`]) to name it.
+/// process's ranks hold `homes` (their ids in `plan` too) and `sums` says whether `rank_homes`
+/// carry their sums: the counts and each rank's first bad id; then the sums where there are any,
+/// and where they show an atom on two ranks (every process sees it alike), or where a process
+/// that drives every rank has none, the ids: on such a process every id exactly (one flag per
+/// atom), else gathered ([`TAG_HOMES`]) to name it.
+#[allow(clippy::too_many_arguments)]
 fn check_homes(
     plan: &HaloPlan,
     homes: &[HomeAtoms],
     rank_homes: &[RankHomes],
+    sums: bool,
     atoms: usize,
     all_gather: &mut Collective<'_>,
     workers: &Workers,
@@ -540,20 +547,22 @@ fn check_homes(
 ) -> Result<()> {
     home_check::check_counts(rank_homes, atoms)?;
     let nranks = plan.ranks.len();
+    if sums {
+        let expected = match scratch.all_ids {
+            Some((n, sum)) if n == atoms => sum,
+            _ => {
+                let sum = home_check::all_ids_sums(atoms, workers);
+                scratch.all_ids = Some((atoms, sum));
+                sum
+            }
+        };
+        if home_check::sums_match(rank_homes, expected) {
+            return Ok(());
+        }
+    }
     if homes.len() == nranks {
         let ids: Vec<&[u32]> = plan.ranks.iter().map(|p| &p.global_ids[..p.home_atoms]).collect();
         return home_check::name_repeated(&ids, atoms, workers, &mut scratch.seen).map_or(Ok(()), |e| Err(e.into()));
-    }
-    let expected = match scratch.all_ids {
-        Some((n, sum)) if n == atoms => sum,
-        _ => {
-            let sum = home_check::all_ids_sums(atoms, workers);
-            scratch.all_ids = Some((atoms, sum));
-            sum
-        }
-    };
-    if home_check::sums_match(rank_homes, expected) {
-        return Ok(());
     }
     let blobs = homes.iter().map(|h| bytemuck::cast_slice::<u32, u8>(&h.ids).to_vec()).collect();
     let gathered = gather(all_gather, TAG_HOMES, blobs, nranks)?;

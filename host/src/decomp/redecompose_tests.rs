@@ -864,6 +864,38 @@ fn the_home_check_takes_the_devices_id_facts_across_processes() {
     }
 }
 
+/// A process that drives every rank and has every rank's facts from its devices takes their sums
+/// first: with every rank's own facts the plan is the host's; with one rank's sums wrong the ids
+/// are checked exactly and, being right, pass (the sums only spare the pass over the ids, they
+/// never refuse ids that hold every atom once); an atom on two ranks is named as the exact check
+/// names it, whether the sums come from the devices or not.
+#[test]
+fn one_process_takes_the_devices_id_sums_and_checks_the_ids_where_they_differ() {
+    let sys = MolecularSystem::generate(3000, 19).unwrap();
+    let grid = RankGrid::new([2, 2, 1]).unwrap();
+    let plan = HaloPlan::build(&sys, grid, 1.0).unwrap();
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 11);
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, 1.0).unwrap();
+    let homes = homes_of(&plan, &positions, &velocities);
+    let one = [vec![0, 1, 2, 3]];
+    let n = positions.len();
+    for facts in [|_: usize| Some(Facts::Own), |r: usize| Some(if r == 2 { Facts::Wrong } else { Facts::Own })] {
+        let mut got = on_devices_with(&one, grid, sys.box_size, 1.0, n, &homes, facts);
+        let (mut got, device_velocities) = got.remove(0).unwrap();
+        for (h, v) in got.homes.iter_mut().zip(device_velocities) {
+            h.velocities = v;
+        }
+        check(&got, &one[0], &positions, &velocities, &want);
+    }
+    let mut twice = homes.clone();
+    let (id, p, v) = (twice[0].ids[0], twice[0].positions[0], twice[0].velocities[0]);
+    push(&mut twice[1], (id, p, v));
+    for every in [Facts::Own, Facts::None] {
+        let e = on_devices_with(&one, grid, sys.box_size, 1.0, n + 1, &twice, |_| Some(every)).remove(0).map(|_| ()).unwrap_err();
+        assert!(matches!(e, HaloError::Plan(PlanError::HomeCount { atom, count: 2 }) if atom == id as usize), "{every:?}: {e}");
+    }
+}
+
 /// A model device that logs its calls, to see the order the redecomposition makes them.
 struct Logged<'a> {
     inner: &'a mut CpuHome,
