@@ -21,6 +21,11 @@ pub struct GpuInfo {
     pub pci_bus_id: String,
     /// Device memory (GiB).
     pub memory_gib: f64,
+    /// Whether this process's contexts on it are shared through CUDA MPS
+    /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`); `None` where the driver did not say (and in files
+    /// written before it was recorded).
+    #[serde(default)]
+    pub mps: Option<bool>,
 }
 
 /// The machine and software a result was measured with.
@@ -48,6 +53,23 @@ pub struct MachineInfo {
     pub nvshmem_kernels: String,
     /// This program's version.
     pub halo: String,
+    /// The hardware queues CUDA feeds this process's streams through:
+    /// `CUDA_DEVICE_MAX_CONNECTIONS` as set, or that it was unset (the driver's default, 8). Kernels
+    /// of streams that share a queue start in launch order, so the number matters where a process
+    /// drives several ranks. Empty in files written before it was recorded.
+    #[serde(default)]
+    pub hardware_queues: String,
+}
+
+/// The environment variable that sets how many hardware queues CUDA gives a process.
+pub const HARDWARE_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// [`MachineInfo::hardware_queues`] from the variable's value.
+pub fn hardware_queues_text(value: Option<&str>) -> String {
+    match value {
+        Some(v) => format!("{HARDWARE_QUEUES_VAR}={v}"),
+        None => format!("{HARDWARE_QUEUES_VAR} unset (the driver's default, 8)"),
+    }
 }
 
 /// `cuDriverGetVersion`'s number as `major.minor` (13000 -> `13.0`, 12080 -> `12.8`).
@@ -129,7 +151,9 @@ fn gpus() -> Result<Vec<GpuInfo>, String> {
                 // SAFETY: NUL-terminated by the driver.
                 |_| unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned(),
             );
-            Ok(GpuInfo { ordinal: i as usize, name, pci_bus_id: pci, memory_gib: bytes as f64 / (1u64 << 30) as f64 })
+            // SAFETY: a valid device handle; the attribute is an int.
+            let mps = unsafe { result::device::get_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED) }.ok().map(|v| v != 0);
+            Ok(GpuInfo { ordinal: i as usize, name, pci_bus_id: pci, memory_gib: bytes as f64 / (1u64 << 30) as f64, mps })
         })
         .collect()
 }
@@ -227,6 +251,7 @@ impl MachineInfo {
             nvshmem: nvshmem(pe),
             nvshmem_kernels: nvshmem_kernels(),
             halo: format!("halo {}", env!("CARGO_PKG_VERSION")),
+            hardware_queues: hardware_queues_text(std::env::var(HARDWARE_QUEUES_VAR).ok().as_deref()),
         }
     }
 
@@ -239,12 +264,20 @@ impl MachineInfo {
             let _ = writeln!(s, "  GPUs: none");
         }
         for g in &self.gpus {
-            let _ = writeln!(s, "  GPU {}: {} ({}, {:.0} GiB)", g.ordinal, g.name, g.pci_bus_id, g.memory_gib);
+            let mps = match g.mps {
+                Some(true) => ", shared through MPS",
+                Some(false) => ", no MPS",
+                None => "",
+            };
+            let _ = writeln!(s, "  GPU {}: {} ({}, {:.0} GiB{mps})", g.ordinal, g.name, g.pci_bus_id, g.memory_gib);
         }
         let _ = writeln!(s, "  NVIDIA driver {}, CUDA driver {}", self.nvidia_driver, self.cuda_driver);
         let _ = writeln!(s, "  NCCL {}", self.nccl);
         let _ = writeln!(s, "  NVSHMEM {}; kernels: {}", self.nvshmem, self.nvshmem_kernels);
         let _ = writeln!(s, "  {}", self.halo);
+        if !self.hardware_queues.is_empty() {
+            let _ = writeln!(s, "  {}", self.hardware_queues);
+        }
         let _ = writeln!(s, "  nvidia-smi topo -m:");
         for line in self.topology.lines() {
             let _ = writeln!(s, "    {line}");
@@ -269,7 +302,7 @@ pub(crate) mod tests {
             date_utc: "2026-12-01T10:00:00Z".into(),
             command: "halo bench".into(),
             hostname: "h200-1".into(),
-            gpus: vec![GpuInfo { ordinal: 0, name: "NVIDIA H200".into(), pci_bus_id: "0000:19:00.0".into(), memory_gib: 139.8 }],
+            gpus: vec![GpuInfo { ordinal: 0, name: "NVIDIA H200".into(), pci_bus_id: "0000:19:00.0".into(), memory_gib: 139.8, mps: Some(true) }],
             nvidia_driver: "580.159.04".into(),
             cuda_driver: "13.0".into(),
             topology: "\tGPU0\tGPU1\nGPU0\t X \tNV18".into(),
@@ -277,6 +310,7 @@ pub(crate) mod tests {
             nvshmem: "3.4.5 (libnvshmem_host.so.3, initialised, 2 PEs)".into(),
             nvshmem_kernels: "NVSHMEM 3.4.5 linked into sm_90".into(),
             halo: "halo 0.1.0".into(),
+            hardware_queues: hardware_queues_text(Some("32")),
         }
     }
 
@@ -308,7 +342,8 @@ pub(crate) mod tests {
         for want in [
             "h200-1",
             "2026-12-01T10:00:00Z",
-            "NVIDIA H200 (0000:19:00.0, 140 GiB)",
+            "NVIDIA H200 (0000:19:00.0, 140 GiB, shared through MPS)",
+            "CUDA_DEVICE_MAX_CONNECTIONS=32",
             "NVIDIA driver 580.159.04, CUDA driver 13.0",
             "NCCL 2.28.9",
             "NVSHMEM 3.4.5",
@@ -322,12 +357,27 @@ pub(crate) mod tests {
         assert_eq!(back, m);
     }
 
+    /// The queue count says whether it was set; files written before the MPS flag and the queue
+    /// count were recorded still read, with neither.
+    #[test]
+    fn the_hardware_queues_are_named_and_older_files_still_read() {
+        assert_eq!(hardware_queues_text(Some("32")), "CUDA_DEVICE_MAX_CONNECTIONS=32");
+        assert_eq!(hardware_queues_text(None), "CUDA_DEVICE_MAX_CONNECTIONS unset (the driver's default, 8)");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v.as_object_mut().unwrap().remove("hardware_queues");
+        v["gpus"][0].as_object_mut().unwrap().remove("mps");
+        let old: MachineInfo = serde_json::from_value(v).unwrap();
+        assert_eq!((old.hardware_queues.as_str(), old.gpus[0].mps), ("", None));
+        let t = old.text();
+        assert!(t.contains("(0000:19:00.0, 140 GiB)\n") && !t.contains("CUDA_DEVICE_MAX_CONNECTIONS"), "{t}");
+    }
+
     #[test]
     fn collecting_here_never_fails_and_says_what_is_absent() {
         // No GPU on the build machines: every GPU field says why instead of being empty.
         let m = MachineInfo::collect(None);
         assert!(!m.date_utc.is_empty() && m.date_utc.ends_with('Z'), "{}", m.date_utc);
-        for field in [&m.nvidia_driver, &m.cuda_driver, &m.topology, &m.nccl, &m.nvshmem, &m.nvshmem_kernels] {
+        for field in [&m.nvidia_driver, &m.cuda_driver, &m.topology, &m.nccl, &m.nvshmem, &m.nvshmem_kernels, &m.hardware_queues] {
             assert!(!field.is_empty());
         }
         if m.gpus.is_empty() {
