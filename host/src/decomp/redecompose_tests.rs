@@ -809,6 +809,16 @@ fn on_devices_with(
     })
 }
 
+/// [`check`] of one process's result of [`on_devices_with`]: the velocities that stayed on its
+/// model devices put back into its homes first (the host path's velocities are the devices').
+fn check_on_devices(got: (Redecomposed, Vec<Vec<Float3>>), ranks: &[usize], positions: &[Float3], velocities: &[Float3], want: &HaloPlan) {
+    let (mut got, device_velocities) = got;
+    for (h, v) in got.homes.iter_mut().zip(device_velocities) {
+        h.velocities = v;
+    }
+    check(&got, ranks, positions, velocities, want);
+}
+
 #[test]
 fn the_device_path_gives_the_hosts_plan() {
     let sys = MolecularSystem::generate(4000, 13).unwrap();
@@ -823,13 +833,10 @@ fn the_device_path_gives_the_hosts_plan() {
         let splits = [vec![(0..n).collect::<Vec<_>>()], vec![(0..n).step_by(2).collect(), (1..n).step_by(2).collect()]];
         for processes in splits.iter().filter(|p| p.iter().all(|r| !r.is_empty())) {
             for (ranks, got) in processes.iter().zip(on_devices(processes, grid, sys.box_size, cutoff, positions.len(), &homes)) {
-                let (mut got, device_velocities) = got.unwrap();
-                assert!(got.homes.iter().all(|h| h.velocities.is_empty()), "the velocities stay on the devices");
-                // The host path's velocities are the devices'; with them the result is the host's.
-                for (h, v) in got.homes.iter_mut().zip(device_velocities) {
-                    h.velocities = v;
-                }
-                check(&got, ranks, &positions, &velocities, &want);
+                let got = got.unwrap();
+                assert!(got.0.homes.iter().all(|h| h.velocities.is_empty()), "the velocities stay on the devices");
+                // With the devices' velocities the result is the host's.
+                check_on_devices(got, ranks, &positions, &velocities, &want);
             }
         }
     }
@@ -850,11 +857,7 @@ fn the_home_check_takes_the_devices_id_facts_across_processes() {
     let processes = [vec![0, 3], vec![1], vec![2]];
     for every in [Facts::Own, Facts::None] {
         for (ranks, got) in processes.iter().zip(on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, |_| Some(every))) {
-            let (mut got, device_velocities) = got.unwrap();
-            for (h, v) in got.homes.iter_mut().zip(device_velocities) {
-                h.velocities = v;
-            }
-            check(&got, ranks, &positions, &velocities, &want);
+            check_on_devices(got.unwrap(), ranks, &positions, &velocities, &want);
         }
     }
     let wrong = |r: usize| Some(if r == 3 { Facts::Wrong } else { Facts::Own });
@@ -880,12 +883,8 @@ fn one_process_takes_the_devices_id_sums_and_checks_the_ids_where_they_differ() 
     let one = [vec![0, 1, 2, 3]];
     let n = positions.len();
     for facts in [|_: usize| Some(Facts::Own), |r: usize| Some(if r == 2 { Facts::Wrong } else { Facts::Own })] {
-        let mut got = on_devices_with(&one, grid, sys.box_size, 1.0, n, &homes, facts);
-        let (mut got, device_velocities) = got.remove(0).unwrap();
-        for (h, v) in got.homes.iter_mut().zip(device_velocities) {
-            h.velocities = v;
-        }
-        check(&got, &one[0], &positions, &velocities, &want);
+        let got = on_devices_with(&one, grid, sys.box_size, 1.0, n, &homes, facts).remove(0).unwrap();
+        check_on_devices(got, &one[0], &positions, &velocities, &want);
     }
     let mut twice = homes.clone();
     let (id, p, v) = (twice[0].ids[0], twice[0].positions[0], twice[0].velocities[0]);
