@@ -12,8 +12,8 @@ mod pairs;
 
 pub use halo::{exchange_coordinates, exchange_coordinates_f64, exchange_forces, exchange_forces_f64};
 pub use lj::{
-    lj_energy, lj_force_over_r, lj_forces, lj_forces_and_energy, lj_potential_shifted, min_image, pair_within_cutoff, rank_pair_forces,
-    wrapped_positions,
+    ReferenceForces, displacement_rounding, lj_energy, lj_force_gradient_norm, lj_force_over_r, lj_forces, lj_forces_and_energy,
+    lj_potential_shifted, min_image, pair_within_cutoff, rank_pair_forces, wrapped_positions,
 };
 pub use nbnxm::{ListPair, cluster_list_forces, list_atom_pairs, prune_reference};
 pub use pairs::{PairAssignment, RankPairs, assign_pairs};

@@ -40,6 +40,29 @@ pub fn lj_force_over_r(r2: f64, c6: f64, c12: f64) -> f64 {
     (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2
 }
 
+/// How fast the pair force changes with the displacement at squared distance `r2`: the spectral
+/// norm of the Jacobian of `F = -s d` with respect to `d` (`s` = [`lj_force_over_r`]), whose
+/// eigenvalues are `-s` across the pair and `dF/dr` along it. A displacement off by `e` moves the
+/// pair force by at most this times `|e|`.
+pub fn lj_force_gradient_norm(r2: f64, c6: f64, c12: f64) -> f64 {
+    let inv2 = 1.0 / r2;
+    let inv6 = inv2 * inv2 * inv2;
+    let across = (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2;
+    let along = (42.0 * c6 - 156.0 * c12 * inv6) * inv6 * inv2;
+    across.abs().max(along.abs())
+}
+
+/// A bound on how far `f32` coordinates put a pair's displacement from the exact one in a box of
+/// `box_size` (nm): each end of a pair may be rounded once after a periodic shift (a halo pulse's
+/// across a periodic boundary, the pair kernel's shift vectors), to a value below twice the
+/// longest edge, so each component is off by at most one `f32` ulp there, the vector by `sqrt(3)`
+/// of it. The coordinates themselves are what the reference gets, so nothing else differs.
+pub fn displacement_rounding(box_size: [f32; 3]) -> f64 {
+    let top = 2.0 * box_size.iter().fold(0.0f32, |m, &l| m.max(l.abs()));
+    let ulp = f32::from_bits(top.to_bits() + 1) - top;
+    3f64.sqrt() * f64::from(ulp)
+}
+
 /// The LJ potential with GROMACS's potential-shift modifier: `V(r) - V(rc)` for `r < rc`, so the
 /// energy is continuous at the cutoff (the force is unchanged: [`lj_force_over_r`]).
 pub fn lj_potential_shifted(r2: f64, c6: f64, c12: f64, cutoff: f64) -> f64 {
@@ -159,14 +182,29 @@ impl CellList {
 /// number of workers.
 const REFERENCE_CHUNK: usize = 1024;
 
-/// [`lj_forces`] and [`lj_energy`] in one pass over the same pairs ([`pair_within_cutoff`]), the
-/// atoms shared among `workers` in fixed parts: each atom's force is summed over its own
-/// neighbours (every pair is evaluated from both ends, so no two parts write one atom), the
-/// energy over the pairs `i < j` of each part, the parts' energies in order. The results are the
-/// same for any number of workers, bit for bit, and agree with [`lj_forces`] and [`lj_energy`]
-/// to rounding (the terms are the same, summed in another order). What a checked MD step uses:
-/// at 45,000 atoms the two serial passes took about 3 s on the H200 host.
-pub fn lj_forces_and_energy(system: &MolecularSystem, cutoff: f32, workers: &Workers) -> Result<(Vec<[f64; 3]>, f64), ReferenceError> {
+/// The undecomposed reference of a checked step ([`lj_forces_and_energy`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceForces {
+    /// The force on every atom (kJ/mol/nm), in `f64`.
+    pub forces: Vec<[f64; 3]>,
+    /// Per atom, the sum over its pairs of [`lj_force_gradient_norm`] (kJ/mol/nm²): times
+    /// [`displacement_rounding`], a bound on how far `f32` coordinates move its force.
+    pub stiffness: Vec<f64>,
+    /// The potential-shifted LJ energy (kJ/mol).
+    pub energy: f64,
+    /// [`displacement_rounding`] of the system's box (nm).
+    pub rounding: f64,
+}
+
+/// [`lj_forces`] and [`lj_energy`] in one pass over the same pairs ([`pair_within_cutoff`]), with
+/// each atom's stiffness ([`ReferenceForces::stiffness`]), the atoms shared among `workers` in
+/// fixed parts: each atom's force is summed over its own neighbours (every pair is evaluated from
+/// both ends, so no two parts write one atom), the energy over the pairs `i < j` of each part, the
+/// parts' energies in order. The results are the same for any number of workers, bit for bit,
+/// and agree with [`lj_forces`] and [`lj_energy`] to rounding (the terms are the same, summed in
+/// another order). What a checked MD step uses: at 45,000 atoms the two serial passes took about
+/// 3 s on the H200 host.
+pub fn lj_forces_and_energy(system: &MolecularSystem, cutoff: f32, workers: &Workers) -> Result<ReferenceForces, ReferenceError> {
     check_cutoff(system, cutoff)?;
     let pos = wrapped_positions(system);
     let (box_size, rc) = (system.box_size.map(f64::from), f64::from(cutoff));
@@ -176,9 +214,9 @@ pub fn lj_forces_and_energy(system: &MolecularSystem, cutoff: f32, workers: &Wor
     let parts: Vec<std::ops::Range<usize>> = (0..pos.len()).step_by(REFERENCE_CHUNK).map(|a| a..(a + REFERENCE_CHUNK).min(pos.len())).collect();
     let done = workers.map(parts, |atoms| {
         let mut e = 0.0;
-        let f: Vec<[f64; 3]> = atoms
+        let f: Vec<([f64; 3], f64)> = atoms
             .map(|i| {
-                let mut fi = [0.0; 3];
+                let (mut fi, mut stiff) = ([0.0; 3], 0.0);
                 let ti = usize::from(system.types[i]) * nt;
                 cells.for_each_neighbour(&pos, i, |j, d, r2| {
                     let (c6, c12) = table[ti + usize::from(system.types[j])];
@@ -186,22 +224,30 @@ pub fn lj_forces_and_energy(system: &MolecularSystem, cutoff: f32, workers: &Wor
                     for k in 0..3 {
                         fi[k] -= s * d[k];
                     }
+                    stiff += lj_force_gradient_norm(r2, c6, c12);
                     if j > i {
                         e += lj_potential_shifted(r2, c6, c12, rc);
                     }
                 });
-                fi
+                (fi, stiff)
             })
             .collect();
         (f, e)
     });
-    let mut forces = Vec::with_capacity(pos.len());
-    let mut energy = 0.0;
+    let mut out = ReferenceForces {
+        forces: Vec::with_capacity(pos.len()),
+        stiffness: Vec::with_capacity(pos.len()),
+        energy: 0.0,
+        rounding: displacement_rounding(system.box_size),
+    };
     for (f, e) in done {
-        forces.extend(f);
-        energy += e;
+        for (fi, stiff) in f {
+            out.forces.push(fi);
+            out.stiffness.push(stiff);
+        }
+        out.energy += e;
     }
-    Ok((forces, energy))
+    Ok(out)
 }
 
 /// LJ force on every atom of the undecomposed system (kJ/mol/nm), plain cutoff at `cutoff`
@@ -368,12 +414,39 @@ mod tests {
     }
 
     #[test]
+    fn the_force_gradient_norm_bounds_what_a_displacement_error_does_and_is_reached() {
+        let (c6, c12) = (1.435e-4, 7.93e-9);
+        let force = |d: [f64; 3]| {
+            let s = lj_force_over_r(d.iter().map(|c| c * c).sum(), c6, c12);
+            d.map(|c| -s * c)
+        };
+        let dist = |a: [f64; 3], b: [f64; 3]| (0..3).map(|k| (a[k] - b[k]).powi(2)).sum::<f64>().sqrt();
+        for r in [0.17, 0.2, 0.25, 0.5, 0.9] {
+            let d = [r * 0.6, r * 0.8, 0.0];
+            let g = lj_force_gradient_norm(r * r, c6, c12);
+            let e = 1e-7;
+            let mut largest = 0.0f64;
+            for dir in [[0.6, 0.8, 0.0], [-0.8, 0.6, 0.0], [0.0, 0.0, 1.0], [0.36, 0.48, 0.8]] {
+                let moved = std::array::from_fn(|k| d[k] + e * dir[k]);
+                let change = dist(force(moved), force(d));
+                assert!(change <= g * e * (1.0 + 1e-5), "r {r}: {change:e} against {:e}", g * e);
+                largest = largest.max(change);
+            }
+            // Along the pair or across it, one direction reaches the bound.
+            assert!(largest >= g * e * (1.0 - 1e-5), "r {r}: {largest:e} against {:e}", g * e);
+        }
+        // The f32 grid below twice the box: 24.3 nm has a spacing of 2^-19 nm.
+        assert_eq!(displacement_rounding([12.1644, 6.0, 3.0]), 3f64.sqrt() * 2f64.powi(-19));
+        assert_eq!(displacement_rounding([3.0, 4.5, 1.0]), 3f64.sqrt() * 2f64.powi(-20));
+    }
+
+    #[test]
     fn one_parallel_pass_gives_the_forces_and_energy_of_the_two_serial_ones_for_any_worker_count() {
         // 2,600 atoms: three parts of `REFERENCE_CHUNK`, the last one short.
         let s = MolecularSystem::generate(2600, 7).unwrap();
         let (want_f, want_e) = (lj_forces(&s, 0.9).unwrap(), lj_energy(&s, 0.9).unwrap());
         let scale = want_f.iter().flat_map(|v| v.iter()).fold(0.0f64, |m, c| m.max(c.abs()));
-        let (f1, e1) = lj_forces_and_energy(&s, 0.9, &Workers::serial()).unwrap();
+        let ReferenceForces { forces: f1, stiffness: k1, energy: e1, .. } = lj_forces_and_energy(&s, 0.9, &Workers::serial()).unwrap();
         assert_eq!(f1.len(), want_f.len());
         for (i, (a, b)) in f1.iter().zip(&want_f).enumerate() {
             for k in 0..3 {
@@ -382,14 +455,14 @@ mod tests {
         }
         assert!((e1 - want_e).abs() <= 1e-12 * want_e.abs() && e1 != 0.0, "{e1} vs {want_e}");
         for threads in [2, 3] {
-            let (f, e) = lj_forces_and_energy(&s, 0.9, &Workers::new(threads).unwrap()).unwrap();
-            assert!(f == f1 && e.to_bits() == e1.to_bits(), "{threads} workers changed the result");
+            let r = lj_forces_and_energy(&s, 0.9, &Workers::new(threads).unwrap()).unwrap();
+            assert!(r.forces == f1 && r.stiffness == k1 && r.energy.to_bits() == e1.to_bits(), "{threads} workers changed the result");
         }
         // A wrong pair term shows: one atom moved changes both.
         let mut moved = s.clone();
         moved.positions[5].x += 0.01;
-        let (f2, e2) = lj_forces_and_energy(&moved, 0.9, &Workers::serial()).unwrap();
-        assert!(f2[5] != f1[5] && e2 != e1);
+        let r2 = lj_forces_and_energy(&moved, 0.9, &Workers::serial()).unwrap();
+        assert!(r2.forces[5] != f1[5] && r2.stiffness[5] != k1[5] && r2.energy != e1);
         assert!(lj_forces_and_energy(&s, 5.0, &Workers::serial()).is_err());
     }
 
