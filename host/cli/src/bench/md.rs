@@ -228,8 +228,8 @@ pub struct MdBenchCheck {
     pub coord_mismatches: u64,
     /// Halo atoms compared.
     pub halo_atoms_checked: u64,
-    /// Largest force error relative to max(|F| of the atom, RMS force) against the undecomposed
-    /// CPU reference (tolerance `halo_md::run::FORCE_TOLERANCE`).
+    /// Largest force error against the undecomposed CPU reference, relative to the atom's scale
+    /// (`halo_md::run::force_allowance`; tolerance `halo_md::run::FORCE_TOLERANCE`).
     pub force_max_rel_err: f64,
     /// Largest absolute force error (kJ/mol/nm).
     pub force_max_abs_err: f64,
@@ -588,8 +588,10 @@ pub fn table(rows: &[MdBenchRow]) -> String {
         let _ = writeln!(
             s,
             "check: {CHECKED_BEFORE} steps before and {CHECKED_AFTER} after each row's timed steps (not timed): coordinates after the halo bit-exact, \
-             forces and energy vs the undecomposed CPU reference (tolerance {:.0e}), pulse checksums across ranks",
-            halo_md::run::FORCE_TOLERANCE
+             forces vs the undecomposed CPU reference within {:.0e} of each atom's scale (max(|F|, RMS force) plus what f32 \
+             coordinates' rounding allows), energy within {:.0e}, pulse checksums across ranks",
+            halo_md::run::FORCE_TOLERANCE,
+            halo_md::run::ENERGY_TOLERANCE
         );
     }
     let header = ["atoms", "transport", "gpus", "ranks", "rlist nm", "step us", "ns/day", "search %", "ms/search", "vs host-orch.", "check"];

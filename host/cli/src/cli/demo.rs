@@ -216,7 +216,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     let t_md = t.elapsed();
     say(format!(
-        "checked: {} MD steps of {atoms} atoms on 2 ranks ({}): coordinates after the halo bit-exact every step, forces max rel err {:.1e} vs the undecomposed CPU reference ({:.1} s)",
+        "checked: {} MD steps of {atoms} atoms on 2 ranks ({}): coordinates after the halo bit-exact every step, forces off by at most {:.1e} of each atom's scale from the undecomposed CPU reference ({:.1} s)",
         outcome.checked_steps,
         plan.md.transport.name(),
         outcome.worst.force_max_rel,

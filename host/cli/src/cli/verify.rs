@@ -249,7 +249,7 @@ fn report(args: &VerifyArgs, who: &str, o: &MdOutcome) -> String {
         let exact = if w.coord_mismatches == 0 { "bit-exact".to_string() } else { format!("NOT bit-exact ({} atoms differ)", w.coord_mismatches) };
         lines.push(format!(
             "{who}: {} steps checked against the CPU reference: coordinates after the halo {exact} (max abs err {:.1e}, {} halo atoms compared); \
-             forces vs undecomposed: max rel err {:.2e} (tolerance {:.0e}), max abs err {:.2e} kJ/mol/nm; \
+             forces vs undecomposed: max err {:.2e} of each atom's scale (tolerance {:.0e}), max abs err {:.2e} kJ/mol/nm; \
              potential energy vs undecomposed: max rel err {:.2e} (tolerance {:.0e})",
             o.checked_steps,
             w.coord_max_abs,
