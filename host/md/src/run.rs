@@ -641,8 +641,8 @@ pub const FORCE_TOLERANCE: f64 = 1e-4;
 /// The force scale of one atom that [`FORCE_TOLERANCE`] is relative to, kJ/mol/nm: max(`|F|` of
 /// its reference force, `rms` of the system's), plus `stiffness * rounding /`
 /// [`FORCE_TOLERANCE`], where `stiffness` is the atom's
-/// [`md_reference::ReferenceForces::stiffness`] and `rounding`
-/// [`md_reference::displacement_rounding`] of the box (the reference's `rounding`). The second term is what `f32` coordinates
+/// [`md_reference::ReferenceForces::stiffness`] and `rounding` the reference's
+/// [`md_reference::displacement_rounding`] of the box. The second term is what `f32` coordinates
 /// alone can do: a halo atom shifted across a periodic boundary, or a pair kernel's shift vector,
 /// rounds a coordinate to the `f32` grid of twice the box, and a close pair turns that into a
 /// force error beyond 1e-4 of the atom's force when its pairs nearly cancel (at 180,000 atoms, a
@@ -651,6 +651,7 @@ pub fn force_allowance(reference: &[f64; 3], rms: f64, stiffness: f64, rounding:
     let magnitude = reference.iter().map(|c| c * c).sum::<f64>().sqrt();
     magnitude.max(rms).max(1e-12) + stiffness * rounding / FORCE_TOLERANCE
 }
+
 /// Relative tolerance of the GPU potential energy against the undecomposed `f64` reference (pair
 /// energies summed in `f32` per lane, then per warp in `f64`).
 pub const ENERGY_TOLERANCE: f64 = 1e-4;
