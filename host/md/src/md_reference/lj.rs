@@ -196,6 +196,13 @@ pub struct ReferenceForces {
     pub rounding: f64,
 }
 
+impl ReferenceForces {
+    /// The root mean square of the forces' magnitudes (kJ/mol/nm; 0 without atoms).
+    pub fn rms(&self) -> f64 {
+        (self.forces.iter().map(|v| v.iter().map(|c| c * c).sum::<f64>()).sum::<f64>() / self.forces.len().max(1) as f64).sqrt()
+    }
+}
+
 /// [`lj_forces`] and [`lj_energy`] in one pass over the same pairs ([`pair_within_cutoff`]), with
 /// each atom's stiffness ([`ReferenceForces::stiffness`]), the atoms shared among `workers` in
 /// fixed parts: each atom's force is summed over its own neighbours (every pair is evaluated from
