@@ -12,7 +12,7 @@ pub mod wait;
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 pub use memory::{DeviceBuffer, DeviceMemory};
 pub use module::{KernelModule, LaunchShape};
-pub use staging::{Staging, grown_capacity};
+pub use staging::{StagedPart, Staging, grown_capacity};
 
 use crate::error::{CudaContextExt, HaloError, Result};
 use std::sync::Arc;

@@ -139,6 +139,47 @@ impl<T: Pod> Staging<T> {
         held.copied.record(stream).during("recording the staged upload's event")
     }
 
+    /// Enqueues on `stream` every upload of `parts`, through this page-locked memory, and returns
+    /// without waiting for them: [`Self::upload_at`] of each part, with one wait for the last copy
+    /// out of this memory before any is written and one event recorded after the last (two driver
+    /// calls for the batch where separate stagings make two per upload). Each part starts at a
+    /// 16-byte boundary of the memory. Ordering and lifetimes as [`Self::upload_at`]: every part's
+    /// buffer must stay allocated until `stream` has run the copies and belong to `stream`'s
+    /// context (checked first: nothing is enqueued then). A failure to enqueue one part leaves
+    /// the earlier ones enqueued, and the event is recorded after them all the same.
+    pub fn upload_parts(&mut self, parts: &[StagedPart<'_>], stream: &CudaStream) -> Result<()> {
+        let ctx = stream.context();
+        if let Some(p) = parts.iter().find(|p| p.cu_ctx != ctx.cu_ctx()) {
+            return Err(HaloError::InvalidInput(format!("staged upload into GPU {}'s memory on a stream of GPU {}", p.ordinal, ctx.ordinal())));
+        }
+        let (offsets, total) = part_offsets(parts.iter().map(|p| p.bytes.len()));
+        if total == 0 {
+            return Ok(());
+        }
+        ctx.bind_to_thread().during("binding the context")?;
+        let held = self.reserve(ctx, total)?;
+        held.wait()?;
+        let room = held.mem.as_mut_slice().during("reaching the staging memory")?;
+        let mut enqueued = Ok(());
+        for (p, &at) in parts.iter().zip(&offsets) {
+            let src = &mut room[at..at + p.bytes.len()];
+            src.copy_from_slice(p.bytes);
+            if src.is_empty() {
+                continue;
+            }
+            // SAFETY: `p.dst` holds `p.bytes.len()` bytes (checked by `StagedPart::new`) and, by
+            // this method's contract, stays allocated until `stream` has run the copy. The source
+            // is this staging's page-locked memory, which outlives the copy: every later write, a
+            // growth and the drop wait for the event recorded below, after every enqueued copy.
+            enqueued = unsafe { result::memcpy_htod_async(p.dst, &*src, stream.cu_stream()) }.during("enqueuing a staged upload to the GPU");
+            if enqueued.is_err() {
+                break;
+            }
+        }
+        let recorded = held.copied.record(stream).during("recording the staged upload's event");
+        enqueued.and(recorded)
+    }
+
     /// The page-locked memory, holding at least `bytes` and of `ctx` (its event is recorded on
     /// `ctx`'s streams): reallocated when too small or of another context, after the copies out of
     /// the old memory have landed.
@@ -157,6 +198,40 @@ impl<T: Pod> Staging<T> {
         }
         self.host.as_mut().ok_or_else(|| HaloError::InvalidInput("no staging memory after reserving it".into()))
     }
+}
+
+/// One upload of a batch ([`Staging::upload_parts`]): host data and the device range it goes to.
+pub struct StagedPart<'a> {
+    bytes: &'a [u8],
+    dst: sys::CUdeviceptr,
+    cu_ctx: sys::CUcontext,
+    ordinal: usize,
+}
+
+impl<'a> StagedPart<'a> {
+    /// `data` into elements `at..at + data.len()` of `dst`: an error when the range runs past
+    /// `dst`'s end. `dst` must stay allocated until the batch's copies have run.
+    pub fn new<T: Pod>(data: &'a [T], dst: &(impl DeviceMemory<T> + ?Sized), at: usize) -> Result<Self> {
+        if at.checked_add(data.len()).is_none_or(|end| end > dst.len()) {
+            return Err(HaloError::InvalidInput(format!("staged upload of {} elements at element {at} of a buffer of {}", data.len(), dst.len())));
+        }
+        let ctx = dst.context();
+        Ok(Self { bytes: bytemuck::cast_slice(data), dst: dst.device_ptr_at(at), cu_ctx: ctx.cu_ctx(), ordinal: ctx.ordinal() })
+    }
+}
+
+/// Where each of parts of `lens` bytes starts in one staging memory (each at a 16-byte boundary,
+/// in order), and the bytes they span.
+fn part_offsets(lens: impl Iterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut end = 0usize;
+    let offsets = lens
+        .map(|len| {
+            let at = end.next_multiple_of(16);
+            end = at + len;
+            at
+        })
+        .collect();
+    (offsets, end)
 }
 
 #[cfg(test)]
@@ -183,6 +258,23 @@ mod tests {
             assert!(cap >= need);
         }
         assert_eq!(allocations, 1);
+    }
+
+    #[test]
+    fn parts_start_at_16_byte_boundaries_in_order_and_never_overlap() {
+        assert_eq!(part_offsets([].into_iter()), (vec![], 0));
+        assert_eq!(part_offsets([12, 1, 0, 16, 3].into_iter()), (vec![0, 16, 32, 32, 48], 51));
+        assert_eq!(part_offsets([0, 0].into_iter()), (vec![0, 0], 0), "nothing to stage spans nothing");
+        for lens in [vec![7usize, 9, 1000, 13], vec![16, 16, 16], vec![1; 9]] {
+            let (at, end) = part_offsets(lens.iter().copied());
+            for (k, (&a, &l)) in at.iter().zip(&lens).enumerate() {
+                assert_eq!(a % 16, 0);
+                assert!(a + l <= end);
+                if let Some(&next) = at.get(k + 1) {
+                    assert!(a + l <= next, "{lens:?}: part {k} overlaps the next");
+                }
+            }
+        }
     }
 
     #[test]

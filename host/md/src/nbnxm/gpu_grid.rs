@@ -29,7 +29,7 @@ use super::local::{HomeChecked, ZoneFacts};
 use super::{LocalAtoms, NbnxmError};
 use crate::abi::{self, Float3, NBNXM_MASK_BITS, NbnxmBox, NbnxmZone};
 use crate::error::{CudaContextExt, HaloError, Result};
-use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, Staging};
+use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, LaunchShape, StagedPart, Staging};
 use crate::kernel_args;
 use crate::lookup::{TypesByIdKernel, enqueue_lookup};
 use bytemuck::Pod;
@@ -229,10 +229,9 @@ struct Scratch {
     types: DeviceBuffer<u32>,
     /// Their zones.
     zone_ids: DeviceBuffer<u8>,
-    /// Page-locked staging of the three uploads of [`DeviceGrid::enqueue_build_local`].
-    x_staging: Staging<Float3>,
-    types_staging: Staging<u32>,
-    zones_staging: Staging<u8>,
+    /// Page-locked staging of the uploads of [`DeviceGrid::enqueue_build_local`] (coordinates,
+    /// types and zones: one batch, one wait and one event).
+    staging: Staging<u8>,
 }
 
 /// One rank's cluster grid in device memory (see the module docs).
@@ -300,9 +299,7 @@ impl DeviceGrid {
                 x: DeviceBuffer::uninit(ctx, 1)?,
                 types: DeviceBuffer::uninit(ctx, 1)?,
                 zone_ids: DeviceBuffer::uninit(ctx, 1)?,
-                x_staging: Staging::new(),
-                types_staging: Staging::new(),
-                zones_staging: Staging::new(),
+                staging: Staging::new(),
             },
             held: None,
             built: None,
@@ -523,31 +520,31 @@ impl DeviceGrid {
         if let Some(on) = home_on {
             check_home_on_device(on, atoms.home)?;
         }
+        // Home atoms whose types were left to the GPU need its lookup.
+        if home_on.is_none_or(|on| on.types.is_none()) {
+            atoms.check_types_held().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        }
         let s = &mut self.scratch;
         let span = tracing::debug_span!("search.grid.stage").entered();
         grow(module, &mut s.x, n)?;
         grow(module, &mut s.types, n)?;
         grow(module, &mut s.zone_ids, n)?;
-        match home_on {
-            Some(on) => {
-                let home = atoms.home;
-                s.x.copy_prefix_from_async(on.x, home, stream)?;
-                s.x_staging.upload_at(&atoms.positions[home..], &s.x, home, stream)?;
-                // The zones whole, a byte an atom: one copy costs less than a memset of the home
-                // atoms' part and a copy of the rest.
-                s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
-                match on.types {
-                    Some(t) => {
-                        enqueue_lookup::<TypesByIdKernel>(module, t.ids, t.by_id, &s.types, home, stream)?;
-                        s.types_staging.upload_at(&atoms.types[home..], &s.types, home, stream)?;
-                    }
-                    None => s.types_staging.upload(&atoms.types, &s.types, stream)?,
-                }
-            }
-            None => {
-                s.x_staging.upload(&atoms.positions, &s.x, stream)?;
-                s.types_staging.upload(&atoms.types, &s.types, stream)?;
-                s.zones_staging.upload(&atoms.zones, &s.zone_ids, stream)?;
+        // What crosses from the host, in one staged batch: the halo atoms' coordinates (every
+        // atom's without `home_on`), the types the GPU does not look up, and the zones whole (a
+        // byte an atom: one copy costs less than a memset of the home atoms' part and a copy of
+        // the rest).
+        let x_from = if home_on.is_some() { atoms.home } else { 0 };
+        let types_from = if home_on.is_some_and(|on| on.types.is_some()) { atoms.home } else { 0 };
+        let parts = [
+            StagedPart::new(&atoms.positions[x_from..], &s.x, x_from)?,
+            StagedPart::new(&atoms.types[types_from..], &s.types, types_from)?,
+            StagedPart::new(&atoms.zones, &s.zone_ids, 0)?,
+        ];
+        s.staging.upload_parts(&parts, stream)?;
+        if let Some(on) = home_on {
+            s.x.copy_prefix_from_async(on.x, atoms.home, stream)?;
+            if let Some(t) = on.types {
+                enqueue_lookup::<TypesByIdKernel>(module, t.ids, t.by_id, &s.types, atoms.home, stream)?;
             }
         }
         drop(span);
@@ -1063,7 +1060,7 @@ mod tests {
                 .collect();
             let mut zs: Vec<u8> = (0..n).map(|_| zones[rng.random_range(0..zones.len())]).collect();
             zs[n - 1] = zones[zones.len() - 1];
-            let a = LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2 };
+            let a = LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2, types_from: 0 };
             check_local(&format!("made-up zones {zones:?}"), &a);
         }
     }
