@@ -338,7 +338,11 @@ impl HostSearch {
             let t = Instant::now();
             // Unvalidated: every grid build below validates the atoms itself (a GPU grid's only
             // the halo atoms where the redecomposition found the home atoms' extent on the GPU).
-            let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, workers, &mut buf.atoms).map_err(bad)?;
+            // Where the home atoms were merged on the GPU and it builds the grid, it makes their
+            // types there from their ids (`MdRank::set_types_by_id`): none gathered here.
+            let home_types_on_gpu = v_on_device && on == ListsOn::GpuGrid;
+            let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, home_types_on_gpu, workers, &mut buf.atoms)
+                .map_err(bad)?;
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };
             if home.velocities.len() != want {

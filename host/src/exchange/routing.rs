@@ -216,6 +216,7 @@ impl Routing {
         }
         let all = adopt_gathered(&self.routers[0], halos, gathered)?;
         describe_if_debug(&self.routers[0], &all[self.routers[0].self_pe()]);
+        let _span = tracing::debug_span!("search.route.keep").entered();
         self.halos = halos.to_vec();
         self.plans = all;
         Ok(&self.plans)
@@ -436,10 +437,10 @@ fn describe_if_debug(router: &Router, plan: &RoutedPaths) {
 /// [`Routing::plan`] checks them: `router`'s PE's own plan replayed for each of its peers against
 /// `halos` (the mirror check), then every pair compared.
 fn adopt_gathered(router: &Router, halos: &[RankHalo], gathered: &[Vec<u8>]) -> Result<Vec<RoutedPaths>> {
-    let all = decode_plans(gathered)?;
+    let all = tracing::debug_span!("search.route.decode").in_scope(|| decode_plans(gathered))?;
     let me = router.self_pe();
     let plan = all.get(me).ok_or(PathError::from(RouteError::PeOutOfRange { pe: me, n_pes: all.len() }))?;
-    plan.mirror_check(router, halos)?;
+    tracing::debug_span!("search.route.mirror").in_scope(|| plan.mirror_check(router, halos))?;
     RoutedPaths::check_symmetric(&all)?;
     Ok(all)
 }

@@ -168,6 +168,7 @@ impl ClusterGrid {
     /// working arrays, so that a caller that builds grids again and again reuses their
     /// allocations. The grid depends neither on the workers nor on `scratch`.
     pub fn build_into(atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
+        atoms.check_types_held()?;
         atoms.validate()?;
         // Each zone's members, ascending: zone `z` holds `by_zone[zone_start[z]..zone_start[z + 1]]`
         // (the scratch's list, taken out while zones are added). Validated: the home atoms (zone
@@ -718,6 +719,7 @@ mod tests {
                     box_size,
                     periodic,
                     ntypes: 2,
+                    types_from: 0,
                 }
             },
         )

@@ -37,6 +37,12 @@ pub struct LocalAtoms {
     pub periodic: [bool; 3],
     /// Number of atom types (every type is below it).
     pub ntypes: usize,
+    /// The first atom whose type `types` holds: 0, or `home` where the home atoms' types are
+    /// made on the GPU from their ids and never gathered on the host (a search whose grid is
+    /// built there: [`Self::from_local_scanned_into`]); `types[..types_from]` is then
+    /// unspecified. Only a GPU grid that looks those types up takes such atoms; the host's grid
+    /// refuses them ([`NbnxmError::TypesOnGpu`]).
+    pub types_from: usize,
 }
 
 impl LocalAtoms {
@@ -133,7 +139,7 @@ impl LocalAtoms {
         workers: &Workers,
         out: &mut Self,
     ) -> Result<(), NbnxmError> {
-        Self::from_local_scanned_into(plan, rank, positions, None, types, workers, out).map(drop)
+        Self::from_local_scanned_into(plan, rank, positions, None, types, false, workers, out).map(drop)
     }
 
     /// [`Self::from_local_unvalidated_into`] where the home atoms' positions were scanned already:
@@ -143,12 +149,18 @@ impl LocalAtoms {
     /// are taken as they are (no pass to wrap them), and the token returned hands the zone checks
     /// the home atoms' facts ([`Self::zone_facts_with`]), which then pass over the halo atoms only.
     /// The same atoms, and the same errors, as without it.
+    ///
+    /// With `home_types_on_gpu` the home atoms' types are not gathered (their ids are still
+    /// checked against `types`): `out.types_from` is then `home`, for a GPU grid that makes those
+    /// types from the ids itself (`HomeOnDevice::types`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_local_scanned_into(
         plan: &HaloPlan,
         rank: usize,
         positions: &mut Vec<Float3>,
         home_scan: Option<Scan>,
         types: &[u8],
+        home_types_on_gpu: bool,
         workers: &Workers,
         out: &mut Self,
     ) -> Result<Option<HomeChecked>, NbnxmError> {
@@ -167,13 +179,15 @@ impl LocalAtoms {
             if let Some((k, id)) = first_at_or_above(ids, types.len()) {
                 return Err(PlanError::GlobalId { rank, local: first + k, id, atoms: types.len() }.into());
             }
-            for (t, &id) in ts.iter_mut().zip(ids) {
+            let split = home.saturating_sub(first).min(ids.len());
+            // The home atoms' types only where the GPU does not make them.
+            let typed = if home_types_on_gpu { split } else { 0 };
+            for (t, &id) in ts[typed..].iter_mut().zip(&ids[typed..]) {
                 *t = u32::from(types[id as usize]);
             }
             // Home atoms: zone 0, wrapped in place (their positions are in the box already when
             // they come from a redecomposition: one branch-free check, nothing written; none at
             // all when the scan handed in says so).
-            let split = home.saturating_sub(first).min(ids.len());
             zs[..split].fill(0);
             if home_scan.is_none() && !all_in(&xs[..split], [0.0; 3], box_size) {
                 wrap_positions(&mut xs[..split], box_size);
@@ -191,6 +205,9 @@ impl LocalAtoms {
             Ok(())
         };
         out.fill(&r.global_ids, workers, fill)?;
+        if home_types_on_gpu {
+            out.types_from = home;
+        }
         Ok(home_scan.map(|s| HomeChecked { home, lo: s.lo, hi: s.hi }))
     }
 
@@ -214,6 +231,7 @@ impl LocalAtoms {
         self.box_size = plan.box_size;
         self.periodic = std::array::from_fn(|d| plan.grid.dims[d] == 1);
         self.ntypes = types.iter().copied().max().map_or(1, |t| usize::from(t) + 1);
+        self.types_from = 0;
     }
 
     /// Runs `fill(first, ids, positions, types, zones)` over contiguous runs of the local atoms
@@ -257,6 +275,7 @@ impl LocalAtoms {
             box_size,
             periodic: [true; 3],
             ntypes,
+            types_from: 0,
         };
         out.validate()?;
         Ok(out)
@@ -301,7 +320,7 @@ impl LocalAtoms {
 
     /// Whether every type of the atoms from `from` on is below `ntypes`: a branch-free pass.
     fn types_ok_from(&self, from: usize) -> bool {
-        (self.types[from..].iter().fold(0, |m, &t| m.max(t)) as usize) < self.ntypes
+        (self.types[from.min(self.types.len())..].iter().fold(0, |m, &t| m.max(t)) as usize) < self.ntypes
     }
 
     /// The checks of [`Self::validate`] before any per-atom one: lengths, the home count, the box
@@ -345,10 +364,20 @@ impl LocalAtoms {
                 }
             }
         }
-        if let Some((atom, ty)) = first_at_or_above(&self.types, self.ntypes) {
-            return Err(NbnxmError::Type { atom, ty, ntypes: self.ntypes });
+        let from = self.types_from.min(self.types.len());
+        if let Some((k, ty)) = first_at_or_above(&self.types[from..], self.ntypes) {
+            return Err(NbnxmError::Type { atom: from + k, ty, ntypes: self.ntypes });
         }
         Ok(())
+    }
+
+    /// An error where the home atoms' types are not held ([`Self::types_from`]): for builds that
+    /// read every atom's type on the host.
+    pub(crate) fn check_types_held(&self) -> Result<(), NbnxmError> {
+        match self.types_from {
+            0 => Ok(()),
+            from => Err(NbnxmError::TypesOnGpu { from }),
+        }
     }
 
     /// [`Self::validate`] and, for valid atoms, their [`ZoneFacts`] (what [`Self::zone_facts_by_atom`]
@@ -383,7 +412,7 @@ impl LocalAtoms {
             }
             None => 0,
         };
-        let mut fine = self.zones_ok_from(from) && self.types_ok_from(from);
+        let mut fine = self.zones_ok_from(from) && self.types_ok_from(from.max(self.types_from));
         let mut start = from;
         // Zones checked: the home atoms are zone 0, every other one a zone from 1 to 7.
         while fine && start < n {
@@ -758,7 +787,7 @@ mod tests {
             })
             .collect();
         let types = (0..n).map(|_| rng.random_range(0..3)).collect();
-        LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3 }
+        LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3, types_from: 0 }
     }
 
     #[test]
@@ -788,7 +817,7 @@ mod tests {
         for (xs, periodic) in [(&[-0.0f32, 0.0][..], [false; 3]), (&[0.0, -0.0], [false; 3]), (&[0.0, 1.0, -0.0, -1.0], [false, true, true])] {
             let n = xs.len();
             let positions: Vec<Float3> = xs.iter().map(|&x| Float3::new(x, 0.5, -0.0)).collect();
-            let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic, ntypes: 1 };
+            let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic, ntypes: 1, types_from: 0 };
             assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{xs:?}");
         }
         // Zeros of both signs as the lowest (or highest) coordinate at any two places, in either
@@ -807,6 +836,7 @@ mod tests {
                     box_size: [2.0; 3],
                     periodic: [false, true, false],
                     ntypes: 1,
+                    types_from: 0,
                 };
                 assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "zeros at {i} and {j}, {first} first");
             }
@@ -939,7 +969,7 @@ mod tests {
                 let want = plain.zone_facts().unwrap();
                 let mut mine = local.clone();
                 let checked =
-                    LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(whole), &sys.types, &Workers::serial(), &mut buf).unwrap();
+                    LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(whole), &sys.types, false, &Workers::serial(), &mut buf).unwrap();
                 assert_eq!(buf, plain, "{dims:?} rank {r}: the same atoms");
                 let checked = checked.expect("wrapped home atoms lie in the box");
                 assert_eq!(fact_bits(&buf.zone_facts_with(Some(checked)).unwrap()), fact_bits(&want), "{dims:?} rank {r}");
@@ -957,7 +987,8 @@ mod tests {
                 // A scan that saw a coordinate outside the box gives no token.
                 let outside = crate::decomp::Scan { in_range: false, ..whole };
                 let mut mine = local.clone();
-                let none = LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(outside), &sys.types, &Workers::serial(), &mut buf).unwrap();
+                let none =
+                    LocalAtoms::from_local_scanned_into(&plan, r, &mut mine, Some(outside), &sys.types, false, &Workers::serial(), &mut buf).unwrap();
                 assert!(none.is_none() && buf == plain, "{dims:?} rank {r}");
             }
         }
@@ -974,12 +1005,68 @@ mod tests {
             &mut mine,
             Some(crate::decomp::scan(&local[..home], [0.0; 3], sys.box_size)),
             &sys.types,
+            false,
             &Workers::serial(),
             &mut buf,
         )
         .unwrap();
         buf.positions[home + 3].y = f32::NAN;
         assert_eq!(buf.zone_facts_with(checked).unwrap_err().to_string(), buf.validate().unwrap_err().to_string());
+    }
+
+    #[test]
+    fn home_types_left_to_the_gpu_are_not_gathered_and_only_a_gpu_grid_takes_them() {
+        let sys = MolecularSystem::generate(12_000, 4).unwrap();
+        let positions = moved(&sys, 3);
+        for dims in [[2, 1, 1], [2, 2, 1], [2, 2, 2]] {
+            let plan = HaloPlan::from_positions(&positions, sys.box_size, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for (r, local) in local_positions(&plan, &positions, true).iter().enumerate() {
+                let home = plan.ranks[r].home_atoms;
+                let mut plain = LocalAtoms::default();
+                LocalAtoms::from_local_unvalidated_into(&plan, r, &mut local.clone(), &sys.types, &Workers::serial(), &mut plain).unwrap();
+                let want = plain.zone_facts().unwrap();
+                for threads in [1, 3] {
+                    // Poisoned: a type written for a home atom would show.
+                    let mut buf = LocalAtoms { types: vec![u32::MAX; local.len()], ..LocalAtoms::default() };
+                    let workers = Workers::new(threads).unwrap();
+                    let scan = crate::decomp::scan(&local[..home], [0.0; 3], sys.box_size);
+                    let checked =
+                        LocalAtoms::from_local_scanned_into(&plan, r, &mut local.clone(), Some(scan), &sys.types, true, &workers, &mut buf).unwrap();
+                    let what = format!("{dims:?} rank {r}, {threads} threads");
+                    assert_eq!(buf.types_from, home, "{what}");
+                    assert!(buf.types[..home].iter().all(|&t| t == u32::MAX), "{what}: no home type gathered");
+                    assert_eq!(buf.types[home..], plain.types[home..], "{what}: every halo type");
+                    assert_eq!(
+                        (&buf.positions, &buf.zones, buf.home, buf.ntypes),
+                        (&plain.positions, &plain.zones, plain.home, plain.ntypes),
+                        "{what}"
+                    );
+                    // The GPU grid's checks pass over what is held, with the token or without.
+                    assert_eq!(fact_bits(&buf.zone_facts_with(checked).unwrap()), fact_bits(&want), "{what}");
+                    assert_eq!(fact_bits(&buf.zone_facts_with(None).unwrap()), fact_bits(&want), "{what}");
+                    buf.validate().unwrap();
+                    // The host's grid reads every type: refused, with what to do.
+                    let e = crate::nbnxm::ClusterGrid::build(&buf).unwrap_err();
+                    assert!(matches!(e, NbnxmError::TypesOnGpu { from } if from == home), "{what}: {e}");
+                    assert!(e.to_string().contains("build them with their types"), "{e}");
+                    // A halo type beyond the table is still named.
+                    if buf.len() > home {
+                        buf.types[home] = 7;
+                        let e = buf.validate().unwrap_err();
+                        assert!(matches!(e, NbnxmError::Type { atom, ty: 7, .. } if atom == home), "{what}: {e}");
+                        assert!(buf.zone_facts_with(None).is_err(), "{what}");
+                    }
+                }
+            }
+        }
+        // The home atoms' ids are still checked against the types.
+        let mut plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
+        let local = local_positions(&plan, &sys.positions, true).swap_remove(0);
+        plan.ranks[0].global_ids[5] = 99_999;
+        let e =
+            LocalAtoms::from_local_scanned_into(&plan, 0, &mut local.clone(), None, &sys.types, true, &Workers::serial(), &mut LocalAtoms::default())
+                .unwrap_err();
+        assert!(matches!(e, NbnxmError::Plan(PlanError::GlobalId { local: 5, id: 99_999, .. })), "{e}");
     }
 
     #[test]

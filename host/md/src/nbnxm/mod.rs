@@ -119,6 +119,16 @@ pub enum NbnxmError {
         /// Number of types.
         ntypes: usize,
     },
+    /// Local atoms whose home atoms' types were left to the GPU, given to a build that reads
+    /// every type on the host.
+    #[error(
+        "the local atoms hold no types below atom {from} (their home atoms' types are made on the GPU): \
+         build them with their types for a host grid or pair search"
+    )]
+    TypesOnGpu {
+        /// The first atom whose type is held.
+        from: usize,
+    },
     /// More clusters than a j-list word can address.
     #[error("{clusters} clusters exceed the {max} a j-list word can address: use more ranks")]
     TooManyClusters {
