@@ -39,9 +39,9 @@ pub struct LocalAtoms {
     pub ntypes: usize,
     /// The first atom whose type `types` holds: 0, or `home` where the home atoms' types are
     /// made on the GPU from their ids and never gathered on the host (a search whose grid is
-    /// built there: [`Self::from_local_scanned_into`]); `types[..types_from]` is then
-    /// unspecified. Only a GPU grid that looks those types up takes such atoms; the host's grid
-    /// refuses them ([`NbnxmError::TypesOnGpu`]).
+    /// built there: [`crate::search::HostSearch::rank_searches_redecomposed`]);
+    /// `types[..types_from]` is then unspecified. Only a GPU grid that looks those types up takes
+    /// such atoms; the host's grid refuses them ([`NbnxmError::TypesOnGpu`]).
     pub types_from: usize,
 }
 
