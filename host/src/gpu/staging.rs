@@ -9,9 +9,9 @@
 //!
 //! The memory is cudarc's [`PinnedHostSlice`] (the mechanism of the MD's page-locked home
 //! read-back, `halo_md::gather`), allocated portable. An event of the staging's own marks the last
-//! copy out of it: [`Staging::upload`] records it after each copy, and the next upload (or the
-//! drop, or a growth) waits for it before the host writes or frees the memory again, so a staged
-//! upload never reads data of a later one. (Not the slice's built-in event: cudarc records that
+//! copy out of it: [`Staging::upload`] records it after each copy ([`Staging::upload_parts`] after
+//! the last copy of its batch), and the next upload (or the drop, or a growth) waits for it before
+//! the host writes or frees the memory again, so a staged upload never reads data of a later one. (Not the slice's built-in event: cudarc records that
 //! only in contexts that track events, and halo's contexts do not, `gpu::open`; waiting on it
 //! would wait for nothing.)
 
@@ -32,9 +32,9 @@ pub fn grown_capacity(capacity: usize, need: usize) -> Option<usize> {
 
 /// Page-locked host memory, kept and reused, through which uploads of `T`s are enqueued on a
 /// stream ([`Self::upload`]). Empty until the first upload; grown (never shrunk) when an upload
-/// needs more. One staging serves one stream's uploads of one array at a time: the next upload
-/// waits until the previous copy out of it has landed (usually long done), so use one per array
-/// that is uploaded in the same step.
+/// needs more. One staging serves one stream's uploads of one array at a time, or one batch of
+/// several ([`Self::upload_parts`]): the next upload waits until the previous copies out of it
+/// have landed (usually long done), so use one per array, or per batch, uploaded in the same step.
 pub struct Staging<T: Pod> {
     host: Option<Held>,
     _marker: PhantomData<T>,
