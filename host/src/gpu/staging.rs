@@ -109,34 +109,7 @@ impl<T: Pod> Staging<T> {
     /// copy has run (free it only after `stream` is idle). `stream` must belong to `dst`'s context.
     /// Errors (nothing enqueued): a range past `dst`'s end, or a stream of another context.
     pub fn upload_at(&mut self, data: &[T], dst: &(impl DeviceMemory<T> + ?Sized), at: usize, stream: &CudaStream) -> Result<()> {
-        if at.checked_add(data.len()).is_none_or(|end| end > dst.len()) {
-            return Err(HaloError::InvalidInput(format!("staged upload of {} elements at element {at} of a buffer of {}", data.len(), dst.len())));
-        }
-        if data.is_empty() {
-            return Ok(());
-        }
-        let ctx = stream.context();
-        if ctx.cu_ctx() != dst.context().cu_ctx() {
-            return Err(HaloError::InvalidInput(format!(
-                "staged upload into GPU {}'s memory on a stream of GPU {}",
-                dst.context().ordinal(),
-                ctx.ordinal()
-            )));
-        }
-        ctx.bind_to_thread().during("binding the context")?;
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let held = self.reserve(ctx, bytes.len())?;
-        // The last copy out of this memory must have run before the host overwrites it.
-        held.wait()?;
-        let room = held.mem.as_mut_slice().during("reaching the staging memory")?;
-        room[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY: `dst` holds elements `at..at + data.len()` (checked above) and, by this method's
-        // contract, stays allocated until `stream` has run the copy. The source is page-locked
-        // memory owned by `self` holding `bytes.len()` bytes; it outlives the copy, since every
-        // later write, a growth and the drop wait for the event recorded just after it.
-        unsafe { result::memcpy_htod_async(dst.device_ptr_at(at), &room[..bytes.len()], stream.cu_stream()) }
-            .during("enqueuing a staged upload to the GPU")?;
-        held.copied.record(stream).during("recording the staged upload's event")
+        self.upload_parts(&[StagedPart::new(data, dst, at)?], stream)
     }
 
     /// Enqueues on `stream` every upload of `parts`, through this page-locked memory, and returns
@@ -145,16 +118,17 @@ impl<T: Pod> Staging<T> {
     /// calls for the batch where separate stagings make two per upload). Each part starts at a
     /// 16-byte boundary of the memory. Ordering and lifetimes as [`Self::upload_at`]: every part's
     /// buffer must stay allocated until `stream` has run the copies and belong to `stream`'s
-    /// context (checked first: nothing is enqueued then). A failure to enqueue one part leaves
-    /// the earlier ones enqueued, and the event is recorded after them all the same.
+    /// context (checked first, unless there is nothing to copy: nothing is enqueued then). A
+    /// failure to enqueue one part leaves the earlier ones enqueued, and the event is recorded
+    /// after them all the same.
     pub fn upload_parts(&mut self, parts: &[StagedPart<'_>], stream: &CudaStream) -> Result<()> {
-        let ctx = stream.context();
-        if let Some(p) = parts.iter().find(|p| p.cu_ctx != ctx.cu_ctx()) {
-            return Err(HaloError::InvalidInput(format!("staged upload into GPU {}'s memory on a stream of GPU {}", p.ordinal, ctx.ordinal())));
-        }
         let (offsets, total) = part_offsets(parts.iter().map(|p| p.bytes.len()));
         if total == 0 {
             return Ok(());
+        }
+        let ctx = stream.context();
+        if let Some(p) = parts.iter().find(|p| p.cu_ctx != ctx.cu_ctx()) {
+            return Err(HaloError::InvalidInput(format!("staged upload into GPU {}'s memory on a stream of GPU {}", p.ordinal, ctx.ordinal())));
         }
         ctx.bind_to_thread().during("binding the context")?;
         let held = self.reserve(ctx, total)?;

@@ -47,7 +47,7 @@ pub fn lj_force_over_r(r2: f64, c6: f64, c12: f64) -> f64 {
 pub fn lj_force_gradient_norm(r2: f64, c6: f64, c12: f64) -> f64 {
     let inv2 = 1.0 / r2;
     let inv6 = inv2 * inv2 * inv2;
-    let across = (12.0 * c12 * inv6 - 6.0 * c6) * inv6 * inv2;
+    let across = lj_force_over_r(r2, c6, c12);
     let along = (42.0 * c6 - 156.0 * c12 * inv6) * inv6 * inv2;
     across.abs().max(along.abs())
 }
