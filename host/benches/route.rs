@@ -3,7 +3,7 @@
 //!
 //! `cargo bench -p halo --bench route`. No GPU needed.
 
-use criterion::{Criterion, black_box, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main};
 use halo::route::{
     DistanceLevel, IntraNodeLink, Op, PerfTable, ReliabilityState, RouteConfig, RoutedPaths, Router, Transport, score_candidates, synthetic_facts,
     topology_from_facts,
@@ -54,5 +54,38 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// What the search's route part costs as a search meets it: every 100 steps or so, with the
+/// host's caches holding the steps' data instead of the router's code and tables. Each sample
+/// first writes 64 MiB (not timed), then times what PE 0 of 2 does with the gathered plans:
+/// the mirror check of its peer's choice and the decode of both plans.
+fn bench_cold(c: &mut Criterion) {
+    let mut sys = halo::system::MolecularSystem::generate(45_000, 13).expect("system");
+    halo::decomp::wrap_positions(&mut sys.positions, sys.box_size);
+    let plan = halo::decomp::HaloPlan::build(&sys, halo::decomp::RankGrid::new([2, 1, 1]).expect("grid"), 1.063).expect("plan");
+    let halos = plan.rank_halos();
+    let topo = Arc::new(topology_from_facts(&synthetic_facts(&["n00".to_string()], 2, 1, IntraNodeLink::Nvlink), None).expect("topology"));
+    let mut pe0 = Router::new(0, Arc::clone(&topo), RouteConfig::default()).expect("router");
+    let mut pe1 = Router::new(1, topo, RouteConfig::default()).expect("router");
+    let mine = RoutedPaths::plan_for::<halo::abi::Float3>(&mut pe0, &halos).expect("plan");
+    let theirs = RoutedPaths::plan_for::<halo::abi::Float3>(&mut pe1, &halos).expect("plan");
+    let gathered = [serde_json::to_vec(&mine).expect("encode"), serde_json::to_vec(&theirs).expect("encode")];
+    let mut evict = vec![0u64; (64 << 20) / 8];
+    let mut round = 0u64;
+    c.bench_function("route: a search's checks of the gathered plans on one PE of 2, cold caches (mirror check, decode)", |b| {
+        b.iter_batched(
+            || {
+                round += 1;
+                evict.iter_mut().enumerate().for_each(|(i, w)| *w = w.wrapping_add(i as u64 ^ round));
+            },
+            |()| {
+                let all: Vec<RoutedPaths> = gathered.iter().map(|g| serde_json::from_slice(g).expect("decode")).collect();
+                all[0].mirror_check(&pe0, black_box(&halos)).expect("mirror");
+                all
+            },
+            BatchSize::PerIteration,
+        )
+    });
+}
+
+criterion_group!(benches, bench, bench_cold);
 criterion_main!(benches);

@@ -618,6 +618,10 @@ impl RouteConfig {
 
     /// Logs [`RouteConfig::describe`] at info level.
     pub fn log(&self) {
+        // The lines are formatted only for a subscriber that takes them.
+        if !tracing::enabled!(tracing::Level::INFO) {
+            return;
+        }
         for line in self.describe() {
             tracing::info!("route config: {line}");
         }

@@ -496,17 +496,14 @@ impl RoutedPaths {
     /// message. (Failures recorded locally in [`super::Feedback::Local`] mode are this PE's alone
     /// and are not replayed: that mode makes no promise that both ends agree.)
     pub fn mirror_check(&self, router: &Router, halos: &[RankHalo]) -> Result<(), PathError> {
-        let mut config: RouteConfig = router.config().clone();
-        config.debug.value = false; // the mirror's decisions are not this PE's: keep them out of the log
-        let perf = Arc::new(router.perf().clone());
         for (peer, mine) in self.peers.iter().enumerate() {
             let Some(mine) = mine else { continue };
             if peer == self.self_pe {
                 continue;
             }
-            let mut mirror = Router::with_perf(peer, Arc::clone(router.topology()), config.clone(), Arc::clone(&perf))?;
-            // The peer scores the pair with the same agreed failure record.
-            mirror.adopt_agreement(router);
+            // The peer's router as this PE knows it: the same settings and numbers, the same
+            // agreed failure record; it logs nothing (its decisions are not this PE's).
+            let mut mirror = router.mirror(peer)?;
             let theirs = RoutedPaths::plan_sized(&mut mirror, halos, self.element_bytes, self.allowed)?;
             if theirs.transport(self.self_pe) != Some(*mine) {
                 return Err(PathError::Asymmetric(format!(
@@ -846,6 +843,55 @@ mod tests {
         forced.add_cli_overrides("--route-override", &["0-1=nvshmem-put".into()]).expect("override");
         let e = plan_local_ranks::<kernels_gpu::abi::Float3>(&facts, &big, &forced).expect_err("forced put in one process");
         assert!(e.to_string().contains("--route-override"), "{e}");
+    }
+
+    /// A PE's mirror of a peer's router decides what a router built for that peer from the same
+    /// settings, numbers and feedback mode decides, for every size and operation, and writes
+    /// nothing into the PE's own debug output (its decisions are not this PE's).
+    #[test]
+    fn a_mirror_decides_as_the_peers_router_and_writes_nothing() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("the capture is not poisoned").extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let facts = crate::route::synthetic_facts(&["n0".into(), "n1".into()], 2, 1, crate::route::IntraNodeLink::Nvlink);
+        let topo = Arc::new(crate::route::topology_from_facts(&facts, None).expect("topology"));
+        let mut config = RouteConfig::default();
+        config.add_cli_overrides("--route-override", &["1-2=nvshmem-put".into()]).expect("override");
+        let perf = Arc::new(crate::route::PerfTable::defaults());
+        let log = Captured::default();
+        for feedback in [crate::route::Feedback::Local, crate::route::Feedback::Agreed] {
+            let mut mine =
+                Router::with_perf(0, Arc::clone(&topo), config.clone(), Arc::clone(&perf)).expect("router").with_debug_writer(Box::new(log.clone()));
+            mine.set_feedback(feedback);
+            mine.route(1, Op::Put, 4096).expect("this PE's own decision is logged");
+            let logged = log.0.lock().expect("capture").len();
+            assert!(logged > 0, "the PE's own router writes its decisions");
+            for peer in 1..4 {
+                let mut mirror = mine.mirror(peer).expect("a peer in range");
+                let mut theirs = Router::with_perf(peer, Arc::clone(&topo), config.clone(), Arc::clone(&perf)).expect("router");
+                theirs.set_feedback(feedback);
+                assert_eq!((mirror.self_pe(), mirror.feedback()), (peer, feedback));
+                for other in (0..4).filter(|&q| q != peer) {
+                    for op in [Op::Put, Op::Signal] {
+                        for bytes in [8, 4096, 1 << 20, 64 << 20] {
+                            // The same route, or the same refusal.
+                            let want = theirs.route(other, op, bytes).map_err(|e| e.to_string());
+                            assert_eq!(mirror.route(other, op, bytes).map_err(|e| e.to_string()), want, "{feedback:?} {peer}->{other} {op} {bytes}");
+                        }
+                    }
+                }
+            }
+            assert_eq!(log.0.lock().expect("capture").len(), logged, "a mirror wrote into this PE's debug output");
+        }
+        assert!(matches!(Router::with_perf(0, topo, config, perf).expect("router").mirror(4), Err(RouteError::PeOutOfRange { pe: 4, n_pes: 4 })));
     }
 
     /// The run on two H200s: with only NCCL unmeasured, the real router must never hand the

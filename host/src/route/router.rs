@@ -130,7 +130,7 @@ struct PeerState {
 pub struct Router {
     self_pe: usize,
     topo: Arc<Topology>,
-    config: RouteConfig,
+    config: Arc<RouteConfig>,
     perf: Arc<PerfTable>,
     reliability: Reliability,
     clock: Arc<dyn Clock>,
@@ -171,24 +171,48 @@ impl Router {
         if self_pe >= n {
             return Err(RouteError::PeOutOfRange { pe: self_pe, n_pes: n });
         }
-        let half_life = Duration::from_secs_f64(config.half_life_s.value);
         let debug: Option<Box<dyn Write + Send>> = config.debug.value.then(|| Box::new(std::io::stderr()) as _);
-        let mut r = Self {
+        let mut r = Self::quiet(self_pe, topo, Arc::new(config), perf, Arc::new(SystemClock::new()));
+        r.debug = debug;
+        r.announce();
+        Ok(r)
+    }
+
+    /// A router of `self_pe` (in range, `config` validated) that has announced nothing and
+    /// writes no debug blocks.
+    fn quiet(self_pe: usize, topo: Arc<Topology>, config: Arc<RouteConfig>, perf: Arc<PerfTable>, clock: Arc<dyn Clock>) -> Self {
+        let n = topo.n_pes();
+        let half_life = Duration::from_secs_f64(config.half_life_s.value);
+        Self {
             self_pe,
             reliability: Reliability::new(n, half_life, config.skip_threshold.value),
             topo,
             config,
             perf,
-            clock: Arc::new(SystemClock::new()),
+            clock,
             peers: vec![PeerState::default(); n],
-            debug,
+            debug: None,
             lookups: 0,
             computed: 0,
             feedback: Feedback::Local,
             pending: Vec::new(),
             agreement: Agreement::default(),
-        };
-        r.announce();
+        }
+    }
+
+    /// The router `peer` runs, as far as this PE can know it: the same topology, settings,
+    /// performance numbers, clock, feedback mode and agreed failure record, none of them copied
+    /// (shared with this router), and no failure recorded locally. Its decisions are `peer`'s as
+    /// every PE replays them ([`super::RoutedPaths::mirror_check`]), so it announces nothing and
+    /// writes no debug blocks even where this router does: this PE's log holds its own decisions.
+    /// A search step builds one per peer, so it costs no formatting of the settings (which,
+    /// cold, cost more than the plan it checks).
+    pub(crate) fn mirror(&self, peer: usize) -> Result<Self, RouteError> {
+        if peer >= self.topo.n_pes() {
+            return Err(RouteError::PeOutOfRange { pe: peer, n_pes: self.topo.n_pes() });
+        }
+        let mut r = Self::quiet(peer, Arc::clone(&self.topo), Arc::clone(&self.config), Arc::clone(&self.perf), Arc::clone(&self.clock));
+        r.adopt_agreement(self);
         Ok(r)
     }
 
