@@ -1329,17 +1329,24 @@ impl MdRun {
         // barrier.
         let fence = replan_fence(path);
         let exchange_span = tracing::debug_span!("search.exchange").entered();
-        let replanned = match self.exchange.as_mut() {
-            Some(ex) if same_paths => {
+        // The halos go to the replan where they fit the buffers, else to a new exchange: asked
+        // first, so that neither gets a copy (a copy of every rank's maps, cold at a search, is
+        // tens of microseconds).
+        let rebuild_from = match self.exchange.as_mut() {
+            Some(ex) if same_paths && ex.fits(&halos) => {
                 let barriers = ex.replan_barriers();
-                let replanned = ex.replan_fenced(halos.clone(), fence)?;
-                self.out.replans += u64::from(replanned);
+                let replanned = ex.replan_fenced(halos, fence)?;
+                if !replanned {
+                    return Err(HaloError::InvalidInput("the exchange refused a replan onto halos it said fit its buffers".into()));
+                }
+                self.out.replans += 1;
                 self.out.replan_barriers += ex.replan_barriers().saturating_sub(barriers);
-                replanned
+                None
             }
-            _ => false,
+            _ => Some(halos),
         };
-        if !replanned {
+        let replanned = rebuild_from.is_none();
+        if let Some(halos) = rebuild_from {
             // Free the old buffers first (collective, like the allocation that follows).
             self.exchange = None;
             let mut ex = match &plans {

@@ -105,6 +105,12 @@ pub trait Exchange<T: Element = Float3> {
     /// must be uploaded again for the new layout.
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool>;
 
+    /// Whether [`Self::replan`] would move the exchange to `halos` in its buffers: it returns
+    /// `Ok(false)` exactly where this is false (every PE decides alike). A caller that builds a
+    /// new exchange from the same halos where they do not fit asks first, so that it hands
+    /// `replan` its halos instead of a copy.
+    fn fits(&self, halos: &[RankHalo]) -> bool;
+
     /// [`Self::replan`] with the fence across PEs that the caller can vouch for ([`ReplanFence`]):
     /// [`ReplanFence::Barrier`] is [`Self::replan`]; [`ReplanFence::AfterCollective`] lets an
     /// exchange across PEs leave out its barrier where the caller's contract (stated there) holds.
@@ -182,6 +188,9 @@ impl<T: Element> Exchange<T> for LocalRanks<T> {
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         LocalRanks::replan(self, halos)
     }
+    fn fits(&self, halos: &[RankHalo]) -> bool {
+        LocalRanks::fits(self, halos)
+    }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         LocalRanks::routes(self).to_vec()
     }
@@ -226,6 +235,9 @@ impl<T: Element> Exchange<T> for PeExchange<T> {
     }
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         PeExchange::replan(self, halos)
+    }
+    fn fits(&self, halos: &[RankHalo]) -> bool {
+        PeExchange::fits(self, halos)
     }
     fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         PeExchange::replan_fenced(self, halos, fence)

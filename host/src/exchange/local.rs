@@ -266,6 +266,15 @@ impl<T: Element> LocalRanks<T> {
         Ok(())
     }
 
+    /// Whether [`Self::replan`] would move the exchange to `halos` in its buffers (`false`: it
+    /// would return `Ok(false)`, a new exchange is needed). The caller's buffers may hold fewer
+    /// atoms than the shared sizes: each rank's own capacity counts. A halo list of another length
+    /// than the ranks' does not fit.
+    pub fn fits(&self, halos: &[RankHalo]) -> bool {
+        let capacities: Vec<usize> = self.ranks.iter().map(RankExchange::<T>::capacity).collect();
+        self.ranks.first().is_some_and(|r| super::rank::halos_fit(&r.sizes(), &capacities, halos))
+    }
+
     /// Moves every rank to `halos` (a new decomposition on the same rank grid) in the existing
     /// buffers: `Ok(false)`, changing nothing, when they do not fit (build a new exchange then).
     /// Signals and step counters continue, so peers keep agreeing on the protocol, and each pair
@@ -274,10 +283,7 @@ impl<T: Element> LocalRanks<T> {
     /// new layout.
     pub fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         validate(&halos)?;
-        // The caller's buffers may hold fewer atoms than the shared sizes: each rank its own.
-        let capacities: Vec<usize> = self.ranks.iter().map(RankExchange::<T>::capacity).collect();
-        // (One capacity per rank: a halo list of another length does not fit either.)
-        if !self.ranks.first().is_some_and(|r| super::rank::halos_fit(&r.sizes(), &capacities, &halos)) {
+        if !self.fits(&halos) {
             return Ok(false);
         }
         // As the protocol reset's first step: no launch of the old layout may still run (bounded;

@@ -60,6 +60,9 @@ impl super::Exchange for NullExchange {
         self.calls.push("replan");
         Ok(true)
     }
+    fn fits(&self, _: &[crate::desc::RankHalo]) -> bool {
+        true
+    }
     fn routes(&self) -> Vec<crate::route::RoutedSummary> {
         self.routes.clone()
     }

@@ -430,6 +430,14 @@ impl<T: Element> PeExchange<T> {
         self.replan_fenced(halos, ReplanFence::Barrier)
     }
 
+    /// Whether [`Self::replan`] would move the exchange to `halos` in its buffers (`false`: it
+    /// would return `Ok(false)`, a new exchange is needed): decided from every PE's capacity (the
+    /// caller's buffers may differ per PE and hold less than the shared sizes), so every PE
+    /// decides alike. A halo list of another length than the PEs' does not fit.
+    pub fn fits(&self, halos: &[RankHalo]) -> bool {
+        super::rank::halos_fit(&self.rank.sizes(), &self.capacities, halos)
+    }
+
     /// [`Self::replan`] fenced as `fence` says. [`ReplanFence::Barrier`] is [`Self::replan`].
     /// [`ReplanFence::AfterCollective`] (the caller meets its contract, on every PE at this
     /// replan) keeps the bounded wait for this PE's stream and leaves the barrier out when
@@ -440,10 +448,8 @@ impl<T: Element> PeExchange<T> {
     /// its old layout after it entered the collective.
     pub fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         validate(&halos)?;
-        // Every PE decides alike, from every PE's capacity (the caller's buffers may differ per
-        // PE and hold less than the shared sizes), before any of them waits or fences.
-        // (One capacity per PE: a halo list of another length does not fit either.)
-        if !super::rank::halos_fit(&self.rank.sizes(), &self.capacities, &halos) {
+        // Every PE decides alike, before any of them waits or fences.
+        if !self.fits(&halos) {
             return Ok(false);
         }
         if let Some(why) = &self.failed {

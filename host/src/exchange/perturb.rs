@@ -794,6 +794,9 @@ impl<T: Element, E: Exchange<T>> Exchange<T> for Perturbed<E> {
         // The grids keep the cap that left room for delay kernels (a replan keeps every cap).
         self.inner.replan(halos)
     }
+    fn fits(&self, halos: &[RankHalo]) -> bool {
+        self.inner.fits(halos)
+    }
     fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         // The fence is the inner exchange's: a delay kernel runs on the stream of the launch it
         // delays, so the caller's wait for its streams covers it.
@@ -855,6 +858,9 @@ impl<T: Element, E: Exchange<T> + ?Sized> Exchange<T> for Box<E> {
     }
     fn replan(&mut self, halos: Vec<RankHalo>) -> Result<bool> {
         (**self).replan(halos)
+    }
+    fn fits(&self, halos: &[RankHalo]) -> bool {
+        (**self).fits(halos)
     }
     fn replan_fenced(&mut self, halos: Vec<RankHalo>, fence: ReplanFence) -> Result<bool> {
         (**self).replan_fenced(halos, fence)

@@ -804,6 +804,9 @@ mod tests {
         fn replan(&mut self, _: Vec<RankHalo>) -> Result<bool> {
             Ok(true)
         }
+        fn fits(&self, _: &[RankHalo]) -> bool {
+            true
+        }
         fn routes(&self) -> Vec<halo::route::RoutedSummary> {
             Vec::new()
         }
