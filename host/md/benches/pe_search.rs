@@ -15,7 +15,10 @@
 //! back by id) and directly from the redecomposition. Then the same for the GPU passes' path
 //! (`--redecompose gpu`): the passes' results (computed once with the host's references, what the
 //! GPU gives bit for bit) handed back as the GPU's read-back is, so that only the host's part of
-//! that path is timed, the part a search step spends after the merge's read-back.
+//! that path is timed, the part a search step spends after the merge's read-back. That last
+//! breakdown runs twice, with the host's caches warm and cold (64 MiB written before each search,
+//! as an MD run's steps leave them for a search every 100 steps), each followed by the library's
+//! `search.*` spans' medians part by part.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use halo::abi::Float3;
@@ -275,10 +278,15 @@ impl Pe<'_> {
 
 /// [`breakdown`] of the GPU passes' path: the host's part after the passes (the collectives, the
 /// pulses, the plan and its checks, then the local atoms and home arrays).
-fn breakdown_after_passes(case: &Case) {
+///
+/// With `cold`, every search starts after 64 MiB were written (not timed), as a search meets the
+/// host's caches in an MD run: every 100 steps, after the steps' own work went through them.
+fn breakdown_after_passes(case: &Case, cold: bool) {
     let (mut pe, mut device) = (Pe::new(case), PassesDone::new(case));
     let (mut plan_t, mut gathers, mut atoms_t, mut local_t, mut total) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut evict = if cold { vec![0u64; (64 << 20) / 8] } else { Vec::new() };
     for i in 0..111 {
+        evict.iter_mut().enumerate().for_each(|(k, w)| *w = w.wrapping_add(k as u64 ^ i));
         let t1 = Instant::now();
         pe.gathers = Duration::ZERO;
         let done = pe.redecompose_after_passes(&mut device);
@@ -300,8 +308,9 @@ fn breakdown_after_passes(case: &Case) {
     }
     let (g, p) = (median(gathers), median(plan_t));
     println!(
-        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, after the GPU passes, medians in us: redecompose {p:.0} (of it emulated collectives {g:.0}, \
+        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, after the GPU passes{}, medians in us: redecompose {p:.0} (of it emulated collectives {g:.0}, \
          own arithmetic {:.0}), local atoms + home arrays {:.0} (of it the local atoms {:.0}); total {:.0}",
+        if cold { ", cold caches" } else { "" },
         p - g,
         median(atoms_t),
         median(local_t),
@@ -363,7 +372,13 @@ fn bench(c: &mut Criterion) {
     let case = case();
     breakdown(&case, false);
     breakdown(&case, true);
-    breakdown_after_passes(&case);
+    // The library's search spans, part by part, as each breakdown after the passes saw them.
+    spans::install();
+    for cold in [false, true] {
+        spans::start();
+        breakdown_after_passes(&case, cold);
+        spans::print(if cold { "cold caches" } else { "warm caches" });
+    }
     let mut g = c.benchmark_group("pe search 45k 2x1x1 rank 0");
     g.sample_size(30);
     let mut pe = Pe::new(&case);
@@ -428,3 +443,55 @@ fn bench(c: &mut Criterion) {
 
 criterion_group!(benches, bench);
 criterion_main!(benches);
+
+/// The library's `search.*` spans (`tracing`, debug level) timed per name while recording: the
+/// medians of each part of the searches [`breakdown_after_passes`] runs.
+mod spans {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::Instant;
+    use tracing::span;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// Each span name's lifetimes (µs) since [`start`].
+    static TIMES: Mutex<BTreeMap<&'static str, Vec<f64>>> = Mutex::new(BTreeMap::new());
+
+    /// When a span was made.
+    struct Born(Instant);
+
+    /// Records every span's lifetime by name.
+    struct Lifetimes;
+
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Lifetimes {
+        fn on_new_span(&self, _: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+            if let Some(s) = ctx.span(id) {
+                s.extensions_mut().insert(Born(Instant::now()));
+            }
+        }
+
+        fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+            let Some(s) = ctx.span(&id) else { return };
+            let Some(born) = s.extensions().get::<Born>().map(|b| b.0) else { return };
+            TIMES.lock().expect("span times").entry(s.name()).or_default().push(born.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+
+    /// Makes the recorder the process's subscriber.
+    pub fn install() {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Lifetimes)).expect("the bench's only subscriber");
+    }
+
+    /// Forgets what was recorded.
+    pub fn start() {
+        TIMES.lock().expect("span times").clear();
+    }
+
+    /// Prints each search span's median since [`start`].
+    pub fn print(what: &str) {
+        for (name, times) in TIMES.lock().expect("span times").iter_mut().filter(|(n, _)| n.starts_with("search")) {
+            times.sort_by(f64::total_cmp);
+            println!("  {what}: {name} median {:.1} us ({} spans)", times[times.len() / 2], times.len());
+        }
+    }
+}
