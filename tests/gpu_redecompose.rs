@@ -62,12 +62,13 @@ struct OnGpus<'a> {
 
 impl OnGpus<'_> {
     /// `redecompose_on_devices` over every rank of `geo`'s grid, rank `i`'s home on the GPU
-    /// `homes_gpu[i]`.
+    /// `homes_gpu[i]`, the home positions read back where `home_positions` says.
     fn redecompose(
         &self,
         homes_gpu: &mut [GpuHome],
         geo: &Decomposition,
         atoms: usize,
+        home_positions: bool,
         workers: &Workers,
         scratch: &mut RedecomposeScratch,
     ) -> Redecomposed {
@@ -80,7 +81,8 @@ impl OnGpus<'_> {
             .map(|(((d, a), h), stream)| d.with(&self.g.module, stream, &a.x, &a.v, &h.ids))
             .collect();
         let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
-        redecompose_on_devices(geo.grid, geo.box_size, geo.cutoff, atoms, &ranks, &mut dyns, &mut identity, None, workers, scratch).unwrap()
+        redecompose_on_devices(geo.grid, geo.box_size, geo.cutoff, atoms, &ranks, &mut dyns, home_positions, &mut identity, None, workers, scratch)
+            .unwrap()
     }
 }
 
@@ -119,7 +121,11 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
             let want = redecompose(grid, sys.box_size, cutoff, positions.len(), &ranks, homes.clone(), &mut identity).unwrap();
             let arrays: Vec<RankArrays> = homes.iter().map(|h| RankArrays::new(&g, h)).collect();
             let on = OnGpus { g: &g, streams: &streams, arrays: &arrays, homes: &homes };
-            let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), &workers, &mut scratch);
+            // The first search reads the home positions back; the next two leave them on the GPUs
+            // (the pulses then take the positions they send from the selection's read-back, sized
+            // by the search before).
+            let home_positions = search == 0;
+            let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), home_positions, &workers, &mut scratch);
             let test = format!("{dims:?} cutoff {cutoff}, search {search}");
             assert_eq!(got.plan, want.plan, "{test}: the plan");
             for (r, ((gh, wh), d)) in got.homes.iter().zip(&want.homes).zip(&homes_gpu).enumerate() {
@@ -129,8 +135,14 @@ fn the_gpu_redecomposition_gives_the_hosts_plan_search_after_search() {
                 let v = d.velocities().to_host().unwrap();
                 assert_eq!(bits(&v[..wh.ids.len()]), bits(&wh.velocities), "{test} rank {r}: the velocities on the GPU");
             }
-            for (r, (gl, wl)) in got.local_positions.iter().zip(&want.local_positions).enumerate() {
-                assert_eq!(bits(gl), bits(wl), "{test} rank {r}: the local positions");
+            for (r, ((gl, wl), &from)) in got.local_positions.iter().zip(&want.local_positions).zip(&got.local_positions_from).enumerate() {
+                let home = want.homes[r].ids.len();
+                // Left on the GPU unless asked for, or unless its scan was not exact.
+                let exact = got.home_scans[r].is_some_and(|s| s.in_range && s.exact_along(std::array::from_fn(|d| dims[d] > 1)));
+                assert_eq!(from, if !home_positions && exact && home > 0 { home } else { 0 }, "{test} rank {r}: local positions from");
+                assert_eq!(bits(gl), bits(&wl[from..]), "{test} rank {r}: the local positions");
+                let on_gpu = homes_gpu[r].positions().to_host().unwrap();
+                assert_eq!(bits(&on_gpu[..home]), bits(&wl[..home]), "{test} rank {r}: the home positions on the GPU");
             }
             // Each GPU's extent of its home atoms: the host's scan of the home positions.
             assert_eq!(got.home_scans.len(), want.homes.len(), "{test}: a scan per rank");
@@ -187,7 +199,7 @@ fn a_migration_begun_ahead_is_taken_up_only_by_its_own_search() {
         }
         let before: Vec<u64> = homes_gpu.iter().map(GpuHome::ahead_taken).collect();
         let on = OnGpus { g: &g, streams: &streams, arrays: &arrays, homes: &homes };
-        let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), &workers, &mut scratch);
+        let got = on.redecompose(&mut homes_gpu, &geo, positions.len(), false, &workers, &mut scratch);
         let test = format!("search {search}, begun ahead as {what}");
         for (r, d) in homes_gpu.iter().enumerate() {
             assert_eq!(d.ahead_taken() - before[r], u64::from(taken), "{test}: rank {r} took the migration up");
@@ -227,6 +239,7 @@ fn a_non_finite_position_fails_the_gpu_redecomposition_as_it_fails_the_hosts() {
         sys.positions.len(),
         &ranks,
         &mut dyns,
+        false,
         &mut identity,
         None,
         &Workers::serial(),
@@ -333,8 +346,35 @@ fn the_gpu_id_facts_are_the_hosts() {
     // The leavers of rank 0 come back to it (no other rank's atoms arrive): every id once.
     let mut back: Vec<(u32, Float3, Float3)> = leavers.iter().map(|l| (l.id, l.x, l.v)).collect();
     back.sort_unstable_by_key(|a| a.0);
-    let merged = rank.merge_and_select(&geo, &back, MergedHome::default()).unwrap();
+    let merged = rank.merge_and_select(&geo, &back, true, MergedHome::default()).unwrap();
     assert_eq!(merged.ids.len(), homes[0].ids.len());
     assert_eq!(merged.id_facts, Some(HomeIdFacts::of(&merged.ids)), "the merge's facts");
+    // The same merge with the positions left on the GPU: the same ids and first pulses, the
+    // positions those send (from the selection's packed read-back) and none else, with the room
+    // the last merge sized and with one too small (read again after the wait); then the
+    // positions read back on demand.
+    for hint in [None, Some(0)] {
+        drop(rank);
+        if let Some(selected) = hint {
+            home.set_selected_room_hint(selected);
+        }
+        rank = home.with(&g.module, &stream, &arrays.x, &arrays.v, &homes[0].ids);
+        let left = rank.merge_and_select(&geo, &back, false, MergedHome::default()).unwrap();
+        let what = format!("room hint {hint:?}");
+        assert_eq!(
+            (&left.ids, &left.first_pulse, left.id_facts),
+            (&merged.ids, &merged.first_pulse, merged.id_facts),
+            "{what}: the merge without its positions"
+        );
+        assert!(left.wrapped.is_empty(), "{what}: no home positions read back");
+        assert!(left.first_pulse.iter().map(Vec::len).sum::<usize>() > 320, "{what}: more selected than the smallest room holds");
+        for (map, x) in left.first_pulse.iter().zip(&left.first_pulse_x) {
+            let want: Vec<Float3> = map.iter().map(|&k| merged.wrapped[k as usize]).collect();
+            assert_eq!(bits(x), bits(&want), "{what}: the positions a first pulse sends");
+        }
+    }
+    let mut read = Vec::new();
+    rank.read_home_positions(&mut read).unwrap();
+    assert_eq!(bits(&read), bits(&merged.wrapped), "the home positions read back on demand");
     eprintln!("the GPU id facts equal the host's in {cases} cases ({unordered} out of order) and after a merge");
 }

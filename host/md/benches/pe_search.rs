@@ -31,7 +31,7 @@ use halo::error::{HaloError, Result};
 use halo::system::MolecularSystem;
 use halo::workers::Workers;
 use halo_md::nbnxm::{DEFAULT_DRIFT_TOLERANCE, ListSetup, LocalAtoms};
-use halo_md::search::{HostSearch, ListsOn, RankSearch};
+use halo_md::search::{HostSearch, ListsOn, RankLists, RankSearch};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -214,6 +214,7 @@ struct Merged {
     ids: Vec<u32>,
     x: Vec<Float3>,
     first_pulse: Vec<Vec<u32>>,
+    first_pulse_x: Vec<Vec<Float3>>,
     facts: HomeIdFacts,
     scan: Scan,
 }
@@ -236,22 +237,34 @@ impl HomeDevice for PassesDone {
         Ok((self.count, self.stayers.leavers.clone()))
     }
 
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+    fn merge_and_select(
+        &mut self,
+        geo: &Decomposition,
+        arrivals: &[(u32, Float3, Float3)],
+        positions: bool,
+        mut into: MergedHome,
+    ) -> Result<MergedHome> {
         if self.merged.is_none() {
             let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: 0 }).collect();
             let s = &self.stayers;
             let m = merge_reference(&s.ids, &s.positions, &s.velocities, &arrivals, 0)?;
             let selected = select_reference(&m.positions, &m.ids, geo, 0)?;
             let (facts, scan) = (HomeIdFacts::of(&m.ids), scan(&m.positions, [0.0; 3], geo.box_size));
-            let first_pulse = selected.per_dim.into_iter().map(|d| d.map).collect();
-            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse, facts, scan });
+            let (first_pulse, first_pulse_x) = selected.per_dim.into_iter().map(|d| (d.map, d.positions)).unzip();
+            self.merged = Some(Merged { ids: m.ids, x: m.positions, first_pulse, first_pulse_x, facts, scan });
         }
         let m = self.merged.as_ref().ok_or_else(|| HaloError::InvalidInput("no merge".into()))?;
         into.ids.clear();
         into.ids.extend_from_slice(&m.ids);
         into.wrapped.clear();
-        into.wrapped.extend_from_slice(&m.x);
+        if positions {
+            into.wrapped.extend_from_slice(&m.x);
+        }
         for (to, from) in into.first_pulse.iter_mut().zip(&m.first_pulse) {
+            to.clear();
+            to.extend_from_slice(from);
+        }
+        for (to, from) in into.first_pulse_x.iter_mut().zip(&m.first_pulse_x) {
             to.clear();
             to.extend_from_slice(from);
         }
@@ -259,15 +272,25 @@ impl HomeDevice for PassesDone {
         into.home_scan = Some(m.scan);
         Ok(into)
     }
+
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()> {
+        let m = self.merged.as_ref().ok_or_else(|| HaloError::InvalidInput("no merge".into()))?;
+        into.clear();
+        into.extend_from_slice(&m.x);
+        Ok(())
+    }
 }
 
 impl Pe<'_> {
-    /// [`Pe::redecompose`] through the GPU passes' path, the passes already done (`device`).
-    fn redecompose_after_passes(&mut self, device: &mut PassesDone) -> Redecomposed {
+    /// [`Pe::redecompose`] through the GPU passes' path, the passes already done (`device`), the
+    /// home positions read back where `home_positions` says (a GPU grid needs none).
+    fn redecompose_after_passes(&mut self, device: &mut PassesDone, home_positions: bool) -> Redecomposed {
         let mut all_gather = emulated_gather(&self.case.others, &mut self.gathers);
         let c = self.case;
         let mut devices: [&mut dyn HomeDevice; 1] = [device];
-        self.host.redecompose_on_devices(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], &mut devices, &mut all_gather, None).expect("redecompose")
+        self.host
+            .redecompose_on_devices(c.grid, c.sys.box_size, &c.setup, ATOMS, &[0], &mut devices, home_positions, &mut all_gather, None)
+            .expect("redecompose")
     }
 
     /// [`Pe::direct`] with the velocities on the GPU.
@@ -281,7 +304,10 @@ impl Pe<'_> {
 ///
 /// With `cold`, every search starts after 64 MiB were written (not timed), as a search meets the
 /// host's caches in an MD run: every 100 steps, after the steps' own work went through them.
-fn breakdown_after_passes(case: &Case, cold: bool) {
+/// With `home_positions` the home atoms' positions come back from the GPU (as for a grid built
+/// on the host); without, they stay there and the pulses take the positions they send from the
+/// selection (as for a GPU grid, what `halo md-bench` runs).
+fn breakdown_after_passes(case: &Case, cold: bool, home_positions: bool) {
     let (mut pe, mut device) = (Pe::new(case), PassesDone::new(case));
     let (mut plan_t, mut gathers, mut atoms_t, mut local_t, mut total) = (vec![], vec![], vec![], vec![], vec![]);
     let mut evict = if cold { vec![0u64; (64 << 20) / 8] } else { Vec::new() };
@@ -289,12 +315,17 @@ fn breakdown_after_passes(case: &Case, cold: bool) {
         evict.iter_mut().enumerate().for_each(|(k, w)| *w = w.wrapping_add(k as u64 ^ i));
         let t1 = Instant::now();
         pe.gathers = Duration::ZERO;
-        let done = pe.redecompose_after_passes(&mut device);
+        let done = pe.redecompose_after_passes(&mut device, home_positions);
         let t2 = Instant::now();
         let (plan, found) = pe.direct_velocities_on_gpu(done);
         let t3 = Instant::now();
         if i == 0 {
             assert_eq!(plan, case.want, "the plan after the GPU passes is the global builder's");
+            let held = if home_positions { 0 } else { plan.ranks[0].home_atoms };
+            assert!(
+                found.iter().all(|f| matches!(&f.lists, RankLists::GpuGrid(a) if a.positions_from == held)),
+                "home positions held from atom {held}"
+            );
         }
         let local = found.iter().map(|f| f.atoms_time).max().unwrap_or_default();
         pe.recycle(plan, found);
@@ -308,9 +339,10 @@ fn breakdown_after_passes(case: &Case, cold: bool) {
     }
     let (g, p) = (median(gathers), median(plan_t));
     println!(
-        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, after the GPU passes{}, medians in us: redecompose {p:.0} (of it emulated collectives {g:.0}, \
+        "pe search, 45,000 atoms, {DIMS:?} rank 0, 1 thread, after the GPU passes{}{}, medians in us: redecompose {p:.0} (of it emulated collectives {g:.0}, \
          own arithmetic {:.0}), local atoms + home arrays {:.0} (of it the local atoms {:.0}); total {:.0}",
         if cold { ", cold caches" } else { "" },
+        if home_positions { ", home positions read back" } else { ", home positions left on the GPU" },
         p - g,
         median(atoms_t),
         median(local_t),
@@ -375,9 +407,11 @@ fn bench(c: &mut Criterion) {
     // The library's search spans, part by part, as each breakdown after the passes saw them.
     spans::install();
     for cold in [false, true] {
-        spans::start();
-        breakdown_after_passes(&case, cold);
-        spans::print(if cold { "cold caches" } else { "warm caches" });
+        for home_positions in [true, false, true, false] {
+            spans::start();
+            breakdown_after_passes(&case, cold, home_positions);
+            spans::print(if cold { "cold caches" } else { "warm caches" });
+        }
     }
     let mut g = c.benchmark_group("pe search 45k 2x1x1 rank 0");
     g.sample_size(30);
@@ -410,7 +444,7 @@ fn bench(c: &mut Criterion) {
     let mut device = PassesDone::new(&case);
     g.bench_function("after the GPU passes: redecompose + local atoms", |b| {
         b.iter(|| {
-            let done = pe.redecompose_after_passes(&mut device);
+            let done = pe.redecompose_after_passes(&mut device, false);
             let (plan, found) = pe.direct_velocities_on_gpu(done);
             pe.recycle(plan, black_box(found));
         })

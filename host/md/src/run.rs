@@ -535,12 +535,22 @@ impl HomeDevice for Timed<'_, '_> {
         self.time(|d| d.migrate(geo))
     }
 
-    fn begin_merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
-        self.time(|d| d.begin_merge_and_select(geo, arrivals))
+    fn begin_merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)], positions: bool) -> Result<()> {
+        self.time(|d| d.begin_merge_and_select(geo, arrivals, positions))
     }
 
-    fn merge_and_select(&mut self, geo: &crate::decomp::Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
-        self.time(|d| d.merge_and_select(geo, arrivals, into))
+    fn merge_and_select(
+        &mut self,
+        geo: &crate::decomp::Decomposition,
+        arrivals: &[(u32, Float3, Float3)],
+        positions: bool,
+        into: MergedHome,
+    ) -> Result<MergedHome> {
+        self.time(|d| d.merge_and_select(geo, arrivals, positions, into))
+    }
+
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()> {
+        self.time(|d| d.read_home_positions(into))
     }
 }
 
@@ -1553,6 +1563,9 @@ impl MdRun {
             return Err(HaloError::InvalidInput("a decomposition from the ranks needs a previous search".into()));
         };
         let taken_before: Vec<u64> = self.ranks.iter().map(MdRank::redecompose_ahead_taken).collect();
+        // Where the GPU builds the grid, the home atoms' positions stay there (the host's local
+        // atoms hold the halo atoms' only).
+        let home_positions = self.lists_on() != search::ListsOn::GpuGrid;
         let mut devices = Vec::with_capacity(self.ranks.len());
         let _span = tracing::debug_span!("search.redecompose").entered();
         for (r, m) in ex.local_ranks().iter().zip(self.ranks.iter_mut()) {
@@ -1570,7 +1583,17 @@ impl MdRun {
             let mut all_gather = redecompose_gather(&self.placement, &mut self.kept_gather, &self.tag, self.step, &mut gathers);
             let mut rider = route_rider(&mut self.routing, self.cfg.grid.num_ranks());
             let rider = rider.as_mut().map(|r| r as &mut PlanRider<'_>);
-            self.host_search.redecompose_on_devices(self.cfg.grid, box_size, &self.setup, atoms, &self.ids, &mut dyns, &mut all_gather, rider)?
+            self.host_search.redecompose_on_devices(
+                self.cfg.grid,
+                box_size,
+                &self.setup,
+                atoms,
+                &self.ids,
+                &mut dyns,
+                home_positions,
+                &mut all_gather,
+                rider,
+            )?
         };
         t.plan_gathers = gathers;
         t.plan = t1.elapsed();

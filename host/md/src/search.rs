@@ -219,7 +219,9 @@ impl HostSearch {
     }
 
     /// [`Self::redecompose`] with the per-atom phases on the ranks' GPUs (`devices`, one per
-    /// entry of `ranks`): the same plan; the home velocities stay on the GPUs.
+    /// entry of `ranks`): the same plan; the home velocities stay on the GPUs, and so do the home
+    /// positions unless `home_positions` asks for them (a GPU grid needs none: its local atoms
+    /// hold the halo atoms' positions only, [`LocalAtoms::positions_from`]).
     #[allow(clippy::too_many_arguments)]
     pub fn redecompose_on_devices(
         &mut self,
@@ -229,6 +231,7 @@ impl HostSearch {
         atoms: usize,
         ranks: &[usize],
         devices: &mut [&mut dyn HomeDevice],
+        home_positions: bool,
         all_gather: &mut Collective<'_>,
         rider: Option<&mut PlanRider<'_>>,
     ) -> Result<Redecomposed> {
@@ -239,6 +242,7 @@ impl HostSearch {
             atoms,
             ranks,
             devices,
+            home_positions,
             all_gather,
             rider,
             &self.workers,
@@ -322,19 +326,20 @@ impl HostSearch {
         on: ListsOn,
         v_on_device: bool,
     ) -> Result<(HaloPlan, Vec<RankSearch>)> {
-        let Redecomposed { plan, mut homes, mut local_positions, home_scans, .. } = done;
-        if homes.len() != ranks.len() || local_positions.len() != ranks.len() {
+        let Redecomposed { plan, mut homes, mut local_positions, local_positions_from, home_scans, .. } = done;
+        if homes.len() != ranks.len() || local_positions.len() != ranks.len() || local_positions_from.len() != ranks.len() {
             return Err(HaloError::InvalidInput(format!(
-                "a redecomposition of {} ranks ({} local position arrays) for {} ranks",
+                "a redecomposition of {} ranks ({} local position arrays, {} starts) for {} ranks",
                 homes.len(),
                 local_positions.len(),
+                local_positions_from.len(),
                 ranks.len()
             )));
         }
         self.ranks.resize_with(ranks.len(), RankBuffers::default);
         let workers = &self.workers;
         let plan_ref = &plan;
-        let one = |RankPart { rank, buf, home, local, scan }: RankPart<'_>| {
+        let one = |RankPart { rank, buf, home, local, from, scan }: RankPart<'_>| {
             let t = Instant::now();
             // Unvalidated: every grid build below validates the atoms itself (a GPU grid's only
             // the halo atoms where the redecomposition found the home atoms' extent on the GPU).
@@ -343,6 +348,12 @@ impl HostSearch {
             let home_types_on_gpu = v_on_device && on == ListsOn::GpuGrid;
             let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, home_types_on_gpu, workers, &mut buf.atoms)
                 .map_err(bad)?;
+            if buf.atoms.positions_from != from {
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {rank}: the redecomposition held local positions from atom {from}, the local atoms from {}",
+                    buf.atoms.positions_from
+                )));
+            }
             let atoms_time = t.elapsed();
             let want = if v_on_device { 0 } else { buf.atoms.home };
             if home.velocities.len() != want {
@@ -366,8 +377,9 @@ impl HostSearch {
             .zip(self.ranks.iter_mut())
             .zip(homes.iter_mut())
             .zip(local_positions.iter_mut())
+            .zip(&local_positions_from)
             .zip(scans)
-            .map(|((((&rank, buf), home), local), scan)| RankPart { rank, buf, home, local, scan })
+            .map(|(((((&rank, buf), home), local), &from), scan)| RankPart { rank, buf, home, local, from, scan })
             .collect();
         let found = workers.map(parts, one).into_iter().collect::<Result<Vec<_>>>();
         self.redecompose.recycle_atoms(homes, local_positions);
@@ -383,6 +395,8 @@ struct RankPart<'a> {
     buf: &'a mut RankBuffers,
     home: &'a mut HomeAtoms,
     local: &'a mut Vec<Float3>,
+    /// The first local atom whose position `local` holds (`Redecomposed::local_positions_from`).
+    from: usize,
     scan: Option<Scan>,
 }
 
@@ -665,8 +679,14 @@ mod tests {
         let setup = ListSetup::for_system(&sys, 1.0, 0.002, 100, 10, DEFAULT_DRIFT_TOLERANCE).unwrap();
         let mut host = HostSearch::new(1).unwrap();
         let plan = HaloPlan::from_positions(&sys.positions, sys.box_size, RankGrid::new([2, 1, 1]).unwrap(), setup.rlist).unwrap();
-        let done =
-            Redecomposed { plan, homes: vec![HomeAtoms::default()], local_positions: vec![Vec::new()], home_scans: Vec::new(), riders: Vec::new() };
+        let done = Redecomposed {
+            plan,
+            homes: vec![HomeAtoms::default()],
+            local_positions: vec![Vec::new()],
+            local_positions_from: vec![0],
+            home_scans: Vec::new(),
+            riders: Vec::new(),
+        };
         let e = host
             .rank_searches_redecomposed(done.clone(), &sys, &[0, 1], &setup, ListsOn::GpuGrid, false)
             .err()

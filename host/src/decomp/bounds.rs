@@ -20,6 +20,14 @@ impl Scan {
     /// The scan of no positions.
     pub const EMPTY: Self = Self { in_range: true, lo: [f32::INFINITY; 3], hi: [f32::NEG_INFINITY; 3] };
 
+    /// Whether the bounds along the dimensions of `along` are those of any order of the same
+    /// positions, to the bit: no zero bound there (which of `0.0` and `-0.0` a zero bound is
+    /// depends on the order, [`scan`]). A pair search's zone checks take a home scan made
+    /// elsewhere (on the GPU) only where it is, along the decomposed dimensions.
+    pub fn exact_along(&self, along: [bool; 3]) -> bool {
+        (0..3).all(|d| !along[d] || (self.lo[d] != 0.0 && self.hi[d] != 0.0))
+    }
+
     /// The scan of two runs one after the other.
     pub fn join(self, other: Self) -> Self {
         Self {

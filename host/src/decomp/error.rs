@@ -265,6 +265,22 @@ pub enum PlanError {
         /// Value expected.
         expected: usize,
     },
+    /// A redecomposition read the position of a local atom whose position the host does not
+    /// hold (its home atoms' positions stayed on the device): a defect of halo, not of its input.
+    #[error(
+        "rank {rank}: local atom {local}'s position was read, but the host holds those of local atoms {from}..{to} only \
+         (the home atoms' positions stayed on the GPU); this is a defect in halo, please report it"
+    )]
+    PositionNotHeld {
+        /// The rank.
+        rank: usize,
+        /// The local atom.
+        local: usize,
+        /// The first local atom whose position the host holds.
+        from: usize,
+        /// One past the last.
+        to: usize,
+    },
     /// A global atom id is out of range for the system.
     #[error("rank {rank}: local atom {local} has global id {id}, but the system has {atoms} atoms")]
     GlobalId {

@@ -24,7 +24,7 @@ use super::{GpuExtent, GpuIdFacts, GpuMerge, GpuMigrate, GpuSelect, HomeDevice, 
 use crate::error::{CudaContextExt, HaloError, Result};
 use crate::gpu::{CudaStream, DeviceBuffer, DeviceMemory, KernelModule, Staging, grown_capacity};
 use cudarc::driver::{CudaContext, PinnedHostSlice};
-use kernels_gpu::abi::{EXTENT_PARTS, ExtentPart, Float3, ID_FACTS_PARTS, IdFactsPart, MigrateLeaver};
+use kernels_gpu::abi::{EXTENT_PARTS, ExtentPart, Float3, ID_FACTS_PARTS, IdFactsPart, MigrateLeaver, SelectedAtom};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +89,9 @@ pub struct GpuHome {
     /// extent's parts, the new home atoms' ids and positions, the selection's counts and indices
     /// (`u32` words).
     host: Option<PinnedHostSlice<u32>>,
+    /// Atoms the last merge's first pulses selected (all dimensions), which sizes the next
+    /// read-back's room.
+    last_selected: Option<usize>,
     /// Stayers of the last migration.
     stayers: usize,
     /// New home atoms of the last merge.
@@ -120,6 +123,7 @@ impl GpuHome {
             extent: GpuExtent::new(ctx)?,
             id_facts: GpuIdFacts::new(ctx)?,
             host: None,
+            last_selected: None,
             stayers: 0,
             home: 0,
             ahead: None,
@@ -187,6 +191,14 @@ impl GpuHome {
         self.ahead = None;
     }
 
+    /// Sizes the next merge's read-back room of selected atoms as if the last merge had selected
+    /// `selected` (a quarter more and 256; a selection that outgrows it is read again after the
+    /// wait): for tests of that second read.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn set_selected_room_hint(&mut self, selected: usize) {
+        self.last_selected = Some(selected);
+    }
+
     /// Makes the passes for `geo` when there are none or they were made for another geometry.
     fn make_passes(&mut self, geo: &Decomposition) -> Result<()> {
         let made = Made::of(geo);
@@ -214,13 +226,15 @@ pub struct GpuRank<'a> {
     merging: Option<Merging>,
 }
 
-/// What a begun merge reads back into the page-locked room: `n` new home atoms, then the
-/// selection's info and map words.
+/// What a begun merge reads back into the page-locked room: `n` new home atoms' ids (and their
+/// positions where `positions`), then the selection's info words and the first `room` selected
+/// atoms (indices and packed atoms).
 #[derive(Clone, Copy)]
 struct Merging {
     n: usize,
+    positions: bool,
     info_words: usize,
-    map_words: usize,
+    room: usize,
 }
 
 /// The room of one begun merge, split by [`Merging::split`].
@@ -231,12 +245,14 @@ struct Room<'w> {
     extent: &'w mut [ExtentPart],
     /// The new home atoms' ids.
     ids: &'w mut [u32],
-    /// Their positions.
+    /// Their positions (empty unless asked for).
     x: &'w mut [Float3],
     /// The selection's counts.
     info: &'w mut [u32],
-    /// The selection's indices.
+    /// The selected atoms' indices (the room's first ones).
     maps: &'w mut [u32],
+    /// The selected atoms, packed (ids and wrapped positions).
+    atoms: &'w mut [SelectedAtom],
 }
 
 impl Merging {
@@ -246,24 +262,38 @@ impl Merging {
     /// Words of the extent's parts.
     const EXTENT_WORDS: usize = EXTENT_PARTS * size_of::<ExtentPart>() / 4;
 
+    /// Words of one packed selected atom.
+    const ATOM_WORDS: usize = size_of::<SelectedAtom>() / 4;
+
     /// The room's words this merge uses.
     fn words(&self) -> usize {
-        Self::FACTS_WORDS + Self::EXTENT_WORDS + 4 * self.n + self.info_words + self.map_words
+        let x = if self.positions { 3 * self.n } else { 0 };
+        Self::FACTS_WORDS + Self::EXTENT_WORDS + self.n + x + self.info_words + (1 + Self::ATOM_WORDS) * self.room
     }
 
     /// The room's first [`Self::words`] split into the facts' parts, the extent's parts, the ids,
-    /// the positions, the selection's info and its maps.
+    /// the positions (none unless asked for), the selection's info, its indices and its packed
+    /// atoms.
     fn split<'w>(&self, room: &'w mut [u32]) -> Result<Room<'w>> {
         let (facts, rest) = room[..self.words()].split_at_mut(Self::FACTS_WORDS);
         let (extent, rest) = rest.split_at_mut(Self::EXTENT_WORDS);
         let (ids, rest) = rest.split_at_mut(self.n);
-        let (x, rest) = rest.split_at_mut(3 * self.n);
-        let (info, maps) = rest.split_at_mut(self.info_words);
+        let (x, rest) = rest.split_at_mut(if self.positions { 3 * self.n } else { 0 });
+        let (info, rest) = rest.split_at_mut(self.info_words);
+        let (maps, atoms) = rest.split_at_mut(self.room);
         // Page-locked memory starts on a page: the facts' 64-bit sums are aligned (refused, not
         // a panic, should an allocation ever give less).
         let facts = bytemuck::try_cast_slice_mut(facts)
             .map_err(|e| HaloError::InvalidInput(format!("the GPU redecomposition's read-back room is not aligned for the id facts: {e}")))?;
-        Ok(Room { facts, extent: bytemuck::cast_slice_mut(extent), ids, x: bytemuck::cast_slice_mut(x), info, maps })
+        Ok(Room {
+            facts,
+            extent: bytemuck::cast_slice_mut(extent),
+            ids,
+            x: bytemuck::cast_slice_mut(x),
+            info,
+            maps,
+            atoms: bytemuck::cast_slice_mut(atoms),
+        })
     }
 }
 
@@ -376,7 +406,7 @@ impl HomeDevice for GpuRank<'_> {
         Ok((n, migrated.leavers))
     }
 
-    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], positions: bool) -> Result<()> {
         let rank = self.home.rank as u32;
         let arrivals: Vec<MigrateLeaver> = arrivals.iter().map(|&(id, x, v)| MigrateLeaver { id, x, v, owner: rank }).collect();
         let h = &mut *self.home;
@@ -400,10 +430,14 @@ impl HomeDevice for GpuRank<'_> {
         h.extent.enqueue(self.module, self.stream, &h.new_x, n)?;
         h.id_facts.enqueue(self.module, self.stream, &h.new_ids, n)?;
         // Everything that comes back, in one wait (in `merge_and_select`): the facts' and the
-        // extent's parts, ids, positions, the selection's counts and every slot's whole room of
-        // indices, into this rank's page-locked room, which outlives the copies.
-        let (info_words, map_words) = p.select.read_back_words(n);
-        let merging = Merging { n, info_words, map_words };
+        // extent's parts, ids, positions where asked for, the selection's counts and its selected
+        // atoms (indices and packed atoms: what the pulses send), into this rank's page-locked
+        // room, which outlives the copies. The selected atoms' room is the last search's count
+        // with a quarter more (every slot's whole room at the first search, or when that is
+        // smaller); a selection that outgrows it is read again after the wait.
+        let (info_words, most) = p.select.read_back_room(n);
+        let room = h.last_selected.map_or(most, |c| most.min(c + c / 4 + 256));
+        let merging = Merging { n, positions, info_words, room };
         let need = merging.words();
         if h.host.as_ref().is_none_or(|m| m.len() < need) {
             let cap = grown_capacity(0, need).unwrap_or(need);
@@ -422,8 +456,8 @@ impl HomeDevice for GpuRank<'_> {
                 .enqueue_read(room.facts, self.stream)
                 .and_then(|()| h.extent.enqueue_read(room.extent, self.stream))
                 .and_then(|()| h.new_ids.enqueue_read(0, room.ids, self.stream))
-                .and_then(|()| h.new_x.enqueue_read(0, room.x, self.stream))
-                .and_then(|()| p.select.enqueue_read_maps(n, room.info, room.maps, self.stream))
+                .and_then(|()| if positions { h.new_x.enqueue_read(0, room.x, self.stream) } else { Ok(()) })
+                .and_then(|()| p.select.enqueue_read_selected(n, room.info, room.maps, room.atoms, self.stream))
         };
         if let Err(e) = enqueued {
             // The copies that were enqueued land in the room before anything can replace it.
@@ -434,10 +468,22 @@ impl HomeDevice for GpuRank<'_> {
         Ok(())
     }
 
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+    fn merge_and_select(
+        &mut self,
+        geo: &Decomposition,
+        arrivals: &[(u32, Float3, Float3)],
+        positions: bool,
+        mut into: MergedHome,
+    ) -> Result<MergedHome> {
         self.stream.context().bind_to_thread().during("binding the context")?;
+        if self.merging.is_some_and(|m| m.positions != positions) {
+            // Begun for a read-back of another shape: its copies land before the room may be
+            // replaced, then it is begun again.
+            self.stream.synchronize().during("waiting for a GPU merge begun for another read-back")?;
+            self.merging = None;
+        }
         if self.merging.is_none() {
-            self.begin_merge_and_select(geo, arrivals)?;
+            self.begin_merge_and_select(geo, arrivals, positions)?;
         }
         let merging = self.merging.take().ok_or_else(|| HaloError::InvalidInput("the GPU merge was not begun".into()))?;
         tracing::debug_span!("search.merge.wait").in_scope(|| self.stream.synchronize()).during("waiting for the GPU redecomposition")?;
@@ -457,7 +503,23 @@ impl HomeDevice for GpuRank<'_> {
         // ids' facts for the home check.
         into.home_scan = Some(fold_extent(room.extent, [0.0; 3], geo.box_size));
         into.id_facts = Some(fold_id_facts(room.facts, n));
-        p.select.maps_from(room.info, room.maps, n, &mut into.first_pulse)?;
+        if !p.select.selected_from(room.info, (room.maps, room.atoms), n, &mut into.first_pulse, &mut into.first_pulse_x)? {
+            // More selected than the room held: all of them again (the stream is idle).
+            let _span = tracing::debug_span!("search.merge.reread").entered();
+            p.select.read_selected(room.info, n, self.stream, &mut into.first_pulse, &mut into.first_pulse_x)?;
+        }
+        h.last_selected = Some(into.first_pulse.iter().map(Vec::len).sum());
         Ok(into)
+    }
+
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()> {
+        let h = &*self.home;
+        self.stream.context().bind_to_thread().during("binding the context")?;
+        into.clear();
+        into.resize(h.home, Float3::default());
+        // SAFETY: `into` lives until the wait below, which follows the copy.
+        let enqueued = unsafe { h.new_x.enqueue_read(0, into, self.stream) };
+        let waited = self.stream.synchronize().during("reading the home atoms' positions back");
+        enqueued.and(waited)
     }
 }

@@ -354,45 +354,101 @@ impl GpuSelect {
         self.slots.clone()
     }
 
-    /// Words of the counts and of the indices that [`Self::enqueue_read_maps`] copies for `n`
-    /// atoms: every slot's whole room, so that nothing waits for the counts first.
-    pub fn read_back_words(&self, n: usize) -> (usize, usize) {
+    /// Words of the counts, and the most selected atoms (indices and packed atoms) of all slots
+    /// together that a selection of `n` atoms can give: the sizes [`Self::enqueue_read_selected`]
+    /// takes at most.
+    pub fn read_back_room(&self, n: usize) -> (usize, usize) {
         (abi::SELECT_INFO_WORDS, self.geometry.n_dims as usize * n)
     }
 
-    /// Enqueues, after [`Self::enqueue`] of `n` atoms on `stream`, the copies of the counts into
-    /// `info` and of the indices' whole room into `maps` (the sizes of
-    /// [`Self::read_back_words`]); once the stream is synchronised, [`Self::maps_from`] splits
-    /// them. Errors (nothing enqueued): arrays of other sizes.
+    /// Enqueues, after [`Self::enqueue`] on `stream`, the copies of the counts into `info` and of
+    /// the first `maps.len()` selected atoms (every slot's, one after another) into `maps` (their
+    /// indices) and `atoms` (packed: ids and wrapped positions). A room shorter than what the
+    /// passes select is fine: once the stream is synchronised, [`Self::selected_from`] says so and
+    /// [`Self::read_selected`] reads them all. Errors (nothing enqueued): `info` not of
+    /// [`Self::read_back_room`]'s size, `maps` and `atoms` of different lengths or longer than its
+    /// room.
     ///
     /// # Safety
-    /// `info` and `maps` must stay alive and untouched until `stream` has been synchronised.
-    pub unsafe fn enqueue_read_maps(&self, n: usize, info: &mut [u32], maps: &mut [u32], stream: &CudaStream) -> Result<()> {
-        if (info.len(), maps.len()) != self.read_back_words(n) {
+    /// `info`, `maps` and `atoms` must stay alive and untouched until `stream` has been synchronised.
+    pub unsafe fn enqueue_read_selected(
+        &self,
+        n: usize,
+        info: &mut [u32],
+        maps: &mut [u32],
+        atoms: &mut [SelectedAtom],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let (info_words, most) = self.read_back_room(n);
+        if info.len() != info_words || maps.len() != atoms.len() || maps.len() > most {
             return Err(HaloError::InvalidInput(format!(
-                "GPU selection of {n} atoms: read-back arrays of {} and {} words for {:?}",
+                "GPU selection of {n} atoms: read-back arrays of {} counts, {} indices and {} atoms for {info_words} counts and at most {most} atoms",
                 info.len(),
                 maps.len(),
-                self.read_back_words(n)
+                atoms.len()
             )));
         }
         // SAFETY: the caller's contract.
-        unsafe { self.info.enqueue_read(0, info, stream).and_then(|()| self.maps.enqueue_read(0, maps, stream)) }
+        unsafe {
+            self.info.enqueue_read(0, info, stream)?;
+            if maps.is_empty() {
+                return Ok(());
+            }
+            self.maps.enqueue_read(0, maps, stream)?;
+            self.atoms.enqueue_read(0, atoms, stream)
+        }
     }
 
-    /// The selected home indices of each decomposed dimension (in order) from what
-    /// [`Self::enqueue_read_maps`] copied for `n` atoms, into `out` (one array per dimension,
-    /// their allocations reused).
-    pub fn maps_from(&mut self, info: &[u32], maps: &[u32], n: usize, out: &mut Vec<Vec<u32>>) -> Result<()> {
+    /// Every decomposed dimension's selected home indices (in order) and their wrapped positions
+    /// from what [`Self::enqueue_read_selected`] copied for `n` atoms, into `out` and `out_x` (one
+    /// array per dimension, their allocations reused): `Ok(true)`; `Ok(false)`, `out` and `out_x`
+    /// untouched, when the passes selected more atoms than `maps` holds (read them with
+    /// [`Self::read_selected`] then).
+    pub fn selected_from(
+        &mut self,
+        info: &[u32],
+        (maps, atoms): (&[u32], &[SelectedAtom]),
+        n: usize,
+        out: &mut Vec<Vec<u32>>,
+        out_x: &mut Vec<Vec<Float3>>,
+    ) -> Result<bool> {
         let counts = self.counts(info, n)?;
         let slots = self.slots_of(&counts);
-        if slots.last().is_some_and(|s| s.end > maps.len()) {
-            return Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: {} indices read back for counts {counts:?}", maps.len())));
+        if slots.last().is_some_and(|s| s.end > maps.len().min(atoms.len())) {
+            return Ok(false);
         }
         out.resize_with(slots.len(), Vec::new);
-        for (o, slot) in out.iter_mut().zip(slots) {
+        out_x.resize_with(slots.len(), Vec::new);
+        for ((o, x), slot) in out.iter_mut().zip(out_x.iter_mut()).zip(slots) {
             o.clear();
-            o.extend_from_slice(&maps[slot]);
+            o.extend_from_slice(&maps[slot.clone()]);
+            x.clear();
+            x.extend(atoms[slot].iter().map(|a| a.x));
+        }
+        Ok(true)
+    }
+
+    /// The selected atoms of the last run (counts `info`, for `n` atoms), all of them, read back
+    /// on `stream` and waited for: the second read of a room [`Self::selected_from`] found too
+    /// short. Into `out` and `out_x` as there.
+    pub fn read_selected(
+        &mut self,
+        info: &[u32],
+        n: usize,
+        stream: &CudaStream,
+        out: &mut Vec<Vec<u32>>,
+        out_x: &mut Vec<Vec<Float3>>,
+    ) -> Result<()> {
+        let total: usize = self.counts(info, n)?.iter().sum();
+        let (mut maps, mut atoms) = (vec![0u32; total], vec![SelectedAtom::default(); total]);
+        let mut counts = [0u32; abi::SELECT_INFO_WORDS];
+        counts.copy_from_slice(info.get(..abi::SELECT_INFO_WORDS).ok_or_else(|| HaloError::InvalidInput("GPU selection: short counts".into()))?);
+        // SAFETY: the arrays live until the wait below, which follows whatever was enqueued.
+        let enqueued = unsafe { self.enqueue_read_selected(n, &mut counts, &mut maps, &mut atoms, stream) };
+        let waited = stream.synchronize().during("reading the GPU selection back");
+        enqueued.and(waited)?;
+        if !self.selected_from(info, (&maps, &atoms), n, out, out_x)? {
+            return Err(HaloError::InvalidInput(format!("GPU selection of {n} atoms: {total} selected atoms read back do not hold the selection")));
         }
         Ok(())
     }

@@ -55,12 +55,17 @@ pub struct Redecomposed {
     /// This process's ranks' new home atoms (in the order of `ranks`): ids ascending, equal to
     /// `plan.ranks[r].global_ids[..home_atoms]`, and velocities following their atoms. Their
     /// `positions` are left empty (no caller needs a second copy): the home atoms' wrapped
-    /// positions are `local_positions[i][..ids.len()]`.
+    /// positions are `local_positions[i][..ids.len()]` where `local_positions_from[i]` is 0.
     pub homes: Vec<HomeAtoms>,
     /// This process's ranks' local atoms (in the order of `ranks`): the wrapped position (global
-    /// frame, no periodic shift) of every home and halo atom, aligned with
-    /// `plan.ranks[r].global_ids`.
+    /// frame, no periodic shift) of every home and halo atom from `local_positions_from[i]` on,
+    /// aligned with `plan.ranks[r].global_ids[local_positions_from[i]..]`.
     pub local_positions: Vec<Vec<Float3>>,
+    /// Per rank of `ranks`, the first local atom whose position `local_positions` holds: 0, or its
+    /// home atom count where the home atoms' positions stayed on their device
+    /// ([`redecompose_on_devices`] without `home_positions`; then the scan of them in
+    /// `home_scans` is exact along the decomposed dimensions, [`super::Scan::exact_along`]).
+    pub local_positions_from: Vec<usize>,
     /// Per rank of `ranks`, where its home atoms were merged on a device that found their extent
     /// ([`MergedHome::home_scan`]): [`super::scan`] of the home positions
     /// (`local_positions[i][..ids.len()]`) against `[0, edge)` along every dimension, so that the
@@ -392,6 +397,8 @@ fn migrate(
 struct FromDevices<'a> {
     /// Per local rank and decomposed dimension, the home atoms the dimension's first pulse sends.
     maps: &'a [Vec<Vec<u32>>],
+    /// Per local rank and decomposed dimension, their wrapped positions (in `maps`' order).
+    x: &'a [Vec<Vec<Float3>>],
     /// Per local rank, the facts of its home ids ([`home_check::local_homes`] takes them).
     facts: &'a [Option<HomeIdFacts>],
 }
@@ -431,6 +438,8 @@ fn plan_pulses(
             let offsets: Vec<usize> = work.iter().map(Working::len).collect();
             // A first pulse whose home part was selected already starts after the home atoms.
             let given = |i: usize| if p == 0 { devices.maps.get(i).map(|m| (m[k].as_slice(), work[i].home)) } else { None };
+            // The positions of that home part, where the device sent them along.
+            let given_x = |i: usize| if p == 0 { devices.x.get(i).map_or(&[][..], |x| x[k].as_slice()) } else { &[][..] };
             let ranges: Vec<_> = (0..ranks.len())
                 .map(|i| match (p, given(i)) {
                     (0, Some((_, home))) => home..dim_start[i],
@@ -445,9 +454,10 @@ fn plan_pulses(
                     (map, Spare::any(&mut spare.bytes))
                 })
                 .collect();
-            let sent = workers.map(work.iter().zip(ranges).zip(spares).collect(), |((w, range), (mut map, blob))| {
-                select_wrapped_into(geo, &decomposed, w.rank, d, &w.frame(range.clone()), range.start, rc2, &mut map);
-                let blob = w.pulse_blob(&map, crossing_shift(geo, w.rank, d) != 0.0, d, blob)?;
+            let home_xs: Vec<&[Float3]> = (0..ranks.len()).map(given_x).collect();
+            let sent = workers.map(work.iter().zip(ranges).zip(spares).zip(home_xs).collect(), |(((w, range), (mut map, blob)), home_x)| {
+                select_wrapped_into(geo, &decomposed, w.rank, d, &w.frame(range.clone())?, range.start, rc2, &mut map);
+                let blob = w.pulse_blob(&map, home_x, crossing_shift(geo, w.rank, d) != 0.0, d, blob)?;
                 Ok::<_, PlanError>((map, blob))
             });
             let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
@@ -474,6 +484,7 @@ fn plan_pulses(
     };
     let mut homes = Vec::with_capacity(ranks.len());
     let mut local_positions = Vec::with_capacity(ranks.len());
+    let mut local_positions_from = Vec::with_capacity(ranks.len());
     let mut mine = Vec::with_capacity(ranks.len());
     for ((&rank, w), sc) in ranks.iter().zip(work).zip(&mut scratch.ranks) {
         let home_atoms = w.home;
@@ -481,6 +492,7 @@ fn plan_pulses(
         ids.extend_from_slice(&w.ids[..home_atoms]);
         homes.push(HomeAtoms { ids, positions: Vec::new(), velocities: w.velocities });
         local_positions.push(w.wrapped);
+        local_positions_from.push(w.wrapped_from);
         sc.crossed = w.crossed;
         mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
     }
@@ -525,7 +537,7 @@ fn plan_pulses(
     scratch.spare.give_blobs(gathered);
     tracing::debug_span!("search.plan_out.check_homes")
         .in_scope(|| check_homes(&plan, &homes, &rank_homes, sums, atoms, all_gather, workers, scratch))?;
-    Ok(Redecomposed { plan, homes, local_positions, home_scans: Vec::new(), riders })
+    Ok(Redecomposed { plan, homes, local_positions, local_positions_from, home_scans: Vec::new(), riders })
 }
 
 /// The home check ([`home_check`]) of every rank's [`RankHomes`] (indexed by rank), where this
@@ -831,7 +843,11 @@ struct Working {
     /// Home atoms (the first local atoms).
     home: usize,
     ids: Vec<u32>,
+    /// Wrapped positions of the local atoms from `wrapped_from` on.
     wrapped: Vec<Float3>,
+    /// The first local atom whose position `wrapped` holds: 0, or `home` where the home atoms'
+    /// positions stayed on their device (the first pulses carry those they send).
+    wrapped_from: usize,
     velocities: Vec<Float3>,
     /// Bit `d` set: the atom's position in this rank's frame is the box edge above its wrapped one
     /// along `d` (an atom comes around the boundary along a dimension at most once).
@@ -851,6 +867,7 @@ impl Working {
             home: n,
             ids: arrays.ids,
             wrapped: arrays.wrapped,
+            wrapped_from: 0,
             velocities: arrays.velocities,
             crossed: std::mem::take(&mut sc.crossed),
             pulses: arrays.pulses,
@@ -903,22 +920,41 @@ impl Working {
         self.ids.len()
     }
 
-    /// Local atoms `range` in the rank's frame, as a pulse's selection reads them.
-    fn frame(&self, range: std::ops::Range<usize>) -> Frame<'_> {
-        Frame { wrapped: &self.wrapped[range.clone()], crossed: &self.crossed[range], edge: self.box_size.map(f64::from) }
+    /// Local atoms `range` in the rank's frame, as a pulse's selection reads them; an error for a
+    /// range reaching below the positions held (`wrapped_from`: the pulses select only among
+    /// atoms received after the home atoms there).
+    fn frame(&self, range: std::ops::Range<usize>) -> Result<Frame<'_>, PlanError> {
+        let held = range.start.checked_sub(self.wrapped_from).map(|s| s..range.end - self.wrapped_from);
+        let wrapped = held.and_then(|r| self.wrapped.get(r)).ok_or_else(|| self.not_held(range.start))?;
+        Ok(Frame { wrapped, crossed: &self.crossed[range], edge: self.box_size.map(f64::from) })
+    }
+
+    /// The error for local atom `k`, whose position the host does not hold.
+    fn not_held(&self, k: usize) -> PlanError {
+        PlanError::PositionNotHeld { rank: self.rank, local: k, from: self.wrapped_from, to: self.wrapped_from + self.wrapped.len() }
     }
 
     /// This rank's blob of a pulse along `d`: its local length before the pulse (its receiver's
     /// `peer_atom_offset`) and the atoms `map` (ids, wrapped positions, crossings, with `d` added
-    /// when the pulse crosses the boundary).
-    /// The blob is written into `spare`'s allocation.
-    fn pulse_blob(&self, map: &[u32], crosses: bool, d: usize, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
+    /// when the pulse crosses the boundary). The positions of `map`'s first `home_x.len()` atoms
+    /// are `home_x` (what the device's selection sent of the home atoms), the others' are read
+    /// from the positions held. The blob is written into `spare`'s allocation.
+    fn pulse_blob(&self, map: &[u32], home_x: &[Float3], crosses: bool, d: usize, mut spare: Vec<u8>) -> Result<Vec<u8>, PlanError> {
         spare.clear();
         let mut b = Blob(spare);
         b.0.reserve(8 + map.len() * 17);
         b.word(self.len())?;
         b.word(map.len())?;
         let bit = if crosses { 1u8 << d } else { 0 };
+        let given = home_x.len();
+        if given > map.len() {
+            return Err(PlanError::AtomCount {
+                rank: self.rank,
+                what: "home positions sent with a pulse (at most its atoms)",
+                found: given,
+                expected: map.len(),
+            });
+        }
         // The three arrays sized at once, then filled atom by atom with plain stores (no
         // capacity check per atom).
         let at = b.0.len();
@@ -928,8 +964,11 @@ impl Working {
         for (out, &k) in ids.chunks_exact_mut(4).zip(map) {
             out.copy_from_slice(&self.ids[k as usize].to_ne_bytes());
         }
-        for (out, &k) in wrapped.chunks_exact_mut(12).zip(map) {
-            out.copy_from_slice(bytemuck::bytes_of(&self.wrapped[k as usize]));
+        let (from_home, from_held) = wrapped.split_at_mut(12 * given);
+        from_home.copy_from_slice(bytemuck::cast_slice(home_x));
+        for (out, &k) in from_held.chunks_exact_mut(12).zip(&map[given..]) {
+            let x = (k as usize).checked_sub(self.wrapped_from).and_then(|i| self.wrapped.get(i)).ok_or_else(|| self.not_held(k as usize))?;
+            out.copy_from_slice(bytemuck::bytes_of(x));
         }
         for (out, &k) in crossed.iter_mut().zip(map) {
             *out = self.crossed[k as usize] | bit;

@@ -45,15 +45,15 @@ fn bits(v: &[Float3]) -> Vec<[u32; 3]> {
 /// ranks another process drives), with the homes and local positions that follow from it.
 fn check(got: &Redecomposed, ranks: &[usize], positions: &[Float3], velocities: &[Float3], want: &HaloPlan) {
     assert_eq!(got.plan, without_others_ids(want, ranks));
-    assert_eq!((got.homes.len(), got.local_positions.len()), (ranks.len(), ranks.len()));
+    assert_eq!((got.homes.len(), got.local_positions.len(), got.local_positions_from.len()), (ranks.len(), ranks.len(), ranks.len()));
     let wrapped = |i: u32| wrap_position(positions[i as usize], want.box_size);
-    for ((&r, home), local) in ranks.iter().zip(&got.homes).zip(&got.local_positions) {
+    for (((&r, home), local), &from) in ranks.iter().zip(&got.homes).zip(&got.local_positions).zip(&got.local_positions_from) {
         let plan = &want.ranks[r];
         assert_eq!(home.ids, plan.global_ids[..plan.home_atoms], "rank {r}");
         assert!(home.positions.is_empty(), "rank {r}: the home positions are the local ones");
-        assert_eq!(bits(&local[..home.ids.len()]), bits(&home.ids.iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
+        assert!(from == 0 || from == plan.home_atoms, "rank {r}: local positions from atom {from} of {} home atoms", plan.home_atoms);
         assert_eq!(bits(&home.velocities), bits(&home.ids.iter().map(|&i| velocities[i as usize]).collect::<Vec<_>>()), "rank {r}");
-        assert_eq!(bits(local), bits(&plan.global_ids.iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
+        assert_eq!(bits(local), bits(&plan.global_ids[from..].iter().map(|&i| wrapped(i)).collect::<Vec<_>>()), "rank {r}");
     }
 }
 
@@ -695,8 +695,12 @@ struct CpuHome {
     stayers: MigrateReference,
     /// The merged home atoms' velocities (what stays on a device).
     velocities: Vec<Float3>,
+    /// The merged home atoms' positions (on a device, read back only where asked for).
+    positions: Vec<Float3>,
     /// What the device tells of its merged ids' home check facts.
     facts: Facts,
+    /// Whether the device hands back the scan of the merged positions (as the GPU's extent).
+    scans: bool,
 }
 
 /// The home id facts a [`CpuHome`] hands back with its merge.
@@ -715,7 +719,9 @@ impl CpuHome {
     /// that a process of several ranks takes both paths of the home check at once.
     fn new(rank: usize, home: HomeAtoms) -> Self {
         let facts = if rank.is_multiple_of(2) { Facts::Own } else { Facts::None };
-        Self { rank, home, stayers: MigrateReference::default(), velocities: Vec::new(), facts }
+        // Every third rank makes no scan: its positions come back however the merge was asked.
+        let scans = rank % 3 != 1;
+        Self { rank, home, stayers: MigrateReference::default(), velocities: Vec::new(), positions: Vec::new(), facts, scans }
     }
 }
 
@@ -730,7 +736,13 @@ impl HomeDevice for CpuHome {
         Ok((h.ids.len(), std::mem::take(&mut self.stayers.leavers)))
     }
 
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], mut into: MergedHome) -> Result<MergedHome> {
+    fn merge_and_select(
+        &mut self,
+        geo: &Decomposition,
+        arrivals: &[(u32, Float3, Float3)],
+        positions: bool,
+        mut into: MergedHome,
+    ) -> Result<MergedHome> {
         let s = &self.stayers;
         let mut all: Vec<(u32, Float3, Float3)> =
             s.ids.iter().zip(&s.positions).zip(&s.velocities).map(|((&i, &p), &v)| (i, p, v)).chain(arrivals.iter().copied()).collect();
@@ -738,25 +750,39 @@ impl HomeDevice for CpuHome {
         into.ids.clear();
         into.wrapped.clear();
         self.velocities.clear();
+        self.positions.clear();
         for (i, p, v) in all {
             into.ids.push(i);
-            into.wrapped.push(p);
+            self.positions.push(p);
             self.velocities.push(v);
         }
         let crossed = vec![0u8; into.ids.len()];
-        let frame = Frame { wrapped: &into.wrapped, crossed: &crossed, edge: geo.box_size.map(f64::from) };
+        let frame = Frame { wrapped: &self.positions, crossed: &crossed, edge: geo.box_size.map(f64::from) };
         let decomposed = geo.grid.decomposed_dims();
         into.first_pulse.resize_with(decomposed.len(), Vec::new);
-        for (map, &d) in into.first_pulse.iter_mut().zip(&decomposed) {
+        into.first_pulse_x.resize_with(decomposed.len(), Vec::new);
+        for ((map, x), &d) in into.first_pulse.iter_mut().zip(&mut into.first_pulse_x).zip(&decomposed) {
             map.clear();
             select_wrapped_into(geo, &decomposed, self.rank, d, &frame, 0, send_range2(geo.cutoff), map);
+            x.clear();
+            x.extend(map.iter().map(|&k| self.positions[k as usize]));
         }
+        if positions {
+            into.wrapped.extend_from_slice(&self.positions);
+        }
+        into.home_scan = self.scans.then(|| crate::decomp::scan(&self.positions, [0.0; 3], geo.box_size));
         into.id_facts = match self.facts {
             Facts::None => None,
             Facts::Own => Some(HomeIdFacts::of(&into.ids)),
             Facts::Wrong => Some(HomeIdFacts { first: HomeIdFacts::of(&into.ids).first.wrapping_add(1), ..HomeIdFacts::of(&into.ids) }),
         };
         Ok(into)
+    }
+
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()> {
+        into.clear();
+        into.extend_from_slice(&self.positions);
+        Ok(())
     }
 }
 
@@ -769,11 +795,12 @@ fn on_devices(
     atoms: usize,
     homes: &[HomeAtoms],
 ) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
-    on_devices_with(processes, grid, box_size, cutoff, atoms, homes, |_| None)
+    on_devices_with(processes, grid, box_size, cutoff, atoms, homes, false, |_| None)
 }
 
-/// [`on_devices`] where `facts(rank)`, when given, sets what rank `rank`'s device tells of its ids'
-/// facts.
+/// [`on_devices`] with the home positions read back where `home_positions` says, and where
+/// `facts(rank)`, when given, sets what rank `rank`'s device tells of its ids' facts.
+#[allow(clippy::too_many_arguments)]
 fn on_devices_with(
     processes: &[Vec<usize>],
     grid: RankGrid,
@@ -781,6 +808,7 @@ fn on_devices_with(
     cutoff: f32,
     atoms: usize,
     homes: &[HomeAtoms],
+    home_positions: bool,
     facts: impl Fn(usize) -> Option<Facts> + Sync,
 ) -> Vec<Result<(Redecomposed, Vec<Vec<Float3>>)>> {
     let collective = SharedCollective::new(grid, processes.len(), false);
@@ -800,7 +828,7 @@ fn on_devices_with(
                     let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(ranks, tag, blobs);
                     let mut dyns: Vec<&mut dyn HomeDevice> = devices.iter_mut().map(|d| d as &mut dyn HomeDevice).collect();
                     let (w, mut s) = (crate::workers::Workers::serial(), RedecomposeScratch::default());
-                    let got = redecompose_on_devices(grid, box_size, cutoff, atoms, ranks, &mut dyns, &mut gather, None, &w, &mut s)?;
+                    let got = redecompose_on_devices(grid, box_size, cutoff, atoms, ranks, &mut dyns, home_positions, &mut gather, None, &w, &mut s)?;
                     Ok((got, devices.into_iter().map(|d| d.velocities).collect()))
                 })
             })
@@ -832,14 +860,63 @@ fn the_device_path_gives_the_hosts_plan() {
         // One process, and the ranks split over two (odd and even ranks).
         let splits = [vec![(0..n).collect::<Vec<_>>()], vec![(0..n).step_by(2).collect(), (1..n).step_by(2).collect()]];
         for processes in splits.iter().filter(|p| p.iter().all(|r| !r.is_empty())) {
-            for (ranks, got) in processes.iter().zip(on_devices(processes, grid, sys.box_size, cutoff, positions.len(), &homes)) {
-                let got = got.unwrap();
-                assert!(got.0.homes.iter().all(|h| h.velocities.is_empty()), "the velocities stay on the devices");
-                // With the devices' velocities the result is the host's.
-                check_on_devices(got, ranks, &positions, &velocities, &want);
+            // The home positions read back, or left on the devices (the pulses then take what
+            // they send from the selection, and only the halo atoms' positions come out).
+            for home_positions in [true, false] {
+                let all = on_devices_with(processes, grid, sys.box_size, cutoff, positions.len(), &homes, home_positions, |_| None);
+                for (ranks, got) in processes.iter().zip(all) {
+                    let got = got.unwrap();
+                    assert!(got.0.homes.iter().all(|h| h.velocities.is_empty()), "the velocities stay on the devices");
+                    // Left on a device where it scanned them exactly, else read back after all.
+                    for (&r, &from) in ranks.iter().zip(&got.0.local_positions_from) {
+                        let home = want.ranks[r].home_atoms;
+                        let scan = crate::decomp::scan(&positions_of(&want, r, &positions), [0.0; 3], sys.box_size);
+                        let exact = scan.in_range && scan.exact_along(std::array::from_fn(|d| grid.dims[d] > 1));
+                        let held = !home_positions && CpuHome::new(r, HomeAtoms::default()).scans && exact && home > 0;
+                        assert_eq!(from, if held { home } else { 0 }, "{dims:?} rank {r}, home positions asked for: {home_positions}");
+                    }
+                    // With the devices' velocities the result is the host's.
+                    check_on_devices(got, ranks, &positions, &velocities, &want);
+                }
             }
         }
     }
+}
+
+/// Rank `r`'s home atoms' wrapped positions in `plan`, from every atom's `positions`.
+fn positions_of(plan: &HaloPlan, r: usize, positions: &[Float3]) -> Vec<Float3> {
+    let p = &plan.ranks[r];
+    p.global_ids[..p.home_atoms].iter().map(|&i| wrap_position(positions[i as usize], plan.box_size)).collect()
+}
+
+/// A home atom exactly on a decomposed dimension's lower edge makes its device's scan inexact
+/// (a zero bound): the redecomposition then reads that rank's home positions back although it
+/// was asked to leave them on the device (**negative control** of the scan's exactness: the
+/// ranks whose scans are exact keep theirs on the devices), and the plan is still the host's.
+#[test]
+fn an_inexact_home_scan_reads_the_home_positions_back() {
+    let sys = MolecularSystem::generate(3000, 21).unwrap();
+    let grid = RankGrid::new([2, 1, 1]).unwrap();
+    let before = HaloPlan::from_positions(&sys.positions, sys.box_size, grid, 1.0).unwrap();
+    let (mut positions, velocities) = moved(&sys.positions, sys.box_size, 3);
+    // Rank 0's home atom nearest the lower x edge moved onto it (rank 0 scans: 0 % 3 != 1).
+    let edge =
+        (0..positions.len()).filter(|&i| positions[i].x < sys.box_size[0] / 4.0).min_by(|&a, &b| positions[a].x.total_cmp(&positions[b].x)).unwrap();
+    positions[edge].x = 0.0;
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, 1.0).unwrap();
+    let homes = homes_of(&before, &positions, &velocities);
+    let processes = [vec![0, 1]];
+    let got = on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, false, |_| None).remove(0).unwrap();
+    assert!(want.ranks[0].global_ids[..want.ranks[0].home_atoms].contains(&(edge as u32)), "the atom is rank 0's");
+    assert_eq!(got.0.local_positions_from, vec![0, 0], "rank 0 read back (inexact scan), rank 1 (no scan)");
+    check_on_devices(got, &processes[0], &positions, &velocities, &want);
+    // Without the atom on the edge, rank 0 keeps its home positions on its device.
+    let (positions, velocities) = moved(&sys.positions, sys.box_size, 3);
+    let want = HaloPlan::from_positions(&positions, sys.box_size, grid, 1.0).unwrap();
+    let homes = homes_of(&before, &positions, &velocities);
+    let got = on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, false, |_| None).remove(0).unwrap();
+    assert_eq!(got.0.local_positions_from, vec![want.ranks[0].home_atoms, 0]);
+    check_on_devices(got, &processes[0], &positions, &velocities, &want);
 }
 
 /// The home check takes a device's facts of its ids across processes: with every rank's own
@@ -856,12 +933,14 @@ fn the_home_check_takes_the_devices_id_facts_across_processes() {
     let homes = homes_of(&plan, &positions, &velocities);
     let processes = [vec![0, 3], vec![1], vec![2]];
     for every in [Facts::Own, Facts::None] {
-        for (ranks, got) in processes.iter().zip(on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, |_| Some(every))) {
+        for (ranks, got) in
+            processes.iter().zip(on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, false, |_| Some(every)))
+        {
             check_on_devices(got.unwrap(), ranks, &positions, &velocities, &want);
         }
     }
     let wrong = |r: usize| Some(if r == 3 { Facts::Wrong } else { Facts::Own });
-    for got in on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, wrong) {
+    for got in on_devices_with(&processes, grid, sys.box_size, 1.0, positions.len(), &homes, false, wrong) {
         let e = got.map(|_| ()).unwrap_err();
         assert!(matches!(e, HaloError::Plan(PlanError::HomeSet { .. })), "{e}");
     }
@@ -883,14 +962,14 @@ fn one_process_takes_the_devices_id_sums_and_checks_the_ids_where_they_differ() 
     let one = [vec![0, 1, 2, 3]];
     let n = positions.len();
     for facts in [|_: usize| Some(Facts::Own), |r: usize| Some(if r == 2 { Facts::Wrong } else { Facts::Own })] {
-        let got = on_devices_with(&one, grid, sys.box_size, 1.0, n, &homes, facts).remove(0).unwrap();
+        let got = on_devices_with(&one, grid, sys.box_size, 1.0, n, &homes, false, facts).remove(0).unwrap();
         check_on_devices(got, &one[0], &positions, &velocities, &want);
     }
     let mut twice = homes.clone();
     let (id, p, v) = (twice[0].ids[0], twice[0].positions[0], twice[0].velocities[0]);
     push(&mut twice[1], (id, p, v));
     for every in [Facts::Own, Facts::None] {
-        let e = on_devices_with(&one, grid, sys.box_size, 1.0, n + 1, &twice, |_| Some(every)).remove(0).map(|_| ()).unwrap_err();
+        let e = on_devices_with(&one, grid, sys.box_size, 1.0, n + 1, &twice, false, |_| Some(every)).remove(0).map(|_| ()).unwrap_err();
         assert!(matches!(e, HaloError::Plan(PlanError::HomeCount { atom, count: 2 }) if atom == id as usize), "{every:?}: {e}");
     }
 }
@@ -916,14 +995,19 @@ impl HomeDevice for Logged<'_> {
         self.inner.migrate(geo)
     }
 
-    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+    fn begin_merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], positions: bool) -> Result<()> {
         self.log.lock().unwrap().push(("begin merge", self.inner.rank));
-        self.inner.begin_merge_and_select(geo, arrivals)
+        self.inner.begin_merge_and_select(geo, arrivals, positions)
     }
 
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome> {
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], positions: bool, into: MergedHome) -> Result<MergedHome> {
         self.log.lock().unwrap().push(("merge", self.inner.rank));
-        self.inner.merge_and_select(geo, arrivals, into)
+        self.inner.merge_and_select(geo, arrivals, positions, into)
+    }
+
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()> {
+        self.log.lock().unwrap().push(("positions", self.inner.rank));
+        self.inner.read_home_positions(into)
     }
 }
 
@@ -948,7 +1032,9 @@ fn every_device_begins_each_phase_before_any_is_finished() {
         let collective = SharedCollective::new(grid, 1, false);
         let mut gather = |tag: &str, blobs: Vec<Vec<u8>>| collective.gather(&ranks, tag, blobs);
         let (w, mut scratch) = (crate::workers::Workers::new(threads).unwrap(), RedecomposeScratch::default());
-        let done = redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, &mut gather, None, &w, &mut scratch).unwrap();
+        // Home positions read back: no device reads them again.
+        let done =
+            redecompose_on_devices(grid, sys.box_size, 1.0, positions.len(), &ranks, &mut dyns, true, &mut gather, None, &w, &mut scratch).unwrap();
         plans.push(done.plan);
         let log = log.into_inner().unwrap();
         let phases = ["begin", "migrate", "begin merge", "merge"];

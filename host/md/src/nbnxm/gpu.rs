@@ -682,7 +682,8 @@ impl NbnxmGpu {
             self.forget_lists();
             return Err(e);
         }
-        let coordinate = |atom: usize| Ok(atoms.positions.get(atom).copied().unwrap_or_default());
+        // (A home atom's position may be on the GPU only: not known here, named NaN.)
+        let coordinate = |atom: usize| Ok(atoms.held_position(atom).unwrap_or(Float3::new(f32::NAN, f32::NAN, f32::NAN)));
         let grid = tracing::debug_span!("search.lists_finish")
             .in_scope(|| self.finish_lists(stream, begun.lists, Some((&begun.grid, &coordinate)), before_wait))?;
         let grid = grid.ok_or_else(|| HaloError::InvalidInput("the GPU search did not check its grid".into()))?;

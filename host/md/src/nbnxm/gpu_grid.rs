@@ -483,7 +483,7 @@ impl DeviceGrid {
     ) -> Result<GridInfo> {
         let pending = self.enqueue_build_local(module, atoms, home_on, None, stream)?;
         let words = self.read_words(&pending, stream)?;
-        self.settle(&pending, words, |atom| Ok(atoms.positions.get(atom).copied().unwrap_or_default()))
+        self.settle(&pending, words, |atom| Ok(atoms.held_position(atom).unwrap_or(Float3::new(f32::NAN, f32::NAN, f32::NAN))))
     }
 
     /// [`Self::build_local`]'s checks, copies and passes, enqueued on `stream` without waiting for
@@ -520,9 +520,13 @@ impl DeviceGrid {
         if let Some(on) = home_on {
             check_home_on_device(on, atoms.home)?;
         }
-        // Home atoms whose types were left to the GPU need its lookup.
+        // Home atoms whose types were left to the GPU need its lookup, and those whose positions
+        // stayed there its coordinates.
         if home_on.is_none_or(|on| on.types.is_none()) {
             atoms.check_types_held().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
+        }
+        if home_on.is_none() {
+            atoms.check_positions_held().map_err(|e| HaloError::InvalidInput(e.to_string()))?;
         }
         let s = &mut self.scratch;
         let span = tracing::debug_span!("search.grid.stage").entered();
@@ -1060,7 +1064,8 @@ mod tests {
                 .collect();
             let mut zs: Vec<u8> = (0..n).map(|_| zones[rng.random_range(0..zones.len())]).collect();
             zs[n - 1] = zones[zones.len() - 1];
-            let a = LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2, types_from: 0 };
+            let a =
+                LocalAtoms { positions, types: vec![1; n], zones: zs, home: 0, box_size: b, periodic, ntypes: 2, types_from: 0, positions_from: 0 };
             check_local(&format!("made-up zones {zones:?}"), &a);
         }
     }

@@ -169,6 +169,7 @@ impl ClusterGrid {
     /// allocations. The grid depends neither on the workers nor on `scratch`.
     pub fn build_into(atoms: &LocalAtoms, workers: &Workers, scratch: &mut ZoneScratch) -> Result<Self, NbnxmError> {
         atoms.check_types_held()?;
+        atoms.check_positions_held()?;
         atoms.validate()?;
         // Each zone's members, ascending: zone `z` holds `by_zone[zone_start[z]..zone_start[z + 1]]`
         // (the scratch's list, taken out while zones are added). Validated: the home atoms (zone
@@ -720,6 +721,7 @@ mod tests {
                     periodic,
                     ntypes: 2,
                     types_from: 0,
+                    positions_from: 0,
                 }
             },
         )

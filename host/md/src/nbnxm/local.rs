@@ -43,6 +43,13 @@ pub struct LocalAtoms {
     /// `types[..types_from]` is then unspecified. Only a GPU grid that looks those types up takes
     /// such atoms; the host's grid refuses them ([`NbnxmError::TypesOnGpu`]).
     pub types_from: usize,
+    /// The first atom whose position `positions` holds: 0, or `home` where the home atoms'
+    /// positions stayed on the GPU that redecomposed them (a search whose grid is built there);
+    /// `positions[..positions_from]` is then unspecified (left from an earlier search), and the
+    /// home atoms' extent came from the GPU, exact. Only a GPU grid that copies the home
+    /// coordinates on the device takes such atoms; the host's grid refuses them
+    /// ([`NbnxmError::PositionsOnGpu`]).
+    pub positions_from: usize,
 }
 
 impl LocalAtoms {
@@ -153,6 +160,12 @@ impl LocalAtoms {
     /// With `home_types_on_gpu` the home atoms' types are not gathered (their ids are still
     /// checked against `types`): `out.types_from` is then `home`, for a GPU grid that makes those
     /// types from the ids itself (`HomeOnDevice::types`).
+    ///
+    /// `positions` holds every local atom's position, or only the halo atoms' (from `home` on)
+    /// where the home atoms' positions stayed on the GPU (`halo::decomp::Redecomposed::local_positions_from`):
+    /// then `home_scan` must say they all lie in the box, `out.positions_from` is `home`, and
+    /// `out.positions[..home]` keeps whatever an earlier build left there (nothing is written).
+    /// Either way `positions` gets an array back for the caller to reuse.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn from_local_scanned_into(
         plan: &HaloPlan,
@@ -166,13 +179,29 @@ impl LocalAtoms {
     ) -> Result<Option<HomeChecked>, NbnxmError> {
         let r = plan.ranks.get(rank).ok_or(NbnxmError::NoSuchRank { rank, ranks: plan.ranks.len() })?;
         let home_scan = home_scan.filter(|s| s.in_range);
-        if positions.len() != r.global_ids.len() {
-            return Err(NbnxmError::Length { what: "local positions", found: positions.len(), expected: r.global_ids.len() });
+        let (n, home) = (r.global_ids.len(), r.home_atoms);
+        let halo_only = home > 0 && positions.len() == n - home;
+        if !halo_only && positions.len() != n {
+            return Err(NbnxmError::Length {
+                what: "local positions (every local atom's, or the halo atoms' only)",
+                found: positions.len(),
+                expected: n,
+            });
+        }
+        if halo_only && home_scan.is_none() {
+            return Err(NbnxmError::PositionsOnGpu { from: home });
         }
         let place = Placement::new(plan, rank)?;
-        std::mem::swap(&mut out.positions, positions);
+        if halo_only {
+            // The home part of the positions held keeps what it held (resizing writes only what
+            // grows); the halo atoms' are copied in and placed there.
+            out.positions.resize(n, Float3::default());
+            out.positions[home..].copy_from_slice(positions);
+        } else {
+            std::mem::swap(&mut out.positions, positions);
+        }
         out.prepare(plan, rank, types);
-        let (home, box_size) = (r.home_atoms, plan.box_size);
+        let box_size = plan.box_size;
         let fill = |first: usize, ids: &[u32], xs: &mut [Float3], ts: &mut [u32], zs: &mut [u8]| -> Result<(), NbnxmError> {
             // Types first: the ids checked at once (the first bad one is the error), then a plain
             // gather, cheaper than a checked load per atom.
@@ -208,6 +237,9 @@ impl LocalAtoms {
         if home_types_on_gpu {
             out.types_from = home;
         }
+        if halo_only {
+            out.positions_from = home;
+        }
         Ok(home_scan.map(|s| HomeChecked { home, lo: s.lo, hi: s.hi }))
     }
 
@@ -232,6 +264,7 @@ impl LocalAtoms {
         self.periodic = std::array::from_fn(|d| plan.grid.dims[d] == 1);
         self.ntypes = types.iter().copied().max().map_or(1, |t| usize::from(t) + 1);
         self.types_from = 0;
+        self.positions_from = 0;
     }
 
     /// Runs `fill(first, ids, positions, types, zones)` over contiguous runs of the local atoms
@@ -276,6 +309,7 @@ impl LocalAtoms {
             periodic: [true; 3],
             ntypes,
             types_from: 0,
+            positions_from: 0,
         };
         out.validate()?;
         Ok(out)
@@ -303,7 +337,17 @@ impl LocalAtoms {
     /// branch-free pass (the common case); [`Self::validate`] then looks for the first bad one.
     fn positions_in_range(&self) -> bool {
         let (lo, hi) = self.bounds();
-        all_in(&self.positions, lo, hi)
+        all_in(self.held_positions(), lo, hi)
+    }
+
+    /// The positions held on the host: those from [`Self::positions_from`] on.
+    fn held_positions(&self) -> &[Float3] {
+        &self.positions[self.positions_from.min(self.positions.len())..]
+    }
+
+    /// Atom `atom`'s position where the host holds it ([`Self::positions_from`]).
+    pub fn held_position(&self, atom: usize) -> Option<Float3> {
+        self.held_positions().get(atom.checked_sub(self.positions_from)?).copied()
     }
 
     /// Whether the home atoms are zone 0 and the others zones 1 to 7: branch-free passes (the
@@ -342,11 +386,13 @@ impl LocalAtoms {
     }
 
     /// Checks lengths, finite coordinates inside the box along periodic dimensions, zones
-    /// consistent with the home count, and types below `ntypes`.
+    /// consistent with the home count, and types below `ntypes` (of the positions and types
+    /// held: from [`Self::positions_from`] and [`Self::types_from`] on).
     pub fn validate(&self) -> Result<(), NbnxmError> {
         self.check_shape()?;
         if !self.positions_in_range() {
-            for (atom, p) in self.positions.iter().enumerate() {
+            let from = self.positions_from.min(self.positions.len());
+            for (atom, p) in self.positions.iter().enumerate().skip(from) {
                 for (d, value) in [p.x, p.y, p.z].into_iter().enumerate() {
                     if !value.is_finite() {
                         return Err(NbnxmError::NonFinite { atom, dim: DIMS[d], value });
@@ -380,6 +426,15 @@ impl LocalAtoms {
         }
     }
 
+    /// An error where the home atoms' positions are not held ([`Self::positions_from`]): for
+    /// builds that read every atom's position on the host.
+    pub(crate) fn check_positions_held(&self) -> Result<(), NbnxmError> {
+        match self.positions_from {
+            0 => Ok(()),
+            from => Err(NbnxmError::PositionsOnGpu { from }),
+        }
+    }
+
     /// [`Self::validate`] and, for valid atoms, their [`ZoneFacts`] (what [`Self::zone_facts_by_atom`]
     /// gives, bit for bit) in one pass over the coordinates: the atoms in runs of one zone (the
     /// home atoms are one run), each run's coordinates checked against the bounds and folded into
@@ -404,6 +459,9 @@ impl LocalAtoms {
         let (n, home) = (self.len(), self.home);
         let mut facts = ZoneFacts { count: [0; 8], extent: [BBox::EMPTY; 8] };
         let checked = checked.filter(|c| c.home == home && home > 0 && c.exact(self.periodic));
+        if self.positions_from > 0 && checked.is_none() {
+            return Err(NbnxmError::PositionsOnGpu { from: self.positions_from });
+        }
         let from = match checked {
             Some(c) => {
                 facts.count[0] = home;
@@ -431,7 +489,7 @@ impl LocalAtoms {
         if !fine {
             // The first bad entry, as `validate` names it (it finds one: the flags above are its).
             self.validate()?;
-            return Ok(self.zone_facts_by_atom());
+            return Ok(self.zone_facts_by_atom_after(checked));
         }
         let mut zero = false;
         for (e, &count) in facts.extent.iter_mut().zip(&facts.count) {
@@ -443,16 +501,29 @@ impl LocalAtoms {
                 }
             }
         }
-        Ok(if zero { self.zone_facts_by_atom() } else { facts })
+        Ok(if zero { self.zone_facts_by_atom_after(checked) } else { facts })
     }
 
     /// The [`ZoneFacts`] of valid atoms atom by atom, in ascending order: the reference of
     /// [`Self::zone_facts`], in the `f32::min`/`max` fold over each zone's atoms that the host grid
     /// takes its zones' extents from.
+    #[cfg(test)]
     pub(crate) fn zone_facts_by_atom(&self) -> ZoneFacts {
+        self.zone_facts_by_atom_after(None)
+    }
+
+    /// [`Self::zone_facts_by_atom`], bit for bit, with the home atoms' zone taken from `checked`
+    /// where given (exact, for these atoms: what [`Self::zone_facts_with`] keeps of it), so that
+    /// only the halo atoms are folded atom by atom.
+    fn zone_facts_by_atom_after(&self, checked: Option<HomeChecked>) -> ZoneFacts {
         let mut facts = ZoneFacts { count: [0; 8], extent: [BBox::EMPTY; 8] };
+        let from = checked.map_or(0, |c| {
+            facts.count[0] = c.home;
+            facts.extent[0] = BBox { lo: c.lo, hi: c.hi };
+            c.home
+        });
         let open: Vec<usize> = (0..3).filter(|&d| !self.periodic[d]).collect();
-        for (p, &z) in self.positions.iter().zip(&self.zones) {
+        for (p, &z) in self.positions[from..].iter().zip(&self.zones[from..]) {
             let (z, v) = (usize::from(z), [p.x, p.y, p.z]);
             facts.count[z] += 1;
             for &d in &open {
@@ -787,7 +858,7 @@ mod tests {
             })
             .collect();
         let types = (0..n).map(|_| rng.random_range(0..3)).collect();
-        LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3, types_from: 0 }
+        LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3, types_from: 0, positions_from: 0 }
     }
 
     #[test]
@@ -817,7 +888,17 @@ mod tests {
         for (xs, periodic) in [(&[-0.0f32, 0.0][..], [false; 3]), (&[0.0, -0.0], [false; 3]), (&[0.0, 1.0, -0.0, -1.0], [false, true, true])] {
             let n = xs.len();
             let positions: Vec<Float3> = xs.iter().map(|&x| Float3::new(x, 0.5, -0.0)).collect();
-            let a = LocalAtoms { positions, types: vec![0; n], zones: vec![0; n], home: n, box_size: [2.0; 3], periodic, ntypes: 1, types_from: 0 };
+            let a = LocalAtoms {
+                positions,
+                types: vec![0; n],
+                zones: vec![0; n],
+                home: n,
+                box_size: [2.0; 3],
+                periodic,
+                ntypes: 1,
+                types_from: 0,
+                positions_from: 0,
+            };
             assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{xs:?}");
         }
         // Zeros of both signs as the lowest (or highest) coordinate at any two places, in either
@@ -837,6 +918,7 @@ mod tests {
                     periodic: [false, true, false],
                     ntypes: 1,
                     types_from: 0,
+                    positions_from: 0,
                 };
                 assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "zeros at {i} and {j}, {first} first");
             }
@@ -951,6 +1033,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Local atoms from the halo atoms' positions only (the home atoms' stayed on the GPU, their
+    /// scan exact): the same halo positions, zones and types as from every position, the home
+    /// part of the positions left as an earlier build left it (poisoned here: never read), the
+    /// same zone facts with the scan's token (also where a halo zone has a zero bound and the
+    /// facts fold atom by atom); refused without a scan, by the host's grid, and without the token.
+    #[test]
+    fn home_positions_left_on_the_gpu_give_the_same_halo_and_zone_facts() {
+        let sys = MolecularSystem::generate(6_000, 9).unwrap();
+        let positions = moved(&sys, 2);
+        let (mut buf, mut plain) = (LocalAtoms::default(), LocalAtoms::default());
+        let mut taken = 0;
+        for dims in [[2, 1, 1], [1, 3, 1], [2, 2, 1], [3, 2, 2]] {
+            let plan = HaloPlan::from_positions(&positions, sys.box_size, RankGrid::new(dims).unwrap(), 1.1).unwrap();
+            for (r, local) in local_positions(&plan, &positions, true).iter().enumerate() {
+                let home = plan.ranks[r].home_atoms;
+                let whole = crate::decomp::scan(&local[..home], [0.0; 3], sys.box_size);
+                let what = format!("{dims:?} rank {r}");
+                LocalAtoms::from_local_unvalidated_into(&plan, r, &mut local.clone(), &sys.types, &Workers::serial(), &mut plain).unwrap();
+                // What an earlier build left: NaN everywhere (the home part must never be read).
+                buf.positions = vec![Float3::new(f32::NAN, f32::NAN, f32::NAN); local.len() + 7];
+                let mut halo = local[home..].to_vec();
+                let checked = LocalAtoms::from_local_scanned_into(&plan, r, &mut halo, Some(whole), &sys.types, false, &Workers::serial(), &mut buf)
+                    .unwrap()
+                    .expect("wrapped home atoms lie in the box");
+                assert_eq!(buf.positions_from, home, "{what}");
+                assert_eq!(buf.positions.len(), local.len(), "{what}");
+                assert!(buf.positions[..home].iter().all(|p| p.x.is_nan()), "{what}: the home part untouched");
+                let bits = |v: &[Float3]| v.iter().map(|p| [p.x.to_bits(), p.y.to_bits(), p.z.to_bits()]).collect::<Vec<_>>();
+                assert_eq!(bits(&buf.positions[home..]), bits(&plain.positions[home..]), "{what}: the halo positions");
+                assert_eq!((&buf.types, &buf.zones, buf.home), (&plain.types, &plain.zones, plain.home), "{what}");
+                assert_eq!(buf.held_position(home.saturating_sub(1)), None, "{what}");
+                buf.validate().unwrap();
+                assert!(
+                    matches!(super::super::ClusterGrid::build_into(&buf, &Workers::serial(), &mut Default::default()), Err(NbnxmError::PositionsOnGpu { from }) if from == home)
+                );
+                let want = plain.zone_facts().unwrap();
+                if checked.exact(buf.periodic) {
+                    taken += 1;
+                    assert_eq!(fact_bits(&buf.zone_facts_with(Some(checked)).unwrap()), fact_bits(&want), "{what}");
+                    // A halo atom on a zero bound: the halo zones folded atom by atom, the same.
+                    if let Some(k) = (home..buf.len()).find(|&k| buf.zones[k] != 0) {
+                        let d = (0..3).find(|&d| !buf.periodic[d]).expect("a decomposed dimension");
+                        let mut edge = buf.clone();
+                        let mut full = plain.clone();
+                        for a in [&mut edge, &mut full] {
+                            let p = &mut a.positions[k];
+                            *[&mut p.x, &mut p.y, &mut p.z][d] = 0.0;
+                        }
+                        assert_eq!(
+                            fact_bits(&edge.zone_facts_with(Some(checked)).unwrap()),
+                            fact_bits(&full.zone_facts().unwrap()),
+                            "{what}: a zero bound"
+                        );
+                    }
+                } else {
+                    assert!(matches!(buf.zone_facts_with(Some(checked)), Err(NbnxmError::PositionsOnGpu { .. })), "{what}: an inexact scan");
+                }
+                assert!(matches!(buf.zone_facts_with(None), Err(NbnxmError::PositionsOnGpu { .. })), "{what}: no token");
+                // Without a scan the home positions are needed.
+                let e =
+                    LocalAtoms::from_local_scanned_into(&plan, r, &mut local[home..].to_vec(), None, &sys.types, false, &Workers::serial(), &mut buf)
+                        .unwrap_err();
+                assert!(matches!(e, NbnxmError::PositionsOnGpu { from } if from == home), "{what}: {e}");
+            }
+        }
+        assert!(taken > 3, "{taken} ranks' scans taken");
     }
 
     #[test]
@@ -1075,7 +1225,7 @@ mod tests {
         let mut plan = HaloPlan::build(&sys, RankGrid::new([2, 1, 1]).unwrap(), 1.1).unwrap();
         let local = local_positions(&plan, &sys.positions, true).swap_remove(0);
         let e = LocalAtoms::from_local(&plan, 0, &local[1..], &sys.types).unwrap_err();
-        assert!(matches!(e, NbnxmError::Length { what: "local positions", .. }), "{e}");
+        assert!(matches!(e, NbnxmError::Length { what: "local positions (every local atom's, or the halo atoms' only)", .. }), "{e}");
         let e = LocalAtoms::from_local(&plan, 2, &local, &sys.types).unwrap_err();
         assert!(matches!(e, NbnxmError::NoSuchRank { rank: 2, .. }), "{e}");
         // A global id beyond the types: the first bad atom, on any number of workers.

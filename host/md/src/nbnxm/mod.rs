@@ -129,6 +129,16 @@ pub enum NbnxmError {
         /// The first atom whose type is held.
         from: usize,
     },
+    /// The local atoms hold no positions of the home atoms (they stayed on the GPU) where a
+    /// build or check needs them.
+    #[error(
+        "the local atoms hold no positions below atom {from} (their home atoms' positions stayed on the GPU): \
+         redecompose with the home positions for a host grid or pair search"
+    )]
+    PositionsOnGpu {
+        /// The first atom whose position is held.
+        from: usize,
+    },
     /// More clusters than a j-list word can address.
     #[error("{clusters} clusters exceed the {max} a j-list word can address: use more ranks")]
     TooManyClusters {

@@ -23,16 +23,21 @@ use crate::workers::Workers;
 use kernels_gpu::abi::{Float3, MigrateLeaver};
 
 /// A rank's new home atoms as its device leaves them after [`HomeDevice::merge_and_select`]:
-/// global ids ascending and wrapped positions (read back into the arrays handed in), and per
-/// decomposed dimension (ascending) the home indices its first pulse sends, ascending.
+/// global ids ascending and, where asked for, wrapped positions (read back into the arrays handed
+/// in), and per decomposed dimension (ascending) the home indices its first pulse sends,
+/// ascending, with their wrapped positions.
 #[derive(Debug, Default)]
 pub struct MergedHome {
     /// Global ids of the new home atoms, ascending.
     pub ids: Vec<u32>,
-    /// Their positions wrapped into the box.
+    /// Their positions wrapped into the box, where the merge was asked for them; else empty
+    /// (they stay on the device: [`HomeDevice::read_home_positions`] reads them).
     pub wrapped: Vec<Float3>,
     /// Per decomposed dimension, the home atoms its first pulse sends (indices into `ids`).
     pub first_pulse: Vec<Vec<u32>>,
+    /// Per decomposed dimension, the wrapped positions of the atoms of `first_pulse` (in its
+    /// order): what the pulse sends of the home atoms.
+    pub first_pulse_x: Vec<Vec<Float3>>,
     /// [`crate::decomp::scan`] of `wrapped` against `[0, edge)` along every dimension, when the
     /// device made it (on the GPU: [`crate::decomp::GpuExtent`]); handed on in
     /// [`super::Redecomposed::home_scans`].
@@ -70,16 +75,22 @@ pub trait HomeDevice: Send {
 
     /// Phase 2: merges `arrivals` (sorted by id, unique, none a stayer's) into the stayers by
     /// id, selects the first pulses over the result, and returns them in `into`'s arrays
-    /// (cleared first; their allocations reused).
-    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], into: MergedHome) -> Result<MergedHome>;
+    /// (cleared first; their allocations reused): the new home atoms' ids, their positions only
+    /// where `positions` asks for them, the first pulses' indices and the positions they send.
+    fn merge_and_select(&mut self, geo: &Decomposition, arrivals: &[(u32, Float3, Float3)], positions: bool, into: MergedHome) -> Result<MergedHome>;
 
     /// Phase 2's start, as [`Self::begin_migrate`] is phase 1's: enqueues the merge of `arrivals`
     /// (sorted by id, as for [`Self::merge_and_select`]), the selection and their read-back, and
-    /// returns without waiting. [`Self::merge_and_select`] with the same `geo` and `arrivals`
-    /// then finishes what was begun. The default begins nothing.
-    fn begin_merge_and_select(&mut self, _geo: &Decomposition, _arrivals: &[(u32, Float3, Float3)]) -> Result<()> {
+    /// returns without waiting. [`Self::merge_and_select`] with the same `geo`, `arrivals` and
+    /// `positions` then finishes what was begun. The default begins nothing.
+    fn begin_merge_and_select(&mut self, _geo: &Decomposition, _arrivals: &[(u32, Float3, Float3)], _positions: bool) -> Result<()> {
         Ok(())
     }
+
+    /// The wrapped positions of the home atoms of the last [`Self::merge_and_select`], in their
+    /// order, into `into` (cleared first): for a merge that left them on the device where the
+    /// host needs them after all ([`redecompose_on_devices`]: their extent not exact).
+    fn read_home_positions(&mut self, into: &mut Vec<Float3>) -> Result<()>;
 }
 
 /// [`super::redecompose_with`] for the ranks whose home atoms `devices` hold (one per entry of
@@ -95,6 +106,7 @@ pub fn redecompose_on_devices(
     atoms: usize,
     ranks: &[usize],
     devices: &mut [&mut dyn HomeDevice],
+    home_positions: bool,
     all_gather: &mut super::Collective<'_>,
     rider: Option<&mut super::PlanRider<'_>>,
     workers: &Workers,
@@ -135,7 +147,8 @@ pub fn redecompose_on_devices(
     for a in &mut arrivals {
         a.sort_unstable_by_key(|m| m.0);
     }
-    let begun = workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(&geo, a));
+    let begun =
+        workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(&geo, a, home_positions));
     begun.into_iter().collect::<Result<Vec<_>>>()?;
     let intos: Vec<MergedHome> = (0..devices.len())
         .map(|_| {
@@ -144,43 +157,73 @@ pub fn redecompose_on_devices(
                 ids: Spare::any(&mut spare.ids),
                 wrapped: Spare::any(&mut spare.float3),
                 first_pulse: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.maps)).collect(),
+                first_pulse_x: geo.grid.decomposed_dims().iter().map(|_| Spare::any(&mut spare.float3)).collect(),
                 home_scan: None,
                 id_facts: None,
             }
         })
         .collect();
     let parts = devices.iter_mut().map(|d| &mut **d).zip(&arrivals).zip(intos).map(|((d, a), into)| (d, a, into)).collect();
-    let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(&geo, a, into));
+    let merges = workers.map(parts, |(d, a, into)| d.merge_and_select(&geo, a, home_positions, into));
     let mut work = Vec::with_capacity(devices.len());
     let mut home_maps = Vec::with_capacity(devices.len());
+    let mut home_x = Vec::with_capacity(devices.len());
     let mut home_scans = Vec::with_capacity(devices.len());
     let mut home_facts = Vec::with_capacity(devices.len());
-    for (d, merged) in devices.iter().zip(merges) {
-        let merged = merged?;
+    // Along the decomposed dimensions a home scan must be exact for the pair search's zone
+    // checks to take it instead of the positions (`Scan::exact_along`).
+    let decomposed = std::array::from_fn(|d| geo.grid.dims[d] > 1);
+    for (d, merged) in devices.iter_mut().zip(merges) {
+        let mut merged = merged?;
         let spare = &mut scratch.spare;
-        let facts_of = merged.id_facts.map_or(merged.ids.len(), |f| f.count);
-        if merged.wrapped.len() != merged.ids.len() || merged.first_pulse.len() != geo.grid.decomposed_dims().len() || facts_of != merged.ids.len() {
+        let n = merged.ids.len();
+        let facts_of = merged.id_facts.map_or(n, |f| f.count);
+        let dims = geo.grid.decomposed_dims().len();
+        let positions_ok = merged.wrapped.len() == n || (!home_positions && merged.wrapped.is_empty());
+        let sent_ok = merged.first_pulse_x.len() == dims && merged.first_pulse.iter().zip(&merged.first_pulse_x).all(|(m, x)| m.len() == x.len());
+        if !positions_ok || merged.first_pulse.len() != dims || !sent_ok || facts_of != n {
             return Err(HaloError::InvalidInput(format!(
-                "rank {}: the device merged {} ids, {} positions and {} first pulses for {} decomposed dimensions, with the facts of {facts_of} ids",
+                "rank {}: the device merged {n} ids, {} positions (asked for: {home_positions}) and {} first pulses with {} position arrays for {dims} \
+                 decomposed dimensions, with the facts of {facts_of} ids",
                 d.rank(),
-                merged.ids.len(),
                 merged.wrapped.len(),
                 merged.first_pulse.len(),
-                geo.grid.decomposed_dims().len()
+                merged.first_pulse_x.len(),
             )));
+        }
+        // The home positions stay on the device unless the host needs them after all: where no
+        // exact scan of them came back, the zone checks pass over them (rare: a home atom at a
+        // zero coordinate along a decomposed dimension, or one outside the box).
+        let scanned = merged.home_scan.is_some_and(|s| s.in_range && s.exact_along(decomposed));
+        if merged.wrapped.is_empty() && n > 0 && !scanned {
+            let _span = tracing::debug_span!("search.merge.positions").entered();
+            d.read_home_positions(&mut merged.wrapped)?;
+            if merged.wrapped.len() != n {
+                return Err(HaloError::InvalidInput(format!(
+                    "rank {}: the device read back {} home positions of {n}",
+                    d.rank(),
+                    merged.wrapped.len()
+                )));
+            }
         }
         home_scans.push(merged.home_scan);
         home_facts.push(merged.id_facts);
-        let (w, maps) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
+        let (w, maps, xs) = Working::from_merged(d.rank(), merged, Spare::any(&mut spare.pulses), box_size);
         work.push(w);
         home_maps.push(maps);
+        home_x.push(xs);
     }
     drop(span);
-    let found = FromDevices { maps: &home_maps, facts: &home_facts };
+    let found = FromDevices { maps: &home_maps, x: &home_x, facts: &home_facts };
     let done = plan_pulses(&geo, atoms, ranks, work, found, all_gather, rider, workers, scratch);
     for maps in home_maps {
         for m in maps {
             Spare::give(&mut scratch.spare.maps, m, super::SPARE_SMALL);
+        }
+    }
+    for xs in home_x {
+        for x in xs {
+            scratch.spare.give_float3(x);
         }
     }
     done.map(|d| Redecomposed { home_scans, ..d })
@@ -208,14 +251,19 @@ impl Leaving {
 impl Working {
     /// A rank's working state from its device's merged home atoms (no velocities: they stay on
     /// the device) and the home parts of its first pulses, handed back apart.
-    fn from_merged(rank: usize, merged: MergedHome, pulses: Vec<PulsePlan>, box_size: [f32; 3]) -> (Self, Vec<Vec<u32>>) {
-        let MergedHome { mut ids, mut wrapped, first_pulse, .. } = merged;
+    /// The working arrays of a rank's merged home atoms, with its first pulses' home parts and
+    /// the positions they send. Where the merge left the home positions on the device
+    /// (`merged.wrapped` empty), the working positions start after the home atoms
+    /// (`wrapped_from`): the pulses read the home atoms' positions from what they send.
+    fn from_merged(rank: usize, merged: MergedHome, pulses: Vec<PulsePlan>, box_size: [f32; 3]) -> (Self, Vec<Vec<u32>>, Vec<Vec<Float3>>) {
+        let MergedHome { mut ids, mut wrapped, first_pulse, first_pulse_x, .. } = merged;
         let n = ids.len();
+        let wrapped_from = if wrapped.is_empty() { n } else { 0 };
         // Room for a halo, as `Working::new` makes.
         ids.reserve(n / 2);
         wrapped.reserve(n / 2);
         let mut crossed = Vec::with_capacity(n + n / 2);
         crossed.resize(n, 0);
-        (Self { rank, home: n, ids, wrapped, velocities: Vec::new(), crossed, pulses, box_size }, first_pulse)
+        (Self { rank, home: n, ids, wrapped, wrapped_from, velocities: Vec::new(), crossed, pulses, box_size }, first_pulse, first_pulse_x)
     }
 }
