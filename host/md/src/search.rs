@@ -423,6 +423,8 @@ fn rank_search(
     let n = buf.atoms.home;
     let home_types = &buf.atoms.types[..n];
     if on != ListsOn::GpuGrid {
+        // Only a GPU grid takes local atoms whose home positions stayed on the GPU.
+        buf.atoms.check_positions_held().map_err(bad)?;
         home.x.extend_from_slice(&buf.atoms.positions[..n]);
         home.types.extend_from_slice(home_types);
         inverse_masses_into(rank, home_types, &inverse_masses_by_type(system), &mut home.inv_mass)?;
