@@ -8,11 +8,12 @@
 //! run right behind the last step, while the host still waits for it. After the migration's
 //! collective the arrivals are merged into the stayers by id and every decomposed dimension's
 //! first pulse is selected over the new home atoms (one wait for the counts, the selections come
-//! back); then the new home atoms' ids
-//! and wrapped positions are read back (16 bytes an atom, what the host's local atoms and plan
-//! need), with their extent and their ids' home check facts, both made on the GPU after the merge
-//! ([`super::GpuExtent`], [`super::GpuIdFacts`]). The velocities stay on the device
-//! ([`GpuHome::velocities`]), merged in the new order.
+//! back); then the new home atoms' ids are read back (4 bytes an atom, and their wrapped positions
+//! only where the caller asks for them: a GPU grid copies them on the device), with the selected
+//! atoms packed (indices, ids and positions: what the first pulses send), their extent and their
+//! ids' home check facts, both made on the GPU after the merge ([`super::GpuExtent`],
+//! [`super::GpuIdFacts`]). The velocities, and the positions not asked for, stay on the device
+//! ([`GpuHome::velocities`], [`GpuHome::positions`]), merged in the new order.
 //!
 //! | item | what it is |
 //! |---|---|
@@ -86,8 +87,8 @@ pub struct GpuHome {
     /// The home check's facts of the new home ids, made on the GPU after the merge.
     id_facts: GpuIdFacts,
     /// Page-locked room for what comes back after the merge, in one wait: the facts' parts, the
-    /// extent's parts, the new home atoms' ids and positions, the selection's counts and indices
-    /// (`u32` words).
+    /// extent's parts, the new home atoms' ids (and positions where asked for), the selection's
+    /// counts and its selected atoms (indices and packed atoms) (`u32` words).
     host: Option<PinnedHostSlice<u32>>,
     /// Atoms the last merge's first pulses selected (all dimensions), which sizes the next
     /// read-back's room.

@@ -249,7 +249,7 @@ impl GpuSelect {
     }
 
     /// Enqueues the passes (see [`Self::run`]) without waiting: for a caller that reads the
-    /// selection back together with other arrays ([`Self::enqueue_read_maps`], one wait).
+    /// selection back together with other arrays ([`Self::enqueue_read_selected`], one wait).
     pub fn enqueue(
         &mut self,
         module: &KernelModule,
