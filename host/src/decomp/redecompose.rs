@@ -67,10 +67,10 @@ pub struct Redecomposed {
     /// `home_scans` is exact along the decomposed dimensions, [`super::Scan::exact_along`]).
     pub local_positions_from: Vec<usize>,
     /// Per rank of `ranks`, where its home atoms were merged on a device that found their extent
-    /// ([`MergedHome::home_scan`]): [`super::scan`] of the home positions
-    /// (`local_positions[i][..ids.len()]`) against `[0, edge)` along every dimension, so that the
-    /// pair search need not pass over them again. Empty, or `None` for a rank, where nothing
-    /// scanned them.
+    /// ([`MergedHome::home_scan`]): [`super::scan`] of the home positions (on the device, and in
+    /// `local_positions[i][..ids.len()]` where `local_positions_from[i]` is 0) against
+    /// `[0, edge)` along every dimension, so that the pair search need not pass over them again.
+    /// Empty, or `None` for a rank, where nothing scanned them.
     pub home_scans: Vec<Option<super::Scan>>,
     /// Per rank of the grid, the bytes the redecomposition's [`PlanRider`] made of that rank's
     /// plan, where it was given one (on every process alike: they travel with the plans); empty
