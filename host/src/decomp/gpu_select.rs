@@ -391,9 +391,21 @@ impl GpuSelect {
         // SAFETY: the caller's contract.
         unsafe {
             self.info.enqueue_read(0, info, stream)?;
-            if maps.is_empty() {
-                return Ok(());
-            }
+            self.enqueue_read_atoms(maps, atoms, stream)
+        }
+    }
+
+    /// Enqueues the copies of the first `maps.len()` selected atoms into `maps` (indices) and
+    /// `atoms` (packed); `maps` and `atoms` of one length, at most the room's.
+    ///
+    /// # Safety
+    /// As [`Self::enqueue_read_selected`].
+    unsafe fn enqueue_read_atoms(&self, maps: &mut [u32], atoms: &mut [SelectedAtom], stream: &CudaStream) -> Result<()> {
+        if maps.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
             self.maps.enqueue_read(0, maps, stream)?;
             self.atoms.enqueue_read(0, atoms, stream)
         }
@@ -441,10 +453,10 @@ impl GpuSelect {
     ) -> Result<()> {
         let total: usize = self.counts(info, n)?.iter().sum();
         let (mut maps, mut atoms) = (vec![0u32; total], vec![SelectedAtom::default(); total]);
-        let mut counts = [0u32; abi::SELECT_INFO_WORDS];
-        counts.copy_from_slice(info.get(..abi::SELECT_INFO_WORDS).ok_or_else(|| HaloError::InvalidInput("GPU selection: short counts".into()))?);
+        // The counts are `info` already: only the atoms are read again (each count is at most
+        // `n`, so they fit the room).
         // SAFETY: the arrays live until the wait below, which follows whatever was enqueued.
-        let enqueued = unsafe { self.enqueue_read_selected(n, &mut counts, &mut maps, &mut atoms, stream) };
+        let enqueued = unsafe { self.enqueue_read_atoms(&mut maps, &mut atoms, stream) };
         let waited = stream.synchronize().during("reading the GPU selection back");
         enqueued.and(waited)?;
         if !self.selected_from(info, (&maps, &atoms), n, out, out_x)? {

@@ -556,7 +556,7 @@ impl HomeChecked {
     /// extent is the atoms' (not `periodic`): no zero bound there (which of `0.0` and `-0.0` the
     /// fold keeps depends on the atoms' order, see [`LocalAtoms::zone_facts`]).
     fn exact(&self, periodic: [bool; 3]) -> bool {
-        (0..3).all(|d| periodic[d] || (self.lo[d] != 0.0 && self.hi[d] != 0.0))
+        Scan { in_range: true, lo: self.lo, hi: self.hi }.exact_along(periodic.map(|p| !p))
     }
 }
 
