@@ -389,7 +389,8 @@ impl MdRank {
     pub fn update(&mut self, found: &RankSearch, box_size: [f32; 3], ex: &RankExchange, halo: &CudaStream) -> Result<Duration> {
         // The caller may run each rank's update on a host thread of its own.
         let bound = self.module.context().bind_to_thread().during("binding the rank's GPU context");
-        let searched = match bound.and_then(|()| self.fit_home(found, ex)) {
+        let fitted = bound.and_then(|()| tracing::debug_span!("search.update.fit_home").in_scope(|| self.fit_home(found, ex)));
+        let searched = match fitted {
             Ok(()) => self.search_and_stage(found, box_size, ex, halo),
             Err(e) => Err(e),
         };

@@ -346,7 +346,10 @@ impl HostSearch {
             // Where the home atoms were merged on the GPU and it builds the grid, it makes their
             // types there from their ids (`MdRank::set_types_by_id`): none gathered here.
             let home_types_on_gpu = v_on_device && on == ListsOn::GpuGrid;
-            let checked = LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, home_types_on_gpu, workers, &mut buf.atoms)
+            let checked = tracing::debug_span!("search.local_atoms.atoms")
+                .in_scope(|| {
+                    LocalAtoms::from_local_scanned_into(plan_ref, rank, local, scan, &system.types, home_types_on_gpu, workers, &mut buf.atoms)
+                })
                 .map_err(bad)?;
             if buf.atoms.positions_from != from {
                 return Err(HaloError::InvalidInput(format!(
@@ -366,7 +369,8 @@ impl HostSearch {
             // The redecomposition's velocities are the home atoms' in order: swapped in, the spare
             // array out to the scratch.
             std::mem::swap(&mut buf.home.v, &mut home.velocities);
-            let mut found = rank_search(rank, system, setup, on, workers, buf, atoms_time)?;
+            let mut found =
+                tracing::debug_span!("search.local_atoms.rank_search").in_scope(|| rank_search(rank, system, setup, on, workers, buf, atoms_time))?;
             found.home_on_device = v_on_device;
             found.home_checked = checked.filter(|_| matches!(found.lists, RankLists::GpuGrid(_)));
             Ok(found)

@@ -455,14 +455,17 @@ fn plan_pulses(
                 })
                 .collect();
             let home_xs: Vec<&[Float3]> = (0..ranks.len()).map(given_x).collect();
-            let sent = workers.map(work.iter().zip(ranges).zip(spares).zip(home_xs).collect(), |(((w, range), (mut map, blob)), home_x)| {
-                select_wrapped_into(geo, &decomposed, w.rank, d, &w.frame(range.clone())?, range.start, rc2, &mut map);
-                let blob = w.pulse_blob(&map, home_x, crossing_shift(geo, w.rank, d) != 0.0, d, blob)?;
-                Ok::<_, PlanError>((map, blob))
+            let sent = tracing::debug_span!("search.pulse.send").in_scope(|| {
+                workers.map(work.iter().zip(ranges).zip(spares).zip(home_xs).collect(), |(((w, range), (mut map, blob)), home_x)| {
+                    select_wrapped_into(geo, &decomposed, w.rank, d, &w.frame(range.clone())?, range.start, rc2, &mut map);
+                    let blob = w.pulse_blob(&map, home_x, crossing_shift(geo, w.rank, d) != 0.0, d, blob)?;
+                    Ok::<_, PlanError>((map, blob))
+                })
             });
             let (maps, blobs): (Vec<_>, Vec<_>) = sent.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().unzip();
             let gathered = gather(all_gather, &tag, blobs, nranks)?;
-            let received = workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(geo, (d, p), map, &gathered, &tag));
+            let received = tracing::debug_span!("search.pulse.receive")
+                .in_scope(|| workers.map(work.iter_mut().zip(maps).collect(), |(w, map)| w.receive(geo, (d, p), map, &gathered, &tag)));
             spare.give_blobs(gathered);
             for (i, n) in received.into_iter().enumerate() {
                 prev[i] = (offsets[i], n?);
@@ -497,20 +500,23 @@ fn plan_pulses(
         mine.push(RankPlan { rank, home_atoms, total_atoms: w.ids.len(), global_ids: w.ids, pulses: w.pulses });
     }
     let mut riders = vec![Vec::new(); nranks];
+    let rider_span = tracing::debug_span!("search.plan_out.rider").entered();
     if let Some(make) = rider.as_mut() {
         for p in &mine {
             riders[p.rank] = make(p)?;
         }
     }
+    drop(rider_span);
     // A process that drives every rank is the only one: it has nothing to learn or to tell.
     let gathered = if ranks.len() == nranks {
         vec![Vec::new(); nranks]
     } else {
-        let blobs = mine
-            .iter()
-            .zip(&local_homes)
-            .map(|(p, h)| plan_blob_into(p, h, &riders[p.rank], Spare::any(&mut scratch.spare.bytes)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let blobs = tracing::debug_span!("search.plan_out.blobs").in_scope(|| {
+            mine.iter()
+                .zip(&local_homes)
+                .map(|(p, h)| plan_blob_into(p, h, &riders[p.rank], Spare::any(&mut scratch.spare.bytes)))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         gather(all_gather, TAG_PLAN, blobs, nranks)?
     };
     let mut plans: Vec<Option<RankPlan>> = vec![None; nranks];
@@ -521,6 +527,7 @@ fn plan_pulses(
         plans[r] = Some(plan);
     }
     let layout = geo.pulse_layout();
+    let read_span = tracing::debug_span!("search.plan_out.read").entered();
     let ranks_plans = plans
         .into_iter()
         .enumerate()
@@ -533,6 +540,7 @@ fn plan_pulses(
             }),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    drop(read_span);
     let plan = HaloPlan { grid, box_size, cutoff, ranks: ranks_plans };
     scratch.spare.give_blobs(gathered);
     tracing::debug_span!("search.plan_out.check_homes")

@@ -147,8 +147,9 @@ pub fn redecompose_on_devices(
     for a in &mut arrivals {
         a.sort_unstable_by_key(|m| m.0);
     }
-    let begun =
-        workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(&geo, a, home_positions));
+    let begun = tracing::debug_span!("search.merge.begin").in_scope(|| {
+        workers.map(devices.iter_mut().map(|d| &mut **d).zip(&arrivals).collect(), |(d, a)| d.begin_merge_and_select(&geo, a, home_positions))
+    });
     begun.into_iter().collect::<Result<Vec<_>>>()?;
     let intos: Vec<MergedHome> = (0..devices.len())
         .map(|_| {
@@ -173,6 +174,7 @@ pub fn redecompose_on_devices(
     // Along the decomposed dimensions a home scan must be exact for the pair search's zone
     // checks to take it instead of the positions (`Scan::exact_along`).
     let decomposed = std::array::from_fn(|d| geo.grid.dims[d] > 1);
+    let working = tracing::debug_span!("search.merge.working").entered();
     for (d, merged) in devices.iter_mut().zip(merges) {
         let mut merged = merged?;
         let spare = &mut scratch.spare;
@@ -213,6 +215,7 @@ pub fn redecompose_on_devices(
         home_maps.push(maps);
         home_x.push(xs);
     }
+    drop(working);
     drop(span);
     let found = FromDevices { maps: &home_maps, x: &home_x, facts: &home_facts };
     let done = plan_pulses(&geo, atoms, ranks, work, found, all_gather, rider, workers, scratch);
