@@ -383,7 +383,7 @@ impl Placement {
                     Some(g) => g,
                     None => kept.insert(crate::nvshmem::KeptGather::new(nvshmem, initial)?),
                 };
-                gather.all_gather(&one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
+                gather.all_gather_owned(one).map_err(|e| HaloError::Nvshmem(format!("gathering {tag} across PEs: {e}")))
             }
         }
     }

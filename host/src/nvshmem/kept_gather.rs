@@ -106,6 +106,15 @@ impl KeptGather {
             Path::Symmetric(g) => g.all_gather(mine),
         }
     }
+
+    /// [`Self::all_gather`] of a message this PE hands over: on the node path its own entry of the
+    /// result is `mine` itself, not a copy (the symmetric path reads every entry back).
+    pub fn all_gather_owned(&mut self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        match &mut self.path {
+            Path::Node(g) => g.all_gather_owned(mine),
+            Path::Symmetric(g) => g.all_gather(&mine),
+        }
+    }
 }
 
 /// The node path for every PE, or why not (the same answer on every PE). Collective: two

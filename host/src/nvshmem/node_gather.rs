@@ -180,6 +180,13 @@ impl NodeGather {
     /// Every PE's `mine`, indexed by PE. Collective over the connected PEs; every wait is bounded
     /// by the timeout given at creation (the error names the peer).
     pub(crate) fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.all_gather_owned(mine.to_vec())
+    }
+
+    /// [`Self::all_gather`] of a message this PE hands over: its own entry of the result is
+    /// `mine` itself, not a copy (a search's pulse message is a few hundred kilobytes, copied
+    /// cold).
+    pub(crate) fn all_gather_owned(&mut self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
         let call = self.calls + 1;
         let parity = (call % 2) as usize;
         let me = self.me;
@@ -198,7 +205,7 @@ impl NodeGather {
             let Mapping::Own(map) = &mut seg.map else {
                 return Err(HaloError::InvalidInput("this PE's gather segment is mapped read-only".into()));
             };
-            map[HEADER..HEADER + mine.len()].copy_from_slice(mine);
+            map[HEADER..HEADER + mine.len()].copy_from_slice(&mine);
             seg.map.word(LEN).store(mine.len() as u64, Ordering::Relaxed);
             // Release: a peer that sees `call` sees the length and the message.
             seg.map.word(CALL).store(call, Ordering::Release);
@@ -206,9 +213,10 @@ impl NodeGather {
         self.calls = call;
         let (timeout, started) = (self.timeout, Instant::now());
         let mut all = Vec::with_capacity(self.segments.len());
+        let mut mine = Some(mine);
         for pe in 0..self.segments.len() {
             if pe == me {
-                all.push(mine.to_vec());
+                all.push(mine.take().unwrap_or_default());
                 continue;
             }
             let seg = &mut self.segments[pe][parity];
@@ -296,7 +304,16 @@ mod tests {
                 for (pe, mut g) in gathers.into_iter().enumerate() {
                     s.spawn(move || {
                         for call in 0..40 {
-                            let all = g.all_gather(&message(pe, call)).unwrap();
+                            // Every other call hands its message over: its own entry is that message.
+                            let all = if call % 2 == 0 {
+                                g.all_gather(&message(pe, call)).unwrap()
+                            } else {
+                                let mine = message(pe, call);
+                                let at = mine.as_ptr();
+                                let all = g.all_gather_owned(mine).unwrap();
+                                assert_eq!(all[pe].as_ptr(), at, "PE {pe}'s own entry of call {call} is a copy");
+                                all
+                            };
                             assert_eq!(all.len(), n);
                             for (q, m) in all.iter().enumerate() {
                                 assert_eq!(m, &message(q, call), "PE {pe} read PE {q}'s call {call}");
