@@ -95,7 +95,11 @@ impl Workers {
                 }
             }
         };
-        let ticket = Ticket::open(&work);
+        let work: &(dyn Fn() + Sync) = &work;
+        // Only the pointer's lifetime bound changes: see `Ticket::work` for when it is called.
+        // SAFETY: a transmute between two raw pointers of the same layout; nothing is dereferenced.
+        let shared = unsafe { std::mem::transmute::<*const (dyn Fn() + Sync + '_), *const (dyn Fn() + Sync + 'static)>(work) };
+        let ticket = Arc::new(Ticket { state: AtomicUsize::new(0), work: shared, caller: std::thread::current(), panic: Mutex::new(None) });
         let mut wanted = n - 1;
         for h in &self.helpers {
             if wanted == 0 || next.load(Ordering::Relaxed) >= n {
@@ -105,44 +109,15 @@ impl Workers {
                 wanted -= 1;
             }
         }
-        ticket.finish(catch_unwind(AssertUnwindSafe(work)));
+        let own = catch_unwind(AssertUnwindSafe(work));
+        ticket.close();
+        if let Err(payload) = own {
+            resume_unwind(payload);
+        }
+        if let Some(payload) = lock(&ticket.panic).take() {
+            resume_unwind(payload);
+        }
         results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every part ran once")).collect()
-    }
-
-    /// `aside` on a helper while the caller runs `here`: two parts of different kinds side by
-    /// side, where `here` must stay on the calling thread (what it calls may be bound to it, as
-    /// NVSHMEM's collectives under an MPI bootstrap are). The first idle helper is handed `aside`;
-    /// once `here` is done, the caller runs `aside` itself if no helper took it yet (a helper
-    /// that wakes later finds it taken). Without helpers (or none idle) `aside` runs first, then
-    /// `here`, both on the caller. A panic of either is resumed once both have ended.
-    pub fn beside<A: Send, B>(&self, aside: impl FnOnce() -> A + Send, here: impl FnOnce() -> B) -> (A, B) {
-        if self.helpers.is_empty() {
-            let a = aside();
-            return (a, here());
-        }
-        let slot = Mutex::new(Some(aside));
-        let result: Mutex<Option<A>> = Mutex::new(None);
-        let work = || {
-            let taken = lock(&slot).take();
-            if let Some(f) = taken {
-                let r = f();
-                *lock(&result) = Some(r);
-            }
-        };
-        let ticket = Ticket::open(&work);
-        if !self.helpers.iter().any(|h| h.recruit(&ticket)) {
-            // No helper idle: the order of a serial pool.
-            work();
-        }
-        let own = catch_unwind(AssertUnwindSafe(here));
-        if own.is_err() {
-            // Not begun after a panic here.
-            drop(lock(&slot).take());
-        }
-        let theirs = catch_unwind(AssertUnwindSafe(work));
-        ticket.finish(theirs);
-        let own = own.unwrap_or_else(|payload| resume_unwind(payload));
-        (result.into_inner().unwrap_or_else(|e| e.into_inner()).expect("the part aside ran once"), own)
     }
 }
 
@@ -179,27 +154,6 @@ unsafe impl Send for Ticket {}
 unsafe impl Sync for Ticket {}
 
 impl Ticket {
-    /// A call of `work` that helpers may enter once recruited ([`Helper::recruit`]); the caller
-    /// must [`Self::finish`] it before `work`'s borrows end.
-    fn open(work: &(dyn Fn() + Sync)) -> Arc<Self> {
-        // Only the pointer's lifetime bound changes: see `Ticket::work` for when it is called.
-        // SAFETY: a transmute between two raw pointers of the same layout; nothing is dereferenced.
-        let shared = unsafe { std::mem::transmute::<*const (dyn Fn() + Sync + '_), *const (dyn Fn() + Sync + 'static)>(work) };
-        Arc::new(Self { state: AtomicUsize::new(0), work: shared, caller: std::thread::current(), panic: Mutex::new(None) })
-    }
-
-    /// Closes the call once the caller's own share ended with `own`, and returns when every
-    /// helper that entered has left: resumes the caller's panic, else a helper's.
-    fn finish(&self, own: std::thread::Result<()>) {
-        self.close();
-        if let Err(payload) = own {
-            resume_unwind(payload);
-        }
-        if let Some(payload) = lock(&self.panic).take() {
-            resume_unwind(payload);
-        }
-    }
-
     /// Runs on a helper: enters the call unless it is closed, takes parts, marks the helper
     /// `idle` again (before the caller may return, so that its next call finds the helper free)
     /// and leaves.
@@ -394,87 +348,6 @@ mod tests {
                 });
             }
         });
-    }
-
-    #[test]
-    fn a_part_beside_runs_on_a_helper_while_the_caller_runs_its_own() {
-        let me = std::thread::current().id();
-        // Serial: the part aside first, then the caller's, both on the caller.
-        let order = Mutex::new(Vec::new());
-        let (a, b) = Workers::serial().beside(|| lock(&order).push("aside"), || lock(&order).push("here"));
-        assert_eq!(((), ()), (a, b));
-        assert_eq!(*lock(&order), ["aside", "here"]);
-        for threads in [2, 4] {
-            let w = Workers::new(threads).unwrap();
-            for _ in 0..5 {
-                // Each part waits until both have begun: both end only if they run at once, the
-                // caller's own on the calling thread.
-                let begun = AtomicUsize::new(0);
-                let meet = || {
-                    begun.fetch_add(1, Ordering::SeqCst);
-                    let t = Instant::now();
-                    while begun.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_secs(10) {
-                        std::thread::yield_now();
-                    }
-                    (begun.load(Ordering::SeqCst) >= 2, std::thread::current().id())
-                };
-                let ((met_aside, aside_on), (met_here, here_on)) = w.beside(meet, meet);
-                assert!(met_aside && met_here, "{threads} workers: the two parts did not run at once");
-                assert_eq!(here_on, me, "the caller's part runs on the caller");
-                assert_ne!(aside_on, me, "the part aside runs on a helper");
-            }
-            // Results of both, and nested calls inside the part aside.
-            let (sum, here) = w.beside(|| w.map((0..100u64).collect(), |i| i * i).into_iter().sum::<u64>(), || 7);
-            assert_eq!((sum, here), ((0..100u64).map(|i| i * i).sum(), 7));
-        }
-    }
-
-    #[test]
-    fn a_part_beside_that_no_helper_takes_runs_on_the_caller_after_its_own() {
-        // The only helper is busy in another call: the caller runs both.
-        let w = Workers::new(2).unwrap();
-        let release = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let busy = s.spawn(|| {
-                w.map(vec![0, 1], |_: i32| {
-                    let t = Instant::now();
-                    while !release.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
-                        std::thread::yield_now();
-                    }
-                })
-            });
-            // Until the helper is taken by that call.
-            let t = Instant::now();
-            while w.helpers[0].shared.idle.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
-                std::thread::yield_now();
-            }
-            let me = std::thread::current().id();
-            let (aside_on, here_on) = w.beside(|| std::thread::current().id(), || std::thread::current().id());
-            assert_eq!((aside_on, here_on), (me, me));
-            release.store(true, Ordering::SeqCst);
-            busy.join().unwrap();
-        });
-    }
-
-    #[test]
-    fn a_panic_beside_is_resumed_after_both_parts_end() {
-        let w = Workers::new(2).unwrap();
-        let ended = AtomicUsize::new(0);
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            w.beside(
-                || -> () { panic!("aside failed") },
-                || {
-                    std::thread::sleep(Duration::from_millis(5));
-                    ended.fetch_add(1, Ordering::SeqCst);
-                },
-            )
-        }));
-        assert_eq!(r.expect_err("the call panics").downcast_ref::<&str>(), Some(&"aside failed"));
-        assert_eq!(ended.load(Ordering::SeqCst), 1, "the caller's part ran to its end first");
-        let r = catch_unwind(AssertUnwindSafe(|| w.beside(|| 1, || -> () { panic!("here failed") })));
-        assert_eq!(r.expect_err("the call panics").downcast_ref::<&str>(), Some(&"here failed"));
-        // The pool lives on.
-        assert_eq!(w.beside(|| 2, || 3), (2, 3));
     }
 
     #[test]

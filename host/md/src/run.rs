@@ -29,9 +29,6 @@ use crate::system::MolecularSystem;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod chains;
-use chains::{ExchangeChain, LocalChain, LocalSearched, Planned};
-
 /// Runs started in this process: every PE starts the same runs in the same order, so the count
 /// names a run's all-gathers alike on every PE (the launcher's rendezvous takes each tag once).
 static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -94,7 +91,7 @@ pub struct MdConfig {
     /// default), or without a router (`Auto`: stores wherever mapped; `ForcePut` across PEs).
     pub path_policy: PathPolicy,
     /// Host threads of the pair search, shared by this process's ranks (0: the default,
-    /// [`search::search_threads`]: two per PE, four for a process that drives every rank).
+    /// [`search::search_threads`]: one per PE, four for a process that drives every rank).
     pub search_threads: usize,
     /// Search the cluster-pair lists on the GPU (the host sorts the atoms into the grid); false:
     /// on host threads. Both give the same lists.
@@ -1278,57 +1275,104 @@ impl MdRun {
         let path = if self.redecomposes() { SearchPath::Redecomposed } else { SearchPath::Gathered };
         // Under routing across PEs a redecomposition's plans carried every PE's paths (`route_rider`).
         let mut carried_paths = None;
-        let planned = if path == SearchPath::Redecomposed {
+        let (plan, found) = if path == SearchPath::Redecomposed {
             let on_gpus = self.redecomposes_on_gpus();
             let mut done = if on_gpus { self.redecompose_on_gpus(&mut t, start)? } else { self.redecompose(&mut t, start)? };
             if self.routing.as_ref().is_some_and(Routing::across_pes) {
                 carried_paths = Some(std::mem::take(&mut done.riders));
             }
-            Planned::Redecomposed { done, on_gpus }
+            let t2 = Instant::now();
+            let searched = tracing::debug_span!("search.local_atoms")
+                .in_scope(|| self.host_search.rank_searches_redecomposed(done, &self.system, &self.ids, &self.setup, self.lists_on(), on_gpus))?;
+            t.lists = t2.elapsed();
+            searched
         } else {
-            Planned::Gathered(self.gather_and_plan(&mut t, start)?)
+            let plan = self.gather_and_plan(&mut t, start)?;
+            let t2 = Instant::now();
+            let found = self.host_search.rank_searches(&plan, &self.system, &self.ids, &self.setup, self.lists_on())?;
+            t.lists = t2.elapsed();
+            (plan, found)
         };
-        let halos = planned.rank_halos();
-        // Two chains that need only the plan, side by side: each rank's local atoms and the first
-        // half of its grid and lists (their GPU passes enqueued on its local stream: they need
-        // nothing of the exchange), on a search thread where the process has one to spare; and,
-        // on this thread, the router's paths for the new halos and the exchange's replan or
-        // rebuild (collectives across PEs, which stay on the thread that started NVSHMEM). Each
-        // rank's `update` below finishes its search after both. With one search thread the
-        // local chain runs first, then the other.
-        let workers = self.host_search.shared_workers();
-        let box_size = self.system.box_size;
-        let lists_on = self.lists_on();
-        let local = LocalChain {
-            host_search: &mut self.host_search,
-            ranks: &mut self.ranks,
-            system: &self.system,
-            ids: &self.ids,
-            setup: &self.setup,
-            lists_on,
-        };
-        let exchange = ExchangeChain {
-            routing: &mut self.routing,
-            exchange: &mut self.exchange,
-            exchange_plans: &mut self.exchange_plans,
-            out: &mut self.out,
-            placement: &self.placement,
-            cfg: &self.cfg,
-        };
-        let t3 = Instant::now();
-        let (searched, replanned) = workers.beside(|| local.run(planned, box_size), || exchange.run(halos, carried_paths.as_deref(), path));
-        let replanned = replanned?;
-        let LocalSearched { plan, found, lists, begin } = searched?;
-        t.lists = lists;
         for r in &found {
             t.atoms = t.atoms.max(r.atoms_time);
             t.grid = t.grid.max(r.grid_time);
             t.pairs = t.pairs.max(r.lists_time);
         }
-        // (The local atoms' time is the lists', the first halves' the GPU search's; both ran
-        // beside the exchange's chain, whose time counts as the uploads'.)
-        let mut gpu_search = begin;
-        let lists_then = lists;
+        let mut gpu_search = std::time::Duration::ZERO;
+        let t3 = Instant::now();
+        // The GPU grids' and lists' first passes, enqueued now on each rank's local stream (grids
+        // built on the GPU; nothing for other lists): they need nothing of the exchange, so the
+        // router's collective and the replan below run on the host while the GPUs run them, and
+        // each rank's `update` finishes its search after them.
+        // Each rank's on its own host thread when this process drives several: their host parts
+        // (the zones' checks, the staged copies, the launches) run side by side.
+        // (Their wall time counts as the lists', not the sum of each rank's.)
+        let (box_size, t_begin) = (self.system.box_size, Instant::now());
+        let begun = self
+            .host_search
+            .workers()
+            .map(self.ranks.iter_mut().zip(&found).collect(), |(m, r)| tracing::debug_span!("search.begin").in_scope(|| m.begin_search(r, box_size)));
+        begun.into_iter().collect::<Result<Vec<_>>>()?;
+        gpu_search += t_begin.elapsed();
+        let halos = plan.rank_halos();
+        // Under routing every rank's paths for the new halos (the same plans on every PE: across PEs
+        // carried by the redecomposition's plans where it ran, else gathered by the router's own
+        // collective). The exchange keeps its buffers only while every pair keeps its transport.
+        let plans = match (self.routing.as_mut(), &carried_paths) {
+            (Some(r), Some(gathered)) => {
+                Some(tracing::debug_span!("search.route").in_scope(|| r.plan_gathered(&halos, gathered).map(<[_]>::to_vec))?)
+            }
+            (Some(r), None) => Some(tracing::debug_span!("search.route").in_scope(|| r.plan::<Float3>(&halos).map(<[_]>::to_vec))?),
+            (None, _) => None,
+        };
+        let same_paths = plans.as_ref().is_none_or(|p| same_transports(p, &self.exchange_plans));
+        // How the replan is fenced across PEs (`replan_fence`): on the redecomposed path every PE
+        // settled its streams above (`settle`, or the safe point's) before it entered the
+        // redecomposition's all-gathers (`TAG_MIGRATE` always runs across PEs, then one per pulse
+        // and `TAG_PLAN`; under routing the plans' all-gather follows), a PE leaves an all-gather
+        // only after every PE entered it, and nothing since launched a step or wrote into a peer
+        // (the home read-back came before the gathers; the grids' and lists' first passes, begun
+        // above, touch only each rank's own search buffers; the lists' writes and the uploads come
+        // after the replan): the contract of `ReplanFence::AfterCollective`. The gathered path
+        // keeps the barrier: its gather buffers are written by peers at the next search, and that
+        // reuse is fenced by this barrier (`HomeGather::gather`). Ranks in one process have no
+        // barrier.
+        let fence = replan_fence(path);
+        let exchange_span = tracing::debug_span!("search.exchange").entered();
+        // The halos go to the replan where they fit the buffers, else to a new exchange: asked
+        // first, so that neither gets a copy (a copy of every rank's maps, cold at a search, is
+        // tens of microseconds).
+        let rebuild_from = match self.exchange.as_mut() {
+            Some(ex) if same_paths && ex.fits(&halos) => {
+                let barriers = ex.replan_barriers();
+                let replanned = ex.replan_fenced(halos, fence)?;
+                if !replanned {
+                    return Err(HaloError::InvalidInput("the exchange refused a replan onto halos it said fit its buffers".into()));
+                }
+                self.out.replans += 1;
+                self.out.replan_barriers += ex.replan_barriers().saturating_sub(barriers);
+                None
+            }
+            _ => Some(halos),
+        };
+        let replanned = rebuild_from.is_none();
+        if let Some(halos) = rebuild_from {
+            // Free the old buffers first (collective, like the allocation that follows).
+            self.exchange = None;
+            let mut ex = match &plans {
+                Some(p) => self.placement.exchange_planned_with_headroom::<Float3>(halos, p, EXCHANGE_HEADROOM)?,
+                None => self.placement.exchange_with_headroom::<Float3>(halos, EXCHANGE_HEADROOM)?,
+            };
+            if let Some(p) = &self.cfg.fault {
+                ex = Box::new(crate::exchange::perturb::Perturbed::new(ex, p.clone())?);
+            }
+            ex.set_wait_timeout(self.cfg.wait_timeout);
+            ex.check_transport(self.cfg.transport)?;
+            self.exchange = Some(ex);
+            self.exchange_plans = plans.unwrap_or_default();
+            self.out.exchange_builds += 1;
+        }
+        drop(exchange_span);
         let ex = self.exchange.as_ref().ok_or_else(|| HaloError::InvalidInput("no exchange".into()))?;
         self.out.routes = tracing::debug_span!("search.routes").in_scope(|| match &self.routing {
             Some(r) => r.local_summaries(),
@@ -1407,7 +1451,7 @@ impl MdRun {
         }
         // The GPU searches ran one rank after another inside the uploads: count them as the lists'.
         t.pairs += gpu_search;
-        t.upload = t3.elapsed().saturating_sub(gpu_search + lists_then);
+        t.upload = t3.elapsed().saturating_sub(gpu_search);
         t.total = start.elapsed();
         self.out.search.add(&t);
         self.out.searches += 1;

@@ -12,7 +12,6 @@ use crate::error::{HaloError, Result};
 use crate::nbnxm::{ClusterGrid, HomeChecked, ListSetup, LocalAtoms, PairSearch, SearchOptions, ZoneScratch, first_at_or_above};
 use crate::system::MolecularSystem;
 use crate::workers::Workers;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where a rank's search builds its cluster grid and lists.
@@ -154,9 +153,8 @@ impl SearchTimes {
 /// (their allocations reused). Nothing in it changes a search's result.
 #[derive(Debug, Default)]
 pub struct HostSearch {
-    /// The search's host threads, shared by every phase and rank (and by the search step's two
-    /// chains: [`Self::shared_workers`]).
-    workers: Arc<Workers>,
+    /// The search's host threads, shared by every phase and rank.
+    workers: Workers,
     /// The plan's working arrays.
     plan: PlanScratch,
     /// The working arrays of a plan from the ranks' own atoms.
@@ -188,18 +186,12 @@ struct HomeArrays {
 impl HostSearch {
     /// Searches on `threads` host threads, started now (1: on the calling thread only).
     pub fn new(threads: usize) -> Result<Self> {
-        Ok(Self { workers: Arc::new(Workers::new(threads)?), ..Self::default() })
+        Ok(Self { workers: Workers::new(threads)?, ..Self::default() })
     }
 
     /// The host threads.
     pub fn workers(&self) -> &Workers {
         &self.workers
-    }
-
-    /// The host threads, held apart from this object: for work beside a call that borrows it
-    /// (`Workers::beside`).
-    pub fn shared_workers(&self) -> Arc<Workers> {
-        self.workers.clone()
     }
 
     /// Wraps the system's positions into the box and builds the plan of `grid` for `setup.rlist`.
@@ -488,18 +480,13 @@ fn inverse_masses_into(rank: usize, types: &[u32], inv: &[f32], out: &mut Vec<f3
     Ok(())
 }
 
-/// The default number of search threads of a process that runs one PE: two, so that a search
-/// step's local chain (the local atoms, the first half of the grid and lists) runs on the second
-/// beside the exchange's chain (the router's paths, the replan) on the first
-/// (`Workers::beside` in `run`). Before the chains ran side by side a PE had one: on two H200s no
-/// count beat one thread beyond the run-to-run spread (docs/results/nbnxm/search-threads.log, rows
-/// of a build that did not check them), in checked rows of two PEs sharing one H100 at 45,000 atoms
+/// The default number of search threads of a process that runs one PE: one. On two H200s no count
+/// beat one thread beyond the run-to-run spread (docs/results/nbnxm/search-threads.log, rows of a
+/// build that did not check them), and in checked rows of two PEs sharing one H100 at 45,000 atoms
 /// one thread gave 81.1–84.1 µs per step against 84.8–86.2 with four
-/// (docs/results/nbnxm/search-choices-ab-h100.log), and with the pool whose caller works one, two
-/// and four threads stayed within one H100 host's spread
-/// (docs/results/nbnxm/search-workers-threads-h100.log): a PE drives one rank, so its phases had
-/// no parts for a second thread.
-pub const DEFAULT_SEARCH_THREADS_PE: usize = 2;
+/// (docs/results/nbnxm/search-choices-ab-h100.log). With the pool whose caller works, one, two and
+/// four threads stayed within one H100 host's spread (docs/results/nbnxm/search-workers-threads-h100.log).
+pub const DEFAULT_SEARCH_THREADS_PE: usize = 1;
 
 /// The default number of search threads of a process that runs every rank itself (one process,
 /// one or several GPUs): four. Chosen on two H200s when the grid and the redecomposition's passes

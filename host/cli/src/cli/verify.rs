@@ -36,7 +36,7 @@ pub struct StepArgs {
     /// Time step (ps).
     #[arg(long, default_value_t = 0.002)]
     pub dt: f32,
-    /// Host threads of the pair search (0: the default: two per PE, four when one process drives every rank).
+    /// Host threads of the pair search (0: the default: one per PE, four when one process drives every rank; measured on the H200 host).
     #[arg(long, default_value_t = 0)]
     pub search_threads: usize,
     /// Search the cluster-pair lists on host threads instead of the GPU (the same lists).
