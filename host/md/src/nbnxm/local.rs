@@ -861,6 +861,22 @@ mod tests {
         LocalAtoms { positions, types, zones, home, box_size: b, periodic, ntypes: 3, types_from: 0, positions_from: 0 }
     }
 
+    /// `positions`, every one a home atom of one type, in a box of edge 2 periodic along `periodic`.
+    fn home_atoms_only(positions: Vec<Float3>, periodic: [bool; 3]) -> LocalAtoms {
+        let n = positions.len();
+        LocalAtoms {
+            positions,
+            types: vec![0; n],
+            zones: vec![0; n],
+            home: n,
+            box_size: [2.0; 3],
+            periodic,
+            ntypes: 1,
+            types_from: 0,
+            positions_from: 0,
+        }
+    }
+
     #[test]
     fn zone_facts_are_the_atom_by_atom_facts() {
         use rand::{Rng, SeedableRng};
@@ -886,19 +902,8 @@ mod tests {
         }
         // Zeros of both signs in either order, alone in a zone and among others.
         for (xs, periodic) in [(&[-0.0f32, 0.0][..], [false; 3]), (&[0.0, -0.0], [false; 3]), (&[0.0, 1.0, -0.0, -1.0], [false, true, true])] {
-            let n = xs.len();
             let positions: Vec<Float3> = xs.iter().map(|&x| Float3::new(x, 0.5, -0.0)).collect();
-            let a = LocalAtoms {
-                positions,
-                types: vec![0; n],
-                zones: vec![0; n],
-                home: n,
-                box_size: [2.0; 3],
-                periodic,
-                ntypes: 1,
-                types_from: 0,
-                positions_from: 0,
-            };
+            let a = home_atoms_only(positions, periodic);
             assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "{xs:?}");
         }
         // Zeros of both signs as the lowest (or highest) coordinate at any two places, in either
@@ -909,17 +914,7 @@ mod tests {
                 let mut x = vec![sign; n];
                 (x[i], x[j]) = (first, -first);
                 let positions: Vec<Float3> = x.iter().map(|&v| Float3::new(v, 0.5, v)).collect();
-                let a = LocalAtoms {
-                    positions,
-                    types: vec![0; n],
-                    zones: vec![0; n],
-                    home: n,
-                    box_size: [2.0; 3],
-                    periodic: [false, true, false],
-                    ntypes: 1,
-                    types_from: 0,
-                    positions_from: 0,
-                };
+                let a = home_atoms_only(positions, [false, true, false]);
                 assert_eq!(fact_bits(&a.zone_facts().unwrap()), fact_bits(&a.zone_facts_by_atom()), "zeros at {i} and {j}, {first} first");
             }
         }
